@@ -1,0 +1,25 @@
+// offloadctl subcommands. Each Register* function adds one subcommand (with its --help text for
+// every option) to `parent` and, when that subcommand runs, stores the process exit code in
+// *exit_code: 0 ok, 1 the checked thing is invalid or does not fit, 2 usage error.
+//
+// Adding a subcommand: write tools/offloadctl/cmd_<name>.cc, declare its Register function here,
+// call it from main.cc and add the file to tools/CMakeLists.txt.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace strata::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitInvalid = 1;
+inline constexpr int kExitUsage = 2;
+
+// Top-level commands.
+// (declared as each lands)
+
+// `offloadctl bench <what>` children.
+// (declared as each lands)
+
+}  // namespace strata::cli

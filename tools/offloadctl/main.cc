@@ -1,0 +1,36 @@
+// offloadctl: the strata command line. Benchmarks storage tiers, plans memory for a model,
+// checks DeepSpeed configs, launches and inspects runs. See README.md and `offloadctl --help`.
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "tools/offloadctl/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "offloadctl: plan, check, benchmark and run strata, the heterogeneous offload storage "
+      "engine for large-model training.\nExit codes: 0 ok, 1 the checked thing is invalid or does "
+      "not fit, 2 usage error."};
+  app.set_version_flag("--version", "offloadctl 0.1.0");
+  app.require_subcommand(1);
+  int exit_code = strata::cli::kExitOk;
+
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Measure a tier or kernel of this machine against a same-run reference");
+  bench->require_subcommand(1);
+  (void)bench;
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return strata::cli::kExitUsage;
+  }
+  return exit_code;
+}
