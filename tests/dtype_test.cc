@@ -21,7 +21,6 @@ TEST(DTypeTest, SizesAndNames) {
   EXPECT_FALSE(ParseDType("fp8").has_value());
 }
 
-uint32_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
 
 TEST(DTypeTest, Bf16RoundsToNearestEven) {
   // 1.0 + half an ulp of bf16 (2^-8) is a tie: stays at the even 1.0.

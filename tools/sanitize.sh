@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the test suite under a sanitizer: `tools/sanitize.sh address` (ASan+UBSan) or
 # `tools/sanitize.sh thread` (TSan). CUDA is off in these builds (nothing runs on a GPU here and
-# the sanitizer runtimes do not cover device code). Optional ctest -R filter as the second argument.
+# the sanitizer runtimes do not cover device code). Optional ctest -R filter as the second argument;
+# TARGETS="x_test y_test" builds only those executables (pair it with a matching filter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:?usage: tools/sanitize.sh address|thread [ctest-regex]}
