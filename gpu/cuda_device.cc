@@ -1,0 +1,254 @@
+// CudaDevice: the Device contract (include/strata/device.h) on a CUDA GPU.
+//
+// Memory: an own cudaMemPool_t on the device, its release threshold set to the budget so freed
+// blocks stay cached; the budget itself is enforced here by byte accounting. Allocation runs on
+// a private `alloc_` stream that is synchronized right away (it carries nothing but allocations,
+// so that wait is short), which makes the pointer usable on every stream. Free is stream-ordered:
+// `alloc_` waits on events recorded on both copy streams, then cudaFreeAsync, so memory is never
+// reused before earlier copies finish, and the caller never blocks.
+// Copies: one non-blocking stream per direction; completion callbacks through cudaLaunchHostFunc
+// (the callback must not call CUDA, as the contract already requires).
+// Errors: every runtime call goes through STRATA_CUDA_STATUS; nothing aborts.
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "gpu/cuda_check.h"
+#include "strata/device.h"
+
+namespace strata {
+namespace {
+
+class CudaEvent final : public DeviceEvent {
+ public:
+  CudaEvent(int ordinal, cudaEvent_t e) : ordinal_(ordinal), e_(e) {}
+  ~CudaEvent() override {
+    cudaSetDevice(ordinal_);
+    cudaEventDestroy(e_);
+  }
+  Result<bool> Query() override {
+    cudaError_t err = cudaEventQuery(e_);
+    if (err == cudaErrorNotReady) return false;
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(err));
+    return true;
+  }
+  // cudaEventSynchronize has no deadline: poll with a backoff (sleeping, not spinning).
+  Status Wait(std::chrono::nanoseconds timeout) override {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto nap = std::chrono::microseconds(5);
+    for (;;) {
+      STRATA_ASSIGN_OR_RETURN(bool done, Query());
+      if (done) return Status::OK();
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return Status::DeadlineExceeded("CudaDevice: event wait timed out");
+      }
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+ private:
+  int ordinal_;
+  cudaEvent_t e_;
+};
+
+void CUDART_CB RunCallback(void* arg) {
+  auto* cb = static_cast<CopyCallback*>(arg);
+  (*cb)(Status::OK());
+  delete cb;
+}
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int ordinal, std::string name, uint64_t budget)
+      : ordinal_(ordinal), name_(std::move(name)), budget_(budget) {}
+
+  Status Init() {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    for (cudaStream_t* s : {&streams_[0], &streams_[1], &alloc_}) {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+    }
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = ordinal_;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemPoolCreate(&pool_, &props));
+    pool_created_ = true;
+    uint64_t threshold = budget_;
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+    return Status::OK();
+  }
+
+  ~CudaDevice() override {
+    cudaSetDevice(ordinal_);
+    for (cudaStream_t s : streams_) {
+      if (s) cudaStreamSynchronize(s);
+    }
+    for (auto& [p, n] : live_) cudaFreeAsync(p, alloc_);
+    if (alloc_) cudaStreamSynchronize(alloc_);
+    for (cudaStream_t s : {streams_[0], streams_[1], alloc_}) {
+      if (s) cudaStreamDestroy(s);
+    }
+    if (pool_created_) cudaMemPoolDestroy(pool_);
+  }
+
+  std::string name() const override { return name_; }
+  bool host_addressable() const override { return false; }
+
+  Result<void*> Allocate(uint64_t size_bytes) override {
+    if (size_bytes == 0) return Status::InvalidArgument("CudaDevice::Allocate: size 0");
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (used_ + size_bytes > budget_) {
+        return Status::ResourceExhausted("CudaDevice: allocating " + std::to_string(size_bytes) +
+                                         " bytes would exceed the budget of " +
+                                         std::to_string(budget_));
+      }
+      used_ += size_bytes;
+      peak_ = std::max(peak_, used_);
+    }
+    void* p = nullptr;
+    Status s = STRATA_CUDA_STATUS(cudaSetDevice(ordinal_));
+    if (s.ok()) s = STRATA_CUDA_STATUS(cudaMallocFromPoolAsync(&p, size_bytes, pool_, alloc_));
+    if (s.ok()) s = STRATA_CUDA_STATUS(cudaStreamSynchronize(alloc_));
+    std::lock_guard<std::mutex> l(mu_);
+    if (!s.ok()) {
+      used_ -= size_bytes;
+      return s;
+    }
+    live_.emplace(p, size_bytes);
+    return p;
+  }
+
+  Status Free(void* ptr) override {
+    uint64_t n;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = live_.find(ptr);
+      if (it == live_.end()) return Status::InvalidArgument("CudaDevice::Free: unknown pointer");
+      n = it->second;
+      live_.erase(it);
+      used_ -= n;
+    }
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    for (cudaStream_t s : streams_) {
+      cudaEvent_t e;
+      STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      Status st = STRATA_CUDA_STATUS(cudaEventRecord(e, s));
+      if (st.ok()) st = STRATA_CUDA_STATUS(cudaStreamWaitEvent(alloc_, e, 0));
+      cudaEventDestroy(e);  // released once complete; the wait already captured it
+      STRATA_RETURN_IF_ERROR(st);
+    }
+    STRATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(ptr, alloc_));
+    return Status::OK();
+  }
+
+  Status CopyAsync(CopyDir dir, void* dst, const void* src, uint64_t size_bytes,
+                   CopyCallback done) override {
+    cudaStream_t s = streams_[static_cast<int>(dir)];
+    cudaMemcpyKind kind =
+        dir == CopyDir::kHostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, size_bytes, kind, s));
+    bytes_[static_cast<int>(dir)].fetch_add(size_bytes, std::memory_order_relaxed);
+    copies_[static_cast<int>(dir)].fetch_add(1, std::memory_order_relaxed);
+    if (done) {
+      auto* cb = new CopyCallback(std::move(done));
+      Status st = STRATA_CUDA_STATUS(cudaLaunchHostFunc(s, RunCallback, cb));
+      if (!st.ok()) {
+        delete cb;
+        return st;
+      }
+    }
+    return Status::OK();
+  }
+
+  Result<std::unique_ptr<DeviceEvent>> RecordEvent(CopyDir dir) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    cudaEvent_t e;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    auto ev = std::make_unique<CudaEvent>(ordinal_, e);
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, streams_[static_cast<int>(dir)]));
+    return std::unique_ptr<DeviceEvent>(std::move(ev));
+  }
+
+  Status Synchronize() override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    for (cudaStream_t s : streams_) STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    return Status::OK();
+  }
+
+  Status RegisterHost(void* ptr, uint64_t size_bytes) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    cudaError_t err = cudaHostRegister(ptr, size_bytes, cudaHostRegisterDefault);
+    if (err == cudaErrorMemoryAllocation || err == cudaErrorHostMemoryAlreadyRegistered) {
+      cudaGetLastError();  // clear the sticky-free error state
+      if (err == cudaErrorHostMemoryAlreadyRegistered) return Status::OK();
+      return Status::Unavailable("cudaHostRegister refused to page-lock " +
+                                 std::to_string(size_bytes) + " bytes (RLIMIT_MEMLOCK?)");
+    }
+    return STRATA_CUDA_STATUS(err);
+  }
+  Status UnregisterHost(void* ptr) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    return STRATA_CUDA_STATUS(cudaHostUnregister(ptr));
+  }
+
+  DeviceStats stats() const override {
+    DeviceStats st;
+    std::lock_guard<std::mutex> l(mu_);
+    st.budget_bytes = budget_;
+    st.used_bytes = used_;
+    st.peak_used_bytes = peak_;
+    for (int i = 0; i < 2; ++i) {
+      st.bytes_copied[i] = bytes_[i].load(std::memory_order_relaxed);
+      st.copies[i] = copies_[i].load(std::memory_order_relaxed);
+    }
+    return st;
+  }
+
+ private:
+  const int ordinal_;
+  const std::string name_;
+  const uint64_t budget_;
+  cudaStream_t streams_[2] = {nullptr, nullptr};
+  cudaStream_t alloc_ = nullptr;
+  cudaMemPool_t pool_{};
+  bool pool_created_ = false;
+  mutable std::mutex mu_;
+  uint64_t used_ = 0;
+  uint64_t peak_ = 0;
+  std::unordered_map<void*, uint64_t> live_;
+  std::atomic<uint64_t> bytes_[2] = {0, 0};
+  std::atomic<uint64_t> copies_[2] = {0, 0};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& options) {
+  int count = 0;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (options.device_ordinal < 0 || options.device_ordinal >= count) {
+    return Status::Unavailable("CUDA device " + std::to_string(options.device_ordinal) +
+                               " does not exist (" + std::to_string(count) + " found)");
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device_ordinal));
+  cudaDeviceProp prop;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device_ordinal));
+  uint64_t budget = options.budget_bytes;
+  if (budget == 0) {
+    size_t free_bytes = 0, total = 0;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total));
+    budget = free_bytes / 10 * 9;
+  }
+  auto dev = std::make_unique<CudaDevice>(
+      options.device_ordinal,
+      "cuda:" + std::to_string(options.device_ordinal) + " (" + prop.name + ")", budget);
+  STRATA_RETURN_IF_ERROR(dev->Init());
+  return std::unique_ptr<Device>(std::move(dev));
+}
+
+}  // namespace strata

@@ -1,0 +1,176 @@
+// Device: the accelerator a trainer computes on, as the tiered store sees it: a budgeted pool of
+// device memory, one asynchronous copy stream in each direction (host->device, device->host),
+// and events to wait on.
+//
+// Two implementations:
+//   CudaDevice (gpu/, built when STRATA_CUDA=ON): a stream-ordered cudaMallocAsync pool capped at
+//     the budget, one non-blocking copy stream per direction, cudaEvent_t events, completion
+//     callbacks through cudaLaunchHostFunc. Every CUDA error becomes a Status.
+//   HostDevice (cpu/): the CPU stand-in. "Device memory" is host memory under an HBM-sized
+//     budget; each stream is a worker thread that runs the copies as real memcpy in FIFO order.
+//     The whole store and engine run, and are tested, on machines without a GPU.
+//
+// Ordering contract (both implementations): copies issued on one stream complete in issue order;
+// the two streams are independent. A completion callback runs after the copy's bytes are in
+// place and after every earlier copy of the same stream completed. Callbacks run on a thread
+// owned by the device: they must be short, must not block on other copies of the same stream,
+// and must not call Free/Allocate/CopyAsync/RecordEvent on this device (post work elsewhere).
+//
+// Host memory handed to CopyAsync should be registered (RegisterHost) on CUDA for the copy to be
+// truly asynchronous; HostDevice accepts any host memory.
+//
+// Thread safety: every method may be called from any thread concurrently, except that Free of a
+// pointer must not race with copies that use it (the caller orders them, see Free).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "strata/status.h"
+
+namespace strata {
+
+// The two copy streams.
+enum class CopyDir : uint8_t { kHostToDevice = 0, kDeviceToHost = 1 };
+
+constexpr std::string_view CopyDirName(CopyDir d) noexcept {
+  return d == CopyDir::kHostToDevice ? "h2d" : "d2h";
+}
+
+// Called once when an async copy completes; OK, or the error that failed it.
+using CopyCallback = std::function<void(Status)>;
+
+// A point in a stream's order. Complete once every copy issued on that stream before the event
+// was recorded has completed. Move-only; owned by whoever recorded it.
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+  // True when complete; an error when the stream failed.
+  virtual Result<bool> Query() = 0;
+  // Blocks until complete. DeadlineExceeded after `timeout`; the stream's error if it failed.
+  virtual Status Wait(std::chrono::nanoseconds timeout) = 0;
+};
+
+struct DeviceStats {
+  uint64_t budget_bytes = 0;
+  uint64_t used_bytes = 0;       // bytes allocated now
+  uint64_t peak_used_bytes = 0;  // high-water mark since creation
+  uint64_t bytes_copied[2] = {0, 0};  // per CopyDir, completed copies
+  uint64_t copies[2] = {0, 0};
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  // "cuda:0 (NVIDIA H200)" or "host-standin".
+  virtual std::string name() const = 0;
+  // True when device pointers are host-addressable (HostDevice): tests and the bandwidth
+  // benchmark may then touch device memory directly.
+  virtual bool host_addressable() const = 0;
+
+  // Allocates `size_bytes` (> 0) of device memory, aligned to at least 256 bytes.
+  // ResourceExhausted when the budget (or, on CUDA, the device) has no room: the caller frees
+  // something and retries. InvalidArgument for size 0. The pointer is owned by the caller and
+  // returned with Free.
+  virtual Result<void*> Allocate(uint64_t size_bytes) = 0;
+  // Returns memory from Allocate. Copies issued earlier on either stream finish before the memory
+  // is reused: on CUDA the free is stream-ordered after both copy streams (no blocking);
+  // HostDevice blocks until both streams completed the copies issued before the call.
+  // InvalidArgument for an unknown pointer. REQUIRES: no copy using `ptr` is issued afterwards.
+  virtual Status Free(void* ptr) = 0;
+
+  // Queues a copy of `size_bytes` on the stream `dir`: host `src` -> device `dst` for
+  // kHostToDevice, device `src` -> host `dst` for kDeviceToHost. Returns once queued;
+  // `done` (may be empty) runs when the copy completed. An error returned here means nothing was
+  // queued and `done` is not called. REQUIRES: both ranges stay valid until completion.
+  virtual Status CopyAsync(CopyDir dir, void* dst, const void* src, uint64_t size_bytes,
+                           CopyCallback done) = 0;
+
+  // Records an event on stream `dir` (see DeviceEvent).
+  virtual Result<std::unique_ptr<DeviceEvent>> RecordEvent(CopyDir dir) = 0;
+  // Blocks until both streams are idle; returns the first stream error, if any.
+  virtual Status Synchronize() = 0;
+
+  // Page-locks host memory for async copies (cudaHostRegister). No-op on HostDevice.
+  // Unavailable when the OS refuses to lock (RLIMIT_MEMLOCK); copies then still work, slower.
+  virtual Status RegisterHost(void* ptr, uint64_t size_bytes) = 0;
+  virtual Status UnregisterHost(void* ptr) = 0;
+
+  virtual DeviceStats stats() const = 0;
+};
+
+// A move-only RAII handle on device memory: freed (stream-ordered) on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Device* dev, void* ptr, uint64_t size_bytes)
+      : dev_(dev), ptr_(ptr), size_bytes_(size_bytes) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      dev_ = o.dev_;
+      ptr_ = o.ptr_;
+      size_bytes_ = o.size_bytes_;
+      o.dev_ = nullptr;
+      o.ptr_ = nullptr;
+      o.size_bytes_ = 0;
+    }
+    return *this;
+  }
+  ~DeviceBuffer() { Reset(); }
+  static Result<DeviceBuffer> Make(Device* dev, uint64_t size_bytes) {
+    STRATA_ASSIGN_OR_RETURN(void* p, dev->Allocate(size_bytes));
+    return DeviceBuffer(dev, p, size_bytes);
+  }
+  void Reset() {
+    if (dev_ && ptr_) dev_->Free(ptr_).IgnoreError();
+    dev_ = nullptr;
+    ptr_ = nullptr;
+    size_bytes_ = 0;
+  }
+  void* get() const { return ptr_; }
+  uint64_t size_bytes() const { return size_bytes_; }
+  explicit operator bool() const { return ptr_ != nullptr; }
+
+ private:
+  Device* dev_ = nullptr;
+  void* ptr_ = nullptr;
+  uint64_t size_bytes_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Factories.
+// ---------------------------------------------------------------------------
+
+struct HostDeviceOptions {
+  // The "HBM" size: Allocate fails with ResourceExhausted past it. Default 1 GiB.
+  uint64_t budget_bytes = 1ull << 30;
+  // Simulated link bandwidth per stream in bytes/s (0 = as fast as memcpy). Lets benchmarks and
+  // tests model a PCIe link; a copy then takes at least size / bandwidth.
+  uint64_t copy_bandwidth_bytes_per_s = 0;
+  // Queued copies per stream before CopyAsync blocks for room (bounded queue).
+  uint32_t max_queued_copies = 4096;
+};
+// Never fails except for invalid options (InvalidArgument).
+Result<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& options);
+
+struct CudaDeviceOptions {
+  int device_ordinal = 0;
+  // Pool cap. 0 = 90 % of the free device memory at creation.
+  uint64_t budget_bytes = 0;
+};
+// Unavailable when strata was built without CUDA, when no GPU or driver is present, or when the
+// ordinal does not exist (the message says which).
+Result<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& options);
+
+}  // namespace strata

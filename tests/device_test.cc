@@ -1,0 +1,216 @@
+// Device contract tests. Built twice: device_test (HostDevice) and, with STRATA_CUDA=ON,
+// cuda_device_test (CudaDevice, label gpu, skipped when no GPU is present).
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "strata/device.h"
+
+namespace strata {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kBudget = 8ull << 20;
+
+class DeviceContract : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#ifdef STRATA_TEST_CUDA
+    CudaDeviceOptions o;
+    o.budget_bytes = kBudget;
+    auto d = CreateCudaDevice(o);
+    if (!d.ok() && d.status().code() == Status::Code::kUnavailable) {
+      GTEST_SKIP() << "no GPU: " << d.status().ToString();
+    }
+#else
+    HostDeviceOptions o;
+    o.budget_bytes = kBudget;
+    auto d = CreateHostDevice(o);
+#endif
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    dev_ = std::move(d).value();
+  }
+  std::unique_ptr<Device> dev_;
+};
+
+// Waits (bounded) for `n` callbacks.
+struct Latch {
+  std::mutex mu;
+  std::condition_variable cv;
+  int count = 0;
+  Status first_error;
+  void Done(Status s) {
+    std::lock_guard<std::mutex> l(mu);
+    if (!s.ok() && first_error.ok()) first_error = s;
+    ++count;
+    cv.notify_all();
+  }
+  bool WaitFor(int n) {
+    std::unique_lock<std::mutex> l(mu);
+    return cv.wait_for(l, 30s, [&] { return count >= n; });
+  }
+};
+
+TEST_F(DeviceContract, BudgetIsEnforcedAndFreed) {
+  auto a = dev_->Allocate(kBudget / 2);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = dev_->Allocate(kBudget / 2);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  auto c = dev_->Allocate(4096);
+  EXPECT_TRUE(c.status().IsResourceExhausted()) << c.status().ToString();
+  EXPECT_EQ(dev_->stats().used_bytes, kBudget);
+  ASSERT_TRUE(dev_->Free(*a).ok());
+  auto d = dev_->Allocate(4096);
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(dev_->Free(*b).ok());
+  EXPECT_TRUE(dev_->Free(*d).ok());
+  EXPECT_EQ(dev_->stats().used_bytes, 0u);
+  EXPECT_EQ(dev_->stats().peak_used_bytes, kBudget);
+}
+
+TEST_F(DeviceContract, BadArgumentsAreRejected) {
+  EXPECT_TRUE(dev_->Allocate(0).status().IsInvalidArgument());
+  int x;
+  EXPECT_TRUE(dev_->Free(&x).IsInvalidArgument());
+}
+
+TEST_F(DeviceContract, RoundTripThroughDeviceMemory) {
+  constexpr size_t n = 1 << 20;
+  std::vector<uint8_t> src(n), dst(n, 0);
+  std::iota(src.begin(), src.end(), 7);
+  ASSERT_TRUE(dev_->RegisterHost(src.data(), n).ok());
+  ASSERT_TRUE(dev_->RegisterHost(dst.data(), n).ok());
+  auto buf = DeviceBuffer::Make(dev_.get(), n);
+  ASSERT_TRUE(buf.ok());
+  Latch latch;
+  ASSERT_TRUE(dev_->CopyAsync(CopyDir::kHostToDevice, buf->get(), src.data(), n,
+                              [&](Status s) { latch.Done(s); })
+                  .ok());
+  ASSERT_TRUE(latch.WaitFor(1));
+  ASSERT_TRUE(dev_->CopyAsync(CopyDir::kDeviceToHost, dst.data(), buf->get(), n, {}).ok());
+  auto ev = dev_->RecordEvent(CopyDir::kDeviceToHost);
+  ASSERT_TRUE(ev.ok());
+  ASSERT_TRUE((*ev)->Wait(30s).ok());
+  EXPECT_TRUE(*(*ev)->Query());
+  EXPECT_EQ(src, dst);
+  EXPECT_TRUE(latch.first_error.ok());
+  EXPECT_GE(dev_->stats().bytes_copied[0], n);
+  EXPECT_GE(dev_->stats().bytes_copied[1], n);
+  buf->Reset();
+  EXPECT_TRUE(dev_->UnregisterHost(src.data()).ok());
+  EXPECT_TRUE(dev_->UnregisterHost(dst.data()).ok());
+}
+
+TEST_F(DeviceContract, CallbacksOfOneStreamRunInIssueOrder) {
+  constexpr int kCopies = 64;
+  constexpr size_t n = 4096;
+  std::vector<uint8_t> host(n * kCopies, 1);
+  auto buf = DeviceBuffer::Make(dev_.get(), n * kCopies);
+  ASSERT_TRUE(buf.ok());
+  std::mutex mu;
+  std::vector<int> order;
+  Latch latch;
+  for (int i = 0; i < kCopies; ++i) {
+    ASSERT_TRUE(dev_->CopyAsync(CopyDir::kHostToDevice, static_cast<char*>(buf->get()) + i * n,
+                                host.data() + i * n, n,
+                                [&, i](Status s) {
+                                  {
+                                    std::lock_guard<std::mutex> l(mu);
+                                    order.push_back(i);
+                                  }
+                                  latch.Done(s);
+                                })
+                    .ok());
+  }
+  ASSERT_TRUE(latch.WaitFor(kCopies));
+  ASSERT_TRUE(dev_->Synchronize().ok());
+  std::vector<int> expect(kCopies);
+  std::iota(expect.begin(), expect.end(), 0);
+  EXPECT_EQ(order, expect);
+}
+
+TEST_F(DeviceContract, FreeAfterCopiesIsSafe) {
+  // Freeing right after issuing a copy must not let the copy touch reused memory.
+  constexpr size_t n = 256 << 10;
+  std::vector<uint8_t> src(n, 0xAB), back(n, 0);
+  for (int round = 0; round < 8; ++round) {
+    auto p = dev_->Allocate(n);
+    ASSERT_TRUE(p.ok());
+    ASSERT_TRUE(dev_->CopyAsync(CopyDir::kHostToDevice, *p, src.data(), n, {}).ok());
+    auto h2d = dev_->RecordEvent(CopyDir::kHostToDevice);
+    ASSERT_TRUE(h2d.ok());
+    ASSERT_TRUE((*h2d)->Wait(30s).ok());  // the streams are independent: order them
+    ASSERT_TRUE(dev_->CopyAsync(CopyDir::kDeviceToHost, back.data(), *p, n, {}).ok());
+    auto ev = dev_->RecordEvent(CopyDir::kDeviceToHost);
+    ASSERT_TRUE(ev.ok());
+    ASSERT_TRUE(dev_->Free(*p).ok());  // while the D2H copy may still run
+    ASSERT_TRUE((*ev)->Wait(30s).ok());
+    EXPECT_EQ(back, src);
+    std::fill(back.begin(), back.end(), 0);
+  }
+  EXPECT_EQ(dev_->stats().used_bytes, 0u);
+}
+
+#ifndef STRATA_TEST_CUDA
+TEST(HostDeviceTest, SimulatedLinkMakesEventsPending) {
+  HostDeviceOptions o;
+  o.budget_bytes = 4 << 20;
+  o.copy_bandwidth_bytes_per_s = 1 << 20;  // 1 MiB/s: a 512 KiB copy takes >= 0.5 s
+  auto d = CreateHostDevice(o);
+  ASSERT_TRUE(d.ok());
+  auto buf = DeviceBuffer::Make(d->get(), 512 << 10);
+  ASSERT_TRUE(buf.ok());
+  std::vector<uint8_t> host(512 << 10, 3);
+  ASSERT_TRUE((*d)->CopyAsync(CopyDir::kHostToDevice, buf->get(), host.data(), host.size(), {})
+                  .ok());
+  auto ev = (*d)->RecordEvent(CopyDir::kHostToDevice);
+  ASSERT_TRUE(ev.ok());
+  EXPECT_TRUE((*ev)->Wait(1ms).IsDeadlineExceeded());
+  EXPECT_TRUE((*ev)->Wait(30s).ok());
+  EXPECT_EQ(std::memcmp(buf->get(), host.data(), host.size()), 0);
+}
+
+TEST(HostDeviceTest, CallbackMayNotReenterTheStream) {
+  auto d = CreateHostDevice({});
+  ASSERT_TRUE(d.ok());
+  Device* dev = d->get();
+  auto buf = DeviceBuffer::Make(dev, 4096);
+  ASSERT_TRUE(buf.ok());
+  std::vector<uint8_t> host(4096);
+  Latch latch;
+  Status inner;
+  ASSERT_TRUE(dev->CopyAsync(CopyDir::kHostToDevice, buf->get(), host.data(), 4096,
+                             [&](Status) {
+                               inner = dev->CopyAsync(CopyDir::kHostToDevice, buf->get(),
+                                                      host.data(), 4096, {});
+                               latch.Done(Status::OK());
+                             })
+                  .ok());
+  ASSERT_TRUE(latch.WaitFor(1));
+  EXPECT_EQ(inner.code(), Status::Code::kFailedPrecondition);
+}
+
+TEST(HostDeviceTest, InvalidOptions) {
+  HostDeviceOptions o;
+  o.budget_bytes = 0;
+  EXPECT_TRUE(CreateHostDevice(o).status().IsInvalidArgument());
+}
+
+TEST(CudaDeviceFactoryTest, ReportsUnavailableOrWorks) {
+  auto d = CreateCudaDevice({});
+  if (!d.ok()) {
+    EXPECT_TRUE(d.status().IsUnavailable()) << d.status().ToString();
+    EXPECT_FALSE(d.status().message().empty());
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace strata
