@@ -1,0 +1,91 @@
+// Prefetcher: which groups to fetch ahead of the consumer, and which released groups to keep,
+// decided from the recorded trace. Pure policy: state in (trace position, per-group residency),
+// plan out; the tiered store executes the plan and enforces the hard byte budgets.
+//
+// Rules (DeepSpeed ZeRO-3 semantics, with its limits lifted):
+//   - Lookahead is measured in bytes: walking the trace from the consumer's position, groups are
+//     fetched to the device until the upcoming bytes exceed `prefetch_bucket_bytes`
+//     (stage3_prefetch_bucket_size) and the device-live bytes stay within `max_live_bytes`
+//     (stage3_max_live_parameters). Outstanding fetches are bounded by those bytes only.
+//   - NVMe-home groups chain NVMe -> host -> device: the walk continues past the device window
+//     for `host_lookahead_bytes` more, staging those groups into pinned host memory.
+//   - Belady: to make room for a group needed at trace index i, only resident groups whose next
+//     use is later than i (farthest first) are evicted; never a group in use, in flight or
+//     persistent. If no such victim exists the walk stops: a prefetch never evicts something
+//     needed sooner than what it brings in.
+//   - A released group stays resident when its next use is within `max_reuse_distance_bytes`
+//     (stage3_max_reuse_distance, bytes gathered in between) or when it is persistent
+//     (size <= `persistence_threshold_bytes`, stage3_param_persistence_threshold).
+//   - A step that does not replay the trace (first step, diverged) gets no prefetch at all.
+//
+// Thread safety: const methods are pure; concurrent calls are safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "sched/trace.h"
+
+namespace strata::sched {
+
+struct PrefetchConfig {
+  // Upcoming bytes the device lookahead may cover. DeepSpeed default 5e7 params (x2 bytes).
+  uint64_t prefetch_bucket_bytes = 100'000'000;
+  // Cap on device-resident plus in-flight gathered bytes. DeepSpeed default 1e9 params (x2).
+  uint64_t max_live_bytes = 2'000'000'000;
+  // A released group whose next use comes within this many gathered bytes stays resident.
+  uint64_t max_reuse_distance_bytes = 2'000'000'000;
+  // Groups at most this large are kept resident for the whole run. DeepSpeed default 1e5 (x2).
+  uint64_t persistence_threshold_bytes = 200'000;
+  // Extra lookahead past the device window for staging NVMe-home groups into host memory.
+  // Trade-off: deeper hides NVMe latency, costs pinned memory.
+  uint64_t host_lookahead_bytes = 200'000'000;
+
+  // DeepSpeed gives these in parameters (numel); bytes = numel * bytes_per_param.
+  static PrefetchConfig FromNumel(uint64_t prefetch_bucket_numel, uint64_t max_live_numel,
+                                  uint64_t max_reuse_distance_numel,
+                                  uint64_t persistence_threshold_numel, uint64_t bytes_per_param);
+};
+
+enum class Residency : uint8_t { kAbsent = 0, kInFlight, kResident };
+
+// What the store knows of one group now. Indexed by GroupId.
+struct GroupView {
+  uint64_t size_bytes = 0;
+  Residency device = Residency::kAbsent;
+  Residency host = Residency::kAbsent;  // staged copy of an NVMe-home group
+  bool nvme_home = false;
+  bool in_use = false;  // gathered and not yet released (leased)
+};
+
+struct PrefetchAction {
+  enum class Kind : uint8_t { kEvictFromDevice, kFetchToDevice, kStageToHost };
+  Kind kind;
+  GroupId group;
+  size_t needed_at;  // trace index of the use it prepares (kNever for evictions)
+  friend bool operator==(const PrefetchAction&, const PrefetchAction&) = default;
+};
+
+class Prefetcher {
+ public:
+  explicit Prefetcher(const PrefetchConfig& config) : config_(config) {}
+
+  // The plan for the consumer at trace.position(): evictions first, then fetches and stagings in
+  // the order they are needed. Empty unless trace.replaying(). REQUIRES: every GroupId in the
+  // trace indexes `groups`.
+  std::vector<PrefetchAction> Plan(const Trace& trace, std::span<const GroupView> groups) const;
+
+  // Whether group `g`, released now (at trace.position()), should stay on the device.
+  bool KeepAfterRelease(GroupId g, const Trace& trace, std::span<const GroupView> groups) const;
+
+  bool IsPersistent(uint64_t size_bytes) const {
+    return size_bytes <= config_.persistence_threshold_bytes;
+  }
+  const PrefetchConfig& config() const { return config_; }
+
+ private:
+  PrefetchConfig config_;
+};
+
+}  // namespace strata::sched
