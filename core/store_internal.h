@@ -1,0 +1,87 @@
+// Internal structures of the TieredStore (core/tiered_store.h), shared by its .cc files.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "core/tiered_store.h"
+
+namespace strata::core {
+
+struct TicketState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+
+  void Complete(Status s) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      status = std::move(s);
+      done = true;
+    }
+    cv.notify_all();
+  }
+};
+
+// One copy of a block on one tier. Non-home copies are kAbsent, kInFlight or kValid; the home
+// copy is always reserved and kValid or kStale ("dirty" is derived: a valid non-home copy while
+// home is stale). Every valid copy holds the newest bytes.
+struct TieredStore::Copy {
+  Residency state = Residency::kAbsent;
+  bool reserved = false;  // holds budget (and memory / a file extent)
+  uint64_t offset = 0;    // host slab or swap file offset
+  void* ptr = nullptr;    // device or host address
+  uint32_t read_leases = 0;
+  uint32_t write_leases = 0;
+  uint64_t last_use = 0;  // LRU clock
+  uint32_t leases() const { return read_leases + write_leases; }
+};
+
+enum OpKind : int { kOpFetch = 0, kOpWriteBack = 1, kOpEvict = 2 };
+
+struct TieredStore::Op {
+  int kind = kOpFetch;
+  Tier tier = Tier::kHost;
+  std::shared_ptr<TicketState> ticket = std::make_shared<TicketState>();
+  uint32_t pending_read = 0;   // read leases to grant on success (Acquire waiters)
+  uint32_t pending_write = 0;  // write leases to grant on success
+  bool done = false;
+  Status status;
+};
+
+struct TieredStore::Block {
+  BlockId id = 0;
+  BlockSpec spec;
+  uint64_t alloc_bytes = 0;  // size rounded to the IO alignment
+  Copy copy[kTiers];
+  std::deque<std::shared_ptr<Op>> ops;  // front runs; one hop in flight at most
+  bool hop_in_flight = false;
+  bool parked = false;  // waiting for space
+  bool has_checksum = false;
+  uint64_t checksum = 0;  // of the bytes in the NVMe home copy
+  Status pending_error;   // a failed background fetch, for the next waiter
+
+  Copy& home() { return copy[static_cast<int>(spec.home)]; }
+  bool write_leased() const {
+    for (const Copy& c : copy) {
+      if (c.write_leases) return true;
+    }
+    return false;
+  }
+};
+
+struct TieredStore::IoJob {
+  BlockId block = 0;
+  IoOp op = IoOp::kRead;
+  uint64_t offset = 0;
+  void* buffer = nullptr;
+  uint64_t length_bytes = 0;
+  std::string name;        // the block's name, for errors
+  bool verify = false;     // read: compare against `checksum`; write: compute `checksum`
+  uint64_t checksum = 0;
+};
+
+}  // namespace strata::core
