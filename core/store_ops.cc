@@ -78,6 +78,10 @@ void TieredStore::Pump(BlockId id) {
 void TieredStore::Advance(BlockId id) {
   Block& b = *blocks_[id];
   while (!b.ops.empty() && !b.hop_in_flight && !b.write_leased()) {
+    if (shutting_down_) {
+      Finish(b, Status::Aborted(Name(b) + ": the store is closing"));
+      continue;
+    }
     Op& op = *b.ops.front();
     Status err;
     Outcome o;
@@ -116,6 +120,7 @@ void TieredStore::Finish(Block& b, Status status) {
   }
   op->status = status;
   op->ticket->Complete(std::move(status));
+  space_freed_ = true;  // an idle block's copies become evictable: parked blocks retry
   idle_cv_.notify_all();
 }
 
@@ -238,13 +243,15 @@ TieredStore::Outcome TieredStore::Reserve(Block& b, Tier tier, Status* err) {
   const int t = static_cast<int>(tier);
   if (b.copy[t].reserved) return Outcome::kReady;
   if (TryAllocate(b, tier)) return Outcome::kReady;
-  // Evict idle, unleased, droppable cached copies, least recently used first.
+  // Evict unleased, droppable cached copies of blocks with no hop running, least recently used
+  // first. A block whose operation is parked may lose a copy: its steps are re-derived from
+  // residency, so it re-fetches; keeping such copies would let two parked blocks wait on each
+  // other's space.
   std::vector<std::pair<uint64_t, BlockId>> victims;
   for (auto& bp : blocks_) {
     Block& v = *bp;
     const Copy& c = v.copy[t];
-    if (v.id == b.id || !IsValid(c.state) || c.leases() || !v.ops.empty() || v.hop_in_flight)
-      continue;
+    if (v.id == b.id || !IsValid(c.state) || c.leases() || v.hop_in_flight) continue;
     if (Droppable(v, tier)) victims.emplace_back(c.last_use, v.id);
   }
   std::sort(victims.begin(), victims.end());
@@ -342,6 +349,7 @@ void TieredStore::OnHopDone(BlockId id, Tier from, Tier to, Status status, uint6
   Block& b = *blocks_[id];
   b.hop_in_flight = false;
   --running_hops_;
+  space_freed_ = true;  // parked blocks counted on this hop: let them re-check
   Copy& dst = b.copy[static_cast<int>(to)];
   if (status.ok()) {
     dst.state = Residency::kValid;

@@ -192,6 +192,8 @@ class TieredStore {
   size_t num_blocks() const;
   // Counters since Open or the last TakeStats(true); used/peak/budget are current.
   StoreStats TakeStats(bool reset);
+  // One line per block (copies, leases, queued operations) and per tier: for diagnostics.
+  std::string DebugString() const;
   // Setup notes (O_DIRECT refused, memory not locked, ...). Empty when nothing degraded.
   std::string note() const;
 

@@ -1,0 +1,559 @@
+// TieredStore: setup, public entry points, leases, and the IO and mover threads.
+// The per-block state machine is in store_ops.cc.
+#include "core/tiered_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <unordered_map>
+
+#include "core/store_internal.h"
+#include "cpu/pinned_pool.h"
+
+namespace strata::core {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t Ns(Clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+}
+
+// xxHash3 of `n` zero bytes: the checksum of a freshly registered NVMe block.
+uint64_t ZeroChecksum(uint64_t n) {
+  static const std::vector<uint8_t> zeros(1 << 16, 0);
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  for (uint64_t done = 0; done < n;) {
+    uint64_t k = std::min<uint64_t>(zeros.size(), n - done);
+    XXH3_64bits_update(st, zeros.data(), k);
+    done += k;
+  }
+  uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+}  // namespace
+
+std::string_view TierName(Tier t) noexcept {
+  switch (t) {
+    case Tier::kDevice: return "device";
+    case Tier::kHost: return "host";
+    case Tier::kNvme: return "nvme";
+  }
+  return "?";
+}
+
+std::string_view StateKindName(StateKind k) noexcept {
+  switch (k) {
+    case StateKind::kParam16: return "param16";
+    case StateKind::kGrad: return "grad";
+    case StateKind::kMaster32: return "master32";
+    case StateKind::kExpAvg: return "exp_avg";
+    case StateKind::kExpAvgSq: return "exp_avg_sq";
+  }
+  return "?";
+}
+
+std::string_view ResidencyName(Residency r) noexcept {
+  switch (r) {
+    case Residency::kAbsent: return "absent";
+    case Residency::kInFlight: return "in_flight";
+    case Residency::kValid: return "valid";
+    case Residency::kDirty: return "dirty";
+    case Residency::kStale: return "stale";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------
+// Ticket and Lease.
+// ---------------------------------------------------------------------------
+Status Ticket::Wait(std::chrono::nanoseconds timeout) const {
+  if (!s_) return Status::FailedPrecondition("Ticket::Wait on an empty ticket");
+  std::unique_lock<std::mutex> l(s_->mu);
+  if (!s_->cv.wait_for(l, timeout, [&] { return s_->done; })) {
+    return Status::DeadlineExceeded("store operation did not finish within the timeout");
+  }
+  return s_->status;
+}
+
+bool Ticket::ready() const {
+  if (!s_) return false;
+  std::lock_guard<std::mutex> l(s_->mu);
+  return s_->done;
+}
+
+Lease& Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    Release();
+    store_ = o.store_;
+    block_ = o.block_;
+    tier_ = o.tier_;
+    access_ = o.access_;
+    data_ = o.data_;
+    size_bytes_ = o.size_bytes_;
+    dirty_ = o.dirty_;
+    o.store_ = nullptr;
+  }
+  return *this;
+}
+
+void Lease::Release() {
+  if (store_ == nullptr) return;
+  store_->ReleaseLease(*this);
+  store_ = nullptr;
+  data_ = nullptr;
+}
+
+// ---------------------------------------------------------------------------
+// Setup and teardown.
+// ---------------------------------------------------------------------------
+TieredStore::TieredStore(TieredStoreOptions options) : options_(std::move(options)) {}
+
+Result<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOptions options) {
+  if (options.host_budget_bytes == 0) {
+    return Status::InvalidArgument("TieredStoreOptions.host_budget_bytes must be > 0");
+  }
+  if (options.device_budget_bytes > 0 && options.device == nullptr) {
+    return Status::InvalidArgument("TieredStoreOptions: device_budget_bytes > 0 needs a device");
+  }
+  if (options.nvme_capacity_bytes > 0 && (!options.io || options.swap_dir.empty())) {
+    return Status::InvalidArgument(
+        "TieredStoreOptions: nvme_capacity_bytes > 0 needs an IO backend and a swap_dir");
+  }
+  std::unique_ptr<TieredStore> s(new TieredStore(std::move(options)));
+  STRATA_RETURN_IF_ERROR(s->Init());
+  return s;
+}
+
+Status TieredStore::Init() {
+  budget_[0] = options_.device_budget_bytes;
+  budget_[1] = options_.host_budget_bytes;
+  budget_[2] = options_.nvme_capacity_bytes;
+  for (int t = 0; t < kTiers; ++t) stats_.budget_bytes[t] = budget_[t];
+
+  // Host tier: one slab, carved in IO-aligned ranges.
+  const uint64_t host_bytes =
+      (options_.host_budget_bytes + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
+  if (options_.use_pinned_pool) {
+    cpu::PinnedPoolOptions po;
+    po.budget_bytes = (host_bytes + cpu::kHugePageBytes - 1) / cpu::kHugePageBytes *
+                      cpu::kHugePageBytes;
+    STRATA_ASSIGN_OR_RETURN(pool_, cpu::PinnedPool::Create(po));
+    STRATA_ASSIGN_OR_RETURN(auto buf, pool_->Allocate(host_bytes));
+    slab_ = std::make_unique<cpu::PinnedBuffer>(std::move(buf));
+    host_base_ = static_cast<uint8_t*>(slab_->data());
+    if (!pool_->note().empty()) note_ += pool_->note() + "\n";
+  } else {
+    plain_slab_ = std::aligned_alloc(kIoAlignment, host_bytes);
+    if (!plain_slab_) return Status::ResourceExhausted("TieredStore: host slab allocation failed");
+    host_base_ = static_cast<uint8_t*>(plain_slab_);
+  }
+  host_alloc_ = std::make_unique<RangeAllocator>(host_bytes, kIoAlignment);
+
+  if (options_.nvme_capacity_bytes > 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(options_.swap_dir, ec);
+    static std::atomic<uint64_t> counter{0};
+    swap_path_ = options_.swap_dir + "/strata-swap-" + std::to_string(getpid()) + "-" +
+                 std::to_string(counter++) + ".bin";
+    int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;
+    swap_fd_ = options_.direct_io ? open(swap_path_.c_str(), flags | O_DIRECT, 0600) : -1;
+    if (swap_fd_ < 0) {
+      if (options_.direct_io) note_ += "O_DIRECT refused on " + swap_path_ + "; buffered IO\n";
+      swap_fd_ = open(swap_path_.c_str(), flags, 0600);
+    }
+    if (swap_fd_ < 0) return Status::FromErrno(errno, "open swap file", swap_path_);
+    unlink(swap_path_.c_str());  // the file lives as long as the fd: nothing left on a crash
+    const uint64_t cap =
+        options_.nvme_capacity_bytes / kIoAlignment * kIoAlignment;
+    if (ftruncate(swap_fd_, static_cast<off_t>(cap)) != 0) {
+      return Status::FromErrno(errno, "size swap file", swap_path_);
+    }
+    nvme_alloc_ = std::make_unique<RangeAllocator>(cap, kIoAlignment);
+    STRATA_RETURN_IF_ERROR(options_.io->RegisterFile(swap_fd_, swap_path_));
+    Status rb = options_.io->RegisterBuffer(host_base_, host_bytes);
+    if (!rb.ok() && !rb.IsUnavailable()) return rb;
+  }
+  if (options_.io) io_thread_ = std::thread([this] { IoLoop(); });
+  mover_thread_ = std::thread([this] { MoverLoop(); });
+  return Status::OK();
+}
+
+TieredStore::~TieredStore() {
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    shutting_down_ = true;
+    // Operations without a running hop are aborted (Advance sees shutting_down_); running
+    // hops finish, and their operations are aborted when they complete.
+    for (auto& bp : blocks_) Advance(bp->id);
+    idle_cv_.wait(l, [&] { return running_hops_ == 0; });
+  }
+  {
+    std::lock_guard<std::mutex> l(io_mu_);
+    io_stop_ = true;
+  }
+  io_cv_.notify_all();
+  if (io_thread_.joinable()) io_thread_.join();
+  {
+    std::lock_guard<std::mutex> l(mv_mu_);
+    mv_stop_ = true;
+  }
+  mv_cv_.notify_all();
+  if (mover_thread_.joinable()) mover_thread_.join();
+  for (auto& bp : blocks_) {
+    if (bp->copy[0].reserved) options_.device->Free(bp->copy[0].ptr).IgnoreError();
+  }
+  if (swap_fd_ >= 0) {
+    if (options_.io) {
+      options_.io->UnregisterBuffer(host_base_);
+      options_.io->UnregisterFile(swap_fd_);
+    }
+    close(swap_fd_);
+  }
+  slab_.reset();
+  pool_.reset();
+  std::free(plain_slab_);
+}
+
+// ---------------------------------------------------------------------------
+// Public entry points.
+// ---------------------------------------------------------------------------
+Result<BlockId> TieredStore::Register(const BlockSpec& spec) {
+  if (spec.size_bytes == 0) {
+    return Status::InvalidArgument("TieredStore::Register: block '" + spec.name + "' has size 0");
+  }
+  std::unique_lock<std::mutex> l(mu_);
+  for (auto& bp : blocks_) {
+    if (bp->spec.name == spec.name) {
+      return Status::InvalidArgument("TieredStore::Register: duplicate block name '" +
+                                     spec.name + "'");
+    }
+  }
+  const int h = static_cast<int>(spec.home);
+  if (budget_[h] == 0) {
+    return Status::InvalidArgument("TieredStore::Register: block '" + spec.name +
+                                   "' has home tier " + std::string(TierName(spec.home)) +
+                                   ", which is disabled (budget 0)");
+  }
+  auto b = std::make_unique<Block>();
+  b->id = static_cast<BlockId>(blocks_.size());
+  b->spec = spec;
+  b->alloc_bytes = (spec.size_bytes + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
+  if (!TryAllocate(*b, spec.home)) {
+    return Status::ResourceExhausted(
+        "TieredStore::Register: block '" + spec.name + "' (" + std::to_string(b->alloc_bytes) +
+        " bytes) does not fit its home tier " + std::string(TierName(spec.home)) + " (budget " +
+        std::to_string(budget_[h]) + ", in use " + std::to_string(used_[h]) + ")");
+  }
+  Copy& home = b->home();
+  home.state = Residency::kValid;
+  if (spec.home == Tier::kHost) {
+    std::memset(home.ptr, 0, b->alloc_bytes);
+  } else if (spec.home == Tier::kNvme) {
+    if (options_.verify_checksums) {
+      b->checksum = ZeroChecksum(b->alloc_bytes);
+      b->has_checksum = true;
+    }
+  } else {
+    l.unlock();  // zero the device home with a plain copy (not under the store lock)
+    std::vector<uint8_t> zeros(b->alloc_bytes, 0);
+    Status s = options_.device->CopyAsync(CopyDir::kHostToDevice, home.ptr, zeros.data(),
+                                          zeros.size(), {});
+    if (s.ok()) {
+      auto ev = options_.device->RecordEvent(CopyDir::kHostToDevice);
+      s = ev.ok() ? (*ev)->Wait(std::chrono::seconds(60)) : ev.status();
+    }
+    l.lock();
+    if (!s.ok()) {
+      FreeCopy(*b, Tier::kDevice);
+      return s.WithContext("TieredStore::Register: zeroing block '" + spec.name + "'");
+    }
+    b->id = static_cast<BlockId>(blocks_.size());
+  }
+  blocks_.push_back(std::move(b));
+  return blocks_.back()->id;
+}
+
+Ticket TieredStore::Fetch(BlockId id, Tier tier) {
+  std::lock_guard<std::mutex> l(mu_);
+  Block& b = *blocks_.at(id);
+  if (!b.pending_error.ok() && b.copy[static_cast<int>(tier)].state != Residency::kValid) {
+    auto t = std::make_shared<TicketState>();
+    t->Complete(std::move(b.pending_error));
+    b.pending_error = Status::OK();
+    return Ticket(t);
+  }
+  return Enqueue(id, kOpFetch, tier, Access::kRead, false, nullptr);
+}
+
+Ticket TieredStore::WriteBack(BlockId id) {
+  std::lock_guard<std::mutex> l(mu_);
+  blocks_.at(id);
+  return Enqueue(id, kOpWriteBack, Tier::kHost, Access::kRead, false, nullptr);
+}
+
+Ticket TieredStore::Evict(BlockId id, Tier tier) {
+  std::lock_guard<std::mutex> l(mu_);
+  blocks_.at(id);
+  return Enqueue(id, kOpEvict, tier, Access::kRead, false, nullptr);
+}
+
+Result<Lease> TieredStore::Acquire(BlockId id, Tier tier, Access access,
+                                   std::chrono::nanoseconds timeout) {
+  const int t = static_cast<int>(tier);
+  std::shared_ptr<Op> op;
+  Ticket ticket;
+  Lease lease;
+  lease.store_ = this;
+  lease.block_ = id;
+  lease.tier_ = tier;
+  lease.access_ = access;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (id >= blocks_.size()) {
+      lease.store_ = nullptr;
+      return Status::NotFound("TieredStore::Acquire: no block " + std::to_string(id));
+    }
+    Block& b = *blocks_[id];
+    lease.size_bytes_ = b.spec.size_bytes;
+    ++stats_.acquires;
+    Copy& c = b.copy[t];
+    if (!b.pending_error.ok() && c.state != Residency::kValid) {
+      lease.store_ = nullptr;
+      Status e = std::move(b.pending_error);
+      b.pending_error = Status::OK();
+      return e;
+    }
+    const bool free_to_use =
+        c.state == Residency::kValid && !b.write_leased() &&
+        (access == Access::kRead || (b.ops.empty() && !b.hop_in_flight && c.leases() == 0));
+    if (free_to_use) {
+      ++stats_.acquire_hits;
+      ++(access == Access::kRead ? c.read_leases : c.write_leases);
+      c.last_use = ++lru_clock_;
+      lease.data_ = c.ptr;
+      return lease;
+    }
+    ticket = Enqueue(id, kOpFetch, tier, access, true, &op);
+  }
+  const auto t0 = Clock::now();
+  Status s = ticket.Wait(timeout);
+  std::lock_guard<std::mutex> l(mu_);
+  stats_.stall_ns += Ns(Clock::now() - t0);
+  Block& b = *blocks_[id];
+  if (!op->done) {  // timed out: withdraw our lease request
+    --(access == Access::kRead ? op->pending_read : op->pending_write);
+    lease.store_ = nullptr;
+    return Status::DeadlineExceeded(Name(b) + ": not resident on tier " +
+                                    std::string(TierName(tier)) + " within the timeout");
+  }
+  if (!op->status.ok()) {
+    lease.store_ = nullptr;
+    return op->status;
+  }
+  lease.data_ = b.copy[t].ptr;
+  return lease;
+}
+
+Status TieredStore::Flush(std::chrono::nanoseconds timeout) {
+  std::vector<Ticket> tickets;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& bp : blocks_) {
+      if (bp->home().state != Residency::kValid || !bp->ops.empty()) {
+        tickets.push_back(Enqueue(bp->id, kOpWriteBack, Tier::kHost, Access::kRead, false, nullptr));
+      }
+    }
+  }
+  const auto deadline = Clock::now() + timeout;
+  Status first;
+  for (const Ticket& t : tickets) {
+    Status s = t.Wait(std::max(Clock::duration::zero(), deadline - Clock::now()));
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
+Residency TieredStore::residency(BlockId id, Tier tier) const {
+  std::lock_guard<std::mutex> l(mu_);
+  const Block& b = *blocks_.at(id);
+  Residency r = b.copy[static_cast<int>(tier)].state;
+  if (r == Residency::kValid && tier != b.spec.home &&
+      b.copy[static_cast<int>(b.spec.home)].state == Residency::kStale) {
+    return Residency::kDirty;
+  }
+  return r;
+}
+
+const BlockSpec& TieredStore::spec(BlockId id) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return blocks_.at(id)->spec;
+}
+
+size_t TieredStore::num_blocks() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return blocks_.size();
+}
+
+StoreStats TieredStore::TakeStats(bool reset) {
+  std::lock_guard<std::mutex> l(mu_);
+  StoreStats s = stats_;
+  for (int t = 0; t < kTiers; ++t) s.used_bytes[t] = used_[t];
+  if (reset) {
+    stats_ = StoreStats{};
+    for (int t = 0; t < kTiers; ++t) {
+      stats_.budget_bytes[t] = budget_[t];
+      stats_.peak_bytes[t] = used_[t];
+    }
+  }
+  return s;
+}
+
+std::string TieredStore::note() const { return note_; }
+
+std::string TieredStore::DebugString() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::string out;
+  for (int t = 0; t < kTiers; ++t) {
+    out += std::string(TierName(Tier(t))) + ": " + std::to_string(used_[t]) + "/" +
+           std::to_string(budget_[t]) + " bytes\n";
+  }
+  for (const auto& bp : blocks_) {
+    const Block& b = *bp;
+    out += b.spec.name + " home=" + std::string(TierName(b.spec.home));
+    for (int t = 0; t < kTiers; ++t) {
+      const Copy& c = b.copy[t];
+      out += " " + std::string(TierName(Tier(t))) + "=" + std::string(ResidencyName(c.state)) +
+             (c.reserved ? "" : "(unreserved)") + "/r" + std::to_string(c.read_leases) + "w" +
+             std::to_string(c.write_leases);
+    }
+    out += " ops=";
+    for (const auto& op : b.ops) {
+      out += std::to_string(op->kind) + ":" + std::string(TierName(op->tier)) + ",";
+    }
+    out += b.hop_in_flight ? " hop" : "";
+    out += b.parked ? " parked" : "";
+    out += "\n";
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Threads.
+// ---------------------------------------------------------------------------
+void TieredStore::Post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> l(mv_mu_);
+    mv_queue_.push_back(std::move(fn));
+  }
+  mv_cv_.notify_one();
+}
+
+void TieredStore::MoverLoop() {
+  std::unique_lock<std::mutex> l(mv_mu_);
+  for (;;) {
+    mv_cv_.wait(l, [&] { return mv_stop_ || !mv_queue_.empty(); });
+    if (mv_queue_.empty()) return;
+    auto fn = std::move(mv_queue_.front());
+    mv_queue_.pop_front();
+    l.unlock();
+    fn();
+    l.lock();
+  }
+}
+
+// The IO thread is the only caller of the IoBackend. It submits queued jobs while the backend
+// has room, then blocks in Reap for at least one completion; new jobs wait at most one IO
+// latency. Checksums are computed here (writes) and verified here (reads), off the store lock.
+// Each completion is posted to the mover thread; a failed Submit completes its jobs with the
+// error. All requests in flight are reaped before the thread exits.
+void TieredStore::IoLoop() {
+  IoBackend* io = options_.io.get();
+  std::unordered_map<uint64_t, std::unique_ptr<IoJob>> inflight;
+  uint64_t next_tag = 1;
+  std::vector<IoCompletion> done(io ? io->queue_depth() : 1);
+  auto busy_since = Clock::now();
+  for (;;) {
+    std::vector<std::unique_ptr<IoJob>> batch;
+    {
+      std::unique_lock<std::mutex> l(io_mu_);
+      io_cv_.wait(l, [&] { return io_stop_ || !io_queue_.empty() || !inflight.empty(); });
+      if (io_stop_ && io_queue_.empty() && inflight.empty()) return;
+      while (!io_queue_.empty() && inflight.size() + batch.size() < io->queue_depth()) {
+        batch.push_back(std::move(io_queue_.front()));
+        io_queue_.pop_front();
+      }
+    }
+    if (inflight.empty() && !batch.empty()) busy_since = Clock::now();
+    std::vector<IoRequest> reqs;
+    std::vector<uint64_t> tags;
+    for (auto& job : batch) {
+      if (job->op == IoOp::kWrite && job->verify) {
+        job->checksum = XXH3_64bits(job->buffer, job->length_bytes);
+      }
+      const uint64_t tag = next_tag++;
+      reqs.push_back(IoRequest{job->op, swap_fd_, job->offset, job->buffer,
+                               static_cast<size_t>(job->length_bytes), tag});
+      tags.push_back(tag);
+    }
+    if (!reqs.empty()) {
+      Status s = io->Submit(reqs);
+      for (size_t i = 0; i < batch.size(); ++i) {
+        if (s.ok()) {
+          inflight.emplace(tags[i], std::move(batch[i]));
+        } else {
+          IoJob* j = batch[i].release();
+          Post([this, j, s] {
+            std::unique_ptr<IoJob> job(j);
+            std::lock_guard<std::mutex> l(mu_);
+            Tier to = job->op == IoOp::kRead ? Tier::kHost : Tier::kNvme;
+            Tier from = job->op == IoOp::kRead ? Tier::kNvme : Tier::kHost;
+            OnHopDone(job->block, from, to, s, 0);
+          });
+        }
+      }
+    }
+    if (inflight.empty()) continue;
+    auto n = io->Reap(done, 1);
+    if (!n.ok()) continue;  // Reap only fails on misuse; the jobs stay in flight
+    for (size_t i = 0; i < *n; ++i) {
+      auto it = inflight.find(done[i].user_data);
+      if (it == inflight.end()) continue;
+      std::unique_ptr<IoJob> job = std::move(it->second);
+      inflight.erase(it);
+      Status st = done[i].status;
+      uint64_t sum = job->checksum;
+      if (st.ok() && job->op == IoOp::kRead && job->verify) {
+        uint64_t got = XXH3_64bits(job->buffer, job->length_bytes);
+        if (got != job->checksum) {
+          st = Status::Corruption("checksum mismatch reading '" + swap_path_ + "' at offset " +
+                                  std::to_string(job->offset) + " (" +
+                                  std::to_string(job->length_bytes) + " bytes)");
+        }
+      }
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        stats_.io_bytes += st.ok() ? job->length_bytes : 0;
+        if (inflight.empty()) stats_.io_busy_ns += Ns(Clock::now() - busy_since);
+      }
+      const bool read = job->op == IoOp::kRead;
+      const BlockId id = job->block;
+      Post([this, id, read, st, sum] {
+        std::lock_guard<std::mutex> l(mu_);
+        OnHopDone(id, read ? Tier::kNvme : Tier::kHost, read ? Tier::kHost : Tier::kNvme, st,
+                  sum);
+      });
+    }
+  }
+}
+
+}  // namespace strata::core

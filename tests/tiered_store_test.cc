@@ -1,0 +1,330 @@
+// TieredStore over the simulated IO backend (seeded latencies, reordered completions, injected
+// faults) and the HostDevice. Every wait is bounded; a failing test prints its seed.
+#include "core/tiered_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "nvme/sim_backend.h"
+#include "tests/io_test_util.h"
+
+namespace strata::core {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr auto kWait = 20s;
+constexpr uint64_t kBlock = 16 << 10;
+
+struct Budgets {
+  uint64_t device_blocks = 4, host_blocks = 4, nvme_blocks = 64;
+};
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void Open(Budgets b, uint64_t seed = 7) {
+    seed_ = seed;
+    HostDeviceOptions ho;
+    ho.budget_bytes = 64 << 20;
+    auto dev = CreateHostDevice(ho);
+    ASSERT_TRUE(dev.ok());
+    device_ = std::move(dev).value();
+    nvme::SimOptions so;
+    so.seed = seed;
+    so.queue_depth = 8;
+    auto sim = std::make_unique<nvme::SimBackend>(so);
+    sim_ = sim.get();
+    TieredStoreOptions o;
+    o.device_budget_bytes = b.device_blocks * kBlock;
+    o.host_budget_bytes = b.host_blocks * kBlock;
+    o.nvme_capacity_bytes = b.nvme_blocks * kBlock;
+    o.device = device_.get();
+    o.io = std::move(sim);
+    o.swap_dir = dir_.path();
+    o.use_pinned_pool = false;
+    auto s = TieredStore::Open(std::move(o));
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    store_ = std::move(s).value();
+  }
+  BlockId Reg(const std::string& name, Tier home, uint64_t size = kBlock) {
+    auto id = store_->Register(BlockSpec{name, size, DType::kBF16, StateKind::kParam16, home});
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    return id.ok() ? *id : 0;
+  }
+  // Writes `v` into every byte of block `id` through a write lease on `tier`.
+  void Write(BlockId id, Tier tier, uint8_t v) {
+    auto l = store_->Acquire(id, tier, Access::kWrite, kWait);
+    ASSERT_TRUE(l.ok()) << l.status().ToString() << " seed " << seed_ << "\n"
+                        << store_->DebugString();
+    std::memset(l->data(), v, l->size_bytes());
+    l->MarkDirty();
+  }
+  // Every byte of block `id` on `tier`, or -1 when they differ.
+  int Read(BlockId id, Tier tier) {
+    auto l = store_->Acquire(id, tier, Access::kRead, kWait);
+    EXPECT_TRUE(l.ok()) << l.status().ToString() << " seed " << seed_ << "\n"
+                        << store_->DebugString();
+    if (!l.ok()) return -2;
+    const uint8_t* p = static_cast<const uint8_t*>(l->data());
+    for (uint64_t i = 1; i < l->size_bytes(); ++i) {
+      if (p[i] != p[0]) return -1;
+    }
+    return p[0];
+  }
+  void ExpectWithinBudgets() {
+    StoreStats s = store_->TakeStats(false);
+    for (int t = 0; t < kTiers; ++t) {
+      EXPECT_LE(s.peak_bytes[t], s.budget_bytes[t]) << "tier " << TierName(Tier(t));
+    }
+  }
+
+  uint64_t seed_ = 0;
+  strata::testing::TempDir dir_{"store"};
+  std::unique_ptr<Device> device_;
+  nvme::SimBackend* sim_ = nullptr;
+  std::unique_ptr<TieredStore> store_;
+};
+
+TEST_F(StoreTest, ChainsNvmeToHostToDeviceAndWritesBack) {
+  Open({});
+  BlockId b = Reg("layer0.master32", Tier::kNvme);
+  EXPECT_EQ(store_->residency(b, Tier::kNvme), Residency::kValid);
+  EXPECT_EQ(Read(b, Tier::kDevice), 0);  // registered zero-filled
+  EXPECT_EQ(store_->residency(b, Tier::kHost), Residency::kValid);
+  Write(b, Tier::kDevice, 0x5A);
+  EXPECT_EQ(store_->residency(b, Tier::kDevice), Residency::kDirty);
+  EXPECT_EQ(store_->residency(b, Tier::kHost), Residency::kAbsent);  // stale copy dropped
+  EXPECT_EQ(store_->residency(b, Tier::kNvme), Residency::kStale);
+  ASSERT_TRUE(store_->WriteBack(b).Wait(kWait).ok());
+  EXPECT_EQ(store_->residency(b, Tier::kNvme), Residency::kValid);
+  ASSERT_TRUE(store_->Evict(b, Tier::kDevice).Wait(kWait).ok());
+  ASSERT_TRUE(store_->Evict(b, Tier::kHost).Wait(kWait).ok());
+  EXPECT_EQ(store_->residency(b, Tier::kHost), Residency::kAbsent);
+  EXPECT_EQ(Read(b, Tier::kHost), 0x5A);  // from NVMe, checksum verified
+  StoreStats s = store_->TakeStats(false);
+  EXPECT_EQ(s.bytes_moved[2][1], 2 * kBlock);
+  EXPECT_EQ(s.bytes_moved[1][0], kBlock);
+  EXPECT_EQ(s.bytes_moved[0][1], kBlock);
+  EXPECT_EQ(s.bytes_moved[1][2], kBlock);
+}
+
+TEST_F(StoreTest, EvictingTheOnlyNewestCopyWritesItBackFirst) {
+  Open({});
+  BlockId b = Reg("g", Tier::kNvme);
+  Write(b, Tier::kHost, 9);
+  ASSERT_TRUE(store_->Evict(b, Tier::kHost).Wait(kWait).ok());
+  EXPECT_EQ(store_->residency(b, Tier::kNvme), Residency::kValid);
+  EXPECT_EQ(Read(b, Tier::kDevice), 9);
+  EXPECT_TRUE(store_->Evict(b, Tier::kNvme).Wait(kWait).code() ==
+              Status::Code::kFailedPrecondition);
+}
+
+TEST_F(StoreTest, HostAndDeviceHomes) {
+  Open({});
+  BlockId h = Reg("grad.h", Tier::kHost);
+  BlockId d = Reg("param.d", Tier::kDevice);
+  Write(d, Tier::kHost, 3);  // host cache of a device-home block
+  EXPECT_EQ(store_->residency(d, Tier::kDevice), Residency::kStale);
+  ASSERT_TRUE(store_->WriteBack(d).Wait(kWait).ok());
+  Write(h, Tier::kDevice, 4);
+  ASSERT_TRUE(store_->Flush(kWait).ok());
+  ASSERT_TRUE(store_->Evict(d, Tier::kHost).Wait(kWait).ok());
+  ASSERT_TRUE(store_->Evict(h, Tier::kDevice).Wait(kWait).ok());
+  EXPECT_EQ(Read(d, Tier::kDevice), 3);
+  EXPECT_EQ(Read(h, Tier::kHost), 4);
+}
+
+TEST_F(StoreTest, TinyBudgetsNeverExceededAndNoDeadlock) {
+  Open({.device_blocks = 2, .host_blocks = 2, .nvme_blocks = 32});
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 16; ++i) ids.push_back(Reg("b" + std::to_string(i), Tier::kNvme));
+  for (int round = 0; round < 3; ++round) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Write(ids[i], Tier::kDevice, static_cast<uint8_t>(round * 16 + i + 1));
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(Read(ids[i], Tier::kDevice), static_cast<int>(2 * 16 + i + 1)) << "seed " << seed_;
+  }
+  ExpectWithinBudgets();
+  EXPECT_GT(store_->TakeStats(false).evictions, 0u);
+}
+
+TEST_F(StoreTest, EveryReadSeesTheLastWriteUnderRandomOps) {
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    store_.reset();
+    Open({.device_blocks = 3, .host_blocks = 3, .nvme_blocks = 32}, seed);
+    std::mt19937 rng(seed);
+    std::vector<BlockId> ids;
+    std::vector<int> model;
+    const Tier homes[] = {Tier::kNvme, Tier::kNvme, Tier::kHost, Tier::kDevice};
+    for (int i = 0; i < 8; ++i) {
+      ids.push_back(Reg("r" + std::to_string(i), homes[i % 4]));
+      model.push_back(0);
+    }
+    std::vector<Ticket> tickets;
+    for (int step = 0; step < 400; ++step) {
+      size_t i = rng() % ids.size();
+      Tier t = static_cast<Tier>(rng() % 2);
+      const int what = rng() % 5;
+      if (getenv("STORE_TEST_VERBOSE")) printf("step %d block %zu tier %d op %d\n", step, i, int(t), what);
+      switch (what) {
+        case 0:
+          model[i] = static_cast<uint8_t>(rng());
+          Write(ids[i], t, static_cast<uint8_t>(model[i]));
+          break;
+        case 1: tickets.push_back(store_->WriteBack(ids[i])); break;
+        case 2: tickets.push_back(store_->Evict(ids[i], t)); break;
+        case 3: tickets.push_back(store_->Fetch(ids[i], t)); break;
+        default: ASSERT_EQ(Read(ids[i], t), model[i]) << "step " << step << " seed " << seed;
+      }
+    }
+    for (auto& t : tickets) {
+      Status s = t.Wait(kWait);
+      EXPECT_TRUE(s.ok() || s.code() == Status::Code::kFailedPrecondition) << s.ToString();
+    }
+    ASSERT_TRUE(store_->Flush(kWait).ok());
+    for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(Read(ids[i], Tier::kHost), model[i]);
+    ExpectWithinBudgets();
+  }
+}
+
+TEST_F(StoreTest, InjectedReadErrorReachesTheWaiterWithTheBlockName) {
+  Open({});
+  BlockId b = Reg("layer7.exp_avg", Tier::kNvme);
+  sim_->InjectFault(IoOp::kRead, nvme::SimFault::kEio);
+  auto l = store_->Acquire(b, Tier::kDevice, Access::kRead, kWait);
+  ASSERT_FALSE(l.ok());
+  EXPECT_TRUE(l.status().IsIOError()) << l.status().ToString();
+  EXPECT_NE(l.status().ToString().find("layer7.exp_avg"), std::string::npos);
+  EXPECT_EQ(store_->residency(b, Tier::kHost), Residency::kAbsent);
+  EXPECT_EQ(store_->residency(b, Tier::kDevice), Residency::kAbsent);
+  EXPECT_EQ(Read(b, Tier::kDevice), 0);  // the fault was used up: a retry works
+}
+
+TEST_F(StoreTest, BackgroundPrefetchErrorIsKeptForTheNextWaiter) {
+  Open({});
+  BlockId b = Reg("layer2.param16", Tier::kNvme);
+  sim_->InjectFault(IoOp::kRead, nvme::SimFault::kEio);
+  (void)store_->Fetch(b, Tier::kDevice);  // ticket dropped: nobody waits
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (store_->TakeStats(false).errors == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  auto l = store_->Acquire(b, Tier::kDevice, Access::kRead, kWait);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().ToString().find("layer2.param16"), std::string::npos)
+      << l.status().ToString();
+  EXPECT_EQ(Read(b, Tier::kDevice), 0);  // delivered once, then a fresh fetch
+}
+
+// Finds the store's (unlinked) swap file among our open descriptors.
+int SwapFd() {
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    auto target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (!ec && target.find("strata-swap-") != std::string::npos) {
+      return std::stoi(e.path().filename().string());
+    }
+  }
+  return -1;
+}
+
+TEST_F(StoreTest, ChecksumFailureIsCorruptionAndNeverValid) {
+  Open({});
+  BlockId b = Reg("layer1.master32", Tier::kNvme);
+  Write(b, Tier::kHost, 0x11);
+  ASSERT_TRUE(store_->Evict(b, Tier::kHost).Wait(kWait).ok());
+  int direct_fd = SwapFd();
+  ASSERT_GE(direct_fd, 0);
+  // A second, buffered descriptor on the same (unlinked) file: O_DIRECT refuses 1-byte writes.
+  int fd = open(("/proc/self/fd/" + std::to_string(direct_fd)).c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const char junk = 0x22;
+  ASSERT_EQ(pwrite(fd, &junk, 1, 100), 1);  // block 0 lives at offset 0 of the swap file
+  close(fd);
+  auto l = store_->Acquire(b, Tier::kHost, Access::kRead, kWait);
+  ASSERT_FALSE(l.ok());
+  EXPECT_TRUE(l.status().IsCorruption()) << l.status().ToString();
+  EXPECT_NE(l.status().ToString().find("layer1.master32"), std::string::npos);
+  EXPECT_EQ(store_->residency(b, Tier::kHost), Residency::kAbsent);
+}
+
+TEST_F(StoreTest, FailedWriteKeepsTheNewestCopy) {
+  Open({});
+  BlockId b = Reg("g", Tier::kNvme);
+  Write(b, Tier::kHost, 0x33);
+  sim_->InjectFault(IoOp::kWrite, nvme::SimFault::kTorn);
+  Status s = store_->WriteBack(b).Wait(kWait);
+  EXPECT_TRUE(s.IsIOError()) << s.ToString();
+  EXPECT_EQ(store_->residency(b, Tier::kNvme), Residency::kStale);
+  EXPECT_EQ(store_->residency(b, Tier::kHost), Residency::kDirty);
+  ASSERT_TRUE(store_->WriteBack(b).Wait(kWait).ok());  // retry
+  ASSERT_TRUE(store_->Evict(b, Tier::kHost).Wait(kWait).ok());
+  EXPECT_EQ(Read(b, Tier::kHost), 0x33);
+}
+
+TEST_F(StoreTest, LeasesPreventEviction) {
+  Open({.device_blocks = 1, .host_blocks = 4, .nvme_blocks = 8});
+  BlockId a = Reg("a", Tier::kNvme), b = Reg("b", Tier::kNvme);
+  auto la = store_->Acquire(a, Tier::kDevice, Access::kRead, kWait);
+  ASSERT_TRUE(la.ok());
+  EXPECT_EQ(store_->Evict(a, Tier::kDevice).Wait(kWait).code(),
+            Status::Code::kFailedPrecondition);
+  // b cannot get device space while a is leased: the wait is bounded.
+  auto lb = store_->Acquire(b, Tier::kDevice, Access::kRead, 200ms);
+  EXPECT_TRUE(lb.status().IsDeadlineExceeded()) << lb.status().ToString();
+  EXPECT_EQ(store_->residency(a, Tier::kDevice), Residency::kValid);
+  la->Release();
+  EXPECT_EQ(Read(b, Tier::kDevice), 0);
+  EXPECT_EQ(store_->residency(a, Tier::kDevice), Residency::kAbsent);  // evicted for b
+  ExpectWithinBudgets();
+}
+
+TEST_F(StoreTest, ResourceExhaustedWhenNothingCanFree) {
+  Open({.device_blocks = 1, .host_blocks = 2, .nvme_blocks = 4});
+  BlockId big = Reg("big", Tier::kNvme, 2 * kBlock);
+  auto l = store_->Acquire(big, Tier::kDevice, Access::kRead, kWait);
+  EXPECT_TRUE(l.status().IsResourceExhausted()) << l.status().ToString();
+  EXPECT_NE(l.status().ToString().find("big"), std::string::npos);
+  auto r = store_->Register(BlockSpec{"huge", 8 * kBlock, DType::kF32, StateKind::kExpAvg,
+                                      Tier::kNvme});
+  EXPECT_TRUE(r.status().IsResourceExhausted()) << r.status().ToString();
+  EXPECT_TRUE(store_->Register(BlockSpec{"big", kBlock}).status().IsInvalidArgument());
+  EXPECT_TRUE(store_->Register(BlockSpec{"zero", 0}).status().IsInvalidArgument());
+}
+
+TEST_F(StoreTest, WritesToOneBlockApplyInOrder) {
+  Open({});
+  BlockId b = Reg("ordered", Tier::kNvme);
+  std::vector<Ticket> t;
+  for (uint8_t v = 1; v <= 20; ++v) {
+    Write(b, Tier::kHost, v);  // a write lease waits for the block's queued operations
+    t.push_back(store_->WriteBack(b));
+    if (v % 3 == 0) t.push_back(store_->Evict(b, Tier::kHost));
+  }
+  for (auto& x : t) ASSERT_TRUE(x.Wait(kWait).ok());
+  ASSERT_TRUE(store_->Evict(b, Tier::kHost).Wait(kWait).ok());
+  EXPECT_EQ(Read(b, Tier::kHost), 20);
+}
+
+TEST(StoreOptionsTest, InvalidOptionsAreNamed) {
+  TieredStoreOptions o;
+  EXPECT_TRUE(TieredStore::Open(std::move(o)).status().IsInvalidArgument());
+  TieredStoreOptions p;
+  p.host_budget_bytes = 1 << 20;
+  p.device_budget_bytes = 1 << 20;
+  auto s = TieredStore::Open(std::move(p));
+  EXPECT_TRUE(s.status().IsInvalidArgument());
+  EXPECT_NE(s.status().ToString().find("device"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata::core
