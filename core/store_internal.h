@@ -14,7 +14,17 @@ struct TicketState {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  bool delivered = false;  // a Wait returned the (error) status to someone
   Status status;
+
+  // The error of a finished, failed operation that no Wait has returned yet; OK otherwise.
+  // Marks it delivered.
+  Status TakeUndelivered() {
+    std::lock_guard<std::mutex> l(mu);
+    if (!done || delivered || status.ok()) return Status::OK();
+    delivered = true;
+    return status;
+  }
 
   void Complete(Status s) {
     {
@@ -62,7 +72,16 @@ struct TieredStore::Block {
   bool parked = false;  // waiting for space
   bool has_checksum = false;
   uint64_t checksum = 0;  // of the bytes in the NVMe home copy
-  Status pending_error;   // a failed background fetch, for the next waiter
+  // The last failed fetch nobody was waiting for (a background prefetch): its error goes to the
+  // next Fetch or Acquire of the block unless a Wait on its ticket already returned it.
+  std::shared_ptr<TicketState> failed_fetch;
+
+  Status TakeFailedFetch() {
+    if (!failed_fetch) return Status::OK();
+    Status s = failed_fetch->TakeUndelivered();
+    failed_fetch.reset();
+    return s;
+  }
 
   Copy& home() { return copy[static_cast<int>(spec.home)]; }
   bool write_leased() const {

@@ -115,8 +115,10 @@ void TieredStore::Finish(Block& b, Status status) {
   }
   if (!status.ok()) {
     ++stats_.errors;
-    // Nobody holds the ticket (a background prefetch): keep the error for the next waiter.
-    if (op->kind == kOpFetch && op->ticket.use_count() == 1) b.pending_error = status;
+    // No Acquire waits on it (a background prefetch): keep it for the next waiter.
+    if (op->kind == kOpFetch && op->pending_read + op->pending_write == 0) {
+      b.failed_fetch = op->ticket;
+    }
   }
   op->status = status;
   op->ticket->Complete(std::move(status));

@@ -82,6 +82,7 @@ Status Ticket::Wait(std::chrono::nanoseconds timeout) const {
   if (!s_->cv.wait_for(l, timeout, [&] { return s_->done; })) {
     return Status::DeadlineExceeded("store operation did not finish within the timeout");
   }
+  if (!s_->status.ok()) s_->delivered = true;
   return s_->status;
 }
 
@@ -286,11 +287,13 @@ Result<BlockId> TieredStore::Register(const BlockSpec& spec) {
 Ticket TieredStore::Fetch(BlockId id, Tier tier) {
   std::lock_guard<std::mutex> l(mu_);
   Block& b = *blocks_.at(id);
-  if (!b.pending_error.ok() && b.copy[static_cast<int>(tier)].state != Residency::kValid) {
-    auto t = std::make_shared<TicketState>();
-    t->Complete(std::move(b.pending_error));
-    b.pending_error = Status::OK();
-    return Ticket(t);
+  if (b.copy[static_cast<int>(tier)].state != Residency::kValid) {
+    Status e = b.TakeFailedFetch();
+    if (!e.ok()) {
+      auto t = std::make_shared<TicketState>();
+      t->Complete(std::move(e));
+      return Ticket(t);
+    }
   }
   return Enqueue(id, kOpFetch, tier, Access::kRead, false, nullptr);
 }
@@ -327,11 +330,12 @@ Result<Lease> TieredStore::Acquire(BlockId id, Tier tier, Access access,
     lease.size_bytes_ = b.spec.size_bytes;
     ++stats_.acquires;
     Copy& c = b.copy[t];
-    if (!b.pending_error.ok() && c.state != Residency::kValid) {
-      lease.store_ = nullptr;
-      Status e = std::move(b.pending_error);
-      b.pending_error = Status::OK();
-      return e;
+    if (c.state != Residency::kValid) {
+      Status e = b.TakeFailedFetch();
+      if (!e.ok()) {
+        lease.store_ = nullptr;
+        return e;
+      }
     }
     const bool free_to_use =
         c.state == Residency::kValid && !b.write_leased() &&

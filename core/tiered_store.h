@@ -15,8 +15,9 @@
 // apply in order; operations on different blocks overlap. Each hop is its own async step:
 // NVMe -> pinned host is an IoBackend read (checksum verified), host -> device a device copy.
 // A failed hop (IO error, checksum failure) fails the operation with the block's name; the block
-// is not marked valid. When nobody holds the failed operation's ticket (a background prefetch),
-// the error is kept and returned to the next Fetch or Acquire of that block, then cleared.
+// is not marked valid. When no Wait returned a failed fetch's error (a background prefetch whose
+// ticket was dropped), the error is kept and returned once to the next Fetch or Acquire of that
+// block; the one after that fetches afresh.
 //
 // A block is used through a Lease: while any lease on a copy exists it is never evicted. A write
 // lease (Access::kWrite) waits until the block has no operation running and holds the block's

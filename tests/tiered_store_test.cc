@@ -223,6 +223,12 @@ TEST_F(StoreTest, BackgroundPrefetchErrorIsKeptForTheNextWaiter) {
   EXPECT_NE(l.status().ToString().find("layer2.param16"), std::string::npos)
       << l.status().ToString();
   EXPECT_EQ(Read(b, Tier::kDevice), 0);  // delivered once, then a fresh fetch
+  // An error that a Wait already returned is not delivered a second time.
+  ASSERT_TRUE(store_->Evict(b, Tier::kDevice).Wait(kWait).ok());
+  ASSERT_TRUE(store_->Evict(b, Tier::kHost).Wait(kWait).ok());
+  sim_->InjectFault(IoOp::kRead, nvme::SimFault::kEio);
+  EXPECT_TRUE(store_->Fetch(b, Tier::kHost).Wait(kWait).IsIOError());
+  EXPECT_EQ(Read(b, Tier::kHost), 0);
 }
 
 // Finds the store's (unlinked) swap file among our open descriptors.
