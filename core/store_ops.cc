@@ -26,9 +26,11 @@ std::string TieredStore::Name(const Block& b) const { return "block '" + b.spec.
 Ticket TieredStore::Enqueue(BlockId id, int kind, Tier tier, Access lease, bool with_lease,
                             std::shared_ptr<Op>* op_out) {
   Block& b = *blocks_[id];
-  if (kind == kOpFetch) {  // join a queued fetch of the same tier
+  // Join a queued fetch of the same tier, except that a writer gets an operation of its own
+  // and readers never share one with a writer: leases granted together must not conflict.
+  if (kind == kOpFetch && !(with_lease && lease == Access::kWrite)) {
     for (auto& op : b.ops) {
-      if (op->kind == kOpFetch && op->tier == tier && !op->done) {
+      if (op->kind == kOpFetch && op->tier == tier && !op->done && op->pending_write == 0) {
         if (with_lease) ++(lease == Access::kRead ? op->pending_read : op->pending_write);
         if (op_out) *op_out = op;
         return Ticket(op->ticket);
@@ -91,6 +93,10 @@ void TieredStore::Advance(BlockId id) {
       default: o = EvictStep(b, op.tier, &err); break;
     }
     if (o == Outcome::kIssued) return;
+    if (o == Outcome::kReady && op.kind == kOpFetch && op.pending_write > 0 &&
+        b.copy[static_cast<int>(op.tier)].leases() > 0) {
+      return;  // a write lease waits for the readers of that copy (re-advanced on release)
+    }
     if (o == Outcome::kParked) {
       if (!b.parked) {
         b.parked = true;
@@ -132,6 +138,9 @@ TieredStore::Outcome TieredStore::MakeValid(Block& b, Tier tier, Status* err) {
     c.last_use = ++lru_clock_;
     return Outcome::kReady;
   }
+  // A stale copy that readers still lease: overwriting it would tear their reads. Retried when
+  // a lease is released.
+  if (c.leases() > 0) return Outcome::kParked;
   if (budget_[static_cast<int>(tier)] == 0) {
     *err = Status::InvalidArgument(Name(b) + ": tier " + std::string(TierName(tier)) +
                                    " is disabled (budget 0)");
@@ -166,6 +175,7 @@ TieredStore::Outcome TieredStore::MakeValid(Block& b, Tier tier, Status* err) {
 
 TieredStore::Outcome TieredStore::WriteBackStep(Block& b, Status* err) {
   if (IsValid(b.home().state)) return Outcome::kReady;
+  if (b.home().leases() > 0) return Outcome::kParked;  // readers of the stale home copy
   switch (b.spec.home) {
     case Tier::kHost:  // the newest is on the device
       *err = IssueCopy(b, Tier::kDevice, Tier::kHost);
