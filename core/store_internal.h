@@ -3,6 +3,8 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <vector>
 #include <memory>
 #include <mutex>
 
@@ -26,13 +28,19 @@ struct TicketState {
     return status;
   }
 
+  std::vector<std::function<void(Status)>> then;  // run once at completion
+
   void Complete(Status s) {
+    std::vector<std::function<void(Status)>> run;
     {
       std::lock_guard<std::mutex> l(mu);
       status = std::move(s);
       done = true;
+      run.swap(then);
+      if (!run.empty() && !status.ok()) delivered = true;
     }
     cv.notify_all();
+    for (auto& fn : run) fn(status);  // status is immutable once done
   }
 };
 

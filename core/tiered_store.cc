@@ -86,6 +86,22 @@ Status Ticket::Wait(std::chrono::nanoseconds timeout) const {
   return s_->status;
 }
 
+void Ticket::Then(std::function<void(Status)> fn) const {
+  if (!s_) {
+    fn(Status::FailedPrecondition("Ticket::Then on an empty ticket"));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> l(s_->mu);
+    if (!s_->done) {
+      s_->then.push_back(std::move(fn));
+      return;
+    }
+    if (!s_->status.ok()) s_->delivered = true;
+  }
+  fn(s_->status);
+}
+
 bool Ticket::ready() const {
   if (!s_) return false;
   std::lock_guard<std::mutex> l(s_->mu);

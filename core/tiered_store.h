@@ -34,6 +34,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -109,6 +110,11 @@ class Ticket {
   // error). DeadlineExceeded if it did not finish within `timeout` (the operation continues).
   Status Wait(std::chrono::nanoseconds timeout) const;
   bool ready() const;
+  // Runs `fn` with the result once the operation finished: right away on this thread when it
+  // already has, otherwise on the thread that completed it, with the store's lock held: `fn`
+  // must be short, must not block and must not call into the store (post work elsewhere).
+  // A `fn` receiving an error counts as a Wait that returned it.
+  void Then(std::function<void(Status)> fn) const;
 
  private:
   std::shared_ptr<TicketState> s_;

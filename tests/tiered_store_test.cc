@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -319,6 +321,31 @@ TEST_F(StoreTest, WritesToOneBlockApplyInOrder) {
   for (auto& x : t) ASSERT_TRUE(x.Wait(kWait).ok());
   ASSERT_TRUE(store_->Evict(b, Tier::kHost).Wait(kWait).ok());
   EXPECT_EQ(Read(b, Tier::kHost), 20);
+}
+
+TEST_F(StoreTest, ThenRunsOnceTheOperationFinished) {
+  Open({});
+  BlockId b = Reg("then", Tier::kNvme);
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  Status seen = Status::Internal("not called");
+  store_->Fetch(b, Tier::kDevice).Then([&](Status s) {
+    std::lock_guard<std::mutex> l(mu);
+    seen = s;
+    ++calls;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, kWait, [&] { return calls == 1; }));
+    EXPECT_TRUE(seen.ok()) << seen.ToString();
+  }
+  Ticket done = store_->Fetch(b, Tier::kDevice);
+  ASSERT_TRUE(done.Wait(kWait).ok());
+  bool ran_inline = false;
+  done.Then([&](Status s) { ran_inline = s.ok(); });
+  EXPECT_TRUE(ran_inline);
 }
 
 TEST(StoreOptionsTest, InvalidOptionsAreNamed) {

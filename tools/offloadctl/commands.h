@@ -21,5 +21,6 @@ inline constexpr int kExitUsage = 2;
 
 // `offloadctl bench <what>` children.
 // (declared as each lands)
+void RegisterBenchStore(CLI::App& bench, int* exit_code);  // cmd_bench_store.cc
 
 }  // namespace strata::cli
