@@ -11,9 +11,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "strata/device.h"
 
@@ -31,7 +33,8 @@ struct Copy {
 
 class Stream {
  public:
-  Stream(uint64_t bandwidth, uint32_t max_queued) : bandwidth_(bandwidth), max_queued_(max_queued) {
+  Stream(uint64_t bandwidth, uint32_t max_queued, std::function<void()> on_progress)
+      : bandwidth_(bandwidth), max_queued_(max_queued), on_progress_(std::move(on_progress)) {
     worker_ = std::thread([this] { Run(); });
   }
   ~Stream() {
@@ -98,11 +101,15 @@ class Stream {
       l.lock();
       ++completed_seq_;
       cv_.notify_all();
+      l.unlock();
+      on_progress_();  // reclaims deferred frees
+      l.lock();
     }
   }
 
   const uint64_t bandwidth_;
   const size_t max_queued_;
+  const std::function<void()> on_progress_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Copy> queue_;
@@ -132,13 +139,20 @@ class HostDevice final : public Device {
  public:
   explicit HostDevice(const HostDeviceOptions& o) : options_(o) {
     for (auto& s : streams_) {
-      s = std::make_unique<Stream>(o.copy_bandwidth_bytes_per_s, o.max_queued_copies);
+      s = std::make_unique<Stream>(o.copy_bandwidth_bytes_per_s, o.max_queued_copies,
+                                   [this] { Reclaim(); });
     }
   }
   ~HostDevice() override {
+    for (auto& s : streams_) s->WaitForever(s->issued());
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      closing_ = true;  // workers' Reclaim must not touch streams being destroyed
+    }
     streams_[0].reset();
     streams_[1].reset();
     for (auto& [p, n] : live_) std::free(p);
+    for (auto& d : deferred_) std::free(d.ptr);
   }
 
   std::string name() const override { return "host-standin"; }
@@ -168,25 +182,21 @@ class HostDevice final : public Device {
     return p;
   }
 
+  // Stream-ordered like cudaFreeAsync: the budget is returned now; the memory itself once both
+  // streams completed every copy issued before this call (checked by the workers).
   Status Free(void* ptr) override {
     uint64_t seq[2];
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (!live_.contains(ptr)) return Status::InvalidArgument("HostDevice::Free: unknown pointer");
-    }
     for (int i = 0; i < 2; ++i) seq[i] = streams_[i]->issued();
-    for (int i = 0; i < 2; ++i) {
-      if (streams_[i]->on_worker()) {
-        return Status::FailedPrecondition("HostDevice: Free called from a completion callback");
-      }
-      streams_[i]->WaitForever(seq[i]);
-    }
     std::lock_guard<std::mutex> l(mu_);
     auto it = live_.find(ptr);
-    if (it == live_.end()) return Status::InvalidArgument("HostDevice::Free: double free");
+    if (it == live_.end()) return Status::InvalidArgument("HostDevice::Free: unknown pointer");
     used_ -= it->second;
-    std::free(it->first);
     live_.erase(it);
+    if (streams_[0]->Done(seq[0]) && streams_[1]->Done(seq[1])) {
+      std::free(ptr);
+    } else {
+      deferred_.push_back({ptr, seq[0], seq[1]});
+    }
     return Status::OK();
   }
 
@@ -216,6 +226,20 @@ class HostDevice final : public Device {
   Status RegisterHost(void*, uint64_t) override { return Status::OK(); }
   Status UnregisterHost(void*) override { return Status::OK(); }
 
+  void Reclaim() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closing_) return;
+    for (size_t i = 0; i < deferred_.size();) {
+      if (streams_[0]->Done(deferred_[i].seq[0]) && streams_[1]->Done(deferred_[i].seq[1])) {
+        std::free(deferred_[i].ptr);
+        deferred_[i] = deferred_.back();
+        deferred_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+
   DeviceStats stats() const override {
     DeviceStats st;
     {
@@ -237,6 +261,12 @@ class HostDevice final : public Device {
   uint64_t used_ = 0;
   uint64_t peak_ = 0;
   std::unordered_map<void*, uint64_t> live_;
+  struct Deferred {
+    void* ptr;
+    uint64_t seq[2];
+  };
+  std::vector<Deferred> deferred_;  // freed, waiting for earlier copies to finish
+  bool closing_ = false;
   std::unique_ptr<Stream> streams_[2];
 };
 

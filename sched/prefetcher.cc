@@ -96,15 +96,22 @@ bool Prefetcher::KeepAfterRelease(GroupId g, const Trace& trace,
   if (IsPersistent(groups[g].size_bytes)) return true;
   if (!trace.replaying()) return false;
   const size_t pos = trace.position();
-  size_t next = trace.NextUse(g, pos);
-  if (next == kNever) return false;
-  uint64_t distance = 0;
   const auto& order = trace.recorded();
-  for (size_t i = pos; i < next; ++i) {
-    distance += groups[order[i]].size_bytes;
-    if (distance > config_.max_reuse_distance_bytes) return false;
-  }
-  return true;
+  size_t next = trace.NextUse(g, pos);
+  uint64_t distance = 0;
+  auto add = [&](size_t from, size_t to) {
+    for (size_t i = from; i < to; ++i) {
+      distance += groups[order[i]].size_bytes;
+      if (distance > config_.max_reuse_distance_bytes) return false;
+    }
+    return true;
+  };
+  if (next != kNever) return add(pos, next);
+  // Steps repeat: the next use may be early in the next step (the first layer of forward,
+  // released last in backward).
+  next = trace.NextUse(g, 0);
+  if (next == kNever) return false;
+  return add(pos, order.size()) && add(0, next);
 }
 
 }  // namespace strata::sched

@@ -14,7 +14,8 @@
 //     persistent. If no such victim exists the walk stops: a prefetch never evicts something
 //     needed sooner than what it brings in.
 //   - A released group stays resident when its next use is within `max_reuse_distance_bytes`
-//     (stage3_max_reuse_distance, bytes gathered in between) or when it is persistent
+//     (stage3_max_reuse_distance, bytes gathered in between; the trace is taken as repeating,
+//     so a use early in the next step counts) or when it is persistent
 //     (size <= `persistence_threshold_bytes`, stage3_param_persistence_threshold).
 //   - A step that does not replay the trace (first step, diverged) gets no prefetch at all.
 //

@@ -174,6 +174,10 @@ TEST(PrefetcherTest, ReleaseKeepsReusedAndPersistentGroups) {
   EXPECT_TRUE(p.KeepAfterRelease(3, t, v));   // distance 0
   EXPECT_TRUE(p.KeepAfterRelease(2, t, v));   // index 5: 10 bytes in between
   EXPECT_FALSE(p.KeepAfterRelease(0, t, v));  // index 7: 30 bytes
+  // At the end of the step, group 0 (last in backward) is reused first in the next step.
+  Trace end = FwdBwdAt(4, 8);
+  EXPECT_TRUE(p.KeepAfterRelease(0, end, v));   // distance 0 across the step boundary
+  EXPECT_FALSE(p.KeepAfterRelease(3, end, v));  // groups 0, 1, 2 (30 bytes) come first
   c.persistence_threshold_bytes = 10;
   EXPECT_TRUE(Prefetcher(c).KeepAfterRelease(0, t, v));
   Trace none;

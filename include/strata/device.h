@@ -82,10 +82,10 @@ class Device {
   // something and retries. InvalidArgument for size 0. The pointer is owned by the caller and
   // returned with Free.
   virtual Result<void*> Allocate(uint64_t size_bytes) = 0;
-  // Returns memory from Allocate. Copies issued earlier on either stream finish before the memory
-  // is reused: on CUDA the free is stream-ordered after both copy streams (no blocking);
-  // HostDevice blocks until both streams completed the copies issued before the call.
-  // InvalidArgument for an unknown pointer. REQUIRES: no copy using `ptr` is issued afterwards.
+  // Returns memory from Allocate, stream-ordered and without blocking: the budget is available
+  // again at once, the memory is reused only after both streams completed every copy issued
+  // before the call. InvalidArgument for an unknown pointer.
+  // REQUIRES: no copy using `ptr` is issued afterwards.
   virtual Status Free(void* ptr) = 0;
 
   // Queues a copy of `size_bytes` on the stream `dir`: host `src` -> device `dst` for

@@ -105,7 +105,9 @@ Result<ParamResult> RunParamStep(core::TieredStore& store, const BenchStoreArgs&
     trace.BeginStep();
     std::vector<sched::GroupView> views(groups.size());
     for (sched::GroupId g : order) {
-      trace.Record(g);
+      // Plan from this access on: the group needed now comes first in the plan, so its fetch is
+      // queued ahead of the lookahead's.
+
       for (size_t i = 0; i < groups.size(); ++i) {
         auto res = [&](Tier t) {
           core::Residency x = store.residency(groups[i], t);
@@ -116,7 +118,7 @@ Result<ParamResult> RunParamStep(core::TieredStore& store, const BenchStoreArgs&
         };
         views[i] = {group_bytes, home == Tier::kDevice ? sched::Residency::kResident
                                                        : res(Tier::kDevice),
-                    res(Tier::kHost), home == Tier::kNvme, i == g};
+                    res(Tier::kHost), home == Tier::kNvme, false};
       }
       for (const auto& act : prefetcher.Plan(trace, views)) {
         if (act.kind == sched::PrefetchAction::Kind::kEvictFromDevice) {
@@ -127,6 +129,7 @@ Result<ParamResult> RunParamStep(core::TieredStore& store, const BenchStoreArgs&
                                                    : Tier::kHost);
         }
       }
+      trace.Record(g);
       STRATA_ASSIGN_OR_RETURN(auto lease, store.Acquire(groups[g], Tier::kDevice,
                                                         core::Access::kRead, kWait));
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(a.compute_ms));
