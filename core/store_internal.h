@@ -4,9 +4,9 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <vector>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "core/tiered_store.h"
 
@@ -106,8 +106,8 @@ struct TieredStore::IoJob {
   uint64_t offset = 0;
   void* buffer = nullptr;
   uint64_t length_bytes = 0;
-  std::string name;        // the block's name, for errors
-  bool verify = false;     // read: compare against `checksum`; write: compute `checksum`
+  std::string name;     // the block's name, for errors
+  bool verify = false;  // read: compare against `checksum`; write: compute `checksum`
   uint64_t checksum = 0;
 };
 

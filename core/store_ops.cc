@@ -88,9 +88,15 @@ void TieredStore::Advance(BlockId id) {
     Status err;
     Outcome o;
     switch (op.kind) {
-      case kOpFetch: o = MakeValid(b, op.tier, &err); break;
-      case kOpWriteBack: o = WriteBackStep(b, &err); break;
-      default: o = EvictStep(b, op.tier, &err); break;
+      case kOpFetch:
+        o = MakeValid(b, op.tier, &err);
+        break;
+      case kOpWriteBack:
+        o = WriteBackStep(b, &err);
+        break;
+      default:
+        o = EvictStep(b, op.tier, &err);
+        break;
     }
     if (o == Outcome::kIssued) return;
     if (o == Outcome::kReady && op.kind == kOpFetch && op.pending_write > 0 &&
@@ -350,10 +356,8 @@ void TieredStore::IssueIo(Block& b, IoOp op) {
   if (op == IoOp::kRead) b.copy[1].state = Residency::kInFlight;
   b.hop_in_flight = true;
   ++running_hops_;
-  {
-    std::lock_guard<std::mutex> l(io_mu_);
-    io_queue_.push_back(std::move(job));
-  }
+  std::lock_guard<std::mutex> l(io_mu_);
+  io_queue_.push_back(std::move(job));
   io_cv_.notify_one();
 }
 

@@ -33,9 +33,11 @@ CliRun Offloadctl(const std::string& args) {
 
 TEST(BenchStoreCli, JsonCarriesStallFractionAndPipelineRatio) {
   strata::testing::TempDir dir("bench-store");
-  CliRun r = Offloadctl("bench store --json --layers 6 --group-mb 1 --device-mb 3 --host-mb 16 "
-                     "--prefetch-mb 2 --compute-ms 0.5 --steps 3 --subgroups 5 --subgroup-mb 1 "
-                     "--io posix --dir " + dir.path());
+  CliRun r = Offloadctl(
+      "bench store --json --layers 6 --group-mb 1 --device-mb 3 --host-mb 16 "
+      "--prefetch-mb 2 --compute-ms 0.5 --steps 3 --subgroups 5 --subgroup-mb 1 "
+      "--io posix --dir " +
+      dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;

@@ -168,8 +168,8 @@ TEST(HostDeviceTest, SimulatedLinkMakesEventsPending) {
   auto buf = DeviceBuffer::Make(d->get(), 512 << 10);
   ASSERT_TRUE(buf.ok());
   std::vector<uint8_t> host(512 << 10, 3);
-  ASSERT_TRUE((*d)->CopyAsync(CopyDir::kHostToDevice, buf->get(), host.data(), host.size(), {})
-                  .ok());
+  ASSERT_TRUE(
+      (*d)->CopyAsync(CopyDir::kHostToDevice, buf->get(), host.data(), host.size(), {}).ok());
   auto ev = (*d)->RecordEvent(CopyDir::kHostToDevice);
   ASSERT_TRUE(ev.ok());
   EXPECT_TRUE((*ev)->Wait(1ms).IsDeadlineExceeded());

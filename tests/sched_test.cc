@@ -107,9 +107,8 @@ TEST(PrefetcherTest, LookaheadIsBoundedByBytes) {
   Trace t = FwdBwdAt(8, 0);
   std::vector<GroupView> v(8, GroupView{.size_bytes = 10});
   auto plan = Prefetcher(Cfg(30, 1000)).Plan(t, v);
-  std::vector<PrefetchAction> want = {{Kind::kFetchToDevice, 0, 0},
-                                      {Kind::kFetchToDevice, 1, 1},
-                                      {Kind::kFetchToDevice, 2, 2}};
+  std::vector<PrefetchAction> want = {
+      {Kind::kFetchToDevice, 0, 0}, {Kind::kFetchToDevice, 1, 1}, {Kind::kFetchToDevice, 2, 2}};
   EXPECT_EQ(plan, want);
   // Already resident or in-flight groups count toward the window but are not fetched again.
   v[0].device = Residency::kResident;

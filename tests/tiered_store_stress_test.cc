@@ -47,8 +47,8 @@ TEST(StoreStress, RandomAccessWithTinyBudgets) {
 
   std::vector<BlockId> ids;
   for (int i = 0; i < kBlocks; ++i) {
-    auto id = store.Register(BlockSpec{"s" + std::to_string(i), kBlock, DType::kF32,
-                                       StateKind::kMaster32, Tier::kNvme});
+    auto id = store.Register(
+        BlockSpec{"s" + std::to_string(i), kBlock, DType::kF32, StateKind::kMaster32, Tier::kNvme});
     ASSERT_TRUE(id.ok()) << id.status().ToString();
     ids.push_back(*id);
   }

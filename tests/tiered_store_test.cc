@@ -7,9 +7,9 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -176,16 +176,24 @@ TEST_F(StoreTest, EveryReadSeesTheLastWriteUnderRandomOps) {
       size_t i = rng() % ids.size();
       Tier t = static_cast<Tier>(rng() % 2);
       const int what = rng() % 5;
-      if (getenv("STORE_TEST_VERBOSE")) printf("step %d block %zu tier %d op %d\n", step, i, int(t), what);
+      if (getenv("STORE_TEST_VERBOSE"))
+        printf("step %d block %zu tier %d op %d\n", step, i, int(t), what);
       switch (what) {
         case 0:
           model[i] = static_cast<uint8_t>(rng());
           Write(ids[i], t, static_cast<uint8_t>(model[i]));
           break;
-        case 1: tickets.push_back(store_->WriteBack(ids[i])); break;
-        case 2: tickets.push_back(store_->Evict(ids[i], t)); break;
-        case 3: tickets.push_back(store_->Fetch(ids[i], t)); break;
-        default: ASSERT_EQ(Read(ids[i], t), model[i]) << "step " << step << " seed " << seed;
+        case 1:
+          tickets.push_back(store_->WriteBack(ids[i]));
+          break;
+        case 2:
+          tickets.push_back(store_->Evict(ids[i], t));
+          break;
+        case 3:
+          tickets.push_back(store_->Fetch(ids[i], t));
+          break;
+        default:
+          ASSERT_EQ(Read(ids[i], t), model[i]) << "step " << step << " seed " << seed;
       }
     }
     for (auto& t : tickets) {
@@ -284,8 +292,7 @@ TEST_F(StoreTest, LeasesPreventEviction) {
   BlockId a = Reg("a", Tier::kNvme), b = Reg("b", Tier::kNvme);
   auto la = store_->Acquire(a, Tier::kDevice, Access::kRead, kWait);
   ASSERT_TRUE(la.ok());
-  EXPECT_EQ(store_->Evict(a, Tier::kDevice).Wait(kWait).code(),
-            Status::Code::kFailedPrecondition);
+  EXPECT_EQ(store_->Evict(a, Tier::kDevice).Wait(kWait).code(), Status::Code::kFailedPrecondition);
   // b cannot get device space while a is leased: the wait is bounded.
   auto lb = store_->Acquire(b, Tier::kDevice, Access::kRead, 200ms);
   EXPECT_TRUE(lb.status().IsDeadlineExceeded()) << lb.status().ToString();
@@ -302,8 +309,8 @@ TEST_F(StoreTest, ResourceExhaustedWhenNothingCanFree) {
   auto l = store_->Acquire(big, Tier::kDevice, Access::kRead, kWait);
   EXPECT_TRUE(l.status().IsResourceExhausted()) << l.status().ToString();
   EXPECT_NE(l.status().ToString().find("big"), std::string::npos);
-  auto r = store_->Register(BlockSpec{"huge", 8 * kBlock, DType::kF32, StateKind::kExpAvg,
-                                      Tier::kNvme});
+  auto r =
+      store_->Register(BlockSpec{"huge", 8 * kBlock, DType::kF32, StateKind::kExpAvg, Tier::kNvme});
   EXPECT_TRUE(r.status().IsResourceExhausted()) << r.status().ToString();
   EXPECT_TRUE(store_->Register(BlockSpec{"big", kBlock}).status().IsInvalidArgument());
   EXPECT_TRUE(store_->Register(BlockSpec{"zero", 0}).status().IsInvalidArgument());

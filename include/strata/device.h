@@ -58,8 +58,8 @@ class DeviceEvent {
 
 struct DeviceStats {
   uint64_t budget_bytes = 0;
-  uint64_t used_bytes = 0;       // bytes allocated now
-  uint64_t peak_used_bytes = 0;  // high-water mark since creation
+  uint64_t used_bytes = 0;            // bytes allocated now
+  uint64_t peak_used_bytes = 0;       // high-water mark since creation
   uint64_t bytes_copied[2] = {0, 0};  // per CopyDir, completed copies
   uint64_t copies[2] = {0, 0};
 };

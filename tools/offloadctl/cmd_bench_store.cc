@@ -116,22 +116,22 @@ Result<ParamResult> RunParamStep(core::TieredStore& store, const BenchStoreArgs&
             return sched::Residency::kResident;
           return sched::Residency::kAbsent;
         };
-        views[i] = {group_bytes, home == Tier::kDevice ? sched::Residency::kResident
-                                                       : res(Tier::kDevice),
+        views[i] = {group_bytes,
+                    home == Tier::kDevice ? sched::Residency::kResident : res(Tier::kDevice),
                     res(Tier::kHost), home == Tier::kNvme, false};
       }
       for (const auto& act : prefetcher.Plan(trace, views)) {
         if (act.kind == sched::PrefetchAction::Kind::kEvictFromDevice) {
           if (home != Tier::kDevice) (void)store.Evict(groups[act.group], Tier::kDevice);
         } else {
-          (void)store.Fetch(groups[act.group], act.kind == sched::PrefetchAction::Kind::kFetchToDevice
-                                                   ? Tier::kDevice
-                                                   : Tier::kHost);
+          (void)store.Fetch(groups[act.group],
+                            act.kind == sched::PrefetchAction::Kind::kFetchToDevice ? Tier::kDevice
+                                                                                    : Tier::kHost);
         }
       }
       trace.Record(g);
-      STRATA_ASSIGN_OR_RETURN(auto lease, store.Acquire(groups[g], Tier::kDevice,
-                                                        core::Access::kRead, kWait));
+      STRATA_ASSIGN_OR_RETURN(auto lease,
+                              store.Acquire(groups[g], Tier::kDevice, core::Access::kRead, kWait));
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(a.compute_ms));
       lease.Release();
       if (home != Tier::kDevice && !prefetcher.KeepAfterRelease(g, trace, views)) {
@@ -171,8 +171,8 @@ Result<OptResult> RunOptimizer(core::TieredStore& store, const BenchStoreArgs& a
       return Status::OK();
     };
     s.compute = [&](size_t i, uint32_t) -> Status {
-      STRATA_ASSIGN_OR_RETURN(auto l, store.Acquire(subs[i], Tier::kHost, core::Access::kWrite,
-                                                    kWait));
+      STRATA_ASSIGN_OR_RETURN(auto l,
+                              store.Acquire(subs[i], Tier::kHost, core::Access::kWrite, kWait));
       if (compute) AdamPass(static_cast<float*>(l.data()), params);
       l.MarkDirty();  // IO alone still writes every sub-group back
       return Status::OK();
@@ -203,8 +203,9 @@ Result<OptResult> RunOptimizer(core::TieredStore& store, const BenchStoreArgs& a
 
 Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
   if (a.layers < 1 || a.steps < 1 || a.subgroups < 1 || a.group_mb <= 0 || a.subgroup_mb <= 0) {
-    return Status::InvalidArgument("--layers, --steps, --subgroups, --group-mb and "
-                                   "--subgroup-mb must be positive");
+    return Status::InvalidArgument(
+        "--layers, --steps, --subgroups, --group-mb and "
+        "--subgroup-mb must be positive");
   }
   STRATA_ASSIGN_OR_RETURN(Tier home, ParseTier(a.home));
   auto mb = [](double x) { return static_cast<uint64_t>(x * (1 << 20)); };
@@ -213,10 +214,14 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
   ho.copy_bandwidth_bytes_per_s = static_cast<uint64_t>(a.pcie_gbps * 1e9);
   STRATA_ASSIGN_OR_RETURN(auto device, CreateHostDevice(ho));
   IoBackendOptions io;
-  if (a.io == "auto") io.kind = IoBackendKind::kAuto;
-  else if (a.io == "uring") io.kind = IoBackendKind::kIoUring;
-  else if (a.io == "posix") io.kind = IoBackendKind::kPosix;
-  else return Status::InvalidArgument("--io must be auto, uring or posix, not '" + a.io + "'");
+  if (a.io == "auto")
+    io.kind = IoBackendKind::kAuto;
+  else if (a.io == "uring")
+    io.kind = IoBackendKind::kIoUring;
+  else if (a.io == "posix")
+    io.kind = IoBackendKind::kPosix;
+  else
+    return Status::InvalidArgument("--io must be auto, uring or posix, not '" + a.io + "'");
   STRATA_ASSIGN_OR_RETURN(auto backend, OpenIoBackend(io));
   const std::string backend_note = backend->note();
   core::TieredStoreOptions so;
@@ -229,9 +234,9 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
   STRATA_ASSIGN_OR_RETURN(auto store, core::TieredStore::Open(std::move(so)));
   std::vector<core::BlockId> groups, subs;
   for (int g = 0; g < a.layers; ++g) {
-    STRATA_ASSIGN_OR_RETURN(auto id, store->Register({"layer" + std::to_string(g) + ".param16",
-                                                      mb(a.group_mb), DType::kBF16,
-                                                      core::StateKind::kParam16, home}));
+    STRATA_ASSIGN_OR_RETURN(
+        auto id, store->Register({"layer" + std::to_string(g) + ".param16", mb(a.group_mb),
+                                  DType::kBF16, core::StateKind::kParam16, home}));
     groups.push_back(id);
   }
   for (int i = 0; i < a.subgroups; ++i) {
@@ -252,24 +257,32 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
   j["overlap_efficiency"] = std::min(o.io_s, o.compute_s) > 0
                                 ? std::clamp(hidden / std::min(o.io_s, o.compute_s), 0.0, 1.0)
                                 : 0.0;
-  j["param_step"] = {{"layers", a.layers},           {"group_bytes", mb(a.group_mb)},
-                     {"home", a.home},               {"compute_ms_per_layer", a.compute_ms},
-                     {"step_s", p.step_s},           {"stall_s", p.stall_s},
-                     {"prefetch_hit_rate", p.hit_rate}, {"trace_divergences", p.divergences},
+  j["param_step"] = {{"layers", a.layers},
+                     {"group_bytes", mb(a.group_mb)},
+                     {"home", a.home},
+                     {"compute_ms_per_layer", a.compute_ms},
+                     {"step_s", p.step_s},
+                     {"stall_s", p.stall_s},
+                     {"prefetch_hit_rate", p.hit_rate},
+                     {"trace_divergences", p.divergences},
                      {"bytes_nvme_to_host", st.bytes_moved[2][1]},
                      {"bytes_host_to_device", st.bytes_moved[1][0]}};
-  j["optimizer"] = {{"subgroups", a.subgroups},       {"subgroup_bytes", mb(a.subgroup_mb)},
-                    {"read_ahead", a.read_ahead},     {"write_behind", a.write_behind},
-                    {"pipelined_s", o.pipelined_s},   {"io_alone_s", o.io_s},
-                    {"compute_alone_s", o.compute_s}, {"max_reads_in_flight", o.max_reads},
+  j["optimizer"] = {{"subgroups", a.subgroups},
+                    {"subgroup_bytes", mb(a.subgroup_mb)},
+                    {"read_ahead", a.read_ahead},
+                    {"write_behind", a.write_behind},
+                    {"pipelined_s", o.pipelined_s},
+                    {"io_alone_s", o.io_s},
+                    {"compute_alone_s", o.compute_s},
+                    {"max_reads_in_flight", o.max_reads},
                     {"max_writes_in_flight", o.max_writes},
                     {"compute", "adam-arithmetic fp32 pass (kernels not landed)"},
                     {"io_gbps", ost.io_busy_ns ? ost.io_bytes / (ost.io_busy_ns * 1e-9) / 1e9 : 0}};
-  j["peak_bytes"] = {{"device", st.peak_bytes[0]}, {"host", std::max(st.peak_bytes[1],
-                                                                     ost.peak_bytes[1])},
+  j["peak_bytes"] = {{"device", st.peak_bytes[0]},
+                     {"host", std::max(st.peak_bytes[1], ost.peak_bytes[1])},
                      {"nvme", st.peak_bytes[2]}};
-  j["budget_bytes"] = {{"device", st.budget_bytes[0]}, {"host", st.budget_bytes[1]},
-                       {"nvme", st.budget_bytes[2]}};
+  j["budget_bytes"] = {
+      {"device", st.budget_bytes[0]}, {"host", st.budget_bytes[1]}, {"nvme", st.budget_bytes[2]}};
   j["notes"] = backend_note + store->note();
   *out = std::move(j);
   return Status::OK();
