@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/gather_scheduler.h"
 #include "core/tiered_store.h"
 #include "sched/prefetcher.h"
 #include "sched/step_pipeline.h"
@@ -85,60 +86,28 @@ struct ParamResult {
 
 // Steady-state steps only (step 1 records the trace).
 Result<ParamResult> RunParamStep(core::TieredStore& store, const BenchStoreArgs& a,
-                                 const std::vector<core::BlockId>& groups, Tier home) {
+                                 const std::vector<core::BlockId>& groups) {
   sched::PrefetchConfig pc;
   pc.prefetch_bucket_bytes = static_cast<uint64_t>(a.prefetch_mb * (1 << 20));
   pc.max_live_bytes = static_cast<uint64_t>(a.device_mb * (1 << 20) * 0.9);
   pc.max_reuse_distance_bytes = 0;
   pc.persistence_threshold_bytes = 0;
   pc.host_lookahead_bytes = pc.prefetch_bucket_bytes;
-  sched::Prefetcher prefetcher(pc);
-  sched::Trace trace;
+  core::GatherScheduler gather(&store, groups, pc);
   std::vector<sched::GroupId> order;
   for (int g = 0; g < a.layers; ++g) order.push_back(g);
   for (int g = a.layers; g-- > 0;) order.push_back(g);
-  const uint64_t group_bytes = store.spec(groups[0]).size_bytes;
   ParamResult r;
   for (int step = 0; step < a.steps; ++step) {
     store.TakeStats(true);
     const auto t0 = Clock::now();
-    trace.BeginStep();
-    std::vector<sched::GroupView> views(groups.size());
+    gather.BeginStep();
     for (sched::GroupId g : order) {
-      // Plan from this access on: the group needed now comes first in the plan, so its fetch is
-      // queued ahead of the lookahead's.
-
-      for (size_t i = 0; i < groups.size(); ++i) {
-        auto res = [&](Tier t) {
-          core::Residency x = store.residency(groups[i], t);
-          if (x == core::Residency::kInFlight) return sched::Residency::kInFlight;
-          if (x == core::Residency::kValid || x == core::Residency::kDirty)
-            return sched::Residency::kResident;
-          return sched::Residency::kAbsent;
-        };
-        views[i] = {group_bytes,
-                    home == Tier::kDevice ? sched::Residency::kResident : res(Tier::kDevice),
-                    res(Tier::kHost), home == Tier::kNvme, false};
-      }
-      for (const auto& act : prefetcher.Plan(trace, views)) {
-        if (act.kind == sched::PrefetchAction::Kind::kEvictFromDevice) {
-          if (home != Tier::kDevice) (void)store.Evict(groups[act.group], Tier::kDevice);
-        } else {
-          (void)store.Fetch(groups[act.group],
-                            act.kind == sched::PrefetchAction::Kind::kFetchToDevice ? Tier::kDevice
-                                                                                    : Tier::kHost);
-        }
-      }
-      trace.Record(g);
-      STRATA_ASSIGN_OR_RETURN(auto lease,
-                              store.Acquire(groups[g], Tier::kDevice, core::Access::kRead, kWait));
+      STRATA_ASSIGN_OR_RETURN(auto lease, gather.Gather(g, kWait));
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(a.compute_ms));
-      lease.Release();
-      if (home != Tier::kDevice && !prefetcher.KeepAfterRelease(g, trace, views)) {
-        (void)store.Evict(groups[g], Tier::kDevice);
-      }
+      gather.Release(g, std::move(lease));
     }
-    trace.EndStep();
+    gather.EndStep();
     const double step_s = Sec(Clock::now() - t0);
     core::StoreStats st = store.TakeStats(false);
     if (step > 0 || a.steps == 1) {
@@ -148,7 +117,7 @@ Result<ParamResult> RunParamStep(core::TieredStore& store, const BenchStoreArgs&
       r.hit_rate += (st.acquires ? double(st.acquire_hits) / st.acquires : 0) / n;
     }
   }
-  r.divergences = trace.divergences();
+  r.divergences = gather.trace().divergences();
   return r;
 }
 
@@ -245,7 +214,7 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
                                                       core::StateKind::kMaster32, Tier::kNvme}));
     subs.push_back(id);
   }
-  STRATA_ASSIGN_OR_RETURN(ParamResult p, RunParamStep(*store, a, groups, home));
+  STRATA_ASSIGN_OR_RETURN(ParamResult p, RunParamStep(*store, a, groups));
   core::StoreStats st = store->TakeStats(true);
   STRATA_ASSIGN_OR_RETURN(OptResult o, RunOptimizer(*store, a, subs));
   core::StoreStats ost = store->TakeStats(false);
