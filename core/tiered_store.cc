@@ -293,7 +293,8 @@ Result<BlockId> TieredStore::Register(const BlockSpec& spec) {
       b->has_checksum = true;
     }
   } else {
-    l.unlock();  // zero the device home with a plain copy (not under the store lock)
+    // Zero the device home with a plain copy. Held under the lock so a concurrent Register cannot
+    // take the same name; no completion path needs this lock to finish that copy.
     std::vector<uint8_t> zeros(b->alloc_bytes, 0);
     Status s = options_.device->CopyAsync(CopyDir::kHostToDevice, home.ptr, zeros.data(),
                                           zeros.size(), {});
@@ -301,40 +302,47 @@ Result<BlockId> TieredStore::Register(const BlockSpec& spec) {
       auto ev = options_.device->RecordEvent(CopyDir::kHostToDevice);
       s = ev.ok() ? (*ev)->Wait(std::chrono::seconds(60)) : ev.status();
     }
-    l.lock();
     if (!s.ok()) {
       FreeCopy(*b, Tier::kDevice);
       return s.WithContext("TieredStore::Register: zeroing block '" + spec.name + "'");
     }
-    b->id = static_cast<BlockId>(blocks_.size());
   }
   blocks_.push_back(std::move(b));
   return blocks_.back()->id;
 }
 
+namespace {
+Ticket FailedTicket(Status s) {
+  auto t = std::make_shared<TicketState>();
+  t->Complete(std::move(s));
+  return Ticket(t);
+}
+}  // namespace
+
 Ticket TieredStore::Fetch(BlockId id, Tier tier) {
   std::lock_guard<std::mutex> l(mu_);
-  Block& b = *blocks_.at(id);
+  if (id >= blocks_.size())
+    return FailedTicket(Status::NotFound("Fetch: no block " + std::to_string(id)));
+  Block& b = *blocks_[id];
   if (b.copy[static_cast<int>(tier)].state != Residency::kValid) {
     Status e = b.TakeFailedFetch();
-    if (!e.ok()) {
-      auto t = std::make_shared<TicketState>();
-      t->Complete(std::move(e));
-      return Ticket(t);
-    }
+    if (!e.ok()) return FailedTicket(std::move(e));
   }
   return Enqueue(id, kOpFetch, tier, Access::kRead, false, nullptr);
 }
 
 Ticket TieredStore::WriteBack(BlockId id) {
   std::lock_guard<std::mutex> l(mu_);
-  blocks_.at(id);
+  if (id >= blocks_.size()) {
+    return FailedTicket(Status::NotFound("WriteBack: no block " + std::to_string(id)));
+  }
   return Enqueue(id, kOpWriteBack, Tier::kHost, Access::kRead, false, nullptr);
 }
 
 Ticket TieredStore::Evict(BlockId id, Tier tier) {
   std::lock_guard<std::mutex> l(mu_);
-  blocks_.at(id);
+  if (id >= blocks_.size())
+    return FailedTicket(Status::NotFound("Evict: no block " + std::to_string(id)));
   return Enqueue(id, kOpEvict, tier, Access::kRead, false, nullptr);
 }
 

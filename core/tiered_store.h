@@ -178,6 +178,7 @@ class TieredStore {
   // cannot hold it.
   Result<BlockId> Register(const BlockSpec& spec);
 
+  // An unknown id gives a ticket failed with NotFound (Fetch, WriteBack, Evict, Acquire).
   // Makes a valid copy resident on `tier` (each hop async). The block must then be leased
   // (Acquire) to be used; until then it may be evicted for space.
   Ticket Fetch(BlockId id, Tier tier);
@@ -194,8 +195,8 @@ class TieredStore {
   // Writes back every dirty block and waits. The first error, or DeadlineExceeded.
   Status Flush(std::chrono::nanoseconds timeout);
 
-  Residency residency(BlockId id, Tier tier) const;
-  const BlockSpec& spec(BlockId id) const;  // REQUIRES: a registered id
+  Residency residency(BlockId id, Tier tier) const;  // REQUIRES: a registered id
+  const BlockSpec& spec(BlockId id) const;           // REQUIRES: a registered id
   size_t num_blocks() const;
   // Counters since Open or the last TakeStats(true); used/peak/budget are current.
   StoreStats TakeStats(bool reset);

@@ -314,6 +314,10 @@ TEST_F(StoreTest, ResourceExhaustedWhenNothingCanFree) {
   EXPECT_TRUE(r.status().IsResourceExhausted()) << r.status().ToString();
   EXPECT_TRUE(store_->Register(BlockSpec{"big", kBlock}).status().IsInvalidArgument());
   EXPECT_TRUE(store_->Register(BlockSpec{"zero", 0}).status().IsInvalidArgument());
+  EXPECT_TRUE(store_->Fetch(99, Tier::kHost).Wait(kWait).IsNotFound());
+  EXPECT_TRUE(store_->Evict(99, Tier::kHost).Wait(kWait).IsNotFound());
+  EXPECT_TRUE(store_->WriteBack(99).Wait(kWait).IsNotFound());
+  EXPECT_TRUE(store_->Acquire(99, Tier::kHost, Access::kRead, kWait).status().IsNotFound());
 }
 
 TEST_F(StoreTest, WritesToOneBlockApplyInOrder) {
