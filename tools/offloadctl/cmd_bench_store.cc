@@ -42,12 +42,12 @@ struct BenchStoreArgs {
   int layers = 16;
   double group_mb = 8;
   std::string home = "nvme";
-  double compute_ms = 2;
+  double compute_ms = 10;
   int steps = 3;
   double device_mb = 64;
   double host_mb = 256;
   double prefetch_mb = 32;
-  int subgroups = 12;
+  int subgroups = 32;
   double subgroup_mb = 12;
   int read_ahead = 2;
   int write_behind = 2;
