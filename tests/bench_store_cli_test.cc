@@ -61,6 +61,8 @@ TEST(BenchStoreCli, BadOptionsAreUsageErrors) {
   EXPECT_EQ(r.exit_code, 2) << r.out;
   r = Offloadctl("bench store --io floppy");
   EXPECT_EQ(r.exit_code, 2) << r.out;
+  r = Offloadctl("bench store --read-ahead -1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
 }
 
 }  // namespace

@@ -176,6 +176,12 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
         "--layers, --steps, --subgroups, --group-mb and "
         "--subgroup-mb must be positive");
   }
+  if (a.read_ahead < 0 || a.write_behind < 0 || a.pcie_gbps < 0 || a.compute_ms < 0 ||
+      a.device_mb <= 0 || a.host_mb <= 0 || a.prefetch_mb <= 0) {
+    return Status::InvalidArgument(
+        "--read-ahead, --write-behind, --pcie-gbps and --compute-ms "
+        "must be >= 0; --device-mb, --host-mb, --prefetch-mb > 0");
+  }
   STRATA_ASSIGN_OR_RETURN(Tier home, ParseTier(a.home));
   auto mb = [](double x) { return static_cast<uint64_t>(x * (1 << 20)); };
   HostDeviceOptions ho;
