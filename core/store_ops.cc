@@ -11,6 +11,7 @@
 // released); a parked operation fails with ResourceExhausted once nothing in flight, leased or
 // dirty on that tier could ever free space for it.
 #include <algorithm>
+#include <chrono>
 
 #include "core/store_internal.h"
 
@@ -326,6 +327,7 @@ Status TieredStore::IssueCopy(Block& b, Tier from, Tier to) {
   if (to != b.spec.home) dst.state = Residency::kInFlight;
   b.hop_in_flight = true;
   ++running_hops_;
+  if (copies_in_flight_++ == 0) copy_busy_since_ = std::chrono::steady_clock::now();
   const BlockId id = b.id;
   Status s = options_.device->CopyAsync(dir, dst.ptr, src.ptr, b.alloc_bytes,
                                         [this, id, from, to](Status st) {
@@ -337,6 +339,7 @@ Status TieredStore::IssueCopy(Block& b, Tier from, Tier to) {
   if (!s.ok()) {
     b.hop_in_flight = false;
     --running_hops_;
+    --copies_in_flight_;
     if (to != b.spec.home) FreeCopy(b, to);
     return s.WithContext(Name(b));
   }
@@ -366,6 +369,14 @@ void TieredStore::OnHopDone(BlockId id, Tier from, Tier to, Status status, uint6
   b.hop_in_flight = false;
   --running_hops_;
   space_freed_ = true;  // parked blocks counted on this hop: let them re-check
+  if (from != Tier::kNvme && to != Tier::kNvme) {  // a device copy
+    if (--copies_in_flight_ == 0) {
+      stats_.copy_busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now() - copy_busy_since_)
+                                 .count();
+    }
+    if (status.ok()) stats_.copy_bytes += b.alloc_bytes;
+  }
   Copy& dst = b.copy[static_cast<int>(to)];
   if (status.ok()) {
     dst.state = Residency::kValid;

@@ -160,6 +160,8 @@ struct StoreStats {
   uint64_t budget_bytes[kTiers] = {};
   uint64_t io_busy_ns = 0;  // time with IO in flight
   uint64_t io_bytes = 0;
+  uint64_t copy_busy_ns = 0;  // time with a device copy in flight (either direction)
+  uint64_t copy_bytes = 0;
   uint64_t evictions = 0;
   uint64_t errors = 0;
 };
@@ -250,6 +252,8 @@ class TieredStore {
   uint64_t lru_clock_ = 0;
   uint32_t queued_ops_ = 0;
   uint32_t running_hops_ = 0;
+  uint32_t copies_in_flight_ = 0;
+  std::chrono::steady_clock::time_point copy_busy_since_;
   std::vector<BlockId> parked_;
   StoreStats stats_;
   bool shutting_down_ = false;

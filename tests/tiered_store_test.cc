@@ -115,6 +115,10 @@ TEST_F(StoreTest, ChainsNvmeToHostToDeviceAndWritesBack) {
   EXPECT_EQ(s.bytes_moved[1][0], kBlock);
   EXPECT_EQ(s.bytes_moved[0][1], kBlock);
   EXPECT_EQ(s.bytes_moved[1][2], kBlock);
+  EXPECT_EQ(s.copy_bytes, 2 * kBlock);  // one copy each way
+  EXPECT_GT(s.copy_busy_ns, 0u);
+  EXPECT_EQ(s.io_bytes, 3 * kBlock);  // two reads, one write
+  EXPECT_GT(s.io_busy_ns, 0u);
 }
 
 TEST_F(StoreTest, EvictingTheOnlyNewestCopyWritesItBackFirst) {

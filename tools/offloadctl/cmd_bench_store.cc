@@ -232,16 +232,18 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
   j["overlap_efficiency"] = std::min(o.io_s, o.compute_s) > 0
                                 ? std::clamp(hidden / std::min(o.io_s, o.compute_s), 0.0, 1.0)
                                 : 0.0;
-  j["param_step"] = {{"layers", a.layers},
-                     {"group_bytes", mb(a.group_mb)},
-                     {"home", a.home},
-                     {"compute_ms_per_layer", a.compute_ms},
-                     {"step_s", p.step_s},
-                     {"stall_s", p.stall_s},
-                     {"prefetch_hit_rate", p.hit_rate},
-                     {"trace_divergences", p.divergences},
-                     {"bytes_nvme_to_host", st.bytes_moved[2][1]},
-                     {"bytes_host_to_device", st.bytes_moved[1][0]}};
+  j["param_step"] = {
+      {"layers", a.layers},
+      {"group_bytes", mb(a.group_mb)},
+      {"home", a.home},
+      {"compute_ms_per_layer", a.compute_ms},
+      {"step_s", p.step_s},
+      {"stall_s", p.stall_s},
+      {"prefetch_hit_rate", p.hit_rate},
+      {"trace_divergences", p.divergences},
+      {"bytes_nvme_to_host", st.bytes_moved[2][1]},
+      {"bytes_host_to_device", st.bytes_moved[1][0]},
+      {"copy_gbps", st.copy_busy_ns ? st.copy_bytes / (st.copy_busy_ns * 1e-9) / 1e9 : 0.0}};
   j["optimizer"] = {{"subgroups", a.subgroups},
                     {"subgroup_bytes", mb(a.subgroup_mb)},
                     {"read_ahead", a.read_ahead},
