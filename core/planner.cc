@@ -204,18 +204,6 @@ Status CheckNonNegative(double v, const char* name) {
 
 }  // namespace
 
-std::string_view OffloadDeviceName(OffloadDevice d) noexcept {
-  switch (d) {
-    case OffloadDevice::kNone:
-      return "none";
-    case OffloadDevice::kCpu:
-      return "cpu";
-    case OffloadDevice::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
-
 std::optional<OffloadDevice> ParseOffloadDevice(std::string_view s) noexcept {
   if (s == "none") return OffloadDevice::kNone;
   if (s == "cpu") return OffloadDevice::kCpu;

@@ -27,13 +27,12 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/config.h"
 #include "strata/status.h"
 
 namespace strata {
 
-// Where DeepSpeed's offload_optimizer / offload_param put a state.
-enum class OffloadDevice : uint8_t { kNone = 0, kCpu, kNvme };
-std::string_view OffloadDeviceName(OffloadDevice d) noexcept;  // "none", "cpu", "nvme"
+// OffloadDevice and OffloadDeviceName come from config.h (DeepSpeed's none | cpu | nvme).
 // Accepts "none", "cpu", "nvme" (lower case only).
 std::optional<OffloadDevice> ParseOffloadDevice(std::string_view s) noexcept;
 
