@@ -94,7 +94,7 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
     // in use plus the prefetch bucket is always needed, whatever that limit says.
     const double gathered = std::min(
         psi, std::max(z.max_live_parameters, in.largest_group_params + z.prefetch_bucket_size));
-    b.Add(Tier::kHbm, "gathered params (max(max_live, largest group + prefetch))",
+    b.Add(Tier::kHbm, "gathered params: max(max_live, largest group + prefetch)",
           gathered * r.param_bytes);
   }
   b.Add(Tier::kHbm, "activations (caller estimate)", in.activation_bytes_per_gpu);
@@ -226,6 +226,7 @@ std::string_view TierName(Tier t) noexcept {
 const std::vector<Recipe>& KnownRecipes() {
   static const std::vector<Recipe> kRecipes = {
       {"bf16-adam", 2, 2, 4, 4, 4},   // mixed precision, fp32 master and Adam states
+      {"fp16-adam", 2, 2, 4, 4, 4},   // the same ledger with fp16 params and grads
       {"fp32-grads", 2, 4, 4, 4, 4},  // grads reduced and accumulated in fp32
       {"no-master", 2, 2, 0, 4, 4},   // bf16 params updated in place, fp32 Adam states
       {"bf16-pure", 2, 2, 0, 2, 2},   // everything bf16

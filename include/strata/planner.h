@@ -52,9 +52,9 @@ struct Recipe {
   double TotalBytes() const { return param_bytes + grad_bytes + OptimizerBytes(); }
 };
 
-// The named recipes, default first: bf16-adam (2+2+4+4+4 = 16), fp32-grads (2+4+4+4+4 = 18),
-// no-master (2+2+0+4+4 = 12), bf16-pure (2+2+0+2+2 = 8), adam8bit (2+2+4+1+1 = 10),
-// fp32 (4+4+0+4+4 = 16).
+// The named recipes, default first: bf16-adam (2+2+4+4+4 = 16), fp16-adam (same), fp32-grads
+// (2+4+4+4+4 = 18), no-master (2+2+0+4+4 = 12), bf16-pure (2+2+0+2+2 = 8), adam8bit (2+2+4+1+1 =
+// 10), fp32 (4+4+0+4+4 = 16).
 const std::vector<Recipe>& KnownRecipes();
 // A known recipe name, or a custom "P:G:MASTER:M:V" list of bytes per parameter (e.g.
 // "2:4:4:4:4"). InvalidArgument names the problem (unknown name, bad or negative number).
@@ -175,6 +175,19 @@ Status ValidatePlanInput(const PlanInput& in);
 // fits); then stage 3 + optimizer on cpu; + params on cpu; then NVMe last: optimizer on nvme
 // with params on cpu, then both on nvme.
 Result<Plan> MakePlan(const PlanInput& in);
+
+// Maps a parsed DeepSpeed config onto `in`: zero_optimization's stage, offload settings, buckets
+// and sub_group_size, gradient_accumulation_steps, and the recipe from the precision sections
+// (bf16 -> bf16-adam, fp16 -> fp16-adam, neither -> fp32). Sets in->has_configured. A value the
+// planner cannot take as written ("auto" sizes, a partial offload ratio) falls back to DeepSpeed's
+// default with a line appended to *notes. REQUIRES: in and notes non-null.
+void ApplyEngineConfig(const EngineConfig& config, PlanInput* in, std::vector<std::string>* notes);
+
+// Loads `path` (world size = in->capacity.Ranks(), for the batch-size rule), applies it with
+// ApplyEngineConfig and appends the config's warnings to *notes. NotFound / IOError when the
+// file cannot be read; InvalidArgument listing every config error.
+Status ApplyDeepSpeedConfigFile(const std::string& path, PlanInput* in,
+                                std::vector<std::string>* notes);
 
 // Parses a parameter count: "7e9", "7000000000", "7B", "1.5T", "350M", "125k" (k M B/G T,
 // case-insensitive). InvalidArgument for anything else or a non-positive value.
