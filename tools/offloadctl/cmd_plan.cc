@@ -128,7 +128,9 @@ void RegisterPlan(CLI::App& parent, int* exit_code) {
       "on each tier (GPU HBM, host DRAM, NVMe) under the offload settings, communication per "
       "step, whether it fits, and the recommended setting (lowest stage that fits, then stage 3, "
       "then optimizer offload to CPU, then parameter offload, NVMe last). GB = 1e9 bytes. "
-      "Exit: 0 fits, 1 does not fit (or invalid --config), 2 usage error.");
+      "Exit: 0 fits, 1 does not fit (or invalid --config), 2 usage error. 'Fits' is about the "
+      "configured setting when --config, --stage or --offload-* is given, else about the "
+      "recommendation.");
   cmd->add_option("--params", f->params,
                   "Model parameter count: 7e9, 7000000000, 7B, 350M, 1.5T (k/M/B/T suffixes)")
       ->required();
