@@ -122,8 +122,15 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
     case OffloadDevice::kNvme: {
       const double elem =
           std::max({r.master_bytes, r.momentum_bytes, r.variance_bytes, r.grad_bytes});
-      b.Add(Tier::kHost, "optimizer swap buffers (buffer_count x sub_group)",
-            g_per_node * z.optimizer_buffer_count * std::min(z.sub_group_size, shard) * elem, true);
+      const double buffers = z.optimizer_buffer_count * std::min(z.sub_group_size, shard) * elem;
+      b.Add(Tier::kHost, "optimizer swap buffers (buffer_count x sub_group)", g_per_node * buffers,
+            true);
+      if (buffers >= r.OptimizerBytes() * shard) {
+        p.notes.push_back("optimizer swap buffers (" + Fmt(z.optimizer_buffer_count) + " x " +
+                          Fmt(std::min(z.sub_group_size, shard)) +
+                          " elements) take as much DRAM as the optimizer state itself: lower "
+                          "sub_group_size for NVMe offload");
+      }
       b.Add(Tier::kNvme, "optimizer state (master+m+v), 1/N shard per GPU",
             g_per_node * r.OptimizerBytes() * shard);
       b.Add(Tier::kNvme, "grads, 1/N shard per GPU", g_per_node * r.grad_bytes * shard);

@@ -69,6 +69,18 @@ TEST(OffloadctlPlan, SevenBOnEightGpusJson) {
   EXPECT_TRUE(j["fits"].get<bool>());
 }
 
+TEST(OffloadctlPlan, NodesAndRecipe) {
+  const RunResult r = RunPlan("--params 7e9 --gpus 4 --nodes 2 --recipe fp32-grads --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["input"]["ranks"].get<int>(), 8);
+  EXPECT_DOUBLE_EQ(j["input"]["recipe"]["total_bytes"].get<double>(), 18);
+  // fp32 grads, stage 2: 2 x 7 + 16 x 7 / 8 = 14 + 14 = 28 GB.
+  EXPECT_DOUBLE_EQ(j["ledger"][2]["bytes_per_gpu"].get<double>(), 28e9);
+  // Stage 1 moves 4 + 2 bytes per param against DDP's 2 x 4: 0.75x.
+  EXPECT_DOUBLE_EQ(j["stages"][1]["comm"]["ratio_to_ddp"].get<double>(), 0.75);
+}
+
 TEST(OffloadctlPlan, NothingFitsExitsOne) {
   const RunResult r = RunPlan("--params 7B --gpus 8 --hbm-gb 1 --json");
   EXPECT_EQ(r.exit_code, 1) << r.out;

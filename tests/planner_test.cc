@@ -179,10 +179,14 @@ TEST(PlannerPlace, Stage3OptimizerNvme) {
   EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 196e9);
   EXPECT_DOUBLE_EQ(p.nvme_io_seconds, 196.0 / 6.0);
   EXPECT_DOUBLE_EQ(p.nvme_required_bytes_per_s, 19.6e9);
+  // 4 x 8.75e8 x 4 B = 14 GB of buffers per rank >= 12 x 8.75e8 = 10.5 GB of state: noted.
+  ASSERT_EQ(p.notes.size(), 1u);
+  EXPECT_NE(p.notes[0].find("sub_group_size"), std::string::npos);
 
   in.zero.sub_group_size = 1e8;
   in.zero.gradient_accumulation_steps = 4;
   const Placement q = Place(in, 3, D::kNvme, D::kCpu);
+  EXPECT_TRUE(q.notes.empty());  // 4 x 1e8 x 4 B = 1.6 GB < 10.5 GB per rank
   // HBM 4. Host: buffers 8 x 4 x 1e8 x 4 = 12.8 + params 14 = 26.8 GB.
   EXPECT_DOUBLE_EQ(q.hbm_bytes_per_gpu, 4e9);
   EXPECT_DOUBLE_EQ(q.host_bytes_per_node, 26.8e9);

@@ -190,8 +190,10 @@ void TierDetail(std::string& s, const Placement& p, Tier tier, const char* title
 void Traffic(std::string& s, const Plan& plan, const Placement& p, const char* indent) {
   Out(s, "%scollectives %s per rank per micro-step (%.2fx DDP's all-reduce)\n", indent,
       Gb(p.comm.bytes_per_rank).c_str(), p.comm.ratio);
-  Out(s, "%sper optimizer step (%g micro-steps): PCIe %s per GPU", indent,
-      plan.input.zero.gradient_accumulation_steps, Gb(p.pcie_bytes_per_gpu).c_str());
+  Out(s, "%sper optimizer step (%g micro-step%s): PCIe %s per GPU", indent,
+      plan.input.zero.gradient_accumulation_steps,
+      plan.input.zero.gradient_accumulation_steps == 1 ? "" : "s",
+      Gb(p.pcie_bytes_per_gpu).c_str());
   if (p.nvme_io_bytes_per_node > 0) {
     Out(s, ", NVMe %s per node\n%s  = %.1f s at %g GB/s; %.2f GB/s needed to fit a %g s step",
         Gb(p.nvme_io_bytes_per_node).c_str(), indent, p.nvme_io_seconds,
@@ -220,6 +222,13 @@ void Ladder(std::string& s, const Plan& plan) {
     row.pop_back();
     if (plan.recommended == i) row += "   <- recommended";
     s += row + "\n";
+    const Placement& p = plan.ladder[i];
+    if (p.nvme_io_bytes_per_node > 0) {
+      Out(s, "      NVMe IO %s per node per step: %.1f s at %g GB/s, %.2f GB/s for a %g s step\n",
+          Gb(p.nvme_io_bytes_per_node).c_str(), p.nvme_io_seconds,
+          plan.input.capacity.nvme_bytes_per_s_per_node / 1e9, p.nvme_required_bytes_per_s / 1e9,
+          plan.input.target_step_seconds);
+    }
   }
   if (!plan.recommended) {
     Out(s, "  -> nothing fits: add GPUs or nodes, more host DRAM or NVMe, or shrink the model\n");
