@@ -17,7 +17,7 @@ inline constexpr int kExitInvalid = 1;
 inline constexpr int kExitUsage = 2;
 
 // Top-level commands.
-// (declared as each lands)
+void RegisterConfig(CLI::App& parent, int* exit_code);  // `config check` (cmd_config.cc)
 
 // `offloadctl bench <what>` children.
 // (declared as each lands)
