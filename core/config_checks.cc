@@ -96,10 +96,11 @@ void CheckBatch(Reader& r, EngineConfig& c, Json* root) {
   } else if (m.has_value()) {
     if (!g.is_auto()) g = int64_t{1};
     if (w) set(t, "train_batch_size", m.value() * *w);
-  } else {
-    r.Error(Kind::kConflict, "train_batch_size",
-            "either train_batch_size or train_micro_batch_size_per_gpu must be given (DeepSpeed "
-            "needs one to derive the others)");
+  } else if (r.options().require_resolved) {
+    // Configs written for a trainer (Hugging Face) often leave all three to it.
+    r.Error(Kind::kUnresolvedAuto, "train_batch_size",
+            "neither train_batch_size nor train_micro_batch_size_per_gpu is given or supplied; "
+            "DeepSpeed needs one of them to derive the others");
   }
 }
 
@@ -114,6 +115,11 @@ void CheckOffload(Reader& r, EngineConfig& c) {
   if (z.offload_param.device == OffloadDevice::kNvme && z.offload_param.nvme_path.empty()) {
     r.Error(Kind::kConflict, zp + ".nvme_path",
             "device \"nvme\" needs nvme_path: the directory for the parameter swap files");
+  }
+  if (z.offload_optimizer.ratio < 1.0 && z.stage != 3 &&
+      z.offload_optimizer.device != OffloadDevice::kNone) {
+    r.Error(Kind::kConflict, zo + ".ratio",
+            "partial optimizer offload (ratio < 1) needs ZeRO stage 3, the stage is " + I(z.stage));
   }
   if (z.offload_param.device != OffloadDevice::kNone && z.stage < 3) {
     r.Warn(Kind::kIgnored, zp + ".device",

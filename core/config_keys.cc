@@ -30,8 +30,10 @@ constexpr std::array kTopKnown = {
     K("progressive_layer_drop"), K("quantize_training"), K("sparse_attention"),
     K("load_universal_checkpoint"), K("use_node_local_storage"), K("graph_harvesting"),
     K("torch_autocast"), K("hybrid_engine"), K("timers"), K("weight_quantization"),
-    K("compile"), K("tensor_parallel"), K("deepcompile"), K("monitor_config"),
-    K("use_data_before_expert_parallel_"), K("mics_shard_size"), K("fp8"), K("zenflow")};
+    K("compile"), K("tensor_parallel"), K("deepcompile"),
+    K("use_data_before_expert_parallel_"), K("mics_shard_size"), K("fp8"), K("zenflow"),
+    K("managed_gradient_accumulation"), K("gradient_allreduce_op"), K("log_level"),
+    K("datastates"), K("vocabulary_size"), K("expert_parallel"), K("optimizer_legacy_fusion")};
 
 constexpr std::array kFp16Acted = {K("enabled"), K("auto_cast"), K("loss_scale"),
                                    K("initial_scale_power"), K("loss_scale_window"),
@@ -48,6 +50,7 @@ constexpr std::array kNone = std::array<K, 0>{};
 constexpr std::array kAioActed = {K("block_size"), K("queue_depth"), K("intra_op_parallelism"),
                                   K("thread_count"), K("single_submit"), K("overlap_events"),
                                   K("use_gds")};
+constexpr std::array kAioKnown = {K("io_backend")};
 
 constexpr std::array kZeroActed = {
     K("stage"), K("offload_optimizer"), K("offload_param"), K("overlap_comm"),
@@ -69,12 +72,15 @@ constexpr std::array kZeroKnown = {
     K("pipeline_loading_checkpoint"), K("override_module_apply"), K("log_trace_cache_warnings"),
     K("stage3_module_granularity_threshold"), K("module_granularity_threshold"),
     K("stage3_use_all_reduce_for_fetch_params"), K("use_all_reduce_for_fetch_params"),
-    K("zeropp_loco_param"), K("offload_optimizer_config"), K("allgather_sequential")};
+    K("zeropp_loco_param"), K("allgather_sequential"), K("stage3_allgather_sequential"),
+    K("partition_stream_chunk_size"), K("stage3_partition_stream_chunk_size"),
+    K("enable_sanity_checks"), K("save_muon_momentum_buffer_in_memory"), K("leaf_module"),
+    K("zenflow")};
 constexpr std::array kOffloadOptActed = {K("device"), K("nvme_path"), K("buffer_count"),
                                          K("pin_memory"), K("pipeline_read"),
                                          K("pipeline_write"), K("fast_init"), K("ratio")};
 constexpr std::array kOffloadOptKnown = {K("pipeline"), K("super_offload"),
-                                         K("cpuadam_cores_perc")};
+                                         K("cpuadam_cores_perc"), K("convert_grad_on_cpu")};
 constexpr std::array kOffloadParamActed = {K("device"), K("nvme_path"), K("buffer_count"),
                                            K("buffer_size"), K("max_in_cpu"), K("pin_memory")};
 
@@ -83,7 +89,7 @@ const SectionKeys kFp16{kFp16Acted, kFp16Known, true};
 const SectionKeys kBf16{kBf16Acted, kBf16Known, true};
 const SectionKeys kOptimizer{kOptimizerActed, kNone, false};
 const SectionKeys kScheduler{kSchedulerActed, kNone, false};
-const SectionKeys kAio{kAioActed, kNone, true};
+const SectionKeys kAio{kAioActed, kAioKnown, false};
 const SectionKeys kZero{kZeroActed, kZeroKnown, true};
 const SectionKeys kOffloadOpt{kOffloadOptActed, kOffloadOptKnown, true};
 const SectionKeys kOffloadParam{kOffloadParamActed, kNone, true};
@@ -117,13 +123,31 @@ size_t EditDistance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
+namespace {
+
+// The '_'-separated words of a key, sorted: "comm_overlap" and "overlap_comm" have the same.
+std::vector<std::string> Words(std::string_view key) {
+  std::vector<std::string> words;
+  size_t start = 0;
+  while (start <= key.size()) {
+    size_t end = key.find('_', start);
+    if (end == std::string_view::npos) end = key.size();
+    if (end > start) words.emplace_back(key.substr(start, end - start));
+    start = end + 1;
+  }
+  std::sort(words.begin(), words.end());
+  return words;
+}
+
+}  // namespace
+
 std::string Suggest(const SectionKeys& keys, std::string_view key) {
   std::string lower(key);
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   std::string best;
   size_t best_d = SIZE_MAX;
   auto consider = [&](std::string_view k) {
-    size_t d = EditDistance(lower, k);
+    size_t d = Words(lower) == Words(k) ? 1 : EditDistance(lower, k);
     bool contains = lower.size() >= 4 && (k.find(lower) != std::string_view::npos ||
                                           lower.find(k) != std::string::npos);
     size_t limit = std::max<size_t>(2, key.size() / 3);

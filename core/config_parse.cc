@@ -193,7 +193,7 @@ void ReadZero(Reader& r, Section& root, ZeroConfig* z, bool* overlap_given) {
   }
   r.Bool(s, {"zero_quantized_weights"}, &z->zero_quantized_weights);
   r.Bool(s, {"zero_quantized_gradients"}, &z->zero_quantized_gradients);
-  r.Int(s, {"zero_hpz_partition_size"}, &z->zero_hpz_partition_size, 1);
+  r.Int(s, {"zero_hpz_partition_size"}, &z->zero_hpz_partition_size, 0);
   r.FinishSection(s);
 }
 
@@ -211,14 +211,18 @@ void ReadFp16(Reader& r, Section& root, Fp16Config* f) {
 }
 
 void ReadBf16(Reader& r, Section& root, Bf16Config* b) {
+  // DeepSpeed reads "bf16" and falls back to the old name "bfloat16" only when "bf16" is absent.
   std::string name = "bf16";
   if (root.obj->contains("bfloat16")) {
     if (root.obj->contains("bf16")) {
-      r.Error(Kind::kConflict, "bfloat16", "both 'bf16' and its alias 'bfloat16' are given");
+      r.Warn(Kind::kIgnored, "bfloat16",
+             "both 'bf16' and its old name 'bfloat16' are given; 'bfloat16' is ignored");
+    } else {
+      name = "bfloat16";
     }
-    name = "bfloat16";
   }
   root.consumed.insert("bf16");
+  root.consumed.insert("bfloat16");
   Section s = r.Child(root, name);
   r.AutoBool(s, {"enabled"}, &b->enabled);
   r.FinishSection(s);
@@ -261,6 +265,12 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
     for (const char* k : {"stage3_param_persistence_threshold", "param_persistence_threshold"}) {
       opts.auto_values.try_emplace(std::string("zero_optimization.") + k, std::to_string(10 * h));
     }
+  }
+  // Supplied values also fill batch keys that are absent, as a trainer does.
+  for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu",
+                        "gradient_accumulation_steps"}) {
+    auto it = opts.auto_values.find(k);
+    if (it != opts.auto_values.end() && !doc.contains(k)) doc[k] = "auto";
   }
   Reader r(opts, &check);
   Section root{&doc, "", {}};

@@ -66,7 +66,8 @@ Json* Reader::Find(Section& s, std::initializer_list<std::string_view> names, st
     std::string key(n);
     s.consumed.insert(key);
     auto it = s.obj->find(key);
-    if (it == s.obj->end()) continue;
+    // null is DeepSpeed's "not set" (its Optional fields): the default applies.
+    if (it == s.obj->end() || it.value().is_null()) continue;
     if (found != nullptr) {
       Error(ConfigDiagnostic::Kind::kConflict, PathOf(s, key),
             "both '" + *used + "' and its alias '" + key + "' are given; keep one");
@@ -293,7 +294,8 @@ void Reader::FinishSection(Section& s) {
     std::string msg = "unknown key '" + key + "'";
     std::string near = Suggest(*keys, key);
     if (!near.empty()) msg += "; did you mean '" + near + "'?";
-    msg += " It is kept but has no effect";
+    msg += near.empty() ? "; it" : " It";
+    msg += " is kept but has no effect";
     if (keys->deepspeed_forbids_extra) msg += " (DeepSpeed itself rejects unknown keys here)";
     Warn(ConfigDiagnostic::Kind::kUnknownKey, path, msg);
   }

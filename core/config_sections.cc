@@ -79,6 +79,11 @@ void ReadOptimizer(Reader& r, Section& root, OptimizerConfig* o) {
     o->adam_w_mode = true;
   }
   r.Bool(p, {"bias_correction"}, &o->bias_correction);
+  if (p.present() && p.obj->contains("max_grad_norm")) {
+    r.Warn(Kind::kIgnored, r.PathOf(p, "max_grad_norm"),
+           "max_grad_norm is not an optimizer parameter in DeepSpeed and is ignored; use the "
+           "top-level 'gradient_clipping'");
+  }
   if (p.present()) {
     for (auto it = p.obj->begin(); it != p.obj->end(); ++it) {
       if (p.consumed.count(it.key()) != 0) continue;

@@ -1,5 +1,6 @@
 #include "core/config_text.h"
 
+#include <cctype>
 #include <set>
 
 namespace strata::config_internal {
@@ -32,13 +33,16 @@ void LineColumn(std::string_view text, size_t offset, int* line, int* column) {
 
 std::string StripComments(std::string_view text, ConfigDiagnostic* error) {
   std::string s(text);
-  // Offset of the last ',' outside strings and comments, or npos once something else followed.
-  size_t pending_comma = std::string::npos;
+  // Offset of the last ',' outside strings and comments; kNoComma once something else followed,
+  // kDoubleComma after ",," (then nothing is stripped, so the JSON parser reports it).
+  constexpr size_t kNoComma = std::string::npos;
+  constexpr size_t kDoubleComma = std::string::npos - 1;
+  size_t pending_comma = kNoComma;
   size_t i = 0;
   while (i < s.size()) {
     char c = s[i];
     if (c == '"') {
-      pending_comma = std::string::npos;
+      pending_comma = kNoComma;
       ++i;
       while (i < s.size() && s[i] != '"') {
         if (s[i] == '\\') ++i;  // skip the escaped character (the JSON parser validates it)
@@ -70,13 +74,13 @@ std::string StripComments(std::string_view text, ConfigDiagnostic* error) {
       continue;
     }
     if (c == ',') {
-      pending_comma = i;
+      pending_comma = pending_comma == kNoComma ? i : kDoubleComma;
     } else if (c == '}' || c == ']') {
       // hjson (and so DeepSpeed) accepts a trailing comma; strict JSON does not.
-      if (pending_comma != std::string::npos) s[pending_comma] = ' ';
-      pending_comma = std::string::npos;
+      if (pending_comma < s.size()) s[pending_comma] = ' ';
+      pending_comma = kNoComma;
     } else if (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
-      pending_comma = std::string::npos;
+      pending_comma = kNoComma;
     }
     ++i;
   }
@@ -105,6 +109,29 @@ struct Frame {
   std::string key;
   size_t index = 0;
 };
+
+// The first byte of the token whose last byte is at `end` (a string, number or literal; other
+// tokens are one byte).
+size_t TokenStart(std::string_view s, size_t end) {
+  if (end >= s.size()) return end;
+  if (s[end] == '"') {
+    size_t i = end;
+    while (i > 0) {
+      --i;
+      if (s[i] != '"') continue;
+      size_t backslashes = 0;
+      while (i >= backslashes + 1 && s[i - backslashes - 1] == '\\') ++backslashes;
+      if (backslashes % 2 == 0) return i;
+    }
+    return end;
+  }
+  auto word = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '+' || c == '-';
+  };
+  size_t i = end;
+  while (i > 0 && word(s[end]) && word(s[i - 1])) --i;
+  return i;
+}
 
 std::string FramePath(const std::vector<Frame>& frames, const std::string& last_key) {
   std::vector<std::string> parts;
@@ -171,7 +198,8 @@ bool ParseJsonStrict(std::string_view stripped, nlohmann::ordered_json* out,
     // "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error ..."
     size_t colon = what.find(": ");
     d.message = "malformed JSON: " + (colon == std::string::npos ? what : what.substr(colon + 2));
-    size_t offset = e.byte > 0 ? e.byte - 1 : 0;
+    // e.byte is the 1-based offset of the offending token's last byte; point at its start.
+    size_t offset = TokenStart(stripped, e.byte > 0 ? e.byte - 1 : 0);
     LineColumn(stripped, offset, &d.line, &d.column);
     errors->push_back(std::move(d));
     return false;

@@ -183,7 +183,8 @@ struct ZeroConfig {
   bool stage3_gather_16bit_weights_on_model_save = false;
   bool zero_quantized_weights = false;              // [false] ZeRO++ qwZ.
   bool zero_quantized_gradients = false;            // [false] ZeRO++ qgZ.
-  int64_t zero_hpz_partition_size = 1;              // [1] ZeRO++ hpZ secondary partition size.
+  int64_t zero_hpz_partition_size = 1;              // [1] ZeRO++ hpZ secondary partition size
+                                                    // (ranks; 1 = off).
 };
 
 // A key DeepSpeed knows (or a known section's unknown key) that strata keeps but does not act on.
@@ -199,7 +200,7 @@ struct EngineConfig {
   AutoOr<int64_t> train_micro_batch_size_per_gpu;   // [derived]
   AutoOr<int64_t> gradient_accumulation_steps;      // [derived; 1 when only one size is given]
   AutoOr<double> gradient_clipping = 0.0;           // [0] 0 = no clipping; else max global norm.
-  int64_t steps_per_print = 10;                     // [10]
+  int64_t steps_per_print = 10;                     // [10; recent DeepSpeed: no printing]
   Fp16Config fp16;
   Bf16Config bf16;
   OptimizerConfig optimizer;
