@@ -124,12 +124,14 @@ void RegisterPlan(CLI::App& parent, int* exit_code) {
   auto f = std::make_shared<PlanFlags>();
   CLI::App* cmd = parent.add_subcommand(
       "plan",
-      "Plan memory for training a model with ZeRO: the model-state ledger per stage, the bytes "
-      "on each tier (GPU HBM, host DRAM, NVMe) under the offload settings, communication per "
-      "step, whether it fits, and the recommended setting (lowest stage that fits, then stage 3, "
-      "then optimizer offload to CPU, then parameter offload, NVMe last). GB = 1e9 bytes. "
-      "Exit: 0 fits, 1 does not fit (or invalid --config), 2 usage error. 'Fits' is about the "
-      "configured setting when --config, --stage or --offload-* is given, else about the "
+      "Plan memory for training a model with ZeRO: the ledger per stage, bytes per tier (HBM, "
+      "host DRAM, NVMe) under the offload settings, comm volume, verdict, recommendation");
+  cmd->footer(
+      "The recommendation is the first setting that fits, in this order: the lowest stage "
+      "without offload, then stage 3 with the optimizer on cpu, then params on cpu too, NVMe "
+      "last (with its traffic per step and the bandwidth it needs). GB = 1e9 bytes.\n"
+      "Exit: 0 fits, 1 does not fit (or invalid --config), 2 usage error. 'Fits' judges the "
+      "configured setting when --config, --stage or --offload-* is given, else the "
       "recommendation.");
   cmd->add_option("--params", f->params,
                   "Model parameter count: 7e9, 7000000000, 7B, 350M, 1.5T (k/M/B/T suffixes)")
