@@ -138,7 +138,7 @@ void Header(std::string& s, const Plan& plan, const std::string& config_path) {
 
 void LedgerTable(std::string& s, const Plan& plan) {
   Out(s, "\nZeRO model states per GPU (the ledger: no offload, no buffers, no activations)\n");
-  Out(s, "  stage  formula            per GPU\n");
+  Out(s, "  %-5s  %-17s %11s\n", "stage", "formula", "per GPU");
   for (int st = 0; st < 4; ++st) {
     Out(s, "  %-5d  %s %11s\n", st, PadRight(Formula(plan.input.recipe, st), 17).c_str(),
         Gb(plan.ledger_bytes_per_gpu[st]).c_str());
