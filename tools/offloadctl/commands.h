@@ -20,6 +20,6 @@ inline constexpr int kExitUsage = 2;
 // (declared as each lands)
 
 // `offloadctl bench <what>` children.
-// (declared as each lands)
+void RegisterBenchNvme(CLI::App& parent, int* exit_code);
 
 }  // namespace strata::cli
