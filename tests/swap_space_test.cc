@@ -17,6 +17,11 @@
 #include "nvme/swap_space.h"
 #include "tests/io_test_util.h"
 
+namespace strata {
+// Readable parameter names in test listings ("iouring" instead of "1-byte object <01>").
+inline void PrintTo(IoBackendKind k, std::ostream* os) { *os << IoBackendKindName(k); }
+}  // namespace strata
+
 namespace strata::nvme {
 namespace {
 
