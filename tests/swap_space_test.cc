@@ -9,6 +9,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -199,6 +201,53 @@ TEST(SwapFaults, FailedWriteInvalidatesTheBlockUntilRewritten) {
   ASSERT_TRUE(swap->Write(9, v2.get()).ok());
   ASSERT_TRUE(swap->Read(9, back.get()).ok());
   EXPECT_EQ(std::memcmp(back.get(), v2.get(), n), 0);
+}
+
+// The core guarantee under random faults: a read that succeeds returns exactly the last
+// successfully written version; a block whose last write failed never verifies.
+TEST(SwapFaults, RandomFaultsNeverYieldWrongData) {
+  TempDir dir("swaprandom");
+  SimOptions so;
+  so.seed = 314159;
+  so.queue_depth = 8;
+  so.p_eio = 0.04;
+  so.p_torn = 0.04;
+  so.p_short = 0.1;
+  so.p_eintr = 0.05;
+  SimBackend sim(so);
+  auto s = SwapSpace::Create(TwoPaths(dir), kBlocks, &sim);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto& swap = *s;
+  std::mt19937_64 rng(so.seed);
+  std::map<uint64_t, int64_t> expected;  // block -> version; -1: last write failed
+  AlignedBuf buf = MakeAligned(8 * kUnit), want = MakeAligned(8 * kUnit);
+  int ok_reads = 0, failed_writes = 0, refused_reads = 0;
+  for (int64_t v = 1; v <= 400; ++v) {
+    const SwapBlockSpec& b = kBlocks[rng() % kBlocks.size()];
+    const size_t n = swap->ExtentBytes(b.id);
+    if (rng() % 2 == 0 || expected.count(b.id) == 0) {
+      FillPattern(buf.get(), n, static_cast<uint64_t>(v));
+      Status w = swap->Write(b.id, buf.get());
+      expected[b.id] = w.ok() ? v : -1;
+      failed_writes += w.ok() ? 0 : 1;
+      continue;
+    }
+    Status r = swap->Read(b.id, buf.get());
+    if (r.ok()) {
+      ASSERT_GE(expected[b.id], 0) << "a block whose last write failed verified; seed " << so.seed;
+      FillPattern(want.get(), n, static_cast<uint64_t>(expected[b.id]));
+      ASSERT_EQ(std::memcmp(buf.get(), want.get(), n), 0) << "wrong data; seed " << so.seed;
+      ++ok_reads;
+    } else {
+      if (r.IsCorruption()) {
+        EXPECT_EQ(expected[b.id], -1) << r.ToString() << " seed " << so.seed;
+      }
+      ++refused_reads;
+    }
+  }
+  EXPECT_GT(ok_reads, 50) << "seed " << so.seed;
+  EXPECT_GT(failed_writes, 5) << "seed " << so.seed;
+  EXPECT_GT(refused_reads, 5) << "seed " << so.seed;
 }
 
 TEST(SwapFaults, ReadErrorNamesBlockFileAndErrno) {
