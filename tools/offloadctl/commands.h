@@ -21,6 +21,6 @@ void RegisterPlan(CLI::App& parent, int* exit_code);  // offloadctl plan (cmd_pl
 void RegisterConfig(CLI::App& parent, int* exit_code);  // `config check` (cmd_config.cc)
 
 // `offloadctl bench <what>` children.
-// (declared as each lands)
+void RegisterBenchNvme(CLI::App& parent, int* exit_code);
 
 }  // namespace strata::cli
