@@ -17,9 +17,9 @@ inline constexpr int kExitInvalid = 1;
 inline constexpr int kExitUsage = 2;
 
 // Top-level commands.
-// (declared as each lands)
+void RegisterLaunch(CLI::App& parent, int* exit_code);
 
 // `offloadctl bench <what>` children.
-// (declared as each lands)
+void RegisterBenchComm(CLI::App& bench, int* exit_code);
 
 }  // namespace strata::cli
