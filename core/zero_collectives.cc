@@ -15,8 +15,7 @@ Status ZeroCollectives::Check() const {
 
 Result<std::vector<CommHandle>> ZeroCollectives::AllGatherGroups(const void* shard_buf,
                                                                  void* full_buf, size_t first,
-                                                                 size_t end,
-                                                                 size_t bucket_elems) {
+                                                                 size_t end, size_t bucket_elems) {
   STRATA_RETURN_IF_ERROR(Check());
   STRATA_ASSIGN_OR_RETURN(auto buckets, PlanBuckets(*plan_, first, end, bucket_elems));
   const size_t elt = DTypeSize(dtype_);
@@ -36,9 +35,11 @@ Result<std::vector<CommHandle>> ZeroCollectives::AllGatherGroups(const void* sha
   return handles;
 }
 
-Result<std::vector<CommHandle>> ZeroCollectives::ReduceScatterGroups(
-    const void* full_grads, void* shard_grads, size_t first, size_t end, size_t bucket_elems,
-    ReduceOptions options) {
+Result<std::vector<CommHandle>> ZeroCollectives::ReduceScatterGroups(const void* full_grads,
+                                                                     void* shard_grads,
+                                                                     size_t first, size_t end,
+                                                                     size_t bucket_elems,
+                                                                     ReduceOptions options) {
   STRATA_RETURN_IF_ERROR(Check());
   STRATA_ASSIGN_OR_RETURN(auto buckets, PlanBuckets(*plan_, first, end, bucket_elems));
   const size_t elt = DTypeSize(dtype_);

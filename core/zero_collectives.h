@@ -28,15 +28,13 @@ class ZeroCollectives {
   // kInvalidArgument for a bad range or bucket size, or when the plan's world size differs from
   // the communicator's; otherwise what the Communicator returns.
   Result<std::vector<CommHandle>> AllGatherGroups(const void* shard_buf, void* full_buf,
-                                                  size_t first, size_t end,
-                                                  size_t bucket_elems);
+                                                  size_t first, size_t end, size_t bucket_elems);
 
   // Reduce-scatters groups [first, end) of the full gradient buffer `full_grads` into the rank's
   // grad shard buffer `shard_grads`. REQUIRES: the padding elements of full_grads are zero (they
   // are summed into the shards' padding).
   Result<std::vector<CommHandle>> ReduceScatterGroups(const void* full_grads, void* shard_grads,
-                                                      size_t first, size_t end,
-                                                      size_t bucket_elems,
+                                                      size_t first, size_t end, size_t bucket_elems,
                                                       ReduceOptions options = {});
 
  private:

@@ -91,8 +91,11 @@ class GlooWork final : public CommWork {
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(const GlooCommOptions& o, std::shared_ptr<gloo::Context> ctx)
-      : Communicator(o.rank, o.world_size), opts_(o), ctx_(std::move(ctx)),
-        acc_(o.scratch_elems), tmp_(o.scratch_elems) {
+      : Communicator(o.rank, o.world_size),
+        opts_(o),
+        ctx_(std::move(ctx)),
+        acc_(o.scratch_elems),
+        tmp_(o.scratch_elems) {
     worker_ = std::thread([this] { WorkerLoop(); });
   }
 
@@ -175,8 +178,8 @@ class GlooCommunicator final : public Communicator {
   Result<CommHandle> Submit(const char* kind, std::function<Status()> fn) {
     std::unique_lock<std::mutex> lock(mu_);
     if (!failed_.ok()) {
-      return Status::Aborted(std::string("gloo ") + kind + ": communicator failed earlier: " +
-                             failed_.ToString());
+      return Status::Aborted(std::string("gloo ") + kind +
+                             ": communicator failed earlier: " + failed_.ToString());
     }
     const bool space = space_cv_.wait_until(lock, Clock::now() + opts_.timeout, [&] {
       return stop_ || queue_.size() + running_ < opts_.queue_depth;
@@ -186,10 +189,9 @@ class GlooCommunicator final : public Communicator {
                                        std::to_string(opts_.queue_depth) +
                                        " operations still queued after the timeout");
     }
-    auto work = std::make_shared<GlooWork>("gloo " + std::string(kind) + " #" +
-                                           std::to_string(seq_++) + " (rank " +
-                                           std::to_string(rank()) + " of " +
-                                           std::to_string(world_size()) + ")");
+    auto work = std::make_shared<GlooWork>(
+        "gloo " + std::string(kind) + " #" + std::to_string(seq_++) + " (rank " +
+        std::to_string(rank()) + " of " + std::to_string(world_size()) + ")");
     queue_.push_back(Task{work, std::move(fn)});
     cv_.notify_all();
     return CommHandle(work);
@@ -312,8 +314,8 @@ class GlooCommunicator final : public Communicator {
   void AllReduceF32(float* buf, size_t count) {
     gloo::AllreduceOptions a(ctx_);
     a.setOutput(buf, count);
-    a.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-        &gloo::sum<float>));
+    a.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
     a.setTag(next_tag_++);
     a.setTimeout(opts_.timeout);
     gloo::allreduce(a);

@@ -27,7 +27,8 @@ Result<int> ParseIntEnv(const std::function<const char*(const char*)>& env, cons
                         bool required, int fallback) {
   const char* v = env(name);
   if (v == nullptr || *v == '\0') {
-    if (required) return Status::InvalidArgument(std::string("rendezvous: ") + name + " is not set");
+    if (required)
+      return Status::InvalidArgument(std::string("rendezvous: ") + name + " is not set");
     return fallback;
   }
   int out = 0;
@@ -45,7 +46,8 @@ Status IoAll(int fd, void* buf, size_t n, bool is_send, Clock::time_point deadli
              std::string_view what) {
   auto* p = static_cast<char*>(buf);
   while (n > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) return Status::DeadlineExceeded(std::string(what) + ": timed out");
     pollfd pfd{fd, static_cast<short>(is_send ? POLLOUT : POLLIN), 0};
     const int pr = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
@@ -55,7 +57,8 @@ Status IoAll(int fd, void* buf, size_t n, bool is_send, Clock::time_point deadli
     if (r == 0) return Status::Unavailable(std::string(what) + ": connection closed by peer");
     if (r < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
-      return Status::Unavailable(Status::FromErrno(errno, is_send ? "send" : "recv", what).message());
+      return Status::Unavailable(
+          Status::FromErrno(errno, is_send ? "send" : "recv", what).message());
     }
     p += r;
     n -= static_cast<size_t>(r);
@@ -147,7 +150,8 @@ Result<std::unique_ptr<FileKvStore>> FileKvStore::Open(const std::string& dir) {
   }
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) return Status::FromErrno(errno, "file store: stat", dir);
-  if (!S_ISDIR(st.st_mode)) return Status::InvalidArgument("file store: '" + dir + "' is not a directory");
+  if (!S_ISDIR(st.st_mode))
+    return Status::InvalidArgument("file store: '" + dir + "' is not a directory");
   return std::unique_ptr<FileKvStore>(new FileKvStore(dir));
 }
 
@@ -197,12 +201,14 @@ Result<std::vector<uint8_t>> FileKvStore::Get(std::string_view key,
   while (true) {
     std::ifstream in(path, std::ios::binary);
     if (in) {
-      std::vector<uint8_t> v((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::vector<uint8_t> v((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
       return v;
     }
     if (Clock::now() >= deadline) {
-      return Status::DeadlineExceeded("file store: key '" + std::string(key) + "' did not appear in " +
-                                      dir_ + " within " + std::to_string(timeout.count()) + " ms");
+      return Status::DeadlineExceeded("file store: key '" + std::string(key) +
+                                      "' did not appear in " + dir_ + " within " +
+                                      std::to_string(timeout.count()) + " ms");
     }
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, std::chrono::milliseconds(20));
@@ -281,10 +287,12 @@ class TcpKvStore::Server {
       uint8_t op = 0;
       uint32_t klen = 0, vlen = 0;
       if (!IoAll(fd, &op, 1, false, forever, "TCP store server").ok()) return;
-      if (!IoAll(fd, &klen, 4, false, forever, "TCP store server").ok() || klen > kMaxKeyBytes) return;
+      if (!IoAll(fd, &klen, 4, false, forever, "TCP store server").ok() || klen > kMaxKeyBytes)
+        return;
       std::string key(klen, '\0');
       if (!IoAll(fd, key.data(), klen, false, forever, "TCP store server").ok()) return;
-      if (!IoAll(fd, &vlen, 4, false, forever, "TCP store server").ok() || vlen > kMaxValueBytes) return;
+      if (!IoAll(fd, &vlen, 4, false, forever, "TCP store server").ok() || vlen > kMaxValueBytes)
+        return;
       std::vector<uint8_t> value(vlen);
       if (!IoAll(fd, value.data(), vlen, false, forever, "TCP store server").ok()) return;
       std::vector<uint8_t> reply;
@@ -409,8 +417,8 @@ Result<std::vector<uint8_t>> TcpKvStore::Get(std::string_view key,
     if (found) return v;
     if (Clock::now() >= deadline) {
       return Status::DeadlineExceeded("TCP store " + endpoint_ + ": key '" + std::string(key) +
-                                      "' did not appear within " +
-                                      std::to_string(timeout.count()) + " ms");
+                                      "' did not appear within " + std::to_string(timeout.count()) +
+                                      " ms");
     }
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, std::chrono::milliseconds(20));

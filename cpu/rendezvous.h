@@ -60,8 +60,7 @@ class TcpKvStore final : public KvStore {
   // Connects to host:port (and, when `is_server`, first listens there). kInvalidArgument when the
   // host does not resolve; kIOError when the server cannot bind (port in use: errno named);
   // kDeadlineExceeded when no server answered within `timeout`.
-  static Result<std::unique_ptr<TcpKvStore>> Open(const std::string& host, int port,
-                                                  bool is_server,
+  static Result<std::unique_ptr<TcpKvStore>> Open(const std::string& host, int port, bool is_server,
                                                   std::chrono::milliseconds timeout);
   ~TcpKvStore() override;
   Status Set(std::string_view key, std::span<const uint8_t> value) override;

@@ -17,20 +17,19 @@ std::string Where(const char* call, const char* file, int line) {
 }
 
 Status CudaStatus(cudaError_t e, const char* call, const char* file, int line) {
-  const std::string msg = Where(call, file, line) + ": " + cudaGetErrorName(e) + " (" +
-                          cudaGetErrorString(e) + ")";
-  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
-      e == cudaErrorInvalidDevice) {
+  const std::string msg =
+      Where(call, file, line) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorInvalidDevice) {
     return Status::Unavailable(msg);
   }
   return Status::Internal(msg);
 }
 
 // One macro per library (STYLE.md): a failed call becomes a Status naming the call and place.
-#define STRATA_CUDA_RETURN(call)                                               \
-  do {                                                                         \
-    const cudaError_t e_ = (call);                                             \
-    if (e_ != cudaSuccess) return CudaStatus(e_, #call, __FILE__, __LINE__);   \
+#define STRATA_CUDA_RETURN(call)                                             \
+  do {                                                                       \
+    const cudaError_t e_ = (call);                                           \
+    if (e_ != cudaSuccess) return CudaStatus(e_, #call, __FILE__, __LINE__); \
   } while (0)
 
 Status NcclStatus(ncclResult_t r, const std::string& what, ncclComm_t comm) {
@@ -46,9 +45,12 @@ Status NcclStatus(ncclResult_t r, const std::string& what, ncclComm_t comm) {
 
 ncclDataType_t ToNccl(DType t) {
   switch (t) {
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kF16: return ncclFloat16;
-    default: return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;
+    default:
+      return ncclFloat32;
   }
 }
 
@@ -74,7 +76,8 @@ struct NcclState {
   Status PollLocked(const std::string& what, Clock::time_point deadline) {
     auto sleep = std::chrono::microseconds(20);
     while (true) {
-      if (!failed.ok()) return Status::Aborted(what + ": communicator failed earlier: " + failed.ToString());
+      if (!failed.ok())
+        return Status::Aborted(what + ": communicator failed earlier: " + failed.ToString());
       ncclResult_t async = ncclSuccess;
       const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
       if (r != ncclSuccess) async = r;
@@ -162,7 +165,10 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const NcclCommOptions& o, std::shared_ptr<NcclState> st, cudaStream_t stream,
                    float* scratch)
-      : Communicator(o.rank, o.world_size), opts_(o), state_(std::move(st)), stream_(stream),
+      : Communicator(o.rank, o.world_size),
+        opts_(o),
+        state_(std::move(st)),
+        stream_(stream),
         scratch_(scratch) {}
 
   ~NcclCommunicator() override {
@@ -202,13 +208,13 @@ class NcclCommunicator final : public Communicator {
       uint16_t bits16 = t == DType::kBF16 ? FloatToBf16(inv).bits : FloatToHalf(inv).bits;
       void* scalar = t == DType::kF32 ? static_cast<void*>(const_cast<float*>(&inv))
                                       : static_cast<void*>(&bits16);
-      const ncclResult_t r = ncclRedOpCreatePreMulSum(&p.op, scalar, ToNccl(t),
-                                                      ncclScalarHostImmediate, state_->comm);
+      const ncclResult_t r =
+          ncclRedOpCreatePreMulSum(&p.op, scalar, ToNccl(t), ncclScalarHostImmediate, state_->comm);
       if (r != ncclSuccess && r != ncclInProgress) {
         return NcclStatus(r, "ncclRedOpCreatePreMulSum", state_->comm);
       }
-      STRATA_RETURN_IF_ERROR(state_->PollLocked("ncclRedOpCreatePreMulSum",
-                                                Clock::now() + opts_.timeout));
+      STRATA_RETURN_IF_ERROR(
+          state_->PollLocked("ncclRedOpCreatePreMulSum", Clock::now() + opts_.timeout));
       p.created = true;
     }
     return Status::OK();
@@ -216,46 +222,62 @@ class NcclCommunicator final : public Communicator {
 
  protected:
   Result<CommHandle> DoAllGather(std::span<const AllGatherPart> parts, DType dtype) override {
-    return Enqueue("all_gather", [&](ncclComm_t c) {
-      for (const auto& p : parts) {
-        const ncclResult_t r = ncclAllGather(p.send, p.recv, p.send_count, ToNccl(dtype), c, stream_);
-        if (r != ncclSuccess && r != ncclInProgress) return r;
-      }
-      return ncclSuccess;
-    }, parts.size() > 1);
+    return Enqueue(
+        "all_gather",
+        [&](ncclComm_t c) {
+          for (const auto& p : parts) {
+            const ncclResult_t r =
+                ncclAllGather(p.send, p.recv, p.send_count, ToNccl(dtype), c, stream_);
+            if (r != ncclSuccess && r != ncclInProgress) return r;
+          }
+          return ncclSuccess;
+        },
+        parts.size() > 1);
   }
 
   Result<CommHandle> DoReduceScatter(std::span<const ReduceScatterPart> parts, DType dtype,
                                      ReduceOptions o) override {
     const ncclRedOp_t op = OpFor(dtype, o);
-    return Enqueue("reduce_scatter", [&](ncclComm_t c) {
-      for (const auto& p : parts) {
-        const ncclResult_t r =
-            ncclReduceScatter(p.send, p.recv, p.recv_count, ToNccl(dtype), op, c, stream_);
-        if (r != ncclSuccess && r != ncclInProgress) return r;
-      }
-      return ncclSuccess;
-    }, parts.size() > 1);
+    return Enqueue(
+        "reduce_scatter",
+        [&](ncclComm_t c) {
+          for (const auto& p : parts) {
+            const ncclResult_t r =
+                ncclReduceScatter(p.send, p.recv, p.recv_count, ToNccl(dtype), op, c, stream_);
+            if (r != ncclSuccess && r != ncclInProgress) return r;
+          }
+          return ncclSuccess;
+        },
+        parts.size() > 1);
   }
 
   Result<CommHandle> DoAllReduce(const void* send, void* recv, size_t count, DType dtype,
                                  ReduceOptions o) override {
     const ncclRedOp_t op = OpFor(dtype, o);
-    return Enqueue("all_reduce", [&](ncclComm_t c) {
-      return ncclAllReduce(send, recv, count, ToNccl(dtype), op, c, stream_);
-    }, false);
+    return Enqueue(
+        "all_reduce",
+        [&](ncclComm_t c) {
+          return ncclAllReduce(send, recv, count, ToNccl(dtype), op, c, stream_);
+        },
+        false);
   }
 
   Result<CommHandle> DoBroadcast(void* buf, size_t count, DType dtype, int root) override {
-    return Enqueue("broadcast", [&](ncclComm_t c) {
-      return ncclBroadcast(buf, buf, count, ToNccl(dtype), root, c, stream_);
-    }, false);
+    return Enqueue(
+        "broadcast",
+        [&](ncclComm_t c) {
+          return ncclBroadcast(buf, buf, count, ToNccl(dtype), root, c, stream_);
+        },
+        false);
   }
 
   Result<CommHandle> DoBarrier() override {
-    return Enqueue("barrier", [&](ncclComm_t c) {
-      return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, c, stream_);
-    }, false);
+    return Enqueue(
+        "barrier",
+        [&](ncclComm_t c) {
+          return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, c, stream_);
+        },
+        false);
   }
 
  private:

@@ -40,7 +40,8 @@ Result<PartitionPlan> PlanPartition(std::span<const size_t> group_numels, int wo
 
 Result<std::vector<GroupBucket>> PlanBuckets(const PartitionPlan& plan, size_t first, size_t end,
                                              size_t bucket_elems) {
-  if (bucket_elems == 0) return Status::InvalidArgument("buckets: bucket size must be >= 1 element");
+  if (bucket_elems == 0)
+    return Status::InvalidArgument("buckets: bucket size must be >= 1 element");
   if (first > end || end > plan.groups.size()) {
     return Status::InvalidArgument("buckets: group range [" + std::to_string(first) + ", " +
                                    std::to_string(end) + ") out of bounds for " +

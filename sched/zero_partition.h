@@ -23,10 +23,10 @@
 namespace strata {
 
 struct GroupShard {
-  size_t numel = 0;        // real elements of the group
-  size_t shard_elems = 0;  // per-rank shard, a multiple of the alignment (0 only if numel is 0)
-  size_t shard_offset = 0; // in the per-rank shard buffer
-  size_t full_offset = 0;  // in the full buffer
+  size_t numel = 0;         // real elements of the group
+  size_t shard_elems = 0;   // per-rank shard, a multiple of the alignment (0 only if numel is 0)
+  size_t shard_offset = 0;  // in the per-rank shard buffer
+  size_t full_offset = 0;   // in the full buffer
   size_t padded_elems(int world) const { return shard_elems * static_cast<size_t>(world); }
   // The real elements of this group that rank r owns: [begin, end) in group-local indices.
   size_t OwnedBegin(int r) const;

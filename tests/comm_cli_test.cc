@@ -37,14 +37,16 @@ TEST(LaunchCli, StartsRanksWithTheirEnvironmentAndPrefixesOutput) {
   const Out o = Sh(Ctl() + " launch -n 4 -- " COMM_RANK_MAIN);
   EXPECT_EQ(o.rc, 0) << o.text;
   for (int r = 0; r < 4; ++r) {
-    const std::string line = "[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " sum 10 ok";
+    const std::string line =
+        "[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " sum 10 ok";
     EXPECT_NE(o.text.find(line), std::string::npos) << o.text;
   }
 }
 
 TEST(LaunchCli, FileRendezvousWorksToo) {
-  const std::string dir = std::string(std::getenv("STRATA_TEST_TMPDIR") ? std::getenv("STRATA_TEST_TMPDIR") : "/tmp") +
-                          "/launch_rdzv_" + std::to_string(::getpid());
+  const std::string dir =
+      std::string(std::getenv("STRATA_TEST_TMPDIR") ? std::getenv("STRATA_TEST_TMPDIR") : "/tmp") +
+      "/launch_rdzv_" + std::to_string(::getpid());
   const Out o = Sh(Ctl() + " launch -n 2 --rdzv-dir " + dir + " -- " COMM_RANK_MAIN);
   EXPECT_EQ(o.rc, 0) << o.text;
   EXPECT_NE(o.text.find("[rank 1] rank 1 sum 3 ok"), std::string::npos) << o.text;
@@ -67,10 +69,13 @@ TEST(RankProgram, BadRendezvousSettingsGiveAClearError) {
   Out o = Sh("env -u RANK WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 " COMM_RANK_MAIN);
   EXPECT_EQ(o.rc, 2);
   EXPECT_NE(o.text.find("RANK is not set"), std::string::npos) << o.text;
-  o = Sh("env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 STRATA_RDZV_TIMEOUT_MS=300 " COMM_RANK_MAIN);
+  o =
+      Sh("env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "
+         "STRATA_RDZV_TIMEOUT_MS=300 " COMM_RANK_MAIN);
   EXPECT_EQ(o.rc, 2);
   EXPECT_NE(o.text.find("no server answered at 127.0.0.1:1"), std::string::npos) << o.text;
-  o = Sh("env RANK=0 WORLD_SIZE=2 MASTER_ADDR=not-a-host.invalid MASTER_PORT=29555 " COMM_RANK_MAIN);
+  o = Sh(
+      "env RANK=0 WORLD_SIZE=2 MASTER_ADDR=not-a-host.invalid MASTER_PORT=29555 " COMM_RANK_MAIN);
   EXPECT_EQ(o.rc, 2);
   EXPECT_NE(o.text.find("not-a-host.invalid"), std::string::npos) << o.text;
 }

@@ -2,10 +2,10 @@
 // (RendezvousConfig::FromEnv), all-reduces rank+1 and prints the sum. `comm_rank_main die K`: rank
 // K exits with code 3 right after setup and the others report the failed collective (exit 4).
 // Exit 2: bad rendezvous settings (message on stderr).
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <unistd.h>
 
 #include "cpu/gloo_comm.h"
 #include "cpu/rendezvous.h"

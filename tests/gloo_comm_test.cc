@@ -24,7 +24,9 @@ using testing::RunRanks;
 
 // Rank r's input element i: small integers, exact in bf16/fp16 and in every fp32 partial sum, so
 // that the result is independent of summation order and comparable bit for bit.
-float Value(int r, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + r * 13) % 17) - 8); }
+float Value(int r, size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + r * 13) % 17) - 8);
+}
 
 std::vector<uint8_t> Encode(DType dt, const std::vector<float>& v) {
   std::vector<uint8_t> out(v.size() * DTypeSize(dt));
@@ -84,14 +86,14 @@ Status WaitOp(Result<CommHandle> h) {
   return h->WaitFor(milliseconds(30000));
 }
 
-#define RANK_CHECK(cond, msg) \
-  do {                        \
-    if (!(cond)) return std::string(msg);            \
+#define RANK_CHECK(cond, msg)             \
+  do {                                    \
+    if (!(cond)) return std::string(msg); \
   } while (0)
-#define RANK_OK(expr)                                                      \
-  do {                                                                     \
-    const Status s_ = (expr);                                              \
-    if (!s_.ok()) return std::string(#expr) + " -> " + s_.ToString();      \
+#define RANK_OK(expr)                                                 \
+  do {                                                                \
+    const Status s_ = (expr);                                         \
+    if (!s_.ok()) return std::string(#expr) + " -> " + s_.ToString(); \
   } while (0)
 
 // All operations on one dtype and count, each against its reference.
@@ -130,8 +132,8 @@ std::string CheckAllOps(Communicator& c, DType dt, size_t n) {
     RANK_OK(WaitOp(c.ReduceScatter(in.data(), out.data(), n, dt, {.predivide = pre})));
     if (!(err = Compare("reduce_scatter", out, want)).empty()) return err;
     auto inplace = in;
-    RANK_OK(WaitOp(c.ReduceScatter(inplace.data(), inplace.data() + r * n * elt, n, dt,
-                                {.predivide = pre})));
+    RANK_OK(WaitOp(
+        c.ReduceScatter(inplace.data(), inplace.data() + r * n * elt, n, dt, {.predivide = pre})));
     std::vector<uint8_t> slot(inplace.begin() + r * n * elt, inplace.begin() + (r + 1) * n * elt);
     if (!(err = Compare("reduce_scatter in place", slot, want)).empty()) return err;
   }
@@ -182,15 +184,15 @@ TEST_P(GlooAllOpsTest, EveryOpMatchesLocalReference) {
   for (int r = 0; r < p.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Worlds, GlooAllOpsTest,
-    ::testing::Values(Param{1, DType::kF32}, Param{2, DType::kF32}, Param{2, DType::kBF16},
-                      Param{2, DType::kF16}, Param{4, DType::kF32}, Param{4, DType::kBF16},
-                      Param{4, DType::kF16}),
-    [](const auto& info) {
-      return "w" + std::to_string(info.param.world) + "_" +
-             std::string(DTypeName(info.param.dtype));
-    });
+INSTANTIATE_TEST_SUITE_P(Worlds, GlooAllOpsTest,
+                         ::testing::Values(Param{1, DType::kF32}, Param{2, DType::kF32},
+                                           Param{2, DType::kBF16}, Param{2, DType::kF16},
+                                           Param{4, DType::kF32}, Param{4, DType::kBF16},
+                                           Param{4, DType::kF16}),
+                         [](const auto& info) {
+                           return "w" + std::to_string(info.param.world) + "_" +
+                                  std::string(DTypeName(info.param.dtype));
+                         });
 
 TEST(GlooComm, Bf16SumIsAccumulatedInFp32AndRoundedOnce) {
   // 256 + 1 + 1 in bf16 step by step would round 257 back to 256 twice; in fp32 it is 258 exactly.
@@ -275,51 +277,88 @@ TEST(GlooComm, ManyOpsInFlightCompleteInOrder) {
 TEST(GlooComm, RankThatExitsMakesOthersFailWithinDeadline) {
   const std::string dir = testing::UniqueTestDir("gloo_dies");
   constexpr int kWorld = 3;
-  auto codes = RunRanks(kWorld, [&](int r) -> std::string {
-    auto job = Connect(dir, r, kWorld, 1 << 20, milliseconds(20000));
-    if (!job.ok()) return job.status().ToString();
-    std::vector<float> buf(1 << 16, 1.0f);
-    RANK_OK(WaitOp(job->comm->AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32)));
-    if (r == 1) ::_exit(0);  // dies without closing anything, before the next collective
-    const auto t0 = std::chrono::steady_clock::now();
-    auto h = job->comm->AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32);
-    if (!h.ok()) return h.status().ToString();
-    const Status st = h->WaitFor(milliseconds(25000));
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    RANK_CHECK(!st.ok(), "all_reduce succeeded without rank 1");
-    RANK_CHECK(st.code() != Status::Code::kDeadlineExceeded ||
-                   st.message().find("not finished by the wait deadline") == std::string::npos,
-               "the wait itself timed out (hang): " + st.ToString());
-    RANK_CHECK(st.message().find("gloo all_reduce") != std::string::npos,
-               "message does not name the op: " + st.ToString());
-    std::fprintf(stderr, "[rank %d] failed after %.2f s as expected: %s\n", r, s,
-                 st.ToString().c_str());
-    // The communicator is now failed: later ops fail fast and name the first error.
-    auto again = job->comm->Barrier();
-    RANK_CHECK(!again.ok() && again.status().code() == Status::Code::kAborted,
-               "later op did not fail fast");
-    return "";
-  }, std::chrono::seconds(60));
+  auto codes = RunRanks(
+      kWorld,
+      [&](int r) -> std::string {
+        auto job = Connect(dir, r, kWorld, 1 << 20, milliseconds(20000));
+        if (!job.ok()) return job.status().ToString();
+        std::vector<float> buf(1 << 16, 1.0f);
+        RANK_OK(WaitOp(job->comm->AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32)));
+        if (r == 1) ::_exit(0);  // dies without closing anything, before the next collective
+        const auto t0 = std::chrono::steady_clock::now();
+        auto h = job->comm->AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32);
+        if (!h.ok()) return h.status().ToString();
+        const Status st = h->WaitFor(milliseconds(25000));
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        RANK_CHECK(!st.ok(), "all_reduce succeeded without rank 1");
+        RANK_CHECK(st.code() != Status::Code::kDeadlineExceeded ||
+                       st.message().find("not finished by the wait deadline") == std::string::npos,
+                   "the wait itself timed out (hang): " + st.ToString());
+        RANK_CHECK(st.message().find("gloo all_reduce") != std::string::npos,
+                   "message does not name the op: " + st.ToString());
+        std::fprintf(stderr, "[rank %d] failed after %.2f s as expected: %s\n", r, s,
+                     st.ToString().c_str());
+        // The communicator is now failed: later ops fail fast and name the first error.
+        auto again = job->comm->Barrier();
+        RANK_CHECK(!again.ok() && again.status().code() == Status::Code::kAborted,
+                   "later op did not fail fast");
+        return "";
+      },
+      std::chrono::seconds(60));
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(GlooComm, RankThatExitsDuringACollectiveMakesOthersFail) {
+  const std::string dir = testing::UniqueTestDir("gloo_dies_mid");
+  constexpr int kWorld = 4;
+  auto codes = RunRanks(
+      kWorld,
+      [&](int r) -> std::string {
+        auto job = Connect(dir, r, kWorld, 1 << 12, milliseconds(20000));
+        if (!job.ok()) return job.status().ToString();
+        // 32 MiB in 4 Ki-element segments: over 6000 dependent ring steps, far longer than the 5 ms
+        // after which rank 2 dies, and no rank can finish without rank 2's last steps.
+        std::vector<float> buf(8 << 20, 1.0f);
+        auto h = job->comm->ReduceScatter(buf.data(), buf.data() + r * (buf.size() / kWorld),
+                                          buf.size() / kWorld, DType::kF32);
+        if (!h.ok()) return h.status().ToString();
+        if (r == 2) {
+          std::this_thread::sleep_for(milliseconds(5));
+          ::_exit(0);
+        }
+        const Status st = h->WaitFor(milliseconds(25000));
+        RANK_CHECK(!st.ok(), "reduce-scatter succeeded although rank 2 died during it");
+        RANK_CHECK(st.message().find("not finished by the wait deadline") == std::string::npos,
+                   "hang: " + st.ToString());
+        RANK_CHECK(st.message().find("gloo reduce_scatter") != std::string::npos, st.ToString());
+        return "";
+      },
+      std::chrono::seconds(60));
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
 TEST(GlooComm, HungPeerMakesOthersFailAtTheTimeout) {
   const std::string dir = testing::UniqueTestDir("gloo_hangs");
-  auto codes = RunRanks(2, [&](int r) -> std::string {
-    auto job = Connect(dir, r, 2, 1 << 20, milliseconds(500));
-    if (!job.ok()) return job.status().ToString();
-    if (r == 1) {  // alive but never joins the collective
-      std::this_thread::sleep_for(std::chrono::seconds(3));
-      ::_exit(0);
-    }
-    float x = 1;
-    auto h = job->comm->AllReduce(&x, &x, 1, DType::kF32);
-    if (!h.ok()) return h.status().ToString();
-    const Status st = h->WaitFor(milliseconds(20000));
-    RANK_CHECK(st.code() == Status::Code::kDeadlineExceeded, "expected a timeout: " + st.ToString());
-    RANK_CHECK(st.message().find("gloo all_reduce") != std::string::npos, st.ToString());
-    return "";
-  }, std::chrono::seconds(30));
+  auto codes = RunRanks(
+      2,
+      [&](int r) -> std::string {
+        auto job = Connect(dir, r, 2, 1 << 20, milliseconds(500));
+        if (!job.ok()) return job.status().ToString();
+        if (r == 1) {  // alive but never joins the collective
+          std::this_thread::sleep_for(std::chrono::seconds(3));
+          ::_exit(0);
+        }
+        float x = 1;
+        auto h = job->comm->AllReduce(&x, &x, 1, DType::kF32);
+        if (!h.ok()) return h.status().ToString();
+        const Status st = h->WaitFor(milliseconds(20000));
+        RANK_CHECK(st.code() == Status::Code::kDeadlineExceeded,
+                   "expected a timeout: " + st.ToString());
+        RANK_CHECK(st.message().find("gloo all_reduce") != std::string::npos, st.ToString());
+        return "";
+      },
+      std::chrono::seconds(30));
   EXPECT_EQ(codes[0], 0);
   EXPECT_EQ(codes[1], 0);
 }
@@ -347,6 +386,9 @@ TEST(GlooComm, InvalidArgumentsAreRejectedBeforeEnqueue) {
   ASSERT_FALSE(h.ok());
   EXPECT_EQ(h.status().code(), Status::Code::kAborted);
   EXPECT_NE(h.status().ToString().find("test"), std::string::npos);
+  // Neither rejected nor refused operations are counted.
+  EXPECT_EQ(c.stats().of(CommOp::kAllReduce).calls, 0u);
+  EXPECT_EQ(c.stats().of(CommOp::kBarrier).calls, 0u);
 }
 
 TEST(GlooComm, TcpStoreRendezvousWorks) {

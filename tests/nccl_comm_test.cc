@@ -38,9 +38,13 @@ std::vector<uint8_t> Encode(DType dt, const std::vector<float>& v) {
 }
 
 struct DeviceBuf {
-  explicit DeviceBuf(size_t bytes) : bytes(bytes) { EXPECT_EQ(cudaMalloc(&p, bytes ? bytes : 1), cudaSuccess); }
+  explicit DeviceBuf(size_t bytes) : bytes(bytes) {
+    EXPECT_EQ(cudaMalloc(&p, bytes ? bytes : 1), cudaSuccess);
+  }
   ~DeviceBuf() { cudaFree(p); }
-  void Put(const std::vector<uint8_t>& v) { ASSERT_EQ(cudaMemcpy(p, v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess); }
+  void Put(const std::vector<uint8_t>& v) {
+    ASSERT_EQ(cudaMemcpy(p, v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
   std::vector<uint8_t> Get() const {
     std::vector<uint8_t> v(bytes);
     EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);

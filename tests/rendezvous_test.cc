@@ -29,8 +29,11 @@ void ExpectInvalid(const std::map<std::string, std::string>& env, const std::str
 }
 
 TEST(RendezvousConfig, ReadsTorchrunVariables) {
-  auto c = FromMap({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-                    {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
+  auto c = FromMap({{"RANK", "3"},
+                    {"WORLD_SIZE", "4"},
+                    {"LOCAL_RANK", "1"},
+                    {"MASTER_ADDR", "127.0.0.1"},
+                    {"MASTER_PORT", "29500"}});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->rank, 3);
   EXPECT_EQ(c->world_size, 4);

@@ -59,7 +59,9 @@ TEST(ZeroPartition, BucketsRespectTheLimitAndIsolateLargeGroups) {
 }
 
 // Global parameter element j of group g, and rank r's gradient of it: small integers (exact).
-float Param(size_t g, size_t j) { return static_cast<float>(static_cast<int>((g * 31 + j) % 23) - 11); }
+float Param(size_t g, size_t j) {
+  return static_cast<float>(static_cast<int>((g * 31 + j) % 23) - 11);
+}
 float Grad(int r, size_t g, size_t j) {
   return static_cast<float>(static_cast<int>((g * 7 + j * 3 + r * 5) % 19) - 9);
 }

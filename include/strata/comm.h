@@ -13,10 +13,10 @@
 // handle with a clear Status and puts the communicator into a failed state: every later operation
 // fails fast with kAborted naming the first error. There is no recovery; build a new one.
 //
-// Byte accounting: each accepted operation adds to CommStats, per operation kind, the payload
-// bytes (what nccl-tests calls the size) and the bytes a bandwidth-optimal ring sends and receives
-// per rank (RingBytes below). ZeRO stages 0-2 move one all-reduce's worth per step, stage 3 1.5x;
-// tests check steps against those formulas.
+// Byte accounting: each operation the backend accepted adds to CommStats, per operation kind, the
+// payload bytes (what nccl-tests calls the size) and the bytes a bandwidth-optimal ring sends and
+// receives per rank (RingBytes below). ZeRO stages 0-2 move one all-reduce's worth per step, stage
+// 3 1.5x; tests check steps against those formulas.
 //
 // Thread safety: submit operations from one thread at a time (the order of collectives must match
 // across ranks, so concurrent submitters would race anyway). rank(), world_size(), stats(),
@@ -44,11 +44,16 @@ inline constexpr size_t kCommOpCount = 5;
 
 constexpr std::string_view CommOpName(CommOp op) noexcept {
   switch (op) {
-    case CommOp::kAllGather: return "all_gather";
-    case CommOp::kReduceScatter: return "reduce_scatter";
-    case CommOp::kAllReduce: return "all_reduce";
-    case CommOp::kBroadcast: return "broadcast";
-    case CommOp::kBarrier: return "barrier";
+    case CommOp::kAllGather:
+      return "all_gather";
+    case CommOp::kReduceScatter:
+      return "reduce_scatter";
+    case CommOp::kAllReduce:
+      return "all_reduce";
+    case CommOp::kBroadcast:
+      return "broadcast";
+    case CommOp::kBarrier:
+      return "barrier";
   }
   return "?";
 }
@@ -62,10 +67,14 @@ constexpr uint64_t RingBytes(CommOp op, uint64_t payload_bytes, int world_size) 
   const uint64_t n = world_size > 0 ? static_cast<uint64_t>(world_size) : 1;
   switch (op) {
     case CommOp::kAllGather:
-    case CommOp::kReduceScatter: return payload_bytes * (n - 1) / n;
-    case CommOp::kAllReduce: return 2 * payload_bytes * (n - 1) / n;
-    case CommOp::kBroadcast: return n > 1 ? payload_bytes : 0;
-    case CommOp::kBarrier: return 0;
+    case CommOp::kReduceScatter:
+      return payload_bytes * (n - 1) / n;
+    case CommOp::kAllReduce:
+      return 2 * payload_bytes * (n - 1) / n;
+    case CommOp::kBroadcast:
+      return n > 1 ? payload_bytes : 0;
+    case CommOp::kBarrier:
+      return 0;
   }
   return 0;
 }
@@ -75,10 +84,14 @@ constexpr double BusBandwidthFactor(CommOp op, int world_size) noexcept {
   const double n = world_size > 0 ? world_size : 1;
   switch (op) {
     case CommOp::kAllGather:
-    case CommOp::kReduceScatter: return (n - 1) / n;
-    case CommOp::kAllReduce: return 2 * (n - 1) / n;
-    case CommOp::kBroadcast: return 1;
-    case CommOp::kBarrier: return 0;
+    case CommOp::kReduceScatter:
+      return (n - 1) / n;
+    case CommOp::kAllReduce:
+      return 2 * (n - 1) / n;
+    case CommOp::kBroadcast:
+      return 1;
+    case CommOp::kBarrier:
+      return 0;
   }
   return 0;
 }
@@ -222,7 +235,8 @@ class Communicator {
 class KvStore {
  public:
   virtual ~KvStore() = default;
-  // Publishes `value` under `key` (overwrites). kIOError/kUnavailable when the store is unreachable.
+  // Publishes `value` under `key` (overwrites). kIOError/kUnavailable when the store is
+  // unreachable.
   virtual Status Set(std::string_view key, std::span<const uint8_t> value) = 0;
   // Blocks until `key` exists, then returns its value. kDeadlineExceeded naming the key when it
   // did not appear within `timeout`; kUnavailable when the store went away.
@@ -287,16 +301,20 @@ inline Result<CommHandle> Communicator::AllGatherCoalesced(std::span<const AllGa
     STRATA_RETURN_IF_ERROR(comm_detail::CheckPtrs(p.send, p.recv, p.send_count, "all_gather"));
     const size_t in_bytes = p.send_count * elt;
     const auto* own = static_cast<const char*>(p.recv) + static_cast<size_t>(rank_) * in_bytes;
-    if (p.send != own &&
-        comm_detail::Overlap(p.send, in_bytes, p.recv, in_bytes * static_cast<size_t>(world_size_))) {
+    if (p.send != own && comm_detail::Overlap(p.send, in_bytes, p.recv,
+                                              in_bytes * static_cast<size_t>(world_size_))) {
       return Status::InvalidArgument(
           "all_gather: send overlaps recv but is not the in-place slot recv + rank * send_count");
     }
   }
-  for (const AllGatherPart& p : parts) {
-    Account(CommOp::kAllGather, p.send_count * elt * static_cast<uint64_t>(world_size_), true, true);
+  auto h = DoAllGather(parts, dtype);
+  if (h.ok()) {
+    for (const AllGatherPart& p : parts) {
+      Account(CommOp::kAllGather, p.send_count * elt * static_cast<uint64_t>(world_size_), true,
+              true);
+    }
   }
-  return DoAllGather(parts, dtype);
+  return h;
 }
 
 inline Result<CommHandle> Communicator::ReduceScatter(const void* send, void* recv,
@@ -321,11 +339,14 @@ inline Result<CommHandle> Communicator::ReduceScatterCoalesced(
           "recv_count");
     }
   }
-  for (const ReduceScatterPart& p : parts) {
-    Account(CommOp::kReduceScatter, p.recv_count * elt * static_cast<uint64_t>(world_size_), true,
-            true);
+  auto h = DoReduceScatter(parts, dtype, options);
+  if (h.ok()) {
+    for (const ReduceScatterPart& p : parts) {
+      Account(CommOp::kReduceScatter, p.recv_count * elt * static_cast<uint64_t>(world_size_), true,
+              true);
+    }
   }
-  return DoReduceScatter(parts, dtype, options);
+  return h;
 }
 
 inline Result<CommHandle> Communicator::AllReduce(const void* send, void* recv, size_t count,
@@ -336,8 +357,9 @@ inline Result<CommHandle> Communicator::AllReduce(const void* send, void* recv, 
   if (send != recv && comm_detail::Overlap(send, bytes, recv, bytes)) {
     return Status::InvalidArgument("all_reduce: send and recv overlap but are not equal");
   }
-  Account(CommOp::kAllReduce, bytes, true, true);
-  return DoAllReduce(send, recv, count, dtype, options);
+  auto h = DoAllReduce(send, recv, count, dtype, options);
+  if (h.ok()) Account(CommOp::kAllReduce, bytes, true, true);
+  return h;
 }
 
 inline Result<CommHandle> Communicator::Broadcast(void* buf, size_t count, DType dtype, int root) {
@@ -347,13 +369,15 @@ inline Result<CommHandle> Communicator::Broadcast(void* buf, size_t count, DType
     return Status::InvalidArgument("broadcast: root " + std::to_string(root) +
                                    " out of range for world size " + std::to_string(world_size_));
   }
-  Account(CommOp::kBroadcast, count * DTypeSize(dtype), rank_ == root, rank_ != root);
-  return DoBroadcast(buf, count, dtype, root);
+  auto h = DoBroadcast(buf, count, dtype, root);
+  if (h.ok()) Account(CommOp::kBroadcast, count * DTypeSize(dtype), rank_ == root, rank_ != root);
+  return h;
 }
 
 inline Result<CommHandle> Communicator::Barrier() {
-  Account(CommOp::kBarrier, 0, false, false);
-  return DoBarrier();
+  auto h = DoBarrier();
+  if (h.ok()) Account(CommOp::kBarrier, 0, false, false);
+  return h;
 }
 
 }  // namespace strata

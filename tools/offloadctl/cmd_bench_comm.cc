@@ -63,9 +63,12 @@ Result<BenchBackend> MakeBackend(const BenchOpts& o, int rank, KvStore* store) {
 Result<CommHandle> Issue(Communicator& c, CommOp op, void* a, void* b, size_t bytes, DType dt) {
   const size_t elt = DTypeSize(dt), n = static_cast<size_t>(c.world_size());
   switch (op) {
-    case CommOp::kAllGather: return c.AllGather(a, b, bytes / (n * elt), dt);
-    case CommOp::kReduceScatter: return c.ReduceScatter(a, b, bytes / (n * elt), dt);
-    default: return c.AllReduce(a, b, bytes / elt, dt);
+    case CommOp::kAllGather:
+      return c.AllGather(a, b, bytes / (n * elt), dt);
+    case CommOp::kReduceScatter:
+      return c.ReduceScatter(a, b, bytes / (n * elt), dt);
+    default:
+      return c.AllReduce(a, b, bytes / elt, dt);
   }
 }
 
@@ -215,16 +218,19 @@ int RunBench(const BenchOpts& o) {
     const double algbw = static_cast<double>(bytes) / secs / 1e9;
     const double busbw = algbw * BusBandwidthFactor(kind, o.n);
     if (o.json) {
-      results.push_back({{"op", op}, {"size_bytes", bytes}, {"time_us", secs * 1e6},
-                         {"algbw_gbps", algbw}, {"busbw_gbps", busbw}});
+      results.push_back({{"op", op},
+                         {"size_bytes", bytes},
+                         {"time_us", secs * 1e6},
+                         {"algbw_gbps", algbw},
+                         {"busbw_gbps", busbw}});
     } else {
       std::printf("%-15s %12zu %12.1f %12.3f %12.3f\n", op.c_str(), bytes, secs * 1e6, algbw,
                   busbw);
     }
   }
   if (o.json) {
-    nlohmann::json j = {{"backend", o.backend}, {"world_size", o.n}, {"dtype", o.dtype},
-                        {"iters", o.iters}, {"warmup", o.warmup}, {"results", results}};
+    nlohmann::json j = {{"backend", o.backend}, {"world_size", o.n},  {"dtype", o.dtype},
+                        {"iters", o.iters},     {"warmup", o.warmup}, {"results", results}};
     std::printf("%s\n", j.dump(2).c_str());
   }
   return kExitOk;
@@ -234,11 +240,13 @@ int RunBench(const BenchOpts& o) {
 
 void RegisterBenchComm(CLI::App& bench, int* exit_code) {
   auto* cmd = bench.add_subcommand(
-      "comm", "Collective bandwidth (all-gather, reduce-scatter, all-reduce) over message sizes, "
-              "as nccl-tests reports it (algbw, busbw). Example: offloadctl bench comm -n 4");
+      "comm",
+      "Collective bandwidth (all-gather, reduce-scatter, all-reduce) over message sizes, "
+      "as nccl-tests reports it (algbw, busbw). Example: offloadctl bench comm -n 4");
   auto o = std::make_shared<BenchOpts>();
-  cmd->add_option("--backend", o->backend, "gloo (local ranks over loopback TCP) or nccl (one "
-                                           "rank per GPU; needs a CUDA build and GPUs)")
+  cmd->add_option("--backend", o->backend,
+                  "gloo (local ranks over loopback TCP) or nccl (one "
+                  "rank per GPU; needs a CUDA build and GPUs)")
       ->check(CLI::IsMember({"gloo", "nccl"}))
       ->default_val("gloo");
   cmd->add_option("-n,--nproc", o->n, "Number of ranks")->check(CLI::Range(1, 64))->default_val(2);

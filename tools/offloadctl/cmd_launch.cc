@@ -6,9 +6,9 @@
 //
 // Lifecycle: each rank runs in its own process group (so its children are signalled too); one
 // poll loop reads every rank's two pipes, reaps exits with WNOHANG and enforces --timeout-s.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <arpa/inet.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -141,8 +141,10 @@ int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_
     std::vector<pollfd> fds;
     std::vector<std::pair<int, bool>> who;  // rank, is_err
     for (int r = 0; r < n; ++r) {
-      if (ranks[r].out_fd >= 0) fds.push_back({ranks[r].out_fd, POLLIN, 0}), who.push_back({r, false});
-      if (ranks[r].err_fd >= 0) fds.push_back({ranks[r].err_fd, POLLIN, 0}), who.push_back({r, true});
+      if (ranks[r].out_fd >= 0)
+        fds.push_back({ranks[r].out_fd, POLLIN, 0}), who.push_back({r, false});
+      if (ranks[r].err_fd >= 0)
+        fds.push_back({ranks[r].err_fd, POLLIN, 0}), who.push_back({r, true});
     }
     if (running == 0 && fds.empty()) break;
     ::poll(fds.data(), fds.size(), 50);
@@ -179,8 +181,8 @@ int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_
       why = "timed out after " + std::to_string(timeout_s) + " s";
       std::fprintf(stderr, "launch: %s; stopping all ranks\n", why.c_str());
       SignalAll(ranks, SIGTERM);
-      kill_at = now + std::chrono::duration_cast<Clock::duration>(
-                          std::chrono::duration<double>(grace_s));
+      kill_at =
+          now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
     }
     if (now >= kill_at) {
       SignalAll(ranks, SIGKILL);
@@ -212,16 +214,18 @@ void RegisterLaunch(CLI::App& parent, int* exit_code) {
   cmd->add_option("-n,--nproc", o->n, "Number of local ranks to start")
       ->check(CLI::Range(1, 4096))
       ->default_val(2);
-  cmd->add_option("--master-addr", o->addr, "MASTER_ADDR given to the ranks (rank 0 serves the "
-                                            "TCP rendezvous store there)")
+  cmd->add_option("--master-addr", o->addr,
+                  "MASTER_ADDR given to the ranks (rank 0 serves the "
+                  "TCP rendezvous store there)")
       ->default_val("127.0.0.1");
   cmd->add_option("--master-port", o->port, "MASTER_PORT given to the ranks; 0 picks a free port")
       ->check(CLI::Range(0, 65535))
       ->default_val(0);
   cmd->add_option("--rdzv-dir", o->rdzv_dir,
                   "Shared directory for a file rendezvous store (sets STRATA_RDZV_DIR)");
-  cmd->add_option("--timeout-s", o->timeout_s, "Stop every rank after this many seconds (0: no "
-                                               "limit); exit 1")
+  cmd->add_option("--timeout-s", o->timeout_s,
+                  "Stop every rank after this many seconds (0: no "
+                  "limit); exit 1")
       ->check(CLI::NonNegativeNumber)
       ->default_val(0);
   cmd->add_option("--grace-s", o->grace_s,
@@ -230,8 +234,8 @@ void RegisterLaunch(CLI::App& parent, int* exit_code) {
       ->default_val(5);
   cmd->add_option("command", o->command, "The command and its arguments, after --")->required();
   cmd->callback([o, exit_code] {
-    *exit_code = RunLaunch(o->n, o->addr, o->port, o->rdzv_dir, o->timeout_s, o->grace_s,
-                           o->command);
+    *exit_code =
+        RunLaunch(o->n, o->addr, o->port, o->rdzv_dir, o->timeout_s, o->grace_s, o->command);
   });
 }
 
