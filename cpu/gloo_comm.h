@@ -6,8 +6,9 @@
 // queue full waits up to `timeout`, then fails with kResourceExhausted). All-gather, all-reduce
 // (fp32), broadcast and barrier are Gloo's own algorithms; reduce-scatter is a ring over Gloo's
 // unbound buffers whose partial sums travel in fp32, so bf16/fp16 sums are accumulated in fp32 and
-// rounded once; 16-bit all-reduce widens to fp32 per segment of scratch_elems elements (scratch is
-// bounded: 3 segments of fp32 per communicator). Every transport wait is bounded by `timeout`:
+// rounded once; 16-bit all-reduce is that ring (over world_size chunks) followed by an all-gather
+// of the rounded 16-bit chunks. Rings run per segment of scratch_elems elements (scratch: two fp32
+// segments per communicator). Every transport wait is bounded by `timeout`:
 // a peer that exits makes the others fail at once (connection closed) and a peer that hangs makes
 // them fail at the timeout, with a Status naming the operation, its sequence number and the cause.
 //
@@ -36,7 +37,7 @@ struct GlooCommOptions {
   std::chrono::milliseconds timeout{60000};
   // Operations submitted but not finished. Bounds memory held by queued closures.
   size_t queue_depth = 64;
-  // fp32 elements per reduction segment (scratch memory = 3 * 4 * scratch_elems bytes).
+  // fp32 elements per reduction segment (scratch memory = 2 * 4 * scratch_elems bytes).
   size_t scratch_elems = size_t{1} << 20;
 };
 

@@ -147,8 +147,12 @@ std::string CheckAllOps(Communicator& c, DType dt, size_t n) {
     }
     const auto want = Encode(dt, want_f);
     auto buf = Encode(dt, Inputs(r, n));
+    const auto in = buf;
+    std::vector<uint8_t> out(buf.size(), 0xee);
+    RANK_OK(WaitOp(c.AllReduce(in.data(), out.data(), n, dt, {.predivide = pre})));
+    if (!(err = Compare("all_reduce", out, want)).empty()) return err;
     RANK_OK(WaitOp(c.AllReduce(buf.data(), buf.data(), n, dt, {.predivide = pre})));
-    if (!(err = Compare("all_reduce", buf, want)).empty()) return err;
+    if (!(err = Compare("all_reduce in place", buf, want)).empty()) return err;
   }
   // broadcast from the last rank
   {

@@ -6,7 +6,15 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <thread>
+
+#include "cpu/rendezvous.h"
+#include "tests/multiprocess.h"
 
 namespace strata {
 namespace {
@@ -120,6 +128,127 @@ TEST(NcclComm, BadOptionsAreRejected) {
   auto c = CreateNcclCommunicator(o);
   ASSERT_FALSE(c.ok());
   EXPECT_TRUE(c.status().IsInvalidArgument()) << c.status().ToString();
+}
+
+// ---------------------------------------------------------------------------
+// Two ranks on two GPUs. Each rank is a fresh process running this binary with a filter for the
+// DISABLED_ rank body below (exec, not fork: CUDA must not be inherited across fork), so ctest
+// lists the body as disabled, never as passed.
+// ---------------------------------------------------------------------------
+float Value(int r, size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + r * 13) % 17) - 8);
+}
+
+int GpuCountInChild() {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    ::_exit(n > 100 ? 100 : n);
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+}
+
+std::vector<int> SpawnRanks(int world, const std::string& mode, const std::string& dir) {
+  return testing::RunRanks(
+      world,
+      [&](int r) -> std::string {
+        ::setenv("STRATA_NCCL_RANK", std::to_string(r).c_str(), 1);
+        ::setenv("STRATA_NCCL_WORLD", std::to_string(world).c_str(), 1);
+        ::setenv("STRATA_NCCL_MODE", mode.c_str(), 1);
+        ::setenv("STRATA_NCCL_DIR", dir.c_str(), 1);
+        ::execl("/proc/self/exe", "nccl_comm_test", "--gtest_filter=NcclRank.DISABLED_Body",
+                "--gtest_also_run_disabled_tests", static_cast<char*>(nullptr));
+        return "exec failed";
+      },
+      std::chrono::seconds(120));
+}
+
+TEST(NcclComm, TwoRanksEveryOpAndDtype) {
+  if (GpuCountInChild() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  auto codes = SpawnRanks(2, "ops", testing::UniqueTestDir("nccl_ops"));
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+}
+
+TEST(NcclComm, PeerThatDiesMakesTheOtherFailAndAbort) {
+  if (GpuCountInChild() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  auto codes = SpawnRanks(2, "die", testing::UniqueTestDir("nccl_die"));
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+}
+
+TEST(NcclRank, DISABLED_Body) {
+  const char* rank_s = std::getenv("STRATA_NCCL_RANK");
+  if (rank_s == nullptr) GTEST_SKIP() << "run by the two-rank tests only";
+  const int r = std::atoi(rank_s), w = std::atoi(std::getenv("STRATA_NCCL_WORLD"));
+  const std::string mode = std::getenv("STRATA_NCCL_MODE");
+  auto store = FileKvStore::Open(std::getenv("STRATA_NCCL_DIR"));
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  NcclCommOptions o;
+  o.rank = r;
+  o.world_size = w;
+  o.device = r;
+  o.store = store->get();
+  o.timeout = milliseconds(30000);
+  auto comm = CreateNcclCommunicator(o);
+  ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+  Communicator& c = **comm;
+  auto wait = [](Result<CommHandle> h, milliseconds t = milliseconds(30000)) {
+    return h.ok() ? h->WaitFor(t) : h.status();
+  };
+  if (mode == "die") {
+    DeviceBuf buf(1 << 20);
+    ASSERT_TRUE(wait(c.AllReduce(buf.p, buf.p, (1 << 20) / 4, DType::kF32)).ok());
+    if (r == 1) ::_exit(0);
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status st =
+        wait(c.AllReduce(buf.p, buf.p, (1 << 20) / 4, DType::kF32), milliseconds(10000));
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("nccl all_reduce"), std::string::npos) << st.ToString();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(40));
+    auto again = c.Barrier();
+    ASSERT_FALSE(again.ok());
+    EXPECT_EQ(again.status().code(), Status::Code::kAborted) << again.status().ToString();
+    return;
+  }
+  const size_t n = 1001;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const size_t elt = DTypeSize(dt);
+    std::vector<float> mine(n), gathered, rs_in(n * w), rs_want(n), ar_want(n);
+    for (size_t i = 0; i < n; ++i) mine[i] = Value(r, i);
+    for (int q = 0; q < w; ++q) {
+      for (size_t i = 0; i < n; ++i) gathered.push_back(Value(q, i));
+    }
+    for (size_t i = 0; i < n * w; ++i) rs_in[i] = Value(r, i);
+    for (size_t i = 0; i < n; ++i) {
+      for (int q = 0; q < w; ++q) {
+        rs_want[i] += Value(q, r * n + i);
+        ar_want[i] += Value(q, i);
+      }
+    }
+    DeviceBuf a(n * w * elt), b(n * w * elt);
+    a.Put(Encode(dt, mine));
+    ASSERT_TRUE(wait(c.AllGather(a.p, b.p, n, dt)).ok());
+    EXPECT_EQ(b.Get(), Encode(dt, gathered)) << DTypeName(dt);
+    a.Put(Encode(dt, rs_in));
+    DeviceBuf out(n * elt);
+    ASSERT_TRUE(wait(c.ReduceScatter(a.p, out.p, n, dt)).ok());
+    EXPECT_EQ(out.Get(), Encode(dt, rs_want)) << DTypeName(dt);
+    a.Put(Encode(dt, mine));
+    ASSERT_TRUE(wait(c.AllReduce(a.p, out.p, n, dt, {.predivide = true})).ok());
+    std::vector<float> avg(ar_want);
+    for (float& x : avg) x /= static_cast<float>(w);
+    EXPECT_EQ(out.Get(), Encode(dt, avg)) << DTypeName(dt);
+    if (r == 1) out.Put(Encode(dt, mine));
+    ASSERT_TRUE(wait(c.Broadcast(out.p, n, dt, 1)).ok());
+    std::vector<float> from1(n);
+    for (size_t i = 0; i < n; ++i) from1[i] = Value(1, i);
+    EXPECT_EQ(out.Get(), Encode(dt, from1)) << DTypeName(dt);
+  }
+  ASSERT_TRUE(wait(c.Barrier()).ok());
 }
 
 }  // namespace
