@@ -187,6 +187,8 @@ class NcclCommunicator final : public Communicator {
         }
         if (!state_->aborted) ncclCommDestroy(state_->comm);
       }
+      // Handles that outlive the communicator see this instead of a dangling comm.
+      if (state_->failed.ok()) state_->failed = Status::Aborted("communicator destroyed");
       state_->comm = nullptr;
     }
     cudaFree(scratch_);

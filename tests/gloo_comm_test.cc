@@ -376,6 +376,26 @@ TEST(GlooComm, MissingPeerGivesClearRendezvousError) {
       << job.status().ToString();
 }
 
+TEST(GlooComm, BadTransportHostnameGivesClearError) {
+  auto fs = FileKvStore::Open(testing::UniqueTestDir("gloo_badhost"));
+  ASSERT_TRUE(fs.ok());
+  GlooCommOptions o;
+  o.rank = 0;
+  o.world_size = 2;
+  o.store = fs->get();
+  o.hostname = "no-such-host.invalid";
+  o.timeout = milliseconds(500);
+  auto c = CreateGlooCommunicator(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().ToString().find("transport on 'no-such-host.invalid'"), std::string::npos)
+      << c.status().ToString();
+  o.hostname = "127.0.0.1";
+  o.store = nullptr;
+  EXPECT_TRUE(CreateGlooCommunicator(o).status().IsInvalidArgument());
+  o.rank = 2;
+  EXPECT_TRUE(CreateGlooCommunicator(o).status().IsInvalidArgument());
+}
+
 TEST(GlooComm, InvalidArgumentsAreRejectedBeforeEnqueue) {
   auto job = Connect(testing::UniqueTestDir("gloo_args"), 0, 1);
   ASSERT_TRUE(job.ok()) << job.status().ToString();

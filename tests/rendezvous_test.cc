@@ -110,6 +110,9 @@ TEST(TcpKvStore, ServerAndClientsExchangeKeys) {
   ASSERT_FALSE(missing.ok());
   EXPECT_TRUE(missing.status().IsDeadlineExceeded());
   EXPECT_NE(missing.status().ToString().find("k/never"), std::string::npos);
+  // Oversized keys are refused before anything is sent.
+  const Status big = (*client)->Set(std::string(5000, 'k'), std::vector<uint8_t>{1});
+  EXPECT_TRUE(big.IsInvalidArgument()) << big.ToString();
   // Server gone: the client fails instead of hanging.
   server.reset();
   auto after = (*client)->Get("k/late", milliseconds(1000));
