@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -56,6 +57,20 @@ TEST(LaunchCli, OneRankDyingFailsTheJobFastWithClearErrors) {
   const Out o = Sh(Ctl() + " launch -n 3 --grace-s 10 -- " COMM_RANK_MAIN " die 1");
   EXPECT_EQ(o.rc, 1) << o.text;
   EXPECT_NE(o.text.find("launch: rank 1 exited with code 3"), std::string::npos) << o.text;
+}
+
+TEST(LaunchCli, TimeoutAndSignalStopEveryRank) {
+  auto t0 = std::chrono::steady_clock::now();
+  Out o = Sh(Ctl() + " launch -n 2 --timeout-s 0.5 --grace-s 1 -- sleep 60");
+  EXPECT_EQ(o.rc, 1) << o.text;
+  EXPECT_NE(o.text.find("launch: timed out"), std::string::npos) << o.text;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  t0 = std::chrono::steady_clock::now();
+  o = Sh("sh -c '" + Ctl() +
+         " launch -n 2 --grace-s 1 -- sleep 60 & pid=$!; sleep 0.5; kill -TERM $pid; wait $pid'");
+  EXPECT_EQ(o.rc, 1) << o.text;
+  EXPECT_NE(o.text.find("launch: interrupted"), std::string::npos) << o.text;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
 }
 
 TEST(LaunchCli, UsageAndExecErrors) {

@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +28,9 @@
 
 namespace strata::cli {
 namespace {
+
+volatile sig_atomic_t g_stop_signal = 0;
+void OnStopSignal(int sig) { g_stop_signal = sig; }
 
 struct Rank {
   pid_t pid = -1;
@@ -91,6 +95,12 @@ void SignalAll(std::vector<Rank>& ranks, int sig) {
 int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_dir,
               double timeout_s, double grace_s, const std::vector<std::string>& cmd) {
   if (port == 0) port = FreePort(addr);
+  // Ranks run in their own process groups, so a Ctrl-C reaches only launch: forward it.
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGHUP, &sa, nullptr);
   std::vector<Rank> ranks(n);
   std::vector<char*> argv;
   for (const auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
@@ -107,6 +117,11 @@ int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::setpgid(0, 0);
+      // If launch itself dies (even by SIGKILL), the rank is told to stop.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      ::signal(SIGHUP, SIG_DFL);
       ::dup2(out[1], STDOUT_FILENO);
       ::dup2(err[1], STDERR_FILENO);
       ::setenv("RANK", std::to_string(r).c_str(), 1);
@@ -173,6 +188,14 @@ int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_
         kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(grace_s));
       }
+    }
+    if (g_stop_signal != 0 && failed_rank < 0) {
+      failed_rank = n;
+      why = std::string("interrupted by ") + strsignal(g_stop_signal);
+      std::fprintf(stderr, "launch: %s; stopping all ranks\n", why.c_str());
+      SignalAll(ranks, SIGTERM);
+      kill_at = Clock::now() +
+                std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
     }
     const auto now = Clock::now();
     if (timeout_s > 0 && failed_rank < 0 &&
