@@ -278,6 +278,28 @@ TEST(GlooComm, ManyOpsInFlightCompleteInOrder) {
   EXPECT_EQ(codes[1], 0);
 }
 
+TEST(GlooComm, WaitPastItsDeadlineLeavesTheOperationRunning) {
+  const std::string dir = testing::UniqueTestDir("gloo_wait");
+  auto codes = RunRanks(2, [&](int r) -> std::string {
+    auto job = Connect(dir, r, 2);
+    if (!job.ok()) return job.status().ToString();
+    if (r == 1) std::this_thread::sleep_for(milliseconds(500));  // joins late
+    float x = static_cast<float>(r + 1);
+    auto h = job->comm->AllReduce(&x, &x, 1, DType::kF32);
+    if (!h.ok()) return h.status().ToString();
+    if (r == 0) {
+      const Status early = h->WaitFor(milliseconds(10));
+      RANK_CHECK(early.code() == Status::Code::kDeadlineExceeded, early.ToString());
+      RANK_CHECK(!h->Ready(), "ready before the peer joined");
+    }
+    RANK_OK(h->WaitFor(milliseconds(20000)));  // the same handle completes later
+    RANK_CHECK(h->Ready() && x == 3.0f, "sum " + std::to_string(x));
+    return "";
+  });
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+}
+
 TEST(GlooComm, RankThatExitsMakesOthersFailWithinDeadline) {
   const std::string dir = testing::UniqueTestDir("gloo_dies");
   constexpr int kWorld = 3;
