@@ -119,8 +119,10 @@ class CommWork {
  public:
   virtual ~CommWork() = default;
   // Blocks until the operation finished or `deadline` passed. Returns its Status when finished;
-  // kDeadlineExceeded when still running at the deadline (the operation goes on; wait again, or
-  // Abort the communicator). Callable repeatedly and from any thread.
+  // kDeadlineExceeded when still running at the deadline. What happens then is the backend's:
+  // Gloo leaves the operation running (its transport timeout bounds it; wait again, or Abort);
+  // NCCL aborts the communicator, since a kernel waiting for a dead peer would spin forever.
+  // Callable repeatedly and from any thread.
   virtual Status WaitUntil(std::chrono::steady_clock::time_point deadline) = 0;
   // True once finished (successfully or not); never blocks.
   virtual bool Ready() = 0;
