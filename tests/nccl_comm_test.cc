@@ -117,17 +117,25 @@ TEST(NcclComm, PeerThatNeverJoinsFailsInitAtTheDeadline) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
 }
 
-TEST(NcclComm, BadOptionsAreRejected) {
+TEST(NcclComm, RankOutOfRangeIsRejectedBeforeTouchingCuda) {
   NcclCommOptions o;
   o.world_size = 2;
   o.rank = 2;
   EXPECT_TRUE(CreateNcclCommunicator(o).status().IsInvalidArgument());
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device for the unique-id checks";
   o.rank = 0;
+  o.timeout = milliseconds(0);
+  EXPECT_TRUE(CreateNcclCommunicator(o).status().IsInvalidArgument());
+}
+
+TEST(NcclComm, BadUniqueIdIsRejected) {
+  REQUIRE_GPU();
+  NcclCommOptions o;
+  o.world_size = 2;
   o.unique_id = {1, 2, 3};
   auto c = CreateNcclCommunicator(o);
   ASSERT_FALSE(c.ok());
   EXPECT_TRUE(c.status().IsInvalidArgument()) << c.status().ToString();
+  EXPECT_NE(c.status().ToString().find("unique_id has 3 bytes"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------
