@@ -53,6 +53,16 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(PinnedPoolOptions options
   if (options.budget_bytes == 0) {
     return Status::InvalidArgument("pinned pool: budget_bytes must be > 0");
   }
+  if (options.numa_node == PinnedPoolOptions::kNumaNodeOfCreator) {
+    if (options.topology == nullptr) {
+      return Status::InvalidArgument("pinned pool: kNumaNodeOfCreator given without a topology");
+    }
+    options.numa_node = options.topology->CurrentNumaNode();  // -1 when the thread spans nodes
+  }
+  if (options.numa_node < -1) {
+    return Status::InvalidArgument("pinned pool: numa_node " + std::to_string(options.numa_node) +
+                                   " is not a node, -1 or kNumaNodeOfCreator");
+  }
   if (options.numa_node >= 0) {
     if (options.topology == nullptr) {
       return Status::InvalidArgument("pinned pool: numa_node " + std::to_string(options.numa_node) +

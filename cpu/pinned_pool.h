@@ -60,7 +60,10 @@ struct PinnedPoolOptions {
   bool huge_pages = true;
   // Register with CUDA (cudaHostRegister) when strata is built with CUDA.
   bool register_with_cuda = true;
-  // Bind memory to this NUMA node (hwloc logical index); -1: first-touch policy. Needs topology.
+  // Bind memory to this NUMA node (hwloc logical index); -1: first-touch policy;
+  // kNumaNodeOfCreator: the node of the thread calling Create (the IO/optimizer thread that will
+  // use the buffers), or first-touch when it spans nodes. Binding needs `topology`.
+  static constexpr int kNumaNodeOfCreator = -2;
   int numa_node = -1;
   const Topology* topology = nullptr;  // not owned; outlives the pool
   // Extra registrars (not owned; outlive the pool), called after CUDA's.

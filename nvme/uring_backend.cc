@@ -107,36 +107,46 @@ void UringBackend::UnregisterFile(int fd) {
   IoBackend::UnregisterFile(fd);
 }
 
+// A buffer larger than the kernel's 1 GiB per fixed buffer is registered as consecutive
+// pieces; a request that straddles two pieces simply goes out unregistered.
 Status UringBackend::RegisterBuffer(void* base, size_t size_bytes) {
   if (!buffers_table_) return Status::Unavailable("io_uring fixed buffers unavailable: " + note_);
-  if (size_bytes == 0 || size_bytes > kMaxFixedBufferBytes) {
-    return Status::InvalidArgument("io_uring fixed buffer of " + std::to_string(size_bytes) +
-                                   " bytes (must be 1 B .. 1 GiB)");
+  if (size_bytes == 0) return Status::InvalidArgument("io_uring fixed buffer of 0 bytes");
+  const uintptr_t start = reinterpret_cast<uintptr_t>(base);
+  if (buffers_.count(start) != 0) {
+    return Status::InvalidArgument("io_uring fixed buffer at this address already registered");
   }
-  if (free_buffer_slots_.empty()) {
+  const size_t pieces = (size_bytes + kMaxFixedBufferBytes - 1) / kMaxFixedBufferBytes;
+  if (free_buffer_slots_.size() < pieces) {
     return Status::ResourceExhausted("io_uring fixed buffer table full (" +
-                                     std::to_string(kMaxFixedBuffers) + " buffers)");
+                                     std::to_string(kMaxFixedBuffers) + " entries)");
   }
-  unsigned idx = free_buffer_slots_.back();
-  iovec iov{base, size_bytes};
-  __u64 tag = 0;
-  int ret = io_uring_register_buffers_update_tag(&ring_, idx, &iov, &tag, 1);
-  if (ret < 0) {
-    return Status::Unavailable(UringError(ret, "io_uring_register_buffers_update_tag").message());
+  for (size_t off = 0; off < size_bytes; off += kMaxFixedBufferBytes) {
+    const size_t len = std::min(kMaxFixedBufferBytes, size_bytes - off);
+    const unsigned idx = free_buffer_slots_.back();
+    iovec iov{reinterpret_cast<void*>(start + off), len};
+    __u64 tag = 0;
+    int ret = io_uring_register_buffers_update_tag(&ring_, idx, &iov, &tag, 1);
+    if (ret < 0) {
+      UnregisterBuffer(base);  // the pieces registered so far
+      return Status::Unavailable(UringError(ret, "io_uring_register_buffers_update_tag").message());
+    }
+    free_buffer_slots_.pop_back();
+    buffers_[start + off] = RegisteredBuffer{len, idx, start};
   }
-  free_buffer_slots_.pop_back();
-  buffers_[reinterpret_cast<uintptr_t>(base)] = RegisteredBuffer{size_bytes, idx};
   return Status::OK();
 }
 
 void UringBackend::UnregisterBuffer(void* base) {
-  auto it = buffers_.find(reinterpret_cast<uintptr_t>(base));
-  if (it == buffers_.end()) return;
-  iovec iov{nullptr, 0};
-  __u64 tag = 0;
-  (void)io_uring_register_buffers_update_tag(&ring_, it->second.index, &iov, &tag, 1);
-  free_buffer_slots_.push_back(it->second.index);
-  buffers_.erase(it);
+  const uintptr_t start = reinterpret_cast<uintptr_t>(base);
+  auto it = buffers_.find(start);
+  while (it != buffers_.end() && it->second.group_base == start) {
+    iovec iov{nullptr, 0};
+    __u64 tag = 0;
+    (void)io_uring_register_buffers_update_tag(&ring_, it->second.index, &iov, &tag, 1);
+    free_buffer_slots_.push_back(it->second.index);
+    it = buffers_.erase(it);
+  }
 }
 
 io_uring_sqe* UringBackend::GetSqe() {

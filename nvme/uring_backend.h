@@ -60,6 +60,7 @@ class UringBackend final : public IoBackend {
   struct RegisteredBuffer {
     size_t size_bytes;
     unsigned index;
+    uintptr_t group_base;  // the base passed to RegisterBuffer (>1 GiB buffers have pieces)
   };
   UringBackend() = default;
   void Prep(size_t slot);  // prepares the slot's remainder as one SQE

@@ -126,8 +126,8 @@ class IoBackend {
 
   // Registers [base, base+size_bytes) for zero-pin IO (io_uring fixed buffers); requests whose
   // buffer lies inside it use it automatically. Unavailable: this backend has no such facility
-  // or the kernel refused (callers carry on unregistered). REQUIRES: base and size aligned to
-  // kIoAlignment; UnregisterBuffer(base) with no IO in flight on it before the memory is freed.
+  // or the kernel refused (callers carry on unregistered). ResourceExhausted: the table is full.
+  // REQUIRES: UnregisterBuffer(base) with no IO in flight on it before the memory is freed.
   virtual Status RegisterBuffer(void* base, size_t size_bytes);
   virtual void UnregisterBuffer(void* base);
 

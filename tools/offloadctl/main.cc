@@ -14,11 +14,16 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "offloadctl 0.1.0");
   app.require_subcommand(1);
   int exit_code = strata::cli::kExitOk;
+  strata::cli::RegisterPlan(app, &exit_code);
+  strata::cli::RegisterConfig(app, &exit_code);
 
   CLI::App* bench = app.add_subcommand(
       "bench", "Measure a tier or kernel of this machine against a same-run reference");
   bench->require_subcommand(1);
+  strata::cli::RegisterBenchNvme(*bench, &exit_code);
+  strata::cli::RegisterBenchComm(*bench, &exit_code);
   strata::cli::RegisterBenchStore(*bench, &exit_code);
+  strata::cli::RegisterLaunch(app, &exit_code);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,198 @@
+// Checks across keys of a DeepSpeed config (batch sizes, precision, offload vs. stage, NVMe
+// paths) and the checks of this machine (--here).
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/config_reader.h"
+
+namespace strata::config_internal {
+
+using Kind = ConfigDiagnostic::Kind;
+
+namespace {
+
+std::string I(int64_t v) { return std::to_string(v); }
+
+// train_batch_size = micro * gas * world_size (DeepSpeed's _set_batch_related_parameters): any
+// two (with the world size) determine the third; only one given means gas = 1.
+void CheckBatch(Reader& r, EngineConfig& c, Json* root) {
+  AutoOr<int64_t>& t = c.train_batch_size;
+  AutoOr<int64_t>& m = c.train_micro_batch_size_per_gpu;
+  AutoOr<int64_t>& g = c.gradient_accumulation_steps;
+  const std::optional<int64_t> w = r.options().world_size;
+  auto set = [&](AutoOr<int64_t>& field, const char* key, int64_t value) {
+    if (field.is_auto()) r.MarkResolved(key);
+    field = value;
+    (*root)[key] = value;
+  };
+  int autos = t.is_auto() + m.is_auto() + g.is_auto();
+  int values = t.has_value() + m.has_value() + g.has_value();
+  if (autos > 1 || (autos == 1 && (values < 2 || !w))) return;  // left to the trainer
+  std::string ws = w ? I(*w) : "";
+  if (values == 3) {
+    int64_t mg = m.value() * g.value();
+    if (w && t.value() != mg * *w) {
+      r.Error(Kind::kConflict, "train_batch_size",
+              "train_batch_size " + I(t.value()) + " != train_micro_batch_size_per_gpu " +
+                  I(m.value()) + " * gradient_accumulation_steps " + I(g.value()) +
+                  " * world_size " + ws + " = " + I(mg * *w));
+    } else if (!w && t.value() % mg != 0) {
+      r.Error(Kind::kConflict, "train_batch_size",
+              "train_batch_size " + I(t.value()) + " is not a multiple of "
+              "train_micro_batch_size_per_gpu * gradient_accumulation_steps = " + I(mg) +
+                  ": no world size multiplies out");
+    }
+    return;
+  }
+  if (t.has_value() && m.has_value()) {  // gas = t / (m * w)
+    if (!w) {
+      if (t.value() % m.value() != 0) {
+        r.Error(Kind::kConflict, "train_batch_size",
+                "train_batch_size " + I(t.value()) +
+                    " is not a multiple of train_micro_batch_size_per_gpu " + I(m.value()));
+      }
+      return;
+    }
+    if (t.value() % (m.value() * *w) != 0) {
+      r.Error(Kind::kConflict, "train_batch_size",
+              "train_batch_size " + I(t.value()) + " is not divisible by "
+              "train_micro_batch_size_per_gpu " + I(m.value()) + " * world_size " + ws +
+                  ": no whole gradient_accumulation_steps");
+      return;
+    }
+    set(g, "gradient_accumulation_steps", t.value() / (m.value() * *w));
+  } else if (t.has_value() && g.has_value()) {  // micro = t / (g * w)
+    if (!w) {
+      if (t.value() % g.value() != 0) {
+        r.Error(Kind::kConflict, "train_batch_size",
+                "train_batch_size " + I(t.value()) +
+                    " is not a multiple of gradient_accumulation_steps " + I(g.value()));
+      }
+      return;
+    }
+    if (t.value() % (g.value() * *w) != 0) {
+      r.Error(Kind::kConflict, "train_batch_size",
+              "train_batch_size " + I(t.value()) + " is not divisible by "
+              "gradient_accumulation_steps " + I(g.value()) + " * world_size " + ws +
+                  ": no whole train_micro_batch_size_per_gpu");
+      return;
+    }
+    set(m, "train_micro_batch_size_per_gpu", t.value() / (g.value() * *w));
+  } else if (m.has_value() && g.has_value()) {
+    if (w) set(t, "train_batch_size", m.value() * g.value() * *w);
+  } else if (t.has_value()) {
+    if (!g.is_auto()) g = int64_t{1};
+    if (!w) return;
+    if (t.value() % *w != 0) {
+      r.Error(Kind::kConflict, "train_batch_size",
+              "train_batch_size " + I(t.value()) + " is not divisible by world_size " + ws);
+      return;
+    }
+    set(m, "train_micro_batch_size_per_gpu", t.value() / *w);
+  } else if (m.has_value()) {
+    if (!g.is_auto()) g = int64_t{1};
+    if (w) set(t, "train_batch_size", m.value() * *w);
+  } else if (r.options().require_resolved) {
+    // Configs written for a trainer (Hugging Face) often leave all three to it.
+    r.Error(Kind::kUnresolvedAuto, "train_batch_size",
+            "neither train_batch_size nor train_micro_batch_size_per_gpu is given or supplied; "
+            "DeepSpeed needs one of them to derive the others");
+  }
+}
+
+void CheckOffload(Reader& r, EngineConfig& c) {
+  ZeroConfig& z = c.zero;
+  const std::string zo = "zero_optimization.offload_optimizer";
+  const std::string zp = "zero_optimization.offload_param";
+  if (z.offload_optimizer.device == OffloadDevice::kNvme && z.offload_optimizer.nvme_path.empty()) {
+    r.Error(Kind::kConflict, zo + ".nvme_path",
+            "device \"nvme\" needs nvme_path: the directory for the optimizer swap files");
+  }
+  if (z.offload_param.device == OffloadDevice::kNvme && z.offload_param.nvme_path.empty()) {
+    r.Error(Kind::kConflict, zp + ".nvme_path",
+            "device \"nvme\" needs nvme_path: the directory for the parameter swap files");
+  }
+  if (z.offload_optimizer.ratio < 1.0 && z.stage != 3 &&
+      z.offload_optimizer.device != OffloadDevice::kNone) {
+    r.Error(Kind::kConflict, zo + ".ratio",
+            "partial optimizer offload (ratio < 1) needs ZeRO stage 3, the stage is " + I(z.stage));
+  }
+  if (z.offload_param.device != OffloadDevice::kNone && z.stage < 3) {
+    r.Warn(Kind::kIgnored, zp + ".device",
+           "parameter offload needs ZeRO stage 3; at stage " + I(z.stage) +
+               " it is ignored and parameters stay on the GPU");
+    z.offload_param.device = OffloadDevice::kNone;
+  }
+  if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0) {
+    r.Warn(Kind::kIgnored, zo + ".device",
+           "optimizer offload needs ZeRO stage 1 or above; at stage 0 it is ignored");
+    z.offload_optimizer.device = OffloadDevice::kNone;
+  } else if (z.offload_optimizer.device == OffloadDevice::kNvme && z.stage < 3) {
+    r.Warn(Kind::kIgnored, zo + ".device",
+           "NVMe optimizer offload needs ZeRO stage 3; at stage " + I(z.stage) +
+               " DeepSpeed offloads the optimizer state to CPU memory instead (read as "
+               "\"cpu\")");
+    z.offload_optimizer.device = OffloadDevice::kCpu;
+  }
+}
+
+}  // namespace
+
+void CheckAcrossKeys(Reader& r, EngineConfig& c, Json* root) {
+  CheckBatch(r, c, root);
+  if (c.fp16.enabled.value_or(false) && c.bf16.enabled.value_or(false)) {
+    r.Error(Kind::kConflict, "bf16.enabled",
+            "fp16 and bf16 are both enabled; enable at most one");
+  }
+  CheckOffload(r, c);
+}
+
+namespace {
+
+void CheckPath(Reader& r, const std::string& key, const std::string& dir) {
+  std::error_code ec;
+  auto st = std::filesystem::status(dir, ec);
+  if (ec || !std::filesystem::exists(st)) {
+    r.Error(Kind::kMachine, key, "'" + dir + "' does not exist on this machine");
+    return;
+  }
+  if (!std::filesystem::is_directory(st)) {
+    r.Error(Kind::kMachine, key, "'" + dir + "' is not a directory");
+    return;
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    r.Error(Kind::kMachine, key,
+            "'" + dir + "' is not writable: " + std::string(std::strerror(errno)));
+    return;
+  }
+  struct statvfs vfs {};
+  if (statvfs(dir.c_str(), &vfs) != 0) {
+    r.Error(Kind::kMachine, key, "statvfs '" + dir + "': " + std::string(std::strerror(errno)));
+    return;
+  }
+  int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
+  r.check().notes.push_back(key + ": '" + dir + "' has " + I(free_bytes) + " bytes free");
+  if (free_bytes < r.options().min_free_bytes) {
+    r.Warn(Kind::kMachine, key,
+           "'" + dir + "' has only " + I(free_bytes) + " bytes free (< " +
+               I(r.options().min_free_bytes) + ")");
+  }
+}
+
+}  // namespace
+
+void CheckHere(Reader& r, const EngineConfig& c) {
+  const ZeroConfig& z = c.zero;
+  if (z.offload_optimizer.device == OffloadDevice::kNvme && !z.offload_optimizer.nvme_path.empty()) {
+    CheckPath(r, "zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_path);
+  }
+  if (z.offload_param.device == OffloadDevice::kNvme && !z.offload_param.nvme_path.empty()) {
+    CheckPath(r, "zero_optimization.offload_param.nvme_path", z.offload_param.nvme_path);
+  }
+}
+
+}  // namespace strata::config_internal

@@ -1,0 +1,28 @@
+// Key tables of the DeepSpeed config sections strata reads, and "did you mean" suggestions.
+// Internal to strata_core.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace strata::config_internal {
+
+// Keys of one section (by dotted path: "", "zero_optimization", "zero_optimization.offload_param",
+// "fp16", ...): `acted` are read by strata, `known` are DeepSpeed keys strata keeps unread.
+struct SectionKeys {
+  std::span<const std::string_view> acted;
+  std::span<const std::string_view> known;
+  bool deepspeed_forbids_extra;  // DeepSpeed's pydantic model rejects unknown keys here
+};
+// nullptr for a section without a table (its keys are free-form, e.g. scheduler.params).
+const SectionKeys* KeysOf(std::string_view section_path);
+
+// Levenshtein distance.
+size_t EditDistance(std::string_view a, std::string_view b);
+
+// The nearest key of the section (acted or known) to `key` when it is close enough to be a
+// plausible typo (distance <= max(2, |key|/3), or one contains the other); "" otherwise.
+std::string Suggest(const SectionKeys& keys, std::string_view key);
+
+}  // namespace strata::config_internal

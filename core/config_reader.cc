@@ -1,0 +1,304 @@
+#include "core/config_reader.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "core/config_keys.h"
+
+namespace strata::config_internal {
+
+namespace {
+
+// A whole-string decimal / scientific number ("5e8", " 1e-4 "); nullopt otherwise.
+std::optional<double> ParseNumberString(const std::string& s) {
+  const char* b = s.c_str();
+  while (*b == ' ' || *b == '\t') ++b;
+  if (*b == '\0') return std::nullopt;
+  char* end = nullptr;
+  double d = std::strtod(b, &end);
+  while (*end == ' ' || *end == '\t') ++end;
+  if (*end != '\0' || !std::isfinite(d)) return std::nullopt;
+  // strtod also reads hex floats and "infinity"; DeepSpeed configs never mean those.
+  for (const char* p = b; p < end; ++p) {
+    if (*p == 'x' || *p == 'X' || *p == 'n' || *p == 'N' || *p == 'i' || *p == 'I') {
+      return std::nullopt;
+    }
+  }
+  return d;
+}
+
+std::string Compact(const Json& v) { return v.dump(); }
+
+}  // namespace
+
+std::string_view JsonTypeName(const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::object: return "an object";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "an integer";
+    case Json::value_t::number_float: return "a number";
+    default: return "an unsupported value";
+  }
+}
+
+std::string Reader::PathOf(const Section& s, std::string_view key) const {
+  if (s.path.empty()) return std::string(key);
+  return s.path + "." + std::string(key);
+}
+
+void Reader::Error(ConfigDiagnostic::Kind kind, std::string path, std::string message) {
+  check_->errors.push_back(ConfigDiagnostic{kind, std::move(path), std::move(message), 0, 0});
+}
+
+void Reader::Warn(ConfigDiagnostic::Kind kind, std::string path, std::string message) {
+  check_->warnings.push_back(ConfigDiagnostic{kind, std::move(path), std::move(message), 0, 0});
+}
+
+Json* Reader::Find(Section& s, std::initializer_list<std::string_view> names, std::string* used) {
+  if (!s.present()) return nullptr;
+  Json* found = nullptr;
+  for (std::string_view n : names) {
+    std::string key(n);
+    s.consumed.insert(key);
+    auto it = s.obj->find(key);
+    // null is DeepSpeed's "not set" (its Optional fields): the default applies.
+    if (it == s.obj->end() || it.value().is_null()) continue;
+    if (found != nullptr) {
+      Error(ConfigDiagnostic::Kind::kConflict, PathOf(s, key),
+            "both '" + *used + "' and its alias '" + key + "' are given; keep one");
+      continue;
+    }
+    found = &it.value();
+    *used = key;
+  }
+  return found;
+}
+
+Section Reader::Child(Section& s, std::string_view key) {
+  Section c;
+  c.path = PathOf(s, key);
+  std::string used;
+  Json* v = Find(s, {key}, &used);
+  if (v == nullptr || v->is_null()) return c;
+  if (!v->is_object()) {
+    Error(ConfigDiagnostic::Kind::kType, c.path,
+          "expected an object, got " + std::string(JsonTypeName(*v)) + " " + Compact(*v));
+    return c;
+  }
+  c.obj = v;
+  return c;
+}
+
+bool Reader::IsUnresolvedAuto(Json* v, const std::string& path, AutoPolicy policy) {
+  if (!v->is_string() || v->get<std::string>() != "auto") return false;
+  if (policy == AutoPolicy::kNo) {
+    Error(ConfigDiagnostic::Kind::kType, path,
+          "\"auto\" is not accepted here: no trainer fills this key in; give a value");
+    return true;  // not a usable value either way
+  }
+  auto it = opts_.auto_values.find(path);
+  if (it != opts_.auto_values.end()) {
+    Json supplied = Json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+    if (supplied.is_discarded()) {
+      Error(ConfigDiagnostic::Kind::kType, path,
+            "the value supplied for \"auto\" is not JSON: '" + it->second + "'");
+      return true;
+    }
+    *v = std::move(supplied);
+    return false;
+  }
+  unresolved_.push_back(path);
+  return true;
+}
+
+void Reader::MarkResolved(const std::string& path) {
+  unresolved_.erase(std::remove(unresolved_.begin(), unresolved_.end(), path), unresolved_.end());
+}
+
+std::optional<int64_t> Reader::ToInt(const Json& v, const std::string& path, int64_t min) {
+  std::optional<double> d;
+  std::optional<int64_t> i;
+  if (v.is_number_integer() && !v.is_number_unsigned()) {
+    i = v.get<int64_t>();
+  } else if (v.is_number_unsigned()) {
+    uint64_t u = v.get<uint64_t>();
+    if (u <= static_cast<uint64_t>(INT64_MAX)) i = static_cast<int64_t>(u);
+  } else if (v.is_number_float()) {
+    d = v.get<double>();
+  } else if (v.is_string()) {
+    d = ParseNumberString(v.get<std::string>());
+  }
+  if (!i && d) {
+    // 9.2e18 is the largest double below 2^63 that matters here; beyond it is out of range.
+    if (*d == std::floor(*d) && std::fabs(*d) < 9.2e18) i = static_cast<int64_t>(*d);
+  }
+  if (!i) {
+    Error(ConfigDiagnostic::Kind::kType, path,
+          "expected an integer (a number such as 5e8, or a string \"5e8\"), got " +
+              std::string(JsonTypeName(v)) + " " + Compact(v));
+    return std::nullopt;
+  }
+  if (*i < min) {
+    Error(ConfigDiagnostic::Kind::kRange, path,
+          "expected an integer >= " + std::to_string(min) + ", got " + std::to_string(*i));
+    return std::nullopt;
+  }
+  return i;
+}
+
+std::optional<double> Reader::ToDouble(const Json& v, const std::string& path, double min) {
+  std::optional<double> d;
+  if (v.is_number()) {
+    d = v.get<double>();
+  } else if (v.is_string()) {
+    d = ParseNumberString(v.get<std::string>());
+  }
+  if (!d) {
+    Error(ConfigDiagnostic::Kind::kType, path,
+          "expected a number, got " + std::string(JsonTypeName(v)) + " " + Compact(v));
+    return std::nullopt;
+  }
+  if (*d < min) {
+    Error(ConfigDiagnostic::Kind::kRange, path,
+          "expected a number >= " + Json(min).dump() + ", got " + Json(*d).dump());
+    return std::nullopt;
+  }
+  return d;
+}
+
+std::optional<bool> Reader::ToBool(const Json& v, const std::string& path) {
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1)) {
+    return v.get<int64_t>() == 1;
+  }
+  if (v.is_string()) {
+    std::string s = v.get<std::string>();
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (s == "true") return true;
+    if (s == "false") return false;
+  }
+  Error(ConfigDiagnostic::Kind::kType, path,
+        "expected true or false, got " + std::string(JsonTypeName(v)) + " " + Compact(v));
+  return std::nullopt;
+}
+
+bool Reader::Int(Section& s, std::initializer_list<std::string_view> names, int64_t* out,
+                 int64_t min) {
+  std::string used;
+  Json* v = Find(s, names, &used);
+  if (v == nullptr) return false;
+  std::string path = PathOf(s, used);
+  if (IsUnresolvedAuto(v, path, AutoPolicy::kNo)) return false;
+  auto r = ToInt(*v, path, min);
+  if (r) *out = *r;
+  return r.has_value();
+}
+
+bool Reader::AutoInt(Section& s, std::initializer_list<std::string_view> names,
+                     AutoOr<int64_t>* out, int64_t min) {
+  std::string used;
+  Json* v = Find(s, names, &used);
+  if (v == nullptr) return false;
+  std::string path = PathOf(s, used);
+  if (IsUnresolvedAuto(v, path, AutoPolicy::kYes)) {
+    if (v->is_string()) *out = AutoOr<int64_t>::Auto();
+    return true;
+  }
+  auto r = ToInt(*v, path, min);
+  if (r) *out = *r;
+  return r.has_value();
+}
+
+bool Reader::Double(Section& s, std::initializer_list<std::string_view> names, double* out,
+                    double min) {
+  std::string used;
+  Json* v = Find(s, names, &used);
+  if (v == nullptr) return false;
+  std::string path = PathOf(s, used);
+  if (IsUnresolvedAuto(v, path, AutoPolicy::kNo)) return false;
+  auto r = ToDouble(*v, path, min);
+  if (r) *out = *r;
+  return r.has_value();
+}
+
+bool Reader::AutoDouble(Section& s, std::initializer_list<std::string_view> names,
+                        AutoOr<double>* out, double min) {
+  std::string used;
+  Json* v = Find(s, names, &used);
+  if (v == nullptr) return false;
+  std::string path = PathOf(s, used);
+  if (IsUnresolvedAuto(v, path, AutoPolicy::kYes)) {
+    *out = AutoOr<double>::Auto();
+    return true;
+  }
+  auto r = ToDouble(*v, path, min);
+  if (r) *out = *r;
+  return r.has_value();
+}
+
+bool Reader::Bool(Section& s, std::initializer_list<std::string_view> names, bool* out) {
+  std::string used;
+  Json* v = Find(s, names, &used);
+  if (v == nullptr) return false;
+  std::string path = PathOf(s, used);
+  if (IsUnresolvedAuto(v, path, AutoPolicy::kNo)) return false;
+  auto r = ToBool(*v, path);
+  if (r) *out = *r;
+  return r.has_value();
+}
+
+bool Reader::AutoBool(Section& s, std::initializer_list<std::string_view> names,
+                      AutoOr<bool>* out) {
+  std::string used;
+  Json* v = Find(s, names, &used);
+  if (v == nullptr) return false;
+  std::string path = PathOf(s, used);
+  if (IsUnresolvedAuto(v, path, AutoPolicy::kYes)) {
+    *out = AutoOr<bool>::Auto();
+    return true;
+  }
+  auto r = ToBool(*v, path);
+  if (r) *out = *r;
+  return r.has_value();
+}
+
+bool Reader::String(Section& s, std::initializer_list<std::string_view> names, std::string* out) {
+  std::string used;
+  Json* v = Find(s, names, &used);
+  if (v == nullptr || v->is_null()) return false;
+  if (!v->is_string()) {
+    Error(ConfigDiagnostic::Kind::kType, PathOf(s, used),
+          "expected a string, got " + std::string(JsonTypeName(*v)) + " " + Compact(*v));
+    return false;
+  }
+  *out = v->get<std::string>();
+  return true;
+}
+
+void Reader::FinishSection(Section& s) {
+  if (!s.present()) return;
+  const SectionKeys* keys = KeysOf(s.path);
+  for (auto it = s.obj->begin(); it != s.obj->end(); ++it) {
+    const std::string& key = it.key();
+    if (s.consumed.count(key) != 0) continue;
+    std::string path = PathOf(s, key);
+    unacted_.push_back(UnactedKey{path, Compact(it.value())});
+    if (keys == nullptr) continue;
+    bool known = std::find(keys->known.begin(), keys->known.end(), key) != keys->known.end();
+    if (known) continue;
+    std::string msg = "unknown key '" + key + "'";
+    std::string near = Suggest(*keys, key);
+    if (!near.empty()) msg += "; did you mean '" + near + "'?";
+    msg += near.empty() ? "; it" : " It";
+    msg += " is kept but has no effect";
+    if (keys->deepspeed_forbids_extra) msg += " (DeepSpeed itself rejects unknown keys here)";
+    Warn(ConfigDiagnostic::Kind::kUnknownKey, path, msg);
+  }
+}
+
+}  // namespace strata::config_internal

@@ -1,0 +1,157 @@
+// The optimizer, scheduler and aio sections of a DeepSpeed config.
+#include <algorithm>
+#include <cctype>
+
+#include "core/config_reader.h"
+
+namespace strata::config_internal {
+
+using Kind = ConfigDiagnostic::Kind;
+
+namespace {
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// betas: a pair [b1, b2], each in [0, 1); "auto" allowed (the trainer's adam_beta1/2).
+void ReadBetas(Reader& r, Section& p, OptimizerConfig* o) {
+  std::string used;
+  Json* v = r.Find(p, {"betas"}, &used);
+  if (v == nullptr) return;
+  std::string path = r.PathOf(p, "betas");
+  if (r.IsUnresolvedAuto(v, path, AutoPolicy::kYes)) {
+    o->betas = AutoOr<std::pair<double, double>>::Auto();
+    return;
+  }
+  if (!v->is_array() || v->size() != 2) {
+    r.Error(Kind::kType, path,
+            "expected a pair [beta1, beta2] such as [0.9, 0.999], got " + v->dump());
+    return;
+  }
+  auto b1 = r.ToDouble((*v)[0], path + "[0]", 0.0);
+  auto b2 = r.ToDouble((*v)[1], path + "[1]", 0.0);
+  if (!b1 || !b2) return;
+  if (*b1 >= 1.0 || *b2 >= 1.0) {
+    r.Error(Kind::kRange, path, "expected each beta in [0, 1), got " + v->dump());
+    return;
+  }
+  o->betas = std::pair<double, double>{*b1, *b2};
+}
+
+}  // namespace
+
+void ReadOptimizer(Reader& r, Section& root, OptimizerConfig* o) {
+  Section s = r.Child(root, "optimizer");
+  if (!s.present()) return;
+  std::string type;
+  if (!r.String(s, {"type"}, &type)) {
+    if (!s.obj->contains("type")) {
+      r.Error(Kind::kType, r.PathOf(s, "type"), "missing; expected \"Adam\" or \"AdamW\"");
+    }
+    return;
+  }
+  std::string low = Lower(type);
+  if (low == "adam") {
+    o->type = OptimizerType::kAdam;
+  } else if (low == "adamw") {
+    o->type = OptimizerType::kAdamW;
+  } else {
+    r.Error(Kind::kUnsupported, r.PathOf(s, "type"),
+            "strata runs Adam and AdamW (its CPU Adam); got \"" + type +
+                "\". Use \"Adam\" or \"AdamW\", or remove the section and let the trainer bring "
+                "its optimizer");
+    return;
+  }
+  Section p = r.Child(s, "params");
+  r.AutoDouble(p, {"lr"}, &o->lr, 0.0);
+  ReadBetas(r, p, o);
+  r.AutoDouble(p, {"eps"}, &o->eps, 0.0);
+  r.AutoDouble(p, {"weight_decay"}, &o->weight_decay, 0.0);
+  bool w_given = r.Bool(p, {"adam_w_mode"}, &o->adam_w_mode);
+  if (o->type == OptimizerType::kAdamW) {
+    if (w_given && !o->adam_w_mode) {
+      r.Warn(Kind::kIgnored, r.PathOf(p, "adam_w_mode"),
+             "\"AdamW\" always uses decoupled weight decay; adam_w_mode: false is ignored (use "
+             "type \"Adam\" for L2-regularised Adam)");
+    }
+    o->adam_w_mode = true;
+  }
+  r.Bool(p, {"bias_correction"}, &o->bias_correction);
+  if (p.present() && p.obj->contains("max_grad_norm")) {
+    r.Warn(Kind::kIgnored, r.PathOf(p, "max_grad_norm"),
+           "max_grad_norm is not an optimizer parameter in DeepSpeed and is ignored; use the "
+           "top-level 'gradient_clipping'");
+  }
+  if (p.present()) {
+    for (auto it = p.obj->begin(); it != p.obj->end(); ++it) {
+      if (p.consumed.count(it.key()) != 0) continue;
+      Json* v = &it.value();
+      r.IsUnresolvedAuto(v, r.PathOf(p, it.key()), AutoPolicy::kYes);
+      o->other_params[it.key()] = v->dump();
+    }
+  }
+  r.FinishSection(s);
+}
+
+namespace {
+
+SchedulerType SchedulerFromName(const std::string& name) {
+  if (name == "WarmupLR") return SchedulerType::kWarmupLR;
+  if (name == "WarmupDecayLR") return SchedulerType::kWarmupDecayLR;
+  if (name == "WarmupCosineLR") return SchedulerType::kWarmupCosineLR;
+  if (name == "OneCycle") return SchedulerType::kOneCycle;
+  if (name == "LRRangeTest") return SchedulerType::kLRRangeTest;
+  return SchedulerType::kOther;
+}
+
+void ReadScheduler(Reader& r, Section& root, SchedulerConfig* sc) {
+  Section s = r.Child(root, "scheduler");
+  if (!s.present()) return;
+  if (!r.String(s, {"type"}, &sc->type_name)) {
+    if (!s.obj->contains("type")) {
+      r.Error(Kind::kType, r.PathOf(s, "type"),
+              "missing; expected a scheduler such as \"WarmupLR\", \"WarmupDecayLR\", "
+              "\"WarmupCosineLR\" or \"OneCycle\"");
+    }
+    return;
+  }
+  sc->type = SchedulerFromName(sc->type_name);
+  if (sc->type == SchedulerType::kOther) {
+    r.Warn(Kind::kIgnored, r.PathOf(s, "type"),
+           "\"" + sc->type_name +
+               "\" is not a DeepSpeed scheduler (WarmupLR, WarmupDecayLR, WarmupCosineLR, "
+               "OneCycle, LRRangeTest); DeepSpeed looks it up in torch.optim.lr_scheduler");
+  }
+  Section p = r.Child(s, "params");
+  if (p.present()) {
+    for (auto it = p.obj->begin(); it != p.obj->end(); ++it) {
+      p.consumed.insert(it.key());
+      Json* v = &it.value();
+      r.IsUnresolvedAuto(v, r.PathOf(p, it.key()), AutoPolicy::kYes);
+      sc->params[it.key()] = v->dump();
+    }
+  }
+  r.FinishSection(s);
+}
+
+void ReadAio(Reader& r, Section& root, AioConfig* a) {
+  Section s = r.Child(root, "aio");
+  r.Int(s, {"block_size"}, &a->block_size, 1);
+  r.Int(s, {"queue_depth"}, &a->queue_depth, 1);
+  r.Int(s, {"intra_op_parallelism", "thread_count"}, &a->intra_op_parallelism, 1);
+  r.Bool(s, {"single_submit"}, &a->single_submit);
+  r.Bool(s, {"overlap_events"}, &a->overlap_events);
+  r.Bool(s, {"use_gds"}, &a->use_gds);
+  r.FinishSection(s);
+}
+
+}  // namespace
+
+void ReadSchedulerAndAio(Reader& r, Section& root, SchedulerConfig* sc, AioConfig* aio) {
+  ReadScheduler(r, root, sc);
+  ReadAio(r, root, aio);
+}
+
+}  // namespace strata::config_internal

@@ -1,0 +1,210 @@
+#include "core/config_text.h"
+
+#include <cctype>
+#include <set>
+
+namespace strata::config_internal {
+
+namespace {
+
+// Blanks text[begin, end) except newlines, so line/column of later bytes do not move.
+void Blank(std::string& s, size_t begin, size_t end) {
+  for (size_t i = begin; i < end && i < s.size(); ++i) {
+    if (s[i] != '\n' && s[i] != '\r') s[i] = ' ';
+  }
+}
+
+}  // namespace
+
+void LineColumn(std::string_view text, size_t offset, int* line, int* column) {
+  int l = 1;
+  int c = 1;
+  for (size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++l;
+      c = 1;
+    } else {
+      ++c;
+    }
+  }
+  *line = l;
+  *column = c;
+}
+
+std::string StripComments(std::string_view text, ConfigDiagnostic* error) {
+  std::string s(text);
+  // Offset of the last ',' outside strings and comments; kNoComma once something else followed,
+  // kDoubleComma after ",," (then nothing is stripped, so the JSON parser reports it).
+  constexpr size_t kNoComma = std::string::npos;
+  constexpr size_t kDoubleComma = std::string::npos - 1;
+  size_t pending_comma = kNoComma;
+  size_t i = 0;
+  while (i < s.size()) {
+    char c = s[i];
+    if (c == '"') {
+      pending_comma = kNoComma;
+      ++i;
+      while (i < s.size() && s[i] != '"') {
+        if (s[i] == '\\') ++i;  // skip the escaped character (the JSON parser validates it)
+        ++i;
+      }
+      ++i;  // closing quote (or past the end: the JSON parser reports the open string)
+      continue;
+    }
+    if (c == '#' || (c == '/' && i + 1 < s.size() && s[i + 1] == '/')) {
+      size_t end = s.find('\n', i);
+      if (end == std::string::npos) end = s.size();
+      Blank(s, i, end);
+      i = end;
+      continue;
+    }
+    if (c == '/' && i + 1 < s.size() && s[i + 1] == '*') {
+      size_t end = s.find("*/", i + 2);
+      if (end == std::string::npos) {
+        if (error != nullptr && error->message.empty()) {
+          error->kind = ConfigDiagnostic::Kind::kSyntax;
+          error->message = "unterminated /* comment";
+          LineColumn(text, i, &error->line, &error->column);
+        }
+        Blank(s, i, s.size());
+        break;
+      }
+      Blank(s, i, end + 2);
+      i = end + 2;
+      continue;
+    }
+    if (c == ',') {
+      pending_comma = pending_comma == kNoComma ? i : kDoubleComma;
+    } else if (c == '}' || c == ']') {
+      // hjson (and so DeepSpeed) accepts a trailing comma; strict JSON does not.
+      if (pending_comma < s.size()) s[pending_comma] = ' ';
+      pending_comma = kNoComma;
+    } else if (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
+      pending_comma = kNoComma;
+    }
+    ++i;
+  }
+  return s;
+}
+
+std::string JoinPath(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const std::string& p : parts) {
+    if (!p.empty() && p[0] == '[') {
+      out += p;
+    } else {
+      if (!out.empty()) out += '.';
+      out += p;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Tracks the path of the parser's position to name duplicate keys.
+struct Frame {
+  bool is_object;
+  std::set<std::string> keys;
+  std::string key;
+  size_t index = 0;
+};
+
+// The first byte of the token whose last byte is at `end` (a string, number or literal; other
+// tokens are one byte).
+size_t TokenStart(std::string_view s, size_t end) {
+  if (end >= s.size()) return end;
+  if (s[end] == '"') {
+    size_t i = end;
+    while (i > 0) {
+      --i;
+      if (s[i] != '"') continue;
+      size_t backslashes = 0;
+      while (i >= backslashes + 1 && s[i - backslashes - 1] == '\\') ++backslashes;
+      if (backslashes % 2 == 0) return i;
+    }
+    return end;
+  }
+  auto word = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '+' || c == '-';
+  };
+  size_t i = end;
+  while (i > 0 && word(s[end]) && word(s[i - 1])) --i;
+  return i;
+}
+
+std::string FramePath(const std::vector<Frame>& frames, const std::string& last_key) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const Frame& f = frames[i];
+    bool top = i + 1 == frames.size();
+    if (f.is_object) {
+      parts.push_back(top ? last_key : f.key);
+    } else if (!top) {
+      parts.push_back("[" + std::to_string(f.index) + "]");
+    }
+  }
+  return JoinPath(parts);
+}
+
+}  // namespace
+
+bool ParseJsonStrict(std::string_view stripped, nlohmann::ordered_json* out,
+                     std::vector<ConfigDiagnostic>* errors) {
+  using Json = nlohmann::ordered_json;
+  std::vector<Frame> frames;
+  size_t before = errors->size();
+  auto after_child = [&frames] {
+    if (!frames.empty() && !frames.back().is_object) ++frames.back().index;
+  };
+  Json::parser_callback_t cb = [&](int /*depth*/, nlohmann::json::parse_event_t event,
+                                   Json& parsed) -> bool {
+    using E = nlohmann::json::parse_event_t;
+    switch (event) {
+      case E::object_start:
+        frames.push_back(Frame{true, {}, {}, 0});
+        break;
+      case E::array_start:
+        frames.push_back(Frame{false, {}, {}, 0});
+        break;
+      case E::object_end:
+      case E::array_end:
+        if (!frames.empty()) frames.pop_back();
+        after_child();
+        break;
+      case E::key: {
+        Frame& f = frames.back();
+        std::string k = parsed.get<std::string>();
+        if (!f.keys.insert(k).second) {
+          errors->push_back(ConfigDiagnostic{
+              ConfigDiagnostic::Kind::kDuplicateKey, FramePath(frames, k),
+              "duplicate key '" + k + "' (DeepSpeed rejects duplicate keys; keep one)", 0, 0});
+        }
+        f.key = k;
+        break;
+      }
+      case E::value:
+        after_child();
+        break;
+    }
+    return true;
+  };
+  try {
+    *out = Json::parse(stripped.begin(), stripped.end(), cb, /*allow_exceptions=*/true,
+                       /*ignore_comments=*/false);
+  } catch (const nlohmann::json::parse_error& e) {
+    ConfigDiagnostic d{ConfigDiagnostic::Kind::kSyntax, "", "", 0, 0};
+    std::string what = e.what();
+    // "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error ..."
+    size_t colon = what.find(": ");
+    d.message = "malformed JSON: " + (colon == std::string::npos ? what : what.substr(colon + 2));
+    // e.byte is the 1-based offset of the offending token's last byte; point at its start.
+    size_t offset = TokenStart(stripped, e.byte > 0 ? e.byte - 1 : 0);
+    LineColumn(stripped, offset, &d.line, &d.column);
+    errors->push_back(std::move(d));
+    return false;
+  }
+  return errors->size() == before;
+}
+
+}  // namespace strata::config_internal

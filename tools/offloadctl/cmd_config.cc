@@ -1,0 +1,146 @@
+// `offloadctl config check ds.json`: validates a DeepSpeed config the way strata reads it and
+// prints the errors, the warnings and the effective resolved config.
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "strata/config.h"
+#include "tools/offloadctl/commands.h"
+
+namespace strata::cli {
+
+namespace {
+
+struct ConfigCheckArgs {
+  std::string path;
+  int64_t world_size = 0;
+  int64_t hidden_size = 0;
+  std::vector<std::string> set;
+  bool strict = false;
+  bool here = false;
+  bool json = false;
+  bool require_resolved = false;
+};
+
+nlohmann::ordered_json DiagJson(const ConfigDiagnostic& d) {
+  nlohmann::ordered_json j{{"kind", DiagnosticKindName(d.kind)},
+                           {"path", d.path},
+                           {"message", d.message}};
+  if (d.line > 0) {
+    j["line"] = d.line;
+    j["column"] = d.column;
+  }
+  return j;
+}
+
+int RunCheck(const ConfigCheckArgs& a) {
+  ParseOptions o;
+  if (a.world_size > 0) o.world_size = a.world_size;
+  if (a.hidden_size > 0) o.hidden_size = a.hidden_size;
+  o.strict = a.strict;
+  o.check_here = a.here;
+  o.require_resolved = a.require_resolved;
+  for (const std::string& kv : a.set) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::fprintf(stderr, "--set expects KEY=VALUE (e.g. optimizer.params.lr=1e-4), got '%s'\n",
+                   kv.c_str());
+      return kExitUsage;
+    }
+    o.auto_values[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  Result<ConfigCheck> r = CheckDeepSpeedConfigFile(a.path, o);
+  if (!r.ok()) {
+    if (a.json) {
+      nlohmann::ordered_json j{{"file", a.path}, {"valid", false},
+                               {"read_error", r.status().ToString()}};
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
+    }
+    return kExitInvalid;
+  }
+  const ConfigCheck& c = *r;
+  if (a.json) {
+    nlohmann::ordered_json j{{"file", a.path}, {"valid", c.ok()}};
+    j["errors"] = nlohmann::ordered_json::array();
+    for (const auto& e : c.errors) j["errors"].push_back(DiagJson(e));
+    j["warnings"] = nlohmann::ordered_json::array();
+    for (const auto& w : c.warnings) j["warnings"].push_back(DiagJson(w));
+    j["notes"] = c.notes;
+    if (c.parsed) {
+      j["unresolved_auto"] = c.parsed->unresolved_auto;
+      j["unacted_keys"] = nlohmann::ordered_json::array();
+      for (const UnactedKey& k : c.parsed->config.unacted_keys) {
+        j["unacted_keys"].push_back(
+            {{"path", k.path}, {"value", nlohmann::ordered_json::parse(k.json_text)}});
+      }
+      j["effective"] = nlohmann::ordered_json::parse(EffectiveConfigJson(c.parsed->config));
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return c.ok() ? kExitOk : kExitInvalid;
+  }
+  for (const auto& e : c.errors) std::printf("error: %s\n", e.ToString().c_str());
+  for (const auto& w : c.warnings) std::printf("warning: %s\n", w.ToString().c_str());
+  for (const auto& n : c.notes) std::printf("note: %s\n", n.c_str());
+  if (!c.ok()) {
+    std::printf("%s: INVALID (%zu error(s), %zu warning(s))\n", a.path.c_str(), c.errors.size(),
+                c.warnings.size());
+    return kExitInvalid;
+  }
+  const ParsedConfig& p = *c.parsed;
+  if (!p.unresolved_auto.empty()) {
+    std::printf("\"auto\", left to the trainer (supply with --set KEY=VALUE):\n");
+    for (const auto& k : p.unresolved_auto) std::printf("  %s\n", k.c_str());
+  }
+  if (!p.config.unacted_keys.empty()) {
+    std::printf("kept, not acted on by strata:\n");
+    for (const auto& k : p.config.unacted_keys) {
+      std::printf("  %s = %s\n", k.path.c_str(), k.json_text.c_str());
+    }
+  }
+  std::printf("effective config:\n%s\n", EffectiveConfigJson(p.config).c_str());
+  std::printf("%s: valid (%zu warning(s))\n", a.path.c_str(), c.warnings.size());
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterConfig(CLI::App& parent, int* exit_code) {
+  CLI::App* config = parent.add_subcommand("config", "Work with DeepSpeed configs (ds_config.json)");
+  config->require_subcommand(1);
+  auto args = std::make_shared<ConfigCheckArgs>();
+  CLI::App* check = config->add_subcommand(
+      "check",
+      "Validate a DeepSpeed config as strata reads it: errors (JSON path, what was expected), "
+      "warnings (what will happen instead), keys kept but not acted on, and the effective "
+      "config with DeepSpeed's defaults. Exit 0 valid, 1 invalid, 2 usage error.");
+  check->add_option("config", args->path, "DeepSpeed JSON config (comments allowed)")
+      ->required();
+  check->add_option("--world-size", args->world_size,
+                    "Data-parallel ranks: checks train_batch_size = micro * grad_accum * N and "
+                    "derives the missing one")
+      ->check(CLI::PositiveNumber);
+  check->add_option("--hidden-size", args->hidden_size,
+                    "Model hidden size: fills the zero_optimization \"auto\" sizes as Hugging Face "
+                    "does (h*h, 0.9*h*h, 10*h)")
+      ->check(CLI::PositiveNumber);
+  check->add_option("--set", args->set,
+                    "KEY=VALUE (dotted JSON path, JSON value) for an \"auto\" or absent batch key; "
+                    "repeatable, e.g. --set train_micro_batch_size_per_gpu=4")
+      ->allow_extra_args(false);
+  check->add_flag("--require-resolved", args->require_resolved,
+                  "An \"auto\" left unresolved is an error (what a run needs)");
+  check->add_flag("--strict", args->strict, "Turn every warning into an error");
+  check->add_flag("--here", args->here,
+                  "Also check this machine: each nvme_path in use exists, is a writable "
+                  "directory, and its free space");
+  check->add_flag("--json", args->json, "Print the result as JSON");
+  check->callback([args, exit_code] { *exit_code = RunCheck(*args); });
+}
+
+}  // namespace strata::cli
