@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -153,33 +154,53 @@ class HostDevice final : public Device {
     streams_[1].reset();
     for (auto& [p, n] : live_) std::free(p);
     for (auto& d : deferred_) std::free(d.ptr);
+    for (auto& [n, p] : cached_) std::free(p);
   }
 
   std::string name() const override { return "host-standin"; }
   bool host_addressable() const override { return true; }
 
+  // Freed memory is cached by size (like a CUDA pool) so a steady step neither maps nor
+  // page-faults; cached plus used bytes stay within the budget.
   Result<void*> Allocate(uint64_t size_bytes) override {
     if (size_bytes == 0) return Status::InvalidArgument("HostDevice::Allocate: size 0");
-    uint64_t rounded = (size_bytes + kAlign - 1) / kAlign * kAlign;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (used_ + rounded > options_.budget_bytes) {
-        return Status::ResourceExhausted("HostDevice: allocating " + std::to_string(rounded) +
-                                         " bytes would exceed the budget of " +
-                                         std::to_string(options_.budget_bytes) + " (in use " +
-                                         std::to_string(used_) + ")");
-      }
-      used_ += rounded;
-      peak_ = std::max(peak_, used_);
-    }
-    void* p = std::aligned_alloc(kAlign, rounded);
+    const uint64_t rounded = (size_bytes + kAlign - 1) / kAlign * kAlign;
     std::lock_guard<std::mutex> l(mu_);
-    if (p == nullptr) {
-      used_ -= rounded;
-      return Status::ResourceExhausted("HostDevice: host allocation failed");
+    if (used_ + rounded > options_.budget_bytes) {
+      return Status::ResourceExhausted("HostDevice: allocating " + std::to_string(rounded) +
+                                       " bytes would exceed the budget of " +
+                                       std::to_string(options_.budget_bytes) + " (in use " +
+                                       std::to_string(used_) + ")");
     }
+    void* p = nullptr;
+    if (auto it = cached_.find(rounded); it != cached_.end()) {
+      p = it->second;
+      cached_.erase(it);
+      cached_bytes_ -= rounded;
+    } else {
+      while (!cached_.empty() && used_ + cached_bytes_ + rounded > options_.budget_bytes) {
+        auto victim = std::prev(cached_.end());  // largest first
+        std::free(victim->second);
+        cached_bytes_ -= victim->first;
+        cached_.erase(victim);
+      }
+      p = std::aligned_alloc(kAlign, rounded);
+      if (p == nullptr) return Status::ResourceExhausted("HostDevice: host allocation failed");
+    }
+    used_ += rounded;
+    peak_ = std::max(peak_, used_);
     live_.emplace(p, rounded);
     return p;
+  }
+
+  // REQUIRES: mu_ held.
+  void Recycle(void* p, uint64_t n) {
+    if (used_ + cached_bytes_ + n <= options_.budget_bytes) {
+      cached_.emplace(n, p);
+      cached_bytes_ += n;
+    } else {
+      std::free(p);
+    }
   }
 
   // Stream-ordered like cudaFreeAsync: the budget is returned now; the memory itself once both
@@ -190,12 +211,13 @@ class HostDevice final : public Device {
     std::lock_guard<std::mutex> l(mu_);
     auto it = live_.find(ptr);
     if (it == live_.end()) return Status::InvalidArgument("HostDevice::Free: unknown pointer");
-    used_ -= it->second;
+    const uint64_t n = it->second;
+    used_ -= n;
     live_.erase(it);
     if (streams_[0]->Done(seq[0]) && streams_[1]->Done(seq[1])) {
-      std::free(ptr);
+      Recycle(ptr, n);
     } else {
-      deferred_.push_back({ptr, seq[0], seq[1]});
+      deferred_.push_back({ptr, n, {seq[0], seq[1]}});
     }
     return Status::OK();
   }
@@ -231,7 +253,7 @@ class HostDevice final : public Device {
     if (closing_) return;
     for (size_t i = 0; i < deferred_.size();) {
       if (streams_[0]->Done(deferred_[i].seq[0]) && streams_[1]->Done(deferred_[i].seq[1])) {
-        std::free(deferred_[i].ptr);
+        Recycle(deferred_[i].ptr, deferred_[i].size_bytes);
         deferred_[i] = deferred_.back();
         deferred_.pop_back();
       } else {
@@ -263,8 +285,11 @@ class HostDevice final : public Device {
   std::unordered_map<void*, uint64_t> live_;
   struct Deferred {
     void* ptr;
+    uint64_t size_bytes;
     uint64_t seq[2];
   };
+  std::multimap<uint64_t, void*> cached_;  // freed and reusable, by size
+  uint64_t cached_bytes_ = 0;
   std::vector<Deferred> deferred_;  // freed, waiting for earlier copies to finish
   bool closing_ = false;
   std::unique_ptr<Stream> streams_[2];

@@ -197,6 +197,22 @@ TEST(HostDeviceTest, CallbackMayNotReenterTheStream) {
   EXPECT_EQ(inner.code(), Status::Code::kFailedPrecondition);
 }
 
+TEST(HostDeviceTest, FreedMemoryIsReusedWithinTheBudget) {
+  auto d = CreateHostDevice({.budget_bytes = 1 << 20});
+  ASSERT_TRUE(d.ok());
+  auto a = (*d)->Allocate(256 << 10);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*d)->Free(*a).ok());
+  auto b = (*d)->Allocate(256 << 10);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*b, *a);  // cached, like a CUDA pool: no new mapping, no page faults
+  // Cached bytes give way to a request that needs the whole budget.
+  ASSERT_TRUE((*d)->Free(*b).ok());
+  auto c = (*d)->Allocate(1 << 20);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE((*d)->Free(*c).ok());
+}
+
 TEST(HostDeviceTest, InvalidOptions) {
   HostDeviceOptions o;
   o.budget_bytes = 0;
