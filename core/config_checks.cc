@@ -42,9 +42,10 @@ void CheckBatch(Reader& r, EngineConfig& c, Json* root) {
                   " * world_size " + ws + " = " + I(mg * *w));
     } else if (!w && t.value() % mg != 0) {
       r.Error(Kind::kConflict, "train_batch_size",
-              "train_batch_size " + I(t.value()) + " is not a multiple of "
-              "train_micro_batch_size_per_gpu * gradient_accumulation_steps = " + I(mg) +
-                  ": no world size multiplies out");
+              "train_batch_size " + I(t.value()) +
+                  " is not a multiple of "
+                  "train_micro_batch_size_per_gpu * gradient_accumulation_steps = " +
+                  I(mg) + ": no world size multiplies out");
     }
     return;
   }
@@ -59,9 +60,10 @@ void CheckBatch(Reader& r, EngineConfig& c, Json* root) {
     }
     if (t.value() % (m.value() * *w) != 0) {
       r.Error(Kind::kConflict, "train_batch_size",
-              "train_batch_size " + I(t.value()) + " is not divisible by "
-              "train_micro_batch_size_per_gpu " + I(m.value()) + " * world_size " + ws +
-                  ": no whole gradient_accumulation_steps");
+              "train_batch_size " + I(t.value()) +
+                  " is not divisible by "
+                  "train_micro_batch_size_per_gpu " +
+                  I(m.value()) + " * world_size " + ws + ": no whole gradient_accumulation_steps");
       return;
     }
     set(g, "gradient_accumulation_steps", t.value() / (m.value() * *w));
@@ -76,8 +78,10 @@ void CheckBatch(Reader& r, EngineConfig& c, Json* root) {
     }
     if (t.value() % (g.value() * *w) != 0) {
       r.Error(Kind::kConflict, "train_batch_size",
-              "train_batch_size " + I(t.value()) + " is not divisible by "
-              "gradient_accumulation_steps " + I(g.value()) + " * world_size " + ws +
+              "train_batch_size " + I(t.value()) +
+                  " is not divisible by "
+                  "gradient_accumulation_steps " +
+                  I(g.value()) + " * world_size " + ws +
                   ": no whole train_micro_batch_size_per_gpu");
       return;
     }
@@ -145,8 +149,7 @@ void CheckOffload(Reader& r, EngineConfig& c) {
 void CheckAcrossKeys(Reader& r, EngineConfig& c, Json* root) {
   CheckBatch(r, c, root);
   if (c.fp16.enabled.value_or(false) && c.bf16.enabled.value_or(false)) {
-    r.Error(Kind::kConflict, "bf16.enabled",
-            "fp16 and bf16 are both enabled; enable at most one");
+    r.Error(Kind::kConflict, "bf16.enabled", "fp16 and bf16 are both enabled; enable at most one");
   }
   CheckOffload(r, c);
 }
@@ -187,7 +190,8 @@ void CheckPath(Reader& r, const std::string& key, const std::string& dir) {
 
 void CheckHere(Reader& r, const EngineConfig& c) {
   const ZeroConfig& z = c.zero;
-  if (z.offload_optimizer.device == OffloadDevice::kNvme && !z.offload_optimizer.nvme_path.empty()) {
+  if (z.offload_optimizer.device == OffloadDevice::kNvme &&
+      !z.offload_optimizer.nvme_path.empty()) {
     CheckPath(r, "zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_path);
   }
   if (z.offload_param.device == OffloadDevice::kNvme && !z.offload_param.nvme_path.empty()) {

@@ -58,7 +58,8 @@ void ReadDevice(Reader& r, Section& s, OffloadDevice* out) {
     r.Warn(Kind::kCase, path,
            "device \"" + name + "\" is read as \"" + low +
                "\"; DeepSpeed matches device names exactly (older versions treat it as no "
-               "offload, newer ones reject it): write \"" + low + "\"");
+               "offload, newer ones reject it): write \"" +
+               low + "\"");
   }
 }
 
@@ -138,9 +139,9 @@ void ReadZero(Reader& r, Section& root, ZeroConfig* z, bool* overlap_given) {
     // DeepSpeed's oldest form: "zero_optimization": true means stage 1.
     bool on = raw->get<bool>();
     z->stage = on ? 1 : 0;
-    r.Warn(Kind::kDeprecated, "zero_optimization",
-           std::string("a boolean here is deprecated; read as {\"stage\": ") + (on ? "1" : "0") +
-               "}");
+    r.Warn(
+        Kind::kDeprecated, "zero_optimization",
+        std::string("a boolean here is deprecated; read as {\"stage\": ") + (on ? "1" : "0") + "}");
     return;
   }
   Section s = r.Child(root, "zero_optimization");
@@ -177,10 +178,11 @@ void ReadZero(Reader& r, Section& root, ZeroConfig* z, bool* overlap_given) {
   r.Int(s, {"stage3_max_live_parameters", "max_live_parameters"}, &z->stage3_max_live_parameters);
   r.Int(s, {"stage3_max_reuse_distance", "max_reuse_distance"}, &z->stage3_max_reuse_distance);
   std::string gather_used;
-  Json* g = r.Find(s,
-                   {"stage3_gather_16bit_weights_on_model_save",
-                    "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"},
-                   &gather_used);
+  Json* g =
+      r.Find(s,
+             {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+              "stage3_gather_fp16_weights_on_model_save"},
+             &gather_used);
   if (g != nullptr) {
     std::string path = r.PathOf(s, gather_used);
     if (!r.IsUnresolvedAuto(g, path, AutoPolicy::kNo)) {
@@ -246,9 +248,10 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   Json doc;
   if (!config_internal::ParseJsonStrict(stripped, &doc, &check.errors)) return check;
   if (!doc.is_object()) {
-    check.errors.push_back(ConfigDiagnostic{
-        Kind::kType, "", "expected a JSON object at the top level, got " +
-                             std::string(config_internal::JsonTypeName(doc)), 0, 0});
+    check.errors.push_back(ConfigDiagnostic{Kind::kType, "",
+                                            "expected a JSON object at the top level, got " +
+                                                std::string(config_internal::JsonTypeName(doc)),
+                                            0, 0});
     return check;
   }
   // Hugging Face's fill-in for the ZeRO sizes from the model's hidden size.
@@ -267,8 +270,8 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
     }
   }
   // Supplied values also fill batch keys that are absent, as a trainer does.
-  for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu",
-                        "gradient_accumulation_steps"}) {
+  for (const char* k :
+       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
     auto it = opts.auto_values.find(k);
     if (it != opts.auto_values.end() && !doc.contains(k)) doc[k] = "auto";
   }
@@ -286,7 +289,8 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   config_internal::ReadSchedulerAndAio(r, root, &c.scheduler, &c.aio);
   bool overlap_given = false;
   ReadZero(r, root, &c.zero, &overlap_given);
-  if (!overlap_given) c.zero.overlap_comm = c.zero.stage == 3;  // DeepSpeed's stage-dependent default
+  if (!overlap_given)
+    c.zero.overlap_comm = c.zero.stage == 3;  // DeepSpeed's stage-dependent default
   r.FinishSection(root);
   config_internal::CheckAcrossKeys(r, c, &doc);
   if (options.check_here) config_internal::CheckHere(r, c);
@@ -319,7 +323,7 @@ Result<ParsedConfig> ParseDeepSpeedConfig(std::string_view text, const ParseOpti
   ConfigCheck check = CheckDeepSpeedConfig(text, options);
   if (check.ok()) return std::move(*check.parsed);
   std::string msg = options.source_name.empty() ? "invalid DeepSpeed config"
-                                                 : "invalid DeepSpeed config " + options.source_name;
+                                                : "invalid DeepSpeed config " + options.source_name;
   for (const ConfigDiagnostic& e : check.errors) msg += "\n  " + e.ToString();
   return Status::InvalidArgument(msg);
 }
@@ -346,8 +350,7 @@ Result<ParsedConfig> LoadDeepSpeedConfig(const std::string& path, const ParseOpt
   return ParseDeepSpeedConfig(text, o);
 }
 
-Result<ConfigCheck> CheckDeepSpeedConfigFile(const std::string& path,
-                                             const ParseOptions& options) {
+Result<ConfigCheck> CheckDeepSpeedConfigFile(const std::string& path, const ParseOptions& options) {
   STRATA_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   ParseOptions o = options;
   if (o.source_name.empty()) o.source_name = path;

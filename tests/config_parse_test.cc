@@ -186,7 +186,8 @@ TEST(ConfigParse, OverlapCommDefaultsToTrueOnlyAtStage3) {
   EXPECT_FALSE(MustParse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2}})")
                    .config.zero.overlap_comm);
   EXPECT_FALSE(MustParse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
-      "overlap_comm": false}})").config.zero.overlap_comm);
+      "overlap_comm": false}})")
+                   .config.zero.overlap_comm);
 }
 
 TEST(ConfigParse, OptimizerDefaultsAndAdamWForcesDecoupledDecay) {
@@ -217,8 +218,8 @@ TEST(ConfigParse, SchedulerParamsAreKeptAsGiven) {
   EXPECT_EQ(p.config.scheduler.params.at("cycle_momentum"), "true");
   EXPECT_EQ(p.config.scheduler.params.at("decay_step_size"), "1000");
   for (const char* t : {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "LRRangeTest"}) {
-    ParsedConfig q = MustParse(std::string(R"({"train_batch_size": 8, "scheduler": {"type": ")") +
-                               t + "\"}}");
+    ParsedConfig q =
+        MustParse(std::string(R"({"train_batch_size": 8, "scheduler": {"type": ")") + t + "\"}}");
     EXPECT_EQ(SchedulerTypeName(q.config.scheduler.type), t);
   }
 }
@@ -238,13 +239,20 @@ TEST(ConfigParse, AutoIsKeptAndListedInDocumentOrder) {
   EXPECT_TRUE(c.optimizer.betas.is_auto());
   EXPECT_TRUE(c.zero.reduce_bucket_size.is_auto());
   EXPECT_EQ(c.scheduler.params.at("warmup_num_steps"), "\"auto\"");
-  std::vector<std::string> expected = {
-      "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-      "gradient_clipping", "fp16.enabled", "bf16.enabled", "optimizer.params.lr",
-      "optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay",
-      "scheduler.params.warmup_num_steps", "zero_optimization.reduce_bucket_size",
-      "zero_optimization.stage3_prefetch_bucket_size",
-      "zero_optimization.stage3_param_persistence_threshold"};
+  std::vector<std::string> expected = {"train_batch_size",
+                                       "train_micro_batch_size_per_gpu",
+                                       "gradient_accumulation_steps",
+                                       "gradient_clipping",
+                                       "fp16.enabled",
+                                       "bf16.enabled",
+                                       "optimizer.params.lr",
+                                       "optimizer.params.betas",
+                                       "optimizer.params.eps",
+                                       "optimizer.params.weight_decay",
+                                       "scheduler.params.warmup_num_steps",
+                                       "zero_optimization.reduce_bucket_size",
+                                       "zero_optimization.stage3_prefetch_bucket_size",
+                                       "zero_optimization.stage3_param_persistence_threshold"};
   EXPECT_EQ(p.unresolved_auto, expected);
 }
 
@@ -288,7 +296,8 @@ TEST(ConfigParse, SuppliedValuesAreTypeChecked) {
   ParseOptions o;
   o.auto_values = {{"train_micro_batch_size_per_gpu", "\"many\""}, {"optimizer.params.lr", "{"}};
   ConfigCheck c = CheckDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": "auto",
-      "optimizer": {"type": "Adam", "params": {"lr": "auto"}}})", o);
+      "optimizer": {"type": "Adam", "params": {"lr": "auto"}}})",
+                                       o);
   EXPECT_NE(FindDiag(c.errors, Kind::kType, "train_micro_batch_size_per_gpu"), nullptr)
       << Dump(c.errors);
   EXPECT_NE(FindDiag(c.errors, Kind::kType, "optimizer.params.lr"), nullptr) << Dump(c.errors);
@@ -318,8 +327,7 @@ TEST(ConfigParse, KeyAndItsAliasTogetherIsAnError) {
       "intra_op_parallelism": 2}, "zero_optimization": {"stage3_prefetch_bucket_size": 1,
       "prefetch_bucket_size": 2}})");
   EXPECT_NE(FindDiag(c.errors, Kind::kConflict, "aio.thread_count"), nullptr) << Dump(c.errors);
-  EXPECT_NE(FindDiag(c.errors, Kind::kConflict, "zero_optimization.prefetch_bucket_size"),
-            nullptr)
+  EXPECT_NE(FindDiag(c.errors, Kind::kConflict, "zero_optimization.prefetch_bucket_size"), nullptr)
       << Dump(c.errors);
 }
 
