@@ -79,13 +79,12 @@ std::string_view DiagnosticKindName(ConfigDiagnostic::Kind k) noexcept {
 }
 
 std::string ConfigDiagnostic::ToString() const {
-  std::string s;
+  std::string s = path.empty() ? std::string() : path;
   if (line > 0) {
-    s = "line " + std::to_string(line) + ", column " + std::to_string(column);
-    if (!path.empty()) s += " (" + path + ")";
-  } else {
-    s = path.empty() ? std::string("(root)") : path;
+    std::string where = "line " + std::to_string(line) + ", column " + std::to_string(column);
+    s = s.empty() ? where : s + " (" + where + ")";
   }
+  if (s.empty()) s = "(root)";
   s += ": ";
   s += message;
   return s;

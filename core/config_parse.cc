@@ -246,7 +246,15 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
     return check;
   }
   Json doc;
-  if (!config_internal::ParseJsonStrict(stripped, &doc, &check.errors)) return check;
+  if (!config_internal::ParseJsonStrict(stripped, &doc, &check.errors)) {
+    bool syntax = std::any_of(check.errors.begin(), check.errors.end(),
+                              [](const ConfigDiagnostic& d) { return d.kind == Kind::kSyntax; });
+    if (!syntax) {  // duplicate keys only: the text is well-formed, so keys can be located
+      config_internal::LocateDiagnostics(config_internal::IndexKeyPositions(stripped),
+                                         &check.errors);
+    }
+    return check;
+  }
   if (!doc.is_object()) {
     check.errors.push_back(ConfigDiagnostic{Kind::kType, "",
                                             "expected a JSON object at the top level, got " +
@@ -301,6 +309,15 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
     r.Error(Kind::kUnresolvedAuto, r.unresolved().front(),
             "\"auto\" values need the trainer's values, still unresolved: " + list);
   }
+  for (const auto& [key, value] : options.auto_values) {
+    if (r.used_auto_values().count(key) == 0) {
+      check.notes.push_back("the value supplied for '" + key +
+                            "' is not used: the config has no \"auto\" there");
+    }
+  }
+  config_internal::KeyPositions positions = config_internal::IndexKeyPositions(stripped);
+  config_internal::LocateDiagnostics(positions, &check.errors);
+  config_internal::LocateDiagnostics(positions, &check.warnings);
   if (options.strict) {
     for (ConfigDiagnostic& w : check.warnings) {
       w.message += " (an error under --strict)";
@@ -317,6 +334,11 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   parsed.normalized_json = doc.dump();
   check.parsed = std::move(parsed);
   return check;
+}
+
+Result<ParsedConfig> ResolveDeepSpeedConfig(const ParsedConfig& parsed,
+                                            const ParseOptions& options) {
+  return ParseDeepSpeedConfig(parsed.normalized_json, options);
 }
 
 Result<ParsedConfig> ParseDeepSpeedConfig(std::string_view text, const ParseOptions& options) {

@@ -118,6 +118,7 @@ bool Reader::IsUnresolvedAuto(Json* v, const std::string& path, AutoPolicy polic
       return true;
     }
     *v = std::move(supplied);
+    used_auto_values_.insert(path);
     return false;
   }
   unresolved_.push_back(path);

@@ -79,12 +79,15 @@ class Reader {
   const ParseOptions& options() const { return opts_; }
   std::vector<UnactedKey>& unacted() { return unacted_; }
   std::vector<std::string>& unresolved() { return unresolved_; }
+  // Paths of ParseOptions::auto_values that replaced an "auto".
+  const std::set<std::string>& used_auto_values() const { return used_auto_values_; }
 
  private:
   const ParseOptions& opts_;
   ConfigCheck* check_;
   std::vector<UnactedKey> unacted_;
   std::vector<std::string> unresolved_;
+  std::set<std::string> used_auto_values_;
 };
 
 // "a JSON string", "a number", ... for messages.

@@ -149,6 +149,90 @@ std::string FramePath(const std::vector<Frame>& frames, const std::string& last_
 
 }  // namespace
 
+KeyPositions IndexKeyPositions(std::string_view s) {
+  KeyPositions index;
+  struct Level {
+    bool is_object;
+    std::string key;   // current member key (objects)
+    size_t index = 0;  // current element (arrays)
+    bool expect_key = true;
+  };
+  std::vector<Level> stack;
+  auto path_parts = [&stack](bool with_last_key) {
+    std::vector<std::string> parts;
+    for (size_t i = 0; i < stack.size(); ++i) {
+      const Level& l = stack[i];
+      bool last = i + 1 == stack.size();
+      if (l.is_object) {
+        if (!last || with_last_key) parts.push_back(l.key);
+      } else if (!last) {
+        parts.push_back("[" + std::to_string(l.index) + "]");
+      }
+    }
+    return parts;
+  };
+  int line = 1;
+  int col = 1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (c == '"') {
+      int start_line = line;
+      int start_col = col;
+      std::string text;
+      size_t j = i + 1;
+      for (; j < s.size() && s[j] != '"'; ++j) {
+        if (s[j] == '\\' && j + 1 < s.size()) text += s[j++];
+        text += s[j];
+      }
+      col += static_cast<int>(j - i + 1);  // strings hold no raw newlines in valid JSON
+      i = j;
+      if (!stack.empty() && stack.back().is_object && stack.back().expect_key) {
+        // Keys with escapes are indexed as written; DeepSpeed keys have none.
+        stack.back().key = text;
+        stack.back().expect_key = false;
+        index[JoinPath(path_parts(true))].push_back({start_line, start_col});
+      }
+      continue;
+    }
+    if (c == '{' || c == '[') {
+      stack.push_back(Level{c == '{', {}, 0, true});
+    } else if (c == '}' || c == ']') {
+      if (!stack.empty()) stack.pop_back();
+    } else if (c == ',' && !stack.empty()) {
+      if (stack.back().is_object) {
+        stack.back().expect_key = true;
+      } else {
+        ++stack.back().index;
+      }
+    }
+    if (c == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return index;
+}
+
+void LocateDiagnostics(const KeyPositions& index, std::vector<ConfigDiagnostic>* diags) {
+  for (ConfigDiagnostic& d : *diags) {
+    if (d.line > 0) continue;
+    std::string path = d.path;
+    while (!path.empty()) {
+      auto it = index.find(path);
+      if (it != index.end()) {
+        size_t which = d.kind == ConfigDiagnostic::Kind::kDuplicateKey && it->second.size() > 1;
+        d.line = it->second[which].first;
+        d.column = it->second[which].second;
+        break;
+      }
+      size_t cut = path.find_last_of(".[");
+      path = cut == std::string::npos ? std::string() : path.substr(0, cut);
+    }
+  }
+}
+
 bool ParseJsonStrict(std::string_view stripped, nlohmann::ordered_json* out,
                      std::vector<ConfigDiagnostic>* errors) {
   using Json = nlohmann::ordered_json;

@@ -301,6 +301,56 @@ TEST(ConfigCheck, StrictTurnsEveryWarningIntoAnError) {
   }
 }
 
+TEST(ConfigCheck, DiagnosticsCarryTheLineAndColumnOfTheirKey) {
+  const char* text =
+      "{\n"
+      "  \"train_batch_size\": 8,\n"
+      "  \"zero_optimization\": {\n"
+      "    \"stage\": 4,\n"
+      "    \"offload_optimizer\": {\"device\": \"nvme\"},\n"
+      "    /* comment */ \"overlap_com\": true\n"
+      "  }\n"
+      "}";
+  ConfigCheck c = CheckDeepSpeedConfig(text);
+  const ConfigDiagnostic* stage = FindDiag(c.errors, Kind::kRange, "zero_optimization.stage");
+  ASSERT_NE(stage, nullptr) << Dump(c.errors);
+  EXPECT_EQ(stage->line, 4);
+  EXPECT_EQ(stage->column, 5);
+  EXPECT_EQ(stage->ToString().rfind("zero_optimization.stage (line 4, column 5): ", 0), 0u)
+      << stage->ToString();
+  // An absent key is located at its nearest enclosing key.
+  const ConfigDiagnostic* path =
+      FindDiag(c.errors, Kind::kConflict, "zero_optimization.offload_optimizer.nvme_path");
+  ASSERT_NE(path, nullptr) << Dump(c.errors);
+  EXPECT_EQ(path->line, 5);
+  EXPECT_EQ(path->column, 5);
+  const ConfigDiagnostic* typo =
+      FindDiag(c.warnings, Kind::kUnknownKey, "zero_optimization.overlap_com");
+  ASSERT_NE(typo, nullptr) << Dump(c.warnings);
+  EXPECT_EQ(typo->line, 6);
+  EXPECT_EQ(typo->column, 19);
+}
+
+TEST(ConfigCheck, DuplicateKeyPointsAtTheSecondOccurrence) {
+  ConfigCheck c = CheckDeepSpeedConfig("{\"a\": {\"x\": 1,\n  \"x\": 2}}");
+  const ConfigDiagnostic* d = FindDiag(c.errors, Kind::kDuplicateKey, "a.x");
+  ASSERT_NE(d, nullptr) << Dump(c.errors);
+  EXPECT_EQ(d->line, 2);
+  EXPECT_EQ(d->column, 3);
+}
+
+TEST(ConfigCheck, SuppliedValueWithoutAnAutoIsNoted) {
+  ParseOptions o;
+  o.auto_values = {{"optimizer.params.lr", "1e-4"}, {"train_micro_batch_size_per_gpu", "2"}};
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": "auto",
+      "optimizer": {"type": "Adam", "params": {"lr": 0.1}}})",
+                                       o);
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_NE(c.notes[0].find("'optimizer.params.lr' is not used"), std::string::npos);
+  EXPECT_DOUBLE_EQ(c.parsed->config.optimizer.lr.value(), 0.1);  // not overridden
+}
+
 // A unique directory under STRATA_TEST_TMPDIR, removed at the end of the test.
 class TempDir {
  public:

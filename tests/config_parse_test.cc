@@ -292,6 +292,25 @@ TEST(ConfigParse, AutoIsResolvedFromSuppliedValuesAndHiddenSize) {
   EXPECT_EQ(doc["optimizer"]["params"]["lr"], 1e-4);
 }
 
+TEST(ConfigParse, ResolveLaterWithMoreValues) {
+  ParsedConfig early = MustParse(R"({"train_micro_batch_size_per_gpu": 2,
+      "gradient_accumulation_steps": "auto",
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})");
+  ASSERT_EQ(early.unresolved_auto.size(), 2u);
+  ParseOptions o;
+  o.world_size = 4;
+  o.require_resolved = true;
+  o.auto_values = {{"gradient_accumulation_steps", "3"}};
+  Result<ParsedConfig> partial = ResolveDeepSpeedConfig(early, o);
+  ASSERT_FALSE(partial.ok());  // lr is still "auto"
+  EXPECT_NE(partial.status().message().find("optimizer.params.lr"), std::string::npos);
+  o.auto_values["optimizer.params.lr"] = "2e-5";
+  Result<ParsedConfig> done = ResolveDeepSpeedConfig(early, o);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_EQ(done->config.train_batch_size.value(), 2 * 3 * 4);
+  EXPECT_DOUBLE_EQ(done->config.optimizer.lr.value(), 2e-5);
+}
+
 TEST(ConfigParse, SuppliedValuesAreTypeChecked) {
   ParseOptions o;
   o.auto_values = {{"train_micro_batch_size_per_gpu", "\"many\""}, {"optimizer.params.lr", "{"}};

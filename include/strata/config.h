@@ -171,28 +171,48 @@ struct OffloadParamConfig {
 // `zero_optimization`: the ZeRO stage and its buckets and thresholds. Sizes count elements
 // (DeepSpeed's convention), not bytes.
 struct ZeroConfig {
-  int stage = 0;                             // [0] 0 DDP, 1 optimizer, 2 +grads, 3 +params.
+  // [0] What is sharded across the data-parallel ranks: 0 nothing (DDP), 1 optimizer state,
+  // 2 + gradients, 3 + parameters. Higher stages hold less per rank; stage 3 adds 50 % traffic.
+  int stage = 0;
   OffloadOptimizerConfig offload_optimizer;  // [absent = device none]
-  OffloadParamConfig offload_param;          // [absent = device none]
-  bool overlap_comm = false;                 // [true at stage 3, else false]
-  bool contiguous_gradients = true;          // [true]
-  bool reduce_scatter = true;                // [true]
-  AutoOr<int64_t> reduce_bucket_size = int64_t{500000000};  // [5e8] "auto": hidden_size^2.
-  bool allgather_partitions = true;                         // [true]
-  int64_t allgather_bucket_size = 500000000;                // [5e8]
-  int64_t sub_group_size = 1000000000;  // [1e9] elements per optimizer-step unit.
-  AutoOr<int64_t> stage3_prefetch_bucket_size = int64_t{50000000};       // [5e7] "auto": 0.9*h^2.
-  AutoOr<int64_t> stage3_param_persistence_threshold = int64_t{100000};  // [1e5] "auto": 10*h.
-  int64_t stage3_model_persistence_threshold = std::numeric_limits<int64_t>::max();  // [maxsize]
-  int64_t stage3_max_live_parameters = 1000000000;                                   // [1e9]
-  int64_t stage3_max_reuse_distance = 1000000000;                                    // [1e9]
-  // [false] (alias stage3_gather_fp16_weights_on_model_save) gather a full 16-bit state dict at
-  // save time.
+  OffloadParamConfig offload_param;          // [absent = device none] stage 3 only
+  // [true at stage 3, else false] Overlap gradient reduction with backward: faster, but needs
+  // room for in-flight buckets (about 4.5x reduce_bucket_size at stage 2).
+  bool overlap_comm = false;
+  // [true] Copy gradients into one contiguous buffer as they are produced: no fragmentation,
+  // one extra copy.
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;  // [true] reduce-scatter instead of all-reduce for gradients.
+  // [5e8] Elements reduced at a time. Larger = fewer, more efficient collectives, more memory.
+  // "auto" (Hugging Face): hidden_size^2.
+  AutoOr<int64_t> reduce_bucket_size = int64_t{500000000};
+  bool allgather_partitions = true;  // [true] all-gather (vs. broadcasts) updated params (1-2).
+  // [5e8] Elements all-gathered at a time (stages 1-2): size vs. efficiency as above.
+  int64_t allgather_bucket_size = 500000000;
+  // [1e9] Elements per optimizer-step unit (the NVMe swap and CPU Adam pipeline granularity).
+  // Smaller = less pinned memory per step, more per-unit overhead.
+  int64_t sub_group_size = 1000000000;
+  // [5e7] Parameter elements fetched ahead of use (stage 3). Larger hides more latency and holds
+  // more memory. "auto": 0.9 * hidden_size^2.
+  AutoOr<int64_t> stage3_prefetch_bucket_size = int64_t{50000000};
+  // [1e5] Parameters smaller than this stay unsharded on every rank: fewer tiny all-gathers,
+  // more memory. "auto": 10 * hidden_size.
+  AutoOr<int64_t> stage3_param_persistence_threshold = int64_t{100000};
+  // [int64 max] Cap on the total elements kept unsharded by the persistence threshold.
+  int64_t stage3_model_persistence_threshold = std::numeric_limits<int64_t>::max();
+  // [1e9] Gathered parameter elements resident per GPU before releasing: memory vs. re-fetches.
+  int64_t stage3_max_live_parameters = 1000000000;
+  // [1e9] Do not release a parameter reused within this many elements: memory vs. re-fetches.
+  int64_t stage3_max_reuse_distance = 1000000000;
+  // [false] (alias gather_16bit_weights_on_model_save, deprecated
+  // stage3_gather_fp16_weights_on_model_save) gather a full 16-bit state dict at save time:
+  // a loadable model file, at the cost of the full model's memory on one rank.
   bool stage3_gather_16bit_weights_on_model_save = false;
-  bool zero_quantized_weights = false;    // [false] ZeRO++ qwZ.
-  bool zero_quantized_gradients = false;  // [false] ZeRO++ qgZ.
-  int64_t zero_hpz_partition_size = 1;    // [1] ZeRO++ hpZ secondary partition size
-                                          // (ranks; 1 = off).
+  bool zero_quantized_weights = false;    // [false] ZeRO++ qwZ: int8 parameter all-gathers.
+  bool zero_quantized_gradients = false;  // [false] ZeRO++ qgZ: quantized gradient reduction.
+  // [1] ZeRO++ hpZ: ranks holding a secondary parameter copy (e.g. GPUs per node); 1 = off.
+  // Trades memory for intra-node all-gathers.
+  int64_t zero_hpz_partition_size = 1;
 };
 
 // A key DeepSpeed knows (or a known section's unknown key) that strata keeps but does not act on.
@@ -265,9 +285,10 @@ struct ConfigDiagnostic {
   Kind kind;
   std::string path;     // dotted JSON path ("zero_optimization.offload_param.device"); "" = root
   std::string message;  // what is wrong and what was expected / what will happen instead
-  int line = 0;         // 1-based; 0 = unknown
-  int column = 0;       // 1-based; 0 = unknown
-  std::string ToString() const;  // "path: message" or "line L, column C: message"
+  int line = 0;         // 1-based, of the key at `path` (or the nearest enclosing one, or
+  int column = 0;       // the malformed token); 0 = unknown (a key that is absent)
+  // "path (line L, column C): message"; parts that are unknown are left out.
+  std::string ToString() const;
 };
 std::string_view DiagnosticKindName(ConfigDiagnostic::Kind k) noexcept;
 
@@ -303,6 +324,12 @@ Result<ParsedConfig> LoadDeepSpeedConfig(const std::string& path, const ParseOpt
 // Reads `path` and checks it; a read failure is returned as Status.
 Result<ConfigCheck> CheckDeepSpeedConfigFile(const std::string& path,
                                              const ParseOptions& options = {});
+
+// Re-checks an earlier result with more values (typically: parsed at startup, resolved once the
+// trainer knows world size, batch sizes and hidden size). Values already substituted stay; the
+// warnings are recomputed. InvalidArgument as ParseDeepSpeedConfig.
+Result<ParsedConfig> ResolveDeepSpeedConfig(const ParsedConfig& parsed,
+                                            const ParseOptions& options);
 
 // The effective config (every field, defaults filled, "auto" where unresolved) as pretty JSON in
 // DeepSpeed's key names.
