@@ -112,14 +112,18 @@ void CheckOffload(Reader& r, EngineConfig& c) {
   ZeroConfig& z = c.zero;
   const std::string zo = "zero_optimization.offload_optimizer";
   const std::string zp = "zero_optimization.offload_param";
-  if (z.offload_optimizer.device == OffloadDevice::kNvme && z.offload_optimizer.nvme_path.empty()) {
+  if (z.offload_optimizer.device == OffloadDevice::kNvme && z.offload_optimizer.nvme_path.empty() &&
+      !r.IsUnresolved(zo + ".nvme_path")) {
     r.Error(Kind::kConflict, zo + ".nvme_path",
             "device \"nvme\" needs nvme_path: the directory for the optimizer swap files");
   }
-  if (z.offload_param.device == OffloadDevice::kNvme && z.offload_param.nvme_path.empty()) {
+  if (z.offload_param.device == OffloadDevice::kNvme && z.offload_param.nvme_path.empty() &&
+      !r.IsUnresolved(zp + ".nvme_path")) {
     r.Error(Kind::kConflict, zp + ".nvme_path",
             "device \"nvme\" needs nvme_path: the directory for the parameter swap files");
   }
+  // With the stage still "auto" (Accelerate fills it) nothing stage-dependent can be judged yet.
+  if (r.IsUnresolved("zero_optimization.stage")) return;
   if (z.offload_optimizer.ratio < 1.0 && z.stage != 3 &&
       z.offload_optimizer.device != OffloadDevice::kNone) {
     r.Error(Kind::kConflict, zo + ".ratio",

@@ -113,6 +113,19 @@ std::string EffectiveConfigJson(const EngineConfig& c, int indent) {
               {"overlap_events", a.overlap_events},
               {"use_gds", a.use_gds}};
   j["zero_optimization"] = ZeroJson(c.zero);
+  // Fields whose type cannot say "auto" (the stage, devices, paths) are marked from the list.
+  for (const std::string& path : c.unresolved_auto) {
+    Json* node = &j;
+    std::string rest = path;
+    for (size_t dot; node != nullptr && (dot = rest.find('.')) != std::string::npos;) {
+      auto it = node->find(rest.substr(0, dot));
+      node = it != node->end() && it->is_object() ? &*it : nullptr;
+      rest = rest.substr(dot + 1);
+    }
+    if (node == nullptr) continue;
+    if (!node->contains(rest) && node->contains("stage3_" + rest)) rest = "stage3_" + rest;
+    if (node->contains(rest)) (*node)[rest] = "auto";
+  }
   return j.dump(indent);
 }
 

@@ -35,6 +35,7 @@ void ReadDevice(Reader& r, Section& s, OffloadDevice* out) {
   Json* v = r.Find(s, {"device"}, &used);
   if (v == nullptr || v->is_null()) return;
   std::string path = r.PathOf(s, "device");
+  if (r.IsUnresolvedAuto(v, path, AutoPolicy::kYes)) return;  // Accelerate fills it
   if (!v->is_string()) {
     r.Error(Kind::kType, path,
             "expected one of \"none\", \"cpu\", \"nvme\", got " +
@@ -67,7 +68,7 @@ void ReadOffloadOptimizer(Reader& r, Section& zero, OffloadOptimizerConfig* o, b
   Section s = r.Child(zero, "offload_optimizer");
   if (!s.present()) return;
   ReadDevice(r, s, &o->device);
-  r.String(s, {"nvme_path"}, &o->nvme_path);
+  r.String(s, {"nvme_path"}, &o->nvme_path, AutoPolicy::kYes);
   r.Int(s, {"buffer_count"}, &o->buffer_count, 0);
   *pin_given = r.Bool(s, {"pin_memory"}, &o->pin_memory);
   r.Bool(s, {"pipeline_read"}, &o->pipeline_read);
@@ -84,7 +85,7 @@ void ReadOffloadParam(Reader& r, Section& zero, OffloadParamConfig* p, bool* pin
   Section s = r.Child(zero, "offload_param");
   if (!s.present()) return;
   ReadDevice(r, s, &p->device);
-  r.String(s, {"nvme_path"}, &p->nvme_path);
+  r.String(s, {"nvme_path"}, &p->nvme_path, AutoPolicy::kYes);
   r.Int(s, {"buffer_count"}, &p->buffer_count, 0);
   r.Int(s, {"buffer_size"}, &p->buffer_size, 0);
   r.Int(s, {"max_in_cpu"}, &p->max_in_cpu, 0);
@@ -147,7 +148,7 @@ void ReadZero(Reader& r, Section& root, ZeroConfig* z, bool* overlap_given) {
   Section s = r.Child(root, "zero_optimization");
   if (!s.present()) return;
   int64_t stage = 0;
-  if (r.Int(s, {"stage"}, &stage, 0)) {
+  if (r.Int(s, {"stage"}, &stage, 0, AutoPolicy::kYes)) {
     if (stage > 3) {
       r.Error(Kind::kRange, r.PathOf(s, "stage"),
               "expected a ZeRO stage 0, 1, 2 or 3, got " + std::to_string(stage));
@@ -185,7 +186,7 @@ void ReadZero(Reader& r, Section& root, ZeroConfig* z, bool* overlap_given) {
              &gather_used);
   if (g != nullptr) {
     std::string path = r.PathOf(s, gather_used);
-    if (!r.IsUnresolvedAuto(g, path, AutoPolicy::kNo)) {
+    if (!r.IsUnresolvedAuto(g, path, AutoPolicy::kYes)) {
       if (auto b = r.ToBool(*g, path)) z->stage3_gather_16bit_weights_on_model_save = *b;
     }
     if (gather_used == "stage3_gather_fp16_weights_on_model_save") {
@@ -297,8 +298,7 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   config_internal::ReadSchedulerAndAio(r, root, &c.scheduler, &c.aio);
   bool overlap_given = false;
   ReadZero(r, root, &c.zero, &overlap_given);
-  if (!overlap_given)
-    c.zero.overlap_comm = c.zero.stage == 3;  // DeepSpeed's stage-dependent default
+  if (!overlap_given) c.zero.overlap_comm = c.zero.stage == 3;  // DeepSpeed's default by stage
   r.FinishSection(root);
   config_internal::CheckAcrossKeys(r, c, &doc);
   if (options.check_here) config_internal::CheckHere(r, c);
@@ -327,6 +327,7 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   }
   if (!check.ok()) return check;
   c.unacted_keys = std::move(r.unacted());
+  c.unresolved_auto = r.unresolved();
   ParsedConfig parsed;
   parsed.config = std::move(c);
   parsed.warnings = check.warnings;

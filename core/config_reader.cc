@@ -125,6 +125,10 @@ bool Reader::IsUnresolvedAuto(Json* v, const std::string& path, AutoPolicy polic
   return true;
 }
 
+bool Reader::IsUnresolved(std::string_view path) const {
+  return std::find(unresolved_.begin(), unresolved_.end(), path) != unresolved_.end();
+}
+
 void Reader::MarkResolved(const std::string& path) {
   unresolved_.erase(std::remove(unresolved_.begin(), unresolved_.end(), path), unresolved_.end());
 }
@@ -197,12 +201,12 @@ std::optional<bool> Reader::ToBool(const Json& v, const std::string& path) {
 }
 
 bool Reader::Int(Section& s, std::initializer_list<std::string_view> names, int64_t* out,
-                 int64_t min) {
+                 int64_t min, AutoPolicy policy) {
   std::string used;
   Json* v = Find(s, names, &used);
   if (v == nullptr) return false;
   std::string path = PathOf(s, used);
-  if (IsUnresolvedAuto(v, path, AutoPolicy::kNo)) return false;
+  if (IsUnresolvedAuto(v, path, policy)) return false;
   auto r = ToInt(*v, path, min);
   if (r) *out = *r;
   return r.has_value();
@@ -250,12 +254,13 @@ bool Reader::AutoDouble(Section& s, std::initializer_list<std::string_view> name
   return r.has_value();
 }
 
-bool Reader::Bool(Section& s, std::initializer_list<std::string_view> names, bool* out) {
+bool Reader::Bool(Section& s, std::initializer_list<std::string_view> names, bool* out,
+                  AutoPolicy policy) {
   std::string used;
   Json* v = Find(s, names, &used);
   if (v == nullptr) return false;
   std::string path = PathOf(s, used);
-  if (IsUnresolvedAuto(v, path, AutoPolicy::kNo)) return false;
+  if (IsUnresolvedAuto(v, path, policy)) return false;
   auto r = ToBool(*v, path);
   if (r) *out = *r;
   return r.has_value();
@@ -276,10 +281,12 @@ bool Reader::AutoBool(Section& s, std::initializer_list<std::string_view> names,
   return r.has_value();
 }
 
-bool Reader::String(Section& s, std::initializer_list<std::string_view> names, std::string* out) {
+bool Reader::String(Section& s, std::initializer_list<std::string_view> names, std::string* out,
+                    AutoPolicy policy) {
   std::string used;
   Json* v = Find(s, names, &used);
   if (v == nullptr || v->is_null()) return false;
+  if (policy == AutoPolicy::kYes && IsUnresolvedAuto(v, PathOf(s, used), policy)) return false;
   if (!v->is_string()) {
     Error(ConfigDiagnostic::Kind::kType, PathOf(s, used),
           "expected a string, got " + std::string(JsonTypeName(*v)) + " " + Compact(*v));

@@ -192,10 +192,30 @@ TEST(ConfigCheck, UnresolvedAutoNamesEveryKeyWhenValuesAreNeeded) {
 }
 
 TEST(ConfigCheck, AutoWhereNoTrainerFillsItIsAnError) {
-  ExpectError(R"({"zero_optimization": {"stage": "auto"}})", Kind::kType, "zero_optimization.stage",
+  ExpectError(R"({"aio": {"block_size": "auto"}})", Kind::kType, "aio.block_size",
               "\"auto\" is not accepted here");
   ExpectError(R"({"zero_optimization": {"sub_group_size": "auto"}})", Kind::kType,
               "zero_optimization.sub_group_size", "\"auto\" is not accepted here");
+}
+
+TEST(ConfigCheck, AccelerateAutoKeysDeferTheChecksThatNeedThem) {
+  // An "auto" stage: offload settings cannot be judged yet, so no stage warnings.
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "zero_optimization": {
+      "stage": "auto", "offload_param": {"device": "cpu"},
+      "offload_optimizer": {"device": "nvme", "nvme_path": "auto"}}})");
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  EXPECT_TRUE(c.warnings.empty()) << Dump(c.warnings);
+  EXPECT_EQ(c.parsed->config.zero.offload_optimizer.nvme_path, "");  // not the path "auto"
+  EXPECT_EQ(c.parsed->unresolved_auto,
+            (std::vector<std::string>{"zero_optimization.stage",
+                                      "zero_optimization.offload_optimizer.nvme_path"}));
+  ParseOptions o;
+  o.require_resolved = true;
+  o.auto_values["zero_optimization.stage"] = "3";
+  ExpectError(R"({"zero_optimization": {"stage": "auto", "offload_optimizer": {"device": "nvme",
+      "nvme_path": "auto"}}, "train_batch_size": 8})",
+              Kind::kUnresolvedAuto, "zero_optimization.offload_optimizer.nvme_path",
+              "still unresolved", o);
 }
 
 TEST(ConfigCheck, PartialOffloadBelowStage3IsAnError) {

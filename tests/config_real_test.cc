@@ -3,7 +3,12 @@
 #include <cstdlib>
 #include <string>
 
+#include <algorithm>
+#include <vector>
+
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 
 #include "strata/config.h"
 #include "tests/config_test_util.h"
@@ -53,7 +58,8 @@ INSTANTIATE_TEST_SUITE_P(Published, RealConfigs,
                                            "axolotl_zero3_bf16_cpuoffload_all.json",
                                            "dse_ds_zero_stage_infinity_config.json",
                                            "dse_ds_zero_stage_3_config_release.json",
-                                           "dse_ds_zero-offload_10B_config.json"));
+                                           "dse_ds_zero-offload_10B_config.json",
+                                           "accelerate_docs_ds_config_auto.json"));
 
 TEST(RealConfig, HuggingFaceZero2AllAutoResolvesWithTrainerValues) {
   ConfigCheck c = MustCheck(Fixture("hf_ds_config_zero2.json"));
@@ -181,6 +187,34 @@ TEST(RealConfig, ZeroOffload10BMultipliesOutForTenRanks) {
       CheckDeepSpeedConfigFile(Fixture("dse_ds_zero-offload_10B_config.json"), o);
   ASSERT_TRUE(bad.ok());
   EXPECT_NE(FindDiag(bad->errors, Kind::kConflict, "train_batch_size"), nullptr);
+}
+
+TEST(RealConfig, AccelerateFillsTheStageAndTheDevices) {
+  ConfigCheck c = MustCheck(Fixture("accelerate_docs_ds_config_auto.json"));
+  EXPECT_TRUE(c.warnings.empty()) << Dump(c.warnings);
+  const std::vector<std::string>& open = c.parsed->unresolved_auto;
+  for (const char* key : {"zero_optimization.stage", "zero_optimization.offload_optimizer.device",
+                          "zero_optimization.offload_param.device",
+                          "zero_optimization.stage3_gather_16bit_weights_on_model_save"}) {
+    EXPECT_NE(std::find(open.begin(), open.end(), key), open.end()) << key;
+  }
+  EXPECT_EQ(c.parsed->config.unresolved_auto, open);
+  nlohmann::json effective = nlohmann::json::parse(EffectiveConfigJson(c.parsed->config));
+  EXPECT_EQ(effective["zero_optimization"]["stage"], "auto");
+  EXPECT_EQ(effective["zero_optimization"]["offload_param"]["device"], "auto");
+
+  // What `accelerate launch --zero_stage=2 --offload_param_device=cpu ...` fills in: parameter
+  // offload at stage 2 is then judged (and ignored with a warning).
+  ParseOptions o;
+  o.auto_values = {{"zero_optimization.stage", "2"},
+                   {"zero_optimization.offload_optimizer.device", "\"cpu\""},
+                   {"zero_optimization.offload_param.device", "\"cpu\""}};
+  ConfigCheck r = MustCheck(Fixture("accelerate_docs_ds_config_auto.json"), o);
+  EXPECT_EQ(r.parsed->config.zero.stage, 2);
+  EXPECT_EQ(r.parsed->config.zero.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_EQ(r.parsed->config.zero.offload_param.device, OffloadDevice::kNone);
+  EXPECT_NE(FindDiag(r.warnings, Kind::kIgnored, "zero_optimization.offload_param.device"),
+            nullptr);
 }
 
 TEST(RealConfig, TheExampleInTheTreePassesWithoutWarnings) {

@@ -236,6 +236,11 @@ struct EngineConfig {
   AioConfig aio;
   ZeroConfig zero;
   std::vector<UnactedKey> unacted_keys;  // in document order
+  // JSON paths still "auto" (as ParsedConfig::unresolved_auto). Besides the AutoOr fields,
+  // Accelerate also fills zero_optimization.stage, the offload devices and nvme_paths and
+  // stage3_gather_16bit_weights_on_model_save: while "auto", those plain fields hold their
+  // defaults and only this list says they are not settled. Resolve before relying on them.
+  std::vector<std::string> unresolved_auto;
 };
 
 // ---------------------------------------------------------------------------------------------
