@@ -17,6 +17,7 @@ inline constexpr int kExitInvalid = 1;
 inline constexpr int kExitUsage = 2;
 
 // Top-level commands.
+void RegisterPlan(CLI::App& parent, int* exit_code);  // offloadctl plan (cmd_plan.cc)
 void RegisterConfig(CLI::App& parent, int* exit_code);  // `config check` (cmd_config.cc)
 
 // `offloadctl bench <what>` children.

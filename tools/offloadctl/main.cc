@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "offloadctl 0.1.0");
   app.require_subcommand(1);
   int exit_code = strata::cli::kExitOk;
-
+  strata::cli::RegisterPlan(app, &exit_code);
   strata::cli::RegisterConfig(app, &exit_code);
 
   CLI::App* bench = app.add_subcommand(

@@ -1,0 +1,434 @@
+// The ZeRO memory planner: see include/strata/planner.h for the model. The placement rules
+// follow DeepSpeed's behaviour (stage_1_and_2.py, stage3.py, the swappers) where strata does
+// the same thing, and DESIGN.md where it differs (gradient shards live with the optimizer).
+#include "strata/planner.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+namespace strata {
+namespace {
+
+// DeepSpeed's own figure for stages 1-2 with overlap_comm: the reduce and all-gather buckets
+// cost 4.5x their size (Hugging Face's DeepSpeed guide: "5e8 x 2 bytes x 2 x 4.5 = 9 GB").
+constexpr double kOverlapBucketFactorStage12 = 4.5;
+// Stages 0 and 3 with overlap_comm: one bucket reducing while the next fills.
+constexpr double kOverlapBucketFactorDouble = 2.0;
+
+std::string Fmt(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
+struct Builder {
+  Placement& p;
+  void Add(Tier tier, std::string name, double bytes, bool pinned = false) {
+    if (bytes <= 0) return;
+    p.items.push_back(PlanItem{tier, std::move(name), bytes, pinned});
+  }
+};
+
+// DeepSpeed's rules for offload below stage 3 (each change recorded as a note).
+void ApplyOffloadRules(int stage, OffloadDevice& opt, OffloadDevice& param,
+                       std::vector<std::string>& notes) {
+  if (stage == 0 && opt != OffloadDevice::kNone) {
+    notes.push_back("offload_optimizer needs ZeRO stage >= 1: ignored at stage 0");
+    opt = OffloadDevice::kNone;
+  }
+  if (stage < 3 && opt == OffloadDevice::kNvme) {
+    notes.push_back("offload_optimizer to nvme needs stage 3: DeepSpeed offloads to cpu instead");
+    opt = OffloadDevice::kCpu;
+  }
+  if (stage < 3 && param != OffloadDevice::kNone) {
+    notes.push_back("offload_param needs stage 3: ignored at stage " + std::to_string(stage));
+    param = OffloadDevice::kNone;
+  }
+}
+
+void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
+  const Recipe& r = in.recipe;
+  const ZeroSettings& z = in.zero;
+  const double psi = in.params;
+  const double shard = psi / in.capacity.Ranks();
+  const bool opt_off = b.p.offload_optimizer != OffloadDevice::kNone;
+  const bool param_off = b.p.offload_param != OffloadDevice::kNone;
+  const bool overlap = z.overlap_comm.value_or(stage == 3);
+
+  if (stage < 3) {
+    b.Add(Tier::kHbm, "params, full replica", r.param_bytes * psi);
+  } else if (!param_off) {
+    b.Add(Tier::kHbm, "params, 1/N shard", r.param_bytes * shard);
+  }
+  if (stage < 2) {
+    b.Add(Tier::kHbm, "grads, full replica", r.grad_bytes * psi);
+  } else if (!opt_off) {
+    b.Add(Tier::kHbm, "grads, 1/N shard", r.grad_bytes * shard);
+  }
+  if (stage == 0) {
+    b.Add(Tier::kHbm, "optimizer state (master+m+v), full replica", r.OptimizerBytes() * psi);
+  } else if (!opt_off) {
+    b.Add(Tier::kHbm, "optimizer state (master+m+v), 1/N shard", r.OptimizerBytes() * shard);
+  }
+
+  const double reduce = std::min(z.reduce_bucket_size, psi);
+  const double allgather = std::min(z.allgather_bucket_size, psi);
+  if (stage == 0) {
+    const double f = overlap ? kOverlapBucketFactorDouble : 1.0;
+    b.Add(Tier::kHbm,
+          "all-reduce bucket (reduce_bucket_size" + std::string(overlap ? " x2" : "") + ")",
+          f * reduce * r.grad_bytes);
+  } else if (stage < 3) {
+    const double f = overlap ? kOverlapBucketFactorStage12 : 1.0;
+    b.Add(Tier::kHbm,
+          "reduce + all-gather buckets" + std::string(overlap ? " (x4.5, overlap_comm)" : ""),
+          f * (reduce * r.grad_bytes + allgather * r.param_bytes));
+  } else {
+    const double f = overlap ? kOverlapBucketFactorDouble : 1.0;
+    b.Add(Tier::kHbm, "reduce-scatter bucket" + std::string(overlap ? "s (x2, overlap_comm)" : ""),
+          f * reduce * r.grad_bytes);
+    // Gathered full params live at once: bounded by stage3_max_live_parameters, but the group
+    // in use plus the prefetch bucket is always needed, whatever that limit says.
+    const double gathered = std::min(
+        psi, std::max(z.max_live_parameters, in.largest_group_params + z.prefetch_bucket_size));
+    b.Add(Tier::kHbm, "gathered params: max(max_live, largest group + prefetch)",
+          gathered * r.param_bytes);
+  }
+  b.Add(Tier::kHbm, "activations (caller estimate)", in.activation_bytes_per_gpu);
+}
+
+// Host and NVMe items, per node, and the per-step traffic they cause.
+void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
+  const Recipe& r = in.recipe;
+  const ZeroSettings& z = in.zero;
+  const double g_per_node = in.capacity.gpus_per_node;
+  const double shard = in.params / in.capacity.Ranks();
+  const double k = z.gradient_accumulation_steps;
+  Placement& p = b.p;
+
+  double pcie = 0, nvme_io = 0;
+  switch (p.offload_optimizer) {
+    case OffloadDevice::kNone:
+      break;
+    case OffloadDevice::kCpu:
+      b.Add(Tier::kHost, "optimizer state (master+m+v), 1/N shard per GPU",
+            g_per_node * r.OptimizerBytes() * shard, z.optimizer_pin_memory);
+      b.Add(Tier::kHost, "grads, 1/N shard per GPU", g_per_node * r.grad_bytes * shard,
+            z.optimizer_pin_memory);
+      break;
+    case OffloadDevice::kNvme: {
+      const double elem =
+          std::max({r.master_bytes, r.momentum_bytes, r.variance_bytes, r.grad_bytes});
+      const double buffers = z.optimizer_buffer_count * std::min(z.sub_group_size, shard) * elem;
+      b.Add(Tier::kHost, "optimizer swap buffers (buffer_count x sub_group)", g_per_node * buffers,
+            true);
+      if (buffers >= r.OptimizerBytes() * shard) {
+        p.notes.push_back("optimizer swap buffers (" + Fmt(z.optimizer_buffer_count) + " x " +
+                          Fmt(std::min(z.sub_group_size, shard)) +
+                          " elements) take as much DRAM as the optimizer state itself: lower "
+                          "sub_group_size for NVMe offload");
+      }
+      b.Add(Tier::kNvme, "optimizer state (master+m+v), 1/N shard per GPU",
+            g_per_node * r.OptimizerBytes() * shard);
+      b.Add(Tier::kNvme, "grads, 1/N shard per GPU", g_per_node * r.grad_bytes * shard);
+      // Step: read and write master/m/v once; grads written each micro-step and read back
+      // (accumulation, then the step): 2k reads+writes.
+      nvme_io += 2 * r.OptimizerBytes() * shard + 2 * k * r.grad_bytes * shard;
+      break;
+    }
+  }
+  if (p.offload_optimizer != OffloadDevice::kNone) {
+    // Reduced grad shard to the host each micro-step (stage >= 2) or once (stage 1).
+    pcie += (stage >= 2 ? k : 1) * r.grad_bytes * shard;
+    // The updated param16 shard back to the GPU, unless params live on the host anyway.
+    if (p.offload_param == OffloadDevice::kNone) pcie += r.param_bytes * shard;
+  }
+
+  if (p.offload_param != OffloadDevice::kNone) {
+    // Forward and backward each copy the local shard up before the all-gather.
+    pcie += 2 * k * r.param_bytes * shard;
+    if (p.offload_optimizer == OffloadDevice::kNone) pcie += r.param_bytes * shard;
+  }
+  if (p.offload_param == OffloadDevice::kCpu) {
+    b.Add(Tier::kHost, "params, 1/N shard per GPU", g_per_node * r.param_bytes * shard,
+          z.param_pin_memory);
+  } else if (p.offload_param == OffloadDevice::kNvme) {
+    const double cached = std::min(z.max_in_cpu, shard);
+    b.Add(Tier::kHost, "params cached in DRAM (max_in_cpu)", g_per_node * r.param_bytes * cached,
+          z.param_pin_memory);
+    b.Add(Tier::kHost, "param swap buffers (buffer_count x buffer_size)",
+          g_per_node * z.param_buffer_count * z.param_buffer_size * r.param_bytes, true);
+    b.Add(Tier::kNvme, "params, 1/N shard per GPU", g_per_node * r.param_bytes * shard);
+    // Uncached elements: read for forward and backward of each micro-step, written after step.
+    const double uncached = shard - cached;
+    nvme_io += (2 * k + 1) * r.param_bytes * uncached;
+  }
+  p.pcie_bytes_per_gpu = pcie;
+  p.nvme_io_bytes_per_node = g_per_node * nvme_io;
+  p.nvme_io_seconds = p.nvme_io_bytes_per_node / in.capacity.nvme_bytes_per_s_per_node;
+  p.nvme_required_bytes_per_s = p.nvme_io_bytes_per_node / in.target_step_seconds;
+}
+
+CommVolume Comm(const Recipe& r, int stage, double psi, int ranks) {
+  const double c = ranks > 1 ? double(ranks - 1) / ranks : 0.0;
+  const double ddp_coeff = 2 * r.grad_bytes;
+  double coeff = 0;
+  switch (stage) {
+    case 0:
+      coeff = 2 * r.grad_bytes;
+      break;  // all-reduce grads
+    case 1:   // reduce-scatter grads,
+    case 2:
+      coeff = r.grad_bytes + r.param_bytes;
+      break;  // all-gather updated params
+    default:
+      coeff = r.grad_bytes + 2 * r.param_bytes;
+      break;  // + a second param all-gather
+  }
+  CommVolume v;
+  v.bytes_per_rank = c * coeff * psi;
+  v.ddp_bytes_per_rank = c * ddp_coeff * psi;
+  v.ratio = ddp_coeff > 0 ? coeff / ddp_coeff : 0;
+  return v;
+}
+
+Status CheckPositive(double v, const char* name) {
+  if (!(v > 0) || !std::isfinite(v)) {
+    return Status::InvalidArgument(std::string(name) + " must be a positive number, got " + Fmt(v));
+  }
+  return Status::OK();
+}
+
+Status CheckNonNegative(double v, const char* name) {
+  if (!(v >= 0) || !std::isfinite(v)) {
+    return Status::InvalidArgument(std::string(name) + " must be >= 0, got " + Fmt(v));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+std::optional<OffloadDevice> ParseOffloadDevice(std::string_view s) noexcept {
+  if (s == "none") return OffloadDevice::kNone;
+  if (s == "cpu") return OffloadDevice::kCpu;
+  if (s == "nvme") return OffloadDevice::kNvme;
+  return std::nullopt;
+}
+
+std::string_view TierName(Tier t) noexcept {
+  switch (t) {
+    case Tier::kHbm:
+      return "hbm";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+const std::vector<Recipe>& KnownRecipes() {
+  static const std::vector<Recipe> kRecipes = {
+      {"bf16-adam", 2, 2, 4, 4, 4},   // mixed precision, fp32 master and Adam states
+      {"fp16-adam", 2, 2, 4, 4, 4},   // the same ledger with fp16 params and grads
+      {"fp32-grads", 2, 4, 4, 4, 4},  // grads reduced and accumulated in fp32
+      {"no-master", 2, 2, 0, 4, 4},   // bf16 params updated in place, fp32 Adam states
+      {"bf16-pure", 2, 2, 0, 2, 2},   // everything bf16
+      {"adam8bit", 2, 2, 4, 1, 1},    // 8-bit Adam states (block scales not counted)
+      {"fp32", 4, 4, 0, 4, 4},        // full fp32 training
+  };
+  return kRecipes;
+}
+
+Result<Recipe> ParseRecipe(std::string_view spec) {
+  for (const Recipe& r : KnownRecipes()) {
+    if (r.name == spec) return r;
+  }
+  if (spec.find(':') == std::string_view::npos) {
+    std::string names;
+    for (const Recipe& r : KnownRecipes()) names += (names.empty() ? "" : ", ") + r.name;
+    return Status::InvalidArgument("unknown recipe '" + std::string(spec) + "': expected one of " +
+                                   names + " or P:G:MASTER:M:V bytes per parameter");
+  }
+  double v[5];
+  size_t i = 0;
+  std::string_view rest = spec;
+  for (; i < 5; ++i) {
+    const size_t colon = rest.find(':');
+    std::string_view field = rest.substr(0, colon);
+    const char* end = field.data() + field.size();
+    auto [ptr, ec] = std::from_chars(field.data(), end, v[i]);
+    if (ec != std::errc() || ptr != end || field.empty() || !(v[i] >= 0) || !std::isfinite(v[i])) {
+      return Status::InvalidArgument("recipe '" + std::string(spec) + "': field " +
+                                     std::to_string(i + 1) + " '" + std::string(field) +
+                                     "' is not a byte count >= 0");
+    }
+    if (colon == std::string_view::npos) break;
+    rest = rest.substr(colon + 1);
+  }
+  if (i != 4) {
+    return Status::InvalidArgument("recipe '" + std::string(spec) +
+                                   "': expected 5 fields P:G:MASTER:M:V");
+  }
+  Recipe r{std::string(spec), v[0], v[1], v[2], v[3], v[4]};
+  if (!(r.TotalBytes() > 0)) {
+    return Status::InvalidArgument("recipe '" + std::string(spec) + "' has 0 bytes per parameter");
+  }
+  return r;
+}
+
+Result<double> ParseParamCount(std::string_view s) {
+  const std::string orig(s);
+  double mult = 1;
+  if (!s.empty()) {
+    switch (s.back()) {
+      case 'k':
+      case 'K':
+        mult = 1e3;
+        break;
+      case 'm':
+      case 'M':
+        mult = 1e6;
+        break;
+      case 'b':
+      case 'B':
+      case 'g':
+      case 'G':
+        mult = 1e9;
+        break;
+      case 't':
+      case 'T':
+        mult = 1e12;
+        break;
+      default:
+        break;
+    }
+    if (mult != 1) s.remove_suffix(1);
+  }
+  double v = 0;
+  const char* end = s.data() + s.size();
+  auto [ptr, ec] = std::from_chars(s.data(), end, v);
+  if (s.empty() || ec != std::errc() || ptr != end || !std::isfinite(v) || !(v > 0)) {
+    return Status::InvalidArgument("parameter count '" + orig +
+                                   "': expected a positive number such as 7e9, 7B, 350M or 1.5T");
+  }
+  return v * mult;
+}
+
+double LedgerBytesPerGpu(const Recipe& r, int stage, double psi, int ranks) {
+  const double n = ranks;
+  const double p = r.param_bytes, g = r.grad_bytes, o = r.OptimizerBytes();
+  switch (stage) {
+    case 0:
+      return (p + g + o) * psi;
+    case 1:
+      return (p + g) * psi + o * psi / n;
+    case 2:
+      return p * psi + (g + o) * psi / n;
+    default:
+      return (p + g + o) * psi / n;
+  }
+}
+
+Status ValidatePlanInput(const PlanInput& in) {
+  STRATA_RETURN_IF_ERROR(CheckPositive(in.params, "params"));
+  STRATA_RETURN_IF_ERROR(CheckNonNegative(in.largest_group_params, "largest group params"));
+  STRATA_RETURN_IF_ERROR(CheckNonNegative(in.activation_bytes_per_gpu, "activation bytes"));
+  STRATA_RETURN_IF_ERROR(CheckPositive(in.target_step_seconds, "target step seconds"));
+  const Recipe& r = in.recipe;
+  for (double v :
+       {r.param_bytes, r.grad_bytes, r.master_bytes, r.momentum_bytes, r.variance_bytes}) {
+    STRATA_RETURN_IF_ERROR(CheckNonNegative(v, ("recipe " + r.name + " bytes").c_str()));
+  }
+  const Capacity& c = in.capacity;
+  if (c.gpus_per_node < 1) return Status::InvalidArgument("gpus per node must be >= 1");
+  if (c.nodes < 1) return Status::InvalidArgument("nodes must be >= 1");
+  STRATA_RETURN_IF_ERROR(CheckNonNegative(c.hbm_bytes_per_gpu, "HBM capacity"));
+  STRATA_RETURN_IF_ERROR(CheckNonNegative(c.dram_bytes_per_node, "host DRAM capacity"));
+  STRATA_RETURN_IF_ERROR(CheckNonNegative(c.nvme_bytes_per_node, "NVMe capacity"));
+  STRATA_RETURN_IF_ERROR(CheckPositive(c.nvme_bytes_per_s_per_node, "NVMe bandwidth"));
+  const ZeroSettings& z = in.zero;
+  if (z.stage < 0 || z.stage > 3) {
+    return Status::InvalidArgument("zero_optimization.stage must be 0..3, got " +
+                                   std::to_string(z.stage));
+  }
+  STRATA_RETURN_IF_ERROR(
+      CheckNonNegative(z.optimizer_buffer_count, "offload_optimizer.buffer_count"));
+  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.param_buffer_count, "offload_param.buffer_count"));
+  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.param_buffer_size, "offload_param.buffer_size"));
+  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.max_in_cpu, "offload_param.max_in_cpu"));
+  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.reduce_bucket_size, "reduce_bucket_size"));
+  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.allgather_bucket_size, "allgather_bucket_size"));
+  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.prefetch_bucket_size, "stage3_prefetch_bucket_size"));
+  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.max_live_parameters, "stage3_max_live_parameters"));
+  STRATA_RETURN_IF_ERROR(CheckPositive(z.sub_group_size, "sub_group_size"));
+  if (!(z.gradient_accumulation_steps >= 1)) {
+    return Status::InvalidArgument("gradient_accumulation_steps must be >= 1, got " +
+                                   Fmt(z.gradient_accumulation_steps));
+  }
+  return Status::OK();
+}
+
+Placement Place(const PlanInput& in, int stage, OffloadDevice optimizer, OffloadDevice param) {
+  Placement p;
+  p.stage = stage;
+  ApplyOffloadRules(stage, optimizer, param, p.notes);
+  p.offload_optimizer = optimizer;
+  p.offload_param = param;
+  Builder b{p};
+  PlaceHbm(in, stage, b);
+  PlaceOffload(in, stage, b);
+  for (const PlanItem& it : p.items) {
+    switch (it.tier) {
+      case Tier::kHbm:
+        p.hbm_bytes_per_gpu += it.bytes;
+        break;
+      case Tier::kHost:
+        p.host_bytes_per_node += it.bytes;
+        if (it.pinned) p.host_pinned_bytes_per_node += it.bytes;
+        break;
+      case Tier::kNvme:
+        p.nvme_bytes_per_node += it.bytes;
+        break;
+    }
+  }
+  p.comm = Comm(in.recipe, stage, in.params, in.capacity.Ranks());
+  p.fits_hbm = p.hbm_bytes_per_gpu <= in.capacity.hbm_bytes_per_gpu;
+  p.fits_host = p.host_bytes_per_node <= in.capacity.dram_bytes_per_node;
+  p.fits_nvme = p.nvme_bytes_per_node <= in.capacity.nvme_bytes_per_node;
+  return p;
+}
+
+Result<Plan> MakePlan(const PlanInput& in) {
+  STRATA_RETURN_IF_ERROR(ValidatePlanInput(in));
+  Plan plan;
+  plan.input = in;
+  const int ranks = in.capacity.Ranks();
+  for (int s = 0; s < 4; ++s) {
+    plan.ledger_bytes_per_gpu[s] = LedgerBytesPerGpu(in.recipe, s, in.params, ranks);
+    plan.stages[s] = Place(in, s, in.zero.offload_optimizer, in.zero.offload_param);
+  }
+  if (in.has_configured) {
+    plan.configured = Place(in, in.zero.stage, in.zero.offload_optimizer, in.zero.offload_param);
+  }
+  using D = OffloadDevice;
+  const struct {
+    int stage;
+    D opt, param;
+  } kLadder[] = {{0, D::kNone, D::kNone}, {1, D::kNone, D::kNone}, {2, D::kNone, D::kNone},
+                 {3, D::kNone, D::kNone}, {3, D::kCpu, D::kNone},  {3, D::kCpu, D::kCpu},
+                 {3, D::kNvme, D::kCpu},  {3, D::kNvme, D::kNvme}};
+  for (const auto& step : kLadder) {
+    plan.ladder.push_back(Place(in, step.stage, step.opt, step.param));
+    if (!plan.recommended && plan.ladder.back().Fits()) {
+      plan.recommended = plan.ladder.size() - 1;
+    }
+  }
+  plan.fits = plan.configured ? plan.configured->Fits() : plan.recommended.has_value();
+  return plan;
+}
+
+}  // namespace strata

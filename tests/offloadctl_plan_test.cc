@@ -1,0 +1,172 @@
+// `offloadctl plan` run as a process (binary from env STRATA_OFFLOADCTL): exit codes, JSON that
+// parses and carries the hand-computed figures of planner_test, and the readable report.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout, plus stderr when asked
+};
+
+RunResult RunPlan(const std::string& args, bool with_stderr = false) {
+  const char* bin = std::getenv("STRATA_OFFLOADCTL");
+  EXPECT_NE(bin, nullptr) << "STRATA_OFFLOADCTL is not set (run through ctest)";
+  RunResult r;
+  if (bin == nullptr) return r;
+  const std::string cmd =
+      std::string("'") + bin + "' plan " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string SourceFile(const std::string& rel) {
+  const char* dir = std::getenv("STRATA_SOURCE_DIR");
+  return std::string(dir ? dir : ".") + "/" + rel;
+}
+
+nlohmann::json ParseJson(const RunResult& r) {
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  EXPECT_FALSE(j.is_discarded()) << "not JSON:\n" << r.out;
+  return j;
+}
+
+TEST(OffloadctlPlan, SevenBOnEightGpusJson) {
+  const RunResult r = RunPlan("--params 7B --gpus 8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = ParseJson(r);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_DOUBLE_EQ(j["input"]["params"].get<double>(), 7e9);
+  EXPECT_EQ(j["input"]["ranks"].get<int>(), 8);
+  // The ZeRO ledger: 112, 38.5, 26.25, 14 GB.
+  EXPECT_DOUBLE_EQ(j["ledger"][0]["bytes_per_gpu"].get<double>(), 112e9);
+  EXPECT_DOUBLE_EQ(j["ledger"][1]["bytes_per_gpu"].get<double>(), 38.5e9);
+  EXPECT_DOUBLE_EQ(j["ledger"][2]["bytes_per_gpu"].get<double>(), 26.25e9);
+  EXPECT_DOUBLE_EQ(j["ledger"][3]["bytes_per_gpu"].get<double>(), 14e9);
+  EXPECT_EQ(j["ledger"][1]["formula"].get<std::string>(), "4Ψ + 12Ψ/N");
+  // No configured setting: stage 1 (40.5 GB with buckets) is the first that fits 80 GB.
+  EXPECT_TRUE(j["configured"].is_null());
+  EXPECT_EQ(j["recommended"].get<int>(), 1);
+  EXPECT_DOUBLE_EQ(j["ladder"][1]["hbm_bytes_per_gpu"].get<double>(), 40.5e9);
+  EXPECT_DOUBLE_EQ(j["stages"][3]["comm"]["ratio_to_ddp"].get<double>(), 1.5);
+  EXPECT_TRUE(j["fits"].get<bool>());
+}
+
+TEST(OffloadctlPlan, NodesAndRecipe) {
+  const RunResult r = RunPlan("--params 7e9 --gpus 4 --nodes 2 --recipe fp32-grads --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["input"]["ranks"].get<int>(), 8);
+  EXPECT_DOUBLE_EQ(j["input"]["recipe"]["total_bytes"].get<double>(), 18);
+  // fp32 grads, stage 2: 2 x 7 + 16 x 7 / 8 = 14 + 14 = 28 GB.
+  EXPECT_DOUBLE_EQ(j["ledger"][2]["bytes_per_gpu"].get<double>(), 28e9);
+  // Stage 1 moves 4 + 2 bytes per param against DDP's 2 x 4: 0.75x.
+  EXPECT_DOUBLE_EQ(j["stages"][1]["comm"]["ratio_to_ddp"].get<double>(), 0.75);
+}
+
+TEST(OffloadctlPlan, NothingFitsExitsOne) {
+  const RunResult r = RunPlan("--params 7B --gpus 8 --hbm-gb 1 --json");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  const nlohmann::json j = ParseJson(r);
+  EXPECT_TRUE(j["recommended"].is_null());
+  EXPECT_FALSE(j["fits"].get<bool>());
+}
+
+TEST(OffloadctlPlan, ConfiguredSettingDecidesTheExitCode) {
+  // Stage 0 needs 113 GB per GPU: does not fit although stage 1 would.
+  RunResult r = RunPlan("--params 7B --gpus 8 --stage 0");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("DOES NOT FIT"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("<- recommended"), std::string::npos) << r.out;
+  // Stage 3 with both offloads to cpu: 4 GB HBM, 112 GB DRAM per node.
+  r = RunPlan("--params 7B --gpus 8 --stage 3 --offload-optimizer cpu --offload-param cpu --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = ParseJson(r);
+  EXPECT_DOUBLE_EQ(j["configured"]["hbm_bytes_per_gpu"].get<double>(), 4e9);
+  EXPECT_DOUBLE_EQ(j["configured"]["host_bytes_per_node"].get<double>(), 112e9);
+}
+
+TEST(OffloadctlPlan, ExampleConfig) {
+  const std::string cfg = SourceFile("examples/ds_zero3_offload.json");
+  const RunResult r = RunPlan("--params 7B --gpus 8 --config '" + cfg + "' --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = ParseJson(r);
+  const nlohmann::json& z = j["input"]["zero"];
+  EXPECT_EQ(z["stage"].get<int>(), 3);
+  EXPECT_EQ(z["offload_optimizer"].get<std::string>(), "cpu");
+  EXPECT_EQ(z["offload_param"].get<std::string>(), "cpu");
+  EXPECT_DOUBLE_EQ(z["stage3_prefetch_bucket_size"].get<double>(), 5e8);
+  EXPECT_DOUBLE_EQ(z["gradient_accumulation_steps"].get<double>(), 8);
+  EXPECT_EQ(j["input"]["recipe"]["name"].get<std::string>(), "bf16-adam");
+  // HBM: reduce bucket 5e8 x 2 B x 2 (overlap_comm) = 2 + gathered max(1e9, 5e8) x 2 = 2.
+  EXPECT_DOUBLE_EQ(j["configured"]["hbm_bytes_per_gpu"].get<double>(), 4e9);
+  // Both offloads pinned: 8 x 16 B x 8.75e8 = 112 GB per node, all pinned.
+  EXPECT_DOUBLE_EQ(j["configured"]["host_pinned_bytes_per_node"].get<double>(), 112e9);
+  // PCIe with 8 micro-steps: grads 8 x 1.75 + shard up 2 x 8 x 1.75 = 42 GB per GPU.
+  EXPECT_DOUBLE_EQ(j["configured"]["pcie_bytes_per_gpu"].get<double>(), 42e9);
+}
+
+TEST(OffloadctlPlan, ReadableReport) {
+  const RunResult r = RunPlan("--params 7B --gpus 8");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* want : {"112.00 GB", "38.50 GB", "26.25 GB", "14.00 GB", "16Ψ/N", "1.50x DDP",
+                           "<- recommended", "Verdict: FITS"}) {
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << " missing in:\n" << r.out;
+  }
+}
+
+TEST(OffloadctlPlan, UsageErrorsExitTwo) {
+  for (const char* args :
+       {"", "--params abc", "--params 7B --gpus 0", "--params 7B --nodes 0",
+        "--params 7B --recipe bogus", "--params 7B --offload-param disk", "--params 7B --stage 4",
+        "--params 7B --hbm-gb -1", "--params 7B --config /nonexistent/ds.json",
+        "--params 7B --largest-group x", "--params 7B --no-such-flag"}) {
+    const RunResult r = RunPlan(args, /*with_stderr=*/true);
+    EXPECT_EQ(r.exit_code, 2) << "plan " << args << "\n" << r.out;
+  }
+  const RunResult r = RunPlan("--params 7X", true);
+  EXPECT_NE(r.out.find("--params"), std::string::npos) << r.out;
+}
+
+TEST(OffloadctlPlan, InvalidConfigExitsOneNamingThePath) {
+  const char* tmp = std::getenv("STRATA_TEST_TMPDIR");
+  const std::filesystem::path dir = std::filesystem::path(tmp ? tmp : "/tmp") /
+                                    ("offloadctl_plan_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path cfg = dir / "bad.json";
+  std::ofstream(cfg) << R"({ "zero_optimization": { "stage": 4 } })";
+  const RunResult r = RunPlan("--params 7B --config '" + cfg.string() + "'", true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("zero_optimization.stage"), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OffloadctlPlan, HelpDescribesEveryOption) {
+  const RunResult r = RunPlan("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* opt :
+       {"--params", "--gpus", "--nodes", "--hbm-gb", "--dram-gb", "--nvme-gb", "--nvme-gbps",
+        "--activations-gb", "--largest-group", "--recipe", "--config", "--stage",
+        "--offload-optimizer", "--offload-param", "--grad-accum", "--step-seconds", "--json"}) {
+    EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
+  }
+}
+
+}  // namespace

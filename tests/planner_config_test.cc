@@ -1,0 +1,142 @@
+// EngineConfig -> PlanInput: the DeepSpeed keys the planner takes, with DeepSpeed's defaults
+// for absent keys and notes for values it cannot take as written.
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "strata/config.h"
+#include "strata/planner.h"
+
+namespace strata {
+namespace {
+
+struct Applied {
+  PlanInput in;
+  std::vector<std::string> notes;
+};
+
+// `json` is an object without batch sizes; a micro-batch size is added since DeepSpeed needs one.
+Applied Apply(const std::string& json) {
+  Applied a;
+  a.in.params = 7e9;
+  const std::string text = R"({"train_micro_batch_size_per_gpu": 1, )" + json.substr(1);
+  auto parsed = ParseDeepSpeedConfig(text);
+  EXPECT_TRUE(parsed.ok()) << parsed.status().ToString();
+  if (parsed.ok()) ApplyEngineConfig(parsed->config, &a.in, &a.notes);
+  return a;
+}
+
+bool HasNote(const Applied& a, const std::string& what) {
+  for (const std::string& n : a.notes) {
+    if (n.find(what) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST(PlannerConfig, InfinityConfigMapsEveryKey) {
+  const Applied a = Apply(R"({
+    "bf16": {"enabled": true},
+    "gradient_accumulation_steps": 4,
+    "zero_optimization": {
+      "stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", "buffer_count": 6,
+                            "pin_memory": true},
+      "offload_param": {"device": "nvme", "nvme_path": "/nvme", "buffer_count": 7,
+                        "buffer_size": 2e8, "max_in_cpu": 3e8},
+      "overlap_comm": false,
+      "reduce_bucket_size": 1e8, "allgather_bucket_size": 2e8,
+      "stage3_prefetch_bucket_size": 3e7, "stage3_max_live_parameters": 4e8,
+      "sub_group_size": 5e7
+    }
+  })");
+  const ZeroSettings& z = a.in.zero;
+  EXPECT_TRUE(a.in.has_configured);
+  EXPECT_EQ(a.in.recipe.name, "bf16-adam");
+  EXPECT_EQ(z.stage, 3);
+  EXPECT_EQ(z.offload_optimizer, OffloadDevice::kNvme);
+  EXPECT_EQ(z.offload_param, OffloadDevice::kNvme);
+  EXPECT_TRUE(z.optimizer_pin_memory);
+  EXPECT_FALSE(z.param_pin_memory);
+  EXPECT_DOUBLE_EQ(z.optimizer_buffer_count, 6);
+  EXPECT_DOUBLE_EQ(z.param_buffer_count, 7);
+  EXPECT_DOUBLE_EQ(z.param_buffer_size, 2e8);
+  EXPECT_DOUBLE_EQ(z.max_in_cpu, 3e8);
+  ASSERT_TRUE(z.overlap_comm.has_value());
+  EXPECT_FALSE(*z.overlap_comm);
+  EXPECT_DOUBLE_EQ(z.reduce_bucket_size, 1e8);
+  EXPECT_DOUBLE_EQ(z.allgather_bucket_size, 2e8);
+  EXPECT_DOUBLE_EQ(z.prefetch_bucket_size, 3e7);
+  EXPECT_DOUBLE_EQ(z.max_live_parameters, 4e8);
+  EXPECT_DOUBLE_EQ(z.sub_group_size, 5e7);
+  EXPECT_DOUBLE_EQ(z.gradient_accumulation_steps, 4);
+  EXPECT_TRUE(a.notes.empty()) << a.notes.front();
+
+  // The mapped settings drive the placement: host per node (8 GPUs, shard 8.75e8):
+  // optimizer swap buffers 8 x 6 x min(5e7, 8.75e8) x 4 B = 9.6 GB
+  // + param cache 8 x 2 B x min(3e8, 8.75e8) = 4.8 GB + param buffers 8 x 7 x 2e8 x 2 B = 22.4 GB
+  // = 36.8 GB.
+  auto plan = MakePlan(a.in);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_DOUBLE_EQ(plan->configured->host_bytes_per_node, 36.8e9);
+  // HBM: one reduce bucket 1e8 x 2 B = 0.2 GB (overlap off) + gathered max(4e8, 0 + 3e7) x 2 B
+  // = 0.8 GB -> 1 GB.
+  EXPECT_DOUBLE_EQ(plan->configured->hbm_bytes_per_gpu, 1e9);
+}
+
+TEST(PlannerConfig, DefaultsWhenKeysAreAbsent) {
+  const Applied a = Apply(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 2}})");
+  const ZeroSettings& z = a.in.zero;
+  const ZeroSettings defaults;
+  EXPECT_EQ(z.stage, 2);
+  EXPECT_EQ(z.offload_optimizer, OffloadDevice::kNone);
+  EXPECT_DOUBLE_EQ(z.reduce_bucket_size, defaults.reduce_bucket_size);
+  EXPECT_DOUBLE_EQ(z.prefetch_bucket_size, defaults.prefetch_bucket_size);
+  EXPECT_DOUBLE_EQ(z.max_in_cpu, defaults.max_in_cpu);
+  EXPECT_DOUBLE_EQ(z.param_buffer_count, defaults.param_buffer_count);
+  EXPECT_DOUBLE_EQ(z.optimizer_buffer_count, defaults.optimizer_buffer_count);
+  EXPECT_DOUBLE_EQ(z.gradient_accumulation_steps, 1);
+  // DeepSpeed's overlap_comm default below stage 3 is off.
+  ASSERT_TRUE(z.overlap_comm.has_value());
+  EXPECT_FALSE(*z.overlap_comm);
+}
+
+TEST(PlannerConfig, PrecisionPicksTheRecipe) {
+  EXPECT_EQ(Apply(R"({"fp16": {"enabled": true}})").in.recipe.name, "fp16-adam");
+  const Applied fp32 = Apply(R"({"zero_optimization": {"stage": 1}})");
+  EXPECT_EQ(fp32.in.recipe.name, "fp32");
+  EXPECT_DOUBLE_EQ(fp32.in.recipe.master_bytes, 0);
+  EXPECT_TRUE(HasNote(fp32, "fp32"));
+  const Applied autod = Apply(R"({"bf16": {"enabled": "auto"}})");
+  EXPECT_EQ(autod.in.recipe.name, "bf16-adam");
+  EXPECT_TRUE(HasNote(autod, "auto"));
+}
+
+TEST(PlannerConfig, AutoSizesAndPartialOffloadAreNoted) {
+  const Applied a = Apply(R"({
+    "bf16": {"enabled": true},
+    "gradient_accumulation_steps": "auto",
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+                          "stage3_prefetch_bucket_size": "auto",
+                          "offload_optimizer": {"device": "cpu", "ratio": 0.3}}
+  })");
+  EXPECT_DOUBLE_EQ(a.in.zero.reduce_bucket_size, 5e8);
+  EXPECT_DOUBLE_EQ(a.in.zero.prefetch_bucket_size, 5e7);
+  EXPECT_DOUBLE_EQ(a.in.zero.gradient_accumulation_steps, 1);
+  EXPECT_TRUE(HasNote(a, "zero_optimization.reduce_bucket_size"));
+  EXPECT_TRUE(HasNote(a, "zero_optimization.stage3_prefetch_bucket_size"));
+  EXPECT_TRUE(HasNote(a, "gradient_accumulation_steps"));
+  EXPECT_TRUE(HasNote(a, "ratio"));
+}
+
+TEST(PlannerConfig, FileErrorsAreStatuses) {
+  PlanInput in;
+  in.params = 7e9;
+  std::vector<std::string> notes;
+  Status s = ApplyDeepSpeedConfigFile("/nonexistent/strata/ds.json", &in, &notes);
+  EXPECT_FALSE(s.ok());
+  EXPECT_FALSE(in.has_configured);
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,350 @@
+// Planner tests: the ZeRO ledger, every offload combination, and the recommendation order,
+// each against values computed by hand in the comments (GB = 1e9 bytes).
+//
+// The reference case: Ψ = 7e9 params, 1 node x 8 GPUs (N = 8), recipe bf16-adam
+// (p = 2, g = 2, o = master 4 + m 4 + v 4 = 12), DeepSpeed defaults for every bucket:
+// reduce = allgather = 5e8, prefetch 5e7, max_live 1e9, sub_group 1e9, max_in_cpu 1e9,
+// param buffers 5 x 1e8, optimizer buffer_count 4, overlap_comm unset (true only at stage 3).
+// Shard per rank: Ψ/N = 8.75e8 params.
+#include "strata/planner.h"
+
+#include <gtest/gtest.h>
+
+namespace strata {
+namespace {
+
+using D = OffloadDevice;
+
+PlanInput Ref() {
+  PlanInput in;
+  in.params = 7e9;
+  return in;
+}
+
+// Sum of the items on one tier whose name contains `what`.
+double ItemBytes(const Placement& p, Tier tier, std::string_view what) {
+  double sum = 0;
+  for (const PlanItem& it : p.items) {
+    if (it.tier == tier && it.name.find(what) != std::string::npos) sum += it.bytes;
+  }
+  return sum;
+}
+
+TEST(PlannerLedger, SevenBillionOnEightGpus) {
+  const Recipe r;  // default bf16-adam
+  EXPECT_DOUBLE_EQ(r.TotalBytes(), 16);
+  // 16 x 7 = 112; 4 x 7 + 12 x 7 / 8 = 28 + 10.5; 2 x 7 + 14 x 7 / 8 = 14 + 12.25; 16 x 7 / 8.
+  EXPECT_DOUBLE_EQ(LedgerBytesPerGpu(r, 0, 7e9, 8), 112e9);
+  EXPECT_DOUBLE_EQ(LedgerBytesPerGpu(r, 1, 7e9, 8), 38.5e9);
+  EXPECT_DOUBLE_EQ(LedgerBytesPerGpu(r, 2, 7e9, 8), 26.25e9);
+  EXPECT_DOUBLE_EQ(LedgerBytesPerGpu(r, 3, 7e9, 8), 14e9);
+  auto plan = MakePlan(Ref());
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_DOUBLE_EQ(plan->ledger_bytes_per_gpu[0], 112e9);
+  EXPECT_DOUBLE_EQ(plan->ledger_bytes_per_gpu[3], 14e9);
+}
+
+TEST(PlannerLedger, OtherRecipes) {
+  auto fp32g = ParseRecipe("fp32-grads");  // 2 + 4 + 12 = 18
+  ASSERT_TRUE(fp32g.ok());
+  EXPECT_DOUBLE_EQ(fp32g->TotalBytes(), 18);
+  // stage 1: (2+4) x 7 + 12 x 7 / 8 = 42 + 10.5; stage 2: 2 x 7 + 16 x 7 / 8 = 14 + 14.
+  EXPECT_DOUBLE_EQ(LedgerBytesPerGpu(*fp32g, 1, 7e9, 8), 52.5e9);
+  EXPECT_DOUBLE_EQ(LedgerBytesPerGpu(*fp32g, 2, 7e9, 8), 28e9);
+  auto a8 = ParseRecipe("adam8bit");  // 2 + 2 + 4 + 1 + 1 = 10; stage 3: 10 x 7 / 8 = 8.75
+  ASSERT_TRUE(a8.ok());
+  EXPECT_DOUBLE_EQ(LedgerBytesPerGpu(*a8, 3, 7e9, 8), 8.75e9);
+  auto nm = ParseRecipe("no-master");  // 2 + 2 + 0 + 4 + 4 = 12; stage 0: 84
+  ASSERT_TRUE(nm.ok());
+  EXPECT_DOUBLE_EQ(LedgerBytesPerGpu(*nm, 0, 7e9, 8), 84e9);
+  auto custom = ParseRecipe("2:2:4:2:2");  // 12; stage 2: 2 x 7 + 10 x 7 / 8 = 14 + 8.75
+  ASSERT_TRUE(custom.ok()) << custom.status().ToString();
+  EXPECT_DOUBLE_EQ(LedgerBytesPerGpu(*custom, 2, 7e9, 8), 22.75e9);
+  // One rank: every stage is the full 16 bytes per parameter.
+  for (int s = 0; s < 4; ++s) EXPECT_DOUBLE_EQ(LedgerBytesPerGpu(Recipe{}, s, 1e9, 1), 16e9);
+}
+
+TEST(PlannerLedger, RecipeAndCountParsingErrors) {
+  EXPECT_TRUE(ParseRecipe("bogus").status().IsInvalidArgument());
+  EXPECT_NE(ParseRecipe("bogus").status().message().find("bf16-adam"), std::string_view::npos);
+  EXPECT_TRUE(ParseRecipe("2:2:4:4").status().IsInvalidArgument());
+  EXPECT_TRUE(ParseRecipe("2:2:4:4:4:4").status().IsInvalidArgument());
+  EXPECT_TRUE(ParseRecipe("2:-2:4:4:4").status().IsInvalidArgument());
+  EXPECT_TRUE(ParseRecipe("2:x:4:4:4").status().IsInvalidArgument());
+  EXPECT_TRUE(ParseRecipe("0:0:0:0:0").status().IsInvalidArgument());
+  EXPECT_DOUBLE_EQ(*ParseParamCount("7e9"), 7e9);
+  EXPECT_DOUBLE_EQ(*ParseParamCount("7B"), 7e9);
+  EXPECT_DOUBLE_EQ(*ParseParamCount("1.5T"), 1.5e12);
+  EXPECT_DOUBLE_EQ(*ParseParamCount("350M"), 350e6);
+  EXPECT_DOUBLE_EQ(*ParseParamCount("125k"), 125e3);
+  EXPECT_DOUBLE_EQ(*ParseParamCount("7000000000"), 7e9);
+  for (const char* bad : {"", "B", "7X", "-7B", "0", "abc", "7BB", "nan", "inf"}) {
+    EXPECT_TRUE(ParseParamCount(bad).status().IsInvalidArgument()) << bad;
+  }
+}
+
+TEST(PlannerPlace, NoOffloadEachStage) {
+  const PlanInput in = Ref();
+  // Stage 0: 112 + all-reduce bucket 5e8 x 2 B (overlap off) = 113 GB.
+  EXPECT_DOUBLE_EQ(Place(in, 0, D::kNone, D::kNone).hbm_bytes_per_gpu, 113e9);
+  // Stage 1: 38.5 + (5e8 x 2 + 5e8 x 2) x 1 = 40.5 GB.
+  EXPECT_DOUBLE_EQ(Place(in, 1, D::kNone, D::kNone).hbm_bytes_per_gpu, 40.5e9);
+  // Stage 2: 26.25 + 2 = 28.25 GB.
+  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 28.25e9);
+  // Stage 3: 14 + reduce bucket 5e8 x 2 x 2 (overlap on by default) = 2
+  //          + gathered min(7e9, max(1e9, 0 + 5e7)) x 2 = 2  -> 18 GB.
+  const Placement s3 = Place(in, 3, D::kNone, D::kNone);
+  EXPECT_DOUBLE_EQ(s3.hbm_bytes_per_gpu, 18e9);
+  EXPECT_DOUBLE_EQ(ItemBytes(s3, Tier::kHbm, "gathered"), 2e9);
+  EXPECT_DOUBLE_EQ(s3.host_bytes_per_node, 0);
+  EXPECT_DOUBLE_EQ(s3.nvme_bytes_per_node, 0);
+  EXPECT_DOUBLE_EQ(s3.pcie_bytes_per_gpu, 0);
+}
+
+TEST(PlannerPlace, BucketsFollowOverlapAndLargestGroup) {
+  PlanInput in = Ref();
+  in.zero.overlap_comm = true;
+  // Stage 2 with overlap_comm: 26.25 + 4.5 x (1 + 1) = 35.25 GB.
+  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 35.25e9);
+  in.zero.overlap_comm = false;
+  in.largest_group_params = 1.2e9;
+  // Stage 3, overlap off: 14 + 1 (one reduce bucket) + max(1e9, 1.2e9 + 5e7) x 2 = 2.5 -> 17.5.
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 17.5e9);
+  in.activation_bytes_per_gpu = 20e9;  // added as given: 37.5 GB
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 37.5e9);
+  // A tiny model: buckets and the gathered set never exceed the model (1e6 params):
+  // 16e6 / 8 = 2e6 + reduce 1e6 x 2 + gathered 1e6 x 2 = 6e6 (overlap off), + 20 GB activations.
+  in.params = 1e6;
+  in.largest_group_params = 0;
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 6e6 + 20e9);
+}
+
+TEST(PlannerPlace, Stage3OptimizerCpu) {
+  const Placement p = Place(Ref(), 3, D::kCpu, D::kNone);
+  // HBM: param shard 2 x 8.75e8 = 1.75 + buckets 2 + gathered 2 = 5.75 GB (grads and optimizer
+  // state left the GPU).
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 5.75e9);
+  // Host per node: 8 GPUs x (12 + 2) B x 8.75e8 = 84 + 14 = 98 GB; not pinned by default.
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 98e9);
+  EXPECT_DOUBLE_EQ(p.host_pinned_bytes_per_node, 0);
+  EXPECT_DOUBLE_EQ(p.nvme_bytes_per_node, 0);
+  // PCIe per GPU: grad shard down 1.75 + updated param shard up 1.75 = 3.5 GB.
+  EXPECT_DOUBLE_EQ(p.pcie_bytes_per_gpu, 3.5e9);
+  EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 0);
+}
+
+TEST(PlannerPlace, Stage3OptimizerCpuParamCpuPinned) {
+  PlanInput in = Ref();
+  in.zero.optimizer_pin_memory = true;
+  in.zero.param_pin_memory = true;
+  const Placement p = Place(in, 3, D::kCpu, D::kCpu);
+  // HBM: buckets 2 + gathered 2 = 4 GB. Host: 98 + params 8 x 2 x 8.75e8 = 14 -> 112 GB,
+  // all of it pinned.
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 4e9);
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 112e9);
+  EXPECT_DOUBLE_EQ(p.host_pinned_bytes_per_node, 112e9);
+  // PCIe: grads down 1.75 + forward and backward shard up 2 x 1.75 = 5.25 GB.
+  EXPECT_DOUBLE_EQ(p.pcie_bytes_per_gpu, 5.25e9);
+}
+
+TEST(PlannerPlace, Stage3ParamOffloadOnly) {
+  const Placement cpu = Place(Ref(), 3, D::kNone, D::kCpu);
+  // HBM: grads shard 1.75 + optimizer shard 12 x 8.75e8 = 10.5 + buckets 2 + gathered 2 = 16.25.
+  EXPECT_DOUBLE_EQ(cpu.hbm_bytes_per_gpu, 16.25e9);
+  EXPECT_DOUBLE_EQ(cpu.host_bytes_per_node, 14e9);
+  // PCIe: shard up twice 3.5 + updated shard down 1.75 = 5.25 GB.
+  EXPECT_DOUBLE_EQ(cpu.pcie_bytes_per_gpu, 5.25e9);
+
+  const Placement nvme = Place(Ref(), 3, D::kNone, D::kNvme);
+  EXPECT_DOUBLE_EQ(nvme.hbm_bytes_per_gpu, 16.25e9);
+  // Host: cache min(1e9, 8.75e8) x 2 x 8 = 14 + swap buffers 8 x 5 x 1e8 x 2 = 8 -> 22 GB.
+  EXPECT_DOUBLE_EQ(nvme.host_bytes_per_node, 22e9);
+  EXPECT_DOUBLE_EQ(nvme.host_pinned_bytes_per_node, 8e9);
+  // NVMe: 8 x 2 x 8.75e8 = 14 GB; the whole shard is cached, so no NVMe IO in the step.
+  EXPECT_DOUBLE_EQ(nvme.nvme_bytes_per_node, 14e9);
+  EXPECT_DOUBLE_EQ(nvme.nvme_io_bytes_per_node, 0);
+}
+
+TEST(PlannerPlace, Stage3OptimizerNvme) {
+  PlanInput in = Ref();
+  const Placement p = Place(in, 3, D::kNvme, D::kNone);
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 5.75e9);
+  // Host: swap buffers 8 x 4 x min(1e9, 8.75e8) x 4 B = 112 GB (sub_group_size 1e9 is larger
+  // than the shard: the buffers hold as much as the state itself).
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 112e9);
+  // NVMe: optimizer 8 x 12 x 8.75e8 = 84 + grads 8 x 2 x 8.75e8 = 14 -> 98 GB.
+  EXPECT_DOUBLE_EQ(p.nvme_bytes_per_node, 98e9);
+  // IO per rank: read+write optimizer 2 x 10.5 = 21 + grads written and read 2 x 1 x 1.75 = 3.5
+  // -> 24.5 GB; x 8 = 196 GB per node; at 6 GB/s: 196/6 s; in a 10 s step: 19.6 GB/s.
+  EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 196e9);
+  EXPECT_DOUBLE_EQ(p.nvme_io_seconds, 196.0 / 6.0);
+  EXPECT_DOUBLE_EQ(p.nvme_required_bytes_per_s, 19.6e9);
+  // 4 x 8.75e8 x 4 B = 14 GB of buffers per rank >= 12 x 8.75e8 = 10.5 GB of state: noted.
+  ASSERT_EQ(p.notes.size(), 1u);
+  EXPECT_NE(p.notes[0].find("sub_group_size"), std::string::npos);
+
+  in.zero.sub_group_size = 1e8;
+  in.zero.gradient_accumulation_steps = 4;
+  const Placement q = Place(in, 3, D::kNvme, D::kCpu);
+  EXPECT_TRUE(q.notes.empty());  // 4 x 1e8 x 4 B = 1.6 GB < 10.5 GB per rank
+  // HBM 4. Host: buffers 8 x 4 x 1e8 x 4 = 12.8 + params 14 = 26.8 GB.
+  EXPECT_DOUBLE_EQ(q.hbm_bytes_per_gpu, 4e9);
+  EXPECT_DOUBLE_EQ(q.host_bytes_per_node, 26.8e9);
+  // IO per rank: 21 + grads 2 x 4 x 1.75 = 14 -> 35; x 8 = 280 GB.
+  EXPECT_DOUBLE_EQ(q.nvme_io_bytes_per_node, 280e9);
+  // PCIe: grads down each micro-step 4 x 1.75 = 7 + shard up 2 x 4 x 1.75 = 14 -> 21 GB.
+  EXPECT_DOUBLE_EQ(q.pcie_bytes_per_gpu, 21e9);
+}
+
+TEST(PlannerPlace, Stage3AllNvmeWithPartialCache) {
+  PlanInput in = Ref();
+  in.zero.max_in_cpu = 2.5e8;
+  in.zero.sub_group_size = 1e8;
+  const Placement p = Place(in, 3, D::kNvme, D::kNvme);
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 4e9);
+  // Host: opt buffers 12.8 + cache 8 x 2 x 2.5e8 = 4 + param buffers 8 = 24.8 GB.
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 24.8e9);
+  // NVMe: 98 + params 14 = 112 GB.
+  EXPECT_DOUBLE_EQ(p.nvme_bytes_per_node, 112e9);
+  // IO per rank: optimizer+grads 24.5 + uncached params (8.75e8 - 2.5e8 = 6.25e8) x 2 B x
+  // (2 reads + 1 write) = 3.75 -> 28.25; x 8 = 226 GB.
+  EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 226e9);
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kCpu, D::kNvme).nvme_io_bytes_per_node, 30e9);
+}
+
+TEST(PlannerPlace, OffloadBelowStage3FollowsDeepSpeed) {
+  const PlanInput in = Ref();
+  // Stage 2 + optimizer cpu (ZeRO-Offload): HBM params 14 + buckets 2 = 16; host 98.
+  const Placement s2 = Place(in, 2, D::kCpu, D::kNone);
+  EXPECT_DOUBLE_EQ(s2.hbm_bytes_per_gpu, 16e9);
+  EXPECT_DOUBLE_EQ(s2.host_bytes_per_node, 98e9);
+  EXPECT_TRUE(s2.notes.empty());
+  // Stage 1 keeps the full grads on the GPU: 14 + 14 + 2 = 30; host 98.
+  const Placement s1 = Place(in, 1, D::kCpu, D::kNone);
+  EXPECT_DOUBLE_EQ(s1.hbm_bytes_per_gpu, 30e9);
+  EXPECT_DOUBLE_EQ(s1.host_bytes_per_node, 98e9);
+  EXPECT_DOUBLE_EQ(s1.pcie_bytes_per_gpu, 3.5e9);
+  // NVMe optimizer offload below stage 3 becomes cpu; param offload is ignored: as s2.
+  const Placement s2n = Place(in, 2, D::kNvme, D::kNvme);
+  EXPECT_EQ(s2n.offload_optimizer, D::kCpu);
+  EXPECT_EQ(s2n.offload_param, D::kNone);
+  EXPECT_EQ(s2n.notes.size(), 2u);
+  EXPECT_DOUBLE_EQ(s2n.hbm_bytes_per_gpu, 16e9);
+  EXPECT_DOUBLE_EQ(s2n.nvme_bytes_per_node, 0);
+  // Stage 0 ignores optimizer offload: 113 GB as without it.
+  const Placement s0 = Place(in, 0, D::kCpu, D::kCpu);
+  EXPECT_EQ(s0.offload_optimizer, D::kNone);
+  EXPECT_DOUBLE_EQ(s0.hbm_bytes_per_gpu, 113e9);
+  EXPECT_DOUBLE_EQ(s0.host_bytes_per_node, 0);
+}
+
+TEST(PlannerPlace, HostAndNvmeScaleWithGpusPerNodeNotNodes) {
+  PlanInput in = Ref();
+  in.capacity.gpus_per_node = 4;
+  in.capacity.nodes = 2;  // N = 8 again, shard 8.75e8
+  const Placement p = Place(in, 3, D::kCpu, D::kCpu);
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 4e9);
+  // 4 GPUs x 16 B x 8.75e8 = 56 GB per node.
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 56e9);
+}
+
+TEST(PlannerComm, RelativeToDdp) {
+  const PlanInput in = Ref();
+  // DDP: 2 x (7/8) x 2 B x 7e9 = 24.5 GB per rank.
+  for (int s = 0; s < 3; ++s) {
+    const Placement p = Place(in, s, D::kNone, D::kNone);
+    EXPECT_DOUBLE_EQ(p.comm.ddp_bytes_per_rank, 24.5e9);
+    EXPECT_DOUBLE_EQ(p.comm.bytes_per_rank, 24.5e9) << s;
+    EXPECT_DOUBLE_EQ(p.comm.ratio, 1.0);
+  }
+  // Stage 3: (7/8) x (2 + 2 x 2) x 7e9 = 36.75 GB, 1.5x.
+  const Placement s3 = Place(in, 3, D::kNone, D::kNone);
+  EXPECT_DOUBLE_EQ(s3.comm.bytes_per_rank, 36.75e9);
+  EXPECT_DOUBLE_EQ(s3.comm.ratio, 1.5);
+  // fp32 grads: DDP moves 4 B/param twice; stage 1 moves 4 + 2: 0.75x; stage 3 (4 + 4): 1x.
+  PlanInput f = in;
+  f.recipe = *ParseRecipe("fp32-grads");
+  EXPECT_DOUBLE_EQ(Place(f, 1, D::kNone, D::kNone).comm.ratio, 0.75);
+  EXPECT_DOUBLE_EQ(Place(f, 3, D::kNone, D::kNone).comm.ratio, 1.0);
+  // One rank: nothing moves, the ratio is still defined.
+  f.capacity.gpus_per_node = 1;
+  EXPECT_DOUBLE_EQ(Place(f, 3, D::kNone, D::kNone).comm.bytes_per_rank, 0);
+}
+
+// Which rung of the ladder is chosen, as capacities shrink.
+size_t Recommended(const PlanInput& in) {
+  auto plan = MakePlan(in);
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  return plan->recommended.value_or(99);
+}
+
+TEST(PlannerRecommend, LadderOrder) {
+  PlanInput in = Ref();
+  auto plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->ladder.size(), 8u);
+  EXPECT_EQ(plan->ladder[4].offload_optimizer, D::kCpu);
+  EXPECT_EQ(plan->ladder[7].offload_param, D::kNvme);
+  // 80 GB: stage 0 needs 113, stage 1 needs 40.5 -> stage 1 (rung 1).
+  EXPECT_EQ(Recommended(in), 1u);
+  EXPECT_TRUE(plan->fits);
+  in.capacity.hbm_bytes_per_gpu = 30e9;  // stage 2: 28.25
+  EXPECT_EQ(Recommended(in), 2u);
+  in.capacity.hbm_bytes_per_gpu = 20e9;  // stage 3: 18
+  EXPECT_EQ(Recommended(in), 3u);
+  in.capacity.hbm_bytes_per_gpu = 10e9;  // stage 3 + optimizer cpu: 5.75 HBM, 98 host
+  EXPECT_EQ(Recommended(in), 4u);
+  in.capacity.hbm_bytes_per_gpu = 5e9;  // + params cpu: 4 HBM, 112 host
+  EXPECT_EQ(Recommended(in), 5u);
+  in.capacity.dram_bytes_per_node = 100e9;  // 112 host no longer fits; nvme rungs need 126/134
+  EXPECT_EQ(Recommended(in), 99u);
+  in.zero.sub_group_size = 1e8;  // optimizer nvme + params cpu: 12.8 + 14 = 26.8 host
+  EXPECT_EQ(Recommended(in), 6u);
+  in.capacity.dram_bytes_per_node = 25e9;  // all nvme: 12.8 + 0 cache + 8 buffers = 20.8
+  in.zero.max_in_cpu = 0;
+  EXPECT_EQ(Recommended(in), 7u);
+  in.capacity.nvme_bytes_per_node = 100e9;  // NVMe needs 112
+  EXPECT_EQ(Recommended(in), 99u);
+}
+
+TEST(PlannerRecommend, VerdictFollowsConfiguredSetting) {
+  PlanInput in = Ref();
+  in.has_configured = true;
+  in.zero.stage = 0;  // 113 GB does not fit 80 although stage 1 would
+  auto plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_TRUE(plan->configured.has_value());
+  EXPECT_FALSE(plan->fits);
+  EXPECT_EQ(plan->recommended.value_or(99), 1u);
+  in.zero.stage = 3;
+  in.zero.offload_optimizer = D::kCpu;
+  in.zero.offload_param = D::kCpu;
+  plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->fits);
+  EXPECT_DOUBLE_EQ(plan->configured->hbm_bytes_per_gpu, 4e9);
+  // The per-stage table applies the configured offload to every stage.
+  EXPECT_DOUBLE_EQ(plan->stages[2].hbm_bytes_per_gpu, 16e9);
+  EXPECT_DOUBLE_EQ(plan->stages[3].host_bytes_per_node, 112e9);
+}
+
+TEST(PlannerValidate, NamesTheField) {
+  PlanInput in = Ref();
+  in.params = 0;
+  EXPECT_NE(MakePlan(in).status().message().find("params"), std::string_view::npos);
+  in = Ref();
+  in.capacity.gpus_per_node = 0;
+  EXPECT_TRUE(MakePlan(in).status().IsInvalidArgument());
+  in = Ref();
+  in.zero.stage = 4;
+  EXPECT_NE(MakePlan(in).status().message().find("stage"), std::string_view::npos);
+  in = Ref();
+  in.zero.reduce_bucket_size = -1;
+  EXPECT_NE(MakePlan(in).status().message().find("reduce_bucket_size"), std::string_view::npos);
+  in = Ref();
+  in.zero.gradient_accumulation_steps = 0;
+  EXPECT_TRUE(MakePlan(in).status().IsInvalidArgument());
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,194 @@
+// `offloadctl plan`: the ZeRO memory plan of a model on a cluster, as a readable report or JSON.
+// Exit codes: 0 the configured setting (or, without one, some setting) fits; 1 it does not fit
+// or the config is invalid; 2 usage error.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "strata/planner.h"
+#include "tools/offloadctl/commands.h"
+#include "tools/offloadctl/plan_report.h"
+
+namespace strata::cli {
+namespace {
+
+struct PlanFlags {
+  std::string params;
+  int gpus = 8;
+  int nodes = 1;
+  double hbm_gb = 80;
+  double dram_gb = 1024;
+  double nvme_gb = 3840;
+  double nvme_gbps = 6;
+  double activations_gb = 0;
+  std::string largest_group;
+  std::string recipe;
+  std::string config;
+  int stage = -1;
+  std::string offload_optimizer;
+  std::string offload_param;
+  double grad_accum = 0;
+  double step_seconds = 10;
+  bool json = false;
+};
+
+int Usage(const std::string& msg) {
+  std::fprintf(stderr, "offloadctl plan: %s\n", msg.c_str());
+  return kExitUsage;
+}
+
+// Builds the PlanInput: defaults, then the config file, then the flags that override it.
+// Returns an exit code on failure, -1 on success.
+int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* notes) {
+  auto psi = ParseParamCount(f.params);
+  if (!psi.ok()) return Usage("--params: " + std::string(psi.status().message()));
+  in->params = *psi;
+  if (f.gpus < 1) return Usage("--gpus must be >= 1");
+  if (f.nodes < 1) return Usage("--nodes must be >= 1");
+  in->capacity.gpus_per_node = f.gpus;
+  in->capacity.nodes = f.nodes;
+  in->capacity.hbm_bytes_per_gpu = f.hbm_gb * 1e9;
+  in->capacity.dram_bytes_per_node = f.dram_gb * 1e9;
+  in->capacity.nvme_bytes_per_node = f.nvme_gb * 1e9;
+  in->capacity.nvme_bytes_per_s_per_node = f.nvme_gbps * 1e9;
+  in->activation_bytes_per_gpu = f.activations_gb * 1e9;
+  in->target_step_seconds = f.step_seconds;
+  if (!f.largest_group.empty()) {
+    auto g = ParseParamCount(f.largest_group);
+    if (!g.ok()) return Usage("--largest-group: " + std::string(g.status().message()));
+    in->largest_group_params = *g;
+  }
+  if (!f.config.empty()) {
+    Status s = ApplyDeepSpeedConfigFile(f.config, in, notes);
+    if (!s.ok()) {
+      std::fprintf(stderr, "offloadctl plan: --config %s: %s\n", f.config.c_str(),
+                   s.ToString().c_str());
+      return kExitInvalid;
+    }
+    in->has_configured = true;
+  }
+  if (!f.recipe.empty()) {
+    auto r = ParseRecipe(f.recipe);
+    if (!r.ok()) return Usage("--recipe: " + std::string(r.status().message()));
+    in->recipe = *r;
+  }
+  if (f.stage >= 0) {
+    in->zero.stage = f.stage;
+    in->has_configured = true;
+  }
+  for (auto [flag, value, dst] :
+       {std::tuple{"--offload-optimizer", &f.offload_optimizer, &in->zero.offload_optimizer},
+        std::tuple{"--offload-param", &f.offload_param, &in->zero.offload_param}}) {
+    if (value->empty()) continue;
+    auto d = ParseOffloadDevice(*value);
+    if (!d) return Usage(std::string(flag) + ": expected none, cpu or nvme, got '" + *value + "'");
+    *dst = *d;
+    in->has_configured = true;
+  }
+  if (f.grad_accum > 0) in->zero.gradient_accumulation_steps = f.grad_accum;
+  Status valid = ValidatePlanInput(*in);
+  if (!valid.ok()) return Usage(std::string(valid.message()));
+  return -1;
+}
+
+int RunPlan(const PlanFlags& f) {
+  PlanInput in;
+  std::vector<std::string> notes;
+  if (int rc = BuildInput(f, &in, &notes); rc >= 0) return rc;
+  auto plan = MakePlan(in);
+  if (!plan.ok()) return Usage(std::string(plan.status().message()));
+  if (in.largest_group_params == 0) {
+    notes.push_back(
+        "the largest gathered group is not given (--largest-group): stage 3 counts "
+        "stage3_max_live_parameters, or the prefetch bucket if larger, as the gathered set");
+  }
+  if (in.activation_bytes_per_gpu == 0) {
+    notes.push_back("activations are not given (--activations-gb): HBM figures exclude them");
+  }
+  if (f.json) {
+    std::printf("%s\n", PlanToJson(*plan, f.config, notes).dump(2).c_str());
+  } else {
+    std::fputs(PlanToText(*plan, f.config, notes).c_str(), stdout);
+  }
+  return plan->fits ? kExitOk : kExitInvalid;
+}
+
+}  // namespace
+
+void RegisterPlan(CLI::App& parent, int* exit_code) {
+  auto f = std::make_shared<PlanFlags>();
+  CLI::App* cmd = parent.add_subcommand(
+      "plan",
+      "Plan memory for training a model with ZeRO: the ledger per stage, bytes per tier (HBM, "
+      "host DRAM, NVMe) under the offload settings, comm volume, verdict, recommendation");
+  cmd->footer(
+      "The recommendation is the first setting that fits, in this order: the lowest stage "
+      "without offload, then stage 3 with the optimizer on cpu, then params on cpu too, NVMe "
+      "last (with its traffic per step and the bandwidth it needs). GB = 1e9 bytes.\n"
+      "Exit: 0 fits, 1 does not fit (or invalid --config), 2 usage error. 'Fits' judges the "
+      "configured setting when --config, --stage or --offload-* is given, else the "
+      "recommendation.");
+  cmd->add_option("--params", f->params,
+                  "Model parameter count: 7e9, 7000000000, 7B, 350M, 1.5T (k/M/B/T suffixes)")
+      ->required();
+  cmd->add_option("--gpus", f->gpus, "GPUs per node (data-parallel ranks per node)")
+      ->capture_default_str();
+  cmd->add_option("--nodes", f->nodes, "Number of nodes; N = gpus x nodes ranks")
+      ->capture_default_str();
+  cmd->add_option("--hbm-gb", f->hbm_gb,
+                  "Usable HBM per GPU in GB (default: H100/H200-class 80 GB; subtract the CUDA "
+                  "context and allocator slack)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--dram-gb", f->dram_gb, "Usable host DRAM per node in GB")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--nvme-gb", f->nvme_gb,
+                  "Usable NVMe space per node in GB (default: one 3.84 TB drive)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--nvme-gbps", f->nvme_gbps,
+                  "Aggregate NVMe bandwidth per node in GB/s, to time NVMe traffic per step "
+                  "(default: one PCIe Gen4 drive; measure yours with offloadctl bench)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--activations-gb", f->activations_gb,
+                  "Activation memory per GPU in GB, your estimate (not guessed by the planner)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--largest-group", f->largest_group,
+                  "Parameters in the largest gathered group (a layer or the embedding), e.g. "
+                  "131M; counted in the stage-3 gathered set");
+  cmd->add_option("--recipe", f->recipe,
+                  "Bytes per parameter: bf16-adam (2+2+4+4+4, default), fp16-adam, fp32-grads, "
+                  "no-master, bf16-pure, adam8bit, fp32, or P:G:MASTER:M:V (e.g. 2:4:4:4:4). "
+                  "With --config the default follows its bf16/fp16 sections");
+  cmd->add_option("--config", f->config,
+                  "DeepSpeed config (ds_config.json): stage, offload settings, buckets, "
+                  "gradient_accumulation_steps, precision")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--stage", f->stage, "ZeRO stage 0-3 to check (overrides --config)")
+      ->check(CLI::Range(0, 3));
+  cmd->add_option("--offload-optimizer", f->offload_optimizer,
+                  "Optimizer state device to check: none, cpu, nvme (overrides --config)");
+  cmd->add_option("--offload-param", f->offload_param,
+                  "Parameter device to check: none, cpu, nvme (overrides --config)");
+  cmd->add_option("--grad-accum", f->grad_accum,
+                  "Gradient accumulation steps (overrides --config; default 1): scales the "
+                  "per-step PCIe and NVMe traffic")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--step-seconds", f->step_seconds,
+                  "Target optimizer-step time in seconds: the NVMe bandwidth needed is the NVMe "
+                  "traffic per step divided by this")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", f->json, "Print the plan as JSON (bytes, not GB)");
+  cmd->callback([f, exit_code] { *exit_code = RunPlan(*f); });
+}
+
+}  // namespace strata::cli
