@@ -1,8 +1,11 @@
 // DeepSpeed config -> EngineConfig: the sections, DeepSpeed's defaults and the checks across keys.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
-#include <fstream>
-#include <sstream>
+#include <cerrno>
 
 #include "core/config_reader.h"
 #include "core/config_text.h"
@@ -352,17 +355,43 @@ Result<ParsedConfig> ParseDeepSpeedConfig(std::string_view text, const ParseOpti
 }
 
 namespace {
+// Configs are a few KiB; anything this large is not one (and is not read into memory).
+constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
+
 Result<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     int err = errno;
     if (err == ENOENT) return Status::NotFound("DeepSpeed config '" + path + "' does not exist");
     return Status::FromErrno(err, "open", path);
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::FromErrno(errno, "read", path);
-  return ss.str();
+  std::string text;
+  Status status;
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    status = Status::FromErrno(errno, "stat", path);
+  } else if (S_ISDIR(st.st_mode)) {
+    status = Status::InvalidArgument("DeepSpeed config '" + path + "' is a directory");
+  } else {
+    char buf[65536];
+    while (status.ok()) {
+      ssize_t n = read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        status = Status::FromErrno(errno, "read", path);
+      } else if (n == 0) {
+        break;
+      } else if (static_cast<int64_t>(text.size()) + n > kMaxConfigBytes) {
+        status = Status::InvalidArgument("DeepSpeed config '" + path +
+                                         "' is larger than 16 MiB: not a config");
+      } else {
+        text.append(buf, static_cast<size_t>(n));
+      }
+    }
+  }
+  close(fd);
+  if (!status.ok()) return status;
+  return text;
 }
 }  // namespace
 

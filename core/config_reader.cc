@@ -168,6 +168,7 @@ std::optional<double> Reader::ToDouble(const Json& v, const std::string& path, d
   std::optional<double> d;
   if (v.is_number()) {
     d = v.get<double>();
+    if (!std::isfinite(*d)) d.reset();  // 1e400 overflows to infinity
   } else if (v.is_string()) {
     d = ParseNumberString(v.get<std::string>());
   }

@@ -69,6 +69,14 @@ TEST(ConfigParse, UnterminatedBlockCommentIsASyntaxError) {
   EXPECT_EQ(c.errors[0].column, 10);
 }
 
+TEST(ConfigParse, MalformedBytesAreQuotedPrintably) {
+  ConfigCheck c = CheckDeepSpeedConfig("{\"a\": \"\xff\xfe\"}");
+  ASSERT_EQ(c.errors.size(), 1u);
+  EXPECT_NE(c.errors[0].message.find("\\xff"), std::string::npos) << c.errors[0].message;
+  // The message is valid UTF-8: it can be written as JSON.
+  EXPECT_NO_THROW(nlohmann::json(c.errors[0].message).dump());
+}
+
 TEST(ConfigParse, TopLevelMustBeAnObject) {
   ConfigCheck c = CheckDeepSpeedConfig("[1, 2]");
   ASSERT_EQ(c.errors.size(), 1u);
@@ -123,6 +131,22 @@ TEST(ConfigParse, NonIntegralOrNonNumericStringsForIntegersAreTypeErrors) {
     ASSERT_NE(d, nullptr) << key << "\n" << Dump(c.errors);
     EXPECT_NE(d->message.find("expected an integer"), std::string::npos);
   }
+}
+
+TEST(ConfigParse, NumbersThatOverflowAreTypeErrors) {
+  // Beyond double: the JSON layer reports it, with its position (never an exception).
+  ConfigCheck overflow = CheckDeepSpeedConfig("{\n  \"gradient_clipping\": 1e400}");
+  ASSERT_EQ(overflow.errors.size(), 1u);
+  EXPECT_EQ(overflow.errors[0].kind, Kind::kRange);
+  EXPECT_NE(overflow.errors[0].message.find("1e400"), std::string::npos);
+  EXPECT_EQ(overflow.errors[0].line, 2);
+  EXPECT_EQ(overflow.errors[0].column, 24);
+  // Beyond int64: a type error of the key; "1e400" as a string overflows strtod.
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"gradient_clipping": "1e400",
+      "zero_optimization": {"reduce_bucket_size": 1e30, "sub_group_size": 18446744073709551615}})");
+  EXPECT_NE(FindDiag(c.errors, Kind::kType, "gradient_clipping"), nullptr) << Dump(c.errors);
+  EXPECT_NE(FindDiag(c.errors, Kind::kType, "zero_optimization.reduce_bucket_size"), nullptr);
+  EXPECT_NE(FindDiag(c.errors, Kind::kType, "zero_optimization.sub_group_size"), nullptr);
 }
 
 TEST(ConfigParse, BooleansAcceptStringsTrueFalse) {
@@ -429,6 +453,11 @@ TEST(ConfigParse, ParseAndLoadReportErrorsAsStatus) {
   Result<ParsedConfig> missing = LoadDeepSpeedConfig("/nonexistent/strata/ds.json");
   ASSERT_FALSE(missing.ok());
   EXPECT_TRUE(missing.status().IsNotFound()) << missing.status().ToString();
+
+  Result<ParsedConfig> dir = LoadDeepSpeedConfig("/");
+  ASSERT_FALSE(dir.ok());
+  EXPECT_TRUE(dir.status().IsInvalidArgument()) << dir.status().ToString();
+  EXPECT_NE(dir.status().message().find("is a directory"), std::string::npos);
 }
 
 }  // namespace

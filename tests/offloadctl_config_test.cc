@@ -119,6 +119,16 @@ TEST_F(OffloadctlConfig, MalformedJsonReportsLineAndColumn) {
   EXPECT_EQ(j["errors"][0]["column"], 3);
 }
 
+TEST_F(OffloadctlConfig, BinaryGarbageIsInvalidAndTheJsonStillParses) {
+  std::string garbage = "{\"a\": \"";
+  for (int i = 0; i < 256; ++i) garbage += static_cast<char>(255 - i);
+  ProcessRun r = Offloadctl("config check " + TempFile("garbage.json", garbage) + " --json");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["valid"], false);
+  EXPECT_EQ(j["errors"][0]["kind"], "syntax");
+}
+
 TEST_F(OffloadctlConfig, StrictMakesWarningsFail) {
   std::string fixture = SourceDir() + "/tests/data/ds_configs/hf_ds_config_zero3.json";
   EXPECT_EQ(Offloadctl("config check " + fixture).exit_code, 0);

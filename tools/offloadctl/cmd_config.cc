@@ -57,7 +57,8 @@ int RunCheck(const ConfigCheckArgs& a) {
     if (a.json) {
       nlohmann::ordered_json j{
           {"file", a.path}, {"valid", false}, {"read_error", r.status().ToString()}};
-      std::printf("%s\n", j.dump(2).c_str());
+      std::printf("%s\n",
+                  j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
     } else {
       std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
     }
@@ -80,7 +81,8 @@ int RunCheck(const ConfigCheckArgs& a) {
       }
       j["effective"] = nlohmann::ordered_json::parse(EffectiveConfigJson(c.parsed->config));
     }
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n",
+                j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
     return c.ok() ? kExitOk : kExitInvalid;
   }
   for (const auto& e : c.errors) std::printf("error: %s\n", e.ToString().c_str());
