@@ -94,6 +94,7 @@ constexpr std::array kBf16Acted = {K("enabled")};
 constexpr std::array kBf16Known = {K("immediate_grad_update"), K("check_grad_overflow"),
                                    K("bf16_master_weights_and_grads"), K("bf16_optimizer_states")};
 constexpr std::array kOptimizerActed = {K("type"), K("params")};
+constexpr std::array kOptimizerKnown = {K("legacy_fusion")};
 constexpr std::array kSchedulerActed = {K("type"), K("params")};
 constexpr std::array kNone = std::array<K, 0>{};
 constexpr std::array kAioActed = {K("block_size"),   K("queue_depth"),   K("intra_op_parallelism"),
@@ -167,7 +168,7 @@ constexpr std::array kOffloadParamActed = {K("device"),      K("nvme_path"),  K(
 const SectionKeys kTop{kTopActed, kTopKnown, false};
 const SectionKeys kFp16{kFp16Acted, kFp16Known, true};
 const SectionKeys kBf16{kBf16Acted, kBf16Known, true};
-const SectionKeys kOptimizer{kOptimizerActed, kNone, false};
+const SectionKeys kOptimizer{kOptimizerActed, kOptimizerKnown, false};
 const SectionKeys kScheduler{kSchedulerActed, kNone, false};
 const SectionKeys kAio{kAioActed, kAioKnown, false};
 const SectionKeys kZero{kZeroActed, kZeroKnown, true};

@@ -9,10 +9,13 @@
 // strata does not act on are kept verbatim in `EngineConfig::unacted_keys` and listed; unknown keys
 // are warnings naming the nearest known key.
 //
-// "auto": a field that a trainer may fill is an `AutoOr<T>`. It stays `auto` after parsing unless
-// the caller supplies the value (`ParseOptions::auto_values`, `world_size`, `hidden_size`); the
-// JSON paths of fields still `auto` are listed in `ParsedConfig::unresolved_auto`, and
-// `ParseOptions::require_resolved` makes any of them an error that names them all.
+// "auto": a field that Hugging Face's Trainer fills is an `AutoOr<T>`. Accelerate also fills the
+// stage, the offload devices and paths and the 16-bit gather flag; those plain fields keep their
+// default while "auto". Either way the value stays "auto" after parsing unless the caller supplies
+// it (`ParseOptions::auto_values`, `world_size`, `hidden_size`); the JSON paths still "auto" are
+// listed in `unresolved_auto` (of ParsedConfig and EngineConfig), checks that need them wait, and
+// `ParseOptions::require_resolved` makes any of them an error that names them all. "auto" on any
+// other key is an error (no trainer fills it).
 //
 // Errors name the JSON path and what was expected (malformed JSON: also line and column).
 // Warnings say what DeepSpeed (and strata) will do instead of what the user probably meant.
@@ -267,8 +270,9 @@ struct ParseOptions {
   // Check on this machine that each nvme_path in use exists, is a directory and is writable, and
   // report its free space (a warning below `min_free_bytes`).
   bool check_here = false;
-  int64_t min_free_bytes = int64_t{1} << 30;
-  // Named in messages ("ds.json:3:7: ..."); may be empty.
+  int64_t min_free_bytes = int64_t{1} << 30;  // [1 GiB] the free-space warning threshold
+  // Names the config in ParseDeepSpeedConfig's error message; Load/Check*File default it to the
+  // path. May be empty.
   std::string source_name;
 };
 
@@ -323,10 +327,11 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
 // error, one per line.
 Result<ParsedConfig> ParseDeepSpeedConfig(std::string_view text, const ParseOptions& options = {});
 
-// Reads `path` and parses it (source_name defaults to path). NotFound / IOError when the file
-// cannot be read; otherwise as ParseDeepSpeedConfig.
+// Reads `path` and parses it (source_name defaults to path). NotFound: no such file; IOError: it
+// cannot be read (errno in the message); InvalidArgument: a directory, a file over 16 MiB, or (as
+// ParseDeepSpeedConfig) an invalid config.
 Result<ParsedConfig> LoadDeepSpeedConfig(const std::string& path, const ParseOptions& options = {});
-// Reads `path` and checks it; a read failure is returned as Status.
+// Reads `path` and checks it; a read failure is returned as Status (as LoadDeepSpeedConfig).
 Result<ConfigCheck> CheckDeepSpeedConfigFile(const std::string& path,
                                              const ParseOptions& options = {});
 
