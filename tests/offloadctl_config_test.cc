@@ -91,6 +91,27 @@ TEST_F(OffloadctlConfig, JsonOutputParsesAndCarriesTheResult) {
   EXPECT_EQ(j["unresolved_auto"], nlohmann::json::array({"train_batch_size"}));
 }
 
+TEST_F(OffloadctlConfig, SetResolvesAccelerateAutoKeysWithPlainWords) {
+  std::string fixture = SourceDir() + "/tests/data/ds_configs/accelerate_docs_ds_config_auto.json";
+  ProcessRun r = Offloadctl("config check " + fixture +
+                            " --json --set zero_optimization.stage=3"
+                            " --set zero_optimization.offload_param.device=cpu"
+                            " --set zero_optimization.offload_optimizer.device=nvme");
+  // nvme without a path is an error now that the device is known.
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  nlohmann::json j = ParseJson(r);
+  ASSERT_EQ(j["errors"].size(), 1u) << r.out;
+  EXPECT_EQ(j["errors"][0]["path"], "zero_optimization.offload_optimizer.nvme_path");
+  r = Offloadctl("config check " + fixture +
+                 " --json --set zero_optimization.stage=3"
+                 " --set zero_optimization.offload_optimizer.device=cpu");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  j = ParseJson(r);
+  EXPECT_EQ(j["effective"]["zero_optimization"]["stage"], 3);
+  EXPECT_EQ(j["effective"]["zero_optimization"]["offload_optimizer"]["device"], "cpu");
+  EXPECT_EQ(j["effective"]["zero_optimization"]["offload_param"]["device"], "auto");
+}
+
 TEST_F(OffloadctlConfig, InvalidConfigExitsOneWithPathsInJson) {
   std::string path = TempFile("bad.json", R"({"zero_optimization": {"stage": 4,
       "offload_param": {"device": "gpu"}}, "fp16": {"enabled": true}, "bf16": {"enabled": true}})");

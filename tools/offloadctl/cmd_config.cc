@@ -50,7 +50,12 @@ int RunCheck(const ConfigCheckArgs& a) {
                    kv.c_str());
       return kExitUsage;
     }
-    o.auto_values[kv.substr(0, eq)] = kv.substr(eq + 1);
+    // A VALUE that is not JSON is taken as a string: --set ...offload_param.device=cpu.
+    std::string value = kv.substr(eq + 1);
+    if (nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false).is_discarded()) {
+      value = nlohmann::json(value).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
+    o.auto_values[kv.substr(0, eq)] = value;
   }
   Result<ConfigCheck> r = CheckDeepSpeedConfigFile(a.path, o);
   if (!r.ok()) {
@@ -134,8 +139,10 @@ void RegisterConfig(CLI::App& parent, int* exit_code) {
       ->check(CLI::PositiveNumber);
   check
       ->add_option("--set", args->set,
-                   "KEY=VALUE (dotted JSON path, JSON value) for an \"auto\" or absent batch key; "
-                   "repeatable, e.g. --set train_micro_batch_size_per_gpu=4")
+                   "KEY=VALUE for an \"auto\" (or an absent batch size): dotted JSON path, JSON "
+                   "value (text that is not JSON is a string); repeatable, e.g. --set "
+                   "train_micro_batch_size_per_gpu=4 --set zero_optimization.stage=3 --set "
+                   "zero_optimization.offload_param.device=cpu")
       ->allow_extra_args(false);
   check->add_flag("--require-resolved", args->require_resolved,
                   "An \"auto\" left unresolved is an error (what a run needs)");
