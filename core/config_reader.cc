@@ -310,8 +310,15 @@ void Reader::FinishSection(Section& s) {
     if (known) continue;
     std::string msg = "unknown key '" + key + "'";
     std::string near = Suggest(*keys, key);
-    if (!near.empty()) msg += "; did you mean '" + near + "'?";
-    msg += near.empty() ? "; it" : " It";
+    const SectionKeys* top = KeysOf("");
+    bool top_level_key = !s.path.empty() && KeysOf(key) != nullptr &&
+                         std::find(top->acted.begin(), top->acted.end(), key) != top->acted.end();
+    if (top_level_key) {
+      msg += "; '" + key + "' is a top-level section (DeepSpeed reads it only there), so here it";
+    } else {
+      if (!near.empty()) msg += "; did you mean '" + near + "'?";
+      msg += near.empty() ? "; it" : " It";
+    }
     msg += " is kept but has no effect";
     if (keys->deepspeed_forbids_extra) msg += " (DeepSpeed itself rejects unknown keys here)";
     Warn(ConfigDiagnostic::Kind::kUnknownKey, path, msg);

@@ -59,7 +59,10 @@ INSTANTIATE_TEST_SUITE_P(Published, RealConfigs,
                                            "dse_ds_zero_stage_infinity_config.json",
                                            "dse_ds_zero_stage_3_config_release.json",
                                            "dse_ds_zero-offload_10B_config.json",
-                                           "accelerate_docs_ds_config_auto.json"));
+                                           "accelerate_docs_ds_config_auto.json",
+                                           "hf_docs_zero3_nvme.json",
+                                           "llamafactory_ds_z2_offload_config.json",
+                                           "axolotl_zero2_torch_compile.json"));
 
 TEST(RealConfig, HuggingFaceZero2AllAutoResolvesWithTrainerValues) {
   ConfigCheck c = MustCheck(Fixture("hf_ds_config_zero2.json"));
@@ -132,6 +135,21 @@ TEST(RealConfig, LlamaFactoryZ3OffloadResolvesFromHiddenSize) {
   EXPECT_EQ(z.stage3_prefetch_bucket_size.value(), 15099494);  // int(0.9 * 4096^2)
   EXPECT_EQ(z.stage3_param_persistence_threshold.value(), 40960);
   EXPECT_EQ(r.parsed->config.train_batch_size.value(), 16);
+}
+
+TEST(RealConfig, HuggingFaceDocsNvmeExampleHasAioInTheWrongPlace) {
+  ConfigCheck c = MustCheck(Fixture("hf_docs_zero3_nvme.json"));  // with its trailing comma
+  const ZeroConfig& z = c.parsed->config.zero;
+  EXPECT_EQ(z.offload_optimizer.device, OffloadDevice::kNvme);
+  EXPECT_EQ(z.offload_param.nvme_path, "/local_nvme");
+  EXPECT_EQ(z.offload_param.max_in_cpu, 1000000000);
+  ASSERT_EQ(c.warnings.size(), 1u) << Dump(c.warnings);
+  EXPECT_EQ(c.warnings[0].path, "zero_optimization.aio");
+  EXPECT_NE(c.warnings[0].message.find("top-level section"), std::string::npos)
+      << c.warnings[0].message;
+  // So the aio settings there are not applied: DeepSpeed's defaults stay.
+  EXPECT_EQ(c.parsed->config.aio.queue_depth, 8);
+  EXPECT_EQ(c.parsed->config.aio.block_size, 1048576);
 }
 
 TEST(RealConfig, AxolotlUsesTheShortAliases) {

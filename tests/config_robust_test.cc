@@ -87,7 +87,8 @@ INSTANTIATE_TEST_SUITE_P(Published, MutatedConfigs,
                          ::testing::Values("hf_ds_config_zero2.json", "hf_ds_config_zero3.json",
                                            "llamafactory_ds_z3_offload_config.json",
                                            "dse_ds_zero_stage_infinity_config.json",
-                                           "accelerate_docs_ds_config_auto.json"));
+                                           "accelerate_docs_ds_config_auto.json",
+                                           "hf_docs_zero3_nvme.json"));
 
 }  // namespace
 }  // namespace strata
