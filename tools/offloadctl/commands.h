@@ -19,8 +19,10 @@ inline constexpr int kExitUsage = 2;
 // Top-level commands.
 void RegisterPlan(CLI::App& parent, int* exit_code);  // offloadctl plan (cmd_plan.cc)
 void RegisterConfig(CLI::App& parent, int* exit_code);  // `config check` (cmd_config.cc)
+void RegisterLaunch(CLI::App& parent, int* exit_code);  // offloadctl launch (cmd_launch.cc)
 
 // `offloadctl bench <what>` children.
-// (declared as each lands)
+void RegisterBenchNvme(CLI::App& bench, int* exit_code);  // cmd_bench_nvme.cc
+void RegisterBenchComm(CLI::App& bench, int* exit_code);  // cmd_bench_comm.cc
 
 }  // namespace strata::cli

@@ -20,7 +20,9 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand(
       "bench", "Measure a tier or kernel of this machine against a same-run reference");
   bench->require_subcommand(1);
-  (void)bench;
+  strata::cli::RegisterBenchNvme(*bench, &exit_code);
+  strata::cli::RegisterBenchComm(*bench, &exit_code);
+  strata::cli::RegisterLaunch(app, &exit_code);
 
   try {
     app.parse(argc, argv);

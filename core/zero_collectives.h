@@ -1,0 +1,51 @@
+// ZeRO collectives: the bucketed, coalesced all-gather of groups' parameter shards into the full
+// buffer, and the bucketed reduce-scatter of a full gradient buffer into the local grad shards,
+// over any Communicator and the layouts of sched/zero_partition.h.
+//
+// One coalesced call per bucket (NCCL: one group launch; Gloo: one queued task). Each group's
+// all-gather reads the rank's shard in place from the shard buffer and writes its padded full
+// buffer directly: no staging buffer, no interleaving copy.
+//
+// Thread safety: as the Communicator it drives (submit from one thread).
+#pragma once
+
+#include <vector>
+
+#include "sched/zero_partition.h"
+#include "strata/comm.h"
+
+namespace strata {
+
+class ZeroCollectives {
+ public:
+  // `comm` and `plan` are not owned and must outlive this object.
+  // REQUIRES: plan->world_size == comm->world_size().
+  ZeroCollectives(Communicator* comm, const PartitionPlan* plan, DType dtype)
+      : comm_(comm), plan_(plan), dtype_(dtype) {}
+
+  // Gathers groups [first, end): shards from `shard_buf` (the rank's shard buffer, all groups)
+  // into `full_buf` (the full buffer, all groups). Returns one handle per bucket, in order.
+  // kInvalidArgument for a bad range or bucket size, or when the plan's world size differs from
+  // the communicator's; otherwise what the Communicator returns.
+  Result<std::vector<CommHandle>> AllGatherGroups(const void* shard_buf, void* full_buf,
+                                                  size_t first, size_t end, size_t bucket_elems);
+
+  // Reduce-scatters groups [first, end) of the full gradient buffer `full_grads` into the rank's
+  // grad shard buffer `shard_grads`. REQUIRES: the padding elements of full_grads are zero (they
+  // are summed into the shards' padding).
+  Result<std::vector<CommHandle>> ReduceScatterGroups(const void* full_grads, void* shard_grads,
+                                                      size_t first, size_t end, size_t bucket_elems,
+                                                      ReduceOptions options = {});
+
+ private:
+  Status Check() const;
+  Communicator* comm_;
+  const PartitionPlan* plan_;
+  DType dtype_;
+};
+
+// Waits for every handle with one deadline; returns the first error.
+Status WaitAll(const std::vector<CommHandle>& handles,
+               std::chrono::steady_clock::time_point deadline);
+
+}  // namespace strata

@@ -1,0 +1,406 @@
+#include "cpu/gloo_comm.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <stdexcept>
+#include <thread>
+
+#include "cpu/host_reduce.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Slot prefix for our ring reduce-scatter; Gloo's own prefixes are 0x01..0x08.
+constexpr uint8_t kRingSlotPrefix = 0x40;
+
+// Gloo's rendezvous talks to a gloo::rendezvous::Store; this one forwards to a strata KvStore.
+// Gloo expects exceptions from a store, so errors become std::runtime_error here and are caught
+// again (with their message) in CreateGlooCommunicator.
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(KvStore* store, std::string prefix, std::chrono::milliseconds timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    const Status st = store_->Set(prefix_ + "/" + key,
+                                  {reinterpret_cast<const uint8_t*>(data.data()), data.size()});
+    if (!st.ok()) throw std::runtime_error(st.ToString());
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto r = store_->Get(prefix_ + "/" + key, timeout_);
+    if (!r.ok()) throw std::runtime_error(r.status().ToString());
+    return std::vector<char>(r->begin(), r->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    for (const auto& k : keys) {
+      auto r = store_->Get(prefix_ + "/" + k, t);
+      if (!r.ok()) throw std::runtime_error(r.status().ToString());
+    }
+  }
+
+ private:
+  KvStore* store_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
+class GlooWork final : public CommWork {
+ public:
+  explicit GlooWork(std::string name) : name_(std::move(name)) {}
+  Status WaitUntil(Clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [&] { return done_; })) {
+      return Status::DeadlineExceeded(name_ + ": not finished by the wait deadline");
+    }
+    return status_;
+  }
+  bool Ready() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  void Finish(Status st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = std::move(st);
+    done_ = true;
+    cv_.notify_all();
+  }
+  const std::string& name() const { return name_; }
+
+ private:
+  const std::string name_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+};
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(const GlooCommOptions& o, std::shared_ptr<gloo::Context> ctx)
+      : Communicator(o.rank, o.world_size),
+        opts_(o),
+        ctx_(std::move(ctx)),
+        acc_(o.scratch_elems),
+        tmp_(o.scratch_elems) {
+    worker_ = std::thread([this] { WorkerLoop(); });
+  }
+
+  ~GlooCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failed_.ok()) failed_ = Status::Aborted("communicator destroyed");
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  std::string_view backend() const noexcept override { return "gloo"; }
+
+  void Abort(std::string_view reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.ok()) failed_ = Status::Aborted("communicator aborted: " + std::string(reason));
+  }
+
+ protected:
+  Result<CommHandle> DoAllGather(std::span<const AllGatherPart> parts, DType dtype) override {
+    std::vector<AllGatherPart> ps(parts.begin(), parts.end());
+    return Submit("all_gather", [this, ps, dtype] {
+      for (const auto& p : ps) RunAllGather(p, DTypeSize(dtype));
+      return Status::OK();
+    });
+  }
+
+  Result<CommHandle> DoReduceScatter(std::span<const ReduceScatterPart> parts, DType dtype,
+                                     ReduceOptions o) override {
+    std::vector<ReduceScatterPart> ps(parts.begin(), parts.end());
+    return Submit("reduce_scatter", [this, ps, dtype, o] {
+      for (const auto& p : ps) RunReduceScatter(p, dtype, Scale(o));
+      return Status::OK();
+    });
+  }
+
+  Result<CommHandle> DoAllReduce(const void* send, void* recv, size_t count, DType dtype,
+                                 ReduceOptions o) override {
+    return Submit("all_reduce", [this, send, recv, count, dtype, o] {
+      RunAllReduce(send, recv, count, dtype, Scale(o));
+      return Status::OK();
+    });
+  }
+
+  Result<CommHandle> DoBroadcast(void* buf, size_t count, DType dtype, int root) override {
+    return Submit("broadcast", [this, buf, count, dtype, root] {
+      const size_t bytes = count * DTypeSize(dtype);
+      if (bytes == 0 || world_size() == 1) return Status::OK();
+      gloo::BroadcastOptions b(ctx_);
+      b.setOutput(static_cast<uint8_t*>(buf), bytes);
+      b.setRoot(root);
+      b.setTag(next_tag_++);
+      b.setTimeout(opts_.timeout);
+      gloo::broadcast(b);
+      return Status::OK();
+    });
+  }
+
+  Result<CommHandle> DoBarrier() override {
+    return Submit("barrier", [this] {
+      if (world_size() == 1) return Status::OK();
+      gloo::BarrierOptions b(ctx_);
+      b.setTag(next_tag_++);
+      b.setTimeout(opts_.timeout);
+      gloo::barrier(b);
+      return Status::OK();
+    });
+  }
+
+ private:
+  struct Task {
+    std::shared_ptr<GlooWork> work;
+    std::function<Status()> fn;
+  };
+
+  float Scale(ReduceOptions o) const { return o.predivide ? 1.0f / world_size() : 1.0f; }
+
+  Result<CommHandle> Submit(const char* kind, std::function<Status()> fn) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!failed_.ok()) {
+      return Status::Aborted(std::string("gloo ") + kind +
+                             ": communicator failed earlier: " + failed_.ToString());
+    }
+    const bool space = space_cv_.wait_until(lock, Clock::now() + opts_.timeout, [&] {
+      return stop_ || queue_.size() + running_ < opts_.queue_depth;
+    });
+    if (!space) {
+      return Status::ResourceExhausted(std::string("gloo ") + kind + ": " +
+                                       std::to_string(opts_.queue_depth) +
+                                       " operations still queued after the timeout");
+    }
+    auto work = std::make_shared<GlooWork>(
+        "gloo " + std::string(kind) + " #" + std::to_string(seq_++) + " (rank " +
+        std::to_string(rank()) + " of " + std::to_string(world_size()) + ")");
+    queue_.push_back(Task{work, std::move(fn)});
+    cv_.notify_all();
+    return CommHandle(work);
+  }
+
+  // Lifecycle: runs queued tasks in order until stopped. A task that throws (Gloo reports a closed
+  // connection or a timeout as gloo::IoException) fails its handle and the communicator; later
+  // tasks then fail fast without touching the transport. On destruction the queue is failed, the
+  // running task (bounded by the transport timeout) is waited for.
+  void WorkerLoop() {
+    while (true) {
+      Task t;
+      Status failed;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        t = std::move(queue_.front());
+        queue_.pop_front();
+        running_ = 1;
+        failed = failed_;
+      }
+      Status st;
+      if (!failed.ok()) {
+        st = Status::Aborted(t.work->name() + " not run: " + failed.ToString());
+      } else {
+        try {
+          st = t.fn();
+        } catch (const std::exception& e) {
+          const std::string what = e.what();
+          const std::string msg = t.work->name() + " failed: " + what +
+                                  " (a peer exited, hung past the timeout, or the network failed)";
+          st = what.find("Timed out") != std::string::npos ? Status::DeadlineExceeded(msg)
+                                                           : Status::Unavailable(msg);
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!st.ok() && failed_.ok()) failed_ = st;
+        running_ = 0;
+      }
+      t.work->Finish(std::move(st));
+      space_cv_.notify_all();
+    }
+  }
+
+  void RunAllGather(const AllGatherPart& p, size_t elt) {
+    const size_t bytes = p.send_count * elt;
+    auto* out = static_cast<uint8_t*>(p.recv);
+    uint8_t* own = out + static_cast<size_t>(rank()) * bytes;
+    if (bytes == 0) return;
+    if (world_size() == 1) {
+      if (own != p.send) std::memcpy(own, p.send, bytes);
+      return;
+    }
+    gloo::AllgatherOptions a(ctx_);
+    // No input means in place: Gloo then sends this rank's slot of the output.
+    if (own != p.send) std::memcpy(own, p.send, bytes);
+    a.setOutput(out, bytes * static_cast<size_t>(world_size()));
+    a.setTag(next_tag_++);
+    a.setTimeout(opts_.timeout);
+    gloo::allgather(a);
+  }
+
+  void RunReduceScatter(const ReduceScatterPart& p, DType dtype, float scale) {
+    const size_t s = p.recv_count;
+    RingReduceScatter(static_cast<const uint8_t*>(p.send), s * static_cast<size_t>(world_size()), s,
+                      dtype, scale, static_cast<uint8_t*>(p.recv));
+  }
+
+  // Ring reduce-scatter of `count` elements cut into world_size chunks of `chunk` elements (the
+  // last ones shorter or empty), one segment of at most scratch_elems elements per chunk at a
+  // time. Step k sends acc (the partial sum of chunk r-k-1) to the right and receives the partial
+  // sum of chunk r-k-2 from the left, then adds this rank's own contribution to it; after N-1
+  // steps acc holds chunk r summed over all ranks in fp32, stored to `out` in dtype. Both ends of
+  // a step agree on its length (same chunk, same segment), so empty transfers are skipped on both.
+  // Every chunk is read before the segment of chunk r is written, so `out` may be in's chunk r.
+  void RingReduceScatter(const uint8_t* in, size_t count, size_t chunk, DType dtype, float scale,
+                         uint8_t* out) {
+    const size_t elt = DTypeSize(dtype);
+    const int n = world_size(), r = rank();
+    const int right = (r + 1) % n, left = (r + n - 1) % n;
+    auto seg_len = [&](int c, size_t off) -> size_t {
+      const size_t begin = std::min(count, static_cast<size_t>(c) * chunk + off);
+      const size_t end = std::min(count, static_cast<size_t>(c) * chunk + chunk);
+      return std::min(opts_.scratch_elems, end > begin ? end - begin : 0);
+    };
+    auto at = [&](int c, size_t off) { return in + (static_cast<size_t>(c) * chunk + off) * elt; };
+    for (size_t off = 0; off < chunk; off += opts_.scratch_elems) {
+      int c = (r + n - 1) % n;
+      size_t len = seg_len(c, off);
+      LoadScaled(dtype, at(c, off), acc_.data(), len, scale);
+      for (int k = 0; k + 1 < n; ++k) {
+        const int c_recv = ((r - k - 2) % n + n) % n;
+        const size_t recv_len = seg_len(c_recv, off);
+        const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, next_tag_++);
+        std::unique_ptr<gloo::transport::UnboundBuffer> acc_buf, tmp_buf;
+        if (recv_len > 0) {
+          tmp_buf = ctx_->createUnboundBuffer(tmp_.data(), recv_len * sizeof(float));
+          tmp_buf->recv(left, slot);
+        }
+        if (len > 0) {
+          acc_buf = ctx_->createUnboundBuffer(acc_.data(), len * sizeof(float));
+          acc_buf->send(right, slot);
+        }
+        if ((tmp_buf && !tmp_buf->waitRecv(opts_.timeout)) ||
+            (acc_buf && !acc_buf->waitSend(opts_.timeout))) {
+          throw std::runtime_error("ring step aborted");
+        }
+        AccumulateScaled(dtype, at(c_recv, off), tmp_.data(), acc_.data(), recv_len, scale);
+        len = recv_len;
+      }
+      StoreFloat(dtype, acc_.data(), out + off * elt, len);
+    }
+  }
+
+  // fp32: Gloo's ring all-reduce in place on recv. 16-bit: the fp32 ring reduce-scatter above
+  // (partial sums in fp32 on the wire) into this rank's chunk of recv, then an all-gather of the
+  // rounded 16-bit chunks: 1.5x the bytes of a 16-bit ring instead of 2x for a widened all-reduce.
+  void RunAllReduce(const void* send, void* recv, size_t count, DType dtype, float scale) {
+    if (count == 0) return;
+    if (dtype == DType::kF32) {
+      LoadScaled(dtype, send, static_cast<float*>(recv), count, scale);
+      if (world_size() > 1) AllReduceF32(static_cast<float*>(recv), count);
+      return;
+    }
+    const size_t elt = DTypeSize(dtype), n = static_cast<size_t>(world_size());
+    const size_t chunk = (count + n - 1) / n;
+    auto* out = static_cast<uint8_t*>(recv);
+    RingReduceScatter(static_cast<const uint8_t*>(send), count, chunk, dtype, scale,
+                      out + std::min(count, static_cast<size_t>(rank()) * chunk) * elt);
+    if (n == 1) return;
+    std::vector<size_t> counts(n);
+    for (size_t c = 0; c < n; ++c) {
+      counts[c] = std::min(count, (c + 1) * chunk) - std::min(count, c * chunk);
+    }
+    gloo::AllgathervOptions a(ctx_);
+    a.setOutput(reinterpret_cast<uint16_t*>(out), counts);  // 16-bit elements
+    a.setTag(next_tag_++);
+    a.setTimeout(opts_.timeout);
+    gloo::allgatherv(a);
+  }
+
+  void AllReduceF32(float* buf, size_t count) {
+    gloo::AllreduceOptions a(ctx_);
+    a.setOutput(buf, count);
+    a.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    a.setTag(next_tag_++);
+    a.setTimeout(opts_.timeout);
+    gloo::allreduce(a);
+  }
+
+  const GlooCommOptions opts_;
+  std::shared_ptr<gloo::Context> ctx_;
+  // Worker-thread state: scratch, tags (advance identically on every rank: same op order).
+  std::vector<float> acc_, tmp_;
+  uint32_t next_tag_ = 1;
+
+  std::mutex mu_;
+  std::condition_variable cv_, space_cv_;
+  std::deque<Task> queue_;
+  size_t running_ = 0;
+  bool stop_ = false;
+  Status failed_;
+  uint64_t seq_ = 0;
+  std::thread worker_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooCommOptions& o) {
+  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
+    return Status::InvalidArgument("gloo: rank " + std::to_string(o.rank) +
+                                   " not in [0, world_size=" + std::to_string(o.world_size) + ")");
+  }
+  if (o.world_size > 1 && o.store == nullptr) {
+    return Status::InvalidArgument("gloo: a rendezvous store is required for world_size > 1");
+  }
+  if (o.queue_depth == 0 || o.scratch_elems == 0 || o.timeout.count() <= 0) {
+    return Status::InvalidArgument("gloo: queue_depth, scratch_elems and timeout must be > 0");
+  }
+  std::shared_ptr<gloo::Context> ctx;  // null for world_size 1: every op is local
+  if (o.world_size > 1) {
+    try {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = o.hostname;
+      auto dev = gloo::transport::tcp::CreateDevice(attr);
+      auto rctx = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world_size);
+      rctx->setTimeout(o.timeout);
+      StoreAdapter store(o.store, o.store_prefix, o.timeout);
+      rctx->connectFullMesh(store, dev);
+      ctx = std::move(rctx);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      const std::string msg = "gloo rendezvous (rank " + std::to_string(o.rank) + " of " +
+                              std::to_string(o.world_size) + ", transport on '" + o.hostname +
+                              "'): " + what;
+      if (what.find("DeadlineExceeded") != std::string::npos) return Status::DeadlineExceeded(msg);
+      return Status::Unavailable(msg);
+    }
+  }
+  auto comm = std::make_unique<GlooCommunicator>(o, std::move(ctx));
+  // After this barrier every rank has read the store: the caller may drop it (rank 0's TCP server).
+  STRATA_ASSIGN_OR_RETURN(CommHandle h, comm->Barrier());
+  STRATA_RETURN_IF_ERROR(h.WaitFor(o.timeout).WithContext("gloo setup barrier"));
+  comm->ResetStats();
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+}  // namespace strata

@@ -1,0 +1,439 @@
+#include "cpu/rendezvous.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <thread>
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Result<int> ParseIntEnv(const std::function<const char*(const char*)>& env, const char* name,
+                        bool required, int fallback) {
+  const char* v = env(name);
+  if (v == nullptr || *v == '\0') {
+    if (required)
+      return Status::InvalidArgument(std::string("rendezvous: ") + name + " is not set");
+    return fallback;
+  }
+  int out = 0;
+  const char* end = v + std::strlen(v);
+  auto [p, ec] = std::from_chars(v, end, out);
+  if (ec != std::errc() || p != end) {
+    return Status::InvalidArgument(std::string("rendezvous: ") + name + "='" + v +
+                                   "' is not an integer");
+  }
+  return out;
+}
+
+// Full-buffer send/recv bounded by `deadline`. kDeadlineExceeded / kUnavailable (peer closed).
+Status IoAll(int fd, void* buf, size_t n, bool is_send, Clock::time_point deadline,
+             std::string_view what) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return Status::DeadlineExceeded(std::string(what) + ": timed out");
+    pollfd pfd{fd, static_cast<short>(is_send ? POLLOUT : POLLIN), 0};
+    const int pr = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (pr < 0 && errno != EINTR) return Status::FromErrno(errno, "poll", what);
+    if (pr <= 0) continue;
+    const ssize_t r = is_send ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
+    if (r == 0) return Status::Unavailable(std::string(what) + ": connection closed by peer");
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Status::Unavailable(
+          Status::FromErrno(errno, is_send ? "send" : "recv", what).message());
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return Status::OK();
+}
+
+Result<addrinfo*> Resolve(const std::string& host, int port, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (passive) hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string port_s = std::to_string(port);
+  const int rc = ::getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res);
+  if (rc != 0) {
+    return Status::InvalidArgument("rendezvous: MASTER_ADDR '" + host +
+                                   "' does not resolve: " + gai_strerror(rc));
+  }
+  return res;
+}
+
+constexpr uint8_t kOpSet = 1;
+constexpr uint8_t kOpGet = 2;
+constexpr uint32_t kMaxKeyBytes = 4096;
+constexpr uint32_t kMaxValueBytes = 16u << 20;
+constexpr uint64_t kMaxStoreBytes = 256ull << 20;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// RendezvousConfig
+// ---------------------------------------------------------------------------
+Result<RendezvousConfig> RendezvousConfig::FromEnv(
+    const std::function<const char*(const char*)>& getenv_fn) {
+  const std::function<const char*(const char*)> env =
+      getenv_fn ? getenv_fn : [](const char* n) -> const char* { return std::getenv(n); };
+  RendezvousConfig c;
+  STRATA_ASSIGN_OR_RETURN(c.rank, ParseIntEnv(env, "RANK", true, 0));
+  STRATA_ASSIGN_OR_RETURN(c.world_size, ParseIntEnv(env, "WORLD_SIZE", true, 0));
+  STRATA_ASSIGN_OR_RETURN(c.local_rank, ParseIntEnv(env, "LOCAL_RANK", false, c.rank));
+  const char* dir = env("STRATA_RDZV_DIR");
+  if (dir != nullptr) c.file_dir = dir;
+  const char* addr = env("MASTER_ADDR");
+  if (addr != nullptr) c.master_addr = addr;
+  const bool tcp = c.file_dir.empty();
+  STRATA_ASSIGN_OR_RETURN(c.master_port, ParseIntEnv(env, "MASTER_PORT", tcp, 0));
+  int timeout_ms = 0;
+  STRATA_ASSIGN_OR_RETURN(timeout_ms, ParseIntEnv(env, "STRATA_RDZV_TIMEOUT_MS", false, 60000));
+  c.timeout = std::chrono::milliseconds(timeout_ms);
+  STRATA_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+Status RendezvousConfig::Validate() const {
+  if (world_size < 1) {
+    return Status::InvalidArgument("rendezvous: WORLD_SIZE=" + std::to_string(world_size) +
+                                   " must be >= 1");
+  }
+  if (rank < 0 || rank >= world_size) {
+    return Status::InvalidArgument("rendezvous: RANK=" + std::to_string(rank) +
+                                   " must be in [0, WORLD_SIZE=" + std::to_string(world_size) +
+                                   ")");
+  }
+  if (local_rank < 0) return Status::InvalidArgument("rendezvous: LOCAL_RANK must be >= 0");
+  if (timeout.count() <= 0) {
+    return Status::InvalidArgument("rendezvous: STRATA_RDZV_TIMEOUT_MS must be > 0");
+  }
+  if (file_dir.empty()) {
+    if (master_addr.empty()) {
+      return Status::InvalidArgument(
+          "rendezvous: MASTER_ADDR is not set (or set STRATA_RDZV_DIR for a file store)");
+    }
+    if (master_port < 1 || master_port > 65535) {
+      return Status::InvalidArgument("rendezvous: MASTER_PORT=" + std::to_string(master_port) +
+                                     " must be in [1, 65535]");
+    }
+  }
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------
+// FileKvStore
+// ---------------------------------------------------------------------------
+Result<std::unique_ptr<FileKvStore>> FileKvStore::Open(const std::string& dir) {
+  if (dir.empty()) return Status::InvalidArgument("file store: empty directory");
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return Status::FromErrno(errno, "file store: mkdir", dir);
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return Status::FromErrno(errno, "file store: stat", dir);
+  if (!S_ISDIR(st.st_mode))
+    return Status::InvalidArgument("file store: '" + dir + "' is not a directory");
+  return std::unique_ptr<FileKvStore>(new FileKvStore(dir));
+}
+
+std::string FileKvStore::PathOf(std::string_view key) const {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string name;
+  for (unsigned char c : key) {
+    if (std::isalnum(c) || c == '-' || c == '_') {
+      name += static_cast<char>(c);
+    } else {
+      name += '%';
+      name += kHex[c >> 4];
+      name += kHex[c & 15];
+    }
+  }
+  return dir_ + "/" + name;
+}
+
+Status FileKvStore::Set(std::string_view key, std::span<const uint8_t> value) {
+  const std::string path = PathOf(key);
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno(errno, "file store: open", tmp);
+  size_t done = 0;
+  while (done < value.size()) {
+    const ssize_t w = ::write(fd, value.data() + done, value.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::FromErrno(err, "file store: write", tmp);
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::close(fd) != 0) return Status::FromErrno(errno, "file store: close", tmp);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Status::FromErrno(errno, "file store: rename", path);
+  }
+  return Status::OK();
+}
+
+Result<std::vector<uint8_t>> FileKvStore::Get(std::string_view key,
+                                              std::chrono::milliseconds timeout) {
+  const std::string path = PathOf(key);
+  const auto deadline = Clock::now() + timeout;
+  auto sleep = std::chrono::milliseconds(1);
+  while (true) {
+    std::ifstream in(path, std::ios::binary);
+    if (in) {
+      std::vector<uint8_t> v((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      return v;
+    }
+    if (Clock::now() >= deadline) {
+      return Status::DeadlineExceeded("file store: key '" + std::string(key) +
+                                      "' did not appear in " + dir_ + " within " +
+                                      std::to_string(timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::milliseconds(20));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// TcpKvStore server: a thread per client connection, a map under one mutex.
+// Request: u8 op | u32 key_len | key | u32 value_len | value. Reply to SET: u8 1. Reply to GET:
+// u8 found | u32 len | value. Malformed or oversized requests close the connection.
+// ---------------------------------------------------------------------------
+class TcpKvStore::Server {
+ public:
+  ~Server() {
+    stopping_ = true;
+    if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int fd : client_fds_) ::shutdown(fd, SHUT_RDWR);
+    }
+    if (acceptor_.joinable()) acceptor_.join();
+    for (auto& t : clients_) t.join();
+    for (int fd : client_fds_) ::close(fd);
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+  }
+
+  Status Listen(const std::string& host, int port) {
+    addrinfo* res = nullptr;
+    STRATA_ASSIGN_OR_RETURN(res, Resolve(host, port, true));
+    int last_err = 0;
+    for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      const int one = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 128) == 0) {
+        listen_fd_ = fd;
+        break;
+      }
+      last_err = errno;
+      ::close(fd);
+    }
+    ::freeaddrinfo(res);
+    if (listen_fd_ < 0) {
+      return Status::FromErrno(last_err, "TCP store: bind/listen",
+                               host + ":" + std::to_string(port));
+    }
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+    return Status::OK();
+  }
+
+ private:
+  void AcceptLoop() {
+    while (!stopping_) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return;  // shut down (or a fatal error: clients will time out with a clear message)
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_ || static_cast<int>(clients_.size()) >= kMaxClients) {
+        ::close(fd);
+        continue;
+      }
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      client_fds_.push_back(fd);
+      clients_.emplace_back([this, fd] { Serve(fd); });
+    }
+  }
+
+  void Serve(int fd) {
+    while (!stopping_) {
+      // Blocking reads: the destructor's shutdown() wakes them.
+      const auto forever = Clock::now() + std::chrono::hours(24 * 365);
+      uint8_t op = 0;
+      uint32_t klen = 0, vlen = 0;
+      if (!IoAll(fd, &op, 1, false, forever, "TCP store server").ok()) return;
+      if (!IoAll(fd, &klen, 4, false, forever, "TCP store server").ok() || klen > kMaxKeyBytes)
+        return;
+      std::string key(klen, '\0');
+      if (!IoAll(fd, key.data(), klen, false, forever, "TCP store server").ok()) return;
+      if (!IoAll(fd, &vlen, 4, false, forever, "TCP store server").ok() || vlen > kMaxValueBytes)
+        return;
+      std::vector<uint8_t> value(vlen);
+      if (!IoAll(fd, value.data(), vlen, false, forever, "TCP store server").ok()) return;
+      std::vector<uint8_t> reply;
+      if (op == kOpSet) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = map_.find(key);
+        const uint64_t old = it == map_.end() ? 0 : it->second.size();
+        if (total_bytes_ - old + vlen > kMaxStoreBytes) return;  // over budget: drop the client
+        total_bytes_ = total_bytes_ - old + vlen;
+        map_[key] = std::move(value);
+        reply.push_back(1);
+      } else if (op == kOpGet) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = map_.find(key);
+        const uint32_t len = it == map_.end() ? 0 : static_cast<uint32_t>(it->second.size());
+        reply.push_back(it == map_.end() ? 0 : 1);
+        reply.resize(5);
+        std::memcpy(reply.data() + 1, &len, 4);
+        if (it != map_.end()) reply.insert(reply.end(), it->second.begin(), it->second.end());
+      } else {
+        return;
+      }
+      if (!IoAll(fd, reply.data(), reply.size(), true, forever, "TCP store server").ok()) return;
+    }
+  }
+
+  std::atomic<bool> stopping_{false};
+  int listen_fd_ = -1;
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<std::thread> clients_;
+  std::vector<int> client_fds_;
+  std::map<std::string, std::vector<uint8_t>> map_;
+  uint64_t total_bytes_ = 0;
+};
+
+Result<std::unique_ptr<TcpKvStore>> TcpKvStore::Open(const std::string& host, int port,
+                                                     bool is_server,
+                                                     std::chrono::milliseconds timeout) {
+  std::unique_ptr<TcpKvStore> store(new TcpKvStore());
+  store->endpoint_ = host + ":" + std::to_string(port);
+  store->io_timeout_ = timeout;
+  if (is_server) {
+    store->server_ = std::make_unique<Server>();
+    STRATA_RETURN_IF_ERROR(store->server_->Listen(host, port));
+  }
+  addrinfo* res = nullptr;
+  STRATA_ASSIGN_OR_RETURN(res, Resolve(host, port, false));
+  const auto deadline = Clock::now() + timeout;
+  int last_err = 0;
+  while (store->fd_ < 0 && Clock::now() < deadline) {
+    for (addrinfo* a = res; a != nullptr && store->fd_ < 0; a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+        const int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        store->fd_ = fd;
+      } else {
+        last_err = errno;
+        ::close(fd);
+      }
+    }
+    if (store->fd_ < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::freeaddrinfo(res);
+  if (store->fd_ < 0) {
+    return Status::DeadlineExceeded("TCP store: no server answered at " + store->endpoint_ +
+                                    " within " + std::to_string(timeout.count()) +
+                                    " ms (last error: " + std::strerror(last_err) +
+                                    "); is rank 0 running with the same MASTER_ADDR/MASTER_PORT?");
+  }
+  return store;
+}
+
+TcpKvStore::~TcpKvStore() {
+  if (fd_ >= 0) ::close(fd_);
+  server_.reset();
+}
+
+Status TcpKvStore::Request(uint8_t op, std::string_view key, std::span<const uint8_t> value,
+                           std::vector<uint8_t>* reply, bool* found) {
+  if (key.size() > kMaxKeyBytes || value.size() > kMaxValueBytes) {
+    return Status::InvalidArgument("TCP store: key or value too large for key '" +
+                                   std::string(key.substr(0, 64)) + "'");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto deadline = Clock::now() + io_timeout_;
+  std::vector<uint8_t> frame(1 + 4 + key.size() + 4 + value.size());
+  const uint32_t klen = static_cast<uint32_t>(key.size());
+  const uint32_t vlen = static_cast<uint32_t>(value.size());
+  frame[0] = op;
+  std::memcpy(frame.data() + 1, &klen, 4);
+  std::memcpy(frame.data() + 5, key.data(), key.size());
+  std::memcpy(frame.data() + 5 + key.size(), &vlen, 4);
+  if (!value.empty()) std::memcpy(frame.data() + 9 + key.size(), value.data(), value.size());
+  const std::string what = "TCP store " + endpoint_;
+  STRATA_RETURN_IF_ERROR(IoAll(fd_, frame.data(), frame.size(), true, deadline, what));
+  uint8_t head = 0;
+  STRATA_RETURN_IF_ERROR(IoAll(fd_, &head, 1, false, deadline, what));
+  if (op == kOpSet) return Status::OK();
+  uint32_t len = 0;
+  STRATA_RETURN_IF_ERROR(IoAll(fd_, &len, 4, false, deadline, what));
+  reply->resize(len);
+  STRATA_RETURN_IF_ERROR(IoAll(fd_, reply->data(), len, false, deadline, what));
+  *found = head == 1;
+  return Status::OK();
+}
+
+Status TcpKvStore::Set(std::string_view key, std::span<const uint8_t> value) {
+  return Request(kOpSet, key, value, nullptr, nullptr);
+}
+
+Result<std::vector<uint8_t>> TcpKvStore::Get(std::string_view key,
+                                             std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  auto sleep = std::chrono::milliseconds(1);
+  while (true) {
+    std::vector<uint8_t> v;
+    bool found = false;
+    STRATA_RETURN_IF_ERROR(Request(kOpGet, key, {}, &v, &found));
+    if (found) return v;
+    if (Clock::now() >= deadline) {
+      return Status::DeadlineExceeded("TCP store " + endpoint_ + ": key '" + std::string(key) +
+                                      "' did not appear within " + std::to_string(timeout.count()) +
+                                      " ms");
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::milliseconds(20));
+  }
+}
+
+Result<std::unique_ptr<KvStore>> OpenRendezvousStore(const RendezvousConfig& config) {
+  STRATA_RETURN_IF_ERROR(config.Validate());
+  if (!config.file_dir.empty()) {
+    STRATA_ASSIGN_OR_RETURN(auto fs, FileKvStore::Open(config.file_dir));
+    return std::unique_ptr<KvStore>(std::move(fs));
+  }
+  STRATA_ASSIGN_OR_RETURN(auto ts, TcpKvStore::Open(config.master_addr, config.master_port,
+                                                    config.rank == 0, config.timeout));
+  return std::unique_ptr<KvStore>(std::move(ts));
+}
+
+}  // namespace strata

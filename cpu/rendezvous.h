@@ -1,0 +1,86 @@
+// Rendezvous for multi-process runs: where ranks find each other before any collective.
+//
+// RendezvousConfig reads the variables torchrun and the deepspeed launcher set (RANK, WORLD_SIZE,
+// LOCAL_RANK, MASTER_ADDR, MASTER_PORT), plus STRATA_RDZV_DIR (use a file store in that shared
+// directory instead of TCP) and STRATA_RDZV_TIMEOUT_MS. Two KvStore implementations:
+//  - FileKvStore: one file per key in a shared directory (written to a temp name, then renamed,
+//    so readers never see a partial value); Get polls for the file.
+//  - TcpKvStore: rank 0 hosts a small server on MASTER_ADDR:MASTER_PORT (a thread per client,
+//    at most kMaxClients, keys <= 4 KiB, values <= 16 MiB, 256 MiB in all); every rank, rank 0
+//    included, is a client. Connecting retries until the timeout so ranks may start in any order.
+//
+// Thread safety: stores are thread-safe. The TCP server lives as long as rank 0's store object:
+// keep it until every rank has read what it needs (the communicators end their setup with a
+// barrier for that reason).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "strata/comm.h"
+
+namespace strata {
+
+struct RendezvousConfig {
+  int rank = -1;
+  int world_size = 0;
+  int local_rank = 0;
+  std::string master_addr;  // TCP store host (rank 0 listens here)
+  int master_port = 0;      // TCP store port, 1..65535
+  std::string file_dir;     // non-empty: file store in this shared directory instead of TCP
+  std::chrono::milliseconds timeout{60000};  // connect / key wait limit
+
+  // Reads the environment through `getenv` (injectable for tests). kInvalidArgument naming the
+  // variable when one is missing, not an integer, or out of range.
+  static Result<RendezvousConfig> FromEnv(
+      const std::function<const char*(const char*)>& getenv = nullptr);
+  // kInvalidArgument naming the field when the configuration cannot work.
+  Status Validate() const;
+};
+
+class FileKvStore final : public KvStore {
+ public:
+  // Creates `dir` if missing. kIOError with errno when it cannot.
+  static Result<std::unique_ptr<FileKvStore>> Open(const std::string& dir);
+  Status Set(std::string_view key, std::span<const uint8_t> value) override;
+  Result<std::vector<uint8_t>> Get(std::string_view key,
+                                   std::chrono::milliseconds timeout) override;
+
+ private:
+  explicit FileKvStore(std::string dir) : dir_(std::move(dir)) {}
+  std::string PathOf(std::string_view key) const;
+  std::string dir_;
+};
+
+class TcpKvStore final : public KvStore {
+ public:
+  static constexpr int kMaxClients = 1024;
+  // Connects to host:port (and, when `is_server`, first listens there). kInvalidArgument when the
+  // host does not resolve; kIOError when the server cannot bind (port in use: errno named);
+  // kDeadlineExceeded when no server answered within `timeout`.
+  static Result<std::unique_ptr<TcpKvStore>> Open(const std::string& host, int port, bool is_server,
+                                                  std::chrono::milliseconds timeout);
+  ~TcpKvStore() override;
+  Status Set(std::string_view key, std::span<const uint8_t> value) override;
+  Result<std::vector<uint8_t>> Get(std::string_view key,
+                                   std::chrono::milliseconds timeout) override;
+
+ private:
+  class Server;
+  TcpKvStore() = default;
+  Status Request(uint8_t op, std::string_view key, std::span<const uint8_t> value,
+                 std::vector<uint8_t>* reply, bool* found);
+
+  std::unique_ptr<Server> server_;
+  std::mutex mu_;  // one request at a time on the connection
+  int fd_ = -1;
+  std::string endpoint_;
+  std::chrono::milliseconds io_timeout_{60000};
+};
+
+// The store `config` asks for: the file store when file_dir is set, else TCP (rank 0 serves).
+Result<std::unique_ptr<KvStore>> OpenRendezvousStore(const RendezvousConfig& config);
+
+}  // namespace strata

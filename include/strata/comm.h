@@ -1,0 +1,385 @@
+// Communicator: collective operations among the ranks of a data-parallel job (all-gather,
+// reduce-scatter, all-reduce, broadcast, barrier) over contiguous buffers of fp32, bf16 or fp16,
+// each returning a CommHandle to wait on with a deadline. Backends: GlooCommunicator (cpu/, host
+// buffers over TCP) and NcclCommunicator (gpu/, device buffers on the communicator's stream).
+//
+// Semantics follow NCCL: every rank issues the same collectives in the same order; rank r's
+// all-gather input lands at recv + r * send_count; reduce-scatter leaves chunk r of the sum in
+// rank r's recv. In place is allowed exactly where NCCL allows it (all-gather: send == recv + r *
+// send_count; reduce-scatter: recv == send + r * recv_count; all-reduce: send == recv). Sums of
+// bf16/fp16 are accumulated in fp32 by the Gloo backend and rounded once (round to nearest even).
+//
+// Failure model: an operation that fails (a peer died, a transport timeout, an abort) fails its
+// handle with a clear Status and puts the communicator into a failed state: every later operation
+// fails fast with kAborted naming the first error. There is no recovery; build a new one.
+//
+// Byte accounting: each operation the backend accepted adds to CommStats, per operation kind, the
+// payload bytes (what nccl-tests calls the size) and the bytes a bandwidth-optimal ring sends and
+// receives per rank (RingBytes below). ZeRO stages 0-2 move one all-reduce's worth per step, stage
+// 3 1.5x; tests check steps against those formulas.
+//
+// Thread safety: submit operations from one thread at a time (the order of collectives must match
+// across ranks, so concurrent submitters would race anyway). rank(), world_size(), stats(),
+// Abort() and the handles (Wait from any thread) are thread-safe.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/dtype.h"
+#include "strata/status.h"
+
+namespace strata {
+
+enum class CommOp : uint8_t { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
+inline constexpr size_t kCommOpCount = 5;
+
+constexpr std::string_view CommOpName(CommOp op) noexcept {
+  switch (op) {
+    case CommOp::kAllGather:
+      return "all_gather";
+    case CommOp::kReduceScatter:
+      return "reduce_scatter";
+    case CommOp::kAllReduce:
+      return "all_reduce";
+    case CommOp::kBroadcast:
+      return "broadcast";
+    case CommOp::kBarrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+// Bytes one rank sends (== receives) in a bandwidth-optimal ring for an operation whose payload is
+// `payload_bytes` (all-gather: the gathered output; reduce-scatter: the full input; all-reduce and
+// broadcast: the buffer). These are the factors nccl-tests uses for busbw: (N-1)/N for all-gather
+// and reduce-scatter, 2(N-1)/N for all-reduce, 1 for broadcast (counted as the root's send and each
+// other rank's receive: see CommOpBytes). Integer division: exact when payload divides by N.
+constexpr uint64_t RingBytes(CommOp op, uint64_t payload_bytes, int world_size) noexcept {
+  const uint64_t n = world_size > 0 ? static_cast<uint64_t>(world_size) : 1;
+  switch (op) {
+    case CommOp::kAllGather:
+    case CommOp::kReduceScatter:
+      return payload_bytes * (n - 1) / n;
+    case CommOp::kAllReduce:
+      return 2 * payload_bytes * (n - 1) / n;
+    case CommOp::kBroadcast:
+      return n > 1 ? payload_bytes : 0;
+    case CommOp::kBarrier:
+      return 0;
+  }
+  return 0;
+}
+
+// nccl-tests' busbw factor (bus bytes / payload bytes) for one operation kind.
+constexpr double BusBandwidthFactor(CommOp op, int world_size) noexcept {
+  const double n = world_size > 0 ? world_size : 1;
+  switch (op) {
+    case CommOp::kAllGather:
+    case CommOp::kReduceScatter:
+      return (n - 1) / n;
+    case CommOp::kAllReduce:
+      return 2 * (n - 1) / n;
+    case CommOp::kBroadcast:
+      return 1;
+    case CommOp::kBarrier:
+      return 0;
+  }
+  return 0;
+}
+
+struct CommOpBytes {
+  uint64_t calls = 0;           // operations accepted (a coalesced call counts its parts)
+  uint64_t payload_bytes = 0;   // sum of payloads (see RingBytes)
+  uint64_t sent_bytes = 0;      // this rank's ring send volume (broadcast: root only)
+  uint64_t received_bytes = 0;  // this rank's ring receive volume (broadcast: non-roots only)
+};
+
+struct CommStats {
+  std::array<CommOpBytes, kCommOpCount> ops{};
+  const CommOpBytes& of(CommOp op) const { return ops[static_cast<size_t>(op)]; }
+  CommOpBytes& of(CommOp op) { return ops[static_cast<size_t>(op)]; }
+  uint64_t total_sent_bytes() const {
+    uint64_t s = 0;
+    for (const auto& o : ops) s += o.sent_bytes;
+    return s;
+  }
+};
+
+// The asynchronous completion of one submitted operation; implemented by each backend.
+class CommWork {
+ public:
+  virtual ~CommWork() = default;
+  // Blocks until the operation finished or `deadline` passed. Returns its Status when finished;
+  // kDeadlineExceeded when still running at the deadline. What happens then is the backend's:
+  // Gloo leaves the operation running (its transport timeout bounds it; wait again, or Abort);
+  // NCCL aborts the communicator, since a kernel waiting for a dead peer would spin forever.
+  // Callable repeatedly and from any thread.
+  virtual Status WaitUntil(std::chrono::steady_clock::time_point deadline) = 0;
+  // True once finished (successfully or not); never blocks.
+  virtual bool Ready() = 0;
+};
+
+// A copyable, shared handle on one submitted operation. Buffers handed to the
+// operation must stay valid until a Wait returned something other than kDeadlineExceeded (or the
+// communicator was destroyed, which waits for its operations).
+class [[nodiscard]] CommHandle {
+ public:
+  CommHandle() = default;
+  explicit CommHandle(std::shared_ptr<CommWork> work) : work_(std::move(work)) {}
+
+  // See CommWork::WaitUntil. An empty handle returns kFailedPrecondition.
+  Status WaitUntil(std::chrono::steady_clock::time_point deadline) const {
+    if (!work_) return Status::FailedPrecondition("Wait on an empty CommHandle");
+    return work_->WaitUntil(deadline);
+  }
+  Status WaitFor(std::chrono::milliseconds timeout) const {
+    return WaitUntil(std::chrono::steady_clock::now() + timeout);
+  }
+  bool Ready() const { return work_ && work_->Ready(); }
+  bool valid() const { return work_ != nullptr; }
+
+ private:
+  std::shared_ptr<CommWork> work_;
+};
+
+// Reduction options. predivide: multiply every rank's input by 1/world_size before the sum (in
+// fp32), DeepSpeed's gradient pre-division that keeps fp16 sums from overflowing.
+struct ReduceOptions {
+  bool predivide = false;
+};
+
+// One all-gather of a coalesced call: send_count elements from `send`, world_size * send_count
+// into `recv`.
+struct AllGatherPart {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t send_count = 0;
+};
+
+// One reduce-scatter of a coalesced call: world_size * recv_count elements from `send`,
+// recv_count into `recv`.
+struct ReduceScatterPart {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t recv_count = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int world_size() const noexcept { return world_size_; }
+  // "gloo" or "nccl".
+  virtual std::string_view backend() const noexcept = 0;
+
+  // Each call validates, accounts and enqueues; the returned handle completes the operation.
+  // Errors returned directly (nothing enqueued): kInvalidArgument for an unsupported dtype (int8),
+  // a null buffer with a non-zero count, a root out of range, or buffers that overlap other than
+  // in the in-place layouts above; kAborted when the communicator already failed.
+  Result<CommHandle> AllGather(const void* send, void* recv, size_t send_count, DType dtype);
+  // Several all-gathers as one operation (NCCL: one group launch). Parts are independent.
+  Result<CommHandle> AllGatherCoalesced(std::span<const AllGatherPart> parts, DType dtype);
+  Result<CommHandle> ReduceScatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                                   ReduceOptions options = {});
+  Result<CommHandle> ReduceScatterCoalesced(std::span<const ReduceScatterPart> parts, DType dtype,
+                                            ReduceOptions options = {});
+  Result<CommHandle> AllReduce(const void* send, void* recv, size_t count, DType dtype,
+                               ReduceOptions options = {});
+  // On the root, `buf` is the source; elsewhere it receives.
+  Result<CommHandle> Broadcast(void* buf, size_t count, DType dtype, int root);
+  Result<CommHandle> Barrier();
+
+  // Puts the communicator into the failed state: queued and later operations fail with kAborted
+  // carrying `reason`; NCCL aborts its communicator, Gloo lets a running operation end at its
+  // transport timeout. Idempotent.
+  virtual void Abort(std::string_view reason) = 0;
+
+  CommStats stats() const;
+  void ResetStats();
+
+ protected:
+  Communicator(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
+
+  // Backend hooks: arguments are validated (dtype is fp32/bf16/fp16, pointers non-null where
+  // counts are non-zero, root in range) and accounted.
+  virtual Result<CommHandle> DoAllGather(std::span<const AllGatherPart> parts, DType dtype) = 0;
+  virtual Result<CommHandle> DoReduceScatter(std::span<const ReduceScatterPart> parts, DType dtype,
+                                             ReduceOptions options) = 0;
+  virtual Result<CommHandle> DoAllReduce(const void* send, void* recv, size_t count, DType dtype,
+                                         ReduceOptions options) = 0;
+  virtual Result<CommHandle> DoBroadcast(void* buf, size_t count, DType dtype, int root) = 0;
+  virtual Result<CommHandle> DoBarrier() = 0;
+
+ private:
+  void Account(CommOp op, uint64_t payload_bytes, bool sends, bool receives);
+
+  const int rank_;
+  const int world_size_;
+  mutable std::mutex stats_mu_;
+  CommStats stats_;
+};
+
+// A small key-value store for rendezvous (exchanging transport addresses or an ncclUniqueId).
+// Implementations: a file store (shared directory) and a TCP store (cpu/rendezvous.h).
+// Thread safety: implementations are thread-safe.
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+  // Publishes `value` under `key` (overwrites). kIOError/kUnavailable when the store is
+  // unreachable.
+  virtual Status Set(std::string_view key, std::span<const uint8_t> value) = 0;
+  // Blocks until `key` exists, then returns its value. kDeadlineExceeded naming the key when it
+  // did not appear within `timeout`; kUnavailable when the store went away.
+  virtual Result<std::vector<uint8_t>> Get(std::string_view key,
+                                           std::chrono::milliseconds timeout) = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Inline definitions: validation and accounting shared by every backend (header-only so that the
+// cpu/ and gpu/ backends, siblings in the layering, need no common library).
+// ---------------------------------------------------------------------------
+namespace comm_detail {
+inline bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+}
+inline Status CheckDType(DType dtype, std::string_view op) {
+  if (dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16) return Status::OK();
+  return Status::InvalidArgument(std::string(op) + ": dtype " + std::string(DTypeName(dtype)) +
+                                 " is not supported (fp32, bf16, fp16)");
+}
+inline Status CheckPtrs(const void* send, const void* recv, size_t count, std::string_view op) {
+  if (count > 0 && (send == nullptr || recv == nullptr)) {
+    return Status::InvalidArgument(std::string(op) + ": null buffer with count " +
+                                   std::to_string(count));
+  }
+  return Status::OK();
+}
+}  // namespace comm_detail
+
+inline void Communicator::Account(CommOp op, uint64_t payload_bytes, bool sends, bool receives) {
+  const uint64_t ring = RingBytes(op, payload_bytes, world_size_);
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  CommOpBytes& s = stats_.of(op);
+  ++s.calls;
+  s.payload_bytes += payload_bytes;
+  if (sends) s.sent_bytes += ring;
+  if (receives) s.received_bytes += ring;
+}
+
+inline CommStats Communicator::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+inline void Communicator::ResetStats() {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_ = CommStats{};
+}
+
+inline Result<CommHandle> Communicator::AllGather(const void* send, void* recv, size_t send_count,
+                                                  DType dtype) {
+  const AllGatherPart part{send, recv, send_count};
+  return AllGatherCoalesced(std::span<const AllGatherPart>(&part, 1), dtype);
+}
+
+inline Result<CommHandle> Communicator::AllGatherCoalesced(std::span<const AllGatherPart> parts,
+                                                           DType dtype) {
+  STRATA_RETURN_IF_ERROR(comm_detail::CheckDType(dtype, "all_gather"));
+  const size_t elt = DTypeSize(dtype);
+  for (const AllGatherPart& p : parts) {
+    STRATA_RETURN_IF_ERROR(comm_detail::CheckPtrs(p.send, p.recv, p.send_count, "all_gather"));
+    const size_t in_bytes = p.send_count * elt;
+    const auto* own = static_cast<const char*>(p.recv) + static_cast<size_t>(rank_) * in_bytes;
+    if (p.send != own && comm_detail::Overlap(p.send, in_bytes, p.recv,
+                                              in_bytes * static_cast<size_t>(world_size_))) {
+      return Status::InvalidArgument(
+          "all_gather: send overlaps recv but is not the in-place slot recv + rank * send_count");
+    }
+  }
+  auto h = DoAllGather(parts, dtype);
+  if (h.ok()) {
+    for (const AllGatherPart& p : parts) {
+      Account(CommOp::kAllGather, p.send_count * elt * static_cast<uint64_t>(world_size_), true,
+              true);
+    }
+  }
+  return h;
+}
+
+inline Result<CommHandle> Communicator::ReduceScatter(const void* send, void* recv,
+                                                      size_t recv_count, DType dtype,
+                                                      ReduceOptions options) {
+  const ReduceScatterPart part{send, recv, recv_count};
+  return ReduceScatterCoalesced(std::span<const ReduceScatterPart>(&part, 1), dtype, options);
+}
+
+inline Result<CommHandle> Communicator::ReduceScatterCoalesced(
+    std::span<const ReduceScatterPart> parts, DType dtype, ReduceOptions options) {
+  STRATA_RETURN_IF_ERROR(comm_detail::CheckDType(dtype, "reduce_scatter"));
+  const size_t elt = DTypeSize(dtype);
+  for (const ReduceScatterPart& p : parts) {
+    STRATA_RETURN_IF_ERROR(comm_detail::CheckPtrs(p.send, p.recv, p.recv_count, "reduce_scatter"));
+    const size_t out_bytes = p.recv_count * elt;
+    const auto* own = static_cast<const char*>(p.send) + static_cast<size_t>(rank_) * out_bytes;
+    if (p.recv != own && comm_detail::Overlap(p.send, out_bytes * static_cast<size_t>(world_size_),
+                                              p.recv, out_bytes)) {
+      return Status::InvalidArgument(
+          "reduce_scatter: recv overlaps send but is not the in-place slot send + rank * "
+          "recv_count");
+    }
+  }
+  auto h = DoReduceScatter(parts, dtype, options);
+  if (h.ok()) {
+    for (const ReduceScatterPart& p : parts) {
+      Account(CommOp::kReduceScatter, p.recv_count * elt * static_cast<uint64_t>(world_size_), true,
+              true);
+    }
+  }
+  return h;
+}
+
+inline Result<CommHandle> Communicator::AllReduce(const void* send, void* recv, size_t count,
+                                                  DType dtype, ReduceOptions options) {
+  STRATA_RETURN_IF_ERROR(comm_detail::CheckDType(dtype, "all_reduce"));
+  STRATA_RETURN_IF_ERROR(comm_detail::CheckPtrs(send, recv, count, "all_reduce"));
+  const size_t bytes = count * DTypeSize(dtype);
+  if (send != recv && comm_detail::Overlap(send, bytes, recv, bytes)) {
+    return Status::InvalidArgument("all_reduce: send and recv overlap but are not equal");
+  }
+  auto h = DoAllReduce(send, recv, count, dtype, options);
+  if (h.ok()) Account(CommOp::kAllReduce, bytes, true, true);
+  return h;
+}
+
+inline Result<CommHandle> Communicator::Broadcast(void* buf, size_t count, DType dtype, int root) {
+  STRATA_RETURN_IF_ERROR(comm_detail::CheckDType(dtype, "broadcast"));
+  STRATA_RETURN_IF_ERROR(comm_detail::CheckPtrs(buf, buf, count, "broadcast"));
+  if (root < 0 || root >= world_size_) {
+    return Status::InvalidArgument("broadcast: root " + std::to_string(root) +
+                                   " out of range for world size " + std::to_string(world_size_));
+  }
+  auto h = DoBroadcast(buf, count, dtype, root);
+  if (h.ok()) Account(CommOp::kBroadcast, count * DTypeSize(dtype), rank_ == root, rank_ != root);
+  return h;
+}
+
+inline Result<CommHandle> Communicator::Barrier() {
+  auto h = DoBarrier();
+  if (h.ok()) Account(CommOp::kBarrier, 0, false, false);
+  return h;
+}
+
+}  // namespace strata

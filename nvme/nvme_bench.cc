@@ -1,0 +1,238 @@
+#include "nvme/nvme_bench.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "cpu/pinned_pool.h"
+
+namespace strata::nvme {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+LatencyUs Percentiles(std::vector<uint64_t>& ns) {
+  LatencyUs l;
+  if (ns.empty()) return l;
+  std::sort(ns.begin(), ns.end());
+  auto at = [&](double q) {
+    return static_cast<double>(ns[std::min(ns.size() - 1, static_cast<size_t>(q * ns.size()))]) /
+           1e3;
+  };
+  l.p50 = at(0.50);
+  l.p90 = at(0.90);
+  l.p99 = at(0.99);
+  l.max = static_cast<double>(ns.back()) / 1e3;
+  return l;
+}
+
+struct ThreadCtx {
+  std::unique_ptr<IoBackend> io;
+  std::vector<char*> bufs;
+  uint64_t begin = 0, end = 0;
+  std::vector<uint64_t> lat_ns;
+  Status status;
+};
+
+// Keeps queue_depth requests in flight over [begin, end): each completion re-arms its buffer
+// with the next block; all re-armed requests of one Reap go out in one Submit.
+Status RunPass(ThreadCtx& t, int fd, IoOp op, size_t bs) {
+  const size_t qd = t.bufs.size();
+  std::vector<Clock::time_point> issued(qd);
+  std::vector<IoRequest> batch;
+  batch.reserve(qd);
+  std::vector<IoCompletion> done(qd);
+  uint64_t next = t.begin;
+  for (size_t i = 0; i < qd && next < t.end; ++i, next += bs) {
+    batch.push_back(IoRequest{op, fd, next, t.bufs[i], bs, i});
+    issued[i] = Clock::now();
+  }
+  STRATA_RETURN_IF_ERROR(t.io->Submit(batch));
+  while (t.io->inflight() > 0) {
+    STRATA_ASSIGN_OR_RETURN(size_t n, t.io->Reap(done, 1));
+    const auto now = Clock::now();
+    batch.clear();
+    for (size_t i = 0; i < n; ++i) {
+      STRATA_RETURN_IF_ERROR(done[i].status);
+      const size_t slot = static_cast<size_t>(done[i].user_data);
+      t.lat_ns.push_back(static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(now - issued[slot]).count()));
+      if (next < t.end) {
+        batch.push_back(IoRequest{op, fd, next, t.bufs[slot], bs, slot});
+        issued[slot] = now;
+        next += bs;
+      }
+    }
+    if (!batch.empty()) STRATA_RETURN_IF_ERROR(t.io->Submit(batch));
+  }
+  return Status::OK();
+}
+
+Status ValidatePoint(const NvmeBenchPoint& p, uint64_t size) {
+  if (p.block_bytes == 0 || p.block_bytes % kIoAlignment != 0 || p.block_bytes > (1u << 30)) {
+    return Status::InvalidArgument("block size " + std::to_string(p.block_bytes) +
+                                   " must be a multiple of 4096 up to 1 GiB");
+  }
+  if (p.queue_depth == 0 || p.queue_depth > 4096) {
+    return Status::InvalidArgument("queue depth " + std::to_string(p.queue_depth) +
+                                   " out of 1..4096");
+  }
+  if (p.threads == 0 || p.threads > 256) {
+    return Status::InvalidArgument("threads " + std::to_string(p.threads) + " out of 1..256");
+  }
+  if (size < p.block_bytes * p.threads) {
+    return Status::InvalidArgument("size " + std::to_string(size) + " is smaller than one block (" +
+                                   std::to_string(p.block_bytes) + ") per thread");
+  }
+  return Status::OK();
+}
+
+Result<NvmeBenchResult> RunPoint(const NvmeBenchOptions& o, const NvmeBenchPoint& p, int fd,
+                                 const std::string& file) {
+  const uint64_t per_thread = o.size_bytes / p.threads / p.block_bytes * p.block_bytes;
+  cpu::PinnedPoolOptions po;
+  po.budget_bytes = p.threads * ((p.queue_depth * p.block_bytes + cpu::kHugePageBytes - 1) /
+                                 cpu::kHugePageBytes * cpu::kHugePageBytes);
+  po.huge_pages = o.huge_pages;
+  po.register_with_cuda = false;  // disk only
+  STRATA_ASSIGN_OR_RETURN(auto pool, cpu::PinnedPool::Create(po));
+  std::vector<cpu::PinnedBuffer> mem;
+  std::vector<ThreadCtx> ctx(p.threads);
+  NvmeBenchResult r;
+  r.point = p;
+  r.bytes = per_thread * p.threads;
+  std::mt19937_64 rng(1);
+  for (size_t t = 0; t < p.threads; ++t) {
+    STRATA_ASSIGN_OR_RETURN(cpu::PinnedBuffer b, pool->Allocate(p.queue_depth * p.block_bytes));
+    for (size_t off = 0; off < b.size_bytes(); off += 8) {
+      uint64_t v = rng();
+      std::memcpy(b.as<char>() + off, &v, 8);
+    }
+    for (size_t i = 0; i < p.queue_depth; ++i)
+      ctx[t].bufs.push_back(b.as<char>() + i * p.block_bytes);
+    ctx[t].begin = t * per_thread;
+    ctx[t].end = (t + 1) * per_thread;
+    ctx[t].lat_ns.reserve(2 * per_thread / p.block_bytes);
+    mem.push_back(std::move(b));
+  }
+  // Each thread opens (and owns) its backend and runs both passes, so a single-issuer ring is
+  // legal. Barriers: ready | write pass | (fdatasync by the main thread) | read pass.
+  std::barrier sync(static_cast<std::ptrdiff_t>(p.threads + 1));
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < p.threads; ++t) {
+    threads.emplace_back([&, t] {
+      ThreadCtx& c = ctx[t];
+      IoBackendOptions io;
+      io.kind = o.backend;
+      io.queue_depth = p.queue_depth;
+      io.single_issuer = true;
+      io.register_files_and_buffers = o.fixed_buffers;
+      auto opened = OpenIoBackend(io);
+      if (opened.ok()) {
+        c.io = std::move(opened).value();
+        c.status = c.io->RegisterFile(fd, file);
+        if (o.fixed_buffers) {
+          // Unregistered IO still works; the backend's note says why registration failed.
+          c.io->RegisterBuffer(mem[t].data(), mem[t].capacity_bytes()).IgnoreError();
+        }
+      } else {
+        c.status = opened.status();
+      }
+      for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
+        sync.arrive_and_wait();  // start
+        if (c.status.ok()) c.status = RunPass(c, fd, op, p.block_bytes);
+        sync.arrive_and_wait();  // finished
+      }
+      c.io.reset();  // closed by the thread that owns the ring
+    });
+  }
+  Status failed;
+  for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
+    sync.arrive_and_wait();
+    const auto t0 = Clock::now();
+    sync.arrive_and_wait();
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::vector<uint64_t> lat;
+    for (ThreadCtx& c : ctx) {
+      lat.insert(lat.end(), c.lat_ns.begin(), c.lat_ns.end());
+      c.lat_ns.clear();
+    }
+    if (op == IoOp::kWrite) {
+      if (fdatasync(fd) != 0 && failed.ok()) failed = Status::FromErrno(errno, "fdatasync", file);
+      r.write_bytes_per_s = static_cast<double>(r.bytes) / secs;
+      r.write_latency = Percentiles(lat);
+    } else {
+      r.read_bytes_per_s = static_cast<double>(r.bytes) / secs;
+      r.read_latency = Percentiles(lat);
+    }
+    if (op == IoOp::kWrite) {
+      // Notes are read while the threads wait at the next barrier (no IO running).
+      r.backend = ctx[0].io ? std::string(IoBackendKindName(ctx[0].io->kind())) : "none";
+      r.note = ctx[0].io ? ctx[0].io->note() : "";
+    }
+  }
+  for (auto& th : threads) th.join();
+  for (ThreadCtx& c : ctx) {
+    if (!c.status.ok()) return c.status;
+  }
+  STRATA_RETURN_IF_ERROR(failed);
+  if (!pool->note().empty()) r.note += (r.note.empty() ? "" : "; ") + pool->note();
+  ctx.clear();
+  return r;
+}
+
+}  // namespace
+
+Result<std::vector<NvmeBenchResult>> RunNvmeBench(
+    const NvmeBenchOptions& options, const std::vector<NvmeBenchPoint>& points,
+    const std::function<void(size_t, const NvmeBenchPoint&)>& progress) {
+  if (points.empty()) return Status::InvalidArgument("no benchmark points");
+  for (const NvmeBenchPoint& p : points)
+    STRATA_RETURN_IF_ERROR(ValidatePoint(p, options.size_bytes));
+  struct stat st {};
+  if (stat(options.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::NotFound("benchmark path '" + options.dir + "' is not an existing directory");
+  }
+  const std::string file = options.dir + "/strata-bench-" + std::to_string(getpid()) + ".dat";
+  int fd = open(file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    unlink(file.c_str());
+    if (err == EINVAL) {
+      return Status::InvalidArgument("benchmark path '" + options.dir +
+                                     "': the filesystem does not support O_DIRECT");
+    }
+    return Status::FromErrno(err, "create benchmark file", file);
+  }
+  struct Cleanup {
+    int fd;
+    std::string file;
+    ~Cleanup() {
+      close(fd);
+      unlink(file.c_str());
+    }
+  } cleanup{fd, file};
+  if (int err = posix_fallocate(fd, 0, static_cast<off_t>(options.size_bytes)); err != 0) {
+    return Status::FromErrno(
+        err, "preallocate " + std::to_string(options.size_bytes) + " bytes for", file);
+  }
+  std::vector<NvmeBenchResult> results;
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (progress) progress(i, points[i]);
+    STRATA_ASSIGN_OR_RETURN(NvmeBenchResult r, RunPoint(options, points[i], fd, file));
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+}  // namespace strata::nvme

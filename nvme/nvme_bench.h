@@ -1,0 +1,61 @@
+// NVMe benchmark engine behind `offloadctl bench nvme`: sequential O_DIRECT write then read
+// throughput and per-request latency of one file, at one (block size, queue depth, threads)
+// point, through strata's own IoBackend and pinned pool (so it measures what swap IO gets).
+//
+// Each thread owns a backend (its own ring), queue_depth pinned buffers of block_bytes
+// (registered as io_uring fixed buffers when allowed) and a contiguous slice of the file, and
+// keeps queue_depth requests in flight. The write pass runs first so the read pass reads real
+// extents (reading fallocated-but-unwritten extents would return zeros without touching disk).
+//
+// Thread safety: RunNvmeBench is self-contained; concurrent calls need distinct directories.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "strata/io.h"
+#include "strata/status.h"
+
+namespace strata::nvme {
+
+struct NvmeBenchPoint {
+  size_t block_bytes = size_t{1} << 20;
+  size_t queue_depth = 32;
+  size_t threads = 1;
+};
+
+struct NvmeBenchOptions {
+  std::string dir;                   // where the scratch file goes (removed afterwards)
+  uint64_t size_bytes = 1ull << 30;  // file size; rounded down to block_bytes * threads
+  IoBackendKind backend = IoBackendKind::kAuto;
+  bool fixed_buffers = true;  // register pinned buffers with io_uring
+  bool huge_pages = true;     // MADV_HUGEPAGE on IO buffers
+};
+
+struct LatencyUs {
+  double p50 = 0, p90 = 0, p99 = 0, max = 0;
+};
+
+struct NvmeBenchResult {
+  NvmeBenchPoint point;
+  uint64_t bytes = 0;  // per pass
+  double write_bytes_per_s = 0;
+  double read_bytes_per_s = 0;
+  LatencyUs write_latency;
+  LatencyUs read_latency;
+  std::string backend;  // "io_uring" / "posix"
+  std::string note;     // backend and pool degradations, if any
+};
+
+// Runs the sweep (every point, in order), calling progress(i, point) before each.
+// InvalidArgument: a point with a zero or non-4 KiB-multiple block, zero depth or threads, or a
+// size smaller than one block per thread. NotFound: dir missing. IOError: file creation or IO
+// failed (errno, file). InvalidArgument as well when dir's filesystem lacks O_DIRECT.
+Result<std::vector<NvmeBenchResult>> RunNvmeBench(
+    const NvmeBenchOptions& options, const std::vector<NvmeBenchPoint>& points,
+    const std::function<void(size_t, const NvmeBenchPoint&)>& progress = {});
+
+}  // namespace strata::nvme

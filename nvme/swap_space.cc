@@ -1,0 +1,334 @@
+#include "nvme/swap_space.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cassert>
+#include <cerrno>
+#include <map>
+
+namespace strata::nvme {
+
+namespace {
+size_t RoundUp(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
+std::string BlockName(uint64_t id) { return "swap block " + std::to_string(id); }
+}  // namespace
+
+std::string SwapFilePath(const std::string& dir, int rank) {
+  return dir + "/strata-swap-rank" + std::to_string(rank) + ".swp";
+}
+
+Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const SwapSpaceOptions& options,
+                                                     std::span<const SwapBlockSpec> blocks,
+                                                     IoBackend* io) {
+  if (io == nullptr) return Status::InvalidArgument("swap space: no IoBackend");
+  if (options.paths.empty()) return Status::InvalidArgument("swap space: no nvme_path given");
+  if (options.stripe_unit_bytes == 0 || options.stripe_unit_bytes % kIoAlignment != 0) {
+    return Status::InvalidArgument("swap space: stripe_unit_bytes " +
+                                   std::to_string(options.stripe_unit_bytes) +
+                                   " is not a positive multiple of 4096");
+  }
+  if (options.max_inflight_ops == 0) {
+    return Status::InvalidArgument("swap space: max_inflight_ops must be > 0");
+  }
+  std::unique_ptr<SwapSpace> s(new SwapSpace(options, io));
+  // Static layout: unit k of block b goes to file (b + k) mod #paths, appended there. File sizes
+  // first, arithmetically, so an absurd size is refused by the space check before any layout
+  // memory is spent on it.
+  const size_t nfiles = options.paths.size();
+  const size_t unit = options.stripe_unit_bytes;
+  s->file_sizes_.assign(nfiles, 0);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const SwapBlockSpec& spec = blocks[b];
+    if (spec.size_bytes == 0) {
+      return Status::InvalidArgument(BlockName(spec.id) + ": size_bytes is 0");
+    }
+    if (!s->index_.emplace(spec.id, b).second) {
+      return Status::InvalidArgument(BlockName(spec.id) + ": registered twice");
+    }
+    const size_t extent = RoundUp(spec.size_bytes, kIoAlignment);
+    const size_t full = extent / unit, last = extent % unit;
+    for (size_t f = 0; f < nfiles; ++f) {
+      const size_t k0 = (f + nfiles - b % nfiles) % nfiles;  // first k landing on file f
+      s->file_sizes_[f] += (full / nfiles + (k0 < full % nfiles ? 1 : 0)) * unit;
+    }
+    if (last > 0) s->file_sizes_[(b + full) % nfiles] += last;
+  }
+  STRATA_RETURN_IF_ERROR(s->CheckPaths());
+  STRATA_RETURN_IF_ERROR(s->CheckFreeSpace());
+  std::vector<uint64_t> next_offset(nfiles, 0);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    Block block{blocks[b].id, RoundUp(blocks[b].size_bytes, kIoAlignment), {}};
+    for (size_t off = 0, k = 0; off < block.extent_bytes; off += unit, ++k) {
+      const uint32_t f = static_cast<uint32_t>((b + k) % nfiles);
+      const size_t len = std::min(unit, block.extent_bytes - off);
+      block.units.push_back(Unit{f, next_offset[f], len});
+      next_offset[f] += len;
+    }
+    s->blocks_.push_back(std::move(block));
+  }
+  if (next_offset != s->file_sizes_) return Status::Internal("swap space: layout size mismatch");
+  STRATA_RETURN_IF_ERROR(s->OpenFiles());
+  STRATA_RETURN_IF_ERROR(s->Preallocate());
+  for (size_t i = 0; i < nfiles; ++i) {
+    STRATA_RETURN_IF_ERROR(io->RegisterFile(s->fds_[i], s->file_paths_[i]));
+  }
+  s->slots_.resize(options.max_inflight_ops);
+  for (size_t i = options.max_inflight_ops; i-- > 0;) s->free_slots_.push_back(i);
+  s->io_out_.resize(io->queue_depth());
+  return s;
+}
+
+// Each path must be an existing writable directory without a leftover swap file.
+Status SwapSpace::CheckPaths() const {
+  for (const std::string& dir : options_.paths) {
+    struct stat st {};
+    if (stat(dir.c_str(), &st) != 0) {
+      if (errno == ENOENT) return Status::NotFound("nvme_path '" + dir + "' does not exist");
+      return Status::FromErrno(errno, "stat nvme_path", dir);
+    }
+    if (!S_ISDIR(st.st_mode)) return Status::IOError("nvme_path '" + dir + "' is not a directory");
+    if (access(dir.c_str(), W_OK) != 0)
+      return Status::FromErrno(errno, "nvme_path not writable", dir);
+    const std::string path = SwapFilePath(dir, options_.rank);
+    if (access(path.c_str(), F_OK) == 0) {
+      return Status::FailedPrecondition(
+          "swap file '" + path +
+          "' already exists: left by a run that did not close cleanly (or "
+          "another process of rank " +
+          std::to_string(options_.rank) +
+          " uses this path); it is not reused, remove it to continue");
+    }
+  }
+  return Status::OK();
+}
+
+// Free space per filesystem, so a disk too small fails with one clear message before anything
+// is allocated. Filesystems that do not account space (ramfs: f_blocks == 0) are not checked.
+Status SwapSpace::CheckFreeSpace() const {
+  std::map<dev_t, std::pair<uint64_t, std::string>> need;
+  for (size_t i = 0; i < options_.paths.size(); ++i) {
+    struct stat st {};
+    if (stat(options_.paths[i].c_str(), &st) != 0) {
+      return Status::FromErrno(errno, "stat nvme_path", options_.paths[i]);
+    }
+    auto& [bytes, where] = need[st.st_dev];
+    bytes += file_sizes_[i];
+    if (where.empty()) where = options_.paths[i];
+  }
+  for (const auto& [dev, what] : need) {
+    struct statvfs vfs {};
+    if (statvfs(what.second.c_str(), &vfs) != 0)
+      return Status::FromErrno(errno, "statvfs", what.second);
+    if (vfs.f_blocks == 0) continue;
+    const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (what.first > avail) {
+      return Status::FromErrno(ENOSPC,
+                               "preallocate swap space: need " + std::to_string(what.first) +
+                                   " bytes, " + std::to_string(avail) + " available on",
+                               what.second);
+    }
+  }
+  return Status::OK();
+}
+
+// Creates the files and opens them O_DIRECT. On failure the files created so far are removed
+// again (by the destructor: closed_ is still false).
+Status SwapSpace::OpenFiles() {
+  for (const std::string& dir : options_.paths) {
+    const std::string path = SwapFilePath(dir, options_.rank);
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return Status::FromErrno(errno, "create swap file", path);
+    file_paths_.push_back(path);
+    fds_.push_back(fd);
+    int dfd = open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+    if (dfd >= 0) {
+      close(fd);
+      fds_.back() = dfd;
+      continue;
+    }
+    if (errno != EINVAL) return Status::FromErrno(errno, "open O_DIRECT", path);
+    if (!options_.allow_buffered_io) {
+      return Status::InvalidArgument("nvme_path '" + dir +
+                                     "': the filesystem does not support O_DIRECT (open returned "
+                                     "EINVAL; tmpfs on older kernels, ramfs); use a disk-backed "
+                                     "path or allow buffered IO explicitly");
+    }
+    if (!note_.empty()) note_ += "; ";
+    note_ += "nvme_path '" + dir + "' has no O_DIRECT: using buffered IO there";
+  }
+  return Status::OK();
+}
+
+Status SwapSpace::Preallocate() {
+  for (size_t i = 0; i < fds_.size(); ++i) {
+    if (file_sizes_[i] == 0) continue;
+    int err = posix_fallocate(fds_[i], 0, static_cast<off_t>(file_sizes_[i]));
+    if (err != 0) {
+      return Status::FromErrno(err, "preallocate " + std::to_string(file_sizes_[i]) + " bytes for",
+                               file_paths_[i]);
+    }
+  }
+  return Status::OK();
+}
+
+SwapSpace::~SwapSpace() { Close().IgnoreError(); }
+
+Status SwapSpace::Close() {
+  if (closed_) return Status::OK();
+  closed_ = true;
+  std::vector<SwapCompletion> sink(slots_.size() + 1);
+  while (inflight_ops_ > 0) {
+    if (!Reap(sink, 1).ok()) break;
+  }
+  Status first;
+  for (size_t i = 0; i < fds_.size(); ++i) {
+    io_->UnregisterFile(fds_[i]);
+    close(fds_[i]);
+    if (unlink(file_paths_[i].c_str()) != 0 && first.ok()) {
+      first = Status::FromErrno(errno, "remove swap file", file_paths_[i]);
+    }
+  }
+  fds_.clear();
+  return first;
+}
+
+size_t SwapSpace::ExtentBytes(uint64_t block_id) const {
+  auto it = index_.find(block_id);
+  return it == index_.end() ? 0 : blocks_[it->second].extent_bytes;
+}
+
+std::vector<SwapSpace::Piece> SwapSpace::Layout(uint64_t block_id) const {
+  std::vector<Piece> out;
+  auto it = index_.find(block_id);
+  if (it == index_.end()) return out;
+  for (const Unit& u : blocks_[it->second].units) {
+    out.push_back(Piece{file_paths_[u.file], u.offset, u.length_bytes});
+  }
+  return out;
+}
+
+Status SwapSpace::Submit(std::span<const SwapOp> ops) {
+  if (closed_) return Status::FailedPrecondition("swap space is closed");
+  for (const SwapOp& op : ops) {
+    auto it = index_.find(op.block_id);
+    if (it == index_.end()) return Status::NotFound(BlockName(op.block_id) + " is not registered");
+    const bool aligned = reinterpret_cast<uintptr_t>(op.buffer) % kIoAlignment == 0;
+    assert(op.buffer != nullptr && aligned && "swap buffers must be 4 KiB-aligned");
+    if (op.buffer == nullptr || !aligned) {
+      return Status::InvalidArgument(BlockName(op.block_id) +
+                                     ": buffer is null or not 4096-aligned (a programmer error)");
+    }
+    if (op.op == IoOp::kRead && blocks_[it->second].state == Block::State::kNeverWritten) {
+      return Status::FailedPrecondition(BlockName(op.block_id) + " was never written");
+    }
+  }
+  if (inflight_ops_ + ops.size() > slots_.size()) {
+    return Status::ResourceExhausted("swap space: " + std::to_string(inflight_ops_) +
+                                     " ops in flight + " + std::to_string(ops.size()) + " > " +
+                                     std::to_string(slots_.size()));
+  }
+  for (const SwapOp& op : ops) {
+    const size_t slot = free_slots_.back();
+    free_slots_.pop_back();
+    OpSlot& s = slots_[slot];
+    s = OpSlot{op, index_.at(op.block_id), 0, 0, Status::OK(), true};
+    const Block& b = blocks_[s.block_index];
+    // Checksum before the write (pair assertion with the verify after the read).
+    if (op.op == IoOp::kWrite) s.checksum = XXH3_64bits(op.buffer, b.extent_bytes);
+    size_t off = 0;
+    for (const Unit& u : b.units) {
+      queued_.push_back(IoRequest{op.op, fds_[u.file], u.offset,
+                                  static_cast<char*>(op.buffer) + off, u.length_bytes, slot});
+      off += u.length_bytes;
+    }
+    s.units_left = b.units.size();
+  }
+  inflight_ops_ += ops.size();
+  return Pump();
+}
+
+Status SwapSpace::Pump() {
+  while (!queued_.empty() && io_->inflight() < io_->queue_depth()) {
+    const size_t n = std::min(queued_.size(), io_->queue_depth() - io_->inflight());
+    std::vector<IoRequest> batch(queued_.begin(), queued_.begin() + static_cast<long>(n));
+    STRATA_RETURN_IF_ERROR(io_->Submit(batch));
+    queued_.erase(queued_.begin(), queued_.begin() + static_cast<long>(n));
+  }
+  return Status::OK();
+}
+
+void SwapSpace::FinishOp(size_t slot) {
+  OpSlot& s = slots_[slot];
+  Block& b = blocks_[s.block_index];
+  Status st = std::move(s.first_error);
+  if (s.op.op == IoOp::kWrite) {
+    if (st.ok()) {
+      b.state = Block::State::kValid;
+      b.checksum = s.checksum;
+    } else {
+      b.state = Block::State::kInvalid;  // some units may have landed: never verify a mix
+    }
+  } else if (st.ok()) {
+    if (b.state != Block::State::kValid) {
+      st = Status::Corruption(BlockName(b.id) + ": its last write failed; no valid version");
+    } else if (XXH3_64bits(s.op.buffer, b.extent_bytes) != b.checksum) {
+      st = Status::Corruption(BlockName(b.id) + ": checksum mismatch reading " +
+                              std::to_string(b.extent_bytes) + " bytes from '" +
+                              file_paths_[b.units[0].file] + "' offset " +
+                              std::to_string(b.units[0].offset) + " (data on disk changed)");
+    }
+  }
+  ready_.push_back(SwapCompletion{s.op.user_data, b.id, std::move(st)});
+  s.used = false;
+  free_slots_.push_back(slot);
+}
+
+Result<size_t> SwapSpace::Reap(std::span<SwapCompletion> out, size_t min_complete) {
+  const size_t want = std::min(min_complete, inflight_ops_);
+  do {
+    STRATA_RETURN_IF_ERROR(Pump());
+    if (io_->inflight() == 0) break;
+    const size_t need = ready_.size() < want ? 1 : 0;
+    STRATA_ASSIGN_OR_RETURN(size_t n, io_->Reap(io_out_, need));
+    for (size_t i = 0; i < n; ++i) {
+      const size_t slot = static_cast<size_t>(io_out_[i].user_data);
+      OpSlot& s = slots_[slot];
+      if (!io_out_[i].status.ok() && s.first_error.ok()) {
+        s.first_error = io_out_[i].status.WithContext(BlockName(s.op.block_id));
+      }
+      if (--s.units_left == 0) FinishOp(slot);
+    }
+    if (n == 0 && need == 0) break;
+  } while (ready_.size() < want || (!queued_.empty() && io_->inflight() < io_->queue_depth()));
+  const size_t n = std::min(out.size(), ready_.size());
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = std::move(ready_.front());
+    ready_.pop_front();
+  }
+  inflight_ops_ -= n;
+  return n;
+}
+
+Status SwapSpace::Write(uint64_t block_id, const void* buffer) {
+  if (inflight_ops_ != 0) return Status::FailedPrecondition("SwapSpace::Write with ops in flight");
+  SwapOp op{IoOp::kWrite, block_id, const_cast<void*>(buffer), 0};
+  STRATA_RETURN_IF_ERROR(Submit({&op, 1}));
+  SwapCompletion c;
+  STRATA_RETURN_IF_ERROR(Reap({&c, 1}, 1).status());
+  return c.status;
+}
+
+Status SwapSpace::Read(uint64_t block_id, void* buffer) {
+  if (inflight_ops_ != 0) return Status::FailedPrecondition("SwapSpace::Read with ops in flight");
+  SwapOp op{IoOp::kRead, block_id, buffer, 0};
+  STRATA_RETURN_IF_ERROR(Submit({&op, 1}));
+  SwapCompletion c;
+  STRATA_RETURN_IF_ERROR(Reap({&c, 1}, 1).status());
+  return c.status;
+}
+
+}  // namespace strata::nvme

@@ -1,0 +1,172 @@
+// SwapSpace: the NVMe home of model-state blocks, one preallocated O_DIRECT file per nvme_path
+// per rank, with a static extent layout and an xxHash checksum per block.
+//
+// Layout: blocks are known when the space is created. Each block's extent (its size rounded up
+// to 4 KiB) is cut into stripe units; unit k of a block goes to file (first + k) mod #paths, so a
+// block larger than one unit is spread over every path and several SSDs add their bandwidth, and
+// the units become independent IOs that keep the queue full. Files are preallocated (fallocate)
+// at Create: a disk too small fails there, before training starts.
+//
+// Integrity: every write records XXH3-64 of the extent bytes once all of its units completed;
+// every read verifies it. A flipped byte on disk is Corruption naming the block, never silently
+// wrong data. A write that fails in any unit marks the block invalid (its extent may be
+// half-written); reading it is Corruption until it is written successfully again.
+//
+// Lifecycle: Create refuses a swap file left behind by a run that did not close cleanly (it is
+// reported, never silently reused). Close (or the destructor) waits for IO in flight and removes
+// the files.
+//
+// Async use: Submit a batch of block reads/writes, Reap their completions (one per op, after all
+// of its units finished and, for reads, the checksum was verified). Read/Write are the
+// synchronous forms.
+//
+// Thread safety: not thread-safe; one owner thread drives it (and its IoBackend, which it uses
+// exclusively while it has IO in flight).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "strata/io.h"
+#include "strata/status.h"
+
+namespace strata::nvme {
+
+struct SwapBlockSpec {
+  uint64_t id = 0;
+  size_t size_bytes = 0;  // > 0; the extent is this rounded up to 4 KiB
+};
+
+struct SwapSpaceOptions {
+  // Directories (DeepSpeed's nvme_path, one per SSD). Each gets one file per rank.
+  std::vector<std::string> paths;
+  int rank = 0;
+  // Bytes per stripe unit: a multiple of 4 KiB. Larger units mean fewer IOs, smaller ones spread
+  // a block over more paths and keep more IOs in flight. 1 MiB: where O_DIRECT IO at queue depth
+  // 32 reached full speed on the disks measured.
+  size_t stripe_unit_bytes = size_t{1} << 20;
+  // Filesystems without O_DIRECT (tmpfs) are refused unless this allows buffered IO there
+  // (page cache: extra copies and memory the budget does not see).
+  bool allow_buffered_io = false;
+  // Block ops in flight at once (each may span several stripe units).
+  size_t max_inflight_ops = 64;
+};
+
+// The swap file strata uses for `rank` under `dir`.
+std::string SwapFilePath(const std::string& dir, int rank);
+
+struct SwapOp {
+  IoOp op = IoOp::kRead;
+  uint64_t block_id = 0;
+  // 4 KiB-aligned, at least ExtentBytes(block_id) long; caller-owned until the op is reaped.
+  void* buffer = nullptr;
+  uint64_t user_data = 0;
+};
+
+struct SwapCompletion {
+  uint64_t user_data = 0;
+  uint64_t block_id = 0;
+  // OK; IOError (errno, file, block); Corruption (checksum mismatch, or a block whose last write
+  // failed); FailedPrecondition (reading a block never written).
+  Status status;
+};
+
+class SwapSpace {
+ public:
+  // Creates and preallocates the files. `io` is not owned, outlives the space, and is used only
+  // by it while ops are in flight.
+  // InvalidArgument: no paths, duplicate or empty blocks, bad stripe unit, a filesystem without
+  //   O_DIRECT and allow_buffered_io unset. NotFound: a path does not exist.
+  // IOError: a path is not a writable directory, or preallocation failed (ENOSPC names the path
+  //   and the bytes needed). FailedPrecondition: a swap file from an earlier run is in the way.
+  static Result<std::unique_ptr<SwapSpace>> Create(const SwapSpaceOptions& options,
+                                                   std::span<const SwapBlockSpec> blocks,
+                                                   IoBackend* io);
+  ~SwapSpace();
+  SwapSpace(const SwapSpace&) = delete;
+  SwapSpace& operator=(const SwapSpace&) = delete;
+
+  // Waits for IO in flight and removes the files. Idempotent. IOError: unlink failed.
+  Status Close();
+
+  // Queues block ops. All or nothing. NotFound: unknown block. InvalidArgument: misaligned or
+  // null buffer (a programmer error: also asserted in debug builds). FailedPrecondition: a read
+  // of a block never written. ResourceExhausted: more than max_inflight_ops in flight.
+  Status Submit(std::span<const SwapOp> ops);
+  // Moves up to out.size() completions into out, waiting for at least min(min_complete,
+  // inflight_ops()). Returns how many.
+  Result<size_t> Reap(std::span<SwapCompletion> out, size_t min_complete);
+  size_t inflight_ops() const noexcept { return inflight_ops_; }
+
+  // Synchronous forms. FailedPrecondition when other ops are in flight.
+  Status Write(uint64_t block_id, const void* buffer);
+  Status Read(uint64_t block_id, void* buffer);
+
+  // Extent bytes of a block (size rounded up to 4 KiB); 0 when unknown.
+  size_t ExtentBytes(uint64_t block_id) const;
+  // Where a block's bytes live: (file, offset, length) per stripe unit, in block order.
+  struct Piece {
+    std::string file;
+    uint64_t offset;
+    size_t length_bytes;
+  };
+  std::vector<Piece> Layout(uint64_t block_id) const;
+  const std::vector<std::string>& files() const noexcept { return file_paths_; }
+  uint64_t file_bytes(size_t file_index) const { return file_sizes_.at(file_index); }
+  // One line on what degraded (buffered IO on a path without O_DIRECT); empty otherwise.
+  const std::string& note() const noexcept { return note_; }
+
+ private:
+  struct Unit {
+    uint32_t file;
+    uint64_t offset;
+    size_t length_bytes;
+  };
+  struct Block {
+    uint64_t id;
+    size_t extent_bytes;
+    std::vector<Unit> units;
+    enum class State : uint8_t { kNeverWritten, kValid, kInvalid } state = State::kNeverWritten;
+    uint64_t checksum = 0;
+  };
+  struct OpSlot {
+    SwapOp op;
+    size_t block_index = 0;
+    size_t units_left = 0;
+    uint64_t checksum = 0;  // of the bytes being written
+    Status first_error;
+    bool used = false;
+  };
+
+  SwapSpace(SwapSpaceOptions options, IoBackend* io) : options_(std::move(options)), io_(io) {}
+  Status CheckPaths() const;
+  Status CheckFreeSpace() const;
+  Status OpenFiles();
+  Status Preallocate();
+  Status Pump();  // submits queued units while the backend has room
+  void FinishOp(size_t slot);
+
+  SwapSpaceOptions options_;
+  IoBackend* io_;
+  std::vector<std::string> file_paths_;
+  std::vector<int> fds_;
+  std::vector<uint64_t> file_sizes_;
+  std::vector<Block> blocks_;
+  std::unordered_map<uint64_t, size_t> index_;
+  std::vector<OpSlot> slots_;
+  std::vector<size_t> free_slots_;
+  std::deque<IoRequest> queued_;  // units waiting for backend room
+  std::deque<SwapCompletion> ready_;
+  std::vector<IoCompletion> io_out_;
+  size_t inflight_ops_ = 0;
+  bool closed_ = false;
+  std::string note_;
+};
+
+}  // namespace strata::nvme

@@ -1,0 +1,122 @@
+// offloadctl launch and bench comm, run as a user would (the binary in STRATA_OFFLOADCTL), with
+// tests/comm_rank_main as the launched program. Every command runs under `timeout`.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct Out {
+  int rc;
+  std::string text;
+};
+
+Out Sh(const std::string& cmd, bool merge_stderr = true) {
+  const std::string full = "timeout 120 " + cmd + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  Out o{-1, ""};
+  FILE* p = ::popen(full.c_str(), "r");
+  if (p == nullptr) return o;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) o.text.append(buf, n);
+  const int st = ::pclose(p);
+  o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return o;
+}
+
+std::string Ctl() {
+  const char* p = std::getenv("STRATA_OFFLOADCTL");
+  return p ? p : "offloadctl";
+}
+
+TEST(LaunchCli, StartsRanksWithTheirEnvironmentAndPrefixesOutput) {
+  const Out o = Sh(Ctl() + " launch -n 4 -- " COMM_RANK_MAIN);
+  EXPECT_EQ(o.rc, 0) << o.text;
+  for (int r = 0; r < 4; ++r) {
+    const std::string line =
+        "[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " sum 10 ok";
+    EXPECT_NE(o.text.find(line), std::string::npos) << o.text;
+  }
+}
+
+TEST(LaunchCli, FileRendezvousWorksToo) {
+  const std::string dir =
+      std::string(std::getenv("STRATA_TEST_TMPDIR") ? std::getenv("STRATA_TEST_TMPDIR") : "/tmp") +
+      "/launch_rdzv_" + std::to_string(::getpid());
+  const Out o = Sh(Ctl() + " launch -n 2 --rdzv-dir " + dir + " -- " COMM_RANK_MAIN);
+  EXPECT_EQ(o.rc, 0) << o.text;
+  EXPECT_NE(o.text.find("[rank 1] rank 1 sum 3 ok"), std::string::npos) << o.text;
+}
+
+TEST(LaunchCli, OneRankDyingFailsTheJobFastWithClearErrors) {
+  const Out o = Sh(Ctl() + " launch -n 3 --grace-s 10 -- " COMM_RANK_MAIN " die 1");
+  EXPECT_EQ(o.rc, 1) << o.text;
+  EXPECT_NE(o.text.find("launch: rank 1 exited with code 3"), std::string::npos) << o.text;
+}
+
+TEST(LaunchCli, TimeoutAndSignalStopEveryRank) {
+  auto t0 = std::chrono::steady_clock::now();
+  Out o = Sh(Ctl() + " launch -n 2 --timeout-s 0.5 --grace-s 1 -- sleep 60");
+  EXPECT_EQ(o.rc, 1) << o.text;
+  EXPECT_NE(o.text.find("launch: timed out"), std::string::npos) << o.text;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  t0 = std::chrono::steady_clock::now();
+  o = Sh("sh -c '" + Ctl() +
+         " launch -n 2 --grace-s 1 -- sleep 60 & pid=$!; sleep 0.5; kill -TERM $pid; wait $pid'");
+  EXPECT_EQ(o.rc, 1) << o.text;
+  EXPECT_NE(o.text.find("launch: interrupted"), std::string::npos) << o.text;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+}
+
+TEST(LaunchCli, UsageAndExecErrors) {
+  EXPECT_EQ(Sh(Ctl() + " launch -n 2").rc, 2);
+  const Out bad = Sh(Ctl() + " launch -n 2 -- /nonexistent/program");
+  EXPECT_EQ(bad.rc, 1) << bad.text;
+  EXPECT_NE(bad.text.find("cannot execute '/nonexistent/program'"), std::string::npos) << bad.text;
+}
+
+TEST(RankProgram, BadRendezvousSettingsGiveAClearError) {
+  Out o = Sh("env -u RANK WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 " COMM_RANK_MAIN);
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_NE(o.text.find("RANK is not set"), std::string::npos) << o.text;
+  o =
+      Sh("env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "
+         "STRATA_RDZV_TIMEOUT_MS=300 " COMM_RANK_MAIN);
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_NE(o.text.find("no server answered at 127.0.0.1:1"), std::string::npos) << o.text;
+  o = Sh(
+      "env RANK=0 WORLD_SIZE=2 MASTER_ADDR=not-a-host.invalid MASTER_PORT=29555 " COMM_RANK_MAIN);
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_NE(o.text.find("not-a-host.invalid"), std::string::npos) << o.text;
+}
+
+TEST(BenchCommCli, JsonHasNcclTestsFigures) {
+  const Out o = Sh(Ctl() + " bench comm -n 2 --min-bytes 4K --max-bytes 16K --iters 2 --json",
+                   /*merge_stderr=*/false);
+  ASSERT_EQ(o.rc, 0) << o.text;
+  const auto j = nlohmann::json::parse(o.text, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << o.text;
+  EXPECT_EQ(j["backend"], "gloo");
+  EXPECT_EQ(j["world_size"], 2);
+  ASSERT_EQ(j["results"].size(), 9u);  // 3 sizes x 3 ops
+  for (const auto& r : j["results"]) {
+    const double factor = r["op"] == "all_reduce" ? 1.0 : 0.5;  // 2(N-1)/N, (N-1)/N at N=2
+    EXPECT_GT(r["time_us"].get<double>(), 0);
+    EXPECT_NEAR(r["busbw_gbps"].get<double>(), factor * r["algbw_gbps"].get<double>(), 1e-9);
+    EXPECT_NEAR(r["algbw_gbps"].get<double>(),
+                r["size_bytes"].get<double>() / (r["time_us"].get<double>() * 1e-6) / 1e9, 1e-6);
+  }
+}
+
+TEST(BenchCommCli, BadOptionsAreUsageErrors) {
+  EXPECT_EQ(Sh(Ctl() + " bench comm --dtype int8").rc, 2);
+  EXPECT_EQ(Sh(Ctl() + " bench comm --min-bytes 1M --max-bytes 1K").rc, 2);
+  EXPECT_EQ(Sh(Ctl() + " bench comm --backend mpi").rc, 2);
+}
+
+}  // namespace

@@ -1,0 +1,265 @@
+// `offloadctl launch -n N -- CMD ARGS...`: starts N local ranks of CMD with the environment that
+// torchrun and the deepspeed launcher set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT, and STRATA_RDZV_DIR with --rdzv-dir), forwards their stdout and stderr
+// line by line with a "[rank r] " prefix, and fails fast: when one rank exits non-zero or is
+// killed, the others get SIGTERM (SIGKILL after a grace period) and launch exits 1 naming the rank.
+//
+// Lifecycle: each rank runs in its own process group (so its children are signalled too); one
+// poll loop reads every rank's two pipes, reaps exits with WNOHANG and enforces --timeout-s.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "tools/offloadctl/commands.h"
+
+namespace strata::cli {
+namespace {
+
+volatile sig_atomic_t g_stop_signal = 0;
+void OnStopSignal(int sig) { g_stop_signal = sig; }
+
+struct Rank {
+  pid_t pid = -1;
+  int out_fd = -1, err_fd = -1;
+  std::string out_buf, err_buf;
+  bool exited = false;
+  int code = 0;  // exit status, or 128 + signal
+};
+
+// A free TCP port on `addr` (bound then released; a small race, as torchrun's own).
+int FreePort(const std::string& addr) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  if (::inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  return port;
+}
+
+// Writes complete lines of `buf` with the rank prefix; keeps a partial last line (flush: all).
+void Forward(int rank, std::string& buf, FILE* to, bool flush) {
+  size_t start = 0, nl;
+  while ((nl = buf.find('\n', start)) != std::string::npos) {
+    std::fprintf(to, "[rank %d] %.*s\n", rank, static_cast<int>(nl - start), buf.data() + start);
+    start = nl + 1;
+  }
+  buf.erase(0, start);
+  if (flush && !buf.empty()) {
+    std::fprintf(to, "[rank %d] %s\n", rank, buf.c_str());
+    buf.clear();
+  }
+  std::fflush(to);
+}
+
+void Drain(int rank, int& fd, std::string& buf, FILE* to) {
+  if (fd < 0) return;
+  char chunk[4096];
+  const ssize_t n = ::read(fd, chunk, sizeof(chunk));
+  if (n > 0) {
+    buf.append(chunk, static_cast<size_t>(n));
+    // A rank printing without newlines must not grow memory without bound.
+    Forward(rank, buf, to, buf.size() > (1u << 16));
+  } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+    Forward(rank, buf, to, true);
+    ::close(fd);
+    fd = -1;
+  }
+}
+
+void SignalAll(std::vector<Rank>& ranks, int sig) {
+  for (auto& r : ranks) {
+    if (!r.exited && r.pid > 0) ::kill(-r.pid, sig);
+  }
+}
+
+int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_dir,
+              double timeout_s, double grace_s, const std::vector<std::string>& cmd) {
+  if (port == 0) port = FreePort(addr);
+  // Ranks run in their own process groups, so a Ctrl-C reaches only launch: forward it.
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGHUP, &sa, nullptr);
+  std::vector<Rank> ranks(n);
+  std::vector<char*> argv;
+  for (const auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (int r = 0; r < n; ++r) {
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      std::fprintf(stderr, "launch: pipe: %s\n", std::strerror(errno));
+      SignalAll(ranks, SIGKILL);
+      return kExitInvalid;
+    }
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      // If launch itself dies (even by SIGKILL), the rank is told to stop.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      ::signal(SIGHUP, SIG_DFL);
+      ::dup2(out[1], STDOUT_FILENO);
+      ::dup2(err[1], STDERR_FILENO);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("MASTER_ADDR", addr.c_str(), 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (!rdzv_dir.empty()) ::setenv("STRATA_RDZV_DIR", rdzv_dir.c_str(), 1);
+      ::execvp(argv[0], argv.data());
+      std::fprintf(stderr, "launch: cannot execute '%s': %s\n", argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    ranks[r].pid = pid;
+    ranks[r].out_fd = out[0];
+    ranks[r].err_fd = err[0];
+    if (pid < 0) {
+      std::fprintf(stderr, "launch: fork: %s\n", std::strerror(errno));
+      SignalAll(ranks, SIGKILL);
+      return kExitInvalid;
+    }
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  Clock::time_point kill_at = Clock::time_point::max();
+  int failed_rank = -1;
+  std::string why;
+  int running = n;
+  while (true) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<int, bool>> who;  // rank, is_err
+    for (int r = 0; r < n; ++r) {
+      if (ranks[r].out_fd >= 0)
+        fds.push_back({ranks[r].out_fd, POLLIN, 0}), who.push_back({r, false});
+      if (ranks[r].err_fd >= 0)
+        fds.push_back({ranks[r].err_fd, POLLIN, 0}), who.push_back({r, true});
+    }
+    if (running == 0 && fds.empty()) break;
+    ::poll(fds.data(), fds.size(), 50);
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      Rank& rk = ranks[who[i].first];
+      if (who[i].second) {
+        Drain(who[i].first, rk.err_fd, rk.err_buf, stderr);
+      } else {
+        Drain(who[i].first, rk.out_fd, rk.out_buf, stdout);
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      if (ranks[r].exited) continue;
+      int st = 0;
+      if (::waitpid(ranks[r].pid, &st, WNOHANG) != ranks[r].pid) continue;
+      ranks[r].exited = true;
+      --running;
+      ranks[r].code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      if (ranks[r].code != 0 && failed_rank < 0) {
+        failed_rank = r;
+        why = WIFEXITED(st) ? "exited with code " + std::to_string(ranks[r].code)
+                            : std::string("was killed by signal ") + strsignal(WTERMSIG(st));
+        std::fprintf(stderr, "launch: rank %d %s; stopping the other ranks\n", r, why.c_str());
+        SignalAll(ranks, SIGTERM);
+        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(grace_s));
+      }
+    }
+    if (g_stop_signal != 0 && failed_rank < 0) {
+      failed_rank = n;
+      why = std::string("interrupted by ") + strsignal(g_stop_signal);
+      std::fprintf(stderr, "launch: %s; stopping all ranks\n", why.c_str());
+      SignalAll(ranks, SIGTERM);
+      kill_at = Clock::now() +
+                std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
+    }
+    const auto now = Clock::now();
+    if (timeout_s > 0 && failed_rank < 0 &&
+        now - start > std::chrono::duration<double>(timeout_s)) {
+      failed_rank = n;  // none of them: the job as a whole
+      why = "timed out after " + std::to_string(timeout_s) + " s";
+      std::fprintf(stderr, "launch: %s; stopping all ranks\n", why.c_str());
+      SignalAll(ranks, SIGTERM);
+      kill_at =
+          now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
+    }
+    if (now >= kill_at) {
+      SignalAll(ranks, SIGKILL);
+      kill_at = Clock::time_point::max();
+    }
+  }
+  if (failed_rank >= 0) return kExitInvalid;
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterLaunch(CLI::App& parent, int* exit_code) {
+  auto* cmd = parent.add_subcommand(
+      "launch",
+      "Start N local ranks of a command with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and "
+      "MASTER_PORT set (as torchrun does), prefix their output with the rank, and stop all of "
+      "them as soon as one fails. Example: offloadctl launch -n 4 -- ./train --config ds.json");
+  struct Opts {
+    int n = 2;
+    std::string addr = "127.0.0.1";
+    int port = 0;
+    std::string rdzv_dir;
+    double timeout_s = 0;
+    double grace_s = 5;
+    std::vector<std::string> command;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("-n,--nproc", o->n, "Number of local ranks to start")
+      ->check(CLI::Range(1, 4096))
+      ->default_val(2);
+  cmd->add_option("--master-addr", o->addr,
+                  "MASTER_ADDR given to the ranks (rank 0 serves the "
+                  "TCP rendezvous store there)")
+      ->default_val("127.0.0.1");
+  cmd->add_option("--master-port", o->port, "MASTER_PORT given to the ranks; 0 picks a free port")
+      ->check(CLI::Range(0, 65535))
+      ->default_val(0);
+  cmd->add_option("--rdzv-dir", o->rdzv_dir,
+                  "Shared directory for a file rendezvous store (sets STRATA_RDZV_DIR)");
+  cmd->add_option("--timeout-s", o->timeout_s,
+                  "Stop every rank after this many seconds (0: no "
+                  "limit); exit 1")
+      ->check(CLI::NonNegativeNumber)
+      ->default_val(0);
+  cmd->add_option("--grace-s", o->grace_s,
+                  "Seconds between SIGTERM and SIGKILL when stopping ranks")
+      ->check(CLI::NonNegativeNumber)
+      ->default_val(5);
+  cmd->add_option("command", o->command, "The command and its arguments, after --")->required();
+  cmd->callback([o, exit_code] {
+    *exit_code =
+        RunLaunch(o->n, o->addr, o->port, o->rdzv_dir, o->timeout_s, o->grace_s, o->command);
+  });
+}
+
+}  // namespace strata::cli
