@@ -217,6 +217,8 @@ TEST(RealConfig, AccelerateFillsTheStageAndTheDevices) {
     EXPECT_NE(std::find(open.begin(), open.end(), key), open.end()) << key;
   }
   EXPECT_EQ(c.parsed->config.unresolved_auto, open);
+  EXPECT_TRUE(c.parsed->config.IsAuto("zero_optimization.stage"));
+  EXPECT_FALSE(c.parsed->config.IsAuto("steps_per_print"));
   nlohmann::json effective = nlohmann::json::parse(EffectiveConfigJson(c.parsed->config));
   EXPECT_EQ(effective["zero_optimization"]["stage"], "auto");
   EXPECT_EQ(effective["zero_optimization"]["offload_param"]["device"], "auto");

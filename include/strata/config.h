@@ -244,6 +244,14 @@ struct EngineConfig {
   // stage3_gather_16bit_weights_on_model_save: while "auto", those plain fields hold their
   // defaults and only this list says they are not settled. Resolve before relying on them.
   std::vector<std::string> unresolved_auto;
+
+  // Whether the key at dotted JSON `path` is still "auto" (e.g. "zero_optimization.stage").
+  bool IsAuto(std::string_view path) const {
+    for (const std::string& p : unresolved_auto) {
+      if (p == path) return true;
+    }
+    return false;
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
