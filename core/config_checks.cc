@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 
 #include "core/config_reader.h"
 
@@ -150,11 +151,37 @@ void CheckOffload(Reader& r, EngineConfig& c) {
 
 }  // namespace
 
+namespace {
+
+// Keys that only matter for NVMe, given in an offload section whose device is cpu: DeepSpeed
+// ignores them, which may not be what the user meant.
+void CheckNvmeOnlyKeys(Reader& r, const Json* root, const char* section, OffloadDevice device,
+                       std::initializer_list<const char*> keys) {
+  const std::string path = std::string("zero_optimization.") + section;
+  if (device != OffloadDevice::kCpu || r.IsUnresolved(path + ".device")) return;
+  auto zero = root->find("zero_optimization");
+  if (zero == root->end() || !zero->is_object()) return;
+  auto sec = zero->find(section);
+  if (sec == zero->end() || !sec->is_object()) return;
+  for (const char* key : keys) {
+    auto it = sec->find(key);
+    if (it == sec->end() || it->is_null()) continue;
+    r.Warn(Kind::kIgnored, path + "." + key,
+           std::string(key) + " only applies to device \"nvme\"; with \"cpu\" it is ignored");
+  }
+}
+
+}  // namespace
+
 void CheckAcrossKeys(Reader& r, EngineConfig& c, Json* root) {
   CheckBatch(r, c, root);
   if (c.fp16.enabled.value_or(false) && c.bf16.enabled.value_or(false)) {
     r.Error(Kind::kConflict, "bf16.enabled", "fp16 and bf16 are both enabled; enable at most one");
   }
+  CheckNvmeOnlyKeys(r, root, "offload_optimizer", c.zero.offload_optimizer.device,
+                    {"nvme_path", "buffer_count", "pipeline_read", "pipeline_write", "fast_init"});
+  CheckNvmeOnlyKeys(r, root, "offload_param", c.zero.offload_param.device,
+                    {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"});
   CheckOffload(r, c);
 }
 

@@ -246,6 +246,26 @@ TEST(ConfigCheck, NvmeOptimizerBelowStage3BecomesCpuWithAWarning) {
   EXPECT_EQ(c.parsed->config.zero.offload_optimizer.device, OffloadDevice::kCpu);
 }
 
+TEST(ConfigCheck, NvmeOnlyKeysWithCpuAreIgnoredWithAWarning) {
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "zero_optimization": {
+      "stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true, "fast_init": true},
+      "offload_param": {"device": "cpu", "buffer_count": 5, "max_in_cpu": 1e9}}})");
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  ASSERT_EQ(c.warnings.size(), 3u) << Dump(c.warnings);
+  for (const char* path : {"zero_optimization.offload_optimizer.fast_init",
+                           "zero_optimization.offload_param.buffer_count",
+                           "zero_optimization.offload_param.max_in_cpu"}) {
+    const ConfigDiagnostic* w = FindDiag(c.warnings, Kind::kIgnored, path);
+    ASSERT_NE(w, nullptr) << path << "\n" << Dump(c.warnings);
+    EXPECT_NE(w->message.find("only applies to device \"nvme\""), std::string::npos);
+  }
+  // The same keys with nvme: no warning.
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": "/n", "buffer_count": 5,
+      "max_in_cpu": 1e9}}})")
+                  .warnings.empty());
+}
+
 TEST(ConfigCheck, OptimizerOffloadAtStage0IsIgnored) {
   ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "zero_optimization": {
       "offload_optimizer": {"device": "cpu"}}})");
