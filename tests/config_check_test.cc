@@ -1,8 +1,11 @@
 // DeepSpeed config checks: every error (with its JSON path) and every warning (with what happens
 // instead), --strict, and the machine checks of --here.
+#include <linux/capability.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -459,17 +462,40 @@ TEST(ConfigCheck, HereRejectsAFile) {
               "is not a directory", o);
 }
 
+// Drops the capabilities that let root write through permission bits, from the effective and
+// the permitted set (access() checks a root caller against the permitted set).
+bool DropDacOverride() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capget, &hdr, data) != 0) return false;
+  for (int cap : {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER}) {
+    data[cap / 32].effective &= ~(1u << (cap % 32));
+    data[cap / 32].permitted &= ~(1u << (cap % 32));
+  }
+  return syscall(SYS_capset, &hdr, data) == 0;
+}
+
 TEST(ConfigCheck, HereRejectsAnUnwritableDirectory) {
   TempDir tmp("ro");
-  std::string dir = tmp.str();
-  ParseOptions o;
-  o.check_here = true;
-  if (geteuid() == 0) GTEST_SKIP() << "root writes anywhere: the read-only case cannot fail";
-  std::string ro = dir + "/ro";
+  std::string ro = tmp.str() + "/ro";
   std::filesystem::create_directories(ro);
   ASSERT_EQ(chmod(ro.c_str(), 0555), 0);
-  ExpectError(NvmeConfig(ro), Kind::kMachine, "zero_optimization.offload_optimizer.nvme_path",
-              "is not writable", o);
+  ParseOptions o;
+  o.check_here = true;
+  // Root writes through 0555, so the check runs in a child that has given up that power (the
+  // same check runs unchanged for a non-root user).
+  EXPECT_EXIT(
+      {
+        if (geteuid() == 0 && !DropDacOverride()) {
+          std::fprintf(stderr, "could not drop CAP_DAC_OVERRIDE\n");
+          std::_Exit(3);
+        }
+        ExpectError(NvmeConfig(ro), Kind::kMachine,
+                    "zero_optimization.offload_optimizer.nvme_path", "is not writable", o);
+        std::_Exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      ::testing::ExitedWithCode(0), "");
+  chmod(ro.c_str(), 0755);
 }
 
 }  // namespace
