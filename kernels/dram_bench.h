@@ -1,0 +1,51 @@
+// DRAM bandwidth measurement (STREAM-like): copy, triad, and triad with non-temporal stores, for
+// 1..N threads, over arrays far larger than the caches. It is the same-run reference that CPU
+// kernel throughput is judged against (`offloadctl bench dram`, `offloadctl bench adam`).
+//
+// Bytes are counted the STREAM way: copy moves 2 x array bytes (read + write), triad
+// a = b + s*c moves 3 x array bytes. A plain store also reads the line first (write allocate), so
+// plain triad really moves 4 x; the non-temporal triad avoids that read, which is why it is the
+// ceiling a streaming kernel can reach.
+//
+// Thread safety: one measurement at a time per process makes sense (they share the memory bus).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "strata/status.h"
+
+namespace strata::kernels {
+
+struct DramBenchOptions {
+  // Bytes of each of the three fp32 arrays (rounded up to 2 MiB). Should exceed the last-level
+  // cache by far; 256 MiB by default.
+  size_t array_bytes = size_t{256} << 20;
+  // Measure 1..max_threads threads; 0: one per logical CPU.
+  int max_threads = 0;
+  // Repetitions per kernel and thread count; the fastest counts (STREAM's convention).
+  int reps = 5;
+  bool bind_threads = false;
+};
+
+struct DramRow {
+  int threads = 0;
+  double copy_bytes_per_s = 0;
+  double triad_bytes_per_s = 0;
+  double nt_triad_bytes_per_s = 0;
+};
+
+struct DramReport {
+  size_t array_bytes = 0;
+  std::vector<DramRow> rows;  // threads 1..max
+  // Each figure at its own best thread count.
+  DramRow best;
+  int best_triad_threads = 0;
+  int best_nt_triad_threads = 0;
+};
+
+// InvalidArgument: array_bytes < 1 MiB, reps < 1, max_threads < 0. IOError: the arrays could not
+// be mapped.
+Result<DramReport> MeasureDram(const DramBenchOptions& options);
+
+}  // namespace strata::kernels
