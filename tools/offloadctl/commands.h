@@ -20,6 +20,7 @@ inline constexpr int kExitUsage = 2;
 // (declared as each lands)
 
 // `offloadctl bench <what>` children.
-// (declared as each lands)
+void RegisterBenchDram(CLI::App& bench, int* exit_code);  // cmd_bench_dram.cc
+void RegisterBenchAdam(CLI::App& bench, int* exit_code);  // cmd_bench_adam.cc
 
 }  // namespace strata::cli

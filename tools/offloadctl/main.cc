@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand(
       "bench", "Measure a tier or kernel of this machine against a same-run reference");
   bench->require_subcommand(1);
-  (void)bench;
+  strata::cli::RegisterBenchDram(*bench, &exit_code);
+  strata::cli::RegisterBenchAdam(*bench, &exit_code);
 
   try {
     app.parse(argc, argv);
