@@ -17,6 +17,8 @@
 
 namespace strata::kernels {
 
+class DramProbe;
+
 struct AdamPath {
   DType grad = DType::kBF16;
   std::optional<DType> out;  // nullopt: no 16-bit parameter copy
@@ -34,12 +36,16 @@ struct AdamBenchOptions {
   bool bind_threads = false;
   bool stream_state = false;         // AdamHyper::stream_state
   std::vector<AdamPath> paths = AllAdamPaths();
+  // When set, every timed step is followed by one non-temporal triad on the same threads, so
+  // each row carries a reference measured under the same load (shared machines drift).
+  DramProbe* reference = nullptr;
 };
 
 struct AdamBenchRow {
   int threads = 0;
   double params_per_s = 0;
   double effective_bytes_per_s = 0;
+  double nt_triad_bytes_per_s = 0;  // interleaved reference (0 without one)
 };
 
 struct AdamBenchResult {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "strata/status.h"
@@ -47,5 +48,29 @@ struct DramReport {
 // InvalidArgument: array_bytes < 1 MiB, reps < 1, max_threads < 0. IOError: the arrays could not
 // be mapped.
 Result<DramReport> MeasureDram(const DramBenchOptions& options);
+
+class KernelPool;
+
+// The arrays of one DRAM measurement, kept so a benchmark can interleave reference measurements
+// with its own (both then see the same contention on a shared machine). Move-only.
+class DramProbe {
+ public:
+  // Maps three arrays of `array_bytes` (>= 1 MiB) and touches them from the pool's threads.
+  static Result<DramProbe> Create(size_t array_bytes, KernelPool& pool);
+  DramProbe(DramProbe&&) noexcept;
+  DramProbe& operator=(DramProbe&&) noexcept;
+  ~DramProbe();
+
+  size_t array_bytes() const;
+  // Copy, triad and non-temporal triad on the pool's threads, best of `reps` each (reps >= 1).
+  DramRow Measure(KernelPool& pool, int reps);
+  // Only the non-temporal triad (bytes/s, best of `reps`).
+  double MeasureNtTriad(KernelPool& pool, int reps);
+
+ private:
+  struct Arrays;
+  explicit DramProbe(std::unique_ptr<Arrays> a);
+  std::unique_ptr<Arrays> a_;
+};
 
 }  // namespace strata::kernels
