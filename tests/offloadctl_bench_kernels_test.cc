@@ -63,7 +63,8 @@ TEST(OffloadctlBenchKernelsTest, AdamJsonPerPath) {
   EXPECT_EQ(j["params"].get<size_t>(), size_t{65536});
   const double nt = j["nt_triad_bytes_per_s"].get<double>();
   EXPECT_GT(nt, 0);
-  EXPECT_EQ(nt, j["dram"]["nt_triad_bytes_per_s"].get<double>());
+  // The run's best nt triad: the DRAM pass or a triad interleaved with the Adam steps.
+  EXPECT_GE(nt, j["dram"]["nt_triad_bytes_per_s"].get<double>());
   ASSERT_EQ(j["paths"].size(), 9u);
   const auto& p = j["paths"]["grad_bf16_out_bf16"];
   EXPECT_EQ(p["bytes_per_param"].get<int>(), 28);
@@ -78,7 +79,11 @@ TEST(OffloadctlBenchKernelsTest, AdamJsonPerPath) {
     EXPECT_DOUBLE_EQ(path["ratio_to_nt_triad"].get<double>(),
                      path["effective_bytes_per_s"].get<double>() / nt)
         << name;
-    EXPECT_EQ(path["rows"].size(), 2u) << name;
+    ASSERT_EQ(path["rows"].size(), 2u) << name;
+    for (const auto& row : path["rows"]) {
+      EXPECT_GT(row["nt_triad_bytes_per_s"].get<double>(), 0) << name;
+      EXPECT_LE(row["nt_triad_bytes_per_s"].get<double>(), nt) << name;
+    }
   }
 }
 
