@@ -87,11 +87,21 @@ TEST(OffloadctlBenchKernelsTest, AdamJsonPerPath) {
   }
 }
 
+TEST(OffloadctlBenchKernelsTest, AdamPathSubset) {
+  CliRun r = Offloadctl(
+      "bench adam --params 4K --threads 1 --reps 1 --array-mib 1 --json --path grad_fp16_out_bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["paths"].size(), 1u);
+  EXPECT_EQ(j["paths"]["grad_fp16_out_bf16"]["bytes_per_param"].get<int>(), 28);
+}
+
 TEST(OffloadctlBenchKernelsTest, BadArgumentsAreUsageErrors) {
   EXPECT_EQ(Offloadctl("bench adam --params 0").exit_code, 2);
   EXPECT_EQ(Offloadctl("bench adam --params 12Q").exit_code, 2);
   EXPECT_EQ(Offloadctl("bench adam --threads -1").exit_code, 2);
   EXPECT_EQ(Offloadctl("bench dram --reps 0").exit_code, 2);
+  EXPECT_EQ(Offloadctl("bench adam --path grad_int8_out_none").exit_code, 2);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,7 @@ struct Opts {
   bool bind = false;
   bool stream_state = false;
   bool json = false;
+  std::vector<std::string> paths;
 };
 
 nlohmann::json RowJson(const kernels::AdamBenchRow& row) {
@@ -43,6 +45,16 @@ int Run(const Opts& o) {
                  "bench adam: --params '%s' is not a positive count (e.g. 1000, 512K, 64M)\n",
                  o.params.c_str());
     return kExitUsage;
+  }
+  for (const std::string& name : o.paths) {
+    bool known = false;
+    for (const auto& p : kernels::AllAdamPaths()) known = known || p.Name() == name;
+    if (!known) {
+      std::fprintf(stderr, "bench adam: unknown --path '%s'; known:", name.c_str());
+      for (const auto& p : kernels::AllAdamPaths()) std::fprintf(stderr, " %s", p.Name().c_str());
+      std::fprintf(stderr, "\n");
+      return kExitUsage;
+    }
   }
   kernels::DramBenchOptions dopt;
   dopt.array_bytes = o.array_mib << 20;
@@ -67,6 +79,14 @@ int Run(const Opts& o) {
   }
   kernels::AdamBenchOptions aopt;
   aopt.reference = &*probe;
+  if (!o.paths.empty()) {
+    aopt.paths.clear();
+    for (const std::string& name : o.paths) {
+      for (const auto& p : kernels::AllAdamPaths()) {
+        if (p.Name() == name) aopt.paths.push_back(p);
+      }
+    }
+  }
   aopt.params = *params;
   aopt.max_threads = o.threads;
   aopt.reps = o.reps;
@@ -144,6 +164,9 @@ void RegisterBenchAdam(CLI::App& bench, int* exit_code) {
   cmd->add_option("--array-mib", o->array_mib, "MiB per array of the DRAM reference benchmark")
       ->check(CLI::Range(size_t{1}, size_t{1} << 20))
       ->capture_default_str();
+  cmd->add_option("--path", o->paths,
+                  "Measure only this dtype path, e.g. grad_bf16_out_bf16 (repeatable; default: "
+                  "all nine grad {fp32,bf16,fp16} x out {none,bf16,fp16})");
   cmd->add_flag("--bind", o->bind, "Bind worker threads to cores (hwloc)");
   cmd->add_flag("--stream-state", o->stream_state,
                 "Non-temporal stores for master/m/v too (the bf16/fp16 output always streams)");
