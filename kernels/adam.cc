@@ -11,10 +11,14 @@ namespace {
 
 int ElemOf(DType t) {
   switch (t) {
-    case DType::kF32: return simd::kElemF32;
-    case DType::kBF16: return simd::kElemBF16;
-    case DType::kF16: return simd::kElemF16;
-    default: return -1;
+    case DType::kF32:
+      return simd::kElemF32;
+    case DType::kBF16:
+      return simd::kElemBF16;
+    case DType::kF16:
+      return simd::kElemF16;
+    default:
+      return -1;
   }
 }
 
@@ -69,7 +73,8 @@ Status ValidateAdam(const AdamHyper& h, const AdamShard& s) {
   if (h.step < 1) return Bad("step must be >= 1 (got " + std::to_string(h.step) + ")");
   if (!std::isfinite(h.grad_scale)) return Bad("grad_scale must be finite");
   if (ElemOf(s.grad_dtype) < 0) {
-    return Bad("grad dtype must be fp32, bf16 or fp16, not " + std::string(DTypeName(s.grad_dtype)));
+    return Bad("grad dtype must be fp32, bf16 or fp16, not " +
+               std::string(DTypeName(s.grad_dtype)));
   }
   if (s.param_out != nullptr && s.param_out_dtype != DType::kBF16 &&
       s.param_out_dtype != DType::kF16) {

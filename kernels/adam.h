@@ -43,16 +43,16 @@ class KernelPool;
 
 struct AdamHyper {
   float lr = 1e-3f;
-  float beta1 = 0.9f;   // in [0, 1)
-  float beta2 = 0.999f; // in [0, 1)
-  float eps = 1e-8f;    // > 0
+  float beta1 = 0.9f;         // in [0, 1)
+  float beta2 = 0.999f;       // in [0, 1)
+  float eps = 1e-8f;          // > 0
   float weight_decay = 0.0f;  // >= 0
   // true: AdamW (decoupled decay, torch.optim.AdamW); false: Adam with L2 added to the gradient
   // (torch.optim.Adam's weight_decay).
   bool decoupled_weight_decay = true;
   bool bias_correction = true;
-  int64_t step = 1;          // the step number this call makes, counting from 1
-  float grad_scale = 1.0f;   // multiplies every gradient element first
+  int64_t step = 1;         // the step number this call makes, counting from 1
+  float grad_scale = 1.0f;  // multiplies every gradient element first
   // Streaming (non-temporal) stores for p, m and v. Off by default: they were just read, so the
   // lines are in cache anyway. The 16-bit param_out is always streamed when aligned.
   bool stream_state = false;
@@ -65,7 +65,7 @@ struct AdamShard {
   float* exp_avg_sq = nullptr;
   const void* grad = nullptr;  // n elements of grad_dtype (bf16/fp16 as raw bits)
   DType grad_dtype = DType::kF32;
-  void* param_out = nullptr;   // nullptr: no 16-bit copy; else n elements of param_out_dtype
+  void* param_out = nullptr;  // nullptr: no 16-bit copy; else n elements of param_out_dtype
   DType param_out_dtype = DType::kBF16;
   size_t n = 0;
 };

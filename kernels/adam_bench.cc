@@ -21,9 +21,8 @@ std::string AdamPath::Name() const {
 std::vector<AdamPath> AllAdamPaths() {
   std::vector<AdamPath> v;
   for (DType g : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (std::optional<DType> o :
-         {std::optional<DType>(), std::optional<DType>(DType::kBF16),
-          std::optional<DType>(DType::kF16)}) {
+    for (std::optional<DType> o : {std::optional<DType>(), std::optional<DType>(DType::kBF16),
+                                   std::optional<DType>(DType::kF16)}) {
       v.push_back({g, o});
     }
   }
@@ -76,9 +75,14 @@ Result<std::vector<AdamBenchResult>> MeasureAdam(const AdamBenchOptions& o) {
       STRATA_RETURN_IF_ERROR(Cast(all, grad32.data(), DType::kF32, grad16.data(), path.grad, n));
       grad = grad16.data();
     }
-    AdamShard shard{master.as<float>(), m.as<float>(),
-                    v.as<float>(), grad, path.grad, path.out ? out.data() : nullptr,
-                    path.out.value_or(DType::kBF16), n};
+    AdamShard shard{master.as<float>(),
+                    m.as<float>(),
+                    v.as<float>(),
+                    grad,
+                    path.grad,
+                    path.out ? out.data() : nullptr,
+                    path.out.value_or(DType::kBF16),
+                    n};
     AdamHyper hyper;
     hyper.weight_decay = 0.01f;
     hyper.stream_state = o.stream_state;

@@ -34,7 +34,7 @@ struct AdamBenchOptions {
   int max_threads = 0;               // measure 1..max_threads; 0: one per logical CPU
   int reps = 5;                      // steps timed per path and thread count; the fastest counts
   bool bind_threads = false;
-  bool stream_state = false;         // AdamHyper::stream_state
+  bool stream_state = false;  // AdamHyper::stream_state
   std::vector<AdamPath> paths = AllAdamPaths();
   // When set, every timed step is followed by one non-temporal triad on the same threads, so
   // each row carries a reference measured under the same load (shared machines drift).

@@ -3,8 +3,8 @@
 // master, m, v and optionally the 16-bit parameter copy: 24 + grad + out bytes per parameter.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/adam_simd.cc"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
-// Order matters: foreach_target.h re-includes this file once per target before highway.h.
+#include "hwy/foreach_target.h"  // IWYU pragma: keep (must come before highway.h)
+
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "kernels/convert-inl.h"
@@ -67,9 +67,9 @@ HWY_INLINE void StoreOut(DF df, VF p0, VF p1, void* HWY_RESTRICT out, size_t i, 
 
 // 2 * Lanes(df) elements at offset i of the given arrays.
 template <int kGrad, int kOut, bool kL2>
-HWY_INLINE void Body(DF df, const AdamCoeffs& c, float* HWY_RESTRICT master,
-                     float* HWY_RESTRICT m, float* HWY_RESTRICT v, const void* HWY_RESTRICT grad,
-                     void* HWY_RESTRICT out, size_t i, bool stream_state, bool stream_out) {
+HWY_INLINE void Body(DF df, const AdamCoeffs& c, float* HWY_RESTRICT master, float* HWY_RESTRICT m,
+                     float* HWY_RESTRICT v, const void* HWY_RESTRICT grad, void* HWY_RESTRICT out,
+                     size_t i, bool stream_state, bool stream_out) {
   const size_t n = hn::Lanes(df);
   VF g0, g1;
   LoadGrad<kGrad>(df, grad, i, g0, g1);
@@ -95,18 +95,22 @@ template <int kGrad, int kOut, bool kL2>
 void Loop(const simd::AdamArgs& a, size_t begin, size_t end) {
   const DF df;
   const size_t n = hn::Lanes(df);
-  const AdamCoeffs c{hn::Set(df, a.beta1),     hn::Set(df, a.one_minus_beta1),
-                     hn::Set(df, a.beta2),     hn::Set(df, a.one_minus_beta2),
-                     hn::Set(df, a.eps),       hn::Set(df, a.step_size),
-                     hn::Set(df, a.inv_sqrt_bc2), hn::Set(df, a.decay),
-                     hn::Set(df, a.l2_weight_decay), hn::Set(df, a.grad_scale)};
+  const AdamCoeffs c{hn::Set(df, a.beta1),
+                     hn::Set(df, a.one_minus_beta1),
+                     hn::Set(df, a.beta2),
+                     hn::Set(df, a.one_minus_beta2),
+                     hn::Set(df, a.eps),
+                     hn::Set(df, a.step_size),
+                     hn::Set(df, a.inv_sqrt_bc2),
+                     hn::Set(df, a.decay),
+                     hn::Set(df, a.l2_weight_decay),
+                     hn::Set(df, a.grad_scale)};
   const size_t vec_bytes = n * sizeof(float);  // a u16 vector of 2n lanes has the same size
   const bool stream_state = a.stream_state && Aligned(a.master + begin, vec_bytes) &&
                             Aligned(a.exp_avg + begin, vec_bytes) &&
                             Aligned(a.exp_avg_sq + begin, vec_bytes);
   const bool stream_out =
-      kOut != simd::kElemNone &&
-      Aligned(static_cast<uint16_t*>(a.param_out) + begin, vec_bytes);
+      kOut != simd::kElemNone && Aligned(static_cast<uint16_t*>(a.param_out) + begin, vec_bytes);
   size_t i = begin;
   for (; i + 2 * n <= end; i += 2 * n) {
     Body<kGrad, kOut, kL2>(df, c, a.master, a.exp_avg, a.exp_avg_sq, a.grad, a.param_out, i,
@@ -153,17 +157,23 @@ void LoopL2(const simd::AdamArgs& a, size_t begin, size_t end) {
 template <int kGrad>
 void LoopOut(const simd::AdamArgs& a, size_t begin, size_t end) {
   switch (a.out_elem) {
-    case simd::kElemBF16: return LoopL2<kGrad, simd::kElemBF16>(a, begin, end);
-    case simd::kElemF16: return LoopL2<kGrad, simd::kElemF16>(a, begin, end);
-    default: return LoopL2<kGrad, simd::kElemNone>(a, begin, end);
+    case simd::kElemBF16:
+      return LoopL2<kGrad, simd::kElemBF16>(a, begin, end);
+    case simd::kElemF16:
+      return LoopL2<kGrad, simd::kElemF16>(a, begin, end);
+    default:
+      return LoopL2<kGrad, simd::kElemNone>(a, begin, end);
   }
 }
 
 void AdamRangeT(const simd::AdamArgs& a, size_t begin, size_t end) {
   switch (a.grad_elem) {
-    case simd::kElemBF16: return LoopOut<simd::kElemBF16>(a, begin, end);
-    case simd::kElemF16: return LoopOut<simd::kElemF16>(a, begin, end);
-    default: return LoopOut<simd::kElemF32>(a, begin, end);
+    case simd::kElemBF16:
+      return LoopOut<simd::kElemBF16>(a, begin, end);
+    case simd::kElemF16:
+      return LoopOut<simd::kElemF16>(a, begin, end);
+    default:
+      return LoopOut<simd::kElemF32>(a, begin, end);
   }
 }
 

@@ -16,8 +16,8 @@ Result<HugeBuffer> HugeBuffer::Allocate(size_t bytes) {
   if (bytes == 0) return b;
   const size_t size = (bytes + kHuge - 1) / kHuge * kHuge;
   // Over-map by 2 MiB and trim, so the region starts on a huge-page boundary.
-  void* raw = mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+  void* raw =
+      mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return Status::FromErrno(errno, "mmap of a kernel buffer");
   const auto start = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = (start + kHuge - 1) / kHuge * kHuge;

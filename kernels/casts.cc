@@ -31,8 +31,8 @@ void Apply(const void* in, void* out, size_t begin, size_t end) {
   F(static_cast<const In*>(in) + begin, static_cast<Out*>(out) + begin, end - begin);
 }
 
-Result<RangeFn> Pick(const void* in, DType in_dtype, const void* out, DType out_dtype,
-                     size_t n, size_t* copy_elem_bytes) {
+Result<RangeFn> Pick(const void* in, DType in_dtype, const void* out, DType out_dtype, size_t n,
+                     size_t* copy_elem_bytes) {
   *copy_elem_bytes = 0;
   if (n > 0 && (in == nullptr || out == nullptr)) {
     return Status::InvalidArgument("cast: null input or output with n > 0");

@@ -25,7 +25,6 @@ void CastF16ToF32(const f16_t* in, float* out, size_t n);
 // pointer with n > 0. REQUIRES: in and out do not overlap.
 Status Cast(const void* in, DType in_dtype, void* out, DType out_dtype, size_t n);
 // The same over the pool's tiles.
-Status Cast(KernelPool& pool, const void* in, DType in_dtype, void* out, DType out_dtype,
-            size_t n);
+Status Cast(KernelPool& pool, const void* in, DType in_dtype, void* out, DType out_dtype, size_t n);
 
 }  // namespace strata::kernels

@@ -1,7 +1,8 @@
 // fp32 <-> bf16 / fp16 casts, compiled once per Highway target (contract in kernels/simd.h).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/casts_simd.cc"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/foreach_target.h"  // IWYU pragma: keep (must come before highway.h)
+
 #include "hwy/highway.h"
 #include "kernels/convert-inl.h"
 #include "kernels/simd.h"

@@ -59,8 +59,8 @@ HWY_INLINE hn::Vec<DF> F16BitsToF32(DF df, hn::Vec<hn::RebindToUnsigned<DF>> h) 
   const auto exp = hn::And(h, hn::Set(du, 0x7c00u));
   const auto is_sub = hn::Eq(exp, hn::Zero(du));
   const auto is_infnan = hn::Eq(exp, hn::Set(du, 0x7c00u));
-  const auto infnan = hn::Or(hn::Set(du, 0x7f800000u),
-                             hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x3ffu))));
+  const auto infnan =
+      hn::Or(hn::Set(du, 0x7f800000u), hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x3ffu))));
   auto mag = hn::IfThenElse(is_sub, hn::BitCast(du, denormalized), hn::BitCast(du, normalized));
   mag = hn::IfThenElse(is_infnan, infnan, mag);
   return hn::BitCast(df, hn::Or(sign, mag));
@@ -76,20 +76,20 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> F32ToF16Bits(DF df, hn::Vec<DF> f) 
   const auto abs = hn::And(w, hn::Set(du, 0x7fffffffu));
   const auto sign16 = hn::ShiftRight<16>(hn::And(w, hn::Set(du, 0x80000000u)));
   // Scale so that values too large for fp16 become Inf and the exponent is in half range.
-  auto base = hn::Mul(hn::Mul(hn::BitCast(df, abs), hn::Set(df, 0x1.0p+112f)),
-                      hn::Set(df, 0x1.0p-110f));
+  auto base =
+      hn::Mul(hn::Mul(hn::BitCast(df, abs), hn::Set(df, 0x1.0p+112f)), hn::Set(df, 0x1.0p-110f));
   const auto shl1_w = hn::Add(w, w);
   // bias = max(exponent, 0x71) in the exponent field, + 15 << 23 ... as in fp16_ieee_from_fp32.
   const auto exp8 = hn::BitCast(di, hn::ShiftRight<24>(shl1_w));
   const auto bias = hn::BitCast(du, hn::Max(exp8, hn::Set(di, 0x71)));
-  base = hn::Add(hn::BitCast(df, hn::Add(hn::ShiftLeft<23>(bias), hn::Set(du, 0x07800000u))),
-                 base);
+  base = hn::Add(hn::BitCast(df, hn::Add(hn::ShiftLeft<23>(bias), hn::Set(du, 0x07800000u))), base);
   const auto bits = hn::BitCast(du, base);
   const auto exp_bits = hn::And(hn::ShiftRight<13>(bits), hn::Set(du, 0x7c00u));
   const auto mant_bits = hn::And(bits, hn::Set(du, 0x0fffu));
   const auto nonsign = hn::Add(exp_bits, mant_bits);
   const auto is_nan = hn::RebindMask(du, hn::Gt(hn::BitCast(di, abs), hn::Set(di, 0x7f800000)));
-  const auto nan = hn::Or(hn::Set(du, 0x7e00u), hn::And(hn::ShiftRight<13>(abs), hn::Set(du, 0x3ffu)));
+  const auto nan =
+      hn::Or(hn::Set(du, 0x7e00u), hn::And(hn::ShiftRight<13>(abs), hn::Set(du, 0x3ffu)));
   return hn::Or(sign16, hn::IfThenElse(is_nan, nan, nonsign));
 }
 

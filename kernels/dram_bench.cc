@@ -67,8 +67,8 @@ size_t PartTile(size_t n, const KernelPool& pool) {
   return RoundTile((n + pool.threads() - 1) / pool.threads());
 }
 
-double TriadSeconds(KernelPool& pool, float* a, const float* b, const float* c, size_t n,
-                    bool nt, int reps) {
+double TriadSeconds(KernelPool& pool, float* a, const float* b, const float* c, size_t n, bool nt,
+                    int reps) {
   auto triad = [&](int, size_t lo, size_t hi) {
     simd::StreamTriad(a + lo, b + lo, c + lo, 3.0f, hi - lo, nt);
   };
@@ -81,8 +81,7 @@ double TriadSeconds(KernelPool& pool, float* a, const float* b, const float* c, 
 double DramProbe::MeasureNtTriad(KernelPool& pool, int reps) {
   const size_t n = a_->n;
   return 3.0 * static_cast<double>(n * sizeof(float)) /
-         TriadSeconds(pool, a_->a.as<float>(), a_->b.as<float>(), a_->c.as<float>(), n, true,
-                      reps);
+         TriadSeconds(pool, a_->a.as<float>(), a_->b.as<float>(), a_->c.as<float>(), n, true, reps);
 }
 
 DramRow DramProbe::Measure(KernelPool& pool, int reps) {

@@ -23,7 +23,7 @@ void ExactSum::Add(double x) {
     return;
   }
   auto mant = static_cast<uint64_t>(std::ldexp(f, 53));  // exact 53-bit integer
-  int bit = e - 53 - kMinExp;                               // weight of mant's bit 0
+  int bit = e - 53 - kMinExp;                            // weight of mant's bit 0
   if (bit < 0) {
     if (bit <= -64) return;
     mant >>= -bit;  // truncate below the grid: deterministic
@@ -69,10 +69,14 @@ namespace {
 
 int ElemOf(DType t) {
   switch (t) {
-    case DType::kF32: return simd::kElemF32;
-    case DType::kBF16: return simd::kElemBF16;
-    case DType::kF16: return simd::kElemF16;
-    default: return -1;
+    case DType::kF32:
+      return simd::kElemF32;
+    case DType::kBF16:
+      return simd::kElemBF16;
+    case DType::kF16:
+      return simd::kElemF16;
+    default:
+      return -1;
   }
 }
 

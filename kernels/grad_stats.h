@@ -51,12 +51,12 @@ class ExactSum {
   double Value() const;
 
  private:
-  static constexpr int kMinExp = -352;    // weight of bit 0
-  static constexpr int kDigits = 21;      // 32-bit digits: bits [kMinExp, kMinExp + 672)
-  static constexpr int kMaxExp = 300;     // x < 2^kMaxExp fits with room for carries
+  static constexpr int kMinExp = -352;  // weight of bit 0
+  static constexpr int kDigits = 21;    // 32-bit digits: bits [kMinExp, kMinExp + 672)
+  static constexpr int kMaxExp = 300;   // x < 2^kMaxExp fits with room for carries
   void Normalize();
   uint64_t digit_[kDigits] = {};  // each holds a 32-bit digit plus pending carries
-  uint32_t adds_ = 0;              // adds since the last Normalize (carry headroom)
+  uint32_t adds_ = 0;             // adds since the last Normalize (carry headroom)
   bool nonfinite_ = false;
 };
 

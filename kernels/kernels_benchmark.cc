@@ -44,8 +44,14 @@ void BM_Adam(benchmark::State& state) {
       state.range(1) < 0 ? std::nullopt : std::optional<DType>(static_cast<DType>(state.range(1)));
   HugeBuffer p = Zeroed(kParams * 4), m = Zeroed(kParams * 4), v = Zeroed(kParams * 4);
   HugeBuffer g = Zeroed(kParams * 4), o = Zeroed(kParams * 2);
-  AdamShard shard{p.as<float>(), m.as<float>(),   v.as<float>(), g.data(), grad_t,
-                  out_t ? o.data() : nullptr, out_t.value_or(DType::kBF16), kParams};
+  AdamShard shard{p.as<float>(),
+                  m.as<float>(),
+                  v.as<float>(),
+                  g.data(),
+                  grad_t,
+                  out_t ? o.data() : nullptr,
+                  out_t.value_or(DType::kBF16),
+                  kParams};
   AdamHyper hyper;
   hyper.weight_decay = 0.01f;
   for (auto _ : state) {
@@ -70,8 +76,8 @@ void BM_NtTriad(benchmark::State& state) {
   const size_t n = kParams * 2;
   HugeBuffer a = Zeroed(n * 4), b = Zeroed(n * 4), c = Zeroed(n * 4);
   auto body = [&](int, size_t lo, size_t hi) {
-    simd::StreamTriad(a.as<float>() + lo, b.as<float>() + lo, c.as<float>() + lo, 3.0f,
-                      hi - lo, state.range(0) != 0);
+    simd::StreamTriad(a.as<float>() + lo, b.as<float>() + lo, c.as<float>() + lo, 3.0f, hi - lo,
+                      state.range(0) != 0);
   };
   for (auto _ : state) AllThreads().ForEachTile(n, RoundTile(n / AllThreads().threads() + 1), body);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * 12));

@@ -44,9 +44,7 @@ class BindObserver : public tbb::task_scheduler_observer {
 
 }  // namespace
 
-size_t RoundTile(size_t tile_elems) {
-  return (tile_elems + kTileUnit - 1) / kTileUnit * kTileUnit;
-}
+size_t RoundTile(size_t tile_elems) { return (tile_elems + kTileUnit - 1) / kTileUnit * kTileUnit; }
 
 struct KernelPool::Impl {
   int threads = 1;
@@ -69,8 +67,7 @@ Result<std::unique_ptr<KernelPool>> KernelPool::Create(const PoolOptions& option
   }
   if (options.tile_elems == 0) return Status::InvalidArgument("kernel pool: tile_elems is 0");
   auto impl = std::make_unique<Impl>();
-  impl->threads = options.threads > 0 ? options.threads
-                                      : tbb::this_task_arena::max_concurrency();
+  impl->threads = options.threads > 0 ? options.threads : tbb::this_task_arena::max_concurrency();
   impl->tile = RoundTile(options.tile_elems);
   impl->arena.initialize(impl->threads);
   if (options.bind_threads) {

@@ -54,8 +54,7 @@ class KernelPool {
   void ForEachTile(size_t n, size_t tile, F& f) {
     ForEachTile(
         n, tile,
-        [](void* ctx, int slot, size_t b, size_t e) { (*static_cast<F*>(ctx))(slot, b, e); },
-        &f);
+        [](void* ctx, int slot, size_t b, size_t e) { (*static_cast<F*>(ctx))(slot, b, e); }, &f);
   }
 
  private:

@@ -36,10 +36,10 @@ struct AdamArgs {
   float beta1 = 0.9f, one_minus_beta1 = 0.1f;
   float beta2 = 0.999f, one_minus_beta2 = 0.001f;
   float eps = 1e-8f;
-  float step_size = 1e-3f;      // lr / bias_correction1
-  float inv_sqrt_bc2 = 1.0f;    // 1 / sqrt(bias_correction2)
-  float decay = 1.0f;           // AdamW: 1 - lr * weight_decay; else 1
-  float l2_weight_decay = 0.0f; // Adam with L2: weight_decay; else unused
+  float step_size = 1e-3f;       // lr / bias_correction1
+  float inv_sqrt_bc2 = 1.0f;     // 1 / sqrt(bias_correction2)
+  float decay = 1.0f;            // AdamW: 1 - lr * weight_decay; else 1
+  float l2_weight_decay = 0.0f;  // Adam with L2: weight_decay; else unused
   float grad_scale = 1.0f;
 };
 

@@ -3,7 +3,8 @@
 // non-finite gradient is exactly what makes the sum non-finite.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/stats_simd.cc"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/foreach_target.h"  // IWYU pragma: keep (must come before highway.h)
+
 #include <type_traits>
 
 #include "hwy/highway.h"
@@ -86,9 +87,12 @@ double Sum(const void* HWY_RESTRICT g, size_t begin, size_t count) {
 
 double SumSquaresT(const void* g, int elem, size_t begin, size_t count) {
   switch (elem) {
-    case simd::kElemBF16: return Sum<simd::kElemBF16>(g, begin, count);
-    case simd::kElemF16: return Sum<simd::kElemF16>(g, begin, count);
-    default: return Sum<simd::kElemF32>(g, begin, count);
+    case simd::kElemBF16:
+      return Sum<simd::kElemBF16>(g, begin, count);
+    case simd::kElemF16:
+      return Sum<simd::kElemF16>(g, begin, count);
+    default:
+      return Sum<simd::kElemF32>(g, begin, count);
   }
 }
 

@@ -3,7 +3,8 @@
 // the optimizer kernels are measured against.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/stream_simd.cc"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/foreach_target.h"  // IWYU pragma: keep (must come before highway.h)
+
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "kernels/simd.h"
@@ -45,15 +46,13 @@ void TriadT(float* HWY_RESTRICT a, const float* HWY_RESTRICT b, const float* HWY
   if (stream) {
     for (; i + 2 * n <= count; i += 2 * n) {
       hn::Stream(hn::MulAdd(s, hn::LoadU(df, c + i), hn::LoadU(df, b + i)), df, a + i);
-      hn::Stream(hn::MulAdd(s, hn::LoadU(df, c + i + n), hn::LoadU(df, b + i + n)), df,
-                 a + i + n);
+      hn::Stream(hn::MulAdd(s, hn::LoadU(df, c + i + n), hn::LoadU(df, b + i + n)), df, a + i + n);
     }
     hwy::FlushStream();
   } else {
     for (; i + 2 * n <= count; i += 2 * n) {
       hn::StoreU(hn::MulAdd(s, hn::LoadU(df, c + i), hn::LoadU(df, b + i)), df, a + i);
-      hn::StoreU(hn::MulAdd(s, hn::LoadU(df, c + i + n), hn::LoadU(df, b + i + n)), df,
-                 a + i + n);
+      hn::StoreU(hn::MulAdd(s, hn::LoadU(df, c + i + n), hn::LoadU(df, b + i + n)), df, a + i + n);
     }
   }
   for (; i < count; ++i) a[i] = b[i] + scalar * c[i];

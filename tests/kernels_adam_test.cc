@@ -57,9 +57,14 @@ struct Shard {
     }
   }
   AdamShard View() {
-    return {p.data(), m.data(), v.data(),
+    return {p.data(),
+            m.data(),
+            v.data(),
             grad_t == DType::kF32 ? static_cast<const void*>(g32.data()) : g16.data(),
-            grad_t, out_t ? out.data() : nullptr, out_t.value_or(DType::kBF16), p.size()};
+            grad_t,
+            out_t ? out.data() : nullptr,
+            out_t.value_or(DType::kBF16),
+            p.size()};
   }
   void RefStep(const AdamHyper& h) {
     for (size_t i = 0; i < ref.size(); ++i) ref[i].Step(h, g32[i]);
@@ -69,7 +74,8 @@ struct Shard {
     for (size_t i = 0; i < p.size(); ++i) {
       const Ref& r = ref[i];
       const double g = double{g32[i]} * h.grad_scale;
-      ASSERT_NEAR(m[i], r.m, tol * (std::abs(r.m) + std::abs(g) + 1e-30)) << what << " m[" << i << "]";
+      ASSERT_NEAR(m[i], r.m, tol * (std::abs(r.m) + std::abs(g) + 1e-30))
+          << what << " m[" << i << "]";
       ASSERT_NEAR(v[i], r.v, tol * (r.v + g * g + 1e-30)) << what << " v[" << i << "]";
       ASSERT_NEAR(p[i], r.p, tol * (std::abs(r.p) + std::abs(r.last_update) + 1e-30))
           << what << " p[" << i << "]";

@@ -23,15 +23,14 @@ std::vector<uint32_t> HardFloats() {
   }
   for (uint32_t h = 0; h < 0x10000u; ++h) {  // around each half and the midpoint to the next
     const uint32_t f = std::bit_cast<uint32_t>(HalfToFloat(f16_t{static_cast<uint16_t>(h)}));
-    const uint32_t g =
-        std::bit_cast<uint32_t>(HalfToFloat(f16_t{static_cast<uint16_t>(h + 1)}));
+    const uint32_t g = std::bit_cast<uint32_t>(HalfToFloat(f16_t{static_cast<uint16_t>(h + 1)}));
     const float mid = (std::bit_cast<float>(f) + std::bit_cast<float>(g)) / 2;  // exact in fp32
     const uint32_t m = std::bit_cast<uint32_t>(mid);
     for (uint32_t x : {f, f - 1, f + 1, m, m - 1, m + 1}) v.push_back(x);
   }
-  for (uint32_t x : {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u,
-                     0xff80abcdu, 0x477fefffu, 0x477ff000u, 0x477ff001u, 0x33000000u,
-                     0x33000001u, 0x387fffffu, 0x38800000u, 0x00000001u, 0x80000001u}) {
+  for (uint32_t x : {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u, 0xff80abcdu,
+                     0x477fefffu, 0x477ff000u, 0x477ff001u, 0x33000000u, 0x33000001u, 0x387fffffu,
+                     0x38800000u, 0x00000001u, 0x80000001u}) {
     v.push_back(x);
   }
   std::mt19937 rng(42);
@@ -67,8 +66,7 @@ TEST_P(CastTest, WideningIsExactForEvery16BitPattern) {
   std::vector<float> out(in.size());
   CastBf16ToF32(reinterpret_cast<const bf16_t*>(in.data()), out.data(), in.size());
   for (uint32_t i = 0; i < 0x10000u; ++i) {
-    ASSERT_EQ(std::bit_cast<uint32_t>(out[i]),
-              std::bit_cast<uint32_t>(Bf16ToFloat(bf16_t{in[i]})))
+    ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(Bf16ToFloat(bf16_t{in[i]})))
         << std::hex << "bf16 0x" << i;
   }
   CastF16ToF32(reinterpret_cast<const f16_t*>(in.data()), out.data(), in.size());

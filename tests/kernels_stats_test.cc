@@ -29,7 +29,9 @@ struct Grads {
       f[i] = x;
     }
   }
-  const void* data() const { return t == DType::kF32 ? static_cast<const void*>(f.data()) : h.data(); }
+  const void* data() const {
+    return t == DType::kF32 ? static_cast<const void*>(f.data()) : h.data();
+  }
   long double RefSumSq() const {
     long double s = 0;
     for (float x : f) s += static_cast<long double>(x) * x;
@@ -84,7 +86,10 @@ TEST_P(GradStatsTest, FlagsNaNAndInfAnywhere) {
   std::fill(big.f.begin(), big.f.end(), std::numeric_limits<float>::max());
   auto r = ComputeGradStats(big.data(), DType::kF32, kStatsChunk);
   EXPECT_FALSE(r->nonfinite);
-  EXPECT_NEAR(r->sum_sq, 4096.0 * double{std::numeric_limits<float>::max()} * std::numeric_limits<float>::max(), 1e-12 * r->sum_sq);
+  EXPECT_NEAR(
+      r->sum_sq,
+      4096.0 * double{std::numeric_limits<float>::max()} * std::numeric_limits<float>::max(),
+      1e-12 * r->sum_sq);
 }
 
 TEST_P(GradStatsTest, BitwiseIdenticalForAnyThreadsAndTiles) {

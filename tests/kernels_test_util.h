@@ -19,13 +19,20 @@ class TargetTest : public ::testing::TestWithParam<int64_t> {
   void SetUp() override {
     ForceTargetForTest(GetParam());
     ASSERT_EQ(ActiveKernelTarget(), GetParam()) << "dispatch did not switch target";
+    // The code that runs is really that target's: its fp32 vector width says so.
+    const std::string name = KernelTargetName(GetParam());
+    const size_t lanes = simd::LanesF32();
+    if (name == "AVX3" || name == "AVX3_DL") EXPECT_EQ(lanes, 16u);
+    if (name == "AVX2") EXPECT_EQ(lanes, 8u);
+    if (name == "SSE4" || name == "SSSE3") EXPECT_EQ(lanes, 4u);
+    if (name == "SCALAR") EXPECT_EQ(lanes, 1u);
   }
   void TearDown() override { ForceTargetForTest(0); }
 
   // Sizes around the vector width N (the kernels process 2N per iteration) plus large ones.
   static std::vector<size_t> Sizes() {
     const size_t n = simd::LanesF32();
-    return {0, 1, n - 1 == 0 ? 2 : n - 1, n, n + 1, 2 * n - 1, 2 * n, 2 * n + 1, 3 * n + 1,
+    return {0,    1,    n - 1 == 0 ? 2 : n - 1, n, n + 1, 2 * n - 1, 2 * n, 2 * n + 1, 3 * n + 1,
             1000, 70001};
   }
 };
@@ -34,8 +41,8 @@ inline std::string TargetParamName(const ::testing::TestParamInfo<int64_t>& info
   return KernelTargetName(info.param);
 }
 
-#define STRATA_INSTANTIATE_FOR_TARGETS(suite)                                               \
-  INSTANTIATE_TEST_SUITE_P(Targets, suite,                                                  \
+#define STRATA_INSTANTIATE_FOR_TARGETS(suite)                                                \
+  INSTANTIATE_TEST_SUITE_P(Targets, suite,                                                   \
                            ::testing::ValuesIn(::strata::kernels::SupportedKernelTargets()), \
                            ::strata::kernels::TargetParamName)
 

@@ -2,8 +2,8 @@
 // check the output contract, not speed).
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <sys/wait.h>
+#include <cstdio>
 
 #include <algorithm>
 #include <cstdlib>

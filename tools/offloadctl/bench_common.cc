@@ -18,10 +18,17 @@ std::optional<size_t> ParseCount(const std::string& s) {
   int shift = 0;
   if (pos < s.size()) {
     switch (std::toupper(static_cast<unsigned char>(s[pos]))) {
-      case 'K': shift = 10; break;
-      case 'M': shift = 20; break;
-      case 'G': shift = 30; break;
-      default: return std::nullopt;
+      case 'K':
+        shift = 10;
+        break;
+      case 'M':
+        shift = 20;
+        break;
+      case 'G':
+        shift = 30;
+        break;
+      default:
+        return std::nullopt;
     }
     ++pos;
   }

@@ -140,8 +140,10 @@ int Run(const Opts& o) {
                   row.effective_bytes_per_s / row.nt_triad_bytes_per_s);
     }
   }
-  std::printf("(nt triad: interleaved with the Adam steps on the same threads; run best %.2f GB/s)"
-              "\n", nt / 1e9);
+  std::printf(
+      "(nt triad: interleaved with the Adam steps on the same threads; run best %.2f GB/s)"
+      "\n",
+      nt / 1e9);
   return kExitOk;
 }
 
@@ -149,8 +151,9 @@ int Run(const Opts& o) {
 
 void RegisterBenchAdam(CLI::App& bench, int* exit_code) {
   auto* cmd = bench.add_subcommand(
-      "adam", "Fused Adam/AdamW step: params/s and effective GB/s per dtype path for 1..N "
-              "threads, next to this run's DRAM triad");
+      "adam",
+      "Fused Adam/AdamW step: params/s and effective GB/s per dtype path for 1..N "
+      "threads, next to this run's DRAM triad");
   auto o = std::make_shared<Opts>();
   cmd->add_option("--params", o->params,
                   "Shard size in parameters, K/M/G = 2^10/2^20/2^30 (needs ~30 bytes each)")
