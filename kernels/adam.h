@@ -27,7 +27,8 @@
 // code). It may differ by rounding between SIMD targets (FMA or not).
 //
 // Thread safety: calls on disjoint shards may run concurrently; a shard must not be touched by
-// anyone else during a call. Nothing here allocates.
+// anyone else during a call. The step allocates nothing (the pooled one reuses oneTBB's recycled
+// task objects).
 #pragma once
 
 #include <cstddef>

@@ -34,8 +34,6 @@ Result<std::vector<AdamBenchResult>> MeasureAdam(const AdamBenchOptions& o) {
   if (o.reps < 1) return Status::InvalidArgument("adam bench: reps must be >= 1");
   if (o.max_threads < 0) return Status::InvalidArgument("adam bench: max_threads must be >= 0");
   if (o.paths.empty()) return Status::InvalidArgument("adam bench: no dtype path to measure");
-  const int max_threads =
-      o.max_threads > 0 ? o.max_threads : static_cast<int>(std::thread::hardware_concurrency());
   const size_t n = o.params;
   STRATA_ASSIGN_OR_RETURN(HugeBuffer master, HugeBuffer::Allocate(n * 4));
   STRATA_ASSIGN_OR_RETURN(HugeBuffer m, HugeBuffer::Allocate(n * 4));
@@ -45,7 +43,7 @@ Result<std::vector<AdamBenchResult>> MeasureAdam(const AdamBenchOptions& o) {
   STRATA_ASSIGN_OR_RETURN(HugeBuffer out, HugeBuffer::Allocate(n * 2));
 
   std::vector<std::unique_ptr<KernelPool>> pools;
-  for (int t = 1; t <= max_threads; ++t) {
+  for (int t : ThreadLadder(o.max_threads)) {
     STRATA_ASSIGN_OR_RETURN(auto pool,
                             KernelPool::Create({.threads = t, .bind_threads = o.bind_threads}));
     pools.push_back(std::move(pool));

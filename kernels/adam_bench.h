@@ -31,8 +31,8 @@ std::vector<AdamPath> AllAdamPaths();
 
 struct AdamBenchOptions {
   size_t params = size_t{64} << 20;  // shard size in parameters
-  int max_threads = 0;               // measure 1..max_threads; 0: one per logical CPU
-  int reps = 5;                      // steps timed per path and thread count; the fastest counts
+  int max_threads = 0;  // measure ThreadLadder(max_threads): 1, 2, 4, ..., max; 0: all CPUs
+  int reps = 5;         // steps timed per path and thread count; the fastest counts
   bool bind_threads = false;
   bool stream_state = false;  // AdamHyper::stream_state
   std::vector<AdamPath> paths = AllAdamPaths();
@@ -51,7 +51,7 @@ struct AdamBenchRow {
 struct AdamBenchResult {
   AdamPath path;
   size_t bytes_per_param = 0;
-  std::vector<AdamBenchRow> rows;  // threads 1..max
+  std::vector<AdamBenchRow> rows;  // one per ThreadLadder step (1, 2, 4, ..., max)
   AdamBenchRow best;
 };
 

@@ -103,10 +103,8 @@ DramRow DramProbe::Measure(KernelPool& pool, int reps) {
 Result<DramReport> MeasureDram(const DramBenchOptions& o) {
   if (o.reps < 1) return Status::InvalidArgument("dram bench: reps must be >= 1");
   if (o.max_threads < 0) return Status::InvalidArgument("dram bench: max_threads must be >= 0");
-  const int max_threads =
-      o.max_threads > 0 ? o.max_threads : static_cast<int>(std::thread::hardware_concurrency());
   std::vector<std::unique_ptr<KernelPool>> pools;
-  for (int t = 1; t <= max_threads; ++t) {
+  for (int t : ThreadLadder(o.max_threads)) {
     STRATA_ASSIGN_OR_RETURN(auto pool,
                             KernelPool::Create({.threads = t, .bind_threads = o.bind_threads}));
     pools.push_back(std::move(pool));

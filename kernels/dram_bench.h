@@ -22,7 +22,7 @@ struct DramBenchOptions {
   // Bytes of each of the three fp32 arrays (rounded up to 2 MiB). Should exceed the last-level
   // cache by far; 256 MiB by default.
   size_t array_bytes = size_t{256} << 20;
-  // Measure 1..max_threads threads; 0: one per logical CPU.
+  // Measure ThreadLadder(max_threads) threads (1, 2, 4, ..., max); 0: one per logical CPU.
   int max_threads = 0;
   // Repetitions per kernel and thread count; the fastest counts (STREAM's convention).
   int reps = 5;
@@ -38,7 +38,7 @@ struct DramRow {
 
 struct DramReport {
   size_t array_bytes = 0;
-  std::vector<DramRow> rows;  // threads 1..max
+  std::vector<DramRow> rows;  // one per ThreadLadder step (1, 2, 4, ..., max)
   // Each figure at its own best thread count.
   DramRow best;
   int best_triad_threads = 0;

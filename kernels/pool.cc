@@ -46,6 +46,14 @@ class BindObserver : public tbb::task_scheduler_observer {
 
 size_t RoundTile(size_t tile_elems) { return (tile_elems + kTileUnit - 1) / kTileUnit * kTileUnit; }
 
+std::vector<int> ThreadLadder(int max_threads) {
+  const int max = max_threads > 0 ? max_threads : tbb::this_task_arena::max_concurrency();
+  std::vector<int> v;
+  for (int t = 1; t < max; t *= 2) v.push_back(t);
+  v.push_back(max);
+  return v;
+}
+
 struct KernelPool::Impl {
   int threads = 1;
   size_t tile = kTileUnit;

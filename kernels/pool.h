@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "strata/status.h"
 
@@ -65,5 +66,9 @@ class KernelPool {
 
 // Rounds a requested tile up to the pool's alignment unit (1024 elements).
 size_t RoundTile(size_t tile_elems);
+
+// Thread counts a benchmark sweeps for "1..max": 1, 2, 4, ... (powers of two below max) and max
+// itself, so a many-core machine is measured in a few steps. max_threads 0: one per logical CPU.
+std::vector<int> ThreadLadder(int max_threads);
 
 }  // namespace strata::kernels

@@ -37,6 +37,14 @@ TEST(KernelPoolTest, TilesCoverTheRangeExactlyOnceWithValidSlots) {
   }
 }
 
+TEST(KernelPoolTest, ThreadLadderDoublesUpToMax) {
+  EXPECT_EQ(ThreadLadder(1), (std::vector<int>{1}));
+  EXPECT_EQ(ThreadLadder(2), (std::vector<int>{1, 2}));
+  EXPECT_EQ(ThreadLadder(6), (std::vector<int>{1, 2, 4, 6}));
+  EXPECT_EQ(ThreadLadder(8), (std::vector<int>{1, 2, 4, 8}));
+  EXPECT_GE(ThreadLadder(0).back(), 1);
+}
+
 // hwloc binding: workers run (bound where the OS lets us) and the work is the same.
 TEST(KernelPoolTest, BoundWorkersStillCoverEverything) {
   auto pool = KernelPool::Create({.threads = 2, .bind_threads = true, .tile_elems = 1024});

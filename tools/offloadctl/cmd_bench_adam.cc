@@ -152,13 +152,14 @@ int Run(const Opts& o) {
 void RegisterBenchAdam(CLI::App& bench, int* exit_code) {
   auto* cmd = bench.add_subcommand(
       "adam",
-      "Fused Adam/AdamW step: params/s and effective GB/s per dtype path for 1..N "
+      "Fused Adam/AdamW step: params/s and effective GB/s per dtype path for 1, 2, 4, ..., N "
       "threads, next to this run's DRAM triad");
   auto o = std::make_shared<Opts>();
   cmd->add_option("--params", o->params,
                   "Shard size in parameters, K/M/G = 2^10/2^20/2^30 (needs ~30 bytes each)")
       ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Measure 1..THREADS threads (0: one per CPU)")
+  cmd->add_option("--threads", o->threads,
+                  "Measure 1, 2, 4, ... and THREADS threads (0: one per CPU)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
   cmd->add_option("--reps", o->reps, "Timed steps per path and thread count; the fastest counts")

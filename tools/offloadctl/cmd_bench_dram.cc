@@ -44,7 +44,7 @@ void PrintDramTable(const kernels::DramReport& r) {
 
 void RegisterBenchDram(CLI::App& bench, int* exit_code) {
   auto* cmd = bench.add_subcommand(
-      "dram", "DRAM bandwidth: copy, triad and non-temporal triad for 1..N threads");
+      "dram", "DRAM bandwidth: copy, triad and non-temporal triad for 1, 2, 4, ..., N threads");
   struct Opts {
     size_t array_mib = 256;
     int threads = 0;
@@ -57,7 +57,8 @@ void RegisterBenchDram(CLI::App& bench, int* exit_code) {
                   "MiB per array (three arrays); must dwarf the last-level cache")
       ->check(CLI::Range(size_t{1}, size_t{1} << 20))
       ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Measure 1..THREADS threads (0: one per CPU)")
+  cmd->add_option("--threads", o->threads,
+                  "Measure 1, 2, 4, ... and THREADS threads (0: one per CPU)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
   cmd->add_option("--reps", o->reps, "Runs per kernel; the fastest counts")
