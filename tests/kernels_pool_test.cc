@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/buffer.h"
 #include "kernels/pool.h"
 
 namespace strata::kernels {
@@ -56,6 +57,19 @@ TEST(KernelPoolTest, BoundWorkersStillCoverEverything) {
   (*pool)->ForEachTile(1 << 16, 0, body);
   EXPECT_EQ(sum.load(), size_t{1 << 16} * ((1 << 16) - 1) / 2);
   EXPECT_EQ((*pool)->bind_failures(), 0);
+}
+
+TEST(HugeBufferTest, AlignedRoundedMovable) {
+  auto b = HugeBuffer::Allocate((size_t{3} << 20) + 1);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->size(), size_t{4} << 20);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data()) % (size_t{2} << 20), 0u);
+  b->as<char>()[b->size() - 1] = 7;  // the whole rounded size is usable
+  HugeBuffer moved = std::move(b).value();
+  EXPECT_EQ(moved.as<char>()[moved.size() - 1], 7);
+  auto empty = HugeBuffer::Allocate(0);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->data(), nullptr);
 }
 
 }  // namespace
