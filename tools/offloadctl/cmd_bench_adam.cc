@@ -38,101 +38,58 @@ nlohmann::json RowJson(const kernels::AdamBenchRow& row) {
           {"nt_triad_bytes_per_s", row.nt_triad_bytes_per_s}};
 }
 
-int Run(const Opts& o) {
-  const std::optional<size_t> params = ParseCount(o.params);
-  if (!params) {
-    std::fprintf(stderr,
-                 "bench adam: --params '%s' is not a positive count (e.g. 1000, 512K, 64M)\n",
-                 o.params.c_str());
-    return kExitUsage;
-  }
-  for (const std::string& name : o.paths) {
-    bool known = false;
-    for (const auto& p : kernels::AllAdamPaths()) known = known || p.Name() == name;
-    if (!known) {
+// The --path names as paths; nullopt (after a message) when one is unknown.
+std::optional<std::vector<kernels::AdamPath>> ParsePaths(const std::vector<std::string>& names) {
+  if (names.empty()) return kernels::AllAdamPaths();
+  std::vector<kernels::AdamPath> paths;
+  for (const std::string& name : names) {
+    const size_t before = paths.size();
+    for (const auto& p : kernels::AllAdamPaths()) {
+      if (p.Name() == name) paths.push_back(p);
+    }
+    if (paths.size() == before) {
       std::fprintf(stderr, "bench adam: unknown --path '%s'; known:", name.c_str());
       for (const auto& p : kernels::AllAdamPaths()) std::fprintf(stderr, " %s", p.Name().c_str());
       std::fprintf(stderr, "\n");
-      return kExitUsage;
+      return std::nullopt;
     }
   }
-  kernels::DramBenchOptions dopt;
-  dopt.array_bytes = o.array_mib << 20;
-  dopt.max_threads = o.threads;
-  dopt.reps = o.reps;
-  dopt.bind_threads = o.bind;
-  auto dram = kernels::MeasureDram(dopt);
-  if (!dram.ok()) {
-    std::fprintf(stderr, "bench adam: %s\n", dram.status().ToString().c_str());
-    return kExitInvalid;
+  return paths;
+}
+
+void PrintJson(size_t params, double nt, const kernels::DramReport& dram,
+               const std::vector<kernels::AdamBenchResult>& adam) {
+  nlohmann::json paths = nlohmann::json::object();
+  for (const auto& r : adam) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& row : r.rows) rows.push_back(RowJson(row));
+    paths[r.path.Name()] = {
+        {"grad", DTypeName(r.path.grad)},
+        {"out", r.path.out ? std::string(DTypeName(*r.path.out)) : std::string("none")},
+        {"bytes_per_param", r.bytes_per_param},
+        {"params_per_s", r.best.params_per_s},
+        {"effective_bytes_per_s", r.best.effective_bytes_per_s},
+        {"threads", r.best.threads},
+        {"ratio_to_nt_triad", nt > 0 ? r.best.effective_bytes_per_s / nt : 0.0},
+        {"rows", rows}};
   }
-  // A second set of arrays for the nt triads interleaved with the Adam steps.
-  auto pool = kernels::KernelPool::Create({.threads = o.threads, .bind_threads = o.bind});
-  if (!pool.ok()) {
-    std::fprintf(stderr, "bench adam: %s\n", pool.status().ToString().c_str());
-    return kExitInvalid;
-  }
-  auto probe = kernels::DramProbe::Create(dopt.array_bytes, **pool);
-  if (!probe.ok()) {
-    std::fprintf(stderr, "bench adam: %s\n", probe.status().ToString().c_str());
-    return kExitInvalid;
-  }
-  kernels::AdamBenchOptions aopt;
-  aopt.reference = &*probe;
-  if (!o.paths.empty()) {
-    aopt.paths.clear();
-    for (const std::string& name : o.paths) {
-      for (const auto& p : kernels::AllAdamPaths()) {
-        if (p.Name() == name) aopt.paths.push_back(p);
-      }
-    }
-  }
-  aopt.params = *params;
-  aopt.max_threads = o.threads;
-  aopt.reps = o.reps;
-  aopt.bind_threads = o.bind;
-  aopt.stream_state = o.stream_state;
-  auto adam = kernels::MeasureAdam(aopt);
-  if (!adam.ok()) {
-    std::fprintf(stderr, "bench adam: %s\n", adam.status().ToString().c_str());
-    return kExitInvalid;
-  }
-  // The run's nt triad: the best of the DRAM pass and of the triads interleaved with Adam.
-  double nt = dram->best.nt_triad_bytes_per_s;
-  for (const auto& r : *adam) {
-    for (const auto& row : r.rows) nt = std::max(nt, row.nt_triad_bytes_per_s);
-  }
-  if (o.json) {
-    nlohmann::json paths = nlohmann::json::object();
-    for (const auto& r : *adam) {
-      nlohmann::json rows = nlohmann::json::array();
-      for (const auto& row : r.rows) rows.push_back(RowJson(row));
-      paths[r.path.Name()] = {
-          {"grad", DTypeName(r.path.grad)},
-          {"out", r.path.out ? std::string(DTypeName(*r.path.out)) : std::string("none")},
-          {"bytes_per_param", r.bytes_per_param},
-          {"params_per_s", r.best.params_per_s},
-          {"effective_bytes_per_s", r.best.effective_bytes_per_s},
-          {"threads", r.best.threads},
-          {"ratio_to_nt_triad", nt > 0 ? r.best.effective_bytes_per_s / nt : 0.0},
-          {"rows", rows}};
-    }
-    const nlohmann::json out = {
-        {"params", *params},
-        {"target", kernels::KernelTargetName(kernels::ActiveKernelTarget())},
-        {"nt_triad_bytes_per_s", nt},
-        {"triad_bytes_per_s", dram->best.triad_bytes_per_s},
-        {"dram", DramJson(*dram)},
-        {"paths", paths}};
-    std::printf("%s\n", out.dump(2).c_str());
-    return kExitOk;
-  }
-  PrintDramTable(*dram);
-  std::printf("\nFused Adam/AdamW over %zu params (target %s)\n", *params,
+  const nlohmann::json out = {{"params", params},
+                              {"target", kernels::KernelTargetName(kernels::ActiveKernelTarget())},
+                              {"nt_triad_bytes_per_s", nt},
+                              {"triad_bytes_per_s", dram.best.triad_bytes_per_s},
+                              {"dram", DramJson(dram)},
+                              {"paths", paths}};
+  std::printf("%s\n", out.dump(2).c_str());
+}
+
+void PrintTable(size_t params, double nt, const kernels::DramReport& dram,
+                const std::vector<kernels::AdamBenchResult>& adam) {
+  PrintDramTable(dram);
+  std::printf("\nFused Adam/AdamW over %zu params (target %s)\n", params,
               kernels::KernelTargetName(kernels::ActiveKernelTarget()).c_str());
   std::printf("%-22s %6s %8s %10s %10s %14s %10s\n", "path", "B/par", "threads", "Gparams/s",
               "GB/s", "nt triad GB/s", "ratio");
-  for (const auto& r : *adam) {
+  for (const auto& r : adam) {
     for (const auto& row : r.rows) {
       std::printf("%-22s %6zu %8d %10.3f %10.2f %14.2f %10.3f\n", r.path.Name().c_str(),
                   r.bytes_per_param, row.threads, row.params_per_s / 1e9,
@@ -141,9 +98,61 @@ int Run(const Opts& o) {
     }
   }
   std::printf(
-      "(nt triad: interleaved with the Adam steps on the same threads; run best %.2f GB/s)"
-      "\n",
+      "(nt triad: interleaved with the Adam steps on the same threads; run best %.2f "
+      "GB/s)\n",
       nt / 1e9);
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "bench adam: %s\n", s.ToString().c_str());
+  return kExitInvalid;
+}
+
+int Run(const Opts& o) {
+  const std::optional<size_t> params = ParseCount(o.params);
+  if (!params) {
+    std::fprintf(stderr,
+                 "bench adam: --params '%s' is not a positive count (e.g. 1000, 512K, 64M)\n",
+                 o.params.c_str());
+    return kExitUsage;
+  }
+  std::optional<std::vector<kernels::AdamPath>> paths = ParsePaths(o.paths);
+  if (!paths) return kExitUsage;
+
+  kernels::DramBenchOptions dopt;
+  dopt.array_bytes = o.array_mib << 20;
+  dopt.max_threads = o.threads;
+  dopt.reps = o.reps;
+  dopt.bind_threads = o.bind;
+  auto dram = kernels::MeasureDram(dopt);
+  if (!dram.ok()) return Fail(dram.status());
+  // A second set of arrays for the nt triads interleaved with the Adam steps.
+  auto pool = kernels::KernelPool::Create({.threads = o.threads, .bind_threads = o.bind});
+  if (!pool.ok()) return Fail(pool.status());
+  auto probe = kernels::DramProbe::Create(dopt.array_bytes, **pool);
+  if (!probe.ok()) return Fail(probe.status());
+
+  kernels::AdamBenchOptions aopt;
+  aopt.reference = &*probe;
+  aopt.paths = std::move(*paths);
+  aopt.params = *params;
+  aopt.max_threads = o.threads;
+  aopt.reps = o.reps;
+  aopt.bind_threads = o.bind;
+  aopt.stream_state = o.stream_state;
+  auto adam = kernels::MeasureAdam(aopt);
+  if (!adam.ok()) return Fail(adam.status());
+
+  // The run's nt triad: the best of the DRAM pass and of the triads interleaved with Adam.
+  double nt = dram->best.nt_triad_bytes_per_s;
+  for (const auto& r : *adam) {
+    for (const auto& row : r.rows) nt = std::max(nt, row.nt_triad_bytes_per_s);
+  }
+  if (o.json) {
+    PrintJson(*params, nt, *dram, *adam);
+  } else {
+    PrintTable(*params, nt, *dram, *adam);
+  }
   return kExitOk;
 }
 
