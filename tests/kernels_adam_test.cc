@@ -218,6 +218,18 @@ TEST_P(AdamTest, BitwiseIdenticalForAnyThreadsAndTiles) {
     EXPECT_EQ(0, std::memcmp(s.v.data(), ref.v.data(), n * 4)) << threads << "/" << tile;
     EXPECT_EQ(s.out, ref.out) << threads << "/" << tile;
   }
+  {  // Streaming stores for p, m, v too (aligned shard): the same bits.
+    auto pool = KernelPool::Create({.threads = 2, .tile_elems = 4096});
+    ASSERT_TRUE(pool.ok());
+    Shard s(n, DType::kBF16, DType::kBF16, 77);
+    AdamHyper hs = h;
+    hs.stream_state = true;
+    ASSERT_TRUE(AdamStep(**pool, hs, s.View()).ok());
+    EXPECT_EQ(0, std::memcmp(s.p.data(), ref.p.data(), n * 4));
+    EXPECT_EQ(0, std::memcmp(s.m.data(), ref.m.data(), n * 4));
+    EXPECT_EQ(0, std::memcmp(s.v.data(), ref.v.data(), n * 4));
+    EXPECT_EQ(s.out, ref.out);
+  }
   // A shard starting at an odd element (unaligned: no streaming stores) gives the same bits.
   Shard s(n + 3, DType::kBF16, DType::kBF16, 77);
   Shard t(n, DType::kBF16, DType::kBF16, 77);
