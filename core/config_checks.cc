@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 
 #include "core/config_reader.h"
 
@@ -42,9 +43,10 @@ void CheckBatch(Reader& r, EngineConfig& c, Json* root) {
                   " * world_size " + ws + " = " + I(mg * *w));
     } else if (!w && t.value() % mg != 0) {
       r.Error(Kind::kConflict, "train_batch_size",
-              "train_batch_size " + I(t.value()) + " is not a multiple of "
-              "train_micro_batch_size_per_gpu * gradient_accumulation_steps = " + I(mg) +
-                  ": no world size multiplies out");
+              "train_batch_size " + I(t.value()) +
+                  " is not a multiple of "
+                  "train_micro_batch_size_per_gpu * gradient_accumulation_steps = " +
+                  I(mg) + ": no world size multiplies out");
     }
     return;
   }
@@ -59,9 +61,10 @@ void CheckBatch(Reader& r, EngineConfig& c, Json* root) {
     }
     if (t.value() % (m.value() * *w) != 0) {
       r.Error(Kind::kConflict, "train_batch_size",
-              "train_batch_size " + I(t.value()) + " is not divisible by "
-              "train_micro_batch_size_per_gpu " + I(m.value()) + " * world_size " + ws +
-                  ": no whole gradient_accumulation_steps");
+              "train_batch_size " + I(t.value()) +
+                  " is not divisible by "
+                  "train_micro_batch_size_per_gpu " +
+                  I(m.value()) + " * world_size " + ws + ": no whole gradient_accumulation_steps");
       return;
     }
     set(g, "gradient_accumulation_steps", t.value() / (m.value() * *w));
@@ -76,8 +79,10 @@ void CheckBatch(Reader& r, EngineConfig& c, Json* root) {
     }
     if (t.value() % (g.value() * *w) != 0) {
       r.Error(Kind::kConflict, "train_batch_size",
-              "train_batch_size " + I(t.value()) + " is not divisible by "
-              "gradient_accumulation_steps " + I(g.value()) + " * world_size " + ws +
+              "train_batch_size " + I(t.value()) +
+                  " is not divisible by "
+                  "gradient_accumulation_steps " +
+                  I(g.value()) + " * world_size " + ws +
                   ": no whole train_micro_batch_size_per_gpu");
       return;
     }
@@ -108,14 +113,18 @@ void CheckOffload(Reader& r, EngineConfig& c) {
   ZeroConfig& z = c.zero;
   const std::string zo = "zero_optimization.offload_optimizer";
   const std::string zp = "zero_optimization.offload_param";
-  if (z.offload_optimizer.device == OffloadDevice::kNvme && z.offload_optimizer.nvme_path.empty()) {
+  if (z.offload_optimizer.device == OffloadDevice::kNvme && z.offload_optimizer.nvme_path.empty() &&
+      !r.IsUnresolved(zo + ".nvme_path")) {
     r.Error(Kind::kConflict, zo + ".nvme_path",
             "device \"nvme\" needs nvme_path: the directory for the optimizer swap files");
   }
-  if (z.offload_param.device == OffloadDevice::kNvme && z.offload_param.nvme_path.empty()) {
+  if (z.offload_param.device == OffloadDevice::kNvme && z.offload_param.nvme_path.empty() &&
+      !r.IsUnresolved(zp + ".nvme_path")) {
     r.Error(Kind::kConflict, zp + ".nvme_path",
             "device \"nvme\" needs nvme_path: the directory for the parameter swap files");
   }
+  // With the stage still "auto" (Accelerate fills it) nothing stage-dependent can be judged yet.
+  if (r.IsUnresolved("zero_optimization.stage")) return;
   if (z.offload_optimizer.ratio < 1.0 && z.stage != 3 &&
       z.offload_optimizer.device != OffloadDevice::kNone) {
     r.Error(Kind::kConflict, zo + ".ratio",
@@ -142,12 +151,37 @@ void CheckOffload(Reader& r, EngineConfig& c) {
 
 }  // namespace
 
+namespace {
+
+// Keys that only matter for NVMe, given in an offload section whose device is cpu: DeepSpeed
+// ignores them, which may not be what the user meant.
+void CheckNvmeOnlyKeys(Reader& r, const Json* root, const char* section, OffloadDevice device,
+                       std::initializer_list<const char*> keys) {
+  const std::string path = std::string("zero_optimization.") + section;
+  if (device != OffloadDevice::kCpu || r.IsUnresolved(path + ".device")) return;
+  auto zero = root->find("zero_optimization");
+  if (zero == root->end() || !zero->is_object()) return;
+  auto sec = zero->find(section);
+  if (sec == zero->end() || !sec->is_object()) return;
+  for (const char* key : keys) {
+    auto it = sec->find(key);
+    if (it == sec->end() || it->is_null()) continue;
+    r.Warn(Kind::kIgnored, path + "." + key,
+           std::string(key) + " only applies to device \"nvme\"; with \"cpu\" it is ignored");
+  }
+}
+
+}  // namespace
+
 void CheckAcrossKeys(Reader& r, EngineConfig& c, Json* root) {
   CheckBatch(r, c, root);
   if (c.fp16.enabled.value_or(false) && c.bf16.enabled.value_or(false)) {
-    r.Error(Kind::kConflict, "bf16.enabled",
-            "fp16 and bf16 are both enabled; enable at most one");
+    r.Error(Kind::kConflict, "bf16.enabled", "fp16 and bf16 are both enabled; enable at most one");
   }
+  CheckNvmeOnlyKeys(r, root, "offload_optimizer", c.zero.offload_optimizer.device,
+                    {"nvme_path", "buffer_count", "pipeline_read", "pipeline_write", "fast_init"});
+  CheckNvmeOnlyKeys(r, root, "offload_param", c.zero.offload_param.device,
+                    {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"});
   CheckOffload(r, c);
 }
 
@@ -187,7 +221,8 @@ void CheckPath(Reader& r, const std::string& key, const std::string& dir) {
 
 void CheckHere(Reader& r, const EngineConfig& c) {
   const ZeroConfig& z = c.zero;
-  if (z.offload_optimizer.device == OffloadDevice::kNvme && !z.offload_optimizer.nvme_path.empty()) {
+  if (z.offload_optimizer.device == OffloadDevice::kNvme &&
+      !z.offload_optimizer.nvme_path.empty()) {
     CheckPath(r, "zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_path);
   }
   if (z.offload_param.device == OffloadDevice::kNvme && !z.offload_param.nvme_path.empty()) {

@@ -36,14 +36,21 @@ Json ZeroJson(const ZeroConfig& z) {
   return Json{
       {"stage", z.stage},
       {"offload_optimizer",
-       {{"device", OffloadDeviceName(o.device)}, {"nvme_path", Nvme(o.nvme_path)},
-        {"buffer_count", o.buffer_count}, {"pin_memory", o.pin_memory},
-        {"pipeline_read", o.pipeline_read}, {"pipeline_write", o.pipeline_write},
-        {"fast_init", o.fast_init}, {"ratio", o.ratio}}},
+       {{"device", OffloadDeviceName(o.device)},
+        {"nvme_path", Nvme(o.nvme_path)},
+        {"buffer_count", o.buffer_count},
+        {"pin_memory", o.pin_memory},
+        {"pipeline_read", o.pipeline_read},
+        {"pipeline_write", o.pipeline_write},
+        {"fast_init", o.fast_init},
+        {"ratio", o.ratio}}},
       {"offload_param",
-       {{"device", OffloadDeviceName(p.device)}, {"nvme_path", Nvme(p.nvme_path)},
-        {"buffer_count", p.buffer_count}, {"buffer_size", p.buffer_size},
-        {"max_in_cpu", p.max_in_cpu}, {"pin_memory", p.pin_memory}}},
+       {{"device", OffloadDeviceName(p.device)},
+        {"nvme_path", Nvme(p.nvme_path)},
+        {"buffer_count", p.buffer_count},
+        {"buffer_size", p.buffer_size},
+        {"max_in_cpu", p.max_in_cpu},
+        {"pin_memory", p.pin_memory}}},
       {"overlap_comm", z.overlap_comm},
       {"contiguous_gradients", z.contiguous_gradients},
       {"reduce_scatter", z.reduce_scatter},
@@ -86,12 +93,9 @@ std::string EffectiveConfigJson(const EngineConfig& c, int indent) {
   if (o.type == OptimizerType::kNone) {
     j["optimizer"] = nullptr;
   } else {
-    Json params = {{"lr", AutoJson(o.lr)},
-                   {"betas", AutoJson(o.betas)},
-                   {"eps", AutoJson(o.eps)},
-                   {"weight_decay", AutoJson(o.weight_decay)},
-                   {"adam_w_mode", o.adam_w_mode},
-                   {"bias_correction", o.bias_correction}};
+    Json params = {{"lr", AutoJson(o.lr)},         {"betas", AutoJson(o.betas)},
+                   {"eps", AutoJson(o.eps)},       {"weight_decay", AutoJson(o.weight_decay)},
+                   {"adam_w_mode", o.adam_w_mode}, {"bias_correction", o.bias_correction}};
     Json other = RawMap(o.other_params);
     for (auto it = other.begin(); it != other.end(); ++it) params[it.key()] = it.value();
     j["optimizer"] = {{"type", OptimizerTypeName(o.type)}, {"params", params}};
@@ -102,11 +106,26 @@ std::string EffectiveConfigJson(const EngineConfig& c, int indent) {
     j["scheduler"] = {{"type", c.scheduler.type_name}, {"params", RawMap(c.scheduler.params)}};
   }
   const AioConfig& a = c.aio;
-  j["aio"] = {{"block_size", a.block_size},       {"queue_depth", a.queue_depth},
+  j["aio"] = {{"block_size", a.block_size},
+              {"queue_depth", a.queue_depth},
               {"intra_op_parallelism", a.intra_op_parallelism},
-              {"single_submit", a.single_submit}, {"overlap_events", a.overlap_events},
+              {"single_submit", a.single_submit},
+              {"overlap_events", a.overlap_events},
               {"use_gds", a.use_gds}};
   j["zero_optimization"] = ZeroJson(c.zero);
+  // Fields whose type cannot say "auto" (the stage, devices, paths) are marked from the list.
+  for (const std::string& path : c.unresolved_auto) {
+    Json* node = &j;
+    std::string rest = path;
+    for (size_t dot; node != nullptr && (dot = rest.find('.')) != std::string::npos;) {
+      auto it = node->find(rest.substr(0, dot));
+      node = it != node->end() && it->is_object() ? &*it : nullptr;
+      rest = rest.substr(dot + 1);
+    }
+    if (node == nullptr) continue;
+    if (!node->contains(rest) && node->contains("stage3_" + rest)) rest = "stage3_" + rest;
+    if (node->contains(rest)) (*node)[rest] = "auto";
+  }
   return j.dump(indent);
 }
 

@@ -14,80 +14,161 @@ using K = std::string_view;
 
 // Top level. Known-but-unread keys follow DeepSpeed's runtime/constants.py and the feature
 // configs it loads (monitor, profiling, compression, ...).
-constexpr std::array kTopActed = {
-    K("train_batch_size"), K("train_micro_batch_size_per_gpu"), K("gradient_accumulation_steps"),
-    K("gradient_clipping"), K("steps_per_print"), K("fp16"), K("bf16"), K("bfloat16"),
-    K("optimizer"), K("scheduler"), K("aio"), K("zero_optimization")};
-constexpr std::array kTopKnown = {
-    K("wall_clock_breakdown"), K("memory_breakdown"), K("zero_allow_untested_optimizer"),
-    K("zero_force_ds_cpu_optimizer"), K("prescale_gradients"), K("gradient_predivide_factor"),
-    K("sparse_gradients"), K("amp"), K("activation_checkpointing"), K("flops_profiler"),
-    K("tensorboard"), K("wandb"), K("csv_monitor"), K("comet"), K("comms_logger"),
-    K("communication_data_type"), K("seq_parallel_communication_data_type"), K("dump_state"),
-    K("elasticity"), K("pipeline"), K("checkpoint"), K("data_types"), K("data_efficiency"),
-    K("curriculum_learning"), K("compression_training"), K("autotuning"), K("nebula"),
-    K("disable_allgather"), K("dataloader_drop_last"), K("eigenvalue"),
-    K("progressive_layer_drop"), K("quantize_training"), K("sparse_attention"),
-    K("load_universal_checkpoint"), K("use_node_local_storage"), K("graph_harvesting"),
-    K("torch_autocast"), K("hybrid_engine"), K("timers"), K("weight_quantization"),
-    K("compile"), K("tensor_parallel"), K("deepcompile"),
-    K("use_data_before_expert_parallel_"), K("mics_shard_size"), K("fp8"), K("zenflow"),
-    K("managed_gradient_accumulation"), K("gradient_allreduce_op"), K("log_level"),
-    K("datastates"), K("vocabulary_size"), K("expert_parallel"), K("optimizer_legacy_fusion")};
+constexpr std::array kTopActed = {K("train_batch_size"),
+                                  K("train_micro_batch_size_per_gpu"),
+                                  K("gradient_accumulation_steps"),
+                                  K("gradient_clipping"),
+                                  K("steps_per_print"),
+                                  K("fp16"),
+                                  K("bf16"),
+                                  K("bfloat16"),
+                                  K("optimizer"),
+                                  K("scheduler"),
+                                  K("aio"),
+                                  K("zero_optimization")};
+constexpr std::array kTopKnown = {K("wall_clock_breakdown"),
+                                  K("memory_breakdown"),
+                                  K("zero_allow_untested_optimizer"),
+                                  K("zero_force_ds_cpu_optimizer"),
+                                  K("prescale_gradients"),
+                                  K("gradient_predivide_factor"),
+                                  K("sparse_gradients"),
+                                  K("amp"),
+                                  K("activation_checkpointing"),
+                                  K("flops_profiler"),
+                                  K("tensorboard"),
+                                  K("wandb"),
+                                  K("csv_monitor"),
+                                  K("comet"),
+                                  K("comms_logger"),
+                                  K("communication_data_type"),
+                                  K("seq_parallel_communication_data_type"),
+                                  K("dump_state"),
+                                  K("elasticity"),
+                                  K("pipeline"),
+                                  K("checkpoint"),
+                                  K("data_types"),
+                                  K("data_efficiency"),
+                                  K("curriculum_learning"),
+                                  K("compression_training"),
+                                  K("autotuning"),
+                                  K("nebula"),
+                                  K("disable_allgather"),
+                                  K("dataloader_drop_last"),
+                                  K("eigenvalue"),
+                                  K("progressive_layer_drop"),
+                                  K("quantize_training"),
+                                  K("sparse_attention"),
+                                  K("load_universal_checkpoint"),
+                                  K("use_node_local_storage"),
+                                  K("graph_harvesting"),
+                                  K("torch_autocast"),
+                                  K("hybrid_engine"),
+                                  K("timers"),
+                                  K("weight_quantization"),
+                                  K("compile"),
+                                  K("tensor_parallel"),
+                                  K("deepcompile"),
+                                  K("use_data_before_expert_parallel_"),
+                                  K("mics_shard_size"),
+                                  K("fp8"),
+                                  K("zenflow"),
+                                  K("managed_gradient_accumulation"),
+                                  K("gradient_allreduce_op"),
+                                  K("log_level"),
+                                  K("datastates"),
+                                  K("vocabulary_size"),
+                                  K("expert_parallel"),
+                                  K("optimizer_legacy_fusion")};
 
-constexpr std::array kFp16Acted = {K("enabled"), K("auto_cast"), K("loss_scale"),
-                                   K("initial_scale_power"), K("loss_scale_window"),
-                                   K("hysteresis"), K("consecutive_hysteresis"),
+constexpr std::array kFp16Acted = {K("enabled"),
+                                   K("auto_cast"),
+                                   K("loss_scale"),
+                                   K("initial_scale_power"),
+                                   K("loss_scale_window"),
+                                   K("hysteresis"),
+                                   K("consecutive_hysteresis"),
                                    K("min_loss_scale")};
 constexpr std::array kFp16Known = {K("fp16_master_weights_and_grads")};
 constexpr std::array kBf16Acted = {K("enabled")};
 constexpr std::array kBf16Known = {K("immediate_grad_update"), K("check_grad_overflow"),
-                                   K("bf16_master_weights_and_grads"),
-                                   K("bf16_optimizer_states")};
+                                   K("bf16_master_weights_and_grads"), K("bf16_optimizer_states")};
 constexpr std::array kOptimizerActed = {K("type"), K("params")};
+constexpr std::array kOptimizerKnown = {K("legacy_fusion")};
 constexpr std::array kSchedulerActed = {K("type"), K("params")};
 constexpr std::array kNone = std::array<K, 0>{};
-constexpr std::array kAioActed = {K("block_size"), K("queue_depth"), K("intra_op_parallelism"),
+constexpr std::array kAioActed = {K("block_size"),   K("queue_depth"),   K("intra_op_parallelism"),
                                   K("thread_count"), K("single_submit"), K("overlap_events"),
                                   K("use_gds")};
 constexpr std::array kAioKnown = {K("io_backend")};
 
-constexpr std::array kZeroActed = {
-    K("stage"), K("offload_optimizer"), K("offload_param"), K("overlap_comm"),
-    K("contiguous_gradients"), K("reduce_scatter"), K("reduce_bucket_size"),
-    K("allgather_partitions"), K("allgather_bucket_size"), K("sub_group_size"),
-    K("stage3_prefetch_bucket_size"), K("prefetch_bucket_size"),
-    K("stage3_param_persistence_threshold"), K("param_persistence_threshold"),
-    K("stage3_model_persistence_threshold"), K("model_persistence_threshold"),
-    K("stage3_max_live_parameters"), K("max_live_parameters"), K("stage3_max_reuse_distance"),
-    K("max_reuse_distance"), K("stage3_gather_16bit_weights_on_model_save"),
-    K("gather_16bit_weights_on_model_save"), K("stage3_gather_fp16_weights_on_model_save"),
-    K("zero_quantized_weights"), K("zero_quantized_gradients"), K("zero_hpz_partition_size"),
-    K("cpu_offload"), K("cpu_offload_param"), K("cpu_offload_use_pin_memory")};
-constexpr std::array kZeroKnown = {
-    K("load_from_fp32_weights"), K("elastic_checkpoint"), K("round_robin_gradients"),
-    K("ignore_unused_parameters"), K("legacy_stage1"), K("use_multi_rank_bucket_allreduce"),
-    K("zero_quantized_nontrainable_weights"), K("mics_shard_size"),
-    K("mics_hierarchical_params_gather"), K("memory_efficient_linear"),
-    K("pipeline_loading_checkpoint"), K("override_module_apply"), K("log_trace_cache_warnings"),
-    K("stage3_module_granularity_threshold"), K("module_granularity_threshold"),
-    K("stage3_use_all_reduce_for_fetch_params"), K("use_all_reduce_for_fetch_params"),
-    K("zeropp_loco_param"), K("allgather_sequential"), K("stage3_allgather_sequential"),
-    K("partition_stream_chunk_size"), K("stage3_partition_stream_chunk_size"),
-    K("enable_sanity_checks"), K("save_muon_momentum_buffer_in_memory"), K("leaf_module"),
-    K("zenflow")};
-constexpr std::array kOffloadOptActed = {K("device"), K("nvme_path"), K("buffer_count"),
-                                         K("pin_memory"), K("pipeline_read"),
-                                         K("pipeline_write"), K("fast_init"), K("ratio")};
-constexpr std::array kOffloadOptKnown = {K("pipeline"), K("super_offload"),
-                                         K("cpuadam_cores_perc"), K("convert_grad_on_cpu")};
-constexpr std::array kOffloadParamActed = {K("device"), K("nvme_path"), K("buffer_count"),
+constexpr std::array kZeroActed = {K("stage"),
+                                   K("offload_optimizer"),
+                                   K("offload_param"),
+                                   K("overlap_comm"),
+                                   K("contiguous_gradients"),
+                                   K("reduce_scatter"),
+                                   K("reduce_bucket_size"),
+                                   K("allgather_partitions"),
+                                   K("allgather_bucket_size"),
+                                   K("sub_group_size"),
+                                   K("stage3_prefetch_bucket_size"),
+                                   K("prefetch_bucket_size"),
+                                   K("stage3_param_persistence_threshold"),
+                                   K("param_persistence_threshold"),
+                                   K("stage3_model_persistence_threshold"),
+                                   K("model_persistence_threshold"),
+                                   K("stage3_max_live_parameters"),
+                                   K("max_live_parameters"),
+                                   K("stage3_max_reuse_distance"),
+                                   K("max_reuse_distance"),
+                                   K("stage3_gather_16bit_weights_on_model_save"),
+                                   K("gather_16bit_weights_on_model_save"),
+                                   K("stage3_gather_fp16_weights_on_model_save"),
+                                   K("zero_quantized_weights"),
+                                   K("zero_quantized_gradients"),
+                                   K("zero_hpz_partition_size"),
+                                   K("cpu_offload"),
+                                   K("cpu_offload_param"),
+                                   K("cpu_offload_use_pin_memory")};
+constexpr std::array kZeroKnown = {K("load_from_fp32_weights"),
+                                   K("elastic_checkpoint"),
+                                   K("round_robin_gradients"),
+                                   K("ignore_unused_parameters"),
+                                   K("legacy_stage1"),
+                                   K("use_multi_rank_bucket_allreduce"),
+                                   K("zero_quantized_nontrainable_weights"),
+                                   K("mics_shard_size"),
+                                   K("mics_hierarchical_params_gather"),
+                                   K("memory_efficient_linear"),
+                                   K("pipeline_loading_checkpoint"),
+                                   K("override_module_apply"),
+                                   K("log_trace_cache_warnings"),
+                                   K("stage3_module_granularity_threshold"),
+                                   K("module_granularity_threshold"),
+                                   K("stage3_use_all_reduce_for_fetch_params"),
+                                   K("use_all_reduce_for_fetch_params"),
+                                   K("zeropp_loco_param"),
+                                   K("allgather_sequential"),
+                                   K("stage3_allgather_sequential"),
+                                   K("partition_stream_chunk_size"),
+                                   K("stage3_partition_stream_chunk_size"),
+                                   K("enable_sanity_checks"),
+                                   K("save_muon_momentum_buffer_in_memory"),
+                                   K("leaf_module"),
+                                   K("zenflow")};
+constexpr std::array kOffloadOptActed = {K("device"),     K("nvme_path"),     K("buffer_count"),
+                                         K("pin_memory"), K("pipeline_read"), K("pipeline_write"),
+                                         K("fast_init"),  K("ratio")};
+constexpr std::array kOffloadOptKnown = {K("pipeline"), K("super_offload"), K("cpuadam_cores_perc"),
+                                         K("convert_grad_on_cpu")};
+constexpr std::array kOffloadParamActed = {K("device"),      K("nvme_path"),  K("buffer_count"),
                                            K("buffer_size"), K("max_in_cpu"), K("pin_memory")};
 
 const SectionKeys kTop{kTopActed, kTopKnown, false};
 const SectionKeys kFp16{kFp16Acted, kFp16Known, true};
 const SectionKeys kBf16{kBf16Acted, kBf16Known, true};
-const SectionKeys kOptimizer{kOptimizerActed, kNone, false};
+const SectionKeys kOptimizer{kOptimizerActed, kOptimizerKnown, false};
 const SectionKeys kScheduler{kSchedulerActed, kNone, false};
 const SectionKeys kAio{kAioActed, kAioKnown, false};
 const SectionKeys kZero{kZeroActed, kZeroKnown, true};
@@ -148,8 +229,8 @@ std::string Suggest(const SectionKeys& keys, std::string_view key) {
   size_t best_d = SIZE_MAX;
   auto consider = [&](std::string_view k) {
     size_t d = Words(lower) == Words(k) ? 1 : EditDistance(lower, k);
-    bool contains = lower.size() >= 4 && (k.find(lower) != std::string_view::npos ||
-                                          lower.find(k) != std::string::npos);
+    bool contains = lower.size() >= 4 &&
+                    (k.find(lower) != std::string_view::npos || lower.find(k) != std::string::npos);
     size_t limit = std::max<size_t>(2, key.size() / 3);
     if ((d <= limit || contains) && d < best_d) {
       best_d = d;

@@ -1,8 +1,11 @@
 // DeepSpeed config -> EngineConfig: the sections, DeepSpeed's defaults and the checks across keys.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
-#include <fstream>
-#include <sstream>
+#include <cerrno>
 
 #include "core/config_reader.h"
 #include "core/config_text.h"
@@ -35,6 +38,7 @@ void ReadDevice(Reader& r, Section& s, OffloadDevice* out) {
   Json* v = r.Find(s, {"device"}, &used);
   if (v == nullptr || v->is_null()) return;
   std::string path = r.PathOf(s, "device");
+  if (r.IsUnresolvedAuto(v, path, AutoPolicy::kYes)) return;  // Accelerate fills it
   if (!v->is_string()) {
     r.Error(Kind::kType, path,
             "expected one of \"none\", \"cpu\", \"nvme\", got " +
@@ -58,7 +62,8 @@ void ReadDevice(Reader& r, Section& s, OffloadDevice* out) {
     r.Warn(Kind::kCase, path,
            "device \"" + name + "\" is read as \"" + low +
                "\"; DeepSpeed matches device names exactly (older versions treat it as no "
-               "offload, newer ones reject it): write \"" + low + "\"");
+               "offload, newer ones reject it): write \"" +
+               low + "\"");
   }
 }
 
@@ -66,7 +71,7 @@ void ReadOffloadOptimizer(Reader& r, Section& zero, OffloadOptimizerConfig* o, b
   Section s = r.Child(zero, "offload_optimizer");
   if (!s.present()) return;
   ReadDevice(r, s, &o->device);
-  r.String(s, {"nvme_path"}, &o->nvme_path);
+  r.String(s, {"nvme_path"}, &o->nvme_path, AutoPolicy::kYes);
   r.Int(s, {"buffer_count"}, &o->buffer_count, 0);
   *pin_given = r.Bool(s, {"pin_memory"}, &o->pin_memory);
   r.Bool(s, {"pipeline_read"}, &o->pipeline_read);
@@ -83,7 +88,7 @@ void ReadOffloadParam(Reader& r, Section& zero, OffloadParamConfig* p, bool* pin
   Section s = r.Child(zero, "offload_param");
   if (!s.present()) return;
   ReadDevice(r, s, &p->device);
-  r.String(s, {"nvme_path"}, &p->nvme_path);
+  r.String(s, {"nvme_path"}, &p->nvme_path, AutoPolicy::kYes);
   r.Int(s, {"buffer_count"}, &p->buffer_count, 0);
   r.Int(s, {"buffer_size"}, &p->buffer_size, 0);
   r.Int(s, {"max_in_cpu"}, &p->max_in_cpu, 0);
@@ -138,15 +143,15 @@ void ReadZero(Reader& r, Section& root, ZeroConfig* z, bool* overlap_given) {
     // DeepSpeed's oldest form: "zero_optimization": true means stage 1.
     bool on = raw->get<bool>();
     z->stage = on ? 1 : 0;
-    r.Warn(Kind::kDeprecated, "zero_optimization",
-           std::string("a boolean here is deprecated; read as {\"stage\": ") + (on ? "1" : "0") +
-               "}");
+    r.Warn(
+        Kind::kDeprecated, "zero_optimization",
+        std::string("a boolean here is deprecated; read as {\"stage\": ") + (on ? "1" : "0") + "}");
     return;
   }
   Section s = r.Child(root, "zero_optimization");
   if (!s.present()) return;
   int64_t stage = 0;
-  if (r.Int(s, {"stage"}, &stage, 0)) {
+  if (r.Int(s, {"stage"}, &stage, 0, AutoPolicy::kYes)) {
     if (stage > 3) {
       r.Error(Kind::kRange, r.PathOf(s, "stage"),
               "expected a ZeRO stage 0, 1, 2 or 3, got " + std::to_string(stage));
@@ -177,13 +182,14 @@ void ReadZero(Reader& r, Section& root, ZeroConfig* z, bool* overlap_given) {
   r.Int(s, {"stage3_max_live_parameters", "max_live_parameters"}, &z->stage3_max_live_parameters);
   r.Int(s, {"stage3_max_reuse_distance", "max_reuse_distance"}, &z->stage3_max_reuse_distance);
   std::string gather_used;
-  Json* g = r.Find(s,
-                   {"stage3_gather_16bit_weights_on_model_save",
-                    "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"},
-                   &gather_used);
+  Json* g =
+      r.Find(s,
+             {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+              "stage3_gather_fp16_weights_on_model_save"},
+             &gather_used);
   if (g != nullptr) {
     std::string path = r.PathOf(s, gather_used);
-    if (!r.IsUnresolvedAuto(g, path, AutoPolicy::kNo)) {
+    if (!r.IsUnresolvedAuto(g, path, AutoPolicy::kYes)) {
       if (auto b = r.ToBool(*g, path)) z->stage3_gather_16bit_weights_on_model_save = *b;
     }
     if (gather_used == "stage3_gather_fp16_weights_on_model_save") {
@@ -244,11 +250,20 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
     return check;
   }
   Json doc;
-  if (!config_internal::ParseJsonStrict(stripped, &doc, &check.errors)) return check;
+  if (!config_internal::ParseJsonStrict(stripped, &doc, &check.errors)) {
+    bool syntax = std::any_of(check.errors.begin(), check.errors.end(),
+                              [](const ConfigDiagnostic& d) { return d.kind == Kind::kSyntax; });
+    if (!syntax) {  // duplicate keys only: the text is well-formed, so keys can be located
+      config_internal::LocateDiagnostics(config_internal::IndexKeyPositions(stripped),
+                                         &check.errors);
+    }
+    return check;
+  }
   if (!doc.is_object()) {
-    check.errors.push_back(ConfigDiagnostic{
-        Kind::kType, "", "expected a JSON object at the top level, got " +
-                             std::string(config_internal::JsonTypeName(doc)), 0, 0});
+    check.errors.push_back(ConfigDiagnostic{Kind::kType, "",
+                                            "expected a JSON object at the top level, got " +
+                                                std::string(config_internal::JsonTypeName(doc)),
+                                            0, 0});
     return check;
   }
   // Hugging Face's fill-in for the ZeRO sizes from the model's hidden size.
@@ -267,8 +282,8 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
     }
   }
   // Supplied values also fill batch keys that are absent, as a trainer does.
-  for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu",
-                        "gradient_accumulation_steps"}) {
+  for (const char* k :
+       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
     auto it = opts.auto_values.find(k);
     if (it != opts.auto_values.end() && !doc.contains(k)) doc[k] = "auto";
   }
@@ -286,7 +301,7 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   config_internal::ReadSchedulerAndAio(r, root, &c.scheduler, &c.aio);
   bool overlap_given = false;
   ReadZero(r, root, &c.zero, &overlap_given);
-  if (!overlap_given) c.zero.overlap_comm = c.zero.stage == 3;  // DeepSpeed's stage-dependent default
+  if (!overlap_given) c.zero.overlap_comm = c.zero.stage == 3;  // DeepSpeed's default by stage
   r.FinishSection(root);
   config_internal::CheckAcrossKeys(r, c, &doc);
   if (options.check_here) config_internal::CheckHere(r, c);
@@ -297,6 +312,15 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
     r.Error(Kind::kUnresolvedAuto, r.unresolved().front(),
             "\"auto\" values need the trainer's values, still unresolved: " + list);
   }
+  for (const auto& [key, value] : options.auto_values) {
+    if (r.used_auto_values().count(key) == 0) {
+      check.notes.push_back("the value supplied for '" + key +
+                            "' is not used: the config has no \"auto\" there");
+    }
+  }
+  config_internal::KeyPositions positions = config_internal::IndexKeyPositions(stripped);
+  config_internal::LocateDiagnostics(positions, &check.errors);
+  config_internal::LocateDiagnostics(positions, &check.warnings);
   if (options.strict) {
     for (ConfigDiagnostic& w : check.warnings) {
       w.message += " (an error under --strict)";
@@ -306,6 +330,7 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   }
   if (!check.ok()) return check;
   c.unacted_keys = std::move(r.unacted());
+  c.unresolved_auto = r.unresolved();
   ParsedConfig parsed;
   parsed.config = std::move(c);
   parsed.warnings = check.warnings;
@@ -315,27 +340,58 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   return check;
 }
 
+Result<ParsedConfig> ResolveDeepSpeedConfig(const ParsedConfig& parsed,
+                                            const ParseOptions& options) {
+  return ParseDeepSpeedConfig(parsed.normalized_json, options);
+}
+
 Result<ParsedConfig> ParseDeepSpeedConfig(std::string_view text, const ParseOptions& options) {
   ConfigCheck check = CheckDeepSpeedConfig(text, options);
   if (check.ok()) return std::move(*check.parsed);
   std::string msg = options.source_name.empty() ? "invalid DeepSpeed config"
-                                                 : "invalid DeepSpeed config " + options.source_name;
+                                                : "invalid DeepSpeed config " + options.source_name;
   for (const ConfigDiagnostic& e : check.errors) msg += "\n  " + e.ToString();
   return Status::InvalidArgument(msg);
 }
 
 namespace {
+// Configs are a few KiB; anything this large is not one (and is not read into memory).
+constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
+
 Result<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     int err = errno;
     if (err == ENOENT) return Status::NotFound("DeepSpeed config '" + path + "' does not exist");
     return Status::FromErrno(err, "open", path);
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::FromErrno(errno, "read", path);
-  return ss.str();
+  std::string text;
+  Status status;
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    status = Status::FromErrno(errno, "stat", path);
+  } else if (S_ISDIR(st.st_mode)) {
+    status = Status::InvalidArgument("DeepSpeed config '" + path + "' is a directory");
+  } else {
+    char buf[65536];
+    while (status.ok()) {
+      ssize_t n = read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        status = Status::FromErrno(errno, "read", path);
+      } else if (n == 0) {
+        break;
+      } else if (static_cast<int64_t>(text.size()) + n > kMaxConfigBytes) {
+        status = Status::InvalidArgument("DeepSpeed config '" + path +
+                                         "' is larger than 16 MiB: not a config");
+      } else {
+        text.append(buf, static_cast<size_t>(n));
+      }
+    }
+  }
+  close(fd);
+  if (!status.ok()) return status;
+  return text;
 }
 }  // namespace
 
@@ -346,8 +402,7 @@ Result<ParsedConfig> LoadDeepSpeedConfig(const std::string& path, const ParseOpt
   return ParseDeepSpeedConfig(text, o);
 }
 
-Result<ConfigCheck> CheckDeepSpeedConfigFile(const std::string& path,
-                                             const ParseOptions& options) {
+Result<ConfigCheck> CheckDeepSpeedConfigFile(const std::string& path, const ParseOptions& options) {
   STRATA_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   ParseOptions o = options;
   if (o.source_name.empty()) o.source_name = path;

@@ -34,15 +34,23 @@ std::string Compact(const Json& v) { return v.dump(); }
 
 std::string_view JsonTypeName(const Json& v) {
   switch (v.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::object: return "an object";
-    case Json::value_t::array: return "an array";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::object:
+      return "an object";
+    case Json::value_t::array:
+      return "an array";
+    case Json::value_t::string:
+      return "a string";
+    case Json::value_t::boolean:
+      return "a boolean";
     case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "an integer";
-    case Json::value_t::number_float: return "a number";
-    default: return "an unsupported value";
+    case Json::value_t::number_unsigned:
+      return "an integer";
+    case Json::value_t::number_float:
+      return "a number";
+    default:
+      return "an unsupported value";
   }
 }
 
@@ -110,10 +118,15 @@ bool Reader::IsUnresolvedAuto(Json* v, const std::string& path, AutoPolicy polic
       return true;
     }
     *v = std::move(supplied);
+    used_auto_values_.insert(path);
     return false;
   }
   unresolved_.push_back(path);
   return true;
+}
+
+bool Reader::IsUnresolved(std::string_view path) const {
+  return std::find(unresolved_.begin(), unresolved_.end(), path) != unresolved_.end();
 }
 
 void Reader::MarkResolved(const std::string& path) {
@@ -155,6 +168,7 @@ std::optional<double> Reader::ToDouble(const Json& v, const std::string& path, d
   std::optional<double> d;
   if (v.is_number()) {
     d = v.get<double>();
+    if (!std::isfinite(*d)) d.reset();  // 1e400 overflows to infinity
   } else if (v.is_string()) {
     d = ParseNumberString(v.get<std::string>());
   }
@@ -188,12 +202,12 @@ std::optional<bool> Reader::ToBool(const Json& v, const std::string& path) {
 }
 
 bool Reader::Int(Section& s, std::initializer_list<std::string_view> names, int64_t* out,
-                 int64_t min) {
+                 int64_t min, AutoPolicy policy) {
   std::string used;
   Json* v = Find(s, names, &used);
   if (v == nullptr) return false;
   std::string path = PathOf(s, used);
-  if (IsUnresolvedAuto(v, path, AutoPolicy::kNo)) return false;
+  if (IsUnresolvedAuto(v, path, policy)) return false;
   auto r = ToInt(*v, path, min);
   if (r) *out = *r;
   return r.has_value();
@@ -241,12 +255,13 @@ bool Reader::AutoDouble(Section& s, std::initializer_list<std::string_view> name
   return r.has_value();
 }
 
-bool Reader::Bool(Section& s, std::initializer_list<std::string_view> names, bool* out) {
+bool Reader::Bool(Section& s, std::initializer_list<std::string_view> names, bool* out,
+                  AutoPolicy policy) {
   std::string used;
   Json* v = Find(s, names, &used);
   if (v == nullptr) return false;
   std::string path = PathOf(s, used);
-  if (IsUnresolvedAuto(v, path, AutoPolicy::kNo)) return false;
+  if (IsUnresolvedAuto(v, path, policy)) return false;
   auto r = ToBool(*v, path);
   if (r) *out = *r;
   return r.has_value();
@@ -267,10 +282,12 @@ bool Reader::AutoBool(Section& s, std::initializer_list<std::string_view> names,
   return r.has_value();
 }
 
-bool Reader::String(Section& s, std::initializer_list<std::string_view> names, std::string* out) {
+bool Reader::String(Section& s, std::initializer_list<std::string_view> names, std::string* out,
+                    AutoPolicy policy) {
   std::string used;
   Json* v = Find(s, names, &used);
   if (v == nullptr || v->is_null()) return false;
+  if (policy == AutoPolicy::kYes && IsUnresolvedAuto(v, PathOf(s, used), policy)) return false;
   if (!v->is_string()) {
     Error(ConfigDiagnostic::Kind::kType, PathOf(s, used),
           "expected a string, got " + std::string(JsonTypeName(*v)) + " " + Compact(*v));
@@ -293,8 +310,15 @@ void Reader::FinishSection(Section& s) {
     if (known) continue;
     std::string msg = "unknown key '" + key + "'";
     std::string near = Suggest(*keys, key);
-    if (!near.empty()) msg += "; did you mean '" + near + "'?";
-    msg += near.empty() ? "; it" : " It";
+    const SectionKeys* top = KeysOf("");
+    bool top_level_key = !s.path.empty() && KeysOf(key) != nullptr &&
+                         std::find(top->acted.begin(), top->acted.end(), key) != top->acted.end();
+    if (top_level_key) {
+      msg += "; '" + key + "' is a top-level section (DeepSpeed reads it only there), so here it";
+    } else {
+      if (!near.empty()) msg += "; did you mean '" + near + "'?";
+      msg += near.empty() ? "; it" : " It";
+    }
     msg += " is kept but has no effect";
     if (keys->deepspeed_forbids_extra) msg += " (DeepSpeed itself rejects unknown keys here)";
     Warn(ConfigDiagnostic::Kind::kUnknownKey, path, msg);

@@ -48,18 +48,22 @@ class Reader {
   Json* Find(Section& s, std::initializer_list<std::string_view> names, std::string* used);
 
   // Typed getters: leave *out unchanged when the key is absent or invalid; true when a value
-  // (or "auto") was read. `min` is the smallest accepted value.
-  bool Int(Section& s, std::initializer_list<std::string_view> names, int64_t* out,
-           int64_t min = 0);
+  // (or "auto") was read. `min` is the smallest accepted value. The plain getters accept "auto"
+  // only under AutoPolicy::kYes (keys Accelerate fills): *out then keeps its default and the
+  // path is listed as unresolved.
+  bool Int(Section& s, std::initializer_list<std::string_view> names, int64_t* out, int64_t min = 0,
+           AutoPolicy policy = AutoPolicy::kNo);
   bool AutoInt(Section& s, std::initializer_list<std::string_view> names, AutoOr<int64_t>* out,
                int64_t min = 0);
   bool Double(Section& s, std::initializer_list<std::string_view> names, double* out,
               double min = 0.0);
   bool AutoDouble(Section& s, std::initializer_list<std::string_view> names, AutoOr<double>* out,
                   double min = 0.0);
-  bool Bool(Section& s, std::initializer_list<std::string_view> names, bool* out);
+  bool Bool(Section& s, std::initializer_list<std::string_view> names, bool* out,
+            AutoPolicy policy = AutoPolicy::kNo);
   bool AutoBool(Section& s, std::initializer_list<std::string_view> names, AutoOr<bool>* out);
-  bool String(Section& s, std::initializer_list<std::string_view> names, std::string* out);
+  bool String(Section& s, std::initializer_list<std::string_view> names, std::string* out,
+              AutoPolicy policy = AutoPolicy::kNo);
 
   // Conversions of one value (path for messages). nullopt after recording an error.
   std::optional<int64_t> ToInt(const Json& v, const std::string& path, int64_t min);
@@ -75,16 +79,21 @@ class Reader {
   void FinishSection(Section& s);
 
   void MarkResolved(const std::string& path);
+  // Whether `path` is (still) an unresolved "auto".
+  bool IsUnresolved(std::string_view path) const;
   ConfigCheck& check() { return *check_; }
   const ParseOptions& options() const { return opts_; }
   std::vector<UnactedKey>& unacted() { return unacted_; }
   std::vector<std::string>& unresolved() { return unresolved_; }
+  // Paths of ParseOptions::auto_values that replaced an "auto".
+  const std::set<std::string>& used_auto_values() const { return used_auto_values_; }
 
  private:
   const ParseOptions& opts_;
   ConfigCheck* check_;
   std::vector<UnactedKey> unacted_;
   std::vector<std::string> unresolved_;
+  std::set<std::string> used_auto_values_;
 };
 
 // "a JSON string", "a number", ... for messages.

@@ -133,6 +133,36 @@ size_t TokenStart(std::string_view s, size_t end) {
   return i;
 }
 
+// `s` with control characters and bytes that are not valid UTF-8 written as \xNN, so messages
+// quoting malformed input stay printable and valid JSON strings.
+std::string Printable(const std::string& s) {
+  std::string out;
+  auto hex = [&out](unsigned char c) {
+    static const char* kDigits = "0123456789abcdef";
+    out += "\\x";
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  };
+  for (size_t i = 0; i < s.size();) {
+    auto c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xe  ? 3
+                 : (c >> 3) == 0x1e ? 4
+                                    : 0;
+    bool ok = len > 0 && i + len <= s.size();
+    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
+    if (!ok || (len == 1 && c < 0x20)) {
+      hex(c);
+      ++i;
+      continue;
+    }
+    out.append(s, i, len);
+    i += len;
+  }
+  return out;
+}
+
 std::string FramePath(const std::vector<Frame>& frames, const std::string& last_key) {
   std::vector<std::string> parts;
   for (size_t i = 0; i < frames.size(); ++i) {
@@ -148,6 +178,90 @@ std::string FramePath(const std::vector<Frame>& frames, const std::string& last_
 }
 
 }  // namespace
+
+KeyPositions IndexKeyPositions(std::string_view s) {
+  KeyPositions index;
+  struct Level {
+    bool is_object;
+    std::string key;   // current member key (objects)
+    size_t index = 0;  // current element (arrays)
+    bool expect_key = true;
+  };
+  std::vector<Level> stack;
+  auto path_parts = [&stack](bool with_last_key) {
+    std::vector<std::string> parts;
+    for (size_t i = 0; i < stack.size(); ++i) {
+      const Level& l = stack[i];
+      bool last = i + 1 == stack.size();
+      if (l.is_object) {
+        if (!last || with_last_key) parts.push_back(l.key);
+      } else if (!last) {
+        parts.push_back("[" + std::to_string(l.index) + "]");
+      }
+    }
+    return parts;
+  };
+  int line = 1;
+  int col = 1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (c == '"') {
+      int start_line = line;
+      int start_col = col;
+      std::string text;
+      size_t j = i + 1;
+      for (; j < s.size() && s[j] != '"'; ++j) {
+        if (s[j] == '\\' && j + 1 < s.size()) text += s[j++];
+        text += s[j];
+      }
+      col += static_cast<int>(j - i + 1);  // strings hold no raw newlines in valid JSON
+      i = j;
+      if (!stack.empty() && stack.back().is_object && stack.back().expect_key) {
+        // Keys with escapes are indexed as written; DeepSpeed keys have none.
+        stack.back().key = text;
+        stack.back().expect_key = false;
+        index[JoinPath(path_parts(true))].push_back({start_line, start_col});
+      }
+      continue;
+    }
+    if (c == '{' || c == '[') {
+      stack.push_back(Level{c == '{', {}, 0, true});
+    } else if (c == '}' || c == ']') {
+      if (!stack.empty()) stack.pop_back();
+    } else if (c == ',' && !stack.empty()) {
+      if (stack.back().is_object) {
+        stack.back().expect_key = true;
+      } else {
+        ++stack.back().index;
+      }
+    }
+    if (c == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return index;
+}
+
+void LocateDiagnostics(const KeyPositions& index, std::vector<ConfigDiagnostic>* diags) {
+  for (ConfigDiagnostic& d : *diags) {
+    if (d.line > 0) continue;
+    std::string path = d.path;
+    while (!path.empty()) {
+      auto it = index.find(path);
+      if (it != index.end()) {
+        size_t which = d.kind == ConfigDiagnostic::Kind::kDuplicateKey && it->second.size() > 1;
+        d.line = it->second[which].first;
+        d.column = it->second[which].second;
+        break;
+      }
+      size_t cut = path.find_last_of(".[");
+      path = cut == std::string::npos ? std::string() : path.substr(0, cut);
+    }
+  }
+}
 
 bool ParseJsonStrict(std::string_view stripped, nlohmann::ordered_json* out,
                      std::vector<ConfigDiagnostic>* errors) {
@@ -197,10 +311,27 @@ bool ParseJsonStrict(std::string_view stripped, nlohmann::ordered_json* out,
     std::string what = e.what();
     // "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error ..."
     size_t colon = what.find(": ");
-    d.message = "malformed JSON: " + (colon == std::string::npos ? what : what.substr(colon + 2));
+    d.message =
+        "malformed JSON: " + Printable(colon == std::string::npos ? what : what.substr(colon + 2));
     // e.byte is the 1-based offset of the offending token's last byte; point at its start.
     size_t offset = TokenStart(stripped, e.byte > 0 ? e.byte - 1 : 0);
     LineColumn(stripped, offset, &d.line, &d.column);
+    errors->push_back(std::move(d));
+    return false;
+  } catch (const nlohmann::json::exception& e) {
+    // out_of_range: a number beyond double ("number overflow parsing '1e400'"); no offset is
+    // given, so locate the quoted token in the text.
+    ConfigDiagnostic d{ConfigDiagnostic::Kind::kRange, "", "", 0, 0};
+    std::string what = e.what();
+    size_t colon = what.find("] ");
+    d.message =
+        "malformed JSON: " + Printable(colon == std::string::npos ? what : what.substr(colon + 2));
+    size_t q1 = what.find('\'');
+    size_t q2 = q1 == std::string::npos ? q1 : what.find('\'', q1 + 1);
+    if (q2 != std::string::npos && q2 > q1 + 1) {
+      size_t at = stripped.find(what.substr(q1 + 1, q2 - q1 - 1));
+      if (at != std::string_view::npos) LineColumn(stripped, at, &d.line, &d.column);
+    }
     errors->push_back(std::move(d));
     return false;
   }

@@ -3,8 +3,10 @@
 // Internal to strata_core.
 #pragma once
 
+#include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -26,6 +28,15 @@ void LineColumn(std::string_view text, size_t offset, int* line, int* column);
 // duplicate, with its path. Returns false when any diagnostic was added.
 bool ParseJsonStrict(std::string_view stripped, nlohmann::ordered_json* out,
                      std::vector<ConfigDiagnostic>* errors);
+
+// Where each member key of the (valid, stripped) JSON text starts: dotted path -> 1-based
+// (line, column) of every occurrence, in document order. Array elements are "path[i]".
+using KeyPositions = std::map<std::string, std::vector<std::pair<int, int>>>;
+KeyPositions IndexKeyPositions(std::string_view stripped);
+
+// Sets line/column of each diagnostic without one from the position of its path (or of the
+// nearest enclosing key); a duplicate-key diagnostic gets the second occurrence.
+void LocateDiagnostics(const KeyPositions& index, std::vector<ConfigDiagnostic>* diags);
 
 // "a.b.c" from a path stack; array indices as "[i]".
 std::string JoinPath(const std::vector<std::string>& parts);

@@ -70,7 +70,25 @@ void ApplyEngineConfig(const EngineConfig& c, PlanInput* in, std::vector<std::st
         "zero_optimization.offload_optimizer.ratio < 1 (partial offload) is not "
         "modelled: planned as a full offload");
   }
-  in->has_configured = true;
+  // Accelerate writes "auto" for the stage and the offload devices and fills them from its own
+  // settings. Their defaults must not pass for a choice: an "auto" stage leaves the setting
+  // open (the verdict covers the recommendation, unless --stage picks one), an "auto" device is
+  // planned as none.
+  const bool stage_auto = c.IsAuto("zero_optimization.stage");
+  if (stage_auto) {
+    notes->push_back(
+        "zero_optimization.stage is \"auto\": no stage is configured, so the verdict is about "
+        "the recommendation; pass --stage to check one");
+  }
+  for (const char* path : {"zero_optimization.offload_optimizer.device",
+                           "zero_optimization.offload_param.device"}) {
+    if (c.IsAuto(path)) {
+      notes->push_back(std::string(path) +
+                       " is \"auto\": planned as none; pass --offload-optimizer / "
+                       "--offload-param to check an offload");
+    }
+  }
+  in->has_configured = !stage_auto;
 }
 
 Status ApplyDeepSpeedConfigFile(const std::string& path, PlanInput* in,

@@ -69,6 +69,14 @@ TEST(ConfigParse, UnterminatedBlockCommentIsASyntaxError) {
   EXPECT_EQ(c.errors[0].column, 10);
 }
 
+TEST(ConfigParse, MalformedBytesAreQuotedPrintably) {
+  ConfigCheck c = CheckDeepSpeedConfig("{\"a\": \"\xff\xfe\"}");
+  ASSERT_EQ(c.errors.size(), 1u);
+  EXPECT_NE(c.errors[0].message.find("\\xff"), std::string::npos) << c.errors[0].message;
+  // The message is valid UTF-8: it can be written as JSON.
+  EXPECT_NO_THROW(nlohmann::json(c.errors[0].message).dump());
+}
+
 TEST(ConfigParse, TopLevelMustBeAnObject) {
   ConfigCheck c = CheckDeepSpeedConfig("[1, 2]");
   ASSERT_EQ(c.errors.size(), 1u);
@@ -123,6 +131,22 @@ TEST(ConfigParse, NonIntegralOrNonNumericStringsForIntegersAreTypeErrors) {
     ASSERT_NE(d, nullptr) << key << "\n" << Dump(c.errors);
     EXPECT_NE(d->message.find("expected an integer"), std::string::npos);
   }
+}
+
+TEST(ConfigParse, NumbersThatOverflowAreTypeErrors) {
+  // Beyond double: the JSON layer reports it, with its position (never an exception).
+  ConfigCheck overflow = CheckDeepSpeedConfig("{\n  \"gradient_clipping\": 1e400}");
+  ASSERT_EQ(overflow.errors.size(), 1u);
+  EXPECT_EQ(overflow.errors[0].kind, Kind::kRange);
+  EXPECT_NE(overflow.errors[0].message.find("1e400"), std::string::npos);
+  EXPECT_EQ(overflow.errors[0].line, 2);
+  EXPECT_EQ(overflow.errors[0].column, 24);
+  // Beyond int64: a type error of the key; "1e400" as a string overflows strtod.
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"gradient_clipping": "1e400",
+      "zero_optimization": {"reduce_bucket_size": 1e30, "sub_group_size": 18446744073709551615}})");
+  EXPECT_NE(FindDiag(c.errors, Kind::kType, "gradient_clipping"), nullptr) << Dump(c.errors);
+  EXPECT_NE(FindDiag(c.errors, Kind::kType, "zero_optimization.reduce_bucket_size"), nullptr);
+  EXPECT_NE(FindDiag(c.errors, Kind::kType, "zero_optimization.sub_group_size"), nullptr);
 }
 
 TEST(ConfigParse, BooleansAcceptStringsTrueFalse) {
@@ -186,7 +210,8 @@ TEST(ConfigParse, OverlapCommDefaultsToTrueOnlyAtStage3) {
   EXPECT_FALSE(MustParse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2}})")
                    .config.zero.overlap_comm);
   EXPECT_FALSE(MustParse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
-      "overlap_comm": false}})").config.zero.overlap_comm);
+      "overlap_comm": false}})")
+                   .config.zero.overlap_comm);
 }
 
 TEST(ConfigParse, OptimizerDefaultsAndAdamWForcesDecoupledDecay) {
@@ -217,8 +242,8 @@ TEST(ConfigParse, SchedulerParamsAreKeptAsGiven) {
   EXPECT_EQ(p.config.scheduler.params.at("cycle_momentum"), "true");
   EXPECT_EQ(p.config.scheduler.params.at("decay_step_size"), "1000");
   for (const char* t : {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "LRRangeTest"}) {
-    ParsedConfig q = MustParse(std::string(R"({"train_batch_size": 8, "scheduler": {"type": ")") +
-                               t + "\"}}");
+    ParsedConfig q =
+        MustParse(std::string(R"({"train_batch_size": 8, "scheduler": {"type": ")") + t + "\"}}");
     EXPECT_EQ(SchedulerTypeName(q.config.scheduler.type), t);
   }
 }
@@ -238,13 +263,20 @@ TEST(ConfigParse, AutoIsKeptAndListedInDocumentOrder) {
   EXPECT_TRUE(c.optimizer.betas.is_auto());
   EXPECT_TRUE(c.zero.reduce_bucket_size.is_auto());
   EXPECT_EQ(c.scheduler.params.at("warmup_num_steps"), "\"auto\"");
-  std::vector<std::string> expected = {
-      "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-      "gradient_clipping", "fp16.enabled", "bf16.enabled", "optimizer.params.lr",
-      "optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay",
-      "scheduler.params.warmup_num_steps", "zero_optimization.reduce_bucket_size",
-      "zero_optimization.stage3_prefetch_bucket_size",
-      "zero_optimization.stage3_param_persistence_threshold"};
+  std::vector<std::string> expected = {"train_batch_size",
+                                       "train_micro_batch_size_per_gpu",
+                                       "gradient_accumulation_steps",
+                                       "gradient_clipping",
+                                       "fp16.enabled",
+                                       "bf16.enabled",
+                                       "optimizer.params.lr",
+                                       "optimizer.params.betas",
+                                       "optimizer.params.eps",
+                                       "optimizer.params.weight_decay",
+                                       "scheduler.params.warmup_num_steps",
+                                       "zero_optimization.reduce_bucket_size",
+                                       "zero_optimization.stage3_prefetch_bucket_size",
+                                       "zero_optimization.stage3_param_persistence_threshold"};
   EXPECT_EQ(p.unresolved_auto, expected);
 }
 
@@ -284,11 +316,31 @@ TEST(ConfigParse, AutoIsResolvedFromSuppliedValuesAndHiddenSize) {
   EXPECT_EQ(doc["optimizer"]["params"]["lr"], 1e-4);
 }
 
+TEST(ConfigParse, ResolveLaterWithMoreValues) {
+  ParsedConfig early = MustParse(R"({"train_micro_batch_size_per_gpu": 2,
+      "gradient_accumulation_steps": "auto",
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})");
+  ASSERT_EQ(early.unresolved_auto.size(), 2u);
+  ParseOptions o;
+  o.world_size = 4;
+  o.require_resolved = true;
+  o.auto_values = {{"gradient_accumulation_steps", "3"}};
+  Result<ParsedConfig> partial = ResolveDeepSpeedConfig(early, o);
+  ASSERT_FALSE(partial.ok());  // lr is still "auto"
+  EXPECT_NE(partial.status().message().find("optimizer.params.lr"), std::string::npos);
+  o.auto_values["optimizer.params.lr"] = "2e-5";
+  Result<ParsedConfig> done = ResolveDeepSpeedConfig(early, o);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_EQ(done->config.train_batch_size.value(), 2 * 3 * 4);
+  EXPECT_DOUBLE_EQ(done->config.optimizer.lr.value(), 2e-5);
+}
+
 TEST(ConfigParse, SuppliedValuesAreTypeChecked) {
   ParseOptions o;
   o.auto_values = {{"train_micro_batch_size_per_gpu", "\"many\""}, {"optimizer.params.lr", "{"}};
   ConfigCheck c = CheckDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": "auto",
-      "optimizer": {"type": "Adam", "params": {"lr": "auto"}}})", o);
+      "optimizer": {"type": "Adam", "params": {"lr": "auto"}}})",
+                                       o);
   EXPECT_NE(FindDiag(c.errors, Kind::kType, "train_micro_batch_size_per_gpu"), nullptr)
       << Dump(c.errors);
   EXPECT_NE(FindDiag(c.errors, Kind::kType, "optimizer.params.lr"), nullptr) << Dump(c.errors);
@@ -318,8 +370,7 @@ TEST(ConfigParse, KeyAndItsAliasTogetherIsAnError) {
       "intra_op_parallelism": 2}, "zero_optimization": {"stage3_prefetch_bucket_size": 1,
       "prefetch_bucket_size": 2}})");
   EXPECT_NE(FindDiag(c.errors, Kind::kConflict, "aio.thread_count"), nullptr) << Dump(c.errors);
-  EXPECT_NE(FindDiag(c.errors, Kind::kConflict, "zero_optimization.prefetch_bucket_size"),
-            nullptr)
+  EXPECT_NE(FindDiag(c.errors, Kind::kConflict, "zero_optimization.prefetch_bucket_size"), nullptr)
       << Dump(c.errors);
 }
 
@@ -402,6 +453,11 @@ TEST(ConfigParse, ParseAndLoadReportErrorsAsStatus) {
   Result<ParsedConfig> missing = LoadDeepSpeedConfig("/nonexistent/strata/ds.json");
   ASSERT_FALSE(missing.ok());
   EXPECT_TRUE(missing.status().IsNotFound()) << missing.status().ToString();
+
+  Result<ParsedConfig> dir = LoadDeepSpeedConfig("/");
+  ASSERT_FALSE(dir.ok());
+  EXPECT_TRUE(dir.status().IsInvalidArgument()) << dir.status().ToString();
+  EXPECT_NE(dir.status().message().find("is a directory"), std::string::npos);
 }
 
 }  // namespace

@@ -22,8 +22,8 @@ inline const ConfigDiagnostic* FindDiag(const std::vector<ConfigDiagnostic>& dia
 
 inline std::string Dump(const std::vector<ConfigDiagnostic>& diags) {
   std::string s;
-  for (const auto& d : diags) s += "  [" + std::string(DiagnosticKindName(d.kind)) + "] " +
-                                    d.ToString() + "\n";
+  for (const auto& d : diags)
+    s += "  [" + std::string(DiagnosticKindName(d.kind)) + "] " + d.ToString() + "\n";
   return s;
 }
 

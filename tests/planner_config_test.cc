@@ -129,6 +129,24 @@ TEST(PlannerConfig, AutoSizesAndPartialOffloadAreNoted) {
   EXPECT_TRUE(HasNote(a, "ratio"));
 }
 
+// Accelerate's all-"auto" config: the stage and devices hold DeepSpeed's defaults in the typed
+// config, which must not be planned as if the user had chosen stage 0 without offload.
+TEST(PlannerConfig, AutoStageAndDevicesAreNotTakenAsAChoice) {
+  const Applied a = Apply(R"({
+    "zero_optimization": {"stage": "auto", "offload_optimizer": {"device": "auto"},
+                          "offload_param": {"device": "auto"}}
+  })");
+  EXPECT_FALSE(a.in.has_configured);
+  EXPECT_TRUE(HasNote(a, "zero_optimization.stage is \"auto\""));
+  EXPECT_TRUE(HasNote(a, "zero_optimization.offload_optimizer.device is \"auto\""));
+  EXPECT_TRUE(HasNote(a, "zero_optimization.offload_param.device is \"auto\""));
+
+  const Applied fixed = Apply(R"({"zero_optimization": {"stage": 2}})");
+  EXPECT_TRUE(fixed.in.has_configured);
+  EXPECT_EQ(fixed.in.zero.stage, 2);
+  EXPECT_FALSE(HasNote(fixed, "is \"auto\": no stage"));
+}
+
 TEST(PlannerConfig, FileErrorsAreStatuses) {
   PlanInput in;
   in.params = 7e9;

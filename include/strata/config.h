@@ -9,10 +9,13 @@
 // strata does not act on are kept verbatim in `EngineConfig::unacted_keys` and listed; unknown keys
 // are warnings naming the nearest known key.
 //
-// "auto": a field that a trainer may fill is an `AutoOr<T>`. It stays `auto` after parsing unless
-// the caller supplies the value (`ParseOptions::auto_values`, `world_size`, `hidden_size`); the
-// JSON paths of fields still `auto` are listed in `ParsedConfig::unresolved_auto`, and
-// `ParseOptions::require_resolved` makes any of them an error that names them all.
+// "auto": a field that Hugging Face's Trainer fills is an `AutoOr<T>`. Accelerate also fills the
+// stage, the offload devices and paths and the 16-bit gather flag; those plain fields keep their
+// default while "auto". Either way the value stays "auto" after parsing unless the caller supplies
+// it (`ParseOptions::auto_values`, `world_size`, `hidden_size`); the JSON paths still "auto" are
+// listed in `unresolved_auto` (of ParsedConfig and EngineConfig), checks that need them wait, and
+// `ParseOptions::require_resolved` makes any of them an error that names them all. "auto" on any
+// other key is an error (no trainer fills it).
 //
 // Errors name the JSON path and what was expected (malformed JSON: also line and column).
 // Warnings say what DeepSpeed (and strata) will do instead of what the user probably meant.
@@ -76,14 +79,14 @@ class AutoOr {
 
 // `fp16`: mixed precision with fp16 params/grads and a dynamic loss scaler.
 struct Fp16Config {
-  AutoOr<bool> enabled = false;          // [false] "auto": the trainer's --fp16.
-  bool auto_cast = false;                // [false] cast module inputs to fp16.
-  double loss_scale = 0;                 // [0] 0 = dynamic scaling; > 0 = this fixed scale.
-  int64_t initial_scale_power = 16;      // [16] dynamic scaling starts at 2^this.
-  int64_t loss_scale_window = 1000;      // [1000] steps without overflow before the scale grows.
-  int64_t hysteresis = 2;                // [2] overflows tolerated before the scale shrinks.
-  bool consecutive_hysteresis = false;   // [false] refill hysteresis after a clean step.
-  double min_loss_scale = 1;             // [1] the scale never drops below this.
+  AutoOr<bool> enabled = false;         // [false] "auto": the trainer's --fp16.
+  bool auto_cast = false;               // [false] cast module inputs to fp16.
+  double loss_scale = 0;                // [0] 0 = dynamic scaling; > 0 = this fixed scale.
+  int64_t initial_scale_power = 16;     // [16] dynamic scaling starts at 2^this.
+  int64_t loss_scale_window = 1000;     // [1000] steps without overflow before the scale grows.
+  int64_t hysteresis = 2;               // [2] overflows tolerated before the scale shrinks.
+  bool consecutive_hysteresis = false;  // [false] refill hysteresis after a clean step.
+  double min_loss_scale = 1;            // [1] the scale never drops below this.
 };
 
 // `bf16` (alias `bfloat16`): bf16 params/grads, no loss scaling.
@@ -98,22 +101,30 @@ std::string_view OptimizerTypeName(OptimizerType t) noexcept;  // "none", "Adam"
 // optimizer state is not offloaded). kNone: the section is absent (the trainer brings its own,
 // e.g. `zero_allow_untested_optimizer`).
 struct OptimizerConfig {
-  OptimizerType type = OptimizerType::kNone;       // type names are case-insensitive
-  AutoOr<double> lr = 1e-3;                        // [1e-3]
-  AutoOr<std::pair<double, double>> betas = std::pair<double, double>{0.9, 0.999};  // [(0.9, 0.999)]
-  AutoOr<double> eps = 1e-8;                       // [1e-8]
-  AutoOr<double> weight_decay = 0.0;               // [0]
+  OptimizerType type = OptimizerType::kNone;  // type names are case-insensitive
+  AutoOr<double> lr = 1e-3;                   // [1e-3]
+  AutoOr<std::pair<double, double>> betas =
+      std::pair<double, double>{0.9, 0.999};  // [(0.9, 0.999)]
+  AutoOr<double> eps = 1e-8;                  // [1e-8]
+  AutoOr<double> weight_decay = 0.0;          // [0]
   // [true] decoupled weight decay (AdamW). DeepSpeed's "Adam" defaults to true as well; "AdamW"
   // forces it true. false = classic L2-regularised Adam.
   bool adam_w_mode = true;
-  bool bias_correction = true;                     // [true]
+  bool bias_correction = true;  // [true]
   // Other `optimizer.params` keys (e.g. amsgrad, torch_adam), raw JSON text, not acted upon.
   std::map<std::string, std::string> other_params;
 };
 
 // kOther: a name DeepSpeed does not define (it then looks in torch.optim.lr_scheduler); kept.
-enum class SchedulerType : uint8_t { kNone = 0, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR,
-                                     kOneCycle, kLRRangeTest, kOther };
+enum class SchedulerType : uint8_t {
+  kNone = 0,
+  kWarmupLR,
+  kWarmupDecayLR,
+  kWarmupCosineLR,
+  kOneCycle,
+  kLRRangeTest,
+  kOther
+};
 std::string_view SchedulerTypeName(SchedulerType t) noexcept;
 
 // `scheduler`: the LR schedule. Its params are kept as given (raw JSON text, "auto" as "\"auto\""
@@ -126,65 +137,85 @@ struct SchedulerConfig {
 
 // `aio`: the asynchronous NVMe IO settings (DeepSpeed: libaio; strata: io_uring).
 struct AioConfig {
-  int64_t block_size = 1048576;       // [1 MiB] bytes per IO request; larger = fewer syscalls.
-  int64_t queue_depth = 8;            // [8] IOs in flight per thread; deeper = more NVMe parallelism.
-  int64_t intra_op_parallelism = 1;   // [1] (alias `thread_count`) IO threads per operation.
-  bool single_submit = false;         // [false] submit IOs one at a time instead of batched.
-  bool overlap_events = true;         // [true] overlap submission and completion reaping.
-  bool use_gds = false;               // [false] GPUDirect Storage (not used by strata).
+  int64_t block_size = 1048576;  // [1 MiB] bytes per IO request; larger = fewer syscalls.
+  int64_t queue_depth = 8;       // [8] IOs in flight per thread; deeper = more NVMe parallelism.
+  int64_t intra_op_parallelism = 1;  // [1] (alias `thread_count`) IO threads per operation.
+  bool single_submit = false;        // [false] submit IOs one at a time instead of batched.
+  bool overlap_events = true;        // [true] overlap submission and completion reaping.
+  bool use_gds = false;              // [false] GPUDirect Storage (not used by strata).
 };
 
 // `zero_optimization.offload_optimizer`: where the fp32 master weights and Adam m, v live and
 // where the Adam step runs (cpu and nvme both compute on the CPU).
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::kNone;  // [none]
-  std::string nvme_path;                         // [none] REQUIRED when device = nvme.
-  int64_t buffer_count = 4;                      // [4] pinned swap buffers for NVMe states.
-  bool pin_memory = false;                       // [false] page-locked host copies (faster DMA,
-                                                 // scarce memory).
-  bool pipeline_read = false;                    // [false] read sub-group i+1 during step i.
-  bool pipeline_write = false;                   // [false] write sub-group i-1 during step i.
-  bool fast_init = false;                        // [false] skip zero-filling NVMe state files.
-  double ratio = 1.0;                            // [1.0] fraction of the optimizer state
-                                                 // offloaded (ZeRO-Offload++ partial offload).
+  std::string nvme_path;                        // [none] REQUIRED when device = nvme.
+  int64_t buffer_count = 4;                     // [4] pinned swap buffers for NVMe states.
+  bool pin_memory = false;                      // [false] page-locked host copies (faster DMA,
+                                                // scarce memory).
+  bool pipeline_read = false;                   // [false] read sub-group i+1 during step i.
+  bool pipeline_write = false;                  // [false] write sub-group i-1 during step i.
+  bool fast_init = false;                       // [false] skip zero-filling NVMe state files.
+  double ratio = 1.0;                           // [1.0] fraction of the optimizer state
+                                                // offloaded (ZeRO-Offload++ partial offload).
 };
 
 // `zero_optimization.offload_param` (ZeRO-3 only): where the bf16/fp16 parameter shards live.
 struct OffloadParamConfig {
   OffloadDevice device = OffloadDevice::kNone;  // [none]
-  std::string nvme_path;                         // [none] REQUIRED when device = nvme.
-  int64_t buffer_count = 5;                      // [5] pinned swap buffers for params on NVMe.
-  int64_t buffer_size = 100000000;               // [1e8] elements per swap buffer.
-  int64_t max_in_cpu = 1000000000;               // [1e9] param elements kept in host memory
-                                                 // when device = nvme.
-  bool pin_memory = false;                       // [false]
+  std::string nvme_path;                        // [none] REQUIRED when device = nvme.
+  int64_t buffer_count = 5;                     // [5] pinned swap buffers for params on NVMe.
+  int64_t buffer_size = 100000000;              // [1e8] elements per swap buffer.
+  int64_t max_in_cpu = 1000000000;              // [1e9] param elements kept in host memory
+                                                // when device = nvme.
+  bool pin_memory = false;                      // [false]
 };
 
 // `zero_optimization`: the ZeRO stage and its buckets and thresholds. Sizes count elements
 // (DeepSpeed's convention), not bytes.
 struct ZeroConfig {
-  int stage = 0;                                  // [0] 0 DDP, 1 optimizer, 2 +grads, 3 +params.
-  OffloadOptimizerConfig offload_optimizer;       // [absent = device none]
-  OffloadParamConfig offload_param;               // [absent = device none]
-  bool overlap_comm = false;                      // [true at stage 3, else false]
-  bool contiguous_gradients = true;               // [true]
-  bool reduce_scatter = true;                     // [true]
-  AutoOr<int64_t> reduce_bucket_size = int64_t{500000000};  // [5e8] "auto": hidden_size^2.
-  bool allgather_partitions = true;               // [true]
-  int64_t allgather_bucket_size = 500000000;      // [5e8]
-  int64_t sub_group_size = 1000000000;            // [1e9] elements per optimizer-step unit.
-  AutoOr<int64_t> stage3_prefetch_bucket_size = int64_t{50000000};  // [5e7] "auto": 0.9*h^2.
-  AutoOr<int64_t> stage3_param_persistence_threshold = int64_t{100000};  // [1e5] "auto": 10*h.
-  int64_t stage3_model_persistence_threshold = std::numeric_limits<int64_t>::max();  // [maxsize]
-  int64_t stage3_max_live_parameters = 1000000000;  // [1e9]
-  int64_t stage3_max_reuse_distance = 1000000000;   // [1e9]
-  // [false] (alias stage3_gather_fp16_weights_on_model_save) gather a full 16-bit state dict at
-  // save time.
+  // [0] What is sharded across the data-parallel ranks: 0 nothing (DDP), 1 optimizer state,
+  // 2 + gradients, 3 + parameters. Higher stages hold less per rank; stage 3 adds 50 % traffic.
+  int stage = 0;
+  OffloadOptimizerConfig offload_optimizer;  // [absent = device none]
+  OffloadParamConfig offload_param;          // [absent = device none] stage 3 only
+  // [true at stage 3, else false] Overlap gradient reduction with backward: faster, but needs
+  // room for in-flight buckets (about 4.5x reduce_bucket_size at stage 2).
+  bool overlap_comm = false;
+  // [true] Copy gradients into one contiguous buffer as they are produced: no fragmentation,
+  // one extra copy.
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;  // [true] reduce-scatter instead of all-reduce for gradients.
+  // [5e8] Elements reduced at a time. Larger = fewer, more efficient collectives, more memory.
+  // "auto" (Hugging Face): hidden_size^2.
+  AutoOr<int64_t> reduce_bucket_size = int64_t{500000000};
+  bool allgather_partitions = true;  // [true] all-gather (vs. broadcasts) updated params (1-2).
+  // [5e8] Elements all-gathered at a time (stages 1-2): size vs. efficiency as above.
+  int64_t allgather_bucket_size = 500000000;
+  // [1e9] Elements per optimizer-step unit (the NVMe swap and CPU Adam pipeline granularity).
+  // Smaller = less pinned memory per step, more per-unit overhead.
+  int64_t sub_group_size = 1000000000;
+  // [5e7] Parameter elements fetched ahead of use (stage 3). Larger hides more latency and holds
+  // more memory. "auto": 0.9 * hidden_size^2.
+  AutoOr<int64_t> stage3_prefetch_bucket_size = int64_t{50000000};
+  // [1e5] Parameters smaller than this stay unsharded on every rank: fewer tiny all-gathers,
+  // more memory. "auto": 10 * hidden_size.
+  AutoOr<int64_t> stage3_param_persistence_threshold = int64_t{100000};
+  // [int64 max] Cap on the total elements kept unsharded by the persistence threshold.
+  int64_t stage3_model_persistence_threshold = std::numeric_limits<int64_t>::max();
+  // [1e9] Gathered parameter elements resident per GPU before releasing: memory vs. re-fetches.
+  int64_t stage3_max_live_parameters = 1000000000;
+  // [1e9] Do not release a parameter reused within this many elements: memory vs. re-fetches.
+  int64_t stage3_max_reuse_distance = 1000000000;
+  // [false] (alias gather_16bit_weights_on_model_save, deprecated
+  // stage3_gather_fp16_weights_on_model_save) gather a full 16-bit state dict at save time:
+  // a loadable model file, at the cost of the full model's memory on one rank.
   bool stage3_gather_16bit_weights_on_model_save = false;
-  bool zero_quantized_weights = false;              // [false] ZeRO++ qwZ.
-  bool zero_quantized_gradients = false;            // [false] ZeRO++ qgZ.
-  int64_t zero_hpz_partition_size = 1;              // [1] ZeRO++ hpZ secondary partition size
-                                                    // (ranks; 1 = off).
+  bool zero_quantized_weights = false;    // [false] ZeRO++ qwZ: int8 parameter all-gathers.
+  bool zero_quantized_gradients = false;  // [false] ZeRO++ qgZ: quantized gradient reduction.
+  // [1] ZeRO++ hpZ: ranks holding a secondary parameter copy (e.g. GPUs per node); 1 = off.
+  // Trades memory for intra-node all-gathers.
+  int64_t zero_hpz_partition_size = 1;
 };
 
 // A key DeepSpeed knows (or a known section's unknown key) that strata keeps but does not act on.
@@ -196,18 +227,31 @@ struct UnactedKey {
 struct EngineConfig {
   // The batch triple: train_batch_size = micro * gradient_accumulation_steps * world_size.
   // Any two (plus the world size) determine the third; absent ones are derived when possible.
-  AutoOr<int64_t> train_batch_size;                 // [derived]
-  AutoOr<int64_t> train_micro_batch_size_per_gpu;   // [derived]
-  AutoOr<int64_t> gradient_accumulation_steps;      // [derived; 1 when only one size is given]
-  AutoOr<double> gradient_clipping = 0.0;           // [0] 0 = no clipping; else max global norm.
-  int64_t steps_per_print = 10;                     // [10; recent DeepSpeed: no printing]
+  AutoOr<int64_t> train_batch_size;                // [derived]
+  AutoOr<int64_t> train_micro_batch_size_per_gpu;  // [derived]
+  AutoOr<int64_t> gradient_accumulation_steps;     // [derived; 1 when only one size is given]
+  AutoOr<double> gradient_clipping = 0.0;          // [0] 0 = no clipping; else max global norm.
+  int64_t steps_per_print = 10;                    // [10; recent DeepSpeed: no printing]
   Fp16Config fp16;
   Bf16Config bf16;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   AioConfig aio;
   ZeroConfig zero;
-  std::vector<UnactedKey> unacted_keys;             // in document order
+  std::vector<UnactedKey> unacted_keys;  // in document order
+  // JSON paths still "auto" (as ParsedConfig::unresolved_auto). Besides the AutoOr fields,
+  // Accelerate also fills zero_optimization.stage, the offload devices and nvme_paths and
+  // stage3_gather_16bit_weights_on_model_save: while "auto", those plain fields hold their
+  // defaults and only this list says they are not settled. Resolve before relying on them.
+  std::vector<std::string> unresolved_auto;
+
+  // Whether the key at dotted JSON `path` is still "auto" (e.g. "zero_optimization.stage").
+  bool IsAuto(std::string_view path) const {
+    for (const std::string& p : unresolved_auto) {
+      if (p == path) return true;
+    }
+    return false;
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -234,39 +278,41 @@ struct ParseOptions {
   // Check on this machine that each nvme_path in use exists, is a directory and is writable, and
   // report its free space (a warning below `min_free_bytes`).
   bool check_here = false;
-  int64_t min_free_bytes = int64_t{1} << 30;
-  // Named in messages ("ds.json:3:7: ..."); may be empty.
+  int64_t min_free_bytes = int64_t{1} << 30;  // [1 GiB] the free-space warning threshold
+  // Names the config in ParseDeepSpeedConfig's error message; Load/Check*File default it to the
+  // path. May be empty.
   std::string source_name;
 };
 
 struct ConfigDiagnostic {
   enum class Kind : uint8_t {
-    kSyntax,        // malformed JSON (line, column set)
+    kSyntax,  // malformed JSON (line, column set)
     kDuplicateKey,
-    kType,          // wrong type / unparsable value
-    kRange,         // out of range (stage 4, negative size, ...)
-    kConflict,      // fp16 and bf16 both on, batch sizes that do not multiply out, ...
+    kType,      // wrong type / unparsable value
+    kRange,     // out of range (stage 4, negative size, ...)
+    kConflict,  // fp16 and bf16 both on, batch sizes that do not multiply out, ...
     kUnresolvedAuto,
-    kUnsupported,   // valid DeepSpeed that strata cannot run (another optimizer type)
+    kUnsupported,  // valid DeepSpeed that strata cannot run (another optimizer type)
     kUnknownKey,
     kDeprecated,
-    kIgnored,       // accepted, but has no effect (offload_param below stage 3, ...)
-    kCase,          // a name in another case ("None")
-    kMachine,       // --here checks: nvme_path missing, not writable, little free space
+    kIgnored,  // accepted, but has no effect (offload_param below stage 3, ...)
+    kCase,     // a name in another case ("None")
+    kMachine,  // --here checks: nvme_path missing, not writable, little free space
   };
   Kind kind;
   std::string path;     // dotted JSON path ("zero_optimization.offload_param.device"); "" = root
   std::string message;  // what is wrong and what was expected / what will happen instead
-  int line = 0;         // 1-based; 0 = unknown
-  int column = 0;       // 1-based; 0 = unknown
-  std::string ToString() const;  // "path: message" or "line L, column C: message"
+  int line = 0;         // 1-based, of the key at `path` (or the nearest enclosing one, or
+  int column = 0;       // the malformed token); 0 = unknown (a key that is absent)
+  // "path (line L, column C): message"; parts that are unknown are left out.
+  std::string ToString() const;
 };
 std::string_view DiagnosticKindName(ConfigDiagnostic::Kind k) noexcept;
 
 struct ParsedConfig {
   EngineConfig config;
-  std::vector<ConfigDiagnostic> warnings;   // empty under strict (they became errors)
-  std::vector<std::string> unresolved_auto; // JSON paths still "auto", in document order
+  std::vector<ConfigDiagnostic> warnings;    // empty under strict (they became errors)
+  std::vector<std::string> unresolved_auto;  // JSON paths still "auto", in document order
   // The config as JSON after comment stripping and "auto" substitution (compact), for re-parsing
   // with more values.
   std::string normalized_json;
@@ -289,12 +335,19 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
 // error, one per line.
 Result<ParsedConfig> ParseDeepSpeedConfig(std::string_view text, const ParseOptions& options = {});
 
-// Reads `path` and parses it (source_name defaults to path). NotFound / IOError when the file
-// cannot be read; otherwise as ParseDeepSpeedConfig.
+// Reads `path` and parses it (source_name defaults to path). NotFound: no such file; IOError: it
+// cannot be read (errno in the message); InvalidArgument: a directory, a file over 16 MiB, or (as
+// ParseDeepSpeedConfig) an invalid config.
 Result<ParsedConfig> LoadDeepSpeedConfig(const std::string& path, const ParseOptions& options = {});
-// Reads `path` and checks it; a read failure is returned as Status.
+// Reads `path` and checks it; a read failure is returned as Status (as LoadDeepSpeedConfig).
 Result<ConfigCheck> CheckDeepSpeedConfigFile(const std::string& path,
                                              const ParseOptions& options = {});
+
+// Re-checks an earlier result with more values (typically: parsed at startup, resolved once the
+// trainer knows world size, batch sizes and hidden size). Values already substituted stay; the
+// warnings are recomputed. InvalidArgument as ParseDeepSpeedConfig.
+Result<ParsedConfig> ResolveDeepSpeedConfig(const ParsedConfig& parsed,
+                                            const ParseOptions& options);
 
 // The effective config (every field, defaults filled, "auto" where unresolved) as pretty JSON in
 // DeepSpeed's key names.

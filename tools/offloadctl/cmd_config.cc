@@ -27,9 +27,8 @@ struct ConfigCheckArgs {
 };
 
 nlohmann::ordered_json DiagJson(const ConfigDiagnostic& d) {
-  nlohmann::ordered_json j{{"kind", DiagnosticKindName(d.kind)},
-                           {"path", d.path},
-                           {"message", d.message}};
+  nlohmann::ordered_json j{
+      {"kind", DiagnosticKindName(d.kind)}, {"path", d.path}, {"message", d.message}};
   if (d.line > 0) {
     j["line"] = d.line;
     j["column"] = d.column;
@@ -51,14 +50,20 @@ int RunCheck(const ConfigCheckArgs& a) {
                    kv.c_str());
       return kExitUsage;
     }
-    o.auto_values[kv.substr(0, eq)] = kv.substr(eq + 1);
+    // A VALUE that is not JSON is taken as a string: --set ...offload_param.device=cpu.
+    std::string value = kv.substr(eq + 1);
+    if (nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false).is_discarded()) {
+      value = nlohmann::json(value).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
+    o.auto_values[kv.substr(0, eq)] = value;
   }
   Result<ConfigCheck> r = CheckDeepSpeedConfigFile(a.path, o);
   if (!r.ok()) {
     if (a.json) {
-      nlohmann::ordered_json j{{"file", a.path}, {"valid", false},
-                               {"read_error", r.status().ToString()}};
-      std::printf("%s\n", j.dump(2).c_str());
+      nlohmann::ordered_json j{
+          {"file", a.path}, {"valid", false}, {"read_error", r.status().ToString()}};
+      std::printf("%s\n",
+                  j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
     } else {
       std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
     }
@@ -81,7 +86,8 @@ int RunCheck(const ConfigCheckArgs& a) {
       }
       j["effective"] = nlohmann::ordered_json::parse(EffectiveConfigJson(c.parsed->config));
     }
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n",
+                j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
     return c.ok() ? kExitOk : kExitInvalid;
   }
   for (const auto& e : c.errors) std::printf("error: %s\n", e.ToString().c_str());
@@ -111,7 +117,8 @@ int RunCheck(const ConfigCheckArgs& a) {
 }  // namespace
 
 void RegisterConfig(CLI::App& parent, int* exit_code) {
-  CLI::App* config = parent.add_subcommand("config", "Work with DeepSpeed configs (ds_config.json)");
+  CLI::App* config =
+      parent.add_subcommand("config", "Work with DeepSpeed configs (ds_config.json)");
   config->require_subcommand(1);
   auto args = std::make_shared<ConfigCheckArgs>();
   CLI::App* check = config->add_subcommand(
@@ -119,19 +126,23 @@ void RegisterConfig(CLI::App& parent, int* exit_code) {
       "Validate a DeepSpeed config as strata reads it: errors (JSON path, what was expected), "
       "warnings (what will happen instead), keys kept but not acted on, and the effective "
       "config with DeepSpeed's defaults. Exit 0 valid, 1 invalid, 2 usage error.");
-  check->add_option("config", args->path, "DeepSpeed JSON config (comments allowed)")
-      ->required();
-  check->add_option("--world-size", args->world_size,
-                    "Data-parallel ranks: checks train_batch_size = micro * grad_accum * N and "
-                    "derives the missing one")
+  check->add_option("config", args->path, "DeepSpeed JSON config (comments allowed)")->required();
+  check
+      ->add_option("--world-size", args->world_size,
+                   "Data-parallel ranks: checks train_batch_size = micro * grad_accum * N and "
+                   "derives the missing one")
       ->check(CLI::PositiveNumber);
-  check->add_option("--hidden-size", args->hidden_size,
-                    "Model hidden size: fills the zero_optimization \"auto\" sizes as Hugging Face "
-                    "does (h*h, 0.9*h*h, 10*h)")
+  check
+      ->add_option("--hidden-size", args->hidden_size,
+                   "Model hidden size: fills the zero_optimization \"auto\" sizes as Hugging Face "
+                   "does (h*h, 0.9*h*h, 10*h)")
       ->check(CLI::PositiveNumber);
-  check->add_option("--set", args->set,
-                    "KEY=VALUE (dotted JSON path, JSON value) for an \"auto\" or absent batch key; "
-                    "repeatable, e.g. --set train_micro_batch_size_per_gpu=4")
+  check
+      ->add_option("--set", args->set,
+                   "KEY=VALUE for an \"auto\" (or an absent batch size): dotted JSON path, JSON "
+                   "value (text that is not JSON is a string); repeatable, e.g. --set "
+                   "train_micro_batch_size_per_gpu=4 --set zero_optimization.stage=3 --set "
+                   "zero_optimization.offload_param.device=cpu")
       ->allow_extra_args(false);
   check->add_flag("--require-resolved", args->require_resolved,
                   "An \"auto\" left unresolved is an error (what a run needs)");

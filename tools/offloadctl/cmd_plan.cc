@@ -70,7 +70,6 @@ int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* note
                    s.ToString().c_str());
       return kExitInvalid;
     }
-    in->has_configured = true;
   }
   if (!f.recipe.empty()) {
     auto r = ParseRecipe(f.recipe);

@@ -24,6 +24,8 @@ void RegisterLaunch(CLI::App& parent, int* exit_code);  // offloadctl launch (cm
 // `offloadctl bench <what>` children.
 void RegisterBenchNvme(CLI::App& bench, int* exit_code);  // cmd_bench_nvme.cc
 void RegisterBenchComm(CLI::App& bench, int* exit_code);  // cmd_bench_comm.cc
+void RegisterBenchDram(CLI::App& bench, int* exit_code);  // cmd_bench_dram.cc
+void RegisterBenchAdam(CLI::App& bench, int* exit_code);  // cmd_bench_adam.cc
 void RegisterBenchStore(CLI::App& bench, int* exit_code);  // cmd_bench_store.cc
 
 }  // namespace strata::cli

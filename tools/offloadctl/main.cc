@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   strata::cli::RegisterBenchComm(*bench, &exit_code);
   strata::cli::RegisterBenchStore(*bench, &exit_code);
   strata::cli::RegisterLaunch(app, &exit_code);
+  strata::cli::RegisterBenchDram(*bench, &exit_code);
+  strata::cli::RegisterBenchAdam(*bench, &exit_code);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,108 @@
+#include "kernels/adam.h"
+
+#include <cmath>
+#include <string>
+
+#include "kernels/pool.h"
+#include "kernels/simd.h"
+
+namespace strata::kernels {
+namespace {
+
+int ElemOf(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return simd::kElemF32;
+    case DType::kBF16:
+      return simd::kElemBF16;
+    case DType::kF16:
+      return simd::kElemF16;
+    default:
+      return -1;
+  }
+}
+
+simd::AdamArgs MakeArgs(const AdamHyper& h, const AdamShard& s) {
+  simd::AdamArgs a;
+  a.master = s.master;
+  a.exp_avg = s.exp_avg;
+  a.exp_avg_sq = s.exp_avg_sq;
+  a.grad = s.grad;
+  a.grad_elem = ElemOf(s.grad_dtype);
+  a.param_out = s.param_out;
+  a.out_elem = s.param_out == nullptr ? simd::kElemNone : ElemOf(s.param_out_dtype);
+  a.stream_state = h.stream_state;
+  a.beta1 = h.beta1;
+  a.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
+  a.beta2 = h.beta2;
+  a.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
+  a.eps = h.eps;
+  const double t = static_cast<double>(h.step);
+  const double bc1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), t) : 1.0;
+  const double bc2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), t) : 1.0;
+  a.step_size = static_cast<float>(static_cast<double>(h.lr) / bc1);
+  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  if (h.decoupled_weight_decay) {
+    a.l2 = false;
+    a.decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay);
+  } else {
+    a.l2 = h.weight_decay != 0.0f;
+    a.decay = 1.0f;
+    a.l2_weight_decay = h.weight_decay;
+  }
+  a.grad_scale = h.grad_scale;
+  return a;
+}
+
+Status Bad(const std::string& what) { return Status::InvalidArgument("adam step: " + what); }
+
+}  // namespace
+
+size_t AdamBytesPerParam(DType grad_dtype, std::optional<DType> param_out_dtype) {
+  return 24 + DTypeSize(grad_dtype) + (param_out_dtype ? DTypeSize(*param_out_dtype) : 0);
+}
+
+Status ValidateAdam(const AdamHyper& h, const AdamShard& s) {
+  if (!std::isfinite(h.lr) || h.lr < 0) return Bad("lr must be finite and >= 0");
+  if (!(h.beta1 >= 0 && h.beta1 < 1)) return Bad("beta1 must be in [0, 1)");
+  if (!(h.beta2 >= 0 && h.beta2 < 1)) return Bad("beta2 must be in [0, 1)");
+  if (!(h.eps > 0) || !std::isfinite(h.eps)) return Bad("eps must be finite and > 0");
+  if (!std::isfinite(h.weight_decay) || h.weight_decay < 0) {
+    return Bad("weight_decay must be finite and >= 0");
+  }
+  if (h.step < 1) return Bad("step must be >= 1 (got " + std::to_string(h.step) + ")");
+  if (!std::isfinite(h.grad_scale)) return Bad("grad_scale must be finite");
+  if (ElemOf(s.grad_dtype) < 0) {
+    return Bad("grad dtype must be fp32, bf16 or fp16, not " +
+               std::string(DTypeName(s.grad_dtype)));
+  }
+  if (s.param_out != nullptr && s.param_out_dtype != DType::kBF16 &&
+      s.param_out_dtype != DType::kF16) {
+    return Bad("param_out dtype must be bf16 or fp16, not " +
+               std::string(DTypeName(s.param_out_dtype)));
+  }
+  if (s.n > 0 && (s.master == nullptr || s.exp_avg == nullptr || s.exp_avg_sq == nullptr ||
+                  s.grad == nullptr)) {
+    return Bad("master, exp_avg, exp_avg_sq and grad must be non-null when n > 0");
+  }
+  return Status::OK();
+}
+
+Status AdamStep(const AdamHyper& hyper, const AdamShard& shard) {
+  STRATA_RETURN_IF_ERROR(ValidateAdam(hyper, shard));
+  if (shard.n == 0) return Status::OK();
+  simd::AdamRange(MakeArgs(hyper, shard), 0, shard.n);
+  return Status::OK();
+}
+
+Status AdamStep(KernelPool& pool, const AdamHyper& hyper, const AdamShard& shard) {
+  STRATA_RETURN_IF_ERROR(ValidateAdam(hyper, shard));
+  const simd::AdamArgs args = MakeArgs(hyper, shard);
+  auto body = [&args](int /*slot*/, size_t begin, size_t end) {
+    simd::AdamRange(args, begin, end);
+  };
+  pool.ForEachTile(shard.n, 0, body);
+  return Status::OK();
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,88 @@
+// Fused Adam / AdamW optimizer step over one shard, in place, on the CPU (SIMD, dynamic dispatch
+// to the best Highway target of the running machine).
+//
+// One pass per element reads the fp32 master weight p, the fp32 moments m and v and the gradient
+// (fp32, bf16 or fp16), and writes p, m, v and optionally the new parameter as bf16 or fp16
+// (rounded to nearest even, NaN kept), so no separate unscale, clip, decay or cast pass exists.
+// The formula is PyTorch's torch.optim.AdamW / torch.optim.Adam (single-tensor, non-amsgrad,
+// maximize=False), with t = `step` (1 on the first call):
+//
+//   g  = grad * grad_scale                       (grad_scale = 1/loss_scale * clip coefficient)
+//   Adam (L2):      g  = g + weight_decay * p
+//   AdamW:          p  = p * (1 - lr * weight_decay)
+//   m  = beta1 * m + (1 - beta1) * g
+//   v  = beta2 * v + (1 - beta2) * g * g
+//   bc1 = 1 - beta1^t,  bc2 = 1 - beta2^t         (both 1 when bias_correction is off)
+//   p  = p - (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+//   param_out = round_to_nearest_even(p)          (when asked)
+//
+// Arithmetic is fp32 with fused multiply-add where the target has it; bc1, bc2 and their roots
+// are computed in double once per call. PyTorch writes m as lerp(m, g, 1 - beta1) and divides by
+// sqrt(bc2) where this multiplies by its reciprocal: results agree to a few ulp, not bit for bit.
+// A NaN or Inf in the gradient propagates into p, m and v exactly as in PyTorch: check
+// GradStats (grad_stats.h) first and skip the step on overflow.
+//
+// Determinism: an element's result depends only on its own inputs and the hyper-parameters, never
+// on the thread count, the tile size or its position in the shard (the vector tail runs the same
+// code). It may differ by rounding between SIMD targets (FMA or not).
+//
+// Thread safety: calls on disjoint shards may run concurrently; a shard must not be touched by
+// anyone else during a call. The step allocates nothing (the pooled one reuses oneTBB's recycled
+// task objects).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "strata/dtype.h"
+#include "strata/status.h"
+
+namespace strata::kernels {
+
+class KernelPool;
+
+struct AdamHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;         // in [0, 1)
+  float beta2 = 0.999f;       // in [0, 1)
+  float eps = 1e-8f;          // > 0
+  float weight_decay = 0.0f;  // >= 0
+  // true: AdamW (decoupled decay, torch.optim.AdamW); false: Adam with L2 added to the gradient
+  // (torch.optim.Adam's weight_decay).
+  bool decoupled_weight_decay = true;
+  bool bias_correction = true;
+  int64_t step = 1;         // the step number this call makes, counting from 1
+  float grad_scale = 1.0f;  // multiplies every gradient element first
+  // Streaming (non-temporal) stores for p, m and v. Off by default: they were just read, so the
+  // lines are in cache anyway. The 16-bit param_out is always streamed when aligned.
+  bool stream_state = false;
+};
+
+// The arrays of one shard. master, exp_avg and exp_avg_sq are updated in place.
+struct AdamShard {
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  const void* grad = nullptr;  // n elements of grad_dtype (bf16/fp16 as raw bits)
+  DType grad_dtype = DType::kF32;
+  void* param_out = nullptr;  // nullptr: no 16-bit copy; else n elements of param_out_dtype
+  DType param_out_dtype = DType::kBF16;
+  size_t n = 0;
+};
+
+// Bytes one parameter moves through memory: 24 (p, m, v read and written) + gradient + output.
+size_t AdamBytesPerParam(DType grad_dtype, std::optional<DType> param_out_dtype);
+
+// Checks hyper-parameters and shard: InvalidArgument names the offending field (null array with
+// n > 0, grad dtype not fp32/bf16/fp16, param_out dtype not bf16/fp16, step < 1, beta outside
+// [0, 1), eps <= 0, lr or weight_decay negative or non-finite, grad_scale non-finite).
+Status ValidateAdam(const AdamHyper& hyper, const AdamShard& shard);
+
+// Runs the step on the calling thread. Errors: as ValidateAdam; on error nothing is written.
+Status AdamStep(const AdamHyper& hyper, const AdamShard& shard);
+
+// Runs the step over the pool's tiles. Same results, bit for bit, as AdamStep.
+Status AdamStep(KernelPool& pool, const AdamHyper& hyper, const AdamShard& shard);
+
+}  // namespace strata::kernels

@@ -1,0 +1,91 @@
+#include "kernels/casts.h"
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "kernels/pool.h"
+#include "kernels/simd.h"
+
+namespace strata::kernels {
+
+void CastF32ToBf16(const float* in, bf16_t* out, size_t n) {
+  simd::CastF32ToBf16(in, reinterpret_cast<uint16_t*>(out), n);
+}
+void CastF32ToF16(const float* in, f16_t* out, size_t n) {
+  simd::CastF32ToF16(in, reinterpret_cast<uint16_t*>(out), n);
+}
+void CastBf16ToF32(const bf16_t* in, float* out, size_t n) {
+  simd::CastBf16ToF32(reinterpret_cast<const uint16_t*>(in), out, n);
+}
+void CastF16ToF32(const f16_t* in, float* out, size_t n) {
+  simd::CastF16ToF32(reinterpret_cast<const uint16_t*>(in), out, n);
+}
+
+namespace {
+
+using RangeFn = void (*)(const void* in, void* out, size_t begin, size_t end);
+
+template <class In, class Out, void (*F)(const In*, Out*, size_t)>
+void Apply(const void* in, void* out, size_t begin, size_t end) {
+  F(static_cast<const In*>(in) + begin, static_cast<Out*>(out) + begin, end - begin);
+}
+
+Result<RangeFn> Pick(const void* in, DType in_dtype, const void* out, DType out_dtype, size_t n,
+                     size_t* copy_elem_bytes) {
+  *copy_elem_bytes = 0;
+  if (n > 0 && (in == nullptr || out == nullptr)) {
+    return Status::InvalidArgument("cast: null input or output with n > 0");
+  }
+  if (in_dtype == out_dtype) {
+    *copy_elem_bytes = DTypeSize(in_dtype);
+    return RangeFn{nullptr};
+  }
+  if (in_dtype == DType::kF32 && out_dtype == DType::kBF16) {
+    return RangeFn{&Apply<float, bf16_t, CastF32ToBf16>};
+  }
+  if (in_dtype == DType::kF32 && out_dtype == DType::kF16) {
+    return RangeFn{&Apply<float, f16_t, CastF32ToF16>};
+  }
+  if (in_dtype == DType::kBF16 && out_dtype == DType::kF32) {
+    return RangeFn{&Apply<bf16_t, float, CastBf16ToF32>};
+  }
+  if (in_dtype == DType::kF16 && out_dtype == DType::kF32) {
+    return RangeFn{&Apply<f16_t, float, CastF16ToF32>};
+  }
+  return Status::InvalidArgument("cast: unsupported conversion " +
+                                 std::string(DTypeName(in_dtype)) + " -> " +
+                                 std::string(DTypeName(out_dtype)));
+}
+
+}  // namespace
+
+Status Cast(const void* in, DType in_dtype, void* out, DType out_dtype, size_t n) {
+  size_t copy_bytes = 0;
+  STRATA_ASSIGN_OR_RETURN(RangeFn fn, Pick(in, in_dtype, out, out_dtype, n, &copy_bytes));
+  if (n == 0) return Status::OK();
+  if (fn == nullptr) {
+    std::memcpy(out, in, n * copy_bytes);
+  } else {
+    fn(in, out, 0, n);
+  }
+  return Status::OK();
+}
+
+Status Cast(KernelPool& pool, const void* in, DType in_dtype, void* out, DType out_dtype,
+            size_t n) {
+  size_t copy_bytes = 0;
+  STRATA_ASSIGN_OR_RETURN(RangeFn fn, Pick(in, in_dtype, out, out_dtype, n, &copy_bytes));
+  auto body = [&](int /*slot*/, size_t b, size_t e) {
+    if (fn == nullptr) {
+      std::memcpy(static_cast<char*>(out) + b * copy_bytes,
+                  static_cast<const char*>(in) + b * copy_bytes, (e - b) * copy_bytes);
+    } else {
+      fn(in, out, b, e);
+    }
+  };
+  pool.ForEachTile(n, 0, body);
+  return Status::OK();
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,30 @@
+// Casts between fp32 and the 16-bit float formats (bf16, fp16) on the CPU, SIMD with dynamic
+// dispatch. fp32 -> 16-bit rounds to nearest, ties to even; NaN stays a quiet NaN with its sign;
+// fp16 overflow gives +-Inf. Widening is exact. Results equal strata::FloatToBf16 / FloatToHalf /
+// Bf16ToFloat / HalfToFloat (include/strata/dtype.h) bit for bit on every target.
+//
+// Thread safety: pure functions; distinct output ranges may be written concurrently.
+#pragma once
+
+#include <cstddef>
+
+#include "strata/dtype.h"
+#include "strata/status.h"
+
+namespace strata::kernels {
+
+class KernelPool;
+
+void CastF32ToBf16(const float* in, bf16_t* out, size_t n);
+void CastF32ToF16(const float* in, f16_t* out, size_t n);
+void CastBf16ToF32(const bf16_t* in, float* out, size_t n);
+void CastF16ToF32(const f16_t* in, float* out, size_t n);
+
+// n elements from `in` (of in_dtype) to `out` (of out_dtype). Supported: fp32 -> bf16/fp16,
+// bf16/fp16 -> fp32, and same dtype (a copy). InvalidArgument for any other pair or a null
+// pointer with n > 0. REQUIRES: in and out do not overlap.
+Status Cast(const void* in, DType in_dtype, void* out, DType out_dtype, size_t n);
+// The same over the pool's tiles.
+Status Cast(KernelPool& pool, const void* in, DType in_dtype, void* out, DType out_dtype, size_t n);
+
+}  // namespace strata::kernels

@@ -1,0 +1,146 @@
+// Per-target helpers shared by the SIMD kernels: exact fp32 <-> bf16 / fp16 conversions built
+// from integer and plain float operations, identical on every Highway target.
+//
+// Why by hand: Highway 1.0.3's DemoteTo(bf16) truncates, and its fp16 conversions differ by
+// target (F16C on AVX2+, emulation below). These match strata::FloatToBf16 / FloatToHalf /
+// HalfToFloat (include/strata/dtype.h) bit for bit: round to nearest, ties to even; NaN stays a
+// quiet NaN with its sign and top payload bits; fp16 overflow gives Inf. They assume the default
+// floating-point environment (round to nearest, no flush-to-zero), as every strata thread has.
+//
+// Included by kernels/*_simd.cc after hwy/highway.h, once per target (the guard toggles).
+#if defined(STRATA_KERNELS_CONVERT_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef STRATA_KERNELS_CONVERT_INL_H_
+#undef STRATA_KERNELS_CONVERT_INL_H_
+#else
+#define STRATA_KERNELS_CONVERT_INL_H_
+#endif
+
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace strata::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// u32 lanes holding bf16 bits (0..0xffff) -> fp32. Exact.
+template <class DF>
+HWY_INLINE hn::Vec<DF> Bf16BitsToF32(DF df, hn::Vec<hn::RebindToUnsigned<DF>> h) {
+  return hn::BitCast(df, hn::ShiftLeft<16>(h));
+}
+
+// fp32 -> u32 lanes holding bf16 bits, round to nearest even, NaN quieted.
+template <class DF>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> F32ToBf16Bits(DF df, hn::Vec<DF> f) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const auto u = hn::BitCast(du, f);
+  const auto abs = hn::And(u, hn::Set(du, 0x7fffffffu));
+  const auto is_nan = hn::RebindMask(du, hn::Gt(hn::BitCast(di, abs), hn::Set(di, 0x7f800000)));
+  const auto hi = hn::ShiftRight<16>(u);
+  const auto lsb = hn::And(hi, hn::Set(du, 1u));
+  const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), lsb)));
+  return hn::IfThenElse(is_nan, hn::Or(hi, hn::Set(du, 0x40u)), rounded);
+}
+
+// u32 lanes holding fp16 bits -> fp32. Exact (subnormals, Inf and NaN payloads included).
+template <class DF>
+HWY_INLINE hn::Vec<DF> F16BitsToF32(DF df, hn::Vec<hn::RebindToUnsigned<DF>> h) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto w = hn::ShiftLeft<16>(h);
+  const auto sign = hn::And(w, hn::Set(du, 0x80000000u));
+  const auto two_w = hn::Add(w, w);
+  // Normal: move exponent and mantissa into place, rebias by multiplying with 2^-112.
+  const auto normalized =
+      hn::Mul(hn::BitCast(df, hn::Add(hn::ShiftRight<4>(two_w), hn::Set(du, 0x70000000u))),
+              hn::Set(df, 0x1.0p-112f));
+  // Subnormal: mantissa * 2^-24, formed exactly as (0.5 + mant * 2^-24) - 0.5.
+  const auto denormalized =
+      hn::Sub(hn::BitCast(df, hn::Or(hn::ShiftRight<17>(two_w), hn::Set(du, 126u << 23))),
+              hn::Set(df, 0.5f));
+  const auto exp = hn::And(h, hn::Set(du, 0x7c00u));
+  const auto is_sub = hn::Eq(exp, hn::Zero(du));
+  const auto is_infnan = hn::Eq(exp, hn::Set(du, 0x7c00u));
+  const auto infnan =
+      hn::Or(hn::Set(du, 0x7f800000u), hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x3ffu))));
+  auto mag = hn::IfThenElse(is_sub, hn::BitCast(du, denormalized), hn::BitCast(du, normalized));
+  mag = hn::IfThenElse(is_infnan, infnan, mag);
+  return hn::BitCast(df, hn::Or(sign, mag));
+}
+
+// fp32 -> u32 lanes holding fp16 bits, round to nearest even (subnormals too), overflow to Inf.
+// The rounding is done by one float addition with a magic bias (the FP16 library's method).
+template <class DF>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> F32ToF16Bits(DF df, hn::Vec<DF> f) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const auto w = hn::BitCast(du, f);
+  const auto abs = hn::And(w, hn::Set(du, 0x7fffffffu));
+  const auto sign16 = hn::ShiftRight<16>(hn::And(w, hn::Set(du, 0x80000000u)));
+  // Scale so that values too large for fp16 become Inf and the exponent is in half range.
+  auto base =
+      hn::Mul(hn::Mul(hn::BitCast(df, abs), hn::Set(df, 0x1.0p+112f)), hn::Set(df, 0x1.0p-110f));
+  const auto shl1_w = hn::Add(w, w);
+  // bias = max(exponent, 0x71) in the exponent field, + 15 << 23 ... as in fp16_ieee_from_fp32.
+  const auto exp8 = hn::BitCast(di, hn::ShiftRight<24>(shl1_w));
+  const auto bias = hn::BitCast(du, hn::Max(exp8, hn::Set(di, 0x71)));
+  base = hn::Add(hn::BitCast(df, hn::Add(hn::ShiftLeft<23>(bias), hn::Set(du, 0x07800000u))), base);
+  const auto bits = hn::BitCast(du, base);
+  const auto exp_bits = hn::And(hn::ShiftRight<13>(bits), hn::Set(du, 0x7c00u));
+  const auto mant_bits = hn::And(bits, hn::Set(du, 0x0fffu));
+  const auto nonsign = hn::Add(exp_bits, mant_bits);
+  const auto is_nan = hn::RebindMask(du, hn::Gt(hn::BitCast(di, abs), hn::Set(di, 0x7f800000)));
+  const auto nan =
+      hn::Or(hn::Set(du, 0x7e00u), hn::And(hn::ShiftRight<13>(abs), hn::Set(du, 0x3ffu)));
+  return hn::Or(sign16, hn::IfThenElse(is_nan, nan, nonsign));
+}
+
+// Loads 2 * Lanes(df) 16-bit values as two u32 vectors (low half first).
+template <class DF>
+HWY_INLINE void Load16x2(DF df, const uint16_t* HWY_RESTRICT p,
+                         hn::Vec<hn::RebindToUnsigned<DF>>& lo,
+                         hn::Vec<hn::RebindToUnsigned<DF>>& hi) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint16_t, DF> dh;
+  const size_t n = hn::Lanes(df);
+  lo = hn::PromoteTo(du, hn::LoadU(dh, p));
+  hi = hn::PromoteTo(du, hn::LoadU(dh, p + n));
+}
+
+// Stores two u32 vectors of 16-bit values (each <= 0xffff) as 2 * Lanes(df) consecutive uint16_t,
+// low half first; streaming (non-temporal) when `stream` (REQUIRES: p vector-aligned then).
+template <class DF>
+HWY_INLINE void Store16x2(DF df, hn::Vec<hn::RebindToUnsigned<DF>> lo,
+                          hn::Vec<hn::RebindToUnsigned<DF>> hi, uint16_t* HWY_RESTRICT p,
+                          bool stream) {
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> dh;
+#if HWY_TARGET == HWY_SCALAR
+  // One lane: no full u16 vector to form; two plain stores.
+  (void)stream;
+  hn::StoreU(hn::DemoteTo(dh, hn::BitCast(di, lo)), dh, p);
+  hn::StoreU(hn::DemoteTo(dh, hn::BitCast(di, hi)), dh, p + 1);
+#else
+  const hn::Repartition<uint16_t, DF> d16;
+  const auto v = hn::Combine(d16, hn::DemoteTo(dh, hn::BitCast(di, hi)),
+                             hn::DemoteTo(dh, hn::BitCast(di, lo)));
+  if (stream) {
+    hn::Stream(v, d16, p);
+  } else {
+    hn::StoreU(v, d16, p);
+  }
+#endif
+}
+
+// Stores a full vector, streaming (non-temporal) when `stream` (REQUIRES: p aligned then).
+template <class D>
+HWY_INLINE void StoreMaybeStream(D d, hn::Vec<D> v, hn::TFromD<D>* HWY_RESTRICT p, bool stream) {
+  if (stream) {
+    hn::Stream(v, d, p);
+  } else {
+    hn::StoreU(v, d, p);
+  }
+}
+
+}  // namespace strata::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // STRATA_KERNELS_CONVERT_INL_H_

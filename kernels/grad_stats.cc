@@ -1,0 +1,127 @@
+#include "kernels/grad_stats.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/pool.h"
+#include "kernels/simd.h"
+
+namespace strata::kernels {
+
+void ExactSum::Add(double x) {
+  if (!(x >= 0) || !std::isfinite(x)) {
+    nonfinite_ = true;
+    return;
+  }
+  if (x == 0) return;
+  int e = 0;
+  const double f = std::frexp(x, &e);  // x = f * 2^e, f in [0.5, 1)
+  if (e > kMaxExp) {
+    nonfinite_ = true;
+    return;
+  }
+  auto mant = static_cast<uint64_t>(std::ldexp(f, 53));  // exact 53-bit integer
+  int bit = e - 53 - kMinExp;                            // weight of mant's bit 0
+  if (bit < 0) {
+    if (bit <= -64) return;
+    mant >>= -bit;  // truncate below the grid: deterministic
+    bit = 0;
+  }
+  const int d = bit / 32;
+  const unsigned __int128 v = static_cast<unsigned __int128>(mant) << (bit % 32);
+  digit_[d] += static_cast<uint32_t>(v);
+  digit_[d + 1] += static_cast<uint32_t>(v >> 32);
+  digit_[d + 2] += static_cast<uint32_t>(v >> 64);  // d + 2 < kDigits as e <= kMaxExp
+  if (++adds_ == (1u << 30)) Normalize();
+}
+
+void ExactSum::Normalize() {
+  for (int i = 0; i + 1 < kDigits; ++i) {
+    digit_[i + 1] += digit_[i] >> 32;
+    digit_[i] &= 0xffffffffu;
+  }
+  adds_ = 0;
+}
+
+void ExactSum::Merge(const ExactSum& other) {
+  ExactSum o = other;
+  o.Normalize();
+  Normalize();
+  for (int i = 0; i < kDigits; ++i) digit_[i] += o.digit_[i];
+  Normalize();
+  nonfinite_ = nonfinite_ || o.nonfinite_;
+}
+
+double ExactSum::Value() const {
+  if (nonfinite_) return std::numeric_limits<double>::infinity();
+  ExactSum c = *this;
+  c.Normalize();
+  double v = 0;
+  for (int i = 0; i < kDigits; ++i) {  // small to large; each term is exact, the sum rounds
+    v += std::ldexp(static_cast<double>(c.digit_[i]), kMinExp + 32 * i);
+  }
+  return v;
+}
+
+namespace {
+
+int ElemOf(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return simd::kElemF32;
+    case DType::kBF16:
+      return simd::kElemBF16;
+    case DType::kF16:
+      return simd::kElemF16;
+    default:
+      return -1;
+  }
+}
+
+Status Check(const void* grad, DType dtype, size_t n) {
+  if (ElemOf(dtype) < 0) {
+    return Status::InvalidArgument("grad stats: dtype must be fp32, bf16 or fp16, not " +
+                                   std::string(DTypeName(dtype)));
+  }
+  if (n > 0 && grad == nullptr) return Status::InvalidArgument("grad stats: null grad, n > 0");
+  return Status::OK();
+}
+
+// Chunks of [begin, end), which starts on a chunk boundary.
+void AddChunks(const void* grad, int elem, size_t begin, size_t end, ExactSum* acc) {
+  for (size_t c = begin; c < end; c += kStatsChunk) {
+    acc->Add(simd::SumSquares(grad, elem, c, std::min(kStatsChunk, end - c)));
+  }
+}
+
+GradStats Finish(const ExactSum& acc) {
+  GradStats s;
+  s.nonfinite = acc.nonfinite();
+  s.sum_sq = acc.Value();
+  return s;
+}
+
+}  // namespace
+
+Result<GradStats> ComputeGradStats(const void* grad, DType dtype, size_t n) {
+  STRATA_RETURN_IF_ERROR(Check(grad, dtype, n));
+  ExactSum acc;
+  AddChunks(grad, ElemOf(dtype), 0, n, &acc);
+  return Finish(acc);
+}
+
+Result<GradStats> ComputeGradStats(KernelPool& pool, const void* grad, DType dtype, size_t n) {
+  STRATA_RETURN_IF_ERROR(Check(grad, dtype, n));
+  const int elem = ElemOf(dtype);
+  std::vector<ExactSum> partial(static_cast<size_t>(pool.threads()));
+  const size_t tile = (pool.tile_elems() + kStatsChunk - 1) / kStatsChunk * kStatsChunk;
+  auto body = [&](int slot, size_t b, size_t e) { AddChunks(grad, elem, b, e, &partial[slot]); };
+  pool.ForEachTile(n, tile, body);
+  ExactSum total;
+  for (const ExactSum& p : partial) total.Merge(p);
+  return Finish(total);
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,502 @@
+// DeepSpeed config checks: every error (with its JSON path) and every warning (with what happens
+// instead), --strict, and the machine checks of --here.
+#include <linux/capability.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "strata/config.h"
+#include "tests/config_test_util.h"
+
+namespace strata {
+namespace {
+
+using testing::Dump;
+using testing::FindDiag;
+using testing::MustParse;
+using Kind = ConfigDiagnostic::Kind;
+
+// Asserts exactly one error of `kind` at `path` whose message contains `needle`.
+void ExpectError(const std::string& text, Kind kind, const std::string& path,
+                 const std::string& needle, const ParseOptions& o = {}) {
+  ConfigCheck c = CheckDeepSpeedConfig(text, o);
+  EXPECT_FALSE(c.ok()) << text;
+  EXPECT_FALSE(c.parsed.has_value());
+  const ConfigDiagnostic* d = FindDiag(c.errors, kind, path);
+  ASSERT_NE(d, nullptr) << "no " << DiagnosticKindName(kind) << " error at '" << path
+                        << "'; errors:\n"
+                        << Dump(c.errors);
+  EXPECT_NE(d->message.find(needle), std::string::npos) << d->message;
+}
+
+TEST(ConfigCheck, WrongTypesNameThePathAndTheExpectation) {
+  ExpectError(R"({"zero_optimization": {"stage": "three"}})", Kind::kType,
+              "zero_optimization.stage", "expected an integer");
+  ExpectError(R"({"zero_optimization": {"overlap_comm": "yes"}})", Kind::kType,
+              "zero_optimization.overlap_comm", "expected true or false");
+  ExpectError(R"({"zero_optimization": 5})", Kind::kType, "zero_optimization",
+              "expected an object");
+  ExpectError(R"({"zero_optimization": {"offload_param": {"nvme_path": 3}}})", Kind::kType,
+              "zero_optimization.offload_param.nvme_path", "expected a string");
+  ExpectError(R"({"optimizer": {"type": "Adam", "params": {"lr": [1]}}})", Kind::kType,
+              "optimizer.params.lr", "expected a number");
+  ExpectError(R"({"zero_optimization": {"offload_optimizer": {"device": 1}}})", Kind::kType,
+              "zero_optimization.offload_optimizer.device", "expected one of");
+  ExpectError(R"({"optimizer": {"params": {}}})", Kind::kType, "optimizer.type", "missing");
+}
+
+TEST(ConfigCheck, StageAbove3IsAnError) {
+  ExpectError(R"({"zero_optimization": {"stage": 4}})", Kind::kRange, "zero_optimization.stage",
+              "expected a ZeRO stage 0, 1, 2 or 3, got 4");
+}
+
+TEST(ConfigCheck, NegativeSizesAreErrors) {
+  for (const char* key : {"reduce_bucket_size", "allgather_bucket_size", "sub_group_size",
+                          "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+                          "stage3_max_reuse_distance", "stage3_param_persistence_threshold"}) {
+    ExpectError(std::string(R"({"zero_optimization": {")") + key + R"(": -5}})", Kind::kRange,
+                std::string("zero_optimization.") + key, ">= 0");
+  }
+  ExpectError(R"({"zero_optimization": {"offload_param": {"buffer_size": "-1e8"}}})", Kind::kRange,
+              "zero_optimization.offload_param.buffer_size", ">= 0");
+  ExpectError(R"({"aio": {"queue_depth": 0}})", Kind::kRange, "aio.queue_depth", ">= 1");
+  ExpectError(R"({"train_micro_batch_size_per_gpu": 0})", Kind::kRange,
+              "train_micro_batch_size_per_gpu", ">= 1");
+  ExpectError(R"({"gradient_clipping": -1.0})", Kind::kRange, "gradient_clipping", ">= 0");
+  ExpectError(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu",
+      "ratio": 1.5}}})",
+              Kind::kRange, "zero_optimization.offload_optimizer.ratio", "[0, 1]");
+}
+
+TEST(ConfigCheck, UnknownOffloadDeviceIsAnError) {
+  ExpectError(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}})",
+              Kind::kRange, "zero_optimization.offload_param.device",
+              "unknown offload device \"gpu\"; expected one of \"none\", \"cpu\", \"nvme\"");
+}
+
+TEST(ConfigCheck, NvmeWithoutPathIsAnError) {
+  ExpectError(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})",
+              Kind::kConflict, "zero_optimization.offload_optimizer.nvme_path", "needs nvme_path");
+  ExpectError(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+      "nvme_path": null}}})",
+              Kind::kConflict, "zero_optimization.offload_param.nvme_path", "needs nvme_path");
+}
+
+TEST(ConfigCheck, Fp16AndBf16BothEnabledIsAnError) {
+  ExpectError(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", Kind::kConflict,
+              "bf16.enabled", "both enabled");
+  // Unresolved "auto" on one side is not (yet) a conflict: the trainer picks one.
+  MustParse(R"({"train_batch_size": 8, "fp16": {"enabled": "auto"}, "bf16": {"enabled": true}})");
+  ParseOptions o;
+  o.auto_values["fp16.enabled"] = "true";
+  ExpectError(R"({"fp16": {"enabled": "auto"}, "bf16": {"enabled": true}})", Kind::kConflict,
+              "bf16.enabled", "both enabled", o);
+}
+
+TEST(ConfigCheck, BetasMustBeAPairInUnitRange) {
+  ExpectError(R"({"optimizer": {"type": "Adam", "params": {"betas": [0.9]}}})", Kind::kType,
+              "optimizer.params.betas", "expected a pair [beta1, beta2]");
+  ExpectError(R"({"optimizer": {"type": "Adam", "params": {"betas": [0.9, 0.99, 0.999]}}})",
+              Kind::kType, "optimizer.params.betas", "expected a pair");
+  ExpectError(R"({"optimizer": {"type": "Adam", "params": {"betas": 0.9}}})", Kind::kType,
+              "optimizer.params.betas", "expected a pair");
+  ExpectError(R"({"optimizer": {"type": "Adam", "params": {"betas": [0.9, 1.5]}}})", Kind::kRange,
+              "optimizer.params.betas", "[0, 1)");
+  ExpectError(R"({"optimizer": {"type": "Adam", "params": {"betas": [0.9, "x"]}}})", Kind::kType,
+              "optimizer.params.betas[1]", "expected a number");
+  ParsedConfig p = MustParse(R"({"train_batch_size": 8, "optimizer": {"type": "Adam",
+      "params": {"betas": ["0.8", 0.9]}}})");
+  EXPECT_DOUBLE_EQ(p.config.optimizer.betas.value().first, 0.8);
+}
+
+TEST(ConfigCheck, OtherOptimizersAreUnsupported) {
+  ExpectError(R"({"optimizer": {"type": "Lamb"}})", Kind::kUnsupported, "optimizer.type",
+              "strata runs Adam and AdamW");
+}
+
+TEST(ConfigCheck, BatchSizesMustMultiplyOutForTheWorldSize) {
+  ParseOptions o;
+  o.world_size = 4;
+  const char* three = R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4,
+      "gradient_accumulation_steps": 2})";
+  ExpectError(three, Kind::kConflict, "train_batch_size",
+              "64 != train_micro_batch_size_per_gpu 4 "
+              "* gradient_accumulation_steps 2 * world_size 4 = 32",
+              o);
+  o.world_size = 8;
+  EXPECT_TRUE(CheckDeepSpeedConfig(three, o).ok());
+  // Without a world size: only divisibility can be checked.
+  EXPECT_TRUE(CheckDeepSpeedConfig(three).ok());
+  ExpectError(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
+      "gradient_accumulation_steps": 2})",
+              Kind::kConflict, "train_batch_size", "no world size multiplies out");
+  o.world_size = 3;
+  ExpectError(R"({"train_batch_size": 64, "gradient_accumulation_steps": 2})", Kind::kConflict,
+              "train_batch_size", "not divisible", o);
+  ExpectError(R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4})", Kind::kConflict,
+              "train_batch_size", "not divisible", o);
+  ExpectError(R"({"train_batch_size": 64})", Kind::kConflict, "train_batch_size",
+              "not divisible by world_size 3", o);
+}
+
+TEST(ConfigCheck, AnyTwoBatchSizesDetermineTheThird) {
+  ParseOptions o;
+  o.world_size = 4;
+  EngineConfig c =
+      MustParse(R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4})", o).config;
+  EXPECT_EQ(c.gradient_accumulation_steps.value(), 4);
+  c = MustParse(R"({"train_batch_size": 64, "gradient_accumulation_steps": 8})", o).config;
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu.value(), 2);
+  c = MustParse(R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 5})", o)
+          .config;
+  EXPECT_EQ(c.train_batch_size.value(), 60);
+  c = MustParse(R"({"train_batch_size": 64})", o).config;
+  EXPECT_EQ(c.gradient_accumulation_steps.value(), 1);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu.value(), 16);
+  c = MustParse(R"({"train_micro_batch_size_per_gpu": 5})", o).config;
+  EXPECT_EQ(c.gradient_accumulation_steps.value(), 1);
+  EXPECT_EQ(c.train_batch_size.value(), 20);
+  // Supplied values fill absent batch keys as a trainer does.
+  o.auto_values["train_micro_batch_size_per_gpu"] = "2";
+  c = MustParse(R"({"gradient_accumulation_steps": 3})", o).config;
+  EXPECT_EQ(c.train_batch_size.value(), 24);
+}
+
+TEST(ConfigCheck, NoBatchSizeIsAnErrorOnlyWhenValuesAreRequired) {
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"zero_optimization": {"stage": 2}})").ok());
+  ParseOptions o;
+  o.require_resolved = true;
+  ExpectError(R"({"gradient_accumulation_steps": 2})", Kind::kUnresolvedAuto, "train_batch_size",
+              "neither train_batch_size nor", o);
+}
+
+TEST(ConfigCheck, UnresolvedAutoNamesEveryKeyWhenValuesAreNeeded) {
+  ParseOptions o;
+  o.require_resolved = true;
+  o.auto_values["optimizer.params.lr"] = "1e-4";
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": "auto",
+      "gradient_clipping": "auto", "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+      "zero_optimization": {"reduce_bucket_size": "auto"}})",
+                                       o);
+  ASSERT_EQ(c.errors.size(), 1u) << Dump(c.errors);
+  EXPECT_EQ(c.errors[0].kind, Kind::kUnresolvedAuto);
+  const std::string& m = c.errors[0].message;
+  EXPECT_NE(m.find("train_micro_batch_size_per_gpu"), std::string::npos) << m;
+  EXPECT_NE(m.find("gradient_clipping"), std::string::npos) << m;
+  EXPECT_NE(m.find("zero_optimization.reduce_bucket_size"), std::string::npos) << m;
+  EXPECT_EQ(m.find("optimizer.params.lr"), std::string::npos) << m;  // it was supplied
+}
+
+TEST(ConfigCheck, AutoWhereNoTrainerFillsItIsAnError) {
+  ExpectError(R"({"aio": {"block_size": "auto"}})", Kind::kType, "aio.block_size",
+              "\"auto\" is not accepted here");
+  ExpectError(R"({"zero_optimization": {"sub_group_size": "auto"}})", Kind::kType,
+              "zero_optimization.sub_group_size", "\"auto\" is not accepted here");
+}
+
+TEST(ConfigCheck, AccelerateAutoKeysDeferTheChecksThatNeedThem) {
+  // An "auto" stage: offload settings cannot be judged yet, so no stage warnings.
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "zero_optimization": {
+      "stage": "auto", "offload_param": {"device": "cpu"},
+      "offload_optimizer": {"device": "nvme", "nvme_path": "auto"}}})");
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  EXPECT_TRUE(c.warnings.empty()) << Dump(c.warnings);
+  EXPECT_EQ(c.parsed->config.zero.offload_optimizer.nvme_path, "");  // not the path "auto"
+  EXPECT_EQ(c.parsed->unresolved_auto,
+            (std::vector<std::string>{"zero_optimization.stage",
+                                      "zero_optimization.offload_optimizer.nvme_path"}));
+  ParseOptions o;
+  o.require_resolved = true;
+  o.auto_values["zero_optimization.stage"] = "3";
+  ExpectError(R"({"zero_optimization": {"stage": "auto", "offload_optimizer": {"device": "nvme",
+      "nvme_path": "auto"}}, "train_batch_size": 8})",
+              Kind::kUnresolvedAuto, "zero_optimization.offload_optimizer.nvme_path",
+              "still unresolved", o);
+}
+
+TEST(ConfigCheck, PartialOffloadBelowStage3IsAnError) {
+  ExpectError(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
+      "ratio": 0.5}}})",
+              Kind::kConflict, "zero_optimization.offload_optimizer.ratio", "needs ZeRO stage 3");
+}
+
+TEST(ConfigCheck, OffloadParamBelowStage3IsIgnoredWithAWarning) {
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "zero_optimization": {
+      "stage": 2, "offload_param": {"device": "cpu"}}})");
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  const ConfigDiagnostic* w =
+      FindDiag(c.warnings, Kind::kIgnored, "zero_optimization.offload_param.device");
+  ASSERT_NE(w, nullptr) << Dump(c.warnings);
+  EXPECT_NE(w->message.find("ignored"), std::string::npos);
+  EXPECT_EQ(c.parsed->config.zero.offload_param.device, OffloadDevice::kNone);
+}
+
+TEST(ConfigCheck, NvmeOptimizerBelowStage3BecomesCpuWithAWarning) {
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "zero_optimization": {
+      "stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}}})");
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  const ConfigDiagnostic* w =
+      FindDiag(c.warnings, Kind::kIgnored, "zero_optimization.offload_optimizer.device");
+  ASSERT_NE(w, nullptr) << Dump(c.warnings);
+  EXPECT_NE(w->message.find("CPU memory instead"), std::string::npos);
+  EXPECT_EQ(c.parsed->config.zero.offload_optimizer.device, OffloadDevice::kCpu);
+}
+
+TEST(ConfigCheck, NvmeOnlyKeysWithCpuAreIgnoredWithAWarning) {
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "zero_optimization": {
+      "stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true, "fast_init": true},
+      "offload_param": {"device": "cpu", "buffer_count": 5, "max_in_cpu": 1e9}}})");
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  ASSERT_EQ(c.warnings.size(), 3u) << Dump(c.warnings);
+  for (const char* path : {"zero_optimization.offload_optimizer.fast_init",
+                           "zero_optimization.offload_param.buffer_count",
+                           "zero_optimization.offload_param.max_in_cpu"}) {
+    const ConfigDiagnostic* w = FindDiag(c.warnings, Kind::kIgnored, path);
+    ASSERT_NE(w, nullptr) << path << "\n" << Dump(c.warnings);
+    EXPECT_NE(w->message.find("only applies to device \"nvme\""), std::string::npos);
+  }
+  // The same keys with nvme: no warning.
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": "/n", "buffer_count": 5,
+      "max_in_cpu": 1e9}}})")
+                  .warnings.empty());
+}
+
+TEST(ConfigCheck, OptimizerOffloadAtStage0IsIgnored) {
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "zero_optimization": {
+      "offload_optimizer": {"device": "cpu"}}})");
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(FindDiag(c.warnings, Kind::kIgnored, "zero_optimization.offload_optimizer.device"),
+            nullptr);
+  EXPECT_EQ(c.parsed->config.zero.offload_optimizer.device, OffloadDevice::kNone);
+}
+
+TEST(ConfigCheck, DeviceNameInAnotherCaseIsAWarning) {
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "zero_optimization": {
+      "stage": 3, "offload_optimizer": {"device": "None"}, "offload_param": {"device": "CPU"}}})");
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  const ConfigDiagnostic* w =
+      FindDiag(c.warnings, Kind::kCase, "zero_optimization.offload_param.device");
+  ASSERT_NE(w, nullptr) << Dump(c.warnings);
+  EXPECT_NE(w->message.find("write \"cpu\""), std::string::npos);
+  EXPECT_NE(FindDiag(c.warnings, Kind::kCase, "zero_optimization.offload_optimizer.device"),
+            nullptr);
+  EXPECT_EQ(c.parsed->config.zero.offload_param.device, OffloadDevice::kCpu);
+  EXPECT_EQ(c.parsed->config.zero.offload_optimizer.device, OffloadDevice::kNone);
+}
+
+TEST(ConfigCheck, UnknownKeysWarnWithTheNearestKnownKey) {
+  ConfigCheck c =
+      CheckDeepSpeedConfig(R"({"train_batch_szie": 8, "train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 3, "comm_overlap": true,
+        "offload_param": {"device": "cpu", "pin_memroy": true}},
+      "totally_unrelated": 1})");
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  auto expect = [&](const char* path, const char* suggestion) {
+    const ConfigDiagnostic* w = FindDiag(c.warnings, Kind::kUnknownKey, path);
+    ASSERT_NE(w, nullptr) << path << "\n" << Dump(c.warnings);
+    if (suggestion == nullptr) {
+      EXPECT_EQ(w->message.find("did you mean"), std::string::npos) << w->message;
+    } else {
+      EXPECT_NE(w->message.find(std::string("did you mean '") + suggestion + "'?"),
+                std::string::npos)
+          << w->message;
+    }
+  };
+  expect("train_batch_szie", "train_batch_size");
+  expect("zero_optimization.comm_overlap", "overlap_comm");
+  expect("zero_optimization.offload_param.pin_memroy", "pin_memory");
+  expect("totally_unrelated", nullptr);
+  EXPECT_EQ(c.warnings.size(), 4u) << Dump(c.warnings);
+  // The unknown keys are kept too.
+  EXPECT_EQ(c.parsed->config.unacted_keys.size(), 4u);
+}
+
+TEST(ConfigCheck, MaxGradNormInOptimizerParamsIsAWarning) {
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "optimizer": {"type": "Adam",
+      "params": {"max_grad_norm": 1.0}}})");
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(FindDiag(c.warnings, Kind::kIgnored, "optimizer.params.max_grad_norm"), nullptr);
+}
+
+TEST(ConfigCheck, StrictTurnsEveryWarningIntoAnError) {
+  const char* text = R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
+      "offload_param": {"device": "cpu"}, "cpu_offload": true, "overlap_com": true}})";
+  ConfigCheck lax = CheckDeepSpeedConfig(text);
+  ASSERT_TRUE(lax.ok());
+  ASSERT_EQ(lax.warnings.size(), 3u) << Dump(lax.warnings);
+  ParseOptions o;
+  o.strict = true;
+  ConfigCheck strict = CheckDeepSpeedConfig(text, o);
+  EXPECT_FALSE(strict.ok());
+  EXPECT_TRUE(strict.warnings.empty());
+  ASSERT_EQ(strict.errors.size(), 3u) << Dump(strict.errors);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(strict.errors[i].path, lax.warnings[i].path);
+    EXPECT_NE(strict.errors[i].message.find("--strict"), std::string::npos);
+  }
+}
+
+TEST(ConfigCheck, DiagnosticsCarryTheLineAndColumnOfTheirKey) {
+  const char* text =
+      "{\n"
+      "  \"train_batch_size\": 8,\n"
+      "  \"zero_optimization\": {\n"
+      "    \"stage\": 4,\n"
+      "    \"offload_optimizer\": {\"device\": \"nvme\"},\n"
+      "    /* comment */ \"overlap_com\": true\n"
+      "  }\n"
+      "}";
+  ConfigCheck c = CheckDeepSpeedConfig(text);
+  const ConfigDiagnostic* stage = FindDiag(c.errors, Kind::kRange, "zero_optimization.stage");
+  ASSERT_NE(stage, nullptr) << Dump(c.errors);
+  EXPECT_EQ(stage->line, 4);
+  EXPECT_EQ(stage->column, 5);
+  EXPECT_EQ(stage->ToString().rfind("zero_optimization.stage (line 4, column 5): ", 0), 0u)
+      << stage->ToString();
+  // An absent key is located at its nearest enclosing key.
+  const ConfigDiagnostic* path =
+      FindDiag(c.errors, Kind::kConflict, "zero_optimization.offload_optimizer.nvme_path");
+  ASSERT_NE(path, nullptr) << Dump(c.errors);
+  EXPECT_EQ(path->line, 5);
+  EXPECT_EQ(path->column, 5);
+  const ConfigDiagnostic* typo =
+      FindDiag(c.warnings, Kind::kUnknownKey, "zero_optimization.overlap_com");
+  ASSERT_NE(typo, nullptr) << Dump(c.warnings);
+  EXPECT_EQ(typo->line, 6);
+  EXPECT_EQ(typo->column, 19);
+}
+
+TEST(ConfigCheck, DuplicateKeyPointsAtTheSecondOccurrence) {
+  ConfigCheck c = CheckDeepSpeedConfig("{\"a\": {\"x\": 1,\n  \"x\": 2}}");
+  const ConfigDiagnostic* d = FindDiag(c.errors, Kind::kDuplicateKey, "a.x");
+  ASSERT_NE(d, nullptr) << Dump(c.errors);
+  EXPECT_EQ(d->line, 2);
+  EXPECT_EQ(d->column, 3);
+}
+
+TEST(ConfigCheck, SuppliedValueWithoutAnAutoIsNoted) {
+  ParseOptions o;
+  o.auto_values = {{"optimizer.params.lr", "1e-4"}, {"train_micro_batch_size_per_gpu", "2"}};
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": "auto",
+      "optimizer": {"type": "Adam", "params": {"lr": 0.1}}})",
+                                       o);
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_NE(c.notes[0].find("'optimizer.params.lr' is not used"), std::string::npos);
+  EXPECT_DOUBLE_EQ(c.parsed->config.optimizer.lr.value(), 0.1);  // not overridden
+}
+
+// A unique directory under STRATA_TEST_TMPDIR, removed at the end of the test.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name) {
+    const char* base = std::getenv("STRATA_TEST_TMPDIR");
+    path_ = std::filesystem::path(base ? base : "/tmp") /
+            ("config_check_" + name + "_" + std::to_string(getpid()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::permissions(path_, std::filesystem::perms::owner_all,
+                                 std::filesystem::perm_options::add, ec);
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+std::string NvmeConfig(const std::string& path) {
+  return R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+         path + R"("}}})";
+}
+
+TEST(ConfigCheck, NvmePathIsCheckedOnlyWithHere) {
+  TempDir tmp("here");
+  std::string missing = tmp.str() + "/does/not/exist";
+  EXPECT_TRUE(CheckDeepSpeedConfig(NvmeConfig(missing)).ok());  // written for another machine
+  ParseOptions o;
+  o.check_here = true;
+  ExpectError(NvmeConfig(missing), Kind::kMachine, "zero_optimization.offload_optimizer.nvme_path",
+              "does not exist on this machine", o);
+}
+
+TEST(ConfigCheck, HereReportsFreeSpaceAndWarnsWhenLow) {
+  TempDir tmp("free");
+  std::string dir = tmp.str();
+  ParseOptions o;
+  o.check_here = true;
+  o.min_free_bytes = 0;
+  ConfigCheck c = CheckDeepSpeedConfig(NvmeConfig(dir), o);
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_NE(c.notes[0].find("bytes free"), std::string::npos);
+  EXPECT_TRUE(c.warnings.empty());
+  o.min_free_bytes = INT64_MAX;  // more than any disk has
+  c = CheckDeepSpeedConfig(NvmeConfig(dir), o);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(FindDiag(c.warnings, Kind::kMachine, "zero_optimization.offload_optimizer.nvme_path"),
+            nullptr);
+}
+
+TEST(ConfigCheck, HereRejectsAFile) {
+  TempDir tmp("kinds");
+  std::string dir = tmp.str();
+  std::string file = dir + "/file";
+  FILE* f = std::fopen(file.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  ParseOptions o;
+  o.check_here = true;
+  ExpectError(NvmeConfig(file), Kind::kMachine, "zero_optimization.offload_optimizer.nvme_path",
+              "is not a directory", o);
+}
+
+// Drops the capabilities that let root write through permission bits, from the effective and
+// the permitted set (access() checks a root caller against the permitted set).
+bool DropDacOverride() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capget, &hdr, data) != 0) return false;
+  for (int cap : {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER}) {
+    data[cap / 32].effective &= ~(1u << (cap % 32));
+    data[cap / 32].permitted &= ~(1u << (cap % 32));
+  }
+  return syscall(SYS_capset, &hdr, data) == 0;
+}
+
+TEST(ConfigCheck, HereRejectsAnUnwritableDirectory) {
+  TempDir tmp("ro");
+  std::string ro = tmp.str() + "/ro";
+  std::filesystem::create_directories(ro);
+  ASSERT_EQ(chmod(ro.c_str(), 0555), 0);
+  ParseOptions o;
+  o.check_here = true;
+  // Root writes through 0555, so the check runs in a child that has given up that power (the
+  // same check runs unchanged for a non-root user).
+  EXPECT_EXIT(
+      {
+        if (geteuid() == 0 && !DropDacOverride()) {
+          std::fprintf(stderr, "could not drop CAP_DAC_OVERRIDE\n");
+          std::_Exit(3);
+        }
+        ExpectError(NvmeConfig(ro), Kind::kMachine,
+                    "zero_optimization.offload_optimizer.nvme_path", "is not writable", o);
+        std::_Exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      ::testing::ExitedWithCode(0), "");
+  chmod(ro.c_str(), 0755);
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,167 @@
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels/grad_stats.h"
+#include "kernels/pool.h"
+#include "kernels_test_util.h"
+#include "strata/dtype.h"
+
+namespace strata::kernels {
+namespace {
+
+class GradStatsTest : public TargetTest {};
+
+struct Grads {
+  Grads(size_t n, DType t, uint32_t seed) : t(t), f(n), h(n) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+    for (size_t i = 0; i < n; ++i) Set(i, u(rng));
+  }
+  void Set(size_t i, float x) {
+    if (t == DType::kBF16) {
+      h[i] = FloatToBf16(x).bits;
+      f[i] = Bf16ToFloat(bf16_t{h[i]});
+    } else if (t == DType::kF16) {
+      h[i] = FloatToHalf(x).bits;
+      f[i] = HalfToFloat(f16_t{h[i]});
+    } else {
+      f[i] = x;
+    }
+  }
+  const void* data() const {
+    return t == DType::kF32 ? static_cast<const void*>(f.data()) : h.data();
+  }
+  long double RefSumSq() const {
+    long double s = 0;
+    for (float x : f) s += static_cast<long double>(x) * x;
+    return s;
+  }
+  DType t;
+  std::vector<float> f;
+  std::vector<uint16_t> h;
+};
+
+const DType kTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+TEST_P(GradStatsTest, SumOfSquaresMatchesReferenceAllSizes) {
+  std::vector<size_t> sizes = Sizes();
+  sizes.push_back(kStatsChunk - 1);
+  sizes.push_back(kStatsChunk);
+  sizes.push_back(kStatsChunk + 1);
+  for (DType t : kTypes) {
+    for (size_t n : sizes) {
+      Grads g(n, t, static_cast<uint32_t>(n + 3));
+      auto r = ComputeGradStats(g.data(), t, n);
+      ASSERT_TRUE(r.ok());
+      EXPECT_FALSE(r->nonfinite);
+      const long double ref = g.RefSumSq();
+      EXPECT_NEAR(r->sum_sq, static_cast<double>(ref), 1e-13 * static_cast<double>(ref) + 1e-300)
+          << DTypeName(t) << " n=" << n;
+    }
+  }
+}
+
+TEST_P(GradStatsTest, FlagsNaNAndInfAnywhere) {
+  const size_t n = 3 * simd::LanesF32() + 2 + kStatsChunk;
+  for (DType t : kTypes) {
+    for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()}) {
+      for (size_t where : {size_t{0}, n / 2, kStatsChunk, n - 1}) {
+        Grads g(n, t, 5);
+        g.Set(where, bad);
+        auto r = ComputeGradStats(g.data(), t, n);
+        ASSERT_TRUE(r.ok());
+        EXPECT_TRUE(r->nonfinite) << DTypeName(t) << " at " << where;
+        EXPECT_TRUE(std::isinf(r->sum_sq));
+      }
+    }
+  }
+  // fp16 overflow: 70000 becomes Inf in fp16 (the loss-scale overflow case).
+  Grads g(100, DType::kF16, 1);
+  g.Set(50, 70000.0f);
+  EXPECT_TRUE(ComputeGradStats(g.data(), DType::kF16, 100)->nonfinite);
+  // The largest finite values are finite: squares in double do not overflow.
+  Grads big(kStatsChunk, DType::kF32, 1);
+  std::fill(big.f.begin(), big.f.end(), std::numeric_limits<float>::max());
+  auto r = ComputeGradStats(big.data(), DType::kF32, kStatsChunk);
+  EXPECT_FALSE(r->nonfinite);
+  EXPECT_NEAR(
+      r->sum_sq,
+      4096.0 * double{std::numeric_limits<float>::max()} * std::numeric_limits<float>::max(),
+      1e-12 * r->sum_sq);
+}
+
+TEST_P(GradStatsTest, BitwiseIdenticalForAnyThreadsAndTiles) {
+  const size_t n = 1000003;
+  for (DType t : kTypes) {
+    Grads g(n, t, 99);
+    // Spread magnitudes over many binades so rounding order would show.
+    for (size_t i = 0; i < n; i += 7) g.Set(i, std::ldexp(g.f[i], static_cast<int>(i % 41) - 20));
+    auto one = ComputeGradStats(g.data(), t, n);
+    ASSERT_TRUE(one.ok());
+    const std::pair<int, size_t> configs[] = {{1, 4096}, {2, 4096}, {3, 12288}, {4, 65536}};
+    for (auto [threads, tile] : configs) {
+      auto pool = KernelPool::Create({.threads = threads, .tile_elems = tile});
+      ASSERT_TRUE(pool.ok());
+      auto r = ComputeGradStats(**pool, g.data(), t, n);
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(std::bit_cast<uint64_t>(r->sum_sq), std::bit_cast<uint64_t>(one->sum_sq))
+          << DTypeName(t) << " threads=" << threads << " tile=" << tile;
+    }
+  }
+}
+
+STRATA_INSTANTIATE_FOR_TARGETS(GradStatsTest);
+
+TEST(ExactSumTest, OrderIndependentAndExact) {
+  std::mt19937 rng(1);
+  std::vector<double> xs;
+  for (int i = 0; i < 10000; ++i) {
+    xs.push_back(std::ldexp(std::uniform_real_distribution<double>(0, 1)(rng),
+                            static_cast<int>(rng() % 400) - 200));
+  }
+  ExactSum a;
+  for (double x : xs) a.Add(x);
+  std::shuffle(xs.begin(), xs.end(), rng);
+  ExactSum b, c;
+  for (size_t i = 0; i < xs.size(); ++i) (i % 3 ? b : c).Add(xs[i]);
+  b.Merge(c);
+  EXPECT_EQ(std::bit_cast<uint64_t>(a.Value()), std::bit_cast<uint64_t>(b.Value()));
+  // Small integers and a huge + tiny pair are summed exactly.
+  ExactSum e;
+  e.Add(0x1p250);
+  e.Add(1.0);
+  e.Add(0x1p-300);
+  e.Add(0x1p250);
+  EXPECT_EQ(e.Value(), 0x1p251);  // the tiny terms are kept but vanish in the rounding
+  ExactSum f;
+  f.Add(0x1p-300);
+  f.Add(0x1p-300);
+  EXPECT_EQ(f.Value(), 0x1p-299);
+  ExactSum huge;  // beyond the documented range (2^300): reported, not wrapped
+  huge.Add(0x1p301);
+  EXPECT_TRUE(huge.nonfinite());
+  ExactSum s;
+  for (int i = 1; i <= 1000; ++i) s.Add(i);
+  EXPECT_EQ(s.Value(), 500500.0);
+  ExactSum bad;
+  bad.Add(-1.0);
+  EXPECT_TRUE(bad.nonfinite());
+  EXPECT_TRUE(std::isinf(bad.Value()));
+}
+
+TEST(GradStatsApiTest, RejectsBadInput) {
+  EXPECT_TRUE(ComputeGradStats(nullptr, DType::kF32, 3).status().IsInvalidArgument());
+  int8_t x = 0;
+  auto r = ComputeGradStats(&x, DType::kI8, 1);
+  EXPECT_TRUE(r.status().IsInvalidArgument());
+  EXPECT_NE(r.status().message().find("int8"), std::string_view::npos);
+  auto z = ComputeGradStats(nullptr, DType::kBF16, 0);
+  ASSERT_TRUE(z.ok());
+  EXPECT_EQ(z->sum_sq, 0.0);
+  EXPECT_FALSE(z->nonfinite);
+}
+
+}  // namespace
+}  // namespace strata::kernels

@@ -1,0 +1,107 @@
+// `offloadctl bench dram` and `offloadctl bench adam`, run as a user would (small sizes: these
+// check the output contract, not speed).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <cstdio>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+};
+
+// The binary: $STRATA_OFFLOADCTL (set by ctest), else the path CMake compiled in.
+const char* OffloadctlPath() {
+  const char* env = std::getenv("STRATA_OFFLOADCTL");
+  return env != nullptr && *env != '\0' ? env : STRATA_OFFLOADCTL_PATH;
+}
+
+CliRun Offloadctl(const std::string& args) {
+  const char* bin = OffloadctlPath();
+  CliRun r;
+  if (bin == nullptr) return r;
+  const std::string cmd = std::string(bin) + " " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, got);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(OffloadctlBenchKernelsTest, DramJsonHasBestOfRows) {
+  CliRun r = Offloadctl("bench dram --array-mib 4 --threads 2 --reps 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 2u);
+  double best_nt = 0;
+  for (const auto& row : j["rows"]) {
+    EXPECT_GT(row["copy_bytes_per_s"].get<double>(), 0);
+    EXPECT_GT(row["triad_bytes_per_s"].get<double>(), 0);
+    best_nt = std::max(best_nt, row["nt_triad_bytes_per_s"].get<double>());
+  }
+  EXPECT_EQ(j["nt_triad_bytes_per_s"].get<double>(), best_nt);
+  EXPECT_GT(j["triad_bytes_per_s"].get<double>(), 0);
+  EXPECT_EQ(j["array_bytes"].get<size_t>(), size_t{4} << 20);
+  EXPECT_FALSE(j["target"].get<std::string>().empty());
+}
+
+TEST(OffloadctlBenchKernelsTest, AdamJsonPerPath) {
+  CliRun r = Offloadctl("bench adam --params 64K --threads 2 --reps 1 --array-mib 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["params"].get<size_t>(), size_t{65536});
+  const double nt = j["nt_triad_bytes_per_s"].get<double>();
+  EXPECT_GT(nt, 0);
+  // The run's best nt triad: the DRAM pass or a triad interleaved with the Adam steps.
+  EXPECT_GE(nt, j["dram"]["nt_triad_bytes_per_s"].get<double>());
+  ASSERT_EQ(j["paths"].size(), 9u);
+  const auto& p = j["paths"]["grad_bf16_out_bf16"];
+  EXPECT_EQ(p["bytes_per_param"].get<int>(), 28);
+  EXPECT_EQ(j["paths"]["grad_fp32_out_fp16"]["bytes_per_param"].get<int>(), 30);
+  EXPECT_EQ(j["paths"]["grad_fp16_out_none"]["bytes_per_param"].get<int>(), 26);
+  for (const auto& [name, path] : j["paths"].items()) {
+    const double pps = path["params_per_s"].get<double>();
+    EXPECT_GT(pps, 0) << name;
+    EXPECT_DOUBLE_EQ(path["effective_bytes_per_s"].get<double>(),
+                     pps * path["bytes_per_param"].get<double>())
+        << name;
+    EXPECT_DOUBLE_EQ(path["ratio_to_nt_triad"].get<double>(),
+                     path["effective_bytes_per_s"].get<double>() / nt)
+        << name;
+    ASSERT_EQ(path["rows"].size(), 2u) << name;
+    for (const auto& row : path["rows"]) {
+      EXPECT_GT(row["nt_triad_bytes_per_s"].get<double>(), 0) << name;
+      EXPECT_LE(row["nt_triad_bytes_per_s"].get<double>(), nt) << name;
+    }
+  }
+}
+
+TEST(OffloadctlBenchKernelsTest, AdamPathSubset) {
+  CliRun r = Offloadctl(
+      "bench adam --params 4K --threads 1 --reps 1 --array-mib 1 --json --path grad_fp16_out_bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["paths"].size(), 1u);
+  EXPECT_EQ(j["paths"]["grad_fp16_out_bf16"]["bytes_per_param"].get<int>(), 28);
+}
+
+TEST(OffloadctlBenchKernelsTest, BadArgumentsAreUsageErrors) {
+  EXPECT_EQ(Offloadctl("bench adam --params 0").exit_code, 2);
+  EXPECT_EQ(Offloadctl("bench adam --params 12Q").exit_code, 2);
+  EXPECT_EQ(Offloadctl("bench adam --threads -1").exit_code, 2);
+  EXPECT_EQ(Offloadctl("bench dram --reps 0").exit_code, 2);
+  EXPECT_EQ(Offloadctl("bench adam --path grad_int8_out_none").exit_code, 2);
+}
+
+}  // namespace

@@ -1,0 +1,209 @@
+// `offloadctl config check` run as a process: exit codes (0 valid, 1 invalid, 2 usage) and
+// --json output that parses.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct ProcessRun {
+  int exit_code;
+  std::string out;  // stdout and stderr
+};
+
+std::string SourceDir() {
+  const char* env = std::getenv("STRATA_SOURCE_DIR");
+  return env != nullptr ? env : STRATA_SOURCE_DIR_DEFAULT;
+}
+
+ProcessRun Offloadctl(const std::string& args) {
+  const char* bin = std::getenv("STRATA_OFFLOADCTL");
+  EXPECT_NE(bin, nullptr) << "STRATA_OFFLOADCTL is not set (run through ctest)";
+  std::string cmd = std::string(bin ? bin : "offloadctl") + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  ProcessRun r{-1, ""};
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::filesystem::path TempDirPath() {
+  const char* base = std::getenv("STRATA_TEST_TMPDIR");
+  return std::filesystem::path(base ? base : "/tmp") /
+         ("offloadctl_config_" + std::to_string(getpid()));
+}
+
+// Writes `text` to a file in this test's temp dir; returns its path.
+std::string TempFile(const std::string& name, const std::string& text) {
+  std::filesystem::create_directories(TempDirPath());
+  std::string path = (TempDirPath() / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+class OffloadctlConfig : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(TempDirPath(), ec);
+  }
+};
+
+nlohmann::json ParseJson(const ProcessRun& r) {
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  EXPECT_FALSE(j.is_discarded()) << "not JSON:\n" << r.out;
+  return j;
+}
+
+const std::string kExample = SourceDir() + "/examples/ds_zero3_offload.json";
+
+TEST_F(OffloadctlConfig, ValidConfigExitsZeroAndPrintsTheEffectiveConfig) {
+  ProcessRun r = Offloadctl("config check " + kExample + " --world-size 8");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("effective config:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"train_batch_size\": 256"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("valid (0 warning(s))"), std::string::npos) << r.out;
+}
+
+TEST_F(OffloadctlConfig, JsonOutputParsesAndCarriesTheResult) {
+  ProcessRun r =
+      Offloadctl("config check " + kExample + " --json --set scheduler.params.total_num_steps=9");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["valid"], true);
+  EXPECT_TRUE(j["errors"].empty());
+  EXPECT_EQ(j["effective"]["zero_optimization"]["stage"], 3);
+  EXPECT_EQ(j["effective"]["scheduler"]["params"]["total_num_steps"], 9);
+  EXPECT_EQ(j["unresolved_auto"], nlohmann::json::array({"train_batch_size"}));
+}
+
+TEST_F(OffloadctlConfig, SetResolvesAccelerateAutoKeysWithPlainWords) {
+  std::string fixture = SourceDir() + "/tests/data/ds_configs/accelerate_docs_ds_config_auto.json";
+  ProcessRun r = Offloadctl("config check " + fixture +
+                            " --json --set zero_optimization.stage=3"
+                            " --set zero_optimization.offload_param.device=cpu"
+                            " --set zero_optimization.offload_optimizer.device=nvme");
+  // nvme without a path is an error now that the device is known.
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  nlohmann::json j = ParseJson(r);
+  ASSERT_EQ(j["errors"].size(), 1u) << r.out;
+  EXPECT_EQ(j["errors"][0]["path"], "zero_optimization.offload_optimizer.nvme_path");
+  r = Offloadctl("config check " + fixture +
+                 " --json --set zero_optimization.stage=3"
+                 " --set zero_optimization.offload_optimizer.device=cpu");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  j = ParseJson(r);
+  EXPECT_EQ(j["effective"]["zero_optimization"]["stage"], 3);
+  EXPECT_EQ(j["effective"]["zero_optimization"]["offload_optimizer"]["device"], "cpu");
+  EXPECT_EQ(j["effective"]["zero_optimization"]["offload_param"]["device"], "auto");
+}
+
+TEST_F(OffloadctlConfig, InvalidConfigExitsOneWithPathsInJson) {
+  std::string path = TempFile("bad.json", R"({"zero_optimization": {"stage": 4,
+      "offload_param": {"device": "gpu"}}, "fp16": {"enabled": true}, "bf16": {"enabled": true}})");
+  ProcessRun text = Offloadctl("config check " + path);
+  EXPECT_EQ(text.exit_code, 1) << text.out;
+  EXPECT_NE(text.out.find("error: zero_optimization.stage"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("INVALID (3 error(s)"), std::string::npos) << text.out;
+  ProcessRun js = Offloadctl("config check " + path + " --json");
+  EXPECT_EQ(js.exit_code, 1);
+  nlohmann::json j = ParseJson(js);
+  EXPECT_EQ(j["valid"], false);
+  ASSERT_EQ(j["errors"].size(), 3u);
+  EXPECT_EQ(j["errors"][0]["path"], "zero_optimization.stage");
+  EXPECT_EQ(j["errors"][0]["kind"], "range");
+  EXPECT_FALSE(j.contains("effective"));
+}
+
+TEST_F(OffloadctlConfig, MalformedJsonReportsLineAndColumn) {
+  std::string path = TempFile("malformed.json", "{\n  \"train_batch_size\": 8,\n  oops\n}");
+  ProcessRun r = Offloadctl("config check " + path + " --json");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  nlohmann::json j = ParseJson(r);
+  ASSERT_EQ(j["errors"].size(), 1u);
+  EXPECT_EQ(j["errors"][0]["kind"], "syntax");
+  EXPECT_EQ(j["errors"][0]["line"], 3);
+  EXPECT_EQ(j["errors"][0]["column"], 3);
+}
+
+TEST_F(OffloadctlConfig, BinaryGarbageIsInvalidAndTheJsonStillParses) {
+  std::string garbage = "{\"a\": \"";
+  for (int i = 0; i < 256; ++i) garbage += static_cast<char>(255 - i);
+  ProcessRun r = Offloadctl("config check " + TempFile("garbage.json", garbage) + " --json");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["valid"], false);
+  EXPECT_EQ(j["errors"][0]["kind"], "syntax");
+}
+
+TEST_F(OffloadctlConfig, StrictMakesWarningsFail) {
+  std::string fixture = SourceDir() + "/tests/data/ds_configs/hf_ds_config_zero3.json";
+  EXPECT_EQ(Offloadctl("config check " + fixture).exit_code, 0);
+  ProcessRun r = Offloadctl("config check " + fixture + " --strict --json");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  nlohmann::json j = ParseJson(r);
+  EXPECT_TRUE(j["warnings"].empty());
+  ASSERT_EQ(j["errors"].size(), 1u);
+  EXPECT_EQ(j["errors"][0]["kind"], "deprecated");
+}
+
+TEST_F(OffloadctlConfig, RequireResolvedFailsOnAuto) {
+  std::string fixture = SourceDir() + "/tests/data/ds_configs/hf_ds_config_zero2.json";
+  ProcessRun r = Offloadctl("config check " + fixture + " --require-resolved");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("optimizer.params.weight_decay"), std::string::npos) << r.out;
+}
+
+TEST_F(OffloadctlConfig, HereChecksTheNvmePath) {
+  std::string dir = std::filesystem::path(TempFile("x", "")).parent_path().string();  // exists
+  std::string good = TempFile("nvme_ok.json", R"({"train_batch_size": 8, "zero_optimization":
+      {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                                                  dir + R"("}}})");
+  ProcessRun ok = Offloadctl("config check " + good + " --here --json");
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_EQ(ParseJson(ok)["notes"].size(), 1u);
+  std::string bad = TempFile("nvme_bad.json", R"({"train_batch_size": 8, "zero_optimization":
+      {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nonexistent/strata"}}})");
+  EXPECT_EQ(Offloadctl("config check " + bad).exit_code, 0);
+  EXPECT_EQ(Offloadctl("config check " + bad + " --here").exit_code, 1);
+}
+
+TEST_F(OffloadctlConfig, UnreadableFileIsInvalid) {
+  ProcessRun r = Offloadctl("config check /nonexistent/strata/ds.json --json");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(ParseJson(r)["read_error"].get<std::string>().find("NotFound"), std::string::npos);
+}
+
+TEST_F(OffloadctlConfig, UsageErrorsExitTwo) {
+  EXPECT_EQ(Offloadctl("config check").exit_code, 2);
+  EXPECT_EQ(Offloadctl("config").exit_code, 2);
+  EXPECT_EQ(Offloadctl("config check " + kExample + " --no-such-flag").exit_code, 2);
+  EXPECT_EQ(Offloadctl("config check " + kExample + " --world-size 0").exit_code, 2);
+  EXPECT_EQ(Offloadctl("config check " + kExample + " --world-size x").exit_code, 2);
+  EXPECT_EQ(Offloadctl("config check " + kExample + " --set nokeyvalue").exit_code, 2);
+}
+
+TEST_F(OffloadctlConfig, HelpDescribesEveryOption) {
+  ProcessRun r = Offloadctl("config check --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* opt : {"--world-size", "--hidden-size", "--set", "--require-resolved",
+                          "--strict", "--here", "--json"}) {
+    EXPECT_NE(r.out.find(opt), std::string::npos) << opt << "\n" << r.out;
+  }
+}
+
+}  // namespace
