@@ -46,15 +46,15 @@ namespace strata::nvme {
 struct UringTestHooks {
   // Rewrites a CQE's raw result before IoProgress sees it (-EAGAIN, -EINTR, a short count, a hard
   // error). `done_bytes` is how much of the request had completed before this CQE.
-  std::function<int(const IoRequest& request, size_t done_bytes, int res)> cqe_res;
+  std::function<int(const IoRequest& request, size_t done_bytes, int res)> cqe_res = nullptr;
   // Consulted before each io_uring_submit in Submit; a negative errno is used as that submit's
   // result instead of entering the kernel, with the SQEs published to the ring exactly as a
   // failed io_uring_enter leaves them.
-  std::function<int()> submit_result;
+  std::function<int()> submit_result = nullptr;
   // Consulted before each kernel entry in Reap; a negative errno fails that entry.
-  std::function<int()> enter_result;
+  std::function<int()> enter_result = nullptr;
   // Called right before io_uring_queue_exit with the number of requests still in flight.
-  std::function<void(size_t inflight)> before_queue_exit;
+  std::function<void(size_t inflight)> before_queue_exit = nullptr;
 };
 
 class UringBackend final : public IoBackend {
