@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "nvme/io_drain.h"
+#include "nvme/leftovers.h"
 
 namespace strata::nvme {
 
@@ -90,8 +91,12 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const SwapSpaceOptions& opt
   return s;
 }
 
-// Each path must be an existing writable directory without a leftover swap file.
+// Each path must be an existing writable directory without leftovers of a crashed run (any
+// rank's swap file, benchmark scratch files): all of them are reported, none is reused. Files
+// that a live process holds (another rank of this job) are not leftovers.
 Status SwapSpace::CheckPaths() const {
+  std::string leftovers;
+  size_t count = 0;
   for (const std::string& dir : options_.paths) {
     struct stat st {};
     if (stat(dir.c_str(), &st) != 0) {
@@ -101,15 +106,23 @@ Status SwapSpace::CheckPaths() const {
     if (!S_ISDIR(st.st_mode)) return Status::IOError("nvme_path '" + dir + "' is not a directory");
     if (access(dir.c_str(), W_OK) != 0)
       return Status::FromErrno(errno, "nvme_path not writable", dir);
-    const std::string path = SwapFilePath(dir, options_.rank);
-    if (access(path.c_str(), F_OK) == 0) {
-      return Status::FailedPrecondition(
-          "swap file '" + path +
-          "' already exists: left by a run that did not close cleanly (or "
-          "another process of rank " +
-          std::to_string(options_.rank) +
-          " uses this path); it is not reused, remove it to continue");
+    STRATA_ASSIGN_OR_RETURN(StrataFileScan scan, ScanStrataFiles(dir));
+    const std::string own = SwapFilePath(dir, options_.rank);
+    for (const std::string& live : scan.live) {
+      if (live == own) {
+        return Status::FailedPrecondition("swap file '" + own +
+                                          "' is in use by another live process of rank " +
+                                          std::to_string(options_.rank));
+      }
     }
+    for (const std::string& f : scan.leftovers) {
+      leftovers += (count++ == 0 ? "'" : ", '") + f + "'";
+    }
+  }
+  if (count > 0) {
+    return Status::FailedPrecondition(
+        std::to_string(count) + " file(s) left by a run that did not close cleanly: " + leftovers +
+        "; they are not reused, remove them to continue");
   }
   return Status::OK();
 }
@@ -148,14 +161,21 @@ Status SwapSpace::CheckFreeSpace() const {
 Status SwapSpace::OpenFiles() {
   for (const std::string& dir : options_.paths) {
     const std::string path = SwapFilePath(dir, options_.rank);
-    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) return Status::FromErrno(errno, "create swap file", path);
+    int err = 0;
+    int lock_fd = CreateLockedFile(path, 0, &err);  // held until Close: marks the file live
+    if (lock_fd < 0) {
+      if (err == EEXIST) {
+        return Status::FailedPrecondition("swap file '" + path +
+                                          "' appeared while starting (another process of rank " +
+                                          std::to_string(options_.rank) + "?)");
+      }
+      return Status::FromErrno(err, "create swap file", path);
+    }
     file_paths_.push_back(path);
-    fds_.push_back(fd);
-    int dfd = open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
-    if (dfd >= 0) {
-      close(fd);
-      fds_.back() = dfd;
+    lock_fds_.push_back(lock_fd);
+    int fd = open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+    if (fd >= 0) {
+      fds_.push_back(fd);
       continue;
     }
     if (errno != EINVAL) return Status::FromErrno(errno, "open O_DIRECT", path);
@@ -165,6 +185,9 @@ Status SwapSpace::OpenFiles() {
                                      "EINVAL; tmpfs on older kernels, ramfs); use a disk-backed "
                                      "path or allow buffered IO explicitly");
     }
+    fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open", path);
+    fds_.push_back(fd);
     if (!note_.empty()) note_ += "; ";
     note_ += "nvme_path '" + dir + "' has no O_DIRECT: using buffered IO there";
   }
@@ -187,7 +210,7 @@ SwapSpace::~SwapSpace() { Close().IgnoreError(); }
 
 Status SwapSpace::Close() {
   closed_ = true;
-  if (fds_.empty()) return Status::OK();
+  if (lock_fds_.empty()) return Status::OK();
   // Every op must be finished before a file is closed or unlinked: the kernel may still write
   // into the caller's buffers or read from the files. Errors do not stop the wait.
   Status first;
@@ -208,15 +231,20 @@ Status SwapSpace::Close() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  // Unlink before the lock goes, so no scan ever sees our file unlocked (as a leftover).
   Status result;
-  for (size_t i = 0; i < fds_.size(); ++i) {
-    io_->UnregisterFile(fds_[i]);
-    close(fds_[i]);
+  for (size_t i = 0; i < file_paths_.size(); ++i) {
     if (unlink(file_paths_[i].c_str()) != 0 && result.ok()) {
       result = Status::FromErrno(errno, "remove swap file", file_paths_[i]);
     }
   }
+  for (int fd : fds_) {
+    io_->UnregisterFile(fd);
+    close(fd);
+  }
+  for (int fd : lock_fds_) close(fd);
   fds_.clear();
+  lock_fds_.clear();
   return result;
 }
 

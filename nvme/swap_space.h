@@ -12,8 +12,9 @@
 // wrong data. A write that fails in any unit marks the block invalid (its extent may be
 // half-written); reading it is Corruption until it is written successfully again.
 //
-// Lifecycle: Create refuses a swap file left behind by a run that did not close cleanly (it is
-// reported, never silently reused). Close (or the destructor) waits for IO in flight and removes
+// Lifecycle: Create refuses strata files left behind on its paths by a run that did not close
+// cleanly (every rank's swap file, benchmark scratch files: all reported, never silently reused;
+// nvme/leftovers.h tells them from files of live processes by their flock). Close (or the destructor) waits for IO in flight and removes
 // the files.
 //
 // Async use: Submit a batch of block reads/writes, Reap their completions (one per op, after all
@@ -93,7 +94,8 @@ class SwapSpace {
   // InvalidArgument: no paths, duplicate or empty blocks, bad stripe unit, a filesystem without
   //   O_DIRECT and allow_buffered_io unset. NotFound: a path does not exist.
   // IOError: a path is not a writable directory, or preallocation failed (ENOSPC names the path
-  //   and the bytes needed). FailedPrecondition: a swap file from an earlier run is in the way.
+  //   and the bytes needed). FailedPrecondition: files from an earlier run are in the way (all
+  //   named), or a live process of this rank uses the path.
   static Result<std::unique_ptr<SwapSpace>> Create(const SwapSpaceOptions& options,
                                                    std::span<const SwapBlockSpec> blocks,
                                                    IoBackend* io);
@@ -178,7 +180,8 @@ class SwapSpace {
   SwapSpaceOptions options_;
   IoBackend* io_;
   std::vector<std::string> file_paths_;
-  std::vector<int> fds_;
+  std::vector<int> fds_;       // IO descriptors (O_DIRECT unless buffered IO was allowed)
+  std::vector<int> lock_fds_;  // hold each file's flock (leftovers.h) until Close
   std::vector<uint64_t> file_sizes_;
   std::vector<Block> blocks_;
   std::unordered_map<uint64_t, size_t> index_;
