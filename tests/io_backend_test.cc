@@ -251,7 +251,9 @@ TEST_P(IoBackendContract, DestroyingTheBackendWaitsForInFlightWrites) {
   ASSERT_TRUE(backend_->Submit(batch).ok());
   backend_->UnregisterFile(fd_);  // the fd stays open; only the name table entry goes
   backend_.reset();
-  if (GetParam() == IoBackendKind::kIoUring) EXPECT_EQ(inflight_at_queue_exit, 0u);
+  if (GetParam() == IoBackendKind::kIoUring) {
+    EXPECT_EQ(inflight_at_queue_exit, 0u);
+  }
   AlignedBuf back = MakeAligned(kBytes);
   ASSERT_EQ(pread(fd_, back.get(), kBytes, 0), static_cast<ssize_t>(kBytes));
   EXPECT_EQ(std::memcmp(back.get(), src.get(), kBytes), 0);
