@@ -35,10 +35,9 @@ IoProgress::Next IoProgress::Advance(int64_t res, const std::string& file, Statu
   }
   if (res == -EINTR || res == -EAGAIN) {
     if (++retries > kMaxIoRetries) {
-      *error = Status::IOError(Where(*this, file) + ": gave up after " +
-                               std::to_string(kMaxIoRetries) +
-                               " retries in a row without progress (" +
-                               (res == -EAGAIN ? "EAGAIN" : "EINTR") + ")");
+      *error = Status::IOError(
+          Where(*this, file) + ": gave up after " + std::to_string(kMaxIoRetries) +
+          " retries in a row without progress (" + (res == -EAGAIN ? "EAGAIN" : "EINTR") + ")");
       return Next::kFailed;
     }
     return Next::kReissue;

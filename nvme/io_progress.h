@@ -37,7 +37,7 @@ inline constexpr uint64_t RetryBackoffNs(int retries) {
 struct IoProgress {
   IoRequest request;
   size_t done_bytes = 0;
-  int retries = 0;  // re-issues in a row without progress
+  int retries = 0;               // re-issues in a row without progress
   bool last_was_eagain = false;  // the last Advance re-issued after -EAGAIN (back off first)
 
   enum class Next { kDone, kReissue, kFailed };

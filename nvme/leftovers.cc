@@ -64,7 +64,8 @@ Result<StrataFileScan> ScanStrataFiles(const std::string& dir) {
       scan.live.push_back(path);
     } else {
       // Locked by us now: still the file at that name (not unlinked by its owner meanwhile)?
-      struct stat a {}, b {};
+      struct stat a {
+      }, b{};
       if (fstat(fd, &a) == 0 && stat(path.c_str(), &b) == 0 && a.st_ino == b.st_ino &&
           a.st_dev == b.st_dev) {
         scan.leftovers.push_back(path);

@@ -14,8 +14,8 @@
 //
 // Lifecycle: Create refuses strata files left behind on its paths by a run that did not close
 // cleanly (every rank's swap file, benchmark scratch files: all reported, never silently reused;
-// nvme/leftovers.h tells them from files of live processes by their flock). Close (or the destructor) waits for IO in flight and removes
-// the files.
+// nvme/leftovers.h tells them from files of live processes by their flock). Close (or the
+// destructor) waits for IO in flight and removes the files.
 //
 // Async use: Submit a batch of block reads/writes, Reap their completions (one per op, after all
 // of its units finished and, for reads, the checksum was verified). Read/Write are the

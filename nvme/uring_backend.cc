@@ -93,8 +93,10 @@ UringBackend::~UringBackend() {
   if (hooks_.before_queue_exit) hooks_.before_queue_exit(inflight_);
   if (!drained) {
     // Closing the ring now would let the kernel write into buffers the owner is about to free.
-    std::fprintf(stderr, "strata: io_uring backend destroyed with %zu requests it cannot wait "
-                 "for (%s); leaking the ring\n", inflight_, first.ToString().c_str());
+    std::fprintf(stderr,
+                 "strata: io_uring backend destroyed with %zu requests it cannot wait "
+                 "for (%s); leaking the ring\n",
+                 inflight_, first.ToString().c_str());
     return;
   }
   io_uring_queue_exit(&ring_);

@@ -1,6 +1,6 @@
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <thread>

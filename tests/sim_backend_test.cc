@@ -194,8 +194,8 @@ TEST(SimBackend, RandomZeroLengthReadsAreCorruption) {
   ASSERT_TRUE(sim.RegisterFile(fd, dir.File("z")).ok());
   AlignedBuf src = MakeAligned(kBlock * kBlocks), dst = MakeAligned(kBlock);
   FillPattern(src.get(), kBlock * kBlocks, seed);
-  ASSERT_TRUE(sim.Write(fd, 0, src.get(), kBlock * kBlocks).ok()) << "writes never read 0; seed "
-                                                                   << seed;
+  ASSERT_TRUE(sim.Write(fd, 0, src.get(), kBlock * kBlocks).ok())
+      << "writes never read 0; seed " << seed;
   int ok = 0, corrupt = 0;
   for (size_t i = 0; i < kBlocks; ++i) {
     Status s = sim.Read(fd, i * kBlock, dst.get(), kBlock);

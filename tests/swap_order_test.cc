@@ -66,14 +66,15 @@ TEST(SwapOrder, OpsOnOneBlockApplyInSubmissionOrderUnderReordering) {
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     SwapSpace& swap = **s;
     ASSERT_TRUE(swap.Write(9, v1.get()).ok());
-    const SwapOp ops[] = {{IoOp::kRead, 9, a.get(), 0},  {IoOp::kWrite, 9, v2.get(), 1},
-                          {IoOp::kRead, 9, b.get(), 2},  {IoOp::kWrite, 9, v3.get(), 3},
-                          {IoOp::kRead, 9, c.get(), 4},  {IoOp::kWrite, 8, v1.get(), 5}};
+    const SwapOp ops[] = {{IoOp::kRead, 9, a.get(), 0}, {IoOp::kWrite, 9, v2.get(), 1},
+                          {IoOp::kRead, 9, b.get(), 2}, {IoOp::kWrite, 9, v3.get(), 3},
+                          {IoOp::kRead, 9, c.get(), 4}, {IoOp::kWrite, 8, v1.get(), 5}};
     ASSERT_TRUE(swap.Submit(ops).ok());
     auto done = ReapAll(swap);
     ASSERT_EQ(done.size(), 6u) << "seed " << seed;
     for (const SwapCompletion& d : done) {
-      EXPECT_TRUE(d.status.ok()) << d.status.ToString() << " op " << d.user_data << " seed " << seed;
+      EXPECT_TRUE(d.status.ok()) << d.status.ToString() << " op " << d.user_data << " seed "
+                                 << seed;
     }
     EXPECT_EQ(std::memcmp(a.get(), v1.get(), n), 0) << "seed " << seed;
     EXPECT_EQ(std::memcmp(b.get(), v2.get(), n), 0) << "seed " << seed;

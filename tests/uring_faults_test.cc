@@ -117,7 +117,8 @@ TEST(UringSingleIssuer, SubmitFromAnotherThreadFailsAndLeavesNothingInFlight) {
   AlignedBuf buf = MakeAligned(16384);
   FillPattern(buf.get(), 16384, 3);
   std::vector<IoRequest> w;
-  for (size_t i = 0; i < 4; ++i) w.push_back({IoOp::kWrite, fd, i * 4096, buf.get() + i * 4096, 4096, i});
+  for (size_t i = 0; i < 4; ++i)
+    w.push_back({IoOp::kWrite, fd, i * 4096, buf.get() + i * 4096, 4096, i});
   Status s;
   std::thread other([&] { s = (*io)->Submit(w); });
   other.join();
@@ -224,9 +225,8 @@ TEST_F(UringFaults, HardCqeErrorIsIOErrorNamingErrnoAndFile) {
 // Finding: a short O_DIRECT transfer that is not a multiple of 4096 used to be re-issued from an
 // unaligned offset and fail as a confusing EINVAL.
 TEST_F(UringFaults, UnalignedShortTransferOnODirectNamesTheCount) {
-  io_->SetTestHooksForTesting({.cqe_res = [](const IoRequest&, size_t done, int res) {
-    return done == 0 ? 1000 : res;
-  }});
+  io_->SetTestHooksForTesting(
+      {.cqe_res = [](const IoRequest&, size_t done, int res) { return done == 0 ? 1000 : res; }});
   Status s = io_->Read(fd_, 0, dst_.get(), 8192);
   EXPECT_TRUE(s.IsIOError()) << s.ToString();
   EXPECT_NE(s.message().find("short transfer of 1000 bytes"), std::string_view::npos)
