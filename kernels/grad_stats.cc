@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <limits>
+#include <new>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/pool.h"
@@ -115,12 +117,18 @@ Result<GradStats> ComputeGradStats(const void* grad, DType dtype, size_t n) {
 Result<GradStats> ComputeGradStats(KernelPool& pool, const void* grad, DType dtype, size_t n) {
   STRATA_RETURN_IF_ERROR(Check(grad, dtype, n));
   const int elem = ElemOf(dtype);
-  std::vector<ExactSum> partial(static_cast<size_t>(pool.threads()));
+  // Partials live in the pool's scratch (sized at Create): the pooled call allocates nothing.
+  static_assert(sizeof(ExactSum) <= KernelPool::kScratchSlotBytes &&
+                alignof(ExactSum) <= alignof(KernelPool::ScratchSlot));
+  static_assert(std::is_trivially_destructible_v<ExactSum>);
+  KernelPool::Scratch scratch = pool.AcquireScratch();
+  for (int i = 0; i < pool.threads(); ++i) new (scratch.slot(i)) ExactSum();
+  auto partial = [&](int i) { return std::launder(static_cast<ExactSum*>(scratch.slot(i))); };
   const size_t tile = (pool.tile_elems() + kStatsChunk - 1) / kStatsChunk * kStatsChunk;
-  auto body = [&](int slot, size_t b, size_t e) { AddChunks(grad, elem, b, e, &partial[slot]); };
+  auto body = [&](int slot, size_t b, size_t e) { AddChunks(grad, elem, b, e, partial(slot)); };
   pool.ForEachTile(n, tile, body);
   ExactSum total;
-  for (const ExactSum& p : partial) total.Merge(p);
+  for (int i = 0; i < pool.threads(); ++i) total.Merge(*partial(i));
   return Finish(total);
 }
 

@@ -3,6 +3,7 @@
 #include <hwloc.h>
 
 #include <atomic>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,6 +59,8 @@ struct KernelPool::Impl {
   int threads = 1;
   size_t tile = kTileUnit;
   tbb::task_arena arena;
+  std::unique_ptr<KernelPool::ScratchSlot[]> scratch;  // threads slots
+  std::mutex scratch_mu;
   hwloc_topology_t topo = nullptr;
   std::unique_ptr<BindObserver> observer;
 
@@ -77,6 +80,7 @@ Result<std::unique_ptr<KernelPool>> KernelPool::Create(const PoolOptions& option
   auto impl = std::make_unique<Impl>();
   impl->threads = options.threads > 0 ? options.threads : tbb::this_task_arena::max_concurrency();
   impl->tile = RoundTile(options.tile_elems);
+  impl->scratch = std::make_unique<ScratchSlot[]>(static_cast<size_t>(impl->threads));
   impl->arena.initialize(impl->threads);
   if (options.bind_threads) {
     if (hwloc_topology_init(&impl->topo) != 0) {
@@ -99,6 +103,25 @@ int KernelPool::threads() const noexcept { return impl_->threads; }
 size_t KernelPool::tile_elems() const noexcept { return impl_->tile; }
 int KernelPool::bind_failures() const noexcept {
   return impl_->observer ? impl_->observer->failures() : 0;
+}
+
+KernelPool::Scratch::Scratch(ScratchSlot* slots, void* lock, std::unique_ptr<ScratchSlot[]> owned)
+    : slots_(slots), lock_(lock), owned_(std::move(owned)) {}
+
+KernelPool::Scratch::Scratch(Scratch&& other) noexcept
+    : slots_(other.slots_), lock_(other.lock_), owned_(std::move(other.owned_)) {
+  other.lock_ = nullptr;
+}
+
+KernelPool::Scratch::~Scratch() {
+  if (lock_ != nullptr) static_cast<std::mutex*>(lock_)->unlock();
+}
+
+KernelPool::Scratch KernelPool::AcquireScratch() {
+  if (impl_->scratch_mu.try_lock()) return Scratch(impl_->scratch.get(), &impl_->scratch_mu, {});
+  auto owned = std::make_unique<ScratchSlot[]>(static_cast<size_t>(impl_->threads));
+  ScratchSlot* slots = owned.get();
+  return Scratch(slots, nullptr, std::move(owned));
 }
 
 void KernelPool::ForEachTile(size_t n, size_t tile, TileFn fn, void* ctx) {

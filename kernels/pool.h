@@ -51,6 +51,31 @@ class KernelPool {
   using TileFn = void (*)(void* ctx, int slot, size_t begin, size_t end);
   void ForEachTile(size_t n, size_t tile, TileFn fn, void* ctx);
 
+  // Per-thread scratch for reductions (a call's partials), made at Create so a pooled reduction
+  // allocates nothing: threads() slots of kScratchSlotBytes, each 64-byte aligned (no false
+  // sharing). A Scratch is held by one call at a time; a caller that finds it taken by a
+  // concurrent call on another thread gets a private heap copy (allocates, still correct).
+  static constexpr size_t kScratchSlotBytes = 256;
+  struct alignas(64) ScratchSlot {
+    unsigned char bytes[kScratchSlotBytes];
+  };
+  class Scratch {
+   public:
+    Scratch(Scratch&& other) noexcept;
+    Scratch& operator=(Scratch&&) = delete;
+    ~Scratch();
+    // Raw storage of slot i in [0, threads()); the caller constructs what it keeps there.
+    void* slot(int i) const { return slots_[i].bytes; }
+
+   private:
+    friend class KernelPool;
+    Scratch(ScratchSlot* slots, void* lock, std::unique_ptr<ScratchSlot[]> owned);
+    ScratchSlot* slots_;
+    void* lock_;  // the pool's mutex while held, else nullptr
+    std::unique_ptr<ScratchSlot[]> owned_;
+  };
+  Scratch AcquireScratch();
+
   template <class F>  // F: void(int slot, size_t begin, size_t end)
   void ForEachTile(size_t n, size_t tile, F& f) {
     ForEachTile(

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "nvme/io_drain.h"
 #include "strata/io.h"
 
 namespace strata {
@@ -92,7 +93,16 @@ Status IoBackend::Execute(std::span<const IoRequest> batch) {
     }
     if (inflight() == 0) break;
     Result<size_t> got = Reap(done, 1);
-    if (!got.ok()) return got.status();
+    if (!got.ok()) {
+      // The requests in flight still own the caller's buffers: wait them out before returning.
+      if (first_error.ok()) first_error = got.status();
+      if (!nvme::DrainInflight(*this, done, &first_error)) {
+        return first_error.WithContext("IoBackend::Execute could not drain " +
+                                       std::to_string(inflight()) +
+                                       " requests in flight; their buffers must not be freed");
+      }
+      break;
+    }
     for (size_t i = 0; i < *got; ++i) {
       if (!done[i].status.ok() && first_error.ok()) first_error = done[i].status;
     }

@@ -1,5 +1,7 @@
 #include "nvme/io_progress.h"
 
+#include <fcntl.h>
+
 #include <cerrno>
 #include <string>
 
@@ -15,12 +17,27 @@ std::string Where(const IoProgress& p, const std::string& file) {
 }  // namespace
 
 IoProgress::Next IoProgress::Advance(int64_t res, const std::string& file, Status* error) {
-  if (res == -EINTR || res == -EAGAIN ||
-      (res > 0 && static_cast<size_t>(res) < remaining_bytes())) {
-    if (res > 0) done_bytes += static_cast<size_t>(res);
+  last_was_eagain = res == -EAGAIN;
+  if (res > 0 && static_cast<size_t>(res) < remaining_bytes()) {
+    if (res % static_cast<int64_t>(kIoAlignment) != 0) {
+      // O_DIRECT cannot issue the rest from an unaligned offset (it would fail later as a
+      // confusing EINVAL). Buffered files can: only those continue.
+      const int flags = fcntl(request.fd, F_GETFL);
+      if (flags < 0 || (flags & O_DIRECT) != 0) {
+        *error = Status::IOError(Where(*this, file) + ": short transfer of " + std::to_string(res) +
+                                 " bytes, not a multiple of 4096 (O_DIRECT cannot continue)");
+        return Next::kFailed;
+      }
+    }
+    done_bytes += static_cast<size_t>(res);
+    retries = 0;  // progress: a new budget for the rest
+    return Next::kReissue;
+  }
+  if (res == -EINTR || res == -EAGAIN) {
     if (++retries > kMaxIoRetries) {
-      *error = Status::IOError(Where(*this, file) + ": gave up after " +
-                               std::to_string(kMaxIoRetries) + " retries (EINTR/EAGAIN/short IO)");
+      *error = Status::IOError(
+          Where(*this, file) + ": gave up after " + std::to_string(kMaxIoRetries) +
+          " retries in a row without progress (" + (res == -EAGAIN ? "EAGAIN" : "EINTR") + ")");
       return Next::kFailed;
     }
     return Next::kReissue;

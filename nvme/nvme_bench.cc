@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "cpu/pinned_pool.h"
+#include "nvme/leftovers.h"
 
 namespace strata::nvme {
 
@@ -204,10 +205,11 @@ Result<std::vector<NvmeBenchResult>> RunNvmeBench(
     return Status::NotFound("benchmark path '" + options.dir + "' is not an existing directory");
   }
   const std::string file = options.dir + "/strata-bench-" + std::to_string(getpid()) + ".dat";
-  int fd = open(file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+  // Locked while it exists (leftovers.h), so a swap space starting meanwhile does not take it
+  // for a crashed run's leftover, and a crash's leftover is reported by the next start.
+  int err = 0;
+  int fd = CreateLockedFile(file, O_DIRECT, &err);
   if (fd < 0) {
-    const int err = errno;
-    unlink(file.c_str());
     if (err == EINVAL) {
       return Status::InvalidArgument("benchmark path '" + options.dir +
                                      "': the filesystem does not support O_DIRECT");
@@ -218,8 +220,8 @@ Result<std::vector<NvmeBenchResult>> RunNvmeBench(
     int fd;
     std::string file;
     ~Cleanup() {
+      unlink(file.c_str());  // before the lock goes with the descriptor
       close(fd);
-      unlink(file.c_str());
     }
   } cleanup{fd, file};
   if (int err = posix_fallocate(fd, 0, static_cast<off_t>(options.size_bytes)); err != 0) {

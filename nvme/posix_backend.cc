@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 
 namespace strata::nvme {
 
@@ -63,6 +64,9 @@ void PosixBackend::WorkerLoop() {
                         ? pread(p.request.fd, p.next_buffer(), p.remaining_bytes(), off)
                         : pwrite(p.request.fd, p.next_buffer(), p.remaining_bytes(), off);
       next = p.Advance(res < 0 ? -errno : res, w.file, &error);
+      if (next == IoProgress::Next::kReissue && p.last_was_eagain) {
+        std::this_thread::sleep_for(std::chrono::nanoseconds(RetryBackoffNs(p.retries)));
+      }
     } while (next == IoProgress::Next::kReissue);
     IoCompletion c = p.Complete(next == IoProgress::Next::kDone ? Status::OK() : std::move(error));
     {

@@ -62,14 +62,14 @@ SimFault SimBackend::PickFault(const IoRequest& r) {
     return f;
   }
   double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
-  const double p[] = {options_.p_eio, options_.p_enospc, options_.p_short, options_.p_torn,
-                      options_.p_eintr};
-  const SimFault f[] = {SimFault::kEio, SimFault::kEnospc, SimFault::kShort, SimFault::kTorn,
-                        SimFault::kEintr};
+  const double p[] = {options_.p_eio,   options_.p_enospc, options_.p_short,    options_.p_torn,
+                      options_.p_eintr, options_.p_eagain, options_.p_zero_read};
+  const SimFault f[] = {SimFault::kEio,   SimFault::kEnospc, SimFault::kShort,   SimFault::kTorn,
+                        SimFault::kEintr, SimFault::kEagain, SimFault::kZeroRead};
   double acc = 0;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 7; ++i) {
     acc += p[i];
-    if (u < acc) return f[i];
+    if (u < acc) return f[i] == SimFault::kZeroRead && r.op != IoOp::kRead ? SimFault::kNone : f[i];
   }
   return SimFault::kNone;
 }

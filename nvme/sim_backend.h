@@ -40,7 +40,8 @@ struct SimOptions {
   uint64_t min_latency_ns = 10'000;
   uint64_t max_latency_ns = 500'000;
   // Probability that a raw transfer gets each fault (checked in this order; sum <= 1).
-  double p_eio = 0, p_enospc = 0, p_short = 0, p_torn = 0, p_eintr = 0;
+  double p_eio = 0, p_enospc = 0, p_short = 0, p_torn = 0, p_eintr = 0, p_eagain = 0,
+         p_zero_read = 0;  // p_zero_read: reads only (a write picks kNone instead)
 };
 
 class SimBackend final : public IoBackend {

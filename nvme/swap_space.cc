@@ -8,7 +8,12 @@
 
 #include <cassert>
 #include <cerrno>
+#include <chrono>
 #include <map>
+#include <thread>
+
+#include "nvme/io_drain.h"
+#include "nvme/leftovers.h"
 
 namespace strata::nvme {
 
@@ -78,12 +83,20 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const SwapSpaceOptions& opt
   }
   s->slots_.resize(options.max_inflight_ops);
   for (size_t i = options.max_inflight_ops; i-- > 0;) s->free_slots_.push_back(i);
+  s->waiting_.reserve(options.max_inflight_ops);
+  s->issuing_.reserve(options.max_inflight_ops);
+  s->batch_.reserve(io->queue_depth());
+  s->ready_ = BoundedQueue<SwapCompletion>(options.max_inflight_ops);
   s->io_out_.resize(io->queue_depth());
   return s;
 }
 
-// Each path must be an existing writable directory without a leftover swap file.
+// Each path must be an existing writable directory without leftovers of a crashed run (any
+// rank's swap file, benchmark scratch files): all of them are reported, none is reused. Files
+// that a live process holds (another rank of this job) are not leftovers.
 Status SwapSpace::CheckPaths() const {
+  std::string leftovers;
+  size_t count = 0;
   for (const std::string& dir : options_.paths) {
     struct stat st {};
     if (stat(dir.c_str(), &st) != 0) {
@@ -93,15 +106,23 @@ Status SwapSpace::CheckPaths() const {
     if (!S_ISDIR(st.st_mode)) return Status::IOError("nvme_path '" + dir + "' is not a directory");
     if (access(dir.c_str(), W_OK) != 0)
       return Status::FromErrno(errno, "nvme_path not writable", dir);
-    const std::string path = SwapFilePath(dir, options_.rank);
-    if (access(path.c_str(), F_OK) == 0) {
-      return Status::FailedPrecondition(
-          "swap file '" + path +
-          "' already exists: left by a run that did not close cleanly (or "
-          "another process of rank " +
-          std::to_string(options_.rank) +
-          " uses this path); it is not reused, remove it to continue");
+    STRATA_ASSIGN_OR_RETURN(StrataFileScan scan, ScanStrataFiles(dir));
+    const std::string own = SwapFilePath(dir, options_.rank);
+    for (const std::string& live : scan.live) {
+      if (live == own) {
+        return Status::FailedPrecondition("swap file '" + own +
+                                          "' is in use by another live process of rank " +
+                                          std::to_string(options_.rank));
+      }
     }
+    for (const std::string& f : scan.leftovers) {
+      leftovers += (count++ == 0 ? "'" : ", '") + f + "'";
+    }
+  }
+  if (count > 0) {
+    return Status::FailedPrecondition(
+        std::to_string(count) + " file(s) left by a run that did not close cleanly: " + leftovers +
+        "; they are not reused, remove them to continue");
   }
   return Status::OK();
 }
@@ -140,14 +161,21 @@ Status SwapSpace::CheckFreeSpace() const {
 Status SwapSpace::OpenFiles() {
   for (const std::string& dir : options_.paths) {
     const std::string path = SwapFilePath(dir, options_.rank);
-    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) return Status::FromErrno(errno, "create swap file", path);
+    int err = 0;
+    int lock_fd = CreateLockedFile(path, 0, &err);  // held until Close: marks the file live
+    if (lock_fd < 0) {
+      if (err == EEXIST) {
+        return Status::FailedPrecondition("swap file '" + path +
+                                          "' appeared while starting (another process of rank " +
+                                          std::to_string(options_.rank) + "?)");
+      }
+      return Status::FromErrno(err, "create swap file", path);
+    }
     file_paths_.push_back(path);
-    fds_.push_back(fd);
-    int dfd = open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
-    if (dfd >= 0) {
-      close(fd);
-      fds_.back() = dfd;
+    lock_fds_.push_back(lock_fd);
+    int fd = open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+    if (fd >= 0) {
+      fds_.push_back(fd);
       continue;
     }
     if (errno != EINVAL) return Status::FromErrno(errno, "open O_DIRECT", path);
@@ -157,6 +185,9 @@ Status SwapSpace::OpenFiles() {
                                      "EINVAL; tmpfs on older kernels, ramfs); use a disk-backed "
                                      "path or allow buffered IO explicitly");
     }
+    fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open", path);
+    fds_.push_back(fd);
     if (!note_.empty()) note_ += "; ";
     note_ += "nvme_path '" + dir + "' has no O_DIRECT: using buffered IO there";
   }
@@ -178,22 +209,43 @@ Status SwapSpace::Preallocate() {
 SwapSpace::~SwapSpace() { Close().IgnoreError(); }
 
 Status SwapSpace::Close() {
-  if (closed_) return Status::OK();
   closed_ = true;
-  std::vector<SwapCompletion> sink(slots_.size() + 1);
-  while (inflight_ops_ > 0) {
-    if (!Reap(sink, 1).ok()) break;
-  }
+  if (lock_fds_.empty()) return Status::OK();
+  // Every op must be finished before a file is closed or unlinked: the kernel may still write
+  // into the caller's buffers or read from the files. Errors do not stop the wait.
   Status first;
-  for (size_t i = 0; i < fds_.size(); ++i) {
-    io_->UnregisterFile(fds_[i]);
-    close(fds_[i]);
-    if (unlink(file_paths_[i].c_str()) != 0 && first.ok()) {
-      first = Status::FromErrno(errno, "remove swap file", file_paths_[i]);
+  std::vector<SwapCompletion> sink(slots_.size() + 1);
+  int failures = 0;
+  while (inflight_ops_ > 0) {
+    Result<size_t> got = Reap(sink, 1);
+    if (got.ok()) {
+      failures = 0;
+      continue;
+    }
+    if (first.ok()) first = got.status();
+    if (++failures >= kMaxDrainFailures) {
+      return Status::IOError("swap space close: " + std::to_string(inflight_ops_) +
+                             " ops still in flight after " + std::to_string(failures) +
+                             " failed reaps (" + first.ToString() +
+                             "); files kept open and on disk");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // Unlink before the lock goes, so no scan ever sees our file unlocked (as a leftover).
+  Status result;
+  for (size_t i = 0; i < file_paths_.size(); ++i) {
+    if (unlink(file_paths_[i].c_str()) != 0 && result.ok()) {
+      result = Status::FromErrno(errno, "remove swap file", file_paths_[i]);
     }
   }
+  for (int fd : fds_) {
+    io_->UnregisterFile(fd);
+    close(fd);
+  }
+  for (int fd : lock_fds_) close(fd);
   fds_.clear();
-  return first;
+  lock_fds_.clear();
+  return result;
 }
 
 size_t SwapSpace::ExtentBytes(uint64_t block_id) const {
@@ -222,8 +274,15 @@ Status SwapSpace::Submit(std::span<const SwapOp> ops) {
       return Status::InvalidArgument(BlockName(op.block_id) +
                                      ": buffer is null or not 4096-aligned (a programmer error)");
     }
-    if (op.op == IoOp::kRead && blocks_[it->second].state == Block::State::kNeverWritten) {
-      return Status::FailedPrecondition(BlockName(op.block_id) + " was never written");
+    const Block& b = blocks_[it->second];
+    if (op.op == IoOp::kRead && b.state == Block::State::kNeverWritten && b.pending_writes == 0) {
+      bool written_before = false;  // by an earlier op of this batch
+      for (const SwapOp* e = ops.data(); e != &op; ++e) {
+        written_before |= e->op == IoOp::kWrite && e->block_id == op.block_id;
+      }
+      if (!written_before) {
+        return Status::FailedPrecondition(BlockName(op.block_id) + " was never written");
+      }
     }
   }
   if (inflight_ops_ + ops.size() > slots_.size()) {
@@ -235,45 +294,124 @@ Status SwapSpace::Submit(std::span<const SwapOp> ops) {
     const size_t slot = free_slots_.back();
     free_slots_.pop_back();
     OpSlot& s = slots_[slot];
-    s = OpSlot{op, index_.at(op.block_id), 0, 0, Status::OK(), true};
-    const Block& b = blocks_[s.block_index];
+    s = OpSlot{};
+    s.op = op;
+    s.block_index = index_.at(op.block_id);
+    s.used = true;
+    Block& b = blocks_[s.block_index];
     // Checksum before the write (pair assertion with the verify after the read).
-    if (op.op == IoOp::kWrite) s.checksum = XXH3_64bits(op.buffer, b.extent_bytes);
-    size_t off = 0;
-    for (const Unit& u : b.units) {
-      queued_.push_back(IoRequest{op.op, fds_[u.file], u.offset,
-                                  static_cast<char*>(op.buffer) + off, u.length_bytes, slot});
-      off += u.length_bytes;
+    if (op.op == IoOp::kWrite) {
+      s.checksum = XXH3_64bits(op.buffer, b.extent_bytes);
+      ++b.pending_writes;
     }
     s.units_left = b.units.size();
+    waiting_.push_back(slot);
   }
   inflight_ops_ += ops.size();
-  return Pump();
+  Pump();
+  return Status::OK();
 }
 
-Status SwapSpace::Pump() {
-  while (!queued_.empty() && io_->inflight() < io_->queue_depth()) {
-    const size_t n = std::min(queued_.size(), io_->queue_depth() - io_->inflight());
-    std::vector<IoRequest> batch(queued_.begin(), queued_.begin() + static_cast<long>(n));
-    STRATA_RETURN_IF_ERROR(io_->Submit(batch));
-    queued_.erase(queued_.begin(), queued_.begin() + static_cast<long>(n));
+// Submission order per block: an op starts only when no earlier op on its block is waiting and
+// the block's running ops allow it (reads share, a write runs alone).
+void SwapSpace::StartWaitingOps() {
+  ++scan_epoch_;
+  size_t keep = 0;
+  for (size_t slot : waiting_) {
+    OpSlot& s = slots_[slot];
+    Block& b = blocks_[s.block_index];
+    const bool is_write = s.op.op == IoOp::kWrite;
+    const bool free = is_write ? (!b.running_write && b.running_reads == 0) : !b.running_write;
+    if (b.scan_mark != scan_epoch_ && free) {
+      s.started = true;
+      if (is_write) {
+        b.running_write = true;
+      } else {
+        ++b.running_reads;
+      }
+      issuing_.push_back(slot);
+    } else {
+      b.scan_mark = scan_epoch_;  // later ops on this block wait behind this one
+      waiting_[keep++] = slot;
+    }
   }
-  return Status::OK();
+  waiting_.resize(keep);
+}
+
+void SwapSpace::Pump() {
+  StartWaitingOps();
+  while (!issuing_.empty() && io_->inflight() < io_->queue_depth()) {
+    const size_t room = io_->queue_depth() - io_->inflight();
+    batch_.clear();
+    for (size_t k = 0; k < issuing_.size() && batch_.size() < room; ++k) {
+      const size_t slot = issuing_[k];
+      const OpSlot& s = slots_[slot];
+      const Block& b = blocks_[s.block_index];
+      size_t off = 0;
+      for (size_t u = 0; u < s.next_unit; ++u) off += b.units[u].length_bytes;
+      for (size_t u = s.next_unit; u < b.units.size() && batch_.size() < room; ++u) {
+        const Unit& unit = b.units[u];
+        batch_.push_back(IoRequest{s.op.op, fds_[unit.file], unit.offset,
+                                   static_cast<char*>(s.op.buffer) + off, unit.length_bytes, slot});
+        off += unit.length_bytes;
+      }
+    }
+    Status st = io_->Submit(batch_);
+    if (!st.ok()) {  // the backend queued none of batch_ (all or nothing)
+      FailUnissued(st);
+      return;
+    }
+    for (const IoRequest& r : batch_) ++slots_[r.user_data].next_unit;
+    size_t keep = 0;
+    for (size_t slot : issuing_) {
+      const OpSlot& s = slots_[slot];
+      if (s.next_unit < blocks_[s.block_index].units.size()) issuing_[keep++] = slot;
+    }
+    issuing_.resize(keep);
+  }
+}
+
+// Every op with units not yet issued gets `error`; those with nothing left in flight finish
+// now, the others when their issued units complete. Exactly one completion per op either way.
+void SwapSpace::FailUnissued(const Status& error) {
+  auto fail = [&](size_t slot) {
+    OpSlot& s = slots_[slot];
+    const size_t unissued = blocks_[s.block_index].units.size() - s.next_unit;
+    if (s.first_error.ok()) s.first_error = error.WithContext(BlockName(s.op.block_id));
+    s.units_left -= unissued;  // next_unit stays: the units that really reached the backend
+    if (s.units_left == 0) FinishOp(slot);
+  };
+  for (size_t slot : issuing_) fail(slot);
+  issuing_.clear();
+  for (size_t slot : waiting_) fail(slot);
+  waiting_.clear();
 }
 
 void SwapSpace::FinishOp(size_t slot) {
   OpSlot& s = slots_[slot];
   Block& b = blocks_[s.block_index];
   Status st = std::move(s.first_error);
+  // Units that reached the backend: a failed write with none of them leaves the old version.
+  const bool issued_any = s.next_unit > 0;
+  if (s.started) {
+    if (s.op.op == IoOp::kWrite) {
+      b.running_write = false;
+    } else {
+      --b.running_reads;
+    }
+  }
   if (s.op.op == IoOp::kWrite) {
+    --b.pending_writes;
     if (st.ok()) {
       b.state = Block::State::kValid;
       b.checksum = s.checksum;
-    } else {
+    } else if (issued_any) {
       b.state = Block::State::kInvalid;  // some units may have landed: never verify a mix
     }
   } else if (st.ok()) {
-    if (b.state != Block::State::kValid) {
+    if (b.state == Block::State::kNeverWritten) {
+      st = Status::FailedPrecondition(BlockName(b.id) + " was never written");
+    } else if (b.state != Block::State::kValid) {
       st = Status::Corruption(BlockName(b.id) + ": its last write failed; no valid version");
     } else if (XXH3_64bits(s.op.buffer, b.extent_bytes) != b.checksum) {
       st = Status::Corruption(BlockName(b.id) + ": checksum mismatch reading " +
@@ -290,8 +428,8 @@ void SwapSpace::FinishOp(size_t slot) {
 Result<size_t> SwapSpace::Reap(std::span<SwapCompletion> out, size_t min_complete) {
   const size_t want = std::min(min_complete, inflight_ops_);
   do {
-    STRATA_RETURN_IF_ERROR(Pump());
-    if (io_->inflight() == 0) break;
+    Pump();
+    if (io_->inflight() == 0) break;  // nothing issued: every op has finished (see Pump)
     const size_t need = ready_.size() < want ? 1 : 0;
     STRATA_ASSIGN_OR_RETURN(size_t n, io_->Reap(io_out_, need));
     for (size_t i = 0; i < n; ++i) {
@@ -303,12 +441,11 @@ Result<size_t> SwapSpace::Reap(std::span<SwapCompletion> out, size_t min_complet
       if (--s.units_left == 0) FinishOp(slot);
     }
     if (n == 0 && need == 0) break;
-  } while (ready_.size() < want || (!queued_.empty() && io_->inflight() < io_->queue_depth()));
+  } while (ready_.size() < want ||
+           ((!issuing_.empty() || !waiting_.empty()) && io_->inflight() < io_->queue_depth()));
+  Pump();  // ops unblocked by the last completions start now, not at the next call
   const size_t n = std::min(out.size(), ready_.size());
-  for (size_t i = 0; i < n; ++i) {
-    out[i] = std::move(ready_.front());
-    ready_.pop_front();
-  }
+  for (size_t i = 0; i < n; ++i) out[i] = ready_.pop_front();
   inflight_ops_ -= n;
   return n;
 }

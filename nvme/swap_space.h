@@ -12,13 +12,23 @@
 // wrong data. A write that fails in any unit marks the block invalid (its extent may be
 // half-written); reading it is Corruption until it is written successfully again.
 //
-// Lifecycle: Create refuses a swap file left behind by a run that did not close cleanly (it is
-// reported, never silently reused). Close (or the destructor) waits for IO in flight and removes
-// the files.
+// Lifecycle: Create refuses strata files left behind on its paths by a run that did not close
+// cleanly (every rank's swap file, benchmark scratch files: all reported, never silently reused;
+// nvme/leftovers.h tells them from files of live processes by their flock). Close (or the
+// destructor) waits for IO in flight and removes the files.
 //
 // Async use: Submit a batch of block reads/writes, Reap their completions (one per op, after all
 // of its units finished and, for reads, the checksum was verified). Read/Write are the
 // synchronous forms.
+//
+// Ordering: ops on the same block apply in submission order. An op waits (unissued) while an
+// earlier op on its block is still running, except that reads run alongside reads; so a read
+// submitted after a write returns the written version (write-behind then read-ahead), and two
+// writes never interleave their units. Ops on different blocks run in parallel.
+//
+// Errors: an op that was accepted always ends in exactly one completion. A backend that refuses
+// to submit (a hard io_uring error) fails the units not yet issued, and their ops complete with
+// that error; a write none of whose units went out leaves the block's previous version valid.
 //
 // Thread safety: not thread-safe; one owner thread drives it (and its IoBackend, which it uses
 // exclusively while it has IO in flight).
@@ -26,13 +36,13 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "nvme/bounded_queue.h"
 #include "strata/io.h"
 #include "strata/status.h"
 
@@ -84,7 +94,8 @@ class SwapSpace {
   // InvalidArgument: no paths, duplicate or empty blocks, bad stripe unit, a filesystem without
   //   O_DIRECT and allow_buffered_io unset. NotFound: a path does not exist.
   // IOError: a path is not a writable directory, or preallocation failed (ENOSPC names the path
-  //   and the bytes needed). FailedPrecondition: a swap file from an earlier run is in the way.
+  //   and the bytes needed). FailedPrecondition: files from an earlier run are in the way (all
+  //   named), or a live process of this rank uses the path.
   static Result<std::unique_ptr<SwapSpace>> Create(const SwapSpaceOptions& options,
                                                    std::span<const SwapBlockSpec> blocks,
                                                    IoBackend* io);
@@ -92,12 +103,15 @@ class SwapSpace {
   SwapSpace(const SwapSpace&) = delete;
   SwapSpace& operator=(const SwapSpace&) = delete;
 
-  // Waits for IO in flight and removes the files. Idempotent. IOError: unlink failed.
+  // Waits for IO in flight (through Reap errors) and removes the files. Idempotent.
+  // IOError: unlink failed, or the backend could not drain its IO (then the files are kept open
+  // and on disk, never closed under IO in flight; a later Close or the destructor tries again).
   Status Close();
 
   // Queues block ops. All or nothing. NotFound: unknown block. InvalidArgument: misaligned or
   // null buffer (a programmer error: also asserted in debug builds). FailedPrecondition: a read
-  // of a block never written. ResourceExhausted: more than max_inflight_ops in flight.
+  // of a block never written (nor written by an op still pending). ResourceExhausted: more than
+  // max_inflight_ops in flight. Once accepted (OK), IO failures arrive in the completions.
   Status Submit(std::span<const SwapOp> ops);
   // Moves up to out.size() completions into out, waiting for at least min(min_complete,
   // inflight_ops()). Returns how many.
@@ -134,13 +148,20 @@ class SwapSpace {
     std::vector<Unit> units;
     enum class State : uint8_t { kNeverWritten, kValid, kInvalid } state = State::kNeverWritten;
     uint64_t checksum = 0;
+    // Ordering (see the header comment): ops running on the block, writes pending on it.
+    uint32_t running_reads = 0;
+    bool running_write = false;
+    uint32_t pending_writes = 0;
+    uint64_t scan_mark = 0;  // == scan_epoch_: an earlier op on the block is still waiting
   };
   struct OpSlot {
     SwapOp op;
     size_t block_index = 0;
-    size_t units_left = 0;
+    size_t next_unit = 0;   // units issued to the backend so far
+    size_t units_left = 0;  // units not yet completed (issued or not)
     uint64_t checksum = 0;  // of the bytes being written
     Status first_error;
+    bool started = false;  // counted in the block's running_* (its units may be issued)
     bool used = false;
   };
 
@@ -149,21 +170,30 @@ class SwapSpace {
   Status CheckFreeSpace() const;
   Status OpenFiles();
   Status Preallocate();
-  Status Pump();  // submits queued units while the backend has room
+  // Starts waiting ops their block allows, then submits their units while the backend has
+  // room. A refused submit fails every unit not yet issued (FailUnissued).
+  void Pump();
+  void StartWaitingOps();
+  void FailUnissued(const Status& error);
   void FinishOp(size_t slot);
 
   SwapSpaceOptions options_;
   IoBackend* io_;
   std::vector<std::string> file_paths_;
-  std::vector<int> fds_;
+  std::vector<int> fds_;       // IO descriptors (O_DIRECT unless buffered IO was allowed)
+  std::vector<int> lock_fds_;  // hold each file's flock (leftovers.h) until Close
   std::vector<uint64_t> file_sizes_;
   std::vector<Block> blocks_;
   std::unordered_map<uint64_t, size_t> index_;
+  // Sized at Create (max_inflight_ops, the backend's queue depth): the IO path allocates nothing.
   std::vector<OpSlot> slots_;
   std::vector<size_t> free_slots_;
-  std::deque<IoRequest> queued_;  // units waiting for backend room
-  std::deque<SwapCompletion> ready_;
+  std::vector<size_t> waiting_;  // ops not started yet, in submission order
+  std::vector<size_t> issuing_;  // started ops with units not yet issued, in start order
+  std::vector<IoRequest> batch_;
+  BoundedQueue<SwapCompletion> ready_;
   std::vector<IoCompletion> io_out_;
+  uint64_t scan_epoch_ = 0;
   size_t inflight_ops_ = 0;
   bool closed_ = false;
   std::string note_;

@@ -2,7 +2,16 @@
 
 #include <sys/uio.h>
 
+#include <time.h>
+
+#include <cassert>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "nvme/io_drain.h"
 
 namespace strata::nvme {
 
@@ -15,6 +24,15 @@ constexpr size_t kMaxSqeBytes = size_t{1} << 30;          // one SQE moves at mo
 // liburing returns -errno; one helper turns it into a Status naming the call.
 Status UringError(int neg_errno, const std::string& call) {
   return Status::FromErrno(-neg_errno, call);
+}
+
+// Results of io_uring_enter that leave the SQEs queued for the next entry.
+bool Transient(int ret) { return ret == -EAGAIN || ret == -EBUSY || ret == -EINTR; }
+
+uint64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 }  // namespace
 
@@ -43,6 +61,8 @@ Result<std::unique_ptr<UringBackend>> UringBackend::Open(const IoBackendOptions&
   b->ring_open_ = true;
   b->setup_flags_ = params.flags;
   b->slots_.resize(options.queue_depth);
+  b->ready_ = BoundedQueue<IoCompletion>(options.queue_depth);
+  b->deferred_.reserve(options.queue_depth);
   for (size_t i = options.queue_depth; i-- > 0;) b->free_slots_.push_back(i);
   if (options.register_files_and_buffers) {
     ret = io_uring_register_files_sparse(&b->ring_, kMaxFixedFiles);
@@ -68,8 +88,16 @@ Result<std::unique_ptr<UringBackend>> UringBackend::Open(const IoBackendOptions&
 UringBackend::~UringBackend() {
   if (!ring_open_) return;
   std::vector<IoCompletion> sink(slots_.size());
-  while (inflight_ > 0) {
-    if (!Reap(sink, 1).ok()) break;  // a broken ring: nothing more can be waited for
+  Status first;
+  const bool drained = DrainInflight(*this, sink, &first);
+  if (hooks_.before_queue_exit) hooks_.before_queue_exit(inflight_);
+  if (!drained) {
+    // Closing the ring now would let the kernel write into buffers the owner is about to free.
+    std::fprintf(stderr,
+                 "strata: io_uring backend destroyed with %zu requests it cannot wait "
+                 "for (%s); leaking the ring\n",
+                 inflight_, first.ToString().c_str());
+    return;
   }
   io_uring_queue_exit(&ring_);
 }
@@ -149,12 +177,18 @@ void UringBackend::UnregisterBuffer(void* base) {
   }
 }
 
+// Each slot has at most one SQE outstanding and the SQ holds >= queue_depth entries, so an SQE
+// is always free; running out means that bookkeeping broke.
 io_uring_sqe* UringBackend::GetSqe() {
   io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-  if (sqe == nullptr) {
-    // SQ full of prepared entries: hand them to the kernel and take a fresh one.
+  assert(sqe != nullptr && "io_uring SQ full although every slot has at most one SQE");
+  if (sqe == nullptr) {  // release builds: hand the SQ to the kernel and take a fresh one
     (void)io_uring_submit(&ring_);
     sqe = io_uring_get_sqe(&ring_);
+  }
+  if (sqe == nullptr) {
+    std::fprintf(stderr, "strata: io_uring SQ full with %zu slots in use\n", in_kernel_);
+    std::abort();  // a programmer error: continuing would lose a request
   }
   return sqe;
 }
@@ -163,8 +197,7 @@ void UringBackend::Prep(size_t slot) {
   const IoProgress& p = slots_[slot].progress;
   const IoRequest& r = p.request;
   io_uring_sqe* sqe = GetSqe();
-  // Each slot has at most one SQE outstanding and the SQ holds >= queue_depth entries, so after
-  // a submit there is always room.
+  ++in_kernel_;
   const unsigned len = static_cast<unsigned>(std::min(p.remaining_bytes(), kMaxSqeBytes));
   int fd = r.fd;
   bool fixed_file = false;
@@ -206,6 +239,7 @@ Status UringBackend::Submit(std::span<const IoRequest> batch) {
                                      " in flight + " + std::to_string(batch.size()) +
                                      " submitted > queue depth " + std::to_string(slots_.size()));
   }
+  if (batch.empty()) return Status::OK();
   for (const IoRequest& r : batch) {
     size_t slot = free_slots_.back();
     free_slots_.pop_back();
@@ -213,29 +247,70 @@ Status UringBackend::Submit(std::span<const IoRequest> batch) {
     slots_[slot].progress = IoProgress{r};
     Prep(slot);
   }
-  inflight_ += batch.size();
-  int ret = io_uring_submit(&ring_);
-  // Transient refusals leave the SQEs queued; Reap submits them. The requests are accepted.
-  if (ret < 0 && ret != -EAGAIN && ret != -EBUSY && ret != -EINTR) {
-    return UringError(ret, "io_uring_submit");
+  int ret = 0;
+  if (hooks_.submit_result && (ret = hooks_.submit_result()) < 0) {
+    // What a failed io_uring_enter leaves behind: the SQ tail published, nothing consumed.
+    ring_.sq.sqe_head = ring_.sq.sqe_tail;
+    io_uring_smp_store_release(ring_.sq.ktail, ring_.sq.sqe_tail);
+  } else {
+    ret = io_uring_submit(&ring_);
   }
-  return Status::OK();
+  // Transient refusals leave the SQEs queued; Reap submits them. The requests are accepted.
+  if (ret >= 0 || Transient(ret)) {
+    inflight_ += batch.size();
+    return Status::OK();
+  }
+  // A hard error: the batch must not go out later (all or nothing). Take its SQEs back and
+  // free its slots; SQEs queued before it (re-issues) stay and go out with the next entry.
+  if (!RetractSqes(static_cast<unsigned>(batch.size()))) {
+    inflight_ += batch.size();  // already consumed (SQPOLL): they complete normally
+    return Status::OK();
+  }
+  in_kernel_ -= batch.size();
+  for (size_t i = 0; i < batch.size(); ++i) {  // the retracted SQEs name the batch's slots
+    const io_uring_sqe& sqe = ring_.sq.sqes[(ring_.sq.sqe_tail + i) & ring_.sq.ring_mask];
+    const size_t slot = static_cast<size_t>(sqe.user_data);
+    slots_[slot].used = false;
+    free_slots_.push_back(slot);
+  }
+  return UringError(ret, "io_uring_submit");
 }
 
-Status UringBackend::DrainCqes() {
+bool UringBackend::RetractSqes(unsigned n) {
+  if ((ring_.flags & IORING_SETUP_SQPOLL) != 0) return false;
+  io_uring_sq& sq = ring_.sq;
+  const unsigned ktail = *sq.ktail;
+  const unsigned khead = io_uring_smp_load_acquire(sq.khead);
+  if (sq.sqe_tail != ktail || ktail - khead < n) return false;
+  sq.sqe_tail -= n;
+  sq.sqe_head = sq.sqe_tail;
+  io_uring_smp_store_release(sq.ktail, sq.sqe_tail);
+  return true;
+}
+
+Result<size_t> UringBackend::DrainCqes() {
+  size_t seen = 0;
   io_uring_cqe* cqe = nullptr;
   while (io_uring_peek_cqe(&ring_, &cqe) == 0 && cqe != nullptr) {
     const size_t slot = static_cast<size_t>(io_uring_cqe_get_data64(cqe));
-    const int res = cqe->res;
+    int res = cqe->res;
     io_uring_cqe_seen(&ring_, cqe);
     if (slot >= slots_.size() || !slots_[slot].used) {
       return Status::Internal("io_uring CQE for unknown slot " + std::to_string(slot));
     }
+    --in_kernel_;
     IoProgress& p = slots_[slot].progress;
+    if (hooks_.cqe_res) res = hooks_.cqe_res(p.request, p.done_bytes, res);
     Status error;
-    switch (p.Advance(res, FileName(p.request.fd), &error)) {
+    const IoProgress::Next next = p.Advance(res, FileName(p.request.fd), &error);
+    if (!(next == IoProgress::Next::kReissue && p.last_was_eagain)) ++seen;
+    switch (next) {
       case IoProgress::Next::kReissue:
-        Prep(slot);
+        if (p.last_was_eagain) {
+          deferred_.push_back(Deferred{slot, NowNs() + RetryBackoffNs(p.retries)});
+        } else {
+          Prep(slot);
+        }
         continue;
       case IoProgress::Next::kDone:
         ready_.push_back(p.Complete(Status::OK()));
@@ -247,37 +322,67 @@ Status UringBackend::DrainCqes() {
     slots_[slot].used = false;
     free_slots_.push_back(slot);
   }
+  return seen;
+}
+
+void UringBackend::ReissueDeferred(size_t first_n) {
+  if (deferred_.empty()) return;
+  const uint64_t now = NowNs();
+  size_t keep = 0;
+  for (size_t i = 0; i < deferred_.size(); ++i) {
+    const Deferred d = deferred_[i];
+    if (i < first_n || d.not_before_ns <= now) {
+      Prep(d.slot);
+    } else {
+      deferred_[keep++] = d;
+    }
+  }
+  deferred_.resize(keep);
+}
+
+Status UringBackend::Enter(unsigned wait_nr) {
+  int ret = 0;
+  if (hooks_.enter_result && (ret = hooks_.enter_result()) < 0) {
+    // injected failure
+  } else if (wait_nr == 0) {
+    // DEFER_TASKRUN posts completions only when we enter the kernel: do so even to poll.
+    ret = io_uring_submit_and_get_events(&ring_);
+  } else {
+    ret = io_uring_submit_and_wait(&ring_, wait_nr);
+  }
+  if (ret < 0 && !Transient(ret)) return UringError(ret, "io_uring_enter");
   return Status::OK();
 }
 
+// One pass: enter the kernel (submitting re-issues, collecting completions), handle the CQEs,
+// re-issue EAGAIN-parked slots once another completion came or their backoff passed, and wait
+// for one more completion until `want` are ready. When only parked slots are left, sleep out the
+// earliest backoff instead of waiting on a ring that has nothing to complete.
 Result<size_t> UringBackend::Reap(std::span<IoCompletion> out, size_t min_complete) {
   const size_t want = std::min(min_complete, inflight_);
-  if (ready_.size() < want || ready_.empty()) {
-    // DEFER_TASKRUN posts completions only when we enter the kernel: do so once even to poll.
-    int ret = io_uring_submit_and_get_events(&ring_);
-    if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
-      return UringError(ret, "io_uring_submit_and_get_events");
-    }
+  if (ready_.size() < want || ready_.empty() || io_uring_sq_ready(&ring_) > 0) {
+    STRATA_RETURN_IF_ERROR(Enter(0));
   }
-  STRATA_RETURN_IF_ERROR(DrainCqes());
-  while (ready_.size() < want) {
-    int ret = io_uring_submit_and_wait(&ring_, 1);
-    if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
-      return UringError(ret, "io_uring_submit_and_wait");
+  for (;;) {
+    const size_t parked_before = deferred_.size();
+    STRATA_ASSIGN_OR_RETURN(size_t seen, DrainCqes());
+    // A completion other than a new EAGAIN frees the device a little: retry the older parked.
+    ReissueDeferred(seen > 0 ? parked_before : 0);
+    if (ready_.size() >= want) break;
+    if (in_kernel_ == 0 && !deferred_.empty()) {
+      uint64_t earliest = deferred_.front().not_before_ns;
+      for (const Deferred& d : deferred_) earliest = std::min(earliest, d.not_before_ns);
+      const uint64_t now = NowNs();
+      if (earliest > now) std::this_thread::sleep_for(std::chrono::nanoseconds(earliest - now));
+      ReissueDeferred(deferred_.size());
     }
-    STRATA_RETURN_IF_ERROR(DrainCqes());
+    STRATA_RETURN_IF_ERROR(Enter(1));
   }
   if (io_uring_sq_ready(&ring_) > 0) {  // re-issued remainders go out now, not at the next call
-    int ret = io_uring_submit(&ring_);
-    if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
-      return UringError(ret, "io_uring_submit");
-    }
+    STRATA_RETURN_IF_ERROR(Enter(0));
   }
   const size_t n = std::min(out.size(), ready_.size());
-  for (size_t i = 0; i < n; ++i) {
-    out[i] = std::move(ready_.front());
-    ready_.pop_front();
-  }
+  for (size_t i = 0; i < n; ++i) out[i] = ready_.pop_front();
   inflight_ -= n;
   return n;
 }

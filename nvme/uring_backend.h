@@ -7,12 +7,20 @@
 // the backend working on plain SQEs, with the reason in note().
 //
 // Lifecycle and errors (Reap): CQEs are drained into IoProgress, which decides per raw result:
-// -EINTR/-EAGAIN and short transfers re-issue the remainder on the same slot (bounded retries),
-// other errors complete the request with IOError(errno, file, offset), a zero-length read is
-// Corruption. A slot is freed only when its completion is queued for the caller, so at most
-// queue_depth completions are ever buffered. Re-issued SQEs are submitted before Reap returns.
-// The destructor waits for every request in flight before it closes the ring: the kernel never
-// writes into a buffer the caller has been told is free.
+// -EINTR and short transfers re-issue the remainder on the same slot (bounded retries); -EAGAIN
+// parks the slot until another completion arrives or its backoff (RetryBackoffNs) has passed, so
+// a busy device is not hammered within one drain; other errors complete the request with
+// IOError(errno, file, offset), a zero-length read is Corruption. A slot is freed only when its
+// completion is queued for the caller, so at most queue_depth completions are ever buffered.
+// Re-issued SQEs are submitted before Reap returns.
+//
+// Submit is all or nothing: when io_uring_submit fails hard (-ENOMEM, -EEXIST from a
+// single-issuer ring driven by another thread) the batch's SQEs are taken back out of the SQ
+// ring before the kernel saw them and their slots are freed, so nothing of the batch is issued
+// later. (-EAGAIN/-EBUSY/-EINTR leave the SQEs queued and the batch accepted; Reap sends them.)
+// The destructor waits for every request in flight before it closes the ring (DrainInflight):
+// the kernel never writes into a buffer the caller has been told is free. If the ring cannot be
+// driven at all any more it is leaked, not closed, with a line on stderr.
 //
 // Thread safety: as IoBackend. With options.single_issuer (SINGLE_ISSUER|DEFER_TASKRUN) only
 // the creating thread may call it at all.
@@ -20,17 +28,34 @@
 
 #include <liburing.h>
 
-#include <deque>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "nvme/bounded_queue.h"
 #include "nvme/io_progress.h"
 #include "strata/io.h"
 
 namespace strata::nvme {
+
+// Fault injection into the real ring, for tests. Every hook is optional.
+struct UringTestHooks {
+  // Rewrites a CQE's raw result before IoProgress sees it (-EAGAIN, -EINTR, a short count, a hard
+  // error). `done_bytes` is how much of the request had completed before this CQE.
+  std::function<int(const IoRequest& request, size_t done_bytes, int res)> cqe_res = nullptr;
+  // Consulted before each io_uring_submit in Submit; a negative errno is used as that submit's
+  // result instead of entering the kernel, with the SQEs published to the ring exactly as a
+  // failed io_uring_enter leaves them.
+  std::function<int()> submit_result = nullptr;
+  // Consulted before each kernel entry in Reap; a negative errno fails that entry.
+  std::function<int()> enter_result = nullptr;
+  // Called right before io_uring_queue_exit with the number of requests still in flight.
+  std::function<void(size_t inflight)> before_queue_exit = nullptr;
+};
 
 class UringBackend final : public IoBackend {
  public:
@@ -51,6 +76,8 @@ class UringBackend final : public IoBackend {
   // Ring setup flags in effect (for the bench report).
   unsigned setup_flags() const noexcept { return setup_flags_; }
   size_t registered_buffers() const noexcept { return buffers_.size(); }
+  // Test-only fault injection (see UringTestHooks).
+  void SetTestHooksForTesting(UringTestHooks hooks) { hooks_ = std::move(hooks); }
 
  private:
   struct Slot {
@@ -62,10 +89,23 @@ class UringBackend final : public IoBackend {
     unsigned index;
     uintptr_t group_base;  // the base passed to RegisterBuffer (>1 GiB buffers have pieces)
   };
+  struct Deferred {  // a slot parked after -EAGAIN
+    size_t slot;
+    uint64_t not_before_ns;
+  };
   UringBackend() = default;
   void Prep(size_t slot);  // prepares the slot's remainder as one SQE
   io_uring_sqe* GetSqe();
-  Status DrainCqes();
+  // Handles every CQE present; returns how many were not a new EAGAIN (progress of some kind).
+  // Internal: a CQE for no slot.
+  Result<size_t> DrainCqes();
+  // Re-issues the first `first_n` parked slots and any other whose backoff has passed.
+  void ReissueDeferred(size_t first_n);
+  // Enters the kernel: submits prepared SQEs and waits for `wait_nr` completions.
+  Status Enter(unsigned wait_nr);
+  // Takes the last `n` SQEs back out of the SQ ring after a failed submit. False when the kernel
+  // may already have consumed them (SQPOLL).
+  bool RetractSqes(unsigned n);
   void AddNote(const std::string& line);
 
   io_uring ring_{};
@@ -73,8 +113,11 @@ class UringBackend final : public IoBackend {
   unsigned setup_flags_ = 0;
   std::vector<Slot> slots_;
   std::vector<size_t> free_slots_;
-  std::deque<IoCompletion> ready_;
+  BoundedQueue<IoCompletion> ready_;
+  std::vector<Deferred> deferred_;  // capacity queue_depth, reserved at Open
   size_t inflight_ = 0;
+  size_t in_kernel_ = 0;  // SQEs prepared or submitted whose CQE has not been handled
+  UringTestHooks hooks_;
   // Fixed files: fd -> table index; free indices.
   bool files_registered_ = false;
   std::unordered_map<int, unsigned> fixed_files_;

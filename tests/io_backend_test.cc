@@ -242,9 +242,18 @@ TEST_P(IoBackendContract, DestroyingTheBackendWaitsForInFlightWrites) {
     batch.push_back(
         {IoOp::kWrite, fd_, i * (kBytes / kQd), src.get() + i * (kBytes / kQd), kBytes / kQd, i});
   }
+  size_t inflight_at_queue_exit = 12345;
+  if (GetParam() == IoBackendKind::kIoUring) {  // the ring must not be closed under IO
+    nvme::UringTestHooks hooks;
+    hooks.before_queue_exit = [&](size_t n) { inflight_at_queue_exit = n; };
+    static_cast<nvme::UringBackend*>(backend_.get())->SetTestHooksForTesting(hooks);
+  }
   ASSERT_TRUE(backend_->Submit(batch).ok());
   backend_->UnregisterFile(fd_);  // the fd stays open; only the name table entry goes
   backend_.reset();
+  if (GetParam() == IoBackendKind::kIoUring) {
+    EXPECT_EQ(inflight_at_queue_exit, 0u);
+  }
   AlignedBuf back = MakeAligned(kBytes);
   ASSERT_EQ(pread(fd_, back.get(), kBytes, 0), static_cast<ssize_t>(kBytes));
   EXPECT_EQ(std::memcmp(back.get(), src.get(), kBytes), 0);

@@ -1,6 +1,9 @@
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <thread>
 
 #include "kernels/grad_stats.h"
 #include "kernels/pool.h"
@@ -113,6 +116,37 @@ TEST_P(GradStatsTest, BitwiseIdenticalForAnyThreadsAndTiles) {
 }
 
 STRATA_INSTANTIATE_FOR_TARGETS(GradStatsTest);
+
+// The pooled call keeps its partials in the pool's preallocated scratch: calls in a row must
+// start from fresh partials, and concurrent calls on one pool (one gets a private copy) must
+// not mix their sums.
+TEST(GradStatsScratch, RepeatedAndConcurrentPooledCallsAgreeWithSerial) {
+  const size_t n = 300001;
+  Grads a(n, DType::kF32, 5), b(n, DType::kF32, 6);
+  auto ra = ComputeGradStats(a.data(), DType::kF32, n);
+  auto rb = ComputeGradStats(b.data(), DType::kF32, n);
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  auto pool = KernelPool::Create({.threads = 3, .tile_elems = 4096});
+  ASSERT_TRUE(pool.ok());
+  for (int rep = 0; rep < 3; ++rep) {
+    auto r = ComputeGradStats(**pool, a.data(), DType::kF32, n);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(std::bit_cast<uint64_t>(r->sum_sq), std::bit_cast<uint64_t>(ra->sum_sq)) << rep;
+  }
+  std::atomic<int> mismatches{0};
+  auto run = [&](const Grads& g, double want) {
+    for (int rep = 0; rep < 20; ++rep) {
+      auto r = ComputeGradStats(**pool, g.data(), DType::kF32, n);
+      if (!r.ok() || std::bit_cast<uint64_t>(r->sum_sq) != std::bit_cast<uint64_t>(want)) {
+        mismatches.fetch_add(1);
+      }
+    }
+  };
+  std::thread t1(run, std::cref(a), ra->sum_sq), t2(run, std::cref(b), rb->sum_sq);
+  t1.join();
+  t2.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
 
 TEST(ExactSumTest, OrderIndependentAndExact) {
   std::mt19937 rng(1);

@@ -162,7 +162,8 @@ TEST(SimBackend, RandomRetryableFaultsNeverCorruptData) {
   o.seed = seed;
   o.queue_depth = 8;
   o.p_short = 0.3;
-  o.p_eintr = 0.2;
+  o.p_eintr = 0.15;
+  o.p_eagain = 0.15;
   SimBackend sim(o);
   AlignedBuf src = MakeAligned(kBytes), dst = MakeAligned(kBytes);
   FillPattern(src.get(), kBytes, seed);
@@ -175,6 +176,67 @@ TEST(SimBackend, RandomRetryableFaultsNeverCorruptData) {
   ASSERT_TRUE(sim.Execute(r).ok()) << "seed " << seed;
   EXPECT_EQ(std::memcmp(src.get(), dst.get(), kBytes), 0) << "seed " << seed;
   EXPECT_GT(sim.faults_injected(), 10u) << "seed " << seed;
+  close(fd);
+}
+
+// Random zero-length reads surface as Corruption naming the file, never as a success.
+TEST(SimBackend, RandomZeroLengthReadsAreCorruption) {
+  TempDir dir("simzero");
+  const uint64_t seed = 4711;
+  constexpr size_t kBlock = 16 << 10, kBlocks = 64;
+  int fd = OpenDirect(dir.File("z"), kBlock * kBlocks);
+  SimOptions o;
+  o.seed = seed;
+  o.queue_depth = 8;
+  o.p_zero_read = 0.2;
+  o.p_eagain = 0.1;
+  SimBackend sim(o);
+  ASSERT_TRUE(sim.RegisterFile(fd, dir.File("z")).ok());
+  AlignedBuf src = MakeAligned(kBlock * kBlocks), dst = MakeAligned(kBlock);
+  FillPattern(src.get(), kBlock * kBlocks, seed);
+  ASSERT_TRUE(sim.Write(fd, 0, src.get(), kBlock * kBlocks).ok())
+      << "writes never read 0; seed " << seed;
+  int ok = 0, corrupt = 0;
+  for (size_t i = 0; i < kBlocks; ++i) {
+    Status s = sim.Read(fd, i * kBlock, dst.get(), kBlock);
+    if (s.ok()) {
+      ++ok;
+      EXPECT_EQ(std::memcmp(dst.get(), src.get() + i * kBlock, kBlock), 0) << "seed " << seed;
+    } else {
+      ++corrupt;
+      EXPECT_TRUE(s.IsCorruption()) << s.ToString() << " seed " << seed;
+      EXPECT_NE(s.message().find(dir.File("z")), std::string_view::npos) << s.ToString();
+    }
+  }
+  EXPECT_GT(ok, 10) << "seed " << seed;
+  EXPECT_GT(corrupt, 3) << "seed " << seed;
+  sim.UnregisterFile(fd);
+  close(fd);
+}
+
+// Regression: short transfers shared the retry budget with EINTR/EAGAIN, so a transfer moving
+// 4 KiB per raw result failed after 64 pieces although it always made progress.
+TEST(IoProgress, ProgressResetsTheRetryBudget) {
+  std::vector<char> buf(1);
+  IoProgress p{IoRequest{IoOp::kRead, -1, 0, buf.data(), 1024 * 4096, 0}};
+  Status e;
+  for (int i = 0; i < 1023; ++i) {
+    ASSERT_EQ(p.Advance(-EINTR, "f", &e), IoProgress::Next::kReissue) << i;
+    ASSERT_EQ(p.Advance(4096, "f", &e), IoProgress::Next::kReissue) << i << " " << e.ToString();
+  }
+  EXPECT_EQ(p.Advance(4096, "f", &e), IoProgress::Next::kDone);
+}
+
+TEST(IoProgress, UnalignedShortTransferOnODirectIsIOErrorNamingTheCount) {
+  TempDir dir("progress");
+  int fd = OpenDirect(dir.File("d"), 8192);
+  std::vector<char> buf(1);
+  IoProgress p{IoRequest{IoOp::kRead, fd, 0, buf.data(), 8192, 0}};
+  Status e;
+  EXPECT_EQ(p.Advance(5000, "d", &e), IoProgress::Next::kFailed);
+  EXPECT_TRUE(e.IsIOError()) << e.ToString();
+  EXPECT_NE(e.message().find("short transfer of 5000 bytes"), std::string_view::npos)
+      << e.ToString();
   close(fd);
 }
 
