@@ -83,6 +83,8 @@ Result<addrinfo*> Resolve(const std::string& host, int port, bool passive) {
 
 constexpr uint8_t kOpSet = 1;
 constexpr uint8_t kOpGet = 2;
+constexpr uint8_t kOpDelete = 3;
+constexpr uint8_t kReplyRefused = 0xEE;  // first reply byte when the server refuses a client
 constexpr uint32_t kMaxKeyBytes = 4096;
 constexpr uint32_t kMaxValueBytes = 16u << 20;
 constexpr uint64_t kMaxStoreBytes = 256ull << 20;
@@ -109,6 +111,9 @@ Result<RendezvousConfig> RendezvousConfig::FromEnv(
   int timeout_ms = 0;
   STRATA_ASSIGN_OR_RETURN(timeout_ms, ParseIntEnv(env, "STRATA_RDZV_TIMEOUT_MS", false, 60000));
   c.timeout = std::chrono::milliseconds(timeout_ms);
+  const char* run_id = env("TORCHELASTIC_RUN_ID");
+  if (run_id == nullptr || *run_id == '\0') run_id = env("STRATA_RUN_ID");
+  if (run_id != nullptr) c.run_id = run_id;
   STRATA_RETURN_IF_ERROR(c.Validate());
   return c;
 }
@@ -126,6 +131,11 @@ Status RendezvousConfig::Validate() const {
   if (local_rank < 0) return Status::InvalidArgument("rendezvous: LOCAL_RANK must be >= 0");
   if (timeout.count() <= 0) {
     return Status::InvalidArgument("rendezvous: STRATA_RDZV_TIMEOUT_MS must be > 0");
+  }
+  if (run_id.size() > 256) {
+    return Status::InvalidArgument(
+        "rendezvous: the run id (TORCHELASTIC_RUN_ID / STRATA_RUN_ID) "
+        "is longer than 256 bytes");
   }
   if (file_dir.empty()) {
     if (master_addr.empty()) {
@@ -215,10 +225,19 @@ Result<std::vector<uint8_t>> FileKvStore::Get(std::string_view key,
   }
 }
 
+Status FileKvStore::Delete(std::string_view key) {
+  const std::string path = PathOf(key);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return Status::FromErrno(errno, "file store: unlink", path);
+  }
+  return Status::OK();
+}
+
 // ---------------------------------------------------------------------------
 // TcpKvStore server: a thread per client connection, a map under one mutex.
 // Request: u8 op | u32 key_len | key | u32 value_len | value. Reply to SET: u8 1. Reply to GET:
-// u8 found | u32 len | value. Malformed or oversized requests close the connection.
+// u8 found | u32 len | value. Reply to DELETE: u8 1. Malformed or oversized requests close the
+// connection.
 // ---------------------------------------------------------------------------
 class TcpKvStore::Server {
  public:
@@ -312,6 +331,14 @@ class TcpKvStore::Server {
         reply.resize(5);
         std::memcpy(reply.data() + 1, &len, 4);
         if (it != map_.end()) reply.insert(reply.end(), it->second.begin(), it->second.end());
+      } else if (op == kOpDelete) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = map_.find(key);
+        if (it != map_.end()) {
+          total_bytes_ -= it->second.size();
+          map_.erase(it);
+        }
+        reply.push_back(1);
       } else {
         return;
       }
@@ -380,6 +407,10 @@ Status TcpKvStore::Request(uint8_t op, std::string_view key, std::span<const uin
                                    std::string(key.substr(0, 64)) + "'");
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (fd_ < 0) {
+    return Status::Unavailable("TCP store " + endpoint_ +
+                               ": connection unusable after an earlier failure (" + lost_ + ")");
+  }
   const auto deadline = Clock::now() + io_timeout_;
   std::vector<uint8_t> frame(1 + 4 + key.size() + 4 + value.size());
   const uint32_t klen = static_cast<uint32_t>(key.size());
@@ -390,20 +421,47 @@ Status TcpKvStore::Request(uint8_t op, std::string_view key, std::span<const uin
   std::memcpy(frame.data() + 5 + key.size(), &vlen, 4);
   if (!value.empty()) std::memcpy(frame.data() + 9 + key.size(), value.data(), value.size());
   const std::string what = "TCP store " + endpoint_;
-  STRATA_RETURN_IF_ERROR(IoAll(fd_, frame.data(), frame.size(), true, deadline, what));
+  // A request cut short (timeout, closed peer) leaves the stream mid-frame: a later reply could
+  // be read as this request's. So any failure closes the connection for good.
+  auto io = [&](void* buf, size_t n, bool is_send) {
+    Status st = IoAll(fd_, buf, n, is_send, deadline, what);
+    if (!st.ok()) {
+      ::close(fd_);
+      fd_ = -1;
+      lost_ = st.ToString();
+    }
+    return st;
+  };
+  STRATA_RETURN_IF_ERROR(io(frame.data(), frame.size(), true));
   uint8_t head = 0;
-  STRATA_RETURN_IF_ERROR(IoAll(fd_, &head, 1, false, deadline, what));
-  if (op == kOpSet) return Status::OK();
+  STRATA_RETURN_IF_ERROR(io(&head, 1, false));
+  if (head == kReplyRefused) {
+    ::close(fd_);
+    fd_ = -1;
+    lost_ = "the server refused this client: too many connections";
+    return Status::Unavailable(what + ": " + lost_);
+  }
+  if (op != kOpGet) return Status::OK();
   uint32_t len = 0;
-  STRATA_RETURN_IF_ERROR(IoAll(fd_, &len, 4, false, deadline, what));
+  STRATA_RETURN_IF_ERROR(io(&len, 4, false));
+  if (len > kMaxValueBytes) {
+    ::close(fd_);
+    fd_ = -1;
+    lost_ = "reply of " + std::to_string(len) + " bytes exceeds the value limit";
+    return Status::Unavailable(what + ": " + lost_);
+  }
   reply->resize(len);
-  STRATA_RETURN_IF_ERROR(IoAll(fd_, reply->data(), len, false, deadline, what));
+  STRATA_RETURN_IF_ERROR(io(reply->data(), len, false));
   *found = head == 1;
   return Status::OK();
 }
 
 Status TcpKvStore::Set(std::string_view key, std::span<const uint8_t> value) {
   return Request(kOpSet, key, value, nullptr, nullptr);
+}
+
+Status TcpKvStore::Delete(std::string_view key) {
+  return Request(kOpDelete, key, {}, nullptr, nullptr);
 }
 
 Result<std::vector<uint8_t>> TcpKvStore::Get(std::string_view key,
@@ -425,15 +483,41 @@ Result<std::vector<uint8_t>> TcpKvStore::Get(std::string_view key,
   }
 }
 
+namespace {
+// A view of a store whose keys all live under `prefix` (the run's scope).
+class PrefixedKvStore final : public KvStore {
+ public:
+  PrefixedKvStore(std::unique_ptr<KvStore> base, std::string prefix)
+      : base_(std::move(base)), prefix_(std::move(prefix)) {}
+  Status Set(std::string_view key, std::span<const uint8_t> value) override {
+    return base_->Set(prefix_ + std::string(key), value);
+  }
+  Result<std::vector<uint8_t>> Get(std::string_view key,
+                                   std::chrono::milliseconds timeout) override {
+    return base_->Get(prefix_ + std::string(key), timeout);
+  }
+  Status Delete(std::string_view key) override { return base_->Delete(prefix_ + std::string(key)); }
+
+ private:
+  std::unique_ptr<KvStore> base_;
+  const std::string prefix_;
+};
+}  // namespace
+
 Result<std::unique_ptr<KvStore>> OpenRendezvousStore(const RendezvousConfig& config) {
   STRATA_RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<KvStore> store;
   if (!config.file_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(auto fs, FileKvStore::Open(config.file_dir));
-    return std::unique_ptr<KvStore>(std::move(fs));
+    store = std::move(fs);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(auto ts, TcpKvStore::Open(config.master_addr, config.master_port,
+                                                      config.rank == 0, config.timeout));
+    store = std::move(ts);
   }
-  STRATA_ASSIGN_OR_RETURN(auto ts, TcpKvStore::Open(config.master_addr, config.master_port,
-                                                    config.rank == 0, config.timeout));
-  return std::unique_ptr<KvStore>(std::move(ts));
+  if (config.run_id.empty()) return store;
+  return std::unique_ptr<KvStore>(
+      std::make_unique<PrefixedKvStore>(std::move(store), "run/" + config.run_id + "/"));
 }
 
 }  // namespace strata

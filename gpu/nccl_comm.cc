@@ -169,7 +169,10 @@ class NcclCommunicator final : public Communicator {
         opts_(o),
         state_(std::move(st)),
         stream_(stream),
-        scratch_(scratch) {}
+        scratch_(scratch) {
+    // NCCL's kernels are opaque (and reduce 16-bit data natively): wire figures are the ideal ones.
+    wire_bytes_are_ideal_ = true;
+  }
 
   ~NcclCommunicator() override {
     {
@@ -387,6 +390,11 @@ Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclCommOptio
       return st;
     }
     STRATA_RETURN_IF_ERROR(state->PollLocked("ncclCommInitRankConfig", Clock::now() + o.timeout));
+  }
+  // Initialisation is collective: once it finished every rank has read the id, so rank 0 removes
+  // it and a store directory reused by a later run cannot hand out this stale id.
+  if (o.unique_id.empty() && o.rank == 0) {
+    STRATA_RETURN_IF_ERROR(o.store->Delete(o.store_key).WithContext("nccl rendezvous cleanup"));
   }
   cudaStream_t stream = nullptr;
   float* scratch = nullptr;
