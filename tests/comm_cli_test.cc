@@ -156,6 +156,25 @@ TEST(BenchCommCli, JsonHasNcclTestsFigures) {
   }
 }
 
+TEST(BenchCommCli, ReportsTheBytesActuallyMoved) {
+  // 1000 B of fp32 over 3 ranks: all-gather / reduce-scatter move 3 x 83 elements = 996 B; the
+  // all-reduce moves all 250 elements = 1000 B. Bandwidths follow the moved size.
+  const Out o = Sh(Ctl() +
+                       " bench comm -n 3 --dtype fp32 --min-bytes 1000 --max-bytes 1000 "
+                       "--iters 1 --json",
+                   /*merge_stderr=*/false);
+  ASSERT_EQ(o.rc, 0) << o.text;
+  const auto j = nlohmann::json::parse(o.text, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << o.text;
+  ASSERT_EQ(j["results"].size(), 3u) << o.text;
+  for (const auto& r : j["results"]) {
+    const uint64_t want = r["op"] == "all_reduce" ? 1000 : 996;
+    EXPECT_EQ(r["size_bytes"].get<uint64_t>(), want) << r.dump();
+    EXPECT_NEAR(r["algbw_gbps"].get<double>(),
+                static_cast<double>(want) / (r["time_us"].get<double>() * 1e-6) / 1e9, 1e-6);
+  }
+}
+
 TEST(BenchCommCli, BadOptionsAreUsageErrors) {
   EXPECT_EQ(Sh(Ctl() + " bench comm --dtype int8").rc, 2);
   EXPECT_EQ(Sh(Ctl() + " bench comm --min-bytes 1M --max-bytes 1K").rc, 2);
