@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <list>
 #include <map>
 #include <thread>
 
@@ -241,17 +242,28 @@ Status FileKvStore::Delete(std::string_view key) {
 // ---------------------------------------------------------------------------
 class TcpKvStore::Server {
  public:
+  explicit Server(int max_clients) : max_clients_(max_clients) {}
   ~Server() {
     stopping_ = true;
     if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (int fd : client_fds_) ::shutdown(fd, SHUT_RDWR);
+      for (auto& c : clients_) ::shutdown(c->fd, SHUT_RDWR);
     }
     if (acceptor_.joinable()) acceptor_.join();
-    for (auto& t : clients_) t.join();
-    for (int fd : client_fds_) ::close(fd);
+    for (auto& c : clients_) {
+      c->thread.join();
+      ::close(c->fd);
+    }
     if (listen_fd_ >= 0) ::close(listen_fd_);
+  }
+
+  // Clients being served now (finished ones are reaped when the next client connects).
+  int live_clients() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int live = 0;
+    for (auto& c : clients_) live += c->done ? 0 : 1;
+    return live;
   }
 
   Status Listen(const std::string& host, int port) {
@@ -280,6 +292,45 @@ class TcpKvStore::Server {
   }
 
  private:
+  struct Client {
+    int fd = -1;
+    std::atomic<bool> done{false};
+    std::thread thread;
+  };
+
+  // Joins the threads of clients that disconnected and closes their sockets.
+  void Reap() {
+    std::vector<std::unique_ptr<Client>> finished;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = clients_.begin(); it != clients_.end();) {
+        if ((*it)->done) {
+          finished.push_back(std::move(*it));
+          it = clients_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& c : finished) {
+      c->thread.join();
+      ::close(c->fd);
+    }
+  }
+
+  // Tells a client over the limit why it is turned away (one kReplyRefused byte, which it reads
+  // as the reply to its first request), then closes; the short drain avoids a reset that could
+  // destroy the byte before the client reads it.
+  static void Refuse(int fd) {
+    const uint8_t refused = kReplyRefused;
+    (void)::send(fd, &refused, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ::shutdown(fd, SHUT_WR);
+    pollfd p{fd, POLLIN, 0};
+    char sink[512];
+    if (::poll(&p, 1, 200) > 0) (void)::recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+    ::close(fd);
+  }
+
   void AcceptLoop() {
     while (!stopping_) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
@@ -287,15 +338,27 @@ class TcpKvStore::Server {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         return;  // shut down (or a fatal error: clients will time out with a clear message)
       }
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_ || static_cast<int>(clients_.size()) >= kMaxClients) {
+      Reap();
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stopping_) {
         ::close(fd);
+        continue;
+      }
+      if (static_cast<int>(clients_.size()) >= max_clients_) {
+        lock.unlock();
+        Refuse(fd);
         continue;
       }
       const int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      client_fds_.push_back(fd);
-      clients_.emplace_back([this, fd] { Serve(fd); });
+      auto c = std::make_unique<Client>();
+      c->fd = fd;
+      Client* raw = c.get();
+      c->thread = std::thread([this, raw] {
+        Serve(raw->fd);
+        raw->done = true;
+      });
+      clients_.push_back(std::move(c));
     }
   }
 
@@ -350,20 +413,22 @@ class TcpKvStore::Server {
   int listen_fd_ = -1;
   std::thread acceptor_;
   std::mutex mu_;
-  std::vector<std::thread> clients_;
-  std::vector<int> client_fds_;
+  const int max_clients_;
+  std::list<std::unique_ptr<Client>> clients_;  // live, or finished and not yet reaped
   std::map<std::string, std::vector<uint8_t>> map_;
   uint64_t total_bytes_ = 0;
 };
 
 Result<std::unique_ptr<TcpKvStore>> TcpKvStore::Open(const std::string& host, int port,
                                                      bool is_server,
-                                                     std::chrono::milliseconds timeout) {
+                                                     std::chrono::milliseconds timeout,
+                                                     int max_clients) {
+  if (max_clients < 1) return Status::InvalidArgument("TCP store: max_clients must be >= 1");
   std::unique_ptr<TcpKvStore> store(new TcpKvStore());
   store->endpoint_ = host + ":" + std::to_string(port);
   store->io_timeout_ = timeout;
   if (is_server) {
-    store->server_ = std::make_unique<Server>();
+    store->server_ = std::make_unique<Server>(max_clients);
     STRATA_RETURN_IF_ERROR(store->server_->Listen(host, port));
   }
   addrinfo* res = nullptr;
@@ -459,6 +524,8 @@ Status TcpKvStore::Request(uint8_t op, std::string_view key, std::span<const uin
 Status TcpKvStore::Set(std::string_view key, std::span<const uint8_t> value) {
   return Request(kOpSet, key, value, nullptr, nullptr);
 }
+
+int TcpKvStore::live_clients() const { return server_ ? server_->live_clients() : 0; }
 
 Status TcpKvStore::Delete(std::string_view key) {
   return Request(kOpDelete, key, {}, nullptr, nullptr);

@@ -9,8 +9,9 @@
 //  - FileKvStore: one file per key in a shared directory (written to a temp name, then renamed,
 //    so readers never see a partial value); Get polls for the file.
 //  - TcpKvStore: rank 0 hosts a small server on MASTER_ADDR:MASTER_PORT (a thread per client,
-//    at most kMaxClients, keys <= 4 KiB, values <= 16 MiB, 256 MiB in all); every rank, rank 0
-//    included, is a client. Connecting retries until the timeout so ranks may start in any order.
+//    at most kMaxClients connected at once, finished ones reaped; keys <= 4 KiB, values <= 16 MiB,
+//    256 MiB in all); every rank, rank 0 included, is a client. Connecting retries until the
+//    timeout so ranks may start in any order.
 //
 // Thread safety: stores are thread-safe. The TCP server lives as long as rank 0's store object:
 // keep it until every rank has read what it needs (the communicators end their setup with a
@@ -65,8 +66,14 @@ class TcpKvStore final : public KvStore {
   // Connects to host:port (and, when `is_server`, first listens there). kInvalidArgument when the
   // host does not resolve; kIOError when the server cannot bind (port in use: errno named);
   // kDeadlineExceeded when no server answered within `timeout`.
+  // A server serves at most `max_clients` connections at once (disconnected clients are reaped
+  // as new ones arrive); one more is refused with an error its first request reports
+  // (kUnavailable, "too many connections").
   static Result<std::unique_ptr<TcpKvStore>> Open(const std::string& host, int port, bool is_server,
-                                                  std::chrono::milliseconds timeout);
+                                                  std::chrono::milliseconds timeout,
+                                                  int max_clients = kMaxClients);
+  // Server side: clients connected and not yet disconnected (0 on a client-only store).
+  int live_clients() const;
   ~TcpKvStore() override;
   Status Set(std::string_view key, std::span<const uint8_t> value) override;
   Result<std::vector<uint8_t>> Get(std::string_view key,

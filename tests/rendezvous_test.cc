@@ -227,6 +227,56 @@ TEST(TcpKvStore, ARequestThatTimedOutMakesTheConnectionUnusable) {
   ::close(lfd);
 }
 
+std::unique_ptr<TcpKvStore> ServerOnSomePort(int* port, int max_clients) {
+  for (int p = 33600 + (::getpid() % 2000); p < 33600 + (::getpid() % 2000) + 50; ++p) {
+    auto s = TcpKvStore::Open("127.0.0.1", p, true, milliseconds(2000), max_clients);
+    if (s.ok()) {
+      *port = p;
+      return std::move(*s);
+    }
+  }
+  return nullptr;
+}
+
+TEST(TcpKvStore, ServerForgetsClientsThatLeft) {
+  // More clients over its lifetime than it may serve at once: each one must still be served.
+  int port = 0;
+  auto server = ServerOnSomePort(&port, TcpKvStore::kMaxClients);
+  ASSERT_TRUE(server) << "no free port";
+  for (int i = 0; i < TcpKvStore::kMaxClients + 100; ++i) {
+    auto c = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+    ASSERT_TRUE(c.ok()) << "client " << i << ": " << c.status().ToString();
+    const Status st = (*c)->Set("k", std::vector<uint8_t>{static_cast<uint8_t>(i)});
+    ASSERT_TRUE(st.ok()) << "client " << i << ": " << st.ToString();
+  }
+  EXPECT_LT(server->live_clients(), 64);  // the ones that left were reaped
+}
+
+TEST(TcpKvStore, AClientOverTheLimitGetsAClearError) {
+  int port = 0;
+  auto server = ServerOnSomePort(&port, /*max_clients=*/2);  // the server's own client is one
+  ASSERT_TRUE(server) << "no free port";
+  auto a = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*a)->Set("a", std::vector<uint8_t>{1}).ok());
+  auto b = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+  ASSERT_TRUE(b.ok());
+  const Status refused = (*b)->Set("b", std::vector<uint8_t>{1});
+  EXPECT_TRUE(refused.IsUnavailable()) << refused.ToString();
+  EXPECT_NE(refused.ToString().find("too many connections"), std::string::npos)
+      << refused.ToString();
+  // Once a client leaves, a new one is served (its slot is reaped when the next one connects).
+  a->reset();
+  bool served = false;
+  for (int attempt = 0; attempt < 100 && !served; ++attempt) {
+    auto c = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+    ASSERT_TRUE(c.ok());
+    served = (*c)->Set("c", std::vector<uint8_t>{1}).ok();
+    if (!served) std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_TRUE(served);
+}
+
 TEST(TcpKvStore, DeleteRemovesAKey) {
   std::unique_ptr<TcpKvStore> server;
   for (int p = 31600 + (::getpid() % 2000); p < 31600 + (::getpid() % 2000) + 50 && !server; ++p) {
