@@ -116,6 +116,17 @@ TEST(LaunchCli, ReturnsWhenRanksExitEvenIfTheirChildrenHoldThePipes) {
   EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(15)) << ok.text;
 }
 
+TEST(LaunchCli, NoFreePortIsAClearErrorNotPortZero) {
+  // 192.0.2.1 (TEST-NET-1) is no address of this host: no port can be bound there, and the ranks
+  // must not be started with MASTER_PORT=0.
+  const Out o =
+      Sh(Ctl() + " launch -n 1 --master-addr 192.0.2.1 -- sh -c 'echo port=$MASTER_PORT'");
+  EXPECT_EQ(o.rc, 1) << o.text;
+  EXPECT_NE(o.text.find("cannot find a free port on --master-addr 192.0.2.1"), std::string::npos)
+      << o.text;
+  EXPECT_EQ(o.text.find("port=0"), std::string::npos) << o.text;
+}
+
 TEST(LaunchCli, UsageAndExecErrors) {
   EXPECT_EQ(Sh(Ctl() + " launch -n 2").rc, 2);
   const Out bad = Sh(Ctl() + " launch -n 2 -- /nonexistent/program");

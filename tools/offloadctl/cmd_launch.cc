@@ -46,19 +46,28 @@ struct Rank {
   int code = 0;  // exit status, or 128 + signal
 };
 
-// A free TCP port on `addr` (bound then released; a small race, as torchrun's own).
-int FreePort(const std::string& addr) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+// A free TCP port on `addr` (bound then released; a small race, as torchrun's own), or 0 with
+// *error set when none can be bound there (addr not on this host, no ports left).
+int FreePort(const std::string& addr, std::string* error) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   if (::inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
-  int port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-    socklen_t len = sizeof(a);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    port = ntohs(a.sin_port);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *error = std::string("socket: ") + std::strerror(errno);
+    return 0;
   }
-  if (fd >= 0) ::close(fd);
+  int port = 0;
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    *error = std::string("bind: ") + std::strerror(errno);
+  } else if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    *error = std::string("getsockname: ") + std::strerror(errno);
+  } else {
+    port = ntohs(a.sin_port);
+    if (port == 0) *error = "the kernel returned port 0";
+  }
+  ::close(fd);
   return port;
 }
 
@@ -124,7 +133,18 @@ int RunRanks(int n, const std::string& addr, int port, const std::string& rdzv_d
 
 int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_parent,
               double timeout_s, double grace_s, const std::vector<std::string>& cmd) {
-  if (port == 0) port = FreePort(addr);
+  if (port == 0) {
+    std::string error;
+    port = FreePort(addr, &error);
+    if (port == 0) {
+      std::fprintf(stderr,
+                   "launch: cannot find a free port on --master-addr %s (%s); rank 0 serves the "
+                   "rendezvous there, so it must be an address of this host, or pass "
+                   "--master-port\n",
+                   addr.c_str(), error.c_str());
+      return kExitInvalid;
+    }
+  }
   std::string rdzv_dir,
       run_id = "launch-" + std::to_string(::getpid()) + "-" +
                std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
