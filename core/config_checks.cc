@@ -187,26 +187,27 @@ void CheckAcrossKeys(Reader& r, EngineConfig& c, Json* root) {
 
 namespace {
 
-void CheckPath(Reader& r, const std::string& key, const std::string& dir) {
+// Returns the free bytes at `dir`, or -1 after reporting why it cannot be used.
+int64_t CheckPath(Reader& r, const std::string& key, const std::string& dir) {
   std::error_code ec;
   auto st = std::filesystem::status(dir, ec);
   if (ec || !std::filesystem::exists(st)) {
     r.Error(Kind::kMachine, key, "'" + dir + "' does not exist on this machine");
-    return;
+    return -1;
   }
   if (!std::filesystem::is_directory(st)) {
     r.Error(Kind::kMachine, key, "'" + dir + "' is not a directory");
-    return;
+    return -1;
   }
   if (access(dir.c_str(), W_OK | X_OK) != 0) {
     r.Error(Kind::kMachine, key,
             "'" + dir + "' is not writable: " + std::string(std::strerror(errno)));
-    return;
+    return -1;
   }
   struct statvfs vfs {};
   if (statvfs(dir.c_str(), &vfs) != 0) {
     r.Error(Kind::kMachine, key, "statvfs '" + dir + "': " + std::string(std::strerror(errno)));
-    return;
+    return -1;
   }
   int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
   r.check().notes.push_back(key + ": '" + dir + "' has " + I(free_bytes) + " bytes free");
@@ -215,18 +216,53 @@ void CheckPath(Reader& r, const std::string& key, const std::string& dir) {
            "'" + dir + "' has only " + I(free_bytes) + " bytes free (< " +
                I(r.options().min_free_bytes) + ")");
   }
+  return free_bytes;
 }
 
 }  // namespace
 
 void CheckHere(Reader& r, const EngineConfig& c) {
   const ZeroConfig& z = c.zero;
-  if (z.offload_optimizer.device == OffloadDevice::kNvme &&
-      !z.offload_optimizer.nvme_path.empty()) {
-    CheckPath(r, "zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_path);
+  const std::string opt_key = "zero_optimization.offload_optimizer.nvme_path";
+  const std::string par_key = "zero_optimization.offload_param.nvme_path";
+  const bool opt_nvme =
+      z.offload_optimizer.device == OffloadDevice::kNvme && !z.offload_optimizer.nvme_path.empty();
+  const bool par_nvme =
+      z.offload_param.device == OffloadDevice::kNvme && !z.offload_param.nvme_path.empty();
+  // What the config puts on each path. The param swap buffers (16-bit unless fp16/bf16 are both
+  // off) are a floor: DeepSpeed writes at least that much. The optimizer swap (fp32 master,
+  // Adam m and v: 12 bytes per parameter) is known only with the parameter count.
+  const bool half = c.fp16.enabled.value_or(true) || c.bf16.enabled.value_or(true);
+  const double param_need = par_nvme ? static_cast<double>(z.offload_param.buffer_count) *
+                                           static_cast<double>(z.offload_param.buffer_size) *
+                                           (half ? 2.0 : 4.0)
+                                     : 0.0;
+  const std::optional<double> params = r.options().params;
+  const double opt_need = opt_nvme && params ? *params * 12.0 : 0.0;
+  const bool same_dir =
+      opt_nvme && par_nvme && z.offload_optimizer.nvme_path == z.offload_param.nvme_path;
+  auto compare = [&](const std::string& key, int64_t free_bytes, double buffers, double state) {
+    if (free_bytes < 0) return;
+    const double free_d = static_cast<double>(free_bytes);
+    if (buffers > free_d) {
+      r.Error(Kind::kMachine, key,
+              "needs " + I(static_cast<int64_t>(buffers)) +
+                  " bytes for offload_param's swap buffers (buffer_count x buffer_size x " +
+                  (half ? "2" : "4") + " bytes) but has " + I(free_bytes) + " bytes free");
+    } else if (buffers + state > free_d) {
+      r.Warn(Kind::kMachine, key,
+             "needs about " + I(static_cast<int64_t>(buffers + state)) +
+                 " bytes (optimizer state of " + I(static_cast<int64_t>(*params)) +
+                 " parameters x 12 bytes" + (buffers > 0 ? " + param swap buffers" : "") +
+                 ", all ranks on this machine) but has " + I(free_bytes) + " bytes free");
+    }
+  };
+  if (opt_nvme) {
+    const int64_t free_bytes = CheckPath(r, opt_key, z.offload_optimizer.nvme_path);
+    compare(opt_key, free_bytes, same_dir ? param_need : 0.0, opt_need);
   }
-  if (z.offload_param.device == OffloadDevice::kNvme && !z.offload_param.nvme_path.empty()) {
-    CheckPath(r, "zero_optimization.offload_param.nvme_path", z.offload_param.nvme_path);
+  if (par_nvme && !same_dir) {
+    compare(par_key, CheckPath(r, par_key, z.offload_param.nvme_path), param_need, 0.0);
   }
 }
 

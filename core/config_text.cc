@@ -263,9 +263,43 @@ void LocateDiagnostics(const KeyPositions& index, std::vector<ConfigDiagnostic>*
   }
 }
 
+// Offset of the first '{' or '[' that opens level max_depth + 1 (outside strings), or npos.
+size_t FindTooDeep(std::string_view s, size_t max_depth) {
+  size_t depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > max_depth) return i;
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      --depth;
+    }
+  }
+  return std::string_view::npos;
+}
+
 bool ParseJsonStrict(std::string_view stripped, nlohmann::ordered_json* out,
                      std::vector<ConfigDiagnostic>* errors) {
   using Json = nlohmann::ordered_json;
+  // Deeper documents are refused before parsing: nlohmann's dump and our path building recurse
+  // per level, so 100k levels would overflow the stack. No DeepSpeed config nests beyond ~5.
+  if (const size_t at = FindTooDeep(stripped, kMaxJsonDepth); at != std::string_view::npos) {
+    ConfigDiagnostic d{ConfigDiagnostic::Kind::kSyntax, "",
+                       "malformed JSON: nesting deeper than " + std::to_string(kMaxJsonDepth) +
+                           " levels (objects and arrays)",
+                       0, 0};
+    LineColumn(stripped, at, &d.line, &d.column);
+    errors->push_back(std::move(d));
+    return false;
+  }
   std::vector<Frame> frames;
   size_t before = errors->size();
   auto after_child = [&frames] {

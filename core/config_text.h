@@ -23,6 +23,9 @@ std::string StripComments(std::string_view text, ConfigDiagnostic* error);
 // 1-based line and column of byte `offset` in `text`.
 void LineColumn(std::string_view text, size_t offset, int* line, int* column);
 
+// Deepest nesting of objects and arrays a config may have (deeper: a kSyntax diagnostic).
+inline constexpr size_t kMaxJsonDepth = 64;
+
 // Parses stripped JSON into *out. Malformed JSON: one kSyntax diagnostic with line and column
 // (of the original text, same offsets). Duplicate keys: one kDuplicateKey diagnostic per
 // duplicate, with its path. Returns false when any diagnostic was added.

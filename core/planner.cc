@@ -315,7 +315,15 @@ Result<double> ParseParamCount(std::string_view s) {
     return Status::InvalidArgument("parameter count '" + orig +
                                    "': expected a positive number such as 7e9, 7B, 350M or 1.5T");
   }
-  return v * mult;
+  // A count of parameters is a whole number >= 1 once the suffix is applied (7.5B is fine, 7.5
+  // is not). Decimal fractions times a power of ten carry a little binary error: allow 1e-9.
+  const double total = v * mult, whole = std::round(total);
+  if (whole < 1 || std::fabs(total - whole) > 1e-9 * whole) {
+    return Status::InvalidArgument("parameter count '" + orig + "' is " + Fmt(total) +
+                                   " parameters: expected a whole number >= 1 (e.g. 7e9, 7B, "
+                                   "7.5B, 350M)");
+  }
+  return whole;
 }
 
 double LedgerBytesPerGpu(const Recipe& r, int stage, double psi, int ranks) {

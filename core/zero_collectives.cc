@@ -4,6 +4,24 @@
 
 namespace strata {
 
+// A bucket could not be submitted after earlier ones were: those still use the caller's buffers,
+// so they must finish before the error returns. The ranks' collective sequences now differ (this
+// rank skips buckets its peers run), so the communicator is aborted first, which makes queued
+// buckets fail fast and bounds a running one by the backend's transport timeout.
+Status ZeroCollectives::FailAfterSubmitted(const std::vector<CommHandle>& submitted,
+                                           const char* kind, size_t bucket, size_t buckets,
+                                           const Status& error) {
+  const Status st = error.WithContext("zero collectives: " + std::string(kind) + " bucket " +
+                                      std::to_string(bucket) + " of " + std::to_string(buckets) +
+                                      " could not be submitted");
+  if (submitted.empty()) return st;
+  comm_->Abort(st.ToString());
+  for (const CommHandle& h : submitted) {
+    (void)h.WaitUntil(std::chrono::steady_clock::time_point::max());
+  }
+  return st;
+}
+
 Status ZeroCollectives::Check() const {
   if (plan_->world_size != comm_->world_size()) {
     return Status::InvalidArgument("zero collectives: plan is for world size " +
@@ -29,8 +47,11 @@ Result<std::vector<CommHandle>> ZeroCollectives::AllGatherGroups(const void* sha
                                     static_cast<char*>(full_buf) + s.full_offset * elt,
                                     s.shard_elems});
     }
-    STRATA_ASSIGN_OR_RETURN(CommHandle h, comm_->AllGatherCoalesced(parts, dtype_));
-    handles.push_back(std::move(h));
+    Result<CommHandle> h = comm_->AllGatherCoalesced(parts, dtype_);
+    if (!h.ok()) {
+      return FailAfterSubmitted(handles, "all-gather", handles.size(), buckets.size(), h.status());
+    }
+    handles.push_back(std::move(*h));
   }
   return handles;
 }
@@ -53,8 +74,12 @@ Result<std::vector<CommHandle>> ZeroCollectives::ReduceScatterGroups(const void*
                                         static_cast<char*>(shard_grads) + s.shard_offset * elt,
                                         s.shard_elems});
     }
-    STRATA_ASSIGN_OR_RETURN(CommHandle h, comm_->ReduceScatterCoalesced(parts, dtype_, options));
-    handles.push_back(std::move(h));
+    Result<CommHandle> h = comm_->ReduceScatterCoalesced(parts, dtype_, options);
+    if (!h.ok()) {
+      return FailAfterSubmitted(handles, "reduce-scatter", handles.size(), buckets.size(),
+                                h.status());
+    }
+    handles.push_back(std::move(*h));
   }
   return handles;
 }

@@ -26,7 +26,10 @@ class ZeroCollectives {
   // Gathers groups [first, end): shards from `shard_buf` (the rank's shard buffer, all groups)
   // into `full_buf` (the full buffer, all groups). Returns one handle per bucket, in order.
   // kInvalidArgument for a bad range or bucket size, or when the plan's world size differs from
-  // the communicator's; otherwise what the Communicator returns.
+  // the communicator's; otherwise what the Communicator returns. When a bucket fails to submit
+  // after earlier ones were submitted, the communicator is aborted (ranks' sequences diverged) and
+  // the earlier buckets are waited for before the error returns, so no operation outlives the
+  // call using the caller's buffers.
   Result<std::vector<CommHandle>> AllGatherGroups(const void* shard_buf, void* full_buf,
                                                   size_t first, size_t end, size_t bucket_elems);
 
@@ -39,6 +42,8 @@ class ZeroCollectives {
 
  private:
   Status Check() const;
+  Status FailAfterSubmitted(const std::vector<CommHandle>& submitted, const char* kind,
+                            size_t bucket, size_t buckets, const Status& error);
   Communicator* comm_;
   const PartitionPlan* plan_;
   DType dtype_;

@@ -11,10 +11,13 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
+#include <netdb.h>
+
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -39,6 +42,17 @@ class StoreAdapter final : public gloo::rendezvous::Store {
     const Status st = store_->Set(prefix_ + "/" + key,
                                   {reinterpret_cast<const uint8_t*>(data.data()), data.size()});
     if (!st.ok()) throw std::runtime_error(st.ToString());
+    set_keys_.push_back(prefix_ + "/" + key);
+  }
+  // Deletes the keys this rank published. Call only once every peer has read them.
+  Status DeletePublished() {
+    Status first;
+    for (const auto& k : set_keys_) {
+      Status st = store_->Delete(k);
+      if (!st.ok() && first.ok()) first = std::move(st);
+    }
+    set_keys_.clear();
+    return first;
   }
   std::vector<char> get(const std::string& key) override {
     auto r = store_->Get(prefix_ + "/" + key, timeout_);
@@ -57,6 +71,7 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   KvStore* store_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
+  std::vector<std::string> set_keys_;
 };
 
 class GlooWork final : public CommWork {
@@ -107,14 +122,18 @@ class GlooCommunicator final : public Communicator {
       stop_ = true;
     }
     cv_.notify_all();
+    space_cv_.notify_all();
     worker_.join();
   }
 
   std::string_view backend() const noexcept override { return "gloo"; }
 
   void Abort(std::string_view reason) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed_.ok()) failed_ = Status::Aborted("communicator aborted: " + std::string(reason));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failed_.ok()) failed_ = Status::Aborted("communicator aborted: " + std::string(reason));
+    }
+    space_cv_.notify_all();  // a submitter waiting for queue space gives up now
   }
 
  protected:
@@ -153,6 +172,8 @@ class GlooCommunicator final : public Communicator {
       b.setTag(next_tag_++);
       b.setTimeout(opts_.timeout);
       gloo::broadcast(b);
+      // Gloo's broadcast tree is not instrumented: count the ideal root-send / non-root-receive.
+      AddWireBytes(CommOp::kBroadcast, rank() == root ? bytes : 0, rank() == root ? 0 : bytes);
       return Status::OK();
     });
   }
@@ -183,8 +204,14 @@ class GlooCommunicator final : public Communicator {
                              ": communicator failed earlier: " + failed_.ToString());
     }
     const bool space = space_cv_.wait_until(lock, Clock::now() + opts_.timeout, [&] {
-      return stop_ || queue_.size() + running_ < opts_.queue_depth;
+      return stop_ || !failed_.ok() || queue_.size() + running_ < opts_.queue_depth;
     });
+    if (!failed_.ok() || stop_) {
+      return Status::Aborted(std::string("gloo ") + kind +
+                             ": communicator failed while waiting "
+                             "for queue space: " +
+                             (failed_.ok() ? "stopped" : failed_.ToString()));
+    }
     if (!space) {
       return Status::ResourceExhausted(std::string("gloo ") + kind + ": " +
                                        std::to_string(opts_.queue_depth) +
@@ -255,12 +282,16 @@ class GlooCommunicator final : public Communicator {
     a.setTag(next_tag_++);
     a.setTimeout(opts_.timeout);
     gloo::allgather(a);
+    // Gloo's ring all-gather: N-1 steps, each sending one rank's slot and receiving another's.
+    const uint64_t moved = static_cast<uint64_t>(world_size() - 1) * bytes;
+    AddWireBytes(CommOp::kAllGather, moved, moved);
   }
 
   void RunReduceScatter(const ReduceScatterPart& p, DType dtype, float scale) {
     const size_t s = p.recv_count;
-    RingReduceScatter(static_cast<const uint8_t*>(p.send), s * static_cast<size_t>(world_size()), s,
-                      dtype, scale, static_cast<uint8_t*>(p.recv));
+    RingReduceScatter(CommOp::kReduceScatter, static_cast<const uint8_t*>(p.send),
+                      s * static_cast<size_t>(world_size()), s, dtype, scale,
+                      static_cast<uint8_t*>(p.recv));
   }
 
   // Ring reduce-scatter of `count` elements cut into world_size chunks of `chunk` elements (the
@@ -270,8 +301,9 @@ class GlooCommunicator final : public Communicator {
   // steps acc holds chunk r summed over all ranks in fp32, stored to `out` in dtype. Both ends of
   // a step agree on its length (same chunk, same segment), so empty transfers are skipped on both.
   // Every chunk is read before the segment of chunk r is written, so `out` may be in's chunk r.
-  void RingReduceScatter(const uint8_t* in, size_t count, size_t chunk, DType dtype, float scale,
-                         uint8_t* out) {
+  // The fp32 bytes of each step are counted as wire bytes of `op`.
+  void RingReduceScatter(CommOp op, const uint8_t* in, size_t count, size_t chunk, DType dtype,
+                         float scale, uint8_t* out) {
     const size_t elt = DTypeSize(dtype);
     const int n = world_size(), r = rank();
     const int right = (r + 1) % n, left = (r + n - 1) % n;
@@ -302,6 +334,7 @@ class GlooCommunicator final : public Communicator {
             (acc_buf && !acc_buf->waitSend(opts_.timeout))) {
           throw std::runtime_error("ring step aborted");
         }
+        AddWireBytes(op, len * sizeof(float), recv_len * sizeof(float));
         AccumulateScaled(dtype, at(c_recv, off), tmp_.data(), acc_.data(), recv_len, scale);
         len = recv_len;
       }
@@ -316,14 +349,19 @@ class GlooCommunicator final : public Communicator {
     if (count == 0) return;
     if (dtype == DType::kF32) {
       LoadScaled(dtype, send, static_cast<float*>(recv), count, scale);
-      if (world_size() > 1) AllReduceF32(static_cast<float*>(recv), count);
+      if (world_size() > 1) {
+        AllReduceF32(static_cast<float*>(recv), count);
+        // Gloo's ring all-reduce is not instrumented: count the ring's ideal volume.
+        const uint64_t ring = RingBytes(CommOp::kAllReduce, count * 4, world_size());
+        AddWireBytes(CommOp::kAllReduce, ring, ring);
+      }
       return;
     }
     const size_t elt = DTypeSize(dtype), n = static_cast<size_t>(world_size());
     const size_t chunk = (count + n - 1) / n;
     auto* out = static_cast<uint8_t*>(recv);
-    RingReduceScatter(static_cast<const uint8_t*>(send), count, chunk, dtype, scale,
-                      out + std::min(count, static_cast<size_t>(rank()) * chunk) * elt);
+    RingReduceScatter(CommOp::kAllReduce, static_cast<const uint8_t*>(send), count, chunk, dtype,
+                      scale, out + std::min(count, static_cast<size_t>(rank()) * chunk) * elt);
     if (n == 1) return;
     std::vector<size_t> counts(n);
     for (size_t c = 0; c < n; ++c) {
@@ -334,6 +372,11 @@ class GlooCommunicator final : public Communicator {
     a.setTag(next_tag_++);
     a.setTimeout(opts_.timeout);
     gloo::allgatherv(a);
+    // Ring all-gather of the chunks: every chunk but the right neighbour's is sent, every chunk
+    // but this rank's own is received.
+    const size_t r = static_cast<size_t>(rank());
+    AddWireBytes(CommOp::kAllReduce, (count - counts[(r + 1) % n]) * elt,
+                 (count - counts[r]) * elt);
   }
 
   void AllReduceF32(float* buf, size_t count) {
@@ -376,15 +419,28 @@ Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooCommOptio
     return Status::InvalidArgument("gloo: queue_depth, scratch_elems and timeout must be > 0");
   }
   std::shared_ptr<gloo::Context> ctx;  // null for world_size 1: every op is local
+  std::optional<StoreAdapter> store;
   if (o.world_size > 1) {
+    // Gloo's CreateDevice crashes (reads an unset addrinfo) on some hostnames that do not
+    // resolve, so resolve first and report the failure ourselves.
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int rc = ::getaddrinfo(o.hostname.c_str(), nullptr, &hints, &res);
+    if (rc != 0) {
+      return Status::Unavailable("gloo rendezvous (rank " + std::to_string(o.rank) + " of " +
+                                 std::to_string(o.world_size) + ", transport on '" + o.hostname +
+                                 "'): the hostname does not resolve: " + gai_strerror(rc));
+    }
+    ::freeaddrinfo(res);
+    store.emplace(o.store, o.store_prefix, o.timeout);
     try {
       gloo::transport::tcp::attr attr;
       attr.hostname = o.hostname;
       auto dev = gloo::transport::tcp::CreateDevice(attr);
       auto rctx = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world_size);
       rctx->setTimeout(o.timeout);
-      StoreAdapter store(o.store, o.store_prefix, o.timeout);
-      rctx->connectFullMesh(store, dev);
+      rctx->connectFullMesh(*store, dev);
       ctx = std::move(rctx);
     } catch (const std::exception& e) {
       const std::string what = e.what();
@@ -399,6 +455,10 @@ Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooCommOptio
   // After this barrier every rank has read the store: the caller may drop it (rank 0's TCP server).
   STRATA_ASSIGN_OR_RETURN(CommHandle h, comm->Barrier());
   STRATA_RETURN_IF_ERROR(h.WaitFor(o.timeout).WithContext("gloo setup barrier"));
+  // Every peer is connected, so nobody reads this rank's address again: remove it, so that a
+  // store directory reused by a later run holds no stale address. Best effort: rank 0 may already
+  // have dropped its TCP store (allowed after the barrier), and keys are scoped by run id anyway.
+  if (store) (void)store->DeletePublished();
   comm->ResetStats();
   return std::unique_ptr<Communicator>(std::move(comm));
 }

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <list>
 #include <map>
 #include <thread>
 
@@ -83,6 +84,8 @@ Result<addrinfo*> Resolve(const std::string& host, int port, bool passive) {
 
 constexpr uint8_t kOpSet = 1;
 constexpr uint8_t kOpGet = 2;
+constexpr uint8_t kOpDelete = 3;
+constexpr uint8_t kReplyRefused = 0xEE;  // first reply byte when the server refuses a client
 constexpr uint32_t kMaxKeyBytes = 4096;
 constexpr uint32_t kMaxValueBytes = 16u << 20;
 constexpr uint64_t kMaxStoreBytes = 256ull << 20;
@@ -109,6 +112,9 @@ Result<RendezvousConfig> RendezvousConfig::FromEnv(
   int timeout_ms = 0;
   STRATA_ASSIGN_OR_RETURN(timeout_ms, ParseIntEnv(env, "STRATA_RDZV_TIMEOUT_MS", false, 60000));
   c.timeout = std::chrono::milliseconds(timeout_ms);
+  const char* run_id = env("TORCHELASTIC_RUN_ID");
+  if (run_id == nullptr || *run_id == '\0') run_id = env("STRATA_RUN_ID");
+  if (run_id != nullptr) c.run_id = run_id;
   STRATA_RETURN_IF_ERROR(c.Validate());
   return c;
 }
@@ -126,6 +132,11 @@ Status RendezvousConfig::Validate() const {
   if (local_rank < 0) return Status::InvalidArgument("rendezvous: LOCAL_RANK must be >= 0");
   if (timeout.count() <= 0) {
     return Status::InvalidArgument("rendezvous: STRATA_RDZV_TIMEOUT_MS must be > 0");
+  }
+  if (run_id.size() > 256) {
+    return Status::InvalidArgument(
+        "rendezvous: the run id (TORCHELASTIC_RUN_ID / STRATA_RUN_ID) "
+        "is longer than 256 bytes");
   }
   if (file_dir.empty()) {
     if (master_addr.empty()) {
@@ -215,24 +226,44 @@ Result<std::vector<uint8_t>> FileKvStore::Get(std::string_view key,
   }
 }
 
+Status FileKvStore::Delete(std::string_view key) {
+  const std::string path = PathOf(key);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return Status::FromErrno(errno, "file store: unlink", path);
+  }
+  return Status::OK();
+}
+
 // ---------------------------------------------------------------------------
 // TcpKvStore server: a thread per client connection, a map under one mutex.
 // Request: u8 op | u32 key_len | key | u32 value_len | value. Reply to SET: u8 1. Reply to GET:
-// u8 found | u32 len | value. Malformed or oversized requests close the connection.
+// u8 found | u32 len | value. Reply to DELETE: u8 1. Malformed or oversized requests close the
+// connection.
 // ---------------------------------------------------------------------------
 class TcpKvStore::Server {
  public:
+  explicit Server(int max_clients) : max_clients_(max_clients) {}
   ~Server() {
     stopping_ = true;
     if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (int fd : client_fds_) ::shutdown(fd, SHUT_RDWR);
+      for (auto& c : clients_) ::shutdown(c->fd, SHUT_RDWR);
     }
     if (acceptor_.joinable()) acceptor_.join();
-    for (auto& t : clients_) t.join();
-    for (int fd : client_fds_) ::close(fd);
+    for (auto& c : clients_) {
+      c->thread.join();
+      ::close(c->fd);
+    }
     if (listen_fd_ >= 0) ::close(listen_fd_);
+  }
+
+  // Clients being served now (finished ones are reaped when the next client connects).
+  int live_clients() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int live = 0;
+    for (auto& c : clients_) live += c->done ? 0 : 1;
+    return live;
   }
 
   Status Listen(const std::string& host, int port) {
@@ -261,6 +292,45 @@ class TcpKvStore::Server {
   }
 
  private:
+  struct Client {
+    int fd = -1;
+    std::atomic<bool> done{false};
+    std::thread thread;
+  };
+
+  // Joins the threads of clients that disconnected and closes their sockets.
+  void Reap() {
+    std::vector<std::unique_ptr<Client>> finished;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = clients_.begin(); it != clients_.end();) {
+        if ((*it)->done) {
+          finished.push_back(std::move(*it));
+          it = clients_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& c : finished) {
+      c->thread.join();
+      ::close(c->fd);
+    }
+  }
+
+  // Tells a client over the limit why it is turned away (one kReplyRefused byte, which it reads
+  // as the reply to its first request), then closes; the short drain avoids a reset that could
+  // destroy the byte before the client reads it.
+  static void Refuse(int fd) {
+    const uint8_t refused = kReplyRefused;
+    (void)::send(fd, &refused, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ::shutdown(fd, SHUT_WR);
+    pollfd p{fd, POLLIN, 0};
+    char sink[512];
+    if (::poll(&p, 1, 200) > 0) (void)::recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+    ::close(fd);
+  }
+
   void AcceptLoop() {
     while (!stopping_) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
@@ -268,15 +338,27 @@ class TcpKvStore::Server {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         return;  // shut down (or a fatal error: clients will time out with a clear message)
       }
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_ || static_cast<int>(clients_.size()) >= kMaxClients) {
+      Reap();
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stopping_) {
         ::close(fd);
+        continue;
+      }
+      if (static_cast<int>(clients_.size()) >= max_clients_) {
+        lock.unlock();
+        Refuse(fd);
         continue;
       }
       const int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      client_fds_.push_back(fd);
-      clients_.emplace_back([this, fd] { Serve(fd); });
+      auto c = std::make_unique<Client>();
+      c->fd = fd;
+      Client* raw = c.get();
+      c->thread = std::thread([this, raw] {
+        Serve(raw->fd);
+        raw->done = true;
+      });
+      clients_.push_back(std::move(c));
     }
   }
 
@@ -312,6 +394,14 @@ class TcpKvStore::Server {
         reply.resize(5);
         std::memcpy(reply.data() + 1, &len, 4);
         if (it != map_.end()) reply.insert(reply.end(), it->second.begin(), it->second.end());
+      } else if (op == kOpDelete) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = map_.find(key);
+        if (it != map_.end()) {
+          total_bytes_ -= it->second.size();
+          map_.erase(it);
+        }
+        reply.push_back(1);
       } else {
         return;
       }
@@ -323,20 +413,22 @@ class TcpKvStore::Server {
   int listen_fd_ = -1;
   std::thread acceptor_;
   std::mutex mu_;
-  std::vector<std::thread> clients_;
-  std::vector<int> client_fds_;
+  const int max_clients_;
+  std::list<std::unique_ptr<Client>> clients_;  // live, or finished and not yet reaped
   std::map<std::string, std::vector<uint8_t>> map_;
   uint64_t total_bytes_ = 0;
 };
 
 Result<std::unique_ptr<TcpKvStore>> TcpKvStore::Open(const std::string& host, int port,
                                                      bool is_server,
-                                                     std::chrono::milliseconds timeout) {
+                                                     std::chrono::milliseconds timeout,
+                                                     int max_clients) {
+  if (max_clients < 1) return Status::InvalidArgument("TCP store: max_clients must be >= 1");
   std::unique_ptr<TcpKvStore> store(new TcpKvStore());
   store->endpoint_ = host + ":" + std::to_string(port);
   store->io_timeout_ = timeout;
   if (is_server) {
-    store->server_ = std::make_unique<Server>();
+    store->server_ = std::make_unique<Server>(max_clients);
     STRATA_RETURN_IF_ERROR(store->server_->Listen(host, port));
   }
   addrinfo* res = nullptr;
@@ -380,6 +472,10 @@ Status TcpKvStore::Request(uint8_t op, std::string_view key, std::span<const uin
                                    std::string(key.substr(0, 64)) + "'");
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (fd_ < 0) {
+    return Status::Unavailable("TCP store " + endpoint_ +
+                               ": connection unusable after an earlier failure (" + lost_ + ")");
+  }
   const auto deadline = Clock::now() + io_timeout_;
   std::vector<uint8_t> frame(1 + 4 + key.size() + 4 + value.size());
   const uint32_t klen = static_cast<uint32_t>(key.size());
@@ -390,20 +486,49 @@ Status TcpKvStore::Request(uint8_t op, std::string_view key, std::span<const uin
   std::memcpy(frame.data() + 5 + key.size(), &vlen, 4);
   if (!value.empty()) std::memcpy(frame.data() + 9 + key.size(), value.data(), value.size());
   const std::string what = "TCP store " + endpoint_;
-  STRATA_RETURN_IF_ERROR(IoAll(fd_, frame.data(), frame.size(), true, deadline, what));
+  // A request cut short (timeout, closed peer) leaves the stream mid-frame: a later reply could
+  // be read as this request's. So any failure closes the connection for good.
+  auto io = [&](void* buf, size_t n, bool is_send) {
+    Status st = IoAll(fd_, buf, n, is_send, deadline, what);
+    if (!st.ok()) {
+      ::close(fd_);
+      fd_ = -1;
+      lost_ = st.ToString();
+    }
+    return st;
+  };
+  STRATA_RETURN_IF_ERROR(io(frame.data(), frame.size(), true));
   uint8_t head = 0;
-  STRATA_RETURN_IF_ERROR(IoAll(fd_, &head, 1, false, deadline, what));
-  if (op == kOpSet) return Status::OK();
+  STRATA_RETURN_IF_ERROR(io(&head, 1, false));
+  if (head == kReplyRefused) {
+    ::close(fd_);
+    fd_ = -1;
+    lost_ = "the server refused this client: too many connections";
+    return Status::Unavailable(what + ": " + lost_);
+  }
+  if (op != kOpGet) return Status::OK();
   uint32_t len = 0;
-  STRATA_RETURN_IF_ERROR(IoAll(fd_, &len, 4, false, deadline, what));
+  STRATA_RETURN_IF_ERROR(io(&len, 4, false));
+  if (len > kMaxValueBytes) {
+    ::close(fd_);
+    fd_ = -1;
+    lost_ = "reply of " + std::to_string(len) + " bytes exceeds the value limit";
+    return Status::Unavailable(what + ": " + lost_);
+  }
   reply->resize(len);
-  STRATA_RETURN_IF_ERROR(IoAll(fd_, reply->data(), len, false, deadline, what));
+  STRATA_RETURN_IF_ERROR(io(reply->data(), len, false));
   *found = head == 1;
   return Status::OK();
 }
 
 Status TcpKvStore::Set(std::string_view key, std::span<const uint8_t> value) {
   return Request(kOpSet, key, value, nullptr, nullptr);
+}
+
+int TcpKvStore::live_clients() const { return server_ ? server_->live_clients() : 0; }
+
+Status TcpKvStore::Delete(std::string_view key) {
+  return Request(kOpDelete, key, {}, nullptr, nullptr);
 }
 
 Result<std::vector<uint8_t>> TcpKvStore::Get(std::string_view key,
@@ -425,15 +550,41 @@ Result<std::vector<uint8_t>> TcpKvStore::Get(std::string_view key,
   }
 }
 
+namespace {
+// A view of a store whose keys all live under `prefix` (the run's scope).
+class PrefixedKvStore final : public KvStore {
+ public:
+  PrefixedKvStore(std::unique_ptr<KvStore> base, std::string prefix)
+      : base_(std::move(base)), prefix_(std::move(prefix)) {}
+  Status Set(std::string_view key, std::span<const uint8_t> value) override {
+    return base_->Set(prefix_ + std::string(key), value);
+  }
+  Result<std::vector<uint8_t>> Get(std::string_view key,
+                                   std::chrono::milliseconds timeout) override {
+    return base_->Get(prefix_ + std::string(key), timeout);
+  }
+  Status Delete(std::string_view key) override { return base_->Delete(prefix_ + std::string(key)); }
+
+ private:
+  std::unique_ptr<KvStore> base_;
+  const std::string prefix_;
+};
+}  // namespace
+
 Result<std::unique_ptr<KvStore>> OpenRendezvousStore(const RendezvousConfig& config) {
   STRATA_RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<KvStore> store;
   if (!config.file_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(auto fs, FileKvStore::Open(config.file_dir));
-    return std::unique_ptr<KvStore>(std::move(fs));
+    store = std::move(fs);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(auto ts, TcpKvStore::Open(config.master_addr, config.master_port,
+                                                      config.rank == 0, config.timeout));
+    store = std::move(ts);
   }
-  STRATA_ASSIGN_OR_RETURN(auto ts, TcpKvStore::Open(config.master_addr, config.master_port,
-                                                    config.rank == 0, config.timeout));
-  return std::unique_ptr<KvStore>(std::move(ts));
+  if (config.run_id.empty()) return store;
+  return std::unique_ptr<KvStore>(
+      std::make_unique<PrefixedKvStore>(std::move(store), "run/" + config.run_id + "/"));
 }
 
 }  // namespace strata

@@ -2,12 +2,16 @@
 //
 // RendezvousConfig reads the variables torchrun and the deepspeed launcher set (RANK, WORLD_SIZE,
 // LOCAL_RANK, MASTER_ADDR, MASTER_PORT), plus STRATA_RDZV_DIR (use a file store in that shared
-// directory instead of TCP) and STRATA_RDZV_TIMEOUT_MS. Two KvStore implementations:
+// directory instead of TCP), STRATA_RDZV_TIMEOUT_MS and a run id (TORCHELASTIC_RUN_ID as torchrun
+// sets it, else STRATA_RUN_ID as `offloadctl launch` sets it): OpenRendezvousStore puts every key
+// under "run/<run id>/" so that runs sharing a store directory never read each other's keys.
+// Two KvStore implementations:
 //  - FileKvStore: one file per key in a shared directory (written to a temp name, then renamed,
 //    so readers never see a partial value); Get polls for the file.
 //  - TcpKvStore: rank 0 hosts a small server on MASTER_ADDR:MASTER_PORT (a thread per client,
-//    at most kMaxClients, keys <= 4 KiB, values <= 16 MiB, 256 MiB in all); every rank, rank 0
-//    included, is a client. Connecting retries until the timeout so ranks may start in any order.
+//    at most kMaxClients connected at once, finished ones reaped; keys <= 4 KiB, values <= 16 MiB,
+//    256 MiB in all); every rank, rank 0 included, is a client. Connecting retries until the
+//    timeout so ranks may start in any order.
 //
 // Thread safety: stores are thread-safe. The TCP server lives as long as rank 0's store object:
 // keep it until every rank has read what it needs (the communicators end their setup with a
@@ -31,6 +35,7 @@ struct RendezvousConfig {
   int master_port = 0;      // TCP store port, 1..65535
   std::string file_dir;     // non-empty: file store in this shared directory instead of TCP
   std::chrono::milliseconds timeout{60000};  // connect / key wait limit
+  std::string run_id;  // non-empty: keys are scoped to "run/<run_id>/" (<= 256 bytes)
 
   // Reads the environment through `getenv` (injectable for tests). kInvalidArgument naming the
   // variable when one is missing, not an integer, or out of range.
@@ -47,6 +52,7 @@ class FileKvStore final : public KvStore {
   Status Set(std::string_view key, std::span<const uint8_t> value) override;
   Result<std::vector<uint8_t>> Get(std::string_view key,
                                    std::chrono::milliseconds timeout) override;
+  Status Delete(std::string_view key) override;
 
  private:
   explicit FileKvStore(std::string dir) : dir_(std::move(dir)) {}
@@ -60,12 +66,19 @@ class TcpKvStore final : public KvStore {
   // Connects to host:port (and, when `is_server`, first listens there). kInvalidArgument when the
   // host does not resolve; kIOError when the server cannot bind (port in use: errno named);
   // kDeadlineExceeded when no server answered within `timeout`.
+  // A server serves at most `max_clients` connections at once (disconnected clients are reaped
+  // as new ones arrive); one more is refused with an error its first request reports
+  // (kUnavailable, "too many connections").
   static Result<std::unique_ptr<TcpKvStore>> Open(const std::string& host, int port, bool is_server,
-                                                  std::chrono::milliseconds timeout);
+                                                  std::chrono::milliseconds timeout,
+                                                  int max_clients = kMaxClients);
+  // Server side: clients connected and not yet disconnected (0 on a client-only store).
+  int live_clients() const;
   ~TcpKvStore() override;
   Status Set(std::string_view key, std::span<const uint8_t> value) override;
   Result<std::vector<uint8_t>> Get(std::string_view key,
                                    std::chrono::milliseconds timeout) override;
+  Status Delete(std::string_view key) override;
 
  private:
   class Server;
@@ -74,13 +87,15 @@ class TcpKvStore final : public KvStore {
                  std::vector<uint8_t>* reply, bool* found);
 
   std::unique_ptr<Server> server_;
-  std::mutex mu_;  // one request at a time on the connection
-  int fd_ = -1;
+  std::mutex mu_;     // one request at a time on the connection
+  int fd_ = -1;       // -1 once a request failed: the stream may be mid-frame
+  std::string lost_;  // why fd_ was closed
   std::string endpoint_;
   std::chrono::milliseconds io_timeout_{60000};
 };
 
-// The store `config` asks for: the file store when file_dir is set, else TCP (rank 0 serves).
+// The store `config` asks for: the file store when file_dir is set, else TCP (rank 0 serves);
+// with a run id, a view of it whose keys all live under "run/<run_id>/".
 Result<std::unique_ptr<KvStore>> OpenRendezvousStore(const RendezvousConfig& config);
 
 }  // namespace strata

@@ -43,6 +43,17 @@ Status NcclStatus(ncclResult_t r, const std::string& what, ncclComm_t comm) {
   return Status::Internal(msg);
 }
 
+// A failed NCCL call (anything but success or, for non-blocking communicators, in progress)
+// becomes a Status naming the call and place, with the communicator's last error when given.
+#define STRATA_NCCL_RETURN(call, comm)                                                          \
+  do {                                                                                          \
+    const ncclResult_t r_ = (call);                                                             \
+    if (r_ != ncclSuccess && r_ != ncclInProgress) {                                            \
+      return NcclStatus(                                                                        \
+          r_, std::string(#call) + " at " + __FILE__ + ":" + std::to_string(__LINE__), (comm)); \
+    }                                                                                           \
+  } while (0)
+
 ncclDataType_t ToNccl(DType t) {
   switch (t) {
     case DType::kBF16:
@@ -124,7 +135,8 @@ class NcclWork final : public CommWork {
           return Finish(Status::Aborted(what_ + ": " + state_->failed.ToString()));
         }
         ncclResult_t async = ncclSuccess;
-        ncclCommGetAsyncError(state_->comm, &async);
+        const ncclResult_t query = ncclCommGetAsyncError(state_->comm, &async);
+        if (query != ncclSuccess) async = query;  // cannot even ask: treat as the error
         if (async != ncclSuccess && async != ncclInProgress) {
           Status st = NcclStatus(async, what_ + " (" + state_->name + ")", state_->comm);
           state_->AbortLocked(st);
@@ -169,7 +181,10 @@ class NcclCommunicator final : public Communicator {
         opts_(o),
         state_(std::move(st)),
         stream_(stream),
-        scratch_(scratch) {}
+        scratch_(scratch) {
+    // NCCL's kernels are opaque (and reduce 16-bit data natively): wire figures are the ideal ones.
+    wire_bytes_are_ideal_ = true;
+  }
 
   ~NcclCommunicator() override {
     {
@@ -210,11 +225,9 @@ class NcclCommunicator final : public Communicator {
       uint16_t bits16 = t == DType::kBF16 ? FloatToBf16(inv).bits : FloatToHalf(inv).bits;
       void* scalar = t == DType::kF32 ? static_cast<void*>(const_cast<float*>(&inv))
                                       : static_cast<void*>(&bits16);
-      const ncclResult_t r =
-          ncclRedOpCreatePreMulSum(&p.op, scalar, ToNccl(t), ncclScalarHostImmediate, state_->comm);
-      if (r != ncclSuccess && r != ncclInProgress) {
-        return NcclStatus(r, "ncclRedOpCreatePreMulSum", state_->comm);
-      }
+      STRATA_NCCL_RETURN(
+          ncclRedOpCreatePreMulSum(&p.op, scalar, ToNccl(t), ncclScalarHostImmediate, state_->comm),
+          state_->comm);
       STRATA_RETURN_IF_ERROR(
           state_->PollLocked("ncclRedOpCreatePreMulSum", Clock::now() + opts_.timeout));
       p.created = true;
@@ -300,7 +313,7 @@ class NcclCommunicator final : public Communicator {
       return Status::Aborted(what + ": communicator failed earlier: " + state_->failed.ToString());
     }
     const auto deadline = Clock::now() + opts_.timeout;
-    if (group) ncclGroupStart();
+    if (group) STRATA_NCCL_RETURN(ncclGroupStart(), state_->comm);
     ncclResult_t r = fn(state_->comm);
     if (group) {
       const ncclResult_t e = ncclGroupEnd();
@@ -334,8 +347,7 @@ class NcclCommunicator final : public Communicator {
 
 Result<std::vector<uint8_t>> NewNcclUniqueId() {
   ncclUniqueId id;
-  const ncclResult_t r = ncclGetUniqueId(&id);
-  if (r != ncclSuccess) return NcclStatus(r, "ncclGetUniqueId", nullptr);
+  STRATA_NCCL_RETURN(ncclGetUniqueId(&id), nullptr);
   return std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id),
                               reinterpret_cast<uint8_t*>(&id) + sizeof(id));
 }
@@ -387,6 +399,11 @@ Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclCommOptio
       return st;
     }
     STRATA_RETURN_IF_ERROR(state->PollLocked("ncclCommInitRankConfig", Clock::now() + o.timeout));
+  }
+  // Initialisation is collective: once it finished every rank has read the id, so rank 0 removes
+  // it and a store directory reused by a later run cannot hand out this stale id.
+  if (o.unique_id.empty() && o.rank == 0) {
+    (void)o.store->Delete(o.store_key);  // best effort: keys are also scoped by run id
   }
   cudaStream_t stream = nullptr;
   float* scratch = nullptr;

@@ -53,6 +53,30 @@ TEST(LaunchCli, FileRendezvousWorksToo) {
   EXPECT_NE(o.text.find("[rank 1] rank 1 sum 3 ok"), std::string::npos) << o.text;
 }
 
+TEST(LaunchCli, ReusingARendezvousDirectoryWorks) {
+  // The README recommends a fixed shared --rdzv-dir: every later run must still work.
+  const std::string dir =
+      std::string(std::getenv("STRATA_TEST_TMPDIR") ? std::getenv("STRATA_TEST_TMPDIR") : "/tmp") +
+      "/launch_rdzv_reuse_" + std::to_string(::getpid());
+  // What a crashed earlier run leaves behind: its ranks' addresses under the keys Gloo uses.
+  ASSERT_EQ(Sh("mkdir -p " + dir + " && cd " + dir +
+               " && for k in 0 1 rank_0 rank_1; do head -c 136 /dev/zero > strata%2fgloo%2f$k; "
+               "done")
+                .rc,
+            0);
+  for (int run = 0; run < 3; ++run) {
+    const Out o = Sh(Ctl() + " launch -n 2 --rdzv-dir " + dir + " -- " COMM_RANK_MAIN);
+    EXPECT_EQ(o.rc, 0) << "run " << run << ": " << o.text;
+    EXPECT_NE(o.text.find("[rank 1] rank 1 sum 3 ok"), std::string::npos) << o.text;
+  }
+  // Each run removed its own folder: only the planted leftovers remain.
+  const Out ls = Sh("ls -A " + dir);
+  EXPECT_EQ(
+      ls.text,
+      "strata%2fgloo%2f0\nstrata%2fgloo%2f1\nstrata%2fgloo%2frank_0\nstrata%2fgloo%2frank_1\n")
+      << ls.text;
+}
+
 TEST(LaunchCli, OneRankDyingFailsTheJobFastWithClearErrors) {
   const Out o = Sh(Ctl() + " launch -n 3 --grace-s 10 -- " COMM_RANK_MAIN " die 1");
   EXPECT_EQ(o.rc, 1) << o.text;
@@ -71,6 +95,36 @@ TEST(LaunchCli, TimeoutAndSignalStopEveryRank) {
   EXPECT_EQ(o.rc, 1) << o.text;
   EXPECT_NE(o.text.find("launch: interrupted"), std::string::npos) << o.text;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+}
+
+TEST(LaunchCli, ReturnsWhenRanksExitEvenIfTheirChildrenHoldThePipes) {
+  // Rank 1 fails, leaving a background child that keeps its output pipe open for 30 s; launch
+  // must stop the others, signal that child's process group too, and return promptly.
+  const auto t0 = std::chrono::steady_clock::now();
+  const Out o = Sh(Ctl() +
+                   " launch -n 2 --grace-s 1 --timeout-s 20 -- sh -c 'if [ $RANK = 1 ]; then "
+                   "(sleep 30 &); exit 3; fi; sleep 60'");
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(o.rc, 1) << o.text;
+  EXPECT_NE(o.text.find("launch: rank 1 exited with code 3"), std::string::npos) << o.text;
+  EXPECT_LT(took, std::chrono::seconds(15)) << o.text;  // not the child's 30 s
+  // All ranks succeed, but one leaves a child holding stdout: launch still returns.
+  const auto t1 = std::chrono::steady_clock::now();
+  const Out ok = Sh(Ctl() + " launch -n 2 -- sh -c 'echo hi; (sleep 30 &); exit 0'");
+  EXPECT_EQ(ok.rc, 0) << ok.text;
+  EXPECT_NE(ok.text.find("[rank 1] hi"), std::string::npos) << ok.text;
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(15)) << ok.text;
+}
+
+TEST(LaunchCli, NoFreePortIsAClearErrorNotPortZero) {
+  // 192.0.2.1 (TEST-NET-1) is no address of this host: no port can be bound there, and the ranks
+  // must not be started with MASTER_PORT=0.
+  const Out o =
+      Sh(Ctl() + " launch -n 1 --master-addr 192.0.2.1 -- sh -c 'echo port=$MASTER_PORT'");
+  EXPECT_EQ(o.rc, 1) << o.text;
+  EXPECT_NE(o.text.find("cannot find a free port on --master-addr 192.0.2.1"), std::string::npos)
+      << o.text;
+  EXPECT_EQ(o.text.find("port=0"), std::string::npos) << o.text;
 }
 
 TEST(LaunchCli, UsageAndExecErrors) {
@@ -110,6 +164,25 @@ TEST(BenchCommCli, JsonHasNcclTestsFigures) {
     EXPECT_NEAR(r["busbw_gbps"].get<double>(), factor * r["algbw_gbps"].get<double>(), 1e-9);
     EXPECT_NEAR(r["algbw_gbps"].get<double>(),
                 r["size_bytes"].get<double>() / (r["time_us"].get<double>() * 1e-6) / 1e9, 1e-6);
+  }
+}
+
+TEST(BenchCommCli, ReportsTheBytesActuallyMoved) {
+  // 1000 B of fp32 over 3 ranks: all-gather / reduce-scatter move 3 x 83 elements = 996 B; the
+  // all-reduce moves all 250 elements = 1000 B. Bandwidths follow the moved size.
+  const Out o = Sh(Ctl() +
+                       " bench comm -n 3 --dtype fp32 --min-bytes 1000 --max-bytes 1000 "
+                       "--iters 1 --json",
+                   /*merge_stderr=*/false);
+  ASSERT_EQ(o.rc, 0) << o.text;
+  const auto j = nlohmann::json::parse(o.text, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << o.text;
+  ASSERT_EQ(j["results"].size(), 3u) << o.text;
+  for (const auto& r : j["results"]) {
+    const uint64_t want = r["op"] == "all_reduce" ? 1000 : 996;
+    EXPECT_EQ(r["size_bytes"].get<uint64_t>(), want) << r.dump();
+    EXPECT_NEAR(r["algbw_gbps"].get<double>(),
+                static_cast<double>(want) / (r["time_us"].get<double>() * 1e-6) / 1e9, 1e-6);
   }
 }
 

@@ -449,6 +449,47 @@ TEST(ConfigCheck, HereReportsFreeSpaceAndWarnsWhenLow) {
             nullptr);
 }
 
+TEST(ConfigCheck, HereComparesFreeSpaceWithWhatTheConfigNeeds) {
+  TempDir tmp("need");
+  const std::string dir = tmp.str();
+  auto cfg = [&](int64_t buffer_size) {
+    return R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+           dir + R"("},
+      "offload_param": {"device": "nvme", "nvme_path": ")" +
+           dir + R"(", "buffer_count": 4,
+                        "buffer_size": )" +
+           std::to_string(buffer_size) + "}}}";
+  };
+  ParseOptions o;
+  o.check_here = true;
+  o.min_free_bytes = 0;
+  // Small buffers, no parameter count: fits.
+  ConfigCheck c = CheckDeepSpeedConfig(cfg(1000), o);
+  EXPECT_TRUE(c.ok()) << Dump(c.errors);
+  EXPECT_TRUE(c.warnings.empty()) << Dump(c.warnings);
+  // 4 x 1e17 elements x 4 bytes (fp32: no fp16/bf16) cannot be free anywhere: an error with
+  // the figure.
+  c = CheckDeepSpeedConfig(cfg(100000000000000000), o);
+  ASSERT_FALSE(c.ok());
+  const ConfigDiagnostic* e =
+      FindDiag(c.errors, Kind::kMachine, "zero_optimization.offload_optimizer.nvme_path");
+  ASSERT_NE(e, nullptr) << Dump(c.errors);
+  EXPECT_NE(e->message.find("needs 1600000000000000000 bytes"), std::string::npos) << e->message;
+  // The optimizer swap of 1e17 parameters (12 bytes each) does not fit either: a warning.
+  o.params = 1e17;
+  c = CheckDeepSpeedConfig(cfg(1000), o);
+  EXPECT_TRUE(c.ok()) << Dump(c.errors);
+  const ConfigDiagnostic* w =
+      FindDiag(c.warnings, Kind::kMachine, "zero_optimization.offload_optimizer.nvme_path");
+  ASSERT_NE(w, nullptr) << Dump(c.warnings);
+  EXPECT_NE(w->message.find("x 12 bytes"), std::string::npos) << w->message;
+  // A small model fits.
+  o.params = 1000;
+  c = CheckDeepSpeedConfig(cfg(1000), o);
+  EXPECT_TRUE(c.ok() && c.warnings.empty()) << Dump(c.errors) << Dump(c.warnings);
+}
+
 TEST(ConfigCheck, HereRejectsAFile) {
   TempDir tmp("kinds");
   std::string dir = tmp.str();
@@ -490,8 +531,8 @@ TEST(ConfigCheck, HereRejectsAnUnwritableDirectory) {
           std::fprintf(stderr, "could not drop CAP_DAC_OVERRIDE\n");
           std::_Exit(3);
         }
-        ExpectError(NvmeConfig(ro), Kind::kMachine,
-                    "zero_optimization.offload_optimizer.nvme_path", "is not writable", o);
+        ExpectError(NvmeConfig(ro), Kind::kMachine, "zero_optimization.offload_optimizer.nvme_path",
+                    "is not writable", o);
         std::_Exit(::testing::Test::HasFailure() ? 1 : 0);
       },
       ::testing::ExitedWithCode(0), "");

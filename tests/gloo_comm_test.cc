@@ -7,7 +7,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <future>
 #include <sstream>
+
+#include <poll.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -238,9 +242,44 @@ TEST(GlooComm, ByteCountsFollowRingFormulas) {
     RANK_CHECK(s.of(CommOp::kBroadcast).sent_bytes == (r == 2 ? 800u : 0u), "bc sent");
     RANK_CHECK(s.of(CommOp::kBroadcast).received_bytes == (r == 2 ? 0u : 800u), "bc received");
     RANK_CHECK(s.total_sent_bytes() == 600 + 600 + 1200 + (r == 2 ? 800u : 0u), "total");
+    // Measured on the wire: the all-gather moves the ideal bytes; the bf16 reduce-scatter sends
+    // fp32 partial sums (2x: 3 steps x 100 x 4 B); the bf16 all-reduce is that ring over
+    // 100-element chunks plus a bf16 all-gather of 3 chunks (1200 + 600 = 1.5x the ideal 1200).
+    const auto& ag = s.of(CommOp::kAllGather);
+    const auto& rs = s.of(CommOp::kReduceScatter);
+    const auto& ar = s.of(CommOp::kAllReduce);
+    RANK_CHECK(ag.wire_sent_bytes == 600 && ag.wire_received_bytes == 600, "ag wire");
+    RANK_CHECK(rs.wire_sent_bytes == 1200 && rs.wire_received_bytes == 1200,
+               "rs wire " + std::to_string(rs.wire_sent_bytes));
+    RANK_CHECK(ar.wire_sent_bytes == 1800 && ar.wire_received_bytes == 1800,
+               "ar wire " + std::to_string(ar.wire_sent_bytes));
+    RANK_CHECK(s.total_wire_sent_bytes() >= s.total_sent_bytes(), "wire below ideal");
+    // fp32 reductions need no widening: wire == ideal.
+    c.ResetStats();
+    std::vector<float> f(400);
+    std::vector<float> fs(100);
+    RANK_OK(WaitOp(c.ReduceScatter(f.data(), fs.data(), 100, DType::kF32)));
+    RANK_CHECK(c.stats().of(CommOp::kReduceScatter).wire_sent_bytes ==
+                   c.stats().of(CommOp::kReduceScatter).sent_bytes,
+               "fp32 rs wire");
     return "";
   });
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(GlooComm, SetupRemovesItsRendezvousKeys) {
+  // A store directory reused by a later run must not hand out this run's (then dead) addresses.
+  const std::string dir = testing::UniqueTestDir("gloo_cleanup");
+  auto codes = RunRanks(2, [&](int r) -> std::string {
+    auto job = Connect(dir, r, 2);
+    if (!job.ok()) return job.status().ToString();
+    return "";
+  });
+  ASSERT_EQ(codes[0], 0);
+  ASSERT_EQ(codes[1], 0);
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) left.push_back(e.path().string());
+  EXPECT_TRUE(left.empty()) << left.size() << " keys left, e.g. " << left[0];
 }
 
 TEST(GlooComm, ManyOpsInFlightCompleteInOrder) {
@@ -296,6 +335,52 @@ TEST(GlooComm, WaitPastItsDeadlineLeavesTheOperationRunning) {
     RANK_CHECK(h->Ready() && x == 3.0f, "sum " + std::to_string(x));
     return "";
   });
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+}
+
+TEST(GlooComm, AbortWakesASubmitterWaitingForQueueSpace) {
+  const std::string dir = testing::UniqueTestDir("gloo_abort_full");
+  int release[2];
+  ASSERT_EQ(::pipe(release), 0);  // rank 0 -> rank 1: "you may exit now"
+  auto codes = RunRanks(2, [&](int r) -> std::string {
+    auto fs = FileKvStore::Open(dir);
+    if (!fs.ok()) return fs.status().ToString();
+    GlooCommOptions o;
+    o.rank = r;
+    o.world_size = 2;
+    o.store = fs->get();
+    o.timeout = milliseconds(20000);
+    o.queue_depth = 1;
+    auto comm = CreateGlooCommunicator(o);
+    if (!comm.ok()) return comm.status().ToString();
+    if (r == 1) {  // joins no collective until rank 0 is done, then exits
+      pollfd p{release[0], POLLIN, 0};
+      ::poll(&p, 1, 20000);
+      return "";
+    }
+    auto busy = (*comm)->Barrier();  // runs, waiting for rank 1: the queue is full
+    if (!busy.ok()) return busy.status().ToString();
+    std::promise<Status> blocked;
+    auto result = blocked.get_future();
+    std::thread submitter([&] {
+      float x = 1;
+      auto h = (*comm)->AllReduce(&x, &x, 1, DType::kF32);
+      blocked.set_value(h.ok() ? Status::OK() : h.status());
+    });
+    std::this_thread::sleep_for(milliseconds(200));
+    (*comm)->Abort("test abort");
+    const bool woke = result.wait_for(std::chrono::seconds(8)) == std::future_status::ready;
+    (void)!::write(release[1], "x", 1);  // lets rank 1 exit, which ends the barrier
+    submitter.join();
+    RANK_CHECK(woke, "the submitter still waited for queue space after Abort");
+    const Status st = result.get();
+    RANK_CHECK(st.code() == Status::Code::kAborted, st.ToString());
+    RANK_CHECK(st.ToString().find("test abort") != std::string::npos, st.ToString());
+    return "";
+  });
+  ::close(release[0]);
+  ::close(release[1]);
   EXPECT_EQ(codes[0], 0);
   EXPECT_EQ(codes[1], 0);
 }

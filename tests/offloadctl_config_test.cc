@@ -2,6 +2,8 @@
 // --json output that parses.
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
+#include <cctype>
 
 #include <cstdio>
 #include <cstdlib>
@@ -110,6 +112,30 @@ TEST_F(OffloadctlConfig, SetResolvesAccelerateAutoKeysWithPlainWords) {
   EXPECT_EQ(j["effective"]["zero_optimization"]["stage"], 3);
   EXPECT_EQ(j["effective"]["zero_optimization"]["offload_optimizer"]["device"], "cpu");
   EXPECT_EQ(j["effective"]["zero_optimization"]["offload_param"]["device"], "auto");
+}
+
+TEST_F(OffloadctlConfig, RangeErrorsAreReadable) {
+  ProcessRun r = Offloadctl("config check " + kExample + " --world-size 0");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("must be >= 1, got 0"), std::string::npos) << r.out;
+  size_t run = 0, longest = 0;
+  for (char c : r.out) longest = std::max(longest, run = std::isdigit(c & 0xff) ? run + 1 : 0);
+  EXPECT_LT(longest, 20u) << r.out;
+  r = Offloadctl("config check " + kExample + " --hidden-size 1.5");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+}
+
+TEST_F(OffloadctlConfig, DeeplyNestedJsonIsAnErrorNotACrash) {
+  // 100k levels once overflowed the stack (SIGSEGV). The error names where nesting got too deep.
+  std::string text = "{\"a\":\n " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  ProcessRun r = Offloadctl("config check " + TempFile("deep.json", text));
+  EXPECT_EQ(r.exit_code, 1) << r.out.substr(0, 2000);
+  EXPECT_NE(r.out.find("nesting deeper than 64"), std::string::npos) << r.out.substr(0, 2000);
+  EXPECT_NE(r.out.find("line 2"), std::string::npos) << r.out.substr(0, 2000);
+  // 64 levels are still parsed (and judged on their content).
+  std::string ok = "{\"zz\": " + std::string(63, '[') + std::string(63, ']') + "}";
+  r = Offloadctl("config check " + TempFile("ok.json", ok));
+  EXPECT_EQ(r.out.find("nesting deeper"), std::string::npos) << r.out;
 }
 
 TEST_F(OffloadctlConfig, InvalidConfigExitsOneWithPathsInJson) {

@@ -2,6 +2,7 @@
 // parses and carries the hand-computed figures of planner_test, and the readable report.
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cctype>
 
 #include <cstdio>
 #include <cstdlib>
@@ -143,6 +144,35 @@ TEST(OffloadctlPlan, UsageErrorsExitTwo) {
   }
   const RunResult r = RunPlan("--params 7X", true);
   EXPECT_NE(r.out.find("--params"), std::string::npos) << r.out;
+}
+
+// True when `s` holds a run of more than 20 digits (CLI11's DBL_MAX limit printed in full).
+bool HasHugeNumber(const std::string& s) {
+  size_t run = 0;
+  for (char c : s) {
+    run = std::isdigit(static_cast<unsigned char>(c)) ? run + 1 : 0;
+    if (run > 20) return true;
+  }
+  return false;
+}
+
+TEST(OffloadctlPlan, RangeErrorsAreReadable) {
+  RunResult r = RunPlan("--params 7B --hbm-gb -1", true);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("must be >= 0, got -1"), std::string::npos) << r.out;
+  EXPECT_FALSE(HasHugeNumber(r.out)) << r.out;
+  r = RunPlan("--params 7B --nvme-gbps 0", true);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("must be > 0, got 0"), std::string::npos) << r.out;
+  EXPECT_FALSE(HasHugeNumber(r.out)) << r.out;
+}
+
+TEST(OffloadctlPlan, ParamsMustBeAWholeNumber) {
+  RunResult r = RunPlan("--params 7.5", true);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("whole number"), std::string::npos) << r.out;
+  r = RunPlan("--params 7.5B --json");
+  EXPECT_NE(r.exit_code, 2) << r.out;
 }
 
 TEST(OffloadctlPlan, InvalidConfigExitsOneNamingThePath) {

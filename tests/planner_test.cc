@@ -83,6 +83,19 @@ TEST(PlannerLedger, RecipeAndCountParsingErrors) {
   }
 }
 
+TEST(PlannerParse, ParamCountMustBeAWholeNumberAfterTheSuffix) {
+  EXPECT_DOUBLE_EQ(*ParseParamCount("7.5B"), 7.5e9);
+  EXPECT_DOUBLE_EQ(*ParseParamCount("1.1B"), 1.1e9);
+  EXPECT_DOUBLE_EQ(*ParseParamCount("0.5k"), 500);
+  EXPECT_DOUBLE_EQ(*ParseParamCount("1"), 1);
+  for (const char* bad : {"7.5", "0.5", "1.0000001k", "2.5e0", "0.0001k"}) {
+    const auto r = ParseParamCount(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().ToString().find("whole number"), std::string::npos)
+        << r.status().ToString();
+  }
+}
+
 TEST(PlannerPlace, NoOffloadEachStage) {
   const PlanInput in = Ref();
   // Stage 0: 112 + all-reduce bucket 5e8 x 2 B (overlap off) = 113 GB.

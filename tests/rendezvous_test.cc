@@ -4,7 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <thread>
 
 #include "tests/multiprocess.h"
@@ -132,6 +139,156 @@ TEST(FileKvStore, SetGetAndTimeout) {
   EXPECT_TRUE(missing.status().IsDeadlineExceeded());
   auto notdir = FileKvStore::Open("/proc/version");
   EXPECT_FALSE(notdir.ok());
+}
+
+TEST(RendezvousConfig, RunIdScopesKeysSoAReusedDirectoryHoldsNoStaleValues) {
+  const std::string dir = testing::UniqueTestDir("rdzv_runid");
+  auto torch = FromMap({{"RANK", "0"},
+                        {"WORLD_SIZE", "1"},
+                        {"STRATA_RDZV_DIR", dir},
+                        {"TORCHELASTIC_RUN_ID", "job7"},
+                        {"STRATA_RUN_ID", "other"}});
+  ASSERT_TRUE(torch.ok()) << torch.status().ToString();
+  EXPECT_EQ(torch->run_id, "job7");  // torchrun's wins
+  auto run1 = FromMap(
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"STRATA_RDZV_DIR", dir}, {"STRATA_RUN_ID", "run1"}});
+  auto run2 = FromMap(
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"STRATA_RDZV_DIR", dir}, {"STRATA_RUN_ID", "run2"}});
+  ASSERT_TRUE(run1.ok() && run2.ok());
+  EXPECT_EQ(run1->run_id, "run1");
+  auto s1 = OpenRendezvousStore(*run1);
+  auto s2 = OpenRendezvousStore(*run2);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  const std::vector<uint8_t> old_addr = {1, 2, 3};
+  ASSERT_TRUE((*s1)->Set("strata/gloo/rank_0", old_addr).ok());
+  // The second run does not see the first run's value under the same key.
+  auto stale = (*s2)->Get("strata/gloo/rank_0", milliseconds(50));
+  EXPECT_TRUE(stale.status().IsDeadlineExceeded()) << stale.status().ToString();
+  // Deleting removes the file; deleting an absent key is fine.
+  ASSERT_TRUE((*s1)->Delete("strata/gloo/rank_0").ok());
+  EXPECT_TRUE((*s1)->Delete("strata/gloo/rank_0").ok());
+  EXPECT_TRUE((*s1)->Get("strata/gloo/rank_0", milliseconds(20)).status().IsDeadlineExceeded());
+  auto too_long = FromMap({{"RANK", "0"},
+                           {"WORLD_SIZE", "1"},
+                           {"STRATA_RDZV_DIR", dir},
+                           {"STRATA_RUN_ID", std::string(300, 'x')}});
+  EXPECT_TRUE(too_long.status().IsInvalidArgument());
+}
+
+// A listening socket on a kernel-chosen loopback port; returns {fd, port}.
+std::pair<int, int> ListenLoopback() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::listen(fd, 4) != 0) {
+    return {-1, 0};
+  }
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  return {fd, ntohs(a.sin_port)};
+}
+
+TEST(TcpKvStore, ARequestThatTimedOutMakesTheConnectionUnusable) {
+  // A slow server: it answers the first GET only after the client gave up, with value "A". The
+  // client must not read that late reply as the answer to its next request.
+  auto [lfd, port] = ListenLoopback();
+  ASSERT_GE(lfd, 0);
+  std::thread server([lfd = lfd] {
+    pollfd p{lfd, POLLIN, 0};
+    if (::poll(&p, 1, 5000) != 1) return;
+    const int c = ::accept(lfd, nullptr, nullptr);
+    if (c < 0) return;
+    char buf[256];
+    pollfd q{c, POLLIN, 0};
+    if (::poll(&q, 1, 5000) == 1) (void)::recv(c, buf, sizeof(buf), 0);  // request 1
+    std::this_thread::sleep_for(milliseconds(400));  // past the client's timeout
+    const uint8_t reply[] = {1, 1, 0, 0, 0, 'A'};    // found, len 1, "A"
+    (void)::send(c, reply, sizeof(reply), MSG_NOSIGNAL);
+    if (::poll(&q, 1, 2000) == 1) (void)::recv(c, buf, sizeof(buf), 0);  // request 2, if any
+    (void)::send(c, reply, sizeof(reply), MSG_NOSIGNAL);
+    std::this_thread::sleep_for(milliseconds(200));
+    ::close(c);
+  });
+  auto client = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(150));
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto first = (*client)->Get("slow", milliseconds(10));
+  EXPECT_TRUE(first.status().IsDeadlineExceeded()) << first.status().ToString();
+  std::this_thread::sleep_for(milliseconds(600));  // the late reply has arrived by now
+  auto second = (*client)->Get("other", milliseconds(10));
+  ASSERT_FALSE(second.ok()) << "read a stale reply: "
+                            << std::string(second->begin(), second->end());
+  EXPECT_TRUE(second.status().IsUnavailable()) << second.status().ToString();
+  EXPECT_NE(second.status().ToString().find("earlier failure"), std::string::npos)
+      << second.status().ToString();
+  EXPECT_TRUE((*client)->Set("k", std::vector<uint8_t>{1}).IsUnavailable());
+  server.join();
+  ::close(lfd);
+}
+
+std::unique_ptr<TcpKvStore> ServerOnSomePort(int* port, int max_clients) {
+  for (int p = 33600 + (::getpid() % 2000); p < 33600 + (::getpid() % 2000) + 50; ++p) {
+    auto s = TcpKvStore::Open("127.0.0.1", p, true, milliseconds(2000), max_clients);
+    if (s.ok()) {
+      *port = p;
+      return std::move(*s);
+    }
+  }
+  return nullptr;
+}
+
+TEST(TcpKvStore, ServerForgetsClientsThatLeft) {
+  // More clients over its lifetime than it may serve at once: each one must still be served.
+  int port = 0;
+  auto server = ServerOnSomePort(&port, TcpKvStore::kMaxClients);
+  ASSERT_TRUE(server) << "no free port";
+  for (int i = 0; i < TcpKvStore::kMaxClients + 100; ++i) {
+    auto c = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+    ASSERT_TRUE(c.ok()) << "client " << i << ": " << c.status().ToString();
+    const Status st = (*c)->Set("k", std::vector<uint8_t>{static_cast<uint8_t>(i)});
+    ASSERT_TRUE(st.ok()) << "client " << i << ": " << st.ToString();
+  }
+  EXPECT_LT(server->live_clients(), 64);  // the ones that left were reaped
+}
+
+TEST(TcpKvStore, AClientOverTheLimitGetsAClearError) {
+  int port = 0;
+  auto server = ServerOnSomePort(&port, /*max_clients=*/2);  // the server's own client is one
+  ASSERT_TRUE(server) << "no free port";
+  auto a = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*a)->Set("a", std::vector<uint8_t>{1}).ok());
+  auto b = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+  ASSERT_TRUE(b.ok());
+  const Status refused = (*b)->Set("b", std::vector<uint8_t>{1});
+  EXPECT_TRUE(refused.IsUnavailable()) << refused.ToString();
+  EXPECT_NE(refused.ToString().find("too many connections"), std::string::npos)
+      << refused.ToString();
+  // Once a client leaves, a new one is served (its slot is reaped when the next one connects).
+  a->reset();
+  bool served = false;
+  for (int attempt = 0; attempt < 100 && !served; ++attempt) {
+    auto c = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+    ASSERT_TRUE(c.ok());
+    served = (*c)->Set("c", std::vector<uint8_t>{1}).ok();
+    if (!served) std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_TRUE(served);
+}
+
+TEST(TcpKvStore, DeleteRemovesAKey) {
+  std::unique_ptr<TcpKvStore> server;
+  for (int p = 31600 + (::getpid() % 2000); p < 31600 + (::getpid() % 2000) + 50 && !server; ++p) {
+    auto s = TcpKvStore::Open("127.0.0.1", p, true, milliseconds(2000));
+    if (s.ok()) server = std::move(*s);
+  }
+  ASSERT_TRUE(server) << "no free port";
+  ASSERT_TRUE(server->Set("k", std::vector<uint8_t>{7}).ok());
+  ASSERT_TRUE(server->Get("k", milliseconds(100)).ok());
+  ASSERT_TRUE(server->Delete("k").ok());
+  EXPECT_TRUE(server->Delete("k").ok());
+  EXPECT_TRUE(server->Get("k", milliseconds(50)).status().IsDeadlineExceeded());
 }
 
 }  // namespace

@@ -3,12 +3,15 @@
 // (stage 3 moves 1.5x the traffic of stages 0-2).
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 
 #include "core/zero_collectives.h"
 #include "cpu/gloo_comm.h"
 #include "cpu/rendezvous.h"
 #include "sched/zero_partition.h"
+#include "strata/planner.h"
 #include "tests/multiprocess.h"
 
 namespace strata {
@@ -138,28 +141,147 @@ std::string RunZeroStep(int r, int world, const std::string& dir, size_t bucket_
     }
   }
 
-  // The ledger: stage 3 = 2 gathers + 1 reduce-scatter of the padded model; stages 0-2 = one
-  // all-reduce of the gradients. Per rank, a ring sends (N-1)/N of the payload for each gather
-  // and the reduce-scatter, 2(N-1)/N for the all-reduce: stage 3 moves 1.5x.
-  const uint64_t elt = DTypeSize(dt), n = static_cast<uint64_t>(world);
-  const uint64_t model_bytes = plan->full_total_elems * elt;
+  // The ledger, as the memory planner states it for this (padded) model with the bf16 recipe on
+  // `world` ranks: stage 3 = 2 gathers + 1 reduce-scatter; stages 0-2 = one all-reduce's worth.
+  PlanInput in;
+  in.params = static_cast<double>(plan->full_total_elems);
+  in.capacity.gpus_per_node = world;
+  in.capacity.nodes = 1;
+  const double ledger3 =
+      Place(in, 3, OffloadDevice::kNone, OffloadDevice::kNone).comm.bytes_per_rank;
+  const double ledger0 =
+      Place(in, 0, OffloadDevice::kNone, OffloadDevice::kNone).comm.bytes_per_rank;
   const CommStats s3 = c.stats();
   const uint64_t stage3 = s3.total_sent_bytes();
-  if (s3.of(CommOp::kAllGather).sent_bytes != 2 * model_bytes * (n - 1) / n) return "AG bytes";
-  if (s3.of(CommOp::kReduceScatter).sent_bytes != model_bytes * (n - 1) / n) return "RS bytes";
+  if (static_cast<double>(stage3) != ledger3) {
+    return "ideal stage-3 bytes " + std::to_string(stage3) + " != ledger " +
+           std::to_string(ledger3);
+  }
   if (s3.of(CommOp::kAllGather).calls != 2 * numels.size()) return "AG calls";
+  // On the wire: gathers move exactly the ideal bytes; the bf16 reduce-scatter sends its partial
+  // sums in fp32, so twice the ideal.
+  const CommOpBytes& ag = s3.of(CommOp::kAllGather);
+  const CommOpBytes& rsb = s3.of(CommOp::kReduceScatter);
+  if (ag.wire_sent_bytes != ag.sent_bytes || ag.wire_received_bytes != ag.received_bytes) {
+    return "AG wire " + std::to_string(ag.wire_sent_bytes) + " vs ideal " +
+           std::to_string(ag.sent_bytes);
+  }
+  if (rsb.wire_sent_bytes != 2 * rsb.sent_bytes ||
+      rsb.wire_received_bytes != 2 * rsb.received_bytes) {
+    return "RS wire " + std::to_string(rsb.wire_sent_bytes) + " vs ideal " +
+           std::to_string(rsb.sent_bytes);
+  }
   c.ResetStats();
   auto ar = c.AllReduce(grads.data(), grads.data(), grads.size(), dt);
   if (!ar.ok()) return ar.status().ToString();
   st = ar->WaitUntil(deadline());
   if (!st.ok()) return st.ToString();
-  const uint64_t stage012 = c.stats().total_sent_bytes();
-  if (stage012 != 2 * model_bytes * (n - 1) / n) return "AR bytes";
+  const CommStats s0 = c.stats();
+  const uint64_t stage012 = s0.total_sent_bytes();
+  if (static_cast<double>(stage012) != ledger0) {
+    return "ideal stage-0 bytes " + std::to_string(stage012) + " != ledger " +
+           std::to_string(ledger0);
+  }
   if (2 * stage3 != 3 * stage012) {
     return "ledger: stage 3 sent " + std::to_string(stage3) + ", stages 0-2 " +
            std::to_string(stage012);
   }
+  // bf16 all-reduce = fp32 reduce-scatter (2x) + bf16 all-gather (1x) of a 2x ideal: 1.5x.
+  const CommOpBytes& arb = s0.of(CommOp::kAllReduce);
+  if (2 * arb.wire_sent_bytes != 3 * arb.sent_bytes ||
+      2 * arb.wire_received_bytes != 3 * arb.received_bytes) {
+    return "AR wire " + std::to_string(arb.wire_sent_bytes) + " vs ideal " +
+           std::to_string(arb.sent_bytes);
+  }
   return "";
+}
+
+// A communicator whose all-gathers stay in flight until it is aborted (bounded: a work gives up
+// after 20 s), and whose submit number `fail_at` fails, as a full queue would.
+class StallingWork final : public CommWork {
+ public:
+  Status WaitUntil(std::chrono::steady_clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto cap = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    if (!cv_.wait_until(lock, std::min(deadline, cap), [&] { return done_; })) {
+      return Status::DeadlineExceeded("stalling work still running");
+    }
+    return Status::Aborted("aborted");
+  }
+  bool Ready() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  void Finish() {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
+class StallingComm final : public Communicator {
+ public:
+  StallingComm(int world, int fail_at) : Communicator(0, world), fail_at_(fail_at) {}
+  std::string_view backend() const noexcept override { return "stalling"; }
+  void Abort(std::string_view) override {
+    aborted = true;
+    for (auto& w : works) w->Finish();
+  }
+  std::vector<std::shared_ptr<StallingWork>> works;
+  bool aborted = false;
+
+ protected:
+  Result<CommHandle> DoAllGather(std::span<const AllGatherPart>, DType) override { return Next(); }
+  Result<CommHandle> DoReduceScatter(std::span<const ReduceScatterPart>, DType,
+                                     ReduceOptions) override {
+    return Next();
+  }
+  Result<CommHandle> DoAllReduce(const void*, void*, size_t, DType, ReduceOptions) override {
+    return Next();
+  }
+  Result<CommHandle> DoBroadcast(void*, size_t, DType, int) override { return Next(); }
+  Result<CommHandle> DoBarrier() override { return Next(); }
+
+ private:
+  Result<CommHandle> Next() {
+    if (static_cast<int>(works.size()) == fail_at_) {
+      return Status::ResourceExhausted("queue full");
+    }
+    works.push_back(std::make_shared<StallingWork>());
+    return CommHandle(works.back());
+  }
+  const int fail_at_;
+};
+
+TEST(ZeroCollectives, FailedSubmitFinishesEarlierBucketsBeforeReturning) {
+  const std::vector<size_t> numels = {16, 16, 16};
+  auto plan = PlanPartition(numels, 2, 1);
+  ASSERT_TRUE(plan.ok());
+  std::vector<float> shard(plan->shard_total_elems), full(plan->full_total_elems);
+  for (int kind = 0; kind < 2; ++kind) {
+    StallingComm comm(2, /*fail_at=*/2);  // buckets 0 and 1 submitted, bucket 2 fails
+    ZeroCollectives zc(&comm, &*plan, DType::kF32);
+    auto r = kind == 0 ? zc.AllGatherGroups(shard.data(), full.data(), 0, 3, 16)
+                       : zc.ReduceScatterGroups(full.data(), shard.data(), 0, 3, 16);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(r.status().IsResourceExhausted()) << r.status().ToString();
+    EXPECT_NE(r.status().ToString().find("bucket 2 of 3"), std::string::npos)
+        << r.status().ToString();
+    // Nothing submitted is still using the caller's buffers once the error is returned.
+    ASSERT_EQ(comm.works.size(), 2u);
+    EXPECT_TRUE(comm.aborted);
+    for (const auto& w : comm.works) EXPECT_TRUE(w->Ready());
+  }
+  // A failure of the first bucket has nothing in flight: no abort.
+  StallingComm first(2, /*fail_at=*/0);
+  ZeroCollectives zc(&first, &*plan, DType::kF32);
+  EXPECT_FALSE(zc.AllGatherGroups(shard.data(), full.data(), 0, 3, 16).ok());
+  EXPECT_FALSE(first.aborted);
 }
 
 class ZeroCollectivesTest : public ::testing::TestWithParam<std::tuple<int, size_t>> {};

@@ -14,9 +14,13 @@
 // fails fast with kAborted naming the first error. There is no recovery; build a new one.
 //
 // Byte accounting: each operation the backend accepted adds to CommStats, per operation kind, the
-// payload bytes (what nccl-tests calls the size) and the bytes a bandwidth-optimal ring sends and
-// receives per rank (RingBytes below). ZeRO stages 0-2 move one all-reduce's worth per step, stage
-// 3 1.5x; tests check steps against those formulas.
+// payload bytes (what nccl-tests calls the size) and the ideal bytes a bandwidth-optimal ring sends
+// and receives per rank (RingBytes below): ZeRO stages 0-2 move one all-reduce's worth per step,
+// stage 3 1.5x. Separately, as each operation runs, the backend adds the bytes it actually put on
+// and took off the wire (wire_*): the Gloo backend counts its rings and all-gathers transfer by
+// transfer (16-bit reduce-scatter sends fp32 partial sums: 2x the ideal; 16-bit all-reduce: 1.5x);
+// for algorithms it does not instrument (Gloo's fp32 all-reduce and broadcast, NCCL's kernels,
+// which reduce 16-bit data natively) it adds the ideal figure.
 //
 // Thread safety: submit operations from one thread at a time (the order of collectives must match
 // across ranks, so concurrent submitters would race anyway). rank(), world_size(), stats(),
@@ -97,10 +101,12 @@ constexpr double BusBandwidthFactor(CommOp op, int world_size) noexcept {
 }
 
 struct CommOpBytes {
-  uint64_t calls = 0;           // operations accepted (a coalesced call counts its parts)
-  uint64_t payload_bytes = 0;   // sum of payloads (see RingBytes)
-  uint64_t sent_bytes = 0;      // this rank's ring send volume (broadcast: root only)
-  uint64_t received_bytes = 0;  // this rank's ring receive volume (broadcast: non-roots only)
+  uint64_t calls = 0;                // operations accepted (a coalesced call counts its parts)
+  uint64_t payload_bytes = 0;        // sum of payloads (see RingBytes)
+  uint64_t sent_bytes = 0;           // this rank's ring send volume (broadcast: root only)
+  uint64_t received_bytes = 0;       // this rank's ring receive volume (broadcast: non-roots only)
+  uint64_t wire_sent_bytes = 0;      // bytes the backend actually sent (operations that ran)
+  uint64_t wire_received_bytes = 0;  // bytes the backend actually received
 };
 
 struct CommStats {
@@ -110,6 +116,11 @@ struct CommStats {
   uint64_t total_sent_bytes() const {
     uint64_t s = 0;
     for (const auto& o : ops) s += o.sent_bytes;
+    return s;
+  }
+  uint64_t total_wire_sent_bytes() const {
+    uint64_t s = 0;
+    for (const auto& o : ops) s += o.wire_sent_bytes;
     return s;
   }
 };
@@ -222,6 +233,12 @@ class Communicator {
   virtual Result<CommHandle> DoBroadcast(void* buf, size_t count, DType dtype, int root) = 0;
   virtual Result<CommHandle> DoBarrier() = 0;
 
+  // Adds bytes the backend actually transferred for an operation of kind `op` (any thread).
+  void AddWireBytes(CommOp op, uint64_t sent, uint64_t received);
+  // A backend that cannot observe its transfers (NCCL) sets this in its constructor: every
+  // accepted operation then adds its ideal ring figures to the wire figures too.
+  bool wire_bytes_are_ideal_ = false;
+
  private:
   void Account(CommOp op, uint64_t payload_bytes, bool sends, bool receives);
 
@@ -244,6 +261,10 @@ class KvStore {
   // did not appear within `timeout`; kUnavailable when the store went away.
   virtual Result<std::vector<uint8_t>> Get(std::string_view key,
                                            std::chrono::milliseconds timeout) = 0;
+  // Removes `key` (no error when it is absent). Callers delete what they published once every
+  // reader is known to have read it (after a setup barrier), so that a store directory reused by
+  // a later run holds no stale values. kIOError/kUnavailable when the store is unreachable.
+  virtual Status Delete(std::string_view key) = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -277,6 +298,16 @@ inline void Communicator::Account(CommOp op, uint64_t payload_bytes, bool sends,
   s.payload_bytes += payload_bytes;
   if (sends) s.sent_bytes += ring;
   if (receives) s.received_bytes += ring;
+  if (wire_bytes_are_ideal_) {
+    if (sends) s.wire_sent_bytes += ring;
+    if (receives) s.wire_received_bytes += ring;
+  }
+}
+
+inline void Communicator::AddWireBytes(CommOp op, uint64_t sent, uint64_t received) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.of(op).wire_sent_bytes += sent;
+  stats_.of(op).wire_received_bytes += received;
 }
 
 inline CommStats Communicator::stats() const {

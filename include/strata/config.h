@@ -276,9 +276,15 @@ struct ParseOptions {
   // Every warning becomes an error.
   bool strict = false;
   // Check on this machine that each nvme_path in use exists, is a directory and is writable, and
-  // report its free space (a warning below `min_free_bytes`).
+  // report its free space (a warning below `min_free_bytes`), and compare the free space with what
+  // the config implies: offload_param's buffer_count x buffer_size x 2 bytes (4 without fp16/bf16)
+  // (less free: an error), and with `params`, the optimizer swap (less free: a warning).
   bool check_here = false;
   int64_t min_free_bytes = int64_t{1} << 30;  // [1 GiB] the free-space warning threshold
+  // The model's parameter count, for check_here: optimizer state swapped to NVMe needs about
+  // params x 12 bytes (fp32 master, Adam m and v) at offload_optimizer.nvme_path, all ranks of
+  // the job counted as on this machine. Without it only the swap buffers are compared.
+  std::optional<double> params;
   // Names the config in ParseDeepSpeedConfig's error message; Load/Check*File default it to the
   // path. May be empty.
   std::string source_name;

@@ -60,15 +60,28 @@ Result<BenchBackend> MakeBackend(const BenchOpts& o, int rank, KvStore* store) {
   return b;
 }
 
+// The element count one rank passes for a requested message of `bytes`: all-gather and
+// reduce-scatter take a per-rank count (rounded down), all-reduce the whole buffer.
+size_t OpCount(CommOp op, size_t bytes, size_t n, size_t elt) {
+  return op == CommOp::kAllReduce ? bytes / elt : bytes / (n * elt);
+}
+
+// The payload the operation really moves (nccl-tests' size): the rounded count, not the request.
+size_t MovedBytes(CommOp op, size_t bytes, size_t n, size_t elt) {
+  const size_t count = OpCount(op, bytes, n, elt);
+  return op == CommOp::kAllReduce ? count * elt : n * count * elt;
+}
+
 Result<CommHandle> Issue(Communicator& c, CommOp op, void* a, void* b, size_t bytes, DType dt) {
   const size_t elt = DTypeSize(dt), n = static_cast<size_t>(c.world_size());
+  const size_t count = OpCount(op, bytes, n, elt);
   switch (op) {
     case CommOp::kAllGather:
-      return c.AllGather(a, b, bytes / (n * elt), dt);
+      return c.AllGather(a, b, count, dt);
     case CommOp::kReduceScatter:
-      return c.ReduceScatter(a, b, bytes / (n * elt), dt);
+      return c.ReduceScatter(a, b, count, dt);
     default:
-      return c.AllReduce(a, b, bytes / elt, dt);
+      return c.AllReduce(a, b, count, dt);
   }
 }
 
@@ -116,7 +129,9 @@ std::string RunRank(const BenchOpts& o, DType dt, int rank, const std::string& d
       }
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (rank == 0) {
-        const std::string line = std::string(CommOpName(op)) + " " + std::to_string(bytes) + " " +
+        const size_t moved =
+            MovedBytes(op, bytes, static_cast<size_t>(c.world_size()), DTypeSize(dt));
+        const std::string line = std::string(CommOpName(op)) + " " + std::to_string(moved) + " " +
                                  std::to_string(s / o.iters) + "\n";
         if (::write(out_fd, line.data(), line.size()) < 0) return "result pipe closed";
       }

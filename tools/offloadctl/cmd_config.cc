@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/config.h"
+#include "strata/planner.h"
+#include "tools/offloadctl/cli_checks.h"
 #include "tools/offloadctl/commands.h"
 
 namespace strata::cli {
@@ -24,6 +26,7 @@ struct ConfigCheckArgs {
   bool here = false;
   bool json = false;
   bool require_resolved = false;
+  std::string params;
 };
 
 nlohmann::ordered_json DiagJson(const ConfigDiagnostic& d) {
@@ -43,6 +46,14 @@ int RunCheck(const ConfigCheckArgs& a) {
   o.strict = a.strict;
   o.check_here = a.here;
   o.require_resolved = a.require_resolved;
+  if (!a.params.empty()) {
+    auto p = ParseParamCount(a.params);
+    if (!p.ok()) {
+      std::fprintf(stderr, "--params: %s\n", std::string(p.status().message()).c_str());
+      return kExitUsage;
+    }
+    o.params = *p;
+  }
   for (const std::string& kv : a.set) {
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) {
@@ -131,12 +142,12 @@ void RegisterConfig(CLI::App& parent, int* exit_code) {
       ->add_option("--world-size", args->world_size,
                    "Data-parallel ranks: checks train_batch_size = micro * grad_accum * N and "
                    "derives the missing one")
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast(1, true, true));
   check
       ->add_option("--hidden-size", args->hidden_size,
                    "Model hidden size: fills the zero_optimization \"auto\" sizes as Hugging Face "
                    "does (h*h, 0.9*h*h, 10*h)")
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast(1, true, true));
   check
       ->add_option("--set", args->set,
                    "KEY=VALUE for an \"auto\" (or an absent batch size): dotted JSON path, JSON "
@@ -149,7 +160,18 @@ void RegisterConfig(CLI::App& parent, int* exit_code) {
   check->add_flag("--strict", args->strict, "Turn every warning into an error");
   check->add_flag("--here", args->here,
                   "Also check this machine: each nvme_path in use exists, is a writable "
-                  "directory, and its free space");
+                  "directory, and has the free space the config implies (offload_param swap "
+                  "buffers; with --params, the optimizer swap)");
+  check
+      ->add_option("--params", args->params,
+                   "With --here: the model's parameter count (7e9, 7B, 350M), to compare the "
+                   "optimizer state swapped to NVMe (12 bytes per parameter) with the free space")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            auto v = ParseParamCount(s);
+            return v.ok() ? std::string() : std::string(v.status().message());
+          },
+          "COUNT"));
   check->add_flag("--json", args->json, "Print the result as JSON");
   check->callback([args, exit_code] { *exit_code = RunCheck(*args); });
 }

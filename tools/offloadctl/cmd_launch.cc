@@ -1,11 +1,15 @@
 // `offloadctl launch -n N -- CMD ARGS...`: starts N local ranks of CMD with the environment that
 // torchrun and the deepspeed launcher set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT, and STRATA_RDZV_DIR with --rdzv-dir), forwards their stdout and stderr
+// MASTER_ADDR, MASTER_PORT, STRATA_RUN_ID, and STRATA_RDZV_DIR with --rdzv-dir: a fresh folder
+// made inside the given one for this run and removed after it), forwards their stdout and stderr
 // line by line with a "[rank r] " prefix, and fails fast: when one rank exits non-zero or is
 // killed, the others get SIGTERM (SIGKILL after a grace period) and launch exits 1 naming the rank.
 //
 // Lifecycle: each rank runs in its own process group (so its children are signalled too); one
 // poll loop reads every rank's two pipes, reaps exits with WNOHANG and enforces --timeout-s.
+// launch ends when every rank exited: output still in flight is read for up to 1 s, then the
+// process groups of ranks whose pipes are still held open (by a leftover background child) get
+// SIGTERM and launch returns.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -13,12 +17,14 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -40,19 +46,28 @@ struct Rank {
   int code = 0;  // exit status, or 128 + signal
 };
 
-// A free TCP port on `addr` (bound then released; a small race, as torchrun's own).
-int FreePort(const std::string& addr) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+// A free TCP port on `addr` (bound then released; a small race, as torchrun's own), or 0 with
+// *error set when none can be bound there (addr not on this host, no ports left).
+int FreePort(const std::string& addr, std::string* error) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   if (::inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
-  int port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-    socklen_t len = sizeof(a);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    port = ntohs(a.sin_port);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *error = std::string("socket: ") + std::strerror(errno);
+    return 0;
   }
-  if (fd >= 0) ::close(fd);
+  int port = 0;
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    *error = std::string("bind: ") + std::strerror(errno);
+  } else if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    *error = std::string("getsockname: ") + std::strerror(errno);
+  } else {
+    port = ntohs(a.sin_port);
+    if (port == 0) *error = "the kernel returned port 0";
+  }
+  ::close(fd);
   return port;
 }
 
@@ -86,15 +101,69 @@ void Drain(int rank, int& fd, std::string& buf, FILE* to) {
   }
 }
 
+// Signals every rank's process group, also of ranks that already exited: their background
+// children (still in the group, perhaps holding the output pipes) must stop too. A group with
+// no process left gives ESRCH, which is harmless.
 void SignalAll(std::vector<Rank>& ranks, int sig) {
   for (auto& r : ranks) {
-    if (!r.exited && r.pid > 0) ::kill(-r.pid, sig);
+    if (r.pid > 0) ::kill(-r.pid, sig);
   }
 }
 
-int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_dir,
+// This run's own rendezvous folder: a fresh mkdtemp folder inside the shared `parent`, so that a
+// --rdzv-dir reused across runs never hands a rank the keys of an earlier (dead) run.
+std::string MakeRunDir(const std::string& parent) {
+  if (::mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST) {
+    std::fprintf(stderr, "launch: --rdzv-dir '%s': mkdir: %s\n", parent.c_str(),
+                 std::strerror(errno));
+    return {};
+  }
+  std::string tmpl = parent + "/run.XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    std::fprintf(stderr, "launch: --rdzv-dir '%s': mkdtemp: %s\n", parent.c_str(),
+                 std::strerror(errno));
+    return {};
+  }
+  return tmpl;
+}
+
+int RunRanks(int n, const std::string& addr, int port, const std::string& rdzv_dir,
+             const std::string& run_id, double timeout_s, double grace_s,
+             const std::vector<std::string>& cmd);
+
+int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_parent,
               double timeout_s, double grace_s, const std::vector<std::string>& cmd) {
-  if (port == 0) port = FreePort(addr);
+  if (port == 0) {
+    std::string error;
+    port = FreePort(addr, &error);
+    if (port == 0) {
+      std::fprintf(stderr,
+                   "launch: cannot find a free port on --master-addr %s (%s); rank 0 serves the "
+                   "rendezvous there, so it must be an address of this host, or pass "
+                   "--master-port\n",
+                   addr.c_str(), error.c_str());
+      return kExitInvalid;
+    }
+  }
+  std::string rdzv_dir,
+      run_id = "launch-" + std::to_string(::getpid()) + "-" +
+               std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+  if (!rdzv_parent.empty()) {
+    rdzv_dir = MakeRunDir(rdzv_parent);
+    if (rdzv_dir.empty()) return kExitInvalid;
+    run_id = std::filesystem::path(rdzv_dir).filename().string();
+  }
+  const int rc = RunRanks(n, addr, port, rdzv_dir, run_id, timeout_s, grace_s, cmd);
+  if (!rdzv_dir.empty()) {
+    std::error_code ec;  // best effort: the folder is this run's alone
+    std::filesystem::remove_all(rdzv_dir, ec);
+  }
+  return rc;
+}
+
+int RunRanks(int n, const std::string& addr, int port, const std::string& rdzv_dir,
+             const std::string& run_id, double timeout_s, double grace_s,
+             const std::vector<std::string>& cmd) {
   // Ranks run in their own process groups, so a Ctrl-C reaches only launch: forward it.
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
@@ -131,6 +200,7 @@ int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_
       ::setenv("MASTER_ADDR", addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       if (!rdzv_dir.empty()) ::setenv("STRATA_RDZV_DIR", rdzv_dir.c_str(), 1);
+      ::setenv("STRATA_RUN_ID", run_id.c_str(), 1);
       ::execvp(argv[0], argv.data());
       std::fprintf(stderr, "launch: cannot execute '%s': %s\n", argv[0], std::strerror(errno));
       ::_exit(127);
@@ -152,6 +222,10 @@ int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_
   int failed_rank = -1;
   std::string why;
   int running = n;
+  // Once every rank exited, output still in the pipes is read for at most this long: a rank's
+  // leftover background child may hold a pipe open for ever.
+  constexpr auto kDrainAfterExit = std::chrono::seconds(1);
+  Clock::time_point drain_until = Clock::time_point::max();
   while (true) {
     std::vector<pollfd> fds;
     std::vector<std::pair<int, bool>> who;  // rank, is_err
@@ -162,6 +236,19 @@ int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_
         fds.push_back({ranks[r].err_fd, POLLIN, 0}), who.push_back({r, true});
     }
     if (running == 0 && fds.empty()) break;
+    if (running == 0 && Clock::now() >= drain_until) {
+      for (auto& rk : ranks) {
+        // A leftover child of this rank holds its pipe: it outlived the rank, stop it.
+        if (rk.out_fd >= 0 || rk.err_fd >= 0) ::kill(-rk.pid, SIGTERM);
+        for (int* fd : {&rk.out_fd, &rk.err_fd}) {
+          if (*fd >= 0) ::close(*fd);
+          *fd = -1;
+        }
+        Forward(static_cast<int>(&rk - ranks.data()), rk.out_buf, stdout, true);
+        Forward(static_cast<int>(&rk - ranks.data()), rk.err_buf, stderr, true);
+      }
+      break;
+    }
     ::poll(fds.data(), fds.size(), 50);
     for (size_t i = 0; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
@@ -188,6 +275,9 @@ int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_
         kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(grace_s));
       }
+    }
+    if (running == 0 && drain_until == Clock::time_point::max()) {
+      drain_until = Clock::now() + kDrainAfterExit;
     }
     if (g_stop_signal != 0 && failed_rank < 0) {
       failed_rank = n;
@@ -244,8 +334,10 @@ void RegisterLaunch(CLI::App& parent, int* exit_code) {
   cmd->add_option("--master-port", o->port, "MASTER_PORT given to the ranks; 0 picks a free port")
       ->check(CLI::Range(0, 65535))
       ->default_val(0);
-  cmd->add_option("--rdzv-dir", o->rdzv_dir,
-                  "Shared directory for a file rendezvous store (sets STRATA_RDZV_DIR)");
+  cmd->add_option(
+      "--rdzv-dir", o->rdzv_dir,
+      "Shared directory for a file rendezvous store: each run uses (and afterwards removes) a "
+      "fresh folder inside it, exported as STRATA_RDZV_DIR");
   cmd->add_option("--timeout-s", o->timeout_s,
                   "Stop every rank after this many seconds (0: no "
                   "limit); exit 1")

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/planner.h"
+#include "tools/offloadctl/cli_checks.h"
 #include "tools/offloadctl/commands.h"
 #include "tools/offloadctl/plan_report.h"
 
@@ -143,23 +144,23 @@ void RegisterPlan(CLI::App& parent, int* exit_code) {
                   "Usable HBM per GPU in GB (default: H100/H200-class 80 GB; subtract the CUDA "
                   "context and allocator slack)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(AtLeast(0));
   cmd->add_option("--dram-gb", f->dram_gb, "Usable host DRAM per node in GB")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(AtLeast(0));
   cmd->add_option("--nvme-gb", f->nvme_gb,
                   "Usable NVMe space per node in GB (default: one 3.84 TB drive)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(AtLeast(0));
   cmd->add_option("--nvme-gbps", f->nvme_gbps,
                   "Aggregate NVMe bandwidth per node in GB/s, to time NVMe traffic per step "
                   "(default: one PCIe Gen4 drive; measure yours with offloadctl bench)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast(0, false));
   cmd->add_option("--activations-gb", f->activations_gb,
                   "Activation memory per GPU in GB, your estimate (not guessed by the planner)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(AtLeast(0));
   cmd->add_option("--largest-group", f->largest_group,
                   "Parameters in the largest gathered group (a layer or the embedding), e.g. "
                   "131M; counted in the stage-3 gathered set");
@@ -180,12 +181,12 @@ void RegisterPlan(CLI::App& parent, int* exit_code) {
   cmd->add_option("--grad-accum", f->grad_accum,
                   "Gradient accumulation steps (overrides --config; default 1): scales the "
                   "per-step PCIe and NVMe traffic")
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast(0, false));
   cmd->add_option("--step-seconds", f->step_seconds,
                   "Target optimizer-step time in seconds: the NVMe bandwidth needed is the NVMe "
                   "traffic per step divided by this")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast(0, false));
   cmd->add_flag("--json", f->json, "Print the plan as JSON (bytes, not GB)");
   cmd->callback([f, exit_code] { *exit_code = RunPlan(*f); });
 }

@@ -1,0 +1,36 @@
+// Readable numeric range checks for CLI11 options. CLI11's PositiveNumber / NonNegativeNumber
+// report their upper limit (DBL_MAX) as a 300-digit number; these say "must be >= 1" instead.
+#pragma once
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace strata::cli {
+
+// Accepts a finite number v with v >= min (inclusive) or v > min; `integer` also requires a
+// whole number. The error names the value and the rule, e.g. "must be >= 1, got 0".
+inline CLI::Validator AtLeast(double min, bool inclusive = true, bool integer = false) {
+  std::string lim = std::to_string(min);
+  lim.erase(lim.find_last_not_of('0') + 1);
+  if (!lim.empty() && lim.back() == '.') lim.pop_back();
+  const std::string rule = std::string(inclusive ? ">= " : "> ") + lim;
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v)) {
+          return "'" + s + "' is not a number";
+        }
+        if (integer && v != std::floor(v)) return "must be a whole number, got " + s;
+        if (inclusive ? !(v >= min) : !(v > min)) return "must be " + rule + ", got " + s;
+        return {};
+      },
+      (integer ? "INT " : "NUMBER ") + rule);
+}
+
+}  // namespace strata::cli
