@@ -330,9 +330,20 @@ class GlooCommunicator final : public Communicator {
           acc_buf = ctx_->createUnboundBuffer(acc_.data(), len * sizeof(float));
           acc_buf->send(right, slot);
         }
-        if ((tmp_buf && !tmp_buf->waitRecv(opts_.timeout)) ||
-            (acc_buf && !acc_buf->waitSend(opts_.timeout))) {
-          throw std::runtime_error("ring step aborted");
+        // When a peer fails, Gloo's transport thread signals the error to every pending buffer
+        // while this thread may already be unwinding from the first one: destroying the other
+        // buffer then races with that signal inside Gloo (seen under TSan). Failed buffers are
+        // parked until the communicator goes away instead (at most two: the communicator fails
+        // and runs no further ring step).
+        try {
+          if ((tmp_buf && !tmp_buf->waitRecv(opts_.timeout)) ||
+              (acc_buf && !acc_buf->waitSend(opts_.timeout))) {
+            throw std::runtime_error("ring step aborted");
+          }
+        } catch (...) {
+          parked_.push_back(std::move(tmp_buf));
+          parked_.push_back(std::move(acc_buf));
+          throw;
         }
         AddWireBytes(op, len * sizeof(float), recv_len * sizeof(float));
         AccumulateScaled(dtype, at(c_recv, off), tmp_.data(), acc_.data(), recv_len, scale);
@@ -393,6 +404,8 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::Context> ctx_;
   // Worker-thread state: scratch, tags (advance identically on every rank: same op order).
   std::vector<float> acc_, tmp_;
+  // Unbound buffers of a failed ring step (see RingReduceScatter); worker thread only.
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> parked_;
   uint32_t next_tag_ = 1;
 
   std::mutex mu_;
