@@ -180,10 +180,21 @@ TieredStore::Outcome TieredStore::MakeValid(Block& b, Tier tier, Status* err) {
   Outcome o = Reserve(b, tier, err);
   if (o != Outcome::kReady) return o;
   if (from == Tier::kNvme && !b.nvme_written) {
-    std::memset(host.ptr, 0, b.alloc_bytes);  // the registered value; the swap holds nothing yet
-    host.state = Residency::kValid;
-    host.last_use = ++lru_clock_;
-    return Outcome::kReady;
+    // The registered value (zeros); the swap holds nothing yet. Still an async hop (on the mover
+    // thread): a copy that became valid synchronously could be evicted by another parked block
+    // at once, and two parked blocks would take each other's space forever inside one Pump.
+    host.state = Residency::kInFlight;
+    b.hop_in_flight = true;
+    ++running_hops_;
+    const BlockId id = b.id;
+    void* dst = host.ptr;
+    const uint64_t n = b.alloc_bytes;
+    Post([this, id, dst, n] {
+      std::memset(dst, 0, n);  // reserved and in flight: no one else touches it
+      std::lock_guard<std::mutex> l(mu_);
+      OnHopDone(id, Tier::kNvme, Tier::kHost, Status::OK());
+    });
+    return Outcome::kIssued;
   }
   if (from == Tier::kNvme) {
     IssueIo(b, IoOp::kRead);
