@@ -50,7 +50,7 @@ struct TicketState {
 struct TieredStore::Copy {
   Residency state = Residency::kAbsent;
   bool reserved = false;  // holds budget (and memory / a file extent)
-  uint64_t offset = 0;    // host slab or swap file offset
+  uint64_t offset = 0;    // host slab offset
   void* ptr = nullptr;    // device or host address
   uint32_t read_leases = 0;
   uint32_t write_leases = 0;
@@ -78,8 +78,9 @@ struct TieredStore::Block {
   std::deque<std::shared_ptr<Op>> ops;  // front runs; one hop in flight at most
   bool hop_in_flight = false;
   bool parked = false;  // waiting for space
-  bool has_checksum = false;
-  uint64_t checksum = 0;  // of the bytes in the NVMe home copy
+  // An NVMe home never written back holds zeros (the registered value) and is read without IO
+  // (the swap space refuses to read a block it never wrote).
+  bool nvme_written = false;
   // The last failed fetch nobody was waiting for (a background prefetch): its error goes to the
   // next Fetch or Acquire of the block unless a Wait on its ticket already returned it.
   std::shared_ptr<TicketState> failed_fetch;
@@ -92,6 +93,18 @@ struct TieredStore::Block {
   }
 
   Copy& home() { return copy[static_cast<int>(spec.home)]; }
+  uint32_t leases() const {
+    uint32_t n = 0;
+    for (const Copy& c : copy) n += c.leases();
+    return n;
+  }
+  // A queued operation will grant a write lease: new readers queue behind it.
+  bool writer_waiting() const {
+    for (const auto& op : ops) {
+      if (op->pending_write > 0) return true;
+    }
+    return false;
+  }
   bool write_leased() const {
     for (const Copy& c : copy) {
       if (c.write_leases) return true;
@@ -100,15 +113,12 @@ struct TieredStore::Block {
   }
 };
 
+// One block read or write of the swap space (checksums are computed and verified there).
 struct TieredStore::IoJob {
-  BlockId block = 0;
+  BlockId block = 0;  // also the block's swap space id
   IoOp op = IoOp::kRead;
-  uint64_t offset = 0;
-  void* buffer = nullptr;
+  void* buffer = nullptr;  // its host copy
   uint64_t length_bytes = 0;
-  std::string name;     // the block's name, for errors
-  bool verify = false;  // read: compare against `checksum`; write: compute `checksum`
-  uint64_t checksum = 0;
 };
 
 }  // namespace strata::core

@@ -12,6 +12,8 @@
 // dirty on that tier could ever free space for it.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <iterator>
 
 #include "core/store_internal.h"
 
@@ -28,9 +30,16 @@ Ticket TieredStore::Enqueue(BlockId id, int kind, Tier tier, Access lease, bool 
                             std::shared_ptr<Op>* op_out) {
   Block& b = *blocks_[id];
   // Join a queued fetch of the same tier, except that a writer gets an operation of its own
-  // and readers never share one with a writer: leases granted together must not conflict.
+  // and readers never share one with a writer: leases granted together must not conflict. Only
+  // operations behind the last waiting writer are joined, so a reader never overtakes a writer
+  // that asked first (writers cannot starve).
   if (kind == kOpFetch && !(with_lease && lease == Access::kWrite)) {
-    for (auto& op : b.ops) {
+    auto first = b.ops.begin();
+    for (auto it = b.ops.begin(); it != b.ops.end(); ++it) {
+      if ((*it)->pending_write > 0) first = std::next(it);
+    }
+    for (auto it = first; it != b.ops.end(); ++it) {
+      auto& op = *it;
       if (op->kind == kOpFetch && op->tier == tier && !op->done && op->pending_write == 0) {
         if (with_lease) ++(lease == Access::kRead ? op->pending_read : op->pending_write);
         if (op_out) *op_out = op;
@@ -100,9 +109,8 @@ void TieredStore::Advance(BlockId id) {
         break;
     }
     if (o == Outcome::kIssued) return;
-    if (o == Outcome::kReady && op.kind == kOpFetch && op.pending_write > 0 &&
-        b.copy[static_cast<int>(op.tier)].leases() > 0) {
-      return;  // a write lease waits for the readers of that copy (re-advanced on release)
+    if (o == Outcome::kReady && op.kind == kOpFetch && op.pending_write > 0 && b.leases() > 0) {
+      return;  // a write lease waits for every lease on the block (re-advanced on release)
     }
     if (o == Outcome::kParked) {
       if (!b.parked) {
@@ -171,7 +179,23 @@ TieredStore::Outcome TieredStore::MakeValid(Block& b, Tier tier, Status* err) {
   }
   Outcome o = Reserve(b, tier, err);
   if (o != Outcome::kReady) return o;
-  (void)host;
+  if (from == Tier::kNvme && !b.nvme_written) {
+    // The registered value (zeros); the swap holds nothing yet. Still an async hop (on the mover
+    // thread): a copy that became valid synchronously could be evicted by another parked block
+    // at once, and two parked blocks would take each other's space forever inside one Pump.
+    host.state = Residency::kInFlight;
+    b.hop_in_flight = true;
+    ++running_hops_;
+    const BlockId id = b.id;
+    void* dst = host.ptr;
+    const uint64_t n = b.alloc_bytes;
+    Post([this, id, dst, n] {
+      std::memset(dst, 0, n);  // reserved and in flight: no one else touches it
+      std::lock_guard<std::mutex> l(mu_);
+      OnHopDone(id, Tier::kNvme, Tier::kHost, Status::OK());
+    });
+    return Outcome::kIssued;
+  }
   if (from == Tier::kNvme) {
     IssueIo(b, IoOp::kRead);
     return Outcome::kIssued;
@@ -247,11 +271,7 @@ bool TieredStore::TryAllocate(Block& b, Tier tier) {
     auto p = options_.device->Allocate(b.alloc_bytes);
     if (!p.ok()) return false;
     c.ptr = *p;
-  } else {
-    auto off = nvme_alloc_->Allocate(b.alloc_bytes);
-    if (!off) return false;
-    c.offset = *off;
-  }
+  }  // NVMe: only home copies, laid out by the swap space when the tier opens; budget only
   c.reserved = true;
   used_[t] += b.alloc_bytes;
   stats_.peak_bytes[t] = std::max(stats_.peak_bytes[t], used_[t]);
@@ -312,8 +332,6 @@ void TieredStore::FreeCopy(Block& b, Tier tier) {
     options_.device->Free(c.ptr).IgnoreError();  // only fails for unknown pointers (a bug)
   } else if (tier == Tier::kHost) {
     host_alloc_->Free(c.offset, b.alloc_bytes);
-  } else {
-    nvme_alloc_->Free(c.offset, b.alloc_bytes);
   }
   used_[t] -= b.alloc_bytes;
   c = Copy{};
@@ -333,7 +351,7 @@ Status TieredStore::IssueCopy(Block& b, Tier from, Tier to) {
                                         [this, id, from, to](Status st) {
                                           Post([this, id, from, to, st] {
                                             std::lock_guard<std::mutex> l(mu_);
-                                            OnHopDone(id, from, to, st, 0);
+                                            OnHopDone(id, from, to, st);
                                           });
                                         });
   if (!s.ok()) {
@@ -350,21 +368,27 @@ void TieredStore::IssueIo(Block& b, IoOp op) {
   auto job = std::make_unique<IoJob>();
   job->block = b.id;
   job->op = op;
-  job->offset = b.copy[2].offset;
   job->buffer = b.copy[1].ptr;
   job->length_bytes = b.alloc_bytes;
-  job->name = b.spec.name;
-  job->verify = options_.verify_checksums && (op == IoOp::kWrite || b.has_checksum);
-  job->checksum = b.checksum;
   if (op == IoOp::kRead) b.copy[1].state = Residency::kInFlight;
   b.hop_in_flight = true;
   ++running_hops_;
+  if (!swap_) {  // not reached through the public entry points, which open the tier first
+    const BlockId id = b.id;
+    const bool read = op == IoOp::kRead;
+    Post([this, id, read] {
+      std::lock_guard<std::mutex> l(mu_);
+      OnHopDone(id, read ? Tier::kNvme : Tier::kHost, read ? Tier::kHost : Tier::kNvme,
+                Status::FailedPrecondition("the NVMe tier is not open"));
+    });
+    return;
+  }
   std::lock_guard<std::mutex> l(io_mu_);
   io_queue_.push_back(std::move(job));
   io_cv_.notify_one();
 }
 
-void TieredStore::OnHopDone(BlockId id, Tier from, Tier to, Status status, uint64_t checksum) {
+void TieredStore::OnHopDone(BlockId id, Tier from, Tier to, Status status) {
   Block& b = *blocks_[id];
   b.hop_in_flight = false;
   --running_hops_;
@@ -382,10 +406,7 @@ void TieredStore::OnHopDone(BlockId id, Tier from, Tier to, Status status, uint6
     dst.state = Residency::kValid;
     dst.last_use = ++lru_clock_;
     stats_.bytes_moved[static_cast<int>(from)][static_cast<int>(to)] += b.spec.size_bytes;
-    if (to == Tier::kNvme && options_.verify_checksums) {
-      b.checksum = checksum;
-      b.has_checksum = true;
-    }
+    if (to == Tier::kNvme) b.nvme_written = true;
   } else {
     // Never mark valid. A failed write leaves the home stale (possibly torn) and the cached
     // newest copy in place, so nothing is lost and a later WriteBack can retry.

@@ -1,11 +1,11 @@
 // TieredStore's two threads: the IO thread (sole driver of the IoBackend) and the mover thread
 // (runs hop completions under the store lock). See core/tiered_store.h.
-#include <xxhash.h>
-
+#include <algorithm>
 #include <chrono>
 #include <unordered_map>
 
 #include "core/store_internal.h"
+#include "nvme/swap_space.h"
 
 namespace strata::core {
 namespace {
@@ -42,86 +42,69 @@ void TieredStore::MoverLoop() {
   }
 }
 
-// The IO thread is the only caller of the IoBackend. It submits queued jobs while the backend
-// has room, then blocks in Reap for at least one completion; new jobs wait at most one IO
-// latency. Checksums are computed here (writes) and verified here (reads), off the store lock.
-// Each completion is posted to the mover thread; a failed Submit completes its jobs with the
-// error. All requests in flight are reaped before the thread exits.
+// The IO thread is the only user of the swap space (and, through it, of the IoBackend) once the
+// NVMe tier is open. It submits queued jobs while the space has room for more ops in flight, then
+// blocks in Reap for at least one completion; new jobs wait at most one IO latency. The swap
+// space stripes each block over the nvme paths, checksums writes and verifies reads (off the
+// store lock, on this thread). Each completion is posted to the mover thread; a failed Submit
+// completes its jobs with the error. Everything in flight is reaped before the thread exits.
 void TieredStore::IoLoop() {
-  IoBackend* io = options_.io.get();
+  nvme::SwapSpace* swap = swap_.get();  // set before this thread starts, never changed after
+  const size_t max_inflight = std::max<size_t>(1, options_.max_inflight_ios);
   std::unordered_map<uint64_t, std::unique_ptr<IoJob>> inflight;
   uint64_t next_tag = 1;
-  std::vector<IoCompletion> done(io ? io->queue_depth() : 1);
+  std::vector<nvme::SwapCompletion> done(max_inflight);
   auto busy_since = Clock::now();
+  auto post_done = [this](BlockId id, bool read, Status st) {
+    Post([this, id, read, st] {
+      std::lock_guard<std::mutex> l(mu_);
+      OnHopDone(id, read ? Tier::kNvme : Tier::kHost, read ? Tier::kHost : Tier::kNvme, st);
+    });
+  };
   for (;;) {
     std::vector<std::unique_ptr<IoJob>> batch;
     {
       std::unique_lock<std::mutex> l(io_mu_);
       io_cv_.wait(l, [&] { return io_stop_ || !io_queue_.empty() || !inflight.empty(); });
       if (io_stop_ && io_queue_.empty() && inflight.empty()) return;
-      while (!io_queue_.empty() && inflight.size() + batch.size() < io->queue_depth()) {
+      while (!io_queue_.empty() && inflight.size() + batch.size() < max_inflight) {
         batch.push_back(std::move(io_queue_.front()));
         io_queue_.pop_front();
       }
     }
     if (inflight.empty() && !batch.empty()) busy_since = Clock::now();
-    std::vector<IoRequest> reqs;
-    std::vector<uint64_t> tags;
-    for (auto& job : batch) {
-      if (job->op == IoOp::kWrite && job->verify) {
-        job->checksum = XXH3_64bits(job->buffer, job->length_bytes);
+    if (!batch.empty()) {
+      std::vector<nvme::SwapOp> ops;
+      std::vector<uint64_t> tags;
+      for (auto& job : batch) {
+        const uint64_t tag = next_tag++;
+        ops.push_back(nvme::SwapOp{job->op, job->block, job->buffer, tag});
+        tags.push_back(tag);
       }
-      const uint64_t tag = next_tag++;
-      reqs.push_back(IoRequest{job->op, swap_fd_, job->offset, job->buffer,
-                               static_cast<size_t>(job->length_bytes), tag});
-      tags.push_back(tag);
-    }
-    if (!reqs.empty()) {
-      Status s = io->Submit(reqs);
+      Status s = swap->Submit(ops);  // all or nothing
       for (size_t i = 0; i < batch.size(); ++i) {
         if (s.ok()) {
           inflight.emplace(tags[i], std::move(batch[i]));
         } else {
-          IoJob* j = batch[i].release();
-          Post([this, j, s] {
-            std::unique_ptr<IoJob> job(j);
-            std::lock_guard<std::mutex> l(mu_);
-            Tier to = job->op == IoOp::kRead ? Tier::kHost : Tier::kNvme;
-            Tier from = job->op == IoOp::kRead ? Tier::kNvme : Tier::kHost;
-            OnHopDone(job->block, from, to, s, 0);
-          });
+          post_done(batch[i]->block, batch[i]->op == IoOp::kRead, s);
         }
       }
     }
     if (inflight.empty()) continue;
-    auto n = io->Reap(done, 1);
+    auto n = swap->Reap(done, 1);
     if (!n.ok()) continue;  // Reap only fails on misuse; the jobs stay in flight
     for (size_t i = 0; i < *n; ++i) {
       auto it = inflight.find(done[i].user_data);
       if (it == inflight.end()) continue;
       std::unique_ptr<IoJob> job = std::move(it->second);
       inflight.erase(it);
-      Status st = done[i].status;
-      uint64_t sum = job->checksum;
-      if (st.ok() && job->op == IoOp::kRead && job->verify) {
-        uint64_t got = XXH3_64bits(job->buffer, job->length_bytes);
-        if (got != job->checksum) {
-          st = Status::Corruption("checksum mismatch reading '" + swap_path_ + "' at offset " +
-                                  std::to_string(job->offset) + " (" +
-                                  std::to_string(job->length_bytes) + " bytes)");
-        }
-      }
+      Status st = std::move(done[i].status);  // Corruption on a checksum mismatch
       {
         std::lock_guard<std::mutex> l(mu_);
         stats_.io_bytes += st.ok() ? job->length_bytes : 0;
         if (inflight.empty()) stats_.io_busy_ns += Ns(Clock::now() - busy_since);
       }
-      const bool read = job->op == IoOp::kRead;
-      const BlockId id = job->block;
-      Post([this, id, read, st, sum] {
-        std::lock_guard<std::mutex> l(mu_);
-        OnHopDone(id, read ? Tier::kNvme : Tier::kHost, read ? Tier::kHost : Tier::kNvme, st, sum);
-      });
+      post_done(job->block, job->op == IoOp::kRead, std::move(st));
     }
   }
 }

@@ -2,19 +2,12 @@
 // The per-block state machine is in store_ops.cc.
 #include "core/tiered_store.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include <xxhash.h>
-
 #include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <filesystem>
-#include <unordered_map>
 
 #include "core/store_internal.h"
 #include "cpu/pinned_pool.h"
+#include "nvme/swap_space.h"  // SwapSpace is complete where swap_ is destroyed
 
 namespace strata::core {
 namespace {
@@ -23,21 +16,6 @@ using Clock = std::chrono::steady_clock;
 
 uint64_t Ns(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
-}
-
-// xxHash3 of `n` zero bytes: the checksum of a freshly registered NVMe block.
-uint64_t ZeroChecksum(uint64_t n) {
-  static const std::vector<uint8_t> zeros(1 << 16, 0);
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  for (uint64_t done = 0; done < n;) {
-    uint64_t k = std::min<uint64_t>(zeros.size(), n - done);
-    XXH3_64bits_update(st, zeros.data(), k);
-    done += k;
-  }
-  uint64_t h = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return h;
 }
 
 }  // namespace
@@ -155,9 +133,15 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOptions option
   if (options.device_budget_bytes > 0 && options.device == nullptr) {
     return Status::InvalidArgument("TieredStoreOptions: device_budget_bytes > 0 needs a device");
   }
-  if (options.nvme_capacity_bytes > 0 && (!options.io || options.swap_dir.empty())) {
+  if (options.nvme_capacity_bytes > 0 && (!options.io || options.nvme_paths.empty())) {
     return Status::InvalidArgument(
-        "TieredStoreOptions: nvme_capacity_bytes > 0 needs an IO backend and a swap_dir");
+        "TieredStoreOptions: nvme_capacity_bytes > 0 needs an IO backend and nvme_paths");
+  }
+  if (options.nvme_capacity_bytes > 0 &&
+      (options.stripe_unit_bytes == 0 || options.stripe_unit_bytes % kIoAlignment != 0)) {
+    return Status::InvalidArgument("TieredStoreOptions.stripe_unit_bytes " +
+                                   std::to_string(options.stripe_unit_bytes) +
+                                   " is not a positive multiple of 4096");
   }
   std::unique_ptr<TieredStore> s(new TieredStore(std::move(options)));
   STRATA_RETURN_IF_ERROR(s->Init());
@@ -189,30 +173,6 @@ Status TieredStore::Init() {
   }
   host_alloc_ = std::make_unique<RangeAllocator>(host_bytes, kIoAlignment);
 
-  if (options_.nvme_capacity_bytes > 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(options_.swap_dir, ec);
-    static std::atomic<uint64_t> counter{0};
-    swap_path_ = options_.swap_dir + "/strata-swap-" + std::to_string(getpid()) + "-" +
-                 std::to_string(counter++) + ".bin";
-    int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;
-    swap_fd_ = options_.direct_io ? open(swap_path_.c_str(), flags | O_DIRECT, 0600) : -1;
-    if (swap_fd_ < 0) {
-      if (options_.direct_io) note_ += "O_DIRECT refused on " + swap_path_ + "; buffered IO\n";
-      swap_fd_ = open(swap_path_.c_str(), flags, 0600);
-    }
-    if (swap_fd_ < 0) return Status::FromErrno(errno, "open swap file", swap_path_);
-    unlink(swap_path_.c_str());  // the file lives as long as the fd: nothing left on a crash
-    const uint64_t cap = options_.nvme_capacity_bytes / kIoAlignment * kIoAlignment;
-    if (ftruncate(swap_fd_, static_cast<off_t>(cap)) != 0) {
-      return Status::FromErrno(errno, "size swap file", swap_path_);
-    }
-    nvme_alloc_ = std::make_unique<RangeAllocator>(cap, kIoAlignment);
-    STRATA_RETURN_IF_ERROR(options_.io->RegisterFile(swap_fd_, swap_path_));
-    Status rb = options_.io->RegisterBuffer(host_base_, host_bytes);
-    if (!rb.ok() && !rb.IsUnavailable()) return rb;
-  }
-  if (options_.io) io_thread_ = std::thread([this] { IoLoop(); });
   mover_thread_ = std::thread([this] { MoverLoop(); });
   return Status::OK();
 }
@@ -241,13 +201,9 @@ TieredStore::~TieredStore() {
   for (auto& bp : blocks_) {
     if (bp->copy[0].reserved) options_.device->Free(bp->copy[0].ptr).IgnoreError();
   }
-  if (swap_fd_ >= 0) {
-    if (options_.io) {
-      options_.io->UnregisterBuffer(host_base_);
-      options_.io->UnregisterFile(swap_fd_);
-    }
-    close(swap_fd_);
-  }
+  if (swap_) swap_->Close().IgnoreError();  // nothing in flight: the IO thread reaped it all
+  swap_.reset();
+  if (host_registered_) options_.io->UnregisterBuffer(host_base_);
   slab_.reset();
   pool_.reset();
   std::free(plain_slab_);
@@ -268,6 +224,12 @@ Result<BlockId> TieredStore::Register(const BlockSpec& spec) {
     }
   }
   const int h = static_cast<int>(spec.home);
+  if (spec.home == Tier::kNvme && nvme_state_ != NvmeState::kClosed) {
+    return Status::FailedPrecondition(
+        "TieredStore::Register: block '" + spec.name +
+        "' is NVMe-homed but the NVMe tier is already open (its swap space is laid out for the "
+        "blocks registered before OpenNvme or the first NVMe operation)");
+  }
   if (budget_[h] == 0) {
     return Status::InvalidArgument("TieredStore::Register: block '" + spec.name +
                                    "' has home tier " + std::string(TierName(spec.home)) +
@@ -288,10 +250,7 @@ Result<BlockId> TieredStore::Register(const BlockSpec& spec) {
   if (spec.home == Tier::kHost) {
     std::memset(home.ptr, 0, b->alloc_bytes);
   } else if (spec.home == Tier::kNvme) {
-    if (options_.verify_checksums) {
-      b->checksum = ZeroChecksum(b->alloc_bytes);
-      b->has_checksum = true;
-    }
+    // Zeros until first written back (nvme_written): nothing to do now.
   } else {
     // Zero the device home with a plain copy. Held under the lock so a concurrent Register cannot
     // take the same name; no completion path needs this lock to finish that copy.
@@ -320,6 +279,7 @@ Ticket FailedTicket(Status s) {
 }  // namespace
 
 Ticket TieredStore::Fetch(BlockId id, Tier tier) {
+  if (Status n = NvmeReadyFor(id); !n.ok()) return FailedTicket(std::move(n));
   std::lock_guard<std::mutex> l(mu_);
   if (id >= blocks_.size())
     return FailedTicket(Status::NotFound("Fetch: no block " + std::to_string(id)));
@@ -332,6 +292,7 @@ Ticket TieredStore::Fetch(BlockId id, Tier tier) {
 }
 
 Ticket TieredStore::WriteBack(BlockId id) {
+  if (Status n = NvmeReadyFor(id); !n.ok()) return FailedTicket(std::move(n));
   std::lock_guard<std::mutex> l(mu_);
   if (id >= blocks_.size()) {
     return FailedTicket(Status::NotFound("WriteBack: no block " + std::to_string(id)));
@@ -340,6 +301,7 @@ Ticket TieredStore::WriteBack(BlockId id) {
 }
 
 Ticket TieredStore::Evict(BlockId id, Tier tier) {
+  if (Status n = NvmeReadyFor(id); !n.ok()) return FailedTicket(std::move(n));
   std::lock_guard<std::mutex> l(mu_);
   if (id >= blocks_.size())
     return FailedTicket(Status::NotFound("Evict: no block " + std::to_string(id)));
@@ -348,6 +310,7 @@ Ticket TieredStore::Evict(BlockId id, Tier tier) {
 
 Result<Lease> TieredStore::Acquire(BlockId id, Tier tier, Access access,
                                    std::chrono::nanoseconds timeout) {
+  STRATA_RETURN_IF_ERROR(NvmeReadyFor(id));
   const int t = static_cast<int>(tier);
   std::shared_ptr<Op> op;
   Ticket ticket;
@@ -373,9 +336,12 @@ Result<Lease> TieredStore::Acquire(BlockId id, Tier tier, Access access,
         return e;
       }
     }
+    // Readers share a valid copy unless a writer holds the block or waits for it (then they
+    // queue behind it); a writer needs the block to itself: no lease, no operation running.
     const bool free_to_use =
         c.state == Residency::kValid && !b.write_leased() &&
-        (access == Access::kRead || (b.ops.empty() && !b.hop_in_flight && c.leases() == 0));
+        (access == Access::kRead ? !b.writer_waiting()
+                                 : b.ops.empty() && !b.hop_in_flight && b.leases() == 0);
     if (free_to_use) {
       ++stats_.acquire_hits;
       ++(access == Access::kRead ? c.read_leases : c.write_leases);
@@ -392,6 +358,24 @@ Result<Lease> TieredStore::Acquire(BlockId id, Tier tier, Access access,
   Block& b = *blocks_[id];
   if (!op->done) {  // timed out: withdraw our lease request
     --(access == Access::kRead ? op->pending_read : op->pending_write);
+    ++stats_.acquire_timeouts;
+    // Cancel the fetch when nothing else can observe it: no other Acquire waits on it, no other
+    // ticket holder (Fetch joined it) and no hop of it running. Otherwise it runs on: its copy
+    // stays resident but unleased (evictable), and an error goes to the next waiter.
+    const bool running = !b.ops.empty() && b.ops.front() == op && b.hop_in_flight;
+    if (op->pending_read + op->pending_write == 0 && op->ticket.use_count() == 2 && !running) {
+      auto it = std::find(b.ops.begin(), b.ops.end(), op);
+      if (it != b.ops.end()) {
+        b.ops.erase(it);
+        --queued_ops_;
+        op->done = true;
+        op->status = Status::Aborted(Name(b) + ": fetch cancelled, its Acquire timed out");
+        op->ticket->Complete(op->status);
+        ++stats_.cancelled_fetches;
+        space_freed_ = true;
+      }
+    }
+    Pump(id);  // a withdrawn writer may have held queued readers back
     lease.store_ = nullptr;
     return Status::DeadlineExceeded(Name(b) + ": not resident on tier " +
                                     std::string(TierName(tier)) + " within the timeout");
@@ -459,7 +443,10 @@ StoreStats TieredStore::TakeStats(bool reset) {
   return s;
 }
 
-std::string TieredStore::note() const { return note_; }
+std::string TieredStore::note() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return note_;
+}
 
 std::string TieredStore::DebugString() const {
   std::lock_guard<std::mutex> l(mu_);

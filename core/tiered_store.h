@@ -20,9 +20,16 @@
 // block; the one after that fetches afresh.
 //
 // A block is used through a Lease: while any lease on a copy exists it is never evicted. A write
-// lease (Access::kWrite) waits until the block has no operation running and holds the block's
-// operations back until released; MarkDirty() then makes the leased copy the newest one (other
-// cached copies are dropped, the home copy becomes stale until WriteBack).
+// lease (Access::kWrite) is exclusive: it waits until the block has no lease on any tier and no
+// operation running, new readers queue behind a waiting writer (writers cannot starve), and it
+// holds the block's operations back until released; MarkDirty() then makes the leased copy the
+// newest one (other cached copies are dropped, the home copy becomes stale until WriteBack).
+//
+// Phases: Register blocks, then use them. The NVMe tier is opened (its swap files created and
+// preallocated for every NVMe-homed block registered so far) by OpenNvme(), or implicitly by the
+// first Fetch/WriteBack/Evict/Acquire of an NVMe-homed block. Registering an NVMe-homed block
+// after that is FailedPrecondition (blocks on other tiers may be registered at any time). A
+// freshly registered NVMe block reads as zeros without IO until it is first written back.
 //
 // Threads: one IO thread owns the IoBackend (submits, reaps); one mover thread runs completions
 // (state updates and the next hop). Both sleep on condition variables when idle.
@@ -46,6 +53,10 @@
 #include "strata/dtype.h"
 #include "strata/io.h"
 #include "strata/status.h"
+
+namespace strata::nvme {
+class SwapSpace;
+}  // namespace strata::nvme
 
 namespace strata::cpu {
 class PinnedPool;
@@ -80,18 +91,25 @@ struct TieredStoreOptions {
   // Per-tier byte budgets; 0 disables the tier. Host is required (it stages every NVMe hop).
   uint64_t device_budget_bytes = 0;  // HBM the store may use
   uint64_t host_budget_bytes = 0;    // pinned DRAM, allocated once at Open
-  uint64_t nvme_capacity_bytes = 0;  // size of the swap file, preallocated at Open
+  // NVMe budget: the NVMe-homed blocks' extents (sizes rounded to 4 KiB) may not exceed it.
+  // Their swap files (exactly those extents) are preallocated when the NVMe tier opens.
+  uint64_t nvme_capacity_bytes = 0;
   // Not owned; must outlive the store. Required when device_budget_bytes > 0.
   Device* device = nullptr;
   // Owned; driven by the store's IO thread only. Required when nvme_capacity_bytes > 0.
   std::unique_ptr<IoBackend> io;
-  // Directory for the swap file (created if missing). Required when nvme_capacity_bytes > 0.
-  std::string swap_dir;
-  // O_DIRECT on the swap file; falls back to buffered IO (noted) where the filesystem refuses.
-  bool direct_io = true;
-  // xxHash64 of each block written to NVMe, verified when read back. Costs one pass over the
-  // bytes per IO; catches torn or silently corrupted writes.
-  bool verify_checksums = true;
+  // The NVMe tier is an nvme::SwapSpace (nvme/swap_space.h): one preallocated O_DIRECT file per
+  // path for `rank`, every block striped over all paths in `stripe_unit_bytes` units (several
+  // SSDs add their bandwidth), an XXH3 checksum per block verified on every read, a failed write
+  // invalidating the block, and a swap file left by a crashed run refused (FailedPrecondition).
+  // Required (existing directories, one per SSD) when nvme_capacity_bytes > 0.
+  std::vector<std::string> nvme_paths;
+  int rank = 0;
+  size_t stripe_unit_bytes = size_t{1} << 20;
+  // Buffered IO (noted) on a path whose filesystem refuses O_DIRECT; refused when false.
+  bool allow_buffered_io = true;
+  // NVMe block reads/writes in flight at once (each spans several stripe units).
+  size_t max_inflight_ios = 64;
   // Queued operations across all blocks before Fetch/WriteBack/Evict fail ResourceExhausted.
   uint32_t max_queued_ops = 1u << 16;
   // Pinned host memory: from a PinnedPool (huge pages, locked, CUDA-registered) when true,
@@ -164,6 +182,8 @@ struct StoreStats {
   uint64_t copy_bytes = 0;
   uint64_t evictions = 0;
   uint64_t errors = 0;
+  uint64_t acquire_timeouts = 0;   // Acquire calls that returned DeadlineExceeded
+  uint64_t cancelled_fetches = 0;  // of those, fetches cancelled before any hop of theirs ran
 };
 
 class TieredStore {
@@ -177,8 +197,18 @@ class TieredStore {
 
   // Registers a block and reserves its home copy (zero-filled, valid). InvalidArgument for size
   // 0, a duplicate name or a disabled home tier; ResourceExhausted when the home tier's budget
-  // cannot hold it.
+  // cannot hold it; FailedPrecondition for an NVMe-homed block once the NVMe tier is open.
   Result<BlockId> Register(const BlockSpec& spec);
+
+  // Opens the NVMe tier: creates the swap space for every NVMe-homed block registered so far and
+  // starts the IO thread. Idempotent; the first call's result is returned by every later one and
+  // a failed open fails every later operation on an NVMe-homed block with the same error.
+  // FailedPrecondition: the NVMe tier is disabled, or a swap file from a crashed run is in the
+  // way (named). NotFound / IOError (ENOSPC names the path and bytes): see SwapSpace::Create.
+  Status OpenNvme();
+  bool nvme_open() const;
+  // The swap files of the open NVMe tier (one per nvme path); empty before OpenNvme.
+  std::vector<std::string> nvme_files() const;
 
   // An unknown id gives a ticket failed with NotFound (Fetch, WriteBack, Evict, Acquire).
   // Makes a valid copy resident on `tier` (each hop async). The block must then be leased
@@ -191,7 +221,13 @@ class TieredStore {
   Ticket Evict(BlockId id, Tier tier);
 
   // Fetches if needed and returns a lease on the copy on `tier`. DeadlineExceeded after
-  // `timeout`; the block's fetch error otherwise.
+  // `timeout`; the block's fetch error otherwise. A read lease waits while a writer holds the
+  // block or is queued for it (readers never overtake a waiting writer); a write lease waits
+  // until no lease on any tier of the block is held and no operation of it runs (so a thread
+  // holding a read lease that asks for a write lease on the same block gets DeadlineExceeded).
+  // On timeout the lease request is withdrawn; the fetch it started is cancelled when nothing
+  // else waits on it and it has not started a hop (stats: cancelled_fetches), otherwise it runs
+  // to completion and leaves an unleased (evictable) copy (stats: acquire_timeouts).
   Result<Lease> Acquire(BlockId id, Tier tier, Access access, std::chrono::nanoseconds timeout);
 
   // Writes back every dirty block and waits. The first error, or DeadlineExceeded.
@@ -233,7 +269,8 @@ class TieredStore {
   bool Droppable(Block& b, Tier tier);
   Status IssueCopy(Block& b, Tier from, Tier to);
   void IssueIo(Block& b, IoOp op);
-  void OnHopDone(BlockId id, Tier from, Tier to, Status status, uint64_t checksum);
+  void OnHopDone(BlockId id, Tier from, Tier to, Status status);
+  Status NvmeReadyFor(BlockId id);  // opens the NVMe tier for an NVMe-homed block
   void ReleaseLease(Lease& lease);
   std::string Name(const Block& b) const;
 
@@ -265,10 +302,13 @@ class TieredStore {
   void* plain_slab_ = nullptr;
   uint8_t* host_base_ = nullptr;
   std::unique_ptr<RangeAllocator> host_alloc_;
-  // NVMe tier: one swap file carved by nvme_alloc_.
-  int swap_fd_ = -1;
-  std::string swap_path_;
-  std::unique_ptr<RangeAllocator> nvme_alloc_;
+  // NVMe tier: the swap space, created by OpenNvme and then driven by the IO thread only.
+  enum class NvmeState : uint8_t { kClosed, kOpening, kOpen };
+  std::mutex nvme_open_mu_;                    // serializes OpenNvme
+  NvmeState nvme_state_ = NvmeState::kClosed;  // guarded by mu_
+  Status nvme_status_;                         // guarded by mu_; the open's result
+  std::unique_ptr<nvme::SwapSpace> swap_;
+  bool host_registered_ = false;  // host slab registered with the IO backend
 
   // IO thread state (guarded by io_mu_).
   std::mutex io_mu_;

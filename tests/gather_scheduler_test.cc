@@ -34,7 +34,7 @@ class GatherTest : public ::testing::Test {
     o.nvme_capacity_bytes = kGroups * kGroup;
     o.device = device_.get();
     o.io = std::make_unique<nvme::SimBackend>(so);
-    o.swap_dir = dir_.path();
+    o.nvme_paths = {dir_.path()};
     o.use_pinned_pool = false;
     auto s = TieredStore::Open(std::move(o));
     ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -44,6 +44,10 @@ class GatherTest : public ::testing::Test {
                                   StateKind::kParam16, Tier::kNvme});
       ASSERT_TRUE(id.ok());
       ids_.push_back(*id);
+    }
+    // Every NVMe block is registered before the first use opens the NVMe tier.
+    for (int g = 0; g < kGroups; ++g) {
+      const BlockId* id = &ids_[g];
       auto l = store_->Acquire(*id, Tier::kHost, Access::kWrite, 20s);
       ASSERT_TRUE(l.ok());
       std::memset(l->data(), g + 1, kGroup);

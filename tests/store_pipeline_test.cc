@@ -34,7 +34,7 @@ TEST_P(StorePipelineTest, EverySubGroupUpdatedOncePerPass) {
   o.host_budget_bytes = c.host_blocks * kSub;
   o.nvme_capacity_bytes = kSubs * kSub;
   o.io = std::make_unique<nvme::SimBackend>(so);
-  o.swap_dir = dir.path();
+  o.nvme_paths = {dir.path()};
   o.use_pinned_pool = false;
   auto opened = TieredStore::Open(std::move(o));
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();

@@ -39,7 +39,7 @@ TEST(StoreStress, RandomAccessWithTinyBudgets) {
   o.nvme_capacity_bytes = 2 * kBlocks * kBlock;
   o.device = dev->get();
   o.io = std::make_unique<nvme::SimBackend>(so);
-  o.swap_dir = dir.path();
+  o.nvme_paths = {dir.path()};
   o.use_pinned_pool = false;
   auto opened = TieredStore::Open(std::move(o));
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();

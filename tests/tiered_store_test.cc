@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "nvme/sim_backend.h"
+#include "nvme/swap_space.h"
 #include "tests/io_test_util.h"
 
 namespace strata::core {
@@ -49,7 +50,7 @@ class StoreTest : public ::testing::Test {
     o.nvme_capacity_bytes = b.nvme_blocks * kBlock;
     o.device = device_.get();
     o.io = std::move(sim);
-    o.swap_dir = dir_.path();
+    o.nvme_paths = {dir_.path()};
     o.use_pinned_pool = false;
     auto s = TieredStore::Open(std::move(o));
     ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -67,6 +68,12 @@ class StoreTest : public ::testing::Test {
                         << store_->DebugString();
     std::memset(l->data(), v, l->size_bytes());
     l->MarkDirty();
+  }
+  // Makes `v` the value of NVMe-homed block `id` on NVMe only (written back, host copy evicted).
+  void Persist(BlockId id, uint8_t v) {
+    Write(id, Tier::kHost, v);
+    ASSERT_TRUE(store_->WriteBack(id).Wait(kWait).ok());
+    ASSERT_TRUE(store_->Evict(id, Tier::kHost).Wait(kWait).ok());
   }
   // Every byte of block `id` on `tier`, or -1 when they differ.
   int Read(BlockId id, Tier tier) {
@@ -117,7 +124,8 @@ TEST_F(StoreTest, ChainsNvmeToHostToDeviceAndWritesBack) {
   EXPECT_EQ(s.bytes_moved[1][2], kBlock);
   EXPECT_EQ(s.copy_bytes, 2 * kBlock);  // one copy each way
   EXPECT_GT(s.copy_busy_ns, 0u);
-  EXPECT_EQ(s.io_bytes, 3 * kBlock);  // two reads, one write
+  // One read, one write: the first fetch was of zeros never written (no IO).
+  EXPECT_EQ(s.io_bytes, 2 * kBlock);
   EXPECT_GT(s.io_busy_ns, 0u);
 }
 
@@ -213,6 +221,7 @@ TEST_F(StoreTest, EveryReadSeesTheLastWriteUnderRandomOps) {
 TEST_F(StoreTest, InjectedReadErrorReachesTheWaiterWithTheBlockName) {
   Open({});
   BlockId b = Reg("layer7.exp_avg", Tier::kNvme);
+  Persist(b, 0x44);  // a block never written reads as zeros without IO
   sim_->InjectFault(IoOp::kRead, nvme::SimFault::kEio);
   auto l = store_->Acquire(b, Tier::kDevice, Access::kRead, kWait);
   ASSERT_FALSE(l.ok());
@@ -220,12 +229,13 @@ TEST_F(StoreTest, InjectedReadErrorReachesTheWaiterWithTheBlockName) {
   EXPECT_NE(l.status().ToString().find("layer7.exp_avg"), std::string::npos);
   EXPECT_EQ(store_->residency(b, Tier::kHost), Residency::kAbsent);
   EXPECT_EQ(store_->residency(b, Tier::kDevice), Residency::kAbsent);
-  EXPECT_EQ(Read(b, Tier::kDevice), 0);  // the fault was used up: a retry works
+  EXPECT_EQ(Read(b, Tier::kDevice), 0x44);  // the fault was used up: a retry works
 }
 
 TEST_F(StoreTest, BackgroundPrefetchErrorIsKeptForTheNextWaiter) {
   Open({});
   BlockId b = Reg("layer2.param16", Tier::kNvme);
+  Persist(b, 0x55);
   sim_->InjectFault(IoOp::kRead, nvme::SimFault::kEio);
   (void)store_->Fetch(b, Tier::kDevice);  // ticket dropped: nobody waits
   const auto deadline = std::chrono::steady_clock::now() + kWait;
@@ -236,25 +246,13 @@ TEST_F(StoreTest, BackgroundPrefetchErrorIsKeptForTheNextWaiter) {
   ASSERT_FALSE(l.ok());
   EXPECT_NE(l.status().ToString().find("layer2.param16"), std::string::npos)
       << l.status().ToString();
-  EXPECT_EQ(Read(b, Tier::kDevice), 0);  // delivered once, then a fresh fetch
+  EXPECT_EQ(Read(b, Tier::kDevice), 0x55);  // delivered once, then a fresh fetch
   // An error that a Wait already returned is not delivered a second time.
   ASSERT_TRUE(store_->Evict(b, Tier::kDevice).Wait(kWait).ok());
   ASSERT_TRUE(store_->Evict(b, Tier::kHost).Wait(kWait).ok());
   sim_->InjectFault(IoOp::kRead, nvme::SimFault::kEio);
   EXPECT_TRUE(store_->Fetch(b, Tier::kHost).Wait(kWait).IsIOError());
-  EXPECT_EQ(Read(b, Tier::kHost), 0);
-}
-
-// Finds the store's (unlinked) swap file among our open descriptors.
-int SwapFd() {
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code ec;
-    auto target = std::filesystem::read_symlink(e.path(), ec).string();
-    if (!ec && target.find("strata-swap-") != std::string::npos) {
-      return std::stoi(e.path().filename().string());
-    }
-  }
-  return -1;
+  EXPECT_EQ(Read(b, Tier::kHost), 0x55);
 }
 
 TEST_F(StoreTest, ChecksumFailureIsCorruptionAndNeverValid) {
@@ -262,10 +260,10 @@ TEST_F(StoreTest, ChecksumFailureIsCorruptionAndNeverValid) {
   BlockId b = Reg("layer1.master32", Tier::kNvme);
   Write(b, Tier::kHost, 0x11);
   ASSERT_TRUE(store_->Evict(b, Tier::kHost).Wait(kWait).ok());
-  int direct_fd = SwapFd();
-  ASSERT_GE(direct_fd, 0);
-  // A second, buffered descriptor on the same (unlinked) file: O_DIRECT refuses 1-byte writes.
-  int fd = open(("/proc/self/fd/" + std::to_string(direct_fd)).c_str(), O_RDWR);
+  ASSERT_EQ(store_->nvme_files().size(), 1u);
+  EXPECT_EQ(store_->nvme_files()[0], nvme::SwapFilePath(dir_.path(), 0));
+  // A buffered descriptor on the swap file: O_DIRECT refuses 1-byte writes.
+  int fd = open(store_->nvme_files()[0].c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   const char junk = 0x22;
   ASSERT_EQ(pwrite(fd, &junk, 1, 100), 1);  // block 0 lives at offset 0 of the swap file
@@ -310,12 +308,12 @@ TEST_F(StoreTest, LeasesPreventEviction) {
 TEST_F(StoreTest, ResourceExhaustedWhenNothingCanFree) {
   Open({.device_blocks = 1, .host_blocks = 2, .nvme_blocks = 4});
   BlockId big = Reg("big", Tier::kNvme, 2 * kBlock);
-  auto l = store_->Acquire(big, Tier::kDevice, Access::kRead, kWait);
-  EXPECT_TRUE(l.status().IsResourceExhausted()) << l.status().ToString();
-  EXPECT_NE(l.status().ToString().find("big"), std::string::npos);
   auto r =
       store_->Register(BlockSpec{"huge", 8 * kBlock, DType::kF32, StateKind::kExpAvg, Tier::kNvme});
   EXPECT_TRUE(r.status().IsResourceExhausted()) << r.status().ToString();
+  auto l = store_->Acquire(big, Tier::kDevice, Access::kRead, kWait);
+  EXPECT_TRUE(l.status().IsResourceExhausted()) << l.status().ToString();
+  EXPECT_NE(l.status().ToString().find("big"), std::string::npos);
   EXPECT_TRUE(store_->Register(BlockSpec{"big", kBlock}).status().IsInvalidArgument());
   EXPECT_TRUE(store_->Register(BlockSpec{"zero", 0}).status().IsInvalidArgument());
   EXPECT_TRUE(store_->Fetch(99, Tier::kHost).Wait(kWait).IsNotFound());

@@ -8,12 +8,14 @@
 // (sleep: the GPU's time, not the CPU's), releases it. Step 1 records the trace; later steps
 // replay it and the Prefetcher (byte lookahead, Belady) drives Fetch/Evict ahead of the consumer.
 // Optimizer: `subgroups` blocks of `subgroup-mb` fp32 state (master, m, v) homed on NVMe, run
-// through StepPipeline: read-ahead fetch to pinned host, the SIMD AdamW of kernels/ on the
-// calling thread (bf16 gradient in, bf16 parameter out), write-behind eviction.
+// through StepPipeline: read-ahead fetch to pinned host, the SIMD AdamW of kernels/ over a
+// KernelPool (oneTBB, --threads cores; bf16 gradient in, bf16 parameter out), write-behind
+// eviction. The store's IO thread keeps reading ahead and writing behind while the pool computes.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -25,6 +27,7 @@
 #include "core/gather_scheduler.h"
 #include "core/tiered_store.h"
 #include "kernels/adam.h"
+#include "kernels/pool.h"
 #include "sched/prefetcher.h"
 #include "sched/step_pipeline.h"
 #include "sched/trace.h"
@@ -54,14 +57,39 @@ struct BenchStoreArgs {
   int write_behind = 2;
   double pcie_gbps = 0;
   std::string io = "auto";
-  std::string dir;
+  std::vector<std::string> dirs;
+  int stripe_kb = 1024;
+  int threads = 0;
   bool json = false;
-  bool no_checksums = false;
 };
 
-// One AdamW step (kernels/adam.h, SIMD, calling thread) over a sub-group whose fp32 master, m
-// and v lie back to back in `state`; bf16 gradient in, bf16 parameter out: 28 bytes/param.
-Status AdamPass(float* state, uint64_t params, const uint16_t* grad, uint16_t* param_out) {
+// One fresh subdirectory per --dir (a swap file of rank 0 in each), so concurrent benches and
+// the leftovers of a killed one never collide; removed with its contents at the end.
+class BenchDirs {
+ public:
+  ~BenchDirs() {
+    std::error_code ec;
+    for (const auto& d : made_) std::filesystem::remove_all(d, ec);
+  }
+  Result<std::vector<std::string>> Make(std::vector<std::string> bases) {
+    if (bases.empty()) bases.push_back(std::filesystem::temp_directory_path().string());
+    for (const auto& base : bases) {
+      std::string tmpl = base + "/strata-bench-store-XXXXXX";
+      if (mkdtemp(tmpl.data()) == nullptr) return Status::FromErrno(errno, "mkdtemp in", base);
+      made_.push_back(tmpl);
+    }
+    return made_;
+  }
+
+ private:
+  std::vector<std::string> made_;
+};
+
+// One AdamW step (kernels/adam.h, SIMD, over the pool's threads) over a sub-group whose fp32
+// master, m and v lie back to back in `state`; bf16 gradient in, bf16 parameter out: 28
+// bytes/param.
+Status AdamPass(kernels::KernelPool& pool, float* state, uint64_t params, const uint16_t* grad,
+                uint16_t* param_out) {
   kernels::AdamHyper h;
   kernels::AdamShard sh;
   sh.master = state;
@@ -72,7 +100,7 @@ Status AdamPass(float* state, uint64_t params, const uint16_t* grad, uint16_t* p
   sh.param_out = param_out;
   sh.param_out_dtype = DType::kBF16;
   sh.n = params;
-  return kernels::AdamStep(h, sh);
+  return kernels::AdamStep(pool, h, sh);
 }
 
 Result<Tier> ParseTier(const std::string& s) {
@@ -130,7 +158,7 @@ struct OptResult {
 };
 
 Result<OptResult> RunOptimizer(core::TieredStore& store, const BenchStoreArgs& a,
-                               const std::vector<core::BlockId>& subs) {
+                               const std::vector<core::BlockId>& subs, kernels::KernelPool& pool) {
   const uint64_t bytes = store.spec(subs[0]).size_bytes;
   const uint64_t params = bytes / 12;
   std::vector<uint16_t> grad(params, 0x3A83);  // bf16 ~1e-3
@@ -149,7 +177,7 @@ Result<OptResult> RunOptimizer(core::TieredStore& store, const BenchStoreArgs& a
                               store.Acquire(subs[i], Tier::kHost, core::Access::kWrite, kWait));
       if (compute) {
         STRATA_RETURN_IF_ERROR(
-            AdamPass(static_cast<float*>(l.data()), params, grad.data(), param_out.data()));
+            AdamPass(pool, static_cast<float*>(l.data()), params, grad.data(), param_out.data()));
       }
       l.MarkDirty();  // IO alone still writes every sub-group back
       return Status::OK();
@@ -173,7 +201,7 @@ Result<OptResult> RunOptimizer(core::TieredStore& store, const BenchStoreArgs& a
     const auto t0 = Clock::now();
     for (size_t i = 0; i < subs.size(); ++i) {
       STRATA_RETURN_IF_ERROR(
-          AdamPass(bufs[i % ring].data(), params, grad.data(), param_out.data()));
+          AdamPass(pool, bufs[i % ring].data(), params, grad.data(), param_out.data()));
     }
     r.compute_s = Sec(Clock::now() - t0);
   }
@@ -189,6 +217,10 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
     return Status::InvalidArgument(
         "--layers, --steps, --subgroups, --group-mb and "
         "--subgroup-mb must be positive");
+  }
+  if (a.threads < 0 || a.stripe_kb <= 0 || a.stripe_kb % 4 != 0) {
+    return Status::InvalidArgument(
+        "--threads must be >= 0 and --stripe-kb a positive multiple of 4");
   }
   if (a.read_ahead < 0 || a.write_behind < 0 || a.pcie_gbps < 0 || a.compute_ms < 0 ||
       a.device_mb <= 0 || a.host_mb <= 0 || a.prefetch_mb <= 0) {
@@ -218,9 +250,10 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
   so.host_budget_bytes = mb(a.host_mb) + mb(a.group_mb) * (home == Tier::kHost ? a.layers : 0);
   so.nvme_capacity_bytes = mb(a.group_mb) * a.layers + mb(a.subgroup_mb) * a.subgroups + mb(8);
   so.device = device.get();
-  so.verify_checksums = !a.no_checksums;
   so.io = std::move(backend);
-  so.swap_dir = a.dir.empty() ? std::filesystem::temp_directory_path().string() : a.dir;
+  BenchDirs dirs;
+  STRATA_ASSIGN_OR_RETURN(so.nvme_paths, dirs.Make(a.dirs));
+  so.stripe_unit_bytes = static_cast<size_t>(a.stripe_kb) * 1024;
   STRATA_ASSIGN_OR_RETURN(auto store, core::TieredStore::Open(std::move(so)));
   std::vector<core::BlockId> groups, subs;
   for (int g = 0; g < a.layers; ++g) {
@@ -235,9 +268,24 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
                                                       core::StateKind::kMaster32, Tier::kNvme}));
     subs.push_back(id);
   }
+  STRATA_RETURN_IF_ERROR(store->OpenNvme());  // every NVMe block is registered: lay out the swap
+  if (home == Tier::kNvme) {
+    // Write every group once (a run loads its checkpoint): NVMe blocks never written read as
+    // zeros without IO, which would measure nothing.
+    for (core::BlockId g : groups) {
+      STRATA_ASSIGN_OR_RETURN(auto l, store->Acquire(g, Tier::kHost, core::Access::kWrite, kWait));
+      std::memset(l.data(), 0x3C, l.size_bytes());
+      l.MarkDirty();
+      l.Release();
+      STRATA_RETURN_IF_ERROR(store->Evict(g, Tier::kHost).Wait(kWait));
+    }
+  }
   STRATA_ASSIGN_OR_RETURN(ParamResult p, RunParamStep(*store, a, groups));
   core::StoreStats st = store->TakeStats(true);
-  STRATA_ASSIGN_OR_RETURN(OptResult o, RunOptimizer(*store, a, subs));
+  kernels::PoolOptions kpo;
+  kpo.threads = a.threads;
+  STRATA_ASSIGN_OR_RETURN(auto pool, kernels::KernelPool::Create(kpo));
+  STRATA_ASSIGN_OR_RETURN(OptResult o, RunOptimizer(*store, a, subs, *pool));
   core::StoreStats ost = store->TakeStats(false);
   const double ref = std::max(o.io_s, o.compute_s);
   const double hidden = o.io_s + o.compute_s - o.pipelined_s;
@@ -269,14 +317,15 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
       {"compute_alone_s", o.compute_s},
       {"max_reads_in_flight", o.max_reads},
       {"max_writes_in_flight", o.max_writes},
-      {"compute", "kernels::AdamStep (AdamW, bf16 grad in, bf16 param out), 1 thread"},
+      {"compute", "kernels::AdamStep (AdamW, bf16 grad in, bf16 param out) on a KernelPool"},
+      {"adam_threads", pool->threads()},
       {"io_gbps", ost.io_busy_ns ? ost.io_bytes / (ost.io_busy_ns * 1e-9) / 1e9 : 0}};
   j["peak_bytes"] = {{"device", st.peak_bytes[0]},
                      {"host", std::max(st.peak_bytes[1], ost.peak_bytes[1])},
                      {"nvme", st.peak_bytes[2]}};
   j["budget_bytes"] = {
       {"device", st.budget_bytes[0]}, {"host", st.budget_bytes[1]}, {"nvme", st.budget_bytes[2]}};
-  j["checksums"] = !a.no_checksums;
+  j["nvme_paths"] = a.dirs.empty() ? 1 : a.dirs.size();
   j["notes"] = backend_note + store->note();
   *out = std::move(j);
   return Status::OK();
@@ -318,9 +367,15 @@ void RegisterBenchStore(CLI::App& bench, int* exit_code) {
                 "Simulated host<->device link GB/s (0: memcpy speed)")
       ->capture_default_str();
   c->add_option("--io", args->io, "IO backend: auto, uring or posix")->capture_default_str();
-  c->add_option("--dir", args->dir, "Directory for the swap file (default: the temp dir)");
-  c->add_flag("--no-checksums", args->no_checksums,
-              "Skip the xxHash3 of every NVMe block (measures what verification costs)");
+  c->add_option("--dir", args->dirs,
+                "nvme_path directory; repeat for several SSDs (blocks are striped over all). "
+                "A fresh subdirectory is made and removed in each (default: the temp dir)");
+  c->add_option("--stripe-kb", args->stripe_kb,
+                "Stripe unit in KiB over the --dir paths (a multiple of 4)")
+      ->capture_default_str();
+  c->add_option("--threads", args->threads,
+                "Threads of the Adam KernelPool, the calling thread included (0: every CPU)")
+      ->capture_default_str();
   c->add_flag("--json", args->json, "Print one JSON object");
   c->callback([args, exit_code] {
     nlohmann::json j;
