@@ -12,6 +12,7 @@
 #include <gloo/types.h>
 
 #include <netdb.h>
+#include <signal.h>
 
 #include <condition_variable>
 #include <cstring>
@@ -430,6 +431,15 @@ Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooCommOptio
   }
   if (o.queue_depth == 0 || o.scratch_elems == 0 || o.timeout.count() <= 0) {
     return Status::InvalidArgument("gloo: queue_depth, scratch_elems and timeout must be > 0");
+  }
+  // Gloo's TCP transport writes with writev, which raises SIGPIPE when a peer has died; with the
+  // default action that kills this rank instead of failing the collective with an error (Python,
+  // and so PyTorch, ignores SIGPIPE, which is why Gloo can rely on it). Ignore it unless the
+  // embedding program installed a handler of its own.
+  struct sigaction old_pipe {};
+  if (sigaction(SIGPIPE, nullptr, &old_pipe) == 0 && old_pipe.sa_handler == SIG_DFL &&
+      !(old_pipe.sa_flags & SA_SIGINFO)) {
+    signal(SIGPIPE, SIG_IGN);
   }
   std::shared_ptr<gloo::Context> ctx;  // null for world_size 1: every op is local
   std::optional<StoreAdapter> store;

@@ -44,6 +44,8 @@ struct GlooCommOptions {
 // Connects to all peers (full mesh through the store), then runs a barrier so that the store may
 // be dropped afterwards. kInvalidArgument for bad options; kDeadlineExceeded / kUnavailable when
 // peers do not show up or the transport fails, with Gloo's message.
+// Sets SIGPIPE to SIG_IGN when it has the default action (a dead peer must fail a collective with
+// kUnavailable, not kill this process); a handler the program installed is left alone.
 Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooCommOptions& options);
 
 }  // namespace strata
