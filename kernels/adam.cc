@@ -3,24 +3,12 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/elem.h"
 #include "kernels/pool.h"
 #include "kernels/simd.h"
 
 namespace strata::kernels {
 namespace {
-
-int ElemOf(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return simd::kElemF32;
-    case DType::kBF16:
-      return simd::kElemBF16;
-    case DType::kF16:
-      return simd::kElemF16;
-    default:
-      return -1;
-  }
-}
 
 simd::AdamArgs MakeArgs(const AdamHyper& h, const AdamShard& s) {
   simd::AdamArgs a;

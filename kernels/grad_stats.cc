@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/elem.h"
 #include "kernels/pool.h"
 #include "kernels/simd.h"
 
@@ -68,19 +69,6 @@ double ExactSum::Value() const {
 }
 
 namespace {
-
-int ElemOf(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return simd::kElemF32;
-    case DType::kBF16:
-      return simd::kElemBF16;
-    case DType::kF16:
-      return simd::kElemF16;
-    default:
-      return -1;
-  }
-}
 
 Status Check(const void* grad, DType dtype, size_t n) {
   if (ElemOf(dtype) < 0) {

@@ -11,27 +11,18 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/io_test_util.h"
+#include "tests/test_util.h"
 
 namespace strata {
 namespace {
 
-struct Ran {
-  int exit_code;
-  std::string out;  // stdout and stderr
-};
+using Ran = testing::ProcessResult;  // out: stdout, plus stderr when asked
 
 Ran Offloadctl(const std::string& args, bool with_stderr = true) {
   const char* bin = std::getenv("STRATA_OFFLOADCTL");
   if (bin == nullptr) bin = STRATA_OFFLOADCTL_PATH;
-  std::string cmd = std::string(bin) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  Ran r{-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return testing::RunShell(std::string(bin) + " " + args +
+                           (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 TEST(BenchNvmeCli, SinglePointJsonCarriesThroughputAndAioBlock) {

@@ -7,26 +7,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+
 #include <string>
+#include "tests/test_util.h"
 
 namespace {
 
-struct Out {
-  int rc;
-  std::string text;
-};
+using Out = strata::testing::ProcessResult;
 
 Out Sh(const std::string& cmd, bool merge_stderr = true) {
-  const std::string full = "timeout 120 " + cmd + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  Out o{-1, ""};
-  FILE* p = ::popen(full.c_str(), "r");
-  if (p == nullptr) return o;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) o.text.append(buf, n);
-  const int st = ::pclose(p);
-  o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return o;
+  return strata::testing::RunShell("timeout 120 " + cmd +
+                                   (merge_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 std::string Ctl() {
@@ -36,11 +27,11 @@ std::string Ctl() {
 
 TEST(LaunchCli, StartsRanksWithTheirEnvironmentAndPrefixesOutput) {
   const Out o = Sh(Ctl() + " launch -n 4 -- " COMM_RANK_MAIN);
-  EXPECT_EQ(o.rc, 0) << o.text;
+  EXPECT_EQ(o.exit_code, 0) << o.out;
   for (int r = 0; r < 4; ++r) {
     const std::string line =
         "[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " sum 10 ok";
-    EXPECT_NE(o.text.find(line), std::string::npos) << o.text;
+    EXPECT_NE(o.out.find(line), std::string::npos) << o.out;
   }
 }
 
@@ -49,8 +40,8 @@ TEST(LaunchCli, FileRendezvousWorksToo) {
       std::string(std::getenv("STRATA_TEST_TMPDIR") ? std::getenv("STRATA_TEST_TMPDIR") : "/tmp") +
       "/launch_rdzv_" + std::to_string(::getpid());
   const Out o = Sh(Ctl() + " launch -n 2 --rdzv-dir " + dir + " -- " COMM_RANK_MAIN);
-  EXPECT_EQ(o.rc, 0) << o.text;
-  EXPECT_NE(o.text.find("[rank 1] rank 1 sum 3 ok"), std::string::npos) << o.text;
+  EXPECT_EQ(o.exit_code, 0) << o.out;
+  EXPECT_NE(o.out.find("[rank 1] rank 1 sum 3 ok"), std::string::npos) << o.out;
 }
 
 TEST(LaunchCli, ReusingARendezvousDirectoryWorks) {
@@ -62,38 +53,38 @@ TEST(LaunchCli, ReusingARendezvousDirectoryWorks) {
   ASSERT_EQ(Sh("mkdir -p " + dir + " && cd " + dir +
                " && for k in 0 1 rank_0 rank_1; do head -c 136 /dev/zero > strata%2fgloo%2f$k; "
                "done")
-                .rc,
+                .exit_code,
             0);
   for (int run = 0; run < 3; ++run) {
     const Out o = Sh(Ctl() + " launch -n 2 --rdzv-dir " + dir + " -- " COMM_RANK_MAIN);
-    EXPECT_EQ(o.rc, 0) << "run " << run << ": " << o.text;
-    EXPECT_NE(o.text.find("[rank 1] rank 1 sum 3 ok"), std::string::npos) << o.text;
+    EXPECT_EQ(o.exit_code, 0) << "run " << run << ": " << o.out;
+    EXPECT_NE(o.out.find("[rank 1] rank 1 sum 3 ok"), std::string::npos) << o.out;
   }
   // Each run removed its own folder: only the planted leftovers remain.
   const Out ls = Sh("ls -A " + dir);
   EXPECT_EQ(
-      ls.text,
+      ls.out,
       "strata%2fgloo%2f0\nstrata%2fgloo%2f1\nstrata%2fgloo%2frank_0\nstrata%2fgloo%2frank_1\n")
-      << ls.text;
+      << ls.out;
 }
 
 TEST(LaunchCli, OneRankDyingFailsTheJobFastWithClearErrors) {
   const Out o = Sh(Ctl() + " launch -n 3 --grace-s 10 -- " COMM_RANK_MAIN " die 1");
-  EXPECT_EQ(o.rc, 1) << o.text;
-  EXPECT_NE(o.text.find("launch: rank 1 exited with code 3"), std::string::npos) << o.text;
+  EXPECT_EQ(o.exit_code, 1) << o.out;
+  EXPECT_NE(o.out.find("launch: rank 1 exited with code 3"), std::string::npos) << o.out;
 }
 
 TEST(LaunchCli, TimeoutAndSignalStopEveryRank) {
   auto t0 = std::chrono::steady_clock::now();
   Out o = Sh(Ctl() + " launch -n 2 --timeout-s 0.5 --grace-s 1 -- sleep 60");
-  EXPECT_EQ(o.rc, 1) << o.text;
-  EXPECT_NE(o.text.find("launch: timed out"), std::string::npos) << o.text;
+  EXPECT_EQ(o.exit_code, 1) << o.out;
+  EXPECT_NE(o.out.find("launch: timed out"), std::string::npos) << o.out;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
   t0 = std::chrono::steady_clock::now();
   o = Sh("sh -c '" + Ctl() +
          " launch -n 2 --grace-s 1 -- sleep 60 & pid=$!; sleep 0.5; kill -TERM $pid; wait $pid'");
-  EXPECT_EQ(o.rc, 1) << o.text;
-  EXPECT_NE(o.text.find("launch: interrupted"), std::string::npos) << o.text;
+  EXPECT_EQ(o.exit_code, 1) << o.out;
+  EXPECT_NE(o.out.find("launch: interrupted"), std::string::npos) << o.out;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
 }
 
@@ -105,15 +96,15 @@ TEST(LaunchCli, ReturnsWhenRanksExitEvenIfTheirChildrenHoldThePipes) {
                    " launch -n 2 --grace-s 1 --timeout-s 20 -- sh -c 'if [ $RANK = 1 ]; then "
                    "(sleep 30 &); exit 3; fi; sleep 60'");
   const auto took = std::chrono::steady_clock::now() - t0;
-  EXPECT_EQ(o.rc, 1) << o.text;
-  EXPECT_NE(o.text.find("launch: rank 1 exited with code 3"), std::string::npos) << o.text;
-  EXPECT_LT(took, std::chrono::seconds(15)) << o.text;  // not the child's 30 s
+  EXPECT_EQ(o.exit_code, 1) << o.out;
+  EXPECT_NE(o.out.find("launch: rank 1 exited with code 3"), std::string::npos) << o.out;
+  EXPECT_LT(took, std::chrono::seconds(15)) << o.out;  // not the child's 30 s
   // All ranks succeed, but one leaves a child holding stdout: launch still returns.
   const auto t1 = std::chrono::steady_clock::now();
   const Out ok = Sh(Ctl() + " launch -n 2 -- sh -c 'echo hi; (sleep 30 &); exit 0'");
-  EXPECT_EQ(ok.rc, 0) << ok.text;
-  EXPECT_NE(ok.text.find("[rank 1] hi"), std::string::npos) << ok.text;
-  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(15)) << ok.text;
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("[rank 1] hi"), std::string::npos) << ok.out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(15)) << ok.out;
 }
 
 TEST(LaunchCli, NoFreePortIsAClearErrorNotPortZero) {
@@ -121,40 +112,40 @@ TEST(LaunchCli, NoFreePortIsAClearErrorNotPortZero) {
   // must not be started with MASTER_PORT=0.
   const Out o =
       Sh(Ctl() + " launch -n 1 --master-addr 192.0.2.1 -- sh -c 'echo port=$MASTER_PORT'");
-  EXPECT_EQ(o.rc, 1) << o.text;
-  EXPECT_NE(o.text.find("cannot find a free port on --master-addr 192.0.2.1"), std::string::npos)
-      << o.text;
-  EXPECT_EQ(o.text.find("port=0"), std::string::npos) << o.text;
+  EXPECT_EQ(o.exit_code, 1) << o.out;
+  EXPECT_NE(o.out.find("cannot find a free port on --master-addr 192.0.2.1"), std::string::npos)
+      << o.out;
+  EXPECT_EQ(o.out.find("port=0"), std::string::npos) << o.out;
 }
 
 TEST(LaunchCli, UsageAndExecErrors) {
-  EXPECT_EQ(Sh(Ctl() + " launch -n 2").rc, 2);
+  EXPECT_EQ(Sh(Ctl() + " launch -n 2").exit_code, 2);
   const Out bad = Sh(Ctl() + " launch -n 2 -- /nonexistent/program");
-  EXPECT_EQ(bad.rc, 1) << bad.text;
-  EXPECT_NE(bad.text.find("cannot execute '/nonexistent/program'"), std::string::npos) << bad.text;
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("cannot execute '/nonexistent/program'"), std::string::npos) << bad.out;
 }
 
 TEST(RankProgram, BadRendezvousSettingsGiveAClearError) {
   Out o = Sh("env -u RANK WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 " COMM_RANK_MAIN);
-  EXPECT_EQ(o.rc, 2);
-  EXPECT_NE(o.text.find("RANK is not set"), std::string::npos) << o.text;
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.out.find("RANK is not set"), std::string::npos) << o.out;
   o =
       Sh("env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "
          "STRATA_RDZV_TIMEOUT_MS=300 " COMM_RANK_MAIN);
-  EXPECT_EQ(o.rc, 2);
-  EXPECT_NE(o.text.find("no server answered at 127.0.0.1:1"), std::string::npos) << o.text;
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.out.find("no server answered at 127.0.0.1:1"), std::string::npos) << o.out;
   o = Sh(
       "env RANK=0 WORLD_SIZE=2 MASTER_ADDR=not-a-host.invalid MASTER_PORT=29555 " COMM_RANK_MAIN);
-  EXPECT_EQ(o.rc, 2);
-  EXPECT_NE(o.text.find("not-a-host.invalid"), std::string::npos) << o.text;
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.out.find("not-a-host.invalid"), std::string::npos) << o.out;
 }
 
 TEST(BenchCommCli, JsonHasNcclTestsFigures) {
   const Out o = Sh(Ctl() + " bench comm -n 2 --min-bytes 4K --max-bytes 16K --iters 2 --json",
                    /*merge_stderr=*/false);
-  ASSERT_EQ(o.rc, 0) << o.text;
-  const auto j = nlohmann::json::parse(o.text, nullptr, false);
-  ASSERT_FALSE(j.is_discarded()) << o.text;
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  const auto j = nlohmann::json::parse(o.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << o.out;
   EXPECT_EQ(j["backend"], "gloo");
   EXPECT_EQ(j["world_size"], 2);
   ASSERT_EQ(j["results"].size(), 9u);  // 3 sizes x 3 ops
@@ -174,10 +165,10 @@ TEST(BenchCommCli, ReportsTheBytesActuallyMoved) {
                        " bench comm -n 3 --dtype fp32 --min-bytes 1000 --max-bytes 1000 "
                        "--iters 1 --json",
                    /*merge_stderr=*/false);
-  ASSERT_EQ(o.rc, 0) << o.text;
-  const auto j = nlohmann::json::parse(o.text, nullptr, false);
-  ASSERT_FALSE(j.is_discarded()) << o.text;
-  ASSERT_EQ(j["results"].size(), 3u) << o.text;
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  const auto j = nlohmann::json::parse(o.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << o.out;
+  ASSERT_EQ(j["results"].size(), 3u) << o.out;
   for (const auto& r : j["results"]) {
     const uint64_t want = r["op"] == "all_reduce" ? 1000 : 996;
     EXPECT_EQ(r["size_bytes"].get<uint64_t>(), want) << r.dump();
@@ -187,9 +178,9 @@ TEST(BenchCommCli, ReportsTheBytesActuallyMoved) {
 }
 
 TEST(BenchCommCli, BadOptionsAreUsageErrors) {
-  EXPECT_EQ(Sh(Ctl() + " bench comm --dtype int8").rc, 2);
-  EXPECT_EQ(Sh(Ctl() + " bench comm --min-bytes 1M --max-bytes 1K").rc, 2);
-  EXPECT_EQ(Sh(Ctl() + " bench comm --backend mpi").rc, 2);
+  EXPECT_EQ(Sh(Ctl() + " bench comm --dtype int8").exit_code, 2);
+  EXPECT_EQ(Sh(Ctl() + " bench comm --min-bytes 1M --max-bytes 1K").exit_code, 2);
+  EXPECT_EQ(Sh(Ctl() + " bench comm --backend mpi").exit_code, 2);
 }
 
 }  // namespace

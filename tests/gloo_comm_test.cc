@@ -18,34 +18,20 @@
 #include <sys/socket.h>
 
 #include "cpu/rendezvous.h"
+#include "tests/comm_test_util.h"
 #include "tests/multiprocess.h"
 
 namespace strata {
 namespace {
 
 using std::chrono::milliseconds;
+using testing::Encode;
 using testing::RunRanks;
 
 // Rank r's input element i: small integers, exact in bf16/fp16 and in every fp32 partial sum, so
 // that the result is independent of summation order and comparable bit for bit.
 float Value(int r, size_t i) {
   return static_cast<float>(static_cast<int>((i * 7 + r * 13) % 17) - 8);
-}
-
-std::vector<uint8_t> Encode(DType dt, const std::vector<float>& v) {
-  std::vector<uint8_t> out(v.size() * DTypeSize(dt));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dt == DType::kF32) {
-      std::memcpy(out.data() + 4 * i, &v[i], 4);
-    } else if (dt == DType::kBF16) {
-      const bf16_t b = FloatToBf16(v[i]);
-      std::memcpy(out.data() + 2 * i, &b, 2);
-    } else {
-      const f16_t h = FloatToHalf(v[i]);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
-  }
-  return out;
 }
 
 std::vector<float> Inputs(int r, size_t n) {

@@ -62,17 +62,7 @@ struct Shard {
       ref.push_back({p[i], m[i], v[i]});
     }
   }
-  void SetGrad(size_t i, float x) {
-    if (grad_t == DType::kBF16) {
-      g16[i] = FloatToBf16(x).bits;
-      g32[i] = Bf16ToFloat(bf16_t{g16[i]});
-    } else if (grad_t == DType::kF16) {
-      g16[i] = FloatToHalf(x).bits;
-      g32[i] = HalfToFloat(f16_t{g16[i]});
-    } else {
-      g32[i] = x;
-    }
-  }
+  void SetGrad(size_t i, float x) { StoreAs(grad_t, x, &g16[i], &g32[i]); }
   AdamShard View() {
     return {p.data(),
             m.data(),

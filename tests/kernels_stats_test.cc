@@ -21,17 +21,7 @@ struct Grads {
     std::uniform_real_distribution<float> u(-3.0f, 3.0f);
     for (size_t i = 0; i < n; ++i) Set(i, u(rng));
   }
-  void Set(size_t i, float x) {
-    if (t == DType::kBF16) {
-      h[i] = FloatToBf16(x).bits;
-      f[i] = Bf16ToFloat(bf16_t{h[i]});
-    } else if (t == DType::kF16) {
-      h[i] = FloatToHalf(x).bits;
-      f[i] = HalfToFloat(f16_t{h[i]});
-    } else {
-      f[i] = x;
-    }
-  }
+  void Set(size_t i, float x) { StoreAs(t, x, &h[i], &f[i]); }
   const void* data() const {
     return t == DType::kF32 ? static_cast<const void*>(f.data()) : h.data();
   }

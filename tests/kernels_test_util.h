@@ -11,6 +11,7 @@
 
 #include "kernels/simd.h"
 #include "kernels/targets.h"
+#include "strata/dtype.h"
 
 namespace strata::kernels {
 
@@ -39,6 +40,20 @@ class TargetTest : public ::testing::TestWithParam<int64_t> {
             1000, 70001};
   }
 };
+
+// Stores `x` as an element of dtype `t`: for bf16/fp16 its bits (rounded to nearest even) go to
+// *bits and the value they represent to *value; for fp32 *value = x and *bits is left alone.
+inline void StoreAs(DType t, float x, uint16_t* bits, float* value) {
+  if (t == DType::kBF16) {
+    *bits = FloatToBf16(x).bits;
+    *value = Bf16ToFloat(bf16_t{*bits});
+  } else if (t == DType::kF16) {
+    *bits = FloatToHalf(x).bits;
+    *value = HalfToFloat(f16_t{*bits});
+  } else {
+    *value = x;
+  }
+}
 
 inline std::string TargetParamName(const ::testing::TestParamInfo<int64_t>& info) {
   return KernelTargetName(info.param);

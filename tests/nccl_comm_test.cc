@@ -14,12 +14,14 @@
 #include <thread>
 
 #include "cpu/rendezvous.h"
+#include "tests/comm_test_util.h"
 #include "tests/multiprocess.h"
 
 namespace strata {
 namespace {
 
 using std::chrono::milliseconds;
+using testing::Encode;
 
 bool HaveGpu() {
   int n = 0;
@@ -28,22 +30,6 @@ bool HaveGpu() {
 
 #define REQUIRE_GPU() \
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device"
-
-std::vector<uint8_t> Encode(DType dt, const std::vector<float>& v) {
-  std::vector<uint8_t> out(v.size() * DTypeSize(dt));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dt == DType::kF32) {
-      std::memcpy(out.data() + 4 * i, &v[i], 4);
-    } else if (dt == DType::kBF16) {
-      const bf16_t b = FloatToBf16(v[i]);
-      std::memcpy(out.data() + 2 * i, &b, 2);
-    } else {
-      const f16_t h = FloatToHalf(v[i]);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
-  }
-  return out;
-}
 
 struct DeviceBuf {
   explicit DeviceBuf(size_t bytes) : bytes(bytes) {

@@ -11,12 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/test_util.h"
+
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-};
+using CliRun = strata::testing::ProcessResult;
 
 // The binary: $STRATA_OFFLOADCTL (set by ctest), else the path CMake compiled in.
 const char* OffloadctlPath() {
@@ -26,17 +25,8 @@ const char* OffloadctlPath() {
 
 CliRun Offloadctl(const std::string& args) {
   const char* bin = OffloadctlPath();
-  CliRun r;
-  if (bin == nullptr) return r;
-  const std::string cmd = std::string(bin) + " " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t got;
-  while ((got = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, got);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  if (bin == nullptr) return CliRun{};
+  return strata::testing::RunShell(std::string(bin) + " " + args + " 2>/dev/null");
 }
 
 TEST(OffloadctlBenchKernelsTest, DramJsonHasBestOfRows) {

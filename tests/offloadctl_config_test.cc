@@ -15,12 +15,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/test_util.h"
+
 namespace {
 
-struct ProcessRun {
-  int exit_code;
-  std::string out;  // stdout and stderr
-};
+using ProcessRun = strata::testing::ProcessResult;  // out: stdout and stderr
 
 std::string SourceDir() {
   const char* env = std::getenv("STRATA_SOURCE_DIR");
@@ -30,17 +29,7 @@ std::string SourceDir() {
 ProcessRun Offloadctl(const std::string& args) {
   const char* bin = std::getenv("STRATA_OFFLOADCTL");
   EXPECT_NE(bin, nullptr) << "STRATA_OFFLOADCTL is not set (run through ctest)";
-  std::string cmd = std::string(bin ? bin : "offloadctl") + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  ProcessRun r{-1, ""};
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return strata::testing::RunShell(std::string(bin ? bin : "offloadctl") + " " + args + " 2>&1");
 }
 
 std::filesystem::path TempDirPath() {
@@ -65,11 +54,7 @@ class OffloadctlConfig : public ::testing::Test {
   }
 };
 
-nlohmann::json ParseJson(const ProcessRun& r) {
-  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
-  EXPECT_FALSE(j.is_discarded()) << "not JSON:\n" << r.out;
-  return j;
-}
+nlohmann::json ParseJson(const ProcessRun& r) { return strata::testing::ParseJson(r.out); }
 
 const std::string kExample = SourceDir() + "/examples/ds_zero3_offload.json";
 

@@ -13,29 +13,18 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/test_util.h"
+
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out;  // stdout, plus stderr when asked
-};
+using RunResult = strata::testing::ProcessResult;  // out: stdout, plus stderr when asked
 
 RunResult RunPlan(const std::string& args, bool with_stderr = false) {
   const char* bin = std::getenv("STRATA_OFFLOADCTL");
   EXPECT_NE(bin, nullptr) << "STRATA_OFFLOADCTL is not set (run through ctest)";
-  RunResult r;
-  if (bin == nullptr) return r;
-  const std::string cmd =
-      std::string("'") + bin + "' plan " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  if (bin == nullptr) return RunResult{};
+  return strata::testing::RunShell(std::string("'") + bin + "' plan " + args +
+                                   (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 std::string SourceFile(const std::string& rel) {
@@ -43,11 +32,7 @@ std::string SourceFile(const std::string& rel) {
   return std::string(dir ? dir : ".") + "/" + rel;
 }
 
-nlohmann::json ParseJson(const RunResult& r) {
-  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
-  EXPECT_FALSE(j.is_discarded()) << "not JSON:\n" << r.out;
-  return j;
-}
+nlohmann::json ParseJson(const RunResult& r) { return strata::testing::ParseJson(r.out); }
 
 TEST(OffloadctlPlan, SevenBOnEightGpusJson) {
   const RunResult r = RunPlan("--params 7B --gpus 8 --json");
