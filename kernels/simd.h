@@ -61,7 +61,7 @@ void CastF16ToF32(const uint16_t* in, float* out, size_t n);
 // overflows a double).
 double SumSquares(const void* grad, int elem, size_t begin, size_t count);
 
-// STREAM-like kernels over fp32 arrays (kernels/dram_bench.h).
+// STREAM-like kernels over fp32 arrays (kernels/bench/dram_bench.h).
 void StreamFill(float* a, float value, size_t n);
 void StreamCopy(float* dst, const float* src, size_t n);
 // a = b + scalar * c; `nontemporal` uses streaming stores when `a` is vector-aligned.

@@ -38,8 +38,7 @@ std::vector<PrefetchAction> Prefetcher::Plan(const Trace& trace,
     std::vector<std::pair<size_t, GroupId>> victims;  // (next use, group)
     for (GroupId g = 0; g < groups.size(); ++g) {
       const GroupView& v = groups[g];
-      if (v.device != Residency::kResident || v.in_use || evicted[g] || IsPersistent(v.size_bytes))
-        continue;
+      if (!IsResident(v.device) || v.in_use || evicted[g] || IsPersistent(v.size_bytes)) continue;
       size_t next = trace.NextUse(g, pos);
       if (next != kNever && next <= needed_at) continue;  // needed sooner: Belady keeps it
       victims.emplace_back(next, g);
@@ -83,7 +82,7 @@ std::vector<PrefetchAction> Prefetcher::Plan(const Trace& trace,
       }
     }
     if (window > config_.host_lookahead_bytes) break;
-    if (v.nvme_home && v.host == Residency::kAbsent && v.device == Residency::kAbsent) {
+    if (v.home == Tier::kNvme && v.host == Residency::kAbsent && v.device == Residency::kAbsent) {
       fetches.push_back({PrefetchAction::Kind::kStageToHost, g, i});
     }
   }

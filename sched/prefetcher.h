@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "sched/trace.h"
+#include "strata/store.h"
 
 namespace strata::sched {
 
@@ -49,14 +50,14 @@ struct PrefetchConfig {
                                   uint64_t persistence_threshold_numel, uint64_t bytes_per_param);
 };
 
-enum class Residency : uint8_t { kAbsent = 0, kInFlight, kResident };
-
 // What the store knows of one group now. Indexed by GroupId.
 struct GroupView {
   uint64_t size_bytes = 0;
+  // The store's residency of the group's copies (include/strata/store.h): kValid or kDirty
+  // count as resident (IsResident), kInFlight as coming.
   Residency device = Residency::kAbsent;
   Residency host = Residency::kAbsent;  // staged copy of an NVMe-home group
-  bool nvme_home = false;
+  Tier home = Tier::kHost;
   bool in_use = false;  // gathered and not yet released (leased)
 };
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-namespace strata {
+namespace strata::sched {
 
 size_t GroupShard::OwnedBegin(int r) const {
   return std::min(numel, static_cast<size_t>(r) * shard_elems);
@@ -60,4 +60,4 @@ Result<std::vector<GroupBucket>> PlanBuckets(const PartitionPlan& plan, size_t f
   return out;
 }
 
-}  // namespace strata
+}  // namespace strata::sched

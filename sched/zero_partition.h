@@ -20,7 +20,7 @@
 
 #include "strata/status.h"
 
-namespace strata {
+namespace strata::sched {
 
 struct GroupShard {
   size_t numel = 0;         // real elements of the group
@@ -59,4 +59,4 @@ struct GroupBucket {
 Result<std::vector<GroupBucket>> PlanBuckets(const PartitionPlan& plan, size_t first, size_t end,
                                              size_t bucket_elems);
 
-}  // namespace strata
+}  // namespace strata::sched

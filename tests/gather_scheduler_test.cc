@@ -1,7 +1,8 @@
 // GatherScheduler: the ZeRO-3 gather / release flow over the TieredStore (simulated IO,
 // HostDevice): data is always right, budgets hold, prefetch is issued while the trace replays,
 // and a diverging step is handled (no prefetch, re-recorded, replayed afterwards).
-#include "core/gather_scheduler.h"
+#include "core/store/gather_scheduler.h"
+#include "strata/store.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,7 +14,7 @@
 #include "nvme/sim_backend.h"
 #include "tests/io_test_util.h"
 
-namespace strata::core {
+namespace strata::store {
 namespace {
 
 using namespace std::chrono_literals;
@@ -36,7 +37,7 @@ class GatherTest : public ::testing::Test {
     o.io = std::make_unique<nvme::SimBackend>(so);
     o.nvme_paths = {dir_.path()};
     o.use_pinned_pool = false;
-    auto s = TieredStore::Open(std::move(o));
+    auto s = OpenTieredStore(std::move(o));
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store_ = std::move(s).value();
     for (int g = 0; g < kGroups; ++g) {
@@ -79,7 +80,7 @@ class GatherTest : public ::testing::Test {
 
   strata::testing::TempDir dir_{"gather"};
   std::unique_ptr<Device> device_;
-  std::unique_ptr<TieredStore> store_;
+  std::unique_ptr<Store> store_;
   std::vector<BlockId> ids_;
   std::unique_ptr<GatherScheduler> gather_;
 };
@@ -99,7 +100,7 @@ TEST_F(GatherTest, ReplayedStepsPrefetchWithinBudgets) {
   EXPECT_GT(gather_->prefetches_issued(), 0u);
   EXPECT_EQ(gather_->trace().divergences(), 0u);
   StoreStats s = store_->TakeStats(false);
-  for (int t = 0; t < kTiers; ++t) EXPECT_LE(s.peak_bytes[t], s.budget_bytes[t]);
+  for (Tier t : kAllTiers) EXPECT_LE(s.peak_bytes[t], s.budget_bytes[t]);
 }
 
 TEST_F(GatherTest, DivergentStepIsHandledAndReRecorded) {
@@ -123,4 +124,4 @@ TEST_F(GatherTest, UnknownGroupIsInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace strata::core
+}  // namespace strata::store

@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "cpu/pinned_pool.h"
-#include "nvme/io_registrar.h"
+#include "nvme/bench/io_registrar.h"
 #include "nvme/sim_backend.h"
 #include "nvme/uring_backend.h"
 #include "strata/io.h"

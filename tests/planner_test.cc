@@ -108,7 +108,7 @@ TEST(PlannerPlace, NoOffloadEachStage) {
   //          + gathered min(7e9, max(1e9, 0 + 5e7)) x 2 = 2  -> 18 GB.
   const Placement s3 = Place(in, 3, D::kNone, D::kNone);
   EXPECT_DOUBLE_EQ(s3.hbm_bytes_per_gpu, 18e9);
-  EXPECT_DOUBLE_EQ(ItemBytes(s3, Tier::kHbm, "gathered"), 2e9);
+  EXPECT_DOUBLE_EQ(ItemBytes(s3, Tier::kDevice, "gathered"), 2e9);
   EXPECT_DOUBLE_EQ(s3.host_bytes_per_node, 0);
   EXPECT_DOUBLE_EQ(s3.nvme_bytes_per_node, 0);
   EXPECT_DOUBLE_EQ(s3.pcie_bytes_per_gpu, 0);

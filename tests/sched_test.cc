@@ -111,7 +111,7 @@ TEST(PrefetcherTest, LookaheadIsBoundedByBytes) {
       {Kind::kFetchToDevice, 0, 0}, {Kind::kFetchToDevice, 1, 1}, {Kind::kFetchToDevice, 2, 2}};
   EXPECT_EQ(plan, want);
   // Already resident or in-flight groups count toward the window but are not fetched again.
-  v[0].device = Residency::kResident;
+  v[0].device = Residency::kValid;
   v[1].device = Residency::kInFlight;
   plan = Prefetcher(Cfg(30, 1000)).Plan(t, v);
   want = {{Kind::kFetchToDevice, 2, 2}};
@@ -121,7 +121,7 @@ TEST(PrefetcherTest, LookaheadIsBoundedByBytes) {
 TEST(PrefetcherTest, LiveBytesCapStopsFetchingWhenNothingIsEvictable) {
   Trace t = FwdBwdAt(8, 2);  // consumer about to use group 2; 0 and 1 in use
   std::vector<GroupView> v(8, GroupView{.size_bytes = 10});
-  v[0].device = v[1].device = Residency::kResident;
+  v[0].device = v[1].device = Residency::kValid;
   v[0].in_use = v[1].in_use = true;
   auto plan = Prefetcher(Cfg(1000, 40)).Plan(t, v);
   std::vector<PrefetchAction> want = {{Kind::kFetchToDevice, 2, 2}, {Kind::kFetchToDevice, 3, 3}};
@@ -132,7 +132,7 @@ TEST(PrefetcherTest, BeladyEvictsFarthestAndNeverWhatIsNeededSooner) {
   // Order 0 1 2 3 3 2 1 0, consumer at index 3 (next: group 3). Resident: 0, 1, 2 (released).
   Trace t = FwdBwdAt(4, 3);
   std::vector<GroupView> v(4, GroupView{.size_bytes = 10});
-  for (GroupId g : {0u, 1u, 2u}) v[g].device = Residency::kResident;
+  for (GroupId g : {0u, 1u, 2u}) v[g].device = Residency::kValid;
   // Room for 3 groups: fetching 3 (needed at 3) must evict group 0 (next use 7), the farthest.
   auto plan = Prefetcher(Cfg(1000, 30)).Plan(t, v);
   std::vector<PrefetchAction> want = {{Kind::kEvictFromDevice, 0, kNever},
@@ -143,7 +143,7 @@ TEST(PrefetcherTest, BeladyEvictsFarthestAndNeverWhatIsNeededSooner) {
   // are needed before 3, so nothing more.
   Trace t0 = FwdBwdAt(4, 0);
   std::vector<GroupView> w(4, GroupView{.size_bytes = 10});
-  w[1].device = w[2].device = Residency::kResident;
+  w[1].device = w[2].device = Residency::kValid;
   plan = Prefetcher(Cfg(1000, 20)).Plan(t0, w);
   want = {{Kind::kEvictFromDevice, 2, kNever}, {Kind::kFetchToDevice, 0, 0}};
   EXPECT_EQ(plan, want);
@@ -151,10 +151,10 @@ TEST(PrefetcherTest, BeladyEvictsFarthestAndNeverWhatIsNeededSooner) {
 
 TEST(PrefetcherTest, ChainsNvmeGroupsIntoHostBeyondTheDeviceWindow) {
   Trace t = FwdBwdAt(6, 0);
-  std::vector<GroupView> v(6, GroupView{.size_bytes = 10, .nvme_home = true});
+  std::vector<GroupView> v(6, GroupView{.size_bytes = 10, .home = Tier::kNvme});
   PrefetchConfig c = Cfg(20, 1000);
   c.host_lookahead_bytes = 30;
-  v[3].host = Residency::kResident;  // already staged
+  v[3].host = Residency::kValid;  // already staged
   auto plan = Prefetcher(c).Plan(t, v);
   std::vector<PrefetchAction> want = {{Kind::kFetchToDevice, 0, 0},
                                       {Kind::kFetchToDevice, 1, 1},

@@ -7,12 +7,12 @@
 
 #include <gtest/gtest.h>
 
-#include "core/tiered_store.h"
 #include "nvme/sim_backend.h"
 #include "sched/step_pipeline.h"
+#include "strata/store.h"
 #include "tests/io_test_util.h"
 
-namespace strata::core {
+namespace strata::store {
 namespace {
 
 using namespace std::chrono_literals;
@@ -36,9 +36,9 @@ TEST_P(StorePipelineTest, EverySubGroupUpdatedOncePerPass) {
   o.io = std::make_unique<nvme::SimBackend>(so);
   o.nvme_paths = {dir.path()};
   o.use_pinned_pool = false;
-  auto opened = TieredStore::Open(std::move(o));
+  auto opened = OpenTieredStore(std::move(o));
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  TieredStore& store = **opened;
+  Store& store = **opened;
   std::vector<BlockId> subs;
   for (int i = 0; i < kSubs; ++i) {
     auto id = store.Register(
@@ -78,7 +78,7 @@ TEST_P(StorePipelineTest, EverySubGroupUpdatedOncePerPass) {
     EXPECT_EQ(p[kSub - 1], 3 * (1 + i));
   }
   StoreStats s = store.TakeStats(false);
-  EXPECT_LE(s.peak_bytes[1], s.budget_bytes[1]);
+  EXPECT_LE(s.peak_bytes[Tier::kHost], s.budget_bytes[Tier::kHost]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Depths, StorePipelineTest,
@@ -86,4 +86,4 @@ INSTANTIATE_TEST_SUITE_P(Depths, StorePipelineTest,
                                            Case{0, 0, 1}, Case{1, 3, 3}));
 
 }  // namespace
-}  // namespace strata::core
+}  // namespace strata::store

@@ -12,12 +12,12 @@
 
 #include <gtest/gtest.h>
 
-#include "core/tiered_store.h"
 #include "nvme/sim_backend.h"
 #include "nvme/swap_space.h"
+#include "strata/store.h"
 #include "tests/io_test_util.h"
 
-namespace strata::core {
+namespace strata::store {
 namespace {
 
 using namespace std::chrono_literals;
@@ -26,7 +26,7 @@ constexpr uint64_t kBlock = 16 << 10;
 
 struct Fixture {
   std::unique_ptr<Device> device;
-  std::unique_ptr<TieredStore> store;
+  std::unique_ptr<Store> store;
 };
 
 Result<Fixture> OpenStore(std::vector<std::string> paths, size_t stripe = 4096,
@@ -45,7 +45,7 @@ Result<Fixture> OpenStore(std::vector<std::string> paths, size_t stripe = 4096,
   o.nvme_paths = std::move(paths);
   o.stripe_unit_bytes = stripe;
   o.use_pinned_pool = false;
-  STRATA_ASSIGN_OR_RETURN(f.store, TieredStore::Open(std::move(o)));
+  STRATA_ASSIGN_OR_RETURN(f.store, OpenTieredStore(std::move(o)));
   return f;
 }
 
@@ -53,14 +53,14 @@ BlockSpec Spec(const std::string& name, Tier home, uint64_t size = kBlock) {
   return BlockSpec{name, size, DType::kF32, StateKind::kMaster32, home};
 }
 
-void Fill(TieredStore& s, BlockId id, uint8_t v) {
+void Fill(Store& s, BlockId id, uint8_t v) {
   auto l = s.Acquire(id, Tier::kHost, Access::kWrite, kWait);
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   std::memset(l->data(), v, l->size_bytes());
   l->MarkDirty();
 }
 
-int Value(TieredStore& s, BlockId id, Tier tier) {
+int Value(Store& s, BlockId id, Tier tier) {
   auto l = s.Acquire(id, tier, Access::kRead, kWait);
   EXPECT_TRUE(l.ok()) << l.status().ToString();
   if (!l.ok()) return -2;
@@ -75,7 +75,7 @@ TEST(StoreNvme, RegisteringAnNvmeBlockAfterTheTierOpenedIsFailedPrecondition) {
   strata::testing::TempDir dir("store-nvme");
   auto f = OpenStore({dir.path()});
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  TieredStore& s = *f->store;
+  Store& s = *f->store;
   auto a = s.Register(Spec("a", Tier::kNvme));
   ASSERT_TRUE(a.ok());
   EXPECT_FALSE(s.nvme_open());
@@ -98,7 +98,7 @@ TEST(StoreNvme, BlocksAreStripedOverEveryPathAndReadBackIntact) {
   strata::testing::TempDir d0("store-p0"), d1("store-p1");
   auto f = OpenStore({d0.path(), d1.path()}, /*stripe=*/4096);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  TieredStore& s = *f->store;
+  Store& s = *f->store;
   std::vector<BlockId> ids;
   for (int i = 0; i < 4; ++i) {
     auto id = s.Register(Spec("sg" + std::to_string(i), Tier::kNvme));
@@ -125,7 +125,7 @@ TEST(StoreNvme, CrashLeftoverIsReportedToEveryNvmeOperation) {
   { std::ofstream(nvme::SwapFilePath(dir.path(), 0)) << "left by a crashed run"; }
   auto f = OpenStore({dir.path()});
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  TieredStore& s = *f->store;
+  Store& s = *f->store;
   auto a = s.Register(Spec("layer0.master32", Tier::kNvme));
   auto h = s.Register(Spec("grad", Tier::kHost));
   ASSERT_TRUE(a.ok() && h.ok());
@@ -166,7 +166,7 @@ TEST(StoreLeases, WriteLeaseWaitsForReadersAndLaterReadersQueueBehindIt) {
   strata::testing::TempDir dir("store-lease");
   auto f = OpenStore({dir.path()});
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  TieredStore& s = *f->store;
+  Store& s = *f->store;
   auto id = s.Register(Spec("layer5.master32", Tier::kHost));
   ASSERT_TRUE(id.ok());
   Fill(s, *id, 1);
@@ -209,7 +209,7 @@ TEST(StoreLeases, TimedOutAcquireCancelsItsFetch) {
   strata::testing::TempDir dir("store-cancel");
   auto f = OpenStore({dir.path()}, 4096, /*host_blocks=*/1);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  TieredStore& s = *f->store;
+  Store& s = *f->store;
   auto a = s.Register(Spec("a", Tier::kNvme));
   auto b = s.Register(Spec("b", Tier::kNvme));
   ASSERT_TRUE(a.ok() && b.ok());
@@ -229,4 +229,4 @@ TEST(StoreLeases, TimedOutAcquireCancelsItsFetch) {
 }
 
 }  // namespace
-}  // namespace strata::core
+}  // namespace strata::store

@@ -11,11 +11,11 @@
 
 #include <gtest/gtest.h>
 
-#include "core/tiered_store.h"
 #include "nvme/sim_backend.h"
+#include "strata/store.h"
 #include "tests/io_test_util.h"
 
-namespace strata::core {
+namespace strata::store {
 namespace {
 
 using namespace std::chrono_literals;
@@ -41,9 +41,9 @@ TEST(StoreStress, RandomAccessWithTinyBudgets) {
   o.io = std::make_unique<nvme::SimBackend>(so);
   o.nvme_paths = {dir.path()};
   o.use_pinned_pool = false;
-  auto opened = TieredStore::Open(std::move(o));
+  auto opened = OpenTieredStore(std::move(o));
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  TieredStore& store = **opened;
+  Store& store = **opened;
 
   std::vector<BlockId> ids;
   for (int i = 0; i < kBlocks; ++i) {
@@ -116,8 +116,8 @@ TEST(StoreStress, RandomAccessWithTinyBudgets) {
         << "block " << i << " seed " << seed;
   }
   StoreStats s = store.TakeStats(false);
-  for (int t = 0; t < kTiers; ++t) EXPECT_LE(s.peak_bytes[t], s.budget_bytes[t]);
+  for (Tier t : kAllTiers) EXPECT_LE(s.peak_bytes[t], s.budget_bytes[t]);
 }
 
 }  // namespace
-}  // namespace strata::core
+}  // namespace strata::store

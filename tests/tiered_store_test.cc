@@ -1,6 +1,6 @@
 // TieredStore over the simulated IO backend (seeded latencies, reordered completions, injected
 // faults) and the HostDevice. Every wait is bounded; a failing test prints its seed.
-#include "core/tiered_store.h"
+#include "strata/store.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -19,7 +19,7 @@
 #include "nvme/swap_space.h"
 #include "tests/io_test_util.h"
 
-namespace strata::core {
+namespace strata::store {
 namespace {
 
 using namespace std::chrono_literals;
@@ -52,7 +52,7 @@ class StoreTest : public ::testing::Test {
     o.io = std::move(sim);
     o.nvme_paths = {dir_.path()};
     o.use_pinned_pool = false;
-    auto s = TieredStore::Open(std::move(o));
+    auto s = OpenTieredStore(std::move(o));
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store_ = std::move(s).value();
   }
@@ -89,8 +89,8 @@ class StoreTest : public ::testing::Test {
   }
   void ExpectWithinBudgets() {
     StoreStats s = store_->TakeStats(false);
-    for (int t = 0; t < kTiers; ++t) {
-      EXPECT_LE(s.peak_bytes[t], s.budget_bytes[t]) << "tier " << TierName(Tier(t));
+    for (Tier t : kAllTiers) {
+      EXPECT_LE(s.peak_bytes[t], s.budget_bytes[t]) << "tier " << TierName(t);
     }
   }
 
@@ -98,7 +98,7 @@ class StoreTest : public ::testing::Test {
   strata::testing::TempDir dir_{"store"};
   std::unique_ptr<Device> device_;
   nvme::SimBackend* sim_ = nullptr;
-  std::unique_ptr<TieredStore> store_;
+  std::unique_ptr<Store> store_;
 };
 
 TEST_F(StoreTest, ChainsNvmeToHostToDeviceAndWritesBack) {
@@ -118,10 +118,10 @@ TEST_F(StoreTest, ChainsNvmeToHostToDeviceAndWritesBack) {
   EXPECT_EQ(store_->residency(b, Tier::kHost), Residency::kAbsent);
   EXPECT_EQ(Read(b, Tier::kHost), 0x5A);  // from NVMe, checksum verified
   StoreStats s = store_->TakeStats(false);
-  EXPECT_EQ(s.bytes_moved[2][1], 2 * kBlock);
-  EXPECT_EQ(s.bytes_moved[1][0], kBlock);
-  EXPECT_EQ(s.bytes_moved[0][1], kBlock);
-  EXPECT_EQ(s.bytes_moved[1][2], kBlock);
+  EXPECT_EQ(s.bytes_moved[Tier::kNvme][Tier::kHost], 2 * kBlock);
+  EXPECT_EQ(s.bytes_moved[Tier::kHost][Tier::kDevice], kBlock);
+  EXPECT_EQ(s.bytes_moved[Tier::kDevice][Tier::kHost], kBlock);
+  EXPECT_EQ(s.bytes_moved[Tier::kHost][Tier::kNvme], kBlock);
   EXPECT_EQ(s.copy_bytes, 2 * kBlock);  // one copy each way
   EXPECT_GT(s.copy_busy_ns, 0u);
   // One read, one write: the first fetch was of zeros never written (no IO).
@@ -363,14 +363,14 @@ TEST_F(StoreTest, ThenRunsOnceTheOperationFinished) {
 
 TEST(StoreOptionsTest, InvalidOptionsAreNamed) {
   TieredStoreOptions o;
-  EXPECT_TRUE(TieredStore::Open(std::move(o)).status().IsInvalidArgument());
+  EXPECT_TRUE(OpenTieredStore(std::move(o)).status().IsInvalidArgument());
   TieredStoreOptions p;
   p.host_budget_bytes = 1 << 20;
   p.device_budget_bytes = 1 << 20;
-  auto s = TieredStore::Open(std::move(p));
+  auto s = OpenTieredStore(std::move(p));
   EXPECT_TRUE(s.status().IsInvalidArgument());
   EXPECT_NE(s.status().ToString().find("device"), std::string::npos);
 }
 
 }  // namespace
-}  // namespace strata::core
+}  // namespace strata::store

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "core/zero_collectives.h"
+#include "core/zero/zero_collectives.h"
 #include "cpu/gloo_comm.h"
 #include "cpu/rendezvous.h"
 #include "sched/zero_partition.h"
@@ -16,6 +16,11 @@
 
 namespace strata {
 namespace {
+using sched::GroupShard;
+using sched::PlanBuckets;
+using sched::PlanPartition;
+using zero::WaitAll;
+using zero::ZeroCollectives;
 
 using std::chrono::milliseconds;
 

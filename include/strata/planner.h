@@ -29,6 +29,7 @@
 
 #include "strata/config.h"
 #include "strata/status.h"
+#include "strata/store.h"
 
 namespace strata {
 
@@ -36,8 +37,7 @@ namespace strata {
 // Accepts "none", "cpu", "nvme" (lower case only).
 std::optional<OffloadDevice> ParseOffloadDevice(std::string_view s) noexcept;
 
-enum class Tier : uint8_t { kHbm = 0, kHost, kNvme };
-std::string_view TierName(Tier t) noexcept;  // "hbm", "host", "nvme"
+// Tier and TierName come from store.h ("hbm", "host", "nvme").
 
 // Bytes per parameter of each model state. The ledger's totals follow from these.
 struct Recipe {

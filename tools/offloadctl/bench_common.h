@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/dram_bench.h"
+#include "kernels/bench/dram_bench.h"
 
 namespace strata::cli {
 

@@ -10,8 +10,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "kernels/adam_bench.h"
-#include "kernels/dram_bench.h"
+#include "kernels/bench/adam_bench.h"
+#include "kernels/bench/dram_bench.h"
 #include "kernels/pool.h"
 #include "kernels/targets.h"
 #include "tools/offloadctl/bench_common.h"

@@ -7,7 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "kernels/dram_bench.h"
+#include "kernels/bench/dram_bench.h"
 #include "kernels/targets.h"
 #include "tools/offloadctl/bench_common.h"
 #include "tools/offloadctl/commands.h"

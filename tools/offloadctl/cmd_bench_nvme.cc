@@ -8,7 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "nvme/nvme_bench.h"
+#include "nvme/bench/nvme_bench.h"
 #include "tools/offloadctl/commands.h"
 
 namespace strata::cli {

@@ -24,20 +24,20 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/gather_scheduler.h"
-#include "core/tiered_store.h"
+#include "core/store/gather_scheduler.h"
 #include "kernels/adam.h"
 #include "kernels/pool.h"
 #include "sched/prefetcher.h"
 #include "sched/step_pipeline.h"
 #include "sched/trace.h"
+#include "strata/store.h"
 #include "tools/offloadctl/commands.h"
 
 namespace strata::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using core::Tier;
+
 constexpr auto kWait = std::chrono::seconds(120);
 
 double Sec(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -116,15 +116,15 @@ struct ParamResult {
 };
 
 // Steady-state steps only (step 1 records the trace).
-Result<ParamResult> RunParamStep(core::TieredStore& store, const BenchStoreArgs& a,
-                                 const std::vector<core::BlockId>& groups) {
+Result<ParamResult> RunParamStep(Store& store, const BenchStoreArgs& a,
+                                 const std::vector<BlockId>& groups) {
   sched::PrefetchConfig pc;
   pc.prefetch_bucket_bytes = static_cast<uint64_t>(a.prefetch_mb * (1 << 20));
   pc.max_live_bytes = static_cast<uint64_t>(a.device_mb * (1 << 20) * 0.9);
   pc.max_reuse_distance_bytes = 0;
   pc.persistence_threshold_bytes = 0;
   pc.host_lookahead_bytes = pc.prefetch_bucket_bytes;
-  core::GatherScheduler gather(&store, groups, pc);
+  strata::store::GatherScheduler gather(&store, groups, pc);
   std::vector<sched::GroupId> order;
   for (int g = 0; g < a.layers; ++g) order.push_back(g);
   for (int g = a.layers; g-- > 0;) order.push_back(g);
@@ -140,7 +140,7 @@ Result<ParamResult> RunParamStep(core::TieredStore& store, const BenchStoreArgs&
     }
     gather.EndStep();
     const double step_s = Sec(Clock::now() - t0);
-    core::StoreStats st = store.TakeStats(false);
+    StoreStats st = store.TakeStats(false);
     if (step > 0 || a.steps == 1) {
       const double n = a.steps == 1 ? 1 : a.steps - 1;
       r.step_s += step_s / n;
@@ -157,8 +157,8 @@ struct OptResult {
   uint32_t max_reads = 0, max_writes = 0;
 };
 
-Result<OptResult> RunOptimizer(core::TieredStore& store, const BenchStoreArgs& a,
-                               const std::vector<core::BlockId>& subs, kernels::KernelPool& pool) {
+Result<OptResult> RunOptimizer(Store& store, const BenchStoreArgs& a,
+                               const std::vector<BlockId>& subs, kernels::KernelPool& pool) {
   const uint64_t bytes = store.spec(subs[0]).size_bytes;
   const uint64_t params = bytes / 12;
   std::vector<uint16_t> grad(params, 0x3A83);  // bf16 ~1e-3
@@ -173,8 +173,7 @@ Result<OptResult> RunOptimizer(core::TieredStore& store, const BenchStoreArgs& a
       return Status::OK();
     };
     s.compute = [&](size_t i, uint32_t) -> Status {
-      STRATA_ASSIGN_OR_RETURN(auto l,
-                              store.Acquire(subs[i], Tier::kHost, core::Access::kWrite, kWait));
+      STRATA_ASSIGN_OR_RETURN(auto l, store.Acquire(subs[i], Tier::kHost, Access::kWrite, kWait));
       if (compute) {
         STRATA_RETURN_IF_ERROR(
             AdamPass(pool, static_cast<float*>(l.data()), params, grad.data(), param_out.data()));
@@ -245,7 +244,7 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
     return Status::InvalidArgument("--io must be auto, uring or posix, not '" + a.io + "'");
   STRATA_ASSIGN_OR_RETURN(auto backend, OpenIoBackend(io));
   const std::string backend_note = backend->note();
-  core::TieredStoreOptions so;
+  TieredStoreOptions so;
   so.device_budget_bytes = ho.budget_bytes;
   so.host_budget_bytes = mb(a.host_mb) + mb(a.group_mb) * (home == Tier::kHost ? a.layers : 0);
   so.nvme_capacity_bytes = mb(a.group_mb) * a.layers + mb(a.subgroup_mb) * a.subgroups + mb(8);
@@ -254,26 +253,26 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
   BenchDirs dirs;
   STRATA_ASSIGN_OR_RETURN(so.nvme_paths, dirs.Make(a.dirs));
   so.stripe_unit_bytes = static_cast<size_t>(a.stripe_kb) * 1024;
-  STRATA_ASSIGN_OR_RETURN(auto store, core::TieredStore::Open(std::move(so)));
-  std::vector<core::BlockId> groups, subs;
+  STRATA_ASSIGN_OR_RETURN(auto store, OpenTieredStore(std::move(so)));
+  std::vector<BlockId> groups, subs;
   for (int g = 0; g < a.layers; ++g) {
     STRATA_ASSIGN_OR_RETURN(
         auto id, store->Register({"layer" + std::to_string(g) + ".param16", mb(a.group_mb),
-                                  DType::kBF16, core::StateKind::kParam16, home}));
+                                  DType::kBF16, StateKind::kParam16, home}));
     groups.push_back(id);
   }
   for (int i = 0; i < a.subgroups; ++i) {
     STRATA_ASSIGN_OR_RETURN(auto id, store->Register({"subgroup" + std::to_string(i) + ".state",
                                                       mb(a.subgroup_mb) / 12 * 12, DType::kF32,
-                                                      core::StateKind::kMaster32, Tier::kNvme}));
+                                                      StateKind::kMaster32, Tier::kNvme}));
     subs.push_back(id);
   }
   STRATA_RETURN_IF_ERROR(store->OpenNvme());  // every NVMe block is registered: lay out the swap
   if (home == Tier::kNvme) {
     // Write every group once (a run loads its checkpoint): NVMe blocks never written read as
     // zeros without IO, which would measure nothing.
-    for (core::BlockId g : groups) {
-      STRATA_ASSIGN_OR_RETURN(auto l, store->Acquire(g, Tier::kHost, core::Access::kWrite, kWait));
+    for (BlockId g : groups) {
+      STRATA_ASSIGN_OR_RETURN(auto l, store->Acquire(g, Tier::kHost, Access::kWrite, kWait));
       std::memset(l.data(), 0x3C, l.size_bytes());
       l.MarkDirty();
       l.Release();
@@ -281,12 +280,12 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
     }
   }
   STRATA_ASSIGN_OR_RETURN(ParamResult p, RunParamStep(*store, a, groups));
-  core::StoreStats st = store->TakeStats(true);
+  StoreStats st = store->TakeStats(true);
   kernels::PoolOptions kpo;
   kpo.threads = a.threads;
   STRATA_ASSIGN_OR_RETURN(auto pool, kernels::KernelPool::Create(kpo));
   STRATA_ASSIGN_OR_RETURN(OptResult o, RunOptimizer(*store, a, subs, *pool));
-  core::StoreStats ost = store->TakeStats(false);
+  StoreStats ost = store->TakeStats(false);
   const double ref = std::max(o.io_s, o.compute_s);
   const double hidden = o.io_s + o.compute_s - o.pipelined_s;
   nlohmann::json j;
@@ -304,8 +303,8 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
       {"stall_s", p.stall_s},
       {"prefetch_hit_rate", p.hit_rate},
       {"trace_divergences", p.divergences},
-      {"bytes_nvme_to_host", st.bytes_moved[2][1]},
-      {"bytes_host_to_device", st.bytes_moved[1][0]},
+      {"bytes_nvme_to_host", st.bytes_moved[Tier::kNvme][Tier::kHost]},
+      {"bytes_host_to_device", st.bytes_moved[Tier::kHost][Tier::kDevice]},
       {"copy_gbps", st.copy_busy_ns ? st.copy_bytes / (st.copy_busy_ns * 1e-9) / 1e9 : 0.0}};
   j["optimizer"] = {
       {"subgroups", a.subgroups},
@@ -320,11 +319,12 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
       {"compute", "kernels::AdamStep (AdamW, bf16 grad in, bf16 param out) on a KernelPool"},
       {"adam_threads", pool->threads()},
       {"io_gbps", ost.io_busy_ns ? ost.io_bytes / (ost.io_busy_ns * 1e-9) / 1e9 : 0}};
-  j["peak_bytes"] = {{"device", st.peak_bytes[0]},
-                     {"host", std::max(st.peak_bytes[1], ost.peak_bytes[1])},
-                     {"nvme", st.peak_bytes[2]}};
-  j["budget_bytes"] = {
-      {"device", st.budget_bytes[0]}, {"host", st.budget_bytes[1]}, {"nvme", st.budget_bytes[2]}};
+  j["peak_bytes"] = {{"device", st.peak_bytes[Tier::kDevice]},
+                     {"host", std::max(st.peak_bytes[Tier::kHost], ost.peak_bytes[Tier::kHost])},
+                     {"nvme", st.peak_bytes[Tier::kNvme]}};
+  j["budget_bytes"] = {{"device", st.budget_bytes[Tier::kDevice]},
+                       {"host", st.budget_bytes[Tier::kHost]},
+                       {"nvme", st.budget_bytes[Tier::kNvme]}};
   j["nvme_paths"] = a.dirs.empty() ? 1 : a.dirs.size();
   j["notes"] = backend_note + store->note();
   *out = std::move(j);

@@ -173,10 +173,10 @@ void TierDetail(std::string& s, const Placement& p, Tier tier, const char* title
     Out(s, "    %-58s %11s%s\n", it.name.c_str(), Gb(it.bytes).c_str(),
         it.pinned ? "  pinned" : "");
   }
-  const double total = tier == Tier::kHbm    ? p.hbm_bytes_per_gpu
+  const double total = tier == Tier::kDevice ? p.hbm_bytes_per_gpu
                        : tier == Tier::kHost ? p.host_bytes_per_node
                                              : p.nvme_bytes_per_node;
-  const bool fits = tier == Tier::kHbm    ? p.fits_hbm
+  const bool fits = tier == Tier::kDevice ? p.fits_hbm
                     : tier == Tier::kHost ? p.fits_host
                                           : p.fits_nvme;
   Out(s, "    %-58s %11s of %s (%.0f%%) %s\n", "total", Gb(total).c_str(), Gb(cap).c_str(),
@@ -206,7 +206,7 @@ void Traffic(std::string& s, const Plan& plan, const Placement& p, const char* i
 void Detail(std::string& s, const Plan& plan, const Placement& p, const char* title) {
   const Capacity& c = plan.input.capacity;
   Out(s, "\n%s: %s\n", title, Setting(p).c_str());
-  TierDetail(s, p, Tier::kHbm, "HBM per GPU", c.hbm_bytes_per_gpu);
+  TierDetail(s, p, Tier::kDevice, "HBM per GPU", c.hbm_bytes_per_gpu);
   TierDetail(s, p, Tier::kHost, "host DRAM per node", c.dram_bytes_per_node);
   TierDetail(s, p, Tier::kNvme, "NVMe per node", c.nvme_bytes_per_node);
   Traffic(s, plan, p, "  ");

@@ -7,22 +7,22 @@
 #include <cctype>
 #include <cerrno>
 
-#include "core/config_reader.h"
-#include "core/config_text.h"
+#include "core/config/config_reader.h"
+#include "core/config/config_text.h"
 #include "strata/config.h"
 
 namespace strata {
 
 // Defined in config_checks.cc.
-namespace config_internal {
+namespace config {
 void CheckAcrossKeys(Reader& r, EngineConfig& c, Json* root);
 void CheckHere(Reader& r, const EngineConfig& c);
-}  // namespace config_internal
+}  // namespace config
 
-using config_internal::AutoPolicy;
-using config_internal::Json;
-using config_internal::Reader;
-using config_internal::Section;
+using config::AutoPolicy;
+using config::Json;
+using config::Reader;
+using config::Section;
 using Kind = ConfigDiagnostic::Kind;
 
 namespace {
@@ -42,7 +42,7 @@ void ReadDevice(Reader& r, Section& s, OffloadDevice* out) {
   if (!v->is_string()) {
     r.Error(Kind::kType, path,
             "expected one of \"none\", \"cpu\", \"nvme\", got " +
-                std::string(config_internal::JsonTypeName(*v)) + " " + v->dump());
+                std::string(config::JsonTypeName(*v)) + " " + v->dump());
     return;
   }
   std::string name = v->get<std::string>();
@@ -236,34 +236,33 @@ void ReadBf16(Reader& r, Section& root, Bf16Config* b) {
 
 }  // namespace
 
-namespace config_internal {
+namespace config {
 void ReadOptimizer(Reader& r, Section& root, OptimizerConfig* o);
 void ReadSchedulerAndAio(Reader& r, Section& root, SchedulerConfig* sc, AioConfig* aio);
-}  // namespace config_internal
+}  // namespace config
 
 ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& options) {
   ConfigCheck check;
   ConfigDiagnostic comment_error{Kind::kSyntax, "", "", 0, 0};
-  std::string stripped = config_internal::StripComments(text, &comment_error);
+  std::string stripped = config::StripComments(text, &comment_error);
   if (!comment_error.message.empty()) {
     check.errors.push_back(comment_error);
     return check;
   }
   Json doc;
-  if (!config_internal::ParseJsonStrict(stripped, &doc, &check.errors)) {
+  if (!config::ParseJsonStrict(stripped, &doc, &check.errors)) {
     bool syntax = std::any_of(check.errors.begin(), check.errors.end(),
                               [](const ConfigDiagnostic& d) { return d.kind == Kind::kSyntax; });
     if (!syntax) {  // duplicate keys only: the text is well-formed, so keys can be located
-      config_internal::LocateDiagnostics(config_internal::IndexKeyPositions(stripped),
-                                         &check.errors);
+      config::LocateDiagnostics(config::IndexKeyPositions(stripped), &check.errors);
     }
     return check;
   }
   if (!doc.is_object()) {
-    check.errors.push_back(ConfigDiagnostic{Kind::kType, "",
-                                            "expected a JSON object at the top level, got " +
-                                                std::string(config_internal::JsonTypeName(doc)),
-                                            0, 0});
+    check.errors.push_back(ConfigDiagnostic{
+        Kind::kType, "",
+        "expected a JSON object at the top level, got " + std::string(config::JsonTypeName(doc)), 0,
+        0});
     return check;
   }
   // Hugging Face's fill-in for the ZeRO sizes from the model's hidden size.
@@ -297,14 +296,14 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   r.Int(root, {"steps_per_print"}, &c.steps_per_print, 0);
   ReadFp16(r, root, &c.fp16);
   ReadBf16(r, root, &c.bf16);
-  config_internal::ReadOptimizer(r, root, &c.optimizer);
-  config_internal::ReadSchedulerAndAio(r, root, &c.scheduler, &c.aio);
+  config::ReadOptimizer(r, root, &c.optimizer);
+  config::ReadSchedulerAndAio(r, root, &c.scheduler, &c.aio);
   bool overlap_given = false;
   ReadZero(r, root, &c.zero, &overlap_given);
   if (!overlap_given) c.zero.overlap_comm = c.zero.stage == 3;  // DeepSpeed's default by stage
   r.FinishSection(root);
-  config_internal::CheckAcrossKeys(r, c, &doc);
-  if (options.check_here) config_internal::CheckHere(r, c);
+  config::CheckAcrossKeys(r, c, &doc);
+  if (options.check_here) config::CheckHere(r, c);
 
   if (!r.unresolved().empty() && options.require_resolved) {
     std::string list;
@@ -318,9 +317,9 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
                             "' is not used: the config has no \"auto\" there");
     }
   }
-  config_internal::KeyPositions positions = config_internal::IndexKeyPositions(stripped);
-  config_internal::LocateDiagnostics(positions, &check.errors);
-  config_internal::LocateDiagnostics(positions, &check.warnings);
+  config::KeyPositions positions = config::IndexKeyPositions(stripped);
+  config::LocateDiagnostics(positions, &check.errors);
+  config::LocateDiagnostics(positions, &check.warnings);
   if (options.strict) {
     for (ConfigDiagnostic& w : check.warnings) {
       w.message += " (an error under --strict)";

@@ -8,9 +8,9 @@
 #include <mutex>
 #include <vector>
 
-#include "core/tiered_store.h"
+#include "core/store/tiered_store.h"
 
-namespace strata::core {
+namespace strata::store {
 
 struct TicketState {
   std::mutex mu;
@@ -74,7 +74,7 @@ struct TieredStore::Block {
   BlockId id = 0;
   BlockSpec spec;
   uint64_t alloc_bytes = 0;  // size rounded to the IO alignment
-  Copy copy[kTiers];
+  PerTier<Copy> copy;
   std::deque<std::shared_ptr<Op>> ops;  // front runs; one hop in flight at most
   bool hop_in_flight = false;
   bool parked = false;  // waiting for space
@@ -92,7 +92,7 @@ struct TieredStore::Block {
     return s;
   }
 
-  Copy& home() { return copy[static_cast<int>(spec.home)]; }
+  Copy& home() { return copy[spec.home]; }
   uint32_t leases() const {
     uint32_t n = 0;
     for (const Copy& c : copy) n += c.leases();
@@ -121,4 +121,4 @@ struct TieredStore::IoJob {
   uint64_t length_bytes = 0;
 };
 
-}  // namespace strata::core
+}  // namespace strata::store

@@ -14,13 +14,13 @@
 #include "sched/zero_partition.h"
 #include "strata/comm.h"
 
-namespace strata {
+namespace strata::zero {
 
 class ZeroCollectives {
  public:
   // `comm` and `plan` are not owned and must outlive this object.
   // REQUIRES: plan->world_size == comm->world_size().
-  ZeroCollectives(Communicator* comm, const PartitionPlan* plan, DType dtype)
+  ZeroCollectives(Communicator* comm, const sched::PartitionPlan* plan, DType dtype)
       : comm_(comm), plan_(plan), dtype_(dtype) {}
 
   // Gathers groups [first, end): shards from `shard_buf` (the rank's shard buffer, all groups)
@@ -45,7 +45,7 @@ class ZeroCollectives {
   Status FailAfterSubmitted(const std::vector<CommHandle>& submitted, const char* kind,
                             size_t bucket, size_t buckets, const Status& error);
   Communicator* comm_;
-  const PartitionPlan* plan_;
+  const sched::PartitionPlan* plan_;
   DType dtype_;
 };
 
@@ -53,4 +53,4 @@ class ZeroCollectives {
 Status WaitAll(const std::vector<CommHandle>& handles,
                std::chrono::steady_clock::time_point deadline);
 
-}  // namespace strata
+}  // namespace strata::zero

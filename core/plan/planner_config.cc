@@ -80,8 +80,8 @@ void ApplyEngineConfig(const EngineConfig& c, PlanInput* in, std::vector<std::st
         "zero_optimization.stage is \"auto\": no stage is configured, so the verdict is about "
         "the recommendation; pass --stage to check one");
   }
-  for (const char* path : {"zero_optimization.offload_optimizer.device",
-                           "zero_optimization.offload_param.device"}) {
+  for (const char* path :
+       {"zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device"}) {
     if (c.IsAuto(path)) {
       notes->push_back(std::string(path) +
                        " is \"auto\": planned as none; pass --offload-optimizer / "

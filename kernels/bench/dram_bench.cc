@@ -1,4 +1,4 @@
-#include "kernels/dram_bench.h"
+#include "kernels/bench/dram_bench.h"
 
 #include <algorithm>
 #include <chrono>

@@ -16,17 +16,16 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/tiered_store.h"
 #include "sched/prefetcher.h"
 #include "sched/trace.h"
+#include "strata/store.h"
 
-namespace strata::core {
+namespace strata::store {
 
 class GatherScheduler {
  public:
   // `groups[g]` is the param16 block of group g. REQUIRES: `store` outlives this object.
-  GatherScheduler(TieredStore* store, std::vector<BlockId> groups,
-                  const sched::PrefetchConfig& config);
+  GatherScheduler(Store* store, std::vector<BlockId> groups, const sched::PrefetchConfig& config);
 
   void BeginStep();
   // A read lease on group g's device copy. InvalidArgument for an unknown group; the store's
@@ -43,7 +42,7 @@ class GatherScheduler {
  private:
   std::vector<sched::GroupView> Views() const;
 
-  TieredStore* store_;
+  Store* store_;
   std::vector<BlockId> groups_;
   sched::Prefetcher prefetcher_;
   sched::Trace trace_;
@@ -51,4 +50,4 @@ class GatherScheduler {
   uint64_t evictions_ = 0;
 };
 
-}  // namespace strata::core
+}  // namespace strata::store

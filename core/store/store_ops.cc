@@ -15,9 +15,9 @@
 #include <cstring>
 #include <iterator>
 
-#include "core/store_internal.h"
+#include "core/store/store_internal.h"
 
-namespace strata::core {
+namespace strata::store {
 namespace {
 
 bool IsValid(Residency r) { return r == Residency::kValid; }
@@ -129,7 +129,7 @@ void TieredStore::Finish(Block& b, Status status) {
   --queued_ops_;
   op->done = true;
   if (status.ok() && op->kind == kOpFetch) {
-    Copy& c = b.copy[static_cast<int>(op->tier)];
+    Copy& c = b.copy[op->tier];
     c.read_leases += op->pending_read;
     c.write_leases += op->pending_write;
     c.last_use = ++lru_clock_;
@@ -148,7 +148,7 @@ void TieredStore::Finish(Block& b, Status status) {
 }
 
 TieredStore::Outcome TieredStore::MakeValid(Block& b, Tier tier, Status* err) {
-  Copy& c = b.copy[static_cast<int>(tier)];
+  Copy& c = b.copy[tier];
   if (IsValid(c.state)) {
     c.last_use = ++lru_clock_;
     return Outcome::kReady;
@@ -156,14 +156,14 @@ TieredStore::Outcome TieredStore::MakeValid(Block& b, Tier tier, Status* err) {
   // A stale copy that readers still lease: overwriting it would tear their reads. Retried when
   // a lease is released.
   if (c.leases() > 0) return Outcome::kParked;
-  if (budget_[static_cast<int>(tier)] == 0) {
+  if (budget_[tier] == 0) {
     *err = Status::InvalidArgument(Name(b) + ": tier " + std::string(TierName(tier)) +
                                    " is disabled (budget 0)");
     return Outcome::kFailed;
   }
   if (tier == Tier::kNvme) return WriteBackStep(b, err);  // only the home can be on NVMe
-  Copy& dev = b.copy[0];
-  Copy& host = b.copy[1];
+  Copy& dev = b.copy[Tier::kDevice];
+  Copy& host = b.copy[Tier::kHost];
   Tier from;
   if (tier == Tier::kDevice) {
     Outcome o = MakeValid(b, Tier::kHost, err);
@@ -171,7 +171,7 @@ TieredStore::Outcome TieredStore::MakeValid(Block& b, Tier tier, Status* err) {
     from = Tier::kHost;
   } else if (IsValid(dev.state)) {
     from = Tier::kDevice;
-  } else if (b.spec.home == Tier::kNvme && IsValid(b.copy[2].state)) {
+  } else if (b.spec.home == Tier::kNvme && IsValid(b.copy[Tier::kNvme].state)) {
     from = Tier::kNvme;
   } else {
     *err = Status::Internal(Name(b) + ": no valid copy on any tier");
@@ -227,9 +227,8 @@ TieredStore::Outcome TieredStore::WriteBackStep(Block& b, Status* err) {
 bool TieredStore::Droppable(Block& b, Tier tier) {
   if (tier == b.spec.home) return false;
   if (IsValid(b.home().state)) return true;
-  for (int t = 0; t < kTiers; ++t) {
-    if (t != static_cast<int>(tier) && t != static_cast<int>(b.spec.home) &&
-        IsValid(b.copy[t].state)) {
+  for (Tier t : kAllTiers) {
+    if (t != tier && t != b.spec.home && IsValid(b.copy[t].state)) {
       return true;  // another cached copy keeps the newest bytes
     }
   }
@@ -237,7 +236,7 @@ bool TieredStore::Droppable(Block& b, Tier tier) {
 }
 
 TieredStore::Outcome TieredStore::EvictStep(Block& b, Tier tier, Status* err) {
-  Copy& c = b.copy[static_cast<int>(tier)];
+  Copy& c = b.copy[tier];
   if (tier == b.spec.home) {
     *err = Status::FailedPrecondition(Name(b) + ": cannot evict the home copy (tier " +
                                       std::string(TierName(tier)) + ")");
@@ -259,7 +258,7 @@ TieredStore::Outcome TieredStore::EvictStep(Block& b, Tier tier, Status* err) {
 }
 
 bool TieredStore::TryAllocate(Block& b, Tier tier) {
-  const int t = static_cast<int>(tier);
+  const Tier t = tier;
   Copy& c = b.copy[t];
   if (used_[t] + b.alloc_bytes > budget_[t]) return false;
   if (tier == Tier::kHost) {
@@ -279,7 +278,7 @@ bool TieredStore::TryAllocate(Block& b, Tier tier) {
 }
 
 TieredStore::Outcome TieredStore::Reserve(Block& b, Tier tier, Status* err) {
-  const int t = static_cast<int>(tier);
+  const Tier t = tier;
   if (b.copy[t].reserved) return Outcome::kReady;
   if (TryAllocate(b, tier)) return Outcome::kReady;
   // Evict unleased, droppable cached copies of blocks with no hop running, least recently used
@@ -308,7 +307,7 @@ TieredStore::Outcome TieredStore::Reserve(Block& b, Tier tier, Status* err) {
 }
 
 bool TieredStore::CanEverFree(Tier tier, BlockId except) {
-  const int t = static_cast<int>(tier);
+  const Tier t = tier;
   bool can = false;
   for (auto& bp : blocks_) {
     Block& v = *bp;
@@ -325,7 +324,7 @@ bool TieredStore::CanEverFree(Tier tier, BlockId except) {
 }
 
 void TieredStore::FreeCopy(Block& b, Tier tier) {
-  const int t = static_cast<int>(tier);
+  const Tier t = tier;
   Copy& c = b.copy[t];
   if (!c.reserved) return;
   if (tier == Tier::kDevice) {
@@ -339,8 +338,8 @@ void TieredStore::FreeCopy(Block& b, Tier tier) {
 }
 
 Status TieredStore::IssueCopy(Block& b, Tier from, Tier to) {
-  Copy& src = b.copy[static_cast<int>(from)];
-  Copy& dst = b.copy[static_cast<int>(to)];
+  Copy& src = b.copy[from];
+  Copy& dst = b.copy[to];
   const CopyDir dir = to == Tier::kDevice ? CopyDir::kHostToDevice : CopyDir::kDeviceToHost;
   if (to != b.spec.home) dst.state = Residency::kInFlight;
   b.hop_in_flight = true;
@@ -368,9 +367,9 @@ void TieredStore::IssueIo(Block& b, IoOp op) {
   auto job = std::make_unique<IoJob>();
   job->block = b.id;
   job->op = op;
-  job->buffer = b.copy[1].ptr;
+  job->buffer = b.copy[Tier::kHost].ptr;
   job->length_bytes = b.alloc_bytes;
-  if (op == IoOp::kRead) b.copy[1].state = Residency::kInFlight;
+  if (op == IoOp::kRead) b.copy[Tier::kHost].state = Residency::kInFlight;
   b.hop_in_flight = true;
   ++running_hops_;
   if (!swap_) {  // not reached through the public entry points, which open the tier first
@@ -401,11 +400,11 @@ void TieredStore::OnHopDone(BlockId id, Tier from, Tier to, Status status) {
     }
     if (status.ok()) stats_.copy_bytes += b.alloc_bytes;
   }
-  Copy& dst = b.copy[static_cast<int>(to)];
+  Copy& dst = b.copy[to];
   if (status.ok()) {
     dst.state = Residency::kValid;
     dst.last_use = ++lru_clock_;
-    stats_.bytes_moved[static_cast<int>(from)][static_cast<int>(to)] += b.spec.size_bytes;
+    stats_.bytes_moved[from][to] += b.spec.size_bytes;
     if (to == Tier::kNvme) b.nvme_written = true;
   } else {
     // Never mark valid. A failed write leaves the home stale (possibly torn) and the cached
@@ -419,23 +418,23 @@ void TieredStore::OnHopDone(BlockId id, Tier from, Tier to, Status status) {
 
 void TieredStore::ReleaseLease(Lease& lease) {
   std::lock_guard<std::mutex> l(mu_);
-  Block& b = *blocks_[lease.block_];
-  Copy& c = b.copy[static_cast<int>(lease.tier_)];
-  if (lease.access_ == Access::kWrite) {
+  Block& b = *blocks_[lease.block()];
+  Copy& c = b.copy[lease.tier()];
+  if (lease.access() == Access::kWrite) {
     --c.write_leases;
   } else {
     --c.read_leases;
   }
   c.last_use = ++lru_clock_;
-  if (lease.tier_ != b.spec.home && c.state == Residency::kStale && c.leases() == 0) {
-    FreeCopy(b, lease.tier_);  // overwritten through another lease while we read it
+  if (lease.tier() != b.spec.home && c.state == Residency::kStale && c.leases() == 0) {
+    FreeCopy(b, lease.tier());  // overwritten through another lease while we read it
   }
-  if (lease.dirty_) {
+  if (lease.dirty()) {
     // The leased copy now holds the newest bytes: drop the other cached copies; the home is
     // stale unless it is the leased copy.
-    for (int t = 0; t < kTiers; ++t) {
-      if (t == static_cast<int>(lease.tier_)) continue;
-      if (t == static_cast<int>(b.spec.home)) {
+    for (Tier t : kAllTiers) {
+      if (t == lease.tier()) continue;
+      if (t == b.spec.home) {
         b.copy[t].state = Residency::kStale;
       } else if (b.copy[t].leases() == 0) {
         FreeCopy(b, static_cast<Tier>(t));
@@ -446,7 +445,7 @@ void TieredStore::ReleaseLease(Lease& lease) {
     c.state = Residency::kValid;
   }
   space_freed_ = true;  // a released lease may unblock parked reservations
-  Pump(lease.block_);
+  Pump(lease.block());
 }
 
-}  // namespace strata::core
+}  // namespace strata::store

@@ -1,15 +1,15 @@
 // TieredStore: setup, public entry points, leases, and the IO and mover threads.
 // The per-block state machine is in store_ops.cc.
-#include "core/tiered_store.h"
+#include "core/store/tiered_store.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "core/store_internal.h"
+#include "core/store/store_internal.h"
 #include "cpu/pinned_pool.h"
 #include "nvme/swap_space.h"  // SwapSpace is complete where swap_ is destroyed
 
-namespace strata::core {
+namespace strata::store {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -19,107 +19,6 @@ uint64_t Ns(Clock::duration d) {
 }
 
 }  // namespace
-
-std::string_view TierName(Tier t) noexcept {
-  switch (t) {
-    case Tier::kDevice:
-      return "device";
-    case Tier::kHost:
-      return "host";
-    case Tier::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
-
-std::string_view StateKindName(StateKind k) noexcept {
-  switch (k) {
-    case StateKind::kParam16:
-      return "param16";
-    case StateKind::kGrad:
-      return "grad";
-    case StateKind::kMaster32:
-      return "master32";
-    case StateKind::kExpAvg:
-      return "exp_avg";
-    case StateKind::kExpAvgSq:
-      return "exp_avg_sq";
-  }
-  return "?";
-}
-
-std::string_view ResidencyName(Residency r) noexcept {
-  switch (r) {
-    case Residency::kAbsent:
-      return "absent";
-    case Residency::kInFlight:
-      return "in_flight";
-    case Residency::kValid:
-      return "valid";
-    case Residency::kDirty:
-      return "dirty";
-    case Residency::kStale:
-      return "stale";
-  }
-  return "?";
-}
-
-// ---------------------------------------------------------------------------
-// Ticket and Lease.
-// ---------------------------------------------------------------------------
-Status Ticket::Wait(std::chrono::nanoseconds timeout) const {
-  if (!s_) return Status::FailedPrecondition("Ticket::Wait on an empty ticket");
-  std::unique_lock<std::mutex> l(s_->mu);
-  if (!s_->cv.wait_for(l, timeout, [&] { return s_->done; })) {
-    return Status::DeadlineExceeded("store operation did not finish within the timeout");
-  }
-  if (!s_->status.ok()) s_->delivered = true;
-  return s_->status;
-}
-
-void Ticket::Then(std::function<void(Status)> fn) const {
-  if (!s_) {
-    fn(Status::FailedPrecondition("Ticket::Then on an empty ticket"));
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> l(s_->mu);
-    if (!s_->done) {
-      s_->then.push_back(std::move(fn));
-      return;
-    }
-    if (!s_->status.ok()) s_->delivered = true;
-  }
-  fn(s_->status);
-}
-
-bool Ticket::ready() const {
-  if (!s_) return false;
-  std::lock_guard<std::mutex> l(s_->mu);
-  return s_->done;
-}
-
-Lease& Lease::operator=(Lease&& o) noexcept {
-  if (this != &o) {
-    Release();
-    store_ = o.store_;
-    block_ = o.block_;
-    tier_ = o.tier_;
-    access_ = o.access_;
-    data_ = o.data_;
-    size_bytes_ = o.size_bytes_;
-    dirty_ = o.dirty_;
-    o.store_ = nullptr;
-  }
-  return *this;
-}
-
-void Lease::Release() {
-  if (store_ == nullptr) return;
-  store_->ReleaseLease(*this);
-  store_ = nullptr;
-  data_ = nullptr;
-}
 
 // ---------------------------------------------------------------------------
 // Setup and teardown.
@@ -149,10 +48,10 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOptions option
 }
 
 Status TieredStore::Init() {
-  budget_[0] = options_.device_budget_bytes;
-  budget_[1] = options_.host_budget_bytes;
-  budget_[2] = options_.nvme_capacity_bytes;
-  for (int t = 0; t < kTiers; ++t) stats_.budget_bytes[t] = budget_[t];
+  budget_[Tier::kDevice] = options_.device_budget_bytes;
+  budget_[Tier::kHost] = options_.host_budget_bytes;
+  budget_[Tier::kNvme] = options_.nvme_capacity_bytes;
+  for (Tier t : kAllTiers) stats_.budget_bytes[t] = budget_[t];
 
   // Host tier: one slab, carved in IO-aligned ranges.
   const uint64_t host_bytes =
@@ -199,7 +98,8 @@ TieredStore::~TieredStore() {
   mv_cv_.notify_all();
   if (mover_thread_.joinable()) mover_thread_.join();
   for (auto& bp : blocks_) {
-    if (bp->copy[0].reserved) options_.device->Free(bp->copy[0].ptr).IgnoreError();
+    if (bp->copy[Tier::kDevice].reserved)
+      options_.device->Free(bp->copy[Tier::kDevice].ptr).IgnoreError();
   }
   if (swap_) swap_->Close().IgnoreError();  // nothing in flight: the IO thread reaped it all
   swap_.reset();
@@ -223,7 +123,7 @@ Result<BlockId> TieredStore::Register(const BlockSpec& spec) {
                                      "'");
     }
   }
-  const int h = static_cast<int>(spec.home);
+  const Tier h = spec.home;
   if (spec.home == Tier::kNvme && nvme_state_ != NvmeState::kClosed) {
     return Status::FailedPrecondition(
         "TieredStore::Register: block '" + spec.name +
@@ -284,7 +184,7 @@ Ticket TieredStore::Fetch(BlockId id, Tier tier) {
   if (id >= blocks_.size())
     return FailedTicket(Status::NotFound("Fetch: no block " + std::to_string(id)));
   Block& b = *blocks_[id];
-  if (b.copy[static_cast<int>(tier)].state != Residency::kValid) {
+  if (b.copy[tier].state != Residency::kValid) {
     Status e = b.TakeFailedFetch();
     if (!e.ok()) return FailedTicket(std::move(e));
   }
@@ -311,28 +211,20 @@ Ticket TieredStore::Evict(BlockId id, Tier tier) {
 Result<Lease> TieredStore::Acquire(BlockId id, Tier tier, Access access,
                                    std::chrono::nanoseconds timeout) {
   STRATA_RETURN_IF_ERROR(NvmeReadyFor(id));
-  const int t = static_cast<int>(tier);
+  const Tier t = tier;
   std::shared_ptr<Op> op;
   Ticket ticket;
-  Lease lease;
-  lease.store_ = this;
-  lease.block_ = id;
-  lease.tier_ = tier;
-  lease.access_ = access;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (id >= blocks_.size()) {
-      lease.store_ = nullptr;
       return Status::NotFound("TieredStore::Acquire: no block " + std::to_string(id));
     }
     Block& b = *blocks_[id];
-    lease.size_bytes_ = b.spec.size_bytes;
     ++stats_.acquires;
     Copy& c = b.copy[t];
     if (c.state != Residency::kValid) {
       Status e = b.TakeFailedFetch();
       if (!e.ok()) {
-        lease.store_ = nullptr;
         return e;
       }
     }
@@ -346,8 +238,7 @@ Result<Lease> TieredStore::Acquire(BlockId id, Tier tier, Access access,
       ++stats_.acquire_hits;
       ++(access == Access::kRead ? c.read_leases : c.write_leases);
       c.last_use = ++lru_clock_;
-      lease.data_ = c.ptr;
-      return lease;
+      return MakeLease(id, tier, access, c.ptr, b.spec.size_bytes);
     }
     ticket = Enqueue(id, kOpFetch, tier, access, true, &op);
   }
@@ -376,16 +267,13 @@ Result<Lease> TieredStore::Acquire(BlockId id, Tier tier, Access access,
       }
     }
     Pump(id);  // a withdrawn writer may have held queued readers back
-    lease.store_ = nullptr;
     return Status::DeadlineExceeded(Name(b) + ": not resident on tier " +
                                     std::string(TierName(tier)) + " within the timeout");
   }
   if (!op->status.ok()) {
-    lease.store_ = nullptr;
     return op->status;
   }
-  lease.data_ = b.copy[t].ptr;
-  return lease;
+  return MakeLease(id, tier, access, b.copy[t].ptr, b.spec.size_bytes);
 }
 
 Status TieredStore::Flush(std::chrono::nanoseconds timeout) {
@@ -411,12 +299,30 @@ Status TieredStore::Flush(std::chrono::nanoseconds timeout) {
 Residency TieredStore::residency(BlockId id, Tier tier) const {
   std::lock_guard<std::mutex> l(mu_);
   const Block& b = *blocks_.at(id);
-  Residency r = b.copy[static_cast<int>(tier)].state;
+  Residency r = b.copy[tier].state;
   if (r == Residency::kValid && tier != b.spec.home &&
-      b.copy[static_cast<int>(b.spec.home)].state == Residency::kStale) {
+      b.copy[b.spec.home].state == Residency::kStale) {
     return Residency::kDirty;
   }
   return r;
+}
+
+void TieredStore::Snapshot(std::span<const BlockId> ids, std::span<BlockView> out) const {
+  std::lock_guard<std::mutex> l(mu_);
+  for (size_t i = 0; i < ids.size() && i < out.size(); ++i) {
+    const Block& b = *blocks_.at(ids[i]);
+    BlockView& v = out[i];
+    v.size_bytes = b.spec.size_bytes;
+    v.home = b.spec.home;
+    const bool home_stale = b.copy[b.spec.home].state == Residency::kStale;
+    for (Tier t : kAllTiers) {
+      const Copy& c = b.copy[t];
+      v.residency[t] = (c.state == Residency::kValid && t != b.spec.home && home_stale)
+                           ? Residency::kDirty
+                           : c.state;
+      v.leases[t] = c.leases();
+    }
+  }
 }
 
 const BlockSpec& TieredStore::spec(BlockId id) const {
@@ -432,10 +338,10 @@ size_t TieredStore::num_blocks() const {
 StoreStats TieredStore::TakeStats(bool reset) {
   std::lock_guard<std::mutex> l(mu_);
   StoreStats s = stats_;
-  for (int t = 0; t < kTiers; ++t) s.used_bytes[t] = used_[t];
+  for (Tier t : kAllTiers) s.used_bytes[t] = used_[t];
   if (reset) {
     stats_ = StoreStats{};
-    for (int t = 0; t < kTiers; ++t) {
+    for (Tier t : kAllTiers) {
       stats_.budget_bytes[t] = budget_[t];
       stats_.peak_bytes[t] = used_[t];
     }
@@ -451,16 +357,16 @@ std::string TieredStore::note() const {
 std::string TieredStore::DebugString() const {
   std::lock_guard<std::mutex> l(mu_);
   std::string out;
-  for (int t = 0; t < kTiers; ++t) {
-    out += std::string(TierName(Tier(t))) + ": " + std::to_string(used_[t]) + "/" +
+  for (Tier t : kAllTiers) {
+    out += std::string(TierName(t)) + ": " + std::to_string(used_[t]) + "/" +
            std::to_string(budget_[t]) + " bytes\n";
   }
   for (const auto& bp : blocks_) {
     const Block& b = *bp;
     out += b.spec.name + " home=" + std::string(TierName(b.spec.home));
-    for (int t = 0; t < kTiers; ++t) {
+    for (Tier t : kAllTiers) {
       const Copy& c = b.copy[t];
-      out += " " + std::string(TierName(Tier(t))) + "=" + std::string(ResidencyName(c.state)) +
+      out += " " + std::string(TierName(t)) + "=" + std::string(ResidencyName(c.state)) +
              (c.reserved ? "" : "(unreserved)") + "/r" + std::to_string(c.read_leases) + "w" +
              std::to_string(c.write_leases);
     }
@@ -475,4 +381,4 @@ std::string TieredStore::DebugString() const {
   return out;
 }
 
-}  // namespace strata::core
+}  // namespace strata::store

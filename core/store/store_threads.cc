@@ -4,10 +4,10 @@
 #include <chrono>
 #include <unordered_map>
 
-#include "core/store_internal.h"
+#include "core/store/store_internal.h"
 #include "nvme/swap_space.h"
 
-namespace strata::core {
+namespace strata::store {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -109,4 +109,4 @@ void TieredStore::IoLoop() {
   }
 }
 
-}  // namespace strata::core
+}  // namespace strata::store

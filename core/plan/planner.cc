@@ -59,45 +59,46 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   const bool overlap = z.overlap_comm.value_or(stage == 3);
 
   if (stage < 3) {
-    b.Add(Tier::kHbm, "params, full replica", r.param_bytes * psi);
+    b.Add(Tier::kDevice, "params, full replica", r.param_bytes * psi);
   } else if (!param_off) {
-    b.Add(Tier::kHbm, "params, 1/N shard", r.param_bytes * shard);
+    b.Add(Tier::kDevice, "params, 1/N shard", r.param_bytes * shard);
   }
   if (stage < 2) {
-    b.Add(Tier::kHbm, "grads, full replica", r.grad_bytes * psi);
+    b.Add(Tier::kDevice, "grads, full replica", r.grad_bytes * psi);
   } else if (!opt_off) {
-    b.Add(Tier::kHbm, "grads, 1/N shard", r.grad_bytes * shard);
+    b.Add(Tier::kDevice, "grads, 1/N shard", r.grad_bytes * shard);
   }
   if (stage == 0) {
-    b.Add(Tier::kHbm, "optimizer state (master+m+v), full replica", r.OptimizerBytes() * psi);
+    b.Add(Tier::kDevice, "optimizer state (master+m+v), full replica", r.OptimizerBytes() * psi);
   } else if (!opt_off) {
-    b.Add(Tier::kHbm, "optimizer state (master+m+v), 1/N shard", r.OptimizerBytes() * shard);
+    b.Add(Tier::kDevice, "optimizer state (master+m+v), 1/N shard", r.OptimizerBytes() * shard);
   }
 
   const double reduce = std::min(z.reduce_bucket_size, psi);
   const double allgather = std::min(z.allgather_bucket_size, psi);
   if (stage == 0) {
     const double f = overlap ? kOverlapBucketFactorDouble : 1.0;
-    b.Add(Tier::kHbm,
+    b.Add(Tier::kDevice,
           "all-reduce bucket (reduce_bucket_size" + std::string(overlap ? " x2" : "") + ")",
           f * reduce * r.grad_bytes);
   } else if (stage < 3) {
     const double f = overlap ? kOverlapBucketFactorStage12 : 1.0;
-    b.Add(Tier::kHbm,
+    b.Add(Tier::kDevice,
           "reduce + all-gather buckets" + std::string(overlap ? " (x4.5, overlap_comm)" : ""),
           f * (reduce * r.grad_bytes + allgather * r.param_bytes));
   } else {
     const double f = overlap ? kOverlapBucketFactorDouble : 1.0;
-    b.Add(Tier::kHbm, "reduce-scatter bucket" + std::string(overlap ? "s (x2, overlap_comm)" : ""),
+    b.Add(Tier::kDevice,
+          "reduce-scatter bucket" + std::string(overlap ? "s (x2, overlap_comm)" : ""),
           f * reduce * r.grad_bytes);
     // Gathered full params live at once: bounded by stage3_max_live_parameters, but the group
     // in use plus the prefetch bucket is always needed, whatever that limit says.
     const double gathered = std::min(
         psi, std::max(z.max_live_parameters, in.largest_group_params + z.prefetch_bucket_size));
-    b.Add(Tier::kHbm, "gathered params: max(max_live, largest group + prefetch)",
+    b.Add(Tier::kDevice, "gathered params: max(max_live, largest group + prefetch)",
           gathered * r.param_bytes);
   }
-  b.Add(Tier::kHbm, "activations (caller estimate)", in.activation_bytes_per_gpu);
+  b.Add(Tier::kDevice, "activations (caller estimate)", in.activation_bytes_per_gpu);
 }
 
 // Host and NVMe items, per node, and the per-step traffic they cause.
@@ -216,18 +217,6 @@ std::optional<OffloadDevice> ParseOffloadDevice(std::string_view s) noexcept {
   if (s == "cpu") return OffloadDevice::kCpu;
   if (s == "nvme") return OffloadDevice::kNvme;
   return std::nullopt;
-}
-
-std::string_view TierName(Tier t) noexcept {
-  switch (t) {
-    case Tier::kHbm:
-      return "hbm";
-    case Tier::kHost:
-      return "host";
-    case Tier::kNvme:
-      return "nvme";
-  }
-  return "?";
 }
 
 const std::vector<Recipe>& KnownRecipes() {
@@ -391,7 +380,7 @@ Placement Place(const PlanInput& in, int stage, OffloadDevice optimizer, Offload
   PlaceOffload(in, stage, b);
   for (const PlanItem& it : p.items) {
     switch (it.tier) {
-      case Tier::kHbm:
+      case Tier::kDevice:
         p.hbm_bytes_per_gpu += it.bytes;
         break;
       case Tier::kHost:

@@ -1,4 +1,4 @@
-#include "core/config_keys.h"
+#include "core/config/config_keys.h"
 
 #include <algorithm>
 #include <array>
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace strata::config_internal {
+namespace strata::config {
 
 namespace {
 
@@ -242,4 +242,4 @@ std::string Suggest(const SectionKeys& keys, std::string_view key) {
   return best;
 }
 
-}  // namespace strata::config_internal
+}  // namespace strata::config

@@ -16,7 +16,7 @@
 
 #include "strata/config.h"
 
-namespace strata::config_internal {
+namespace strata::config {
 
 using Json = nlohmann::ordered_json;
 
@@ -99,4 +99,4 @@ class Reader {
 // "a JSON string", "a number", ... for messages.
 std::string_view JsonTypeName(const Json& v);
 
-}  // namespace strata::config_internal
+}  // namespace strata::config

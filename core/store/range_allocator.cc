@@ -1,9 +1,9 @@
-#include "core/range_allocator.h"
+#include "core/store/range_allocator.h"
 
 #include <algorithm>
 #include <cassert>
 
-namespace strata::core {
+namespace strata::store {
 
 RangeAllocator::RangeAllocator(uint64_t capacity_bytes, uint64_t align_bytes)
     : capacity_(capacity_bytes / align_bytes * align_bytes), align_(align_bytes) {
@@ -48,4 +48,4 @@ uint64_t RangeAllocator::largest_free_bytes() const {
   return m;
 }
 
-}  // namespace strata::core
+}  // namespace strata::store

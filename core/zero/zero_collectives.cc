@@ -1,8 +1,8 @@
-#include "core/zero_collectives.h"
+#include "core/zero/zero_collectives.h"
 
 #include <string>
 
-namespace strata {
+namespace strata::zero {
 
 // A bucket could not be submitted after earlier ones were: those still use the caller's buffers,
 // so they must finish before the error returns. The ranks' collective sequences now differ (this
@@ -35,14 +35,14 @@ Result<std::vector<CommHandle>> ZeroCollectives::AllGatherGroups(const void* sha
                                                                  void* full_buf, size_t first,
                                                                  size_t end, size_t bucket_elems) {
   STRATA_RETURN_IF_ERROR(Check());
-  STRATA_ASSIGN_OR_RETURN(auto buckets, PlanBuckets(*plan_, first, end, bucket_elems));
+  STRATA_ASSIGN_OR_RETURN(auto buckets, sched::PlanBuckets(*plan_, first, end, bucket_elems));
   const size_t elt = DTypeSize(dtype_);
   std::vector<CommHandle> handles;
   std::vector<AllGatherPart> parts;
-  for (const GroupBucket& b : buckets) {
+  for (const sched::GroupBucket& b : buckets) {
     parts.clear();
     for (size_t g = b.first; g < b.end; ++g) {
-      const GroupShard& s = plan_->groups[g];
+      const sched::GroupShard& s = plan_->groups[g];
       parts.push_back(AllGatherPart{static_cast<const char*>(shard_buf) + s.shard_offset * elt,
                                     static_cast<char*>(full_buf) + s.full_offset * elt,
                                     s.shard_elems});
@@ -62,14 +62,14 @@ Result<std::vector<CommHandle>> ZeroCollectives::ReduceScatterGroups(const void*
                                                                      size_t bucket_elems,
                                                                      ReduceOptions options) {
   STRATA_RETURN_IF_ERROR(Check());
-  STRATA_ASSIGN_OR_RETURN(auto buckets, PlanBuckets(*plan_, first, end, bucket_elems));
+  STRATA_ASSIGN_OR_RETURN(auto buckets, sched::PlanBuckets(*plan_, first, end, bucket_elems));
   const size_t elt = DTypeSize(dtype_);
   std::vector<CommHandle> handles;
   std::vector<ReduceScatterPart> parts;
-  for (const GroupBucket& b : buckets) {
+  for (const sched::GroupBucket& b : buckets) {
     parts.clear();
     for (size_t g = b.first; g < b.end; ++g) {
-      const GroupShard& s = plan_->groups[g];
+      const sched::GroupShard& s = plan_->groups[g];
       parts.push_back(ReduceScatterPart{static_cast<const char*>(full_grads) + s.full_offset * elt,
                                         static_cast<char*>(shard_grads) + s.shard_offset * elt,
                                         s.shard_elems});
@@ -94,4 +94,4 @@ Status WaitAll(const std::vector<CommHandle>& handles,
   return first;
 }
 
-}  // namespace strata
+}  // namespace strata::zero

@@ -9,7 +9,7 @@
 #include <map>
 #include <optional>
 
-namespace strata::core {
+namespace strata::store {
 
 class RangeAllocator {
  public:
@@ -33,4 +33,4 @@ class RangeAllocator {
   std::map<uint64_t, uint64_t> free_;  // offset -> size, disjoint, never adjacent
 };
 
-}  // namespace strata::core
+}  // namespace strata::store

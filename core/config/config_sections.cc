@@ -2,9 +2,9 @@
 #include <algorithm>
 #include <cctype>
 
-#include "core/config_reader.h"
+#include "core/config/config_reader.h"
 
-namespace strata::config_internal {
+namespace strata::config {
 
 using Kind = ConfigDiagnostic::Kind;
 
@@ -154,4 +154,4 @@ void ReadSchedulerAndAio(Reader& r, Section& root, SchedulerConfig* sc, AioConfi
   ReadAio(r, root, aio);
 }
 
-}  // namespace strata::config_internal
+}  // namespace strata::config

@@ -1,4 +1,4 @@
-#include "nvme/nvme_bench.h"
+#include "nvme/bench/nvme_bench.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,12 +1,12 @@
-#include "core/config_reader.h"
+#include "core/config/config_reader.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
-#include "core/config_keys.h"
+#include "core/config/config_keys.h"
 
-namespace strata::config_internal {
+namespace strata::config {
 
 namespace {
 
@@ -325,4 +325,4 @@ void Reader::FinishSection(Section& s) {
   }
 }
 
-}  // namespace strata::config_internal
+}  // namespace strata::config

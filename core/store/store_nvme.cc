@@ -3,10 +3,10 @@
 // The IO thread that drives the space is in store_threads.cc.
 #include <algorithm>
 
-#include "core/store_internal.h"
+#include "core/store/store_internal.h"
 #include "nvme/swap_space.h"
 
-namespace strata::core {
+namespace strata::store {
 
 Status TieredStore::NvmeReadyFor(BlockId id) {
   {
@@ -28,7 +28,7 @@ Status TieredStore::OpenNvme() {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (nvme_state_ == NvmeState::kOpen) return nvme_status_;
-    if (budget_[2] == 0) {
+    if (budget_[Tier::kNvme] == 0) {
       return Status::FailedPrecondition("TieredStore::OpenNvme: the NVMe tier is disabled");
     }
     nvme_state_ = NvmeState::kOpening;  // Register of NVMe-homed blocks is refused from here
@@ -84,4 +84,4 @@ std::vector<std::string> TieredStore::nvme_files() const {
   return swap_ ? swap_->files() : std::vector<std::string>{};
 }
 
-}  // namespace strata::core
+}  // namespace strata::store

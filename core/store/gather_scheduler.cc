@@ -1,25 +1,9 @@
-#include "core/gather_scheduler.h"
+#include "core/store/gather_scheduler.h"
 
 #include <string>
 
-namespace strata::core {
-namespace {
-
-sched::Residency ToSched(Residency r) {
-  switch (r) {
-    case Residency::kInFlight:
-      return sched::Residency::kInFlight;
-    case Residency::kValid:
-    case Residency::kDirty:
-      return sched::Residency::kResident;
-    default:
-      return sched::Residency::kAbsent;
-  }
-}
-
-}  // namespace
-
-GatherScheduler::GatherScheduler(TieredStore* store, std::vector<BlockId> groups,
+namespace strata::store {
+GatherScheduler::GatherScheduler(Store* store, std::vector<BlockId> groups,
                                  const sched::PrefetchConfig& config)
     : store_(store), groups_(std::move(groups)), prefetcher_(config) {}
 
@@ -32,9 +16,9 @@ std::vector<sched::GroupView> GatherScheduler::Views() const {
   for (size_t i = 0; i < groups_.size(); ++i) {
     const BlockSpec& s = store_->spec(groups_[i]);
     v[i].size_bytes = s.size_bytes;
-    v[i].device = ToSched(store_->residency(groups_[i], Tier::kDevice));
-    v[i].host = ToSched(store_->residency(groups_[i], Tier::kHost));
-    v[i].nvme_home = s.home == Tier::kNvme;
+    v[i].device = store_->residency(groups_[i], Tier::kDevice);
+    v[i].host = store_->residency(groups_[i], Tier::kHost);
+    v[i].home = s.home;
   }
   return v;
 }
@@ -82,4 +66,4 @@ void GatherScheduler::Release(sched::GroupId g, Lease lease) {
   }
 }
 
-}  // namespace strata::core
+}  // namespace strata::store

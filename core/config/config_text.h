@@ -13,7 +13,7 @@
 
 #include "strata/config.h"
 
-namespace strata::config_internal {
+namespace strata::config {
 
 // Replaces `//`, `#` and `/* */` comments (outside strings) and trailing commas before `}` / `]`
 // by spaces, keeping newlines, so offsets in the result are offsets in `text`. An unterminated
@@ -44,4 +44,4 @@ void LocateDiagnostics(const KeyPositions& index, std::vector<ConfigDiagnostic>*
 // "a.b.c" from a path stack; array indices as "[i]".
 std::string JoinPath(const std::vector<std::string>& parts);
 
-}  // namespace strata::config_internal
+}  // namespace strata::config

@@ -1,13 +1,13 @@
-#include "kernels/adam_bench.h"
+#include "kernels/bench/adam_bench.h"
 
 #include <algorithm>
 #include <chrono>
 #include <thread>
 
 #include "kernels/adam.h"
+#include "kernels/bench/dram_bench.h"
 #include "kernels/buffer.h"
 #include "kernels/casts.h"
-#include "kernels/dram_bench.h"
 #include "kernels/pool.h"
 #include "kernels/simd.h"
 

@@ -1,9 +1,9 @@
-#include "core/config_text.h"
+#include "core/config/config_text.h"
 
 #include <cctype>
 #include <set>
 
-namespace strata::config_internal {
+namespace strata::config {
 
 namespace {
 
@@ -372,4 +372,4 @@ bool ParseJsonStrict(std::string_view stripped, nlohmann::ordered_json* out,
   return errors->size() == before;
 }
 
-}  // namespace strata::config_internal
+}  // namespace strata::config

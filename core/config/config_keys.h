@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace strata::config_internal {
+namespace strata::config {
 
 // Keys of one section (by dotted path: "", "zero_optimization", "zero_optimization.offload_param",
 // "fp16", ...): `acted` are read by strata, `known` are DeepSpeed keys strata keeps unread.
@@ -25,4 +25,4 @@ size_t EditDistance(std::string_view a, std::string_view b);
 // plausible typo (distance <= max(2, |key|/3), or one contains the other); "" otherwise.
 std::string Suggest(const SectionKeys& keys, std::string_view key);
 
-}  // namespace strata::config_internal
+}  // namespace strata::config

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <initializer_list>
 
-#include "core/config_reader.h"
+#include "core/config/config_reader.h"
 
-namespace strata::config_internal {
+namespace strata::config {
 
 using Kind = ConfigDiagnostic::Kind;
 
@@ -266,4 +266,4 @@ void CheckHere(Reader& r, const EngineConfig& c) {
   }
 }
 
-}  // namespace strata::config_internal
+}  // namespace strata::config
