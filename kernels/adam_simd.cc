@@ -41,27 +41,14 @@ HWY_INLINE void LoadGrad(DF df, const void* HWY_RESTRICT grad, size_t i, VF& g0,
     g0 = hn::LoadU(df, g);
     g1 = hn::LoadU(df, g + n);
   } else {
-    hn::Vec<hn::RebindToUnsigned<DF>> h0, h1;
-    Load16x2(df, static_cast<const uint16_t*>(grad) + i, h0, h1);
-    if constexpr (kGrad == simd::kElemBF16) {
-      g0 = Bf16BitsToF32(df, h0);
-      g1 = Bf16BitsToF32(df, h1);
-    } else {
-      g0 = F16BitsToF32(df, h0);
-      g1 = F16BitsToF32(df, h1);
-    }
+    Load16x2AsF32<kGrad == simd::kElemBF16>(df, static_cast<const uint16_t*>(grad) + i, g0, g1);
   }
 }
 
 template <int kOut>
 HWY_INLINE void StoreOut(DF df, VF p0, VF p1, void* HWY_RESTRICT out, size_t i, bool stream) {
   if constexpr (kOut != simd::kElemNone) {
-    uint16_t* o = static_cast<uint16_t*>(out) + i;
-    if constexpr (kOut == simd::kElemBF16) {
-      Store16x2(df, F32ToBf16Bits(df, p0), F32ToBf16Bits(df, p1), o, stream);
-    } else {
-      Store16x2(df, F32ToF16Bits(df, p0), F32ToF16Bits(df, p1), o, stream);
-    }
+    StoreF32As16x2<kOut == simd::kElemBF16>(df, p0, p1, static_cast<uint16_t*>(out) + i, stream);
   }
 }
 
