@@ -17,19 +17,23 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
+// The folded coefficients as scalars: Highway vectors may not live in structs (they are sizeless
+// on SVE and RVV). Update broadcasts them into local vectors; Loop holds this struct as a local
+// that nothing else can reach, so after inlining the compiler hoists the broadcasts out of the
+// loop.
 struct AdamCoeffs {
-  VF beta1, omb1, beta2, omb2, eps, step_size, inv_sqrt_bc2, decay, wd, gscale;
+  float beta1, omb1, beta2, omb2, eps, step_size, inv_sqrt_bc2, decay, wd, gscale;
 };
 
 template <bool kL2>
-HWY_INLINE void Update(const AdamCoeffs& c, VF g, VF& p, VF& m, VF& v) {
-  g = hn::Mul(g, c.gscale);
-  if (kL2) g = hn::MulAdd(c.wd, p, g);
-  p = hn::Mul(p, c.decay);
-  m = hn::MulAdd(c.omb1, g, hn::Mul(c.beta1, m));
-  v = hn::MulAdd(hn::Mul(c.omb2, g), g, hn::Mul(c.beta2, v));
-  const VF denom = hn::MulAdd(hn::Sqrt(v), c.inv_sqrt_bc2, c.eps);
-  p = hn::NegMulAdd(c.step_size, hn::Div(m, denom), p);
+HWY_INLINE void Update(DF df, const AdamCoeffs& c, VF g, VF& p, VF& m, VF& v) {
+  g = hn::Mul(g, hn::Set(df, c.gscale));
+  if (kL2) g = hn::MulAdd(hn::Set(df, c.wd), p, g);
+  p = hn::Mul(p, hn::Set(df, c.decay));
+  m = hn::MulAdd(hn::Set(df, c.omb1), g, hn::Mul(hn::Set(df, c.beta1), m));
+  v = hn::MulAdd(hn::Mul(hn::Set(df, c.omb2), g), g, hn::Mul(hn::Set(df, c.beta2), v));
+  const VF denom = hn::MulAdd(hn::Sqrt(v), hn::Set(df, c.inv_sqrt_bc2), hn::Set(df, c.eps));
+  p = hn::NegMulAdd(hn::Set(df, c.step_size), hn::Div(m, denom), p);
 }
 
 // Two fp32 vectors of gradient starting at element i.
@@ -41,27 +45,14 @@ HWY_INLINE void LoadGrad(DF df, const void* HWY_RESTRICT grad, size_t i, VF& g0,
     g0 = hn::LoadU(df, g);
     g1 = hn::LoadU(df, g + n);
   } else {
-    hn::Vec<hn::RebindToUnsigned<DF>> h0, h1;
-    Load16x2(df, static_cast<const uint16_t*>(grad) + i, h0, h1);
-    if constexpr (kGrad == simd::kElemBF16) {
-      g0 = Bf16BitsToF32(df, h0);
-      g1 = Bf16BitsToF32(df, h1);
-    } else {
-      g0 = F16BitsToF32(df, h0);
-      g1 = F16BitsToF32(df, h1);
-    }
+    Load16x2AsF32<kGrad == simd::kElemBF16>(df, static_cast<const uint16_t*>(grad) + i, g0, g1);
   }
 }
 
 template <int kOut>
 HWY_INLINE void StoreOut(DF df, VF p0, VF p1, void* HWY_RESTRICT out, size_t i, bool stream) {
   if constexpr (kOut != simd::kElemNone) {
-    uint16_t* o = static_cast<uint16_t*>(out) + i;
-    if constexpr (kOut == simd::kElemBF16) {
-      Store16x2(df, F32ToBf16Bits(df, p0), F32ToBf16Bits(df, p1), o, stream);
-    } else {
-      Store16x2(df, F32ToF16Bits(df, p0), F32ToF16Bits(df, p1), o, stream);
-    }
+    StoreF32As16x2<kOut == simd::kElemBF16>(df, p0, p1, static_cast<uint16_t*>(out) + i, stream);
   }
 }
 
@@ -76,8 +67,8 @@ HWY_INLINE void Body(DF df, const AdamCoeffs& c, float* HWY_RESTRICT master, flo
   VF p0 = hn::LoadU(df, master + i), p1 = hn::LoadU(df, master + i + n);
   VF m0 = hn::LoadU(df, m + i), m1 = hn::LoadU(df, m + i + n);
   VF v0 = hn::LoadU(df, v + i), v1 = hn::LoadU(df, v + i + n);
-  Update<kL2>(c, g0, p0, m0, v0);
-  Update<kL2>(c, g1, p1, m1, v1);
+  Update<kL2>(df, c, g0, p0, m0, v0);
+  Update<kL2>(df, c, g1, p1, m1, v1);
   StoreMaybeStream(df, p0, master + i, stream_state);
   StoreMaybeStream(df, p1, master + i + n, stream_state);
   StoreMaybeStream(df, m0, m + i, stream_state);
@@ -95,16 +86,8 @@ template <int kGrad, int kOut, bool kL2>
 void Loop(const simd::AdamArgs& a, size_t begin, size_t end) {
   const DF df;
   const size_t n = hn::Lanes(df);
-  const AdamCoeffs c{hn::Set(df, a.beta1),
-                     hn::Set(df, a.one_minus_beta1),
-                     hn::Set(df, a.beta2),
-                     hn::Set(df, a.one_minus_beta2),
-                     hn::Set(df, a.eps),
-                     hn::Set(df, a.step_size),
-                     hn::Set(df, a.inv_sqrt_bc2),
-                     hn::Set(df, a.decay),
-                     hn::Set(df, a.l2_weight_decay),
-                     hn::Set(df, a.grad_scale)};
+  const AdamCoeffs c{a.beta1,     a.one_minus_beta1, a.beta2, a.one_minus_beta2, a.eps,
+                     a.step_size, a.inv_sqrt_bc2,    a.decay, a.l2_weight_decay, a.grad_scale};
   const size_t vec_bytes = n * sizeof(float);  // a u16 vector of 2n lanes has the same size
   const bool stream_state = a.stream_state && Aligned(a.master + begin, vec_bytes) &&
                             Aligned(a.exp_avg + begin, vec_bytes) &&

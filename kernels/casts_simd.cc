@@ -18,11 +18,7 @@ template <bool kBf16>
 HWY_INLINE void NarrowBlock(DF df, const float* HWY_RESTRICT in, uint16_t* HWY_RESTRICT out) {
   const size_t n = hn::Lanes(df);
   const auto a = hn::LoadU(df, in), b = hn::LoadU(df, in + n);
-  if constexpr (kBf16) {
-    Store16x2(df, F32ToBf16Bits(df, a), F32ToBf16Bits(df, b), out, false);
-  } else {
-    Store16x2(df, F32ToF16Bits(df, a), F32ToF16Bits(df, b), out, false);
-  }
+  StoreF32As16x2<kBf16>(df, a, b, out, false);
 }
 
 template <bool kBf16>
@@ -43,15 +39,10 @@ void Narrow(const float* HWY_RESTRICT in, uint16_t* HWY_RESTRICT out, size_t cou
 template <bool kBf16>
 HWY_INLINE void WidenBlock(DF df, const uint16_t* HWY_RESTRICT in, float* HWY_RESTRICT out) {
   const size_t n = hn::Lanes(df);
-  hn::Vec<hn::RebindToUnsigned<DF>> lo, hi;
-  Load16x2(df, in, lo, hi);
-  if constexpr (kBf16) {
-    hn::StoreU(Bf16BitsToF32(df, lo), df, out);
-    hn::StoreU(Bf16BitsToF32(df, hi), df, out + n);
-  } else {
-    hn::StoreU(F16BitsToF32(df, lo), df, out);
-    hn::StoreU(F16BitsToF32(df, hi), df, out + n);
-  }
+  hn::Vec<DF> lo, hi;
+  Load16x2AsF32<kBf16>(df, in, lo, hi);
+  hn::StoreU(lo, df, out);
+  hn::StoreU(hi, df, out + n);
 }
 
 template <bool kBf16>

@@ -1,11 +1,17 @@
-// Per-target helpers shared by the SIMD kernels: exact fp32 <-> bf16 / fp16 conversions built
-// from integer and plain float operations, identical on every Highway target.
+// Per-target helpers shared by the SIMD kernels: exact fp32 <-> bf16 / fp16 conversions that give
+// the same bits on every Highway target.
 //
-// Why by hand: Highway 1.0.3's DemoteTo(bf16) truncates, and its fp16 conversions differ by
-// target (F16C on AVX2+, emulation below). These match strata::FloatToBf16 / FloatToHalf /
-// HalfToFloat (include/strata/dtype.h) bit for bit: round to nearest, ties to even; NaN stays a
-// quiet NaN with its sign and top payload bits; fp16 overflow gives Inf. They assume the default
-// floating-point environment (round to nearest, no flush-to-zero), as every strata thread has.
+// They match strata::FloatToBf16 / FloatToHalf / HalfToFloat (include/strata/dtype.h) bit for bit:
+// round to nearest, ties to even; NaN stays a quiet NaN with its sign and top payload bits (a
+// widened fp16 NaN keeps its payload as is, signaling or not); fp16 overflow gives Inf. They
+// assume the default floating-point environment (round to nearest, no flush-to-zero), as every
+// strata thread has.
+//
+// How: bf16 by hand everywhere, from integer and plain float operations (Highway 1.0.3's
+// DemoteTo(bf16) truncates). fp16 in hardware where the target has it (F16C with AVX2, AVX-512F:
+// Highway's f16 PromoteTo / DemoteTo are vcvtph2ps / vcvtps2ph with round to nearest even), by
+// hand below that (Highway's emulation there truncates and loses Inf and NaN). vcvtps2ph gives
+// FloatToHalf's bits exactly; vcvtph2ps quiets a signaling NaN, so its NaN lanes are fixed up.
 //
 // Included by kernels/*_simd.cc after hwy/highway.h, once per target (the guard toggles).
 #if defined(STRATA_KERNELS_CONVERT_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -16,6 +22,14 @@
 #endif
 
 #include "hwy/highway.h"
+
+// 1 where this target converts fp16 in hardware (see the top); redefined for each target.
+#undef STRATA_KERNELS_HW_F16
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+#define STRATA_KERNELS_HW_F16 1
+#else
+#define STRATA_KERNELS_HW_F16 0
+#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace strata::kernels::HWY_NAMESPACE {
@@ -105,6 +119,30 @@ HWY_INLINE void Load16x2(DF df, const uint16_t* HWY_RESTRICT p,
   hi = hn::PromoteTo(du, hn::LoadU(dh, p + n));
 }
 
+// Stores two u16 vectors of Lanes(df) values each as 2 * Lanes(df) consecutive uint16_t, low half
+// first; streaming (non-temporal) when `stream` (REQUIRES: p vector-aligned then).
+template <class DF>
+HWY_INLINE void StoreHalves16(DF df, hn::Vec<hn::Rebind<uint16_t, DF>> lo,
+                              hn::Vec<hn::Rebind<uint16_t, DF>> hi, uint16_t* HWY_RESTRICT p,
+                              bool stream) {
+#if HWY_TARGET == HWY_SCALAR
+  // One lane: no full u16 vector to form; two plain stores.
+  (void)df;
+  (void)stream;
+  const hn::Rebind<uint16_t, DF> dh;
+  hn::StoreU(lo, dh, p);
+  hn::StoreU(hi, dh, p + 1);
+#else
+  const hn::Repartition<uint16_t, DF> d16;
+  const auto v = hn::Combine(d16, hi, lo);
+  if (stream) {
+    hn::Stream(v, d16, p);
+  } else {
+    hn::StoreU(v, d16, p);
+  }
+#endif
+}
+
 // Stores two u32 vectors of 16-bit values (each <= 0xffff) as 2 * Lanes(df) consecutive uint16_t,
 // low half first; streaming (non-temporal) when `stream` (REQUIRES: p vector-aligned then).
 template <class DF>
@@ -113,21 +151,65 @@ HWY_INLINE void Store16x2(DF df, hn::Vec<hn::RebindToUnsigned<DF>> lo,
                           bool stream) {
   const hn::RebindToSigned<DF> di;
   const hn::Rebind<uint16_t, DF> dh;
-#if HWY_TARGET == HWY_SCALAR
-  // One lane: no full u16 vector to form; two plain stores.
-  (void)stream;
-  hn::StoreU(hn::DemoteTo(dh, hn::BitCast(di, lo)), dh, p);
-  hn::StoreU(hn::DemoteTo(dh, hn::BitCast(di, hi)), dh, p + 1);
-#else
-  const hn::Repartition<uint16_t, DF> d16;
-  const auto v = hn::Combine(d16, hn::DemoteTo(dh, hn::BitCast(di, hi)),
-                             hn::DemoteTo(dh, hn::BitCast(di, lo)));
-  if (stream) {
-    hn::Stream(v, d16, p);
-  } else {
-    hn::StoreU(v, d16, p);
-  }
+  StoreHalves16(df, hn::DemoteTo(dh, hn::BitCast(di, lo)), hn::DemoteTo(dh, hn::BitCast(di, hi)), p,
+                stream);
+}
+
+#if STRATA_KERNELS_HW_F16
+// Lanes(df) fp16 values at p -> fp32 by vcvtph2ps. That sets the quiet bit (22) of a signaling
+// NaN, which HalfToFloat keeps clear: clear it again in NaN lanes whose fp16 quiet bit (9) is 0.
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadF16AsF32(DF df, const uint16_t* HWY_RESTRICT p) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint16_t, DF> dh;
+  const hn::Rebind<hwy::float16_t, DF> df16;
+  const auto h = hn::LoadU(dh, p);
+  const hn::Vec<DF> f = hn::PromoteTo(df, hn::BitCast(df16, h));
+  const auto signaling = hn::AndNot(hn::ShiftLeft<13>(hn::PromoteTo(du, h)), hn::Set(du, 1u << 22));
+  const auto is_nan = hn::RebindMask(du, hn::IsNaN(f));
+  return hn::BitCast(df, hn::Xor(hn::BitCast(du, f), hn::IfThenElseZero(is_nan, signaling)));
+}
 #endif
+
+// Loads 2 * Lanes(df) bf16 (kBf16) or fp16 values and widens them exactly to fp32, low half first.
+template <bool kBf16, class DF>
+HWY_INLINE void Load16x2AsF32(DF df, const uint16_t* HWY_RESTRICT p, hn::Vec<DF>& lo,
+                              hn::Vec<DF>& hi) {
+  if constexpr (kBf16) {
+    hn::Vec<hn::RebindToUnsigned<DF>> a, b;
+    Load16x2(df, p, a, b);
+    lo = Bf16BitsToF32(df, a);
+    hi = Bf16BitsToF32(df, b);
+  } else {
+#if STRATA_KERNELS_HW_F16
+    lo = LoadF16AsF32(df, p);
+    hi = LoadF16AsF32(df, p + hn::Lanes(df));
+#else
+    hn::Vec<hn::RebindToUnsigned<DF>> a, b;
+    Load16x2(df, p, a, b);
+    lo = F16BitsToF32(df, a);
+    hi = F16BitsToF32(df, b);
+#endif
+  }
+}
+
+// Rounds two fp32 vectors to bf16 (kBf16) or fp16 and stores them as 2 * Lanes(df) consecutive
+// values, low half first; streaming (non-temporal) when `stream` (REQUIRES: p vector-aligned then).
+template <bool kBf16, class DF>
+HWY_INLINE void StoreF32As16x2(DF df, hn::Vec<DF> lo, hn::Vec<DF> hi, uint16_t* HWY_RESTRICT p,
+                               bool stream) {
+  if constexpr (kBf16) {
+    Store16x2(df, F32ToBf16Bits(df, lo), F32ToBf16Bits(df, hi), p, stream);
+  } else {
+#if STRATA_KERNELS_HW_F16
+    const hn::Rebind<uint16_t, DF> dh;
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    StoreHalves16(df, hn::BitCast(dh, hn::DemoteTo(df16, lo)),
+                  hn::BitCast(dh, hn::DemoteTo(df16, hi)), p, stream);
+#else
+    Store16x2(df, F32ToF16Bits(df, lo), F32ToF16Bits(df, hi), p, stream);
+#endif
+  }
 }
 
 // Stores a full vector, streaming (non-temporal) when `stream` (REQUIRES: p aligned then).

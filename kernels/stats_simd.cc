@@ -47,15 +47,7 @@ HWY_INLINE void Load2(DF df, const void* HWY_RESTRICT g, size_t i, VF& a, VF& b)
     a = hn::LoadU(df, static_cast<const float*>(g) + i);
     b = hn::LoadU(df, static_cast<const float*>(g) + i + n);
   } else {
-    hn::Vec<hn::RebindToUnsigned<DF>> lo, hi;
-    Load16x2(df, static_cast<const uint16_t*>(g) + i, lo, hi);
-    if constexpr (kElem == simd::kElemBF16) {
-      a = Bf16BitsToF32(df, lo);
-      b = Bf16BitsToF32(df, hi);
-    } else {
-      a = F16BitsToF32(df, lo);
-      b = F16BitsToF32(df, hi);
-    }
+    Load16x2AsF32<kElem == simd::kElemBF16>(df, static_cast<const uint16_t*>(g) + i, a, b);
   }
 }
 
