@@ -7,30 +7,12 @@
 #include <mutex>
 #include <thread>
 
+#include "gpu/cuda_check.h"
+
 namespace strata {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string Where(const char* call, const char* file, int line) {
-  return std::string(call) + " at " + file + ":" + std::to_string(line);
-}
-
-Status CudaStatus(cudaError_t e, const char* call, const char* file, int line) {
-  const std::string msg =
-      Where(call, file, line) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
-  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorInvalidDevice) {
-    return Status::Unavailable(msg);
-  }
-  return Status::Internal(msg);
-}
-
-// One macro per library (STYLE.md): a failed call becomes a Status naming the call and place.
-#define STRATA_CUDA_RETURN(call)                                             \
-  do {                                                                       \
-    const cudaError_t e_ = (call);                                           \
-    if (e_ != cudaSuccess) return CudaStatus(e_, #call, __FILE__, __LINE__); \
-  } while (0)
 
 Status NcclStatus(ncclResult_t r, const std::string& what, ncclComm_t comm) {
   std::string msg = what + ": " + ncclGetErrorString(r);
@@ -326,7 +308,7 @@ class NcclCommunicator final : public Communicator {
     }
     STRATA_RETURN_IF_ERROR(state_->PollLocked(what, deadline));
     cudaEvent_t ev = nullptr;
-    STRATA_CUDA_RETURN(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     const cudaError_t rec = cudaEventRecord(ev, stream_);
     if (rec != cudaSuccess) {
       cudaEventDestroy(ev);
@@ -359,12 +341,12 @@ Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclCommOptio
   }
   if (o.timeout.count() <= 0) return Status::InvalidArgument("nccl: timeout must be > 0");
   int count = 0;
-  STRATA_CUDA_RETURN(cudaGetDeviceCount(&count));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
   if (o.device < 0 || o.device >= count) {
     return Status::InvalidArgument("nccl: device " + std::to_string(o.device) + " not in [0, " +
                                    std::to_string(count) + ")");
   }
-  STRATA_CUDA_RETURN(cudaSetDevice(o.device));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
 
   std::vector<uint8_t> uid = o.unique_id;
   if (uid.empty()) {

@@ -1,21 +1,39 @@
 // NcclCommunicator on the GPUs present (label gpu; skipped without a GPU): every operation and
 // dtype at world size 1 against a local reference, pre-division, and a peer that never joins
-// making initialization fail at the deadline (aborted, no hang).
+// making initialization fail at the deadline (aborted, no hang). The CUDA error mapping tests run
+// without a GPU: they inject errors into cudaGetDeviceCount (below).
 #include "gpu/nccl_comm.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 
 #include "cpu/rendezvous.h"
+#include "gpu/cuda_check.h"
+#include "strata/device.h"
 #include "tests/comm_test_util.h"
 #include "tests/multiprocess.h"
+
+// Error injection: this binary defines cudaGetDeviceCount itself, so the linker binds the library
+// code under test to this one instead of libcudart's. It returns the injected error when one is
+// set and otherwise forwards to the real runtime, so the GPU tests see the GPUs as usual.
+static std::atomic<cudaError_t> g_injected_cuda_error{cudaSuccess};
+
+extern "C" cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
+  const cudaError_t injected = g_injected_cuda_error.load();
+  if (injected != cudaSuccess) return injected;
+  using Fn = cudaError_t (*)(int*);
+  static const Fn real = reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, "cudaGetDeviceCount"));
+  return real != nullptr ? real(count) : cudaErrorUnknown;
+}
 
 namespace strata {
 namespace {
@@ -122,6 +140,46 @@ TEST(NcclComm, BadUniqueIdIsRejected) {
   ASSERT_FALSE(c.ok());
   EXPECT_TRUE(c.status().IsInvalidArgument()) << c.status().ToString();
   EXPECT_NE(c.status().ToString().find("unique_id has 3 bytes"), std::string::npos);
+}
+
+// Makes cudaGetDeviceCount fail with `err` for its lifetime.
+struct InjectCudaError {
+  explicit InjectCudaError(cudaError_t err) { g_injected_cuda_error = err; }
+  ~InjectCudaError() { g_injected_cuda_error = cudaSuccess; }
+};
+
+TEST(CudaStatus, MapsErrorsToCodes) {
+  EXPECT_TRUE(CudaStatus(cudaSuccess, "f()", "x.cc", 1).ok());
+  const Status oom = CudaStatus(cudaErrorMemoryAllocation, "cudaMalloc(&p, n)", "x.cc", 7);
+  EXPECT_TRUE(oom.IsResourceExhausted()) << oom.ToString();
+  EXPECT_NE(oom.message().find("cudaMalloc(&p, n)"), std::string::npos) << oom.ToString();
+  EXPECT_NE(oom.message().find("cudaErrorMemoryAllocation"), std::string::npos);
+  EXPECT_NE(oom.message().find("x.cc:7"), std::string::npos) << oom.ToString();
+  for (cudaError_t e : {cudaErrorNoDevice, cudaErrorInsufficientDriver, cudaErrorInvalidDevice}) {
+    EXPECT_TRUE(CudaStatus(e, "f()", "x.cc", 1).IsUnavailable()) << cudaGetErrorName(e);
+  }
+  EXPECT_EQ(CudaStatus(cudaErrorLaunchFailure, "f()", "x.cc", 1).code(), Status::Code::kInternal);
+}
+
+// Issue 9: nccl_comm.cc had its own CUDA mapping, which turned out-of-memory into Internal. Both
+// CUDA users now map a CUDA error the same way (cuda_check.h).
+TEST(CudaStatus, NcclAndDeviceMapCudaErrorsAlike) {
+  NcclCommOptions o;
+  o.unique_id.assign(128, 0);
+  const std::pair<cudaError_t, Status::Code> cases[] = {
+      {cudaErrorMemoryAllocation, Status::Code::kResourceExhausted},
+      {cudaErrorNoDevice, Status::Code::kUnavailable},
+      {cudaErrorLaunchFailure, Status::Code::kInternal},
+  };
+  for (const auto& [err, code] : cases) {
+    InjectCudaError inject(err);
+    const Status nccl = CreateNcclCommunicator(o).status();
+    EXPECT_EQ(nccl.code(), code) << nccl.ToString();
+    EXPECT_NE(nccl.message().find("cudaGetDeviceCount"), std::string::npos) << nccl.ToString();
+    EXPECT_NE(nccl.message().find(cudaGetErrorName(err)), std::string::npos) << nccl.ToString();
+    const Status dev = CreateCudaDevice({}).status();
+    EXPECT_EQ(dev.code(), code) << dev.ToString();
+  }
 }
 
 // ---------------------------------------------------------------------------
