@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <string>
 
+#include "sched/placement.h"
+
 namespace strata {
 namespace {
 
@@ -26,28 +28,12 @@ std::string Fmt(double v) {
 
 struct Builder {
   Placement& p;
+  const sched::StatePlacement& rules;
   void Add(Tier tier, std::string name, double bytes, bool pinned = false) {
     if (bytes <= 0) return;
     p.items.push_back(PlanItem{tier, std::move(name), bytes, pinned});
   }
 };
-
-// DeepSpeed's rules for offload below stage 3 (each change recorded as a note).
-void ApplyOffloadRules(int stage, OffloadDevice& opt, OffloadDevice& param,
-                       std::vector<std::string>& notes) {
-  if (stage == 0 && opt != OffloadDevice::kNone) {
-    notes.push_back("offload_optimizer needs ZeRO stage >= 1: ignored at stage 0");
-    opt = OffloadDevice::kNone;
-  }
-  if (stage < 3 && opt == OffloadDevice::kNvme) {
-    notes.push_back("offload_optimizer to nvme needs stage 3: DeepSpeed offloads to cpu instead");
-    opt = OffloadDevice::kCpu;
-  }
-  if (stage < 3 && param != OffloadDevice::kNone) {
-    notes.push_back("offload_param needs stage 3: ignored at stage " + std::to_string(stage));
-    param = OffloadDevice::kNone;
-  }
-}
 
 void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   const Recipe& r = in.recipe;
@@ -58,17 +44,17 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   const bool param_off = b.p.offload_param != OffloadDevice::kNone;
   const bool overlap = z.overlap_comm.value_or(stage == 3);
 
-  if (stage < 3) {
+  if (!b.rules.params_partitioned) {
     b.Add(Tier::kDevice, "params, full replica", r.param_bytes * psi);
   } else if (!param_off) {
     b.Add(Tier::kDevice, "params, 1/N shard", r.param_bytes * shard);
   }
-  if (stage < 2) {
+  if (!b.rules.grads_partitioned) {
     b.Add(Tier::kDevice, "grads, full replica", r.grad_bytes * psi);
   } else if (!opt_off) {
     b.Add(Tier::kDevice, "grads, 1/N shard", r.grad_bytes * shard);
   }
-  if (stage == 0) {
+  if (!b.rules.optimizer_partitioned) {
     b.Add(Tier::kDevice, "optimizer state (master+m+v), full replica", r.OptimizerBytes() * psi);
   } else if (!opt_off) {
     b.Add(Tier::kDevice, "optimizer state (master+m+v), 1/N shard", r.OptimizerBytes() * shard);
@@ -372,10 +358,12 @@ Status ValidatePlanInput(const PlanInput& in) {
 Placement Place(const PlanInput& in, int stage, OffloadDevice optimizer, OffloadDevice param) {
   Placement p;
   p.stage = stage;
-  ApplyOffloadRules(stage, optimizer, param, p.notes);
-  p.offload_optimizer = optimizer;
-  p.offload_param = param;
-  Builder b{p};
+  // The rules the engine applies too (sched/placement.h).
+  sched::StatePlacement rules = sched::ResolvePlacement(stage, optimizer, param);
+  p.notes = std::move(rules.notes);
+  p.offload_optimizer = rules.offload_optimizer;
+  p.offload_param = rules.offload_param;
+  Builder b{p, rules};
   PlaceHbm(in, stage, b);
   PlaceOffload(in, stage, b);
   for (const PlanItem& it : p.items) {
