@@ -1,6 +1,6 @@
 // A rank program for the launcher tests: connects through the rendezvous the environment describes
-// (RendezvousConfig::FromEnv), all-reduces rank+1 and prints the sum. `comm_rank_main die K`: rank
-// K exits with code 3 right after setup and the others report the failed collective (exit 4).
+// (cpu::RendezvousConfig::FromEnv), all-reduces rank+1 and prints the sum. `comm_rank_main die K`:
+// rank K exits with code 3 right after setup and the others report the failed collective (exit 4).
 // Exit 2: bad rendezvous settings (message on stderr).
 #include <unistd.h>
 #include <cstdio>
@@ -8,17 +8,17 @@
 #include <string>
 
 #include "cpu/gloo_comm.h"
-#include "cpu/rendezvous.h"
+#include "cpu/rendezvous/rendezvous.h"
 
 int main(int argc, char** argv) {
   using namespace strata;
-  auto cfg = RendezvousConfig::FromEnv();
+  auto cfg = cpu::RendezvousConfig::FromEnv();
   if (!cfg.ok()) {
     std::fprintf(stderr, "%s\n", cfg.status().ToString().c_str());
     return 2;
   }
   const int die = argc > 2 && std::string(argv[1]) == "die" ? std::atoi(argv[2]) : -1;
-  auto store = OpenRendezvousStore(*cfg);
+  auto store = cpu::OpenRendezvousStore(*cfg);
   if (!store.ok()) {
     std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
     return 2;

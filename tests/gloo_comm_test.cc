@@ -17,7 +17,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include "cpu/rendezvous.h"
+#include "cpu/rendezvous/rendezvous.h"
 #include "tests/comm_test_util.h"
 #include "tests/multiprocess.h"
 
@@ -59,7 +59,7 @@ struct Job {
 Result<Job> Connect(const std::string& dir, int rank, int world, size_t scratch_elems = 1 << 20,
                     milliseconds timeout = milliseconds(30000)) {
   Job job;
-  STRATA_ASSIGN_OR_RETURN(auto fs, FileKvStore::Open(dir));
+  STRATA_ASSIGN_OR_RETURN(auto fs, cpu::FileKvStore::Open(dir));
   job.store = std::move(fs);
   GlooCommOptions o;
   o.rank = rank;
@@ -272,7 +272,7 @@ TEST(GlooComm, ManyOpsInFlightCompleteInOrder) {
   const std::string dir = testing::UniqueTestDir("gloo_async");
   auto codes = RunRanks(2, [&](int r) -> std::string {
     Job job;
-    auto fs = FileKvStore::Open(dir);
+    auto fs = cpu::FileKvStore::Open(dir);
     if (!fs.ok()) return fs.status().ToString();
     job.store = std::move(*fs);
     GlooCommOptions o;
@@ -330,7 +330,7 @@ TEST(GlooComm, AbortWakesASubmitterWaitingForQueueSpace) {
   int release[2];
   ASSERT_EQ(::pipe(release), 0);  // rank 0 -> rank 1: "you may exit now"
   auto codes = RunRanks(2, [&](int r) -> std::string {
-    auto fs = FileKvStore::Open(dir);
+    auto fs = cpu::FileKvStore::Open(dir);
     if (!fs.ok()) return fs.status().ToString();
     GlooCommOptions o;
     o.rank = r;
@@ -470,7 +470,7 @@ TEST(GlooComm, MissingPeerGivesClearRendezvousError) {
 }
 
 TEST(GlooComm, BadTransportHostnameGivesClearError) {
-  auto fs = FileKvStore::Open(testing::UniqueTestDir("gloo_badhost"));
+  auto fs = cpu::FileKvStore::Open(testing::UniqueTestDir("gloo_badhost"));
   ASSERT_TRUE(fs.ok());
   GlooCommOptions o;
   o.rank = 0;
@@ -523,7 +523,7 @@ TEST(GlooComm, TcpStoreRendezvousWorks) {
     ::close(fd);
   }
   auto codes = RunRanks(2, [&](int r) -> std::string {
-    auto store = TcpKvStore::Open("127.0.0.1", port, r == 0, milliseconds(20000));
+    auto store = cpu::TcpKvStore::Open("127.0.0.1", port, r == 0, milliseconds(20000));
     if (!store.ok()) return store.status().ToString();
     GlooCommOptions o;
     o.rank = r;

@@ -16,7 +16,7 @@
 #include <cstring>
 #include <thread>
 
-#include "cpu/rendezvous.h"
+#include "cpu/rendezvous/rendezvous.h"
 #include "gpu/cuda_check.h"
 #include "strata/device.h"
 #include "tests/comm_test_util.h"
@@ -237,7 +237,7 @@ TEST(NcclRank, DISABLED_Body) {
   if (rank_s == nullptr) GTEST_SKIP() << "run by the two-rank tests only";
   const int r = std::atoi(rank_s), w = std::atoi(std::getenv("STRATA_NCCL_WORLD"));
   const std::string mode = std::getenv("STRATA_NCCL_MODE");
-  auto store = FileKvStore::Open(std::getenv("STRATA_NCCL_DIR"));
+  auto store = cpu::FileKvStore::Open(std::getenv("STRATA_NCCL_DIR"));
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   NcclCommOptions o;
   o.rank = r;

@@ -1,6 +1,6 @@
 // Rendezvous configuration from the environment and the two stores, including the errors a user
 // sees for bad settings.
-#include "cpu/rendezvous.h"
+#include "cpu/rendezvous/rendezvous.h"
 
 #include <gtest/gtest.h>
 
@@ -21,8 +21,8 @@ namespace {
 
 using std::chrono::milliseconds;
 
-Result<RendezvousConfig> FromMap(const std::map<std::string, std::string>& env) {
-  return RendezvousConfig::FromEnv([&](const char* name) -> const char* {
+Result<cpu::RendezvousConfig> FromMap(const std::map<std::string, std::string>& env) {
+  return cpu::RendezvousConfig::FromEnv([&](const char* name) -> const char* {
     auto it = env.find(name);
     return it == env.end() ? nullptr : it->second.c_str();
   });
@@ -77,13 +77,13 @@ TEST(RendezvousConfig, BadSettingsNameTheVariable) {
 }
 
 TEST(TcpKvStore, UnresolvableHostAndAbsentServerGiveClearErrors) {
-  auto bad = TcpKvStore::Open("no-such-host.invalid", 29500, false, milliseconds(200));
+  auto bad = cpu::TcpKvStore::Open("no-such-host.invalid", 29500, false, milliseconds(200));
   ASSERT_FALSE(bad.ok());
   EXPECT_TRUE(bad.status().IsInvalidArgument()) << bad.status().ToString();
   EXPECT_NE(bad.status().ToString().find("no-such-host.invalid"), std::string::npos);
   // Port 1 on loopback: nobody listens (and we are not allowed to), so connect is refused.
   const auto t0 = std::chrono::steady_clock::now();
-  auto absent = TcpKvStore::Open("127.0.0.1", 1, false, milliseconds(300));
+  auto absent = cpu::TcpKvStore::Open("127.0.0.1", 1, false, milliseconds(300));
   ASSERT_FALSE(absent.ok());
   EXPECT_TRUE(absent.status().IsDeadlineExceeded()) << absent.status().ToString();
   EXPECT_NE(absent.status().ToString().find("127.0.0.1:1"), std::string::npos);
@@ -92,17 +92,17 @@ TEST(TcpKvStore, UnresolvableHostAndAbsentServerGiveClearErrors) {
 
 TEST(TcpKvStore, ServerAndClientsExchangeKeys) {
   // Let the kernel pick a port for the server: bind port 0 is not exposed, so probe a few.
-  std::unique_ptr<TcpKvStore> server;
+  std::unique_ptr<cpu::TcpKvStore> server;
   int port = 0;
   for (int p = 29600 + (::getpid() % 2000); p < 29600 + (::getpid() % 2000) + 50 && !server; ++p) {
-    auto s = TcpKvStore::Open("127.0.0.1", p, true, milliseconds(2000));
+    auto s = cpu::TcpKvStore::Open("127.0.0.1", p, true, milliseconds(2000));
     if (s.ok()) {
       server = std::move(*s);
       port = p;
     }
   }
   ASSERT_TRUE(server) << "no free port";
-  auto client = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+  auto client = cpu::TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   std::thread late([&] {
     std::this_thread::sleep_for(milliseconds(50));
@@ -127,7 +127,7 @@ TEST(TcpKvStore, ServerAndClientsExchangeKeys) {
 }
 
 TEST(FileKvStore, SetGetAndTimeout) {
-  auto s = FileKvStore::Open(testing::UniqueTestDir("filekv"));
+  auto s = cpu::FileKvStore::Open(testing::UniqueTestDir("filekv"));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   const std::vector<uint8_t> v = {9, 8};
   ASSERT_TRUE((*s)->Set("a/b c", v).ok());
@@ -137,7 +137,7 @@ TEST(FileKvStore, SetGetAndTimeout) {
   auto missing = (*s)->Get("zzz", milliseconds(50));
   ASSERT_FALSE(missing.ok());
   EXPECT_TRUE(missing.status().IsDeadlineExceeded());
-  auto notdir = FileKvStore::Open("/proc/version");
+  auto notdir = cpu::FileKvStore::Open("/proc/version");
   EXPECT_FALSE(notdir.ok());
 }
 
@@ -156,8 +156,8 @@ TEST(RendezvousConfig, RunIdScopesKeysSoAReusedDirectoryHoldsNoStaleValues) {
       {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"STRATA_RDZV_DIR", dir}, {"STRATA_RUN_ID", "run2"}});
   ASSERT_TRUE(run1.ok() && run2.ok());
   EXPECT_EQ(run1->run_id, "run1");
-  auto s1 = OpenRendezvousStore(*run1);
-  auto s2 = OpenRendezvousStore(*run2);
+  auto s1 = cpu::OpenRendezvousStore(*run1);
+  auto s2 = cpu::OpenRendezvousStore(*run2);
   ASSERT_TRUE(s1.ok() && s2.ok());
   const std::vector<uint8_t> old_addr = {1, 2, 3};
   ASSERT_TRUE((*s1)->Set("strata/gloo/rank_0", old_addr).ok());
@@ -211,7 +211,7 @@ TEST(TcpKvStore, ARequestThatTimedOutMakesTheConnectionUnusable) {
     std::this_thread::sleep_for(milliseconds(200));
     ::close(c);
   });
-  auto client = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(150));
+  auto client = cpu::TcpKvStore::Open("127.0.0.1", port, false, milliseconds(150));
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   auto first = (*client)->Get("slow", milliseconds(10));
   EXPECT_TRUE(first.status().IsDeadlineExceeded()) << first.status().ToString();
@@ -227,9 +227,9 @@ TEST(TcpKvStore, ARequestThatTimedOutMakesTheConnectionUnusable) {
   ::close(lfd);
 }
 
-std::unique_ptr<TcpKvStore> ServerOnSomePort(int* port, int max_clients) {
+std::unique_ptr<cpu::TcpKvStore> ServerOnSomePort(int* port, int max_clients) {
   for (int p = 33600 + (::getpid() % 2000); p < 33600 + (::getpid() % 2000) + 50; ++p) {
-    auto s = TcpKvStore::Open("127.0.0.1", p, true, milliseconds(2000), max_clients);
+    auto s = cpu::TcpKvStore::Open("127.0.0.1", p, true, milliseconds(2000), max_clients);
     if (s.ok()) {
       *port = p;
       return std::move(*s);
@@ -241,10 +241,10 @@ std::unique_ptr<TcpKvStore> ServerOnSomePort(int* port, int max_clients) {
 TEST(TcpKvStore, ServerForgetsClientsThatLeft) {
   // More clients over its lifetime than it may serve at once: each one must still be served.
   int port = 0;
-  auto server = ServerOnSomePort(&port, TcpKvStore::kMaxClients);
+  auto server = ServerOnSomePort(&port, cpu::TcpKvStore::kMaxClients);
   ASSERT_TRUE(server) << "no free port";
-  for (int i = 0; i < TcpKvStore::kMaxClients + 100; ++i) {
-    auto c = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+  for (int i = 0; i < cpu::TcpKvStore::kMaxClients + 100; ++i) {
+    auto c = cpu::TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
     ASSERT_TRUE(c.ok()) << "client " << i << ": " << c.status().ToString();
     const Status st = (*c)->Set("k", std::vector<uint8_t>{static_cast<uint8_t>(i)});
     ASSERT_TRUE(st.ok()) << "client " << i << ": " << st.ToString();
@@ -256,10 +256,10 @@ TEST(TcpKvStore, AClientOverTheLimitGetsAClearError) {
   int port = 0;
   auto server = ServerOnSomePort(&port, /*max_clients=*/2);  // the server's own client is one
   ASSERT_TRUE(server) << "no free port";
-  auto a = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+  auto a = cpu::TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE((*a)->Set("a", std::vector<uint8_t>{1}).ok());
-  auto b = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+  auto b = cpu::TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
   ASSERT_TRUE(b.ok());
   const Status refused = (*b)->Set("b", std::vector<uint8_t>{1});
   EXPECT_TRUE(refused.IsUnavailable()) << refused.ToString();
@@ -269,7 +269,7 @@ TEST(TcpKvStore, AClientOverTheLimitGetsAClearError) {
   a->reset();
   bool served = false;
   for (int attempt = 0; attempt < 100 && !served; ++attempt) {
-    auto c = TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+    auto c = cpu::TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
     ASSERT_TRUE(c.ok());
     served = (*c)->Set("c", std::vector<uint8_t>{1}).ok();
     if (!served) std::this_thread::sleep_for(milliseconds(20));
@@ -278,9 +278,9 @@ TEST(TcpKvStore, AClientOverTheLimitGetsAClearError) {
 }
 
 TEST(TcpKvStore, DeleteRemovesAKey) {
-  std::unique_ptr<TcpKvStore> server;
+  std::unique_ptr<cpu::TcpKvStore> server;
   for (int p = 31600 + (::getpid() % 2000); p < 31600 + (::getpid() % 2000) + 50 && !server; ++p) {
-    auto s = TcpKvStore::Open("127.0.0.1", p, true, milliseconds(2000));
+    auto s = cpu::TcpKvStore::Open("127.0.0.1", p, true, milliseconds(2000));
     if (s.ok()) server = std::move(*s);
   }
   ASSERT_TRUE(server) << "no free port";

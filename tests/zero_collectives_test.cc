@@ -9,7 +9,7 @@
 
 #include "core/zero/zero_collectives.h"
 #include "cpu/gloo_comm.h"
-#include "cpu/rendezvous.h"
+#include "cpu/rendezvous/rendezvous.h"
 #include "sched/zero_partition.h"
 #include "strata/planner.h"
 #include "tests/multiprocess.h"
@@ -75,7 +75,7 @@ float Grad(int r, size_t g, size_t j) {
 }
 
 std::string RunZeroStep(int r, int world, const std::string& dir, size_t bucket_elems) {
-  auto fs = FileKvStore::Open(dir);
+  auto fs = cpu::FileKvStore::Open(dir);
   if (!fs.ok()) return fs.status().ToString();
   GlooCommOptions o;
   o.rank = r;

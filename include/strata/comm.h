@@ -249,7 +249,7 @@ class Communicator {
 };
 
 // A small key-value store for rendezvous (exchanging transport addresses or an ncclUniqueId).
-// Implementations: a file store (shared directory) and a TCP store (cpu/rendezvous.h).
+// Implementations: a file store (shared directory) and a TCP store (cpu/rendezvous/rendezvous.h).
 // Thread safety: implementations are thread-safe.
 class KvStore {
  public:

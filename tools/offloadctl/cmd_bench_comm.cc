@@ -25,7 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cpu/gloo_comm.h"
-#include "cpu/rendezvous.h"
+#include "cpu/rendezvous/rendezvous.h"
 #include "tools/offloadctl/bench_comm_backend.h"
 #include "tools/offloadctl/commands.h"
 
@@ -87,7 +87,7 @@ Result<CommHandle> Issue(Communicator& c, CommOp op, void* a, void* b, size_t by
 
 // One rank's run; rank 0 writes "op bytes seconds" lines to `out_fd`. Returns a message on error.
 std::string RunRank(const BenchOpts& o, DType dt, int rank, const std::string& dir, int out_fd) {
-  auto store = FileKvStore::Open(dir);
+  auto store = cpu::FileKvStore::Open(dir);
   if (!store.ok()) return store.status().ToString();
   auto be = MakeBackend(o, rank, store->get());
   if (!be.ok()) return be.status().ToString();

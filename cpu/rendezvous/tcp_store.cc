@@ -1,4 +1,4 @@
-#include "cpu/rendezvous.h"
+#include "cpu/rendezvous/tcp_store.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -7,42 +7,19 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
-#include <charconv>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <list>
 #include <map>
 #include <thread>
 
-namespace strata {
+namespace strata::cpu {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-Result<int> ParseIntEnv(const std::function<const char*(const char*)>& env, const char* name,
-                        bool required, int fallback) {
-  const char* v = env(name);
-  if (v == nullptr || *v == '\0') {
-    if (required)
-      return Status::InvalidArgument(std::string("rendezvous: ") + name + " is not set");
-    return fallback;
-  }
-  int out = 0;
-  const char* end = v + std::strlen(v);
-  auto [p, ec] = std::from_chars(v, end, out);
-  if (ec != std::errc() || p != end) {
-    return Status::InvalidArgument(std::string("rendezvous: ") + name + "='" + v +
-                                   "' is not an integer");
-  }
-  return out;
-}
-
-// Full-buffer send/recv bounded by `deadline`. kDeadlineExceeded / kUnavailable (peer closed).
 Status IoAll(int fd, void* buf, size_t n, bool is_send, Clock::time_point deadline,
              std::string_view what) {
   auto* p = static_cast<char*>(buf);
@@ -91,148 +68,6 @@ constexpr uint32_t kMaxValueBytes = 16u << 20;
 constexpr uint64_t kMaxStoreBytes = 256ull << 20;
 
 }  // namespace
-
-// ---------------------------------------------------------------------------
-// RendezvousConfig
-// ---------------------------------------------------------------------------
-Result<RendezvousConfig> RendezvousConfig::FromEnv(
-    const std::function<const char*(const char*)>& getenv_fn) {
-  const std::function<const char*(const char*)> env =
-      getenv_fn ? getenv_fn : [](const char* n) -> const char* { return std::getenv(n); };
-  RendezvousConfig c;
-  STRATA_ASSIGN_OR_RETURN(c.rank, ParseIntEnv(env, "RANK", true, 0));
-  STRATA_ASSIGN_OR_RETURN(c.world_size, ParseIntEnv(env, "WORLD_SIZE", true, 0));
-  STRATA_ASSIGN_OR_RETURN(c.local_rank, ParseIntEnv(env, "LOCAL_RANK", false, c.rank));
-  const char* dir = env("STRATA_RDZV_DIR");
-  if (dir != nullptr) c.file_dir = dir;
-  const char* addr = env("MASTER_ADDR");
-  if (addr != nullptr) c.master_addr = addr;
-  const bool tcp = c.file_dir.empty();
-  STRATA_ASSIGN_OR_RETURN(c.master_port, ParseIntEnv(env, "MASTER_PORT", tcp, 0));
-  int timeout_ms = 0;
-  STRATA_ASSIGN_OR_RETURN(timeout_ms, ParseIntEnv(env, "STRATA_RDZV_TIMEOUT_MS", false, 60000));
-  c.timeout = std::chrono::milliseconds(timeout_ms);
-  const char* run_id = env("TORCHELASTIC_RUN_ID");
-  if (run_id == nullptr || *run_id == '\0') run_id = env("STRATA_RUN_ID");
-  if (run_id != nullptr) c.run_id = run_id;
-  STRATA_RETURN_IF_ERROR(c.Validate());
-  return c;
-}
-
-Status RendezvousConfig::Validate() const {
-  if (world_size < 1) {
-    return Status::InvalidArgument("rendezvous: WORLD_SIZE=" + std::to_string(world_size) +
-                                   " must be >= 1");
-  }
-  if (rank < 0 || rank >= world_size) {
-    return Status::InvalidArgument("rendezvous: RANK=" + std::to_string(rank) +
-                                   " must be in [0, WORLD_SIZE=" + std::to_string(world_size) +
-                                   ")");
-  }
-  if (local_rank < 0) return Status::InvalidArgument("rendezvous: LOCAL_RANK must be >= 0");
-  if (timeout.count() <= 0) {
-    return Status::InvalidArgument("rendezvous: STRATA_RDZV_TIMEOUT_MS must be > 0");
-  }
-  if (run_id.size() > 256) {
-    return Status::InvalidArgument(
-        "rendezvous: the run id (TORCHELASTIC_RUN_ID / STRATA_RUN_ID) "
-        "is longer than 256 bytes");
-  }
-  if (file_dir.empty()) {
-    if (master_addr.empty()) {
-      return Status::InvalidArgument(
-          "rendezvous: MASTER_ADDR is not set (or set STRATA_RDZV_DIR for a file store)");
-    }
-    if (master_port < 1 || master_port > 65535) {
-      return Status::InvalidArgument("rendezvous: MASTER_PORT=" + std::to_string(master_port) +
-                                     " must be in [1, 65535]");
-    }
-  }
-  return Status::OK();
-}
-
-// ---------------------------------------------------------------------------
-// FileKvStore
-// ---------------------------------------------------------------------------
-Result<std::unique_ptr<FileKvStore>> FileKvStore::Open(const std::string& dir) {
-  if (dir.empty()) return Status::InvalidArgument("file store: empty directory");
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return Status::FromErrno(errno, "file store: mkdir", dir);
-  }
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return Status::FromErrno(errno, "file store: stat", dir);
-  if (!S_ISDIR(st.st_mode))
-    return Status::InvalidArgument("file store: '" + dir + "' is not a directory");
-  return std::unique_ptr<FileKvStore>(new FileKvStore(dir));
-}
-
-std::string FileKvStore::PathOf(std::string_view key) const {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string name;
-  for (unsigned char c : key) {
-    if (std::isalnum(c) || c == '-' || c == '_') {
-      name += static_cast<char>(c);
-    } else {
-      name += '%';
-      name += kHex[c >> 4];
-      name += kHex[c & 15];
-    }
-  }
-  return dir_ + "/" + name;
-}
-
-Status FileKvStore::Set(std::string_view key, std::span<const uint8_t> value) {
-  const std::string path = PathOf(key);
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::FromErrno(errno, "file store: open", tmp);
-  size_t done = 0;
-  while (done < value.size()) {
-    const ssize_t w = ::write(fd, value.data() + done, value.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      const int err = errno;
-      ::close(fd);
-      return Status::FromErrno(err, "file store: write", tmp);
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (::close(fd) != 0) return Status::FromErrno(errno, "file store: close", tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Status::FromErrno(errno, "file store: rename", path);
-  }
-  return Status::OK();
-}
-
-Result<std::vector<uint8_t>> FileKvStore::Get(std::string_view key,
-                                              std::chrono::milliseconds timeout) {
-  const std::string path = PathOf(key);
-  const auto deadline = Clock::now() + timeout;
-  auto sleep = std::chrono::milliseconds(1);
-  while (true) {
-    std::ifstream in(path, std::ios::binary);
-    if (in) {
-      std::vector<uint8_t> v((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
-      return v;
-    }
-    if (Clock::now() >= deadline) {
-      return Status::DeadlineExceeded("file store: key '" + std::string(key) +
-                                      "' did not appear in " + dir_ + " within " +
-                                      std::to_string(timeout.count()) + " ms");
-    }
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, std::chrono::milliseconds(20));
-  }
-}
-
-Status FileKvStore::Delete(std::string_view key) {
-  const std::string path = PathOf(key);
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return Status::FromErrno(errno, "file store: unlink", path);
-  }
-  return Status::OK();
-}
 
 // ---------------------------------------------------------------------------
 // TcpKvStore server: a thread per client connection, a map under one mutex.
@@ -549,42 +384,4 @@ Result<std::vector<uint8_t>> TcpKvStore::Get(std::string_view key,
     sleep = std::min(sleep * 2, std::chrono::milliseconds(20));
   }
 }
-
-namespace {
-// A view of a store whose keys all live under `prefix` (the run's scope).
-class PrefixedKvStore final : public KvStore {
- public:
-  PrefixedKvStore(std::unique_ptr<KvStore> base, std::string prefix)
-      : base_(std::move(base)), prefix_(std::move(prefix)) {}
-  Status Set(std::string_view key, std::span<const uint8_t> value) override {
-    return base_->Set(prefix_ + std::string(key), value);
-  }
-  Result<std::vector<uint8_t>> Get(std::string_view key,
-                                   std::chrono::milliseconds timeout) override {
-    return base_->Get(prefix_ + std::string(key), timeout);
-  }
-  Status Delete(std::string_view key) override { return base_->Delete(prefix_ + std::string(key)); }
-
- private:
-  std::unique_ptr<KvStore> base_;
-  const std::string prefix_;
-};
-}  // namespace
-
-Result<std::unique_ptr<KvStore>> OpenRendezvousStore(const RendezvousConfig& config) {
-  STRATA_RETURN_IF_ERROR(config.Validate());
-  std::unique_ptr<KvStore> store;
-  if (!config.file_dir.empty()) {
-    STRATA_ASSIGN_OR_RETURN(auto fs, FileKvStore::Open(config.file_dir));
-    store = std::move(fs);
-  } else {
-    STRATA_ASSIGN_OR_RETURN(auto ts, TcpKvStore::Open(config.master_addr, config.master_port,
-                                                      config.rank == 0, config.timeout));
-    store = std::move(ts);
-  }
-  if (config.run_id.empty()) return store;
-  return std::unique_ptr<KvStore>(
-      std::make_unique<PrefixedKvStore>(std::move(store), "run/" + config.run_id + "/"));
-}
-
-}  // namespace strata
+}  // namespace strata::cpu
