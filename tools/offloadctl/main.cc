@@ -1,9 +1,11 @@
 // offloadctl: the strata command line. Benchmarks storage tiers, plans memory for a model,
 // checks DeepSpeed configs, launches and inspects runs. See README.md and `offloadctl --help`.
 #include <cstdio>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "strata/version.h"
 #include "tools/offloadctl/commands.h"
 
 int main(int argc, char** argv) {
@@ -11,7 +13,8 @@ int main(int argc, char** argv) {
       "offloadctl: plan, check, benchmark and run strata, the heterogeneous offload storage "
       "engine for large-model training.\nExit codes: 0 ok, 1 the checked thing is invalid or does "
       "not fit, 2 usage error."};
-  app.set_version_flag("--version", "offloadctl 0.1.0");
+  app.set_version_flag("--version", std::string("offloadctl ") + STRATA_VERSION_STRING +
+                                        (STRATA_VERSION_HAS_CUDA ? " (CUDA)" : ""));
   app.require_subcommand(1);
   int exit_code = strata::cli::kExitOk;
   strata::cli::RegisterPlan(app, &exit_code);
