@@ -2,10 +2,12 @@
 // tests/comm_rank_main as the launched program. Every command runs under `timeout`.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include <string>
@@ -81,8 +83,17 @@ TEST(LaunchCli, TimeoutAndSignalStopEveryRank) {
   EXPECT_NE(o.out.find("launch: timed out"), std::string::npos) << o.out;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
   t0 = std::chrono::steady_clock::now();
-  o = Sh("sh -c '" + Ctl() +
-         " launch -n 2 --grace-s 1 -- sleep 60 & pid=$!; sleep 0.5; kill -TERM $pid; wait $pid'");
+  // Signal only once both ranks run (launch's handlers are installed before it forks them): a
+  // fixed sleep raced launch's start-up on a loaded machine (SIGTERM's default action, exit 143).
+  const char* tmp = std::getenv("STRATA_TEST_TMPDIR");
+  const std::string up =
+      std::string(tmp != nullptr ? tmp : "/tmp") + "/launch_up." + std::to_string(::getpid());
+  std::filesystem::remove_all(up);
+  std::filesystem::create_directories(up);
+  o = Sh("sh -c '" + Ctl() + " launch -n 2 --grace-s 1 -- sh -c \"touch " + up +
+         "/r\\$RANK; exec sleep 60\" & pid=$!; i=0; while [ ! -e " + up + "/r0 ] || [ ! -e " + up +
+         "/r1 ]; do sleep 0.05; i=$((i+1)); [ $i -gt 400 ] && break; done; kill -TERM $pid; "
+         "wait $pid'");
   EXPECT_EQ(o.exit_code, 1) << o.out;
   EXPECT_NE(o.out.find("launch: interrupted"), std::string::npos) << o.out;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
