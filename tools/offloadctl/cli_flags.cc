@@ -65,9 +65,10 @@ CLI::Validator SizeArg(SizeRule rule) {
         if (*v % rule.multiple_bytes != 0) {
           return "must be a multiple of " + SizeString(rule.multiple_bytes) + ", got " + s;
         }
+        s = std::to_string(*v);  // kept by ->transform() (a numeric option), dropped by ->check()
         return {};
       },
-      "SIZE");
+      "");  // the option's type name says SIZE
 }
 
 CLI::Option* AddNvmePathOption(CLI::App* cmd, std::vector<std::string>* dirs,

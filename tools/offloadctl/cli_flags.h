@@ -34,7 +34,8 @@ struct SizeRule {
   uint64_t max_bytes = UINT64_MAX;
 };
 // A CLI11 validator for a SIZE within `rule`; the error names the value and the rule, e.g.
-// "'lots' is not a size such as 4096, 256K, 1M or 2G".
+// "'lots' is not a size such as 4096, 256K, 1M or 2G". Give the option ->type_name("SIZE").
+// As ->transform() it also rewrites the value as a byte count, for an option bound to a number.
 CLI::Validator SizeArg(SizeRule rule = {});
 
 // "64M", "1G", "4096": the shortest exact SIZE spelling of `bytes`, for help texts and output.

@@ -137,7 +137,8 @@ void RegisterBenchNvme(CLI::App& parent, int* exit_code) {
                         "Directory on a disk to measure (an nvme_path); repeat for several disks, "
                         "measured at once with --threads threads each (their aggregate)");
   cmd->add_option("--size", args->size, "Bytes per pass over all directories (default 1G)")
-      ->check(SizeArg());
+      ->check(SizeArg())
+      ->type_name("SIZE");
   cmd->add_option("--block-size", args->block_sizes,
                   "Request size(s) to sweep, multiples of 4K (default 256K 1M 4M)")
       ->delimiter(',')
