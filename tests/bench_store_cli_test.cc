@@ -17,12 +17,14 @@ struct CliRun {
   std::string out;
 };
 
-CliRun Offloadctl(const std::string& args) {
+// Runs offloadctl with `args`; `redirect` says where its output goes (default: stdout and
+// stderr together).
+CliRun Offloadctl(const std::string& args, const std::string& redirect = "2>&1") {
   // ctest sets STRATA_OFFLOADCTL; the build path is the fallback (the shared strata_add_test
   // currently passes only the first of its ENVIRONMENT entries).
   const char* bin = std::getenv("STRATA_OFFLOADCTL");
   if (bin == nullptr) bin = STRATA_OFFLOADCTL_PATH;
-  std::string cmd = std::string("timeout 300 ") + bin + " " + args + " 2>&1";
+  std::string cmd = std::string("timeout 300 ") + bin + " " + args + " " + redirect;
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -34,9 +36,9 @@ CliRun Offloadctl(const std::string& args) {
 TEST(BenchStoreCli, JsonCarriesStallFractionAndPipelineRatio) {
   strata::testing::TempDir dir("bench-store");
   CliRun r = Offloadctl(
-      "bench store --json --layers 6 --group-mb 1 --device-mb 3 --host-mb 16 "
-      "--prefetch-mb 2 --compute-ms 0.5 --steps 3 --subgroups 5 --subgroup-mb 1 "
-      "--io posix --dir " +
+      "bench store --json --layers 6 --group-size 1M --device-budget 3M --host-budget 16M "
+      "--prefetch-size 2M --compute-ms 0.5 --steps 3 --subgroups 5 --subgroup-size 1M "
+      "--stripe-size 256K --io-backend posix --nvme-path " +
       dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out, nullptr, false);
@@ -53,13 +55,67 @@ TEST(BenchStoreCli, JsonCarriesStallFractionAndPipelineRatio) {
   EXPECT_GE(j["param_step"]["bytes_host_to_device"].get<uint64_t>(), 6u << 20);
 }
 
+// The spellings before one CLI vocabulary (sizes in MiB/KiB, --io, --dir) work for one more
+// release: same configuration, same budgets, plus a deprecation note per old flag on stderr.
+TEST(BenchStoreCli, OldSpellingsStillWorkWithADeprecationNote) {
+  strata::testing::TempDir dir("bench-store-old");
+  const std::string small = " --json --layers 4 --compute-ms 0 --steps 2 --subgroups 3 ";
+  CliRun now = Offloadctl("bench store" + small +
+                              "--group-size 512K --device-budget 2M --host-budget 8M "
+                              "--prefetch-size 1M --subgroup-size 768K --stripe-size 64K "
+                              "--io-backend posix --nvme-path " +
+                              dir.path(),
+                          "2>/dev/null");
+  CliRun old = Offloadctl("bench store" + small +
+                              "--group-mb 0.5 --device-mb 2 --host-mb 8 --prefetch-mb 1 "
+                              "--subgroup-mb 0.75 --stripe-kb 64 --io uring --dir " +
+                              dir.path(),
+                          "2>/dev/null");
+  ASSERT_EQ(now.exit_code, 0) << now.out;
+  ASSERT_EQ(old.exit_code, 0) << old.out;
+  auto a = nlohmann::json::parse(now.out, nullptr, false);
+  auto b = nlohmann::json::parse(old.out, nullptr, false);
+  ASSERT_FALSE(a.is_discarded()) << now.out;
+  ASSERT_FALSE(b.is_discarded()) << old.out;
+  EXPECT_EQ(a["budget_bytes"], b["budget_bytes"]);
+  EXPECT_EQ(a["param_step"]["group_bytes"], 512u << 10);
+  EXPECT_EQ(b["param_step"]["group_bytes"], 512u << 10);
+  EXPECT_EQ(a["optimizer"]["subgroup_bytes"], b["optimizer"]["subgroup_bytes"]);
+  // stderr alone: one note per old flag, none for the new spellings.
+  CliRun notes = Offloadctl("bench store" + small +
+                                "--group-mb 0.5 --device-mb 2 --host-mb 8 --prefetch-mb 1 "
+                                "--subgroup-mb 0.75 --stripe-kb 64 --io posix --dir " +
+                                dir.path(),
+                            "2>&1 >/dev/null");
+  for (const char* flag : {"--group-mb", "--device-mb", "--host-mb", "--prefetch-mb",
+                           "--subgroup-mb", "--stripe-kb", "--io", "--dir"}) {
+    EXPECT_NE(notes.out.find(std::string(flag) + " is deprecated"), std::string::npos)
+        << flag << "\n"
+        << notes.out;
+  }
+  EXPECT_NE(notes.out.find("use --nvme-path"), std::string::npos) << notes.out;
+  EXPECT_NE(notes.out.find("use --group-size"), std::string::npos) << notes.out;
+  CliRun quiet = Offloadctl("bench store" + small + "--nvme-path " + dir.path(), "2>&1 >/dev/null");
+  EXPECT_EQ(quiet.out.find("deprecated"), std::string::npos) << quiet.out;
+}
+
 TEST(BenchStoreCli, BadOptionsAreUsageErrors) {
   CliRun r = Offloadctl("bench store --home moon");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("--home"), std::string::npos) << r.out;
   r = Offloadctl("bench store --layers 0");
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  r = Offloadctl("bench store --io floppy");
+  r = Offloadctl("bench store --io-backend floppy");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  r = Offloadctl("bench store --io floppy");  // the old spelling checks its value too
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  r = Offloadctl("bench store --group-size 1.5M");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--group-size"), std::string::npos) << r.out;
+  r = Offloadctl("bench store --stripe-size 1000");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("multiple of 4K"), std::string::npos) << r.out;
+  r = Offloadctl("bench store --group-size 1M --group-mb 1");  // both spellings of one value
   EXPECT_EQ(r.exit_code, 2) << r.out;
   r = Offloadctl("bench store --read-ahead -1");
   EXPECT_EQ(r.exit_code, 2) << r.out;

@@ -192,6 +192,11 @@ TEST(BenchCommCli, BadOptionsAreUsageErrors) {
   EXPECT_EQ(Sh(Ctl() + " bench comm --dtype int8").exit_code, 2);
   EXPECT_EQ(Sh(Ctl() + " bench comm --min-bytes 1M --max-bytes 1K").exit_code, 2);
   EXPECT_EQ(Sh(Ctl() + " bench comm --backend mpi").exit_code, 2);
+  // Sizes read as every offloadctl SIZE: no negative wrapping round to 2^64 - 1, no zero.
+  const Out neg = Sh(Ctl() + " bench comm --min-bytes -1 --max-bytes 1K");
+  EXPECT_EQ(neg.exit_code, 2);
+  EXPECT_NE(neg.out.find("is not a size"), std::string::npos) << neg.out;
+  EXPECT_EQ(Sh(Ctl() + " bench comm --min-bytes 0").exit_code, 2);
 }
 
 }  // namespace

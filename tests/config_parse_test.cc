@@ -365,11 +365,10 @@ TEST(ConfigParse, AliasesAreAccepted) {
   EXPECT_TRUE(p.warnings.empty()) << Dump(p.warnings);
 }
 
+// (aio's old thread_count next to intra_op_parallelism is not an error: config_auto_test.cc.)
 TEST(ConfigParse, KeyAndItsAliasTogetherIsAnError) {
-  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "aio": {"thread_count": 2,
-      "intra_op_parallelism": 2}, "zero_optimization": {"stage3_prefetch_bucket_size": 1,
-      "prefetch_bucket_size": 2}})");
-  EXPECT_NE(FindDiag(c.errors, Kind::kConflict, "aio.thread_count"), nullptr) << Dump(c.errors);
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "zero_optimization": {
+      "stage3_prefetch_bucket_size": 1, "prefetch_bucket_size": 2}})");
   EXPECT_NE(FindDiag(c.errors, Kind::kConflict, "zero_optimization.prefetch_bucket_size"), nullptr)
       << Dump(c.errors);
 }

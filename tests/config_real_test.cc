@@ -172,7 +172,11 @@ TEST(RealConfig, ZeroInfinityNvmeAndItsTypo) {
   EXPECT_EQ(e.zero.offload_param.nvme_path, "/nvme_data");
   EXPECT_EQ(e.zero.offload_param.max_in_cpu, 1);
   EXPECT_EQ(e.aio.queue_depth, 16);
-  EXPECT_EQ(e.aio.intra_op_parallelism, 2);  // from the alias thread_count
+  // From the old name thread_count, which DeepSpeed 0.19.8 ignores: read, with a note.
+  EXPECT_EQ(e.aio.intra_op_parallelism, 2);
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_EQ(c.notes[0].rfind("aio.thread_count: the old name of 'intra_op_parallelism'", 0), 0u)
+      << c.notes[0];
   EXPECT_DOUBLE_EQ(e.fp16.loss_scale, 1024);
   ASSERT_EQ(c.warnings.size(), 1u) << Dump(c.warnings);
   EXPECT_NE(c.warnings[0].message.find("did you mean 'stage3_param_persistence_threshold'"),

@@ -30,7 +30,7 @@ CliRun Offloadctl(const std::string& args) {
 }
 
 TEST(OffloadctlBenchKernelsTest, DramJsonHasBestOfRows) {
-  CliRun r = Offloadctl("bench dram --array-mib 4 --threads 2 --reps 1 --json");
+  CliRun r = Offloadctl("bench dram --array-size 4M --threads 2 --reps 1 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["rows"].size(), 2u);
@@ -47,10 +47,10 @@ TEST(OffloadctlBenchKernelsTest, DramJsonHasBestOfRows) {
 }
 
 TEST(OffloadctlBenchKernelsTest, AdamJsonPerPath) {
-  CliRun r = Offloadctl("bench adam --params 64K --threads 2 --reps 1 --array-mib 2 --json");
+  CliRun r = Offloadctl("bench adam --params 64K --threads 2 --reps 1 --array-size 2M --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["params"].get<size_t>(), size_t{65536});
+  EXPECT_EQ(j["params"].get<size_t>(), size_t{64000});  // a count, as plan --params reads it
   const double nt = j["nt_triad_bytes_per_s"].get<double>();
   EXPECT_GT(nt, 0);
   // The run's best nt triad: the DRAM pass or a triad interleaved with the Adam steps.
@@ -79,7 +79,8 @@ TEST(OffloadctlBenchKernelsTest, AdamJsonPerPath) {
 
 TEST(OffloadctlBenchKernelsTest, AdamPathSubset) {
   CliRun r = Offloadctl(
-      "bench adam --params 4K --threads 1 --reps 1 --array-mib 1 --json --path grad_fp16_out_bf16");
+      "bench adam --params 4K --threads 1 --reps 1 --array-size 1M --json "
+      "--dtype-path grad_fp16_out_bf16");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["paths"].size(), 1u);
@@ -91,7 +92,46 @@ TEST(OffloadctlBenchKernelsTest, BadArgumentsAreUsageErrors) {
   EXPECT_EQ(Offloadctl("bench adam --params 12Q").exit_code, 2);
   EXPECT_EQ(Offloadctl("bench adam --threads -1").exit_code, 2);
   EXPECT_EQ(Offloadctl("bench dram --reps 0").exit_code, 2);
+  EXPECT_EQ(Offloadctl("bench adam --dtype-path grad_int8_out_none").exit_code, 2);
   EXPECT_EQ(Offloadctl("bench adam --path grad_int8_out_none").exit_code, 2);
+  EXPECT_EQ(Offloadctl("bench dram --array-size 512K").exit_code, 2);  // below 1M
+  EXPECT_EQ(Offloadctl("bench dram --array-mib 0").exit_code, 2);
+}
+
+TEST(OffloadctlBenchKernelsTest, ParamsReadLikePlansAndSizesTakeSuffixes) {
+  CliRun r = Offloadctl(
+      "bench adam --params 7e3 --threads 1 --reps 1 --array-size 1M --json "
+      "--dtype-path grad_fp32_out_none");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["params"].get<size_t>(), size_t{7000});
+  EXPECT_EQ(Offloadctl("bench adam --params 1.5").exit_code, 2);  // not a whole count
+}
+
+// --array-mib and bench adam's --path (a dtype path, not a directory) work for one more release,
+// with a deprecation note on stderr.
+TEST(OffloadctlBenchKernelsTest, OldSpellingsStillWorkWithADeprecationNote) {
+  const std::string bin = OffloadctlPath();
+  CliRun r =
+      strata::testing::RunShell(bin +
+                                " bench adam --params 4K --threads 1 --reps 1 --array-mib 1 --json "
+                                "--path grad_fp16_out_bf16 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["dram"]["array_bytes"].get<size_t>(), size_t{1} << 20);
+  ASSERT_EQ(j["paths"].size(), 1u);
+  EXPECT_TRUE(j["paths"].contains("grad_fp16_out_bf16"));
+  CliRun err =
+      strata::testing::RunShell(bin +
+                                " bench adam --params 4K --threads 1 --reps 1 --array-mib 1 --json "
+                                "--path grad_fp16_out_bf16 2>&1 >/dev/null");
+  EXPECT_NE(err.out.find("--array-mib is deprecated"), std::string::npos) << err.out;
+  EXPECT_NE(err.out.find("use --array-size"), std::string::npos) << err.out;
+  EXPECT_NE(err.out.find("--path is deprecated"), std::string::npos) << err.out;
+  EXPECT_NE(err.out.find("use --dtype-path"), std::string::npos) << err.out;
+  err = strata::testing::RunShell(bin +
+                                  " bench dram --array-mib 1 --threads 1 --reps 1 --json "
+                                  "2>&1 >/dev/null");
+  EXPECT_NE(err.out.find("--array-mib is deprecated"), std::string::npos) << err.out;
 }
 
 }  // namespace

@@ -172,6 +172,47 @@ TEST_F(OffloadctlConfig, StrictMakesWarningsFail) {
   EXPECT_EQ(j["errors"][0]["kind"], "deprecated");
 }
 
+// A ZeRO-Infinity config with "auto" where DeepSpeed drops it (no trainer fills these keys):
+// valid, each key named in a note with the default used; an error only under --strict.
+TEST_F(OffloadctlConfig, AutoThatDeepSpeedDropsIsValidWithANoteNamingTheDefault) {
+  std::string cfg = TempFile("infinity_auto.json", R"({"train_micro_batch_size_per_gpu": 1,
+      "bf16": {"enabled": true},
+      "zero_optimization": {"stage": 3, "sub_group_size": "auto",
+        "stage3_max_live_parameters": "auto", "stage3_max_reuse_distance": "auto",
+        "offload_param": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_size": "auto",
+          "buffer_count": "auto"},
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}},
+      "aio": {"block_size": 1048576, "queue_depth": 16, "intra_op_parallelism": 2}})");
+  ProcessRun r = Offloadctl("config check " + cfg);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  for (const char* note :
+       {"note: zero_optimization.stage3_max_live_parameters: \"auto\", which no trainer fills, "
+        "is dropped as DeepSpeed drops it: DeepSpeed's default 1000000000 applies",
+        "note: zero_optimization.sub_group_size: ",
+        "note: zero_optimization.stage3_max_reuse_distance: ",
+        "note: zero_optimization.offload_param.buffer_size: \"auto\", which no trainer fills, is "
+        "dropped as DeepSpeed drops it: DeepSpeed's default 100000000 applies",
+        "note: zero_optimization.offload_param.buffer_count: "}) {
+    EXPECT_NE(r.out.find(note), std::string::npos) << note << "\n" << r.out;
+  }
+  EXPECT_NE(r.out.find("\"stage3_max_live_parameters\": 1000000000"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("valid (0 warning(s))"), std::string::npos) << r.out;
+
+  r = Offloadctl("config check " + cfg + " --json");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["notes"].size(), 5u) << r.out;
+  EXPECT_TRUE(j["unresolved_auto"].empty()) << r.out;
+  EXPECT_EQ(j["effective"]["zero_optimization"]["offload_param"]["buffer_count"], 5);
+
+  r = Offloadctl("config check " + cfg + " --strict --json");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  j = ParseJson(r);
+  ASSERT_EQ(j["errors"].size(), 5u) << r.out;
+  EXPECT_EQ(j["errors"][0]["kind"], "type");
+  EXPECT_GT(j["errors"][0]["line"].get<int>(), 0);
+}
+
 TEST_F(OffloadctlConfig, RequireResolvedFailsOnAuto) {
   std::string fixture = SourceDir() + "/tests/data/ds_configs/hf_ds_config_zero2.json";
   ProcessRun r = Offloadctl("config check " + fixture + " --require-resolved");

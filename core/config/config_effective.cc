@@ -1,13 +1,12 @@
 // The effective config as JSON in DeepSpeed's key names: every field, defaults filled in.
 #include <nlohmann/json.hpp>
 
+#include "core/config/config_reader.h"
 #include "strata/config.h"
 
-namespace strata {
+namespace strata::config {
 
 namespace {
-
-using Json = nlohmann::ordered_json;
 
 template <typename T>
 Json AutoJson(const AutoOr<T>& v) {
@@ -72,7 +71,7 @@ Json ZeroJson(const ZeroConfig& z) {
 
 }  // namespace
 
-std::string EffectiveConfigJson(const EngineConfig& c, int indent) {
+Json EffectiveJson(const EngineConfig& c) {
   Json j;
   j["train_batch_size"] = AutoJson(c.train_batch_size);
   j["train_micro_batch_size_per_gpu"] = AutoJson(c.train_micro_batch_size_per_gpu);
@@ -126,7 +125,15 @@ std::string EffectiveConfigJson(const EngineConfig& c, int indent) {
     if (!node->contains(rest) && node->contains("stage3_" + rest)) rest = "stage3_" + rest;
     if (node->contains(rest)) (*node)[rest] = "auto";
   }
-  return j.dump(indent);
+  return j;
+}
+
+}  // namespace strata::config
+
+namespace strata {
+
+std::string EffectiveConfigJson(const EngineConfig& c, int indent) {
+  return config::EffectiveJson(c).dump(indent);
 }
 
 }  // namespace strata

@@ -1,5 +1,5 @@
 // Key tables of the DeepSpeed config sections strata reads, and "did you mean" suggestions.
-// Internal to strata_core.
+// Internal to strata_config.
 #pragma once
 
 #include <span>
@@ -13,7 +13,11 @@ namespace strata::config {
 struct SectionKeys {
   std::span<const std::string_view> acted;
   std::span<const std::string_view> known;
-  bool deepspeed_forbids_extra;  // DeepSpeed's pydantic model rejects unknown keys here
+  // DeepSpeed reads this section into a DeepSpeedConfigModel (runtime/config_utils.py), a
+  // pydantic model: it rejects unknown keys (extra="forbid") and, outside its strict mode, drops
+  // every key whose value is "auto" before validation, so that field takes its default. The
+  // other sections are plain dicts: "auto" reaches the code that uses the value.
+  bool deepspeed_model;
 };
 // nullptr for a section without a table (its keys are free-form, e.g. scheduler.params).
 const SectionKeys* KeysOf(std::string_view section_path);

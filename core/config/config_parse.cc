@@ -38,7 +38,7 @@ void ReadDevice(Reader& r, Section& s, OffloadDevice* out) {
   Json* v = r.Find(s, {"device"}, &used);
   if (v == nullptr || v->is_null()) return;
   std::string path = r.PathOf(s, "device");
-  if (r.IsUnresolvedAuto(v, path, AutoPolicy::kYes)) return;  // Accelerate fills it
+  if (r.IsUnresolvedAuto(s, v, "device", AutoPolicy::kTrainerFills)) return;  // Accelerate
   if (!v->is_string()) {
     r.Error(Kind::kType, path,
             "expected one of \"none\", \"cpu\", \"nvme\", got " +
@@ -71,7 +71,7 @@ void ReadOffloadOptimizer(Reader& r, Section& zero, OffloadOptimizerConfig* o, b
   Section s = r.Child(zero, "offload_optimizer");
   if (!s.present()) return;
   ReadDevice(r, s, &o->device);
-  r.String(s, {"nvme_path"}, &o->nvme_path, AutoPolicy::kYes);
+  r.String(s, {"nvme_path"}, &o->nvme_path, AutoPolicy::kTrainerFills);
   r.Int(s, {"buffer_count"}, &o->buffer_count, 0);
   *pin_given = r.Bool(s, {"pin_memory"}, &o->pin_memory);
   r.Bool(s, {"pipeline_read"}, &o->pipeline_read);
@@ -88,7 +88,7 @@ void ReadOffloadParam(Reader& r, Section& zero, OffloadParamConfig* p, bool* pin
   Section s = r.Child(zero, "offload_param");
   if (!s.present()) return;
   ReadDevice(r, s, &p->device);
-  r.String(s, {"nvme_path"}, &p->nvme_path, AutoPolicy::kYes);
+  r.String(s, {"nvme_path"}, &p->nvme_path, AutoPolicy::kTrainerFills);
   r.Int(s, {"buffer_count"}, &p->buffer_count, 0);
   r.Int(s, {"buffer_size"}, &p->buffer_size, 0);
   r.Int(s, {"max_in_cpu"}, &p->max_in_cpu, 0);
@@ -151,7 +151,7 @@ void ReadZero(Reader& r, Section& root, ZeroConfig* z, bool* overlap_given) {
   Section s = r.Child(root, "zero_optimization");
   if (!s.present()) return;
   int64_t stage = 0;
-  if (r.Int(s, {"stage"}, &stage, 0, AutoPolicy::kYes)) {
+  if (r.Int(s, {"stage"}, &stage, 0, AutoPolicy::kTrainerFills)) {
     if (stage > 3) {
       r.Error(Kind::kRange, r.PathOf(s, "stage"),
               "expected a ZeRO stage 0, 1, 2 or 3, got " + std::to_string(stage));
@@ -161,8 +161,10 @@ void ReadZero(Reader& r, Section& root, ZeroConfig* z, bool* overlap_given) {
   }
   bool opt_pin = false;
   bool param_pin = false;
-  bool opt_given = s.obj->contains("offload_optimizer") && !(*s.obj)["offload_optimizer"].is_null();
-  bool param_given = s.obj->contains("offload_param") && !(*s.obj)["offload_param"].is_null();
+  // Given: present as an object (null and a dropped "auto" mean absent).
+  bool opt_given =
+      s.obj->contains("offload_optimizer") && (*s.obj)["offload_optimizer"].is_object();
+  bool param_given = s.obj->contains("offload_param") && (*s.obj)["offload_param"].is_object();
   ReadOffloadOptimizer(r, s, &z->offload_optimizer, &opt_pin);
   ReadOffloadParam(r, s, &z->offload_param, &param_pin);
   ReadDeprecatedOffload(r, s, z, opt_given, param_given, opt_pin, param_pin);
@@ -189,7 +191,7 @@ void ReadZero(Reader& r, Section& root, ZeroConfig* z, bool* overlap_given) {
              &gather_used);
   if (g != nullptr) {
     std::string path = r.PathOf(s, gather_used);
-    if (!r.IsUnresolvedAuto(g, path, AutoPolicy::kYes)) {
+    if (!r.IsUnresolvedAuto(s, g, gather_used, AutoPolicy::kTrainerFills)) {
       if (auto b = r.ToBool(*g, path)) z->stage3_gather_16bit_weights_on_model_save = *b;
     }
     if (gather_used == "stage3_gather_fp16_weights_on_model_save") {
@@ -304,6 +306,7 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   r.FinishSection(root);
   config::CheckAcrossKeys(r, c, &doc);
   if (options.check_here) config::CheckHere(r, c);
+  r.ReportDroppedAuto(c);
 
   if (!r.unresolved().empty() && options.require_resolved) {
     std::string list;
@@ -334,6 +337,7 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   parsed.config = std::move(c);
   parsed.warnings = check.warnings;
   parsed.unresolved_auto = r.unresolved();
+  parsed.notes = check.notes;
   parsed.normalized_json = doc.dump();
   check.parsed = std::move(parsed);
   return check;

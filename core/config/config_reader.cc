@@ -54,6 +54,17 @@ std::string_view JsonTypeName(const Json& v) {
   }
 }
 
+namespace {
+
+bool IsAuto(const Json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+bool InDeepSpeedModel(const Section& s) {
+  const SectionKeys* keys = KeysOf(s.path);
+  return keys != nullptr && keys->deepspeed_model;
+}
+
+}  // namespace
+
 std::string Reader::PathOf(const Section& s, std::string_view key) const {
   if (s.path.empty()) return std::string(key);
   return s.path + "." + std::string(key);
@@ -93,6 +104,12 @@ Section Reader::Child(Section& s, std::string_view key) {
   std::string used;
   Json* v = Find(s, {key}, &used);
   if (v == nullptr || v->is_null()) return c;
+  // A whole sub-model written "auto" (offload_param: "auto") is dropped like any other key:
+  // DeepSpeed's default for it is "absent".
+  if (IsAuto(*v) && InDeepSpeedModel(s) &&
+      IsUnresolvedAuto(s, v, key, AutoPolicy::kDeepSpeedRule)) {
+    return c;
+  }
   if (!v->is_object()) {
     Error(ConfigDiagnostic::Kind::kType, c.path,
           "expected an object, got " + std::string(JsonTypeName(*v)) + " " + Compact(*v));
@@ -102,13 +119,10 @@ Section Reader::Child(Section& s, std::string_view key) {
   return c;
 }
 
-bool Reader::IsUnresolvedAuto(Json* v, const std::string& path, AutoPolicy policy) {
-  if (!v->is_string() || v->get<std::string>() != "auto") return false;
-  if (policy == AutoPolicy::kNo) {
-    Error(ConfigDiagnostic::Kind::kType, path,
-          "\"auto\" is not accepted here: no trainer fills this key in; give a value");
-    return true;  // not a usable value either way
-  }
+bool Reader::IsUnresolvedAuto(const Section& s, Json* v, std::string_view key, AutoPolicy policy,
+                              std::string_view canonical_key) {
+  if (!IsAuto(*v)) return false;
+  const std::string path = PathOf(s, key);
   auto it = opts_.auto_values.find(path);
   if (it != opts_.auto_values.end()) {
     Json supplied = Json::parse(it->second, nullptr, /*allow_exceptions=*/false);
@@ -121,7 +135,18 @@ bool Reader::IsUnresolvedAuto(Json* v, const std::string& path, AutoPolicy polic
     used_auto_values_.insert(path);
     return false;
   }
-  unresolved_.push_back(path);
+  if (policy == AutoPolicy::kTrainerFills) {
+    unresolved_.push_back(path);
+    return true;
+  }
+  if (!InDeepSpeedModel(s)) {
+    Error(ConfigDiagnostic::Kind::kType, path,
+          "\"auto\" is not accepted here: no trainer fills this key, and DeepSpeed reads this "
+          "section as a plain dict, so it would use the string \"auto\" itself; give a value");
+    return true;
+  }
+  dropped_auto_.push_back(
+      DroppedAuto{path, PathOf(s, canonical_key.empty() ? key : canonical_key)});
   return true;
 }
 
@@ -207,7 +232,7 @@ bool Reader::Int(Section& s, std::initializer_list<std::string_view> names, int6
   Json* v = Find(s, names, &used);
   if (v == nullptr) return false;
   std::string path = PathOf(s, used);
-  if (IsUnresolvedAuto(v, path, policy)) return false;
+  if (IsUnresolvedAuto(s, v, used, policy, *names.begin())) return false;
   auto r = ToInt(*v, path, min);
   if (r) *out = *r;
   return r.has_value();
@@ -219,7 +244,7 @@ bool Reader::AutoInt(Section& s, std::initializer_list<std::string_view> names,
   Json* v = Find(s, names, &used);
   if (v == nullptr) return false;
   std::string path = PathOf(s, used);
-  if (IsUnresolvedAuto(v, path, AutoPolicy::kYes)) {
+  if (IsUnresolvedAuto(s, v, used, AutoPolicy::kTrainerFills)) {
     if (v->is_string()) *out = AutoOr<int64_t>::Auto();
     return true;
   }
@@ -234,7 +259,7 @@ bool Reader::Double(Section& s, std::initializer_list<std::string_view> names, d
   Json* v = Find(s, names, &used);
   if (v == nullptr) return false;
   std::string path = PathOf(s, used);
-  if (IsUnresolvedAuto(v, path, AutoPolicy::kNo)) return false;
+  if (IsUnresolvedAuto(s, v, used, AutoPolicy::kDeepSpeedRule, *names.begin())) return false;
   auto r = ToDouble(*v, path, min);
   if (r) *out = *r;
   return r.has_value();
@@ -246,7 +271,7 @@ bool Reader::AutoDouble(Section& s, std::initializer_list<std::string_view> name
   Json* v = Find(s, names, &used);
   if (v == nullptr) return false;
   std::string path = PathOf(s, used);
-  if (IsUnresolvedAuto(v, path, AutoPolicy::kYes)) {
+  if (IsUnresolvedAuto(s, v, used, AutoPolicy::kTrainerFills)) {
     *out = AutoOr<double>::Auto();
     return true;
   }
@@ -261,7 +286,7 @@ bool Reader::Bool(Section& s, std::initializer_list<std::string_view> names, boo
   Json* v = Find(s, names, &used);
   if (v == nullptr) return false;
   std::string path = PathOf(s, used);
-  if (IsUnresolvedAuto(v, path, policy)) return false;
+  if (IsUnresolvedAuto(s, v, used, policy, *names.begin())) return false;
   auto r = ToBool(*v, path);
   if (r) *out = *r;
   return r.has_value();
@@ -273,7 +298,7 @@ bool Reader::AutoBool(Section& s, std::initializer_list<std::string_view> names,
   Json* v = Find(s, names, &used);
   if (v == nullptr) return false;
   std::string path = PathOf(s, used);
-  if (IsUnresolvedAuto(v, path, AutoPolicy::kYes)) {
+  if (IsUnresolvedAuto(s, v, used, AutoPolicy::kTrainerFills)) {
     *out = AutoOr<bool>::Auto();
     return true;
   }
@@ -287,7 +312,7 @@ bool Reader::String(Section& s, std::initializer_list<std::string_view> names, s
   std::string used;
   Json* v = Find(s, names, &used);
   if (v == nullptr || v->is_null()) return false;
-  if (policy == AutoPolicy::kYes && IsUnresolvedAuto(v, PathOf(s, used), policy)) return false;
+  if (IsUnresolvedAuto(s, v, used, policy, *names.begin())) return false;
   if (!v->is_string()) {
     Error(ConfigDiagnostic::Kind::kType, PathOf(s, used),
           "expected a string, got " + std::string(JsonTypeName(*v)) + " " + Compact(*v));
@@ -304,10 +329,15 @@ void Reader::FinishSection(Section& s) {
     const std::string& key = it.key();
     if (s.consumed.count(key) != 0) continue;
     std::string path = PathOf(s, key);
+    bool known = keys != nullptr &&
+                 std::find(keys->known.begin(), keys->known.end(), key) != keys->known.end();
+    bool dropped = keys != nullptr && keys->deepspeed_model && IsAuto(it.value());
+    if (dropped && known) {  // a DeepSpeed key strata does not read: nothing to keep
+      dropped_auto_.push_back(DroppedAuto{path, ""});
+      continue;
+    }
     unacted_.push_back(UnactedKey{path, Compact(it.value())});
-    if (keys == nullptr) continue;
-    bool known = std::find(keys->known.begin(), keys->known.end(), key) != keys->known.end();
-    if (known) continue;
+    if (keys == nullptr || known) continue;
     std::string msg = "unknown key '" + key + "'";
     std::string near = Suggest(*keys, key);
     const SectionKeys* top = KeysOf("");
@@ -320,9 +350,61 @@ void Reader::FinishSection(Section& s) {
       msg += near.empty() ? "; it" : " It";
     }
     msg += " is kept but has no effect";
-    if (keys->deepspeed_forbids_extra) msg += " (DeepSpeed itself rejects unknown keys here)";
+    if (dropped) {
+      msg += " (DeepSpeed drops it unread: its value is \"auto\")";
+    } else if (keys->deepspeed_model) {
+      msg += " (DeepSpeed itself rejects unknown keys here)";
+    }
     Warn(ConfigDiagnostic::Kind::kUnknownKey, path, msg);
   }
+}
+
+void Reader::Note(std::string text) { check_->notes.push_back(std::move(text)); }
+
+namespace {
+
+// The value at dotted `path` in `j`, or nullptr.
+const Json* At(const Json& j, const std::string& path) {
+  const Json* node = &j;
+  size_t start = 0;
+  while (node != nullptr) {
+    size_t dot = path.find('.', start);
+    std::string part = path.substr(start, dot == std::string::npos ? dot : dot - start);
+    auto it = node->is_object() ? node->find(part) : node->end();
+    node = it != node->end() ? &*it : nullptr;
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return node;
+}
+
+}  // namespace
+
+void Reader::ReportDroppedAuto(const EngineConfig& config) {
+  if (dropped_auto_.empty()) return;
+  const Json effective = EffectiveJson(config);
+  for (const DroppedAuto& d : dropped_auto_) {
+    const Json* value = d.effective_path.empty() ? nullptr : At(effective, d.effective_path);
+    std::string used;
+    if (value == nullptr) {
+      used = d.effective_path.empty() ? "DeepSpeed's default applies (strata does not act on it)"
+                                      : "as if absent";
+    } else if (value->is_object()) {
+      used = "as if absent";
+    } else {
+      used = "DeepSpeed's default " + value->dump() + " applies";
+    }
+    if (opts_.strict) {
+      Error(ConfigDiagnostic::Kind::kType, d.path,
+            "\"auto\" is not accepted under --strict (DeepSpeed's strict mode keeps it, and its "
+            "validation rejects it); outside strict mode DeepSpeed drops the key: " +
+                used + ". Give a value");
+    } else {
+      Note(d.path +
+           ": \"auto\", which no trainer fills, is dropped as DeepSpeed drops it: " + used);
+    }
+  }
+  dropped_auto_.clear();
 }
 
 }  // namespace strata::config

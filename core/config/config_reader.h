@@ -1,6 +1,6 @@
 // Typed reading of one JSON object of a DeepSpeed config: lenient scalars as DeepSpeed accepts
-// them (numbers as strings, "auto" where a trainer fills it), every finding recorded with its
-// JSON path. Internal to strata_core.
+// them (numbers as strings, "auto" as DeepSpeed and the trainers treat it), every finding
+// recorded with its JSON path. Internal to strata_config.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +28,23 @@ struct Section {
   bool present() const { return obj != nullptr; }
 };
 
-// Whether a field may be written "auto".
-enum class AutoPolicy : uint8_t { kNo, kYes };
+// Who gives a field its value when the config says "auto".
+enum class AutoPolicy : uint8_t {
+  // No trainer fills it: DeepSpeed's rule applies. In a DeepSpeed config-model section (see
+  // SectionKeys::deepspeed_model) the key is dropped and the field keeps its default, with a
+  // note (an error under ParseOptions::strict, as in DeepSpeed's strict mode); elsewhere "auto"
+  // is an error, since DeepSpeed hands the string on to code that expects a value.
+  kDeepSpeedRule,
+  // Hugging Face or Accelerate fills it: it stays "auto" (listed as unresolved) until a value
+  // is supplied through ParseOptions.
+  kTrainerFills,
+};
+
+// A key whose "auto" was dropped as DeepSpeed drops it.
+struct DroppedAuto {
+  std::string path;            // as written, e.g. "zero_optimization.max_live_parameters"
+  std::string effective_path;  // its field in EffectiveConfigJson; "" when strata has none
+};
 
 class Reader {
  public:
@@ -48,11 +63,12 @@ class Reader {
   Json* Find(Section& s, std::initializer_list<std::string_view> names, std::string* used);
 
   // Typed getters: leave *out unchanged when the key is absent or invalid; true when a value
-  // (or "auto") was read. `min` is the smallest accepted value. The plain getters accept "auto"
-  // only under AutoPolicy::kYes (keys Accelerate fills): *out then keeps its default and the
-  // path is listed as unresolved.
+  // (or an unresolved "auto" of an AutoOr field) was read. `min` is the smallest accepted value.
+  // The plain getters treat "auto" by `policy`: kTrainerFills (keys Accelerate fills) keeps *out
+  // at its default and lists the path as unresolved; kDeepSpeedRule as IsUnresolvedAuto says.
+  // Either way they return false for "auto", as for an absent key.
   bool Int(Section& s, std::initializer_list<std::string_view> names, int64_t* out, int64_t min = 0,
-           AutoPolicy policy = AutoPolicy::kNo);
+           AutoPolicy policy = AutoPolicy::kDeepSpeedRule);
   bool AutoInt(Section& s, std::initializer_list<std::string_view> names, AutoOr<int64_t>* out,
                int64_t min = 0);
   bool Double(Section& s, std::initializer_list<std::string_view> names, double* out,
@@ -60,23 +76,35 @@ class Reader {
   bool AutoDouble(Section& s, std::initializer_list<std::string_view> names, AutoOr<double>* out,
                   double min = 0.0);
   bool Bool(Section& s, std::initializer_list<std::string_view> names, bool* out,
-            AutoPolicy policy = AutoPolicy::kNo);
+            AutoPolicy policy = AutoPolicy::kDeepSpeedRule);
   bool AutoBool(Section& s, std::initializer_list<std::string_view> names, AutoOr<bool>* out);
   bool String(Section& s, std::initializer_list<std::string_view> names, std::string* out,
-              AutoPolicy policy = AutoPolicy::kNo);
+              AutoPolicy policy = AutoPolicy::kDeepSpeedRule);
 
   // Conversions of one value (path for messages). nullopt after recording an error.
   std::optional<int64_t> ToInt(const Json& v, const std::string& path, int64_t min);
   std::optional<double> ToDouble(const Json& v, const std::string& path, double min);
   std::optional<bool> ToBool(const Json& v, const std::string& path);
 
-  // If *v is "auto": substitutes the caller's value for `path` when given (writing it into the
-  // document) and returns false; otherwise records the path as unresolved (or errors when the
-  // field does not take "auto") and returns true.
-  bool IsUnresolvedAuto(Json* v, const std::string& path, AutoPolicy policy);
+  // If *v (the value of `key` in `s`) is "auto": substitutes the caller's value for its path
+  // when given (writing it into the document) and returns false. Otherwise returns true (no
+  // usable value) after applying `policy`: kTrainerFills lists the path as unresolved;
+  // kDeepSpeedRule drops it in a DeepSpeed config-model section (recorded with the field
+  // `canonical_key` names, "" = `key`, for the note ReportDroppedAuto writes) and is an error
+  // elsewhere.
+  bool IsUnresolvedAuto(const Section& s, Json* v, std::string_view key, AutoPolicy policy,
+                        std::string_view canonical_key = {});
 
-  // Keys of `s` not consumed: kept as unacted; unknown ones also warned about with a suggestion.
+  // Keys of `s` not consumed: kept as unacted (an "auto" in a DeepSpeed config-model section
+  // is dropped instead, as DeepSpeed does); unknown ones also warned about with a suggestion.
   void FinishSection(Section& s);
+
+  // One note per dropped "auto" naming the value the field took (from `config`, complete by
+  // now), or under ParseOptions::strict one error each. Call once, after every check.
+  void ReportDroppedAuto(const EngineConfig& config);
+
+  // Information for the user, not a finding (ConfigCheck::notes).
+  void Note(std::string text);
 
   void MarkResolved(const std::string& path);
   // Whether `path` is (still) an unresolved "auto".
@@ -94,7 +122,11 @@ class Reader {
   std::vector<UnactedKey> unacted_;
   std::vector<std::string> unresolved_;
   std::set<std::string> used_auto_values_;
+  std::vector<DroppedAuto> dropped_auto_;
 };
+
+// The effective config (EffectiveConfigJson) as a JSON value. Defined in config_effective.cc.
+Json EffectiveJson(const EngineConfig& config);
 
 // "a JSON string", "a number", ... for messages.
 std::string_view JsonTypeName(const Json& v);

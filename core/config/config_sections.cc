@@ -21,7 +21,7 @@ void ReadBetas(Reader& r, Section& p, OptimizerConfig* o) {
   Json* v = r.Find(p, {"betas"}, &used);
   if (v == nullptr) return;
   std::string path = r.PathOf(p, "betas");
-  if (r.IsUnresolvedAuto(v, path, AutoPolicy::kYes)) {
+  if (r.IsUnresolvedAuto(p, v, "betas", AutoPolicy::kTrainerFills)) {
     o->betas = AutoOr<std::pair<double, double>>::Auto();
     return;
   }
@@ -88,7 +88,7 @@ void ReadOptimizer(Reader& r, Section& root, OptimizerConfig* o) {
     for (auto it = p.obj->begin(); it != p.obj->end(); ++it) {
       if (p.consumed.count(it.key()) != 0) continue;
       Json* v = &it.value();
-      r.IsUnresolvedAuto(v, r.PathOf(p, it.key()), AutoPolicy::kYes);
+      r.IsUnresolvedAuto(p, v, it.key(), AutoPolicy::kTrainerFills);
       o->other_params[it.key()] = v->dump();
     }
   }
@@ -129,18 +129,47 @@ void ReadScheduler(Reader& r, Section& root, SchedulerConfig* sc) {
     for (auto it = p.obj->begin(); it != p.obj->end(); ++it) {
       p.consumed.insert(it.key());
       Json* v = &it.value();
-      r.IsUnresolvedAuto(v, r.PathOf(p, it.key()), AutoPolicy::kYes);
+      r.IsUnresolvedAuto(p, v, it.key(), AutoPolicy::kTrainerFills);
       sc->params[it.key()] = v->dump();
     }
   }
   r.FinishSection(s);
 }
 
+// `thread_count` is the old name of `intra_op_parallelism`. DeepSpeed 0.19.8 reads only the new
+// one and ignores the old silently, so a config that sets only `thread_count` runs DeepSpeed
+// with 1 thread. strata reads the old name when the new one is absent (what its author meant)
+// and says so in a note, since DeepSpeed would not.
+void ReadAioParallelism(Reader& r, Section& s, AioConfig* a) {
+  const bool given = r.Int(s, {"intra_op_parallelism"}, &a->intra_op_parallelism, 1);
+  std::string used;
+  Json* legacy = r.Find(s, {"thread_count"}, &used);
+  if (legacy == nullptr) return;
+  const std::string path = r.PathOf(s, "thread_count");
+  auto current = s.obj->find("intra_op_parallelism");
+  if (given || (current != s.obj->end() && !current->is_null())) {
+    r.Note(path +
+           ": the old name of 'intra_op_parallelism', which is given too; ignored (as "
+           "DeepSpeed ignores it): remove it");
+    return;
+  }
+  if (r.IsUnresolvedAuto(s, legacy, "thread_count", AutoPolicy::kDeepSpeedRule)) return;
+  if (auto n = r.ToInt(*legacy, path, 1)) {
+    a->intra_op_parallelism = *n;
+    r.Note(path +
+           ": the old name of 'intra_op_parallelism'; strata reads it as "
+           "intra_op_parallelism = " +
+           std::to_string(*n) +
+           ", but DeepSpeed 0.19.8 ignores it and runs with its default of 1: rename it to "
+           "'intra_op_parallelism'");
+  }
+}
+
 void ReadAio(Reader& r, Section& root, AioConfig* a) {
   Section s = r.Child(root, "aio");
   r.Int(s, {"block_size"}, &a->block_size, 1);
   r.Int(s, {"queue_depth"}, &a->queue_depth, 1);
-  r.Int(s, {"intra_op_parallelism", "thread_count"}, &a->intra_op_parallelism, 1);
+  if (s.present()) ReadAioParallelism(r, s, a);
   r.Bool(s, {"single_submit"}, &a->single_submit);
   r.Bool(s, {"overlap_events"}, &a->overlap_events);
   r.Bool(s, {"use_gds"}, &a->use_gds);

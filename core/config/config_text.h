@@ -1,6 +1,6 @@
 // Text layer of the DeepSpeed config parser: hjson-style comments and trailing commas removed
 // with every byte's line and column kept, then a strict JSON parse that rejects duplicate keys.
-// Internal to strata_core.
+// Internal to strata_config.
 #pragma once
 
 #include <map>

@@ -3,19 +3,28 @@
 // strata reads the config format users already have, so an existing ZeRO-Offload / ZeRO-Infinity
 // config works unchanged. The parser accepts what DeepSpeed accepts (it loads configs with hjson):
 // `//`, `/* */` and `#` comments, trailing commas, numbers written as numbers or strings ("5e8"),
-// booleans as strings ("true"), and the value "auto" for the keys a trainer fills in (the Hugging
-// Face / LLaMA-Factory / axolotl convention). Duplicate keys are rejected, as DeepSpeed does.
+// booleans as strings ("true"), and the value "auto" wherever DeepSpeed accepts it (below).
+// Duplicate keys are rejected, as DeepSpeed does.
 // Every key below falls back to DeepSpeed's default when absent. Keys that DeepSpeed knows but
 // strata does not act on are kept verbatim in `EngineConfig::unacted_keys` and listed; unknown keys
 // are warnings naming the nearest known key.
 //
-// "auto": a field that Hugging Face's Trainer fills is an `AutoOr<T>`. Accelerate also fills the
-// stage, the offload devices and paths and the 16-bit gather flag; those plain fields keep their
-// default while "auto". Either way the value stays "auto" after parsing unless the caller supplies
-// it (`ParseOptions::auto_values`, `world_size`, `hidden_size`); the JSON paths still "auto" are
-// listed in `unresolved_auto` (of ParsedConfig and EngineConfig), checks that need them wait, and
-// `ParseOptions::require_resolved` makes any of them an error that names them all. "auto" on any
-// other key is an error (no trainer fills it).
+// "auto", as DeepSpeed and the trainers treat it:
+// - A key a trainer fills (the Hugging Face / Accelerate / LLaMA-Factory / axolotl convention):
+//   a field Hugging Face's Trainer fills is an `AutoOr<T>`; Accelerate also fills the stage, the
+//   offload devices and paths and the 16-bit gather flag, plain fields that keep their default
+//   while "auto". Either way the value stays "auto" after parsing unless the caller supplies it
+//   (`ParseOptions::auto_values`, `world_size`, `hidden_size`); the JSON paths still "auto" are
+//   listed in `unresolved_auto` (of ParsedConfig and EngineConfig), checks that need them wait,
+//   and `ParseOptions::require_resolved` makes any of them an error that names them all.
+// - Any other key of a section DeepSpeed reads into one of its config models (fp16, bf16,
+//   zero_optimization, offload_optimizer, offload_param): DeepSpeed drops a key whose value is
+//   "auto" before validation (`DeepSpeedConfigModel`, outside its strict mode), so the field
+//   takes DeepSpeed's default. strata does the same and adds a note naming the key and the value
+//   used; under `ParseOptions::strict` it is an error, as in DeepSpeed's strict mode.
+// - Any other key (top level, optimizer, scheduler type, aio: plain dicts whose values DeepSpeed
+//   uses as given): an error.
+// A value supplied through `auto_values` replaces any "auto".
 //
 // Errors name the JSON path and what was expected (malformed JSON: also line and column).
 // Warnings say what DeepSpeed (and strata) will do instead of what the user probably meant.
@@ -139,10 +148,12 @@ struct SchedulerConfig {
 struct AioConfig {
   int64_t block_size = 1048576;  // [1 MiB] bytes per IO request; larger = fewer syscalls.
   int64_t queue_depth = 8;       // [8] IOs in flight per thread; deeper = more NVMe parallelism.
-  int64_t intra_op_parallelism = 1;  // [1] (alias `thread_count`) IO threads per operation.
-  bool single_submit = false;        // [false] submit IOs one at a time instead of batched.
-  bool overlap_events = true;        // [true] overlap submission and completion reaping.
-  bool use_gds = false;              // [false] GPUDirect Storage (not used by strata).
+  // [1] IO threads per operation. The old name `thread_count`, which DeepSpeed 0.19.8 no longer
+  // reads, is read when this key is absent, with a note.
+  int64_t intra_op_parallelism = 1;
+  bool single_submit = false;  // [false] submit IOs one at a time instead of batched.
+  bool overlap_events = true;  // [true] overlap submission and completion reaping.
+  bool use_gds = false;        // [false] GPUDirect Storage (not used by strata).
 };
 
 // `zero_optimization.offload_optimizer`: where the fp32 master weights and Adam m, v live and
@@ -319,6 +330,9 @@ struct ParsedConfig {
   EngineConfig config;
   std::vector<ConfigDiagnostic> warnings;    // empty under strict (they became errors)
   std::vector<std::string> unresolved_auto;  // JSON paths still "auto", in document order
+  // Information, not findings (as ConfigCheck::notes): an "auto" dropped as DeepSpeed drops it
+  // and the default used, the old aio name `thread_count`, free space under check_here.
+  std::vector<std::string> notes;
   // The config as JSON after comment stripping and "auto" substitution (compact), for re-parsing
   // with more values.
   std::string normalized_json;
@@ -329,7 +343,9 @@ struct ConfigCheck {
   std::vector<ConfigDiagnostic> errors;
   std::vector<ConfigDiagnostic> warnings;
   std::optional<ParsedConfig> parsed;
-  std::vector<std::string> notes;  // information, not findings (e.g. free space under --here)
+  // Information, not findings: each "auto" dropped as DeepSpeed drops it ("<path>: ... DeepSpeed's
+  // default <value> applies"), the old aio name `thread_count`, free space under check_here.
+  std::vector<std::string> notes;
   bool ok() const { return errors.empty(); }
 };
 

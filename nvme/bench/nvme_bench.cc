@@ -37,7 +37,23 @@ LatencyUs Percentiles(std::vector<uint64_t>& ns) {
   return l;
 }
 
+// One scratch file per directory, locked while it exists and removed (before the lock goes with
+// the descriptor) when the benchmark ends.
+struct ScratchFile {
+  int fd = -1;
+  std::string path;
+  ScratchFile() = default;
+  ScratchFile(const ScratchFile&) = delete;
+  ScratchFile& operator=(const ScratchFile&) = delete;
+  ~ScratchFile() {
+    if (fd < 0) return;
+    unlink(path.c_str());
+    close(fd);
+  }
+};
+
 struct ThreadCtx {
+  const ScratchFile* file = nullptr;
   std::unique_ptr<IoBackend> io;
   std::vector<char*> bufs;
   uint64_t begin = 0, end = 0;
@@ -47,7 +63,8 @@ struct ThreadCtx {
 
 // Keeps queue_depth requests in flight over [begin, end): each completion re-arms its buffer
 // with the next block; all re-armed requests of one Reap go out in one Submit.
-Status RunPass(ThreadCtx& t, int fd, IoOp op, size_t bs) {
+Status RunPass(ThreadCtx& t, IoOp op, size_t bs) {
+  const int fd = t.file->fd;
   const size_t qd = t.bufs.size();
   std::vector<Clock::time_point> issued(qd);
   std::vector<IoRequest> batch;
@@ -92,28 +109,31 @@ Status ValidatePoint(const NvmeBenchPoint& p, uint64_t size) {
     return Status::InvalidArgument("threads " + std::to_string(p.threads) + " out of 1..256");
   }
   if (size < p.block_bytes * p.threads) {
-    return Status::InvalidArgument("size " + std::to_string(size) + " is smaller than one block (" +
-                                   std::to_string(p.block_bytes) + ") per thread");
+    return Status::InvalidArgument("size " + std::to_string(size) + " per directory is smaller " +
+                                   "than one block (" + std::to_string(p.block_bytes) +
+                                   ") per thread");
   }
   return Status::OK();
 }
 
-Result<NvmeBenchResult> RunPoint(const NvmeBenchOptions& o, const NvmeBenchPoint& p, int fd,
-                                 const std::string& file) {
-  const uint64_t per_thread = o.size_bytes / p.threads / p.block_bytes * p.block_bytes;
+Result<NvmeBenchResult> RunPoint(const NvmeBenchOptions& o, const NvmeBenchPoint& p,
+                                 const std::vector<ScratchFile>& files) {
+  const uint64_t share = o.size_bytes / files.size();
+  const uint64_t per_thread = share / p.threads / p.block_bytes * p.block_bytes;
+  const size_t nthreads = p.threads * files.size();
   cpu::PinnedPoolOptions po;
-  po.budget_bytes = p.threads * ((p.queue_depth * p.block_bytes + cpu::kHugePageBytes - 1) /
-                                 cpu::kHugePageBytes * cpu::kHugePageBytes);
+  po.budget_bytes = nthreads * ((p.queue_depth * p.block_bytes + cpu::kHugePageBytes - 1) /
+                                cpu::kHugePageBytes * cpu::kHugePageBytes);
   po.huge_pages = o.huge_pages;
   po.register_with_cuda = false;  // disk only
   STRATA_ASSIGN_OR_RETURN(auto pool, cpu::PinnedPool::Create(po));
   std::vector<cpu::PinnedBuffer> mem;
-  std::vector<ThreadCtx> ctx(p.threads);
+  std::vector<ThreadCtx> ctx(nthreads);
   NvmeBenchResult r;
   r.point = p;
-  r.bytes = per_thread * p.threads;
+  r.bytes = per_thread * nthreads;
   std::mt19937_64 rng(1);
-  for (size_t t = 0; t < p.threads; ++t) {
+  for (size_t t = 0; t < nthreads; ++t) {
     STRATA_ASSIGN_OR_RETURN(cpu::PinnedBuffer b, pool->Allocate(p.queue_depth * p.block_bytes));
     for (size_t off = 0; off < b.size_bytes(); off += 8) {
       uint64_t v = rng();
@@ -121,16 +141,17 @@ Result<NvmeBenchResult> RunPoint(const NvmeBenchOptions& o, const NvmeBenchPoint
     }
     for (size_t i = 0; i < p.queue_depth; ++i)
       ctx[t].bufs.push_back(b.as<char>() + i * p.block_bytes);
-    ctx[t].begin = t * per_thread;
-    ctx[t].end = (t + 1) * per_thread;
+    ctx[t].file = &files[t / p.threads];  // threads [d * threads, (d + 1) * threads) on dir d
+    ctx[t].begin = (t % p.threads) * per_thread;
+    ctx[t].end = ctx[t].begin + per_thread;
     ctx[t].lat_ns.reserve(2 * per_thread / p.block_bytes);
     mem.push_back(std::move(b));
   }
   // Each thread opens (and owns) its backend and runs both passes, so a single-issuer ring is
   // legal. Barriers: ready | write pass | (fdatasync by the main thread) | read pass.
-  std::barrier sync(static_cast<std::ptrdiff_t>(p.threads + 1));
+  std::barrier sync(static_cast<std::ptrdiff_t>(nthreads + 1));
   std::vector<std::thread> threads;
-  for (size_t t = 0; t < p.threads; ++t) {
+  for (size_t t = 0; t < nthreads; ++t) {
     threads.emplace_back([&, t] {
       ThreadCtx& c = ctx[t];
       IoBackendOptions io;
@@ -141,7 +162,7 @@ Result<NvmeBenchResult> RunPoint(const NvmeBenchOptions& o, const NvmeBenchPoint
       auto opened = OpenIoBackend(io);
       if (opened.ok()) {
         c.io = std::move(opened).value();
-        c.status = c.io->RegisterFile(fd, file);
+        c.status = c.io->RegisterFile(c.file->fd, c.file->path);
         if (o.fixed_buffers) {
           // Unregistered IO still works; the backend's note says why registration failed.
           c.io->RegisterBuffer(mem[t].data(), mem[t].capacity_bytes()).IgnoreError();
@@ -151,7 +172,7 @@ Result<NvmeBenchResult> RunPoint(const NvmeBenchOptions& o, const NvmeBenchPoint
       }
       for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
         sync.arrive_and_wait();  // start
-        if (c.status.ok()) c.status = RunPass(c, fd, op, p.block_bytes);
+        if (c.status.ok()) c.status = RunPass(c, op, p.block_bytes);
         sync.arrive_and_wait();  // finished
       }
       c.io.reset();  // closed by the thread that owns the ring
@@ -169,7 +190,11 @@ Result<NvmeBenchResult> RunPoint(const NvmeBenchOptions& o, const NvmeBenchPoint
       c.lat_ns.clear();
     }
     if (op == IoOp::kWrite) {
-      if (fdatasync(fd) != 0 && failed.ok()) failed = Status::FromErrno(errno, "fdatasync", file);
+      for (const ScratchFile& f : files) {
+        if (fdatasync(f.fd) != 0 && failed.ok()) {
+          failed = Status::FromErrno(errno, "fdatasync", f.path);
+        }
+      }
       r.write_bytes_per_s = static_cast<double>(r.bytes) / secs;
       r.write_latency = Percentiles(lat);
     } else {
@@ -192,46 +217,61 @@ Result<NvmeBenchResult> RunPoint(const NvmeBenchOptions& o, const NvmeBenchPoint
   return r;
 }
 
+// Every directory exists, and none is given twice (under another name either: a second file
+// on the same disk would halve what each measures).
+Status CheckDirs(const std::vector<std::string>& dirs) {
+  std::vector<std::pair<dev_t, ino_t>> seen;
+  for (const std::string& dir : dirs) {
+    struct stat st {};
+    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return Status::NotFound("benchmark path '" + dir + "' is not an existing directory");
+    }
+    if (std::find(seen.begin(), seen.end(), std::pair{st.st_dev, st.st_ino}) != seen.end()) {
+      return Status::InvalidArgument("benchmark path '" + dir + "' is given twice");
+    }
+    seen.emplace_back(st.st_dev, st.st_ino);
+  }
+  return Status::OK();
+}
+
+Status CreateScratchFile(const std::string& dir, uint64_t size_bytes, ScratchFile* f) {
+  f->path = dir + "/strata-bench-" + std::to_string(getpid()) + ".dat";
+  // Locked while it exists (leftovers.h), so a swap space starting meanwhile does not take it
+  // for a crashed run's leftover, and a crash's leftover is reported by the next start.
+  int err = 0;
+  f->fd = CreateLockedFile(f->path, O_DIRECT, &err);
+  if (f->fd < 0) {
+    if (err == EINVAL) {
+      return Status::InvalidArgument("benchmark path '" + dir +
+                                     "': the filesystem does not support O_DIRECT");
+    }
+    return Status::FromErrno(err, "create benchmark file", f->path);
+  }
+  if (int e = posix_fallocate(f->fd, 0, static_cast<off_t>(size_bytes)); e != 0) {
+    return Status::FromErrno(e, "preallocate " + std::to_string(size_bytes) + " bytes for",
+                             f->path);
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<std::vector<NvmeBenchResult>> RunNvmeBench(
     const NvmeBenchOptions& options, const std::vector<NvmeBenchPoint>& points,
     const std::function<void(size_t, const NvmeBenchPoint&)>& progress) {
   if (points.empty()) return Status::InvalidArgument("no benchmark points");
-  for (const NvmeBenchPoint& p : points)
-    STRATA_RETURN_IF_ERROR(ValidatePoint(p, options.size_bytes));
-  struct stat st {};
-  if (stat(options.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return Status::NotFound("benchmark path '" + options.dir + "' is not an existing directory");
-  }
-  const std::string file = options.dir + "/strata-bench-" + std::to_string(getpid()) + ".dat";
-  // Locked while it exists (leftovers.h), so a swap space starting meanwhile does not take it
-  // for a crashed run's leftover, and a crash's leftover is reported by the next start.
-  int err = 0;
-  int fd = CreateLockedFile(file, O_DIRECT, &err);
-  if (fd < 0) {
-    if (err == EINVAL) {
-      return Status::InvalidArgument("benchmark path '" + options.dir +
-                                     "': the filesystem does not support O_DIRECT");
-    }
-    return Status::FromErrno(err, "create benchmark file", file);
-  }
-  struct Cleanup {
-    int fd;
-    std::string file;
-    ~Cleanup() {
-      unlink(file.c_str());  // before the lock goes with the descriptor
-      close(fd);
-    }
-  } cleanup{fd, file};
-  if (int err = posix_fallocate(fd, 0, static_cast<off_t>(options.size_bytes)); err != 0) {
-    return Status::FromErrno(
-        err, "preallocate " + std::to_string(options.size_bytes) + " bytes for", file);
+  if (options.dirs.empty()) return Status::InvalidArgument("no benchmark directory");
+  const uint64_t share = options.size_bytes / options.dirs.size();
+  for (const NvmeBenchPoint& p : points) STRATA_RETURN_IF_ERROR(ValidatePoint(p, share));
+  STRATA_RETURN_IF_ERROR(CheckDirs(options.dirs));
+  std::vector<ScratchFile> files(options.dirs.size());
+  for (size_t d = 0; d < files.size(); ++d) {
+    STRATA_RETURN_IF_ERROR(CreateScratchFile(options.dirs[d], share, &files[d]));
   }
   std::vector<NvmeBenchResult> results;
   for (size_t i = 0; i < points.size(); ++i) {
     if (progress) progress(i, points[i]);
-    STRATA_ASSIGN_OR_RETURN(NvmeBenchResult r, RunPoint(options, points[i], fd, file));
+    STRATA_ASSIGN_OR_RETURN(NvmeBenchResult r, RunPoint(options, points[i], files));
     results.push_back(std::move(r));
   }
   return results;

@@ -1,11 +1,15 @@
 // NVMe benchmark engine behind `offloadctl bench nvme`: sequential O_DIRECT write then read
-// throughput and per-request latency of one file, at one (block size, queue depth, threads)
-// point, through strata's own IoBackend and pinned pool (so it measures what swap IO gets).
+// throughput and per-request latency of one file per directory, at one (block size, queue
+// depth, threads) point, through strata's own IoBackend and pinned pool (so it measures what
+// swap IO gets).
 //
+// Each directory (an nvme_path, typically one per SSD) gets `threads` threads, all directories
+// at once, so several directories measure the aggregate that a store striping over them sees.
 // Each thread owns a backend (its own ring), queue_depth pinned buffers of block_bytes
-// (registered as io_uring fixed buffers when allowed) and a contiguous slice of the file, and
-// keeps queue_depth requests in flight. The write pass runs first so the read pass reads real
-// extents (reading fallocated-but-unwritten extents would return zeros without touching disk).
+// (registered as io_uring fixed buffers when allowed) and a contiguous slice of its directory's
+// file, and keeps queue_depth requests in flight. The write pass runs first so the read pass
+// reads real extents (reading fallocated-but-unwritten extents would return zeros without
+// touching disk).
 //
 // Thread safety: RunNvmeBench is self-contained; concurrent calls need distinct directories.
 #pragma once
@@ -24,12 +28,15 @@ namespace strata::nvme {
 struct NvmeBenchPoint {
   size_t block_bytes = size_t{1} << 20;
   size_t queue_depth = 32;
-  size_t threads = 1;
+  size_t threads = 1;  // per directory: DeepSpeed's aio intra_op_parallelism
 };
 
 struct NvmeBenchOptions {
-  std::string dir;                   // where the scratch file goes (removed afterwards)
-  uint64_t size_bytes = 1ull << 30;  // file size; rounded down to block_bytes * threads
+  // Where the scratch files go, one per directory (removed afterwards). At least one.
+  std::vector<std::string> dirs;
+  // Bytes per pass over all directories, split evenly; each directory's share is rounded down
+  // to block_bytes * threads.
+  uint64_t size_bytes = 1ull << 30;
   IoBackendKind backend = IoBackendKind::kAuto;
   bool fixed_buffers = true;  // register pinned buffers with io_uring
   bool huge_pages = true;     // MADV_HUGEPAGE on IO buffers
@@ -41,7 +48,7 @@ struct LatencyUs {
 
 struct NvmeBenchResult {
   NvmeBenchPoint point;
-  uint64_t bytes = 0;  // per pass
+  uint64_t bytes = 0;  // per pass, all directories
   double write_bytes_per_s = 0;
   double read_bytes_per_s = 0;
   LatencyUs write_latency;
@@ -51,9 +58,10 @@ struct NvmeBenchResult {
 };
 
 // Runs the sweep (every point, in order), calling progress(i, point) before each.
-// InvalidArgument: a point with a zero or non-4 KiB-multiple block, zero depth or threads, or a
-// size smaller than one block per thread. NotFound: dir missing. IOError: file creation or IO
-// failed (errno, file). InvalidArgument as well when dir's filesystem lacks O_DIRECT.
+// InvalidArgument: no directory, a directory given twice, a point with a zero or non-4
+// KiB-multiple block, zero depth or threads, or a share of the size smaller than one block per
+// thread. NotFound: a directory missing. IOError: file creation or IO failed (errno, file).
+// InvalidArgument as well when a directory's filesystem lacks O_DIRECT.
 Result<std::vector<NvmeBenchResult>> RunNvmeBench(
     const NvmeBenchOptions& options, const std::vector<NvmeBenchPoint>& points,
     const std::function<void(size_t, const NvmeBenchPoint&)>& progress = {});

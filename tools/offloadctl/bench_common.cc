@@ -1,40 +1,26 @@
 #include "tools/offloadctl/bench_common.h"
 
-#include <cctype>
-#include <limits>
+#include <cstdlib>
 
 namespace strata::cli {
 
-std::optional<size_t> ParseCount(const std::string& s) {
-  if (s.empty() || !std::isdigit(static_cast<unsigned char>(s[0]))) return std::nullopt;
-  size_t pos = 0;
-  unsigned long long v = 0;
-  while (pos < s.size() && std::isdigit(static_cast<unsigned char>(s[pos]))) {
-    const unsigned digit = static_cast<unsigned>(s[pos] - '0');
-    if (v > (std::numeric_limits<unsigned long long>::max() - digit) / 10) return std::nullopt;
-    v = v * 10 + digit;
-    ++pos;
-  }
-  int shift = 0;
-  if (pos < s.size()) {
-    switch (std::toupper(static_cast<unsigned char>(s[pos]))) {
-      case 'K':
-        shift = 10;
-        break;
-      case 'M':
-        shift = 20;
-        break;
-      case 'G':
-        shift = 30;
-        break;
-      default:
-        return std::nullopt;
+void AddArraySize(CLI::App* cmd, DeprecatedFlags* old, uint64_t* bytes, const std::string& help) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  CLI::Option* opt =
+      cmd->add_option_function<std::string>(
+             "--array-size", [bytes](const std::string& v) { *bytes = *ParseSize(v); }, help)
+          ->check(SizeArg({.min_bytes = kMiB, .max_bytes = kMiB << 20}))
+          ->type_name("SIZE")
+          ->default_str(SizeString(*bytes));
+  old->Add(cmd, "--array-mib", opt, [bytes](const std::string& v) {
+    char* end = nullptr;
+    const unsigned long long mib = std::strtoull(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || mib < 1 || mib > (uint64_t{1} << 20)) {
+      return "'" + v + "' is not a number of MiB in 1.." + std::to_string(uint64_t{1} << 20);
     }
-    ++pos;
-  }
-  if (pos != s.size() || v == 0) return std::nullopt;
-  if (v > (std::numeric_limits<size_t>::max() >> shift)) return std::nullopt;
-  return static_cast<size_t>(v) << shift;
+    *bytes = mib * kMiB;
+    return std::string();
+  });
 }
 
 }  // namespace strata::cli

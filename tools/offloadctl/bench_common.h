@@ -1,20 +1,20 @@
-// Helpers shared by the `offloadctl bench` subcommands: counts with K/M/G suffixes, and the DRAM
-// report (bench dram) that bench adam repeats as its same-run reference.
+// Helpers shared by the `offloadctl bench` subcommands: the DRAM arrays' size option and the
+// DRAM report (bench dram) that bench adam repeats as its same-run reference.
 #pragma once
 
-#include <cstddef>
-#include <optional>
+#include <cstdint>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "kernels/bench/dram_bench.h"
+#include "tools/offloadctl/cli_flags.h"
 
 namespace strata::cli {
 
-// "64M" -> 64 * 2^20, "1000" -> 1000, "2G" -> 2^31 (binary multiples: K = 1024). nullopt when
-// `s` is not a positive count.
-std::optional<size_t> ParseCount(const std::string& s);
+// `--array-size SIZE` (1M to 1T) of bench dram and bench adam, into *bytes; and its old spelling
+// `--array-mib N` through `old`.
+void AddArraySize(CLI::App* cmd, DeprecatedFlags* old, uint64_t* bytes, const std::string& help);
 
 // Defined in cmd_bench_dram.cc.
 nlohmann::json DramJson(const kernels::DramReport& report);

@@ -14,7 +14,9 @@
 #include "kernels/bench/dram_bench.h"
 #include "kernels/pool.h"
 #include "kernels/targets.h"
+#include "strata/planner.h"
 #include "tools/offloadctl/bench_common.h"
+#include "tools/offloadctl/cli_flags.h"
 #include "tools/offloadctl/commands.h"
 
 namespace strata::cli {
@@ -24,7 +26,7 @@ struct Opts {
   std::string params = "64M";
   int threads = 0;
   int reps = 5;
-  size_t array_mib = 256;
+  uint64_t array_bytes = uint64_t{256} << 20;
   bool bind = false;
   bool stream_state = false;
   bool json = false;
@@ -38,7 +40,7 @@ nlohmann::json RowJson(const kernels::AdamBenchRow& row) {
           {"nt_triad_bytes_per_s", row.nt_triad_bytes_per_s}};
 }
 
-// The --path names as paths; nullopt (after a message) when one is unknown.
+// The --dtype-path names as paths; nullopt (after a message) when one is unknown.
 std::optional<std::vector<kernels::AdamPath>> ParsePaths(const std::vector<std::string>& names) {
   if (names.empty()) return kernels::AllAdamPaths();
   std::vector<kernels::AdamPath> paths;
@@ -48,7 +50,7 @@ std::optional<std::vector<kernels::AdamPath>> ParsePaths(const std::vector<std::
       if (p.Name() == name) paths.push_back(p);
     }
     if (paths.size() == before) {
-      std::fprintf(stderr, "bench adam: unknown --path '%s'; known:", name.c_str());
+      std::fprintf(stderr, "bench adam: unknown --dtype-path '%s'; known:", name.c_str());
       for (const auto& p : kernels::AllAdamPaths()) std::fprintf(stderr, " %s", p.Name().c_str());
       std::fprintf(stderr, "\n");
       return std::nullopt;
@@ -109,18 +111,19 @@ int Fail(const Status& s) {
 }
 
 int Run(const Opts& o) {
-  const std::optional<size_t> params = ParseCount(o.params);
-  if (!params) {
-    std::fprintf(stderr,
-                 "bench adam: --params '%s' is not a positive count (e.g. 1000, 512K, 64M)\n",
-                 o.params.c_str());
+  // The parameter count as `plan --params` reads it (decimal suffixes: 64M = 64e6).
+  const Result<double> count = ParseParamCount(o.params);
+  if (!count.ok()) {
+    std::fprintf(stderr, "bench adam: --params: %s\n",
+                 std::string(count.status().message()).c_str());
     return kExitUsage;
   }
+  const std::optional<size_t> params = static_cast<size_t>(*count);
   std::optional<std::vector<kernels::AdamPath>> paths = ParsePaths(o.paths);
   if (!paths) return kExitUsage;
 
   kernels::DramBenchOptions dopt;
-  dopt.array_bytes = o.array_mib << 20;
+  dopt.array_bytes = o.array_bytes;
   dopt.max_threads = o.threads;
   dopt.reps = o.reps;
   dopt.bind_threads = o.bind;
@@ -165,7 +168,8 @@ void RegisterBenchAdam(CLI::App& bench, int* exit_code) {
       "threads, next to this run's DRAM triad");
   auto o = std::make_shared<Opts>();
   cmd->add_option("--params", o->params,
-                  "Shard size in parameters, K/M/G = 2^10/2^20/2^30 (needs ~30 bytes each)")
+                  "Shard size in parameters, as plan's --params: 64M, 1.5B, 7e6 (decimal k/M/B; "
+                  "needs ~30 bytes each)")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads,
                   "Measure 1, 2, 4, ... and THREADS threads (0: one per CPU)")
@@ -174,19 +178,25 @@ void RegisterBenchAdam(CLI::App& bench, int* exit_code) {
   cmd->add_option("--reps", o->reps, "Timed steps per path and thread count; the fastest counts")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  cmd->add_option("--array-mib", o->array_mib, "MiB per array of the DRAM reference benchmark")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
-      ->capture_default_str();
-  cmd->add_option("--path", o->paths,
-                  "Measure only this dtype path, e.g. grad_bf16_out_bf16 (repeatable; default: "
-                  "all nine grad {fp32,bf16,fp16} x out {none,bf16,fp16})");
+  DeprecatedFlags old("bench adam");
+  AddArraySize(cmd, &old, &o->array_bytes, "Bytes per array of the DRAM reference benchmark");
+  CLI::Option* dtype_path =
+      cmd->add_option("--dtype-path", o->paths,
+                      "Measure only this dtype path, e.g. grad_bf16_out_bf16 (repeatable; "
+                      "default: all nine grad {fp32,bf16,fp16} x out {none,bf16,fp16})")
+          ->type_name("NAME")
+          ->allow_extra_args(false);
+  old.Add(cmd, "--path", dtype_path, [o](const std::string& v) {
+    o->paths.push_back(v);
+    return std::string();
+  });
   cmd->add_flag("--bind", o->bind, "Bind worker threads to cores (hwloc)");
   cmd->add_flag("--stream-state", o->stream_state,
                 "Non-temporal stores for master/m/v too (the bf16/fp16 output always streams)");
   cmd->add_flag("--json", o->json,
                 "Print one JSON object: per path params_per_s, bytes_per_param, "
                 "effective_bytes_per_s, and nt_triad_bytes_per_s of the same run");
-  cmd->callback([o, exit_code] { *exit_code = Run(*o); });
+  cmd->callback([o, exit_code, old] { *exit_code = old.Apply() ? Run(*o) : kExitUsage; });
 }
 
 }  // namespace strata::cli

@@ -27,6 +27,7 @@
 #include "cpu/gloo_comm.h"
 #include "cpu/rendezvous/rendezvous.h"
 #include "tools/offloadctl/bench_comm_backend.h"
+#include "tools/offloadctl/cli_flags.h"
 #include "tools/offloadctl/commands.h"
 
 namespace strata::cli {
@@ -266,12 +267,14 @@ void RegisterBenchComm(CLI::App& bench, int* exit_code) {
       ->default_val("gloo");
   cmd->add_option("-n,--nproc", o->n, "Number of ranks")->check(CLI::Range(1, 64))->default_val(2);
   cmd->add_option("--dtype", o->dtype, "Element type: fp32, bf16 or fp16")->default_val("bf16");
-  cmd->add_option("--min-bytes", o->min_bytes, "Smallest message (bytes; K/M/G suffixes)")
-      ->transform(CLI::AsSizeValue(false))
-      ->default_val("1K");
+  cmd->add_option("--min-bytes", o->min_bytes, "Smallest message (a SIZE: 4096, 1K, 2M)")
+      ->transform(SizeArg())
+      ->type_name("SIZE")
+      ->default_str("1K");
   cmd->add_option("--max-bytes", o->max_bytes, "Largest message (sizes double from the smallest)")
-      ->transform(CLI::AsSizeValue(false))
-      ->default_val("16M");
+      ->transform(SizeArg())
+      ->type_name("SIZE")
+      ->default_str("16M");
   cmd->add_option("--warmup", o->warmup, "Untimed iterations per size")
       ->check(CLI::Range(0, 1000))
       ->default_val(2);

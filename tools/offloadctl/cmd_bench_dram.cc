@@ -46,17 +46,16 @@ void RegisterBenchDram(CLI::App& bench, int* exit_code) {
   auto* cmd = bench.add_subcommand(
       "dram", "DRAM bandwidth: copy, triad and non-temporal triad for 1, 2, 4, ..., N threads");
   struct Opts {
-    size_t array_mib = 256;
+    uint64_t array_bytes = uint64_t{256} << 20;
     int threads = 0;
     int reps = 5;
     bool bind = false;
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--array-mib", o->array_mib,
-                  "MiB per array (three arrays); must dwarf the last-level cache")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
-      ->capture_default_str();
+  DeprecatedFlags old("bench dram");
+  AddArraySize(cmd, &old, &o->array_bytes,
+               "Bytes per array (three arrays); must dwarf the last-level cache");
   cmd->add_option("--threads", o->threads,
                   "Measure 1, 2, 4, ... and THREADS threads (0: one per CPU)")
       ->check(CLI::Range(0, 4096))
@@ -66,9 +65,13 @@ void RegisterBenchDram(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("--bind", o->bind, "Bind worker threads to cores (hwloc)");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of a table");
-  cmd->callback([o, exit_code] {
+  cmd->callback([o, exit_code, old] {
+    if (!old.Apply()) {
+      *exit_code = kExitUsage;
+      return;
+    }
     kernels::DramBenchOptions opt;
-    opt.array_bytes = o->array_mib << 20;
+    opt.array_bytes = o->array_bytes;
     opt.max_threads = o->threads;
     opt.reps = o->reps;
     opt.bind_threads = o->bind;

@@ -31,6 +31,7 @@
 #include "sched/step_pipeline.h"
 #include "sched/trace.h"
 #include "strata/store.h"
+#include "tools/offloadctl/cli_flags.h"
 #include "tools/offloadctl/commands.h"
 
 namespace strata::cli {
@@ -39,6 +40,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kWait = std::chrono::seconds(120);
+constexpr double kMiB = 1 << 20;
 
 double Sec(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -63,7 +65,7 @@ struct BenchStoreArgs {
   bool json = false;
 };
 
-// One fresh subdirectory per --dir (a swap file of rank 0 in each), so concurrent benches and
+// One fresh subdirectory per --nvme-path (a swap file of rank 0 in each), so concurrent benches and
 // the leftovers of a killed one never collide; removed with its contents at the end.
 class BenchDirs {
  public:
@@ -214,18 +216,18 @@ Result<OptResult> RunOptimizer(Store& store, const BenchStoreArgs& a,
 Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
   if (a.layers < 1 || a.steps < 1 || a.subgroups < 1 || a.group_mb <= 0 || a.subgroup_mb <= 0) {
     return Status::InvalidArgument(
-        "--layers, --steps, --subgroups, --group-mb and "
-        "--subgroup-mb must be positive");
+        "--layers, --steps, --subgroups, --group-size and "
+        "--subgroup-size must be positive");
   }
   if (a.threads < 0 || a.stripe_kb <= 0 || a.stripe_kb % 4 != 0) {
     return Status::InvalidArgument(
-        "--threads must be >= 0 and --stripe-kb a positive multiple of 4");
+        "--threads must be >= 0 and --stripe-size a positive multiple of 4K");
   }
   if (a.read_ahead < 0 || a.write_behind < 0 || a.pcie_gbps < 0 || a.compute_ms < 0 ||
       a.device_mb <= 0 || a.host_mb <= 0 || a.prefetch_mb <= 0) {
     return Status::InvalidArgument(
         "--read-ahead, --write-behind, --pcie-gbps and --compute-ms "
-        "must be >= 0; --device-mb, --host-mb, --prefetch-mb > 0");
+        "must be >= 0; --device-budget, --host-budget, --prefetch-size > 0");
   }
   STRATA_ASSIGN_OR_RETURN(Tier home, ParseTier(a.home));
   auto mb = [](double x) { return static_cast<uint64_t>(x * (1 << 20)); };
@@ -234,14 +236,7 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
   ho.copy_bandwidth_bytes_per_s = static_cast<uint64_t>(a.pcie_gbps * 1e9);
   STRATA_ASSIGN_OR_RETURN(auto device, CreateHostDevice(ho));
   IoBackendOptions io;
-  if (a.io == "auto")
-    io.kind = IoBackendKind::kAuto;
-  else if (a.io == "uring")
-    io.kind = IoBackendKind::kIoUring;
-  else if (a.io == "posix")
-    io.kind = IoBackendKind::kPosix;
-  else
-    return Status::InvalidArgument("--io must be auto, uring or posix, not '" + a.io + "'");
+  STRATA_ASSIGN_OR_RETURN(io.kind, IoBackendFromName(a.io));
   STRATA_ASSIGN_OR_RETURN(auto backend, OpenIoBackend(io));
   const std::string backend_note = backend->note();
   TieredStoreOptions so;
@@ -331,6 +326,23 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
   return Status::OK();
 }
 
+// A SIZE option of bench store kept in MiB (BenchStoreArgs' unit), and its old MiB spelling.
+void AddMibSize(CLI::App* c, DeprecatedFlags* old, const std::string& name,
+                const std::string& old_name, double* mib, const std::string& help) {
+  CLI::Option* opt = c->add_option_function<std::string>(
+                          name, [mib](const std::string& v) { *mib = *ParseSize(v) / kMiB; }, help)
+                         ->check(SizeArg())
+                         ->type_name("SIZE")
+                         ->default_str(SizeString(static_cast<uint64_t>(*mib * kMiB)));
+  old->Add(c, old_name, opt, [mib](const std::string& v) {
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0') return "'" + v + "' is not a number of MiB";
+    *mib = x;
+    return std::string();
+  });
+}
+
 }  // namespace
 
 void RegisterBenchStore(CLI::App& bench, int* exit_code) {
@@ -340,25 +352,23 @@ void RegisterBenchStore(CLI::App& bench, int* exit_code) {
       "Replay a synthetic ZeRO-3 step (prefetch over the tiered store) and an optimizer "
       "pipeline over NVMe-resident state; report stall fraction and pipeline ratio. "
       "The device is the CPU stand-in (HostDevice). Timings on a shared machine are noisy.");
+  DeprecatedFlags old("bench store");
   c->add_option("--layers", args->layers, "Parameter groups (layers)")->capture_default_str();
-  c->add_option("--group-mb", args->group_mb, "param16 MiB per group")->capture_default_str();
+  AddMibSize(c, &old, "--group-size", "--group-mb", &args->group_mb, "param16 bytes per group");
   c->add_option("--home", args->home, "Home tier of the params: device, host or nvme")
       ->capture_default_str();
   c->add_option("--compute-ms", args->compute_ms, "Simulated compute per layer use (ms)")
       ->capture_default_str();
   c->add_option("--steps", args->steps, "Steps (the first records the trace)")
       ->capture_default_str();
-  c->add_option("--device-mb", args->device_mb, "Device (HBM) cache budget in MiB")
-      ->capture_default_str();
-  c->add_option("--host-mb", args->host_mb, "Pinned host cache budget in MiB")
-      ->capture_default_str();
-  c->add_option("--prefetch-mb", args->prefetch_mb,
-                "Prefetch lookahead in MiB (stage3_prefetch_bucket_size x 2 bytes)")
-      ->capture_default_str();
+  AddMibSize(c, &old, "--device-budget", "--device-mb", &args->device_mb,
+             "Device (HBM) cache budget");
+  AddMibSize(c, &old, "--host-budget", "--host-mb", &args->host_mb, "Pinned host cache budget");
+  AddMibSize(c, &old, "--prefetch-size", "--prefetch-mb", &args->prefetch_mb,
+             "Prefetch lookahead (stage3_prefetch_bucket_size x 2 bytes)");
   c->add_option("--subgroups", args->subgroups, "Optimizer sub-groups")->capture_default_str();
-  c->add_option("--subgroup-mb", args->subgroup_mb,
-                "fp32 optimizer state (master, m, v) MiB per sub-group")
-      ->capture_default_str();
+  AddMibSize(c, &old, "--subgroup-size", "--subgroup-mb", &args->subgroup_mb,
+             "fp32 optimizer state (master, m, v) bytes per sub-group");
   c->add_option("--read-ahead", args->read_ahead, "Optimizer read-ahead depth")
       ->capture_default_str();
   c->add_option("--write-behind", args->write_behind, "Optimizer write-behind depth")
@@ -366,18 +376,47 @@ void RegisterBenchStore(CLI::App& bench, int* exit_code) {
   c->add_option("--pcie-gbps", args->pcie_gbps,
                 "Simulated host<->device link GB/s (0: memcpy speed)")
       ->capture_default_str();
-  c->add_option("--io", args->io, "IO backend: auto, uring or posix")->capture_default_str();
-  c->add_option("--dir", args->dirs,
-                "nvme_path directory; repeat for several SSDs (blocks are striped over all). "
-                "A fresh subdirectory is made and removed in each (default: the temp dir)");
-  c->add_option("--stripe-kb", args->stripe_kb,
-                "Stripe unit in KiB over the --dir paths (a multiple of 4)")
-      ->capture_default_str();
+  CLI::Option* io = AddIoBackendOption(c, &args->io);
+  old.Add(c, "--io", io, [args](const std::string& v) {
+    if (!IoBackendFromName(v).ok()) return "'" + v + "' is not one of auto, io_uring, posix";
+    args->io = v;
+    return std::string();
+  });
+  CLI::Option* nvme_path = AddNvmePathOption(
+      c, &args->dirs,
+      "Directory for the swap files (DeepSpeed's nvme_path); repeat for several SSDs (blocks are "
+      "striped over all). A fresh subdirectory is made and removed in each (default: the temp "
+      "dir)");
+  old.Add(c, "--dir", nvme_path, [args](const std::string& v) {
+    args->dirs.push_back(v);
+    return std::string();
+  });
+  CLI::Option* stripe =
+      c->add_option_function<std::string>(
+           "--stripe-size",
+           [args](const std::string& v) {
+             args->stripe_kb = static_cast<int>(*ParseSize(v) / 1024);
+           },
+           "Stripe unit over the --nvme-path directories, a multiple of 4K")
+          ->check(SizeArg({.multiple_bytes = 4096, .max_bytes = uint64_t{1} << 30}))
+          ->type_name("SIZE")
+          ->default_str(SizeString(uint64_t(args->stripe_kb) * 1024));
+  old.Add(c, "--stripe-kb", stripe, [args](const std::string& v) {
+    char* end = nullptr;
+    const long kb = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || kb > (1 << 20)) return "'" + v + "' is not a number of KiB";
+    args->stripe_kb = static_cast<int>(kb);
+    return std::string();
+  });
   c->add_option("--threads", args->threads,
                 "Threads of the Adam KernelPool, the calling thread included (0: every CPU)")
       ->capture_default_str();
   c->add_flag("--json", args->json, "Print one JSON object");
-  c->callback([args, exit_code] {
+  c->callback([args, exit_code, old] {
+    if (!old.Apply()) {
+      *exit_code = kExitUsage;
+      return;
+    }
     nlohmann::json j;
     Status s = RunBenchStore(*args, &j);
     if (!s.ok()) {

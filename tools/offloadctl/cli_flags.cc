@@ -1,0 +1,132 @@
+#include "tools/offloadctl/cli_flags.h"
+
+#include <cctype>
+#include <cstdio>
+#include <limits>
+
+namespace strata::cli {
+
+std::optional<uint64_t> ParseSize(std::string_view s) {
+  size_t pos = 0;
+  uint64_t v = 0;
+  while (pos < s.size() && std::isdigit(static_cast<unsigned char>(s[pos]))) {
+    const unsigned digit = static_cast<unsigned>(s[pos] - '0');
+    if (v > (std::numeric_limits<uint64_t>::max() - digit) / 10) return std::nullopt;
+    v = v * 10 + digit;
+    ++pos;
+  }
+  if (pos == 0 || v == 0) return std::nullopt;
+  std::string unit;
+  for (char c : s.substr(pos))
+    unit += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  int shift = 0;
+  if (!unit.empty() && unit != "b") {
+    switch (unit[0]) {
+      case 'k':
+        shift = 10;
+        break;
+      case 'm':
+        shift = 20;
+        break;
+      case 'g':
+        shift = 30;
+        break;
+      case 't':
+        shift = 40;
+        break;
+      default:
+        return std::nullopt;
+    }
+    const std::string rest = unit.substr(1);
+    if (!rest.empty() && rest != "b" && rest != "ib") return std::nullopt;
+  }
+  if (v > (std::numeric_limits<uint64_t>::max() >> shift)) return std::nullopt;
+  return v << shift;
+}
+
+std::string SizeString(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"T", "G", "M", "K"};
+  for (int i = 0; i < 4; ++i) {
+    const int shift = 40 - 10 * i;
+    if (bytes != 0 && bytes % (uint64_t{1} << shift) == 0) {
+      return std::to_string(bytes >> shift) + kUnits[i];
+    }
+  }
+  return std::to_string(bytes);
+}
+
+CLI::Validator SizeArg(SizeRule rule) {
+  return CLI::Validator(
+      [rule](std::string& s) -> std::string {
+        const std::optional<uint64_t> v = ParseSize(s);
+        if (!v) return "'" + s + "' is not a size such as 4096, 256K, 1M or 2G";
+        if (*v < rule.min_bytes) return "must be at least " + SizeString(rule.min_bytes);
+        if (*v > rule.max_bytes) return "must be at most " + SizeString(rule.max_bytes);
+        if (*v % rule.multiple_bytes != 0) {
+          return "must be a multiple of " + SizeString(rule.multiple_bytes) + ", got " + s;
+        }
+        s = std::to_string(*v);  // kept by ->transform() (a numeric option), dropped by ->check()
+        return {};
+      },
+      "");  // the option's type name says SIZE
+}
+
+CLI::Option* AddNvmePathOption(CLI::App* cmd, std::vector<std::string>* dirs,
+                               const std::string& help) {
+  return cmd->add_option("--nvme-path", *dirs, help)->type_name("DIR")->allow_extra_args(false);
+}
+
+CLI::Option* AddIoBackendOption(CLI::App* cmd, std::string* name) {
+  return cmd
+      ->add_option("--io-backend", *name,
+                   "IO path: io_uring, posix (pread/pwrite workers) or auto (io_uring when the "
+                   "kernel allows it, else posix)")
+      ->check(CLI::IsMember({"auto", "io_uring", "posix"}))
+      ->capture_default_str();
+}
+
+Result<IoBackendKind> IoBackendFromName(const std::string& name) {
+  if (name == "auto") return IoBackendKind::kAuto;
+  if (name == "io_uring" || name == "uring") return IoBackendKind::kIoUring;
+  if (name == "posix") return IoBackendKind::kPosix;
+  return Status::InvalidArgument("IO backend must be auto, io_uring or posix, not '" + name + "'");
+}
+
+void DeprecatedFlags::Add(CLI::App* cmd, const std::string& old_name, const CLI::Option* current,
+                          ApplyFn apply) {
+  Entry e;
+  e.old_name = old_name;
+  e.current = current;
+  e.values = std::make_shared<std::vector<std::string>>();
+  e.apply = std::move(apply);
+  // Hidden from --help (empty group); one value per occurrence, as the new spelling takes.
+  e.old_option = cmd->add_option(old_name, *e.values, "")->group("")->allow_extra_args(false);
+  entries_.push_back(std::move(e));
+}
+
+bool DeprecatedFlags::Apply() const {
+  for (const Entry& e : entries_) {
+    if (e.old_option->count() == 0) continue;
+    const std::string now = e.current->get_name();
+    std::fprintf(stderr,
+                 "offloadctl %s: %s is deprecated and will be removed after this release; use "
+                 "%s\n",
+                 command_.c_str(), e.old_name.c_str(), now.c_str());
+    if (e.current->count() > 0 && e.current->get_expected_max() <= 1) {
+      std::fprintf(stderr, "offloadctl %s: give %s or its old spelling %s, not both\n",
+                   command_.c_str(), now.c_str(), e.old_name.c_str());
+      return false;
+    }
+    for (const std::string& v : *e.values) {
+      const std::string why = e.apply(v);
+      if (!why.empty()) {
+        std::fprintf(stderr, "offloadctl %s: %s: %s\n", command_.c_str(), e.old_name.c_str(),
+                     why.c_str());
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace strata::cli
