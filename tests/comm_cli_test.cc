@@ -37,6 +37,27 @@ TEST(LaunchCli, StartsRanksWithTheirEnvironmentAndPrefixesOutput) {
   }
 }
 
+TEST(LaunchCli, EveryRunGetsItsOwnRendezvousSecret) {
+  // The ranks of one run share a secret of 32 random bytes (64 hex characters); the next run's
+  // differs. A secret in launch's own environment is not handed on.
+  const Out a = Sh("env STRATA_RDZV_SECRET=users-own-secret-123 " + Ctl() +
+                   " launch -n 2 -- sh -c 'echo secret=$STRATA_RDZV_SECRET'");
+  const Out b = Sh(Ctl() + " launch -n 1 -- sh -c 'echo secret=$STRATA_RDZV_SECRET'");
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  auto secret_of = [](const std::string& out, int rank) {
+    const std::string tag = "[rank " + std::to_string(rank) + "] secret=";
+    const size_t at = out.find(tag);
+    return at == std::string::npos ? std::string() : out.substr(at + tag.size(), 64);
+  };
+  const std::string s0 = secret_of(a.out, 0);
+  EXPECT_EQ(s0.find_first_not_of("0123456789abcdef"), std::string::npos) << a.out;
+  EXPECT_EQ(s0.size(), 64u) << a.out;
+  EXPECT_EQ(secret_of(a.out, 1), s0) << a.out;
+  EXPECT_NE(secret_of(b.out, 0), s0) << b.out;
+  EXPECT_EQ(a.out.find("users-own-secret"), std::string::npos) << a.out;
+}
+
 TEST(LaunchCli, FileRendezvousWorksToo) {
   const std::string dir =
       std::string(std::getenv("STRATA_TEST_TMPDIR") ? std::getenv("STRATA_TEST_TMPDIR") : "/tmp") +
@@ -142,11 +163,18 @@ TEST(RankProgram, BadRendezvousSettingsGiveAClearError) {
   EXPECT_NE(o.out.find("RANK is not set"), std::string::npos) << o.out;
   o =
       Sh("env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "
-         "STRATA_RDZV_TIMEOUT_MS=300 " COMM_RANK_MAIN);
+         "STRATA_RDZV_SECRET=0123456789abcdef STRATA_RDZV_TIMEOUT_MS=300 " COMM_RANK_MAIN);
   EXPECT_EQ(o.exit_code, 2);
   EXPECT_NE(o.out.find("no server answered at 127.0.0.1:1"), std::string::npos) << o.out;
-  o = Sh(
-      "env RANK=0 WORLD_SIZE=2 MASTER_ADDR=not-a-host.invalid MASTER_PORT=29555 " COMM_RANK_MAIN);
+  // TCP without a secret is refused before anything listens or connects.
+  o =
+      Sh("env -u STRATA_RDZV_SECRET RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "
+         "MASTER_PORT=1 " COMM_RANK_MAIN);
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.out.find("STRATA_RDZV_SECRET is not set"), std::string::npos) << o.out;
+  o =
+      Sh("env RANK=0 WORLD_SIZE=2 MASTER_ADDR=not-a-host.invalid MASTER_PORT=29555 "
+         "STRATA_RDZV_SECRET=0123456789abcdef " COMM_RANK_MAIN);
   EXPECT_EQ(o.exit_code, 2);
   EXPECT_NE(o.out.find("not-a-host.invalid"), std::string::npos) << o.out;
 }

@@ -523,7 +523,13 @@ TEST(GlooComm, TcpStoreRendezvousWorks) {
     ::close(fd);
   }
   auto codes = RunRanks(2, [&](int r) -> std::string {
-    auto store = cpu::TcpKvStore::Open("127.0.0.1", port, r == 0, milliseconds(20000));
+    cpu::TcpKvStoreOptions so;
+    so.host = "127.0.0.1";
+    so.port = port;
+    so.is_server = r == 0;
+    so.timeout = milliseconds(20000);
+    so.secret = "gloo-test-secret-0123456789";
+    auto store = cpu::TcpKvStore::Open(so);
     if (!store.ok()) return store.status().ToString();
     GlooCommOptions o;
     o.rank = r;

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "tests/multiprocess.h"
+#include "tests/rendezvous_wire.h"
 
 namespace strata {
 namespace {
@@ -26,6 +27,19 @@ Result<cpu::RendezvousConfig> FromMap(const std::map<std::string, std::string>& 
     auto it = env.find(name);
     return it == env.end() ? nullptr : it->second.c_str();
   });
+}
+
+constexpr char kSecret[] = "0123456789abcdef-test-secret";
+
+// Options for a store on `host`:`port` with the tests' secret.
+cpu::TcpKvStoreOptions Tcp(const std::string& host, int port, bool is_server, milliseconds timeout,
+                           int max_clients = cpu::TcpKvStore::kMaxClients) {
+  return {.host = host,
+          .port = port,
+          .is_server = is_server,
+          .timeout = timeout,
+          .secret = kSecret,
+          .max_clients = max_clients};
 }
 
 void ExpectInvalid(const std::map<std::string, std::string>& env, const std::string& needle) {
@@ -40,13 +54,15 @@ TEST(RendezvousConfig, ReadsTorchrunVariables) {
                     {"WORLD_SIZE", "4"},
                     {"LOCAL_RANK", "1"},
                     {"MASTER_ADDR", "127.0.0.1"},
-                    {"MASTER_PORT", "29500"}});
+                    {"MASTER_PORT", "29500"},
+                    {"STRATA_RDZV_SECRET", kSecret}});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->rank, 3);
   EXPECT_EQ(c->world_size, 4);
   EXPECT_EQ(c->local_rank, 1);
   EXPECT_EQ(c->master_addr, "127.0.0.1");
   EXPECT_EQ(c->master_port, 29500);
+  EXPECT_EQ(c->secret, kSecret);
   EXPECT_TRUE(c->file_dir.empty());
   auto f = FromMap({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"STRATA_RDZV_DIR", "/tmp/x"}});
   ASSERT_TRUE(f.ok()) << f.status().ToString();
@@ -55,8 +71,11 @@ TEST(RendezvousConfig, ReadsTorchrunVariables) {
 }
 
 TEST(RendezvousConfig, BadSettingsNameTheVariable) {
-  const std::map<std::string, std::string> ok = {
-      {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  const std::map<std::string, std::string> ok = {{"RANK", "0"},
+                                                 {"WORLD_SIZE", "2"},
+                                                 {"MASTER_ADDR", "127.0.0.1"},
+                                                 {"MASTER_PORT", "29500"},
+                                                 {"STRATA_RDZV_SECRET", kSecret}};
   auto with = [&](const std::string& k, const std::string& v) {
     auto m = ok;
     if (v.empty()) {
@@ -77,13 +96,13 @@ TEST(RendezvousConfig, BadSettingsNameTheVariable) {
 }
 
 TEST(TcpKvStore, UnresolvableHostAndAbsentServerGiveClearErrors) {
-  auto bad = cpu::TcpKvStore::Open("no-such-host.invalid", 29500, false, milliseconds(200));
+  auto bad = cpu::TcpKvStore::Open(Tcp("no-such-host.invalid", 29500, false, milliseconds(200)));
   ASSERT_FALSE(bad.ok());
   EXPECT_TRUE(bad.status().IsInvalidArgument()) << bad.status().ToString();
   EXPECT_NE(bad.status().ToString().find("no-such-host.invalid"), std::string::npos);
   // Port 1 on loopback: nobody listens (and we are not allowed to), so connect is refused.
   const auto t0 = std::chrono::steady_clock::now();
-  auto absent = cpu::TcpKvStore::Open("127.0.0.1", 1, false, milliseconds(300));
+  auto absent = cpu::TcpKvStore::Open(Tcp("127.0.0.1", 1, false, milliseconds(300)));
   ASSERT_FALSE(absent.ok());
   EXPECT_TRUE(absent.status().IsDeadlineExceeded()) << absent.status().ToString();
   EXPECT_NE(absent.status().ToString().find("127.0.0.1:1"), std::string::npos);
@@ -95,14 +114,14 @@ TEST(TcpKvStore, ServerAndClientsExchangeKeys) {
   std::unique_ptr<cpu::TcpKvStore> server;
   int port = 0;
   for (int p = 29600 + (::getpid() % 2000); p < 29600 + (::getpid() % 2000) + 50 && !server; ++p) {
-    auto s = cpu::TcpKvStore::Open("127.0.0.1", p, true, milliseconds(2000));
+    auto s = cpu::TcpKvStore::Open(Tcp("127.0.0.1", p, true, milliseconds(2000)));
     if (s.ok()) {
       server = std::move(*s);
       port = p;
     }
   }
   ASSERT_TRUE(server) << "no free port";
-  auto client = cpu::TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+  auto client = cpu::TcpKvStore::Open(Tcp("127.0.0.1", port, false, milliseconds(2000)));
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   std::thread late([&] {
     std::this_thread::sleep_for(milliseconds(50));
@@ -175,31 +194,10 @@ TEST(RendezvousConfig, RunIdScopesKeysSoAReusedDirectoryHoldsNoStaleValues) {
   EXPECT_TRUE(too_long.status().IsInvalidArgument());
 }
 
-// A listening socket on a kernel-chosen loopback port; returns {fd, port}.
-std::pair<int, int> ListenLoopback() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::listen(fd, 4) != 0) {
-    return {-1, 0};
-  }
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  return {fd, ntohs(a.sin_port)};
-}
-
 TEST(TcpKvStore, ARequestThatTimedOutMakesTheConnectionUnusable) {
   // A slow server: it answers the first GET only after the client gave up, with value "A". The
   // client must not read that late reply as the answer to its next request.
-  auto [lfd, port] = ListenLoopback();
-  ASSERT_GE(lfd, 0);
-  std::thread server([lfd = lfd] {
-    pollfd p{lfd, POLLIN, 0};
-    if (::poll(&p, 1, 5000) != 1) return;
-    const int c = ::accept(lfd, nullptr, nullptr);
-    if (c < 0) return;
+  testing::FakeRankZero server(kSecret, [](int c) {
     char buf[256];
     pollfd q{c, POLLIN, 0};
     if (::poll(&q, 1, 5000) == 1) (void)::recv(c, buf, sizeof(buf), 0);  // request 1
@@ -209,9 +207,9 @@ TEST(TcpKvStore, ARequestThatTimedOutMakesTheConnectionUnusable) {
     if (::poll(&q, 1, 2000) == 1) (void)::recv(c, buf, sizeof(buf), 0);  // request 2, if any
     (void)::send(c, reply, sizeof(reply), MSG_NOSIGNAL);
     std::this_thread::sleep_for(milliseconds(200));
-    ::close(c);
   });
-  auto client = cpu::TcpKvStore::Open("127.0.0.1", port, false, milliseconds(150));
+  ASSERT_GT(server.port(), 0);
+  auto client = cpu::TcpKvStore::Open(Tcp("127.0.0.1", server.port(), false, milliseconds(150)));
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   auto first = (*client)->Get("slow", milliseconds(10));
   EXPECT_TRUE(first.status().IsDeadlineExceeded()) << first.status().ToString();
@@ -223,13 +221,11 @@ TEST(TcpKvStore, ARequestThatTimedOutMakesTheConnectionUnusable) {
   EXPECT_NE(second.status().ToString().find("earlier failure"), std::string::npos)
       << second.status().ToString();
   EXPECT_TRUE((*client)->Set("k", std::vector<uint8_t>{1}).IsUnavailable());
-  server.join();
-  ::close(lfd);
 }
 
 std::unique_ptr<cpu::TcpKvStore> ServerOnSomePort(int* port, int max_clients) {
   for (int p = 33600 + (::getpid() % 2000); p < 33600 + (::getpid() % 2000) + 50; ++p) {
-    auto s = cpu::TcpKvStore::Open("127.0.0.1", p, true, milliseconds(2000), max_clients);
+    auto s = cpu::TcpKvStore::Open(Tcp("127.0.0.1", p, true, milliseconds(2000), max_clients));
     if (s.ok()) {
       *port = p;
       return std::move(*s);
@@ -244,7 +240,7 @@ TEST(TcpKvStore, ServerForgetsClientsThatLeft) {
   auto server = ServerOnSomePort(&port, cpu::TcpKvStore::kMaxClients);
   ASSERT_TRUE(server) << "no free port";
   for (int i = 0; i < cpu::TcpKvStore::kMaxClients + 100; ++i) {
-    auto c = cpu::TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+    auto c = cpu::TcpKvStore::Open(Tcp("127.0.0.1", port, false, milliseconds(2000)));
     ASSERT_TRUE(c.ok()) << "client " << i << ": " << c.status().ToString();
     const Status st = (*c)->Set("k", std::vector<uint8_t>{static_cast<uint8_t>(i)});
     ASSERT_TRUE(st.ok()) << "client " << i << ": " << st.ToString();
@@ -256,22 +252,21 @@ TEST(TcpKvStore, AClientOverTheLimitGetsAClearError) {
   int port = 0;
   auto server = ServerOnSomePort(&port, /*max_clients=*/2);  // the server's own client is one
   ASSERT_TRUE(server) << "no free port";
-  auto a = cpu::TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
+  auto a = cpu::TcpKvStore::Open(Tcp("127.0.0.1", port, false, milliseconds(2000)));
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE((*a)->Set("a", std::vector<uint8_t>{1}).ok());
-  auto b = cpu::TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
-  ASSERT_TRUE(b.ok());
-  const Status refused = (*b)->Set("b", std::vector<uint8_t>{1});
-  EXPECT_TRUE(refused.IsUnavailable()) << refused.ToString();
-  EXPECT_NE(refused.ToString().find("too many connections"), std::string::npos)
-      << refused.ToString();
-  // Once a client leaves, a new one is served (its slot is reaped when the next one connects).
+  // Every slot is held by an authenticated client: the next one is refused as it connects.
+  auto b = cpu::TcpKvStore::Open(Tcp("127.0.0.1", port, false, milliseconds(2000)));
+  ASSERT_FALSE(b.ok());
+  EXPECT_TRUE(b.status().IsUnavailable()) << b.status().ToString();
+  EXPECT_NE(b.status().ToString().find("too many connections"), std::string::npos)
+      << b.status().ToString();
+  // Once a client leaves, a new one is served (as soon as the server saw the first one close).
   a->reset();
   bool served = false;
   for (int attempt = 0; attempt < 100 && !served; ++attempt) {
-    auto c = cpu::TcpKvStore::Open("127.0.0.1", port, false, milliseconds(2000));
-    ASSERT_TRUE(c.ok());
-    served = (*c)->Set("c", std::vector<uint8_t>{1}).ok();
+    auto c = cpu::TcpKvStore::Open(Tcp("127.0.0.1", port, false, milliseconds(2000)));
+    served = c.ok() && (*c)->Set("c", std::vector<uint8_t>{1}).ok();
     if (!served) std::this_thread::sleep_for(milliseconds(20));
   }
   EXPECT_TRUE(served);
@@ -280,7 +275,7 @@ TEST(TcpKvStore, AClientOverTheLimitGetsAClearError) {
 TEST(TcpKvStore, DeleteRemovesAKey) {
   std::unique_ptr<cpu::TcpKvStore> server;
   for (int p = 31600 + (::getpid() % 2000); p < 31600 + (::getpid() % 2000) + 50 && !server; ++p) {
-    auto s = cpu::TcpKvStore::Open("127.0.0.1", p, true, milliseconds(2000));
+    auto s = cpu::TcpKvStore::Open(Tcp("127.0.0.1", p, true, milliseconds(2000)));
     if (s.ok()) server = std::move(*s);
   }
   ASSERT_TRUE(server) << "no free port";

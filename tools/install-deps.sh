@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config ccache git
   libtbb-dev libhwy-dev libhwloc-dev liburing-dev libgloo-dev
-  nlohmann-json3-dev libcli11-dev libxxhash-dev
+  nlohmann-json3-dev libcli11-dev libxxhash-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fio python3
 )

@@ -2,7 +2,10 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+
+#include "cpu/rendezvous/auth.h"
 
 namespace strata::cpu {
 namespace {
@@ -51,6 +54,16 @@ Result<RendezvousConfig> RendezvousConfig::FromEnv(
   const char* run_id = env("TORCHELASTIC_RUN_ID");
   if (run_id == nullptr || *run_id == '\0') run_id = env("STRATA_RUN_ID");
   if (run_id != nullptr) c.run_id = run_id;
+  const char* secret = env("STRATA_RDZV_SECRET");
+  if (secret != nullptr) c.secret = secret;
+  const char* insecure = env("STRATA_RDZV_INSECURE");
+  if (insecure != nullptr && *insecure != '\0' && std::strcmp(insecure, "0") != 0) {
+    if (std::strcmp(insecure, "1") != 0) {
+      return Status::InvalidArgument(std::string("rendezvous: STRATA_RDZV_INSECURE='") + insecure +
+                                     "' must be 1 or 0");
+    }
+    c.insecure = true;
+  }
   STRATA_RETURN_IF_ERROR(c.Validate());
   return c;
 }
@@ -83,6 +96,7 @@ Status RendezvousConfig::Validate() const {
       return Status::InvalidArgument("rendezvous: MASTER_PORT=" + std::to_string(master_port) +
                                      " must be in [1, 65535]");
     }
+    STRATA_RETURN_IF_ERROR(CheckRendezvousSecret(secret, insecure));
   }
   return Status::OK();
 }

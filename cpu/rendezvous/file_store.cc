@@ -4,32 +4,87 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <thread>
 
 namespace strata::cpu {
 namespace {
 using Clock = std::chrono::steady_clock;
-}  // namespace
+constexpr size_t kMaxValueBytes = 16u << 20;  // as the TCP store's
+constexpr int kTempNameTries = 64;
 
-// ---------------------------------------------------------------------------
-// FileKvStore
-// ---------------------------------------------------------------------------
-Result<std::unique_ptr<FileKvStore>> FileKvStore::Open(const std::string& dir) {
-  if (dir.empty()) return Status::InvalidArgument("file store: empty directory");
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return Status::FromErrno(errno, "file store: mkdir", dir);
-  }
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return Status::FromErrno(errno, "file store: stat", dir);
-  if (!S_ISDIR(st.st_mode))
-    return Status::InvalidArgument("file store: '" + dir + "' is not a directory");
-  return std::unique_ptr<FileKvStore>(new FileKvStore(dir));
+std::string Octal(mode_t mode) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0%03o", static_cast<unsigned>(mode & 07777));
+  return buf;
 }
 
-std::string FileKvStore::PathOf(std::string_view key) const {
+// Reads a whole regular file of at most kMaxValueBytes. kCorruption otherwise.
+Result<std::vector<uint8_t>> ReadKeyFile(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "file store: fstat", path);
+  if (!S_ISREG(st.st_mode)) {
+    return Status::Corruption("file store: '" + path +
+                              "' is not a regular file; something other than a rank put it there");
+  }
+  std::vector<uint8_t> v;
+  uint8_t chunk[64 << 10];
+  while (true) {
+    const ssize_t r = ::read(fd, chunk, sizeof(chunk));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::FromErrno(errno, "file store: read", path);
+    if (r == 0) return v;
+    if (v.size() + static_cast<size_t>(r) > kMaxValueBytes) {
+      return Status::Corruption("file store: '" + path + "' is larger than 16 MiB");
+    }
+    v.insert(v.end(), chunk, chunk + r);
+  }
+}
+}  // namespace
+
+Result<std::unique_ptr<FileKvStore>> FileKvStore::Open(const std::string& dir) {
+  if (dir.empty()) return Status::InvalidArgument("file store: empty directory");
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Status::FromErrno(errno, "file store: mkdir", dir);
+  }
+  // Every check below is on the descriptor the store then works through, so replacing the path
+  // afterwards changes nothing.
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOTDIR) {
+      return Status::InvalidArgument("file store: '" + dir + "' is not a directory");
+    }
+    return Status::FromErrno(errno, "file store: open", dir);
+  }
+  struct stat st {};
+  std::string problem;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::FromErrno(err, "file store: fstat", dir);
+  }
+  if (st.st_uid != ::geteuid()) {
+    problem = "is owned by uid " + std::to_string(st.st_uid) + ", not by this user (uid " +
+              std::to_string(::geteuid()) +
+              "): its owner could read or plant rendezvous keys; use a directory of your own";
+  } else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    problem = "is group- or world-writable (mode " + Octal(st.st_mode) +
+              "): anyone who may write there could plant rendezvous keys or symlinks; run "
+              "`chmod go-w` on it or use a fresh directory (the store creates it 0700)";
+  }
+  if (!problem.empty()) {
+    ::close(fd);
+    return Status::InvalidArgument("file store: '" + dir + "' " + problem);
+  }
+  return std::unique_ptr<FileKvStore>(new FileKvStore(dir, fd));
+}
+
+FileKvStore::~FileKvStore() { ::close(dir_fd_); }
+
+std::string FileKvStore::NameOf(std::string_view key) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string name;
   for (unsigned char c : key) {
@@ -41,14 +96,30 @@ std::string FileKvStore::PathOf(std::string_view key) const {
       name += kHex[c & 15];
     }
   }
-  return dir_ + "/" + name;
+  return name;
 }
 
 Status FileKvStore::Set(std::string_view key, std::span<const uint8_t> value) {
-  const std::string path = PathOf(key);
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::FromErrno(errno, "file store: open", tmp);
+  const std::string name = NameOf(key);
+  const std::string path = dir_ + "/" + name;
+  // A fresh temp name: O_EXCL fails on anything already there (a leftover, a planted file or
+  // symlink, a concurrent writer), which is then left alone and the next name tried.
+  std::string tmp;
+  int fd = -1;
+  for (int i = 0; i < kTempNameTries && fd < 0; ++i) {
+    tmp = name + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(temp_seq_++);
+    fd = ::openat(dir_fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST)
+      return Status::FromErrno(errno, "file store: open", dir_ + "/" + tmp);
+  }
+  if (fd < 0) {
+    return Status::IOError("file store: " + std::to_string(kTempNameTries) + " temp names for '" +
+                           path + "' already exist (planted files?)");
+  }
+  auto fail = [&](int err, const char* op) {
+    ::unlinkat(dir_fd_, tmp.c_str(), 0);
+    return Status::FromErrno(err, op, dir_ + "/" + tmp);
+  };
   size_t done = 0;
   while (done < value.size()) {
     const ssize_t w = ::write(fd, value.data() + done, value.size() - done);
@@ -56,29 +127,36 @@ Status FileKvStore::Set(std::string_view key, std::span<const uint8_t> value) {
     if (w < 0) {
       const int err = errno;
       ::close(fd);
-      return Status::FromErrno(err, "file store: write", tmp);
+      return fail(err, "file store: write");
     }
     done += static_cast<size_t>(w);
   }
-  if (::close(fd) != 0) return Status::FromErrno(errno, "file store: close", tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Status::FromErrno(errno, "file store: rename", path);
+  if (::close(fd) != 0) return fail(errno, "file store: close");
+  if (::renameat(dir_fd_, tmp.c_str(), dir_fd_, name.c_str()) != 0) {
+    return fail(errno, "file store: rename");
   }
   return Status::OK();
 }
 
 Result<std::vector<uint8_t>> FileKvStore::Get(std::string_view key,
                                               std::chrono::milliseconds timeout) {
-  const std::string path = PathOf(key);
+  const std::string name = NameOf(key);
+  const std::string path = dir_ + "/" + name;
   const auto deadline = Clock::now() + timeout;
   auto sleep = std::chrono::milliseconds(1);
   while (true) {
-    std::ifstream in(path, std::ios::binary);
-    if (in) {
-      std::vector<uint8_t> v((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
+    // O_NONBLOCK: a FIFO planted under the name must not block the open.
+    const int fd = ::openat(dir_fd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+      auto v = ReadKeyFile(fd, path);
+      ::close(fd);
       return v;
     }
+    if (errno == ELOOP) {
+      return Status::Corruption("file store: '" + path +
+                                "' is a symbolic link; a key is never read through one");
+    }
+    if (errno != ENOENT) return Status::FromErrno(errno, "file store: open", path);
     if (Clock::now() >= deadline) {
       return Status::DeadlineExceeded("file store: key '" + std::string(key) +
                                       "' did not appear in " + dir_ + " within " +
@@ -90,9 +168,9 @@ Result<std::vector<uint8_t>> FileKvStore::Get(std::string_view key,
 }
 
 Status FileKvStore::Delete(std::string_view key) {
-  const std::string path = PathOf(key);
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return Status::FromErrno(errno, "file store: unlink", path);
+  const std::string name = NameOf(key);
+  if (::unlinkat(dir_fd_, name.c_str(), 0) != 0 && errno != ENOENT) {
+    return Status::FromErrno(errno, "file store: unlink", dir_ + "/" + name);
   }
   return Status::OK();
 }

@@ -33,8 +33,14 @@ Result<std::unique_ptr<KvStore>> OpenRendezvousStore(const RendezvousConfig& con
     STRATA_ASSIGN_OR_RETURN(auto fs, FileKvStore::Open(config.file_dir));
     store = std::move(fs);
   } else {
-    STRATA_ASSIGN_OR_RETURN(auto ts, TcpKvStore::Open(config.master_addr, config.master_port,
-                                                      config.rank == 0, config.timeout));
+    TcpKvStoreOptions o;
+    o.host = config.master_addr;
+    o.port = config.master_port;
+    o.is_server = config.rank == 0;
+    o.timeout = config.timeout;
+    o.secret = config.secret;
+    o.insecure = config.insecure;
+    STRATA_ASSIGN_OR_RETURN(auto ts, TcpKvStore::Open(o));
     store = std::move(ts);
   }
   if (config.run_id.empty()) return store;

@@ -1,6 +1,7 @@
 // `offloadctl launch -n N -- CMD ARGS...`: starts N local ranks of CMD with the environment that
 // torchrun and the deepspeed launcher set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT, STRATA_RUN_ID, and STRATA_RDZV_DIR with --rdzv-dir: a fresh folder
+// MASTER_ADDR, MASTER_PORT, STRATA_RUN_ID, STRATA_RDZV_SECRET: random bytes fresh for each run
+// that rank 0's TCP store demands, and STRATA_RDZV_DIR with --rdzv-dir: a fresh folder
 // made inside the given one for this run and removed after it), forwards their stdout and stderr
 // line by line with a "[rank r] " prefix, and fails fast: when one rank exits non-zero or is
 // killed, the others get SIGTERM (SIGKILL after a grace period) and launch exits 1 naming the rank.
@@ -30,6 +31,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cpu/rendezvous/auth.h"
 #include "tools/offloadctl/commands.h"
 
 namespace strata::cli {
@@ -153,6 +155,12 @@ int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_
     if (rdzv_dir.empty()) return kExitInvalid;
     run_id = std::filesystem::path(rdzv_dir).filename().string();
   }
+  auto secret = cpu::GenerateRendezvousSecret();
+  if (!secret.ok()) {
+    std::fprintf(stderr, "launch: %s\n", secret.status().ToString().c_str());
+    return kExitInvalid;
+  }
+  ::setenv("STRATA_RDZV_SECRET", secret->c_str(), 1);  // inherited by this run's ranks only
   const int rc = RunRanks(n, addr, port, rdzv_dir, run_id, timeout_s, grace_s, cmd);
   if (!rdzv_dir.empty()) {
     std::error_code ec;  // best effort: the folder is this run's alone
