@@ -91,9 +91,9 @@ set(CPACK_DEBIAN_DEV_PACKAGE_NAME strata-dev)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS
-    "libtbb12, libhwloc15, liburing2, libgloo0, libxxhash0, libhwy1, libstdc++6, libc6")
+    "libtbb12, libhwloc15, liburing2, libgloo0, libxxhash0, libhwy1, libssl3, libstdc++6, libc6")
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
-    "strata (= ${PROJECT_VERSION}), libtbb-dev, libhwloc-dev, liburing-dev, libgloo-dev, libxxhash-dev, libhwy-dev, nlohmann-json3-dev, pkg-config")
+    "strata (= ${PROJECT_VERSION}), libtbb-dev, libhwloc-dev, liburing-dev, libgloo-dev, libxxhash-dev, libhwy-dev, libssl-dev, nlohmann-json3-dev, pkg-config")
 if(STRATA_CUDA)
   # CUDA and NCCL come from NVIDIA's toolkit in /usr/local/cuda, not from Debian packages.
   set(CPACK_DEBIAN_RUNTIME_PACKAGE_DESCRIPTION
