@@ -58,7 +58,10 @@ struct GroupView {
   Residency device = Residency::kAbsent;
   Residency host = Residency::kAbsent;  // staged copy of an NVMe-home group
   Tier home = Tier::kHost;
-  bool in_use = false;  // gathered and not yet released (leased)
+  // Gathered and not yet released, or its device copy leased by anyone: never evicted (the store
+  // would refuse). The executor must fill it (GatherScheduler does, from its own leases and the
+  // store's lease counts).
+  bool in_use = false;
 };
 
 struct PrefetchAction {

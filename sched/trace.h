@@ -7,7 +7,8 @@
 // stalls on a divergence and correctness never depends on the trace: only prefetching does (a
 // diverged step simply gets no lookahead until the new trace is in place).
 //
-// Thread safety: not thread-safe; the owner (the tiered store) serializes calls.
+// Thread safety: not thread-safe; its owner (core/store/gather_scheduler.h, driven by one thread)
+// serializes calls.
 #pragma once
 
 #include <cstddef>

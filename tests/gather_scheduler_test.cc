@@ -1,6 +1,8 @@
 // GatherScheduler: the ZeRO-3 gather / release flow over the TieredStore (simulated IO,
 // HostDevice): data is always right, budgets hold, prefetch is issued while the trace replays,
-// and a diverging step is handled (no prefetch, re-recorded, replayed afterwards).
+// a diverging step is handled (no prefetch, re-recorded, replayed afterwards), a group in use is
+// never planned for eviction, the policy reads one snapshot per call, and every ticket the
+// scheduler issues is checked.
 #include "core/store/gather_scheduler.h"
 #include "strata/store.h"
 
@@ -8,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -34,7 +37,9 @@ class GatherTest : public ::testing::Test {
     o.host_budget_bytes = 4 * kGroup;
     o.nvme_capacity_bytes = kGroups * kGroup;
     o.device = device_.get();
-    o.io = std::make_unique<nvme::SimBackend>(so);
+    auto sim = std::make_unique<nvme::SimBackend>(so);
+    sim_ = sim.get();
+    o.io = std::move(sim);
     o.nvme_paths = {dir_.path()};
     o.use_pinned_pool = false;
     auto s = OpenTieredStore(std::move(o));
@@ -56,33 +61,88 @@ class GatherTest : public ::testing::Test {
       l->Release();
       ASSERT_TRUE(store_->Evict(*id, Tier::kHost).Wait(20s).ok());
     }
-    sched::PrefetchConfig pc;
-    pc.prefetch_bucket_bytes = 2 * kGroup;
-    pc.max_live_bytes = 3 * kGroup;
-    pc.max_reuse_distance_bytes = 0;
-    pc.persistence_threshold_bytes = 0;
-    pc.host_lookahead_bytes = 2 * kGroup;
-    gather_ = std::make_unique<GatherScheduler>(store_.get(), ids_, pc);
+    pc_.prefetch_bucket_bytes = 2 * kGroup;
+    pc_.max_live_bytes = 3 * kGroup;
+    pc_.max_reuse_distance_bytes = 0;
+    pc_.persistence_threshold_bytes = 0;
+    pc_.host_lookahead_bytes = 2 * kGroup;
+    gather_ = std::make_unique<GatherScheduler>(store_.get(), ids_, pc_);
   }
   // Runs one step in `order`; every gathered copy must hold its group's bytes.
-  void Step(const std::vector<sched::GroupId>& order) {
-    gather_->BeginStep();
+  void Step(const std::vector<sched::GroupId>& order) { Step(*gather_, order); }
+  void Step(GatherScheduler& gather, const std::vector<sched::GroupId>& order) {
+    gather.BeginStep();
     for (sched::GroupId g : order) {
-      auto l = gather_->Gather(g, 20s);
+      auto l = gather.Gather(g, 20s);
       ASSERT_TRUE(l.ok()) << l.status().ToString() << "\n" << store_->DebugString();
-      const uint8_t* p = static_cast<const uint8_t*>(l->data());
-      ASSERT_EQ(p[0], g + 1);
-      ASSERT_EQ(p[kGroup - 1], g + 1);
-      gather_->Release(g, std::move(l).value());
+      ExpectGroupBytes(*l, g);
+      gather.Release(g, std::move(l).value());
     }
-    gather_->EndStep();
+    gather.EndStep();
+  }
+  static void ExpectGroupBytes(const Lease& l, sched::GroupId g) {
+    const uint8_t* p = static_cast<const uint8_t*>(l.data());
+    ASSERT_EQ(p[0], g + 1);
+    ASSERT_EQ(p[kGroup - 1], g + 1);
   }
 
   strata::testing::TempDir dir_{"gather"};
   std::unique_ptr<Device> device_;
+  nvme::SimBackend* sim_ = nullptr;
   std::unique_ptr<Store> store_;
   std::vector<BlockId> ids_;
+  sched::PrefetchConfig pc_;
   std::unique_ptr<GatherScheduler> gather_;
+};
+
+// Forwards to a real store, counting what the scheduler asks of it: snapshots, single-block
+// reads, and every Evict aimed at a copy that is leased at that moment (the store refuses it).
+class CountingStore final : public Store {
+ public:
+  explicit CountingStore(Store* inner) : s_(inner) {}
+  Result<BlockId> Register(const BlockSpec& spec) override { return s_->Register(spec); }
+  Status OpenNvme() override { return s_->OpenNvme(); }
+  bool nvme_open() const override { return s_->nvme_open(); }
+  std::vector<std::string> nvme_files() const override { return s_->nvme_files(); }
+  Ticket Fetch(BlockId id, Tier tier) override { return s_->Fetch(id, tier); }
+  Ticket WriteBack(BlockId id) override { return s_->WriteBack(id); }
+  Ticket Evict(BlockId id, Tier tier) override {
+    BlockView v;
+    s_->Snapshot({&id, 1}, {&v, 1});
+    if (v.leases[tier] > 0) ++leased_evictions;
+    return s_->Evict(id, tier);
+  }
+  Result<Lease> Acquire(BlockId id, Tier tier, Access access,
+                        std::chrono::nanoseconds timeout) override {
+    return s_->Acquire(id, tier, access, timeout);
+  }
+  Status Flush(std::chrono::nanoseconds timeout) override { return s_->Flush(timeout); }
+  void Snapshot(std::span<const BlockId> ids, std::span<BlockView> out) const override {
+    ++snapshots;
+    s_->Snapshot(ids, out);
+  }
+  Residency residency(BlockId id, Tier tier) const override {
+    ++single_reads;
+    return s_->residency(id, tier);
+  }
+  const BlockSpec& spec(BlockId id) const override {
+    ++single_reads;
+    return s_->spec(id);
+  }
+  size_t num_blocks() const override { return s_->num_blocks(); }
+  StoreStats TakeStats(bool reset) override { return s_->TakeStats(reset); }
+  std::string DebugString() const override { return s_->DebugString(); }
+  std::string note() const override { return s_->note(); }
+
+  uint64_t leased_evictions = 0;
+  mutable uint64_t snapshots = 0;
+  mutable uint64_t single_reads = 0;
+
+ protected:
+  void ReleaseLease(Lease&) override {}  // every lease comes from the inner store
+
+ private:
+  Store* s_;
 };
 
 std::vector<sched::GroupId> FwdBwd() {
@@ -117,6 +177,71 @@ TEST_F(GatherTest, DivergentStepIsHandledAndReRecorded) {
   Step(other);  // the new order replays
   EXPECT_EQ(gather_->trace().divergences(), 1u);
   EXPECT_GT(gather_->prefetches_issued() - before, during);
+}
+
+// Before: Views() never set in_use, so the plan evicted a group the trainer still held (the
+// store refused, and the ticket was dropped unread).
+TEST_F(GatherTest, NeverPlansToEvictAGroupInUse) {
+  CountingStore counting(store_.get());
+  sched::PrefetchConfig pc = pc_;
+  pc.max_live_bytes = 2 * kGroup;  // holding group 0 leaves room for one more
+  GatherScheduler gather(&counting, ids_, pc);
+  const std::vector<sched::GroupId> order = FwdBwd();
+  Step(gather, order);
+  gather.BeginStep();
+  auto held = gather.Gather(order[0], 20s);  // kept through the whole step
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  for (size_t i = 1; i < order.size(); ++i) {
+    auto l = gather.Gather(order[i], 20s);
+    ASSERT_TRUE(l.ok()) << l.status().ToString() << "\n" << store_->DebugString();
+    ExpectGroupBytes(*l, order[i]);
+    gather.Release(order[i], std::move(l).value());
+  }
+  gather.Release(order[0], std::move(held).value());
+  gather.EndStep();
+  EXPECT_GT(gather.prefetches_issued(), 0u);
+  EXPECT_EQ(counting.leased_evictions, 0u);
+  EXPECT_EQ(gather.failed_ops(), 0u) << gather.last_error().ToString();
+}
+
+// Before: three single-block reads per group per Gather (spec, two residencies), each a lock
+// round trip, and no consistent view across groups.
+TEST_F(GatherTest, ReadsTheStoreThroughOneSnapshotPerCall) {
+  CountingStore counting(store_.get());
+  GatherScheduler gather(&counting, ids_, pc_);
+  const std::vector<sched::GroupId> order = FwdBwd();
+  Step(gather, order);
+  Step(gather, order);
+  EXPECT_EQ(counting.single_reads, 0u);
+  EXPECT_EQ(counting.snapshots, 2 * 2 * order.size());  // one per Gather, one per Release
+}
+
+TEST_F(GatherTest, FailedPrefetchIsCountedAndReachesTheNextGatherOfItsGroup) {
+  const std::vector<sched::GroupId> order = FwdBwd();
+  Step(order);
+  // The step left groups 0-3 staged on the host (the last four gathered). Without group 1's,
+  // the next plan's only IO is group 1's prefetch (0-1 to the device, 2-3 staged already).
+  ASSERT_TRUE(store_->Evict(ids_[1], Tier::kHost).Wait(20s).ok());
+  for (int g : {0, 2, 3}) ASSERT_EQ(store_->residency(ids_[g], Tier::kHost), Residency::kValid);
+  sim_->InjectFault(IoOp::kRead, nvme::SimFault::kEio);
+  gather_->BeginStep();
+  auto l0 = gather_->Gather(0, 20s);
+  ASSERT_TRUE(l0.ok()) << l0.status().ToString();
+  gather_->Release(0, std::move(l0).value());
+  // The prefetch of group 1 fails in the background (the trainer does not wait for it).
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (gather_->failed_ops() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  auto l1 = gather_->Gather(1, 20s);
+  EXPECT_TRUE(l1.status().IsIOError()) << l1.status().ToString();
+  EXPECT_EQ(gather_->failed_ops(), 1u);
+  EXPECT_TRUE(gather_->last_error().IsIOError()) << gather_->last_error().ToString();
+  auto again = gather_->Gather(1, 20s);  // reported once; the next Gather fetches afresh
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ExpectGroupBytes(*again, 1);
+  gather_->Release(1, std::move(again).value());
+  gather_->EndStep();
 }
 
 TEST_F(GatherTest, UnknownGroupIsInvalidArgument) {

@@ -16,6 +16,7 @@
 #include "nvme/swap_space.h"
 #include "strata/store.h"
 #include "tests/io_test_util.h"
+#include "tests/store_test_util.h"
 
 namespace strata::store {
 namespace {
@@ -151,16 +152,7 @@ TEST(StoreNvme, MissingPathIsNotFoundNamingIt) {
   EXPECT_NE(s.ToString().find("/nonexistent/strata-nvme"), std::string::npos);
 }
 
-// Waits (bounded) until `pred` holds.
-template <class P>
-bool Eventually(P pred) {
-  const auto deadline = std::chrono::steady_clock::now() + kWait;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
+using testing::Eventually;  // waits (bounded) until a predicate holds
 
 TEST(StoreLeases, WriteLeaseWaitsForReadersAndLaterReadersQueueBehindIt) {
   strata::testing::TempDir dir("store-lease");
@@ -187,8 +179,9 @@ TEST(StoreLeases, WriteLeaseWaitsForReadersAndLaterReadersQueueBehindIt) {
     wrote = true;
   });
   // The writer is queued (its fetch is the block's only operation)...
-  ASSERT_TRUE(Eventually([&] { return s.DebugString().find("ops=0:host,") != std::string::npos; }))
-      << s.DebugString();
+  ASSERT_TRUE(Eventually([&] {
+    return s.DebugString().find("ops=fetch:host,") != std::string::npos;
+  })) << s.DebugString();
   EXPECT_FALSE(wrote.load());
   // ...so a new reader does not overtake it, although the copy is valid and only read-leased.
   auto r2 = s.Acquire(*id, Tier::kHost, Access::kRead, 50ms);
@@ -224,7 +217,7 @@ TEST(StoreLeases, TimedOutAcquireCancelsItsFetch) {
   // Nothing of b's fetch is left to run: a's copy stays, b stays absent.
   EXPECT_EQ(s.residency(*b, Tier::kHost), Residency::kAbsent);
   EXPECT_EQ(s.residency(*a, Tier::kHost), Residency::kValid);
-  EXPECT_EQ(s.DebugString().find("ops=0"), std::string::npos) << s.DebugString();
+  EXPECT_EQ(s.DebugString().find("ops=fetch"), std::string::npos) << s.DebugString();
   EXPECT_EQ(Value(s, *b, Tier::kHost), 0);  // a later Acquire fetches afresh (evicting a)
 }
 

@@ -1,6 +1,6 @@
 // RangeAllocator: first-fit sub-allocation of [0, capacity) in aligned units, with coalescing
-// frees. The tiered store carves its pinned host slab and its NVMe swap file with it, so a step's
-// hot path never maps memory or grows a file.
+// frees. The tiered store carves its pinned host slab with it, so a step's hot path never maps
+// memory. (The NVMe swap files are laid out by nvme::SwapSpace, statically, when the tier opens.)
 //
 // Thread safety: not thread-safe; the owner serializes.
 #pragma once

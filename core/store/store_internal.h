@@ -1,16 +1,22 @@
-// Internal structures of the TieredStore (core/tiered_store.h), shared by its .cc files.
+// Internal structures of the TieredStore (core/store/tiered_store.h), shared by its .cc files.
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "core/store/tiered_store.h"
 
 namespace strata::store {
+
+// Size of the zero extent that device homes are zero-filled from (one copy per extent): a
+// bounded, preallocated source instead of a block-sized buffer per Register.
+inline constexpr uint64_t kZeroExtentBytes = uint64_t{1} << 20;
 
 struct TicketState {
   std::mutex mu;
@@ -58,14 +64,22 @@ struct TieredStore::Copy {
   uint32_t leases() const { return read_leases + write_leases; }
 };
 
-enum OpKind : int { kOpFetch = 0, kOpWriteBack = 1, kOpEvict = 2 };
+constexpr std::string_view OpKindName(OpKind k) noexcept {
+  constexpr std::string_view kNames[] = {"fetch", "writeback", "evict"};
+  return kNames[static_cast<size_t>(k)];
+}
 
 struct TieredStore::Op {
-  int kind = kOpFetch;
+  OpKind kind = OpKind::kFetch;
   Tier tier = Tier::kHost;
   std::shared_ptr<TicketState> ticket = std::make_shared<TicketState>();
   uint32_t pending_read = 0;   // read leases to grant on success (Acquire waiters)
   uint32_t pending_write = 0;  // write leases to grant on success
+  // Callers that were handed this operation's ticket by Enqueue (Fetch, WriteBack, Evict and
+  // Acquire calls, including those that joined it) and have not withdrawn: only an Acquire
+  // withdraws, when it times out. A queued fetch with no waiter left is cancelled. Operations the
+  // store starts itself (write-behind evictions) have none.
+  uint32_t waiters = 0;
   bool done = false;
   Status status;
 };
@@ -81,6 +95,9 @@ struct TieredStore::Block {
   // An NVMe home never written back holds zeros (the registered value) and is read without IO
   // (the swap space refuses to read a block it never wrote).
   bool nvme_written = false;
+  // Its IO was given up after Reap kept failing (TieredStore::IoLoop): its hop never completes,
+  // its host buffer stays reserved, and every later operation on it fails with the error.
+  bool io_lost = false;
   // The last failed fetch nobody was waiting for (a background prefetch): its error goes to the
   // next Fetch or Acquire of the block unless a Wait on its ticket already returned it.
   std::shared_ptr<TicketState> failed_fetch;
@@ -113,12 +130,16 @@ struct TieredStore::Block {
   }
 };
 
-// One block read or write of the swap space (checksums are computed and verified there).
+// One block read or write of the swap space (checksums are computed and verified there). One
+// preallocated slot per block, indexed by BlockId: a block has at most one hop in flight, so the
+// block id is also the IO's tag (the swap op's user_data). The store fills op/buffer/length
+// under mu_ before queueing the id to the IO thread; the IO thread fills `status` before handing
+// the id back to the mover thread (the queues' mutexes order the two).
 struct TieredStore::IoJob {
-  BlockId block = 0;  // also the block's swap space id
   IoOp op = IoOp::kRead;
-  void* buffer = nullptr;  // its host copy
+  void* buffer = nullptr;  // the block's host copy
   uint64_t length_bytes = 0;
+  Status status;  // the completion's
 };
 
 }  // namespace strata::store

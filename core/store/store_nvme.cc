@@ -1,6 +1,6 @@
 // TieredStore's NVMe tier: opening the nvme::SwapSpace once every NVMe-homed block is registered
-// (explicitly or at the first NVMe operation). See the "Phases" paragraph of core/tiered_store.h.
-// The IO thread that drives the space is in store_threads.cc.
+// (explicitly or at the first NVMe operation). See the "Phases" paragraph of
+// include/strata/store.h. The IO thread that drives the space is in store_threads.cc.
 #include <algorithm>
 
 #include "core/store/store_internal.h"
@@ -66,6 +66,17 @@ Status TieredStore::OpenNvme() {
   std::lock_guard<std::mutex> l(mu_);
   if (swap) {
     if (!swap->note().empty()) note_ += swap->note() + "\n";
+    // The IO path's preallocations: one job slot per block (the NVMe-homed ones are all
+    // registered by now) and room for each to be queued once.
+    io_jobs_.assign(blocks_.size(), IoJob{});
+    {
+      std::lock_guard<std::mutex> io(io_mu_);
+      io_queue_ = nvme::BoundedQueue<BlockId>(blocks_.size());
+    }
+    {
+      std::lock_guard<std::mutex> mv(mv_mu_);
+      io_events_.reserve(std::max<size_t>(1, options_.max_inflight_ios));
+    }
     swap_ = std::move(swap);
     io_thread_ = std::thread([this] { IoLoop(); });
   }

@@ -9,7 +9,9 @@
 // progress. Space is reserved before a hop starts, so a budget is never exceeded by work in
 // flight. Parked blocks are retried whenever space may have been freed (a copy freed, a lease
 // released); a parked operation fails with ResourceExhausted once nothing in flight, leased or
-// dirty on that tier could ever free space for it.
+// dirty on that tier could ever free space for it. Dirty idle copies that could free space are
+// written behind by evictions that Reserve records and Pump starts after the current Advance
+// returned, so an Advance never runs inside another (store_space.cc).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -26,22 +28,26 @@ bool IsValid(Residency r) { return r == Residency::kValid; }
 
 std::string TieredStore::Name(const Block& b) const { return "block '" + b.spec.name + "'"; }
 
-Ticket TieredStore::Enqueue(BlockId id, int kind, Tier tier, Access lease, bool with_lease,
+Ticket TieredStore::Enqueue(BlockId id, OpKind kind, Tier tier, std::optional<Access> lease,
                             std::shared_ptr<Op>* op_out) {
   Block& b = *blocks_[id];
+  auto add_lease = [&](Op& op) {
+    if (lease) ++(*lease == Access::kRead ? op.pending_read : op.pending_write);
+  };
   // Join a queued fetch of the same tier, except that a writer gets an operation of its own
   // and readers never share one with a writer: leases granted together must not conflict. Only
   // operations behind the last waiting writer are joined, so a reader never overtakes a writer
   // that asked first (writers cannot starve).
-  if (kind == kOpFetch && !(with_lease && lease == Access::kWrite)) {
+  if (kind == OpKind::kFetch && lease != Access::kWrite) {
     auto first = b.ops.begin();
     for (auto it = b.ops.begin(); it != b.ops.end(); ++it) {
       if ((*it)->pending_write > 0) first = std::next(it);
     }
     for (auto it = first; it != b.ops.end(); ++it) {
       auto& op = *it;
-      if (op->kind == kOpFetch && op->tier == tier && !op->done && op->pending_write == 0) {
-        if (with_lease) ++(lease == Access::kRead ? op->pending_read : op->pending_write);
+      if (op->kind == OpKind::kFetch && op->tier == tier && !op->done && op->pending_write == 0) {
+        add_lease(*op);
+        ++op->waiters;
         if (op_out) *op_out = op;
         return Ticket(op->ticket);
       }
@@ -50,21 +56,14 @@ Ticket TieredStore::Enqueue(BlockId id, int kind, Tier tier, Access lease, bool 
   auto op = std::make_shared<Op>();
   op->kind = kind;
   op->tier = tier;
-  if (with_lease) ++(lease == Access::kRead ? op->pending_read : op->pending_write);
+  op->waiters = 1;
+  add_lease(*op);
   if (op_out) *op_out = op;
   Ticket t(op->ticket);
-  if (shutting_down_) {
+  if (Status refused = Admit(b); !refused.ok()) {
     op->done = true;
-    op->status = Status::Aborted(Name(b) + ": the store is shutting down");
-    op->ticket->Complete(op->status);
-    return t;
-  }
-  if (queued_ops_ >= options_.max_queued_ops) {
-    op->done = true;
-    op->status = Status::ResourceExhausted(Name(b) + ": more than " +
-                                           std::to_string(options_.max_queued_ops) +
-                                           " queued store operations");
-    op->ticket->Complete(op->status);
+    op->status = refused;
+    op->ticket->Complete(std::move(refused));
     return t;
   }
   ++queued_ops_;
@@ -73,11 +72,29 @@ Ticket TieredStore::Enqueue(BlockId id, int kind, Tier tier, Access lease, bool 
   return t;
 }
 
+Status TieredStore::Admit(const Block& b) const {
+  if (shutting_down_) return Status::Aborted(Name(b) + ": the store is shutting down");
+  if (queued_ops_ >= options_.max_queued_ops) {
+    return Status::ResourceExhausted(Name(b) + ": more than " +
+                                     std::to_string(options_.max_queued_ops) +
+                                     " queued store operations");
+  }
+  if (b.io_lost) return nvme_status_.WithContext(Name(b));
+  return Status::OK();
+}
+
 void TieredStore::Pump(BlockId id) {
   Advance(id);
-  while (space_freed_ && !parked_.empty()) {
+  std::vector<BlockId> retry;
+  std::vector<std::pair<BlockId, Tier>> started;  // write-behinds started by this Pump
+  for (;;) {
+    if (!write_behind_.empty()) {
+      StartWriteBehind(&started);
+      continue;
+    }
+    if (!space_freed_ || parked_.empty()) break;
     space_freed_ = false;
-    std::vector<BlockId> retry;
+    retry.clear();
     retry.swap(parked_);
     for (BlockId p : retry) {
       blocks_[p]->parked = false;
@@ -96,20 +113,21 @@ void TieredStore::Advance(BlockId id) {
     }
     Op& op = *b.ops.front();
     Status err;
-    Outcome o;
+    Outcome o = Outcome::kFailed;
     switch (op.kind) {
-      case kOpFetch:
+      case OpKind::kFetch:
         o = MakeValid(b, op.tier, &err);
         break;
-      case kOpWriteBack:
+      case OpKind::kWriteBack:
         o = WriteBackStep(b, &err);
         break;
-      default:
+      case OpKind::kEvict:
         o = EvictStep(b, op.tier, &err);
         break;
     }
     if (o == Outcome::kIssued) return;
-    if (o == Outcome::kReady && op.kind == kOpFetch && op.pending_write > 0 && b.leases() > 0) {
+    if (o == Outcome::kReady && op.kind == OpKind::kFetch && op.pending_write > 0 &&
+        b.leases() > 0) {
       return;  // a write lease waits for every lease on the block (re-advanced on release)
     }
     if (o == Outcome::kParked) {
@@ -128,7 +146,7 @@ void TieredStore::Finish(Block& b, Status status) {
   b.ops.pop_front();
   --queued_ops_;
   op->done = true;
-  if (status.ok() && op->kind == kOpFetch) {
+  if (status.ok() && op->kind == OpKind::kFetch) {
     Copy& c = b.copy[op->tier];
     c.read_leases += op->pending_read;
     c.write_leases += op->pending_write;
@@ -137,7 +155,7 @@ void TieredStore::Finish(Block& b, Status status) {
   if (!status.ok()) {
     ++stats_.errors;
     // No Acquire waits on it (a background prefetch): keep it for the next waiter.
-    if (op->kind == kOpFetch && op->pending_read + op->pending_write == 0) {
+    if (op->kind == OpKind::kFetch && op->pending_read + op->pending_write == 0) {
       b.failed_fetch = op->ticket;
     }
   }
@@ -145,6 +163,10 @@ void TieredStore::Finish(Block& b, Status status) {
   op->ticket->Complete(std::move(status));
   space_freed_ = true;  // an idle block's copies become evictable: parked blocks retry
   idle_cv_.notify_all();
+}
+
+void TieredStore::FailOps(Block& b, const Status& status) {
+  while (!b.ops.empty()) Finish(b, status);
 }
 
 TieredStore::Outcome TieredStore::MakeValid(Block& b, Tier tier, Status* err) {
@@ -224,9 +246,9 @@ TieredStore::Outcome TieredStore::WriteBackStep(Block& b, Status* err) {
   return err->ok() ? Outcome::kIssued : Outcome::kFailed;
 }
 
-bool TieredStore::Droppable(Block& b, Tier tier) {
+bool TieredStore::Droppable(const Block& b, Tier tier) const {
   if (tier == b.spec.home) return false;
-  if (IsValid(b.home().state)) return true;
+  if (IsValid(b.copy[b.spec.home].state)) return true;
   for (Tier t : kAllTiers) {
     if (t != tier && t != b.spec.home && IsValid(b.copy[t].state)) {
       return true;  // another cached copy keeps the newest bytes
@@ -257,86 +279,6 @@ TieredStore::Outcome TieredStore::EvictStep(Block& b, Tier tier, Status* err) {
   return Outcome::kReady;
 }
 
-bool TieredStore::TryAllocate(Block& b, Tier tier) {
-  const Tier t = tier;
-  Copy& c = b.copy[t];
-  if (used_[t] + b.alloc_bytes > budget_[t]) return false;
-  if (tier == Tier::kHost) {
-    auto off = host_alloc_->Allocate(b.alloc_bytes);
-    if (!off) return false;
-    c.offset = *off;
-    c.ptr = host_base_ + *off;
-  } else if (tier == Tier::kDevice) {
-    auto p = options_.device->Allocate(b.alloc_bytes);
-    if (!p.ok()) return false;
-    c.ptr = *p;
-  }  // NVMe: only home copies, laid out by the swap space when the tier opens; budget only
-  c.reserved = true;
-  used_[t] += b.alloc_bytes;
-  stats_.peak_bytes[t] = std::max(stats_.peak_bytes[t], used_[t]);
-  return true;
-}
-
-TieredStore::Outcome TieredStore::Reserve(Block& b, Tier tier, Status* err) {
-  const Tier t = tier;
-  if (b.copy[t].reserved) return Outcome::kReady;
-  if (TryAllocate(b, tier)) return Outcome::kReady;
-  // Evict unleased, droppable cached copies of blocks with no hop running, least recently used
-  // first. A block whose operation is parked may lose a copy: its steps are re-derived from
-  // residency, so it re-fetches; keeping such copies would let two parked blocks wait on each
-  // other's space.
-  std::vector<std::pair<uint64_t, BlockId>> victims;
-  for (auto& bp : blocks_) {
-    Block& v = *bp;
-    const Copy& c = v.copy[t];
-    if (v.id == b.id || !IsValid(c.state) || c.leases() || v.hop_in_flight) continue;
-    if (Droppable(v, tier)) victims.emplace_back(c.last_use, v.id);
-  }
-  std::sort(victims.begin(), victims.end());
-  for (auto& [use, vid] : victims) {
-    FreeCopy(*blocks_[vid], tier);
-    ++stats_.evictions;
-    if (TryAllocate(b, tier)) return Outcome::kReady;
-  }
-  if (CanEverFree(tier, b.id)) return Outcome::kParked;
-  *err = Status::ResourceExhausted(
-      Name(b) + " needs " + std::to_string(b.alloc_bytes) + " bytes on tier " +
-      std::string(TierName(tier)) + " (budget " + std::to_string(budget_[t]) + ", in use " +
-      std::to_string(used_[t]) + "): nothing in flight, leased or dirty there can free it");
-  return Outcome::kFailed;
-}
-
-bool TieredStore::CanEverFree(Tier tier, BlockId except) {
-  const Tier t = tier;
-  bool can = false;
-  for (auto& bp : blocks_) {
-    Block& v = *bp;
-    const Copy& c = v.copy[t];
-    if (v.id == except || tier == v.spec.home || !c.reserved) continue;
-    if (c.leases() || c.state == Residency::kInFlight || !v.ops.empty() || v.hop_in_flight) {
-      can = true;  // released, completed or evicted later; retried then
-    } else if (IsValid(c.state) && !Droppable(v, tier)) {
-      Enqueue(v.id, kOpEvict, tier, Access::kRead, false, nullptr);  // write-behind eviction
-      can = true;
-    }
-  }
-  return can;
-}
-
-void TieredStore::FreeCopy(Block& b, Tier tier) {
-  const Tier t = tier;
-  Copy& c = b.copy[t];
-  if (!c.reserved) return;
-  if (tier == Tier::kDevice) {
-    options_.device->Free(c.ptr).IgnoreError();  // only fails for unknown pointers (a bug)
-  } else if (tier == Tier::kHost) {
-    host_alloc_->Free(c.offset, b.alloc_bytes);
-  }
-  used_[t] -= b.alloc_bytes;
-  c = Copy{};
-  space_freed_ = true;
-}
-
 Status TieredStore::IssueCopy(Block& b, Tier from, Tier to) {
   Copy& src = b.copy[from];
   Copy& dst = b.copy[to];
@@ -364,11 +306,6 @@ Status TieredStore::IssueCopy(Block& b, Tier from, Tier to) {
 }
 
 void TieredStore::IssueIo(Block& b, IoOp op) {
-  auto job = std::make_unique<IoJob>();
-  job->block = b.id;
-  job->op = op;
-  job->buffer = b.copy[Tier::kHost].ptr;
-  job->length_bytes = b.alloc_bytes;
   if (op == IoOp::kRead) b.copy[Tier::kHost].state = Residency::kInFlight;
   b.hop_in_flight = true;
   ++running_hops_;
@@ -382,8 +319,12 @@ void TieredStore::IssueIo(Block& b, IoOp op) {
     });
     return;
   }
+  IoJob& job = io_jobs_[b.id];  // every NVMe-homed block was registered before swap_ existed
+  job.op = op;
+  job.buffer = b.copy[Tier::kHost].ptr;
+  job.length_bytes = b.alloc_bytes;
   std::lock_guard<std::mutex> l(io_mu_);
-  io_queue_.push_back(std::move(job));
+  io_queue_.push_back(b.id);  // sized for every block; a block has one hop in flight at most
   io_cv_.notify_one();
 }
 
@@ -416,6 +357,35 @@ void TieredStore::OnHopDone(BlockId id, Tier from, Tier to, Status status) {
   idle_cv_.notify_all();
 }
 
+void TieredStore::HandleIoEvent(IoEvent& e) {
+  Block& b = *blocks_[e.block];
+  const IoJob& job = io_jobs_[e.block];
+  switch (e.kind) {
+    case IoEvent::Kind::kDone: {
+      if (e.status.ok()) stats_.io_bytes += job.length_bytes;
+      const bool read = job.op == IoOp::kRead;
+      OnHopDone(e.block, read ? Tier::kNvme : Tier::kHost, read ? Tier::kHost : Tier::kNvme,
+                std::move(e.status));
+      return;
+    }
+    case IoEvent::Kind::kReapFailed:
+      // The IO may still complete (then OnHopDone runs as usual, with nobody waiting); its
+      // waiters learn now that the IO path failed instead of hanging on it.
+      FailOps(b, e.status.WithContext(Name(b)));
+      return;
+    case IoEvent::Kind::kLost:
+      // Never completes: the hop stays "in flight" and its host buffer stays reserved (the
+      // kernel may still write into it); every later operation on the block or the NVMe tier
+      // fails with this error.
+      b.io_lost = true;
+      ++lost_hops_;
+      if (nvme_status_.ok()) nvme_status_ = e.status;
+      FailOps(b, e.status.WithContext(Name(b)));
+      idle_cv_.notify_all();
+      return;
+  }
+}
+
 void TieredStore::ReleaseLease(Lease& lease) {
   std::lock_guard<std::mutex> l(mu_);
   Block& b = *blocks_[lease.block()];
@@ -437,7 +407,7 @@ void TieredStore::ReleaseLease(Lease& lease) {
       if (t == b.spec.home) {
         b.copy[t].state = Residency::kStale;
       } else if (b.copy[t].leases() == 0) {
-        FreeCopy(b, static_cast<Tier>(t));
+        FreeCopy(b, t);
       } else {
         b.copy[t].state = Residency::kStale;  // a reader still holds it (REQUIRES broken)
       }

@@ -1,8 +1,8 @@
 // TieredStore's two threads: the IO thread (sole driver of the IoBackend) and the mover thread
-// (runs hop completions under the store lock). See core/tiered_store.h.
+// (runs hop completions under the store lock). See core/store/tiered_store.h.
 #include <algorithm>
 #include <chrono>
-#include <unordered_map>
+#include <utility>
 
 #include "core/store/store_internal.h"
 #include "nvme/swap_space.h"
@@ -16,10 +16,13 @@ uint64_t Ns(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
 }
 
+// Back-off between failed Reaps: 1 ms, doubling up to this.
+constexpr auto kMaxReapBackoff = std::chrono::milliseconds(100);
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// Threads.
+// Mover thread.
 // ---------------------------------------------------------------------------
 void TieredStore::Post(std::function<void()> fn) {
   // Notify under the lock: once the mover runs this completion the store may be destroyed, so
@@ -29,10 +32,32 @@ void TieredStore::Post(std::function<void()> fn) {
   mv_cv_.notify_one();
 }
 
+void TieredStore::HandOver(std::vector<IoEvent>* events, uint64_t busy_ns) {
+  std::lock_guard<std::mutex> l(mv_mu_);  // notify under the lock, as Post
+  for (IoEvent& e : *events) io_events_.push_back(std::move(e));
+  io_busy_pending_ns_ += busy_ns;
+  events->clear();
+  mv_cv_.notify_one();
+}
+
 void TieredStore::MoverLoop() {
+  std::vector<IoEvent> events;  // swapped with io_events_: the two buffers keep their capacity
   std::unique_lock<std::mutex> l(mv_mu_);
   for (;;) {
-    mv_cv_.wait(l, [&] { return mv_stop_ || !mv_queue_.empty(); });
+    mv_cv_.wait(l, [&] { return mv_stop_ || !mv_queue_.empty() || !io_events_.empty(); });
+    if (!io_events_.empty()) {
+      events.swap(io_events_);
+      const uint64_t busy_ns = std::exchange(io_busy_pending_ns_, 0);
+      l.unlock();
+      {
+        std::lock_guard<std::mutex> store(mu_);  // once for the whole batch
+        stats_.io_busy_ns += busy_ns;
+        for (IoEvent& e : events) HandleIoEvent(e);
+      }
+      events.clear();
+      l.lock();
+      continue;
+    }
     if (mv_queue_.empty()) return;
     auto fn = std::move(mv_queue_.front());
     mv_queue_.pop_front();
@@ -42,71 +67,118 @@ void TieredStore::MoverLoop() {
   }
 }
 
+// ---------------------------------------------------------------------------
+// IO thread.
+// ---------------------------------------------------------------------------
 // The IO thread is the only user of the swap space (and, through it, of the IoBackend) once the
-// NVMe tier is open. It submits queued jobs while the space has room for more ops in flight, then
-// blocks in Reap for at least one completion; new jobs wait at most one IO latency. The swap
-// space stripes each block over the nvme paths, checksums writes and verifies reads (off the
-// store lock, on this thread). Each completion is posted to the mover thread; a failed Submit
-// completes its jobs with the error. Everything in flight is reaped before the thread exits.
+// NVMe tier is open. Lifecycle: it takes queued block ids (each names its block's preallocated
+// IoJob and is the swap op's user_data) while the space has room for more ops in flight, submits
+// them, then blocks in Reap for at least one completion; new jobs wait at most one IO latency.
+// The swap space stripes each block over the nvme paths, checksums writes and verifies reads (off
+// the store lock, on this thread). Completions are handed to the mover thread in one batch per
+// Reap, which applies them under one store lock. A failed Submit completes its jobs with the
+// error. Everything in flight is reaped before the thread exits.
+//
+// Errors: a failing Reap leaves its IOs in flight (their buffers stay reserved), fails the
+// waiters of every in-flight block at once and backs off (1 ms doubling to 100 ms) before
+// reaping again, never spinning. When Reap keeps failing for io_deadline the IO path is given
+// up: the in-flight IOs are lost (their buffers are never freed), the NVMe tier is failed with
+// the error, and later jobs complete with it without being submitted.
+// The IO thread's own state (touched by no other thread).
+struct TieredStore::IoThread {
+  nvme::SwapSpace* swap = nullptr;
+  size_t max_inflight = 1;
+  std::vector<BlockId> inflight;  // blocks with an op in the swap space
+  std::vector<nvme::SwapOp> ops;  // taken from io_queue_, to submit
+  std::vector<nvme::SwapCompletion> done;
+  std::vector<IoEvent> events;  // for the mover thread
+  Status lost;                  // the IO path was given up
+  int reap_failures = 0;        // in a row
+  Clock::time_point failing_since, busy_since;
+  uint64_t busy_ns = 0;  // to hand over
+};
+
 void TieredStore::IoLoop() {
-  nvme::SwapSpace* swap = swap_.get();  // set before this thread starts, never changed after
-  const size_t max_inflight = std::max<size_t>(1, options_.max_inflight_ios);
-  std::unordered_map<uint64_t, std::unique_ptr<IoJob>> inflight;
-  uint64_t next_tag = 1;
-  std::vector<nvme::SwapCompletion> done(max_inflight);
-  auto busy_since = Clock::now();
-  auto post_done = [this](BlockId id, bool read, Status st) {
-    Post([this, id, read, st] {
-      std::lock_guard<std::mutex> l(mu_);
-      OnHopDone(id, read ? Tier::kNvme : Tier::kHost, read ? Tier::kHost : Tier::kNvme, st);
-    });
-  };
-  for (;;) {
-    std::vector<std::unique_ptr<IoJob>> batch;
-    {
-      std::unique_lock<std::mutex> l(io_mu_);
-      io_cv_.wait(l, [&] { return io_stop_ || !io_queue_.empty() || !inflight.empty(); });
-      if (io_stop_ && io_queue_.empty() && inflight.empty()) return;
-      while (!io_queue_.empty() && inflight.size() + batch.size() < max_inflight) {
-        batch.push_back(std::move(io_queue_.front()));
-        io_queue_.pop_front();
-      }
-    }
-    if (inflight.empty() && !batch.empty()) busy_since = Clock::now();
-    if (!batch.empty()) {
-      std::vector<nvme::SwapOp> ops;
-      std::vector<uint64_t> tags;
-      for (auto& job : batch) {
-        const uint64_t tag = next_tag++;
-        ops.push_back(nvme::SwapOp{job->op, job->block, job->buffer, tag});
-        tags.push_back(tag);
-      }
-      Status s = swap->Submit(ops);  // all or nothing
-      for (size_t i = 0; i < batch.size(); ++i) {
-        if (s.ok()) {
-          inflight.emplace(tags[i], std::move(batch[i]));
-        } else {
-          post_done(batch[i]->block, batch[i]->op == IoOp::kRead, s);
-        }
-      }
-    }
-    if (inflight.empty()) continue;
-    auto n = swap->Reap(done, 1);
-    if (!n.ok()) continue;  // Reap only fails on misuse; the jobs stay in flight
-    for (size_t i = 0; i < *n; ++i) {
-      auto it = inflight.find(done[i].user_data);
-      if (it == inflight.end()) continue;
-      std::unique_ptr<IoJob> job = std::move(it->second);
-      inflight.erase(it);
-      Status st = std::move(done[i].status);  // Corruption on a checksum mismatch
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        stats_.io_bytes += st.ok() ? job->length_bytes : 0;
-        if (inflight.empty()) stats_.io_busy_ns += Ns(Clock::now() - busy_since);
-      }
-      post_done(job->block, job->op == IoOp::kRead, std::move(st));
+  IoThread io;
+  io.swap = swap_.get();  // set before this thread starts, never changed after
+  io.max_inflight = std::max<size_t>(1, options_.max_inflight_ios);
+  io.inflight.reserve(io.max_inflight);
+  io.ops.reserve(io.max_inflight);
+  io.done.resize(io.max_inflight);
+  io.events.reserve(io.max_inflight);
+  while (IoTake(io)) {
+    if (!io.ops.empty()) IoSubmit(io);
+    if (!io.inflight.empty() && io.lost.ok()) IoReap(io);
+    if (!io.events.empty() || io.busy_ns > 0) HandOver(&io.events, std::exchange(io.busy_ns, 0));
+  }
+}
+
+bool TieredStore::IoTake(IoThread& io) {
+  io.ops.clear();
+  std::unique_lock<std::mutex> l(io_mu_);
+  const bool reaping = !io.inflight.empty() && io.lost.ok();
+  io_cv_.wait(l, [&] { return io_stop_ || !io_queue_.empty() || reaping; });
+  if (io_stop_ && io_queue_.empty() && !reaping) return false;
+  while (!io_queue_.empty() && io.inflight.size() + io.ops.size() < io.max_inflight) {
+    const BlockId id = io_queue_.pop_front();
+    const IoJob& job = io_jobs_[id];
+    io.ops.push_back(nvme::SwapOp{job.op, id, job.buffer, id});
+  }
+  return true;
+}
+
+void TieredStore::IoSubmit(IoThread& io) {
+  if (io.inflight.empty()) io.busy_since = Clock::now();
+  Status s = io.lost.ok() ? io.swap->Submit(io.ops) : io.lost;  // all or nothing
+  for (const nvme::SwapOp& op : io.ops) {
+    const BlockId id = static_cast<BlockId>(op.user_data);
+    if (s.ok()) {
+      io.inflight.push_back(id);
+    } else {
+      io.events.push_back({id, IoEvent::Kind::kDone, s});
     }
   }
+}
+
+void TieredStore::IoReap(IoThread& io) {
+  auto n = io.swap->Reap(io.done, 1);
+  if (!n.ok()) {
+    IoReapFailed(io, n.status().WithContext("reaping NVMe IO"));
+    return;
+  }
+  io.reap_failures = 0;
+  for (size_t i = 0; i < *n; ++i) {
+    const BlockId id = static_cast<BlockId>(io.done[i].user_data);
+    auto it = std::find(io.inflight.begin(), io.inflight.end(), id);
+    if (it == io.inflight.end()) continue;
+    *it = io.inflight.back();
+    io.inflight.pop_back();
+    // Corruption on a checksum mismatch.
+    io.events.push_back({id, IoEvent::Kind::kDone, std::move(io.done[i].status)});
+  }
+  if (io.inflight.empty()) io.busy_ns += Ns(Clock::now() - io.busy_since);
+}
+
+void TieredStore::IoReapFailed(IoThread& io, const Status& err) {
+  const auto now = Clock::now();
+  if (io.reap_failures++ == 0) io.failing_since = now;
+  const bool give_up = now - io.failing_since >= options_.io_deadline;
+  if (give_up) {
+    io.lost = Status::IOError("the NVMe IO path was given up: reaping failed " +
+                              std::to_string(io.reap_failures) + " times in a row (" +
+                              err.ToString() + ")");
+  }
+  for (BlockId id : io.inflight) {
+    io.events.push_back(
+        {id, give_up ? IoEvent::Kind::kLost : IoEvent::Kind::kReapFailed, give_up ? io.lost : err});
+  }
+  if (give_up) return;
+  // Tell the waiters now, then back off (woken early only to stop).
+  HandOver(&io.events, 0);
+  const auto backoff = std::min<Clock::duration>(
+      std::chrono::milliseconds(1 << std::min(io.reap_failures - 1, 7)), kMaxReapBackoff);
+  std::unique_lock<std::mutex> l(io_mu_);
+  io_cv_.wait_for(l, backoff, [&] { return io_stop_; });
 }
 
 }  // namespace strata::store

@@ -72,6 +72,14 @@ Status TieredStore::Init() {
   }
   host_alloc_ = std::make_unique<RangeAllocator>(host_bytes, kIoAlignment);
 
+  if (options_.device_budget_bytes > 0) {
+    zero_extent_ = std::aligned_alloc(kIoAlignment, kZeroExtentBytes);
+    if (!zero_extent_) return Status::ResourceExhausted("TieredStore: zero extent allocation");
+    std::memset(zero_extent_, 0, kZeroExtentBytes);
+    // Unavailable (memory not locked) only makes the copies synchronous; they still work.
+    options_.device->RegisterHost(zero_extent_, kZeroExtentBytes).IgnoreError();
+  }
+
   mover_thread_ = std::thread([this] { MoverLoop(); });
   return Status::OK();
 }
@@ -83,7 +91,8 @@ TieredStore::~TieredStore() {
     // Operations without a running hop are aborted (Advance sees shutting_down_); running
     // hops finish, and their operations are aborted when they complete.
     for (auto& bp : blocks_) Advance(bp->id);
-    idle_cv_.wait(l, [&] { return running_hops_ == 0; });
+    // Lost IO hops (Reap kept failing, see IoLoop) never complete.
+    idle_cv_.wait(l, [&] { return running_hops_ == lost_hops_; });
   }
   {
     std::lock_guard<std::mutex> l(io_mu_);
@@ -101,12 +110,45 @@ TieredStore::~TieredStore() {
     if (bp->copy[Tier::kDevice].reserved)
       options_.device->Free(bp->copy[Tier::kDevice].ptr).IgnoreError();
   }
-  if (swap_) swap_->Close().IgnoreError();  // nothing in flight: the IO thread reaped it all
+  // Nothing is in flight unless IO was lost; then Close tries to drain it once more.
+  const bool io_quiet = !swap_ || swap_->Close().ok();
   swap_.reset();
-  if (host_registered_) options_.io->UnregisterBuffer(host_base_);
+  if (!io_quiet) {
+    // IO may still land in the host slab: leak it rather than free memory under IO in flight.
+    (void)slab_.release();
+    (void)pool_.release();
+    plain_slab_ = nullptr;
+  } else if (host_registered_) {
+    options_.io->UnregisterBuffer(host_base_);
+  }
   slab_.reset();
   pool_.reset();
   std::free(plain_slab_);
+  if (zero_extent_ != nullptr && !zero_extent_clean_) {
+    // A zero-fill timed out: its copies may still read the extent. Free it only once they are
+    // done, as far as one more deadline tells; otherwise leak it.
+    auto ev = options_.device->RecordEvent(CopyDir::kHostToDevice);
+    zero_extent_clean_ = ev.ok() && (*ev)->Wait(options_.io_deadline).ok();
+  }
+  if (zero_extent_ != nullptr && zero_extent_clean_) {
+    options_.device->UnregisterHost(zero_extent_).IgnoreError();
+    std::free(zero_extent_);
+  }
+}
+
+Status TieredStore::ZeroDevice(void* dst, uint64_t size_bytes) {
+  uint8_t* p = static_cast<uint8_t*>(dst);
+  Status s;
+  for (uint64_t off = 0; off < size_bytes && s.ok(); off += kZeroExtentBytes) {
+    s = options_.device->CopyAsync(CopyDir::kHostToDevice, p + off, zero_extent_,
+                                   std::min(kZeroExtentBytes, size_bytes - off), {});
+  }
+  if (s.ok()) {
+    auto ev = options_.device->RecordEvent(CopyDir::kHostToDevice);
+    s = ev.ok() ? (*ev)->Wait(options_.io_deadline) : ev.status();
+  }
+  if (!s.ok()) zero_extent_clean_ = false;  // copies from it may still be queued
+  return s;
 }
 
 // ---------------------------------------------------------------------------
@@ -124,7 +166,7 @@ Result<BlockId> TieredStore::Register(const BlockSpec& spec) {
     }
   }
   const Tier h = spec.home;
-  if (spec.home == Tier::kNvme && nvme_state_ != NvmeState::kClosed) {
+  if (h == Tier::kNvme && nvme_state_ != NvmeState::kClosed) {
     return Status::FailedPrecondition(
         "TieredStore::Register: block '" + spec.name +
         "' is NVMe-homed but the NVMe tier is already open (its swap space is laid out for the "
@@ -152,15 +194,9 @@ Result<BlockId> TieredStore::Register(const BlockSpec& spec) {
   } else if (spec.home == Tier::kNvme) {
     // Zeros until first written back (nvme_written): nothing to do now.
   } else {
-    // Zero the device home with a plain copy. Held under the lock so a concurrent Register cannot
-    // take the same name; no completion path needs this lock to finish that copy.
-    std::vector<uint8_t> zeros(b->alloc_bytes, 0);
-    Status s = options_.device->CopyAsync(CopyDir::kHostToDevice, home.ptr, zeros.data(),
-                                          zeros.size(), {});
-    if (s.ok()) {
-      auto ev = options_.device->RecordEvent(CopyDir::kHostToDevice);
-      s = ev.ok() ? (*ev)->Wait(std::chrono::seconds(60)) : ev.status();
-    }
+    // Held under the lock so a concurrent Register cannot take the same name; no completion
+    // path needs this lock to finish the copies.
+    Status s = ZeroDevice(home.ptr, b->alloc_bytes);
     if (!s.ok()) {
       FreeCopy(*b, Tier::kDevice);
       return s.WithContext("TieredStore::Register: zeroing block '" + spec.name + "'");
@@ -188,7 +224,7 @@ Ticket TieredStore::Fetch(BlockId id, Tier tier) {
     Status e = b.TakeFailedFetch();
     if (!e.ok()) return FailedTicket(std::move(e));
   }
-  return Enqueue(id, kOpFetch, tier, Access::kRead, false, nullptr);
+  return Enqueue(id, OpKind::kFetch, tier, std::nullopt, nullptr);
 }
 
 Ticket TieredStore::WriteBack(BlockId id) {
@@ -197,7 +233,7 @@ Ticket TieredStore::WriteBack(BlockId id) {
   if (id >= blocks_.size()) {
     return FailedTicket(Status::NotFound("WriteBack: no block " + std::to_string(id)));
   }
-  return Enqueue(id, kOpWriteBack, Tier::kHost, Access::kRead, false, nullptr);
+  return Enqueue(id, OpKind::kWriteBack, Tier::kHost, std::nullopt, nullptr);
 }
 
 Ticket TieredStore::Evict(BlockId id, Tier tier) {
@@ -205,13 +241,12 @@ Ticket TieredStore::Evict(BlockId id, Tier tier) {
   std::lock_guard<std::mutex> l(mu_);
   if (id >= blocks_.size())
     return FailedTicket(Status::NotFound("Evict: no block " + std::to_string(id)));
-  return Enqueue(id, kOpEvict, tier, Access::kRead, false, nullptr);
+  return Enqueue(id, OpKind::kEvict, tier, std::nullopt, nullptr);
 }
 
 Result<Lease> TieredStore::Acquire(BlockId id, Tier tier, Access access,
                                    std::chrono::nanoseconds timeout) {
   STRATA_RETURN_IF_ERROR(NvmeReadyFor(id));
-  const Tier t = tier;
   std::shared_ptr<Op> op;
   Ticket ticket;
   {
@@ -221,7 +256,7 @@ Result<Lease> TieredStore::Acquire(BlockId id, Tier tier, Access access,
     }
     Block& b = *blocks_[id];
     ++stats_.acquires;
-    Copy& c = b.copy[t];
+    Copy& c = b.copy[tier];
     if (c.state != Residency::kValid) {
       Status e = b.TakeFailedFetch();
       if (!e.ok()) {
@@ -240,21 +275,22 @@ Result<Lease> TieredStore::Acquire(BlockId id, Tier tier, Access access,
       c.last_use = ++lru_clock_;
       return MakeLease(id, tier, access, c.ptr, b.spec.size_bytes);
     }
-    ticket = Enqueue(id, kOpFetch, tier, access, true, &op);
+    ticket = Enqueue(id, OpKind::kFetch, tier, access, &op);
   }
   const auto t0 = Clock::now();
   Status s = ticket.Wait(timeout);
   std::lock_guard<std::mutex> l(mu_);
   stats_.stall_ns += Ns(Clock::now() - t0);
   Block& b = *blocks_[id];
-  if (!op->done) {  // timed out: withdraw our lease request
+  if (!op->done) {  // timed out: withdraw our lease request and our wait
     --(access == Access::kRead ? op->pending_read : op->pending_write);
+    --op->waiters;
     ++stats_.acquire_timeouts;
-    // Cancel the fetch when nothing else can observe it: no other Acquire waits on it, no other
-    // ticket holder (Fetch joined it) and no hop of it running. Otherwise it runs on: its copy
-    // stays resident but unleased (evictable), and an error goes to the next waiter.
+    // Cancel the fetch when nobody waits for it any more (no other Acquire, no Fetch that asked
+    // for it or joined it) and no hop of it is running. Otherwise it runs on: its copy stays
+    // resident but unleased (evictable), and an error goes to the next waiter.
     const bool running = !b.ops.empty() && b.ops.front() == op && b.hop_in_flight;
-    if (op->pending_read + op->pending_write == 0 && op->ticket.use_count() == 2 && !running) {
+    if (op->waiters == 0 && !running) {
       auto it = std::find(b.ops.begin(), b.ops.end(), op);
       if (it != b.ops.end()) {
         b.ops.erase(it);
@@ -273,7 +309,7 @@ Result<Lease> TieredStore::Acquire(BlockId id, Tier tier, Access access,
   if (!op->status.ok()) {
     return op->status;
   }
-  return MakeLease(id, tier, access, b.copy[t].ptr, b.spec.size_bytes);
+  return MakeLease(id, tier, access, b.copy[tier].ptr, b.spec.size_bytes);
 }
 
 Status TieredStore::Flush(std::chrono::nanoseconds timeout) {
@@ -282,8 +318,7 @@ Status TieredStore::Flush(std::chrono::nanoseconds timeout) {
     std::lock_guard<std::mutex> l(mu_);
     for (auto& bp : blocks_) {
       if (bp->home().state != Residency::kValid || !bp->ops.empty()) {
-        tickets.push_back(
-            Enqueue(bp->id, kOpWriteBack, Tier::kHost, Access::kRead, false, nullptr));
+        tickets.push_back(Enqueue(bp->id, OpKind::kWriteBack, Tier::kHost, std::nullopt, nullptr));
       }
     }
   }
@@ -372,7 +407,7 @@ std::string TieredStore::DebugString() const {
     }
     out += " ops=";
     for (const auto& op : b.ops) {
-      out += std::to_string(op->kind) + ":" + std::string(TierName(op->tier)) + ",";
+      out += std::string(OpKindName(op->kind)) + ":" + std::string(TierName(op->tier)) + ",";
     }
     out += b.hop_in_flight ? " hop" : "";
     out += b.parked ? " parked" : "";

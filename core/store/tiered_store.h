@@ -3,6 +3,10 @@
 //
 // Threads: one IO thread owns the IoBackend (submits, reaps); one mover thread runs completions
 // (state updates and the next hop). Both sleep on condition variables when idle.
+//
+// Files: tiered_store.cc (setup, entry points), store_ops.cc (the per-block state machine and its
+// hops), store_space.cc (budgets, reservations, eviction), store_threads.cc (the two threads),
+// store_nvme.cc (opening the NVMe tier), store_api.cc (Ticket, Lease, the factory).
 #pragma once
 
 #include <chrono>
@@ -12,11 +16,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/store/range_allocator.h"
+#include "nvme/bounded_queue.h"
 #include "strata/device.h"
 #include "strata/dtype.h"
 #include "strata/io.h"
@@ -33,6 +39,9 @@ class PinnedBuffer;
 }  // namespace strata::cpu
 
 namespace strata::store {
+
+// The kinds of queued per-block operations (OpKindName in store_internal.h).
+enum class OpKind : uint8_t { kFetch, kWriteBack, kEvict };
 
 class TieredStore final : public Store {
  public:
@@ -67,32 +76,71 @@ class TieredStore final : public Store {
   struct Op;
   struct IoJob;
   enum class Outcome : uint8_t { kReady, kIssued, kParked, kFailed };
+  // What the IO thread hands to the mover thread about one block's IO (HandleIoEvent).
+  struct IoEvent {
+    enum class Kind : uint8_t {
+      kDone,        // the IO completed; `status` is its outcome
+      kReapFailed,  // reaping failed while this IO was in flight: fail the block's waiters
+      kLost,        // reaping failed for longer than io_deadline: the IO is given up
+    };
+    BlockId block = 0;
+    Kind kind = Kind::kDone;
+    Status status;
+  };
 
   explicit TieredStore(TieredStoreOptions options);
   Status Init();
 
-  // All of these REQUIRE mu_ held (store_ops.cc).
-  Ticket Enqueue(BlockId id, int kind, Tier tier, Access lease, bool with_lease,
+  // All of these REQUIRE mu_ held (store_ops.cc, store_space.cc).
+  // Queues an operation on block `id` (joining a queued fetch where allowed) and pumps it.
+  // `lease`: the lease an Acquire waits for, granted when the operation succeeds.
+  Ticket Enqueue(BlockId id, OpKind kind, Tier tier, std::optional<Access> lease,
                  std::shared_ptr<Op>* op_out);
-  void Pump(BlockId id);  // Advance(id), then retries parked blocks while space was freed
+  // Whether a new operation may be queued on `b`: OK, or why it fails at once.
+  Status Admit(const Block& b) const;
+  // Advance(id), then starts the write-behind evictions that reservations asked for and retries
+  // parked blocks while space was freed. Never called from inside Advance.
+  void Pump(BlockId id);
   void Advance(BlockId id);
   Outcome MakeValid(Block& b, Tier tier, Status* err);
   Outcome WriteBackStep(Block& b, Status* err);
   Outcome EvictStep(Block& b, Tier tier, Status* err);
   void Finish(Block& b, Status status);
+  void FailOps(Block& b, const Status& status);  // finishes every queued op of `b` with it
+  // Reserves space for b's copy on `tier`, evicting clean idle copies. When that is not enough
+  // and dirty idle copies could be written behind, records them in write_behind_ (started by
+  // Pump once the current Advance returned) and parks.
   Outcome Reserve(Block& b, Tier tier, Status* err);
   bool TryAllocate(Block& b, Tier tier);
-  bool CanEverFree(Tier tier, BlockId except);
+  // Whether anything on `tier` (other than block `except`'s copy) could ever free space: a copy
+  // that is leased, in flight or busy, or one that is dirty and idle (it can be written behind;
+  // appended to *dirty_idle). Changes nothing.
+  bool CanEverFree(Tier tier, BlockId except, std::vector<BlockId>* dirty_idle) const;
+  bool WriteBehindCandidate(const Block& v, Tier tier) const;
+  // Starts the recorded write-behind evictions, each (block, tier) at most once per Pump
+  // (`started`): one that failed at once is not retried in a loop under the lock; the parked
+  // reservations wait for the next event, as for any other failed write-back.
+  void StartWriteBehind(std::vector<std::pair<BlockId, Tier>>* started);
   void FreeCopy(Block& b, Tier tier);
-  bool Droppable(Block& b, Tier tier);
+  bool Droppable(const Block& b, Tier tier) const;
   Status IssueCopy(Block& b, Tier from, Tier to);
   void IssueIo(Block& b, IoOp op);
   void OnHopDone(BlockId id, Tier from, Tier to, Status status);
+  void HandleIoEvent(IoEvent& e);
   Status NvmeReadyFor(BlockId id);  // opens the NVMe tier for an NVMe-homed block
+  // Zero-fills device memory from zero_extent_, waiting at most io_deadline. REQUIRES mu_.
+  Status ZeroDevice(void* dst, uint64_t size_bytes);
   void ReleaseLease(Lease& lease) override;
   std::string Name(const Block& b) const;
 
+  // The IO thread (store_threads.cc).
+  struct IoThread;
   void IoLoop();
+  bool IoTake(IoThread& io);  // waits for work; false once stopping with nothing left
+  void IoSubmit(IoThread& io);
+  void IoReap(IoThread& io);
+  void IoReapFailed(IoThread& io, const Status& err);
+  void HandOver(std::vector<IoEvent>* events, uint64_t busy_ns);  // IO thread -> mover thread
   void MoverLoop();
   void Post(std::function<void()> fn);
 
@@ -110,6 +158,9 @@ class TieredStore final : public Store {
   uint32_t copies_in_flight_ = 0;
   std::chrono::steady_clock::time_point copy_busy_since_;
   std::vector<BlockId> parked_;
+  // (block, tier) copies to write behind and evict, recorded by Reserve, started by Pump.
+  std::vector<std::pair<BlockId, Tier>> write_behind_;
+  uint32_t lost_hops_ = 0;  // IO hops given up after Reap kept failing (never complete)
   StoreStats stats_;
   bool shutting_down_ = false;
   bool space_freed_ = false;
@@ -128,16 +179,24 @@ class TieredStore final : public Store {
   std::unique_ptr<nvme::SwapSpace> swap_;
   bool host_registered_ = false;  // host slab registered with the IO backend
 
-  // IO thread state (guarded by io_mu_).
+  // One IO job slot per block (index: BlockId), sized when the NVMe tier opens.
+  std::vector<IoJob> io_jobs_;
+  // Zeros for the device homes Register zero-fills (kZeroExtentBytes, allocated at Open when
+  // the device tier is enabled; never written).
+  void* zero_extent_ = nullptr;
+  bool zero_extent_clean_ = true;  // no copy from it can still be queued (guarded by mu_)
+  // IO thread state (guarded by io_mu_): blocks whose IO job waits to be submitted.
   std::mutex io_mu_;
   std::condition_variable io_cv_;
-  std::deque<std::unique_ptr<IoJob>> io_queue_;
+  nvme::BoundedQueue<BlockId> io_queue_;
   bool io_stop_ = false;
   std::thread io_thread_;
   // Mover thread state (guarded by mv_mu_).
   std::mutex mv_mu_;
   std::condition_variable mv_cv_;
   std::deque<std::function<void()>> mv_queue_;
+  std::vector<IoEvent> io_events_;  // from the IO thread, handled in batches under one mu_
+  uint64_t io_busy_pending_ns_ = 0;
   bool mv_stop_ = false;
   std::thread mover_thread_;
 };

@@ -252,7 +252,8 @@ class Store {
   // `timeout`; the block's fetch error otherwise. A read lease waits while a writer holds the
   // block or is queued for it; a write lease waits until no lease on any tier of the block is
   // held and no operation of it runs. On timeout the lease request is withdrawn; the fetch it
-  // started is cancelled when nothing else waits on it and it has not started a hop.
+  // started is cancelled when nothing else waits on it (no other Acquire; no Fetch, which always
+  // counts as waiting, asked for it) and it has not started a hop.
   virtual Result<Lease> Acquire(BlockId id, Tier tier, Access access,
                                 std::chrono::nanoseconds timeout) = 0;
 
@@ -306,8 +307,14 @@ struct TieredStoreOptions {
   size_t max_inflight_ios = 64;
   // Queued operations across all blocks before Fetch/WriteBack/Evict fail ResourceExhausted.
   uint32_t max_queued_ops = 1u << 16;
-  // How long an operation may wait for the NVMe tier (e.g. a zero-fill of a never-written
-  // block waiting for its staging buffer) before it fails DeadlineExceeded.
+  // The bound on the few waits the store cannot make asynchronous, and on a failing IO path:
+  // - Register zero-fills a device-homed block (copies from a preallocated 1 MiB zero extent,
+  //   under the store lock) and fails DeadlineExceeded when they take longer.
+  // - When reaping NVMe IO keeps failing for this long, the IO path is given up: the IOs in
+  //   flight are abandoned (their buffers never reused) and every later operation on an
+  //   NVMe-homed block fails with IOError. Each failed reap already fails the waiters of the
+  //   blocks in flight; this only decides when to stop retrying.
+  // Default 60 s: far beyond any healthy copy or IO; shorter fails faster on a sick device.
   std::chrono::nanoseconds io_deadline = std::chrono::seconds(60);
   // Pinned host memory: from a PinnedPool (huge pages, locked, CUDA-registered) when true,
   // plain aligned memory otherwise (tests on machines that refuse mlock run either way).
