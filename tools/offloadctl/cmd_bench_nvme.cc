@@ -10,6 +10,7 @@
 
 #include "nvme/bench/nvme_bench.h"
 #include "tools/offloadctl/commands.h"
+#include "tools/offloadctl/leftover_report.h"
 
 namespace strata::cli {
 namespace {
@@ -85,6 +86,7 @@ int Run(const Args& a) {
                    points.size(), HumanBytes(p.block_bytes).c_str(), p.queue_depth, p.threads);
     }
   };
+  ReportLeftovers({a.path});
   auto results = nvme::RunNvmeBench(o, points, progress);
   if (!results.ok()) {
     std::fprintf(stderr, "error: %s\n", results.status().ToString().c_str());
