@@ -1,4 +1,7 @@
-// IoBackend's shared parts: names, validation, file names and the synchronous default.
+// IoBackend's shared parts: names, validation, file names, preallocation and the synchronous
+// default.
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -44,6 +47,17 @@ std::string IoBackend::FileName(int fd) const {
   auto it = file_names_.find(fd);
   if (it != file_names_.end()) return it->second;
   return "fd " + std::to_string(fd);
+}
+
+Status IoBackend::Allocate(int fd, uint64_t length_bytes) {
+  if (length_bytes == 0) return Status::OK();
+  const int err = posix_fallocate(fd, 0, static_cast<off_t>(length_bytes));
+  return err == 0 ? Status::OK() : AllocateError(fd, length_bytes, err);
+}
+
+Status IoBackend::AllocateError(int fd, uint64_t length_bytes, int err) const {
+  return Status::FromErrno(err, "preallocate " + std::to_string(length_bytes) + " bytes for",
+                           FileName(fd));
 }
 
 Status IoBackend::ValidateRequest(const IoRequest& r) const {

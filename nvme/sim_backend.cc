@@ -30,6 +30,23 @@ void SimBackend::InjectFault(IoOp op, SimFault fault, int count, int fd) {
   scripted_.push_back(Scripted{op, fault, count, fd});
 }
 
+void SimBackend::InjectAllocateFault(int err, int count, int skip) {
+  allocate_errno_ = err;
+  allocate_faults_ = count;
+  allocate_skip_ = skip;
+}
+
+Status SimBackend::Allocate(int fd, uint64_t length_bytes) {
+  if (allocate_skip_ > 0) {
+    --allocate_skip_;
+  } else if (allocate_faults_ > 0) {
+    --allocate_faults_;
+    ++faults_injected_;
+    return AllocateError(fd, length_bytes, allocate_errno_);
+  }
+  return IoBackend::Allocate(fd, length_bytes);
+}
+
 Status SimBackend::Submit(std::span<const IoRequest> batch) {
   for (const IoRequest& r : batch) STRATA_RETURN_IF_ERROR(ValidateRequest(r));
   if (inflight_ + batch.size() > options_.queue_depth) {

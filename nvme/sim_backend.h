@@ -6,6 +6,7 @@
 // same way for the same seed. Faults are injected per raw transfer, either scripted
 // (InjectFault: "the next 2 writes to fd 7 fail with ENOSPC") or at random with per-kind
 // probabilities; the raw results then go through the same IoProgress rules as io_uring's CQEs.
+// Preallocation (Allocate) is real too, and can be failed on demand (InjectAllocateFault).
 // A failing test should print seed() so the run can be replayed.
 //
 // Thread safety: as IoBackend (one caller at a time); no internal threads.
@@ -59,6 +60,11 @@ class SimBackend final : public IoBackend {
   // Scripted faults take precedence over random ones, first injected first used.
   void InjectFault(IoOp op, SimFault fault, int count = 1, int fd = -1);
 
+  // After `skip` more Allocate calls succeed, the next `count` (any fd) fail with errno `err`
+  // (e.g. ENOSPC: the disk filled up after a free-space check passed) and allocate nothing.
+  void InjectAllocateFault(int err, int count = 1, int skip = 0);
+  Status Allocate(int fd, uint64_t length_bytes) override;
+
   uint64_t seed() const noexcept { return options_.seed; }
   uint64_t now_ns() const noexcept { return now_ns_; }
   uint64_t faults_injected() const noexcept { return faults_injected_; }
@@ -100,6 +106,9 @@ class SimBackend final : public IoBackend {
   uint64_t seq_ = 0;
   uint64_t faults_injected_ = 0;
   uint64_t reissues_ = 0;
+  int allocate_errno_ = 0;
+  int allocate_faults_ = 0;
+  int allocate_skip_ = 0;
 };
 
 }  // namespace strata::nvme

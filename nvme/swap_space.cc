@@ -77,10 +77,10 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const SwapSpaceOptions& opt
   }
   if (next_offset != s->file_sizes_) return Status::Internal("swap space: layout size mismatch");
   STRATA_RETURN_IF_ERROR(s->OpenFiles());
-  STRATA_RETURN_IF_ERROR(s->Preallocate());
   for (size_t i = 0; i < nfiles; ++i) {
     STRATA_RETURN_IF_ERROR(io->RegisterFile(s->fds_[i], s->file_paths_[i]));
   }
+  STRATA_RETURN_IF_ERROR(s->Preallocate());
   s->slots_.resize(options.max_inflight_ops);
   for (size_t i = options.max_inflight_ops; i-- > 0;) s->free_slots_.push_back(i);
   s->waiting_.reserve(options.max_inflight_ops);
@@ -95,7 +95,7 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const SwapSpaceOptions& opt
 // rank's swap file, benchmark scratch files): all of them are reported, none is reused. Files
 // that a live process holds (another rank of this job) are not leftovers.
 Status SwapSpace::CheckPaths() const {
-  std::string leftovers;
+  std::string leftovers, clean;
   size_t count = 0;
   for (const std::string& dir : options_.paths) {
     struct stat st {};
@@ -115,14 +115,25 @@ Status SwapSpace::CheckPaths() const {
                                           std::to_string(options_.rank));
       }
     }
-    for (const std::string& f : scan.leftovers) {
-      leftovers += (count++ == 0 ? "'" : ", '") + f + "'";
+    // Symbolic links, FIFOs, devices, other users' files: never followed, opened, reused or
+    // removed. Only the one in the way of this rank's file stops the start.
+    for (const ForeignEntry& f : scan.foreign) {
+      if (f.path == own) {
+        return Status::FailedPrecondition("'" + own + "' is " + f.why +
+                                          ", not a swap file strata may use; remove it or "
+                                          "choose another nvme_path");
+      }
     }
+    for (const LeftoverEntry& f : scan.leftovers) {
+      leftovers += (count++ == 0 ? "'" : ", '") + f.path + "'";
+    }
+    if (!scan.leftovers.empty()) clean += " --nvme-path '" + dir + "'";
   }
   if (count > 0) {
     return Status::FailedPrecondition(
         std::to_string(count) + " file(s) left by a run that did not close cleanly: " + leftovers +
-        "; they are not reused, remove them to continue");
+        "; they are not reused, remove them to continue (`offloadctl clean" + clean +
+        "` removes exactly these)");
   }
   return Status::OK();
 }
@@ -197,11 +208,8 @@ Status SwapSpace::OpenFiles() {
 Status SwapSpace::Preallocate() {
   for (size_t i = 0; i < fds_.size(); ++i) {
     if (file_sizes_[i] == 0) continue;
-    int err = posix_fallocate(fds_[i], 0, static_cast<off_t>(file_sizes_[i]));
-    if (err != 0) {
-      return Status::FromErrno(err, "preallocate " + std::to_string(file_sizes_[i]) + " bytes for",
-                               file_paths_[i]);
-    }
+    // Through the backend, so tests can fail it after the free-space check passed.
+    STRATA_RETURN_IF_ERROR(io_->Allocate(fds_[i], file_sizes_[i]));
   }
   return Status::OK();
 }

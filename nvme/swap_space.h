@@ -14,8 +14,11 @@
 //
 // Lifecycle: Create refuses strata files left behind on its paths by a run that did not close
 // cleanly (every rank's swap file, benchmark scratch files: all reported, never silently reused;
-// nvme/leftovers.h tells them from files of live processes by their flock). Close (or the
-// destructor) waits for IO in flight and removes the files.
+// nvme/leftovers.h tells them from files of live processes by their flock). Anything else under a
+// strata name (a symbolic link, FIFO, device, directory, another user's file) is never followed,
+// opened for IO or removed; the one in the way of this rank's file is refused by name. A failed
+// Create leaves nothing behind. Close (or the destructor) waits for IO in flight and removes the
+// files.
 //
 // Async use: Submit a batch of block reads/writes, Reap their completions (one per op, after all
 // of its units finished and, for reads, the checksum was verified). Read/Write are the
@@ -94,8 +97,10 @@ class SwapSpace {
   // InvalidArgument: no paths, duplicate or empty blocks, bad stripe unit, a filesystem without
   //   O_DIRECT and allow_buffered_io unset. NotFound: a path does not exist.
   // IOError: a path is not a writable directory, or preallocation failed (ENOSPC names the path
-  //   and the bytes needed). FailedPrecondition: files from an earlier run are in the way (all
-  //   named), or a live process of this rank uses the path.
+  //   and the bytes needed; the free-space check before it, or IoBackend::Allocate after it).
+  //   FailedPrecondition: files from an earlier run are in the way (all named), a live process of
+  //   this rank uses the path, or this rank's file name is taken by something that is not this
+  //   user's regular file (named, with what it is).
   static Result<std::unique_ptr<SwapSpace>> Create(const SwapSpaceOptions& options,
                                                    std::span<const SwapBlockSpec> blocks,
                                                    IoBackend* io);

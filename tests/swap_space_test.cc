@@ -204,13 +204,15 @@ TEST(SwapFaults, FailedWriteInvalidatesTheBlockUntilRewritten) {
 }
 
 // The core guarantee under random faults: a read that succeeds returns exactly the last
-// successfully written version; a block whose last write failed never verifies.
+// successfully written version; a block whose last write failed never verifies. ENOSPC included
+// (a disk filling up in the middle of a striped write; issue 12).
 TEST(SwapFaults, RandomFaultsNeverYieldWrongData) {
   TempDir dir("swaprandom");
   SimOptions so;
   so.seed = 314159;
   so.queue_depth = 8;
   so.p_eio = 0.04;
+  so.p_enospc = 0.04;
   so.p_torn = 0.04;
   so.p_short = 0.1;
   so.p_eintr = 0.05;

@@ -362,7 +362,10 @@ namespace {
 constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
 
 Result<std::string> ReadFile(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (or a serial device) must not wait for the other side; anything
+  // but a regular file is refused below. A symbolic link is followed: the user named this path,
+  // and its target is checked the same way.
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     int err = errno;
     if (err == ENOENT) return Status::NotFound("DeepSpeed config '" + path + "' does not exist");
@@ -375,6 +378,13 @@ Result<std::string> ReadFile(const std::string& path) {
     status = Status::FromErrno(errno, "stat", path);
   } else if (S_ISDIR(st.st_mode)) {
     status = Status::InvalidArgument("DeepSpeed config '" + path + "' is a directory");
+  } else if (!S_ISREG(st.st_mode)) {
+    status = Status::InvalidArgument("DeepSpeed config '" + path + "' is " +
+                                     (S_ISFIFO(st.st_mode)  ? "a FIFO"
+                                      : S_ISCHR(st.st_mode) ? "a character device"
+                                      : S_ISBLK(st.st_mode) ? "a block device"
+                                                            : "a socket") +
+                                     ", not a regular file");
   } else {
     char buf[65536];
     while (status.ok()) {

@@ -131,6 +131,11 @@ class IoBackend {
   virtual Status RegisterBuffer(void* base, size_t size_bytes);
   virtual void UnregisterBuffer(void* base);
 
+  // Reserves the first length_bytes of `fd` on disk (posix_fallocate), so that a disk too small
+  // fails here, before any IO, rather than in the middle of a write. IOError with errno (ENOSPC:
+  // the disk is full) naming the file and the bytes. The simulated backend injects failures here.
+  virtual Status Allocate(int fd, uint64_t length_bytes);
+
   // Synchronous default: submits `batch` (keeping up to queue_depth in flight) and waits for all
   // of it. Returns OK, or the first failed request's Status; after a failure no further request
   // is issued, and the call returns only once nothing is in flight (buffers are free again).
@@ -146,6 +151,8 @@ class IoBackend {
   IoBackend() = default;
   // Checks alignment and sizes of one request: InvalidArgument naming the problem, else OK.
   Status ValidateRequest(const IoRequest& r) const;
+  // Allocate's error for errno `err`.
+  Status AllocateError(int fd, uint64_t length_bytes, int err) const;
 
   std::string note_;
   std::unordered_map<int, std::string> file_names_;

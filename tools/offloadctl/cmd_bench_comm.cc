@@ -26,9 +26,11 @@
 
 #include "cpu/gloo_comm.h"
 #include "cpu/rendezvous/rendezvous.h"
+#include "nvme/leftovers.h"
 #include "tools/offloadctl/bench_comm_backend.h"
 #include "tools/offloadctl/cli_flags.h"
 #include "tools/offloadctl/commands.h"
+#include "tools/offloadctl/leftover_report.h"
 
 namespace strata::cli {
 namespace {
@@ -153,12 +155,18 @@ int RunBench(const BenchOpts& o) {
     std::fprintf(stderr, "bench comm: need 0 < --min-bytes <= --max-bytes\n");
     return kExitUsage;
   }
-  char tmpl[] = "/tmp/strata-bench-comm.XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) {
-    std::fprintf(stderr, "bench comm: mkdtemp: %s\n", std::strerror(errno));
+  // The rendezvous directory, in $TMPDIR (or /tmp): locked while this run (and its forked
+  // ranks) live, so a killed run's directory is reported by the next one (nvme/leftovers.h).
+  std::error_code ec;
+  std::string tmp = std::filesystem::temp_directory_path(ec).string();
+  if (ec) tmp = "/tmp";
+  ReportLeftovers({tmp});
+  auto run_dir = nvme::CreateRunDir(tmp, nvme::kBenchCommDirPrefix);
+  if (!run_dir.ok()) {
+    std::fprintf(stderr, "bench comm: %s\n", run_dir.status().ToString().c_str());
     return kExitInvalid;
   }
-  const std::string dir = tmpl;
+  const std::string dir = run_dir->path();
   int pfd[2];
   if (::pipe(pfd) != 0) return kExitInvalid;
   std::fflush(stdout);

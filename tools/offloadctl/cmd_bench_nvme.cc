@@ -12,6 +12,7 @@
 #include "nvme/bench/nvme_bench.h"
 #include "tools/offloadctl/cli_flags.h"
 #include "tools/offloadctl/commands.h"
+#include "tools/offloadctl/leftover_report.h"
 
 namespace strata::cli {
 namespace {
@@ -58,6 +59,7 @@ int Run(const Args& a) {
                    points.size(), SizeString(p.block_bytes).c_str(), p.queue_depth, p.threads);
     }
   };
+  ReportLeftovers({a.path});
   auto results = nvme::RunNvmeBench(o, points, progress);
   if (!results.ok()) {
     std::fprintf(stderr, "error: %s\n", results.status().ToString().c_str());

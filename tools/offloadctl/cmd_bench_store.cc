@@ -27,12 +27,14 @@
 #include "core/store/gather_scheduler.h"
 #include "kernels/adam.h"
 #include "kernels/pool.h"
+#include "nvme/leftovers.h"
 #include "sched/prefetcher.h"
 #include "sched/step_pipeline.h"
 #include "sched/trace.h"
 #include "strata/store.h"
 #include "tools/offloadctl/cli_flags.h"
 #include "tools/offloadctl/commands.h"
+#include "tools/offloadctl/leftover_report.h"
 
 namespace strata::cli {
 namespace {
@@ -66,25 +68,29 @@ struct BenchStoreArgs {
 };
 
 // One fresh subdirectory per --nvme-path (a swap file of rank 0 in each), so concurrent benches and
-// the leftovers of a killed one never collide; removed with its contents at the end.
+// the leftovers of a killed one never collide; locked while the bench runs (so its leftovers are
+// told from a live run's: nvme/leftovers.h) and removed with its contents at the end. The bases
+// are scanned first for leftovers of earlier runs, which are reported.
 class BenchDirs {
  public:
   ~BenchDirs() {
     std::error_code ec;
-    for (const auto& d : made_) std::filesystem::remove_all(d, ec);
+    for (const auto& d : made_) std::filesystem::remove_all(d.path(), ec);  // before the lock goes
   }
   Result<std::vector<std::string>> Make(std::vector<std::string> bases) {
     if (bases.empty()) bases.push_back(std::filesystem::temp_directory_path().string());
+    ReportLeftovers(bases);
+    std::vector<std::string> paths;
     for (const auto& base : bases) {
-      std::string tmpl = base + "/strata-bench-store-XXXXXX";
-      if (mkdtemp(tmpl.data()) == nullptr) return Status::FromErrno(errno, "mkdtemp in", base);
-      made_.push_back(tmpl);
+      STRATA_ASSIGN_OR_RETURN(nvme::RunDir d, nvme::CreateRunDir(base, nvme::kBenchStoreDirPrefix));
+      paths.push_back(d.path());
+      made_.push_back(std::move(d));
     }
-    return made_;
+    return paths;
   }
 
  private:
-  std::vector<std::string> made_;
+  std::vector<nvme::RunDir> made_;
 };
 
 // One AdamW step (kernels/adam.h, SIMD, over the pool's threads) over a sub-group whose fp32
