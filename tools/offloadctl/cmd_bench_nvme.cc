@@ -59,7 +59,7 @@ int Run(const Args& a) {
                    points.size(), SizeString(p.block_bytes).c_str(), p.queue_depth, p.threads);
     }
   };
-  ReportLeftovers({a.path});
+  ReportLeftovers(a.nvme_paths);
   auto results = nvme::RunNvmeBench(o, points, progress);
   if (!results.ok()) {
     std::fprintf(stderr, "error: %s\n", results.status().ToString().c_str());
