@@ -1,0 +1,86 @@
+// LrSchedule: the learning rate of each optimizer step, DeepSpeed 0.19.8's WarmupLR,
+// WarmupDecayLR and WarmupCosineLR (runtime/lr_schedules.py) as pure functions of `t`, DeepSpeed's
+// `last_batch_iteration`. W = max(2, warmup_num_steps); gamma(t) = ln(t + 1) / ln(W) ("log") or
+// t / W ("linear") while t < W.
+// - WarmupLR: min_lr + (max_lr - min_lr) * (t < W ? gamma : 1).
+// - WarmupDecayLR: as WarmupLR, after warmup gamma = max(0, (total - t) / max(1, total - W)).
+// - WarmupCosineLR: lr * ratio; warmup ratio = warmup_min_ratio + gamma * (1 - warmup_min_ratio);
+//   after it p = min(1, (t - W + 1) / max(1, total - W)),
+//   ratio = max(0, cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi p)) / 2).
+//
+// Which t an optimizer step uses (DeepSpeed 0.19.8):
+// - Each scheduler's __init__ (last_batch_iteration = -1) writes get_lr() at t = -1 into the
+//   optimizer and does not call step(): WarmupLR / WarmupDecayLR give warmup_min_lr there,
+//   WarmupCosineLR gives 0 (not warmup_min_ratio * lr). The engine's _configure_lr_scheduler
+//   only builds the scheduler.
+// - engine._take_model_step calls lr_scheduler.step() (t += 1, lr = get_lr()) after
+//   optimizer.step(), and only when the optimizer did not overflow (`if overflow:
+//   skipped_steps += 1 else: ... lr_scheduler.step()`). A skipped step does not advance t.
+// So the applied step that has `n` applied steps before it runs at t = n - 1
+// (IterationForStep): the first at t = -1, the second at t = 0 (gamma 0: WarmupLR's first two
+// steps both use warmup_min_lr), and a skipped step's retry reuses the same t. A checkpoint keeps
+// last_batch_iteration and the optimizer's lr (the value at t = n - 1 for the next step), so `n`
+// counts applied steps since the start of training, across resumes.
+//
+// Thread safety: an immutable value after FromConfig; LrAt may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/config.h"
+#include "strata/status.h"
+
+namespace strata::zero {
+
+class LrSchedule {
+ public:
+  enum class Kind : uint8_t { kConstant, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+
+  // scheduler.type none -> the constant optimizer.lr. Errors are kInvalidArgument naming the
+  // JSON path: optimizer.lr "auto" (or absent); scheduler.type OneCycle, LRRangeTest or another
+  // name ("scheduler.type", with the supported ones); a parameter the scheduler's constructor does
+  // not take (DeepSpeed: a TypeError), missing total_num_steps (WarmupDecayLR, WarmupCosineLR),
+  // a value still "auto", not JSON, or of the wrong kind ("scheduler.params.<name>"):
+  // warmup_num_steps a JSON integer >= 1 (DeepSpeed's own check), total_num_steps a JSON
+  // integer >= 0, the lrs finite and >= 0, the ratios finite, last_batch_iteration only -1
+  // (another value makes DeepSpeed skip its initial lr; resume from a checkpoint instead).
+  // Defaults as DeepSpeed's constructors: warmup_min_lr 0; warmup_max_lr optimizer.lr for
+  // WarmupLR but 0.001 for WarmupDecayLR; warmup_num_steps 1000; warmup_type "log";
+  // warmup_min_ratio 0; cos_min_ratio 1e-4.
+  // Notes (notes()), as DeepSpeed's warnings: an unknown warmup_type falls back to "log";
+  // total_num_steps < W; warmup_num_steps 1 runs as 2.
+  static Result<LrSchedule> FromConfig(const EngineConfig& config);
+
+  // DeepSpeed's last_batch_iteration for the applied (not skipped) optimizer step that has
+  // `applied_steps` applied steps before it (see above): applied_steps - 1.
+  static constexpr int64_t IterationForStep(int64_t applied_steps) { return applied_steps - 1; }
+
+  // The lr at t = last_batch_iteration; any t < 0 is the value set before the first step.
+  double LrAt(int64_t t) const;
+  // The lr of the applied step with `applied_steps` applied steps before it.
+  double LrForStep(int64_t applied_steps) const { return LrAt(IterationForStep(applied_steps)); }
+
+  Kind kind() const { return kind_; }
+  const std::vector<std::string>& notes() const { return notes_; }
+  // One line, e.g. "WarmupLR(min 0, max 0.001, 1000 steps, log)".
+  std::string Describe() const;
+
+ private:
+  LrSchedule() = default;
+  double WarmupGamma(int64_t t) const;  // REQUIRES: 0 <= t < W
+
+  Kind kind_ = Kind::kConstant;
+  double lr_ = 0;          // constant lr; WarmupCosineLR's base lr
+  double min_lr_ = 0;      // WarmupLR / WarmupDecayLR
+  double max_lr_ = 0;      // WarmupLR / WarmupDecayLR
+  int64_t warmup_ = 1000;  // W, after max(2, warmup_num_steps)
+  int64_t total_ = 0;      // WarmupDecayLR / WarmupCosineLR
+  bool log_warmup_ = true;
+  double warmup_min_ratio_ = 0;
+  double cos_min_ratio_ = 1e-4;
+  std::vector<std::string> notes_;
+};
+
+}  // namespace strata::zero

@@ -1,0 +1,251 @@
+// LrSchedule (core/zero/lr_schedule.h): DeepSpeed 0.19.8's WarmupLR, WarmupDecayLR and
+// WarmupCosineLR at chosen t against closed forms worked out independently, the t each applied
+// step uses (t = -1 first; skipped steps do not advance), and config errors naming their paths.
+#include "core/zero/lr_schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+
+namespace strata::zero {
+namespace {
+
+EngineConfig Sched(SchedulerType type, const std::string& name,
+                   std::map<std::string, std::string> params, double lr = 1e-3) {
+  EngineConfig c;
+  c.optimizer.lr = lr;
+  c.scheduler.type = type;
+  c.scheduler.type_name = name;
+  c.scheduler.params = std::move(params);
+  return c;
+}
+
+LrSchedule Make(const EngineConfig& c) {
+  Result<LrSchedule> s = LrSchedule::FromConfig(c);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return std::move(s).value();
+}
+
+// Relative tolerance of a few ulps: DeepSpeed's and the closed form's rounding differ.
+void ExpectLr(const LrSchedule& s, int64_t t, double want) {
+  EXPECT_NEAR(s.LrAt(t), want, 1e-14 * std::abs(want)) << "t = " << t;
+}
+
+TEST(LrSchedule, NoSchedulerIsTheConstantOptimizerLr) {
+  LrSchedule s = Make(Sched(SchedulerType::kNone, "", {}, 3e-4));
+  for (int64_t t : {-1, 0, 1, 1000000}) EXPECT_EQ(s.LrAt(t), 3e-4);
+  EXPECT_EQ(s.Describe(), "constant lr 0.0003");
+}
+
+TEST(LrSchedule, WarmupLrLog) {
+  LrSchedule s = Make(
+      Sched(SchedulerType::kWarmupLR, "WarmupLR",
+            {{"warmup_min_lr", "1e-4"}, {"warmup_max_lr", "1e-3"}, {"warmup_num_steps", "100"}}));
+  ExpectLr(s, -1, 1e-4);              // before the first scheduler step: min
+  ExpectLr(s, 0, 1e-4);               // ln(1) = 0
+  ExpectLr(s, 9, 1e-4 + 9e-4 * 0.5);  // ln 10 / ln 100
+  ExpectLr(s, 49, 1e-4 + 9e-4 * std::log10(50.0) / 2);
+  ExpectLr(s, 99, 1e-3);  // ln 100 / ln 100: max one step before W
+  ExpectLr(s, 100, 1e-3);
+  ExpectLr(s, 1000000, 1e-3);
+  EXPECT_EQ(s.Describe(), "WarmupLR(min 0.0001, max 0.001, 100 steps, log)");
+  EXPECT_TRUE(s.notes().empty());
+}
+
+TEST(LrSchedule, WarmupLrLinearDefaultsToOptimizerLr) {
+  LrSchedule s = Make(Sched(SchedulerType::kWarmupLR, "WarmupLR",
+                            {{"warmup_num_steps", "10"}, {"warmup_type", "\"linear\""}}, 2e-3));
+  ExpectLr(s, -1, 0);
+  ExpectLr(s, 3, 6e-4);
+  ExpectLr(s, 9, 1.8e-3);
+  ExpectLr(s, 10, 2e-3);
+  EXPECT_EQ(s.Describe(), "WarmupLR(min 0, max 0.002, 10 steps, linear)");
+}
+
+TEST(LrSchedule, WarmupLrDefaults) {
+  LrSchedule s = Make(Sched(SchedulerType::kWarmupLR, "WarmupLR", {}));
+  EXPECT_EQ(s.Describe(), "WarmupLR(min 0, max 0.001, 1000 steps, log)");
+  ExpectLr(s, 30, 1e-3 * std::log10(31.0) / 3);  // ln 31 / ln 1000
+}
+
+TEST(LrSchedule, WarmupDecayLr) {
+  LrSchedule s = Make(Sched(SchedulerType::kWarmupDecayLR, "WarmupDecayLR",
+                            {{"total_num_steps", "1000"},
+                             {"warmup_max_lr", "0.01"},
+                             {"warmup_num_steps", "100"},
+                             {"warmup_type", "\"linear\""}}));
+  ExpectLr(s, 50, 0.005);
+  ExpectLr(s, 100, 0.01);  // (1000 - 100) / 900
+  ExpectLr(s, 550, 0.005);
+  ExpectLr(s, 1000, 0);
+  ExpectLr(s, 5000, 0);  // clamped at 0, not negative
+  EXPECT_EQ(s.Describe(), "WarmupDecayLR(min 0, max 0.01, 100 steps, linear, 1000 total steps)");
+
+  LrSchedule floor = Make(Sched(SchedulerType::kWarmupDecayLR, "WarmupDecayLR",
+                                {{"total_num_steps", "1000"},
+                                 {"warmup_min_lr", "0.001"},
+                                 {"warmup_max_lr", "0.01"},
+                                 {"warmup_num_steps", "100"}}));
+  ExpectLr(floor, -1, 0.001);
+  ExpectLr(floor, 550, 0.001 + 0.009 * 0.5);
+  ExpectLr(floor, 1000, 0.001);
+}
+
+TEST(LrSchedule, WarmupDecayLrMaxDefaultsTo0001NotOptimizerLr) {
+  LrSchedule s = Make(
+      Sched(SchedulerType::kWarmupDecayLR, "WarmupDecayLR", {{"total_num_steps", "10"}}, 0.05));
+  EXPECT_EQ(s.Describe(), "WarmupDecayLR(min 0, max 0.001, 1000 steps, log, 10 total steps)");
+  ExpectLr(s, 999, 0.001);          // end of warmup
+  ASSERT_EQ(s.notes().size(), 1u);  // total_num_steps < warmup_num_steps, as DeepSpeed warns
+  EXPECT_NE(s.notes()[0].find("scheduler.params.total_num_steps"), std::string::npos);
+}
+
+TEST(LrSchedule, WarmupCosineLr) {
+  LrSchedule s = Make(Sched(SchedulerType::kWarmupCosineLR, "WarmupCosineLR",
+                            {{"total_num_steps", "1100"},
+                             {"warmup_num_steps", "100"},
+                             {"warmup_type", "\"linear\""},
+                             {"warmup_min_ratio", "0.1"},
+                             {"cos_min_ratio", "0.01"}},
+                            0.002));
+  ExpectLr(s, -1, 0);  // DeepSpeed's value before the first step: 0, not 0.1 * lr
+  ExpectLr(s, 0, 0.002 * 0.1);
+  ExpectLr(s, 50, 0.002 * (0.1 + 0.5 * 0.9));
+  ExpectLr(s, 99, 0.002 * (0.1 + 0.99 * 0.9));
+  // After warmup p = (t - 99) / 1000.
+  ExpectLr(s, 349, 0.002 * (0.01 + 0.99 * (2 + std::sqrt(2.0)) / 4));  // p = 1/4
+  ExpectLr(s, 599, 0.002 * (0.01 + 0.99 / 2));                         // p = 1/2
+  ExpectLr(s, 1099, 0.002 * 0.01);                                     // p = 1
+  ExpectLr(s, 5000, 0.002 * 0.01);  // clamped, does not swing back up
+  EXPECT_EQ(s.Describe(),
+            "WarmupCosineLR(lr 0.002, min ratio 0.1, 100 steps, linear, cos min ratio 0.01, "
+            "1100 total steps)");
+}
+
+TEST(LrSchedule, WarmupCosineLrShorterThanWarmupStaysAtTheFloor) {
+  LrSchedule s = Make(Sched(SchedulerType::kWarmupCosineLR, "WarmupCosineLR",
+                            {{"total_num_steps", "50"}, {"warmup_num_steps", "100"}}));
+  ExpectLr(s, 100, 1e-3 * 1e-4);  // default cos_min_ratio
+  ExpectLr(s, 101, 1e-3 * 1e-4);
+  EXPECT_EQ(s.notes().size(), 1u);
+}
+
+// The engine asks for the lr of each applied step; a skipped (overflow) step does not advance
+// DeepSpeed's scheduler, so its retry gets the same lr.
+TEST(LrSchedule, StepsMapToIterations) {
+  EXPECT_EQ(LrSchedule::IterationForStep(0), -1);
+  EXPECT_EQ(LrSchedule::IterationForStep(5), 4);
+  LrSchedule s = Make(Sched(SchedulerType::kWarmupLR, "WarmupLR",
+                            {{"warmup_min_lr", "0.5"},
+                             {"warmup_max_lr", "1.5"},
+                             {"warmup_num_steps", "4"},
+                             {"warmup_type", "\"linear\""}}));
+  // Outcomes of 7 engine steps; lr used by each applied one: t = -1, 0, 1, 2, 3, 4.
+  const bool overflow[] = {false, true, false, true, false, false, false};
+  const double want[] = {0.5, 0.5, 0.75, 1.0, 1.25, 1.5};
+  int64_t applied = 0;
+  for (bool o : overflow) {
+    if (o) continue;
+    EXPECT_DOUBLE_EQ(s.LrForStep(applied), want[applied]) << "applied step " << applied;
+    ++applied;
+  }
+  EXPECT_EQ(applied, 5);  // the sixth want is the next step's
+  EXPECT_DOUBLE_EQ(s.LrForStep(applied), want[5]);
+}
+
+TEST(LrSchedule, UnknownWarmupTypeFallsBackToLogWithANote) {
+  const auto cfg = [](const std::string& type) {
+    return Sched(SchedulerType::kWarmupLR, "WarmupLR",
+                 {{"warmup_num_steps", "100"}, {"warmup_type", type}});
+  };
+  LrSchedule odd = Make(cfg("\"cosine\""));
+  LrSchedule log = Make(cfg("\"log\""));
+  ASSERT_EQ(odd.notes().size(), 1u);
+  EXPECT_NE(odd.notes()[0].find("scheduler.params.warmup_type"), std::string::npos);
+  EXPECT_NE(odd.notes()[0].find("\"cosine\""), std::string::npos);
+  for (int64_t t : {0, 9, 50, 99}) EXPECT_EQ(odd.LrAt(t), log.LrAt(t));
+}
+
+TEST(LrSchedule, OneWarmupStepRunsAsTwo) {
+  LrSchedule s = Make(Sched(SchedulerType::kWarmupLR, "WarmupLR",
+                            {{"warmup_num_steps", "1"}, {"warmup_type", "\"linear\""}}));
+  ExpectLr(s, 1, 0.5e-3);  // 1 / max(2, 1)
+  EXPECT_EQ(s.notes().size(), 1u);
+}
+
+void ExpectBad(const EngineConfig& c, const std::string& path) {
+  Result<LrSchedule> s = LrSchedule::FromConfig(c);
+  ASSERT_FALSE(s.ok()) << path;
+  EXPECT_TRUE(s.status().IsInvalidArgument()) << s.status().ToString();
+  EXPECT_EQ(s.status().message().substr(0, path.size() + 1), path + ":") << s.status().ToString();
+}
+
+TEST(LrSchedule, UnsupportedSchedulersNameTheSupportedOnes) {
+  for (auto [type, name] : {std::pair{SchedulerType::kOneCycle, "OneCycle"},
+                            std::pair{SchedulerType::kLRRangeTest, "LRRangeTest"},
+                            std::pair{SchedulerType::kOther, "ReduceLROnPlateau"}}) {
+    Result<LrSchedule> s = LrSchedule::FromConfig(Sched(type, name, {}));
+    ASSERT_FALSE(s.ok());
+    const std::string m(s.status().message());
+    EXPECT_TRUE(s.status().IsInvalidArgument());
+    EXPECT_EQ(m.rfind("scheduler.type:", 0), 0u) << m;
+    EXPECT_NE(m.find(name), std::string::npos) << m;
+    EXPECT_NE(m.find("WarmupCosineLR"), std::string::npos) << m;
+  }
+}
+
+TEST(LrSchedule, BadParamsNameTheirPath) {
+  const auto warmup = [](std::map<std::string, std::string> p) {
+    return Sched(SchedulerType::kWarmupLR, "WarmupLR", std::move(p));
+  };
+  ExpectBad(Sched(SchedulerType::kWarmupDecayLR, "WarmupDecayLR", {}),
+            "scheduler.params.total_num_steps");
+  ExpectBad(Sched(SchedulerType::kWarmupCosineLR, "WarmupCosineLR", {}),
+            "scheduler.params.total_num_steps");
+  ExpectBad(Sched(SchedulerType::kWarmupCosineLR, "WarmupCosineLR",
+                  {{"total_num_steps", "100"}, {"warmup_min_lr", "0"}}),  // not a cosine param
+            "scheduler.params.warmup_min_lr");
+  ExpectBad(warmup({{"total_num_steps", "100"}}), "scheduler.params.total_num_steps");
+  ExpectBad(warmup({{"warmup_max_lr", "\"auto\""}}), "scheduler.params.warmup_max_lr");
+  ExpectBad(warmup({{"warmup_num_steps", "0"}}), "scheduler.params.warmup_num_steps");
+  ExpectBad(warmup({{"warmup_num_steps", "10.5"}}), "scheduler.params.warmup_num_steps");
+  ExpectBad(warmup({{"warmup_num_steps", "\"100\""}}), "scheduler.params.warmup_num_steps");
+  ExpectBad(warmup({{"warmup_min_lr", "-1"}}), "scheduler.params.warmup_min_lr");
+  ExpectBad(warmup({{"warmup_min_lr", "[0, 0]"}}), "scheduler.params.warmup_min_lr");
+  ExpectBad(warmup({{"warmup_min_lr", "{oops"}}), "scheduler.params.warmup_min_lr");
+  ExpectBad(warmup({{"last_batch_iteration", "5"}}), "scheduler.params.last_batch_iteration");
+  EXPECT_TRUE(LrSchedule::FromConfig(warmup({{"last_batch_iteration", "-1"}})).ok());
+  ExpectBad(Sched(SchedulerType::kWarmupDecayLR, "WarmupDecayLR", {{"total_num_steps", "-1"}}),
+            "scheduler.params.total_num_steps");
+
+  EngineConfig auto_lr = warmup({});
+  auto_lr.optimizer.lr = AutoOr<double>::Auto();
+  ExpectBad(auto_lr, "optimizer.lr");
+  EngineConfig listed = warmup({{"warmup_num_steps", "100"}});
+  listed.unresolved_auto.push_back("scheduler.params.warmup_num_steps");
+  ExpectBad(listed, "scheduler.params.warmup_num_steps");
+}
+
+// Through the config reader: "auto" params stay unresolved until the trainer supplies them.
+TEST(LrSchedule, FromParsedConfig) {
+  const char* text = R"({"optimizer": {"type": "AdamW", "params": {"lr": 2e-3}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto",
+      "warmup_max_lr": "auto", "warmup_num_steps": 10, "warmup_type": "linear"}}})";
+  Result<ParsedConfig> parsed = ParseDeepSpeedConfig(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ExpectBad(parsed->config, "scheduler.params.total_num_steps");
+
+  ParseOptions options;
+  options.auto_values = {{"scheduler.params.total_num_steps", "110"},
+                         {"scheduler.params.warmup_max_lr", "2e-3"}};
+  Result<ParsedConfig> resolved = ParseDeepSpeedConfig(text, options);
+  ASSERT_TRUE(resolved.ok()) << resolved.status().ToString();
+  LrSchedule s = Make(resolved->config);
+  ExpectLr(s, 5, 1e-3);
+  ExpectLr(s, 60, 1e-3);  // (110 - 60) / 100
+}
+
+}  // namespace
+}  // namespace strata::zero
