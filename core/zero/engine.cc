@@ -1,0 +1,725 @@
+// Engine: creation (placement, budgets, blocks), initial weights, read-back and the shared
+// helpers. See include/strata/engine.h for the contract.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "core/zero/engine_internal.h"
+#include "kernels/casts.h"
+#include "nlohmann/json.hpp"
+
+namespace strata {
+
+using zero::SubGroup;
+
+// ---------------------------------------------------------------------------------------------
+// Model spec
+// ---------------------------------------------------------------------------------------------
+
+size_t ParamSpec::numel() const {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d > 0 ? d : 0);
+  return n;
+}
+
+size_t GroupSpec::numel() const {
+  size_t n = 0;
+  for (const ParamSpec& p : params) n += p.numel();
+  return n;
+}
+
+size_t ModelSpec::numel() const {
+  size_t n = 0;
+  for (const GroupSpec& g : groups) n += g.numel();
+  return n;
+}
+
+Status ModelSpec::Validate() const {
+  if (groups.empty()) return Status::InvalidArgument("model: no parameter groups");
+  std::set<std::string> group_names;
+  constexpr uint64_t kMaxElems = uint64_t{1} << 50;
+  uint64_t total = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const GroupSpec& group = groups[g];
+    const std::string where = "model.groups[" + std::to_string(g) + "]";
+    if (group.name.empty()) return Status::InvalidArgument(where + ": empty name");
+    if (!group_names.insert(group.name).second) {
+      return Status::InvalidArgument(where + ": duplicate group name '" + group.name + "'");
+    }
+    if (group.params.empty()) {
+      return Status::InvalidArgument(where + " ('" + group.name + "'): no parameters");
+    }
+    std::set<std::string> names;
+    for (size_t p = 0; p < group.params.size(); ++p) {
+      const ParamSpec& param = group.params[p];
+      const std::string pw = where + ".params[" + std::to_string(p) + "]";
+      if (param.name.empty()) return Status::InvalidArgument(pw + ": empty name");
+      if (!names.insert(param.name).second) {
+        return Status::InvalidArgument(pw + ": duplicate parameter name '" + param.name + "'");
+      }
+      if (param.shape.empty()) return Status::InvalidArgument(pw + " ('" + param.name + "'): no shape");
+      uint64_t n = 1;
+      for (int64_t d : param.shape) {
+        if (d <= 0) {
+          return Status::InvalidArgument(pw + " ('" + param.name + "'): dimension " +
+                                         std::to_string(d) + " is not positive");
+        }
+        if (n > kMaxElems / static_cast<uint64_t>(d)) {
+          return Status::InvalidArgument(pw + " ('" + param.name + "'): too many elements");
+        }
+        n *= static_cast<uint64_t>(d);
+      }
+      total += n;
+      if (total > kMaxElems) return Status::InvalidArgument("model: too many elements");
+    }
+  }
+  return Status::OK();
+}
+
+const void* GatheredGroup::param(size_t i) const {
+  if (i >= offsets_.size() || data_ == nullptr) return nullptr;
+  return static_cast<const uint8_t*>(data_) + offsets_[i] * DTypeSize(dtype_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layout table
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+std::string Bytes(uint64_t b) {
+  char buf[32];
+  if (b >= (uint64_t{1} << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1 << 30));
+  } else if (b >= (uint64_t{1} << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
+  }
+  return buf;
+}
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// The value of a top-level key the config reader accepts but leaves to the engine.
+std::optional<nlohmann::json> UnactedValue(const EngineConfig& c, std::string_view path) {
+  for (const UnactedKey& k : c.unacted_keys) {
+    if (k.path == path) {
+      auto j = nlohmann::json::parse(k.json_text, nullptr, false);
+      if (!j.is_discarded()) return j;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string EngineLayout::ToString() const {
+  std::ostringstream o;
+  o << "strata engine: ZeRO stage " << stage << ", optimizer offload "
+    << OffloadDeviceName(offload_optimizer) << ", param offload " << OffloadDeviceName(offload_param)
+    << ", " << DTypeName(dtype) << ", rank " << rank << "/" << world_size << ", " << params
+    << " params, " << sub_groups << " optimizer sub-groups\n";
+  o << "  tier   states        working       total         budget\n";
+  for (Tier t : kAllTiers) {
+    char line[160];
+    std::snprintf(line, sizeof line, "  %-6s %-13s %-13s %-13s %s\n", std::string(TierName(t)).c_str(),
+                  Bytes(state_bytes[t]).c_str(), Bytes(working_bytes[t]).c_str(),
+                  Bytes(state_bytes[t] + working_bytes[t]).c_str(), Bytes(budget_bytes[t]).c_str());
+    o << line;
+  }
+  for (const std::string& n : notes) o << "  note: " << n << "\n";
+  return o.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+Status Engine::Impl::CheckHealthy() const {
+  if (failed.ok()) return Status::OK();
+  return Status::FailedPrecondition("engine failed earlier and must be rebuilt (load a checkpoint): " +
+                                    failed.ToString());
+}
+
+Status Engine::Impl::Fail(Status st) {
+  if (!st.ok() && failed.ok()) {
+    failed = st;
+    if (opt.comm != nullptr) opt.comm->Abort("strata engine on rank " + std::to_string(rank) +
+                                             " failed: " + st.ToString());
+  }
+  return st;
+}
+
+Tier Engine::Impl::ComputeTier(Tier home) const {
+  if (home == Tier::kDevice && opt.device->host_addressable()) return Tier::kDevice;
+  return Tier::kHost;
+}
+
+Status Engine::Impl::CopySync(CopyDir dir, void* dst, const void* src, uint64_t bytes) {
+  if (bytes == 0) return Status::OK();
+  auto done = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = done->get_future();
+  STRATA_RETURN_IF_ERROR(
+      opt.device->CopyAsync(dir, dst, src, bytes, [done](Status st) { done->set_value(st); }));
+  if (f.wait_for(opt.timeout) != std::future_status::ready) {
+    return Status::DeadlineExceeded(std::string("device copy (") + std::string(CopyDirName(dir)) +
+                                    ", " + std::to_string(bytes) + " bytes) did not finish");
+  }
+  return f.get();
+}
+
+Status Engine::Impl::ZeroDevice(void* ptr, uint64_t bytes) {
+  if (opt.device->host_addressable()) {
+    std::memset(ptr, 0, bytes);
+    return Status::OK();
+  }
+  static const std::vector<uint8_t> zeros(size_t{1} << 20, 0);
+  for (uint64_t off = 0; off < bytes; off += zeros.size()) {
+    const uint64_t n = std::min<uint64_t>(zeros.size(), bytes - off);
+    STRATA_RETURN_IF_ERROR(
+        CopySync(CopyDir::kHostToDevice, static_cast<uint8_t*>(ptr) + off, zeros.data(), n));
+  }
+  return Status::OK();
+}
+
+Status Engine::Impl::PublishParams(const SubGroup& s, const float* master, Lease& param) {
+  uint8_t* dst = static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt;
+  if (dtype == DType::kF32) {
+    std::memcpy(dst, master, s.elems * sizeof(float));
+  } else {
+    STRATA_RETURN_IF_ERROR(kernels::Cast(master, DType::kF32, dst, dtype, s.elems));
+  }
+  param.MarkDirty();
+  return Status::OK();
+}
+
+Status Engine::Impl::AllGatherUpdatedParams() {
+  if (placement.params_partitioned || !placement.optimizer_partitioned || world == 1) {
+    return Status::OK();
+  }
+  std::vector<Lease> leases;
+  std::vector<CommHandle> handles;
+  leases.reserve(groups.size());
+  Status first;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const zero::GroupState& gs = groups[g];
+    auto lease = store->Acquire(gs.param, Tier::kDevice, Access::kWrite, timeout());
+    if (!lease.ok()) {
+      first = lease.status();
+      break;
+    }
+    uint8_t* data = static_cast<uint8_t*>(lease->data());
+    auto h = opt.comm->AllGather(data + static_cast<size_t>(rank) * gs.shard.shard_elems * elt, data,
+                                 gs.shard.shard_elems, dtype);
+    if (!h.ok()) {
+      first = h.status();
+      break;
+    }
+    lease->MarkDirty();
+    leases.push_back(std::move(*lease));
+    handles.push_back(*h);
+  }
+  Status waited = zero::WaitAll(handles, deadline());
+  if (first.ok()) first = waited;
+  if (!first.ok()) {
+    return Status(first.code(), "all-gather of the updated parameters: " + std::string(first.message()));
+  }
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Create
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+Status RequireResolved(bool is_auto, std::string_view path) {
+  if (!is_auto) return Status::OK();
+  return Status::InvalidArgument(std::string(path) +
+                                 ": \"auto\" is not resolved (pass its value when parsing the "
+                                 "config, ParseOptions::auto_values)");
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOptions options) {
+  STRATA_RETURN_IF_ERROR(model.Validate());
+  if (options.device == nullptr) return Status::InvalidArgument("EngineOptions.device is null");
+  if (options.comm == nullptr) return Status::InvalidArgument("EngineOptions.comm is null");
+  auto impl = std::make_unique<Impl>();
+  Impl& e = *impl;
+  e.model = model;
+  const EngineConfig& c = options.config;
+  e.rank = options.comm->rank();
+  e.world = options.comm->world_size();
+
+  // Precision.
+  STRATA_RETURN_IF_ERROR(RequireResolved(c.fp16.enabled.is_auto(), "fp16.enabled"));
+  STRATA_RETURN_IF_ERROR(RequireResolved(c.bf16.enabled.is_auto(), "bf16.enabled"));
+  const bool fp16 = c.fp16.enabled.value_or(false), bf16 = c.bf16.enabled.value_or(false);
+  if (fp16 && bf16) return Status::InvalidArgument("fp16.enabled and bf16.enabled are both true");
+  e.dtype = fp16 ? DType::kF16 : bf16 ? DType::kBF16 : DType::kF32;
+  e.elt = DTypeSize(e.dtype);
+
+  // Optimizer.
+  const OptimizerConfig& oc = c.optimizer;
+  if (oc.type != OptimizerType::kAdam && oc.type != OptimizerType::kAdamW) {
+    return Status::InvalidArgument(
+        "optimizer.type: the engine runs Adam or AdamW (got " +
+        std::string(OptimizerTypeName(oc.type)) + "); add an \"optimizer\" section");
+  }
+  STRATA_RETURN_IF_ERROR(RequireResolved(oc.lr.is_auto(), "optimizer.params.lr"));
+  STRATA_RETURN_IF_ERROR(RequireResolved(oc.betas.is_auto(), "optimizer.params.betas"));
+  STRATA_RETURN_IF_ERROR(RequireResolved(oc.eps.is_auto(), "optimizer.params.eps"));
+  STRATA_RETURN_IF_ERROR(RequireResolved(oc.weight_decay.is_auto(), "optimizer.params.weight_decay"));
+  e.hyper.beta1 = static_cast<float>(oc.betas.value_or({0.9, 0.999}).first);
+  e.hyper.beta2 = static_cast<float>(oc.betas.value_or({0.9, 0.999}).second);
+  e.hyper.eps = static_cast<float>(oc.eps.value_or(1e-8));
+  e.hyper.weight_decay = static_cast<float>(oc.weight_decay.value_or(0.0));
+  // DeepSpeed: "AdamW" always decouples; "Adam" does when adam_w_mode (default true).
+  e.hyper.decoupled_weight_decay = oc.type == OptimizerType::kAdamW || oc.adam_w_mode;
+  e.hyper.bias_correction = oc.bias_correction;
+  e.hyper.lr = static_cast<float>(oc.lr.value_or(1e-3));
+  {
+    kernels::AdamShard probe;
+    STRATA_RETURN_IF_ERROR(kernels::ValidateAdam(e.hyper, probe));
+  }
+  STRATA_ASSIGN_OR_RETURN(zero::LossScaler scaler, zero::LossScaler::FromConfig(c));
+  e.scaler.emplace(std::move(scaler));
+  STRATA_ASSIGN_OR_RETURN(zero::LrSchedule schedule, zero::LrSchedule::FromConfig(c));
+  e.schedule.emplace(std::move(schedule));
+  for (const std::string& n : e.schedule->notes()) e.layout.notes.push_back(n);
+  e.last_lr = e.schedule->LrForStep(0);
+
+  // Accumulation, clipping, averaging.
+  STRATA_RETURN_IF_ERROR(
+      RequireResolved(c.gradient_accumulation_steps.is_auto(), "gradient_accumulation_steps"));
+  STRATA_RETURN_IF_ERROR(RequireResolved(c.gradient_clipping.is_auto(), "gradient_clipping"));
+  const int64_t gas = c.gradient_accumulation_steps.value_or(1);
+  if (gas < 1 || gas > (int64_t{1} << 30)) {
+    return Status::InvalidArgument("gradient_accumulation_steps: " + std::to_string(gas) +
+                                   " is not a positive count");
+  }
+  e.gas = static_cast<int>(gas);
+  e.clip = c.gradient_clipping.value_or(0.0);
+  if (!(e.clip >= 0) || !std::isfinite(e.clip)) {
+    return Status::InvalidArgument("gradient_clipping: must be a finite value >= 0");
+  }
+  bool prescale = false;
+  if (auto v = UnactedValue(c, "prescale_gradients")) {
+    if (!v->is_boolean()) return Status::InvalidArgument("prescale_gradients: expected true or false");
+    prescale = v->get<bool>();
+  }
+  double predivide_factor = 1.0;
+  if (auto v = UnactedValue(c, "gradient_predivide_factor")) {
+    if (!v->is_number() || !(v->get<double>() > 0)) {
+      return Status::InvalidArgument("gradient_predivide_factor: expected a number > 0");
+    }
+    predivide_factor = v->get<double>();
+  }
+  if (prescale || predivide_factor == static_cast<double>(e.world)) {
+    e.predivide = true;
+    e.post_scale = 1.0f;
+  } else if (predivide_factor == 1.0) {
+    e.post_scale = static_cast<float>(1.0 / e.world);
+  } else {
+    return Status::InvalidArgument(
+        "gradient_predivide_factor: " + std::to_string(predivide_factor) +
+        " is supported as 1 or the world size (" + std::to_string(e.world) + ") only");
+  }
+  e.post_scale = static_cast<float>(static_cast<double>(e.post_scale) / e.gas);
+
+  // Placement (the rule the planner uses).
+  const ZeroConfig& z = c.zero;
+  if (z.stage < 0 || z.stage > 3) {
+    return Status::InvalidArgument("zero_optimization.stage: " + std::to_string(z.stage) +
+                                   " is not 0..3");
+  }
+  e.placement = sched::ResolvePlacement(z.stage, z.offload_optimizer.device, z.offload_param.device);
+  for (const std::string& n : e.placement.notes) e.layout.notes.push_back(n);
+  if (z.zero_quantized_weights || z.zero_quantized_gradients || z.zero_hpz_partition_size > 1) {
+    return Status::InvalidArgument(
+        "zero_optimization.zero_quantized_weights / zero_quantized_gradients / "
+        "zero_hpz_partition_size: ZeRO++ is not implemented by the engine yet");
+  }
+  e.overlap_comm = z.overlap_comm;
+  if (z.sub_group_size <= 0) {
+    return Status::InvalidArgument("zero_optimization.sub_group_size: must be > 0");
+  }
+  e.sub_group_elems = std::max<size_t>(
+      zero::kShardAlignElems,
+      static_cast<size_t>(z.sub_group_size) / zero::kShardAlignElems * zero::kShardAlignElems);
+  e.pipeline_buffers = static_cast<uint32_t>(
+      std::clamp<int64_t>(z.offload_optimizer.buffer_count, 1, 64));
+  if (z.offload_optimizer.buffer_count < 3 && e.placement.offload_optimizer == OffloadDevice::kNvme) {
+    e.layout.notes.push_back("offload_optimizer.buffer_count " +
+                             std::to_string(z.offload_optimizer.buffer_count) +
+                             ": the optimizer step overlaps NVMe reads and writes from 3 buffers "
+                             "on; it runs slower, not wrong");
+  }
+  STRATA_RETURN_IF_ERROR(RequireResolved(z.stage3_param_persistence_threshold.is_auto(),
+                                         "zero_optimization.stage3_param_persistence_threshold"));
+  STRATA_RETURN_IF_ERROR(RequireResolved(z.stage3_prefetch_bucket_size.is_auto(),
+                                         "zero_optimization.stage3_prefetch_bucket_size"));
+  e.persistence_elems = static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_param_persistence_threshold.value_or(100000)));
+  e.reuse_distance_elems = static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_max_reuse_distance));
+  e.max_live_elems = static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_max_live_parameters));
+
+  // Partition and sub-groups.
+  std::vector<size_t> numels;
+  for (const GroupSpec& g : model.groups) numels.push_back(g.numel());
+  STRATA_ASSIGN_OR_RETURN(e.partition, sched::PlanPartition(numels, e.world, zero::kShardAlignElems));
+  e.groups.resize(model.groups.size());
+  for (size_t g = 0; g < model.groups.size(); ++g) {
+    zero::GroupState& gs = e.groups[g];
+    gs.numel = numels[g];
+    gs.shard = e.partition.groups[g];
+    size_t off = 0;
+    for (const ParamSpec& p : model.groups[g].params) {
+      gs.param_offsets.push_back(off);
+      off += p.numel();
+    }
+    const int first_owner = e.placement.optimizer_partitioned ? e.rank : 0;
+    const int end_owner = e.placement.optimizer_partitioned ? e.rank + 1 : e.world;
+    for (int owner = first_owner; owner < end_owner; ++owner) {
+      for (size_t o = 0; o < gs.shard.shard_elems; o += e.sub_group_elems) {
+        SubGroup s;
+        s.group = g;
+        s.owner = owner;
+        s.offset = o;
+        s.elems = std::min(e.sub_group_elems, gs.shard.shard_elems - o);
+        gs.sub_groups.push_back(e.subs.size());
+        e.subs.push_back(s);
+      }
+    }
+  }
+
+  // Bytes per tier.
+  EngineLayout& L = e.layout;
+  L.stage = z.stage;
+  L.offload_optimizer = e.placement.offload_optimizer;
+  L.offload_param = e.placement.offload_param;
+  L.dtype = e.dtype;
+  L.world_size = e.world;
+  L.rank = e.rank;
+  L.params = model.numel();
+  L.sub_groups = e.subs.size();
+  auto state_size = [](Tier home, uint64_t bytes) {
+    return home == Tier::kNvme ? RoundUp(bytes, 4096) : bytes;
+  };
+  const Tier param_home = e.placement.Home(StateKind::kParam16);
+  const Tier opt_home = e.placement.Home(StateKind::kMaster32);
+  const Tier grad_home = e.placement.Home(StateKind::kGrad);
+  uint64_t largest_padded = 0, largest_shard = 0, largest_sub = 0, total_padded = 0;
+  for (const zero::GroupState& gs : e.groups) {
+    const uint64_t padded = gs.shard.padded_elems(e.world);
+    largest_padded = std::max(largest_padded, padded);
+    largest_shard = std::max<uint64_t>(largest_shard, gs.shard.shard_elems);
+    total_padded += padded;
+    L.state_bytes[param_home] += state_size(
+        param_home, (e.placement.params_partitioned ? gs.shard.shard_elems : padded) * e.elt);
+  }
+  for (const SubGroup& s : e.subs) {
+    largest_sub = std::max<uint64_t>(largest_sub, s.elems);
+    L.state_bytes[opt_home] += 3 * state_size(opt_home, s.elems * 4);
+    L.state_bytes[grad_home] += state_size(grad_home, s.elems * 4);
+  }
+  // Device working set: gradient buffers (the one being written plus up to two reductions in
+  // flight with overlap_comm), the reduce-scatter outputs, stage 3's gathered groups (the cache
+  // capped by stage3_max_live_parameters plus two in use), the norm exchange and the read-back
+  // staging.
+  const uint64_t in_flight = e.overlap_comm ? 3 : 1;
+  L.working_bytes[Tier::kDevice] = in_flight * (largest_padded + largest_shard) * e.elt +
+                                   static_cast<uint64_t>(e.world) * 16 + largest_padded * 4;
+  if (e.placement.params_partitioned) {
+    L.working_bytes[Tier::kDevice] +=
+        (std::min<uint64_t>(e.max_live_elems, total_padded) + 2 * largest_padded) * e.elt;
+  }
+  // Host working set: the optimizer pipeline's sub-groups in flight (NVMe-homed state is paged
+  // through host memory), parameter shards staged from NVMe, and states computed on the host
+  // whose home is a device the host cannot address.
+  const uint64_t sub_bytes = largest_sub * 16;
+  if (opt_home == Tier::kNvme || grad_home == Tier::kNvme) {
+    L.working_bytes[Tier::kHost] += (e.pipeline_buffers + 1) * sub_bytes;
+  }
+  if (param_home == Tier::kNvme) {
+    L.working_bytes[Tier::kHost] +=
+        static_cast<uint64_t>(std::clamp<int64_t>(z.offload_param.buffer_count, 2, 64)) *
+        largest_shard * e.elt;
+  }
+  if (!options.device->host_addressable()) {
+    L.working_bytes[Tier::kHost] += 2 * sub_bytes + largest_padded * e.elt;
+  }
+  // Budgets (0: the device's own; host and NVMe: what the layout needs).
+  L.budget_bytes = options.budget_bytes;
+  if (L.budget_bytes[Tier::kDevice] == 0) L.budget_bytes[Tier::kDevice] = options.device->stats().budget_bytes;
+  const uint64_t host_need = L.state_bytes[Tier::kHost] + L.working_bytes[Tier::kHost];
+  if (L.budget_bytes[Tier::kHost] == 0) L.budget_bytes[Tier::kHost] = host_need + (uint64_t{16} << 20);
+  if (L.budget_bytes[Tier::kNvme] == 0) L.budget_bytes[Tier::kNvme] = L.state_bytes[Tier::kNvme];
+  for (Tier t : kAllTiers) {
+    const uint64_t need = L.state_bytes[t] + L.working_bytes[t];
+    if (need > L.budget_bytes[t]) {
+      return Status::ResourceExhausted(
+          "the placement does not fit the " + std::string(TierName(t)) + " tier of rank " +
+          std::to_string(e.rank) + ": it needs " + Bytes(need) + " (" + Bytes(L.state_bytes[t]) +
+          " of states, " + Bytes(L.working_bytes[t]) + " working) and the budget is " +
+          Bytes(L.budget_bytes[t]) + "\n" + L.ToString());
+    }
+  }
+
+  // The store: homes plus caches. The device share excludes the engine's own device buffers.
+  TieredStoreOptions so;
+  so.device = options.device;
+  so.device_budget_bytes = L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice];
+  so.host_budget_bytes = L.budget_bytes[Tier::kHost];
+  so.rank = e.rank;
+  so.io_deadline = options.timeout;
+  const bool pin = z.offload_optimizer.pin_memory || z.offload_param.pin_memory;
+  so.use_pinned_pool = options.use_pinned_pool && pin;
+  if (options.use_pinned_pool && !pin && (opt_home != Tier::kDevice || param_home != Tier::kDevice)) {
+    L.notes.push_back("pin_memory is false: host buffers are not page-locked (no mlock)");
+  }
+  if (L.state_bytes[Tier::kNvme] > 0) {
+    so.nvme_capacity_bytes = L.budget_bytes[Tier::kNvme];
+    so.nvme_paths = options.nvme_paths;
+    if (so.nvme_paths.empty()) {
+      if (opt_home == Tier::kNvme) so.nvme_paths.push_back(z.offload_optimizer.nvme_path);
+      if (param_home == Tier::kNvme && z.offload_param.nvme_path != z.offload_optimizer.nvme_path) {
+        so.nvme_paths.push_back(z.offload_param.nvme_path);
+      }
+    }
+    for (const std::string& p : so.nvme_paths) {
+      if (p.empty()) {
+        return Status::InvalidArgument(
+            "zero_optimization.offload_*.nvme_path: required when a state lives on nvme");
+      }
+    }
+    if (options.io) {
+      so.io = std::move(options.io);
+    } else {
+      IoBackendOptions io;
+      io.kind = options.io_kind;
+      io.queue_depth = static_cast<size_t>(std::clamp<int64_t>(c.aio.queue_depth, 1, 1024));
+      STRATA_ASSIGN_OR_RETURN(so.io, OpenIoBackend(io));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(e.store, OpenTieredStore(std::move(so)));
+  if (!e.store->note().empty()) L.notes.push_back(e.store->note());
+
+  // Blocks.
+  const std::string r = std::to_string(e.rank);
+  std::vector<BlockId> shard_blocks;
+  for (size_t g = 0; g < e.groups.size(); ++g) {
+    zero::GroupState& gs = e.groups[g];
+    const std::string& name = model.groups[g].name;
+    BlockSpec b;
+    b.dtype = e.dtype;
+    b.kind = StateKind::kParam16;
+    b.home = param_home;
+    if (e.placement.params_partitioned) {
+      b.name = name + ".param16[r" + r + "]";
+      b.size_bytes = gs.shard.shard_elems * e.elt;
+    } else {
+      b.name = name + ".param16[full r" + r + "]";
+      b.size_bytes = gs.shard.padded_elems(e.world) * e.elt;
+    }
+    STRATA_ASSIGN_OR_RETURN(gs.param, e.store->Register(b));
+    shard_blocks.push_back(gs.param);
+    size_t k = 0;
+    for (size_t si : gs.sub_groups) {
+      SubGroup& s = e.subs[si];
+      const std::string tag = "[r" + r + (s.owner != e.rank ? " of r" + std::to_string(s.owner) : "") +
+                              " sg" + std::to_string(k++) + "]";
+      auto reg = [&](StateKind kind, Tier home) {
+        BlockSpec sb;
+        sb.name = name + "." + std::string(StateKindName(kind)) + tag;
+        sb.size_bytes = s.elems * 4;
+        sb.dtype = DType::kF32;
+        sb.kind = kind;
+        sb.home = home;
+        return e.store->Register(sb);
+      };
+      STRATA_ASSIGN_OR_RETURN(s.master, reg(StateKind::kMaster32, opt_home));
+      STRATA_ASSIGN_OR_RETURN(s.exp_avg, reg(StateKind::kExpAvg, opt_home));
+      STRATA_ASSIGN_OR_RETURN(s.exp_avg_sq, reg(StateKind::kExpAvgSq, opt_home));
+      STRATA_ASSIGN_OR_RETURN(s.grad, reg(StateKind::kGrad, grad_home));
+    }
+  }
+  if (L.state_bytes[Tier::kNvme] > 0) STRATA_RETURN_IF_ERROR(e.store->OpenNvme());
+  if (e.placement.params_partitioned) {
+    const auto pc = sched::PrefetchConfig::FromNumel(
+        static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_prefetch_bucket_size.value_or(50000000))),
+        e.max_live_elems, e.reuse_distance_elems, e.persistence_elems, e.elt);
+    e.gather = std::make_unique<store::GatherScheduler>(e.store.get(), shard_blocks, pc);
+  }
+  STRATA_ASSIGN_OR_RETURN(e.exchange,
+                          DeviceBuffer::Make(options.device, static_cast<uint64_t>(e.world) * 16));
+  e.opt = std::move(options);
+  e.opt.io.reset();
+  e.totals.store.budget_bytes = L.budget_bytes;
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Initial weights and read-back
+// ---------------------------------------------------------------------------------------------
+
+Status Engine::InitParameters(const ParamFill& fill) {
+  Impl& e = *impl_;
+  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
+  if (e.global_step > 0) {
+    return Status::FailedPrecondition("InitParameters: the engine has already taken steps");
+  }
+  const Tier opt_tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
+  const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
+  for (const SubGroup& s : e.subs) {
+    const zero::GroupState& gs = e.groups[s.group];
+    STRATA_ASSIGN_OR_RETURN(Lease master,
+                            e.store->Acquire(s.master, opt_tier, Access::kWrite, e.timeout()));
+    float* m = static_cast<float*>(master.data());
+    std::fill(m, m + s.elems, 0.0f);
+    const size_t b = e.FullOffset(s), end = std::min(b + s.elems, gs.numel);
+    const auto& params = e.model.groups[s.group].params;
+    for (size_t p = 0; p < params.size() && b < end; ++p) {
+      const size_t po = gs.param_offsets[p], pn = params[p].numel();
+      const size_t lo = std::max(b, po), hi = std::min(end, po + pn);
+      if (lo < hi) fill(s.group, p, lo - po, hi - po, m + (lo - b));
+    }
+    master.MarkDirty();
+    STRATA_ASSIGN_OR_RETURN(Lease param,
+                            e.store->Acquire(gs.param, param_tier, Access::kWrite, e.timeout()));
+    STRATA_RETURN_IF_ERROR(e.PublishParams(s, m, param));
+  }
+  return e.Fail(e.AllGatherUpdatedParams());
+}
+
+Status Engine::InitFromFullTensors(const std::vector<std::vector<const float*>>& tensors) {
+  const ModelSpec& m = impl_->model;
+  if (tensors.size() != m.groups.size()) {
+    return Status::InvalidArgument("InitFromFullTensors: " + std::to_string(tensors.size()) +
+                                   " groups given, the model has " + std::to_string(m.groups.size()));
+  }
+  for (size_t g = 0; g < tensors.size(); ++g) {
+    if (tensors[g].size() != m.groups[g].params.size()) {
+      return Status::InvalidArgument("InitFromFullTensors: group '" + m.groups[g].name + "' has " +
+                                     std::to_string(m.groups[g].params.size()) +
+                                     " parameters, " + std::to_string(tensors[g].size()) + " given");
+    }
+    for (size_t p = 0; p < tensors[g].size(); ++p) {
+      if (tensors[g][p] == nullptr) {
+        return Status::InvalidArgument("InitFromFullTensors: null tensor for " + m.groups[g].name +
+                                       "." + m.groups[g].params[p].name);
+      }
+    }
+  }
+  return InitParameters([&](size_t g, size_t p, size_t b, size_t e, float* out) {
+    std::memcpy(out, tensors[g][p] + b, (e - b) * sizeof(float));
+  });
+}
+
+Status Engine::ReadMaster(size_t group, std::span<float> out) {
+  Impl& e = *impl_;
+  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
+  if (group >= e.groups.size()) {
+    return Status::InvalidArgument("ReadMaster: group " + std::to_string(group) + " out of range");
+  }
+  const zero::GroupState& gs = e.groups[group];
+  if (out.size() != gs.numel) {
+    return Status::InvalidArgument("ReadMaster: " + std::to_string(out.size()) +
+                                   " values given, group '" + e.model.groups[group].name + "' has " +
+                                   std::to_string(gs.numel));
+  }
+  const Tier tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
+  std::vector<float> full(gs.shard.padded_elems(e.world), 0.0f);
+  for (size_t si : gs.sub_groups) {
+    const SubGroup& s = e.subs[si];
+    STRATA_ASSIGN_OR_RETURN(Lease l, e.store->Acquire(s.master, tier, Access::kRead, e.timeout()));
+    std::memcpy(full.data() + e.FullOffset(s), l.data(), s.elems * sizeof(float));
+  }
+  if (e.placement.optimizer_partitioned && e.world > 1) {
+    const uint64_t bytes = full.size() * sizeof(float);
+    auto buf = DeviceBuffer::Make(e.opt.device, bytes);
+    if (!buf.ok()) return e.Fail(buf.status());
+    const size_t shard = gs.shard.shard_elems;
+    float* dev = static_cast<float*>(buf->get());
+    STRATA_RETURN_IF_ERROR(e.Fail(e.CopySync(CopyDir::kHostToDevice, dev + e.rank * shard,
+                                             full.data() + e.rank * shard, shard * sizeof(float))));
+    auto h = e.opt.comm->AllGather(dev + e.rank * shard, dev, shard, DType::kF32);
+    if (!h.ok()) return e.Fail(h.status());
+    STRATA_RETURN_IF_ERROR(e.Fail(h->WaitUntil(e.deadline())));
+    STRATA_RETURN_IF_ERROR(e.Fail(e.CopySync(CopyDir::kDeviceToHost, full.data(), dev, bytes)));
+  }
+  std::copy(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(gs.numel), out.begin());
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine forwarding
+// ---------------------------------------------------------------------------------------------
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  if (!impl_) return;
+  // Reductions in flight use buffers this engine owns: finish them (errors are moot now).
+  for (auto& p : impl_->pending) zero::WaitAll(p.handles, impl_->deadline()).IgnoreError();
+  impl_->pending.clear();
+  for (auto& g : impl_->groups) g.cached.reset();
+  impl_->gather.reset();
+}
+
+const ModelSpec& Engine::model() const { return impl_->model; }
+const EngineLayout& Engine::layout() const { return impl_->layout; }
+int Engine::rank() const { return impl_->rank; }
+int Engine::world_size() const { return impl_->world; }
+DType Engine::dtype() const { return impl_->dtype; }
+double Engine::LossScale() const { return impl_->scaler->scale(); }
+double Engine::lr() const { return impl_->schedule->LrForStep(impl_->applied_steps); }
+int64_t Engine::global_step() const { return impl_->global_step; }
+Status Engine::health() const { return impl_->failed; }
+
+Result<GatheredGroup> Engine::Gather(size_t group) { return impl_->Gather(group); }
+void Engine::Release(GatheredGroup gathered) { impl_->Release(std::move(gathered)); }
+Status Engine::ReduceGradients(size_t group) { return impl_->ReduceGradients(group); }
+Result<StepReport> Engine::Step() { return impl_->Step(); }
+
+Result<void*> Engine::GradBuffer(size_t group) {
+  Impl& e = *impl_;
+  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
+  if (group >= e.groups.size()) {
+    return Status::InvalidArgument("GradBuffer: group " + std::to_string(group) + " out of range");
+  }
+  zero::GroupState& gs = e.groups[group];
+  if (!gs.grad) {
+    const uint64_t bytes = gs.shard.padded_elems(e.world) * e.elt;
+    auto buf = DeviceBuffer::Make(e.opt.device, bytes);
+    if (!buf.ok()) {
+      return e.Fail(Status(buf.status().code(), "gradient buffer of group '" +
+                                                    e.model.groups[group].name +
+                                                    "': " + std::string(buf.status().message())));
+    }
+    STRATA_RETURN_IF_ERROR(e.Fail(e.ZeroDevice(buf->get(), bytes)));
+    gs.grad = std::move(*buf);
+  }
+  return gs.grad.get();
+}
+
+EngineStats Engine::Stats() const {
+  const Impl& e = *impl_;
+  EngineStats s = e.totals;
+  s.global_step = e.global_step;
+  s.skipped_steps = e.skipped_steps;
+  s.store = e.store->TakeStats(false);
+  s.comm = e.opt.comm->stats();
+  const DeviceStats ds = e.opt.device->stats();
+  s.peak_bytes = s.store.peak_bytes;
+  s.peak_bytes[Tier::kDevice] = std::max<uint64_t>(s.peak_bytes[Tier::kDevice], ds.peak_used_bytes);
+  return s;
+}
+
+}  // namespace strata

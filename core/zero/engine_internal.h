@@ -1,0 +1,153 @@
+// The engine's internals (include/strata/engine.h), shared by engine.cc (create, layout, init,
+// read-back), engine_grad.cc (gather, gradient reduction) and engine_step.cc (the optimizer step).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/store/gather_scheduler.h"
+#include "core/zero/zero_collectives.h"
+#include "core/zero/loss_scaler.h"
+#include "core/zero/lr_schedule.h"
+#include "kernels/adam.h"
+#include "sched/placement.h"
+#include "sched/zero_partition.h"
+#include "strata/engine.h"
+
+namespace strata {
+
+namespace zero {
+
+// Elements each shard is padded to: fp32 shards are then multiples of 512 bytes (a whole number
+// of O_DIRECT sectors inside any buffer), 16-bit ones of 256.
+inline constexpr size_t kShardAlignElems = 128;
+
+// One optimizer sub-group: a piece of one rank's shard of one group, with its four fp32 blocks.
+struct SubGroup {
+  size_t group = 0;
+  int owner = 0;        // the rank whose shard this piece is (stage 0: any rank; else this rank)
+  size_t offset = 0;    // elements into the owner's shard of the group
+  size_t elems = 0;
+  BlockId master = 0, exp_avg = 0, exp_avg_sq = 0, grad = 0;
+  // Gradient statistics of the accumulated gradient, computed when it was last completed.
+  bool stats_valid = false;
+  double sum_sq = 0;
+  bool nonfinite = false;
+};
+
+// A stage-3 gathered copy of a group (shared by the engine's cache and the trainer's handle).
+struct GatheredCopy {
+  DeviceBuffer buffer;
+};
+
+// A reduction in flight: the group's gradient buffer and the reduced shard.
+struct PendingReduce {
+  size_t group = 0;
+  DeviceBuffer full;    // the trainer's gradients; stage 0: then the all-gathered reduction
+  DeviceBuffer shard;   // the reduce-scatter output (this rank's shard)
+  std::vector<CommHandle> handles;
+  bool first = false, last = false;  // first / last micro-step of the accumulation window
+};
+
+struct GroupState {
+  size_t numel = 0;
+  sched::GroupShard shard;
+  std::vector<size_t> param_offsets;
+  BlockId param = 0;                   // stage 3: this rank's shard; else the full group
+  std::vector<size_t> sub_groups;      // indices into Impl::subs that this rank steps
+  DeviceBuffer grad;                   // from GradBuffer until ReduceGradients
+  int reductions = 0;                  // in the current accumulation window
+  std::shared_ptr<GatheredCopy> cached;  // stage 3: kept after Release (persistent / reuse)
+};
+
+}  // namespace zero
+
+struct Engine::Impl {
+  ModelSpec model;
+  EngineOptions opt;
+  EngineLayout layout;
+  sched::StatePlacement placement;
+  sched::PartitionPlan partition;
+  DType dtype = DType::kBF16;
+  size_t elt = 2;
+  int rank = 0, world = 1;
+  int gas = 1;                     // gradient_accumulation_steps
+  bool predivide = false;          // ReduceOptions::predivide
+  float post_scale = 1;            // multiplies the reduced gradient (before / gas)
+  double clip = 0;                 // gradient_clipping
+  bool overlap_comm = false;
+  size_t sub_group_elems = 0;
+  uint32_t pipeline_buffers = 4;
+  uint64_t persistence_elems = 0, reuse_distance_elems = 0, max_live_elems = 0;
+  kernels::AdamHyper hyper;        // lr and step set per Step
+  std::optional<zero::LossScaler> scaler;
+  std::optional<zero::LrSchedule> schedule;
+
+  std::unique_ptr<Store> store;
+  std::unique_ptr<store::GatherScheduler> gather;  // stage 3
+  std::vector<zero::GroupState> groups;
+  std::vector<zero::SubGroup> subs;
+  std::deque<zero::PendingReduce> pending;
+  DeviceBuffer exchange;           // world * 4 floats: the norm / overflow exchange
+
+  int64_t global_step = 0, skipped_steps = 0, applied_steps = 0;
+  double last_lr = 0;
+  bool in_step = false;            // a Gather since the last Step began the trace's step
+  int outstanding_gathers = 0;
+  uint64_t cached_elems = 0;
+  Status failed;                   // the first error that failed the engine
+  StepTimings timings;             // since the last Step
+  EngineStats totals;
+
+  // --- helpers (engine.cc) ---
+  std::chrono::nanoseconds timeout() const { return opt.timeout; }
+  std::chrono::steady_clock::time_point deadline() const {
+    return std::chrono::steady_clock::now() + opt.timeout;
+  }
+  // OK, or FailedPrecondition quoting the error that failed the engine.
+  Status CheckHealthy() const;
+  // Records `st` as the engine's failure (the first one wins), aborts the communicator; returns
+  // `st` for chaining.
+  Status Fail(Status st);
+  // Where the engine computes on a state whose home is `home`: host memory it can address.
+  Tier ComputeTier(Tier home) const;
+  // Blocking copies through the device's streams (host <-> device).
+  Status CopySync(CopyDir dir, void* dst, const void* src, uint64_t bytes);
+  Status ZeroDevice(void* ptr, uint64_t bytes);
+  // Element range in the group's full (padded) buffer of sub-group s.
+  size_t FullOffset(const zero::SubGroup& s) const {
+    return static_cast<size_t>(s.owner) * groups[s.group].shard.shard_elems + s.offset;
+  }
+  // The param block's element offset of sub-group s (stage 3: in the shard; else in the full
+  // buffer).
+  size_t ParamOffset(const zero::SubGroup& s) const {
+    return placement.params_partitioned ? s.offset : FullOffset(s);
+  }
+  // Writes the working params of sub-group s from its fp32 master values into the leased param
+  // block (rounding to the working dtype).
+  Status PublishParams(const zero::SubGroup& s, const float* master, Lease& param);
+  // Stage 1-2: all-gathers every group's updated shards into the full param replicas.
+  Status AllGatherUpdatedParams();
+
+  // --- engine_grad.cc ---
+  Result<GatheredGroup> Gather(size_t g);
+  void Release(GatheredGroup gathered);
+  Status ReduceGradients(size_t g);
+  // Completes pending reductions (all, or only those already finished when `all` is false).
+  Status DrainReductions(bool all);
+  Status Accumulate(zero::PendingReduce& p);
+
+  // --- engine_step.cc ---
+  Result<StepReport> Step();
+  Status ComputeMissingStats();
+  Status ExchangeStats(double local_sum_sq, bool local_nonfinite, double* global_sum_sq,
+                       bool* global_nonfinite);
+  Status RunAdam(float grad_scale, StepTimings* t);
+};
+
+}  // namespace strata

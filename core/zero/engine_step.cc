@@ -1,0 +1,284 @@
+// Engine: the optimizer step. Global norm and overflow agreed across ranks, the loss scaler and
+// LR schedule, then the fused Adam per sub-group through the step pipeline (NVMe reads ahead,
+// writes behind), and the new params published.
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+
+#include "core/zero/engine_internal.h"
+#include "kernels/grad_stats.h"
+#include "sched/step_pipeline.h"
+
+namespace strata {
+
+using zero::SubGroup;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t Since(Clock::time_point t0) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+// Calls `done` once every ticket added has completed: OK, or the first error.
+class TicketJoin {
+ public:
+  explicit TicketJoin(sched::StageDone done) : done_(std::move(done)) {}
+  static void Start(std::shared_ptr<TicketJoin> self, const std::vector<Ticket>& tickets) {
+    if (tickets.empty()) {
+      self->done_(Status::OK());
+      return;
+    }
+    self->left_.store(static_cast<int>(tickets.size()));
+    for (const Ticket& t : tickets) {
+      t.Then([self](Status st) {
+        if (!st.ok()) {
+          std::lock_guard<std::mutex> lock(self->mu_);
+          if (self->first_.ok()) self->first_ = st;
+        }
+        if (self->left_.fetch_sub(1) == 1) {
+          Status result;
+          {
+            std::lock_guard<std::mutex> lock(self->mu_);
+            result = self->first_;
+          }
+          self->done_(result);
+        }
+      });
+    }
+  }
+
+ private:
+  sched::StageDone done_;
+  std::atomic<int> left_{0};
+  std::mutex mu_;
+  Status first_;
+};
+
+}  // namespace
+
+Status Engine::Impl::ComputeMissingStats() {
+  const Tier tier = ComputeTier(placement.Home(StateKind::kGrad));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    zero::GroupState& gs = groups[g];
+    for (size_t si : gs.sub_groups) {
+      SubGroup& s = subs[si];
+      if (gs.reductions == 0) {
+        // Not reduced in this window: its gradient is zero.
+        STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, tier, Access::kWrite, timeout()));
+        std::memset(acc.data(), 0, s.elems * sizeof(float));
+        acc.MarkDirty();
+        s.sum_sq = 0;
+        s.nonfinite = false;
+        s.stats_valid = true;
+      } else if (!s.stats_valid && s.owner == rank) {
+        STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, tier, Access::kRead, timeout()));
+        STRATA_ASSIGN_OR_RETURN(kernels::GradStats st,
+                                kernels::ComputeGradStats(acc.data(), DType::kF32, s.elems));
+        s.sum_sq = st.sum_sq;
+        s.nonfinite = st.nonfinite;
+        s.stats_valid = true;
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status Engine::Impl::ExchangeStats(double local_sum_sq, bool local_nonfinite,
+                                   double* global_sum_sq, bool* global_nonfinite) {
+  // Four fp32 words per rank: the double's bits, the overflow flag, padding. The all-gather moves
+  // bytes; the sum runs here in rank order, identical on every rank.
+  float mine[4] = {0, 0, local_nonfinite ? 1.0f : 0.0f, 0};
+  std::memcpy(mine, &local_sum_sq, sizeof(double));
+  std::vector<float> all(static_cast<size_t>(world) * 4);
+  std::memcpy(all.data() + rank * 4, mine, sizeof mine);
+  if (world > 1) {
+    float* dev = static_cast<float*>(exchange.get());
+    STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kHostToDevice, dev + rank * 4, mine, sizeof mine));
+    STRATA_ASSIGN_OR_RETURN(CommHandle h, opt.comm->AllGather(dev + rank * 4, dev, 4, DType::kF32));
+    Status st = h.WaitUntil(deadline());
+    if (!st.ok()) return Status(st.code(), "gradient norm exchange: " + std::string(st.message()));
+    STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, all.data(), dev, all.size() * 4));
+  }
+  double sum = 0;
+  bool nonfinite = false;
+  for (int r = 0; r < world; ++r) {
+    double v;
+    std::memcpy(&v, all.data() + r * 4, sizeof v);
+    sum += v;
+    nonfinite = nonfinite || all[static_cast<size_t>(r) * 4 + 2] != 0.0f || !std::isfinite(v);
+  }
+  *global_sum_sq = sum;
+  *global_nonfinite = nonfinite;
+  return Status::OK();
+}
+
+Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t) {
+  const Tier opt_home = placement.Home(StateKind::kMaster32);
+  const Tier grad_home = placement.Home(StateKind::kGrad);
+  const Tier param_home = placement.Home(StateKind::kParam16);
+  const Tier opt_tier = ComputeTier(opt_home), grad_tier = ComputeTier(grad_home),
+             param_tier = ComputeTier(param_home);
+  kernels::AdamHyper h = hyper;
+  h.grad_scale = grad_scale;
+
+  sched::PipelineOptions po;
+  po.buffers = pipeline_buffers;
+  if (po.buffers >= 3) {
+    po.read_ahead = (po.buffers - 1) / 2;
+    po.write_behind = po.buffers - 1 - po.read_ahead;
+  } else {
+    po.read_ahead = po.buffers - 1;
+    po.write_behind = 0;
+  }
+  sched::PipelineStages stages;
+  stages.read = [&](size_t i, uint32_t, sched::StageDone done) -> Status {
+    const SubGroup& s = subs[i];
+    std::vector<Ticket> tickets;
+    if (opt_tier != opt_home) {
+      for (BlockId b : {s.master, s.exp_avg, s.exp_avg_sq}) tickets.push_back(store->Fetch(b, opt_tier));
+    }
+    if (grad_tier != grad_home) tickets.push_back(store->Fetch(s.grad, grad_tier));
+    TicketJoin::Start(std::make_shared<TicketJoin>(std::move(done)), tickets);
+    return Status::OK();
+  };
+  stages.compute = [&](size_t i, uint32_t) -> Status {
+    const SubGroup& s = subs[i];
+    STRATA_ASSIGN_OR_RETURN(Lease master, store->Acquire(s.master, opt_tier, Access::kWrite, timeout()));
+    STRATA_ASSIGN_OR_RETURN(Lease m, store->Acquire(s.exp_avg, opt_tier, Access::kWrite, timeout()));
+    STRATA_ASSIGN_OR_RETURN(Lease v, store->Acquire(s.exp_avg_sq, opt_tier, Access::kWrite, timeout()));
+    STRATA_ASSIGN_OR_RETURN(Lease grad, store->Acquire(s.grad, grad_tier, Access::kRead, timeout()));
+    STRATA_ASSIGN_OR_RETURN(Lease param,
+                            store->Acquire(groups[s.group].param, param_tier, Access::kWrite, timeout()));
+    kernels::AdamShard shard;
+    shard.master = static_cast<float*>(master.data());
+    shard.exp_avg = static_cast<float*>(m.data());
+    shard.exp_avg_sq = static_cast<float*>(v.data());
+    shard.grad = grad.data();
+    shard.grad_dtype = DType::kF32;
+    shard.n = s.elems;
+    if (dtype != DType::kF32) {
+      shard.param_out = static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt;
+      shard.param_out_dtype = dtype;
+    }
+    STRATA_RETURN_IF_ERROR(kernels::AdamStep(h, shard));
+    if (dtype == DType::kF32) {
+      std::memcpy(static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt, shard.master,
+                  s.elems * sizeof(float));
+    }
+    master.MarkDirty();
+    m.MarkDirty();
+    v.MarkDirty();
+    param.MarkDirty();
+    return Status::OK();
+  };
+  stages.write = [&](size_t i, uint32_t, sched::StageDone done) -> Status {
+    const SubGroup& s = subs[i];
+    std::vector<Ticket> tickets;
+    if (opt_home == Tier::kNvme) {
+      for (BlockId b : {s.master, s.exp_avg, s.exp_avg_sq}) tickets.push_back(store->WriteBack(b));
+    }
+    if (param_home == Tier::kNvme) tickets.push_back(store->WriteBack(groups[s.group].param));
+    TicketJoin::Start(std::make_shared<TicketJoin>(std::move(done)), tickets);
+    return Status::OK();
+  };
+  // The pipeline runs over this rank's sub-groups in order; map its index to the sub-group.
+  std::vector<size_t> order;
+  for (const zero::GroupState& gs : groups) order.insert(order.end(), gs.sub_groups.begin(), gs.sub_groups.end());
+  sched::PipelineStages mapped;
+  mapped.read = [&](size_t i, uint32_t slot, sched::StageDone d) { return stages.read(order[i], slot, std::move(d)); };
+  mapped.compute = [&](size_t i, uint32_t slot) { return stages.compute(order[i], slot); };
+  mapped.write = [&](size_t i, uint32_t slot, sched::StageDone d) { return stages.write(order[i], slot, std::move(d)); };
+  sched::StepPipeline pipeline(po);
+  sched::PipelineStats ps;
+  const auto t0 = Clock::now();
+  Status st = pipeline.Run(order.size(), mapped, &ps);
+  t->optimizer_ns += Since(t0);
+  t->optimizer_io_wait_ns += ps.wait_read_ns + ps.wait_write_ns;
+  if (!st.ok()) return Status(st.code(), "optimizer step: " + std::string(st.message()));
+  return Status::OK();
+}
+
+Result<StepReport> Engine::Impl::Step() {
+  STRATA_RETURN_IF_ERROR(CheckHealthy());
+  if (outstanding_gathers > 0) {
+    return Status::FailedPrecondition("Step: " + std::to_string(outstanding_gathers) +
+                                      " gathered group(s) not released");
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].grad) {
+      return Status::FailedPrecondition("Step: group '" + model.groups[g].name +
+                                        "' has a gradient buffer that was never reduced");
+    }
+  }
+  const auto t0 = Clock::now();
+  StepReport report;
+  Status st = DrainReductions(true);
+  if (!st.ok()) return st;
+  st = ComputeMissingStats();
+  if (!st.ok()) return Fail(Status(st.code(), "gradient statistics: " + std::string(st.message())));
+  double local = 0;
+  bool local_nonfinite = false;
+  for (const SubGroup& s : subs) {
+    if (s.owner != rank) continue;
+    local += s.sum_sq;
+    local_nonfinite = local_nonfinite || s.nonfinite;
+  }
+  double global_sum_sq = 0;
+  bool overflow = false;
+  st = ExchangeStats(local, local_nonfinite, &global_sum_sq, &overflow);
+  if (!st.ok()) return Fail(st);
+
+  report.global_step = ++global_step;
+  report.loss_scale = scaler->scale();
+  if (overflow) {
+    report.skipped = true;
+    report.grad_norm = std::numeric_limits<double>::infinity();
+    report.lr = last_lr;
+    ++skipped_steps;
+    st = scaler->Update(true);
+    if (!st.ok()) return Fail(st);
+  } else {
+    const double total_norm = std::sqrt(global_sum_sq);  // of the scaled, averaged gradients
+    double combined = report.loss_scale;
+    if (clip > 0) {
+      const double c = ((total_norm / report.loss_scale) + 1e-6) / clip;
+      if (c > 1) {
+        combined = c * report.loss_scale;
+        report.clip_coefficient = c;
+      }
+    }
+    report.grad_norm = total_norm / report.loss_scale;
+    report.lr = schedule->LrForStep(applied_steps);
+    hyper.lr = static_cast<float>(report.lr);
+    hyper.step = applied_steps + 1;
+    st = RunAdam(static_cast<float>(1.0 / combined), &timings);
+    if (st.ok()) st = AllGatherUpdatedParams();
+    if (!st.ok()) return Fail(st);
+    ++applied_steps;
+    last_lr = report.lr;
+    st = scaler->Update(false);
+    if (!st.ok()) return Fail(st);
+    // The params changed: kept gathered copies are stale.
+    for (zero::GroupState& gs : groups) gs.cached.reset();
+    cached_elems = 0;
+  }
+  for (zero::GroupState& gs : groups) gs.reductions = 0;
+  for (SubGroup& s : subs) s.stats_valid = false;
+  if (gather && in_step) gather->EndStep();
+  in_step = false;
+  timings.step_ns = Since(t0);
+  report.timings = timings;
+  totals.gather_wait_ns += timings.gather_wait_ns;
+  totals.reduce_wait_ns += timings.reduce_wait_ns;
+  totals.optimizer_ns += timings.optimizer_ns;
+  totals.optimizer_io_wait_ns += timings.optimizer_io_wait_ns;
+  timings = StepTimings{};
+  return report;
+}
+
+}  // namespace strata

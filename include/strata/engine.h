@@ -1,0 +1,271 @@
+// The ZeRO engine: a data-parallel ZeRO-0/1/2/3 optimizer whose model states live on GPU HBM,
+// pinned host DRAM or NVMe, as a DeepSpeed config says. A trainer embeds it and calls it at four
+// points of every step (DESIGN.md "One training step"):
+//
+//   auto engine = strata::Engine::Create(model, options);          // plan printed / refused here
+//   engine->InitParameters(fill);                                  // or InitFromFullTensors
+//   for (step ...) {
+//     for (micro ...) {                                             // gradient_accumulation_steps
+//       for (g in forward order)  { auto p = engine->Gather(g); forward(p); engine->Release(std::move(p)); }
+//       for (g in reverse order) { auto p = engine->Gather(g);
+//                                  auto grad = engine->GradBuffer(g);   // zeroed, on the device
+//                                  backward(p, loss * engine->LossScale(), grad);
+//                                  engine->Release(std::move(p));
+//                                  engine->ReduceGradients(g); }       // async reduce-scatter
+//     }
+//     auto report = engine->Step();                                 // clip, Adam, new params
+//   }
+//
+// Model: ordered groups of named parameters (a group is gathered together: one layer). A group's
+// parameters lie back to back in one flat buffer of the precision's dtype (bf16, fp16 or fp32);
+// rank r owns shard r of it (sched/zero_partition.h), padded to 128 elements.
+//
+// What lives where (sched/placement.h, the rule the planner uses too):
+//   - working params: stage 0-2 a full replica of every group on the device; stage 3 the rank's
+//     shard on the param home (offload_param: device | host | nvme), gathered per group into a
+//     device buffer by all-gather and freed on Release unless persistent
+//     (numel <= stage3_param_persistence_threshold) or used again within
+//     stage3_max_reuse_distance elements of gathering (the recorded trace says so).
+//   - fp32 master, Adam m and v, and the fp32 accumulated gradient: per optimizer sub-group (a
+//     group's shard cut into pieces of at most sub_group_size elements) on the optimizer home
+//     (offload_optimizer: device | host | nvme); partitioned from stage 1, a full replica at stage 0.
+//   - gradient buffers the trainer writes: one full group on the device from GradBuffer(g) until
+//     ReduceGradients(g) has reduced it (then freed).
+//
+// Numerics (one path for every stage and placement, so placement never changes a bit):
+//   - every stage reduce-scatters each group's gradient in the precision's dtype (Gloo sums
+//     16-bit in fp32, rounded once); stage 0 then all-gathers the reduced shards (together: an
+//     all-reduce's bytes). The reduced shard is accumulated into the fp32 gradient as
+//     acc = acc + g * s with s = post-scale / gradient_accumulation_steps (the first micro-step
+//     stores g * s), so the accumulated gradient is the mean over micro-steps.
+//   - the global norm: each rank sums squares over the sub-groups it owns (kernels/grad_stats.h,
+//     exact within a sub-group), the per-rank sums are all-gathered and added in rank order: the
+//     same figure on every rank and for every stage. An inf/NaN anywhere is an overflow on all.
+//   - clipping and unscaling as DeepSpeed (DEEPSPEED-SEMANTICS.md): combined scale =
+//     loss_scale x max(1, ((norm / loss_scale) + 1e-6) / gradient_clipping); the fused SIMD Adam
+//     (kernels/adam.h) applies 1 / combined scale, weight decay and the update in one pass and
+//     emits the new 16-bit params; stage 1-2 then all-gather the updated shards.
+//   - averaging: the reduction predivides by the world size when prescale_gradients is set or
+//     gradient_predivide_factor equals the world size; otherwise it sums and the post-scale is
+//     gradient_predivide_factor / world_size (DeepSpeed's default: 1 / world_size).
+//   - LR schedules WarmupLR, WarmupDecayLR, WarmupCosineLR; the fp16 dynamic loss scaler;
+//     skipped (overflow) steps do not advance the LR schedule. core/zero/loss_scaler.h and
+//     core/zero/lr_schedule.h hold those rules.
+// Differences from DeepSpeed, on purpose: gradients are reduced every micro-step at every stage
+// (DeepSpeed stage 0-1 reduce once per boundary), so with gradient_accumulation_steps > 1
+// stages 0-1 move that many times the bytes; sub-groups never span two groups.
+//
+// Failure model: every error names the block, group, peer or operation. An error in Gather,
+// ReduceGradients or Step leaves the engine failed: every later call returns FailedPrecondition
+// quoting the first error, and the communicator is aborted so peers fail fast instead of waiting
+// for their timeouts. Recovery is a checkpoint load into a new engine. No wait is unbounded:
+// each is bounded by EngineOptions::timeout.
+//
+// Threads: the trainer calls from one thread. Collectives run on the communicator's threads, IO
+// and copies on the store's; the optimizer step runs on the calling thread, overlapping its NVMe
+// reads ahead and writes behind (offload_optimizer.buffer_count sub-groups in flight).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/comm.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "strata/dtype.h"
+#include "strata/io.h"
+#include "strata/status.h"
+#include "strata/store.h"
+
+namespace strata {
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // every dimension > 0
+  size_t numel() const;
+};
+
+struct GroupSpec {
+  std::string name;  // "layer3"; used in block names and every error about the group
+  std::vector<ParamSpec> params;
+  size_t numel() const;
+};
+
+struct ModelSpec {
+  std::vector<GroupSpec> groups;  // in forward order
+  size_t numel() const;
+  // InvalidArgument naming the first problem: no groups, an empty group, a duplicate or empty
+  // name, a non-positive dimension, an element count that overflows.
+  Status Validate() const;
+};
+
+struct EngineOptions {
+  // The parsed DeepSpeed config (config.h; "auto" values resolved). Read: precision (fp16 / bf16
+  // / fp32), optimizer (Adam / AdamW), scheduler, gradient_clipping,
+  // gradient_accumulation_steps, prescale_gradients and gradient_predivide_factor (from
+  // unacted_keys), zero_optimization (stage, offloads, buffer_count, sub_group_size,
+  // overlap_comm, stage3_* keys).
+  EngineConfig config;
+  // Not owned; must outlive the engine. The communicator's rank and world size are the engine's.
+  Device* device = nullptr;
+  Communicator* comm = nullptr;
+  // Byte budgets per tier (0 for the device: the device's own budget). The engine refuses to
+  // start (ResourceExhausted naming the tier) when its placement does not fit them.
+  PerTier<uint64_t> budget_bytes{};
+  // NVMe: the directories of the swap files (one per SSD). Empty: the config's
+  // offload_optimizer.nvme_path / offload_param.nvme_path. The IO backend (io.h) to use for
+  // them; null: OpenIoBackend with `io_kind`.
+  std::vector<std::string> nvme_paths;
+  std::unique_ptr<IoBackend> io;
+  IoBackendKind io_kind = IoBackendKind::kAuto;
+  // Pinned host memory from a PinnedPool (huge pages; locked only when the config's pin_memory
+  // asks). False: plain aligned memory.
+  bool use_pinned_pool = true;
+  // Bound on every wait (a collective, a fetch, an IO). Past it the operation fails with
+  // DeadlineExceeded naming it and the engine fails.
+  std::chrono::milliseconds timeout{300000};
+};
+
+// The full parameters of one group on the device (Gather). Move-only; give it back with Release.
+class GatheredGroup {
+ public:
+  GatheredGroup() = default;
+  GatheredGroup(GatheredGroup&&) noexcept = default;
+  GatheredGroup& operator=(GatheredGroup&&) noexcept = default;
+  ~GatheredGroup() = default;
+  size_t group() const { return group_; }
+  DType dtype() const { return dtype_; }
+  // Device pointer to the group's flat buffer (numel elements of dtype(), then padding).
+  const void* data() const { return data_; }
+  // Device pointer to parameter `i` of the group (its numel elements, row-major).
+  const void* param(size_t i) const;
+  size_t numel() const { return numel_; }
+  explicit operator bool() const { return data_ != nullptr; }
+
+ private:
+  friend class Engine;
+  size_t group_ = 0;
+  DType dtype_ = DType::kBF16;
+  const void* data_ = nullptr;
+  size_t numel_ = 0;
+  std::vector<size_t> offsets_;  // per param, elements
+  std::shared_ptr<void> hold_;   // keeps the engine's gathered copy alive
+};
+
+// Timings of one Step and of the micro-steps since the previous one (nanoseconds).
+struct StepTimings {
+  uint64_t gather_wait_ns = 0;  // Gather calls: fetch + all-gather waits
+  uint64_t reduce_wait_ns = 0;  // waits for reductions and gradient accumulation
+  uint64_t optimizer_ns = 0;    // the Adam pipeline (compute + waits for its IO)
+  uint64_t optimizer_io_wait_ns = 0;  // of which: waiting for reads and writes
+  uint64_t step_ns = 0;         // the whole Step call
+};
+
+struct StepReport {
+  int64_t global_step = 0;  // steps taken, counting skipped ones (DeepSpeed's global_steps)
+  bool skipped = false;     // overflow: nothing applied
+  double grad_norm = 0;     // global L2 norm of the unscaled, averaged gradients (inf on overflow)
+  double loss_scale = 1;    // the scale used by this step
+  double lr = 0;            // the learning rate used (of the last applied step when skipped)
+  double clip_coefficient = 1;  // >= 1: gradients were divided by it
+  StepTimings timings;
+};
+
+struct EngineStats {
+  int64_t global_step = 0;
+  int64_t skipped_steps = 0;
+  StoreStats store;                // bytes moved per tier pair, used / peak / budget per tier
+  CommStats comm;                  // bytes per collective kind
+  PerTier<uint64_t> peak_bytes{};  // engine-wide peak per tier (store + engine buffers)
+  uint64_t gather_wait_ns = 0, reduce_wait_ns = 0, optimizer_ns = 0, optimizer_io_wait_ns = 0;
+};
+
+// What the engine places where: per tier, bytes of this rank's states and buffers.
+struct EngineLayout {
+  int stage = 0;
+  OffloadDevice offload_optimizer = OffloadDevice::kNone;  // effective
+  OffloadDevice offload_param = OffloadDevice::kNone;
+  DType dtype = DType::kBF16;
+  int world_size = 1, rank = 0;
+  size_t params = 0;           // model elements
+  size_t sub_groups = 0;       // optimizer sub-groups this rank steps
+  PerTier<uint64_t> state_bytes{};    // homes of the states
+  PerTier<uint64_t> working_bytes{};  // gathered groups, gradient buffers, pipeline staging
+  PerTier<uint64_t> budget_bytes{};
+  std::vector<std::string> notes;     // placement rules applied, settings accepted but unused
+  std::string ToString() const;       // the table Create prints
+};
+
+// Fills elements [begin, end) of parameter `param` of group `group` (row-major) into out[0..).
+using ParamFill = std::function<void(size_t group, size_t param, size_t begin, size_t end,
+                                     float* out)>;
+
+class Engine {
+ public:
+  // Validates the model and config, places every state, checks the budgets, registers the blocks
+  // and opens the NVMe tier. InvalidArgument names the config path or model field at fault
+  // (unsupported optimizer or scheduler type, param offload below stage 3 is only a note);
+  // ResourceExhausted names the tier that does not fit, with the bytes needed and the budget.
+  static Result<std::unique_ptr<Engine>> Create(const ModelSpec& model, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const ModelSpec& model() const;
+  const EngineLayout& layout() const;
+  int rank() const;
+  int world_size() const;
+  DType dtype() const;  // the working (16-bit or fp32) dtype
+
+  // Sets the initial weights (collective: every rank calls it, before the first step). `fill` is
+  // asked for the element ranges this rank stores (stage 3: its shards; below: everything); each
+  // rank must fill the same values. Master weights get the fp32 values, working params their
+  // rounding. Adam state starts at zero.
+  Status InitParameters(const ParamFill& fill);
+  // The same from full fp32 tensors: tensors[g][p] points at group g's parameter p.
+  Status InitFromFullTensors(const std::vector<std::vector<const float*>>& tensors);
+
+  // The group's full parameters on the device; blocks until resident and gathered, and prefetches
+  // what the recorded trace says comes next. Keep at most a few gathered at once (each costs its
+  // full size on the device).
+  Result<GatheredGroup> Gather(size_t group);
+  void Release(GatheredGroup gathered);
+
+  // The device buffer (the group's padded flat size, zeroed, the working dtype) the trainer
+  // writes the group's gradients into for this micro-step. The same buffer until
+  // ReduceGradients(group).
+  Result<void*> GradBuffer(size_t group);
+  // Starts reducing the group's gradient buffer and accumulating it into the fp32 gradient of
+  // its sub-groups (asynchronous with overlap_comm; otherwise done on return). Each group once
+  // per micro-step.
+  Status ReduceGradients(size_t group);
+
+  // The optimizer step at the accumulation boundary (collective). Waits for outstanding
+  // reductions, computes the global norm, skips on overflow, else clips, runs Adam per sub-group
+  // and publishes the new params.
+  Result<StepReport> Step();
+
+  double LossScale() const;  // multiply the loss by this before backward (1 unless fp16)
+  double lr() const;         // the learning rate the next step will use
+  int64_t global_step() const;
+  EngineStats Stats() const;
+  // OK, or the first error that failed the engine.
+  Status health() const;
+
+  // The group's fp32 master weights, numel values (collective). For tests and export.
+  Status ReadMaster(size_t group, std::span<float> out);
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata
