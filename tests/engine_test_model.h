@@ -23,6 +23,7 @@
 #include "cpu/gloo_comm.h"
 #include "cpu/rendezvous/file_store.h"
 #include "multiprocess.h"
+#include "nvme/sim_backend.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/device.h"
@@ -211,6 +212,7 @@ struct RunResult {
   std::vector<StepReport> reports;         // rank 0's
   std::vector<EngineStats> stats;          // per rank, after the run
   std::vector<EngineLayout> layouts;       // per rank
+  std::vector<Status> rank_status;         // per rank
 };
 
 struct RunSpec {
@@ -226,6 +228,12 @@ struct RunSpec {
   std::function<void(int rank, int step, int micro, Grads*)> tamper;
   // Called before each step on every rank (e.g. to inject a fault).
   std::function<void(int rank, int step, Engine&)> before_step;
+  // With the simulated backend: called before each step on every rank (inject IO faults).
+  std::function<void(int rank, int step, nvme::SimBackend&)> inject;
+  bool use_pinned_pool = false;
+  // Rank die_rank returns (destroying its engine and communicator) before step die_step.
+  int die_rank = -1, die_step = -1;
+  std::chrono::milliseconds timeout{60000};
 };
 
 // Runs the engine's training of TestModel on `world` threads; returns rank 0's master weights.
@@ -250,7 +258,7 @@ inline RunResult RunEngine(const RunSpec& spec) {
     go.rank = r;
     go.world_size = spec.world;
     go.store = store.get();
-    go.timeout = std::chrono::milliseconds(60000);
+    go.timeout = spec.timeout;
     STRATA_ASSIGN_OR_RETURN(auto comm, CreateGlooCommunicator(go));
     HostDeviceOptions ho;
     ho.budget_bytes = spec.device_budget;
@@ -262,8 +270,17 @@ inline RunResult RunEngine(const RunSpec& spec) {
     eo.budget_bytes = spec.budgets;
     eo.nvme_paths = {nvme};
     eo.io_kind = spec.io;
-    eo.use_pinned_pool = false;
-    eo.timeout = std::chrono::milliseconds(60000);
+    nvme::SimBackend* sim = nullptr;
+    if (spec.io == IoBackendKind::kSimulated) {
+      nvme::SimOptions so;
+      so.seed = 7 + r;
+      so.max_latency_ns = 50'000;
+      auto backend = std::make_unique<nvme::SimBackend>(so);
+      sim = backend.get();
+      eo.io = std::move(backend);
+    }
+    eo.use_pinned_pool = spec.use_pinned_pool;
+    eo.timeout = spec.timeout;
     STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(TestModel(), std::move(eo)));
     res.layouts[r] = engine->layout();
     std::vector<std::vector<const float*>> ptrs(init.size());
@@ -285,7 +302,9 @@ inline RunResult RunEngine(const RunSpec& spec) {
       return Status::OK();
     };
     for (int step = 0; step < spec.steps; ++step) {
+      if (r == spec.die_rank && step == spec.die_step) return Status::Aborted("rank died (test)");
       if (spec.before_step) spec.before_step(r, step, *engine);
+      if (spec.inject && sim != nullptr) spec.inject(r, step, *sim);
       for (int micro = 0; micro < spec.gas; ++micro) {
         // Forward: every group in order, then W0 again for the tied projection.
         for (size_t g = 0; g < kGroups; ++g) STRATA_RETURN_IF_ERROR(gather(g));
@@ -317,6 +336,7 @@ inline RunResult RunEngine(const RunSpec& spec) {
   std::vector<std::thread> threads;
   for (int r = 0; r < spec.world; ++r) threads.emplace_back([&, r] { statuses[r] = rank_main(r); });
   for (auto& t : threads) t.join();
+  res.rank_status = statuses;
   for (int r = 0; r < spec.world; ++r) {
     if (!statuses[r].ok()) {
       res.status = Status(statuses[r].code(), "rank " + std::to_string(r) + ": " + std::string(statuses[r].message()));

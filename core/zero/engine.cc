@@ -409,8 +409,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   L.rank = e.rank;
   L.params = model.numel();
   L.sub_groups = e.subs.size();
+  // The store carves host and NVMe space in 4 KiB (IO-aligned) units; device memory exactly.
   auto state_size = [](Tier home, uint64_t bytes) {
-    return home == Tier::kNvme ? RoundUp(bytes, 4096) : bytes;
+    return home == Tier::kDevice ? bytes : RoundUp(bytes, 4096);
   };
   const Tier param_home = e.placement.Home(StateKind::kParam16);
   const Tier opt_home = e.placement.Home(StateKind::kMaster32);
@@ -443,14 +444,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   // Host working set: the optimizer pipeline's sub-groups in flight (NVMe-homed state is paged
   // through host memory), parameter shards staged from NVMe, and states computed on the host
   // whose home is a device the host cannot address.
-  const uint64_t sub_bytes = largest_sub * 16;
+  const uint64_t sub_bytes = 4 * RoundUp(largest_sub * 4, 4096);
   if (opt_home == Tier::kNvme || grad_home == Tier::kNvme) {
     L.working_bytes[Tier::kHost] += (e.pipeline_buffers + 1) * sub_bytes;
   }
   if (param_home == Tier::kNvme) {
     L.working_bytes[Tier::kHost] +=
         static_cast<uint64_t>(std::clamp<int64_t>(z.offload_param.buffer_count, 2, 64)) *
-        largest_shard * e.elt;
+        RoundUp(largest_shard * e.elt, 4096);
   }
   if (!options.device->host_addressable()) {
     L.working_bytes[Tier::kHost] += 2 * sub_bytes + largest_padded * e.elt;

@@ -1,0 +1,400 @@
+// The engine's semantics beyond equivalence: communication equals the ledger, budgets refuse at
+// Create naming the tier, fp16 overflow skips exactly one step, clipping by the global norm, LR
+// schedules, DeepSpeed's offload traps, and faults (IO errors, torn writes, a dead peer) surface
+// as named errors that leave the engine failed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/zero/lr_schedule.h"
+#include "engine_test_model.h"
+
+namespace strata::testing {
+namespace {
+
+std::string BaseConfig(const std::string& zero, const std::string& top = "",
+                       const std::string& precision = "fp32") {
+  return R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 1,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+  "bf16": {"enabled": )" +
+         std::string(precision == "bf16" ? "true" : "false") + R"(},
+  "fp16": {"enabled": )" +
+         std::string(precision == "fp16" ? "true" : "false") + R"(, "initial_scale_power": 8},
+  )" + top +
+         R"(
+  "zero_optimization": {)" +
+         std::string(zero.find("sub_group_size") == std::string::npos ? R"("sub_group_size": 256, )" : "") +
+         std::string(zero.find("persistence_threshold") == std::string::npos
+                         ? R"("stage3_param_persistence_threshold": 64, )"
+                         : "") +
+         zero + "}}";
+}
+
+bool BitEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t g = 0; g < a.size(); ++g) {
+    if (a[g].size() != b[g].size() || std::memcmp(a[g].data(), b[g].data(), a[g].size() * 4) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// ------------------------------------------------------------------------------------------------
+// The ledger: bytes per rank per step (gas 1) for a trainer that gathers each group once in
+// forward and once in backward: stages 0-2 move one all-reduce of the gradients, stage 3 1.5x.
+// ------------------------------------------------------------------------------------------------
+
+struct LedgerRun {
+  Status status;
+  uint64_t sent = 0;      // rank 0's ring bytes sent in collectives during one step
+  uint64_t exchange = 0;  // of which the norm exchange (16 bytes per rank, all-gathered)
+  uint64_t padded_params = 0;
+};
+
+LedgerRun MeasureStep(int stage, int world) {
+  LedgerRun out;
+  ModelSpec model;
+  model.groups = {{"a", {{"w", {1000}}}}, {"b", {{"w", {3000}}, {"bias", {7}}}}, {"c", {{"w", {515}}}}};
+  auto parsed = ParseDeepSpeedConfig(BaseConfig(
+      R"("stage": )" + std::to_string(stage) +
+      R"(, "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0)"));
+  if (!parsed.ok()) {
+    out.status = parsed.status();
+    return out;
+  }
+  const std::string dir = UniqueTestDir("engine_ledger");
+  std::vector<Status> st(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      st[r] = [&]() -> Status {
+        STRATA_ASSIGN_OR_RETURN(auto store, cpu::FileKvStore::Open(dir));
+        GlooCommOptions go;
+        go.rank = r;
+        go.world_size = world;
+        go.store = store.get();
+        STRATA_ASSIGN_OR_RETURN(auto comm, CreateGlooCommunicator(go));
+        STRATA_ASSIGN_OR_RETURN(auto dev, CreateHostDevice({}));
+        EngineOptions eo;
+        eo.config = parsed->config;
+        eo.device = dev.get();
+        eo.comm = comm.get();
+        eo.use_pinned_pool = false;
+        STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(model, std::move(eo)));
+        STRATA_RETURN_IF_ERROR(
+            engine->InitParameters([](size_t, size_t, size_t b, size_t e, float* o) {
+              for (size_t i = b; i < e; ++i) o[i - b] = 0.001f * static_cast<float>(i % 13);
+            }));
+        comm->ResetStats();
+        const size_t n = model.groups.size();
+        for (size_t g = 0; g < n; ++g) {
+          STRATA_ASSIGN_OR_RETURN(GatheredGroup gg, engine->Gather(g));
+          engine->Release(std::move(gg));
+        }
+        for (size_t g = n; g-- > 0;) {
+          STRATA_ASSIGN_OR_RETURN(GatheredGroup gg, engine->Gather(g));
+          STRATA_ASSIGN_OR_RETURN(void* buf, engine->GradBuffer(g));
+          float* f = static_cast<float*>(buf);
+          for (size_t i = 0; i < model.groups[g].numel(); ++i) f[i] = 0.01f;
+          engine->Release(std::move(gg));
+          STRATA_RETURN_IF_ERROR(engine->ReduceGradients(g));
+        }
+        STRATA_ASSIGN_OR_RETURN(StepReport rep, engine->Step());
+        (void)rep;
+        if (r == 0) {
+          out.sent = comm->stats().total_sent_bytes();
+          out.exchange = RingBytes(CommOp::kAllGather, static_cast<uint64_t>(world) * 16, world);
+          // Padded elements: each group padded to world x 128.
+          for (const GroupSpec& gs : model.groups) {
+            const uint64_t unit = static_cast<uint64_t>(world) * 128;
+            out.padded_params += (gs.numel() + unit - 1) / unit * unit;
+          }
+        }
+        return Status::OK();
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    if (!st[r].ok()) out.status = st[r];
+  }
+  return out;
+}
+
+TEST(EngineLedger, CommunicationEqualsTheLedger) {
+  for (int world : {2, 4}) {
+    std::vector<uint64_t> per_stage;
+    for (int stage = 0; stage <= 3; ++stage) {
+      LedgerRun run = MeasureStep(stage, world);
+      ASSERT_TRUE(run.status.ok()) << run.status.ToString();
+      const uint64_t all_reduce = RingBytes(CommOp::kAllReduce, run.padded_params * 4, world);
+      const uint64_t moved = run.sent - run.exchange;
+      if (stage < 3) {
+        EXPECT_EQ(moved, all_reduce) << "stage " << stage << " world " << world;
+      } else {
+        EXPECT_EQ(moved, all_reduce * 3 / 2) << "stage 3 world " << world;
+      }
+      per_stage.push_back(moved);
+    }
+    EXPECT_GT(per_stage[3], per_stage[2]);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Budgets
+// ------------------------------------------------------------------------------------------------
+
+TEST(EngineBudget, RefusesAtCreateNamingTheTier) {
+  RunSpec spec;
+  spec.config_json = BaseConfig(R"("stage": 0)");
+  spec.device_budget = 64 << 10;  // far below 16 bytes x 4.7k params + buffers
+  RunResult r = RunEngine(spec);
+  ASSERT_EQ(r.status.code(), Status::Code::kResourceExhausted) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("hbm tier"), std::string::npos) << r.status.ToString();
+
+  spec.config_json = BaseConfig(R"("stage": 3, "offload_optimizer": {"device": "cpu"})");
+  spec.device_budget = 64ull << 20;
+  spec.budgets[Tier::kHost] = 20000;
+  r = RunEngine(spec);
+  ASSERT_EQ(r.status.code(), Status::Code::kResourceExhausted) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("host tier"), std::string::npos) << r.status.ToString();
+}
+
+TEST(EngineBudget, PeaksStayWithinBudgetsAndNearTheLayout) {
+  for (const char* zero : {R"("stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})",
+                           R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}, "offload_param": {"device": "nvme", "nvme_path": "/tmp"})",
+                           R"("stage": 2, "offload_optimizer": {"device": "cpu"})"}) {
+    RunSpec spec;
+    spec.config_json = BaseConfig(zero, "", "bf16");
+    spec.world = 2;
+    spec.steps = 2;
+    RunResult r = RunEngine(spec);
+    ASSERT_TRUE(r.status.ok()) << zero << ": " << r.status.ToString();
+    for (int rank = 0; rank < 2; ++rank) {
+      const EngineLayout& L = r.layouts[rank];
+      const EngineStats& s = r.stats[rank];
+      for (Tier t : kAllTiers) {
+        EXPECT_LE(s.peak_bytes[t], L.budget_bytes[t]) << TierName(t) << " " << zero;
+        EXPECT_LE(s.store.peak_bytes[t], s.store.budget_bytes[t]) << TierName(t);
+      }
+      // Host-homed states are all resident on the host: the peak is at least the layout's states
+      // and, without NVMe (whose pages the store may keep cached up to the budget), at most
+      // states + working set.
+      EXPECT_GE(s.peak_bytes[Tier::kHost], L.state_bytes[Tier::kHost]) << zero;
+      if (L.state_bytes[Tier::kNvme] == 0) {
+        EXPECT_LE(s.peak_bytes[Tier::kHost],
+                  L.state_bytes[Tier::kHost] + L.working_bytes[Tier::kHost])
+            << zero;
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// fp16 overflow, clipping, LR schedule
+// ------------------------------------------------------------------------------------------------
+
+TEST(EngineSemantics, Fp16OverflowOnOneRankSkipsTheStepOnAll) {
+  for (int stage : {0, 3}) {
+    RunSpec spec;
+    spec.config_json = BaseConfig(R"("stage": )" + std::to_string(stage), "", "fp16");
+    spec.world = 2;
+    spec.steps = 2;
+    spec.tamper = [](int rank, int step, int, Grads* g) {
+      if (rank == 1 && step == 1) g->W1[5] = std::numeric_limits<float>::infinity();
+    };
+    RunResult skipped = RunEngine(spec);
+    ASSERT_TRUE(skipped.status.ok()) << skipped.status.ToString();
+    ASSERT_EQ(skipped.reports.size(), 2u);
+    EXPECT_FALSE(skipped.reports[0].skipped);
+    EXPECT_TRUE(skipped.reports[1].skipped);
+    EXPECT_TRUE(std::isinf(skipped.reports[1].grad_norm));
+    EXPECT_EQ(skipped.reports[1].global_step, 2);
+    // Hysteresis 2: the first overflow keeps the scale (2^8).
+    EXPECT_EQ(skipped.reports[1].loss_scale, 256.0);
+    EXPECT_EQ(skipped.stats[0].skipped_steps, 1);
+    // Nothing applied: the weights equal those after the first step alone.
+    RunSpec one = spec;
+    one.steps = 1;
+    one.tamper = nullptr;
+    RunResult first = RunEngine(one);
+    ASSERT_TRUE(first.status.ok());
+    EXPECT_TRUE(BitEqual(skipped.master, first.master)) << "stage " << stage;
+  }
+}
+
+TEST(EngineSemantics, ClippingByTheGlobalNormIsPlacementIndependent) {
+  std::vector<std::vector<float>> base;
+  for (const char* zero : {R"("stage": 0)", R"("stage": 2, "offload_optimizer": {"device": "cpu"})",
+                           R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}, "offload_param": {"device": "cpu"})"}) {
+    RunSpec spec;
+    spec.config_json = BaseConfig(zero, R"("gradient_clipping": 0.05,)");
+    spec.world = 2;
+    spec.steps = 2;
+    RunResult r = RunEngine(spec);
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    // The reported norm is the global one: compare with the gradients computed directly.
+    Grads sum;
+    const auto init = InitialWeights();
+    Params p{init[kEmbed][0], init[kEmbedBias][0], init[kMid][0], init[kMidBias][0], init[kTop][0], init[kTop][1]};
+    ZeroLike(p, &sum);
+    for (int rank = 0; rank < 2; ++rank) ForwardBackward(p, 0, 0, rank, 1.0f, &sum);
+    double sq = 0;
+    for (size_t g = 0; g < kGroups; ++g) {
+      for (auto* t : GroupTensors(sum, g)) {
+        for (float v : *t) sq += (v / 2.0) * (v / 2.0);
+      }
+    }
+    EXPECT_NEAR(r.reports[0].grad_norm, std::sqrt(sq), 1e-5 * std::sqrt(sq));
+    EXPECT_GT(r.reports[0].clip_coefficient, 1.0);
+    EXPECT_NEAR(r.reports[0].clip_coefficient, (r.reports[0].grad_norm + 1e-6) / 0.05, 1e-9 * r.reports[0].clip_coefficient);
+    if (base.empty()) {
+      base = r.master;
+    } else {
+      EXPECT_TRUE(BitEqual(r.master, base)) << zero;
+    }
+  }
+}
+
+TEST(EngineSemantics, LrScheduleAsDeepSpeed) {
+  RunSpec spec;
+  spec.config_json = BaseConfig(
+      R"("stage": 1)",
+      R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 4, "warmup_type": "linear"}},)");
+  spec.steps = 4;
+  RunResult r = RunEngine(spec);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  // DeepSpeed: the first applied step runs at t = -1 (the constructor's lr: warmup_min_lr), the
+  // second at t = 0 (gamma 0), then linear.
+  ASSERT_EQ(r.reports.size(), 4u);
+  EXPECT_EQ(r.reports[0].lr, 0.0);
+  EXPECT_EQ(r.reports[1].lr, 0.0);
+  EXPECT_DOUBLE_EQ(r.reports[2].lr, 0.01 * 1 / 4);
+  EXPECT_DOUBLE_EQ(r.reports[3].lr, 0.01 * 2 / 4);
+  // lr 0 for two steps: AdamW with lr 0 leaves every weight exactly as initialized.
+  RunSpec two = spec;
+  two.steps = 2;
+  RunResult r2 = RunEngine(two);
+  ASSERT_TRUE(r2.status.ok());
+  const auto init = InitialWeights();
+  for (size_t g = 0; g < kGroups; ++g) {
+    std::vector<float> flat;
+    for (const auto& t : init[g]) flat.insert(flat.end(), t.begin(), t.end());
+    EXPECT_EQ(r2.master[g], flat) << "group " << g;
+  }
+}
+
+TEST(EngineSemantics, UnsupportedSettingsAreClearErrorsAtCreate) {
+  RunSpec spec;
+  spec.config_json = BaseConfig(R"("stage": 1)", R"("scheduler": {"type": "OneCycle", "params": {}},)");
+  RunResult r = RunEngine(spec);
+  EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(r.status.message().find("scheduler.type"), std::string::npos) << r.status.ToString();
+  spec.config_json = R"({"train_micro_batch_size_per_gpu": 3, "zero_optimization": {"stage": 1}})";
+  r = RunEngine(spec);
+  EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(r.status.message().find("optimizer.type"), std::string::npos) << r.status.ToString();
+}
+
+// ------------------------------------------------------------------------------------------------
+// DeepSpeed's offload traps (DEEPSPEED-SEMANTICS.md)
+// ------------------------------------------------------------------------------------------------
+
+// (a) shards and sub-groups whose sizes are not multiples of the O_DIRECT alignment, (b) the tied
+// W0 used at the end of forward and the start of backward with params on NVMe and prefetch on,
+// (c) buffer_count 1, (d) pin_memory false: all run, bit-identical to stage 0, with notes.
+TEST(EngineTraps, OddShapesTiedWeightsSmallBuffersUnpinned) {
+  RunSpec base;
+  base.config_json = BaseConfig(R"("stage": 0)", "", "bf16");
+  base.world = 2;
+  RunResult ref = RunEngine(base);
+  ASSERT_TRUE(ref.status.ok()) << ref.status.ToString();
+  RunSpec spec = base;
+  spec.config_json = BaseConfig(
+      R"("stage": 3, "sub_group_size": 200,
+         "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 1, "pin_memory": false},
+         "offload_param": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 1, "pin_memory": false})",
+      "", "bf16");
+  spec.use_pinned_pool = true;
+  spec.io = IoBackendKind::kAuto;
+  RunResult r = RunEngine(spec);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_TRUE(BitEqual(r.master, ref.master));
+  std::string notes;
+  for (const std::string& n : r.layouts[0].notes) notes += n + "\n";
+  EXPECT_NE(notes.find("buffer_count 1"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("not page-locked"), std::string::npos) << notes;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Faults
+// ------------------------------------------------------------------------------------------------
+
+TEST(EngineFaults, IoErrorFailsTheStepNamingTheBlockAndStaysFailed) {
+  RunSpec spec;
+  spec.config_json = BaseConfig(
+      R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})");
+  spec.world = 2;
+  spec.steps = 3;
+  spec.timeout = std::chrono::milliseconds(20000);
+  spec.budgets[Tier::kHost] = 96 << 10;  // tight: NVMe-homed state is paged, not kept cached
+  spec.inject = [](int rank, int step, nvme::SimBackend& sim) {
+    if (rank == 0 && step == 1) sim.InjectFault(IoOp::kRead, nvme::SimFault::kEio, 1000);
+  };
+  Status later;
+  spec.before_step = [&](int rank, int step, Engine& e) {
+    if (rank == 0 && step == 2) later = e.health();
+  };
+  RunResult r = RunEngine(spec);
+  ASSERT_FALSE(r.rank_status[0].ok());
+  EXPECT_EQ(r.rank_status[0].code(), Status::Code::kIOError) << r.rank_status[0].ToString();
+  // The block is named (a sub-group's state of some group, on rank 0).
+  EXPECT_NE(r.rank_status[0].message().find("[r0"), std::string::npos) << r.rank_status[0].ToString();
+  // The peer fails too (its collectives see the dead rank), within the deadline.
+  EXPECT_FALSE(r.rank_status[1].ok());
+}
+
+TEST(EngineFaults, TornWriteIsCaughtByTheChecksumNeverApplied) {
+  RunSpec spec;
+  spec.config_json = BaseConfig(
+      R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})");
+  spec.steps = 3;
+  spec.timeout = std::chrono::milliseconds(20000);
+  spec.inject = [](int, int step, nvme::SimBackend& sim) {
+    if (step == 1) sim.InjectFault(IoOp::kWrite, nvme::SimFault::kTorn, 1);
+  };
+  RunResult r = RunEngine(spec);
+  ASSERT_FALSE(r.rank_status[0].ok());
+  const std::string msg = r.rank_status[0].ToString();
+  EXPECT_TRUE(r.rank_status[0].code() == Status::Code::kIOError ||
+              r.rank_status[0].code() == Status::Code::kCorruption)
+      << msg;
+  EXPECT_NE(msg.find("[r0"), std::string::npos) << msg;
+}
+
+TEST(EngineFaults, DeadPeerIsANamedErrorWithinTheDeadline) {
+  RunSpec spec;
+  spec.config_json = BaseConfig(R"("stage": 3)");
+  spec.world = 2;
+  spec.steps = 3;
+  spec.timeout = std::chrono::milliseconds(10000);
+  // Rank 1 dies before its second step: its engine and communicator go away mid-run.
+  spec.die_rank = 1;
+  spec.die_step = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  RunResult r = RunEngine(spec);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(r.rank_status[0].ok());
+  const std::string msg = r.rank_status[0].ToString();
+  // Named: the operation that found the peer gone (a gather of a group, by name).
+  EXPECT_NE(msg.find("group '"), std::string::npos) << msg;
+  EXPECT_LT(waited, std::chrono::seconds(30)) << msg;
+}
+
+}  // namespace
+}  // namespace strata::testing
