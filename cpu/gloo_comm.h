@@ -23,29 +23,7 @@
 
 namespace strata {
 
-struct GlooCommOptions {
-  int rank = 0;
-  int world_size = 1;
-  // Rendezvous store used during Create only (not owned). REQUIRES: non-null when world_size > 1.
-  KvStore* store = nullptr;
-  // Keys are "<store_prefix>/..." so that several communicators can share one store.
-  std::string store_prefix = "strata/gloo";
-  // Address the TCP transport binds to (this host's address as the peers see it).
-  std::string hostname = "127.0.0.1";
-  // Bound on rendezvous, every transport wait and a full submit queue. Longer tolerates slow
-  // peers; shorter detects a hung peer sooner.
-  std::chrono::milliseconds timeout{60000};
-  // Operations submitted but not finished. Bounds memory held by queued closures.
-  size_t queue_depth = 64;
-  // fp32 elements per reduction segment (scratch memory = 2 * 4 * scratch_elems bytes).
-  size_t scratch_elems = size_t{1} << 20;
-};
+// GlooCommOptions and CreateGlooCommunicator are declared in include/strata/comm.h (public).
 
-// Connects to all peers (full mesh through the store), then runs a barrier so that the store may
-// be dropped afterwards. kInvalidArgument for bad options; kDeadlineExceeded / kUnavailable when
-// peers do not show up or the transport fails, with Gloo's message.
-// Sets SIGPIPE to SIG_IGN when it has the default action (a dead peer must fail a collective with
-// kUnavailable, not kill this process); a handler the program installed is left alone.
-Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooCommOptions& options);
 
 }  // namespace strata
