@@ -8,9 +8,9 @@
 #include "kernels/simd.h"
 
 namespace strata::kernels {
-namespace {
 
-simd::AdamArgs MakeArgs(const AdamHyper& h, const AdamShard& s) {
+// The CUDA step (cuda_kernels.cu) folds through here too, so both run on the same coefficients.
+simd::AdamArgs simd::FoldAdamArgs(const AdamHyper& h, const AdamShard& s) {
   simd::AdamArgs a;
   a.master = s.master;
   a.exp_avg = s.exp_avg;
@@ -41,6 +41,8 @@ simd::AdamArgs MakeArgs(const AdamHyper& h, const AdamShard& s) {
   a.grad_scale = h.grad_scale;
   return a;
 }
+
+namespace {
 
 Status Bad(const std::string& what) { return Status::InvalidArgument("adam step: " + what); }
 
@@ -79,13 +81,13 @@ Status ValidateAdam(const AdamHyper& h, const AdamShard& s) {
 Status AdamStep(const AdamHyper& hyper, const AdamShard& shard) {
   STRATA_RETURN_IF_ERROR(ValidateAdam(hyper, shard));
   if (shard.n == 0) return Status::OK();
-  simd::AdamRange(MakeArgs(hyper, shard), 0, shard.n);
+  simd::AdamRange(simd::FoldAdamArgs(hyper, shard), 0, shard.n);
   return Status::OK();
 }
 
 Status AdamStep(KernelPool& pool, const AdamHyper& hyper, const AdamShard& shard) {
   STRATA_RETURN_IF_ERROR(ValidateAdam(hyper, shard));
-  const simd::AdamArgs args = MakeArgs(hyper, shard);
+  const simd::AdamArgs args = simd::FoldAdamArgs(hyper, shard);
   auto body = [&args](int /*slot*/, size_t begin, size_t end) {
     simd::AdamRange(args, begin, end);
   };

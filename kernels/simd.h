@@ -17,6 +17,11 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace strata::kernels {
+struct AdamHyper;
+struct AdamShard;
+}  // namespace strata::kernels
+
 namespace strata::kernels::simd {
 
 // 16-bit element codes used by the kernels (bf16 and fp16 are both stored as uint16_t bits).
@@ -42,6 +47,11 @@ struct AdamArgs {
   float l2_weight_decay = 0.0f;  // Adam with L2: weight_decay; else unused
   float grad_scale = 1.0f;
 };
+
+// The arguments of one validated (ValidateAdam) step: the shard's arrays and the hyper-parameters
+// folded into per-call coefficients, bias corrections and their roots computed in double. Shared
+// by the CPU step (adam.cc) and the CUDA step (cuda_kernels.cu), so both use the same floats.
+AdamArgs FoldAdamArgs(const AdamHyper& hyper, const AdamShard& shard);
 
 // Updates elements [begin, end) of the arrays in `a`. Stores to param_out (and to master/m/v with
 // stream_state) are non-temporal when the pointers are vector-aligned at `begin`; the function
