@@ -24,6 +24,9 @@
 #include "cpu/rendezvous/file_store.h"
 #include "multiprocess.h"
 #include "nvme/sim_backend.h"
+#ifdef STRATA_ENGINE_TEST_CUDA
+#include "gpu/nccl_comm.h"
+#endif
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/device.h"
@@ -173,14 +176,18 @@ inline std::vector<std::vector<float>*> GroupTensors(Params& p, size_t g) {
   }
 }
 
-// Reads a gathered group (HostDevice: device memory is host memory) into float tensors.
-inline void Unpack(const GatheredGroup& gg, std::vector<std::vector<float>*> out) {
+// Reads a gathered group, copied to host memory at `host`, into float tensors.
+inline void Unpack(const GatheredGroup& gg, const uint8_t* host, std::vector<std::vector<float>*> out) {
+  const size_t elt = DTypeSize(gg.dtype());
   for (size_t i = 0; i < out.size(); ++i) {
     const size_t n = out[i]->size();
+    const uint8_t* at = host + (static_cast<const uint8_t*>(gg.param(i)) -
+                                static_cast<const uint8_t*>(gg.data()));
+    (void)elt;
     if (gg.dtype() == DType::kF32) {
-      std::memcpy(out[i]->data(), gg.param(i), n * 4);
+      std::memcpy(out[i]->data(), at, n * 4);
     } else {
-      const uint16_t* src = static_cast<const uint16_t*>(gg.param(i));
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(at);
       for (size_t j = 0; j < n; ++j) {
         (*out[i])[j] = gg.dtype() == DType::kBF16 ? Bf16ToFloat(bf16_t{src[j]})
                                                   : HalfToFloat(f16_t{src[j]});
@@ -231,6 +238,9 @@ struct RunSpec {
   // With the simulated backend: called before each step on every rank (inject IO faults).
   std::function<void(int rank, int step, nvme::SimBackend&)> inject;
   bool use_pinned_pool = false;
+  // CudaDevice + NCCL (one rank; tests built with STRATA_ENGINE_TEST_CUDA) instead of HostDevice
+  // + Gloo.
+  bool cuda = false;
   // Rank die_rank returns (destroying its engine and communicator) before step die_step.
   int die_rank = -1, die_step = -1;
   std::chrono::milliseconds timeout{60000};
@@ -254,15 +264,49 @@ inline RunResult RunEngine(const RunSpec& spec) {
   res.layouts.resize(spec.world);
   auto rank_main = [&](int r) -> Status {
     STRATA_ASSIGN_OR_RETURN(auto store, cpu::FileKvStore::Open(dir + "/rdzv"));
-    GlooCommOptions go;
-    go.rank = r;
-    go.world_size = spec.world;
-    go.store = store.get();
-    go.timeout = spec.timeout;
-    STRATA_ASSIGN_OR_RETURN(auto comm, CreateGlooCommunicator(go));
-    HostDeviceOptions ho;
-    ho.budget_bytes = spec.device_budget;
-    STRATA_ASSIGN_OR_RETURN(auto dev, CreateHostDevice(ho));
+    std::unique_ptr<Communicator> comm;
+    std::unique_ptr<Device> dev;
+    if (spec.cuda) {
+#ifdef STRATA_ENGINE_TEST_CUDA
+      CudaDeviceOptions co;
+      co.budget_bytes = spec.device_budget;
+      STRATA_ASSIGN_OR_RETURN(dev, CreateCudaDevice(co));
+      NcclCommOptions no;
+      STRATA_ASSIGN_OR_RETURN(no.unique_id, NewNcclUniqueId());
+      STRATA_ASSIGN_OR_RETURN(comm, CreateNcclCommunicator(no));
+#else
+      return Status::Unavailable("built without STRATA_ENGINE_TEST_CUDA");
+#endif
+    } else {
+      GlooCommOptions go;
+      go.rank = r;
+      go.world_size = spec.world;
+      go.store = store.get();
+      go.timeout = spec.timeout;
+      STRATA_ASSIGN_OR_RETURN(comm, CreateGlooCommunicator(go));
+      HostDeviceOptions ho;
+      ho.budget_bytes = spec.device_budget;
+      STRATA_ASSIGN_OR_RETURN(dev, CreateHostDevice(ho));
+    }
+    // Device memory through host staging when the device is not host-addressable (CUDA).
+    auto to_host = [&](const void* src, size_t bytes) -> Result<std::vector<uint8_t>> {
+      std::vector<uint8_t> h(bytes);
+      if (dev->host_addressable()) {
+        std::memcpy(h.data(), src, bytes);
+        return h;
+      }
+      STRATA_RETURN_IF_ERROR(dev->CopyAsync(CopyDir::kDeviceToHost, h.data(), src, bytes, nullptr));
+      STRATA_RETURN_IF_ERROR(dev->Synchronize());
+      return h;
+    };
+    auto to_device = [&](void* dst, const std::vector<uint8_t>& h) -> Status {
+      if (dev->host_addressable()) {
+        std::memcpy(dst, h.data(), h.size());
+        return Status::OK();
+      }
+      STRATA_RETURN_IF_ERROR(dev->CopyAsync(CopyDir::kHostToDevice, dst, h.data(), h.size(), nullptr));
+      return dev->Synchronize();
+    };
     EngineOptions eo;
     eo.config = parsed->config;
     eo.device = dev.get();
@@ -297,7 +341,9 @@ inline RunResult RunEngine(const RunSpec& spec) {
     p.b2.resize(kH2);
     auto gather = [&](size_t g) -> Status {
       STRATA_ASSIGN_OR_RETURN(GatheredGroup gg, engine->Gather(g));
-      Unpack(gg, GroupTensors(p, g));
+      STRATA_ASSIGN_OR_RETURN(std::vector<uint8_t> host,
+                              to_host(gg.data(), gg.numel() * DTypeSize(gg.dtype())));
+      Unpack(gg, host.data(), GroupTensors(p, g));
       engine->Release(std::move(gg));
       return Status::OK();
     };
@@ -318,7 +364,9 @@ inline RunResult RunEngine(const RunSpec& spec) {
         if (spec.tamper) spec.tamper(r, step, micro, &gr);
         for (size_t g = kGroups; g-- > 0;) {
           STRATA_ASSIGN_OR_RETURN(void* buf, engine->GradBuffer(g));
-          Pack(engine->dtype(), GroupTensors(gr, g), buf);
+          std::vector<uint8_t> host(TestModel().groups[g].numel() * DTypeSize(engine->dtype()));
+          Pack(engine->dtype(), GroupTensors(gr, g), host.data());
+          STRATA_RETURN_IF_ERROR(to_device(buf, host));
           STRATA_RETURN_IF_ERROR(engine->ReduceGradients(g));
         }
       }
