@@ -558,6 +558,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
         e.max_live_elems, e.reuse_distance_elems, e.persistence_elems, e.elt);
     e.gather = std::make_unique<store::GatherScheduler>(e.store.get(), shard_blocks, pc);
   }
+  kernels::PoolOptions pool_options;
+  pool_options.threads = std::max(0, options.optimizer_threads);
+  STRATA_ASSIGN_OR_RETURN(e.pool, kernels::KernelPool::Create(pool_options));
   STRATA_ASSIGN_OR_RETURN(e.exchange,
                           DeviceBuffer::Make(options.device, static_cast<uint64_t>(e.world) * 16));
   e.opt = std::move(options);

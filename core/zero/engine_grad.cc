@@ -242,7 +242,8 @@ Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
     acc.MarkDirty();
     s.stats_valid = false;
     if (p.last && s.owner == rank) {
-      STRATA_ASSIGN_OR_RETURN(kernels::GradStats st, kernels::ComputeGradStats(a, DType::kF32, s.elems));
+      STRATA_ASSIGN_OR_RETURN(kernels::GradStats st,
+                              kernels::ComputeGradStats(*pool, a, DType::kF32, s.elems));
       s.sum_sq = st.sum_sq;
       s.nonfinite = st.nonfinite;
       s.stats_valid = true;

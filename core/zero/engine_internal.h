@@ -15,6 +15,7 @@
 #include "core/zero/loss_scaler.h"
 #include "core/zero/lr_schedule.h"
 #include "kernels/adam.h"
+#include "kernels/pool.h"
 #include "sched/placement.h"
 #include "sched/zero_partition.h"
 #include "strata/engine.h"
@@ -88,6 +89,7 @@ struct Engine::Impl {
   std::optional<zero::LossScaler> scaler;
   std::optional<zero::LrSchedule> schedule;
 
+  std::unique_ptr<kernels::KernelPool> pool;  // the CPU optimizer's threads
   std::unique_ptr<Store> store;
   std::unique_ptr<store::GatherScheduler> gather;  // stage 3
   std::vector<zero::GroupState> groups;

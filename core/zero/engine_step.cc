@@ -78,7 +78,7 @@ Status Engine::Impl::ComputeMissingStats() {
       } else if (!s.stats_valid && s.owner == rank) {
         STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, tier, Access::kRead, timeout()));
         STRATA_ASSIGN_OR_RETURN(kernels::GradStats st,
-                                kernels::ComputeGradStats(acc.data(), DType::kF32, s.elems));
+                                kernels::ComputeGradStats(*pool, acc.data(), DType::kF32, s.elems));
         s.sum_sq = st.sum_sq;
         s.nonfinite = st.nonfinite;
         s.stats_valid = true;
@@ -165,7 +165,7 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t) {
       shard.param_out = static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt;
       shard.param_out_dtype = dtype;
     }
-    STRATA_RETURN_IF_ERROR(kernels::AdamStep(h, shard));
+    STRATA_RETURN_IF_ERROR(kernels::AdamStep(*pool, h, shard));
     if (dtype == DType::kF32) {
       std::memcpy(static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt, shard.master,
                   s.elems * sizeof(float));

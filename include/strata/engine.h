@@ -127,6 +127,9 @@ struct EngineOptions {
   // Pinned host memory from a PinnedPool (huge pages; locked only when the config's pin_memory
   // asks). False: plain aligned memory.
   bool use_pinned_pool = true;
+  // Threads of the CPU optimizer (fused Adam and gradient statistics), the calling thread
+  // included. 0: one per CPU this process may run on. Results are the same bits for any count.
+  int optimizer_threads = 0;
   // Bound on every wait (a collective, a fetch, an IO). Past it the operation fails with
   // DeadlineExceeded naming it and the engine fails.
   std::chrono::milliseconds timeout{300000};
