@@ -146,11 +146,15 @@ struct StepSample {
   StepTimings t;
 };
 
+// Whether group `g` is a layer (a weight group): the simulated compute runs per layer use; the
+// bias groups of --bias-groups ride along with their layer's.
+bool IsLayer(const Engine& e, size_t g) { return !e.model().groups[g].name.ends_with(".bias"); }
+
 // One training step of the synthetic model: `gas` micro-steps of forward and backward, then Step.
 Result<StepSample> TrainStep(Engine& e, int gas, double compute_ms, GradPattern& grads, int rank) {
   const size_t groups = e.model().groups.size();
-  const auto compute = [compute_ms] {
-    if (compute_ms > 0) {
+  const auto compute = [&e, compute_ms](size_t g) {
+    if (compute_ms > 0 && IsLayer(e, g)) {
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(compute_ms));
     }
   };
@@ -158,7 +162,7 @@ Result<StepSample> TrainStep(Engine& e, int gas, double compute_ms, GradPattern&
   for (int micro = 0; micro < gas; ++micro) {
     for (size_t g = 0; g < groups; ++g) {
       STRATA_ASSIGN_OR_RETURN(GatheredGroup p, e.Gather(g));
-      compute();
+      compute(g);
       e.Release(std::move(p));
     }
     grads.Prepare(e.dtype(), e.LossScale(), rank);
@@ -166,7 +170,7 @@ Result<StepSample> TrainStep(Engine& e, int gas, double compute_ms, GradPattern&
       STRATA_ASSIGN_OR_RETURN(GatheredGroup p, e.Gather(g));
       STRATA_ASSIGN_OR_RETURN(void* buf, e.GradBuffer(g));
       grads.Fill(buf, e.model().groups[g].numel());
-      compute();
+      compute(g);
       e.Release(std::move(p));
       STRATA_RETURN_IF_ERROR(e.ReduceGradients(g));
     }
@@ -234,7 +238,9 @@ Status MeasureSteps(const BenchEngineArgs& a, Engine& e, int rank, Progress& pro
       (after.comm.total_wire_sent_bytes() - before.comm.total_wire_sent_bytes()) / n;
   f.step_s = Median(r->step_s);
   r->ranks = {f};
-  r->compute_s = 2.0 * a.compute_ms * 1e-3 * static_cast<double>(e.model().groups.size()) *
+  size_t layers = 0;
+  for (size_t g = 0; g < e.model().groups.size(); ++g) layers += IsLayer(e, g) ? 1 : 0;
+  r->compute_s = 2.0 * a.compute_ms * 1e-3 * static_cast<double>(layers) *
                  r->gradient_accumulation_steps;
   return Status::OK();
 }
