@@ -218,10 +218,10 @@ Seen Scanner::VisitRunDir(int dirfd, const std::string& path, const std::string&
   if (fstatat(dirfd, name.c_str(), &again, AT_SYMLINK_NOFOLLOW) != 0 || !SameFile(again, now)) {
     return Seen::kGone;
   }
-  const Contents inside =
-      name.compare(0, std::strlen(kBenchStoreDirPrefix), kBenchStoreDirPrefix) == 0
-          ? Contents::kStoreRun
-          : Contents::kCommRun;
+  const bool store_run =
+      name.compare(0, std::strlen(kBenchStoreDirPrefix), kBenchStoreDirPrefix) == 0 ||
+      name.compare(0, std::strlen(kBenchEngineDirPrefix), kBenchEngineDirPrefix) == 0;
+  const Contents inside = store_run ? Contents::kStoreRun : Contents::kCommRun;
   bool empty_after = false;
   Status s = ScanDir(f.fd, path, inside, &empty_after);
   if (!s.ok()) {
@@ -252,7 +252,7 @@ bool IsStrataFileName(const std::string& name) {
 }
 
 bool IsRunDirName(const std::string& name) {
-  for (const char* prefix : {kBenchStoreDirPrefix, kBenchCommDirPrefix}) {
+  for (const char* prefix : {kBenchStoreDirPrefix, kBenchEngineDirPrefix, kBenchCommDirPrefix}) {
     const size_t p = std::strlen(prefix);
     if (name.size() != p + 6 || name.compare(0, p, prefix) != 0) continue;
     bool ok = true;

@@ -1,5 +1,5 @@
 // Files strata leaves on an nvme_path while it runs (swap files, benchmark scratch files, the
-// per-run directories of `offloadctl bench store` and `bench comm`), and how a later run tells a
+// per-run directories of `offloadctl bench store`, `bench engine` and `bench comm`), and how a later run tells a
 // crashed run's leftovers from what a live process is using.
 //
 // Every such file is created already holding an exclusive flock (made under a temporary name,
@@ -29,6 +29,9 @@ namespace strata::nvme {
 // Name prefixes of the per-run directories (followed by 6 letters or digits, as mkdtemp makes).
 inline constexpr char kBenchStoreDirPrefix[] = "strata-bench-store-";
 inline constexpr char kBenchCommDirPrefix[] = "strata-bench-comm.";
+// `offloadctl bench engine`: one per rank and --nvme-path, holding that rank's swap file (the
+// same contents as a bench store directory).
+inline constexpr char kBenchEngineDirPrefix[] = "strata-bench-engine-";
 
 // Creates `path` (O_RDWR|O_CREAT|O_EXCL|O_CLOEXEC|extra_flags, mode 0600) holding an exclusive
 // flock on the returned descriptor. Returns -1 with *err set (EEXIST: `path` exists; EINVAL with
@@ -54,8 +57,8 @@ class RunDir {
   std::string path_;
 };
 
-// Makes `<parent>/<prefix>XXXXXX` (mode 0700) and locks it. `prefix` is kBenchStoreDirPrefix or
-// kBenchCommDirPrefix. IOError (errno): the directory cannot be made or locked.
+// Makes `<parent>/<prefix>XXXXXX` (mode 0700) and locks it. `prefix` is kBenchStoreDirPrefix,
+// kBenchEngineDirPrefix or kBenchCommDirPrefix. IOError (errno): the directory cannot be made or locked.
 Result<RunDir> CreateRunDir(const std::string& parent, const char* prefix);
 
 // Whether `name` is one of strata's files: strata-swap-rank<N>.swp or strata-bench-<N>.dat, or

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -87,6 +88,8 @@ TEST(StrataNames, TemporaryAndPerRunNamesAreKnown) {
   for (const auto& [name, is] : files) EXPECT_EQ(IsStrataFileName(name), is) << name;
   const std::pair<const char*, bool> dirs[] = {{"strata-bench-store-AbC123", true},
                                                {"strata-bench-comm.x9Y8z7", true},
+                                               {"strata-bench-engine-Q1w2E3", true},
+                                               {"strata-bench-engine-Q1w2E", false},
                                                {"strata-bench-store-AbC12", false},
                                                {"strata-bench-store-AbC1234", false},
                                                {"strata-bench-comm.ab/cde", false}};
@@ -287,6 +290,29 @@ TEST(RunDirs, LockedWhileHeldLeftoverOnceReleased) {
   ASSERT_TRUE(scan.ok());
   ASSERT_EQ(scan->leftovers.size(), 1u);
   EXPECT_TRUE(scan->leftovers[0].directory);
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// `bench engine` keeps each rank's swap file in a run directory of its own: a killed run leaves
+// both, and a later scan reports (and may remove) the file and then the directory.
+TEST(RunDirs, BenchEngineDirAndItsSwapFileAreLeftoversOnceReleased) {
+  TempDir dir("rundir-engine");
+  std::string path;
+  {
+    auto d = CreateRunDir(dir.path(), kBenchEngineDirPrefix);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    path = d->path();
+    EXPECT_TRUE(IsRunDirName(std::filesystem::path(path).filename().string())) << path;
+    int err = 0;
+    const int fd = CreateLockedFile(SwapFilePath(path, 0), 0, &err);
+    ASSERT_GE(fd, 0) << std::strerror(err);
+    ::close(fd);  // the killed rank's lock goes with it
+  }
+  auto scan = ScanNvmePath(dir.path(), /*remove_leftovers=*/true);
+  ASSERT_TRUE(scan.ok());
+  ASSERT_EQ(scan->leftovers.size(), 2u);
+  EXPECT_FALSE(scan->leftovers[0].directory);
+  EXPECT_TRUE(scan->leftovers[1].directory);
   EXPECT_FALSE(std::filesystem::exists(path));
 }
 

@@ -28,5 +28,6 @@ void RegisterBenchComm(CLI::App& bench, int* exit_code);  // cmd_bench_comm.cc
 void RegisterBenchDram(CLI::App& bench, int* exit_code);  // cmd_bench_dram.cc
 void RegisterBenchAdam(CLI::App& bench, int* exit_code);  // cmd_bench_adam.cc
 void RegisterBenchStore(CLI::App& bench, int* exit_code);  // cmd_bench_store.cc
+void RegisterBenchEngine(CLI::App& bench, int* exit_code);  // cmd_bench_engine.cc
 
 }  // namespace strata::cli

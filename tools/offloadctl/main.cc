@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   strata::cli::RegisterBenchNvme(*bench, &exit_code);
   strata::cli::RegisterBenchComm(*bench, &exit_code);
   strata::cli::RegisterBenchStore(*bench, &exit_code);
+  strata::cli::RegisterBenchEngine(*bench, &exit_code);
   strata::cli::RegisterLaunch(app, &exit_code);
   strata::cli::RegisterBenchDram(*bench, &exit_code);
   strata::cli::RegisterBenchAdam(*bench, &exit_code);

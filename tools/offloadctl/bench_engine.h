@@ -1,0 +1,134 @@
+// `offloadctl bench engine`: the real ZeRO engine (include/strata/engine.h) trained on a synthetic
+// model, on HostDevice + Gloo, with the per-step figures the issue asks for (issue 10, "offloadctl
+// bench engine"). cmd_bench_engine.cc parses the flags, runs one setting or the sweep and prints;
+// bench_engine_run.cc runs one setting (a "variant") and measures it.
+//
+// One variant: build its DeepSpeed config (the --config file or a synthetic one, with --stage,
+// --offload-*, --dtype and --max-reuse-distance applied over it), create a communicator and a
+// HostDevice for it, Engine::Create (ResourceExhausted on any rank: "does not fit", agreed by all
+// ranks), InitParameters, then warm-up and measured steps: per micro-step forward Gather /
+// simulated compute / Release over every group, backward Gather / GradBuffer filled with
+// synthetic values / compute / Release / ReduceGradients in reverse order; Step. Byte counters
+// are deltas over the measured steps; every rank's figures are all-gathered to rank 0.
+//
+// Thread safety: none; everything runs on the calling thread (the engine's own threads aside).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strata/comm.h"
+#include "strata/config.h"
+#include "strata/engine.h"
+#include "strata/status.h"
+
+namespace strata::cli {
+
+struct BenchEngineArgs {
+  std::string params = "100M";    // COUNT (k/M/B/T)
+  int layers = 8;                 // weight groups; params split evenly
+  bool bias_groups = false;       // a small bias group after each weight group
+  std::string config;             // DeepSpeed config file ("" = synthetic)
+  int stage = -1;                 // -1: the config's (3 without --config)
+  std::string offload_optimizer;  // "" = the config's
+  std::string offload_param;      // "" = the config's
+  std::vector<std::string> nvme_paths;
+  int steps = 3;          // measured
+  int warmup_steps = 1;   // not measured
+  double compute_ms = 0;  // simulated compute per layer use (forward, backward each)
+  double host_gb = 0;     // host budget, GB = 1e9 bytes (0: what the layout needs)
+  double device_gb = 4;   // HostDevice budget
+  std::string dtype;      // "" = the config's precision (bf16 without --config)
+  std::string io_backend = "auto";
+  std::string max_reuse_distance;           // COUNT for stage3_max_reuse_distance ("" = config's)
+  uint64_t disk_size_bytes = 256ull << 20;  // bytes per pass of the disk measurement (0: none)
+  double timeout_s = 600;
+  bool sweep = false;
+  bool json = false;
+};
+
+// One (stage, offload) setting.
+struct EngineVariant {
+  int stage = 3;
+  OffloadDevice offload_optimizer = OffloadDevice::kNone;
+  OffloadDevice offload_param = OffloadDevice::kNone;
+  std::string Name() const;  // "stage 3 + opt nvme + param nvme"
+};
+
+// What one rank measured, as rank 0 receives it (all-gathered as doubles).
+struct RankFigures {
+  double peak_bytes[3] = {0, 0, 0};  // device, host, nvme
+  double nvme_read_bytes_per_step = 0;
+  double nvme_write_bytes_per_step = 0;
+  double comm_bytes_per_step = 0;       // ring bytes sent (CommStats sent_bytes)
+  double comm_wire_bytes_per_step = 0;  // bytes the backend really sent
+  double step_s = 0;                    // median
+};
+
+struct VariantResult {
+  EngineVariant variant;  // as requested
+  bool fits = true;
+  std::string refused;  // why it does not fit (the engine's ResourceExhausted message)
+  // Set when it fits (this rank's engine).
+  EngineLayout layout;
+  std::vector<double> step_s;  // per measured step, wall time of the whole training step
+  double gather_wait_s = 0, reduce_wait_s = 0, optimizer_s = 0, optimizer_io_wait_s = 0;
+  double step_call_s = 0;  // Engine::Step alone (means over the measured steps)
+  double compute_s = 0;    // simulated compute per step
+  double init_s = 0;       // InitParameters
+  size_t params = 0;       // model elements
+  DType dtype = DType::kBF16;
+  int world_size = 1;
+  int gradient_accumulation_steps = 1;
+  std::vector<RankFigures> ranks;  // rank 0: every rank's; others: their own
+  std::vector<std::string> notes;
+  // The planner's Place() for the same setting, per rank (HBM per GPU, host and NVMe per node /
+  // ranks); unset when the planner refuses its input.
+  std::optional<PerTier<double>> planner_bytes;
+  uint64_t budget_bytes[3] = {0, 0, 0};
+};
+
+// The disk under the --nvme-path directories, measured by nvme/bench (O_DIRECT).
+struct DiskRates {
+  bool measured = false;
+  double read_bytes_per_s = 0, write_bytes_per_s = 0;
+  uint64_t bytes = 0;
+  std::string backend;
+};
+
+// What every variant of one process shares.
+struct BenchProcess {
+  int rank = 0, world = 1;
+  std::unique_ptr<KvStore> rendezvous;  // null with one rank
+  std::chrono::milliseconds timeout{600000};
+  std::vector<std::string> nvme_dirs;  // this rank's run directory in each --nvme-path
+  IoBackendKind io_kind = IoBackendKind::kAuto;
+  int variants_run = 0;  // numbers each variant's communicator keys
+  bool progress_tty = false;
+};
+
+// Reads the config for `v` (ParseDeepSpeedConfig of the file or the synthetic one, with the
+// flags applied; "auto" values resolved as a Hugging Face trainer would, `hidden_size` for the
+// bucket sizes). InvalidArgument names the config or flag at fault.
+Result<ParsedConfig> BuildEngineConfig(const BenchEngineArgs& a, const EngineVariant& v,
+                                       const BenchProcess& p, int64_t hidden_size);
+
+// The synthetic model: `layers` groups "layerI" with one weight each, params split evenly (the
+// remainder in the last), plus "layerI.bias" groups of sqrt(params / layers) elements when
+// bias_groups (taken from the weights, so the total stays `params`).
+Result<ModelSpec> SyntheticModel(double params, int layers, bool bias_groups);
+
+// Runs `v` on every rank (collective). A setting that does not fit is a result, not an error;
+// an error is anything else that stopped the engine.
+Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVariant& v,
+                                       const ModelSpec& model, BenchProcess& p);
+
+// O_DIRECT write then read of `bytes` over `dirs` (1 MiB requests, 16 in flight per directory).
+Result<DiskRates> MeasureDisk(const std::vector<std::string>& dirs, uint64_t bytes,
+                              IoBackendKind kind);
+
+}  // namespace strata::cli

@@ -1,0 +1,450 @@
+// `offloadctl bench engine`: one variant, run and measured (see bench_engine.h).
+#include <unistd.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cpu/gloo_comm.h"
+#include "nvme/bench/nvme_bench.h"
+#include "strata/device.h"
+#include "strata/planner.h"
+#include "tools/offloadctl/bench_engine.h"
+
+namespace strata::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Sec(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Deterministic values in [-1, 1) from a key (splitmix64's finaliser).
+float Noise(uint64_t key) {
+  key ^= key >> 33;
+  key *= 0xff51afd7ed558ccdULL;
+  key ^= key >> 33;
+  key *= 0xc4ceb9fe1a85ec53ULL;
+  key ^= key >> 33;
+  return static_cast<float>(static_cast<double>(key >> 11) / static_cast<double>(1ull << 52)) -
+         1.0f;
+}
+
+// The line on stderr that says where the run is (rank 0 only). On a terminal it is rewritten in
+// place; otherwise (a pipe, `offloadctl launch`) each update is a line of its own.
+class Progress {
+ public:
+  Progress(bool active, bool tty) : active_(active), tty_(tty) {}
+  ~Progress() { Done(); }
+  void Say(const std::string& line) {
+    if (!active_) return;
+    if (tty_) {
+      std::fprintf(stderr, "\r\033[K%s", line.c_str());
+      open_ = true;
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+    std::fflush(stderr);
+  }
+  void Done() {
+    if (open_) std::fprintf(stderr, "\n");
+    open_ = false;
+  }
+
+ private:
+  bool active_, tty_, open_ = false;
+};
+
+// Every rank's `mine` (n doubles each), in rank order. Doubles travel as pairs of fp32 words: an
+// all-gather copies bytes and never computes on them.
+Result<std::vector<double>> AllGatherDoubles(Communicator& comm, const std::vector<double>& mine,
+                                             std::chrono::milliseconds timeout) {
+  const size_t n = mine.size();
+  std::vector<double> all(n * static_cast<size_t>(comm.world_size()));
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(n * comm.rank()));
+  if (comm.world_size() == 1) return all;
+  STRATA_ASSIGN_OR_RETURN(
+      CommHandle h, comm.AllGather(all.data() + n * comm.rank(), all.data(), 2 * n, DType::kF32));
+  STRATA_RETURN_IF_ERROR(h.WaitUntil(Clock::now() + timeout));
+  return all;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+std::string FirstLine(std::string_view s) { return std::string(s.substr(0, s.find('\n'))); }
+
+// The planner's placement (include/strata/planner.h) of the same model and setting, per rank.
+std::optional<PerTier<double>> PlannerBytes(const EngineConfig& c, const ModelSpec& m,
+                                            const EngineVariant& v, int world, double device_bytes,
+                                            double host_bytes) {
+  PlanInput in;
+  in.params = static_cast<double>(m.numel());
+  for (const GroupSpec& g : m.groups) {
+    in.largest_group_params = std::max(in.largest_group_params, static_cast<double>(g.numel()));
+  }
+  std::vector<std::string> notes;
+  ApplyEngineConfig(c, &in, &notes);
+  in.capacity.gpus_per_node = world;
+  in.capacity.nodes = 1;
+  in.capacity.hbm_bytes_per_gpu = device_bytes;
+  in.capacity.dram_bytes_per_node = host_bytes * world;
+  if (!ValidatePlanInput(in).ok()) return std::nullopt;
+  const Placement pl = Place(in, v.stage, v.offload_optimizer, v.offload_param);
+  PerTier<double> out;
+  out[Tier::kDevice] = pl.hbm_bytes_per_gpu;
+  out[Tier::kHost] = pl.host_bytes_per_node / world;
+  out[Tier::kNvme] = pl.nvme_bytes_per_node / world;
+  return out;
+}
+
+// Small pseudo-random gradients (times the loss scale, as a trainer's backward produces them) in
+// the working dtype, written into the engine's gradient buffers by memcpy.
+class GradPattern {
+ public:
+  static constexpr size_t kElems = size_t{1} << 16;
+  void Prepare(DType dt, double loss_scale, int rank) {
+    if (dt == dtype_ && loss_scale == scale_ && !bytes_.empty()) return;
+    dtype_ = dt;
+    scale_ = loss_scale;
+    const size_t elt = DTypeSize(dt);
+    bytes_.assign(kElems * elt, 0);
+    for (size_t i = 0; i < kElems; ++i) {
+      const float v = static_cast<float>(1e-3 * loss_scale) * Noise(i * 31 + rank);
+      if (dt == DType::kF32) {
+        std::memcpy(bytes_.data() + i * 4, &v, 4);
+      } else {
+        const uint16_t b = dt == DType::kBF16 ? FloatToBf16(v).bits : FloatToHalf(v).bits;
+        std::memcpy(bytes_.data() + i * 2, &b, 2);
+      }
+    }
+  }
+  void Fill(void* dst, size_t elems) const {
+    const size_t elt = DTypeSize(dtype_);
+    uint8_t* out = static_cast<uint8_t*>(dst);
+    for (size_t done = 0; done < elems; done += kElems) {
+      const size_t n = std::min(kElems, elems - done);
+      std::memcpy(out + done * elt, bytes_.data(), n * elt);
+    }
+  }
+
+ private:
+  DType dtype_ = DType::kF32;
+  double scale_ = 0;
+  std::vector<uint8_t> bytes_;
+};
+
+struct StepSample {
+  double wall_s = 0;
+  StepTimings t;
+};
+
+// Whether group `g` is a layer (a weight group): the simulated compute runs per layer use; the
+// bias groups of --bias-groups ride along with their layer's.
+bool IsLayer(const Engine& e, size_t g) { return !e.model().groups[g].name.ends_with(".bias"); }
+
+// One training step of the synthetic model: `gas` micro-steps of forward and backward, then Step.
+Result<StepSample> TrainStep(Engine& e, int gas, double compute_ms, GradPattern& grads, int rank) {
+  const size_t groups = e.model().groups.size();
+  const auto compute = [&e, compute_ms](size_t g) {
+    if (compute_ms > 0 && IsLayer(e, g)) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(compute_ms));
+    }
+  };
+  const auto t0 = Clock::now();
+  for (int micro = 0; micro < gas; ++micro) {
+    for (size_t g = 0; g < groups; ++g) {
+      STRATA_ASSIGN_OR_RETURN(GatheredGroup p, e.Gather(g));
+      compute(g);
+      e.Release(std::move(p));
+    }
+    grads.Prepare(e.dtype(), e.LossScale(), rank);
+    for (size_t g = groups; g-- > 0;) {
+      STRATA_ASSIGN_OR_RETURN(GatheredGroup p, e.Gather(g));
+      STRATA_ASSIGN_OR_RETURN(void* buf, e.GradBuffer(g));
+      grads.Fill(buf, e.model().groups[g].numel());
+      compute(g);
+      e.Release(std::move(p));
+      STRATA_RETURN_IF_ERROR(e.ReduceGradients(g));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(StepReport rep, e.Step());
+  return StepSample{Sec(Clock::now() - t0), rep.timings};
+}
+
+uint64_t NvmeRead(const StoreStats& s) {
+  uint64_t b = 0;
+  for (Tier t : kAllTiers) b += s.bytes_moved[Tier::kNvme][t];
+  return b;
+}
+
+uint64_t NvmeWrite(const StoreStats& s) {
+  uint64_t b = 0;
+  for (Tier t : kAllTiers) b += s.bytes_moved[t][Tier::kNvme];
+  return b;
+}
+
+// Creates the engine; nullptr (with *refused set) when the placement does not fit on this rank.
+Result<std::unique_ptr<Engine>> CreateOrRefuse(const ModelSpec& model, EngineOptions eo,
+                                               std::string* refused) {
+  auto created = Engine::Create(model, std::move(eo));
+  if (created.ok()) return std::move(*created);
+  if (created.status().IsResourceExhausted()) {
+    *refused = FirstLine(created.status().message());
+    return std::unique_ptr<Engine>();
+  }
+  return created.status().WithContext("Engine::Create");
+}
+
+// Warm-up and measured steps; fills the timing fields and this rank's figures of `r`.
+Status MeasureSteps(const BenchEngineArgs& a, Engine& e, int rank, Progress& progress,
+                    VariantResult* r) {
+  GradPattern grads;
+  EngineStats before = e.Stats();
+  const int total = a.warmup_steps + a.steps;
+  for (int s = 0; s < total; ++s) {
+    if (s == a.warmup_steps) before = e.Stats();
+    STRATA_ASSIGN_OR_RETURN(
+        StepSample x, TrainStep(e, r->gradient_accumulation_steps, a.compute_ms, grads, rank));
+    char line[200];
+    std::snprintf(line, sizeof line, "bench engine: %s: step %d/%d%s: %.3f s",
+                  r->variant.Name().c_str(), s + 1, total, s < a.warmup_steps ? " (warm-up)" : "",
+                  x.wall_s);
+    progress.Say(line);
+    if (s < a.warmup_steps) continue;
+    r->step_s.push_back(x.wall_s);
+    const double n = a.steps;
+    r->gather_wait_s += x.t.gather_wait_ns * 1e-9 / n;
+    r->reduce_wait_s += x.t.reduce_wait_ns * 1e-9 / n;
+    r->optimizer_s += x.t.optimizer_ns * 1e-9 / n;
+    r->optimizer_io_wait_s += x.t.optimizer_io_wait_ns * 1e-9 / n;
+    r->step_call_s += x.t.step_ns * 1e-9 / n;
+  }
+  const EngineStats after = e.Stats();
+  const double n = a.steps;
+  RankFigures f;
+  for (Tier t : kAllTiers) f.peak_bytes[static_cast<size_t>(t)] = after.peak_bytes[t];
+  f.nvme_read_bytes_per_step = (NvmeRead(after.store) - NvmeRead(before.store)) / n;
+  f.nvme_write_bytes_per_step = (NvmeWrite(after.store) - NvmeWrite(before.store)) / n;
+  f.comm_bytes_per_step = (after.comm.total_sent_bytes() - before.comm.total_sent_bytes()) / n;
+  f.comm_wire_bytes_per_step =
+      (after.comm.total_wire_sent_bytes() - before.comm.total_wire_sent_bytes()) / n;
+  f.step_s = Median(r->step_s);
+  r->ranks = {f};
+  size_t layers = 0;
+  for (size_t g = 0; g < e.model().groups.size(); ++g) layers += IsLayer(e, g) ? 1 : 0;
+  r->compute_s = 2.0 * a.compute_ms * 1e-3 * static_cast<double>(layers) *
+                 r->gradient_accumulation_steps;
+  return Status::OK();
+}
+
+std::vector<double> Pack(const RankFigures& f) {
+  return {f.peak_bytes[0],
+          f.peak_bytes[1],
+          f.peak_bytes[2],
+          f.nvme_read_bytes_per_step,
+          f.nvme_write_bytes_per_step,
+          f.comm_bytes_per_step,
+          f.comm_wire_bytes_per_step,
+          f.step_s};
+}
+
+RankFigures Unpack(const double* d) {
+  RankFigures f;
+  std::copy(d, d + 3, f.peak_bytes);
+  f.nvme_read_bytes_per_step = d[3];
+  f.nvme_write_bytes_per_step = d[4];
+  f.comm_bytes_per_step = d[5];
+  f.comm_wire_bytes_per_step = d[6];
+  f.step_s = d[7];
+  return f;
+}
+
+}  // namespace
+
+std::string EngineVariant::Name() const {
+  std::string s = "stage " + std::to_string(stage);
+  if (offload_optimizer != OffloadDevice::kNone) {
+    s += " + opt " + std::string(OffloadDeviceName(offload_optimizer));
+  }
+  if (offload_param != OffloadDevice::kNone) {
+    s += " + param " + std::string(OffloadDeviceName(offload_param));
+  }
+  return s;
+}
+
+Result<ModelSpec> SyntheticModel(double params, int layers, bool bias_groups) {
+  if (layers < 1) return Status::InvalidArgument("--layers must be >= 1");
+  const double per_layer = std::floor(params / layers);
+  const int64_t bias = bias_groups ? std::max<int64_t>(1, std::llround(std::sqrt(per_layer))) : 0;
+  if (per_layer - static_cast<double>(bias) < 1) {
+    return Status::InvalidArgument("--params " + std::to_string(static_cast<int64_t>(params)) +
+                                   " is too small for " + std::to_string(layers) + " layers");
+  }
+  ModelSpec m;
+  for (int l = 0; l < layers; ++l) {
+    int64_t w = static_cast<int64_t>(per_layer) - bias;
+    if (l == layers - 1)
+      w += static_cast<int64_t>(params) - static_cast<int64_t>(per_layer) * layers;
+    const std::string name = "layer" + std::to_string(l);
+    m.groups.push_back({name, {{"weight", {w}}}});
+    if (bias_groups) m.groups.push_back({name + ".bias", {{"bias", {bias}}}});
+  }
+  STRATA_RETURN_IF_ERROR(m.Validate());
+  return m;
+}
+
+Result<ParsedConfig> BuildEngineConfig(const BenchEngineArgs& a, const EngineVariant& v,
+                                       const BenchProcess& p, int64_t hidden_size) {
+  nlohmann::json j;
+  const std::string source = a.config.empty() ? "the synthetic config" : "--config " + a.config;
+  if (!a.config.empty()) {
+    auto file = LoadDeepSpeedConfig(a.config);
+    if (!file.ok()) return file.status().WithContext("--config " + a.config);
+    j = nlohmann::json::parse(file->normalized_json, nullptr, false);
+    if (!j.is_object()) return Status::InvalidArgument("--config " + a.config + ": not an object");
+  } else {
+    j = {{"train_micro_batch_size_per_gpu", 1},
+         {"gradient_accumulation_steps", 1},
+         {"gradient_clipping", 1.0},
+         {"bf16", {{"enabled", true}}}};
+  }
+  if (!j.contains("optimizer")) {
+    j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"weight_decay", 0.01}}}};
+  }
+  nlohmann::json& z = j["zero_optimization"];
+  z["stage"] = v.stage;
+  auto place = [&](const char* key, OffloadDevice d) {
+    z[key]["device"] = std::string(OffloadDeviceName(d));
+    if (d == OffloadDevice::kNvme && !p.nvme_dirs.empty()) z[key]["nvme_path"] = p.nvme_dirs[0];
+  };
+  place("offload_optimizer", v.offload_optimizer);
+  place("offload_param", v.offload_param);
+  if (!a.max_reuse_distance.empty()) {
+    auto n = ParseParamCount(a.max_reuse_distance);
+    z["stage3_max_reuse_distance"] = n.ok() ? static_cast<int64_t>(*n) : 0;
+  }
+  if (!a.dtype.empty()) {
+    j.erase("fp16");
+    j.erase("bf16");
+    j.erase("bfloat16");
+    if (a.dtype == "bf16") j["bf16"] = {{"enabled", true}};
+    if (a.dtype == "fp16") j["fp16"] = {{"enabled", true}};
+  }
+  ParseOptions po;
+  po.world_size = p.world;
+  po.source_name = source;
+  po.hidden_size = std::max<int64_t>(1, hidden_size);
+  po.auto_values = {{"train_micro_batch_size_per_gpu", "1"},
+                    {"gradient_accumulation_steps", "1"},
+                    {"gradient_clipping", "1.0"},
+                    {"optimizer.params.lr", "1e-4"},
+                    {"optimizer.params.betas", "[0.9, 0.999]"},
+                    {"optimizer.params.eps", "1e-8"},
+                    {"optimizer.params.weight_decay", "0.0"},
+                    {"fp16.enabled", a.dtype == "fp16" ? "true" : "false"},
+                    {"bf16.enabled", a.dtype == "fp16" || a.dtype == "fp32" ? "false" : "true"}};
+  return ParseDeepSpeedConfig(j.dump(), po);
+}
+
+Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVariant& v,
+                                       const ModelSpec& model, BenchProcess& p) {
+  VariantResult r;
+  r.variant = v;
+  r.world_size = p.world;
+  r.params = model.numel();
+  size_t largest = 0;
+  for (const GroupSpec& g : model.groups) largest = std::max(largest, g.numel());
+  const auto hidden = static_cast<int64_t>(std::sqrt(static_cast<double>(largest)));
+  STRATA_ASSIGN_OR_RETURN(ParsedConfig cfg, BuildEngineConfig(a, v, p, hidden));
+  for (const ConfigDiagnostic& w : cfg.warnings) r.notes.push_back("config: " + w.ToString());
+  r.gradient_accumulation_steps =
+      static_cast<int>(cfg.config.gradient_accumulation_steps.value_or(1));
+  const double device_bytes = a.device_gb * 1e9, host_bytes = a.host_gb * 1e9;
+  r.planner_bytes = PlannerBytes(cfg.config, model, v, p.world, device_bytes, host_bytes);
+  Progress progress(p.rank == 0, p.progress_tty);
+  progress.Say("bench engine: " + v.Name() + ": creating the engine");
+
+  GlooCommOptions go;
+  go.rank = p.rank;
+  go.world_size = p.world;
+  go.store = p.rendezvous.get();
+  go.store_prefix = "strata/bench-engine/" + std::to_string(p.variants_run++);
+  go.timeout = p.timeout;
+  STRATA_ASSIGN_OR_RETURN(auto comm, CreateGlooCommunicator(go));
+  HostDeviceOptions ho;
+  ho.budget_bytes = static_cast<uint64_t>(device_bytes);
+  STRATA_ASSIGN_OR_RETURN(auto device, CreateHostDevice(ho));
+  EngineOptions eo;
+  eo.config = cfg.config;
+  eo.device = device.get();
+  eo.comm = comm.get();
+  eo.budget_bytes[Tier::kDevice] = static_cast<uint64_t>(device_bytes);
+  eo.budget_bytes[Tier::kHost] = static_cast<uint64_t>(host_bytes);
+  eo.nvme_paths = p.nvme_dirs;
+  eo.io_kind = p.io_kind;
+  eo.timeout = p.timeout;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                          CreateOrRefuse(model, std::move(eo), &r.refused));
+  // Every rank must agree before the first collective of the engine: a rank that does not fit
+  // would leave the others waiting for it.
+  STRATA_ASSIGN_OR_RETURN(std::vector<double> fit,
+                          AllGatherDoubles(*comm, {engine ? 1.0 : 0.0}, p.timeout));
+  for (int q = 0; q < p.world; ++q) {
+    if (fit[q] == 0 && r.refused.empty()) r.refused = "rank " + std::to_string(q) + " does not fit";
+  }
+  r.fits = r.refused.empty();
+  if (!r.fits) return r;
+  r.layout = engine->layout();
+  r.dtype = engine->dtype();
+  for (const std::string& n : r.layout.notes) r.notes.push_back(n);
+  for (Tier t : kAllTiers) r.budget_bytes[static_cast<size_t>(t)] = r.layout.budget_bytes[t];
+
+  progress.Say("bench engine: " + v.Name() + ": initialising " + std::to_string(r.params) +
+               " parameters");
+  const auto t0 = Clock::now();
+  STRATA_RETURN_IF_ERROR(engine
+                             ->InitParameters([](size_t g, size_t, size_t b, size_t e, float* out) {
+                               for (size_t i = b; i < e; ++i)
+                                 out[i - b] = 0.02f * Noise((uint64_t{g} << 40) + i);
+                             })
+                             .WithContext("InitParameters"));
+  r.init_s = Sec(Clock::now() - t0);
+  STRATA_RETURN_IF_ERROR(MeasureSteps(a, *engine, p.rank, progress, &r));
+  progress.Done();
+  STRATA_ASSIGN_OR_RETURN(std::vector<double> all,
+                          AllGatherDoubles(*comm, Pack(r.ranks[0]), p.timeout));
+  r.ranks.clear();
+  const size_t k = all.size() / static_cast<size_t>(p.world);
+  for (int q = 0; q < p.world; ++q) r.ranks.push_back(Unpack(all.data() + k * q));
+  return r;
+}
+
+Result<DiskRates> MeasureDisk(const std::vector<std::string>& dirs, uint64_t bytes,
+                              IoBackendKind kind) {
+  DiskRates d;
+  if (dirs.empty() || bytes == 0) return d;
+  nvme::NvmeBenchOptions o;
+  o.dirs = dirs;
+  o.size_bytes = bytes;
+  o.backend = kind;
+  nvme::NvmeBenchPoint point{size_t{1} << 20, 16, 1};
+  const uint64_t share = bytes / dirs.size();
+  while (point.block_bytes > 4096 && point.block_bytes > share) point.block_bytes /= 2;
+  STRATA_ASSIGN_OR_RETURN(auto res, nvme::RunNvmeBench(o, {point}));
+  d.measured = true;
+  d.read_bytes_per_s = res.front().read_bytes_per_s;
+  d.write_bytes_per_s = res.front().write_bytes_per_s;
+  d.bytes = res.front().bytes;
+  d.backend = res.front().backend;
+  return d;
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,458 @@
+// `offloadctl bench engine`: the real ZeRO engine under a synthetic training load, one setting or
+// the sweep of settings (--sweep), on 1 rank or on N under `offloadctl launch -n N` (Gloo through
+// the environment's rendezvous). Rank 0 prints; every rank runs. bench_engine.h says what a run
+// does; this file parses the flags, prepares the process (rendezvous, run directories, the disk
+// measurement) and renders the results as a table or JSON.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cpu/rendezvous/rendezvous.h"
+#include "nvme/leftovers.h"
+#include "strata/planner.h"
+#include "tools/offloadctl/bench_engine.h"
+#include "tools/offloadctl/cli_checks.h"
+#include "tools/offloadctl/cli_flags.h"
+#include "tools/offloadctl/commands.h"
+#include "tools/offloadctl/leftover_report.h"
+
+namespace strata::cli {
+namespace {
+
+constexpr const char* kTierKeys[] = {"device", "host", "nvme"};
+
+// One fresh, locked run directory per --nvme-path for this rank's swap file, removed at the end
+// (nvme/leftovers.h tells a killed run's directory from a live one's).
+class RunDirs {
+ public:
+  ~RunDirs() {
+    std::error_code ec;
+    for (const auto& d : made_) std::filesystem::remove_all(d.path(), ec);  // before the lock goes
+  }
+  Result<std::vector<std::string>> Make(const std::vector<std::string>& bases) {
+    std::vector<std::string> paths;
+    for (const auto& base : bases) {
+      STRATA_ASSIGN_OR_RETURN(nvme::RunDir d,
+                              nvme::CreateRunDir(base, nvme::kBenchEngineDirPrefix));
+      paths.push_back(d.path());
+      made_.push_back(std::move(d));
+    }
+    return paths;
+  }
+
+ private:
+  std::vector<nvme::RunDir> made_;
+};
+
+// The setting of a single run: --config's, with --stage and --offload-* over it (stage 3 without
+// either).
+Result<EngineVariant> ResolveVariant(const BenchEngineArgs& a) {
+  EngineVariant v;
+  if (!a.config.empty()) {
+    auto f = LoadDeepSpeedConfig(a.config);
+    if (!f.ok()) return f.status().WithContext("--config " + a.config);
+    v.stage = f->config.zero.stage;
+    v.offload_optimizer = f->config.zero.offload_optimizer.device;
+    v.offload_param = f->config.zero.offload_param.device;
+  }
+  if (a.stage >= 0) v.stage = a.stage;
+  if (!a.offload_optimizer.empty()) v.offload_optimizer = *ParseOffloadDevice(a.offload_optimizer);
+  if (!a.offload_param.empty()) v.offload_param = *ParseOffloadDevice(a.offload_param);
+  return v;
+}
+
+// The sweep: stages 0, 2 and 3, then stage 3's offload variants (NVMe with --nvme-path only).
+std::vector<EngineVariant> SweepVariants(const BenchEngineArgs& a) {
+  using D = OffloadDevice;
+  std::vector<EngineVariant> v = {{0, D::kNone, D::kNone},
+                                  {2, D::kNone, D::kNone},
+                                  {3, D::kNone, D::kNone},
+                                  {3, D::kCpu, D::kNone},
+                                  {3, D::kCpu, D::kCpu}};
+  if (!a.nvme_paths.empty()) v.push_back({3, D::kNvme, D::kNvme});
+  return v;
+}
+
+bool UsesNvme(const EngineVariant& v) {
+  return v.offload_optimizer == OffloadDevice::kNvme ||
+         (v.stage == 3 && v.offload_param == OffloadDevice::kNvme);
+}
+
+// Rendezvous from the environment `offloadctl launch` (or torchrun) sets, else one rank.
+Status OpenProcess(const BenchEngineArgs& a, BenchProcess* p) {
+  p->timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+  p->progress_tty = ::isatty(STDERR_FILENO) != 0;
+  STRATA_ASSIGN_OR_RETURN(p->io_kind, IoBackendFromName(a.io_backend));
+  if (std::getenv("WORLD_SIZE") == nullptr) return Status::OK();
+  STRATA_ASSIGN_OR_RETURN(cpu::RendezvousConfig cfg, cpu::RendezvousConfig::FromEnv());
+  p->rank = cfg.rank;
+  p->world = cfg.world_size;
+  p->timeout = std::max(p->timeout, cfg.timeout);
+  if (p->world > 1) {
+    STRATA_ASSIGN_OR_RETURN(p->rendezvous, cpu::OpenRendezvousStore(cfg));
+  }
+  return Status::OK();
+}
+
+double Sum(const std::vector<RankFigures>& r, double RankFigures::*field) {
+  double s = 0;
+  for (const RankFigures& f : r) s += f.*field;
+  return s;
+}
+
+// The seed's ledger: stages 0-2 move one all-reduce of the gradients per step, stage 3 1.5x.
+double LedgerCommBytes(const VariantResult& r) {
+  const double ar = static_cast<double>(
+      RingBytes(CommOp::kAllReduce, r.params * DTypeSize(r.dtype), r.world_size));
+  return r.variant.stage == 3 ? 1.5 * ar : ar;
+}
+
+nlohmann::json TierJson(const double* v) {
+  return {{"device", v[0]}, {"host", v[1]}, {"nvme", v[2]}};
+}
+
+nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, const DiskRates& d) {
+  nlohmann::json j;
+  j["variant"] = r.variant.Name();
+  j["stage"] = r.variant.stage;
+  j["offload_optimizer"] =
+      OffloadDeviceName(r.fits ? r.layout.offload_optimizer : r.variant.offload_optimizer);
+  j["offload_param"] = OffloadDeviceName(r.fits ? r.layout.offload_param : r.variant.offload_param);
+  j["fits"] = r.fits;
+  j["world_size"] = r.world_size;
+  j["params"] = r.params;
+  double planner[3] = {0, 0, 0};
+  if (r.planner_bytes) {
+    for (Tier t : kAllTiers) planner[static_cast<size_t>(t)] = (*r.planner_bytes)[t];
+  }
+  j["planner_bytes"] = r.planner_bytes ? TierJson(planner) : nlohmann::json();
+  if (!r.fits) {
+    j["refused"] = r.refused;
+    return j;
+  }
+  const RankFigures& me = r.ranks.front();
+  double mean = 0;
+  for (double s : r.step_s) mean += s / static_cast<double>(r.step_s.size());
+  j["dtype"] = DTypeName(r.dtype);
+  j["gradient_accumulation_steps"] = r.gradient_accumulation_steps;
+  j["steps"] = a.steps;
+  j["warmup_steps"] = a.warmup_steps;
+  j["compute_ms"] = a.compute_ms;
+  j["init_s"] = r.init_s;
+  j["step_s"] = me.step_s;
+  j["step_s_mean"] = mean;
+  j["step_s_all"] = r.step_s;
+  j["breakdown"] = {
+      {"gather_wait_s", r.gather_wait_s}, {"reduce_wait_s", r.reduce_wait_s},
+      {"optimizer_s", r.optimizer_s},     {"optimizer_io_wait_s", r.optimizer_io_wait_s},
+      {"step_call_s", r.step_call_s},     {"compute_s", r.compute_s}};
+  j["stall_fraction"] = mean > 0 ? (r.gather_wait_s + r.reduce_wait_s) / mean : 0.0;
+  // NVMe traffic of all ranks together: they share the disks under --nvme-path.
+  const double rd = Sum(r.ranks, &RankFigures::nvme_read_bytes_per_step);
+  const double wr = Sum(r.ranks, &RankFigures::nvme_write_bytes_per_step);
+  j["nvme_bytes_per_step"] = rd + wr;
+  j["nvme_read_bytes_per_step"] = rd;
+  j["nvme_write_bytes_per_step"] = wr;
+  j["disk_measured"] = d.measured;
+  j["disk_read_bytes_per_s"] = d.read_bytes_per_s;
+  j["disk_write_bytes_per_s"] = d.write_bytes_per_s;
+  double bound = 0;
+  if (d.measured && d.read_bytes_per_s > 0 && d.write_bytes_per_s > 0) {
+    bound = rd / d.read_bytes_per_s + wr / d.write_bytes_per_s;
+  }
+  j["disk_bound_s"] = bound;
+  j["io_efficiency"] = me.step_s > 0 ? bound / me.step_s : 0.0;
+  const double ledger = LedgerCommBytes(r);
+  j["comm_bytes_per_rank"] = me.comm_bytes_per_step;
+  j["comm_wire_bytes_per_rank"] = me.comm_wire_bytes_per_step;
+  j["ledger_comm_bytes_per_rank"] = ledger;
+  j["comm_vs_ledger"] = ledger > 0 ? me.comm_bytes_per_step / ledger : 0.0;
+  double peak[3] = {0, 0, 0}, budget[3], plan[3];
+  for (const RankFigures& f : r.ranks) {
+    for (int t = 0; t < 3; ++t) peak[t] = std::max(peak[t], f.peak_bytes[t]);
+  }
+  for (Tier t : kAllTiers) {
+    const size_t i = static_cast<size_t>(t);
+    budget[i] = static_cast<double>(r.budget_bytes[i]);
+    plan[i] = static_cast<double>(r.layout.state_bytes[t] + r.layout.working_bytes[t]);
+  }
+  j["peak_bytes"] = TierJson(peak);
+  j["budget_bytes"] = TierJson(budget);
+  j["plan_bytes"] = TierJson(plan);
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const RankFigures& f : r.ranks) {
+    ranks.push_back({{"step_s", f.step_s},
+                     {"peak_bytes", TierJson(f.peak_bytes)},
+                     {"nvme_read_bytes_per_step", f.nvme_read_bytes_per_step},
+                     {"nvme_write_bytes_per_step", f.nvme_write_bytes_per_step},
+                     {"comm_bytes", f.comm_bytes_per_step},
+                     {"comm_wire_bytes", f.comm_wire_bytes_per_step}});
+  }
+  j["ranks"] = ranks;
+  j["notes"] = r.notes;
+  return j;
+}
+
+std::string Gb(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f", bytes / 1e9);
+  return b;
+}
+
+void PrintVariant(const nlohmann::json& j, const std::string& model) {
+  std::printf("bench engine: %s, %s, %d rank(s)", j["variant"].get<std::string>().c_str(),
+              model.c_str(), j["world_size"].get<int>());
+  if (!j["fits"].get<bool>()) {
+    std::printf("\n  does not fit: %s\n", j["refused"].get<std::string>().c_str());
+    return;
+  }
+  std::printf(", %s, %d micro-step(s) per step, %.1f ms compute per layer use\n",
+              j["dtype"].get<std::string>().c_str(), j["gradient_accumulation_steps"].get<int>(),
+              j["compute_ms"].get<double>());
+  const auto& b = j["breakdown"];
+  std::printf(
+      "  step %.3f s (median of %zu; mean %.3f): gather wait %.3f, reduce wait %.3f, optimizer "
+      "%.3f (IO wait %.3f), simulated compute %.3f; stall fraction %.3f\n",
+      j["step_s"].get<double>(), j["step_s_all"].size(), j["step_s_mean"].get<double>(),
+      b["gather_wait_s"].get<double>(), b["reduce_wait_s"].get<double>(),
+      b["optimizer_s"].get<double>(), b["optimizer_io_wait_s"].get<double>(),
+      b["compute_s"].get<double>(), j["stall_fraction"].get<double>());
+  std::printf("  nvme %s GB/step (read %s, write %s)", Gb(j["nvme_bytes_per_step"]).c_str(),
+              Gb(j["nvme_read_bytes_per_step"]).c_str(),
+              Gb(j["nvme_write_bytes_per_step"]).c_str());
+  if (j["disk_measured"].get<bool>()) {
+    std::printf("; disk read %.2f GB/s, write %.2f GB/s: disk-bound %.3f s, io efficiency %.2f",
+                j["disk_read_bytes_per_s"].get<double>() / 1e9,
+                j["disk_write_bytes_per_s"].get<double>() / 1e9, j["disk_bound_s"].get<double>(),
+                j["io_efficiency"].get<double>());
+  }
+  std::printf("\n  comm %s GB/rank/step, ledger %s (x%.3f)\n", Gb(j["comm_bytes_per_rank"]).c_str(),
+              Gb(j["ledger_comm_bytes_per_rank"]).c_str(), j["comm_vs_ledger"].get<double>());
+  std::printf("  %-7s %12s %12s %12s %12s   (GB, per rank)\n", "tier", "peak", "budget",
+              "engine plan", "planner");
+  for (const char* t : kTierKeys) {
+    std::printf("  %-7s %12s %12s %12s %12s\n", t, Gb(j["peak_bytes"][t]).c_str(),
+                Gb(j["budget_bytes"][t]).c_str(), Gb(j["plan_bytes"][t]).c_str(),
+                j["planner_bytes"].is_null() ? "-" : Gb(j["planner_bytes"][t]).c_str());
+  }
+  for (const auto& n : j["notes"]) std::printf("  note: %s\n", n.get<std::string>().c_str());
+}
+
+std::string Triple(const nlohmann::json& t) {
+  if (t.is_null()) return "-";
+  return Gb(t["device"]) + "/" + Gb(t["host"]) + "/" + Gb(t["nvme"]);
+}
+
+void PrintSweep(const nlohmann::json& j, const std::string& model) {
+  std::printf("bench engine --sweep: %s, %d rank(s); memory in GB per rank (device/host/nvme)\n",
+              model.c_str(), j["world_size"].get<int>());
+  std::printf("%-34s %-5s %9s %24s %24s %24s\n", "variant", "fits", "step_s", "peak", "engine plan",
+              "planner");
+  for (const auto& v : j["variants"]) {
+    const bool fits = v["fits"].get<bool>();
+    char step[32] = "-";
+    if (fits) std::snprintf(step, sizeof step, "%.3f", v["step_s"].get<double>());
+    std::printf("%-34s %-5s %9s %24s %24s %24s\n", v["variant"].get<std::string>().c_str(),
+                fits ? "yes" : "no", step, fits ? Triple(v["peak_bytes"]).c_str() : "-",
+                fits ? Triple(v["plan_bytes"]).c_str() : "-", Triple(v["planner_bytes"]).c_str());
+    if (!fits) std::printf("    does not fit: %s\n", v["refused"].get<std::string>().c_str());
+  }
+  if (j["recommendation"].is_null()) {
+    std::printf("recommendation: none (no setting fits the budgets)\n");
+  } else {
+    std::printf("recommendation: %s (the fastest that fits: %.3f s/step)\n",
+                j["recommendation"]["variant"].get<std::string>().c_str(),
+                j["recommendation"]["step_s"].get<double>());
+  }
+}
+
+int Fail(int code, const std::string& msg) {
+  std::fprintf(stderr, "offloadctl bench engine: %s\n", msg.c_str());
+  return code;
+}
+
+int RunBenchEngine(const BenchEngineArgs& a) {
+  auto psi = ParseParamCount(a.params);
+  if (!psi.ok()) return Fail(kExitUsage, "--params: " + std::string(psi.status().message()));
+  auto model = SyntheticModel(*psi, a.layers, a.bias_groups);
+  if (!model.ok()) return Fail(kExitUsage, std::string(model.status().message()));
+  BenchProcess p;
+  if (Status s = OpenProcess(a, &p); !s.ok())
+    return Fail(kExitInvalid, "rendezvous: " + s.ToString());
+  std::vector<EngineVariant> variants;
+  if (a.sweep) {
+    variants = SweepVariants(a);
+  } else {
+    auto v = ResolveVariant(a);
+    if (!v.ok()) return Fail(kExitInvalid, v.status().ToString());
+    variants = {*v};
+  }
+  const bool nvme =
+      !a.nvme_paths.empty() || std::any_of(variants.begin(), variants.end(), UsesNvme);
+  RunDirs dirs;
+  DiskRates disk;
+  if (nvme) {
+    std::vector<std::string> bases = a.nvme_paths;
+    if (bases.empty()) bases.push_back(std::filesystem::temp_directory_path().string());
+    if (p.rank == 0) ReportLeftovers(bases);
+    auto made = dirs.Make(bases);
+    if (!made.ok()) return Fail(kExitInvalid, "--nvme-path: " + made.status().ToString());
+    p.nvme_dirs = *made;
+    if (p.rank == 0 && a.disk_size_bytes > 0) {
+      std::fprintf(stderr, "bench engine: measuring the disk (%s O_DIRECT)\n",
+                   SizeString(a.disk_size_bytes).c_str());
+      auto d = MeasureDisk(p.nvme_dirs, a.disk_size_bytes, p.io_kind);
+      if (!d.ok()) return Fail(kExitInvalid, "disk measurement: " + d.status().ToString());
+      disk = *d;
+    }
+  }
+  const std::string model_text = std::to_string(model->numel()) + " params in " +
+                                 std::to_string(model->groups.size()) + " groups";
+  nlohmann::json out;
+  nlohmann::json best;
+  for (const EngineVariant& v : variants) {
+    auto r = RunEngineVariant(a, v, *model, p);
+    if (!r.ok()) return Fail(kExitInvalid, v.Name() + ": " + r.status().ToString());
+    if (p.rank != 0) continue;
+    nlohmann::json j = VariantJson(a, *r, disk);
+    if (!a.sweep) {
+      out = std::move(j);
+      out["layers"] = a.layers;
+      out["groups"] = model->groups.size();
+      break;
+    }
+    if (r->fits && (best.is_null() || j["step_s"].get<double>() < best["step_s"].get<double>())) {
+      best = {{"variant", j["variant"]}, {"step_s", j["step_s"]}};
+    }
+    out["variants"].push_back(std::move(j));
+  }
+  if (p.rank != 0) return kExitOk;
+  bool fits;
+  if (a.sweep) {
+    out["world_size"] = p.world;
+    out["params"] = model->numel();
+    out["layers"] = a.layers;
+    out["groups"] = model->groups.size();
+    out["disk_read_bytes_per_s"] = disk.read_bytes_per_s;
+    out["disk_write_bytes_per_s"] = disk.write_bytes_per_s;
+    out["recommendation"] = best;
+    fits = !best.is_null();
+  } else {
+    fits = out["fits"].get<bool>();
+  }
+  if (a.json) {
+    std::printf("%s\n", out.dump(2).c_str());
+  } else if (a.sweep) {
+    PrintSweep(out, model_text);
+  } else {
+    PrintVariant(out, model_text);
+  }
+  return fits ? kExitOk : kExitInvalid;
+}
+
+// A COUNT that may be 0 (stage3_max_reuse_distance 0: never keep a released group).
+CLI::Validator CountOrZero() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s == "0") return {};
+        auto n = ParseParamCount(s);
+        return n.ok() ? std::string() : std::string(n.status().message());
+      },
+      "COUNT");
+}
+
+}  // namespace
+
+void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
+  auto a = std::make_shared<BenchEngineArgs>();
+  CLI::App* c = bench.add_subcommand(
+      "engine",
+      "Train a synthetic model with the real ZeRO engine (HostDevice stand-in, Gloo) and report "
+      "the step time and its breakdown, stall fraction, NVMe traffic against the disk's own "
+      "O_DIRECT rate (io efficiency), comm bytes against the ledger, and peak memory per tier "
+      "against the budget and the plan. N ranks: offloadctl launch -n N -- offloadctl bench engine "
+      "...; rank 0 prints.");
+  c->add_option("--params", a->params, "Model parameters: 350M, 1.5B, 7e9 (k/M/B/T)")
+      ->capture_default_str();
+  c->add_option("--layers", a->layers, "Parameter groups (layers), params split evenly")
+      ->check(AtLeast(1, true, true))
+      ->capture_default_str();
+  c->add_flag("--bias-groups", a->bias_groups,
+              "Add a small bias group (sqrt(params/layers) elements, under the persistence "
+              "threshold) after each layer, taken from its params");
+  c->add_option("--config", a->config,
+                "DeepSpeed config (ds_config.json); --stage, --offload-*, --dtype, "
+                "--max-reuse-distance and --nvme-path override it")
+      ->check(CLI::ExistingFile);
+  CLI::Option* stage =
+      c->add_option("--stage", a->stage, "ZeRO stage 0-3 (default: the config's, else 3)")
+          ->check(CLI::Range(0, 3));
+  CLI::Option* opt = c->add_option("--offload-optimizer", a->offload_optimizer,
+                                   "Optimizer state on none, cpu or nvme (default: the config's)")
+                         ->check(CLI::IsMember({"none", "cpu", "nvme"}));
+  CLI::Option* par =
+      c->add_option("--offload-param", a->offload_param,
+                    "Parameters on none, cpu or nvme, stage 3 (default: the config's)")
+          ->check(CLI::IsMember({"none", "cpu", "nvme"}));
+  AddNvmePathOption(c, &a->nvme_paths,
+                    "Directory for the swap files (nvme_path); repeat for several SSDs. A fresh "
+                    "subdirectory per rank is made and removed in each (default: the temp dir)");
+  c->add_option("--steps", a->steps, "Measured steps")
+      ->check(AtLeast(1, true, true))
+      ->capture_default_str();
+  c->add_option("--warmup-steps", a->warmup_steps,
+                "Steps before the measured ones (the first records the trace)")
+      ->check(AtLeast(0, true, true))
+      ->capture_default_str();
+  c->add_option(
+       "--compute-ms", a->compute_ms,
+       "Simulated compute per layer use, forward and backward each (a sleep between Gather "
+       "and Release: the GPU's time, not the CPU's)")
+      ->check(AtLeast(0))
+      ->capture_default_str();
+  c->add_option("--host-gb", a->host_gb,
+                "Host memory budget per rank, GB (1e9 bytes); 0: what the engine's layout needs "
+                "plus 16 MiB. With an NVMe tier on io_uring the whole budget is pinned at start")
+      ->check(AtLeast(0))
+      ->capture_default_str();
+  c->add_option("--device-gb", a->device_gb, "Device (HostDevice) memory budget per rank, GB")
+      ->check(AtLeast(0, false))
+      ->capture_default_str();
+  c->add_option("--dtype", a->dtype,
+                "Precision bf16, fp16 or fp32 (default: the config's, else bf16)")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  AddIoBackendOption(c, &a->io_backend);
+  c->add_option("--max-reuse-distance", a->max_reuse_distance,
+                "stage3_max_reuse_distance (COUNT; 0: re-gather every layer in backward, as the "
+                "ledger's 1.5x assumes). Default: the config's (DeepSpeed: 1e9)")
+      ->check(CountOrZero());
+  c->add_option_function<std::string>(
+       "--disk-size",
+       [a](const std::string& v) { a->disk_size_bytes = v == "0" ? 0 : *ParseSize(v); },
+       "Bytes per pass of the O_DIRECT disk measurement of the --nvme-path dirs (0: skip)")
+      ->check(CLI::Validator(
+          [](std::string& s) { return s == "0" ? std::string() : SizeArg({.min_bytes = 4096})(s); },
+          ""))
+      ->type_name("SIZE")
+      ->default_str(SizeString(a->disk_size_bytes));
+  c->add_option("--timeout-s", a->timeout_s, "Bound on every wait of the engine and collectives")
+      ->check(AtLeast(0, false))
+      ->capture_default_str();
+  CLI::Option* sweep = c->add_flag(
+      "--sweep", a->sweep,
+      "Run stages 0, 2, 3 and stage 3 with the optimizer on cpu, + params on cpu, both on nvme "
+      "(with --nvme-path); report each against its plan and recommend the fastest that fits");
+  sweep->excludes(stage)->excludes(opt)->excludes(par);
+  c->add_flag("--json", a->json, "Print one JSON object");
+  c->callback([a, exit_code] { *exit_code = RunBenchEngine(*a); });
+}
+
+}  // namespace strata::cli
