@@ -14,12 +14,17 @@ namespace {
 std::string Config(int stage, const char* opt, const char* param, const std::string& precision) {
   return std::string(R"({"train_micro_batch_size_per_gpu": 3,
   "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
-  "bf16": {"enabled": )") + (precision == "bf16" ? "true" : "false") + R"(},
-  "fp16": {"enabled": )" + (precision == "fp16" ? "true" : "false") + R"(, "initial_scale_power": 8},
-  "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "sub_group_size": 256,
+  "bf16": {"enabled": )") +
+         (precision == "bf16" ? "true" : "false") + R"(},
+  "fp16": {"enabled": )" +
+         (precision == "fp16" ? "true" : "false") + R"(, "initial_scale_power": 8},
+  "zero_optimization": {"stage": )" +
+         std::to_string(stage) + R"(, "sub_group_size": 256,
     "stage3_param_persistence_threshold": 64,
-    "offload_optimizer": {"device": ")" + opt + R"(", "nvme_path": "/tmp"},
-    "offload_param": {"device": ")" + param + R"(", "nvme_path": "/tmp"}}})";
+    "offload_optimizer": {"device": ")" +
+         opt + R"(", "nvme_path": "/tmp"},
+    "offload_param": {"device": ")" +
+         param + R"(", "nvme_path": "/tmp"}}})";
 }
 
 TEST(EngineCuda, SameBitsAsTheHostStandIn) {
@@ -39,8 +44,10 @@ TEST(EngineCuda, SameBitsAsTheHostStandIn) {
       ASSERT_TRUE(gpu.status.ok()) << gpu.status.ToString();
       ASSERT_EQ(gpu.master.size(), host.master.size());
       for (size_t g = 0; g < host.master.size(); ++g) {
-        EXPECT_EQ(0, std::memcmp(gpu.master[g].data(), host.master[g].data(), host.master[g].size() * 4))
-            << precision << " stage " << stage << " opt " << opt << " param " << param << " group " << g;
+        EXPECT_EQ(
+            0, std::memcmp(gpu.master[g].data(), host.master[g].data(), host.master[g].size() * 4))
+            << precision << " stage " << stage << " opt " << opt << " param " << param << " group "
+            << g;
       }
     }
   }

@@ -27,7 +27,8 @@ std::string BaseConfig(const std::string& zero, const std::string& top = "",
   )" + top +
          R"(
   "zero_optimization": {)" +
-         std::string(zero.find("sub_group_size") == std::string::npos ? R"("sub_group_size": 256, )" : "") +
+         std::string(zero.find("sub_group_size") == std::string::npos ? R"("sub_group_size": 256, )"
+                                                                      : "") +
          std::string(zero.find("persistence_threshold") == std::string::npos
                          ? R"("stage3_param_persistence_threshold": 64, )"
                          : "") +
@@ -59,10 +60,11 @@ struct LedgerRun {
 LedgerRun MeasureStep(int stage, int world) {
   LedgerRun out;
   ModelSpec model;
-  model.groups = {{"a", {{"w", {1000}}}}, {"b", {{"w", {3000}}, {"bias", {7}}}}, {"c", {{"w", {515}}}}};
-  auto parsed = ParseDeepSpeedConfig(BaseConfig(
-      R"("stage": )" + std::to_string(stage) +
-      R"(, "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0)"));
+  model.groups = {
+      {"a", {{"w", {1000}}}}, {"b", {{"w", {3000}}, {"bias", {7}}}}, {"c", {{"w", {515}}}}};
+  auto parsed = ParseDeepSpeedConfig(
+      BaseConfig(R"("stage": )" + std::to_string(stage) +
+                 R"(, "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0)"));
   if (!parsed.ok()) {
     out.status = parsed.status();
     return out;
@@ -165,10 +167,31 @@ TEST(EngineBudget, RefusesAtCreateNamingTheTier) {
   EXPECT_NE(r.status.message().find("host tier"), std::string::npos) << r.status.ToString();
 }
 
+// One rank that cannot fit makes every rank refuse at Create (nobody waits for it).
+TEST(EngineBudget, OneRankThatDoesNotFitFailsEveryRank) {
+  RunSpec spec;
+  spec.config_json = BaseConfig(R"("stage": 3, "offload_optimizer": {"device": "cpu"})");
+  spec.world = 2;
+  spec.timeout = std::chrono::milliseconds(30000);
+  spec.tweak = [](int rank, EngineOptions& eo) {
+    if (rank == 1) eo.budget_bytes[Tier::kHost] = 20000;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  RunResult r = RunEngine(spec);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  EXPECT_EQ(r.rank_status[1].code(), Status::Code::kResourceExhausted)
+      << r.rank_status[1].ToString();
+  EXPECT_EQ(r.rank_status[0].code(), Status::Code::kAborted) << r.rank_status[0].ToString();
+  EXPECT_NE(r.rank_status[0].message().find("rank 1"), std::string::npos)
+      << r.rank_status[0].ToString();
+}
+
 TEST(EngineBudget, PeaksStayWithinBudgetsAndNearTheLayout) {
-  for (const char* zero : {R"("stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})",
-                           R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}, "offload_param": {"device": "nvme", "nvme_path": "/tmp"})",
-                           R"("stage": 2, "offload_optimizer": {"device": "cpu"})"}) {
+  for (
+      const char* zero :
+      {R"("stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})",
+       R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}, "offload_param": {"device": "nvme", "nvme_path": "/tmp"})",
+       R"("stage": 2, "offload_optimizer": {"device": "cpu"})"}) {
     RunSpec spec;
     spec.config_json = BaseConfig(zero, "", "bf16");
     spec.world = 2;
@@ -230,8 +253,10 @@ TEST(EngineSemantics, Fp16OverflowOnOneRankSkipsTheStepOnAll) {
 
 TEST(EngineSemantics, ClippingByTheGlobalNormIsPlacementIndependent) {
   std::vector<std::vector<float>> base;
-  for (const char* zero : {R"("stage": 0)", R"("stage": 2, "offload_optimizer": {"device": "cpu"})",
-                           R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}, "offload_param": {"device": "cpu"})"}) {
+  for (
+      const char* zero :
+      {R"("stage": 0)", R"("stage": 2, "offload_optimizer": {"device": "cpu"})",
+       R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}, "offload_param": {"device": "cpu"})"}) {
     RunSpec spec;
     spec.config_json = BaseConfig(zero, R"("gradient_clipping": 0.05,)");
     spec.world = 2;
@@ -241,7 +266,8 @@ TEST(EngineSemantics, ClippingByTheGlobalNormIsPlacementIndependent) {
     // The reported norm is the global one: compare with the gradients computed directly.
     Grads sum;
     const auto init = InitialWeights();
-    Params p{init[kEmbed][0], init[kEmbedBias][0], init[kMid][0], init[kMidBias][0], init[kTop][0], init[kTop][1]};
+    Params p{init[kEmbed][0],   init[kEmbedBias][0], init[kMid][0],
+             init[kMidBias][0], init[kTop][0],       init[kTop][1]};
     ZeroLike(p, &sum);
     for (int rank = 0; rank < 2; ++rank) ForwardBackward(p, 0, 0, rank, 1.0f, &sum);
     double sq = 0;
@@ -252,7 +278,8 @@ TEST(EngineSemantics, ClippingByTheGlobalNormIsPlacementIndependent) {
     }
     EXPECT_NEAR(r.reports[0].grad_norm, std::sqrt(sq), 1e-5 * std::sqrt(sq));
     EXPECT_GT(r.reports[0].clip_coefficient, 1.0);
-    EXPECT_NEAR(r.reports[0].clip_coefficient, (r.reports[0].grad_norm + 1e-6) / 0.05, 1e-9 * r.reports[0].clip_coefficient);
+    EXPECT_NEAR(r.reports[0].clip_coefficient, (r.reports[0].grad_norm + 1e-6) / 0.05,
+                1e-9 * r.reports[0].clip_coefficient);
     if (base.empty()) {
       base = r.master;
     } else {
@@ -291,7 +318,8 @@ TEST(EngineSemantics, LrScheduleAsDeepSpeed) {
 
 TEST(EngineSemantics, UnsupportedSettingsAreClearErrorsAtCreate) {
   RunSpec spec;
-  spec.config_json = BaseConfig(R"("stage": 1)", R"("scheduler": {"type": "OneCycle", "params": {}},)");
+  spec.config_json =
+      BaseConfig(R"("stage": 1)", R"("scheduler": {"type": "OneCycle", "params": {}},)");
   RunResult r = RunEngine(spec);
   EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument);
   EXPECT_NE(r.status.message().find("scheduler.type"), std::string::npos) << r.status.ToString();
@@ -337,8 +365,8 @@ TEST(EngineTraps, OddShapesTiedWeightsSmallBuffersUnpinned) {
 
 TEST(EngineFaults, IoErrorFailsTheStepNamingTheBlockAndStaysFailed) {
   RunSpec spec;
-  spec.config_json = BaseConfig(
-      R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})");
+  spec.config_json =
+      BaseConfig(R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})");
   spec.world = 2;
   spec.steps = 3;
   spec.timeout = std::chrono::milliseconds(20000);
@@ -354,15 +382,16 @@ TEST(EngineFaults, IoErrorFailsTheStepNamingTheBlockAndStaysFailed) {
   ASSERT_FALSE(r.rank_status[0].ok());
   EXPECT_EQ(r.rank_status[0].code(), Status::Code::kIOError) << r.rank_status[0].ToString();
   // The block is named (a sub-group's state of some group, on rank 0).
-  EXPECT_NE(r.rank_status[0].message().find("[r0"), std::string::npos) << r.rank_status[0].ToString();
+  EXPECT_NE(r.rank_status[0].message().find("[r0"), std::string::npos)
+      << r.rank_status[0].ToString();
   // The peer fails too (its collectives see the dead rank), within the deadline.
   EXPECT_FALSE(r.rank_status[1].ok());
 }
 
 TEST(EngineFaults, TornWriteIsCaughtByTheChecksumNeverApplied) {
   RunSpec spec;
-  spec.config_json = BaseConfig(
-      R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})");
+  spec.config_json =
+      BaseConfig(R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})");
   spec.steps = 3;
   spec.timeout = std::chrono::milliseconds(20000);
   spec.inject = [](int, int step, nvme::SimBackend& sim) {

@@ -24,17 +24,24 @@ std::string Config(const Placement& pl, const std::string& precision, int gas = 
                    const std::string& extra_top = "", const std::string& extra_zero = "") {
   std::string s = R"({
   "train_micro_batch_size_per_gpu": 3,
-  "gradient_accumulation_steps": )" + std::to_string(gas) + R"(,
+  "gradient_accumulation_steps": )" +
+                  std::to_string(gas) + R"(,
   "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
-  "bf16": {"enabled": )" + std::string(precision == "bf16" ? "true" : "false") + R"(},
-  "fp16": {"enabled": )" + std::string(precision == "fp16" ? "true" : "false") +
+  "bf16": {"enabled": )" +
+                  std::string(precision == "bf16" ? "true" : "false") + R"(},
+  "fp16": {"enabled": )" +
+                  std::string(precision == "fp16" ? "true" : "false") +
                   R"(, "initial_scale_power": 8},)" + extra_top + R"(
   "zero_optimization": {
-    "stage": )" + std::to_string(pl.stage) + R"(,
-    "offload_optimizer": {"device": ")" + pl.opt + R"(", "nvme_path": "/tmp"},
-    "offload_param": {"device": ")" + pl.param + R"(", "nvme_path": "/tmp"},
+    "stage": )" + std::to_string(pl.stage) +
+                  R"(,
+    "offload_optimizer": {"device": ")" +
+                  pl.opt + R"(", "nvme_path": "/tmp"},
+    "offload_param": {"device": ")" +
+                  pl.param + R"(", "nvme_path": "/tmp"},
     "sub_group_size": 256,
-    "stage3_param_persistence_threshold": 64)" + extra_zero + R"(
+    "stage3_param_persistence_threshold": 64)" +
+                  extra_zero + R"(
   }
 })";
   return s;
@@ -81,7 +88,8 @@ double RelativeUpdateError(const std::vector<std::vector<float>>& a,
   return std::sqrt(num / den);
 }
 
-double MaxAbsDiff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+double MaxAbsDiff(const std::vector<std::vector<float>>& a,
+                  const std::vector<std::vector<float>>& b) {
   double d = 0;
   for (size_t g = 0; g < a.size(); ++g) {
     for (size_t i = 0; i < a[g].size(); ++i) d = std::max(d, std::fabs(double(a[g][i]) - b[g][i]));
@@ -132,12 +140,13 @@ TEST_P(EngineMatrix, FullEveryPlacementBitIdentical) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    WorldAndPrecision, EngineMatrix,
-    ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values("fp32", "bf16", "fp16")),
-    [](const auto& info) {
-      return "World" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(WorldAndPrecision, EngineMatrix,
+                         ::testing::Combine(::testing::Values(1, 2, 4),
+                                            ::testing::Values("fp32", "bf16", "fp16")),
+                         [](const auto& info) {
+                           return "World" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param);
+                         });
 
 // Pairwise: the io_uring backend (or posix where io_uring is refused) with everything on NVMe,
 // against stage 0, with gradient accumulation, for each precision on 2 ranks.

@@ -58,7 +58,8 @@ inline float Noise(uint64_t key) {
   key ^= key >> 33;
   key *= 0xc4ceb9fe1a85ec53ULL;
   key ^= key >> 33;
-  return static_cast<float>(static_cast<double>(key >> 11) / static_cast<double>(1ull << 52)) - 1.0f;
+  return static_cast<float>(static_cast<double>(key >> 11) / static_cast<double>(1ull << 52)) -
+         1.0f;
 }
 
 // Initial weights: params[g][p] as full fp32 tensors.
@@ -102,7 +103,8 @@ inline void ZeroLike(const Params& p, Grads* g) {
 }
 
 // Adds the gradient of the micro-batch's loss (times `loss_mult`) to *g; returns the loss.
-inline double ForwardBackward(const Params& p, int step, int micro, int rank, float loss_mult, Grads* g) {
+inline double ForwardBackward(const Params& p, int step, int micro, int rank, float loss_mult,
+                              Grads* g) {
   double loss = 0;
   for (int s = 0; s < kBatch; ++s) {
     float x[kIn], t[kIn], h0[kH0], h1[kH1], h2[kH2], y[kIn];
@@ -168,29 +170,35 @@ inline double ForwardBackward(const Params& p, int step, int micro, int rank, fl
 // The group's tensors as float vectors, in group order.
 inline std::vector<std::vector<float>*> GroupTensors(Params& p, size_t g) {
   switch (g) {
-    case kEmbed: return {&p.W0};
-    case kEmbedBias: return {&p.b0};
-    case kMid: return {&p.W1};
-    case kMidBias: return {&p.b1};
-    default: return {&p.W2, &p.b2};
+    case kEmbed:
+      return {&p.W0};
+    case kEmbedBias:
+      return {&p.b0};
+    case kMid:
+      return {&p.W1};
+    case kMidBias:
+      return {&p.b1};
+    default:
+      return {&p.W2, &p.b2};
   }
 }
 
 // Reads a gathered group, copied to host memory at `host`, into float tensors.
-inline void Unpack(const GatheredGroup& gg, const uint8_t* host, std::vector<std::vector<float>*> out) {
+inline void Unpack(const GatheredGroup& gg, const uint8_t* host,
+                   std::vector<std::vector<float>*> out) {
   const size_t elt = DTypeSize(gg.dtype());
   for (size_t i = 0; i < out.size(); ++i) {
     const size_t n = out[i]->size();
-    const uint8_t* at = host + (static_cast<const uint8_t*>(gg.param(i)) -
-                                static_cast<const uint8_t*>(gg.data()));
+    const uint8_t* at =
+        host + (static_cast<const uint8_t*>(gg.param(i)) - static_cast<const uint8_t*>(gg.data()));
     (void)elt;
     if (gg.dtype() == DType::kF32) {
       std::memcpy(out[i]->data(), at, n * 4);
     } else {
       const uint16_t* src = reinterpret_cast<const uint16_t*>(at);
       for (size_t j = 0; j < n; ++j) {
-        (*out[i])[j] = gg.dtype() == DType::kBF16 ? Bf16ToFloat(bf16_t{src[j]})
-                                                  : HalfToFloat(f16_t{src[j]});
+        (*out[i])[j] =
+            gg.dtype() == DType::kBF16 ? Bf16ToFloat(bf16_t{src[j]}) : HalfToFloat(f16_t{src[j]});
       }
     }
   }
@@ -238,6 +246,8 @@ struct RunSpec {
   // With the simulated backend: called before each step on every rank (inject IO faults).
   std::function<void(int rank, int step, nvme::SimBackend&)> inject;
   bool use_pinned_pool = false;
+  // Adjusts rank r's engine options before Create.
+  std::function<void(int rank, EngineOptions&)> tweak;
   // CudaDevice + NCCL (one rank; tests built with STRATA_ENGINE_TEST_CUDA) instead of HostDevice
   // + Gloo.
   bool cuda = false;
@@ -304,7 +314,8 @@ inline RunResult RunEngine(const RunSpec& spec) {
         std::memcpy(dst, h.data(), h.size());
         return Status::OK();
       }
-      STRATA_RETURN_IF_ERROR(dev->CopyAsync(CopyDir::kHostToDevice, dst, h.data(), h.size(), nullptr));
+      STRATA_RETURN_IF_ERROR(
+          dev->CopyAsync(CopyDir::kHostToDevice, dst, h.data(), h.size(), nullptr));
       return dev->Synchronize();
     };
     EngineOptions eo;
@@ -325,6 +336,7 @@ inline RunResult RunEngine(const RunSpec& spec) {
     }
     eo.use_pinned_pool = spec.use_pinned_pool;
     eo.timeout = spec.timeout;
+    if (spec.tweak) spec.tweak(r, eo);
     STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(TestModel(), std::move(eo)));
     res.layouts[r] = engine->layout();
     std::vector<std::vector<const float*>> ptrs(init.size());
@@ -387,7 +399,8 @@ inline RunResult RunEngine(const RunSpec& spec) {
   res.rank_status = statuses;
   for (int r = 0; r < spec.world; ++r) {
     if (!statuses[r].ok()) {
-      res.status = Status(statuses[r].code(), "rank " + std::to_string(r) + ": " + std::string(statuses[r].message()));
+      res.status = Status(statuses[r].code(),
+                          "rank " + std::to_string(r) + ": " + std::string(statuses[r].message()));
       return res;
     }
   }
@@ -407,7 +420,8 @@ inline RunResult RunEngine(const RunSpec& spec) {
 inline std::vector<std::vector<float>> RunReference(int world, int steps, int gas, float lr,
                                                     float wd) {
   const auto init = InitialWeights();
-  Params p{init[kEmbed][0], init[kEmbedBias][0], init[kMid][0], init[kMidBias][0], init[kTop][0], init[kTop][1]};
+  Params p{init[kEmbed][0],   init[kEmbedBias][0], init[kMid][0],
+           init[kMidBias][0], init[kTop][0],       init[kTop][1]};
   Grads m, v;
   ZeroLike(p, &m);
   ZeroLike(p, &v);
@@ -430,7 +444,8 @@ inline std::vector<std::vector<float>> RunReference(int world, int steps, int ga
           float& vv = (*vt[t])[i];
           mm = 0.9f * mm + 0.1f * grad;
           vv = 0.999f * vv + 0.001f * grad * grad;
-          w -= static_cast<float>(lr / bc1) * mm / (std::sqrt(vv) / static_cast<float>(std::sqrt(bc2)) + 1e-8f);
+          w -= static_cast<float>(lr / bc1) * mm /
+               (std::sqrt(vv) / static_cast<float>(std::sqrt(bc2)) + 1e-8f);
         }
       }
     }

@@ -61,7 +61,8 @@ Status ModelSpec::Validate() const {
       if (!names.insert(param.name).second) {
         return Status::InvalidArgument(pw + ": duplicate parameter name '" + param.name + "'");
       }
-      if (param.shape.empty()) return Status::InvalidArgument(pw + " ('" + param.name + "'): no shape");
+      if (param.shape.empty())
+        return Status::InvalidArgument(pw + " ('" + param.name + "'): no shape");
       uint64_t n = 1;
       for (int64_t d : param.shape) {
         if (d <= 0) {
@@ -121,15 +122,16 @@ std::optional<nlohmann::json> UnactedValue(const EngineConfig& c, std::string_vi
 std::string EngineLayout::ToString() const {
   std::ostringstream o;
   o << "strata engine: ZeRO stage " << stage << ", optimizer offload "
-    << OffloadDeviceName(offload_optimizer) << ", param offload " << OffloadDeviceName(offload_param)
-    << ", " << DTypeName(dtype) << ", rank " << rank << "/" << world_size << ", " << params
-    << " params, " << sub_groups << " optimizer sub-groups\n";
+    << OffloadDeviceName(offload_optimizer) << ", param offload "
+    << OffloadDeviceName(offload_param) << ", " << DTypeName(dtype) << ", rank " << rank << "/"
+    << world_size << ", " << params << " params, " << sub_groups << " optimizer sub-groups\n";
   o << "  tier   states        working       total         budget\n";
   for (Tier t : kAllTiers) {
     char line[160];
-    std::snprintf(line, sizeof line, "  %-6s %-13s %-13s %-13s %s\n", std::string(TierName(t)).c_str(),
-                  Bytes(state_bytes[t]).c_str(), Bytes(working_bytes[t]).c_str(),
-                  Bytes(state_bytes[t] + working_bytes[t]).c_str(), Bytes(budget_bytes[t]).c_str());
+    std::snprintf(line, sizeof line, "  %-6s %-13s %-13s %-13s %s\n",
+                  std::string(TierName(t)).c_str(), Bytes(state_bytes[t]).c_str(),
+                  Bytes(working_bytes[t]).c_str(), Bytes(state_bytes[t] + working_bytes[t]).c_str(),
+                  Bytes(budget_bytes[t]).c_str());
     o << line;
   }
   for (const std::string& n : notes) o << "  note: " << n << "\n";
@@ -142,15 +144,16 @@ std::string EngineLayout::ToString() const {
 
 Status Engine::Impl::CheckHealthy() const {
   if (failed.ok()) return Status::OK();
-  return Status::FailedPrecondition("engine failed earlier and must be rebuilt (load a checkpoint): " +
-                                    failed.ToString());
+  return Status::FailedPrecondition(
+      "engine failed earlier and must be rebuilt (load a checkpoint): " + failed.ToString());
 }
 
 Status Engine::Impl::Fail(Status st) {
   if (!st.ok() && failed.ok()) {
     failed = st;
-    if (opt.comm != nullptr) opt.comm->Abort("strata engine on rank " + std::to_string(rank) +
-                                             " failed: " + st.ToString());
+    if (opt.comm != nullptr)
+      opt.comm->Abort("strata engine on rank " + std::to_string(rank) +
+                      " failed: " + st.ToString());
   }
   return st;
 }
@@ -187,6 +190,24 @@ Status Engine::Impl::ZeroDevice(void* ptr, uint64_t bytes) {
   return Status::OK();
 }
 
+Result<int> Engine::Impl::AgreeOnCreate(bool ok) {
+  if (world == 1) return ok ? -1 : rank;
+  const float mine[4] = {ok ? 1.0f : 0.0f, 0, 0, 0};
+  float* dev = static_cast<float*>(exchange.get());
+  STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kHostToDevice, dev + rank * 4, mine, sizeof mine));
+  STRATA_ASSIGN_OR_RETURN(CommHandle h, opt.comm->AllGather(dev + rank * 4, dev, 4, DType::kF32));
+  Status st = h.WaitUntil(deadline());
+  if (!st.ok())
+    return Status(st.code(),
+                  "engine creation (agreeing across ranks): " + std::string(st.message()));
+  std::vector<float> all(static_cast<size_t>(world) * 4);
+  STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, all.data(), dev, all.size() * 4));
+  for (int r = 0; r < world; ++r) {
+    if (all[static_cast<size_t>(r) * 4] != 1.0f) return r;
+  }
+  return -1;
+}
+
 Status Engine::Impl::PublishParams(const SubGroup& s, const float* master, Lease& param) {
   uint8_t* dst = static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt;
   if (dtype == DType::kF32) {
@@ -214,8 +235,8 @@ Status Engine::Impl::AllGatherUpdatedParams() {
       break;
     }
     uint8_t* data = static_cast<uint8_t*>(lease->data());
-    auto h = opt.comm->AllGather(data + static_cast<size_t>(rank) * gs.shard.shard_elems * elt, data,
-                                 gs.shard.shard_elems, dtype);
+    auto h = opt.comm->AllGather(data + static_cast<size_t>(rank) * gs.shard.shard_elems * elt,
+                                 data, gs.shard.shard_elems, dtype);
     if (!h.ok()) {
       first = h.status();
       break;
@@ -227,7 +248,8 @@ Status Engine::Impl::AllGatherUpdatedParams() {
   Status waited = zero::WaitAll(handles, deadline());
   if (first.ok()) first = waited;
   if (!first.ok()) {
-    return Status(first.code(), "all-gather of the updated parameters: " + std::string(first.message()));
+    return Status(first.code(),
+                  "all-gather of the updated parameters: " + std::string(first.message()));
   }
   return Status::OK();
 }
@@ -269,14 +291,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   // Optimizer.
   const OptimizerConfig& oc = c.optimizer;
   if (oc.type != OptimizerType::kAdam && oc.type != OptimizerType::kAdamW) {
-    return Status::InvalidArgument(
-        "optimizer.type: the engine runs Adam or AdamW (got " +
-        std::string(OptimizerTypeName(oc.type)) + "); add an \"optimizer\" section");
+    return Status::InvalidArgument("optimizer.type: the engine runs Adam or AdamW (got " +
+                                   std::string(OptimizerTypeName(oc.type)) +
+                                   "); add an \"optimizer\" section");
   }
   STRATA_RETURN_IF_ERROR(RequireResolved(oc.lr.is_auto(), "optimizer.params.lr"));
   STRATA_RETURN_IF_ERROR(RequireResolved(oc.betas.is_auto(), "optimizer.params.betas"));
   STRATA_RETURN_IF_ERROR(RequireResolved(oc.eps.is_auto(), "optimizer.params.eps"));
-  STRATA_RETURN_IF_ERROR(RequireResolved(oc.weight_decay.is_auto(), "optimizer.params.weight_decay"));
+  STRATA_RETURN_IF_ERROR(
+      RequireResolved(oc.weight_decay.is_auto(), "optimizer.params.weight_decay"));
   e.hyper.beta1 = static_cast<float>(oc.betas.value_or({0.9, 0.999}).first);
   e.hyper.beta2 = static_cast<float>(oc.betas.value_or({0.9, 0.999}).second);
   e.hyper.eps = static_cast<float>(oc.eps.value_or(1e-8));
@@ -312,7 +335,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   }
   bool prescale = false;
   if (auto v = UnactedValue(c, "prescale_gradients")) {
-    if (!v->is_boolean()) return Status::InvalidArgument("prescale_gradients: expected true or false");
+    if (!v->is_boolean())
+      return Status::InvalidArgument("prescale_gradients: expected true or false");
     prescale = v->get<bool>();
   }
   double predivide_factor = 1.0;
@@ -340,7 +364,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
     return Status::InvalidArgument("zero_optimization.stage: " + std::to_string(z.stage) +
                                    " is not 0..3");
   }
-  e.placement = sched::ResolvePlacement(z.stage, z.offload_optimizer.device, z.offload_param.device);
+  e.placement =
+      sched::ResolvePlacement(z.stage, z.offload_optimizer.device, z.offload_param.device);
   for (const std::string& n : e.placement.notes) e.layout.notes.push_back(n);
   if (z.zero_quantized_weights || z.zero_quantized_gradients || z.zero_hpz_partition_size > 1) {
     return Status::InvalidArgument(
@@ -351,12 +376,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   if (z.sub_group_size <= 0) {
     return Status::InvalidArgument("zero_optimization.sub_group_size: must be > 0");
   }
-  e.sub_group_elems = std::max<size_t>(
-      zero::kShardAlignElems,
-      static_cast<size_t>(z.sub_group_size) / zero::kShardAlignElems * zero::kShardAlignElems);
-  e.pipeline_buffers = static_cast<uint32_t>(
-      std::clamp<int64_t>(z.offload_optimizer.buffer_count, 1, 64));
-  if (z.offload_optimizer.buffer_count < 3 && e.placement.offload_optimizer == OffloadDevice::kNvme) {
+  e.sub_group_elems =
+      std::max<size_t>(zero::kShardAlignElems, static_cast<size_t>(z.sub_group_size) /
+                                                   zero::kShardAlignElems * zero::kShardAlignElems);
+  e.pipeline_buffers =
+      static_cast<uint32_t>(std::clamp<int64_t>(z.offload_optimizer.buffer_count, 1, 64));
+  if (z.offload_optimizer.buffer_count < 3 &&
+      e.placement.offload_optimizer == OffloadDevice::kNvme) {
     e.layout.notes.push_back("offload_optimizer.buffer_count " +
                              std::to_string(z.offload_optimizer.buffer_count) +
                              ": the optimizer step overlaps NVMe reads and writes from 3 buffers "
@@ -366,14 +392,16 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
                                          "zero_optimization.stage3_param_persistence_threshold"));
   STRATA_RETURN_IF_ERROR(RequireResolved(z.stage3_prefetch_bucket_size.is_auto(),
                                          "zero_optimization.stage3_prefetch_bucket_size"));
-  e.persistence_elems = static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_param_persistence_threshold.value_or(100000)));
+  e.persistence_elems = static_cast<uint64_t>(
+      std::max<int64_t>(0, z.stage3_param_persistence_threshold.value_or(100000)));
   e.reuse_distance_elems = static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_max_reuse_distance));
   e.max_live_elems = static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_max_live_parameters));
 
   // Partition and sub-groups.
   std::vector<size_t> numels;
   for (const GroupSpec& g : model.groups) numels.push_back(g.numel());
-  STRATA_ASSIGN_OR_RETURN(e.partition, sched::PlanPartition(numels, e.world, zero::kShardAlignElems));
+  STRATA_ASSIGN_OR_RETURN(e.partition,
+                          sched::PlanPartition(numels, e.world, zero::kShardAlignElems));
   e.groups.resize(model.groups.size());
   for (size_t g = 0; g < model.groups.size(); ++g) {
     zero::GroupState& gs = e.groups[g];
@@ -440,6 +468,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   if (e.placement.params_partitioned) {
     L.working_bytes[Tier::kDevice] +=
         (std::min<uint64_t>(e.max_live_elems, total_padded) + 2 * largest_padded) * e.elt;
+    if (param_home != Tier::kDevice) {
+      // Shards fetched to the device ahead of their all-gather (the prefetch window).
+      const uint64_t window = static_cast<uint64_t>(std::max<int64_t>(
+                                  0, z.stage3_prefetch_bucket_size.value_or(50000000))) /
+                                  static_cast<uint64_t>(e.world) +
+                              2 * largest_shard;
+      L.working_bytes[Tier::kDevice] +=
+          std::min<uint64_t>(window, total_padded / static_cast<uint64_t>(e.world)) * e.elt;
+    }
   }
   // Host working set: the optimizer pipeline's sub-groups in flight (NVMe-homed state is paged
   // through host memory), parameter shards staged from NVMe, and states computed on the host
@@ -456,113 +493,134 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   if (!options.device->host_addressable()) {
     L.working_bytes[Tier::kHost] += 2 * sub_bytes + largest_padded * e.elt;
   }
-  // Budgets (0: the device's own; host and NVMe: what the layout needs).
-  L.budget_bytes = options.budget_bytes;
-  if (L.budget_bytes[Tier::kDevice] == 0) L.budget_bytes[Tier::kDevice] = options.device->stats().budget_bytes;
-  const uint64_t host_need = L.state_bytes[Tier::kHost] + L.working_bytes[Tier::kHost];
-  if (L.budget_bytes[Tier::kHost] == 0) L.budget_bytes[Tier::kHost] = host_need + (uint64_t{16} << 20);
-  if (L.budget_bytes[Tier::kNvme] == 0) L.budget_bytes[Tier::kNvme] = L.state_bytes[Tier::kNvme];
-  for (Tier t : kAllTiers) {
-    const uint64_t need = L.state_bytes[t] + L.working_bytes[t];
-    if (need > L.budget_bytes[t]) {
-      return Status::ResourceExhausted(
-          "the placement does not fit the " + std::string(TierName(t)) + " tier of rank " +
-          std::to_string(e.rank) + ": it needs " + Bytes(need) + " (" + Bytes(L.state_bytes[t]) +
-          " of states, " + Bytes(L.working_bytes[t]) + " working) and the budget is " +
-          Bytes(L.budget_bytes[t]) + "\n" + L.ToString());
-    }
-  }
-
-  // The store: homes plus caches. The device share excludes the engine's own device buffers.
-  TieredStoreOptions so;
-  so.device = options.device;
-  so.device_budget_bytes = L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice];
-  so.host_budget_bytes = L.budget_bytes[Tier::kHost];
-  so.rank = e.rank;
-  so.io_deadline = options.timeout;
-  const bool pin = z.offload_optimizer.pin_memory || z.offload_param.pin_memory;
-  so.use_pinned_pool = options.use_pinned_pool && pin;
-  if (options.use_pinned_pool && !pin && (opt_home != Tier::kDevice || param_home != Tier::kDevice)) {
-    L.notes.push_back("pin_memory is false: host buffers are not page-locked (no mlock)");
-  }
-  if (L.state_bytes[Tier::kNvme] > 0) {
-    so.nvme_capacity_bytes = L.budget_bytes[Tier::kNvme];
-    so.nvme_paths = options.nvme_paths;
-    if (so.nvme_paths.empty()) {
-      if (opt_home == Tier::kNvme) so.nvme_paths.push_back(z.offload_optimizer.nvme_path);
-      if (param_home == Tier::kNvme && z.offload_param.nvme_path != z.offload_optimizer.nvme_path) {
-        so.nvme_paths.push_back(z.offload_param.nvme_path);
-      }
-    }
-    for (const std::string& p : so.nvme_paths) {
-      if (p.empty()) {
-        return Status::InvalidArgument(
-            "zero_optimization.offload_*.nvme_path: required when a state lives on nvme");
-      }
-    }
-    if (options.io) {
-      so.io = std::move(options.io);
-    } else {
-      IoBackendOptions io;
-      io.kind = options.io_kind;
-      io.queue_depth = static_cast<size_t>(std::clamp<int64_t>(c.aio.queue_depth, 1, 1024));
-      STRATA_ASSIGN_OR_RETURN(so.io, OpenIoBackend(io));
-    }
-  }
-  STRATA_ASSIGN_OR_RETURN(e.store, OpenTieredStore(std::move(so)));
-  if (!e.store->note().empty()) L.notes.push_back(e.store->note());
-
-  // Blocks.
-  const std::string r = std::to_string(e.rank);
-  std::vector<BlockId> shard_blocks;
-  for (size_t g = 0; g < e.groups.size(); ++g) {
-    zero::GroupState& gs = e.groups[g];
-    const std::string& name = model.groups[g].name;
-    BlockSpec b;
-    b.dtype = e.dtype;
-    b.kind = StateKind::kParam16;
-    b.home = param_home;
-    if (e.placement.params_partitioned) {
-      b.name = name + ".param16[r" + r + "]";
-      b.size_bytes = gs.shard.shard_elems * e.elt;
-    } else {
-      b.name = name + ".param16[full r" + r + "]";
-      b.size_bytes = gs.shard.padded_elems(e.world) * e.elt;
-    }
-    STRATA_ASSIGN_OR_RETURN(gs.param, e.store->Register(b));
-    shard_blocks.push_back(gs.param);
-    size_t k = 0;
-    for (size_t si : gs.sub_groups) {
-      SubGroup& s = e.subs[si];
-      const std::string tag = "[r" + r + (s.owner != e.rank ? " of r" + std::to_string(s.owner) : "") +
-                              " sg" + std::to_string(k++) + "]";
-      auto reg = [&](StateKind kind, Tier home) {
-        BlockSpec sb;
-        sb.name = name + "." + std::string(StateKindName(kind)) + tag;
-        sb.size_bytes = s.elems * 4;
-        sb.dtype = DType::kF32;
-        sb.kind = kind;
-        sb.home = home;
-        return e.store->Register(sb);
-      };
-      STRATA_ASSIGN_OR_RETURN(s.master, reg(StateKind::kMaster32, opt_home));
-      STRATA_ASSIGN_OR_RETURN(s.exp_avg, reg(StateKind::kExpAvg, opt_home));
-      STRATA_ASSIGN_OR_RETURN(s.exp_avg_sq, reg(StateKind::kExpAvgSq, opt_home));
-      STRATA_ASSIGN_OR_RETURN(s.grad, reg(StateKind::kGrad, grad_home));
-    }
-  }
-  if (L.state_bytes[Tier::kNvme] > 0) STRATA_RETURN_IF_ERROR(e.store->OpenNvme());
-  if (e.placement.params_partitioned) {
-    const auto pc = sched::PrefetchConfig::FromNumel(
-        static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_prefetch_bucket_size.value_or(50000000))),
-        e.max_live_elems, e.reuse_distance_elems, e.persistence_elems, e.elt);
-    e.gather = std::make_unique<store::GatherScheduler>(e.store.get(), shard_blocks, pc);
-  }
-  kernels::PoolOptions pool_options;
-  pool_options.threads = std::max(0, options.optimizer_threads);
-  STRATA_ASSIGN_OR_RETURN(e.pool, kernels::KernelPool::Create(pool_options));
+  // From here on a rank can fail for reasons of its own (its budgets, its disk): the ranks agree
+  // before any returns, so that no rank is left waiting for a peer that gave up.
+  e.opt.device = options.device;
+  e.opt.comm = options.comm;
+  e.opt.timeout = options.timeout;
   STRATA_ASSIGN_OR_RETURN(e.exchange,
                           DeviceBuffer::Make(options.device, static_cast<uint64_t>(e.world) * 16));
+  Status built = [&]() -> Status {
+    // Budgets (0: the device's own; host and NVMe: what the layout needs).
+    L.budget_bytes = options.budget_bytes;
+    if (L.budget_bytes[Tier::kDevice] == 0)
+      L.budget_bytes[Tier::kDevice] = options.device->stats().budget_bytes;
+    const uint64_t host_need = L.state_bytes[Tier::kHost] + L.working_bytes[Tier::kHost];
+    if (L.budget_bytes[Tier::kHost] == 0)
+      L.budget_bytes[Tier::kHost] = host_need + (uint64_t{16} << 20);
+    if (L.budget_bytes[Tier::kNvme] == 0) L.budget_bytes[Tier::kNvme] = L.state_bytes[Tier::kNvme];
+    for (Tier t : kAllTiers) {
+      const uint64_t need = L.state_bytes[t] + L.working_bytes[t];
+      if (need > L.budget_bytes[t]) {
+        return Status::ResourceExhausted(
+            "the placement does not fit the " + std::string(TierName(t)) + " tier of rank " +
+            std::to_string(e.rank) + ": it needs " + Bytes(need) + " (" + Bytes(L.state_bytes[t]) +
+            " of states, " + Bytes(L.working_bytes[t]) + " working) and the budget is " +
+            Bytes(L.budget_bytes[t]) + "\n" + L.ToString());
+      }
+    }
+
+    // The store: homes plus caches. The device share excludes the engine's own device buffers.
+    TieredStoreOptions so;
+    so.device = options.device;
+    so.device_budget_bytes = L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice];
+    so.host_budget_bytes = L.budget_bytes[Tier::kHost];
+    so.rank = e.rank;
+    so.io_deadline = options.timeout;
+    const bool pin = z.offload_optimizer.pin_memory || z.offload_param.pin_memory;
+    so.use_pinned_pool = options.use_pinned_pool && pin;
+    if (options.use_pinned_pool && !pin &&
+        (opt_home != Tier::kDevice || param_home != Tier::kDevice)) {
+      L.notes.push_back("pin_memory is false: host buffers are not page-locked (no mlock)");
+    }
+    if (L.state_bytes[Tier::kNvme] > 0) {
+      so.nvme_capacity_bytes = L.budget_bytes[Tier::kNvme];
+      so.nvme_paths = options.nvme_paths;
+      if (so.nvme_paths.empty()) {
+        if (opt_home == Tier::kNvme) so.nvme_paths.push_back(z.offload_optimizer.nvme_path);
+        if (param_home == Tier::kNvme &&
+            z.offload_param.nvme_path != z.offload_optimizer.nvme_path) {
+          so.nvme_paths.push_back(z.offload_param.nvme_path);
+        }
+      }
+      for (const std::string& p : so.nvme_paths) {
+        if (p.empty()) {
+          return Status::InvalidArgument(
+              "zero_optimization.offload_*.nvme_path: required when a state lives on nvme");
+        }
+      }
+      if (options.io) {
+        so.io = std::move(options.io);
+      } else {
+        IoBackendOptions io;
+        io.kind = options.io_kind;
+        io.queue_depth = static_cast<size_t>(std::clamp<int64_t>(c.aio.queue_depth, 1, 1024));
+        STRATA_ASSIGN_OR_RETURN(so.io, OpenIoBackend(io));
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(e.store, OpenTieredStore(std::move(so)));
+    if (!e.store->note().empty()) L.notes.push_back(e.store->note());
+
+    // Blocks.
+    const std::string r = std::to_string(e.rank);
+    std::vector<BlockId> shard_blocks;
+    for (size_t g = 0; g < e.groups.size(); ++g) {
+      zero::GroupState& gs = e.groups[g];
+      const std::string& name = model.groups[g].name;
+      BlockSpec b;
+      b.dtype = e.dtype;
+      b.kind = StateKind::kParam16;
+      b.home = param_home;
+      if (e.placement.params_partitioned) {
+        b.name = name + ".param16[r" + r + "]";
+        b.size_bytes = gs.shard.shard_elems * e.elt;
+      } else {
+        b.name = name + ".param16[full r" + r + "]";
+        b.size_bytes = gs.shard.padded_elems(e.world) * e.elt;
+      }
+      STRATA_ASSIGN_OR_RETURN(gs.param, e.store->Register(b));
+      shard_blocks.push_back(gs.param);
+      size_t k = 0;
+      for (size_t si : gs.sub_groups) {
+        SubGroup& s = e.subs[si];
+        const std::string tag = "[r" + r +
+                                (s.owner != e.rank ? " of r" + std::to_string(s.owner) : "") +
+                                " sg" + std::to_string(k++) + "]";
+        auto reg = [&](StateKind kind, Tier home) {
+          BlockSpec sb;
+          sb.name = name + "." + std::string(StateKindName(kind)) + tag;
+          sb.size_bytes = s.elems * 4;
+          sb.dtype = DType::kF32;
+          sb.kind = kind;
+          sb.home = home;
+          return e.store->Register(sb);
+        };
+        STRATA_ASSIGN_OR_RETURN(s.master, reg(StateKind::kMaster32, opt_home));
+        STRATA_ASSIGN_OR_RETURN(s.exp_avg, reg(StateKind::kExpAvg, opt_home));
+        STRATA_ASSIGN_OR_RETURN(s.exp_avg_sq, reg(StateKind::kExpAvgSq, opt_home));
+        STRATA_ASSIGN_OR_RETURN(s.grad, reg(StateKind::kGrad, grad_home));
+      }
+    }
+    if (L.state_bytes[Tier::kNvme] > 0) STRATA_RETURN_IF_ERROR(e.store->OpenNvme());
+    if (e.placement.params_partitioned) {
+      const auto pc = sched::PrefetchConfig::FromNumel(
+          static_cast<uint64_t>(
+              std::max<int64_t>(0, z.stage3_prefetch_bucket_size.value_or(50000000))),
+          e.max_live_elems, e.reuse_distance_elems, e.persistence_elems, e.elt);
+      e.gather = std::make_unique<store::GatherScheduler>(e.store.get(), shard_blocks, pc);
+    }
+    kernels::PoolOptions pool_options;
+    pool_options.threads = std::max(0, options.optimizer_threads);
+    STRATA_ASSIGN_OR_RETURN(e.pool, kernels::KernelPool::Create(pool_options));
+    return Status::OK();
+  }();
+  STRATA_ASSIGN_OR_RETURN(int failed_rank, e.AgreeOnCreate(built.ok()));
+  if (!built.ok()) return built;
+  if (failed_rank >= 0) {
+    return Status::Aborted("rank " + std::to_string(failed_rank) +
+                           " could not create its engine (its own error says why); every rank "
+                           "refuses");
+  }
   e.opt = std::move(options);
   e.opt.io.reset();
   e.totals.store.budget_bytes = L.budget_bytes;
@@ -606,13 +664,14 @@ Status Engine::InitFromFullTensors(const std::vector<std::vector<const float*>>&
   const ModelSpec& m = impl_->model;
   if (tensors.size() != m.groups.size()) {
     return Status::InvalidArgument("InitFromFullTensors: " + std::to_string(tensors.size()) +
-                                   " groups given, the model has " + std::to_string(m.groups.size()));
+                                   " groups given, the model has " +
+                                   std::to_string(m.groups.size()));
   }
   for (size_t g = 0; g < tensors.size(); ++g) {
     if (tensors[g].size() != m.groups[g].params.size()) {
       return Status::InvalidArgument("InitFromFullTensors: group '" + m.groups[g].name + "' has " +
-                                     std::to_string(m.groups[g].params.size()) +
-                                     " parameters, " + std::to_string(tensors[g].size()) + " given");
+                                     std::to_string(m.groups[g].params.size()) + " parameters, " +
+                                     std::to_string(tensors[g].size()) + " given");
     }
     for (size_t p = 0; p < tensors[g].size(); ++p) {
       if (tensors[g][p] == nullptr) {
@@ -635,8 +694,8 @@ Status Engine::ReadMaster(size_t group, std::span<float> out) {
   const zero::GroupState& gs = e.groups[group];
   if (out.size() != gs.numel) {
     return Status::InvalidArgument("ReadMaster: " + std::to_string(out.size()) +
-                                   " values given, group '" + e.model.groups[group].name + "' has " +
-                                   std::to_string(gs.numel));
+                                   " values given, group '" + e.model.groups[group].name +
+                                   "' has " + std::to_string(gs.numel));
   }
   const Tier tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
   std::vector<float> full(gs.shard.padded_elems(e.world), 0.0f);

@@ -91,7 +91,8 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
     if (!shard.ok()) return Fail(WithContext(shard.status(), "gather of group '" + name + "'"));
     const uint64_t bytes = gs.shard.padded_elems(world) * elt;
     auto full = DeviceBuffer::Make(opt.device, bytes);
-    if (!full.ok() && full.status().code() == Status::Code::kResourceExhausted && cached_elems > 0) {
+    if (!full.ok() && full.status().code() == Status::Code::kResourceExhausted &&
+        cached_elems > 0) {
       // Make room: drop the kept copies (they are re-gathered when needed).
       for (zero::GroupState& other : groups) other.cached.reset();
       cached_elems = 0;
@@ -161,13 +162,14 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   zero::GroupState& gs = groups[g];
   const std::string& name = model.groups[g].name;
   if (!gs.grad) {
-    return Status::FailedPrecondition("ReduceGradients: group '" + name +
-                                      "' has no gradient buffer this micro-step (GradBuffer first)");
+    return Status::FailedPrecondition(
+        "ReduceGradients: group '" + name +
+        "' has no gradient buffer this micro-step (GradBuffer first)");
   }
   if (gs.reductions >= gas) {
-    return Status::FailedPrecondition(
-        "ReduceGradients: group '" + name + "' was already reduced " + std::to_string(gas) +
-        " times (gradient_accumulation_steps) since the last Step");
+    return Status::FailedPrecondition("ReduceGradients: group '" + name + "' was already reduced " +
+                                      std::to_string(gas) +
+                                      " times (gradient_accumulation_steps) since the last Step");
   }
   const auto t0 = Clock::now();
   zero::PendingReduce p;
@@ -177,7 +179,8 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   ++gs.reductions;
   p.last = gs.reductions == gas;
   auto shard = DeviceBuffer::Make(opt.device, gs.shard.shard_elems * elt);
-  if (!shard.ok()) return Fail(WithContext(shard.status(), "reduced gradient of group '" + name + "'"));
+  if (!shard.ok())
+    return Fail(WithContext(shard.status(), "reduced gradient of group '" + name + "'"));
   p.shard = std::move(*shard);
   ReduceOptions ro;
   ro.predivide = predivide;
@@ -188,7 +191,8 @@ Status Engine::Impl::ReduceGradients(size_t g) {
     // Stage 0: every rank steps the whole model; the reduced shards are all-gathered (the second
     // half of an all-reduce), so every rank sees exactly the values their owner reduced.
     auto ag = opt.comm->AllGather(p.shard.get(), p.full.get(), gs.shard.shard_elems, dtype);
-    if (!ag.ok()) return Fail(WithContext(ag.status(), "all-gather of the gradient of group '" + name + "'"));
+    if (!ag.ok())
+      return Fail(WithContext(ag.status(), "all-gather of the gradient of group '" + name + "'"));
     p.handles.push_back(*ag);
   }
   pending.push_back(std::move(p));

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "core/store/gather_scheduler.h"
-#include "core/zero/zero_collectives.h"
 #include "core/zero/loss_scaler.h"
 #include "core/zero/lr_schedule.h"
+#include "core/zero/zero_collectives.h"
 #include "kernels/adam.h"
 #include "kernels/pool.h"
 #include "sched/placement.h"
@@ -31,8 +31,8 @@ inline constexpr size_t kShardAlignElems = 128;
 // One optimizer sub-group: a piece of one rank's shard of one group, with its four fp32 blocks.
 struct SubGroup {
   size_t group = 0;
-  int owner = 0;        // the rank whose shard this piece is (stage 0: any rank; else this rank)
-  size_t offset = 0;    // elements into the owner's shard of the group
+  int owner = 0;      // the rank whose shard this piece is (stage 0: any rank; else this rank)
+  size_t offset = 0;  // elements into the owner's shard of the group
   size_t elems = 0;
   BlockId master = 0, exp_avg = 0, exp_avg_sq = 0, grad = 0;
   // Gradient statistics of the accumulated gradient, computed when it was last completed.
@@ -49,8 +49,8 @@ struct GatheredCopy {
 // A reduction in flight: the group's gradient buffer and the reduced shard.
 struct PendingReduce {
   size_t group = 0;
-  DeviceBuffer full;    // the trainer's gradients; stage 0: then the all-gathered reduction
-  DeviceBuffer shard;   // the reduce-scatter output (this rank's shard)
+  DeviceBuffer full;   // the trainer's gradients; stage 0: then the all-gathered reduction
+  DeviceBuffer shard;  // the reduce-scatter output (this rank's shard)
   std::vector<CommHandle> handles;
   bool first = false, last = false;  // first / last micro-step of the accumulation window
 };
@@ -59,10 +59,10 @@ struct GroupState {
   size_t numel = 0;
   sched::GroupShard shard;
   std::vector<size_t> param_offsets;
-  BlockId param = 0;                   // stage 3: this rank's shard; else the full group
-  std::vector<size_t> sub_groups;      // indices into Impl::subs that this rank steps
-  DeviceBuffer grad;                   // from GradBuffer until ReduceGradients
-  int reductions = 0;                  // in the current accumulation window
+  BlockId param = 0;                     // stage 3: this rank's shard; else the full group
+  std::vector<size_t> sub_groups;        // indices into Impl::subs that this rank steps
+  DeviceBuffer grad;                     // from GradBuffer until ReduceGradients
+  int reductions = 0;                    // in the current accumulation window
   std::shared_ptr<GatheredCopy> cached;  // stage 3: kept after Release (persistent / reuse)
 };
 
@@ -77,15 +77,15 @@ struct Engine::Impl {
   DType dtype = DType::kBF16;
   size_t elt = 2;
   int rank = 0, world = 1;
-  int gas = 1;                     // gradient_accumulation_steps
-  bool predivide = false;          // ReduceOptions::predivide
-  float post_scale = 1;            // multiplies the reduced gradient (before / gas)
-  double clip = 0;                 // gradient_clipping
+  int gas = 1;             // gradient_accumulation_steps
+  bool predivide = false;  // ReduceOptions::predivide
+  float post_scale = 1;    // multiplies the reduced gradient (before / gas)
+  double clip = 0;         // gradient_clipping
   bool overlap_comm = false;
   size_t sub_group_elems = 0;
   uint32_t pipeline_buffers = 4;
   uint64_t persistence_elems = 0, reuse_distance_elems = 0, max_live_elems = 0;
-  kernels::AdamHyper hyper;        // lr and step set per Step
+  kernels::AdamHyper hyper;  // lr and step set per Step
   std::optional<zero::LossScaler> scaler;
   std::optional<zero::LrSchedule> schedule;
 
@@ -95,15 +95,15 @@ struct Engine::Impl {
   std::vector<zero::GroupState> groups;
   std::vector<zero::SubGroup> subs;
   std::deque<zero::PendingReduce> pending;
-  DeviceBuffer exchange;           // world * 4 floats: the norm / overflow exchange
+  DeviceBuffer exchange;  // world * 4 floats: the norm / overflow exchange
 
   int64_t global_step = 0, skipped_steps = 0, applied_steps = 0;
   double last_lr = 0;
-  bool in_step = false;            // a Gather since the last Step began the trace's step
+  bool in_step = false;  // a Gather since the last Step began the trace's step
   int outstanding_gathers = 0;
   uint64_t cached_elems = 0;
-  Status failed;                   // the first error that failed the engine
-  StepTimings timings;             // since the last Step
+  Status failed;        // the first error that failed the engine
+  StepTimings timings;  // since the last Step
   EngineStats totals;
 
   // --- helpers (engine.cc) ---
@@ -121,6 +121,9 @@ struct Engine::Impl {
   // Blocking copies through the device's streams (host <-> device).
   Status CopySync(CopyDir dir, void* dst, const void* src, uint64_t bytes);
   Status ZeroDevice(void* ptr, uint64_t bytes);
+  // Create's last collective: every rank says whether it succeeded. -1 when all did, else the
+  // first rank that did not.
+  Result<int> AgreeOnCreate(bool ok);
   // Element range in the group's full (padded) buffer of sub-group s.
   size_t FullOffset(const zero::SubGroup& s) const {
     return static_cast<size_t>(s.owner) * groups[s.group].shard.shard_elems + s.offset;

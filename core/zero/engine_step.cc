@@ -88,8 +88,8 @@ Status Engine::Impl::ComputeMissingStats() {
   return Status::OK();
 }
 
-Status Engine::Impl::ExchangeStats(double local_sum_sq, bool local_nonfinite,
-                                   double* global_sum_sq, bool* global_nonfinite) {
+Status Engine::Impl::ExchangeStats(double local_sum_sq, bool local_nonfinite, double* global_sum_sq,
+                                   bool* global_nonfinite) {
   // Four fp32 words per rank: the double's bits, the overflow flag, padding. The all-gather moves
   // bytes; the sum runs here in rank order, identical on every rank.
   float mine[4] = {0, 0, local_nonfinite ? 1.0f : 0.0f, 0};
@@ -140,20 +140,28 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t) {
     const SubGroup& s = subs[i];
     std::vector<Ticket> tickets;
     if (opt_tier != opt_home) {
-      for (BlockId b : {s.master, s.exp_avg, s.exp_avg_sq}) tickets.push_back(store->Fetch(b, opt_tier));
+      for (BlockId b : {s.master, s.exp_avg, s.exp_avg_sq})
+        tickets.push_back(store->Fetch(b, opt_tier));
     }
     if (grad_tier != grad_home) tickets.push_back(store->Fetch(s.grad, grad_tier));
+    // The param block the Adam writes into (NVMe-homed params: staged ahead like the states).
+    if (param_tier != param_home)
+      tickets.push_back(store->Fetch(groups[s.group].param, param_tier));
     TicketJoin::Start(std::make_shared<TicketJoin>(std::move(done)), tickets);
     return Status::OK();
   };
   stages.compute = [&](size_t i, uint32_t) -> Status {
     const SubGroup& s = subs[i];
-    STRATA_ASSIGN_OR_RETURN(Lease master, store->Acquire(s.master, opt_tier, Access::kWrite, timeout()));
-    STRATA_ASSIGN_OR_RETURN(Lease m, store->Acquire(s.exp_avg, opt_tier, Access::kWrite, timeout()));
-    STRATA_ASSIGN_OR_RETURN(Lease v, store->Acquire(s.exp_avg_sq, opt_tier, Access::kWrite, timeout()));
-    STRATA_ASSIGN_OR_RETURN(Lease grad, store->Acquire(s.grad, grad_tier, Access::kRead, timeout()));
-    STRATA_ASSIGN_OR_RETURN(Lease param,
-                            store->Acquire(groups[s.group].param, param_tier, Access::kWrite, timeout()));
+    STRATA_ASSIGN_OR_RETURN(Lease master,
+                            store->Acquire(s.master, opt_tier, Access::kWrite, timeout()));
+    STRATA_ASSIGN_OR_RETURN(Lease m,
+                            store->Acquire(s.exp_avg, opt_tier, Access::kWrite, timeout()));
+    STRATA_ASSIGN_OR_RETURN(Lease v,
+                            store->Acquire(s.exp_avg_sq, opt_tier, Access::kWrite, timeout()));
+    STRATA_ASSIGN_OR_RETURN(Lease grad,
+                            store->Acquire(s.grad, grad_tier, Access::kRead, timeout()));
+    STRATA_ASSIGN_OR_RETURN(
+        Lease param, store->Acquire(groups[s.group].param, param_tier, Access::kWrite, timeout()));
     kernels::AdamShard shard;
     shard.master = static_cast<float*>(master.data());
     shard.exp_avg = static_cast<float*>(m.data());
@@ -188,11 +196,16 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t) {
   };
   // The pipeline runs over this rank's sub-groups in order; map its index to the sub-group.
   std::vector<size_t> order;
-  for (const zero::GroupState& gs : groups) order.insert(order.end(), gs.sub_groups.begin(), gs.sub_groups.end());
+  for (const zero::GroupState& gs : groups)
+    order.insert(order.end(), gs.sub_groups.begin(), gs.sub_groups.end());
   sched::PipelineStages mapped;
-  mapped.read = [&](size_t i, uint32_t slot, sched::StageDone d) { return stages.read(order[i], slot, std::move(d)); };
+  mapped.read = [&](size_t i, uint32_t slot, sched::StageDone d) {
+    return stages.read(order[i], slot, std::move(d));
+  };
   mapped.compute = [&](size_t i, uint32_t slot) { return stages.compute(order[i], slot); };
-  mapped.write = [&](size_t i, uint32_t slot, sched::StageDone d) { return stages.write(order[i], slot, std::move(d)); };
+  mapped.write = [&](size_t i, uint32_t slot, sched::StageDone d) {
+    return stages.write(order[i], slot, std::move(d));
+  };
   sched::StepPipeline pipeline(po);
   sched::PipelineStats ps;
   const auto t0 = Clock::now();

@@ -6,8 +6,8 @@
 //   engine->InitParameters(fill);                                  // or InitFromFullTensors
 //   for (step ...) {
 //     for (micro ...) {                                             // gradient_accumulation_steps
-//       for (g in forward order)  { auto p = engine->Gather(g); forward(p); engine->Release(std::move(p)); }
-//       for (g in reverse order) { auto p = engine->Gather(g);
+//       for (g in forward order)  { auto p = engine->Gather(g); forward(p);
+//       engine->Release(std::move(p)); } for (g in reverse order) { auto p = engine->Gather(g);
 //                                  auto grad = engine->GradBuffer(g);   // zeroed, on the device
 //                                  backward(p, loss * engine->LossScale(), grad);
 //                                  engine->Release(std::move(p));
@@ -28,7 +28,8 @@
 //     stage3_max_reuse_distance elements of gathering (the recorded trace says so).
 //   - fp32 master, Adam m and v, and the fp32 accumulated gradient: per optimizer sub-group (a
 //     group's shard cut into pieces of at most sub_group_size elements) on the optimizer home
-//     (offload_optimizer: device | host | nvme); partitioned from stage 1, a full replica at stage 0.
+//     (offload_optimizer: device | host | nvme); partitioned from stage 1, a full replica at stage
+//     0.
 //   - gradient buffers the trainer writes: one full group on the device from GradBuffer(g) until
 //     ReduceGradients(g) has reduced it (then freed).
 //
@@ -163,11 +164,11 @@ class GatheredGroup {
 
 // Timings of one Step and of the micro-steps since the previous one (nanoseconds).
 struct StepTimings {
-  uint64_t gather_wait_ns = 0;  // Gather calls: fetch + all-gather waits
-  uint64_t reduce_wait_ns = 0;  // waits for reductions and gradient accumulation
-  uint64_t optimizer_ns = 0;    // the Adam pipeline (compute + waits for its IO)
+  uint64_t gather_wait_ns = 0;        // Gather calls: fetch + all-gather waits
+  uint64_t reduce_wait_ns = 0;        // waits for reductions and gradient accumulation
+  uint64_t optimizer_ns = 0;          // the Adam pipeline (compute + waits for its IO)
   uint64_t optimizer_io_wait_ns = 0;  // of which: waiting for reads and writes
-  uint64_t step_ns = 0;         // the whole Step call
+  uint64_t step_ns = 0;               // the whole Step call
 };
 
 struct StepReport {
@@ -196,18 +197,18 @@ struct EngineLayout {
   OffloadDevice offload_param = OffloadDevice::kNone;
   DType dtype = DType::kBF16;
   int world_size = 1, rank = 0;
-  size_t params = 0;           // model elements
-  size_t sub_groups = 0;       // optimizer sub-groups this rank steps
+  size_t params = 0;                  // model elements
+  size_t sub_groups = 0;              // optimizer sub-groups this rank steps
   PerTier<uint64_t> state_bytes{};    // homes of the states
   PerTier<uint64_t> working_bytes{};  // gathered groups, gradient buffers, pipeline staging
   PerTier<uint64_t> budget_bytes{};
-  std::vector<std::string> notes;     // placement rules applied, settings accepted but unused
-  std::string ToString() const;       // the table Create prints
+  std::vector<std::string> notes;  // placement rules applied, settings accepted but unused
+  std::string ToString() const;    // the table Create prints
 };
 
 // Fills elements [begin, end) of parameter `param` of group `group` (row-major) into out[0..).
-using ParamFill = std::function<void(size_t group, size_t param, size_t begin, size_t end,
-                                     float* out)>;
+using ParamFill =
+    std::function<void(size_t group, size_t param, size_t begin, size_t end, float* out)>;
 
 class Engine {
  public:
