@@ -54,6 +54,35 @@ Status AccumulateHost(float* acc, const void* grad, DType dtype, float scale, bo
   return Status::OK();
 }
 
+struct AccumulateArgs {
+  float* acc;
+  const uint8_t* grad;
+  DType dtype;
+  float scale;
+  bool overwrite;
+  Status status[64];
+};
+
+// Element-wise, so the split over the pool's threads never changes a bit.
+Status AccumulatePooled(kernels::KernelPool& pool, float* acc, const void* grad, DType dtype,
+                        float scale, bool overwrite, size_t n) {
+  if (n < (size_t{1} << 16) || pool.threads() > 64) {
+    return AccumulateHost(acc, grad, dtype, scale, overwrite, n);
+  }
+  AccumulateArgs a{acc, static_cast<const uint8_t*>(grad), dtype, scale, overwrite, {}};
+  pool.ForEachTile(
+      n, 0,
+      [](void* ctx, int slot, size_t b, size_t e) {
+        auto* x = static_cast<AccumulateArgs*>(ctx);
+        Status st = AccumulateHost(x->acc + b, x->grad + b * DTypeSize(x->dtype), x->dtype,
+                                   x->scale, x->overwrite, e - b);
+        if (!st.ok() && x->status[slot].ok()) x->status[slot] = st;
+      },
+      &a);
+  for (int i = 0; i < pool.threads(); ++i) STRATA_RETURN_IF_ERROR(a.status[i]);
+  return Status::OK();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -242,7 +271,7 @@ Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
     }
     STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, tier, Access::kWrite, timeout()));
     float* a = static_cast<float*>(acc.data());
-    STRATA_RETURN_IF_ERROR(AccumulateHost(a, src, dtype, post_scale, p.first, s.elems));
+    STRATA_RETURN_IF_ERROR(AccumulatePooled(*pool, a, src, dtype, post_scale, p.first, s.elems));
     acc.MarkDirty();
     s.stats_valid = false;
     if (p.last && s.owner == rank) {
