@@ -30,5 +30,5 @@ if ! "$vpy" -c 'import torch' 2>/dev/null; then
     "$vpy" -m pip install -q torch >&2
 fi
 "$vpy" -c 'import nanobind, scikit_build_core, pytest, numpy' 2>/dev/null ||
-  "$vpy" -m pip install -q "nanobind>=2.2" "scikit-build-core>=0.9" pytest numpy >&2
+  "$vpy" -m pip install -q "nanobind>=2.2" "scikit-build-core>=0.10" pytest numpy >&2
 echo "$venv"

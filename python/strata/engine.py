@@ -101,6 +101,9 @@ class StrataEngine(torch.nn.Module):
                 for g in self._groups]
         self._engine.init_from_tensors(init)
         self._shapes = [{n: list(p.shape) for n, p in g.params} for g in self._groups]
+        for g in self._groups:
+            for _, p in g.params:
+                p._strata_engine = self  # strata.zero.GatheredParameters finds the engine
         self._release_all()  # parameters are empty until gathered
         self.micro_steps = 0
         self.global_steps = 0

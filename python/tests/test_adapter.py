@@ -128,3 +128,19 @@ def test_nvme_path_not_writable_is_an_exception(tmp_path):
     cfg = ds_config(3, "nvme", nvme_path=str(tmp_path / "does" / "not" / "exist"))
     with pytest.raises(strata.StrataError):
         strata.initialize(model=make_model("mlp"), config=cfg)
+
+
+def test_zero_gathered_parameters():
+    model = make_model("gpt")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3))
+    assert model.wte.weight.numel() == 0
+    with strata.zero.GatheredParameters(model.parameters()):
+        assert model.wte.weight.shape == (37, 32)
+        assert model.head.weight is model.wte.weight
+    assert model.wte.weight.numel() == 0
+    with pytest.raises(NotImplementedError, match="modifier_rank"):
+        with strata.zero.GatheredParameters(model.parameters(), modifier_rank=0):
+            pass
+    with pytest.raises(NotImplementedError, match="zero.Init"):
+        strata.zero.Init()
+    engine.close()
