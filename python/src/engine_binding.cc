@@ -1,0 +1,406 @@
+// strata._strata.Engine: the C++ Engine (include/strata/engine.h) on HostDevice + Gloo, for a
+// Python trainer. Tensors cross zero-copy: gather() and grad_buffer() return DLPack-capable
+// ndarrays (bf16 included) that alias the engine's buffers. HostDevice "device" memory is host
+// memory, so torch.from_dlpack gives CPU tensors over it.
+//
+// Lifetimes: a gathered view is valid until release(g) (or the next step's parameter update
+// for stages 0-2, whose replica it aliases); a gradient view until reduce_gradients(g). Each view
+// keeps the Python Engine object alive, never the buffer: using one past those points reads
+// freed or reused memory. The torch adapter (strata/engine.py) drops its views at those points.
+//
+// Communicator: world_size 1 needs no rendezvous. Above that, ranks meet through
+// cpu::OpenRendezvousStore with the variables torchrun / `offloadctl launch` set (RANK,
+// WORLD_SIZE, MASTER_ADDR, MASTER_PORT, STRATA_RDZV_DIR for a shared-directory file store,
+// STRATA_RDZV_SECRET / STRATA_RDZV_INSECURE), then connect a Gloo communicator. Its TCP transport
+// binds to STRATA_GLOO_HOSTNAME (default 127.0.0.1: one machine).
+//
+// Threads: call from one thread. Calls that wait (gather, reduce_gradients, step, read_master,
+// creation) release the GIL.
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "cpu/rendezvous/rendezvous.h"
+#include "python/src/binding_util.h"
+#include "strata/comm.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "strata/engine.h"
+
+namespace nb = nanobind;
+
+namespace strata::python {
+namespace {
+
+using ParamList = std::vector<std::tuple<std::string, std::vector<int64_t>>>;
+using GroupList = std::vector<std::tuple<std::string, ParamList>>;
+using FloatArray = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+
+nb::dlpack::dtype ToDLPack(DType dt) {
+  switch (dt) {
+    case DType::kF32:
+      return nb::dtype<float>();
+    case DType::kBF16:
+      return {static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+    case DType::kF16:
+      return {static_cast<uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
+    default:
+      throw StatusError(Status::InvalidArgument("no DLPack dtype for the engine's dtype"));
+  }
+}
+
+std::string_view DTypeLabel(DType dt) {
+  switch (dt) {
+    case DType::kF32:
+      return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    default:
+      return "?";
+  }
+}
+
+nb::dict TierDict(const PerTier<uint64_t>& t) {
+  nb::dict d;
+  for (Tier tier : kAllTiers) d[nb::str(std::string(TierName(tier)).c_str())] = t[tier];
+  return d;
+}
+
+class PyEngine {
+ public:
+  PyEngine(const GroupList& groups, const std::string& config_json, int rank, int world_size,
+           const std::vector<std::string>& nvme_paths, uint64_t device_budget_bytes,
+           int64_t timeout_ms, const std::string& io, int master_port) {
+    ModelSpec model;
+    for (const auto& [gname, params] : groups) {
+      GroupSpec g{gname, {}};
+      for (const auto& [pname, shape] : params) g.params.push_back({pname, shape});
+      model.groups.push_back(std::move(g));
+    }
+    ThrowIfError(model.Validate());
+    ParseOptions po;
+    po.world_size = world_size;
+    po.source_name = "config";
+    ParsedConfig parsed = ValueOrThrow(ParseDeepSpeedConfig(config_json, po));
+    const auto timeout = std::chrono::milliseconds(timeout_ms);
+    nb::gil_scoped_release unlocked;
+    HostDeviceOptions ho;
+    ho.budget_bytes = device_budget_bytes;
+    device_ = ValueOrThrow(CreateHostDevice(ho));
+    GlooCommOptions go;
+    go.rank = rank;
+    go.world_size = world_size;
+    go.timeout = timeout;
+    if (const char* h = std::getenv("STRATA_GLOO_HOSTNAME"); h != nullptr && *h != '\0') {
+      go.hostname = h;
+    }
+    if (world_size > 1) {
+      // master_port > 0 replaces MASTER_PORT (torchrun's own store already listens there).
+      const std::string port = std::to_string(master_port);
+      auto getenv = [&](const char* name) -> const char* {
+        if (master_port > 0 && std::strcmp(name, "MASTER_PORT") == 0) return port.c_str();
+        return std::getenv(name);
+      };
+      cpu::RendezvousConfig rc = ValueOrThrow(cpu::RendezvousConfig::FromEnv(getenv));
+      if (rc.rank != rank || rc.world_size != world_size) {
+        ThrowIfError(Status::InvalidArgument(
+            "rank/world_size (" + std::to_string(rank) + "/" + std::to_string(world_size) +
+            ") differ from RANK/WORLD_SIZE in the environment (" + std::to_string(rc.rank) + "/" +
+            std::to_string(rc.world_size) + ")"));
+      }
+      store_ = ValueOrThrow(cpu::OpenRendezvousStore(rc));
+      go.store = store_.get();
+    }
+    comm_ = ValueOrThrow(CreateGlooCommunicator(go));
+    EngineOptions eo;
+    eo.config = parsed.config;
+    eo.device = device_.get();
+    eo.comm = comm_.get();
+    eo.nvme_paths = nvme_paths;
+    eo.use_pinned_pool = false;  // no GPU: nothing to pin for
+    eo.timeout = timeout;
+    if (io == "posix") {
+      eo.io_kind = IoBackendKind::kPosix;
+    } else if (io == "uring") {
+      eo.io_kind = IoBackendKind::kIoUring;
+    } else if (io != "auto") {
+      ThrowIfError(Status::InvalidArgument("io must be auto, posix or uring, got '" + io + "'"));
+    }
+    engine_ = ValueOrThrow(Engine::Create(model, std::move(eo)));
+    gathered_.resize(model.groups.size());
+  }
+
+  ~PyEngine() { Close(); }
+
+  // Releases every gathered group and destroys the engine, the communicator and the device.
+  void Close() {
+    if (engine_) {
+      for (auto& g : gathered_) {
+        if (g) engine_->Release(std::move(*g));
+        g.reset();
+      }
+    }
+    engine_.reset();
+    comm_.reset();
+    store_.reset();
+    device_.reset();
+  }
+
+  Engine& engine() {
+    if (!engine_) throw StatusError(Status::FailedPrecondition("the engine was closed"));
+    return *engine_;
+  }
+
+  size_t CheckGroup(size_t g) {
+    if (g >= engine().model().groups.size()) {
+      throw nb::index_error(("group " + std::to_string(g) + " out of range (" +
+                             std::to_string(engine().model().groups.size()) + " groups)")
+                                .c_str());
+    }
+    return g;
+  }
+
+  void InitFromTensors(const std::vector<std::vector<FloatArray>>& tensors) {
+    const ModelSpec& m = engine().model();
+    if (tensors.size() != m.groups.size()) {
+      ThrowIfError(Status::InvalidArgument("init: " + std::to_string(tensors.size()) +
+                                           " groups given, the model has " +
+                                           std::to_string(m.groups.size())));
+    }
+    std::vector<std::vector<const float*>> ptrs(m.groups.size());
+    for (size_t g = 0; g < m.groups.size(); ++g) {
+      if (tensors[g].size() != m.groups[g].params.size()) {
+        ThrowIfError(Status::InvalidArgument("init: group '" + m.groups[g].name + "' has " +
+                                             std::to_string(m.groups[g].params.size()) +
+                                             " params, " + std::to_string(tensors[g].size()) +
+                                             " given"));
+      }
+      for (size_t p = 0; p < tensors[g].size(); ++p) {
+        if (tensors[g][p].size() != m.groups[g].params[p].numel()) {
+          ThrowIfError(Status::InvalidArgument(
+              "init: " + m.groups[g].name + "." + m.groups[g].params[p].name + " has " +
+              std::to_string(m.groups[g].params[p].numel()) + " elements, " +
+              std::to_string(tensors[g][p].size()) + " given"));
+        }
+        ptrs[g].push_back(tensors[g][p].data());
+      }
+    }
+    nb::gil_scoped_release unlocked;
+    ThrowIfError(engine().InitFromFullTensors(ptrs));
+  }
+
+  // Per-parameter views at `base` (the group's flat buffer, params back to back).
+  nb::list Views(size_t g, void* base) {
+    const GroupSpec& gs = engine().model().groups[g];
+    const size_t elt = DTypeSize(engine().dtype());
+    const nb::dlpack::dtype dt = ToDLPack(engine().dtype());
+    nb::handle owner = nb::find(this);
+    nb::list out;
+    size_t off = 0;
+    for (const ParamSpec& p : gs.params) {
+      std::vector<size_t> shape(p.shape.begin(), p.shape.end());
+      out.append(nb::ndarray<nb::array_api>(static_cast<uint8_t*>(base) + off * elt, shape.size(), shape.data(),
+                               owner, nullptr, dt));
+      off += p.numel();
+    }
+    return out;
+  }
+
+  nb::list Gather(size_t g) {
+    CheckGroup(g);
+    if (!gathered_[g]) {
+      Result<GatheredGroup> r = [&] {
+        nb::gil_scoped_release unlocked;
+        return engine().Gather(g);
+      }();
+      gathered_[g] = ValueOrThrow(std::move(r));
+    }
+    return Views(g, const_cast<void*>(gathered_[g]->data()));
+  }
+
+  bool IsGathered(size_t g) { return gathered_[CheckGroup(g)].has_value(); }
+
+  void Release(size_t g) {
+    CheckGroup(g);
+    if (gathered_[g]) engine().Release(std::move(*gathered_[g]));
+    gathered_[g].reset();
+  }
+
+  nb::list GradBuffer(size_t g) {
+    CheckGroup(g);
+    void* buf = ValueOrThrow(engine().GradBuffer(g));
+    return Views(g, buf);
+  }
+
+  void ReduceGradients(size_t g) {
+    CheckGroup(g);
+    nb::gil_scoped_release unlocked;
+    ThrowIfError(engine().ReduceGradients(g));
+  }
+
+  nb::dict Step() {
+    Result<StepReport> r = [&] {
+      nb::gil_scoped_release unlocked;
+      return engine().Step();
+    }();
+    StepReport rep = ValueOrThrow(std::move(r));
+    nb::dict d;
+    d["global_step"] = rep.global_step;
+    d["skipped"] = rep.skipped;
+    d["grad_norm"] = rep.grad_norm;
+    d["loss_scale"] = rep.loss_scale;
+    d["lr"] = rep.lr;
+    d["clip_coefficient"] = rep.clip_coefficient;
+    nb::dict t;
+    t["gather_wait_ns"] = rep.timings.gather_wait_ns;
+    t["reduce_wait_ns"] = rep.timings.reduce_wait_ns;
+    t["optimizer_ns"] = rep.timings.optimizer_ns;
+    t["optimizer_io_wait_ns"] = rep.timings.optimizer_io_wait_ns;
+    t["step_ns"] = rep.timings.step_ns;
+    d["timings"] = t;
+    return d;
+  }
+
+  nb::ndarray<nb::numpy, float> ReadMaster(size_t g) {
+    CheckGroup(g);
+    const size_t n = engine().model().groups[g].numel();
+    auto* data = new float[n];
+    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+    {
+      nb::gil_scoped_release unlocked;
+      ThrowIfError(engine().ReadMaster(g, std::span<float>(data, n)));
+    }
+    return nb::ndarray<nb::numpy, float>(data, {n}, owner);
+  }
+
+  nb::dict Stats() {
+    EngineStats s = engine().Stats();
+    nb::dict d;
+    d["global_step"] = s.global_step;
+    d["skipped_steps"] = s.skipped_steps;
+    d["peak_bytes"] = TierDict(s.peak_bytes);
+    d["gather_wait_ns"] = s.gather_wait_ns;
+    d["reduce_wait_ns"] = s.reduce_wait_ns;
+    d["optimizer_ns"] = s.optimizer_ns;
+    d["optimizer_io_wait_ns"] = s.optimizer_io_wait_ns;
+    nb::dict store;
+    nb::dict moved;
+    for (Tier from : kAllTiers) {
+      for (Tier to : kAllTiers) {
+        if (s.store.bytes_moved[from][to] == 0) continue;
+        moved[nb::str((std::string(TierName(from)) + "->" + std::string(TierName(to))).c_str())] =
+            s.store.bytes_moved[from][to];
+      }
+    }
+    store["bytes_moved"] = moved;
+    store["stall_ns"] = s.store.stall_ns;
+    store["acquires"] = s.store.acquires;
+    store["acquire_hits"] = s.store.acquire_hits;
+    store["used_bytes"] = TierDict(s.store.used_bytes);
+    store["peak_bytes"] = TierDict(s.store.peak_bytes);
+    store["budget_bytes"] = TierDict(s.store.budget_bytes);
+    store["io_busy_ns"] = s.store.io_busy_ns;
+    store["io_bytes"] = s.store.io_bytes;
+    store["copy_bytes"] = s.store.copy_bytes;
+    store["evictions"] = s.store.evictions;
+    store["errors"] = s.store.errors;
+    d["store"] = store;
+    nb::dict comm;
+    for (size_t i = 0; i < kCommOpCount; ++i) {
+      const CommOpBytes& o = s.comm.ops[i];
+      nb::dict e;
+      e["calls"] = o.calls;
+      e["payload_bytes"] = o.payload_bytes;
+      e["sent_bytes"] = o.sent_bytes;
+      e["received_bytes"] = o.received_bytes;
+      e["wire_sent_bytes"] = o.wire_sent_bytes;
+      e["wire_received_bytes"] = o.wire_received_bytes;
+      comm[nb::str(std::string(CommOpName(static_cast<CommOp>(i))).c_str())] = e;
+    }
+    d["comm"] = comm;
+    return d;
+  }
+
+  nb::dict Layout() {
+    const EngineLayout& L = engine().layout();
+    nb::dict d;
+    d["stage"] = L.stage;
+    d["offload_optimizer"] = std::string(OffloadDeviceName(L.offload_optimizer));
+    d["offload_param"] = std::string(OffloadDeviceName(L.offload_param));
+    d["dtype"] = std::string(DTypeLabel(L.dtype));
+    d["world_size"] = L.world_size;
+    d["rank"] = L.rank;
+    d["params"] = L.params;
+    d["sub_groups"] = L.sub_groups;
+    d["state_bytes"] = TierDict(L.state_bytes);
+    d["working_bytes"] = TierDict(L.working_bytes);
+    d["budget_bytes"] = TierDict(L.budget_bytes);
+    d["notes"] = nb::cast(L.notes);
+    d["text"] = L.ToString();
+    return d;
+  }
+
+ private:
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<KvStore> store_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Engine> engine_;
+  std::vector<std::optional<GatheredGroup>> gathered_;
+};
+
+}  // namespace
+
+void BindEngine(nb::module_& m) {
+  nb::class_<PyEngine>(m, "Engine")
+      .def(nb::init<const GroupList&, const std::string&, int, int, const std::vector<std::string>&,
+                    uint64_t, int64_t, const std::string&, int>(),
+           nb::arg("groups"), nb::arg("config_json"), nb::arg("rank") = 0,
+           nb::arg("world_size") = 1, nb::arg("nvme_paths") = std::vector<std::string>{},
+           nb::arg("device_budget_bytes") = uint64_t{8} << 30, nb::arg("timeout_ms") = 300000,
+           nb::arg("io") = "auto", nb::arg("master_port") = 0,
+           "Creates the engine for `groups` ([(group name, [(param name, shape)])], forward "
+           "order) and a DeepSpeed config (JSON text) on HostDevice + Gloo.")
+      .def("init_from_tensors", &PyEngine::InitFromTensors, nb::arg("tensors"),
+           "Initial weights: tensors[g][p] a contiguous float32 CPU array (collective).")
+      .def("gather", &PyEngine::Gather, nb::arg("group"),
+           "The group's parameters as zero-copy DLPack arrays (working dtype), valid until "
+           "release(group). Gathering a gathered group returns views of the same buffer.")
+      .def("is_gathered", &PyEngine::IsGathered, nb::arg("group"))
+      .def("release", &PyEngine::Release, nb::arg("group"))
+      .def("grad_buffer", &PyEngine::GradBuffer, nb::arg("group"),
+           "Zeroed gradient views (working dtype) for this micro-step, valid until "
+           "reduce_gradients(group).")
+      .def("reduce_gradients", &PyEngine::ReduceGradients, nb::arg("group"))
+      .def("step", &PyEngine::Step, "The optimizer step (collective); returns the step report.")
+      .def("read_master", &PyEngine::ReadMaster, nb::arg("group"),
+           "The group's fp32 master weights, flat (collective).")
+      .def("stats", &PyEngine::Stats)
+      .def("layout", &PyEngine::Layout)
+      .def("close", &PyEngine::Close)
+      .def_prop_ro("loss_scale", [](PyEngine& e) { return e.engine().LossScale(); })
+      .def_prop_ro("lr", [](PyEngine& e) { return e.engine().lr(); })
+      .def_prop_ro("global_step", [](PyEngine& e) { return e.engine().global_step(); })
+      .def_prop_ro("rank", [](PyEngine& e) { return e.engine().rank(); })
+      .def_prop_ro("world_size", [](PyEngine& e) { return e.engine().world_size(); })
+      .def_prop_ro("dtype", [](PyEngine& e) { return std::string(DTypeLabel(e.engine().dtype())); })
+      .def_prop_ro("num_groups", [](PyEngine& e) { return e.engine().model().groups.size(); })
+      .def("health", [](PyEngine& e) { ThrowIfError(e.engine().health()); },
+           "Raises the error that failed the engine, if any.");
+}
+
+}  // namespace strata::python

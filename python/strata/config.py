@@ -1,0 +1,90 @@
+"""Config checking and memory planning (no torch needed)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Mapping, Optional, Union
+
+from . import _strata
+
+ConfigLike = Union[str, "os.PathLike[str]", Mapping[str, Any]]
+
+
+class ConfigError(_strata.StrataError, ValueError):
+    """An invalid DeepSpeed config; the message lists every error (path: what is wrong)."""
+
+
+def _text_or_path(config: ConfigLike) -> tuple[str, str]:
+    """(json text, path): exactly one is non-empty."""
+    if isinstance(config, Mapping):
+        return json.dumps(config), ""
+    if isinstance(config, (str, os.PathLike)):
+        s = os.fspath(config)
+        if s.lstrip().startswith("{"):
+            return s, ""
+        return "", s
+    raise TypeError(f"config must be a dict, a JSON string or a path, not {type(config).__name__}")
+
+
+def check_config(config: ConfigLike, *, world_size: Optional[int] = None, strict: bool = False,
+                 check_here: bool = False, auto_values: Optional[Mapping[str, Any]] = None,
+                 hidden_size: Optional[int] = None) -> dict:
+    """Checks a DeepSpeed config (a dict, JSON text or a file path) as `offloadctl config check`.
+
+    Returns {"ok", "errors", "warnings", "notes", "effective_json", ...}; each error and warning
+    is a dict with kind, path, message, line, column and text. Never raises for a bad config;
+    raises StrataError when the file cannot be read.
+    """
+    text, path = _text_or_path(config)
+    autos = {k: json.dumps(v) for k, v in (auto_values or {}).items()}
+    return _strata.check_config(text, path, world_size, strict, check_here, autos, hidden_size)
+
+
+def load_config(config: ConfigLike, *, world_size: Optional[int] = None,
+                auto_values: Optional[Mapping[str, Any]] = None) -> dict:
+    """Checks the config and returns it as a dict (comments stripped, "auto" values substituted);
+    raises ConfigError with every error's text when it is invalid."""
+    res = check_config(config, world_size=world_size, auto_values=auto_values)
+    if not res["ok"]:
+        raise ConfigError("invalid DeepSpeed config:\n" +
+                          "\n".join(e["text"] for e in res["errors"]))
+    return json.loads(res["normalized_json"])
+
+
+def plan(params: Union[int, float, str], config: Optional[ConfigLike] = None, *,
+         stage: Optional[int] = None, offload_optimizer: Optional[str] = None,
+         offload_param: Optional[str] = None, gpus: int = 8, nodes: int = 1,
+         hbm_gb: float = 80, dram_gb: float = 1024, nvme_gb: float = 3840,
+         nvme_gbps: float = 6, largest_group: float = 0, activations_gb: float = 0,
+         grad_accum: int = 0, recipe: str = "", text: bool = False):
+    """The ZeRO memory plan for `params` parameters, as `offloadctl plan --json` (a dict; the
+    readable report with text=True). `params` may be a count or a string like "7B"."""
+    if isinstance(params, str):
+        params = _parse_count(params)
+    tmp = None
+    config_path = ""
+    if config is not None:
+        ctext, config_path = _text_or_path(config)
+        if ctext:
+            tmp = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+            tmp.write(ctext)
+            tmp.close()
+            config_path = tmp.name
+    try:
+        js, report, _fits = _strata.plan(
+            float(params), config_path, -1 if stage is None else stage, offload_optimizer or "",
+            offload_param or "", gpus, nodes, hbm_gb, dram_gb, nvme_gb, nvme_gbps,
+            float(largest_group), activations_gb, grad_accum, recipe)
+    finally:
+        if tmp is not None:
+            os.unlink(tmp.name)
+    return report if text else json.loads(js)
+
+
+def _parse_count(s: str) -> float:
+    mult = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+    t = s.strip().lower()
+    if t and t[-1] in mult:
+        return float(t[:-1]) * mult[t[-1]]
+    return float(t)

@@ -1,0 +1,55 @@
+"""The native module without torch: config checks, the planner, the raw Engine."""
+import json
+
+import numpy as np
+import pytest
+
+import strata
+
+
+def test_check_config_reports_errors():
+    r = strata.check_config({"zero_optimization": {"stage": 5}})
+    assert not r["ok"]
+    assert r["errors"][0]["path"] == "zero_optimization.stage"
+    assert strata.check_config({"train_micro_batch_size_per_gpu": 1})["ok"]
+
+
+def test_check_config_file(tmp_path):
+    p = tmp_path / "ds.json"
+    p.write_text('{"zero_optimization": {"stage": 3}, // a comment\n}')
+    assert strata.check_config(str(p))["ok"]
+    with pytest.raises(strata.StrataError, match="NotFound"):
+        strata.check_config(str(tmp_path / "missing.json"))
+
+
+def test_plan():
+    p = strata.plan("7B", {"zero_optimization": {"stage": 3}}, gpus=2)
+    assert "ledger" in p and "ladder" in p
+    assert "stage" in strata.plan(7e9, stage=3, text=True).lower()
+
+
+def test_raw_engine_zero_copy():
+    cfg = {"train_micro_batch_size_per_gpu": 1,
+           "optimizer": {"type": "Adam", "params": {"lr": 0.1}},
+           "zero_optimization": {"stage": 3}}
+    e = strata.Engine([("g", [("w", [2, 3]), ("b", [2])])], json.dumps(cfg))
+    assert e.dtype == "float32" and e.num_groups == 1
+    e.init_from_tensors([[np.arange(6, dtype=np.float32).reshape(2, 3),
+                          np.zeros(2, np.float32)]])
+    w, b = (np.from_dlpack(v) for v in e.gather(0))
+    assert w.shape == (2, 3) and w[1, 2] == 5
+    e.release(0)
+    gw, gb = (np.from_dlpack(v) for v in e.grad_buffer(0))
+    assert not gw.any()
+    gw[:] = 1.0
+    e.reduce_gradients(0)
+    rep = e.step()
+    assert rep["global_step"] == 1 and not rep["skipped"]
+    m = e.read_master(0)
+    np.testing.assert_allclose(m[:6], np.arange(6) - 0.1, rtol=1e-6)
+    np.testing.assert_allclose(m[6:], 0, atol=0)
+    with pytest.raises(IndexError):
+        e.gather(3)
+    e.close()
+    with pytest.raises(strata.StrataError, match="closed"):
+        e.step()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Creates (or completes) the Python virtual environment the strata package is built and tested
+# in: ${STRATA_VENV:-.venv} at the repository root (ignored by git), with torch (the CPU wheel from
+# download.pytorch.org when reachable, else PyPI's), nanobind, scikit-build-core, pytest and
+# numpy. Prints the venv's path on the last line. Idempotent: a complete venv is left as it is.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${STRATA_VENV:-$PWD/.venv}
+py=${PYTHON:-python3}
+# Debian's python3 needs python3-venv (ensurepip) and python3-dev (Python.h for the module).
+if command -v dpkg-query >/dev/null && [[ "$($py -c 'import sys; print(sys.prefix)')" == /usr ]]; then
+  missing=()
+  for p in python3-venv python3-dev; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    SUDO=""
+    [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+    echo "python-env: installing ${missing[*]}" >&2
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+fi
+[[ -x "$venv/bin/python" ]] || "$py" -m venv "$venv"
+vpy="$venv/bin/python"
+if ! "$vpy" -c 'import torch' 2>/dev/null; then
+  "$vpy" -m pip install -q --upgrade pip >&2
+  # The CPU wheel is ~200 MB against ~2.5 GB of CUDA wheels from PyPI.
+  "$vpy" -m pip install -q --retries 0 --timeout 15 torch --index-url https://download.pytorch.org/whl/cpu >&2 ||
+    "$vpy" -m pip install -q torch >&2
+fi
+"$vpy" -c 'import nanobind, scikit_build_core, pytest, numpy' 2>/dev/null ||
+  "$vpy" -m pip install -q "nanobind>=2.2" "scikit-build-core>=0.10" pytest numpy >&2
+echo "$venv"
