@@ -45,18 +45,23 @@ pid_t CreatingPid(const std::string& name) {
   return static_cast<pid_t>(std::stol(name.substr(b)));
 }
 
-// A key of cpu::FileKvStore (letters, digits, '_', '-', '%'-escapes), or its ".tmp.<pid>" file.
+// A key of cpu::FileKvStore (letters, digits, '_', '-', '%'-escapes, and '~' before the SHA-256
+// of a long key), or its temp file "<key>.tmp.<pid>.<seq>".
 bool IsRendezvousKeyName(const std::string& name) {
   size_t end = name.size();
   const size_t tmp = name.find(".tmp.");
   if (tmp != std::string::npos) {
-    if (!AllDigits(name, tmp + 5, name.size())) return false;
+    const size_t dot = name.find('.', tmp + 5);
+    if (dot == std::string::npos || !AllDigits(name, tmp + 5, dot) ||
+        !AllDigits(name, dot + 1, name.size())) {
+      return false;
+    }
     end = tmp;
   }
   if (end == 0) return false;
   for (size_t i = 0; i < end; ++i) {
     const unsigned char c = static_cast<unsigned char>(name[i]);
-    if (!std::isalnum(c) && c != '_' && c != '-' && c != '%') return false;
+    if (!std::isalnum(c) && c != '_' && c != '-' && c != '%' && c != '~') return false;
   }
   return true;
 }

@@ -263,9 +263,14 @@ TEST(LeftoverReport, BenchStoreAndBenchCommReportTheirBases) {
   TempDir tmp("report-tmp");
   fs::create_directory(tmp.File("strata-bench-comm.EEEEEE"));
   WriteFile(tmp.File("strata-bench-comm.EEEEEE/strata%2Fgloo%2F1%2Frank0"), 16);
+  // A long key's name (prefix~SHA-256) and a temp file of a killed Set ("<key>.tmp.<pid>.<seq>")
+  // are the store's names too, not foreign ones.
+  WriteFile(tmp.File("strata-bench-comm.EEEEEE/strata%2Fk~0123abcd"), 16);
+  WriteFile(tmp.File("strata-bench-comm.EEEEEE/strata%2Fk.tmp.4242.7"), 16);
   CliRun comm = Offloadctl("bench comm -n 2 --min-bytes 1K --max-bytes 1K --iters 1 --warmup 0",
                            "TMPDIR=" + tmp.path());
   ASSERT_EQ(comm.exit_code, 0) << comm.out << comm.err;
+  EXPECT_EQ(comm.err.find("a name strata does not use"), std::string::npos) << comm.err;
   EXPECT_NE(comm.err.find(tmp.File("strata-bench-comm.EEEEEE") + "/ (empty directory)"),
             std::string::npos)
       << comm.err;

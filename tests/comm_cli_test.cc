@@ -1,6 +1,7 @@
 // offloadctl launch and bench comm, run as a user would (the binary in STRATA_OFFLOADCTL), with
 // tests/comm_rank_main as the launched program. Every command runs under `timeout`.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -214,6 +215,24 @@ TEST(BenchCommCli, ReportsTheBytesActuallyMoved) {
     EXPECT_NEAR(r["algbw_gbps"].get<double>(),
                 static_cast<double>(want) / (r["time_us"].get<double>() * 1e-6) / 1e9, 1e-6);
   }
+}
+
+// A rank that dies by a signal cannot say so itself: bench comm names it and the signal (it
+// exited 1 without a word). Rank processes are bench comm's children; one is killed with SIGUSR1
+// as soon as it exists, well before its 1000 iterations of 16 MiB end.
+TEST(BenchCommCli, ARankKilledByASignalIsNamed) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Out o =
+      Sh("sh -c '" + Ctl() +
+         " bench comm -n 2 --dtype fp32 --min-bytes 16M --max-bytes 16M --iters 1000 "
+         "--timeout-s 100 & pid=$!; i=0; rank=; while [ -z \"$rank\" ] && [ $i -lt 400 ]; "
+         "do sleep 0.05; i=$((i+1)); rank=$(pgrep -P $pid | head -n 1); done; "
+         "kill -USR1 $rank; wait $pid'");
+  EXPECT_EQ(o.exit_code, 1) << o.out;
+  EXPECT_NE(o.out.find("was killed by signal " + std::to_string(SIGUSR1)), std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("bench comm: rank "), std::string::npos) << o.out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
 }
 
 TEST(BenchCommCli, BadOptionsAreUsageErrors) {

@@ -161,6 +161,24 @@ TEST_F(OffloadctlConfig, BinaryGarbageIsInvalidAndTheJsonStillParses) {
   EXPECT_EQ(j["errors"][0]["kind"], "syntax");
 }
 
+// JSON keys may hold any character. Text output showed "a\u0000b" as "a" (printf stops at the
+// NUL) and passed an ESC to the terminal; now control characters print as \xNN, in warnings and
+// in the kept keys alike. --json carries them escaped by the JSON writer.
+TEST_F(OffloadctlConfig, ControlCharactersInKeysArePrintedEscaped) {
+  const std::string path =
+      TempFile("ctl.json", R"({"train_batch_size": 8, "a\u0000b": 1, "c\u001b[31md": 2})");
+  const ProcessRun r = Offloadctl("config check " + path);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("unknown key 'a\\x00b'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  a\\x00b = 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("c\\x1b[31md"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\0'), std::string::npos);
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos);
+  const nlohmann::json j = ParseJson(Offloadctl("config check --json " + path));
+  ASSERT_EQ(j["warnings"].size(), 2u) << j.dump();
+  EXPECT_EQ(j["warnings"][0]["path"].get<std::string>(), std::string("a\0b", 3));
+}
+
 TEST_F(OffloadctlConfig, StrictMakesWarningsFail) {
   std::string fixture = SourceDir() + "/tests/data/ds_configs/hf_ds_config_zero3.json";
   EXPECT_EQ(Offloadctl("config check " + fixture).exit_code, 0);

@@ -173,6 +173,31 @@ TEST(OffloadctlPlan, InvalidConfigExitsOneNamingThePath) {
   std::filesystem::remove_all(dir);
 }
 
+// N = gpus x nodes is computed in 64 bits: 3 x 1431655766 wrapped to N = 2 in an int and
+// "fit"; 65536 x 65536 gave N = 0 and "inf GB". Too many ranks is a usage error naming N.
+TEST(OffloadctlPlan, RanksAreComputedIn64Bits) {
+  RunResult r = RunPlan("--params 7B --gpus 3 --nodes 1431655766", true);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("4294967298 ranks"), std::string::npos) << r.out;
+  r = RunPlan("--params 7B --gpus 65536 --nodes 65536", true);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(r.out.find("inf"), std::string::npos) << r.out;
+  r = RunPlan("--params 7B --gpus 8 --nodes 300000 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(ParseJson(r)["input"]["ranks"].get<int64_t>(), 2400000);
+}
+
+// One rule in one place: a config `config check` accepts is planned. axolotl's published
+// zero3_bf16_cpuoffload_all.json has sub_group_size 0 (valid DeepSpeed), which plan refused
+// with exit 2 ("must be a positive number").
+TEST(OffloadctlPlan, ConfigsThatConfigCheckAcceptsArePlanned) {
+  const std::string cfg =
+      SourceFile("tests/data/ds_configs/axolotl_zero3_bf16_cpuoffload_all.json");
+  const RunResult r = RunPlan("--params 7B --config '" + cfg + "' --json", true);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.find("must be"), std::string::npos) << r.out;
+}
+
 TEST(OffloadctlPlan, HelpDescribesEveryOption) {
   const RunResult r = RunPlan("--help");
   EXPECT_EQ(r.exit_code, 0);

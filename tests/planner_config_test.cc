@@ -1,5 +1,7 @@
 // EngineConfig -> PlanInput: the DeepSpeed keys the planner takes, with DeepSpeed's defaults
 // for absent keys and notes for values it cannot take as written.
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -145,6 +147,44 @@ TEST(PlannerConfig, AutoStageAndDevicesAreNotTakenAsAChoice) {
   EXPECT_TRUE(fixed.in.has_configured);
   EXPECT_EQ(fixed.in.zero.stage, 2);
   EXPECT_FALSE(HasNote(fixed, "is \"auto\": no stage"));
+}
+
+// One rule in one place: every config the reader accepts passes the planner's checks (a
+// published config with sub_group_size 0 passed `config check` but `plan --config` refused it).
+TEST(PlannerConfig, EveryPublishedConfigIsPlanned) {
+  const char* env = std::getenv("STRATA_SOURCE_DIR");
+  const std::filesystem::path dir =
+      std::filesystem::path(env != nullptr ? env : STRATA_SOURCE_DIR_DEFAULT) /
+      "tests/data/ds_configs";
+  int seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".json") continue;
+    ++seen;
+    PlanInput in;
+    in.params = 7e9;
+    // No world size: the batch sizes of some fit other cluster sizes than the default 8 ranks.
+    auto parsed = LoadDeepSpeedConfig(entry.path().string());
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    std::vector<std::string> notes;
+    ApplyEngineConfig(parsed->config, &in, &notes);
+    const Status valid = ValidatePlanInput(in);
+    EXPECT_TRUE(valid.ok()) << entry.path().filename() << ": " << valid.ToString();
+  }
+  EXPECT_GE(seen, 10);
+}
+
+// A value the reader never produces is still named by its JSON path.
+TEST(PlannerConfig, InvalidValuesAreNamedByTheirJsonPath) {
+  EngineConfig c;
+  c.zero.offload_param.buffer_count = -1;
+  PlanInput in;
+  in.params = 7e9;
+  std::vector<std::string> notes;
+  ApplyEngineConfig(c, &in, &notes);
+  const Status valid = ValidatePlanInput(in);
+  EXPECT_NE(valid.message().find("zero_optimization.offload_param.buffer_count"),
+            std::string_view::npos)
+      << valid.ToString();
 }
 
 TEST(PlannerConfig, FileErrorsAreStatuses) {

@@ -357,6 +357,50 @@ TEST(PlannerValidate, NamesTheField) {
   in = Ref();
   in.zero.gradient_accumulation_steps = 0;
   EXPECT_TRUE(MakePlan(in).status().IsInvalidArgument());
+  // The zero fields by their JSON path, as the config names them.
+  in = Ref();
+  in.zero.sub_group_size = -1;
+  EXPECT_NE(MakePlan(in).status().message().find("zero_optimization.sub_group_size"),
+            std::string_view::npos)
+      << MakePlan(in).status().ToString();
+}
+
+// N = gpus x nodes in 64 bits: 3 x 1431655766 wrapped to 2 in an int (and "fit"), 65536 x 65536
+// to 0 (and "inf GB"). Beyond kMaxPlanRanks is refused, naming the product.
+TEST(PlannerValidate, RanksDoNotOverflow) {
+  PlanInput in = Ref();
+  in.capacity.gpus_per_node = 3;
+  in.capacity.nodes = 1431655766;
+  EXPECT_EQ(in.capacity.Ranks(), int64_t{4294967298});
+  Status s = ValidatePlanInput(in);
+  EXPECT_TRUE(s.IsInvalidArgument());
+  EXPECT_NE(s.message().find("4294967298"), std::string_view::npos) << s.ToString();
+  in.capacity.gpus_per_node = 65536;
+  in.capacity.nodes = 65536;
+  EXPECT_TRUE(ValidatePlanInput(in).IsInvalidArgument());
+  in.capacity.gpus_per_node = 8;
+  in.capacity.nodes = static_cast<int>(kMaxPlanRanks / 8);
+  ASSERT_TRUE(ValidatePlanInput(in).ok());
+  auto plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_DOUBLE_EQ(plan->ledger_bytes_per_gpu[3], 16 * 7e9 / static_cast<double>(kMaxPlanRanks));
+}
+
+// sub_group_size 0 is valid DeepSpeed (each parameter tensor is its own sub-group; the config
+// reader accepts it, and a published axolotl config has it): planned, not refused. The NVMe
+// swap buffers then hold the largest tensor's shard, bounded by the largest group given.
+TEST(PlannerPlace, SubGroupSizeZeroIsOneTensorPerSubGroup) {
+  PlanInput in = Ref();
+  in.zero.sub_group_size = 0;
+  ASSERT_TRUE(ValidatePlanInput(in).ok()) << ValidatePlanInput(in).ToString();
+  Placement p = Place(in, 3, D::kNvme, D::kNone);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "swap buffers"), 0);
+  ASSERT_EQ(p.notes.size(), 1u);
+  EXPECT_NE(p.notes[0].find("--largest-group"), std::string::npos) << p.notes[0];
+  in.largest_group_params = 8e8;  // shard 1e8 per rank: 8 GPUs x 4 buffers x 1e8 x 4 B
+  p = Place(in, 3, D::kNvme, D::kNone);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "swap buffers"), 12.8e9);
+  EXPECT_TRUE(p.notes.empty());
 }
 
 }  // namespace

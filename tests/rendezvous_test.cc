@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <future>
 #include <map>
+#include <memory>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -109,6 +111,45 @@ TEST(TcpKvStore, UnresolvableHostAndAbsentServerGiveClearErrors) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 
+// connect() itself keeps to the timeout. A listener whose accept queue is full drops SYNs, and a
+// blocking connect to it waited out the kernel's SYN retries (over 2 minutes) whatever the
+// rendezvous timeout said. Open runs on its own thread, so a hang fails the test instead of
+// blocking the binary.
+TEST(TcpKvStore, ConnectKeepsToTheTimeout) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  // Fill the accept queue (backlog 0 holds one) with connections nobody accepts.
+  std::vector<int> fillers;
+  for (int i = 0; i < 3; ++i) {
+    const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    ::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    fillers.push_back(c);
+  }
+  std::this_thread::sleep_for(milliseconds(200));
+  auto done = std::make_shared<std::promise<Status>>();
+  std::future<Status> result = done->get_future();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread([done, port] {
+    auto s = cpu::TcpKvStore::Open(Tcp("127.0.0.1", port, false, milliseconds(500)));
+    done->set_value(s.ok() ? Status::OK() : s.status());
+  }).detach();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "TcpKvStore::Open still in connect() after 20 s with a 500 ms timeout";
+  const Status st = result.get();
+  EXPECT_TRUE(st.IsDeadlineExceeded()) << st.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  for (int c : fillers) ::close(c);
+  ::close(listener);
+}
+
 TEST(TcpKvStore, ServerAndClientsExchangeKeys) {
   // Let the kernel pick a port for the server: bind port 0 is not exposed, so probe a few.
   std::unique_ptr<cpu::TcpKvStore> server;
@@ -158,6 +199,31 @@ TEST(FileKvStore, SetGetAndTimeout) {
   EXPECT_TRUE(missing.status().IsDeadlineExceeded());
   auto notdir = cpu::FileKvStore::Open("/proc/version");
   EXPECT_FALSE(notdir.ok());
+}
+
+// A key too long for a file name (255 bytes) worked for the TCP store but failed here with
+// ENAMETOOLONG: such keys are stored under a prefix and their SHA-256, distinct from each other.
+TEST(FileKvStore, KeysLongerThanAFileNameWork) {
+  auto s = cpu::FileKvStore::Open(testing::UniqueTestDir("filekv-long"));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  const std::string a = std::string(300, 'k') + "a";
+  const std::string b = std::string(300, 'k') + "b";
+  const std::string slashes(1000, '/');  // 3000 bytes escaped
+  const std::string at_limit(200, 'x');  // the longest stored as itself
+  for (const std::string* key : {&a, &b, &slashes, &at_limit}) {
+    const std::vector<uint8_t> v(key->begin() + static_cast<ptrdiff_t>(key->size()) - 1,
+                                 key->end());
+    const Status set = (*s)->Set(*key, v);
+    ASSERT_TRUE(set.ok()) << key->size() << " bytes: " << set.ToString();
+  }
+  for (const std::string* key : {&a, &b, &slashes, &at_limit}) {
+    auto got = (*s)->Get(*key, milliseconds(100));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, std::vector<uint8_t>(1, static_cast<uint8_t>(key->back())));
+  }
+  ASSERT_TRUE((*s)->Delete(a).ok());
+  EXPECT_TRUE((*s)->Get(a, milliseconds(20)).status().IsDeadlineExceeded());
+  EXPECT_TRUE((*s)->Get(b, milliseconds(20)).ok());
 }
 
 TEST(RendezvousConfig, RunIdScopesKeysSoAReusedDirectoryHoldsNoStaleValues) {

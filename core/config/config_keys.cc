@@ -190,15 +190,19 @@ const SectionKeys* KeysOf(std::string_view p) {
   return nullptr;
 }
 
-size_t EditDistance(std::string_view a, std::string_view b) {
+size_t EditDistance(std::string_view a, std::string_view b, size_t at_most) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
   for (size_t i = 1; i <= a.size(); ++i) {
     cur[0] = i;
+    size_t row_min = cur[0];
     for (size_t j = 1; j <= b.size(); ++j) {
       size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
       cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+      row_min = std::min(row_min, cur[j]);
     }
+    // Values along a path never decrease: a row above the bound keeps the result above it.
+    if (row_min > at_most) return row_min;
     std::swap(prev, cur);
   }
   return prev[b.size()];
@@ -207,31 +211,46 @@ size_t EditDistance(std::string_view a, std::string_view b) {
 namespace {
 
 // The '_'-separated words of a key, sorted: "comm_overlap" and "overlap_comm" have the same.
-std::vector<std::string> Words(std::string_view key) {
-  std::vector<std::string> words;
+std::vector<std::string_view> Words(std::string_view key) {
+  std::vector<std::string_view> words;
   size_t start = 0;
   while (start <= key.size()) {
     size_t end = key.find('_', start);
     if (end == std::string_view::npos) end = key.size();
-    if (end > start) words.emplace_back(key.substr(start, end - start));
+    if (end > start) words.push_back(key.substr(start, end - start));
     start = end + 1;
   }
   std::sort(words.begin(), words.end());
   return words;
 }
 
+size_t Diff(size_t a, size_t b) { return a > b ? a - b : b - a; }
+
 }  // namespace
 
 std::string Suggest(const SectionKeys& keys, std::string_view key) {
+  if (key.size() > kMaxSuggestKeyBytes) return "";
   std::string lower(key);
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // Only a key with a '_' can be another key's words reordered (else it would be that key).
+  const bool has_words = lower.find('_') != std::string::npos;
+  const std::vector<std::string_view> words =
+      has_words ? Words(lower) : std::vector<std::string_view>{};
+  const size_t limit = std::max<size_t>(2, key.size() / 3);
   std::string best;
   size_t best_d = SIZE_MAX;
   auto consider = [&](std::string_view k) {
-    size_t d = Words(lower) == Words(k) ? 1 : EditDistance(lower, k);
-    bool contains = lower.size() >= 4 &&
-                    (k.find(lower) != std::string_view::npos || lower.find(k) != std::string::npos);
-    size_t limit = std::max<size_t>(2, key.size() / 3);
+    const bool contains =
+        lower.size() >= 4 && (lower.size() <= k.size() ? k.find(lower) != std::string_view::npos
+                                                       : lower.find(k) != std::string::npos);
+    size_t d = SIZE_MAX;
+    if (has_words && Words(k) == words) {
+      d = 1;
+    } else if (contains || Diff(lower.size(), k.size()) <= limit) {
+      // The distance is at least the difference in length: the rest can never be close. A
+      // containing key is accepted at any distance, so its distance is computed in full.
+      d = EditDistance(lower, k, contains ? SIZE_MAX : limit);
+    }
     if ((d <= limit || contains) && d < best_d) {
       best_d = d;
       best = std::string(k);

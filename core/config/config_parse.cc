@@ -162,9 +162,10 @@ void ReadZero(Reader& r, Section& root, ZeroConfig* z, bool* overlap_given) {
   bool opt_pin = false;
   bool param_pin = false;
   // Given: present as an object (null and a dropped "auto" mean absent).
-  bool opt_given =
-      s.obj->contains("offload_optimizer") && (*s.obj)["offload_optimizer"].is_object();
-  bool param_given = s.obj->contains("offload_param") && (*s.obj)["offload_param"].is_object();
+  const Json* opt = r.Member(s, "offload_optimizer");
+  const Json* param = r.Member(s, "offload_param");
+  bool opt_given = opt != nullptr && opt->is_object();
+  bool param_given = param != nullptr && param->is_object();
   ReadOffloadOptimizer(r, s, &z->offload_optimizer, &opt_pin);
   ReadOffloadParam(r, s, &z->offload_param, &param_pin);
   ReadDeprecatedOffload(r, s, z, opt_given, param_given, opt_pin, param_pin);
@@ -221,8 +222,8 @@ void ReadFp16(Reader& r, Section& root, Fp16Config* f) {
 void ReadBf16(Reader& r, Section& root, Bf16Config* b) {
   // DeepSpeed reads "bf16" and falls back to the old name "bfloat16" only when "bf16" is absent.
   std::string name = "bf16";
-  if (root.obj->contains("bfloat16")) {
-    if (root.obj->contains("bf16")) {
+  if (r.Member(root, "bfloat16") != nullptr) {
+    if (r.Member(root, "bf16") != nullptr) {
       r.Warn(Kind::kIgnored, "bfloat16",
              "both 'bf16' and its old name 'bfloat16' are given; 'bfloat16' is ignored");
     } else {
@@ -256,7 +257,7 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
     bool syntax = std::any_of(check.errors.begin(), check.errors.end(),
                               [](const ConfigDiagnostic& d) { return d.kind == Kind::kSyntax; });
     if (!syntax) {  // duplicate keys only: the text is well-formed, so keys can be located
-      config::LocateDiagnostics(config::IndexKeyPositions(stripped), &check.errors);
+      config::LocateDiagnostics(stripped, {&check.errors});
     }
     return check;
   }
@@ -289,7 +290,8 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
     if (it != opts.auto_values.end() && !doc.contains(k)) doc[k] = "auto";
   }
   Reader r(opts, &check);
-  Section root{&doc, "", {}};
+  Section root;
+  root.obj = &doc;
   EngineConfig c;
   r.AutoInt(root, {"train_batch_size"}, &c.train_batch_size, 1);
   r.AutoInt(root, {"train_micro_batch_size_per_gpu"}, &c.train_micro_batch_size_per_gpu, 1);
@@ -304,6 +306,7 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   ReadZero(r, root, &c.zero, &overlap_given);
   if (!overlap_given) c.zero.overlap_comm = c.zero.stage == 3;  // DeepSpeed's default by stage
   r.FinishSection(root);
+  r.ReportUnlistedUnknownKeys();
   config::CheckAcrossKeys(r, c, &doc);
   if (options.check_here) config::CheckHere(r, c);
   r.ReportDroppedAuto(c);
@@ -320,9 +323,7 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
                             "' is not used: the config has no \"auto\" there");
     }
   }
-  config::KeyPositions positions = config::IndexKeyPositions(stripped);
-  config::LocateDiagnostics(positions, &check.errors);
-  config::LocateDiagnostics(positions, &check.warnings);
+  config::LocateDiagnostics(stripped, {&check.errors, &check.warnings});
   if (options.strict) {
     for (ConfigDiagnostic& w : check.warnings) {
       w.message += " (an error under --strict)";

@@ -65,6 +65,25 @@ bool InDeepSpeedModel(const Section& s) {
 
 }  // namespace
 
+Reader::Reader(const ParseOptions& options, ConfigCheck* check)
+    : opts_(options), check_(check), suggestions_left_(kMaxSuggestedKeys) {}
+
+Json* Reader::Member(Section& s, std::string_view key) {
+  if (!s.present()) return nullptr;
+  // Small objects (every real section) are scanned: cheaper than building the index.
+  constexpr size_t kScanMembers = 32;
+  Json::object_t& members = s.obj->get_ref<Json::object_t&>();
+  if (members.size() <= kScanMembers) {
+    for (auto& [k, v] : members) {
+      if (k == key) return &v;
+    }
+    return nullptr;
+  }
+  s.index.Update(members);
+  const std::optional<size_t> at = s.index.Find(members, key);
+  return at ? &members.begin()[*at].second : nullptr;
+}
+
 std::string Reader::PathOf(const Section& s, std::string_view key) const {
   if (s.path.empty()) return std::string(key);
   return s.path + "." + std::string(key);
@@ -84,15 +103,15 @@ Json* Reader::Find(Section& s, std::initializer_list<std::string_view> names, st
   for (std::string_view n : names) {
     std::string key(n);
     s.consumed.insert(key);
-    auto it = s.obj->find(key);
+    Json* v = Member(s, key);
     // null is DeepSpeed's "not set" (its Optional fields): the default applies.
-    if (it == s.obj->end() || it.value().is_null()) continue;
+    if (v == nullptr || v->is_null()) continue;
     if (found != nullptr) {
       Error(ConfigDiagnostic::Kind::kConflict, PathOf(s, key),
             "both '" + *used + "' and its alias '" + key + "' are given; keep one");
       continue;
     }
-    found = &it.value();
+    found = v;
     *used = key;
   }
   return found;
@@ -338,8 +357,13 @@ void Reader::FinishSection(Section& s) {
     }
     unacted_.push_back(UnactedKey{path, Compact(it.value())});
     if (keys == nullptr || known) continue;
+    if (++unknown_keys_ > kMaxUnknownKeyWarnings) continue;
     std::string msg = "unknown key '" + key + "'";
-    std::string near = Suggest(*keys, key);
+    std::string near;
+    if (suggestions_left_ > 0) {
+      --suggestions_left_;
+      near = Suggest(*keys, key);
+    }
     const SectionKeys* top = KeysOf("");
     bool top_level_key = !s.path.empty() && KeysOf(key) != nullptr &&
                          std::find(top->acted.begin(), top->acted.end(), key) != top->acted.end();
@@ -357,6 +381,14 @@ void Reader::FinishSection(Section& s) {
     }
     Warn(ConfigDiagnostic::Kind::kUnknownKey, path, msg);
   }
+}
+
+void Reader::ReportUnlistedUnknownKeys() {
+  if (unknown_keys_ <= kMaxUnknownKeyWarnings) return;
+  Warn(ConfigDiagnostic::Kind::kUnknownKey, "",
+       std::to_string(unknown_keys_ - kMaxUnknownKeyWarnings) +
+           " more unknown keys, not warned about one by one (" + std::to_string(unknown_keys_) +
+           " in all); they are kept but have no effect");
 }
 
 void Reader::Note(std::string text) { check_->notes.push_back(std::move(text)); }

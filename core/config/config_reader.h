@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/config/config_index.h"
 #include "strata/config.h"
 
 namespace strata::config {
@@ -25,6 +26,10 @@ struct Section {
   Json* obj = nullptr;
   std::string path;                // "" for the root
   std::set<std::string> consumed;  // keys read so far
+  // Its members' positions by key, kept by Reader::Member for a large object: ordered_json finds
+  // a key by a linear scan, and a section is searched for every key strata reads. Members added
+  // to `obj` later are indexed on the next lookup.
+  MemberIndex index;
   bool present() const { return obj != nullptr; }
 };
 
@@ -48,12 +53,15 @@ struct DroppedAuto {
 
 class Reader {
  public:
-  Reader(const ParseOptions& options, ConfigCheck* check) : opts_(options), check_(check) {}
+  Reader(const ParseOptions& options, ConfigCheck* check);
 
   std::string PathOf(const Section& s, std::string_view key) const;
 
   void Error(ConfigDiagnostic::Kind kind, std::string path, std::string message);
   void Warn(ConfigDiagnostic::Kind kind, std::string path, std::string message);
+
+  // The value of member `key` of `s`, or nullptr (absent key, or absent section).
+  Json* Member(Section& s, std::string_view key);
 
   // The child object `key` of `s` (absent if missing; a type error if not an object).
   Section Child(Section& s, std::string_view key);
@@ -99,6 +107,10 @@ class Reader {
   // is dropped instead, as DeepSpeed does); unknown ones also warned about with a suggestion.
   void FinishSection(Section& s);
 
+  // The warning that counts the unknown keys past kMaxUnknownKeyWarnings, if any. Call once,
+  // after the last FinishSection.
+  void ReportUnlistedUnknownKeys();
+
   // One note per dropped "auto" naming the value the field took (from `config`, complete by
   // now), or under ParseOptions::strict one error each. Call once, after every check.
   void ReportDroppedAuto(const EngineConfig& config);
@@ -123,6 +135,8 @@ class Reader {
   std::vector<std::string> unresolved_;
   std::set<std::string> used_auto_values_;
   std::vector<DroppedAuto> dropped_auto_;
+  size_t suggestions_left_;  // kMaxSuggestedKeys, counting down
+  size_t unknown_keys_ = 0;  // warned about or not
 };
 
 // The effective config (EffectiveConfigJson) as a JSON value. Defined in config_effective.cc.

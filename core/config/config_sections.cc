@@ -47,7 +47,7 @@ void ReadOptimizer(Reader& r, Section& root, OptimizerConfig* o) {
   if (!s.present()) return;
   std::string type;
   if (!r.String(s, {"type"}, &type)) {
-    if (!s.obj->contains("type")) {
+    if (r.Member(s, "type") == nullptr) {
       r.Error(Kind::kType, r.PathOf(s, "type"), "missing; expected \"Adam\" or \"AdamW\"");
     }
     return;
@@ -79,7 +79,7 @@ void ReadOptimizer(Reader& r, Section& root, OptimizerConfig* o) {
     o->adam_w_mode = true;
   }
   r.Bool(p, {"bias_correction"}, &o->bias_correction);
-  if (p.present() && p.obj->contains("max_grad_norm")) {
+  if (r.Member(p, "max_grad_norm") != nullptr) {
     r.Warn(Kind::kIgnored, r.PathOf(p, "max_grad_norm"),
            "max_grad_norm is not an optimizer parameter in DeepSpeed and is ignored; use the "
            "top-level 'gradient_clipping'");
@@ -110,7 +110,7 @@ void ReadScheduler(Reader& r, Section& root, SchedulerConfig* sc) {
   Section s = r.Child(root, "scheduler");
   if (!s.present()) return;
   if (!r.String(s, {"type"}, &sc->type_name)) {
-    if (!s.obj->contains("type")) {
+    if (r.Member(s, "type") == nullptr) {
       r.Error(Kind::kType, r.PathOf(s, "type"),
               "missing; expected a scheduler such as \"WarmupLR\", \"WarmupDecayLR\", "
               "\"WarmupCosineLR\" or \"OneCycle\"");
@@ -146,8 +146,8 @@ void ReadAioParallelism(Reader& r, Section& s, AioConfig* a) {
   Json* legacy = r.Find(s, {"thread_count"}, &used);
   if (legacy == nullptr) return;
   const std::string path = r.PathOf(s, "thread_count");
-  auto current = s.obj->find("intra_op_parallelism");
-  if (given || (current != s.obj->end() && !current->is_null())) {
+  const Json* current = r.Member(s, "intra_op_parallelism");
+  if (given || (current != nullptr && !current->is_null())) {
     r.Note(path +
            ": the old name of 'intra_op_parallelism', which is given too; ignored (as "
            "DeepSpeed ignores it): remove it");

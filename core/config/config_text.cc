@@ -1,7 +1,7 @@
 #include "core/config/config_text.h"
 
-#include <cctype>
-#include <set>
+#include <algorithm>
+#include <cstdint>
 
 namespace strata::config {
 
@@ -102,130 +102,188 @@ std::string JoinPath(const std::vector<std::string>& parts) {
 
 namespace {
 
-// Tracks the path of the parser's position to name duplicate keys.
-struct Frame {
-  bool is_object;
-  std::set<std::string> keys;
-  std::string key;
-  size_t index = 0;
+constexpr uint64_t kMod = (uint64_t{1} << 61) - 1;
+
+// x mod 2^61 - 1 for x < 2^123, by folding at bit 61 (no division).
+constexpr uint64_t Fold(unsigned __int128 x) {
+  uint64_t r = static_cast<uint64_t>(x & kMod) + static_cast<uint64_t>(x >> 61);
+  r = (r & kMod) + (r >> 61);
+  return r >= kMod ? r - kMod : r;
+}
+
+constexpr uint64_t MulMod(uint64_t a, uint64_t b) {
+  return Fold(static_cast<unsigned __int128>(a) * b);
+}
+
+// A polynomial hash modulo 2^61 - 1 of a dotted path (as JoinPath writes it), extended part by
+// part, so that the path of a key under a long parent costs only the key's own bytes. Two paths
+// with the same hash (a chance of about n^2 / 2^61 among n keys) can only move a diagnostic's
+// line and column, never its path or message.
+class PathHash {
+ public:
+  void Add(unsigned char c) {
+    h_ = Fold(static_cast<unsigned __int128>(h_) * kBase + c + 1);
+    ++len_;
+  }
+  void Add(std::string_view s) {
+    // Four bytes a step, h B^4 + (a+1) B^3 + (b+1) B^2 + (c+1) B + d + 1: the value of four
+    // single steps with one dependent multiply instead of four (the sum stays below 2^123).
+    size_t i = 0;
+    for (; i + 4 <= s.size(); i += 4) {
+      using U = unsigned __int128;
+      const U x = static_cast<U>(h_) * kBase4 + static_cast<U>(Byte(s[i]) + 1) * kBase3 +
+                  static_cast<U>(Byte(s[i + 1]) + 1) * kBase2 +
+                  static_cast<U>(Byte(s[i + 2]) + 1) * kBase + Byte(s[i + 3]) + 1;
+      h_ = Fold(x);
+    }
+    len_ += i;
+    for (; i < s.size(); ++i) Add(Byte(s[i]));
+  }
+  // JoinPath's rule: a part that opens with '[' is appended as is, any other after a '.'.
+  void AddPart(std::string_view part) {
+    if ((part.empty() || part[0] != '[') && len_ > 0) Add('.');
+    Add(part);
+  }
+  uint64_t value() const { return h_; }
+
+ private:
+  static constexpr uint64_t kBase = 0x1b873593a5f9ULL;
+  static constexpr uint64_t kBase2 = MulMod(kBase, kBase);
+  static constexpr uint64_t kBase3 = MulMod(kBase2, kBase);
+  static constexpr uint64_t kBase4 = MulMod(kBase3, kBase);
+
+  static constexpr uint64_t Byte(char c) { return static_cast<unsigned char>(c); }
+
+  uint64_t h_ = 0;
+  size_t len_ = 0;
 };
 
-// The first byte of the token whose last byte is at `end` (a string, number or literal; other
-// tokens are one byte).
-size_t TokenStart(std::string_view s, size_t end) {
-  if (end >= s.size()) return end;
-  if (s[end] == '"') {
-    size_t i = end;
-    while (i > 0) {
-      --i;
-      if (s[i] != '"') continue;
-      size_t backslashes = 0;
-      while (i >= backslashes + 1 && s[i - backslashes - 1] == '\\') ++backslashes;
-      if (backslashes % 2 == 0) return i;
+// Appends the hashes a diagnostic's path is looked up by, best first: the whole path, then each
+// prefix that ends before a '.' or '[' (the enclosing keys), longest first.
+void AddCandidates(std::string_view path, std::vector<uint64_t>* out) {
+  const size_t first = out->size();
+  PathHash h;
+  // A separator at 0 ends no prefix (the old loop cut at it and stopped at "").
+  for (size_t i = 0;;) {
+    const size_t next = path.find_first_of(".[", i + 1);
+    if (next == std::string_view::npos) {
+      h.Add(path.substr(i));
+      break;
     }
-    return end;
+    h.Add(path.substr(i, next - i));
+    out->push_back(h.value());
+    i = next;
   }
-  auto word = [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '+' || c == '-';
+  out->push_back(h.value());
+  std::reverse(out->begin() + static_cast<ptrdiff_t>(first), out->end());
+}
+
+// Where a key path occurs: its first and second occurrence (a duplicate), 1-based; 0 = none.
+struct Where {
+  int line = 0;
+  int column = 0;
+  int line2 = 0;
+  int column2 = 0;
+};
+
+// The wanted path hashes and where each was found: open addressing, at most half full. Path
+// hashes are uniform already, so their low bits pick the slot.
+class PathTable {
+ public:
+  explicit PathTable(size_t wanted) {
+    size_t n = 16;
+    while (n < 2 * wanted) n *= 2;
+    slots_.assign(n, Slot{});
+  }
+  void Want(uint64_t h) { SlotOf(h).hash = h; }
+  // The entry of `h`, or nullptr when it is not wanted.
+  Where* Lookup(uint64_t h) {
+    Slot& s = SlotOf(h);
+    return s.hash == h ? &s.where : nullptr;
+  }
+
+ private:
+  static constexpr uint64_t kFree = UINT64_MAX;  // no path hash (all are < 2^61)
+  struct Slot {
+    uint64_t hash = kFree;
+    Where where;
   };
-  size_t i = end;
-  while (i > 0 && word(s[end]) && word(s[i - 1])) --i;
-  return i;
-}
-
-// `s` with control characters and bytes that are not valid UTF-8 written as \xNN, so messages
-// quoting malformed input stay printable and valid JSON strings.
-std::string Printable(const std::string& s) {
-  std::string out;
-  auto hex = [&out](unsigned char c) {
-    static const char* kDigits = "0123456789abcdef";
-    out += "\\x";
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  };
-  for (size_t i = 0; i < s.size();) {
-    auto c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80           ? 1
-                 : (c >> 5) == 0x6  ? 2
-                 : (c >> 4) == 0xe  ? 3
-                 : (c >> 3) == 0x1e ? 4
-                                    : 0;
-    bool ok = len > 0 && i + len <= s.size();
-    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
-    if (!ok || (len == 1 && c < 0x20)) {
-      hex(c);
-      ++i;
-      continue;
-    }
-    out.append(s, i, len);
-    i += len;
+  // The slot holding `h`, or the free slot where it belongs.
+  Slot& SlotOf(uint64_t h) {
+    size_t i = h & (slots_.size() - 1);
+    while (slots_[i].hash != kFree && slots_[i].hash != h) i = (i + 1) & (slots_.size() - 1);
+    return slots_[i];
   }
-  return out;
+  std::vector<Slot> slots_;
+};
+
+// The decoded text of the JSON string token s[begin, end] (both quotes included), as the
+// parser reads it: keys in diagnostics are decoded, so "a\u002eb" is found as "a.b".
+std::string DecodeString(std::string_view s, size_t begin, size_t end) {
+  const std::string_view token = s.substr(begin, end - begin + 1);
+  nlohmann::json decoded = nlohmann::json::parse(token, nullptr, /*allow_exceptions=*/false);
+  if (decoded.is_string()) return decoded.get<std::string>();
+  return std::string(token.substr(1, token.size() - 2));
 }
 
-std::string FramePath(const std::vector<Frame>& frames, const std::string& last_key) {
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < frames.size(); ++i) {
-    const Frame& f = frames[i];
-    bool top = i + 1 == frames.size();
-    if (f.is_object) {
-      parts.push_back(top ? last_key : f.key);
-    } else if (!top) {
-      parts.push_back("[" + std::to_string(f.index) + "]");
-    }
-  }
-  return JoinPath(parts);
-}
-
-}  // namespace
-
-KeyPositions IndexKeyPositions(std::string_view s) {
-  KeyPositions index;
+// One pass over valid JSON text: records in `table` the positions of the member keys whose
+// path hash it wants.
+void FindKeys(std::string_view s, PathTable* table) {
   struct Level {
     bool is_object;
-    std::string key;   // current member key (objects)
-    size_t index = 0;  // current element (arrays)
+    PathHash path;      // of the object or array itself
+    PathHash key_path;  // objects: of the current member
+    size_t index = 0;   // arrays: the current element
     bool expect_key = true;
   };
   std::vector<Level> stack;
-  auto path_parts = [&stack](bool with_last_key) {
-    std::vector<std::string> parts;
-    for (size_t i = 0; i < stack.size(); ++i) {
-      const Level& l = stack[i];
-      bool last = i + 1 == stack.size();
-      if (l.is_object) {
-        if (!last || with_last_key) parts.push_back(l.key);
-      } else if (!last) {
-        parts.push_back("[" + std::to_string(l.index) + "]");
-      }
-    }
-    return parts;
-  };
   int line = 1;
   int col = 1;
   for (size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
+    const char c = s[i];
     if (c == '"') {
-      int start_line = line;
-      int start_col = col;
-      std::string text;
+      const int start_col = col;
+      bool escaped = false;
       size_t j = i + 1;
       for (; j < s.size() && s[j] != '"'; ++j) {
-        if (s[j] == '\\' && j + 1 < s.size()) text += s[j++];
-        text += s[j];
+        if (s[j] == '\\') {
+          escaped = true;
+          ++j;
+        }
       }
       col += static_cast<int>(j - i + 1);  // strings hold no raw newlines in valid JSON
-      i = j;
       if (!stack.empty() && stack.back().is_object && stack.back().expect_key) {
-        // Keys with escapes are indexed as written; DeepSpeed keys have none.
-        stack.back().key = text;
-        stack.back().expect_key = false;
-        index[JoinPath(path_parts(true))].push_back({start_line, start_col});
+        Level& l = stack.back();
+        l.key_path = l.path;
+        const size_t end = std::min(j, s.size() - 1);
+        l.key_path.AddPart(escaped ? std::string_view(DecodeString(s, i, end))
+                                   : s.substr(i + 1, j - i - 1));
+        l.expect_key = false;
+        if (Where* w = table->Lookup(l.key_path.value())) {
+          if (w->line == 0) {
+            w->line = line;
+            w->column = start_col;
+          } else if (w->line2 == 0) {
+            w->line2 = line;
+            w->column2 = start_col;
+          }
+        }
       }
+      i = j;
       continue;
     }
     if (c == '{' || c == '[') {
-      stack.push_back(Level{c == '{', {}, 0, true});
+      Level next{c == '{', {}, {}, 0, true};
+      if (!stack.empty()) {
+        const Level& parent = stack.back();
+        if (parent.is_object) {
+          next.path = parent.key_path;
+        } else {
+          next.path = parent.path;
+          next.path.AddPart("[" + std::to_string(parent.index) + "]");
+        }
+      }
+      stack.push_back(next);
     } else if (c == '}' || c == ']') {
       if (!stack.empty()) stack.pop_back();
     } else if (c == ',' && !stack.empty()) {
@@ -242,134 +300,45 @@ KeyPositions IndexKeyPositions(std::string_view s) {
       ++col;
     }
   }
-  return index;
 }
 
-void LocateDiagnostics(const KeyPositions& index, std::vector<ConfigDiagnostic>* diags) {
-  for (ConfigDiagnostic& d : *diags) {
-    if (d.line > 0) continue;
-    std::string path = d.path;
-    while (!path.empty()) {
-      auto it = index.find(path);
-      if (it != index.end()) {
-        size_t which = d.kind == ConfigDiagnostic::Kind::kDuplicateKey && it->second.size() > 1;
-        d.line = it->second[which].first;
-        d.column = it->second[which].second;
-        break;
-      }
-      size_t cut = path.find_last_of(".[");
-      path = cut == std::string::npos ? std::string() : path.substr(0, cut);
-    }
-  }
-}
+}  // namespace
 
-// Offset of the first '{' or '[' that opens level max_depth + 1 (outside strings), or npos.
-size_t FindTooDeep(std::string_view s, size_t max_depth) {
-  size_t depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
+void LocateDiagnostics(std::string_view stripped,
+                       std::initializer_list<std::vector<ConfigDiagnostic>*> lists) {
+  // Each diagnostic's candidate hashes are candidates[range[k].first, range[k].second); one
+  // with the path of the one before (duplicates of one key) shares its range.
+  std::vector<ConfigDiagnostic*> todo;
+  std::vector<std::pair<size_t, size_t>> range;
+  std::vector<uint64_t> candidates;
+  for (std::vector<ConfigDiagnostic>* diags : lists) {
+    for (ConfigDiagnostic& d : *diags) {
+      if (d.line > 0 || d.path.empty()) continue;
+      if (!todo.empty() && todo.back()->path == d.path) {
+        range.push_back(range.back());
+      } else {
+        const size_t first = candidates.size();
+        AddCandidates(d.path, &candidates);
+        range.emplace_back(first, candidates.size());
       }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > max_depth) return i;
-    } else if ((c == '}' || c == ']') && depth > 0) {
-      --depth;
+      todo.push_back(&d);
     }
   }
-  return std::string_view::npos;
-}
-
-bool ParseJsonStrict(std::string_view stripped, nlohmann::ordered_json* out,
-                     std::vector<ConfigDiagnostic>* errors) {
-  using Json = nlohmann::ordered_json;
-  // Deeper documents are refused before parsing: nlohmann's dump and our path building recurse
-  // per level, so 100k levels would overflow the stack. No DeepSpeed config nests beyond ~5.
-  if (const size_t at = FindTooDeep(stripped, kMaxJsonDepth); at != std::string_view::npos) {
-    ConfigDiagnostic d{ConfigDiagnostic::Kind::kSyntax, "",
-                       "malformed JSON: nesting deeper than " + std::to_string(kMaxJsonDepth) +
-                           " levels (objects and arrays)",
-                       0, 0};
-    LineColumn(stripped, at, &d.line, &d.column);
-    errors->push_back(std::move(d));
-    return false;
-  }
-  std::vector<Frame> frames;
-  size_t before = errors->size();
-  auto after_child = [&frames] {
-    if (!frames.empty() && !frames.back().is_object) ++frames.back().index;
-  };
-  Json::parser_callback_t cb = [&](int /*depth*/, nlohmann::json::parse_event_t event,
-                                   Json& parsed) -> bool {
-    using E = nlohmann::json::parse_event_t;
-    switch (event) {
-      case E::object_start:
-        frames.push_back(Frame{true, {}, {}, 0});
-        break;
-      case E::array_start:
-        frames.push_back(Frame{false, {}, {}, 0});
-        break;
-      case E::object_end:
-      case E::array_end:
-        if (!frames.empty()) frames.pop_back();
-        after_child();
-        break;
-      case E::key: {
-        Frame& f = frames.back();
-        std::string k = parsed.get<std::string>();
-        if (!f.keys.insert(k).second) {
-          errors->push_back(ConfigDiagnostic{
-              ConfigDiagnostic::Kind::kDuplicateKey, FramePath(frames, k),
-              "duplicate key '" + k + "' (DeepSpeed rejects duplicate keys; keep one)", 0, 0});
-        }
-        f.key = k;
-        break;
-      }
-      case E::value:
-        after_child();
-        break;
+  if (todo.empty()) return;
+  PathTable table(candidates.size());
+  for (uint64_t h : candidates) table.Want(h);
+  FindKeys(stripped, &table);
+  for (size_t k = 0; k < todo.size(); ++k) {
+    ConfigDiagnostic* d = todo[k];
+    for (size_t c = range[k].first; c < range[k].second; ++c) {
+      const Where* w = table.Lookup(candidates[c]);
+      if (w == nullptr || w->line == 0) continue;
+      const bool second = d->kind == ConfigDiagnostic::Kind::kDuplicateKey && w->line2 > 0;
+      d->line = second ? w->line2 : w->line;
+      d->column = second ? w->column2 : w->column;
+      break;
     }
-    return true;
-  };
-  try {
-    *out = Json::parse(stripped.begin(), stripped.end(), cb, /*allow_exceptions=*/true,
-                       /*ignore_comments=*/false);
-  } catch (const nlohmann::json::parse_error& e) {
-    ConfigDiagnostic d{ConfigDiagnostic::Kind::kSyntax, "", "", 0, 0};
-    std::string what = e.what();
-    // "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error ..."
-    size_t colon = what.find(": ");
-    d.message =
-        "malformed JSON: " + Printable(colon == std::string::npos ? what : what.substr(colon + 2));
-    // e.byte is the 1-based offset of the offending token's last byte; point at its start.
-    size_t offset = TokenStart(stripped, e.byte > 0 ? e.byte - 1 : 0);
-    LineColumn(stripped, offset, &d.line, &d.column);
-    errors->push_back(std::move(d));
-    return false;
-  } catch (const nlohmann::json::exception& e) {
-    // out_of_range: a number beyond double ("number overflow parsing '1e400'"); no offset is
-    // given, so locate the quoted token in the text.
-    ConfigDiagnostic d{ConfigDiagnostic::Kind::kRange, "", "", 0, 0};
-    std::string what = e.what();
-    size_t colon = what.find("] ");
-    d.message =
-        "malformed JSON: " + Printable(colon == std::string::npos ? what : what.substr(colon + 2));
-    size_t q1 = what.find('\'');
-    size_t q2 = q1 == std::string::npos ? q1 : what.find('\'', q1 + 1);
-    if (q2 != std::string::npos && q2 > q1 + 1) {
-      size_t at = stripped.find(what.substr(q1 + 1, q2 - q1 - 1));
-      if (at != std::string_view::npos) LineColumn(stripped, at, &d.line, &d.column);
-    }
-    errors->push_back(std::move(d));
-    return false;
   }
-  return errors->size() == before;
 }
 
 }  // namespace strata::config

@@ -3,7 +3,7 @@
 // Internal to strata_config.
 #pragma once
 
-#include <map>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -26,20 +26,19 @@ void LineColumn(std::string_view text, size_t offset, int* line, int* column);
 // Deepest nesting of objects and arrays a config may have (deeper: a kSyntax diagnostic).
 inline constexpr size_t kMaxJsonDepth = 64;
 
-// Parses stripped JSON into *out. Malformed JSON: one kSyntax diagnostic with line and column
-// (of the original text, same offsets). Duplicate keys: one kDuplicateKey diagnostic per
-// duplicate, with its path. Returns false when any diagnostic was added.
+// Parses stripped JSON into *out, in time linear in its size. Malformed JSON: one kSyntax
+// diagnostic with line and column (of the original text, same offsets). Duplicate keys: one
+// kDuplicateKey diagnostic per duplicate, with its path (the first 20; the rest are counted in
+// one more diagnostic). Returns false when any diagnostic was added; *out is then unspecified.
 bool ParseJsonStrict(std::string_view stripped, nlohmann::ordered_json* out,
                      std::vector<ConfigDiagnostic>* errors);
 
-// Where each member key of the (valid, stripped) JSON text starts: dotted path -> 1-based
-// (line, column) of every occurrence, in document order. Array elements are "path[i]".
-using KeyPositions = std::map<std::string, std::vector<std::pair<int, int>>>;
-KeyPositions IndexKeyPositions(std::string_view stripped);
-
-// Sets line/column of each diagnostic without one from the position of its path (or of the
-// nearest enclosing key); a duplicate-key diagnostic gets the second occurrence.
-void LocateDiagnostics(const KeyPositions& index, std::vector<ConfigDiagnostic>* diags);
+// Sets line/column of each diagnostic in `lists` without one from the position of the key at its
+// path in `stripped` (valid JSON, keys matched as decoded), or of the nearest enclosing key; a
+// duplicate-key diagnostic gets the second occurrence. One pass over the text, however many
+// diagnostics there are.
+void LocateDiagnostics(std::string_view stripped,
+                       std::initializer_list<std::vector<ConfigDiagnostic>*> lists);
 
 // "a.b.c" from a path stack; array indices as "[i]".
 std::string JoinPath(const std::vector<std::string>& parts);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "sched/placement.h"
 
@@ -39,7 +40,7 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   const Recipe& r = in.recipe;
   const ZeroSettings& z = in.zero;
   const double psi = in.params;
-  const double shard = psi / in.capacity.Ranks();
+  const double shard = psi / static_cast<double>(in.capacity.Ranks());
   const bool opt_off = b.p.offload_optimizer != OffloadDevice::kNone;
   const bool param_off = b.p.offload_param != OffloadDevice::kNone;
   const bool overlap = z.overlap_comm.value_or(stage == 3);
@@ -92,7 +93,7 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
   const Recipe& r = in.recipe;
   const ZeroSettings& z = in.zero;
   const double g_per_node = in.capacity.gpus_per_node;
-  const double shard = in.params / in.capacity.Ranks();
+  const double shard = in.params / static_cast<double>(in.capacity.Ranks());
   const double k = z.gradient_accumulation_steps;
   Placement& p = b.p;
 
@@ -109,12 +110,21 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
     case OffloadDevice::kNvme: {
       const double elem =
           std::max({r.master_bytes, r.momentum_bytes, r.variance_bytes, r.grad_bytes});
-      const double buffers = z.optimizer_buffer_count * std::min(z.sub_group_size, shard) * elem;
+      // sub_group_size 0: each tensor is a sub-group, the largest one's shard sets the buffers.
+      const double ranks = static_cast<double>(in.capacity.Ranks());
+      const double sub_group = std::min(
+          z.sub_group_size > 0 ? z.sub_group_size : in.largest_group_params / ranks, shard);
+      if (z.sub_group_size == 0 && in.largest_group_params == 0) {
+        p.notes.push_back(
+            "sub_group_size 0 makes each parameter tensor a sub-group: the optimizer swap "
+            "buffers hold the largest one's shard, not counted without --largest-group");
+      }
+      const double buffers = z.optimizer_buffer_count * sub_group * elem;
       b.Add(Tier::kHost, "optimizer swap buffers (buffer_count x sub_group)", g_per_node * buffers,
             true);
-      if (buffers >= r.OptimizerBytes() * shard) {
+      if (buffers > 0 && buffers >= r.OptimizerBytes() * shard) {
         p.notes.push_back("optimizer swap buffers (" + Fmt(z.optimizer_buffer_count) + " x " +
-                          Fmt(std::min(z.sub_group_size, shard)) +
+                          Fmt(sub_group) +
                           " elements) take as much DRAM as the optimizer state itself: lower "
                           "sub_group_size for NVMe offload");
       }
@@ -159,8 +169,8 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
   p.nvme_required_bytes_per_s = p.nvme_io_bytes_per_node / in.target_step_seconds;
 }
 
-CommVolume Comm(const Recipe& r, int stage, double psi, int ranks) {
-  const double c = ranks > 1 ? double(ranks - 1) / ranks : 0.0;
+CommVolume Comm(const Recipe& r, int stage, double psi, int64_t ranks) {
+  const double c = ranks > 1 ? double(ranks - 1) / double(ranks) : 0.0;
   const double ddp_coeff = 2 * r.grad_bytes;
   double coeff = 0;
   switch (stage) {
@@ -301,8 +311,8 @@ Result<double> ParseParamCount(std::string_view s) {
   return whole;
 }
 
-double LedgerBytesPerGpu(const Recipe& r, int stage, double psi, int ranks) {
-  const double n = ranks;
+double LedgerBytesPerGpu(const Recipe& r, int stage, double psi, int64_t ranks) {
+  const double n = static_cast<double>(ranks);
   const double p = r.param_bytes, g = r.grad_bytes, o = r.OptimizerBytes();
   switch (stage) {
     case 0:
@@ -329,6 +339,12 @@ Status ValidatePlanInput(const PlanInput& in) {
   const Capacity& c = in.capacity;
   if (c.gpus_per_node < 1) return Status::InvalidArgument("gpus per node must be >= 1");
   if (c.nodes < 1) return Status::InvalidArgument("nodes must be >= 1");
+  if (c.Ranks() > kMaxPlanRanks) {
+    return Status::InvalidArgument("gpus per node x nodes = " + std::to_string(c.gpus_per_node) +
+                                   " x " + std::to_string(c.nodes) + " = " +
+                                   std::to_string(c.Ranks()) + " ranks; at most " +
+                                   std::to_string(kMaxPlanRanks) + " are planned");
+  }
   STRATA_RETURN_IF_ERROR(CheckNonNegative(c.hbm_bytes_per_gpu, "HBM capacity"));
   STRATA_RETURN_IF_ERROR(CheckNonNegative(c.dram_bytes_per_node, "host DRAM capacity"));
   STRATA_RETURN_IF_ERROR(CheckNonNegative(c.nvme_bytes_per_node, "NVMe capacity"));
@@ -338,16 +354,21 @@ Status ValidatePlanInput(const PlanInput& in) {
     return Status::InvalidArgument("zero_optimization.stage must be 0..3, got " +
                                    std::to_string(z.stage));
   }
-  STRATA_RETURN_IF_ERROR(
-      CheckNonNegative(z.optimizer_buffer_count, "offload_optimizer.buffer_count"));
-  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.param_buffer_count, "offload_param.buffer_count"));
-  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.param_buffer_size, "offload_param.buffer_size"));
-  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.max_in_cpu, "offload_param.max_in_cpu"));
-  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.reduce_bucket_size, "reduce_bucket_size"));
-  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.allgather_bucket_size, "allgather_bucket_size"));
-  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.prefetch_bucket_size, "stage3_prefetch_bucket_size"));
-  STRATA_RETURN_IF_ERROR(CheckNonNegative(z.max_live_parameters, "stage3_max_live_parameters"));
-  STRATA_RETURN_IF_ERROR(CheckPositive(z.sub_group_size, "sub_group_size"));
+  // The JSON paths of the DeepSpeed keys, so a config's value is named as the user wrote it.
+  for (auto [v, path] : {
+           std::pair{z.optimizer_buffer_count, "zero_optimization.offload_optimizer.buffer_count"},
+           std::pair{z.param_buffer_count, "zero_optimization.offload_param.buffer_count"},
+           std::pair{z.param_buffer_size, "zero_optimization.offload_param.buffer_size"},
+           std::pair{z.max_in_cpu, "zero_optimization.offload_param.max_in_cpu"},
+           std::pair{z.reduce_bucket_size, "zero_optimization.reduce_bucket_size"},
+           std::pair{z.allgather_bucket_size, "zero_optimization.allgather_bucket_size"},
+           std::pair{z.prefetch_bucket_size, "zero_optimization.stage3_prefetch_bucket_size"},
+           std::pair{z.max_live_parameters, "zero_optimization.stage3_max_live_parameters"},
+           // 0 is DeepSpeed's "one sub-group per parameter tensor" (its rule: ge=0).
+           std::pair{z.sub_group_size, "zero_optimization.sub_group_size"},
+       }) {
+    STRATA_RETURN_IF_ERROR(CheckNonNegative(v, path));
+  }
   if (!(z.gradient_accumulation_steps >= 1)) {
     return Status::InvalidArgument("gradient_accumulation_steps must be >= 1, got " +
                                    Fmt(z.gradient_accumulation_steps));
@@ -391,7 +412,7 @@ Result<Plan> MakePlan(const PlanInput& in) {
   STRATA_RETURN_IF_ERROR(ValidatePlanInput(in));
   Plan plan;
   plan.input = in;
-  const int ranks = in.capacity.Ranks();
+  const int64_t ranks = in.capacity.Ranks();
   for (int s = 0; s < 4; ++s) {
     plan.ledger_bytes_per_gpu[s] = LedgerBytesPerGpu(in.recipe, s, in.params, ranks);
     plan.stages[s] = Place(in, s, in.zero.offload_optimizer, in.zero.offload_param);

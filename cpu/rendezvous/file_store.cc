@@ -1,6 +1,7 @@
 #include "cpu/rendezvous/file_store.h"
 
 #include <fcntl.h>
+#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxValueBytes = 16u << 20;  // as the TCP store's
 constexpr int kTempNameTries = 64;
+// The longest file name a key is stored under as itself (escaped). File names end at 255 bytes
+// (NAME_MAX) and the temp name adds ".tmp.<pid>.<seq>" (up to 36 bytes); a longer key is stored
+// under its first kHashedPrefixBytes and its SHA-256, so that every key the TCP store takes (up to
+// 4 KiB) works here too, not just those that fit a name.
+constexpr size_t kMaxPlainNameBytes = 200;
+constexpr size_t kHashedPrefixBytes = 96;
 
 std::string Octal(mode_t mode) {
   char buf[16];
@@ -84,7 +91,7 @@ Result<std::unique_ptr<FileKvStore>> FileKvStore::Open(const std::string& dir) {
 
 FileKvStore::~FileKvStore() { ::close(dir_fd_); }
 
-std::string FileKvStore::NameOf(std::string_view key) {
+Result<std::string> FileKvStore::NameOf(std::string_view key) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string name;
   for (unsigned char c : key) {
@@ -96,11 +103,29 @@ std::string FileKvStore::NameOf(std::string_view key) {
       name += kHex[c & 15];
     }
   }
+  if (name.size() <= kMaxPlainNameBytes) return name;
+  // "<prefix>~<sha256 hex>": '~' is never in an escaped name (it becomes %7e), so a hashed name
+  // cannot be a plain one. The prefix ends before a "%XX" it would cut.
+  size_t cut = kHashedPrefixBytes;
+  for (size_t k = 1; k <= 2; ++k) {
+    if (name[cut - k] == '%') cut -= k;
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int md_len = 0;
+  if (::EVP_Digest(key.data(), key.size(), md, &md_len, EVP_sha256(), nullptr) != 1) {
+    return Status::Internal("file store: SHA-256 failed in libcrypto");
+  }
+  name.resize(cut);
+  name += '~';
+  for (unsigned int i = 0; i < md_len; ++i) {
+    name += kHex[md[i] >> 4];
+    name += kHex[md[i] & 15];
+  }
   return name;
 }
 
 Status FileKvStore::Set(std::string_view key, std::span<const uint8_t> value) {
-  const std::string name = NameOf(key);
+  STRATA_ASSIGN_OR_RETURN(const std::string name, NameOf(key));
   const std::string path = dir_ + "/" + name;
   // A fresh temp name: O_EXCL fails on anything already there (a leftover, a planted file or
   // symlink, a concurrent writer), which is then left alone and the next name tried.
@@ -140,7 +165,7 @@ Status FileKvStore::Set(std::string_view key, std::span<const uint8_t> value) {
 
 Result<std::vector<uint8_t>> FileKvStore::Get(std::string_view key,
                                               std::chrono::milliseconds timeout) {
-  const std::string name = NameOf(key);
+  STRATA_ASSIGN_OR_RETURN(const std::string name, NameOf(key));
   const std::string path = dir_ + "/" + name;
   const auto deadline = Clock::now() + timeout;
   auto sleep = std::chrono::milliseconds(1);
@@ -168,7 +193,7 @@ Result<std::vector<uint8_t>> FileKvStore::Get(std::string_view key,
 }
 
 Status FileKvStore::Delete(std::string_view key) {
-  const std::string name = NameOf(key);
+  STRATA_ASSIGN_OR_RETURN(const std::string name, NameOf(key));
   if (::unlinkat(dir_fd_, name.c_str(), 0) != 0 && errno != ENOENT) {
     return Status::FromErrno(errno, "file store: unlink", dir_ + "/" + name);
   }

@@ -6,7 +6,8 @@
 // when the current user owns it and neither group nor others may write it, then keeps it open and
 // works relative to that descriptor (a path swapped later changes nothing). Temp files are
 // created O_EXCL|O_NOFOLLOW (a name planted in advance is skipped, a symlink never followed),
-// key files are 0600, and Get opens keys O_NOFOLLOW and reads regular files only.
+// key files are 0600, and Get opens keys O_NOFOLLOW and reads regular files only. A key of any
+// length works: one too long for a file name is stored under its prefix and SHA-256.
 //
 // Thread-safe.
 #pragma once
@@ -36,7 +37,8 @@ class FileKvStore final : public KvStore {
 
  private:
   FileKvStore(std::string dir, int dir_fd) : dir_(std::move(dir)), dir_fd_(dir_fd) {}
-  static std::string NameOf(std::string_view key);
+  // The file name of `key`: escaped ("a/b" -> "a%2fb"); past 200 bytes, a prefix and SHA-256.
+  static Result<std::string> NameOf(std::string_view key);
   std::string dir_;
   int dir_fd_;
   std::atomic<uint64_t> temp_seq_{0};  // temp names: "<key>.tmp.<pid>.<seq>"

@@ -1,5 +1,6 @@
 #include "cpu/rendezvous/tcp_store.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -62,6 +63,34 @@ Status IoAll(int fd, void* buf, size_t n, bool is_send, Clock::time_point deadli
     n -= static_cast<size_t>(r);
   }
   return Status::OK();
+}
+
+// connect() bounded by `deadline`: non-blocking, then poll for the outcome. A blocking connect to
+// an address that drops SYNs (a listener whose accept queue is full, a firewall) waits out the
+// kernel's SYN retries, over two minutes, whatever the rendezvous timeout says. Returns 0 or the
+// errno (ETIMEDOUT at the deadline); the socket is left blocking, as it was.
+int ConnectBy(int fd, const sockaddr* addr, socklen_t addr_len, Clock::time_point deadline) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return errno;
+  int err = ::connect(fd, addr, addr_len) == 0 ? 0 : errno;
+  // EINTR: the connection goes on asynchronously, as after EINPROGRESS.
+  while (err == EINPROGRESS || err == EINTR) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      err = ETIMEDOUT;
+      break;
+    }
+    pollfd pfd{fd, POLLOUT, 0};
+    const int pr = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (pr < 0 && errno != EINTR) {
+      err = errno;
+    } else if (pr > 0) {
+      socklen_t len = sizeof(err);
+      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    }
+  }
+  if (::fcntl(fd, F_SETFL, flags) != 0 && err == 0) err = errno;
+  return err;
 }
 
 // True when the server closed the connection (or sent something unasked, which it never does):
@@ -173,8 +202,8 @@ Status TcpKvStore::Connect(Clock::time_point deadline) {
     for (addrinfo* a = res.get(); a != nullptr; a = a->ai_next) {
       const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd < 0) continue;
-      if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-        last_error = std::strerror(errno);
+      if (const int err = ConnectBy(fd, a->ai_addr, a->ai_addrlen, deadline); err != 0) {
+        last_error = std::strerror(err);
         ::close(fd);
         continue;
       }

@@ -321,10 +321,16 @@ struct ConfigDiagnostic {
   std::string message;  // what is wrong and what was expected / what will happen instead
   int line = 0;         // 1-based, of the key at `path` (or the nearest enclosing one, or
   int column = 0;       // the malformed token); 0 = unknown (a key that is absent)
-  // "path (line L, column C): message"; parts that are unknown are left out.
+  // "path (line L, column C): message"; parts that are unknown are left out. Path and message
+  // pass through PrintableText: a key may hold any character, NUL and escapes included.
   std::string ToString() const;
 };
 std::string_view DiagnosticKindName(ConfigDiagnostic::Kind k) noexcept;
+
+// `text` fit for a terminal or a log line: control characters (C0, DEL, C1) and bytes that are not
+// UTF-8 are written as \xNN, everything else is kept. For printing keys and paths of a config,
+// which JSON lets hold any character ("a\u0000b" would otherwise print as "a").
+std::string PrintableText(std::string_view text);
 
 struct ParsedConfig {
   EngineConfig config;

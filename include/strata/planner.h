@@ -71,8 +71,13 @@ struct Capacity {
   int nodes = 1;
   double nvme_bytes_per_s_per_node = 6e9;  // aggregate NVMe bandwidth of a node
 
-  int Ranks() const { return gpus_per_node * nodes; }
+  // N, in 64 bits: the product of two ints overflows an int (3 x 1431655766 wrapped to 2).
+  int64_t Ranks() const { return int64_t{gpus_per_node} * nodes; }
 };
+
+// The most data-parallel ranks (gpus_per_node x nodes) a plan may have: far beyond any cluster,
+// and low enough that every count derived from it stays exact.
+inline constexpr int64_t kMaxPlanRanks = int64_t{1} << 24;
 
 // The ZeRO and offload settings that change placement: the subset of DeepSpeed's
 // zero_optimization the planner needs, with DeepSpeed's defaults. Sizes are in elements.
@@ -92,6 +97,8 @@ struct ZeroSettings {
   double allgather_bucket_size = 5e8;
   double prefetch_bucket_size = 5e7;  // stage3_prefetch_bucket_size
   double max_live_parameters = 1e9;   // stage3_max_live_parameters
+  // Elements per optimizer sub-group (the NVMe swap unit). 0, as DeepSpeed reads it: every
+  // parameter tensor is a sub-group of its own (sized from largest_group_params when given).
   double sub_group_size = 1e9;
   double gradient_accumulation_steps = 1;
 };
@@ -160,7 +167,7 @@ struct Plan {
 
 // Model-state bytes per GPU of the ZeRO ledger (no offload, no buffers).
 // REQUIRES: 0 <= stage <= 3, ranks >= 1.
-double LedgerBytesPerGpu(const Recipe& recipe, int stage, double params, int ranks);
+double LedgerBytesPerGpu(const Recipe& recipe, int stage, double params, int64_t ranks);
 
 // The placement of one setting. Follows DeepSpeed: optimizer offload needs stage >= 1,
 // optimizer NVMe offload below stage 3 becomes cpu, param offload needs stage 3 (each with a note).
@@ -168,7 +175,9 @@ double LedgerBytesPerGpu(const Recipe& recipe, int stage, double params, int ran
 Placement Place(const PlanInput& in, int stage, OffloadDevice optimizer, OffloadDevice param);
 
 // InvalidArgument naming the field when a count is not positive, a size is negative, a stage
-// is outside 0..3 or a recipe byte count is negative.
+// is outside 0..3, gpus x nodes exceeds kMaxPlanRanks or a recipe byte count is negative. The
+// fields of `zero` are named by their DeepSpeed JSON path ("zero_optimization.sub_group_size");
+// a config that CheckDeepSpeedConfig accepts always passes here.
 Status ValidatePlanInput(const PlanInput& in);
 
 // The whole plan. Recommendation order: stages 0, 1, 2, 3 without offload (the lowest that

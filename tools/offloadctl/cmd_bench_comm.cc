@@ -187,31 +187,41 @@ int RunBench(const BenchOpts& o) {
   ::fcntl(pfd[0], F_SETFL, O_NONBLOCK);
   std::string text;
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
-  int alive = o.n, failed = 0;
+  int alive = o.n;
+  // The first failure is named; the ranks killed because of it (or of the timeout) are not.
+  bool failed = false;
   std::vector<bool> done(o.n, false);
+  auto stop_the_rest = [&] {
+    for (int q = 0; q < o.n; ++q) {
+      if (!done[q]) ::kill(pids[q], SIGKILL);  // fail fast: peers would wait for it
+    }
+  };
   while (alive > 0) {
     char buf[4096];
     ssize_t got;
     while ((got = ::read(pfd[0], buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(got));
     for (int r = 0; r < o.n; ++r) {
       int st = 0;
-      if (!done[r] && ::waitpid(pids[r], &st, WNOHANG) == pids[r]) {
-        done[r] = true;
-        --alive;
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-          ++failed;
-          for (int q = 0; q < o.n; ++q) {
-            if (!done[q]) ::kill(pids[q], SIGKILL);  // fail fast: peers would wait for it
-          }
+      if (done[r] || ::waitpid(pids[r], &st, WNOHANG) != pids[r]) continue;
+      done[r] = true;
+      --alive;
+      if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
+      if (!failed) {
+        // A rank that returned an error printed it; one that died did not: say how, as launch.
+        if (WIFSIGNALED(st)) {
+          std::fprintf(stderr, "bench comm: rank %d was killed by signal %d (%s)\n", r,
+                       WTERMSIG(st), strsignal(WTERMSIG(st)));
+        } else {
+          std::fprintf(stderr, "bench comm: rank %d exited with code %d\n", r, WEXITSTATUS(st));
         }
+        failed = true;
       }
+      stop_the_rest();
     }
-    if (std::chrono::steady_clock::now() > end) {
+    if (!failed && std::chrono::steady_clock::now() > end) {
       std::fprintf(stderr, "bench comm: timed out after %.0f s\n", o.timeout_s);
-      for (int q = 0; q < o.n; ++q) {
-        if (!done[q]) ::kill(pids[q], SIGKILL);
-      }
-      failed = 1;
+      stop_the_rest();
+      failed = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -101,9 +101,11 @@ int RunCheck(const ConfigCheckArgs& a) {
                 j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
     return c.ok() ? kExitOk : kExitInvalid;
   }
+  // Keys may hold any character ("a\u0000b"): what is printed goes through PrintableText
+  // (ToString does so), or a NUL would cut the line and an escape sequence reach the terminal.
   for (const auto& e : c.errors) std::printf("error: %s\n", e.ToString().c_str());
   for (const auto& w : c.warnings) std::printf("warning: %s\n", w.ToString().c_str());
-  for (const auto& n : c.notes) std::printf("note: %s\n", n.c_str());
+  for (const auto& n : c.notes) std::printf("note: %s\n", PrintableText(n).c_str());
   if (!c.ok()) {
     std::printf("%s: INVALID (%zu error(s), %zu warning(s))\n", a.path.c_str(), c.errors.size(),
                 c.warnings.size());
@@ -112,12 +114,12 @@ int RunCheck(const ConfigCheckArgs& a) {
   const ParsedConfig& p = *c.parsed;
   if (!p.unresolved_auto.empty()) {
     std::printf("\"auto\", left to the trainer (supply with --set KEY=VALUE):\n");
-    for (const auto& k : p.unresolved_auto) std::printf("  %s\n", k.c_str());
+    for (const auto& k : p.unresolved_auto) std::printf("  %s\n", PrintableText(k).c_str());
   }
   if (!p.config.unacted_keys.empty()) {
     std::printf("kept, not acted on by strata:\n");
     for (const auto& k : p.config.unacted_keys) {
-      std::printf("  %s = %s\n", k.path.c_str(), k.json_text.c_str());
+      std::printf("  %s = %s\n", PrintableText(k.path).c_str(), k.json_text.c_str());
     }
   }
   std::printf("effective config:\n%s\n", EffectiveConfigJson(p.config).c_str());

@@ -64,8 +64,14 @@ int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* note
     if (!g.ok()) return Usage("--largest-group: " + std::string(g.status().message()));
     in->largest_group_params = *g;
   }
+  // The cluster first: the config's batch-size check needs N, and it must be a valid N.
+  if (Status valid = ValidatePlanInput(*in); !valid.ok())
+    return Usage(std::string(valid.message()));
   if (!f.config.empty()) {
     Status s = ApplyDeepSpeedConfigFile(f.config, in, notes);
+    // Every flag applied so far is valid: what fails now is the config (its JSON path named),
+    // and an invalid config exits 1 whichever rule caught it.
+    if (s.ok()) s = ValidatePlanInput(*in);
     if (!s.ok()) {
       std::fprintf(stderr, "offloadctl plan: --config %s: %s\n", f.config.c_str(),
                    s.ToString().c_str());

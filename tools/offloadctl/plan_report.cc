@@ -112,8 +112,8 @@ void Header(std::string& s, const Plan& plan, const std::string& config_path) {
       "v %g = %g B/param\n",
       Count(in.params).c_str(), in.params, r.name.c_str(), r.param_bytes, r.grad_bytes,
       r.master_bytes, r.momentum_bytes, r.variance_bytes, r.TotalBytes());
-  Out(s, "  cluster   %d node%s x %d GPUs = %d data-parallel ranks (N)\n", c.nodes,
-      c.nodes == 1 ? "" : "s", c.gpus_per_node, c.Ranks());
+  Out(s, "  cluster   %d node%s x %d GPUs = %lld data-parallel ranks (N)\n", c.nodes,
+      c.nodes == 1 ? "" : "s", c.gpus_per_node, static_cast<long long>(c.Ranks()));
   Out(s, "  capacity  HBM %g GB/GPU, host DRAM %g GB/node, NVMe %g GB/node at %g GB/s\n",
       c.hbm_bytes_per_gpu / 1e9, c.dram_bytes_per_node / 1e9, c.nvme_bytes_per_node / 1e9,
       c.nvme_bytes_per_s_per_node / 1e9);
