@@ -321,74 +321,9 @@ Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m) {
   return Status::OK();
 }
 
-// Reads global element ranges of one state kind of one group from the checkpoint's rank files
-// (whichever ranks hold them); zero past the saved padded buffer.
-class RangeReader {
- public:
-  RangeReader(std::string tag_dir, const ckpt::Manifest& m) : dir_(std::move(tag_dir)), m_(m) {
-    fds_.assign(static_cast<size_t>(m.world_size), -1);
-    locs_.resize(static_cast<size_t>(m.world_size));
-  }
-  ~RangeReader() {
-    for (int fd : fds_) {
-      if (fd >= 0) ::close(fd);
-    }
-  }
-  Status Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, void* out) {
-    const uint64_t eb = m_.ElemBytes(kind);
-    const uint64_t s = m_.groups[g].shard_elems;
-    uint8_t* dst = static_cast<uint8_t*>(out);
-    const uint64_t end = begin + elems;
-    const uint64_t saved_end = s * static_cast<uint64_t>(m_.world_size);
-    for (uint64_t at = begin; at < end;) {
-      if (at >= saved_end) {
-        std::memset(dst + (at - begin) * eb, 0, (end - at) * eb);
-        break;
-      }
-      const int r = static_cast<int>(at / s);
-      const uint64_t hi = std::min(end, (static_cast<uint64_t>(r) + 1) * s);
-      STRATA_RETURN_IF_ERROR(Open(r));
-      const ckpt::TensorLoc& t = locs_[static_cast<size_t>(r)][g * ckpt::kNumStateKinds + kind];
-      const uint64_t off = t.begin + (at - static_cast<uint64_t>(r) * s) * eb;
-      STRATA_RETURN_IF_ERROR(ckpt::ReadAt(fds_[static_cast<size_t>(r)], Path(r), off,
-                                          dst + (at - begin) * eb, (hi - at) * eb));
-      at = hi;
-    }
-    return Status::OK();
-  }
-
- private:
-  std::string Path(int r) const { return dir_ + "/" + ckpt::Manifest::RankFileName(r); }
-  // Opens rank r's file and takes its tensors' places from its own header (checked against the
-  // manifest's layout: names, dtypes and sizes in file order).
-  Status Open(int r) {
-    if (fds_[static_cast<size_t>(r)] >= 0) return Status::OK();
-    uint64_t data_start = 0;
-    std::vector<ckpt::TensorLoc> want;
-    ckpt::RankFileHeader(m_, r, &data_start, &want);
-    STRATA_ASSIGN_OR_RETURN(std::vector<ckpt::TensorLoc> got, ckpt::ReadSafetensorsHeader(Path(r)));
-    bool same = got.size() == want.size();
-    for (size_t i = 0; same && i < got.size(); ++i) {
-      same = got[i].name == want[i].name && got[i].dtype == want[i].dtype &&
-             got[i].end - got[i].begin == want[i].end - want[i].begin;
-    }
-    if (!same) return Status::Corruption(Path(r) + ": its tensors do not match the manifest's layout");
-    locs_[static_cast<size_t>(r)] = std::move(got);
-    const int fd = ::open(Path(r).c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::FromErrno(errno, "open", Path(r));
-    fds_[static_cast<size_t>(r)] = fd;
-    return Status::OK();
-  }
-
-  std::string dir_;
-  const ckpt::Manifest& m_;
-  std::vector<int> fds_;
-  std::vector<std::vector<ckpt::TensorLoc>> locs_;
-};
-
 // Fills one block (or its range) through a write lease; NVMe homes are written back before the
 // next block so host memory holds one block at a time.
-Status LoadBlock(Engine::Impl& e, RangeReader& rd, BlockId b, Tier tier, size_t g, size_t kind,
+Status LoadBlock(Engine::Impl& e, ckpt::RangeReader& rd, BlockId b, Tier tier, size_t g, size_t kind,
                  uint64_t global_begin, uint64_t elems, uint64_t block_offset_bytes) {
   {
     STRATA_ASSIGN_OR_RETURN(Lease l, e.store->Acquire(b, tier, Access::kWrite, e.timeout()));
@@ -401,7 +336,7 @@ Status LoadBlock(Engine::Impl& e, RangeReader& rd, BlockId b, Tier tier, size_t 
 }
 
 Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manifest& m) {
-  RangeReader rd(tag_dir, m);
+  ckpt::RangeReader rd(tag_dir, m);
   const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
   const Tier opt_tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
   for (size_t g = 0; g < e.groups.size(); ++g) {

@@ -542,4 +542,63 @@ Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag
   return m;
 }
 
+// ---------------------------------------------------------------------------------------------
+// RangeReader
+// ---------------------------------------------------------------------------------------------
+
+RangeReader::RangeReader(std::string tag_dir, const Manifest& m) : dir_(std::move(tag_dir)), m_(m) {
+  fds_.assign(static_cast<size_t>(m.world_size), -1);
+  locs_.resize(static_cast<size_t>(m.world_size));
+}
+
+RangeReader::~RangeReader() {
+  for (int fd : fds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+Status RangeReader::Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, void* out) {
+  const uint64_t eb = m_.ElemBytes(kind);
+  const uint64_t s = m_.groups[g].shard_elems;
+  uint8_t* dst = static_cast<uint8_t*>(out);
+  const uint64_t end = begin + elems;
+  const uint64_t saved_end = s * static_cast<uint64_t>(m_.world_size);
+  for (uint64_t at = begin; at < end;) {
+    if (at >= saved_end) {
+      std::memset(dst + (at - begin) * eb, 0, (end - at) * eb);
+      break;
+    }
+    const int r = static_cast<int>(at / s);
+    const uint64_t hi = std::min(end, (static_cast<uint64_t>(r) + 1) * s);
+    STRATA_RETURN_IF_ERROR(Open(r));
+    const TensorLoc& t = locs_[static_cast<size_t>(r)][g * kNumStateKinds + kind];
+    const uint64_t off = t.begin + (at - static_cast<uint64_t>(r) * s) * eb;
+    STRATA_RETURN_IF_ERROR(ReadAt(fds_[static_cast<size_t>(r)], Path(r), off, dst + (at - begin) * eb,
+                                  (hi - at) * eb));
+    at = hi;
+  }
+  return Status::OK();
+}
+
+std::string RangeReader::Path(int r) const { return dir_ + "/" + Manifest::RankFileName(r); }
+
+Status RangeReader::Open(int r) {
+  if (fds_[static_cast<size_t>(r)] >= 0) return Status::OK();
+  uint64_t data_start = 0;
+  std::vector<TensorLoc> want;
+  RankFileHeader(m_, r, &data_start, &want);
+  STRATA_ASSIGN_OR_RETURN(std::vector<TensorLoc> got, ReadSafetensorsHeader(Path(r)));
+  bool same = got.size() == want.size();
+  for (size_t i = 0; same && i < got.size(); ++i) {
+    same = got[i].name == want[i].name && got[i].dtype == want[i].dtype &&
+           got[i].end - got[i].begin == want[i].end - want[i].begin;
+  }
+  if (!same) return Status::Corruption(Path(r) + ": its tensors do not match the manifest's layout");
+  locs_[static_cast<size_t>(r)] = std::move(got);
+  const int fd = ::open(Path(r).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open", Path(r));
+  fds_[static_cast<size_t>(r)] = fd;
+  return Status::OK();
+}
+
 }  // namespace strata::zero::ckpt

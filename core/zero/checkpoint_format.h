@@ -164,6 +164,31 @@ Status VerifyFiles(const std::string& dir, const Manifest& m, const std::vector<
 // ReadManifest + VerifyFiles (all) + every rank file's header matches the manifest.
 Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag);
 
+// Reads global element ranges of one state kind of one group from a checkpoint's rank files
+// (whichever ranks hold them: the range is cut at shard boundaries); zeros past the saved padded
+// buffer. Each rank file is opened on first use, its tensors' places taken from its own header
+// and checked against the manifest's layout (Corruption naming the file). Not thread-safe.
+class RangeReader {
+ public:
+  // `tag_dir`: <dir>/<tag>. `m` must outlive the reader.
+  RangeReader(std::string tag_dir, const Manifest& m);
+  ~RangeReader();
+  RangeReader(const RangeReader&) = delete;
+  RangeReader& operator=(const RangeReader&) = delete;
+  // Elements [begin, begin+elems) of group g's state kind (index into kStateKinds) into out
+  // (elems * m.ElemBytes(kind) bytes).
+  Status Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, void* out);
+
+ private:
+  std::string Path(int r) const;
+  Status Open(int r);
+
+  std::string dir_;
+  const Manifest& m_;
+  std::vector<int> fds_;
+  std::vector<std::vector<TensorLoc>> locs_;
+};
+
 std::string Hex64(uint64_t v);
 
 }  // namespace strata::zero::ckpt
