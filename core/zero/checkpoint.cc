@@ -311,13 +311,9 @@ Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m) {
                                       ", the engine's " + mine.precision +
                                       " (converting precision on load is not implemented)");
   }
-  if (m.world_size != e.world || m.stage != e.layout.stage) {
-    return Status::FailedPrecondition(
-        "the checkpoint was saved at world size " + std::to_string(m.world_size) + ", stage " +
-        std::to_string(m.stage) + "; this engine runs world size " + std::to_string(e.world) +
-        ", stage " + std::to_string(e.layout.stage) +
-        " (resharding across world sizes and stages is not implemented yet)");
-  }
+  // Another world size or stage is fine: the files hold global element ranges per group, and
+  // RangeReader cuts any range this engine's layout asks for out of whichever ranks' files hold
+  // it (resharding on load).
   return Status::OK();
 }
 

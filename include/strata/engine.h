@@ -285,7 +285,9 @@ class Engine {
   // first (manifest, every file's size and XXH3, spread over the ranks), changing nothing when it
   // fails: NotFound / Corruption naming the first missing or damaged file; FailedPrecondition for
   // another format version, a different model spec (the differing names and shapes listed), or
-  // another world size, stage or precision (resharding is not implemented yet). An IO error
+  // another precision. Another world size or ZeRO stage (or placement) is fine: the checkpoint
+  // holds global element ranges, and each rank reads the ranges its layout needs from whichever
+  // ranks' files hold them (resharding on load; exact: every saved bit is restored). An IO error
   // after verification fails the engine (its blocks are then half loaded). `client_state`
   // (optional) receives the saved blob (empty if none).
   Status Load(const std::string& dir, const std::string& tag = "",
