@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -254,6 +255,14 @@ struct RunSpec {
   // Rank die_rank returns (destroying its engine and communicator) before step die_step.
   int die_rank = -1, die_step = -1;
   std::chrono::milliseconds timeout{60000};
+  // Checkpoint tests: `init` replaces InitFromFullTensors (e.g. loads a checkpoint); the run
+  // takes steps first_step .. steps-1 (the data of those steps); `after_step` runs on every rank
+  // after each Step (e.g. saves).
+  std::function<Status(int rank, Engine&)> init;
+  int first_step = 0;
+  std::function<Status(int rank, int step, Engine&)> after_step;
+  // The model the engine is created with (default TestModel(); training needs TestModel()).
+  std::optional<ModelSpec> model;
 };
 
 // Runs the engine's training of TestModel on `world` threads; returns rank 0's master weights.
@@ -337,13 +346,18 @@ inline RunResult RunEngine(const RunSpec& spec) {
     eo.use_pinned_pool = spec.use_pinned_pool;
     eo.timeout = spec.timeout;
     if (spec.tweak) spec.tweak(r, eo);
-    STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(TestModel(), std::move(eo)));
+    STRATA_ASSIGN_OR_RETURN(auto engine,
+                            Engine::Create(spec.model ? *spec.model : TestModel(), std::move(eo)));
     res.layouts[r] = engine->layout();
     std::vector<std::vector<const float*>> ptrs(init.size());
     for (size_t g = 0; g < init.size(); ++g) {
       for (const auto& t : init[g]) ptrs[g].push_back(t.data());
     }
-    STRATA_RETURN_IF_ERROR(engine->InitFromFullTensors(ptrs));
+    if (spec.init) {
+      STRATA_RETURN_IF_ERROR(spec.init(r, *engine));
+    } else {
+      STRATA_RETURN_IF_ERROR(engine->InitFromFullTensors(ptrs));
+    }
     Params p;
     p.W0.resize(kH0 * kIn);
     p.b0.resize(kH0);
@@ -359,7 +373,7 @@ inline RunResult RunEngine(const RunSpec& spec) {
       engine->Release(std::move(gg));
       return Status::OK();
     };
-    for (int step = 0; step < spec.steps; ++step) {
+    for (int step = spec.first_step; step < spec.steps; ++step) {
       if (r == spec.die_rank && step == spec.die_step) return Status::Aborted("rank died (test)");
       if (spec.before_step) spec.before_step(r, step, *engine);
       if (spec.inject && sim != nullptr) spec.inject(r, step, *sim);
@@ -384,6 +398,7 @@ inline RunResult RunEngine(const RunSpec& spec) {
       }
       STRATA_ASSIGN_OR_RETURN(StepReport rep, engine->Step());
       if (r == 0) res.reports.push_back(rep);
+      if (spec.after_step) STRATA_RETURN_IF_ERROR(spec.after_step(r, step, *engine));
     }
     masters[r].resize(kGroups);
     for (size_t g = 0; g < kGroups; ++g) {

@@ -265,6 +265,38 @@ class Engine {
   // The group's fp32 master weights, numel values (collective). For tests and export.
   Status ReadMaster(size_t group, std::span<float> out);
 
+  // Checkpoints (README "Checkpoints"; format and protocol in core/zero/checkpoint_format.h).
+  // Both are collective (every rank calls them with the same arguments) and allowed only at an
+  // accumulation boundary: after Step (or before the first micro-step), with no gathered group
+  // out, no gradient buffer taken and no ReduceGradients since the last Step; otherwise
+  // FailedPrecondition ("mid-accumulation"), nothing written or changed. Gradients are therefore
+  // never saved: at a boundary they hold nothing the next step reads.
+  //
+  // Save writes every other state (working params, fp32 master, Adam m and v wherever they live,
+  // the step counters, loss-scaler and LR-schedule position, the effective config, the model
+  // spec, world size and stage) and `client_state` (the trainer's opaque bytes: data position,
+  // RNG) to `<dir>/<tag>/`, crash-consistently: written into `<tag>.tmp/`, fsynced, renamed, then
+  // `<dir>/latest` replaced atomically. A crash leaves the previous checkpoint as `latest` and
+  // never a partial one that loads. NVMe-homed state streams through host memory one block at a
+  // time (the host budget holds). InvalidArgument: empty tag, or one with '/', or ending ".tmp";
+  // FailedPrecondition: the tag exists already (never overwritten) or mid-accumulation; IOError
+  // naming the file; Aborted: another rank failed (its own result says why). A failed
+  // collective fails the engine.
+  Status Save(const std::string& dir, const std::string& tag,
+              std::span<const uint8_t> client_state = {});
+  // Restores the state of `<dir>/<tag>` (tag "" = the one `<dir>/latest` names) into this
+  // engine; training then continues bit for bit as the run that saved it would have. Verifies
+  // first (manifest, every file's size and XXH3, spread over the ranks), changing nothing when it
+  // fails: NotFound / Corruption naming the first missing or damaged file; FailedPrecondition for
+  // another format version, a different model spec (the differing names and shapes listed), or
+  // another precision. Another world size or ZeRO stage (or placement) is fine: the checkpoint
+  // holds global element ranges, and each rank reads the ranges its layout needs from whichever
+  // ranks' files hold them (resharding on load; exact: every saved bit is restored). An IO error
+  // after verification fails the engine (its blocks are then half loaded). `client_state`
+  // (optional) receives the saved blob (empty if none).
+  Status Load(const std::string& dir, const std::string& tag = "",
+              std::vector<uint8_t>* client_state = nullptr);
+
   struct Impl;
 
  private:

@@ -21,6 +21,7 @@ void RegisterPlan(CLI::App& parent, int* exit_code);  // offloadctl plan (cmd_pl
 void RegisterConfig(CLI::App& parent, int* exit_code);  // `config check` (cmd_config.cc)
 void RegisterLaunch(CLI::App& parent, int* exit_code);  // offloadctl launch (cmd_launch.cc)
 void RegisterClean(CLI::App& parent, int* exit_code);   // offloadctl clean (cmd_clean.cc)
+void RegisterCkpt(CLI::App& parent, int* exit_code);    // `ckpt inspect|verify|export` (cmd_ckpt.cc)
 
 // `offloadctl bench <what>` children.
 void RegisterBenchNvme(CLI::App& bench, int* exit_code);  // cmd_bench_nvme.cc

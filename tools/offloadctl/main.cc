@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   strata::cli::RegisterPlan(app, &exit_code);
   strata::cli::RegisterConfig(app, &exit_code);
   strata::cli::RegisterClean(app, &exit_code);
+  strata::cli::RegisterCkpt(app, &exit_code);
 
   CLI::App* bench = app.add_subcommand(
       "bench", "Measure a tier or kernel of this machine against a same-run reference");

@@ -1,0 +1,604 @@
+// Checkpoint format: manifest JSON, safetensors headers, durable file operations, verification.
+// See checkpoint_format.h.
+#include "core/zero/checkpoint_format.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
+namespace strata::zero::ckpt {
+
+using nlohmann::json;
+
+namespace {
+
+std::atomic<int64_t> g_crash_at{0};
+std::atomic<int64_t> g_ops{0};
+
+Status Errno(std::string_view op, const std::string& path) {
+  return Status::FromErrno(errno, op, path);
+}
+
+}  // namespace
+
+std::string Hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+void ArmCrashHookFromEnv() {
+  const char* v = std::getenv("STRATA_CKPT_CRASH_AT");
+  g_crash_at = v != nullptr ? std::atoll(v) : 0;
+  g_ops = 0;
+}
+
+bool CrashPoint() {
+  const int64_t at = g_crash_at.load();
+  return at > 0 && ++g_ops == at;
+}
+
+[[noreturn]] static void CrashNow() { ::_exit(77); }
+
+// ---------------------------------------------------------------------------------------------
+// Manifest
+// ---------------------------------------------------------------------------------------------
+
+std::string Manifest::RankFileName(int rank) { return "rank" + std::to_string(rank) + ".safetensors"; }
+
+std::string Manifest::TensorName(const std::string& group, const char* kind, int rank) {
+  return group + "." + kind + "[r" + std::to_string(rank) + "]";
+}
+
+std::string Manifest::ToJson() const {
+  json j;
+  j["format"] = "strata-checkpoint";
+  j["format_version"] = format_version;
+  j["tag"] = tag;
+  j["world_size"] = world_size;
+  j["stage"] = stage;
+  j["precision"] = precision;
+  j["param_dtype"] = param_dtype;
+  j["offload_optimizer"] = offload_optimizer;
+  j["offload_param"] = offload_param;
+  j["global_step"] = global_step;
+  j["skipped_steps"] = skipped_steps;
+  j["applied_steps"] = applied_steps;
+  j["last_lr"] = last_lr;
+  j["loss_scaler"] = {{"scale", scale},
+                      {"iteration", scaler_iteration},
+                      {"last_overflow_iteration", scaler_last_overflow},
+                      {"hysteresis_left", scaler_hysteresis_left}};
+  json groups_j = json::array();
+  for (const GroupEntry& g : this->groups) {
+    json params = json::array();
+    for (const ParamEntry& p : g.params) params.push_back({{"name", p.name}, {"shape", p.shape}});
+    groups_j.push_back({{"name", g.name}, {"params", params}, {"numel", g.numel},
+                      {"shard_elems", g.shard_elems}});
+  }
+  j["model"] = {{"groups", groups_j}};
+  j["shard_layout"] = {
+      {"rule", "rank r's file holds elements [r*shard_elems, (r+1)*shard_elems) of each group's "
+               "padded flat buffer, per state kind; elements >= numel are zero padding"},
+      {"state_kinds", {"param16", "master32", "exp_avg", "exp_avg_sq"}}};
+  json files_j = json::array();
+  for (const FileEntry& f : files) {
+    files_j.push_back({{"name", f.name}, {"rank", f.rank}, {"size_bytes", f.size_bytes},
+                       {"xxh3", Hex64(f.xxh3)}});
+  }
+  j["files"] = files_j;
+  j["client_state"] = has_client_state ? json(kClientStateName) : json(nullptr);
+  auto cfg = json::parse(config_json, nullptr, false);
+  j["config"] = cfg.is_discarded() ? json(config_json) : cfg;
+  return j.dump(2) + "\n";
+}
+
+Result<Manifest> Manifest::FromJson(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Status::Corruption("manifest is not a JSON object");
+  Manifest m;
+  try {
+    if (j.value("format", "") != "strata-checkpoint") {
+      return Status::Corruption("manifest: \"format\" is not \"strata-checkpoint\"");
+    }
+    m.format_version = j.at("format_version").get<int>();
+    if (m.format_version != kFormatVersion) {
+      return Status::FailedPrecondition("checkpoint format version " +
+                                        std::to_string(m.format_version) + ", this build reads " +
+                                        std::to_string(kFormatVersion) + " only");
+    }
+    m.tag = j.at("tag").get<std::string>();
+    m.world_size = j.at("world_size").get<int>();
+    m.stage = j.at("stage").get<int>();
+    m.precision = j.at("precision").get<std::string>();
+    m.param_dtype = j.at("param_dtype").get<std::string>();
+    m.offload_optimizer = j.at("offload_optimizer").get<std::string>();
+    m.offload_param = j.at("offload_param").get<std::string>();
+    m.global_step = j.at("global_step").get<int64_t>();
+    m.skipped_steps = j.at("skipped_steps").get<int64_t>();
+    m.applied_steps = j.at("applied_steps").get<int64_t>();
+    m.last_lr = j.at("last_lr").get<double>();
+    const json& ls = j.at("loss_scaler");
+    m.scale = ls.at("scale").get<double>();
+    m.scaler_iteration = ls.at("iteration").get<int64_t>();
+    m.scaler_last_overflow = ls.at("last_overflow_iteration").get<int64_t>();
+    m.scaler_hysteresis_left = ls.at("hysteresis_left").get<int64_t>();
+    for (const json& g : j.at("model").at("groups")) {
+      GroupEntry ge;
+      ge.name = g.at("name").get<std::string>();
+      ge.numel = g.at("numel").get<uint64_t>();
+      ge.shard_elems = g.at("shard_elems").get<uint64_t>();
+      for (const json& p : g.at("params")) {
+        ge.params.push_back({p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>()});
+      }
+      m.groups.push_back(std::move(ge));
+    }
+    for (const json& f : j.at("files")) {
+      FileEntry fe;
+      fe.name = f.at("name").get<std::string>();
+      fe.rank = f.at("rank").get<int>();
+      fe.size_bytes = f.at("size_bytes").get<uint64_t>();
+      fe.xxh3 = std::strtoull(f.at("xxh3").get<std::string>().c_str(), nullptr, 16);
+      if (fe.name.empty() || fe.name.find('/') != std::string::npos) {
+        return Status::Corruption("manifest: file name '" + fe.name + "' is not a plain name");
+      }
+      m.files.push_back(std::move(fe));
+    }
+    m.has_client_state = !j.at("client_state").is_null();
+    const json& cfg = j.at("config");
+    m.config_json = cfg.is_string() ? cfg.get<std::string>() : cfg.dump(2);
+  } catch (const json::exception& e) {
+    return Status::Corruption(std::string("manifest: ") + e.what());
+  }
+  if (m.world_size < 1 || m.stage < 0 || m.stage > 3 || m.groups.empty() ||
+      (m.param_dtype != "BF16" && m.param_dtype != "F16" && m.param_dtype != "F32")) {
+    return Status::Corruption("manifest: world_size, stage, param_dtype or model out of range");
+  }
+  int rank_files = 0;
+  for (const FileEntry& f : m.files) rank_files += f.rank >= 0;
+  if (rank_files != m.world_size) {
+    return Status::Corruption("manifest: " + std::to_string(rank_files) + " rank files for world size " +
+                              std::to_string(m.world_size));
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// safetensors
+// ---------------------------------------------------------------------------------------------
+
+std::string RankFileHeader(const Manifest& m, int rank, uint64_t* data_start,
+                           std::vector<TensorLoc>* locs) {
+  // nlohmann's default object sorts keys; safetensors readers do not care about key order, and
+  // the data offsets keep file order.
+  json h = json::object();
+  h["__metadata__"] = {{"format", "strata-checkpoint"},
+                       {"format_version", std::to_string(m.format_version)},
+                       {"rank", std::to_string(rank)},
+                       {"world_size", std::to_string(m.world_size)}};
+  std::vector<TensorLoc> l;
+  uint64_t off = 0;
+  for (const GroupEntry& g : m.groups) {
+    for (size_t k = 0; k < kNumStateKinds; ++k) {
+      TensorLoc t;
+      t.name = Manifest::TensorName(g.name, kStateKinds[k], rank);
+      t.dtype = k == 0 ? m.param_dtype : "F32";
+      t.shape = {static_cast<int64_t>(g.shard_elems)};
+      t.begin = off;
+      off += g.shard_elems * m.ElemBytes(k);
+      t.end = off;
+      h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
+      l.push_back(std::move(t));
+    }
+  }
+  std::string text = h.dump();
+  while ((8 + text.size()) % 8 != 0) text.push_back(' ');
+  const uint64_t n = text.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  out += text;
+  *data_start = out.size();
+  for (TensorLoc& t : l) {
+    t.begin += *data_start;
+    t.end += *data_start;
+  }
+  if (locs != nullptr) *locs = std::move(l);
+  return out;
+}
+
+Result<std::vector<TensorLoc>> ReadSafetensorsHeader(const std::string& path,
+                                                     std::string* metadata_json) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("open", path);
+  struct stat st {};
+  ::fstat(fd, &st);
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  uint8_t len_bytes[8];
+  Status s = ReadAt(fd, path, 0, len_bytes, 8);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(len_bytes[i]) << (8 * i);
+  std::string text;
+  if (s.ok() && (n > (uint64_t{100} << 20) || 8 + n > file_size)) {
+    s = Status::Corruption(path + ": safetensors header length " + std::to_string(n) +
+                           " does not fit the file (" + std::to_string(file_size) + " bytes)");
+  }
+  if (s.ok()) {
+    text.resize(n);
+    s = ReadAt(fd, path, 8, text.data(), n);
+  }
+  ::close(fd);
+  STRATA_RETURN_IF_ERROR(s);
+  json h = json::parse(text, nullptr, false);
+  if (h.is_discarded() || !h.is_object()) return Status::Corruption(path + ": header is not JSON");
+  std::vector<TensorLoc> out;
+  try {
+    for (auto it = h.begin(); it != h.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        if (metadata_json != nullptr) *metadata_json = it.value().dump();
+        continue;
+      }
+      TensorLoc t;
+      t.name = it.key();
+      t.dtype = it.value().at("dtype").get<std::string>();
+      t.shape = it.value().at("shape").get<std::vector<int64_t>>();
+      const auto offs = it.value().at("data_offsets").get<std::vector<uint64_t>>();
+      if (offs.size() != 2 || offs[0] > offs[1] || 8 + n + offs[1] > file_size) {
+        return Status::Corruption(path + ": tensor '" + t.name + "' lies outside the file");
+      }
+      t.begin = 8 + n + offs[0];
+      t.end = 8 + n + offs[1];
+      out.push_back(std::move(t));
+    }
+  } catch (const json::exception& e) {
+    return Status::Corruption(path + ": " + e.what());
+  }
+  std::sort(out.begin(), out.end(), [](const TensorLoc& a, const TensorLoc& b) { return a.begin < b.begin; });
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files
+// ---------------------------------------------------------------------------------------------
+
+FileWriter::FileWriter(FileWriter&& o) noexcept { *this = std::move(o); }
+
+FileWriter& FileWriter::operator=(FileWriter&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    if (state_ != nullptr) XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+    fd_ = o.fd_;
+    path_ = std::move(o.path_);
+    size_ = o.size_;
+    state_ = o.state_;
+    o.fd_ = -1;
+    o.state_ = nullptr;
+  }
+  return *this;
+}
+
+FileWriter::~FileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (state_ != nullptr) XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+}
+
+Result<FileWriter> FileWriter::Create(const std::string& path) {
+  if (CrashPoint()) CrashNow();
+  FileWriter w;
+  w.fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (w.fd_ < 0) return Errno("create", path);
+  w.path_ = path;
+  w.state_ = XXH3_createState();
+  if (w.state_ == nullptr) return Status::ResourceExhausted("XXH3_createState");
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(w.state_));
+  return w;
+}
+
+Status FileWriter::Append(const void* data, uint64_t bytes) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  if (CrashPoint()) {
+    // A torn write: half of it reaches the file, then the process dies.
+    (void)!::write(fd_, p, bytes / 2);
+    CrashNow();
+  }
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), p, bytes);
+  uint64_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::write(fd_, p + done, std::min<uint64_t>(bytes - done, uint64_t{1} << 30));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno("write", path_);
+    }
+    if (n == 0) return Status::IOError(path_ + ": write wrote nothing");
+    done += static_cast<uint64_t>(n);
+  }
+  size_ += bytes;
+  return Status::OK();
+}
+
+Status FileWriter::Finish() {
+  if (CrashPoint()) CrashNow();
+  if (::fsync(fd_) != 0) return Errno("fsync", path_);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) return Errno("close", path_);
+  return Status::OK();
+}
+
+uint64_t FileWriter::xxh3() const {
+  return state_ != nullptr ? XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)) : 0;
+}
+
+Status MakeDir(const std::string& path) {
+  if (CrashPoint()) CrashNow();
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return Errno("mkdir", path);
+  return Status::OK();
+}
+
+Status FsyncDir(const std::string& path) {
+  if (CrashPoint()) CrashNow();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno("open directory", path);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return Status::FromErrno(err, "fsync directory", path);
+  return Status::OK();
+}
+
+Status RenamePath(const std::string& from, const std::string& to) {
+  if (CrashPoint()) CrashNow();
+  if (::rename(from.c_str(), to.c_str()) != 0) return Errno("rename to " + to, from);
+  return Status::OK();
+}
+
+Status RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) return Status::IOError("remove " + path + ": " + ec.message());
+  return Status::OK();
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+Status ReadAt(int fd, const std::string& path, uint64_t offset, void* out, uint64_t bytes) {
+  uint8_t* p = static_cast<uint8_t*>(out);
+  uint64_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd, p + done, std::min<uint64_t>(bytes - done, uint64_t{1} << 30),
+                              static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno("read", path);
+    }
+    if (n == 0) {
+      return Status::Corruption(path + ": ends at " + std::to_string(offset + done) +
+                                " bytes, expected at least " + std::to_string(offset + bytes));
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::OK();
+}
+
+Result<std::string> ReadWholeFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("open", path);
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      Status st = Errno("read", path);
+      ::close(fd);
+      return st;
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+Status WriteSmallFile(const std::string& path, const std::string& text, bool atomic) {
+  const std::string target = atomic ? path + ".tmp" : path;
+  STRATA_ASSIGN_OR_RETURN(FileWriter w, FileWriter::Create(target));
+  STRATA_RETURN_IF_ERROR(w.Append(text.data(), text.size()));
+  STRATA_RETURN_IF_ERROR(w.Finish());
+  if (!atomic) return Status::OK();
+  STRATA_RETURN_IF_ERROR(RenamePath(target, path));
+  return FsyncDir(std::filesystem::path(path).parent_path().string());
+}
+
+Status HashFile(const std::string& path, uint64_t* size_bytes, uint64_t* xxh3) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("open", path);
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::vector<uint8_t> buf(size_t{4} << 20);
+  uint64_t total = 0;
+  Status result;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      result = Errno("read", path);
+      break;
+    }
+    if (n == 0) break;
+    XXH3_64bits_update(st, buf.data(), static_cast<size_t>(n));
+    total += static_cast<uint64_t>(n);
+  }
+  *size_bytes = total;
+  *xxh3 = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  ::close(fd);
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints
+// ---------------------------------------------------------------------------------------------
+
+Result<std::string> ResolveTag(const std::string& dir, const std::string& tag) {
+  if (!tag.empty()) {
+    if (tag.find('/') != std::string::npos || tag == "." || tag == ".." || tag == kLatestName) {
+      return Status::InvalidArgument("checkpoint tag '" + tag + "' is not a plain name");
+    }
+    return tag;
+  }
+  const std::string latest = dir + "/" + kLatestName;
+  auto text = ReadWholeFile(latest);
+  if (!text.ok()) {
+    return Status::NotFound("no checkpoint in " + dir + " (" + latest + " is missing: " +
+                            std::string(text.status().message()) + ")");
+  }
+  std::string t = *text;
+  while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
+  if (t.empty() || t.find('/') != std::string::npos) {
+    return Status::Corruption(latest + ": does not name a tag");
+  }
+  return t;
+}
+
+Result<Manifest> ReadManifest(const std::string& dir, const std::string& tag) {
+  const std::string tag_dir = dir + "/" + tag;
+  const std::string path = tag_dir + "/" + kManifestName;
+  if (!PathExists(tag_dir)) {
+    const bool partial = PathExists(tag_dir + ".tmp");
+    return Status::NotFound("checkpoint " + tag_dir + " does not exist" +
+                            (partial ? " (only an incomplete " + tag + ".tmp, from a save that "
+                                       "did not finish)" : std::string()));
+  }
+  auto text = ReadWholeFile(path);
+  if (!text.ok()) return Status::NotFound("checkpoint file " + path + " is missing or unreadable: " + std::string(text.status().message()));
+  auto m = Manifest::FromJson(*text);
+  if (!m.ok()) return Status(m.status().code(), path + ": " + std::string(m.status().message()));
+  return m;
+}
+
+Status VerifyFiles(const std::string& dir, const Manifest& m, const std::vector<size_t>& files) {
+  std::vector<size_t> which = files;
+  if (which.empty()) {
+    for (size_t i = 0; i < m.files.size(); ++i) which.push_back(i);
+  }
+  for (size_t i : which) {
+    const FileEntry& f = m.files[i];
+    const std::string path = dir + "/" + m.tag + "/" + f.name;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      return Status::NotFound("checkpoint file " + path + " is missing");
+    }
+    if (static_cast<uint64_t>(st.st_size) != f.size_bytes) {
+      return Status::Corruption("checkpoint file " + path + " is damaged: " +
+                                std::to_string(st.st_size) + " bytes, the manifest says " +
+                                std::to_string(f.size_bytes));
+    }
+    uint64_t size = 0, sum = 0;
+    STRATA_RETURN_IF_ERROR(HashFile(path, &size, &sum));
+    if (size != f.size_bytes || sum != f.xxh3) {
+      return Status::Corruption("checkpoint file " + path + " is damaged: XXH3 " + Hex64(sum) +
+                                ", the manifest says " + Hex64(f.xxh3));
+    }
+  }
+  return Status::OK();
+}
+
+Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag) {
+  STRATA_ASSIGN_OR_RETURN(std::string t, ResolveTag(dir, tag));
+  STRATA_ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir, t));
+  if (m.tag != t) {
+    return Status::Corruption(dir + "/" + t + "/" + kManifestName + ": names tag '" + m.tag + "'");
+  }
+  STRATA_RETURN_IF_ERROR(VerifyFiles(dir, m));
+  for (const FileEntry& f : m.files) {
+    if (f.rank < 0) continue;
+    const std::string path = dir + "/" + t + "/" + f.name;
+    STRATA_ASSIGN_OR_RETURN(std::vector<TensorLoc> got, ReadSafetensorsHeader(path));
+    std::vector<TensorLoc> want;
+    uint64_t data_start = 0;
+    RankFileHeader(m, f.rank, &data_start, &want);
+    bool same = got.size() == want.size();
+    for (size_t i = 0; same && i < got.size(); ++i) {
+      same = got[i].name == want[i].name && got[i].end - got[i].begin == want[i].end - want[i].begin &&
+             got[i].dtype == want[i].dtype && got[i].shape == want[i].shape;
+    }
+    if (!same) return Status::Corruption(path + ": its tensors do not match the manifest's layout");
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RangeReader
+// ---------------------------------------------------------------------------------------------
+
+RangeReader::RangeReader(std::string tag_dir, const Manifest& m) : dir_(std::move(tag_dir)), m_(m) {
+  fds_.assign(static_cast<size_t>(m.world_size), -1);
+  locs_.resize(static_cast<size_t>(m.world_size));
+}
+
+RangeReader::~RangeReader() {
+  for (int fd : fds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+Status RangeReader::Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, void* out) {
+  const uint64_t eb = m_.ElemBytes(kind);
+  const uint64_t s = m_.groups[g].shard_elems;
+  uint8_t* dst = static_cast<uint8_t*>(out);
+  const uint64_t end = begin + elems;
+  const uint64_t saved_end = s * static_cast<uint64_t>(m_.world_size);
+  for (uint64_t at = begin; at < end;) {
+    if (at >= saved_end) {
+      std::memset(dst + (at - begin) * eb, 0, (end - at) * eb);
+      break;
+    }
+    const int r = static_cast<int>(at / s);
+    const uint64_t hi = std::min(end, (static_cast<uint64_t>(r) + 1) * s);
+    STRATA_RETURN_IF_ERROR(Open(r));
+    const TensorLoc& t = locs_[static_cast<size_t>(r)][g * kNumStateKinds + kind];
+    const uint64_t off = t.begin + (at - static_cast<uint64_t>(r) * s) * eb;
+    STRATA_RETURN_IF_ERROR(ReadAt(fds_[static_cast<size_t>(r)], Path(r), off, dst + (at - begin) * eb,
+                                  (hi - at) * eb));
+    at = hi;
+  }
+  return Status::OK();
+}
+
+std::string RangeReader::Path(int r) const { return dir_ + "/" + Manifest::RankFileName(r); }
+
+Status RangeReader::Open(int r) {
+  if (fds_[static_cast<size_t>(r)] >= 0) return Status::OK();
+  uint64_t data_start = 0;
+  std::vector<TensorLoc> want;
+  RankFileHeader(m_, r, &data_start, &want);
+  STRATA_ASSIGN_OR_RETURN(std::vector<TensorLoc> got, ReadSafetensorsHeader(Path(r)));
+  bool same = got.size() == want.size();
+  for (size_t i = 0; same && i < got.size(); ++i) {
+    same = got[i].name == want[i].name && got[i].dtype == want[i].dtype &&
+           got[i].end - got[i].begin == want[i].end - want[i].begin;
+  }
+  if (!same) return Status::Corruption(Path(r) + ": its tensors do not match the manifest's layout");
+  locs_[static_cast<size_t>(r)] = std::move(got);
+  const int fd = ::open(Path(r).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open", Path(r));
+  fds_[static_cast<size_t>(r)] = fd;
+  return Status::OK();
+}
+
+}  // namespace strata::zero::ckpt

@@ -1,0 +1,194 @@
+// The on-disk format of engine checkpoints (Engine::Save / Engine::Load, `offloadctl ckpt`): the
+// manifest, the per-rank safetensors files, the crash-consistent file operations and the
+// verification every reader runs first. No engine state here: the CLI uses it without an engine.
+//
+// Layout of `<dir>/`:
+//   <tag>/manifest.json          written last, by rank 0 (see Manifest below)
+//   <tag>/rank<r>.safetensors    rank r's part: for every group g (model order) and state kind
+//                                 k in {param16, master32, exp_avg, exp_avg_sq}, the tensor
+//                                 "<group>.<k>[r<r>]" = elements [r*S_g, (r+1)*S_g) of the
+//                                 group's padded flat buffer (S_g = shard_elems, padding zero);
+//                                 param16 in the working dtype, the others F32. Standard
+//                                 safetensors: u64 LE header length, JSON header (with
+//                                 "__metadata__"), raw little-endian data.
+//   <tag>/client_state.bin       the trainer's opaque blob (only when one was given)
+//   latest                        the tag of the newest complete checkpoint (one line)
+//
+// Crash consistency (the protocol of Save): every file is written into `<tag>.tmp/` and fsynced;
+// the ranks agree that all parts are durable; rank 0 writes the manifest (sizes and XXH3 of
+// every file), fsyncs it and the directory, renames `<tag>.tmp` to `<tag>`, fsyncs `<dir>`, then
+// replaces `latest` atomically (latest.tmp, fsync, rename, fsync `<dir>`). A crash at any point
+// leaves `latest` naming the previous complete checkpoint; a `<tag>.tmp` is never read, and a
+// `<tag>/` whose files do not match its manifest is refused by VerifyCheckpoint.
+//
+// Thread safety: free functions over files; no shared state except the crash hook's counter.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/status.h"
+
+namespace strata::zero::ckpt {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr const char* kManifestName = "manifest.json";
+inline constexpr const char* kClientStateName = "client_state.bin";
+inline constexpr const char* kLatestName = "latest";
+// The state kinds each rank file holds per group, in file order.
+inline constexpr const char* kStateKinds[] = {"param16", "master32", "exp_avg", "exp_avg_sq"};
+inline constexpr size_t kNumStateKinds = 4;
+
+struct FileEntry {
+  std::string name;     // relative to the tag directory
+  int rank = -1;        // -1: not a rank file (client state)
+  uint64_t size_bytes = 0;
+  uint64_t xxh3 = 0;
+};
+
+struct ParamEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+struct GroupEntry {
+  std::string name;
+  std::vector<ParamEntry> params;
+  uint64_t numel = 0;
+  uint64_t shard_elems = 0;  // S: rank r holds [r*S, (r+1)*S) of the padded flat buffer
+};
+
+// Everything manifest.json holds. Field names in JSON are the member names.
+struct Manifest {
+  int format_version = kFormatVersion;
+  std::string tag;
+  int world_size = 1;
+  int stage = 0;
+  std::string precision;        // "bf16" | "fp16" | "fp32"
+  std::string param_dtype;      // safetensors dtype of param16: "BF16" | "F16" | "F32"
+  std::string offload_optimizer, offload_param;  // where the states lived ("none" = device)
+  std::vector<GroupEntry> groups;
+  int64_t global_step = 0, skipped_steps = 0, applied_steps = 0;
+  double last_lr = 0;
+  // Loss scaler (core/zero/loss_scaler.h LossScalerState).
+  double scale = 1;
+  int64_t scaler_iteration = 0, scaler_last_overflow = -1, scaler_hysteresis_left = 0;
+  std::string config_json;      // EffectiveConfigJson of the saving engine
+  std::vector<FileEntry> files; // rank files in rank order, then the client state if any
+  bool has_client_state = false;
+
+  std::string ToJson() const;
+  // Corruption naming the field for a malformed manifest; FailedPrecondition for another
+  // format_version.
+  static Result<Manifest> FromJson(const std::string& text);
+  // "rank<r>.safetensors"
+  static std::string RankFileName(int rank);
+  // "<group>.<kind>[r<rank>]"
+  static std::string TensorName(const std::string& group, const char* kind, int rank);
+  uint64_t ElemBytes(size_t kind) const { return kind == 0 ? DTypeBytes(param_dtype) : 4; }
+  static uint64_t DTypeBytes(const std::string& dtype) { return dtype == "F32" ? 4 : 2; }
+};
+
+// One tensor's place in a rank file.
+struct TensorLoc {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // absolute file offsets
+};
+
+// The safetensors header for rank `rank` of `m` (tensors in file order), padded with spaces so
+// the data starts 8-byte aligned; *data_start receives the absolute offset of the data, and
+// `locs` (optional) every tensor's place.
+std::string RankFileHeader(const Manifest& m, int rank, uint64_t* data_start,
+                           std::vector<TensorLoc>* locs);
+// Parses the header of a safetensors file (any: rank files, exports). Corruption naming `path`.
+Result<std::vector<TensorLoc>> ReadSafetensorsHeader(const std::string& path,
+                                                     std::string* metadata_json = nullptr);
+
+// --- files ----------------------------------------------------------------------------------
+
+// The crash hook for tests: when the environment variable STRATA_CKPT_CRASH_AT is k > 0 at the
+// start of a save, the k-th durable operation (a write, fsync, rename, mkdir) of that process's
+// save calls _exit(77) instead (a write first writes half its bytes: a torn write).
+void ArmCrashHookFromEnv();
+// Counts one durable operation; true when the process must die now (the caller then calls
+// _exit(77), a write after writing a prefix of its bytes).
+bool CrashPoint();
+
+// A file written sequentially with the XXH3 of everything written. Move-only.
+class FileWriter {
+ public:
+  FileWriter() = default;
+  FileWriter(FileWriter&& o) noexcept;
+  FileWriter& operator=(FileWriter&& o) noexcept;
+  ~FileWriter();
+  static Result<FileWriter> Create(const std::string& path);
+  Status Append(const void* data, uint64_t bytes);
+  // fsync + close. The file's size and checksum are then final.
+  Status Finish();
+  uint64_t size_bytes() const { return size_; }
+  uint64_t xxh3() const;
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+  uint64_t size_ = 0;
+  void* state_ = nullptr;  // XXH3_state_t
+};
+
+Status MakeDir(const std::string& path);  // EEXIST is fine
+Status FsyncDir(const std::string& path);
+Status RenamePath(const std::string& from, const std::string& to);
+Status RemoveTree(const std::string& path);  // missing is fine
+bool PathExists(const std::string& path);
+Result<std::string> ReadWholeFile(const std::string& path);
+// Writes `text` to path (tmp name + fsync + rename + fsync dir when `atomic`).
+Status WriteSmallFile(const std::string& path, const std::string& text, bool atomic);
+// Size and XXH3 of a file, streamed.
+Status HashFile(const std::string& path, uint64_t* size_bytes, uint64_t* xxh3);
+// Reads [offset, offset+bytes) of a file into out (an open-per-call pread loop).
+Status ReadAt(int fd, const std::string& path, uint64_t offset, void* out, uint64_t bytes);
+
+// --- checkpoints ----------------------------------------------------------------------------
+
+// The tag `latest` names (tag empty) or `tag` itself; NotFound naming the path when neither
+// exists.
+Result<std::string> ResolveTag(const std::string& dir, const std::string& tag);
+// Reads and parses <dir>/<tag>/manifest.json. NotFound / Corruption naming the file.
+Result<Manifest> ReadManifest(const std::string& dir, const std::string& tag);
+// Checks that every file of the manifest exists with its size and checksum. `files`: indices of
+// m.files to check (empty: all). NotFound / Corruption naming the first missing or damaged file.
+Status VerifyFiles(const std::string& dir, const Manifest& m, const std::vector<size_t>& files = {});
+// ReadManifest + VerifyFiles (all) + every rank file's header matches the manifest.
+Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag);
+
+// Reads global element ranges of one state kind of one group from a checkpoint's rank files
+// (whichever ranks hold them: the range is cut at shard boundaries); zeros past the saved padded
+// buffer. Each rank file is opened on first use, its tensors' places taken from its own header
+// and checked against the manifest's layout (Corruption naming the file). Not thread-safe.
+class RangeReader {
+ public:
+  // `tag_dir`: <dir>/<tag>. `m` must outlive the reader.
+  RangeReader(std::string tag_dir, const Manifest& m);
+  ~RangeReader();
+  RangeReader(const RangeReader&) = delete;
+  RangeReader& operator=(const RangeReader&) = delete;
+  // Elements [begin, begin+elems) of group g's state kind (index into kStateKinds) into out
+  // (elems * m.ElemBytes(kind) bytes).
+  Status Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, void* out);
+
+ private:
+  std::string Path(int r) const;
+  Status Open(int r);
+
+  std::string dir_;
+  const Manifest& m_;
+  std::vector<int> fds_;
+  std::vector<std::vector<TensorLoc>> locs_;
+};
+
+std::string Hex64(uint64_t v);
+
+}  // namespace strata::zero::ckpt
