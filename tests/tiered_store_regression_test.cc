@@ -239,5 +239,29 @@ TEST_F(RegressionTest, WriteBehindThatFailsAtOnceLeavesTheFetchParkedNotLooping)
   EXPECT_EQ(Read(a, Tier::kHost), 1);
 }
 
+// Register checked duplicate names by scanning every block: quadratic in the block count (an
+// engine with 62k optimizer sub-groups spent minutes registering). Now a hash set: registering 8x
+// the blocks takes about 8x the time, measured in the same run (a quadratic check takes ~64x).
+TEST_F(RegressionTest, RegisterIsLinearInTheBlockCountAndRefusesDuplicates) {
+  constexpr uint64_t kSmall = 3000, kLarge = 8 * kSmall;
+  Open({.device_blocks = 4, .host_blocks = (kLarge + kSmall) / 4 + 8, .nvme_blocks = 64});
+  auto register_n = [&](const std::string& prefix, uint64_t n) {
+    const auto t0 = Clock::now();
+    for (uint64_t i = 0; i < n; ++i) {
+      auto id = store_->Register(
+          BlockSpec{prefix + std::to_string(i), 4096, DType::kF32, StateKind::kGrad, Tier::kHost});
+      EXPECT_TRUE(id.ok()) << id.status().ToString();
+    }
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  const double small = register_n("small.", kSmall);
+  const double large = register_n("large.", kLarge);
+  EXPECT_LT(large, 24 * small + 0.05) << "small " << small << " s, large " << large << " s";
+  auto dup = store_->Register(BlockSpec{"large.7", 4096, DType::kF32, StateKind::kGrad, Tier::kHost});
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.status().message().find("duplicate block name 'large.7'"), std::string::npos)
+      << dup.status().ToString();
+}
+
 }  // namespace
 }  // namespace strata::store

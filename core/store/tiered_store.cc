@@ -159,11 +159,9 @@ Result<BlockId> TieredStore::Register(const BlockSpec& spec) {
     return Status::InvalidArgument("TieredStore::Register: block '" + spec.name + "' has size 0");
   }
   std::unique_lock<std::mutex> l(mu_);
-  for (auto& bp : blocks_) {
-    if (bp->spec.name == spec.name) {
-      return Status::InvalidArgument("TieredStore::Register: duplicate block name '" + spec.name +
-                                     "'");
-    }
+  if (names_.contains(spec.name)) {
+    return Status::InvalidArgument("TieredStore::Register: duplicate block name '" + spec.name +
+                                   "'");
   }
   const Tier h = spec.home;
   if (h == Tier::kNvme && nvme_state_ != NvmeState::kClosed) {
@@ -202,6 +200,7 @@ Result<BlockId> TieredStore::Register(const BlockSpec& spec) {
       return s.WithContext("TieredStore::Register: zeroing block '" + spec.name + "'");
     }
   }
+  names_.insert(spec.name);
   blocks_.push_back(std::move(b));
   return blocks_.back()->id;
 }

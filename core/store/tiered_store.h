@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "core/store/range_allocator.h"
@@ -150,6 +151,7 @@ class TieredStore final : public Store {
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
   std::vector<std::unique_ptr<Block>> blocks_;
+  std::unordered_set<std::string> names_;  // of blocks_, for the duplicate check (no O(n^2))
   PerTier<uint64_t> used_;
   PerTier<uint64_t> budget_;
   uint64_t lru_clock_ = 0;
