@@ -13,12 +13,8 @@ using zero::SubGroup;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-uint64_t Since(Clock::time_point t0) {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-}
+using zero::Clock;
+using zero::Since;
 
 Status WithContext(const Status& st, const std::string& what) {
   if (st.ok()) return st;

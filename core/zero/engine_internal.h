@@ -28,6 +28,14 @@ namespace zero {
 // of O_DIRECT sectors inside any buffer), 16-bit ones of 256.
 inline constexpr size_t kShardAlignElems = 128;
 
+using Clock = std::chrono::steady_clock;
+
+// Nanoseconds since t0 (the step timings).
+inline uint64_t Since(Clock::time_point t0) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
 // One optimizer sub-group: a piece of one rank's shard of one group, with its four fp32 blocks.
 struct SubGroup {
   size_t group = 0;
