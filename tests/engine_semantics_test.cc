@@ -359,6 +359,27 @@ TEST(EngineTraps, OddShapesTiedWeightsSmallBuffersUnpinned) {
   EXPECT_NE(notes.find("not page-locked"), std::string::npos) << notes;
 }
 
+// sub_group_size 0 (valid DeepSpeed, accepted by `config check` and `plan`: each tensor a
+// sub-group) runs, with the same bits as any other sub-group size.
+TEST(EngineSemantics, SubGroupSizeZeroRunsAsDeepSpeedAllowsIt) {
+  RunSpec base;
+  base.config_json = BaseConfig(R"("stage": 0)");
+  base.world = 2;
+  RunResult ref = RunEngine(base);
+  ASSERT_TRUE(ref.status.ok()) << ref.status.ToString();
+  RunSpec spec = base;
+  spec.config_json = BaseConfig(R"("stage": 3, "sub_group_size": 0, "offload_optimizer": {"device": "cpu"})");
+  RunResult r = RunEngine(spec);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_TRUE(BitEqual(r.master, ref.master));
+  // Sub-groups as large as the largest tensor (W1, 1280 elements): fewer than with 256.
+  RunSpec small = spec;
+  small.config_json = BaseConfig(R"("stage": 3, "offload_optimizer": {"device": "cpu"})");
+  RunResult s256 = RunEngine(small);
+  ASSERT_TRUE(s256.status.ok()) << s256.status.ToString();
+  EXPECT_LT(r.layouts[0].sub_groups, s256.layouts[0].sub_groups);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Faults
 // ------------------------------------------------------------------------------------------------

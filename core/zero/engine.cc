@@ -373,12 +373,19 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
         "zero_hpz_partition_size: ZeRO++ is not implemented by the engine yet");
   }
   e.overlap_comm = z.overlap_comm;
-  if (z.sub_group_size <= 0) {
-    return Status::InvalidArgument("zero_optimization.sub_group_size: must be > 0");
+  if (z.sub_group_size < 0) {
+    return Status::InvalidArgument("zero_optimization.sub_group_size: must be >= 0");
   }
-  e.sub_group_elems =
-      std::max<size_t>(zero::kShardAlignElems, static_cast<size_t>(z.sub_group_size) /
-                                                   zero::kShardAlignElems * zero::kShardAlignElems);
+  // 0 is valid DeepSpeed: each tensor its own sub-group. As the planner models it, sub-groups are
+  // then the size of the largest tensor (this engine never lets a sub-group span two groups).
+  size_t sub_group_size = static_cast<size_t>(z.sub_group_size);
+  if (sub_group_size == 0) {
+    for (const GroupSpec& g : model.groups) {
+      for (const ParamSpec& p : g.params) sub_group_size = std::max(sub_group_size, p.numel());
+    }
+  }
+  e.sub_group_elems = std::max<size_t>(
+      zero::kShardAlignElems, sub_group_size / zero::kShardAlignElems * zero::kShardAlignElems);
   e.pipeline_buffers =
       static_cast<uint32_t>(std::clamp<int64_t>(z.offload_optimizer.buffer_count, 1, 64));
   if (z.offload_optimizer.buffer_count < 3 &&
