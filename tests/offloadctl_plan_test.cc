@@ -201,12 +201,76 @@ TEST(OffloadctlPlan, ConfigsThatConfigCheckAcceptsArePlanned) {
 TEST(OffloadctlPlan, HelpDescribesEveryOption) {
   const RunResult r = RunPlan("--help");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* opt :
-       {"--params", "--gpus", "--nodes", "--hbm-gb", "--dram-gb", "--nvme-gb", "--nvme-gbps",
-        "--activations-gb", "--largest-group", "--recipe", "--config", "--stage",
-        "--offload-optimizer", "--offload-param", "--grad-accum", "--step-seconds", "--json"}) {
+  for (const char* opt : {"--params",
+                          "--gpus",
+                          "--nodes",
+                          "--hbm-gb",
+                          "--dram-gb",
+                          "--nvme-gb",
+                          "--nvme-gbps",
+                          "--activations-gb",
+                          "--largest-group",
+                          "--recipe",
+                          "--config",
+                          "--stage",
+                          "--offload-optimizer",
+                          "--offload-param",
+                          "--grad-accum",
+                          "--step-seconds",
+                          "--json",
+                          "--zero-quantized-weights",
+                          "--zero-quantized-gradients",
+                          "--zero-hpz-partition-size"}) {
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
   }
+}
+
+// ZeRO++ (planner_zpp_test has the model): Ψ = 1e9 on 2 nodes x 4 GPUs, stage 3 with qwZ, qgZ
+// and hpZ k = 4. Inter-node bytes per rank: 7/8 x 1e9 x (1 + 4/4096) / 4 (forward gather) + 0
+// (backward, within the node) + 1/2 x 1e9/4 x (1 + 4/4096) (qgZ) = 344085693.359375, against plain
+// stage 3's 3 x 7/8 x 2e9 / 4 = 1.3125e9. HBM gains the 2 B x 1e9 / 4 = 0.5 GB hpZ copy.
+TEST(OffloadctlPlan, ZeroPlusPlusBytesAndRatios) {
+  const std::string zpp =
+      "--params 1B --gpus 4 --nodes 2 --stage 3 --zero-quantized-weights true "
+      "--zero-quantized-gradients true --zero-hpz-partition-size 4";
+  const RunResult r = RunPlan(zpp + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = ParseJson(r);
+  const nlohmann::json& z = j["zero_plus_plus"];
+  EXPECT_TRUE(z["zero_quantized_weights"].get<bool>());
+  EXPECT_EQ(z["zero_hpz_partition_size"].get<int>(), 4);
+  EXPECT_DOUBLE_EQ(z["stage3"]["total"]["inter_node_bytes"].get<double>(), 344085693.359375);
+  EXPECT_DOUBLE_EQ(z["plain_stage3"]["total"]["inter_node_bytes"].get<double>(), 1.3125e9);
+  EXPECT_DOUBLE_EQ(z["inter_node_ratio_to_plain_stage3"].get<double>(),
+                   344085693.359375 / 1.3125e9);
+  EXPECT_DOUBLE_EQ(z["stage3"]["param_gather_backward"]["inter_node_bytes"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(z["stage3"]["hpz_secondary_bytes_per_gpu"].get<double>(), 5e8);
+  // Total 2 x 875854492.1875 + 1.5e9 against DDP's 2 x 7/8 x 2e9 = 3.5e9.
+  const double total = 2 * 875854492.1875 + 1.5e9;
+  EXPECT_DOUBLE_EQ(j["configured"]["comm"]["bytes_per_rank"].get<double>(), total);
+  EXPECT_DOUBLE_EQ(j["configured"]["comm"]["ratio_to_ddp"].get<double>(), total / 3.5e9);
+  EXPECT_DOUBLE_EQ(j["configured"]["comm"]["inter_node_bytes_per_rank"].get<double>(),
+                   344085693.359375);
+  // The same run without the flags: HBM 0.5 GB less.
+  const nlohmann::json plain =
+      ParseJson(RunPlan("--params 1B --gpus 4 --nodes 2 --stage 3 --json"));
+  EXPECT_DOUBLE_EQ(j["configured"]["hbm_bytes_per_gpu"].get<double>() -
+                       plain["configured"]["hbm_bytes_per_gpu"].get<double>(),
+                   5e8);
+  const RunResult text = RunPlan(zpp);
+  ASSERT_EQ(text.exit_code, 0);
+  for (const char* want : {"ZeRO++ at stage 3: qwZ on, qgZ on, hpZ k = 4", "0.26x plain stage 3",
+                           "hpZ secondary param copy: 0.50 GB", "0.93x DDP"}) {
+    EXPECT_NE(text.out.find(want), std::string::npos) << want << "\n" << text.out;
+  }
+}
+
+TEST(OffloadctlPlan, ZeroPlusPlusBadPartitionIsAUsageError) {
+  const RunResult r =
+      RunPlan("--params 1B --gpus 4 --nodes 2 --zero-hpz-partition-size 3", /*with_stderr=*/true);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("zero_hpz_partition_size"), std::string::npos) << r.out;
+  EXPECT_EQ(RunPlan("--params 1B --zero-quantized-weights yes").exit_code, 2);
 }
 
 }  // namespace

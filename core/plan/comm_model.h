@@ -20,7 +20,8 @@ CommVolume StageComm(const PlanInput& in, int stage);
 // a quantization block that is not positive.
 Status ValidateZeroPlusPlus(const ZeroPlusPlus& zpp, const Capacity& capacity);
 
-// Notes for ZeRO++ settings that `stage` ignores (they act at stage 3 only).
-void NoteZeroPlusPlus(const ZeroPlusPlus& zpp, int stage, std::vector<std::string>* notes);
+// A note when the configured stage is `stage` < 3 and ZeRO++ settings are on (they act at stage 3
+// only); other stages' placements (the ladder, the per-stage table) get none.
+void NoteZeroPlusPlus(const PlanInput& in, int stage, std::vector<std::string>* notes);
 
 }  // namespace strata::plan

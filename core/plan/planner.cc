@@ -376,7 +376,7 @@ Placement Place(const PlanInput& in, int stage, OffloadDevice optimizer, Offload
               std::to_string(in.zero.zero_plus_plus.hpz_partition_size) + ")",
           s3.hpz_secondary_bytes_per_gpu);
   }
-  plan::NoteZeroPlusPlus(in.zero.zero_plus_plus, stage, &p.notes);
+  plan::NoteZeroPlusPlus(in, stage, &p.notes);
   for (const PlanItem& it : p.items) {
     switch (it.tier) {
       case Tier::kDevice:

@@ -122,8 +122,9 @@ Status ValidateZeroPlusPlus(const ZeroPlusPlus& zpp, const Capacity& capacity) {
   return Status::OK();
 }
 
-void NoteZeroPlusPlus(const ZeroPlusPlus& zpp, int stage, std::vector<std::string>* notes) {
-  if (stage == 3 || !zpp.Any()) return;
+void NoteZeroPlusPlus(const PlanInput& in, int stage, std::vector<std::string>* notes) {
+  const ZeroPlusPlus& zpp = in.zero.zero_plus_plus;
+  if (stage == 3 || !zpp.Any() || !in.has_configured || in.zero.stage != stage) return;
   notes->push_back(
       "ZeRO++ (zero_quantized_weights / zero_quantized_gradients / zero_hpz_partition_size) acts "
       "at stage 3 only: ignored at stage " +

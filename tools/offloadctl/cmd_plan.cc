@@ -36,6 +36,9 @@ struct PlanFlags {
   double grad_accum = 0;
   double step_seconds = 10;
   bool json = false;
+  // ZeRO++ overrides of the config (-1 / "" : as the config says).
+  std::string quantized_weights, quantized_gradients;
+  int64_t hpz = -1;
 };
 
 int Usage(const std::string& msg) {
@@ -97,6 +100,18 @@ int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* note
     in->has_configured = true;
   }
   if (f.grad_accum > 0) in->zero.gradient_accumulation_steps = f.grad_accum;
+  ZeroPlusPlus& zpp = in->zero.zero_plus_plus;
+  for (auto [flag, value, dst] :
+       {std::tuple{"--zero-quantized-weights", &f.quantized_weights, &zpp.quantized_weights},
+        std::tuple{"--zero-quantized-gradients", &f.quantized_gradients,
+                   &zpp.quantized_gradients}}) {
+    if (value->empty()) continue;
+    if (*value != "true" && *value != "false") {
+      return Usage(std::string(flag) + ": expected true or false, got '" + *value + "'");
+    }
+    *dst = *value == "true";
+  }
+  if (f.hpz >= 0) zpp.hpz_partition_size = f.hpz;
   Status valid = ValidatePlanInput(*in);
   if (!valid.ok()) return Usage(std::string(valid.message()));
   return -1;
@@ -131,7 +146,8 @@ void RegisterPlan(CLI::App& parent, int* exit_code) {
   CLI::App* cmd = parent.add_subcommand(
       "plan",
       "Plan memory for training a model with ZeRO: the ledger per stage, bytes per tier (HBM, "
-      "host DRAM, NVMe) under the offload settings, comm volume, verdict, recommendation");
+      "host DRAM, NVMe) under the offload settings, comm volume (intra/inter-node, ZeRO++), "
+      "verdict, recommendation");
   cmd->footer(
       "The recommendation is the first setting that fits, in this order: the lowest stage "
       "without offload, then stage 3 with the optimizer on cpu, then params on cpu too, NVMe "
@@ -193,6 +209,16 @@ void RegisterPlan(CLI::App& parent, int* exit_code) {
                   "traffic per step divided by this")
       ->capture_default_str()
       ->check(AtLeast(0, false));
+  cmd->add_option("--zero-quantized-weights", f->quantized_weights,
+                  "ZeRO++ qwZ, true or false (overrides --config): stage-3 param all-gathers in "
+                  "INT8 + one fp32 scale per 4096 elements");
+  cmd->add_option("--zero-quantized-gradients", f->quantized_gradients,
+                  "ZeRO++ qgZ, true or false (overrides --config): INT8 hierarchical gradient "
+                  "reduce-scatter (all-to-all within the node, then across nodes)");
+  cmd->add_option("--zero-hpz-partition-size", f->hpz,
+                  "ZeRO++ hpZ group size k (overrides --config; 1 = off): a secondary 1/k copy "
+                  "of the 16-bit params per GPU, so the backward all-gather stays in the group")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   cmd->add_flag("--json", f->json, "Print the plan as JSON (bytes, not GB)");
   cmd->callback([f, exit_code] { *exit_code = RunPlan(*f); });
 }

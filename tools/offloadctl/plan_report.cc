@@ -158,11 +158,68 @@ void StageTable(std::string& s, const Plan& plan) {
   for (const Placement& p : plan.stages) PlacementRow(s, Setting(p), p);
   Out(s, "  collectives per rank and step (ideal ring bytes, one micro-batch):\n");
   for (const Placement& p : plan.stages) {
-    Out(s, "    stage %d: %s = %.2fx DDP's all-reduce (%s)\n", p.stage,
+    Out(s, "    stage %d: %s = %.2fx DDP's all-reduce (%s)", p.stage,
         Gb(p.comm.bytes_per_rank).c_str(), p.comm.ratio, Gb(p.comm.ddp_bytes_per_rank).c_str());
+    if (plan.input.capacity.nodes > 1) {
+      Out(s, "; inter-node %s (DDP %s)", Gb(p.comm.split.inter_node).c_str(),
+          Gb(p.comm.ddp_inter_node_bytes_per_rank).c_str());
+    }
+    Out(s, "%s\n", p.comm.zero_plus_plus ? "  [ZeRO++]" : "");
   }
   for (const Placement& p : plan.stages) {
     for (const std::string& n : p.notes) Out(s, "  note: stage %d: %s\n", p.stage, n.c_str());
+  }
+}
+
+// The two stage-3 models side by side: plain and with the configured ZeRO++ settings.
+struct Stage3Pair {
+  Stage3Comm plain, zpp;
+};
+Stage3Pair Stage3Models(const PlanInput& in) {
+  const Capacity& c = in.capacity;
+  const Recipe& r = in.recipe;
+  return {ZeroPlusPlusComm(ZeroPlusPlus{}, in.params, r.param_bytes, r.grad_bytes, c.gpus_per_node,
+                           c.nodes),
+          ZeroPlusPlusComm(in.zero.zero_plus_plus, in.params, r.param_bytes, r.grad_bytes,
+                           c.gpus_per_node, c.nodes)};
+}
+
+double RatioOr0(double a, double b) { return b > 0 ? a / b : 0; }
+
+void ZeroPlusPlusSection(std::string& s, const Plan& plan) {
+  const ZeroPlusPlus& z = plan.input.zero.zero_plus_plus;
+  if (!z.Any()) return;
+  const Stage3Pair m = Stage3Models(plan.input);
+  Out(s,
+      "\nZeRO++ at stage 3: qwZ %s, qgZ %s, hpZ %s; INT8 blocks of %g + one fp32 scale\n"
+      "  bytes per rank per micro-step, intra-node / inter-node\n",
+      z.quantized_weights ? "on" : "off", z.quantized_gradients ? "on" : "off",
+      z.hpz_partition_size > 1 ? ("k = " + std::to_string(z.hpz_partition_size)).c_str() : "off",
+      z.block);
+  Out(s, "  %-24s %25s %25s\n", "collective", "plain stage 3", "ZeRO++");
+  const struct {
+    const char* name;
+    CommBytes plain, zpp;
+  } rows[] = {{"param all-gather fwd", m.plain.param_gather_forward, m.zpp.param_gather_forward},
+              {"param all-gather bwd", m.plain.param_gather_backward, m.zpp.param_gather_backward},
+              {"grad reduce-scatter", m.plain.grad_reduce_scatter, m.zpp.grad_reduce_scatter},
+              {"total", m.plain.total, m.zpp.total}};
+  for (const auto& r : rows) {
+    Out(s, "  %-24s %11s / %11s %11s / %11s\n", r.name, Gb(r.plain.intra_node).c_str(),
+        Gb(r.plain.inter_node).c_str(), Gb(r.zpp.intra_node).c_str(), Gb(r.zpp.inter_node).c_str());
+  }
+  const double ddp = plan.stages[3].comm.ddp_bytes_per_rank;
+  Out(s, "  total %.2fx plain stage 3 (%.2fx DDP's all-reduce, plain %.2fx)",
+      RatioOr0(m.zpp.total.Total(), m.plain.total.Total()), RatioOr0(m.zpp.total.Total(), ddp),
+      RatioOr0(m.plain.total.Total(), ddp));
+  if (plan.input.capacity.nodes > 1) {
+    Out(s, "; inter-node %.2fx plain stage 3",
+        RatioOr0(m.zpp.total.inter_node, m.plain.total.inter_node));
+  }
+  Out(s, "\n");
+  if (m.zpp.hpz_secondary_bytes_per_gpu > 0) {
+    Out(s, "  hpZ secondary param copy: %s per GPU in HBM (in the stage-3 figures above)\n",
+        Gb(m.zpp.hpz_secondary_bytes_per_gpu).c_str());
   }
 }
 
@@ -266,6 +323,7 @@ std::string PlanToText(const Plan& plan, const std::string& config_path,
   for (const std::string& n : notes) Out(s, "  note: %s\n", n.c_str());
   LedgerTable(s, plan);
   StageTable(s, plan);
+  ZeroPlusPlusSection(s, plan);
   if (plan.configured) {
     Detail(s, plan, *plan.configured, "Configured setting");
   } else if (plan.recommended) {
@@ -282,6 +340,37 @@ std::string PlanToText(const Plan& plan, const std::string& config_path,
 }
 
 namespace {
+
+nlohmann::json SplitJson(const CommBytes& c) {
+  return {{"intra_node_bytes", c.intra_node},
+          {"inter_node_bytes", c.inter_node},
+          {"total_bytes", c.Total()}};
+}
+
+nlohmann::json Stage3Json(const Stage3Comm& c) {
+  return {{"param_gather_forward", SplitJson(c.param_gather_forward)},
+          {"param_gather_backward", SplitJson(c.param_gather_backward)},
+          {"grad_reduce_scatter", SplitJson(c.grad_reduce_scatter)},
+          {"total", SplitJson(c.total)},
+          {"hpz_secondary_bytes_per_gpu", c.hpz_secondary_bytes_per_gpu}};
+}
+
+// ZeRO++ settings and the stage-3 collectives per rank and micro-step, plain and with them.
+nlohmann::json ZeroPlusPlusJson(const Plan& plan) {
+  const ZeroPlusPlus& z = plan.input.zero.zero_plus_plus;
+  const Stage3Pair m = Stage3Models(plan.input);
+  const double ddp = plan.stages[3].comm.ddp_bytes_per_rank;
+  return {{"zero_quantized_weights", z.quantized_weights},
+          {"zero_quantized_gradients", z.quantized_gradients},
+          {"zero_hpz_partition_size", z.hpz_partition_size},
+          {"quant_block", z.block},
+          {"plain_stage3", Stage3Json(m.plain)},
+          {"stage3", Stage3Json(m.zpp)},
+          {"ratio_to_plain_stage3", RatioOr0(m.zpp.total.Total(), m.plain.total.Total())},
+          {"inter_node_ratio_to_plain_stage3",
+           RatioOr0(m.zpp.total.inter_node, m.plain.total.inter_node)},
+          {"ratio_to_ddp", RatioOr0(m.zpp.total.Total(), ddp)}};
+}
 
 nlohmann::json PlacementJson(const Placement& p) {
   nlohmann::json items = nlohmann::json::array();
@@ -301,7 +390,11 @@ nlohmann::json PlacementJson(const Placement& p) {
           {"comm",
            {{"bytes_per_rank", p.comm.bytes_per_rank},
             {"ddp_bytes_per_rank", p.comm.ddp_bytes_per_rank},
-            {"ratio_to_ddp", p.comm.ratio}}},
+            {"ratio_to_ddp", p.comm.ratio},
+            {"intra_node_bytes_per_rank", p.comm.split.intra_node},
+            {"inter_node_bytes_per_rank", p.comm.split.inter_node},
+            {"ddp_inter_node_bytes_per_rank", p.comm.ddp_inter_node_bytes_per_rank},
+            {"zero_plus_plus", p.comm.zero_plus_plus}}},
           {"pcie_bytes_per_gpu", p.pcie_bytes_per_gpu},
           {"nvme_io_bytes_per_node", p.nvme_io_bytes_per_node},
           {"nvme_io_seconds", p.nvme_io_seconds},
@@ -355,7 +448,10 @@ nlohmann::json PlanToJson(const Plan& plan, const std::string& config_path,
         {"stage3_prefetch_bucket_size", z.prefetch_bucket_size},
         {"stage3_max_live_parameters", z.max_live_parameters},
         {"sub_group_size", z.sub_group_size},
-        {"gradient_accumulation_steps", z.gradient_accumulation_steps}}}};
+        {"gradient_accumulation_steps", z.gradient_accumulation_steps},
+        {"zero_quantized_weights", z.zero_plus_plus.quantized_weights},
+        {"zero_quantized_gradients", z.zero_plus_plus.quantized_gradients},
+        {"zero_hpz_partition_size", z.zero_plus_plus.hpz_partition_size}}}};
   j["ledger"] = nlohmann::json::array();
   for (int st = 0; st < 4; ++st) {
     j["ledger"].push_back({{"stage", st},
@@ -368,6 +464,7 @@ nlohmann::json PlanToJson(const Plan& plan, const std::string& config_path,
   j["ladder"] = nlohmann::json::array();
   for (const Placement& p : plan.ladder) j["ladder"].push_back(PlacementJson(p));
   j["recommended"] = plan.recommended ? nlohmann::json(*plan.recommended) : nullptr;
+  j["zero_plus_plus"] = ZeroPlusPlusJson(plan);
   j["fits"] = plan.fits;
   j["notes"] = notes;
   return j;
