@@ -746,7 +746,7 @@ TEST_F(CudaKernelsTest, QuantizeMatchesCpuBitForBit) {
                                   " n " + std::to_string(n);
         EXPECT_EQ(nf[0], *want_nf) << where;
         ASSERT_EQ(want_q, got_q) << where;
-        ASSERT_EQ(std::memcmp(want_s.data(), got_s.data(), 4 * nb), 0) << where;
+        ASSERT_TRUE(nb == 0 || std::memcmp(want_s.data(), got_s.data(), 4 * nb) == 0) << where;
         for (DType out : kGradTypes) {
           std::vector<uint8_t> want(n * DTypeSize(out)), got(want.size());
           ASSERT_TRUE(
@@ -762,7 +762,8 @@ TEST_F(CudaKernelsTest, QuantizeMatchesCpuBitForBit) {
         ASSERT_TRUE(DequantizeAddInt8(want_q.data(), want_s.data(), n, block, acc.data()).ok());
         ASSERT_TRUE(CudaDequantizeAddInt8(d_q, d_s, n, block, d_acc, stream_).ok());
         Down(d_acc, got_acc);
-        EXPECT_EQ(std::memcmp(acc.data(), got_acc.data(), 4 * n), 0) << where << " add";
+        EXPECT_TRUE(n == 0 || std::memcmp(acc.data(), got_acc.data(), 4 * n) == 0)
+            << where << " add";
         Release();
       }
     }
