@@ -14,6 +14,7 @@
 #include "kernels/quantize.h"
 #include "kernels_test_util.h"
 #include "strata/dtype.h"
+#include "strata/planner.h"
 
 namespace strata::kernels {
 namespace {
@@ -252,6 +253,9 @@ TEST(QuantizeTest, EmptyAndInvalidArguments) {
   EXPECT_EQ(DequantizeInt8(&q, &s, 1, 1, DType::kI8, &x).code(), Status::Code::kInvalidArgument);
   EXPECT_EQ(DequantizeAddInt8(&q, nullptr, 1, 1, &x).code(), Status::Code::kInvalidArgument);
 }
+
+// The planner models the block the kernels use.
+static_assert(kQuantBlock == static_cast<size_t>(kZeroPlusPlusBlock));
 
 TEST(QuantizeTest, WireLayout) {
   constexpr Int8Wire w = Int8WireLayout(10, 4);
