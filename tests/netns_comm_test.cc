@@ -37,7 +37,9 @@ TEST(NetnsComm, InterNodeLinkCarriesExactlyTheInterCommunicatorsBytes) {
   const std::string name = "snt" + std::to_string(::getpid() % 1000000);
   const auto run = RunShell("timeout 90 " + script + " run --name " + name + " --offloadctl " +
                             STRATA_OFFLOADCTL_PATH + " --json " + dir +
-                            "/link.json --timeout-s 60 -- " NETNS_RANK_MAIN " " + dir + " 2>&1");
+                            "/link.json --timeout-s 60 --mark 'netns_rank_main: mark' "
+                            "-- " NETNS_RANK_MAIN " " +
+                            dir + " 2>&1");
   ASSERT_EQ(run.exit_code, 0) << run.out;
   // The topology is gone again.
   EXPECT_EQ(RunShell("ip netns list | grep -c '^" + name + "-'").out, "0\n");
@@ -69,6 +71,15 @@ TEST(NetnsComm, InterNodeLinkCarriesExactlyTheInterCommunicatorsBytes) {
   EXPECT_LE(tx, sent + sent / 20 + (256u << 10));
   EXPECT_LE(rx, received + received / 20 + (256u << 10));
   EXPECT_GT(intra, 4u << 20);
+  // The marks (counters sampled when rank 0 reported a phase done, after a barrier): the
+  // inter-node phase carried the payload, the intra-node phase (8 MiB over loopback) only its
+  // barrier.
+  const auto& marks = link["marks"];
+  ASSERT_EQ(marks.size(), 2u) << link.dump();
+  EXPECT_NE(marks[0]["line"].get<std::string>().find("mark inter"), std::string::npos);
+  EXPECT_GE(marks[0]["tx_bytes"].get<uint64_t>(), sent);
+  EXPECT_LT(marks[1]["tx_bytes"].get<uint64_t>(), 64u << 10) << marks[1].dump();
+  EXPECT_LT(marks[1]["rx_bytes"].get<uint64_t>(), 64u << 10) << marks[1].dump();
 }
 
 }  // namespace

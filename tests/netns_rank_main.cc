@@ -3,7 +3,10 @@
 // groups from LOCAL_WORLD_SIZE, runs on the inter-node communicator an fp32 all-gather, a bf16
 // reduce-scatter (fp32 partial sums on the wire) and an int8 all-to-all, and on the intra-node
 // communicator an all-gather of the same size (which must stay off the inter-node link), checks
-// every result, and writes its stats to OUT_DIR/rank<r>.json. `netns_rank_main OUT_DIR [ELEMS]`.
+// every result, and writes its stats to OUT_DIR/rank<r>.json. After a barrier that follows the
+// inter-node operations and after one that follows the intra-node one, rank 0 prints a line
+// "netns_rank_main: mark <phase>" to stderr (for netns-topology.sh run --mark).
+// `netns_rank_main OUT_DIR [ELEMS]`.
 // Exit 2: setup failed; 3: a collective failed; 4: a wrong result.
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +28,16 @@ int Fail(int code, const std::string& what) {
 
 Status Run(Result<CommHandle> h) {
   return h.ok() ? h->WaitFor(std::chrono::seconds(60)) : h.status();
+}
+
+// Every rank finished the phase; then rank 0 says so.
+Status Mark(Communicator& world, const char* phase) {
+  STRATA_RETURN_IF_ERROR(Run(world.Barrier()));
+  if (world.rank() == 0) {
+    std::fprintf(stderr, "netns_rank_main: mark %s\n", phase);
+    std::fflush(stderr);
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -77,9 +90,13 @@ int main(int argc, char** argv) {
   for (int j = 0; j < nodes; ++j) {
     if (a_out[j * n] != static_cast<int8_t>(j * 10 + node)) return Fail(4, "all_to_all result");
   }
+  st = Mark(**comm, "inter");
+  if (!st.ok()) return Fail(3, st.ToString());
   // Intra all-gather of the same size: loopback inside the node, never on the veth.
   std::vector<float> ifull(n * intra.world_size());
   st = Run(intra.AllGather(shard.data(), ifull.data(), n, DType::kF32));
+  if (!st.ok()) return Fail(3, st.ToString());
+  st = Mark(**comm, "intra");
   if (!st.ok()) return Fail(3, st.ToString());
 
   const CommStats is = inter.stats(), ns = intra.stats();
