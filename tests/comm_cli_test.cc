@@ -38,6 +38,19 @@ TEST(LaunchCli, StartsRanksWithTheirEnvironmentAndPrefixesOutput) {
   }
 }
 
+TEST(LaunchCli, RanksPerNodeLaysRanksOutAsNodes) {
+  const Out o = Sh(Ctl() + " launch -n 4 --ranks-per-node 2 -- sh -c " +
+                   "'echo env=$RANK:$LOCAL_RANK:$LOCAL_WORLD_SIZE:$GROUP_RANK:$WORLD_SIZE'");
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  for (const char* want : {"[rank 0] env=0:0:2:0:4", "[rank 1] env=1:1:2:0:4",
+                           "[rank 2] env=2:0:2:1:4", "[rank 3] env=3:1:2:1:4"}) {
+    EXPECT_NE(o.out.find(want), std::string::npos) << want << "\n" << o.out;
+  }
+  const Out bad = Sh(Ctl() + " launch -n 3 --ranks-per-node 2 -- true");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--ranks-per-node 2 does not divide -n 3"), std::string::npos) << bad.out;
+}
+
 TEST(LaunchCli, EveryRunGetsItsOwnRendezvousSecret) {
   // The ranks of one run share a secret of 32 random bytes (64 hex characters); the next run's
   // differs. A secret in launch's own environment is not handed on.

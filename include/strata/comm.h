@@ -28,7 +28,8 @@
 // and took off the wire (wire_*): the Gloo backend counts its rings and all-gathers transfer by
 // transfer (16-bit reduce-scatter sends fp32 partial sums: 2x the ideal; 16-bit all-reduce: 1.5x);
 // for algorithms it does not instrument (Gloo's fp32 all-reduce and broadcast, NCCL's kernels,
-// which reduce 16-bit data natively) it adds the ideal figure.
+// which reduce 16-bit data natively) it adds the ideal figure. All-to-all sends one chunk to each
+// peer, so its ideal and wire figures agree. Split's own exchanges are setup and not counted.
 //
 // Thread safety: submit operations from one thread at a time (the order of collectives must match
 // across ranks, so concurrent submitters would race anyway). rank(), world_size(), stats(),
