@@ -68,6 +68,10 @@ done
 [[ ${#name} -le 12 && "$name" =~ ^[A-Za-z0-9_]+$ ]] ||
   die "--name '$name' must be 1..12 letters, digits or _ (interface names are <= 15 bytes)"
 
+[[ "$rate" == none || "$rate" =~ ^[0-9]+(\.[0-9]+)?([kKmMgG]?(bit|bps))$ ]] ||
+  die "--rate '$rate' is not a tc rate (e.g. 1gbit, 100mbit, 10MBps) or none"
+[[ "$delay" =~ ^[0-9]+(\.[0-9]+)?(us|ms|s)$ ]] || die "--delay '$delay' is not a time (e.g. 1ms)"
+
 ns() { echo "${name}-n$1"; }
 veth() { echo "${name}-v$1"; }
 addr() { echo "10.213.0.$(($1 + 1))"; }
@@ -79,6 +83,11 @@ check() {
   local probe="${name}-probe" err
   if ! err=$(ip netns add "$probe" 2>&1); then
     echo "cannot create a network namespace: $err"
+    return 77
+  fi
+  if ! err=$(ip netns exec "$probe" true 2>&1); then  # needs mounts (CAP_SYS_ADMIN) too
+    ip netns del "$probe" 2>/dev/null || true
+    echo "cannot enter a network namespace: $err"
     return 77
   fi
   ip netns del "$probe" 2>/dev/null || true
@@ -96,8 +105,13 @@ shape() {
       limit 100000 2>/dev/null; then
     echo "netem delay $delay rate $rate"
   else
-    ip netns exec "$n" tc qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency 100ms ||
-      return 1
+    local err
+    if ! err=$(ip netns exec "$n" tc qdisc add dev "$dev" root tbf rate "$rate" burst 256kb \
+        latency 100ms 2>&1); then
+      echo "netns-topology: warning: neither netem nor tbf works here ($err): link unshaped" >&2
+      echo "unshaped (tc refused netem and tbf)"
+      return 0
+    fi
     echo "tbf rate $rate (no delay: this kernel has no sch_netem)"
   fi
 }
