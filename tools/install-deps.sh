@@ -8,7 +8,7 @@ pkgs=(
   libtbb-dev libhwy-dev libhwloc-dev liburing-dev libgloo-dev
   nlohmann-json3-dev libcli11-dev libxxhash-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  fio python3
+  fio python3 iproute2
 )
 missing=()
 for p in "${pkgs[@]}"; do
