@@ -219,17 +219,21 @@ class StrataEngine(torch.nn.Module):
         # strata.zero.Init kept only this rank's range of each group: the engine asks for exactly
         # the ranges it stores (stage 3), which are those.
         for gi, g in enumerate(self._groups):
+            if all(x is None for x in parts[gi]):
+                continue  # built outside zero.Init: whole
             ids = tuple(id(p) for _, p in g.params)
             for (name, _), part in zip(g.params, parts[gi]):
                 if part is None or part.group_ids != ids:
                     raise ValueError(
                         f"strata.zero.Init: parameter {name} was partitioned in another group "
                         "than the engine's (each module's own parameters, in registration order); "
-                        "construct every module inside zero.Init and do not move parameters "
-                        "between modules after construction")
+                        "do not move parameters between modules after construction")
 
         def fill(gi, pi, begin, end):
             part = parts[gi][pi]
+            if part is None:
+                p = self._groups[gi].params[pi][1]
+                return p.detach().reshape(-1)[begin:end].to(torch.float32).contiguous().numpy()
             if begin < part.begin or end > part.end:
                 raise ValueError(
                     f"strata.zero.Init: {self._groups[gi].params[pi][0]}[{begin}:{end}] is not in "
@@ -238,9 +242,10 @@ class StrataEngine(torch.nn.Module):
             return part.shard[begin - part.begin:end - part.begin].numpy()
 
         self._engine.init_from_fill(fill)
-        for g in self._groups:
-            for _, p in g.params:
-                del p._strata_part
+        for gi, g in enumerate(self._groups):
+            for (_, p), part in zip(g.params, parts[gi]):
+                if part is not None:
+                    del p._strata_part
 
     def _install_hooks(self) -> None:
         for module in self.module.modules():
