@@ -637,6 +637,7 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
             raise NotImplementedError(
                 "strata.initialize(model_parameters=...): only all of model.parameters() is "
                 "supported (no parameter groups or frozen subsets)")
+    _share_rendezvous_secret()
     rank, world = _env_rank_world()
     cfg = _load(config)
     for key, what in _UNSUPPORTED_TOP_LEVEL.items():
@@ -655,6 +656,26 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
             sampler=sampler, collate_fn=collate_fn, shuffle=False)
     scheduler = _EngineScheduler(engine) if cfg.get("scheduler") else None
     return engine, _EngineOptimizer(engine), loader, scheduler
+
+
+def _share_rendezvous_secret() -> None:
+    """Under torchrun, the engine's own rendezvous (rank 0 serves a TCP store on MASTER_PORT + 1)
+    needs a secret every rank holds (cpu/rendezvous/rendezvous.h). `offloadctl launch` sets
+    STRATA_RDZV_SECRET; torchrun does not, so rank 0 draws one and sends it over torch.distributed
+    (initialised here with gloo from torchrun's environment when the script has not done it)."""
+    env = os.environ
+    if int(env.get("WORLD_SIZE", "1")) <= 1 or any(
+            env.get(k) for k in ("STRATA_RDZV_SECRET", "STRATA_RDZV_INSECURE", "STRATA_RDZV_DIR")):
+        return
+    dist = torch.distributed
+    if not dist.is_initialized():
+        if "TORCHELASTIC_RUN_ID" not in env:
+            return  # not torchrun: the engine's rendezvous says what is missing
+        dist.init_process_group("gloo")
+    import secrets
+    box = [secrets.token_hex(32) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    env["STRATA_RDZV_SECRET"] = box[0]
 
 
 def _load(config: ConfigLike) -> dict:
