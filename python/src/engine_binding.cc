@@ -14,6 +14,10 @@
 // STRATA_RDZV_SECRET / STRATA_RDZV_INSECURE), then connect a Gloo communicator. Its TCP transport
 // binds to STRATA_GLOO_HOSTNAME (default 127.0.0.1: one machine).
 //
+// Initial weights: init_from_tensors (whole fp32 arrays) or init_from_fill (a callable asked for
+// the ranges this rank stores: strata.zero.Init's shards; owned_range says which those are).
+// Checkpoints: save / load are Engine::Save / Engine::Load; client_state crosses as bytes.
+//
 // Threads: call from one thread. Calls that wait (gather, reduce_gradients, step, read_master,
 // creation) release the GIL.
 #include <chrono>
@@ -38,11 +42,11 @@
 #include "core/zero/engine_internal.h"
 #include "cpu/rendezvous/rendezvous.h"
 #include "python/src/binding_util.h"
+#include "sched/zero_partition.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/engine.h"
-#include "sched/zero_partition.h"
 
 namespace nb = nanobind;
 
@@ -223,8 +227,8 @@ class PyEngine {
         if (a.size() != e - b) {
           throw StatusError(Status::InvalidArgument(
               "init: fill returned " + std::to_string(a.size()) + " values for " +
-              m.groups[g].name + "." + m.groups[g].params[p].name + "[" + std::to_string(b) +
-              ":" + std::to_string(e) + "]"));
+              m.groups[g].name + "." + m.groups[g].params[p].name + "[" + std::to_string(b) + ":" +
+              std::to_string(e) + "]"));
         }
         std::memcpy(out, a.data(), (e - b) * sizeof(float));
       } catch (...) {
@@ -261,8 +265,8 @@ class PyEngine {
     size_t off = 0;
     for (const ParamSpec& p : gs.params) {
       std::vector<size_t> shape(p.shape.begin(), p.shape.end());
-      out.append(nb::ndarray<nb::array_api>(static_cast<uint8_t*>(base) + off * elt, shape.size(), shape.data(),
-                               owner, nullptr, dt));
+      out.append(nb::ndarray<nb::array_api>(static_cast<uint8_t*>(base) + off * elt, shape.size(),
+                                            shape.data(), owner, nullptr, dt));
       off += p.numel();
     }
     return out;
@@ -453,8 +457,9 @@ void BindEngine(nb::module_& m) {
       .def_prop_ro("world_size", [](PyEngine& e) { return e.engine().world_size(); })
       .def_prop_ro("dtype", [](PyEngine& e) { return std::string(DTypeLabel(e.engine().dtype())); })
       .def_prop_ro("num_groups", [](PyEngine& e) { return e.engine().model().groups.size(); })
-      .def("health", [](PyEngine& e) { ThrowIfError(e.engine().health()); },
-           "Raises the error that failed the engine, if any.");
+      .def(
+          "health", [](PyEngine& e) { ThrowIfError(e.engine().health()); },
+          "Raises the error that failed the engine, if any.");
   m.def(
       "owned_range",
       [](size_t numel, int world_size, int rank) {

@@ -137,6 +137,7 @@ class _GatherForBackward(torch.autograd.Function):
         if not call.held:
             call.engine._acquire(call.groups)
             call.held = True
+            call.engine._held_calls.add(call)
         return (None, *grads)
 
 
@@ -155,6 +156,7 @@ class _ReleaseAfterBackward(torch.autograd.Function):
         if call.held:
             call.engine._release(call.groups)
             call.held = False
+            call.engine._held_calls.discard(call)
         return (None, *grads)
 
 
@@ -201,6 +203,7 @@ class StrataEngine(torch.nn.Module):
         self._grad_views: dict[int, list] = {}
         self._grads_missing = [len(g.params) for g in self._groups]
         self._reduced = [False] * len(self._groups)
+        self._held_calls: set = set()  # module calls whose groups backward holds gathered
         self._hooks = []
         self._install_hooks()
         self._release_all()  # parameters are empty until gathered
@@ -300,6 +303,9 @@ class StrataEngine(torch.nn.Module):
         self._engine.release(gi)
 
     def _release_all(self) -> None:
+        for call in self._held_calls:
+            call.held = False
+        self._held_calls.clear()
         for gi in range(len(self._groups)):
             self._release_group(gi)
 
@@ -380,6 +386,9 @@ class StrataEngine(torch.nn.Module):
                 self._reduce(gi)
         self._grads_missing = [len(g.params) for g in self._groups]
         self._reduced = [False] * len(self._groups)
+        for call in self._held_calls:  # a retained graph's next backward gathers them again
+            call.held = False
+        self._held_calls.clear()
         for gi in range(len(self._groups)):
             if self._refs[gi] or self._engine.is_gathered(gi):
                 self._release_group(gi)

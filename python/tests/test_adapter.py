@@ -119,6 +119,24 @@ def test_hooks_gather_one_module_at_a_time_and_tied_weights():
     engine.close()
 
 
+def test_activation_checkpointing_regathers_in_recomputation():
+    """torch.utils.checkpoint recomputes each block's forward inside backward: the hooks gather
+    again there, and training still matches torch."""
+    from torch.utils.checkpoint import checkpoint
+
+    def ckpt_forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for blk in self.blocks:
+            x = checkpoint(blk, x, use_reentrant=False)
+        logits = self.head(self.ln_f(x))
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
+                                                 targets.view(-1))
+    model = make_model("gpt")
+    model.forward = ckpt_forward.__get__(model)
+    losses, params, _ = train("gpt", ds_config(3, "cpu", lr=LR, wd=WD), steps=2, model=model)
+    check_against_torch("gpt", losses, params, steps=2)
+
+
 def test_stats_are_the_engine_counters(tmp_path):
     cfg = ds_config(3, "nvme", lr=LR, wd=WD, nvme_path=str(tmp_path))
     out = []
