@@ -292,9 +292,9 @@ def test_nvme_path_not_writable_is_an_exception(tmp_path):
     cfg = ds_config(3, "nvme", nvme_path=str(tmp_path / "does" / "not" / "exist"))
     with pytest.raises(strata.StrataError, match="does/not/exist"):
         strata.initialize(model=make_model("mlp"), config=cfg)
-    ro = tmp_path / "ro"
-    ro.mkdir(mode=0o500)
-    if os.access(ro, os.W_OK):
-        pytest.skip("running as root: a read-only directory is writable")
-    with pytest.raises(strata.StrataError):
-        strata.initialize(model=make_model("mlp"), config=ds_config(3, "nvme", nvme_path=str(ro)))
+    # A path under a regular file: not writable even for root.
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    cfg = ds_config(3, "nvme", nvme_path=str(blocker / "swap"))
+    with pytest.raises(strata.StrataError, match="a_file"):
+        strata.initialize(model=make_model("mlp"), config=cfg)
