@@ -162,7 +162,7 @@ def main() -> None:
     ap.add_argument("--config", default=os.path.join(HERE, "ds_gpt_zero3_nvme.json"))
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--d", type=int, default=128, help="hidden size")
+    ap.add_argument("--hidden", type=int, default=128, help="hidden size")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=64, help="context length (characters)")
     ap.add_argument("--seed", type=int, default=1234)
@@ -195,7 +195,7 @@ def main() -> None:
         os.makedirs(off["nvme_path"], exist_ok=True)
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    model = CharGPT(len(chars), args.d, args.heads, args.layers, args.ctx)
+    model = CharGPT(len(chars), args.hidden, args.heads, args.layers, args.ctx)
     n_params = sum(p.numel() for p in model.parameters())
     engine, _, _, _ = strata.initialize(model=model, config=cfg)
     mb = engine.train_micro_batch_size_per_gpu()

@@ -5,7 +5,7 @@
                   <= 1.15x);
   NVMe cost       strata ZeRO-3, optimizer on NVMe against optimizer on cpu (target <= 1.2x).
 
-    torchrun --standalone --nproc_per_node 2 python/bench/bench_adapter.py [--d 256 --layers 6]
+    torchrun --standalone --nproc_per_node 2 python/bench/bench_adapter.py [--hidden 256 --layers 6]
 
 The model is examples/train_gpt.py's CharGPT on random tokens. Each configuration runs --warmup
 steps, then --steps timed ones; the median step time is reported (rank 0 prints the table).
@@ -58,7 +58,7 @@ def time_steps(step, args, rank):
 
 def run_ddp(args, rank):
     torch.manual_seed(0)
-    model = CharGPT(args.vocab, args.d, args.heads, args.layers, args.ctx)
+    model = CharGPT(args.vocab, args.hidden, args.heads, args.layers, args.ctx)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
 
@@ -73,7 +73,7 @@ def run_ddp(args, rank):
 def run_strata(args, rank, opt_dev, nvme, tag):
     os.environ["STRATA_RUN_ID"] = f"bench-{tag}"
     torch.manual_seed(0)
-    model = CharGPT(args.vocab, args.d, args.heads, args.layers, args.ctx)
+    model = CharGPT(args.vocab, args.hidden, args.heads, args.layers, args.ctx)
     engine, _, _, _ = strata.initialize(model=model, config=config(3, opt_dev, nvme, args.mb))
 
     def step(x, y):
@@ -87,7 +87,7 @@ def run_strata(args, rank, opt_dev, nvme, tag):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=64)
@@ -114,7 +114,7 @@ def main():
             res.setdefault(name, []).append(fn())
     if rank == 0:
         med = {k: min(v) for k, v in res.items()}
-        n = sum(p.numel() for p in CharGPT(args.vocab, args.d, args.heads, args.layers,
+        n = sum(p.numel() for p in CharGPT(args.vocab, args.hidden, args.heads, args.layers,
                                              args.ctx).parameters())
         print(f"model {n / 1e6:.2f}M params, {torch.distributed.get_world_size()} ranks, "
               f"micro-batch {args.mb} x {args.ctx}; median step (best of 2 rounds):")
