@@ -14,11 +14,16 @@
 // STRATA_RDZV_SECRET / STRATA_RDZV_INSECURE), then connect a Gloo communicator. Its TCP transport
 // binds to STRATA_GLOO_HOSTNAME (default 127.0.0.1: one machine).
 //
+// Initial weights: init_from_tensors (whole fp32 arrays) or init_from_fill (a callable asked for
+// the ranges this rank stores: strata.zero.Init's shards; owned_range says which those are).
+// Checkpoints: save / load are Engine::Save / Engine::Load; client_state crosses as bytes.
+//
 // Threads: call from one thread. Calls that wait (gather, reduce_gradients, step, read_master,
 // creation) release the GIL.
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,13 +33,16 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "core/zero/engine_internal.h"
 #include "cpu/rendezvous/rendezvous.h"
 #include "python/src/binding_util.h"
+#include "sched/zero_partition.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/device.h"
@@ -204,6 +212,49 @@ class PyEngine {
     ThrowIfError(engine().InitFromFullTensors(ptrs));
   }
 
+  // InitParameters with a Python callable fill(group, param, begin, end) -> float32 array of
+  // end - begin values (collective; strata.zero.Init's shards feed it).
+  void InitFromFill(const nb::callable& fill) {
+    const ModelSpec& m = engine().model();
+    // The engine is C++ without exceptions: the first Python error is kept, the rest of the fill
+    // skipped (zeros), and the error raised once InitParameters returns.
+    std::exception_ptr error;
+    Status st = engine().InitParameters([&](size_t g, size_t p, size_t b, size_t e, float* out) {
+      std::memset(out, 0, (e - b) * sizeof(float));
+      if (error) return;
+      try {
+        FloatArray a = nb::cast<FloatArray>(fill(g, p, b, e));
+        if (a.size() != e - b) {
+          throw StatusError(Status::InvalidArgument(
+              "init: fill returned " + std::to_string(a.size()) + " values for " +
+              m.groups[g].name + "." + m.groups[g].params[p].name + "[" + std::to_string(b) + ":" +
+              std::to_string(e) + "]"));
+        }
+        std::memcpy(out, a.data(), (e - b) * sizeof(float));
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+    if (error) std::rethrow_exception(error);
+    ThrowIfError(st);
+  }
+
+  void Save(const std::string& dir, const std::string& tag, const nb::bytes& client_state) {
+    std::vector<uint8_t> blob(client_state.size());
+    if (!blob.empty()) std::memcpy(blob.data(), client_state.c_str(), blob.size());
+    nb::gil_scoped_release unlocked;
+    ThrowIfError(engine().Save(dir, tag, blob));
+  }
+
+  nb::bytes Load(const std::string& dir, const std::string& tag) {
+    std::vector<uint8_t> blob;
+    {
+      nb::gil_scoped_release unlocked;
+      ThrowIfError(engine().Load(dir, tag, &blob));
+    }
+    return nb::bytes(reinterpret_cast<const char*>(blob.data()), blob.size());
+  }
+
   // Per-parameter views at `base` (the group's flat buffer, params back to back).
   nb::list Views(size_t g, void* base) {
     const GroupSpec& gs = engine().model().groups[g];
@@ -214,8 +265,8 @@ class PyEngine {
     size_t off = 0;
     for (const ParamSpec& p : gs.params) {
       std::vector<size_t> shape(p.shape.begin(), p.shape.end());
-      out.append(nb::ndarray<nb::array_api>(static_cast<uint8_t*>(base) + off * elt, shape.size(), shape.data(),
-                               owner, nullptr, dt));
+      out.append(nb::ndarray<nb::array_api>(static_cast<uint8_t*>(base) + off * elt, shape.size(),
+                                            shape.data(), owner, nullptr, dt));
       off += p.numel();
     }
     return out;
@@ -377,6 +428,13 @@ void BindEngine(nb::module_& m) {
            "order) and a DeepSpeed config (JSON text) on HostDevice + Gloo.")
       .def("init_from_tensors", &PyEngine::InitFromTensors, nb::arg("tensors"),
            "Initial weights: tensors[g][p] a contiguous float32 CPU array (collective).")
+      .def("init_from_fill", &PyEngine::InitFromFill, nb::arg("fill"),
+           "Initial weights from fill(group, param, begin, end) -> float32 array (collective); "
+           "asked only for the element ranges this rank stores.")
+      .def("save", &PyEngine::Save, nb::arg("dir"), nb::arg("tag"), nb::arg("client_state"),
+           "Engine::Save (collective, at an accumulation boundary).")
+      .def("load", &PyEngine::Load, nb::arg("dir"), nb::arg("tag") = "",
+           "Engine::Load (collective); returns the saved client_state bytes.")
       .def("gather", &PyEngine::Gather, nb::arg("group"),
            "The group's parameters as zero-copy DLPack arrays (working dtype), valid until "
            "release(group). Gathering a gathered group returns views of the same buffer.")
@@ -399,8 +457,19 @@ void BindEngine(nb::module_& m) {
       .def_prop_ro("world_size", [](PyEngine& e) { return e.engine().world_size(); })
       .def_prop_ro("dtype", [](PyEngine& e) { return std::string(DTypeLabel(e.engine().dtype())); })
       .def_prop_ro("num_groups", [](PyEngine& e) { return e.engine().model().groups.size(); })
-      .def("health", [](PyEngine& e) { ThrowIfError(e.engine().health()); },
-           "Raises the error that failed the engine, if any.");
+      .def(
+          "health", [](PyEngine& e) { ThrowIfError(e.engine().health()); },
+          "Raises the error that failed the engine, if any.");
+  m.def(
+      "owned_range",
+      [](size_t numel, int world_size, int rank) {
+        const size_t n[] = {numel};
+        sched::PartitionPlan plan =
+            ValueOrThrow(sched::PlanPartition(n, world_size, zero::kShardAlignElems));
+        return std::make_tuple(plan.groups[0].OwnedBegin(rank), plan.groups[0].OwnedEnd(rank));
+      },
+      nb::arg("numel"), nb::arg("world_size"), nb::arg("rank"),
+      "[begin, end) of a group of `numel` elements that `rank` stores at stage 3.");
 }
 
 }  // namespace strata::python

@@ -1,24 +1,37 @@
 """The PyTorch adapter: `strata.initialize`, a drop-in for `deepspeed.initialize`.
 
-How parameters move (this version: whole-model gathering, correct for every ZeRO stage):
+How parameters move (per-module hooks; public torch APIs only):
   - groups: each module that owns parameters directly (recurse=False) is one engine group, in
     module registration order; a parameter shared by several modules (tied embeddings) belongs to
-    the first and is gathered, and its gradient reduced, once.
-  - forward: every group is gathered and each parameter's .data becomes a zero-copy view of the
-    engine's gathered buffer (torch.from_dlpack; the engine's working dtype: bf16 / fp16 / fp32).
-  - backward(loss): autograd runs on (loss x loss scale) with the gathered views; then each
-    group's .grad tensors are copied into the engine's gradient buffer and reduced (the engine
-    averages over ranks and over gradient_accumulation_steps), and the groups are released.
-  - outside forward/backward the parameters are empty tensors, as in DeepSpeed ZeRO-3; use
-    engine.gathered_parameters() (or strata.zero.GatheredParameters) to see them whole.
-The gathered working set is the whole model (stage 3 still keeps only a shard between steps);
-per-module gathering with forward hooks is future work.
+    the first and is gathered, and its gradient reduced, once. Every module that uses a group's
+    parameter (the owner and the modules it is tied into) gets the hooks below.
+  - forward: a forward pre-hook (prepend=True, with_kwargs=True) gathers the module's groups
+    (engine.gather: each parameter's .data becomes a zero-copy view of the engine's gathered
+    buffer, the working dtype; the engine prefetches what its recorded trace says comes next)
+    and passes the inputs that need a gradient through _ReleaseAfterBackward; a forward hook
+    (always_call=True) releases the groups and passes the outputs through _GatherForBackward.
+  - backward: when a gradient reaches a module's outputs its groups are gathered again; when it
+    reaches the module's inputs (the module's backward is done) they are released. Each
+    parameter's post-accumulate-grad hook (register_post_accumulate_grad_hook: once per
+    backward, after a tied parameter's uses are summed) copies p.grad into the engine's bucket
+    for its group (engine.grad_buffer), frees p.grad, and reduces the group once all of its
+    parameters are in (engine.reduce_gradients; asynchronous with overlap_comm).
+  - engine.backward(loss) runs (loss x loss scale).backward(), then flushes: groups with a
+    missing gradient (a parameter unused this micro-step) are reduced with zeros there, and any
+    group still gathered (a module whose inputs needed no gradient) is released.
+  - outside forward/backward the parameters are empty tensors, as in DeepSpeed ZeRO-3 (stages
+    0-2 too, so code behaves the same at every stage); engine.gathered_parameters() or
+    strata.zero.GatheredParameters make them whole.
+Collectives (stage 3 gathers, reductions) happen in autograd's order, which is the same on every
+rank for the same model, as DeepSpeed assumes too.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import pickle
+import warnings
 from typing import Any, Iterable, Optional
 
 import torch
@@ -41,6 +54,11 @@ def _env_rank_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def _full_shape(p: torch.nn.Parameter) -> list:
+    """The parameter's shape while whole (ds_shape once strata has emptied it)."""
+    return list(getattr(p, "ds_shape", p.shape))
+
+
 class _Group:
     __slots__ = ("name", "params")
 
@@ -61,13 +79,85 @@ def _make_groups(model: torch.nn.Module) -> list[_Group]:
             if not p.requires_grad:
                 raise NotImplementedError(
                     f"parameter {mname}.{pname} has requires_grad=False: frozen parameters are "
-                    "not supported by strata yet")
+                    "not supported by strata")
             own.append((f"{mname}.{pname}" if mname else pname, p))
         if own:
             groups.append(_Group(mname or "<root>", own))
     if not groups:
         raise ValueError("the model has no parameters")
     return groups
+
+
+def _map_tensors(obj, fn):
+    """obj with fn applied to every tensor inside tuples, lists and dicts."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(_map_tensors(o, fn) for o in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_map_tensors(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, _map_tensors(v, fn)) for k, v in obj.items())
+    return obj
+
+
+def _through(function, call, obj):
+    """obj with the tensors that need a gradient passed through `function` (one node for all, so
+    its backward runs once, when every one of their gradients is in)."""
+    found = []
+    _map_tensors(obj, lambda t: found.append(t) if t.requires_grad else None)
+    if not found:
+        return obj, False
+    outs = iter(function.apply(call, *found))
+    return _map_tensors(obj, lambda t: next(outs) if t.requires_grad else t), True
+
+
+class _ModuleCall:
+    """One call of a hooked module: its groups, and whether backward holds them gathered."""
+    __slots__ = ("engine", "groups", "held")
+
+    def __init__(self, engine, groups):
+        self.engine = engine
+        self.groups = groups
+        self.held = False
+
+
+class _GatherForBackward(torch.autograd.Function):
+    """Identity on a module's outputs; its backward gathers the module's groups again."""
+
+    @staticmethod
+    def forward(ctx, call, *tensors):
+        ctx.call = call
+        ctx.set_materialize_grads(False)
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        call = ctx.call
+        if not call.held:
+            call.engine._acquire(call.groups)
+            call.held = True
+            call.engine._held_calls.add(call)
+        return (None, *grads)
+
+
+class _ReleaseAfterBackward(torch.autograd.Function):
+    """Identity on a module's inputs; its backward (the module's backward is done) releases."""
+
+    @staticmethod
+    def forward(ctx, call, *tensors):
+        ctx.call = call
+        ctx.set_materialize_grads(False)
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        call = ctx.call
+        if call.held:
+            call.engine._release(call.groups)
+            call.held = False
+            call.engine._held_calls.discard(call)
+        return (None, *grads)
 
 
 class StrataEngine(torch.nn.Module):
@@ -91,52 +181,143 @@ class StrataEngine(torch.nn.Module):
         master_port = 0
         if world_size > 1 and "TORCHELASTIC_RUN_ID" in os.environ and "MASTER_PORT" in os.environ:
             master_port = int(os.environ["MASTER_PORT"]) + 1  # torchrun's store holds MASTER_PORT
-        spec = [(g.name, [(n, list(p.shape)) for n, p in g.params]) for g in self._groups]
+        spec = [(g.name, [(n, _full_shape(p)) for n, p in g.params]) for g in self._groups]
         self._engine = _strata.Engine(spec, json.dumps(config), rank, world_size,
                                       nvme_paths or [], device_budget_bytes, timeout_ms, "auto",
                                       master_port)
         self._dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                        "float16": torch.float16}[self._engine.dtype]
-        init = [[p.detach().to(torch.float32).contiguous().cpu().numpy() for _, p in g.params]
-                for g in self._groups]
-        self._engine.init_from_tensors(init)
-        self._shapes = [{n: list(p.shape) for n, p in g.params} for g in self._groups]
+        self._init_weights()
         for g in self._groups:
             for _, p in g.params:
                 p._strata_engine = self  # strata.zero.GatheredParameters finds the engine
+                p.ds_shape = torch.Size(_full_shape(p))
+                p.ds_numel = p.ds_shape.numel()
+        self._group_of = {}
+        self._index_in_group = {}
+        for gi, g in enumerate(self._groups):
+            for pi, (_, p) in enumerate(g.params):
+                self._group_of[id(p)] = gi
+                self._index_in_group[id(p)] = pi
+        self._refs = [0] * len(self._groups)
+        self._grad_views: dict[int, list] = {}
+        self._grads_missing = [len(g.params) for g in self._groups]
+        self._reduced = [False] * len(self._groups)
+        self._held_calls: set = set()  # module calls whose groups backward holds gathered
+        self._hooks = []
+        self._install_hooks()
         self._release_all()  # parameters are empty until gathered
         self.micro_steps = 0
         self.global_steps = 0
         self.global_samples = 0
         self._last_report: Optional[dict] = None
-        self._pending_grads = False
+
+    def _init_weights(self) -> None:
+        parts = [[getattr(p, "_strata_part", None) for _, p in g.params] for g in self._groups]
+        if not any(x is not None for gp in parts for x in gp):
+            init = [[p.detach().to(torch.float32).contiguous().cpu().numpy() for _, p in g.params]
+                    for g in self._groups]
+            self._engine.init_from_tensors(init)
+            return
+        # strata.zero.Init kept only this rank's range of each group: the engine asks for exactly
+        # the ranges it stores (stage 3), which are those.
+        for gi, g in enumerate(self._groups):
+            if all(x is None for x in parts[gi]):
+                continue  # built outside zero.Init: whole
+            ids = tuple(id(p) for _, p in g.params)
+            for (name, _), part in zip(g.params, parts[gi]):
+                if part is None or part.group_ids != ids:
+                    raise ValueError(
+                        f"strata.zero.Init: parameter {name} was partitioned in another group "
+                        "than the engine's (each module's own parameters, in registration order); "
+                        "do not move parameters between modules after construction")
+
+        def fill(gi, pi, begin, end):
+            part = parts[gi][pi]
+            if part is None:
+                p = self._groups[gi].params[pi][1]
+                return p.detach().reshape(-1)[begin:end].to(torch.float32).contiguous().numpy()
+            if begin < part.begin or end > part.end:
+                raise ValueError(
+                    f"strata.zero.Init: {self._groups[gi].params[pi][0]}[{begin}:{end}] is not in "
+                    f"this rank's partition [{part.begin}:{part.end}] (zero.Init needs stage 3 and "
+                    "the world size the engine runs with)")
+            return part.shard[begin - part.begin:end - part.begin].numpy()
+
+        self._engine.init_from_fill(fill)
+        for gi, g in enumerate(self._groups):
+            for (_, p), part in zip(g.params, parts[gi]):
+                if part is not None:
+                    del p._strata_part
+
+    def _install_hooks(self) -> None:
+        for module in self.module.modules():
+            groups = sorted({self._group_of[id(p)] for p in module.parameters(recurse=False)})
+            if not groups:
+                continue
+            self._hooks.append(module.register_forward_pre_hook(
+                self._make_pre_hook(tuple(groups)), prepend=True, with_kwargs=True))
+            self._hooks.append(module.register_forward_hook(
+                self._post_hook, with_kwargs=True, always_call=True))
+        for g in self._groups:
+            for _, p in g.params:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
+
+    def _make_pre_hook(self, groups):
+        def pre_hook(module, args, kwargs):
+            call = _ModuleCall(self, groups)
+            self._acquire(groups)
+            module.__dict__.setdefault("_strata_calls", []).append(call)
+            if torch.is_grad_enabled():
+                (args, kwargs), _ = _through(_ReleaseAfterBackward, call, (args, kwargs))
+            return args, kwargs
+        return pre_hook
+
+    def _post_hook(self, module, args, kwargs, output):
+        call = module._strata_calls.pop()
+        self._release(call.groups)
+        if torch.is_grad_enabled():
+            output, _ = _through(_GatherForBackward, call, output)
+        return output
 
     # -- parameters --------------------------------------------------------------------------
-    def _gather_all(self) -> None:
-        for gi, g in enumerate(self._groups):
-            if self._engine.is_gathered(gi):
-                continue
-            views = self._engine.gather(gi)
-            for (_, p), v in zip(g.params, views):
-                p.data = torch.from_dlpack(v)
+    def _acquire(self, groups) -> None:
+        for gi in groups:
+            if self._refs[gi] == 0 and not self._engine.is_gathered(gi):
+                views = self._engine.gather(gi)
+                for (_, p), v in zip(self._groups[gi].params, views):
+                    p.data = torch.from_dlpack(v)
+            self._refs[gi] += 1
+
+    def _release(self, groups) -> None:
+        for gi in groups:
+            self._refs[gi] -= 1
+            if self._refs[gi] <= 0:
+                self._release_group(gi)
+
+    def _release_group(self, gi: int) -> None:
+        self._refs[gi] = 0
+        empty = torch.empty(0, dtype=self._dtype)
+        for _, p in self._groups[gi].params:
+            p.data = empty
+        self._engine.release(gi)
 
     def _release_all(self) -> None:
-        empty = torch.empty(0, dtype=self._dtype)
-        for gi, g in enumerate(self._groups):
-            for _, p in g.params:
-                p.data = empty
-            self._engine.release(gi)
+        for call in self._held_calls:
+            call.held = False
+        self._held_calls.clear()
+        for gi in range(len(self._groups)):
+            self._release_group(gi)
 
     @contextlib.contextmanager
-    def gathered_parameters(self):
-        """The full parameters (working dtype, read-only) inside the block."""
-        was = [self._engine.is_gathered(i) for i in range(len(self._groups))]
-        self._gather_all()
+    def gathered_parameters(self, groups: Optional[Iterable[int]] = None):
+        """The full parameters (working dtype) of `groups` (default: all) inside the block."""
+        groups = tuple(range(len(self._groups)) if groups is None else groups)
+        self._acquire(groups)
         try:
             yield
         finally:
-            if not any(was):
-                self._release_all()
+            self._release(groups)
 
     def read_master(self) -> dict[str, torch.Tensor]:
         """Every parameter's fp32 master weights by qualified name (collective)."""
@@ -144,32 +325,93 @@ class StrataEngine(torch.nn.Module):
         for gi, g in enumerate(self._groups):
             flat = torch.from_numpy(self._engine.read_master(gi))
             off = 0
-            for name, _ in g.params:
-                shape = self._shapes[gi][name]
+            for name, p in g.params:
+                shape = _full_shape(p)
                 n = int(torch.Size(shape).numel())
                 out[name] = flat[off:off + n].view(shape).clone()
                 off += n
         return out
 
+    def _write_master(self, values: dict[int, torch.Tensor]) -> None:
+        """Replaces the weights of the parameters in `values` (id(p) -> full fp32 tensor), every
+        other one kept (collective; the engine allows it before its first step only)."""
+        masters = {gi: self._engine.read_master(gi) for gi in range(len(self._groups))}
+        offsets = []
+        for gi, g in enumerate(self._groups):
+            off, row = 0, []
+            for _, p in g.params:
+                row.append(off)
+                off += int(torch.Size(_full_shape(p)).numel())
+            offsets.append(row)
+
+        def fill(gi, pi, begin, end):
+            p = self._groups[gi].params[pi][1]
+            v = values.get(id(p))
+            if v is not None:
+                return v.reshape(-1)[begin:end].to(torch.float32).contiguous().numpy()
+            o = offsets[gi][pi]
+            return masters[gi][o + begin:o + end]
+
+        self._engine.init_from_fill(fill)
+
+    # -- gradients -----------------------------------------------------------------------------
+    def _grad_hook(self, p: torch.nn.Parameter) -> None:
+        gi = self._group_of[id(p)]
+        if self._reduced[gi]:
+            raise RuntimeError(
+                f"strata: a second gradient for group '{self._groups[gi].name}' in one "
+                "micro-step (call engine.step() after engine.backward(), or use "
+                "gradient_accumulation_steps)")
+        views = self._grad_views.get(gi)
+        if views is None:
+            views = [torch.from_dlpack(v) for v in self._engine.grad_buffer(gi)]
+            self._grad_views[gi] = views
+        views[self._index_in_group[id(p)]].copy_(p.grad)
+        p.grad = None
+        self._grads_missing[gi] -= 1
+        if self._grads_missing[gi] == 0:
+            self._reduce(gi)
+
+    def _reduce(self, gi: int) -> None:
+        self._grad_views.pop(gi, None)  # the views die with the buffer
+        self._reduced[gi] = True
+        self._engine.reduce_gradients(gi)
+
+    def _flush(self) -> None:
+        """After autograd: every group reduced once this micro-step, every group released."""
+        for gi in reversed(range(len(self._groups))):
+            if not self._reduced[gi]:
+                if gi not in self._grad_views:
+                    self._engine.grad_buffer(gi)  # zeros: no parameter of it was used
+                self._reduce(gi)
+        self._grads_missing = [len(g.params) for g in self._groups]
+        self._reduced = [False] * len(self._groups)
+        for call in self._held_calls:  # a retained graph's next backward gathers them again
+            call.held = False
+        self._held_calls.clear()
+        for gi in range(len(self._groups)):
+            if self._refs[gi] or self._engine.is_gathered(gi):
+                self._release_group(gi)
+
     # -- the training loop (DeepSpeedEngine's API) --------------------------------------------
     def forward(self, *args, **kwargs):
-        self._gather_all()
         return self.module(*args, **kwargs)
 
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
-        """loss.backward() with the loss scale; the engine averages over ranks and micro-steps
-        (gradient_accumulation_steps), as DeepSpeed's scale_wrt_gas does."""
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False,
+                 scale_wrt_gas: bool = True) -> torch.Tensor:
+        """loss.backward() with the loss scale, then the flush; the engine averages over ranks
+        and micro-steps (gradient_accumulation_steps), as DeepSpeed's scale_wrt_gas does."""
+        if not scale_wrt_gas:
+            raise NotImplementedError("engine.backward(scale_wrt_gas=False) is not supported by "
+                                      "strata: the engine always averages over micro-steps")
         scale = self._engine.loss_scale
-        (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
-        for gi in reversed(range(len(self._groups))):
-            views = self._engine.grad_buffer(gi)
-            for (name, p), v in zip(self._groups[gi].params, views):
-                if p.grad is not None:
-                    torch.from_dlpack(v).copy_(p.grad)
-                    p.grad = None
-            self._engine.reduce_gradients(gi)
-        self._release_all()
-        self._pending_grads = True
+        try:
+            (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._release_all()
+            raise
+        self._flush()
         return loss
 
     def is_gradient_accumulation_boundary(self) -> bool:
@@ -183,7 +425,6 @@ class StrataEngine(torch.nn.Module):
             self._release_all()
             self._last_report = self._engine.step()
             self.global_steps = self._last_report["global_step"]
-            self._pending_grads = False
         self.micro_steps += 1
         if self._micro_batch:
             self.global_samples += int(self._micro_batch) * self._engine.world_size
@@ -231,18 +472,104 @@ class StrataEngine(torch.nn.Module):
         return self._engine.layout()
 
     def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
         self._engine.close()
 
-    # -- DeepSpeed features strata does not have: a clear error naming each ------------------
-    def save_checkpoint(self, *a, **k):
-        raise NotImplementedError("save_checkpoint: strata has no checkpoint support yet")
+    # -- checkpoints (Engine::Save / Engine::Load; README "Checkpoints") ---------------------
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
+                        exclude_frozen_parameters: bool = False) -> bool:
+        """Every rank writes its part of `<save_dir>/<tag>/` (default tag global_step<N>) and
+        `latest` names it; client_state (a picklable dict) comes back from load_checkpoint.
+        Collective, at an accumulation boundary (after engine.step())."""
+        if not save_latest:
+            raise NotImplementedError("save_checkpoint(save_latest=False): strata always "
+                                      "updates <save_dir>/latest")
+        if tag is None:
+            tag = f"global_step{self.global_steps}"
+        state = {"client_state": dict(client_state or {}), "micro_steps": self.micro_steps,
+                 "global_samples": self.global_samples}
+        self._release_all()
+        self._engine.save(os.fspath(save_dir), str(tag), pickle.dumps(state))
+        return True
 
-    def load_checkpoint(self, *a, **k):
-        raise NotImplementedError("load_checkpoint: strata has no checkpoint support yet")
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
+                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                        load_module_only: bool = False, custom_load_fn=None):
+        """Restores `<load_dir>/<tag>` (default: the tag `latest` names) into this engine;
+        returns (load_path, client_state) as DeepSpeed does, (None, None) when there is no
+        checkpoint. Training then continues bit for bit (any world size or stage)."""
+        if not (load_optimizer_states and load_lr_scheduler_states) or load_module_only:
+            raise NotImplementedError(
+                "load_checkpoint: loading only part of the state (load_optimizer_states=False, "
+                "load_lr_scheduler_states=False, load_module_only=True) is not supported by "
+                "strata; every state is restored")
+        if custom_load_fn is not None:
+            raise NotImplementedError("load_checkpoint(custom_load_fn=...) is not supported")
+        load_dir = os.fspath(load_dir)
+        if tag is None:
+            latest = os.path.join(load_dir, "latest")
+            if not os.path.isfile(latest):
+                warnings.warn(f"strata: no checkpoint to load: {latest} does not exist")
+                return None, None
+            with open(latest) as f:
+                tag = f.read().strip()
+        self._release_all()
+        blob = self._engine.load(load_dir, str(tag))
+        state = pickle.loads(blob) if blob else {}
+        self.global_steps = self._engine.global_step
+        self.micro_steps = int(state.get("micro_steps", self.global_steps * self._gas))
+        self.global_samples = int(state.get("global_samples", 0))
+        return os.path.join(load_dir, str(tag)), state.get("client_state", {})
 
-    def save_16bit_model(self, *a, **k):
-        raise NotImplementedError("save_16bit_model: not supported by strata yet "
-                                  "(engine.read_master() returns the fp32 weights)")
+    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """The model's state_dict with the working (16-bit, or fp32) parameters, written by rank 0:
+        safetensors when save_filename ends in .safetensors, else torch.save. Collective."""
+        os.makedirs(save_dir, exist_ok=True)
+        path = os.path.join(os.fspath(save_dir), save_filename)
+        with self.gathered_parameters():
+            if self.global_rank == 0:
+                sd = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+                tmp = path + ".tmp"
+                if save_filename.endswith(".safetensors"):
+                    _write_safetensors(tmp, sd, {"format": "pt",
+                                                 "global_step": str(self.global_steps)})
+                else:
+                    torch.save(sd, tmp)
+                os.replace(tmp, path)
+        return True
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
+              torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8",
+              torch.int8: "I8", torch.bool: "BOOL"}
+
+
+def _write_safetensors(path: str, tensors: dict, metadata: dict) -> None:
+    """The safetensors format: u64 LE header size, JSON header, the tensors' bytes back to back
+    (each key its own bytes: tied weights are written twice, as state_dict names them)."""
+    header: dict[str, Any] = {"__metadata__": metadata}
+    blobs, off = [], 0
+    for k, t in tensors.items():
+        t = t.detach().contiguous().cpu()
+        if t.dtype not in _ST_DTYPES:
+            raise TypeError(f"save_16bit_model: no safetensors dtype for {k} ({t.dtype})")
+        b = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[k] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
+                     "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class _EngineOptimizer:
@@ -319,6 +646,7 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
             raise NotImplementedError(
                 "strata.initialize(model_parameters=...): only all of model.parameters() is "
                 "supported (no parameter groups or frozen subsets)")
+    _share_rendezvous_secret()
     rank, world = _env_rank_world()
     cfg = _load(config)
     for key, what in _UNSUPPORTED_TOP_LEVEL.items():
@@ -337,6 +665,26 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
             sampler=sampler, collate_fn=collate_fn, shuffle=False)
     scheduler = _EngineScheduler(engine) if cfg.get("scheduler") else None
     return engine, _EngineOptimizer(engine), loader, scheduler
+
+
+def _share_rendezvous_secret() -> None:
+    """Under torchrun, the engine's own rendezvous (rank 0 serves a TCP store on MASTER_PORT + 1)
+    needs a secret every rank holds (cpu/rendezvous/rendezvous.h). `offloadctl launch` sets
+    STRATA_RDZV_SECRET; torchrun does not, so rank 0 draws one and sends it over torch.distributed
+    (initialised here with gloo from torchrun's environment when the script has not done it)."""
+    env = os.environ
+    if int(env.get("WORLD_SIZE", "1")) <= 1 or any(
+            env.get(k) for k in ("STRATA_RDZV_SECRET", "STRATA_RDZV_INSECURE", "STRATA_RDZV_DIR")):
+        return
+    dist = torch.distributed
+    if not dist.is_initialized():
+        if "TORCHELASTIC_RUN_ID" not in env:
+            return  # not torchrun: the engine's rendezvous says what is missing
+        dist.init_process_group("gloo")
+    import secrets
+    box = [secrets.token_hex(32) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    env["STRATA_RDZV_SECRET"] = box[0]
 
 
 def _load(config: ConfigLike) -> dict:

@@ -1,42 +1,230 @@
-"""deepspeed.zero's context managers, as far as strata has them."""
+"""deepspeed.zero's context managers: Init (partition at construction) and GatheredParameters.
+
+zero.Init: every nn.Module built inside the block keeps, when its outermost __init__ returns, only
+this rank's stage-3 range of its own parameters (a group: the module's parameters with
+recurse=False, in registration order, as strata.initialize groups them; the range is the one the
+engine stores, strata._strata.owned_range), as an fp32 tensor; the parameter itself becomes empty
+(ds_shape keeps its shape). strata.initialize then initialises the engine from those ranges, so no
+rank ever holds more than its share of a module built later. As in DeepSpeed, a change made to a
+partitioned parameter outside GatheredParameters(..., modifier_rank=...) is lost (it is empty).
+
+GatheredParameters: the parameters whole (the engine's working dtype) inside the block; with
+modifier_rank, that rank's values at the end of the block are written back to every rank's
+shard (torch.distributed broadcasts them when more than one process runs; strata engines accept
+the write before their first step only, as DeepSpeed users do it: custom initialisation).
+"""
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Iterable, Optional, Union
+
+import torch
+
+from . import _strata
+from .config import ConfigLike
+
+
+class _Part:
+    """This rank's range [begin, end) of one parameter (parameter-local element indices)."""
+    __slots__ = ("group_ids", "begin", "end", "shard")
+
+    def __init__(self, group_ids, begin, end, shard):
+        self.group_ids = group_ids
+        self.begin = begin
+        self.end = end
+        self.shard = shard  # fp32, end - begin values
+
+
+def _rank_world():
+    from .engine import _env_rank_world
+    return _env_rank_world()
+
+
+def _partition_module(module: torch.nn.Module, rank: int, world: int) -> None:
+    every = list(module.parameters(recurse=False))
+    own = [p for p in every if getattr(p, "_strata_part", None) is None
+           and getattr(p, "_strata_engine", None) is None]
+    if not own:
+        return  # no parameters, or only ones another module owns (tied): no group of its own
+    if len(own) != len(every):
+        raise NotImplementedError(
+            f"strata.zero.Init: {type(module).__name__} mixes new parameters with ones another "
+            "module owns; tie parameters after construction instead")
+    numel = sum(p.numel() for p in own)
+    lo, hi = _strata.owned_range(numel, world, rank)
+    ids = tuple(id(p) for p in own)
+    off = 0
+    for p in own:
+        n = p.numel()
+        b, e = max(lo, off) - off, min(hi, off + n) - off
+        b, e = (b, e) if b < e else (0, 0)
+        shard = p.detach().reshape(-1)[b:e].to(torch.float32).clone()
+        p.ds_shape = p.shape
+        p.ds_numel = n
+        p._strata_part = _Part(ids, b, e, shard)
+        p.data = torch.empty(0, dtype=p.dtype)
+        off += n
 
 
 class Init:
-    """deepspeed.zero.Init (partition at construction) is not supported yet: build the model
-    normally and pass it to strata.initialize, which partitions it."""
+    """with strata.zero.Init(config=ds_config): model = Model()
 
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError(
-            "strata.zero.Init: partitioning at construction is not supported yet; construct the "
-            "model normally and strata.initialize partitions it")
+    Partitions every module's parameters as its construction ends (see the module docstring);
+    modules of classes defined inside the block stay whole until strata.initialize.
+    Needs zero_optimization.stage 3 in the config; the world size is torch.distributed's, else
+    WORLD_SIZE (torchrun, offloadctl launch). Arguments strata has no use for (remote_device,
+    pin_memory, mem_efficient_linear) are accepted; data_parallel_group, mpu and sequence data
+    parallelism are refused with NotImplementedError.
+    """
+
+    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True,
+                 remote_device=None, pin_memory=False, config_dict_or_path=None, config=None,
+                 enabled=True, dtype=None, mpu=None, zero_param_parallel_group=None,
+                 zero_quantized_weights=False, zero_quantized_nontrainable_weights=False,
+                 sequence_data_parallel_group=None, param_swapper=None):
+        if module is not None:
+            raise NotImplementedError("strata.zero.Init(module=...): partitioning an existing "
+                                      "model is what strata.initialize does; pass it there")
+        for name, v in (("data_parallel_group", data_parallel_group), ("mpu", mpu),
+                        ("zero_param_parallel_group", zero_param_parallel_group),
+                        ("sequence_data_parallel_group", sequence_data_parallel_group),
+                        ("param_swapper", param_swapper)):
+            if v is not None:
+                raise NotImplementedError(f"strata.zero.Init({name}=...) is not supported: strata "
+                                          "partitions over every rank of the job")
+        if zero_quantized_weights or zero_quantized_nontrainable_weights:
+            raise NotImplementedError("strata.zero.Init: quantized weights are not supported")
+        self.enabled = enabled
+        cfg = config if config is not None else config_dict_or_path
+        if enabled:
+            if cfg is None:
+                raise ValueError("strata.zero.Init: config is required (a dict, JSON or a path)")
+            from .engine import _load
+            stage = _load(cfg).get("zero_optimization", {}).get("stage", 0)
+            if stage != 3:
+                raise ValueError(f"strata.zero.Init needs zero_optimization.stage 3 (the config "
+                                 f"says {stage}): below it every rank holds the whole model")
+        self.rank, self.world = _rank_world()
+        self.dtype = dtype
+        self._patched = []
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        classes, todo = set(), [torch.nn.Module]
+        while todo:
+            c = todo.pop()
+            for sub in c.__subclasses__():
+                if sub not in classes:
+                    classes.add(sub)
+                    todo.append(sub)
+        classes.add(torch.nn.Module)
+        for c in classes:
+            if "__init__" in c.__dict__:
+                orig = c.__dict__["__init__"]
+                c.__init__ = self._wrap(orig)
+                self._patched.append((c, orig))
+        return self
+
+    def _wrap(self, orig):
+        init = self
+
+        def __init__(module, *args, **kwargs):
+            depth = module.__dict__.get("_strata_init_depth", 0)
+            object.__setattr__(module, "_strata_init_depth", depth + 1)
+            try:
+                orig(module, *args, **kwargs)
+            finally:
+                object.__setattr__(module, "_strata_init_depth", depth)
+            if depth == 0:  # the outermost __init__ of this object: construction is over
+                if init.dtype is not None:
+                    for p in module.parameters(recurse=False):
+                        if getattr(p, "_strata_part", None) is None:
+                            p.data = p.data.to(init.dtype)
+                _partition_module(module, init.rank, init.world)
+        __init__.__wrapped__ = orig
+        return __init__
+
+    def __exit__(self, *exc):
+        for c, orig in reversed(self._patched):
+            c.__init__ = orig
+        self._patched = []
+        return False
+
+
+def _broadcast(t: torch.Tensor, src: int, world: int) -> torch.Tensor:
+    if world == 1:
+        return t
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        raise RuntimeError("strata.zero.GatheredParameters(modifier_rank=...) with more than one "
+                           "process needs torch.distributed initialised (gloo) to broadcast the "
+                           "modified values")
+    torch.distributed.broadcast(t, src)
+    return t
+
+
+def _gather_parts(params: list, rank: int, world: int):
+    """Whole tensors from zero.Init partitions (not yet in an engine): all-gather of the ranges."""
+    out = []
+    for p in params:
+        part = p._strata_part
+        full = torch.zeros(p.ds_numel, dtype=torch.float32)
+        full[part.begin:part.end] = part.shard
+        if world > 1:
+            if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+                raise RuntimeError("strata.zero.GatheredParameters on zero.Init parameters with "
+                                   "more than one process needs torch.distributed initialised")
+            torch.distributed.all_reduce(full)  # ranges are disjoint: the sum is the whole
+        out.append(full)
+    return out
 
 
 @contextlib.contextmanager
-def GatheredParameters(params: Union[Iterable, "object"], modifier_rank: Optional[int] = None,
-                       fwd_module=None, enabled: bool = True):
-    """Makes the parameters of strata engines whole (working dtype) inside the block, read-only.
-
-    modifier_rank (writing back changes made inside the block) is not supported yet.
-    """
-    if modifier_rank is not None:
-        raise NotImplementedError(
-            "strata.zero.GatheredParameters(modifier_rank=...): writing parameters back is not "
-            "supported yet")
+def GatheredParameters(params: Union[Iterable, torch.nn.Parameter],
+                       modifier_rank: Optional[int] = None, fwd_module=None,
+                       enabled: bool = True):
+    """The parameters whole inside the block; see the module docstring for modifier_rank."""
+    if fwd_module is not None:
+        raise NotImplementedError("strata.zero.GatheredParameters(fwd_module=...) is not "
+                                  "supported (external parameters are not registered)")
     if not enabled:
         yield
         return
-    if hasattr(params, "data"):
+    if isinstance(params, torch.Tensor):
         params = [params]
-    engines = {}
+    params = [p for p in params if p is not None]
+    rank, world = _rank_world()
+    engines, parted = {}, []
     for p in params:
         e = getattr(p, "_strata_engine", None)
         if e is not None:
-            engines[id(e)] = e
+            engines.setdefault(id(e), (e, set()))[1].add(e._group_of[id(p)])
+        elif getattr(p, "_strata_part", None) is not None:
+            parted.append(p)
+    # zero.Init parameters before strata.initialize: whole (fp32 -> their dtype) in the block.
+    if parted:
+        for p, full in zip(parted, _gather_parts(parted, rank, world)):
+            p.data = full.to(p.dtype if p.dtype.is_floating_point else torch.float32).view(
+                p.ds_shape)
+    writes = []
     with contextlib.ExitStack() as stack:
-        for e in engines.values():
-            stack.enter_context(e.gathered_parameters())
-        yield
+        for e, groups in engines.values():
+            stack.enter_context(e.gathered_parameters(sorted(groups)))
+        try:
+            yield
+        finally:
+            if modifier_rank is not None:
+                for e, groups in engines.values():
+                    members = [p for gi in sorted(groups) for _, p in e._groups[gi].params]
+                    writes.append((e, {id(p): _broadcast(p.data.detach().to(torch.float32).clone(),
+                                                         modifier_rank, world) for p in members}))
+                for p in parted:
+                    full = _broadcast(p.data.detach().to(torch.float32).reshape(-1).clone(),
+                                      modifier_rank, world)
+                    part = p._strata_part
+                    part.shard = full[part.begin:part.end].clone()
+            for p in parted:
+                p.data = torch.empty(0, dtype=p.dtype)
+    for e, values in writes:  # after the release: the engine rewrites masters and params
+        e._write_master(values)

@@ -1,4 +1,10 @@
-"""One rank of test_two_processes: trains, then writes its losses and master weights."""
+"""One rank of test_distributed: runs every case named on the command line in turn (one process
+start for all: torch's import dominates a short run), each with its own engine and rendezvous
+(STRATA_RUN_ID suffixed by the case), and writes each case's losses and master weights.
+
+A case is KIND:STAGE:OFFLOAD[:FLAG]; FLAG "init" builds the model inside strata.zero.Init,
+"modifier" writes ln_f.weight through GatheredParameters(modifier_rank=0) before training.
+STEPS < 0: the rank leaves right after the engine is set up (a dead rank)."""
 import os
 import sys
 
@@ -7,20 +13,39 @@ import torch
 import strata
 from models import batch, ds_config, make_model
 
-kind, stage, offload, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
-nvme = sys.argv[6] if len(sys.argv) > 6 else None
-model = make_model(kind)
-engine, _, _, _ = strata.initialize(model=model, config=ds_config(stage, offload, nvme_path=nvme),
-                                    timeout_ms=int(os.environ.get("TEST_TIMEOUT_MS", "60000")))
-rank = engine.global_rank
-if steps < 0:  # a rank that dies right after setup (test_dead_rank_...)
-    os._exit(0)
-losses = []
-for step in range(steps):
-    loss = engine(*batch(kind, step, 0, rank))
-    engine.backward(loss)
-    engine.step()
-    losses.append(loss.item())
-master = engine.read_master()
-torch.save({"losses": losses, "master": master, "stats": engine.stats()}, out)
-engine.close()
+steps, outdir, nvme = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+cases = sys.argv[4:]
+rank = int(os.environ["RANK"])
+run_id = os.environ["STRATA_RUN_ID"]
+# torch.distributed (gloo) only for what strata.zero uses it for: GatheredParameters' broadcast
+# and zero.Init's gathers. The engine talks through its own Gloo communicator.
+torch.distributed.init_process_group(
+    "gloo", init_method=f"file://{os.environ['STRATA_RDZV_DIR']}/torch-store", rank=rank,
+    world_size=int(os.environ["WORLD_SIZE"]))
+for i, case in enumerate(cases):
+    kind, stage, offload, *flag = case.split(":")
+    os.environ["STRATA_RUN_ID"] = f"{run_id}-{i}"
+    cfg = ds_config(int(stage), offload, nvme_path=nvme, world=2)
+    if flag == ["init"]:
+        with strata.zero.Init(config=cfg):
+            model = make_model(kind)
+    else:
+        model = make_model(kind)
+    engine, _, _, _ = strata.initialize(
+        model=model, config=cfg, timeout_ms=int(os.environ.get("TEST_TIMEOUT_MS", "60000")))
+    if steps < 0:
+        os._exit(0)
+    if flag == ["modifier"]:
+        with strata.zero.GatheredParameters(model.ln_f.weight, modifier_rank=0):
+            with torch.no_grad():
+                model.ln_f.weight.fill_(0.5 if rank == 0 else 0.25)  # rank 0's values win
+    losses = []
+    for step in range(steps):
+        loss = engine(*batch(kind, step, 0, rank))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    master = engine.read_master()
+    torch.save({"losses": losses, "master": master}, os.path.join(outdir, f"{case}.rank{rank}.pt"))
+    engine.close()
+torch.distributed.destroy_process_group()

@@ -44,7 +44,8 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """Several transformer blocks; the output head shares the embedding's weight (tied)."""
+    """Several transformer blocks; the output head shares the embedding's weight (tied). The
+    defaults (vocabulary 37, d 32) are odd sizes: shard boundaries fall off any alignment."""
 
     def __init__(self, vocab=37, d=32, heads=4, layers=2, ctx=12):
         super().__init__()
@@ -65,16 +66,44 @@ class TinyGPT(nn.Module):
 
 
 def make_model(kind, seed=0):
+    """"mlp", "gpt" or "gpt384" (hidden 384: shard boundaries on 2 ranks fall off O_DIRECT's
+    4 KiB alignment, as the odd default sizes do)."""
     torch.manual_seed(seed)
-    return MLP() if kind == "mlp" else TinyGPT()
+    if kind == "mlp":
+        return MLP()
+    return TinyGPT(d=384, heads=6, layers=1) if kind == "gpt384" else TinyGPT()
 
 
 def batch(kind, step, micro=0, rank=0, size=4):
     g = torch.Generator().manual_seed(1000 * step + 100 * micro + 10 * rank + 1)
     if kind == "mlp":
         return torch.randn(size, 16, generator=g), torch.randn(size, 8, generator=g)
-    idx = torch.randint(0, 37, (size, 12), generator=g)
+    idx = torch.randint(0, 37, (size, 12), generator=g)  # every gpt kind has vocabulary 37
     return idx, torch.roll(idx, -1, dims=1)
+
+
+def reference_bf16(kind, steps, lr, wd, seed=0):
+    """bf16 forward and backward with fp32 master weights and fp32 AdamW (one process): the
+    bf16 reference strata's bf16 mode is compared with."""
+    model = make_model(kind, seed).to(torch.bfloat16)
+    params = list(model.parameters())  # unique: the tied weight once
+    masters = [p.detach().float().clone().requires_grad_() for p in params]
+    opt = torch.optim.AdamW(masters, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+    losses = []
+    for step in range(steps):
+        for p in params:
+            p.grad = None
+        loss = model(*batch(kind, step))  # a gpt kind: integer inputs
+        loss.backward()
+        losses.append(loss.item())
+        for p, m in zip(params, masters):
+            m.grad = p.grad.float()
+        opt.step()
+        with torch.no_grad():
+            for p, m in zip(params, masters):
+                p.copy_(m)  # round to nearest even, as the engine publishes its params
+    names = [n for n, _ in model.named_parameters()]
+    return losses, {n: m.detach().clone() for n, m in zip(names, masters)}
 
 
 def reference(kind, steps, lr, wd, gas=1, world=1, seed=0):

@@ -1,5 +1,6 @@
-"""Two processes (Gloo, file-store rendezvous through STRATA_RDZV_DIR) against torch's AdamW on
-the mean of both ranks' gradients; and a rank that dies makes the other fail, not hang."""
+"""Two processes (the engine's Gloo communicator, file-store rendezvous through STRATA_RDZV_DIR)
+against torch's AdamW on the mean of both ranks' gradients; and a rank that dies makes the other
+fail with the engine's message, not hang. One launch runs every case (see dist_worker.py)."""
 import os
 import subprocess
 import sys
@@ -13,48 +14,74 @@ from models import reference  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 3
+# Pairwise over stage x offload at 2 ranks, with the odd-sized and hidden-384 models (shard
+# boundaries off the O_DIRECT alignment), zero.Init's sharded construction and modifier_rank.
+CASES = ["gpt:0:none", "mlp:1:cpu", "gpt:2:cpu", "gpt:3:nvme", "gpt384:3:cpu",
+         "gpt:3:none:init", "gpt:2:none:modifier"]
 
 
-def launch(tmp_path, kind, stage, offload, world=2, steps=STEPS, die_rank=None, timeout_ms=60000):
+def launch(tmp_path, cases, steps=STEPS, world=2, die_rank=None, timeout_ms=60000):
     rdzv = tmp_path / "rdzv"
     rdzv.mkdir(mode=0o700)
     procs = []
-    run_id = uuid.uuid4().hex[:8]
     for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), TEST_TIMEOUT_MS=str(timeout_ms),
-                   STRATA_RDZV_DIR=str(rdzv), STRATA_RUN_ID=run_id,
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                   TEST_TIMEOUT_MS=str(timeout_ms), STRATA_RDZV_DIR=str(rdzv),
+                   STRATA_RUN_ID=uuid.uuid4().hex[:8] if r == 0 else "",
                    PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
         nvme = tmp_path / f"nvme{r}"
         nvme.mkdir()
         s = -1 if r == die_rank else steps
-        args = [sys.executable, os.path.join(HERE, "dist_worker.py"), kind, str(stage), offload,
-                str(s), str(tmp_path / f"rank{r}.pt"), str(nvme)]
-        procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        args = [sys.executable, os.path.join(HERE, "dist_worker.py"), str(s), str(tmp_path),
+                str(nvme), *cases]
+        procs.append((args, env))
+    run_id = procs[0][1]["STRATA_RUN_ID"]
+    running = []
+    for args, env in procs:
+        env["STRATA_RUN_ID"] = run_id
+        running.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True))
     outs = []
-    for p in procs:
-        out, _ = p.communicate(timeout=240)
+    for p in running:
+        out, _ = p.communicate(timeout=280)
         outs.append((p.returncode, out))
     return outs
 
 
-@pytest.mark.parametrize("stage,offload", [(0, "none"), (2, "cpu"), (3, "nvme")])
-def test_two_processes_match_torch(tmp_path, stage, offload):
-    outs = launch(tmp_path, "gpt", stage, offload)
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("two")
+    outs = launch(tmp, CASES)
+    return tmp, outs
+
+
+@pytest.mark.parametrize("case", CASES, ids=[
+    "-".join(["stage" + c.split(":")[1] if i == 1 else ("offload_" + p if i == 2 else p)
+              for i, p in enumerate(c.split(":"))]) + "-2proc" for c in CASES])
+def test_two_processes_match_torch(two_process_runs, case):
+    tmp, outs = two_process_runs
     for rc, out in outs:
         assert rc == 0, out
-    res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    ref_losses, ref_params = reference("gpt", STEPS, 1e-2, 0.01, world=2)
+    res = [torch.load(tmp / f"{case}.rank{r}.pt") for r in range(2)]
+    kind, _, _, *flag = case.split(":")
+    for n, p in res[0]["master"].items():
+        assert torch.equal(p, res[1]["master"][n]), n  # both ranks agree bit for bit
+    if flag == ["modifier"]:
+        # Rank 0's 0.5 reached both ranks' shards before training; training moves it from there.
+        init = {n: p.detach().clone() for n, p in __import__("models").make_model(kind).named_parameters()}
+        assert not torch.equal(res[0]["master"]["ln_f.weight"], init["ln_f.weight"])
+        assert (res[0]["master"]["ln_f.weight"] - 0.5).abs().max() < 0.1
+        return
+    ref_losses, ref_params = reference(kind, STEPS, 1e-2, 0.01, world=2)
     mean_losses = [(a + b) / 2 for a, b in zip(res[0]["losses"], res[1]["losses"])]
     assert mean_losses == pytest.approx(ref_losses, rel=1e-5)
     for n, p in res[0]["master"].items():
-        assert torch.equal(p, res[1]["master"][n]), n
         torch.testing.assert_close(p, ref_params[n], atol=2e-5, rtol=1e-4, msg=n)
 
 
 def test_dead_rank_fails_the_other_with_a_message(tmp_path):
     # Rank 1 leaves right after setup: rank 0's first collective fails (no hang past the timeout).
-    outs = launch(tmp_path, "mlp", 3, "cpu", die_rank=1, timeout_ms=8000)
+    outs = launch(tmp_path, ["mlp:3:cpu"], die_rank=1, timeout_ms=8000)
     rc0, out0 = outs[0]
     assert rc0 != 0
     assert "StrataError" in out0, out0
