@@ -151,9 +151,12 @@ Status Engine::Impl::CheckHealthy() const {
 Status Engine::Impl::Fail(Status st) {
   if (!st.ok() && failed.ok()) {
     failed = st;
-    if (opt.comm != nullptr)
-      opt.comm->Abort("strata engine on rank " + std::to_string(rank) +
-                      " failed: " + st.ToString());
+    const std::string why = "strata engine on rank " + std::to_string(rank) +
+                            " failed: " + st.ToString();
+    if (opt.comm != nullptr) opt.comm->Abort(why);
+    for (Communicator* c : {zpp.node.get(), zpp.cross.get(), zpp.group.get()}) {
+      if (c != nullptr) c->Abort(why);
+    }
   }
   return st;
 }
@@ -161,6 +164,24 @@ Status Engine::Impl::Fail(Status st) {
 Tier Engine::Impl::ComputeTier(Tier home) const {
   if (home == Tier::kDevice && opt.device->host_addressable()) return Tier::kDevice;
   return Tier::kHost;
+}
+
+Status Engine::Impl::ToHost(void* host, const void* dev, uint64_t bytes) {
+  if (host == dev || bytes == 0) return Status::OK();
+  if (opt.device->host_addressable()) {
+    std::memcpy(host, dev, bytes);
+    return Status::OK();
+  }
+  return CopySync(CopyDir::kDeviceToHost, host, dev, bytes);
+}
+
+Status Engine::Impl::ToDevice(void* dev, const void* host, uint64_t bytes) {
+  if (host == dev || bytes == 0) return Status::OK();
+  if (opt.device->host_addressable()) {
+    std::memcpy(dev, host, bytes);
+    return Status::OK();
+  }
+  return CopySync(CopyDir::kHostToDevice, dev, host, bytes);
 }
 
 Status Engine::Impl::CopySync(CopyDir dir, void* dst, const void* src, uint64_t bytes) {
@@ -267,7 +288,72 @@ Status RequireResolved(bool is_auto, std::string_view path) {
                                  "config, ParseOptions::auto_values)");
 }
 
+// ZeRO++ settings (README "ZeRO++"). As DeepSpeed, they are stage-3 features (qwZ quantizes the
+// parameter all-gather, hpZ partitions the gathered copy, qgZ replaces the partitioned gradient
+// reduction); unlike DeepSpeed, which ignores them below stage 3, a config that sets them there is
+// refused, naming the key, since it would not do what it says.
+Status ResolveZpp(const ZeroConfig& z, int world, int ranks_per_node, zero::ZppState* out) {
+  zero::ZppState& zpp = *out;
+  zpp.qwz = z.zero_quantized_weights;
+  zpp.qgz = z.zero_quantized_gradients;
+  if (z.zero_hpz_partition_size < 1) {
+    return Status::InvalidArgument("zero_optimization.zero_hpz_partition_size: " +
+                                   std::to_string(z.zero_hpz_partition_size) +
+                                   " is not a rank count >= 1 (1: off)");
+  }
+  zpp.hpz = static_cast<int>(std::min<int64_t>(z.zero_hpz_partition_size, 1 << 24));
+  if (!zpp.any()) return Status::OK();
+  const char* key = zpp.qwz   ? "zero_optimization.zero_quantized_weights"
+                    : zpp.qgz ? "zero_optimization.zero_quantized_gradients"
+                              : "zero_optimization.zero_hpz_partition_size";
+  if (z.stage != 3) {
+    return Status::InvalidArgument(std::string(key) +
+                                   ": ZeRO++ works on the stage-3 parameter all-gather and "
+                                   "gradient reduce-scatter; zero_optimization.stage is " +
+                                   std::to_string(z.stage) + " (set it to 3)");
+  }
+  if (zpp.hpz > 1 && world % zpp.hpz != 0) {
+    return Status::InvalidArgument(
+        "zero_optimization.zero_hpz_partition_size: " + std::to_string(zpp.hpz) +
+        " does not divide the world size " + std::to_string(world) +
+        " (hpZ groups are that many consecutive ranks, e.g. the GPUs of a node)");
+  }
+  if (ranks_per_node < 0) {
+    return Status::InvalidArgument("EngineOptions.ranks_per_node: must be >= 0");
+  }
+  if (ranks_per_node == 0) {
+    STRATA_ASSIGN_OR_RETURN(ranks_per_node, RanksPerNodeFromEnv(world));
+  }
+  if (world % ranks_per_node != 0) {
+    return Status::InvalidArgument("EngineOptions.ranks_per_node: " +
+                                   std::to_string(ranks_per_node) +
+                                   " does not divide the world size " + std::to_string(world));
+  }
+  zpp.local = ranks_per_node;
+  zpp.nodes = world / ranks_per_node;
+  zpp.group_is_intra = zpp.local % zpp.hpz == 0;
+  return Status::OK();
+}
+
+// Builds the sub-communicators ZeRO++ uses (collective on `comm`: every rank calls it with the
+// same settings, in the same place).
+Status SplitZppComms(Communicator& comm, zero::ZppState* zpp) {
+  if (zpp->qgz) {
+    STRATA_ASSIGN_OR_RETURN(HierarchicalComms h, SplitHierarchical(comm, zpp->local));
+    zpp->node = std::move(h.intra);
+    zpp->cross = std::move(h.inter);
+  }
+  if (zpp->hpz > 1 && !(zpp->qgz && zpp->hpz == zpp->local)) {
+    STRATA_ASSIGN_OR_RETURN(zpp->group, comm.Split(comm.rank() / zpp->hpz, comm.rank()));
+  }
+  return Status::OK();
+}
+
 }  // namespace
+
+Communicator* zero::ZppState::hpz_comm() const {
+  return group != nullptr ? group.get() : node.get();
+}
 
 Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOptions options) {
   STRATA_RETURN_IF_ERROR(model.Validate());
@@ -367,11 +453,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   e.placement =
       sched::ResolvePlacement(z.stage, z.offload_optimizer.device, z.offload_param.device);
   for (const std::string& n : e.placement.notes) e.layout.notes.push_back(n);
-  if (z.zero_quantized_weights || z.zero_quantized_gradients || z.zero_hpz_partition_size > 1) {
-    return Status::InvalidArgument(
-        "zero_optimization.zero_quantized_weights / zero_quantized_gradients / "
-        "zero_hpz_partition_size: ZeRO++ is not implemented by the engine yet");
-  }
+  STRATA_RETURN_IF_ERROR(ResolveZpp(z, e.world, options.ranks_per_node, &e.zpp));
   e.overlap_comm = z.overlap_comm;
   if (z.sub_group_size < 0) {
     return Status::InvalidArgument("zero_optimization.sub_group_size: must be >= 0");
@@ -465,6 +547,29 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
     L.state_bytes[opt_home] += 3 * state_size(opt_home, s.elems * 4);
     L.state_bytes[grad_home] += state_size(grad_home, s.elems * 4);
   }
+  // ZeRO++: the hpZ secondary copy (a state: it lives from the first gather to the next step)
+  // and the quantized collectives' wire buffers (device) and fp32 sums (host).
+  L.quantized_weights = e.zpp.qwz;
+  L.quantized_gradients = e.zpp.qgz;
+  L.hpz_partition_size = e.zpp.hpz;
+  L.ranks_per_node = e.zpp.local;
+  if (e.zpp.hpz > 1) {
+    for (const zero::GroupState& gs : e.groups) {
+      L.hpz_secondary_bytes += zero::HpzSecondaryElems(gs.shard, e.world, e.zpp.hpz) * e.elt;
+    }
+    L.state_bytes[Tier::kDevice] += L.hpz_secondary_bytes;
+    L.notes.push_back("hpZ: a secondary copy of 1/" + std::to_string(e.zpp.hpz) +
+                      " of the 16-bit params on the device (" + Bytes(L.hpz_secondary_bytes) +
+                      "); later gathers in a step stay within groups of " +
+                      std::to_string(e.zpp.hpz) + " ranks");
+  }
+  {
+    const zero::ZppWorkingBytes w =
+        zero::ZppWorking(e.zpp.qwz, e.zpp.qgz, e.world, e.zpp.nodes, largest_shard, largest_padded,
+                         e.elt, options.device->host_addressable());
+    L.working_bytes[Tier::kDevice] += w.device;
+    L.working_bytes[Tier::kHost] += w.host;
+  }
   // Device working set: gradient buffers (the one being written plus up to two reductions in
   // flight with overlap_comm), the reduce-scatter outputs, stage 3's gathered groups (the cache
   // capped by stage3_max_live_parameters plus two in use), the norm exchange and the read-back
@@ -507,6 +612,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   e.opt.timeout = options.timeout;
   STRATA_ASSIGN_OR_RETURN(e.exchange,
                           DeviceBuffer::Make(options.device, static_cast<uint64_t>(e.world) * 16));
+  // Collective, so before anything a rank may fail on its own (the config is the same on every
+  // rank; a failed split fails the communicator, and the peers with it).
+  STRATA_RETURN_IF_ERROR(SplitZppComms(*options.comm, &e.zpp));
   Status built = [&]() -> Status {
     // Budgets (0: the device's own; host and NVMe: what the layout needs).
     L.budget_bytes = options.budget_bytes;
@@ -786,6 +894,22 @@ EngineStats Engine::Stats() const {
   s.skipped_steps = e.skipped_steps;
   s.store = e.store->TakeStats(false);
   s.comm = e.opt.comm->stats();
+  if (e.zpp.node) s.comm_intra = e.zpp.node->stats();
+  if (e.zpp.cross) s.comm_inter = e.zpp.cross->stats();
+  if (e.zpp.group) {
+    CommStats& to = e.zpp.group_is_intra ? s.comm_intra : s.comm_inter;
+    const CommStats g = e.zpp.group->stats();
+    for (size_t i = 0; i < kCommOpCount; ++i) {
+      CommOpBytes& a = to.ops[i];
+      const CommOpBytes& b = g.ops[i];
+      a.calls += b.calls;
+      a.payload_bytes += b.payload_bytes;
+      a.sent_bytes += b.sent_bytes;
+      a.received_bytes += b.received_bytes;
+      a.wire_sent_bytes += b.wire_sent_bytes;
+      a.wire_received_bytes += b.wire_received_bytes;
+    }
+  }
   const DeviceStats ds = e.opt.device->stats();
   s.peak_bytes = s.store.peak_bytes;
   s.peak_bytes[Tier::kDevice] = std::max<uint64_t>(s.peak_bytes[Tier::kDevice], ds.peak_used_bytes);

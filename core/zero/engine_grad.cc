@@ -1,11 +1,13 @@
 // Engine: gathering parameters (stage 3: shard fetch + all-gather, with the prefetching gather
 // scheduler) and reducing gradients into the fp32 accumulated gradient of each sub-group.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/zero/engine_internal.h"
 #include "kernels/casts.h"
 #include "kernels/grad_stats.h"
+#include "kernels/quantize.h"
 
 namespace strata {
 
@@ -111,6 +113,7 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
     if (!in_step) {
       gather->BeginStep();
       in_step = true;
+      ++gather_epoch;
     }
     auto shard = gather->Gather(static_cast<sched::GroupId>(g), timeout());
     if (!shard.ok()) return Fail(WithContext(shard.status(), "gather of group '" + name + "'"));
@@ -126,8 +129,7 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
     if (!full.ok()) {
       return Fail(WithContext(full.status(), "gathered buffer of group '" + name + "'"));
     }
-    auto h = opt.comm->AllGather(shard->data(), full->get(), gs.shard.shard_elems, dtype);
-    Status st = h.ok() ? h->WaitUntil(deadline()) : h.status();
+    Status st = GatherInto(g, shard->data(), full->get());
     gather->Release(static_cast<sched::GroupId>(g), std::move(*shard));
     if (!st.ok()) return Fail(WithContext(st, "all-gather of group '" + name + "'"));
     auto copy = std::make_shared<zero::GatheredCopy>();
@@ -138,6 +140,109 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
   ++outstanding_gathers;
   timings.gather_wait_ns += Since(t0);
   return out;
+}
+
+Status Engine::Impl::GatherInto(size_t g, const void* shard, void* full) {
+  zero::GroupState& gs = groups[g];
+  const size_t S = gs.shard.shard_elems;
+  const bool hpz = zpp.hpz > 1;
+  if (hpz && gs.secondary && gs.secondary_epoch == gather_epoch) {
+    // hpZ, a later gather in this step: the k-rank group's secondary slices make up the group.
+    Communicator* c = zpp.hpz_comm();
+    STRATA_ASSIGN_OR_RETURN(CommHandle h,
+                            c->AllGather(gs.secondary.get(), full,
+                                         zero::HpzSecondaryElems(gs.shard, world, zpp.hpz), dtype));
+    return h.WaitUntil(deadline());
+  }
+  if (!zpp.qwz) {
+    STRATA_ASSIGN_OR_RETURN(CommHandle h, opt.comm->AllGather(shard, full, S, dtype));
+    STRATA_RETURN_IF_ERROR(h.WaitUntil(deadline()));
+  } else {
+    // qwZ: quantize the shard, all-gather INT8 + scales, dequantize every rank's part.
+    const kernels::Int8Wire w = kernels::Int8WireLayout(S, kernels::kQuantBlock);
+    const size_t total = w.total_bytes * static_cast<size_t>(world);
+    STRATA_ASSIGN_OR_RETURN(DeviceBuffer wire, DeviceBuffer::Make(opt.device, total));
+    const bool direct = opt.device->host_addressable();
+    std::vector<uint8_t> staged;
+    uint8_t* host_wire = static_cast<uint8_t*>(wire.get());
+    const void* host_shard = shard;
+    if (!direct) {
+      staged.resize(total + S * elt);
+      host_wire = staged.data();
+      host_shard = staged.data() + total;
+      STRATA_RETURN_IF_ERROR(ToHost(staged.data() + total, shard, S * elt));
+    }
+    uint8_t* mine = host_wire + static_cast<size_t>(rank) * w.total_bytes;
+    STRATA_ASSIGN_OR_RETURN(
+        size_t bad, kernels::QuantizeInt8(*pool, dtype, host_shard, S, kernels::kQuantBlock,
+                                          reinterpret_cast<int8_t*>(mine),
+                                          reinterpret_cast<float*>(mine + w.scales_offset)));
+    if (bad > 0) return NonFiniteWeight(g, host_shard);
+    uint8_t* dev_mine = static_cast<uint8_t*>(wire.get()) + static_cast<size_t>(rank) * w.total_bytes;
+    STRATA_RETURN_IF_ERROR(ToDevice(dev_mine, mine, w.total_bytes));
+    STRATA_ASSIGN_OR_RETURN(CommHandle h,
+                            opt.comm->AllGather(dev_mine, wire.get(), w.total_bytes, DType::kI8));
+    STRATA_RETURN_IF_ERROR(h.WaitUntil(deadline()));
+    STRATA_RETURN_IF_ERROR(ToHost(host_wire, wire.get(), total));
+    std::vector<uint8_t> host_full;
+    uint8_t* out = static_cast<uint8_t*>(full);
+    if (!direct) {
+      host_full.resize(static_cast<size_t>(world) * S * elt);
+      out = host_full.data();
+    }
+    for (int r = 0; r < world; ++r) {
+      const uint8_t* part = host_wire + static_cast<size_t>(r) * w.total_bytes;
+      STRATA_RETURN_IF_ERROR(kernels::DequantizeInt8(
+          *pool, reinterpret_cast<const int8_t*>(part),
+          reinterpret_cast<const float*>(part + w.scales_offset), S, kernels::kQuantBlock, dtype,
+          out + static_cast<size_t>(r) * S * elt));
+    }
+    STRATA_RETURN_IF_ERROR(ToDevice(full, out, host_full.size()));
+  }
+  if (hpz) {
+    // The step's first gather of the group: keep this rank's slice for the later ones.
+    const size_t slice = zero::HpzSecondaryElems(gs.shard, world, zpp.hpz);
+    if (!gs.secondary) {
+      STRATA_ASSIGN_OR_RETURN(gs.secondary, DeviceBuffer::Make(opt.device, slice * elt));
+    }
+    const int j = zpp.hpz_comm()->rank();
+    const uint8_t* from = static_cast<const uint8_t*>(full) + static_cast<size_t>(j) * slice * elt;
+    if (opt.device->host_addressable()) {
+      std::memcpy(gs.secondary.get(), from, slice * elt);
+    } else {
+      std::vector<uint8_t> staged(slice * elt);
+      STRATA_RETURN_IF_ERROR(ToHost(staged.data(), from, staged.size()));
+      STRATA_RETURN_IF_ERROR(ToDevice(gs.secondary.get(), staged.data(), staged.size()));
+    }
+    gs.secondary_epoch = gather_epoch;
+  }
+  return Status::OK();
+}
+
+Status Engine::Impl::NonFiniteWeight(size_t g, const void* host_shard) const {
+  const zero::GroupState& gs = groups[g];
+  const size_t S = gs.shard.shard_elems;
+  std::vector<float> v(S);
+  if (dtype == DType::kF32) {
+    std::memcpy(v.data(), host_shard, S * 4);
+  } else {
+    (void)kernels::Cast(host_shard, dtype, v.data(), DType::kF32, S);
+  }
+  const GroupSpec& spec = model.groups[g];
+  for (size_t i = 0; i < S; ++i) {
+    if (std::isfinite(v[i])) continue;
+    const size_t at = static_cast<size_t>(rank) * S + i;
+    for (size_t p = 0; p < spec.params.size(); ++p) {
+      if (at >= gs.param_offsets[p] && at < gs.param_offsets[p] + spec.params[p].numel()) {
+        return Status::InvalidArgument(
+            "zero_quantized_weights: parameter '" + spec.name + "." + spec.params[p].name +
+            "' holds a non-finite value (" + std::to_string(v[i]) + " at element " +
+            std::to_string(at - gs.param_offsets[p]) + "): it cannot be quantized");
+      }
+    }
+  }
+  return Status::InvalidArgument("zero_quantized_weights: group '" + spec.name +
+                                 "' holds a non-finite value: it cannot be quantized");
 }
 
 void Engine::Impl::Release(GatheredGroup gathered) {
@@ -207,11 +312,18 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   if (!shard.ok())
     return Fail(WithContext(shard.status(), "reduced gradient of group '" + name + "'"));
   p.shard = std::move(*shard);
-  ReduceOptions ro;
-  ro.predivide = predivide;
-  auto rs = opt.comm->ReduceScatter(p.full.get(), p.shard.get(), gs.shard.shard_elems, dtype, ro);
-  if (!rs.ok()) return Fail(WithContext(rs.status(), "reduce-scatter of group '" + name + "'"));
-  p.handles.push_back(*rs);
+  if (zpp.qgz) {
+    // Synchronous: the two all-to-alls have quantization work between them.
+    Status st = QuantizedReduceScatter(g, p.full.get(), p.shard.get());
+    if (!st.ok()) return Fail(WithContext(st, "quantized reduce-scatter of group '" + name + "'"));
+  } else {
+    ReduceOptions ro;
+    ro.predivide = predivide;
+    auto rs =
+        opt.comm->ReduceScatter(p.full.get(), p.shard.get(), gs.shard.shard_elems, dtype, ro);
+    if (!rs.ok()) return Fail(WithContext(rs.status(), "reduce-scatter of group '" + name + "'"));
+    p.handles.push_back(*rs);
+  }
   if (!placement.optimizer_partitioned && world > 1) {
     // Stage 0: every rank steps the whole model; the reduced shards are all-gathered (the second
     // half of an all-reduce), so every rank sees exactly the values their owner reduced.
@@ -231,6 +343,116 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   }
   timings.reduce_wait_ns += Since(t0);
   return st;
+}
+
+// qgZ, after ZeRO++'s all-to-all scheme: rank r = n * L + l (node n, local index l) owns shard r.
+//   1. Quantize each of the N shards of the gradient (INT8, kQuantBlock) and all-to-all within
+//      the node: local peer l' receives the shards of the ranks with local index l'
+//      (n' * L + l' for every node n').
+//   2. Sum what the L local peers sent for those `nodes` shards in fp32, in local-index order.
+//   3. Re-quantize the nodes partial sums; all-to-all across nodes among the ranks with local
+//      index l: node n' receives its rank's shard.
+//   4. Sum the nodes partial sums of shard r in fp32, in node order; predivide (1 / world); round
+//      once to the working dtype.
+// A hop with one rank (L == 1 or one node) moves nothing and is skipped, with its quantization.
+// A NaN / Inf makes its block's scale NaN, so the sum is NaN and the step is skipped on every rank
+// (the norm exchange).
+Status Engine::Impl::QuantizedReduceScatter(size_t g, const void* full, void* shard) {
+  const zero::GroupState& gs = groups[g];
+  const size_t S = gs.shard.shard_elems;
+  const int L = zpp.local, nodes = zpp.nodes, l = rank % L;
+  const kernels::Int8Wire w = kernels::Int8WireLayout(S, kernels::kQuantBlock);
+  const size_t cw = w.total_bytes;
+  const bool direct = opt.device->host_addressable();
+  auto q_of = [&](uint8_t* chunk) { return reinterpret_cast<int8_t*>(chunk); };
+  auto s_of = [&](uint8_t* chunk) { return reinterpret_cast<float*>(chunk + w.scales_offset); };
+  // Host view of the gradient.
+  std::vector<uint8_t> staged_full;
+  const uint8_t* grad = static_cast<const uint8_t*>(full);
+  if (!direct) {
+    staged_full.resize(static_cast<size_t>(world) * S * elt);
+    STRATA_RETURN_IF_ERROR(ToHost(staged_full.data(), full, staged_full.size()));
+    grad = staged_full.data();
+  }
+  // All-to-all of `per_peer` bytes per peer over `c`: host `send` in, host `recv` out.
+  auto all_to_all = [&](Communicator* c, std::vector<uint8_t>& send, std::vector<uint8_t>& recv,
+                        size_t per_peer) -> Status {
+    const size_t bytes = per_peer * static_cast<size_t>(c->world_size());
+    recv.resize(bytes);
+    STRATA_ASSIGN_OR_RETURN(DeviceBuffer dsend, DeviceBuffer::Make(opt.device, bytes));
+    STRATA_ASSIGN_OR_RETURN(DeviceBuffer drecv, DeviceBuffer::Make(opt.device, bytes));
+    STRATA_RETURN_IF_ERROR(ToDevice(dsend.get(), send.data(), bytes));
+    STRATA_ASSIGN_OR_RETURN(CommHandle h,
+                            c->AllToAll(dsend.get(), drecv.get(), per_peer, DType::kI8));
+    STRATA_RETURN_IF_ERROR(h.WaitUntil(deadline()));
+    return ToHost(recv.data(), drecv.get(), bytes);
+  };
+  // Steps 1-2: partial[n'] = the node's sum of shard n' * L + l.
+  std::vector<float> partial(static_cast<size_t>(nodes) * S, 0.0f);
+  if (L == 1) {
+    for (int n2 = 0; n2 < nodes; ++n2) {
+      const uint8_t* src = grad + static_cast<size_t>(n2) * S * elt;
+      float* dst = partial.data() + static_cast<size_t>(n2) * S;
+      if (dtype == DType::kF32) {
+        std::memcpy(dst, src, S * 4);
+      } else {
+        STRATA_RETURN_IF_ERROR(kernels::Cast(src, dtype, dst, DType::kF32, S));
+      }
+    }
+  } else {
+    std::vector<uint8_t> send(static_cast<size_t>(world) * cw), recv;
+    for (int l2 = 0; l2 < L; ++l2) {
+      for (int n2 = 0; n2 < nodes; ++n2) {
+        const size_t owner = static_cast<size_t>(n2) * L + l2;
+        uint8_t* chunk = send.data() + (static_cast<size_t>(l2) * nodes + n2) * cw;
+        STRATA_RETURN_IF_ERROR(kernels::QuantizeInt8(*pool, dtype, grad + owner * S * elt, S,
+                                                     kernels::kQuantBlock, q_of(chunk),
+                                                     s_of(chunk))
+                                   .status());
+      }
+    }
+    STRATA_RETURN_IF_ERROR(all_to_all(zpp.node.get(), send, recv, nodes * cw));
+    for (int l2 = 0; l2 < L; ++l2) {
+      for (int n2 = 0; n2 < nodes; ++n2) {
+        uint8_t* chunk = recv.data() + (static_cast<size_t>(l2) * nodes + n2) * cw;
+        STRATA_RETURN_IF_ERROR(kernels::DequantizeAddInt8(*pool, q_of(chunk), s_of(chunk), S,
+                                                          kernels::kQuantBlock,
+                                                          partial.data() + n2 * S));
+      }
+    }
+  }
+  // Steps 3-4.
+  std::vector<float> sum;
+  if (nodes == 1) {
+    sum = std::move(partial);
+  } else {
+    std::vector<uint8_t> send(static_cast<size_t>(nodes) * cw), recv;
+    for (int n2 = 0; n2 < nodes; ++n2) {
+      uint8_t* chunk = send.data() + static_cast<size_t>(n2) * cw;
+      STRATA_RETURN_IF_ERROR(kernels::QuantizeInt8(*pool, DType::kF32, partial.data() + n2 * S, S,
+                                                   kernels::kQuantBlock, q_of(chunk), s_of(chunk))
+                                 .status());
+    }
+    STRATA_RETURN_IF_ERROR(all_to_all(zpp.cross.get(), send, recv, cw));
+    sum.assign(S, 0.0f);
+    for (int n2 = 0; n2 < nodes; ++n2) {
+      uint8_t* chunk = recv.data() + static_cast<size_t>(n2) * cw;
+      STRATA_RETURN_IF_ERROR(kernels::DequantizeAddInt8(*pool, q_of(chunk), s_of(chunk), S,
+                                                        kernels::kQuantBlock, sum.data()));
+    }
+  }
+  (void)l;
+  if (predivide) {
+    const float inv = 1.0f / static_cast<float>(world);
+    for (float& v : sum) v *= inv;
+  }
+  std::vector<uint8_t> out(S * elt);
+  if (dtype == DType::kF32) {
+    std::memcpy(out.data(), sum.data(), S * 4);
+  } else {
+    STRATA_RETURN_IF_ERROR(kernels::Cast(sum.data(), DType::kF32, out.data(), dtype, S));
+  }
+  return ToDevice(shard, out.data(), out.size()) ;
 }
 
 Status Engine::Impl::DrainReductions(bool all) {

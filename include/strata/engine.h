@@ -134,6 +134,11 @@ struct EngineOptions {
   // Bound on every wait (a collective, a fetch, an IO). Past it the operation fails with
   // DeadlineExceeded naming it and the engine fails.
   std::chrono::milliseconds timeout{300000};
+  // ZeRO++ (zero_quantized_gradients, zero_hpz_partition_size): ranks per node, the hierarchy
+  // its sub-communicators follow (node n holds ranks [n * L, (n + 1) * L)). 0: the
+  // LOCAL_WORLD_SIZE environment variable (torchrun, `offloadctl launch`), else 1 rank per node.
+  // Must divide the world size.
+  int ranks_per_node = 0;
 };
 
 // The full parameters of one group on the device (Gather). Move-only; give it back with Release.
@@ -185,7 +190,11 @@ struct EngineStats {
   int64_t global_step = 0;
   int64_t skipped_steps = 0;
   StoreStats store;                // bytes moved per tier pair, used / peak / budget per tier
-  CommStats comm;                  // bytes per collective kind
+  CommStats comm;                  // bytes per collective kind (the communicator over all ranks)
+  // ZeRO++: the sub-communicators' bytes. intra: within a node (qgZ's first all-to-all, hpZ's
+  // secondary all-gather when the hpZ group lies within a node); inter: across nodes (qgZ's second
+  // all-to-all, hpZ groups spanning nodes). Zero without ZeRO++.
+  CommStats comm_intra, comm_inter;
   PerTier<uint64_t> peak_bytes{};  // engine-wide peak per tier (store + engine buffers)
   uint64_t gather_wait_ns = 0, reduce_wait_ns = 0, optimizer_ns = 0, optimizer_io_wait_ns = 0;
 };
@@ -202,6 +211,11 @@ struct EngineLayout {
   PerTier<uint64_t> state_bytes{};    // homes of the states
   PerTier<uint64_t> working_bytes{};  // gathered groups, gradient buffers, pipeline staging
   PerTier<uint64_t> budget_bytes{};
+  // ZeRO++ (README "ZeRO++"): what runs, and the hpZ secondary copy (16-bit, 1/k of every
+  // group, on the device; included in state_bytes[device]).
+  bool quantized_weights = false, quantized_gradients = false;
+  int hpz_partition_size = 1, ranks_per_node = 1;
+  uint64_t hpz_secondary_bytes = 0;
   std::vector<std::string> notes;  // placement rules applied, settings accepted but unused
   std::string ToString() const;    // the table Create prints
 };
