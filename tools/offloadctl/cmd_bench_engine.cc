@@ -443,6 +443,19 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
           ""))
       ->type_name("SIZE")
       ->default_str(SizeString(a->disk_size_bytes));
+  c->add_flag("--qwz", a->qwz,
+              "ZeRO++ qwZ (zero_quantized_weights): INT8 stage-3 parameter all-gather");
+  c->add_flag("--qgz", a->qgz,
+              "ZeRO++ qgZ (zero_quantized_gradients): hierarchical INT8 gradient reduce-scatter "
+              "(all-to-all within the node, then across nodes)");
+  c->add_option("--hpz", a->hpz,
+                "ZeRO++ hpZ (zero_hpz_partition_size): a secondary 16-bit copy of 1/K of the "
+                "params, so later gathers in a step stay within groups of K ranks (0: the "
+                "config's)")
+      ->check(AtLeast(0, true, true));
+  c->add_option("--ranks-per-node", a->ranks_per_node,
+                "Ranks per node for ZeRO++'s hierarchy (0: LOCAL_WORLD_SIZE, else one node)")
+      ->check(AtLeast(0, true, true));
   c->add_option("--timeout-s", a->timeout_s, "Bound on every wait of the engine and collectives")
       ->check(AtLeast(0, false))
       ->capture_default_str();
