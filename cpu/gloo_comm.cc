@@ -3,17 +3,21 @@
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/address.h>
+#include <gloo/transport/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
 #include <netdb.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -75,6 +79,32 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   std::vector<std::string> set_keys_;
 };
 
+// A Gloo context over pairs that Split connected itself (gloo::Context keeps its transport
+// context protected; rendezvous::Context would need a store, which is gone after Create).
+class SplitContext final : public gloo::Context {
+ public:
+  SplitContext(int rank, int size, std::shared_ptr<gloo::transport::Device> device,
+               std::chrono::milliseconds timeout)
+      : gloo::Context(rank, size) {
+    setTimeout(timeout);
+    device_ = std::move(device);
+    transportContext_ = device_->createContext(rank, size);
+    transportContext_->setTimeout(timeout);
+  }
+  gloo::transport::Context& transport() { return *transportContext_; }
+};
+
+// What Split's task on the parent's worker hands back to the caller (shared: the caller may stop
+// waiting before the task ends).
+struct SplitOutcome {
+  std::shared_ptr<gloo::Context> ctx;  // null when the new communicator has one rank
+  int rank = 0;
+  int size = 1;
+};
+
+// One slot of Split's address exchange: the length, then the pair address (Gloo's maximum size).
+constexpr size_t kAddrSlot = 4 + gloo::transport::Address::kMaxByteSize;
+
 class GlooWork final : public CommWork {
  public:
   explicit GlooWork(std::string name) : name_(std::move(name)) {}
@@ -107,9 +137,11 @@ class GlooWork final : public CommWork {
 
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(const GlooCommOptions& o, std::shared_ptr<gloo::Context> ctx)
+  GlooCommunicator(const GlooCommOptions& o, std::shared_ptr<gloo::Context> ctx,
+                   std::string label = "")
       : Communicator(o.rank, o.world_size),
         opts_(o),
+        label_(std::move(label)),
         ctx_(std::move(ctx)),
         acc_(o.scratch_elems),
         tmp_(o.scratch_elems) {
@@ -179,6 +211,53 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  Result<CommHandle> DoAllToAll(const void* send, void* recv, size_t count, DType dtype) override {
+    return Submit("all_to_all", [this, send, recv, count, dtype] {
+      const size_t chunk = count * DTypeSize(dtype), n = static_cast<size_t>(world_size());
+      if (chunk == 0) return Status::OK();
+      if (n == 1) {
+        std::memcpy(recv, send, chunk);
+        return Status::OK();
+      }
+      gloo::AlltoallOptions a(ctx_);
+      // Gloo's all-to-all is bytewise: the element type only sets its unit.
+      a.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), chunk * n);
+      a.setOutput(static_cast<uint8_t*>(recv), chunk * n);
+      a.setTag(next_tag_++);
+      a.setTimeout(opts_.timeout);
+      gloo::alltoall(a);
+      // One chunk to and from each peer, exactly (no relay): the ideal figures are the wire ones.
+      AddWireBytes(CommOp::kAllToAll, chunk * (n - 1), chunk * (n - 1));
+      return Status::OK();
+    });
+  }
+
+  Result<std::unique_ptr<Communicator>> DoSplit(int color, int key) override {
+    auto out = std::make_shared<SplitOutcome>();
+    STRATA_ASSIGN_OR_RETURN(CommHandle h, Submit("split", [this, color, key, out] {
+                              RunSplit(color, key, *out);
+                              return Status::OK();
+                            }));
+    // The task is bounded by the transport timeout of each of its steps (two all-gathers and one
+    // connect per peer); this wait only guards against a bug there.
+    const auto limit = opts_.timeout * (4 + 2 * world_size());
+    Status st = h.WaitFor(std::chrono::duration_cast<std::chrono::milliseconds>(limit));
+    if (st.code() == Status::Code::kDeadlineExceeded) Abort("split did not finish");
+    STRATA_RETURN_IF_ERROR(st);
+    GlooCommOptions o = opts_;
+    o.rank = out->rank;
+    o.world_size = out->size;
+    o.store = nullptr;
+    auto comm = std::make_unique<GlooCommunicator>(
+        o, std::move(out->ctx),
+        (label_.empty() ? "" : label_ + ", ") + "split color " + std::to_string(color));
+    // As at Create: the first operation proves every pair works; then start counting from zero.
+    STRATA_ASSIGN_OR_RETURN(CommHandle b, comm->Barrier());
+    STRATA_RETURN_IF_ERROR(b.WaitFor(opts_.timeout).WithContext("gloo split barrier"));
+    comm->ResetStats();
+    return std::unique_ptr<Communicator>(std::move(comm));
+  }
+
   Result<CommHandle> DoBarrier() override {
     return Submit("barrier", [this] {
       if (world_size() == 1) return Status::OK();
@@ -220,7 +299,8 @@ class GlooCommunicator final : public Communicator {
     }
     auto work = std::make_shared<GlooWork>(
         "gloo " + std::string(kind) + " #" + std::to_string(seq_++) + " (rank " +
-        std::to_string(rank()) + " of " + std::to_string(world_size()) + ")");
+        std::to_string(rank()) + " of " + std::to_string(world_size()) +
+        (label_.empty() ? "" : ", " + label_) + ")");
     queue_.push_back(Task{work, std::move(fn)});
     cv_.notify_all();
     return CommHandle(work);
@@ -265,6 +345,72 @@ class GlooCommunicator final : public Communicator {
       t.work->Finish(std::move(st));
       space_cv_.notify_all();
     }
+  }
+
+  // Byte all-gather over this communicator's context for Split's exchanges (not counted in the
+  // stats: setup traffic). `out` holds world_size slots of `bytes`; this rank's is filled.
+  void ExchangeBytes(uint8_t* out, size_t bytes) {
+    gloo::AllgatherOptions a(ctx_);
+    a.setOutput(out, bytes * static_cast<size_t>(world_size()));
+    a.setTag(next_tag_++);
+    a.setTimeout(opts_.timeout);
+    gloo::allgather(a);
+  }
+
+  // Split on the worker thread (so it is ordered with the collectives before it): all-gather
+  // (color, key), order the members of this rank's color by (key, rank), create one transport
+  // pair per member on this communicator's device, all-gather the pair addresses (rank q's slot p
+  // holds the address of q's pair for p), then connect each pair to its peer's address for this
+  // rank. Connecting runs in member order on every rank, as Gloo's connectFullMesh does.
+  void RunSplit(int color, int key, SplitOutcome& out) {
+    const int n = world_size(), me = rank();
+    if (n == 1) return;  // out: rank 0 of 1
+    std::vector<int32_t> ck(2 * static_cast<size_t>(n));
+    ck[2 * me] = color;
+    ck[2 * me + 1] = key;
+    ExchangeBytes(reinterpret_cast<uint8_t*>(ck.data()), 2 * sizeof(int32_t));
+    std::vector<int> members;
+    for (int q = 0; q < n; ++q) {
+      if (ck[2 * q] == color) members.push_back(q);
+    }
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return ck[2 * a + 1] < ck[2 * b + 1]; });
+    out.size = static_cast<int>(members.size());
+    out.rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+    std::shared_ptr<SplitContext> sub;
+    std::vector<uint8_t> addrs(static_cast<size_t>(n) * n * kAddrSlot, 0);
+    uint8_t* mine = addrs.data() + static_cast<size_t>(me) * n * kAddrSlot;
+    if (out.size > 1) {
+      sub = std::make_shared<SplitContext>(out.rank, out.size, ctx_->getDevice(), opts_.timeout);
+      for (int i = 0; i < out.size; ++i) {
+        if (i == out.rank) continue;
+        const std::vector<char> a = sub->transport().createPair(i)->address().bytes();
+        if (a.size() > gloo::transport::Address::kMaxByteSize) {
+          throw std::runtime_error("split: transport address of " + std::to_string(a.size()) +
+                                   " bytes");
+        }
+        uint8_t* slot = mine + static_cast<size_t>(members[i]) * kAddrSlot;
+        const uint32_t len = static_cast<uint32_t>(a.size());
+        std::memcpy(slot, &len, 4);
+        std::memcpy(slot + 4, a.data(), a.size());
+      }
+    }
+    ExchangeBytes(addrs.data(), static_cast<size_t>(n) * kAddrSlot);
+    if (!sub) return;
+    for (int i = 0; i < out.size; ++i) {
+      if (i == out.rank) continue;
+      const uint8_t* slot = addrs.data() + (static_cast<size_t>(members[i]) * n + me) * kAddrSlot;
+      uint32_t len = 0;
+      std::memcpy(&len, slot, 4);
+      if (len == 0 || len > gloo::transport::Address::kMaxByteSize) {
+        throw std::runtime_error("split: rank " + std::to_string(members[i]) +
+                                 " published no address for rank " + std::to_string(me) +
+                                 " (the ranks disagree on the split)");
+      }
+      sub->transport().getPair(i)->connect(std::vector<char>(
+          reinterpret_cast<const char*>(slot + 4), reinterpret_cast<const char*>(slot + 4) + len));
+    }
+    out.ctx = std::move(sub);
   }
 
   void RunAllGather(const AllGatherPart& p, size_t elt) {
@@ -402,6 +548,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   const GlooCommOptions opts_;
+  const std::string label_;  // "split color c" for a communicator made by Split; in op names
   std::shared_ptr<gloo::Context> ctx_;
   // Worker-thread state: scratch, tags (advance identically on every rank: same op order).
   std::vector<float> acc_, tmp_;

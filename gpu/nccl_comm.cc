@@ -42,6 +42,8 @@ ncclDataType_t ToNccl(DType t) {
       return ncclBfloat16;
     case DType::kF16:
       return ncclFloat16;
+    case DType::kI8:
+      return ncclInt8;
     default:
       return ncclFloat32;
   }
@@ -154,6 +156,9 @@ class NcclWork final : public CommWork {
   bool done_ = false;  // guarded by state_->mu
   Status result_;
 };
+
+Result<std::unique_ptr<Communicator>> WrapComm(const NcclCommOptions& o,
+                                               std::shared_ptr<NcclState> state);
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -268,6 +273,69 @@ class NcclCommunicator final : public Communicator {
         false);
   }
 
+  Result<CommHandle> DoAllToAll(const void* send, void* recv, size_t count, DType dtype) override {
+    const size_t chunk = count * DTypeSize(dtype);
+    const int n = world_size();
+    return Enqueue(
+        "all_to_all",
+        [&](ncclComm_t c) {
+          // Grouped point-to-point (NCCL's own ncclAlltoAll is 2.28+ only): one send and one
+          // receive per peer, the own chunk included (NCCL copies it locally).
+          for (int j = 0; j < n; ++j) {
+            const auto* s = static_cast<const uint8_t*>(send) + static_cast<size_t>(j) * chunk;
+            auto* d = static_cast<uint8_t*>(recv) + static_cast<size_t>(j) * chunk;
+            ncclResult_t r = ncclSend(s, count, ToNccl(dtype), j, c, stream_);
+            if (r != ncclSuccess && r != ncclInProgress) return r;
+            r = ncclRecv(d, count, ToNccl(dtype), j, c, stream_);
+            if (r != ncclSuccess && r != ncclInProgress) return r;
+          }
+          return ncclSuccess;
+        },
+        true);
+  }
+
+  // ncclCommSplit (collective on this communicator), polled like initialisation; the new
+  // communicator gets its own stream, scratch and pre-division ops (1 / its world size).
+  Result<std::unique_ptr<Communicator>> DoSplit(int color, int key) override {
+    auto st = std::make_shared<NcclState>();
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      const std::string what =
+          "nccl split #" + std::to_string(seq_++) + " (color " + std::to_string(color) + ")";
+      if (!state_->failed.ok()) {
+        return Status::Aborted(what +
+                               ": communicator failed earlier: " + state_->failed.ToString());
+      }
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const ncclResult_t r = ncclCommSplit(state_->comm, color, key, &st->comm, &config);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        Status err = NcclStatus(r, what + " (" + state_->name + ")", state_->comm);
+        state_->AbortLocked(err);
+        return err;
+      }
+      STRATA_RETURN_IF_ERROR(state_->PollLocked(what, Clock::now() + opts_.timeout));
+      std::lock_guard<std::mutex> sub_lock(st->mu);
+      Status sub = st->comm == nullptr ? Status::Internal(what + ": no communicator returned")
+                                       : st->PollLocked(what, Clock::now() + opts_.timeout);
+      if (!sub.ok()) {
+        state_->AbortLocked(sub);  // the peers of this split wait in it: fail them too
+        return sub;
+      }
+    }
+    NcclCommOptions o = opts_;
+    int sub_rank = 0, sub_size = 1;
+    STRATA_NCCL_RETURN(ncclCommUserRank(st->comm, &sub_rank), st->comm);
+    STRATA_NCCL_RETURN(ncclCommCount(st->comm, &sub_size), st->comm);
+    o.rank = sub_rank;
+    o.world_size = sub_size;
+    o.unique_id.clear();
+    o.store = nullptr;
+    st->name = "rank " + std::to_string(sub_rank) + " of " + std::to_string(sub_size) +
+               " on device " + std::to_string(o.device) + ", split color " + std::to_string(color);
+    return WrapComm(o, std::move(st));
+  }
+
   Result<CommHandle> DoBarrier() override {
     return Enqueue(
         "barrier",
@@ -324,6 +392,25 @@ class NcclCommunicator final : public Communicator {
   PreMul premul_[3];
   uint64_t seq_ = 0;
 };
+
+// The communicator around an initialised NCCL comm: its stream, barrier scratch and pre-division
+// ops. On failure the comm is aborted.
+Result<std::unique_ptr<Communicator>> WrapComm(const NcclCommOptions& o,
+                                               std::shared_ptr<NcclState> state) {
+  cudaStream_t stream = nullptr;
+  float* scratch = nullptr;
+  cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float));
+  if (e != cudaSuccess) {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->AbortLocked(Status::Aborted("setup failed"));
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    return CudaStatus(e, "cudaStreamCreate/cudaMalloc", __FILE__, __LINE__);
+  }
+  auto comm = std::make_unique<NcclCommunicator>(o, std::move(state), stream, scratch);
+  STRATA_RETURN_IF_ERROR(comm->InitPreMulOps());
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
 
 }  // namespace
 
@@ -387,19 +474,7 @@ Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclCommOptio
   if (o.unique_id.empty() && o.rank == 0) {
     (void)o.store->Delete(o.store_key);  // best effort: keys are also scoped by run id
   }
-  cudaStream_t stream = nullptr;
-  float* scratch = nullptr;
-  cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float));
-  if (e != cudaSuccess) {
-    std::lock_guard<std::mutex> lock(state->mu);
-    state->AbortLocked(Status::Aborted("setup failed"));
-    if (stream != nullptr) cudaStreamDestroy(stream);
-    return CudaStatus(e, "cudaStreamCreate/cudaMalloc", __FILE__, __LINE__);
-  }
-  auto comm = std::make_unique<NcclCommunicator>(o, std::move(state), stream, scratch);
-  STRATA_RETURN_IF_ERROR(comm->InitPreMulOps());
-  return std::unique_ptr<Communicator>(std::move(comm));
+  return WrapComm(o, std::move(state));
 }
 
 }  // namespace strata

@@ -12,6 +12,10 @@
 // NewNcclUniqueId on rank 0, shipped by any means), or exchanged through the rendezvous store
 // (rank 0 publishes it under options.store_key).
 //
+// All-to-all is grouped ncclSend/ncclRecv (one pair per peer). Split is ncclCommSplit: the new
+// communicator is non-blocking too, on its own stream, with pre-division by its own world size.
+// int8 moves as ncclInt8 (all-gather, broadcast, all-to-all).
+//
 // Pre-division uses NCCL's ncclRedOpCreatePreMulSum (scalar 1/world_size, one op per dtype).
 // Barrier is an all-reduce of one float. bf16/fp16 sums use NCCL's own arithmetic.
 //

@@ -105,6 +105,48 @@ INSTANTIATE_TEST_SUITE_P(DTypes, NcclSingleRank,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
+// ZeRO++'s communication on one rank: all-to-all (grouped send/recv) and an int8 all-gather on a
+// communicator made by Split, which counts its own bytes and leaves the parent usable.
+TEST(NcclComm, SplitAndAllToAllOnOneRank) {
+  REQUIRE_GPU();
+  auto uid = NewNcclUniqueId();
+  ASSERT_TRUE(uid.ok()) << uid.status().ToString();
+  NcclCommOptions o;
+  o.unique_id = *uid;
+  o.timeout = milliseconds(60000);
+  auto comm = CreateNcclCommunicator(o);
+  ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+  auto wait = [](Result<CommHandle> h) {
+    return h.ok() ? h->WaitFor(milliseconds(30000)) : h.status();
+  };
+  auto sub = (*comm)->Split(3, 0);
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  Communicator& s = **sub;
+  EXPECT_EQ(s.rank(), 0);
+  EXPECT_EQ(s.world_size(), 1);
+  const size_t n = 4097;
+  std::vector<uint8_t> in(n);
+  for (size_t i = 0; i < n; ++i) in[i] = static_cast<uint8_t>(i * 37 + 5);
+  DeviceBuf a(n), b(n);
+  a.Put(in);
+  ASSERT_TRUE(wait(s.AllToAll(a.p, b.p, n, DType::kI8)).ok());
+  EXPECT_EQ(b.Get(), in);
+  b.Put(std::vector<uint8_t>(n, 0));
+  ASSERT_TRUE(wait(s.AllGather(a.p, b.p, n, DType::kI8)).ok());
+  EXPECT_EQ(b.Get(), in);
+  EXPECT_EQ(s.stats().of(CommOp::kAllToAll).calls, 1u);
+  EXPECT_EQ(s.stats().of(CommOp::kAllToAll).payload_bytes, n);
+  EXPECT_EQ((*comm)->stats().of(CommOp::kAllToAll).calls, 0u);
+  EXPECT_TRUE(s.AllToAll(a.p, a.p, n, DType::kI8).status().IsInvalidArgument());
+  EXPECT_TRUE(s.AllReduce(a.p, b.p, n, DType::kI8).status().IsInvalidArgument());
+  float x = 2;
+  DeviceBuf f(4);
+  f.Put(std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&x), reinterpret_cast<uint8_t*>(&x) + 4));
+  ASSERT_TRUE(wait((*comm)->AllReduce(f.p, f.p, 1, DType::kF32)).ok());  // parent still works
+  sub->reset();
+  ASSERT_TRUE(wait((*comm)->Barrier()).ok());
+}
+
 TEST(NcclComm, PeerThatNeverJoinsFailsInitAtTheDeadline) {
   REQUIRE_GPU();
   auto uid = NewNcclUniqueId();

@@ -1,13 +1,21 @@
 // Communicator: collective operations among the ranks of a data-parallel job (all-gather,
-// reduce-scatter, all-reduce, broadcast, barrier) over contiguous buffers of fp32, bf16 or fp16,
-// each returning a CommHandle to wait on with a deadline. Backends: GlooCommunicator (cpu/, host
-// buffers over TCP) and NcclCommunicator (gpu/, device buffers on the communicator's stream).
+// reduce-scatter, all-reduce, broadcast, all-to-all, barrier) over contiguous buffers of fp32,
+// bf16 or fp16 (the data-movement operations, all-gather, broadcast and all-to-all, also int8:
+// ZeRO++ moves quantized blocks), each returning a CommHandle to wait on with a deadline. Backends:
+// GlooCommunicator (cpu/, host buffers over TCP) and NcclCommunicator (gpu/, device buffers on the
+// communicator's stream).
 //
 // Semantics follow NCCL: every rank issues the same collectives in the same order; rank r's
 // all-gather input lands at recv + r * send_count; reduce-scatter leaves chunk r of the sum in
 // rank r's recv. In place is allowed exactly where NCCL allows it (all-gather: send == recv + r *
 // send_count; reduce-scatter: recv == send + r * recv_count; all-reduce: send == recv). Sums of
 // bf16/fp16 are accumulated in fp32 by the Gloo backend and rounded once (round to nearest even).
+//
+// Groups: Split(color, key) builds sub-communicators (MPI_Comm_split / ncclCommSplit);
+// SplitHierarchical below builds the two a hierarchical algorithm needs: the ranks of one node
+// (intra) and the ranks with the same local index across nodes (inter). A sub-communicator is a
+// Communicator like any other, with its own ranks, operation order, failure state and CommStats:
+// the inter communicator's stats are the bytes that crossed node boundaries.
 //
 // Failure model: an operation that fails (a peer died, a transport timeout, an abort) fails its
 // handle with a clear Status and puts the communicator into a failed state: every later operation
@@ -28,9 +36,12 @@
 #pragma once
 
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -43,8 +54,15 @@
 
 namespace strata {
 
-enum class CommOp : uint8_t { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
-inline constexpr size_t kCommOpCount = 5;
+enum class CommOp : uint8_t {
+  kAllGather = 0,
+  kReduceScatter,
+  kAllReduce,
+  kBroadcast,
+  kBarrier,
+  kAllToAll
+};
+inline constexpr size_t kCommOpCount = 6;
 
 constexpr std::string_view CommOpName(CommOp op) noexcept {
   switch (op) {
@@ -58,20 +76,24 @@ constexpr std::string_view CommOpName(CommOp op) noexcept {
       return "broadcast";
     case CommOp::kBarrier:
       return "barrier";
+    case CommOp::kAllToAll:
+      return "all_to_all";
   }
   return "?";
 }
 
 // Bytes one rank sends (== receives) in a bandwidth-optimal ring for an operation whose payload is
-// `payload_bytes` (all-gather: the gathered output; reduce-scatter: the full input; all-reduce and
-// broadcast: the buffer). These are the factors nccl-tests uses for busbw: (N-1)/N for all-gather
-// and reduce-scatter, 2(N-1)/N for all-reduce, 1 for broadcast (counted as the root's send and each
-// other rank's receive: see CommOpBytes). Integer division: exact when payload divides by N.
+// `payload_bytes` (all-gather: the gathered output; reduce-scatter and all-to-all: the full input;
+// all-reduce and broadcast: the buffer). These are the factors nccl-tests uses for busbw: (N-1)/N
+// for all-gather, reduce-scatter and all-to-all (every chunk but one's own leaves the rank),
+// 2(N-1)/N for all-reduce, 1 for broadcast (counted as the root's send and each other rank's
+// receive: see CommOpBytes). Integer division: exact when payload divides by N.
 constexpr uint64_t RingBytes(CommOp op, uint64_t payload_bytes, int world_size) noexcept {
   const uint64_t n = world_size > 0 ? static_cast<uint64_t>(world_size) : 1;
   switch (op) {
     case CommOp::kAllGather:
     case CommOp::kReduceScatter:
+    case CommOp::kAllToAll:
       return payload_bytes * (n - 1) / n;
     case CommOp::kAllReduce:
       return 2 * payload_bytes * (n - 1) / n;
@@ -89,6 +111,7 @@ constexpr double BusBandwidthFactor(CommOp op, int world_size) noexcept {
   switch (op) {
     case CommOp::kAllGather:
     case CommOp::kReduceScatter:
+    case CommOp::kAllToAll:
       return (n - 1) / n;
     case CommOp::kAllReduce:
       return 2 * (n - 1) / n;
@@ -196,7 +219,8 @@ class Communicator {
   virtual std::string_view backend() const noexcept = 0;
 
   // Each call validates, accounts and enqueues; the returned handle completes the operation.
-  // Errors returned directly (nothing enqueued): kInvalidArgument for an unsupported dtype (int8),
+  // Errors returned directly (nothing enqueued): kInvalidArgument for an unsupported dtype (int8
+  // in a reduction),
   // a null buffer with a non-zero count, a root out of range, or buffers that overlap other than
   // in the in-place layouts above; kAborted when the communicator already failed.
   Result<CommHandle> AllGather(const void* send, void* recv, size_t send_count, DType dtype);
@@ -211,6 +235,21 @@ class Communicator {
   // On the root, `buf` is the source; elsewhere it receives.
   Result<CommHandle> Broadcast(void* buf, size_t count, DType dtype, int root);
   Result<CommHandle> Barrier();
+  // Rank r sends chunk j (count elements at send + j * count) to rank j and receives rank j's
+  // chunk r into recv + j * count; send and recv hold world_size * count elements each and must
+  // not overlap (no in-place form). Any dtype (int8 included: the data is only moved).
+  Result<CommHandle> AllToAll(const void* send, void* recv, size_t count, DType dtype);
+
+  // Splits this communicator: the ranks that pass the same `color` form one new communicator, in
+  // which they are ordered by (key, rank here). Collective: every rank of this communicator calls
+  // it, at the same place in its sequence of operations (it is ordered after the operations
+  // submitted before it; Gloo exchanges the new transport addresses over this communicator, NCCL
+  // calls ncclCommSplit). Blocks until the new communicator is connected or the timeout of this
+  // one passed. The new communicator inherits this one's options (timeout, queue depth, device)
+  // and is independent afterwards: its own operation order, stats, failure state; it may outlive
+  // this one. kInvalidArgument for color < 0; kAborted when this communicator failed; a failure
+  // during the split (a peer died, the timeout) fails this communicator too.
+  Result<std::unique_ptr<Communicator>> Split(int color, int key);
 
   // Puts the communicator into the failed state: queued and later operations fail with kAborted
   // carrying `reason`; NCCL aborts its communicator, Gloo lets a running operation end at its
@@ -232,6 +271,18 @@ class Communicator {
                                          ReduceOptions options) = 0;
   virtual Result<CommHandle> DoBroadcast(void* buf, size_t count, DType dtype, int root) = 0;
   virtual Result<CommHandle> DoBarrier() = 0;
+  // Both backends implement these two; the defaults (kFailedPrecondition naming the backend) let
+  // a test double that needs neither leave them out.
+  // REQUIRES: send and recv do not overlap; non-null where count > 0.
+  virtual Result<CommHandle> DoAllToAll(const void* /*send*/, void* /*recv*/, size_t /*count*/,
+                                        DType /*dtype*/) {
+    return Status::FailedPrecondition("all_to_all: not supported by backend " +
+                                      std::string(backend()));
+  }
+  // REQUIRES: color >= 0.
+  virtual Result<std::unique_ptr<Communicator>> DoSplit(int /*color*/, int /*key*/) {
+    return Status::FailedPrecondition("split: not supported by backend " + std::string(backend()));
+  }
 
   // Adds bytes the backend actually transferred for an operation of kind `op` (any thread).
   void AddWireBytes(CommOp op, uint64_t sent, uint64_t received);
@@ -266,6 +317,33 @@ class KvStore {
   // a later run holds no stale values. kIOError/kUnavailable when the store is unreachable.
   virtual Status Delete(std::string_view key) = 0;
 };
+
+// ---------------------------------------------------------------------------
+// Hierarchical groups: ranks are laid out node by node (the launchers' convention: rank =
+// node * ranks_per_node + local_rank), so a node is `group_size` consecutive ranks.
+// ---------------------------------------------------------------------------
+struct HierarchicalComms {
+  int group_size = 1;  // ranks per group (a node, or hpZ's partition size)
+  // The group_size consecutive ranks holding this rank: [g * group_size, (g + 1) * group_size)
+  // with g = rank / group_size; intra->rank() == rank % group_size.
+  std::unique_ptr<Communicator> intra;
+  // The world_size / group_size ranks with this rank's index in their group (one per group,
+  // i.e. per node): intra->rank() + k * group_size; inter->rank() == rank / group_size.
+  std::unique_ptr<Communicator> inter;
+};
+
+// Builds both groups from `comm` with two Splits (intra first, then inter; collective on every
+// rank of comm). kInvalidArgument when group_size < 1 or does not divide comm's world size.
+// group_size == world size: intra spans the job and inter is one rank per communicator;
+// group_size 1: the reverse.
+Result<HierarchicalComms> SplitHierarchical(Communicator& comm, int group_size);
+
+// Ranks per node of a launched job: LOCAL_WORLD_SIZE (set by torchrun, the deepspeed launcher and
+// `offloadctl launch`), checked against WORLD_SIZE `world_size` (must divide it) and LOCAL_RANK
+// (must be below it, and rank % local world size when RANK is set: the node-by-node layout the
+// groups assume). Absent: world_size (one node). kInvalidArgument naming the variable otherwise.
+// `getenv` is injectable for tests.
+Result<int> RanksPerNodeFromEnv(int world_size, const char* (*getenv)(const char*) = nullptr);
 
 // ---------------------------------------------------------------------------
 // The Gloo backend (cpu/gloo_comm.cc): collectives over TCP on host buffers, for runs without a
@@ -305,10 +383,16 @@ inline bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes
   const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
 }
+// Reductions: fp32, bf16, fp16.
 inline Status CheckDType(DType dtype, std::string_view op) {
   if (dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16) return Status::OK();
   return Status::InvalidArgument(std::string(op) + ": dtype " + std::string(DTypeName(dtype)) +
                                  " is not supported (fp32, bf16, fp16)");
+}
+// Data movement (all-gather, broadcast, all-to-all): int8 too.
+inline Status CheckMoveDType(DType dtype, std::string_view op) {
+  if (dtype == DType::kI8) return Status::OK();
+  return CheckDType(dtype, op);
 }
 inline Status CheckPtrs(const void* send, const void* recv, size_t count, std::string_view op) {
   if (count > 0 && (send == nullptr || recv == nullptr)) {
@@ -357,7 +441,7 @@ inline Result<CommHandle> Communicator::AllGather(const void* send, void* recv, 
 
 inline Result<CommHandle> Communicator::AllGatherCoalesced(std::span<const AllGatherPart> parts,
                                                            DType dtype) {
-  STRATA_RETURN_IF_ERROR(comm_detail::CheckDType(dtype, "all_gather"));
+  STRATA_RETURN_IF_ERROR(comm_detail::CheckMoveDType(dtype, "all_gather"));
   const size_t elt = DTypeSize(dtype);
   for (const AllGatherPart& p : parts) {
     STRATA_RETURN_IF_ERROR(comm_detail::CheckPtrs(p.send, p.recv, p.send_count, "all_gather"));
@@ -425,7 +509,7 @@ inline Result<CommHandle> Communicator::AllReduce(const void* send, void* recv, 
 }
 
 inline Result<CommHandle> Communicator::Broadcast(void* buf, size_t count, DType dtype, int root) {
-  STRATA_RETURN_IF_ERROR(comm_detail::CheckDType(dtype, "broadcast"));
+  STRATA_RETURN_IF_ERROR(comm_detail::CheckMoveDType(dtype, "broadcast"));
   STRATA_RETURN_IF_ERROR(comm_detail::CheckPtrs(buf, buf, count, "broadcast"));
   if (root < 0 || root >= world_size_) {
     return Status::InvalidArgument("broadcast: root " + std::to_string(root) +
@@ -440,6 +524,78 @@ inline Result<CommHandle> Communicator::Barrier() {
   auto h = DoBarrier();
   if (h.ok()) Account(CommOp::kBarrier, 0, false, false);
   return h;
+}
+
+inline Result<CommHandle> Communicator::AllToAll(const void* send, void* recv, size_t count,
+                                                 DType dtype) {
+  STRATA_RETURN_IF_ERROR(comm_detail::CheckMoveDType(dtype, "all_to_all"));
+  STRATA_RETURN_IF_ERROR(comm_detail::CheckPtrs(send, recv, count, "all_to_all"));
+  const uint64_t bytes = count * DTypeSize(dtype) * static_cast<uint64_t>(world_size_);
+  if (comm_detail::Overlap(send, bytes, recv, bytes)) {
+    return Status::InvalidArgument("all_to_all: send and recv overlap (no in-place form)");
+  }
+  auto h = DoAllToAll(send, recv, count, dtype);
+  if (h.ok()) Account(CommOp::kAllToAll, bytes, true, true);
+  return h;
+}
+
+inline Result<std::unique_ptr<Communicator>> Communicator::Split(int color, int key) {
+  if (color < 0) {
+    return Status::InvalidArgument("split: color " + std::to_string(color) + " must be >= 0");
+  }
+  return DoSplit(color, key);
+}
+
+inline Result<HierarchicalComms> SplitHierarchical(Communicator& comm, int group_size) {
+  const int n = comm.world_size(), r = comm.rank();
+  if (group_size < 1 || n % group_size != 0) {
+    return Status::InvalidArgument("hierarchical groups: group size " + std::to_string(group_size) +
+                                   " must be >= 1 and divide the world size " + std::to_string(n));
+  }
+  HierarchicalComms h;
+  h.group_size = group_size;
+  STRATA_ASSIGN_OR_RETURN(h.intra, comm.Split(r / group_size, r));
+  STRATA_ASSIGN_OR_RETURN(h.inter, comm.Split(r % group_size, r));
+  return h;
+}
+
+inline Result<int> RanksPerNodeFromEnv(int world_size, const char* (*getenv_fn)(const char*)) {
+  if (getenv_fn == nullptr) getenv_fn = [](const char* n) -> const char* { return std::getenv(n); };
+  auto parse = [&](const char* name, int* out) -> Status {
+    const char* v = getenv_fn(name);
+    if (v == nullptr || *v == '\0') return Status::NotFound(name);
+    const char* end = v + std::strlen(v);
+    auto [p, ec] = std::from_chars(v, end, *out);
+    if (ec != std::errc() || p != end) {
+      return Status::InvalidArgument(std::string(name) + "='" + v + "' is not an integer");
+    }
+    return Status::OK();
+  };
+  int local = 0;
+  Status st = parse("LOCAL_WORLD_SIZE", &local);
+  if (st.code() == Status::Code::kNotFound) return world_size;
+  STRATA_RETURN_IF_ERROR(st);
+  if (local < 1 || world_size % local != 0) {
+    return Status::InvalidArgument(
+        "LOCAL_WORLD_SIZE=" + std::to_string(local) +
+        " must be >= 1 and divide WORLD_SIZE=" + std::to_string(world_size));
+  }
+  int local_rank = 0, rank = 0;
+  st = parse("LOCAL_RANK", &local_rank);
+  if (st.ok() && (local_rank < 0 || local_rank >= local)) {
+    return Status::InvalidArgument("LOCAL_RANK=" + std::to_string(local_rank) +
+                                   " must be in [0, LOCAL_WORLD_SIZE=" + std::to_string(local) +
+                                   ")");
+  }
+  if (!st.ok() && st.code() != Status::Code::kNotFound) return st;
+  const Status rank_st = parse("RANK", &rank);
+  if (st.ok() && rank_st.ok() && rank % local != local_rank) {
+    return Status::InvalidArgument(
+        "LOCAL_RANK=" + std::to_string(local_rank) + " is not RANK=" + std::to_string(rank) +
+        " mod LOCAL_WORLD_SIZE=" + std::to_string(local) + ": ranks are not laid out node by node");
+  }
+  if (!rank_st.ok() && rank_st.code() != Status::Code::kNotFound) return rank_st;
+  return local;
 }
 
 }  // namespace strata
