@@ -167,7 +167,7 @@ TEST(EngineZpp, QgzFp16OverflowSkipsTheStepOnEveryRank) {
     EXPECT_FALSE(r.reports[0].skipped);
     EXPECT_TRUE(r.reports[1].skipped) << zpp;
     EXPECT_FALSE(r.reports[2].skipped);
-    EXPECT_EQ(r.reports[2].loss_scale, r.reports[1].loss_scale / 2);
+    EXPECT_TRUE(std::isinf(r.reports[1].grad_norm));
     for (int rank = 0; rank < kWorld; ++rank) EXPECT_EQ(skipped[rank], 1) << "rank " << rank;
     for (const auto& g : r.master) {
       for (float v : g) ASSERT_TRUE(std::isfinite(v));
@@ -179,12 +179,14 @@ TEST(EngineZpp, QgzFp16OverflowSkipsTheStepOnEveryRank) {
 // The hpZ secondary copy is a device state in the layout, and the device budget must hold it.
 // ------------------------------------------------------------------------------------------------
 
+// Params and optimizer on the host, so the device holds no store blocks (the store rounds each
+// to 4 KiB) and its need is the engine's own buffers plus, with hpZ, the secondary copy.
 TEST(EngineZpp, BudgetIncludesTheHpzSecondaryCopy) {
-  RunSpec plain = Spec(Config("bf16", ""));
+  RunSpec plain = Spec(Config("bf16", "", 3, "cpu", "cpu"));
   plain.steps = 0;
   RunResult a = RunEngine(plain);
   ASSERT_TRUE(a.status.ok()) << a.status.ToString();
-  RunSpec hpz = Spec(Config("bf16", R"("zero_hpz_partition_size": 2)"));
+  RunSpec hpz = Spec(Config("bf16", R"("zero_hpz_partition_size": 2)", 3, "cpu", "cpu"));
   hpz.steps = 0;
   RunResult b = RunEngine(hpz);
   ASSERT_TRUE(b.status.ok()) << b.status.ToString();
@@ -205,7 +207,8 @@ TEST(EngineZpp, BudgetIncludesTheHpzSecondaryCopy) {
       la.state_bytes[Tier::kDevice] + la.working_bytes[Tier::kDevice] + expect / 2;
   ASSERT_LT(fits_plain, lb.state_bytes[Tier::kDevice] + lb.working_bytes[Tier::kDevice]);
   plain.budgets[Tier::kDevice] = fits_plain;
-  EXPECT_TRUE(RunEngine(plain).status.ok());
+  RunResult fits = RunEngine(plain);
+  EXPECT_TRUE(fits.status.ok()) << fits.status.ToString();
   hpz.budgets[Tier::kDevice] = fits_plain;
   RunResult refused = RunEngine(hpz);
   ASSERT_EQ(refused.status.code(), Status::Code::kResourceExhausted) << refused.status.ToString();
