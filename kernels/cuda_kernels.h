@@ -1,5 +1,6 @@
 // CUDA kernels for optimizer state and gradients that live in GPU memory: the fused Adam/AdamW
-// step, gradient accumulation, per-chunk gradient sums of squares and fp32 <-> bf16/fp16 casts.
+// step, gradient accumulation, per-chunk gradient sums of squares, fp32 <-> bf16/fp16 casts and
+// the ZeRO++ block INT8 quantize / dequantize.
 // Each computes exactly what its CPU counterpart in kernels/ computes (same formula, same order
 // of operations, same roundings), so a shard's result does not depend on where it lives.
 //
@@ -35,12 +36,17 @@
 //                  most 2 * 4095 * 2^-53 per chunk), as CPU targets differ among themselves.
 //   CudaCast       bit-identical to Cast on every target, NaN payloads included (integer code:
 //                  the same strata/dtype.h functions).
+//   CudaQuantizeInt8 / CudaDequantizeInt8 / CudaDequantizeAddInt8  bit-identical to quantize.h's
+//                  functions (and so to their references) on every target, NaN scales included:
+//                  the block max is an integer max, the rest one correctly rounded operation
+//                  per step (kernels/quantize_math.h, shared with the host test).
 //
 // Thread safety: the calls are reentrant; concurrent kernels must not write overlapping memory.
 // Nothing here allocates device memory.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/adam.h"
 #include "kernels/grad_stats.h"
@@ -97,5 +103,18 @@ Status CudaChunkSumSquares(const void* grad, DType dtype, size_t n, double* chun
 // device copy). InvalidArgument for any other pair or a null pointer with n > 0.
 // REQUIRES: in and out do not overlap.
 Status CudaCast(const void* in, DType in_dtype, void* out, DType out_dtype, size_t n, void* stream);
+
+// Block INT8 quantization on the GPU (kernels/quantize.h: format, error bound, NaN scale for a
+// block with NaN/Inf; implemented in quantize_cuda.cu). QuantizeInt8 writes q[0, n) and
+// scales[0, ceil(n / block)); when nonfinite_blocks_device is not null it is cleared and then
+// receives the number of non-finite blocks (the CPU call's return value). InvalidArgument: dtype
+// not fp32/bf16/fp16, block == 0, or a null array with n > 0.
+Status CudaQuantizeInt8(DType src_dtype, const void* src, size_t n, size_t block, int8_t* q,
+                        float* scales, uint64_t* nonfinite_blocks_device, void* stream);
+Status CudaDequantizeInt8(const int8_t* q, const float* scales, size_t n, size_t block,
+                          DType dst_dtype, void* dst, void* stream);
+// acc[i] = acc[i] + float(q[i]) * scale (two roundings, no FMA), as DequantizeAddInt8.
+Status CudaDequantizeAddInt8(const int8_t* q, const float* scales, size_t n, size_t block,
+                             float* acc, void* stream);
 
 }  // namespace strata::kernels

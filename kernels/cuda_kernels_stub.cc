@@ -23,4 +23,14 @@ Status CudaChunkSumSquares(const void*, DType, size_t, double*, bool*, void*) { 
 
 Status CudaCast(const void*, DType, void*, DType, size_t, void*) { return NoCuda(); }
 
+Status CudaQuantizeInt8(DType, const void*, size_t, size_t, int8_t*, float*, uint64_t*, void*) {
+  return NoCuda();
+}
+Status CudaDequantizeInt8(const int8_t*, const float*, size_t, size_t, DType, void*, void*) {
+  return NoCuda();
+}
+Status CudaDequantizeAddInt8(const int8_t*, const float*, size_t, size_t, float*, void*) {
+  return NoCuda();
+}
+
 }  // namespace strata::kernels

@@ -71,6 +71,16 @@ void CastF16ToF32(const uint16_t* in, float* out, size_t n);
 // overflows a double).
 double SumSquares(const void* grad, int elem, size_t begin, size_t count);
 
+// Block INT8 quantization (kernels/quantize.h): quantizes src[begin, end) of type `elem`, writing
+// q[begin, end) and scales[begin / block, ...); `begin` is a multiple of `block`. Returns the
+// number of blocks holding a NaN or Inf.
+size_t QuantizeInt8(const void* src, int elem, size_t begin, size_t end, size_t block, int8_t* q,
+                    float* scales);
+// Dequantizes q[begin, end) (any range) into dst of type `elem`, or adds it into the fp32 `dst`
+// when `add`.
+void DequantizeInt8(const int8_t* q, const float* scales, size_t begin, size_t end, size_t block,
+                    int elem, void* dst, bool add);
+
 // STREAM-like kernels over fp32 arrays (kernels/bench/dram_bench.h).
 void StreamFill(float* a, float value, size_t n);
 void StreamCopy(float* dst, const float* src, size_t n);

@@ -29,6 +29,8 @@
 #include "kernels/cuda_kernels.h"
 #include "kernels/cuda_math.h"
 #include "kernels/grad_stats.h"
+#include "kernels/quantize.h"
+#include "kernels/quantize_math.h"
 #include "kernels/simd.h"
 #include "kernels/targets.h"
 #include "strata/dtype.h"
@@ -403,6 +405,78 @@ TEST(ReferenceTest, InvalidArgumentsRefusedBeforeAnyCudaCall) {
   EXPECT_TRUE(CudaCast(nullptr, DType::kF32, nullptr, DType::kBF16, 0, nullptr).ok());
 }
 
+// ----------------------------------------------------------------------------------------------
+// Block INT8 quantization (quantize.h): adversarial data for one dtype, as raw bytes.
+
+std::vector<uint8_t> QuantInput(DType t, size_t n, size_t block, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> bytes = MakeGrad(t, n, rng, -30, 17, /*specials=*/false);
+  // A few blocks hold specials (NaN, Inf, subnormals, FLT_MAX): most stay finite.
+  for (size_t b = 0; b * block < n; b += 3) {
+    const size_t i = b * block + rng() % std::min(block, n - b * block);
+    const float x = std::bit_cast<float>(kSpecialF32[rng() % std::size(kSpecialF32)]);
+    if (t == DType::kF32) {
+      std::memcpy(bytes.data() + 4 * i, &x, 4);
+    } else {
+      const uint16_t h = t == DType::kBF16 ? FloatToBf16(x).bits : FloatToHalf(x).bits;
+      std::memcpy(bytes.data() + 2 * i, &h, 2);
+    }
+  }
+  return bytes;
+}
+
+const size_t kQuantBlocks[] = {1, 7, 256, 1000, kQuantBlock};
+
+TEST(ReferenceTest, QuantizeElementCodeMatchesCpuReference) {
+  for (DType t : kGradTypes) {
+    for (size_t block : kQuantBlocks) {
+      const size_t n = 3 * block + 5;
+      const std::vector<uint8_t> in = QuantInput(t, n, block, static_cast<uint32_t>(block));
+      std::vector<int8_t> want_q(n), got_q(n);
+      std::vector<float> want_s(QuantBlocks(n, block)), got_s(want_s.size());
+      QuantizeInt8Reference(t, in.data(), n, block, want_q.data(), want_s.data());
+      for (size_t b = 0; b < got_s.size(); ++b) {  // the kernel's steps, on the host
+        const size_t begin = b * block, end = std::min(n, begin + block);
+        uint32_t amax = 0;
+        for (size_t i = begin; i < end; ++i) {
+          const float x = t == DType::kF32    ? cm::LoadElem<simd::kElemF32>(in.data(), i)
+                          : t == DType::kBF16 ? cm::LoadElem<simd::kElemBF16>(in.data(), i)
+                                              : cm::LoadElem<simd::kElemF16>(in.data(), i);
+          amax = std::max(amax, quantize_math::AbsBits(x));
+        }
+        got_s[b] = Int8BlockScale(amax);
+        for (size_t i = begin; i < end; ++i) {
+          const float x = t == DType::kF32    ? cm::LoadElem<simd::kElemF32>(in.data(), i)
+                          : t == DType::kBF16 ? cm::LoadElem<simd::kElemBF16>(in.data(), i)
+                                              : cm::LoadElem<simd::kElemF16>(in.data(), i);
+          got_q[i] = quantize_math::QuantizeElement(x, got_s[b]);
+        }
+      }
+      ASSERT_EQ(want_q, got_q) << DTypeName(t) << " block " << block;
+      ASSERT_EQ(std::memcmp(want_s.data(), got_s.data(), 4 * got_s.size()), 0);
+      std::vector<float> want_d(n), got_d(n);
+      DequantizeInt8Reference(want_q.data(), want_s.data(), n, block, DType::kF32, want_d.data());
+      for (size_t i = 0; i < n; ++i) {
+        got_d[i] = quantize_math::DequantizeElement(want_q[i], want_s[i / block]);
+      }
+      ASSERT_EQ(std::memcmp(want_d.data(), got_d.data(), 4 * n), 0);
+    }
+  }
+}
+
+TEST(ReferenceTest, QuantizeInvalidArgumentsRefusedBeforeAnyCudaCall) {
+  float f = 0, s = 0;
+  int8_t q = 0;
+  EXPECT_TRUE(CudaQuantizeInt8(DType::kI8, &f, 1, 1, &q, &s, nullptr, nullptr).IsInvalidArgument());
+  EXPECT_TRUE(
+      CudaQuantizeInt8(DType::kF32, &f, 1, 0, &q, &s, nullptr, nullptr).IsInvalidArgument());
+  EXPECT_TRUE(
+      CudaQuantizeInt8(DType::kF32, nullptr, 1, 1, &q, &s, nullptr, nullptr).IsInvalidArgument());
+  EXPECT_TRUE(CudaDequantizeInt8(&q, &s, 1, 1, DType::kI8, &f, nullptr).IsInvalidArgument());
+  EXPECT_TRUE(CudaDequantizeInt8(&q, nullptr, 1, 1, DType::kF32, &f, nullptr).IsInvalidArgument());
+  EXPECT_TRUE(CudaDequantizeAddInt8(&q, &s, 1, 0, &f, nullptr).IsInvalidArgument());
+}
+
 TEST(ReferenceTest, WithoutDeviceCallsAreUnavailable) {
   if (CudaKernelsAvailable()) GTEST_SKIP() << "a GPU is present: CudaKernelsTest covers it";
   // Valid arguments; the launch fails before any pointer is touched.
@@ -410,6 +484,9 @@ TEST(ReferenceTest, WithoutDeviceCallsAreUnavailable) {
   EXPECT_TRUE(CudaAccumulateGrad(&f, &f, DType::kF32, 1.0f, false, 1, nullptr).IsUnavailable());
   AdamShard shard{&f, &f, &f, &f, DType::kF32, nullptr, DType::kBF16, 1};
   EXPECT_TRUE(CudaAdamStep(AdamHyper{}, shard, nullptr).IsUnavailable());
+  int8_t q = 0;
+  EXPECT_TRUE(CudaQuantizeInt8(DType::kF32, &f, 1, 1, &q, &f, nullptr, nullptr).IsUnavailable());
+  EXPECT_TRUE(CudaDequantizeAddInt8(&q, &f, 1, 1, &f, nullptr).IsUnavailable());
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -644,6 +721,52 @@ TEST_F(CudaKernelsTest, EmptyChunkSumClearsTheFlag) {
                   .ok());
   Down(d_flag, flag);
   EXPECT_EQ(flag[0], 0);
+}
+
+TEST_F(CudaKernelsTest, QuantizeMatchesCpuBitForBit) {
+  for (DType t : kGradTypes) {
+    for (size_t block : kQuantBlocks) {
+      for (size_t n : {size_t{0}, size_t{1}, block - 1 + (block == 1), block + 1, 5 * block + 3,
+                       (size_t{1} << 20) + 5}) {
+        const std::vector<uint8_t> in = QuantInput(t, n, block, static_cast<uint32_t>(n + block));
+        const size_t nb = QuantBlocks(n, block);
+        std::vector<int8_t> want_q(n), got_q(n);
+        std::vector<float> want_s(nb), got_s(nb);
+        Result<size_t> want_nf = QuantizeInt8(t, in.data(), n, block, want_q.data(), want_s.data());
+        ASSERT_TRUE(want_nf.ok());
+        auto* d_q = static_cast<int8_t*>(Alloc(n));
+        auto* d_s = static_cast<float*>(Alloc(4 * nb));
+        std::vector<uint64_t> nf = {12345};
+        uint64_t* d_nf = Up(nf);
+        ASSERT_TRUE(CudaQuantizeInt8(t, Up(in), n, block, d_q, d_s, d_nf, stream_).ok());
+        Down(d_q, got_q);
+        Down(d_s, got_s);
+        Down(d_nf, nf);
+        const std::string where = std::string(DTypeName(t)) + " block " + std::to_string(block) +
+                                  " n " + std::to_string(n);
+        EXPECT_EQ(nf[0], *want_nf) << where;
+        ASSERT_EQ(want_q, got_q) << where;
+        ASSERT_EQ(std::memcmp(want_s.data(), got_s.data(), 4 * nb), 0) << where;
+        for (DType out : kGradTypes) {
+          std::vector<uint8_t> want(n * DTypeSize(out)), got(want.size());
+          ASSERT_TRUE(
+              DequantizeInt8(want_q.data(), want_s.data(), n, block, out, want.data()).ok());
+          void* d_out = Alloc(got.size());
+          ASSERT_TRUE(CudaDequantizeInt8(d_q, d_s, n, block, out, d_out, stream_).ok());
+          Down(static_cast<uint8_t*>(d_out), got);
+          EXPECT_EQ(want, got) << where << " -> " << DTypeName(out);
+        }
+        std::vector<float> acc(n), got_acc(n);
+        for (size_t i = 0; i < n; ++i) acc[i] = static_cast<float>(i % 97) * 0.37f;
+        float* d_acc = Up(acc);
+        ASSERT_TRUE(DequantizeAddInt8(want_q.data(), want_s.data(), n, block, acc.data()).ok());
+        ASSERT_TRUE(CudaDequantizeAddInt8(d_q, d_s, n, block, d_acc, stream_).ok());
+        Down(d_acc, got_acc);
+        EXPECT_EQ(std::memcmp(acc.data(), got_acc.data(), 4 * n), 0) << where << " add";
+        Release();
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "core/plan/comm_model.h"
 #include "sched/placement.h"
 
 namespace strata {
@@ -167,29 +168,6 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
   p.nvme_io_bytes_per_node = g_per_node * nvme_io;
   p.nvme_io_seconds = p.nvme_io_bytes_per_node / in.capacity.nvme_bytes_per_s_per_node;
   p.nvme_required_bytes_per_s = p.nvme_io_bytes_per_node / in.target_step_seconds;
-}
-
-CommVolume Comm(const Recipe& r, int stage, double psi, int64_t ranks) {
-  const double c = ranks > 1 ? double(ranks - 1) / double(ranks) : 0.0;
-  const double ddp_coeff = 2 * r.grad_bytes;
-  double coeff = 0;
-  switch (stage) {
-    case 0:
-      coeff = 2 * r.grad_bytes;
-      break;  // all-reduce grads
-    case 1:   // reduce-scatter grads,
-    case 2:
-      coeff = r.grad_bytes + r.param_bytes;
-      break;  // all-gather updated params
-    default:
-      coeff = r.grad_bytes + 2 * r.param_bytes;
-      break;  // + a second param all-gather
-  }
-  CommVolume v;
-  v.bytes_per_rank = c * coeff * psi;
-  v.ddp_bytes_per_rank = c * ddp_coeff * psi;
-  v.ratio = ddp_coeff > 0 ? coeff / ddp_coeff : 0;
-  return v;
 }
 
 Status CheckPositive(double v, const char* name) {
@@ -369,6 +347,7 @@ Status ValidatePlanInput(const PlanInput& in) {
        }) {
     STRATA_RETURN_IF_ERROR(CheckNonNegative(v, path));
   }
+  STRATA_RETURN_IF_ERROR(plan::ValidateZeroPlusPlus(z.zero_plus_plus, c));
   if (!(z.gradient_accumulation_steps >= 1)) {
     return Status::InvalidArgument("gradient_accumulation_steps must be >= 1, got " +
                                    Fmt(z.gradient_accumulation_steps));
@@ -387,6 +366,17 @@ Placement Place(const PlanInput& in, int stage, OffloadDevice optimizer, Offload
   Builder b{p, rules};
   PlaceHbm(in, stage, b);
   PlaceOffload(in, stage, b);
+  p.comm = plan::StageComm(in, stage);
+  if (stage == 3) {
+    const Stage3Comm s3 =
+        ZeroPlusPlusComm(in.zero.zero_plus_plus, in.params, in.recipe.param_bytes,
+                         in.recipe.grad_bytes, in.capacity.gpus_per_node, in.capacity.nodes);
+    b.Add(Tier::kDevice,
+          "hpZ secondary params, 1/k shard (k = " +
+              std::to_string(in.zero.zero_plus_plus.hpz_partition_size) + ")",
+          s3.hpz_secondary_bytes_per_gpu);
+  }
+  plan::NoteZeroPlusPlus(in.zero.zero_plus_plus, stage, &p.notes);
   for (const PlanItem& it : p.items) {
     switch (it.tier) {
       case Tier::kDevice:
@@ -401,7 +391,6 @@ Placement Place(const PlanInput& in, int stage, OffloadDevice optimizer, Offload
         break;
     }
   }
-  p.comm = Comm(in.recipe, stage, in.params, in.capacity.Ranks());
   p.fits_hbm = p.hbm_bytes_per_gpu <= in.capacity.hbm_bytes_per_gpu;
   p.fits_host = p.host_bytes_per_node <= in.capacity.dram_bytes_per_node;
   p.fits_nvme = p.nvme_bytes_per_node <= in.capacity.nvme_bytes_per_node;

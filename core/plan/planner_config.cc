@@ -63,6 +63,9 @@ void ApplyEngineConfig(const EngineConfig& c, PlanInput* in, std::vector<std::st
                                   "zero_optimization.stage3_prefetch_bucket_size", notes);
   s.max_live_parameters = static_cast<double>(z.stage3_max_live_parameters);
   s.sub_group_size = static_cast<double>(z.sub_group_size);
+  s.zero_plus_plus.quantized_weights = z.zero_quantized_weights;
+  s.zero_plus_plus.quantized_gradients = z.zero_quantized_gradients;
+  s.zero_plus_plus.hpz_partition_size = z.zero_hpz_partition_size;
   s.gradient_accumulation_steps =
       SizeOr(c.gradient_accumulation_steps, 1, "gradient_accumulation_steps", notes);
   if (z.offload_optimizer.device != OffloadDevice::kNone && z.offload_optimizer.ratio < 1.0) {

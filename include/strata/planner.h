@@ -79,6 +79,67 @@ struct Capacity {
 // and low enough that every count derived from it stays exact.
 inline constexpr int64_t kMaxPlanRanks = int64_t{1} << 24;
 
+// ZeRO++ (Wang et al., "ZeRO++", arXiv:2306.10209): the three stage-3 communication reductions,
+// as DeepSpeed's zero_optimization keys name them. They act at stage 3 only.
+//
+// The wire scheme, the contract between this model and the engine (core/zero) that implements
+// it. Ψ parameters, N ranks, L = gpus_per_node ranks per node (ranks ordered by node: rank r is
+// on node r / L), p and g the recipe's 16-bit param and grad bytes (2), B the quantization block
+// (kernels/quantize.h: INT8 values plus one fp32 scale per block, so 1 + 4/B bytes per element).
+// All figures are bytes one rank receives (= sends: every collective here is symmetric) in one
+// forward + backward (a micro-step), averaged over ranks.
+//   Plain stage 3: ring all-gather of the params in forward and again in backward, ring
+//     reduce-scatter of the grads: (N-1)/N pΨ + (N-1)/N pΨ + (N-1)/N gΨ.
+//   qwZ (quantized_weights): every param all-gather moves each rank's shard as INT8 + scales:
+//     (N-1)/N Ψ(1 + 4/B) instead of (N-1)/N pΨ. The receiver dequantizes to 16 bits.
+//   hpZ (hpz_partition_size = k > 1; k divides N): the first gather of a parameter group in a step
+//     (forward) is the global one above (quantized when qwZ) and also fills the rank's secondary
+//     copy: the 16-bit 1/k slice of the group owned within its k-rank group (consecutive ranks).
+//     Later gathers of the group in the same step (backward) all-gather within the k-rank group
+//     only, 16-bit: (k-1)/k pΨ, all intra-node when k <= L. Costs pΨ/k of HBM per rank.
+//   qgZ (quantized_gradients), INT8 (DeepSpeed's default is INT4; strata uses INT8): hierarchical
+//     reduce-scatter. Each rank quantizes its gradient, all-to-all within its node (L ranks),
+//     dequantizes and sums in fp32, re-quantizes its 1/L part, all-to-all across the N/L ranks
+//     with the same local index, dequantizes and sums in fp32: its Ψ/N shard. Intra-node
+//     (L-1)/L Ψ(1 + 4/B), inter-node (N/L-1)/(N/L) (Ψ/L)(1 + 4/B).
+// Intra- vs inter-node bytes of a ring over m ranks ordered by node: each of the m links carries
+// the same bytes, and the ring crosses a node boundary on m/L of its m links when it spans more
+// than one node (none otherwise). So per rank on average a fraction 1/L of a ring's bytes is
+// inter-node (all of it when L = 1), and the job's inter-node total is N times the per-rank
+// figure. (In a real ring the last rank of each node sends all its bytes inter-node and the
+// others none; the per-link bytes, which a slow link sees, are what this counts.)
+inline constexpr double kZeroPlusPlusBlock = 4096;  // = kernels::kQuantBlock
+
+struct ZeroPlusPlus {
+  bool quantized_weights = false;     // zero_optimization.zero_quantized_weights (qwZ)
+  bool quantized_gradients = false;   // zero_optimization.zero_quantized_gradients (qgZ)
+  int64_t hpz_partition_size = 1;     // zero_optimization.zero_hpz_partition_size (hpZ); 1 = off
+  double block = kZeroPlusPlusBlock;  // elements per INT8 block (one fp32 scale each)
+
+  bool Any() const { return quantized_weights || quantized_gradients || hpz_partition_size > 1; }
+};
+
+// Bytes one rank receives (averaged over ranks, see ZeroPlusPlus), split by the link they cross.
+struct CommBytes {
+  double intra_node = 0;
+  double inter_node = 0;
+  double Total() const { return intra_node + inter_node; }
+};
+
+// The stage-3 collectives of one micro-step under ZeRO++ settings (all off: plain stage 3).
+struct Stage3Comm {
+  CommBytes param_gather_forward;   // first all-gather of each group (global; INT8 with qwZ)
+  CommBytes param_gather_backward;  // second (within the hpZ group with hpZ, else global)
+  CommBytes grad_reduce_scatter;    // ring (16-bit), or qgZ's two all-to-alls (INT8)
+  CommBytes total;
+  double hpz_secondary_bytes_per_gpu = 0;  // pΨ/k with hpZ, else 0
+};
+
+// The model above. REQUIRES: params > 0, param_bytes and grad_bytes >= 0, gpus_per_node >= 1,
+// nodes >= 1, zpp.block > 0, and zpp.hpz_partition_size dividing gpus_per_node x nodes (when > 1).
+Stage3Comm ZeroPlusPlusComm(const ZeroPlusPlus& zpp, double params, double param_bytes,
+                            double grad_bytes, int gpus_per_node, int nodes);
+
 // The ZeRO and offload settings that change placement: the subset of DeepSpeed's
 // zero_optimization the planner needs, with DeepSpeed's defaults. Sizes are in elements.
 struct ZeroSettings {
@@ -101,6 +162,8 @@ struct ZeroSettings {
   // parameter tensor is a sub-group of its own (sized from largest_group_params when given).
   double sub_group_size = 1e9;
   double gradient_accumulation_steps = 1;
+  // ZeRO++ (stage 3 only; ignored with a note below). hpZ's secondary copy is an HBM item.
+  ZeroPlusPlus zero_plus_plus;
 };
 
 struct PlanInput {
@@ -125,11 +188,18 @@ struct PlanItem {
   bool pinned = false;  // host items: page-locked
 };
 
-// Bytes a rank sends per optimizer step in collectives, against DDP's gradient all-reduce.
+// Bytes a rank sends per optimizer step (one micro-step) in collectives, against DDP's gradient
+// all-reduce. Stage 3 follows ZeroPlusPlusComm (ZeRO++ included when configured); intra/inter
+// split as described at ZeroPlusPlus (rings: 1/L of the bytes inter-node when nodes > 1).
 struct CommVolume {
   double bytes_per_rank = 0;      // ring algorithm: (N-1)/N x volume
   double ddp_bytes_per_rank = 0;  // DDP all-reduce of the gradients: 2 (N-1)/N gΨ
-  double ratio = 0;               // bytes_per_rank / ddp (the coefficient, defined for N = 1)
+  // bytes_per_rank / ddp. For N = 1 (nothing moves) the ratio the same setting has on 2 ranks of
+  // one node without hpZ: the coefficient of the formulas.
+  double ratio = 0;
+  CommBytes split;  // bytes_per_rank by link
+  double ddp_inter_node_bytes_per_rank = 0;
+  bool zero_plus_plus = false;  // stage 3 with some ZeRO++ setting on
 };
 
 // The placement of one (stage, offload) setting.
