@@ -11,9 +11,11 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine_test_model.h"
+#include "strata/planner.h"
 
 namespace strata::testing {
 namespace {
@@ -91,14 +93,13 @@ TEST(EngineZpp, HpzAloneIsBitIdenticalToStage3) {
     RunResult plain = RunEngine(Spec(Config(precision, "")));
     ASSERT_TRUE(plain.status.ok()) << plain.status.ToString();
     for (int k : {2, 4}) {
-      RunResult hpz = RunEngine(Spec(Config(precision, R"("zero_hpz_partition_size": )" +
-                                                           std::to_string(k))));
+      RunResult hpz =
+          RunEngine(Spec(Config(precision, R"("zero_hpz_partition_size": )" + std::to_string(k))));
       ASSERT_TRUE(hpz.status.ok()) << precision << " k " << k << ": " << hpz.status.ToString();
       EXPECT_TRUE(BitEqual(hpz.master, plain.master)) << precision << " k " << k;
       // The later gathers really ran within the group: the group communicator moved bytes.
-      const uint64_t group_bytes =
-          hpz.stats[0].comm_intra.of(CommOp::kAllGather).sent_bytes +
-          hpz.stats[0].comm_inter.of(CommOp::kAllGather).sent_bytes;
+      const uint64_t group_bytes = hpz.stats[0].comm_intra.of(CommOp::kAllGather).sent_bytes +
+                                   hpz.stats[0].comm_inter.of(CommOp::kAllGather).sent_bytes;
       EXPECT_GT(group_bytes, 0u) << precision << " k " << k;
       EXPECT_LT(hpz.stats[0].comm.of(CommOp::kAllGather).sent_bytes,
                 plain.stats[0].comm.of(CommOp::kAllGather).sent_bytes)
@@ -217,6 +218,151 @@ TEST(EngineZpp, BudgetIncludesTheHpzSecondaryCopy) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// The ledger: bytes each rank sends per step equal the planner's ZeRO++ model (ZeroPlusPlusComm)
+// for a trainer that gathers each group once in forward and once in backward. Groups are
+// multiples of 4 ranks x 4096 (the quantization block), so no padding and whole blocks: the
+// figures are exact. Per collective, and split intra/inter-node by the planner's rule for rings
+// over all ranks (1/L of their bytes cross a node boundary) plus the sub-communicators' bytes.
+// ------------------------------------------------------------------------------------------------
+
+struct StepBytes {
+  Status status;
+  CommStats global, intra, inter;  // rank-0 deltas over one step, norm exchange removed
+};
+
+StepBytes MeasureZppStep(const std::string& zpp, int world, int per_node) {
+  StepBytes out;
+  ModelSpec model;
+  model.groups = {{"a", {{"w", {16384}}}}, {"b", {{"w", {128, 256}}}}, {"c", {{"w", {16384}}}}};
+  auto parsed = ParseDeepSpeedConfig(Config("bf16", zpp));
+  if (!parsed.ok()) {
+    out.status = parsed.status();
+    return out;
+  }
+  const std::string dir = UniqueTestDir("engine_zpp_ledger");
+  std::vector<Status> st(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      st[r] = [&]() -> Status {
+        STRATA_ASSIGN_OR_RETURN(auto store, cpu::FileKvStore::Open(dir));
+        GlooCommOptions go;
+        go.rank = r;
+        go.world_size = world;
+        go.store = store.get();
+        STRATA_ASSIGN_OR_RETURN(auto comm, CreateGlooCommunicator(go));
+        STRATA_ASSIGN_OR_RETURN(auto dev, CreateHostDevice({}));
+        EngineOptions eo;
+        eo.config = parsed->config;
+        eo.device = dev.get();
+        eo.comm = comm.get();
+        eo.use_pinned_pool = false;
+        eo.ranks_per_node = per_node;
+        STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(model, std::move(eo)));
+        STRATA_RETURN_IF_ERROR(
+            engine->InitParameters([](size_t g, size_t, size_t b, size_t e, float* o) {
+              for (size_t i = b; i < e; ++i) o[i - b] = 0.02f * Noise(g * 100000 + i);
+            }));
+        const EngineStats before = engine->Stats();
+        const size_t n = model.groups.size();
+        for (size_t g = 0; g < n; ++g) {
+          STRATA_ASSIGN_OR_RETURN(GatheredGroup gg, engine->Gather(g));
+          engine->Release(std::move(gg));
+        }
+        for (size_t g = n; g-- > 0;) {
+          STRATA_ASSIGN_OR_RETURN(GatheredGroup gg, engine->Gather(g));
+          STRATA_ASSIGN_OR_RETURN(void* buf, engine->GradBuffer(g));
+          auto* b16 = static_cast<uint16_t*>(buf);
+          for (size_t i = 0; i < model.groups[g].numel(); ++i) {
+            b16[i] = FloatToBf16(0.01f * Noise(7 * r + 1000003 * g + i)).bits;
+          }
+          engine->Release(std::move(gg));
+          STRATA_RETURN_IF_ERROR(engine->ReduceGradients(g));
+        }
+        STRATA_ASSIGN_OR_RETURN(StepReport rep, engine->Step());
+        if (rep.skipped) return Status::Internal("step skipped");
+        const EngineStats after = engine->Stats();
+        if (r == 0) {
+          auto delta = [](const CommStats& a, const CommStats& b) {
+            CommStats d;
+            for (size_t i = 0; i < kCommOpCount; ++i) {
+              d.ops[i].sent_bytes = a.ops[i].sent_bytes - b.ops[i].sent_bytes;
+              d.ops[i].received_bytes = a.ops[i].received_bytes - b.ops[i].received_bytes;
+            }
+            return d;
+          };
+          out.global = delta(after.comm, before.comm);
+          out.intra = delta(after.comm_intra, before.comm_intra);
+          out.inter = delta(after.comm_inter, before.comm_inter);
+          out.global.of(CommOp::kAllGather).sent_bytes -=
+              RingBytes(CommOp::kAllGather, static_cast<uint64_t>(world) * 16, world);
+        }
+        return Status::OK();
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    if (!st[r].ok() && out.status.ok()) out.status = st[r].WithContext("rank " + std::to_string(r));
+  }
+  std::system(("rm -rf '" + dir + "'").c_str());
+  return out;
+}
+
+TEST(EngineZpp, CommBytesPerRankEqualThePlanner) {
+  const double psi = 65536;  // the model above
+  struct Case {
+    const char* name;
+    std::string zpp;
+    ZeroPlusPlus planner;
+  } cases[] = {
+      {"plain", "", {}},
+      {"qwZ", R"("zero_quantized_weights": true)", {true, false, 1}},
+      {"hpZ", R"("zero_hpz_partition_size": 2)", {false, false, 2}},
+      {"qgZ", R"("zero_quantized_gradients": true)", {false, true, 1}},
+      {"qwZ+hpZ+qgZ",
+       R"("zero_quantized_weights": true, "zero_hpz_partition_size": 2,
+          "zero_quantized_gradients": true)",
+       {true, true, 2}},
+  };
+  // The planner's intra/inter rule for a ring over every rank: its split of one byte.
+  const CommBytes ring =
+      ZeroPlusPlusComm({}, 1, 1, 0, kPerNode, kWorld / kPerNode).param_gather_forward;
+  const double ring_inter = ring.inter_node / ring.Total();
+  double plain_inter = 0;
+  for (const Case& c : cases) {
+    StepBytes m = MeasureZppStep(c.zpp, kWorld, kPerNode);
+    ASSERT_TRUE(m.status.ok()) << c.name << ": " << m.status.ToString();
+    const Stage3Comm want = ZeroPlusPlusComm(c.planner, psi, 2, 2, kPerNode, kWorld / kPerNode);
+    const bool hpz = c.planner.hpz_partition_size > 1, qgz = c.planner.quantized_gradients;
+    // Per collective.
+    EXPECT_DOUBLE_EQ(
+        double(m.global.of(CommOp::kAllGather).sent_bytes),
+        want.param_gather_forward.Total() + (hpz ? 0.0 : want.param_gather_backward.Total()))
+        << c.name;
+    EXPECT_DOUBLE_EQ(double(m.global.of(CommOp::kReduceScatter).sent_bytes),
+                     qgz ? 0.0 : want.grad_reduce_scatter.Total())
+        << c.name;
+    EXPECT_DOUBLE_EQ(double(m.intra.total_sent_bytes()),
+                     (qgz ? want.grad_reduce_scatter.intra_node : 0.0) +
+                         (hpz ? want.param_gather_backward.Total() : 0.0))
+        << c.name;
+    EXPECT_DOUBLE_EQ(double(m.inter.total_sent_bytes()),
+                     qgz ? want.grad_reduce_scatter.inter_node : 0.0)
+        << c.name;
+    // Split by link, as the planner reports it.
+    const double global = double(m.global.total_sent_bytes());
+    const double intra = global * (1 - ring_inter) + double(m.intra.total_sent_bytes());
+    const double inter = global * ring_inter + double(m.inter.total_sent_bytes());
+    EXPECT_NEAR(intra, want.total.intra_node, 1e-6 * want.total.Total()) << c.name;
+    EXPECT_NEAR(inter, want.total.inter_node, 1e-6 * want.total.Total()) << c.name;
+    if (std::string(c.name) == "plain") plain_inter = inter;
+    std::printf("%-12s bytes/rank/step: intra-node %.0f, inter-node %.0f (%.3f x plain)\n", c.name,
+                intra, inter, plain_inter > 0 ? inter / plain_inter : 0.0);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
 // Keys that cannot work: a clear error naming the key.
 // ------------------------------------------------------------------------------------------------
 
@@ -239,8 +385,8 @@ TEST(EngineZpp, RefusesKeysThatCannotWorkNamingTheKey) {
     spec.steps = 0;
     spec.ranks_per_node = c.ranks_per_node;
     RunResult r = RunEngine(spec);
-    ASSERT_EQ(r.status.code(), Status::Code::kInvalidArgument) << c.names << ": "
-                                                                << r.status.ToString();
+    ASSERT_EQ(r.status.code(), Status::Code::kInvalidArgument)
+        << c.names << ": " << r.status.ToString();
     EXPECT_NE(r.status.message().find(c.names), std::string::npos) << r.status.ToString();
   }
 }

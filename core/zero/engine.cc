@@ -8,9 +8,12 @@
 #include <set>
 #include <sstream>
 
+#include "core/plan/comm_model.h"
 #include "core/zero/engine_internal.h"
 #include "kernels/casts.h"
+#include "kernels/quantize.h"
 #include "nlohmann/json.hpp"
+#include "strata/planner.h"
 
 namespace strata {
 
@@ -151,8 +154,8 @@ Status Engine::Impl::CheckHealthy() const {
 Status Engine::Impl::Fail(Status st) {
   if (!st.ok() && failed.ok()) {
     failed = st;
-    const std::string why = "strata engine on rank " + std::to_string(rank) +
-                            " failed: " + st.ToString();
+    const std::string why =
+        "strata engine on rank " + std::to_string(rank) + " failed: " + st.ToString();
     if (opt.comm != nullptr) opt.comm->Abort(why);
     for (Communicator* c : {zpp.node.get(), zpp.cross.get(), zpp.group.get()}) {
       if (c != nullptr) c->Abort(why);
@@ -288,6 +291,16 @@ Status RequireResolved(bool is_auto, std::string_view path) {
                                  "config, ParseOptions::auto_values)");
 }
 
+// The planner's view of the engine's ZeRO++ settings (its byte model is the engine's ledger).
+ZeroPlusPlus PlannerZpp(const zero::ZppState& zpp) {
+  ZeroPlusPlus p;
+  p.quantized_weights = zpp.qwz;
+  p.quantized_gradients = zpp.qgz;
+  p.hpz_partition_size = zpp.hpz;
+  p.block = static_cast<double>(kernels::kQuantBlock);
+  return p;
+}
+
 // ZeRO++ settings (README "ZeRO++"). As DeepSpeed, they are stage-3 features (qwZ quantizes the
 // parameter all-gather, hpZ partitions the gathered copy, qgZ replaces the partitioned gradient
 // reduction); unlike DeepSpeed, which ignores them below stage 3, a config that sets them there is
@@ -297,9 +310,9 @@ Status ResolveZpp(const ZeroConfig& z, int world, int ranks_per_node, zero::ZppS
   zpp.qwz = z.zero_quantized_weights;
   zpp.qgz = z.zero_quantized_gradients;
   if (z.zero_hpz_partition_size < 1) {
-    return Status::InvalidArgument("zero_optimization.zero_hpz_partition_size: " +
-                                   std::to_string(z.zero_hpz_partition_size) +
-                                   " is not a rank count >= 1 (1: off)");
+    return Status::InvalidArgument(
+        "zero_optimization.zero_hpz_partition_size: " + std::to_string(z.zero_hpz_partition_size) +
+        " is not a rank count >= 1 (1: off)");
   }
   zpp.hpz = static_cast<int>(std::min<int64_t>(z.zero_hpz_partition_size, 1 << 24));
   if (!zpp.any()) return Status::OK();
@@ -312,12 +325,6 @@ Status ResolveZpp(const ZeroConfig& z, int world, int ranks_per_node, zero::ZppS
                                    "gradient reduce-scatter; zero_optimization.stage is " +
                                    std::to_string(z.stage) + " (set it to 3)");
   }
-  if (zpp.hpz > 1 && world % zpp.hpz != 0) {
-    return Status::InvalidArgument(
-        "zero_optimization.zero_hpz_partition_size: " + std::to_string(zpp.hpz) +
-        " does not divide the world size " + std::to_string(world) +
-        " (hpZ groups are that many consecutive ranks, e.g. the GPUs of a node)");
-  }
   if (ranks_per_node < 0) {
     return Status::InvalidArgument("EngineOptions.ranks_per_node: must be >= 0");
   }
@@ -325,14 +332,18 @@ Status ResolveZpp(const ZeroConfig& z, int world, int ranks_per_node, zero::ZppS
     STRATA_ASSIGN_OR_RETURN(ranks_per_node, RanksPerNodeFromEnv(world));
   }
   if (world % ranks_per_node != 0) {
-    return Status::InvalidArgument("EngineOptions.ranks_per_node: " +
-                                   std::to_string(ranks_per_node) +
-                                   " does not divide the world size " + std::to_string(world));
+    return Status::InvalidArgument(
+        "EngineOptions.ranks_per_node: " + std::to_string(ranks_per_node) +
+        " does not divide the world size " + std::to_string(world));
   }
   zpp.local = ranks_per_node;
   zpp.nodes = world / ranks_per_node;
   zpp.group_is_intra = zpp.local % zpp.hpz == 0;
-  return Status::OK();
+  // The planner's rule for the hpZ group (divides the world; within a node or whole nodes).
+  Capacity capacity;
+  capacity.gpus_per_node = zpp.local;
+  capacity.nodes = zpp.nodes;
+  return plan::ValidateZeroPlusPlus(PlannerZpp(zpp), capacity);
 }
 
 // Builds the sub-communicators ZeRO++ uses (collective on `comm`: every rank calls it with the
@@ -554,8 +565,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   L.hpz_partition_size = e.zpp.hpz;
   L.ranks_per_node = e.zpp.local;
   if (e.zpp.hpz > 1) {
+    // The planner's figure, for each group's padded size (what the secondary buffers hold).
     for (const zero::GroupState& gs : e.groups) {
-      L.hpz_secondary_bytes += zero::HpzSecondaryElems(gs.shard, e.world, e.zpp.hpz) * e.elt;
+      L.hpz_secondary_bytes += static_cast<uint64_t>(
+          ZeroPlusPlusComm(PlannerZpp(e.zpp), static_cast<double>(gs.shard.padded_elems(e.world)),
+                           static_cast<double>(e.elt), static_cast<double>(e.elt), e.zpp.local,
+                           e.zpp.nodes)
+              .hpz_secondary_bytes_per_gpu);
     }
     L.state_bytes[Tier::kDevice] += L.hpz_secondary_bytes;
     L.notes.push_back("hpZ: a secondary copy of 1/" + std::to_string(e.zpp.hpz) +

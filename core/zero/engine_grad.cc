@@ -178,7 +178,8 @@ Status Engine::Impl::GatherInto(size_t g, const void* shard, void* full) {
                                           reinterpret_cast<int8_t*>(mine),
                                           reinterpret_cast<float*>(mine + w.scales_offset)));
     if (bad > 0) return NonFiniteWeight(g, host_shard);
-    uint8_t* dev_mine = static_cast<uint8_t*>(wire.get()) + static_cast<size_t>(rank) * w.total_bytes;
+    uint8_t* dev_mine =
+        static_cast<uint8_t*>(wire.get()) + static_cast<size_t>(rank) * w.total_bytes;
     STRATA_RETURN_IF_ERROR(ToDevice(dev_mine, mine, w.total_bytes));
     STRATA_ASSIGN_OR_RETURN(CommHandle h,
                             opt.comm->AllGather(dev_mine, wire.get(), w.total_bytes, DType::kI8));
@@ -319,8 +320,7 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   } else {
     ReduceOptions ro;
     ro.predivide = predivide;
-    auto rs =
-        opt.comm->ReduceScatter(p.full.get(), p.shard.get(), gs.shard.shard_elems, dtype, ro);
+    auto rs = opt.comm->ReduceScatter(p.full.get(), p.shard.get(), gs.shard.shard_elems, dtype, ro);
     if (!rs.ok()) return Fail(WithContext(rs.status(), "reduce-scatter of group '" + name + "'"));
     p.handles.push_back(*rs);
   }
@@ -406,8 +406,7 @@ Status Engine::Impl::QuantizedReduceScatter(size_t g, const void* full, void* sh
         const size_t owner = static_cast<size_t>(n2) * L + l2;
         uint8_t* chunk = send.data() + (static_cast<size_t>(l2) * nodes + n2) * cw;
         STRATA_RETURN_IF_ERROR(kernels::QuantizeInt8(*pool, dtype, grad + owner * S * elt, S,
-                                                     kernels::kQuantBlock, q_of(chunk),
-                                                     s_of(chunk))
+                                                     kernels::kQuantBlock, q_of(chunk), s_of(chunk))
                                    .status());
       }
     }
@@ -415,9 +414,8 @@ Status Engine::Impl::QuantizedReduceScatter(size_t g, const void* full, void* sh
     for (int l2 = 0; l2 < L; ++l2) {
       for (int n2 = 0; n2 < nodes; ++n2) {
         uint8_t* chunk = recv.data() + (static_cast<size_t>(l2) * nodes + n2) * cw;
-        STRATA_RETURN_IF_ERROR(kernels::DequantizeAddInt8(*pool, q_of(chunk), s_of(chunk), S,
-                                                          kernels::kQuantBlock,
-                                                          partial.data() + n2 * S));
+        STRATA_RETURN_IF_ERROR(kernels::DequantizeAddInt8(
+            *pool, q_of(chunk), s_of(chunk), S, kernels::kQuantBlock, partial.data() + n2 * S));
       }
     }
   }
@@ -452,7 +450,7 @@ Status Engine::Impl::QuantizedReduceScatter(size_t g, const void* full, void* sh
   } else {
     STRATA_RETURN_IF_ERROR(kernels::Cast(sum.data(), DType::kF32, out.data(), dtype, S));
   }
-  return ToDevice(shard, out.data(), out.size()) ;
+  return ToDevice(shard, out.data(), out.size());
 }
 
 Status Engine::Impl::DrainReductions(bool all) {

@@ -81,11 +81,11 @@ struct GroupState {
 
 // ZeRO++ (issue 14): the settings and the sub-communicators (owned; null where unused).
 struct ZppState {
-  bool qwz = false;     // zero_quantized_weights
-  bool qgz = false;     // zero_quantized_gradients
-  int hpz = 1;          // zero_hpz_partition_size (1: off)
-  int local = 1;        // ranks per node (L)
-  int nodes = 1;        // world / L
+  bool qwz = false;                     // zero_quantized_weights
+  bool qgz = false;                     // zero_quantized_gradients
+  int hpz = 1;                          // zero_hpz_partition_size (1: off)
+  int local = 1;                        // ranks per node (L)
+  int nodes = 1;                        // world / L
   std::unique_ptr<Communicator> node;   // qgZ: the L ranks of this rank's node
   std::unique_ptr<Communicator> cross;  // qgZ: the ranks with this rank's local index
   std::unique_ptr<Communicator> group;  // hpZ: the k ranks of this rank's hpZ group
@@ -129,7 +129,7 @@ struct Engine::Impl {
 
   int64_t global_step = 0, skipped_steps = 0, applied_steps = 0;
   double last_lr = 0;
-  bool in_step = false;  // a Gather since the last Step began the trace's step
+  bool in_step = false;      // a Gather since the last Step began the trace's step
   int64_t gather_epoch = 0;  // counts the steps in which groups were gathered (hpZ)
   int outstanding_gathers = 0;
   uint64_t cached_elems = 0;

@@ -74,7 +74,7 @@ struct RankFigures {
   // ZeRO++ sub-communicators (EngineStats::comm_intra / comm_inter), ring bytes sent; included
   // in comm_bytes_per_step.
   double comm_intra_bytes_per_step = 0, comm_inter_bytes_per_step = 0;
-  double step_s = 0;                    // median
+  double step_s = 0;  // median
 };
 
 struct VariantResult {

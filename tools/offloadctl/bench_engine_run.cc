@@ -248,8 +248,8 @@ Status MeasureSteps(const BenchEngineArgs& a, Engine& e, int rank, Progress& pro
   r->ranks = {f};
   size_t layers = 0;
   for (size_t g = 0; g < e.model().groups.size(); ++g) layers += IsLayer(e, g) ? 1 : 0;
-  r->compute_s = 2.0 * a.compute_ms * 1e-3 * static_cast<double>(layers) *
-                 r->gradient_accumulation_steps;
+  r->compute_s =
+      2.0 * a.compute_ms * 1e-3 * static_cast<double>(layers) * r->gradient_accumulation_steps;
   return Status::OK();
 }
 
