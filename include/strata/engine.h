@@ -52,6 +52,23 @@
 //   - LR schedules WarmupLR, WarmupDecayLR, WarmupCosineLR; the fp16 dynamic loss scaler;
 //     skipped (overflow) steps do not advance the LR schedule. core/zero/loss_scaler.h and
 //     core/zero/lr_schedule.h hold those rules.
+// ZeRO++ (stage 3 only; README "ZeRO++"; the bytes are the planner's ZeroPlusPlusComm):
+//   - qwZ (zero_quantized_weights): each Gather quantizes the rank's 16-bit shard block-wise to
+//     INT8 + one fp32 scale per kernels::kQuantBlock elements (kernels/quantize.h), all-gathers
+//     that and dequantizes into the gathered buffer. Only the gathered copies are quantized; the
+//     fp32 master, the optimizer and the param shards never are. A NaN / Inf weight fails the
+//     Gather naming the parameter.
+//   - hpZ (zero_hpz_partition_size k; k divides the world and lies within a node or spans whole
+//     nodes): the first Gather of a group in a step is the global all-gather (quantized with
+//     qwZ) and keeps the rank's 1/k slice of the result (16-bit, on the device: in the layout and
+//     the budget); later Gathers of it in the same step all-gather those slices within the k
+//     consecutive ranks only. hpZ alone gives the same bits as plain stage 3.
+//   - qgZ (zero_quantized_gradients, INT8): ReduceGradients quantizes the gradient, all-to-alls
+//     within the node (EngineOptions::ranks_per_node), sums in fp32 in local-rank order,
+//     re-quantizes, all-to-alls across nodes among ranks with the same local index and sums in
+//     fp32 in node order: the rank's shard, rounded once to the working dtype. Synchronous (not
+//     overlapped). A NaN / Inf gradient makes its block NaN, so fp16 overflow still skips the
+//     step on every rank.
 // Differences from DeepSpeed, on purpose: gradients are reduced every micro-step at every stage
 // (DeepSpeed stage 0-1 reduce once per boundary), so with gradient_accumulation_steps > 1
 // stages 0-1 move that many times the bytes; sub-groups never span two groups.

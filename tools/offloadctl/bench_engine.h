@@ -91,6 +91,7 @@ struct VariantResult {
   size_t params = 0;       // model elements
   DType dtype = DType::kBF16;
   int world_size = 1;
+  int ranks_per_node = 1;  // the node size the intra/inter split uses (--ranks-per-node / env)
   int gradient_accumulation_steps = 1;
   std::vector<RankFigures> ranks;  // rank 0: every rank's; others: their own
   std::vector<std::string> notes;

@@ -343,9 +343,18 @@ Result<ParsedConfig> BuildEngineConfig(const BenchEngineArgs& a, const EngineVar
     auto n = ParseParamCount(a.max_reuse_distance);
     z["stage3_max_reuse_distance"] = n.ok() ? static_cast<int64_t>(*n) : 0;
   }
-  if (a.qwz) z["zero_quantized_weights"] = true;
-  if (a.qgz) z["zero_quantized_gradients"] = true;
-  if (a.hpz > 0) z["zero_hpz_partition_size"] = a.hpz;
+  if (a.sweep && v.stage != 3) {
+    // ZeRO++ acts at stage 3; the sweep's lower stages run without it.
+    for (const char* k :
+         {"zero_quantized_weights", "zero_quantized_gradients", "zero_hpz_partition_size"}) {
+      z.erase(k);
+    }
+  }
+  // A single run below stage 3 keeps them: the engine refuses, naming the key.
+  const bool zpp_applies = v.stage == 3 || !a.sweep;
+  if (a.qwz && zpp_applies) z["zero_quantized_weights"] = true;
+  if (a.qgz && zpp_applies) z["zero_quantized_gradients"] = true;
+  if (a.hpz > 0 && zpp_applies) z["zero_hpz_partition_size"] = a.hpz;
   if (!a.dtype.empty()) {
     j.erase("fp16");
     j.erase("bf16");
@@ -374,6 +383,14 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   VariantResult r;
   r.variant = v;
   r.world_size = p.world;
+  r.ranks_per_node = a.ranks_per_node;
+  if (r.ranks_per_node == 0) {
+    STRATA_ASSIGN_OR_RETURN(r.ranks_per_node, RanksPerNodeFromEnv(p.world));
+  }
+  if (r.ranks_per_node < 1 || p.world % r.ranks_per_node != 0) {
+    return Status::InvalidArgument("--ranks-per-node " + std::to_string(r.ranks_per_node) +
+                                   " does not divide the world size " + std::to_string(p.world));
+  }
   r.params = model.numel();
   size_t largest = 0;
   for (const GroupSpec& g : model.groups) largest = std::max(largest, g.numel());
@@ -406,7 +423,7 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   eo.nvme_paths = p.nvme_dirs;
   eo.io_kind = p.io_kind;
   eo.timeout = p.timeout;
-  eo.ranks_per_node = a.ranks_per_node;
+  eo.ranks_per_node = r.ranks_per_node;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           CreateOrRefuse(model, std::move(eo), &r.refused));
   // Every rank must agree before the first collective of the engine: a rank that does not fit
