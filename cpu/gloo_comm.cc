@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -568,7 +569,12 @@ class GlooCommunicator final : public Communicator {
 
 }  // namespace
 
-Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooCommOptions& o) {
+Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooCommOptions& options) {
+  GlooCommOptions o = options;
+  if (o.hostname.empty()) {
+    const char* h = std::getenv("STRATA_GLOO_HOSTNAME");
+    o.hostname = h != nullptr && *h != '\0' ? h : "127.0.0.1";
+  }
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
     return Status::InvalidArgument("gloo: rank " + std::to_string(o.rank) +
                                    " not in [0, world_size=" + std::to_string(o.world_size) + ")");

@@ -188,9 +188,12 @@ TEST(BenchCommCli, JsonHasNcclTestsFigures) {
   ASSERT_FALSE(j.is_discarded()) << o.out;
   EXPECT_EQ(j["backend"], "gloo");
   EXPECT_EQ(j["world_size"], 2);
-  ASSERT_EQ(j["results"].size(), 9u);  // 3 sizes x 3 ops
+  ASSERT_EQ(j["results"].size(), 12u);  // 3 sizes x 4 ops
   for (const auto& r : j["results"]) {
     const double factor = r["op"] == "all_reduce" ? 1.0 : 0.5;  // 2(N-1)/N, (N-1)/N at N=2
+    EXPECT_TRUE(r["op"] == "all_gather" || r["op"] == "reduce_scatter" || r["op"] == "all_reduce" ||
+                r["op"] == "all_to_all")
+        << r.dump();
     EXPECT_GT(r["time_us"].get<double>(), 0);
     EXPECT_NEAR(r["busbw_gbps"].get<double>(), factor * r["algbw_gbps"].get<double>(), 1e-9);
     EXPECT_NEAR(r["algbw_gbps"].get<double>(),
@@ -199,7 +202,8 @@ TEST(BenchCommCli, JsonHasNcclTestsFigures) {
 }
 
 TEST(BenchCommCli, ReportsTheBytesActuallyMoved) {
-  // 1000 B of fp32 over 3 ranks: all-gather / reduce-scatter move 3 x 83 elements = 996 B; the
+  // 1000 B of fp32 over 3 ranks: all-gather / reduce-scatter / all-to-all move 3 x 83 elements =
+  // 996 B; the
   // all-reduce moves all 250 elements = 1000 B. Bandwidths follow the moved size.
   const Out o = Sh(Ctl() +
                        " bench comm -n 3 --dtype fp32 --min-bytes 1000 --max-bytes 1000 "
@@ -208,7 +212,7 @@ TEST(BenchCommCli, ReportsTheBytesActuallyMoved) {
   ASSERT_EQ(o.exit_code, 0) << o.out;
   const auto j = nlohmann::json::parse(o.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << o.out;
-  ASSERT_EQ(j["results"].size(), 3u) << o.out;
+  ASSERT_EQ(j["results"].size(), 4u) << o.out;
   for (const auto& r : j["results"]) {
     const uint64_t want = r["op"] == "all_reduce" ? 1000 : 996;
     EXPECT_EQ(r["size_bytes"].get<uint64_t>(), want) << r.dump();

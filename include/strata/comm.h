@@ -356,8 +356,10 @@ struct GlooCommOptions {
   KvStore* store = nullptr;
   // Keys are "<store_prefix>/..." so that several communicators can share one store.
   std::string store_prefix = "strata/gloo";
-  // Address the TCP transport binds to (this host's address as the peers see it).
-  std::string hostname = "127.0.0.1";
+  // Address the TCP transport binds to (this host's address as the peers see it). Empty: the
+  // environment's STRATA_GLOO_HOSTNAME (how a launcher gives each node its address, e.g.
+  // tools/netns-topology.sh), else 127.0.0.1 (one machine).
+  std::string hostname;
   // Bound on rendezvous, every transport wait and a full submit queue. Longer tolerates slow
   // peers; shorter detects a hung peer sooner.
   std::chrono::milliseconds timeout{60000};

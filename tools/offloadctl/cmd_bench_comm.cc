@@ -47,7 +47,8 @@ struct BenchOpts {
   bool json = false;
 };
 
-constexpr CommOp kOps[] = {CommOp::kAllGather, CommOp::kReduceScatter, CommOp::kAllReduce};
+constexpr CommOp kOps[] = {CommOp::kAllGather, CommOp::kReduceScatter, CommOp::kAllReduce,
+                           CommOp::kAllToAll};
 
 Result<BenchBackend> MakeBackend(const BenchOpts& o, int rank, KvStore* store) {
   if (o.backend == "nccl") return MakeNcclBenchBackend(rank, o.n, store);
@@ -63,8 +64,8 @@ Result<BenchBackend> MakeBackend(const BenchOpts& o, int rank, KvStore* store) {
   return b;
 }
 
-// The element count one rank passes for a requested message of `bytes`: all-gather and
-// reduce-scatter take a per-rank count (rounded down), all-reduce the whole buffer.
+// The element count one rank passes for a requested message of `bytes`: all-gather,
+// reduce-scatter and all-to-all take a per-rank count (rounded down), all-reduce the whole buffer.
 size_t OpCount(CommOp op, size_t bytes, size_t n, size_t elt) {
   return op == CommOp::kAllReduce ? bytes / elt : bytes / (n * elt);
 }
@@ -83,6 +84,8 @@ Result<CommHandle> Issue(Communicator& c, CommOp op, void* a, void* b, size_t by
       return c.AllGather(a, b, count, dt);
     case CommOp::kReduceScatter:
       return c.ReduceScatter(a, b, count, dt);
+    case CommOp::kAllToAll:
+      return c.AllToAll(a, b, count, dt);
     default:
       return c.AllReduce(a, b, count, dt);
   }
@@ -275,7 +278,8 @@ int RunBench(const BenchOpts& o) {
 void RegisterBenchComm(CLI::App& bench, int* exit_code) {
   auto* cmd = bench.add_subcommand(
       "comm",
-      "Collective bandwidth (all-gather, reduce-scatter, all-reduce) over message sizes, "
+      "Collective bandwidth (all-gather, reduce-scatter, all-reduce, all-to-all) over message "
+      "sizes, "
       "as nccl-tests reports it (algbw, busbw). Example: offloadctl bench comm -n 4");
   auto o = std::make_shared<BenchOpts>();
   cmd->add_option("--backend", o->backend,

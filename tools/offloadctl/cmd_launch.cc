@@ -2,7 +2,11 @@
 // torchrun and the deepspeed launcher set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT, STRATA_RUN_ID, STRATA_RDZV_SECRET: random bytes fresh for each run
 // that rank 0's TCP store demands, and STRATA_RDZV_DIR with --rdzv-dir: a fresh folder
-// made inside the given one for this run and removed after it), forwards their stdout and stderr
+// made inside the given one for this run and removed after it; with --ranks-per-node L the ranks
+// are laid out as nodes of L, as a multi-node launcher would: LOCAL_RANK = RANK % L,
+// LOCAL_WORLD_SIZE = L, GROUP_RANK = RANK / L, which is what hierarchical groups read (comm.h's
+// RanksPerNodeFromEnv) and what tools/netns-topology.sh uses to put each node in its own network
+// namespace), forwards their stdout and stderr
 // line by line with a "[rank r] " prefix, and fails fast: when one rank exits non-zero or is
 // killed, the others get SIGTERM (SIGKILL after a grace period) and launch exits 1 naming the rank.
 //
@@ -129,12 +133,18 @@ std::string MakeRunDir(const std::string& parent) {
   return tmpl;
 }
 
-int RunRanks(int n, const std::string& addr, int port, const std::string& rdzv_dir,
+int RunRanks(int n, int per_node, const std::string& addr, int port, const std::string& rdzv_dir,
              const std::string& run_id, double timeout_s, double grace_s,
              const std::vector<std::string>& cmd);
 
-int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_parent,
-              double timeout_s, double grace_s, const std::vector<std::string>& cmd) {
+int RunLaunch(int n, int per_node, const std::string& addr, int port,
+              const std::string& rdzv_parent, double timeout_s, double grace_s,
+              const std::vector<std::string>& cmd) {
+  if (per_node == 0) per_node = n;
+  if (n % per_node != 0) {
+    std::fprintf(stderr, "launch: --ranks-per-node %d does not divide -n %d\n", per_node, n);
+    return kExitInvalid;
+  }
   if (port == 0) {
     std::string error;
     port = FreePort(addr, &error);
@@ -161,7 +171,7 @@ int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_
     return kExitInvalid;
   }
   ::setenv("STRATA_RDZV_SECRET", secret->c_str(), 1);  // inherited by this run's ranks only
-  const int rc = RunRanks(n, addr, port, rdzv_dir, run_id, timeout_s, grace_s, cmd);
+  const int rc = RunRanks(n, per_node, addr, port, rdzv_dir, run_id, timeout_s, grace_s, cmd);
   if (!rdzv_dir.empty()) {
     std::error_code ec;  // best effort: the folder is this run's alone
     std::filesystem::remove_all(rdzv_dir, ec);
@@ -169,7 +179,7 @@ int RunLaunch(int n, const std::string& addr, int port, const std::string& rdzv_
   return rc;
 }
 
-int RunRanks(int n, const std::string& addr, int port, const std::string& rdzv_dir,
+int RunRanks(int n, int per_node, const std::string& addr, int port, const std::string& rdzv_dir,
              const std::string& run_id, double timeout_s, double grace_s,
              const std::vector<std::string>& cmd) {
   // Ranks run in their own process groups, so a Ctrl-C reaches only launch: forward it.
@@ -202,9 +212,10 @@ int RunRanks(int n, const std::string& addr, int port, const std::string& rdzv_d
       ::dup2(out[1], STDOUT_FILENO);
       ::dup2(err[1], STDERR_FILENO);
       ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r % per_node).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(per_node).c_str(), 1);
+      ::setenv("GROUP_RANK", std::to_string(r / per_node).c_str(), 1);
       ::setenv("MASTER_ADDR", addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       if (!rdzv_dir.empty()) ::setenv("STRATA_RDZV_DIR", rdzv_dir.c_str(), 1);
@@ -324,6 +335,7 @@ void RegisterLaunch(CLI::App& parent, int* exit_code) {
       "them as soon as one fails. Example: offloadctl launch -n 4 -- ./train --config ds.json");
   struct Opts {
     int n = 2;
+    int per_node = 0;
     std::string addr = "127.0.0.1";
     int port = 0;
     std::string rdzv_dir;
@@ -335,6 +347,11 @@ void RegisterLaunch(CLI::App& parent, int* exit_code) {
   cmd->add_option("-n,--nproc", o->n, "Number of local ranks to start")
       ->check(CLI::Range(1, 4096))
       ->default_val(2);
+  cmd->add_option("--ranks-per-node", o->per_node,
+                  "Lay the ranks out as nodes of this many (LOCAL_RANK = RANK % L, "
+                  "LOCAL_WORLD_SIZE = L, GROUP_RANK = RANK / L); must divide -n; 0: one node")
+      ->check(CLI::Range(0, 4096))
+      ->default_val(0);
   cmd->add_option("--master-addr", o->addr,
                   "MASTER_ADDR given to the ranks (rank 0 serves the "
                   "TCP rendezvous store there)")
@@ -357,8 +374,8 @@ void RegisterLaunch(CLI::App& parent, int* exit_code) {
       ->default_val(5);
   cmd->add_option("command", o->command, "The command and its arguments, after --")->required();
   cmd->callback([o, exit_code] {
-    *exit_code =
-        RunLaunch(o->n, o->addr, o->port, o->rdzv_dir, o->timeout_s, o->grace_s, o->command);
+    *exit_code = RunLaunch(o->n, o->per_node, o->addr, o->port, o->rdzv_dir, o->timeout_s,
+                           o->grace_s, o->command);
   });
 }
 
