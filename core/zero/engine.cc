@@ -654,7 +654,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
     // The store: homes plus caches. The device share excludes the engine's own device buffers.
     TieredStoreOptions so;
     so.device = options.device;
-    so.device_budget_bytes = L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice];
+    // The hpZ secondary copy is a device state the engine allocates itself, not a store block.
+    so.device_budget_bytes = L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice] -
+                             L.hpz_secondary_bytes;
     so.host_budget_bytes = L.budget_bytes[Tier::kHost];
     so.rank = e.rank;
     so.io_deadline = options.timeout;
