@@ -354,7 +354,8 @@ Status SplitZppComms(Communicator& comm, zero::ZppState* zpp) {
     zpp->node = std::move(h.intra);
     zpp->cross = std::move(h.inter);
   }
-  if (zpp->hpz > 1 && !(zpp->qgz && zpp->hpz == zpp->local)) {
+  // hpZ's own communicator even when its group is the node: qgZ's run on another thread.
+  if (zpp->hpz > 1) {
     STRATA_ASSIGN_OR_RETURN(zpp->group, comm.Split(comm.rank() / zpp->hpz, comm.rank()));
   }
   return Status::OK();
@@ -362,9 +363,7 @@ Status SplitZppComms(Communicator& comm, zero::ZppState* zpp) {
 
 }  // namespace
 
-Communicator* zero::ZppState::hpz_comm() const {
-  return group != nullptr ? group.get() : node.get();
-}
+Communicator* zero::ZppState::hpz_comm() const { return group.get(); }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOptions options) {
   STRATA_RETURN_IF_ERROR(model.Validate());
@@ -655,8 +654,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
     TieredStoreOptions so;
     so.device = options.device;
     // The hpZ secondary copy is a device state the engine allocates itself, not a store block.
-    so.device_budget_bytes = L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice] -
-                             L.hpz_secondary_bytes;
+    so.device_budget_bytes =
+        L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice] - L.hpz_secondary_bytes;
     so.host_budget_bytes = L.budget_bytes[Tier::kHost];
     so.rank = e.rank;
     so.io_deadline = options.timeout;
@@ -863,7 +862,8 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
   if (!impl_) return;
   // Reductions in flight use buffers this engine owns: finish them (errors are moot now).
-  for (auto& p : impl_->pending) zero::WaitAll(p.handles, impl_->deadline()).IgnoreError();
+  for (auto& p : impl_->pending) p.Wait(impl_->deadline()).IgnoreError();
+  if (impl_->last_qgz.valid()) impl_->last_qgz.wait();
   impl_->pending.clear();
   for (auto& g : impl_->groups) g.cached.reset();
   impl_->gather.reset();

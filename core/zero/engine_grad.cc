@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <future>
 
 #include "core/zero/engine_internal.h"
 #include "kernels/casts.h"
@@ -314,9 +315,16 @@ Status Engine::Impl::ReduceGradients(size_t g) {
     return Fail(WithContext(shard.status(), "reduced gradient of group '" + name + "'"));
   p.shard = std::move(*shard);
   if (zpp.qgz) {
-    // Synchronous: the two all-to-alls have quantization work between them.
-    Status st = QuantizedReduceScatter(g, p.full.get(), p.shard.get());
-    if (!st.ok()) return Fail(WithContext(st, "quantized reduce-scatter of group '" + name + "'"));
+    // The two all-to-alls have quantization work between them: a thread runs them, after the
+    // previous group's (the node and cross communicators are used by that thread only).
+    std::shared_future<Status> prev = last_qgz;
+    const void* full = p.full.get();
+    void* out = p.shard.get();
+    p.async = std::async(std::launch::async, [this, g, full, out, prev] {
+                if (prev.valid()) prev.wait();
+                return QuantizedReduceScatter(g, full, out);
+              }).share();
+    last_qgz = p.async;
   } else {
     ReduceOptions ro;
     ro.predivide = predivide;
@@ -338,7 +346,7 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   Status st = DrainReductions(!overlap_comm);
   while (st.ok() && pending.size() > 2) {
     auto& front = pending.front();
-    st = zero::WaitAll(front.handles, deadline());
+    st = front.Wait(deadline());
     if (st.ok()) st = DrainReductions(false);
   }
   timings.reduce_wait_ns += Since(t0);
@@ -360,7 +368,7 @@ Status Engine::Impl::ReduceGradients(size_t g) {
 Status Engine::Impl::QuantizedReduceScatter(size_t g, const void* full, void* shard) {
   const zero::GroupState& gs = groups[g];
   const size_t S = gs.shard.shard_elems;
-  const int L = zpp.local, nodes = zpp.nodes, l = rank % L;
+  const int L = zpp.local, nodes = zpp.nodes;
   const kernels::Int8Wire w = kernels::Int8WireLayout(S, kernels::kQuantBlock);
   const size_t cw = w.total_bytes;
   const bool direct = opt.device->host_addressable();
@@ -374,18 +382,37 @@ Status Engine::Impl::QuantizedReduceScatter(size_t g, const void* full, void* sh
     STRATA_RETURN_IF_ERROR(ToHost(staged_full.data(), full, staged_full.size()));
     grad = staged_full.data();
   }
-  // All-to-all of `per_peer` bytes per peer over `c`: host `send` in, host `recv` out.
-  auto all_to_all = [&](Communicator* c, std::vector<uint8_t>& send, std::vector<uint8_t>& recv,
-                        size_t per_peer) -> Status {
-    const size_t bytes = per_peer * static_cast<size_t>(c->world_size());
-    recv.resize(bytes);
-    STRATA_ASSIGN_OR_RETURN(DeviceBuffer dsend, DeviceBuffer::Make(opt.device, bytes));
-    STRATA_ASSIGN_OR_RETURN(DeviceBuffer drecv, DeviceBuffer::Make(opt.device, bytes));
-    STRATA_RETURN_IF_ERROR(ToDevice(dsend.get(), send.data(), bytes));
-    STRATA_ASSIGN_OR_RETURN(CommHandle h,
-                            c->AllToAll(dsend.get(), drecv.get(), per_peer, DType::kI8));
+  // One all-to-all's wire buffers: on the device, seen from the host directly or through
+  // staging copies.
+  struct Wire {
+    DeviceBuffer send_dev, recv_dev;
+    std::vector<uint8_t> send_stage, recv_stage;
+    uint8_t* send = nullptr;
+    uint8_t* recv = nullptr;
+    size_t bytes = 0;
+  };
+  auto make_wire = [&](Wire& w, size_t bytes) -> Status {
+    w.bytes = bytes;
+    STRATA_ASSIGN_OR_RETURN(w.send_dev, DeviceBuffer::Make(opt.device, bytes));
+    STRATA_ASSIGN_OR_RETURN(w.recv_dev, DeviceBuffer::Make(opt.device, bytes));
+    if (direct) {
+      w.send = static_cast<uint8_t*>(w.send_dev.get());
+      w.recv = static_cast<uint8_t*>(w.recv_dev.get());
+    } else {
+      w.send_stage.resize(bytes);
+      w.recv_stage.resize(bytes);
+      w.send = w.send_stage.data();
+      w.recv = w.recv_stage.data();
+    }
+    return Status::OK();
+  };
+  auto all_to_all = [&](Communicator* c, Wire& w) -> Status {
+    STRATA_RETURN_IF_ERROR(ToDevice(w.send_dev.get(), w.send, w.bytes));
+    STRATA_ASSIGN_OR_RETURN(
+        CommHandle h, c->AllToAll(w.send_dev.get(), w.recv_dev.get(),
+                                  w.bytes / static_cast<size_t>(c->world_size()), DType::kI8));
     STRATA_RETURN_IF_ERROR(h.WaitUntil(deadline()));
-    return ToHost(recv.data(), drecv.get(), bytes);
+    return ToHost(w.recv, w.recv_dev.get(), w.bytes);
   };
   // Steps 1-2: partial[n'] = the node's sum of shard n' * L + l.
   std::vector<float> partial(static_cast<size_t>(nodes) * S, 0.0f);
@@ -400,20 +427,21 @@ Status Engine::Impl::QuantizedReduceScatter(size_t g, const void* full, void* sh
       }
     }
   } else {
-    std::vector<uint8_t> send(static_cast<size_t>(world) * cw), recv;
+    Wire w1;
+    STRATA_RETURN_IF_ERROR(make_wire(w1, static_cast<size_t>(world) * cw));
     for (int l2 = 0; l2 < L; ++l2) {
       for (int n2 = 0; n2 < nodes; ++n2) {
         const size_t owner = static_cast<size_t>(n2) * L + l2;
-        uint8_t* chunk = send.data() + (static_cast<size_t>(l2) * nodes + n2) * cw;
+        uint8_t* chunk = w1.send + (static_cast<size_t>(l2) * nodes + n2) * cw;
         STRATA_RETURN_IF_ERROR(kernels::QuantizeInt8(*pool, dtype, grad + owner * S * elt, S,
                                                      kernels::kQuantBlock, q_of(chunk), s_of(chunk))
                                    .status());
       }
     }
-    STRATA_RETURN_IF_ERROR(all_to_all(zpp.node.get(), send, recv, nodes * cw));
+    STRATA_RETURN_IF_ERROR(all_to_all(zpp.node.get(), w1));
     for (int l2 = 0; l2 < L; ++l2) {
       for (int n2 = 0; n2 < nodes; ++n2) {
-        uint8_t* chunk = recv.data() + (static_cast<size_t>(l2) * nodes + n2) * cw;
+        uint8_t* chunk = w1.recv + (static_cast<size_t>(l2) * nodes + n2) * cw;
         STRATA_RETURN_IF_ERROR(kernels::DequantizeAddInt8(
             *pool, q_of(chunk), s_of(chunk), S, kernels::kQuantBlock, partial.data() + n2 * S));
       }
@@ -424,45 +452,64 @@ Status Engine::Impl::QuantizedReduceScatter(size_t g, const void* full, void* sh
   if (nodes == 1) {
     sum = std::move(partial);
   } else {
-    std::vector<uint8_t> send(static_cast<size_t>(nodes) * cw), recv;
+    Wire w2;
+    STRATA_RETURN_IF_ERROR(make_wire(w2, static_cast<size_t>(nodes) * cw));
     for (int n2 = 0; n2 < nodes; ++n2) {
-      uint8_t* chunk = send.data() + static_cast<size_t>(n2) * cw;
+      uint8_t* chunk = w2.send + static_cast<size_t>(n2) * cw;
       STRATA_RETURN_IF_ERROR(kernels::QuantizeInt8(*pool, DType::kF32, partial.data() + n2 * S, S,
                                                    kernels::kQuantBlock, q_of(chunk), s_of(chunk))
                                  .status());
     }
-    STRATA_RETURN_IF_ERROR(all_to_all(zpp.cross.get(), send, recv, cw));
+    STRATA_RETURN_IF_ERROR(all_to_all(zpp.cross.get(), w2));
     sum.assign(S, 0.0f);
     for (int n2 = 0; n2 < nodes; ++n2) {
-      uint8_t* chunk = recv.data() + static_cast<size_t>(n2) * cw;
+      uint8_t* chunk = w2.recv + static_cast<size_t>(n2) * cw;
       STRATA_RETURN_IF_ERROR(kernels::DequantizeAddInt8(*pool, q_of(chunk), s_of(chunk), S,
                                                         kernels::kQuantBlock, sum.data()));
     }
   }
-  (void)l;
   if (predivide) {
     const float inv = 1.0f / static_cast<float>(world);
     for (float& v : sum) v *= inv;
   }
-  std::vector<uint8_t> out(S * elt);
-  if (dtype == DType::kF32) {
-    std::memcpy(out.data(), sum.data(), S * 4);
-  } else {
-    STRATA_RETURN_IF_ERROR(kernels::Cast(sum.data(), DType::kF32, out.data(), dtype, S));
+  std::vector<uint8_t> staged_out;
+  uint8_t* out = static_cast<uint8_t*>(shard);
+  if (!direct) {
+    staged_out.resize(S * elt);
+    out = staged_out.data();
   }
-  return ToDevice(shard, out.data(), out.size());
+  if (dtype == DType::kF32) {
+    std::memcpy(out, sum.data(), S * 4);
+  } else {
+    STRATA_RETURN_IF_ERROR(kernels::Cast(sum.data(), DType::kF32, out, dtype, S));
+  }
+  return ToDevice(shard, out, S * elt);
+}
+
+bool zero::PendingReduce::Ready() const {
+  for (const CommHandle& h : handles) {
+    if (!h.Ready()) return false;
+  }
+  return !async.valid() || async.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+Status zero::PendingReduce::Wait(std::chrono::steady_clock::time_point deadline) const {
+  Status st = zero::WaitAll(handles, deadline);
+  if (async.valid()) {
+    if (async.wait_until(deadline) != std::future_status::ready) {
+      return Status::DeadlineExceeded("quantized reduce-scatter (qgZ) did not finish");
+    }
+    if (st.ok()) st = async.get();
+  }
+  return st;
 }
 
 Status Engine::Impl::DrainReductions(bool all) {
   while (!pending.empty()) {
     zero::PendingReduce& p = pending.front();
-    if (!all) {
-      bool ready = true;
-      for (const CommHandle& h : p.handles) ready = ready && h.Ready();
-      if (!ready) break;
-    }
+    if (!all && !p.Ready()) break;
     const std::string& name = model.groups[p.group].name;
-    Status st = zero::WaitAll(p.handles, deadline());
+    Status st = p.Wait(deadline());
     if (!st.ok()) return Fail(WithContext(st, "gradient reduction of group '" + name + "'"));
     st = Accumulate(p);
     if (!st.ok()) return Fail(WithContext(st, "gradient accumulation of group '" + name + "'"));

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,7 +61,11 @@ struct PendingReduce {
   DeviceBuffer full;   // the trainer's gradients; stage 0: then the all-gathered reduction
   DeviceBuffer shard;  // the reduce-scatter output (this rank's shard)
   std::vector<CommHandle> handles;
+  // qgZ: the quantized reduce-scatter running on its own thread (after the previous one).
+  std::shared_future<Status> async;
   bool first = false, last = false;  // first / last micro-step of the accumulation window
+  bool Ready() const;
+  Status Wait(std::chrono::steady_clock::time_point deadline) const;
 };
 
 struct GroupState {
@@ -124,7 +129,8 @@ struct Engine::Impl {
   std::vector<zero::GroupState> groups;
   std::vector<zero::SubGroup> subs;
   std::deque<zero::PendingReduce> pending;
-  DeviceBuffer exchange;  // world * 4 floats: the norm / overflow exchange
+  std::shared_future<Status> last_qgz;  // the latest qgZ reduction started (they run in order)
+  DeviceBuffer exchange;                // world * 4 floats: the norm / overflow exchange
   zero::ZppState zpp;
 
   int64_t global_step = 0, skipped_steps = 0, applied_steps = 0;
