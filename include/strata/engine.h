@@ -66,9 +66,10 @@
 //   - qgZ (zero_quantized_gradients, INT8): ReduceGradients quantizes the gradient, all-to-alls
 //     within the node (EngineOptions::ranks_per_node), sums in fp32 in local-rank order,
 //     re-quantizes, all-to-alls across nodes among ranks with the same local index and sums in
-//     fp32 in node order: the rank's shard, rounded once to the working dtype. Synchronous (not
-//     overlapped). A NaN / Inf gradient makes its block NaN, so fp16 overflow still skips the
-//     step on every rank.
+//     fp32 in node order: the rank's shard, rounded once to the working dtype. It runs on a
+//     thread of its own, one group after another, overlapping the trainer's next backward like
+//     the plain reduce-scatter with overlap_comm. A NaN / Inf gradient makes its block NaN, so
+//     fp16 overflow still skips the step on every rank.
 // Differences from DeepSpeed, on purpose: gradients are reduced every micro-step at every stage
 // (DeepSpeed stage 0-1 reduce once per boundary), so with gradient_accumulation_steps > 1
 // stages 0-1 move that many times the bytes; sub-groups never span two groups.
