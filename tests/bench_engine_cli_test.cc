@@ -42,8 +42,8 @@ nlohmann::json Json(const ProcessResult& r) {
 // prefixes.
 nlohmann::json LaunchJson(const std::string& args, const std::string& launch_args = "-n 2") {
   const ProcessResult r =
-      strata::testing::RunShell("timeout 120 " + Ctl() + " launch " + launch_args + " -- " +
-                                Ctl() + " bench engine " + args + " 2>&1");
+      strata::testing::RunShell("timeout 120 " + Ctl() + " launch " + launch_args + " -- " + Ctl() +
+                                " bench engine " + args + " 2>&1");
   EXPECT_EQ(r.exit_code, 0) << r.out;
   std::istringstream in(r.out);
   std::string line, text;

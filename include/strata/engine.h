@@ -207,8 +207,8 @@ struct StepReport {
 struct EngineStats {
   int64_t global_step = 0;
   int64_t skipped_steps = 0;
-  StoreStats store;                // bytes moved per tier pair, used / peak / budget per tier
-  CommStats comm;                  // bytes per collective kind (the communicator over all ranks)
+  StoreStats store;  // bytes moved per tier pair, used / peak / budget per tier
+  CommStats comm;    // bytes per collective kind (the communicator over all ranks)
   // ZeRO++: the sub-communicators' bytes. intra: within a node (qgZ's first all-to-all, hpZ's
   // secondary all-gather when the hpZ group lies within a node); inter: across nodes (qgZ's second
   // all-to-all, hpZ groups spanning nodes). Zero without ZeRO++.
