@@ -38,10 +38,12 @@ nlohmann::json Json(const ProcessResult& r) {
   return j;
 }
 
-// Rank 0's stdout under `offloadctl launch -n 2`, without the "[rank 0] " prefixes.
-nlohmann::json LaunchJson(const std::string& args) {
-  const ProcessResult r = strata::testing::RunShell("timeout 120 " + Ctl() + " launch -n 2 -- " +
-                                                    Ctl() + " bench engine " + args + " 2>&1");
+// Rank 0's stdout under `offloadctl launch -n 2` (or `launch_args`), without the "[rank 0] "
+// prefixes.
+nlohmann::json LaunchJson(const std::string& args, const std::string& launch_args = "-n 2") {
+  const ProcessResult r =
+      strata::testing::RunShell("timeout 120 " + Ctl() + " launch " + launch_args + " -- " + Ctl() +
+                                " bench engine " + args + " 2>&1");
   EXPECT_EQ(r.exit_code, 0) << r.out;
   std::istringstream in(r.out);
   std::string line, text;
@@ -135,6 +137,33 @@ TEST(BenchEngineCli, TwoRanksCommMatchesTheLedger) {
   EXPECT_NEAR(c3 / c2, 1.5, 0.015);
   ExpectWithinBudgets(s2);
   ExpectWithinBudgets(s3);
+}
+
+// ZeRO++ flags on 4 ranks laid out as 2 nodes of 2: the measured bytes per link equal the
+// planner's ledger, and qwZ + hpZ + qgZ cut the inter-node bytes below 0.35x plain stage 3.
+TEST(BenchEngineCli, ZeroPlusPlusOnTwoNodesMatchesTheLedger) {
+  // Bias groups keep the last layer from being kept for backward (reuse distance 0 still keeps a
+  // group used again right away), so every layer is gathered twice, as the ledger counts.
+  const std::string model =
+      " --params 2M --layers 4 --bias-groups --max-reuse-distance 0 --steps 1 --json ";
+  const std::string launch = "-n 4 --ranks-per-node 2";
+  const nlohmann::json plain = LaunchJson(model + "--stage 3", launch);
+  const nlohmann::json zpp = LaunchJson(model + "--stage 3 --qwz --qgz --hpz 2", launch);
+  for (const nlohmann::json* j : {&plain, &zpp}) {
+    ASSERT_TRUE(j->contains("comm_bytes_per_rank_split")) << *j;
+    EXPECT_EQ((*j)["ranks_per_node"], 2);
+    for (const char* link : {"intra_node", "inter_node"}) {
+      EXPECT_NEAR((*j)["comm_bytes_per_rank_split"][link].get<double>() /
+                      (*j)["ledger_comm_bytes_per_rank_split"][link].get<double>(),
+                  1.0, 0.01)
+          << link << " " << *j;
+    }
+  }
+  EXPECT_EQ(zpp["zero_pp"]["hpz_partition_size"], 2);
+  EXPECT_TRUE(zpp["zero_pp"]["quantized_weights"].get<bool>());
+  EXPECT_GT(zpp["zero_pp"]["hpz_secondary_bytes"].get<double>(), 0.0);
+  EXPECT_LT(zpp["comm_bytes_per_rank_split"]["inter_node"].get<double>(),
+            0.35 * plain["comm_bytes_per_rank_split"]["inter_node"].get<double>());
 }
 
 TEST(BenchEngineCli, SweepReportsWhatDoesNotFitAndRecommends) {

@@ -263,6 +263,8 @@ struct RunSpec {
   std::function<Status(int rank, int step, Engine&)> after_step;
   // The model the engine is created with (default TestModel(); training needs TestModel()).
   std::optional<ModelSpec> model;
+  // EngineOptions::ranks_per_node (ZeRO++'s node groups; 0: from the environment).
+  int ranks_per_node = 0;
 };
 
 // Runs the engine's training of TestModel on `world` threads; returns rank 0's master weights.
@@ -345,6 +347,7 @@ inline RunResult RunEngine(const RunSpec& spec) {
     }
     eo.use_pinned_pool = spec.use_pinned_pool;
     eo.timeout = spec.timeout;
+    eo.ranks_per_node = spec.ranks_per_node;
     if (spec.tweak) spec.tweak(r, eo);
     STRATA_ASSIGN_OR_RETURN(auto engine,
                             Engine::Create(spec.model ? *spec.model : TestModel(), std::move(eo)));

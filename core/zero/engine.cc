@@ -8,9 +8,12 @@
 #include <set>
 #include <sstream>
 
+#include "core/plan/comm_model.h"
 #include "core/zero/engine_internal.h"
 #include "kernels/casts.h"
+#include "kernels/quantize.h"
 #include "nlohmann/json.hpp"
+#include "strata/planner.h"
 
 namespace strata {
 
@@ -151,9 +154,12 @@ Status Engine::Impl::CheckHealthy() const {
 Status Engine::Impl::Fail(Status st) {
   if (!st.ok() && failed.ok()) {
     failed = st;
-    if (opt.comm != nullptr)
-      opt.comm->Abort("strata engine on rank " + std::to_string(rank) +
-                      " failed: " + st.ToString());
+    const std::string why =
+        "strata engine on rank " + std::to_string(rank) + " failed: " + st.ToString();
+    if (opt.comm != nullptr) opt.comm->Abort(why);
+    for (Communicator* c : {zpp.node.get(), zpp.cross.get(), zpp.group.get()}) {
+      if (c != nullptr) c->Abort(why);
+    }
   }
   return st;
 }
@@ -161,6 +167,24 @@ Status Engine::Impl::Fail(Status st) {
 Tier Engine::Impl::ComputeTier(Tier home) const {
   if (home == Tier::kDevice && opt.device->host_addressable()) return Tier::kDevice;
   return Tier::kHost;
+}
+
+Status Engine::Impl::ToHost(void* host, const void* dev, uint64_t bytes) {
+  if (host == dev || bytes == 0) return Status::OK();
+  if (opt.device->host_addressable()) {
+    std::memcpy(host, dev, bytes);
+    return Status::OK();
+  }
+  return CopySync(CopyDir::kDeviceToHost, host, dev, bytes);
+}
+
+Status Engine::Impl::ToDevice(void* dev, const void* host, uint64_t bytes) {
+  if (host == dev || bytes == 0) return Status::OK();
+  if (opt.device->host_addressable()) {
+    std::memcpy(dev, host, bytes);
+    return Status::OK();
+  }
+  return CopySync(CopyDir::kHostToDevice, dev, host, bytes);
 }
 
 Status Engine::Impl::CopySync(CopyDir dir, void* dst, const void* src, uint64_t bytes) {
@@ -267,7 +291,79 @@ Status RequireResolved(bool is_auto, std::string_view path) {
                                  "config, ParseOptions::auto_values)");
 }
 
+// The planner's view of the engine's ZeRO++ settings (its byte model is the engine's ledger).
+ZeroPlusPlus PlannerZpp(const zero::ZppState& zpp) {
+  ZeroPlusPlus p;
+  p.quantized_weights = zpp.qwz;
+  p.quantized_gradients = zpp.qgz;
+  p.hpz_partition_size = zpp.hpz;
+  p.block = static_cast<double>(kernels::kQuantBlock);
+  return p;
+}
+
+// ZeRO++ settings (README "ZeRO++"). As DeepSpeed, they are stage-3 features (qwZ quantizes the
+// parameter all-gather, hpZ partitions the gathered copy, qgZ replaces the partitioned gradient
+// reduction); unlike DeepSpeed, which ignores them below stage 3, a config that sets them there is
+// refused, naming the key, since it would not do what it says.
+Status ResolveZpp(const ZeroConfig& z, int world, int ranks_per_node, zero::ZppState* out) {
+  zero::ZppState& zpp = *out;
+  zpp.qwz = z.zero_quantized_weights;
+  zpp.qgz = z.zero_quantized_gradients;
+  if (z.zero_hpz_partition_size < 1) {
+    return Status::InvalidArgument(
+        "zero_optimization.zero_hpz_partition_size: " + std::to_string(z.zero_hpz_partition_size) +
+        " is not a rank count >= 1 (1: off)");
+  }
+  zpp.hpz = static_cast<int>(std::min<int64_t>(z.zero_hpz_partition_size, 1 << 24));
+  if (!zpp.any()) return Status::OK();
+  const char* key = zpp.qwz   ? "zero_optimization.zero_quantized_weights"
+                    : zpp.qgz ? "zero_optimization.zero_quantized_gradients"
+                              : "zero_optimization.zero_hpz_partition_size";
+  if (z.stage != 3) {
+    return Status::InvalidArgument(std::string(key) +
+                                   ": ZeRO++ works on the stage-3 parameter all-gather and "
+                                   "gradient reduce-scatter; zero_optimization.stage is " +
+                                   std::to_string(z.stage) + " (set it to 3)");
+  }
+  if (ranks_per_node < 0) {
+    return Status::InvalidArgument("EngineOptions.ranks_per_node: must be >= 0");
+  }
+  if (ranks_per_node == 0) {
+    STRATA_ASSIGN_OR_RETURN(ranks_per_node, RanksPerNodeFromEnv(world));
+  }
+  if (world % ranks_per_node != 0) {
+    return Status::InvalidArgument(
+        "EngineOptions.ranks_per_node: " + std::to_string(ranks_per_node) +
+        " does not divide the world size " + std::to_string(world));
+  }
+  zpp.local = ranks_per_node;
+  zpp.nodes = world / ranks_per_node;
+  zpp.group_is_intra = zpp.local % zpp.hpz == 0;
+  // The planner's rule for the hpZ group (divides the world; within a node or whole nodes).
+  Capacity capacity;
+  capacity.gpus_per_node = zpp.local;
+  capacity.nodes = zpp.nodes;
+  return plan::ValidateZeroPlusPlus(PlannerZpp(zpp), capacity);
+}
+
+// Builds the sub-communicators ZeRO++ uses (collective on `comm`: every rank calls it with the
+// same settings, in the same place).
+Status SplitZppComms(Communicator& comm, zero::ZppState* zpp) {
+  if (zpp->qgz) {
+    STRATA_ASSIGN_OR_RETURN(HierarchicalComms h, SplitHierarchical(comm, zpp->local));
+    zpp->node = std::move(h.intra);
+    zpp->cross = std::move(h.inter);
+  }
+  // hpZ's own communicator even when its group is the node: qgZ's run on another thread.
+  if (zpp->hpz > 1) {
+    STRATA_ASSIGN_OR_RETURN(zpp->group, comm.Split(comm.rank() / zpp->hpz, comm.rank()));
+  }
+  return Status::OK();
+}
+
 }  // namespace
+
+Communicator* zero::ZppState::hpz_comm() const { return group.get(); }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOptions options) {
   STRATA_RETURN_IF_ERROR(model.Validate());
@@ -367,11 +463,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   e.placement =
       sched::ResolvePlacement(z.stage, z.offload_optimizer.device, z.offload_param.device);
   for (const std::string& n : e.placement.notes) e.layout.notes.push_back(n);
-  if (z.zero_quantized_weights || z.zero_quantized_gradients || z.zero_hpz_partition_size > 1) {
-    return Status::InvalidArgument(
-        "zero_optimization.zero_quantized_weights / zero_quantized_gradients / "
-        "zero_hpz_partition_size: ZeRO++ is not implemented by the engine yet");
-  }
+  STRATA_RETURN_IF_ERROR(ResolveZpp(z, e.world, options.ranks_per_node, &e.zpp));
   e.overlap_comm = z.overlap_comm;
   if (z.sub_group_size < 0) {
     return Status::InvalidArgument("zero_optimization.sub_group_size: must be >= 0");
@@ -465,6 +557,34 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
     L.state_bytes[opt_home] += 3 * state_size(opt_home, s.elems * 4);
     L.state_bytes[grad_home] += state_size(grad_home, s.elems * 4);
   }
+  // ZeRO++: the hpZ secondary copy (a state: it lives from the first gather to the next step)
+  // and the quantized collectives' wire buffers (device) and fp32 sums (host).
+  L.quantized_weights = e.zpp.qwz;
+  L.quantized_gradients = e.zpp.qgz;
+  L.hpz_partition_size = e.zpp.hpz;
+  L.ranks_per_node = e.zpp.local;
+  if (e.zpp.hpz > 1) {
+    // The planner's figure, for each group's padded size (what the secondary buffers hold).
+    for (const zero::GroupState& gs : e.groups) {
+      L.hpz_secondary_bytes += static_cast<uint64_t>(
+          ZeroPlusPlusComm(PlannerZpp(e.zpp), static_cast<double>(gs.shard.padded_elems(e.world)),
+                           static_cast<double>(e.elt), static_cast<double>(e.elt), e.zpp.local,
+                           e.zpp.nodes)
+              .hpz_secondary_bytes_per_gpu);
+    }
+    L.state_bytes[Tier::kDevice] += L.hpz_secondary_bytes;
+    L.notes.push_back("hpZ: a secondary copy of 1/" + std::to_string(e.zpp.hpz) +
+                      " of the 16-bit params on the device (" + Bytes(L.hpz_secondary_bytes) +
+                      "); later gathers in a step stay within groups of " +
+                      std::to_string(e.zpp.hpz) + " ranks");
+  }
+  {
+    const zero::ZppWorkingBytes w =
+        zero::ZppWorking(e.zpp.qwz, e.zpp.qgz, e.world, e.zpp.nodes, largest_shard, largest_padded,
+                         e.elt, options.device->host_addressable());
+    L.working_bytes[Tier::kDevice] += w.device;
+    L.working_bytes[Tier::kHost] += w.host;
+  }
   // Device working set: gradient buffers (the one being written plus up to two reductions in
   // flight with overlap_comm), the reduce-scatter outputs, stage 3's gathered groups (the cache
   // capped by stage3_max_live_parameters plus two in use), the norm exchange and the read-back
@@ -507,6 +627,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   e.opt.timeout = options.timeout;
   STRATA_ASSIGN_OR_RETURN(e.exchange,
                           DeviceBuffer::Make(options.device, static_cast<uint64_t>(e.world) * 16));
+  // Collective, so before anything a rank may fail on its own (the config is the same on every
+  // rank; a failed split fails the communicator, and the peers with it).
+  STRATA_RETURN_IF_ERROR(SplitZppComms(*options.comm, &e.zpp));
   Status built = [&]() -> Status {
     // Budgets (0: the device's own; host and NVMe: what the layout needs).
     L.budget_bytes = options.budget_bytes;
@@ -530,7 +653,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
     // The store: homes plus caches. The device share excludes the engine's own device buffers.
     TieredStoreOptions so;
     so.device = options.device;
-    so.device_budget_bytes = L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice];
+    // The hpZ secondary copy is a device state the engine allocates itself, not a store block.
+    so.device_budget_bytes =
+        L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice] - L.hpz_secondary_bytes;
     so.host_budget_bytes = L.budget_bytes[Tier::kHost];
     so.rank = e.rank;
     so.io_deadline = options.timeout;
@@ -737,7 +862,8 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
   if (!impl_) return;
   // Reductions in flight use buffers this engine owns: finish them (errors are moot now).
-  for (auto& p : impl_->pending) zero::WaitAll(p.handles, impl_->deadline()).IgnoreError();
+  for (auto& p : impl_->pending) p.Wait(impl_->deadline()).IgnoreError();
+  if (impl_->last_qgz.valid()) impl_->last_qgz.wait();
   impl_->pending.clear();
   for (auto& g : impl_->groups) g.cached.reset();
   impl_->gather.reset();
@@ -786,6 +912,22 @@ EngineStats Engine::Stats() const {
   s.skipped_steps = e.skipped_steps;
   s.store = e.store->TakeStats(false);
   s.comm = e.opt.comm->stats();
+  if (e.zpp.node) s.comm_intra = e.zpp.node->stats();
+  if (e.zpp.cross) s.comm_inter = e.zpp.cross->stats();
+  if (e.zpp.group) {
+    CommStats& to = e.zpp.group_is_intra ? s.comm_intra : s.comm_inter;
+    const CommStats g = e.zpp.group->stats();
+    for (size_t i = 0; i < kCommOpCount; ++i) {
+      CommOpBytes& a = to.ops[i];
+      const CommOpBytes& b = g.ops[i];
+      a.calls += b.calls;
+      a.payload_bytes += b.payload_bytes;
+      a.sent_bytes += b.sent_bytes;
+      a.received_bytes += b.received_bytes;
+      a.wire_sent_bytes += b.wire_sent_bytes;
+      a.wire_received_bytes += b.wire_received_bytes;
+    }
+  }
   const DeviceStats ds = e.opt.device->stats();
   s.peak_bytes = s.store.peak_bytes;
   s.peak_bytes[Tier::kDevice] = std::max<uint64_t>(s.peak_bytes[Tier::kDevice], ds.peak_used_bytes);

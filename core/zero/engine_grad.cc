@@ -1,11 +1,14 @@
 // Engine: gathering parameters (stage 3: shard fetch + all-gather, with the prefetching gather
 // scheduler) and reducing gradients into the fp32 accumulated gradient of each sub-group.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <future>
 
 #include "core/zero/engine_internal.h"
 #include "kernels/casts.h"
 #include "kernels/grad_stats.h"
+#include "kernels/quantize.h"
 
 namespace strata {
 
@@ -111,6 +114,7 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
     if (!in_step) {
       gather->BeginStep();
       in_step = true;
+      ++gather_epoch;
     }
     auto shard = gather->Gather(static_cast<sched::GroupId>(g), timeout());
     if (!shard.ok()) return Fail(WithContext(shard.status(), "gather of group '" + name + "'"));
@@ -126,8 +130,7 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
     if (!full.ok()) {
       return Fail(WithContext(full.status(), "gathered buffer of group '" + name + "'"));
     }
-    auto h = opt.comm->AllGather(shard->data(), full->get(), gs.shard.shard_elems, dtype);
-    Status st = h.ok() ? h->WaitUntil(deadline()) : h.status();
+    Status st = GatherInto(g, shard->data(), full->get());
     gather->Release(static_cast<sched::GroupId>(g), std::move(*shard));
     if (!st.ok()) return Fail(WithContext(st, "all-gather of group '" + name + "'"));
     auto copy = std::make_shared<zero::GatheredCopy>();
@@ -138,6 +141,110 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
   ++outstanding_gathers;
   timings.gather_wait_ns += Since(t0);
   return out;
+}
+
+Status Engine::Impl::GatherInto(size_t g, const void* shard, void* full) {
+  zero::GroupState& gs = groups[g];
+  const size_t S = gs.shard.shard_elems;
+  const bool hpz = zpp.hpz > 1;
+  if (hpz && gs.secondary && gs.secondary_epoch == gather_epoch) {
+    // hpZ, a later gather in this step: the k-rank group's secondary slices make up the group.
+    Communicator* c = zpp.hpz_comm();
+    STRATA_ASSIGN_OR_RETURN(CommHandle h,
+                            c->AllGather(gs.secondary.get(), full,
+                                         zero::HpzSecondaryElems(gs.shard, world, zpp.hpz), dtype));
+    return h.WaitUntil(deadline());
+  }
+  if (!zpp.qwz) {
+    STRATA_ASSIGN_OR_RETURN(CommHandle h, opt.comm->AllGather(shard, full, S, dtype));
+    STRATA_RETURN_IF_ERROR(h.WaitUntil(deadline()));
+  } else {
+    // qwZ: quantize the shard, all-gather INT8 + scales, dequantize every rank's part.
+    const kernels::Int8Wire w = kernels::Int8WireLayout(S, kernels::kQuantBlock);
+    const size_t total = w.total_bytes * static_cast<size_t>(world);
+    STRATA_ASSIGN_OR_RETURN(DeviceBuffer wire, DeviceBuffer::Make(opt.device, total));
+    const bool direct = opt.device->host_addressable();
+    std::vector<uint8_t> staged;
+    uint8_t* host_wire = static_cast<uint8_t*>(wire.get());
+    const void* host_shard = shard;
+    if (!direct) {
+      staged.resize(total + S * elt);
+      host_wire = staged.data();
+      host_shard = staged.data() + total;
+      STRATA_RETURN_IF_ERROR(ToHost(staged.data() + total, shard, S * elt));
+    }
+    uint8_t* mine = host_wire + static_cast<size_t>(rank) * w.total_bytes;
+    STRATA_ASSIGN_OR_RETURN(
+        size_t bad, kernels::QuantizeInt8(*pool, dtype, host_shard, S, kernels::kQuantBlock,
+                                          reinterpret_cast<int8_t*>(mine),
+                                          reinterpret_cast<float*>(mine + w.scales_offset)));
+    if (bad > 0) return NonFiniteWeight(g, host_shard);
+    uint8_t* dev_mine =
+        static_cast<uint8_t*>(wire.get()) + static_cast<size_t>(rank) * w.total_bytes;
+    STRATA_RETURN_IF_ERROR(ToDevice(dev_mine, mine, w.total_bytes));
+    STRATA_ASSIGN_OR_RETURN(CommHandle h,
+                            opt.comm->AllGather(dev_mine, wire.get(), w.total_bytes, DType::kI8));
+    STRATA_RETURN_IF_ERROR(h.WaitUntil(deadline()));
+    STRATA_RETURN_IF_ERROR(ToHost(host_wire, wire.get(), total));
+    std::vector<uint8_t> host_full;
+    uint8_t* out = static_cast<uint8_t*>(full);
+    if (!direct) {
+      host_full.resize(static_cast<size_t>(world) * S * elt);
+      out = host_full.data();
+    }
+    for (int r = 0; r < world; ++r) {
+      const uint8_t* part = host_wire + static_cast<size_t>(r) * w.total_bytes;
+      STRATA_RETURN_IF_ERROR(kernels::DequantizeInt8(
+          *pool, reinterpret_cast<const int8_t*>(part),
+          reinterpret_cast<const float*>(part + w.scales_offset), S, kernels::kQuantBlock, dtype,
+          out + static_cast<size_t>(r) * S * elt));
+    }
+    STRATA_RETURN_IF_ERROR(ToDevice(full, out, host_full.size()));
+  }
+  if (hpz) {
+    // The step's first gather of the group: keep this rank's slice for the later ones.
+    const size_t slice = zero::HpzSecondaryElems(gs.shard, world, zpp.hpz);
+    if (!gs.secondary) {
+      STRATA_ASSIGN_OR_RETURN(gs.secondary, DeviceBuffer::Make(opt.device, slice * elt));
+    }
+    const int j = zpp.hpz_comm()->rank();
+    const uint8_t* from = static_cast<const uint8_t*>(full) + static_cast<size_t>(j) * slice * elt;
+    if (opt.device->host_addressable()) {
+      std::memcpy(gs.secondary.get(), from, slice * elt);
+    } else {
+      std::vector<uint8_t> staged(slice * elt);
+      STRATA_RETURN_IF_ERROR(ToHost(staged.data(), from, staged.size()));
+      STRATA_RETURN_IF_ERROR(ToDevice(gs.secondary.get(), staged.data(), staged.size()));
+    }
+    gs.secondary_epoch = gather_epoch;
+  }
+  return Status::OK();
+}
+
+Status Engine::Impl::NonFiniteWeight(size_t g, const void* host_shard) const {
+  const zero::GroupState& gs = groups[g];
+  const size_t S = gs.shard.shard_elems;
+  std::vector<float> v(S);
+  if (dtype == DType::kF32) {
+    std::memcpy(v.data(), host_shard, S * 4);
+  } else {
+    (void)kernels::Cast(host_shard, dtype, v.data(), DType::kF32, S);
+  }
+  const GroupSpec& spec = model.groups[g];
+  for (size_t i = 0; i < S; ++i) {
+    if (std::isfinite(v[i])) continue;
+    const size_t at = static_cast<size_t>(rank) * S + i;
+    for (size_t p = 0; p < spec.params.size(); ++p) {
+      if (at >= gs.param_offsets[p] && at < gs.param_offsets[p] + spec.params[p].numel()) {
+        return Status::InvalidArgument(
+            "zero_quantized_weights: parameter '" + spec.name + "." + spec.params[p].name +
+            "' holds a non-finite value (" + std::to_string(v[i]) + " at element " +
+            std::to_string(at - gs.param_offsets[p]) + "): it cannot be quantized");
+      }
+    }
+  }
+  return Status::InvalidArgument("zero_quantized_weights: group '" + spec.name +
+                                 "' holds a non-finite value: it cannot be quantized");
 }
 
 void Engine::Impl::Release(GatheredGroup gathered) {
@@ -207,11 +314,24 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   if (!shard.ok())
     return Fail(WithContext(shard.status(), "reduced gradient of group '" + name + "'"));
   p.shard = std::move(*shard);
-  ReduceOptions ro;
-  ro.predivide = predivide;
-  auto rs = opt.comm->ReduceScatter(p.full.get(), p.shard.get(), gs.shard.shard_elems, dtype, ro);
-  if (!rs.ok()) return Fail(WithContext(rs.status(), "reduce-scatter of group '" + name + "'"));
-  p.handles.push_back(*rs);
+  if (zpp.qgz) {
+    // The two all-to-alls have quantization work between them: a thread runs them, after the
+    // previous group's (the node and cross communicators are used by that thread only).
+    std::shared_future<Status> prev = last_qgz;
+    const void* full = p.full.get();
+    void* out = p.shard.get();
+    p.async = std::async(std::launch::async, [this, g, full, out, prev] {
+                if (prev.valid()) prev.wait();
+                return QuantizedReduceScatter(g, full, out);
+              }).share();
+    last_qgz = p.async;
+  } else {
+    ReduceOptions ro;
+    ro.predivide = predivide;
+    auto rs = opt.comm->ReduceScatter(p.full.get(), p.shard.get(), gs.shard.shard_elems, dtype, ro);
+    if (!rs.ok()) return Fail(WithContext(rs.status(), "reduce-scatter of group '" + name + "'"));
+    p.handles.push_back(*rs);
+  }
   if (!placement.optimizer_partitioned && world > 1) {
     // Stage 0: every rank steps the whole model; the reduced shards are all-gathered (the second
     // half of an all-reduce), so every rank sees exactly the values their owner reduced.
@@ -226,23 +346,170 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   Status st = DrainReductions(!overlap_comm);
   while (st.ok() && pending.size() > 2) {
     auto& front = pending.front();
-    st = zero::WaitAll(front.handles, deadline());
+    st = front.Wait(deadline());
     if (st.ok()) st = DrainReductions(false);
   }
   timings.reduce_wait_ns += Since(t0);
   return st;
 }
 
+// qgZ, after ZeRO++'s all-to-all scheme: rank r = n * L + l (node n, local index l) owns shard r.
+//   1. Quantize each of the N shards of the gradient (INT8, kQuantBlock) and all-to-all within
+//      the node: local peer l' receives the shards of the ranks with local index l'
+//      (n' * L + l' for every node n').
+//   2. Sum what the L local peers sent for those `nodes` shards in fp32, in local-index order.
+//   3. Re-quantize the nodes partial sums; all-to-all across nodes among the ranks with local
+//      index l: node n' receives its rank's shard.
+//   4. Sum the nodes partial sums of shard r in fp32, in node order; predivide (1 / world); round
+//      once to the working dtype.
+// A hop with one rank (L == 1 or one node) moves nothing and is skipped, with its quantization.
+// A NaN / Inf makes its block's scale NaN, so the sum is NaN and the step is skipped on every rank
+// (the norm exchange).
+Status Engine::Impl::QuantizedReduceScatter(size_t g, const void* full, void* shard) {
+  const zero::GroupState& gs = groups[g];
+  const size_t S = gs.shard.shard_elems;
+  const int L = zpp.local, nodes = zpp.nodes;
+  const kernels::Int8Wire w = kernels::Int8WireLayout(S, kernels::kQuantBlock);
+  const size_t cw = w.total_bytes;
+  const bool direct = opt.device->host_addressable();
+  auto q_of = [&](uint8_t* chunk) { return reinterpret_cast<int8_t*>(chunk); };
+  auto s_of = [&](uint8_t* chunk) { return reinterpret_cast<float*>(chunk + w.scales_offset); };
+  // Host view of the gradient.
+  std::vector<uint8_t> staged_full;
+  const uint8_t* grad = static_cast<const uint8_t*>(full);
+  if (!direct) {
+    staged_full.resize(static_cast<size_t>(world) * S * elt);
+    STRATA_RETURN_IF_ERROR(ToHost(staged_full.data(), full, staged_full.size()));
+    grad = staged_full.data();
+  }
+  // One all-to-all's wire buffers: on the device, seen from the host directly or through
+  // staging copies.
+  struct Wire {
+    DeviceBuffer send_dev, recv_dev;
+    std::vector<uint8_t> send_stage, recv_stage;
+    uint8_t* send = nullptr;
+    uint8_t* recv = nullptr;
+    size_t bytes = 0;
+  };
+  auto make_wire = [&](Wire& w, size_t bytes) -> Status {
+    w.bytes = bytes;
+    STRATA_ASSIGN_OR_RETURN(w.send_dev, DeviceBuffer::Make(opt.device, bytes));
+    STRATA_ASSIGN_OR_RETURN(w.recv_dev, DeviceBuffer::Make(opt.device, bytes));
+    if (direct) {
+      w.send = static_cast<uint8_t*>(w.send_dev.get());
+      w.recv = static_cast<uint8_t*>(w.recv_dev.get());
+    } else {
+      w.send_stage.resize(bytes);
+      w.recv_stage.resize(bytes);
+      w.send = w.send_stage.data();
+      w.recv = w.recv_stage.data();
+    }
+    return Status::OK();
+  };
+  auto all_to_all = [&](Communicator* c, Wire& w) -> Status {
+    STRATA_RETURN_IF_ERROR(ToDevice(w.send_dev.get(), w.send, w.bytes));
+    STRATA_ASSIGN_OR_RETURN(
+        CommHandle h, c->AllToAll(w.send_dev.get(), w.recv_dev.get(),
+                                  w.bytes / static_cast<size_t>(c->world_size()), DType::kI8));
+    STRATA_RETURN_IF_ERROR(h.WaitUntil(deadline()));
+    return ToHost(w.recv, w.recv_dev.get(), w.bytes);
+  };
+  // Steps 1-2: partial[n'] = the node's sum of shard n' * L + l.
+  std::vector<float> partial(static_cast<size_t>(nodes) * S, 0.0f);
+  if (L == 1) {
+    for (int n2 = 0; n2 < nodes; ++n2) {
+      const uint8_t* src = grad + static_cast<size_t>(n2) * S * elt;
+      float* dst = partial.data() + static_cast<size_t>(n2) * S;
+      if (dtype == DType::kF32) {
+        std::memcpy(dst, src, S * 4);
+      } else {
+        STRATA_RETURN_IF_ERROR(kernels::Cast(src, dtype, dst, DType::kF32, S));
+      }
+    }
+  } else {
+    Wire w1;
+    STRATA_RETURN_IF_ERROR(make_wire(w1, static_cast<size_t>(world) * cw));
+    for (int l2 = 0; l2 < L; ++l2) {
+      for (int n2 = 0; n2 < nodes; ++n2) {
+        const size_t owner = static_cast<size_t>(n2) * L + l2;
+        uint8_t* chunk = w1.send + (static_cast<size_t>(l2) * nodes + n2) * cw;
+        STRATA_RETURN_IF_ERROR(kernels::QuantizeInt8(*pool, dtype, grad + owner * S * elt, S,
+                                                     kernels::kQuantBlock, q_of(chunk), s_of(chunk))
+                                   .status());
+      }
+    }
+    STRATA_RETURN_IF_ERROR(all_to_all(zpp.node.get(), w1));
+    for (int l2 = 0; l2 < L; ++l2) {
+      for (int n2 = 0; n2 < nodes; ++n2) {
+        uint8_t* chunk = w1.recv + (static_cast<size_t>(l2) * nodes + n2) * cw;
+        STRATA_RETURN_IF_ERROR(kernels::DequantizeAddInt8(
+            *pool, q_of(chunk), s_of(chunk), S, kernels::kQuantBlock, partial.data() + n2 * S));
+      }
+    }
+  }
+  // Steps 3-4.
+  std::vector<float> sum;
+  if (nodes == 1) {
+    sum = std::move(partial);
+  } else {
+    Wire w2;
+    STRATA_RETURN_IF_ERROR(make_wire(w2, static_cast<size_t>(nodes) * cw));
+    for (int n2 = 0; n2 < nodes; ++n2) {
+      uint8_t* chunk = w2.send + static_cast<size_t>(n2) * cw;
+      STRATA_RETURN_IF_ERROR(kernels::QuantizeInt8(*pool, DType::kF32, partial.data() + n2 * S, S,
+                                                   kernels::kQuantBlock, q_of(chunk), s_of(chunk))
+                                 .status());
+    }
+    STRATA_RETURN_IF_ERROR(all_to_all(zpp.cross.get(), w2));
+    sum.assign(S, 0.0f);
+    for (int n2 = 0; n2 < nodes; ++n2) {
+      uint8_t* chunk = w2.recv + static_cast<size_t>(n2) * cw;
+      STRATA_RETURN_IF_ERROR(kernels::DequantizeAddInt8(*pool, q_of(chunk), s_of(chunk), S,
+                                                        kernels::kQuantBlock, sum.data()));
+    }
+  }
+  if (predivide) {
+    const float inv = 1.0f / static_cast<float>(world);
+    for (float& v : sum) v *= inv;
+  }
+  std::vector<uint8_t> staged_out;
+  uint8_t* out = static_cast<uint8_t*>(shard);
+  if (!direct) {
+    staged_out.resize(S * elt);
+    out = staged_out.data();
+  }
+  if (dtype == DType::kF32) {
+    std::memcpy(out, sum.data(), S * 4);
+  } else {
+    STRATA_RETURN_IF_ERROR(kernels::Cast(sum.data(), DType::kF32, out, dtype, S));
+  }
+  return ToDevice(shard, out, S * elt);
+}
+
+bool zero::PendingReduce::Ready() const {
+  for (const CommHandle& h : handles) {
+    if (!h.Ready()) return false;
+  }
+  return !async.valid() || async.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+Status zero::PendingReduce::Wait(std::chrono::steady_clock::time_point deadline) const {
+  Status st = zero::WaitAll(handles, deadline);
+  if (async.valid()) {
+    if (async.wait_until(deadline) != std::future_status::ready) {
+      return Status::DeadlineExceeded("quantized reduce-scatter (qgZ) did not finish");
+    }
+    if (st.ok()) st = async.get();
+  }
+  return st;
+}
+
 Status Engine::Impl::DrainReductions(bool all) {
   while (!pending.empty()) {
     zero::PendingReduce& p = pending.front();
-    if (!all) {
-      bool ready = true;
-      for (const CommHandle& h : p.handles) ready = ready && h.Ready();
-      if (!ready) break;
-    }
+    if (!all && !p.Ready()) break;
     const std::string& name = model.groups[p.group].name;
-    Status st = zero::WaitAll(p.handles, deadline());
+    Status st = p.Wait(deadline());
     if (!st.ok()) return Fail(WithContext(st, "gradient reduction of group '" + name + "'"));
     st = Accumulate(p);
     if (!st.ok()) return Fail(WithContext(st, "gradient accumulation of group '" + name + "'"));

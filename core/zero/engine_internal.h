@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,7 +61,11 @@ struct PendingReduce {
   DeviceBuffer full;   // the trainer's gradients; stage 0: then the all-gathered reduction
   DeviceBuffer shard;  // the reduce-scatter output (this rank's shard)
   std::vector<CommHandle> handles;
+  // qgZ: the quantized reduce-scatter running on its own thread (after the previous one).
+  std::shared_future<Status> async;
   bool first = false, last = false;  // first / last micro-step of the accumulation window
+  bool Ready() const;
+  Status Wait(std::chrono::steady_clock::time_point deadline) const;
 };
 
 struct GroupState {
@@ -72,6 +77,27 @@ struct GroupState {
   DeviceBuffer grad;                     // from GradBuffer until ReduceGradients
   int reductions = 0;                    // in the current accumulation window
   std::shared_ptr<GatheredCopy> cached;  // stage 3: kept after Release (persistent / reuse)
+  // hpZ: this rank's slice (1/k of the padded group, 16-bit) of the group as the step's first
+  // (global) all-gather delivered it; valid while secondary_epoch == Impl::gather_epoch (the same
+  // step: a Step or a checkpoint Load comes between epochs).
+  DeviceBuffer secondary;
+  int64_t secondary_epoch = -1;
+};
+
+// ZeRO++ (issue 14): the settings and the sub-communicators (owned; null where unused).
+struct ZppState {
+  bool qwz = false;                     // zero_quantized_weights
+  bool qgz = false;                     // zero_quantized_gradients
+  int hpz = 1;                          // zero_hpz_partition_size (1: off)
+  int local = 1;                        // ranks per node (L)
+  int nodes = 1;                        // world / L
+  std::unique_ptr<Communicator> node;   // qgZ: the L ranks of this rank's node
+  std::unique_ptr<Communicator> cross;  // qgZ: the ranks with this rank's local index
+  std::unique_ptr<Communicator> group;  // hpZ: the k ranks of this rank's hpZ group
+  bool group_is_intra = true;           // the hpZ group lies within one node
+  bool any() const { return qwz || qgz || hpz > 1; }
+  // hpZ's communicator: its own group, or the node communicator when the group is the node.
+  Communicator* hpz_comm() const;
 };
 
 }  // namespace zero
@@ -103,11 +129,14 @@ struct Engine::Impl {
   std::vector<zero::GroupState> groups;
   std::vector<zero::SubGroup> subs;
   std::deque<zero::PendingReduce> pending;
-  DeviceBuffer exchange;  // world * 4 floats: the norm / overflow exchange
+  std::shared_future<Status> last_qgz;  // the latest qgZ reduction started (they run in order)
+  DeviceBuffer exchange;                // world * 4 floats: the norm / overflow exchange
+  zero::ZppState zpp;
 
   int64_t global_step = 0, skipped_steps = 0, applied_steps = 0;
   double last_lr = 0;
-  bool in_step = false;  // a Gather since the last Step began the trace's step
+  bool in_step = false;      // a Gather since the last Step began the trace's step
+  int64_t gather_epoch = 0;  // counts the steps in which groups were gathered (hpZ)
   int outstanding_gathers = 0;
   uint64_t cached_elems = 0;
   Status failed;        // the first error that failed the engine
@@ -147,8 +176,19 @@ struct Engine::Impl {
   // Stage 1-2: all-gathers every group's updated shards into the full param replicas.
   Status AllGatherUpdatedParams();
 
+  // Device <-> host through the device's copies (a memcpy when the device is host-addressable).
+  Status ToHost(void* host, const void* dev, uint64_t bytes);
+  Status ToDevice(void* dev, const void* host, uint64_t bytes);
+
   // --- engine_grad.cc ---
   Result<GatheredGroup> Gather(size_t g);
+  // Stage 3: the all-gather of group g from this rank's `shard` into `full` (plain, qwZ or hpZ;
+  // fills the hpZ secondary slice on the step's first gather).
+  Status GatherInto(size_t g, const void* shard, void* full);
+  // qwZ: the error for a shard that holds a NaN or Inf, naming the parameter.
+  Status NonFiniteWeight(size_t g, const void* host_shard) const;
+  // qgZ: the hierarchical quantized reduce-scatter of `full` into this rank's `shard`.
+  Status QuantizedReduceScatter(size_t g, const void* full, void* shard);
   void Release(GatheredGroup gathered);
   Status ReduceGradients(size_t g);
   // Completes pending reductions (all, or only those already finished when `all` is false).

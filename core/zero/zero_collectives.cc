@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "kernels/quantize.h"
+
 namespace strata::zero {
 
 // A bucket could not be submitted after earlier ones were: those still use the caller's buffers,
@@ -82,6 +84,20 @@ Result<std::vector<CommHandle>> ZeroCollectives::ReduceScatterGroups(const void*
     handles.push_back(std::move(*h));
   }
   return handles;
+}
+
+ZppWorkingBytes ZppWorking(bool qwz, bool qgz, int world, int nodes, uint64_t shard_elems,
+                           uint64_t padded_elems, size_t elt, bool host_addressable) {
+  ZppWorkingBytes w;
+  const uint64_t chunk = kernels::Int8WireLayout(shard_elems, kernels::kQuantBlock).total_bytes;
+  const auto n = static_cast<uint64_t>(world), m = static_cast<uint64_t>(nodes);
+  if (qwz) w.device += (n + 1) * chunk;
+  if (qgz) {
+    w.device += 2 * n * chunk + 2 * m * chunk;
+    w.host += (m + 1) * shard_elems * 4;
+  }
+  if (!host_addressable && (qwz || qgz)) w.host += w.device + padded_elems * elt;
+  return w;
 }
 
 Status WaitAll(const std::vector<CommHandle>& handles,

@@ -49,6 +49,29 @@ class ZeroCollectives {
   DType dtype_;
 };
 
+// ZeRO++ (issue 14) sizes, the one place the engine's layout and its collectives take them from.
+// Wire format: kernels/quantize.h (Int8WireLayout, kQuantBlock); one rank's shard of S elements
+// quantizes to Int8WireLayout(S).total_bytes.
+struct ZppWorkingBytes {
+  uint64_t device = 0;  // wire buffers of the quantized collectives
+  uint64_t host = 0;    // fp32 sums (qgZ) and, on a device the host cannot address, staging
+};
+
+// hpZ: elements of a rank's secondary slice of a group (the padded group over the group size k).
+inline size_t HpzSecondaryElems(const sched::GroupShard& s, int world, int k) {
+  return s.padded_elems(world) / static_cast<size_t>(k);
+}
+
+// The quantized collectives' buffers for the largest shard (`shard_elems`) and group
+// (`padded_elems`) in the working dtype of `elt` bytes:
+//   qwZ: the gathered wire buffers (world of them) and this rank's;
+//   qgZ: the intra-node all-to-all's send and receive (world wire chunks each), the inter-node
+//        one's (nodes chunks each); fp32 sums: nodes shards after the first hop, one after the
+//        second.
+// Staging (host_addressable false): the full group and every wire buffer pass through the host.
+ZppWorkingBytes ZppWorking(bool qwz, bool qgz, int world, int nodes, uint64_t shard_elems,
+                           uint64_t padded_elems, size_t elt, bool host_addressable);
+
 // Waits for every handle with one deadline; returns the first error.
 Status WaitAll(const std::vector<CommHandle>& handles,
                std::chrono::steady_clock::time_point deadline);

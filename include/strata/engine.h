@@ -52,6 +52,24 @@
 //   - LR schedules WarmupLR, WarmupDecayLR, WarmupCosineLR; the fp16 dynamic loss scaler;
 //     skipped (overflow) steps do not advance the LR schedule. core/zero/loss_scaler.h and
 //     core/zero/lr_schedule.h hold those rules.
+// ZeRO++ (stage 3 only; README "ZeRO++"; the bytes are the planner's ZeroPlusPlusComm):
+//   - qwZ (zero_quantized_weights): each Gather quantizes the rank's 16-bit shard block-wise to
+//     INT8 + one fp32 scale per kernels::kQuantBlock elements (kernels/quantize.h), all-gathers
+//     that and dequantizes into the gathered buffer. Only the gathered copies are quantized; the
+//     fp32 master, the optimizer and the param shards never are. A NaN / Inf weight fails the
+//     Gather naming the parameter.
+//   - hpZ (zero_hpz_partition_size k; k divides the world and lies within a node or spans whole
+//     nodes): the first Gather of a group in a step is the global all-gather (quantized with
+//     qwZ) and keeps the rank's 1/k slice of the result (16-bit, on the device: in the layout and
+//     the budget); later Gathers of it in the same step all-gather those slices within the k
+//     consecutive ranks only. hpZ alone gives the same bits as plain stage 3.
+//   - qgZ (zero_quantized_gradients, INT8): ReduceGradients quantizes the gradient, all-to-alls
+//     within the node (EngineOptions::ranks_per_node), sums in fp32 in local-rank order,
+//     re-quantizes, all-to-alls across nodes among ranks with the same local index and sums in
+//     fp32 in node order: the rank's shard, rounded once to the working dtype. It runs on a
+//     thread of its own, one group after another, overlapping the trainer's next backward like
+//     the plain reduce-scatter with overlap_comm. A NaN / Inf gradient makes its block NaN, so
+//     fp16 overflow still skips the step on every rank.
 // Differences from DeepSpeed, on purpose: gradients are reduced every micro-step at every stage
 // (DeepSpeed stage 0-1 reduce once per boundary), so with gradient_accumulation_steps > 1
 // stages 0-1 move that many times the bytes; sub-groups never span two groups.
@@ -134,6 +152,11 @@ struct EngineOptions {
   // Bound on every wait (a collective, a fetch, an IO). Past it the operation fails with
   // DeadlineExceeded naming it and the engine fails.
   std::chrono::milliseconds timeout{300000};
+  // ZeRO++ (zero_quantized_gradients, zero_hpz_partition_size): ranks per node, the hierarchy
+  // its sub-communicators follow (node n holds ranks [n * L, (n + 1) * L)). 0: the
+  // LOCAL_WORLD_SIZE environment variable (torchrun, `offloadctl launch`), else 1 rank per node.
+  // Must divide the world size.
+  int ranks_per_node = 0;
 };
 
 // The full parameters of one group on the device (Gather). Move-only; give it back with Release.
@@ -184,8 +207,12 @@ struct StepReport {
 struct EngineStats {
   int64_t global_step = 0;
   int64_t skipped_steps = 0;
-  StoreStats store;                // bytes moved per tier pair, used / peak / budget per tier
-  CommStats comm;                  // bytes per collective kind
+  StoreStats store;  // bytes moved per tier pair, used / peak / budget per tier
+  CommStats comm;    // bytes per collective kind (the communicator over all ranks)
+  // ZeRO++: the sub-communicators' bytes. intra: within a node (qgZ's first all-to-all, hpZ's
+  // secondary all-gather when the hpZ group lies within a node); inter: across nodes (qgZ's second
+  // all-to-all, hpZ groups spanning nodes). Zero without ZeRO++.
+  CommStats comm_intra, comm_inter;
   PerTier<uint64_t> peak_bytes{};  // engine-wide peak per tier (store + engine buffers)
   uint64_t gather_wait_ns = 0, reduce_wait_ns = 0, optimizer_ns = 0, optimizer_io_wait_ns = 0;
 };
@@ -202,6 +229,11 @@ struct EngineLayout {
   PerTier<uint64_t> state_bytes{};    // homes of the states
   PerTier<uint64_t> working_bytes{};  // gathered groups, gradient buffers, pipeline staging
   PerTier<uint64_t> budget_bytes{};
+  // ZeRO++ (README "ZeRO++"): what runs, and the hpZ secondary copy (16-bit, 1/k of every
+  // group, on the device; included in state_bytes[device]).
+  bool quantized_weights = false, quantized_gradients = false;
+  int hpz_partition_size = 1, ranks_per_node = 1;
+  uint64_t hpz_secondary_bytes = 0;
   std::vector<std::string> notes;  // placement rules applied, settings accepted but unused
   std::string ToString() const;    // the table Create prints
 };

@@ -47,6 +47,11 @@ struct BenchEngineArgs {
   std::string max_reuse_distance;           // COUNT for stage3_max_reuse_distance ("" = config's)
   uint64_t disk_size_bytes = 256ull << 20;  // bytes per pass of the disk measurement (0: none)
   double timeout_s = 600;
+  // ZeRO++ over the config's (README "ZeRO++"): --qwz, --qgz, --hpz K; the node size its
+  // hierarchy uses (0: LOCAL_WORLD_SIZE, as `offloadctl launch` sets it).
+  bool qwz = false, qgz = false;
+  int hpz = 0;  // 0: the config's zero_hpz_partition_size
+  int ranks_per_node = 0;
   bool sweep = false;
   bool json = false;
 };
@@ -66,7 +71,10 @@ struct RankFigures {
   double nvme_write_bytes_per_step = 0;
   double comm_bytes_per_step = 0;       // ring bytes sent (CommStats sent_bytes)
   double comm_wire_bytes_per_step = 0;  // bytes the backend really sent
-  double step_s = 0;                    // median
+  // ZeRO++ sub-communicators (EngineStats::comm_intra / comm_inter), ring bytes sent; included
+  // in comm_bytes_per_step.
+  double comm_intra_bytes_per_step = 0, comm_inter_bytes_per_step = 0;
+  double step_s = 0;  // median
 };
 
 struct VariantResult {
@@ -83,6 +91,7 @@ struct VariantResult {
   size_t params = 0;       // model elements
   DType dtype = DType::kBF16;
   int world_size = 1;
+  int ranks_per_node = 1;  // the node size the intra/inter split uses (--ranks-per-node / env)
   int gradient_accumulation_steps = 1;
   std::vector<RankFigures> ranks;  // rank 0: every rank's; others: their own
   std::vector<std::string> notes;

@@ -233,15 +233,23 @@ Status MeasureSteps(const BenchEngineArgs& a, Engine& e, int rank, Progress& pro
   for (Tier t : kAllTiers) f.peak_bytes[static_cast<size_t>(t)] = after.peak_bytes[t];
   f.nvme_read_bytes_per_step = (NvmeRead(after.store) - NvmeRead(before.store)) / n;
   f.nvme_write_bytes_per_step = (NvmeWrite(after.store) - NvmeWrite(before.store)) / n;
-  f.comm_bytes_per_step = (after.comm.total_sent_bytes() - before.comm.total_sent_bytes()) / n;
+  f.comm_intra_bytes_per_step =
+      (after.comm_intra.total_sent_bytes() - before.comm_intra.total_sent_bytes()) / n;
+  f.comm_inter_bytes_per_step =
+      (after.comm_inter.total_sent_bytes() - before.comm_inter.total_sent_bytes()) / n;
+  f.comm_bytes_per_step = (after.comm.total_sent_bytes() - before.comm.total_sent_bytes()) / n +
+                          f.comm_intra_bytes_per_step + f.comm_inter_bytes_per_step;
   f.comm_wire_bytes_per_step =
-      (after.comm.total_wire_sent_bytes() - before.comm.total_wire_sent_bytes()) / n;
+      (after.comm.total_wire_sent_bytes() + after.comm_intra.total_wire_sent_bytes() +
+       after.comm_inter.total_wire_sent_bytes() - before.comm.total_wire_sent_bytes() -
+       before.comm_intra.total_wire_sent_bytes() - before.comm_inter.total_wire_sent_bytes()) /
+      n;
   f.step_s = Median(r->step_s);
   r->ranks = {f};
   size_t layers = 0;
   for (size_t g = 0; g < e.model().groups.size(); ++g) layers += IsLayer(e, g) ? 1 : 0;
-  r->compute_s = 2.0 * a.compute_ms * 1e-3 * static_cast<double>(layers) *
-                 r->gradient_accumulation_steps;
+  r->compute_s =
+      2.0 * a.compute_ms * 1e-3 * static_cast<double>(layers) * r->gradient_accumulation_steps;
   return Status::OK();
 }
 
@@ -253,7 +261,9 @@ std::vector<double> Pack(const RankFigures& f) {
           f.nvme_write_bytes_per_step,
           f.comm_bytes_per_step,
           f.comm_wire_bytes_per_step,
-          f.step_s};
+          f.step_s,
+          f.comm_intra_bytes_per_step,
+          f.comm_inter_bytes_per_step};
 }
 
 RankFigures Unpack(const double* d) {
@@ -264,6 +274,8 @@ RankFigures Unpack(const double* d) {
   f.comm_bytes_per_step = d[5];
   f.comm_wire_bytes_per_step = d[6];
   f.step_s = d[7];
+  f.comm_intra_bytes_per_step = d[8];
+  f.comm_inter_bytes_per_step = d[9];
   return f;
 }
 
@@ -331,6 +343,18 @@ Result<ParsedConfig> BuildEngineConfig(const BenchEngineArgs& a, const EngineVar
     auto n = ParseParamCount(a.max_reuse_distance);
     z["stage3_max_reuse_distance"] = n.ok() ? static_cast<int64_t>(*n) : 0;
   }
+  if (a.sweep && v.stage != 3) {
+    // ZeRO++ acts at stage 3; the sweep's lower stages run without it.
+    for (const char* k :
+         {"zero_quantized_weights", "zero_quantized_gradients", "zero_hpz_partition_size"}) {
+      z.erase(k);
+    }
+  }
+  // A single run below stage 3 keeps them: the engine refuses, naming the key.
+  const bool zpp_applies = v.stage == 3 || !a.sweep;
+  if (a.qwz && zpp_applies) z["zero_quantized_weights"] = true;
+  if (a.qgz && zpp_applies) z["zero_quantized_gradients"] = true;
+  if (a.hpz > 0 && zpp_applies) z["zero_hpz_partition_size"] = a.hpz;
   if (!a.dtype.empty()) {
     j.erase("fp16");
     j.erase("bf16");
@@ -359,6 +383,14 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   VariantResult r;
   r.variant = v;
   r.world_size = p.world;
+  r.ranks_per_node = a.ranks_per_node;
+  if (r.ranks_per_node == 0) {
+    STRATA_ASSIGN_OR_RETURN(r.ranks_per_node, RanksPerNodeFromEnv(p.world));
+  }
+  if (r.ranks_per_node < 1 || p.world % r.ranks_per_node != 0) {
+    return Status::InvalidArgument("--ranks-per-node " + std::to_string(r.ranks_per_node) +
+                                   " does not divide the world size " + std::to_string(p.world));
+  }
   r.params = model.numel();
   size_t largest = 0;
   for (const GroupSpec& g : model.groups) largest = std::max(largest, g.numel());
@@ -391,6 +423,7 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   eo.nvme_paths = p.nvme_dirs;
   eo.io_kind = p.io_kind;
   eo.timeout = p.timeout;
+  eo.ranks_per_node = r.ranks_per_node;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           CreateOrRefuse(model, std::move(eo), &r.refused));
   // Every rank must agree before the first collective of the engine: a rank that does not fit

@@ -102,17 +102,48 @@ Status OpenProcess(const BenchEngineArgs& a, BenchProcess* p) {
   return Status::OK();
 }
 
+// The planner's intra/inter-node rule for a ring over every rank (planner.h, ZeroPlusPlus): the
+// inter-node fraction of its bytes.
+double RingInterFraction(int ranks_per_node, int nodes) {
+  const CommBytes one = ZeroPlusPlusComm({}, 1, 1, 0, ranks_per_node, nodes).param_gather_forward;
+  return one.Total() > 0 ? one.inter_node / one.Total() : 0.0;
+}
+
+// This rank's measured bytes per step by link: the communicator over all ranks split by the
+// planner's ring rule, plus the ZeRO++ sub-communicators' own (intra- or inter-node by
+// construction).
+CommBytes MeasuredCommSplit(const VariantResult& r, const RankFigures& f) {
+  const double global =
+      f.comm_bytes_per_step - f.comm_intra_bytes_per_step - f.comm_inter_bytes_per_step;
+  const double frac = RingInterFraction(r.ranks_per_node, r.world_size / r.ranks_per_node);
+  return CommBytes{global * (1 - frac) + f.comm_intra_bytes_per_step,
+                   global * frac + f.comm_inter_bytes_per_step};
+}
+
 double Sum(const std::vector<RankFigures>& r, double RankFigures::*field) {
   double s = 0;
   for (const RankFigures& f : r) s += f.*field;
   return s;
 }
 
-// The seed's ledger: stages 0-2 move one all-reduce of the gradients per step, stage 3 1.5x.
-double LedgerCommBytes(const VariantResult& r) {
+// The seed's ledger: stages 0-2 move one all-reduce of the gradients per step, stage 3 the
+// planner's ZeroPlusPlusComm (plain: 1.5x; with ZeRO++ its qwZ / hpZ / qgZ figures), split
+// intra/inter-node by the planner's rule.
+CommBytes LedgerCommBytes(const VariantResult& r) {
+  const int nodes = r.world_size / r.ranks_per_node;
+  if (r.variant.stage == 3) {
+    ZeroPlusPlus zpp;
+    zpp.quantized_weights = r.layout.quantized_weights;
+    zpp.quantized_gradients = r.layout.quantized_gradients;
+    zpp.hpz_partition_size = r.layout.hpz_partition_size;
+    const double elt = static_cast<double>(DTypeSize(r.dtype));
+    return ZeroPlusPlusComm(zpp, static_cast<double>(r.params), elt, elt, r.ranks_per_node, nodes)
+        .total;
+  }
   const double ar = static_cast<double>(
       RingBytes(CommOp::kAllReduce, r.params * DTypeSize(r.dtype), r.world_size));
-  return r.variant.stage == 3 ? 1.5 * ar : ar;
+  const double inter = ar * RingInterFraction(r.ranks_per_node, nodes);
+  return CommBytes{ar - inter, inter};
 }
 
 nlohmann::json TierJson(const double* v) {
@@ -170,11 +201,22 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
   }
   j["disk_bound_s"] = bound;
   j["io_efficiency"] = me.step_s > 0 ? bound / me.step_s : 0.0;
-  const double ledger = LedgerCommBytes(r);
+  const CommBytes ledger_split = LedgerCommBytes(r);
+  const double ledger = ledger_split.Total();
+  const CommBytes measured = MeasuredCommSplit(r, me);
   j["comm_bytes_per_rank"] = me.comm_bytes_per_step;
   j["comm_wire_bytes_per_rank"] = me.comm_wire_bytes_per_step;
   j["ledger_comm_bytes_per_rank"] = ledger;
   j["comm_vs_ledger"] = ledger > 0 ? me.comm_bytes_per_step / ledger : 0.0;
+  j["ranks_per_node"] = r.ranks_per_node;
+  j["comm_bytes_per_rank_split"] = {{"intra_node", measured.intra_node},
+                                    {"inter_node", measured.inter_node}};
+  j["ledger_comm_bytes_per_rank_split"] = {{"intra_node", ledger_split.intra_node},
+                                           {"inter_node", ledger_split.inter_node}};
+  j["zero_pp"] = {{"quantized_weights", r.layout.quantized_weights},
+                  {"quantized_gradients", r.layout.quantized_gradients},
+                  {"hpz_partition_size", r.layout.hpz_partition_size},
+                  {"hpz_secondary_bytes", r.layout.hpz_secondary_bytes}};
   double peak[3] = {0, 0, 0}, budget[3], plan[3];
   for (const RankFigures& f : r.ranks) {
     for (int t = 0; t < 3; ++t) peak[t] = std::max(peak[t], f.peak_bytes[t]);
@@ -194,6 +236,8 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
                      {"nvme_read_bytes_per_step", f.nvme_read_bytes_per_step},
                      {"nvme_write_bytes_per_step", f.nvme_write_bytes_per_step},
                      {"comm_bytes", f.comm_bytes_per_step},
+                     {"comm_intra_node_subcomm_bytes", f.comm_intra_bytes_per_step},
+                     {"comm_inter_node_subcomm_bytes", f.comm_inter_bytes_per_step},
                      {"comm_wire_bytes", f.comm_wire_bytes_per_step}});
   }
   j["ranks"] = ranks;
@@ -236,6 +280,20 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
   }
   std::printf("\n  comm %s GB/rank/step, ledger %s (x%.3f)\n", Gb(j["comm_bytes_per_rank"]).c_str(),
               Gb(j["ledger_comm_bytes_per_rank"]).c_str(), j["comm_vs_ledger"].get<double>());
+  const auto& cs = j["comm_bytes_per_rank_split"];
+  const auto& ls = j["ledger_comm_bytes_per_rank_split"];
+  std::printf(
+      "  comm by link (%d rank(s) per node): intra-node %s GB, inter-node %s GB; ledger %s, %s\n",
+      j["ranks_per_node"].get<int>(), Gb(cs["intra_node"]).c_str(), Gb(cs["inter_node"]).c_str(),
+      Gb(ls["intra_node"]).c_str(), Gb(ls["inter_node"]).c_str());
+  const auto& zpp = j["zero_pp"];
+  if (zpp["quantized_weights"].get<bool>() || zpp["quantized_gradients"].get<bool>() ||
+      zpp["hpz_partition_size"].get<int>() > 1) {
+    std::printf("  ZeRO++: qwZ %s, qgZ %s, hpZ %d (secondary copy %s GB)\n",
+                zpp["quantized_weights"].get<bool>() ? "on" : "off",
+                zpp["quantized_gradients"].get<bool>() ? "on" : "off",
+                zpp["hpz_partition_size"].get<int>(), Gb(zpp["hpz_secondary_bytes"]).c_str());
+  }
   std::printf("  %-7s %12s %12s %12s %12s   (GB, per rank)\n", "tier", "peak", "budget",
               "engine plan", "planner");
   for (const char* t : kTierKeys) {
@@ -443,6 +501,19 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
           ""))
       ->type_name("SIZE")
       ->default_str(SizeString(a->disk_size_bytes));
+  c->add_flag("--qwz", a->qwz,
+              "ZeRO++ qwZ (zero_quantized_weights): INT8 stage-3 parameter all-gather");
+  c->add_flag("--qgz", a->qgz,
+              "ZeRO++ qgZ (zero_quantized_gradients): hierarchical INT8 gradient reduce-scatter "
+              "(all-to-all within the node, then across nodes)");
+  c->add_option("--hpz", a->hpz,
+                "ZeRO++ hpZ (zero_hpz_partition_size): a secondary 16-bit copy of 1/K of the "
+                "params, so later gathers in a step stay within groups of K ranks (0: the "
+                "config's)")
+      ->check(AtLeast(0, true, true));
+  c->add_option("--ranks-per-node", a->ranks_per_node,
+                "Ranks per node for ZeRO++'s hierarchy (0: LOCAL_WORLD_SIZE, else one node)")
+      ->check(AtLeast(0, true, true));
   c->add_option("--timeout-s", a->timeout_s, "Bound on every wait of the engine and collectives")
       ->check(AtLeast(0, false))
       ->capture_default_str();
