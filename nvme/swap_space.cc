@@ -20,6 +20,10 @@ namespace strata::nvme {
 namespace {
 size_t RoundUp(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
 std::string BlockName(uint64_t id) { return "swap block " + std::to_string(id); }
+// An IO's user_data: its op slot and the unit of the op's block it transfers.
+uint64_t UnitTag(size_t slot, size_t unit) { return (uint64_t{slot} << 32) | unit; }
+size_t TagSlot(uint64_t tag) { return static_cast<size_t>(tag >> 32); }
+size_t TagUnit(uint64_t tag) { return static_cast<size_t>(tag & 0xffffffffu); }
 }  // namespace
 
 std::string SwapFilePath(const std::string& dir, int rank) {
@@ -66,13 +70,20 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const SwapSpaceOptions& opt
   STRATA_RETURN_IF_ERROR(s->CheckFreeSpace());
   std::vector<uint64_t> next_offset(nfiles, 0);
   for (size_t b = 0; b < blocks.size(); ++b) {
-    Block block{blocks[b].id, RoundUp(blocks[b].size_bytes, kIoAlignment), {}};
+    Block block;
+    block.id = blocks[b].id;
+    block.extent_bytes = RoundUp(blocks[b].size_bytes, kIoAlignment);
     for (size_t off = 0, k = 0; off < block.extent_bytes; off += unit, ++k) {
       const uint32_t f = static_cast<uint32_t>((b + k) % nfiles);
       const size_t len = std::min(unit, block.extent_bytes - off);
-      block.units.push_back(Unit{f, next_offset[f], len});
+      block.units.push_back(Unit{f, next_offset[f], len, off});
       next_offset[f] += len;
     }
+    if (block.units.size() > 0xffffffffu) {
+      return Status::InvalidArgument(BlockName(blocks[b].id) + ": more than 2^32 stripe units");
+    }
+    block.unit_sums.assign(block.units.size(), 0);
+    block.pending_sums.assign(block.units.size(), 0);
     s->blocks_.push_back(std::move(block));
   }
   if (next_offset != s->file_sizes_) return Status::Internal("swap space: layout size mismatch");
@@ -307,11 +318,7 @@ Status SwapSpace::Submit(std::span<const SwapOp> ops) {
     s.block_index = index_.at(op.block_id);
     s.used = true;
     Block& b = blocks_[s.block_index];
-    // Checksum before the write (pair assertion with the verify after the read).
-    if (op.op == IoOp::kWrite) {
-      s.checksum = XXH3_64bits(op.buffer, b.extent_bytes);
-      ++b.pending_writes;
-    }
+    if (op.op == IoOp::kWrite) ++b.pending_writes;
     s.units_left = b.units.size();
     waiting_.push_back(slot);
   }
@@ -354,14 +361,15 @@ void SwapSpace::Pump() {
     for (size_t k = 0; k < issuing_.size() && batch_.size() < room; ++k) {
       const size_t slot = issuing_[k];
       const OpSlot& s = slots_[slot];
-      const Block& b = blocks_[s.block_index];
-      size_t off = 0;
-      for (size_t u = 0; u < s.next_unit; ++u) off += b.units[u].length_bytes;
+      Block& b = blocks_[s.block_index];
       for (size_t u = s.next_unit; u < b.units.size() && batch_.size() < room; ++u) {
         const Unit& unit = b.units[u];
-        batch_.push_back(IoRequest{s.op.op, fds_[unit.file], unit.offset,
-                                   static_cast<char*>(s.op.buffer) + off, unit.length_bytes, slot});
-        off += unit.length_bytes;
+        char* data = static_cast<char*>(s.op.buffer) + unit.block_offset;
+        // The write's sum of this unit, taken just before it goes out (pair assertion with the
+        // verify as a read's unit completes). A running write is alone on its block.
+        if (s.op.op == IoOp::kWrite) b.pending_sums[u] = XXH3_64bits(data, unit.length_bytes);
+        batch_.push_back(IoRequest{s.op.op, fds_[unit.file], unit.offset, data, unit.length_bytes,
+                                   UnitTag(slot, u)});
       }
     }
     Status st = io_->Submit(batch_);
@@ -369,7 +377,7 @@ void SwapSpace::Pump() {
       FailUnissued(st);
       return;
     }
-    for (const IoRequest& r : batch_) ++slots_[r.user_data].next_unit;
+    for (const IoRequest& r : batch_) ++slots_[TagSlot(r.user_data)].next_unit;
     size_t keep = 0;
     for (size_t slot : issuing_) {
       const OpSlot& s = slots_[slot];
@@ -412,7 +420,7 @@ void SwapSpace::FinishOp(size_t slot) {
     --b.pending_writes;
     if (st.ok()) {
       b.state = Block::State::kValid;
-      b.checksum = s.checksum;
+      b.unit_sums.swap(b.pending_sums);
     } else if (issued_any) {
       b.state = Block::State::kInvalid;  // some units may have landed: never verify a mix
     }
@@ -421,16 +429,26 @@ void SwapSpace::FinishOp(size_t slot) {
       st = Status::FailedPrecondition(BlockName(b.id) + " was never written");
     } else if (b.state != Block::State::kValid) {
       st = Status::Corruption(BlockName(b.id) + ": its last write failed; no valid version");
-    } else if (XXH3_64bits(s.op.buffer, b.extent_bytes) != b.checksum) {
-      st = Status::Corruption(BlockName(b.id) + ": checksum mismatch reading " +
-                              std::to_string(b.extent_bytes) + " bytes from '" +
-                              file_paths_[b.units[0].file] + "' offset " +
-                              std::to_string(b.units[0].offset) + " (data on disk changed)");
     }
+    // Units were verified as they completed (VerifyUnit); a mismatch is already in `st`.
   }
   ready_.push_back(SwapCompletion{s.op.user_data, b.id, std::move(st)});
   s.used = false;
   free_slots_.push_back(slot);
+}
+
+// A read's unit just landed: its bytes against the sum recorded by the block's last write. Only
+// a valid block is checked here; FinishOp fails reads of blocks never written or invalid.
+Status SwapSpace::VerifyUnit(const OpSlot& s, size_t u) const {
+  const Block& b = blocks_[s.block_index];
+  if (b.state != Block::State::kValid) return Status::OK();
+  const Unit& unit = b.units[u];
+  const char* data = static_cast<const char*>(s.op.buffer) + unit.block_offset;
+  if (XXH3_64bits(data, unit.length_bytes) == b.unit_sums[u]) return Status::OK();
+  return Status::Corruption(BlockName(b.id) + ": checksum mismatch in stripe unit " +
+                            std::to_string(u) + " (" + std::to_string(unit.length_bytes) +
+                            " bytes from '" + file_paths_[unit.file] + "' offset " +
+                            std::to_string(unit.offset) + "): data on disk changed");
 }
 
 Result<size_t> SwapSpace::Reap(std::span<SwapCompletion> out, size_t min_complete) {
@@ -441,10 +459,13 @@ Result<size_t> SwapSpace::Reap(std::span<SwapCompletion> out, size_t min_complet
     const size_t need = ready_.size() < want ? 1 : 0;
     STRATA_ASSIGN_OR_RETURN(size_t n, io_->Reap(io_out_, need));
     for (size_t i = 0; i < n; ++i) {
-      const size_t slot = static_cast<size_t>(io_out_[i].user_data);
+      const size_t slot = TagSlot(io_out_[i].user_data);
       OpSlot& s = slots_[slot];
       if (!io_out_[i].status.ok() && s.first_error.ok()) {
         s.first_error = io_out_[i].status.WithContext(BlockName(s.op.block_id));
+      }
+      if (io_out_[i].status.ok() && s.op.op == IoOp::kRead && s.first_error.ok()) {
+        s.first_error = VerifyUnit(s, TagUnit(io_out_[i].user_data));
       }
       if (--s.units_left == 0) FinishOp(slot);
     }

@@ -1,5 +1,5 @@
 // SwapSpace: the NVMe home of model-state blocks, one preallocated O_DIRECT file per nvme_path
-// per rank, with a static extent layout and an xxHash checksum per block.
+// per rank, with a static extent layout and an xxHash checksum per stripe unit of each block.
 //
 // Layout: blocks are known when the space is created. Each block's extent (its size rounded up
 // to 4 KiB) is cut into stripe units; unit k of a block goes to file (first + k) mod #paths, so a
@@ -7,8 +7,11 @@
 // the units become independent IOs that keep the queue full. Files are preallocated (fallocate)
 // at Create: a disk too small fails there, before training starts.
 //
-// Integrity: every write records XXH3-64 of the extent bytes once all of its units completed;
-// every read verifies it. A flipped byte on disk is Corruption naming the block, never silently
+// Integrity: every write records XXH3-64 of each stripe unit's bytes (hashed as the unit is
+// issued; the block's new sums replace the old ones once all of its units completed); every read
+// verifies each unit as it completes. Hashing unit by unit keeps the queue full: a whole-block
+// hash (50 MB: milliseconds) on the owner thread let every IO in flight finish meanwhile and the
+// disk idle. A flipped byte on disk is Corruption naming the block and the unit, never silently
 // wrong data. A write that fails in any unit marks the block invalid (its extent may be
 // half-written); reading it is Corruption until it is written successfully again.
 //
@@ -146,13 +149,16 @@ class SwapSpace {
     uint32_t file;
     uint64_t offset;
     size_t length_bytes;
+    size_t block_offset;  // where the unit starts in the block's buffer
   };
   struct Block {
     uint64_t id;
     size_t extent_bytes;
     std::vector<Unit> units;
     enum class State : uint8_t { kNeverWritten, kValid, kInvalid } state = State::kNeverWritten;
-    uint64_t checksum = 0;
+    // XXH3-64 per unit: of the valid version, and of the write running now (one at a time per
+    // block), swapped in when that write succeeds. Sized at Create.
+    std::vector<uint64_t> unit_sums, pending_sums;
     // Ordering (see the header comment): ops running on the block, writes pending on it.
     uint32_t running_reads = 0;
     bool running_write = false;
@@ -164,7 +170,6 @@ class SwapSpace {
     size_t block_index = 0;
     size_t next_unit = 0;   // units issued to the backend so far
     size_t units_left = 0;  // units not yet completed (issued or not)
-    uint64_t checksum = 0;  // of the bytes being written
     Status first_error;
     bool started = false;  // counted in the block's running_* (its units may be issued)
     bool used = false;
@@ -181,6 +186,7 @@ class SwapSpace {
   void StartWaitingOps();
   void FailUnissued(const Status& error);
   void FinishOp(size_t slot);
+  Status VerifyUnit(const OpSlot& s, size_t unit) const;
 
   SwapSpaceOptions options_;
   IoBackend* io_;

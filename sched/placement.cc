@@ -1,5 +1,6 @@
 #include "sched/placement.h"
 
+#include <algorithm>
 #include <cassert>
 
 namespace strata::sched {
@@ -51,6 +52,26 @@ StatePlacement ResolvePlacement(int stage, OffloadDevice optimizer, OffloadDevic
   p.grads_partitioned = stage >= 2;
   p.params_partitioned = stage >= 3;
   return p;
+}
+
+uint64_t StateElementBytes(StateKind kind, DType working) {
+  return kind == StateKind::kParam16 ? DTypeSize(working) : 4;
+}
+
+namespace {
+uint64_t PageRound(uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+}  // namespace
+
+uint64_t OptimizerSwapBufferBytes(int64_t buffer_count, uint64_t sub_group_elems) {
+  const auto buffers = static_cast<uint64_t>(std::clamp<int64_t>(buffer_count, 1, 64));
+  const uint64_t block =
+      PageRound(sub_group_elems * StateElementBytes(StateKind::kGrad, DType::kF32));
+  return (buffers + 1) * 4 * block;
+}
+
+uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems, DType working) {
+  const auto buffers = static_cast<uint64_t>(std::clamp<int64_t>(buffer_count, 2, 64));
+  return buffers * PageRound(largest_shard_elems * StateElementBytes(StateKind::kParam16, working));
 }
 
 }  // namespace strata::sched

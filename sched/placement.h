@@ -49,4 +49,29 @@ Tier OffloadTier(OffloadDevice d);
 // REQUIRES: 0 <= stage <= 3 (the config reader and the planner validate it first).
 StatePlacement ResolvePlacement(int stage, OffloadDevice optimizer, OffloadDevice param);
 
+// Memory rules shared by the engine's layout (core/zero/engine.cc) and the planner's memory
+// items (core/plan/planner.cc): one formula each, so `offloadctl plan` and the engine's peak
+// agree.
+//
+// Bytes per element of a rank's copy of `kind`: param16 in the working dtype; the gradient shard
+// handed to the optimizer and the optimizer states (master32, exp_avg, exp_avg_sq) in fp32. The
+// gradient is kept in fp32 wherever it lives (device, host or NVMe) because it is accumulated
+// there across micro-steps: a 16-bit accumulator would round every partial sum, and one width on
+// every tier is what makes the placements bit-identical. DeepSpeed does the same on its offload
+// path (fp32 gradient partitions on the CPU, swapped to NVMe in fp32); only the reduction on the
+// wire is in the working dtype (the planner's recipe grad_bytes).
+uint64_t StateElementBytes(StateKind kind, DType working);
+
+// Host memory the optimizer step pages NVMe-homed optimizer state through: `buffer_count`
+// (offload_optimizer.buffer_count, clamped to [1, 64]) sub-groups in the step pipeline plus the
+// one being accumulated, each four fp32 blocks (master32, exp_avg, exp_avg_sq, grad) of
+// `sub_group_elems` elements in whole 4 KiB pages (the store's IO alignment). Not DeepSpeed's
+// buffer_count x sub_group x 4 B: strata's buffers hold whole sub-groups, gradient included.
+uint64_t OptimizerSwapBufferBytes(int64_t buffer_count, uint64_t sub_group_elems);
+
+// Host memory NVMe-homed parameter shards are staged through: `buffer_count`
+// (offload_param.buffer_count, clamped to [2, 64]) shards of the largest group, in whole 4 KiB
+// pages. strata keeps no other parameter cache in DRAM (DeepSpeed's max_in_cpu is not used).
+uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems, DType working);
+
 }  // namespace strata::sched

@@ -74,13 +74,14 @@ TEST(PlannerConfig, InfinityConfigMapsEveryKey) {
   EXPECT_DOUBLE_EQ(z.gradient_accumulation_steps, 4);
   EXPECT_TRUE(a.notes.empty()) << a.notes.front();
 
-  // The mapped settings drive the placement: host per node (8 GPUs, shard 8.75e8):
-  // optimizer swap buffers 8 x 6 x min(5e7, 8.75e8) x 4 B = 9.6 GB
-  // + param cache 8 x 2 B x min(3e8, 8.75e8) = 4.8 GB + param buffers 8 x 7 x 2e8 x 2 B = 22.4 GB
-  // = 36.8 GB.
+  // The mapped settings drive the placement: host per node (8 GPUs, shard 8.75e8), by the
+  // engine's rules (sched/placement.h): optimizer swap buffers 8 x (6 + 1) x 4 blocks of
+  // min(5e7, 8.75e8) x 4 B (in 4 KiB pages: 200003584) = 44.8 GB + param buffers 8 x 7 x
+  // min(2e8, 8.75e8) x 2 B (in pages: 400003072) = 22.4 GB (no DRAM cache for max_in_cpu).
   auto plan = MakePlan(a.in);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  EXPECT_DOUBLE_EQ(plan->configured->host_bytes_per_node, 36.8e9);
+  EXPECT_DOUBLE_EQ(plan->configured->host_bytes_per_node,
+                   8.0 * 7 * 4 * 200003584 + 8.0 * 7 * 400003072);
   // HBM: one reduce bucket 1e8 x 2 B = 0.2 GB (overlap off) + gathered max(4e8, 0 + 3e7) x 2 B
   // = 0.8 GB -> 1 GB.
   EXPECT_DOUBLE_EQ(plan->configured->hbm_bytes_per_gpu, 1e9);

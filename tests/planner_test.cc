@@ -6,6 +6,11 @@
 // reduce = allgather = 5e8, prefetch 5e7, max_live 1e9, sub_group 1e9, max_in_cpu 1e9,
 // param buffers 5 x 1e8, optimizer buffer_count 4, overlap_comm unset (true only at stage 3).
 // Shard per rank: Ψ/N = 8.75e8 params.
+// Memory items follow the engine's rules (sched/placement.h): the gradient shard held for the
+// optimizer is fp32 (4 B, accumulated there) whatever the recipe's g (the reduction on the wire,
+// the buckets, PCIe); the NVMe swap buffers are (buffer_count + 1) x 4 fp32 blocks of a
+// sub-group in whole 4 KiB pages; params on NVMe get buffer_count shard buffers and no DRAM
+// cache. (The ledger, LedgerBytesPerGpu, stays the ZeRO paper's.)
 #include "strata/planner.h"
 
 #include <gtest/gtest.h>
@@ -98,16 +103,16 @@ TEST(PlannerParse, ParamCountMustBeAWholeNumberAfterTheSuffix) {
 
 TEST(PlannerPlace, NoOffloadEachStage) {
   const PlanInput in = Ref();
-  // Stage 0: 112 + all-reduce bucket 5e8 x 2 B (overlap off) = 113 GB.
-  EXPECT_DOUBLE_EQ(Place(in, 0, D::kNone, D::kNone).hbm_bytes_per_gpu, 113e9);
-  // Stage 1: 38.5 + (5e8 x 2 + 5e8 x 2) x 1 = 40.5 GB.
-  EXPECT_DOUBLE_EQ(Place(in, 1, D::kNone, D::kNone).hbm_bytes_per_gpu, 40.5e9);
-  // Stage 2: 26.25 + 2 = 28.25 GB.
-  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 28.25e9);
-  // Stage 3: 14 + reduce bucket 5e8 x 2 x 2 (overlap on by default) = 2
-  //          + gathered min(7e9, max(1e9, 0 + 5e7)) x 2 = 2  -> 18 GB.
+  // Stage 0: 112 + fp32 grads 2 x 7 = 126 + all-reduce bucket 5e8 x 2 B (overlap off) = 127 GB.
+  EXPECT_DOUBLE_EQ(Place(in, 0, D::kNone, D::kNone).hbm_bytes_per_gpu, 127e9);
+  // Stage 1: 38.5 + 14 (full fp32 grads) + (5e8 x 2 + 5e8 x 2) x 1 = 54.5 GB.
+  EXPECT_DOUBLE_EQ(Place(in, 1, D::kNone, D::kNone).hbm_bytes_per_gpu, 54.5e9);
+  // Stage 2: 26.25 + 1.75 (fp32 grad shard) + 2 = 30 GB.
+  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 30e9);
+  // Stage 3: 14 + 1.75 (fp32 grad shard) + reduce bucket 5e8 x 2 x 2 (overlap on by default) = 2
+  //          + gathered min(7e9, max(1e9, 0 + 5e7)) x 2 = 2  -> 19.75 GB.
   const Placement s3 = Place(in, 3, D::kNone, D::kNone);
-  EXPECT_DOUBLE_EQ(s3.hbm_bytes_per_gpu, 18e9);
+  EXPECT_DOUBLE_EQ(s3.hbm_bytes_per_gpu, 19.75e9);
   EXPECT_DOUBLE_EQ(ItemBytes(s3, Tier::kDevice, "gathered"), 2e9);
   EXPECT_DOUBLE_EQ(s3.host_bytes_per_node, 0);
   EXPECT_DOUBLE_EQ(s3.nvme_bytes_per_node, 0);
@@ -117,19 +122,21 @@ TEST(PlannerPlace, NoOffloadEachStage) {
 TEST(PlannerPlace, BucketsFollowOverlapAndLargestGroup) {
   PlanInput in = Ref();
   in.zero.overlap_comm = true;
-  // Stage 2 with overlap_comm: 26.25 + 4.5 x (1 + 1) = 35.25 GB.
-  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 35.25e9);
+  // Stage 2 with overlap_comm: 26.25 + 1.75 (fp32 grad shard) + 4.5 x (1 + 1) = 37 GB.
+  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 37e9);
   in.zero.overlap_comm = false;
   in.largest_group_params = 1.2e9;
-  // Stage 3, overlap off: 14 + 1 (one reduce bucket) + max(1e9, 1.2e9 + 5e7) x 2 = 2.5 -> 17.5.
-  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 17.5e9);
-  in.activation_bytes_per_gpu = 20e9;  // added as given: 37.5 GB
-  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 37.5e9);
+  // Stage 3, overlap off: 15.75 + 1 (one reduce bucket) + max(1e9, 1.2e9 + 5e7) x 2 = 2.5
+  // -> 19.25.
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 19.25e9);
+  in.activation_bytes_per_gpu = 20e9;  // added as given: 39.25 GB
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 39.25e9);
   // A tiny model: buckets and the gathered set never exceed the model (1e6 params):
-  // 16e6 / 8 = 2e6 + reduce 1e6 x 2 + gathered 1e6 x 2 = 6e6 (overlap off), + 20 GB activations.
+  // 18e6 / 8 = 2.25e6 + reduce 1e6 x 2 + gathered 1e6 x 2 = 6.25e6 (overlap off), + 20 GB
+  // activations.
   in.params = 1e6;
   in.largest_group_params = 0;
-  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 6e6 + 20e9);
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 6.25e6 + 20e9);
 }
 
 TEST(PlannerPlace, Stage3OptimizerCpu) {
@@ -137,8 +144,8 @@ TEST(PlannerPlace, Stage3OptimizerCpu) {
   // HBM: param shard 2 x 8.75e8 = 1.75 + buckets 2 + gathered 2 = 5.75 GB (grads and optimizer
   // state left the GPU).
   EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 5.75e9);
-  // Host per node: 8 GPUs x (12 + 2) B x 8.75e8 = 84 + 14 = 98 GB; not pinned by default.
-  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 98e9);
+  // Host per node: 8 GPUs x (12 + 4) B x 8.75e8 = 84 + 28 = 112 GB; not pinned by default.
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 112e9);
   EXPECT_DOUBLE_EQ(p.host_pinned_bytes_per_node, 0);
   EXPECT_DOUBLE_EQ(p.nvme_bytes_per_node, 0);
   // PCIe per GPU: grad shard down 1.75 + updated param shard up 1.75 = 3.5 GB.
@@ -151,91 +158,92 @@ TEST(PlannerPlace, Stage3OptimizerCpuParamCpuPinned) {
   in.zero.optimizer_pin_memory = true;
   in.zero.param_pin_memory = true;
   const Placement p = Place(in, 3, D::kCpu, D::kCpu);
-  // HBM: buckets 2 + gathered 2 = 4 GB. Host: 98 + params 8 x 2 x 8.75e8 = 14 -> 112 GB,
+  // HBM: buckets 2 + gathered 2 = 4 GB. Host: 112 + params 8 x 2 x 8.75e8 = 14 -> 126 GB,
   // all of it pinned.
   EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 4e9);
-  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 112e9);
-  EXPECT_DOUBLE_EQ(p.host_pinned_bytes_per_node, 112e9);
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 126e9);
+  EXPECT_DOUBLE_EQ(p.host_pinned_bytes_per_node, 126e9);
   // PCIe: grads down 1.75 + forward and backward shard up 2 x 1.75 = 5.25 GB.
   EXPECT_DOUBLE_EQ(p.pcie_bytes_per_gpu, 5.25e9);
 }
 
 TEST(PlannerPlace, Stage3ParamOffloadOnly) {
   const Placement cpu = Place(Ref(), 3, D::kNone, D::kCpu);
-  // HBM: grads shard 1.75 + optimizer shard 12 x 8.75e8 = 10.5 + buckets 2 + gathered 2 = 16.25.
-  EXPECT_DOUBLE_EQ(cpu.hbm_bytes_per_gpu, 16.25e9);
+  // HBM: fp32 grads shard 3.5 + optimizer shard 12 x 8.75e8 = 10.5 + buckets 2 + gathered 2 = 18.
+  EXPECT_DOUBLE_EQ(cpu.hbm_bytes_per_gpu, 18e9);
   EXPECT_DOUBLE_EQ(cpu.host_bytes_per_node, 14e9);
   // PCIe: shard up twice 3.5 + updated shard down 1.75 = 5.25 GB.
   EXPECT_DOUBLE_EQ(cpu.pcie_bytes_per_gpu, 5.25e9);
 
   const Placement nvme = Place(Ref(), 3, D::kNone, D::kNvme);
-  EXPECT_DOUBLE_EQ(nvme.hbm_bytes_per_gpu, 16.25e9);
-  // Host: cache min(1e9, 8.75e8) x 2 x 8 = 14 + swap buffers 8 x 5 x 1e8 x 2 = 8 -> 22 GB.
-  EXPECT_DOUBLE_EQ(nvme.host_bytes_per_node, 22e9);
-  EXPECT_DOUBLE_EQ(nvme.host_pinned_bytes_per_node, 8e9);
-  // NVMe: 8 x 2 x 8.75e8 = 14 GB; the whole shard is cached, so no NVMe IO in the step.
+  EXPECT_DOUBLE_EQ(nvme.hbm_bytes_per_gpu, 18e9);
+  // Host: no DRAM cache; swap buffers 8 x 5 x (1e8 x 2 B, in 4 KiB pages: 200003584) = 8.0001 GB.
+  EXPECT_DOUBLE_EQ(nvme.host_bytes_per_node, 8.0 * 5 * 200003584);
+  EXPECT_DOUBLE_EQ(nvme.host_pinned_bytes_per_node, 8.0 * 5 * 200003584);
+  // NVMe: 8 x 2 x 8.75e8 = 14 GB, read for forward and backward and written once:
+  // 3 x 1.75 x 8 = 42 GB of IO per step.
   EXPECT_DOUBLE_EQ(nvme.nvme_bytes_per_node, 14e9);
-  EXPECT_DOUBLE_EQ(nvme.nvme_io_bytes_per_node, 0);
+  EXPECT_DOUBLE_EQ(nvme.nvme_io_bytes_per_node, 42e9);
 }
 
 TEST(PlannerPlace, Stage3OptimizerNvme) {
   PlanInput in = Ref();
   const Placement p = Place(in, 3, D::kNvme, D::kNone);
   EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 5.75e9);
-  // Host: swap buffers 8 x 4 x min(1e9, 8.75e8) x 4 B = 112 GB (sub_group_size 1e9 is larger
-  // than the shard: the buffers hold as much as the state itself).
-  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 112e9);
-  // NVMe: optimizer 8 x 12 x 8.75e8 = 84 + grads 8 x 2 x 8.75e8 = 14 -> 98 GB.
-  EXPECT_DOUBLE_EQ(p.nvme_bytes_per_node, 98e9);
-  // IO per rank: read+write optimizer 2 x 10.5 = 21 + grads written and read 2 x 1 x 1.75 = 3.5
-  // -> 24.5 GB; x 8 = 196 GB per node; at 6 GB/s: 196/6 s; in a 10 s step: 19.6 GB/s.
-  EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 196e9);
-  EXPECT_DOUBLE_EQ(p.nvme_io_seconds, 196.0 / 6.0);
-  EXPECT_DOUBLE_EQ(p.nvme_required_bytes_per_s, 19.6e9);
-  // 4 x 8.75e8 x 4 B = 14 GB of buffers per rank >= 12 x 8.75e8 = 10.5 GB of state: noted.
+  // Host: swap buffers 8 x (4 + 1) x 4 x min(1e9, 8.75e8) x 4 B (in 4 KiB pages: 3500003328)
+  // = 560 GB (sub_group_size 1e9 is larger than the shard: the buffers hold more than the state).
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 8.0 * 5 * 4 * 3500003328);
+  // NVMe: optimizer 8 x 12 x 8.75e8 = 84 + fp32 grads 8 x 4 x 8.75e8 = 28 -> 112 GB.
+  EXPECT_DOUBLE_EQ(p.nvme_bytes_per_node, 112e9);
+  // IO per rank: read+write optimizer 2 x 10.5 = 21 + grads written and read 2 x 1 x 3.5 = 7
+  // -> 28 GB; x 8 = 224 GB per node; at 6 GB/s: 224/6 s; in a 10 s step: 22.4 GB/s.
+  EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 224e9);
+  EXPECT_DOUBLE_EQ(p.nvme_io_seconds, 224.0 / 6.0);
+  EXPECT_DOUBLE_EQ(p.nvme_required_bytes_per_s, 22.4e9);
+  // 70 GB of buffers per rank >= 12 x 8.75e8 = 10.5 GB of state: noted.
   ASSERT_EQ(p.notes.size(), 1u);
   EXPECT_NE(p.notes[0].find("sub_group_size"), std::string::npos);
 
   in.zero.sub_group_size = 1e8;
   in.zero.gradient_accumulation_steps = 4;
   const Placement q = Place(in, 3, D::kNvme, D::kCpu);
-  EXPECT_TRUE(q.notes.empty());  // 4 x 1e8 x 4 B = 1.6 GB < 10.5 GB per rank
-  // HBM 4. Host: buffers 8 x 4 x 1e8 x 4 = 12.8 + params 14 = 26.8 GB.
+  EXPECT_TRUE(q.notes.empty());  // 5 x 4 x 1e8 x 4 B = 8 GB < 10.5 GB per rank
+  // HBM 4. Host: buffers 8 x 5 x 4 x (1e8 x 4 B in pages: 400003072) = 64.0005 + params 14.
   EXPECT_DOUBLE_EQ(q.hbm_bytes_per_gpu, 4e9);
-  EXPECT_DOUBLE_EQ(q.host_bytes_per_node, 26.8e9);
-  // IO per rank: 21 + grads 2 x 4 x 1.75 = 14 -> 35; x 8 = 280 GB.
-  EXPECT_DOUBLE_EQ(q.nvme_io_bytes_per_node, 280e9);
+  EXPECT_DOUBLE_EQ(q.host_bytes_per_node, 8.0 * 5 * 4 * 400003072 + 14e9);
+  // IO per rank: 21 + fp32 grads 2 x 4 x 3.5 = 28 -> 49; x 8 = 392 GB.
+  EXPECT_DOUBLE_EQ(q.nvme_io_bytes_per_node, 392e9);
   // PCIe: grads down each micro-step 4 x 1.75 = 7 + shard up 2 x 4 x 1.75 = 14 -> 21 GB.
   EXPECT_DOUBLE_EQ(q.pcie_bytes_per_gpu, 21e9);
 }
 
-TEST(PlannerPlace, Stage3AllNvmeWithPartialCache) {
+TEST(PlannerPlace, Stage3AllNvmeMaxInCpuIsNotACache) {
   PlanInput in = Ref();
-  in.zero.max_in_cpu = 2.5e8;
+  in.zero.max_in_cpu = 2.5e8;  // accepted, but strata keeps no DRAM copy of NVMe params
   in.zero.sub_group_size = 1e8;
   const Placement p = Place(in, 3, D::kNvme, D::kNvme);
   EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 4e9);
-  // Host: opt buffers 12.8 + cache 8 x 2 x 2.5e8 = 4 + param buffers 8 = 24.8 GB.
-  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 24.8e9);
-  // NVMe: 98 + params 14 = 112 GB.
-  EXPECT_DOUBLE_EQ(p.nvme_bytes_per_node, 112e9);
-  // IO per rank: optimizer+grads 24.5 + uncached params (8.75e8 - 2.5e8 = 6.25e8) x 2 B x
-  // (2 reads + 1 write) = 3.75 -> 28.25; x 8 = 226 GB.
-  EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 226e9);
-  EXPECT_DOUBLE_EQ(Place(in, 3, D::kCpu, D::kNvme).nvme_io_bytes_per_node, 30e9);
+  // Host: opt buffers 8 x 5 x 4 x 400003072 = 64.0005 + param buffers 8 x 5 x 200003584 = 8.0001.
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 8.0 * 5 * 4 * 400003072 + 8.0 * 5 * 200003584);
+  // NVMe: 112 + params 14 = 126 GB.
+  EXPECT_DOUBLE_EQ(p.nvme_bytes_per_node, 126e9);
+  // IO per rank: optimizer+grads 28 + params 8.75e8 x 2 B x (2 reads + 1 write) = 5.25 -> 33.25;
+  // x 8 = 266 GB.
+  EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 266e9);
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kCpu, D::kNvme).nvme_io_bytes_per_node, 42e9);
 }
 
 TEST(PlannerPlace, OffloadBelowStage3FollowsDeepSpeed) {
   const PlanInput in = Ref();
-  // Stage 2 + optimizer cpu (ZeRO-Offload): HBM params 14 + buckets 2 = 16; host 98.
+  // Stage 2 + optimizer cpu (ZeRO-Offload): HBM params 14 + buckets 2 = 16; host 112.
   const Placement s2 = Place(in, 2, D::kCpu, D::kNone);
   EXPECT_DOUBLE_EQ(s2.hbm_bytes_per_gpu, 16e9);
-  EXPECT_DOUBLE_EQ(s2.host_bytes_per_node, 98e9);
+  EXPECT_DOUBLE_EQ(s2.host_bytes_per_node, 112e9);
   EXPECT_TRUE(s2.notes.empty());
-  // Stage 1 keeps the full grads on the GPU: 14 + 14 + 2 = 30; host 98.
+  // Stage 1 keeps the full fp32 grads on the GPU: 14 + 28 + 2 = 44; host 112.
   const Placement s1 = Place(in, 1, D::kCpu, D::kNone);
-  EXPECT_DOUBLE_EQ(s1.hbm_bytes_per_gpu, 30e9);
-  EXPECT_DOUBLE_EQ(s1.host_bytes_per_node, 98e9);
+  EXPECT_DOUBLE_EQ(s1.hbm_bytes_per_gpu, 44e9);
+  EXPECT_DOUBLE_EQ(s1.host_bytes_per_node, 112e9);
   EXPECT_DOUBLE_EQ(s1.pcie_bytes_per_gpu, 3.5e9);
   // NVMe optimizer offload below stage 3 becomes cpu; param offload is ignored: as s2.
   const Placement s2n = Place(in, 2, D::kNvme, D::kNvme);
@@ -244,10 +252,10 @@ TEST(PlannerPlace, OffloadBelowStage3FollowsDeepSpeed) {
   EXPECT_EQ(s2n.notes.size(), 2u);
   EXPECT_DOUBLE_EQ(s2n.hbm_bytes_per_gpu, 16e9);
   EXPECT_DOUBLE_EQ(s2n.nvme_bytes_per_node, 0);
-  // Stage 0 ignores optimizer offload: 113 GB as without it.
+  // Stage 0 ignores optimizer offload: 127 GB as without it.
   const Placement s0 = Place(in, 0, D::kCpu, D::kCpu);
   EXPECT_EQ(s0.offload_optimizer, D::kNone);
-  EXPECT_DOUBLE_EQ(s0.hbm_bytes_per_gpu, 113e9);
+  EXPECT_DOUBLE_EQ(s0.hbm_bytes_per_gpu, 127e9);
   EXPECT_DOUBLE_EQ(s0.host_bytes_per_node, 0);
 }
 
@@ -257,8 +265,8 @@ TEST(PlannerPlace, HostAndNvmeScaleWithGpusPerNodeNotNodes) {
   in.capacity.nodes = 2;  // N = 8 again, shard 8.75e8
   const Placement p = Place(in, 3, D::kCpu, D::kCpu);
   EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 4e9);
-  // 4 GPUs x 16 B x 8.75e8 = 56 GB per node.
-  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 56e9);
+  // 4 GPUs x (12 + 4 + 2) B x 8.75e8 = 63 GB per node.
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 63e9);
 }
 
 TEST(PlannerComm, RelativeToDdp) {
@@ -298,32 +306,32 @@ TEST(PlannerRecommend, LadderOrder) {
   ASSERT_EQ(plan->ladder.size(), 8u);
   EXPECT_EQ(plan->ladder[4].offload_optimizer, D::kCpu);
   EXPECT_EQ(plan->ladder[7].offload_param, D::kNvme);
-  // 80 GB: stage 0 needs 113, stage 1 needs 40.5 -> stage 1 (rung 1).
+  // 80 GB: stage 0 needs 127, stage 1 needs 54.5 -> stage 1 (rung 1).
   EXPECT_EQ(Recommended(in), 1u);
   EXPECT_TRUE(plan->fits);
-  in.capacity.hbm_bytes_per_gpu = 30e9;  // stage 2: 28.25
+  in.capacity.hbm_bytes_per_gpu = 31e9;  // stage 2: 30
   EXPECT_EQ(Recommended(in), 2u);
-  in.capacity.hbm_bytes_per_gpu = 20e9;  // stage 3: 18
+  in.capacity.hbm_bytes_per_gpu = 20e9;  // stage 3: 19.75
   EXPECT_EQ(Recommended(in), 3u);
-  in.capacity.hbm_bytes_per_gpu = 10e9;  // stage 3 + optimizer cpu: 5.75 HBM, 98 host
+  in.capacity.hbm_bytes_per_gpu = 10e9;  // stage 3 + optimizer cpu: 5.75 HBM, 112 host
   EXPECT_EQ(Recommended(in), 4u);
-  in.capacity.hbm_bytes_per_gpu = 5e9;  // + params cpu: 4 HBM, 112 host
+  in.capacity.hbm_bytes_per_gpu = 5e9;  // + params cpu: 4 HBM, 126 host
   EXPECT_EQ(Recommended(in), 5u);
-  in.capacity.dram_bytes_per_node = 100e9;  // 112 host no longer fits; nvme rungs need 126/134
+  in.capacity.dram_bytes_per_node = 100e9;  // 126 host no longer fits; nvme rungs need 574/568
   EXPECT_EQ(Recommended(in), 99u);
-  in.zero.sub_group_size = 1e8;  // optimizer nvme + params cpu: 12.8 + 14 = 26.8 host
+  in.zero.sub_group_size = 1e8;  // optimizer nvme + params cpu: 64.0005 + 14 = 78.0005 host
   EXPECT_EQ(Recommended(in), 6u);
-  in.capacity.dram_bytes_per_node = 25e9;  // all nvme: 12.8 + 0 cache + 8 buffers = 20.8
+  in.capacity.dram_bytes_per_node = 75e9;  // all nvme: 64.0005 + 8.0001 buffers = 72.0006
   in.zero.max_in_cpu = 0;
   EXPECT_EQ(Recommended(in), 7u);
-  in.capacity.nvme_bytes_per_node = 100e9;  // NVMe needs 112
+  in.capacity.nvme_bytes_per_node = 100e9;  // NVMe needs 126
   EXPECT_EQ(Recommended(in), 99u);
 }
 
 TEST(PlannerRecommend, VerdictFollowsConfiguredSetting) {
   PlanInput in = Ref();
   in.has_configured = true;
-  in.zero.stage = 0;  // 113 GB does not fit 80 although stage 1 would
+  in.zero.stage = 0;  // 127 GB does not fit 80 although stage 1 would
   auto plan = MakePlan(in);
   ASSERT_TRUE(plan.ok());
   ASSERT_TRUE(plan->configured.has_value());
@@ -338,7 +346,7 @@ TEST(PlannerRecommend, VerdictFollowsConfiguredSetting) {
   EXPECT_DOUBLE_EQ(plan->configured->hbm_bytes_per_gpu, 4e9);
   // The per-stage table applies the configured offload to every stage.
   EXPECT_DOUBLE_EQ(plan->stages[2].hbm_bytes_per_gpu, 16e9);
-  EXPECT_DOUBLE_EQ(plan->stages[3].host_bytes_per_node, 112e9);
+  EXPECT_DOUBLE_EQ(plan->stages[3].host_bytes_per_node, 126e9);
 }
 
 TEST(PlannerValidate, NamesTheField) {
@@ -397,9 +405,9 @@ TEST(PlannerPlace, SubGroupSizeZeroIsOneTensorPerSubGroup) {
   EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "swap buffers"), 0);
   ASSERT_EQ(p.notes.size(), 1u);
   EXPECT_NE(p.notes[0].find("--largest-group"), std::string::npos) << p.notes[0];
-  in.largest_group_params = 8e8;  // shard 1e8 per rank: 8 GPUs x 4 buffers x 1e8 x 4 B
+  in.largest_group_params = 8e8;  // shard 1e8 per rank: 8 GPUs x 5 x 4 blocks of 1e8 x 4 B
   p = Place(in, 3, D::kNvme, D::kNone);
-  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "swap buffers"), 12.8e9);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "swap buffers"), 8.0 * 5 * 4 * 400003072);
   EXPECT_TRUE(p.notes.empty());
 }
 

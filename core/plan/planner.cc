@@ -28,6 +28,43 @@ std::string Fmt(double v) {
   return buf;
 }
 
+// Memory rules shared with the engine (sched/placement.h): the gradient shard the optimizer
+// consumes is held in fp32 (accumulated there across micro-steps) whatever width the recipe
+// reduces it in (recipe.grad_bytes: the bytes on the wire, and in the reduce buckets).
+double GradStateBytes() {
+  return static_cast<double>(sched::StateElementBytes(StateKind::kGrad, DType::kF32));
+}
+
+// Elements of the largest optimizer sub-group of a rank: sub_group_size (0: each tensor, sized by
+// the largest group), never more than a rank's shard of the largest group (the engine's
+// sub-groups never span two groups) nor than its whole shard.
+double LargestSubGroup(const PlanInput& in, double shard) {
+  const double ranks = static_cast<double>(in.capacity.Ranks());
+  const ZeroSettings& z = in.zero;
+  double sub = z.sub_group_size > 0 ? z.sub_group_size : in.largest_group_params / ranks;
+  if (in.largest_group_params > 0) sub = std::min(sub, std::ceil(in.largest_group_params / ranks));
+  return std::min(sub, shard);
+}
+
+// Host bytes per rank of the optimizer's NVMe swap buffers (the engine's rule).
+double OptimizerSwapBuffers(const PlanInput& in, double shard) {
+  const double sub = LargestSubGroup(in, shard);
+  if (sub <= 0) return 0;
+  return static_cast<double>(sched::OptimizerSwapBufferBytes(
+      static_cast<int64_t>(in.zero.optimizer_buffer_count), static_cast<uint64_t>(sub)));
+}
+
+// Host bytes per rank of the param NVMe swap buffers: buffer_count shards of the largest group
+// (buffer_size elements when the largest group is not given).
+double ParamSwapBuffers(const PlanInput& in, double shard) {
+  const double ranks = static_cast<double>(in.capacity.Ranks());
+  const double largest = in.largest_group_params > 0 ? std::ceil(in.largest_group_params / ranks)
+                                                     : std::min(in.zero.param_buffer_size, shard);
+  const DType working = in.recipe.param_bytes >= 4 ? DType::kF32 : DType::kBF16;
+  return static_cast<double>(sched::ParamSwapBufferBytes(
+      static_cast<int64_t>(in.zero.param_buffer_count), static_cast<uint64_t>(largest), working));
+}
+
 struct Builder {
   Placement& p;
   const sched::StatePlacement& rules;
@@ -52,9 +89,9 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
     b.Add(Tier::kDevice, "params, 1/N shard", r.param_bytes * shard);
   }
   if (!b.rules.grads_partitioned) {
-    b.Add(Tier::kDevice, "grads, full replica", r.grad_bytes * psi);
+    b.Add(Tier::kDevice, "grads (fp32), full replica", GradStateBytes() * psi);
   } else if (!opt_off) {
-    b.Add(Tier::kDevice, "grads, 1/N shard", r.grad_bytes * shard);
+    b.Add(Tier::kDevice, "grads (fp32), 1/N shard", GradStateBytes() * shard);
   }
   if (!b.rules.optimizer_partitioned) {
     b.Add(Tier::kDevice, "optimizer state (master+m+v), full replica", r.OptimizerBytes() * psi);
@@ -105,36 +142,33 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
     case OffloadDevice::kCpu:
       b.Add(Tier::kHost, "optimizer state (master+m+v), 1/N shard per GPU",
             g_per_node * r.OptimizerBytes() * shard, z.optimizer_pin_memory);
-      b.Add(Tier::kHost, "grads, 1/N shard per GPU", g_per_node * r.grad_bytes * shard,
+      b.Add(Tier::kHost, "grads (fp32), 1/N shard per GPU", g_per_node * GradStateBytes() * shard,
             z.optimizer_pin_memory);
       break;
     case OffloadDevice::kNvme: {
-      const double elem =
-          std::max({r.master_bytes, r.momentum_bytes, r.variance_bytes, r.grad_bytes});
       // sub_group_size 0: each tensor is a sub-group, the largest one's shard sets the buffers.
-      const double ranks = static_cast<double>(in.capacity.Ranks());
-      const double sub_group = std::min(
-          z.sub_group_size > 0 ? z.sub_group_size : in.largest_group_params / ranks, shard);
+      const double sub_group = LargestSubGroup(in, shard);
       if (z.sub_group_size == 0 && in.largest_group_params == 0) {
         p.notes.push_back(
             "sub_group_size 0 makes each parameter tensor a sub-group: the optimizer swap "
             "buffers hold the largest one's shard, not counted without --largest-group");
       }
-      const double buffers = z.optimizer_buffer_count * sub_group * elem;
-      b.Add(Tier::kHost, "optimizer swap buffers (buffer_count x sub_group)", g_per_node * buffers,
-            true);
+      const double buffers = OptimizerSwapBuffers(in, shard);
+      b.Add(Tier::kHost,
+            "optimizer swap buffers ((buffer_count + 1) x sub_group x master+m+v+grad)",
+            g_per_node * buffers, true);
       if (buffers > 0 && buffers >= r.OptimizerBytes() * shard) {
-        p.notes.push_back("optimizer swap buffers (" + Fmt(z.optimizer_buffer_count) + " x " +
+        p.notes.push_back("optimizer swap buffers (" + Fmt(z.optimizer_buffer_count) + " + 1 x " +
                           Fmt(sub_group) +
                           " elements) take as much DRAM as the optimizer state itself: lower "
                           "sub_group_size for NVMe offload");
       }
       b.Add(Tier::kNvme, "optimizer state (master+m+v), 1/N shard per GPU",
             g_per_node * r.OptimizerBytes() * shard);
-      b.Add(Tier::kNvme, "grads, 1/N shard per GPU", g_per_node * r.grad_bytes * shard);
+      b.Add(Tier::kNvme, "grads (fp32), 1/N shard per GPU", g_per_node * GradStateBytes() * shard);
       // Step: read and write master/m/v once; grads written each micro-step and read back
       // (accumulation, then the step): 2k reads+writes.
-      nvme_io += 2 * r.OptimizerBytes() * shard + 2 * k * r.grad_bytes * shard;
+      nvme_io += 2 * r.OptimizerBytes() * shard + 2 * k * GradStateBytes() * shard;
       break;
     }
   }
@@ -154,15 +188,12 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
     b.Add(Tier::kHost, "params, 1/N shard per GPU", g_per_node * r.param_bytes * shard,
           z.param_pin_memory);
   } else if (p.offload_param == OffloadDevice::kNvme) {
-    const double cached = std::min(z.max_in_cpu, shard);
-    b.Add(Tier::kHost, "params cached in DRAM (max_in_cpu)", g_per_node * r.param_bytes * cached,
-          z.param_pin_memory);
-    b.Add(Tier::kHost, "param swap buffers (buffer_count x buffer_size)",
-          g_per_node * z.param_buffer_count * z.param_buffer_size * r.param_bytes, true);
+    // strata keeps no DRAM cache of NVMe params (max_in_cpu is not used): only the swap buffers.
+    b.Add(Tier::kHost, "param swap buffers (buffer_count x largest shard)",
+          g_per_node * ParamSwapBuffers(in, shard), true);
     b.Add(Tier::kNvme, "params, 1/N shard per GPU", g_per_node * r.param_bytes * shard);
-    // Uncached elements: read for forward and backward of each micro-step, written after step.
-    const double uncached = shard - cached;
-    nvme_io += (2 * k + 1) * r.param_bytes * uncached;
+    // Read for forward and backward of each micro-step, written after the step.
+    nvme_io += (2 * k + 1) * r.param_bytes * shard;
   }
   p.pcie_bytes_per_gpu = pcie;
   p.nvme_io_bytes_per_node = g_per_node * nvme_io;

@@ -61,6 +61,9 @@ struct TieredStore::Copy {
   uint32_t read_leases = 0;
   uint32_t write_leases = 0;
   uint64_t last_use = 0;  // LRU clock
+  // Reserved for an Access::kOverwrite lease and not filled: its bytes are undefined until that
+  // lease is released dirty (then the newest); released clean, the copy is dropped.
+  bool unfilled = false;
   uint32_t leases() const { return read_leases + write_leases; }
 };
 
@@ -75,6 +78,7 @@ struct TieredStore::Op {
   std::shared_ptr<TicketState> ticket = std::make_shared<TicketState>();
   uint32_t pending_read = 0;   // read leases to grant on success (Acquire waiters)
   uint32_t pending_write = 0;  // write leases to grant on success
+  bool overwrite = false;      // its write lease is Access::kOverwrite: nothing is read
   // Callers that were handed this operation's ticket by Enqueue (Fetch, WriteBack, Evict and
   // Acquire calls, including those that joined it) and have not withdrawn: only an Acquire
   // withdraws, when it times out. A queued fetch with no waiter left is cancelled. Operations the

@@ -38,7 +38,7 @@ Ticket TieredStore::Enqueue(BlockId id, OpKind kind, Tier tier, std::optional<Ac
   // and readers never share one with a writer: leases granted together must not conflict. Only
   // operations behind the last waiting writer are joined, so a reader never overtakes a writer
   // that asked first (writers cannot starve).
-  if (kind == OpKind::kFetch && lease != Access::kWrite) {
+  if (kind == OpKind::kFetch && lease != Access::kWrite && lease != Access::kOverwrite) {
     auto first = b.ops.begin();
     for (auto it = b.ops.begin(); it != b.ops.end(); ++it) {
       if ((*it)->pending_write > 0) first = std::next(it);
@@ -57,6 +57,7 @@ Ticket TieredStore::Enqueue(BlockId id, OpKind kind, Tier tier, std::optional<Ac
   op->kind = kind;
   op->tier = tier;
   op->waiters = 1;
+  op->overwrite = lease == Access::kOverwrite;
   add_lease(*op);
   if (op_out) *op_out = op;
   Ticket t(op->ticket);
@@ -116,7 +117,7 @@ void TieredStore::Advance(BlockId id) {
     Outcome o = Outcome::kFailed;
     switch (op.kind) {
       case OpKind::kFetch:
-        o = MakeValid(b, op.tier, &err);
+        o = op.overwrite ? MakeWritable(b, op.tier, &err) : MakeValid(b, op.tier, &err);
         break;
       case OpKind::kWriteBack:
         o = WriteBackStep(b, &err);
@@ -224,6 +225,30 @@ TieredStore::Outcome TieredStore::MakeValid(Block& b, Tier tier, Status* err) {
   }
   *err = IssueCopy(b, from, tier);
   return err->ok() ? Outcome::kIssued : Outcome::kFailed;
+}
+
+TieredStore::Outcome TieredStore::MakeWritable(Block& b, Tier tier, Status* err) {
+  Copy& c = b.copy[tier];
+  // A valid copy is leased as for kWrite; the lease waits for every other lease (Advance).
+  if (IsValid(c.state) || tier == Tier::kNvme) return MakeValid(b, tier, err);
+  // Nothing changes while leases are held: the write lease waits for them anyway (Advance
+  // re-runs this step when they are released), and readers of a stale copy must not see it
+  // change.
+  if (b.leases() > 0) return Outcome::kReady;
+  if (tier == b.spec.home) return Outcome::kReady;  // reserved, stale: overwritten in place
+  if (budget_[tier] == 0) {
+    *err = Status::InvalidArgument(Name(b) + ": tier " + std::string(TierName(tier)) +
+                                   " is disabled (budget 0)");
+    return Outcome::kFailed;
+  }
+  Outcome o = Reserve(b, tier, err);
+  if (o != Outcome::kReady) return o;
+  // Valid in name only: Finish grants the write lease in this same Advance, and a write-leased
+  // block runs no operation, so nothing reads these bytes before the writer replaced them.
+  c.state = Residency::kValid;
+  c.unfilled = true;
+  c.last_use = ++lru_clock_;
+  return Outcome::kReady;
 }
 
 TieredStore::Outcome TieredStore::WriteBackStep(Block& b, Status* err) {
@@ -390,7 +415,7 @@ void TieredStore::ReleaseLease(Lease& lease) {
   std::lock_guard<std::mutex> l(mu_);
   Block& b = *blocks_[lease.block()];
   Copy& c = b.copy[lease.tier()];
-  if (lease.access() == Access::kWrite) {
+  if (lease.access() != Access::kRead) {
     --c.write_leases;
   } else {
     --c.read_leases;
@@ -399,7 +424,13 @@ void TieredStore::ReleaseLease(Lease& lease) {
   if (lease.tier() != b.spec.home && c.state == Residency::kStale && c.leases() == 0) {
     FreeCopy(b, lease.tier());  // overwritten through another lease while we read it
   }
+  if (c.unfilled && !lease.dirty()) {
+    // An overwrite lease released without writing: the copy's bytes are undefined.
+    c.unfilled = false;
+    if (lease.tier() != b.spec.home) FreeCopy(b, lease.tier());
+  }
   if (lease.dirty()) {
+    c.unfilled = false;
     // The leased copy now holds the newest bytes: drop the other cached copies; the home is
     // stale unless it is the leased copy.
     for (Tier t : kAllTiers) {

@@ -104,6 +104,8 @@ class TieredStore final : public Store {
   void Pump(BlockId id);
   void Advance(BlockId id);
   Outcome MakeValid(Block& b, Tier tier, Status* err);
+  // The step of an Access::kOverwrite fetch: a copy on `tier` reserved but not filled.
+  Outcome MakeWritable(Block& b, Tier tier, Status* err);
   Outcome WriteBackStep(Block& b, Status* err);
   Outcome EvictStep(Block& b, Tier tier, Status* err);
   void Finish(Block& b, Status status);

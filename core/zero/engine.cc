@@ -554,8 +554,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   }
   for (const SubGroup& s : e.subs) {
     largest_sub = std::max<uint64_t>(largest_sub, s.elems);
-    L.state_bytes[opt_home] += 3 * state_size(opt_home, s.elems * 4);
-    L.state_bytes[grad_home] += state_size(grad_home, s.elems * 4);
+    for (StateKind k : {StateKind::kMaster32, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+      L.state_bytes[opt_home] +=
+          state_size(opt_home, s.elems * sched::StateElementBytes(k, e.dtype));
+    }
+    L.state_bytes[grad_home] +=
+        state_size(grad_home, s.elems * sched::StateElementBytes(StateKind::kGrad, e.dtype));
   }
   // ZeRO++: the hpZ secondary copy (a state: it lives from the first gather to the next step)
   // and the quantized collectives' wire buffers (device) and fp32 sums (host).
@@ -609,13 +613,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   // through host memory), parameter shards staged from NVMe, and states computed on the host
   // whose home is a device the host cannot address.
   const uint64_t sub_bytes = 4 * RoundUp(largest_sub * 4, 4096);
+  // (The rules are shared with the planner: sched/placement.h.)
   if (opt_home == Tier::kNvme || grad_home == Tier::kNvme) {
-    L.working_bytes[Tier::kHost] += (e.pipeline_buffers + 1) * sub_bytes;
+    L.working_bytes[Tier::kHost] +=
+        sched::OptimizerSwapBufferBytes(e.pipeline_buffers, largest_sub);
   }
   if (param_home == Tier::kNvme) {
     L.working_bytes[Tier::kHost] +=
-        static_cast<uint64_t>(std::clamp<int64_t>(z.offload_param.buffer_count, 2, 64)) *
-        RoundUp(largest_shard * e.elt, 4096);
+        sched::ParamSwapBufferBytes(z.offload_param.buffer_count, largest_shard, e.dtype);
   }
   if (!options.device->host_addressable()) {
     L.working_bytes[Tier::kHost] += 2 * sub_bytes + largest_padded * e.elt;

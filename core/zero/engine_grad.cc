@@ -532,7 +532,9 @@ Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
       STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, staged.data(), src, staged.size()));
       src = staged.data();
     }
-    STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, tier, Access::kWrite, timeout()));
+    // The first micro-step replaces the gradient: no read of the old one (from NVMe).
+    const Access access = p.first ? Access::kOverwrite : Access::kWrite;
+    STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, tier, access, timeout()));
     float* a = static_cast<float*>(acc.data());
     STRATA_RETURN_IF_ERROR(AccumulatePooled(*pool, a, src, dtype, post_scale, p.first, s.elems));
     acc.MarkDirty();

@@ -151,7 +151,8 @@ struct ZeroSettings {
   double optimizer_buffer_count = 4;  // offload_optimizer.buffer_count (nvme swap buffers)
   double param_buffer_count = 5;      // offload_param.buffer_count
   double param_buffer_size = 1e8;     // offload_param.buffer_size (elements)
-  double max_in_cpu = 1e9;            // offload_param.max_in_cpu (elements cached in DRAM)
+  double max_in_cpu = 1e9;            // offload_param.max_in_cpu: validated, not planned (strata
+                                      // keeps no DRAM cache of NVMe params)
   // overlap_comm; unset means DeepSpeed's default: true at stage 3, false below.
   std::optional<bool> overlap_comm;
   double reduce_bucket_size = 5e8;

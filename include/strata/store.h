@@ -123,7 +123,14 @@ constexpr bool IsResident(Residency r) noexcept {
   return r == Residency::kValid || r == Residency::kDirty;
 }
 
-enum class Access : uint8_t { kRead, kWrite };
+// kRead: shared, the copy holds the newest bytes. kWrite: exclusive, the copy holds the newest
+// bytes (fetched first when absent). kOverwrite: exclusive like kWrite, for a caller that
+// overwrites every byte and calls MarkDirty: an absent or stale copy is reserved but not filled
+// (no NVMe read, no device copy of bytes about to be replaced: gradients at the first
+// micro-step, zeroed gradients). Released without MarkDirty, such an unfilled copy is dropped
+// (a non-home copy) or left stale (the home): its bytes are undefined. A valid copy is leased as
+// with kWrite.
+enum class Access : uint8_t { kRead, kWrite, kOverwrite };
 
 using BlockId = uint32_t;
 
@@ -177,7 +184,7 @@ class Lease {
   Tier tier() const { return tier_; }
   Access access() const { return access_; }
   bool dirty() const { return dirty_; }
-  // REQUIRES: a write lease. At release the leased copy becomes the newest.
+  // REQUIRES: a write (or overwrite) lease. At release the leased copy becomes the newest.
   void MarkDirty() { dirty_ = true; }
   void Release();
   explicit operator bool() const { return store_ != nullptr; }
