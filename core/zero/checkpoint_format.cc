@@ -425,29 +425,11 @@ Status WriteSmallFile(const std::string& path, const std::string& text, bool ato
 }
 
 Status HashFile(const std::string& path, uint64_t* size_bytes, uint64_t* xxh3) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("open", path);
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  std::vector<uint8_t> buf(size_t{4} << 20);
-  uint64_t total = 0;
-  Status result;
-  for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      result = Errno("read", path);
-      break;
-    }
-    if (n == 0) break;
-    XXH3_64bits_update(st, buf.data(), static_cast<size_t>(n));
-    total += static_cast<uint64_t>(n);
-  }
-  *size_bytes = total;
-  *xxh3 = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  ::close(fd);
-  return result;
+  // O_DIRECT with read-ahead (checkpoint_io.h), default chunking.
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<StreamReader> r, StreamReader::Open(path, StreamOptions{}, true));
+  STRATA_ASSIGN_OR_RETURN(*xxh3, r->HashToEnd());
+  *size_bytes = r->size_bytes();
+  return Status::OK();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -491,6 +473,21 @@ Result<Manifest> ReadManifest(const std::string& dir, const std::string& tag) {
   return m;
 }
 
+Status CheckFileSize(const std::string& dir, const Manifest& m, size_t i) {
+  const FileEntry& f = m.files[i];
+  const std::string path = dir + "/" + m.tag + "/" + f.name;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return Status::NotFound("checkpoint file " + path + " is missing");
+  }
+  if (static_cast<uint64_t>(st.st_size) != f.size_bytes) {
+    return Status::Corruption("checkpoint file " + path + " is damaged: " +
+                              std::to_string(st.st_size) + " bytes, the manifest says " +
+                              std::to_string(f.size_bytes));
+  }
+  return Status::OK();
+}
+
 Status VerifyFiles(const std::string& dir, const Manifest& m, const std::vector<size_t>& files) {
   std::vector<size_t> which = files;
   if (which.empty()) {
@@ -499,15 +496,7 @@ Status VerifyFiles(const std::string& dir, const Manifest& m, const std::vector<
   for (size_t i : which) {
     const FileEntry& f = m.files[i];
     const std::string path = dir + "/" + m.tag + "/" + f.name;
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-      return Status::NotFound("checkpoint file " + path + " is missing");
-    }
-    if (static_cast<uint64_t>(st.st_size) != f.size_bytes) {
-      return Status::Corruption("checkpoint file " + path + " is damaged: " +
-                                std::to_string(st.st_size) + " bytes, the manifest says " +
-                                std::to_string(f.size_bytes));
-    }
+    STRATA_RETURN_IF_ERROR(CheckFileSize(dir, m, i));
     uint64_t size = 0, sum = 0;
     STRATA_RETURN_IF_ERROR(HashFile(path, &size, &sum));
     if (size != f.size_bytes || sum != f.xxh3) {
@@ -546,16 +535,14 @@ Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag
 // RangeReader
 // ---------------------------------------------------------------------------------------------
 
-RangeReader::RangeReader(std::string tag_dir, const Manifest& m) : dir_(std::move(tag_dir)), m_(m) {
-  fds_.assign(static_cast<size_t>(m.world_size), -1);
+RangeReader::RangeReader(std::string tag_dir, const Manifest& m, const StreamOptions& options,
+                         int hash_rank)
+    : dir_(std::move(tag_dir)), m_(m), options_(options), hash_rank_(hash_rank) {
+  streams_.resize(static_cast<size_t>(m.world_size));
   locs_.resize(static_cast<size_t>(m.world_size));
 }
 
-RangeReader::~RangeReader() {
-  for (int fd : fds_) {
-    if (fd >= 0) ::close(fd);
-  }
-}
+RangeReader::~RangeReader() = default;
 
 Status RangeReader::Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, void* out) {
   const uint64_t eb = m_.ElemBytes(kind);
@@ -573,17 +560,23 @@ Status RangeReader::Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, 
     STRATA_RETURN_IF_ERROR(Open(r));
     const TensorLoc& t = locs_[static_cast<size_t>(r)][g * kNumStateKinds + kind];
     const uint64_t off = t.begin + (at - static_cast<uint64_t>(r) * s) * eb;
-    STRATA_RETURN_IF_ERROR(ReadAt(fds_[static_cast<size_t>(r)], Path(r), off, dst + (at - begin) * eb,
-                                  (hi - at) * eb));
+    STRATA_RETURN_IF_ERROR(
+        streams_[static_cast<size_t>(r)]->Read(off, dst + (at - begin) * eb, (hi - at) * eb));
     at = hi;
   }
   return Status::OK();
 }
 
+Result<uint64_t> RangeReader::FileXxh3(int r) {
+  if (r != hash_rank_) return Status::FailedPrecondition(Path(r) + ": not hashed while read");
+  STRATA_RETURN_IF_ERROR(Open(r));
+  return streams_[static_cast<size_t>(r)]->HashToEnd();
+}
+
 std::string RangeReader::Path(int r) const { return dir_ + "/" + Manifest::RankFileName(r); }
 
 Status RangeReader::Open(int r) {
-  if (fds_[static_cast<size_t>(r)] >= 0) return Status::OK();
+  if (streams_[static_cast<size_t>(r)] != nullptr) return Status::OK();
   uint64_t data_start = 0;
   std::vector<TensorLoc> want;
   RankFileHeader(m_, r, &data_start, &want);
@@ -595,9 +588,8 @@ Status RangeReader::Open(int r) {
   }
   if (!same) return Status::Corruption(Path(r) + ": its tensors do not match the manifest's layout");
   locs_[static_cast<size_t>(r)] = std::move(got);
-  const int fd = ::open(Path(r).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open", Path(r));
-  fds_[static_cast<size_t>(r)] = fd;
+  STRATA_ASSIGN_OR_RETURN(streams_[static_cast<size_t>(r)],
+                          StreamReader::Open(Path(r), options_, r == hash_rank_));
   return Status::OK();
 }
 

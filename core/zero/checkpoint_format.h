@@ -25,9 +25,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/zero/checkpoint_io.h"
 #include "strata/status.h"
 
 namespace strata::zero::ckpt {
@@ -161,23 +163,33 @@ Result<Manifest> ReadManifest(const std::string& dir, const std::string& tag);
 // Checks that every file of the manifest exists with its size and checksum. `files`: indices of
 // m.files to check (empty: all). NotFound / Corruption naming the first missing or damaged file.
 Status VerifyFiles(const std::string& dir, const Manifest& m, const std::vector<size_t>& files = {});
+// Only that m.files[i] exists with its size: NotFound / Corruption naming it.
+Status CheckFileSize(const std::string& dir, const Manifest& m, size_t i);
 // ReadManifest + VerifyFiles (all) + every rank file's header matches the manifest.
 Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag);
 
 // Reads global element ranges of one state kind of one group from a checkpoint's rank files
 // (whichever ranks hold them: the range is cut at shard boundaries); zeros past the saved padded
 // buffer. Each rank file is opened on first use, its tensors' places taken from its own header
-// and checked against the manifest's layout (Corruption naming the file). Not thread-safe.
+// and checked against the manifest's layout (Corruption naming the file), and read as a stream
+// (checkpoint_io.h: O_DIRECT chunks with read-ahead), so reads should come in file order per
+// file: group by group, state kind by kind, elements ascending (what Engine::Load and export
+// do). Not thread-safe.
 class RangeReader {
  public:
-  // `tag_dir`: <dir>/<tag>. `m` must outlive the reader.
-  RangeReader(std::string tag_dir, const Manifest& m);
+  // `tag_dir`: <dir>/<tag>. `m` must outlive the reader. `hash_rank` >= 0: that rank's file is
+  // hashed as it streams (FileXxh3).
+  RangeReader(std::string tag_dir, const Manifest& m, const StreamOptions& options = {},
+              int hash_rank = -1);
   ~RangeReader();
   RangeReader(const RangeReader&) = delete;
   RangeReader& operator=(const RangeReader&) = delete;
   // Elements [begin, begin+elems) of group g's state kind (index into kStateKinds) into out
   // (elems * m.ElemBytes(kind) bytes).
   Status Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, void* out);
+  // The XXH3 of all of rank r's file (r == hash_rank), reading what was not read yet.
+  // FailedPrecondition when it was read out of order (then hash it with HashFile).
+  Result<uint64_t> FileXxh3(int r);
 
  private:
   std::string Path(int r) const;
@@ -185,7 +197,9 @@ class RangeReader {
 
   std::string dir_;
   const Manifest& m_;
-  std::vector<int> fds_;
+  StreamOptions options_;
+  int hash_rank_ = -1;
+  std::vector<std::unique_ptr<StreamReader>> streams_;
   std::vector<std::vector<TensorLoc>> locs_;
 };
 
