@@ -179,40 +179,60 @@ ckpt::StreamOptions StreamOpts(const Engine::Impl& e) {
   return o;
 }
 
-// Bytes of blocks fetched ahead of (and written back behind) the stream: depth x chunk, at most
-// half the host budget free now (what the optimizer pipeline reserved is free between steps).
+// Bytes of blocks fetched ahead of (and written back behind) the stream: depth x chunk, or
+// buffer_count of the largest optimizer blocks when that is more (so large blocks overlap too),
+// at most half the host budget free now (what the optimizer pipeline reserved is free between
+// steps).
 uint64_t WindowBytes(Engine::Impl& e, const ckpt::StreamOptions& o) {
   const StoreStats st = e.store->TakeStats(false);
   const uint64_t budget = st.budget_bytes[Tier::kHost], used = st.used_bytes[Tier::kHost];
   const uint64_t free_bytes = budget > used ? budget - used : 0;
-  return std::min<uint64_t>(o.chunk_bytes * o.depth, free_bytes / 2);
+  uint64_t largest = 0;
+  for (const SubGroup& sg : e.subs) largest = std::max<uint64_t>(largest, sg.elems * 4);
+  const uint64_t want = std::max<uint64_t>(o.chunk_bytes * o.depth, e.pipeline_buffers * largest);
+  return std::min<uint64_t>(want, free_bytes / 2);
 }
 
 // Keeps blocks fetched onto their compute tier ahead of use: Ahead(i) issues fetches for the
-// items after i while their bytes fit the window (item i itself always); Done(i) gives its
-// bytes back. A fetch's error comes back from the Acquire of the block.
+// items after i while their host allocations fit the window (item i itself always); Done(i)
+// gives its bytes back and, with `drop`, evicts a copy this window fetched (write-back first
+// when dirty), so the copies a save or load passes over never fill the host tier (a full tier
+// makes every later fetch evict). A fetch's error comes back from the Acquire of the block.
 class FetchWindow {
  public:
   FetchWindow(Engine::Impl& e, uint64_t window_bytes) : e_(e), window_(window_bytes) {}
-  void Add(BlockId b, Tier t) { items_.push_back({b, t}); }
-  size_t size() const { return items_.size(); }
+  void Add(BlockId b, Tier t) { items_.push_back({b, t, false}); }
   void Ahead(size_t i) {
     while (next_ < items_.size() && (next_ <= i || ahead_ + Bytes(next_) <= window_)) {
-      const auto& [b, t] = items_[next_];
-      if (e_.store->spec(b).home != t && e_.store->residency(b, t) != Residency::kValid &&
-          e_.store->residency(b, t) != Residency::kDirty) {
-        (void)e_.store->Fetch(b, t);
+      Item& it = items_[next_];
+      const Residency r = e_.store->residency(it.block, it.tier);
+      if (e_.store->spec(it.block).home != it.tier && !IsResident(r)) {
+        (void)e_.store->Fetch(it.block, it.tier);
+        it.fetched = true;
       }
       ahead_ += Bytes(next_++);
     }
   }
-  void Done(size_t i) { ahead_ -= Bytes(i); }
+  // The eviction's ticket when one was issued (empty otherwise).
+  Ticket Done(size_t i, bool drop) {
+    ahead_ -= Bytes(i);
+    if (!drop || !items_[i].fetched) return Ticket();
+    return e_.store->Evict(items_[i].block, items_[i].tier);
+  }
 
  private:
-  uint64_t Bytes(size_t i) const { return e_.store->spec(items_[i].first).size_bytes; }
+  struct Item {
+    BlockId block;
+    Tier tier;
+    bool fetched;
+  };
+  uint64_t Bytes(size_t i) const {
+    return (e_.store->spec(items_[i].block).size_bytes + kIoAlignment - 1) / kIoAlignment *
+           kIoAlignment;
+  }
   Engine::Impl& e_;
   uint64_t window_;
-  std::vector<std::pair<BlockId, Tier>> items_;
+  std::vector<Item> items_;
   size_t next_ = 0;
   uint64_t ahead_ = 0;
 };
@@ -222,9 +242,12 @@ Result<ckpt::FileEntry> WriteRankFile(Engine::Impl& e, const ckpt::Manifest& m,
   uint64_t data_start = 0;
   const std::string header = ckpt::RankFileHeader(m, e.rank, &data_start, nullptr);
   const ckpt::StreamOptions so = StreamOpts(e);
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::StreamWriter> w, ckpt::StreamWriter::Create(path, so));
-  STRATA_RETURN_IF_ERROR(w->Append(header.data(), header.size()));
   STRATA_ASSIGN_OR_RETURN(const std::vector<Piece> pieces, RankPieces(e));
+  uint64_t total = header.size();
+  for (const Piece& p : pieces) total += p.bytes;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::StreamWriter> w,
+                          ckpt::StreamWriter::Create(path, so, total));
+  STRATA_RETURN_IF_ERROR(w->Append(header.data(), header.size()));
   FetchWindow window(e, WindowBytes(e, so));
   for (const Piece& p : pieces) window.Add(p.block, p.tier);
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -237,7 +260,7 @@ Result<ckpt::FileEntry> WriteRankFile(Engine::Impl& e, const ckpt::Manifest& m,
       }
       STRATA_RETURN_IF_ERROR(w->Append(static_cast<const uint8_t*>(l.data()) + p.offset_bytes, p.bytes));
     }
-    window.Done(i);
+    (void)window.Done(i, true);
   }
   STRATA_RETURN_IF_ERROR(w->Finish());
   ckpt::FileEntry f;
@@ -444,10 +467,11 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
       STRATA_RETURN_IF_ERROR(rd.Read(d.group, d.kind, d.global_begin, d.elems, l.data()));
       l.MarkDirty();
     }
-    window.Done(i);
+    // NVMe homes: written back and dropped behind the reader, within the window.
+    Ticket t = window.Done(i, true);
     if (e.store->spec(d.block).home == Tier::kNvme) {
       const uint64_t bytes = e.store->spec(d.block).size_bytes;
-      behind.emplace_back(e.store->WriteBack(d.block), bytes);
+      behind.emplace_back(t.empty() ? e.store->WriteBack(d.block) : t, bytes);
       behind_bytes += bytes;
       while (behind_bytes > window_bytes && !behind.empty()) {
         STRATA_RETURN_IF_ERROR(behind.front().first.Wait(e.timeout()));

@@ -92,7 +92,8 @@ StreamOptions StreamOptionsFromAio(int64_t block_size, int64_t queue_depth,
 // ---------------------------------------------------------------------------------------------
 
 Result<std::unique_ptr<StreamWriter>> StreamWriter::Create(const std::string& path,
-                                                           const StreamOptions& options) {
+                                                           const StreamOptions& options,
+                                                           uint64_t expected_bytes) {
   STRATA_RETURN_IF_ERROR(CheckOptions(options));
   if (CrashPoint()) ::_exit(77);
   std::unique_ptr<StreamWriter> w(new StreamWriter());
@@ -104,6 +105,7 @@ Result<std::unique_ptr<StreamWriter>> StreamWriter::Create(const std::string& pa
   if (buffered) w->note_ = "buffered IO (O_DIRECT refused on " + path + ")";
   STRATA_ASSIGN_OR_RETURN(w->io_, OpenBackend(options));
   STRATA_RETURN_IF_ERROR(w->io_->RegisterFile(w->fd_, path));
+  if (expected_bytes > 0) STRATA_RETURN_IF_ERROR(w->io_->Allocate(w->fd_, AlignUp(expected_bytes)));
   STRATA_RETURN_IF_ERROR(AllocBuffers(options.depth, options.chunk_bytes, &w->buffers_));
   for (size_t i = 1; i < options.depth; ++i) w->free_.push_back(i);
   w->cur_ = 0;

@@ -54,9 +54,12 @@ StreamOptions StreamOptionsFromAio(int64_t block_size, int64_t queue_depth,
 
 class StreamWriter {
  public:
-  // Creates (truncates) `path`. IOError naming the path; InvalidArgument for bad options.
+  // Creates (truncates) `path` and, when `expected_bytes` > 0, preallocates that much
+  // (IoBackend::Allocate; ENOSPC here, before any write; O_DIRECT writes inside the file's size
+  // do not serialize on extending it). IOError naming the path; InvalidArgument for bad options.
   static Result<std::unique_ptr<StreamWriter>> Create(const std::string& path,
-                                                      const StreamOptions& options);
+                                                      const StreamOptions& options,
+                                                      uint64_t expected_bytes = 0);
   ~StreamWriter();  // waits for writes in flight; an unfinished file stays as it is
   StreamWriter(const StreamWriter&) = delete;
   StreamWriter& operator=(const StreamWriter&) = delete;
