@@ -271,16 +271,6 @@ Result<ckpt::FileEntry> WriteRankFile(Engine::Impl& e, const ckpt::Manifest& m,
   return f;
 }
 
-// Rank 0, once every part is durable: manifest, rename, latest.
-Status Commit(const std::string& dir, const std::string& tag, const ckpt::Manifest& m) {
-  const std::string tmp = dir + "/" + tag + ".tmp", final_dir = dir + "/" + tag;
-  STRATA_RETURN_IF_ERROR(ckpt::WriteSmallFile(tmp + "/" + ckpt::kManifestName, m.ToJson(), false));
-  STRATA_RETURN_IF_ERROR(ckpt::FsyncDir(tmp));
-  STRATA_RETURN_IF_ERROR(ckpt::RenamePath(tmp, final_dir));
-  STRATA_RETURN_IF_ERROR(ckpt::FsyncDir(dir));
-  return ckpt::WriteSmallFile(dir + "/" + ckpt::kLatestName, tag + "\n", true);
-}
-
 }  // namespace
 
 Status Engine::Save(const std::string& dir, const std::string& tag,
@@ -339,7 +329,7 @@ Status Engine::Save(const std::string& dir, const std::string& tag,
     if (e.rank == 0) m.files.push_back(client);
   }
   if (e.rank == 0) {
-    local = Commit(dir, tag, m);
+    local = ckpt::CommitCheckpoint(dir, m);
     if (!local.ok()) local = Status(local.code(), what + ": " + std::string(local.message()));
   }
   return Agree(e, local, what);

@@ -16,7 +16,9 @@
 #include <filesystem>
 #include <vector>
 
+#include "core/zero/engine_internal.h"
 #include "nlohmann/json.hpp"
+#include "sched/zero_partition.h"
 
 namespace strata::zero::ckpt {
 
@@ -591,6 +593,84 @@ Status RangeReader::Open(int r) {
   STRATA_ASSIGN_OR_RETURN(streams_[static_cast<size_t>(r)],
                           StreamReader::Open(Path(r), options_, r == hash_rank_));
   return Status::OK();
+}
+
+Status CommitCheckpoint(const std::string& dir, const Manifest& m) {
+  const std::string tmp = dir + "/" + m.tag + ".tmp", final_dir = dir + "/" + m.tag;
+  STRATA_RETURN_IF_ERROR(WriteSmallFile(tmp + "/" + kManifestName, m.ToJson(), false));
+  STRATA_RETURN_IF_ERROR(FsyncDir(tmp));
+  STRATA_RETURN_IF_ERROR(RenamePath(tmp, final_dir));
+  STRATA_RETURN_IF_ERROR(FsyncDir(dir));
+  return WriteSmallFile(dir + "/" + kLatestName, m.tag + "\n", true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Offline resharding
+// ---------------------------------------------------------------------------------------------
+
+Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& tag, int world_size,
+                                   int stage, const std::string& out_dir,
+                                   const StreamOptions& options) {
+  if (world_size < 1 || world_size > 4096 || stage < 0 || stage > 3) {
+    return Status::InvalidArgument("reshard: world size " + std::to_string(world_size) +
+                                   " (1..4096) and stage " + std::to_string(stage) + " (0..3)");
+  }
+  std::error_code ec;
+  if (std::filesystem::equivalent(dir, out_dir, ec)) {
+    return Status::InvalidArgument("reshard: --out must be another directory than " + dir);
+  }
+  STRATA_ASSIGN_OR_RETURN(Manifest m, VerifyCheckpoint(dir, tag));
+  Manifest n = m;
+  n.world_size = world_size;
+  n.stage = stage;
+  n.files.clear();
+  std::vector<size_t> numels;
+  for (const GroupEntry& g : m.groups) numels.push_back(g.numel);
+  STRATA_ASSIGN_OR_RETURN(sched::PartitionPlan plan,
+                          sched::PlanPartition(numels, world_size, kShardAlignElems));
+  for (size_t g = 0; g < n.groups.size(); ++g) n.groups[g].shard_elems = plan.groups[g].shard_elems;
+  const std::string final_dir = out_dir + "/" + m.tag, tmp = final_dir + ".tmp";
+  if (PathExists(final_dir)) {
+    return Status::FailedPrecondition("reshard: " + final_dir + " already exists");
+  }
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return Status::IOError("create " + out_dir + ": " + ec.message());
+  STRATA_RETURN_IF_ERROR(RemoveTree(tmp));
+  STRATA_RETURN_IF_ERROR(MakeDir(tmp));
+  RangeReader rd(dir + "/" + m.tag, m, options);
+  std::vector<uint8_t> buf(size_t{4} << 20);
+  for (int r = 0; r < world_size; ++r) {
+    uint64_t data_start = 0;
+    std::vector<TensorLoc> locs;
+    const std::string header = RankFileHeader(n, r, &data_start, &locs);
+    const std::string path = tmp + "/" + Manifest::RankFileName(r);
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<StreamWriter> w,
+                            StreamWriter::Create(path, options, locs.empty() ? 0 : locs.back().end));
+    STRATA_RETURN_IF_ERROR(w->Append(header.data(), header.size()));
+    // File order: group by group, kind by kind (RankFileHeader's order).
+    for (size_t g = 0; g < n.groups.size(); ++g) {
+      const uint64_t s = n.groups[g].shard_elems;
+      for (size_t k = 0; k < kNumStateKinds; ++k) {
+        const uint64_t eb = n.ElemBytes(k), step = buf.size() / eb;
+        for (uint64_t at = 0; at < s; at += step) {
+          const uint64_t cnt = std::min(step, s - at);
+          STRATA_RETURN_IF_ERROR(rd.Read(g, k, static_cast<uint64_t>(r) * s + at, cnt, buf.data()));
+          STRATA_RETURN_IF_ERROR(w->Append(buf.data(), cnt * eb));
+        }
+      }
+    }
+    STRATA_RETURN_IF_ERROR(w->Finish());
+    n.files.push_back({Manifest::RankFileName(r), r, w->size_bytes(), w->xxh3()});
+  }
+  if (m.has_client_state) {
+    STRATA_ASSIGN_OR_RETURN(std::string blob, ReadWholeFile(dir + "/" + m.tag + "/" + kClientStateName));
+    STRATA_ASSIGN_OR_RETURN(FileWriter w, FileWriter::Create(tmp + "/" + kClientStateName));
+    STRATA_RETURN_IF_ERROR(w.Append(blob.data(), blob.size()));
+    STRATA_RETURN_IF_ERROR(w.Finish());
+    n.files.push_back({kClientStateName, -1, w.size_bytes(), w.xxh3()});
+  }
+  STRATA_RETURN_IF_ERROR(CommitCheckpoint(out_dir, n));
+  return n;
 }
 
 }  // namespace strata::zero::ckpt

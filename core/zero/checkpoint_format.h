@@ -203,6 +203,22 @@ class RangeReader {
   std::vector<std::vector<TensorLoc>> locs_;
 };
 
+// The last steps of a save, once every file of `m` is durable in <dir>/<m.tag>.tmp: writes the
+// manifest, fsyncs it and the directory, renames the directory to <dir>/<m.tag>, fsyncs <dir>,
+// and replaces <dir>/latest atomically.
+Status CommitCheckpoint(const std::string& dir, const Manifest& m);
+
+// Offline resharding (`offloadctl ckpt reshard`): rewrites the verified checkpoint `tag` of
+// `dir` ("" = latest) for `world_size` ranks at ZeRO stage `stage` into `out_dir` (same tag,
+// shards as an engine of that world size cuts them, every state's global elements copied
+// exactly, padding zero), with the same crash-consistent protocol as a save (`<tag>.tmp`, fsync,
+// rename, `latest`). The result loads into such an engine on its fast path (each rank reads its
+// own file). InvalidArgument: world_size outside 1..4096, stage outside 0..3, out_dir == dir;
+// FailedPrecondition: the tag exists in out_dir; the errors of VerifyCheckpoint.
+Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& tag,
+                                   int world_size, int stage, const std::string& out_dir,
+                                   const StreamOptions& options = {});
+
 std::string Hex64(uint64_t v);
 
 }  // namespace strata::zero::ckpt
