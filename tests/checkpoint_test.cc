@@ -43,13 +43,18 @@ std::string Config(const Placement& pl) {
   "gradient_accumulation_steps": 1,
   "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
   "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 4}},
-  "bf16": {"enabled": )" + std::string(precision == "bf16" ? "true" : "false") + R"(},
-  "fp16": {"enabled": )" + std::string(precision == "fp16" ? "true" : "false") +
+  "bf16": {"enabled": )" +
+         std::string(precision == "bf16" ? "true" : "false") + R"(},
+  "fp16": {"enabled": )" +
+         std::string(precision == "fp16" ? "true" : "false") +
          R"(, "initial_scale_power": 8, "loss_scale_window": 2},
   "zero_optimization": {
-    "stage": )" + std::to_string(pl.stage) + R"(,
-    "offload_optimizer": {"device": ")" + pl.opt + R"(", "nvme_path": "/tmp"},
-    "offload_param": {"device": ")" + pl.param + R"(", "nvme_path": "/tmp"},
+    "stage": )" +
+         std::to_string(pl.stage) + R"(,
+    "offload_optimizer": {"device": ")" +
+         pl.opt + R"(", "nvme_path": "/tmp"},
+    "offload_param": {"device": ")" +
+         pl.param + R"(", "nvme_path": "/tmp"},
     "sub_group_size": 256,
     "stage3_param_persistence_threshold": 64
   }
@@ -124,13 +129,18 @@ TEST_P(CheckpointResume, BitIdenticalToUninterrupted) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Placements, CheckpointResume,
-    ::testing::Values(Placement{0, "none", "none", 1, "bf16"}, Placement{0, "cpu", "none", 2, "bf16"},
-                      Placement{1, "cpu", "none", 2, "fp16"}, Placement{2, "none", "none", 2, "fp32"},
-                      Placement{3, "nvme", "nvme", 1, "bf16"}, Placement{3, "nvme", "nvme", 2, "bf16"},
-                      Placement{3, "cpu", "nvme", 2, "fp16"}, Placement{3, "none", "cpu", 2, "bf16"}),
-    [](const ::testing::TestParamInfo<Placement>& i) { return Name(i.param); });
+INSTANTIATE_TEST_SUITE_P(Placements, CheckpointResume,
+                         ::testing::Values(Placement{0, "none", "none", 1, "bf16"},
+                                           Placement{0, "cpu", "none", 2, "bf16"},
+                                           Placement{1, "cpu", "none", 2, "fp16"},
+                                           Placement{2, "none", "none", 2, "fp32"},
+                                           Placement{3, "nvme", "nvme", 1, "bf16"},
+                                           Placement{3, "nvme", "nvme", 2, "bf16"},
+                                           Placement{3, "cpu", "nvme", 2, "fp16"},
+                                           Placement{3, "none", "cpu", 2, "bf16"}),
+                         [](const ::testing::TestParamInfo<Placement>& i) {
+                           return Name(i.param);
+                         });
 
 // --- refusals and damage ------------------------------------------------------------------------
 
@@ -207,7 +217,8 @@ TEST(Checkpoint, DamagedFilesAreNamed) {
   SaveSolo(dir, "good");
   ASSERT_TRUE(LoadSolo(dir, "").ok());
   auto copy = [&](const std::string& name) {
-    std::filesystem::copy(dir + "/good", dir + "/" + name, std::filesystem::copy_options::recursive);
+    std::filesystem::copy(dir + "/good", dir + "/" + name,
+                          std::filesystem::copy_options::recursive);
     // The copy's manifest still says tag "good": rewrite it.
     auto text = ckpt::ReadWholeFile(dir + "/" + name + "/manifest.json");
     std::string t = *text;
@@ -272,7 +283,8 @@ TEST(Checkpoint, RefusesOtherModelOrPrecision) {
   Status st = LoadSolo(dir, "t", kSolo, other);
   EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
   EXPECT_NE(st.ToString().find("mid.W1[40,32] in the checkpoint, mid.W1[41,32] in the model"),
-            std::string::npos) << st.ToString();
+            std::string::npos)
+      << st.ToString();
   EXPECT_NE(st.ToString().find("top.b2[36]"), std::string::npos) << st.ToString();
   st = LoadSolo(dir, "t", Placement{3, "cpu", "cpu", 1, "fp16"});
   EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
@@ -331,12 +343,14 @@ TEST(CheckpointReshard, RoundTripThroughOtherWorldSizesAndStagesIsExact) {
     resume.init = [&](int, Engine& e) -> Status { return e.Load(dir, from); };
     RunResult resumed = RunEngine(resume);
     ASSERT_TRUE(resumed.status.ok()) << resumed.status.ToString();
-    EXPECT_TRUE(BitEqual(full.master, resumed.master)) << Name(pl) << " from " << from << " diverged";
+    EXPECT_TRUE(BitEqual(full.master, resumed.master))
+        << Name(pl) << " from " << from << " diverged";
   }
   std::filesystem::remove_all(dir);
 }
 
-double MaxAbsDiff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+double MaxAbsDiff(const std::vector<std::vector<float>>& a,
+                  const std::vector<std::vector<float>>& b) {
   double d = 0;
   for (size_t g = 0; g < a.size(); ++g) {
     for (size_t i = 0; i < a[g].size(); ++i) d = std::max(d, std::fabs(double(a[g][i]) - b[g][i]));
@@ -367,7 +381,8 @@ TEST(CheckpointReshard, FourRanksStage3NvmeToTwoRanksStage1AndOneRankStage0) {
   ASSERT_TRUE(part.status.ok()) << part.status.ToString();
   const double moved = MaxAbsDiff(full.master, part.master);
   ASSERT_GT(moved, 1e-3);
-  for (const Placement& pl : {Placement{1, "cpu", "none", 2, "fp32"}, Placement{0, "none", "none", 1, "fp32"}}) {
+  for (const Placement& pl :
+       {Placement{1, "cpu", "none", 2, "fp32"}, Placement{0, "none", "none", 1, "fp32"}}) {
     RunSpec resume = base;
     resume.world = pl.world;
     resume.gas = 4 / pl.world;
@@ -375,7 +390,9 @@ TEST(CheckpointReshard, FourRanksStage3NvmeToTwoRanksStage1AndOneRankStage0) {
     const std::string gas1 = "\"gradient_accumulation_steps\": 1";
     resume.config_json.replace(resume.config_json.find(gas1), gas1.size(),
                                "\"gradient_accumulation_steps\": " + std::to_string(resume.gas));
-    resume.data_key = [&](int r, int micro) { return std::pair<int, int>{0, micro * pl.world + r}; };
+    resume.data_key = [&](int r, int micro) {
+      return std::pair<int, int>{0, micro * pl.world + r};
+    };
     resume.first_step = 3;
     resume.init = [&](int, Engine& e) -> Status {
       STRATA_RETURN_IF_ERROR(e.Load(dir, "w4s3"));
@@ -461,7 +478,8 @@ TEST(CheckpointThroughput, DISABLED_PrintsFigures) {
   RunSpec s;
   s.config_json = Config(Placement{3, "nvme", "nvme", 1, "bf16"});
   const std::string small = "\"sub_group_size\": 256";
-  s.config_json.replace(s.config_json.find(small), small.size(), "\"sub_group_size\": " + sub_group);
+  s.config_json.replace(s.config_json.find(small), small.size(),
+                        "\"sub_group_size\": " + sub_group);
   if (const char* aio = std::getenv("STRATA_CKPT_BENCH_AIO"); aio != nullptr) {
     s.config_json.replace(s.config_json.find('{'), 1, std::string("{\"aio\": ") + aio + ",");
   }
@@ -476,7 +494,8 @@ TEST(CheckpointThroughput, DISABLED_PrintsFigures) {
     auto t0 = Clock::now();
     STRATA_RETURN_IF_ERROR(e.Save(dir, "bench"));
     save_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    for (const auto& f : std::filesystem::directory_iterator(dir + "/bench")) bytes += f.file_size();
+    for (const auto& f : std::filesystem::directory_iterator(dir + "/bench"))
+      bytes += f.file_size();
     t0 = Clock::now();
     STRATA_RETURN_IF_ERROR(e.Load(dir, "bench"));
     load_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -493,13 +512,14 @@ TEST(CheckpointThroughput, DISABLED_PrintsFigures) {
   auto disk = nvme::RunNvmeBench(bo, {nvme::NvmeBenchPoint{size_t{1} << 20, 16, 1}});
   ASSERT_TRUE(disk.ok()) << disk.status().ToString();
   const double mb = static_cast<double>(bytes) / 1e6;
-  const double dw = disk->front().write_bytes_per_s / 1e6, dr = disk->front().read_bytes_per_s / 1e6;
-  std::printf("checkpoint of %lld params, sub_group_size %s: %.1f MB; save %.3f s (%.0f MB/s, "
-              "%.2fx the disk's O_DIRECT write %.0f MB/s), load %.3f s (%.0f MB/s, %.2fx its "
-              "read %.0f MB/s); host peak %.1f of %.1f MB budget\n",
-              static_cast<long long>(n), sub_group.c_str(), mb, save_s, mb / save_s,
-              mb / save_s / dw, dw, load_s, mb / load_s, mb / load_s / dr, dr, host_peak / 1e6,
-              host_budget / 1e6);
+  const double dw = disk->front().write_bytes_per_s / 1e6,
+               dr = disk->front().read_bytes_per_s / 1e6;
+  std::printf(
+      "checkpoint of %lld params, sub_group_size %s: %.1f MB; save %.3f s (%.0f MB/s, "
+      "%.2fx the disk's O_DIRECT write %.0f MB/s), load %.3f s (%.0f MB/s, %.2fx its "
+      "read %.0f MB/s); host peak %.1f of %.1f MB budget\n",
+      static_cast<long long>(n), sub_group.c_str(), mb, save_s, mb / save_s, mb / save_s / dw, dw,
+      load_s, mb / load_s, mb / load_s / dr, dr, host_peak / 1e6, host_budget / 1e6);
   std::filesystem::remove_all(dir);
 }
 
@@ -620,8 +640,9 @@ TEST(CheckpointCrash, KilledSaverNeverLeavesALoadablePartialCheckpoint) {
   // 2. Real SIGKILLs after random delays across the child's lifetime.
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(RunChild(dir, "timed", 0, -1), 0);
-  const int64_t life_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                              std::chrono::steady_clock::now() - t0).count();
+  const int64_t life_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   latest = "timed";
   std::mt19937 rng(12345);
   std::uniform_int_distribution<int64_t> delay(life_us / 4, life_us + life_us / 8);

@@ -35,7 +35,8 @@ std::string Python() {
 }
 
 Cmd Offloadctl(const std::string& args) {
-  const std::string cmd = std::string("timeout 60 ") + STRATA_OFFLOADCTL_PATH + " " + args + " 2>&1";
+  const std::string cmd =
+      std::string("timeout 60 ") + STRATA_OFFLOADCTL_PATH + " " + args + " 2>&1";
   Cmd c;
   FILE* p = ::popen(cmd.c_str(), "r");
   char buf[4096];
@@ -133,13 +134,17 @@ TEST(CkptCli, InspectVerifyExport) {
   }
   // The safetensors package, unchanged, when Python has it.
   if (std::system((Python() + " -c 'import safetensors.numpy' >/dev/null 2>&1").c_str()) == 0) {
-    const std::string py =
-        Python() + " -c \"from safetensors.numpy import load_file; t = load_file('" + dir +
-        "/model_fp32.safetensors'); assert sorted(t) == ['W0','W1','W2','b0','b1','b2'], sorted(t); "
-        "assert t['W2'].shape == (36, 40)\"";
+    const std::string py = Python() +
+                           " -c \"from safetensors.numpy import load_file; t = load_file('" + dir +
+                           "/model_fp32.safetensors'); assert sorted(t) == "
+                           "['W0','W1','W2','b0','b1','b2'], sorted(t); "
+                           "assert t['W2'].shape == (36, 40)\"";
     EXPECT_EQ(std::system(py.c_str()), 0);
   } else {
-    std::printf("%s: safetensors not importable (set STRATA_PYTHON): checked with this test's reader only\n", Python().c_str());
+    std::printf(
+        "%s: safetensors not importable (set STRATA_PYTHON): checked with this test's reader "
+        "only\n",
+        Python().c_str());
   }
   std::filesystem::remove_all(dir);
 }
@@ -165,8 +170,12 @@ TEST(CkptCli, ReshardAndShardedExport) {
   auto j = nlohmann::json::parse(c.out, nullptr, false);
   EXPECT_EQ(j["world_size"], 3);
   EXPECT_EQ(j["stage"], 1);
-  EXPECT_EQ(Offloadctl("ckpt reshard " + dir + "/src --world-size 0 --stage 1 --out " + dir + "/x").code, 2);
-  EXPECT_EQ(Offloadctl("ckpt reshard " + dir + "/src --world-size 3 --stage 1 --out " + dir + "/w3").code, 1);
+  EXPECT_EQ(
+      Offloadctl("ckpt reshard " + dir + "/src --world-size 0 --stage 1 --out " + dir + "/x").code,
+      2);
+  EXPECT_EQ(
+      Offloadctl("ckpt reshard " + dir + "/src --world-size 3 --stage 1 --out " + dir + "/w3").code,
+      1);
 
   // fp32 bytes in model order: W0 3072, b0 128, W1 5120, b1 160, W2 5760, b2 144; at most 6000
   // bytes per shard: [W0 b0] [W1 b1] [W2 b2].
@@ -217,7 +226,10 @@ TEST(CkptCli, ReshardAndShardedExport) {
         "assert t['W1'].shape == (40, 32)\"";
     EXPECT_EQ(std::system(py.c_str()), 0);
   } else {
-    std::printf("%s: safetensors not importable (set STRATA_PYTHON): checked with this test's reader only\n", Python().c_str());
+    std::printf(
+        "%s: safetensors not importable (set STRATA_PYTHON): checked with this test's reader "
+        "only\n",
+        Python().c_str());
   }
   std::filesystem::remove_all(dir);
 }

@@ -54,7 +54,8 @@ Status ExchangeWords(Engine::Impl& e, uint64_t a, uint64_t b,
   std::vector<uint64_t> all(static_cast<size_t>(e.world) * 2);
   float* dev = static_cast<float*>(e.exchange.get());
   STRATA_RETURN_IF_ERROR(e.CopySync(CopyDir::kHostToDevice, dev + e.rank * 4, mine, sizeof mine));
-  STRATA_ASSIGN_OR_RETURN(CommHandle h, e.opt.comm->AllGather(dev + e.rank * 4, dev, 4, DType::kF32));
+  STRATA_ASSIGN_OR_RETURN(CommHandle h,
+                          e.opt.comm->AllGather(dev + e.rank * 4, dev, 4, DType::kF32));
   STRATA_RETURN_IF_ERROR(h.WaitUntil(e.deadline()));
   STRATA_RETURN_IF_ERROR(e.CopySync(CopyDir::kDeviceToHost, all.data(), dev, all.size() * 8));
   for (int r = 0; r < e.world; ++r) (*out)[static_cast<size_t>(r)] = {all[r * 2], all[r * 2 + 1]};
@@ -68,7 +69,8 @@ Status Agree(Engine::Impl& e, const Status& local, const std::string& what, uint
   std::vector<std::pair<uint64_t, uint64_t>> words;
   Status st = ExchangeWords(e, local.ok() ? value : kFailMarker,
                             local.ok() ? 0 : static_cast<uint64_t>(local.code()), &words);
-  if (!st.ok()) return e.Fail(Status(st.code(), what + ": rank agreement: " + std::string(st.message())));
+  if (!st.ok())
+    return e.Fail(Status(st.code(), what + ": rank agreement: " + std::string(st.message())));
   if (!local.ok()) return local;
   for (int r = 0; r < e.world; ++r) {
     if (words[r].first == kFailMarker && words[r].second != 0) {
@@ -89,7 +91,8 @@ Status Agree(Engine::Impl& e, const Status& local, const std::string& what, uint
 Status CheckBoundary(const Engine::Impl& e, const char* op) {
   STRATA_RETURN_IF_ERROR(e.CheckHealthy());
   if (e.outstanding_gathers > 0) {
-    return Status::FailedPrecondition(std::string(op) + ": " + std::to_string(e.outstanding_gathers) +
+    return Status::FailedPrecondition(std::string(op) + ": " +
+                                      std::to_string(e.outstanding_gathers) +
                                       " gathered group(s) not released");
   }
   for (size_t g = 0; g < e.groups.size(); ++g) {
@@ -149,7 +152,8 @@ Result<std::vector<Piece>> RankPieces(const Engine::Impl& e) {
   std::vector<Piece> out;
   for (const zero::GroupState& gs : e.groups) {
     const uint64_t s = gs.shard.shard_elems;
-    const uint64_t off = e.placement.params_partitioned ? 0 : static_cast<uint64_t>(e.rank) * s * e.elt;
+    const uint64_t off =
+        e.placement.params_partitioned ? 0 : static_cast<uint64_t>(e.rank) * s * e.elt;
     out.push_back({gs.param, param_tier, off, s * e.elt});
     for (int k = 1; k < 4; ++k) {
       uint64_t covered = 0;
@@ -161,9 +165,9 @@ Result<std::vector<Piece>> RankPieces(const Engine::Impl& e) {
         covered += sg.elems;
       }
       if (covered != s) {
-        return Status::Internal("checkpoint: the sub-groups of '" + e.model.groups[&gs - e.groups.data()].name +
-                                "' cover " + std::to_string(covered) + " of " + std::to_string(s) +
-                                " shard elements");
+        return Status::Internal(
+            "checkpoint: the sub-groups of '" + e.model.groups[&gs - e.groups.data()].name +
+            "' cover " + std::to_string(covered) + " of " + std::to_string(s) + " shard elements");
       }
     }
   }
@@ -173,8 +177,8 @@ Result<std::vector<Piece>> RankPieces(const Engine::Impl& e) {
 // The engine's checkpoint streams: its aio settings and IO backend kind.
 ckpt::StreamOptions StreamOpts(const Engine::Impl& e) {
   const AioConfig& a = e.opt.config.aio;
-  ckpt::StreamOptions o =
-      ckpt::StreamOptionsFromAio(a.block_size, a.queue_depth, a.intra_op_parallelism, e.opt.io_kind);
+  ckpt::StreamOptions o = ckpt::StreamOptionsFromAio(a.block_size, a.queue_depth,
+                                                     a.intra_op_parallelism, e.opt.io_kind);
   o.sim_seed = 1000 + static_cast<uint64_t>(e.rank);
   return o;
 }
@@ -254,11 +258,14 @@ Result<ckpt::FileEntry> WriteRankFile(Engine::Impl& e, const ckpt::Manifest& m,
     const Piece& p = pieces[i];
     window.Ahead(i);
     {
-      STRATA_ASSIGN_OR_RETURN(Lease l, e.store->Acquire(p.block, p.tier, Access::kRead, e.timeout()));
+      STRATA_ASSIGN_OR_RETURN(Lease l,
+                              e.store->Acquire(p.block, p.tier, Access::kRead, e.timeout()));
       if (p.offset_bytes + p.bytes > l.size_bytes()) {
-        return Status::Internal("checkpoint: block " + e.store->spec(p.block).name + " is smaller than its piece");
+        return Status::Internal("checkpoint: block " + e.store->spec(p.block).name +
+                                " is smaller than its piece");
       }
-      STRATA_RETURN_IF_ERROR(w->Append(static_cast<const uint8_t*>(l.data()) + p.offset_bytes, p.bytes));
+      STRATA_RETURN_IF_ERROR(
+          w->Append(static_cast<const uint8_t*>(l.data()) + p.offset_bytes, p.bytes));
     }
     (void)window.Done(i, true);
   }
@@ -282,7 +289,8 @@ Status Engine::Save(const std::string& dir, const std::string& tag,
   if (local.ok() && tag.empty()) local = Status::InvalidArgument("Save: empty tag");
   if (local.ok()) local = ckpt::ResolveTag(dir, tag).status();
   if (local.ok() && tag.size() > 4 && tag.compare(tag.size() - 4, 4, ".tmp") == 0) {
-    local = Status::InvalidArgument("Save: a tag may not end in .tmp (the name of an unfinished save)");
+    local =
+        Status::InvalidArgument("Save: a tag may not end in .tmp (the name of an unfinished save)");
   }
   const std::string tmp = dir + "/" + tag + ".tmp";
   if (local.ok() && e.rank == 0) {
@@ -316,7 +324,8 @@ Status Engine::Save(const std::string& dir, const std::string& tag,
   std::vector<std::pair<uint64_t, uint64_t>> words;
   Status st = ExchangeWords(e, local.ok() ? part->size_bytes : kFailMarker,
                             local.ok() ? part->xxh3 : static_cast<uint64_t>(local.code()), &words);
-  if (!st.ok()) return e.Fail(Status(st.code(), what + ": rank agreement: " + std::string(st.message())));
+  if (!st.ok())
+    return e.Fail(Status(st.code(), what + ": rank agreement: " + std::string(st.message())));
   if (!local.ok()) return local;
   for (int r = 0; r < e.world; ++r) {
     if (words[r].first == kFailMarker) {
@@ -357,10 +366,13 @@ Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m) {
   for (size_t g = 0; g < std::min(m.groups.size(), model.groups.size()); ++g) {
     const auto& cg = m.groups[g];
     const auto& mg = model.groups[g];
-    if (cg.name != mg.name) diffs.push_back("group " + std::to_string(g) + ": '" + cg.name + "' in the checkpoint, '" + mg.name + "' in the model");
+    if (cg.name != mg.name)
+      diffs.push_back("group " + std::to_string(g) + ": '" + cg.name + "' in the checkpoint, '" +
+                      mg.name + "' in the model");
     if (cg.params.size() != mg.params.size()) {
       diffs.push_back("group '" + mg.name + "': " + std::to_string(cg.params.size()) +
-                      " params in the checkpoint, " + std::to_string(mg.params.size()) + " in the model");
+                      " params in the checkpoint, " + std::to_string(mg.params.size()) +
+                      " in the model");
     }
     for (size_t p = 0; p < std::min(cg.params.size(), mg.params.size()); ++p) {
       if (cg.params[p].name != mg.params[p].name || cg.params[p].shape != mg.params[p].shape) {
@@ -450,9 +462,11 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
     const Dest& d = dests[i];
     window.Ahead(i);
     {
-      STRATA_ASSIGN_OR_RETURN(Lease l, e.store->Acquire(d.block, d.tier, Access::kWrite, e.timeout()));
+      STRATA_ASSIGN_OR_RETURN(Lease l,
+                              e.store->Acquire(d.block, d.tier, Access::kWrite, e.timeout()));
       if (d.elems * m.ElemBytes(d.kind) > l.size_bytes()) {
-        return Status::Internal("checkpoint: block " + e.store->spec(d.block).name + " is smaller than its range");
+        return Status::Internal("checkpoint: block " + e.store->spec(d.block).name +
+                                " is smaller than its range");
       }
       STRATA_RETURN_IF_ERROR(rd.Read(d.group, d.kind, d.global_begin, d.elems, l.data()));
       l.MarkDirty();
@@ -476,7 +490,9 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
     for (const ckpt::FileEntry& f : m.files) {
       if (f.rank == e.rank) own = &f;
     }
-    if (own == nullptr) return Status::Corruption(tag_dir + ": the manifest lists no file of rank " + std::to_string(e.rank));
+    if (own == nullptr)
+      return Status::Corruption(tag_dir + ": the manifest lists no file of rank " +
+                                std::to_string(e.rank));
     const ckpt::FileEntry& f = *own;
     const std::string path = tag_dir + "/" + f.name;
     auto sum = rd.FileXxh3(e.rank);
@@ -489,8 +505,8 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
       STRATA_RETURN_IF_ERROR(ckpt::HashFile(path, &size, &got));
     }
     if (got != f.xxh3) {
-      return Status::Corruption("checkpoint file " + path + " is damaged: XXH3 " + ckpt::Hex64(got) +
-                                ", the manifest says " + ckpt::Hex64(f.xxh3));
+      return Status::Corruption("checkpoint file " + path + " is damaged: XXH3 " +
+                                ckpt::Hex64(got) + ", the manifest says " + ckpt::Hex64(f.xxh3));
     }
   }
   zero::LossScalerState ls;
@@ -527,7 +543,8 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
       local = mm.status();
       if (local.ok()) m = std::move(*mm);
       if (local.ok() && m.tag != *t) {
-        local = Status::Corruption(dir + "/" + *t + "/" + ckpt::kManifestName + ": names tag '" + m.tag + "'");
+        local = Status::Corruption(dir + "/" + *t + "/" + ckpt::kManifestName + ": names tag '" +
+                                   m.tag + "'");
       }
     }
   }
@@ -554,8 +571,9 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
   STRATA_RETURN_IF_ERROR(Agree(e, local, what, manifest_hash, &hashes));
   for (uint64_t h : hashes) {
     if (h != manifest_hash) {
-      return Status::FailedPrecondition(what + ": the ranks read different manifests (is `latest` "
-                                               "being replaced, or is the directory not shared?)");
+      return Status::FailedPrecondition(what +
+                                        ": the ranks read different manifests (is `latest` "
+                                        "being replaced, or is the directory not shared?)");
     }
   }
   const std::string tag_dir = dir + "/" + m.tag;

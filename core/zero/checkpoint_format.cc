@@ -58,7 +58,9 @@ bool CrashPoint() {
 // Manifest
 // ---------------------------------------------------------------------------------------------
 
-std::string Manifest::RankFileName(int rank) { return "rank" + std::to_string(rank) + ".safetensors"; }
+std::string Manifest::RankFileName(int rank) {
+  return "rank" + std::to_string(rank) + ".safetensors";
+}
 
 std::string Manifest::TensorName(const std::string& group, const char* kind, int rank) {
   return group + "." + kind + "[r" + std::to_string(rank) + "]";
@@ -87,17 +89,20 @@ std::string Manifest::ToJson() const {
   for (const GroupEntry& g : this->groups) {
     json params = json::array();
     for (const ParamEntry& p : g.params) params.push_back({{"name", p.name}, {"shape", p.shape}});
-    groups_j.push_back({{"name", g.name}, {"params", params}, {"numel", g.numel},
-                      {"shard_elems", g.shard_elems}});
+    groups_j.push_back(
+        {{"name", g.name}, {"params", params}, {"numel", g.numel}, {"shard_elems", g.shard_elems}});
   }
   j["model"] = {{"groups", groups_j}};
   j["shard_layout"] = {
-      {"rule", "rank r's file holds elements [r*shard_elems, (r+1)*shard_elems) of each group's "
-               "padded flat buffer, per state kind; elements >= numel are zero padding"},
+      {"rule",
+       "rank r's file holds elements [r*shard_elems, (r+1)*shard_elems) of each group's "
+       "padded flat buffer, per state kind; elements >= numel are zero padding"},
       {"state_kinds", {"param16", "master32", "exp_avg", "exp_avg_sq"}}};
   json files_j = json::array();
   for (const FileEntry& f : files) {
-    files_j.push_back({{"name", f.name}, {"rank", f.rank}, {"size_bytes", f.size_bytes},
+    files_j.push_back({{"name", f.name},
+                       {"rank", f.rank},
+                       {"size_bytes", f.size_bytes},
                        {"xxh3", Hex64(f.xxh3)}});
   }
   j["files"] = files_j;
@@ -109,7 +114,8 @@ std::string Manifest::ToJson() const {
 
 Result<Manifest> Manifest::FromJson(const std::string& text) {
   json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Status::Corruption("manifest is not a JSON object");
+  if (j.is_discarded() || !j.is_object())
+    return Status::Corruption("manifest is not a JSON object");
   Manifest m;
   try {
     if (j.value("format", "") != "strata-checkpoint") {
@@ -143,7 +149,8 @@ Result<Manifest> Manifest::FromJson(const std::string& text) {
       ge.numel = g.at("numel").get<uint64_t>();
       ge.shard_elems = g.at("shard_elems").get<uint64_t>();
       for (const json& p : g.at("params")) {
-        ge.params.push_back({p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>()});
+        ge.params.push_back(
+            {p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>()});
       }
       m.groups.push_back(std::move(ge));
     }
@@ -171,8 +178,8 @@ Result<Manifest> Manifest::FromJson(const std::string& text) {
   int rank_files = 0;
   for (const FileEntry& f : m.files) rank_files += f.rank >= 0;
   if (rank_files != m.world_size) {
-    return Status::Corruption("manifest: " + std::to_string(rank_files) + " rank files for world size " +
-                              std::to_string(m.world_size));
+    return Status::Corruption("manifest: " + std::to_string(rank_files) +
+                              " rank files for world size " + std::to_string(m.world_size));
   }
   return m;
 }
@@ -266,7 +273,8 @@ Result<std::vector<TensorLoc>> ReadSafetensorsHeader(const std::string& path,
   } catch (const json::exception& e) {
     return Status::Corruption(path + ": " + e.what());
   }
-  std::sort(out.begin(), out.end(), [](const TensorLoc& a, const TensorLoc& b) { return a.begin < b.begin; });
+  std::sort(out.begin(), out.end(),
+            [](const TensorLoc& a, const TensorLoc& b) { return a.begin < b.begin; });
   return out;
 }
 
@@ -428,7 +436,8 @@ Status WriteSmallFile(const std::string& path, const std::string& text, bool ato
 
 Status HashFile(const std::string& path, uint64_t* size_bytes, uint64_t* xxh3) {
   // O_DIRECT with read-ahead (checkpoint_io.h), default chunking.
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<StreamReader> r, StreamReader::Open(path, StreamOptions{}, true));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<StreamReader> r,
+                          StreamReader::Open(path, StreamOptions{}, true));
   STRATA_ASSIGN_OR_RETURN(*xxh3, r->HashToEnd());
   *size_bytes = r->size_bytes();
   return Status::OK();
@@ -448,8 +457,8 @@ Result<std::string> ResolveTag(const std::string& dir, const std::string& tag) {
   const std::string latest = dir + "/" + kLatestName;
   auto text = ReadWholeFile(latest);
   if (!text.ok()) {
-    return Status::NotFound("no checkpoint in " + dir + " (" + latest + " is missing: " +
-                            std::string(text.status().message()) + ")");
+    return Status::NotFound("no checkpoint in " + dir + " (" + latest +
+                            " is missing: " + std::string(text.status().message()) + ")");
   }
   std::string t = *text;
   while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
@@ -465,11 +474,15 @@ Result<Manifest> ReadManifest(const std::string& dir, const std::string& tag) {
   if (!PathExists(tag_dir)) {
     const bool partial = PathExists(tag_dir + ".tmp");
     return Status::NotFound("checkpoint " + tag_dir + " does not exist" +
-                            (partial ? " (only an incomplete " + tag + ".tmp, from a save that "
-                                       "did not finish)" : std::string()));
+                            (partial ? " (only an incomplete " + tag +
+                                           ".tmp, from a save that "
+                                           "did not finish)"
+                                     : std::string()));
   }
   auto text = ReadWholeFile(path);
-  if (!text.ok()) return Status::NotFound("checkpoint file " + path + " is missing or unreadable: " + std::string(text.status().message()));
+  if (!text.ok())
+    return Status::NotFound("checkpoint file " + path +
+                            " is missing or unreadable: " + std::string(text.status().message()));
   auto m = Manifest::FromJson(*text);
   if (!m.ok()) return Status(m.status().code(), path + ": " + std::string(m.status().message()));
   return m;
@@ -483,9 +496,9 @@ Status CheckFileSize(const std::string& dir, const Manifest& m, size_t i) {
     return Status::NotFound("checkpoint file " + path + " is missing");
   }
   if (static_cast<uint64_t>(st.st_size) != f.size_bytes) {
-    return Status::Corruption("checkpoint file " + path + " is damaged: " +
-                              std::to_string(st.st_size) + " bytes, the manifest says " +
-                              std::to_string(f.size_bytes));
+    return Status::Corruption("checkpoint file " + path +
+                              " is damaged: " + std::to_string(st.st_size) +
+                              " bytes, the manifest says " + std::to_string(f.size_bytes));
   }
   return Status::OK();
 }
@@ -525,7 +538,8 @@ Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag
     RankFileHeader(m, f.rank, &data_start, &want);
     bool same = got.size() == want.size();
     for (size_t i = 0; same && i < got.size(); ++i) {
-      same = got[i].name == want[i].name && got[i].end - got[i].begin == want[i].end - want[i].begin &&
+      same = got[i].name == want[i].name &&
+             got[i].end - got[i].begin == want[i].end - want[i].begin &&
              got[i].dtype == want[i].dtype && got[i].shape == want[i].shape;
     }
     if (!same) return Status::Corruption(path + ": its tensors do not match the manifest's layout");
@@ -588,7 +602,8 @@ Status RangeReader::Open(int r) {
     same = got[i].name == want[i].name && got[i].dtype == want[i].dtype &&
            got[i].end - got[i].begin == want[i].end - want[i].begin;
   }
-  if (!same) return Status::Corruption(Path(r) + ": its tensors do not match the manifest's layout");
+  if (!same)
+    return Status::Corruption(Path(r) + ": its tensors do not match the manifest's layout");
   locs_[static_cast<size_t>(r)] = std::move(got);
   STRATA_ASSIGN_OR_RETURN(streams_[static_cast<size_t>(r)],
                           StreamReader::Open(Path(r), options_, r == hash_rank_));
@@ -644,8 +659,9 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
     std::vector<TensorLoc> locs;
     const std::string header = RankFileHeader(n, r, &data_start, &locs);
     const std::string path = tmp + "/" + Manifest::RankFileName(r);
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<StreamWriter> w,
-                            StreamWriter::Create(path, options, locs.empty() ? 0 : locs.back().end));
+    STRATA_ASSIGN_OR_RETURN(
+        std::unique_ptr<StreamWriter> w,
+        StreamWriter::Create(path, options, locs.empty() ? 0 : locs.back().end));
     STRATA_RETURN_IF_ERROR(w->Append(header.data(), header.size()));
     // File order: group by group, kind by kind (RankFileHeader's order).
     for (size_t g = 0; g < n.groups.size(); ++g) {
@@ -663,7 +679,8 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
     n.files.push_back({Manifest::RankFileName(r), r, w->size_bytes(), w->xxh3()});
   }
   if (m.has_client_state) {
-    STRATA_ASSIGN_OR_RETURN(std::string blob, ReadWholeFile(dir + "/" + m.tag + "/" + kClientStateName));
+    STRATA_ASSIGN_OR_RETURN(std::string blob,
+                            ReadWholeFile(dir + "/" + m.tag + "/" + kClientStateName));
     STRATA_ASSIGN_OR_RETURN(FileWriter w, FileWriter::Create(tmp + "/" + kClientStateName));
     STRATA_RETURN_IF_ERROR(w.Append(blob.data(), blob.size()));
     STRATA_RETURN_IF_ERROR(w.Finish());

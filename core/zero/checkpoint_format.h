@@ -43,8 +43,8 @@ inline constexpr const char* kStateKinds[] = {"param16", "master32", "exp_avg", 
 inline constexpr size_t kNumStateKinds = 4;
 
 struct FileEntry {
-  std::string name;     // relative to the tag directory
-  int rank = -1;        // -1: not a rank file (client state)
+  std::string name;  // relative to the tag directory
+  int rank = -1;     // -1: not a rank file (client state)
   uint64_t size_bytes = 0;
   uint64_t xxh3 = 0;
 };
@@ -67,8 +67,8 @@ struct Manifest {
   std::string tag;
   int world_size = 1;
   int stage = 0;
-  std::string precision;        // "bf16" | "fp16" | "fp32"
-  std::string param_dtype;      // safetensors dtype of param16: "BF16" | "F16" | "F32"
+  std::string precision;    // "bf16" | "fp16" | "fp32"
+  std::string param_dtype;  // safetensors dtype of param16: "BF16" | "F16" | "F32"
   std::string offload_optimizer, offload_param;  // where the states lived ("none" = device)
   std::vector<GroupEntry> groups;
   int64_t global_step = 0, skipped_steps = 0, applied_steps = 0;
@@ -76,8 +76,8 @@ struct Manifest {
   // Loss scaler (core/zero/loss_scaler.h LossScalerState).
   double scale = 1;
   int64_t scaler_iteration = 0, scaler_last_overflow = -1, scaler_hysteresis_left = 0;
-  std::string config_json;      // EffectiveConfigJson of the saving engine
-  std::vector<FileEntry> files; // rank files in rank order, then the client state if any
+  std::string config_json;       // EffectiveConfigJson of the saving engine
+  std::vector<FileEntry> files;  // rank files in rank order, then the client state if any
   bool has_client_state = false;
 
   std::string ToJson() const;
@@ -162,7 +162,8 @@ Result<std::string> ResolveTag(const std::string& dir, const std::string& tag);
 Result<Manifest> ReadManifest(const std::string& dir, const std::string& tag);
 // Checks that every file of the manifest exists with its size and checksum. `files`: indices of
 // m.files to check (empty: all). NotFound / Corruption naming the first missing or damaged file.
-Status VerifyFiles(const std::string& dir, const Manifest& m, const std::vector<size_t>& files = {});
+Status VerifyFiles(const std::string& dir, const Manifest& m,
+                   const std::vector<size_t>& files = {});
 // Only that m.files[i] exists with its size: NotFound / Corruption naming it.
 Status CheckFileSize(const std::string& dir, const Manifest& m, size_t i);
 // ReadManifest + VerifyFiles (all) + every rank file's header matches the manifest.
@@ -215,8 +216,8 @@ Status CommitCheckpoint(const std::string& dir, const Manifest& m);
 // rename, `latest`). The result loads into such an engine on its fast path (each rank reads its
 // own file). InvalidArgument: world_size outside 1..4096, stage outside 0..3, out_dir == dir;
 // FailedPrecondition: the tag exists in out_dir; the errors of VerifyCheckpoint.
-Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& tag,
-                                   int world_size, int stage, const std::string& out_dir,
+Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& tag, int world_size,
+                                   int stage, const std::string& out_dir,
                                    const StreamOptions& options = {});
 
 std::string Hex64(uint64_t v);

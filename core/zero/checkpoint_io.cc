@@ -39,9 +39,9 @@ Result<std::unique_ptr<IoBackend>> OpenBackend(const StreamOptions& o) {
 
 Status CheckOptions(const StreamOptions& o) {
   if (o.chunk_bytes == 0 || o.chunk_bytes % kIoAlignment != 0 || o.depth < 2) {
-    return Status::InvalidArgument("checkpoint stream: chunk_bytes " + std::to_string(o.chunk_bytes) +
-                                   " (a multiple of 4096) and depth " + std::to_string(o.depth) +
-                                   " (at least 2)");
+    return Status::InvalidArgument(
+        "checkpoint stream: chunk_bytes " + std::to_string(o.chunk_bytes) +
+        " (a multiple of 4096) and depth " + std::to_string(o.depth) + " (at least 2)");
   }
   return Status::OK();
 }
@@ -197,7 +197,8 @@ Status StreamWriter::Finish() {
   if (fd_ < 0) return Status::FailedPrecondition(path_ + ": Finish twice");
   if (fill_ > 0 && first_error_.ok()) STRATA_RETURN_IF_ERROR(SubmitCurrent(fill_));
   STRATA_RETURN_IF_ERROR(Drain());
-  if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0) return Status::FromErrno(errno, "truncate", path_);
+  if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0)
+    return Status::FromErrno(errno, "truncate", path_);
   if (CrashPoint()) ::_exit(77);
   if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync", path_);
   io_->UnregisterFile(fd_);
@@ -282,7 +283,8 @@ Status StreamReader::IssueAhead() {
     c.offset = next_issue_;
     c.buffer = free_.back();
     if (next_issue_ < aligned_end) {
-      c.length = static_cast<size_t>(std::min<uint64_t>(opt_.chunk_bytes, aligned_end - next_issue_));
+      c.length =
+          static_cast<size_t>(std::min<uint64_t>(opt_.chunk_bytes, aligned_end - next_issue_));
       IoRequest r{IoOp::kRead, fd_, c.offset, buffers_[c.buffer], c.length, c.buffer};
       STRATA_RETURN_IF_ERROR(io_->Submit(std::span<const IoRequest>(&r, 1)));
     } else {
@@ -339,8 +341,7 @@ Status StreamReader::Read(uint64_t offset, void* out, uint64_t bytes) {
   while (bytes > 0) {
     // Behind the stream, or beyond what the window will reach soon: start over there.
     const uint64_t window_begin = window_.empty() ? next_issue_ : window_.front().offset;
-    if (offset < window_begin ||
-        offset >= next_issue_ + opt_.chunk_bytes * opt_.depth) {
+    if (offset < window_begin || offset >= next_issue_ + opt_.chunk_bytes * opt_.depth) {
       STRATA_RETURN_IF_ERROR(Restart(offset));
     }
     STRATA_RETURN_IF_ERROR(IssueAhead());

@@ -279,9 +279,9 @@ class Engine {
   // `<dir>/latest` replaced atomically. A crash leaves the previous checkpoint as `latest` and
   // never a partial one that loads. Files go through the IO layer (O_DIRECT chunks of
   // aio.block_size, aio.queue_depth in flight); NVMe-homed state streams through host memory in a
-  // bounded window (the host budget holds). InvalidArgument: empty tag, or one with '/', or ending ".tmp";
-  // FailedPrecondition: the tag exists already (never overwritten) or mid-accumulation; IOError
-  // naming the file; Aborted: another rank failed (its own result says why). A failed
+  // bounded window (the host budget holds). InvalidArgument: empty tag, or one with '/', or ending
+  // ".tmp"; FailedPrecondition: the tag exists already (never overwritten) or mid-accumulation;
+  // IOError naming the file; Aborted: another rank failed (its own result says why). A failed
   // collective fails the engine.
   Status Save(const std::string& dir, const std::string& tag,
               std::span<const uint8_t> client_state = {});
@@ -292,11 +292,12 @@ class Engine {
   // Corruption naming the first missing or damaged file; FailedPrecondition for another format
   // version, a different model spec (the differing names and shapes listed), or another
   // precision. At the same world size and shards each rank checks its own file's XXH3 as it
-  // streams it: a file damaged inside is Corruption naming it and fails the engine. Another world size or ZeRO stage (or placement) is fine: the checkpoint
-  // holds global element ranges, and each rank reads the ranges its layout needs from whichever
-  // ranks' files hold them (resharding on load; exact: every saved bit is restored). An IO error
-  // after verification fails the engine (its blocks are then half loaded). `client_state`
-  // (optional) receives the saved blob (empty if none).
+  // streams it: a file damaged inside is Corruption naming it and fails the engine. Another world
+  // size or ZeRO stage (or placement) is fine: the checkpoint holds global element ranges, and each
+  // rank reads the ranges its layout needs from whichever ranks' files hold them (resharding on
+  // load; exact: every saved bit is restored). An IO error after verification fails the engine (its
+  // blocks are then half loaded). `client_state` (optional) receives the saved blob (empty if
+  // none).
   Status Load(const std::string& dir, const std::string& tag = "",
               std::vector<uint8_t>* client_state = nullptr);
 

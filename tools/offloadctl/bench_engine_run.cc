@@ -1,10 +1,10 @@
 // `offloadctl bench engine`: one variant, run and measured (see bench_engine.h).
 #include <unistd.h>
 #include <algorithm>
-#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 

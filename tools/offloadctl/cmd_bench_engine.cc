@@ -200,12 +200,13 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
   j["notes"] = r.notes;
   if (!a.save_dir.empty()) {
     const double bytes = static_cast<double>(r.checkpoint_bytes);
-    j["checkpoint"] = {
-        {"bytes", r.checkpoint_bytes},
-        {"save_s", r.save_s},
-        {"load_s", r.load_s},
-        {"save_vs_disk_write", d.measured && r.save_s > 0 ? bytes / r.save_s / d.write_bytes_per_s : 0.0},
-        {"load_vs_disk_read", d.measured && r.load_s > 0 ? bytes / r.load_s / d.read_bytes_per_s : 0.0}};
+    j["checkpoint"] = {{"bytes", r.checkpoint_bytes},
+                       {"save_s", r.save_s},
+                       {"load_s", r.load_s},
+                       {"save_vs_disk_write",
+                        d.measured && r.save_s > 0 ? bytes / r.save_s / d.write_bytes_per_s : 0.0},
+                       {"load_vs_disk_read",
+                        d.measured && r.load_s > 0 ? bytes / r.load_s / d.read_bytes_per_s : 0.0}};
   }
   return j;
 }
@@ -254,11 +255,11 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
   }
   if (j.contains("checkpoint")) {
     const auto& c = j["checkpoint"];
-    std::printf("  checkpoint %s GB: save_s %.3f (x%.2f the disk's write), load_s %.3f (x%.2f its "
-                "read)\n",
-                Gb(c["bytes"]).c_str(), c["save_s"].get<double>(),
-                c["save_vs_disk_write"].get<double>(), c["load_s"].get<double>(),
-                c["load_vs_disk_read"].get<double>());
+    std::printf(
+        "  checkpoint %s GB: save_s %.3f (x%.2f the disk's write), load_s %.3f (x%.2f its "
+        "read)\n",
+        Gb(c["bytes"]).c_str(), c["save_s"].get<double>(), c["save_vs_disk_write"].get<double>(),
+        c["load_s"].get<double>(), c["load_vs_disk_read"].get<double>());
   }
   for (const auto& n : j["notes"]) std::printf("  note: %s\n", n.get<std::string>().c_str());
 }

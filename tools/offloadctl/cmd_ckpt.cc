@@ -15,8 +15,8 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
-#include <optional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -121,11 +121,13 @@ Status WriteExportFile(const std::string& path, const std::vector<const ExportTe
   const std::string st_dtype = dtype == "fp32" ? "F32" : dtype == "fp16" ? "F16" : "BF16";
   const uint64_t eb = dtype == "fp32" ? 4 : 2;
   nlohmann::json h = nlohmann::json::object();
-  h["__metadata__"] = {{"format", "pt"}, {"source", "strata checkpoint " + m.tag},
+  h["__metadata__"] = {{"format", "pt"},
+                       {"source", "strata checkpoint " + m.tag},
                        {"global_step", std::to_string(m.global_step)}};
   uint64_t data = 0;
   for (const ExportTensor* t : tensors) {
-    h[t->name] = {{"dtype", st_dtype}, {"shape", t->shape}, {"data_offsets", {data, data + t->numel * eb}}};
+    h[t->name] = {
+        {"dtype", st_dtype}, {"shape", t->shape}, {"data_offsets", {data, data + t->numel * eb}}};
     data += t->numel * eb;
   }
   std::string text = h.dump();
@@ -159,7 +161,8 @@ Status WriteExportFile(const std::string& path, const std::vector<const ExportTe
 
 // "5GB" as Hugging Face writes it, or any SIZE (cli_flags.h).
 std::optional<uint64_t> ParseShardSize(std::string v) {
-  if (v.size() > 2 && (v.back() == 'B' || v.back() == 'b') && std::isalpha(static_cast<unsigned char>(v[v.size() - 2]))) {
+  if (v.size() > 2 && (v.back() == 'B' || v.back() == 'b') &&
+      std::isalpha(static_cast<unsigned char>(v[v.size() - 2]))) {
     v.pop_back();
   }
   return ParseSize(v);
@@ -171,7 +174,9 @@ Status Export(const CkptArgs& a, size_t* tensors, size_t* files) {
   uint64_t max_shard = UINT64_MAX;
   if (!a.max_shard_size.empty()) {
     auto v = ParseShardSize(a.max_shard_size);
-    if (!v) return Status::InvalidArgument("--max-shard-size '" + a.max_shard_size + "' is not a size such as 5GB or 500M");
+    if (!v)
+      return Status::InvalidArgument("--max-shard-size '" + a.max_shard_size +
+                                     "' is not a size such as 5GB or 500M");
     max_shard = *v;
   }
   STRATA_ASSIGN_OR_RETURN(ckpt::Manifest m, ckpt::VerifyCheckpoint(a.dir, a.tag));
@@ -241,8 +246,9 @@ int RunExport(const CkptArgs& a) {
   if (files == 1) {
     std::printf("exported %zu tensors (%s) to %s\n", n, a.dtype.c_str(), a.out.c_str());
   } else {
-    std::printf("exported %zu tensors (%s) in %zu shards beside %s, with a .safetensors.index.json\n",
-                n, a.dtype.c_str(), files, a.out.c_str());
+    std::printf(
+        "exported %zu tensors (%s) in %zu shards beside %s, with a .safetensors.index.json\n", n,
+        a.dtype.c_str(), files, a.out.c_str());
   }
   return kExitOk;
 }
@@ -259,23 +265,28 @@ int RunReshard(const CkptArgs& a) {
 
 void RegisterCkpt(CLI::App& parent, int* exit_code) {
   auto args = std::make_shared<CkptArgs>();
-  CLI::App* ck = parent.add_subcommand("ckpt", "Inspect, verify, export and reshard engine checkpoints");
+  CLI::App* ck =
+      parent.add_subcommand("ckpt", "Inspect, verify, export and reshard engine checkpoints");
   ck->require_subcommand(1);
   CLI::App* inspect = ck->add_subcommand("inspect", "What a checkpoint holds (no checksums read)");
-  inspect->add_option("DIR", args->dir, "Checkpoint directory (holds `latest` and tag directories)")->required();
+  inspect->add_option("DIR", args->dir, "Checkpoint directory (holds `latest` and tag directories)")
+      ->required();
   inspect->add_option("--tag", args->tag, "Tag to inspect (default: the one `latest` names)");
   inspect->add_flag("--json", args->json, "Print JSON");
   inspect->callback([args, exit_code] { *exit_code = RunInspect(*args); });
   CLI::App* verify = ck->add_subcommand(
-      "verify", "Check completeness and every checksum: exit 0 valid, 1 damaged (the file named), 2 usage");
+      "verify",
+      "Check completeness and every checksum: exit 0 valid, 1 damaged (the file named), 2 usage");
   verify->add_option("DIR", args->dir, "Checkpoint directory")->required();
   verify->add_option("--tag", args->tag, "Tag to verify (default: the one `latest` names)");
   verify->callback([args, exit_code] { *exit_code = RunVerify(*args); });
   CLI::App* exp = ck->add_subcommand(
-      "export", "One safetensors file of the full parameters (from the fp32 masters), verified first");
+      "export",
+      "One safetensors file of the full parameters (from the fp32 masters), verified first");
   exp->add_option("DIR", args->dir, "Checkpoint directory")->required();
   exp->add_option("--tag", args->tag, "Tag to export (default: the one `latest` names)");
-  exp->add_option("--out", args->out, "Output .safetensors file (written as OUT.tmp, then renamed)")->required();
+  exp->add_option("--out", args->out, "Output .safetensors file (written as OUT.tmp, then renamed)")
+      ->required();
   exp->add_option("--dtype", args->dtype, "bf16 (default), fp16 or fp32 (round to nearest even)")
       ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   exp->add_option("--max-shard-size", args->max_shard_size,
@@ -284,14 +295,18 @@ void RegisterCkpt(CLI::App& parent, int* exit_code) {
       ->type_name("SIZE");
   exp->callback([args, exit_code] { *exit_code = RunExport(*args); });
   CLI::App* rs = ck->add_subcommand(
-      "reshard", "Rewrite a checkpoint for another world size and ZeRO stage (offline), verified first");
+      "reshard",
+      "Rewrite a checkpoint for another world size and ZeRO stage (offline), verified first");
   rs->add_option("DIR", args->dir, "Checkpoint directory")->required();
   rs->add_option("--tag", args->tag, "Tag to reshard (default: the one `latest` names)");
   rs->add_option("--world-size", args->world_size, "Ranks of the new layout")
       ->required()
       ->check(CLI::Range(1, 4096));
-  rs->add_option("--stage", args->stage, "ZeRO stage of the new layout")->required()->check(CLI::Range(0, 3));
-  rs->add_option("--out", args->out, "Output checkpoint directory (the same tag, and its `latest`)")->required();
+  rs->add_option("--stage", args->stage, "ZeRO stage of the new layout")
+      ->required()
+      ->check(CLI::Range(0, 3));
+  rs->add_option("--out", args->out, "Output checkpoint directory (the same tag, and its `latest`)")
+      ->required();
   rs->callback([args, exit_code] { *exit_code = RunReshard(*args); });
 }
 
