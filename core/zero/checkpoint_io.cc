@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "core/zero/checkpoint_format.h"
 #include "nvme/sim_backend.h"
@@ -21,6 +22,51 @@ namespace {
 uint64_t AlignUp(uint64_t v) { return (v + kIoAlignment - 1) / kIoAlignment * kIoAlignment; }
 uint64_t AlignDown(uint64_t v) { return v / kIoAlignment * kIoAlignment; }
 
+// Idle backends of finished streams, reused by the next stream of the same kind and depth: a
+// ring's setup costs syscalls and mmaps per file, and a ring unmapped by one thread and mapped
+// again at the same address by another looks to TSan like a race on its SQEs (handing a ring
+// over through this mutex orders its uses). Bounded; a forked child never takes its parent's
+// rings (they are shared with the parent's kernel ring), it drops them unused.
+constexpr size_t kMaxIdleBackends = 16;
+
+struct BackendPool {
+  std::mutex mu;
+  pid_t pid = 0;
+  std::vector<std::pair<std::pair<IoBackendKind, size_t>, std::unique_ptr<IoBackend>>> idle;
+};
+
+BackendPool& Pool() {
+  static BackendPool* pool = new BackendPool();  // never destroyed: streams may end at exit
+  return *pool;
+}
+
+std::unique_ptr<IoBackend> TakeIdle(IoBackendKind kind, size_t depth) {
+  BackendPool& p = Pool();
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.pid != ::getpid()) {
+    for (auto& [key, io] : p.idle) (void)io.release();  // the parent's: never touched here
+    p.idle.clear();
+    p.pid = ::getpid();
+  }
+  for (size_t i = 0; i < p.idle.size(); ++i) {
+    if (p.idle[i].first == std::make_pair(kind, depth)) {
+      std::unique_ptr<IoBackend> io = std::move(p.idle[i].second);
+      p.idle.erase(p.idle.begin() + static_cast<std::ptrdiff_t>(i));
+      return io;
+    }
+  }
+  return nullptr;
+}
+
+// Keeps `io` for reuse when it is idle, a real backend and the pool has room.
+void ReturnIdle(const StreamOptions& o, std::unique_ptr<IoBackend> io) {
+  if (io == nullptr || io->inflight() != 0 || o.kind == IoBackendKind::kSimulated) return;
+  BackendPool& p = Pool();
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.pid != ::getpid() || p.idle.size() >= kMaxIdleBackends) return;
+  p.idle.emplace_back(std::make_pair(o.kind, o.depth), std::move(io));
+}
+
 Result<std::unique_ptr<IoBackend>> OpenBackend(const StreamOptions& o) {
   if (o.kind == IoBackendKind::kSimulated) {
     nvme::SimOptions so;
@@ -29,6 +75,7 @@ Result<std::unique_ptr<IoBackend>> OpenBackend(const StreamOptions& o) {
     so.max_latency_ns = 50'000;
     return std::unique_ptr<IoBackend>(new nvme::SimBackend(so));
   }
+  if (auto idle = TakeIdle(o.kind, o.depth); idle != nullptr) return idle;
   IoBackendOptions bo;
   bo.kind = o.kind;
   bo.queue_depth = o.depth;
@@ -116,11 +163,12 @@ Result<std::unique_ptr<StreamWriter>> StreamWriter::Create(const std::string& pa
 }
 
 StreamWriter::~StreamWriter() {
-  (void)Drain();
+  const bool drained = Drain().ok() || (io_ && io_->inflight() == 0);
   if (fd_ >= 0) {
     if (io_) io_->UnregisterFile(fd_);
     ::close(fd_);
   }
+  if (drained) ReturnIdle(opt_, std::move(io_));
   FreeBuffers(&buffers_);
   if (state_ != nullptr) XXH3_freeState(static_cast<XXH3_state_t*>(state_));
 }
@@ -241,11 +289,12 @@ Result<std::unique_ptr<StreamReader>> StreamReader::Open(const std::string& path
 }
 
 StreamReader::~StreamReader() {
-  (void)Drain();
+  const bool drained = Drain().ok() || (io_ && io_->inflight() == 0);
   if (fd_ >= 0) {
     if (io_) io_->UnregisterFile(fd_);
     ::close(fd_);
   }
+  if (drained) ReturnIdle(opt_, std::move(io_));
   FreeBuffers(&buffers_);
   if (state_ != nullptr) XXH3_freeState(static_cast<XXH3_state_t*>(state_));
 }
