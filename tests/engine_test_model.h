@@ -265,6 +265,9 @@ struct RunSpec {
   std::optional<ModelSpec> model;
   // EngineOptions::ranks_per_node (ZeRO++'s node groups; 0: from the environment).
   int ranks_per_node = 0;
+  // The data (micro, rank) that rank `rank`'s micro-step `micro` trains on (default: its own),
+  // so that a run at another world size and accumulation sees the same global batch.
+  std::function<std::pair<int, int>(int rank, int micro)> data_key;
 };
 
 // Runs the engine's training of TestModel on `world` threads; returns rank 0's master weights.
@@ -389,7 +392,10 @@ inline RunResult RunEngine(const RunSpec& spec) {
         for (size_t g = kGroups; g-- > 0;) STRATA_RETURN_IF_ERROR(gather(g));
         Grads gr;
         ZeroLike(p, &gr);
-        ForwardBackward(p, step, micro, r, static_cast<float>(engine->LossScale()), &gr);
+        const auto [data_micro, data_rank] =
+            spec.data_key ? spec.data_key(r, micro) : std::pair<int, int>{micro, r};
+        ForwardBackward(p, step, data_micro, data_rank, static_cast<float>(engine->LossScale()),
+                        &gr);
         if (spec.tamper) spec.tamper(r, step, micro, &gr);
         for (size_t g = kGroups; g-- > 0;) {
           STRATA_ASSIGN_OR_RETURN(void* buf, engine->GradBuffer(g));

@@ -1,14 +1,20 @@
 // Engine::Save and Engine::Load: every state of the engine to and from a checkpoint directory
 // (format and crash-consistency protocol: core/zero/checkpoint_format.h).
 //
-// Save streams block by block: each block is leased for reading on the tier the engine computes
-// on (an NVMe-homed block is fetched into host memory), appended to the rank's file straight from
-// the lease, and released before the one after next is fetched; the next block's fetch overlaps
-// the current write. So at most two blocks are staged in host memory, within the budget the
-// optimizer pipeline already reserves, and no rank ever holds its shard in DRAM. Load does the
-// reverse: a write lease per block, filled by pread from the checkpoint files (from any rank's
-// file: the element ranges are global, which is what lets a rank read another rank's part),
-// released, and written back to NVMe before the next block.
+// Save streams block by block into the rank's file (checkpoint_io.h StreamWriter: the bytes are
+// gathered into aio.block_size chunks written O_DIRECT through an IoBackend, aio.queue_depth of
+// them in flight, so thousands of small blocks become a few large writes). Each block is leased
+// for reading on the tier the engine computes on; NVMe-homed blocks are fetched into host memory
+// ahead of the writer, as many as fit a window of depth x chunk bytes (at most half the host
+// budget free at the start), so the swap reads overlap the checkpoint writes. Host memory used:
+// the window (inside the store's budget) plus the writer's depth x chunk staging buffers; never
+// the shard.
+//
+// Load does the reverse in the same order (per group: param16, then master32, exp_avg,
+// exp_avg_sq of the sub-groups ascending: the rank files' order), reading through StreamReaders
+// (O_DIRECT read-ahead) into write leases, NVMe homes fetched ahead and written back behind,
+// within the same window. Element ranges are global, which lets a rank read another rank's file
+// (resharding).
 //
 // Collective structure (every rank calls; one small all-gather of two words per rank per
 // agreement, through the engine's exchange buffer): Save agrees on the preconditions (rank 0 has
@@ -23,7 +29,10 @@
 #include <cstring>
 #include <filesystem>
 
+#include <deque>
+
 #include "core/zero/checkpoint_format.h"
+#include "core/zero/checkpoint_io.h"
 #include "core/zero/engine_internal.h"
 
 namespace strata {
@@ -45,7 +54,8 @@ Status ExchangeWords(Engine::Impl& e, uint64_t a, uint64_t b,
   std::vector<uint64_t> all(static_cast<size_t>(e.world) * 2);
   float* dev = static_cast<float*>(e.exchange.get());
   STRATA_RETURN_IF_ERROR(e.CopySync(CopyDir::kHostToDevice, dev + e.rank * 4, mine, sizeof mine));
-  STRATA_ASSIGN_OR_RETURN(CommHandle h, e.opt.comm->AllGather(dev + e.rank * 4, dev, 4, DType::kF32));
+  STRATA_ASSIGN_OR_RETURN(CommHandle h,
+                          e.opt.comm->AllGather(dev + e.rank * 4, dev, 4, DType::kF32));
   STRATA_RETURN_IF_ERROR(h.WaitUntil(e.deadline()));
   STRATA_RETURN_IF_ERROR(e.CopySync(CopyDir::kDeviceToHost, all.data(), dev, all.size() * 8));
   for (int r = 0; r < e.world; ++r) (*out)[static_cast<size_t>(r)] = {all[r * 2], all[r * 2 + 1]};
@@ -59,7 +69,8 @@ Status Agree(Engine::Impl& e, const Status& local, const std::string& what, uint
   std::vector<std::pair<uint64_t, uint64_t>> words;
   Status st = ExchangeWords(e, local.ok() ? value : kFailMarker,
                             local.ok() ? 0 : static_cast<uint64_t>(local.code()), &words);
-  if (!st.ok()) return e.Fail(Status(st.code(), what + ": rank agreement: " + std::string(st.message())));
+  if (!st.ok())
+    return e.Fail(Status(st.code(), what + ": rank agreement: " + std::string(st.message())));
   if (!local.ok()) return local;
   for (int r = 0; r < e.world; ++r) {
     if (words[r].first == kFailMarker && words[r].second != 0) {
@@ -80,7 +91,8 @@ Status Agree(Engine::Impl& e, const Status& local, const std::string& what, uint
 Status CheckBoundary(const Engine::Impl& e, const char* op) {
   STRATA_RETURN_IF_ERROR(e.CheckHealthy());
   if (e.outstanding_gathers > 0) {
-    return Status::FailedPrecondition(std::string(op) + ": " + std::to_string(e.outstanding_gathers) +
+    return Status::FailedPrecondition(std::string(op) + ": " +
+                                      std::to_string(e.outstanding_gathers) +
                                       " gathered group(s) not released");
   }
   for (size_t g = 0; g < e.groups.size(); ++g) {
@@ -140,7 +152,8 @@ Result<std::vector<Piece>> RankPieces(const Engine::Impl& e) {
   std::vector<Piece> out;
   for (const zero::GroupState& gs : e.groups) {
     const uint64_t s = gs.shard.shard_elems;
-    const uint64_t off = e.placement.params_partitioned ? 0 : static_cast<uint64_t>(e.rank) * s * e.elt;
+    const uint64_t off =
+        e.placement.params_partitioned ? 0 : static_cast<uint64_t>(e.rank) * s * e.elt;
     out.push_back({gs.param, param_tier, off, s * e.elt});
     for (int k = 1; k < 4; ++k) {
       uint64_t covered = 0;
@@ -152,52 +165,117 @@ Result<std::vector<Piece>> RankPieces(const Engine::Impl& e) {
         covered += sg.elems;
       }
       if (covered != s) {
-        return Status::Internal("checkpoint: the sub-groups of '" + e.model.groups[&gs - e.groups.data()].name +
-                                "' cover " + std::to_string(covered) + " of " + std::to_string(s) +
-                                " shard elements");
+        return Status::Internal(
+            "checkpoint: the sub-groups of '" + e.model.groups[&gs - e.groups.data()].name +
+            "' cover " + std::to_string(covered) + " of " + std::to_string(s) + " shard elements");
       }
     }
   }
   return out;
 }
 
+// The engine's checkpoint streams: its aio settings and IO backend kind.
+ckpt::StreamOptions StreamOpts(const Engine::Impl& e) {
+  const AioConfig& a = e.opt.config.aio;
+  ckpt::StreamOptions o = ckpt::StreamOptionsFromAio(a.block_size, a.queue_depth,
+                                                     a.intra_op_parallelism, e.opt.io_kind);
+  o.sim_seed = 1000 + static_cast<uint64_t>(e.rank);
+  return o;
+}
+
+// Bytes of blocks fetched ahead of (and written back behind) the stream: depth x chunk, or
+// buffer_count of the largest optimizer blocks when that is more (so large blocks overlap too),
+// at most half the host budget free now (what the optimizer pipeline reserved is free between
+// steps).
+uint64_t WindowBytes(Engine::Impl& e, const ckpt::StreamOptions& o) {
+  const StoreStats st = e.store->TakeStats(false);
+  const uint64_t budget = st.budget_bytes[Tier::kHost], used = st.used_bytes[Tier::kHost];
+  const uint64_t free_bytes = budget > used ? budget - used : 0;
+  uint64_t largest = 0;
+  for (const SubGroup& sg : e.subs) largest = std::max<uint64_t>(largest, sg.elems * 4);
+  const uint64_t want = std::max<uint64_t>(o.chunk_bytes * o.depth, e.pipeline_buffers * largest);
+  return std::min<uint64_t>(want, free_bytes / 2);
+}
+
+// Keeps blocks fetched onto their compute tier ahead of use: Ahead(i) issues fetches for the
+// items after i while their host allocations fit the window (item i itself always); Done(i)
+// gives its bytes back and, with `drop`, evicts a copy this window fetched (write-back first
+// when dirty), so the copies a save or load passes over never fill the host tier (a full tier
+// makes every later fetch evict). A fetch's error comes back from the Acquire of the block.
+class FetchWindow {
+ public:
+  FetchWindow(Engine::Impl& e, uint64_t window_bytes) : e_(e), window_(window_bytes) {}
+  void Add(BlockId b, Tier t) { items_.push_back({b, t, false}); }
+  void Ahead(size_t i) {
+    while (next_ < items_.size() && (next_ <= i || ahead_ + Bytes(next_) <= window_)) {
+      Item& it = items_[next_];
+      const Residency r = e_.store->residency(it.block, it.tier);
+      if (e_.store->spec(it.block).home != it.tier && !IsResident(r)) {
+        (void)e_.store->Fetch(it.block, it.tier);
+        it.fetched = true;
+      }
+      ahead_ += Bytes(next_++);
+    }
+  }
+  // The eviction's ticket when one was issued (empty otherwise).
+  Ticket Done(size_t i, bool drop) {
+    ahead_ -= Bytes(i);
+    if (!drop || !items_[i].fetched) return Ticket();
+    return e_.store->Evict(items_[i].block, items_[i].tier);
+  }
+
+ private:
+  struct Item {
+    BlockId block;
+    Tier tier;
+    bool fetched;
+  };
+  uint64_t Bytes(size_t i) const {
+    return (e_.store->spec(items_[i].block).size_bytes + kIoAlignment - 1) / kIoAlignment *
+           kIoAlignment;
+  }
+  Engine::Impl& e_;
+  uint64_t window_;
+  std::vector<Item> items_;
+  size_t next_ = 0;
+  uint64_t ahead_ = 0;
+};
+
 Result<ckpt::FileEntry> WriteRankFile(Engine::Impl& e, const ckpt::Manifest& m,
                                       const std::string& path) {
   uint64_t data_start = 0;
   const std::string header = ckpt::RankFileHeader(m, e.rank, &data_start, nullptr);
-  STRATA_ASSIGN_OR_RETURN(ckpt::FileWriter w, ckpt::FileWriter::Create(path));
-  STRATA_RETURN_IF_ERROR(w.Append(header.data(), header.size()));
+  const ckpt::StreamOptions so = StreamOpts(e);
   STRATA_ASSIGN_OR_RETURN(const std::vector<Piece> pieces, RankPieces(e));
+  uint64_t total = header.size();
+  for (const Piece& p : pieces) total += p.bytes;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::StreamWriter> w,
+                          ckpt::StreamWriter::Create(path, so, total));
+  STRATA_RETURN_IF_ERROR(w->Append(header.data(), header.size()));
+  FetchWindow window(e, WindowBytes(e, so));
+  for (const Piece& p : pieces) window.Add(p.block, p.tier);
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
-    // Overlap: the next block's hop to the compute tier runs while this one is written.
-    if (i + 1 < pieces.size()) {
-      const Piece& n = pieces[i + 1];
-      if (e.store->spec(n.block).home != n.tier && n.block != p.block) (void)e.store->Fetch(n.block, n.tier);
+    window.Ahead(i);
+    {
+      STRATA_ASSIGN_OR_RETURN(Lease l,
+                              e.store->Acquire(p.block, p.tier, Access::kRead, e.timeout()));
+      if (p.offset_bytes + p.bytes > l.size_bytes()) {
+        return Status::Internal("checkpoint: block " + e.store->spec(p.block).name +
+                                " is smaller than its piece");
+      }
+      STRATA_RETURN_IF_ERROR(
+          w->Append(static_cast<const uint8_t*>(l.data()) + p.offset_bytes, p.bytes));
     }
-    STRATA_ASSIGN_OR_RETURN(Lease l, e.store->Acquire(p.block, p.tier, Access::kRead, e.timeout()));
-    if (p.offset_bytes + p.bytes > l.size_bytes()) {
-      return Status::Internal("checkpoint: block " + e.store->spec(p.block).name + " is smaller than its piece");
-    }
-    STRATA_RETURN_IF_ERROR(w.Append(static_cast<const uint8_t*>(l.data()) + p.offset_bytes, p.bytes));
+    (void)window.Done(i, true);
   }
-  STRATA_RETURN_IF_ERROR(w.Finish());
+  STRATA_RETURN_IF_ERROR(w->Finish());
   ckpt::FileEntry f;
   f.name = ckpt::Manifest::RankFileName(e.rank);
   f.rank = e.rank;
-  f.size_bytes = w.size_bytes();
-  f.xxh3 = w.xxh3();
+  f.size_bytes = w->size_bytes();
+  f.xxh3 = w->xxh3();
   return f;
-}
-
-// Rank 0, once every part is durable: manifest, rename, latest.
-Status Commit(const std::string& dir, const std::string& tag, const ckpt::Manifest& m) {
-  const std::string tmp = dir + "/" + tag + ".tmp", final_dir = dir + "/" + tag;
-  STRATA_RETURN_IF_ERROR(ckpt::WriteSmallFile(tmp + "/" + ckpt::kManifestName, m.ToJson(), false));
-  STRATA_RETURN_IF_ERROR(ckpt::FsyncDir(tmp));
-  STRATA_RETURN_IF_ERROR(ckpt::RenamePath(tmp, final_dir));
-  STRATA_RETURN_IF_ERROR(ckpt::FsyncDir(dir));
-  return ckpt::WriteSmallFile(dir + "/" + ckpt::kLatestName, tag + "\n", true);
 }
 
 }  // namespace
@@ -211,7 +289,8 @@ Status Engine::Save(const std::string& dir, const std::string& tag,
   if (local.ok() && tag.empty()) local = Status::InvalidArgument("Save: empty tag");
   if (local.ok()) local = ckpt::ResolveTag(dir, tag).status();
   if (local.ok() && tag.size() > 4 && tag.compare(tag.size() - 4, 4, ".tmp") == 0) {
-    local = Status::InvalidArgument("Save: a tag may not end in .tmp (the name of an unfinished save)");
+    local =
+        Status::InvalidArgument("Save: a tag may not end in .tmp (the name of an unfinished save)");
   }
   const std::string tmp = dir + "/" + tag + ".tmp";
   if (local.ok() && e.rank == 0) {
@@ -245,7 +324,8 @@ Status Engine::Save(const std::string& dir, const std::string& tag,
   std::vector<std::pair<uint64_t, uint64_t>> words;
   Status st = ExchangeWords(e, local.ok() ? part->size_bytes : kFailMarker,
                             local.ok() ? part->xxh3 : static_cast<uint64_t>(local.code()), &words);
-  if (!st.ok()) return e.Fail(Status(st.code(), what + ": rank agreement: " + std::string(st.message())));
+  if (!st.ok())
+    return e.Fail(Status(st.code(), what + ": rank agreement: " + std::string(st.message())));
   if (!local.ok()) return local;
   for (int r = 0; r < e.world; ++r) {
     if (words[r].first == kFailMarker) {
@@ -258,7 +338,7 @@ Status Engine::Save(const std::string& dir, const std::string& tag,
     if (e.rank == 0) m.files.push_back(client);
   }
   if (e.rank == 0) {
-    local = Commit(dir, tag, m);
+    local = ckpt::CommitCheckpoint(dir, m);
     if (!local.ok()) local = Status(local.code(), what + ": " + std::string(local.message()));
   }
   return Agree(e, local, what);
@@ -286,10 +366,13 @@ Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m) {
   for (size_t g = 0; g < std::min(m.groups.size(), model.groups.size()); ++g) {
     const auto& cg = m.groups[g];
     const auto& mg = model.groups[g];
-    if (cg.name != mg.name) diffs.push_back("group " + std::to_string(g) + ": '" + cg.name + "' in the checkpoint, '" + mg.name + "' in the model");
+    if (cg.name != mg.name)
+      diffs.push_back("group " + std::to_string(g) + ": '" + cg.name + "' in the checkpoint, '" +
+                      mg.name + "' in the model");
     if (cg.params.size() != mg.params.size()) {
       diffs.push_back("group '" + mg.name + "': " + std::to_string(cg.params.size()) +
-                      " params in the checkpoint, " + std::to_string(mg.params.size()) + " in the model");
+                      " params in the checkpoint, " + std::to_string(mg.params.size()) +
+                      " in the model");
     }
     for (size_t p = 0; p < std::min(cg.params.size(), mg.params.size()); ++p) {
       if (cg.params[p].name != mg.params[p].name || cg.params[p].shape != mg.params[p].shape) {
@@ -317,39 +400,113 @@ Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m) {
   return Status::OK();
 }
 
-// Fills one block (or its range) through a write lease; NVMe homes are written back before the
-// next block so host memory holds one block at a time.
-Status LoadBlock(Engine::Impl& e, ckpt::RangeReader& rd, BlockId b, Tier tier, size_t g, size_t kind,
-                 uint64_t global_begin, uint64_t elems, uint64_t block_offset_bytes) {
-  {
-    STRATA_ASSIGN_OR_RETURN(Lease l, e.store->Acquire(b, tier, Access::kWrite, e.timeout()));
-    STRATA_RETURN_IF_ERROR(
-        rd.Read(g, kind, global_begin, elems, static_cast<uint8_t*>(l.data()) + block_offset_bytes));
-    l.MarkDirty();
-  }
-  if (e.store->spec(b).home == Tier::kNvme) STRATA_RETURN_IF_ERROR(e.store->WriteBack(b).Wait(e.timeout()));
-  return Status::OK();
-}
+// One block (or a range of it) filled from the checkpoint.
+struct Dest {
+  BlockId block = 0;
+  Tier tier = Tier::kHost;
+  size_t group = 0, kind = 0;
+  uint64_t global_begin = 0, elems = 0;
+};
 
-Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manifest& m) {
-  ckpt::RangeReader rd(tag_dir, m);
+// What this rank loads, in the rank files' order: per group param16, then each optimizer state
+// kind over the sub-groups ascending.
+std::vector<Dest> LoadDests(const Engine::Impl& e) {
   const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
   const Tier opt_tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
+  std::vector<Dest> out;
   for (size_t g = 0; g < e.groups.size(); ++g) {
     const zero::GroupState& gs = e.groups[g];
     const uint64_t s = gs.shard.shard_elems;
     if (e.placement.params_partitioned) {
-      STRATA_RETURN_IF_ERROR(LoadBlock(e, rd, gs.param, param_tier, g, 0, e.rank * s, s, 0));
+      out.push_back({gs.param, param_tier, g, 0, static_cast<uint64_t>(e.rank) * s, s});
     } else {
-      STRATA_RETURN_IF_ERROR(
-          LoadBlock(e, rd, gs.param, param_tier, g, 0, 0, gs.shard.padded_elems(e.world), 0));
+      out.push_back({gs.param, param_tier, g, 0, 0, gs.shard.padded_elems(e.world)});
     }
-    for (size_t si : gs.sub_groups) {
-      const SubGroup& sg = e.subs[si];
-      const BlockId blocks[3] = {sg.master, sg.exp_avg, sg.exp_avg_sq};
-      for (size_t k = 1; k < 4; ++k) {
-        STRATA_RETURN_IF_ERROR(LoadBlock(e, rd, blocks[k - 1], opt_tier, g, k, e.FullOffset(sg), sg.elems, 0));
+    std::vector<size_t> subs = gs.sub_groups;
+    std::sort(subs.begin(), subs.end(), [&](size_t a, size_t b) {
+      return e.FullOffset(e.subs[a]) < e.FullOffset(e.subs[b]);
+    });
+    for (size_t k = 1; k < ckpt::kNumStateKinds; ++k) {
+      for (size_t si : subs) {
+        const SubGroup& sg = e.subs[si];
+        const BlockId b = k == 1 ? sg.master : k == 2 ? sg.exp_avg : sg.exp_avg_sq;
+        out.push_back({b, opt_tier, g, k, e.FullOffset(sg), sg.elems});
       }
+    }
+  }
+  return out;
+}
+
+// Whether each rank reads exactly its own rank file, whole and in order (same world size and
+// shard sizes): then the file's checksum is computed as it streams.
+bool SameLayout(const Engine::Impl& e, const ckpt::Manifest& m) {
+  if (m.world_size != e.world || m.groups.size() != e.groups.size()) return false;
+  for (size_t g = 0; g < e.groups.size(); ++g) {
+    if (m.groups[g].shard_elems != e.groups[g].shard.shard_elems) return false;
+  }
+  return true;
+}
+
+Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manifest& m,
+                 bool hash_own_file) {
+  const ckpt::StreamOptions so = StreamOpts(e);
+  ckpt::RangeReader rd(tag_dir, m, so, hash_own_file ? e.rank : -1);
+  const std::vector<Dest> dests = LoadDests(e);
+  const uint64_t window_bytes = WindowBytes(e, so);
+  FetchWindow window(e, window_bytes);
+  for (const Dest& d : dests) window.Add(d.block, d.tier);
+  // Write-backs of NVMe homes in flight behind the reader, bounded by the same window.
+  std::deque<std::pair<Ticket, uint64_t>> behind;
+  uint64_t behind_bytes = 0;
+  for (size_t i = 0; i < dests.size(); ++i) {
+    const Dest& d = dests[i];
+    window.Ahead(i);
+    {
+      STRATA_ASSIGN_OR_RETURN(Lease l,
+                              e.store->Acquire(d.block, d.tier, Access::kWrite, e.timeout()));
+      if (d.elems * m.ElemBytes(d.kind) > l.size_bytes()) {
+        return Status::Internal("checkpoint: block " + e.store->spec(d.block).name +
+                                " is smaller than its range");
+      }
+      STRATA_RETURN_IF_ERROR(rd.Read(d.group, d.kind, d.global_begin, d.elems, l.data()));
+      l.MarkDirty();
+    }
+    // NVMe homes: written back and dropped behind the reader, within the window.
+    Ticket t = window.Done(i, true);
+    if (e.store->spec(d.block).home == Tier::kNvme) {
+      const uint64_t bytes = e.store->spec(d.block).size_bytes;
+      behind.emplace_back(t.empty() ? e.store->WriteBack(d.block) : t, bytes);
+      behind_bytes += bytes;
+      while (behind_bytes > window_bytes && !behind.empty()) {
+        STRATA_RETURN_IF_ERROR(behind.front().first.Wait(e.timeout()));
+        behind_bytes -= behind.front().second;
+        behind.pop_front();
+      }
+    }
+  }
+  for (const auto& [t, bytes] : behind) STRATA_RETURN_IF_ERROR(t.Wait(e.timeout()));
+  if (hash_own_file) {
+    const ckpt::FileEntry* own = nullptr;
+    for (const ckpt::FileEntry& f : m.files) {
+      if (f.rank == e.rank) own = &f;
+    }
+    if (own == nullptr)
+      return Status::Corruption(tag_dir + ": the manifest lists no file of rank " +
+                                std::to_string(e.rank));
+    const ckpt::FileEntry& f = *own;
+    const std::string path = tag_dir + "/" + f.name;
+    auto sum = rd.FileXxh3(e.rank);
+    uint64_t got = 0;
+    if (sum.ok()) {
+      got = *sum;
+    } else {
+      // Not read in order after all: hash it separately.
+      uint64_t size = 0;
+      STRATA_RETURN_IF_ERROR(ckpt::HashFile(path, &size, &got));
+    }
+    if (got != f.xxh3) {
+      return Status::Corruption("checkpoint file " + path + " is damaged: XXH3 " +
+                                ckpt::Hex64(got) + ", the manifest says " + ckpt::Hex64(f.xxh3));
     }
   }
   zero::LossScalerState ls;
@@ -386,18 +543,26 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
       local = mm.status();
       if (local.ok()) m = std::move(*mm);
       if (local.ok() && m.tag != *t) {
-        local = Status::Corruption(dir + "/" + *t + "/" + ckpt::kManifestName + ": names tag '" + m.tag + "'");
+        local = Status::Corruption(dir + "/" + *t + "/" + ckpt::kManifestName + ": names tag '" +
+                                   m.tag + "'");
       }
     }
   }
   if (local.ok()) local = CheckCompatible(e, m);
+  // Same layout: each rank checks its own rank file's checksum as it loads it (one pass over
+  // the disk); up front only that every file exists with its size, and the client state. Another
+  // layout: each rank checks its share of all files first (file i on rank i % world).
+  const bool same_layout = local.ok() && SameLayout(e, m);
   if (local.ok()) {
-    // Each rank checks its share of the files (file i on rank i % world).
     std::vector<size_t> mine;
     for (size_t i = 0; i < m.files.size(); ++i) {
+      if (same_layout && m.files[i].rank >= 0) {
+        if (local.ok()) local = ckpt::CheckFileSize(dir, m, i);
+        continue;
+      }
       if (static_cast<int>(i % static_cast<size_t>(e.world)) == e.rank) mine.push_back(i);
     }
-    if (!mine.empty()) local = ckpt::VerifyFiles(dir, m, mine);
+    if (local.ok() && !mine.empty()) local = ckpt::VerifyFiles(dir, m, mine);
     const std::string text = m.ToJson();
     manifest_hash = XXH3_64bits(text.data(), text.size()) & ~(uint64_t{1} << 63);
   }
@@ -406,12 +571,13 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
   STRATA_RETURN_IF_ERROR(Agree(e, local, what, manifest_hash, &hashes));
   for (uint64_t h : hashes) {
     if (h != manifest_hash) {
-      return Status::FailedPrecondition(what + ": the ranks read different manifests (is `latest` "
-                                               "being replaced, or is the directory not shared?)");
+      return Status::FailedPrecondition(what +
+                                        ": the ranks read different manifests (is `latest` "
+                                        "being replaced, or is the directory not shared?)");
     }
   }
   const std::string tag_dir = dir + "/" + m.tag;
-  local = LoadState(e, tag_dir, m);
+  local = LoadState(e, tag_dir, m, same_layout);
   if (local.ok() && client_state != nullptr) {
     client_state->clear();
     if (m.has_client_state) {
@@ -424,7 +590,10 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
     // Some blocks may hold the checkpoint's values and others not: the engine is unusable.
     local = e.Fail(Status(local.code(), what + ": " + std::string(local.message())));
   }
-  return Agree(e, local, what);
+  Status all = Agree(e, local, what);
+  // Another rank's state is half loaded: this one cannot train with it either.
+  if (!all.ok() && local.ok()) return e.Fail(all);
+  return all;
 }
 
 }  // namespace strata

@@ -16,7 +16,9 @@
 #include <filesystem>
 #include <vector>
 
+#include "core/zero/engine_internal.h"
 #include "nlohmann/json.hpp"
+#include "sched/zero_partition.h"
 
 namespace strata::zero::ckpt {
 
@@ -56,7 +58,9 @@ bool CrashPoint() {
 // Manifest
 // ---------------------------------------------------------------------------------------------
 
-std::string Manifest::RankFileName(int rank) { return "rank" + std::to_string(rank) + ".safetensors"; }
+std::string Manifest::RankFileName(int rank) {
+  return "rank" + std::to_string(rank) + ".safetensors";
+}
 
 std::string Manifest::TensorName(const std::string& group, const char* kind, int rank) {
   return group + "." + kind + "[r" + std::to_string(rank) + "]";
@@ -85,17 +89,20 @@ std::string Manifest::ToJson() const {
   for (const GroupEntry& g : this->groups) {
     json params = json::array();
     for (const ParamEntry& p : g.params) params.push_back({{"name", p.name}, {"shape", p.shape}});
-    groups_j.push_back({{"name", g.name}, {"params", params}, {"numel", g.numel},
-                      {"shard_elems", g.shard_elems}});
+    groups_j.push_back(
+        {{"name", g.name}, {"params", params}, {"numel", g.numel}, {"shard_elems", g.shard_elems}});
   }
   j["model"] = {{"groups", groups_j}};
   j["shard_layout"] = {
-      {"rule", "rank r's file holds elements [r*shard_elems, (r+1)*shard_elems) of each group's "
-               "padded flat buffer, per state kind; elements >= numel are zero padding"},
+      {"rule",
+       "rank r's file holds elements [r*shard_elems, (r+1)*shard_elems) of each group's "
+       "padded flat buffer, per state kind; elements >= numel are zero padding"},
       {"state_kinds", {"param16", "master32", "exp_avg", "exp_avg_sq"}}};
   json files_j = json::array();
   for (const FileEntry& f : files) {
-    files_j.push_back({{"name", f.name}, {"rank", f.rank}, {"size_bytes", f.size_bytes},
+    files_j.push_back({{"name", f.name},
+                       {"rank", f.rank},
+                       {"size_bytes", f.size_bytes},
                        {"xxh3", Hex64(f.xxh3)}});
   }
   j["files"] = files_j;
@@ -107,7 +114,8 @@ std::string Manifest::ToJson() const {
 
 Result<Manifest> Manifest::FromJson(const std::string& text) {
   json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Status::Corruption("manifest is not a JSON object");
+  if (j.is_discarded() || !j.is_object())
+    return Status::Corruption("manifest is not a JSON object");
   Manifest m;
   try {
     if (j.value("format", "") != "strata-checkpoint") {
@@ -141,7 +149,8 @@ Result<Manifest> Manifest::FromJson(const std::string& text) {
       ge.numel = g.at("numel").get<uint64_t>();
       ge.shard_elems = g.at("shard_elems").get<uint64_t>();
       for (const json& p : g.at("params")) {
-        ge.params.push_back({p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>()});
+        ge.params.push_back(
+            {p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>()});
       }
       m.groups.push_back(std::move(ge));
     }
@@ -169,8 +178,8 @@ Result<Manifest> Manifest::FromJson(const std::string& text) {
   int rank_files = 0;
   for (const FileEntry& f : m.files) rank_files += f.rank >= 0;
   if (rank_files != m.world_size) {
-    return Status::Corruption("manifest: " + std::to_string(rank_files) + " rank files for world size " +
-                              std::to_string(m.world_size));
+    return Status::Corruption("manifest: " + std::to_string(rank_files) +
+                              " rank files for world size " + std::to_string(m.world_size));
   }
   return m;
 }
@@ -264,7 +273,8 @@ Result<std::vector<TensorLoc>> ReadSafetensorsHeader(const std::string& path,
   } catch (const json::exception& e) {
     return Status::Corruption(path + ": " + e.what());
   }
-  std::sort(out.begin(), out.end(), [](const TensorLoc& a, const TensorLoc& b) { return a.begin < b.begin; });
+  std::sort(out.begin(), out.end(),
+            [](const TensorLoc& a, const TensorLoc& b) { return a.begin < b.begin; });
   return out;
 }
 
@@ -425,29 +435,12 @@ Status WriteSmallFile(const std::string& path, const std::string& text, bool ato
 }
 
 Status HashFile(const std::string& path, uint64_t* size_bytes, uint64_t* xxh3) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("open", path);
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  std::vector<uint8_t> buf(size_t{4} << 20);
-  uint64_t total = 0;
-  Status result;
-  for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      result = Errno("read", path);
-      break;
-    }
-    if (n == 0) break;
-    XXH3_64bits_update(st, buf.data(), static_cast<size_t>(n));
-    total += static_cast<uint64_t>(n);
-  }
-  *size_bytes = total;
-  *xxh3 = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  ::close(fd);
-  return result;
+  // O_DIRECT with read-ahead (checkpoint_io.h), default chunking.
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<StreamReader> r,
+                          StreamReader::Open(path, StreamOptions{}, true));
+  STRATA_ASSIGN_OR_RETURN(*xxh3, r->HashToEnd());
+  *size_bytes = r->size_bytes();
+  return Status::OK();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -464,8 +457,8 @@ Result<std::string> ResolveTag(const std::string& dir, const std::string& tag) {
   const std::string latest = dir + "/" + kLatestName;
   auto text = ReadWholeFile(latest);
   if (!text.ok()) {
-    return Status::NotFound("no checkpoint in " + dir + " (" + latest + " is missing: " +
-                            std::string(text.status().message()) + ")");
+    return Status::NotFound("no checkpoint in " + dir + " (" + latest +
+                            " is missing: " + std::string(text.status().message()) + ")");
   }
   std::string t = *text;
   while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
@@ -481,14 +474,33 @@ Result<Manifest> ReadManifest(const std::string& dir, const std::string& tag) {
   if (!PathExists(tag_dir)) {
     const bool partial = PathExists(tag_dir + ".tmp");
     return Status::NotFound("checkpoint " + tag_dir + " does not exist" +
-                            (partial ? " (only an incomplete " + tag + ".tmp, from a save that "
-                                       "did not finish)" : std::string()));
+                            (partial ? " (only an incomplete " + tag +
+                                           ".tmp, from a save that "
+                                           "did not finish)"
+                                     : std::string()));
   }
   auto text = ReadWholeFile(path);
-  if (!text.ok()) return Status::NotFound("checkpoint file " + path + " is missing or unreadable: " + std::string(text.status().message()));
+  if (!text.ok())
+    return Status::NotFound("checkpoint file " + path +
+                            " is missing or unreadable: " + std::string(text.status().message()));
   auto m = Manifest::FromJson(*text);
   if (!m.ok()) return Status(m.status().code(), path + ": " + std::string(m.status().message()));
   return m;
+}
+
+Status CheckFileSize(const std::string& dir, const Manifest& m, size_t i) {
+  const FileEntry& f = m.files[i];
+  const std::string path = dir + "/" + m.tag + "/" + f.name;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return Status::NotFound("checkpoint file " + path + " is missing");
+  }
+  if (static_cast<uint64_t>(st.st_size) != f.size_bytes) {
+    return Status::Corruption("checkpoint file " + path +
+                              " is damaged: " + std::to_string(st.st_size) +
+                              " bytes, the manifest says " + std::to_string(f.size_bytes));
+  }
+  return Status::OK();
 }
 
 Status VerifyFiles(const std::string& dir, const Manifest& m, const std::vector<size_t>& files) {
@@ -499,15 +511,7 @@ Status VerifyFiles(const std::string& dir, const Manifest& m, const std::vector<
   for (size_t i : which) {
     const FileEntry& f = m.files[i];
     const std::string path = dir + "/" + m.tag + "/" + f.name;
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-      return Status::NotFound("checkpoint file " + path + " is missing");
-    }
-    if (static_cast<uint64_t>(st.st_size) != f.size_bytes) {
-      return Status::Corruption("checkpoint file " + path + " is damaged: " +
-                                std::to_string(st.st_size) + " bytes, the manifest says " +
-                                std::to_string(f.size_bytes));
-    }
+    STRATA_RETURN_IF_ERROR(CheckFileSize(dir, m, i));
     uint64_t size = 0, sum = 0;
     STRATA_RETURN_IF_ERROR(HashFile(path, &size, &sum));
     if (size != f.size_bytes || sum != f.xxh3) {
@@ -534,7 +538,8 @@ Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag
     RankFileHeader(m, f.rank, &data_start, &want);
     bool same = got.size() == want.size();
     for (size_t i = 0; same && i < got.size(); ++i) {
-      same = got[i].name == want[i].name && got[i].end - got[i].begin == want[i].end - want[i].begin &&
+      same = got[i].name == want[i].name &&
+             got[i].end - got[i].begin == want[i].end - want[i].begin &&
              got[i].dtype == want[i].dtype && got[i].shape == want[i].shape;
     }
     if (!same) return Status::Corruption(path + ": its tensors do not match the manifest's layout");
@@ -546,16 +551,14 @@ Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag
 // RangeReader
 // ---------------------------------------------------------------------------------------------
 
-RangeReader::RangeReader(std::string tag_dir, const Manifest& m) : dir_(std::move(tag_dir)), m_(m) {
-  fds_.assign(static_cast<size_t>(m.world_size), -1);
+RangeReader::RangeReader(std::string tag_dir, const Manifest& m, const StreamOptions& options,
+                         int hash_rank)
+    : dir_(std::move(tag_dir)), m_(m), options_(options), hash_rank_(hash_rank) {
+  streams_.resize(static_cast<size_t>(m.world_size));
   locs_.resize(static_cast<size_t>(m.world_size));
 }
 
-RangeReader::~RangeReader() {
-  for (int fd : fds_) {
-    if (fd >= 0) ::close(fd);
-  }
-}
+RangeReader::~RangeReader() = default;
 
 Status RangeReader::Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, void* out) {
   const uint64_t eb = m_.ElemBytes(kind);
@@ -573,17 +576,23 @@ Status RangeReader::Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, 
     STRATA_RETURN_IF_ERROR(Open(r));
     const TensorLoc& t = locs_[static_cast<size_t>(r)][g * kNumStateKinds + kind];
     const uint64_t off = t.begin + (at - static_cast<uint64_t>(r) * s) * eb;
-    STRATA_RETURN_IF_ERROR(ReadAt(fds_[static_cast<size_t>(r)], Path(r), off, dst + (at - begin) * eb,
-                                  (hi - at) * eb));
+    STRATA_RETURN_IF_ERROR(
+        streams_[static_cast<size_t>(r)]->Read(off, dst + (at - begin) * eb, (hi - at) * eb));
     at = hi;
   }
   return Status::OK();
 }
 
+Result<uint64_t> RangeReader::FileXxh3(int r) {
+  if (r != hash_rank_) return Status::FailedPrecondition(Path(r) + ": not hashed while read");
+  STRATA_RETURN_IF_ERROR(Open(r));
+  return streams_[static_cast<size_t>(r)]->HashToEnd();
+}
+
 std::string RangeReader::Path(int r) const { return dir_ + "/" + Manifest::RankFileName(r); }
 
 Status RangeReader::Open(int r) {
-  if (fds_[static_cast<size_t>(r)] >= 0) return Status::OK();
+  if (streams_[static_cast<size_t>(r)] != nullptr) return Status::OK();
   uint64_t data_start = 0;
   std::vector<TensorLoc> want;
   RankFileHeader(m_, r, &data_start, &want);
@@ -593,12 +602,92 @@ Status RangeReader::Open(int r) {
     same = got[i].name == want[i].name && got[i].dtype == want[i].dtype &&
            got[i].end - got[i].begin == want[i].end - want[i].begin;
   }
-  if (!same) return Status::Corruption(Path(r) + ": its tensors do not match the manifest's layout");
+  if (!same)
+    return Status::Corruption(Path(r) + ": its tensors do not match the manifest's layout");
   locs_[static_cast<size_t>(r)] = std::move(got);
-  const int fd = ::open(Path(r).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open", Path(r));
-  fds_[static_cast<size_t>(r)] = fd;
+  STRATA_ASSIGN_OR_RETURN(streams_[static_cast<size_t>(r)],
+                          StreamReader::Open(Path(r), options_, r == hash_rank_));
   return Status::OK();
+}
+
+Status CommitCheckpoint(const std::string& dir, const Manifest& m) {
+  const std::string tmp = dir + "/" + m.tag + ".tmp", final_dir = dir + "/" + m.tag;
+  STRATA_RETURN_IF_ERROR(WriteSmallFile(tmp + "/" + kManifestName, m.ToJson(), false));
+  STRATA_RETURN_IF_ERROR(FsyncDir(tmp));
+  STRATA_RETURN_IF_ERROR(RenamePath(tmp, final_dir));
+  STRATA_RETURN_IF_ERROR(FsyncDir(dir));
+  return WriteSmallFile(dir + "/" + kLatestName, m.tag + "\n", true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Offline resharding
+// ---------------------------------------------------------------------------------------------
+
+Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& tag, int world_size,
+                                   int stage, const std::string& out_dir,
+                                   const StreamOptions& options) {
+  if (world_size < 1 || world_size > 4096 || stage < 0 || stage > 3) {
+    return Status::InvalidArgument("reshard: world size " + std::to_string(world_size) +
+                                   " (1..4096) and stage " + std::to_string(stage) + " (0..3)");
+  }
+  std::error_code ec;
+  if (std::filesystem::equivalent(dir, out_dir, ec)) {
+    return Status::InvalidArgument("reshard: --out must be another directory than " + dir);
+  }
+  STRATA_ASSIGN_OR_RETURN(Manifest m, VerifyCheckpoint(dir, tag));
+  Manifest n = m;
+  n.world_size = world_size;
+  n.stage = stage;
+  n.files.clear();
+  std::vector<size_t> numels;
+  for (const GroupEntry& g : m.groups) numels.push_back(g.numel);
+  STRATA_ASSIGN_OR_RETURN(sched::PartitionPlan plan,
+                          sched::PlanPartition(numels, world_size, kShardAlignElems));
+  for (size_t g = 0; g < n.groups.size(); ++g) n.groups[g].shard_elems = plan.groups[g].shard_elems;
+  const std::string final_dir = out_dir + "/" + m.tag, tmp = final_dir + ".tmp";
+  if (PathExists(final_dir)) {
+    return Status::FailedPrecondition("reshard: " + final_dir + " already exists");
+  }
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return Status::IOError("create " + out_dir + ": " + ec.message());
+  STRATA_RETURN_IF_ERROR(RemoveTree(tmp));
+  STRATA_RETURN_IF_ERROR(MakeDir(tmp));
+  RangeReader rd(dir + "/" + m.tag, m, options);
+  std::vector<uint8_t> buf(size_t{4} << 20);
+  for (int r = 0; r < world_size; ++r) {
+    uint64_t data_start = 0;
+    std::vector<TensorLoc> locs;
+    const std::string header = RankFileHeader(n, r, &data_start, &locs);
+    const std::string path = tmp + "/" + Manifest::RankFileName(r);
+    STRATA_ASSIGN_OR_RETURN(
+        std::unique_ptr<StreamWriter> w,
+        StreamWriter::Create(path, options, locs.empty() ? 0 : locs.back().end));
+    STRATA_RETURN_IF_ERROR(w->Append(header.data(), header.size()));
+    // File order: group by group, kind by kind (RankFileHeader's order).
+    for (size_t g = 0; g < n.groups.size(); ++g) {
+      const uint64_t s = n.groups[g].shard_elems;
+      for (size_t k = 0; k < kNumStateKinds; ++k) {
+        const uint64_t eb = n.ElemBytes(k), step = buf.size() / eb;
+        for (uint64_t at = 0; at < s; at += step) {
+          const uint64_t cnt = std::min(step, s - at);
+          STRATA_RETURN_IF_ERROR(rd.Read(g, k, static_cast<uint64_t>(r) * s + at, cnt, buf.data()));
+          STRATA_RETURN_IF_ERROR(w->Append(buf.data(), cnt * eb));
+        }
+      }
+    }
+    STRATA_RETURN_IF_ERROR(w->Finish());
+    n.files.push_back({Manifest::RankFileName(r), r, w->size_bytes(), w->xxh3()});
+  }
+  if (m.has_client_state) {
+    STRATA_ASSIGN_OR_RETURN(std::string blob,
+                            ReadWholeFile(dir + "/" + m.tag + "/" + kClientStateName));
+    STRATA_ASSIGN_OR_RETURN(FileWriter w, FileWriter::Create(tmp + "/" + kClientStateName));
+    STRATA_RETURN_IF_ERROR(w.Append(blob.data(), blob.size()));
+    STRATA_RETURN_IF_ERROR(w.Finish());
+    n.files.push_back({kClientStateName, -1, w.size_bytes(), w.xxh3()});
+  }
+  STRATA_RETURN_IF_ERROR(CommitCheckpoint(out_dir, n));
+  return n;
 }
 
 }  // namespace strata::zero::ckpt

@@ -25,9 +25,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/zero/checkpoint_io.h"
 #include "strata/status.h"
 
 namespace strata::zero::ckpt {
@@ -41,8 +43,8 @@ inline constexpr const char* kStateKinds[] = {"param16", "master32", "exp_avg", 
 inline constexpr size_t kNumStateKinds = 4;
 
 struct FileEntry {
-  std::string name;     // relative to the tag directory
-  int rank = -1;        // -1: not a rank file (client state)
+  std::string name;  // relative to the tag directory
+  int rank = -1;     // -1: not a rank file (client state)
   uint64_t size_bytes = 0;
   uint64_t xxh3 = 0;
 };
@@ -65,8 +67,8 @@ struct Manifest {
   std::string tag;
   int world_size = 1;
   int stage = 0;
-  std::string precision;        // "bf16" | "fp16" | "fp32"
-  std::string param_dtype;      // safetensors dtype of param16: "BF16" | "F16" | "F32"
+  std::string precision;    // "bf16" | "fp16" | "fp32"
+  std::string param_dtype;  // safetensors dtype of param16: "BF16" | "F16" | "F32"
   std::string offload_optimizer, offload_param;  // where the states lived ("none" = device)
   std::vector<GroupEntry> groups;
   int64_t global_step = 0, skipped_steps = 0, applied_steps = 0;
@@ -74,8 +76,8 @@ struct Manifest {
   // Loss scaler (core/zero/loss_scaler.h LossScalerState).
   double scale = 1;
   int64_t scaler_iteration = 0, scaler_last_overflow = -1, scaler_hysteresis_left = 0;
-  std::string config_json;      // EffectiveConfigJson of the saving engine
-  std::vector<FileEntry> files; // rank files in rank order, then the client state if any
+  std::string config_json;       // EffectiveConfigJson of the saving engine
+  std::vector<FileEntry> files;  // rank files in rank order, then the client state if any
   bool has_client_state = false;
 
   std::string ToJson() const;
@@ -160,24 +162,35 @@ Result<std::string> ResolveTag(const std::string& dir, const std::string& tag);
 Result<Manifest> ReadManifest(const std::string& dir, const std::string& tag);
 // Checks that every file of the manifest exists with its size and checksum. `files`: indices of
 // m.files to check (empty: all). NotFound / Corruption naming the first missing or damaged file.
-Status VerifyFiles(const std::string& dir, const Manifest& m, const std::vector<size_t>& files = {});
+Status VerifyFiles(const std::string& dir, const Manifest& m,
+                   const std::vector<size_t>& files = {});
+// Only that m.files[i] exists with its size: NotFound / Corruption naming it.
+Status CheckFileSize(const std::string& dir, const Manifest& m, size_t i);
 // ReadManifest + VerifyFiles (all) + every rank file's header matches the manifest.
 Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag);
 
 // Reads global element ranges of one state kind of one group from a checkpoint's rank files
 // (whichever ranks hold them: the range is cut at shard boundaries); zeros past the saved padded
 // buffer. Each rank file is opened on first use, its tensors' places taken from its own header
-// and checked against the manifest's layout (Corruption naming the file). Not thread-safe.
+// and checked against the manifest's layout (Corruption naming the file), and read as a stream
+// (checkpoint_io.h: O_DIRECT chunks with read-ahead), so reads should come in file order per
+// file: group by group, state kind by kind, elements ascending (what Engine::Load and export
+// do). Not thread-safe.
 class RangeReader {
  public:
-  // `tag_dir`: <dir>/<tag>. `m` must outlive the reader.
-  RangeReader(std::string tag_dir, const Manifest& m);
+  // `tag_dir`: <dir>/<tag>. `m` must outlive the reader. `hash_rank` >= 0: that rank's file is
+  // hashed as it streams (FileXxh3).
+  RangeReader(std::string tag_dir, const Manifest& m, const StreamOptions& options = {},
+              int hash_rank = -1);
   ~RangeReader();
   RangeReader(const RangeReader&) = delete;
   RangeReader& operator=(const RangeReader&) = delete;
   // Elements [begin, begin+elems) of group g's state kind (index into kStateKinds) into out
   // (elems * m.ElemBytes(kind) bytes).
   Status Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, void* out);
+  // The XXH3 of all of rank r's file (r == hash_rank), reading what was not read yet.
+  // FailedPrecondition when it was read out of order (then hash it with HashFile).
+  Result<uint64_t> FileXxh3(int r);
 
  private:
   std::string Path(int r) const;
@@ -185,9 +198,27 @@ class RangeReader {
 
   std::string dir_;
   const Manifest& m_;
-  std::vector<int> fds_;
+  StreamOptions options_;
+  int hash_rank_ = -1;
+  std::vector<std::unique_ptr<StreamReader>> streams_;
   std::vector<std::vector<TensorLoc>> locs_;
 };
+
+// The last steps of a save, once every file of `m` is durable in <dir>/<m.tag>.tmp: writes the
+// manifest, fsyncs it and the directory, renames the directory to <dir>/<m.tag>, fsyncs <dir>,
+// and replaces <dir>/latest atomically.
+Status CommitCheckpoint(const std::string& dir, const Manifest& m);
+
+// Offline resharding (`offloadctl ckpt reshard`): rewrites the verified checkpoint `tag` of
+// `dir` ("" = latest) for `world_size` ranks at ZeRO stage `stage` into `out_dir` (same tag,
+// shards as an engine of that world size cuts them, every state's global elements copied
+// exactly, padding zero), with the same crash-consistent protocol as a save (`<tag>.tmp`, fsync,
+// rename, `latest`). The result loads into such an engine on its fast path (each rank reads its
+// own file). InvalidArgument: world_size outside 1..4096, stage outside 0..3, out_dir == dir;
+// FailedPrecondition: the tag exists in out_dir; the errors of VerifyCheckpoint.
+Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& tag, int world_size,
+                                   int stage, const std::string& out_dir,
+                                   const StreamOptions& options = {});
 
 std::string Hex64(uint64_t v);
 

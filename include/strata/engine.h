@@ -309,23 +309,27 @@ class Engine {
   // spec, world size and stage) and `client_state` (the trainer's opaque bytes: data position,
   // RNG) to `<dir>/<tag>/`, crash-consistently: written into `<tag>.tmp/`, fsynced, renamed, then
   // `<dir>/latest` replaced atomically. A crash leaves the previous checkpoint as `latest` and
-  // never a partial one that loads. NVMe-homed state streams through host memory one block at a
-  // time (the host budget holds). InvalidArgument: empty tag, or one with '/', or ending ".tmp";
-  // FailedPrecondition: the tag exists already (never overwritten) or mid-accumulation; IOError
-  // naming the file; Aborted: another rank failed (its own result says why). A failed
+  // never a partial one that loads. Files go through the IO layer (O_DIRECT chunks of
+  // aio.block_size, aio.queue_depth in flight); NVMe-homed state streams through host memory in a
+  // bounded window (the host budget holds). InvalidArgument: empty tag, or one with '/', or ending
+  // ".tmp"; FailedPrecondition: the tag exists already (never overwritten) or mid-accumulation;
+  // IOError naming the file; Aborted: another rank failed (its own result says why). A failed
   // collective fails the engine.
   Status Save(const std::string& dir, const std::string& tag,
               std::span<const uint8_t> client_state = {});
   // Restores the state of `<dir>/<tag>` (tag "" = the one `<dir>/latest` names) into this
-  // engine; training then continues bit for bit as the run that saved it would have. Verifies
-  // first (manifest, every file's size and XXH3, spread over the ranks), changing nothing when it
-  // fails: NotFound / Corruption naming the first missing or damaged file; FailedPrecondition for
-  // another format version, a different model spec (the differing names and shapes listed), or
-  // another precision. Another world size or ZeRO stage (or placement) is fine: the checkpoint
-  // holds global element ranges, and each rank reads the ranges its layout needs from whichever
-  // ranks' files hold them (resharding on load; exact: every saved bit is restored). An IO error
-  // after verification fails the engine (its blocks are then half loaded). `client_state`
-  // (optional) receives the saved blob (empty if none).
+  // engine; training then continues bit for bit as the run that saved it would have. Checks
+  // first (manifest, every file's presence and size, rank file headers; at another layout also
+  // every file's XXH3, spread over the ranks), changing nothing when that fails: NotFound /
+  // Corruption naming the first missing or damaged file; FailedPrecondition for another format
+  // version, a different model spec (the differing names and shapes listed), or another
+  // precision. At the same world size and shards each rank checks its own file's XXH3 as it
+  // streams it: a file damaged inside is Corruption naming it and fails the engine. Another world
+  // size or ZeRO stage (or placement) is fine: the checkpoint holds global element ranges, and each
+  // rank reads the ranges its layout needs from whichever ranks' files hold them (resharding on
+  // load; exact: every saved bit is restored). An IO error after verification fails the engine (its
+  // blocks are then half loaded). `client_state` (optional) receives the saved blob (empty if
+  // none).
   Status Load(const std::string& dir, const std::string& tag = "",
               std::vector<uint8_t>* client_state = nullptr);
 

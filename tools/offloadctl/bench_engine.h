@@ -54,6 +54,9 @@ struct BenchEngineArgs {
   int ranks_per_node = 0;
   bool sweep = false;
   bool json = false;
+  // Checkpoint: after the measured steps, Engine::Save to this directory (shared by the ranks;
+  // tag "bench-v<N>", replaced) and Load it back, timed ("" = none).
+  std::string save_dir;
 };
 
 // One (stage, offload) setting.
@@ -99,6 +102,9 @@ struct VariantResult {
   // ranks); unset when the planner refuses its input.
   std::optional<PerTier<double>> planner_bytes;
   uint64_t budget_bytes[3] = {0, 0, 0};
+  // --save-dir: Save and Load wall times and the checkpoint's bytes (all ranks' files).
+  double save_s = 0, load_s = 0;
+  uint64_t checkpoint_bytes = 0;
 };
 
 // The disk under the --nvme-path directories, measured by nvme/bench (O_DIRECT).

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -451,6 +452,22 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
                              .WithContext("InitParameters"));
   r.init_s = Sec(Clock::now() - t0);
   STRATA_RETURN_IF_ERROR(MeasureSteps(a, *engine, p.rank, progress, &r));
+  if (!a.save_dir.empty()) {
+    const std::string tag = "bench-v" + std::to_string(p.variants_run - 1);
+    if (p.rank == 0) std::filesystem::remove_all(a.save_dir + "/" + tag);
+    progress.Say("bench engine: " + v.Name() + ": saving a checkpoint to " + a.save_dir);
+    auto c0 = Clock::now();
+    STRATA_RETURN_IF_ERROR(engine->Save(a.save_dir, tag).WithContext("checkpoint save"));
+    r.save_s = Sec(Clock::now() - c0);
+    progress.Say("bench engine: " + v.Name() + ": loading it back");
+    c0 = Clock::now();
+    STRATA_RETURN_IF_ERROR(engine->Load(a.save_dir, tag).WithContext("checkpoint load"));
+    r.load_s = Sec(Clock::now() - c0);
+    std::error_code ec;
+    for (const auto& f : std::filesystem::directory_iterator(a.save_dir + "/" + tag, ec)) {
+      r.checkpoint_bytes += f.file_size();
+    }
+  }
   progress.Done();
   STRATA_ASSIGN_OR_RETURN(std::vector<double> all,
                           AllGatherDoubles(*comm, Pack(r.ranks[0]), p.timeout));

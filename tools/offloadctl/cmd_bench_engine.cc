@@ -242,6 +242,16 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
   }
   j["ranks"] = ranks;
   j["notes"] = r.notes;
+  if (!a.save_dir.empty()) {
+    const double bytes = static_cast<double>(r.checkpoint_bytes);
+    j["checkpoint"] = {{"bytes", r.checkpoint_bytes},
+                       {"save_s", r.save_s},
+                       {"load_s", r.load_s},
+                       {"save_vs_disk_write",
+                        d.measured && r.save_s > 0 ? bytes / r.save_s / d.write_bytes_per_s : 0.0},
+                       {"load_vs_disk_read",
+                        d.measured && r.load_s > 0 ? bytes / r.load_s / d.read_bytes_per_s : 0.0}};
+  }
   return j;
 }
 
@@ -300,6 +310,14 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
     std::printf("  %-7s %12s %12s %12s %12s\n", t, Gb(j["peak_bytes"][t]).c_str(),
                 Gb(j["budget_bytes"][t]).c_str(), Gb(j["plan_bytes"][t]).c_str(),
                 j["planner_bytes"].is_null() ? "-" : Gb(j["planner_bytes"][t]).c_str());
+  }
+  if (j.contains("checkpoint")) {
+    const auto& c = j["checkpoint"];
+    std::printf(
+        "  checkpoint %s GB: save_s %.3f (x%.2f the disk's write), load_s %.3f (x%.2f its "
+        "read)\n",
+        Gb(c["bytes"]).c_str(), c["save_s"].get<double>(), c["save_vs_disk_write"].get<double>(),
+        c["load_s"].get<double>(), c["load_vs_disk_read"].get<double>());
   }
   for (const auto& n : j["notes"]) std::printf("  note: %s\n", n.get<std::string>().c_str());
 }
@@ -364,10 +382,23 @@ int RunBenchEngine(const BenchEngineArgs& a) {
     auto made = dirs.Make(bases);
     if (!made.ok()) return Fail(kExitInvalid, "--nvme-path: " + made.status().ToString());
     p.nvme_dirs = *made;
-    if (p.rank == 0 && a.disk_size_bytes > 0) {
+    if (p.rank == 0 && a.disk_size_bytes > 0 && a.save_dir.empty()) {
       std::fprintf(stderr, "bench engine: measuring the disk (%s O_DIRECT)\n",
                    SizeString(a.disk_size_bytes).c_str());
       auto d = MeasureDisk(p.nvme_dirs, a.disk_size_bytes, p.io_kind);
+      if (!d.ok()) return Fail(kExitInvalid, "disk measurement: " + d.status().ToString());
+      disk = *d;
+    }
+  }
+  if (!a.save_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.save_dir, ec);
+    if (ec) return Fail(kExitInvalid, "--save-dir " + a.save_dir + ": " + ec.message());
+    // The disk the checkpoint goes to (and the swap files' too, when they share it).
+    if (p.rank == 0 && a.disk_size_bytes > 0) {
+      std::fprintf(stderr, "bench engine: measuring the disk under --save-dir (%s O_DIRECT)\n",
+                   SizeString(a.disk_size_bytes).c_str());
+      auto d = MeasureDisk({a.save_dir}, a.disk_size_bytes, p.io_kind);
       if (!d.ok()) return Fail(kExitInvalid, "disk measurement: " + d.status().ToString());
       disk = *d;
     }
@@ -522,6 +553,10 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
       "Run stages 0, 2, 3 and stage 3 with the optimizer on cpu, + params on cpu, both on nvme "
       "(with --nvme-path); report each against its plan and recommend the fastest that fits");
   sweep->excludes(stage)->excludes(opt)->excludes(par);
+  c->add_option("--save-dir", a->save_dir,
+                "After the measured steps, save a checkpoint there (shared by the ranks) and load "
+                "it back: save_s, load_s, bytes and their ratio to the disk's O_DIRECT rates, "
+                "measured under this directory");
   c->add_flag("--json", a->json, "Print one JSON object");
   c->callback([a, exit_code] { *exit_code = RunBenchEngine(*a); });
 }

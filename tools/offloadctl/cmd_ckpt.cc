@@ -4,11 +4,19 @@
 //                                    states lived, tensors, bytes per state kind and per rank
 //   verify DIR [--tag T]             every file present with its size and XXH3; exit 0 valid,
 //                                    1 damaged (naming the first bad file), 2 usage
-//   export DIR --out F [--tag T] [--dtype bf16|fp16|fp32]
-//                                    one safetensors file of the full parameters from the fp32
-//                                    masters, named as the trainer named them
+//   export DIR --out F [--tag T] [--dtype bf16|fp16|fp32] [--max-shard-size SIZE]
+//                                    the full parameters from the fp32 masters, named as the
+//                                    trainer named them: one safetensors file, or (over SIZE)
+//                                    shards <stem>-0000i-of-0000n.safetensors beside F and a
+//                                    Hugging Face <stem>.safetensors.index.json
+//   reshard DIR --world-size M --stage t --out DIR2 [--tag T]
+//                                    offline resharding into DIR2 (core/zero/checkpoint_format.h
+//                                    ReshardCheckpoint)
+#include <cctype>
 #include <cstdio>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -18,6 +26,7 @@
 
 #include "core/zero/checkpoint_format.h"
 #include "strata/dtype.h"
+#include "tools/offloadctl/cli_flags.h"
 #include "tools/offloadctl/commands.h"
 
 namespace strata::cli {
@@ -27,6 +36,8 @@ namespace ckpt = zero::ckpt;
 
 struct CkptArgs {
   std::string dir, tag, out, dtype = "bf16";
+  std::string max_shard_size;  // "" = one file
+  int world_size = 0, stage = -1;
   bool json = false;
 };
 
@@ -96,10 +107,79 @@ int RunVerify(const CkptArgs& a) {
   return kExitOk;
 }
 
-// Export: the full parameters, streamed in chunks from the masters of every rank file.
-Status Export(const CkptArgs& a, size_t* tensors) {
+struct ExportTensor {
+  std::string name;
+  size_t group;
+  uint64_t offset, numel;
+  std::vector<int64_t> shape;
+};
+
+// One safetensors file of `tensors`, streamed in chunks from the masters (written as PATH.tmp,
+// fsynced, renamed).
+Status WriteExportFile(const std::string& path, const std::vector<const ExportTensor*>& tensors,
+                       const std::string& dtype, const ckpt::Manifest& m, ckpt::RangeReader& rd) {
+  const std::string st_dtype = dtype == "fp32" ? "F32" : dtype == "fp16" ? "F16" : "BF16";
+  const uint64_t eb = dtype == "fp32" ? 4 : 2;
+  nlohmann::json h = nlohmann::json::object();
+  h["__metadata__"] = {{"format", "pt"},
+                       {"source", "strata checkpoint " + m.tag},
+                       {"global_step", std::to_string(m.global_step)}};
+  uint64_t data = 0;
+  for (const ExportTensor* t : tensors) {
+    h[t->name] = {
+        {"dtype", st_dtype}, {"shape", t->shape}, {"data_offsets", {data, data + t->numel * eb}}};
+    data += t->numel * eb;
+  }
+  std::string text = h.dump();
+  while (text.size() % 8 != 0) text.push_back(' ');
+  std::string header(8, '\0');
+  for (int i = 0; i < 8; ++i) header[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  header += text;
+  const std::string tmp = path + ".tmp";
+  STRATA_ASSIGN_OR_RETURN(ckpt::FileWriter w, ckpt::FileWriter::Create(tmp));
+  STRATA_RETURN_IF_ERROR(w.Append(header.data(), header.size()));
+  constexpr uint64_t kChunk = uint64_t{1} << 20;
+  std::vector<float> f32(kChunk);
+  std::vector<uint16_t> half(kChunk);
+  for (const ExportTensor* t : tensors) {
+    for (uint64_t at = 0; at < t->numel; at += kChunk) {
+      const uint64_t n = std::min(kChunk, t->numel - at);
+      STRATA_RETURN_IF_ERROR(rd.Read(t->group, 1, t->offset + at, n, f32.data()));
+      if (eb == 4) {
+        STRATA_RETURN_IF_ERROR(w.Append(f32.data(), n * 4));
+        continue;
+      }
+      for (uint64_t i = 0; i < n; ++i) {
+        half[i] = dtype == "fp16" ? FloatToHalf(f32[i]).bits : FloatToBf16(f32[i]).bits;
+      }
+      STRATA_RETURN_IF_ERROR(w.Append(half.data(), n * 2));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(w.Finish());
+  return ckpt::RenamePath(tmp, path);
+}
+
+// "5GB" as Hugging Face writes it, or any SIZE (cli_flags.h).
+std::optional<uint64_t> ParseShardSize(std::string v) {
+  if (v.size() > 2 && (v.back() == 'B' || v.back() == 'b') &&
+      std::isalpha(static_cast<unsigned char>(v[v.size() - 2]))) {
+    v.pop_back();
+  }
+  return ParseSize(v);
+}
+
+// Export: the full parameters, streamed in chunks from the masters of every rank file; one file,
+// or shards (each at most max_shard bytes unless one tensor alone is larger) plus the index.
+Status Export(const CkptArgs& a, size_t* tensors, size_t* files) {
+  uint64_t max_shard = UINT64_MAX;
+  if (!a.max_shard_size.empty()) {
+    auto v = ParseShardSize(a.max_shard_size);
+    if (!v)
+      return Status::InvalidArgument("--max-shard-size '" + a.max_shard_size +
+                                     "' is not a size such as 5GB or 500M");
+    max_shard = *v;
+  }
   STRATA_ASSIGN_OR_RETURN(ckpt::Manifest m, ckpt::VerifyCheckpoint(a.dir, a.tag));
-  const std::string st_dtype = a.dtype == "fp32" ? "F32" : a.dtype == "fp16" ? "F16" : "BF16";
   const uint64_t eb = a.dtype == "fp32" ? 4 : 2;
   // The trainer's names; prefixed by the group only when a name repeats across groups.
   std::set<std::string> seen;
@@ -107,66 +187,77 @@ Status Export(const CkptArgs& a, size_t* tensors) {
   for (const auto& g : m.groups) {
     for (const auto& p : g.params) unique = unique && seen.insert(p.name).second;
   }
-  struct Out {
-    std::string name;
-    size_t group;
-    uint64_t offset, numel;
-    std::vector<int64_t> shape;
-  };
-  std::vector<Out> outs;
-  nlohmann::json h = nlohmann::json::object();
-  h["__metadata__"] = {{"format", "pt"}, {"source", "strata checkpoint " + m.tag},
-                       {"global_step", std::to_string(m.global_step)}};
-  uint64_t data = 0;
+  std::vector<ExportTensor> outs;
   for (size_t g = 0; g < m.groups.size(); ++g) {
     uint64_t off = 0;
     for (const auto& p : m.groups[g].params) {
       uint64_t n = 1;
       for (int64_t d : p.shape) n *= static_cast<uint64_t>(d);
-      Out o{unique ? p.name : m.groups[g].name + "." + p.name, g, off, n, p.shape};
-      h[o.name] = {{"dtype", st_dtype}, {"shape", p.shape}, {"data_offsets", {data, data + n * eb}}};
-      data += n * eb;
+      outs.push_back({unique ? p.name : m.groups[g].name + "." + p.name, g, off, n, p.shape});
       off += n;
-      outs.push_back(std::move(o));
     }
   }
-  std::string text = h.dump();
-  while (text.size() % 8 != 0) text.push_back(' ');
-  std::string header(8, '\0');
-  for (int i = 0; i < 8; ++i) header[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
-  header += text;
-  const std::string tmp = a.out + ".tmp";
-  STRATA_ASSIGN_OR_RETURN(ckpt::FileWriter w, ckpt::FileWriter::Create(tmp));
-  STRATA_RETURN_IF_ERROR(w.Append(header.data(), header.size()));
+  // Shards in model order, greedily filled.
+  std::vector<std::vector<const ExportTensor*>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (const ExportTensor& t : outs) {
+    const uint64_t bytes = t.numel * eb;
+    if (!shards.back().empty() && in_shard + bytes > max_shard) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(&t);
+    in_shard += bytes;
+    total += bytes;
+  }
   ckpt::RangeReader rd(a.dir + "/" + m.tag, m);
-  constexpr uint64_t kChunk = uint64_t{1} << 20;
-  std::vector<float> f32(kChunk);
-  std::vector<uint16_t> half(kChunk);
-  for (const Out& o : outs) {
-    for (uint64_t at = 0; at < o.numel; at += kChunk) {
-      const uint64_t n = std::min(kChunk, o.numel - at);
-      STRATA_RETURN_IF_ERROR(rd.Read(o.group, 1, o.offset + at, n, f32.data()));
-      if (eb == 4) {
-        STRATA_RETURN_IF_ERROR(w.Append(f32.data(), n * 4));
-        continue;
-      }
-      for (uint64_t i = 0; i < n; ++i) {
-        half[i] = a.dtype == "fp16" ? FloatToHalf(f32[i]).bits : FloatToBf16(f32[i]).bits;
-      }
-      STRATA_RETURN_IF_ERROR(w.Append(half.data(), n * 2));
-    }
-  }
-  STRATA_RETURN_IF_ERROR(w.Finish());
-  STRATA_RETURN_IF_ERROR(ckpt::RenamePath(tmp, a.out));
   *tensors = outs.size();
-  return Status::OK();
+  *files = shards.size();
+  if (shards.size() == 1) return WriteExportFile(a.out, shards[0], a.dtype, m, rd);
+  // Hugging Face's layout: <stem>-00001-of-00003.safetensors and <stem>.safetensors.index.json.
+  const std::filesystem::path out(a.out);
+  std::string stem = out.filename().string();
+  const std::string ext = ".safetensors";
+  if (stem.size() > ext.size() && stem.compare(stem.size() - ext.size(), ext.size(), ext) == 0) {
+    stem.resize(stem.size() - ext.size());
+  }
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    const std::string file = stem + name;
+    STRATA_RETURN_IF_ERROR(
+        WriteExportFile((out.parent_path() / file).string(), shards[i], a.dtype, m, rd));
+    for (const ExportTensor* t : shards[i]) weight_map[t->name] = file;
+  }
+  nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  return ckpt::WriteSmallFile((out.parent_path() / (stem + ".safetensors.index.json")).string(),
+                              index.dump(2) + "\n", true);
 }
 
 int RunExport(const CkptArgs& a) {
-  size_t n = 0;
-  Status st = Export(a, &n);
+  size_t n = 0, files = 0;
+  Status st = Export(a, &n, &files);
+  if (st.code() == Status::Code::kInvalidArgument) {
+    std::fprintf(stderr, "offloadctl ckpt export: %s\n", st.ToString().c_str());
+    return kExitUsage;
+  }
   if (!st.ok()) return Fail("export", st);
-  std::printf("exported %zu tensors (%s) to %s\n", n, a.dtype.c_str(), a.out.c_str());
+  if (files == 1) {
+    std::printf("exported %zu tensors (%s) to %s\n", n, a.dtype.c_str(), a.out.c_str());
+  } else {
+    std::printf(
+        "exported %zu tensors (%s) in %zu shards beside %s, with a .safetensors.index.json\n", n,
+        a.dtype.c_str(), files, a.out.c_str());
+  }
+  return kExitOk;
+}
+
+int RunReshard(const CkptArgs& a) {
+  auto m = ckpt::ReshardCheckpoint(a.dir, a.tag, a.world_size, a.stage, a.out);
+  if (!m.ok()) return Fail("reshard", m.status());
+  std::printf("resharded %s (tag %s) to world size %d, stage %d: %s/%s\n", a.dir.c_str(),
+              m->tag.c_str(), m->world_size, m->stage, a.out.c_str(), m->tag.c_str());
   return kExitOk;
 }
 
@@ -174,26 +265,49 @@ int RunExport(const CkptArgs& a) {
 
 void RegisterCkpt(CLI::App& parent, int* exit_code) {
   auto args = std::make_shared<CkptArgs>();
-  CLI::App* ck = parent.add_subcommand("ckpt", "Inspect, verify and export engine checkpoints");
+  CLI::App* ck =
+      parent.add_subcommand("ckpt", "Inspect, verify, export and reshard engine checkpoints");
   ck->require_subcommand(1);
   CLI::App* inspect = ck->add_subcommand("inspect", "What a checkpoint holds (no checksums read)");
-  inspect->add_option("DIR", args->dir, "Checkpoint directory (holds `latest` and tag directories)")->required();
+  inspect->add_option("DIR", args->dir, "Checkpoint directory (holds `latest` and tag directories)")
+      ->required();
   inspect->add_option("--tag", args->tag, "Tag to inspect (default: the one `latest` names)");
   inspect->add_flag("--json", args->json, "Print JSON");
   inspect->callback([args, exit_code] { *exit_code = RunInspect(*args); });
   CLI::App* verify = ck->add_subcommand(
-      "verify", "Check completeness and every checksum: exit 0 valid, 1 damaged (the file named), 2 usage");
+      "verify",
+      "Check completeness and every checksum: exit 0 valid, 1 damaged (the file named), 2 usage");
   verify->add_option("DIR", args->dir, "Checkpoint directory")->required();
   verify->add_option("--tag", args->tag, "Tag to verify (default: the one `latest` names)");
   verify->callback([args, exit_code] { *exit_code = RunVerify(*args); });
   CLI::App* exp = ck->add_subcommand(
-      "export", "One safetensors file of the full parameters (from the fp32 masters), verified first");
+      "export",
+      "One safetensors file of the full parameters (from the fp32 masters), verified first");
   exp->add_option("DIR", args->dir, "Checkpoint directory")->required();
   exp->add_option("--tag", args->tag, "Tag to export (default: the one `latest` names)");
-  exp->add_option("--out", args->out, "Output .safetensors file (written as OUT.tmp, then renamed)")->required();
+  exp->add_option("--out", args->out, "Output .safetensors file (written as OUT.tmp, then renamed)")
+      ->required();
   exp->add_option("--dtype", args->dtype, "bf16 (default), fp16 or fp32 (round to nearest even)")
       ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  exp->add_option("--max-shard-size", args->max_shard_size,
+                  "Split into shards of at most this many bytes (5GB, 500M: SIZE; a tensor larger "
+                  "than it gets a shard of its own), with a Hugging Face index json")
+      ->type_name("SIZE");
   exp->callback([args, exit_code] { *exit_code = RunExport(*args); });
+  CLI::App* rs = ck->add_subcommand(
+      "reshard",
+      "Rewrite a checkpoint for another world size and ZeRO stage (offline), verified first");
+  rs->add_option("DIR", args->dir, "Checkpoint directory")->required();
+  rs->add_option("--tag", args->tag, "Tag to reshard (default: the one `latest` names)");
+  rs->add_option("--world-size", args->world_size, "Ranks of the new layout")
+      ->required()
+      ->check(CLI::Range(1, 4096));
+  rs->add_option("--stage", args->stage, "ZeRO stage of the new layout")
+      ->required()
+      ->check(CLI::Range(0, 3));
+  rs->add_option("--out", args->out, "Output checkpoint directory (the same tag, and its `latest`)")
+      ->required();
+  rs->callback([args, exit_code] { *exit_code = RunReshard(*args); });
 }
 
 }  // namespace strata::cli
