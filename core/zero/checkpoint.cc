@@ -205,13 +205,17 @@ uint64_t WindowBytes(Engine::Impl& e, const ckpt::StreamOptions& o) {
 class FetchWindow {
  public:
   FetchWindow(Engine::Impl& e, uint64_t window_bytes) : e_(e), window_(window_bytes) {}
-  void Add(BlockId b, Tier t) { items_.push_back({b, t, false}); }
+  // `overwrite`: the caller replaces every byte (Access::kOverwrite), so the block is not read
+  // ahead; a copy it makes off its home is still evicted behind, as a fetched one is.
+  void Add(BlockId b, Tier t, bool overwrite = false) {
+    items_.push_back({b, t, false, overwrite});
+  }
   void Ahead(size_t i) {
     while (next_ < items_.size() && (next_ <= i || ahead_ + Bytes(next_) <= window_)) {
       Item& it = items_[next_];
       const Residency r = e_.store->residency(it.block, it.tier);
       if (e_.store->spec(it.block).home != it.tier && !IsResident(r)) {
-        (void)e_.store->Fetch(it.block, it.tier);
+        if (!it.overwrite) (void)e_.store->Fetch(it.block, it.tier);
         it.fetched = true;
       }
       ahead_ += Bytes(next_++);
@@ -229,6 +233,7 @@ class FetchWindow {
     BlockId block;
     Tier tier;
     bool fetched;
+    bool overwrite;
   };
   uint64_t Bytes(size_t i) const {
     return (e_.store->spec(items_[i].block).size_bytes + kIoAlignment - 1) / kIoAlignment *
@@ -454,7 +459,11 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
   const std::vector<Dest> dests = LoadDests(e);
   const uint64_t window_bytes = WindowBytes(e, so);
   FetchWindow window(e, window_bytes);
-  for (const Dest& d : dests) window.Add(d.block, d.tier);
+  // A range that covers its whole block replaces every byte: no read of the stale copy.
+  auto covers_block = [&](const Dest& d) {
+    return d.elems * m.ElemBytes(d.kind) == e.store->spec(d.block).size_bytes;
+  };
+  for (const Dest& d : dests) window.Add(d.block, d.tier, covers_block(d));
   // Write-backs of NVMe homes in flight behind the reader, bounded by the same window.
   std::deque<std::pair<Ticket, uint64_t>> behind;
   uint64_t behind_bytes = 0;
@@ -462,8 +471,8 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
     const Dest& d = dests[i];
     window.Ahead(i);
     {
-      STRATA_ASSIGN_OR_RETURN(Lease l,
-                              e.store->Acquire(d.block, d.tier, Access::kWrite, e.timeout()));
+      const Access access = covers_block(d) ? Access::kOverwrite : Access::kWrite;
+      STRATA_ASSIGN_OR_RETURN(Lease l, e.store->Acquire(d.block, d.tier, access, e.timeout()));
       if (d.elems * m.ElemBytes(d.kind) > l.size_bytes()) {
         return Status::Internal("checkpoint: block " + e.store->spec(d.block).name +
                                 " is smaller than its range");
