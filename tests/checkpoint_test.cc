@@ -66,17 +66,6 @@ std::string Name(const Placement& p) {
          std::to_string(p.world) + "_" + p.precision;
 }
 
-bool BitEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t g = 0; g < a.size(); ++g) {
-    if (a[g].size() != b[g].size() ||
-        std::memcmp(a[g].data(), b[g].data(), a[g].size() * sizeof(float)) != 0) {
-      return false;
-    }
-  }
-  return true;
-}
-
 std::vector<uint8_t> Blob(const std::string& s) { return {s.begin(), s.end()}; }
 
 class CheckpointResume : public ::testing::TestWithParam<Placement> {};

@@ -35,16 +35,6 @@ std::string BaseConfig(const std::string& zero, const std::string& top = "",
          zero + "}}";
 }
 
-bool BitEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t g = 0; g < a.size(); ++g) {
-    if (a[g].size() != b[g].size() || std::memcmp(a[g].data(), b[g].data(), a[g].size() * 4) != 0) {
-      return false;
-    }
-  }
-  return true;
-}
-
 // ------------------------------------------------------------------------------------------------
 // The ledger: bytes per rank per step (gas 1) for a trainer that gathers each group once in
 // forward and once in backward: stages 0-2 move one all-reduce of the gradients, stage 3 1.5x.
@@ -368,7 +358,8 @@ TEST(EngineSemantics, SubGroupSizeZeroRunsAsDeepSpeedAllowsIt) {
   RunResult ref = RunEngine(base);
   ASSERT_TRUE(ref.status.ok()) << ref.status.ToString();
   RunSpec spec = base;
-  spec.config_json = BaseConfig(R"("stage": 3, "sub_group_size": 0, "offload_optimizer": {"device": "cpu"})");
+  spec.config_json =
+      BaseConfig(R"("stage": 3, "sub_group_size": 0, "offload_optimizer": {"device": "cpu"})");
   RunResult r = RunEngine(spec);
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   EXPECT_TRUE(BitEqual(r.master, ref.master));

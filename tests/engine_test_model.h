@@ -169,6 +169,33 @@ inline double ForwardBackward(const Params& p, int step, int micro, int rank, fl
 }
 
 // The group's tensors as float vectors, in group order.
+// Whether two runs' master weights are the same bits.
+inline bool BitEqual(const std::vector<std::vector<float>>& a,
+                     const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t g = 0; g < a.size(); ++g) {
+    if (a[g].size() != b[g].size() ||
+        std::memcmp(a[g].data(), b[g].data(), a[g].size() * sizeof(float)) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// ||a - b|| / ||b - init||: the error relative to how far training moved the weights.
+inline double RelativeUpdateError(const std::vector<std::vector<float>>& a,
+                                  const std::vector<std::vector<float>>& b,
+                                  const std::vector<std::vector<float>>& init) {
+  double num = 0, den = 0;
+  for (size_t g = 0; g < a.size(); ++g) {
+    for (size_t i = 0; i < a[g].size(); ++i) {
+      num += (double(a[g][i]) - b[g][i]) * (double(a[g][i]) - b[g][i]);
+      den += (double(b[g][i]) - init[g][i]) * (double(b[g][i]) - init[g][i]);
+    }
+  }
+  return std::sqrt(num / den);
+}
+
 inline std::vector<std::vector<float>*> GroupTensors(Params& p, size_t g) {
   switch (g) {
     case kEmbed:

@@ -58,29 +58,6 @@ RunSpec Spec(const std::string& config) {
   return s;
 }
 
-bool BitEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t g = 0; g < a.size(); ++g) {
-    if (a[g].size() != b[g].size()) return false;
-    if (std::memcmp(a[g].data(), b[g].data(), a[g].size() * 4) != 0) return false;
-  }
-  return true;
-}
-
-// ||a - b|| / ||b - init||: the error relative to how far training moved the weights.
-double RelativeUpdateError(const std::vector<std::vector<float>>& a,
-                           const std::vector<std::vector<float>>& b,
-                           const std::vector<std::vector<float>>& init) {
-  double num = 0, den = 0;
-  for (size_t g = 0; g < a.size(); ++g) {
-    for (size_t i = 0; i < a[g].size(); ++i) {
-      num += (double(a[g][i]) - b[g][i]) * (double(a[g][i]) - b[g][i]);
-      den += (double(b[g][i]) - init[g][i]) * (double(b[g][i]) - init[g][i]);
-    }
-  }
-  return std::sqrt(num / den);
-}
-
 std::vector<std::vector<float>> Initial() { return RunReference(kWorld, 0, 1, 0.01f, 0.01f); }
 
 // ------------------------------------------------------------------------------------------------
@@ -149,7 +126,7 @@ TEST(EngineZpp, QuantizedRunsTrainWithinToleranceOfStage3) {
 // ------------------------------------------------------------------------------------------------
 
 TEST(EngineZpp, QgzFp16OverflowSkipsTheStepOnEveryRank) {
-  for (const std::string zpp :
+  for (const std::string& zpp :
        {std::string(R"("zero_quantized_gradients": true)"),
         std::string(R"("zero_quantized_gradients": true, "zero_quantized_weights": true,
                         "zero_hpz_partition_size": 2)")}) {
