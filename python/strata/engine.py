@@ -122,14 +122,18 @@ class _ModuleCall:
         self.held = False
 
 
-class _GatherForBackward(torch.autograd.Function):
-    """Identity on a module's outputs; its backward gathers the module's groups again."""
+class _CallIdentity(torch.autograd.Function):
+    """Identity on tensors that carries a module call into backward (subclasses act there)."""
 
     @staticmethod
     def forward(ctx, call, *tensors):
         ctx.call = call
         ctx.set_materialize_grads(False)
         return tuple(t.detach() for t in tensors)
+
+
+class _GatherForBackward(_CallIdentity):
+    """Identity on a module's outputs; its backward gathers the module's groups again."""
 
     @staticmethod
     def backward(ctx, *grads):
@@ -141,14 +145,8 @@ class _GatherForBackward(torch.autograd.Function):
         return (None, *grads)
 
 
-class _ReleaseAfterBackward(torch.autograd.Function):
+class _ReleaseAfterBackward(_CallIdentity):
     """Identity on a module's inputs; its backward (the module's backward is done) releases."""
-
-    @staticmethod
-    def forward(ctx, call, *tensors):
-        ctx.call = call
-        ctx.set_materialize_grads(False)
-        return tuple(t.detach() for t in tensors)
 
     @staticmethod
     def backward(ctx, *grads):
