@@ -6,7 +6,7 @@ include(CMakePackageConfigHelpers)
 # The libraries a user links, under the strata:: namespace with their short names. The benchmark
 # libraries (strata_nvme_bench, strata_kernels_bench) belong to offloadctl and stay internal.
 set(_strata_libs strata_zero strata_store strata_plan strata_config strata_sched strata_nvme
-                 strata_cpu strata_gpu strata_kernels)
+                 strata_cpu strata_gpu strata_kernels_cuda strata_kernels)
 foreach(_lib IN LISTS _strata_libs)
   string(REPLACE "strata_" "" _short ${_lib})
   set_target_properties(${_lib} PROPERTIES EXPORT_NAME ${_short} VERSION ${PROJECT_VERSION}

@@ -8,6 +8,8 @@
 // reused before earlier copies finish, and the caller never blocks.
 // Copies: one non-blocking stream per direction; completion callbacks through cudaLaunchHostFunc
 // (the callback must not call CUDA, as the contract already requires).
+// Kernels (Device::kernels): kernels/cuda_kernels.h's kernels enqueued on a third non-blocking
+// stream, `compute_`, which Free also waits for, so memory is never reused under a running kernel.
 // Errors: every runtime call goes through STRATA_CUDA_STATUS; nothing aborts.
 #include <algorithm>
 #include <atomic>
@@ -16,10 +18,29 @@
 #include <unordered_map>
 
 #include "gpu/cuda_check.h"
+#include "kernels/cuda_kernels.h"
+#include "kernels/device_kernels.h"
 #include "strata/device.h"
 
 namespace strata {
 namespace {
+
+// Polls `query` (cudaErrorNotReady: not yet) with a backoff, sleeping, not spinning, until it
+// reports completion or an error (named `what`), or `timeout` passes (DeadlineExceeded).
+template <class Query>
+Status PollUntilDone(Query query, std::chrono::nanoseconds timeout, const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto nap = std::chrono::microseconds(5);
+  for (;;) {
+    const cudaError_t err = query();
+    if (err != cudaErrorNotReady) return CudaStatus(err, what, __FILE__, __LINE__);
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status::DeadlineExceeded(std::string("CudaDevice: ") + what + " timed out");
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+  }
+}
 
 class CudaEvent final : public DeviceEvent {
  public:
@@ -34,24 +55,49 @@ class CudaEvent final : public DeviceEvent {
     STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(err));
     return true;
   }
-  // cudaEventSynchronize has no deadline: poll with a backoff (sleeping, not spinning).
+  // cudaEventSynchronize has no deadline: poll instead.
   Status Wait(std::chrono::nanoseconds timeout) override {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    auto nap = std::chrono::microseconds(5);
-    for (;;) {
-      STRATA_ASSIGN_OR_RETURN(bool done, Query());
-      if (done) return Status::OK();
-      if (std::chrono::steady_clock::now() >= deadline) {
-        return Status::DeadlineExceeded("CudaDevice: event wait timed out");
-      }
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, std::chrono::microseconds(1000));
-    }
+    const cudaEvent_t e = e_;
+    return PollUntilDone([e] { return cudaEventQuery(e); }, timeout, "cudaEventQuery (event wait)");
   }
 
  private:
   int ordinal_;
   cudaEvent_t e_;
+};
+
+// The device's kernels (kernels/device_kernels.h): cuda_kernels.h on the compute stream.
+class CudaKernels final : public kernels::DeviceKernels {
+ public:
+  CudaKernels(int ordinal, const cudaStream_t* stream) : ordinal_(ordinal), stream_(stream) {}
+  Status AdamStep(const kernels::AdamHyper& hyper, const kernels::AdamShard& shard) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    return kernels::CudaAdamStep(hyper, shard, *stream_);
+  }
+  Status AccumulateGrad(float* acc, const void* grad, DType grad_dtype, float scale, bool overwrite,
+                        size_t n) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    return kernels::CudaAccumulateGrad(acc, grad, grad_dtype, scale, overwrite, n, *stream_);
+  }
+  Status ChunkSumSquares(const void* grad, DType dtype, size_t n, double* chunk_sums,
+                         bool* nonfinite) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    return kernels::CudaChunkSumSquares(grad, dtype, n, chunk_sums, nonfinite, *stream_);
+  }
+  Status Cast(const void* in, DType in_dtype, void* out, DType out_dtype, size_t n) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    return kernels::CudaCast(in, in_dtype, out, out_dtype, n, *stream_);
+  }
+  Status Synchronize(std::chrono::nanoseconds timeout) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    const cudaStream_t s = *stream_;
+    return PollUntilDone([s] { return cudaStreamQuery(s); }, timeout,
+                         "cudaStreamQuery (kernel synchronize)");
+  }
+
+ private:
+  const int ordinal_;
+  const cudaStream_t* stream_;  // CudaDevice::compute_, created before any call
 };
 
 void CUDART_CB RunCallback(void* arg) {
@@ -63,11 +109,11 @@ void CUDART_CB RunCallback(void* arg) {
 class CudaDevice final : public Device {
  public:
   CudaDevice(int ordinal, std::string name, uint64_t budget)
-      : ordinal_(ordinal), name_(std::move(name)), budget_(budget) {}
+      : ordinal_(ordinal), name_(std::move(name)), budget_(budget), kernels_(ordinal, &compute_) {}
 
   Status Init() {
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    for (cudaStream_t* s : {&streams_[0], &streams_[1], &alloc_}) {
+    for (cudaStream_t* s : {&streams_[0], &streams_[1], &compute_, &alloc_}) {
       STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
     }
     cudaMemPoolProps props = {};
@@ -84,12 +130,12 @@ class CudaDevice final : public Device {
 
   ~CudaDevice() override {
     cudaSetDevice(ordinal_);
-    for (cudaStream_t s : streams_) {
+    for (cudaStream_t s : {streams_[0], streams_[1], compute_}) {
       if (s) cudaStreamSynchronize(s);
     }
     for (auto& [p, n] : live_) cudaFreeAsync(p, alloc_);
     if (alloc_) cudaStreamSynchronize(alloc_);
-    for (cudaStream_t s : {streams_[0], streams_[1], alloc_}) {
+    for (cudaStream_t s : {streams_[0], streams_[1], compute_, alloc_}) {
       if (s) cudaStreamDestroy(s);
     }
     if (pool_created_) cudaMemPoolDestroy(pool_);
@@ -97,6 +143,7 @@ class CudaDevice final : public Device {
 
   std::string name() const override { return name_; }
   bool host_addressable() const override { return false; }
+  kernels::DeviceKernels* kernels() override { return &kernels_; }
 
   Result<void*> Allocate(uint64_t size_bytes) override {
     if (size_bytes == 0) return Status::InvalidArgument("CudaDevice::Allocate: size 0");
@@ -134,7 +181,7 @@ class CudaDevice final : public Device {
       used_ -= n;
     }
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    for (cudaStream_t s : streams_) {
+    for (cudaStream_t s : {streams_[0], streams_[1], compute_}) {
       cudaEvent_t e;
       STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       Status st = STRATA_CUDA_STATUS(cudaEventRecord(e, s));
@@ -215,6 +262,7 @@ class CudaDevice final : public Device {
   const std::string name_;
   const uint64_t budget_;
   cudaStream_t streams_[2] = {nullptr, nullptr};
+  cudaStream_t compute_ = nullptr;  // kernels_ (Device::kernels)
   cudaStream_t alloc_ = nullptr;
   cudaMemPool_t pool_{};
   bool pool_created_ = false;
@@ -224,6 +272,7 @@ class CudaDevice final : public Device {
   std::unordered_map<void*, uint64_t> live_;
   std::atomic<uint64_t> bytes_[2] = {0, 0};
   std::atomic<uint64_t> copies_[2] = {0, 0};
+  CudaKernels kernels_;
 };
 
 }  // namespace

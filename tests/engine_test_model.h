@@ -279,6 +279,8 @@ struct RunSpec {
   // CudaDevice + NCCL (one rank; tests built with STRATA_ENGINE_TEST_CUDA) instead of HostDevice
   // + Gloo.
   bool cuda = false;
+  // Rank r's device instead of HostDevice (with Gloo), owned by the caller and outliving the run.
+  std::function<Device*(int rank)> device;
   // Rank die_rank returns (destroying its engine and communicator) before step die_step.
   int die_rank = -1, die_step = -1;
   std::chrono::milliseconds timeout{60000};
@@ -339,29 +341,31 @@ inline RunResult RunEngine(const RunSpec& spec) {
       ho.budget_bytes = spec.device_budget;
       STRATA_ASSIGN_OR_RETURN(dev, CreateHostDevice(ho));
     }
+    Device* const device = spec.device ? spec.device(r) : dev.get();
     // Device memory through host staging when the device is not host-addressable (CUDA).
     auto to_host = [&](const void* src, size_t bytes) -> Result<std::vector<uint8_t>> {
       std::vector<uint8_t> h(bytes);
-      if (dev->host_addressable()) {
+      if (device->host_addressable()) {
         std::memcpy(h.data(), src, bytes);
         return h;
       }
-      STRATA_RETURN_IF_ERROR(dev->CopyAsync(CopyDir::kDeviceToHost, h.data(), src, bytes, nullptr));
-      STRATA_RETURN_IF_ERROR(dev->Synchronize());
+      STRATA_RETURN_IF_ERROR(
+          device->CopyAsync(CopyDir::kDeviceToHost, h.data(), src, bytes, nullptr));
+      STRATA_RETURN_IF_ERROR(device->Synchronize());
       return h;
     };
     auto to_device = [&](void* dst, const std::vector<uint8_t>& h) -> Status {
-      if (dev->host_addressable()) {
+      if (device->host_addressable()) {
         std::memcpy(dst, h.data(), h.size());
         return Status::OK();
       }
       STRATA_RETURN_IF_ERROR(
-          dev->CopyAsync(CopyDir::kHostToDevice, dst, h.data(), h.size(), nullptr));
-      return dev->Synchronize();
+          device->CopyAsync(CopyDir::kHostToDevice, dst, h.data(), h.size(), nullptr));
+      return device->Synchronize();
     };
     EngineOptions eo;
     eo.config = parsed->config;
-    eo.device = dev.get();
+    eo.device = device;
     eo.comm = comm.get();
     eo.budget_bytes = spec.budgets;
     eo.nvme_paths = {nvme};

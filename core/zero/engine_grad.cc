@@ -519,14 +519,13 @@ Status Engine::Impl::DrainReductions(bool all) {
 }
 
 Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
+  if (DeviceKernelsFor(placement.Home(StateKind::kGrad))) return AccumulateOnDevice(p);
   const zero::GroupState& gs = groups[p.group];
   const Tier tier = ComputeTier(placement.Home(StateKind::kGrad));
   std::vector<uint8_t> staged;
   for (size_t si : gs.sub_groups) {
     SubGroup& s = subs[si];
-    const uint8_t* src = placement.optimizer_partitioned
-                             ? static_cast<const uint8_t*>(p.shard.get()) + s.offset * elt
-                             : static_cast<const uint8_t*>(p.full.get()) + FullOffset(s) * elt;
+    const uint8_t* src = ReducedGrad(p, s);
     if (!opt.device->host_addressable()) {
       staged.resize(s.elems * elt);
       STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, staged.data(), src, staged.size()));

@@ -16,6 +16,7 @@
 #include "core/zero/lr_schedule.h"
 #include "core/zero/zero_collectives.h"
 #include "kernels/adam.h"
+#include "kernels/grad_stats.h"
 #include "kernels/pool.h"
 #include "sched/placement.h"
 #include "sched/zero_partition.h"
@@ -131,6 +132,7 @@ struct Engine::Impl {
   std::deque<zero::PendingReduce> pending;
   std::shared_future<Status> last_qgz;  // the latest qgZ reduction started (they run in order)
   DeviceBuffer exchange;                // world * 4 floats: the norm / overflow exchange
+  DeviceBuffer stats_scratch;  // device kernels: the overflow flag + a sub-group's chunk sums
   zero::ZppState zpp;
 
   int64_t global_step = 0, skipped_steps = 0, applied_steps = 0;
@@ -194,6 +196,34 @@ struct Engine::Impl {
   // Completes pending reductions (all, or only those already finished when `all` is false).
   Status DrainReductions(bool all);
   Status Accumulate(zero::PendingReduce& p);
+
+  // The reduced gradient of sub-group s in pending reduction p (device memory): this rank's
+  // shard (stage 1-3) or the all-gathered full group (stage 0).
+  const uint8_t* ReducedGrad(const zero::PendingReduce& p, const zero::SubGroup& s) const {
+    return placement.optimizer_partitioned
+               ? static_cast<const uint8_t*>(p.shard.get()) + s.offset * elt
+               : static_cast<const uint8_t*>(p.full.get()) + FullOffset(s) * elt;
+  }
+
+  // --- engine_device.cc: device-resident state computed by the device's own kernels ---
+  // The device's kernels when state whose home is `home` is computed where it lives by them: the
+  // home is the device, the host cannot address it and it offers kernels (CudaDevice). Else null:
+  // the CPU kernels compute on host-addressable memory (ComputeTier).
+  kernels::DeviceKernels* DeviceKernelsFor(Tier home) const;
+  // Accumulate() on the device: each sub-group's fp32 gradient from the reduced gradient in place
+  // (no host staging), then its statistics on the last micro-step.
+  Status AccumulateOnDevice(zero::PendingReduce& p);
+  // The statistics of n fp32 gradient elements at `grad`, memory of `tier` (a lease's data):
+  // by the device's kernels (chunk sums copied back, merged exactly) when the tier is the device
+  // and it has kernels, else by the CPU kernels.
+  Result<kernels::GradStats> GradStatsAt(Tier tier, const float* grad, size_t n);
+  // Zeroes n fp32 gradient elements at `grad`, memory of `tier`.
+  Status ZeroGradAt(Tier tier, float* grad, size_t n);
+  // RunAdam's compute stage on the device for sub-group s: the fused Adam with the param_out
+  // cast (fp32: a device copy) into the leased param block, synchronized before it returns.
+  Status AdamOnDevice(kernels::DeviceKernels& k, const zero::SubGroup& s,
+                      const kernels::AdamHyper& h, Lease& master, Lease& m, Lease& v,
+                      const Lease& grad, Lease& param);
 
   // --- engine_step.cc ---
   Result<StepReport> Step();

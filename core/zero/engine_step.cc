@@ -58,7 +58,8 @@ class TicketJoin {
 }  // namespace
 
 Status Engine::Impl::ComputeMissingStats() {
-  const Tier tier = ComputeTier(placement.Home(StateKind::kGrad));
+  const Tier home = placement.Home(StateKind::kGrad);
+  const Tier tier = DeviceKernelsFor(home) ? Tier::kDevice : ComputeTier(home);
   for (size_t g = 0; g < groups.size(); ++g) {
     zero::GroupState& gs = groups[g];
     for (size_t si : gs.sub_groups) {
@@ -67,7 +68,7 @@ Status Engine::Impl::ComputeMissingStats() {
         // Not reduced in this window: its gradient is zero.
         STRATA_ASSIGN_OR_RETURN(Lease acc,
                                 store->Acquire(s.grad, tier, Access::kOverwrite, timeout()));
-        std::memset(acc.data(), 0, s.elems * sizeof(float));
+        STRATA_RETURN_IF_ERROR(ZeroGradAt(tier, static_cast<float*>(acc.data()), s.elems));
         acc.MarkDirty();
         s.sum_sq = 0;
         s.nonfinite = false;
@@ -75,7 +76,7 @@ Status Engine::Impl::ComputeMissingStats() {
       } else if (!s.stats_valid && s.owner == rank) {
         STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, tier, Access::kRead, timeout()));
         STRATA_ASSIGN_OR_RETURN(kernels::GradStats st,
-                                kernels::ComputeGradStats(*pool, acc.data(), DType::kF32, s.elems));
+                                GradStatsAt(tier, static_cast<const float*>(acc.data()), s.elems));
         s.sum_sq = st.sum_sq;
         s.nonfinite = st.nonfinite;
         s.stats_valid = true;
@@ -118,8 +119,12 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t) {
   const Tier opt_home = placement.Home(StateKind::kMaster32);
   const Tier grad_home = placement.Home(StateKind::kGrad);
   const Tier param_home = placement.Home(StateKind::kParam16);
-  const Tier opt_tier = ComputeTier(opt_home), grad_tier = ComputeTier(grad_home),
-             param_tier = ComputeTier(param_home);
+  // Device-resident optimizer state on a device with kernels: the step runs there, on the
+  // gradient (same home) and on a device copy of the param block (fetched when not its home).
+  kernels::DeviceKernels* on_device = DeviceKernelsFor(opt_home);
+  const Tier opt_tier = on_device ? Tier::kDevice : ComputeTier(opt_home),
+             grad_tier = on_device ? Tier::kDevice : ComputeTier(grad_home),
+             param_tier = on_device ? Tier::kDevice : ComputeTier(param_home);
   kernels::AdamHyper h = hyper;
   h.grad_scale = grad_scale;
 
@@ -158,6 +163,7 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t) {
                             store->Acquire(s.grad, grad_tier, Access::kRead, timeout()));
     STRATA_ASSIGN_OR_RETURN(
         Lease param, store->Acquire(groups[s.group].param, param_tier, Access::kWrite, timeout()));
+    if (on_device) return AdamOnDevice(*on_device, s, h, master, m, v, grad, param);
     kernels::AdamShard shard;
     shard.master = static_cast<float*>(master.data());
     shard.exp_avg = static_cast<float*>(m.data());

@@ -35,6 +35,10 @@
 
 namespace strata {
 
+namespace kernels {
+class DeviceKernels;  // kernels/device_kernels.h (internal: the engine's view of a device)
+}  // namespace kernels
+
 // The two copy streams.
 enum class CopyDir : uint8_t { kHostToDevice = 0, kDeviceToHost = 1 };
 
@@ -106,6 +110,14 @@ class Device {
   virtual Status UnregisterHost(void* ptr) = 0;
 
   virtual DeviceStats stats() const = 0;
+
+  // The kernels that compute on this device's memory in place, on a compute stream of the
+  // device's own (kernels/device_kernels.h), or nullptr when it offers none. The engine runs
+  // gradient accumulation, norms and the optimizer step of device-resident state with them
+  // instead of staging the state through host memory. CudaDevice: the CUDA kernels
+  // (kernels/cuda_kernels.h). HostDevice: nullptr (the engine's CPU kernels address its memory).
+  // Owned by the device; valid for its lifetime.
+  virtual kernels::DeviceKernels* kernels() { return nullptr; }
 };
 
 // A move-only RAII handle on device memory: freed (stream-ordered) on destruction.

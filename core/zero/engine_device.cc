@@ -1,0 +1,123 @@
+// Engine: device-resident state computed by the device's own kernels (kernels/device_kernels.h).
+//
+// When a state's home is a device the host cannot address (CudaDevice), the engine does not fetch
+// it to the host: gradient accumulation, the gradient norm's chunk sums, the fused Adam step with
+// its param_out cast, and the fp32 param copy run on the device, in place, through the device's
+// compute stream. The kernels compute what the CPU kernels compute, bit for bit on FMA targets
+// (cuda_kernels.h), so a result still does not depend on where a state lives.
+//
+// Ordering: inputs are complete before a kernel is enqueued (reductions are waited for, leases
+// are held, copies are synchronous), and every function here synchronizes the compute stream
+// before it releases a lease or returns, so the store, the copy streams and the communicator
+// only ever see finished results. Only the chunk sums (8 bytes per 4096 elements) and the
+// overflow flag cross to the host.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/zero/engine_internal.h"
+#include "kernels/device_kernels.h"
+
+namespace strata {
+
+using zero::SubGroup;
+
+kernels::DeviceKernels* Engine::Impl::DeviceKernelsFor(Tier home) const {
+  if (home != Tier::kDevice || opt.device->host_addressable()) return nullptr;
+  return opt.device->kernels();
+}
+
+Status Engine::Impl::AccumulateOnDevice(zero::PendingReduce& p) {
+  const zero::GroupState& gs = groups[p.group];
+  kernels::DeviceKernels* k = DeviceKernelsFor(Tier::kDevice);
+  for (size_t si : gs.sub_groups) {
+    SubGroup& s = subs[si];
+    // The first micro-step replaces the gradient: the old one is not read.
+    const Access access = p.first ? Access::kOverwrite : Access::kWrite;
+    STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, Tier::kDevice, access, timeout()));
+    float* a = static_cast<float*>(acc.data());
+    STRATA_RETURN_IF_ERROR(
+        k->AccumulateGrad(a, ReducedGrad(p, s), dtype, post_scale, p.first, s.elems));
+    STRATA_RETURN_IF_ERROR(k->Synchronize(timeout()));
+    acc.MarkDirty();
+    s.stats_valid = false;
+    if (p.last && s.owner == rank) {
+      STRATA_ASSIGN_OR_RETURN(kernels::GradStats st, GradStatsAt(Tier::kDevice, a, s.elems));
+      s.sum_sq = st.sum_sq;
+      s.nonfinite = st.nonfinite;
+      s.stats_valid = true;
+    }
+  }
+  return Status::OK();
+}
+
+Result<kernels::GradStats> Engine::Impl::GradStatsAt(Tier tier, const float* grad, size_t n) {
+  kernels::DeviceKernels* k = tier == Tier::kDevice ? DeviceKernelsFor(tier) : nullptr;
+  if (k == nullptr) return kernels::ComputeGradStats(*pool, grad, DType::kF32, n);
+  // Scratch: [the overflow flag, padded to 8 bytes][chunk sums], for the largest sub-group,
+  // allocated once (the device working set's read-back staging covers it).
+  const size_t chunks = (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
+  if (!stats_scratch) {
+    size_t largest = 0;
+    for (const SubGroup& s : subs) largest = std::max(largest, s.elems);
+    const size_t max_chunks = (largest + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
+    STRATA_ASSIGN_OR_RETURN(stats_scratch,
+                            DeviceBuffer::Make(opt.device, sizeof(double) * (1 + max_chunks)));
+  }
+  if (sizeof(double) * (1 + chunks) > stats_scratch.size_bytes()) {
+    return Status::Internal("gradient statistics: " + std::to_string(n) +
+                            " elements exceed the largest sub-group");
+  }
+  auto* base = static_cast<uint8_t*>(stats_scratch.get());
+  STRATA_RETURN_IF_ERROR(k->ChunkSumSquares(grad, DType::kF32, n,
+                                            reinterpret_cast<double*>(base + sizeof(double)),
+                                            reinterpret_cast<bool*>(base)));
+  STRATA_RETURN_IF_ERROR(k->Synchronize(timeout()));
+  std::vector<double> host(1 + chunks);
+  STRATA_RETURN_IF_ERROR(
+      CopySync(CopyDir::kDeviceToHost, host.data(), base, host.size() * sizeof(double)));
+  bool flag = false;
+  std::memcpy(&flag, host.data(), sizeof flag);
+  kernels::ExactSum acc;
+  for (size_t c = 0; c < chunks; ++c) acc.Add(host[1 + c]);
+  kernels::GradStats st;
+  st.nonfinite = acc.nonfinite() || flag;
+  st.sum_sq = st.nonfinite ? std::numeric_limits<double>::infinity() : acc.Value();
+  return st;
+}
+
+Status Engine::Impl::ZeroGradAt(Tier tier, float* grad, size_t n) {
+  if (tier == Tier::kDevice) return ZeroDevice(grad, n * sizeof(float));
+  std::memset(grad, 0, n * sizeof(float));
+  return Status::OK();
+}
+
+Status Engine::Impl::AdamOnDevice(kernels::DeviceKernels& k, const SubGroup& s,
+                                  const kernels::AdamHyper& h, Lease& master, Lease& m, Lease& v,
+                                  const Lease& grad, Lease& param) {
+  uint8_t* out = static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt;
+  kernels::AdamShard shard;
+  shard.master = static_cast<float*>(master.data());
+  shard.exp_avg = static_cast<float*>(m.data());
+  shard.exp_avg_sq = static_cast<float*>(v.data());
+  shard.grad = grad.data();
+  shard.grad_dtype = DType::kF32;
+  shard.n = s.elems;
+  if (dtype != DType::kF32) {
+    shard.param_out = out;
+    shard.param_out_dtype = dtype;
+  }
+  STRATA_RETURN_IF_ERROR(k.AdamStep(h, shard));
+  if (dtype == DType::kF32) {
+    STRATA_RETURN_IF_ERROR(k.Cast(shard.master, DType::kF32, out, DType::kF32, s.elems));
+  }
+  STRATA_RETURN_IF_ERROR(k.Synchronize(timeout()));
+  master.MarkDirty();
+  m.MarkDirty();
+  v.MarkDirty();
+  param.MarkDirty();
+  return Status::OK();
+}
+
+}  // namespace strata

@@ -1,0 +1,349 @@
+// EmulatedDevice: a test device that the host may not address, with kernels
+// (kernels/device_kernels.h) that run the CUDA kernels' per-element code (kernels/cuda_math.h) on
+// the host. It lets CI, without a GPU, drive the engine down the path it takes on CudaDevice:
+// device-resident state computed in place by the device's kernels, every other byte moved through
+// CopyAsync.
+//
+// Memory and copies: a HostDevice underneath (device memory is host RAM under the budget, one
+// copy thread per direction), but host_addressable() is false, so the engine treats its pointers
+// as opaque device memory.
+// Compute stream: one worker thread runs the kernels in FIFO order, each after `kernel_delay`, so a
+// caller that reads results without Synchronize sees stale bytes. The stream is bounded
+// (`max_queued_kernels`; a call blocks for room). While a kernel is queued or running, the memory
+// it touches is checked: a CopyAsync, or a Free of an allocation, overlapping it counts as a
+// violation (violations(): the engine must synchronize first, as on a GPU). FailNextKernel makes
+// the next kernel fail, reported by the next Synchronize (a kernel fault, as a GPU reports one).
+//
+// Exactness: the element code is cuda_math.h's, the arguments those of cuda_kernels.cu
+// (simd::FoldAdamArgs), so results are the CUDA kernels' bits (cuda_kernels.h). Include this only
+// from a file built with -ffp-contract=off (cuda_math.h's host primitives need it).
+//
+// Thread safety: as Device; the counters may be read from any thread.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kernels/adam.h"
+#include "kernels/cuda_math.h"
+#include "kernels/device_kernels.h"
+#include "kernels/elem.h"
+#include "kernels/grad_stats.h"
+#include "kernels/simd.h"
+#include "strata/device.h"
+
+namespace strata::testing {
+
+struct EmulatedDeviceOptions {
+  HostDeviceOptions host;  // the memory budget and the copy streams
+  // How long each kernel waits before it runs: widens the window in which an unsynchronized read
+  // sees stale bytes. Default 100 us.
+  std::chrono::microseconds kernel_delay{100};
+  // Kernels queued on the compute stream before a call blocks for room.
+  size_t max_queued_kernels = 64;
+};
+
+class EmulatedDevice final : public Device, private kernels::DeviceKernels {
+ public:
+  static Result<std::unique_ptr<EmulatedDevice>> Create(const EmulatedDeviceOptions& o) {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> inner, CreateHostDevice(o.host));
+    return std::unique_ptr<EmulatedDevice>(new EmulatedDevice(std::move(inner), o));
+  }
+  ~EmulatedDevice() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  // Kernel calls enqueued, by kind, and Synchronize calls.
+  struct Counts {
+    uint64_t adam = 0, accumulate = 0, chunk_sums = 0, cast = 0, synchronize = 0;
+  };
+  Counts counts() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return counts_;
+  }
+  // Copies and frees that touched memory of a kernel not yet synchronized, with the first one
+  // described.
+  uint64_t violations() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return violations_;
+  }
+  std::string first_violation() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return first_violation_;
+  }
+  void FailNextKernel(Status st) {
+    std::lock_guard<std::mutex> l(mu_);
+    inject_ = std::move(st);
+  }
+
+  // --- Device ---
+  std::string name() const override { return "emulated-device"; }
+  bool host_addressable() const override { return false; }
+  kernels::DeviceKernels* kernels() override { return this; }
+  Result<void*> Allocate(uint64_t size_bytes) override {
+    STRATA_ASSIGN_OR_RETURN(void* p, inner_->Allocate(size_bytes));
+    std::lock_guard<std::mutex> l(mu_);
+    sizes_[reinterpret_cast<uintptr_t>(p)] = size_bytes;
+    return p;
+  }
+  Status Free(void* ptr) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = sizes_.find(reinterpret_cast<uintptr_t>(ptr));
+      if (it != sizes_.end()) {
+        CheckLocked(ptr, it->second, "Free");
+        sizes_.erase(it);
+      }
+    }
+    return inner_->Free(ptr);
+  }
+  Status CopyAsync(CopyDir dir, void* dst, const void* src, uint64_t size_bytes,
+                   CopyCallback done) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      CheckLocked(dir == CopyDir::kHostToDevice ? dst : src, size_bytes, "CopyAsync");
+    }
+    return inner_->CopyAsync(dir, dst, src, size_bytes, std::move(done));
+  }
+  Result<std::unique_ptr<DeviceEvent>> RecordEvent(CopyDir dir) override {
+    return inner_->RecordEvent(dir);
+  }
+  Status Synchronize() override { return inner_->Synchronize(); }
+  Status RegisterHost(void* ptr, uint64_t size_bytes) override {
+    return inner_->RegisterHost(ptr, size_bytes);
+  }
+  Status UnregisterHost(void* ptr) override { return inner_->UnregisterHost(ptr); }
+  DeviceStats stats() const override { return inner_->stats(); }
+
+ private:
+  using Range = std::pair<uintptr_t, uintptr_t>;  // [begin, end)
+  struct Kernel {
+    std::vector<Range> touches;
+    std::function<void()> run;
+  };
+
+  EmulatedDevice(std::unique_ptr<Device> inner, const EmulatedDeviceOptions& o)
+      : inner_(std::move(inner)), opt_(o), worker_([this] { Work(); }) {}
+
+  static Range Span(const void* p, size_t bytes) {
+    const auto b = reinterpret_cast<uintptr_t>(p);
+    return {b, b + bytes};
+  }
+
+  // REQUIRES: mu_ held.
+  void CheckLocked(const void* p, uint64_t bytes, const char* what) {
+    const Range r = Span(p, bytes);
+    for (const auto& k : queue_) {
+      for (const Range& t : k->touches) {
+        if (r.first < t.second && t.first < r.second) {
+          if (violations_++ == 0) {
+            first_violation_ = std::string(what) + " of " + std::to_string(bytes) +
+                               " bytes overlaps a kernel not yet synchronized";
+          }
+          return;
+        }
+      }
+    }
+  }
+
+  Status Enqueue(std::vector<Range> touches, std::function<void()> run, uint64_t Counts::*count) {
+    auto k = std::make_unique<Kernel>(Kernel{std::move(touches), std::move(run)});
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return queue_.size() < opt_.max_queued_kernels; });
+    ++(counts_.*count);
+    queue_.push_back(std::move(k));
+    cv_.notify_all();
+    return Status::OK();
+  }
+
+  void Work() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      Kernel* k = queue_.front().get();
+      Status fault = std::exchange(inject_, Status::OK());
+      l.unlock();
+      std::this_thread::sleep_for(opt_.kernel_delay);
+      if (fault.ok()) k->run();  // a faulting kernel writes nothing
+      l.lock();
+      if (!fault.ok() && fault_.ok()) fault_ = fault;
+      queue_.pop_front();
+      cv_.notify_all();
+    }
+  }
+
+  // --- DeviceKernels: cuda_kernels.cu's validation and element code, on the host ---
+  Status AdamStep(const kernels::AdamHyper& hyper, const kernels::AdamShard& shard) override {
+    STRATA_RETURN_IF_ERROR(kernels::ValidateAdam(hyper, shard));
+    const kernels::simd::AdamArgs a = kernels::simd::FoldAdamArgs(hyper, shard);
+    const size_t n = shard.n;
+    std::vector<Range> touches = {Span(a.master, n * 4), Span(a.exp_avg, n * 4),
+                                  Span(a.exp_avg_sq, n * 4),
+                                  Span(a.grad, n * DTypeSize(shard.grad_dtype))};
+    if (a.param_out != nullptr) touches.push_back(Span(a.param_out, n * 2));
+    return Enqueue(
+        std::move(touches),
+        [a, n] {
+          for (size_t i = 0; i < n; ++i) {
+            float p = a.master[i], m = a.exp_avg[i], v = a.exp_avg_sq[i];
+            const float g = LoadAny(a.grad_elem, a.grad, i);
+            if (a.l2) {
+              kernels::cuda_math::AdamElement<true>(a, g, p, m, v);
+            } else {
+              kernels::cuda_math::AdamElement<false>(a, g, p, m, v);
+            }
+            a.master[i] = p;
+            a.exp_avg[i] = m;
+            a.exp_avg_sq[i] = v;
+            if (a.out_elem != kernels::simd::kElemNone) {
+              static_cast<uint16_t*>(a.param_out)[i] = NarrowAny(a.out_elem, p);
+            }
+          }
+        },
+        &Counts::adam);
+  }
+
+  Status AccumulateGrad(float* acc, const void* grad, DType grad_dtype, float scale, bool overwrite,
+                        size_t n) override {
+    const int elem = kernels::ElemOf(grad_dtype);
+    if (elem < 0) return Status::InvalidArgument("emulated accumulate grad: bad grad dtype");
+    if (!std::isfinite(scale)) return Status::InvalidArgument("emulated accumulate: scale");
+    if (n > 0 && (acc == nullptr || grad == nullptr)) {
+      return Status::InvalidArgument("emulated accumulate grad: null acc or grad with n > 0");
+    }
+    return Enqueue(
+        {Span(acc, n * 4), Span(grad, n * DTypeSize(grad_dtype))},
+        [=] {
+          for (size_t i = 0; i < n; ++i) {
+            const float g = LoadAny(elem, grad, i);
+            acc[i] = overwrite ? kernels::cuda_math::OverwriteElement(g, scale)
+                               : kernels::cuda_math::AccumulateElement(acc[i], g, scale);
+          }
+        },
+        &Counts::accumulate);
+  }
+
+  Status ChunkSumSquares(const void* grad, DType dtype, size_t n, double* chunk_sums,
+                         bool* nonfinite) override {
+    const int elem = kernels::ElemOf(dtype);
+    if (elem < 0) return Status::InvalidArgument("emulated chunk sum squares: bad dtype");
+    if (nonfinite == nullptr) return Status::InvalidArgument("emulated chunk sums: null flag");
+    if (n > 0 && (grad == nullptr || chunk_sums == nullptr)) {
+      return Status::InvalidArgument("emulated chunk sum squares: null grad or sums with n > 0");
+    }
+    const size_t chunks = (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
+    return Enqueue(
+        {Span(grad, n * DTypeSize(dtype)), Span(chunk_sums, chunks * 8), Span(nonfinite, 1)},
+        [=] {
+          *nonfinite = false;
+          for (size_t c = 0; c < chunks; ++c) {
+            const size_t begin = c * kernels::kStatsChunk;
+            const size_t count = std::min(kernels::kStatsChunk, n - begin);
+            double lanes[kernels::cuda_math::kChunkLanes];
+            for (int j = 0; j < kernels::cuda_math::kChunkLanes; ++j) {
+              lanes[j] = LaneSum(elem, grad, begin, count, j);
+            }
+            chunk_sums[c] = kernels::cuda_math::CombineChunkLanes(lanes);
+            if (!std::isfinite(chunk_sums[c])) *nonfinite = true;
+          }
+        },
+        &Counts::chunk_sums);
+  }
+
+  Status Cast(const void* in, DType in_dtype, void* out, DType out_dtype, size_t n) override {
+    if (n > 0 && (in == nullptr || out == nullptr)) {
+      return Status::InvalidArgument("emulated cast: null input or output with n > 0");
+    }
+    const int from = kernels::ElemOf(in_dtype), to = kernels::ElemOf(out_dtype);
+    const bool same = in_dtype == out_dtype;
+    const bool narrow = from == kernels::simd::kElemF32 && to > 0;
+    const bool widen = to == kernels::simd::kElemF32 && from > 0;
+    if (!same && !narrow && !widen) {
+      return Status::InvalidArgument("emulated cast: unsupported conversion " +
+                                     std::string(DTypeName(in_dtype)) + " -> " +
+                                     std::string(DTypeName(out_dtype)));
+    }
+    return Enqueue(
+        {Span(in, n * DTypeSize(in_dtype)), Span(out, n * DTypeSize(out_dtype))},
+        [=] {
+          if (same) {
+            std::memcpy(out, in, n * DTypeSize(in_dtype));
+          } else if (narrow) {
+            for (size_t i = 0; i < n; ++i) {
+              static_cast<uint16_t*>(out)[i] = NarrowAny(to, static_cast<const float*>(in)[i]);
+            }
+          } else {
+            for (size_t i = 0; i < n; ++i) static_cast<float*>(out)[i] = LoadAny(from, in, i);
+          }
+        },
+        &Counts::cast);
+  }
+
+  Status Synchronize(std::chrono::nanoseconds timeout) override {
+    std::unique_lock<std::mutex> l(mu_);
+    ++counts_.synchronize;
+    if (!cv_.wait_for(l, timeout, [&] { return queue_.empty(); })) {
+      return Status::DeadlineExceeded("emulated device: kernel synchronize timed out");
+    }
+    return std::exchange(fault_, Status::OK());
+  }
+
+  static float LoadAny(int elem, const void* p, size_t i) {
+    switch (elem) {
+      case kernels::simd::kElemBF16:
+        return kernels::cuda_math::LoadElem<kernels::simd::kElemBF16>(p, i);
+      case kernels::simd::kElemF16:
+        return kernels::cuda_math::LoadElem<kernels::simd::kElemF16>(p, i);
+      default:
+        return kernels::cuda_math::LoadElem<kernels::simd::kElemF32>(p, i);
+    }
+  }
+  static uint16_t NarrowAny(int elem, float x) {
+    return elem == kernels::simd::kElemBF16
+               ? kernels::cuda_math::Narrow<kernels::simd::kElemBF16>(x)
+               : kernels::cuda_math::Narrow<kernels::simd::kElemF16>(x);
+  }
+  static double LaneSum(int elem, const void* g, size_t begin, size_t count, int lane) {
+    switch (elem) {
+      case kernels::simd::kElemBF16:
+        return kernels::cuda_math::ChunkLaneSum<kernels::simd::kElemBF16>(g, begin, count, lane);
+      case kernels::simd::kElemF16:
+        return kernels::cuda_math::ChunkLaneSum<kernels::simd::kElemF16>(g, begin, count, lane);
+      default:
+        return kernels::cuda_math::ChunkLaneSum<kernels::simd::kElemF32>(g, begin, count, lane);
+    }
+  }
+
+  std::unique_ptr<Device> inner_;
+  const EmulatedDeviceOptions opt_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Kernel>> queue_;  // FIFO, unfinished; the front is the one running
+  std::map<uintptr_t, uint64_t> sizes_;        // live allocations
+  Counts counts_;
+  uint64_t violations_ = 0;
+  std::string first_violation_;
+  Status inject_, fault_;
+  bool stop_ = false;
+  std::thread worker_;  // last: starts once everything above is constructed
+};
+
+}  // namespace strata::testing

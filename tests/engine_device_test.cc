@@ -1,0 +1,204 @@
+// The engine's device path without a GPU: EmulatedDevice (emulated_device.h) is a device the
+// host may not address whose kernels run the CUDA kernels' element code on the host, so these
+// tests drive exactly the path CudaDevice takes (device-resident gradients, norms and Adam run by
+// Device::kernels(), in place) and prove it gives the same bits as HostDevice, whose state the
+// CPU SIMD kernels update.
+//
+// Bit equality holds where the CPU kernels round as the CUDA kernels do (cuda_kernels.h): the
+// fused Adam on an FMA target, the chunk sums of squares on the AVX2 target (AVX-512 adds its
+// lanes in another order). The comparison therefore forces the AVX2 target for both runs and is
+// skipped, saying so, on a CPU without it. The other tests need no particular CPU.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "emulated_device.h"
+#include "engine_test_model.h"
+#include "kernels/targets.h"
+
+namespace strata::testing {
+namespace {
+
+std::string Config(int stage, const char* opt, const char* param, const std::string& precision,
+                   double clip) {
+  return std::string(R"({"train_micro_batch_size_per_gpu": 3,
+  "gradient_clipping": )") +
+         std::to_string(clip) + R"(,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+  "bf16": {"enabled": )" +
+         (precision == "bf16" ? "true" : "false") + R"(},
+  "fp16": {"enabled": )" +
+         (precision == "fp16" ? "true" : "false") + R"(, "initial_scale_power": 8},
+  "zero_optimization": {"stage": )" +
+         std::to_string(stage) + R"(, "sub_group_size": 256,
+    "stage3_param_persistence_threshold": 64,
+    "offload_optimizer": {"device": ")" +
+         opt + R"(", "nvme_path": "/tmp"},
+    "offload_param": {"device": ")" +
+         param + R"(", "nvme_path": "/tmp"}}})";
+}
+
+// One emulated device per rank, kept after the run for its counters.
+struct Devices {
+  std::vector<std::unique_ptr<EmulatedDevice>> per_rank;
+  EmulatedDevice::Counts Total() const {
+    EmulatedDevice::Counts t;
+    for (const auto& d : per_rank) {
+      const EmulatedDevice::Counts c = d->counts();
+      t.adam += c.adam;
+      t.accumulate += c.accumulate;
+      t.chunk_sums += c.chunk_sums;
+      t.cast += c.cast;
+      t.synchronize += c.synchronize;
+    }
+    return t;
+  }
+  uint64_t Violations(std::string* first) const {
+    uint64_t v = 0;
+    for (const auto& d : per_rank) {
+      if (d->violations() > 0 && first->empty()) *first = d->first_violation();
+      v += d->violations();
+    }
+    return v;
+  }
+};
+
+// Makes `spec` run on emulated devices (world of them).
+void UseEmulated(RunSpec& spec, Devices& devices) {
+  for (int r = 0; r < spec.world; ++r) {
+    EmulatedDeviceOptions o;
+    o.host.budget_bytes = spec.device_budget;
+    auto d = EmulatedDevice::Create(o);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    devices.per_rank.push_back(std::move(*d));
+  }
+  spec.device = [&devices](int r) -> Device* { return devices.per_rank[r].get(); };
+}
+
+// Forces a kernel target for the scope (0: none to force).
+class ForcedTarget {
+ public:
+  explicit ForcedTarget(int64_t target) { kernels::ForceTargetForTest(target); }
+  ~ForcedTarget() { kernels::ForceTargetForTest(0); }
+};
+
+std::optional<int64_t> Avx2Target() {
+  for (int64_t t : kernels::SupportedKernelTargets()) {
+    if (kernels::KernelTargetName(t) == "AVX2") return t;
+  }
+  return std::nullopt;
+}
+
+// Device-resident state goes through the device's kernels, offloaded state does not, nothing
+// copies or frees memory under a running kernel, and training still converges to the fp32
+// reference (any CPU).
+TEST(EngineDevice, DeviceResidentStateRunsOnTheDeviceKernels) {
+  struct Case {
+    int stage;
+    const char* opt;
+    const char* param;
+    bool on_device;  // the optimizer state's home is the device
+  };
+  for (const Case c : {Case{3, "none", "none", true}, Case{2, "cpu", "none", false}}) {
+    SCOPED_TRACE("stage " + std::to_string(c.stage) + " opt " + c.opt);
+    RunSpec spec;
+    spec.config_json = Config(c.stage, c.opt, c.param, "fp32", 0.0);
+    Devices devices;
+    UseEmulated(spec, devices);
+    RunResult res = RunEngine(spec);
+    ASSERT_TRUE(res.status.ok()) << res.status.ToString();
+    const EmulatedDevice::Counts n = devices.Total();
+    std::string first;
+    EXPECT_EQ(devices.Violations(&first), 0u) << first;
+    uint64_t subs = 0;
+    for (const EngineLayout& l : res.layouts) subs += l.sub_groups;
+    if (c.on_device) {
+      // One Adam and one fp32 param copy per sub-group and step; one accumulation per sub-group,
+      // micro-step and step; a chunk-sum pass per owned sub-group and step.
+      EXPECT_EQ(n.adam, subs * spec.steps);
+      EXPECT_EQ(n.cast, subs * spec.steps);
+      EXPECT_EQ(n.accumulate, subs * spec.steps);
+      EXPECT_EQ(n.chunk_sums, subs * spec.steps);
+    } else {
+      EXPECT_EQ(n.adam + n.accumulate + n.chunk_sums + n.cast, 0u);
+    }
+    const auto ref = RunReference(1, spec.steps, 1, 0.01f, 0.01f);
+    const auto init = RunReference(1, 0, 1, 0.01f, 0.01f);
+    EXPECT_LT(RelativeUpdateError(res.master, ref, init), 1e-4);
+    EXPECT_FALSE(BitEqual(res.master, init));  // training moved the weights
+  }
+}
+
+// The device path gives HostDevice's bits at stages 0-3, every precision, with clipping (so the
+// norm's chunk sums matter) and with state on the device, the host, or split between them.
+TEST(EngineDevice, SameBitsAsHostDeviceOnFmaTargets) {
+  const std::optional<int64_t> avx2 = Avx2Target();
+  if (!avx2) {
+    GTEST_SKIP() << "this CPU has no AVX2 kernel target: its CPU kernels round differently from "
+                    "the device kernels (kernels/cuda_kernels.h), so bit equality is not expected";
+  }
+  ForcedTarget forced(*avx2);
+  struct Case {
+    int world, stage;
+    const char* opt;
+    const char* param;
+  };
+  const Case cases[] = {{1, 0, "none", "none"}, {1, 1, "none", "none"}, {1, 2, "none", "none"},
+                        {1, 3, "none", "none"}, {1, 3, "none", "cpu"},  {1, 2, "cpu", "none"},
+                        {2, 0, "none", "none"}, {2, 3, "none", "none"}};
+  for (const std::string precision : {"fp32", "bf16", "fp16"}) {
+    for (const Case& c : cases) {
+      const std::string what = precision + " world " + std::to_string(c.world) + " stage " +
+                               std::to_string(c.stage) + " opt " + c.opt + " param " + c.param;
+      SCOPED_TRACE(what);
+      RunSpec spec;
+      spec.world = c.world;
+      spec.config_json = Config(c.stage, c.opt, c.param, precision, 0.5);
+      RunResult host = RunEngine(spec);
+      ASSERT_TRUE(host.status.ok()) << host.status.ToString();
+      Devices devices;
+      UseEmulated(spec, devices);
+      RunResult dev = RunEngine(spec);
+      ASSERT_TRUE(dev.status.ok()) << dev.status.ToString();
+      EXPECT_TRUE(BitEqual(dev.master, host.master));
+      ASSERT_EQ(dev.reports.size(), host.reports.size());
+      for (size_t i = 0; i < host.reports.size(); ++i) {
+        EXPECT_EQ(
+            0, std::memcmp(&dev.reports[i].grad_norm, &host.reports[i].grad_norm, sizeof(double)))
+            << "step " << i << ": " << dev.reports[i].grad_norm << " vs "
+            << host.reports[i].grad_norm;
+        EXPECT_EQ(dev.reports[i].loss_scale, host.reports[i].loss_scale);
+        EXPECT_EQ(dev.reports[i].skipped, host.reports[i].skipped);
+      }
+      if (std::string(c.opt) == "none") {
+        EXPECT_GT(devices.Total().adam, 0u);
+      }
+      std::string first;
+      EXPECT_EQ(devices.Violations(&first), 0u) << first;
+    }
+  }
+}
+
+// A kernel fault (here in the first gradient accumulation of step 1) fails the engine with the
+// device's error.
+TEST(EngineDevice, KernelFaultFailsTheEngine) {
+  RunSpec spec;
+  spec.config_json = Config(2, "none", "none", "bf16", 0.0);
+  Devices devices;
+  UseEmulated(spec, devices);
+  spec.before_step = [&devices](int r, int step, Engine&) {
+    if (step == 1) devices.per_rank[r]->FailNextKernel(Status::Internal("injected kernel fault"));
+  };
+  RunResult res = RunEngine(spec);
+  ASSERT_FALSE(res.status.ok());
+  EXPECT_NE(res.status.ToString().find("injected kernel fault"), std::string::npos)
+      << res.status.ToString();
+}
+
+}  // namespace
+}  // namespace strata::testing
