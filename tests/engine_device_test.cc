@@ -25,9 +25,11 @@ namespace strata::testing {
 namespace {
 
 std::string Config(int stage, const char* opt, const char* param, const std::string& precision,
-                   double clip) {
+                   double clip, int gas = 1) {
   return std::string(R"({"train_micro_batch_size_per_gpu": 3,
-  "gradient_clipping": )") +
+  "gradient_accumulation_steps": )") +
+         std::to_string(gas) + R"(,
+  "gradient_clipping": )" +
          std::to_string(clip) + R"(,
   "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
   "bf16": {"enabled": )" +
@@ -147,18 +149,21 @@ TEST(EngineDevice, SameBitsAsHostDeviceOnFmaTargets) {
     int world, stage;
     const char* opt;
     const char* param;
+    int gas;  // gradient_accumulation_steps: 3 accumulates with an inexact scale (1/3)
   };
-  const Case cases[] = {{1, 0, "none", "none"}, {1, 1, "none", "none"}, {1, 2, "none", "none"},
-                        {1, 3, "none", "none"}, {1, 3, "none", "cpu"},  {1, 2, "cpu", "none"},
-                        {2, 0, "none", "none"}, {2, 3, "none", "none"}};
+  const Case cases[] = {{1, 0, "none", "none", 1}, {1, 1, "none", "none", 3},
+                        {1, 2, "none", "none", 1}, {1, 3, "none", "none", 3},
+                        {1, 3, "none", "cpu", 1},  {1, 2, "cpu", "none", 3},
+                        {2, 0, "none", "none", 1}, {2, 3, "none", "none", 3}};
   for (const std::string precision : {"fp32", "bf16", "fp16"}) {
     for (const Case& c : cases) {
-      const std::string what = precision + " world " + std::to_string(c.world) + " stage " +
-                               std::to_string(c.stage) + " opt " + c.opt + " param " + c.param;
-      SCOPED_TRACE(what);
+      SCOPED_TRACE(precision + " world " + std::to_string(c.world) + " stage " +
+                   std::to_string(c.stage) + " opt " + c.opt + " param " + c.param + " gas " +
+                   std::to_string(c.gas));
       RunSpec spec;
       spec.world = c.world;
-      spec.config_json = Config(c.stage, c.opt, c.param, precision, 0.5);
+      spec.gas = c.gas;
+      spec.config_json = Config(c.stage, c.opt, c.param, precision, 0.5, c.gas);
       RunResult host = RunEngine(spec);
       ASSERT_TRUE(host.status.ok()) << host.status.ToString();
       Devices devices;
