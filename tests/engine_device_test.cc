@@ -4,10 +4,8 @@
 // Device::kernels(), in place) and prove it gives the same bits as HostDevice, whose state the
 // CPU SIMD kernels update.
 //
-// Bit equality holds where the CPU kernels round as the CUDA kernels do (cuda_kernels.h): the
-// fused Adam on an FMA target, the chunk sums of squares on the AVX2 target (AVX-512 adds its
-// lanes in another order). The comparison therefore forces the AVX2 target for both runs and is
-// skipped, saying so, on a CPU without it. The other tests need no particular CPU.
+// The bit comparison needs the AVX2 CPU target (device_equivalence.h) and is skipped, saying so,
+// without it; the other tests need no particular CPU.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -17,33 +15,12 @@
 #include <tuple>
 #include <vector>
 
+#include "device_equivalence.h"
 #include "emulated_device.h"
 #include "engine_test_model.h"
-#include "kernels/targets.h"
 
 namespace strata::testing {
 namespace {
-
-std::string Config(int stage, const char* opt, const char* param, const std::string& precision,
-                   double clip, int gas = 1) {
-  return std::string(R"({"train_micro_batch_size_per_gpu": 3,
-  "gradient_accumulation_steps": )") +
-         std::to_string(gas) + R"(,
-  "gradient_clipping": )" +
-         std::to_string(clip) + R"(,
-  "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
-  "bf16": {"enabled": )" +
-         (precision == "bf16" ? "true" : "false") + R"(},
-  "fp16": {"enabled": )" +
-         (precision == "fp16" ? "true" : "false") + R"(, "initial_scale_power": 8},
-  "zero_optimization": {"stage": )" +
-         std::to_string(stage) + R"(, "sub_group_size": 256,
-    "stage3_param_persistence_threshold": 64,
-    "offload_optimizer": {"device": ")" +
-         opt + R"(", "nvme_path": "/tmp"},
-    "offload_param": {"device": ")" +
-         param + R"(", "nvme_path": "/tmp"}}})";
-}
 
 // One emulated device per rank, kept after the run for its counters.
 struct Devices {
@@ -82,20 +59,6 @@ void UseEmulated(RunSpec& spec, Devices& devices) {
   spec.device = [&devices](int r) -> Device* { return devices.per_rank[r].get(); };
 }
 
-// Forces a kernel target for the scope (0: none to force).
-class ForcedTarget {
- public:
-  explicit ForcedTarget(int64_t target) { kernels::ForceTargetForTest(target); }
-  ~ForcedTarget() { kernels::ForceTargetForTest(0); }
-};
-
-std::optional<int64_t> Avx2Target() {
-  for (int64_t t : kernels::SupportedKernelTargets()) {
-    if (kernels::KernelTargetName(t) == "AVX2") return t;
-  }
-  return std::nullopt;
-}
-
 // Device-resident state goes through the device's kernels, offloaded state does not, nothing
 // copies or frees memory under a running kernel, and training still converges to the fp32
 // reference (any CPU).
@@ -109,7 +72,7 @@ TEST(EngineDevice, DeviceResidentStateRunsOnTheDeviceKernels) {
   for (const Case c : {Case{3, "none", "none", true}, Case{2, "cpu", "none", false}}) {
     SCOPED_TRACE("stage " + std::to_string(c.stage) + " opt " + c.opt);
     RunSpec spec;
-    spec.config_json = Config(c.stage, c.opt, c.param, "fp32", 0.0);
+    spec.config_json = DeviceCaseConfig(c.stage, c.opt, c.param, "fp32", 0.0, 1);
     Devices devices;
     UseEmulated(spec, devices);
     RunResult res = RunEngine(spec);
@@ -140,48 +103,23 @@ TEST(EngineDevice, DeviceResidentStateRunsOnTheDeviceKernels) {
 // norm's chunk sums matter) and with state on the device, the host, or split between them.
 TEST(EngineDevice, SameBitsAsHostDeviceOnFmaTargets) {
   const std::optional<int64_t> avx2 = Avx2Target();
-  if (!avx2) {
-    GTEST_SKIP() << "this CPU has no AVX2 kernel target: its CPU kernels round differently from "
-                    "the device kernels (kernels/cuda_kernels.h), so bit equality is not expected";
-  }
+  if (!avx2) GTEST_SKIP() << kNoAvx2;
   ForcedTarget forced(*avx2);
-  struct Case {
-    int world, stage;
-    const char* opt;
-    const char* param;
-    int gas;  // gradient_accumulation_steps: 3 accumulates with an inexact scale (1/3)
-  };
-  const Case cases[] = {{1, 0, "none", "none", 1}, {1, 1, "none", "none", 3},
-                        {1, 2, "none", "none", 1}, {1, 3, "none", "none", 3},
-                        {1, 3, "none", "cpu", 1},  {1, 2, "cpu", "none", 3},
-                        {2, 0, "none", "none", 1}, {2, 3, "none", "none", 3}};
-  for (const std::string precision : {"fp32", "bf16", "fp16"}) {
-    for (const Case& c : cases) {
-      SCOPED_TRACE(precision + " world " + std::to_string(c.world) + " stage " +
-                   std::to_string(c.stage) + " opt " + c.opt + " param " + c.param + " gas " +
-                   std::to_string(c.gas));
-      RunSpec spec;
-      spec.world = c.world;
-      spec.gas = c.gas;
-      spec.config_json = Config(c.stage, c.opt, c.param, precision, 0.5, c.gas);
+  for (const std::string precision : kDevicePrecisions) {
+    for (const DeviceCase& c : kDeviceCases) {
+      SCOPED_TRACE(c.Name(precision));
+      RunSpec spec = c.Spec(precision);
       RunResult host = RunEngine(spec);
       ASSERT_TRUE(host.status.ok()) << host.status.ToString();
       Devices devices;
       UseEmulated(spec, devices);
       RunResult dev = RunEngine(spec);
       ASSERT_TRUE(dev.status.ok()) << dev.status.ToString();
-      EXPECT_TRUE(BitEqual(dev.master, host.master));
-      ASSERT_EQ(dev.reports.size(), host.reports.size());
-      for (size_t i = 0; i < host.reports.size(); ++i) {
-        EXPECT_EQ(
-            0, std::memcmp(&dev.reports[i].grad_norm, &host.reports[i].grad_norm, sizeof(double)))
-            << "step " << i << ": " << dev.reports[i].grad_norm << " vs "
-            << host.reports[i].grad_norm;
-        EXPECT_EQ(dev.reports[i].loss_scale, host.reports[i].loss_scale);
-        EXPECT_EQ(dev.reports[i].skipped, host.reports[i].skipped);
-      }
-      if (std::string(c.opt) == "none") {
+      ExpectSameRun(dev, host);
+      if (c.optimizer_on_device()) {
         EXPECT_GT(devices.Total().adam, 0u);
+      } else {
+        EXPECT_EQ(devices.Total().adam, 0u);
       }
       std::string first;
       EXPECT_EQ(devices.Violations(&first), 0u) << first;
@@ -193,7 +131,7 @@ TEST(EngineDevice, SameBitsAsHostDeviceOnFmaTargets) {
 // device's error.
 TEST(EngineDevice, KernelFaultFailsTheEngine) {
   RunSpec spec;
-  spec.config_json = Config(2, "none", "none", "bf16", 0.0);
+  spec.config_json = DeviceCaseConfig(2, "none", "none", "bf16", 0.0, 1);
   Devices devices;
   UseEmulated(spec, devices);
   spec.before_step = [&devices](int r, int step, Engine&) {
