@@ -46,6 +46,11 @@
 //     loss_scale x max(1, ((norm / loss_scale) + 1e-6) / gradient_clipping); the fused SIMD Adam
 //     (kernels/adam.h) applies 1 / combined scale, weight decay and the update in one pass and
 //     emits the new 16-bit params; stage 1-2 then all-gather the updated shards.
+//   - device-resident state (home: the device) on a device the host cannot address (CudaDevice)
+//     is computed there, in place, by the device's kernels (Device::kernels(): accumulation,
+//     chunk sums of squares, Adam with its param output, casts; the same formula and roundings),
+//     never staged through the host; only the chunk sums cross. On HostDevice the CPU kernels
+//     run on its memory.
 //   - averaging: the reduction predivides by the world size when prescale_gradients is set or
 //     gradient_predivide_factor equals the world size; otherwise it sums and the post-scale is
 //     gradient_predivide_factor / world_size (DeepSpeed's default: 1 / world_size).
