@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -125,6 +126,29 @@ TEST(EngineDevice, SameBitsAsHostDeviceOnFmaTargets) {
       EXPECT_EQ(devices.Violations(&first), 0u) << first;
     }
   }
+}
+
+// An Inf gradient on the device is seen by the device's chunk sums: the fp16 step is skipped and
+// the scale halved exactly as on HostDevice.
+TEST(EngineDevice, OverflowOnTheDeviceSkipsTheStepAsOnTheHost) {
+  RunSpec spec;
+  spec.config_json = DeviceCaseConfig(2, "none", "none", "fp16", 0.0, 1);
+  spec.tamper = [](int, int step, int, Grads* g) {
+    if (step == 1) g->W1[7] = std::numeric_limits<float>::infinity();
+  };
+  RunResult host = RunEngine(spec);
+  ASSERT_TRUE(host.status.ok()) << host.status.ToString();
+  Devices devices;
+  UseEmulated(spec, devices);
+  RunResult dev = RunEngine(spec);
+  ASSERT_TRUE(dev.status.ok()) << dev.status.ToString();
+  ASSERT_EQ(dev.reports.size(), 3u);
+  EXPECT_FALSE(dev.reports[0].skipped);
+  EXPECT_TRUE(dev.reports[1].skipped);
+  EXPECT_LT(dev.reports[2].loss_scale, dev.reports[1].loss_scale);
+  EXPECT_EQ(dev.reports[1].skipped, host.reports[1].skipped);
+  EXPECT_EQ(dev.reports[2].loss_scale, host.reports[2].loss_scale);
+  EXPECT_GT(devices.Total().chunk_sums, 0u);
 }
 
 // A kernel fault (here in the first gradient accumulation of step 1) fails the engine with the

@@ -56,7 +56,7 @@ Result<kernels::GradStats> Engine::Impl::GradStatsAt(Tier tier, const float* gra
   kernels::DeviceKernels* k = tier == Tier::kDevice ? DeviceKernelsFor(tier) : nullptr;
   if (k == nullptr) return kernels::ComputeGradStats(*pool, grad, DType::kF32, n);
   // Scratch: [the overflow flag, padded to 8 bytes][chunk sums], for the largest sub-group,
-  // allocated once (the device working set's read-back staging covers it).
+  // allocated once: 8 bytes per kStatsChunk (4096) elements.
   const size_t chunks = (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
   if (!stats_scratch) {
     size_t largest = 0;

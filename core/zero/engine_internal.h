@@ -155,7 +155,8 @@ struct Engine::Impl {
   // Records `st` as the engine's failure (the first one wins), aborts the communicator; returns
   // `st` for chaining.
   Status Fail(Status st);
-  // Where the engine computes on a state whose home is `home`: host memory it can address.
+  // Where the CPU computes on (or copies) a state whose home is `home`: host memory it can
+  // address. Device-resident state that the device's kernels compute: DeviceKernelsFor.
   Tier ComputeTier(Tier home) const;
   // Blocking copies through the device's streams (host <-> device).
   Status CopySync(CopyDir dir, void* dst, const void* src, uint64_t bytes);
