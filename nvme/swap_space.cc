@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cassert>
 #include <cerrno>
@@ -14,6 +13,7 @@
 
 #include "nvme/io_drain.h"
 #include "nvme/leftovers.h"
+#include "nvme/unit_hash.h"
 
 namespace strata::nvme {
 
@@ -367,7 +367,7 @@ void SwapSpace::Pump() {
         char* data = static_cast<char*>(s.op.buffer) + unit.block_offset;
         // The write's sum of this unit, taken just before it goes out (pair assertion with the
         // verify as a read's unit completes). A running write is alone on its block.
-        if (s.op.op == IoOp::kWrite) b.pending_sums[u] = XXH3_64bits(data, unit.length_bytes);
+        if (s.op.op == IoOp::kWrite) b.pending_sums[u] = UnitHash(data, unit.length_bytes);
         batch_.push_back(IoRequest{s.op.op, fds_[unit.file], unit.offset, data, unit.length_bytes,
                                    UnitTag(slot, u)});
       }
@@ -444,7 +444,7 @@ Status SwapSpace::VerifyUnit(const OpSlot& s, size_t u) const {
   if (b.state != Block::State::kValid) return Status::OK();
   const Unit& unit = b.units[u];
   const char* data = static_cast<const char*>(s.op.buffer) + unit.block_offset;
-  if (XXH3_64bits(data, unit.length_bytes) == b.unit_sums[u]) return Status::OK();
+  if (UnitHash(data, unit.length_bytes) == b.unit_sums[u]) return Status::OK();
   return Status::Corruption(BlockName(b.id) + ": checksum mismatch in stripe unit " +
                             std::to_string(u) + " (" + std::to_string(unit.length_bytes) +
                             " bytes from '" + file_paths_[unit.file] + "' offset " +
