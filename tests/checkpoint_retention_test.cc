@@ -72,10 +72,10 @@ TEST(CheckpointRetention, TagsBeyondKeepsTheNewestAndNeverTheProtectedOne) {
   EXPECT_EQ(ckpt::TagsBeyond(all, 1, 0, "a"), (std::vector<std::string>{"b", "c"}));
 }
 
-// Six steps saved after every one with keep_last 2: two checkpoints remain, the third save on
-// reuses the files of the one it retires (same inode per rank), no scratch directory is left, and
-// a run resumed from `latest` ends bit-identical to the uninterrupted one. Two ranks, so every
-// rank recycles its own file.
+// Four steps saved after every one with keep_last 2: two checkpoints remain, each save from the
+// third on reuses the files of the one it retires (same inode per rank), no scratch directory is
+// left, and a run resumed from `latest` for steps 4..5 ends bit-identical to the uninterrupted
+// six-step run. Two ranks, so every rank recycles its own file.
 TEST(CheckpointRetention, RecycledSavesResumeBitIdentical) {
   const std::string dir = UniqueTestDir("ckpt_keep");
   RunSpec base;
