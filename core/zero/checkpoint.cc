@@ -8,7 +8,10 @@
 // ahead of the writer, as many as fit a window of depth x chunk bytes (at most half the host
 // budget free at the start), so the swap reads overlap the checkpoint writes. Host memory used:
 // the window (inside the store's budget) plus the writer's depth x chunk staging buffers; never
-// the shard.
+// the shard. With SaveOptions keep_last, a save that will retire the oldest checkpoint takes its
+// rank files instead of creating new ones (rank 0 moves it into `<tag>.tmp/recycled/` first;
+// each rank overwrites its old file in place), and retires what is beyond keep_last after the
+// commit (core/zero/checkpoint_retention.h).
 //
 // Load does the reverse in the same order (per group: param16, then master32, exp_avg,
 // exp_avg_sq of the sub-groups ascending: the rank files' order), reading through StreamReaders
