@@ -60,7 +60,7 @@ struct GatheredCopy {
 struct PendingReduce {
   size_t group = 0;
   DeviceBuffer full;   // the trainer's gradients; stage 0: then the all-gathered reduction
-  DeviceBuffer shard;  // the reduce-scatter output (this rank's shard)
+  DeviceBuffer shard;  // the reduce-scatter output (this rank's shard); empty at world size 1
   std::vector<CommHandle> handles;
   // qgZ: the quantized reduce-scatter running on its own thread (after the previous one).
   std::shared_future<Status> async;
@@ -199,9 +199,9 @@ struct Engine::Impl {
   Status Accumulate(zero::PendingReduce& p);
 
   // The reduced gradient of sub-group s in pending reduction p (device memory): this rank's
-  // shard (stage 1-3) or the all-gathered full group (stage 0).
+  // shard (stage 1-3); stage 0 and one rank (no shard): the full buffer.
   const uint8_t* ReducedGrad(const zero::PendingReduce& p, const zero::SubGroup& s) const {
-    return placement.optimizer_partitioned
+    return placement.optimizer_partitioned && p.shard
                ? static_cast<const uint8_t*>(p.shard.get()) + s.offset * elt
                : static_cast<const uint8_t*>(p.full.get()) + FullOffset(s) * elt;
   }
