@@ -102,6 +102,41 @@ TEST(BenchEngineCli, NvmeRunCarriesTheIssuesFigures) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
 
+// --save-dir: the run saves a checkpoint after its steps and loads it back; the JSON reports the
+// times, the bytes (all the files it wrote) and their ratios to the disk measured under the
+// directory, and `offloadctl ckpt verify` accepts what it wrote.
+TEST(BenchEngineCli, SaveDirReportsCheckpointFiguresAndVerifies) {
+  strata::testing::TempDir dir("bench-engine-save");
+  const std::string save = dir.path() + "/ckpt";
+  const ProcessResult r = Bench(std::string(kTiny) +
+                                "--stage 3 --offload-optimizer nvme --offload-param nvme "
+                                "--disk-size 8M --json --nvme-path " +
+                                dir.path() + " --save-dir " + save);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = Json(r);
+  ASSERT_TRUE(j.contains("checkpoint")) << j;
+  const nlohmann::json& c = j["checkpoint"];
+  for (const char* k : {"save_s", "load_s", "bytes", "save_vs_disk_write", "load_vs_disk_read"}) {
+    ASSERT_TRUE(c.contains(k)) << k << " " << c;
+    EXPECT_GT(c[k].get<double>(), 0.0) << k << " " << c;
+  }
+  // About 2M params (the layers' shapes round it) of at least 3 x 4 bytes each (master, Adam m
+  // and v) besides the 16-bit params.
+  EXPECT_GE(c["bytes"].get<double>(), 12.0 * 1.9e6) << c;
+  uint64_t on_disk = 0;
+  std::string tag;
+  for (const auto& e : std::filesystem::directory_iterator(save)) {
+    if (!e.is_directory()) continue;
+    tag = e.path().filename().string();
+    for (const auto& f : std::filesystem::directory_iterator(e.path())) on_disk += f.file_size();
+  }
+  EXPECT_EQ(static_cast<double>(on_disk), c["bytes"].get<double>()) << tag;
+  const ProcessResult v =
+      strata::testing::RunShell("timeout 60 " + Ctl() + " ckpt verify " + save + " 2>&1");
+  EXPECT_EQ(v.exit_code, 0) << v.out;
+  EXPECT_NE(v.out.find("is valid"), std::string::npos) << v.out;
+}
+
 TEST(BenchEngineCli, NoNvmeTierMovesNoNvmeBytes) {
   const ProcessResult r = Bench(std::string(kTiny) + "--stage 3 --offload-optimizer cpu --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
