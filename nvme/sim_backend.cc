@@ -1,5 +1,6 @@
 #include "nvme/sim_backend.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 
 namespace strata::nvme {
 
@@ -113,6 +115,7 @@ int64_t SimBackend::Transfer(const IoProgress& p, SimFault fault) {
       if (len == 0) len = p.remaining_bytes();
       break;
     case SimFault::kTorn:
+    case SimFault::kLost:
       if (r.op == IoOp::kWrite) {
         // Old contents with the first half of the new bytes over them: what a power cut mid-write
         // leaves behind. Read-modify-write through an aligned bounce buffer (O_DIRECT fds).
@@ -120,11 +123,21 @@ int64_t SimBackend::Transfer(const IoProgress& p, SimFault fault) {
         std::unique_ptr<char, decltype(&std::free)> bounce(
             static_cast<char*>(std::aligned_alloc(kIoAlignment, n)), &std::free);
         ssize_t got = pread(r.fd, bounce.get(), n, static_cast<off_t>(p.next_offset()));
+        if (got < 0 && errno == EBADF) {
+          // A write-only descriptor: read the old contents through another one of the same file.
+          const std::string self = "/proc/self/fd/" + std::to_string(r.fd);
+          const int rfd = ::open(self.c_str(), O_RDONLY | O_CLOEXEC);
+          if (rfd < 0) return -errno;
+          got = pread(rfd, bounce.get(), n, static_cast<off_t>(p.next_offset()));
+          const int err = errno;
+          ::close(rfd);
+          errno = err;
+        }
         if (got < 0) return -errno;
         if (static_cast<size_t>(got) < n) std::memset(bounce.get() + got, 0, n - got);
         std::memcpy(bounce.get(), p.next_buffer(), n / 2);
         if (pwrite(r.fd, bounce.get(), n, static_cast<off_t>(p.next_offset())) < 0) return -errno;
-        return -EIO;
+        return fault == SimFault::kLost ? static_cast<int64_t>(n) : -EIO;
       }
       break;
     case SimFault::kNone:

@@ -32,6 +32,9 @@ enum class SimFault : uint8_t {
   kEintr,     // -EINTR, nothing transferred, re-issued
   kEagain,    // -EAGAIN, nothing transferred, re-issued
   kZeroRead,  // read returns 0 (as at end of file): Corruption
+  kLost,      // write: the first half of the bytes land over the old contents, yet the write
+              // reports success: a silent tear (a device that acknowledged what it did not keep).
+              // Scripted only (InjectFault); only a later read or checksum can find it.
 };
 
 struct SimOptions {

@@ -102,6 +102,49 @@ TEST(BenchEngineCli, NvmeRunCarriesTheIssuesFigures) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
 
+// --save-dir: the JSON reports the checkpoint's times, bytes and their ratios to the disk, and
+// what the run left under the directory is a checkpoint `offloadctl ckpt verify` accepts, of
+// the reported size (the checkpoint directory is the one holding `latest`, wherever the bench
+// puts it under --save-dir).
+TEST(BenchEngineCli, SaveDirWritesACheckpointThatVerifies) {
+  strata::testing::TempDir dir("bench-engine-verify");
+  const std::string save = dir.path() + "/ckpt";
+  const ProcessResult r = Bench(std::string(kTiny) +
+                                "--stage 3 --offload-optimizer nvme --offload-param nvme "
+                                "--disk-size 8M --json --nvme-path " +
+                                dir.path() + " --save-dir " + save);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = Json(r);
+  ASSERT_TRUE(j.contains("checkpoint")) << j;
+  const nlohmann::json& c = j["checkpoint"];
+  for (const char* k : {"save_s", "load_s", "bytes", "save_vs_disk_write", "load_vs_disk_read"}) {
+    ASSERT_TRUE(c.contains(k)) << k << " " << c;
+    EXPECT_GT(c[k].get<double>(), 0.0) << k << " " << c;
+  }
+  std::string ckpt_dir;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(save)) {
+    if (e.path().filename() == "latest") ckpt_dir = e.path().parent_path().string();
+  }
+  ASSERT_FALSE(ckpt_dir.empty()) << "no `latest` under " << save;
+  const ProcessResult v =
+      strata::testing::RunShell("timeout 60 " + Ctl() + " ckpt verify " + ckpt_dir + " 2>&1");
+  EXPECT_EQ(v.exit_code, 0) << v.out;
+  EXPECT_NE(v.out.find("is valid"), std::string::npos) << v.out;
+  const ProcessResult ins =
+      strata::testing::RunShell("timeout 60 " + Ctl() + " ckpt inspect --json " + ckpt_dir);
+  ASSERT_EQ(ins.exit_code, 0) << ins.out;
+  const nlohmann::json m = Json(ins);
+  EXPECT_EQ(m["stage"], 3);
+  EXPECT_EQ(m["offload_optimizer"], "nvme");
+  // The reported bytes: the files the manifest lists plus the manifest itself.
+  const double listed = m["total_bytes"].get<double>(), bytes = c["bytes"].get<double>();
+  EXPECT_GE(bytes, listed) << c;
+  EXPECT_LE(bytes, listed + 65536) << c;
+  // About 2M params (the layers' shapes round it) of at least 3 x 4 bytes each (master, Adam m
+  // and v) besides the 16-bit params.
+  EXPECT_GE(listed, 12.0 * 1.9e6) << m;
+}
+
 TEST(BenchEngineCli, NoNvmeTierMovesNoNvmeBytes) {
   const ProcessResult r = Bench(std::string(kTiny) + "--stage 3 --offload-optimizer cpu --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;

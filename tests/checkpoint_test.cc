@@ -416,7 +416,7 @@ TEST(CheckpointReshard, OfflineReshardLoadsAndContinuesExactly) {
     return step == 2 ? e.Save(dir + "/w2", "t", Blob("pos")) : Status::OK();
   };
   ASSERT_TRUE(RunEngine(first).status.ok());
-  auto w3 = ckpt::ReshardCheckpoint(dir + "/w2", "", 3, 1, dir + "/w3");
+  auto w3 = ckpt::ReshardCheckpoint(dir + "/w2", "", {3, 1, ""}, dir + "/w3");
   ASSERT_TRUE(w3.ok()) << w3.status().ToString();
   EXPECT_EQ(w3->world_size, 3);
   EXPECT_EQ(w3->stage, 1);
@@ -424,14 +424,14 @@ TEST(CheckpointReshard, OfflineReshardLoadsAndContinuesExactly) {
   ASSERT_TRUE(v3.ok()) << v3.status().ToString();
   EXPECT_EQ(v3->files.size(), 4u);  // 3 ranks + the client state
   // Back to 2 ranks from the 3-rank copy: the same bytes as the original rank files.
-  auto w2 = ckpt::ReshardCheckpoint(dir + "/w3", "t", 2, 3, dir + "/back");
+  auto w2 = ckpt::ReshardCheckpoint(dir + "/w3", "t", {2, 3, ""}, dir + "/back");
   ASSERT_TRUE(w2.ok()) << w2.status().ToString();
   auto orig = ckpt::ReadManifest(dir + "/w2", "t");
   ASSERT_TRUE(orig.ok());
   for (int r = 0; r < 2; ++r) EXPECT_EQ(w2->files[r].xxh3, orig->files[r].xxh3) << "rank " << r;
-  EXPECT_EQ(ckpt::ReshardCheckpoint(dir + "/w2", "", 0, 1, dir + "/bad").status().code(),
+  EXPECT_EQ(ckpt::ReshardCheckpoint(dir + "/w2", "", {5000, 1, ""}, dir + "/bad").status().code(),
             Status::Code::kInvalidArgument);
-  EXPECT_EQ(ckpt::ReshardCheckpoint(dir + "/w2", "", 3, 1, dir + "/w3").status().code(),
+  EXPECT_EQ(ckpt::ReshardCheckpoint(dir + "/w2", "", {3, 1, ""}, dir + "/w3").status().code(),
             Status::Code::kFailedPrecondition);
   // The 3-rank copy loads at 3 ranks (each rank its own file) with the saved masters.
   RunSpec at3;

@@ -234,5 +234,48 @@ TEST(CkptCli, ReshardAndShardedExport) {
   std::filesystem::remove_all(dir);
 }
 
+// `ckpt reshard --precision`: a bf16 checkpoint converted to fp16 (world size and stage kept when
+// not given) verifies, inspects as fp16 with F16 params equal to Cast(master) and no loss-scaler
+// state, and a precision that is not bf16/fp16/fp32 is a usage error naming the flag.
+TEST(CkptCli, ReshardConvertsPrecision) {
+  const std::string dir = UniqueTestDir("ckpt_cli3");
+  RunSpec s;
+  s.config_json = kConfig;
+  s.world = 2;
+  s.steps = 1;
+  s.after_step = [&](int, int, Engine& e) -> Status { return e.Save(dir + "/src", "t"); };
+  RunResult r = RunEngine(s);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+
+  Cmd c = Offloadctl("ckpt reshard " + dir + "/src --precision fp16 --out " + dir + "/fp16");
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("world size 2, stage 3, fp16"), std::string::npos) << c.out;
+  EXPECT_EQ(Offloadctl("ckpt verify " + dir + "/fp16").code, 0);
+  c = Offloadctl("ckpt inspect " + dir + "/fp16 --json");
+  ASSERT_EQ(c.code, 0) << c.out;
+  auto j = nlohmann::json::parse(c.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << c.out;
+  EXPECT_EQ(j["precision"], "fp16");
+  EXPECT_EQ(j["param_dtype"], "F16");
+  EXPECT_TRUE(j["loss_scaler"].is_null()) << j["loss_scaler"];
+  c = Offloadctl("ckpt inspect " + dir + "/fp16");
+  EXPECT_NE(c.out.find("loss scale from the loading engine's config"), std::string::npos) << c.out;
+  auto m = ckpt::VerifyCheckpoint(dir + "/fp16", "");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ckpt::RangeReader rd(dir + "/fp16/t", *m);
+  for (size_t g = 0; g < m->groups.size(); ++g) {
+    std::vector<uint16_t> params(m->groups[g].numel);
+    ASSERT_TRUE(rd.Read(g, 0, 0, params.size(), params.data()).ok());
+    for (size_t i = 0; i < params.size(); ++i) {
+      ASSERT_EQ(params[i], FloatToHalf(r.master[g][i]).bits) << "group " << g << " [" << i << "]";
+    }
+  }
+  c = Offloadctl("ckpt reshard " + dir + "/src --precision int8 --out " + dir + "/x");
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_NE(c.out.find("--precision"), std::string::npos) << c.out;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/x"));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace strata::testing

@@ -424,9 +424,10 @@ Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m) {
   }
   const ckpt::Manifest mine = BaseManifest(e, m.tag);
   if (m.precision != mine.precision) {
-    return Status::FailedPrecondition("the checkpoint's precision is " + m.precision +
-                                      ", the engine's " + mine.precision +
-                                      " (converting precision on load is not implemented)");
+    return Status::FailedPrecondition(
+        "the checkpoint's precision is " + m.precision + ", the engine's " + mine.precision +
+        ": convert it first with `offloadctl ckpt reshard DIR --precision " + mine.precision +
+        " --out DIR2` (ckpt::ReshardCheckpoint; precision changes only there)");
   }
   // Another world size or stage is fine: the files hold global element ranges per group, and
   // RangeReader cuts any range this engine's layout asks for out of whichever ranks' files hold
@@ -552,6 +553,11 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
   ls.iteration = m.scaler_iteration;
   ls.last_overflow_iteration = m.scaler_last_overflow;
   ls.hysteresis_left = m.scaler_hysteresis_left;
+  if (!m.has_scaler_state) {
+    // A precision conversion dropped it (checkpoint_format.h): start as this engine's config says.
+    STRATA_ASSIGN_OR_RETURN(zero::LossScaler fresh, zero::LossScaler::FromConfig(e.opt.config));
+    ls = fresh.state();
+  }
   STRATA_RETURN_IF_ERROR(e.scaler->Restore(ls));
   e.global_step = m.global_step;
   e.skipped_steps = m.skipped_steps;

@@ -19,6 +19,7 @@
 #include "core/zero/engine_internal.h"
 #include "nlohmann/json.hpp"
 #include "sched/zero_partition.h"
+#include "strata/dtype.h"
 
 namespace strata::zero::ckpt {
 
@@ -81,10 +82,11 @@ std::string Manifest::ToJson() const {
   j["skipped_steps"] = skipped_steps;
   j["applied_steps"] = applied_steps;
   j["last_lr"] = last_lr;
-  j["loss_scaler"] = {{"scale", scale},
-                      {"iteration", scaler_iteration},
-                      {"last_overflow_iteration", scaler_last_overflow},
-                      {"hysteresis_left", scaler_hysteresis_left}};
+  j["loss_scaler"] = has_scaler_state ? json{{"scale", scale},
+                                             {"iteration", scaler_iteration},
+                                             {"last_overflow_iteration", scaler_last_overflow},
+                                             {"hysteresis_left", scaler_hysteresis_left}}
+                                      : json(nullptr);
   json groups_j = json::array();
   for (const GroupEntry& g : this->groups) {
     json params = json::array();
@@ -139,10 +141,13 @@ Result<Manifest> Manifest::FromJson(const std::string& text) {
     m.applied_steps = j.at("applied_steps").get<int64_t>();
     m.last_lr = j.at("last_lr").get<double>();
     const json& ls = j.at("loss_scaler");
-    m.scale = ls.at("scale").get<double>();
-    m.scaler_iteration = ls.at("iteration").get<int64_t>();
-    m.scaler_last_overflow = ls.at("last_overflow_iteration").get<int64_t>();
-    m.scaler_hysteresis_left = ls.at("hysteresis_left").get<int64_t>();
+    m.has_scaler_state = !ls.is_null();
+    if (m.has_scaler_state) {
+      m.scale = ls.at("scale").get<double>();
+      m.scaler_iteration = ls.at("iteration").get<int64_t>();
+      m.scaler_last_overflow = ls.at("last_overflow_iteration").get<int64_t>();
+      m.scaler_hysteresis_left = ls.at("hysteresis_left").get<int64_t>();
+    }
     for (const json& g : j.at("model").at("groups")) {
       GroupEntry ge;
       ge.name = g.at("name").get<std::string>();
@@ -623,12 +628,66 @@ Status CommitCheckpoint(const std::string& dir, const Manifest& m) {
 // Offline resharding
 // ---------------------------------------------------------------------------------------------
 
-Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& tag, int world_size,
-                                   int stage, const std::string& out_dir,
+namespace {
+
+// The safetensors dtype of param16 at `precision`; empty for an unknown precision.
+std::string ParamDType(const std::string& precision) {
+  if (precision == "bf16") return "BF16";
+  if (precision == "fp16") return "F16";
+  if (precision == "fp32") return "F32";
+  return "";
+}
+
+}  // namespace
+
+Status ConvertManifestPrecision(Manifest* m, const std::string& precision) {
+  const std::string dtype = ParamDType(precision);
+  if (dtype.empty()) {
+    return Status::InvalidArgument("precision '" + precision + "' is not bf16, fp16 or fp32");
+  }
+  if (precision == m->precision) return Status::OK();
+  m->precision = precision;
+  m->param_dtype = dtype;
+  m->has_scaler_state = false;
+  m->scale = 1;
+  m->scaler_iteration = 0;
+  m->scaler_last_overflow = -1;
+  m->scaler_hysteresis_left = 0;
+  // The recorded config says which precision the states are in; its other fp16 settings stay
+  // (they are what a scaler would start from, but the loading engine's own config decides).
+  json cfg = json::parse(m->config_json, nullptr, false);
+  if (cfg.is_object()) {
+    cfg["fp16"]["enabled"] = precision == "fp16";
+    cfg["bf16"]["enabled"] = precision == "bf16";
+    m->config_json = cfg.dump(2);
+  }
+  return Status::OK();
+}
+
+void ParamsFromMaster(const float* master, uint64_t n, const std::string& param_dtype, void* out) {
+  if (param_dtype == "F32") {
+    std::memcpy(out, master, n * 4);
+    return;
+  }
+  uint16_t* o = static_cast<uint16_t*>(out);
+  if (param_dtype == "F16") {
+    for (uint64_t i = 0; i < n; ++i) o[i] = FloatToHalf(master[i]).bits;
+  } else {
+    for (uint64_t i = 0; i < n; ++i) o[i] = FloatToBf16(master[i]).bits;
+  }
+}
+
+Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& tag,
+                                   const ReshardTarget& to, const std::string& out_dir,
                                    const StreamOptions& options) {
-  if (world_size < 1 || world_size > 4096 || stage < 0 || stage > 3) {
-    return Status::InvalidArgument("reshard: world size " + std::to_string(world_size) +
-                                   " (1..4096) and stage " + std::to_string(stage) + " (0..3)");
+  if ((to.world_size != 0 && (to.world_size < 1 || to.world_size > 4096)) || to.stage < -1 ||
+      to.stage > 3) {
+    return Status::InvalidArgument("reshard: world size " + std::to_string(to.world_size) +
+                                   " (1..4096) and stage " + std::to_string(to.stage) + " (0..3)");
+  }
+  if (!to.precision.empty() && ParamDType(to.precision).empty()) {
+    return Status::InvalidArgument("reshard: precision '" + to.precision +
+                                   "' is not bf16, fp16 or fp32");
   }
   std::error_code ec;
   if (std::filesystem::equivalent(dir, out_dir, ec)) {
@@ -636,8 +695,11 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
   }
   STRATA_ASSIGN_OR_RETURN(Manifest m, VerifyCheckpoint(dir, tag));
   Manifest n = m;
+  const int world_size = to.world_size != 0 ? to.world_size : m.world_size;
   n.world_size = world_size;
-  n.stage = stage;
+  n.stage = to.stage >= 0 ? to.stage : m.stage;
+  if (!to.precision.empty()) STRATA_RETURN_IF_ERROR(ConvertManifestPrecision(&n, to.precision));
+  const bool convert = n.param_dtype != m.param_dtype;
   n.files.clear();
   std::vector<size_t> numels;
   for (const GroupEntry& g : m.groups) numels.push_back(g.numel);
@@ -654,6 +716,11 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
   STRATA_RETURN_IF_ERROR(MakeDir(tmp));
   RangeReader rd(dir + "/" + m.tag, m, options);
   std::vector<uint8_t> buf(size_t{4} << 20);
+  // Converting: param16 is re-derived from the masters, read by a second stream (so that each
+  // stream still reads its files in order).
+  std::vector<float> master;
+  std::unique_ptr<RangeReader> master_rd;
+  if (convert) master_rd = std::make_unique<RangeReader>(dir + "/" + m.tag, m, options);
   for (int r = 0; r < world_size; ++r) {
     uint64_t data_start = 0;
     std::vector<TensorLoc> locs;
@@ -670,7 +737,14 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
         const uint64_t eb = n.ElemBytes(k), step = buf.size() / eb;
         for (uint64_t at = 0; at < s; at += step) {
           const uint64_t cnt = std::min(step, s - at);
-          STRATA_RETURN_IF_ERROR(rd.Read(g, k, static_cast<uint64_t>(r) * s + at, cnt, buf.data()));
+          const uint64_t begin = static_cast<uint64_t>(r) * s + at;
+          if (k == 0 && convert) {
+            master.resize(cnt);
+            STRATA_RETURN_IF_ERROR(master_rd->Read(g, 1, begin, cnt, master.data()));
+            ParamsFromMaster(master.data(), cnt, n.param_dtype, buf.data());
+          } else {
+            STRATA_RETURN_IF_ERROR(rd.Read(g, k, begin, cnt, buf.data()));
+          }
           STRATA_RETURN_IF_ERROR(w->Append(buf.data(), cnt * eb));
         }
       }

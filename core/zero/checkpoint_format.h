@@ -76,6 +76,9 @@ struct Manifest {
   // Loss scaler (core/zero/loss_scaler.h LossScalerState).
   double scale = 1;
   int64_t scaler_iteration = 0, scaler_last_overflow = -1, scaler_hysteresis_left = 0;
+  // False after a precision conversion ("loss_scaler": null in JSON; the four fields above are
+  // then placeholders): the loading engine starts its scaler as its own config says.
+  bool has_scaler_state = true;
   std::string config_json;       // EffectiveConfigJson of the saving engine
   std::vector<FileEntry> files;  // rank files in rank order, then the client state if any
   bool has_client_state = false;
@@ -209,15 +212,45 @@ class RangeReader {
 // and replaces <dir>/latest atomically.
 Status CommitCheckpoint(const std::string& dir, const Manifest& m);
 
+// --- offline resharding and precision conversion -------------------------------------------
+
+// What ReshardCheckpoint rewrites a checkpoint into.
+struct ReshardTarget {
+  int world_size = 0;     // ranks of the new layout, 1..4096; 0 = the checkpoint's
+  int stage = -1;         // ZeRO stage 0..3; -1 = the checkpoint's
+  std::string precision;  // "bf16" | "fp16" | "fp32"; "" = the checkpoint's
+};
+
+// Precision conversion, the one rule (used by ReshardCheckpoint; Engine::Load refuses another
+// precision and names this way out). The fp32 master is the truth:
+// - param16 is re-derived from the master, element by element, exactly as AdamStep writes its
+//   param_out (ParamsFromMaster: round to nearest even; NaN stays NaN; fp16 overflows to +-Inf
+//   beyond 65504; fp32: the master's bits), padding stays zero;
+// - master32, Adam exp_avg / exp_avg_sq, the step counters, LR position and client state are
+//   copied unchanged;
+// - the loss scaler's state is dropped (Manifest::has_scaler_state false): an engine loading the
+//   result starts its scaler from its own config, as DeepSpeed starts one (to fp16: dynamic at
+//   2^fp16.initial_scale_power with full hysteresis, or the static fp16.loss_scale; to bf16 /
+//   fp32: no scaling);
+// - gradients: a checkpoint never holds any (Save refuses mid-accumulation), so none convert.
+// ConvertManifestPrecision sets m's precision, param_dtype, the recorded config's
+// bf16/fp16 "enabled" and drops the scaler state; nothing when `precision` is m's already.
+// InvalidArgument naming the value when it is not bf16, fp16 or fp32.
+Status ConvertManifestPrecision(Manifest* m, const std::string& precision);
+// n param16 elements of `param_dtype` ("BF16" | "F16" | "F32") from n fp32 master elements.
+void ParamsFromMaster(const float* master, uint64_t n, const std::string& param_dtype, void* out);
+
 // Offline resharding (`offloadctl ckpt reshard`): rewrites the verified checkpoint `tag` of
-// `dir` ("" = latest) for `world_size` ranks at ZeRO stage `stage` into `out_dir` (same tag,
+// `dir` ("" = latest) for `to` (world size, ZeRO stage, precision) into `out_dir` (same tag,
 // shards as an engine of that world size cuts them, every state's global elements copied
-// exactly, padding zero), with the same crash-consistent protocol as a save (`<tag>.tmp`, fsync,
-// rename, `latest`). The result loads into such an engine on its fast path (each rank reads its
-// own file). InvalidArgument: world_size outside 1..4096, stage outside 0..3, out_dir == dir;
-// FailedPrecondition: the tag exists in out_dir; the errors of VerifyCheckpoint.
-Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& tag, int world_size,
-                                   int stage, const std::string& out_dir,
+// exactly, padding zero; another precision converted as above), with the same crash-consistent
+// protocol as a save (`<tag>.tmp`, fsync, rename, `latest`). The result loads into such an engine
+// on its fast path (each rank reads its own file). InvalidArgument: world_size outside 1..4096,
+// stage outside 0..3, precision not bf16/fp16/fp32, out_dir == dir; FailedPrecondition: the tag
+// exists in out_dir; the errors of VerifyCheckpoint; IOError naming the file (nothing under
+// `<tag>/` or `latest` of out_dir is then written).
+Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& tag,
+                                   const ReshardTarget& to, const std::string& out_dir,
                                    const StreamOptions& options = {});
 
 std::string Hex64(uint64_t v);

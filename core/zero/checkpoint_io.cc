@@ -68,13 +68,23 @@ void ReturnIdle(const StreamOptions& o, std::unique_ptr<IoBackend> io) {
   p.idle.emplace_back(std::make_pair(o.kind, o.depth), std::move(io));
 }
 
-Result<std::unique_ptr<IoBackend>> OpenBackend(const StreamOptions& o) {
+std::mutex g_sim_hook_mu;
+SimBackendHook g_sim_hook;
+
+Result<std::unique_ptr<IoBackend>> OpenBackend(const StreamOptions& o, const std::string& path) {
   if (o.kind == IoBackendKind::kSimulated) {
     nvme::SimOptions so;
     so.seed = o.sim_seed;
     so.queue_depth = o.depth;
     so.max_latency_ns = 50'000;
-    return std::unique_ptr<IoBackend>(new nvme::SimBackend(so));
+    auto sim = std::make_unique<nvme::SimBackend>(so);
+    SimBackendHook hook;
+    {
+      std::lock_guard<std::mutex> lock(g_sim_hook_mu);
+      hook = g_sim_hook;
+    }
+    if (hook) hook(*sim, path);
+    return std::unique_ptr<IoBackend>(std::move(sim));
   }
   if (auto idle = TakeIdle(o.kind, o.depth); idle != nullptr) return idle;
   IoBackendOptions bo;
@@ -123,6 +133,11 @@ void FreeBuffers(std::vector<uint8_t*>* b) {
 }
 
 }  // namespace
+
+void SetSimBackendHookForTesting(SimBackendHook hook) {
+  std::lock_guard<std::mutex> lock(g_sim_hook_mu);
+  g_sim_hook = std::move(hook);
+}
 
 StreamOptions StreamOptionsFromAio(int64_t block_size, int64_t queue_depth,
                                    int64_t intra_op_parallelism, IoBackendKind kind) {
@@ -199,7 +214,7 @@ Result<DiskReference> MeasureDisk(const std::string& dir, uint64_t bytes,
   d.bytes = (std::max<uint64_t>(bytes, 1) + options.chunk_bytes - 1) / options.chunk_bytes *
             options.chunk_bytes;
   const std::string path = dir + "/.strata-disk-reference." + std::to_string(::getpid());
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> io, OpenBackend(options));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> io, OpenBackend(options, path));
   std::vector<uint8_t*> buffers;
   Status st = AllocBuffers(options.depth, options.chunk_bytes, &buffers);
   // Not zeros: nothing below may shortcut a block of zeros.
@@ -247,7 +262,7 @@ Result<std::unique_ptr<StreamWriter>> StreamWriter::Create(const std::string& pa
   w->fd_ = OpenDirect(path, O_WRONLY | O_CREAT | (reuse ? 0 : O_TRUNC), &buffered);
   if (w->fd_ < 0) return Status::FromErrno(errno, "create", path);
   if (buffered) w->note_ = "buffered IO (O_DIRECT refused on " + path + ")";
-  STRATA_ASSIGN_OR_RETURN(w->io_, OpenBackend(options));
+  STRATA_ASSIGN_OR_RETURN(w->io_, OpenBackend(options, path));
   STRATA_RETURN_IF_ERROR(w->io_->RegisterFile(w->fd_, path));
   if (expected_bytes > 0) STRATA_RETURN_IF_ERROR(w->io_->Allocate(w->fd_, AlignUp(expected_bytes)));
   STRATA_RETURN_IF_ERROR(AllocBuffers(options.depth, options.chunk_bytes, &w->buffers_));
@@ -372,7 +387,7 @@ Result<std::unique_ptr<StreamReader>> StreamReader::Open(const std::string& path
   struct stat st {};
   if (::fstat(r->fd_, &st) != 0) return Status::FromErrno(errno, "stat", path);
   r->size_ = static_cast<uint64_t>(st.st_size);
-  STRATA_ASSIGN_OR_RETURN(r->io_, OpenBackend(options));
+  STRATA_ASSIGN_OR_RETURN(r->io_, OpenBackend(options, path));
   STRATA_RETURN_IF_ERROR(r->io_->RegisterFile(r->fd_, path));
   STRATA_RETURN_IF_ERROR(AllocBuffers(options.depth, options.chunk_bytes, &r->buffers_));
   for (size_t i = 0; i < options.depth; ++i) r->free_.push_back(i);

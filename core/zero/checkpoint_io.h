@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,7 +35,20 @@
 #include "strata/io.h"
 #include "strata/status.h"
 
+namespace strata::nvme {
+class SimBackend;
+}
+
 namespace strata::zero::ckpt {
+
+// For tests: called with every simulated backend a checkpoint stream opens (kind kSimulated: the
+// engine's streams when its io_kind is, ReshardCheckpoint's when its options say so) and the
+// path of the stream's file, before any IO on it, so a test can script faults on chosen files
+// (nvme::SimBackend::InjectFault: a torn or silently lost write) while the process keeps
+// running. Process-wide; nullptr removes it. Safe to set while no stream is being opened; the
+// hook runs on the thread that opens the stream.
+using SimBackendHook = std::function<void(nvme::SimBackend& backend, const std::string& path)>;
+void SetSimBackendHookForTesting(SimBackendHook hook);
 
 struct StreamOptions {
   // The backend kind (kSimulated: nvme::SimBackend with `sim_seed`).

@@ -334,7 +334,8 @@ class Engine {
   // every file's XXH3, spread over the ranks), changing nothing when that fails: NotFound /
   // Corruption naming the first missing or damaged file; FailedPrecondition for another format
   // version, a different model spec (the differing names and shapes listed), or another
-  // precision. At the same world size and shards each rank checks its own file's XXH3 as it
+  // precision (naming both; `offloadctl ckpt reshard --precision` converts a checkpoint).
+  // At the same world size and shards each rank checks its own file's XXH3 as it
   // streams it: a file damaged inside is Corruption naming it and fails the engine. Another world
   // size or ZeRO stage (or placement) is fine: the checkpoint holds global element ranges, and each
   // rank reads the ranges its layout needs from whichever ranks' files hold them (resharding on

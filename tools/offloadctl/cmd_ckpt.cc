@@ -9,9 +9,10 @@
 //                                    trainer named them: one safetensors file, or (over SIZE)
 //                                    shards <stem>-0000i-of-0000n.safetensors beside F and a
 //                                    Hugging Face <stem>.safetensors.index.json
-//   reshard DIR --world-size M --stage t --out DIR2 [--tag T]
-//                                    offline resharding into DIR2 (core/zero/checkpoint_format.h
-//                                    ReshardCheckpoint)
+//   reshard DIR --out DIR2 [--world-size M] [--stage t] [--precision bf16|fp16|fp32] [--tag T]
+//                                    offline resharding and precision conversion into DIR2
+//                                    (core/zero/checkpoint_format.h ReshardCheckpoint); what is
+//                                    not given stays as the checkpoint has it
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -36,8 +37,9 @@ namespace ckpt = zero::ckpt;
 
 struct CkptArgs {
   std::string dir, tag, out, dtype = "bf16";
-  std::string max_shard_size;  // "" = one file
-  int world_size = 0, stage = -1;
+  std::string precision;           // reshard: "" = the checkpoint's
+  std::string max_shard_size;      // "" = one file
+  int world_size = 0, stage = -1;  // reshard: 0 / -1 = the checkpoint's
   bool json = false;
 };
 
@@ -72,9 +74,13 @@ int RunInspect(const CkptArgs& a) {
     return kExitOk;
   }
   std::printf("checkpoint %s/%s (format %d)\n", a.dir.c_str(), m->tag.c_str(), m->format_version);
-  std::printf("  step %lld (%lld skipped, %lld applied), lr %.6g, loss scale %.6g\n",
-              static_cast<long long>(m->global_step), static_cast<long long>(m->skipped_steps),
-              static_cast<long long>(m->applied_steps), m->last_lr, m->scale);
+  char scale[64];
+  std::snprintf(scale, sizeof scale, "%.6g", m->scale);
+  std::printf(
+      "  step %lld (%lld skipped, %lld applied), lr %.6g, loss scale %s\n",
+      static_cast<long long>(m->global_step), static_cast<long long>(m->skipped_steps),
+      static_cast<long long>(m->applied_steps), m->last_lr,
+      m->has_scaler_state ? scale : "from the loading engine's config (precision converted)");
   std::printf("  world size %d, ZeRO stage %d, %s; states from: optimizer %s, params %s\n",
               m->world_size, m->stage, m->precision.c_str(),
               m->offload_optimizer == "none" ? "device" : m->offload_optimizer.c_str(),
@@ -254,10 +260,12 @@ int RunExport(const CkptArgs& a) {
 }
 
 int RunReshard(const CkptArgs& a) {
-  auto m = ckpt::ReshardCheckpoint(a.dir, a.tag, a.world_size, a.stage, a.out);
+  auto m = ckpt::ReshardCheckpoint(a.dir, a.tag, {a.world_size, a.stage, a.precision}, a.out);
   if (!m.ok()) return Fail("reshard", m.status());
-  std::printf("resharded %s (tag %s) to world size %d, stage %d: %s/%s\n", a.dir.c_str(),
-              m->tag.c_str(), m->world_size, m->stage, a.out.c_str(), m->tag.c_str());
+  std::printf("resharded %s (tag %s) to world size %d, stage %d, %s%s: %s/%s\n", a.dir.c_str(),
+              m->tag.c_str(), m->world_size, m->stage, m->precision.c_str(),
+              m->has_scaler_state ? "" : " (loss scaler: the loading engine's config)",
+              a.out.c_str(), m->tag.c_str());
   return kExitOk;
 }
 
@@ -296,15 +304,21 @@ void RegisterCkpt(CLI::App& parent, int* exit_code) {
   exp->callback([args, exit_code] { *exit_code = RunExport(*args); });
   CLI::App* rs = ck->add_subcommand(
       "reshard",
-      "Rewrite a checkpoint for another world size and ZeRO stage (offline), verified first");
+      "Rewrite a checkpoint for another world size, ZeRO stage or precision (offline), verified "
+      "first");
   rs->add_option("DIR", args->dir, "Checkpoint directory")->required();
   rs->add_option("--tag", args->tag, "Tag to reshard (default: the one `latest` names)");
-  rs->add_option("--world-size", args->world_size, "Ranks of the new layout")
-      ->required()
+  rs->add_option("--world-size", args->world_size,
+                 "Ranks of the new layout (default: the checkpoint's)")
       ->check(CLI::Range(1, 4096));
-  rs->add_option("--stage", args->stage, "ZeRO stage of the new layout")
-      ->required()
+  rs->add_option("--stage", args->stage, "ZeRO stage of the new layout (default: the checkpoint's)")
       ->check(CLI::Range(0, 3));
+  rs->add_option("--precision", args->precision,
+                 "bf16, fp16 or fp32 (default: the checkpoint's). Another precision re-derives "
+                 "the params from the fp32 masters (round to nearest even, as the optimizer "
+                 "does), keeps masters, Adam state and counters, and resets the loss scaler "
+                 "to the loading engine's config")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   rs->add_option("--out", args->out, "Output checkpoint directory (the same tag, and its `latest`)")
       ->required();
   rs->callback([args, exit_code] { *exit_code = RunReshard(*args); });
