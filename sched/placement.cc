@@ -96,22 +96,22 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
   const uint64_t group = in.largest_group_elems, shard = in.largest_shard_elems;
   const uint64_t in_flight = in.overlap_comm ? 3 : 1;
   const uint64_t grads = in_flight * (group + shard) * in.grad_elem_bytes;
-  add(in.overlap_comm ? "gradient buffers: 3 x (largest group + its shard) (overlap_comm)"
-                      : "gradient buffers: largest group + its shard",
+  add(in.overlap_comm ? "gradient buffers, 3 x (group + shard) (overlap_comm)"
+                      : "gradient buffers, group + shard",
       grads);
   if (placement.optimizer_partitioned && in.world > 1) {
     const uint64_t read_back = group * StateElementBytes(StateKind::kMaster32, DType::kF32);
-    add("fp32 read-back of the largest group (between steps), beyond the gradient buffers",
+    add("fp32 read-back of a group, beyond the gradient buffers",
         read_back > grads ? read_back - grads : 0);
   }
   add("norm exchange", static_cast<uint64_t>(in.world) * 16);
   if (!placement.params_partitioned) return items;
-  add("gathered groups: min(model, stage3_max_live_parameters + 2 largest groups)",
+  add("gathered groups (max_live + 2 in use)",
       std::min(in.total_group_elems, in.max_live_elems + 2 * group) * in.param_elem_bytes);
   if (placement.Home(StateKind::kParam16) != Tier::kDevice) {
     const uint64_t total_shards = CeilDiv(in.total_group_elems, static_cast<uint64_t>(in.world));
     const uint64_t live = PerRankShardLimits(0, in.max_live_elems, 0, 0, in.world).max_live_elems;
-    add("param shards cached on the device: min(all, stage3_max_live_parameters / N + 2 shards)",
+    add("param shards cached (max_live / N + 2 in use)",
         std::min(total_shards, live + 2 * shard) * in.param_elem_bytes, /*store_cache=*/true);
   }
   return items;
