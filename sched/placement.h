@@ -86,7 +86,7 @@ uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems
 //   - gradient buffers: the trainer writes one group's gradient (the full padded group, in the
 //     wire dtype) and the reduce-scatter writes its shard; with overlap_comm up to two more
 //     groups are reducing behind the trainer's backward: 3 x (group + shard), else 1 x.
-//   - read-back staging: ReadMaster / checkpoints all-gather one group's fp32 master on several
+//   - read-back staging: Engine::ReadMaster all-gathers one group's fp32 master on several
 //     ranks with a partitioned optimizer (4 B x group). Between steps, when no gradient buffer
 //     is allocated: only its excess over the gradient buffers counts.
 //   - norm exchange: 16 B per rank.

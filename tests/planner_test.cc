@@ -150,6 +150,20 @@ TEST(PlannerPlace, WorkingSetFollowsOverlapAndLargestGroup) {
   EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 8.25e6 + kExchange + 20e9);
 }
 
+// The working set is counted in 64-bit integers: a model of 1e15 params with settings as large
+// neither overflows nor loses its figure (gathered: min(1e15, 1e15 + 2e15) x 2 B).
+TEST(PlannerPlace, HugeModelsDoNotOverflowTheWorkingSet) {
+  PlanInput in = Ref();
+  in.params = 1e15;
+  in.largest_group_params = 1e15;
+  in.zero.max_live_parameters = 1e15;
+  in.zero.overlap_comm = true;
+  const Placement p = Place(in, 3, D::kCpu, D::kCpu);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kDevice, "gathered"), 2e15);
+  // Gradient buffers 3 x (1e15 + 1.25e14) x 2 B.
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kDevice, "gradient buffers"), 6.75e15);
+}
+
 TEST(PlannerPlace, Stage3OptimizerCpu) {
   const Placement p = Place(Ref(), 3, D::kCpu, D::kNone);
   // HBM: param shard 2 x 8.75e8 = 1.75 + gradient buffers 3.375 + gathered 4 = 9.125 GB (grads

@@ -105,15 +105,19 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   // gradient buffers and gathered groups, not DeepSpeed's buckets.
   const double ranks = static_cast<double>(in.capacity.Ranks());
   const double group = LargestGroup(in);
+  // The rule counts in 64-bit integers: element counts clamped to 2^50 (1e15) and bytes per
+  // element to 256, so its products cannot overflow; a fractional width rounds up.
+  auto elems = [](double v) { return static_cast<uint64_t>(std::min(std::ceil(v), 0x1p50)); };
+  auto width = [](double v) { return static_cast<uint64_t>(std::min(std::ceil(v), 256.0)); };
   sched::DeviceWorkingInput dw;
   dw.world = static_cast<int>(in.capacity.Ranks());
-  dw.largest_group_elems = static_cast<uint64_t>(group);
-  dw.largest_shard_elems = static_cast<uint64_t>(std::ceil(group / ranks));
-  dw.total_group_elems = static_cast<uint64_t>(psi);
-  dw.param_elem_bytes = static_cast<uint64_t>(std::llround(r.param_bytes));
-  dw.grad_elem_bytes = static_cast<uint64_t>(std::llround(r.grad_bytes));
+  dw.largest_group_elems = elems(group);
+  dw.largest_shard_elems = elems(group / ranks);
+  dw.total_group_elems = elems(psi);
+  dw.param_elem_bytes = width(r.param_bytes);
+  dw.grad_elem_bytes = width(r.grad_bytes);
   dw.overlap_comm = overlap;
-  dw.max_live_elems = static_cast<uint64_t>(z.max_live_parameters);
+  dw.max_live_elems = elems(z.max_live_parameters);
   for (const sched::DeviceWorkingItem& it : sched::DeviceWorkingSet(b.rules, dw)) {
     b.Add(Tier::kDevice, it.name, static_cast<double>(it.bytes));
   }
