@@ -742,9 +742,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
           static_cast<uint64_t>(
               std::max<int64_t>(0, z.stage3_prefetch_bucket_size.value_or(50000000))),
           e.max_live_elems, e.reuse_distance_elems, e.persistence_elems, e.world);
-      const auto pc = sched::PrefetchConfig::FromNumel(lim.prefetch_elems, lim.max_live_elems,
-                                                       lim.reuse_distance_elems,
-                                                       lim.persistence_elems, e.elt);
+      const auto pc =
+          sched::PrefetchConfig::FromNumel(lim.prefetch_elems, lim.max_live_elems,
+                                           lim.reuse_distance_elems, lim.persistence_elems, e.elt);
       e.gather = std::make_unique<store::GatherScheduler>(e.store.get(), shard_blocks, pc);
     }
     kernels::PoolOptions pool_options;
