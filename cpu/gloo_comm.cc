@@ -454,6 +454,12 @@ class GlooCommunicator final : public Communicator {
                          float scale, uint8_t* out) {
     const size_t elt = DTypeSize(dtype);
     const int n = world_size(), r = rank();
+    if (n == 1 && scale == 1.0f) {
+      // A sum of one term, unscaled (predivide is 1/1): the input itself. The widen-and-round
+      // loop below would return the same values through two scalar passes.
+      if (out != in) std::memmove(out, in, std::min(count, chunk) * elt);
+      return;
+    }
     const int right = (r + 1) % n, left = (r + n - 1) % n;
     auto seg_len = [&](int c, size_t off) -> size_t {
       const size_t begin = std::min(count, static_cast<size_t>(c) * chunk + off);

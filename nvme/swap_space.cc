@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cassert>
 #include <cerrno>
@@ -14,6 +13,7 @@
 
 #include "nvme/io_drain.h"
 #include "nvme/leftovers.h"
+#include "nvme/unit_hash.h"
 
 namespace strata::nvme {
 
@@ -365,9 +365,6 @@ void SwapSpace::Pump() {
       for (size_t u = s.next_unit; u < b.units.size() && batch_.size() < room; ++u) {
         const Unit& unit = b.units[u];
         char* data = static_cast<char*>(s.op.buffer) + unit.block_offset;
-        // The write's sum of this unit, taken just before it goes out (pair assertion with the
-        // verify as a read's unit completes). A running write is alone on its block.
-        if (s.op.op == IoOp::kWrite) b.pending_sums[u] = XXH3_64bits(data, unit.length_bytes);
         batch_.push_back(IoRequest{s.op.op, fds_[unit.file], unit.offset, data, unit.length_bytes,
                                    UnitTag(slot, u)});
       }
@@ -377,7 +374,18 @@ void SwapSpace::Pump() {
       FailUnissued(st);
       return;
     }
-    for (const IoRequest& r : batch_) ++slots_[TagSlot(r.user_data)].next_unit;
+    for (const IoRequest& r : batch_) {
+      OpSlot& s = slots_[TagSlot(r.user_data)];
+      ++s.next_unit;
+      // The write's sum of this unit (pair assertion with the verify as a read's unit
+      // completes), taken while the disk already works on it: the caller leaves the buffer
+      // unchanged until the op completes and the device only reads it, so the sum is of the
+      // bytes written. Only Reap, on this thread and after this loop, completes the op.
+      if (s.op.op == IoOp::kWrite) {
+        blocks_[s.block_index].pending_sums[TagUnit(r.user_data)] =
+            UnitHash(r.buffer, r.length_bytes);
+      }
+    }
     size_t keep = 0;
     for (size_t slot : issuing_) {
       const OpSlot& s = slots_[slot];
@@ -444,7 +452,7 @@ Status SwapSpace::VerifyUnit(const OpSlot& s, size_t u) const {
   if (b.state != Block::State::kValid) return Status::OK();
   const Unit& unit = b.units[u];
   const char* data = static_cast<const char*>(s.op.buffer) + unit.block_offset;
-  if (XXH3_64bits(data, unit.length_bytes) == b.unit_sums[u]) return Status::OK();
+  if (UnitHash(data, unit.length_bytes) == b.unit_sums[u]) return Status::OK();
   return Status::Corruption(BlockName(b.id) + ": checksum mismatch in stripe unit " +
                             std::to_string(u) + " (" + std::to_string(unit.length_bytes) +
                             " bytes from '" + file_paths_[unit.file] + "' offset " +
@@ -458,6 +466,9 @@ Result<size_t> SwapSpace::Reap(std::span<SwapCompletion> out, size_t min_complet
     if (io_->inflight() == 0) break;  // nothing issued: every op has finished (see Pump)
     const size_t need = ready_.size() < want ? 1 : 0;
     STRATA_ASSIGN_OR_RETURN(size_t n, io_->Reap(io_out_, need));
+    // Refill the queue first: the checksums of the reads that just landed are then computed
+    // while the disk works on the next units, not with its queue short of them.
+    if (n > 0) Pump();
     for (size_t i = 0; i < n; ++i) {
       const size_t slot = TagSlot(io_out_[i].user_data);
       OpSlot& s = slots_[slot];

@@ -7,13 +7,15 @@
 // the units become independent IOs that keep the queue full. Files are preallocated (fallocate)
 // at Create: a disk too small fails there, before training starts.
 //
-// Integrity: every write records XXH3-64 of each stripe unit's bytes (hashed as the unit is
-// issued; the block's new sums replace the old ones once all of its units completed); every read
-// verifies each unit as it completes. Hashing unit by unit keeps the queue full: a whole-block
-// hash (50 MB: milliseconds) on the owner thread let every IO in flight finish meanwhile and the
-// disk idle. A flipped byte on disk is Corruption naming the block and the unit, never silently
-// wrong data. A write that fails in any unit marks the block invalid (its extent may be
-// half-written); reading it is Corruption until it is written successfully again.
+// Integrity: every write records XXH3-64 of each stripe unit's bytes (nvme/unit_hash.h; hashed
+// right after the unit was submitted, while the disk works on it; the block's new sums replace
+// the old ones once all of its units completed); every read verifies each unit as it completes,
+// after the queue was refilled with the next units. Hashing unit by unit, off the path from one
+// submission to the next, keeps the queue full: a whole-block hash (50 MB: milliseconds) on the
+// owner thread let every IO in flight finish meanwhile and the disk idle. A flipped byte on disk is
+// Corruption naming the block and the unit, never silently wrong data. A write that fails in any
+// unit marks the block invalid (its extent may be half-written); reading it is Corruption until it
+// is written successfully again.
 //
 // Lifecycle: Create refuses strata files left behind on its paths by a run that did not close
 // cleanly (every rank's swap file, benchmark scratch files: all reported, never silently reused;

@@ -235,4 +235,40 @@ TEST(BenchEngineCli, EngineErrorsExitOneNamingTheProblem) {
   EXPECT_NE(r.out.find("optimizer.type"), std::string::npos) << r.out;
 }
 
+// --save-dir: a save, a load, a save into new files and one into the first's recycled files, with
+// the swap traffic and the disk reference (same bytes, chunk and depth) they are judged against.
+TEST(BenchEngineCli, SaveDirReportsCheckpointFiguresAgainstTheDisk) {
+  strata::testing::TempDir dir("bench-engine-save");
+  const std::string save = dir.path() + "/save";
+  const ProcessResult r = Bench(std::string(kTiny) +
+                                "--stage 3 --offload-optimizer nvme --offload-param nvme "
+                                "--disk-size 8M --json --nvme-path " +
+                                dir.path() + " --save-dir " + save);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json c = Json(r)["checkpoint"];
+  const double bytes = c["bytes"].get<double>();
+  EXPECT_GT(bytes, 2e6 * 4 * 3);  // at least the fp32 master, m and v of 2M params
+  for (const char* k : {"save_s", "load_s", "save_fresh_s", "save_recycled_s"}) {
+    EXPECT_GT(c[k].get<double>(), 0) << k;
+  }
+  EXPECT_TRUE(c["disk_measured"].get<bool>());
+  EXPECT_GE(c["disk_reference_bytes"].get<double>(), bytes);
+  EXPECT_EQ(c["disk_chunk_bytes"].get<double>(), 1 << 20);
+  // The load writes the NVMe-homed states back to their swap files.
+  EXPECT_GE(c["load_swap_write_bytes"].get<double>(), 2e6 * 4 * 3);
+  const double fresh = c["disk_write_fresh_bytes_per_s"].get<double>();
+  const double over = c["disk_write_overwrite_bytes_per_s"].get<double>();
+  const double read = c["disk_read_bytes_per_s"].get<double>();
+  EXPECT_NEAR(c["save_disk_s"].get<double>(),
+              bytes / fresh + c["save_swap_read_bytes"].get<double>() / read +
+                  c["save_swap_write_bytes"].get<double>() / over,
+              1e-9);
+  EXPECT_NEAR(c["load_ratio"].get<double>() * c["load_s"].get<double>(),
+              c["load_disk_s"].get<double>(), 1e-9);
+  // keep_last 2: the first checkpoint was recycled into the third.
+  EXPECT_TRUE(std::filesystem::exists(save + "/bench-v0/third/manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(save + "/bench-v0/second/manifest.json"));
+  EXPECT_FALSE(std::filesystem::exists(save + "/bench-v0/first"));
+}
+
 }  // namespace

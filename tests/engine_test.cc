@@ -147,5 +147,28 @@ TEST(EngineMatrixPairwise, IoUringNvmeAndAccumulationMatchStage0) {
   }
 }
 
+// One rank: the reduction and the stage-3 all-gather are identities, so the engine runs them
+// without the communicator (Accumulate reads the trainer's buffer; the gather copies the shard).
+// No reduce-scatter or all-gather reaches it, and the weights stay bit-identical to stage 0's,
+// with gradient accumulation (first and later micro-steps) and params on NVMe.
+TEST(EngineOneRank, ReducesAndGathersWithoutTheCommunicator) {
+  RunSpec a;
+  a.config_json = Config({0, "none", "none"}, "bf16", 2);
+  a.gas = 2;
+  a.steps = 2;
+  RunResult base = RunEngine(a);
+  ASSERT_TRUE(base.status.ok()) << base.status.ToString();
+  for (const Placement& pl : {Placement{2, "cpu", "none"}, Placement{3, "nvme", "nvme"}}) {
+    RunSpec b = a;
+    b.config_json = Config(pl, "bf16", 2);
+    RunResult r = RunEngine(b);
+    ASSERT_TRUE(r.status.ok()) << Name(pl) << ": " << r.status.ToString();
+    EXPECT_TRUE(BitEqual(r.master, base.master)) << Name(pl);
+    const CommStats& c = r.stats[0].comm;
+    EXPECT_EQ(c.of(CommOp::kReduceScatter).calls, 0u) << Name(pl);
+    EXPECT_EQ(c.of(CommOp::kAllGather).calls, 0u) << Name(pl);
+  }
+}
+
 }  // namespace
 }  // namespace strata::testing

@@ -179,7 +179,8 @@ TEST_P(GlooAllOpsTest, EveryOpMatchesLocalReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, GlooAllOpsTest,
-                         ::testing::Values(Param{1, DType::kF32}, Param{2, DType::kF32},
+                         ::testing::Values(Param{1, DType::kF32}, Param{1, DType::kBF16},
+                                           Param{1, DType::kF16}, Param{2, DType::kF32},
                                            Param{2, DType::kBF16}, Param{2, DType::kF16},
                                            Param{4, DType::kF32}, Param{4, DType::kBF16},
                                            Param{4, DType::kF16}),

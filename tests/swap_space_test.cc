@@ -14,9 +14,11 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include "nvme/sim_backend.h"
 #include "nvme/swap_space.h"
+#include "nvme/unit_hash.h"
 #include "tests/io_test_util.h"
 
 namespace strata {
@@ -177,6 +179,27 @@ INSTANTIATE_TEST_SUITE_P(AllBackends, SwapContract,
                                       ? std::string("iouring")
                                       : std::string(IoBackendKindName(info.param));
                          });
+
+// The unit checksum is XXH3-64 whichever kernel computes it (the run-time dispatched one here when
+// libxxhash has it): the sums in a swap file never depend on the machine's SIMD. Sizes around
+// XXH3's internal boundaries (16, 128, 240 bytes; its 1 KiB stripe block) and unaligned starts.
+TEST(SwapChecksum, UnitHashIsXxh3OfTheBytes) {
+  std::mt19937_64 rng(11);
+  std::vector<uint8_t> buf((size_t{1} << 20) + 64);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{128},
+                   size_t{129}, size_t{240}, size_t{241}, size_t{1023}, size_t{1024}, size_t{1025},
+                   size_t{4096}, size_t{1} << 20}) {
+    for (size_t at : {size_t{0}, size_t{3}}) {
+      EXPECT_EQ(nvme::UnitHash(buf.data() + at, n), XXH3_64bits(buf.data() + at, n))
+          << n << " bytes at offset " << at;
+    }
+  }
+  // It sees every byte: one flipped bit changes it.
+  const uint64_t before = nvme::UnitHash(buf.data(), size_t{1} << 20);
+  buf[777'777] ^= 0x10;
+  EXPECT_NE(nvme::UnitHash(buf.data(), size_t{1} << 20), before);
+}
 
 TEST(SwapFaults, FailedWriteInvalidatesTheBlockUntilRewritten) {
   TempDir dir("swapfault");

@@ -8,7 +8,10 @@
 // ahead of the writer, as many as fit a window of depth x chunk bytes (at most half the host
 // budget free at the start), so the swap reads overlap the checkpoint writes. Host memory used:
 // the window (inside the store's budget) plus the writer's depth x chunk staging buffers; never
-// the shard.
+// the shard. With SaveOptions keep_last, a save that will retire the oldest checkpoint takes its
+// rank files instead of creating new ones (rank 0 moves it into `<tag>.tmp/recycled/` first;
+// each rank overwrites its old file in place), and retires what is beyond keep_last after the
+// commit (core/zero/checkpoint_retention.h).
 //
 // Load does the reverse in the same order (per group: param16, then master32, exp_avg,
 // exp_avg_sq of the sub-groups ascending: the rank files' order), reading through StreamReaders
@@ -33,6 +36,7 @@
 
 #include "core/zero/checkpoint_format.h"
 #include "core/zero/checkpoint_io.h"
+#include "core/zero/checkpoint_retention.h"
 #include "core/zero/engine_internal.h"
 
 namespace strata {
@@ -246,8 +250,9 @@ class FetchWindow {
   uint64_t ahead_ = 0;
 };
 
+// Writes this rank's file at `path`; `reuse`: a recycled file is there, overwritten in place.
 Result<ckpt::FileEntry> WriteRankFile(Engine::Impl& e, const ckpt::Manifest& m,
-                                      const std::string& path) {
+                                      const std::string& path, bool reuse) {
   uint64_t data_start = 0;
   const std::string header = ckpt::RankFileHeader(m, e.rank, &data_start, nullptr);
   const ckpt::StreamOptions so = StreamOpts(e);
@@ -255,7 +260,7 @@ Result<ckpt::FileEntry> WriteRankFile(Engine::Impl& e, const ckpt::Manifest& m,
   uint64_t total = header.size();
   for (const Piece& p : pieces) total += p.bytes;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::StreamWriter> w,
-                          ckpt::StreamWriter::Create(path, so, total));
+                          ckpt::StreamWriter::Create(path, so, total, reuse));
   STRATA_RETURN_IF_ERROR(w->Append(header.data(), header.size()));
   FetchWindow window(e, WindowBytes(e, so));
   for (const Piece& p : pieces) window.Add(p.block, p.tier);
@@ -287,7 +292,13 @@ Result<ckpt::FileEntry> WriteRankFile(Engine::Impl& e, const ckpt::Manifest& m,
 
 Status Engine::Save(const std::string& dir, const std::string& tag,
                     std::span<const uint8_t> client_state) {
+  return Save(dir, tag, SaveOptions{}, client_state);
+}
+
+Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOptions& options,
+                    std::span<const uint8_t> client_state) {
   Impl& e = *impl_;
+  const bool recycle = options.keep_last > 0 && options.recycle_files;
   ckpt::ArmCrashHookFromEnv();
   const std::string what = "checkpoint save of '" + tag + "' to " + dir;
   Status local = CheckBoundary(e, "Save");
@@ -311,11 +322,19 @@ Status Engine::Save(const std::string& dir, const std::string& tag,
       if (ec) local = Status::IOError("create " + dir + ": " + ec.message());
     }
     if (local.ok()) local = ckpt::MakeDir(tmp);
+    // The checkpoint this save will retire gives up its files (checkpoint_retention.h).
+    if (local.ok() && recycle) local = ckpt::RecycleOldest(dir, options.keep_last, tmp);
   }
   STRATA_RETURN_IF_ERROR(Agree(e, local, what));
 
   ckpt::Manifest m = BaseManifest(e, tag);
-  auto part = WriteRankFile(e, m, tmp + "/" + ckpt::Manifest::RankFileName(e.rank));
+  const std::string path = tmp + "/" + ckpt::Manifest::RankFileName(e.rank);
+  const std::string recycled =
+      tmp + "/" + ckpt::kRecycledName + "/" + ckpt::Manifest::RankFileName(e.rank);
+  const bool reuse = recycle && ckpt::PathExists(recycled);
+  const Status moved = reuse ? ckpt::RenamePath(recycled, path) : Status::OK();
+  Result<ckpt::FileEntry> part =
+      moved.ok() ? WriteRankFile(e, m, path, reuse) : Result<ckpt::FileEntry>(moved);
   local = part.status();
   ckpt::FileEntry client;
   if (local.ok() && e.rank == 0 && !client_state.empty()) {
@@ -343,8 +362,18 @@ Status Engine::Save(const std::string& dir, const std::string& tag,
     if (e.rank == 0) m.files.push_back(client);
   }
   if (e.rank == 0) {
-    local = ckpt::CommitCheckpoint(dir, m);
+    // What the ranks did not reuse of a recycled checkpoint must not end up inside the new one.
+    local = recycle ? ckpt::RemoveTree(tmp + "/" + ckpt::kRecycledName) : Status::OK();
+    if (local.ok()) local = ckpt::CommitCheckpoint(dir, m);
     if (!local.ok()) local = Status(local.code(), what + ": " + std::string(local.message()));
+    if (local.ok() && options.keep_last > 0) {
+      local = ckpt::RetireBeyond(dir, options.keep_last, tag);
+      if (!local.ok()) {
+        local =
+            Status(local.code(), what + ": saved (it is `latest` and loads), but removing " +
+                                     "older checkpoints failed: " + std::string(local.message()));
+      }
+    }
   }
   return Agree(e, local, what);
 }

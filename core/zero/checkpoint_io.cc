@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -135,19 +136,115 @@ StreamOptions StreamOptionsFromAio(int64_t block_size, int64_t queue_depth,
 }
 
 // ---------------------------------------------------------------------------------------------
+// MeasureDisk
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// One pass of `op` over [0, bytes) of fd, `buffers.size()` chunks in flight.
+Status Pump(IoBackend& io, int fd, IoOp op, uint64_t bytes, size_t chunk_bytes,
+            const std::vector<uint8_t*>& buffers) {
+  std::vector<size_t> free_list;
+  for (size_t i = 0; i < buffers.size(); ++i) free_list.push_back(i);
+  std::vector<IoCompletion> done(buffers.size());
+  uint64_t next = 0;
+  Status first;
+  while ((next < bytes && first.ok()) || io.inflight() > 0) {
+    while (!free_list.empty() && next < bytes && first.ok()) {
+      const size_t b = free_list.back();
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk_bytes, bytes - next));
+      IoRequest r{op, fd, next, buffers[b], n, b};
+      STRATA_RETURN_IF_ERROR(io.Submit(std::span<const IoRequest>(&r, 1)));
+      free_list.pop_back();
+      next += n;
+    }
+    STRATA_ASSIGN_OR_RETURN(size_t n, io.Reap(done, 1));
+    for (size_t i = 0; i < n; ++i) {
+      if (!done[i].status.ok() && first.ok()) first = done[i].status;
+      free_list.push_back(static_cast<size_t>(done[i].user_data));
+    }
+  }
+  return first;
+}
+
+// Opens `path` with `flags`, runs one pass (+ fsync for writes), closes; seconds taken.
+Result<double> TimedPass(IoBackend& io, const std::string& path, int flags, IoOp op, uint64_t bytes,
+                         size_t chunk_bytes, const std::vector<uint8_t*>& buffers, bool allocate,
+                         bool* buffered) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int fd = OpenDirect(path, flags, buffered);
+  if (fd < 0) return Status::FromErrno(errno, "open", path);
+  Status st = io.RegisterFile(fd, path);
+  if (st.ok() && allocate) st = io.Allocate(fd, bytes);
+  if (st.ok()) st = Pump(io, fd, op, bytes, chunk_bytes, buffers);
+  if (st.ok() && op == IoOp::kWrite && ::fsync(fd) != 0)
+    st = Status::FromErrno(errno, "fsync", path);
+  io.UnregisterFile(fd);
+  if (::close(fd) != 0 && st.ok()) st = Status::FromErrno(errno, "close", path);
+  STRATA_RETURN_IF_ERROR(st);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Result<DiskReference> MeasureDisk(const std::string& dir, uint64_t bytes,
+                                  const StreamOptions& options) {
+  STRATA_RETURN_IF_ERROR(CheckOptions(options));
+  if (options.kind == IoBackendKind::kSimulated) {
+    return Status::InvalidArgument("MeasureDisk: the simulated backend has no disk to measure");
+  }
+  DiskReference d;
+  d.chunk_bytes = options.chunk_bytes;
+  d.depth = options.depth;
+  d.bytes = (std::max<uint64_t>(bytes, 1) + options.chunk_bytes - 1) / options.chunk_bytes *
+            options.chunk_bytes;
+  const std::string path = dir + "/.strata-disk-reference." + std::to_string(::getpid());
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> io, OpenBackend(options));
+  std::vector<uint8_t*> buffers;
+  Status st = AllocBuffers(options.depth, options.chunk_bytes, &buffers);
+  // Not zeros: nothing below may shortcut a block of zeros.
+  for (size_t b = 0; st.ok() && b < buffers.size(); ++b) {
+    for (size_t i = 0; i < options.chunk_bytes; ++i)
+      buffers[b][i] = static_cast<uint8_t>(i * 7 + b);
+  }
+  bool buffered = false;
+  double fresh_s = 0, over_s = 0, read_s = 0;
+  auto pass = [&](int flags, IoOp op, bool allocate, double* s) {
+    if (!st.ok()) return;
+    auto r =
+        TimedPass(*io, path, flags, op, d.bytes, options.chunk_bytes, buffers, allocate, &buffered);
+    if (r.ok()) *s = *r;
+    st = r.status();
+  };
+  pass(O_WRONLY | O_CREAT | O_TRUNC, IoOp::kWrite, true, &fresh_s);
+  pass(O_WRONLY, IoOp::kWrite, false, &over_s);
+  pass(O_RDONLY, IoOp::kRead, false, &read_s);
+  ::unlink(path.c_str());
+  FreeBuffers(&buffers);
+  if (io->inflight() == 0) ReturnIdle(options, std::move(io));
+  STRATA_RETURN_IF_ERROR(st.WithContext("disk reference " + path));
+  const double b = static_cast<double>(d.bytes);
+  d.write_fresh_bytes_per_s = fresh_s > 0 ? b / fresh_s : 0;
+  d.write_overwrite_bytes_per_s = over_s > 0 ? b / over_s : 0;
+  d.read_bytes_per_s = read_s > 0 ? b / read_s : 0;
+  if (buffered) d.note = "buffered IO (O_DIRECT refused under " + dir + ")";
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
 // StreamWriter
 // ---------------------------------------------------------------------------------------------
 
 Result<std::unique_ptr<StreamWriter>> StreamWriter::Create(const std::string& path,
                                                            const StreamOptions& options,
-                                                           uint64_t expected_bytes) {
+                                                           uint64_t expected_bytes, bool reuse) {
   STRATA_RETURN_IF_ERROR(CheckOptions(options));
   if (CrashPoint()) ::_exit(77);
   std::unique_ptr<StreamWriter> w(new StreamWriter());
   w->path_ = path;
   w->opt_ = options;
   bool buffered = false;
-  w->fd_ = OpenDirect(path, O_WRONLY | O_CREAT | O_TRUNC, &buffered);
+  w->fd_ = OpenDirect(path, O_WRONLY | O_CREAT | (reuse ? 0 : O_TRUNC), &buffered);
   if (w->fd_ < 0) return Status::FromErrno(errno, "create", path);
   if (buffered) w->note_ = "buffered IO (O_DIRECT refused on " + path + ")";
   STRATA_ASSIGN_OR_RETURN(w->io_, OpenBackend(options));

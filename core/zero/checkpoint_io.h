@@ -52,14 +52,41 @@ struct StreamOptions {
 StreamOptions StreamOptionsFromAio(int64_t block_size, int64_t queue_depth,
                                    int64_t intra_op_parallelism, IoBackendKind kind);
 
+// The disk under `dir` as the checkpoint streams see it: the reference their throughput is
+// judged by (`offloadctl bench engine --save-dir`, the CheckpointThroughput figure). One scratch
+// file of `bytes` (rounded up to whole chunks) goes through the same backend kind, chunk size and
+// depth as `options`, in three timed passes:
+//   fresh      created, preallocated as StreamWriter::Create does, written, fsynced: what a save
+//              into a new file pays (on ext4, converting unwritten extents as it goes);
+//   overwrite  the same file written again in place, fsynced: what a save into a recycled file
+//              and the swap write-back of a load pay (no allocation, no extent conversion);
+//   read       the file read back.
+// Each rate counts from open to fsync. Size it as the checkpoint (or at least 1 GiB): a short
+// run is absorbed by caches below a virtual disk and reports several times the disk's rate.
+// The file (under `dir`, named .strata-disk-reference.<pid>) is removed. IOError naming it.
+struct DiskReference {
+  uint64_t bytes = 0;
+  size_t chunk_bytes = 0, depth = 0;
+  double write_fresh_bytes_per_s = 0;
+  double write_overwrite_bytes_per_s = 0;
+  double read_bytes_per_s = 0;
+  std::string note;  // buffered IO where O_DIRECT was refused
+};
+Result<DiskReference> MeasureDisk(const std::string& dir, uint64_t bytes,
+                                  const StreamOptions& options);
+
 class StreamWriter {
  public:
   // Creates (truncates) `path` and, when `expected_bytes` > 0, preallocates that much
   // (IoBackend::Allocate; ENOSPC here, before any write; O_DIRECT writes inside the file's size
-  // do not serialize on extending it). IOError naming the path; InvalidArgument for bad options.
+  // do not serialize on extending it). With `reuse`, an existing file is kept and overwritten in
+  // place (its allocated blocks reused, extended when short; Finish truncates it to the bytes
+  // appended): a recycled checkpoint file. IOError naming the path; InvalidArgument for bad
+  // options.
   static Result<std::unique_ptr<StreamWriter>> Create(const std::string& path,
                                                       const StreamOptions& options,
-                                                      uint64_t expected_bytes = 0);
+                                                      uint64_t expected_bytes = 0,
+                                                      bool reuse = false);
   ~StreamWriter();  // waits for writes in flight; an unfinished file stays as it is
   StreamWriter(const StreamWriter&) = delete;
   StreamWriter& operator=(const StreamWriter&) = delete;

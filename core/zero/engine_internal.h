@@ -59,7 +59,7 @@ struct GatheredCopy {
 struct PendingReduce {
   size_t group = 0;
   DeviceBuffer full;   // the trainer's gradients; stage 0: then the all-gathered reduction
-  DeviceBuffer shard;  // the reduce-scatter output (this rank's shard)
+  DeviceBuffer shard;  // the reduce-scatter output (this rank's shard); empty at world size 1
   std::vector<CommHandle> handles;
   // qgZ: the quantized reduce-scatter running on its own thread (after the previous one).
   std::shared_future<Status> async;

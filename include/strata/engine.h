@@ -94,6 +94,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/checkpoint.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/device.h"
@@ -316,6 +317,11 @@ class Engine {
   // IOError naming the file; Aborted: another rank failed (its own result says why). A failed
   // collective fails the engine.
   Status Save(const std::string& dir, const std::string& tag,
+              std::span<const uint8_t> client_state = {});
+  // The same, with retention and file recycling (include/strata/checkpoint.h SaveOptions). When
+  // the save is committed but removing an older checkpoint fails, IOError says so (the new
+  // checkpoint is `latest` and loads).
+  Status Save(const std::string& dir, const std::string& tag, const SaveOptions& options,
               std::span<const uint8_t> client_state = {});
   // Restores the state of `<dir>/<tag>` (tag "" = the one `<dir>/latest` names) into this
   // engine; training then continues bit for bit as the run that saved it would have. Checks

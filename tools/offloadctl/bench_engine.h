@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/zero/checkpoint_io.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/engine.h"
@@ -54,8 +55,9 @@ struct BenchEngineArgs {
   int ranks_per_node = 0;
   bool sweep = false;
   bool json = false;
-  // Checkpoint: after the measured steps, Engine::Save to this directory (shared by the ranks;
-  // tag "bench-v<N>", replaced) and Load it back, timed ("" = none).
+  // Checkpoint: after the measured steps, Engine::Save into <save_dir>/bench-v<N>/ (shared by the
+  // ranks; replaced), Load it back, save twice more (fresh, then recycling the first), all timed,
+  // and measure the disk there ("" = none).
   std::string save_dir;
 };
 
@@ -78,6 +80,10 @@ struct RankFigures {
   // in comm_bytes_per_step.
   double comm_intra_bytes_per_step = 0, comm_inter_bytes_per_step = 0;
   double step_s = 0;  // median
+  // --save-dir: swap traffic of this rank's first Save and of its Load (store bytes moved from
+  // and to the NVMe tier): disk bytes the checkpoint moves besides its own files.
+  double save_swap_read_bytes = 0, save_swap_write_bytes = 0;
+  double load_swap_read_bytes = 0, load_swap_write_bytes = 0;
 };
 
 struct VariantResult {
@@ -102,9 +108,15 @@ struct VariantResult {
   // ranks); unset when the planner refuses its input.
   std::optional<PerTier<double>> planner_bytes;
   uint64_t budget_bytes[3] = {0, 0, 0};
-  // --save-dir: Save and Load wall times and the checkpoint's bytes (all ranks' files).
+  // --save-dir: Save and Load wall times and the checkpoint's bytes (all ranks' files). Then the
+  // A/B of file recycling, back to back: a second fresh save (save_fresh_s) and a third that
+  // recycles the first's files (save_recycled_s, SaveOptions keep_last 2).
   double save_s = 0, load_s = 0;
+  double save_fresh_s = 0, save_recycled_s = 0;
   uint64_t checkpoint_bytes = 0;
+  // The disk under --save-dir as the checkpoint streams see it (same chunk size, depth and
+  // bytes; fresh file, overwrite, read), measured by rank 0 after the saves.
+  zero::ckpt::DiskReference checkpoint_disk;
 };
 
 // The disk under the --nvme-path directories, measured by nvme/bench (O_DIRECT).

@@ -264,7 +264,11 @@ std::vector<double> Pack(const RankFigures& f) {
           f.comm_wire_bytes_per_step,
           f.step_s,
           f.comm_intra_bytes_per_step,
-          f.comm_inter_bytes_per_step};
+          f.comm_inter_bytes_per_step,
+          f.save_swap_read_bytes,
+          f.save_swap_write_bytes,
+          f.load_swap_read_bytes,
+          f.load_swap_write_bytes};
 }
 
 RankFigures Unpack(const double* d) {
@@ -277,6 +281,10 @@ RankFigures Unpack(const double* d) {
   f.step_s = d[7];
   f.comm_intra_bytes_per_step = d[8];
   f.comm_inter_bytes_per_step = d[9];
+  f.save_swap_read_bytes = d[10];
+  f.save_swap_write_bytes = d[11];
+  f.load_swap_read_bytes = d[12];
+  f.load_swap_write_bytes = d[13];
   return f;
 }
 
@@ -379,6 +387,55 @@ Result<ParsedConfig> BuildEngineConfig(const BenchEngineArgs& a, const EngineVar
   return ParseDeepSpeedConfig(j.dump(), po);
 }
 
+// --save-dir: Save / Load / fresh Save / recycling Save into <save_dir>/bench-v<N>/, each timed,
+// the swap traffic of the first two in this rank's figures; then rank 0 measures the disk there
+// with the checkpoint streams' chunk size and depth over the checkpoint's bytes.
+Status MeasureCheckpoint(const BenchEngineArgs& a, const EngineConfig& config, Engine& engine,
+                         const BenchProcess& p, Progress& progress, VariantResult* r) {
+  const std::string dir = a.save_dir + "/bench-v" + std::to_string(p.variants_run - 1);
+  if (p.rank == 0) std::filesystem::remove_all(dir);
+  const std::string name = r->variant.Name();
+  RankFigures& f = r->ranks[0];
+  auto timed = [&](const char* what, double* s, double* swap_read, double* swap_write,
+                   auto op) -> Status {
+    progress.Say("bench engine: " + name + ": " + what + " (" + dir + ")");
+    const StoreStats before = engine.Stats().store;
+    const auto t0 = Clock::now();
+    STRATA_RETURN_IF_ERROR(op().WithContext(what));
+    *s = Sec(Clock::now() - t0);
+    const StoreStats after = engine.Stats().store;
+    if (swap_read != nullptr) *swap_read = static_cast<double>(NvmeRead(after) - NvmeRead(before));
+    if (swap_write != nullptr)
+      *swap_write = static_cast<double>(NvmeWrite(after) - NvmeWrite(before));
+    return Status::OK();
+  };
+  STRATA_RETURN_IF_ERROR(timed("checkpoint save", &r->save_s, &f.save_swap_read_bytes,
+                               &f.save_swap_write_bytes,
+                               [&] { return engine.Save(dir, "first"); }));
+  STRATA_RETURN_IF_ERROR(timed("checkpoint load", &r->load_s, &f.load_swap_read_bytes,
+                               &f.load_swap_write_bytes,
+                               [&] { return engine.Load(dir, "first"); }));
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/first", ec)) {
+    r->checkpoint_bytes += e.file_size();
+  }
+  SaveOptions keep;
+  keep.keep_last = 2;
+  STRATA_RETURN_IF_ERROR(timed("checkpoint save, new files", &r->save_fresh_s, nullptr, nullptr,
+                               [&] { return engine.Save(dir, "second", keep); }));
+  STRATA_RETURN_IF_ERROR(timed("checkpoint save, recycled files", &r->save_recycled_s, nullptr,
+                               nullptr, [&] { return engine.Save(dir, "third", keep); }));
+  if (p.rank == 0 && a.disk_size_bytes > 0) {
+    progress.Say("bench engine: " + name + ": measuring the disk under " + dir);
+    const AioConfig& aio = config.aio;
+    const zero::ckpt::StreamOptions so = zero::ckpt::StreamOptionsFromAio(
+        aio.block_size, aio.queue_depth, aio.intra_op_parallelism, p.io_kind);
+    STRATA_ASSIGN_OR_RETURN(r->checkpoint_disk,
+                            zero::ckpt::MeasureDisk(dir, r->checkpoint_bytes, so));
+  }
+  return Status::OK();
+}
+
 Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVariant& v,
                                        const ModelSpec& model, BenchProcess& p) {
   VariantResult r;
@@ -453,20 +510,7 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   r.init_s = Sec(Clock::now() - t0);
   STRATA_RETURN_IF_ERROR(MeasureSteps(a, *engine, p.rank, progress, &r));
   if (!a.save_dir.empty()) {
-    const std::string tag = "bench-v" + std::to_string(p.variants_run - 1);
-    if (p.rank == 0) std::filesystem::remove_all(a.save_dir + "/" + tag);
-    progress.Say("bench engine: " + v.Name() + ": saving a checkpoint to " + a.save_dir);
-    auto c0 = Clock::now();
-    STRATA_RETURN_IF_ERROR(engine->Save(a.save_dir, tag).WithContext("checkpoint save"));
-    r.save_s = Sec(Clock::now() - c0);
-    progress.Say("bench engine: " + v.Name() + ": loading it back");
-    c0 = Clock::now();
-    STRATA_RETURN_IF_ERROR(engine->Load(a.save_dir, tag).WithContext("checkpoint load"));
-    r.load_s = Sec(Clock::now() - c0);
-    std::error_code ec;
-    for (const auto& f : std::filesystem::directory_iterator(a.save_dir + "/" + tag, ec)) {
-      r.checkpoint_bytes += f.file_size();
-    }
+    STRATA_RETURN_IF_ERROR(MeasureCheckpoint(a, cfg.config, *engine, p, progress, &r));
   }
   progress.Done();
   STRATA_ASSIGN_OR_RETURN(std::vector<double> all,

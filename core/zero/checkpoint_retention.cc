@@ -1,0 +1,82 @@
+// Checkpoint retention and recycling (see checkpoint_retention.h).
+#include "core/zero/checkpoint_retention.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/zero/checkpoint_format.h"
+
+namespace strata::zero::ckpt {
+
+Result<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& dir) {
+  std::vector<CheckpointEntry> out;
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) return out;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) return Status::IOError("list checkpoints in " + dir + ": " + ec.message());
+  for (const auto& entry : it) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() >= 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) continue;
+    if (!entry.is_directory(ec)) continue;
+    struct stat st {};
+    const std::string manifest = entry.path().string() + "/" + kManifestName;
+    if (::stat(manifest.c_str(), &st) != 0) continue;
+    out.push_back({name, int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec});
+  }
+  std::sort(out.begin(), out.end(), [](const CheckpointEntry& a, const CheckpointEntry& b) {
+    return a.committed_ns != b.committed_ns ? a.committed_ns < b.committed_ns : a.tag < b.tag;
+  });
+  return out;
+}
+
+std::vector<std::string> TagsBeyond(const std::vector<CheckpointEntry>& all, size_t keep_last,
+                                    size_t adding, const std::string& protect) {
+  std::vector<std::string> out;
+  if (keep_last == 0 || all.size() + adding <= keep_last) return out;
+  size_t excess = all.size() + adding - keep_last;
+  for (const CheckpointEntry& c : all) {
+    if (excess == 0) break;
+    if (c.tag == protect) continue;
+    out.push_back(c.tag);
+    --excess;
+  }
+  return out;
+}
+
+Status RetireCheckpoint(const std::string& dir, const std::string& tag) {
+  const std::string from = dir + "/" + tag, to = from + ".tmp";
+  if (!PathExists(from)) return Status::OK();
+  STRATA_RETURN_IF_ERROR(RemoveTree(to));  // a crashed save's leftover would block the rename
+  STRATA_RETURN_IF_ERROR(RenamePath(from, to));
+  STRATA_RETURN_IF_ERROR(FsyncDir(dir));
+  return RemoveTree(to);
+}
+
+Status RecycleCheckpoint(const std::string& dir, const std::string& tag,
+                         const std::string& tmp_dir) {
+  STRATA_RETURN_IF_ERROR(RenamePath(dir + "/" + tag, tmp_dir + "/" + kRecycledName));
+  return FsyncDir(dir);
+}
+
+Status RecycleOldest(const std::string& dir, size_t keep_last, const std::string& tmp_dir) {
+  STRATA_ASSIGN_OR_RETURN(const std::vector<CheckpointEntry> all, ListCheckpoints(dir));
+  auto latest = ResolveTag(dir, "");
+  // An unreadable `latest` might name any of them: take none (the save then writes new files).
+  if (!latest.ok() && latest.status().code() != Status::Code::kNotFound) return Status::OK();
+  const std::vector<std::string> beyond =
+      TagsBeyond(all, keep_last, 1, latest.ok() ? *latest : std::string());
+  if (beyond.empty()) return Status::OK();
+  return RecycleCheckpoint(dir, beyond.front(), tmp_dir);
+}
+
+Status RetireBeyond(const std::string& dir, size_t keep_last, const std::string& committed) {
+  STRATA_ASSIGN_OR_RETURN(const std::vector<CheckpointEntry> all, ListCheckpoints(dir));
+  for (const std::string& tag : TagsBeyond(all, keep_last, 0, committed)) {
+    STRATA_RETURN_IF_ERROR(RetireCheckpoint(dir, tag));
+  }
+  return Status::OK();
+}
+
+}  // namespace strata::zero::ckpt

@@ -1,0 +1,63 @@
+// Retention of the checkpoints in a directory (SaveOptions::keep_last, include/strata/checkpoint.h)
+// and the recycling of the oldest one's rank files by the next save.
+//
+// A checkpoint leaves the tag namespace in one rename before any of its files is touched, and the
+// directory is fsynced right after, so a crash at any point leaves every tag either complete (its
+// manifest and files as committed) or absent:
+//   retire   <dir>/<old>  ->  <dir>/<old>.tmp  (a name no load reads, what a crashed save of
+//            <old> leaves), fsync <dir>, then remove the tree;
+//   recycle  <dir>/<old>  ->  <dir>/<new>.tmp/recycled  (inside the new save's scratch directory,
+//            which the save removes if it is there at its start), fsync <dir>; each rank then
+//            renames recycled/rank<r>.safetensors to <new>.tmp/rank<r>.safetensors and overwrites
+//            it in place (StreamWriter::Create with `reuse`), and the rest of recycled/ is removed
+//            before the commit renames <new>.tmp.
+// `latest`'s tag is never retired or recycled.
+//
+// Thread safety: free functions over files; one saver per directory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/status.h"
+
+namespace strata::zero::ckpt {
+
+// The name of the recycled checkpoint inside a save's `<tag>.tmp/`.
+inline constexpr const char* kRecycledName = "recycled";
+
+struct CheckpointEntry {
+  std::string tag;
+  int64_t committed_ns = 0;  // mtime of its manifest.json: when its save committed
+};
+
+// The checkpoints of `dir` (subdirectories with a manifest.json, not ending in ".tmp"), oldest
+// first (committed_ns, then tag). IOError naming `dir` when it cannot be listed; a missing `dir`
+// has none.
+Result<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& dir);
+
+// The tags to remove so that `keep_last` remain once `adding` more are committed (0: none), oldest
+// first, never `protect` (latest's tag).
+std::vector<std::string> TagsBeyond(const std::vector<CheckpointEntry>& all, size_t keep_last,
+                                    size_t adding, const std::string& protect);
+
+// Removes checkpoint `tag` of `dir` (see the header comment). Missing is fine.
+Status RetireCheckpoint(const std::string& dir, const std::string& tag);
+
+// Moves checkpoint `tag` of `dir` into `tmp_dir`/recycled (see the header comment).
+// REQUIRES: tmp_dir exists inside dir and holds no `recycled`.
+Status RecycleCheckpoint(const std::string& dir, const std::string& tag,
+                         const std::string& tmp_dir);
+
+// A save's first step with SaveOptions keep_last > 0 and recycle_files: when committing one more
+// checkpoint will put the oldest beyond keep_last, moves it into `tmp_dir` (RecycleCheckpoint)
+// for its rank files to be reused. `latest`'s tag is never taken. OK when there is none to take.
+Status RecycleOldest(const std::string& dir, size_t keep_last, const std::string& tmp_dir);
+
+// A save's last step with keep_last > 0: retires the checkpoints beyond the newest keep_last,
+// never `committed` (the tag just saved, now `latest`).
+Status RetireBeyond(const std::string& dir, size_t keep_last, const std::string& committed);
+
+}  // namespace strata::zero::ckpt
