@@ -95,9 +95,12 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
   };
   const uint64_t group = in.largest_group_elems, shard = in.largest_shard_elems;
   const uint64_t in_flight = in.overlap_comm ? 3 : 1;
-  const uint64_t grads = in_flight * (group + shard) * in.grad_elem_bytes;
-  add(in.overlap_comm ? "gradient buffers, 3 x (group + shard) (overlap_comm)"
-                      : "gradient buffers, group + shard",
+  const bool identity = in.world == 1 && !in.quantized_gradients;
+  const uint64_t grads =
+      identity ? group * in.grad_elem_bytes : in_flight * (group + shard) * in.grad_elem_bytes;
+  add(identity          ? "gradient buffer, one group (one rank: reduced in place)"
+      : in.overlap_comm ? "gradient buffers, 3 x (group + shard) (overlap_comm)"
+                        : "gradient buffers, group + shard",
       grads);
   if (placement.optimizer_partitioned && in.world > 1) {
     const uint64_t read_back = group * StateElementBytes(StateKind::kMaster32, DType::kF32);

@@ -85,7 +85,9 @@ uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems
 // does not apply), and the largest group sets the size of every buffer. Items:
 //   - gradient buffers: the trainer writes one group's gradient (the full padded group, in the
 //     wire dtype) and the reduce-scatter writes its shard; with overlap_comm up to two more
-//     groups are reducing behind the trainer's backward: 3 x (group + shard), else 1 x.
+//     groups are reducing behind the trainer's backward: 3 x (group + shard), else 1 x. One rank
+//     (without qgZ): the reduction is the identity, read from the trainer's buffer at once: one
+//     group, no shard.
 //   - read-back staging: Engine::ReadMaster all-gathers one group's fp32 master on several
 //     ranks with a partitioned optimizer (4 B x group). Between steps, when no gradient buffer
 //     is allocated: only its excess over the gradient buffers counts.
@@ -109,6 +111,7 @@ struct DeviceWorkingInput {
   uint64_t param_elem_bytes = 2;     // gathered params and param shards (the working dtype)
   uint64_t grad_elem_bytes = 2;      // gradients as the trainer writes and reduces them
   bool overlap_comm = false;
+  bool quantized_gradients = false;      // qgZ (stage 3): reduces through its own wire buffers
   uint64_t max_live_elems = 1000000000;  // stage3_max_live_parameters (full parameters)
 };
 

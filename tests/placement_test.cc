@@ -121,11 +121,17 @@ TEST(DeviceWorking, ItemsFollowStageOverlapAndLimits) {
   // ... capped by stage3_max_live_parameters per rank: 1001 / 2 -> 501 + 1000 shard elements.
   in.max_live_elems = 1001;
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, V), in), true), 1501u * 2);
-  // One rank: shard = group, no read-back even with a partitioned optimizer.
+  // One rank: the reduction is the identity, read from the trainer's one buffer (overlap_comm or
+  // not), and nothing is read back even with a partitioned optimizer.
   DeviceWorkingInput one;
   one.largest_group_elems = one.largest_shard_elems = one.total_group_elems = 100;
   one.grad_elem_bytes = 4;
-  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 800u + 16);
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16);
+  one.overlap_comm = true;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16);
+  // qgZ reduces through its buffers even on one rank: 3 x (group + shard).
+  one.quantized_gradients = true;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, N), one)), 2400u + 16 + 100 * 2);
 }
 
 TEST(DeviceWorking, ShardLimitsDivideFullParameterCounts) {

@@ -117,6 +117,7 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   dw.param_elem_bytes = width(r.param_bytes);
   dw.grad_elem_bytes = width(r.grad_bytes);
   dw.overlap_comm = overlap;
+  dw.quantized_gradients = stage == 3 && z.zero_plus_plus.quantized_gradients;
   dw.max_live_elems = elems(z.max_live_parameters);
   for (const sched::DeviceWorkingItem& it : sched::DeviceWorkingSet(b.rules, dw)) {
     b.Add(Tier::kDevice, it.name, static_cast<double>(it.bytes));

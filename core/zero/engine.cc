@@ -599,6 +599,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   dw.param_elem_bytes = e.elt;
   dw.grad_elem_bytes = e.elt;
   dw.overlap_comm = e.overlap_comm;
+  dw.quantized_gradients = e.zpp.qgz;
   dw.max_live_elems = e.max_live_elems;
   uint64_t store_cache_bytes = 0;  // the store's device copies of param shards: its own budget
   for (const sched::DeviceWorkingItem& it : sched::DeviceWorkingSet(e.placement, dw)) {
