@@ -74,4 +74,50 @@ uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems
   return buffers * PageRound(largest_shard_elems * StateElementBytes(StateKind::kParam16, working));
 }
 
+namespace {
+uint64_t CeilDiv(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+}  // namespace
+
+ShardLimits PerRankShardLimits(uint64_t prefetch, uint64_t max_live, uint64_t reuse_distance,
+                               uint64_t persistence, int world) {
+  assert(world >= 1);
+  const auto n = static_cast<uint64_t>(world);
+  return ShardLimits{CeilDiv(prefetch, n), CeilDiv(max_live, n), CeilDiv(reuse_distance, n),
+                     CeilDiv(persistence, n)};
+}
+
+std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
+                                                const DeviceWorkingInput& in) {
+  assert(in.world >= 1);
+  std::vector<DeviceWorkingItem> items;
+  auto add = [&](std::string name, uint64_t bytes, bool store_cache = false) {
+    if (bytes > 0) items.push_back({std::move(name), bytes, store_cache});
+  };
+  const uint64_t group = in.largest_group_elems, shard = in.largest_shard_elems;
+  const uint64_t in_flight = in.overlap_comm ? 3 : 1;
+  const bool identity = in.world == 1 && !in.quantized_gradients;
+  const uint64_t grads =
+      identity ? group * in.grad_elem_bytes : in_flight * (group + shard) * in.grad_elem_bytes;
+  add(identity          ? "gradient buffer, one group (one rank: reduced in place)"
+      : in.overlap_comm ? "gradient buffers, 3 x (group + shard) (overlap_comm)"
+                        : "gradient buffers, group + shard",
+      grads);
+  if (placement.optimizer_partitioned && in.world > 1) {
+    const uint64_t read_back = group * StateElementBytes(StateKind::kMaster32, DType::kF32);
+    add("fp32 read-back of a group, beyond the gradient buffers",
+        read_back > grads ? read_back - grads : 0);
+  }
+  add("norm exchange", static_cast<uint64_t>(in.world) * 16);
+  if (!placement.params_partitioned) return items;
+  add("gathered groups (max_live + 2 in use)",
+      std::min(in.total_group_elems, in.max_live_elems + 2 * group) * in.param_elem_bytes);
+  if (placement.Home(StateKind::kParam16) != Tier::kDevice) {
+    const uint64_t total_shards = CeilDiv(in.total_group_elems, static_cast<uint64_t>(in.world));
+    const uint64_t live = PerRankShardLimits(0, in.max_live_elems, 0, 0, in.world).max_live_elems;
+    add("param shards cached (max_live / N + 2 in use)",
+        std::min(total_shards, live + 2 * shard) * in.param_elem_bytes, /*store_cache=*/true);
+  }
+  return items;
+}
+
 }  // namespace strata::sched

@@ -20,6 +20,7 @@
 // Thread safety: pure functions.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -73,5 +74,70 @@ uint64_t OptimizerSwapBufferBytes(int64_t buffer_count, uint64_t sub_group_elems
 // (offload_param.buffer_count, clamped to [2, 64]) shards of the largest group, in whole 4 KiB
 // pages. strata keeps no other parameter cache in DRAM (DeepSpeed's max_in_cpu is not used).
 uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems, DType working);
+
+// The engine's device working set: what it allocates on the device besides the homes of the
+// states, per rank. One rule for the engine's layout (core/zero/engine.cc: budgets and the table
+// Create prints) and the planner's HBM items (core/plan/planner.cc), so `offloadctl plan` predicts
+// the peak the engine reaches (checked within 10 % by tests/plan_engine_memory_test.cc).
+//
+// strata reduces and gathers per group, not in DeepSpeed's buckets: reduce_bucket_size and
+// allgather_bucket_size allocate nothing here (DeepSpeed's 4.5 x bucket figure for stages 1-2
+// does not apply), and the largest group sets the size of every buffer. Items:
+//   - gradient buffers: the trainer writes one group's gradient (the full padded group, in the
+//     wire dtype) and the reduce-scatter writes its shard; with overlap_comm up to two more
+//     groups are reducing behind the trainer's backward: 3 x (group + shard), else 1 x. One rank
+//     (without qgZ): the reduction is the identity, read from the trainer's buffer at once: one
+//     group, no shard.
+//   - read-back staging: Engine::ReadMaster all-gathers one group's fp32 master on several
+//     ranks with a partitioned optimizer (4 B x group). Between steps, when no gradient buffer
+//     is allocated: only its excess over the gradient buffers counts.
+//   - norm exchange: 16 B per rank.
+//   - stage 3, gathered groups: the copies kept after Release (persistent or reused within
+//     stage3_max_reuse_distance) are capped by stage3_max_live_parameters; the trainer holds up
+//     to two more while it computes (a group in use is never dropped): min(model, max_live + 2
+//     x group) elements.
+//   - stage 3 with params off the device, param shards cached on the device (the store's copies,
+//     fetched ahead and kept by the prefetcher): capped by stage3_max_live_parameters (full
+//     parameters, so 1/N of it in shard elements) plus the two shards in use: min(all shards,
+//     max_live / N + 2 x shard). stage3_prefetch_bucket_size bounds how far ahead, not the bytes
+//     kept, so it does not appear.
+// Not here: ZeRO++'s wire buffers (core/zero/zero_collectives.h) and hpZ's secondary copy (a
+// state), which both sides add from their own ZeRO++ rules.
+struct DeviceWorkingInput {
+  int world = 1;
+  uint64_t largest_group_elems = 0;  // the largest group, padded (all ranks' shards)
+  uint64_t largest_shard_elems = 0;  // a rank's shard of it
+  uint64_t total_group_elems = 0;    // every group, padded
+  uint64_t param_elem_bytes = 2;     // gathered params and param shards (the working dtype)
+  uint64_t grad_elem_bytes = 2;      // gradients as the trainer writes and reduces them
+  bool overlap_comm = false;
+  bool quantized_gradients = false;      // qgZ (stage 3): reduces through its own wire buffers
+  uint64_t max_live_elems = 1000000000;  // stage3_max_live_parameters (full parameters)
+};
+
+struct DeviceWorkingItem {
+  std::string name;
+  uint64_t bytes = 0;
+  // True for the store's cached param shards: they are store blocks, inside the store's device
+  // budget; the rest are the engine's own buffers.
+  bool store_cache = false;
+};
+
+// REQUIRES: world >= 1. Items of 0 bytes are left out.
+std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
+                                                const DeviceWorkingInput& in);
+
+// DeepSpeed's stage-3 limits count full parameters; the store's prefetcher and cache work on a
+// rank's shards, so each becomes 1/N of itself in shard elements (rounded up; 0 stays 0). The
+// engine's PrefetchConfig and DeviceWorkingSet's shard cache both take them from here.
+struct ShardLimits {
+  uint64_t prefetch_elems = 0;        // stage3_prefetch_bucket_size
+  uint64_t max_live_elems = 0;        // stage3_max_live_parameters
+  uint64_t reuse_distance_elems = 0;  // stage3_max_reuse_distance
+  uint64_t persistence_elems = 0;     // stage3_param_persistence_threshold
+};
+// REQUIRES: world >= 1.
+ShardLimits PerRankShardLimits(uint64_t prefetch, uint64_t max_live, uint64_t reuse_distance,
+                               uint64_t persistence, int world);
 
 }  // namespace strata::sched

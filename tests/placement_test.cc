@@ -84,5 +84,88 @@ TEST(Placement, PlannerAppliesTheSameRules) {
   }
 }
 
+uint64_t Total(const std::vector<DeviceWorkingItem>& items, bool store_cache_only = false) {
+  uint64_t sum = 0;
+  for (const DeviceWorkingItem& it : items) {
+    if (!store_cache_only || it.store_cache) sum += it.bytes;
+  }
+  return sum;
+}
+
+// The device working set by hand: 2 ranks, largest group 1000 elements (shard 500), 4000 in all,
+// 2-byte params and grads.
+TEST(DeviceWorking, ItemsFollowStageOverlapAndLimits) {
+  DeviceWorkingInput in;
+  in.world = 2;
+  in.largest_group_elems = 1000;
+  in.largest_shard_elems = 500;
+  in.total_group_elems = 4000;
+  // Stage 0: one gradient buffer + its shard, 1500 x 2 B, + the norm exchange 2 x 16 B. The
+  // optimizer is not partitioned: nothing is read back.
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(0, N, N), in)), 3000u + 32);
+  // Stage 2: the fp32 read-back of a group (4000 B) is larger than the gradient buffers (3000 B):
+  // its excess counts.
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), in)), 4000u + 32);
+  // overlap_comm: three in flight (9000 B), more than the read-back.
+  in.overlap_comm = true;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), in)), 9000u + 32);
+  // Stage 3: + gathered groups, min(4000, max_live + 2 x 1000) x 2 B.
+  in.max_live_elems = 1000;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, N), in)), 9032u + 3000 * 2);
+  in.max_live_elems = 1000000;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, N), in)), 9032u + 4000 * 2);
+  // Params on the host: + the store's shard cache, min(2000 shards, 1e6 / 2 + 2 x 500) x 2 B.
+  const auto cpu = DeviceWorkingSet(ResolvePlacement(3, N, C), in);
+  EXPECT_EQ(Total(cpu, true), 2000u * 2);
+  EXPECT_EQ(Total(cpu), 9032u + 8000 + 4000);
+  // ... capped by stage3_max_live_parameters per rank: 1001 / 2 -> 501 + 1000 shard elements.
+  in.max_live_elems = 1001;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, V), in), true), 1501u * 2);
+  // One rank: the reduction is the identity, read from the trainer's one buffer (overlap_comm or
+  // not), and nothing is read back even with a partitioned optimizer.
+  DeviceWorkingInput one;
+  one.largest_group_elems = one.largest_shard_elems = one.total_group_elems = 100;
+  one.grad_elem_bytes = 4;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16);
+  one.overlap_comm = true;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16);
+  // qgZ reduces through its buffers even on one rank: 3 x (group + shard).
+  one.quantized_gradients = true;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, N), one)), 2400u + 16 + 100 * 2);
+}
+
+TEST(DeviceWorking, ShardLimitsDivideFullParameterCounts) {
+  const ShardLimits l = PerRankShardLimits(50000000, 1000000000, 7, 0, 4);
+  EXPECT_EQ(l.prefetch_elems, 12500000u);
+  EXPECT_EQ(l.max_live_elems, 250000000u);
+  EXPECT_EQ(l.reuse_distance_elems, 2u);  // rounded up
+  EXPECT_EQ(l.persistence_elems, 0u);     // 0 stays 0
+  EXPECT_EQ(PerRankShardLimits(3, 3, 3, 3, 1).max_live_elems, 3u);
+}
+
+// The planner lists the same device items (per-group buffers, not DeepSpeed's buckets).
+TEST(DeviceWorking, PlannerListsTheSameItems) {
+  PlanInput in;
+  in.params = 4000;
+  in.largest_group_params = 1000;
+  in.capacity.gpus_per_node = 2;
+  in.zero.max_live_parameters = 1000;
+  const Placement p = Place(in, 3, C, C);
+  DeviceWorkingInput dw;
+  dw.world = 2;
+  dw.largest_group_elems = 1000;
+  dw.largest_shard_elems = 500;
+  dw.total_group_elems = 4000;
+  dw.overlap_comm = true;  // DeepSpeed's default at stage 3
+  dw.max_live_elems = 1000;
+  const auto items = DeviceWorkingSet(ResolvePlacement(3, C, C), dw);
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, static_cast<double>(Total(items)));
+  for (const DeviceWorkingItem& it : items) {
+    bool listed = false;
+    for (const PlanItem& pi : p.items) listed |= pi.tier == D && pi.name == it.name;
+    EXPECT_TRUE(listed) << it.name;
+  }
+}
+
 }  // namespace
 }  // namespace strata::sched

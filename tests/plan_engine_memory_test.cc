@@ -45,6 +45,40 @@ TEST(PlanEngineMemory, SharedRules) {
   EXPECT_EQ(sc::ParamSwapBufferBytes(1, 4096, DType::kBF16), 2u * 8192);
 }
 
+// Every tier of every setting of `sweep_args`' sweep: the engine's measured peak and the planner's
+// figure within 10 %. Returns the number of (setting, tier) pairs compared.
+// `host_slack_bytes` is allowed on top of the host figure (see the two-rank test).
+int ExpectPeaksMatchThePlanner(const std::string& json, int world, double host_slack_bytes = 0) {
+  const auto j = nlohmann::json::parse(json, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << json;
+  if (j.is_discarded()) return 0;
+  int checked = 0;
+  for (const auto& v : j["variants"]) {
+    const std::string name = v["variant"].get<std::string>() + " on " + std::to_string(world);
+    EXPECT_TRUE(v["fits"].get<bool>()) << name;
+    if (!v["fits"].get<bool>() || v["planner_bytes"].is_null()) {
+      ADD_FAILURE() << name << ": no planner figure";
+      continue;
+    }
+    for (const char* tier : {"device", "host", "nvme"}) {
+      const double peak = v["peak_bytes"][tier].get<double>();
+      const double plan = v["planner_bytes"][tier].get<double>();
+      if (peak == 0 && plan == 0) continue;
+      const double slack = std::string(tier) == "host" ? host_slack_bytes : 0;
+      EXPECT_TRUE(Near(peak, plan, 0.10) || (peak > plan && Near(peak - slack, plan, 0.10)))
+          << name << ", " << tier << ": engine peak " << peak << " B, planner " << plan << " B";
+      ++checked;
+    }
+  }
+  return checked;
+}
+
+// Device: the states plus the engine's working set (sched::DeviceWorkingSet: per-group gradient
+// buffers, stage 3's gathered groups and cached param shards) on both sides. Before that rule
+// was shared the planner counted DeepSpeed's buckets, at this size +19 % at stage 2, +12 % at
+// stage 3 and +45 % with the optimizer offloaded. Host and NVMe: the states and swap buffers
+// (the shared rules above). 8 sub-groups cover the step pipeline's buffer_count + 1, and the
+// budget's 16 MiB slack is small next to the 360 MB of swap buffers.
 TEST(PlanEngineMemory, MeasuredPeakMatchesThePlannerPerTier) {
   strata::testing::TempDir dir("plan-engine-memory");
   const auto r =
@@ -53,34 +87,35 @@ TEST(PlanEngineMemory, MeasuredPeakMatchesThePlannerPerTier) {
                                 "--warmup-steps 1 --disk-size 0 --json --nvme-path " +
                                 dir.path() + " 2>/dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  const auto j = nlohmann::json::parse(r.out, nullptr, false);
-  ASSERT_FALSE(j.is_discarded()) << r.out;
-  int checked = 0;
-  for (const auto& v : j["variants"]) {
-    const std::string name = v["variant"].get<std::string>();
-    ASSERT_TRUE(v["fits"].get<bool>()) << name;
-    ASSERT_FALSE(v["planner_bytes"].is_null()) << name;
-    const bool offload = v["offload_optimizer"] != "none" || v["offload_param"] != "none";
-    const int stage = v["stage"].get<int>();
-    for (const char* tier : {"device", "host", "nvme"}) {
-      // The device tier's buffers are not under the shared rules: the planner counts
-      // DeepSpeed's reduce / all-gather buckets and stage 3's gathered set, the engine its
-      // per-group gradient buffers (at 32M params: stage 2 +19 %, stage 3 +10.4 %, stage 3 with
-      // the optimizer offloaded +45 %, all over). Checked where the states dominate: stage 0.
-      // Host and NVMe (states, swap buffers: the shared rules) are checked everywhere. Sizes:
-      // 8 sub-groups cover the step pipeline's buffer_count + 1, and the budget's 16 MiB slack
-      // is small next to the 360 MB of swap buffers.
-      if (std::string(tier) == "device" && (offload || stage != 0)) continue;
-      const double peak = v["peak_bytes"][tier].get<double>();
-      const double plan = v["planner_bytes"][tier].get<double>();
-      if (peak == 0 && plan == 0) continue;
-      EXPECT_TRUE(Near(peak, plan, 0.10))
-          << name << ", " << tier << ": engine peak " << peak << " B, planner " << plan << " B";
-      ++checked;
-    }
+  // Device for all 6 settings; host for the 3 offloaded ones; NVMe for the all-NVMe one.
+  EXPECT_EQ(ExpectPeaksMatchThePlanner(r.out, 1), 10) << r.out;
+}
+
+// Two ranks: shards are half a group, the optimizer partition is read back through an fp32
+// buffer, and the stage-3 limits are divided among the ranks' shards. Host, params on NVMe: the
+// prefetcher also stages upcoming param shards into host memory, which fills the host budget's
+// 16 MiB slack over the planned swap buffers (+16 MB at this size, -15 % against the plan; not
+// in the shared rules yet), so up to that much more is allowed there.
+
+TEST(PlanEngineMemory, MeasuredPeakMatchesThePlannerOnTwoRanks) {
+  strata::testing::TempDir dir("plan-engine-memory-2");
+  const auto r = strata::testing::RunShell(
+      "timeout 300 " + Ctl() + " launch -n 2 -- " + Ctl() +
+      " bench engine --params 16M --layers 8 --sweep --steps 1 --warmup-steps 1 --disk-size 0 "
+      "--json --nvme-path " +
+      dir.path() + " 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  // Rank 0's lines, without their "[rank 0] " prefix.
+  std::string json;
+  const std::string tag = "[rank 0] ";
+  for (size_t at = 0; at < r.out.size();) {
+    size_t end = r.out.find('\n', at);
+    if (end == std::string::npos) end = r.out.size();
+    const std::string line = r.out.substr(at, end - at);
+    if (line.rfind(tag, 0) == 0) json += line.substr(tag.size()) + "\n";
+    at = end + 1;
   }
-  // stage 0 device; opt cpu host; + param cpu host; all nvme host and nvme.
-  EXPECT_EQ(checked, 5) << r.out;
+  EXPECT_EQ(ExpectPeaksMatchThePlanner(json, 2, 16 << 20), 10) << r.out;
 }
 
 }  // namespace

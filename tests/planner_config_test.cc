@@ -82,9 +82,11 @@ TEST(PlannerConfig, InfinityConfigMapsEveryKey) {
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_DOUBLE_EQ(plan->configured->host_bytes_per_node,
                    8.0 * 7 * 4 * 200003584 + 8.0 * 7 * 400003072);
-  // HBM: one reduce bucket 1e8 x 2 B = 0.2 GB (overlap off) + gathered max(4e8, 0 + 3e7) x 2 B
-  // = 0.8 GB -> 1 GB.
-  EXPECT_DOUBLE_EQ(plan->configured->hbm_bytes_per_gpu, 1e9);
+  // HBM, the engine's working set with groups of reduce_bucket_size (1e8; shard 1.25e7):
+  // gradient buffers (1e8 + 1.25e7) x 2 B = 0.225 GB (overlap off) + fp32 read-back beyond them
+  // 0.4 - 0.225 = 0.175 + gathered min(7e9, max_live 4e8 + 2 x 1e8) x 2 B = 1.2 + cached shards
+  // min(8.75e8, 4e8 / 8 + 2 x 1.25e7) x 2 B = 0.15 -> 1.75 GB, + the norm exchange 8 x 16 B.
+  EXPECT_DOUBLE_EQ(plan->configured->hbm_bytes_per_gpu, 1.75e9 + 8 * 16);
 }
 
 TEST(PlannerConfig, DefaultsWhenKeysAreAbsent) {

@@ -8,9 +8,16 @@
 // Shard per rank: Ψ/N = 8.75e8 params.
 // Memory items follow the engine's rules (sched/placement.h): the gradient shard held for the
 // optimizer is fp32 (4 B, accumulated there) whatever the recipe's g (the reduction on the wire,
-// the buckets, PCIe); the NVMe swap buffers are (buffer_count + 1) x 4 fp32 blocks of a
+// the gradient buffers, PCIe); the NVMe swap buffers are (buffer_count + 1) x 4 fp32 blocks of a
 // sub-group in whole 4 KiB pages; params on NVMe get buffer_count shard buffers and no DRAM
-// cache. (The ledger, LedgerBytesPerGpu, stays the ZeRO paper's.)
+// cache. The device working set is the engine's (sched::DeviceWorkingSet), per group, not
+// DeepSpeed's buckets; the largest group is not given here, so it is taken as reduce_bucket_size
+// (5e8; shard 5e8 / 8 = 6.25e7): gradient buffers (group + shard) x 2 B = 1.125 GB, x3 with
+// overlap_comm = 3.375 GB; from stage 1 on 8 ranks the fp32 read-back of a group (2 GB) counts
+// beyond them (+0.875 GB without overlap); stage 3 gathers min(Ψ, max_live 1e9 + 2 x 5e8) x 2 B =
+// 4 GB, and with params off the GPU caches min(Ψ/N, 1e9/N + 2 x 6.25e7) = 2.5e8 shard elements x
+// 2 B = 0.5 GB; the norm exchange is 16 B per rank (kExchange).
+// (The ledger, LedgerBytesPerGpu, stays the ZeRO paper's.)
 #include "strata/planner.h"
 
 #include <gtest/gtest.h>
@@ -19,6 +26,7 @@ namespace strata {
 namespace {
 
 using D = OffloadDevice;
+constexpr double kExchange = 8 * 16;  // the norm exchange: 16 B per rank
 
 PlanInput Ref() {
   PlanInput in;
@@ -103,47 +111,64 @@ TEST(PlannerParse, ParamCountMustBeAWholeNumberAfterTheSuffix) {
 
 TEST(PlannerPlace, NoOffloadEachStage) {
   const PlanInput in = Ref();
-  // Stage 0: 112 + fp32 grads 2 x 7 = 126 + all-reduce bucket 5e8 x 2 B (overlap off) = 127 GB.
-  EXPECT_DOUBLE_EQ(Place(in, 0, D::kNone, D::kNone).hbm_bytes_per_gpu, 127e9);
-  // Stage 1: 38.5 + 14 (full fp32 grads) + (5e8 x 2 + 5e8 x 2) x 1 = 54.5 GB.
-  EXPECT_DOUBLE_EQ(Place(in, 1, D::kNone, D::kNone).hbm_bytes_per_gpu, 54.5e9);
-  // Stage 2: 26.25 + 1.75 (fp32 grad shard) + 2 = 30 GB.
-  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 30e9);
-  // Stage 3: 14 + 1.75 (fp32 grad shard) + reduce bucket 5e8 x 2 x 2 (overlap on by default) = 2
-  //          + gathered min(7e9, max(1e9, 0 + 5e7)) x 2 = 2  -> 19.75 GB.
+  // Stage 0: 112 + fp32 grads 2 x 7 = 126 + gradient buffers 1.125 (overlap off) = 127.125 GB
+  // (no read-back: the optimizer is not partitioned).
+  EXPECT_DOUBLE_EQ(Place(in, 0, D::kNone, D::kNone).hbm_bytes_per_gpu, 127.125e9 + kExchange);
+  // Stage 1: 38.5 + 14 (full fp32 grads) + gradient buffers 1.125 + read-back 0.875 = 54.5 GB.
+  EXPECT_DOUBLE_EQ(Place(in, 1, D::kNone, D::kNone).hbm_bytes_per_gpu, 54.5e9 + kExchange);
+  // Stage 2: 26.25 + 1.75 (fp32 grad shard) + 1.125 + 0.875 = 30 GB.
+  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 30e9 + kExchange);
+  // Stage 3: 14 + 1.75 (fp32 grad shard) + gradient buffers 3.375 (overlap on by default)
+  //          + gathered 4 -> 23.125 GB.
   const Placement s3 = Place(in, 3, D::kNone, D::kNone);
-  EXPECT_DOUBLE_EQ(s3.hbm_bytes_per_gpu, 19.75e9);
-  EXPECT_DOUBLE_EQ(ItemBytes(s3, Tier::kDevice, "gathered"), 2e9);
+  EXPECT_DOUBLE_EQ(s3.hbm_bytes_per_gpu, 23.125e9 + kExchange);
+  EXPECT_DOUBLE_EQ(ItemBytes(s3, Tier::kDevice, "gathered"), 4e9);
+  EXPECT_DOUBLE_EQ(ItemBytes(s3, Tier::kDevice, "bucket"), 0);  // DeepSpeed's: not allocated
   EXPECT_DOUBLE_EQ(s3.host_bytes_per_node, 0);
   EXPECT_DOUBLE_EQ(s3.nvme_bytes_per_node, 0);
   EXPECT_DOUBLE_EQ(s3.pcie_bytes_per_gpu, 0);
 }
 
-TEST(PlannerPlace, BucketsFollowOverlapAndLargestGroup) {
+TEST(PlannerPlace, WorkingSetFollowsOverlapAndLargestGroup) {
   PlanInput in = Ref();
   in.zero.overlap_comm = true;
-  // Stage 2 with overlap_comm: 26.25 + 1.75 (fp32 grad shard) + 4.5 x (1 + 1) = 37 GB.
-  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 37e9);
+  // Stage 2 with overlap_comm: 26.25 + 1.75 (fp32 grad shard) + 3 x 1.125 (more than the
+  // 2 GB read-back) = 31.375 GB. (DeepSpeed's 4.5 x buckets would say 37.)
+  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 31.375e9 + kExchange);
   in.zero.overlap_comm = false;
   in.largest_group_params = 1.2e9;
-  // Stage 3, overlap off: 15.75 + 1 (one reduce bucket) + max(1e9, 1.2e9 + 5e7) x 2 = 2.5
-  // -> 19.25.
-  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 19.25e9);
-  in.activation_bytes_per_gpu = 20e9;  // added as given: 39.25 GB
-  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 39.25e9);
-  // A tiny model: buckets and the gathered set never exceed the model (1e6 params):
-  // 18e6 / 8 = 2.25e6 + reduce 1e6 x 2 + gathered 1e6 x 2 = 6.25e6 (overlap off), + 20 GB
-  // activations.
+  // Stage 3, overlap off, group 1.2e9 (shard 1.5e8): 15.75 + gradient buffers 1.35e9 x 2 = 2.7
+  // + read-back 4.8 - 2.7 = 2.1 + gathered min(7e9, 1e9 + 2.4e9) x 2 = 6.8 -> 27.35.
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 27.35e9 + kExchange);
+  in.activation_bytes_per_gpu = 20e9;  // added as given: 47.35 GB
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 47.35e9 + kExchange);
+  // A tiny model: the group and the gathered set never exceed the model (1e6 params):
+  // 18e6 / 8 = 2.25e6 + gradient buffers (1e6 + 1.25e5) x 2 = 2.25e6 + read-back 4e6 - 2.25e6
+  // = 1.75e6 + gathered 1e6 x 2 = 8.25e6 (overlap off), + 20 GB activations.
   in.params = 1e6;
   in.largest_group_params = 0;
-  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 6.25e6 + 20e9);
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 8.25e6 + kExchange + 20e9);
+}
+
+// The working set is counted in 64-bit integers: a model of 1e15 params with settings as large
+// neither overflows nor loses its figure (gathered: min(1e15, 1e15 + 2e15) x 2 B).
+TEST(PlannerPlace, HugeModelsDoNotOverflowTheWorkingSet) {
+  PlanInput in = Ref();
+  in.params = 1e15;
+  in.largest_group_params = 1e15;
+  in.zero.max_live_parameters = 1e15;
+  in.zero.overlap_comm = true;
+  const Placement p = Place(in, 3, D::kCpu, D::kCpu);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kDevice, "gathered"), 2e15);
+  // Gradient buffers 3 x (1e15 + 1.25e14) x 2 B.
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kDevice, "gradient buffers"), 6.75e15);
 }
 
 TEST(PlannerPlace, Stage3OptimizerCpu) {
   const Placement p = Place(Ref(), 3, D::kCpu, D::kNone);
-  // HBM: param shard 2 x 8.75e8 = 1.75 + buckets 2 + gathered 2 = 5.75 GB (grads and optimizer
-  // state left the GPU).
-  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 5.75e9);
+  // HBM: param shard 2 x 8.75e8 = 1.75 + gradient buffers 3.375 + gathered 4 = 9.125 GB (grads
+  // and optimizer state left the GPU).
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 9.125e9 + kExchange);
   // Host per node: 8 GPUs x (12 + 4) B x 8.75e8 = 84 + 28 = 112 GB; not pinned by default.
   EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 112e9);
   EXPECT_DOUBLE_EQ(p.host_pinned_bytes_per_node, 0);
@@ -158,9 +183,10 @@ TEST(PlannerPlace, Stage3OptimizerCpuParamCpuPinned) {
   in.zero.optimizer_pin_memory = true;
   in.zero.param_pin_memory = true;
   const Placement p = Place(in, 3, D::kCpu, D::kCpu);
-  // HBM: buckets 2 + gathered 2 = 4 GB. Host: 112 + params 8 x 2 x 8.75e8 = 14 -> 126 GB,
-  // all of it pinned.
-  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 4e9);
+  // HBM: gradient buffers 3.375 + gathered 4 + cached shards 0.5 = 7.875 GB. Host: 112 + params
+  // 8 x 2 x 8.75e8 = 14 -> 126 GB, all of it pinned.
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 7.875e9 + kExchange);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kDevice, "shards cached"), 0.5e9);
   EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 126e9);
   EXPECT_DOUBLE_EQ(p.host_pinned_bytes_per_node, 126e9);
   // PCIe: grads down 1.75 + forward and backward shard up 2 x 1.75 = 5.25 GB.
@@ -169,14 +195,15 @@ TEST(PlannerPlace, Stage3OptimizerCpuParamCpuPinned) {
 
 TEST(PlannerPlace, Stage3ParamOffloadOnly) {
   const Placement cpu = Place(Ref(), 3, D::kNone, D::kCpu);
-  // HBM: fp32 grads shard 3.5 + optimizer shard 12 x 8.75e8 = 10.5 + buckets 2 + gathered 2 = 18.
-  EXPECT_DOUBLE_EQ(cpu.hbm_bytes_per_gpu, 18e9);
+  // HBM: fp32 grads shard 3.5 + optimizer shard 12 x 8.75e8 = 10.5 + gradient buffers 3.375
+  // + gathered 4 + cached shards 0.5 = 21.875.
+  EXPECT_DOUBLE_EQ(cpu.hbm_bytes_per_gpu, 21.875e9 + kExchange);
   EXPECT_DOUBLE_EQ(cpu.host_bytes_per_node, 14e9);
   // PCIe: shard up twice 3.5 + updated shard down 1.75 = 5.25 GB.
   EXPECT_DOUBLE_EQ(cpu.pcie_bytes_per_gpu, 5.25e9);
 
   const Placement nvme = Place(Ref(), 3, D::kNone, D::kNvme);
-  EXPECT_DOUBLE_EQ(nvme.hbm_bytes_per_gpu, 18e9);
+  EXPECT_DOUBLE_EQ(nvme.hbm_bytes_per_gpu, 21.875e9 + kExchange);
   // Host: no DRAM cache; swap buffers 8 x 5 x (1e8 x 2 B, in 4 KiB pages: 200003584) = 8.0001 GB.
   EXPECT_DOUBLE_EQ(nvme.host_bytes_per_node, 8.0 * 5 * 200003584);
   EXPECT_DOUBLE_EQ(nvme.host_pinned_bytes_per_node, 8.0 * 5 * 200003584);
@@ -189,7 +216,7 @@ TEST(PlannerPlace, Stage3ParamOffloadOnly) {
 TEST(PlannerPlace, Stage3OptimizerNvme) {
   PlanInput in = Ref();
   const Placement p = Place(in, 3, D::kNvme, D::kNone);
-  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 5.75e9);
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 9.125e9 + kExchange);
   // Host: swap buffers 8 x (4 + 1) x 4 x min(1e9, 8.75e8) x 4 B (in 4 KiB pages: 3500003328)
   // = 560 GB (sub_group_size 1e9 is larger than the shard: the buffers hold more than the state).
   EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 8.0 * 5 * 4 * 3500003328);
@@ -208,8 +235,8 @@ TEST(PlannerPlace, Stage3OptimizerNvme) {
   in.zero.gradient_accumulation_steps = 4;
   const Placement q = Place(in, 3, D::kNvme, D::kCpu);
   EXPECT_TRUE(q.notes.empty());  // 5 x 4 x 1e8 x 4 B = 8 GB < 10.5 GB per rank
-  // HBM 4. Host: buffers 8 x 5 x 4 x (1e8 x 4 B in pages: 400003072) = 64.0005 + params 14.
-  EXPECT_DOUBLE_EQ(q.hbm_bytes_per_gpu, 4e9);
+  // HBM 7.875. Host: buffers 8 x 5 x 4 x (1e8 x 4 B in pages: 400003072) = 64.0005 + params 14.
+  EXPECT_DOUBLE_EQ(q.hbm_bytes_per_gpu, 7.875e9 + kExchange);
   EXPECT_DOUBLE_EQ(q.host_bytes_per_node, 8.0 * 5 * 4 * 400003072 + 14e9);
   // IO per rank: 21 + fp32 grads 2 x 4 x 3.5 = 28 -> 49; x 8 = 392 GB.
   EXPECT_DOUBLE_EQ(q.nvme_io_bytes_per_node, 392e9);
@@ -222,7 +249,7 @@ TEST(PlannerPlace, Stage3AllNvmeMaxInCpuIsNotACache) {
   in.zero.max_in_cpu = 2.5e8;  // accepted, but strata keeps no DRAM copy of NVMe params
   in.zero.sub_group_size = 1e8;
   const Placement p = Place(in, 3, D::kNvme, D::kNvme);
-  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 4e9);
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 7.875e9 + kExchange);
   // Host: opt buffers 8 x 5 x 4 x 400003072 = 64.0005 + param buffers 8 x 5 x 200003584 = 8.0001.
   EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 8.0 * 5 * 4 * 400003072 + 8.0 * 5 * 200003584);
   // NVMe: 112 + params 14 = 126 GB.
@@ -235,14 +262,15 @@ TEST(PlannerPlace, Stage3AllNvmeMaxInCpuIsNotACache) {
 
 TEST(PlannerPlace, OffloadBelowStage3FollowsDeepSpeed) {
   const PlanInput in = Ref();
-  // Stage 2 + optimizer cpu (ZeRO-Offload): HBM params 14 + buckets 2 = 16; host 112.
+  // Stage 2 + optimizer cpu (ZeRO-Offload): HBM params 14 + gradient buffers 1.125 + read-back
+  // 0.875 = 16; host 112.
   const Placement s2 = Place(in, 2, D::kCpu, D::kNone);
-  EXPECT_DOUBLE_EQ(s2.hbm_bytes_per_gpu, 16e9);
+  EXPECT_DOUBLE_EQ(s2.hbm_bytes_per_gpu, 16e9 + kExchange);
   EXPECT_DOUBLE_EQ(s2.host_bytes_per_node, 112e9);
   EXPECT_TRUE(s2.notes.empty());
   // Stage 1 keeps the full fp32 grads on the GPU: 14 + 28 + 2 = 44; host 112.
   const Placement s1 = Place(in, 1, D::kCpu, D::kNone);
-  EXPECT_DOUBLE_EQ(s1.hbm_bytes_per_gpu, 44e9);
+  EXPECT_DOUBLE_EQ(s1.hbm_bytes_per_gpu, 44e9 + kExchange);
   EXPECT_DOUBLE_EQ(s1.host_bytes_per_node, 112e9);
   EXPECT_DOUBLE_EQ(s1.pcie_bytes_per_gpu, 3.5e9);
   // NVMe optimizer offload below stage 3 becomes cpu; param offload is ignored: as s2.
@@ -250,12 +278,12 @@ TEST(PlannerPlace, OffloadBelowStage3FollowsDeepSpeed) {
   EXPECT_EQ(s2n.offload_optimizer, D::kCpu);
   EXPECT_EQ(s2n.offload_param, D::kNone);
   EXPECT_EQ(s2n.notes.size(), 2u);
-  EXPECT_DOUBLE_EQ(s2n.hbm_bytes_per_gpu, 16e9);
+  EXPECT_DOUBLE_EQ(s2n.hbm_bytes_per_gpu, 16e9 + kExchange);
   EXPECT_DOUBLE_EQ(s2n.nvme_bytes_per_node, 0);
-  // Stage 0 ignores optimizer offload: 127 GB as without it.
+  // Stage 0 ignores optimizer offload: 127.125 GB as without it.
   const Placement s0 = Place(in, 0, D::kCpu, D::kCpu);
   EXPECT_EQ(s0.offload_optimizer, D::kNone);
-  EXPECT_DOUBLE_EQ(s0.hbm_bytes_per_gpu, 127e9);
+  EXPECT_DOUBLE_EQ(s0.hbm_bytes_per_gpu, 127.125e9 + kExchange);
   EXPECT_DOUBLE_EQ(s0.host_bytes_per_node, 0);
 }
 
@@ -264,7 +292,7 @@ TEST(PlannerPlace, HostAndNvmeScaleWithGpusPerNodeNotNodes) {
   in.capacity.gpus_per_node = 4;
   in.capacity.nodes = 2;  // N = 8 again, shard 8.75e8
   const Placement p = Place(in, 3, D::kCpu, D::kCpu);
-  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 4e9);
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 7.875e9 + kExchange);
   // 4 GPUs x (12 + 4 + 2) B x 8.75e8 = 63 GB per node.
   EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 63e9);
 }
@@ -306,16 +334,16 @@ TEST(PlannerRecommend, LadderOrder) {
   ASSERT_EQ(plan->ladder.size(), 8u);
   EXPECT_EQ(plan->ladder[4].offload_optimizer, D::kCpu);
   EXPECT_EQ(plan->ladder[7].offload_param, D::kNvme);
-  // 80 GB: stage 0 needs 127, stage 1 needs 54.5 -> stage 1 (rung 1).
+  // 80 GB: stage 0 needs 127.125, stage 1 needs 54.5 -> stage 1 (rung 1).
   EXPECT_EQ(Recommended(in), 1u);
   EXPECT_TRUE(plan->fits);
   in.capacity.hbm_bytes_per_gpu = 31e9;  // stage 2: 30
   EXPECT_EQ(Recommended(in), 2u);
-  in.capacity.hbm_bytes_per_gpu = 20e9;  // stage 3: 19.75
+  in.capacity.hbm_bytes_per_gpu = 24e9;  // stage 3: 23.125
   EXPECT_EQ(Recommended(in), 3u);
-  in.capacity.hbm_bytes_per_gpu = 10e9;  // stage 3 + optimizer cpu: 5.75 HBM, 112 host
+  in.capacity.hbm_bytes_per_gpu = 10e9;  // stage 3 + optimizer cpu: 9.125 HBM, 112 host
   EXPECT_EQ(Recommended(in), 4u);
-  in.capacity.hbm_bytes_per_gpu = 5e9;  // + params cpu: 4 HBM, 126 host
+  in.capacity.hbm_bytes_per_gpu = 8e9;  // + params cpu (and the NVMe rungs): 7.875 HBM, 126 host
   EXPECT_EQ(Recommended(in), 5u);
   in.capacity.dram_bytes_per_node = 100e9;  // 126 host no longer fits; nvme rungs need 574/568
   EXPECT_EQ(Recommended(in), 99u);
@@ -331,7 +359,7 @@ TEST(PlannerRecommend, LadderOrder) {
 TEST(PlannerRecommend, VerdictFollowsConfiguredSetting) {
   PlanInput in = Ref();
   in.has_configured = true;
-  in.zero.stage = 0;  // 127 GB does not fit 80 although stage 1 would
+  in.zero.stage = 0;  // 127.125 GB does not fit 80 although stage 1 would
   auto plan = MakePlan(in);
   ASSERT_TRUE(plan.ok());
   ASSERT_TRUE(plan->configured.has_value());
@@ -343,9 +371,9 @@ TEST(PlannerRecommend, VerdictFollowsConfiguredSetting) {
   plan = MakePlan(in);
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(plan->fits);
-  EXPECT_DOUBLE_EQ(plan->configured->hbm_bytes_per_gpu, 4e9);
+  EXPECT_DOUBLE_EQ(plan->configured->hbm_bytes_per_gpu, 7.875e9 + kExchange);
   // The per-stage table applies the configured offload to every stage.
-  EXPECT_DOUBLE_EQ(plan->stages[2].hbm_bytes_per_gpu, 16e9);
+  EXPECT_DOUBLE_EQ(plan->stages[2].hbm_bytes_per_gpu, 16e9 + kExchange);
   EXPECT_DOUBLE_EQ(plan->stages[3].host_bytes_per_node, 126e9);
 }
 

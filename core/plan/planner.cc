@@ -16,12 +16,6 @@
 namespace strata {
 namespace {
 
-// DeepSpeed's own figure for stages 1-2 with overlap_comm: the reduce and all-gather buckets
-// cost 4.5x their size (Hugging Face's DeepSpeed guide: "5e8 x 2 bytes x 2 x 4.5 = 9 GB").
-constexpr double kOverlapBucketFactorStage12 = 4.5;
-// Stages 0 and 3 with overlap_comm: one bucket reducing while the next fills.
-constexpr double kOverlapBucketFactorDouble = 2.0;
-
 std::string Fmt(double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%g", v);
@@ -33,6 +27,14 @@ std::string Fmt(double v) {
 // reduces it in (recipe.grad_bytes: the bytes on the wire, and in the reduce buckets).
 double GradStateBytes() {
   return static_cast<double>(sched::StateElementBytes(StateKind::kGrad, DType::kF32));
+}
+
+// Elements of the largest group (the unit the engine gathers and reduces): the caller's figure,
+// else DeepSpeed's reduce_bucket_size (its largest reduction unit), never more than the model.
+double LargestGroup(const PlanInput& in) {
+  const double g =
+      in.largest_group_params > 0 ? in.largest_group_params : in.zero.reduce_bucket_size;
+  return std::min(g, in.params);
 }
 
 // Elements of the largest optimizer sub-group of a rank: sub_group_size (0: each tensor, sized by
@@ -99,29 +101,26 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
     b.Add(Tier::kDevice, "optimizer state (master+m+v), 1/N shard", r.OptimizerBytes() * shard);
   }
 
-  const double reduce = std::min(z.reduce_bucket_size, psi);
-  const double allgather = std::min(z.allgather_bucket_size, psi);
-  if (stage == 0) {
-    const double f = overlap ? kOverlapBucketFactorDouble : 1.0;
-    b.Add(Tier::kDevice,
-          "all-reduce bucket (reduce_bucket_size" + std::string(overlap ? " x2" : "") + ")",
-          f * reduce * r.grad_bytes);
-  } else if (stage < 3) {
-    const double f = overlap ? kOverlapBucketFactorStage12 : 1.0;
-    b.Add(Tier::kDevice,
-          "reduce + all-gather buckets" + std::string(overlap ? " (x4.5, overlap_comm)" : ""),
-          f * (reduce * r.grad_bytes + allgather * r.param_bytes));
-  } else {
-    const double f = overlap ? kOverlapBucketFactorDouble : 1.0;
-    b.Add(Tier::kDevice,
-          "reduce-scatter bucket" + std::string(overlap ? "s (x2, overlap_comm)" : ""),
-          f * reduce * r.grad_bytes);
-    // Gathered full params live at once: bounded by stage3_max_live_parameters, but the group
-    // in use plus the prefetch bucket is always needed, whatever that limit says.
-    const double gathered = std::min(
-        psi, std::max(z.max_live_parameters, in.largest_group_params + z.prefetch_bucket_size));
-    b.Add(Tier::kDevice, "gathered params: max(max_live, largest group + prefetch)",
-          gathered * r.param_bytes);
+  // The engine's device working set, by the engine's own rule (sched/placement.h): per-group
+  // gradient buffers and gathered groups, not DeepSpeed's buckets.
+  const double ranks = static_cast<double>(in.capacity.Ranks());
+  const double group = LargestGroup(in);
+  // The rule counts in 64-bit integers: element counts clamped to 2^50 (1e15) and bytes per
+  // element to 256, so its products cannot overflow; a fractional width rounds up.
+  auto elems = [](double v) { return static_cast<uint64_t>(std::min(std::ceil(v), 0x1p50)); };
+  auto width = [](double v) { return static_cast<uint64_t>(std::min(std::ceil(v), 256.0)); };
+  sched::DeviceWorkingInput dw;
+  dw.world = static_cast<int>(in.capacity.Ranks());
+  dw.largest_group_elems = elems(group);
+  dw.largest_shard_elems = elems(group / ranks);
+  dw.total_group_elems = elems(psi);
+  dw.param_elem_bytes = width(r.param_bytes);
+  dw.grad_elem_bytes = width(r.grad_bytes);
+  dw.overlap_comm = overlap;
+  dw.quantized_gradients = stage == 3 && z.zero_plus_plus.quantized_gradients;
+  dw.max_live_elems = elems(z.max_live_parameters);
+  for (const sched::DeviceWorkingItem& it : sched::DeviceWorkingSet(b.rules, dw)) {
+    b.Add(Tier::kDevice, it.name, static_cast<double>(it.bytes));
   }
   b.Add(Tier::kDevice, "activations (caller estimate)", in.activation_bytes_per_gpu);
 }

@@ -589,25 +589,22 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
     L.working_bytes[Tier::kDevice] += w.device;
     L.working_bytes[Tier::kHost] += w.host;
   }
-  // Device working set: gradient buffers (the one being written plus up to two reductions in
-  // flight with overlap_comm), the reduce-scatter outputs, stage 3's gathered groups (the cache
-  // capped by stage3_max_live_parameters plus two in use), the norm exchange and the read-back
-  // staging.
-  const uint64_t in_flight = e.overlap_comm ? 3 : 1;
-  L.working_bytes[Tier::kDevice] = in_flight * (largest_padded + largest_shard) * e.elt +
-                                   static_cast<uint64_t>(e.world) * 16 + largest_padded * 4;
-  if (e.placement.params_partitioned) {
-    L.working_bytes[Tier::kDevice] +=
-        (std::min<uint64_t>(e.max_live_elems, total_padded) + 2 * largest_padded) * e.elt;
-    if (param_home != Tier::kDevice) {
-      // Shards fetched to the device ahead of their all-gather (the prefetch window).
-      const uint64_t window = static_cast<uint64_t>(std::max<int64_t>(
-                                  0, z.stage3_prefetch_bucket_size.value_or(50000000))) /
-                                  static_cast<uint64_t>(e.world) +
-                              2 * largest_shard;
-      L.working_bytes[Tier::kDevice] +=
-          std::min<uint64_t>(window, total_padded / static_cast<uint64_t>(e.world)) * e.elt;
-    }
+  // Device working set: the shared rule (sched/placement.h, DeviceWorkingSet), the same items
+  // `offloadctl plan` lists. ZeRO++'s wire buffers were added above.
+  sched::DeviceWorkingInput dw;
+  dw.world = e.world;
+  dw.largest_group_elems = largest_padded;
+  dw.largest_shard_elems = largest_shard;
+  dw.total_group_elems = total_padded;
+  dw.param_elem_bytes = e.elt;
+  dw.grad_elem_bytes = e.elt;
+  dw.overlap_comm = e.overlap_comm;
+  dw.quantized_gradients = e.zpp.qgz;
+  dw.max_live_elems = e.max_live_elems;
+  uint64_t store_cache_bytes = 0;  // the store's device copies of param shards: its own budget
+  for (const sched::DeviceWorkingItem& it : sched::DeviceWorkingSet(e.placement, dw)) {
+    L.working_bytes[Tier::kDevice] += it.bytes;
+    if (it.store_cache) store_cache_bytes += it.bytes;
   }
   // Host working set: the optimizer pipeline's sub-groups in flight (NVMe-homed state is paged
   // through host memory), parameter shards staged from NVMe, and states computed on the host
@@ -659,8 +656,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
     TieredStoreOptions so;
     so.device = options.device;
     // The hpZ secondary copy is a device state the engine allocates itself, not a store block.
-    so.device_budget_bytes =
-        L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice] - L.hpz_secondary_bytes;
+    // The param shards it caches on the device are its own blocks: they stay in its share.
+    so.device_budget_bytes = L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice] +
+                             store_cache_bytes - L.hpz_secondary_bytes;
     so.host_budget_bytes = L.budget_bytes[Tier::kHost];
     so.rank = e.rank;
     so.io_deadline = options.timeout;
@@ -740,10 +738,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
     }
     if (L.state_bytes[Tier::kNvme] > 0) STRATA_RETURN_IF_ERROR(e.store->OpenNvme());
     if (e.placement.params_partitioned) {
-      const auto pc = sched::PrefetchConfig::FromNumel(
+      // The limits count full parameters; the prefetcher works on this rank's shards.
+      const sched::ShardLimits lim = sched::PerRankShardLimits(
           static_cast<uint64_t>(
               std::max<int64_t>(0, z.stage3_prefetch_bucket_size.value_or(50000000))),
-          e.max_live_elems, e.reuse_distance_elems, e.persistence_elems, e.elt);
+          e.max_live_elems, e.reuse_distance_elems, e.persistence_elems, e.world);
+      const auto pc =
+          sched::PrefetchConfig::FromNumel(lim.prefetch_elems, lim.max_live_elems,
+                                           lim.reuse_distance_elems, lim.persistence_elems, e.elt);
       e.gather = std::make_unique<store::GatherScheduler>(e.store.get(), shard_blocks, pc);
     }
     kernels::PoolOptions pool_options;

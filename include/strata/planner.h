@@ -9,10 +9,15 @@
 // state (master + m + v): (p+g+o)Ψ, (p+g)Ψ + oΨ/N, pΨ + (g+o)Ψ/N, (p+g+o)Ψ/N.
 //
 // On top of the ledger the planner places what the DeepSpeed offload settings move (optimizer
-// state and its gradient shard on cpu/nvme, parameters on cpu/nvme) and the buffers the config
-// implies (reduce / all-gather buckets, the stage-3 gathered working set, pinned swap buffers),
-// plus the caller's activation estimate. The model itself is unknown to the planner: activations
-// and the largest gathered group are inputs, never guessed.
+// state and its gradient shard on cpu/nvme, parameters on cpu/nvme) and the buffers strata's
+// engine allocates for them (pinned swap buffers; on the GPU the engine's working set, by the
+// engine's own rule sched::DeviceWorkingSet: per-group gradient buffers, the stage-3 gathered
+// groups under stage3_max_live_parameters and cached param shards), plus the caller's activation
+// estimate. strata reduces and gathers per group, so DeepSpeed's reduce / all-gather buckets are
+// not allocated and DeepSpeed's own bucket figures (4.5 x buckets at stages 1-2) do not apply.
+// The model itself is unknown to the planner: activations and the largest gathered group are
+// inputs; without the largest group, groups are taken as reduce_bucket_size elements (DeepSpeed's
+// largest reduction unit), and the plan says so.
 //
 // Units: parameter counts and element counts are doubles (7e9), bytes are doubles. "GB" in
 // printed output is 1e9 bytes (as the ZeRO ledger is usually quoted: 7e9 x 16 B = 112 GB).
@@ -155,10 +160,12 @@ struct ZeroSettings {
                                       // keeps no DRAM cache of NVMe params)
   // overlap_comm; unset means DeepSpeed's default: true at stage 3, false below.
   std::optional<bool> overlap_comm;
+  // The size of a group when PlanInput::largest_group_params is not given (strata allocates no
+  // bucket of this size: it reduces per group).
   double reduce_bucket_size = 5e8;
-  double allgather_bucket_size = 5e8;
-  double prefetch_bucket_size = 5e7;  // stage3_prefetch_bucket_size
-  double max_live_parameters = 1e9;   // stage3_max_live_parameters
+  double allgather_bucket_size = 5e8;  // validated, not planned (strata gathers per group)
+  double prefetch_bucket_size = 5e7;   // stage3_prefetch_bucket_size: how far ahead, not bytes held
+  double max_live_parameters = 1e9;    // stage3_max_live_parameters: caps the gathered groups kept
   // Elements per optimizer sub-group (the NVMe swap unit). 0, as DeepSpeed reads it: every
   // parameter tensor is a sub-group of its own (sized from largest_group_params when given).
   double sub_group_size = 1e9;
@@ -169,7 +176,8 @@ struct ZeroSettings {
 
 struct PlanInput {
   double params = 0;                    // Ψ. REQUIRES > 0.
-  double largest_group_params = 0;      // largest gathered group (a layer); 0 = not given
+  double largest_group_params = 0;      // largest gathered group (a layer); 0 = not given (taken
+                                        // as zero.reduce_bucket_size, never more than params)
   double activation_bytes_per_gpu = 0;  // the caller's estimate, added to HBM
   double target_step_seconds = 10;      // optimizer-step time the NVMe traffic must fit in
   Recipe recipe;

@@ -125,8 +125,9 @@ int RunPlan(const PlanFlags& f) {
   if (!plan.ok()) return Usage(std::string(plan.status().message()));
   if (in.largest_group_params == 0) {
     notes.push_back(
-        "the largest gathered group is not given (--largest-group): stage 3 counts "
-        "stage3_max_live_parameters, or the prefetch bucket if larger, as the gathered set");
+        "the largest gathered group is not given (--largest-group): the device's gradient "
+        "buffers and gathered groups assume groups of reduce_bucket_size elements (DeepSpeed's "
+        "largest reduction unit); strata reduces and gathers per group");
   }
   if (in.activation_bytes_per_gpu == 0) {
     notes.push_back("activations are not given (--activations-gb): HBM figures exclude them");
