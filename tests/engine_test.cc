@@ -65,6 +65,14 @@ std::string Name(const Placement& p) {
   return "stage" + std::to_string(p.stage) + "/opt=" + p.opt + "/param=" + p.param;
 }
 
+// Every rank's own status, for a failure message (a rank that refuses names why only in its own).
+std::string RankStatuses(const std::vector<Status>& st) {
+  std::string out;
+  for (size_t i = 0; i < st.size(); ++i)
+    out += "\n  rank " + std::to_string(i) + ": " + st[i].ToString();
+  return out;
+}
+
 double MaxAbsDiff(const std::vector<std::vector<float>>& a,
                   const std::vector<std::vector<float>>& b) {
   double d = 0;
@@ -92,7 +100,8 @@ TEST_P(EngineMatrix, FullEveryPlacementBitIdentical) {
     spec.world = world;
     spec.steps = steps;
     RunResult r = RunEngine(spec);
-    ASSERT_TRUE(r.status.ok()) << Name(pl) << ": " << r.status.ToString();
+    ASSERT_TRUE(r.status.ok()) << Name(pl) << ": " << r.status.ToString()
+                               << RankStatuses(r.rank_status);
     ASSERT_EQ(r.reports.size(), static_cast<size_t>(steps));
     for (const StepReport& rep : r.reports) EXPECT_FALSE(rep.skipped) << Name(pl);
     if (baseline.empty()) {
