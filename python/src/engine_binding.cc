@@ -239,11 +239,15 @@ class PyEngine {
     ThrowIfError(st);
   }
 
-  void Save(const std::string& dir, const std::string& tag, const nb::bytes& client_state) {
+  void Save(const std::string& dir, const std::string& tag, const nb::bytes& client_state,
+            size_t keep_last, bool recycle_files) {
     std::vector<uint8_t> blob(client_state.size());
     if (!blob.empty()) std::memcpy(blob.data(), client_state.c_str(), blob.size());
+    SaveOptions so;
+    so.keep_last = keep_last;
+    so.recycle_files = recycle_files;
     nb::gil_scoped_release unlocked;
-    ThrowIfError(engine().Save(dir, tag, blob));
+    ThrowIfError(engine().Save(dir, tag, so, blob));
   }
 
   nb::bytes Load(const std::string& dir, const std::string& tag) {
@@ -432,7 +436,9 @@ void BindEngine(nb::module_& m) {
            "Initial weights from fill(group, param, begin, end) -> float32 array (collective); "
            "asked only for the element ranges this rank stores.")
       .def("save", &PyEngine::Save, nb::arg("dir"), nb::arg("tag"), nb::arg("client_state"),
-           "Engine::Save (collective, at an accumulation boundary).")
+           nb::arg("keep_last") = 0, nb::arg("recycle_files") = true,
+           "Engine::Save (collective, at an accumulation boundary); keep_last / recycle_files "
+           "as strata::SaveOptions (include/strata/checkpoint.h): 0 keeps every checkpoint.")
       .def("load", &PyEngine::Load, nb::arg("dir"), nb::arg("tag") = "",
            "Engine::Load (collective); returns the saved client_state bytes.")
       .def("gather", &PyEngine::Gather, nb::arg("group"),

@@ -227,6 +227,36 @@ def test_checkpoint_resume_is_bit_exact_and_16bit_export_loads(tmp_path):
     resumed.close()
 
 
+def test_save_checkpoint_keep_last_prunes_and_the_newest_resumes(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    cfg = ds_config(2, "cpu", lr=LR, wd=WD)
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=cfg)
+    with pytest.raises(ValueError, match="keep_last"):
+        engine.save_checkpoint(ckpt, keep_last=-1)
+    inodes = {}
+    for step in range(4):
+        loss = engine(*batch("mlp", step))
+        engine.backward(loss)
+        engine.step()
+        assert engine.save_checkpoint(ckpt, keep_last=2)
+        tag = f"global_step{step + 1}"
+        inodes[tag] = os.stat(ckpt / tag / "rank0.safetensors").st_ino
+    tags = sorted(d.name for d in ckpt.iterdir() if d.is_dir())
+    assert tags == ["global_step3", "global_step4"]  # the older two were removed
+    assert (ckpt / "latest").read_text().strip() == "global_step4"
+    # From the third save on, each new save reused the rank file of the checkpoint it replaced.
+    assert inodes["global_step3"] == inodes["global_step1"]
+    assert inodes["global_step4"] == inodes["global_step2"]
+    master = engine.read_master()
+    resumed, _, _, _ = strata.initialize(model=make_model("mlp"), config=cfg)
+    path, _ = resumed.load_checkpoint(ckpt)
+    assert path == os.path.join(str(ckpt), "global_step4")
+    for n, m in resumed.read_master().items():
+        assert torch.equal(m, master[n]), n
+    engine.close()
+    resumed.close()
+
+
 def test_zero_init_partitions_at_construction_and_trains_as_torch():
     cfg = ds_config(3, "cpu", lr=LR, wd=WD)
     with strata.zero.Init(config=cfg):
