@@ -97,17 +97,7 @@ Status Engine::Impl::AdamOnDevice(kernels::DeviceKernels& k, const SubGroup& s,
                                   const kernels::AdamHyper& h, Lease& master, Lease& m, Lease& v,
                                   const Lease& grad, Lease& param) {
   uint8_t* out = static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt;
-  kernels::AdamShard shard;
-  shard.master = static_cast<float*>(master.data());
-  shard.exp_avg = static_cast<float*>(m.data());
-  shard.exp_avg_sq = static_cast<float*>(v.data());
-  shard.grad = grad.data();
-  shard.grad_dtype = DType::kF32;
-  shard.n = s.elems;
-  if (dtype != DType::kF32) {
-    shard.param_out = out;
-    shard.param_out_dtype = dtype;
-  }
+  const kernels::AdamShard shard = AdamShardFor(s, master, m, v, grad, param);
   STRATA_RETURN_IF_ERROR(k.AdamStep(h, shard));
   if (dtype == DType::kF32) {
     STRATA_RETURN_IF_ERROR(k.Cast(shard.master, DType::kF32, out, DType::kF32, s.elems));

@@ -220,6 +220,11 @@ struct Engine::Impl {
   Result<kernels::GradStats> GradStatsAt(Tier tier, const float* grad, size_t n);
   // Zeroes n fp32 gradient elements at `grad`, memory of `tier`.
   Status ZeroGradAt(Tier tier, float* grad, size_t n);
+  // Sub-group s's Adam arguments over its leased blocks: fp32 master/m/v/grad, and at 16-bit
+  // precision param_out into the sub-group's range of the param block (fp32: none; the caller
+  // copies the master there). One rule for the host and the device path.
+  kernels::AdamShard AdamShardFor(const zero::SubGroup& s, Lease& master, Lease& m, Lease& v,
+                                  const Lease& grad, Lease& param) const;
   // RunAdam's compute stage on the device for sub-group s: the fused Adam with the param_out
   // cast (fp32: a device copy) into the leased param block, synchronized before it returns.
   Status AdamOnDevice(kernels::DeviceKernels& k, const zero::SubGroup& s,

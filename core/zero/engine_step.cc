@@ -115,6 +115,22 @@ Status Engine::Impl::ExchangeStats(double local_sum_sq, bool local_nonfinite, do
   return Status::OK();
 }
 
+kernels::AdamShard Engine::Impl::AdamShardFor(const SubGroup& s, Lease& master, Lease& m, Lease& v,
+                                              const Lease& grad, Lease& param) const {
+  kernels::AdamShard shard;
+  shard.master = static_cast<float*>(master.data());
+  shard.exp_avg = static_cast<float*>(m.data());
+  shard.exp_avg_sq = static_cast<float*>(v.data());
+  shard.grad = grad.data();
+  shard.grad_dtype = DType::kF32;
+  shard.n = s.elems;
+  if (dtype != DType::kF32) {
+    shard.param_out = static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt;
+    shard.param_out_dtype = dtype;
+  }
+  return shard;
+}
+
 Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t) {
   const Tier opt_home = placement.Home(StateKind::kMaster32);
   const Tier grad_home = placement.Home(StateKind::kGrad);
@@ -164,17 +180,7 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t) {
     STRATA_ASSIGN_OR_RETURN(
         Lease param, store->Acquire(groups[s.group].param, param_tier, Access::kWrite, timeout()));
     if (on_device) return AdamOnDevice(*on_device, s, h, master, m, v, grad, param);
-    kernels::AdamShard shard;
-    shard.master = static_cast<float*>(master.data());
-    shard.exp_avg = static_cast<float*>(m.data());
-    shard.exp_avg_sq = static_cast<float*>(v.data());
-    shard.grad = grad.data();
-    shard.grad_dtype = DType::kF32;
-    shard.n = s.elems;
-    if (dtype != DType::kF32) {
-      shard.param_out = static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt;
-      shard.param_out_dtype = dtype;
-    }
+    const kernels::AdamShard shard = AdamShardFor(s, master, m, v, grad, param);
     STRATA_RETURN_IF_ERROR(kernels::AdamStep(*pool, h, shard));
     if (dtype == DType::kF32) {
       std::memcpy(static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt, shard.master,
