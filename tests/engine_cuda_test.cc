@@ -31,20 +31,25 @@ class EngineCuda : public ::testing::Test {
   std::optional<ForcedTarget> forced_;
 };
 
+// Case c trained on HostDevice + Gloo, then on CudaDevice + NCCL: the same bits.
+void ExpectCudaRunsAsTheHost(const DeviceCase& c, const std::string& precision) {
+  RunSpec spec = c.Spec(precision);
+  spec.device_budget = 256ull << 20;
+  RunResult host = RunEngine(spec);
+  ASSERT_TRUE(host.status.ok()) << host.status.ToString();
+  spec.cuda = true;
+  RunResult gpu = RunEngine(spec);
+  ASSERT_TRUE(gpu.status.ok()) << gpu.status.ToString();
+  ExpectSameRun(gpu, host);
+}
+
 // The device-resident cases (stages 0-3, gradient accumulation, params on the host) at one rank.
 TEST_F(EngineCuda, DeviceResidentStateSameBitsAsTheHostStandIn) {
   for (const std::string precision : kDevicePrecisions) {
     for (const DeviceCase& c : kDeviceCases) {
       if (c.world != 1) continue;  // NCCL at one rank; several ranks are the emulated test's
       SCOPED_TRACE(c.Name(precision));
-      RunSpec spec = c.Spec(precision);
-      spec.device_budget = 256ull << 20;
-      RunResult host = RunEngine(spec);
-      ASSERT_TRUE(host.status.ok()) << host.status.ToString();
-      spec.cuda = true;
-      RunResult gpu = RunEngine(spec);
-      ASSERT_TRUE(gpu.status.ok()) << gpu.status.ToString();
-      ExpectSameRun(gpu, host);
+      ExpectCudaRunsAsTheHost(c, precision);
     }
   }
 }
@@ -55,14 +60,7 @@ TEST_F(EngineCuda, SameBitsAsTheHostStandIn) {
     for (auto [stage, opt, param] : {std::tuple{2, "cpu", "none"}, std::tuple{3, "nvme", "cpu"}}) {
       const DeviceCase c{1, stage, opt, param, 1};
       SCOPED_TRACE(c.Name(precision));
-      RunSpec spec = c.Spec(precision);
-      spec.device_budget = 256ull << 20;
-      RunResult host = RunEngine(spec);
-      ASSERT_TRUE(host.status.ok()) << host.status.ToString();
-      spec.cuda = true;
-      RunResult gpu = RunEngine(spec);
-      ASSERT_TRUE(gpu.status.ok()) << gpu.status.ToString();
-      ExpectSameRun(gpu, host);
+      ExpectCudaRunsAsTheHost(c, precision);
     }
   }
 }
