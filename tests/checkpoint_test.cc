@@ -338,15 +338,6 @@ TEST(CheckpointReshard, RoundTripThroughOtherWorldSizesAndStagesIsExact) {
   std::filesystem::remove_all(dir);
 }
 
-double MaxAbsDiff(const std::vector<std::vector<float>>& a,
-                  const std::vector<std::vector<float>>& b) {
-  double d = 0;
-  for (size_t g = 0; g < a.size(); ++g) {
-    for (size_t i = 0; i < a[g].size(); ++i) d = std::max(d, std::fabs(double(a[g][i]) - b[g][i]));
-  }
-  return d;
-}
-
 // The resharding test: saved at 4 ranks, stage 3, optimizer and params on NVMe; loaded at
 // 2 ranks stage 1 (2 micro-steps per step) and at 1 rank stage 0 (4 micro-steps), so every step
 // still trains on the same 4 samples; 3 more steps then match the run that stayed at 4 ranks

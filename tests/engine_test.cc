@@ -73,15 +73,6 @@ std::string RankStatuses(const std::vector<Status>& st) {
   return out;
 }
 
-double MaxAbsDiff(const std::vector<std::vector<float>>& a,
-                  const std::vector<std::vector<float>>& b) {
-  double d = 0;
-  for (size_t g = 0; g < a.size(); ++g) {
-    for (size_t i = 0; i < a[g].size(); ++i) d = std::max(d, std::fabs(double(a[g][i]) - b[g][i]));
-  }
-  return d;
-}
-
 // ------------------------------------------------------------------------------------------------
 // The matrix: for each world size and precision, every placement gives bit-identical master
 // weights after 3 steps, and they are within tolerance of the fp32 reference.

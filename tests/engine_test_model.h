@@ -11,6 +11,7 @@
 // Biases are under the persistence threshold the tests configure; "top" holds a weight and a bias.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -194,6 +195,16 @@ inline double RelativeUpdateError(const std::vector<std::vector<float>>& a,
     }
   }
   return std::sqrt(num / den);
+}
+
+// The largest |a - b| over every element of two runs' master weights.
+inline double MaxAbsDiff(const std::vector<std::vector<float>>& a,
+                         const std::vector<std::vector<float>>& b) {
+  double d = 0;
+  for (size_t g = 0; g < a.size(); ++g) {
+    for (size_t i = 0; i < a[g].size(); ++i) d = std::max(d, std::fabs(double(a[g][i]) - b[g][i]));
+  }
+  return d;
 }
 
 inline std::vector<std::vector<float>*> GroupTensors(Params& p, size_t g) {
