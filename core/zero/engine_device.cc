@@ -28,30 +28,6 @@ kernels::DeviceKernels* Engine::Impl::DeviceKernelsFor(Tier home) const {
   return opt.device->kernels();
 }
 
-Status Engine::Impl::AccumulateOnDevice(zero::PendingReduce& p) {
-  const zero::GroupState& gs = groups[p.group];
-  kernels::DeviceKernels* k = DeviceKernelsFor(Tier::kDevice);
-  for (size_t si : gs.sub_groups) {
-    SubGroup& s = subs[si];
-    // The first micro-step replaces the gradient: the old one is not read.
-    const Access access = p.first ? Access::kOverwrite : Access::kWrite;
-    STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, Tier::kDevice, access, timeout()));
-    float* a = static_cast<float*>(acc.data());
-    STRATA_RETURN_IF_ERROR(
-        k->AccumulateGrad(a, ReducedGrad(p, s), dtype, post_scale, p.first, s.elems));
-    STRATA_RETURN_IF_ERROR(k->Synchronize(timeout()));
-    acc.MarkDirty();
-    s.stats_valid = false;
-    if (p.last && s.owner == rank) {
-      STRATA_ASSIGN_OR_RETURN(kernels::GradStats st, GradStatsAt(Tier::kDevice, a, s.elems));
-      s.sum_sq = st.sum_sq;
-      s.nonfinite = st.nonfinite;
-      s.stats_valid = true;
-    }
-  }
-  return Status::OK();
-}
-
 Result<kernels::GradStats> Engine::Impl::GradStatsAt(Tier tier, const float* grad, size_t n) {
   kernels::DeviceKernels* k = tier == Tier::kDevice ? DeviceKernelsFor(tier) : nullptr;
   if (k == nullptr) return kernels::ComputeGradStats(*pool, grad, DType::kF32, n);

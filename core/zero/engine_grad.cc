@@ -7,6 +7,7 @@
 
 #include "core/zero/engine_internal.h"
 #include "kernels/casts.h"
+#include "kernels/device_kernels.h"
 #include "kernels/grad_stats.h"
 #include "kernels/quantize.h"
 
@@ -531,14 +532,17 @@ Status Engine::Impl::DrainReductions(bool all) {
 }
 
 Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
-  if (DeviceKernelsFor(placement.Home(StateKind::kGrad))) return AccumulateOnDevice(p);
   const zero::GroupState& gs = groups[p.group];
-  const Tier tier = ComputeTier(placement.Home(StateKind::kGrad));
+  const Tier home = placement.Home(StateKind::kGrad);
+  // Device-resident gradients on a device with kernels accumulate there, in place; otherwise
+  // on the host (staged from a device the host cannot address).
+  kernels::DeviceKernels* k = DeviceKernelsFor(home);
+  const Tier tier = k != nullptr ? Tier::kDevice : ComputeTier(home);
   std::vector<uint8_t> staged;
   for (size_t si : gs.sub_groups) {
     SubGroup& s = subs[si];
     const uint8_t* src = ReducedGrad(p, s);
-    if (!opt.device->host_addressable()) {
+    if (k == nullptr && !opt.device->host_addressable()) {
       staged.resize(s.elems * elt);
       STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, staged.data(), src, staged.size()));
       src = staged.data();
@@ -547,12 +551,16 @@ Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
     const Access access = p.first ? Access::kOverwrite : Access::kWrite;
     STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, tier, access, timeout()));
     float* a = static_cast<float*>(acc.data());
-    STRATA_RETURN_IF_ERROR(AccumulatePooled(*pool, a, src, dtype, post_scale, p.first, s.elems));
+    if (k != nullptr) {
+      STRATA_RETURN_IF_ERROR(k->AccumulateGrad(a, src, dtype, post_scale, p.first, s.elems));
+      STRATA_RETURN_IF_ERROR(k->Synchronize(timeout()));
+    } else {
+      STRATA_RETURN_IF_ERROR(AccumulatePooled(*pool, a, src, dtype, post_scale, p.first, s.elems));
+    }
     acc.MarkDirty();
     s.stats_valid = false;
     if (p.last && s.owner == rank) {
-      STRATA_ASSIGN_OR_RETURN(kernels::GradStats st,
-                              kernels::ComputeGradStats(*pool, a, DType::kF32, s.elems));
+      STRATA_ASSIGN_OR_RETURN(kernels::GradStats st, GradStatsAt(tier, a, s.elems));
       s.sum_sq = st.sum_sq;
       s.nonfinite = st.nonfinite;
       s.stats_valid = true;

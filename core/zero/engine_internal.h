@@ -211,9 +211,6 @@ struct Engine::Impl {
   // home is the device, the host cannot address it and it offers kernels (CudaDevice). Else null:
   // the CPU kernels compute on host-addressable memory (ComputeTier).
   kernels::DeviceKernels* DeviceKernelsFor(Tier home) const;
-  // Accumulate() on the device: each sub-group's fp32 gradient from the reduced gradient in place
-  // (no host staging), then its statistics on the last micro-step.
-  Status AccumulateOnDevice(zero::PendingReduce& p);
   // The statistics of n fp32 gradient elements at `grad`, memory of `tier` (a lease's data):
   // by the device's kernels (chunk sums copied back, merged exactly) when the tier is the device
   // and it has kernels, else by the CPU kernels.
