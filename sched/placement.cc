@@ -62,16 +62,26 @@ namespace {
 uint64_t PageRound(uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
 }  // namespace
 
-uint64_t OptimizerSwapBufferBytes(int64_t buffer_count, uint64_t sub_group_elems) {
-  const auto buffers = static_cast<uint64_t>(std::clamp<int64_t>(buffer_count, 1, 64));
+uint64_t OptimizerSwapBufferBytes(int64_t buffer_count, uint64_t sub_group_elems,
+                                  uint64_t sub_groups) {
+  auto buffers = static_cast<uint64_t>(std::clamp<int64_t>(buffer_count, 1, 64)) + 1;
+  if (sub_groups > 0) buffers = std::min(buffers, sub_groups);
   const uint64_t block =
       PageRound(sub_group_elems * StateElementBytes(StateKind::kGrad, DType::kF32));
-  return (buffers + 1) * 4 * block;
+  return buffers * 4 * block;
 }
 
 uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems, DType working) {
   const auto buffers = static_cast<uint64_t>(std::clamp<int64_t>(buffer_count, 2, 64));
   return buffers * PageRound(largest_shard_elems * StateElementBytes(StateKind::kParam16, working));
+}
+
+uint64_t HostCacheBytes(uint64_t budget_bytes, uint64_t need_bytes, uint64_t nvme_state_bytes,
+                        uint64_t swap_buffer_bytes) {
+  const uint64_t cacheable =
+      nvme_state_bytes - std::min(nvme_state_bytes, swap_buffer_bytes);
+  const uint64_t room = budget_bytes - std::min(budget_bytes, need_bytes);
+  return std::min(cacheable, room);
 }
 
 namespace {
@@ -84,6 +94,25 @@ ShardLimits PerRankShardLimits(uint64_t prefetch, uint64_t max_live, uint64_t re
   const auto n = static_cast<uint64_t>(world);
   return ShardLimits{CeilDiv(prefetch, n), CeilDiv(max_live, n), CeilDiv(reuse_distance, n),
                      CeilDiv(persistence, n)};
+}
+
+Stage3Residency Stage3Peak(const DeviceWorkingInput& in) {
+  assert(in.largest_group_elems > 0);
+  const uint64_t group = in.largest_group_elems;
+  Stage3Residency r;
+  r.groups = std::max<uint64_t>(1, CeilDiv(in.total_group_elems, group));
+  r.kept = group <= in.persistence_elems
+               ? r.groups
+               : std::min(r.groups, in.reuse_distance_elems / (2 * group) + 1);
+  const uint64_t cap = in.max_live_elems / group;
+  r.gathered = std::min(r.groups, std::max<uint64_t>(2, std::min(r.kept - 1, cap) + 1));
+  // The prefetcher counts a rank's shards against max_live / N.
+  const uint64_t shard = std::max<uint64_t>(1, in.largest_shard_elems);
+  const ShardLimits lim =
+      PerRankShardLimits(in.prefetch_elems, in.max_live_elems, 0, 0, std::max(1, in.world));
+  const uint64_t window = std::max<uint64_t>(1, lim.prefetch_elems / shard);
+  r.shards = std::min({r.groups, std::max(r.kept, window), lim.max_live_elems / shard + 1});
+  return r;
 }
 
 std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
@@ -108,14 +137,29 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
         read_back > grads ? read_back - grads : 0);
   }
   add("norm exchange", static_cast<uint64_t>(in.world) * 16);
-  if (!placement.params_partitioned) return items;
-  add("gathered groups (max_live + 2 in use)",
-      std::min(in.total_group_elems, in.max_live_elems + 2 * group) * in.param_elem_bytes);
-  if (placement.Home(StateKind::kParam16) != Tier::kDevice) {
+  const bool params_home_device = placement.Home(StateKind::kParam16) == Tier::kDevice;
+  if (placement.Home(StateKind::kMaster32) == Tier::kDevice && in.device_kernels) {
+    if (!params_home_device) {
+      add("param shards the device optimizer writes (one per pipeline buffer)",
+          std::min<uint64_t>(std::max<uint64_t>(1, in.optimizer_buffers),
+                             std::max<uint64_t>(1, CeilDiv(in.total_group_elems,
+                                                           std::max<uint64_t>(1, group)))) *
+              shard * in.param_elem_bytes,
+          /*store_cache=*/true);
+    }
+    add("gradient statistics scratch (8 B per 4096 elements of a sub-group)",
+        8 * (1 + CeilDiv(in.largest_sub_group_elems, 4096)));
+  }
+  if (!placement.params_partitioned || group == 0) return items;
+  const Stage3Residency r = Stage3Peak(in);
+  add("gathered groups (" + std::to_string(r.gathered) + " of " + std::to_string(r.groups) +
+          ": kept within the reuse distance + in use)",
+      std::min(in.total_group_elems, r.gathered * group) * in.param_elem_bytes);
+  if (!params_home_device) {
     const uint64_t total_shards = CeilDiv(in.total_group_elems, static_cast<uint64_t>(in.world));
-    const uint64_t live = PerRankShardLimits(0, in.max_live_elems, 0, 0, in.world).max_live_elems;
-    add("param shards cached (max_live / N + 2 in use)",
-        std::min(total_shards, live + 2 * shard) * in.param_elem_bytes, /*store_cache=*/true);
+    add("param shards on the device (" + std::to_string(r.shards) + " of " +
+            std::to_string(r.groups) + ": kept, or the prefetch window)",
+        std::min(total_shards, r.shards * shard) * in.param_elem_bytes, /*store_cache=*/true);
   }
   return items;
 }

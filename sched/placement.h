@@ -66,14 +66,36 @@ uint64_t StateElementBytes(StateKind kind, DType working);
 // Host memory the optimizer step pages NVMe-homed optimizer state through: `buffer_count`
 // (offload_optimizer.buffer_count, clamped to [1, 64]) sub-groups in the step pipeline plus the
 // one being accumulated, each four fp32 blocks (master32, exp_avg, exp_avg_sq, grad) of
-// `sub_group_elems` elements in whole 4 KiB pages (the store's IO alignment). Not DeepSpeed's
+// `sub_group_elems` elements in whole 4 KiB pages (the store's IO alignment), never more
+// sub-groups than the rank has (`sub_groups`; 0: not known, taken as many). Not DeepSpeed's
 // buffer_count x sub_group x 4 B: strata's buffers hold whole sub-groups, gradient included.
-uint64_t OptimizerSwapBufferBytes(int64_t buffer_count, uint64_t sub_group_elems);
+uint64_t OptimizerSwapBufferBytes(int64_t buffer_count, uint64_t sub_group_elems,
+                                  uint64_t sub_groups = 0);
 
 // Host memory NVMe-homed parameter shards are staged through: `buffer_count`
 // (offload_param.buffer_count, clamped to [2, 64]) shards of the largest group, in whole 4 KiB
-// pages. strata keeps no other parameter cache in DRAM (DeepSpeed's max_in_cpu is not used).
+// pages. Beyond these the store keeps whatever the host budget leaves room for (HostCacheBytes);
+// DeepSpeed's max_in_cpu is not used.
 uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems, DType working);
+
+// The host cache. The swap buffers above are the store's host copies of NVMe-homed blocks while
+// they are in use; released, a copy stays cached (clean) and the store evicts the least recently
+// used ones only when the host budget is full (include/strata/store.h). So a rank's host memory
+// grows to its working set `need` (host-homed states and the buffers) plus
+//   min(NVMe-homed bytes beyond the swap buffers, budget - need)
+// and stays there: with a budget well above the working set, every NVMe-homed block ends up in
+// DRAM and the step reads nothing from NVMe. This is not a leak: the budget is the bound (and
+// with a pinned pool it is allocated at open anyway), and the cache saves NVMe reads. The engine
+// reports it in its layout (EngineLayout::cache_bytes) and the planner lists it as its own host
+// item, both from this rule, so the peak the engine measures is the plan's whatever the budget.
+// REQUIRES: nothing; every operand may be 0 (no NVMe tier: 0).
+uint64_t HostCacheBytes(uint64_t budget_bytes, uint64_t need_bytes, uint64_t nvme_state_bytes,
+                        uint64_t swap_buffer_bytes);
+
+// The host budget the engine takes when none is given: the working set plus a slack for the
+// store's staging (the prefetcher stages upcoming NVMe-homed param shards into host memory), so
+// that the slack is the whole host cache of HostCacheBytes.
+inline constexpr uint64_t kHostBudgetSlackBytes = uint64_t{16} << 20;
 
 // The engine's device working set: what it allocates on the device besides the homes of the
 // states, per rank. One rule for the engine's layout (core/zero/engine.cc: budgets and the table
@@ -92,15 +114,13 @@ uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems
 //     ranks with a partitioned optimizer (4 B x group). Between steps, when no gradient buffer
 //     is allocated: only its excess over the gradient buffers counts.
 //   - norm exchange: 16 B per rank.
-//   - stage 3, gathered groups: the copies kept after Release (persistent or reused within
-//     stage3_max_reuse_distance) are capped by stage3_max_live_parameters; the trainer holds up
-//     to two more while it computes (a group in use is never dropped): min(model, max_live + 2
-//     x group) elements.
-//   - stage 3 with params off the device, param shards cached on the device (the store's copies,
-//     fetched ahead and kept by the prefetcher): capped by stage3_max_live_parameters (full
-//     parameters, so 1/N of it in shard elements) plus the two shards in use: min(all shards,
-//     max_live / N + 2 x shard). stage3_prefetch_bucket_size bounds how far ahead, not the bytes
-//     kept, so it does not appear.
+//   - stage 3, gathered groups and (params off the device) the store's param shards on the
+//     device: as many as Stage3Residency says the step's trace keeps at once.
+//   - optimizer on the device run by the device's kernels (`device_kernels`: a device the host
+//     cannot address) with params off it: the step writes the new 16-bit params into a device
+//     copy of the param shard, fetched ahead like the states: one shard per pipeline buffer
+//     (`optimizer_buffers`), store blocks; and the gradient statistics' scratch, 8 B per
+//     4096-element chunk (kernels::kStatsChunk) of the largest sub-group plus 8.
 // Not here: ZeRO++'s wire buffers (core/zero/zero_collectives.h) and hpZ's secondary copy (a
 // state), which both sides add from their own ZeRO++ rules.
 struct DeviceWorkingInput {
@@ -111,15 +131,58 @@ struct DeviceWorkingInput {
   uint64_t param_elem_bytes = 2;     // gathered params and param shards (the working dtype)
   uint64_t grad_elem_bytes = 2;      // gradients as the trainer writes and reduces them
   bool overlap_comm = false;
-  bool quantized_gradients = false;      // qgZ (stage 3): reduces through its own wire buffers
-  uint64_t max_live_elems = 1000000000;  // stage3_max_live_parameters (full parameters)
+  bool quantized_gradients = false;  // qgZ (stage 3): reduces through its own wire buffers
+  // The stage-3 limits, in full parameters as DeepSpeed gives them.
+  uint64_t max_live_elems = 1000000000;        // stage3_max_live_parameters
+  uint64_t reuse_distance_elems = 1000000000;  // stage3_max_reuse_distance
+  uint64_t prefetch_elems = 50000000;          // stage3_prefetch_bucket_size
+  uint64_t persistence_elems = 100000;         // stage3_param_persistence_threshold
+  // The optimizer step on the device (see above).
+  bool device_kernels = true;
+  uint64_t optimizer_buffers = 4;        // the step pipeline's buffers (offload_optimizer.buffer_count)
+  uint64_t largest_sub_group_elems = 0;  // a rank's largest optimizer sub-group
 };
+
+// Stage 3: how many groups' copies the engine holds on the device at the peak of a step. The
+// trace is taken as a trainer's step runs it (DESIGN.md's walk-through; `offloadctl bench
+// engine` does exactly this): the L = total / largest groups gathered once each in forward
+// order, then once each in reverse for backward, one at a time, every group the size of the
+// largest. Released copies are kept by two rules that read the same config:
+//   - the engine's gathered copies (core/zero/engine_grad.cc, Release) and the store's param
+//     shards (sched/prefetcher.h, KeepAfterRelease) stay when the group is used again within
+//     stage3_max_reuse_distance gathered elements. In that trace group i, released in forward,
+//     comes back after 2 (L - 1 - i) groups: the last `kept` = min(L, R / (2 x group) + 1)
+//     groups of forward are kept across the turn into backward (the shards likewise across the
+//     turn into the next step's forward), all of them when groups are persistent (no larger
+//     than stage3_param_persistence_threshold);
+//   - stage3_max_live_parameters caps the engine's kept copies (floor(max_live / group)), and
+//     the prefetcher evicts shards to stay under it before it fetches (floor(max_live / group)
+//     plus the one needed now).
+// So stage3_max_live_parameters bounds the copies only when the reuse distance would keep more:
+// with DeepSpeed's defaults (1e9 both) a model whose groups are 1/16 of max_live or larger
+// keeps half as much as the max_live cap (the reuse distance counts both directions).
+//   gathered = min(L, max(2, min(kept - 1, cap) + 1)): the copies kept before the last layer
+//     plus the one in use; at least two, as a trainer may hold a second group at once (tied
+//     weights; the engine drops its kept copies to make room when the device is full).
+//   shards = min(L, max(kept, lookahead + 1), cap + 1): the kept shards, or the prefetch window
+//     (the one needed now and stage3_prefetch_bucket_size / group - 1 more) when that is larger.
+// A trainer whose trace differs (a layer used twice, groups of very different sizes) keeps a
+// different set; the caps above still hold, and nothing exceeds the device budget: both the
+// store and the engine drop kept copies first when it is full.
+struct Stage3Residency {
+  uint64_t groups = 0;    // L
+  uint64_t kept = 0;      // groups the reuse distance keeps across a turn of the trace
+  uint64_t gathered = 0;  // the engine's full copies at the peak
+  uint64_t shards = 0;    // the store's param shards on the device at the peak
+};
+// REQUIRES: largest_group_elems > 0.
+Stage3Residency Stage3Peak(const DeviceWorkingInput& in);
 
 struct DeviceWorkingItem {
   std::string name;
   uint64_t bytes = 0;
-  // True for the store's cached param shards: they are store blocks, inside the store's device
-  // budget; the rest are the engine's own buffers.
+  // True for the store's param shards on the device: they are store blocks, inside the store's
+  // device budget; the rest are the engine's own buffers.
   bool store_cache = false;
 };
 

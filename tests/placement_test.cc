@@ -92,14 +92,17 @@ uint64_t Total(const std::vector<DeviceWorkingItem>& items, bool store_cache_onl
   return sum;
 }
 
-// The device working set by hand: 2 ranks, largest group 1000 elements (shard 500), 4000 in all,
-// 2-byte params and grads.
+// The device working set by hand: 2 ranks, largest group 1000 elements (shard 500), 4000 in all
+// (4 groups), 2-byte params and grads, groups above the persistence threshold, the optimizer
+// not run by device kernels (HostDevice).
 TEST(DeviceWorking, ItemsFollowStageOverlapAndLimits) {
   DeviceWorkingInput in;
   in.world = 2;
   in.largest_group_elems = 1000;
   in.largest_shard_elems = 500;
   in.total_group_elems = 4000;
+  in.persistence_elems = 0;
+  in.device_kernels = false;
   // Stage 0: one gradient buffer + its shard, 1500 x 2 B, + the norm exchange 2 x 16 B. The
   // optimizer is not partitioned: nothing is read back.
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(0, N, N), in)), 3000u + 32);
@@ -109,21 +112,53 @@ TEST(DeviceWorking, ItemsFollowStageOverlapAndLimits) {
   // overlap_comm: three in flight (9000 B), more than the read-back.
   in.overlap_comm = true;
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), in)), 9000u + 32);
-  // Stage 3: + gathered groups, min(4000, max_live + 2 x 1000) x 2 B.
+  // Stage 3: + gathered groups. The reuse distance (1e9) keeps all 4; max_live 1000 caps the kept
+  // copies at 1, + the one in use: 2 x 1000 x 2 B.
   in.max_live_elems = 1000;
-  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, N), in)), 9032u + 3000 * 2);
-  in.max_live_elems = 1000000;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, N), in)), 9032u + 2000 * 2);
+  in.max_live_elems = 1000000;  // all 4
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, N), in)), 9032u + 4000 * 2);
-  // Params on the host: + the store's shard cache, min(2000 shards, 1e6 / 2 + 2 x 500) x 2 B.
+  // A reuse distance of 4000 keeps the last 4000 / (2 x 1000) + 1 = 3 groups of forward.
+  in.reuse_distance_elems = 4000;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, N), in)), 9032u + 3000 * 2);
+  // 0 keeps only the last (used again at once); at least two are counted (a trainer may hold
+  // two groups).
+  in.reuse_distance_elems = 0;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, N), in)), 9032u + 2000 * 2);
+  // Persistent groups (1000 <= the threshold) are all kept, whatever the reuse distance.
+  in.persistence_elems = 1000;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, N), in)), 9032u + 4000 * 2);
+  in.persistence_elems = 0;
+  in.reuse_distance_elems = 1000000000;
+  // Params on the host: + the store's shards on the device, all 4 kept: 2000 x 2 B.
   const auto cpu = DeviceWorkingSet(ResolvePlacement(3, N, C), in);
   EXPECT_EQ(Total(cpu, true), 2000u * 2);
   EXPECT_EQ(Total(cpu), 9032u + 8000 + 4000);
-  // ... capped by stage3_max_live_parameters per rank: 1001 / 2 -> 501 + 1000 shard elements.
+  // Reuse distance 2000: 2 kept; the prefetch window (1000 / 2 = 500 shard elements) is 1 shard.
+  in.reuse_distance_elems = 2000;
+  in.prefetch_elems = 1000;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, C), in), true), 2u * 500 * 2);
+  // A prefetch window of 3 shards (3000 / 2 = 1500 elements) is more than the 2 kept.
+  in.prefetch_elems = 3000;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, C), in), true), 3u * 500 * 2);
+  // max_live 1001 -> 501 shard elements per rank: 1 shard + the one needed now.
+  in.reuse_distance_elems = 1000000000;
   in.max_live_elems = 1001;
-  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, V), in), true), 1501u * 2);
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, V), in), true), 2u * 500 * 2);
+  // The optimizer on a device with kernels (CUDA) and params off it: the param shards the step
+  // writes, one per pipeline buffer (4 of the 4 groups), and the statistics scratch of a
+  // 5000-element sub-group (2 chunks + 1, 8 B each).
+  in.device_kernels = true;
+  in.largest_sub_group_elems = 5000;
+  const auto dev = DeviceWorkingSet(ResolvePlacement(3, N, C), in);
+  EXPECT_EQ(Total(dev, true), 2u * 500 * 2 + 4 * 500 * 2);
+  EXPECT_EQ(Total(dev), 9032u + 2000 * 2 + 2 * 500 * 2 + 4 * 500 * 2 + 24);
+  // ... not when the optimizer is offloaded too.
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, C, C), in), true), 2u * 500 * 2);
   // One rank: the reduction is the identity, read from the trainer's one buffer (overlap_comm or
   // not), and nothing is read back even with a partitioned optimizer.
   DeviceWorkingInput one;
+  one.device_kernels = false;
   one.largest_group_elems = one.largest_shard_elems = one.total_group_elems = 100;
   one.grad_elem_bytes = 4;
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16);
@@ -132,6 +167,50 @@ TEST(DeviceWorking, ItemsFollowStageOverlapAndLimits) {
   // qgZ reduces through its buffers even on one rank: 3 x (group + shard).
   one.quantized_gradients = true;
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, N), one)), 2400u + 16 + 100 * 2);
+}
+
+// The 2B run that showed the gap (`bench engine --params 2B --layers 32 --stage 3`, params on
+// NVMe, DeepSpeed's defaults): 32 groups of 62.5e6; the reuse distance 1e9 keeps the last
+// 1e9 / 1.25e8 + 1 = 9 of forward; max_live's 16 never binds. The engine measured 9 gathered
+// groups and 9 shards (2.38 GB with the gradient buffer); the old max_live cap said 18 + 18.
+TEST(DeviceWorking, Stage3PeakFollowsTheReuseDistanceNotMaxLive) {
+  DeviceWorkingInput in;
+  in.largest_group_elems = in.largest_shard_elems = 62500000;
+  in.total_group_elems = 2000000000;
+  Stage3Residency r = Stage3Peak(in);
+  EXPECT_EQ(r.groups, 32u);
+  EXPECT_EQ(r.kept, 9u);
+  EXPECT_EQ(r.gathered, 9u);
+  EXPECT_EQ(r.shards, 9u);
+  // On 4 ranks the same counts: the limits and the shards both divide by N.
+  in.world = 4;
+  in.largest_shard_elems = 62500000 / 4;
+  r = Stage3Peak(in);
+  EXPECT_EQ(r.gathered, 9u);
+  EXPECT_EQ(r.shards, 9u);
+  // max_live below what the reuse distance keeps: it binds (4 kept copies + 1 in use; the
+  // prefetcher keeps 4 shards + the one needed now).
+  in.max_live_elems = 250000000;
+  r = Stage3Peak(in);
+  EXPECT_EQ(r.gathered, 5u);
+  EXPECT_EQ(r.shards, 5u);
+  // A model smaller than the reuse distance: everything stays.
+  in.max_live_elems = 1000000000;
+  in.total_group_elems = 8 * 62500000;
+  r = Stage3Peak(in);
+  EXPECT_EQ(r.groups, 8u);
+  EXPECT_EQ(r.gathered, 8u);
+  EXPECT_EQ(r.shards, 8u);
+}
+
+// The host cache: what the budget leaves beyond the working set, at most the NVMe-homed bytes
+// the swap buffers do not already hold.
+TEST(HostCache, IsWhatTheBudgetLeavesUpToTheNvmeBytes) {
+  EXPECT_EQ(HostCacheBytes(8000, 5000, 100000, 1000), 3000u);  // the budget binds
+  EXPECT_EQ(HostCacheBytes(80000, 5000, 10000, 1000), 9000u);  // the NVMe bytes bind
+  EXPECT_EQ(HostCacheBytes(4000, 5000, 10000, 1000), 0u);      // over budget: no room
+  EXPECT_EQ(HostCacheBytes(8000, 5000, 0, 0), 0u);             // nothing on NVMe
+  EXPECT_EQ(HostCacheBytes(8000, 5000, 500, 1000), 0u);        // buffers hold it all
 }
 
 TEST(DeviceWorking, ShardLimitsDivideFullParameterCounts) {

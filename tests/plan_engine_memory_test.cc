@@ -41,6 +41,9 @@ TEST(PlanEngineMemory, SharedRules) {
   EXPECT_EQ(sc::OptimizerSwapBufferBytes(4, 1024), 5u * 4 * 4096);
   EXPECT_EQ(sc::OptimizerSwapBufferBytes(4, 1025), 5u * 4 * 8192);
   EXPECT_EQ(sc::OptimizerSwapBufferBytes(0, 1024), 2u * 4 * 4096);
+  // Never more sub-groups than the rank has (0: not known).
+  EXPECT_EQ(sc::OptimizerSwapBufferBytes(4, 1024, 3), 3u * 4 * 4096);
+  EXPECT_EQ(sc::OptimizerSwapBufferBytes(4, 1024, 9), 5u * 4 * 4096);
   EXPECT_EQ(sc::ParamSwapBufferBytes(5, 4096, DType::kBF16), 5u * 8192);
   EXPECT_EQ(sc::ParamSwapBufferBytes(1, 4096, DType::kBF16), 2u * 8192);
 }

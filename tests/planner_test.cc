@@ -14,9 +14,14 @@
 // DeepSpeed's buckets; the largest group is not given here, so it is taken as reduce_bucket_size
 // (5e8; shard 5e8 / 8 = 6.25e7): gradient buffers (group + shard) x 2 B = 1.125 GB, x3 with
 // overlap_comm = 3.375 GB; from stage 1 on 8 ranks the fp32 read-back of a group (2 GB) counts
-// beyond them (+0.875 GB without overlap); stage 3 gathers min(Ψ, max_live 1e9 + 2 x 5e8) x 2 B =
-// 4 GB, and with params off the GPU caches min(Ψ/N, 1e9/N + 2 x 6.25e7) = 2.5e8 shard elements x
-// 2 B = 0.5 GB; the norm exchange is 16 B per rank (kExchange).
+// beyond them (+0.875 GB without overlap). Stage 3 (sched::Stage3Peak): 14 groups, of which the
+// reuse distance 1e9 keeps 1e9 / (2 x 5e8) + 1 = 2 across the turn of the trace: 2 gathered
+// groups x 5e8 x 2 B = 2 GB (max_live's cap, 1e9 + 2 groups, would say 4), and with params off
+// the GPU 2 shards x 6.25e7 x 2 B = 0.25 GB. The norm exchange is 16 B per rank (kExchange).
+// The optimizer on the GPU adds its gradient-statistics scratch (kScratch), and with params off
+// the GPU the param shards it writes, one per pipeline buffer (4 x 6.25e7 x 2 B = 0.5 GB).
+// Host: what the DRAM capacity (1024 GB, the engines' budgets) leaves beyond the working set
+// caches NVMe-homed blocks, up to their bytes beyond the swap buffers (sched::HostCacheBytes).
 // (The ledger, LedgerBytesPerGpu, stays the ZeRO paper's.)
 #include "strata/planner.h"
 
@@ -27,6 +32,9 @@ namespace {
 
 using D = OffloadDevice;
 constexpr double kExchange = 8 * 16;  // the norm exchange: 16 B per rank
+// The device optimizer's gradient-statistics scratch: 8 B per 4096 elements of the largest
+// sub-group (min(sub_group_size 1e9, shard 8.75e8): 213624 chunks) + 8 B.
+constexpr double kScratch = 8 * (1 + 213624);
 
 PlanInput Ref() {
   PlanInput in;
@@ -113,16 +121,19 @@ TEST(PlannerPlace, NoOffloadEachStage) {
   const PlanInput in = Ref();
   // Stage 0: 112 + fp32 grads 2 x 7 = 126 + gradient buffers 1.125 (overlap off) = 127.125 GB
   // (no read-back: the optimizer is not partitioned).
-  EXPECT_DOUBLE_EQ(Place(in, 0, D::kNone, D::kNone).hbm_bytes_per_gpu, 127.125e9 + kExchange);
+  EXPECT_DOUBLE_EQ(Place(in, 0, D::kNone, D::kNone).hbm_bytes_per_gpu,
+                   127.125e9 + kExchange + kScratch);
   // Stage 1: 38.5 + 14 (full fp32 grads) + gradient buffers 1.125 + read-back 0.875 = 54.5 GB.
-  EXPECT_DOUBLE_EQ(Place(in, 1, D::kNone, D::kNone).hbm_bytes_per_gpu, 54.5e9 + kExchange);
+  EXPECT_DOUBLE_EQ(Place(in, 1, D::kNone, D::kNone).hbm_bytes_per_gpu,
+                   54.5e9 + kExchange + kScratch);
   // Stage 2: 26.25 + 1.75 (fp32 grad shard) + 1.125 + 0.875 = 30 GB.
-  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 30e9 + kExchange);
+  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu,
+                   30e9 + kExchange + kScratch);
   // Stage 3: 14 + 1.75 (fp32 grad shard) + gradient buffers 3.375 (overlap on by default)
-  //          + gathered 4 -> 23.125 GB.
+  //          + gathered 2 -> 21.125 GB.
   const Placement s3 = Place(in, 3, D::kNone, D::kNone);
-  EXPECT_DOUBLE_EQ(s3.hbm_bytes_per_gpu, 23.125e9 + kExchange);
-  EXPECT_DOUBLE_EQ(ItemBytes(s3, Tier::kDevice, "gathered"), 4e9);
+  EXPECT_DOUBLE_EQ(s3.hbm_bytes_per_gpu, 21.125e9 + kExchange + kScratch);
+  EXPECT_DOUBLE_EQ(ItemBytes(s3, Tier::kDevice, "gathered"), 2e9);
   EXPECT_DOUBLE_EQ(ItemBytes(s3, Tier::kDevice, "bucket"), 0);  // DeepSpeed's: not allocated
   EXPECT_DOUBLE_EQ(s3.host_bytes_per_node, 0);
   EXPECT_DOUBLE_EQ(s3.nvme_bytes_per_node, 0);
@@ -134,20 +145,28 @@ TEST(PlannerPlace, WorkingSetFollowsOverlapAndLargestGroup) {
   in.zero.overlap_comm = true;
   // Stage 2 with overlap_comm: 26.25 + 1.75 (fp32 grad shard) + 3 x 1.125 (more than the
   // 2 GB read-back) = 31.375 GB. (DeepSpeed's 4.5 x buckets would say 37.)
-  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 31.375e9 + kExchange);
+  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu,
+                   31.375e9 + kExchange + kScratch);
   in.zero.overlap_comm = false;
   in.largest_group_params = 1.2e9;
   // Stage 3, overlap off, group 1.2e9 (shard 1.5e8): 15.75 + gradient buffers 1.35e9 x 2 = 2.7
-  // + read-back 4.8 - 2.7 = 2.1 + gathered min(7e9, 1e9 + 2.4e9) x 2 = 6.8 -> 27.35.
-  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 27.35e9 + kExchange);
-  in.activation_bytes_per_gpu = 20e9;  // added as given: 47.35 GB
-  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 47.35e9 + kExchange);
+  // + read-back 4.8 - 2.7 = 2.1 + gathered: 6 groups, the reuse distance keeps 1e9 / 2.4e9 + 1 =
+  // 1, at least two held: 2 x 1.2e9 x 2 = 4.8 -> 25.35. Scratch: sub-groups of 1.5e8, 36622
+  // chunks.
+  const double scratch = 8 * (1 + 36622);
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu,
+                   25.35e9 + kExchange + scratch);
+  in.activation_bytes_per_gpu = 20e9;  // added as given: 45.35 GB
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu,
+                   45.35e9 + kExchange + scratch);
   // A tiny model: the group and the gathered set never exceed the model (1e6 params):
   // 18e6 / 8 = 2.25e6 + gradient buffers (1e6 + 1.25e5) x 2 = 2.25e6 + read-back 4e6 - 2.25e6
-  // = 1.75e6 + gathered 1e6 x 2 = 8.25e6 (overlap off), + 20 GB activations.
+  // = 1.75e6 + gathered 1e6 x 2 = 8.25e6 (overlap off), + 20 GB activations, + the scratch of
+  // a 1.25e5 sub-group (31 chunks).
   in.params = 1e6;
   in.largest_group_params = 0;
-  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu, 8.25e6 + kExchange + 20e9);
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu,
+                   8.25e6 + kExchange + 20e9 + 8 * (1 + 31));
 }
 
 // The working set is counted in 64-bit integers: a model of 1e15 params with settings as large
@@ -166,9 +185,9 @@ TEST(PlannerPlace, HugeModelsDoNotOverflowTheWorkingSet) {
 
 TEST(PlannerPlace, Stage3OptimizerCpu) {
   const Placement p = Place(Ref(), 3, D::kCpu, D::kNone);
-  // HBM: param shard 2 x 8.75e8 = 1.75 + gradient buffers 3.375 + gathered 4 = 9.125 GB (grads
+  // HBM: param shard 2 x 8.75e8 = 1.75 + gradient buffers 3.375 + gathered 2 = 7.125 GB (grads
   // and optimizer state left the GPU).
-  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 9.125e9 + kExchange);
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 7.125e9 + kExchange);
   // Host per node: 8 GPUs x (12 + 4) B x 8.75e8 = 84 + 28 = 112 GB; not pinned by default.
   EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 112e9);
   EXPECT_DOUBLE_EQ(p.host_pinned_bytes_per_node, 0);
@@ -183,10 +202,11 @@ TEST(PlannerPlace, Stage3OptimizerCpuParamCpuPinned) {
   in.zero.optimizer_pin_memory = true;
   in.zero.param_pin_memory = true;
   const Placement p = Place(in, 3, D::kCpu, D::kCpu);
-  // HBM: gradient buffers 3.375 + gathered 4 + cached shards 0.5 = 7.875 GB. Host: 112 + params
-  // 8 x 2 x 8.75e8 = 14 -> 126 GB, all of it pinned.
-  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 7.875e9 + kExchange);
-  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kDevice, "shards cached"), 0.5e9);
+  // HBM: gradient buffers 3.375 + gathered 2 + param shards 0.25 = 5.625 GB. Host: 112 + params
+  // 8 x 2 x 8.75e8 = 14 -> 126 GB, all of it pinned (nothing on NVMe: no cache).
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 5.625e9 + kExchange);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kDevice, "param shards on the device"), 0.25e9);
+  EXPECT_DOUBLE_EQ(p.host_cache_bytes_per_node, 0);
   EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 126e9);
   EXPECT_DOUBLE_EQ(p.host_pinned_bytes_per_node, 126e9);
   // PCIe: grads down 1.75 + forward and backward shard up 2 x 1.75 = 5.25 GB.
@@ -196,17 +216,21 @@ TEST(PlannerPlace, Stage3OptimizerCpuParamCpuPinned) {
 TEST(PlannerPlace, Stage3ParamOffloadOnly) {
   const Placement cpu = Place(Ref(), 3, D::kNone, D::kCpu);
   // HBM: fp32 grads shard 3.5 + optimizer shard 12 x 8.75e8 = 10.5 + gradient buffers 3.375
-  // + gathered 4 + cached shards 0.5 = 21.875.
-  EXPECT_DOUBLE_EQ(cpu.hbm_bytes_per_gpu, 21.875e9 + kExchange);
+  // + gathered 2 + param shards 0.25 + the shards the device optimizer writes 0.5 = 20.125.
+  EXPECT_DOUBLE_EQ(cpu.hbm_bytes_per_gpu, 20.125e9 + kExchange + kScratch);
+  EXPECT_DOUBLE_EQ(ItemBytes(cpu, Tier::kDevice, "device optimizer writes"), 0.5e9);
   EXPECT_DOUBLE_EQ(cpu.host_bytes_per_node, 14e9);
   // PCIe: shard up twice 3.5 + updated shard down 1.75 = 5.25 GB.
   EXPECT_DOUBLE_EQ(cpu.pcie_bytes_per_gpu, 5.25e9);
 
   const Placement nvme = Place(Ref(), 3, D::kNone, D::kNvme);
-  EXPECT_DOUBLE_EQ(nvme.hbm_bytes_per_gpu, 21.875e9 + kExchange);
-  // Host: no DRAM cache; swap buffers 8 x 5 x (1e8 x 2 B, in 4 KiB pages: 200003584) = 8.0001 GB.
-  EXPECT_DOUBLE_EQ(nvme.host_bytes_per_node, 8.0 * 5 * 200003584);
-  EXPECT_DOUBLE_EQ(nvme.host_pinned_bytes_per_node, 8.0 * 5 * 200003584);
+  EXPECT_DOUBLE_EQ(nvme.hbm_bytes_per_gpu, 20.125e9 + kExchange + kScratch);
+  // Host: swap buffers 8 x 5 x (1e8 x 2 B, in 4 KiB pages: 200003584) = 8.0001 GB, and the
+  // 1024 GB leave room to cache the rest of the 14 GB of params: 14 GB in all.
+  EXPECT_DOUBLE_EQ(ItemBytes(nvme, Tier::kHost, "swap buffers"), 8.0 * 5 * 200003584);
+  EXPECT_DOUBLE_EQ(nvme.host_cache_bytes_per_node, 14e9 - 8.0 * 5 * 200003584);
+  EXPECT_DOUBLE_EQ(nvme.host_bytes_per_node, 14e9);
+  EXPECT_DOUBLE_EQ(nvme.host_pinned_bytes_per_node, 14e9);
   // NVMe: 8 x 2 x 8.75e8 = 14 GB, read for forward and backward and written once:
   // 3 x 1.75 x 8 = 42 GB of IO per step.
   EXPECT_DOUBLE_EQ(nvme.nvme_bytes_per_node, 14e9);
@@ -216,10 +240,13 @@ TEST(PlannerPlace, Stage3ParamOffloadOnly) {
 TEST(PlannerPlace, Stage3OptimizerNvme) {
   PlanInput in = Ref();
   const Placement p = Place(in, 3, D::kNvme, D::kNone);
-  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 9.125e9 + kExchange);
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 7.125e9 + kExchange);
   // Host: swap buffers 8 x (4 + 1) x 4 x min(1e9, 8.75e8) x 4 B (in 4 KiB pages: 3500003328)
-  // = 560 GB (sub_group_size 1e9 is larger than the shard: the buffers hold more than the state).
+  // = 560 GB (sub_group_size 1e9 is larger than the shard: the buffers hold more than the state;
+  // the sub-groups per rank are not known without the largest group). No room for a cache: the
+  // buffers are more than the 112 GB on NVMe.
   EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 8.0 * 5 * 4 * 3500003328);
+  EXPECT_DOUBLE_EQ(p.host_cache_bytes_per_node, 0);
   // NVMe: optimizer 8 x 12 x 8.75e8 = 84 + fp32 grads 8 x 4 x 8.75e8 = 28 -> 112 GB.
   EXPECT_DOUBLE_EQ(p.nvme_bytes_per_node, 112e9);
   // IO per rank: read+write optimizer 2 x 10.5 = 21 + grads written and read 2 x 1 x 3.5 = 7
@@ -235,23 +262,41 @@ TEST(PlannerPlace, Stage3OptimizerNvme) {
   in.zero.gradient_accumulation_steps = 4;
   const Placement q = Place(in, 3, D::kNvme, D::kCpu);
   EXPECT_TRUE(q.notes.empty());  // 5 x 4 x 1e8 x 4 B = 8 GB < 10.5 GB per rank
-  // HBM 7.875. Host: buffers 8 x 5 x 4 x (1e8 x 4 B in pages: 400003072) = 64.0005 + params 14.
-  EXPECT_DOUBLE_EQ(q.hbm_bytes_per_gpu, 7.875e9 + kExchange);
-  EXPECT_DOUBLE_EQ(q.host_bytes_per_node, 8.0 * 5 * 4 * 400003072 + 14e9);
+  // HBM 5.625. Host: buffers 8 x 5 x 4 x (1e8 x 4 B in pages: 400003072) = 64.0005 + params 14
+  // + the cache of the rest of the 112 GB on NVMe.
+  EXPECT_DOUBLE_EQ(q.hbm_bytes_per_gpu, 5.625e9 + kExchange);
+  EXPECT_DOUBLE_EQ(q.host_cache_bytes_per_node, 112e9 - 8.0 * 5 * 4 * 400003072);
+  EXPECT_DOUBLE_EQ(q.host_bytes_per_node, 126e9);
   // IO per rank: 21 + fp32 grads 2 x 4 x 3.5 = 28 -> 49; x 8 = 392 GB.
   EXPECT_DOUBLE_EQ(q.nvme_io_bytes_per_node, 392e9);
   // PCIe: grads down each micro-step 4 x 1.75 = 7 + shard up 2 x 4 x 1.75 = 14 -> 21 GB.
   EXPECT_DOUBLE_EQ(q.pcie_bytes_per_gpu, 21e9);
 }
 
-TEST(PlannerPlace, Stage3AllNvmeMaxInCpuIsNotACache) {
+// The host cache is what the DRAM capacity (the engines' host budgets) leaves beyond the working
+// set, up to the NVMe-homed bytes; max_in_cpu does not bound it.
+TEST(PlannerPlace, Stage3AllNvmeCacheIsWhatTheBudgetLeaves) {
   PlanInput in = Ref();
-  in.zero.max_in_cpu = 2.5e8;  // accepted, but strata keeps no DRAM copy of NVMe params
+  in.zero.max_in_cpu = 2.5e8;  // accepted, not used
   in.zero.sub_group_size = 1e8;
-  const Placement p = Place(in, 3, D::kNvme, D::kNvme);
-  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 7.875e9 + kExchange);
-  // Host: opt buffers 8 x 5 x 4 x 400003072 = 64.0005 + param buffers 8 x 5 x 200003584 = 8.0001.
-  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 8.0 * 5 * 4 * 400003072 + 8.0 * 5 * 200003584);
+  const double buffers = 8.0 * 5 * 4 * 400003072 + 8.0 * 5 * 200003584;  // 64.0005 + 8.0001
+  Placement p = Place(in, 3, D::kNvme, D::kNvme);
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 5.625e9 + kExchange);
+  // 1024 GB: room for all 126 GB on NVMe.
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "swap buffers"), buffers);
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 126e9);
+  // 75 GB: the cache takes the 2.9994 GB left; at the working set itself, none.
+  in.capacity.dram_bytes_per_node = 75e9;
+  p = Place(in, 3, D::kNvme, D::kNvme);
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 75e9);
+  EXPECT_DOUBLE_EQ(p.host_cache_bytes_per_node, 75e9 - buffers);
+  EXPECT_TRUE(p.fits_host);
+  in.capacity.dram_bytes_per_node = buffers;
+  p = Place(in, 3, D::kNvme, D::kNvme);
+  EXPECT_DOUBLE_EQ(p.host_cache_bytes_per_node, 0);
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, buffers);
+  EXPECT_TRUE(p.fits_host);
+  in.capacity.dram_bytes_per_node = 1024e9;
   // NVMe: 112 + params 14 = 126 GB.
   EXPECT_DOUBLE_EQ(p.nvme_bytes_per_node, 126e9);
   // IO per rank: optimizer+grads 28 + params 8.75e8 x 2 B x (2 reads + 1 write) = 5.25 -> 33.25;
@@ -283,7 +328,7 @@ TEST(PlannerPlace, OffloadBelowStage3FollowsDeepSpeed) {
   // Stage 0 ignores optimizer offload: 127.125 GB as without it.
   const Placement s0 = Place(in, 0, D::kCpu, D::kCpu);
   EXPECT_EQ(s0.offload_optimizer, D::kNone);
-  EXPECT_DOUBLE_EQ(s0.hbm_bytes_per_gpu, 127.125e9 + kExchange);
+  EXPECT_DOUBLE_EQ(s0.hbm_bytes_per_gpu, 127.125e9 + kExchange + kScratch);
   EXPECT_DOUBLE_EQ(s0.host_bytes_per_node, 0);
 }
 
@@ -292,7 +337,7 @@ TEST(PlannerPlace, HostAndNvmeScaleWithGpusPerNodeNotNodes) {
   in.capacity.gpus_per_node = 4;
   in.capacity.nodes = 2;  // N = 8 again, shard 8.75e8
   const Placement p = Place(in, 3, D::kCpu, D::kCpu);
-  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 7.875e9 + kExchange);
+  EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 5.625e9 + kExchange);
   // 4 GPUs x (12 + 4 + 2) B x 8.75e8 = 63 GB per node.
   EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 63e9);
 }
@@ -341,13 +386,14 @@ TEST(PlannerRecommend, LadderOrder) {
   EXPECT_EQ(Recommended(in), 2u);
   in.capacity.hbm_bytes_per_gpu = 24e9;  // stage 3: 23.125
   EXPECT_EQ(Recommended(in), 3u);
-  in.capacity.hbm_bytes_per_gpu = 10e9;  // stage 3 + optimizer cpu: 9.125 HBM, 112 host
+  in.capacity.hbm_bytes_per_gpu = 8e9;  // stage 3 + optimizer cpu: 7.125 HBM, 112 host
   EXPECT_EQ(Recommended(in), 4u);
-  in.capacity.hbm_bytes_per_gpu = 8e9;  // + params cpu (and the NVMe rungs): 7.875 HBM, 126 host
+  in.capacity.hbm_bytes_per_gpu = 7e9;  // + params cpu (and the NVMe rungs): 5.625 HBM, 126 host
   EXPECT_EQ(Recommended(in), 5u);
   in.capacity.dram_bytes_per_node = 100e9;  // 126 host no longer fits; nvme rungs need 574/568
   EXPECT_EQ(Recommended(in), 99u);
-  in.zero.sub_group_size = 1e8;  // optimizer nvme + params cpu: 64.0005 + 14 = 78.0005 host
+  // Optimizer nvme + params cpu: 64.0005 + 14 = 78.0005 host (and a cache in the rest).
+  in.zero.sub_group_size = 1e8;
   EXPECT_EQ(Recommended(in), 6u);
   in.capacity.dram_bytes_per_node = 75e9;  // all nvme: 64.0005 + 8.0001 buffers = 72.0006
   in.zero.max_in_cpu = 0;
@@ -371,7 +417,7 @@ TEST(PlannerRecommend, VerdictFollowsConfiguredSetting) {
   plan = MakePlan(in);
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(plan->fits);
-  EXPECT_DOUBLE_EQ(plan->configured->hbm_bytes_per_gpu, 7.875e9 + kExchange);
+  EXPECT_DOUBLE_EQ(plan->configured->hbm_bytes_per_gpu, 5.625e9 + kExchange);
   // The per-stage table applies the configured offload to every stage.
   EXPECT_DOUBLE_EQ(plan->stages[2].hbm_bytes_per_gpu, 16e9 + kExchange);
   EXPECT_DOUBLE_EQ(plan->stages[3].host_bytes_per_node, 126e9);

@@ -48,12 +48,22 @@ double LargestSubGroup(const PlanInput& in, double shard) {
   return std::min(sub, shard);
 }
 
+// Sub-groups a rank steps: each group's shard split into sub-groups (they never span two
+// groups). 0 (not known, taken as many) without the largest group.
+double SubGroupsPerRank(const PlanInput& in, double sub) {
+  if (in.largest_group_params <= 0 || sub <= 0) return 0;
+  const double ranks = static_cast<double>(in.capacity.Ranks());
+  const double groups = std::ceil(in.params / in.largest_group_params);
+  return groups * std::ceil(std::ceil(in.largest_group_params / ranks) / sub);
+}
+
 // Host bytes per rank of the optimizer's NVMe swap buffers (the engine's rule).
 double OptimizerSwapBuffers(const PlanInput& in, double shard) {
   const double sub = LargestSubGroup(in, shard);
   if (sub <= 0) return 0;
   return static_cast<double>(sched::OptimizerSwapBufferBytes(
-      static_cast<int64_t>(in.zero.optimizer_buffer_count), static_cast<uint64_t>(sub)));
+      static_cast<int64_t>(in.zero.optimizer_buffer_count), static_cast<uint64_t>(sub),
+      static_cast<uint64_t>(std::min(SubGroupsPerRank(in, sub), 0x1p50))));
 }
 
 // Host bytes per rank of the param NVMe swap buffers: buffer_count shards of the largest group
@@ -119,10 +129,37 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   dw.overlap_comm = overlap;
   dw.quantized_gradients = stage == 3 && z.zero_plus_plus.quantized_gradients;
   dw.max_live_elems = elems(z.max_live_parameters);
+  dw.reuse_distance_elems = elems(z.max_reuse_distance);
+  dw.prefetch_elems = elems(z.prefetch_bucket_size);
+  dw.persistence_elems = elems(z.param_persistence_threshold);
+  // The planner plans a GPU: the device optimizer runs in its kernels.
+  dw.device_kernels = true;
+  dw.optimizer_buffers = static_cast<uint64_t>(std::clamp(z.optimizer_buffer_count, 1.0, 64.0));
+  dw.largest_sub_group_elems = elems(LargestSubGroup(in, psi / ranks));
   for (const sched::DeviceWorkingItem& it : sched::DeviceWorkingSet(b.rules, dw)) {
     b.Add(Tier::kDevice, it.name, static_cast<double>(it.bytes));
   }
   b.Add(Tier::kDevice, "activations (caller estimate)", in.activation_bytes_per_gpu);
+}
+
+// The store's host cache of NVMe-homed blocks (sched::HostCacheBytes): the host capacity per rank
+// is the engine's host budget; what the working set leaves of it fills with cached copies, up to
+// the NVMe-homed bytes beyond the swap buffers. Per node, one item.
+// `swap`: the swap buffers' bytes per node (host copies of NVMe-homed blocks already counted).
+void PlaceHostCache(const PlanInput& in, double swap, Builder& b) {
+  const double g = in.capacity.gpus_per_node;
+  double need = 0, nvme = 0;
+  for (const PlanItem& it : b.p.items) {
+    if (it.tier == Tier::kHost) need += it.bytes;
+    if (it.tier == Tier::kNvme) nvme += it.bytes;
+  }
+  auto bytes = [g](double v) { return static_cast<uint64_t>(std::min(std::ceil(v / g), 0x1p60)); };
+  const double cache = g * static_cast<double>(sched::HostCacheBytes(
+                               bytes(in.capacity.dram_bytes_per_node), bytes(need), bytes(nvme),
+                               bytes(swap)));
+  // Pinned like the swap buffers: the same store memory.
+  b.Add(Tier::kHost, "host cache of NVMe-homed blocks (what the budget leaves, LRU)", cache, true);
+  b.p.host_cache_bytes_per_node = cache;
 }
 
 // Host and NVMe items, per node, and the per-step traffic they cause.
@@ -134,7 +171,7 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
   const double k = z.gradient_accumulation_steps;
   Placement& p = b.p;
 
-  double pcie = 0, nvme_io = 0;
+  double pcie = 0, nvme_io = 0, swap = 0;
   switch (p.offload_optimizer) {
     case OffloadDevice::kNone:
       break;
@@ -154,8 +191,9 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
       }
       const double buffers = OptimizerSwapBuffers(in, shard);
       b.Add(Tier::kHost,
-            "optimizer swap buffers ((buffer_count + 1) x sub_group x master+m+v+grad)",
+            "optimizer swap buffers (min(buffer_count + 1, sub-groups) x master+m+v+grad)",
             g_per_node * buffers, true);
+      swap += g_per_node * buffers;
       if (buffers > 0 && buffers >= r.OptimizerBytes() * shard) {
         p.notes.push_back("optimizer swap buffers (" + Fmt(z.optimizer_buffer_count) + " + 1 x " +
                           Fmt(sub_group) +
@@ -187,13 +225,16 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
     b.Add(Tier::kHost, "params, 1/N shard per GPU", g_per_node * r.param_bytes * shard,
           z.param_pin_memory);
   } else if (p.offload_param == OffloadDevice::kNvme) {
-    // strata keeps no DRAM cache of NVMe params (max_in_cpu is not used): only the swap buffers.
+    // The swap buffers; what the host budget leaves beyond the working set is the store's
+    // cache (PlaceHostCache; max_in_cpu is not used).
     b.Add(Tier::kHost, "param swap buffers (buffer_count x largest shard)",
           g_per_node * ParamSwapBuffers(in, shard), true);
+    swap += g_per_node * ParamSwapBuffers(in, shard);
     b.Add(Tier::kNvme, "params, 1/N shard per GPU", g_per_node * r.param_bytes * shard);
     // Read for forward and backward of each micro-step, written after the step.
     nvme_io += (2 * k + 1) * r.param_bytes * shard;
   }
+  PlaceHostCache(in, swap, b);
   p.pcie_bytes_per_gpu = pcie;
   p.nvme_io_bytes_per_node = g_per_node * nvme_io;
   p.nvme_io_seconds = p.nvme_io_bytes_per_node / in.capacity.nvme_bytes_per_s_per_node;
@@ -372,6 +413,9 @@ Status ValidatePlanInput(const PlanInput& in) {
            std::pair{z.allgather_bucket_size, "zero_optimization.allgather_bucket_size"},
            std::pair{z.prefetch_bucket_size, "zero_optimization.stage3_prefetch_bucket_size"},
            std::pair{z.max_live_parameters, "zero_optimization.stage3_max_live_parameters"},
+           std::pair{z.max_reuse_distance, "zero_optimization.stage3_max_reuse_distance"},
+           std::pair{z.param_persistence_threshold,
+                     "zero_optimization.stage3_param_persistence_threshold"},
            // 0 is DeepSpeed's "one sub-group per parameter tensor" (its rule: ge=0).
            std::pair{z.sub_group_size, "zero_optimization.sub_group_size"},
        }) {

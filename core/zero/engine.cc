@@ -128,12 +128,13 @@ std::string EngineLayout::ToString() const {
     << OffloadDeviceName(offload_optimizer) << ", param offload "
     << OffloadDeviceName(offload_param) << ", " << DTypeName(dtype) << ", rank " << rank << "/"
     << world_size << ", " << params << " params, " << sub_groups << " optimizer sub-groups\n";
-  o << "  tier   states        working       total         budget\n";
+  o << "  tier   states        working       cache         total         budget\n";
   for (Tier t : kAllTiers) {
     char line[160];
-    std::snprintf(line, sizeof line, "  %-6s %-13s %-13s %-13s %s\n",
+    std::snprintf(line, sizeof line, "  %-6s %-13s %-13s %-13s %-13s %s\n",
                   std::string(TierName(t)).c_str(), Bytes(state_bytes[t]).c_str(),
-                  Bytes(working_bytes[t]).c_str(), Bytes(state_bytes[t] + working_bytes[t]).c_str(),
+                  Bytes(working_bytes[t]).c_str(), Bytes(cache_bytes[t]).c_str(),
+                  Bytes(state_bytes[t] + working_bytes[t] + cache_bytes[t]).c_str(),
                   Bytes(budget_bytes[t]).c_str());
     o << line;
   }
@@ -591,6 +592,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   }
   // Device working set: the shared rule (sched/placement.h, DeviceWorkingSet), the same items
   // `offloadctl plan` lists. ZeRO++'s wire buffers were added above.
+  const auto prefetch_elems =
+      static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_prefetch_bucket_size.value_or(50000000)));
   sched::DeviceWorkingInput dw;
   dw.world = e.world;
   dw.largest_group_elems = largest_padded;
@@ -601,6 +604,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   dw.overlap_comm = e.overlap_comm;
   dw.quantized_gradients = e.zpp.qgz;
   dw.max_live_elems = e.max_live_elems;
+  dw.reuse_distance_elems = e.reuse_distance_elems;
+  dw.prefetch_elems = prefetch_elems;
+  dw.persistence_elems = e.persistence_elems;
+  dw.device_kernels = !options.device->host_addressable();
+  dw.optimizer_buffers = e.pipeline_buffers;
+  dw.largest_sub_group_elems = largest_sub;
   uint64_t store_cache_bytes = 0;  // the store's device copies of param shards: its own budget
   for (const sched::DeviceWorkingItem& it : sched::DeviceWorkingSet(e.placement, dw)) {
     L.working_bytes[Tier::kDevice] += it.bytes;
@@ -611,14 +620,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   // whose home is a device the host cannot address.
   const uint64_t sub_bytes = 4 * RoundUp(largest_sub * 4, 4096);
   // (The rules are shared with the planner: sched/placement.h.)
+  uint64_t swap_bytes = 0;  // host copies of NVMe-homed blocks in use: the rest is cache
   if (opt_home == Tier::kNvme || grad_home == Tier::kNvme) {
-    L.working_bytes[Tier::kHost] +=
-        sched::OptimizerSwapBufferBytes(e.pipeline_buffers, largest_sub);
+    swap_bytes += sched::OptimizerSwapBufferBytes(e.pipeline_buffers, largest_sub, e.subs.size());
   }
   if (param_home == Tier::kNvme) {
-    L.working_bytes[Tier::kHost] +=
-        sched::ParamSwapBufferBytes(z.offload_param.buffer_count, largest_shard, e.dtype);
+    swap_bytes += sched::ParamSwapBufferBytes(z.offload_param.buffer_count, largest_shard, e.dtype);
   }
+  L.working_bytes[Tier::kHost] += swap_bytes;
   if (!options.device->host_addressable()) {
     L.working_bytes[Tier::kHost] += 2 * sub_bytes + largest_padded * e.elt;
   }
@@ -639,7 +648,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
       L.budget_bytes[Tier::kDevice] = options.device->stats().budget_bytes;
     const uint64_t host_need = L.state_bytes[Tier::kHost] + L.working_bytes[Tier::kHost];
     if (L.budget_bytes[Tier::kHost] == 0)
-      L.budget_bytes[Tier::kHost] = host_need + (uint64_t{16} << 20);
+      L.budget_bytes[Tier::kHost] = host_need + sched::kHostBudgetSlackBytes;
+    // The store keeps NVMe-homed blocks cached in whatever host budget the working set leaves.
+    L.cache_bytes[Tier::kHost] = sched::HostCacheBytes(L.budget_bytes[Tier::kHost], host_need,
+                                                       L.state_bytes[Tier::kNvme], swap_bytes);
     if (L.budget_bytes[Tier::kNvme] == 0) L.budget_bytes[Tier::kNvme] = L.state_bytes[Tier::kNvme];
     for (Tier t : kAllTiers) {
       const uint64_t need = L.state_bytes[t] + L.working_bytes[t];
@@ -739,10 +751,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
     if (L.state_bytes[Tier::kNvme] > 0) STRATA_RETURN_IF_ERROR(e.store->OpenNvme());
     if (e.placement.params_partitioned) {
       // The limits count full parameters; the prefetcher works on this rank's shards.
-      const sched::ShardLimits lim = sched::PerRankShardLimits(
-          static_cast<uint64_t>(
-              std::max<int64_t>(0, z.stage3_prefetch_bucket_size.value_or(50000000))),
-          e.max_live_elems, e.reuse_distance_elems, e.persistence_elems, e.world);
+      const sched::ShardLimits lim =
+          sched::PerRankShardLimits(prefetch_elems, e.max_live_elems, e.reuse_distance_elems,
+                                    e.persistence_elems, e.world);
       const auto pc =
           sched::PrefetchConfig::FromNumel(lim.prefetch_elems, lim.max_live_elems,
                                            lim.reuse_distance_elems, lim.persistence_elems, e.elt);

@@ -235,6 +235,10 @@ struct EngineLayout {
   PerTier<uint64_t> state_bytes{};    // homes of the states
   PerTier<uint64_t> working_bytes{};  // gathered groups, gradient buffers, pipeline staging
   PerTier<uint64_t> budget_bytes{};
+  // Host: the store's cached copies of NVMe-homed blocks that the budget leaves room for beyond
+  // states + working (sched::HostCacheBytes). Never refused for; the peak is states + working +
+  // cache.
+  PerTier<uint64_t> cache_bytes{};
   // ZeRO++ (README "ZeRO++"): what runs, and the hpZ secondary copy (16-bit, 1/k of every
   // group, on the device; included in state_bytes[device]).
   bool quantized_weights = false, quantized_gradients = false;

@@ -156,8 +156,8 @@ struct ZeroSettings {
   double optimizer_buffer_count = 4;  // offload_optimizer.buffer_count (nvme swap buffers)
   double param_buffer_count = 5;      // offload_param.buffer_count
   double param_buffer_size = 1e8;     // offload_param.buffer_size (elements)
-  double max_in_cpu = 1e9;            // offload_param.max_in_cpu: validated, not planned (strata
-                                      // keeps no DRAM cache of NVMe params)
+  double max_in_cpu = 1e9;            // offload_param.max_in_cpu: validated, not planned (the
+                                      // host cache is what the budget leaves: HostCacheBytes)
   // overlap_comm; unset means DeepSpeed's default: true at stage 3, false below.
   std::optional<bool> overlap_comm;
   // The size of a group when PlanInput::largest_group_params is not given (strata allocates no
@@ -166,6 +166,10 @@ struct ZeroSettings {
   double allgather_bucket_size = 5e8;  // validated, not planned (strata gathers per group)
   double prefetch_bucket_size = 5e7;   // stage3_prefetch_bucket_size: how far ahead, not bytes held
   double max_live_parameters = 1e9;    // stage3_max_live_parameters: caps the gathered groups kept
+  // stage3_max_reuse_distance: a released group used again within this many gathered elements
+  // stays on the device (with max_live, sets the stage-3 groups kept: sched::Stage3Peak).
+  double max_reuse_distance = 1e9;
+  double param_persistence_threshold = 1e5;  // stage3_param_persistence_threshold
   // Elements per optimizer sub-group (the NVMe swap unit). 0, as DeepSpeed reads it: every
   // parameter tensor is a sub-group of its own (sized from largest_group_params when given).
   double sub_group_size = 1e9;
@@ -220,6 +224,10 @@ struct Placement {
   double hbm_bytes_per_gpu = 0;
   double host_bytes_per_node = 0;
   double host_pinned_bytes_per_node = 0;
+  // Of host_bytes_per_node, the store's cache of NVMe-homed blocks: what the host capacity
+  // (the engine's budget) leaves beyond the working set, at most the NVMe-homed bytes
+  // (sched::HostCacheBytes). The working set is host_bytes_per_node minus this.
+  double host_cache_bytes_per_node = 0;
   double nvme_bytes_per_node = 0;
   CommVolume comm;
   double pcie_bytes_per_gpu = 0;         // host <-> GPU copies per optimizer step

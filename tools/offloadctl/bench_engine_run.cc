@@ -497,6 +497,10 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   r.dtype = engine->dtype();
   for (const std::string& n : r.layout.notes) r.notes.push_back(n);
   for (Tier t : kAllTiers) r.budget_bytes[static_cast<size_t>(t)] = r.layout.budget_bytes[t];
+  // The planner for the host budget the engine took (without --host-gb: its working set plus
+  // sched::kHostBudgetSlackBytes), as a user would give it to `offloadctl plan --dram-gb`.
+  r.planner_bytes = PlannerBytes(cfg.config, model, v, p.world, device_bytes,
+                                 static_cast<double>(r.layout.budget_bytes[Tier::kHost]));
 
   progress.Say("bench engine: " + v.Name() + ": initialising " + std::to_string(r.params) +
                " parameters");

@@ -276,7 +276,8 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
   for (Tier t : kAllTiers) {
     const size_t i = static_cast<size_t>(t);
     budget[i] = static_cast<double>(r.budget_bytes[i]);
-    plan[i] = static_cast<double>(r.layout.state_bytes[t] + r.layout.working_bytes[t]);
+    plan[i] = static_cast<double>(r.layout.state_bytes[t] + r.layout.working_bytes[t] +
+                                  r.layout.cache_bytes[t]);
   }
   j["peak_bytes"] = TierJson(peak);
   j["budget_bytes"] = TierJson(budget);

@@ -242,6 +242,10 @@ void TierDetail(std::string& s, const Placement& p, Tier tier, const char* title
     Out(s, "    %-58s %11s\n", "of which pinned (page-locked)",
         Gb(p.host_pinned_bytes_per_node).c_str());
   }
+  if (tier == Tier::kHost && p.host_cache_bytes_per_node > 0) {
+    Out(s, "    %-58s %11s\n", "of which cache (the working set is the rest)",
+        Gb(p.host_cache_bytes_per_node).c_str());
+  }
 }
 
 void Traffic(std::string& s, const Plan& plan, const Placement& p, const char* indent) {
@@ -386,6 +390,7 @@ nlohmann::json PlacementJson(const Placement& p) {
           {"hbm_bytes_per_gpu", p.hbm_bytes_per_gpu},
           {"host_bytes_per_node", p.host_bytes_per_node},
           {"host_pinned_bytes_per_node", p.host_pinned_bytes_per_node},
+          {"host_cache_bytes_per_node", p.host_cache_bytes_per_node},
           {"nvme_bytes_per_node", p.nvme_bytes_per_node},
           {"comm",
            {{"bytes_per_rank", p.comm.bytes_per_rank},
