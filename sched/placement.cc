@@ -78,8 +78,7 @@ uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems
 
 uint64_t HostCacheBytes(uint64_t budget_bytes, uint64_t need_bytes, uint64_t nvme_state_bytes,
                         uint64_t swap_buffer_bytes) {
-  const uint64_t cacheable =
-      nvme_state_bytes - std::min(nvme_state_bytes, swap_buffer_bytes);
+  const uint64_t cacheable = nvme_state_bytes - std::min(nvme_state_bytes, swap_buffer_bytes);
   const uint64_t room = budget_bytes - std::min(budget_bytes, need_bytes);
   return std::min(cacheable, room);
 }
@@ -141,9 +140,9 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
   if (placement.Home(StateKind::kMaster32) == Tier::kDevice && in.device_kernels) {
     if (!params_home_device) {
       add("param shards the device optimizer writes (one per pipeline buffer)",
-          std::min<uint64_t>(std::max<uint64_t>(1, in.optimizer_buffers),
-                             std::max<uint64_t>(1, CeilDiv(in.total_group_elems,
-                                                           std::max<uint64_t>(1, group)))) *
+          std::min<uint64_t>(
+              std::max<uint64_t>(1, in.optimizer_buffers),
+              std::max<uint64_t>(1, CeilDiv(in.total_group_elems, std::max<uint64_t>(1, group)))) *
               shard * in.param_elem_bytes,
           /*store_cache=*/true);
     }

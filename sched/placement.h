@@ -139,7 +139,7 @@ struct DeviceWorkingInput {
   uint64_t persistence_elems = 100000;         // stage3_param_persistence_threshold
   // The optimizer step on the device (see above).
   bool device_kernels = true;
-  uint64_t optimizer_buffers = 4;        // the step pipeline's buffers (offload_optimizer.buffer_count)
+  uint64_t optimizer_buffers = 4;  // the step pipeline's buffers (offload_optimizer.buffer_count)
   uint64_t largest_sub_group_elems = 0;  // a rank's largest optimizer sub-group
 };
 

@@ -49,6 +49,7 @@ TEST(PlannerConfig, InfinityConfigMapsEveryKey) {
       "overlap_comm": false,
       "reduce_bucket_size": 1e8, "allgather_bucket_size": 2e8,
       "stage3_prefetch_bucket_size": 3e7, "stage3_max_live_parameters": 4e8,
+      "stage3_max_reuse_distance": 6e8, "stage3_param_persistence_threshold": 2e5,
       "sub_group_size": 5e7
     }
   })");
@@ -70,6 +71,8 @@ TEST(PlannerConfig, InfinityConfigMapsEveryKey) {
   EXPECT_DOUBLE_EQ(z.allgather_bucket_size, 2e8);
   EXPECT_DOUBLE_EQ(z.prefetch_bucket_size, 3e7);
   EXPECT_DOUBLE_EQ(z.max_live_parameters, 4e8);
+  EXPECT_DOUBLE_EQ(z.max_reuse_distance, 6e8);
+  EXPECT_DOUBLE_EQ(z.param_persistence_threshold, 2e5);
   EXPECT_DOUBLE_EQ(z.sub_group_size, 5e7);
   EXPECT_DOUBLE_EQ(z.gradient_accumulation_steps, 4);
   EXPECT_TRUE(a.notes.empty()) << a.notes.front();
@@ -77,16 +80,19 @@ TEST(PlannerConfig, InfinityConfigMapsEveryKey) {
   // The mapped settings drive the placement: host per node (8 GPUs, shard 8.75e8), by the
   // engine's rules (sched/placement.h): optimizer swap buffers 8 x (6 + 1) x 4 blocks of
   // min(5e7, 8.75e8) x 4 B (in 4 KiB pages: 200003584) = 44.8 GB + param buffers 8 x 7 x
-  // min(2e8, 8.75e8) x 2 B (in pages: 400003072) = 22.4 GB (no DRAM cache for max_in_cpu).
+  // min(2e8, 8.75e8) x 2 B (in pages: 400003072) = 22.4 GB; the rest of the default 1024 GB
+  // caches the 126 GB on NVMe (max_in_cpu does not bound it): 126 GB in all.
   auto plan = MakePlan(a.in);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  EXPECT_DOUBLE_EQ(plan->configured->host_bytes_per_node,
-                   8.0 * 7 * 4 * 200003584 + 8.0 * 7 * 400003072);
-  // HBM, the engine's working set with groups of reduce_bucket_size (1e8; shard 1.25e7):
-  // gradient buffers (1e8 + 1.25e7) x 2 B = 0.225 GB (overlap off) + fp32 read-back beyond them
-  // 0.4 - 0.225 = 0.175 + gathered min(7e9, max_live 4e8 + 2 x 1e8) x 2 B = 1.2 + cached shards
-  // min(8.75e8, 4e8 / 8 + 2 x 1.25e7) x 2 B = 0.15 -> 1.75 GB, + the norm exchange 8 x 16 B.
-  EXPECT_DOUBLE_EQ(plan->configured->hbm_bytes_per_gpu, 1.75e9 + 8 * 16);
+  const double buffers = 8.0 * 7 * 4 * 200003584 + 8.0 * 7 * 400003072;
+  EXPECT_DOUBLE_EQ(plan->configured->host_bytes_per_node, 126e9);
+  EXPECT_DOUBLE_EQ(plan->configured->host_cache_bytes_per_node, 126e9 - buffers);
+  // HBM, the engine's working set with groups of reduce_bucket_size (1e8; shard 1.25e7; 70
+  // groups): gradient buffers (1e8 + 1.25e7) x 2 B = 0.225 GB (overlap off) + fp32 read-back
+  // beyond them 0.4 - 0.225 = 0.175 + the reuse distance 6e8 keeps 6e8 / 2e8 + 1 = 4 groups
+  // (max_live 4e8 would allow 4 + 1): gathered 4 x 1e8 x 2 B = 0.8 + shards 4 x 1.25e7 x 2 B =
+  // 0.1 -> 1.3 GB, + the norm exchange 8 x 16 B.
+  EXPECT_DOUBLE_EQ(plan->configured->hbm_bytes_per_gpu, 1.3e9 + 8 * 16);
 }
 
 TEST(PlannerConfig, DefaultsWhenKeysAreAbsent) {

@@ -127,8 +127,7 @@ TEST(PlannerPlace, NoOffloadEachStage) {
   EXPECT_DOUBLE_EQ(Place(in, 1, D::kNone, D::kNone).hbm_bytes_per_gpu,
                    54.5e9 + kExchange + kScratch);
   // Stage 2: 26.25 + 1.75 (fp32 grad shard) + 1.125 + 0.875 = 30 GB.
-  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu,
-                   30e9 + kExchange + kScratch);
+  EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 30e9 + kExchange + kScratch);
   // Stage 3: 14 + 1.75 (fp32 grad shard) + gradient buffers 3.375 (overlap on by default)
   //          + gathered 2 -> 21.125 GB.
   const Placement s3 = Place(in, 3, D::kNone, D::kNone);

@@ -154,9 +154,9 @@ void PlaceHostCache(const PlanInput& in, double swap, Builder& b) {
     if (it.tier == Tier::kNvme) nvme += it.bytes;
   }
   auto bytes = [g](double v) { return static_cast<uint64_t>(std::min(std::ceil(v / g), 0x1p60)); };
-  const double cache = g * static_cast<double>(sched::HostCacheBytes(
-                               bytes(in.capacity.dram_bytes_per_node), bytes(need), bytes(nvme),
-                               bytes(swap)));
+  const double cache =
+      g * static_cast<double>(sched::HostCacheBytes(bytes(in.capacity.dram_bytes_per_node),
+                                                    bytes(need), bytes(nvme), bytes(swap)));
   // Pinned like the swap buffers: the same store memory.
   b.Add(Tier::kHost, "host cache of NVMe-homed blocks (what the budget leaves, LRU)", cache, true);
   b.p.host_cache_bytes_per_node = cache;

@@ -63,9 +63,9 @@ void ApplyEngineConfig(const EngineConfig& c, PlanInput* in, std::vector<std::st
                                   "zero_optimization.stage3_prefetch_bucket_size", notes);
   s.max_live_parameters = static_cast<double>(z.stage3_max_live_parameters);
   s.max_reuse_distance = static_cast<double>(z.stage3_max_reuse_distance);
-  s.param_persistence_threshold = SizeOr(z.stage3_param_persistence_threshold, 1e5,
-                                         "zero_optimization.stage3_param_persistence_threshold",
-                                         notes);
+  s.param_persistence_threshold =
+      SizeOr(z.stage3_param_persistence_threshold, 1e5,
+             "zero_optimization.stage3_param_persistence_threshold", notes);
   s.sub_group_size = static_cast<double>(z.sub_group_size);
   s.zero_plus_plus.quantized_weights = z.zero_quantized_weights;
   s.zero_plus_plus.quantized_gradients = z.zero_quantized_gradients;

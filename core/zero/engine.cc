@@ -751,9 +751,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
     if (L.state_bytes[Tier::kNvme] > 0) STRATA_RETURN_IF_ERROR(e.store->OpenNvme());
     if (e.placement.params_partitioned) {
       // The limits count full parameters; the prefetcher works on this rank's shards.
-      const sched::ShardLimits lim =
-          sched::PerRankShardLimits(prefetch_elems, e.max_live_elems, e.reuse_distance_elems,
-                                    e.persistence_elems, e.world);
+      const sched::ShardLimits lim = sched::PerRankShardLimits(
+          prefetch_elems, e.max_live_elems, e.reuse_distance_elems, e.persistence_elems, e.world);
       const auto pc =
           sched::PrefetchConfig::FromNumel(lim.prefetch_elems, lim.max_live_elems,
                                            lim.reuse_distance_elems, lim.persistence_elems, e.elt);

@@ -168,8 +168,10 @@ void RegisterPlan(CLI::App& parent, int* exit_code) {
                   "context and allocator slack)")
       ->capture_default_str()
       ->check(AtLeast(0));
-  cmd->add_option("--dram-gb", f->dram_gb, "Host DRAM per node the engine may use (its host budgets), GB; what the working set "
-                  "leaves is planned as the store's cache of NVMe-homed blocks")
+  cmd->add_option(
+         "--dram-gb", f->dram_gb,
+         "Host DRAM per node the engine may use (its host budgets), GB; what the working set "
+         "leaves is planned as the store's cache of NVMe-homed blocks")
       ->capture_default_str()
       ->check(AtLeast(0));
   cmd->add_option("--nvme-gb", f->nvme_gb,
