@@ -100,9 +100,10 @@ Stage3Residency Stage3Peak(const DeviceWorkingInput& in) {
   const uint64_t group = in.largest_group_elems;
   Stage3Residency r;
   r.groups = std::max<uint64_t>(1, CeilDiv(in.total_group_elems, group));
-  r.kept = group <= in.persistence_elems
+  const uint64_t numel = in.largest_group_numel > 0 ? in.largest_group_numel : group;
+  r.kept = numel <= in.persistence_elems
                ? r.groups
-               : std::min(r.groups, in.reuse_distance_elems / (2 * group) + 1);
+               : std::min(r.groups, in.reuse_distance_elems / (2 * numel) + 1);
   const uint64_t cap = in.max_live_elems / group;
   r.gathered = std::min(r.groups, std::max<uint64_t>(2, std::min(r.kept - 1, cap) + 1));
   // The prefetcher counts a rank's shards against max_live / N.
@@ -139,25 +140,25 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
   const bool params_home_device = placement.Home(StateKind::kParam16) == Tier::kDevice;
   if (placement.Home(StateKind::kMaster32) == Tier::kDevice && in.device_kernels) {
     if (!params_home_device) {
-      add("param shards the device optimizer writes (one per pipeline buffer)",
+      add("param shards the device optimizer writes (buffer_count)",
           std::min<uint64_t>(
               std::max<uint64_t>(1, in.optimizer_buffers),
               std::max<uint64_t>(1, CeilDiv(in.total_group_elems, std::max<uint64_t>(1, group)))) *
               shard * in.param_elem_bytes,
           /*store_cache=*/true);
     }
-    add("gradient statistics scratch (8 B per 4096 elements of a sub-group)",
+    add("gradient statistics scratch (8 B per 4096 elements)",
         8 * (1 + CeilDiv(in.largest_sub_group_elems, 4096)));
   }
   if (!placement.params_partitioned || group == 0) return items;
   const Stage3Residency r = Stage3Peak(in);
   add("gathered groups (" + std::to_string(r.gathered) + " of " + std::to_string(r.groups) +
-          ": kept within the reuse distance + in use)",
+          ": kept + in use)",
       std::min(in.total_group_elems, r.gathered * group) * in.param_elem_bytes);
   if (!params_home_device) {
     const uint64_t total_shards = CeilDiv(in.total_group_elems, static_cast<uint64_t>(in.world));
     add("param shards on the device (" + std::to_string(r.shards) + " of " +
-            std::to_string(r.groups) + ": kept, or the prefetch window)",
+            std::to_string(r.groups) + ": kept or prefetched)",
         std::min(total_shards, r.shards * shard) * in.param_elem_bytes, /*store_cache=*/true);
   }
   return items;

@@ -126,6 +126,8 @@ inline constexpr uint64_t kHostBudgetSlackBytes = uint64_t{16} << 20;
 struct DeviceWorkingInput {
   int world = 1;
   uint64_t largest_group_elems = 0;  // the largest group, padded (all ranks' shards)
+  // Its parameters, unpadded (0: largest_group_elems): the reuse distance counts these.
+  uint64_t largest_group_numel = 0;
   uint64_t largest_shard_elems = 0;  // a rank's shard of it
   uint64_t total_group_elems = 0;    // every group, padded
   uint64_t param_elem_bytes = 2;     // gathered params and param shards (the working dtype)

@@ -158,7 +158,7 @@ void PlaceHostCache(const PlanInput& in, double swap, Builder& b) {
       g * static_cast<double>(sched::HostCacheBytes(bytes(in.capacity.dram_bytes_per_node),
                                                     bytes(need), bytes(nvme), bytes(swap)));
   // Pinned like the swap buffers: the same store memory.
-  b.Add(Tier::kHost, "host cache of NVMe-homed blocks (what the budget leaves, LRU)", cache, true);
+  b.Add(Tier::kHost, "cache of NVMe-homed blocks (what the budget leaves)", cache, true);
   b.p.host_cache_bytes_per_node = cache;
 }
 
@@ -190,8 +190,7 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
             "buffers hold the largest one's shard, not counted without --largest-group");
       }
       const double buffers = OptimizerSwapBuffers(in, shard);
-      b.Add(Tier::kHost,
-            "optimizer swap buffers (min(buffer_count + 1, sub-groups) x master+m+v+grad)",
+      b.Add(Tier::kHost, "optimizer swap buffers, min(count + 1, sub-groups) x 4",
             g_per_node * buffers, true);
       swap += g_per_node * buffers;
       if (buffers > 0 && buffers >= r.OptimizerBytes() * shard) {

@@ -597,6 +597,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   sched::DeviceWorkingInput dw;
   dw.world = e.world;
   dw.largest_group_elems = largest_padded;
+  for (const zero::GroupState& gs : e.groups) {
+    dw.largest_group_numel = std::max<uint64_t>(dw.largest_group_numel, gs.numel);
+  }
   dw.largest_shard_elems = largest_shard;
   dw.total_group_elems = total_padded;
   dw.param_elem_bytes = e.elt;

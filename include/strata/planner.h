@@ -12,7 +12,9 @@
 // state and its gradient shard on cpu/nvme, parameters on cpu/nvme) and the buffers strata's
 // engine allocates for them (pinned swap buffers; on the GPU the engine's working set, by the
 // engine's own rule sched::DeviceWorkingSet: per-group gradient buffers, the stage-3 gathered
-// groups under stage3_max_live_parameters and cached param shards), plus the caller's activation
+// groups and param shards the step's trace keeps by stage3_max_reuse_distance, capped by
+// stage3_max_live_parameters), the host cache of NVMe-homed blocks the DRAM capacity (the
+// engines' host budgets) leaves room for (sched::HostCacheBytes), plus the caller's activation
 // estimate. strata reduces and gathers per group, so DeepSpeed's reduce / all-gather buckets are
 // not allocated and DeepSpeed's own bucket figures (4.5 x buckets at stages 1-2) do not apply.
 // The model itself is unknown to the planner: activations and the largest gathered group are
