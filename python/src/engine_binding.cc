@@ -404,6 +404,7 @@ class PyEngine {
     d["sub_groups"] = L.sub_groups;
     d["state_bytes"] = TierDict(L.state_bytes);
     d["working_bytes"] = TierDict(L.working_bytes);
+    d["cache_bytes"] = TierDict(L.cache_bytes);
     d["budget_bytes"] = TierDict(L.budget_bytes);
     d["notes"] = nb::cast(L.notes);
     d["text"] = L.ToString();
