@@ -71,7 +71,7 @@ TEST(BenchEngineCli, NvmeRunCarriesTheIssuesFigures) {
   strata::testing::TempDir dir("bench-engine");
   const ProcessResult r = Bench(std::string(kTiny) +
                                 "--stage 3 --offload-optimizer nvme --offload-param nvme "
-                                "--disk-size 8M --json --nvme-path " +
+                                "--disk-size 8M --disk-reference-max 16M --json --nvme-path " +
                                 dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json j = Json(r);
@@ -88,11 +88,36 @@ TEST(BenchEngineCli, NvmeRunCarriesTheIssuesFigures) {
   EXPECT_EQ(j["offload_param"], "nvme");
   EXPECT_GT(j["step_s"].get<double>(), 0.0);
   EXPECT_GT(j["nvme_bytes_per_step"].get<double>(), 0.0);
-  EXPECT_GT(j["disk_read_bytes_per_s"].get<double>(), 0.0);
-  EXPECT_GT(j["disk_write_bytes_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["disk_write_bytes_per_s"].get<double>(), 0.0);  // the tiny model may read nothing
   EXPECT_GT(j["disk_bound_s"].get<double>(), 0.0);
   EXPECT_NEAR(j["io_efficiency"].get<double>(),
               j["disk_bound_s"].get<double>() / j["step_s"].get<double>(), 1e-9);
+  // The reference moved the step's read/write mix (each side rounded up to 1 MiB stripe units),
+  // capped by --disk-reference-max, at the engine's depth; the burst passes are kept apart.
+  const nlohmann::json& ref = j["disk_reference"];
+  const double rd = j["nvme_read_bytes_per_step"].get<double>();
+  const double wr = j["nvme_write_bytes_per_step"].get<double>();
+  const double cap = 16 << 20, unit = 1 << 20;
+  ASSERT_GT(rd + wr, cap) << "the tiny model no longer moves more than the cap";
+  const double scale = cap / (rd + wr);
+  EXPECT_TRUE(ref["measured"].get<bool>());
+  EXPECT_EQ(ref["block_bytes"].get<double>(), unit);
+  EXPECT_EQ(ref["queue_depth"].get<int>(), 8);  // aio.queue_depth's default
+  EXPECT_NEAR(ref["read_bytes"].get<double>(), rd * scale, unit);
+  EXPECT_NEAR(ref["write_bytes"].get<double>(), wr * scale, unit);
+  EXPECT_NEAR(j["disk_bound_s"].get<double>(),
+              ref["seconds"].get<double>() * (rd + wr) /
+                  (ref["read_bytes"].get<double>() + ref["write_bytes"].get<double>()),
+              1e-9);
+  EXPECT_NEAR(j["disk_read_bytes_per_s"].get<double>(),
+              ref["read_bytes"].get<double>() / ref["seconds"].get<double>(), 1e-3);
+  EXPECT_NEAR(j["disk_write_bytes_per_s"].get<double>(),
+              ref["write_bytes"].get<double>() / ref["seconds"].get<double>(), 1e-3);
+  EXPECT_TRUE(j["disk_burst_measured"].get<bool>());
+  EXPECT_GT(j["disk_burst_read_bytes_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["disk_burst_write_bytes_per_s"].get<double>(), 0.0);
+  EXPECT_NEAR(j["io_efficiency_burst"].get<double>(),
+              j["disk_bound_burst_s"].get<double>() / j["step_s"].get<double>(), 1e-9);
   EXPECT_GE(j["stall_fraction"].get<double>(), 0.0);
   EXPECT_LE(j["stall_fraction"].get<double>(), 1.0);
   EXPECT_EQ(j["comm_bytes_per_rank"].get<double>(), 0.0);  // one rank

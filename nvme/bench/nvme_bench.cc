@@ -254,7 +254,145 @@ Status CreateScratchFile(const std::string& dir, uint64_t size_bytes, ScratchFil
   return Status::OK();
 }
 
+// One stream of the mixed reference: its units (op, file, offset) in issue order, kept
+// queue_depth deep on its own backend.
+struct MixUnit {
+  IoOp op;
+  int fd;
+  uint64_t offset;
+};
+
+Status RunUnits(IoBackend& io, const std::vector<char*>& bufs, size_t bs,
+                const std::vector<MixUnit>& units, bool prefill) {
+  std::vector<IoRequest> batch;
+  batch.reserve(bufs.size());
+  std::vector<IoCompletion> done(bufs.size());
+  size_t next = 0;
+  auto request = [&](size_t slot) {
+    const MixUnit& u = units[next++];
+    return IoRequest{prefill ? IoOp::kWrite : u.op, u.fd, u.offset, bufs[slot], bs, slot};
+  };
+  for (size_t i = 0; i < bufs.size() && next < units.size(); ++i) batch.push_back(request(i));
+  STRATA_RETURN_IF_ERROR(io.Submit(batch));
+  while (io.inflight() > 0) {
+    STRATA_ASSIGN_OR_RETURN(size_t n, io.Reap(done, 1));
+    batch.clear();
+    for (size_t i = 0; i < n; ++i) {
+      STRATA_RETURN_IF_ERROR(done[i].status);
+      if (next < units.size()) batch.push_back(request(static_cast<size_t>(done[i].user_data)));
+    }
+    if (!batch.empty()) STRATA_RETURN_IF_ERROR(io.Submit(batch));
+  }
+  return Status::OK();
+}
+
 }  // namespace
+
+Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
+  if (o.dirs.empty()) return Status::InvalidArgument("no benchmark directory");
+  if (o.block_bytes == 0 || o.block_bytes % kIoAlignment != 0 || o.block_bytes > (1u << 30)) {
+    return Status::InvalidArgument("block size " + std::to_string(o.block_bytes) +
+                                   " must be a multiple of 4096 up to 1 GiB");
+  }
+  if (o.queue_depth == 0 || o.queue_depth > 4096 || o.streams == 0 || o.streams > 256) {
+    return Status::InvalidArgument("queue depth " + std::to_string(o.queue_depth) +
+                                   " (1..4096) or streams " + std::to_string(o.streams) +
+                                   " (1..256) out of range");
+  }
+  const uint64_t bs = o.block_bytes;
+  const uint64_t reads = (o.read_bytes + bs - 1) / bs, writes = (o.write_bytes + bs - 1) / bs;
+  const uint64_t total = reads + writes;
+  if (total == 0) return Status::InvalidArgument("mixed disk reference: nothing to move");
+  STRATA_RETURN_IF_ERROR(CheckDirs(o.dirs));
+  const size_t nfiles = o.dirs.size();
+  std::vector<ScratchFile> files(nfiles);
+  for (size_t d = 0; d < nfiles; ++d) {
+    const uint64_t units_here = total / nfiles + (d < total % nfiles ? 1 : 0);
+    STRATA_RETURN_IF_ERROR(
+        CreateScratchFile(o.dirs[d], std::max<uint64_t>(1, units_here) * bs, &files[d]));
+  }
+  // Unit k: a read when the reads' share of the first k+1 units grows at k (reads spread evenly
+  // among the writes), in file k mod #files; stream k mod #streams issues it.
+  std::vector<std::vector<MixUnit>> per_stream(o.streams);
+  for (uint64_t k = 0; k < total; ++k) {
+    const bool read = (k + 1) * reads / total > k * reads / total;
+    per_stream[k % o.streams].push_back(
+        MixUnit{read ? IoOp::kRead : IoOp::kWrite, files[k % nfiles].fd, (k / nfiles) * bs});
+  }
+  cpu::PinnedPoolOptions po;
+  const size_t stream_bytes = o.queue_depth * bs;
+  po.budget_bytes = o.streams * ((stream_bytes + cpu::kHugePageBytes - 1) / cpu::kHugePageBytes *
+                                 cpu::kHugePageBytes);
+  po.huge_pages = o.huge_pages;
+  po.register_with_cuda = false;
+  STRATA_ASSIGN_OR_RETURN(auto pool, cpu::PinnedPool::Create(po));
+  std::vector<cpu::PinnedBuffer> mem;
+  std::mt19937_64 rng(2);
+  for (size_t t = 0; t < o.streams; ++t) {
+    STRATA_ASSIGN_OR_RETURN(cpu::PinnedBuffer b, pool->Allocate(stream_bytes));
+    for (size_t off = 0; off + 8 <= b.size_bytes(); off += 8) {
+      const uint64_t v = rng();
+      std::memcpy(b.as<char>() + off, &v, 8);
+    }
+    mem.push_back(std::move(b));
+  }
+  // Barriers as RunPoint: ready | prefill | mixed pass. Each thread owns its ring.
+  std::barrier sync(static_cast<std::ptrdiff_t>(o.streams + 1));
+  std::vector<Status> status(o.streams);
+  std::vector<std::string> notes(o.streams);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < o.streams; ++t) {
+    threads.emplace_back([&, t] {
+      IoBackendOptions io;
+      io.kind = o.backend;
+      io.queue_depth = o.queue_depth;
+      io.single_issuer = true;
+      io.register_files_and_buffers = o.fixed_buffers;
+      std::unique_ptr<IoBackend> backend;
+      auto opened = OpenIoBackend(io);
+      if (opened.ok()) {
+        backend = std::move(opened).value();
+        for (const ScratchFile& f : files) {
+          if (status[t].ok()) status[t] = backend->RegisterFile(f.fd, f.path);
+        }
+        if (o.fixed_buffers) backend->RegisterBuffer(mem[t].data(), stream_bytes).IgnoreError();
+      } else {
+        status[t] = opened.status();
+      }
+      std::vector<char*> bufs;
+      for (size_t i = 0; i < o.queue_depth; ++i) bufs.push_back(mem[t].as<char>() + i * bs);
+      for (bool prefill : {true, false}) {
+        sync.arrive_and_wait();
+        if (status[t].ok()) status[t] = RunUnits(*backend, bufs, bs, per_stream[t], prefill);
+        sync.arrive_and_wait();
+      }
+      if (backend)
+        notes[t] = std::string(IoBackendKindName(backend->kind())) + "|" + backend->note();
+      backend.reset();  // closed by the thread that owns the ring
+    });
+  }
+  NvmeMixResult r;
+  for (bool prefill : {true, false}) {
+    sync.arrive_and_wait();
+    const auto t0 = Clock::now();
+    sync.arrive_and_wait();
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (prefill) {
+      r.prefill_write_bytes_per_s = static_cast<double>(total * bs) / secs;
+    } else {
+      r.seconds = secs;
+    }
+  }
+  for (auto& th : threads) th.join();
+  for (const Status& s : status) STRATA_RETURN_IF_ERROR(s);
+  r.read_bytes = reads * bs;
+  r.write_bytes = writes * bs;
+  const size_t bar = notes[0].find('|');
+  r.backend = notes[0].substr(0, bar);
+  r.note = notes[0].substr(bar + 1);
+  if (!pool->note().empty()) r.note += (r.note.empty() ? "" : "; ") + pool->note();
+  return r;
+}
 
 Result<std::vector<NvmeBenchResult>> RunNvmeBench(
     const NvmeBenchOptions& options, const std::vector<NvmeBenchPoint>& points,

@@ -66,4 +66,41 @@ Result<std::vector<NvmeBenchResult>> RunNvmeBench(
     const NvmeBenchOptions& options, const std::vector<NvmeBenchPoint>& points,
     const std::function<void(size_t, const NvmeBenchPoint&)>& progress = {});
 
+// The disk's own time for a read/write mix: `bench engine`'s reference for io_efficiency (README
+// "offloadctl bench engine"). A step moves its NVMe bytes as reads and writes in flight at once
+// (read-ahead of sub-group i+1 beside write-behind of i-1), in stripe units, at the engine's ring
+// depth, over gigabytes: a separate burst of each direction measures neither that mix nor a disk
+// whose writes a hypervisor's cache absorbs for the first gigabyte or so. This pass moves
+// `read_bytes` + `write_bytes` in the same proportion, interleaved unit by unit, with reads and
+// writes in one queue of queue_depth per stream (one stream per rank: each rank has its own ring).
+//
+// Layout: one scratch file per directory holding every unit (unit k in file k mod #dirs), first
+// written in full (the prefill: steady-state swap writes overwrite written extents, and reads must
+// read real extents, not fallocated zeros), then the mixed pass over the same units in the same
+// order, so each read is of data written a whole reference earlier. No fsync: the step does none.
+// Files are removed afterwards.
+struct NvmeMixOptions {
+  std::vector<std::string> dirs;  // at least one; the swap files' directories
+  // The mix to move, all directories together; each rounded up to whole blocks, at least one
+  // block in total.
+  uint64_t read_bytes = 0, write_bytes = 0;
+  size_t block_bytes = size_t{1} << 20;  // the swap space's stripe unit
+  size_t queue_depth = 8;                // per stream: the engine's aio.queue_depth
+  size_t streams = 1;                    // rings, each with its own thread (ranks)
+  IoBackendKind backend = IoBackendKind::kAuto;
+  bool fixed_buffers = true;
+  bool huge_pages = true;
+};
+
+struct NvmeMixResult {
+  uint64_t read_bytes = 0, write_bytes = 0;  // moved by the mixed pass
+  double seconds = 0;                        // the mixed pass
+  double prefill_write_bytes_per_s = 0;      // the prefill: a write-only pass of read + write
+  std::string backend, note;
+};
+
+// InvalidArgument: no directory (or one given twice), a block size not a multiple of 4 KiB,
+// zero depth or streams, nothing to move. NotFound / IOError as RunNvmeBench.
+Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& options);
+
 }  // namespace strata::nvme

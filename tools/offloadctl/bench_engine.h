@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/zero/checkpoint_io.h"
+#include "nvme/bench/nvme_bench.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/engine.h"
@@ -47,6 +48,8 @@ struct BenchEngineArgs {
   std::string io_backend = "auto";
   std::string max_reuse_distance;           // COUNT for stage3_max_reuse_distance ("" = config's)
   uint64_t disk_size_bytes = 256ull << 20;  // bytes per pass of the disk measurement (0: none)
+  // The io_efficiency reference (StepDiskReference) moves min(the step's NVMe bytes, this).
+  uint64_t disk_reference_max_bytes = 8ull << 30;
   double timeout_s = 600;
   // ZeRO++ over the config's (README "ZeRO++"): --qwz, --qgz, --hpz K; the node size its
   // hierarchy uses (0: LOCAL_WORLD_SIZE, as `offloadctl launch` sets it).
@@ -117,6 +120,8 @@ struct VariantResult {
   // The disk under --save-dir as the checkpoint streams see it (same chunk size, depth and
   // bytes; fresh file, overwrite, read), measured by rank 0 after the saves.
   zero::ckpt::DiskReference checkpoint_disk;
+  // The NVMe tier's IO shape (the mixed disk reference uses it): aio.queue_depth per rank.
+  size_t io_queue_depth = 8;
 };
 
 // The disk under the --nvme-path directories, measured by nvme/bench (O_DIRECT).
@@ -125,6 +130,19 @@ struct DiskRates {
   double read_bytes_per_s = 0, write_bytes_per_s = 0;
   uint64_t bytes = 0;
   std::string backend;
+};
+
+// The io_efficiency reference: the disk's own time for the step's NVMe bytes, measured after the
+// variant ran by nvme::RunNvmeMix with the step's read/write proportion, the swap space's stripe
+// unit, each rank's ring depth, one stream per rank, over min(the step's bytes,
+// --disk-reference-max) in the same --nvme-path directories.
+struct StepDiskReference {
+  bool measured = false;
+  nvme::NvmeMixResult mix;
+  size_t block_bytes = 0, queue_depth = 0, streams = 0;
+  // The disk's time for `read` + `write` bytes in the reference's proportion (its time scaled
+  // by the bytes); 0 when not measured.
+  double BoundSeconds(double read, double write) const;
 };
 
 // What every variant of one process shares.
@@ -157,5 +175,10 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
 // O_DIRECT write then read of `bytes` over `dirs` (1 MiB requests, 16 in flight per directory).
 Result<DiskRates> MeasureDisk(const std::vector<std::string>& dirs, uint64_t bytes,
                               IoBackendKind kind);
+
+// Rank 0, after `r` ran: the mixed reference for its per-step NVMe bytes (all ranks). Not
+// measured (measured = false) when the step moved no NVMe bytes or the cap is 0.
+Result<StepDiskReference> MeasureStepDisk(const BenchEngineArgs& a, const BenchProcess& p,
+                                          const VariantResult& r);
 
 }  // namespace strata::cli

@@ -457,6 +457,7 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   for (const ConfigDiagnostic& w : cfg.warnings) r.notes.push_back("config: " + w.ToString());
   r.gradient_accumulation_steps =
       static_cast<int>(cfg.config.gradient_accumulation_steps.value_or(1));
+  r.io_queue_depth = static_cast<size_t>(std::clamp<int64_t>(cfg.config.aio.queue_depth, 1, 1024));
   const double device_bytes = a.device_gb * 1e9, host_bytes = a.host_gb * 1e9;
   r.planner_bytes = PlannerBytes(cfg.config, model, v, p.world, device_bytes, host_bytes);
   Progress progress(p.rank == 0, p.progress_tty);
@@ -542,6 +543,41 @@ Result<DiskRates> MeasureDisk(const std::vector<std::string>& dirs, uint64_t byt
   d.write_bytes_per_s = res.front().write_bytes_per_s;
   d.bytes = res.front().bytes;
   d.backend = res.front().backend;
+  return d;
+}
+
+double StepDiskReference::BoundSeconds(double read, double write) const {
+  const double ref = static_cast<double>(mix.read_bytes + mix.write_bytes);
+  if (!measured || ref <= 0) return 0;
+  return mix.seconds * (read + write) / ref;
+}
+
+Result<StepDiskReference> MeasureStepDisk(const BenchEngineArgs& a, const BenchProcess& p,
+                                          const VariantResult& r) {
+  StepDiskReference d;
+  double rd = 0, wr = 0;
+  for (const RankFigures& f : r.ranks) {
+    rd += f.nvme_read_bytes_per_step;
+    wr += f.nvme_write_bytes_per_step;
+  }
+  const double step_bytes = rd + wr;
+  if (!r.fits || p.nvme_dirs.empty() || step_bytes <= 0 || a.disk_reference_max_bytes == 0) {
+    return d;
+  }
+  const double scale = std::min(1.0, static_cast<double>(a.disk_reference_max_bytes) / step_bytes);
+  nvme::NvmeMixOptions o;
+  o.dirs = p.nvme_dirs;
+  o.read_bytes = static_cast<uint64_t>(rd * scale);
+  o.write_bytes = static_cast<uint64_t>(wr * scale);
+  o.block_bytes = TieredStoreOptions{}.stripe_unit_bytes;  // the engine leaves it at the default
+  o.queue_depth = r.io_queue_depth;
+  o.streams = static_cast<size_t>(p.world);
+  o.backend = p.io_kind;
+  STRATA_ASSIGN_OR_RETURN(d.mix, nvme::RunNvmeMix(o));
+  d.measured = true;
+  d.block_bytes = o.block_bytes;
+  d.queue_depth = o.queue_depth;
+  d.streams = o.streams;
   return d;
 }
 
