@@ -285,8 +285,9 @@ class Engine {
   // piece through the communicator, in fp32: afterwards every rank's state is bit for bit what
   // InitFromFullTensors with rank 0's tensors gives (master = the values, working params their
   // rounding, Adam state zero). Memory: at most `window_bytes` (rank 0's value counts) of staging
-  // per rank (device buffers and rank 0's host packing; at least one element per rank); no rank
-  // holds a whole group or the model. The bytes: stage 0 broadcasts the model; stage 1-3 one
+  // per rank (device buffers and rank 0's host packing; at least one element per rank): no staging
+  // buffer holds a whole group, let alone the model (the states land in the engine's own blocks,
+  // one sub-group lease at a time). The bytes: stage 0 broadcasts the model; stage 1-3 one
   // all-to-all per piece (rank 0's chunks carry the data).
   // Errors: InvalidArgument on rank 0 naming the group or parameter whose tensor has the wrong
   // count of values (its shape says how many), a null tensor, or the wrong number of groups or
