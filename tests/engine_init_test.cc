@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "emulated_device.h"
 #include "engine_test_model.h"
 
 namespace strata::testing {
@@ -80,8 +81,10 @@ const Case kCases[] = {{0, "none", "none"}, {1, "cpu", "none"}, {2, "none", "non
 // `w`: through InitFromRank0 (rank 0's tensors only, a window of `window` bytes) or
 // InitFromFullTensors on every rank.
 RunResult RunInit(const Case& c, int world, const char* precision, int steps, const Tensors& w,
-                  bool from_rank0, uint64_t window = 256) {
+                  bool from_rank0, uint64_t window = 256,
+                  std::function<Device*(int rank)> device = nullptr) {
   RunSpec spec;
+  spec.device = std::move(device);
   spec.config_json = Config(c.stage, c.opt, c.param, precision);
   spec.world = world;
   spec.steps = steps;
@@ -121,17 +124,41 @@ TEST(EngineInitFromRank0, BitIdenticalToFullTensorsEveryStageAndWorld) {
 }
 
 // fp32 working params (the param block is a copy of the master), and the default window (one
-// piece per sub-group) against a one-element window.
+// piece per sub-group) and a window of one element per rank.
 TEST(EngineInitFromRank0, Fp32AndWindowSizes) {
-  const Tensors w = EdgeWeights();
   for (const Case& c : {Case{0, "none", "none"}, Case{3, "cpu", "nvme"}}) {
     RunResult a = RunInit(c, 2, "fp32", 1, InitialWeights(), false);
     ASSERT_TRUE(a.status.ok()) << a.status.ToString();
-    for (uint64_t window : {uint64_t{1}, Engine::kInitWindowBytes}) {
+    // Below one element per rank (clamped to one: every element its own all-to-all) at stage 3.
+    std::vector<uint64_t> windows = {Engine::kInitWindowBytes};
+    if (c.stage == 3) windows.push_back(1);
+    for (uint64_t window : windows) {
       RunResult b = RunInit(c, 2, "fp32", 1, InitialWeights(), true, window);
       ASSERT_TRUE(b.status.ok()) << b.status.ToString();
       EXPECT_TRUE(BitEqual(b.master, a.master)) << Name(c, 2) << " window " << window;
     }
+  }
+}
+
+// A device the host cannot address (EmulatedDevice: every staging byte goes through CopyAsync,
+// and a copy under a running kernel is a violation): the same bits, no violation.
+TEST(EngineInitFromRank0, DeviceTheHostCannotAddress) {
+  const Tensors w = EdgeWeights();
+  for (const Case& c : {Case{0, "none", "none"}, Case{3, "none", "none"}}) {
+    RunResult results[2];
+    for (bool from_rank0 : {false, true}) {
+      std::vector<std::unique_ptr<EmulatedDevice>> devices;
+      for (int r = 0; r < 2; ++r) {
+        auto d = EmulatedDevice::Create(EmulatedDeviceOptions{});
+        ASSERT_TRUE(d.ok()) << d.status().ToString();
+        devices.push_back(std::move(*d));
+      }
+      results[from_rank0] = RunInit(c, 2, "bf16", 1, w, from_rank0, Window(2, 37),
+                                    [&](int r) -> Device* { return devices[r].get(); });
+      ASSERT_TRUE(results[from_rank0].status.ok()) << results[from_rank0].status.ToString();
+      for (const auto& d : devices) EXPECT_EQ(d->violations(), 0u) << d->first_violation();
+    }
+    EXPECT_TRUE(BitEqual(results[1].master, results[0].master)) << Name(c, 2);
   }
 }
 
