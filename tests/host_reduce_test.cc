@@ -178,6 +178,10 @@ TEST_F(HostReduceTargets, SizesAroundTheVectorWidthTouchOnlyTheirRange) {
   const std::vector<float> f = EdgeFloats();
   std::vector<uint16_t> h(f.size());
   host_reduce_ref::StoreFloat(DType::kBF16, f.data(), h.data(), h.size());
+  std::vector<float> partial;  // no NaN: NaN + NaN may keep either payload (host_reduce.h)
+  for (float x : f) {
+    if (!std::isnan(x)) partial.push_back(x);
+  }
   std::vector<size_t> sizes = {0, 1};
   for (size_t n : {4, 8, 16, 32, 64}) {
     for (size_t d : {n - 1, n, n + 1}) sizes.push_back(d);
@@ -189,9 +193,9 @@ TEST_F(HostReduceTargets, SizesAroundTheVectorWidthTouchOnlyTheirRange) {
       LoadScaled(DType::kBF16, h.data() + 3, got.data(), n, 0.75f);
       host_reduce_ref::LoadScaled(DType::kBF16, h.data() + 3, want.data(), n, 0.75f);
       ExpectSameBits(got.data(), want.data(), n + 8, "load");
-      AccumulateScaled(DType::kF16, h.data() + 1, f.data() + 5, got.data(), n, 2.0f);
-      host_reduce_ref::AccumulateScaled(DType::kF16, h.data() + 1, f.data() + 5, want.data(), n,
-                                        2.0f);
+      AccumulateScaled(DType::kF16, h.data() + 1, partial.data() + 5, got.data(), n, 2.0f);
+      host_reduce_ref::AccumulateScaled(DType::kF16, h.data() + 1, partial.data() + 5, want.data(),
+                                        n, 2.0f);
       ExpectSameBits(got.data(), want.data(), n + 8, "accumulate");
       std::vector<uint16_t> g16(n + 8, 0xabcd), w16(n + 8, 0xabcd);
       StoreFloat(DType::kF16, f.data() + 2, g16.data(), n);

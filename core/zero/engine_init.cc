@@ -49,15 +49,21 @@ void FillFlat(const Engine::Impl& e, size_t g, size_t b, size_t n, const ParamFi
   }
 }
 
+// OK while initial weights may be set: the engine is healthy and has taken no step.
+Status CheckInitAllowed(const Engine::Impl& e, const char* op) {
+  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
+  if (e.global_step > 0) {
+    return Status::FailedPrecondition(std::string(op) + ": the engine has already taken steps");
+  }
+  return Status::OK();
+}
+
 // Fills the fp32 master of every sub-group this rank steps through `source` (given the
 // sub-group and its zeroed master), rounds the working params from it, and all-gathers them
 // where stage 1-2 keep full replicas.
 using MasterSource = std::function<Status(const SubGroup& s, float* master)>;
 Status InitMasters(Engine::Impl& e, const char* op, const MasterSource& source) {
-  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
-  if (e.global_step > 0) {
-    return Status::FailedPrecondition(std::string(op) + ": the engine has already taken steps");
-  }
+  STRATA_RETURN_IF_ERROR(CheckInitAllowed(e, op));
   const Tier opt_tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
   const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
   for (const SubGroup& s : e.subs) {
@@ -115,6 +121,25 @@ struct InitHeader {
   uint64_t piece_elems = 0;  // elements per rank per transfer
 };
 
+constexpr char kOp[] = "InitFromRank0";
+
+// InitFromRank0's errors of a collective or copy: name the operation and `what`, fail the engine.
+Status InitFailed(Engine::Impl& e, const std::string& what, const Status& st) {
+  return e.Fail(
+      Status(st.code(), std::string(kOp) + ": " + what + ": " + std::string(st.message())));
+}
+
+// Rank 0's header, on every rank (rank 0 passes it in; the others' `header` is overwritten).
+Status ExchangeHeader(Engine::Impl& e, InitHeader* header) {
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer hdr, DeviceBuffer::Make(e.opt.device, sizeof(*header)));
+  if (e.rank == 0) STRATA_RETURN_IF_ERROR(e.ToDevice(hdr.get(), header, sizeof(*header)));
+  auto h = e.opt.comm->Broadcast(hdr.get(), sizeof(*header), DType::kI8, 0);
+  if (!h.ok()) return InitFailed(e, "the header from rank 0", h.status());
+  Status st = h->WaitUntil(e.deadline());
+  if (!st.ok()) return InitFailed(e, "the header from rank 0", st);
+  return e.ToHost(header, hdr.get(), sizeof(*header));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -153,11 +178,7 @@ Status Engine::InitFromFullTensors(const std::vector<std::vector<const float*>>&
 Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float>>>& tensors,
                              uint64_t window_bytes) {
   Impl& e = *impl_;
-  static constexpr char kOp[] = "InitFromRank0";
-  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
-  if (e.global_step > 0) {
-    return Status::FailedPrecondition(std::string(kOp) + ": the engine has already taken steps");
-  }
+  STRATA_RETURN_IF_ERROR(CheckInitAllowed(e, kOp));
   const bool root = e.rank == 0;
   const size_t world = static_cast<size_t>(e.world);
   Status verdict;
@@ -171,19 +192,7 @@ Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float
     header.piece_elems =
         std::clamp<uint64_t>(window_bytes / (3 * world * sizeof(float)), 1, largest);
   }
-  auto named = [&](const std::string& what, const Status& st) {
-    return e.Fail(
-        Status(st.code(), std::string(kOp) + ": " + what + ": " + std::string(st.message())));
-  };
-  if (world > 1) {
-    STRATA_ASSIGN_OR_RETURN(DeviceBuffer hdr, DeviceBuffer::Make(e.opt.device, sizeof(header)));
-    if (root) STRATA_RETURN_IF_ERROR(e.ToDevice(hdr.get(), &header, sizeof(header)));
-    auto h = e.opt.comm->Broadcast(hdr.get(), sizeof(header), DType::kI8, 0);
-    if (!h.ok()) return named("the header from rank 0", h.status());
-    Status st = h->WaitUntil(e.deadline());
-    if (!st.ok()) return named("the header from rank 0", st);
-    STRATA_RETURN_IF_ERROR(e.ToHost(&header, hdr.get(), sizeof(header)));
-  }
+  if (world > 1) STRATA_RETURN_IF_ERROR(ExchangeHeader(e, &header));
   if (header.ok != 1) {
     if (root) return verdict;
     return Status::InvalidArgument(std::string(kOp) +
@@ -214,10 +223,12 @@ Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float
     const size_t shard = e.groups[s.group].shard.shard_elems;
     for (size_t c = 0; c < s.elems; c += piece) {
       const size_t n = std::min(piece, s.elems - c);
-      const std::string what =
-          "group '" + e.model.groups[s.group].name + "' elements [" + std::to_string(s.offset + c) +
-          ", " + std::to_string(s.offset + c + n) + ") of " +
-          (scatter ? "each rank's shard" : "rank " + std::to_string(s.owner) + "'s shard");
+      // Named only on error (a string per piece would cost more than a small piece's copy).
+      auto what = [&] {
+        return "group '" + e.model.groups[s.group].name + "' elements [" +
+               std::to_string(s.offset + c) + ", " + std::to_string(s.offset + c + n) + ") of " +
+               (scatter ? "each rank's shard" : "rank " + std::to_string(s.owner) + "'s shard");
+      };
       const size_t ranks = scatter ? world : 1;
       if (root) {
         for (size_t j = 0; j < ranks; ++j) {
@@ -225,16 +236,16 @@ Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float
           FillFlat(e, s.group, at, n, from_tensors, pack.data() + j * n);
         }
         Status st = e.ToDevice(send.get(), pack.data(), ranks * n * sizeof(float));
-        if (!st.ok()) return named(what, st);
+        if (!st.ok()) return InitFailed(e, what(), st);
       }
       auto h = scatter ? e.opt.comm->AllToAll(send.get(), recv.get(), n, DType::kF32)
                        : e.opt.comm->Broadcast(send.get(), n, DType::kF32, 0);
-      if (!h.ok()) return named(what, h.status());
+      if (!h.ok()) return InitFailed(e, what(), h.status());
       Status st = h->WaitUntil(e.deadline());
-      if (!st.ok()) return named(what, st);
+      if (!st.ok()) return InitFailed(e, what(), st);
       // The all-to-all leaves rank 0's chunk for this rank at the start of recv.
       st = e.ToHost(m + c, scatter ? recv.get() : send.get(), n * sizeof(float));
-      if (!st.ok()) return named(what, st);
+      if (!st.ok()) return InitFailed(e, what(), st);
     }
     return Status::OK();
   });
