@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "strata/device_kernels.h"
 #include "strata/dtype.h"
 #include "strata/status.h"
 
@@ -42,34 +43,8 @@ namespace strata::kernels {
 
 class KernelPool;
 
-struct AdamHyper {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;         // in [0, 1)
-  float beta2 = 0.999f;       // in [0, 1)
-  float eps = 1e-8f;          // > 0
-  float weight_decay = 0.0f;  // >= 0
-  // true: AdamW (decoupled decay, torch.optim.AdamW); false: Adam with L2 added to the gradient
-  // (torch.optim.Adam's weight_decay).
-  bool decoupled_weight_decay = true;
-  bool bias_correction = true;
-  int64_t step = 1;         // the step number this call makes, counting from 1
-  float grad_scale = 1.0f;  // multiplies every gradient element first
-  // Streaming (non-temporal) stores for p, m and v. Off by default: they were just read, so the
-  // lines are in cache anyway. The 16-bit param_out is always streamed when aligned.
-  bool stream_state = false;
-};
-
-// The arrays of one shard. master, exp_avg and exp_avg_sq are updated in place.
-struct AdamShard {
-  float* master = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
-  const void* grad = nullptr;  // n elements of grad_dtype (bf16/fp16 as raw bits)
-  DType grad_dtype = DType::kF32;
-  void* param_out = nullptr;  // nullptr: no 16-bit copy; else n elements of param_out_dtype
-  DType param_out_dtype = DType::kBF16;
-  size_t n = 0;
-};
+// AdamHyper and AdamShard: include/strata/device_kernels.h (public: a device's kernels take
+// them too).
 
 // Bytes one parameter moves through memory: 24 (p, m, v read and written) + gradient + output.
 size_t AdamBytesPerParam(DType grad_dtype, std::optional<DType> param_out_dtype);

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "strata/device_kernels.h"
 #include "strata/dtype.h"
 #include "strata/status.h"
 
@@ -22,7 +23,7 @@ namespace strata::kernels {
 
 class KernelPool;
 
-inline constexpr size_t kStatsChunk = 4096;
+// kStatsChunk: include/strata/device_kernels.h (a device's ChunkSumSquares uses it too).
 
 struct GradStats {
   // Sum of grad[i]^2 (before any grad_scale). +Inf when `nonfinite`.

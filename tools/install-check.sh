@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Proves the installed strata is usable: installs a build into a temporary prefix, builds
 # examples/cpp_trainer against it with find_package(strata) and, separately, with pkg-config,
-# runs both, then makes the .deb packages with CPack and checks their metadata and contents.
+# runs both, builds and runs examples/custom_device (a third-party Device with DeviceKernels from
+# the installed headers alone, the engine stepping its state with them), then makes the .deb
+# packages with CPack and checks their metadata and contents.
 # Usage: tools/install-check.sh [BUILD_DIR]   (default build; run by ctest as install_check)
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,7 +15,8 @@ export PATH="/usr/local/cuda/bin:$PATH"
 
 echo "== cmake --install into $prefix"
 cmake --install "$build" --prefix "$prefix" >"$work/install.log"
-for f in include/strata/store.h include/strata/version.h lib/cmake/strata/strataConfig.cmake \
+for f in include/strata/store.h include/strata/device_kernels.h include/strata/version.h \
+         lib/cmake/strata/strataConfig.cmake \
          lib/cmake/strata/strataConfigVersion.cmake lib/pkgconfig/strata.pc bin/offloadctl; do
   [[ -e "$prefix/$f" ]] || { echo "install-check: $f not installed"; exit 1; }
 done
@@ -29,6 +32,14 @@ cmake -S "$src/examples/cpp_trainer" -B "$work/example" -G Ninja \
   || { cat "$work/example.log"; exit 1; }
 cmake --build "$work/example" >>"$work/example.log" 2>&1 || { cat "$work/example.log"; exit 1; }
 "$work/example/cpp_trainer" "$src/examples/ds_zero3_offload.json"
+
+echo "== find_package(strata) from examples/custom_device (a device with its own kernels)"
+cmake -S "$src/examples/custom_device" -B "$work/custom_device" -G Ninja \
+  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >"$work/custom_device.log" \
+  || { cat "$work/custom_device.log"; exit 1; }
+cmake --build "$work/custom_device" >>"$work/custom_device.log" 2>&1 \
+  || { cat "$work/custom_device.log"; exit 1; }
+"$work/custom_device/custom_device"
 
 echo "== pkg-config strata"
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"

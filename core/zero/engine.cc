@@ -1,5 +1,5 @@
-// Engine: creation (placement, budgets, blocks), initial weights, read-back and the shared
-// helpers. See include/strata/engine.h for the contract.
+// Engine: creation (placement, budgets, blocks) and the shared helpers (initial weights and
+// read-back: engine_init.cc). See include/strata/engine.h for the contract.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -777,100 +777,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   e.opt.io.reset();
   e.totals.store.budget_bytes = L.budget_bytes;
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Initial weights and read-back
-// ---------------------------------------------------------------------------------------------
-
-Status Engine::InitParameters(const ParamFill& fill) {
-  Impl& e = *impl_;
-  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
-  if (e.global_step > 0) {
-    return Status::FailedPrecondition("InitParameters: the engine has already taken steps");
-  }
-  const Tier opt_tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
-  const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
-  for (const SubGroup& s : e.subs) {
-    const zero::GroupState& gs = e.groups[s.group];
-    STRATA_ASSIGN_OR_RETURN(Lease master,
-                            e.store->Acquire(s.master, opt_tier, Access::kWrite, e.timeout()));
-    float* m = static_cast<float*>(master.data());
-    std::fill(m, m + s.elems, 0.0f);
-    const size_t b = e.FullOffset(s), end = std::min(b + s.elems, gs.numel);
-    const auto& params = e.model.groups[s.group].params;
-    for (size_t p = 0; p < params.size() && b < end; ++p) {
-      const size_t po = gs.param_offsets[p], pn = params[p].numel();
-      const size_t lo = std::max(b, po), hi = std::min(end, po + pn);
-      if (lo < hi) fill(s.group, p, lo - po, hi - po, m + (lo - b));
-    }
-    master.MarkDirty();
-    STRATA_ASSIGN_OR_RETURN(Lease param,
-                            e.store->Acquire(gs.param, param_tier, Access::kWrite, e.timeout()));
-    STRATA_RETURN_IF_ERROR(e.PublishParams(s, m, param));
-  }
-  return e.Fail(e.AllGatherUpdatedParams());
-}
-
-Status Engine::InitFromFullTensors(const std::vector<std::vector<const float*>>& tensors) {
-  const ModelSpec& m = impl_->model;
-  if (tensors.size() != m.groups.size()) {
-    return Status::InvalidArgument("InitFromFullTensors: " + std::to_string(tensors.size()) +
-                                   " groups given, the model has " +
-                                   std::to_string(m.groups.size()));
-  }
-  for (size_t g = 0; g < tensors.size(); ++g) {
-    if (tensors[g].size() != m.groups[g].params.size()) {
-      return Status::InvalidArgument("InitFromFullTensors: group '" + m.groups[g].name + "' has " +
-                                     std::to_string(m.groups[g].params.size()) + " parameters, " +
-                                     std::to_string(tensors[g].size()) + " given");
-    }
-    for (size_t p = 0; p < tensors[g].size(); ++p) {
-      if (tensors[g][p] == nullptr) {
-        return Status::InvalidArgument("InitFromFullTensors: null tensor for " + m.groups[g].name +
-                                       "." + m.groups[g].params[p].name);
-      }
-    }
-  }
-  return InitParameters([&](size_t g, size_t p, size_t b, size_t e, float* out) {
-    std::memcpy(out, tensors[g][p] + b, (e - b) * sizeof(float));
-  });
-}
-
-Status Engine::ReadMaster(size_t group, std::span<float> out) {
-  Impl& e = *impl_;
-  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
-  if (group >= e.groups.size()) {
-    return Status::InvalidArgument("ReadMaster: group " + std::to_string(group) + " out of range");
-  }
-  const zero::GroupState& gs = e.groups[group];
-  if (out.size() != gs.numel) {
-    return Status::InvalidArgument("ReadMaster: " + std::to_string(out.size()) +
-                                   " values given, group '" + e.model.groups[group].name +
-                                   "' has " + std::to_string(gs.numel));
-  }
-  const Tier tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
-  std::vector<float> full(gs.shard.padded_elems(e.world), 0.0f);
-  for (size_t si : gs.sub_groups) {
-    const SubGroup& s = e.subs[si];
-    STRATA_ASSIGN_OR_RETURN(Lease l, e.store->Acquire(s.master, tier, Access::kRead, e.timeout()));
-    std::memcpy(full.data() + e.FullOffset(s), l.data(), s.elems * sizeof(float));
-  }
-  if (e.placement.optimizer_partitioned && e.world > 1) {
-    const uint64_t bytes = full.size() * sizeof(float);
-    auto buf = DeviceBuffer::Make(e.opt.device, bytes);
-    if (!buf.ok()) return e.Fail(buf.status());
-    const size_t shard = gs.shard.shard_elems;
-    float* dev = static_cast<float*>(buf->get());
-    STRATA_RETURN_IF_ERROR(e.Fail(e.CopySync(CopyDir::kHostToDevice, dev + e.rank * shard,
-                                             full.data() + e.rank * shard, shard * sizeof(float))));
-    auto h = e.opt.comm->AllGather(dev + e.rank * shard, dev, shard, DType::kF32);
-    if (!h.ok()) return e.Fail(h.status());
-    STRATA_RETURN_IF_ERROR(e.Fail(h->WaitUntil(e.deadline())));
-    STRATA_RETURN_IF_ERROR(e.Fail(e.CopySync(CopyDir::kDeviceToHost, full.data(), dev, bytes)));
-  }
-  std::copy(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(gs.numel), out.begin());
-  return Status::OK();
 }
 
 // ---------------------------------------------------------------------------------------------

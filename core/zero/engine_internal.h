@@ -1,5 +1,6 @@
-// The engine's internals (include/strata/engine.h), shared by engine.cc (create, layout, init,
-// read-back), engine_grad.cc (gather, gradient reduction) and engine_step.cc (the optimizer step).
+// The engine's internals (include/strata/engine.h), shared by engine.cc (create, layout),
+// engine_init.cc (initial weights, read-back), engine_grad.cc (gather, gradient reduction) and
+// engine_step.cc (the optimizer step).
 #pragma once
 
 #include <chrono>

@@ -36,7 +36,7 @@
 namespace strata {
 
 namespace kernels {
-class DeviceKernels;  // kernels/device_kernels.h (internal: the engine's view of a device)
+class DeviceKernels;  // strata/device_kernels.h
 }  // namespace kernels
 
 // The two copy streams.
@@ -112,7 +112,7 @@ class Device {
   virtual DeviceStats stats() const = 0;
 
   // The kernels that compute on this device's memory in place, on a compute stream of the
-  // device's own (kernels/device_kernels.h), or nullptr when it offers none. The engine runs
+  // device's own (strata/device_kernels.h), or nullptr when it offers none. The engine runs
   // gradient accumulation, norms and the optimizer step of device-resident state with them
   // instead of staging the state through host memory. CudaDevice: the CUDA kernels
   // (kernels/cuda_kernels.h). HostDevice: nullptr (the engine's CPU kernels address its memory).

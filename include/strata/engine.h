@@ -3,7 +3,7 @@
 // points of every step (DESIGN.md "One training step"):
 //
 //   auto engine = strata::Engine::Create(model, options);          // plan printed / refused here
-//   engine->InitParameters(fill);                                  // or InitFromFullTensors
+//   engine->InitParameters(fill);              // or InitFromFullTensors, or InitFromRank0
 //   for (step ...) {
 //     for (micro ...) {                                             // gradient_accumulation_steps
 //       for (g in forward order)  { auto p = engine->Gather(g); forward(p);
@@ -274,8 +274,33 @@ class Engine {
   // rank must fill the same values. Master weights get the fp32 values, working params their
   // rounding. Adam state starts at zero.
   Status InitParameters(const ParamFill& fill);
-  // The same from full fp32 tensors: tensors[g][p] points at group g's parameter p.
+  // The same from full fp32 tensors: tensors[g][p] points at group g's parameter p (its numel
+  // values, row-major). InvalidArgument naming the group or parameter for a wrong group or
+  // parameter count or a null tensor.
   Status InitFromFullTensors(const std::vector<std::vector<const float*>>& tensors);
+
+  // The staging bound of InitFromRank0 by default: 64 MiB per rank.
+  static constexpr uint64_t kInitWindowBytes = 64ull << 20;
+  // Initial weights held by rank 0 alone (collective: every rank calls it, before the first
+  // step), e.g. loaded from a checkpoint file only rank 0 reads. Rank 0 passes the full fp32
+  // tensors, tensors[g][p] = group g's parameter p (its numel values, row-major); every other
+  // rank passes {} (what it passes is ignored). The engine sends each rank what it stores (stage
+  // 1-3: its shard of every group; stage 0: everything), group by group and sub-group piece by
+  // piece through the communicator, in fp32: afterwards every rank's state is bit for bit what
+  // InitFromFullTensors with rank 0's tensors gives (master = the values, working params their
+  // rounding, Adam state zero). Memory: at most `window_bytes` (rank 0's value counts) of staging
+  // per rank (device buffers and rank 0's host packing; at least one element per rank): no staging
+  // buffer holds a whole group, let alone the model (the states land in the engine's own blocks,
+  // one sub-group lease at a time). The bytes: stage 0 broadcasts the model; stage 1-3 one
+  // all-to-all per piece (rank 0's chunks carry the data).
+  // Errors: InvalidArgument on rank 0 naming the group or parameter whose tensor has the wrong
+  // count of values (its shape says how many), a null tensor, or the wrong number of groups or
+  // parameters; on the other ranks InvalidArgument saying rank 0 refused. Nothing is written then
+  // and the engine stays usable. A collective that fails or passes EngineOptions::timeout (a dead
+  // peer) fails the engine with an error naming InitFromRank0, the group and the element range.
+  // FailedPrecondition after the first step or when the engine has failed.
+  Status InitFromRank0(const std::vector<std::vector<std::span<const float>>>& tensors,
+                       uint64_t window_bytes = kInitWindowBytes);
 
   // The group's full parameters on the device; blocks until resident and gathered, and prefetches
   // what the recorded trace says comes next. Keep at most a few gathered at once (each costs its

@@ -14,7 +14,8 @@
 // STRATA_RDZV_SECRET / STRATA_RDZV_INSECURE), then connect a Gloo communicator. Its TCP transport
 // binds to STRATA_GLOO_HOSTNAME (default 127.0.0.1: one machine).
 //
-// Initial weights: init_from_tensors (whole fp32 arrays) or init_from_fill (a callable asked for
+// Initial weights: init_from_tensors (whole fp32 arrays on every rank), init_from_rank0 (on rank
+// 0 only; the engine scatters) or init_from_fill (a callable asked for
 // the ranges this rank stores: strata.zero.Init's shards; owned_range says which those are).
 // Checkpoints: save / load are Engine::Save / Engine::Load; client_state crosses as bytes.
 //
@@ -210,6 +211,18 @@ class PyEngine {
     }
     nb::gil_scoped_release unlocked;
     ThrowIfError(engine().InitFromFullTensors(ptrs));
+  }
+
+  // InitFromRank0: rank 0 passes tensors[g][p] (contiguous float32 CPU arrays), every other rank
+  // an empty list; the engine checks rank 0's sizes (naming the parameter and its shape) and
+  // scatters to each rank what it stores (collective).
+  void InitFromRank0(const std::vector<std::vector<FloatArray>>& tensors) {
+    std::vector<std::vector<std::span<const float>>> spans(tensors.size());
+    for (size_t g = 0; g < tensors.size(); ++g) {
+      for (const FloatArray& a : tensors[g]) spans[g].emplace_back(a.data(), a.size());
+    }
+    nb::gil_scoped_release unlocked;
+    ThrowIfError(engine().InitFromRank0(spans));
   }
 
   // InitParameters with a Python callable fill(group, param, begin, end) -> float32 array of
@@ -433,6 +446,9 @@ void BindEngine(nb::module_& m) {
            "order) and a DeepSpeed config (JSON text) on HostDevice + Gloo.")
       .def("init_from_tensors", &PyEngine::InitFromTensors, nb::arg("tensors"),
            "Initial weights: tensors[g][p] a contiguous float32 CPU array (collective).")
+      .def("init_from_rank0", &PyEngine::InitFromRank0, nb::arg("tensors"),
+           "Initial weights held by rank 0 alone: tensors[g][p] a contiguous float32 CPU array on "
+           "rank 0, [] elsewhere; the engine scatters each rank what it stores (collective).")
       .def("init_from_fill", &PyEngine::InitFromFill, nb::arg("fill"),
            "Initial weights from fill(group, param, begin, end) -> float32 array (collective); "
            "asked only for the element ranges this rank stores.")

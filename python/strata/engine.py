@@ -213,9 +213,11 @@ class StrataEngine(torch.nn.Module):
     def _init_weights(self) -> None:
         parts = [[getattr(p, "_strata_part", None) for _, p in g.params] for g in self._groups]
         if not any(x is not None for gp in parts for x in gp):
+            # As DeepSpeed, which broadcasts rank 0's module weights at initialize: rank 0's
+            # tensors are the weights (converted there only), scattered by the engine.
             init = [[p.detach().to(torch.float32).contiguous().cpu().numpy() for _, p in g.params]
-                    for g in self._groups]
-            self._engine.init_from_tensors(init)
+                    for g in self._groups] if self._engine.rank == 0 else []
+            self._engine.init_from_rank0(init)
             return
         # strata.zero.Init kept only this rank's range of each group: the engine asks for exactly
         # the ranges it stores (stage 3), which are those.

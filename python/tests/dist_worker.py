@@ -3,7 +3,8 @@ start for all: torch's import dominates a short run), each with its own engine a
 (STRATA_RUN_ID suffixed by the case), and writes each case's losses and master weights.
 
 A case is KIND:STAGE:OFFLOAD[:FLAG]; FLAG "init" builds the model inside strata.zero.Init,
-"modifier" writes ln_f.weight through GatheredParameters(modifier_rank=0) before training.
+"modifier" writes ln_f.weight through GatheredParameters(modifier_rank=0) before training,
+"rank0" gives ranks other than 0 other weights (initialize takes rank 0's, as DeepSpeed).
 STEPS < 0: the rank leaves right after the engine is set up (a dead rank)."""
 import os
 import sys
@@ -31,6 +32,10 @@ for i, case in enumerate(cases):
             model = make_model(kind)
     else:
         model = make_model(kind)
+    if flag == ["rank0"] and rank != 0:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)  # other ranks' weights differ: initialize takes rank 0's
     engine, _, _, _ = strata.initialize(
         model=model, config=cfg, timeout_ms=int(os.environ.get("TEST_TIMEOUT_MS", "60000")))
     if steps < 0:

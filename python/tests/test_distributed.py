@@ -15,9 +15,11 @@ from models import reference  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 3
 # Pairwise over stage x offload at 2 ranks, with the odd-sized and hidden-384 models (shard
-# boundaries off the O_DIRECT alignment), zero.Init's sharded construction and modifier_rank.
+# boundaries off the O_DIRECT alignment), zero.Init's sharded construction, modifier_rank, and
+# ranks whose modules hold other weights than rank 0's (rank0: the engine scatters rank 0's, so
+# the run still matches torch's from rank 0's weights).
 CASES = ["gpt:0:none", "mlp:1:cpu", "gpt:2:cpu", "gpt:3:nvme", "gpt384:3:cpu",
-         "gpt:3:none:init", "gpt:2:none:modifier"]
+         "gpt:3:none:init", "gpt:2:none:modifier", "mlp:0:none:rank0", "gpt:3:cpu:rank0"]
 
 
 def launch(tmp_path, cases, steps=STEPS, world=2, die_rank=None, timeout_ms=60000):

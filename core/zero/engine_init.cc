@@ -1,0 +1,294 @@
+// Engine: initial weights (every rank fills its own, or rank 0 sends each rank what it stores)
+// and the read-back of the fp32 master. See include/strata/engine.h for the contract.
+//
+// InitFromRank0's protocol. Every rank walks the same sequence of sub-group pieces (the
+// sub-groups are cut from each shard at the same offsets on every rank, and at stage 0 every rank
+// holds all of them), so the collectives match without any other agreement:
+//   1. rank 0 validates its tensors and broadcasts a 16-byte header (verdict, piece size); on a
+//      bad verdict every rank returns InvalidArgument before any data moves and nothing is
+//      written (the engine stays healthy: a corrected call may follow).
+//   2. for each sub-group, piece by piece (at most `piece` elements per rank): rank 0 packs, for
+//      each rank j, the elements rank j stores at that place, copies them to the device and
+//      - stage 1-3 (the master is partitioned): all-to-all, rank j receiving its piece from rank
+//        0 (the other ranks' chunks are zeros and are dropped: the only way to scatter with the
+//        Communicator's collectives);
+//      - stage 0 (replicated): broadcast of the one piece every rank stores;
+//      every rank copies what it received into its master lease. fp32 throughout: the master is
+//      exactly rank 0's values (any bit pattern: -0, subnormals, NaN payloads).
+//   3. as InitParameters: the working params are rounded from the master and stage 1-2 all-gather
+//      them into their replicas.
+// Memory: two device buffers and one host buffer of world x piece floats; piece is chosen from
+// `window_bytes` so that they stay within it, and no rank ever holds a whole group or the model.
+// Errors: a failed or timed-out collective (a dead peer) fails the engine with the group and the
+// piece named; each wait is bounded by EngineOptions::timeout.
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "core/zero/engine_internal.h"
+
+namespace strata {
+
+using zero::SubGroup;
+
+namespace {
+
+// Writes elements [b, b + n) of group g's padded flat buffer into out[0, n): each parameter's
+// values from `fill`, zeros in the padding.
+void FillFlat(const Engine::Impl& e, size_t g, size_t b, size_t n, const ParamFill& fill,
+              float* out) {
+  std::fill(out, out + n, 0.0f);
+  const zero::GroupState& gs = e.groups[g];
+  const size_t end = std::min(b + n, gs.numel);
+  const auto& params = e.model.groups[g].params;
+  for (size_t p = 0; p < params.size() && b < end; ++p) {
+    const size_t po = gs.param_offsets[p], pn = params[p].numel();
+    const size_t lo = std::max(b, po), hi = std::min(end, po + pn);
+    if (lo < hi) fill(g, p, lo - po, hi - po, out + (lo - b));
+  }
+}
+
+// OK while initial weights may be set: the engine is healthy and has taken no step.
+Status CheckInitAllowed(const Engine::Impl& e, const char* op) {
+  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
+  if (e.global_step > 0) {
+    return Status::FailedPrecondition(std::string(op) + ": the engine has already taken steps");
+  }
+  return Status::OK();
+}
+
+// Fills the fp32 master of every sub-group this rank steps through `source` (given the
+// sub-group and its zeroed master), rounds the working params from it, and all-gathers them
+// where stage 1-2 keep full replicas.
+using MasterSource = std::function<Status(const SubGroup& s, float* master)>;
+Status InitMasters(Engine::Impl& e, const char* op, const MasterSource& source) {
+  STRATA_RETURN_IF_ERROR(CheckInitAllowed(e, op));
+  const Tier opt_tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
+  const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
+  for (const SubGroup& s : e.subs) {
+    const zero::GroupState& gs = e.groups[s.group];
+    STRATA_ASSIGN_OR_RETURN(Lease master,
+                            e.store->Acquire(s.master, opt_tier, Access::kWrite, e.timeout()));
+    float* m = static_cast<float*>(master.data());
+    std::fill(m, m + s.elems, 0.0f);
+    STRATA_RETURN_IF_ERROR(source(s, m));
+    master.MarkDirty();
+    STRATA_ASSIGN_OR_RETURN(Lease param,
+                            e.store->Acquire(gs.param, param_tier, Access::kWrite, e.timeout()));
+    STRATA_RETURN_IF_ERROR(e.PublishParams(s, m, param));
+  }
+  return e.Fail(e.AllGatherUpdatedParams());
+}
+
+// InvalidArgument naming the first group or parameter whose tensor does not match the model.
+Status CheckFullTensors(const ModelSpec& m, const char* op,
+                        const std::vector<std::vector<std::span<const float>>>& tensors) {
+  if (tensors.size() != m.groups.size()) {
+    return Status::InvalidArgument(std::string(op) + ": " + std::to_string(tensors.size()) +
+                                   " groups given, the model has " +
+                                   std::to_string(m.groups.size()));
+  }
+  for (size_t g = 0; g < tensors.size(); ++g) {
+    const GroupSpec& gs = m.groups[g];
+    if (tensors[g].size() != gs.params.size()) {
+      return Status::InvalidArgument(std::string(op) + ": group '" + gs.name + "' has " +
+                                     std::to_string(gs.params.size()) + " parameters, " +
+                                     std::to_string(tensors[g].size()) + " given");
+    }
+    for (size_t p = 0; p < tensors[g].size(); ++p) {
+      const ParamSpec& ps = gs.params[p];
+      const std::span<const float> t = tensors[g][p];
+      if (t.data() == nullptr) {
+        return Status::InvalidArgument(std::string(op) + ": null tensor for " + gs.name + "." +
+                                       ps.name);
+      }
+      if (t.size() != ps.numel()) {
+        std::string shape;
+        for (int64_t d : ps.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+        return Status::InvalidArgument(std::string(op) + ": " + gs.name + "." + ps.name + " has " +
+                                       std::to_string(t.size()) + " values, its shape [" + shape +
+                                       "] needs " + std::to_string(ps.numel()));
+      }
+    }
+  }
+  return Status::OK();
+}
+
+// The header rank 0 broadcasts before any data (int8-moved bytes).
+struct InitHeader {
+  uint64_t ok = 0;           // 1: rank 0's tensors are valid
+  uint64_t piece_elems = 0;  // elements per rank per transfer
+};
+
+constexpr char kOp[] = "InitFromRank0";
+
+// InitFromRank0's errors of a collective or copy: name the operation and `what`, fail the engine.
+Status InitFailed(Engine::Impl& e, const std::string& what, const Status& st) {
+  return e.Fail(
+      Status(st.code(), std::string(kOp) + ": " + what + ": " + std::string(st.message())));
+}
+
+// Rank 0's header, on every rank (rank 0 passes it in; the others' `header` is overwritten).
+Status ExchangeHeader(Engine::Impl& e, InitHeader* header) {
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer hdr, DeviceBuffer::Make(e.opt.device, sizeof(*header)));
+  if (e.rank == 0) STRATA_RETURN_IF_ERROR(e.ToDevice(hdr.get(), header, sizeof(*header)));
+  auto h = e.opt.comm->Broadcast(hdr.get(), sizeof(*header), DType::kI8, 0);
+  if (!h.ok()) return InitFailed(e, "the header from rank 0", h.status());
+  Status st = h->WaitUntil(e.deadline());
+  if (!st.ok()) return InitFailed(e, "the header from rank 0", st);
+  return e.ToHost(header, hdr.get(), sizeof(*header));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Every rank fills its own
+// ---------------------------------------------------------------------------------------------
+
+Status Engine::InitParameters(const ParamFill& fill) {
+  Impl& e = *impl_;
+  return InitMasters(e, "InitParameters", [&](const SubGroup& s, float* m) {
+    FillFlat(e, s.group, e.FullOffset(s), s.elems, fill, m);
+    return Status::OK();
+  });
+}
+
+Status Engine::InitFromFullTensors(const std::vector<std::vector<const float*>>& tensors) {
+  const ModelSpec& m = impl_->model;
+  // Raw pointers carry no size: they are taken to hold their parameter's numel values.
+  std::vector<std::vector<std::span<const float>>> spans(tensors.size());
+  for (size_t g = 0; g < tensors.size(); ++g) {
+    for (size_t p = 0; p < tensors[g].size(); ++p) {
+      const size_t n =
+          g < m.groups.size() && p < m.groups[g].params.size() ? m.groups[g].params[p].numel() : 0;
+      spans[g].emplace_back(tensors[g][p], tensors[g][p] ? n : 0);
+    }
+  }
+  STRATA_RETURN_IF_ERROR(CheckFullTensors(m, "InitFromFullTensors", spans));
+  return InitParameters([&](size_t g, size_t p, size_t b, size_t e, float* out) {
+    std::memcpy(out, tensors[g][p] + b, (e - b) * sizeof(float));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rank 0 sends each rank what it stores (protocol at the top of the file)
+// ---------------------------------------------------------------------------------------------
+
+Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float>>>& tensors,
+                             uint64_t window_bytes) {
+  Impl& e = *impl_;
+  STRATA_RETURN_IF_ERROR(CheckInitAllowed(e, kOp));
+  const bool root = e.rank == 0;
+  const size_t world = static_cast<size_t>(e.world);
+  Status verdict;
+  InitHeader header;
+  if (root) {
+    verdict = CheckFullTensors(e.model, kOp, tensors);
+    size_t largest = 1;
+    for (const SubGroup& s : e.subs) largest = std::max(largest, s.elems);
+    // Three buffers of world x piece floats (device send / receive, host pack) within the window.
+    header.ok = verdict.ok() ? 1 : 0;
+    header.piece_elems =
+        std::clamp<uint64_t>(window_bytes / (3 * world * sizeof(float)), 1, largest);
+  }
+  if (world > 1) STRATA_RETURN_IF_ERROR(ExchangeHeader(e, &header));
+  if (header.ok != 1) {
+    if (root) return verdict;
+    return Status::InvalidArgument(std::string(kOp) +
+                                   ": rank 0 rejected its tensors (its own error names the group "
+                                   "and parameter); nothing was written");
+  }
+  const size_t piece = static_cast<size_t>(header.piece_elems);
+  const bool scatter = e.placement.optimizer_partitioned && world > 1;
+  const ParamFill from_tensors = [&](size_t g, size_t p, size_t b, size_t end, float* out) {
+    std::memcpy(out, tensors[g][p].data() + b, (end - b) * sizeof(float));
+  };
+  if (world == 1) {
+    return InitMasters(e, kOp, [&](const SubGroup& s, float* m) {
+      FillFlat(e, s.group, e.FullOffset(s), s.elems, from_tensors, m);
+      return Status::OK();
+    });
+  }
+  const uint64_t buf_bytes = world * piece * sizeof(float);
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer send, DeviceBuffer::Make(e.opt.device, buf_bytes));
+  DeviceBuffer recv;
+  if (scatter) {
+    STRATA_ASSIGN_OR_RETURN(recv, DeviceBuffer::Make(e.opt.device, buf_bytes));
+    // Other ranks' chunks of the all-to-all carry nothing; defined bytes all the same.
+    STRATA_RETURN_IF_ERROR(e.ZeroDevice(send.get(), buf_bytes));
+  }
+  std::vector<float> pack(root ? world * piece : 0);
+  return InitMasters(e, kOp, [&](const SubGroup& s, float* m) -> Status {
+    const size_t shard = e.groups[s.group].shard.shard_elems;
+    for (size_t c = 0; c < s.elems; c += piece) {
+      const size_t n = std::min(piece, s.elems - c);
+      // Named only on error (a string per piece would cost more than a small piece's copy).
+      auto what = [&] {
+        return "group '" + e.model.groups[s.group].name + "' elements [" +
+               std::to_string(s.offset + c) + ", " + std::to_string(s.offset + c + n) + ") of " +
+               (scatter ? "each rank's shard" : "rank " + std::to_string(s.owner) + "'s shard");
+      };
+      const size_t ranks = scatter ? world : 1;
+      if (root) {
+        for (size_t j = 0; j < ranks; ++j) {
+          const size_t at = (scatter ? j : static_cast<size_t>(s.owner)) * shard + s.offset + c;
+          FillFlat(e, s.group, at, n, from_tensors, pack.data() + j * n);
+        }
+        Status st = e.ToDevice(send.get(), pack.data(), ranks * n * sizeof(float));
+        if (!st.ok()) return InitFailed(e, what(), st);
+      }
+      auto h = scatter ? e.opt.comm->AllToAll(send.get(), recv.get(), n, DType::kF32)
+                       : e.opt.comm->Broadcast(send.get(), n, DType::kF32, 0);
+      if (!h.ok()) return InitFailed(e, what(), h.status());
+      Status st = h->WaitUntil(e.deadline());
+      if (!st.ok()) return InitFailed(e, what(), st);
+      // The all-to-all leaves rank 0's chunk for this rank at the start of recv.
+      st = e.ToHost(m + c, scatter ? recv.get() : send.get(), n * sizeof(float));
+      if (!st.ok()) return InitFailed(e, what(), st);
+    }
+    return Status::OK();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Read-back
+// ---------------------------------------------------------------------------------------------
+
+Status Engine::ReadMaster(size_t group, std::span<float> out) {
+  Impl& e = *impl_;
+  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
+  if (group >= e.groups.size()) {
+    return Status::InvalidArgument("ReadMaster: group " + std::to_string(group) + " out of range");
+  }
+  const zero::GroupState& gs = e.groups[group];
+  if (out.size() != gs.numel) {
+    return Status::InvalidArgument("ReadMaster: " + std::to_string(out.size()) +
+                                   " values given, group '" + e.model.groups[group].name +
+                                   "' has " + std::to_string(gs.numel));
+  }
+  const Tier tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
+  std::vector<float> full(gs.shard.padded_elems(e.world), 0.0f);
+  for (size_t si : gs.sub_groups) {
+    const SubGroup& s = e.subs[si];
+    STRATA_ASSIGN_OR_RETURN(Lease l, e.store->Acquire(s.master, tier, Access::kRead, e.timeout()));
+    std::memcpy(full.data() + e.FullOffset(s), l.data(), s.elems * sizeof(float));
+  }
+  if (e.placement.optimizer_partitioned && e.world > 1) {
+    const uint64_t bytes = full.size() * sizeof(float);
+    auto buf = DeviceBuffer::Make(e.opt.device, bytes);
+    if (!buf.ok()) return e.Fail(buf.status());
+    const size_t shard = gs.shard.shard_elems;
+    float* dev = static_cast<float*>(buf->get());
+    STRATA_RETURN_IF_ERROR(e.Fail(e.CopySync(CopyDir::kHostToDevice, dev + e.rank * shard,
+                                             full.data() + e.rank * shard, shard * sizeof(float))));
+    auto h = e.opt.comm->AllGather(dev + e.rank * shard, dev, shard, DType::kF32);
+    if (!h.ok()) return e.Fail(h.status());
+    STRATA_RETURN_IF_ERROR(e.Fail(h->WaitUntil(e.deadline())));
+    STRATA_RETURN_IF_ERROR(e.Fail(e.CopySync(CopyDir::kDeviceToHost, full.data(), dev, bytes)));
+  }
+  std::copy(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(gs.numel), out.begin());
+  return Status::OK();
+}
+
+}  // namespace strata

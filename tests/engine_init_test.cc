@@ -1,0 +1,246 @@
+// Engine::InitFromRank0: rank 0 alone holds the full tensors and the engine sends each rank what
+// it stores. Proven bit-identical to InitFromFullTensors (every rank passing the tensors) on every
+// rank, at world 1/2/4 and stages 0-3 (params and optimizer on every home), with a staging window
+// small enough that groups, sub-groups and parameters are cut into pieces (37 elements: crossing
+// parameter, sub-group (200) and shard boundaries); bad shapes on
+// rank 0 and a dead peer come back as named errors. Harness: engine_test_model.h.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "emulated_device.h"
+#include "engine_test_model.h"
+
+namespace strata::testing {
+namespace {
+
+std::string Config(int stage, const char* opt, const char* param, const char* precision) {
+  return std::string(R"({"train_micro_batch_size_per_gpu": 3,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+  "bf16": {"enabled": )") +
+         (std::string(precision) == "bf16" ? "true" : "false") + R"(},
+  "zero_optimization": {"stage": )" +
+         std::to_string(stage) + R"(, "offload_optimizer": {"device": ")" + opt +
+         R"(", "nvme_path": "/tmp"},
+    "offload_param": {"device": ")" +
+         param + R"(", "nvme_path": "/tmp"},
+    "sub_group_size": 200, "stage3_param_persistence_threshold": 64}})";
+}
+
+using Tensors = std::vector<std::vector<std::vector<float>>>;
+
+// InitialWeights with edge values that a conversion would change: -0, the smallest subnormal,
+// the largest float, a value that rounds differently in bf16.
+Tensors EdgeWeights() {
+  Tensors w = InitialWeights();
+  auto& t = w[kMid][0];
+  t[0] = -0.0f;
+  t[1] = std::numeric_limits<float>::denorm_min();
+  t[2] = -std::numeric_limits<float>::max();
+  t[3] = 1.0f + 0x1p-8f + 0x1p-20f;
+  t[t.size() - 1] = -0.0f;
+  return w;
+}
+
+std::vector<std::vector<std::span<const float>>> Spans(const Tensors& w) {
+  std::vector<std::vector<std::span<const float>>> s(w.size());
+  for (size_t g = 0; g < w.size(); ++g) {
+    for (const auto& t : w[g]) s[g].emplace_back(t);
+  }
+  return s;
+}
+
+std::vector<std::vector<const float*>> Pointers(const Tensors& w) {
+  std::vector<std::vector<const float*>> p(w.size());
+  for (size_t g = 0; g < w.size(); ++g) {
+    for (const auto& t : w[g]) p[g].push_back(t.data());
+  }
+  return p;
+}
+
+struct Case {
+  int stage;
+  const char* opt;
+  const char* param;
+};
+
+std::string Name(const Case& c, int world) {
+  return "world " + std::to_string(world) + " stage " + std::to_string(c.stage) + " opt=" + c.opt +
+         " param=" + c.param;
+}
+
+// Every stage, and stage 3 with params and optimizer away from the device.
+const Case kCases[] = {{0, "none", "none"}, {1, "cpu", "none"}, {2, "none", "none"},
+                       {3, "none", "none"}, {3, "cpu", "cpu"},  {3, "nvme", "nvme"}};
+
+// Master weights (every rank's read-back, RunEngine checks they agree) after `steps` steps from
+// `w`: through InitFromRank0 (rank 0's tensors only, a window of `window` bytes) or
+// InitFromFullTensors on every rank.
+RunResult RunInit(const Case& c, int world, const char* precision, int steps, const Tensors& w,
+                  bool from_rank0, uint64_t window = 256,
+                  std::function<Device*(int rank)> device = nullptr) {
+  RunSpec spec;
+  spec.device = std::move(device);
+  spec.config_json = Config(c.stage, c.opt, c.param, precision);
+  spec.world = world;
+  spec.steps = steps;
+  spec.init = [&](int rank, Engine& e) -> Status {
+    if (!from_rank0) return e.InitFromFullTensors(Pointers(w));
+    return e.InitFromRank0(rank == 0 ? Spans(w) : decltype(Spans(w)){}, window);
+  };
+  return RunEngine(spec);
+}
+
+// The window that makes pieces of `piece` elements per rank (three buffers of world x piece
+// floats).
+uint64_t Window(int world, size_t piece) { return 3 * sizeof(float) * world * piece; }
+
+TEST(EngineInitFromRank0, BitIdenticalToFullTensorsEveryStageAndWorld) {
+  const Tensors edge = EdgeWeights();
+  const Tensors plain = InitialWeights();
+  for (int world : {1, 2, 4}) {
+    for (const Case& c : kCases) {
+      // The master right after init: exactly rank 0's values, edge values included.
+      RunResult a = RunInit(c, world, "bf16", 0, edge, false);
+      RunResult b = RunInit(c, world, "bf16", 0, edge, true, Window(world, 37));
+      ASSERT_TRUE(a.status.ok()) << Name(c, world) << ": " << a.status.ToString();
+      ASSERT_TRUE(b.status.ok()) << Name(c, world) << ": " << b.status.ToString();
+      EXPECT_TRUE(BitEqual(b.master, a.master)) << Name(c, world);
+      EXPECT_TRUE(std::signbit(b.master[kMid][0])) << Name(c, world) << ": -0 lost";
+      // A step (stage 1: params all-gathered from the shards; stage 3 on NVMe): the working
+      // params (rounded from the master) and the Adam state were set alike.
+      if (c.stage != 1 && std::string(c.param) != "nvme") continue;
+      RunResult ta = RunInit(c, world, "bf16", 1, plain, false);
+      RunResult tb = RunInit(c, world, "bf16", 1, plain, true, Window(world, 37));
+      ASSERT_TRUE(ta.status.ok()) << Name(c, world) << ": " << ta.status.ToString();
+      ASSERT_TRUE(tb.status.ok()) << Name(c, world) << ": " << tb.status.ToString();
+      EXPECT_TRUE(BitEqual(tb.master, ta.master)) << Name(c, world) << " after a step";
+    }
+  }
+}
+
+// fp32 working params (the param block is a copy of the master), and the default window (one
+// piece per sub-group) and a window of one element per rank.
+TEST(EngineInitFromRank0, Fp32AndWindowSizes) {
+  for (const Case& c : {Case{0, "none", "none"}, Case{3, "cpu", "nvme"}}) {
+    RunResult a = RunInit(c, 2, "fp32", 1, InitialWeights(), false);
+    ASSERT_TRUE(a.status.ok()) << a.status.ToString();
+    // Below one element per rank (clamped to one: every element its own all-to-all) at stage 3.
+    std::vector<uint64_t> windows = {Engine::kInitWindowBytes};
+    if (c.stage == 3) windows.push_back(1);
+    for (uint64_t window : windows) {
+      RunResult b = RunInit(c, 2, "fp32", 1, InitialWeights(), true, window);
+      ASSERT_TRUE(b.status.ok()) << b.status.ToString();
+      EXPECT_TRUE(BitEqual(b.master, a.master)) << Name(c, 2) << " window " << window;
+    }
+  }
+}
+
+// A device the host cannot address (EmulatedDevice: every staging byte goes through CopyAsync,
+// and a copy under a running kernel is a violation): the same bits, no violation.
+TEST(EngineInitFromRank0, DeviceTheHostCannotAddress) {
+  const Tensors w = EdgeWeights();
+  for (const Case& c : {Case{0, "none", "none"}, Case{3, "none", "none"}}) {
+    RunResult results[2];
+    for (bool from_rank0 : {false, true}) {
+      std::vector<std::unique_ptr<EmulatedDevice>> devices;
+      for (int r = 0; r < 2; ++r) {
+        auto d = EmulatedDevice::Create(EmulatedDeviceOptions{});
+        ASSERT_TRUE(d.ok()) << d.status().ToString();
+        devices.push_back(std::move(*d));
+      }
+      results[from_rank0] = RunInit(c, 2, "bf16", 1, w, from_rank0, Window(2, 37),
+                                    [&](int r) -> Device* { return devices[r].get(); });
+      ASSERT_TRUE(results[from_rank0].status.ok()) << results[from_rank0].status.ToString();
+      for (const auto& d : devices) EXPECT_EQ(d->violations(), 0u) << d->first_violation();
+    }
+    EXPECT_TRUE(BitEqual(results[1].master, results[0].master)) << Name(c, 2);
+  }
+}
+
+// A tensor of the wrong size on rank 0: rank 0 names the group and parameter, rank 1 says rank 0
+// refused; nothing failed, and a corrected call on the same engines then succeeds.
+TEST(EngineInitFromRank0, BadShapeOnRank0IsNamedOnEveryRank) {
+  const Tensors good = InitialWeights();
+  Tensors bad = good;
+  bad[kTop][1].pop_back();  // b2: 35 values for shape [36]
+  std::vector<Status> first(2);
+  RunSpec spec;
+  spec.config_json = Config(3, "cpu", "none", "bf16");
+  spec.world = 2;
+  spec.steps = 1;
+  spec.init = [&](int rank, Engine& e) -> Status {
+    first[rank] = e.InitFromRank0(rank == 0 ? Spans(bad) : decltype(Spans(bad)){});
+    STRATA_RETURN_IF_ERROR(e.health());
+    return e.InitFromRank0(rank == 0 ? Spans(good) : decltype(Spans(good)){});
+  };
+  RunResult r = RunEngine(spec);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(first[0].code(), Status::Code::kInvalidArgument) << first[0].ToString();
+  EXPECT_NE(first[0].ToString().find("top.b2"), std::string::npos) << first[0].ToString();
+  EXPECT_NE(first[0].ToString().find("[36]"), std::string::npos) << first[0].ToString();
+  EXPECT_EQ(first[1].code(), Status::Code::kInvalidArgument) << first[1].ToString();
+  EXPECT_NE(first[1].ToString().find("rank 0"), std::string::npos) << first[1].ToString();
+  // The corrected call trained from the same weights as InitFromFullTensors does.
+  RunResult ref = RunInit({3, "cpu", "none"}, 2, "bf16", 1, good, false);
+  ASSERT_TRUE(ref.status.ok()) << ref.status.ToString();
+  EXPECT_TRUE(BitEqual(r.master, ref.master));
+}
+
+// Wrong group and parameter counts on rank 0 are named too (one rank: no communicator).
+TEST(EngineInitFromRank0, WrongCountsAreNamed) {
+  Tensors w = InitialWeights();
+  std::vector<Status> st;
+  RunSpec spec;
+  spec.config_json = Config(0, "none", "none", "fp32");
+  spec.steps = 0;
+  spec.init = [&](int, Engine& e) -> Status {
+    Tensors fewer_groups(w.begin(), w.end() - 1);
+    st.push_back(e.InitFromRank0(Spans(fewer_groups)));
+    Tensors fewer_params = w;
+    fewer_params[kTop].pop_back();
+    st.push_back(e.InitFromRank0(Spans(fewer_params)));
+    return e.InitFromRank0(Spans(w));
+  };
+  RunResult r = RunEngine(spec);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_NE(st[0].ToString().find("4 groups given, the model has 5"), std::string::npos)
+      << st[0].ToString();
+  EXPECT_NE(st[1].ToString().find("group 'top' has 2 parameters, 1 given"), std::string::npos)
+      << st[1].ToString();
+}
+
+// A peer that dies before the scatter: rank 0's call fails within the timeout, naming the
+// operation, and the engine is failed.
+TEST(EngineInitFromRank0, DeadPeerIsNamedWithinTheDeadline) {
+  const Tensors w = InitialWeights();
+  Status root;
+  bool failed_after = false;
+  RunSpec spec;
+  spec.config_json = Config(2, "none", "none", "bf16");
+  spec.world = 2;
+  spec.steps = 0;
+  spec.timeout = std::chrono::milliseconds(3000);
+  spec.init = [&](int rank, Engine& e) -> Status {
+    if (rank == 1) return Status::Aborted("rank 1 died (test)");
+    root = e.InitFromRank0(Spans(w));
+    failed_after = !e.health().ok();
+    return root;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  RunResult r = RunEngine(spec);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(root.ok());
+  EXPECT_NE(root.ToString().find("InitFromRank0"), std::string::npos) << root.ToString();
+  EXPECT_TRUE(failed_after);
+  EXPECT_LT(took, std::chrono::seconds(30)) << root.ToString();
+  EXPECT_FALSE(r.rank_status[0].ok());
+}
+
+}  // namespace
+}  // namespace strata::testing
