@@ -90,6 +90,18 @@ bool WillRecycle(const std::string& dir, const SaveOptions& o) {
   return tag.ok() && !tag->empty();
 }
 
+// Every rank learns whether every rank's `local` is OK (collective): `local` where it failed,
+// Aborted naming the first other rank that failed.
+Status AgreeOk(Communicator& comm, const Status& local, std::chrono::milliseconds timeout) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<double> all,
+                          AllGatherDoubles(comm, {local.ok() ? 0.0 : 1.0}, timeout));
+  STRATA_RETURN_IF_ERROR(local);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] != 0) return Status::Aborted("rank " + std::to_string(r) + " failed");
+  }
+  return Status::OK();
+}
+
 // keep_last 0: every checkpoint but `latest` goes, untimed (see the header comment).
 Status PruneOlder(const std::string& dir) {
   auto latest = ckpt::ResolveTag(dir, "");
@@ -103,8 +115,13 @@ Status MeasureCheckpoint(const BenchEngineArgs& a, const CheckpointBench& c, Eng
                          VariantResult* r) {
   const std::string& dir = c.dir;
   const bool rank0 = c.comm.rank() == 0;
-  if (rank0) std::filesystem::remove_all(dir);
-  STRATA_RETURN_IF_ERROR(AllGatherDoubles(c.comm, {0.0}, c.timeout).status());
+  Status cleared;
+  if (rank0) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    if (ec) cleared = Status::IOError("remove " + dir + ": " + ec.message());
+  }
+  STRATA_RETURN_IF_ERROR(AgreeOk(c.comm, cleared, c.timeout));
   r->save_options = c.save_options;
   uint64_t my_file_bytes = 0;
   auto timed = [&](const std::string& what, double* s, double* swap_read, double* swap_write,
@@ -125,9 +142,8 @@ Status MeasureCheckpoint(const BenchEngineArgs& a, const CheckpointBench& c, Eng
     const std::string tag = "s" + std::to_string(i);
     double my_swap[4] = {0, 0, 0, 0};  // save read, save write, load read, load write
     auto checkpoint = [&]() -> Status {
-      Status pruned = rank0 && c.save_options.keep_last == 0 ? PruneOlder(dir) : Status::OK();
-      STRATA_RETURN_IF_ERROR(pruned);
-      STRATA_RETURN_IF_ERROR(AllGatherDoubles(c.comm, {0.0}, c.timeout).status());
+      const Status pruned = rank0 && c.save_options.keep_last == 0 ? PruneOlder(dir) : Status::OK();
+      STRATA_RETURN_IF_ERROR(AgreeOk(c.comm, pruned, c.timeout));
       pair.recycled = WillRecycle(dir, c.save_options);
       STRATA_RETURN_IF_ERROR(timed("checkpoint save " + tag, &pair.save_s, &my_swap[0], &my_swap[1],
                                    [&] { return engine.Save(dir, tag, c.save_options); }));
@@ -138,7 +154,7 @@ Status MeasureCheckpoint(const BenchEngineArgs& a, const CheckpointBench& c, Eng
           dir + "/" + tag + "/" + ckpt::Manifest::RankFileName(c.comm.rank()), ec);
       uint64_t total = 0;
       for (const auto& e : std::filesystem::directory_iterator(dir + "/" + tag, ec)) {
-        total += e.file_size();
+        total += e.file_size(ec);
       }
       r->checkpoint_bytes = total;
       return Status::OK();
