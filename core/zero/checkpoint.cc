@@ -187,76 +187,49 @@ ckpt::StreamOptions StreamOpts(const Engine::Impl& e) {
   return o;
 }
 
-// Host bytes the store has free now (what the optimizer pipeline reserved is free between steps).
-uint64_t FreeHostBytes(Engine::Impl& e) {
+// Bytes of blocks fetched ahead of (and written back behind) the stream: depth x chunk, or
+// buffer_count of the largest optimizer blocks when that is more (so large blocks overlap too),
+// at most half the host budget free now (what the optimizer pipeline reserved is free between
+// steps).
+uint64_t WindowBytes(Engine::Impl& e, const ckpt::StreamOptions& o) {
   const StoreStats st = e.store->TakeStats(false);
   const uint64_t budget = st.budget_bytes[Tier::kHost], used = st.used_bytes[Tier::kHost];
-  return budget > used ? budget - used : 0;
-}
-
-// Bytes of blocks the stream wants fetched ahead of it (and written back behind it): depth x
-// chunk, or buffer_count of the largest optimizer blocks when that is more (so large blocks
-// overlap too).
-uint64_t WantedWindowBytes(const Engine::Impl& e, const ckpt::StreamOptions& o) {
+  const uint64_t free_bytes = budget > used ? budget - used : 0;
   uint64_t largest = 0;
   for (const SubGroup& sg : e.subs) largest = std::max<uint64_t>(largest, sg.elems * 4);
-  return std::max<uint64_t>(o.chunk_bytes * o.depth, e.pipeline_buffers * largest);
+  const uint64_t want = std::max<uint64_t>(o.chunk_bytes * o.depth, e.pipeline_buffers * largest);
+  return std::min<uint64_t>(want, free_bytes / 2);
 }
-
-// The window as it starts: what the stream wants, at most half the host budget free now.
-uint64_t WindowBytes(Engine::Impl& e, const ckpt::StreamOptions& o) {
-  return std::min<uint64_t>(WantedWindowBytes(e, o), FreeHostBytes(e) / 2);
-}
-
-// What FetchWindow::Done drops off the compute tier behind the stream.
-enum class Drop : uint8_t {
-  kFetched,  // the copies the window fetched (load: it writes them back first)
-  // and clean copies of blocks homed elsewhere that were cached before (save: no IO, their home
-  // holds the same bytes), so a host tier full of cached copies still makes room for a window
-  // that overlaps the swap reads with the checkpoint writes. The next step fetches them again.
-  kFetchedAndCleanCached,
-};
 
 // Keeps blocks fetched onto their compute tier ahead of use: Ahead(i) issues fetches for the
-// items after i while their host allocations fit the window (item i itself always): at most
-// `wanted_bytes`, and at most half the host bytes free when Ahead runs (so the window grows as
-// the copies dropped behind free room); Done(i) gives its bytes back and evicts what `drop` says
-// (write-back first when dirty), so the copies a save or load passes over never fill the host
-// tier (a full tier makes every later fetch evict). A fetch's error comes back from the Acquire
-// of the block.
+// items after i while their host allocations fit the window (item i itself always); Done(i)
+// gives its bytes back and, with `drop`, evicts a copy this window fetched (write-back first
+// when dirty), so the copies a save or load passes over never fill the host tier (a full tier
+// makes every later fetch evict). A fetch's error comes back from the Acquire of the block.
 class FetchWindow {
  public:
-  FetchWindow(Engine::Impl& e, uint64_t wanted_bytes) : e_(e), window_(wanted_bytes) {}
+  FetchWindow(Engine::Impl& e, uint64_t window_bytes) : e_(e), window_(window_bytes) {}
   // `overwrite`: the caller replaces every byte (Access::kOverwrite), so the block is not read
   // ahead; a copy it makes off its home is still evicted behind, as a fetched one is.
   void Add(BlockId b, Tier t, bool overwrite = false) {
     items_.push_back({b, t, false, overwrite});
   }
   void Ahead(size_t i) {
-    if (next_ > i && next_ < items_.size() && ahead_ + Bytes(next_) > window_) return;
-    // Half of what the window could hold: the host bytes free and those its own copies hold.
-    const uint64_t limit = std::min<uint64_t>(window_, (FreeHostBytes(e_) + held_) / 2);
-    while (next_ < items_.size() && (next_ <= i || ahead_ + Bytes(next_) <= limit)) {
+    while (next_ < items_.size() && (next_ <= i || ahead_ + Bytes(next_) <= window_)) {
       Item& it = items_[next_];
       const Residency r = e_.store->residency(it.block, it.tier);
       if (e_.store->spec(it.block).home != it.tier && !IsResident(r)) {
         if (!it.overwrite) (void)e_.store->Fetch(it.block, it.tier);
         it.fetched = true;
-        held_ += Bytes(next_);
       }
       ahead_ += Bytes(next_++);
     }
   }
   // The eviction's ticket when one was issued (empty otherwise).
-  Ticket Done(size_t i, Drop drop) {
+  Ticket Done(size_t i, bool drop) {
     ahead_ -= Bytes(i);
-    const Item& it = items_[i];
-    if (it.fetched) held_ -= Bytes(i);
-    const bool clean_cached = drop == Drop::kFetchedAndCleanCached &&
-                              e_.store->spec(it.block).home != it.tier &&
-                              e_.store->residency(it.block, it.tier) == Residency::kValid;
-    if (!it.fetched && !clean_cached) return Ticket();
-    return e_.store->Evict(it.block, it.tier);
+    if (!drop || !items_[i].fetched) return Ticket();
+    return e_.store->Evict(items_[i].block, items_[i].tier);
   }
 
  private:
@@ -275,7 +248,6 @@ class FetchWindow {
   std::vector<Item> items_;
   size_t next_ = 0;
   uint64_t ahead_ = 0;
-  uint64_t held_ = 0;  // bytes of the copies this window made that are not Done
 };
 
 // Writes this rank's file at `path`; `reuse`: a recycled file is there, overwritten in place.
@@ -290,7 +262,7 @@ Result<ckpt::FileEntry> WriteRankFile(Engine::Impl& e, const ckpt::Manifest& m,
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::StreamWriter> w,
                           ckpt::StreamWriter::Create(path, so, total, reuse));
   STRATA_RETURN_IF_ERROR(w->Append(header.data(), header.size()));
-  FetchWindow window(e, WantedWindowBytes(e, so));
+  FetchWindow window(e, WindowBytes(e, so));
   for (const Piece& p : pieces) window.Add(p.block, p.tier);
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
@@ -305,7 +277,7 @@ Result<ckpt::FileEntry> WriteRankFile(Engine::Impl& e, const ckpt::Manifest& m,
       STRATA_RETURN_IF_ERROR(
           w->Append(static_cast<const uint8_t*>(l.data()) + p.offset_bytes, p.bytes));
     }
-    (void)window.Done(i, Drop::kFetchedAndCleanCached);
+    (void)window.Done(i, true);
   }
   STRATA_RETURN_IF_ERROR(w->Finish());
   ckpt::FileEntry f;
@@ -523,7 +495,7 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
   ckpt::RangeReader rd(tag_dir, m, so, hash_own_file ? e.rank : -1);
   const std::vector<Dest> dests = LoadDests(e);
   const uint64_t window_bytes = WindowBytes(e, so);
-  FetchWindow window(e, WantedWindowBytes(e, so));
+  FetchWindow window(e, window_bytes);
   // A range that covers its whole block replaces every byte: no read of the stale copy.
   auto covers_block = [&](const Dest& d) {
     return d.elems * m.ElemBytes(d.kind) == e.store->spec(d.block).size_bytes;
@@ -546,7 +518,7 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
       l.MarkDirty();
     }
     // NVMe homes: written back and dropped behind the reader, within the window.
-    Ticket t = window.Done(i, Drop::kFetched);
+    Ticket t = window.Done(i, true);
     if (e.store->spec(d.block).home == Tier::kNvme) {
       const uint64_t bytes = e.store->spec(d.block).size_bytes;
       behind.emplace_back(t.empty() ? e.store->WriteBack(d.block) : t, bytes);
