@@ -1,7 +1,8 @@
 // `offloadctl bench engine`: the real ZeRO engine (include/strata/engine.h) trained on a synthetic
 // model, on HostDevice + Gloo, with the per-step figures the issue asks for (issue 10, "offloadctl
 // bench engine"). cmd_bench_engine.cc parses the flags, runs one setting or the sweep and prints;
-// bench_engine_run.cc runs one setting (a "variant") and measures it.
+// bench_engine_run.cc runs one setting (a "variant") and measures it; bench_engine_ckpt.cc its
+// checkpoint saves and loads against the disk (--save-dir).
 //
 // One variant: build its DeepSpeed config (the --config file or a synthetic one, with --stage,
 // --offload-*, --dtype and --max-reuse-distance applied over it), create a communicator and a
