@@ -3,9 +3,11 @@
 // (NVMe bytes only with an NVMe tier, peaks within budgets, comm bytes against the ledger on 2
 // ranks under `offloadctl launch`), the sweep reports what does not fit instead of failing, and
 // bad flags are usage errors naming the flag. Timings are reported, never asserted.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 
@@ -303,40 +305,101 @@ TEST(BenchEngineCli, EngineErrorsExitOneNamingTheProblem) {
   EXPECT_NE(r.out.find("optimizer.type"), std::string::npos) << r.out;
 }
 
-// --save-dir: a save, a load, a save into new files and one into the first's recycled files, with
-// the swap traffic and the disk reference (same bytes, chunk and depth) they are judged against.
-TEST(BenchEngineCli, SaveDirReportsCheckpointFiguresAgainstTheDisk) {
+// --save-dir: --save-repeat pairs of a checkpoint (save + load) and a disk reference (same bytes,
+// chunk and depth), in alternating order, each pair judged on its own and the figure their
+// median; --keep-last reaches the saves' SaveOptions (keep_last 2: the third save recycles the
+// first's files, two checkpoints remain).
+TEST(BenchEngineCli, SaveDirPairsReferenceAndCheckpoint) {
   strata::testing::TempDir dir("bench-engine-save");
   const std::string save = dir.path() + "/save";
   const ProcessResult r = Bench(std::string(kTiny) +
                                 "--stage 3 --offload-optimizer nvme --offload-param nvme "
-                                "--disk-size 8M --json --nvme-path " +
+                                "--disk-size 8M --json --save-repeat 3 --keep-last 2 "
+                                "--nvme-path " +
                                 dir.path() + " --save-dir " + save);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json c = Json(r)["checkpoint"];
   const double bytes = c["bytes"].get<double>();
   EXPECT_GT(bytes, 2e6 * 4 * 3);  // at least the fp32 master, m and v of 2M params
-  for (const char* k : {"save_s", "load_s", "save_fresh_s", "save_recycled_s"}) {
-    EXPECT_GT(c[k].get<double>(), 0) << k;
-  }
+  EXPECT_EQ(c["keep_last"], 2);
+  EXPECT_EQ(c["recycle_files"], true);
+  EXPECT_EQ(c["reference_streams"], 1);
   EXPECT_TRUE(c["disk_measured"].get<bool>());
-  EXPECT_GE(c["disk_reference_bytes"].get<double>(), bytes);
+  EXPECT_GE(c["disk_reference_bytes"].get<double>(), bytes - 65536);
   EXPECT_EQ(c["disk_chunk_bytes"].get<double>(), 1 << 20);
-  // The load writes the NVMe-homed states back to their swap files.
-  EXPECT_GE(c["load_swap_write_bytes"].get<double>(), 2e6 * 4 * 3);
-  const double fresh = c["disk_write_fresh_bytes_per_s"].get<double>();
-  const double over = c["disk_write_overwrite_bytes_per_s"].get<double>();
-  const double read = c["disk_read_bytes_per_s"].get<double>();
-  EXPECT_NEAR(c["save_disk_s"].get<double>(),
-              bytes / fresh + c["save_swap_read_bytes"].get<double>() / read +
-                  c["save_swap_write_bytes"].get<double>() / over,
-              1e-9);
-  EXPECT_NEAR(c["load_ratio"].get<double>() * c["load_s"].get<double>(),
-              c["load_disk_s"].get<double>(), 1e-9);
-  // keep_last 2: the first checkpoint was recycled into the third.
-  EXPECT_TRUE(std::filesystem::exists(save + "/bench-v0/third/manifest.json"));
-  EXPECT_TRUE(std::filesystem::exists(save + "/bench-v0/second/manifest.json"));
-  EXPECT_FALSE(std::filesystem::exists(save + "/bench-v0/first"));
+  EXPECT_LE(c["host_peak_bytes"].get<double>(), c["host_budget_bytes"].get<double>());
+  const nlohmann::json& pairs = c["pairs"];
+  ASSERT_EQ(pairs.size(), 3u) << c;
+  std::vector<double> ratios;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const nlohmann::json& p = pairs[i];
+    EXPECT_EQ(p["order"], i % 2 ? "reference, checkpoint" : "checkpoint, reference") << i;
+    EXPECT_EQ(p["files"], i < 2 ? "new" : "recycled") << i;
+    EXPECT_GT(p["save_s"].get<double>(), 0) << i;
+    EXPECT_GT(p["load_s"].get<double>(), 0) << i;
+    // The load writes the NVMe-homed states back to their swap files.
+    EXPECT_GE(p["load_swap_write_bytes"].get<double>(), 2e6 * 4 * 3) << i;
+    // Each pair's ratio: its own reference's time for the bytes moved over the save's time.
+    const double write =
+        p[i < 2 ? "disk_write_fresh_bytes_per_s" : "disk_write_overwrite_bytes_per_s"]
+            .get<double>();
+    const double disk_s =
+        bytes / write +
+        p["save_swap_read_bytes"].get<double>() / p["disk_read_bytes_per_s"].get<double>() +
+        p["save_swap_write_bytes"].get<double>() /
+            p["disk_write_overwrite_bytes_per_s"].get<double>();
+    EXPECT_NEAR(p["save_ratio"].get<double>(), disk_s / p["save_s"].get<double>(), 1e-9) << i;
+    ratios.push_back(p["save_ratio"].get<double>());
+  }
+  std::sort(ratios.begin(), ratios.end());
+  EXPECT_DOUBLE_EQ(c["save_ratio"].get<double>(), ratios[1]);
+  EXPECT_DOUBLE_EQ(c["save_recycled_ratio"].get<double>(), pairs[2]["save_ratio"].get<double>());
+  EXPECT_TRUE(std::filesystem::exists(save + "/bench-v0/s1/manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(save + "/bench-v0/s2/manifest.json"));
+  EXPECT_FALSE(std::filesystem::exists(save + "/bench-v0/s0"));
+}
+
+// The config's `checkpoint` section sets the bench's retention (keep_last 2: the third save
+// recycles); --no-recycle-files overrides recycle_files (the third save writes new files).
+TEST(BenchEngineCli, SaveDirRetentionFromTheConfig) {
+  strata::testing::TempDir dir("bench-engine-keep");
+  const std::string cfg = dir.File("ds.json");
+  std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 1,
+                            "checkpoint": {"keep_last": 2, "recycle_files": true}})";
+  const std::string args = std::string(kTiny) +
+                           "--stage 3 --offload-optimizer nvme --disk-size 0 --json "
+                           "--save-repeat 3 --config " +
+                           cfg + " --nvme-path " + dir.path() + " --save-dir " + dir.path() +
+                           "/save";
+  for (bool no_recycle : {false, true}) {
+    const ProcessResult r = Bench(args + (no_recycle ? " --no-recycle-files" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const nlohmann::json c = Json(r)["checkpoint"];
+    EXPECT_EQ(c["keep_last"], 2) << c;
+    EXPECT_EQ(c["recycle_files"], !no_recycle) << c;
+    ASSERT_EQ(c["pairs"].size(), 3u) << c;
+    EXPECT_EQ(c["pairs"][2]["files"], no_recycle ? "new" : "recycled") << c;
+    EXPECT_FALSE(c["disk_measured"].get<bool>());  // --disk-size 0
+    EXPECT_FALSE(std::filesystem::exists(dir.path() + "/save/bench-v0/s0"));
+  }
+}
+
+// Two ranks: the reference is both ranks' streams at once, over both rank files' bytes.
+TEST(BenchEngineCli, SaveDirReferenceIsEveryRankAtOnce) {
+  strata::testing::TempDir dir("bench-engine-save2");
+  const nlohmann::json j = LaunchJson(std::string(kTiny) +
+                                      "--stage 3 --offload-optimizer nvme --disk-size 8M --json "
+                                      "--save-repeat 2 --nvme-path " +
+                                      dir.path() + " --save-dir " + dir.path() + "/save");
+  ASSERT_TRUE(j.contains("checkpoint")) << j;
+  const nlohmann::json& c = j["checkpoint"];
+  EXPECT_EQ(c["reference_streams"], 2);
+  ASSERT_EQ(c["pairs"].size(), 2u);
+  // Both rank files (each rounded up to whole chunks), not rank 0's alone.
+  const double bytes = c["bytes"].get<double>();
+  EXPECT_GE(c["disk_reference_bytes"].get<double>(), bytes - 65536) << c;
+  EXPECT_LE(c["disk_reference_bytes"].get<double>(), bytes + 2.0 * (1 << 20)) << c;
+  EXPECT_GT(c["save_ratio"].get<double>(), 0) << c;
 }
 
 }  // namespace

@@ -121,6 +121,39 @@ TEST(CheckpointRetention, RecycledSavesResumeBitIdentical) {
   std::filesystem::remove_all(dir);
 }
 
+// The config's `checkpoint` section is what Engine::Save without SaveOptions applies
+// (SaveOptionsFromConfig): with keep_last 2 three saves leave the newest two, the third in the
+// first one's file; an explicit SaveOptions replaces it (keep_last 0: nothing removed).
+TEST(CheckpointRetention, ConfigKeepLastReachesSave) {
+  const std::string dir = UniqueTestDir("ckpt_config_keep");
+  std::string config = Config();
+  config.insert(config.find("\"aio\""), R"("checkpoint": {"keep_last": 2}, )");
+  auto parsed = ParseDeepSpeedConfig(config);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  const SaveOptions from = SaveOptionsFromConfig(parsed->config.checkpoint);
+  EXPECT_EQ(from.keep_last, 2u);
+  EXPECT_TRUE(from.recycle_files);
+  RunSpec s;
+  s.config_json = config;
+  s.steps = 4;
+  uint64_t first_inode = 0, third_inode = 0;
+  const std::string rank0 = "/" + ckpt::Manifest::RankFileName(0);
+  s.after_step = [&](int, int step, Engine& e) -> Status {
+    const std::string tag = "c" + std::to_string(step);
+    if (step == 3) return e.Save(dir, tag, SaveOptions{});  // explicit: keeps every one
+    STRATA_RETURN_IF_ERROR(e.Save(dir, tag));
+    if (step == 0) first_inode = Inode(dir + "/c0" + rank0);
+    if (step == 2) third_inode = Inode(dir + "/c2" + rank0);
+    return Status::OK();
+  };
+  RunResult r = RunEngine(s);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_NE(first_inode, 0u);
+  EXPECT_EQ(third_inode, first_inode) << "the config's recycle_files did not reach the save";
+  EXPECT_EQ(Tags(dir), (std::vector<std::string>{"c1", "c2", "c3"}));
+  std::filesystem::remove_all(dir);
+}
+
 // keep_last 1 never recycles (the only candidate is `latest`) and retires the previous one after
 // the commit; recycle_files false retires without reusing; `latest` is kept even when it is the
 // oldest (the next oldest is recycled instead).

@@ -428,6 +428,36 @@ TEST(ConfigParse, UnactedKeysAreKeptAndListed) {
   EXPECT_TRUE(p.warnings.empty()) << Dump(p.warnings);  // known DeepSpeed keys: no warning
 }
 
+// `checkpoint`: strata's retention keys are read (default: keep every checkpoint, recycle), its
+// DeepSpeed keys kept unacted without a warning, a typo warned with the nearest key, and bad
+// values are errors naming the JSON path.
+TEST(ConfigParse, CheckpointRetentionKeys) {
+  ParsedConfig d = MustParse(R"({"train_batch_size": 8})");
+  EXPECT_EQ(d.config.checkpoint.keep_last, 0);
+  EXPECT_TRUE(d.config.checkpoint.recycle_files);
+  ParsedConfig p = MustParse(R"({"train_batch_size": 8, "checkpoint": {"keep_last": "3",
+      "recycle_files": false, "tag_validation": "Warn", "keep_lats": 1}})");
+  EXPECT_EQ(p.config.checkpoint.keep_last, 3);
+  EXPECT_FALSE(p.config.checkpoint.recycle_files);
+  ASSERT_EQ(p.config.unacted_keys.size(), 2u);
+  EXPECT_EQ(p.config.unacted_keys[0].path, "checkpoint.tag_validation");
+  const ConfigDiagnostic* typo = FindDiag(p.warnings, Kind::kUnknownKey, "checkpoint.keep_lats");
+  ASSERT_NE(typo, nullptr) << Dump(p.warnings);
+  EXPECT_NE(typo->message.find("'keep_last'"), std::string::npos) << typo->message;
+  EXPECT_NE(EffectiveConfigJson(p.config).find("\"keep_last\": 3"), std::string::npos);
+
+  ConfigCheck bad =
+      CheckDeepSpeedConfig(R"({"checkpoint": {"keep_last": -1, "recycle_files": "sometimes"}})");
+  EXPECT_NE(FindDiag(bad.errors, Kind::kRange, "checkpoint.keep_last"), nullptr)
+      << Dump(bad.errors);
+  EXPECT_NE(FindDiag(bad.errors, Kind::kType, "checkpoint.recycle_files"), nullptr)
+      << Dump(bad.errors);
+  Result<ParsedConfig> r = ParseDeepSpeedConfig(R"({"checkpoint": {"keep_last": 1.5}})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("checkpoint.keep_last"), std::string::npos)
+      << r.status().ToString();
+}
+
 TEST(ConfigParse, EffectiveConfigReparsesToTheSameConfig) {
   ParsedConfig p = MustParse(R"({"train_micro_batch_size_per_gpu": 4,
       "gradient_accumulation_steps": 2, "fp16": {"enabled": true, "loss_scale": 128},

@@ -112,6 +112,8 @@ Json EffectiveJson(const EngineConfig& c) {
               {"overlap_events", a.overlap_events},
               {"use_gds", a.use_gds}};
   j["zero_optimization"] = ZeroJson(c.zero);
+  j["checkpoint"] = {{"keep_last", c.checkpoint.keep_last},
+                     {"recycle_files", c.checkpoint.recycle_files}};
   // Fields whose type cannot say "auto" (the stage, devices, paths) are marked from the list.
   for (const std::string& path : c.unresolved_auto) {
     Json* node = &j;

@@ -25,7 +25,8 @@ constexpr std::array kTopActed = {K("train_batch_size"),
                                   K("optimizer"),
                                   K("scheduler"),
                                   K("aio"),
-                                  K("zero_optimization")};
+                                  K("zero_optimization"),
+                                  K("checkpoint")};
 constexpr std::array kTopKnown = {K("wall_clock_breakdown"),
                                   K("memory_breakdown"),
                                   K("zero_allow_untested_optimizer"),
@@ -46,7 +47,6 @@ constexpr std::array kTopKnown = {K("wall_clock_breakdown"),
                                   K("dump_state"),
                                   K("elasticity"),
                                   K("pipeline"),
-                                  K("checkpoint"),
                                   K("data_types"),
                                   K("data_efficiency"),
                                   K("curriculum_learning"),
@@ -101,6 +101,10 @@ constexpr std::array kAioActed = {K("block_size"),   K("queue_depth"),   K("intr
                                   K("thread_count"), K("single_submit"), K("overlap_events"),
                                   K("use_gds")};
 constexpr std::array kAioKnown = {K("io_backend")};
+// strata's retention keys, then DeepSpeed's own (runtime/config.py get_checkpoint_params).
+constexpr std::array kCheckpointActed = {K("keep_last"), K("recycle_files")};
+constexpr std::array kCheckpointKnown = {K("tag_validation"), K("load_universal"),
+                                         K("use_node_local_storage"), K("parallel_write")};
 
 constexpr std::array kZeroActed = {K("stage"),
                                    K("offload_optimizer"),
@@ -171,6 +175,7 @@ const SectionKeys kBf16{kBf16Acted, kBf16Known, true};
 const SectionKeys kOptimizer{kOptimizerActed, kOptimizerKnown, false};
 const SectionKeys kScheduler{kSchedulerActed, kNone, false};
 const SectionKeys kAio{kAioActed, kAioKnown, false};
+const SectionKeys kCheckpoint{kCheckpointActed, kCheckpointKnown, false};
 const SectionKeys kZero{kZeroActed, kZeroKnown, true};
 const SectionKeys kOffloadOpt{kOffloadOptActed, kOffloadOptKnown, true};
 const SectionKeys kOffloadParam{kOffloadParamActed, kNone, true};
@@ -184,6 +189,7 @@ const SectionKeys* KeysOf(std::string_view p) {
   if (p == "optimizer") return &kOptimizer;
   if (p == "scheduler") return &kScheduler;
   if (p == "aio") return &kAio;
+  if (p == "checkpoint") return &kCheckpoint;
   if (p == "zero_optimization") return &kZero;
   if (p == "zero_optimization.offload_optimizer") return &kOffloadOpt;
   if (p == "zero_optimization.offload_param") return &kOffloadParam;

@@ -242,6 +242,7 @@ void ReadBf16(Reader& r, Section& root, Bf16Config* b) {
 namespace config {
 void ReadOptimizer(Reader& r, Section& root, OptimizerConfig* o);
 void ReadSchedulerAndAio(Reader& r, Section& root, SchedulerConfig* sc, AioConfig* aio);
+void ReadCheckpoint(Reader& r, Section& root, CheckpointConfig* c);
 }  // namespace config
 
 ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& options) {
@@ -302,6 +303,7 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   ReadBf16(r, root, &c.bf16);
   config::ReadOptimizer(r, root, &c.optimizer);
   config::ReadSchedulerAndAio(r, root, &c.scheduler, &c.aio);
+  config::ReadCheckpoint(r, root, &c.checkpoint);
   bool overlap_given = false;
   ReadZero(r, root, &c.zero, &overlap_given);
   if (!overlap_given) c.zero.overlap_comm = c.zero.stage == 3;  // DeepSpeed's default by stage

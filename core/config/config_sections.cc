@@ -1,4 +1,4 @@
-// The optimizer, scheduler and aio sections of a DeepSpeed config.
+// The optimizer, scheduler, aio and checkpoint sections of a DeepSpeed config.
 #include <algorithm>
 #include <cctype>
 
@@ -181,6 +181,14 @@ void ReadAio(Reader& r, Section& root, AioConfig* a) {
 void ReadSchedulerAndAio(Reader& r, Section& root, SchedulerConfig* sc, AioConfig* aio) {
   ReadScheduler(r, root, sc);
   ReadAio(r, root, aio);
+}
+
+// `checkpoint`: strata's retention keys; DeepSpeed's keys stay unacted (FinishSection).
+void ReadCheckpoint(Reader& r, Section& root, CheckpointConfig* c) {
+  Section s = r.Child(root, "checkpoint");
+  r.Int(s, {"keep_last"}, &c->keep_last, 0);
+  r.Bool(s, {"recycle_files"}, &c->recycle_files);
+  r.FinishSection(s);
 }
 
 }  // namespace strata::config

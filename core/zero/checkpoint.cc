@@ -290,9 +290,16 @@ Result<ckpt::FileEntry> WriteRankFile(Engine::Impl& e, const ckpt::Manifest& m,
 
 }  // namespace
 
+SaveOptions SaveOptionsFromConfig(const CheckpointConfig& config) {
+  SaveOptions o;
+  o.keep_last = static_cast<size_t>(std::max<int64_t>(config.keep_last, 0));
+  o.recycle_files = config.recycle_files;
+  return o;
+}
+
 Status Engine::Save(const std::string& dir, const std::string& tag,
                     std::span<const uint8_t> client_state) {
-  return Save(dir, tag, SaveOptions{}, client_state);
+  return Save(dir, tag, SaveOptionsFromConfig(impl_->opt.config.checkpoint), client_state);
 }
 
 Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOptions& options,

@@ -202,18 +202,16 @@ Result<double> TimedPass(IoBackend& io, const std::string& path, int flags, IoOp
 
 }  // namespace
 
-Result<DiskReference> MeasureDisk(const std::string& dir, uint64_t bytes,
-                                  const StreamOptions& options) {
+std::string DiskReferencePath(const std::string& dir) {
+  return dir + "/.strata-disk-reference." + std::to_string(::getpid());
+}
+
+Result<double> TimeDiskPass(const std::string& path, uint64_t bytes, const StreamOptions& options,
+                            DiskPass pass, bool* buffered) {
   STRATA_RETURN_IF_ERROR(CheckOptions(options));
   if (options.kind == IoBackendKind::kSimulated) {
     return Status::InvalidArgument("MeasureDisk: the simulated backend has no disk to measure");
   }
-  DiskReference d;
-  d.chunk_bytes = options.chunk_bytes;
-  d.depth = options.depth;
-  d.bytes = (std::max<uint64_t>(bytes, 1) + options.chunk_bytes - 1) / options.chunk_bytes *
-            options.chunk_bytes;
-  const std::string path = dir + "/.strata-disk-reference." + std::to_string(::getpid());
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> io, OpenBackend(options, path));
   std::vector<uint8_t*> buffers;
   Status st = AllocBuffers(options.depth, options.chunk_bytes, &buffers);
@@ -222,26 +220,52 @@ Result<DiskReference> MeasureDisk(const std::string& dir, uint64_t bytes,
     for (size_t i = 0; i < options.chunk_bytes; ++i)
       buffers[b][i] = static_cast<uint8_t>(i * 7 + b);
   }
-  bool buffered = false;
-  double fresh_s = 0, over_s = 0, read_s = 0;
-  auto pass = [&](int flags, IoOp op, bool allocate, double* s) {
-    if (!st.ok()) return;
-    auto r =
-        TimedPass(*io, path, flags, op, d.bytes, options.chunk_bytes, buffers, allocate, &buffered);
-    if (r.ok()) *s = *r;
-    st = r.status();
-  };
-  pass(O_WRONLY | O_CREAT | O_TRUNC, IoOp::kWrite, true, &fresh_s);
-  pass(O_WRONLY, IoOp::kWrite, false, &over_s);
-  pass(O_RDONLY, IoOp::kRead, false, &read_s);
-  ::unlink(path.c_str());
+  double seconds = 0;
+  if (st.ok()) {
+    const int flags = pass == DiskPass::kWriteFresh  ? O_WRONLY | O_CREAT | O_TRUNC
+                      : pass == DiskPass::kOverwrite ? O_WRONLY
+                                                     : O_RDONLY;
+    auto s =
+        TimedPass(*io, path, flags, pass == DiskPass::kRead ? IoOp::kRead : IoOp::kWrite, bytes,
+                  options.chunk_bytes, buffers, pass == DiskPass::kWriteFresh, buffered);
+    if (s.ok()) seconds = *s;
+    st = s.status();
+  }
   FreeBuffers(&buffers);
   if (io->inflight() == 0) ReturnIdle(options, std::move(io));
+  STRATA_RETURN_IF_ERROR(st);
+  return seconds;
+}
+
+Result<DiskReference> MeasureDisk(const std::string& dir, uint64_t bytes,
+                                  const StreamOptions& options) {
+  STRATA_RETURN_IF_ERROR(CheckOptions(options));
+  DiskReference d;
+  d.chunk_bytes = options.chunk_bytes;
+  d.depth = options.depth;
+  d.bytes = (std::max<uint64_t>(bytes, 1) + options.chunk_bytes - 1) / options.chunk_bytes *
+            options.chunk_bytes;
+  const std::string path = DiskReferencePath(dir);
+  bool buffered = false;
+  double seconds[3] = {0, 0, 0};
+  Status st;
+  for (DiskPass pass : {DiskPass::kWriteFresh, DiskPass::kOverwrite, DiskPass::kRead}) {
+    auto s = TimeDiskPass(path, d.bytes, options, pass, &buffered);
+    st = s.status();
+    if (!st.ok()) break;
+    seconds[static_cast<size_t>(pass)] = *s;
+  }
+  ::unlink(path.c_str());
+  if (st.IsInvalidArgument()) return st;
   STRATA_RETURN_IF_ERROR(st.WithContext("disk reference " + path));
   const double b = static_cast<double>(d.bytes);
-  d.write_fresh_bytes_per_s = fresh_s > 0 ? b / fresh_s : 0;
-  d.write_overwrite_bytes_per_s = over_s > 0 ? b / over_s : 0;
-  d.read_bytes_per_s = read_s > 0 ? b / read_s : 0;
+  auto rate = [&](DiskPass p) {
+    const double s = seconds[static_cast<size_t>(p)];
+    return s > 0 ? b / s : 0;
+  };
+  d.write_fresh_bytes_per_s = rate(DiskPass::kWriteFresh);
+  d.write_overwrite_bytes_per_s = rate(DiskPass::kOverwrite);
+  d.read_bytes_per_s = rate(DiskPass::kRead);
   if (buffered) d.note = "buffered IO (O_DIRECT refused under " + dir + ")";
   return d;
 }

@@ -89,6 +89,19 @@ struct DiskReference {
 Result<DiskReference> MeasureDisk(const std::string& dir, uint64_t bytes,
                                   const StreamOptions& options);
 
+// One of MeasureDisk's passes, for a caller that interleaves them with the saves it judges (so a
+// disk whose rate drifts between measurements does not decide a ratio) or runs them on several
+// ranks at once, each over its own file (the reference for N ranks saving at once).
+enum class DiskPass : uint8_t { kWriteFresh, kOverwrite, kRead };
+// The scratch file MeasureDisk uses under `dir` (one per process).
+std::string DiskReferencePath(const std::string& dir);
+// Times `pass` over [0, bytes) of `path` (bytes: a whole number of chunks) as MeasureDisk does:
+// seconds from open to fsync (writes) or the last read. kOverwrite and kRead need the file a
+// kWriteFresh pass made; the caller removes it. *buffered is set when O_DIRECT was refused.
+// InvalidArgument for the simulated backend or bad options; IOError naming the path.
+Result<double> TimeDiskPass(const std::string& path, uint64_t bytes, const StreamOptions& options,
+                            DiskPass pass, bool* buffered);
+
 class StreamWriter {
  public:
   // Creates (truncates) `path` and, when `expected_bytes` > 0, preallocates that much

@@ -60,15 +60,19 @@ Status RecycleCheckpoint(const std::string& dir, const std::string& tag,
   return FsyncDir(dir);
 }
 
-Status RecycleOldest(const std::string& dir, size_t keep_last, const std::string& tmp_dir) {
+Result<std::string> RecycleCandidate(const std::string& dir, size_t keep_last) {
   STRATA_ASSIGN_OR_RETURN(const std::vector<CheckpointEntry> all, ListCheckpoints(dir));
   auto latest = ResolveTag(dir, "");
   // An unreadable `latest` might name any of them: take none (the save then writes new files).
-  if (!latest.ok() && latest.status().code() != Status::Code::kNotFound) return Status::OK();
+  if (!latest.ok() && latest.status().code() != Status::Code::kNotFound) return std::string();
   const std::vector<std::string> beyond =
       TagsBeyond(all, keep_last, 1, latest.ok() ? *latest : std::string());
-  if (beyond.empty()) return Status::OK();
-  return RecycleCheckpoint(dir, beyond.front(), tmp_dir);
+  return beyond.empty() ? std::string() : beyond.front();
+}
+
+Status RecycleOldest(const std::string& dir, size_t keep_last, const std::string& tmp_dir) {
+  STRATA_ASSIGN_OR_RETURN(const std::string tag, RecycleCandidate(dir, keep_last));
+  return tag.empty() ? Status::OK() : RecycleCheckpoint(dir, tag, tmp_dir);
 }
 
 Status RetireBeyond(const std::string& dir, size_t keep_last, const std::string& committed) {

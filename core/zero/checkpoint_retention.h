@@ -51,6 +51,10 @@ Status RetireCheckpoint(const std::string& dir, const std::string& tag);
 Status RecycleCheckpoint(const std::string& dir, const std::string& tag,
                          const std::string& tmp_dir);
 
+// The checkpoint whose files a save into `dir` with keep_last (> 0) and recycle_files would take
+// (the oldest beyond keep_last once it commits, never `latest`'s); "" when none would be.
+Result<std::string> RecycleCandidate(const std::string& dir, size_t keep_last);
+
 // A save's first step with SaveOptions keep_last > 0 and recycle_files: when committing one more
 // checkpoint will put the oldest beyond keep_last, moves it into `tmp_dir` (RecycleCheckpoint)
 // for its rank files to be reused. `latest`'s tag is never taken. OK when there is none to take.

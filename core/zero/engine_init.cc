@@ -130,14 +130,23 @@ Status InitFailed(Engine::Impl& e, const std::string& what, const Status& st) {
 }
 
 // Rank 0's header, on every rank (rank 0 passes it in; the others' `header` is overwritten).
+// A local failure (allocation, copy) fails the engine too: its peers are, or will be, inside the
+// same collective, and the communicator's abort ends their wait instead of the deadline.
 Status ExchangeHeader(Engine::Impl& e, InitHeader* header) {
-  STRATA_ASSIGN_OR_RETURN(DeviceBuffer hdr, DeviceBuffer::Make(e.opt.device, sizeof(*header)));
-  if (e.rank == 0) STRATA_RETURN_IF_ERROR(e.ToDevice(hdr.get(), header, sizeof(*header)));
-  auto h = e.opt.comm->Broadcast(hdr.get(), sizeof(*header), DType::kI8, 0);
-  if (!h.ok()) return InitFailed(e, "the header from rank 0", h.status());
+  const char* what = "the header from rank 0";
+  auto hdr = DeviceBuffer::Make(e.opt.device, sizeof(*header));
+  if (!hdr.ok()) return InitFailed(e, what, hdr.status());
+  if (e.rank == 0) {
+    Status st = e.ToDevice(hdr->get(), header, sizeof(*header));
+    if (!st.ok()) return InitFailed(e, what, st);
+  }
+  auto h = e.opt.comm->Broadcast(hdr->get(), sizeof(*header), DType::kI8, 0);
+  if (!h.ok()) return InitFailed(e, what, h.status());
   Status st = h->WaitUntil(e.deadline());
-  if (!st.ok()) return InitFailed(e, "the header from rank 0", st);
-  return e.ToHost(header, hdr.get(), sizeof(*header));
+  if (!st.ok()) return InitFailed(e, what, st);
+  st = e.ToHost(header, hdr->get(), sizeof(*header));
+  if (!st.ok()) return InitFailed(e, what, st);
+  return Status::OK();
 }
 
 }  // namespace
@@ -211,12 +220,18 @@ Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float
     });
   }
   const uint64_t buf_bytes = world * piece * sizeof(float);
-  STRATA_ASSIGN_OR_RETURN(DeviceBuffer send, DeviceBuffer::Make(e.opt.device, buf_bytes));
+  const char* staging = "the staging buffers";
+  auto made = DeviceBuffer::Make(e.opt.device, buf_bytes);
+  if (!made.ok()) return InitFailed(e, staging, made.status());
+  DeviceBuffer send = std::move(*made);
   DeviceBuffer recv;
   if (scatter) {
-    STRATA_ASSIGN_OR_RETURN(recv, DeviceBuffer::Make(e.opt.device, buf_bytes));
+    made = DeviceBuffer::Make(e.opt.device, buf_bytes);
+    if (!made.ok()) return InitFailed(e, staging, made.status());
+    recv = std::move(*made);
     // Other ranks' chunks of the all-to-all carry nothing; defined bytes all the same.
-    STRATA_RETURN_IF_ERROR(e.ZeroDevice(send.get(), buf_bytes));
+    Status st = e.ZeroDevice(send.get(), buf_bytes);
+    if (!st.ok()) return InitFailed(e, staging, st);
   }
   std::vector<float> pack(root ? world * piece : 0);
   return InitMasters(e, kOp, [&](const SubGroup& s, float* m) -> Status {
@@ -271,8 +286,10 @@ Status Engine::ReadMaster(size_t group, std::span<float> out) {
   std::vector<float> full(gs.shard.padded_elems(e.world), 0.0f);
   for (size_t si : gs.sub_groups) {
     const SubGroup& s = e.subs[si];
-    STRATA_ASSIGN_OR_RETURN(Lease l, e.store->Acquire(s.master, tier, Access::kRead, e.timeout()));
-    std::memcpy(full.data() + e.FullOffset(s), l.data(), s.elems * sizeof(float));
+    // Failing the engine aborts the all-gather below on the peers (no wait to the deadline).
+    auto l = e.store->Acquire(s.master, tier, Access::kRead, e.timeout());
+    if (!l.ok()) return e.Fail(l.status());
+    std::memcpy(full.data() + e.FullOffset(s), l->data(), s.elems * sizeof(float));
   }
   if (e.placement.optimizer_partitioned && e.world > 1) {
     const uint64_t bytes = full.size() * sizeof(float);

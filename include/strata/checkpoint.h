@@ -1,8 +1,11 @@
 // Options of Engine::Save (include/strata/engine.h; README "Checkpoints"). Plain values, no
-// state: thread safety is that of the engine call they are passed to.
+// state: thread safety is that of the engine call they are passed to. Defaults come from the
+// config's `checkpoint` section when the caller passes none (SaveOptionsFromConfig).
 #pragma once
 
 #include <cstddef>
+
+#include "strata/config.h"
 
 namespace strata {
 
@@ -26,5 +29,10 @@ struct SaveOptions {
   // complete (with keep_last N, a crash mid-save leaves N-1 older ones, `latest` among them).
   bool recycle_files = true;
 };
+
+// What Engine::Save without SaveOptions uses: the config's `checkpoint` section (keep_last,
+// recycle_files; include/strata/config.h CheckpointConfig), so a DeepSpeed config can set the
+// retention once for every save. An explicit SaveOptions replaces it whole.
+SaveOptions SaveOptionsFromConfig(const CheckpointConfig& config);
 
 }  // namespace strata

@@ -156,6 +156,21 @@ struct AioConfig {
   bool use_gds = false;        // [false] GPUDirect Storage (not used by strata).
 };
 
+// `checkpoint`: DeepSpeed's section (tag_validation, load_universal, use_node_local_storage,
+// parallel_write: kept unread) with strata's retention keys, which DeepSpeed ignores (it reads the
+// section as a plain dict). Engine::Save without SaveOptions takes these (SaveOptionsFromConfig,
+// include/strata/checkpoint.h, documents each in full).
+struct CheckpointConfig {
+  // [0] Checkpoints kept in the save directory after each save, the new one included; older ones
+  // are removed (never `latest`'s). 0 keeps every one. Disk space against how far back a run can
+  // go.
+  int64_t keep_last = 0;
+  // [true] With keep_last: a save that will remove the oldest checkpoint overwrites its files in
+  // place instead of creating new ones (no block allocation: faster on ext4). The oldest goes
+  // before the new one is complete: a crash mid-save leaves keep_last - 1 older ones.
+  bool recycle_files = true;
+};
+
 // `zero_optimization.offload_optimizer`: where the fp32 master weights and Adam m, v live and
 // where the Adam step runs (cpu and nvme both compute on the CPU).
 struct OffloadOptimizerConfig {
@@ -249,6 +264,7 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   AioConfig aio;
   ZeroConfig zero;
+  CheckpointConfig checkpoint;
   std::vector<UnactedKey> unacted_keys;  // in document order
   // JSON paths still "auto" (as ParsedConfig::unresolved_auto). Besides the AutoOr fields,
   // Accelerate also fills zero_optimization.stage, the offload devices and nvme_paths and

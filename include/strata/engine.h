@@ -349,7 +349,8 @@ class Engine {
   // bounded window (the host budget holds). InvalidArgument: empty tag, or one with '/', or ending
   // ".tmp"; FailedPrecondition: the tag exists already (never overwritten) or mid-accumulation;
   // IOError naming the file; Aborted: another rank failed (its own result says why). A failed
-  // collective fails the engine.
+  // collective fails the engine. Retention as the config's `checkpoint` section says
+  // (SaveOptionsFromConfig: keep_last, recycle_files; by default every checkpoint is kept).
   Status Save(const std::string& dir, const std::string& tag,
               std::span<const uint8_t> client_state = {});
   // The same, with retention and file recycling (include/strata/checkpoint.h SaveOptions). When

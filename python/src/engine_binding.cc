@@ -106,6 +106,7 @@ class PyEngine {
     po.world_size = world_size;
     po.source_name = "config";
     ParsedConfig parsed = ValueOrThrow(ParseDeepSpeedConfig(config_json, po));
+    checkpoint_config_ = parsed.config.checkpoint;
     const auto timeout = std::chrono::milliseconds(timeout_ms);
     nb::gil_scoped_release unlocked;
     HostDeviceOptions ho;
@@ -252,13 +253,15 @@ class PyEngine {
     ThrowIfError(st);
   }
 
+  // keep_last / recycle_files left as None take the config's checkpoint section
+  // (SaveOptionsFromConfig), as Engine::Save without SaveOptions does.
   void Save(const std::string& dir, const std::string& tag, const nb::bytes& client_state,
-            size_t keep_last, bool recycle_files) {
+            std::optional<size_t> keep_last, std::optional<bool> recycle_files) {
     std::vector<uint8_t> blob(client_state.size());
     if (!blob.empty()) std::memcpy(blob.data(), client_state.c_str(), blob.size());
-    SaveOptions so;
-    so.keep_last = keep_last;
-    so.recycle_files = recycle_files;
+    SaveOptions so = SaveOptionsFromConfig(checkpoint_config_);
+    if (keep_last) so.keep_last = *keep_last;
+    if (recycle_files) so.recycle_files = *recycle_files;
     nb::gil_scoped_release unlocked;
     ThrowIfError(engine().Save(dir, tag, so, blob));
   }
@@ -430,6 +433,7 @@ class PyEngine {
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Engine> engine_;
   std::vector<std::optional<GatheredGroup>> gathered_;
+  CheckpointConfig checkpoint_config_;  // save()'s retention when the caller names none
 };
 
 }  // namespace
@@ -453,9 +457,10 @@ void BindEngine(nb::module_& m) {
            "Initial weights from fill(group, param, begin, end) -> float32 array (collective); "
            "asked only for the element ranges this rank stores.")
       .def("save", &PyEngine::Save, nb::arg("dir"), nb::arg("tag"), nb::arg("client_state"),
-           nb::arg("keep_last") = 0, nb::arg("recycle_files") = true,
+           nb::arg("keep_last") = nb::none(), nb::arg("recycle_files") = nb::none(),
            "Engine::Save (collective, at an accumulation boundary); keep_last / recycle_files "
-           "as strata::SaveOptions (include/strata/checkpoint.h): 0 keeps every checkpoint.")
+           "as strata::SaveOptions (include/strata/checkpoint.h): 0 keeps every checkpoint; "
+           "None takes the config's checkpoint section (keep_last 0, recycle_files true).")
       .def("load", &PyEngine::Load, nb::arg("dir"), nb::arg("tag") = "",
            "Engine::Load (collective); returns the saved client_state bytes.")
       .def("gather", &PyEngine::Gather, nb::arg("group"),

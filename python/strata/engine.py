@@ -479,15 +479,17 @@ class StrataEngine(torch.nn.Module):
 
     # -- checkpoints (Engine::Save / Engine::Load; README "Checkpoints") ---------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
-                        exclude_frozen_parameters: bool = False, keep_last: int = 0,
-                        recycle_files: bool = True) -> bool:
+                        exclude_frozen_parameters: bool = False,
+                        keep_last: Optional[int] = None,
+                        recycle_files: Optional[bool] = None) -> bool:
         """Every rank writes its part of `<save_dir>/<tag>/` (default tag global_step<N>) and
         `latest` names it; client_state (a picklable dict) comes back from load_checkpoint.
         Collective, at an accumulation boundary (after engine.step()).
         keep_last (strata's, not DeepSpeed's): keep only the newest N checkpoints in save_dir
         (0: all), reusing the oldest one's files for the new save when recycle_files
-        (strata::SaveOptions, include/strata/checkpoint.h)."""
-        if int(keep_last) < 0:
+        (strata::SaveOptions, include/strata/checkpoint.h). Left as None, both come from the
+        config's "checkpoint" section (keep_last 0 = keep all, recycle_files true)."""
+        if keep_last is not None and int(keep_last) < 0:
             raise ValueError(f"save_checkpoint(keep_last={keep_last}): must be >= 0")
         if not save_latest:
             raise NotImplementedError("save_checkpoint(save_latest=False): strata always "
@@ -498,7 +500,8 @@ class StrataEngine(torch.nn.Module):
                  "global_samples": self.global_samples}
         self._release_all()
         self._engine.save(os.fspath(save_dir), str(tag), pickle.dumps(state),
-                          keep_last=int(keep_last), recycle_files=bool(recycle_files))
+                          keep_last=None if keep_last is None else int(keep_last),
+                          recycle_files=None if recycle_files is None else bool(recycle_files))
         return True
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,

@@ -257,6 +257,24 @@ def test_save_checkpoint_keep_last_prunes_and_the_newest_resumes(tmp_path):
     resumed.close()
 
 
+def test_save_checkpoint_retention_comes_from_the_config_unless_named(tmp_path):
+    cfg = ds_config(2, "cpu", lr=LR, wd=WD)
+    cfg["checkpoint"] = {"keep_last": 1}
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=cfg)
+    ckpt = tmp_path / "from_config"
+    for step in range(3):
+        loss = engine(*batch("mlp", step))
+        engine.backward(loss)
+        engine.step()
+        assert engine.save_checkpoint(ckpt)  # keep_last from the config: only the newest stays
+    assert sorted(d.name for d in ckpt.iterdir() if d.is_dir()) == ["global_step3"]
+    named = tmp_path / "named"
+    for tag in ("a", "b"):
+        assert engine.save_checkpoint(named, tag=tag, keep_last=0)  # an explicit 0 keeps all
+    assert sorted(d.name for d in named.iterdir() if d.is_dir()) == ["a", "b"]
+    engine.close()
+
+
 def test_zero_init_partitions_at_construction_and_trains_as_torch():
     cfg = ds_config(3, "cpu", lr=LR, wd=WD)
     with strata.zero.Init(config=cfg):

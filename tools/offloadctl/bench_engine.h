@@ -1,7 +1,8 @@
 // `offloadctl bench engine`: the real ZeRO engine (include/strata/engine.h) trained on a synthetic
 // model, on HostDevice + Gloo, with the per-step figures the issue asks for (issue 10, "offloadctl
 // bench engine"). cmd_bench_engine.cc parses the flags, runs one setting or the sweep and prints;
-// bench_engine_run.cc runs one setting (a "variant") and measures it.
+// bench_engine_run.cc runs one setting (a "variant") and measures it; bench_engine_ckpt.cc its
+// checkpoint saves and loads against the disk (--save-dir).
 //
 // One variant: build its DeepSpeed config (the --config file or a synthetic one, with --stage,
 // --offload-*, --dtype and --max-reuse-distance applied over it), create a communicator and a
@@ -16,13 +17,17 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/zero/checkpoint_io.h"
 #include "nvme/bench/nvme_bench.h"
+#include "strata/checkpoint.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/engine.h"
@@ -58,10 +63,14 @@ struct BenchEngineArgs {
   int ranks_per_node = 0;
   bool sweep = false;
   bool json = false;
-  // Checkpoint: after the measured steps, Engine::Save into <save_dir>/bench-v<N>/ (shared by the
-  // ranks; replaced), Load it back, save twice more (fresh, then recycling the first), all timed,
-  // and measure the disk there ("" = none).
+  // Checkpoint: after the measured steps, `save_repeat` reference/checkpoint pairs under
+  // <save_dir>/bench-v<N>/ (shared by the ranks; replaced): each a disk reference and a timed
+  // Save + Load, in alternating order (bench_engine_ckpt.cc) ("" = none).
   std::string save_dir;
+  int save_repeat = 3;
+  // The saves' retention: --keep-last / --no-recycle-files over the config's `checkpoint` section.
+  std::optional<int64_t> keep_last;
+  bool no_recycle_files = false;
 };
 
 // One (stage, offload) setting.
@@ -83,10 +92,19 @@ struct RankFigures {
   // in comm_bytes_per_step.
   double comm_intra_bytes_per_step = 0, comm_inter_bytes_per_step = 0;
   double step_s = 0;  // median
-  // --save-dir: swap traffic of this rank's first Save and of its Load (store bytes moved from
-  // and to the NVMe tier): disk bytes the checkpoint moves besides its own files.
+};
+
+// --save-dir: one reference/checkpoint pair (bench_engine_ckpt.cc).
+struct CheckpointPair {
+  bool reference_first = false;
+  bool recycled = false;  // the save overwrote a retired checkpoint's files
+  double save_s = 0, load_s = 0;
+  // Swap traffic of the save and the load, all ranks (store bytes moved from and to the NVMe
+  // tier): disk bytes the checkpoint moves besides its own files.
   double save_swap_read_bytes = 0, save_swap_write_bytes = 0;
   double load_swap_read_bytes = 0, load_swap_write_bytes = 0;
+  // Every rank's stream at once, each of its rank file's size: total bytes / the slowest time.
+  zero::ckpt::DiskReference disk;
 };
 
 struct VariantResult {
@@ -111,15 +129,12 @@ struct VariantResult {
   // ranks); unset when the planner refuses its input.
   std::optional<PerTier<double>> planner_bytes;
   uint64_t budget_bytes[3] = {0, 0, 0};
-  // --save-dir: Save and Load wall times and the checkpoint's bytes (all ranks' files). Then the
-  // A/B of file recycling, back to back: a second fresh save (save_fresh_s) and a third that
-  // recycles the first's files (save_recycled_s, SaveOptions keep_last 2).
-  double save_s = 0, load_s = 0;
-  double save_fresh_s = 0, save_recycled_s = 0;
+  // --save-dir: the pairs, the checkpoint's bytes (all ranks' files), the retention the saves
+  // used, this rank's host peak after them (EngineStats) and its stream buffers (outside it).
+  std::vector<CheckpointPair> checkpoint_pairs;
   uint64_t checkpoint_bytes = 0;
-  // The disk under --save-dir as the checkpoint streams see it (same chunk size, depth and
-  // bytes; fresh file, overwrite, read), measured by rank 0 after the saves.
-  zero::ckpt::DiskReference checkpoint_disk;
+  SaveOptions save_options;
+  double checkpoint_host_peak_bytes = 0, checkpoint_stream_bytes = 0;
   // The NVMe tier's IO shape (the mixed disk reference uses it): aio.queue_depth per rank.
   size_t io_queue_depth = 8;
 };
@@ -171,6 +186,31 @@ Result<ModelSpec> SyntheticModel(double params, int layers, bool bias_groups);
 // an error is anything else that stopped the engine.
 Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVariant& v,
                                        const ModelSpec& model, BenchProcess& p);
+
+// --save-dir: what MeasureCheckpoint needs of the variant's run.
+struct CheckpointBench {
+  std::string dir;  // <save_dir>/bench-v<N>
+  Communicator& comm;
+  std::chrono::milliseconds timeout;
+  zero::ckpt::StreamOptions stream;  // the engine's checkpoint streams (its aio settings)
+  SaveOptions save_options;
+  std::function<void(const std::string&)> say;  // progress line
+};
+
+// Runs a.save_repeat reference/checkpoint pairs (collective) into r->checkpoint_pairs.
+Status MeasureCheckpoint(const BenchEngineArgs& a, const CheckpointBench& c, Engine& engine,
+                         VariantResult* r);
+// The "checkpoint" object of the JSON report, and its text form.
+nlohmann::json CheckpointJson(const VariantResult& r);
+void PrintCheckpoint(const nlohmann::json& checkpoint);
+
+// Helpers shared by the bench engine's files. Every rank's `mine` (n doubles each), in rank
+// order (collective); the median (0 for none); store bytes read from / written to the NVMe tier.
+Result<std::vector<double>> AllGatherDoubles(Communicator& comm, const std::vector<double>& mine,
+                                             std::chrono::milliseconds timeout);
+double Median(std::vector<double> v);
+uint64_t NvmeRead(const StoreStats& s);
+uint64_t NvmeWrite(const StoreStats& s);
 
 // O_DIRECT write then read of `bytes` over `dirs` (1 MiB requests, 16 in flight per directory).
 Result<DiskRates> MeasureDisk(const std::vector<std::string>& dirs, uint64_t bytes,

@@ -59,27 +59,6 @@ class Progress {
   bool active_, tty_, open_ = false;
 };
 
-// Every rank's `mine` (n doubles each), in rank order. Doubles travel as pairs of fp32 words: an
-// all-gather copies bytes and never computes on them.
-Result<std::vector<double>> AllGatherDoubles(Communicator& comm, const std::vector<double>& mine,
-                                             std::chrono::milliseconds timeout) {
-  const size_t n = mine.size();
-  std::vector<double> all(n * static_cast<size_t>(comm.world_size()));
-  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(n * comm.rank()));
-  if (comm.world_size() == 1) return all;
-  STRATA_ASSIGN_OR_RETURN(
-      CommHandle h, comm.AllGather(all.data() + n * comm.rank(), all.data(), 2 * n, DType::kF32));
-  STRATA_RETURN_IF_ERROR(h.WaitUntil(Clock::now() + timeout));
-  return all;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
-
 std::string FirstLine(std::string_view s) { return std::string(s.substr(0, s.find('\n'))); }
 
 // The planner's placement (include/strata/planner.h) of the same model and setting, per rank.
@@ -180,18 +159,6 @@ Result<StepSample> TrainStep(Engine& e, int gas, double compute_ms, GradPattern&
   return StepSample{Sec(Clock::now() - t0), rep.timings};
 }
 
-uint64_t NvmeRead(const StoreStats& s) {
-  uint64_t b = 0;
-  for (Tier t : kAllTiers) b += s.bytes_moved[Tier::kNvme][t];
-  return b;
-}
-
-uint64_t NvmeWrite(const StoreStats& s) {
-  uint64_t b = 0;
-  for (Tier t : kAllTiers) b += s.bytes_moved[t][Tier::kNvme];
-  return b;
-}
-
 // Creates the engine; nullptr (with *refused set) when the placement does not fit on this rank.
 Result<std::unique_ptr<Engine>> CreateOrRefuse(const ModelSpec& model, EngineOptions eo,
                                                std::string* refused) {
@@ -264,11 +231,7 @@ std::vector<double> Pack(const RankFigures& f) {
           f.comm_wire_bytes_per_step,
           f.step_s,
           f.comm_intra_bytes_per_step,
-          f.comm_inter_bytes_per_step,
-          f.save_swap_read_bytes,
-          f.save_swap_write_bytes,
-          f.load_swap_read_bytes,
-          f.load_swap_write_bytes};
+          f.comm_inter_bytes_per_step};
 }
 
 RankFigures Unpack(const double* d) {
@@ -281,14 +244,42 @@ RankFigures Unpack(const double* d) {
   f.step_s = d[7];
   f.comm_intra_bytes_per_step = d[8];
   f.comm_inter_bytes_per_step = d[9];
-  f.save_swap_read_bytes = d[10];
-  f.save_swap_write_bytes = d[11];
-  f.load_swap_read_bytes = d[12];
-  f.load_swap_write_bytes = d[13];
   return f;
 }
 
 }  // namespace
+
+// Doubles travel as pairs of fp32 words: an all-gather copies bytes and never computes on them.
+Result<std::vector<double>> AllGatherDoubles(Communicator& comm, const std::vector<double>& mine,
+                                             std::chrono::milliseconds timeout) {
+  const size_t n = mine.size();
+  std::vector<double> all(n * static_cast<size_t>(comm.world_size()));
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(n * comm.rank()));
+  if (comm.world_size() == 1) return all;
+  STRATA_ASSIGN_OR_RETURN(
+      CommHandle h, comm.AllGather(all.data() + n * comm.rank(), all.data(), 2 * n, DType::kF32));
+  STRATA_RETURN_IF_ERROR(h.WaitUntil(Clock::now() + timeout));
+  return all;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+uint64_t NvmeRead(const StoreStats& s) {
+  uint64_t b = 0;
+  for (Tier t : kAllTiers) b += s.bytes_moved[Tier::kNvme][t];
+  return b;
+}
+
+uint64_t NvmeWrite(const StoreStats& s) {
+  uint64_t b = 0;
+  for (Tier t : kAllTiers) b += s.bytes_moved[t][Tier::kNvme];
+  return b;
+}
 
 std::string EngineVariant::Name() const {
   std::string s = "stage " + std::to_string(stage);
@@ -387,55 +378,6 @@ Result<ParsedConfig> BuildEngineConfig(const BenchEngineArgs& a, const EngineVar
   return ParseDeepSpeedConfig(j.dump(), po);
 }
 
-// --save-dir: Save / Load / fresh Save / recycling Save into <save_dir>/bench-v<N>/, each timed,
-// the swap traffic of the first two in this rank's figures; then rank 0 measures the disk there
-// with the checkpoint streams' chunk size and depth over the checkpoint's bytes.
-Status MeasureCheckpoint(const BenchEngineArgs& a, const EngineConfig& config, Engine& engine,
-                         const BenchProcess& p, Progress& progress, VariantResult* r) {
-  const std::string dir = a.save_dir + "/bench-v" + std::to_string(p.variants_run - 1);
-  if (p.rank == 0) std::filesystem::remove_all(dir);
-  const std::string name = r->variant.Name();
-  RankFigures& f = r->ranks[0];
-  auto timed = [&](const char* what, double* s, double* swap_read, double* swap_write,
-                   auto op) -> Status {
-    progress.Say("bench engine: " + name + ": " + what + " (" + dir + ")");
-    const StoreStats before = engine.Stats().store;
-    const auto t0 = Clock::now();
-    STRATA_RETURN_IF_ERROR(op().WithContext(what));
-    *s = Sec(Clock::now() - t0);
-    const StoreStats after = engine.Stats().store;
-    if (swap_read != nullptr) *swap_read = static_cast<double>(NvmeRead(after) - NvmeRead(before));
-    if (swap_write != nullptr)
-      *swap_write = static_cast<double>(NvmeWrite(after) - NvmeWrite(before));
-    return Status::OK();
-  };
-  STRATA_RETURN_IF_ERROR(timed("checkpoint save", &r->save_s, &f.save_swap_read_bytes,
-                               &f.save_swap_write_bytes,
-                               [&] { return engine.Save(dir, "first"); }));
-  STRATA_RETURN_IF_ERROR(timed("checkpoint load", &r->load_s, &f.load_swap_read_bytes,
-                               &f.load_swap_write_bytes,
-                               [&] { return engine.Load(dir, "first"); }));
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir + "/first", ec)) {
-    r->checkpoint_bytes += e.file_size();
-  }
-  SaveOptions keep;
-  keep.keep_last = 2;
-  STRATA_RETURN_IF_ERROR(timed("checkpoint save, new files", &r->save_fresh_s, nullptr, nullptr,
-                               [&] { return engine.Save(dir, "second", keep); }));
-  STRATA_RETURN_IF_ERROR(timed("checkpoint save, recycled files", &r->save_recycled_s, nullptr,
-                               nullptr, [&] { return engine.Save(dir, "third", keep); }));
-  if (p.rank == 0 && a.disk_size_bytes > 0) {
-    progress.Say("bench engine: " + name + ": measuring the disk under " + dir);
-    const AioConfig& aio = config.aio;
-    const zero::ckpt::StreamOptions so = zero::ckpt::StreamOptionsFromAio(
-        aio.block_size, aio.queue_depth, aio.intra_op_parallelism, p.io_kind);
-    STRATA_ASSIGN_OR_RETURN(r->checkpoint_disk,
-                            zero::ckpt::MeasureDisk(dir, r->checkpoint_bytes, so));
-  }
-  return Status::OK();
-}
-
 Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVariant& v,
                                        const ModelSpec& model, BenchProcess& p) {
   VariantResult r;
@@ -515,7 +457,19 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   r.init_s = Sec(Clock::now() - t0);
   STRATA_RETURN_IF_ERROR(MeasureSteps(a, *engine, p.rank, progress, &r));
   if (!a.save_dir.empty()) {
-    STRATA_RETURN_IF_ERROR(MeasureCheckpoint(a, cfg.config, *engine, p, progress, &r));
+    const AioConfig& aio = cfg.config.aio;
+    SaveOptions so = SaveOptionsFromConfig(cfg.config.checkpoint);
+    if (a.keep_last) so.keep_last = static_cast<size_t>(*a.keep_last);
+    if (a.no_recycle_files) so.recycle_files = false;
+    const CheckpointBench c{
+        a.save_dir + "/bench-v" + std::to_string(p.variants_run - 1),
+        *comm,
+        p.timeout,
+        zero::ckpt::StreamOptionsFromAio(aio.block_size, aio.queue_depth, aio.intra_op_parallelism,
+                                         p.io_kind),
+        so,
+        [&](const std::string& what) { progress.Say("bench engine: " + v.Name() + ": " + what); }};
+    STRATA_RETURN_IF_ERROR(MeasureCheckpoint(a, c, *engine, &r));
   }
   progress.Done();
   STRATA_ASSIGN_OR_RETURN(std::vector<double> all,

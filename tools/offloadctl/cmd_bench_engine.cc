@@ -150,58 +150,6 @@ nlohmann::json TierJson(const double* v) {
   return {{"device", v[0]}, {"host", v[1]}, {"nvme", v[2]}};
 }
 
-// --save-dir figures. Each ratio is the disk's time for the bytes an operation moves (at the
-// rates measured in the same run with the same chunk size and depth) over the operation's time:
-// save = checkpoint bytes written into new files + swap reads; load = checkpoint bytes read +
-// swap write-back (overwrites in place) + swap reads; a recycled save overwrites. 1.0 = as fast
-// as the disk allows.
-nlohmann::json CheckpointJson(const VariantResult& r) {
-  const zero::ckpt::DiskReference& d = r.checkpoint_disk;
-  const double bytes = static_cast<double>(r.checkpoint_bytes);
-  const double save_rd = Sum(r.ranks, &RankFigures::save_swap_read_bytes);
-  const double save_wr = Sum(r.ranks, &RankFigures::save_swap_write_bytes);
-  const double load_rd = Sum(r.ranks, &RankFigures::load_swap_read_bytes);
-  const double load_wr = Sum(r.ranks, &RankFigures::load_swap_write_bytes);
-  const bool measured =
-      d.write_fresh_bytes_per_s > 0 && d.write_overwrite_bytes_per_s > 0 && d.read_bytes_per_s > 0;
-  auto disk_s = [&](double written, double write_rate, double read, double overwritten) {
-    if (!measured) return 0.0;
-    return written / write_rate + read / d.read_bytes_per_s +
-           overwritten / d.write_overwrite_bytes_per_s;
-  };
-  const double save_disk_s = disk_s(bytes, d.write_fresh_bytes_per_s, save_rd, save_wr);
-  const double load_disk_s = disk_s(0, 1, bytes + load_rd, load_wr);
-  const double recycled_disk_s = disk_s(bytes, d.write_overwrite_bytes_per_s, save_rd, save_wr);
-  auto ratio = [](double disk, double s) { return s > 0 ? disk / s : 0.0; };
-  return {{"bytes", r.checkpoint_bytes},
-          {"save_s", r.save_s},
-          {"load_s", r.load_s},
-          {"save_fresh_s", r.save_fresh_s},
-          {"save_recycled_s", r.save_recycled_s},
-          {"save_swap_read_bytes", save_rd},
-          {"save_swap_write_bytes", save_wr},
-          {"load_swap_read_bytes", load_rd},
-          {"load_swap_write_bytes", load_wr},
-          {"disk_measured", measured},
-          {"disk_reference_bytes", d.bytes},
-          {"disk_chunk_bytes", d.chunk_bytes},
-          {"disk_queue_depth", d.depth},
-          {"disk_write_fresh_bytes_per_s", d.write_fresh_bytes_per_s},
-          {"disk_write_overwrite_bytes_per_s", d.write_overwrite_bytes_per_s},
-          {"disk_read_bytes_per_s", d.read_bytes_per_s},
-          {"disk_note", d.note},
-          {"save_disk_s", save_disk_s},
-          {"load_disk_s", load_disk_s},
-          {"save_ratio", ratio(save_disk_s, r.save_s)},
-          {"load_ratio", ratio(load_disk_s, r.load_s)},
-          {"save_fresh_ratio", ratio(save_disk_s, r.save_fresh_s)},
-          {"save_recycled_ratio", ratio(recycled_disk_s, r.save_recycled_s)},
-          {"save_vs_disk_write",
-           measured && r.save_s > 0 ? bytes / r.save_s / d.write_fresh_bytes_per_s : 0.0},
-          {"load_vs_disk_read",
-           measured && r.load_s > 0 ? bytes / r.load_s / d.read_bytes_per_s : 0.0}};
-}
-
 nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, const DiskRates& d,
                            const StepDiskReference& ref) {
   nlohmann::json j;
@@ -384,24 +332,7 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
                 Gb(j["budget_bytes"][t]).c_str(), Gb(j["plan_bytes"][t]).c_str(),
                 j["planner_bytes"].is_null() ? "-" : Gb(j["planner_bytes"][t]).c_str());
   }
-  if (j.contains("checkpoint")) {
-    const auto& c = j["checkpoint"];
-    auto mbs = [](const nlohmann::json& v) { return v.get<double>() / 1e6; };
-    std::printf(
-        "  checkpoint %s GB: save %.3f s (x%.2f the disk's time), load %.3f s (x%.2f); again "
-        "into new files %.3f s (x%.2f), into recycled files %.3f s (x%.2f)\n",
-        Gb(c["bytes"]).c_str(), c["save_s"].get<double>(), c["save_ratio"].get<double>(),
-        c["load_s"].get<double>(), c["load_ratio"].get<double>(), c["save_fresh_s"].get<double>(),
-        c["save_fresh_ratio"].get<double>(), c["save_recycled_s"].get<double>(),
-        c["save_recycled_ratio"].get<double>());
-    std::printf(
-        "    disk under it (%s B chunks x %s, O_DIRECT): write new file %.0f MB/s, overwrite %.0f "
-        "MB/s, read %.0f MB/s; swap traffic: save read %s GB, load write %s GB\n",
-        c["disk_chunk_bytes"].dump().c_str(), c["disk_queue_depth"].dump().c_str(),
-        mbs(c["disk_write_fresh_bytes_per_s"]), mbs(c["disk_write_overwrite_bytes_per_s"]),
-        mbs(c["disk_read_bytes_per_s"]), Gb(c["save_swap_read_bytes"]).c_str(),
-        Gb(c["load_swap_write_bytes"]).c_str());
-  }
+  if (j.contains("checkpoint")) PrintCheckpoint(j["checkpoint"]);
   for (const auto& n : j["notes"]) std::printf("  note: %s\n", n.get<std::string>().c_str());
 }
 
@@ -465,7 +396,7 @@ int RunBenchEngine(const BenchEngineArgs& a) {
     auto made = dirs.Make(bases);
     if (!made.ok()) return Fail(kExitInvalid, "--nvme-path: " + made.status().ToString());
     p.nvme_dirs = *made;
-    if (p.rank == 0 && a.disk_size_bytes > 0 && a.save_dir.empty()) {
+    if (p.rank == 0 && a.disk_size_bytes > 0) {
       std::fprintf(stderr, "bench engine: measuring the disk (%s O_DIRECT)\n",
                    SizeString(a.disk_size_bytes).c_str());
       auto d = MeasureDisk(p.nvme_dirs, a.disk_size_bytes, p.io_kind);
@@ -477,14 +408,8 @@ int RunBenchEngine(const BenchEngineArgs& a) {
     std::error_code ec;
     std::filesystem::create_directories(a.save_dir, ec);
     if (ec) return Fail(kExitInvalid, "--save-dir " + a.save_dir + ": " + ec.message());
-    // The disk the checkpoint goes to (and the swap files' too, when they share it).
-    if (p.rank == 0 && a.disk_size_bytes > 0) {
-      std::fprintf(stderr, "bench engine: measuring the disk under --save-dir (%s O_DIRECT)\n",
-                   SizeString(a.disk_size_bytes).c_str());
-      auto d = MeasureDisk({a.save_dir}, a.disk_size_bytes, p.io_kind);
-      if (!d.ok()) return Fail(kExitInvalid, "disk measurement: " + d.status().ToString());
-      disk = *d;
-    }
+    // The checkpoint's own disk reference is measured per pair (bench_engine_ckpt.cc); the
+    // burst passes above stay on the --nvme-path dirs whose swap bytes they are compared with.
   }
   const std::string model_text = std::to_string(model->numel()) + " params in " +
                                  std::to_string(model->groups.size()) + " groups";
@@ -657,11 +582,24 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
       "(with --nvme-path); report each against its plan and recommend the fastest that fits");
   sweep->excludes(stage)->excludes(opt)->excludes(par);
   c->add_option("--save-dir", a->save_dir,
-                "After the measured steps, save a checkpoint into DIR/bench-v<N>/ (shared by the "
-                "ranks), load it back, save again into new files and then into the first's "
-                "recycled files: the times, bytes (swap traffic too) and ratios to the disk's "
-                "O_DIRECT rates for those bytes, measured there with the checkpoint's chunk size, "
-                "depth and size (new file, overwrite, read; --disk-size 0 skips it)");
+                "After the measured steps, run --save-repeat pairs under DIR/bench-v<N>/ (shared "
+                "by the ranks), each a checkpoint (Save, then Load; timed) and a reference (every "
+                "rank's stream at once, O_DIRECT with the checkpoint's chunk size, depth and size: "
+                "new file, overwrite, read; --disk-size 0 skips it), in alternating order: each "
+                "pair's ratio of the disk's time for the bytes moved (swap traffic too) to the "
+                "checkpoint's, and the medians (README \"bench engine --save-dir\")");
+  c->add_option("--save-repeat", a->save_repeat,
+                "Reference/checkpoint pairs with --save-dir (their median is the figure)")
+      ->check(AtLeast(1, true, true))
+      ->capture_default_str();
+  c->add_option("--keep-last", a->keep_last,
+                "SaveOptions keep_last of the --save-dir saves: checkpoints kept, the new one "
+                "included (0: all; the bench then removes all but `latest` between pairs, "
+                "untimed). Default: the config's checkpoint.keep_last (0)")
+      ->check(AtLeast(0, true, true));
+  c->add_flag("--no-recycle-files", a->no_recycle_files,
+              "With --keep-last: saves write new files instead of overwriting the retired "
+              "checkpoint's (SaveOptions recycle_files false; default: checkpoint.recycle_files)");
   c->add_flag("--json", a->json, "Print one JSON object");
   c->callback([a, exit_code] { *exit_code = RunBenchEngine(*a); });
 }
