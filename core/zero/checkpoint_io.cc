@@ -15,6 +15,7 @@
 
 #include "core/zero/checkpoint_format.h"
 #include "nvme/sim_backend.h"
+#include "nvme/write_content.h"
 
 namespace strata::zero::ckpt {
 
@@ -168,6 +169,7 @@ Status Pump(IoBackend& io, int fd, IoOp op, uint64_t bytes, size_t chunk_bytes,
     while (!free_list.empty() && next < bytes && first.ok()) {
       const size_t b = free_list.back();
       const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk_bytes, bytes - next));
+      if (op == IoOp::kWrite) nvme::StampUnique(buffers[b], n);
       IoRequest r{op, fd, next, buffers[b], n, b};
       STRATA_RETURN_IF_ERROR(io.Submit(std::span<const IoRequest>(&r, 1)));
       free_list.pop_back();
@@ -215,10 +217,10 @@ Result<double> TimeDiskPass(const std::string& path, uint64_t bytes, const Strea
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> io, OpenBackend(options, path));
   std::vector<uint8_t*> buffers;
   Status st = AllocBuffers(options.depth, options.chunk_bytes, &buffers);
-  // Not zeros: nothing below may shortcut a block of zeros.
+  // Random and never the same block twice (nvme/write_content.h): a disk that compresses or
+  // deduplicates must not find the reference cheaper than the checkpoint's own state.
   for (size_t b = 0; st.ok() && b < buffers.size(); ++b) {
-    for (size_t i = 0; i < options.chunk_bytes; ++i)
-      buffers[b][i] = static_cast<uint8_t>(i * 7 + b);
+    nvme::FillIncompressible(buffers[b], options.chunk_bytes, b + 1);
   }
   double seconds = 0;
   if (st.ok()) {

@@ -15,6 +15,7 @@
 
 #include "cpu/pinned_pool.h"
 #include "nvme/leftovers.h"
+#include "nvme/write_content.h"
 
 namespace strata::nvme {
 
@@ -72,6 +73,7 @@ Status RunPass(ThreadCtx& t, IoOp op, size_t bs) {
   std::vector<IoCompletion> done(qd);
   uint64_t next = t.begin;
   for (size_t i = 0; i < qd && next < t.end; ++i, next += bs) {
+    if (op == IoOp::kWrite) StampUnique(t.bufs[i], bs);
     batch.push_back(IoRequest{op, fd, next, t.bufs[i], bs, i});
     issued[i] = Clock::now();
   }
@@ -86,6 +88,7 @@ Status RunPass(ThreadCtx& t, IoOp op, size_t bs) {
       t.lat_ns.push_back(static_cast<uint64_t>(
           std::chrono::duration_cast<std::chrono::nanoseconds>(now - issued[slot]).count()));
       if (next < t.end) {
+        if (op == IoOp::kWrite) StampUnique(t.bufs[slot], bs);
         batch.push_back(IoRequest{op, fd, next, t.bufs[slot], bs, slot});
         issued[slot] = now;
         next += bs;
@@ -270,7 +273,9 @@ Status RunUnits(IoBackend& io, const std::vector<char*>& bufs, size_t bs,
   size_t next = 0;
   auto request = [&](size_t slot) {
     const MixUnit& u = units[next++];
-    return IoRequest{prefill ? IoOp::kWrite : u.op, u.fd, u.offset, bufs[slot], bs, slot};
+    const IoOp op = prefill ? IoOp::kWrite : u.op;
+    if (op == IoOp::kWrite) StampUnique(bufs[slot], bs);
+    return IoRequest{op, u.fd, u.offset, bufs[slot], bs, slot};
   };
   for (size_t i = 0; i < bufs.size() && next < units.size(); ++i) batch.push_back(request(i));
   STRATA_RETURN_IF_ERROR(io.Submit(batch));
