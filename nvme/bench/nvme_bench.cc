@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <thread>
 
 #include "cpu/pinned_pool.h"
@@ -135,13 +134,9 @@ Result<NvmeBenchResult> RunPoint(const NvmeBenchOptions& o, const NvmeBenchPoint
   NvmeBenchResult r;
   r.point = p;
   r.bytes = per_thread * nthreads;
-  std::mt19937_64 rng(1);
   for (size_t t = 0; t < nthreads; ++t) {
     STRATA_ASSIGN_OR_RETURN(cpu::PinnedBuffer b, pool->Allocate(p.queue_depth * p.block_bytes));
-    for (size_t off = 0; off < b.size_bytes(); off += 8) {
-      uint64_t v = rng();
-      std::memcpy(b.as<char>() + off, &v, 8);
-    }
+    FillIncompressible(b.data(), b.size_bytes(), 1 + t);
     for (size_t i = 0; i < p.queue_depth; ++i)
       ctx[t].bufs.push_back(b.as<char>() + i * p.block_bytes);
     ctx[t].file = &files[t / p.threads];  // threads [d * threads, (d + 1) * threads) on dir d
@@ -332,13 +327,9 @@ Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
   po.register_with_cuda = false;
   STRATA_ASSIGN_OR_RETURN(auto pool, cpu::PinnedPool::Create(po));
   std::vector<cpu::PinnedBuffer> mem;
-  std::mt19937_64 rng(2);
   for (size_t t = 0; t < o.streams; ++t) {
     STRATA_ASSIGN_OR_RETURN(cpu::PinnedBuffer b, pool->Allocate(stream_bytes));
-    for (size_t off = 0; off + 8 <= b.size_bytes(); off += 8) {
-      const uint64_t v = rng();
-      std::memcpy(b.as<char>() + off, &v, 8);
-    }
+    FillIncompressible(b.data(), b.size_bytes(), 1 + t);
     mem.push_back(std::move(b));
   }
   // Barriers as RunPoint: ready | prefill | mixed pass. Each thread owns its ring.
