@@ -130,23 +130,35 @@ Status InitFailed(Engine::Impl& e, const std::string& what, const Status& st) {
 }
 
 // Rank 0's header, on every rank (rank 0 passes it in; the others' `header` is overwritten).
-// A local failure (allocation, copy) fails the engine too: its peers are, or will be, inside the
-// same collective, and the communicator's abort ends their wait instead of the deadline.
+Status BroadcastHeader(Engine::Impl& e, InitHeader* header) {
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer hdr, DeviceBuffer::Make(e.opt.device, sizeof(*header)));
+  if (e.rank == 0) STRATA_RETURN_IF_ERROR(e.ToDevice(hdr.get(), header, sizeof(*header)));
+  STRATA_ASSIGN_OR_RETURN(CommHandle h,
+                          e.opt.comm->Broadcast(hdr.get(), sizeof(*header), DType::kI8, 0));
+  STRATA_RETURN_IF_ERROR(h.WaitUntil(e.deadline()));
+  return e.ToHost(header, hdr.get(), sizeof(*header));
+}
+
+// Every failure, a local one (allocation, copy) too, fails the engine: the peers are, or will
+// be, inside the same collective, and the communicator's abort ends their wait before the
+// deadline.
 Status ExchangeHeader(Engine::Impl& e, InitHeader* header) {
-  const char* what = "the header from rank 0";
-  auto hdr = DeviceBuffer::Make(e.opt.device, sizeof(*header));
-  if (!hdr.ok()) return InitFailed(e, what, hdr.status());
-  if (e.rank == 0) {
-    Status st = e.ToDevice(hdr->get(), header, sizeof(*header));
-    if (!st.ok()) return InitFailed(e, what, st);
-  }
-  auto h = e.opt.comm->Broadcast(hdr->get(), sizeof(*header), DType::kI8, 0);
-  if (!h.ok()) return InitFailed(e, what, h.status());
-  Status st = h->WaitUntil(e.deadline());
-  if (!st.ok()) return InitFailed(e, what, st);
-  st = e.ToHost(header, hdr->get(), sizeof(*header));
-  if (!st.ok()) return InitFailed(e, what, st);
-  return Status::OK();
+  Status st = BroadcastHeader(e, header);
+  return st.ok() ? st : InitFailed(e, "the header from rank 0", st);
+}
+
+// The all-to-all's send and receive buffers (world x piece floats each; receive only when it
+// scatters, and then the send buffer zeroed: the other ranks' chunks carry nothing, defined
+// bytes all the same). A failure fails the engine, as in ExchangeHeader.
+Status MakeStagingBuffers(Engine::Impl& e, uint64_t bytes, bool scatter, DeviceBuffer* send,
+                          DeviceBuffer* recv) {
+  Status st = [&]() -> Status {
+    STRATA_ASSIGN_OR_RETURN(*send, DeviceBuffer::Make(e.opt.device, bytes));
+    if (!scatter) return Status::OK();
+    STRATA_ASSIGN_OR_RETURN(*recv, DeviceBuffer::Make(e.opt.device, bytes));
+    return e.ZeroDevice(send->get(), bytes);
+  }();
+  return st.ok() ? st : InitFailed(e, "the staging buffers", st);
 }
 
 }  // namespace
@@ -220,19 +232,8 @@ Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float
     });
   }
   const uint64_t buf_bytes = world * piece * sizeof(float);
-  const char* staging = "the staging buffers";
-  auto made = DeviceBuffer::Make(e.opt.device, buf_bytes);
-  if (!made.ok()) return InitFailed(e, staging, made.status());
-  DeviceBuffer send = std::move(*made);
-  DeviceBuffer recv;
-  if (scatter) {
-    made = DeviceBuffer::Make(e.opt.device, buf_bytes);
-    if (!made.ok()) return InitFailed(e, staging, made.status());
-    recv = std::move(*made);
-    // Other ranks' chunks of the all-to-all carry nothing; defined bytes all the same.
-    Status st = e.ZeroDevice(send.get(), buf_bytes);
-    if (!st.ok()) return InitFailed(e, staging, st);
-  }
+  DeviceBuffer send, recv;
+  STRATA_RETURN_IF_ERROR(MakeStagingBuffers(e, buf_bytes, scatter, &send, &recv));
   std::vector<float> pack(root ? world * piece : 0);
   return InitMasters(e, kOp, [&](const SubGroup& s, float* m) -> Status {
     const size_t shard = e.groups[s.group].shard.shard_elems;
