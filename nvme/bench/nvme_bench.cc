@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <thread>
 
@@ -260,27 +261,34 @@ struct MixUnit {
   uint64_t offset;
 };
 
-Status RunUnits(IoBackend& io, const std::vector<char*>& bufs, size_t bs,
+Status RunUnits(IoBackend& io, const std::vector<char*>& bufs, size_t depth, size_t bs,
                 const std::vector<MixUnit>& units, bool prefill) {
   std::vector<IoRequest> batch;
-  batch.reserve(bufs.size());
-  std::vector<IoCompletion> done(bufs.size());
+  batch.reserve(depth);
+  std::vector<IoCompletion> done(depth);
+  // Free buffers, least recently used first: with more buffers than the depth, the units cycle
+  // through all of them (NvmeMixOptions "Buffers"); completions may come back in any order.
+  std::deque<size_t> free_bufs;
+  for (size_t i = 0; i < bufs.size(); ++i) free_bufs.push_back(i);
   size_t next = 0;
-  auto request = [&](size_t slot) {
+  auto request = [&]() {
     const MixUnit& u = units[next++];
+    const size_t b = free_bufs.front();
+    free_bufs.pop_front();
     const IoOp op = prefill ? IoOp::kWrite : u.op;
-    if (op == IoOp::kWrite) StampUnique(bufs[slot], bs);
-    return IoRequest{op, u.fd, u.offset, bufs[slot], bs, slot};
+    if (op == IoOp::kWrite) StampUnique(bufs[b], bs);
+    return IoRequest{op, u.fd, u.offset, bufs[b], bs, b};
   };
-  for (size_t i = 0; i < bufs.size() && next < units.size(); ++i) batch.push_back(request(i));
+  while (batch.size() < depth && next < units.size()) batch.push_back(request());
   STRATA_RETURN_IF_ERROR(io.Submit(batch));
   while (io.inflight() > 0) {
     STRATA_ASSIGN_OR_RETURN(size_t n, io.Reap(done, 1));
-    batch.clear();
     for (size_t i = 0; i < n; ++i) {
       STRATA_RETURN_IF_ERROR(done[i].status);
-      if (next < units.size()) batch.push_back(request(static_cast<size_t>(done[i].user_data)));
+      free_bufs.push_back(static_cast<size_t>(done[i].user_data));
     }
+    batch.clear();
+    for (size_t i = 0; i < n && next < units.size(); ++i) batch.push_back(request());
     if (!batch.empty()) STRATA_RETURN_IF_ERROR(io.Submit(batch));
   }
   return Status::OK();
@@ -319,8 +327,13 @@ Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
     per_stream[k % o.streams].push_back(
         MixUnit{read ? IoOp::kRead : IoOp::kWrite, files[k % nfiles].fd, (k / nfiles) * bs});
   }
+  // Each stream's buffer memory: buffer_bytes in whole blocks, at most what the stream moves,
+  // at least queue_depth blocks.
+  const uint64_t stream_units = (total + o.streams - 1) / o.streams;
+  const size_t stream_blocks =
+      std::max<size_t>(o.queue_depth, std::min<uint64_t>(o.buffer_bytes / bs, stream_units));
   cpu::PinnedPoolOptions po;
-  const size_t stream_bytes = o.queue_depth * bs;
+  const size_t stream_bytes = stream_blocks * bs;
   po.budget_bytes = o.streams * ((stream_bytes + cpu::kHugePageBytes - 1) / cpu::kHugePageBytes *
                                  cpu::kHugePageBytes);
   po.huge_pages = o.huge_pages;
@@ -356,10 +369,12 @@ Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
         status[t] = opened.status();
       }
       std::vector<char*> bufs;
-      for (size_t i = 0; i < o.queue_depth; ++i) bufs.push_back(mem[t].as<char>() + i * bs);
+      for (size_t i = 0; i < stream_blocks; ++i) bufs.push_back(mem[t].as<char>() + i * bs);
       for (bool prefill : {true, false}) {
         sync.arrive_and_wait();
-        if (status[t].ok()) status[t] = RunUnits(*backend, bufs, bs, per_stream[t], prefill);
+        if (status[t].ok()) {
+          status[t] = RunUnits(*backend, bufs, o.queue_depth, bs, per_stream[t], prefill);
+        }
         sync.arrive_and_wait();
       }
       if (backend)
@@ -383,6 +398,7 @@ Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
   for (const Status& s : status) STRATA_RETURN_IF_ERROR(s);
   r.read_bytes = reads * bs;
   r.write_bytes = writes * bs;
+  r.buffer_bytes = stream_bytes;
   const size_t bar = notes[0].find('|');
   r.backend = notes[0].substr(0, bar);
   r.note = notes[0].substr(bar + 1);

@@ -55,6 +55,9 @@ struct BenchEngineArgs {
   uint64_t disk_size_bytes = 256ull << 20;  // bytes per pass of the disk measurement (0: none)
   // The io_efficiency reference (StepDiskReference) moves min(the step's NVMe bytes, this).
   uint64_t disk_reference_max_bytes = 8ull << 30;
+  // Per rank: the memory the reference's IO cycles through (nvme::NvmeMixOptions::buffer_bytes;
+  // 0: only aio.queue_depth units, cache-hot, the reference before 2026-12-01).
+  uint64_t disk_reference_buffer_bytes = nvme::NvmeMixOptions{}.buffer_bytes;
   double timeout_s = 600;
   // ZeRO++ over the config's (README "ZeRO++"): --qwz, --qgz, --hpz K; the node size its
   // hierarchy uses (0: LOCAL_WORLD_SIZE, as `offloadctl launch` sets it).
@@ -150,7 +153,8 @@ struct DiskRates {
 // The io_efficiency reference: the disk's own time for the step's NVMe bytes, measured after the
 // variant ran by nvme::RunNvmeMix with the step's read/write proportion, the swap space's stripe
 // unit, each rank's ring depth, one stream per rank, over min(the step's bytes,
-// --disk-reference-max) in the same --nvme-path directories.
+// --disk-reference-max) in the same --nvme-path directories, its IO cycling through
+// --disk-reference-buffer of memory per rank.
 struct StepDiskReference {
   bool measured = false;
   nvme::NvmeMixResult mix;

@@ -211,6 +211,7 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
                          {"block_bytes", ref.block_bytes},
                          {"queue_depth", ref.queue_depth},
                          {"streams", ref.streams},
+                         {"buffer_bytes", ref.mix.buffer_bytes},
                          {"prefill_write_bytes_per_s", ref.mix.prefill_write_bytes_per_s},
                          {"backend", ref.mix.backend},
                          {"note", ref.mix.note}};
@@ -560,6 +561,17 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
           ""))
       ->type_name("SIZE")
       ->default_str(SizeString(a->disk_reference_max_bytes));
+  c->add_option_function<std::string>(
+       "--disk-reference-buffer",
+       [a](const std::string& v) { a->disk_reference_buffer_bytes = v == "0" ? 0 : *ParseSize(v); },
+       "Memory per rank that the reference's IO cycles through, as the step's IO streams through "
+       "its host tier (0: only aio.queue_depth units, which the CPU caches hold: faster than any "
+       "step on a disk whose VMM copies each IO)")
+      ->check(CLI::Validator(
+          [](std::string& s) { return s == "0" ? std::string() : SizeArg({.min_bytes = 4096})(s); },
+          ""))
+      ->type_name("SIZE")
+      ->default_str(SizeString(a->disk_reference_buffer_bytes));
   c->add_flag("--qwz", a->qwz,
               "ZeRO++ qwZ (zero_quantized_weights): INT8 stage-3 parameter all-gather");
   c->add_flag("--qgz", a->qgz,
