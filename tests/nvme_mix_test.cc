@@ -1,6 +1,8 @@
 // nvme::RunNvmeMix, the io_efficiency reference of `bench engine`: it moves the requested
 // read/write mix (rounded up to whole blocks) over every directory, with several streams,
-// reports the time, and leaves no file behind; bad arguments are refused by name.
+// reports the time, and leaves no file behind; bad arguments are refused by name; each stream's
+// IO cycles through buffer_bytes of memory (whole blocks, capped at what it moves, at least the
+// depth).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -60,6 +62,32 @@ TEST(NvmeMix, ReadOnlyWriteOnlyAndMoreStreamsThanUnits) {
   auto r = RunNvmeMix(o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->read_bytes, o.block_bytes);
+}
+
+TEST(NvmeMix, CyclesThroughItsBufferMemoryCappedAtWhatEachStreamMoves) {
+  TempDir d("mix-buf");
+  struct Case {
+    size_t buffer_bytes, streams;
+    uint64_t units;
+    size_t want_blocks;
+    const char* what;
+  };
+  for (const Case& c : {Case{1 << 20, 1, 40, 16, "1 MiB of 64 KiB blocks"},
+                        Case{(1 << 20) + 1000, 1, 40, 16, "rounded down to whole blocks"},
+                        Case{1 << 20, 1, 10, 10, "capped at the units it moves"},
+                        Case{1 << 20, 2, 20, 10, "per stream: half the units each"},
+                        Case{0, 1, 40, 4, "0: the queue depth's blocks only"},
+                        Case{64 << 10, 1, 40, 4, "never below the queue depth"}}) {
+    NvmeMixOptions o = Small({d.path()});
+    o.buffer_bytes = c.buffer_bytes;
+    o.streams = c.streams;
+    o.read_bytes = c.units / 2 * o.block_bytes;
+    o.write_bytes = (c.units - c.units / 2) * o.block_bytes;
+    auto r = RunNvmeMix(o);
+    ASSERT_TRUE(r.ok()) << c.what << ": " << r.status().ToString();
+    EXPECT_EQ(r->buffer_bytes, c.want_blocks * o.block_bytes) << c.what;
+    EXPECT_EQ(r->read_bytes + r->write_bytes, c.units * o.block_bytes) << c.what;
+  }
 }
 
 TEST(NvmeMix, RefusesBadArguments) {
