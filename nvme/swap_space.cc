@@ -353,34 +353,58 @@ void SwapSpace::StartWaitingOps() {
   waiting_.resize(keep);
 }
 
+// The first op at or after *cursor in issuing_ going `dir` with units left (the cursor moves
+// there); issuing_.size() when there is none.
+size_t SwapSpace::NextUnitOp(IoOp dir, size_t* cursor) const {
+  for (; *cursor < issuing_.size(); ++*cursor) {
+    const OpSlot& s = slots_[issuing_[*cursor]];
+    if (s.op.op == dir && s.next_unit < blocks_[s.block_index].units.size()) return *cursor;
+  }
+  return issuing_.size();
+}
+
+// Reads and writes take turns unit by unit (each direction in its ops' start order), so a disk
+// that serves both directions at once has both in its queue. Issuing op by op in start order
+// sent the units of the ops queued first all together: when the optimizer's read-ahead and
+// write-behind fall into step (a tight host budget frees a sub-group's buffer only when its write
+// completes), the disk saw runs of reads alone and of writes alone (bench engine, 1B params,
+// host 3 GB: 1.75 GB/s reading alone, 2.3 GB/s writing alone, against 2.45-3.0 GB/s for both at
+// once on the same disk).
 void SwapSpace::Pump() {
   StartWaitingOps();
   while (!issuing_.empty() && io_->inflight() < io_->queue_depth()) {
     const size_t room = io_->queue_depth() - io_->inflight();
     batch_.clear();
-    for (size_t k = 0; k < issuing_.size() && batch_.size() < room; ++k) {
-      const size_t slot = issuing_[k];
-      const OpSlot& s = slots_[slot];
-      Block& b = blocks_[s.block_index];
-      for (size_t u = s.next_unit; u < b.units.size() && batch_.size() < room; ++u) {
-        const Unit& unit = b.units[u];
-        char* data = static_cast<char*>(s.op.buffer) + unit.block_offset;
-        batch_.push_back(IoRequest{s.op.op, fds_[unit.file], unit.offset, data, unit.length_bytes,
-                                   UnitTag(slot, u)});
+    size_t read_cursor = 0, write_cursor = 0;
+    while (batch_.size() < room) {
+      IoOp dir = write_turn_ ? IoOp::kWrite : IoOp::kRead;
+      size_t k = NextUnitOp(dir, write_turn_ ? &write_cursor : &read_cursor);
+      if (k == issuing_.size()) {  // nothing left this way: the other direction goes on
+        dir = write_turn_ ? IoOp::kRead : IoOp::kWrite;
+        k = NextUnitOp(dir, write_turn_ ? &read_cursor : &write_cursor);
+        if (k == issuing_.size()) break;
       }
+      write_turn_ = dir == IoOp::kRead;  // the other direction next, in this call or the next
+      const size_t slot = issuing_[k];
+      OpSlot& s = slots_[slot];
+      const size_t u = s.next_unit++;  // counted as issued; taken back if the submit fails
+      const Unit& unit = blocks_[s.block_index].units[u];
+      char* data = static_cast<char*>(s.op.buffer) + unit.block_offset;
+      batch_.push_back(IoRequest{s.op.op, fds_[unit.file], unit.offset, data, unit.length_bytes,
+                                 UnitTag(slot, u)});
     }
     Status st = io_->Submit(batch_);
     if (!st.ok()) {  // the backend queued none of batch_ (all or nothing)
+      for (const IoRequest& r : batch_) --slots_[TagSlot(r.user_data)].next_unit;
       FailUnissued(st);
       return;
     }
     for (const IoRequest& r : batch_) {
-      OpSlot& s = slots_[TagSlot(r.user_data)];
-      ++s.next_unit;
       // The write's sum of this unit (pair assertion with the verify as a read's unit
       // completes), taken while the disk already works on it: the caller leaves the buffer
       // unchanged until the op completes and the device only reads it, so the sum is of the
       // bytes written. Only Reap, on this thread and after this loop, completes the op.
+      const OpSlot& s = slots_[TagSlot(r.user_data)];
       if (s.op.op == IoOp::kWrite) {
         blocks_[s.block_index].pending_sums[TagUnit(r.user_data)] =
             UnitHash(r.buffer, r.length_bytes);

@@ -32,7 +32,9 @@
 // Ordering: ops on the same block apply in submission order. An op waits (unissued) while an
 // earlier op on its block is still running, except that reads run alongside reads; so a read
 // submitted after a write returns the written version (write-behind then read-ahead), and two
-// writes never interleave their units. Ops on different blocks run in parallel.
+// writes never interleave their units. Ops on different blocks run in parallel; their units go
+// out with reads and writes taking turns (each direction in start order), so the disk has both
+// in its queue whenever both are waiting.
 //
 // Errors: an op that was accepted always ends in exactly one completion. A backend that refuses
 // to submit (a hard io_uring error) fails the units not yet issued, and their ops complete with
@@ -185,6 +187,7 @@ class SwapSpace {
   // Starts waiting ops their block allows, then submits their units while the backend has
   // room. A refused submit fails every unit not yet issued (FailUnissued).
   void Pump();
+  size_t NextUnitOp(IoOp dir, size_t* cursor) const;
   void StartWaitingOps();
   void FailUnissued(const Status& error);
   void FinishOp(size_t slot);
@@ -204,6 +207,7 @@ class SwapSpace {
   std::vector<size_t> waiting_;  // ops not started yet, in submission order
   std::vector<size_t> issuing_;  // started ops with units not yet issued, in start order
   std::vector<IoRequest> batch_;
+  bool write_turn_ = false;  // Pump's next unit goes this way (alternating, across calls too)
   BoundedQueue<SwapCompletion> ready_;
   std::vector<IoCompletion> io_out_;
   uint64_t scan_epoch_ = 0;
