@@ -540,38 +540,29 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
                 "stage3_max_reuse_distance (COUNT; 0: re-gather every layer in backward, as the "
                 "ledger's 1.5x assumes). Default: the config's (DeepSpeed: 1e9)")
       ->check(CountOrZero());
-  c->add_option_function<std::string>(
-       "--disk-size",
-       [a](const std::string& v) { a->disk_size_bytes = v == "0" ? 0 : *ParseSize(v); },
-       "Bytes per pass of the O_DIRECT burst measurement of the --nvme-path dirs (0: skip; "
-       "kept as disk_burst_*, not the io_efficiency reference)")
-      ->check(CLI::Validator(
-          [](std::string& s) { return s == "0" ? std::string() : SizeArg({.min_bytes = 4096})(s); },
-          ""))
-      ->type_name("SIZE")
-      ->default_str(SizeString(a->disk_size_bytes));
-  c->add_option_function<std::string>(
-       "--disk-reference-max",
-       [a](const std::string& v) { a->disk_reference_max_bytes = v == "0" ? 0 : *ParseSize(v); },
-       "io_efficiency's reference: after the steps, the step's NVMe read/write mix is moved "
-       "concurrently at the engine's IO size and depth over min(the step's bytes, SIZE) in the "
-       "--nvme-path dirs (0: skip)")
-      ->check(CLI::Validator(
-          [](std::string& s) { return s == "0" ? std::string() : SizeArg({.min_bytes = 4096})(s); },
-          ""))
-      ->type_name("SIZE")
-      ->default_str(SizeString(a->disk_reference_max_bytes));
-  c->add_option_function<std::string>(
-       "--disk-reference-buffer",
-       [a](const std::string& v) { a->disk_reference_buffer_bytes = v == "0" ? 0 : *ParseSize(v); },
-       "Memory per rank that the reference's IO cycles through, as the step's IO streams through "
-       "its host tier (0: only aio.queue_depth units, which the CPU caches hold: faster than any "
-       "step on a disk whose VMM copies each IO)")
-      ->check(CLI::Validator(
-          [](std::string& s) { return s == "0" ? std::string() : SizeArg({.min_bytes = 4096})(s); },
-          ""))
-      ->type_name("SIZE")
-      ->default_str(SizeString(a->disk_reference_buffer_bytes));
+  // SIZE options where 0 switches the measurement off (or, for the buffer, to its old form).
+  const auto size_or_zero = [c](const char* name, uint64_t* bytes, const char* help) {
+    c->add_option_function<std::string>(
+         name, [bytes](const std::string& v) { *bytes = v == "0" ? 0 : *ParseSize(v); }, help)
+        ->check(CLI::Validator(
+            [](std::string& s) {
+              return s == "0" ? std::string() : SizeArg({.min_bytes = 4096})(s);
+            },
+            ""))
+        ->type_name("SIZE")
+        ->default_str(SizeString(*bytes));
+  };
+  size_or_zero("--disk-size", &a->disk_size_bytes,
+               "Bytes per pass of the O_DIRECT burst measurement of the --nvme-path dirs (0: skip; "
+               "kept as disk_burst_*, not the io_efficiency reference)");
+  size_or_zero("--disk-reference-max", &a->disk_reference_max_bytes,
+               "io_efficiency's reference: after the steps, the step's NVMe read/write mix is "
+               "moved concurrently at the engine's IO size and depth over min(the step's bytes, "
+               "SIZE) in the --nvme-path dirs (0: skip)");
+  size_or_zero("--disk-reference-buffer", &a->disk_reference_buffer_bytes,
+               "Memory per rank that the reference's IO cycles through, as the step's IO streams "
+               "through its host tier (0: only aio.queue_depth units, which the CPU caches hold: "
+               "faster than any step on a disk whose VMM copies each IO)");
   c->add_flag("--qwz", a->qwz,
               "ZeRO++ qwZ (zero_quantized_weights): INT8 stage-3 parameter all-gather");
   c->add_flag("--qgz", a->qgz,
