@@ -5,6 +5,7 @@
 // depth).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "io_test_util.h"
@@ -90,6 +91,21 @@ TEST(NvmeMix, CyclesThroughItsBufferMemoryCappedAtWhatEachStreamMoves) {
   }
 }
 
+TEST(NvmeMix, SeveralPassesReportEachAndTheFastest) {
+  TempDir d("mix-passes");
+  NvmeMixOptions o = Small({d.path()});
+  o.read_bytes = 8 * o.block_bytes;
+  o.write_bytes = 8 * o.block_bytes;
+  o.passes = 3;
+  auto r = RunNvmeMix(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->pass_seconds.size(), 3u);
+  for (double s : r->pass_seconds) EXPECT_GE(s, r->seconds);
+  EXPECT_EQ(r->seconds, *std::min_element(r->pass_seconds.begin(), r->pass_seconds.end()));
+  EXPECT_EQ(r->read_bytes + r->write_bytes, 16 * o.block_bytes);  // one pass's bytes
+  EXPECT_TRUE(std::filesystem::is_empty(d.path()));
+}
+
 TEST(NvmeMix, RefusesBadArguments) {
   TempDir d("mix-bad");
   NvmeMixOptions o = Small({d.path()});
@@ -111,6 +127,9 @@ TEST(NvmeMix, RefusesBadArguments) {
   bad = o;
   bad.streams = 0;
   expect_invalid(bad, "zero streams");
+  bad = o;
+  bad.passes = 0;
+  expect_invalid(bad, "zero passes");
   bad = o;
   bad.dirs = {d.path(), d.path()};
   expect_invalid(bad, "directory twice");

@@ -58,6 +58,8 @@ struct BenchEngineArgs {
   // Per rank: the memory the reference's IO cycles through (nvme::NvmeMixOptions::buffer_bytes;
   // 0: only aio.queue_depth units, cache-hot, the reference before 2026-12-01).
   uint64_t disk_reference_buffer_bytes = nvme::NvmeMixOptions{}.buffer_bytes;
+  // Mixed passes of the reference; the fastest counts (nvme::NvmeMixOptions::passes).
+  size_t disk_reference_passes = 3;
   double timeout_s = 600;
   // ZeRO++ over the config's (README "ZeRO++"): --qwz, --qgz, --hpz K; the node size its
   // hierarchy uses (0: LOCAL_WORLD_SIZE, as `offloadctl launch` sets it).

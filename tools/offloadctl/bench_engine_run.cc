@@ -527,6 +527,7 @@ Result<StepDiskReference> MeasureStepDisk(const BenchEngineArgs& a, const BenchP
   o.queue_depth = r.io_queue_depth;
   o.streams = static_cast<size_t>(p.world);
   o.buffer_bytes = a.disk_reference_buffer_bytes;
+  o.passes = a.disk_reference_passes;
   o.backend = p.io_kind;
   STRATA_ASSIGN_OR_RETURN(d.mix, nvme::RunNvmeMix(o));
   d.measured = true;

@@ -212,6 +212,7 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
                          {"queue_depth", ref.queue_depth},
                          {"streams", ref.streams},
                          {"buffer_bytes", ref.mix.buffer_bytes},
+                         {"pass_seconds", ref.mix.pass_seconds},
                          {"prefill_write_bytes_per_s", ref.mix.prefill_write_bytes_per_s},
                          {"backend", ref.mix.backend},
                          {"note", ref.mix.note}};
@@ -265,6 +266,11 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
   }
   j["ranks"] = ranks;
   j["notes"] = r.notes;
+  if (ref.measured && me.step_s > 0 && bound > 1.05 * me.step_s) {
+    j["notes"].push_back("io_efficiency above 1: the disk reference ran slower than the step's own "
+                         "IO, so the disk changed between them (a shared disk's slow patch); "
+                         "rerun, or raise --disk-reference-passes");
+  }
   if (!a.save_dir.empty()) j["checkpoint"] = CheckpointJson(r);
   return j;
 }
@@ -559,6 +565,11 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
                "io_efficiency's reference: after the steps, the step's NVMe read/write mix is "
                "moved concurrently at the engine's IO size and depth over min(the step's bytes, "
                "SIZE) in the --nvme-path dirs (0: skip)");
+  c->add_option("--disk-reference-passes", a->disk_reference_passes,
+                "Mixed passes of the io_efficiency reference over its prefilled file; the fastest "
+                "counts (the disk's best for the step's mix)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   size_or_zero("--disk-reference-buffer", &a->disk_reference_buffer_bytes,
                "Memory per rank that the reference's IO cycles through, as the step's IO streams "
                "through its host tier (0: only aio.queue_depth units, which the CPU caches hold: "
