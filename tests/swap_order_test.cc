@@ -6,8 +6,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <string>
 #include <filesystem>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
