@@ -376,12 +376,13 @@ void SwapSpace::Pump() {
     const size_t room = io_->queue_depth() - io_->inflight();
     batch_.clear();
     size_t read_cursor = 0, write_cursor = 0;
+    const auto cursor = [&](IoOp d) { return d == IoOp::kWrite ? &write_cursor : &read_cursor; };
     while (batch_.size() < room) {
       IoOp dir = write_turn_ ? IoOp::kWrite : IoOp::kRead;
-      size_t k = NextUnitOp(dir, write_turn_ ? &write_cursor : &read_cursor);
+      size_t k = NextUnitOp(dir, cursor(dir));
       if (k == issuing_.size()) {  // nothing left this way: the other direction goes on
-        dir = write_turn_ ? IoOp::kRead : IoOp::kWrite;
-        k = NextUnitOp(dir, write_turn_ ? &read_cursor : &write_cursor);
+        dir = dir == IoOp::kWrite ? IoOp::kRead : IoOp::kWrite;
+        k = NextUnitOp(dir, cursor(dir));
         if (k == issuing_.size()) break;
       }
       write_turn_ = dir == IoOp::kRead;  // the other direction next, in this call or the next

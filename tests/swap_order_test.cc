@@ -49,9 +49,6 @@ std::vector<SwapCompletion> ReapAll(SwapSpace& swap) {
   return all;
 }
 
-// Regression: a read submitted with (after) a write on the same block was checked against
-// whichever checksum was current when it finished, and two writes interleaved their units: the
-// write-behind then read-ahead pattern gave false Corruption or a mix of versions.
 // Forwards to a backend and records the direction of every request submitted.
 class RecordingBackend final : public IoBackend {
  public:
@@ -125,6 +122,9 @@ TEST(SwapOrder, ReadsAndWritesQueuedTogetherTakeTurnsUnitByUnit) {
   EXPECT_EQ(std::memcmp(back1.get(), bufs[0].get(), swap->ExtentBytes(1)), 0);
 }
 
+// Regression: a read submitted with (after) a write on the same block was checked against
+// whichever checksum was current when it finished, and two writes interleaved their units: the
+// write-behind then read-ahead pattern gave false Corruption or a mix of versions.
 TEST(SwapOrder, OpsOnOneBlockApplyInSubmissionOrderUnderReordering) {
   const size_t n = 5 * kUnit + 4096;
   AlignedBuf v1 = MakeAligned(n), v2 = MakeAligned(n), v3 = MakeAligned(n);
