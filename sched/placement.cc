@@ -123,6 +123,8 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
     if (bytes > 0) items.push_back({std::move(name), bytes, store_cache});
   };
   const uint64_t group = in.largest_group_elems, shard = in.largest_shard_elems;
+  const uint64_t align = std::max<uint64_t>(1, in.copy_alignment);
+  const uint64_t shard_copy = CeilDiv(shard * in.param_elem_bytes, align) * align;
   const uint64_t in_flight = in.overlap_comm ? 3 : 1;
   const bool identity = in.world == 1 && !in.quantized_gradients;
   const uint64_t grads =
@@ -144,7 +146,7 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
           std::min<uint64_t>(
               std::max<uint64_t>(1, in.optimizer_buffers),
               std::max<uint64_t>(1, CeilDiv(in.total_group_elems, std::max<uint64_t>(1, group)))) *
-              shard * in.param_elem_bytes,
+              shard_copy,
           /*store_cache=*/true);
     }
     add("gradient statistics scratch (8 B per 4096 elements)",
@@ -159,7 +161,9 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
     const uint64_t total_shards = CeilDiv(in.total_group_elems, static_cast<uint64_t>(in.world));
     add("param shards on the device (" + std::to_string(r.shards) + " of " +
             std::to_string(r.groups) + ": kept or prefetched)",
-        std::min(total_shards, r.shards * shard) * in.param_elem_bytes, /*store_cache=*/true);
+        std::min(total_shards * in.param_elem_bytes + (align > 1 ? r.groups * align : 0),
+                 r.shards * shard_copy),
+        /*store_cache=*/true);
   }
   return items;
 }

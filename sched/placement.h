@@ -143,6 +143,10 @@ struct DeviceWorkingInput {
   bool device_kernels = true;
   uint64_t optimizer_buffers = 4;  // the step pipeline's buffers (offload_optimizer.buffer_count)
   uint64_t largest_sub_group_elems = 0;  // a rank's largest optimizer sub-group
+  // The unit a store copy of a param shard is sized in: the engine passes kIoAlignment (a
+  // TieredStore block takes whole 4 KiB units on every tier, and the engine gives the store
+  // exactly the items marked store_cache); 1 (the planner): the seed's exact bytes.
+  uint64_t copy_alignment = 1;
 };
 
 // Stage 3: how many groups' copies the engine holds on the device at the peak of a step. The

@@ -176,6 +176,34 @@ TEST(EngineBudget, OneRankThatDoesNotFitFailsEveryRank) {
       << r.rank_status[0].ToString();
 }
 
+// Create's verdict holds for the whole run: a device budget either is refused there, naming the
+// tier, or trains. The store's param shard copies take whole 4 KiB units; a plan that counted
+// their exact bytes accepted 26 KiB here and then failed the first gather of 'mid'.
+TEST(EngineBudget, EveryDeviceBudgetIsRefusedAtCreateOrTrains) {
+  int refused = 0, trained = 0;
+  for (uint64_t kib = 16; kib <= 48; ++kib) {
+    RunSpec spec;
+    spec.config_json = BaseConfig(
+        R"("stage": 3, "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0,
+           "stage3_param_persistence_threshold": 0, "offload_optimizer": {"device": "cpu"},
+           "offload_param": {"device": "nvme", "nvme_path": "/tmp"})");
+    spec.steps = 2;
+    spec.device_budget = kib << 10;
+    RunResult r = RunEngine(spec);
+    if (r.status.ok()) {
+      ++trained;
+      EXPECT_LE(r.stats[0].peak_bytes[Tier::kDevice], spec.device_budget) << kib << " KiB";
+      continue;
+    }
+    ++refused;
+    EXPECT_EQ(r.status.code(), Status::Code::kResourceExhausted) << kib << " KiB";
+    EXPECT_NE(r.status.message().find("does not fit the hbm tier"), std::string::npos)
+        << kib << " KiB: " << r.status.ToString();
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(trained, 0);
+}
+
 TEST(EngineBudget, PeaksStayWithinBudgetsAndNearTheLayout) {
   for (
       const char* zero :
@@ -372,6 +400,62 @@ TEST(EngineSemantics, SubGroupSizeZeroRunsAsDeepSpeedAllowsIt) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// IO economy
+// ------------------------------------------------------------------------------------------------
+
+uint64_t NvmeReadBytes(const Engine& e) {
+  const StoreStats s = e.Stats().store;
+  uint64_t b = 0;
+  for (Tier t : kAllTiers) b += s.bytes_moved[Tier::kNvme][t];
+  return b;
+}
+
+TEST(EngineIo, Stage3StepNeverReadsTheParamsItReplaces) {
+  // Params on NVMe, optimizer state in host memory, nothing prefetched or kept between uses: the
+  // step's only possible NVMe reads are of the param blocks its Adam writes. At stage 3 it writes
+  // every element of them (this rank's shard, one sub-group per group here), so it reads none.
+  RunSpec spec;
+  spec.config_json = BaseConfig(
+      R"("stage": 3, "sub_group_size": 1000000, "stage3_prefetch_bucket_size": 0,
+         "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0,
+         "offload_optimizer": {"device": "cpu"},
+         "offload_param": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 2})");
+  spec.steps = 3;
+  spec.budgets[Tier::kHost] = 132 << 10;  // 2 of the 5 param shards: the params are paged
+  spec.device_budget = 32 << 10;  // about the working set: the params are paged there too
+  std::vector<uint64_t> before(spec.steps), forward_backward(spec.steps), step(spec.steps);
+  uint64_t start = 0;
+  spec.before_step = [&](int, int s, Engine& e) { start = NvmeReadBytes(e); };
+  spec.before_engine_step = [&](int, int s, Engine& e, nvme::SimBackend*) {
+    before[s] = NvmeReadBytes(e);
+    forward_backward[s] = before[s] - start;
+  };
+  spec.after_step = [&](int, int s, Engine& e) {
+    step[s] = NvmeReadBytes(e) - before[s];
+    return Status::OK();
+  };
+  RunResult r = RunEngine(spec);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  for (int s = 0; s < spec.steps; ++s) {
+    EXPECT_GT(forward_backward[s], 0u) << "step " << s << ": the gathers read the params";
+    EXPECT_EQ(step[s], 0u) << "step " << s;
+  }
+  // The same result as with the params in host memory (the bytes the step replaced unread).
+  RunSpec host = spec;
+  host.config_json = BaseConfig(
+      R"("stage": 3, "sub_group_size": 1000000, "offload_optimizer": {"device": "cpu"},
+         "offload_param": {"device": "cpu"})");
+  host.before_step = nullptr;
+  host.before_engine_step = nullptr;
+  host.after_step = nullptr;
+  host.budgets = {};
+  host.device_budget = RunSpec{}.device_budget;
+  RunResult ref = RunEngine(host);
+  ASSERT_TRUE(ref.status.ok()) << ref.status.ToString();
+  EXPECT_TRUE(BitEqual(r.master, ref.master));
+}
+
+// ------------------------------------------------------------------------------------------------
 // Faults
 // ------------------------------------------------------------------------------------------------
 
@@ -416,6 +500,28 @@ TEST(EngineFaults, TornWriteIsCaughtByTheChecksumNeverApplied) {
               r.rank_status[0].code() == Status::Code::kCorruption)
       << msg;
   EXPECT_NE(msg.find("[r0"), std::string::npos) << msg;
+}
+
+TEST(EngineFaults, FailedGradientWriteBehindFailsTheNextStepNamingTheBlock) {
+  // A completed NVMe-homed gradient is written home during the backward (Accumulate), with no
+  // one waiting on it; a failed write must still surface, before any Adam uses the step.
+  RunSpec spec;
+  spec.config_json =
+      BaseConfig(R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})");
+  spec.steps = 3;
+  spec.timeout = std::chrono::milliseconds(20000);
+  // Step 0's optimizer waited for all its writes: step 1's first writes are its gradients.
+  spec.inject = [](int, int step, nvme::SimBackend& sim) {
+    if (step == 1) sim.InjectFault(IoOp::kWrite, nvme::SimFault::kEio, 1);
+  };
+  RunResult r = RunEngine(spec);
+  ASSERT_FALSE(r.rank_status[0].ok());
+  const std::string msg = r.rank_status[0].ToString();
+  EXPECT_EQ(r.rank_status[0].code(), Status::Code::kIOError) << msg;
+  EXPECT_NE(msg.find("gradient write-behind"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(".grad[r0"), std::string::npos) << msg;
+  // Only step 0 reported: step 1 was never applied.
+  EXPECT_EQ(r.reports.size(), 1u);
 }
 
 TEST(EngineFaults, DeadPeerIsANamedErrorWithinTheDeadline) {

@@ -282,6 +282,8 @@ struct RunSpec {
   std::function<void(int rank, int step, int micro, Grads*)> tamper;
   // Called before each step on every rank (e.g. to inject a fault).
   std::function<void(int rank, int step, Engine&)> before_step;
+  // Called on every rank after the step's gradients were all reduced, right before Step().
+  std::function<void(int rank, int step, Engine&, nvme::SimBackend* sim)> before_engine_step;
   // With the simulated backend: called before each step on every rank (inject IO faults).
   std::function<void(int rank, int step, nvme::SimBackend&)> inject;
   bool use_pinned_pool = false;
@@ -447,6 +449,7 @@ inline RunResult RunEngine(const RunSpec& spec) {
           STRATA_RETURN_IF_ERROR(engine->ReduceGradients(g));
         }
       }
+      if (spec.before_engine_step) spec.before_engine_step(r, step, *engine, sim);
       STRATA_ASSIGN_OR_RETURN(StepReport rep, engine->Step());
       if (r == 0) res.reports.push_back(rep);
       if (spec.after_step) STRATA_RETURN_IF_ERROR(spec.after_step(r, step, *engine));

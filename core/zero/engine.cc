@@ -613,6 +613,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   dw.device_kernels = !options.device->host_addressable();
   dw.optimizer_buffers = e.pipeline_buffers;
   dw.largest_sub_group_elems = largest_sub;
+  dw.copy_alignment = kIoAlignment;
   uint64_t store_cache_bytes = 0;  // the store's device copies of param shards: its own budget
   for (const sched::DeviceWorkingItem& it : sched::DeviceWorkingSet(e.placement, dw)) {
     L.working_bytes[Tier::kDevice] += it.bytes;

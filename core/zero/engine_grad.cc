@@ -565,8 +565,27 @@ Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
       s.nonfinite = st.nonfinite;
       s.stats_valid = true;
     }
+    acc.Release();
+    // A completed NVMe-homed gradient goes home now, beside the backward's param reads, instead
+    // of when the host runs out of room: then the store wrote every dirty gradient at once while
+    // the gathers it parked waited (bench engine, 1B params on nvme, 3 GB host: 21 gradients,
+    // 2.6 GB, in one burst), and the optimizer drops clean copies without a write.
+    if (p.last && home == Tier::kNvme && tier != home) {
+      grad_write_behind.push_back(store->WriteBack(s.grad));
+    }
   }
   return Status::OK();
+}
+
+Status Engine::Impl::CheckGradWriteBehind(bool wait) {
+  Status first;
+  for (const Ticket& t : grad_write_behind) {
+    if (!wait && !t.ready()) continue;
+    Status st = t.Wait(timeout());
+    if (!st.ok() && first.ok()) first = st.WithContext("gradient write-behind");
+  }
+  if (wait) grad_write_behind.clear();
+  return first;
 }
 
 }  // namespace strata

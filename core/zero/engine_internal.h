@@ -143,6 +143,7 @@ struct Engine::Impl {
   int outstanding_gathers = 0;
   uint64_t cached_elems = 0;
   Status failed;        // the first error that failed the engine
+  std::vector<Ticket> grad_write_behind;  // CheckGradWriteBehind; one per sub-group at most
   StepTimings timings;  // since the last Step
   EngineStats totals;
 
@@ -174,6 +175,13 @@ struct Engine::Impl {
   size_t ParamOffset(const zero::SubGroup& s) const {
     return placement.params_partitioned ? s.offset : FullOffset(s);
   }
+  // Whether this rank's optimizer step writes every element of each of its param blocks, so it
+  // need not read the old params: stage 3, where a param block is this rank's shard and its
+  // sub-groups cover all of it, padding included. Stages 1-2: a param block is the full group,
+  // of which this rank steps only its partition.
+  bool ParamBlockReplaced() const {
+    return placement.params_partitioned && placement.optimizer_partitioned;
+  }
   // Writes the working params of sub-group s from its fp32 master values into the leased param
   // block (rounding to the working dtype).
   Status PublishParams(const zero::SubGroup& s, const float* master, Lease& param);
@@ -198,6 +206,12 @@ struct Engine::Impl {
   // Completes pending reductions (all, or only those already finished when `all` is false).
   Status DrainReductions(bool all);
   Status Accumulate(zero::PendingReduce& p);
+  // The write-backs of completed NVMe-homed gradients that Accumulate starts (nobody waits on
+  // them there) are part of the step: Step fails with the first failure among them, before its
+  // Adam for those already finished (wait false) and after it for the rest (wait true, which
+  // also forgets them). A failed write loses nothing (the store keeps the newer copy), but it is
+  // never silent.
+  Status CheckGradWriteBehind(bool wait);
 
   // The reduced gradient of sub-group s in pending reduction p (device memory): this rank's
   // shard (stage 1-3); stage 0 and one rank (no shard): the full buffer.
