@@ -269,6 +269,9 @@ bool IsRunDirName(const std::string& name) {
   return false;
 }
 
+// 1 ms apart: a scan holds a file's lock for a fstatat and a kill(pid, 0).
+constexpr int kProbeWaitTries = 2000;
+
 int CreateLockedFile(const std::string& path, int extra_flags, int* err) {
   // The temporary name is unlocked for a moment; scans take it for a leftover only once its
   // pid is gone.
@@ -281,7 +284,16 @@ int CreateLockedFile(const std::string& path, int extra_flags, int* err) {
     if (*err != EEXIST) unlink(tmp.c_str());
     return -1;
   }
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0 ||
+  // O_EXCL made the file ours, so a lock held on it is a scan's probe (ScanNvmePath takes each
+  // file's lock for a moment to tell live from leftover; a rank starting beside another rank in
+  // the same nvme_path scans it): wait that out, bounded, rather than fail the create (seen:
+  // EngineMatrix at 4 ranks, "create swap file ... errno 11" once in a few runs).
+  int locked = flock(fd, LOCK_EX | LOCK_NB);
+  for (int tries = 0; locked != 0 && errno == EWOULDBLOCK && tries < kProbeWaitTries; ++tries) {
+    usleep(1000);
+    locked = flock(fd, LOCK_EX | LOCK_NB);
+  }
+  if (locked != 0 ||
       renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) != 0) {
     *err = errno;
     unlink(tmp.c_str());

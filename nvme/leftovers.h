@@ -36,7 +36,9 @@ inline constexpr char kBenchEngineDirPrefix[] = "strata-bench-engine-";
 // Creates `path` (O_RDWR|O_CREAT|O_EXCL|O_CLOEXEC|extra_flags, mode 0600) holding an exclusive
 // flock on the returned descriptor. Returns -1 with *err set (EEXIST: `path` exists; EINVAL with
 // O_DIRECT: the filesystem has no O_DIRECT). A failure leaves no file behind, not even the
-// temporary one that the kernel creates before refusing O_DIRECT.
+// temporary one that the kernel creates before refusing O_DIRECT. A concurrent scan's probe of
+// the new file's lock (ScanNvmePath, from another rank) is waited out (up to ~2 s), not an error.
+
 int CreateLockedFile(const std::string& path, int extra_flags, int* err);
 
 // A per-run directory, locked (flock) while this handle lives; the owner removes the directory

@@ -119,6 +119,10 @@ TEST(BenchEngineCli, NvmeRunCarriesTheIssuesFigures) {
   EXPECT_EQ(ref["seconds"].get<double>(), *std::min_element(passes.begin(), passes.end()));
   EXPECT_EQ(ref["buffer_bytes"].get<double>(),
             ref["read_bytes"].get<double>() + ref["write_bytes"].get<double>());
+  // It touched the steps' NVMe footprint (the default --disk-reference-span), all of it here.
+  EXPECT_GT(ref["footprint_bytes"].get<double>(), 0.0);
+  EXPECT_EQ(ref["footprint_bytes"].get<double>(), j["peak_bytes"]["nvme"].get<double>());
+  EXPECT_NEAR(ref["span_bytes"].get<double>(), ref["footprint_bytes"].get<double>(), unit);
   EXPECT_NEAR(j["disk_read_bytes_per_s"].get<double>(),
               ref["read_bytes"].get<double>() / ref["seconds"].get<double>(), 1e-3);
   EXPECT_NEAR(j["disk_write_bytes_per_s"].get<double>(),
@@ -288,11 +292,29 @@ TEST(BenchEngineCli, ASettingThatDoesNotFitExitsOne) {
   EXPECT_NE(j["refused"].get<std::string>().find("hbm"), std::string::npos) << j;
 }
 
+// --disk-reference-span: 0 touches only what the reference moves; a SIZE that many bytes.
+TEST(BenchEngineCli, DiskReferenceSpanIsTheFileBytesTouched) {
+  strata::testing::TempDir dir("bench-engine-span");
+  for (const char* span : {"0", "48M"}) {
+    const ProcessResult r = Bench(std::string(kTiny) +
+                                  "--stage 3 --offload-optimizer nvme --offload-param nvme "
+                                  "--disk-size 0 --disk-reference-max 16M --disk-reference-passes "
+                                  "1 --json --disk-reference-span " +
+                                  span + " --nvme-path " + dir.path());
+    ASSERT_EQ(r.exit_code, 0) << span << "\n" << r.out;
+    const nlohmann::json ref = Json(r)["disk_reference"];
+    const double moved = ref["read_bytes"].get<double>() + ref["write_bytes"].get<double>();
+    EXPECT_EQ(ref["span_bytes"].get<double>(), std::string(span) == "0" ? moved : 48 << 20)
+        << span;
+  }
+}
+
 TEST(BenchEngineCli, BadFlagsAreUsageErrorsNamingTheFlag) {
   for (const char* args :
        {"--stage 4", "--offload-optimizer moon", "--offload-param disk", "--params lots",
         "--layers 0", "--steps 0", "--dtype int8", "--io-backend floppy", "--disk-size 1.5M",
-        "--max-reuse-distance x", "--host-gb -1", "--sweep --stage 3"}) {
+        "--max-reuse-distance x", "--host-gb -1", "--sweep --stage 3",
+        "--disk-reference-span most"}) {
     const ProcessResult r = Bench(args, "2>&1");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
     const std::string flag = std::string(args).substr(0, std::string(args).find(' '));

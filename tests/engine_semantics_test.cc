@@ -502,9 +502,9 @@ TEST(EngineFaults, TornWriteIsCaughtByTheChecksumNeverApplied) {
   EXPECT_NE(msg.find("[r0"), std::string::npos) << msg;
 }
 
-TEST(EngineFaults, FailedGradientWriteBehindFailsTheNextStepNamingTheBlock) {
+TEST(EngineFaults, FailedGradientWriteBehindFailsItsStepNamingTheBlock) {
   // A completed NVMe-homed gradient is written home during the backward (Accumulate), with no
-  // one waiting on it; a failed write must still surface, before any Adam uses the step.
+  // one waiting on it; a failed write must still fail the step that wrote it.
   RunSpec spec;
   spec.config_json =
       BaseConfig(R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})");

@@ -13,12 +13,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -255,6 +257,38 @@ bool CanMountRamfs(const std::string& mnt) {
   if (pid == 0) std::_Exit(MountRamfs(mnt) ? 0 : 3);
   int st = 0;
   return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+// Ranks that share an nvme_path scan it while others create their swap files there: a scan's
+// probe of a file being created (it takes the lock for a moment) never fails that create.
+TEST(CreatingFiles, ScansRacingCreatesNeverFailThem) {
+  TempDir d("race");
+  std::atomic<bool> stop{false};
+  std::atomic<int> scans{0};
+  std::thread scanner([&] {
+    while (!stop) {
+      auto scan = ScanNvmePath(d.path(), /*remove_leftovers=*/false);
+      if (scan.ok()) ++scans;
+    }
+  });
+  int failures = 0;
+  std::string first;
+  for (int i = 0; i < 3000 && failures == 0; ++i) {
+    const std::string path = SwapFilePath(d.path(), i % 4);
+    int err = 0;
+    const int fd = CreateLockedFile(path, 0, &err);
+    if (fd < 0) {
+      ++failures;
+      first = path + ": " + std::strerror(err);
+      continue;
+    }
+    unlink(path.c_str());
+    close(fd);
+  }
+  stop = true;
+  scanner.join();
+  EXPECT_EQ(failures, 0) << first;
+  EXPECT_GT(scans.load(), 0);
 }
 
 TEST(CreatingFiles, FailedODirectCreateLeavesNothing) {

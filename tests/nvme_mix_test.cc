@@ -2,7 +2,7 @@
 // read/write mix (rounded up to whole blocks) over every directory, with several streams,
 // reports the time, and leaves no file behind; bad arguments are refused by name; each stream's
 // IO cycles through buffer_bytes of memory (whole blocks, capped at what it moves, at least the
-// depth).
+// depth); the passes touch span_bytes of file.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -104,6 +104,34 @@ TEST(NvmeMix, SeveralPassesReportEachAndTheFastest) {
   EXPECT_EQ(r->seconds, *std::min_element(r->pass_seconds.begin(), r->pass_seconds.end()));
   EXPECT_EQ(r->read_bytes + r->write_bytes, 16 * o.block_bytes);  // one pass's bytes
   EXPECT_TRUE(std::filesystem::is_empty(d.path()));
+}
+
+TEST(NvmeMix, SpansTheFileBytesAskedForWhateverItMoves) {
+  TempDir a("mix-span-a"), b("mix-span-b");
+  struct Case {
+    uint64_t span_bytes;
+    uint64_t want_blocks;
+    const char* what;
+  };
+  // The pass moves 12 blocks (4 reads, 8 writes) over two directories.
+  for (const Case& c : {Case{0, 12, "0: what a pass moves"},
+                        Case{40 << 16, 40, "larger: its units spread over 40 blocks"},
+                        Case{(5 << 16) + 100, 5, "smaller: 5 blocks revisited, rounded down"},
+                        Case{100, 1, "never below one block"}}) {
+    NvmeMixOptions o = Small({a.path(), b.path()});
+    o.read_bytes = 4 * o.block_bytes;
+    o.write_bytes = 8 * o.block_bytes;
+    o.span_bytes = c.span_bytes;
+    o.passes = 2;
+    auto r = RunNvmeMix(o);
+    ASSERT_TRUE(r.ok()) << c.what << ": " << r.status().ToString();
+    EXPECT_EQ(r->span_bytes, c.want_blocks * o.block_bytes) << c.what;
+    EXPECT_EQ(r->read_bytes, 4 * o.block_bytes) << c.what;
+    EXPECT_EQ(r->write_bytes, 8 * o.block_bytes) << c.what;
+    EXPECT_EQ(r->pass_seconds.size(), 2u) << c.what;
+    EXPECT_TRUE(std::filesystem::is_empty(a.path())) << c.what;
+    EXPECT_TRUE(std::filesystem::is_empty(b.path())) << c.what;
+  }
 }
 
 TEST(NvmeMix, RefusesBadArguments) {

@@ -317,20 +317,36 @@ Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
   if (total == 0) return Status::InvalidArgument("mixed disk reference: nothing to move");
   STRATA_RETURN_IF_ERROR(CheckDirs(o.dirs));
   const size_t nfiles = o.dirs.size();
+  // The span: the file positions (units) the passes touch, every one written by the prefill.
+  const uint64_t span = o.span_bytes == 0 ? total : std::max<uint64_t>(1, o.span_bytes / bs);
   std::vector<ScratchFile> files(nfiles);
   for (size_t d = 0; d < nfiles; ++d) {
-    const uint64_t units_here = total / nfiles + (d < total % nfiles ? 1 : 0);
+    const uint64_t units_here = span / nfiles + (d < span % nfiles ? 1 : 0);
     STRATA_RETURN_IF_ERROR(
         CreateScratchFile(o.dirs[d], std::max<uint64_t>(1, units_here) * bs, &files[d]));
   }
-  // Unit k: a read when the reads' share of the first k+1 units grows at k (reads spread evenly
-  // among the writes), in file k mod #files; stream k mod #streams issues it.
-  std::vector<std::vector<MixUnit>> per_stream(o.streams);
-  for (uint64_t k = 0; k < total; ++k) {
-    const bool read = (k + 1) * reads / total > k * reads / total;
-    per_stream[k % o.streams].push_back(
-        MixUnit{read ? IoOp::kRead : IoOp::kWrite, files[k % nfiles].fd, (k / nfiles) * bs});
-  }
+  // Position p: file p mod #files, at (p / #files) blocks; the prefill writes each, position p
+  // issued by stream p mod #streams.
+  auto at = [&](uint64_t p, IoOp op) { return MixUnit{op, files[p % nfiles].fd, (p / nfiles) * bs}; };
+  std::vector<std::vector<MixUnit>> prefill(o.streams);
+  for (uint64_t p = 0; p < span; ++p) prefill[p % o.streams].push_back(at(p, IoOp::kWrite));
+  // Unit k of pass i: a read when the reads' share of the first k+1 units grows at k (reads
+  // spread evenly among the writes), at position k mod span (a span smaller than the pass is
+  // revisited in order) or, with a larger span, k x span / total shifted by i / passes of that
+  // stride (spread over all of it, each pass on positions the others did not just touch); stream
+  // k mod #streams issues it.
+  auto pass_units = [&](size_t pass) {
+    std::vector<std::vector<MixUnit>> per_stream(o.streams);
+    const uint64_t shift = span <= total ? 0 : (span / total) * pass / o.passes;
+    for (uint64_t k = 0; k < total; ++k) {
+      const bool read = (k + 1) * reads / total > k * reads / total;
+      const uint64_t p = span <= total ? k % span : (k * span / total + shift) % span;
+      per_stream[k % o.streams].push_back(at(p, read ? IoOp::kRead : IoOp::kWrite));
+    }
+    return per_stream;
+  };
+  std::vector<std::vector<std::vector<MixUnit>>> passes;  // [pass][stream]
+  for (size_t i = 0; i < o.passes; ++i) passes.push_back(pass_units(i));
   // Each stream's buffer memory: buffer_bytes in whole blocks, at most what the stream moves,
   // at least queue_depth blocks.
   const uint64_t stream_units = (total + o.streams - 1) / o.streams;
@@ -377,7 +393,9 @@ Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
       for (size_t pass = 0; pass <= o.passes; ++pass) {  // pass 0: the prefill
         sync.arrive_and_wait();
         if (status[t].ok()) {
-          status[t] = RunUnits(*backend, bufs, o.queue_depth, bs, per_stream[t], pass == 0);
+          status[t] = pass == 0
+                          ? RunUnits(*backend, bufs, o.queue_depth, bs, prefill[t], true)
+                          : RunUnits(*backend, bufs, o.queue_depth, bs, passes[pass - 1][t], false);
         }
         sync.arrive_and_wait();
       }
@@ -393,7 +411,7 @@ Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
     sync.arrive_and_wait();
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     if (pass == 0) {
-      r.prefill_write_bytes_per_s = static_cast<double>(total * bs) / secs;
+      r.prefill_write_bytes_per_s = static_cast<double>(span * bs) / secs;
     } else {
       r.pass_seconds.push_back(secs);
     }
@@ -404,6 +422,7 @@ Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
   r.read_bytes = reads * bs;
   r.write_bytes = writes * bs;
   r.buffer_bytes = stream_bytes;
+  r.span_bytes = span * bs;
   const size_t bar = notes[0].find('|');
   r.backend = notes[0].substr(0, bar);
   r.note = notes[0].substr(bar + 1);

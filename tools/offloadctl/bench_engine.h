@@ -53,13 +53,19 @@ struct BenchEngineArgs {
   std::string io_backend = "auto";
   std::string max_reuse_distance;           // COUNT for stage3_max_reuse_distance ("" = config's)
   uint64_t disk_size_bytes = 256ull << 20;  // bytes per pass of the disk measurement (0: none)
-  // The io_efficiency reference (StepDiskReference) moves min(the step's NVMe bytes, this).
-  uint64_t disk_reference_max_bytes = 8ull << 30;
+  // The io_efficiency reference (StepDiskReference) moves min(the step's NVMe bytes, this): by
+  // default all of them, as the step does (a pass then takes about a step's IO time).
+  uint64_t disk_reference_max_bytes = uint64_t{1} << 40;
   // Per rank: the memory the reference's IO cycles through (nvme::NvmeMixOptions::buffer_bytes;
   // 0: only aio.queue_depth units, cache-hot, the reference before 2026-12-01).
   uint64_t disk_reference_buffer_bytes = nvme::NvmeMixOptions{}.buffer_bytes;
   // Mixed passes of the reference; the fastest counts (nvme::NvmeMixOptions::passes).
   size_t disk_reference_passes = 3;
+  // The file bytes the reference touches (nvme::NvmeMixOptions::span_bytes): kSpanFootprint,
+  // the steps' NVMe footprint (every rank's swap file, as the steps touched), capped by the free
+  // space of the --nvme-path dirs; 0: the bytes the reference moves (the form before 2026-12-02).
+  static constexpr uint64_t kSpanFootprint = ~uint64_t{0};
+  uint64_t disk_reference_span_bytes = kSpanFootprint;
   double timeout_s = 600;
   // ZeRO++ over the config's (README "ZeRO++"): --qwz, --qgz, --hpz K; the node size its
   // hierarchy uses (0: LOCAL_WORLD_SIZE, as `offloadctl launch` sets it).
@@ -156,10 +162,13 @@ struct DiskRates {
 // variant ran by nvme::RunNvmeMix with the step's read/write proportion, the swap space's stripe
 // unit, each rank's ring depth, one stream per rank, over min(the step's bytes,
 // --disk-reference-max) in the same --nvme-path directories, its IO cycling through
-// --disk-reference-buffer of memory per rank.
+// --disk-reference-buffer of memory per rank, over --disk-reference-span bytes of file (default
+// the steps' NVMe footprint, capped by the free space; `note` says when it was capped).
 struct StepDiskReference {
   bool measured = false;
   nvme::NvmeMixResult mix;
+  uint64_t footprint_bytes = 0;  // the steps' NVMe peak, all ranks
+  std::string span_note;
   size_t block_bytes = 0, queue_depth = 0, streams = 0;
   // The disk's time for `read` + `write` bytes in the reference's proportion (its time scaled
   // by the bytes); 0 when not measured.

@@ -1,6 +1,8 @@
 // `offloadctl bench engine`: one variant, run and measured (see bench_engine.h).
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -529,6 +531,28 @@ Result<StepDiskReference> MeasureStepDisk(const BenchEngineArgs& a, const BenchP
   o.buffer_bytes = a.disk_reference_buffer_bytes;
   o.passes = a.disk_reference_passes;
   o.backend = p.io_kind;
+  for (const RankFigures& f : r.ranks) d.footprint_bytes += static_cast<uint64_t>(f.peak_bytes[2]);
+  if (a.disk_reference_span_bytes == BenchEngineArgs::kSpanFootprint) {
+    // The steps' files are gone (the engine closed): their space is free again. Keep 1 GiB per
+    // directory free for others.
+    uint64_t room = 0;
+    for (const std::string& dir : p.nvme_dirs) {
+      struct statvfs v {};
+      if (::statvfs(dir.c_str(), &v) != 0) {
+        return Status::FromErrno(errno, "disk reference: free space of", dir);
+      }
+      const uint64_t free = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+      room += free > (uint64_t{1} << 30) ? free - (uint64_t{1} << 30) : 0;
+    }
+    o.span_bytes = std::min(d.footprint_bytes, room);
+    if (o.span_bytes < d.footprint_bytes) {
+      d.span_note = "the reference spans " + std::to_string(o.span_bytes) + " of the steps' " +
+                    std::to_string(d.footprint_bytes) +
+                    " NVMe bytes (free space of the --nvme-path dirs)";
+    }
+  } else {
+    o.span_bytes = a.disk_reference_span_bytes;
+  }
   STRATA_ASSIGN_OR_RETURN(d.mix, nvme::RunNvmeMix(o));
   d.measured = true;
   d.block_bytes = o.block_bytes;

@@ -212,10 +212,14 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
                          {"queue_depth", ref.queue_depth},
                          {"streams", ref.streams},
                          {"buffer_bytes", ref.mix.buffer_bytes},
+                         {"span_bytes", ref.mix.span_bytes},
+                         {"footprint_bytes", ref.footprint_bytes},
                          {"pass_seconds", ref.mix.pass_seconds},
                          {"prefill_write_bytes_per_s", ref.mix.prefill_write_bytes_per_s},
                          {"backend", ref.mix.backend},
-                         {"note", ref.mix.note}};
+                         {"note", ref.span_note.empty() || ref.mix.note.empty()
+                                      ? ref.mix.note + ref.span_note
+                                      : ref.mix.note + "; " + ref.span_note}};
   j["disk_bound_s"] = bound;
   j["io_efficiency"] = me.step_s > 0 ? bound / me.step_s : 0.0;
   j["disk_burst_measured"] = d.measured;
@@ -570,6 +574,24 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
                 "counts (the disk's best for the step's mix)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  c->add_option_function<std::string>(
+       "--disk-reference-span",
+       [a](const std::string& v) {
+         a->disk_reference_span_bytes = v == "footprint" ? BenchEngineArgs::kSpanFootprint
+                                        : v == "0"        ? 0
+                                                          : *ParseSize(v);
+       },
+       "File bytes the reference touches, all ranks: footprint (the steps' NVMe bytes, as they "
+       "touched them, capped by the free space), a SIZE, or 0 (only what it moves: faster than "
+       "the steps on a disk whose host caches what was recently touched)")
+      ->check(CLI::Validator(
+          [](std::string& s) {
+            return s == "0" || s == "footprint" ? std::string()
+                                                : SizeArg({.min_bytes = 4096})(s);
+          },
+          ""))
+      ->type_name("SIZE|footprint")
+      ->default_str("footprint");
   size_or_zero("--disk-reference-buffer", &a->disk_reference_buffer_bytes,
                "Memory per rank that the reference's IO cycles through, as the step's IO streams "
                "through its host tier (0: only aio.queue_depth units, which the CPU caches hold: "
