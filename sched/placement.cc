@@ -161,7 +161,7 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
     const uint64_t total_shards = CeilDiv(in.total_group_elems, static_cast<uint64_t>(in.world));
     add("param shards on the device (" + std::to_string(r.shards) + " of " +
             std::to_string(r.groups) + ": kept or prefetched)",
-        std::min(total_shards * in.param_elem_bytes + (align > 1 ? r.groups * align : 0),
+        std::min(total_shards * in.param_elem_bytes + r.groups * (align - 1),  // rounding slack
                  r.shards * shard_copy),
         /*store_cache=*/true);
   }

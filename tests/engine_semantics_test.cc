@@ -484,16 +484,22 @@ TEST(EngineFaults, IoErrorFailsTheStepNamingTheBlockAndStaysFailed) {
   EXPECT_FALSE(r.rank_status[1].ok());
 }
 
-TEST(EngineFaults, TornWriteIsCaughtByTheChecksumNeverApplied) {
+// One rank, optimizer state on NVMe, `fault` on the first write of step 1 (step 0's optimizer
+// waited for all its writes: step 1's first writes are its gradients' write-behind).
+RunResult RunWithStep1WriteFault(nvme::SimFault fault) {
   RunSpec spec;
   spec.config_json =
       BaseConfig(R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})");
   spec.steps = 3;
   spec.timeout = std::chrono::milliseconds(20000);
-  spec.inject = [](int, int step, nvme::SimBackend& sim) {
-    if (step == 1) sim.InjectFault(IoOp::kWrite, nvme::SimFault::kTorn, 1);
+  spec.inject = [fault](int, int step, nvme::SimBackend& sim) {
+    if (step == 1) sim.InjectFault(IoOp::kWrite, fault, 1);
   };
-  RunResult r = RunEngine(spec);
+  return RunEngine(spec);
+}
+
+TEST(EngineFaults, TornWriteIsCaughtByTheChecksumNeverApplied) {
+  RunResult r = RunWithStep1WriteFault(nvme::SimFault::kTorn);
   ASSERT_FALSE(r.rank_status[0].ok());
   const std::string msg = r.rank_status[0].ToString();
   EXPECT_TRUE(r.rank_status[0].code() == Status::Code::kIOError ||
@@ -505,16 +511,7 @@ TEST(EngineFaults, TornWriteIsCaughtByTheChecksumNeverApplied) {
 TEST(EngineFaults, FailedGradientWriteBehindFailsItsStepNamingTheBlock) {
   // A completed NVMe-homed gradient is written home during the backward (Accumulate), with no
   // one waiting on it; a failed write must still fail the step that wrote it.
-  RunSpec spec;
-  spec.config_json =
-      BaseConfig(R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})");
-  spec.steps = 3;
-  spec.timeout = std::chrono::milliseconds(20000);
-  // Step 0's optimizer waited for all its writes: step 1's first writes are its gradients.
-  spec.inject = [](int, int step, nvme::SimBackend& sim) {
-    if (step == 1) sim.InjectFault(IoOp::kWrite, nvme::SimFault::kEio, 1);
-  };
-  RunResult r = RunEngine(spec);
+  RunResult r = RunWithStep1WriteFault(nvme::SimFault::kEio);
   ASSERT_FALSE(r.rank_status[0].ok());
   const std::string msg = r.rank_status[0].ToString();
   EXPECT_EQ(r.rank_status[0].code(), Status::Code::kIOError) << msg;

@@ -327,7 +327,9 @@ Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
   }
   // Position p: file p mod #files, at (p / #files) blocks; the prefill writes each, position p
   // issued by stream p mod #streams.
-  auto at = [&](uint64_t p, IoOp op) { return MixUnit{op, files[p % nfiles].fd, (p / nfiles) * bs}; };
+  auto at = [&](uint64_t p, IoOp op) {
+    return MixUnit{op, files[p % nfiles].fd, (p / nfiles) * bs};
+  };
   std::vector<std::vector<MixUnit>> prefill(o.streams);
   for (uint64_t p = 0; p < span; ++p) prefill[p % o.streams].push_back(at(p, IoOp::kWrite));
   // Unit k of pass i: a read when the reads' share of the first k+1 units grows at k (reads

@@ -550,17 +550,26 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
                 "stage3_max_reuse_distance (COUNT; 0: re-gather every layer in backward, as the "
                 "ledger's 1.5x assumes). Default: the config's (DeepSpeed: 1e9)")
       ->check(CountOrZero());
-  // SIZE options where 0 switches the measurement off (or, for the buffer, to its old form).
-  const auto size_or_zero = [c](const char* name, uint64_t* bytes, const char* help) {
+  // SIZE options where 0 switches the measurement off (or, for the buffer and the span, to its
+  // old form); `word` (when given) is one more accepted value, standing for `word_bytes`.
+  const auto size_or_zero = [c](const char* name, uint64_t* bytes, const char* help,
+                                const char* word = nullptr, uint64_t word_bytes = 0) {
     c->add_option_function<std::string>(
-         name, [bytes](const std::string& v) { *bytes = v == "0" ? 0 : *ParseSize(v); }, help)
+         name,
+         [bytes, word, word_bytes](const std::string& v) {
+           *bytes = v == "0" ? 0 : word != nullptr && v == word ? word_bytes : *ParseSize(v);
+         },
+         help)
         ->check(CLI::Validator(
-            [](std::string& s) {
-              return s == "0" ? std::string() : SizeArg({.min_bytes = 4096})(s);
+            [word](std::string& s) {
+              return s == "0" || (word != nullptr && s == word)
+                         ? std::string()
+                         : SizeArg({.min_bytes = 4096})(s);
             },
             ""))
-        ->type_name("SIZE")
-        ->default_str(SizeString(*bytes));
+        ->type_name(word != nullptr ? std::string("SIZE|") + word : std::string("SIZE"))
+        ->default_str(word != nullptr && *bytes == word_bytes ? std::string(word)
+                                                              : SizeString(*bytes));
   };
   size_or_zero("--disk-size", &a->disk_size_bytes,
                "Bytes per pass of the O_DIRECT burst measurement of the --nvme-path dirs (0: skip; "
@@ -574,24 +583,11 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
                 "counts (the disk's best for the step's mix)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  c->add_option_function<std::string>(
-       "--disk-reference-span",
-       [a](const std::string& v) {
-         a->disk_reference_span_bytes = v == "footprint" ? BenchEngineArgs::kSpanFootprint
-                                        : v == "0"        ? 0
-                                                          : *ParseSize(v);
-       },
-       "File bytes the reference touches, all ranks: footprint (the steps' NVMe bytes, as they "
-       "touched them, capped by the free space), a SIZE, or 0 (only what it moves: faster than "
-       "the steps on a disk whose host caches what was recently touched)")
-      ->check(CLI::Validator(
-          [](std::string& s) {
-            return s == "0" || s == "footprint" ? std::string()
-                                                : SizeArg({.min_bytes = 4096})(s);
-          },
-          ""))
-      ->type_name("SIZE|footprint")
-      ->default_str("footprint");
+  size_or_zero("--disk-reference-span", &a->disk_reference_span_bytes,
+               "File bytes the reference touches, all ranks: footprint (the steps' NVMe bytes, as "
+               "they touched them, capped by the free space), a SIZE, or 0 (only what it moves: "
+               "faster than the steps on a disk whose host caches what was recently touched)",
+               "footprint", BenchEngineArgs::kSpanFootprint);
   size_or_zero("--disk-reference-buffer", &a->disk_reference_buffer_bytes,
                "Memory per rank that the reference's IO cycles through, as the step's IO streams "
                "through its host tier (0: only aio.queue_depth units, which the CPU caches hold: "
