@@ -70,6 +70,7 @@ std::vector<PrefetchAction> Prefetcher::Plan(const Trace& trace,
       device_window_open = false;
       window = v.size_bytes;  // the host window starts here
     }
+    if (v.held) continue;  // its bytes count in the window; no fetch of a copy being replaced
     if (device_window_open) {
       if (v.device != Residency::kAbsent && !evicted[g]) continue;
       if (!make_room(v.size_bytes, i)) {

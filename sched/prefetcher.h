@@ -18,6 +18,8 @@
 //     so a use early in the next step counts) or when it is persistent
 //     (size <= `persistence_threshold_bytes`, stage3_param_persistence_threshold).
 //   - A step that does not replay the trace (first step, diverged) gets no prefetch at all.
+//   - A held group (GroupView::held: its update has not been written yet) is never fetched or
+//     staged; the lookahead walks past it.
 //
 // Thread safety: const methods are pure; concurrent calls are safe.
 #pragma once
@@ -62,6 +64,10 @@ struct GroupView {
   // would refuse). The executor must fill it (GatherScheduler does, from its own leases and the
   // store's lease counts).
   bool in_use = false;
+  // Its params are being rewritten (the optimizer step running behind the forward,
+  // EngineOptions::overlap_step): whatever copy a fetch brought now would be replaced, so the plan
+  // neither fetches nor stages it; the walk passes over it (its bytes still count in the windows).
+  bool held = false;
 };
 
 struct PrefetchAction {

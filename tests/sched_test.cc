@@ -163,6 +163,30 @@ TEST(PrefetcherTest, ChainsNvmeGroupsIntoHostBeyondTheDeviceWindow) {
   EXPECT_EQ(plan, want);
 }
 
+TEST(PrefetcherTest, HeldGroupsAreNeitherFetchedNorStagedButCountInTheWindow) {
+  // Groups 1 and 4 are held (their update is still being written: overlap_step). The same
+  // windows as above: the device window covers 0-1, the host window 2-4.
+  Trace t = FwdBwdAt(6, 0);
+  std::vector<GroupView> v(6, GroupView{.size_bytes = 10, .home = Tier::kNvme});
+  PrefetchConfig c = Cfg(20, 1000);
+  c.host_lookahead_bytes = 30;
+  v[1].held = v[4].held = true;
+  auto plan = Prefetcher(c).Plan(t, v);
+  std::vector<PrefetchAction> want = {{Kind::kFetchToDevice, 0, 0},
+                                      {Kind::kStageToHost, 2, 2},
+                                      {Kind::kStageToHost, 3, 3}};
+  EXPECT_EQ(plan, want);
+  // Released holds: the same plan as without.
+  v[1].held = v[4].held = false;
+  plan = Prefetcher(c).Plan(t, v);
+  want = {{Kind::kFetchToDevice, 0, 0},
+          {Kind::kFetchToDevice, 1, 1},
+          {Kind::kStageToHost, 2, 2},
+          {Kind::kStageToHost, 3, 3},
+          {Kind::kStageToHost, 4, 4}};
+  EXPECT_EQ(plan, want);
+}
+
 TEST(PrefetcherTest, ReleaseKeepsReusedAndPersistentGroups) {
   // Order 0 1 2 3 3 2 1 0; after using group 3 at index 3 (position 4), its next use is index 4.
   Trace t = FwdBwdAt(4, 4);

@@ -50,6 +50,7 @@ void GatherScheduler::Refresh() {
     v.host = b.residency[Tier::kHost];
     v.home = b.home;
     v.in_use = gathered_[i] > 0 || b.leases[Tier::kDevice] > 0;
+    v.held = held_ && held_(static_cast<sched::GroupId>(i));
   }
 }
 

@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -47,6 +48,10 @@ class GatherScheduler {
   // still in use.
   void Release(sched::GroupId g, Lease lease);
   void EndStep();
+  // Groups for which `held(g)` is true are neither prefetched nor staged (sched::GroupView::held:
+  // their params are being rewritten). Asked at every Gather and Release, on the driving thread;
+  // `held` must be safe to call there while others change what it reports. Empty: none held.
+  void set_held(std::function<bool(sched::GroupId)> held) { held_ = std::move(held); }
 
   const sched::Trace& trace() const { return trace_; }
   uint64_t prefetches_issued() const { return prefetches_; }
@@ -72,6 +77,7 @@ class GatherScheduler {
   std::vector<BlockView> blocks_;   // the last snapshot, per group
   std::vector<sched::GroupView> views_;
   std::shared_ptr<Failures> failures_;
+  std::function<bool(sched::GroupId)> held_;
   uint64_t prefetches_ = 0;
   uint64_t evictions_ = 0;
 };

@@ -308,7 +308,8 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
   const bool recycle = options.keep_last > 0 && options.recycle_files;
   ckpt::ArmCrashHookFromEnv();
   const std::string what = "checkpoint save of '" + tag + "' to " + dir;
-  Status local = CheckBoundary(e, "Save");
+  Status local = e.JoinDeferredStep();  // overlap_step: the step running behind first
+  if (local.ok()) local = CheckBoundary(e, "Save");
   if (local.ok() && tag.empty()) local = Status::InvalidArgument("Save: empty tag");
   if (local.ok()) local = ckpt::ResolveTag(dir, tag).status();
   if (local.ok() && tag.size() > 4 && tag.compare(tag.size() - 4, 4, ".tmp") == 0) {
@@ -582,7 +583,8 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
                     std::vector<uint8_t>* client_state) {
   Impl& e = *impl_;
   std::string what = "checkpoint load from " + dir;
-  Status local = CheckBoundary(e, "Load");
+  Status local = e.JoinDeferredStep();  // overlap_step: the step running behind first
+  if (local.ok()) local = CheckBoundary(e, "Load");
   ckpt::Manifest m;
   uint64_t manifest_hash = 0;
   if (local.ok()) {

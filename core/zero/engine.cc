@@ -466,6 +466,18 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   for (const std::string& n : e.placement.notes) e.layout.notes.push_back(n);
   STRATA_RETURN_IF_ERROR(ResolveZpp(z, e.world, options.ranks_per_node, &e.zpp));
   e.overlap_comm = z.overlap_comm;
+  if (options.overlap_step) {
+    // The job runs the CPU Adam beside the trainer's gathers: the optimizer state must be
+    // offloaded (the CPU's pool, not the device's kernels) and the gathers must not use the pool
+    // (qwZ quantizes on it) or need the step's all-gather (stages 1-2 publish params in Step).
+    e.overlap_step = e.placement.params_partitioned &&
+                     e.placement.Home(StateKind::kMaster32) != Tier::kDevice && !e.zpp.any();
+    if (!e.overlap_step) {
+      e.layout.notes.push_back(
+          "overlap_step: not applied (it needs stage 3 with offload_optimizer cpu or nvme and no "
+          "ZeRO++); Step runs the optimizer before it returns");
+    }
+  }
   if (z.sub_group_size < 0) {
     return Status::InvalidArgument("zero_optimization.sub_group_size: must be >= 0");
   }
@@ -761,6 +773,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
           sched::PrefetchConfig::FromNumel(lim.prefetch_elems, lim.max_live_elems,
                                            lim.reuse_distance_elems, lim.persistence_elems, e.elt);
       e.gather = std::make_unique<store::GatherScheduler>(e.store.get(), shard_blocks, pc);
+      // overlap_step: no prefetch of a group whose update the step running behind has not
+      // written yet (the copy it brought would be replaced: NVMe reads for nothing).
+      Engine::Impl* impl = &e;
+      e.gather->set_held([impl](sched::GroupId g) {
+        return impl->deferred && !impl->deferred->updated[g].load(std::memory_order_acquire);
+      });
     }
     kernels::PoolOptions pool_options;
     pool_options.threads = std::max(0, options.optimizer_threads);
@@ -788,6 +806,8 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
   if (!impl_) return;
+  // An overlapped step uses the store and the pool: let it end (its error is moot now).
+  if (impl_->deferred && impl_->deferred->thread.joinable()) impl_->deferred->thread.join();
   // Reductions in flight use buffers this engine owns: finish them (errors are moot now).
   for (auto& p : impl_->pending) p.Wait(impl_->deadline()).IgnoreError();
   if (impl_->last_qgz.valid()) impl_->last_qgz.wait();
@@ -805,6 +825,10 @@ double Engine::LossScale() const { return impl_->scaler->scale(); }
 double Engine::lr() const { return impl_->schedule->LrForStep(impl_->applied_steps); }
 int64_t Engine::global_step() const { return impl_->global_step; }
 Status Engine::health() const { return impl_->failed; }
+Status Engine::Synchronize() {
+  STRATA_RETURN_IF_ERROR(impl_->JoinDeferredStep());
+  return impl_->CheckHealthy();
+}
 
 Result<GatheredGroup> Engine::Gather(size_t group) { return impl_->Gather(group); }
 void Engine::Release(GatheredGroup gathered) { impl_->Release(std::move(gathered)); }
@@ -814,6 +838,7 @@ Result<StepReport> Engine::Step() { return impl_->Step(); }
 Result<void*> Engine::GradBuffer(size_t group) {
   Impl& e = *impl_;
   STRATA_RETURN_IF_ERROR(e.CheckHealthy());
+  STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());  // the backward's work shares the CPU pool
   if (group >= e.groups.size()) {
     return Status::InvalidArgument("GradBuffer: group " + std::to_string(group) + " out of range");
   }

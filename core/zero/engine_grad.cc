@@ -108,6 +108,8 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
     if (!lease.ok()) return Fail(WithContext(lease.status(), "gather of group '" + name + "'"));
     out.data_ = lease->data();
     out.hold_ = std::make_shared<Lease>(std::move(*lease));
+  } else if (Status up = WaitForUpdate(g); !up.ok()) {
+    return up;  // overlap_step: the step running behind failed (the engine has failed)
   } else if (gs.cached) {
     out.data_ = gs.cached->buffer.get();
     out.hold_ = gs.cached;
@@ -309,6 +311,7 @@ Status Engine::Impl::ReduceGradients(size_t g) {
                                       " times (gradient_accumulation_steps) since the last Step");
   }
   const auto t0 = Clock::now();
+  STRATA_RETURN_IF_ERROR(JoinDeferredStep());
   zero::PendingReduce p;
   p.group = g;
   p.full = std::move(gs.grad);

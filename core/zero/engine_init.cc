@@ -169,6 +169,7 @@ Status MakeStagingBuffers(Engine::Impl& e, uint64_t bytes, bool scatter, DeviceB
 
 Status Engine::InitParameters(const ParamFill& fill) {
   Impl& e = *impl_;
+  STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());
   return InitMasters(e, "InitParameters", [&](const SubGroup& s, float* m) {
     FillFlat(e, s.group, e.FullOffset(s), s.elems, fill, m);
     return Status::OK();
@@ -199,6 +200,7 @@ Status Engine::InitFromFullTensors(const std::vector<std::vector<const float*>>&
 Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float>>>& tensors,
                              uint64_t window_bytes) {
   Impl& e = *impl_;
+  STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());
   STRATA_RETURN_IF_ERROR(CheckInitAllowed(e, kOp));
   const bool root = e.rank == 0;
   const size_t world = static_cast<size_t>(e.world);
@@ -273,6 +275,7 @@ Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float
 
 Status Engine::ReadMaster(size_t group, std::span<float> out) {
   Impl& e = *impl_;
+  STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());
   STRATA_RETURN_IF_ERROR(e.CheckHealthy());
   if (group >= e.groups.size()) {
     return Status::InvalidArgument("ReadMaster: group " + std::to_string(group) + " out of range");

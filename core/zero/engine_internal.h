@@ -3,13 +3,16 @@
 // engine_step.cc (the optimizer step).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <future>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/store/gather_scheduler.h"
@@ -102,6 +105,21 @@ struct ZppState {
   Communicator* hpz_comm() const;
 };
 
+// EngineOptions::overlap_step: the Adam pipeline of the last Step, running on its own thread
+// behind the next forward. The trainer's thread waits for a group's update (WaitForUpdate) or
+// for all of it (JoinDeferredStep); nothing else of the engine is shared with the job while it
+// runs (it reads the sub-groups and the param block ids, which no caller changes meanwhile).
+struct DeferredStep {
+  explicit DeferredStep(size_t groups) : updated(groups) {}
+  std::vector<std::atomic<bool>> updated;  // per group: all its sub-groups stepped (set under mu)
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;  // guarded by mu
+  Status status;          // guarded by mu; the job's result once finished
+  StepTimings timings;    // the job's; read after the join
+  std::thread thread;
+};
+
 }  // namespace zero
 
 struct Engine::Impl {
@@ -118,6 +136,7 @@ struct Engine::Impl {
   float post_scale = 1;    // multiplies the reduced gradient (before / gas)
   double clip = 0;         // gradient_clipping
   bool overlap_comm = false;
+  bool overlap_step = false;  // EngineOptions::overlap_step, where it applies
   size_t sub_group_elems = 0;
   uint32_t pipeline_buffers = 4;
   uint64_t persistence_elems = 0, reuse_distance_elems = 0, max_live_elems = 0;
@@ -144,6 +163,7 @@ struct Engine::Impl {
   uint64_t cached_elems = 0;
   Status failed;        // the first error that failed the engine
   std::vector<Ticket> grad_write_behind;  // CheckGradWriteBehind; one per sub-group at most
+  std::unique_ptr<zero::DeferredStep> deferred;  // overlap_step: the step running behind
   StepTimings timings;  // since the last Step
   EngineStats totals;
 
@@ -248,7 +268,18 @@ struct Engine::Impl {
   Status ComputeMissingStats();
   Status ExchangeStats(double local_sum_sq, bool local_nonfinite, double* global_sum_sq,
                        bool* global_nonfinite);
-  Status RunAdam(float grad_scale, StepTimings* t);
+  // The fused Adam over this rank's sub-groups, group by group in order, through the step
+  // pipeline. `updated(g)` (optional) is called once all of group g's sub-groups have stepped.
+  Status RunAdam(float grad_scale, StepTimings* t,
+                 const std::function<void(size_t group)>& updated = {});
+  // overlap_step: starts RunAdam (and the wait for the gradients' write-behind) on the
+  // DeferredStep's thread.
+  void LaunchDeferredStep(float grad_scale);
+  // Waits for the deferred step (if any) and folds in its timings; its error fails the engine.
+  Status JoinDeferredStep();
+  // Gather: waits until group g's params hold the deferred step's update (or the step ended:
+  // then its result), within the timeout.
+  Status WaitForUpdate(size_t g);
 };
 
 }  // namespace strata

@@ -4,8 +4,10 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
+#include <thread>
 
 #include "core/zero/engine_internal.h"
 #include "kernels/grad_stats.h"
@@ -131,7 +133,8 @@ kernels::AdamShard Engine::Impl::AdamShardFor(const SubGroup& s, Lease& master, 
   return shard;
 }
 
-Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t) {
+Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t,
+                             const std::function<void(size_t group)>& updated) {
   const Tier opt_home = placement.Home(StateKind::kMaster32);
   const Tier grad_home = placement.Home(StateKind::kGrad);
   const Tier param_home = placement.Home(StateKind::kParam16);
@@ -228,7 +231,12 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t) {
   mapped.read = [&](size_t i, uint32_t slot, sched::StageDone d) {
     return stages.read(order[i], slot, std::move(d));
   };
-  mapped.compute = [&](size_t i, uint32_t slot) { return stages.compute(order[i], slot); };
+  mapped.compute = [&](size_t i, uint32_t slot) {
+    Status st = stages.compute(order[i], slot);
+    const size_t g = subs[order[i]].group;
+    if (st.ok() && updated && groups[g].sub_groups.back() == order[i]) updated(g);
+    return st;
+  };
   mapped.write = [&](size_t i, uint32_t slot, sched::StageDone d) {
     return stages.write(order[i], slot, std::move(d));
   };
@@ -242,8 +250,75 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t) {
   return Status::OK();
 }
 
+void Engine::Impl::LaunchDeferredStep(float grad_scale) {
+  auto d = std::make_unique<zero::DeferredStep>(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].sub_groups.empty()) d->updated[g].store(true);
+  }
+  zero::DeferredStep* job = d.get();
+  std::vector<Ticket> written_behind = std::move(grad_write_behind);
+  grad_write_behind.clear();
+  job->thread = std::thread([this, job, grad_scale, tickets = std::move(written_behind)] {
+    Status st = RunAdam(grad_scale, &job->timings, [job](size_t g) {
+      {
+        std::lock_guard<std::mutex> lock(job->mu);
+        job->updated[g].store(true, std::memory_order_release);
+      }
+      job->cv.notify_all();
+    });
+    // The gradients written home during the backward: a failed write fails this step, as
+    // CheckGradWriteBehind does for a step that runs in Step.
+    for (const Ticket& t : tickets) {
+      Status w = t.Wait(timeout());
+      if (!w.ok() && st.ok()) st = w.WithContext("gradient write-behind");
+    }
+    {
+      std::lock_guard<std::mutex> lock(job->mu);
+      job->status = st;
+      job->finished = true;
+    }
+    job->cv.notify_all();
+  });
+  deferred = std::move(d);
+}
+
+Status Engine::Impl::JoinDeferredStep() {
+  if (!deferred) return Status::OK();
+  if (deferred->thread.joinable()) deferred->thread.join();
+  std::unique_ptr<zero::DeferredStep> d = std::move(deferred);
+  timings.optimizer_ns += d->timings.optimizer_ns;
+  timings.optimizer_io_wait_ns += d->timings.optimizer_io_wait_ns;
+  if (!d->status.ok()) return Fail(d->status);
+  return Status::OK();
+}
+
+Status Engine::Impl::WaitForUpdate(size_t g) {
+  if (!deferred) return Status::OK();
+  zero::DeferredStep& d = *deferred;
+  if (d.updated[g].load(std::memory_order_acquire)) return Status::OK();
+  {
+    std::unique_lock<std::mutex> lock(d.mu);
+    const bool ready = d.cv.wait_until(lock, deadline(), [&] {
+      return d.updated[g].load(std::memory_order_acquire) || d.finished;
+    });
+    if (!ready) {
+      return Fail(Status::DeadlineExceeded(
+          "gather of group '" + model.groups[g].name +
+          "': the optimizer step running behind (overlap_step) did not update it within the "
+          "timeout"));
+    }
+    if (d.updated[g].load(std::memory_order_acquire)) return Status::OK();
+  }
+  // The step ended without updating g: it failed (its error, naming the block).
+  Status st = JoinDeferredStep();
+  if (!st.ok()) return st;
+  return Status::Internal("gather of group '" + model.groups[g].name +
+                          "': the overlapped optimizer step ended without updating it");
+}
+
 Result<StepReport> Engine::Impl::Step() {
   STRATA_RETURN_IF_ERROR(CheckHealthy());
+  STRATA_RETURN_IF_ERROR(JoinDeferredStep());
   if (outstanding_gathers > 0) {
     return Status::FailedPrecondition("Step: " + std::to_string(outstanding_gathers) +
                                       " gathered group(s) not released");
@@ -274,6 +349,8 @@ Result<StepReport> Engine::Impl::Step() {
   st = ExchangeStats(local, local_nonfinite, &global_sum_sq, &overflow);
   if (!st.ok()) return Fail(st);
 
+  bool launch = false;  // overlap_step: the Adam runs behind the next forward
+  float grad_scale = 1;
   report.global_step = ++global_step;
   report.loss_scale = scaler->scale();
   if (overflow) {
@@ -297,9 +374,14 @@ Result<StepReport> Engine::Impl::Step() {
     report.lr = schedule->LrForStep(applied_steps);
     hyper.lr = static_cast<float>(report.lr);
     hyper.step = applied_steps + 1;
-    st = RunAdam(static_cast<float>(1.0 / combined), &timings);
-    if (st.ok()) st = AllGatherUpdatedParams();
-    if (!st.ok()) return Fail(st);
+    if (overlap_step) {
+      launch = true;  // below, once the bookkeeping the job must not race with is done
+      grad_scale = static_cast<float>(1.0 / combined);
+    } else {
+      st = RunAdam(static_cast<float>(1.0 / combined), &timings);
+      if (st.ok()) st = AllGatherUpdatedParams();
+      if (!st.ok()) return Fail(st);
+    }
     ++applied_steps;
     last_lr = report.lr;
     st = scaler->Update(false);
@@ -308,12 +390,15 @@ Result<StepReport> Engine::Impl::Step() {
     for (zero::GroupState& gs : groups) gs.cached.reset();
     cached_elems = 0;
   }
-  st = CheckGradWriteBehind(/*wait=*/true);
-  if (!st.ok()) return Fail(st);
+  if (!launch) {
+    st = CheckGradWriteBehind(/*wait=*/true);
+    if (!st.ok()) return Fail(st);
+  }
   for (zero::GroupState& gs : groups) gs.reductions = 0;
   for (SubGroup& s : subs) s.stats_valid = false;
   if (gather && in_step) gather->EndStep();
   in_step = false;
+  if (launch) LaunchDeferredStep(grad_scale);  // takes the write-behind tickets along
   timings.step_ns = Since(t0);
   report.timings = timings;
   totals.gather_wait_ns += timings.gather_wait_ns;

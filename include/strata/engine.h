@@ -163,6 +163,18 @@ struct EngineOptions {
   // LOCAL_WORLD_SIZE environment variable (torchrun, `offloadctl launch`), else 1 rank per node.
   // Must divide the world size.
   int ranks_per_node = 0;
+  // The optimizer step runs behind the next forward (stage 3 with offload_optimizer cpu or nvme;
+  // elsewhere a layout note says it is not applied and Step runs as without). Step returns once
+  // the norm, the overflow check and the clipping are agreed and the Adam pipeline has started;
+  // Gather(g) waits for group g's update, so the numbers are the same bits as without. What it
+  // buys: the forward's params come from the host copies the optimizer has just written instead
+  // of being read again from NVMe, and the forward's gathers overlap the optimizer's IO.
+  // Trade-off: a failure of the step (an IO error, a checksum, a deadline; named as without)
+  // comes back from the next call that waits for it, not from Step, and fails the engine then.
+  // Every call other than Gather, Release and the accessors waits for the whole step first:
+  // GradBuffer, ReduceGradients, Step, Save, Load, ReadMaster, the Init calls and Synchronize.
+  // The step's optimizer timings are reported by the next Step.
+  bool overlap_step = false;
 };
 
 // The full parameters of one group on the device (Gather). Move-only; give it back with Release.
@@ -326,8 +338,12 @@ class Engine {
   double lr() const;         // the learning rate the next step will use
   int64_t global_step() const;
   EngineStats Stats() const;
-  // OK, or the first error that failed the engine.
+  // OK, or the first error that failed the engine (an overlapped step's failure once a call has
+  // waited for it).
   Status health() const;
+  // Waits for the optimizer step running behind (EngineOptions::overlap_step; OK at once when
+  // none runs) and returns its error, which fails the engine, or the engine's failure.
+  Status Synchronize();
 
   // The group's fp32 master weights, numel values (collective). For tests and export.
   Status ReadMaster(size_t group, std::span<float> out);

@@ -39,6 +39,10 @@ struct BenchEngineArgs {
   std::string params = "100M";    // COUNT (k/M/B/T)
   int layers = 8;                 // weight groups; params split evenly
   bool bias_groups = false;       // a small bias group after each weight group
+  // EngineOptions::overlap_step: the optimizer step runs behind the next forward. The measured
+  // steps then start after the warm-up's step has finished, and the last one ends when its own
+  // step has (Synchronize), so they hold exactly `steps` optimizer steps and their bytes.
+  bool overlap_step = false;
   std::string config;             // DeepSpeed config file ("" = synthetic)
   int stage = -1;                 // -1: the config's (3 without --config)
   std::string offload_optimizer;  // "" = the config's

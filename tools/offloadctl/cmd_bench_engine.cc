@@ -177,6 +177,7 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
   j["gradient_accumulation_steps"] = r.gradient_accumulation_steps;
   j["steps"] = a.steps;
   j["warmup_steps"] = a.warmup_steps;
+  j["overlap_step"] = a.overlap_step;
   j["compute_ms"] = a.compute_ms;
   j["init_s"] = r.init_s;
   j["step_s"] = me.step_s;
@@ -501,6 +502,9 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
   c->add_option("--layers", a->layers, "Parameter groups (layers), params split evenly")
       ->check(AtLeast(1, true, true))
       ->capture_default_str();
+  c->add_flag("--overlap-step", a->overlap_step,
+              "Run each optimizer step behind the next forward (EngineOptions::overlap_step: "
+              "stage 3 with the optimizer offloaded)");
   c->add_flag("--bias-groups", a->bias_groups,
               "Add a small bias group (sqrt(params/layers) elements, under the persistence "
               "threshold) after each layer, taken from its params");
