@@ -29,6 +29,7 @@ SimBackend::~SimBackend() {
 }
 
 void SimBackend::InjectFault(IoOp op, SimFault fault, int count, int fd) {
+  std::lock_guard<std::mutex> lock(scripted_mu_);
   scripted_.push_back(Scripted{op, fault, count, fd});
 }
 
@@ -74,11 +75,14 @@ void SimBackend::Schedule(size_t slot) {
 }
 
 SimFault SimBackend::PickFault(const IoRequest& r) {
-  for (auto it = scripted_.begin(); it != scripted_.end(); ++it) {
-    if (it->op != r.op || (it->fd >= 0 && it->fd != r.fd)) continue;
-    SimFault f = it->fault;
-    if (--it->count <= 0) scripted_.erase(it);
-    return f;
+  {
+    std::lock_guard<std::mutex> lock(scripted_mu_);
+    for (auto it = scripted_.begin(); it != scripted_.end(); ++it) {
+      if (it->op != r.op || (it->fd >= 0 && it->fd != r.fd)) continue;
+      SimFault f = it->fault;
+      if (--it->count <= 0) scripted_.erase(it);
+      return f;
+    }
   }
   double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
   const double p[] = {options_.p_eio,   options_.p_enospc, options_.p_short,    options_.p_torn,

@@ -9,11 +9,13 @@
 // Preallocation (Allocate) is real too, and can be failed on demand (InjectAllocateFault).
 // A failing test should print seed() so the run can be replayed.
 //
-// Thread safety: as IoBackend (one caller at a time); no internal threads.
+// Thread safety: as IoBackend (one caller at a time); no internal threads. InjectFault may also be
+// called from another thread while IO runs (a test that faults a step running behind Step).
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <mutex>
 #include <queue>
 #include <random>
 #include <vector>
@@ -103,6 +105,7 @@ class SimBackend final : public IoBackend {
   std::vector<Slot> slots_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   std::deque<IoCompletion> ready_;
+  std::mutex scripted_mu_;  // InjectFault from a test's thread vs PickFault on the IO thread
   std::deque<Scripted> scripted_;
   size_t inflight_ = 0;
   uint64_t now_ns_ = 0;

@@ -10,28 +10,15 @@
 #include <tuple>
 #include <vector>
 
-#include "engine_test_model.h"
+#include "device_equivalence.h"
 
 namespace strata::testing {
 namespace {
 
-std::string Config(const std::string& opt, const std::string& param, const std::string& precision,
-                   int stage = 3, int gas = 1) {
-  return R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": )" +
-         std::to_string(gas) + R"(,
-  "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
-  "gradient_clipping": 1.0,
-  "bf16": {"enabled": )" +
-         std::string(precision == "bf16" ? "true" : "false") + R"(},
-  "fp16": {"enabled": )" +
-         std::string(precision == "fp16" ? "true" : "false") + R"(, "initial_scale_power": 8},
-  "zero_optimization": {"stage": )" +
-         std::to_string(stage) + R"(, "sub_group_size": 256,
-    "stage3_param_persistence_threshold": 64,
-    "offload_optimizer": {"device": ")" +
-         opt + R"(", "nvme_path": "/tmp"},
-    "offload_param": {"device": ")" +
-         param + R"(", "nvme_path": "/tmp"}}})";
+// The device-equivalence cases' config (sub-groups of 256, persistence 64), clipping at 1.0.
+std::string Config(const char* opt, const char* param, const std::string& precision, int stage = 3,
+                   int gas = 1) {
+  return DeviceCaseConfig(stage, opt, param, precision, 1.0, gas);
 }
 
 RunResult RunOverlap(const std::string& config, int world, bool overlap, int steps = 3, int gas = 1,
