@@ -94,7 +94,7 @@ class PyEngine {
  public:
   PyEngine(const GroupList& groups, const std::string& config_json, int rank, int world_size,
            const std::vector<std::string>& nvme_paths, uint64_t device_budget_bytes,
-           int64_t timeout_ms, const std::string& io, int master_port) {
+           int64_t timeout_ms, const std::string& io, int master_port, bool overlap_step) {
     ModelSpec model;
     for (const auto& [gname, params] : groups) {
       GroupSpec g{gname, {}};
@@ -144,6 +144,7 @@ class PyEngine {
     eo.nvme_paths = nvme_paths;
     eo.use_pinned_pool = false;  // no GPU: nothing to pin for
     eo.timeout = timeout;
+    eo.overlap_step = overlap_step;
     if (io == "posix") {
       eo.io_kind = IoBackendKind::kPosix;
     } else if (io == "uring") {
@@ -441,13 +442,14 @@ class PyEngine {
 void BindEngine(nb::module_& m) {
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const GroupList&, const std::string&, int, int, const std::vector<std::string>&,
-                    uint64_t, int64_t, const std::string&, int>(),
+                    uint64_t, int64_t, const std::string&, int, bool>(),
            nb::arg("groups"), nb::arg("config_json"), nb::arg("rank") = 0,
            nb::arg("world_size") = 1, nb::arg("nvme_paths") = std::vector<std::string>{},
            nb::arg("device_budget_bytes") = uint64_t{8} << 30, nb::arg("timeout_ms") = 300000,
-           nb::arg("io") = "auto", nb::arg("master_port") = 0,
+           nb::arg("io") = "auto", nb::arg("master_port") = 0, nb::arg("overlap_step") = false,
            "Creates the engine for `groups` ([(group name, [(param name, shape)])], forward "
-           "order) and a DeepSpeed config (JSON text) on HostDevice + Gloo.")
+           "order) and a DeepSpeed config (JSON text) on HostDevice + Gloo. overlap_step: "
+           "EngineOptions::overlap_step (the optimizer step runs behind the next forward).")
       .def("init_from_tensors", &PyEngine::InitFromTensors, nb::arg("tensors"),
            "Initial weights: tensors[g][p] a contiguous float32 CPU array (collective).")
       .def("init_from_rank0", &PyEngine::InitFromRank0, nb::arg("tensors"),

@@ -163,7 +163,7 @@ class StrataEngine(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, config: dict, rank: int, world_size: int,
                  nvme_paths: Optional[list] = None, device_budget_bytes: int = 8 << 30,
-                 timeout_ms: int = 300000):
+                 timeout_ms: int = 300000, overlap_step: bool = False):
         super().__init__()
         self.module = model
         self._config = config
@@ -182,7 +182,7 @@ class StrataEngine(torch.nn.Module):
         spec = [(g.name, [(n, _full_shape(p)) for n, p in g.params]) for g in self._groups]
         self._engine = _strata.Engine(spec, json.dumps(config), rank, world_size,
                                       nvme_paths or [], device_budget_bytes, timeout_ms, "auto",
-                                      master_port)
+                                      master_port, overlap_step)
         self._dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                        "float16": torch.float16}[self._engine.dtype]
         self._init_weights()
@@ -626,11 +626,14 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
                lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None,
                collate_fn=None, config: Optional[ConfigLike] = None, config_params=None,
                *, nvme_paths: Optional[list] = None, device_budget_bytes: int = 8 << 30,
-               timeout_ms: int = 300000):
+               timeout_ms: int = 300000, overlap_step: bool = False):
     """As deepspeed.initialize: returns (engine, optimizer, training_dataloader, lr_scheduler).
 
     The optimizer and the LR schedule come from the config's "optimizer" and "scheduler"
     sections (Adam / AdamW; WarmupLR, WarmupDecayLR, WarmupCosineLR) and run inside the engine.
+    overlap_step=True runs each optimizer step behind the next forward (EngineOptions::
+    overlap_step: stage 3 with the optimizer offloaded; the same numbers; a failure of the step
+    is raised by the next engine call that waits for it rather than by step()).
     """
     if model is None:
         raise ValueError("strata.initialize: model is required")
@@ -663,7 +666,8 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
         if what is not None and cfg.get(key, {}).get("enabled", False):
             raise NotImplementedError(f"config \"{key}\": {what} is not supported by strata")
     engine = StrataEngine(model, cfg, rank, world, nvme_paths=nvme_paths,
-                          device_budget_bytes=device_budget_bytes, timeout_ms=timeout_ms)
+                          device_budget_bytes=device_budget_bytes, timeout_ms=timeout_ms,
+                          overlap_step=overlap_step)
     loader = None
     if training_data is not None:
         sampler = None
