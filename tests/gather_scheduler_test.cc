@@ -1,7 +1,7 @@
 // GatherScheduler: the ZeRO-3 gather / release flow over the TieredStore (simulated IO,
 // HostDevice): data is always right, budgets hold, prefetch is issued while the trace replays,
-// a diverging step is handled (no prefetch, re-recorded, replayed afterwards), a group in use is
-// never planned for eviction, the policy reads one snapshot per call, and every ticket the
+// a diverging step is handled (no prefetch, re-recorded, replayed afterwards), held groups are
+// never prefetched, a group in use is never planned for eviction, the policy reads one snapshot per call, and every ticket the
 // scheduler issues is checked.
 #include "core/store/gather_scheduler.h"
 #include "strata/store.h"
@@ -161,6 +161,19 @@ TEST_F(GatherTest, ReplayedStepsPrefetchWithinBudgets) {
   EXPECT_EQ(gather_->trace().divergences(), 0u);
   StoreStats s = store_->TakeStats(false);
   for (Tier t : kAllTiers) EXPECT_LE(s.peak_bytes[t], s.budget_bytes[t]);
+}
+
+TEST_F(GatherTest, HeldGroupsAreNeverPrefetched) {
+  // overlap_step's hold: while a group's update is being written, no prefetch touches it. Every
+  // group held: a replayed step issues no prefetch at all, and still gathers the right bytes.
+  Step(FwdBwd());
+  gather_->set_held([](sched::GroupId) { return true; });
+  Step(FwdBwd());
+  EXPECT_EQ(gather_->prefetches_issued(), 0u);
+  // Released: the same replay prefetches again.
+  gather_->set_held({});
+  Step(FwdBwd());
+  EXPECT_GT(gather_->prefetches_issued(), 0u);
 }
 
 TEST_F(GatherTest, DivergentStepIsHandledAndReRecorded) {
