@@ -196,6 +196,43 @@ TEST(BenchEngineCli, NoNvmeTierMovesNoNvmeBytes) {
   ExpectWithinBudgets(j);
 }
 
+// --overlap-step: the optimizer steps run behind the next forward; the measured steps still hold
+// exactly --steps of them (the warm-up's waited for first, the last one's before the run ends),
+// so the NVMe bytes per step are the step's own, never more than without; stage 2 says it is not
+// applied.
+TEST(BenchEngineCli, OverlapStepMeasuresWholeSteps) {
+  strata::testing::TempDir dir("bench-engine-overlap");
+  const std::string args = std::string(kTiny) +
+                           "--stage 3 --offload-optimizer nvme --offload-param nvme "
+                           "--disk-size 0 --disk-reference-max 0 --json --nvme-path " +
+                           dir.path();
+  const ProcessResult plain = Bench(args);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  const ProcessResult over = Bench(args + " --overlap-step");
+  ASSERT_EQ(over.exit_code, 0) << over.out;
+  const nlohmann::json p = Json(plain), o = Json(over);
+  EXPECT_FALSE(p["overlap_step"].get<bool>());
+  EXPECT_TRUE(o["overlap_step"].get<bool>());
+  EXPECT_EQ(o["step_s_all"].size(), 2u);
+  for (const auto& n : o["notes"])
+    EXPECT_EQ(n.get<std::string>().find("overlap_step"), std::string::npos) << n;
+  EXPECT_GT(o["nvme_write_bytes_per_step"].get<double>(), 0.0);
+  // Every measured step's optimizer writes its state: the same writes as without.
+  EXPECT_EQ(o["nvme_write_bytes_per_step"].get<double>(),
+            p["nvme_write_bytes_per_step"].get<double>());
+  EXPECT_LE(o["nvme_read_bytes_per_step"].get<double>(),
+            p["nvme_read_bytes_per_step"].get<double>());
+  ExpectWithinBudgets(o);
+  const ProcessResult stage2 =
+      Bench(std::string(kTiny) + "--stage 2 --offload-optimizer cpu --overlap-step --json");
+  ASSERT_EQ(stage2.exit_code, 0) << stage2.out;
+  const nlohmann::json s2 = Json(stage2);
+  bool noted = false;
+  for (const auto& n : s2["notes"])
+    noted = noted || n.get<std::string>().find("overlap_step: not applied") != std::string::npos;
+  EXPECT_TRUE(noted) << stage2.out;
+}
+
 // Two ranks: stage 2 moves one all-reduce of the gradients, stage 3 1.5x that when every layer is
 // gathered again in backward (reuse distance 0; the bias groups sit between a layer's forward and
 // backward use, and are persistent, so they are gathered once: within 1 % here).
