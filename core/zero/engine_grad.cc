@@ -311,7 +311,6 @@ Status Engine::Impl::ReduceGradients(size_t g) {
                                       " times (gradient_accumulation_steps) since the last Step");
   }
   const auto t0 = Clock::now();
-  STRATA_RETURN_IF_ERROR(JoinDeferredStep());
   zero::PendingReduce p;
   p.group = g;
   p.full = std::move(gs.grad);
@@ -580,13 +579,18 @@ Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
   return Status::OK();
 }
 
-Status Engine::Impl::CheckGradWriteBehind(bool wait) {
+Status Engine::Impl::WriteBehindError(const std::vector<Ticket>& tickets, bool wait) const {
   Status first;
-  for (const Ticket& t : grad_write_behind) {
+  for (const Ticket& t : tickets) {
     if (!wait && !t.ready()) continue;
     Status st = t.Wait(timeout());
     if (!st.ok() && first.ok()) first = st.WithContext("gradient write-behind");
   }
+  return first;
+}
+
+Status Engine::Impl::CheckGradWriteBehind(bool wait) {
+  Status first = WriteBehindError(grad_write_behind, wait);
   if (wait) grad_write_behind.clear();
   return first;
 }

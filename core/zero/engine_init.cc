@@ -169,7 +169,6 @@ Status MakeStagingBuffers(Engine::Impl& e, uint64_t bytes, bool scatter, DeviceB
 
 Status Engine::InitParameters(const ParamFill& fill) {
   Impl& e = *impl_;
-  STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());
   return InitMasters(e, "InitParameters", [&](const SubGroup& s, float* m) {
     FillFlat(e, s.group, e.FullOffset(s), s.elems, fill, m);
     return Status::OK();
@@ -200,7 +199,6 @@ Status Engine::InitFromFullTensors(const std::vector<std::vector<const float*>>&
 Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float>>>& tensors,
                              uint64_t window_bytes) {
   Impl& e = *impl_;
-  STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());
   STRATA_RETURN_IF_ERROR(CheckInitAllowed(e, kOp));
   const bool root = e.rank == 0;
   const size_t world = static_cast<size_t>(e.world);

@@ -232,6 +232,10 @@ struct Engine::Impl {
   // also forgets them). A failed write loses nothing (the store keeps the newer copy), but it is
   // never silent.
   Status CheckGradWriteBehind(bool wait);
+  // The rule CheckGradWriteBehind applies to grad_write_behind, for any such tickets (an
+  // overlapped step takes them along): the first failure, as "gradient write-behind: ...",
+  // among those finished (or all, waiting, with `wait`).
+  Status WriteBehindError(const std::vector<Ticket>& tickets, bool wait) const;
 
   // The reduced gradient of sub-group s in pending reduction p (device memory): this rank's
   // shard (stage 1-3); stage 0 and one rank (no shard): the full buffer.

@@ -268,10 +268,8 @@ void Engine::Impl::LaunchDeferredStep(float grad_scale) {
     });
     // The gradients written home during the backward: a failed write fails this step, as
     // CheckGradWriteBehind does for a step that runs in Step.
-    for (const Ticket& t : tickets) {
-      Status w = t.Wait(timeout());
-      if (!w.ok() && st.ok()) st = w.WithContext("gradient write-behind");
-    }
+    Status written = WriteBehindError(tickets, /*wait=*/true);
+    if (st.ok()) st = written;
     {
       std::lock_guard<std::mutex> lock(job->mu);
       job->status = st;
@@ -374,11 +372,11 @@ Result<StepReport> Engine::Impl::Step() {
     report.lr = schedule->LrForStep(applied_steps);
     hyper.lr = static_cast<float>(report.lr);
     hyper.step = applied_steps + 1;
+    grad_scale = static_cast<float>(1.0 / combined);
     if (overlap_step) {
       launch = true;  // below, once the bookkeeping the job must not race with is done
-      grad_scale = static_cast<float>(1.0 / combined);
     } else {
-      st = RunAdam(static_cast<float>(1.0 / combined), &timings);
+      st = RunAdam(grad_scale, &timings);
       if (st.ok()) st = AllGatherUpdatedParams();
       if (!st.ok()) return Fail(st);
     }

@@ -171,8 +171,8 @@ struct EngineOptions {
   // of being read again from NVMe, and the forward's gathers overlap the optimizer's IO.
   // Trade-off: a failure of the step (an IO error, a checksum, a deadline; named as without)
   // comes back from the next call that waits for it, not from Step, and fails the engine then.
-  // Every call other than Gather, Release and the accessors waits for the whole step first:
-  // GradBuffer, ReduceGradients, Step, Save, Load, ReadMaster, the Init calls and Synchronize.
+  // GradBuffer (so the backward, and ReduceGradients after it), Step, Save, Load, ReadMaster and
+  // Synchronize wait for the whole step first; the Init calls are refused once a step was taken.
   // The step's optimizer timings are reported by the next Step.
   bool overlap_step = false;
 };
