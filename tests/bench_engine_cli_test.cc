@@ -95,6 +95,8 @@ TEST(BenchEngineCli, NvmeRunCarriesTheIssuesFigures) {
   EXPECT_GT(j["disk_bound_s"].get<double>(), 0.0);
   EXPECT_NEAR(j["io_efficiency"].get<double>(),
               j["disk_bound_s"].get<double>() / j["step_s"].get<double>(), 1e-9);
+  EXPECT_NEAR(j["io_efficiency_mean"].get<double>(),
+              j["disk_bound_s"].get<double>() / j["step_s_mean"].get<double>(), 1e-9);
   // The reference moved the step's read/write mix (each side rounded up to 1 MiB stripe units),
   // capped by --disk-reference-max, at the engine's depth; the burst passes are kept apart.
   const nlohmann::json& ref = j["disk_reference"];
