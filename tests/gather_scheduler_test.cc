@@ -1,8 +1,8 @@
 // GatherScheduler: the ZeRO-3 gather / release flow over the TieredStore (simulated IO,
 // HostDevice): data is always right, budgets hold, prefetch is issued while the trace replays,
 // a diverging step is handled (no prefetch, re-recorded, replayed afterwards), held groups are
-// never prefetched, a group in use is never planned for eviction, the policy reads one snapshot per call, and every ticket the
-// scheduler issues is checked.
+// never prefetched, a group in use is never planned for eviction, the policy reads one snapshot
+// per call, and every ticket the scheduler issues is checked.
 #include "core/store/gather_scheduler.h"
 #include "strata/store.h"
 
