@@ -4,6 +4,7 @@
 // ranks under `offloadctl launch`), the sweep reports what does not fit instead of failing, and
 // bad flags are usage errors naming the flag. Timings are reported, never asserted.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -69,6 +70,56 @@ void ExpectWithinBudgets(const nlohmann::json& j) {
 }
 
 constexpr const char* kTiny = " --params 2M --layers 4 --steps 2 --io-backend posix ";
+
+TEST(BenchEngineCli, PairedReferenceRewritesTheSwapFilesAfterEachStep) {
+  // --disk-reference-paired: after each measured step a pass over the engine's own swap files
+  // moves that step's NVMe mix (rounded up to 1 MiB units), rewriting their bytes unchanged: the
+  // engine then trains on, verifying its checksums on every read. io_efficiency_paired is the
+  // median of pass / step.
+  strata::testing::TempDir dir("bench-paired");
+  const std::string args =
+      " --params 8M --layers 16 --steps 3 --io-backend posix --stage 3 --offload-optimizer nvme "
+      "--offload-param nvme --disk-size 0 --disk-reference-max 0 --disk-reference-paired "
+      "--nvme-path " +
+      dir.path();
+  const ProcessResult r = Bench(args + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = Json(r);
+  const nlohmann::json& p = j["disk_reference_paired"];
+  ASSERT_TRUE(p["measured"].get<bool>()) << j.dump();
+  const auto passes = p["pass_seconds"].get<std::vector<double>>();
+  const auto steps = j["step_s_all"].get<std::vector<double>>();
+  const auto reads = p["read_bytes"].get<std::vector<double>>();
+  const auto writes = p["write_bytes"].get<std::vector<double>>();
+  const auto ratios = p["ratios"].get<std::vector<double>>();
+  ASSERT_EQ(passes.size(), 3u);
+  ASSERT_EQ(steps.size(), 3u);
+  ASSERT_EQ(ratios.size(), 3u);
+  const double unit = 1 << 20;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_GT(passes[i], 0.0) << i;
+    EXPECT_NEAR(ratios[i], passes[i] / steps[i], 1e-9) << i;
+    // Each pass moved one step's bytes (the mean step's within a unit's rounding per step).
+    EXPECT_GT(reads[i], 0.0) << i;
+    EXPECT_GT(writes[i], 0.0) << i;
+    EXPECT_EQ(std::fmod(reads[i], unit), 0.0) << i;
+  }
+  const double sum_rd = reads[0] + reads[1] + reads[2], sum_wr = writes[0] + writes[1] + writes[2];
+  EXPECT_NEAR(sum_rd / 3, j["nvme_read_bytes_per_step"].get<double>(), unit);
+  EXPECT_NEAR(sum_wr / 3, j["nvme_write_bytes_per_step"].get<double>(), unit);
+  std::vector<double> sorted = ratios;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(j["io_efficiency_paired"].get<double>(), sorted[1]);
+  // Over the swap files' whole units: the NVMe footprint, less a partial last unit.
+  EXPECT_NEAR(p["span_bytes"].get<double>(), j["peak_bytes"]["nvme"].get<double>(), unit);
+  // The text form prints it; with --overlap-step it is refused, naming both flags.
+  const ProcessResult text = Bench(args);
+  ASSERT_EQ(text.exit_code, 0) << text.out;
+  EXPECT_NE(text.out.find("paired with each step"), std::string::npos) << text.out;
+  const ProcessResult both = Bench(args + " --overlap-step", "2>&1");
+  EXPECT_NE(both.exit_code, 0) << both.out;
+  EXPECT_NE(both.out.find("--disk-reference-paired"), std::string::npos) << both.out;
+}
 
 TEST(BenchEngineCli, NvmeRunCarriesTheIssuesFigures) {
   strata::testing::TempDir dir("bench-engine");

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "core/zero/lr_schedule.h"
 #include "engine_test_model.h"
+#include "nvme/bench/nvme_bench.h"
 
 namespace strata::testing {
 namespace {
@@ -453,6 +455,59 @@ TEST(EngineIo, Stage3StepNeverReadsTheParamsItReplaces) {
   RunResult ref = RunEngine(host);
   ASSERT_TRUE(ref.status.ok()) << ref.status.ToString();
   EXPECT_TRUE(BitEqual(r.master, ref.master));
+}
+
+TEST(EngineIo, FlushRestsTheEngineSoItsSwapFilesCanBeRewrittenBetweenSteps) {
+  // Between steps, Flush and a pass that reads every unit of the engine's own swap files and
+  // writes it back unchanged (bench engine --disk-reference-paired): the engine trains on,
+  // verifying every read against its checksums, to the bits of a run without the passes. Flush
+  // refuses while a gathered group is held.
+  RunSpec spec;
+  spec.config_json = BaseConfig(
+      R"("stage": 3, "sub_group_size": 1000000,
+         "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"},
+         "offload_param": {"device": "nvme", "nvme_path": "/tmp"})");
+  spec.io = IoBackendKind::kPosix;  // real files
+  spec.steps = 3;
+  RunResult plain = RunEngine(spec);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.ToString();
+
+  int passes = 0;
+  spec.after_step = [&](int, int s, Engine& e) -> Status {
+    const std::vector<std::string> files = e.nvme_files();
+    if (files.empty()) return Status::Internal("no swap files");
+    for (const std::string& f : files) {
+      if (!std::filesystem::is_regular_file(f)) return Status::Internal("no file " + f);
+    }
+    if (s == 1) {
+      auto held = e.Gather(0);
+      STRATA_RETURN_IF_ERROR(held.status());
+      Status refused = e.Flush();
+      e.Release(std::move(*held));
+      if (refused.code() != Status::Code::kFailedPrecondition) {
+        return Status::Internal("Flush with a group held: " + refused.ToString());
+      }
+    }
+    STRATA_RETURN_IF_ERROR(e.Flush());
+    uint64_t bytes = 0;
+    for (const std::string& f : files) bytes += std::filesystem::file_size(f);
+    nvme::NvmeRewriteOptions o;
+    o.files = files;
+    o.block_bytes = 4096;  // every unit of the small test model's files
+    o.read_bytes = bytes;
+    o.write_bytes = bytes;
+    o.queue_depth = 4;
+    o.buffer_bytes = 64 << 10;
+    o.backend = IoBackendKind::kPosix;
+    STRATA_ASSIGN_OR_RETURN(nvme::NvmeRewriteResult r, nvme::RunNvmeRewrite(o));
+    if (r.write_bytes != bytes / 4096 * 4096) return Status::Internal("rewrote too little");
+    ++passes;
+    return Status::OK();
+  };
+  RunResult rewritten = RunEngine(spec);
+  ASSERT_TRUE(rewritten.status.ok()) << rewritten.status.ToString();
+  EXPECT_EQ(passes, spec.steps);
+  EXPECT_TRUE(BitEqual(rewritten.master, plain.master));
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -830,6 +830,20 @@ Status Engine::Synchronize() {
   return impl_->CheckHealthy();
 }
 
+Status Engine::Flush() {
+  Impl& e = *impl_;
+  STRATA_RETURN_IF_ERROR(Synchronize());
+  if (e.outstanding_gathers > 0) {
+    return Status::FailedPrecondition("Flush: " + std::to_string(e.outstanding_gathers) +
+                                      " gathered group(s) not released");
+  }
+  Status st = e.store->Flush(e.timeout());
+  if (!st.ok()) return e.Fail(Status(st.code(), "Flush: " + std::string(st.message())));
+  return Status::OK();
+}
+
+std::vector<std::string> Engine::nvme_files() const { return impl_->store->nvme_files(); }
+
 Result<GatheredGroup> Engine::Gather(size_t group) { return impl_->Gather(group); }
 void Engine::Release(GatheredGroup gathered) { impl_->Release(std::move(gathered)); }
 Status Engine::ReduceGradients(size_t group) { return impl_->ReduceGradients(group); }

@@ -344,6 +344,17 @@ class Engine {
   // Waits for the optimizer step running behind (EngineOptions::overlap_step; OK at once when
   // none runs) and returns its error, which fails the engine, or the engine's failure.
   Status Synchronize();
+  // Brings the engine to rest between steps: waits as Synchronize, then writes every dirty copy
+  // of a block back to its home and waits for every operation queued on the store (prefetches
+  // included). On OK the engine has no IO in flight and starts none until the next call, so a
+  // tool may measure the disk under the swap files meanwhile (`offloadctl bench engine
+  // --disk-reference-paired` rewrites their bytes unchanged). Costs nothing after a Step but the
+  // wait: Step leaves no dirty NVMe-homed copy. FailedPrecondition while gathered groups are
+  // held; a write-back's error (naming the block) fails the engine.
+  Status Flush();
+  // This rank's NVMe swap files, one per nvme_path (empty without an NVMe tier). The engine owns
+  // them: it removes them when destroyed.
+  std::vector<std::string> nvme_files() const;
 
   // The group's fp32 master weights, numel values (collective). For tests and export.
   Status ReadMaster(size_t group, std::span<float> out);

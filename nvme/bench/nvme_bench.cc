@@ -432,6 +432,173 @@ Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
   return r;
 }
 
+Result<NvmeRewriteResult> RunNvmeRewrite(const NvmeRewriteOptions& o) {
+  if (o.files.empty()) return Status::InvalidArgument("rewrite pass: no file");
+  if (o.block_bytes == 0 || o.block_bytes % kIoAlignment != 0 || o.block_bytes > (1u << 30)) {
+    return Status::InvalidArgument("rewrite pass: block size " + std::to_string(o.block_bytes) +
+                                   " must be a multiple of 4096 up to 1 GiB");
+  }
+  if (o.queue_depth == 0 || o.queue_depth > 4096) {
+    return Status::InvalidArgument("rewrite pass: queue depth " + std::to_string(o.queue_depth) +
+                                   " (1..4096)");
+  }
+  const uint64_t bs = o.block_bytes;
+  const uint64_t reads = (o.read_bytes + bs - 1) / bs, writes = (o.write_bytes + bs - 1) / bs;
+  if (reads == 0) {
+    return Status::InvalidArgument("rewrite pass: no read (a unit is written back only from its "
+                                   "own read)");
+  }
+  // The files, opened in place; each closed on every path out.
+  struct Fd {
+    int fd = -1;
+    ~Fd() {
+      if (fd >= 0) close(fd);
+    }
+  };
+  std::vector<Fd> fds(o.files.size());
+  std::vector<uint64_t> units(o.files.size());
+  for (size_t f = 0; f < o.files.size(); ++f) {
+    struct stat st {};
+    if (lstat(o.files[f].c_str(), &st) != 0) {
+      const int err = errno;
+      if (err == ENOENT) return Status::NotFound("rewrite pass: no file '" + o.files[f] + "'");
+      return Status::FromErrno(err, "rewrite pass: stat", o.files[f]);
+    }
+    if (!S_ISREG(st.st_mode)) {  // never through a link, never a device or a directory
+      return Status::InvalidArgument("rewrite pass: '" + o.files[f] + "' is not a regular file");
+    }
+    fds[f].fd = open(o.files[f].c_str(), O_RDWR | O_DIRECT | O_CLOEXEC | O_NOFOLLOW);
+    if (fds[f].fd < 0) return Status::FromErrno(errno, "rewrite pass: open", o.files[f]);
+    if (fstat(fds[f].fd, &st) != 0) return Status::FromErrno(errno, "rewrite pass: stat", o.files[f]);
+    units[f] = static_cast<uint64_t>(st.st_size) / bs;
+  }
+  // Positions: round r visits unit r of every file that has one (as the swap space stripes).
+  std::vector<MixUnit> span;
+  for (uint64_t r = 0, more = 1; more != 0; ++r) {
+    more = 0;
+    for (size_t f = 0; f < fds.size(); ++f) {
+      if (r < units[f]) {
+        span.push_back(MixUnit{IoOp::kRead, fds[f].fd, r * bs});
+        more = 1;
+      }
+    }
+  }
+  const uint64_t S = span.size();
+  if (S == 0) {
+    return Status::InvalidArgument("rewrite pass: the files hold no whole block of " +
+                                   std::to_string(bs) + " bytes");
+  }
+  // Read j: spread evenly over the span (or revisiting it in order when reading more); it is
+  // written back (j+1)W/R - jW/R times.
+  auto position = [&](uint64_t j) {
+    return S >= reads ? (j * S / reads + o.first_unit) % S : (j + o.first_unit) % S;
+  };
+  auto write_count = [&](uint64_t j) {
+    return static_cast<uint32_t>((j + 1) * writes / reads - j * writes / reads);
+  };
+  const size_t nbuf = static_cast<size_t>(std::max<uint64_t>(
+      o.queue_depth, std::min<uint64_t>(o.buffer_bytes / bs, reads)));
+  cpu::PinnedPoolOptions po;
+  po.budget_bytes = (nbuf * bs + cpu::kHugePageBytes - 1) / cpu::kHugePageBytes * cpu::kHugePageBytes;
+  po.lock_memory = false;
+  po.register_with_cuda = false;
+  STRATA_ASSIGN_OR_RETURN(auto pool, cpu::PinnedPool::Create(po));
+  STRATA_ASSIGN_OR_RETURN(cpu::PinnedBuffer mem, pool->Allocate(nbuf * bs));
+  IoBackendOptions io;
+  io.kind = o.backend;
+  io.queue_depth = o.queue_depth;
+  io.single_issuer = true;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> backend, OpenIoBackend(io));
+  for (size_t f = 0; f < fds.size(); ++f) {
+    STRATA_RETURN_IF_ERROR(backend->RegisterFile(fds[f].fd, o.files[f]));
+  }
+  backend->RegisterBuffer(mem.data(), nbuf * bs).IgnoreError();  // unregistered IO works too
+
+  struct Buf {
+    uint64_t pos = 0;
+    uint32_t writes_left = 0;
+    bool reading = false;
+  };
+  std::vector<Buf> bufs(nbuf);
+  std::deque<size_t> free_bufs, ready;  // ready: read back, waiting to be written
+  for (size_t b = 0; b < nbuf; ++b) free_bufs.push_back(b);
+  const uint64_t total = reads + writes;
+  uint64_t issued_r = 0, issued_w = 0;
+  std::vector<IoRequest> batch;
+  batch.reserve(o.queue_depth);
+  std::vector<IoCompletion> done(o.queue_depth);
+  Status first;
+  const auto t0 = Clock::now();
+  while (true) {
+    batch.clear();
+    while (first.ok() && backend->inflight() + batch.size() < o.queue_depth) {
+      const uint64_t k = issued_r + issued_w;
+      const bool turn_read = issued_w >= writes || (k + 1) * reads / total > k * reads / total;
+      const bool can_read = issued_r < reads && !free_bufs.empty();
+      const bool can_write = !ready.empty();
+      bool read;
+      if (turn_read ? can_read : !can_write) {
+        if (!can_read) break;
+        read = true;
+      } else {
+        if (!can_write) break;
+        read = false;
+      }
+      size_t b;
+      if (read) {
+        b = free_bufs.front();
+        free_bufs.pop_front();
+        bufs[b].pos = position(issued_r);
+        bufs[b].writes_left = write_count(issued_r);
+        bufs[b].reading = true;
+        ++issued_r;
+      } else {
+        b = ready.front();
+        ready.pop_front();
+        bufs[b].reading = false;
+        ++issued_w;
+      }
+      const MixUnit& u = span[bufs[b].pos];
+      batch.push_back(IoRequest{read ? IoOp::kRead : IoOp::kWrite, u.fd, u.offset,
+                                mem.as<char>() + b * bs, bs, b});
+    }
+    if (!batch.empty()) {
+      Status st = backend->Submit(batch);
+      if (!st.ok() && first.ok()) first = st;  // none of the batch was queued
+    }
+    if (backend->inflight() == 0) break;
+    auto n = backend->Reap(done, 1);
+    if (!n.ok()) {
+      if (first.ok()) first = n.status();
+      break;  // the backend keeps what it cannot reap; its destructor waits for it
+    }
+    for (size_t i = 0; i < *n; ++i) {
+      const size_t b = static_cast<size_t>(done[i].user_data);
+      if (!done[i].status.ok()) {
+        if (first.ok()) first = done[i].status.WithContext("rewrite pass");
+        continue;
+      }
+      if (bufs[b].reading) {
+        (bufs[b].writes_left > 0 ? ready : free_bufs).push_back(b);
+      } else if (--bufs[b].writes_left > 0) {
+        ready.push_back(b);
+      } else {
+        free_bufs.push_back(b);
+      }
+    }
+  }
+  NvmeRewriteResult r;
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  STRATA_RETURN_IF_ERROR(first);
+  r.read_bytes = issued_r * bs;
+  r.write_bytes = issued_w * bs;
+  r.span_bytes = S * bs;
+  r.backend = IoBackendKindName(backend->kind());
+  r.note = backend->note();
+  if (!pool->note().empty()) r.note += (r.note.empty() ? "" : "; ") + pool->note();
+  return r;
+}
+
 Result<std::vector<NvmeBenchResult>> RunNvmeBench(
     const NvmeBenchOptions& options, const std::vector<NvmeBenchPoint>& points,
     const std::function<void(size_t, const NvmeBenchPoint&)>& progress) {

@@ -132,4 +132,43 @@ struct NvmeMixResult {
 // zero depth or streams, nothing to move. NotFound / IOError as RunNvmeBench.
 Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& options);
 
+// The disk's own time for a read/write mix, moved over existing files in place and leaving their
+// bytes as they were: `bench engine --disk-reference-paired` runs it over the engine's own swap
+// files between steps (Engine::Flush has brought the engine to rest), so the reference touches
+// the step's very extents at the step's time, on a disk whose rate drifts by minutes (this VM's:
+// 0.4-3.3 GB/s within one 4B run), and needs no second file of the footprint's size.
+//
+// Each unit (block_bytes, in file order, unit p in file p mod #files at (p / #files) blocks) is
+// read into a buffer and later written back from it unchanged, `read_bytes` and `write_bytes` in
+// proportion and interleaved unit by unit in one queue of queue_depth, as RunNvmeMix. Reads spread
+// evenly over the files' whole units, starting `first_unit` in (successive passes start
+// elsewhere); fewer writes than reads leave some units unwritten, more write some twice. A unit
+// is written only from its own completed read, so a crash or a failed IO mid-pass leaves every
+// unit with its old bytes (or a failed write's unknown bytes, as any failed write: the swap space's
+// checksums then report the block). The files' tails shorter than a block are not touched.
+//
+// REQUIRES: nothing else writes the files during the pass.
+struct NvmeRewriteOptions {
+  std::vector<std::string> files;  // existing regular files, at least one block in all
+  uint64_t read_bytes = 0, write_bytes = 0;  // rounded up to whole blocks; reads > 0
+  size_t block_bytes = size_t{1} << 20;
+  size_t queue_depth = 8;
+  // Memory the units cycle through, in whole blocks (at least queue_depth; at most what is read):
+  // as NvmeMixOptions::buffer_bytes. Huge pages, not locked.
+  size_t buffer_bytes = size_t{256} << 20;
+  uint64_t first_unit = 0;
+  IoBackendKind backend = IoBackendKind::kAuto;
+};
+
+struct NvmeRewriteResult {
+  uint64_t read_bytes = 0, write_bytes = 0, span_bytes = 0;  // moved; the files' whole blocks
+  double seconds = 0;
+  std::string backend, note;
+};
+
+// InvalidArgument: no file, a block size not a multiple of 4 KiB, depth 0, no read, files with
+// no whole block. NotFound / IOError (errno, file): opening or IO. The pass stops at the first
+// failed IO and reports it after the IO in flight completed.
+Result<NvmeRewriteResult> RunNvmeRewrite(const NvmeRewriteOptions& options);
+
 }  // namespace strata::nvme

@@ -70,6 +70,11 @@ struct BenchEngineArgs {
   // space of the --nvme-path dirs; 0: the bytes the reference moves (the form before 2026-12-02).
   static constexpr uint64_t kSpanFootprint = ~uint64_t{0};
   uint64_t disk_reference_span_bytes = kSpanFootprint;
+  // After each measured step, Engine::Flush, then a pass of nvme::RunNvmeRewrite over the
+  // engine's own swap files moving that step's NVMe reads and writes (its bytes unchanged): a
+  // reference at the step's time on the step's extents. io_efficiency_paired is the median over
+  // steps of pass / step. Not with overlap_step (each pass waits for its step's optimizer).
+  bool disk_reference_paired = false;
   double timeout_s = 600;
   // ZeRO++ over the config's (README "ZeRO++"): --qwz, --qgz, --hpz K; the node size its
   // hierarchy uses (0: LOCAL_WORLD_SIZE, as `offloadctl launch` sets it).
@@ -152,6 +157,11 @@ struct VariantResult {
   double checkpoint_host_peak_bytes = 0, checkpoint_stream_bytes = 0;
   // The NVMe tier's IO shape (the mixed disk reference uses it): aio.queue_depth per rank.
   size_t io_queue_depth = 8;
+  // --disk-reference-paired: per measured step, the pass's time (the slowest rank's; 0: no pass,
+  // the step read nothing from NVMe) and the bytes it moved (all ranks; each rank its own step's
+  // reads and writes over its swap files).
+  std::vector<double> paired_pass_s, paired_read_bytes, paired_write_bytes;
+  double paired_span_bytes = 0;  // the swap files' whole blocks, all ranks
 };
 
 // The disk under the --nvme-path directories, measured by nvme/bench (O_DIRECT).

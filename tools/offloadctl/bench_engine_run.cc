@@ -173,9 +173,75 @@ Result<std::unique_ptr<Engine>> CreateOrRefuse(const ModelSpec& model, EngineOpt
   return created.status().WithContext("Engine::Create");
 }
 
+// --disk-reference-paired: the engine brought to rest, every rank's pass over its own swap files
+// at once (each its own step's bytes), the slowest rank's time and all ranks' bytes into `r`.
+Status PairedDiskPass(const BenchEngineArgs& a, const BenchProcess& p, Communicator& comm,
+                      Engine& e, size_t index, double read_bytes, double write_bytes,
+                      VariantResult* r) {
+  STRATA_RETURN_IF_ERROR(e.Flush().WithContext("paired disk reference: Engine::Flush"));
+  // Every engine at rest before any rank's pass writes; a pass writes back only what it read, so
+  // a step that read nothing from NVMe on some rank has no pass (noted once).
+  const bool files = !e.nvme_files().empty();
+  STRATA_ASSIGN_OR_RETURN(
+      std::vector<double> reads,
+      AllGatherDoubles(comm, {files && read_bytes >= 1.0 ? 1.0 : 0.0}, p.timeout));
+  if (std::find(reads.begin(), reads.end(), 0.0) != reads.end()) {
+    const std::string note =
+        "paired disk reference: a step read nothing from NVMe on some rank (or it has no NVMe "
+        "tier), so no pass followed it: a pass writes back only what it read";
+    if (std::find(r->notes.begin(), r->notes.end(), note) == r->notes.end()) {
+      r->notes.push_back(note);
+    }
+    r->paired_pass_s.push_back(0);  // aligned with the steps: 0 is no pass
+    r->paired_read_bytes.push_back(0);
+    r->paired_write_bytes.push_back(0);
+    return Status::OK();
+  }
+  nvme::NvmeRewriteOptions o;
+  o.files = e.nvme_files();
+  o.read_bytes = static_cast<uint64_t>(read_bytes);
+  o.write_bytes = static_cast<uint64_t>(write_bytes);
+  o.block_bytes = TieredStoreOptions{}.stripe_unit_bytes;  // the engine leaves it at the default
+  o.queue_depth = r->io_queue_depth;
+  o.buffer_bytes = std::max<uint64_t>(a.disk_reference_buffer_bytes, 1);
+  o.first_unit = index * 104729;  // successive passes start elsewhere in the files
+  o.backend = p.io_kind;
+  nvme::NvmeRewriteResult pass;
+  auto ran = nvme::RunNvmeRewrite(o);
+  if (ran.ok()) pass = *ran;
+  const Status st = ran.status();
+  // Every rank reports (a failed pass as -1), so none waits for a peer that gave up.
+  STRATA_ASSIGN_OR_RETURN(
+      std::vector<double> all,
+      AllGatherDoubles(comm,
+                       {st.ok() ? pass.seconds : -1.0, static_cast<double>(pass.read_bytes),
+                        static_cast<double>(pass.write_bytes),
+                        static_cast<double>(pass.span_bytes)},
+                       p.timeout));
+  STRATA_RETURN_IF_ERROR(st.WithContext("paired disk reference"));
+  double secs = 0, rd = 0, wr = 0, span = 0;
+  for (int q = 0; q < p.world; ++q) {
+    const double* f = all.data() + 4 * q;
+    if (f[0] < 0) {
+      return Status::Aborted("paired disk reference: rank " + std::to_string(q) +
+                             "'s pass failed (its own error says why)");
+    }
+    secs = std::max(secs, f[0]);
+    rd += f[1];
+    wr += f[2];
+    span += f[3];
+  }
+  r->paired_pass_s.push_back(secs);
+  r->paired_read_bytes.push_back(rd);
+  r->paired_write_bytes.push_back(wr);
+  r->paired_span_bytes = span;
+  return Status::OK();
+}
+
 // Warm-up and measured steps; fills the timing fields and this rank's figures of `r`.
-Status MeasureSteps(const BenchEngineArgs& a, Engine& e, int rank, Progress& progress,
-                    VariantResult* r) {
+Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicator& comm,
+                    Engine& e, Progress& progress, VariantResult* r) {
+  const int rank = p.rank;
   GradPattern grads;
   EngineStats before = e.Stats();
   const int total = a.warmup_steps + a.steps;
@@ -188,6 +254,7 @@ Status MeasureSteps(const BenchEngineArgs& a, Engine& e, int rank, Progress& pro
       STRATA_RETURN_IF_ERROR(e.Synchronize().WithContext("the warm-up's step"));
       before = e.Stats();
     }
+    const EngineStats step_before = e.Stats();
     STRATA_ASSIGN_OR_RETURN(
         StepSample x, TrainStep(e, r->gradient_accumulation_steps, a.compute_ms, grads, rank));
     if (s + 1 == total) {
@@ -203,6 +270,15 @@ Status MeasureSteps(const BenchEngineArgs& a, Engine& e, int rank, Progress& pro
     progress.Say(line);
     if (s < a.warmup_steps) continue;
     r->step_s.push_back(x.wall_s);
+    if (a.disk_reference_paired) {
+      const EngineStats step_after = e.Stats();
+      progress.Say("bench engine: " + r->variant.Name() + ": paired disk pass " +
+                   std::to_string(r->step_s.size()) + "/" + std::to_string(a.steps));
+      STRATA_RETURN_IF_ERROR(PairedDiskPass(
+          a, p, comm, e, r->step_s.size() - 1,
+          static_cast<double>(NvmeRead(step_after.store) - NvmeRead(step_before.store)),
+          static_cast<double>(NvmeWrite(step_after.store) - NvmeWrite(step_before.store)), r));
+    }
     const double n = a.steps;
     r->gather_wait_s += x.t.gather_wait_ns * 1e-9 / n;
     r->reduce_wait_s += x.t.reduce_wait_ns * 1e-9 / n;
@@ -471,7 +547,7 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
                              })
                              .WithContext("InitParameters"));
   r.init_s = Sec(Clock::now() - t0);
-  STRATA_RETURN_IF_ERROR(MeasureSteps(a, *engine, p.rank, progress, &r));
+  STRATA_RETURN_IF_ERROR(MeasureSteps(a, p, *comm, *engine, progress, &r));
   if (!a.save_dir.empty()) {
     const AioConfig& aio = cfg.config.aio;
     SaveOptions so = SaveOptionsFromConfig(cfg.config.checkpoint);

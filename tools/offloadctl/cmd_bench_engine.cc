@@ -226,6 +226,18 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
   // Against the mean step: the whole measured window's time per step, edges included (with
   // --overlap-step the last measured step also waits for its own optimizer step alone).
   j["io_efficiency_mean"] = mean > 0 ? bound / mean : 0.0;
+  // --disk-reference-paired: each measured step against the pass that followed it.
+  std::vector<double> ratios;
+  for (size_t i = 0; i < r.paired_pass_s.size() && i < r.step_s.size(); ++i) {
+    if (r.paired_pass_s[i] > 0 && r.step_s[i] > 0) ratios.push_back(r.paired_pass_s[i] / r.step_s[i]);
+  }
+  j["disk_reference_paired"] = {{"measured", !ratios.empty()},
+                                {"pass_seconds", r.paired_pass_s},
+                                {"read_bytes", r.paired_read_bytes},
+                                {"write_bytes", r.paired_write_bytes},
+                                {"span_bytes", r.paired_span_bytes},
+                                {"ratios", ratios}};
+  j["io_efficiency_paired"] = Median(ratios);
   j["disk_burst_measured"] = d.measured;
   j["disk_burst_bytes"] = d.bytes;
   j["disk_burst_read_bytes_per_s"] = d.read_bytes_per_s;
@@ -317,6 +329,13 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
         j["disk_read_bytes_per_s"].get<double>() / 1e9,
         j["disk_write_bytes_per_s"].get<double>() / 1e9, j["disk_bound_s"].get<double>(),
         j["io_efficiency"].get<double>(), j["io_efficiency_mean"].get<double>());
+  }
+  if (j["disk_reference_paired"]["measured"].get<bool>()) {
+    std::printf("\n  paired with each step (its mix rewritten over its swap files): io efficiency "
+                "%.2f (median; per step",
+                j["io_efficiency_paired"].get<double>());
+    for (const auto& x : j["disk_reference_paired"]["ratios"]) std::printf(" %.2f", x.get<double>());
+    std::printf(")");
   }
   if (j["disk_burst_measured"].get<bool>()) {
     std::printf("\n  burst passes: read %.2f GB/s, write %.2f GB/s: io efficiency %.2f",
@@ -585,6 +604,13 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
                "io_efficiency's reference: after the steps, the step's NVMe read/write mix is "
                "moved concurrently at the engine's IO size and depth over min(the step's bytes, "
                "SIZE) in the --nvme-path dirs (0: skip)");
+  c->add_flag("--disk-reference-paired", a->disk_reference_paired,
+              "After each measured step, Engine::Flush and a pass over the engine's own swap "
+              "files moving that step's NVMe reads and writes in the same mix, every byte "
+              "rewritten unchanged (nvme::RunNvmeRewrite): io_efficiency_paired, the median of "
+              "pass / step, immune to a disk whose rate drifts between the steps and a later "
+              "reference")
+      ->excludes("--overlap-step");
   c->add_option("--disk-reference-passes", a->disk_reference_passes,
                 "Mixed passes of the io_efficiency reference over its prefilled file; the fastest "
                 "counts (the disk's best for the step's mix)")
