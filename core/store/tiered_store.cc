@@ -60,6 +60,8 @@ Status TieredStore::Init() {
     cpu::PinnedPoolOptions po;
     po.budget_bytes =
         (host_bytes + cpu::kHugePageBytes - 1) / cpu::kHugePageBytes * cpu::kHugePageBytes;
+    po.lock_memory = options_.lock_host_memory;
+    po.register_with_cuda = options_.lock_host_memory;
     STRATA_ASSIGN_OR_RETURN(pool_, cpu::PinnedPool::Create(po));
     STRATA_ASSIGN_OR_RETURN(auto buf, pool_->Allocate(host_bytes));
     slab_ = std::make_unique<cpu::PinnedBuffer>(std::move(buf));

@@ -691,7 +691,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
     so.rank = e.rank;
     so.io_deadline = options.timeout;
     const bool pin = z.offload_optimizer.pin_memory || z.offload_param.pin_memory;
-    so.use_pinned_pool = options.use_pinned_pool && pin;
+    so.use_pinned_pool = options.use_pinned_pool;  // huge pages either way
+    so.lock_host_memory = pin;
     if (options.use_pinned_pool && !pin &&
         (opt_home != Tier::kDevice || param_home != Tier::kDevice)) {
       L.notes.push_back("pin_memory is false: host buffers are not page-locked (no mlock)");

@@ -149,8 +149,10 @@ struct EngineOptions {
   std::vector<std::string> nvme_paths;
   std::unique_ptr<IoBackend> io;
   IoBackendKind io_kind = IoBackendKind::kAuto;
-  // Pinned host memory from a PinnedPool (huge pages; locked only when the config's pin_memory
-  // asks). False: plain aligned memory.
+  // The store's host slab from a PinnedPool: huge pages whatever pin_memory says (a 1 MiB
+  // O_DIRECT IO from 4 KiB pages is split in two requests on a virtio disk: store.h,
+  // TieredStoreOptions::lock_host_memory), locked and CUDA-registered only when the config's
+  // offload_optimizer or offload_param pin_memory asks. False: plain aligned memory.
   bool use_pinned_pool = true;
   // Threads of the CPU optimizer (fused Adam and gradient statistics), the calling thread
   // included. 0: one per CPU this process may run on. Results are the same bits for any count.
