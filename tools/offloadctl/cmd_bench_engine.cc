@@ -551,7 +551,9 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
       ->check(AtLeast(1, true, true))
       ->capture_default_str();
   c->add_option("--warmup-steps", a->warmup_steps,
-                "Steps before the measured ones (the first records the trace)")
+                "Steps before the measured ones (the first records the trace; the second is "
+                "the first to prefetch and keep gathered copies by it, their memory touched for "
+                "the first time)")
       ->check(AtLeast(0, true, true))
       ->capture_default_str();
   c->add_option(
