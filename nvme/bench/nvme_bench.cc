@@ -99,11 +99,17 @@ Status RunPass(ThreadCtx& t, IoOp op, size_t bs) {
   return Status::OK();
 }
 
-Status ValidatePoint(const NvmeBenchPoint& p, uint64_t size) {
-  if (p.block_bytes == 0 || p.block_bytes % kIoAlignment != 0 || p.block_bytes > (1u << 30)) {
-    return Status::InvalidArgument("block size " + std::to_string(p.block_bytes) +
+// The block sizes every pass here accepts: whole 4 KiB pages (O_DIRECT), up to 1 GiB.
+Status CheckBlockBytes(uint64_t block_bytes) {
+  if (block_bytes == 0 || block_bytes % kIoAlignment != 0 || block_bytes > (1u << 30)) {
+    return Status::InvalidArgument("block size " + std::to_string(block_bytes) +
                                    " must be a multiple of 4096 up to 1 GiB");
   }
+  return Status::OK();
+}
+
+Status ValidatePoint(const NvmeBenchPoint& p, uint64_t size) {
+  STRATA_RETURN_IF_ERROR(CheckBlockBytes(p.block_bytes));
   if (p.queue_depth == 0 || p.queue_depth > 4096) {
     return Status::InvalidArgument("queue depth " + std::to_string(p.queue_depth) +
                                    " out of 1..4096");
@@ -298,10 +304,7 @@ Status RunUnits(IoBackend& io, const std::vector<char*>& bufs, size_t depth, siz
 
 Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
   if (o.dirs.empty()) return Status::InvalidArgument("no benchmark directory");
-  if (o.block_bytes == 0 || o.block_bytes % kIoAlignment != 0 || o.block_bytes > (1u << 30)) {
-    return Status::InvalidArgument("block size " + std::to_string(o.block_bytes) +
-                                   " must be a multiple of 4096 up to 1 GiB");
-  }
+  STRATA_RETURN_IF_ERROR(CheckBlockBytes(o.block_bytes));
   if (o.queue_depth == 0 || o.queue_depth > 4096 || o.streams == 0 || o.streams > 256) {
     return Status::InvalidArgument("queue depth " + std::to_string(o.queue_depth) +
                                    " (1..4096) or streams " + std::to_string(o.streams) +
@@ -434,10 +437,7 @@ Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
 
 Result<NvmeRewriteResult> RunNvmeRewrite(const NvmeRewriteOptions& o) {
   if (o.files.empty()) return Status::InvalidArgument("rewrite pass: no file");
-  if (o.block_bytes == 0 || o.block_bytes % kIoAlignment != 0 || o.block_bytes > (1u << 30)) {
-    return Status::InvalidArgument("rewrite pass: block size " + std::to_string(o.block_bytes) +
-                                   " must be a multiple of 4096 up to 1 GiB");
-  }
+  STRATA_RETURN_IF_ERROR(CheckBlockBytes(o.block_bytes).WithContext("rewrite pass"));
   if (o.queue_depth == 0 || o.queue_depth > 4096) {
     return Status::InvalidArgument("rewrite pass: queue depth " + std::to_string(o.queue_depth) +
                                    " (1..4096)");

@@ -181,10 +181,10 @@ Status PairedDiskPass(const BenchEngineArgs& a, const BenchProcess& p, Communica
   STRATA_RETURN_IF_ERROR(e.Flush().WithContext("paired disk reference: Engine::Flush"));
   // Every engine at rest before any rank's pass writes; a pass writes back only what it read, so
   // a step that read nothing from NVMe on some rank has no pass (noted once).
-  const bool files = !e.nvme_files().empty();
+  std::vector<std::string> files = e.nvme_files();
   STRATA_ASSIGN_OR_RETURN(
       std::vector<double> reads,
-      AllGatherDoubles(comm, {files && read_bytes >= 1.0 ? 1.0 : 0.0}, p.timeout));
+      AllGatherDoubles(comm, {!files.empty() && read_bytes >= 1.0 ? 1.0 : 0.0}, p.timeout));
   if (std::find(reads.begin(), reads.end(), 0.0) != reads.end()) {
     const std::string note =
         "paired disk reference: a step read nothing from NVMe on some rank (or it has no NVMe "
@@ -198,7 +198,7 @@ Status PairedDiskPass(const BenchEngineArgs& a, const BenchProcess& p, Communica
     return Status::OK();
   }
   nvme::NvmeRewriteOptions o;
-  o.files = e.nvme_files();
+  o.files = std::move(files);
   o.read_bytes = static_cast<uint64_t>(read_bytes);
   o.write_bytes = static_cast<uint64_t>(write_bytes);
   o.block_bytes = TieredStoreOptions{}.stripe_unit_bytes;  // the engine leaves it at the default
