@@ -1,9 +1,11 @@
 #include "kernels/casts.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
 
+#include "kernels/elem.h"
 #include "kernels/pool.h"
 #include "kernels/simd.h"
 
@@ -83,6 +85,47 @@ Status Cast(KernelPool& pool, const void* in, DType in_dtype, void* out, DType o
     } else {
       fn(in, out, b, e);
     }
+  };
+  pool.ForEachTile(n, 0, body);
+  return Status::OK();
+}
+
+namespace {
+
+Result<int> CheckAccumulate(const float* acc, const void* grad, DType grad_dtype, float scale,
+                            size_t n) {
+  const int elem = ElemOf(grad_dtype);
+  if (elem < 0) {
+    return Status::InvalidArgument("AccumulateGrad: gradient dtype " +
+                                   std::string(DTypeName(grad_dtype)) +
+                                   " (fp32, bf16 or fp16)");
+  }
+  if (!std::isfinite(scale)) {
+    return Status::InvalidArgument("AccumulateGrad: scale " + std::to_string(scale) +
+                                   " is not finite");
+  }
+  if (n > 0 && (acc == nullptr || grad == nullptr)) {
+    return Status::InvalidArgument("AccumulateGrad: null accumulator or gradient with n > 0");
+  }
+  return elem;
+}
+
+}  // namespace
+
+Status AccumulateGrad(float* acc, const void* grad, DType grad_dtype, float scale, bool overwrite,
+                      size_t n) {
+  STRATA_ASSIGN_OR_RETURN(int elem, CheckAccumulate(acc, grad, grad_dtype, scale, n));
+  if (n > 0) simd::AccumulateGrad(grad, elem, acc, scale, overwrite, n);
+  return Status::OK();
+}
+
+Status AccumulateGrad(KernelPool& pool, float* acc, const void* grad, DType grad_dtype,
+                      float scale, bool overwrite, size_t n) {
+  STRATA_ASSIGN_OR_RETURN(int elem, CheckAccumulate(acc, grad, grad_dtype, scale, n));
+  const size_t bytes = DTypeSize(grad_dtype);
+  auto body = [&](int /*slot*/, size_t b, size_t e) {
+    simd::AccumulateGrad(static_cast<const uint8_t*>(grad) + b * bytes, elem, acc + b, scale,
+                         overwrite, e - b);
   };
   pool.ForEachTile(n, 0, body);
   return Status::OK();

@@ -27,4 +27,17 @@ Status Cast(const void* in, DType in_dtype, void* out, DType out_dtype, size_t n
 // The same over the pool's tiles.
 Status Cast(KernelPool& pool, const void* in, DType in_dtype, void* out, DType out_dtype, size_t n);
 
+// Gradient accumulation, the widening cast fused with a scale and an add (one pass over memory):
+//   overwrite == false:  acc[i] = acc[i] + float(grad[i]) * scale
+//   overwrite == true:   acc[i] = float(grad[i]) * scale   (acc is not read; a -0 product stays -0)
+// One multiply, then one add with acc first, never fused: the same bits on every target as that
+// scalar formula, and as CudaAccumulateGrad (kernels/cuda_kernels.h). NaN/Inf propagate.
+// grad_dtype: fp32, bf16 or fp16. REQUIRES: acc and grad do not overlap.
+// InvalidArgument: another grad_dtype; scale not finite; acc or grad null with n > 0.
+Status AccumulateGrad(float* acc, const void* grad, DType grad_dtype, float scale, bool overwrite,
+                      size_t n);
+// The same over the pool's tiles (element-wise: the same bits for any thread count).
+Status AccumulateGrad(KernelPool& pool, float* acc, const void* grad, DType grad_dtype,
+                      float scale, bool overwrite, size_t n);
+
 }  // namespace strata::kernels

@@ -28,8 +28,8 @@
 //                  (and the bf16/fp16 param_out of such a NaN differs accordingly). On the
 //                  non-FMA CPU targets (SSE4, SSSE3, scalar), AdamStep itself rounds differently
 //                  (separate multiply and add), by an ulp or so.
-//   CudaAccumulateGrad  the formula below, bit for bit (no CPU kernel yet; the CPU side is to
-//                  mirror it: a multiply, then an add, no FMA).
+//   CudaAccumulateGrad  the formula below, bit for bit, as the CPU's AccumulateGrad (casts.h) on
+//                  every target: a multiply, then an add, no FMA.
 //   CudaChunkSumSquares  each chunk's double bit-identical to the AVX2 target's chunk sum (the
 //                  same 16-lane order, Highway 1.0.3); the AVX-512 target sums in another order,
 //                  so there a chunk may differ by a few ulp of double (relative difference at

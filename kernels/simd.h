@@ -64,6 +64,10 @@ void CastF32ToBf16(const float* in, uint16_t* out, size_t n);
 void CastBf16ToF32(const uint16_t* in, float* out, size_t n);
 void CastF32ToF16(const float* in, uint16_t* out, size_t n);
 void CastF16ToF32(const uint16_t* in, float* out, size_t n);
+// acc[i] = (overwrite ? grad[i] * scale : acc[i] + grad[i] * scale) for n elements, grad of type
+// `elem` (F32, BF16 or F16) widened exactly: a multiply, then an add, never fused.
+void AccumulateGrad(const void* grad, int elem, float* acc, float scale, bool overwrite,
+                    size_t n);
 
 // Sum of squares (each square and the sum in double) of grad[begin, begin + count), elements of
 // type `elem` (F32, BF16 or F16). The lane order is fixed per target, so a given chunk always

@@ -607,6 +607,10 @@ TEST_F(CudaKernelsTest, AccumulateIsMulThenAdd) {
           EXPECT_SAME(want.data(), got.data(), n,
                       "n=" + std::to_string(n) + " " + std::string(DTypeName(gt)) +
                           " scale=" + std::to_string(scale) + (overwrite ? " overwrite" : ""));
+          std::vector<float> cpu = acc;  // the CPU kernel (every target: kernels_casts_test)
+          ASSERT_TRUE(AccumulateGrad(cpu.data(), grad.data(), gt, scale, overwrite, n).ok());
+          EXPECT_SAME(cpu.data(), got.data(), n,
+                      "cpu vs gpu n=" + std::to_string(n) + " " + std::string(DTypeName(gt)));
         }
       }
     }

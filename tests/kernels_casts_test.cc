@@ -1,6 +1,10 @@
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
+#include <string>
+#include <vector>
 
 #include "kernels/casts.h"
 #include "kernels/pool.h"
@@ -107,6 +111,75 @@ TEST_P(CastTest, PoolGivesTheSameBits) {
   EXPECT_EQ(a, b);
 }
 
+// The scalar formula of kernels/casts.h (a multiply, then an add with acc first; this file is
+// built with -ffp-contract=off, so they do not fuse here either).
+std::vector<float> AccumulateReference(const std::vector<float>& acc, const void* grad, DType t,
+                                       float scale, bool overwrite) {
+  std::vector<float> want = acc;
+  for (size_t i = 0; i < acc.size(); ++i) {
+    float g;
+    if (t == DType::kF32) {
+      g = static_cast<const float*>(grad)[i];
+    } else if (t == DType::kBF16) {
+      g = Bf16ToFloat(static_cast<const bf16_t*>(grad)[i]);
+    } else {
+      g = HalfToFloat(static_cast<const f16_t*>(grad)[i]);
+    }
+    const float prod = g * scale;
+    want[i] = overwrite ? prod : acc[i] + prod;
+  }
+  return want;
+}
+
+TEST_P(CastTest, AccumulateGradIsMulThenAddBitForBit) {
+  std::mt19937 rng(11);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{31}, size_t{33}, size_t{1000},
+                   size_t{4097}}) {
+    for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+      // Random bit patterns: NaNs with payloads, infinities, subnormals and -0 among them.
+      std::vector<uint8_t> grad(n * DTypeSize(t));
+      for (uint8_t& b : grad) b = static_cast<uint8_t>(rng());
+      for (float scale : {1.0f, 0.1f, -3.0f, 65536.0f, 1e-30f, 0.0f}) {
+        for (bool overwrite : {false, true}) {
+          std::vector<float> acc(n);
+          for (float& a : acc) {
+            a = overwrite ? std::bit_cast<float>(0x7fbadbadu)  // never read
+                          : std::bit_cast<float>(static_cast<uint32_t>(rng()));
+          }
+          const std::vector<float> want = AccumulateReference(acc, grad.data(), t, scale, overwrite);
+          std::vector<float> got = acc;
+          ASSERT_TRUE(AccumulateGrad(got.data(), grad.data(), t, scale, overwrite, n).ok());
+          for (size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+                << "n=" << n << " " << DTypeName(t) << " scale=" << scale
+                << (overwrite ? " overwrite" : "") << " element " << i;
+          }
+        }
+      }
+    }
+  }
+  // Overwriting with a -0 product gives -0 (not 0 + -0 = +0).
+  const float neg_zero = -0.0f;
+  float acc = 1.0f;
+  ASSERT_TRUE(AccumulateGrad(&acc, &neg_zero, DType::kF32, 1.0f, true, 1).ok());
+  EXPECT_EQ(std::bit_cast<uint32_t>(acc), 0x80000000u);
+}
+
+TEST_P(CastTest, AccumulateGradPoolGivesTheSameBits) {
+  const size_t n = 300001;
+  std::mt19937 rng(5);
+  std::vector<uint16_t> grad(n);
+  for (uint16_t& g : grad) g = static_cast<uint16_t>(rng());
+  std::vector<float> a(n);
+  for (float& x : a) x = static_cast<float>(rng() % 1000) / 7.0f;
+  std::vector<float> b = a;
+  ASSERT_TRUE(AccumulateGrad(a.data(), grad.data(), DType::kBF16, 0.25f, false, n).ok());
+  auto pool = KernelPool::Create({.threads = 3, .tile_elems = 1024});
+  ASSERT_TRUE(pool.ok());
+  ASSERT_TRUE(AccumulateGrad(**pool, b.data(), grad.data(), DType::kBF16, 0.25f, false, n).ok());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), n * sizeof(float)));
+}
+
 STRATA_INSTANTIATE_FOR_TARGETS(CastTest);
 
 TEST(CastApiTest, RejectsUnsupportedPairsAndNulls) {
@@ -122,6 +195,18 @@ TEST(CastApiTest, RejectsUnsupportedPairsAndNulls) {
   float g = 0;
   ASSERT_TRUE(Cast(&f, DType::kF32, &g, DType::kF32, 1).ok());  // same dtype: a copy
   EXPECT_EQ(g, 1.0f);
+}
+
+TEST(CastApiTest, AccumulateGradRejectsBadArguments) {
+  float f = 1.0f;
+  EXPECT_TRUE(AccumulateGrad(&f, &f, DType::kI8, 1.0f, false, 1).IsInvalidArgument());
+  EXPECT_TRUE(AccumulateGrad(&f, &f, DType::kF32, NAN, false, 1).IsInvalidArgument());
+  EXPECT_TRUE(AccumulateGrad(&f, &f, DType::kF32, INFINITY, true, 1).IsInvalidArgument());
+  EXPECT_TRUE(AccumulateGrad(nullptr, &f, DType::kF32, 1.0f, false, 1).IsInvalidArgument());
+  EXPECT_TRUE(AccumulateGrad(&f, nullptr, DType::kF32, 1.0f, false, 1).IsInvalidArgument());
+  EXPECT_TRUE(AccumulateGrad(nullptr, nullptr, DType::kF32, 1.0f, false, 0).ok());
+  const Status st = AccumulateGrad(&f, &f, DType::kI8, 1.0f, false, 1);
+  EXPECT_NE(st.message().find("int8"), std::string::npos) << st.ToString();
 }
 
 TEST(TargetsTest, AtLeastOneTargetAndNamesKnown) {
