@@ -82,7 +82,7 @@ TEST(BenchEngineCli, PairedReferenceRewritesTheSwapFilesAfterEachStep) {
       "--offload-param nvme --disk-size 0 --disk-reference-max 0 --disk-reference-paired "
       "--nvme-path " +
       dir.path();
-  const ProcessResult r = Bench(args + " --json");
+  const ProcessResult r = Bench(args + " --disk-reference-paired-split --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json j = Json(r);
   const nlohmann::json& p = j["disk_reference_paired"];
@@ -112,10 +112,36 @@ TEST(BenchEngineCli, PairedReferenceRewritesTheSwapFilesAfterEachStep) {
   EXPECT_EQ(j["io_efficiency_paired"].get<double>(), sorted[1]);
   // Over the swap files' whole units: the NVMe footprint, less a partial last unit.
   EXPECT_NEAR(p["span_bytes"].get<double>(), j["peak_bytes"]["nvme"].get<double>(), unit);
-  // The text form prints it; with --overlap-step it is refused, naming both flags.
-  const ProcessResult text = Bench(args);
+  // --disk-reference-paired-split: a second pass per step, its read-only and write-only phases
+  // timed apart; the ratio is their sum over the step.
+  const nlohmann::json& sp = j["disk_reference_paired_split"];
+  ASSERT_TRUE(sp["measured"].get<bool>()) << j.dump();
+  const auto split_s = sp["seconds"].get<std::vector<double>>();
+  const auto split_rd = sp["read_seconds"].get<std::vector<double>>();
+  const auto split_wr = sp["write_seconds"].get<std::vector<double>>();
+  const auto split_ratios = sp["ratios"].get<std::vector<double>>();
+  ASSERT_EQ(split_s.size(), 3u);
+  ASSERT_EQ(split_ratios.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_GT(split_rd[i], 0.0) << i;
+    EXPECT_GT(split_wr[i], 0.0) << i;
+    EXPECT_NEAR(split_s[i], split_rd[i] + split_wr[i], 1e-9) << i;  // one rank
+    EXPECT_NEAR(split_ratios[i], split_s[i] / steps[i], 1e-9) << i;
+  }
+  sorted = split_ratios;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(j["io_efficiency_paired_split"].get<double>(), sorted[1]);
+  // The text form prints both; with --overlap-step the paired pass is refused, naming both
+  // flags, and the split pass without the paired one, naming it.
+  const ProcessResult text = Bench(args + " --disk-reference-paired-split");
   ASSERT_EQ(text.exit_code, 0) << text.out;
   EXPECT_NE(text.out.find("paired with each step"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("paired, split"), std::string::npos) << text.out;
+  const ProcessResult alone = Bench(
+      " --params 8M --layers 16 --stage 3 --offload-optimizer nvme --disk-reference-paired-split "
+      "--nvme-path " + dir.path(), "2>&1");
+  EXPECT_NE(alone.exit_code, 0) << alone.out;
+  EXPECT_NE(alone.out.find("--disk-reference-paired"), std::string::npos) << alone.out;
   const ProcessResult both = Bench(args + " --overlap-step", "2>&1");
   EXPECT_NE(both.exit_code, 0) << both.out;
   EXPECT_NE(both.out.find("--disk-reference-paired"), std::string::npos) << both.out;

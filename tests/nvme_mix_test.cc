@@ -219,8 +219,13 @@ TEST(NvmeRewrite, MovesTheMixInPlaceAndLeavesEveryByte) {
       {"more reads than the files hold (revisited)", 40 * kBlock, 40 * kBlock, 40, 40,
        IoBackendKind::kAuto},
   };
-  for (const Case& c : cases) {
+  for (const Case& c0 : cases) {
+   for (bool split : {false, true}) {
+    Case c = c0;
+    const std::string what = std::string(c0.what) + (split ? " (split)" : "");
+    c.what = what.c_str();
     NvmeRewriteOptions o;
+    o.split = split;
     o.files = {fa, fb};
     o.block_bytes = kBlock;
     o.queue_depth = 4;
@@ -240,8 +245,17 @@ TEST(NvmeRewrite, MovesTheMixInPlaceAndLeavesEveryByte) {
     if (w0 >= 0) {  // the writes reached the storage layer: not a pass that only read
       EXPECT_GE(StorageWriteBytes() - w0, static_cast<int64_t>(c.write_units * kBlock)) << c.what;
     }
+    if (split) {  // both phases ran and are timed apart, inside the pass's time
+      EXPECT_GT(r->read_seconds, 0.0) << c.what;
+      EXPECT_GT(r->write_seconds, 0.0) << c.what;
+      EXPECT_LE(r->read_seconds + r->write_seconds, r->seconds) << c.what;
+    } else {
+      EXPECT_EQ(r->read_seconds, 0.0) << c.what;
+      EXPECT_EQ(r->write_seconds, 0.0) << c.what;
+    }
     EXPECT_TRUE(ReadFile(fa) == a) << c.what << ": a.swp changed";
     EXPECT_TRUE(ReadFile(fb) == b) << c.what << ": b.swp changed";
+   }
   }
 }
 

@@ -528,21 +528,31 @@ Result<NvmeRewriteResult> RunNvmeRewrite(const NvmeRewriteOptions& o) {
   batch.reserve(o.queue_depth);
   std::vector<IoCompletion> done(o.queue_depth);
   Status first;
+  // kMixed: the interleaved pass. Split: kRead and kWrite phases, each drained before the next.
+  enum class Phase { kMixed, kRead, kWrite };
+  Phase phase = o.split ? Phase::kRead : Phase::kMixed;
+  double phase_seconds[2] = {0, 0};  // read, write
   const auto t0 = Clock::now();
+  auto phase_t0 = t0;
   while (true) {
     batch.clear();
     while (first.ok() && backend->inflight() + batch.size() < o.queue_depth) {
-      const uint64_t k = issued_r + issued_w;
-      const bool turn_read = issued_w >= writes || (k + 1) * reads / total > k * reads / total;
       const bool can_read = issued_r < reads && !free_bufs.empty();
       const bool can_write = !ready.empty();
       bool read;
-      if (turn_read ? can_read : !can_write) {
-        if (!can_read) break;
-        read = true;
+      if (phase == Phase::kRead || phase == Phase::kWrite) {
+        read = phase == Phase::kRead;
+        if (!(read ? can_read : can_write)) break;
       } else {
-        if (!can_write) break;
-        read = false;
+        const uint64_t k = issued_r + issued_w;
+        const bool turn_read = issued_w >= writes || (k + 1) * reads / total > k * reads / total;
+        if (turn_read ? can_read : !can_write) {
+          if (!can_read) break;
+          read = true;
+        } else {
+          if (!can_write) break;
+          read = false;
+        }
       }
       size_t b;
       if (read) {
@@ -566,7 +576,17 @@ Result<NvmeRewriteResult> RunNvmeRewrite(const NvmeRewriteOptions& o) {
       Status st = backend->Submit(batch);
       if (!st.ok() && first.ok()) first = st;  // none of the batch was queued
     }
-    if (backend->inflight() == 0) break;
+    if (backend->inflight() == 0) {
+      if (phase == Phase::kMixed || !first.ok()) break;
+      // The phase is over: nothing more of its kind can start and its IO is done.
+      const auto now = Clock::now();
+      phase_seconds[phase == Phase::kRead ? 0 : 1] +=
+          std::chrono::duration<double>(now - phase_t0).count();
+      phase_t0 = now;
+      if (ready.empty() && issued_r >= reads) break;
+      phase = phase == Phase::kRead ? Phase::kWrite : Phase::kRead;
+      continue;
+    }
     auto n = backend->Reap(done, 1);
     if (!n.ok()) {
       if (first.ok()) first = n.status();
@@ -593,6 +613,8 @@ Result<NvmeRewriteResult> RunNvmeRewrite(const NvmeRewriteOptions& o) {
   r.read_bytes = issued_r * bs;
   r.write_bytes = issued_w * bs;
   r.span_bytes = S * bs;
+  r.read_seconds = phase_seconds[0];
+  r.write_seconds = phase_seconds[1];
   r.backend = IoBackendKindName(backend->kind());
   r.note = backend->note();
   if (!pool->note().empty()) r.note += (r.note.empty() ? "" : "; ") + pool->note();

@@ -158,11 +158,22 @@ struct NvmeRewriteOptions {
   size_t buffer_bytes = size_t{256} << 20;
   uint64_t first_unit = 0;
   IoBackendKind backend = IoBackendKind::kAuto;
+  // False: reads and writes interleaved unit by unit in one queue (the disk's time for the mix
+  // moved together, its best). True: alternate phases that only read (until every buffer holds a
+  // unit read back) and only write (until those are written back), each drained before the next
+  // starts, timed apart: the disk's read rate and write rate for the same units at the same
+  // minutes, so read_seconds + write_seconds is the disk_bound_s (the step's bytes at
+  // the disk's separate read and write rates). Each drain idles the queue for about one IO's
+  // latency per buffer_bytes moved: use a buffer of a few hundred MiB or more.
+  bool split = false;
 };
 
 struct NvmeRewriteResult {
   uint64_t read_bytes = 0, write_bytes = 0, span_bytes = 0;  // moved; the files' whole blocks
   double seconds = 0;
+  // With `split`: the time of the read-only and of the write-only phases (their sum is
+  // `seconds` less the switches between phases); 0 otherwise.
+  double read_seconds = 0, write_seconds = 0;
   std::string backend, note;
 };
 

@@ -142,7 +142,10 @@ class PyEngine {
     eo.device = device_.get();
     eo.comm = comm_.get();
     eo.nvme_paths = nvme_paths;
-    eo.use_pinned_pool = false;  // no GPU: nothing to pin for
+    // The host slab from the pinned pool: on huge pages whatever pin_memory says (a 1 MiB
+    // O_DIRECT IO from 4 KiB pages is split in two on a virtio disk), locked only when the
+    // config's pin_memory asks (EngineOptions::use_pinned_pool).
+    eo.use_pinned_pool = true;
     eo.timeout = timeout;
     eo.overlap_step = overlap_step;
     if (io == "posix") {

@@ -49,9 +49,12 @@ struct BenchEngineArgs {
   std::string offload_param;      // "" = the config's
   std::vector<std::string> nvme_paths;
   int steps = 3;          // measured
-  // Not measured: the first records the trace, the second is the first to prefetch and keep
-  // gathered copies by it (on HostDevice their first touch: +23 s on a 4B step of 55 s).
-  int warmup_steps = 2;
+  // Not measured: the first records the trace (and writes the swap file's fresh extents for the
+  // first time: about half the rewrite rate on this disk), the second is the first to prefetch
+  // and keep gathered copies by it (on HostDevice their first touch: +23 s on a 4B step of 55 s),
+  // the third still ran 8-25 % slow in three 4B runs of four (a disk-side transient: the same IO
+  // in flight at a lower rate). README "offloadctl bench engine".
+  int warmup_steps = 3;
   double compute_ms = 0;  // simulated compute per layer use (forward, backward each)
   double host_gb = 0;     // host budget, GB = 1e9 bytes (0: what the layout needs)
   double device_gb = 4;   // HostDevice budget
@@ -77,6 +80,12 @@ struct BenchEngineArgs {
   // reference at the step's time on the step's extents. io_efficiency_paired is the median over
   // steps of pass / step. Not with overlap_step (each pass waits for its step's optimizer).
   bool disk_reference_paired = false;
+  // With it, after each mixed pass a second, split pass over the same files and the step's same
+  // bytes (nvme::NvmeRewriteOptions::split: read-only and write-only phases of at least 1 GiB,
+  // timed apart): the issue's own disk_bound_s, the step's reads at the disk's read rate plus
+  // its writes at its write rate, at the step's minutes. io_efficiency_paired_split is the
+  // median over steps of (read phases + write phases) / step.
+  bool disk_reference_paired_split = false;
   double timeout_s = 600;
   // ZeRO++ over the config's (README "ZeRO++"): --qwz, --qgz, --hpz K; the node size its
   // hierarchy uses (0: LOCAL_WORLD_SIZE, as `offloadctl launch` sets it).
@@ -164,6 +173,9 @@ struct VariantResult {
   // reads and writes over its swap files).
   std::vector<double> paired_pass_s, paired_read_bytes, paired_write_bytes;
   double paired_span_bytes = 0;  // the swap files' whole blocks, all ranks
+  // --disk-reference-paired-split: per measured step, the split pass's read phases and write
+  // phases (each the slowest rank's) and their sum (the slowest rank's; 0: no pass).
+  std::vector<double> paired_split_s, paired_split_read_s, paired_split_write_s;
 };
 
 // The disk under the --nvme-path directories, measured by nvme/bench (O_DIRECT).

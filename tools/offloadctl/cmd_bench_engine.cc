@@ -238,6 +238,20 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
                                 {"span_bytes", r.paired_span_bytes},
                                 {"ratios", ratios}};
   j["io_efficiency_paired"] = Median(ratios);
+  // --disk-reference-paired-split: the same steps against the split pass (read phases + write
+  // phases: the step's bytes at the disk's separate read and write rates).
+  std::vector<double> split_ratios;
+  for (size_t i = 0; i < r.paired_split_s.size() && i < r.step_s.size(); ++i) {
+    if (r.paired_split_s[i] > 0 && r.step_s[i] > 0) {
+      split_ratios.push_back(r.paired_split_s[i] / r.step_s[i]);
+    }
+  }
+  j["disk_reference_paired_split"] = {{"measured", !split_ratios.empty()},
+                                      {"seconds", r.paired_split_s},
+                                      {"read_seconds", r.paired_split_read_s},
+                                      {"write_seconds", r.paired_split_write_s},
+                                      {"ratios", split_ratios}};
+  j["io_efficiency_paired_split"] = Median(split_ratios);
   j["disk_burst_measured"] = d.measured;
   j["disk_burst_bytes"] = d.bytes;
   j["disk_burst_read_bytes_per_s"] = d.read_bytes_per_s;
@@ -335,6 +349,15 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
                 "%.2f (median; per step",
                 j["io_efficiency_paired"].get<double>());
     for (const auto& x : j["disk_reference_paired"]["ratios"]) std::printf(" %.2f", x.get<double>());
+    std::printf(")");
+  }
+  if (j["disk_reference_paired_split"]["measured"].get<bool>()) {
+    std::printf("\n  paired, split (its reads and its writes each alone): io efficiency %.2f "
+                "(median; per step",
+                j["io_efficiency_paired_split"].get<double>());
+    for (const auto& x : j["disk_reference_paired_split"]["ratios"]) {
+      std::printf(" %.2f", x.get<double>());
+    }
     std::printf(")");
   }
   if (j["disk_burst_measured"].get<bool>()) {
@@ -551,9 +574,10 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
       ->check(AtLeast(1, true, true))
       ->capture_default_str();
   c->add_option("--warmup-steps", a->warmup_steps,
-                "Steps before the measured ones (the first records the trace; the second is "
-                "the first to prefetch and keep gathered copies by it, their memory touched for "
-                "the first time)")
+                "Steps before the measured ones (the first records the trace and first writes "
+                "the swap files; the second is the first to prefetch and keep gathered copies "
+                "by it, their memory touched for the first time; the third was still slow in "
+                "most 4B runs on this VM's disk)")
       ->check(AtLeast(0, true, true))
       ->capture_default_str();
   c->add_option(
@@ -613,6 +637,13 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
               "pass / step, immune to a disk whose rate drifts between the steps and a later "
               "reference")
       ->excludes("--overlap-step");
+  c->add_flag("--disk-reference-paired-split", a->disk_reference_paired_split,
+              "With --disk-reference-paired: after each mixed pass, a split pass over the same "
+              "files moving the step's reads in read-only phases and its writes in write-only "
+              "phases (1 GiB or more each, timed apart): io_efficiency_paired_split, the median "
+              "of (read phases + write phases) / step, the step's bytes at the disk's separate "
+              "read and write rates at the step's minutes")
+      ->needs("--disk-reference-paired");
   c->add_option("--disk-reference-passes", a->disk_reference_passes,
                 "Mixed passes of the io_efficiency reference over its prefilled file; the fastest "
                 "counts (the disk's best for the step's mix)")
