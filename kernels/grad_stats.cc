@@ -1,5 +1,6 @@
 #include "kernels/grad_stats.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <new>
@@ -7,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/casts.h"
 #include "kernels/elem.h"
 #include "kernels/pool.h"
 #include "kernels/simd.h"
@@ -114,6 +116,37 @@ Result<GradStats> ComputeGradStats(KernelPool& pool, const void* grad, DType dty
   auto partial = [&](int i) { return std::launder(static_cast<ExactSum*>(scratch.slot(i))); };
   const size_t tile = (pool.tile_elems() + kStatsChunk - 1) / kStatsChunk * kStatsChunk;
   auto body = [&](int slot, size_t b, size_t e) { AddChunks(grad, elem, b, e, partial(slot)); };
+  pool.ForEachTile(n, tile, body);
+  ExactSum total;
+  for (int i = 0; i < pool.threads(); ++i) total.Merge(*partial(i));
+  return Finish(total);
+}
+
+Result<GradStats> AccumulateGradWithStats(KernelPool& pool, float* acc, const void* grad,
+                                          DType grad_dtype, float scale, bool overwrite,
+                                          size_t n) {
+  // AccumulateGrad's own checks (dtype, scale), then its null check.
+  STRATA_RETURN_IF_ERROR(AccumulateGrad(acc, grad, grad_dtype, scale, overwrite, 0));
+  if (n > 0 && (acc == nullptr || grad == nullptr)) {
+    return Status::InvalidArgument("AccumulateGrad: null accumulator or gradient with n > 0");
+  }
+  const size_t bytes = DTypeSize(grad_dtype);
+  static_assert(sizeof(ExactSum) <= KernelPool::kScratchSlotBytes &&
+                alignof(ExactSum) <= alignof(KernelPool::ScratchSlot));
+  KernelPool::Scratch scratch = pool.AcquireScratch();
+  for (int i = 0; i < pool.threads(); ++i) new (scratch.slot(i)) ExactSum();
+  auto partial = [&](int i) { return std::launder(static_cast<ExactSum*>(scratch.slot(i))); };
+  // Tiles and chunks as ComputeGradStats: chunk c is [c * kStatsChunk, ...) of the shard, and the
+  // exact sum does not depend on which thread added which chunk.
+  const size_t tile = (pool.tile_elems() + kStatsChunk - 1) / kStatsChunk * kStatsChunk;
+  auto body = [&](int slot, size_t b, size_t e) {
+    for (size_t c = b; c < e; c += kStatsChunk) {
+      const size_t m = std::min(kStatsChunk, e - c);
+      simd::AccumulateGrad(static_cast<const uint8_t*>(grad) + c * bytes, ElemOf(grad_dtype),
+                           acc + c, scale, overwrite, m);
+      partial(slot)->Add(simd::SumSquares(acc, simd::kElemF32, c, m));
+    }
+  };
   pool.ForEachTile(n, tile, body);
   ExactSum total;
   for (int i = 0; i < pool.threads(); ++i) total.Merge(*partial(i));

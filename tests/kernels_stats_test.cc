@@ -1,10 +1,17 @@
 #include <algorithm>
+#include <utility>
+#include <vector>
+#include <string>
+#include <random>
+#include <cstring>
+#include <bit>
 #include <atomic>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <thread>
 
+#include "kernels/casts.h"
 #include "kernels/grad_stats.h"
 #include "kernels/pool.h"
 #include "kernels_test_util.h"
@@ -103,6 +110,59 @@ TEST_P(GradStatsTest, BitwiseIdenticalForAnyThreadsAndTiles) {
           << DTypeName(t) << " threads=" << threads << " tile=" << tile;
     }
   }
+}
+
+// AccumulateGradWithStats: one walk, the bits of AccumulateGrad then ComputeGradStats, for any
+// pool; a NaN in the gradient shows in the stats of the accumulator it reached.
+TEST_P(GradStatsTest, AccumulateWithStatsIsAccumulateThenStatsBitForBit) {
+  for (size_t n : {size_t{0}, size_t{5}, size_t{4096}, size_t{4097}, size_t{100003}}) {
+    for (DType t : kTypes) {
+      Grads g(n, t, static_cast<uint32_t>(n + 1));
+      for (size_t i = 0; i < n; i += 7) g.Set(i, std::ldexp(g.f[i], static_cast<int>(i % 41) - 20));
+      for (bool overwrite : {false, true}) {
+        std::vector<float> start(n);
+        std::mt19937 rng(7);
+        std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+        for (float& x : start) x = u(rng);
+        std::vector<float> want = start;
+        ASSERT_TRUE(AccumulateGrad(want.data(), g.data(), t, 0.37f, overwrite, n).ok());
+        auto want_stats = ComputeGradStats(want.data(), DType::kF32, n);
+        ASSERT_TRUE(want_stats.ok());
+        for (auto [threads, tile] : {std::pair<int, size_t>{1, 4096}, {3, 12288}}) {
+          auto pool = KernelPool::Create({.threads = threads, .tile_elems = tile});
+          ASSERT_TRUE(pool.ok());
+          std::vector<float> got = start;
+          auto st = AccumulateGradWithStats(**pool, got.data(), g.data(), t, 0.37f, overwrite, n);
+          ASSERT_TRUE(st.ok()) << st.status().ToString();
+          const std::string what = "n=" + std::to_string(n) + " " + std::string(DTypeName(t)) +
+                                   (overwrite ? " overwrite" : "") + " threads=" +
+                                   std::to_string(threads);
+          EXPECT_EQ(0, std::memcmp(got.data(), want.data(), n * sizeof(float))) << what;
+          EXPECT_EQ(std::bit_cast<uint64_t>(st->sum_sq), std::bit_cast<uint64_t>(want_stats->sum_sq))
+              << what;
+          EXPECT_EQ(st->nonfinite, want_stats->nonfinite) << what;
+        }
+      }
+    }
+  }
+  auto pool = KernelPool::Create({.threads = 2, .tile_elems = 4096});
+  ASSERT_TRUE(pool.ok());
+  std::vector<float> acc(10000, 1.0f), grad(10000, 0.5f);
+  grad[9999] = std::numeric_limits<float>::quiet_NaN();
+  auto st = AccumulateGradWithStats(**pool, acc.data(), grad.data(), DType::kF32, 1.0f, false,
+                                    acc.size());
+  ASSERT_TRUE(st.ok());
+  EXPECT_TRUE(st->nonfinite);
+  float f = 0;
+  EXPECT_TRUE(AccumulateGradWithStats(**pool, &f, &f, DType::kI8, 1.0f, false, 1)
+                  .status()
+                  .IsInvalidArgument());
+  EXPECT_TRUE(AccumulateGradWithStats(**pool, nullptr, &f, DType::kF32, 1.0f, false, 1)
+                  .status()
+                  .IsInvalidArgument());
+  EXPECT_TRUE(AccumulateGradWithStats(**pool, &f, &f, DType::kF32, INFINITY, false, 1)
+                  .status()
+                  .IsInvalidArgument());
 }
 
 STRATA_INSTANTIATE_FOR_TARGETS(GradStatsTest);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <future>
+#include <optional>
 
 #include "core/zero/engine_internal.h"
 #include "kernels/casts.h"
@@ -506,18 +507,26 @@ Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
     const Access access = p.first ? Access::kOverwrite : Access::kWrite;
     STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, tier, access, timeout()));
     float* a = static_cast<float*>(acc.data());
+    const bool stats = p.last && s.owner == rank;  // the partition's final gradient
+    std::optional<kernels::GradStats> st;
     if (k != nullptr) {
       STRATA_RETURN_IF_ERROR(k->AccumulateGrad(a, src, dtype, post_scale, p.first, s.elems));
       STRATA_RETURN_IF_ERROR(k->Synchronize(timeout()));
+    } else if (stats) {
+      // On the host GradStatsAt would sum the same chunks with the pool: one walk does both.
+      STRATA_ASSIGN_OR_RETURN(st, kernels::AccumulateGradWithStats(*pool, a, src, dtype,
+                                                                   post_scale, p.first, s.elems));
     } else {
       STRATA_RETURN_IF_ERROR(AccumulatePooled(*pool, a, src, dtype, post_scale, p.first, s.elems));
     }
     acc.MarkDirty();
     s.stats_valid = false;
-    if (p.last && s.owner == rank) {
-      STRATA_ASSIGN_OR_RETURN(kernels::GradStats st, GradStatsAt(tier, a, s.elems));
-      s.sum_sq = st.sum_sq;
-      s.nonfinite = st.nonfinite;
+    if (stats) {
+      if (!st) {
+        STRATA_ASSIGN_OR_RETURN(st, GradStatsAt(tier, a, s.elems));
+      }
+      s.sum_sq = st->sum_sq;
+      s.nonfinite = st->nonfinite;
       s.stats_valid = true;
     }
     acc.Release();
