@@ -90,10 +90,8 @@ Status Cast(KernelPool& pool, const void* in, DType in_dtype, void* out, DType o
   return Status::OK();
 }
 
-namespace {
-
-Result<int> CheckAccumulate(const float* acc, const void* grad, DType grad_dtype, float scale,
-                            size_t n) {
+Result<int> CheckAccumulateGrad(const float* acc, const void* grad, DType grad_dtype, float scale,
+                                size_t n) {
   const int elem = ElemOf(grad_dtype);
   if (elem < 0) {
     return Status::InvalidArgument("AccumulateGrad: gradient dtype " +
@@ -110,18 +108,16 @@ Result<int> CheckAccumulate(const float* acc, const void* grad, DType grad_dtype
   return elem;
 }
 
-}  // namespace
-
 Status AccumulateGrad(float* acc, const void* grad, DType grad_dtype, float scale, bool overwrite,
                       size_t n) {
-  STRATA_ASSIGN_OR_RETURN(int elem, CheckAccumulate(acc, grad, grad_dtype, scale, n));
+  STRATA_ASSIGN_OR_RETURN(int elem, CheckAccumulateGrad(acc, grad, grad_dtype, scale, n));
   if (n > 0) simd::AccumulateGrad(grad, elem, acc, scale, overwrite, n);
   return Status::OK();
 }
 
 Status AccumulateGrad(KernelPool& pool, float* acc, const void* grad, DType grad_dtype,
                       float scale, bool overwrite, size_t n) {
-  STRATA_ASSIGN_OR_RETURN(int elem, CheckAccumulate(acc, grad, grad_dtype, scale, n));
+  STRATA_ASSIGN_OR_RETURN(int elem, CheckAccumulateGrad(acc, grad, grad_dtype, scale, n));
   const size_t bytes = DTypeSize(grad_dtype);
   auto body = [&](int /*slot*/, size_t b, size_t e) {
     simd::AccumulateGrad(static_cast<const uint8_t*>(grad) + b * bytes, elem, acc + b, scale,

@@ -36,6 +36,10 @@ Status Cast(KernelPool& pool, const void* in, DType in_dtype, void* out, DType o
 // InvalidArgument: another grad_dtype; scale not finite; acc or grad null with n > 0.
 Status AccumulateGrad(float* acc, const void* grad, DType grad_dtype, float scale, bool overwrite,
                       size_t n);
+// AccumulateGrad's argument checks alone (the errors above): the kernels' element code of
+// grad_dtype (kernels/simd.h), for callers that run the SIMD body themselves.
+Result<int> CheckAccumulateGrad(const float* acc, const void* grad, DType grad_dtype, float scale,
+                                size_t n);
 // The same over the pool's tiles (element-wise: the same bits for any thread count).
 Status AccumulateGrad(KernelPool& pool, float* acc, const void* grad, DType grad_dtype,
                       float scale, bool overwrite, size_t n);

@@ -104,10 +104,15 @@ Result<GradStats> ComputeGradStats(const void* grad, DType dtype, size_t n) {
   return Finish(acc);
 }
 
-Result<GradStats> ComputeGradStats(KernelPool& pool, const void* grad, DType dtype, size_t n) {
-  STRATA_RETURN_IF_ERROR(Check(grad, dtype, n));
-  const int elem = ElemOf(dtype);
-  // Partials live in the pool's scratch (sized at Create): the pooled call allocates nothing.
+namespace {
+
+// The pooled walk both pooled calls share: `chunk(c, m)` handles elements [c, c + m) of a chunk
+// (c on a kStatsChunk boundary of the shard) and returns its sum of squares, which goes into the
+// partial of the thread that ran it; the exact partials are merged at the end, so the result does
+// not depend on which thread took which chunk. Partials live in the pool's scratch (sized at
+// Create): nothing is allocated.
+template <class ChunkFn>
+GradStats PooledChunkSums(KernelPool& pool, size_t n, ChunkFn chunk) {
   static_assert(sizeof(ExactSum) <= KernelPool::kScratchSlotBytes &&
                 alignof(ExactSum) <= alignof(KernelPool::ScratchSlot));
   static_assert(std::is_trivially_destructible_v<ExactSum>);
@@ -115,42 +120,37 @@ Result<GradStats> ComputeGradStats(KernelPool& pool, const void* grad, DType dty
   for (int i = 0; i < pool.threads(); ++i) new (scratch.slot(i)) ExactSum();
   auto partial = [&](int i) { return std::launder(static_cast<ExactSum*>(scratch.slot(i))); };
   const size_t tile = (pool.tile_elems() + kStatsChunk - 1) / kStatsChunk * kStatsChunk;
-  auto body = [&](int slot, size_t b, size_t e) { AddChunks(grad, elem, b, e, partial(slot)); };
-  pool.ForEachTile(n, tile, body);
-  ExactSum total;
-  for (int i = 0; i < pool.threads(); ++i) total.Merge(*partial(i));
-  return Finish(total);
-}
-
-Result<GradStats> AccumulateGradWithStats(KernelPool& pool, float* acc, const void* grad,
-                                          DType grad_dtype, float scale, bool overwrite,
-                                          size_t n) {
-  // AccumulateGrad's own checks (dtype, scale), then its null check.
-  STRATA_RETURN_IF_ERROR(AccumulateGrad(acc, grad, grad_dtype, scale, overwrite, 0));
-  if (n > 0 && (acc == nullptr || grad == nullptr)) {
-    return Status::InvalidArgument("AccumulateGrad: null accumulator or gradient with n > 0");
-  }
-  const size_t bytes = DTypeSize(grad_dtype);
-  static_assert(sizeof(ExactSum) <= KernelPool::kScratchSlotBytes &&
-                alignof(ExactSum) <= alignof(KernelPool::ScratchSlot));
-  KernelPool::Scratch scratch = pool.AcquireScratch();
-  for (int i = 0; i < pool.threads(); ++i) new (scratch.slot(i)) ExactSum();
-  auto partial = [&](int i) { return std::launder(static_cast<ExactSum*>(scratch.slot(i))); };
-  // Tiles and chunks as ComputeGradStats: chunk c is [c * kStatsChunk, ...) of the shard, and the
-  // exact sum does not depend on which thread added which chunk.
-  const size_t tile = (pool.tile_elems() + kStatsChunk - 1) / kStatsChunk * kStatsChunk;
   auto body = [&](int slot, size_t b, size_t e) {
     for (size_t c = b; c < e; c += kStatsChunk) {
-      const size_t m = std::min(kStatsChunk, e - c);
-      simd::AccumulateGrad(static_cast<const uint8_t*>(grad) + c * bytes, ElemOf(grad_dtype),
-                           acc + c, scale, overwrite, m);
-      partial(slot)->Add(simd::SumSquares(acc, simd::kElemF32, c, m));
+      partial(slot)->Add(chunk(c, std::min(kStatsChunk, e - c)));
     }
   };
   pool.ForEachTile(n, tile, body);
   ExactSum total;
   for (int i = 0; i < pool.threads(); ++i) total.Merge(*partial(i));
   return Finish(total);
+}
+
+}  // namespace
+
+Result<GradStats> ComputeGradStats(KernelPool& pool, const void* grad, DType dtype, size_t n) {
+  STRATA_RETURN_IF_ERROR(Check(grad, dtype, n));
+  const int elem = ElemOf(dtype);
+  return PooledChunkSums(pool, n, [&](size_t c, size_t m) {
+    return simd::SumSquares(grad, elem, c, m);
+  });
+}
+
+Result<GradStats> AccumulateGradWithStats(KernelPool& pool, float* acc, const void* grad,
+                                          DType grad_dtype, float scale, bool overwrite,
+                                          size_t n) {
+  STRATA_ASSIGN_OR_RETURN(int elem, CheckAccumulateGrad(acc, grad, grad_dtype, scale, n));
+  const size_t bytes = DTypeSize(grad_dtype);
+  return PooledChunkSums(pool, n, [&](size_t c, size_t m) {
+    simd::AccumulateGrad(static_cast<const uint8_t*>(grad) + c * bytes, elem, acc + c, scale,
+                         overwrite, m);
+    return simd::SumSquares(acc, simd::kElemF32, c, m);  // the chunk just written, in cache
+  });
 }
 
 }  // namespace strata::kernels
