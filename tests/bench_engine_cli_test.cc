@@ -71,6 +71,52 @@ void ExpectWithinBudgets(const nlohmann::json& j) {
 
 constexpr const char* kTiny = " --params 2M --layers 4 --steps 2 --io-backend posix ";
 
+// `phases`: forward, backward and optimizer each timed and their NVMe bytes counted, per
+// measured step. Nothing runs between them but the loop, so they fill the mean step and their
+// bytes add up to the step's (IO completes inside the phase that waits for it). With the split
+// paired reference each phase's bytes at its read and write rates give the phase's bound.
+void ExpectPhasesCoverTheStep(const nlohmann::json& j, bool split) {
+  const nlohmann::json& ph = j["phases"];
+  double secs = 0, rd = 0, wr = 0;
+  for (const char* k : {"forward", "backward", "optimizer"}) {
+    ASSERT_TRUE(ph.contains(k)) << ph;
+    const nlohmann::json& x = ph[k];
+    EXPECT_GT(x["seconds"].get<double>(), 0.0) << k;
+    secs += x["seconds"].get<double>();
+    rd += x["nvme_read_bytes"].get<double>();
+    wr += x["nvme_write_bytes"].get<double>();
+    EXPECT_NEAR(x["nvme_bytes_per_s"].get<double>(),
+                (x["nvme_read_bytes"].get<double>() + x["nvme_write_bytes"].get<double>()) /
+                    x["seconds"].get<double>(),
+                1e-3)
+        << k;
+    EXPECT_EQ(x.contains("io_efficiency_split"), split) << k;
+    if (split) {
+      const double bound =
+          x["nvme_read_bytes"].get<double>() / ph["split_read_bytes_per_s"].get<double>() +
+          x["nvme_write_bytes"].get<double>() / ph["split_write_bytes_per_s"].get<double>();
+      EXPECT_NEAR(x["disk_bound_split_s"].get<double>(), bound, 1e-9) << k;
+      EXPECT_NEAR(x["io_efficiency_split"].get<double>(), bound / x["seconds"].get<double>(), 1e-9)
+          << k;
+    }
+  }
+  const double mean = j["step_s_mean"].get<double>();
+  if (j["world_size"].get<int>() == 1) {  // ranks' phases are the slowest's each: not additive
+    EXPECT_LE(secs, mean * (1 + 1e-9));
+    EXPECT_GE(secs, 0.9 * mean);
+  }
+  const double step_rd = j["nvme_read_bytes_per_step"].get<double>();
+  const double step_wr = j["nvme_write_bytes_per_step"].get<double>();
+  EXPECT_LE(rd, step_rd + 1);
+  EXPECT_LE(wr, step_wr + 1);
+  EXPECT_GE(rd, 0.95 * step_rd);
+  EXPECT_GE(wr, 0.95 * step_wr);
+  // Stage 3 with the optimizer on NVMe: the optimizer writes its states home; the forward only
+  // reads.
+  EXPECT_GT(ph["optimizer"]["nvme_write_bytes"].get<double>(), 0.0);
+  EXPECT_EQ(ph["forward"]["nvme_write_bytes"].get<double>(), 0.0);
+}
+
 TEST(BenchEngineCli, PairedReferenceRewritesTheSwapFilesAfterEachStep) {
   // --disk-reference-paired: after each measured step a pass over the engine's own swap files
   // moves that step's NVMe mix (rounded up to 1 MiB units), rewriting their bytes unchanged: the
@@ -131,15 +177,24 @@ TEST(BenchEngineCli, PairedReferenceRewritesTheSwapFilesAfterEachStep) {
   sorted = split_ratios;
   std::sort(sorted.begin(), sorted.end());
   EXPECT_EQ(j["io_efficiency_paired_split"].get<double>(), sorted[1]);
+  ExpectPhasesCoverTheStep(j, /*split=*/true);
+  // This model outgrows the host: the forward reads parameters, the backward writes finished
+  // gradients home, the optimizer reads its states.
+  EXPECT_GT(j["phases"]["forward"]["nvme_read_bytes"].get<double>(), 0.0);
+  EXPECT_GT(j["phases"]["backward"]["nvme_write_bytes"].get<double>(), 0.0);
+  EXPECT_GT(j["phases"]["optimizer"]["nvme_read_bytes"].get<double>(), 0.0);
   // The text form prints both; with --overlap-step the paired pass is refused, naming both
   // flags, and the split pass without the paired one, naming it.
   const ProcessResult text = Bench(args + " --disk-reference-paired-split");
   ASSERT_EQ(text.exit_code, 0) << text.out;
   EXPECT_NE(text.out.find("paired with each step"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("paired, split"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("of the split disk"), std::string::npos) << text.out;
   const ProcessResult alone = Bench(
       " --params 8M --layers 16 --stage 3 --offload-optimizer nvme --disk-reference-paired-split "
-      "--nvme-path " + dir.path(), "2>&1");
+      "--nvme-path " +
+          dir.path(),
+      "2>&1");
   EXPECT_NE(alone.exit_code, 0) << alone.out;
   EXPECT_NE(alone.out.find("--disk-reference-paired"), std::string::npos) << alone.out;
   const ProcessResult both = Bench(args + " --overlap-step", "2>&1");
@@ -216,6 +271,7 @@ TEST(BenchEngineCli, NvmeRunCarriesTheIssuesFigures) {
   EXPECT_EQ(j["comm_bytes_per_rank"].get<double>(), 0.0);  // one rank
   EXPECT_GT(j["plan_bytes"]["nvme"].get<double>(), 0.0);
   ExpectWithinBudgets(j);
+  ExpectPhasesCoverTheStep(j, /*split=*/false);
   // The run's own directory is gone; nothing else was left behind.
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
@@ -337,6 +393,51 @@ TEST(BenchEngineCli, TwoRanksCommMatchesTheLedger) {
   ExpectWithinBudgets(s3);
 }
 
+// The paired references on 2 ranks: after each step every rank rewrites its own swap files at
+// once (mixed, then split); the pass moves all ranks' bytes of that step, its time is the
+// slowest rank's, and the phases' bytes are both ranks'.
+TEST(BenchEngineCli, TwoRanksPairedPassesMoveEveryRanksBytes) {
+  strata::testing::TempDir dir("bench-paired-2");
+  const nlohmann::json j = LaunchJson(
+      " --params 8M --layers 8 --steps 3 --io-backend posix --stage 3 --offload-optimizer nvme "
+      "--offload-param nvme --disk-size 0 --disk-reference-max 0 --disk-reference-paired "
+      "--disk-reference-paired-split --json --nvme-path " +
+      dir.path());
+  ASSERT_TRUE(j.contains("disk_reference_paired")) << j;
+  EXPECT_EQ(j["world_size"], 2);
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  const nlohmann::json& p = j["disk_reference_paired"];
+  ASSERT_TRUE(p["measured"].get<bool>()) << j.dump();
+  const auto reads = p["read_bytes"].get<std::vector<double>>();
+  const auto writes = p["write_bytes"].get<std::vector<double>>();
+  ASSERT_EQ(reads.size(), 3u);
+  const double unit = 1 << 20;
+  double rank_rd = 0, rank_wr = 0;
+  for (const auto& r : j["ranks"]) {
+    EXPECT_GT(r["nvme_read_bytes_per_step"].get<double>(), 0.0);
+    rank_rd += r["nvme_read_bytes_per_step"].get<double>();
+    rank_wr += r["nvme_write_bytes_per_step"].get<double>();
+  }
+  EXPECT_EQ(j["nvme_read_bytes_per_step"].get<double>(), rank_rd);
+  // Each rank's pass rounds its own bytes up to whole units.
+  EXPECT_NEAR((reads[0] + reads[1] + reads[2]) / 3, rank_rd, 2 * unit);
+  EXPECT_NEAR((writes[0] + writes[1] + writes[2]) / 3, rank_wr, 2 * unit);
+  const nlohmann::json& sp = j["disk_reference_paired_split"];
+  ASSERT_TRUE(sp["measured"].get<bool>()) << j.dump();
+  const auto split_s = sp["seconds"].get<std::vector<double>>();
+  const auto split_rd = sp["read_seconds"].get<std::vector<double>>();
+  const auto split_wr = sp["write_seconds"].get<std::vector<double>>();
+  ASSERT_EQ(split_s.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    // The slowest rank's read + write, at most the slowest read plus the slowest write.
+    EXPECT_GT(split_s[i], 0.0) << i;
+    EXPECT_LE(split_s[i], split_rd[i] + split_wr[i] + 1e-9) << i;
+    EXPECT_GE(split_s[i], std::max(split_rd[i], split_wr[i])) << i;
+  }
+  ExpectPhasesCoverTheStep(j, /*split=*/true);
+  ExpectWithinBudgets(j);
+}
+
 // ZeRO++ flags on 4 ranks laid out as 2 nodes of 2: the measured bytes per link equal the
 // planner's ledger, and qwZ + hpZ + qgZ cut the inter-node bytes below 0.35x plain stage 3.
 TEST(BenchEngineCli, ZeroPlusPlusOnTwoNodesMatchesTheLedger) {
@@ -420,17 +521,15 @@ TEST(BenchEngineCli, DiskReferenceSpanIsTheFileBytesTouched) {
     ASSERT_EQ(r.exit_code, 0) << span << "\n" << r.out;
     const nlohmann::json ref = Json(r)["disk_reference"];
     const double moved = ref["read_bytes"].get<double>() + ref["write_bytes"].get<double>();
-    EXPECT_EQ(ref["span_bytes"].get<double>(), std::string(span) == "0" ? moved : 48 << 20)
-        << span;
+    EXPECT_EQ(ref["span_bytes"].get<double>(), std::string(span) == "0" ? moved : 48 << 20) << span;
   }
 }
 
 TEST(BenchEngineCli, BadFlagsAreUsageErrorsNamingTheFlag) {
-  for (const char* args :
-       {"--stage 4", "--offload-optimizer moon", "--offload-param disk", "--params lots",
-        "--layers 0", "--steps 0", "--dtype int8", "--io-backend floppy", "--disk-size 1.5M",
-        "--max-reuse-distance x", "--host-gb -1", "--sweep --stage 3",
-        "--disk-reference-span most"}) {
+  for (const char* args : {"--stage 4", "--offload-optimizer moon", "--offload-param disk",
+                           "--params lots", "--layers 0", "--steps 0", "--dtype int8",
+                           "--io-backend floppy", "--disk-size 1.5M", "--max-reuse-distance x",
+                           "--host-gb -1", "--sweep --stage 3", "--disk-reference-span most"}) {
     const ProcessResult r = Bench(args, "2>&1");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
     const std::string flag = std::string(args).substr(0, std::string(args).find(' '));

@@ -36,9 +36,9 @@
 namespace strata::cli {
 
 struct BenchEngineArgs {
-  std::string params = "100M";    // COUNT (k/M/B/T)
-  int layers = 8;                 // weight groups; params split evenly
-  bool bias_groups = false;       // a small bias group after each weight group
+  std::string params = "100M";  // COUNT (k/M/B/T)
+  int layers = 8;               // weight groups; params split evenly
+  bool bias_groups = false;     // a small bias group after each weight group
   // EngineOptions::overlap_step: the optimizer step runs behind the next forward. The measured
   // steps then start after the warm-up's step has finished, and the last one ends when its own
   // step has (Synchronize), so they hold exactly `steps` optimizer steps and their bytes.
@@ -48,7 +48,7 @@ struct BenchEngineArgs {
   std::string offload_optimizer;  // "" = the config's
   std::string offload_param;      // "" = the config's
   std::vector<std::string> nvme_paths;
-  int steps = 3;          // measured
+  int steps = 3;  // measured
   // Not measured: the first records the trace (and writes the swap file's fresh extents for the
   // first time: about half the rewrite rate on this disk), the second is the first to prefetch
   // and keep gathered copies by it (on HostDevice their first touch: +23 s on a 4B step of 55 s),
@@ -112,6 +112,30 @@ struct EngineVariant {
   std::string Name() const;  // "stage 3 + opt nvme + param nvme"
 };
 
+// One phase of a training step as the trainer sees it, per measured step (the mean), one rank:
+// wall time and the store's NVMe bytes in that time (IO started earlier and completing in it
+// counts where it completes).
+struct PhaseFigures {
+  double seconds = 0;
+  double nvme_read_bytes = 0, nvme_write_bytes = 0;
+};
+
+// The phases of a step: forward (every micro-step's Gather / compute / Release over the groups),
+// backward (Gather / GradBuffer / compute / Release / ReduceGradients in reverse), optimizer
+// (Step; for the last measured step also Synchronize). With overlap_step the optimizer runs
+// behind the next forward: its IO then falls in that forward, its wait in the Step call.
+struct StepPhases {
+  PhaseFigures forward, backward, optimizer;
+};
+// Name and member of each phase, in step order (JSON keys and the text form).
+struct StepPhaseRef {
+  const char* name;
+  PhaseFigures StepPhases::*field;
+};
+inline constexpr StepPhaseRef kStepPhases[] = {{"forward", &StepPhases::forward},
+                                               {"backward", &StepPhases::backward},
+                                               {"optimizer", &StepPhases::optimizer}};
+
 // What one rank measured, as rank 0 receives it (all-gathered as doubles).
 struct RankFigures {
   double peak_bytes[3] = {0, 0, 0};  // device, host, nvme
@@ -123,6 +147,7 @@ struct RankFigures {
   // in comm_bytes_per_step.
   double comm_intra_bytes_per_step = 0, comm_inter_bytes_per_step = 0;
   double step_s = 0;  // median
+  StepPhases phases;  // means over the measured steps
 };
 
 // --save-dir: one reference/checkpoint pair (bench_engine_ckpt.cc).

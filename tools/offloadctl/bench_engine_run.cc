@@ -126,6 +126,28 @@ class GradPattern {
 struct StepSample {
   double wall_s = 0;
   StepTimings t;
+  StepPhases phases;
+};
+
+// Times one phase of a step and the store's NVMe bytes in it (bench_engine.h, StepPhases).
+class PhaseClock {
+ public:
+  PhaseClock(const Engine& e, PhaseFigures* into)
+      : e_(e), into_(into), t0_(Clock::now()), s0_(e.Stats().store) {}
+  ~PhaseClock() {
+    const StoreStats s = e_.Stats().store;
+    into_->seconds += Sec(Clock::now() - t0_);
+    into_->nvme_read_bytes += static_cast<double>(NvmeRead(s) - NvmeRead(s0_));
+    into_->nvme_write_bytes += static_cast<double>(NvmeWrite(s) - NvmeWrite(s0_));
+  }
+  PhaseClock(const PhaseClock&) = delete;
+  PhaseClock& operator=(const PhaseClock&) = delete;
+
+ private:
+  const Engine& e_;
+  PhaseFigures* into_;
+  Clock::time_point t0_;
+  StoreStats s0_;
 };
 
 // Whether group `g` is a layer (a weight group): the simulated compute runs per layer use; the
@@ -141,12 +163,17 @@ Result<StepSample> TrainStep(Engine& e, int gas, double compute_ms, GradPattern&
     }
   };
   const auto t0 = Clock::now();
+  StepSample out;
   for (int micro = 0; micro < gas; ++micro) {
-    for (size_t g = 0; g < groups; ++g) {
-      STRATA_ASSIGN_OR_RETURN(GatheredGroup p, e.Gather(g));
-      compute(g);
-      e.Release(std::move(p));
+    {
+      PhaseClock clock(e, &out.phases.forward);
+      for (size_t g = 0; g < groups; ++g) {
+        STRATA_ASSIGN_OR_RETURN(GatheredGroup p, e.Gather(g));
+        compute(g);
+        e.Release(std::move(p));
+      }
     }
+    PhaseClock clock(e, &out.phases.backward);
     grads.Prepare(e.dtype(), e.LossScale(), rank);
     for (size_t g = groups; g-- > 0;) {
       STRATA_ASSIGN_OR_RETURN(GatheredGroup p, e.Gather(g));
@@ -157,8 +184,13 @@ Result<StepSample> TrainStep(Engine& e, int gas, double compute_ms, GradPattern&
       STRATA_RETURN_IF_ERROR(e.ReduceGradients(g));
     }
   }
-  STRATA_ASSIGN_OR_RETURN(StepReport rep, e.Step());
-  return StepSample{Sec(Clock::now() - t0), rep.timings};
+  {
+    PhaseClock clock(e, &out.phases.optimizer);
+    STRATA_ASSIGN_OR_RETURN(StepReport rep, e.Step());
+    out.t = rep.timings;
+  }
+  out.wall_s = Sec(Clock::now() - t0);
+  return out;
 }
 
 // Creates the engine; nullptr (with *refused set) when the placement does not fit on this rank.
@@ -229,9 +261,8 @@ Status PairedDiskPass(const BenchEngineArgs& a, const BenchProcess& p, Communica
       std::vector<double> all,
       AllGatherDoubles(comm,
                        {st.ok() ? pass.seconds : -1.0, static_cast<double>(pass.read_bytes),
-                        static_cast<double>(pass.write_bytes),
-                        static_cast<double>(pass.span_bytes), pass.read_seconds,
-                        pass.write_seconds},
+                        static_cast<double>(pass.write_bytes), static_cast<double>(pass.span_bytes),
+                        pass.read_seconds, pass.write_seconds},
                        p.timeout));
   STRATA_RETURN_IF_ERROR(st.WithContext("paired disk reference"));
   double secs = 0, rd = 0, wr = 0, span = 0, rd_s = 0, wr_s = 0, split_s = 0;
@@ -263,10 +294,11 @@ Status PairedDiskPass(const BenchEngineArgs& a, const BenchProcess& p, Communica
 }
 
 // Warm-up and measured steps; fills the timing fields and this rank's figures of `r`.
-Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicator& comm,
-                    Engine& e, Progress& progress, VariantResult* r) {
+Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicator& comm, Engine& e,
+                    Progress& progress, VariantResult* r) {
   const int rank = p.rank;
   GradPattern grads;
+  StepPhases phases;  // means over the measured steps
   EngineStats before = e.Stats();
   const int total = a.warmup_steps + a.steps;
   for (int s = 0; s < total; ++s) {
@@ -284,6 +316,7 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicato
     if (s + 1 == total) {
       // The last step's optimizer, which overlap_step leaves running: it is this step's.
       const auto t0 = Clock::now();
+      PhaseClock clock(e, &x.phases.optimizer);
       STRATA_RETURN_IF_ERROR(e.Synchronize().WithContext("the last step"));
       x.wall_s += Sec(Clock::now() - t0);
     }
@@ -317,6 +350,13 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicato
     r->optimizer_s += x.t.optimizer_ns * 1e-9 / n;
     r->optimizer_io_wait_s += x.t.optimizer_io_wait_ns * 1e-9 / n;
     r->step_call_s += x.t.step_ns * 1e-9 / n;
+    for (const StepPhaseRef& ph : kStepPhases) {
+      PhaseFigures& into = phases.*ph.field;
+      const PhaseFigures& got = x.phases.*ph.field;
+      into.seconds += got.seconds / n;
+      into.nvme_read_bytes += got.nvme_read_bytes / n;
+      into.nvme_write_bytes += got.nvme_write_bytes / n;
+    }
   }
   const EngineStats after = e.Stats();
   const double n = a.steps;
@@ -336,6 +376,7 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicato
        before.comm_intra.total_wire_sent_bytes() - before.comm_inter.total_wire_sent_bytes()) /
       n;
   f.step_s = Median(r->step_s);
+  f.phases = phases;
   r->ranks = {f};
   size_t layers = 0;
   for (size_t g = 0; g < e.model().groups.size(); ++g) layers += IsLayer(e, g) ? 1 : 0;
@@ -345,16 +386,21 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicato
 }
 
 std::vector<double> Pack(const RankFigures& f) {
-  return {f.peak_bytes[0],
-          f.peak_bytes[1],
-          f.peak_bytes[2],
-          f.nvme_read_bytes_per_step,
-          f.nvme_write_bytes_per_step,
-          f.comm_bytes_per_step,
-          f.comm_wire_bytes_per_step,
-          f.step_s,
-          f.comm_intra_bytes_per_step,
-          f.comm_inter_bytes_per_step};
+  std::vector<double> d = {f.peak_bytes[0],
+                           f.peak_bytes[1],
+                           f.peak_bytes[2],
+                           f.nvme_read_bytes_per_step,
+                           f.nvme_write_bytes_per_step,
+                           f.comm_bytes_per_step,
+                           f.comm_wire_bytes_per_step,
+                           f.step_s,
+                           f.comm_intra_bytes_per_step,
+                           f.comm_inter_bytes_per_step};
+  for (const StepPhaseRef& ph : kStepPhases) {
+    const PhaseFigures& x = f.phases.*ph.field;
+    d.insert(d.end(), {x.seconds, x.nvme_read_bytes, x.nvme_write_bytes});
+  }
+  return d;
 }
 
 RankFigures Unpack(const double* d) {
@@ -367,6 +413,11 @@ RankFigures Unpack(const double* d) {
   f.step_s = d[7];
   f.comm_intra_bytes_per_step = d[8];
   f.comm_inter_bytes_per_step = d[9];
+  const double* x = d + 10;
+  for (const StepPhaseRef& ph : kStepPhases) {
+    f.phases.*ph.field = PhaseFigures{x[0], x[1], x[2]};
+    x += 3;
+  }
   return f;
 }
 

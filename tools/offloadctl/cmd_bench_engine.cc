@@ -150,6 +150,50 @@ nlohmann::json TierJson(const double* v) {
   return {{"device", v[0]}, {"host", v[1]}, {"nvme", v[2]}};
 }
 
+// The step's phases (bench_engine.h, StepPhases): each rank's mean per measured step, the
+// slowest rank's seconds and all ranks' bytes; with the split paired reference, each phase's
+// bytes at the disk's read and write rates of those passes (the medians over the steps of each
+// pass's bytes over its read phases' and its write phases' seconds): the phase's share of the
+// issue's disk_bound_s, and the phase's io_efficiency against it.
+nlohmann::json PhasesJson(const VariantResult& r) {
+  std::vector<double> read_rates, write_rates;
+  for (size_t i = 0; i < r.paired_split_s.size() && i < r.paired_read_bytes.size(); ++i) {
+    if (r.paired_split_read_s[i] > 0) {
+      read_rates.push_back(r.paired_read_bytes[i] / r.paired_split_read_s[i]);
+    }
+    if (r.paired_split_write_s[i] > 0 && r.paired_write_bytes[i] > 0) {
+      write_rates.push_back(r.paired_write_bytes[i] / r.paired_split_write_s[i]);
+    }
+  }
+  const double read_rate = Median(read_rates), write_rate = Median(write_rates);
+  nlohmann::json out = nlohmann::json::object();
+  for (const StepPhaseRef& ph : kStepPhases) {
+    double secs = 0, rd = 0, wr = 0;
+    for (const RankFigures& f : r.ranks) {
+      const PhaseFigures& x = f.phases.*ph.field;
+      secs = std::max(secs, x.seconds);
+      rd += x.nvme_read_bytes;
+      wr += x.nvme_write_bytes;
+    }
+    nlohmann::json j = {{"seconds", secs},
+                        {"nvme_read_bytes", rd},
+                        {"nvme_write_bytes", wr},
+                        {"nvme_bytes_per_s", secs > 0 ? (rd + wr) / secs : 0.0}};
+    const bool rated = read_rate > 0 && (wr <= 0 || write_rate > 0);
+    if (rated) {
+      const double bound = rd / read_rate + (wr > 0 ? wr / write_rate : 0.0);
+      j["disk_bound_split_s"] = bound;
+      j["io_efficiency_split"] = secs > 0 ? bound / secs : 0.0;
+    }
+    out[ph.name] = j;
+  }
+  if (!read_rates.empty()) {
+    out["split_read_bytes_per_s"] = read_rate;
+    out["split_write_bytes_per_s"] = write_rate;
+  }
+  return out;
+}
+
 nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, const DiskRates& d,
                            const StepDiskReference& ref) {
   nlohmann::json j;
@@ -229,14 +273,13 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
   // --disk-reference-paired: each measured step against the pass that followed it.
   std::vector<double> ratios;
   for (size_t i = 0; i < r.paired_pass_s.size() && i < r.step_s.size(); ++i) {
-    if (r.paired_pass_s[i] > 0 && r.step_s[i] > 0) ratios.push_back(r.paired_pass_s[i] / r.step_s[i]);
+    if (r.paired_pass_s[i] > 0 && r.step_s[i] > 0)
+      ratios.push_back(r.paired_pass_s[i] / r.step_s[i]);
   }
-  j["disk_reference_paired"] = {{"measured", !ratios.empty()},
-                                {"pass_seconds", r.paired_pass_s},
-                                {"read_bytes", r.paired_read_bytes},
-                                {"write_bytes", r.paired_write_bytes},
-                                {"span_bytes", r.paired_span_bytes},
-                                {"ratios", ratios}};
+  j["disk_reference_paired"] = {
+      {"measured", !ratios.empty()},       {"pass_seconds", r.paired_pass_s},
+      {"read_bytes", r.paired_read_bytes}, {"write_bytes", r.paired_write_bytes},
+      {"span_bytes", r.paired_span_bytes}, {"ratios", ratios}};
   j["io_efficiency_paired"] = Median(ratios);
   // --disk-reference-paired-split: the same steps against the split pass (read phases + write
   // phases: the step's bytes at the disk's separate read and write rates).
@@ -252,6 +295,7 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
                                       {"write_seconds", r.paired_split_write_s},
                                       {"ratios", split_ratios}};
   j["io_efficiency_paired_split"] = Median(split_ratios);
+  j["phases"] = PhasesJson(r);
   j["disk_burst_measured"] = d.measured;
   j["disk_burst_bytes"] = d.bytes;
   j["disk_burst_read_bytes_per_s"] = d.read_bytes_per_s;
@@ -301,9 +345,10 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
   j["ranks"] = ranks;
   j["notes"] = r.notes;
   if (ref.measured && me.step_s > 0 && bound > 1.05 * me.step_s) {
-    j["notes"].push_back("io_efficiency above 1: the disk reference ran slower than the step's own "
-                         "IO, so the disk changed between them (a shared disk's slow patch); "
-                         "rerun, or raise --disk-reference-passes");
+    j["notes"].push_back(
+        "io_efficiency above 1: the disk reference ran slower than the step's own "
+        "IO, so the disk changed between them (a shared disk's slow patch); "
+        "rerun, or raise --disk-reference-passes");
   }
   if (!a.save_dir.empty()) j["checkpoint"] = CheckpointJson(r);
   return j;
@@ -345,20 +390,35 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
         j["io_efficiency"].get<double>(), j["io_efficiency_mean"].get<double>());
   }
   if (j["disk_reference_paired"]["measured"].get<bool>()) {
-    std::printf("\n  paired with each step (its mix rewritten over its swap files): io efficiency "
-                "%.2f (median; per step",
-                j["io_efficiency_paired"].get<double>());
-    for (const auto& x : j["disk_reference_paired"]["ratios"]) std::printf(" %.2f", x.get<double>());
+    std::printf(
+        "\n  paired with each step (its mix rewritten over its swap files): io efficiency "
+        "%.2f (median; per step",
+        j["io_efficiency_paired"].get<double>());
+    for (const auto& x : j["disk_reference_paired"]["ratios"])
+      std::printf(" %.2f", x.get<double>());
     std::printf(")");
   }
   if (j["disk_reference_paired_split"]["measured"].get<bool>()) {
-    std::printf("\n  paired, split (its reads and its writes each alone): io efficiency %.2f "
-                "(median; per step",
-                j["io_efficiency_paired_split"].get<double>());
+    std::printf(
+        "\n  paired, split (its reads and its writes each alone): io efficiency %.2f "
+        "(median; per step",
+        j["io_efficiency_paired_split"].get<double>());
     for (const auto& x : j["disk_reference_paired_split"]["ratios"]) {
       std::printf(" %.2f", x.get<double>());
     }
     std::printf(")");
+  }
+  std::printf("\n  phases (mean per step):");
+  const char* sep = "";
+  for (const StepPhaseRef& ph : kStepPhases) {
+    const auto& x = j["phases"][ph.name];
+    std::printf("%s %s %.3f s (NVMe read %s GB, write %s", sep, ph.name, x["seconds"].get<double>(),
+                Gb(x["nvme_read_bytes"]).c_str(), Gb(x["nvme_write_bytes"]).c_str());
+    if (x.contains("io_efficiency_split")) {
+      std::printf("; %.2f of the split disk", x["io_efficiency_split"].get<double>());
+    }
+    std::printf(")");
+    sep = ";";
   }
   if (j["disk_burst_measured"].get<bool>()) {
     std::printf("\n  burst passes: read %.2f GB/s, write %.2f GB/s: io efficiency %.2f",
@@ -614,9 +674,8 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
          help)
         ->check(CLI::Validator(
             [word](std::string& s) {
-              return s == "0" || (word != nullptr && s == word)
-                         ? std::string()
-                         : SizeArg({.min_bytes = 4096})(s);
+              return s == "0" || (word != nullptr && s == word) ? std::string()
+                                                                : SizeArg({.min_bytes = 4096})(s);
             },
             ""))
         ->type_name(word != nullptr ? std::string("SIZE|") + word : std::string("SIZE"))
@@ -642,7 +701,8 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
               "files moving the step's reads in read-only phases and its writes in write-only "
               "phases (1 GiB or more each, timed apart): io_efficiency_paired_split, the median "
               "of (read phases + write phases) / step, the step's bytes at the disk's separate "
-              "read and write rates at the step's minutes")
+              "read and write rates at the step's minutes; it also prices each phase of the step "
+              "(JSON phases: forward, backward, optimizer, each io_efficiency_split)")
       ->needs("--disk-reference-paired");
   c->add_option("--disk-reference-passes", a->disk_reference_passes,
                 "Mixed passes of the io_efficiency reference over its prefilled file; the fastest "
