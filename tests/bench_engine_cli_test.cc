@@ -77,11 +77,13 @@ constexpr const char* kTiny = " --params 2M --layers 4 --steps 2 --io-backend po
 // paired reference each phase's bytes at its read and write rates give the phase's bound.
 void ExpectPhasesCoverTheStep(const nlohmann::json& j, bool split) {
   const nlohmann::json& ph = j["phases"];
-  double secs = 0, rd = 0, wr = 0;
+  double secs = 0, rd = 0, wr = 0, busy = 0;
   for (const char* k : {"forward", "backward", "optimizer"}) {
     ASSERT_TRUE(ph.contains(k)) << ph;
     const nlohmann::json& x = ph[k];
     EXPECT_GT(x["seconds"].get<double>(), 0.0) << k;
+    EXPECT_GE(x["io_busy_fraction"].get<double>(), 0.0) << k;
+    busy += x["io_busy_fraction"].get<double>() * x["seconds"].get<double>();
     secs += x["seconds"].get<double>();
     rd += x["nvme_read_bytes"].get<double>();
     wr += x["nvme_write_bytes"].get<double>();
@@ -104,7 +106,11 @@ void ExpectPhasesCoverTheStep(const nlohmann::json& j, bool split) {
   if (j["world_size"].get<int>() == 1) {  // ranks' phases are the slowest's each: not additive
     EXPECT_LE(secs, mean * (1 + 1e-9));
     EXPECT_GE(secs, 0.9 * mean);
+    // The disk's busy time falls inside the phases (one IO's latency may cross in from before).
+    EXPECT_LE(busy, 1.1 * secs + 0.05);
   }
+  // The optimizer's reads and writes complete inside it: the disk was busy there.
+  EXPECT_GT(ph["optimizer"]["io_busy_fraction"].get<double>(), 0.0);
   const double step_rd = j["nvme_read_bytes_per_step"].get<double>();
   const double step_wr = j["nvme_write_bytes_per_step"].get<double>();
   EXPECT_LE(rd, step_rd + 1);

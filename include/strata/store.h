@@ -208,7 +208,7 @@ struct StoreStats {
   PerTier<uint64_t> used_bytes;
   PerTier<uint64_t> peak_bytes;
   PerTier<uint64_t> budget_bytes;
-  uint64_t io_busy_ns = 0;  // time with IO in flight
+  uint64_t io_busy_ns = 0;  // time with IO in flight, counted up to the latest completion
   uint64_t io_bytes = 0;
   uint64_t copy_busy_ns = 0;  // time with a device copy in flight (either direction)
   uint64_t copy_bytes = 0;

@@ -139,6 +139,7 @@ class PhaseClock {
     into_->seconds += Sec(Clock::now() - t0_);
     into_->nvme_read_bytes += static_cast<double>(NvmeRead(s) - NvmeRead(s0_));
     into_->nvme_write_bytes += static_cast<double>(NvmeWrite(s) - NvmeWrite(s0_));
+    into_->io_busy_s += static_cast<double>(s.io_busy_ns - s0_.io_busy_ns) * 1e-9;
   }
   PhaseClock(const PhaseClock&) = delete;
   PhaseClock& operator=(const PhaseClock&) = delete;
@@ -356,6 +357,7 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicato
       into.seconds += got.seconds / n;
       into.nvme_read_bytes += got.nvme_read_bytes / n;
       into.nvme_write_bytes += got.nvme_write_bytes / n;
+      into.io_busy_s += got.io_busy_s / n;
     }
   }
   const EngineStats after = e.Stats();
@@ -398,7 +400,7 @@ std::vector<double> Pack(const RankFigures& f) {
                            f.comm_inter_bytes_per_step};
   for (const StepPhaseRef& ph : kStepPhases) {
     const PhaseFigures& x = f.phases.*ph.field;
-    d.insert(d.end(), {x.seconds, x.nvme_read_bytes, x.nvme_write_bytes});
+    d.insert(d.end(), {x.seconds, x.nvme_read_bytes, x.nvme_write_bytes, x.io_busy_s});
   }
   return d;
 }
@@ -415,8 +417,8 @@ RankFigures Unpack(const double* d) {
   f.comm_inter_bytes_per_step = d[9];
   const double* x = d + 10;
   for (const StepPhaseRef& ph : kStepPhases) {
-    f.phases.*ph.field = PhaseFigures{x[0], x[1], x[2]};
-    x += 3;
+    f.phases.*ph.field = PhaseFigures{x[0], x[1], x[2], x[3]};
+    x += 4;
   }
   return f;
 }
