@@ -115,8 +115,9 @@ struct EngineVariant {
 // One phase of a training step as the trainer sees it, per measured step (the mean), one rank:
 // wall time, the store's NVMe bytes in that time (IO started earlier and completing in it
 // counts where it completes) and the time the store had NVMe IO in flight (StoreStats::
-// io_busy_ns: a busy stretch counts where it ends, so one crossing into the next phase is that
-// phase's). busy / seconds is the share of the phase the disk was working: well below 1 in a
+// io_busy_ns, added at each completion: the busy time since the previous completion counts in
+// the phase where this one falls, so at most one IO's latency crosses a phase boundary).
+// busy / seconds is the share of the phase the disk was working: well below 1 in a
 // phase that moves bytes, the engine left the disk idle (the trainer's thread or the CPU was the
 // bound); near 1 with a low io_efficiency_split, the disk was slow on the phase's pattern.
 struct PhaseFigures {
