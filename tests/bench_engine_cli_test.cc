@@ -84,6 +84,9 @@ void ExpectPhasesCoverTheStep(const nlohmann::json& j, bool split) {
     EXPECT_GT(x["seconds"].get<double>(), 0.0) << k;
     EXPECT_GE(x["io_busy_fraction"].get<double>(), 0.0) << k;
     busy += x["io_busy_fraction"].get<double>() * x["seconds"].get<double>();
+    // The trainer's waits on the store lie inside the phase, on its one thread.
+    EXPECT_GE(x["store_wait_fraction"].get<double>(), 0.0) << k;
+    EXPECT_LE(x["store_wait_fraction"].get<double>(), 1.0 + 1e-9) << k;
     secs += x["seconds"].get<double>();
     rd += x["nvme_read_bytes"].get<double>();
     wr += x["nvme_write_bytes"].get<double>();
@@ -109,6 +112,8 @@ void ExpectPhasesCoverTheStep(const nlohmann::json& j, bool split) {
     // The disk's busy time falls inside the phases (one IO's latency may cross in from before).
     EXPECT_LE(busy, 1.1 * secs + 0.05);
   }
+  // Every Gather asks the store for the group's copy: the forward waited on it, if briefly.
+  EXPECT_GT(ph["forward"]["store_wait_fraction"].get<double>(), 0.0);
   // The optimizer's reads and writes complete inside it: the disk was busy there.
   EXPECT_GT(ph["optimizer"]["io_busy_fraction"].get<double>(), 0.0);
   const double step_rd = j["nvme_read_bytes_per_step"].get<double>();

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
@@ -412,6 +412,53 @@ uint64_t NvmeReadBytes(const Engine& e) {
   return b;
 }
 
+// EngineStats' waits count the step in progress, so a trainer (bench engine's phases) can time
+// its forward and backward by two Stats() calls; the store waits are parts of the Gather and
+// reduction waits, and after the last Step the totals are the reports' sums.
+TEST(EngineStats, WaitsCountTheStepInProgressAndSplitOutTheStore) {
+  RunSpec spec;
+  spec.config_json = BaseConfig(
+      R"("stage": 3, "sub_group_size": 1000000,
+         "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"},
+         "offload_param": {"device": "nvme", "nvme_path": "/tmp"})");
+  spec.steps = 2;
+  std::vector<EngineStats> at_start(spec.steps), before_step(spec.steps);
+  spec.before_step = [&](int, int s, Engine& e) { at_start[s] = e.Stats(); };
+  spec.before_engine_step = [&](int, int s, Engine& e, nvme::SimBackend*) {
+    before_step[s] = e.Stats();
+  };
+  RunResult r = RunEngine(spec);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  StepTimings sum;
+  for (int s = 0; s < spec.steps; ++s) {
+    const EngineStats& a = at_start[s];
+    const EngineStats& b = before_step[s];
+    // The forward and backward of step s, before its Step: counted already.
+    EXPECT_GT(b.gather_wait_ns, a.gather_wait_ns) << s;
+    EXPECT_GT(b.gather_fetch_wait_ns, a.gather_fetch_wait_ns) << s;
+    EXPECT_GT(b.reduce_wait_ns, a.reduce_wait_ns) << s;
+    EXPECT_GT(b.grad_lease_wait_ns, a.grad_lease_wait_ns) << s;
+    EXPECT_LE(b.gather_fetch_wait_ns - a.gather_fetch_wait_ns, b.gather_wait_ns - a.gather_wait_ns);
+    EXPECT_LE(b.grad_lease_wait_ns - a.grad_lease_wait_ns, b.reduce_wait_ns - a.reduce_wait_ns);
+    // Nothing of the step's own: its optimizer figures arrive with it.
+    EXPECT_EQ(b.optimizer_ns, a.optimizer_ns) << s;
+    const StepTimings& t = r.reports[s].timings;
+    EXPECT_EQ(t.gather_wait_ns, b.gather_wait_ns - a.gather_wait_ns) << s;
+    EXPECT_EQ(t.grad_lease_wait_ns, b.grad_lease_wait_ns - a.grad_lease_wait_ns) << s;
+    sum.gather_wait_ns += t.gather_wait_ns;
+    sum.gather_fetch_wait_ns += t.gather_fetch_wait_ns;
+    sum.reduce_wait_ns += t.reduce_wait_ns;
+    sum.grad_lease_wait_ns += t.grad_lease_wait_ns;
+    sum.optimizer_ns += t.optimizer_ns;
+  }
+  const EngineStats& end = r.stats[0];
+  EXPECT_EQ(end.gather_wait_ns, sum.gather_wait_ns);
+  EXPECT_EQ(end.gather_fetch_wait_ns, sum.gather_fetch_wait_ns);
+  EXPECT_EQ(end.reduce_wait_ns, sum.reduce_wait_ns);
+  EXPECT_EQ(end.grad_lease_wait_ns, sum.grad_lease_wait_ns);
+  EXPECT_EQ(end.optimizer_ns, sum.optimizer_ns);
+}
+
 TEST(EngineIo, Stage3StepNeverReadsTheParamsItReplaces) {
   // Params on NVMe, optimizer state in host memory, nothing prefetched or kept between uses: the
   // step's only possible NVMe reads are of the param blocks its Adam writes. At stage 3 it writes
@@ -424,7 +471,7 @@ TEST(EngineIo, Stage3StepNeverReadsTheParamsItReplaces) {
          "offload_param": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 2})");
   spec.steps = 3;
   spec.budgets[Tier::kHost] = 132 << 10;  // 2 of the 5 param shards: the params are paged
-  spec.device_budget = 32 << 10;  // about the working set: the params are paged there too
+  spec.device_budget = 32 << 10;          // about the working set: the params are paged there too
   std::vector<uint64_t> before(spec.steps), forward_backward(spec.steps), step(spec.steps);
   uint64_t start = 0;
   spec.before_step = [&](int, int s, Engine& e) { start = NvmeReadBytes(e); };

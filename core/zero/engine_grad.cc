@@ -58,7 +58,9 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
   out.numel_ = gs.numel;
   out.offsets_ = gs.param_offsets;
   if (!placement.params_partitioned) {
+    const auto f0 = Clock::now();
     auto lease = store->Acquire(gs.param, Tier::kDevice, Access::kRead, timeout());
+    timings.gather_fetch_wait_ns += Since(f0);
     if (!lease.ok()) return Fail(WithContext(lease.status(), "gather of group '" + name + "'"));
     out.data_ = lease->data();
     out.hold_ = std::make_shared<Lease>(std::move(*lease));
@@ -73,7 +75,9 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
       in_step = true;
       ++gather_epoch;
     }
+    const auto f0 = Clock::now();
     auto shard = gather->Gather(static_cast<sched::GroupId>(g), timeout());
+    timings.gather_fetch_wait_ns += Since(f0);
     if (!shard.ok()) return Fail(WithContext(shard.status(), "gather of group '" + name + "'"));
     const uint64_t bytes = gs.shard.padded_elems(world) * elt;
     auto full = DeviceBuffer::Make(opt.device, bytes);
@@ -505,7 +509,10 @@ Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
     }
     // The first micro-step replaces the gradient: no read of the old one (from NVMe).
     const Access access = p.first ? Access::kOverwrite : Access::kWrite;
-    STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, tier, access, timeout()));
+    const auto l0 = Clock::now();
+    auto leased = store->Acquire(s.grad, tier, access, timeout());
+    timings.grad_lease_wait_ns += Since(l0);
+    STRATA_ASSIGN_OR_RETURN(Lease acc, std::move(leased));
     float* a = static_cast<float*>(acc.data());
     const bool stats = p.last && s.owner == rank;  // the partition's final gradient
     std::optional<kernels::GradStats> st;
@@ -514,8 +521,8 @@ Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
       STRATA_RETURN_IF_ERROR(k->Synchronize(timeout()));
     } else if (stats) {
       // On the host GradStatsAt would sum the same chunks with the pool: one walk does both.
-      STRATA_ASSIGN_OR_RETURN(st, kernels::AccumulateGradWithStats(*pool, a, src, dtype,
-                                                                   post_scale, p.first, s.elems));
+      STRATA_ASSIGN_OR_RETURN(
+          st, kernels::AccumulateGradWithStats(*pool, a, src, dtype, post_scale, p.first, s.elems));
     } else {
       STRATA_RETURN_IF_ERROR(AccumulatePooled(*pool, a, src, dtype, post_scale, p.first, s.elems));
     }

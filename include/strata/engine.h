@@ -208,7 +208,9 @@ class GatheredGroup {
 // Timings of one Step and of the micro-steps since the previous one (nanoseconds).
 struct StepTimings {
   uint64_t gather_wait_ns = 0;        // Gather calls: fetch + all-gather waits
+  uint64_t gather_fetch_wait_ns = 0;  // of which: blocked on the store for the group's copy
   uint64_t reduce_wait_ns = 0;        // waits for reductions and gradient accumulation
+  uint64_t grad_lease_wait_ns = 0;    // of which: blocked on the store for an accumulator's lease
   uint64_t optimizer_ns = 0;          // the Adam pipeline (compute + waits for its IO)
   uint64_t optimizer_io_wait_ns = 0;  // of which: waiting for reads and writes
   uint64_t step_ns = 0;               // the whole Step call
@@ -234,7 +236,12 @@ struct EngineStats {
   // all-to-all, hpZ groups spanning nodes). Zero without ZeRO++.
   CommStats comm_intra, comm_inter;
   PerTier<uint64_t> peak_bytes{};  // engine-wide peak per tier (store + engine buffers)
-  uint64_t gather_wait_ns = 0, reduce_wait_ns = 0, optimizer_ns = 0, optimizer_io_wait_ns = 0;
+  // The StepTimings summed over every step, including the micro-steps of the step in progress
+  // (up to now), so a caller can time a phase by two Stats() calls. The parts that are waits on
+  // the store (gather_fetch_wait_ns, grad_lease_wait_ns) against the rest tell a store- or
+  // disk-bound backward from a CPU-bound one.
+  uint64_t gather_wait_ns = 0, gather_fetch_wait_ns = 0, reduce_wait_ns = 0, grad_lease_wait_ns = 0,
+           optimizer_ns = 0, optimizer_io_wait_ns = 0;
 };
 
 // What the engine places where: per tier, bytes of this rank's states and buffers.

@@ -343,7 +343,9 @@ class PyEngine {
     d["clip_coefficient"] = rep.clip_coefficient;
     nb::dict t;
     t["gather_wait_ns"] = rep.timings.gather_wait_ns;
+    t["gather_fetch_wait_ns"] = rep.timings.gather_fetch_wait_ns;
     t["reduce_wait_ns"] = rep.timings.reduce_wait_ns;
+    t["grad_lease_wait_ns"] = rep.timings.grad_lease_wait_ns;
     t["optimizer_ns"] = rep.timings.optimizer_ns;
     t["optimizer_io_wait_ns"] = rep.timings.optimizer_io_wait_ns;
     t["step_ns"] = rep.timings.step_ns;
@@ -370,7 +372,9 @@ class PyEngine {
     d["skipped_steps"] = s.skipped_steps;
     d["peak_bytes"] = TierDict(s.peak_bytes);
     d["gather_wait_ns"] = s.gather_wait_ns;
+    d["gather_fetch_wait_ns"] = s.gather_fetch_wait_ns;
     d["reduce_wait_ns"] = s.reduce_wait_ns;
+    d["grad_lease_wait_ns"] = s.grad_lease_wait_ns;
     d["optimizer_ns"] = s.optimizer_ns;
     d["optimizer_io_wait_ns"] = s.optimizer_io_wait_ns;
     nb::dict store;

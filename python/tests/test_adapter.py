@@ -163,8 +163,17 @@ def test_stats_are_the_engine_counters(tmp_path):
     assert groups > 0
     assert s["comm"]["reduce_scatter"]["calls"] == 0
     assert s["comm"]["all_gather"]["calls"] == 0
-    for key in ("gather_wait_ns", "reduce_wait_ns", "optimizer_ns", "optimizer_io_wait_ns"):
+    keys = ("gather_wait_ns", "gather_fetch_wait_ns", "reduce_wait_ns", "grad_lease_wait_ns",
+            "optimizer_ns", "optimizer_io_wait_ns")
+    for key in keys:
         assert s[key] == sum(r["timings"][key] for r in reports), key
+    # The store waits are parts of the Gather and reduction waits; the first step fetches every
+    # group (later ones may use kept copies) and every step leases its accumulators.
+    assert reports[0]["timings"]["gather_fetch_wait_ns"] > 0
+    for r in reports:
+        t = r["timings"]
+        assert t["gather_fetch_wait_ns"] <= t["gather_wait_ns"]
+        assert 0 < t["grad_lease_wait_ns"] <= t["reduce_wait_ns"]
     assert s["store"]["bytes_moved"]["host->nvme"] > 0 and s["store"]["io_bytes"] > 0
     assert s["layout"]["stage"] == 3 and s["layout"]["offload_optimizer"] == "nvme"
     engine.close()

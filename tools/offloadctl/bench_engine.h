@@ -120,10 +120,18 @@ struct EngineVariant {
 // busy / seconds is the share of the phase the disk was working: well below 1 in a
 // phase that moves bytes, the engine left the disk idle (the trainer's thread or the CPU was the
 // bound); near 1 with a low io_efficiency_split, the disk was slow on the phase's pattern.
+//
+// store_wait_s: the time the trainer's thread was blocked on the store in the phase (EngineStats:
+// gather_fetch_wait_ns + grad_lease_wait_ns + optimizer_io_wait_ns). The rest of the phase is
+// CPU work: the trainer's own (the synthetic gradients, the simulated compute) and the engine's
+// (gathered copies, gradient accumulation, Adam). A phase with the disk idle and little store
+// wait is CPU-bound; one with the disk idle and much store wait is held by the store's own
+// work (device copies, a full host budget).
 struct PhaseFigures {
   double seconds = 0;
   double nvme_read_bytes = 0, nvme_write_bytes = 0;
   double io_busy_s = 0;
+  double store_wait_s = 0;
 };
 
 // The phases of a step: forward (every micro-step's Gather / compute / Release over the groups),

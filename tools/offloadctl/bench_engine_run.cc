@@ -133,22 +133,29 @@ struct StepSample {
 class PhaseClock {
  public:
   PhaseClock(const Engine& e, PhaseFigures* into)
-      : e_(e), into_(into), t0_(Clock::now()), s0_(e.Stats().store) {}
+      : e_(e), into_(into), t0_(Clock::now()), e0_(e.Stats()) {}
   ~PhaseClock() {
-    const StoreStats s = e_.Stats().store;
+    const EngineStats es = e_.Stats();
+    const StoreStats& s = es.store;
+    const StoreStats& s0 = e0_.store;
     into_->seconds += Sec(Clock::now() - t0_);
-    into_->nvme_read_bytes += static_cast<double>(NvmeRead(s) - NvmeRead(s0_));
-    into_->nvme_write_bytes += static_cast<double>(NvmeWrite(s) - NvmeWrite(s0_));
-    into_->io_busy_s += static_cast<double>(s.io_busy_ns - s0_.io_busy_ns) * 1e-9;
+    into_->nvme_read_bytes += static_cast<double>(NvmeRead(s) - NvmeRead(s0));
+    into_->nvme_write_bytes += static_cast<double>(NvmeWrite(s) - NvmeWrite(s0));
+    into_->io_busy_s += static_cast<double>(s.io_busy_ns - s0.io_busy_ns) * 1e-9;
+    into_->store_wait_s += static_cast<double>(StoreWait(es) - StoreWait(e0_)) * 1e-9;
   }
   PhaseClock(const PhaseClock&) = delete;
   PhaseClock& operator=(const PhaseClock&) = delete;
 
  private:
+  static uint64_t StoreWait(const EngineStats& x) {
+    return x.gather_fetch_wait_ns + x.grad_lease_wait_ns + x.optimizer_io_wait_ns;
+  }
+
   const Engine& e_;
   PhaseFigures* into_;
   Clock::time_point t0_;
-  StoreStats s0_;
+  EngineStats e0_;
 };
 
 // Whether group `g` is a layer (a weight group): the simulated compute runs per layer use; the
@@ -358,6 +365,7 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicato
       into.nvme_read_bytes += got.nvme_read_bytes / n;
       into.nvme_write_bytes += got.nvme_write_bytes / n;
       into.io_busy_s += got.io_busy_s / n;
+      into.store_wait_s += got.store_wait_s / n;
     }
   }
   const EngineStats after = e.Stats();
@@ -400,7 +408,8 @@ std::vector<double> Pack(const RankFigures& f) {
                            f.comm_inter_bytes_per_step};
   for (const StepPhaseRef& ph : kStepPhases) {
     const PhaseFigures& x = f.phases.*ph.field;
-    d.insert(d.end(), {x.seconds, x.nvme_read_bytes, x.nvme_write_bytes, x.io_busy_s});
+    d.insert(d.end(),
+             {x.seconds, x.nvme_read_bytes, x.nvme_write_bytes, x.io_busy_s, x.store_wait_s});
   }
   return d;
 }
@@ -417,8 +426,8 @@ RankFigures Unpack(const double* d) {
   f.comm_inter_bytes_per_step = d[9];
   const double* x = d + 10;
   for (const StepPhaseRef& ph : kStepPhases) {
-    f.phases.*ph.field = PhaseFigures{x[0], x[1], x[2], x[3]};
-    x += 4;
+    f.phases.*ph.field = PhaseFigures{x[0], x[1], x[2], x[3], x[4]};
+    x += 5;
   }
   return f;
 }
