@@ -87,6 +87,9 @@ void ExpectPhasesCoverTheStep(const nlohmann::json& j, bool split) {
     // The trainer's waits on the store lie inside the phase, on its one thread.
     EXPECT_GE(x["store_wait_fraction"].get<double>(), 0.0) << k;
     EXPECT_LE(x["store_wait_fraction"].get<double>(), 1.0 + 1e-9) << k;
+    // The store's parked time is read where a phase starts and ends: inside the phase.
+    EXPECT_GE(x["host_room_wait_fraction"].get<double>(), 0.0) << k;
+    EXPECT_LE(x["host_room_wait_fraction"].get<double>(), 1.0 + 1e-9) << k;
     secs += x["seconds"].get<double>();
     rd += x["nvme_read_bytes"].get<double>();
     wr += x["nvme_write_bytes"].get<double>();

@@ -238,6 +238,28 @@ TEST_F(StoreTest, LeasesPreventEviction) {
   ExpectWithinBudgets();
 }
 
+// room_wait_ns: the time an operation was parked for room on a tier, counted while it waits and
+// frozen once it got the room; no other tier's clock runs.
+TEST_F(StoreTest, RoomWaitCountsTheTimeAnOperationWasParkedForSpace) {
+  Open({.device_blocks = 1, .host_blocks = 1, .nvme_blocks = 4});
+  BlockId a = Reg("a", Tier::kNvme), b = Reg("b", Tier::kNvme);
+  auto la = store_->Acquire(a, Tier::kHost, Access::kRead, kWait);
+  ASSERT_TRUE(la.ok()) << la.status().ToString();
+  EXPECT_EQ(store_->TakeStats(false).room_wait_ns[Tier::kHost], 0u);
+  Ticket fb = store_->Fetch(b, Tier::kHost);  // parks: a holds the host's only block of room
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(fb.ready());
+  EXPECT_GE(store_->TakeStats(false).room_wait_ns[Tier::kHost], 50'000'000u);  // in progress
+  la->Release();
+  ASSERT_TRUE(fb.Wait(kWait).ok());
+  const StoreStats s = store_->TakeStats(false);
+  EXPECT_GE(s.room_wait_ns[Tier::kHost], 50'000'000u);
+  EXPECT_EQ(s.room_wait_ns[Tier::kDevice], 0u);
+  EXPECT_EQ(s.room_wait_ns[Tier::kNvme], 0u);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(store_->TakeStats(false).room_wait_ns[Tier::kHost], s.room_wait_ns[Tier::kHost]);
+}
+
 TEST_F(StoreTest, ResourceExhaustedWhenNothingCanFree) {
   Open({.device_blocks = 1, .host_blocks = 2, .nvme_blocks = 4});
   BlockId big = Reg("big", Tier::kNvme, 2 * kBlock);

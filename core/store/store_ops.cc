@@ -103,6 +103,27 @@ void TieredStore::Pump(BlockId id) {
     }
   }
   space_freed_ = false;
+  NoteRoomWaits();
+}
+
+void TieredStore::NoteRoomWaits() {
+  PerTier<bool> waiting{};
+  for (BlockId p : parked_) {
+    const Block& b = *blocks_[p];
+    if (b.parked && !b.ops.empty()) waiting[b.parked_on] = true;
+  }
+  std::optional<std::chrono::steady_clock::time_point> now;
+  for (Tier t : kAllTiers) {
+    if (waiting[t] == room_waiting_[t]) continue;
+    if (!now) now = std::chrono::steady_clock::now();
+    if (waiting[t]) {
+      room_since_[t] = *now;
+    } else {
+      stats_.room_wait_ns[t] += static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(*now - room_since_[t]).count());
+    }
+    room_waiting_[t] = waiting[t];
+  }
 }
 
 void TieredStore::Advance(BlockId id) {

@@ -55,6 +55,7 @@ TieredStore::Outcome TieredStore::Reserve(Block& b, Tier tier, Status* err) {
   std::vector<BlockId> dirty_idle;
   if (CanEverFree(tier, b.id, &dirty_idle)) {
     for (BlockId v : dirty_idle) write_behind_.emplace_back(v, tier);
+    b.parked_on = tier;
     return Outcome::kParked;
   }
   *err = Status::ResourceExhausted(

@@ -374,12 +374,20 @@ size_t TieredStore::num_blocks() const {
 StoreStats TieredStore::TakeStats(bool reset) {
   std::lock_guard<std::mutex> l(mu_);
   StoreStats s = stats_;
-  for (Tier t : kAllTiers) s.used_bytes[t] = used_[t];
+  const auto now = std::chrono::steady_clock::now();
+  for (Tier t : kAllTiers) {
+    s.used_bytes[t] = used_[t];
+    if (room_waiting_[t]) {  // a wait in progress counts up to now
+      s.room_wait_ns[t] += static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(now - room_since_[t]).count());
+    }
+  }
   if (reset) {
     stats_ = StoreStats{};
     for (Tier t : kAllTiers) {
       stats_.budget_bytes[t] = budget_[t];
       stats_.peak_bytes[t] = used_[t];
+      room_since_[t] = now;
     }
   }
   return s;

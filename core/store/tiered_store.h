@@ -103,6 +103,8 @@ class TieredStore final : public Store {
   // parked blocks while space was freed. Never called from inside Advance.
   void Pump(BlockId id);
   void Advance(BlockId id);
+  // Starts or ends each tier's room-wait clock from the parked blocks (end of every Pump).
+  void NoteRoomWaits();
   Outcome MakeValid(Block& b, Tier tier, Status* err);
   // The step of an Access::kOverwrite fetch: a copy on `tier` reserved but not filled.
   Outcome MakeWritable(Block& b, Tier tier, Status* err);
@@ -162,6 +164,9 @@ class TieredStore final : public Store {
   uint32_t copies_in_flight_ = 0;
   std::chrono::steady_clock::time_point copy_busy_since_;
   std::vector<BlockId> parked_;
+  // Per tier: whether an operation waits for room there, since when (StoreStats::room_wait_ns).
+  PerTier<bool> room_waiting_{};
+  PerTier<std::chrono::steady_clock::time_point> room_since_{};
   // (block, tier) copies to write behind and evict, recorded by Reserve, started by Pump.
   std::vector<std::pair<BlockId, Tier>> write_behind_;
   uint32_t lost_hops_ = 0;  // IO hops given up after Reap kept failing (never complete)

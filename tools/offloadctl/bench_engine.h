@@ -126,12 +126,15 @@ struct EngineVariant {
 // CPU work: the trainer's own (the synthetic gradients, the simulated compute) and the engine's
 // (gathered copies, gradient accumulation, Adam). A phase with the disk idle and little store
 // wait is CPU-bound; one with the disk idle and much store wait is held by the store's own
-// work (device copies, a full host budget).
+// work (device copies, a full host budget). host_room_wait_s: the time the store had an operation
+// parked for room in the host budget (StoreStats::room_wait_ns): a prefetch or a gather waiting
+// for the host to drop a copy.
 struct PhaseFigures {
   double seconds = 0;
   double nvme_read_bytes = 0, nvme_write_bytes = 0;
   double io_busy_s = 0;
   double store_wait_s = 0;
+  double host_room_wait_s = 0;
 };
 
 // The phases of a step: forward (every micro-step's Gather / compute / Release over the groups),
