@@ -90,6 +90,7 @@ void ExpectPhasesCoverTheStep(const nlohmann::json& j, bool split) {
     // The store's parked time is read where a phase starts and ends: inside the phase.
     EXPECT_GE(x["host_room_wait_fraction"].get<double>(), 0.0) << k;
     EXPECT_LE(x["host_room_wait_fraction"].get<double>(), 1.0 + 1e-9) << k;
+    EXPECT_GE(x["copy_busy_fraction"].get<double>(), 0.0) << k;
     secs += x["seconds"].get<double>();
     rd += x["nvme_read_bytes"].get<double>();
     wr += x["nvme_write_bytes"].get<double>();

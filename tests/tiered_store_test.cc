@@ -13,9 +13,9 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <string>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 
 #include <gtest/gtest.h>

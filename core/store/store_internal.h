@@ -95,7 +95,7 @@ struct TieredStore::Block {
   PerTier<Copy> copy;
   std::deque<std::shared_ptr<Op>> ops;  // front runs; one hop in flight at most
   bool hop_in_flight = false;
-  bool parked = false;  // waiting for space
+  bool parked = false;           // waiting for space
   Tier parked_on = Tier::kHost;  // the tier whose room it waits for (when parked)
   // An NVMe home never written back holds zeros (the registered value) and is read without IO
   // (the swap space refuses to read a block it never wrote).

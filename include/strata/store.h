@@ -214,7 +214,7 @@ struct StoreStats {
   uint64_t copy_bytes = 0;
   uint64_t evictions = 0;
   uint64_t errors = 0;
-  uint64_t acquire_timeouts = 0;   // Acquire calls that returned DeadlineExceeded
+  uint64_t acquire_timeouts = 0;  // Acquire calls that returned DeadlineExceeded
   // Per tier: time in which some operation (an Acquire's or a background prefetch's) was parked
   // waiting for room on the tier, its budget full of copies that cannot be dropped yet (leased,
   // in flight, or dirty and being written behind); a wait in progress counts up to now.

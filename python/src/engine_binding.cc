@@ -395,6 +395,7 @@ class PyEngine {
     store["budget_bytes"] = TierDict(s.store.budget_bytes);
     store["io_busy_ns"] = s.store.io_busy_ns;
     store["io_bytes"] = s.store.io_bytes;
+    store["room_wait_ns"] = TierDict(s.store.room_wait_ns);
     store["copy_bytes"] = s.store.copy_bytes;
     store["evictions"] = s.store.evictions;
     store["errors"] = s.store.errors;

@@ -175,6 +175,7 @@ def test_stats_are_the_engine_counters(tmp_path):
         assert t["gather_fetch_wait_ns"] <= t["gather_wait_ns"]
         assert 0 < t["grad_lease_wait_ns"] <= t["reduce_wait_ns"]
     assert s["store"]["bytes_moved"]["host->nvme"] > 0 and s["store"]["io_bytes"] > 0
+    assert set(s["store"]["room_wait_ns"]) == {"hbm", "host", "nvme"}
     assert s["layout"]["stage"] == 3 and s["layout"]["offload_optimizer"] == "nvme"
     engine.close()
 

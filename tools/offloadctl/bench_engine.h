@@ -128,13 +128,15 @@ struct EngineVariant {
 // wait is CPU-bound; one with the disk idle and much store wait is held by the store's own
 // work (device copies, a full host budget). host_room_wait_s: the time the store had an operation
 // parked for room in the host budget (StoreStats::room_wait_ns): a prefetch or a gather waiting
-// for the host to drop a copy.
+// for the host to drop a copy. copy_busy_s: the time the store had a device copy in flight
+// (StoreStats::copy_busy_ns, added where the copies go idle).
 struct PhaseFigures {
   double seconds = 0;
   double nvme_read_bytes = 0, nvme_write_bytes = 0;
   double io_busy_s = 0;
   double store_wait_s = 0;
   double host_room_wait_s = 0;
+  double copy_busy_s = 0;
 };
 
 // The phases of a step: forward (every micro-step's Gather / compute / Release over the groups),

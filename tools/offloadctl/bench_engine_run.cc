@@ -145,6 +145,7 @@ class PhaseClock {
     into_->store_wait_s += static_cast<double>(StoreWait(es) - StoreWait(e0_)) * 1e-9;
     into_->host_room_wait_s +=
         static_cast<double>(s.room_wait_ns[Tier::kHost] - s0.room_wait_ns[Tier::kHost]) * 1e-9;
+    into_->copy_busy_s += static_cast<double>(s.copy_busy_ns - s0.copy_busy_ns) * 1e-9;
   }
   PhaseClock(const PhaseClock&) = delete;
   PhaseClock& operator=(const PhaseClock&) = delete;
@@ -369,6 +370,7 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicato
       into.io_busy_s += got.io_busy_s / n;
       into.store_wait_s += got.store_wait_s / n;
       into.host_room_wait_s += got.host_room_wait_s / n;
+      into.copy_busy_s += got.copy_busy_s / n;
     }
   }
   const EngineStats after = e.Stats();
@@ -411,9 +413,8 @@ std::vector<double> Pack(const RankFigures& f) {
                            f.comm_inter_bytes_per_step};
   for (const StepPhaseRef& ph : kStepPhases) {
     const PhaseFigures& x = f.phases.*ph.field;
-    d.insert(d.end(),
-             {x.seconds, x.nvme_read_bytes, x.nvme_write_bytes, x.io_busy_s, x.store_wait_s,
-              x.host_room_wait_s});
+    d.insert(d.end(), {x.seconds, x.nvme_read_bytes, x.nvme_write_bytes, x.io_busy_s,
+                       x.store_wait_s, x.host_room_wait_s, x.copy_busy_s});
   }
   return d;
 }
@@ -430,8 +431,8 @@ RankFigures Unpack(const double* d) {
   f.comm_inter_bytes_per_step = d[9];
   const double* x = d + 10;
   for (const StepPhaseRef& ph : kStepPhases) {
-    f.phases.*ph.field = PhaseFigures{x[0], x[1], x[2], x[3], x[4], x[5]};
-    x += 6;
+    f.phases.*ph.field = PhaseFigures{x[0], x[1], x[2], x[3], x[4], x[5], x[6]};
+    x += 7;
   }
   return f;
 }

@@ -168,7 +168,7 @@ nlohmann::json PhasesJson(const VariantResult& r) {
   const double read_rate = Median(read_rates), write_rate = Median(write_rates);
   nlohmann::json out = nlohmann::json::object();
   for (const StepPhaseRef& ph : kStepPhases) {
-    double secs = 0, rd = 0, wr = 0, busy = 0, waited = 0, room = 0, rank_secs = 0;
+    double secs = 0, rd = 0, wr = 0, busy = 0, waited = 0, room = 0, copying = 0, rank_secs = 0;
     for (const RankFigures& f : r.ranks) {
       const PhaseFigures& x = f.phases.*ph.field;
       secs = std::max(secs, x.seconds);
@@ -177,17 +177,19 @@ nlohmann::json PhasesJson(const VariantResult& r) {
       busy += x.io_busy_s;
       waited += x.store_wait_s;
       room += x.host_room_wait_s;
+      copying += x.copy_busy_s;
       rank_secs += x.seconds;
     }
-    // io_busy_fraction, store_wait_fraction, host_room_wait_fraction: all ranks' NVMe-busy
-    // (store-wait, host-room-wait) time over all ranks' phase time.
+    // io_busy_fraction, store_wait_fraction, host_room_wait_fraction, copy_busy_fraction: all
+    // ranks' NVMe-busy (store-wait, host-room-wait, device-copy) time over all ranks' phase time.
     nlohmann::json j = {{"seconds", secs},
                         {"nvme_read_bytes", rd},
                         {"nvme_write_bytes", wr},
                         {"nvme_bytes_per_s", secs > 0 ? (rd + wr) / secs : 0.0},
                         {"io_busy_fraction", rank_secs > 0 ? busy / rank_secs : 0.0},
                         {"store_wait_fraction", rank_secs > 0 ? waited / rank_secs : 0.0},
-                        {"host_room_wait_fraction", rank_secs > 0 ? room / rank_secs : 0.0}};
+                        {"host_room_wait_fraction", rank_secs > 0 ? room / rank_secs : 0.0},
+                        {"copy_busy_fraction", rank_secs > 0 ? copying / rank_secs : 0.0}};
     const bool rated = read_rate > 0 && (wr <= 0 || write_rate > 0);
     if (rated) {
       const double bound = rd / read_rate + (wr > 0 ? wr / write_rate : 0.0);
@@ -429,8 +431,9 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
     if (x["nvme_read_bytes"].get<double>() + x["nvme_write_bytes"].get<double>() > 0) {
       std::printf("; disk busy %.2f", x["io_busy_fraction"].get<double>());
     }
-    std::printf("; store wait %.2f; host full %.2f", x["store_wait_fraction"].get<double>(),
-                x["host_room_wait_fraction"].get<double>());
+    std::printf("; store wait %.2f; host full %.2f; copying %.2f",
+                x["store_wait_fraction"].get<double>(), x["host_room_wait_fraction"].get<double>(),
+                x["copy_busy_fraction"].get<double>());
     std::printf(")");
     sep = ";";
   }
