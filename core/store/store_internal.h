@@ -1,6 +1,7 @@
 // Internal structures of the TieredStore (core/store/tiered_store.h), shared by its .cc files.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -13,6 +14,11 @@
 #include "core/store/tiered_store.h"
 
 namespace strata::store {
+
+// Nanoseconds in `d` (the stats' busy and wait clocks).
+inline uint64_t Ns(std::chrono::steady_clock::duration d) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+}
 
 // Size of the zero extent that device homes are zero-filled from (one copy per extent): a
 // bounded, preallocated source instead of a block-sized buffer per Register.

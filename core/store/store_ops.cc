@@ -119,8 +119,7 @@ void TieredStore::NoteRoomWaits() {
     if (waiting[t]) {
       room_since_[t] = *now;
     } else {
-      stats_.room_wait_ns[t] += static_cast<uint64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(*now - room_since_[t]).count());
+      stats_.room_wait_ns[t] += Ns(*now - room_since_[t]);
     }
     room_waiting_[t] = waiting[t];
   }
@@ -381,9 +380,7 @@ void TieredStore::OnHopDone(BlockId id, Tier from, Tier to, Status status) {
   space_freed_ = true;  // parked blocks counted on this hop: let them re-check
   if (from != Tier::kNvme && to != Tier::kNvme) {  // a device copy
     if (--copies_in_flight_ == 0) {
-      stats_.copy_busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                 std::chrono::steady_clock::now() - copy_busy_since_)
-                                 .count();
+      stats_.copy_busy_ns += Ns(std::chrono::steady_clock::now() - copy_busy_since_);
     }
     if (status.ok()) stats_.copy_bytes += b.alloc_bytes;
   }

@@ -12,10 +12,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-uint64_t Ns(Clock::duration d) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
-}
-
 // Back-off between failed Reaps: 1 ms, doubling up to this.
 constexpr auto kMaxReapBackoff = std::chrono::milliseconds(100);
 

@@ -14,10 +14,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-uint64_t Ns(Clock::duration d) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -378,8 +374,7 @@ StoreStats TieredStore::TakeStats(bool reset) {
   for (Tier t : kAllTiers) {
     s.used_bytes[t] = used_[t];
     if (room_waiting_[t]) {  // a wait in progress counts up to now
-      s.room_wait_ns[t] += static_cast<uint64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(now - room_since_[t]).count());
+      s.room_wait_ns[t] += Ns(now - room_since_[t]);
     }
   }
   if (reset) {

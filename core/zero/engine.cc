@@ -875,13 +875,7 @@ Result<void*> Engine::GradBuffer(size_t group) {
 EngineStats Engine::Stats() const {
   const Impl& e = *impl_;
   EngineStats s = e.totals;
-  // The step in progress counts up to now (EngineStats).
-  s.gather_wait_ns += e.timings.gather_wait_ns;
-  s.gather_fetch_wait_ns += e.timings.gather_fetch_wait_ns;
-  s.reduce_wait_ns += e.timings.reduce_wait_ns;
-  s.grad_lease_wait_ns += e.timings.grad_lease_wait_ns;
-  s.optimizer_ns += e.timings.optimizer_ns;
-  s.optimizer_io_wait_ns += e.timings.optimizer_io_wait_ns;
+  zero::AddTimings(e.timings, &s);  // the step in progress counts up to now (EngineStats)
   s.global_step = e.global_step;
   s.skipped_steps = e.skipped_steps;
   s.store = e.store->TakeStats(false);

@@ -42,6 +42,17 @@ inline uint64_t Since(Clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
 
+// Adds the waits of `t` (everything but step_ns) to `to`: the totals at each Step, and the
+// step in progress in Engine::Stats.
+inline void AddTimings(const StepTimings& t, EngineStats* to) {
+  to->gather_wait_ns += t.gather_wait_ns;
+  to->gather_fetch_wait_ns += t.gather_fetch_wait_ns;
+  to->reduce_wait_ns += t.reduce_wait_ns;
+  to->grad_lease_wait_ns += t.grad_lease_wait_ns;
+  to->optimizer_ns += t.optimizer_ns;
+  to->optimizer_io_wait_ns += t.optimizer_io_wait_ns;
+}
+
 // One optimizer sub-group: a piece of one rank's shard of one group, with its four fp32 blocks.
 struct SubGroup {
   size_t group = 0;
@@ -161,10 +172,10 @@ struct Engine::Impl {
   int64_t gather_epoch = 0;  // counts the steps in which groups were gathered (hpZ)
   int outstanding_gathers = 0;
   uint64_t cached_elems = 0;
-  Status failed;        // the first error that failed the engine
-  std::vector<Ticket> grad_write_behind;  // CheckGradWriteBehind; one per sub-group at most
+  Status failed;                                 // the first error that failed the engine
+  std::vector<Ticket> grad_write_behind;         // CheckGradWriteBehind; one per sub-group at most
   std::unique_ptr<zero::DeferredStep> deferred;  // overlap_step: the step running behind
-  StepTimings timings;  // since the last Step
+  StepTimings timings;                           // since the last Step
   EngineStats totals;
 
   // --- helpers (engine.cc) ---

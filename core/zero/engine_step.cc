@@ -399,12 +399,7 @@ Result<StepReport> Engine::Impl::Step() {
   if (launch) LaunchDeferredStep(grad_scale);  // takes the write-behind tickets along
   timings.step_ns = Since(t0);
   report.timings = timings;
-  totals.gather_wait_ns += timings.gather_wait_ns;
-  totals.gather_fetch_wait_ns += timings.gather_fetch_wait_ns;
-  totals.reduce_wait_ns += timings.reduce_wait_ns;
-  totals.grad_lease_wait_ns += timings.grad_lease_wait_ns;
-  totals.optimizer_ns += timings.optimizer_ns;
-  totals.optimizer_io_wait_ns += timings.optimizer_io_wait_ns;
+  zero::AddTimings(timings, &totals);
   timings = StepTimings{};
   return report;
 }

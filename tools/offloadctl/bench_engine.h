@@ -137,6 +137,16 @@ struct PhaseFigures {
   double store_wait_s = 0;
   double host_room_wait_s = 0;
   double copy_busy_s = 0;
+
+  // Every member, in order: the one list that sums, means and the doubles ranks exchange use.
+  static constexpr double PhaseFigures::*kFields[] = {
+      &PhaseFigures::seconds,    &PhaseFigures::nvme_read_bytes, &PhaseFigures::nvme_write_bytes,
+      &PhaseFigures::io_busy_s,  &PhaseFigures::store_wait_s,    &PhaseFigures::host_room_wait_s,
+      &PhaseFigures::copy_busy_s};
+  // this += k * o, member by member.
+  void AddScaled(const PhaseFigures& o, double k) {
+    for (auto f : kFields) this->*f += k * (o.*f);
+  }
 };
 
 // The phases of a step: forward (every micro-step's Gather / compute / Release over the groups),

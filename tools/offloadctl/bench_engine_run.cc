@@ -364,13 +364,7 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicato
     for (const StepPhaseRef& ph : kStepPhases) {
       PhaseFigures& into = phases.*ph.field;
       const PhaseFigures& got = x.phases.*ph.field;
-      into.seconds += got.seconds / n;
-      into.nvme_read_bytes += got.nvme_read_bytes / n;
-      into.nvme_write_bytes += got.nvme_write_bytes / n;
-      into.io_busy_s += got.io_busy_s / n;
-      into.store_wait_s += got.store_wait_s / n;
-      into.host_room_wait_s += got.host_room_wait_s / n;
-      into.copy_busy_s += got.copy_busy_s / n;
+      into.AddScaled(got, 1.0 / n);
     }
   }
   const EngineStats after = e.Stats();
@@ -413,8 +407,7 @@ std::vector<double> Pack(const RankFigures& f) {
                            f.comm_inter_bytes_per_step};
   for (const StepPhaseRef& ph : kStepPhases) {
     const PhaseFigures& x = f.phases.*ph.field;
-    d.insert(d.end(), {x.seconds, x.nvme_read_bytes, x.nvme_write_bytes, x.io_busy_s,
-                       x.store_wait_s, x.host_room_wait_s, x.copy_busy_s});
+    for (auto field : PhaseFigures::kFields) d.push_back(x.*field);
   }
   return d;
 }
@@ -431,8 +424,8 @@ RankFigures Unpack(const double* d) {
   f.comm_inter_bytes_per_step = d[9];
   const double* x = d + 10;
   for (const StepPhaseRef& ph : kStepPhases) {
-    f.phases.*ph.field = PhaseFigures{x[0], x[1], x[2], x[3], x[4], x[5], x[6]};
-    x += 7;
+    PhaseFigures& into = f.phases.*ph.field;
+    for (auto field : PhaseFigures::kFields) into.*field = *x++;
   }
   return f;
 }

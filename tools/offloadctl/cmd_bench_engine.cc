@@ -168,28 +168,25 @@ nlohmann::json PhasesJson(const VariantResult& r) {
   const double read_rate = Median(read_rates), write_rate = Median(write_rates);
   nlohmann::json out = nlohmann::json::object();
   for (const StepPhaseRef& ph : kStepPhases) {
-    double secs = 0, rd = 0, wr = 0, busy = 0, waited = 0, room = 0, copying = 0, rank_secs = 0;
+    double secs = 0;   // the slowest rank's
+    PhaseFigures all;  // all ranks' sums
     for (const RankFigures& f : r.ranks) {
       const PhaseFigures& x = f.phases.*ph.field;
       secs = std::max(secs, x.seconds);
-      rd += x.nvme_read_bytes;
-      wr += x.nvme_write_bytes;
-      busy += x.io_busy_s;
-      waited += x.store_wait_s;
-      room += x.host_room_wait_s;
-      copying += x.copy_busy_s;
-      rank_secs += x.seconds;
+      all.AddScaled(x, 1.0);
     }
-    // io_busy_fraction, store_wait_fraction, host_room_wait_fraction, copy_busy_fraction: all
-    // ranks' NVMe-busy (store-wait, host-room-wait, device-copy) time over all ranks' phase time.
+    const double rd = all.nvme_read_bytes, wr = all.nvme_write_bytes;
+    // The fractions: all ranks' NVMe-busy (store-wait, host-room-wait, device-copy) time over all
+    // ranks' phase time.
+    const auto share = [&](double s) { return all.seconds > 0 ? s / all.seconds : 0.0; };
     nlohmann::json j = {{"seconds", secs},
                         {"nvme_read_bytes", rd},
                         {"nvme_write_bytes", wr},
                         {"nvme_bytes_per_s", secs > 0 ? (rd + wr) / secs : 0.0},
-                        {"io_busy_fraction", rank_secs > 0 ? busy / rank_secs : 0.0},
-                        {"store_wait_fraction", rank_secs > 0 ? waited / rank_secs : 0.0},
-                        {"host_room_wait_fraction", rank_secs > 0 ? room / rank_secs : 0.0},
-                        {"copy_busy_fraction", rank_secs > 0 ? copying / rank_secs : 0.0}};
+                        {"io_busy_fraction", share(all.io_busy_s)},
+                        {"store_wait_fraction", share(all.store_wait_s)},
+                        {"host_room_wait_fraction", share(all.host_room_wait_s)},
+                        {"copy_busy_fraction", share(all.copy_busy_s)}};
     const bool rated = read_rate > 0 && (wr <= 0 || write_rate > 0);
     if (rated) {
       const double bound = rd / read_rate + (wr > 0 ? wr / write_rate : 0.0);
