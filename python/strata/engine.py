@@ -22,6 +22,18 @@ How parameters move (per-module hooks; public torch APIs only):
   - outside forward/backward the parameters are empty tensors, as in DeepSpeed ZeRO-3 (stages
     0-2 too, so code behaves the same at every stage); engine.gathered_parameters() or
     strata.zero.GatheredParameters make them whole.
+  - tensors autograd saves for backward: an op may save a view of a gathered parameter rather
+    than the parameter (F.linear saves weight.t(); weight[idx], a user's x @ w.T), and such a view
+    holds the forward's memory, which the engine reuses once the group is released. So while a
+    module that owns parameters runs forward, saved-tensor hooks
+    (torch.autograd.graph.saved_tensors_hooks) keep a saved tensor that shares a gathered
+    parameter's memory as (parameter, offset, shape, strides), never the memory; backward
+    rebuilds the view over the parameter as gathered for backward. It costs no memory (no buffer
+    outlives its release), and whatever op saved the view, backward reads the gathered values.
+    If a backward would read a parameter whose group is not gathered then (its module's outputs
+    were not seen by the hooks), it fails naming the module and the parameter. Hooks already on
+    the stack (activation checkpointing, save_on_cpu) still see every tensor; other saved
+    tensors get the in-place modification check autograd skips once hooks are in place.
 Collectives (stage 3 gathers, reductions) happen in autograd's order, which is the same on every
 rank for the same model, as DeepSpeed assumes too.
 """
@@ -113,13 +125,62 @@ def _through(function, call, obj):
 
 
 class _ModuleCall:
-    """One call of a hooked module: its groups, and whether backward holds them gathered."""
-    __slots__ = ("engine", "groups", "held")
+    """One call of a hooked module: its groups, whether backward holds them gathered, and the
+    saved-tensor hooks its forward pushed (None when none were pushed)."""
+    __slots__ = ("engine", "groups", "held", "saved_hooks")
 
     def __init__(self, engine, groups):
         self.engine = engine
         self.groups = groups
         self.held = False
+        self.saved_hooks = None
+
+
+def _top_saved_tensors_hooks():
+    """The (pack, unpack) pair on top of autograd's saved-tensor hooks stack, or None."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return None if top is None else top(False)
+
+
+class _SavedTensor:
+    """A saved tensor that is not a parameter's: kept as autograd would keep it, with the
+    in-place modification check autograd does only when no hooks are in place."""
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, t: torch.Tensor):
+        self.tensor = t.detach()  # shares data and version counter; no cycle through grad_fn
+        self.version = t._version
+
+    def unpack(self) -> torch.Tensor:
+        if self.tensor._version != self.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: [{self.tensor.type()} {list(self.tensor.shape)}] is at "
+                f"version {self.tensor._version}; expected version {self.version} instead")
+        return self.tensor
+
+
+class _SavedParam:
+    """A saved tensor that shares a gathered parameter's memory: the parameter and the view's
+    place in it (byte offset from the parameter's first element, dtype, shape, strides). Backward
+    rebuilds the view over the parameter's memory as gathered then. `outer` keeps what the hooks
+    below ours made of the tensor (they see every tensor; the view is rebuilt all the same)."""
+    __slots__ = ("engine", "gi", "pi", "module", "byte_offset", "dtype", "size", "stride",
+                 "outer")
+
+    def __init__(self, engine, gi, pi, module, t, byte_offset, outer):
+        self.engine = engine
+        self.gi = gi
+        self.pi = pi
+        self.module = module
+        self.byte_offset = byte_offset
+        self.dtype = t.dtype
+        self.size = tuple(t.shape)
+        self.stride = tuple(t.stride())
+        self.outer = outer
+
+    def unpack(self) -> torch.Tensor:
+        return self.engine._rebuild_saved_param(self)
 
 
 class _CallIdentity(torch.autograd.Function):
@@ -198,6 +259,10 @@ class StrataEngine(torch.nn.Module):
                 self._group_of[id(p)] = gi
                 self._index_in_group[id(p)] = pi
         self._refs = [0] * len(self._groups)
+        # Storage address of each gathered parameter -> (group, index): what the saved-tensor
+        # hooks recognise as parameter memory.
+        self._gathered_at: dict[int, tuple[int, int]] = {}
+        self._module_names = {id(m): n or "<root>" for n, m in model.named_modules()}
         self._grad_views: dict[int, list] = {}
         self._grads_missing = [len(g.params) for g in self._groups]
         self._reduced = [False] * len(self._groups)
@@ -269,24 +334,90 @@ class StrataEngine(torch.nn.Module):
             self._acquire(groups)
             module.__dict__.setdefault("_strata_calls", []).append(call)
             if torch.is_grad_enabled():
+                call.saved_hooks = self._push_saved_tensor_hooks(module)
                 (args, kwargs), _ = _through(_ReleaseAfterBackward, call, (args, kwargs))
             return args, kwargs
         return pre_hook
 
     def _post_hook(self, module, args, kwargs, output):
         call = module._strata_calls.pop()
+        if call.saved_hooks is not None:
+            call.saved_hooks.__exit__(None, None, None)
         self._release(call.groups)
         if torch.is_grad_enabled():
             output, _ = _through(_GatherForBackward, call, output)
         return output
+
+    # -- tensors saved for backward (module docstring) ---------------------------------------
+    def _push_saved_tensor_hooks(self, module):
+        """Pushes this module call's pack/unpack pair. The hooks below are kept as `outer` (ours
+        from an enclosing call of this engine are skipped: its pair would do the same work)."""
+        outer = _top_saved_tensors_hooks()
+        if outer is not None and getattr(outer[0], "_strata_engine", None) is self:
+            outer = outer[0]._strata_outer
+        outer_pack, outer_unpack = outer if outer is not None else (None, None)
+        where = self._module_names.get(id(module), type(module).__name__)
+
+        def pack(t):
+            hit = self._param_memory(t)
+            packed = outer_pack(t) if outer_pack is not None else None
+            if hit is not None:
+                return _SavedParam(self, hit[0], hit[1], where, t, hit[2], packed)
+            return packed if outer_pack is not None else _SavedTensor(t)
+
+        def unpack(x):
+            if isinstance(x, (_SavedParam, _SavedTensor)):
+                return x.unpack()
+            return outer_unpack(x)
+
+        pack._strata_engine = self
+        pack._strata_outer = outer
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        hooks.__enter__()
+        return hooks
+
+    def _param_memory(self, t):
+        """(group, index, byte offset) when t shares a gathered parameter's memory, else None."""
+        if not self._gathered_at or not isinstance(t, torch.Tensor) or t.is_sparse:
+            return None
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return None  # no plain storage (nested, functorch or fake tensors)
+        hit = self._gathered_at.get(storage.data_ptr())
+        if hit is None:
+            return None
+        gi, pi = hit
+        base = self._groups[gi].params[pi][1].data
+        offset = t.storage_offset() * t.element_size() - base.storage_offset() * base.element_size()
+        return gi, pi, offset
+
+    def _rebuild_saved_param(self, s: _SavedParam) -> torch.Tensor:
+        name, p = self._groups[s.gi].params[s.pi]
+        base = p.data
+        if self._refs[s.gi] <= 0 or base.numel() != p.ds_numel:
+            raise RuntimeError(
+                f"strata: the backward of module '{s.module}' reads parameter '{name}' (group "
+                f"'{self._groups[s.gi].name}'), which is not gathered at that point: strata "
+                "gathers a module's parameters for backward when a gradient reaches one of its "
+                "outputs, and this module's outputs were not tensors (or tuples, lists or dicts "
+                "of them) that a gradient flows through. Return its outputs as tensors, or keep "
+                "the module's parameters gathered with engine.gathered_parameters()")
+        with torch.no_grad():
+            view = torch.empty(0, dtype=s.dtype, device=base.device)
+            first = base.storage_offset() * base.element_size() + s.byte_offset
+            view.set_(base.untyped_storage(), first // view.element_size(), s.size, s.stride)
+        return view
 
     # -- parameters --------------------------------------------------------------------------
     def _acquire(self, groups) -> None:
         for gi in groups:
             if self._refs[gi] == 0 and not self._engine.is_gathered(gi):
                 views = self._engine.gather(gi)
-                for (_, p), v in zip(self._groups[gi].params, views):
+                for pi, ((_, p), v) in enumerate(zip(self._groups[gi].params, views)):
                     p.data = torch.from_dlpack(v)
+                    if p.data.numel():
+                        self._gathered_at[p.data.untyped_storage().data_ptr()] = (gi, pi)
             self._refs[gi] += 1
 
     def _release(self, groups) -> None:
@@ -299,6 +430,8 @@ class StrataEngine(torch.nn.Module):
         self._refs[gi] = 0
         empty = torch.empty(0, dtype=self._dtype)
         for _, p in self._groups[gi].params:
+            if p.data.numel():
+                self._gathered_at.pop(p.data.untyped_storage().data_ptr(), None)
             p.data = empty
         self._engine.release(gi)
 

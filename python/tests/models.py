@@ -135,6 +135,8 @@ def ds_config(stage, offload="none", dtype="fp32", gas=1, lr=1e-2, wd=0.01, nvme
                                  "weight_decay": wd}},
         "zero_optimization": {"stage": stage},
     }
+    if stage == 3:  # release every group after use (DeepSpeed's 1e5 keeps these models whole)
+        cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     if offload != "none":
@@ -142,4 +144,172 @@ def ds_config(stage, offload="none", dtype="fp32", gas=1, lr=1e-2, wd=0.01, nvme
         if offload == "nvme":
             off["nvme_path"] = nvme_path
         cfg["zero_optimization"]["offload_optimizer"] = off
+    return cfg
+
+
+# -- models nobody here wrote the patterns of: stage 3 gathers and releases them ---------------
+class NanoBlock(nn.Module):
+    """An ordinary nanoGPT block: F.linear (saves weight.t(), a view of the gathered weight) and
+    scaled_dot_product_attention."""
+
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.fc2(F.gelu(self.fc(self.ln2(x))))
+
+
+class NanoGPT(nn.Module):
+    def __init__(self, vocab=43, d=64, heads=2, layers=1, ctx=128):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList(NanoBlock(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx, targets):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(self.ln_f(x)).float()
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+class HandLinear(nn.Module):
+    """x @ w.T + b written out: matmul saves w.T, a view of the gathered weight."""
+
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d_out, d_in) * d_in ** -0.5)
+        self.b = nn.Parameter(torch.zeros(d_out))
+
+    def forward(self, x):
+        return x @ self.w.T + self.b
+
+
+class HandGate(nn.Module):
+    """Saves a slice, an einsum's permuted slice and a reshaped view of its weights."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.d = d
+        self.w = nn.Parameter(torch.randn(2 * d, d) * d ** -0.5)
+        self.scale = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        a = x @ self.w[:self.d].T
+        g = torch.einsum("btd,ed->bte", x, self.w[self.d:])
+        return x + a * torch.sigmoid(g) * self.scale.view(1, 1, -1)
+
+
+class HandLM(nn.Module):
+    def __init__(self, vocab=43, d=48):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.mix = HandLinear(d, d)
+        self.gates = nn.ModuleList(HandGate(d) for _ in range(2))
+        self.head = HandLinear(d, vocab)
+
+    def forward(self, idx, targets):
+        x = torch.tanh(self.mix(self.emb(idx)))
+        for g in self.gates:
+            x = g(x)
+        logits = self.head(x)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+VOCAB = 43
+SEQ = {"nanogpt": 128, "handmade": 16, "gpt2": 32, "llama": 32}
+
+
+def make_lm(kind, seed=0):
+    """"nanogpt" or "handmade" (above), or a GPT-2 / Llama from transformers (random init, small config, no
+    dropout): GPT-2's Conv1D, its tied head, Llama's rotary embedding and RMSNorm."""
+    torch.manual_seed(seed)
+    if kind == "nanogpt":
+        return NanoGPT()
+    if kind == "handmade":
+        return HandLM()
+    import transformers
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ[kind], n_embd=64,
+                                      n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+                                      attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2LMHeadModel(cfg)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                                       num_hidden_layers=2, num_attention_heads=2,
+                                       num_key_value_heads=2, max_position_embeddings=SEQ[kind])
+        return transformers.LlamaForCausalLM(cfg)
+    raise ValueError(kind)
+
+
+def lm_loss(kind, model, idx, targets):
+    """The model's mean cross-entropy on (idx, targets): what engine.backward is given."""
+    if kind in ("nanogpt", "handmade"):
+        return model(idx, targets)
+    return model(input_ids=idx, labels=targets).loss  # transformers shifts labels itself
+
+
+def lm_batch(kind, step, size):
+    """The global batch of `step` (size sequences); rank r of w trains on rows
+    [r * size / w, (r + 1) * size / w), so every world size sees the same global batch."""
+    g = torch.Generator().manual_seed(7919 * step + 13)
+    idx = torch.randint(0, VOCAB, (size, SEQ[kind]), generator=g)
+    return idx, (idx.clone() if kind in ("gpt2", "llama") else torch.roll(idx, -1, dims=1))
+
+
+LM_OPT = {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+
+
+def lm_reference(kind, steps, size):
+    """Plain torch AdamW (fp32, LM_OPT) on every step's whole global batch: the losses and the
+    parameters after the first step and after the last."""
+    model = make_lm(kind)
+    opt = torch.optim.AdamW(model.parameters(), lr=LM_OPT["lr"], betas=tuple(LM_OPT["betas"]),
+                            eps=LM_OPT["eps"], weight_decay=LM_OPT["weight_decay"])
+    losses, first = [], None
+    for step in range(steps):
+        opt.zero_grad()
+        loss = lm_loss(kind, model, *lm_batch(kind, step, size))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if step == 0:
+            first = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return losses, first, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def lm_config(stage, offload_optimizer="none", offload_param="none", dtype="fp32",
+              persistence=0, overlap_comm=False, prefetch=True, micro=2, nvme_path=None):
+    """A DeepSpeed config for make_lm's models; stage3_param_persistence_threshold 0 by default
+    so that stage 3 releases and gathers every group again (DeepSpeed's default, 1e5 elements,
+    would keep all of these small models' groups gathered)."""
+    zero = {"stage": stage, "overlap_comm": overlap_comm,
+            "stage3_param_persistence_threshold": persistence}
+    if not prefetch:
+        zero["stage3_prefetch_bucket_size"] = 0
+        zero["stage3_max_reuse_distance"] = 0
+    for key, dev in (("offload_optimizer", offload_optimizer), ("offload_param", offload_param)):
+        if dev != "none":
+            zero[key] = {"device": dev, **({"nvme_path": nvme_path} if dev == "nvme" else {})}
+    cfg = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1,
+           "optimizer": {"type": "AdamW", "params": dict(LM_OPT)}, "zero_optimization": zero}
+    if dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif dtype == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
     return cfg

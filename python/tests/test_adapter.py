@@ -131,15 +131,17 @@ def test_hooks_gather_one_module_at_a_time_and_tied_weights():
     engine.close()
 
 
-def test_activation_checkpointing_regathers_in_recomputation():
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_regathers_in_recomputation(reentrant):
     """torch.utils.checkpoint recomputes each block's forward inside backward: the hooks gather
-    again there, and training still matches torch."""
+    again there, and training still matches torch (both of checkpoint's implementations: the
+    saved-tensor hooks one, which strata's own hooks pass every tensor to, and the reentrant)."""
     from torch.utils.checkpoint import checkpoint
 
     def ckpt_forward(self, idx, targets):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
         for blk in self.blocks:
-            x = checkpoint(blk, x, use_reentrant=False)
+            x = checkpoint(blk, x, use_reentrant=reentrant)
         logits = self.head(self.ln_f(x))
         return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
                                                  targets.view(-1))
@@ -147,6 +149,96 @@ def test_activation_checkpointing_regathers_in_recomputation():
     model.forward = ckpt_forward.__get__(model)
     losses, params, _ = train("gpt", ds_config(3, "cpu", lr=LR, wd=WD), steps=2, model=model)
     check_against_torch("gpt", losses, params, steps=2)
+
+
+def test_saved_tensor_hooks_of_the_user_see_every_tensor():
+    """save_on_cpu (a saved-tensor hooks context) around forward: strata's hooks hand it every
+    saved tensor, and training matches torch."""
+    model = make_model("gpt")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3, lr=LR, wd=WD))
+    packed = []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t
+
+    losses = []
+    for step in range(2):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = engine(*batch("gpt", step))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    assert (32, 96) in packed  # qkv's weight (its transposed view, saved by F.linear)
+    master = engine.read_master()
+    engine.close()
+    check_against_torch("gpt", losses, {n: master[n] for n, _ in model.named_parameters()},
+                        steps=2)
+
+
+class _Boxed:
+    """An output type strata's hooks do not look into."""
+
+    def __init__(self, t):
+        self.t = t
+
+
+class _BoxedInner(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        return _Boxed(x @ self.w.T)
+
+
+class _BoxedModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _BoxedInner()
+
+    def forward(self, x):
+        return self.inner(x).t.square().mean()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_backward_that_would_read_a_released_parameter_fails_naming_it(stage):
+    """A module's backward that would read its weights while they are not gathered (its output
+    reached the loss inside an object the hooks do not see, so nothing gathered them again)
+    fails with the module and the parameter named, never reads released memory."""
+    torch.manual_seed(0)
+    engine, _, _, _ = strata.initialize(model=_BoxedModel(), config=ds_config(stage))
+    loss = engine(torch.randn(4, 8, requires_grad=True))
+    with pytest.raises(RuntimeError, match=r"backward of module 'inner' reads parameter "
+                                           r"'inner\.w' .*not gathered"):
+        engine.backward(loss)
+    engine.close()
+
+
+def test_saved_weight_views_hold_no_released_memory():
+    """After forward every group is released; what autograd saved of a Linear's weight (the
+    transposed view F.linear saves) is not a pointer into the released buffer: reading it
+    before backward gathers again is refused, naming the module."""
+    model = make_model("gpt")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3))
+    loss = engine(*batch("gpt", 0))
+    node, seen = loss.grad_fn, set()
+    todo = [node]
+    saved = None
+    while todo and saved is None:  # find the head's addmm/mm node, which saved weight.t()
+        n = todo.pop()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        if "_saved_mat2" in dir(n):  # hasattr would read it
+            saved = n
+        todo.extend(f for f, _ in n.next_functions)
+    assert saved is not None
+    with pytest.raises(RuntimeError, match="not gathered"):
+        saved._saved_mat2
+    engine.backward(loss)
+    engine.step()
+    engine.close()
 
 
 def test_stats_are_the_engine_counters(tmp_path):

@@ -1,18 +1,13 @@
 """Two processes (the engine's Gloo communicator, file-store rendezvous through STRATA_RDZV_DIR)
 against torch's AdamW on the mean of both ranks' gradients; and a rank that dies makes the other
 fail with the engine's message, not hang. One launch runs every case (see dist_worker.py)."""
-import os
-import subprocess
-import sys
-import uuid
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from launch import launch as run_ranks  # noqa: E402
 from models import reference  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 3
 # Pairwise over stage x offload at 2 ranks, with the odd-sized and hidden-384 models (shard
 # boundaries off the O_DIRECT alignment), zero.Init's sharded construction, modifier_rank, and
@@ -23,31 +18,8 @@ CASES = ["gpt:0:none", "mlp:1:cpu", "gpt:2:cpu", "gpt:3:nvme", "gpt384:3:cpu",
 
 
 def launch(tmp_path, cases, steps=STEPS, world=2, die_rank=None, timeout_ms=60000):
-    rdzv = tmp_path / "rdzv"
-    rdzv.mkdir(mode=0o700)
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                   TEST_TIMEOUT_MS=str(timeout_ms), STRATA_RDZV_DIR=str(rdzv),
-                   STRATA_RUN_ID=uuid.uuid4().hex[:8] if r == 0 else "",
-                   PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
-        nvme = tmp_path / f"nvme{r}"
-        nvme.mkdir()
-        s = -1 if r == die_rank else steps
-        args = [sys.executable, os.path.join(HERE, "dist_worker.py"), str(s), str(tmp_path),
-                str(nvme), *cases]
-        procs.append((args, env))
-    run_id = procs[0][1]["STRATA_RUN_ID"]
-    running = []
-    for args, env in procs:
-        env["STRATA_RUN_ID"] = run_id
-        running.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True))
-    outs = []
-    for p in running:
-        out, _ = p.communicate(timeout=280)
-        outs.append((p.returncode, out))
-    return outs
+    return run_ranks(tmp_path, "dist_worker.py", lambda r, nvme: [
+        -1 if r == die_rank else steps, tmp_path, nvme, *cases], world, timeout_ms)
 
 
 @pytest.fixture(scope="module")
