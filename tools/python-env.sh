@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Creates (or completes) the Python virtual environment the strata package is built and tested
 # in: ${STRATA_VENV:-.venv} at the repository root (ignored by git), with torch (the CPU wheel from
-# download.pytorch.org when reachable, else PyPI's), nanobind, scikit-build-core, pytest, numpy
-# and safetensors (the tests read save_16bit_model's file with it), plus the extra packages named
-# as arguments (tools/main.sh: matplotlib). Prints the venv's path on the last line. Idempotent: a
+# download.pytorch.org when reachable, else PyPI's), nanobind, scikit-build-core, pytest, numpy,
+# safetensors (the tests read save_16bit_model's file with it) and transformers (the tests train
+# its GPT-2 and Llama, random init from a small config: nothing is downloaded from the Hub),
+# plus the extra packages named as arguments (tools/main.sh: matplotlib). Prints the venv's path on the last line. Idempotent: a
 # complete venv is left as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,8 +32,9 @@ if ! "$vpy" -c 'import torch' 2>/dev/null; then
   "$vpy" -m pip install -q --retries 0 --timeout 15 torch --index-url https://download.pytorch.org/whl/cpu >&2 ||
     "$vpy" -m pip install -q torch >&2
 fi
-"$vpy" -c 'import nanobind, scikit_build_core, pytest, numpy, safetensors' 2>/dev/null ||
-  "$vpy" -m pip install -q "nanobind>=2.2" "scikit-build-core>=0.10" pytest numpy safetensors >&2
+"$vpy" -c 'import nanobind, scikit_build_core, pytest, numpy, safetensors, transformers' 2>/dev/null ||
+  "$vpy" -m pip install -q "nanobind>=2.2" "scikit-build-core>=0.10" pytest numpy safetensors \
+    "transformers>=4.40" >&2
 for extra in "$@"; do
   "$vpy" -c "import $extra" 2>/dev/null || "$vpy" -m pip install -q "$extra" >&2
 done

@@ -9,7 +9,6 @@ import json
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
 
 from launch import launch  # noqa: E402
 from models import LM_OPT, lm_reference  # noqa: E402
