@@ -30,8 +30,9 @@ How parameters move (per-module hooks; public torch APIs only):
     parameter's memory as (parameter, offset, shape, strides), never the memory; backward
     rebuilds the view over the parameter as gathered for backward. It costs no memory (no buffer
     outlives its release), and whatever op saved the view, backward reads the gathered values.
-    If a backward would read a parameter whose group is not gathered then (its module's outputs
-    were not seen by the hooks), it fails naming the module and the parameter. Hooks already on
+    gathered_parameters() blocks push the same hooks. If a backward would read a parameter
+    whose group is not gathered then (its module's outputs were not seen by the hooks, or the
+    block has ended), it fails naming the module (or block) and the parameter. Hooks already on
     the stack (activation checkpointing, save_on_cpu) still see every tensor; other saved
     tensors get the in-place modification check autograd skips once hooks are in place.
 Collectives (stage 3 gathers, reductions) happen in autograd's order, which is the same on every
@@ -334,7 +335,8 @@ class StrataEngine(torch.nn.Module):
             self._acquire(groups)
             module.__dict__.setdefault("_strata_calls", []).append(call)
             if torch.is_grad_enabled():
-                call.saved_hooks = self._push_saved_tensor_hooks(module)
+                name = self._module_names.get(id(module), type(module).__name__)
+                call.saved_hooks = self._push_saved_tensor_hooks(f"module '{name}'")
                 (args, kwargs), _ = _through(_ReleaseAfterBackward, call, (args, kwargs))
             return args, kwargs
         return pre_hook
@@ -349,14 +351,14 @@ class StrataEngine(torch.nn.Module):
         return output
 
     # -- tensors saved for backward (module docstring) ---------------------------------------
-    def _push_saved_tensor_hooks(self, module):
-        """Pushes this module call's pack/unpack pair. The hooks below are kept as `outer` (ours
-        from an enclosing call of this engine are skipped: its pair would do the same work)."""
+    def _push_saved_tensor_hooks(self, where: str):
+        """Pushes a pack/unpack pair for a module call or a gathered_parameters block (`where`
+        names it in errors). The hooks below are kept as `outer` (ours from an enclosing call of
+        this engine are skipped: its pair would do the same work)."""
         outer = _top_saved_tensors_hooks()
         if outer is not None and getattr(outer[0], "_strata_engine", None) is self:
             outer = outer[0]._strata_outer
         outer_pack, outer_unpack = outer if outer is not None else (None, None)
-        where = self._module_names.get(id(module), type(module).__name__)
 
         def pack(t):
             hit = self._param_memory(t)
@@ -397,12 +399,12 @@ class StrataEngine(torch.nn.Module):
         base = p.data
         if self._refs[s.gi] <= 0 or base.numel() != p.ds_numel:
             raise RuntimeError(
-                f"strata: the backward of module '{s.module}' reads parameter '{name}' (group "
+                f"strata: the backward of {s.module} reads parameter '{name}' (group "
                 f"'{self._groups[s.gi].name}'), which is not gathered at that point: strata "
                 "gathers a module's parameters for backward when a gradient reaches one of its "
-                "outputs, and this module's outputs were not tensors (or tuples, lists or dicts "
-                "of them) that a gradient flows through. Return its outputs as tensors, or keep "
-                "the module's parameters gathered with engine.gathered_parameters()")
+                "outputs (tensors, or tuples, lists or dicts of them), and releases them when "
+                "engine.gathered_parameters() ends. Return a module's outputs as tensors, or run "
+                "backward inside the gathered_parameters() block")
         with torch.no_grad():
             view = torch.empty(0, dtype=s.dtype, device=base.device)
             first = base.storage_offset() * base.element_size() + s.byte_offset
@@ -447,9 +449,14 @@ class StrataEngine(torch.nn.Module):
         """The full parameters (working dtype) of `groups` (default: all) inside the block."""
         groups = tuple(range(len(self._groups)) if groups is None else groups)
         self._acquire(groups)
+        hooks = None
         try:
+            if torch.is_grad_enabled():  # what autograd saves in the block follows the gather
+                hooks = self._push_saved_tensor_hooks("an engine.gathered_parameters() block")
             yield
         finally:
+            if hooks is not None:
+                hooks.__exit__(None, None, None)
             self._release(groups)
 
     def read_master(self) -> dict[str, torch.Tensor]:

@@ -215,6 +215,26 @@ def test_backward_that_would_read_a_released_parameter_fails_naming_it(stage):
     engine.close()
 
 
+def test_backward_after_gathered_parameters_ends_fails_naming_the_block():
+    """A graph built inside engine.gathered_parameters() on a view of a weight, differentiated
+    after the block released it: refused, never computed from the released buffer; inside the
+    block it is the gathered weight's gradient."""
+    model = make_model("mlp")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3))
+    x = torch.randn(5, 40, requires_grad=True)
+    with engine.gathered_parameters():
+        w = model.fc2.weight.detach().clone()
+        inside = (x @ model.fc2.weight.T).sum()
+        inside.backward(inputs=[x])
+        torch.testing.assert_close(x.grad, w.sum(0).expand(5, 40))
+        x.grad = None
+        after = (x @ model.fc2.weight.T).sum()
+    with pytest.raises(RuntimeError, match=r"backward of an engine\.gathered_parameters\(\) "
+                                           r"block reads parameter 'fc2\.weight'"):
+        after.backward(inputs=[x])
+    engine.close()
+
+
 def test_saved_weight_views_hold_no_released_memory():
     """After forward every group is released; what autograd saved of a Linear's weight (the
     transposed view F.linear saves) is not a pointer into the released buffer: reading it
