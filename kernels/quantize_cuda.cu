@@ -76,7 +76,7 @@ __global__ void DequantizeKernel(const int8_t* q, const float* scales, size_t n,
     const float v = qm::DequantizeElement(q[i], scales[i / block]);
     if constexpr (kAdd) {
       float* acc = static_cast<float*>(dst);
-      acc[i] = cm::Add(acc[i], v);
+      acc[i] = qm::AccumulateElement(acc[i], v);
     } else if constexpr (kOut == simd::kElemF32) {
       static_cast<float*>(dst)[i] = v;
     } else {

@@ -42,9 +42,22 @@ STRATA_HD int8_t QuantizeElement(float x, float scale) {
   return static_cast<int8_t>(RoundEven(t));
 }
 
-// deq = float(q) * scale, one rounding.
+// NaN bits follow the CPU's (x86) rule, which the reference's results carry: an operation with a
+// NaN operand returns that operand (the first one, if both are NaN). The device's multiply and add
+// would return their own NaN (0x7fffffff) instead.
+
+// deq = float(q) * scale, one rounding. A non-finite block's scale (the quiet NaN 0x7fc00000)
+// comes out as itself.
 STRATA_HD float DequantizeElement(int8_t q, float scale) {
+  if (scale != scale) return scale;
   return cuda_math::Mul(static_cast<float>(q), scale);
+}
+
+// acc + deq, one rounding, for the accumulating dequantize.
+STRATA_HD float AccumulateElement(float acc, float deq) {
+  if (acc != acc) return acc;
+  if (deq != deq) return deq;
+  return cuda_math::Add(acc, deq);
 }
 
 }  // namespace strata::kernels::quantize_math

@@ -460,6 +460,21 @@ TEST(ReferenceTest, QuantizeElementCodeMatchesCpuReference) {
         got_d[i] = quantize_math::DequantizeElement(want_q[i], want_s[i / block]);
       }
       ASSERT_EQ(std::memcmp(want_d.data(), got_d.data(), 4 * n), 0);
+      // The accumulating form, over an accumulator that holds NaNs of its own too (where the
+      // block is finite: with two NaN operands the CPU's choice follows the compiler's operand
+      // order).
+      std::vector<float> want_a(n), got_a(n);
+      for (size_t i = 0; i < n; ++i) {
+        const bool nan = i % 11 == 0 && !std::isnan(want_s[i / block]);
+        want_a[i] = nan ? std::bit_cast<float>(0x7fc00123u) : static_cast<float>(i) * 0.25f;
+        got_a[i] = want_a[i];
+      }
+      ASSERT_TRUE(DequantizeAddInt8(want_q.data(), want_s.data(), n, block, want_a.data()).ok());
+      for (size_t i = 0; i < n; ++i) {
+        got_a[i] = quantize_math::AccumulateElement(got_a[i], got_d[i]);
+      }
+      ASSERT_EQ(std::memcmp(want_a.data(), got_a.data(), 4 * n), 0)
+          << DTypeName(t) << " block " << block;
     }
   }
 }
