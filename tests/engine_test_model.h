@@ -312,6 +312,37 @@ struct RunSpec {
   std::function<std::pair<int, int>(int rank, int micro)> data_key;
 };
 
+// Runs `body` on `world` threads, one rank each, with a Gloo communicator (rendezvous in
+// `rdzv_dir`) and a HostDevice, and EngineOptions holding `config` and both (no pinned pool);
+// returns each rank's status.
+inline std::vector<Status> OnHostRanks(
+    int world, const std::string& rdzv_dir, const EngineConfig& config,
+    const std::function<Status(int rank, EngineOptions options)>& body) {
+  std::vector<Status> st(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      st[r] = [&]() -> Status {
+        STRATA_ASSIGN_OR_RETURN(auto store, cpu::FileKvStore::Open(rdzv_dir));
+        GlooCommOptions go;
+        go.rank = r;
+        go.world_size = world;
+        go.store = store.get();
+        STRATA_ASSIGN_OR_RETURN(auto comm, CreateGlooCommunicator(go));
+        STRATA_ASSIGN_OR_RETURN(auto dev, CreateHostDevice({}));
+        EngineOptions eo;
+        eo.config = config;
+        eo.device = dev.get();
+        eo.comm = comm.get();
+        eo.use_pinned_pool = false;
+        return body(r, std::move(eo));
+      }();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return st;
+}
+
 // Runs the engine's training of TestModel on `world` threads; returns rank 0's master weights.
 inline RunResult RunEngine(const RunSpec& spec) {
   RunResult res;

@@ -217,23 +217,8 @@ StepBytes MeasureZppStep(const std::string& zpp, int world, int per_node) {
     return out;
   }
   const std::string dir = UniqueTestDir("engine_zpp_ledger");
-  std::vector<Status> st(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      st[r] = [&]() -> Status {
-        STRATA_ASSIGN_OR_RETURN(auto store, cpu::FileKvStore::Open(dir));
-        GlooCommOptions go;
-        go.rank = r;
-        go.world_size = world;
-        go.store = store.get();
-        STRATA_ASSIGN_OR_RETURN(auto comm, CreateGlooCommunicator(go));
-        STRATA_ASSIGN_OR_RETURN(auto dev, CreateHostDevice({}));
-        EngineOptions eo;
-        eo.config = parsed->config;
-        eo.device = dev.get();
-        eo.comm = comm.get();
-        eo.use_pinned_pool = false;
+  const std::vector<Status> st = OnHostRanks(
+      world, dir, parsed->config, [&](int r, EngineOptions eo) -> Status {
         eo.ranks_per_node = per_node;
         STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(model, std::move(eo)));
         STRATA_RETURN_IF_ERROR(
@@ -275,10 +260,7 @@ StepBytes MeasureZppStep(const std::string& zpp, int world, int per_node) {
               RingBytes(CommOp::kAllGather, static_cast<uint64_t>(world) * 16, world);
         }
         return Status::OK();
-      }();
-    });
-  }
-  for (auto& t : threads) t.join();
+      });
   for (int r = 0; r < world; ++r) {
     if (!st[r].ok() && out.status.ok()) out.status = st[r].WithContext("rank " + std::to_string(r));
   }

@@ -115,8 +115,11 @@ TEST(PlannerConfig, DefaultsWhenKeysAreAbsent) {
 TEST(PlannerConfig, PrecisionPicksTheRecipe) {
   EXPECT_EQ(Apply(R"({"fp16": {"enabled": true}})").in.recipe.name, "fp16-adam");
   const Applied fp32 = Apply(R"({"zero_optimization": {"stage": 1}})");
-  EXPECT_EQ(fp32.in.recipe.name, "fp32");
-  EXPECT_DOUBLE_EQ(fp32.in.recipe.master_bytes, 0);
+  // The engine's widths (sched::StateElementBytes): an fp32 run keeps an fp32 master beside its
+  // fp32 params, 4 + 4 + 12 = 20 B/param.
+  EXPECT_EQ(fp32.in.recipe.name, "fp32-adam");
+  EXPECT_DOUBLE_EQ(fp32.in.recipe.master_bytes, 4);
+  EXPECT_DOUBLE_EQ(fp32.in.recipe.TotalBytes(), 20);
   EXPECT_TRUE(HasNote(fp32, "fp32"));
   const Applied autod = Apply(R"({"bf16": {"enabled": "auto"}})");
   EXPECT_EQ(autod.in.recipe.name, "bf16-adam");

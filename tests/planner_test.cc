@@ -123,9 +123,11 @@ TEST(PlannerPlace, NoOffloadEachStage) {
   // (no read-back: the optimizer is not partitioned).
   EXPECT_DOUBLE_EQ(Place(in, 0, D::kNone, D::kNone).hbm_bytes_per_gpu,
                    127.125e9 + kExchange + kScratch);
-  // Stage 1: 38.5 + 14 (full fp32 grads) + gradient buffers 1.125 + read-back 0.875 = 54.5 GB.
+  // Stage 1: what stage 2 holds, 30 GB: params 14 + optimizer shard 10.5 + the fp32 grad shard
+  // 3.5 (the engine keeps the reduced shard the optimizer steps; full gradients exist only in
+  // the gradient buffers) + 1.125 + read-back 0.875.
   EXPECT_DOUBLE_EQ(Place(in, 1, D::kNone, D::kNone).hbm_bytes_per_gpu,
-                   54.5e9 + kExchange + kScratch);
+                   30e9 + kExchange + kScratch);
   // Stage 2: 26.25 + 1.75 (fp32 grad shard) + 1.125 + 0.875 = 30 GB.
   EXPECT_DOUBLE_EQ(Place(in, 2, D::kNone, D::kNone).hbm_bytes_per_gpu, 30e9 + kExchange + kScratch);
   // Stage 3: 14 + 1.75 (fp32 grad shard) + gradient buffers 3.375 (overlap on by default)
@@ -312,9 +314,10 @@ TEST(PlannerPlace, OffloadBelowStage3FollowsDeepSpeed) {
   EXPECT_DOUBLE_EQ(s2.hbm_bytes_per_gpu, 16e9 + kExchange);
   EXPECT_DOUBLE_EQ(s2.host_bytes_per_node, 112e9);
   EXPECT_TRUE(s2.notes.empty());
-  // Stage 1 keeps the full fp32 grads on the GPU: 14 + 28 + 2 = 44; host 112.
+  // Stage 1 holds the full 16-bit params like stage 2, and its fp32 grad shard with the optimizer
+  // on the host (the engine's layout): 14 + 2 = 16; host 112.
   const Placement s1 = Place(in, 1, D::kCpu, D::kNone);
-  EXPECT_DOUBLE_EQ(s1.hbm_bytes_per_gpu, 44e9 + kExchange);
+  EXPECT_DOUBLE_EQ(s1.hbm_bytes_per_gpu, 16e9 + kExchange);
   EXPECT_DOUBLE_EQ(s1.host_bytes_per_node, 112e9);
   EXPECT_DOUBLE_EQ(s1.pcie_bytes_per_gpu, 3.5e9);
   // NVMe optimizer offload below stage 3 becomes cpu; param offload is ignored: as s2.
@@ -378,11 +381,12 @@ TEST(PlannerRecommend, LadderOrder) {
   ASSERT_EQ(plan->ladder.size(), 8u);
   EXPECT_EQ(plan->ladder[4].offload_optimizer, D::kCpu);
   EXPECT_EQ(plan->ladder[7].offload_param, D::kNvme);
-  // 80 GB: stage 0 needs 127.125, stage 1 needs 54.5 -> stage 1 (rung 1).
+  // 80 GB: stage 0 needs 127.125, stage 1 needs 30 -> stage 1 (rung 1).
   EXPECT_EQ(Recommended(in), 1u);
   EXPECT_TRUE(plan->fits);
-  in.capacity.hbm_bytes_per_gpu = 31e9;  // stage 2: 30
-  EXPECT_EQ(Recommended(in), 2u);
+  in.capacity.hbm_bytes_per_gpu = 31e9;  // stage 1 holds what stage 2 holds (30): still rung 1
+  EXPECT_EQ(Recommended(in), 1u);
+  EXPECT_DOUBLE_EQ(plan->ladder[1].hbm_bytes_per_gpu, plan->ladder[2].hbm_bytes_per_gpu);
   in.capacity.hbm_bytes_per_gpu = 24e9;  // stage 3: 23.125
   EXPECT_EQ(Recommended(in), 3u);
   in.capacity.hbm_bytes_per_gpu = 8e9;  // stage 3 + optimizer cpu: 7.125 HBM, 112 host

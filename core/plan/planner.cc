@@ -12,6 +12,7 @@
 
 #include "core/plan/comm_model.h"
 #include "sched/placement.h"
+#include "sched/zero_layout.h"
 
 namespace strata {
 namespace {
@@ -37,33 +38,41 @@ double LargestGroup(const PlanInput& in) {
   return std::min(g, in.params);
 }
 
-// Elements of the largest optimizer sub-group of a rank: sub_group_size (0: each tensor, sized by
-// the largest group), never more than a rank's shard of the largest group (the engine's
-// sub-groups never span two groups) nor than its whole shard.
-double LargestSubGroup(const PlanInput& in, double shard) {
-  const double ranks = static_cast<double>(in.capacity.Ranks());
-  const ZeroSettings& z = in.zero;
-  double sub = z.sub_group_size > 0 ? z.sub_group_size : in.largest_group_params / ranks;
-  if (in.largest_group_params > 0) sub = std::min(sub, std::ceil(in.largest_group_params / ranks));
-  return std::min(sub, shard);
+// The states of a rank by the engine's layout rule (sched/zero_layout.h) for a model of
+// `params` elements in groups of the largest group's size (the last one shorter), with the
+// recipe's widths. Exact elements, no alignment: the planner counts what the states hold.
+sched::StateLayout PlannedStates(const PlanInput& in, const sched::StatePlacement& rules) {
+  const Recipe& r = in.recipe;
+  auto elems = [](double v) { return static_cast<uint64_t>(std::min(std::ceil(v), 0x1p60)); };
+  const uint64_t psi = elems(in.params), group = std::max<uint64_t>(1, elems(LargestGroup(in)));
+  sched::StateLayoutInput li;
+  li.world = static_cast<int>(in.capacity.Ranks());
+  li.groups = {{group, psi / group}, {psi % group, 1}};
+  // sub_group_size 0: one sub-group per tensor, the largest group standing in for the largest
+  // tensor (the planner knows no tensors).
+  li.sub_group_elems = sched::SubGroupElems(elems(in.zero.sub_group_size), group, 1);
+  li.widths = {r.param_bytes, GradStateBytes(), r.master_bytes, r.momentum_bytes,
+               r.variance_bytes};
+  return sched::LayOutStates(rules, li);
 }
 
-// Sub-groups a rank steps: each group's shard split into sub-groups (they never span two
-// groups). 0 (not known, taken as many) without the largest group.
-double SubGroupsPerRank(const PlanInput& in, double sub) {
-  if (in.largest_group_params <= 0 || sub <= 0) return 0;
-  const double ranks = static_cast<double>(in.capacity.Ranks());
-  const double groups = std::ceil(in.params / in.largest_group_params);
-  return groups * std::ceil(std::ceil(in.largest_group_params / ranks) / sub);
+// Elements of the largest optimizer sub-group of a rank: the layout's when the largest group is
+// given; else sub_group_size, never more than the rank's whole shard (0, not counted, when
+// sub_group_size is 0: each tensor a sub-group, and no tensor is known).
+double LargestSubGroup(const PlanInput& in, const sched::StateLayout& states, double shard) {
+  if (in.largest_group_params > 0) return static_cast<double>(states.largest_sub);
+  return std::min(in.zero.sub_group_size, shard);
 }
 
 // Host bytes per rank of the optimizer's NVMe swap buffers (the engine's rule).
-double OptimizerSwapBuffers(const PlanInput& in, double shard) {
-  const double sub = LargestSubGroup(in, shard);
+double OptimizerSwapBuffers(const PlanInput& in, const sched::StateLayout& states, double shard) {
+  const double sub = LargestSubGroup(in, states, shard);
   if (sub <= 0) return 0;
+  // The sub-groups a rank steps cap the buffers (not known, taken as many, without the group).
+  const uint64_t sub_groups = in.largest_group_params > 0 ? states.sub_groups : 0;
   return static_cast<double>(sched::OptimizerSwapBufferBytes(
       static_cast<int64_t>(in.zero.optimizer_buffer_count), static_cast<uint64_t>(sub),
-      static_cast<uint64_t>(std::min(SubGroupsPerRank(in, sub), 0x1p50))));
+      sub_groups));
 }
 
 // Host bytes per rank of the param NVMe swap buffers: buffer_count shards of the largest group
@@ -80,6 +89,7 @@ double ParamSwapBuffers(const PlanInput& in, double shard) {
 struct Builder {
   Placement& p;
   const sched::StatePlacement& rules;
+  const sched::StateLayout& states;  // PlannedStates
   void Add(Tier tier, std::string name, double bytes, bool pinned = false) {
     if (bytes <= 0) return;
     p.items.push_back(PlanItem{tier, std::move(name), bytes, pinned});
@@ -90,25 +100,24 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   const Recipe& r = in.recipe;
   const ZeroSettings& z = in.zero;
   const double psi = in.params;
-  const double shard = psi / static_cast<double>(in.capacity.Ranks());
   const bool opt_off = b.p.offload_optimizer != OffloadDevice::kNone;
   const bool param_off = b.p.offload_param != OffloadDevice::kNone;
   const bool overlap = z.overlap_comm.value_or(stage == 3);
 
+  // The gradient shards the optimizer consumes are partitioned with the optimizer (a stage-1
+  // rank keeps the reduced shard only; full gradients are the working set's buffers below).
+  const sched::StateLayout& st = b.states;
   if (!b.rules.params_partitioned) {
-    b.Add(Tier::kDevice, "params, full replica", r.param_bytes * psi);
+    b.Add(Tier::kDevice, "params, full replica", st.param_bytes);
   } else if (!param_off) {
-    b.Add(Tier::kDevice, "params, 1/N shard", r.param_bytes * shard);
-  }
-  if (!b.rules.grads_partitioned) {
-    b.Add(Tier::kDevice, "grads (fp32), full replica", GradStateBytes() * psi);
-  } else if (!opt_off) {
-    b.Add(Tier::kDevice, "grads (fp32), 1/N shard", GradStateBytes() * shard);
+    b.Add(Tier::kDevice, "params, 1/N shard", st.param_bytes);
   }
   if (!b.rules.optimizer_partitioned) {
-    b.Add(Tier::kDevice, "optimizer state (master+m+v), full replica", r.OptimizerBytes() * psi);
+    b.Add(Tier::kDevice, "grads (fp32), full replica", st.grad_bytes);
+    b.Add(Tier::kDevice, "optimizer state (master+m+v), full replica", st.optimizer_bytes);
   } else if (!opt_off) {
-    b.Add(Tier::kDevice, "optimizer state (master+m+v), 1/N shard", r.OptimizerBytes() * shard);
+    b.Add(Tier::kDevice, "grads (fp32), 1/N shard", st.grad_bytes);
+    b.Add(Tier::kDevice, "optimizer state (master+m+v), 1/N shard", st.optimizer_bytes);
   }
 
   // The engine's device working set, by the engine's own rule (sched/placement.h): per-group
@@ -135,7 +144,7 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   // The planner plans a GPU: the device optimizer runs in its kernels.
   dw.device_kernels = true;
   dw.optimizer_buffers = static_cast<uint64_t>(std::clamp(z.optimizer_buffer_count, 1.0, 64.0));
-  dw.largest_sub_group_elems = elems(LargestSubGroup(in, psi / ranks));
+  dw.largest_sub_group_elems = elems(LargestSubGroup(in, b.states, psi / ranks));
   for (const sched::DeviceWorkingItem& it : sched::DeviceWorkingSet(b.rules, dw)) {
     b.Add(Tier::kDevice, it.name, static_cast<double>(it.bytes));
   }
@@ -169,6 +178,7 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
   const double g_per_node = in.capacity.gpus_per_node;
   const double shard = in.params / static_cast<double>(in.capacity.Ranks());
   const double k = z.gradient_accumulation_steps;
+  const sched::StateLayout& st = b.states;
   Placement& p = b.p;
 
   double pcie = 0, nvme_io = 0, swap = 0;
@@ -177,31 +187,31 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
       break;
     case OffloadDevice::kCpu:
       b.Add(Tier::kHost, "optimizer state (master+m+v), 1/N shard per GPU",
-            g_per_node * r.OptimizerBytes() * shard, z.optimizer_pin_memory);
-      b.Add(Tier::kHost, "grads (fp32), 1/N shard per GPU", g_per_node * GradStateBytes() * shard,
+            g_per_node * st.optimizer_bytes, z.optimizer_pin_memory);
+      b.Add(Tier::kHost, "grads (fp32), 1/N shard per GPU", g_per_node * st.grad_bytes,
             z.optimizer_pin_memory);
       break;
     case OffloadDevice::kNvme: {
       // sub_group_size 0: each tensor is a sub-group, the largest one's shard sets the buffers.
-      const double sub_group = LargestSubGroup(in, shard);
+      const double sub_group = LargestSubGroup(in, st, shard);
       if (z.sub_group_size == 0 && in.largest_group_params == 0) {
         p.notes.push_back(
             "sub_group_size 0 makes each parameter tensor a sub-group: the optimizer swap "
             "buffers hold the largest one's shard, not counted without --largest-group");
       }
-      const double buffers = OptimizerSwapBuffers(in, shard);
+      const double buffers = OptimizerSwapBuffers(in, st, shard);
       b.Add(Tier::kHost, "optimizer swap buffers, min(count + 1, sub-groups) x 4",
             g_per_node * buffers, true);
       swap += g_per_node * buffers;
-      if (buffers > 0 && buffers >= r.OptimizerBytes() * shard) {
+      if (buffers > 0 && buffers >= st.optimizer_bytes) {
         p.notes.push_back("optimizer swap buffers (" + Fmt(z.optimizer_buffer_count) + " + 1 x " +
                           Fmt(sub_group) +
                           " elements) take as much DRAM as the optimizer state itself: lower "
                           "sub_group_size for NVMe offload");
       }
       b.Add(Tier::kNvme, "optimizer state (master+m+v), 1/N shard per GPU",
-            g_per_node * r.OptimizerBytes() * shard);
-      b.Add(Tier::kNvme, "grads (fp32), 1/N shard per GPU", g_per_node * GradStateBytes() * shard);
+            g_per_node * st.optimizer_bytes);
+      b.Add(Tier::kNvme, "grads (fp32), 1/N shard per GPU", g_per_node * st.grad_bytes);
       // Step: read and write master/m/v once; grads written each micro-step and read back
       // (accumulation, then the step): 2k reads+writes.
       nvme_io += 2 * r.OptimizerBytes() * shard + 2 * k * GradStateBytes() * shard;
@@ -221,7 +231,7 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
     if (p.offload_optimizer == OffloadDevice::kNone) pcie += r.param_bytes * shard;
   }
   if (p.offload_param == OffloadDevice::kCpu) {
-    b.Add(Tier::kHost, "params, 1/N shard per GPU", g_per_node * r.param_bytes * shard,
+    b.Add(Tier::kHost, "params, 1/N shard per GPU", g_per_node * st.param_bytes,
           z.param_pin_memory);
   } else if (p.offload_param == OffloadDevice::kNvme) {
     // The swap buffers; what the host budget leaves beyond the working set is the store's
@@ -229,7 +239,7 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
     b.Add(Tier::kHost, "param swap buffers (buffer_count x largest shard)",
           g_per_node * ParamSwapBuffers(in, shard), true);
     swap += g_per_node * ParamSwapBuffers(in, shard);
-    b.Add(Tier::kNvme, "params, 1/N shard per GPU", g_per_node * r.param_bytes * shard);
+    b.Add(Tier::kNvme, "params, 1/N shard per GPU", g_per_node * st.param_bytes);
     // Read for forward and backward of each micro-step, written after the step.
     nvme_io += (2 * k + 1) * r.param_bytes * shard;
   }
@@ -436,7 +446,8 @@ Placement Place(const PlanInput& in, int stage, OffloadDevice optimizer, Offload
   p.notes = std::move(rules.notes);
   p.offload_optimizer = rules.offload_optimizer;
   p.offload_param = rules.offload_param;
-  Builder b{p, rules};
+  const sched::StateLayout states = PlannedStates(in, rules);
+  Builder b{p, rules, states};
   PlaceHbm(in, stage, b);
   PlaceOffload(in, stage, b);
   p.comm = plan::StageComm(in, stage);

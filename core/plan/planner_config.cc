@@ -1,51 +1,72 @@
-// EngineConfig -> PlanInput: the DeepSpeed keys the memory planner acts on.
+// ResolveZeroSettings: a DeepSpeed config's ZeRO settings as the planner and the engine take them,
+// and ApplyEngineConfig, which hands them to the planner.
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "strata/config.h"
 #include "strata/planner.h"
+#include "sched/placement.h"
 
 namespace strata {
 namespace {
 
-// An "auto" (or absent) size falls back to DeepSpeed's default, with a note.
+// Reads the "auto"-able size at `path`: its value, else (absent or "auto") DeepSpeed's default;
+// an "auto" is recorded.
 template <typename T>
-double SizeOr(const AutoOr<T>& v, double fallback, const char* path,
-              std::vector<std::string>* notes) {
+double SizeOr(const AutoOr<T>& v, double fallback, const char* path, bool sizes_engine,
+              ResolvedZero* r) {
   if (v.has_value()) return static_cast<double>(v.value());
   if (v.is_auto()) {
     char buf[64];
     std::snprintf(buf, sizeof(buf), "%g", fallback);
-    notes->push_back(std::string(path) + " is \"auto\": planned with " + buf);
+    r->defaulted.push_back({path, sizes_engine});
+    r->notes.push_back(std::string(path) + " is \"auto\": planned with " + buf);
   }
   return fallback;
 }
 
-Recipe RecipeFor(const EngineConfig& c, std::vector<std::string>* notes) {
-  const char* name = "fp32";
-  if (c.bf16.enabled.has_value() && c.bf16.enabled.value()) {
-    name = "bf16-adam";
-  } else if (c.fp16.enabled.has_value() && c.fp16.enabled.value()) {
-    name = "fp16-adam";
+// The working dtype, and the planner's recipe for it: the engine's widths per state
+// (sched::StateElementBytes; gradients on the wire in the working dtype).
+void ResolvePrecision(const EngineConfig& c, ResolvedZero* r) {
+  const bool bf16 = c.bf16.enabled.value_or(false), fp16 = c.fp16.enabled.value_or(false);
+  r->precision_conflict = bf16 && fp16;
+  if (c.fp16.enabled.is_auto()) r->defaulted.push_back({"fp16.enabled", true});
+  if (c.bf16.enabled.is_auto()) r->defaulted.push_back({"bf16.enabled", true});
+  if (bf16) {
+    r->dtype = DType::kBF16;
+  } else if (fp16) {
+    r->dtype = DType::kF16;
   } else if (c.bf16.enabled.is_auto() || c.fp16.enabled.is_auto()) {
-    name = "bf16-adam";
-    notes->push_back("bf16/fp16 enabled is \"auto\": planned as bf16-adam (16 B/param)");
+    r->dtype = DType::kBF16;
+    r->notes.push_back("bf16/fp16 enabled is \"auto\": planned as bf16-adam (16 B/param)");
   } else {
-    notes->push_back("neither bf16 nor fp16 is enabled: planned as fp32 training (16 B/param)");
+    r->dtype = DType::kF32;
+    r->notes.push_back(
+        "neither bf16 nor fp16 is enabled: planned as fp32 training (20 B/param: fp32 params, "
+        "gradients, master, m and v)");
   }
-  for (const Recipe& r : KnownRecipes()) {
-    if (r.name == name) return r;
-  }
-  return Recipe{};
+  if (r->precision_conflict) r->notes.push_back("fp16 and bf16 are both enabled: planned as bf16");
+  auto width = [&](StateKind k) {
+    return static_cast<double>(sched::StateElementBytes(k, r->dtype));
+  };
+  r->recipe = Recipe{std::string(DTypeName(r->dtype)) + "-adam",
+                     width(StateKind::kParam16),
+                     static_cast<double>(DTypeSize(r->dtype)),
+                     width(StateKind::kMaster32),
+                     width(StateKind::kExpAvg),
+                     width(StateKind::kExpAvgSq)};
 }
 
 }  // namespace
 
-void ApplyEngineConfig(const EngineConfig& c, PlanInput* in, std::vector<std::string>* notes) {
+ResolvedZero ResolveZeroSettings(const EngineConfig& c) {
+  ResolvedZero r;
+  ResolvePrecision(c, &r);
   const ZeroConfig& z = c.zero;
-  ZeroSettings& s = in->zero;
-  in->recipe = RecipeFor(c, notes);
+  // An "auto" size takes the default the config reader gives an absent key (DeepSpeed's).
+  const ZeroConfig d;
+  ZeroSettings& s = r.zero;
   s.stage = z.stage;
   s.offload_optimizer = z.offload_optimizer.device;
   s.offload_param = z.offload_param.device;
@@ -56,33 +77,44 @@ void ApplyEngineConfig(const EngineConfig& c, PlanInput* in, std::vector<std::st
   s.param_buffer_size = static_cast<double>(z.offload_param.buffer_size);
   s.max_in_cpu = static_cast<double>(z.offload_param.max_in_cpu);
   s.overlap_comm = z.overlap_comm;
+  // strata reduces per group: the bucket size only stands in for the planner's largest group.
   s.reduce_bucket_size =
-      SizeOr(z.reduce_bucket_size, 5e8, "zero_optimization.reduce_bucket_size", notes);
+      SizeOr(z.reduce_bucket_size, static_cast<double>(d.reduce_bucket_size.value()), "zero_optimization.reduce_bucket_size", false, &r);
   s.allgather_bucket_size = static_cast<double>(z.allgather_bucket_size);
-  s.prefetch_bucket_size = SizeOr(z.stage3_prefetch_bucket_size, 5e7,
-                                  "zero_optimization.stage3_prefetch_bucket_size", notes);
+  s.prefetch_bucket_size = SizeOr(z.stage3_prefetch_bucket_size,
+                                  static_cast<double>(d.stage3_prefetch_bucket_size.value()),
+                                  "zero_optimization.stage3_prefetch_bucket_size", true, &r);
   s.max_live_parameters = static_cast<double>(z.stage3_max_live_parameters);
   s.max_reuse_distance = static_cast<double>(z.stage3_max_reuse_distance);
   s.param_persistence_threshold =
-      SizeOr(z.stage3_param_persistence_threshold, 1e5,
-             "zero_optimization.stage3_param_persistence_threshold", notes);
+      SizeOr(z.stage3_param_persistence_threshold,
+             static_cast<double>(d.stage3_param_persistence_threshold.value()),
+             "zero_optimization.stage3_param_persistence_threshold", true, &r);
   s.sub_group_size = static_cast<double>(z.sub_group_size);
   s.zero_plus_plus.quantized_weights = z.zero_quantized_weights;
   s.zero_plus_plus.quantized_gradients = z.zero_quantized_gradients;
   s.zero_plus_plus.hpz_partition_size = z.zero_hpz_partition_size;
   s.gradient_accumulation_steps =
-      SizeOr(c.gradient_accumulation_steps, 1, "gradient_accumulation_steps", notes);
+      SizeOr(c.gradient_accumulation_steps, 1, "gradient_accumulation_steps", true, &r);
   if (z.offload_optimizer.device != OffloadDevice::kNone && z.offload_optimizer.ratio < 1.0) {
-    notes->push_back(
+    r.notes.push_back(
         "zero_optimization.offload_optimizer.ratio < 1 (partial offload) is not "
         "modelled: planned as a full offload");
   }
+  r.stage_auto = c.IsAuto("zero_optimization.stage");
+  return r;
+}
+
+void ApplyEngineConfig(const EngineConfig& c, PlanInput* in, std::vector<std::string>* notes) {
+  ResolvedZero r = ResolveZeroSettings(c);
+  in->recipe = r.recipe;
+  in->zero = r.zero;
+  notes->insert(notes->end(), r.notes.begin(), r.notes.end());
   // Accelerate writes "auto" for the stage and the offload devices and fills them from its own
   // settings. Their defaults must not pass for a choice: an "auto" stage leaves the setting
   // open (the verdict covers the recommendation, unless --stage picks one), an "auto" device is
   // planned as none.
-  const bool stage_auto = c.IsAuto("zero_optimization.stage");
-  if (stage_auto) {
+  if (r.stage_auto) {
     notes->push_back(
         "zero_optimization.stage is \"auto\": no stage is configured, so the verdict is about "
         "the recommendation; pass --stage to check one");
@@ -95,7 +127,7 @@ void ApplyEngineConfig(const EngineConfig& c, PlanInput* in, std::vector<std::st
                        "--offload-param to check an offload");
     }
   }
-  in->has_configured = !stage_auto;
+  in->has_configured = !r.stage_auto;
 }
 
 Status ApplyDeepSpeedConfigFile(const std::string& path, PlanInput* in,

@@ -10,6 +10,7 @@
 
 #include "core/plan/comm_model.h"
 #include "core/zero/engine_internal.h"
+#include "sched/zero_layout.h"
 #include "kernels/casts.h"
 #include "kernels/quantize.h"
 #include "nlohmann/json.hpp"
@@ -302,20 +303,21 @@ ZeroPlusPlus PlannerZpp(const zero::ZppState& zpp) {
   return p;
 }
 
-// ZeRO++ settings (README "ZeRO++"). As DeepSpeed, they are stage-3 features (qwZ quantizes the
-// parameter all-gather, hpZ partitions the gathered copy, qgZ replaces the partitioned gradient
-// reduction); unlike DeepSpeed, which ignores them below stage 3, a config that sets them there is
-// refused, naming the key, since it would not do what it says.
-Status ResolveZpp(const ZeroConfig& z, int world, int ranks_per_node, zero::ZppState* out) {
+// ZeRO++ settings (docs/collectives.md, "ZeRO++"). As DeepSpeed, they are stage-3 features (qwZ
+// quantizes the parameter all-gather, hpZ partitions the gathered copy, qgZ replaces the
+// partitioned gradient reduction); unlike DeepSpeed, which ignores them below stage 3, a config
+// that sets them there is refused, naming the key, since it would not do what it says.
+Status ResolveZpp(const ZeroSettings& z, int world, int ranks_per_node, zero::ZppState* out) {
   zero::ZppState& zpp = *out;
-  zpp.qwz = z.zero_quantized_weights;
-  zpp.qgz = z.zero_quantized_gradients;
-  if (z.zero_hpz_partition_size < 1) {
-    return Status::InvalidArgument(
-        "zero_optimization.zero_hpz_partition_size: " + std::to_string(z.zero_hpz_partition_size) +
-        " is not a rank count >= 1 (1: off)");
+  const ZeroPlusPlus& want = z.zero_plus_plus;
+  zpp.qwz = want.quantized_weights;
+  zpp.qgz = want.quantized_gradients;
+  if (want.hpz_partition_size < 1) {
+    return Status::InvalidArgument("zero_optimization.zero_hpz_partition_size: " +
+                                   std::to_string(want.hpz_partition_size) +
+                                   " is not a rank count >= 1 (1: off)");
   }
-  zpp.hpz = static_cast<int>(std::min<int64_t>(z.zero_hpz_partition_size, 1 << 24));
+  zpp.hpz = static_cast<int>(std::min<int64_t>(want.hpz_partition_size, 1 << 24));
   if (!zpp.any()) return Status::OK();
   const char* key = zpp.qwz   ? "zero_optimization.zero_quantized_weights"
                     : zpp.qgz ? "zero_optimization.zero_quantized_gradients"
@@ -362,30 +364,25 @@ Status SplitZppComms(Communicator& comm, zero::ZppState* zpp) {
   return Status::OK();
 }
 
-}  // namespace
+// What Create's steps hand on: the config's settings, and the parts of the layout the budgets and
+// the store are sized by.
+struct CreateState {
+  ResolvedZero resolved;
+  uint64_t prefetch_elems = 0;     // stage3_prefetch_bucket_size
+  uint64_t store_cache_bytes = 0;  // the store's device copies of param shards: its own budget
+  uint64_t swap_bytes = 0;         // host copies of NVMe-homed blocks in use: the rest is cache
+};
 
-Communicator* zero::ZppState::hpz_comm() const { return group.get(); }
-
-Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOptions options) {
-  STRATA_RETURN_IF_ERROR(model.Validate());
-  if (options.device == nullptr) return Status::InvalidArgument("EngineOptions.device is null");
-  if (options.comm == nullptr) return Status::InvalidArgument("EngineOptions.comm is null");
-  auto impl = std::make_unique<Impl>();
-  Impl& e = *impl;
-  e.model = model;
-  const EngineConfig& c = options.config;
-  e.rank = options.comm->rank();
-  e.world = options.comm->world_size();
-
-  // Precision.
-  STRATA_RETURN_IF_ERROR(RequireResolved(c.fp16.enabled.is_auto(), "fp16.enabled"));
-  STRATA_RETURN_IF_ERROR(RequireResolved(c.bf16.enabled.is_auto(), "bf16.enabled"));
-  const bool fp16 = c.fp16.enabled.value_or(false), bf16 = c.bf16.enabled.value_or(false);
-  if (fp16 && bf16) return Status::InvalidArgument("fp16.enabled and bf16.enabled are both true");
-  e.dtype = fp16 ? DType::kF16 : bf16 ? DType::kBF16 : DType::kF32;
+// The working dtype, the optimizer's hyperparameters, the loss scaler and the lr schedule.
+Status ResolveOptimizer(const EngineConfig& c, const ResolvedZero& r, Engine::Impl& e) {
+  for (const ResolvedZero::Defaulted& d : r.defaulted) {
+    if (d.sizes_engine) return RequireResolved(true, d.path);
+  }
+  if (r.precision_conflict) {
+    return Status::InvalidArgument("fp16.enabled and bf16.enabled are both true");
+  }
+  e.dtype = r.dtype;
   e.elt = DTypeSize(e.dtype);
-
-  // Optimizer.
   const OptimizerConfig& oc = c.optimizer;
   if (oc.type != OptimizerType::kAdam && oc.type != OptimizerType::kAdamW) {
     return Status::InvalidArgument("optimizer.type: the engine runs Adam or AdamW (got " +
@@ -415,14 +412,16 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   e.schedule.emplace(std::move(schedule));
   for (const std::string& n : e.schedule->notes()) e.layout.notes.push_back(n);
   e.last_lr = e.schedule->LrForStep(0);
+  return Status::OK();
+}
 
-  // Accumulation, clipping, averaging.
-  STRATA_RETURN_IF_ERROR(
-      RequireResolved(c.gradient_accumulation_steps.is_auto(), "gradient_accumulation_steps"));
+// Accumulation, clipping and the averaging of the reduced gradient.
+Status ResolveGradients(const EngineConfig& c, const ResolvedZero& r, Engine::Impl& e) {
   STRATA_RETURN_IF_ERROR(RequireResolved(c.gradient_clipping.is_auto(), "gradient_clipping"));
-  const int64_t gas = c.gradient_accumulation_steps.value_or(1);
-  if (gas < 1 || gas > (int64_t{1} << 30)) {
-    return Status::InvalidArgument("gradient_accumulation_steps: " + std::to_string(gas) +
+  const double gas = r.zero.gradient_accumulation_steps;
+  if (!(gas >= 1) || gas > static_cast<double>(int64_t{1} << 30)) {
+    return Status::InvalidArgument("gradient_accumulation_steps: " +
+                                   std::to_string(static_cast<int64_t>(gas)) +
                                    " is not a positive count");
   }
   e.gas = static_cast<int>(gas);
@@ -454,18 +453,24 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
         " is supported as 1 or the world size (" + std::to_string(e.world) + ") only");
   }
   e.post_scale = static_cast<float>(static_cast<double>(e.post_scale) / e.gas);
+  return Status::OK();
+}
 
-  // Placement (the rule the planner uses).
-  const ZeroConfig& z = c.zero;
+// Element counts of the config (non-negative, as the engine holds them).
+uint64_t Elems(double v) { return v > 0 ? static_cast<uint64_t>(v) : 0; }
+
+// Placement (the planner's rule), ZeRO++, overlap, sub-groups and the stage-3 limits.
+Status ResolvePlacement(const ResolvedZero& r, const EngineOptions& options, Engine::Impl& e,
+                        CreateState* cs) {
+  const ZeroSettings& z = r.zero;
   if (z.stage < 0 || z.stage > 3) {
     return Status::InvalidArgument("zero_optimization.stage: " + std::to_string(z.stage) +
                                    " is not 0..3");
   }
-  e.placement =
-      sched::ResolvePlacement(z.stage, z.offload_optimizer.device, z.offload_param.device);
+  e.placement = sched::ResolvePlacement(z.stage, z.offload_optimizer, z.offload_param);
   for (const std::string& n : e.placement.notes) e.layout.notes.push_back(n);
   STRATA_RETURN_IF_ERROR(ResolveZpp(z, e.world, options.ranks_per_node, &e.zpp));
-  e.overlap_comm = z.overlap_comm;
+  e.overlap_comm = z.overlap_comm.value_or(false);
   if (options.overlap_step) {
     // The job runs the CPU Adam beside the trainer's gathers: the optimizer state must be
     // offloaded (the CPU's pool, not the device's kernels) and the gathers must not use the pool
@@ -481,46 +486,40 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   if (z.sub_group_size < 0) {
     return Status::InvalidArgument("zero_optimization.sub_group_size: must be >= 0");
   }
-  // 0 is valid DeepSpeed: each tensor its own sub-group. As the planner models it, sub-groups are
-  // then the size of the largest tensor (this engine never lets a sub-group span two groups).
-  size_t sub_group_size = static_cast<size_t>(z.sub_group_size);
-  if (sub_group_size == 0) {
-    for (const GroupSpec& g : model.groups) {
-      for (const ParamSpec& p : g.params) sub_group_size = std::max(sub_group_size, p.numel());
-    }
+  // 0 is valid DeepSpeed: each tensor its own sub-group, sized by the largest tensor.
+  uint64_t largest_tensor = 0;
+  for (const GroupSpec& g : e.model.groups) {
+    for (const ParamSpec& p : g.params) largest_tensor = std::max<uint64_t>(largest_tensor, p.numel());
   }
-  e.sub_group_elems = std::max<size_t>(
-      zero::kShardAlignElems, sub_group_size / zero::kShardAlignElems * zero::kShardAlignElems);
-  e.pipeline_buffers =
-      static_cast<uint32_t>(std::clamp<int64_t>(z.offload_optimizer.buffer_count, 1, 64));
-  if (z.offload_optimizer.buffer_count < 3 &&
-      e.placement.offload_optimizer == OffloadDevice::kNvme) {
-    e.layout.notes.push_back("offload_optimizer.buffer_count " +
-                             std::to_string(z.offload_optimizer.buffer_count) +
+  e.sub_group_elems = sched::SubGroupElems(Elems(z.sub_group_size), largest_tensor,
+                                           zero::kShardAlignElems);
+  const auto buffer_count = static_cast<int64_t>(z.optimizer_buffer_count);
+  e.pipeline_buffers = static_cast<uint32_t>(std::clamp<int64_t>(buffer_count, 1, 64));
+  if (buffer_count < 3 && e.placement.offload_optimizer == OffloadDevice::kNvme) {
+    e.layout.notes.push_back("offload_optimizer.buffer_count " + std::to_string(buffer_count) +
                              ": the optimizer step overlaps NVMe reads and writes from 3 buffers "
                              "on; it runs slower, not wrong");
   }
-  STRATA_RETURN_IF_ERROR(RequireResolved(z.stage3_param_persistence_threshold.is_auto(),
-                                         "zero_optimization.stage3_param_persistence_threshold"));
-  STRATA_RETURN_IF_ERROR(RequireResolved(z.stage3_prefetch_bucket_size.is_auto(),
-                                         "zero_optimization.stage3_prefetch_bucket_size"));
-  e.persistence_elems = static_cast<uint64_t>(
-      std::max<int64_t>(0, z.stage3_param_persistence_threshold.value_or(100000)));
-  e.reuse_distance_elems = static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_max_reuse_distance));
-  e.max_live_elems = static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_max_live_parameters));
+  e.persistence_elems = Elems(z.param_persistence_threshold);
+  e.reuse_distance_elems = Elems(z.max_reuse_distance);
+  e.max_live_elems = Elems(z.max_live_parameters);
+  cs->prefetch_elems = Elems(z.prefetch_bucket_size);
+  return Status::OK();
+}
 
-  // Partition and sub-groups.
+// The shards and sub-groups of this rank (the rule of sched/zero_layout.h, which also sizes them).
+Status PartitionGroups(Engine::Impl& e) {
   std::vector<size_t> numels;
-  for (const GroupSpec& g : model.groups) numels.push_back(g.numel());
+  for (const GroupSpec& g : e.model.groups) numels.push_back(g.numel());
   STRATA_ASSIGN_OR_RETURN(e.partition,
                           sched::PlanPartition(numels, e.world, zero::kShardAlignElems));
-  e.groups.resize(model.groups.size());
-  for (size_t g = 0; g < model.groups.size(); ++g) {
+  e.groups.resize(e.model.groups.size());
+  for (size_t g = 0; g < e.model.groups.size(); ++g) {
     zero::GroupState& gs = e.groups[g];
     gs.numel = numels[g];
     gs.shard = e.partition.groups[g];
     size_t off = 0;
-    for (const ParamSpec& p : model.groups[g].params) {
+    for (const ParamSpec& p : e.model.groups[g].params) {
       gs.param_offsets.push_back(off);
       off += p.numel();
     }
@@ -538,44 +537,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
       }
     }
   }
+  return Status::OK();
+}
 
-  // Bytes per tier.
+// ZeRO++'s state and working bytes: the hpZ secondary copy (a state: it lives from the first
+// gather to the next step) and the quantized collectives' wire buffers (device) and fp32 sums
+// (host).
+void LayOutZpp(const sched::StateLayout& states, const EngineOptions& options, Engine::Impl& e) {
   EngineLayout& L = e.layout;
-  L.stage = z.stage;
-  L.offload_optimizer = e.placement.offload_optimizer;
-  L.offload_param = e.placement.offload_param;
-  L.dtype = e.dtype;
-  L.world_size = e.world;
-  L.rank = e.rank;
-  L.params = model.numel();
-  L.sub_groups = e.subs.size();
-  // The store carves host and NVMe space in 4 KiB (IO-aligned) units; device memory exactly.
-  auto state_size = [](Tier home, uint64_t bytes) {
-    return home == Tier::kDevice ? bytes : RoundUp(bytes, 4096);
-  };
-  const Tier param_home = e.placement.Home(StateKind::kParam16);
-  const Tier opt_home = e.placement.Home(StateKind::kMaster32);
-  const Tier grad_home = e.placement.Home(StateKind::kGrad);
-  uint64_t largest_padded = 0, largest_shard = 0, largest_sub = 0, total_padded = 0;
-  for (const zero::GroupState& gs : e.groups) {
-    const uint64_t padded = gs.shard.padded_elems(e.world);
-    largest_padded = std::max(largest_padded, padded);
-    largest_shard = std::max<uint64_t>(largest_shard, gs.shard.shard_elems);
-    total_padded += padded;
-    L.state_bytes[param_home] += state_size(
-        param_home, (e.placement.params_partitioned ? gs.shard.shard_elems : padded) * e.elt);
-  }
-  for (const SubGroup& s : e.subs) {
-    largest_sub = std::max<uint64_t>(largest_sub, s.elems);
-    for (StateKind k : {StateKind::kMaster32, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
-      L.state_bytes[opt_home] +=
-          state_size(opt_home, s.elems * sched::StateElementBytes(k, e.dtype));
-    }
-    L.state_bytes[grad_home] +=
-        state_size(grad_home, s.elems * sched::StateElementBytes(StateKind::kGrad, e.dtype));
-  }
-  // ZeRO++: the hpZ secondary copy (a state: it lives from the first gather to the next step)
-  // and the quantized collectives' wire buffers (device) and fp32 sums (host).
   L.quantized_weights = e.zpp.qwz;
   L.quantized_gradients = e.zpp.qgz;
   L.hpz_partition_size = e.zpp.hpz;
@@ -595,58 +564,267 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
                       "); later gathers in a step stay within groups of " +
                       std::to_string(e.zpp.hpz) + " ranks");
   }
-  {
-    const zero::ZppWorkingBytes w =
-        zero::ZppWorking(e.zpp.qwz, e.zpp.qgz, e.world, e.zpp.nodes, largest_shard, largest_padded,
-                         e.elt, options.device->host_addressable());
-    L.working_bytes[Tier::kDevice] += w.device;
-    L.working_bytes[Tier::kHost] += w.host;
-  }
-  // Device working set: the shared rule (sched/placement.h, DeviceWorkingSet), the same items
-  // `offloadctl plan` lists. ZeRO++'s wire buffers were added above.
-  const auto prefetch_elems =
-      static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_prefetch_bucket_size.value_or(50000000)));
+  const zero::ZppWorkingBytes w = zero::ZppWorking(
+      e.zpp.qwz, e.zpp.qgz, e.world, e.zpp.nodes, states.largest_shard, states.largest_padded,
+      e.elt, options.device->host_addressable());
+  L.working_bytes[Tier::kDevice] += w.device;
+  L.working_bytes[Tier::kHost] += w.host;
+}
+
+// The engine's device working set: the shared rule (sched/placement.h, DeviceWorkingSet), the
+// same items `offloadctl plan` lists. ZeRO++'s wire buffers are LayOutZpp's.
+void LayOutDeviceWorking(const sched::StateLayout& states, const EngineOptions& options,
+                         Engine::Impl& e, CreateState* cs) {
   sched::DeviceWorkingInput dw;
   dw.world = e.world;
-  dw.largest_group_elems = largest_padded;
-  for (const zero::GroupState& gs : e.groups) {
-    dw.largest_group_numel = std::max<uint64_t>(dw.largest_group_numel, gs.numel);
-  }
-  dw.largest_shard_elems = largest_shard;
-  dw.total_group_elems = total_padded;
+  dw.largest_group_elems = states.largest_padded;
+  dw.largest_group_numel = states.largest_numel;
+  dw.largest_shard_elems = states.largest_shard;
+  dw.total_group_elems = states.total_padded;
   dw.param_elem_bytes = e.elt;
   dw.grad_elem_bytes = e.elt;
   dw.overlap_comm = e.overlap_comm;
   dw.quantized_gradients = e.zpp.qgz;
   dw.max_live_elems = e.max_live_elems;
   dw.reuse_distance_elems = e.reuse_distance_elems;
-  dw.prefetch_elems = prefetch_elems;
+  dw.prefetch_elems = cs->prefetch_elems;
   dw.persistence_elems = e.persistence_elems;
   dw.device_kernels = !options.device->host_addressable();
   dw.optimizer_buffers = e.pipeline_buffers;
-  dw.largest_sub_group_elems = largest_sub;
+  dw.largest_sub_group_elems = states.largest_sub;
   dw.copy_alignment = kIoAlignment;
-  uint64_t store_cache_bytes = 0;  // the store's device copies of param shards: its own budget
   for (const sched::DeviceWorkingItem& it : sched::DeviceWorkingSet(e.placement, dw)) {
-    L.working_bytes[Tier::kDevice] += it.bytes;
-    if (it.store_cache) store_cache_bytes += it.bytes;
+    e.layout.working_bytes[Tier::kDevice] += it.bytes;
+    if (it.store_cache) cs->store_cache_bytes += it.bytes;
   }
-  // Host working set: the optimizer pipeline's sub-groups in flight (NVMe-homed state is paged
-  // through host memory), parameter shards staged from NVMe, and states computed on the host
-  // whose home is a device the host cannot address.
-  const uint64_t sub_bytes = 4 * RoundUp(largest_sub * 4, 4096);
-  // (The rules are shared with the planner: sched/placement.h.)
-  uint64_t swap_bytes = 0;  // host copies of NVMe-homed blocks in use: the rest is cache
-  if (opt_home == Tier::kNvme || grad_home == Tier::kNvme) {
-    swap_bytes += sched::OptimizerSwapBufferBytes(e.pipeline_buffers, largest_sub, e.subs.size());
+}
+
+// The host working set: the optimizer pipeline's sub-groups in flight (NVMe-homed state is paged
+// through host memory), parameter shards staged from NVMe, and states computed on the host
+// whose home is a device the host cannot address. (The rules are shared with the planner:
+// sched/placement.h.)
+void LayOutHostWorking(const sched::StateLayout& states, const ZeroSettings& z,
+                       const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
+  if (e.placement.Home(StateKind::kMaster32) == Tier::kNvme ||
+      e.placement.Home(StateKind::kGrad) == Tier::kNvme) {
+    cs->swap_bytes +=
+        sched::OptimizerSwapBufferBytes(e.pipeline_buffers, states.largest_sub, e.subs.size());
   }
-  if (param_home == Tier::kNvme) {
-    swap_bytes += sched::ParamSwapBufferBytes(z.offload_param.buffer_count, largest_shard, e.dtype);
+  if (e.placement.Home(StateKind::kParam16) == Tier::kNvme) {
+    cs->swap_bytes += sched::ParamSwapBufferBytes(static_cast<int64_t>(z.param_buffer_count),
+                                                  states.largest_shard, e.dtype);
   }
-  L.working_bytes[Tier::kHost] += swap_bytes;
+  e.layout.working_bytes[Tier::kHost] += cs->swap_bytes;
   if (!options.device->host_addressable()) {
-    L.working_bytes[Tier::kHost] += 2 * sub_bytes + largest_padded * e.elt;
+    const uint64_t sub_bytes = 4 * RoundUp(states.largest_sub * 4, 4096);
+    e.layout.working_bytes[Tier::kHost] += 2 * sub_bytes + states.largest_padded * e.elt;
   }
+}
+
+// Bytes per tier: the states (sched/zero_layout.h), ZeRO++'s, and the working sets.
+void LayOut(const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
+  EngineLayout& L = e.layout;
+  L.stage = e.placement.stage;
+  L.offload_optimizer = e.placement.offload_optimizer;
+  L.offload_param = e.placement.offload_param;
+  L.dtype = e.dtype;
+  L.world_size = e.world;
+  L.rank = e.rank;
+  L.params = e.model.numel();
+  L.sub_groups = e.subs.size();
+  sched::StateLayoutInput in;
+  in.world = e.world;
+  for (const GroupSpec& g : e.model.groups) in.groups.push_back({g.numel(), 1});
+  in.sub_group_elems = e.sub_group_elems;
+  in.shard_align_elems = zero::kShardAlignElems;
+  in.block_align_bytes = kIoAlignment;  // the store carves host and NVMe space in these units
+  auto width = [&](StateKind k) { return static_cast<double>(sched::StateElementBytes(k, e.dtype)); };
+  in.widths = {width(StateKind::kParam16), width(StateKind::kGrad), width(StateKind::kMaster32),
+               width(StateKind::kExpAvg), width(StateKind::kExpAvgSq)};
+  const sched::StateLayout states = sched::LayOutStates(e.placement, in);
+  for (Tier t : kAllTiers) L.state_bytes[t] += static_cast<uint64_t>(states.tier_bytes[t]);
+  LayOutZpp(states, options, e);
+  LayOutDeviceWorking(states, options, e, cs);
+  LayOutHostWorking(states, cs->resolved.zero, options, e, cs);
+}
+
+// Budgets (0: the device's own; host and NVMe: what the layout needs), checked per tier.
+Status CheckBudgets(const EngineOptions& options, Engine::Impl& e, const CreateState& cs) {
+  EngineLayout& L = e.layout;
+  L.budget_bytes = options.budget_bytes;
+  if (L.budget_bytes[Tier::kDevice] == 0)
+    L.budget_bytes[Tier::kDevice] = options.device->stats().budget_bytes;
+  const uint64_t host_need = L.state_bytes[Tier::kHost] + L.working_bytes[Tier::kHost];
+  if (L.budget_bytes[Tier::kHost] == 0)
+    L.budget_bytes[Tier::kHost] = host_need + sched::kHostBudgetSlackBytes;
+  // The store keeps NVMe-homed blocks cached in whatever host budget the working set leaves.
+  L.cache_bytes[Tier::kHost] = sched::HostCacheBytes(L.budget_bytes[Tier::kHost], host_need,
+                                                     L.state_bytes[Tier::kNvme], cs.swap_bytes);
+  if (L.budget_bytes[Tier::kNvme] == 0) L.budget_bytes[Tier::kNvme] = L.state_bytes[Tier::kNvme];
+  for (Tier t : kAllTiers) {
+    const uint64_t need = L.state_bytes[t] + L.working_bytes[t];
+    if (need > L.budget_bytes[t]) {
+      return Status::ResourceExhausted(
+          "the placement does not fit the " + std::string(TierName(t)) + " tier of rank " +
+          std::to_string(e.rank) + ": it needs " + Bytes(need) + " (" + Bytes(L.state_bytes[t]) +
+          " of states, " + Bytes(L.working_bytes[t]) + " working) and the budget is " +
+          Bytes(L.budget_bytes[t]) + "\n" + L.ToString());
+    }
+  }
+  return Status::OK();
+}
+
+// The store: homes plus caches. The device share excludes the engine's own device buffers.
+Status OpenStore(const EngineConfig& c, EngineOptions& options, Engine::Impl& e,
+                 const CreateState& cs) {
+  EngineLayout& L = e.layout;
+  const ZeroSettings& z = cs.resolved.zero;
+  const Tier param_home = e.placement.Home(StateKind::kParam16);
+  const Tier opt_home = e.placement.Home(StateKind::kMaster32);
+  TieredStoreOptions so;
+  so.device = options.device;
+  // The hpZ secondary copy is a device state the engine allocates itself, not a store block.
+  // The param shards it caches on the device are its own blocks: they stay in its share.
+  so.device_budget_bytes = L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice] +
+                           cs.store_cache_bytes - L.hpz_secondary_bytes;
+  so.host_budget_bytes = L.budget_bytes[Tier::kHost];
+  so.rank = e.rank;
+  so.io_deadline = options.timeout;
+  const bool pin = z.optimizer_pin_memory || z.param_pin_memory;
+  so.use_pinned_pool = options.use_pinned_pool;  // huge pages either way
+  so.lock_host_memory = pin;
+  if (options.use_pinned_pool && !pin &&
+      (opt_home != Tier::kDevice || param_home != Tier::kDevice)) {
+    L.notes.push_back("pin_memory is false: host buffers are not page-locked (no mlock)");
+  }
+  if (L.state_bytes[Tier::kNvme] > 0) {
+    so.nvme_capacity_bytes = L.budget_bytes[Tier::kNvme];
+    so.nvme_paths = options.nvme_paths;
+    if (so.nvme_paths.empty()) {
+      const ZeroConfig& zc = c.zero;
+      if (opt_home == Tier::kNvme) so.nvme_paths.push_back(zc.offload_optimizer.nvme_path);
+      if (param_home == Tier::kNvme &&
+          zc.offload_param.nvme_path != zc.offload_optimizer.nvme_path) {
+        so.nvme_paths.push_back(zc.offload_param.nvme_path);
+      }
+    }
+    for (const std::string& p : so.nvme_paths) {
+      if (p.empty()) {
+        return Status::InvalidArgument(
+            "zero_optimization.offload_*.nvme_path: required when a state lives on nvme");
+      }
+    }
+    if (options.io) {
+      so.io = std::move(options.io);
+    } else {
+      IoBackendOptions io;
+      io.kind = options.io_kind;
+      io.queue_depth = static_cast<size_t>(std::clamp<int64_t>(c.aio.queue_depth, 1, 1024));
+      STRATA_ASSIGN_OR_RETURN(so.io, OpenIoBackend(io));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(e.store, OpenTieredStore(std::move(so)));
+  if (!e.store->note().empty()) L.notes.push_back(e.store->note());
+  return Status::OK();
+}
+
+// One block per state of each group (param16) and of each sub-group (master32, exp_avg,
+// exp_avg_sq, grad), the blocks sched::LayOutStates counted.
+Status RegisterBlocks(Engine::Impl& e, std::vector<BlockId>* shard_blocks) {
+  const Tier param_home = e.placement.Home(StateKind::kParam16);
+  const Tier opt_home = e.placement.Home(StateKind::kMaster32);
+  const Tier grad_home = e.placement.Home(StateKind::kGrad);
+  const std::string r = std::to_string(e.rank);
+  for (size_t g = 0; g < e.groups.size(); ++g) {
+    zero::GroupState& gs = e.groups[g];
+    const std::string& name = e.model.groups[g].name;
+    BlockSpec b;
+    b.dtype = e.dtype;
+    b.kind = StateKind::kParam16;
+    b.home = param_home;
+    if (e.placement.params_partitioned) {
+      b.name = name + ".param16[r" + r + "]";
+      b.size_bytes = gs.shard.shard_elems * e.elt;
+    } else {
+      b.name = name + ".param16[full r" + r + "]";
+      b.size_bytes = gs.shard.padded_elems(e.world) * e.elt;
+    }
+    STRATA_ASSIGN_OR_RETURN(gs.param, e.store->Register(b));
+    shard_blocks->push_back(gs.param);
+    size_t k = 0;
+    for (size_t si : gs.sub_groups) {
+      SubGroup& s = e.subs[si];
+      const std::string tag = "[r" + r +
+                              (s.owner != e.rank ? " of r" + std::to_string(s.owner) : "") +
+                              " sg" + std::to_string(k++) + "]";
+      auto reg = [&](StateKind kind, Tier home) {
+        BlockSpec sb;
+        sb.name = name + "." + std::string(StateKindName(kind)) + tag;
+        sb.size_bytes = s.elems * sched::StateElementBytes(kind, e.dtype);
+        sb.dtype = DType::kF32;
+        sb.kind = kind;
+        sb.home = home;
+        return e.store->Register(sb);
+      };
+      STRATA_ASSIGN_OR_RETURN(s.master, reg(StateKind::kMaster32, opt_home));
+      STRATA_ASSIGN_OR_RETURN(s.exp_avg, reg(StateKind::kExpAvg, opt_home));
+      STRATA_ASSIGN_OR_RETURN(s.exp_avg_sq, reg(StateKind::kExpAvgSq, opt_home));
+      STRATA_ASSIGN_OR_RETURN(s.grad, reg(StateKind::kGrad, grad_home));
+    }
+  }
+  if (e.layout.state_bytes[Tier::kNvme] > 0) STRATA_RETURN_IF_ERROR(e.store->OpenNvme());
+  return Status::OK();
+}
+
+// Stage 3's gather scheduler over the param shards, and the CPU optimizer's threads.
+Status StartSchedulers(const EngineOptions& options, const std::vector<BlockId>& shard_blocks,
+                       Engine::Impl& e, const CreateState& cs) {
+  if (e.placement.params_partitioned) {
+    // The limits count full parameters; the prefetcher works on this rank's shards.
+    const sched::ShardLimits lim =
+        sched::PerRankShardLimits(cs.prefetch_elems, e.max_live_elems, e.reuse_distance_elems,
+                                  e.persistence_elems, e.world);
+    const auto pc =
+        sched::PrefetchConfig::FromNumel(lim.prefetch_elems, lim.max_live_elems,
+                                         lim.reuse_distance_elems, lim.persistence_elems, e.elt);
+    e.gather = std::make_unique<store::GatherScheduler>(e.store.get(), shard_blocks, pc);
+    // overlap_step: no prefetch of a group whose update the step running behind has not
+    // written yet (the copy it brought would be replaced: NVMe reads for nothing).
+    Engine::Impl* impl = &e;
+    e.gather->set_held([impl](sched::GroupId g) {
+      return impl->deferred && !impl->deferred->updated[g].load(std::memory_order_acquire);
+    });
+  }
+  kernels::PoolOptions pool_options;
+  pool_options.threads = std::max(0, options.optimizer_threads);
+  STRATA_ASSIGN_OR_RETURN(e.pool, kernels::KernelPool::Create(pool_options));
+  return Status::OK();
+}
+
+}  // namespace
+
+Communicator* zero::ZppState::hpz_comm() const { return group.get(); }
+
+// Create's steps: resolve the config (ResolveZeroSettings, shared with the planner), partition,
+// lay out the bytes per tier, then, agreed across ranks, check the budgets, open the store,
+// register the blocks and start the schedulers.
+Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOptions options) {
+  STRATA_RETURN_IF_ERROR(model.Validate());
+  if (options.device == nullptr) return Status::InvalidArgument("EngineOptions.device is null");
+  if (options.comm == nullptr) return Status::InvalidArgument("EngineOptions.comm is null");
+  auto impl = std::make_unique<Impl>();
+  Impl& e = *impl;
+  e.model = model;
+  e.rank = options.comm->rank();
+  e.world = options.comm->world_size();
+  const EngineConfig& c = options.config;
+  CreateState cs;
+  cs.resolved = ResolveZeroSettings(c);
+  STRATA_RETURN_IF_ERROR(ResolveOptimizer(c, cs.resolved, e));
+  STRATA_RETURN_IF_ERROR(ResolveGradients(c, cs.resolved, e));
+  STRATA_RETURN_IF_ERROR(ResolvePlacement(cs.resolved, options, e, &cs));
+  STRATA_RETURN_IF_ERROR(PartitionGroups(e));
+  LayOut(options, e, &cs);
   // From here on a rank can fail for reasons of its own (its budgets, its disk): the ranks agree
   // before any returns, so that no rank is left waiting for a peer that gave up.
   e.opt.device = options.device;
@@ -658,133 +836,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   // rank; a failed split fails the communicator, and the peers with it).
   STRATA_RETURN_IF_ERROR(SplitZppComms(*options.comm, &e.zpp));
   Status built = [&]() -> Status {
-    // Budgets (0: the device's own; host and NVMe: what the layout needs).
-    L.budget_bytes = options.budget_bytes;
-    if (L.budget_bytes[Tier::kDevice] == 0)
-      L.budget_bytes[Tier::kDevice] = options.device->stats().budget_bytes;
-    const uint64_t host_need = L.state_bytes[Tier::kHost] + L.working_bytes[Tier::kHost];
-    if (L.budget_bytes[Tier::kHost] == 0)
-      L.budget_bytes[Tier::kHost] = host_need + sched::kHostBudgetSlackBytes;
-    // The store keeps NVMe-homed blocks cached in whatever host budget the working set leaves.
-    L.cache_bytes[Tier::kHost] = sched::HostCacheBytes(L.budget_bytes[Tier::kHost], host_need,
-                                                       L.state_bytes[Tier::kNvme], swap_bytes);
-    if (L.budget_bytes[Tier::kNvme] == 0) L.budget_bytes[Tier::kNvme] = L.state_bytes[Tier::kNvme];
-    for (Tier t : kAllTiers) {
-      const uint64_t need = L.state_bytes[t] + L.working_bytes[t];
-      if (need > L.budget_bytes[t]) {
-        return Status::ResourceExhausted(
-            "the placement does not fit the " + std::string(TierName(t)) + " tier of rank " +
-            std::to_string(e.rank) + ": it needs " + Bytes(need) + " (" + Bytes(L.state_bytes[t]) +
-            " of states, " + Bytes(L.working_bytes[t]) + " working) and the budget is " +
-            Bytes(L.budget_bytes[t]) + "\n" + L.ToString());
-      }
-    }
-
-    // The store: homes plus caches. The device share excludes the engine's own device buffers.
-    TieredStoreOptions so;
-    so.device = options.device;
-    // The hpZ secondary copy is a device state the engine allocates itself, not a store block.
-    // The param shards it caches on the device are its own blocks: they stay in its share.
-    so.device_budget_bytes = L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice] +
-                             store_cache_bytes - L.hpz_secondary_bytes;
-    so.host_budget_bytes = L.budget_bytes[Tier::kHost];
-    so.rank = e.rank;
-    so.io_deadline = options.timeout;
-    const bool pin = z.offload_optimizer.pin_memory || z.offload_param.pin_memory;
-    so.use_pinned_pool = options.use_pinned_pool;  // huge pages either way
-    so.lock_host_memory = pin;
-    if (options.use_pinned_pool && !pin &&
-        (opt_home != Tier::kDevice || param_home != Tier::kDevice)) {
-      L.notes.push_back("pin_memory is false: host buffers are not page-locked (no mlock)");
-    }
-    if (L.state_bytes[Tier::kNvme] > 0) {
-      so.nvme_capacity_bytes = L.budget_bytes[Tier::kNvme];
-      so.nvme_paths = options.nvme_paths;
-      if (so.nvme_paths.empty()) {
-        if (opt_home == Tier::kNvme) so.nvme_paths.push_back(z.offload_optimizer.nvme_path);
-        if (param_home == Tier::kNvme &&
-            z.offload_param.nvme_path != z.offload_optimizer.nvme_path) {
-          so.nvme_paths.push_back(z.offload_param.nvme_path);
-        }
-      }
-      for (const std::string& p : so.nvme_paths) {
-        if (p.empty()) {
-          return Status::InvalidArgument(
-              "zero_optimization.offload_*.nvme_path: required when a state lives on nvme");
-        }
-      }
-      if (options.io) {
-        so.io = std::move(options.io);
-      } else {
-        IoBackendOptions io;
-        io.kind = options.io_kind;
-        io.queue_depth = static_cast<size_t>(std::clamp<int64_t>(c.aio.queue_depth, 1, 1024));
-        STRATA_ASSIGN_OR_RETURN(so.io, OpenIoBackend(io));
-      }
-    }
-    STRATA_ASSIGN_OR_RETURN(e.store, OpenTieredStore(std::move(so)));
-    if (!e.store->note().empty()) L.notes.push_back(e.store->note());
-
-    // Blocks.
-    const std::string r = std::to_string(e.rank);
+    STRATA_RETURN_IF_ERROR(CheckBudgets(options, e, cs));
+    STRATA_RETURN_IF_ERROR(OpenStore(c, options, e, cs));
     std::vector<BlockId> shard_blocks;
-    for (size_t g = 0; g < e.groups.size(); ++g) {
-      zero::GroupState& gs = e.groups[g];
-      const std::string& name = model.groups[g].name;
-      BlockSpec b;
-      b.dtype = e.dtype;
-      b.kind = StateKind::kParam16;
-      b.home = param_home;
-      if (e.placement.params_partitioned) {
-        b.name = name + ".param16[r" + r + "]";
-        b.size_bytes = gs.shard.shard_elems * e.elt;
-      } else {
-        b.name = name + ".param16[full r" + r + "]";
-        b.size_bytes = gs.shard.padded_elems(e.world) * e.elt;
-      }
-      STRATA_ASSIGN_OR_RETURN(gs.param, e.store->Register(b));
-      shard_blocks.push_back(gs.param);
-      size_t k = 0;
-      for (size_t si : gs.sub_groups) {
-        SubGroup& s = e.subs[si];
-        const std::string tag = "[r" + r +
-                                (s.owner != e.rank ? " of r" + std::to_string(s.owner) : "") +
-                                " sg" + std::to_string(k++) + "]";
-        auto reg = [&](StateKind kind, Tier home) {
-          BlockSpec sb;
-          sb.name = name + "." + std::string(StateKindName(kind)) + tag;
-          sb.size_bytes = s.elems * 4;
-          sb.dtype = DType::kF32;
-          sb.kind = kind;
-          sb.home = home;
-          return e.store->Register(sb);
-        };
-        STRATA_ASSIGN_OR_RETURN(s.master, reg(StateKind::kMaster32, opt_home));
-        STRATA_ASSIGN_OR_RETURN(s.exp_avg, reg(StateKind::kExpAvg, opt_home));
-        STRATA_ASSIGN_OR_RETURN(s.exp_avg_sq, reg(StateKind::kExpAvgSq, opt_home));
-        STRATA_ASSIGN_OR_RETURN(s.grad, reg(StateKind::kGrad, grad_home));
-      }
-    }
-    if (L.state_bytes[Tier::kNvme] > 0) STRATA_RETURN_IF_ERROR(e.store->OpenNvme());
-    if (e.placement.params_partitioned) {
-      // The limits count full parameters; the prefetcher works on this rank's shards.
-      const sched::ShardLimits lim = sched::PerRankShardLimits(
-          prefetch_elems, e.max_live_elems, e.reuse_distance_elems, e.persistence_elems, e.world);
-      const auto pc =
-          sched::PrefetchConfig::FromNumel(lim.prefetch_elems, lim.max_live_elems,
-                                           lim.reuse_distance_elems, lim.persistence_elems, e.elt);
-      e.gather = std::make_unique<store::GatherScheduler>(e.store.get(), shard_blocks, pc);
-      // overlap_step: no prefetch of a group whose update the step running behind has not
-      // written yet (the copy it brought would be replaced: NVMe reads for nothing).
-      Engine::Impl* impl = &e;
-      e.gather->set_held([impl](sched::GroupId g) {
-        return impl->deferred && !impl->deferred->updated[g].load(std::memory_order_acquire);
-      });
-    }
-    kernels::PoolOptions pool_options;
-    pool_options.threads = std::max(0, options.optimizer_threads);
-    STRATA_ASSIGN_OR_RETURN(e.pool, kernels::KernelPool::Create(pool_options));
-    return Status::OK();
+    STRATA_RETURN_IF_ERROR(RegisterBlocks(e, &shard_blocks));
+    return StartSchedulers(options, shard_blocks, e, cs);
   }();
   STRATA_ASSIGN_OR_RETURN(int failed_rank, e.AgreeOnCreate(built.ok()));
   if (!built.ok()) return built;
@@ -795,7 +851,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   }
   e.opt = std::move(options);
   e.opt.io.reset();
-  e.totals.store.budget_bytes = L.budget_bytes;
+  e.totals.store.budget_bytes = e.layout.budget_bytes;
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 

@@ -326,6 +326,46 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   return st;
 }
 
+namespace {
+
+// One all-to-all's INT8 wire buffers: on the device, seen from the host directly or through
+// staging copies (a device the host cannot address).
+struct QuantWire {
+  DeviceBuffer send_dev, recv_dev;
+  std::vector<uint8_t> send_stage, recv_stage;
+  uint8_t* send = nullptr;
+  uint8_t* recv = nullptr;
+  size_t bytes = 0;
+
+  Status Make(Device* device, size_t n) {
+    bytes = n;
+    STRATA_ASSIGN_OR_RETURN(send_dev, DeviceBuffer::Make(device, n));
+    STRATA_ASSIGN_OR_RETURN(recv_dev, DeviceBuffer::Make(device, n));
+    if (device->host_addressable()) {
+      send = static_cast<uint8_t*>(send_dev.get());
+      recv = static_cast<uint8_t*>(recv_dev.get());
+    } else {
+      send_stage.resize(n);
+      recv_stage.resize(n);
+      send = send_stage.data();
+      recv = recv_stage.data();
+    }
+    return Status::OK();
+  }
+
+  // Sends `send` (staged up first when needed), waits, and brings `recv` to the host.
+  Status AllToAll(Engine::Impl& e, Communicator* c) {
+    STRATA_RETURN_IF_ERROR(e.ToDevice(send_dev.get(), send, bytes));
+    STRATA_ASSIGN_OR_RETURN(
+        CommHandle h, c->AllToAll(send_dev.get(), recv_dev.get(),
+                                  bytes / static_cast<size_t>(c->world_size()), DType::kI8));
+    STRATA_RETURN_IF_ERROR(h.WaitUntil(e.deadline()));
+    return e.ToHost(recv, recv_dev.get(), bytes);
+  }
+};
+
+}  // namespace
+
 // qgZ, after ZeRO++'s all-to-all scheme: rank r = n * L + l (node n, local index l) owns shard r.
 //   1. Quantize each of the N shards of the gradient (INT8, kQuantBlock) and all-to-all within
 //      the node: local peer l' receives the shards of the ranks with local index l'
@@ -355,38 +395,6 @@ Status Engine::Impl::QuantizedReduceScatter(size_t g, const void* full, void* sh
     STRATA_RETURN_IF_ERROR(ToHost(staged_full.data(), full, staged_full.size()));
     grad = staged_full.data();
   }
-  // One all-to-all's wire buffers: on the device, seen from the host directly or through
-  // staging copies.
-  struct Wire {
-    DeviceBuffer send_dev, recv_dev;
-    std::vector<uint8_t> send_stage, recv_stage;
-    uint8_t* send = nullptr;
-    uint8_t* recv = nullptr;
-    size_t bytes = 0;
-  };
-  auto make_wire = [&](Wire& w, size_t bytes) -> Status {
-    w.bytes = bytes;
-    STRATA_ASSIGN_OR_RETURN(w.send_dev, DeviceBuffer::Make(opt.device, bytes));
-    STRATA_ASSIGN_OR_RETURN(w.recv_dev, DeviceBuffer::Make(opt.device, bytes));
-    if (direct) {
-      w.send = static_cast<uint8_t*>(w.send_dev.get());
-      w.recv = static_cast<uint8_t*>(w.recv_dev.get());
-    } else {
-      w.send_stage.resize(bytes);
-      w.recv_stage.resize(bytes);
-      w.send = w.send_stage.data();
-      w.recv = w.recv_stage.data();
-    }
-    return Status::OK();
-  };
-  auto all_to_all = [&](Communicator* c, Wire& w) -> Status {
-    STRATA_RETURN_IF_ERROR(ToDevice(w.send_dev.get(), w.send, w.bytes));
-    STRATA_ASSIGN_OR_RETURN(
-        CommHandle h, c->AllToAll(w.send_dev.get(), w.recv_dev.get(),
-                                  w.bytes / static_cast<size_t>(c->world_size()), DType::kI8));
-    STRATA_RETURN_IF_ERROR(h.WaitUntil(deadline()));
-    return ToHost(w.recv, w.recv_dev.get(), w.bytes);
-  };
   // Steps 1-2: partial[n'] = the node's sum of shard n' * L + l.
   std::vector<float> partial(static_cast<size_t>(nodes) * S, 0.0f);
   if (L == 1) {
@@ -400,8 +408,8 @@ Status Engine::Impl::QuantizedReduceScatter(size_t g, const void* full, void* sh
       }
     }
   } else {
-    Wire w1;
-    STRATA_RETURN_IF_ERROR(make_wire(w1, static_cast<size_t>(world) * cw));
+    QuantWire w1;
+    STRATA_RETURN_IF_ERROR(w1.Make(opt.device, static_cast<size_t>(world) * cw));
     for (int l2 = 0; l2 < L; ++l2) {
       for (int n2 = 0; n2 < nodes; ++n2) {
         const size_t owner = static_cast<size_t>(n2) * L + l2;
@@ -411,7 +419,7 @@ Status Engine::Impl::QuantizedReduceScatter(size_t g, const void* full, void* sh
                                    .status());
       }
     }
-    STRATA_RETURN_IF_ERROR(all_to_all(zpp.node.get(), w1));
+    STRATA_RETURN_IF_ERROR(w1.AllToAll(*this, zpp.node.get()));
     for (int l2 = 0; l2 < L; ++l2) {
       for (int n2 = 0; n2 < nodes; ++n2) {
         uint8_t* chunk = w1.recv + (static_cast<size_t>(l2) * nodes + n2) * cw;
@@ -425,15 +433,15 @@ Status Engine::Impl::QuantizedReduceScatter(size_t g, const void* full, void* sh
   if (nodes == 1) {
     sum = std::move(partial);
   } else {
-    Wire w2;
-    STRATA_RETURN_IF_ERROR(make_wire(w2, static_cast<size_t>(nodes) * cw));
+    QuantWire w2;
+    STRATA_RETURN_IF_ERROR(w2.Make(opt.device, static_cast<size_t>(nodes) * cw));
     for (int n2 = 0; n2 < nodes; ++n2) {
       uint8_t* chunk = w2.send + static_cast<size_t>(n2) * cw;
       STRATA_RETURN_IF_ERROR(kernels::QuantizeInt8(*pool, DType::kF32, partial.data() + n2 * S, S,
                                                    kernels::kQuantBlock, q_of(chunk), s_of(chunk))
                                  .status());
     }
-    STRATA_RETURN_IF_ERROR(all_to_all(zpp.cross.get(), w2));
+    STRATA_RETURN_IF_ERROR(w2.AllToAll(*this, zpp.cross.get()));
     sum.assign(S, 0.0f);
     for (int n2 = 0; n2 < nodes; ++n2) {
       uint8_t* chunk = w2.recv + static_cast<size_t>(n2) * cw;

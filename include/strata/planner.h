@@ -274,7 +274,28 @@ Status ValidatePlanInput(const PlanInput& in);
 // with params on cpu, then both on nvme.
 Result<Plan> MakePlan(const PlanInput& in);
 
-// Maps a parsed DeepSpeed config onto `in`: zero_optimization's stage, offload settings, buckets
+// One reading of a DeepSpeed config's ZeRO settings, shared by the memory planner
+// (ApplyEngineConfig) and the engine (Engine::Create), so that both act on the same values and
+// defaults: the precision, zero_optimization's stage, offload devices, buffers, stage-3 limits,
+// sub_group_size and ZeRO++, and gradient_accumulation_steps. A value left "auto" takes
+// DeepSpeed's default and is listed in `defaulted` (and in `notes`, in words); the engine refuses
+// those it acts on (`sizes_engine`), the planner plans with the defaults.
+struct ResolvedZero {
+  struct Defaulted {
+    std::string path;   // the JSON path, e.g. "zero_optimization.stage3_prefetch_bucket_size"
+    bool sizes_engine;  // false for keys the engine allocates nothing by (reduce_bucket_size)
+  };
+  DType dtype = DType::kF32;  // bf16 if enabled, else fp16 if enabled, else fp32
+  bool precision_conflict = false;  // fp16 and bf16 both enabled (the engine refuses it)
+  Recipe recipe;                    // the planner's ledger for dtype
+  ZeroSettings zero;
+  bool stage_auto = false;  // zero_optimization.stage "auto": no stage is configured
+  std::vector<Defaulted> defaulted;
+  std::vector<std::string> notes;  // the planner's remarks (defaults taken, partial offload)
+};
+ResolvedZero ResolveZeroSettings(const EngineConfig& config);
+
+// Maps a parsed DeepSpeed config onto `in` by ResolveZeroSettings: zero_optimization's stage, offload settings, buckets
 // and sub_group_size, gradient_accumulation_steps, and the recipe from the precision sections
 // (bf16 -> bf16-adam, fp16 -> fp16-adam, neither -> fp32). Sets in->has_configured. A value the
 // planner cannot take as written ("auto" sizes, a partial offload ratio) falls back to DeepSpeed's
