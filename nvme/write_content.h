@@ -1,5 +1,5 @@
-// Content of the blocks a disk reference writes (nvme/bench's bursts and mixed pass, the
-// checkpoint's reference passes): random, and never the same block twice.
+// Content of the blocks a disk measurement writes (`bench nvme`'s write pass, the checkpoint's
+// reference passes): random, and never the same block twice.
 //
 // Why: a virtual disk may compress or deduplicate what it stores. On the 2-core VM this project
 // is measured on, fio wrote 1.82 GB/s with one buffer written again and again

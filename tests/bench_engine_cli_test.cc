@@ -11,11 +11,13 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/zero/engine_stats_json.h"
 #include "tests/io_test_util.h"
 #include "tests/test_util.h"
 
@@ -67,6 +69,30 @@ void ExpectWithinBudgets(const nlohmann::json& j) {
     EXPECT_LE(j["peak_bytes"][t].get<double>(), j["budget_bytes"][t].get<double>())
         << j["variant"] << " " << t;
   }
+}
+
+// "engine_stats": rank 0's Engine::Stats through zero::EngineStatsJson, the serializer the Python
+// binding's Engine.stats() returns: the same keys at every level (bytes_moved aside: it names
+// the tier pairs that moved bytes) and the counters of the run (warm-up steps included).
+void ExpectEngineStats(const nlohmann::json& got, int steps) {
+  const nlohmann::json want = strata::zero::EngineStatsJson(strata::EngineStats{});
+  std::vector<std::pair<const nlohmann::json*, const nlohmann::json*>> todo = {{&got, &want}};
+  while (!todo.empty()) {
+    const auto [g, w] = todo.back();
+    todo.pop_back();
+    ASSERT_EQ(g->is_object(), w->is_object()) << *g;
+    if (!w->is_object()) continue;
+    ASSERT_EQ(g->size(), w->size()) << *g;
+    for (const auto& [key, value] : w->items()) {
+      ASSERT_TRUE(g->contains(key)) << key << " " << *g;
+      if (key != "bytes_moved") todo.push_back({&(*g)[key], &value});
+    }
+  }
+  EXPECT_EQ(got["global_step"], steps);
+  EXPECT_GT(got["store"]["bytes_moved"]["host->nvme"].get<double>(), 0.0);
+  EXPECT_GT(got["gather_fetch_wait_ns"].get<double>(), 0.0);
+  EXPECT_GT(got["step_ns"].get<double>(), 0.0);
+  EXPECT_GE(got["step_ns"].get<double>(), got["optimizer_ns"].get<double>());  // Step holds it
 }
 
 constexpr const char* kTiny = " --params 2M --layers 4 --steps 2 --io-backend posix ";
@@ -132,34 +158,38 @@ void ExpectPhasesCoverTheStep(const nlohmann::json& j, bool split) {
   EXPECT_EQ(ph["forward"]["nvme_write_bytes"].get<double>(), 0.0);
 }
 
-TEST(BenchEngineCli, PairedReferenceRewritesTheSwapFilesAfterEachStep) {
-  // --disk-reference-paired: after each measured step a pass over the engine's own swap files
-  // moves that step's NVMe mix (rounded up to 1 MiB units), rewriting their bytes unchanged: the
-  // engine then trains on, verifying its checksums on every read. io_efficiency_paired is the
-  // median of pass / step.
+TEST(BenchEngineCli, PairedSplitReferenceRewritesTheSwapFilesAfterEachStep) {
+  // --disk-reference-paired-split: after each measured step a pass over the engine's own swap
+  // files moves that step's NVMe reads and writes (rounded up to 1 MiB units) in read-only and
+  // write-only phases timed apart, rewriting their bytes unchanged: the engine then trains on,
+  // verifying its checksums on every read. io_efficiency_paired_split is the median of
+  // (read phases + write phases) / step.
   strata::testing::TempDir dir("bench-paired");
   const std::string args =
       " --params 8M --layers 16 --steps 3 --io-backend posix --stage 3 --offload-optimizer nvme "
-      "--offload-param nvme --disk-size 0 --disk-reference-max 0 --disk-reference-paired "
-      "--nvme-path " +
+      "--offload-param nvme --disk-reference-paired-split --nvme-path " +
       dir.path();
-  const ProcessResult r = Bench(args + " --disk-reference-paired-split --json");
+  const ProcessResult r = Bench(args + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json j = Json(r);
-  const nlohmann::json& p = j["disk_reference_paired"];
-  ASSERT_TRUE(p["measured"].get<bool>()) << j.dump();
-  const auto passes = p["pass_seconds"].get<std::vector<double>>();
   const auto steps = j["step_s_all"].get<std::vector<double>>();
-  const auto reads = p["read_bytes"].get<std::vector<double>>();
-  const auto writes = p["write_bytes"].get<std::vector<double>>();
-  const auto ratios = p["ratios"].get<std::vector<double>>();
-  ASSERT_EQ(passes.size(), 3u);
   ASSERT_EQ(steps.size(), 3u);
-  ASSERT_EQ(ratios.size(), 3u);
+  const nlohmann::json& sp = j["disk_reference_paired_split"];
+  ASSERT_TRUE(sp["measured"].get<bool>()) << j.dump();
+  const auto split_s = sp["seconds"].get<std::vector<double>>();
+  const auto split_rd = sp["read_seconds"].get<std::vector<double>>();
+  const auto split_wr = sp["write_seconds"].get<std::vector<double>>();
+  const auto reads = sp["read_bytes"].get<std::vector<double>>();
+  const auto writes = sp["write_bytes"].get<std::vector<double>>();
+  const auto split_ratios = sp["ratios"].get<std::vector<double>>();
+  ASSERT_EQ(split_s.size(), 3u);
+  ASSERT_EQ(split_ratios.size(), 3u);
   const double unit = 1 << 20;
   for (size_t i = 0; i < 3; ++i) {
-    EXPECT_GT(passes[i], 0.0) << i;
-    EXPECT_NEAR(ratios[i], passes[i] / steps[i], 1e-9) << i;
+    EXPECT_GT(split_rd[i], 0.0) << i;
+    EXPECT_GT(split_wr[i], 0.0) << i;
+    EXPECT_NEAR(split_s[i], split_rd[i] + split_wr[i], 1e-9) << i;  // one rank
+    EXPECT_NEAR(split_ratios[i], split_s[i] / steps[i], 1e-9) << i;
     // Each pass moved one step's bytes (the mean step's within a unit's rounding per step).
     EXPECT_GT(reads[i], 0.0) << i;
     EXPECT_GT(writes[i], 0.0) << i;
@@ -168,67 +198,38 @@ TEST(BenchEngineCli, PairedReferenceRewritesTheSwapFilesAfterEachStep) {
   const double sum_rd = reads[0] + reads[1] + reads[2], sum_wr = writes[0] + writes[1] + writes[2];
   EXPECT_NEAR(sum_rd / 3, j["nvme_read_bytes_per_step"].get<double>(), unit);
   EXPECT_NEAR(sum_wr / 3, j["nvme_write_bytes_per_step"].get<double>(), unit);
-  std::vector<double> sorted = ratios;
-  std::sort(sorted.begin(), sorted.end());
-  EXPECT_EQ(j["io_efficiency_paired"].get<double>(), sorted[1]);
-  // Over the swap files' whole units: the NVMe footprint, less a partial last unit.
-  EXPECT_NEAR(p["span_bytes"].get<double>(), j["peak_bytes"]["nvme"].get<double>(), unit);
-  // --disk-reference-paired-split: a second pass per step, its read-only and write-only phases
-  // timed apart; the ratio is their sum over the step.
-  const nlohmann::json& sp = j["disk_reference_paired_split"];
-  ASSERT_TRUE(sp["measured"].get<bool>()) << j.dump();
-  const auto split_s = sp["seconds"].get<std::vector<double>>();
-  const auto split_rd = sp["read_seconds"].get<std::vector<double>>();
-  const auto split_wr = sp["write_seconds"].get<std::vector<double>>();
-  const auto split_ratios = sp["ratios"].get<std::vector<double>>();
-  ASSERT_EQ(split_s.size(), 3u);
-  ASSERT_EQ(split_ratios.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) {
-    EXPECT_GT(split_rd[i], 0.0) << i;
-    EXPECT_GT(split_wr[i], 0.0) << i;
-    EXPECT_NEAR(split_s[i], split_rd[i] + split_wr[i], 1e-9) << i;  // one rank
-    EXPECT_NEAR(split_ratios[i], split_s[i] / steps[i], 1e-9) << i;
-  }
-  sorted = split_ratios;
+  std::vector<double> sorted = split_ratios;
   std::sort(sorted.begin(), sorted.end());
   EXPECT_EQ(j["io_efficiency_paired_split"].get<double>(), sorted[1]);
+  // Over the swap files' whole units: the NVMe footprint, less a partial last unit.
+  EXPECT_NEAR(sp["span_bytes"].get<double>(), j["peak_bytes"]["nvme"].get<double>(), unit);
   ExpectPhasesCoverTheStep(j, /*split=*/true);
   // This model outgrows the host: the forward reads parameters, the backward writes finished
   // gradients home, the optimizer reads its states.
   EXPECT_GT(j["phases"]["forward"]["nvme_read_bytes"].get<double>(), 0.0);
   EXPECT_GT(j["phases"]["backward"]["nvme_write_bytes"].get<double>(), 0.0);
   EXPECT_GT(j["phases"]["optimizer"]["nvme_read_bytes"].get<double>(), 0.0);
-  // The text form prints both; with --overlap-step the paired pass is refused, naming both
-  // flags, and the split pass without the paired one, naming it.
-  const ProcessResult text = Bench(args + " --disk-reference-paired-split");
+  // The text form prints it; with --overlap-step the pass is refused, naming the flag.
+  const ProcessResult text = Bench(args);
   ASSERT_EQ(text.exit_code, 0) << text.out;
-  EXPECT_NE(text.out.find("paired with each step"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("paired, split"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("of the split disk"), std::string::npos) << text.out;
-  const ProcessResult alone = Bench(
-      " --params 8M --layers 16 --stage 3 --offload-optimizer nvme --disk-reference-paired-split "
-      "--nvme-path " +
-          dir.path(),
-      "2>&1");
-  EXPECT_NE(alone.exit_code, 0) << alone.out;
-  EXPECT_NE(alone.out.find("--disk-reference-paired"), std::string::npos) << alone.out;
   const ProcessResult both = Bench(args + " --overlap-step", "2>&1");
   EXPECT_NE(both.exit_code, 0) << both.out;
-  EXPECT_NE(both.out.find("--disk-reference-paired"), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("--disk-reference-paired-split"), std::string::npos) << both.out;
 }
 
 TEST(BenchEngineCli, NvmeRunCarriesTheIssuesFigures) {
   strata::testing::TempDir dir("bench-engine");
   const ProcessResult r = Bench(std::string(kTiny) +
                                 "--stage 3 --offload-optimizer nvme --offload-param nvme "
-                                "--disk-size 8M --disk-reference-max 16M --json --nvme-path " +
+                                "--json --nvme-path " +
                                 dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json j = Json(r);
   for (const char* k : {"step_s", "breakdown", "stall_fraction", "nvme_bytes_per_step",
-                        "disk_read_bytes_per_s", "disk_write_bytes_per_s", "disk_bound_s",
-                        "io_efficiency", "comm_bytes_per_rank", "ledger_comm_bytes_per_rank",
-                        "peak_bytes", "budget_bytes", "plan_bytes", "planner_bytes"}) {
+                        "comm_bytes_per_rank", "ledger_comm_bytes_per_rank", "peak_bytes",
+                        "budget_bytes", "plan_bytes", "planner_bytes"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
   for (const char* k : {"gather_wait_s", "reduce_wait_s", "optimizer_s", "optimizer_io_wait_s"}) {
@@ -238,55 +239,13 @@ TEST(BenchEngineCli, NvmeRunCarriesTheIssuesFigures) {
   EXPECT_EQ(j["offload_param"], "nvme");
   EXPECT_GT(j["step_s"].get<double>(), 0.0);
   EXPECT_GT(j["nvme_bytes_per_step"].get<double>(), 0.0);
-  EXPECT_GT(j["disk_write_bytes_per_s"].get<double>(), 0.0);  // the tiny model may read nothing
-  EXPECT_GT(j["disk_bound_s"].get<double>(), 0.0);
-  EXPECT_NEAR(j["io_efficiency"].get<double>(),
-              j["disk_bound_s"].get<double>() / j["step_s"].get<double>(), 1e-9);
-  EXPECT_NEAR(j["io_efficiency_mean"].get<double>(),
-              j["disk_bound_s"].get<double>() / j["step_s_mean"].get<double>(), 1e-9);
-  // The reference moved the step's read/write mix (each side rounded up to 1 MiB stripe units),
-  // capped by --disk-reference-max, at the engine's depth; the burst passes are kept apart.
-  const nlohmann::json& ref = j["disk_reference"];
-  const double rd = j["nvme_read_bytes_per_step"].get<double>();
-  const double wr = j["nvme_write_bytes_per_step"].get<double>();
-  const double cap = 16 << 20, unit = 1 << 20;
-  ASSERT_GT(rd + wr, cap) << "the tiny model no longer moves more than the cap";
-  const double scale = cap / (rd + wr);
-  EXPECT_TRUE(ref["measured"].get<bool>());
-  EXPECT_EQ(ref["block_bytes"].get<double>(), unit);
-  EXPECT_EQ(ref["queue_depth"].get<int>(), 8);  // aio.queue_depth's default
-  EXPECT_NEAR(ref["read_bytes"].get<double>(), rd * scale, unit);
-  EXPECT_NEAR(ref["write_bytes"].get<double>(), wr * scale, unit);
-  EXPECT_NEAR(j["disk_bound_s"].get<double>(),
-              ref["seconds"].get<double>() * (rd + wr) /
-                  (ref["read_bytes"].get<double>() + ref["write_bytes"].get<double>()),
-              1e-9);
-  // Its passes (--disk-reference-passes, default 3): the fastest counts; its IO cycled through
-  // all of the 16 MiB it moved (under the 256M default buffer memory).
-  const std::vector<double> passes = ref["pass_seconds"].get<std::vector<double>>();
-  ASSERT_EQ(passes.size(), 3u);
-  EXPECT_EQ(ref["seconds"].get<double>(), *std::min_element(passes.begin(), passes.end()));
-  EXPECT_EQ(ref["buffer_bytes"].get<double>(),
-            ref["read_bytes"].get<double>() + ref["write_bytes"].get<double>());
-  // It touched the steps' NVMe footprint (the default --disk-reference-span), all of it here.
-  EXPECT_GT(ref["footprint_bytes"].get<double>(), 0.0);
-  EXPECT_EQ(ref["footprint_bytes"].get<double>(), j["peak_bytes"]["nvme"].get<double>());
-  EXPECT_NEAR(ref["span_bytes"].get<double>(), ref["footprint_bytes"].get<double>(), unit);
-  EXPECT_NEAR(j["disk_read_bytes_per_s"].get<double>(),
-              ref["read_bytes"].get<double>() / ref["seconds"].get<double>(), 1e-3);
-  EXPECT_NEAR(j["disk_write_bytes_per_s"].get<double>(),
-              ref["write_bytes"].get<double>() / ref["seconds"].get<double>(), 1e-3);
-  EXPECT_TRUE(j["disk_burst_measured"].get<bool>());
-  EXPECT_GT(j["disk_burst_read_bytes_per_s"].get<double>(), 0.0);
-  EXPECT_GT(j["disk_burst_write_bytes_per_s"].get<double>(), 0.0);
-  EXPECT_NEAR(j["io_efficiency_burst"].get<double>(),
-              j["disk_bound_burst_s"].get<double>() / j["step_s"].get<double>(), 1e-9);
   EXPECT_GE(j["stall_fraction"].get<double>(), 0.0);
   EXPECT_LE(j["stall_fraction"].get<double>(), 1.0);
   EXPECT_EQ(j["comm_bytes_per_rank"].get<double>(), 0.0);  // one rank
   EXPECT_GT(j["plan_bytes"]["nvme"].get<double>(), 0.0);
   ExpectWithinBudgets(j);
   ExpectPhasesCoverTheStep(j, /*split=*/false);
+  ExpectEngineStats(j["engine_stats"], 3 + 2);  // the default warm-up and kTiny's steps
   // The run's own directory is gone; nothing else was left behind.
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
@@ -300,7 +259,7 @@ TEST(BenchEngineCli, SaveDirWritesACheckpointThatVerifies) {
   const std::string save = dir.path() + "/ckpt";
   const ProcessResult r = Bench(std::string(kTiny) +
                                 "--stage 3 --offload-optimizer nvme --offload-param nvme "
-                                "--disk-size 8M --json --nvme-path " +
+                                "--json --nvme-path " +
                                 dir.path() + " --save-dir " + save);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json j = Json(r);
@@ -339,8 +298,6 @@ TEST(BenchEngineCli, NoNvmeTierMovesNoNvmeBytes) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json j = Json(r);
   EXPECT_EQ(j["nvme_bytes_per_step"].get<double>(), 0.0);
-  EXPECT_EQ(j["disk_bound_s"].get<double>(), 0.0);
-  EXPECT_FALSE(j["disk_measured"].get<bool>());
   EXPECT_EQ(j["plan_bytes"]["nvme"].get<double>(), 0.0);
   EXPECT_GT(j["peak_bytes"]["host"].get<double>(), 0.0);  // the optimizer state lives there
   ExpectWithinBudgets(j);
@@ -354,7 +311,7 @@ TEST(BenchEngineCli, OverlapStepMeasuresWholeSteps) {
   strata::testing::TempDir dir("bench-engine-overlap");
   const std::string args = std::string(kTiny) +
                            "--stage 3 --offload-optimizer nvme --offload-param nvme "
-                           "--disk-size 0 --disk-reference-max 0 --json --nvme-path " +
+                           "--json --nvme-path " +
                            dir.path();
   const ProcessResult plain = Bench(args);
   ASSERT_EQ(plain.exit_code, 0) << plain.out;
@@ -408,23 +365,22 @@ TEST(BenchEngineCli, TwoRanksCommMatchesTheLedger) {
   ExpectWithinBudgets(s3);
 }
 
-// The paired references on 2 ranks: after each step every rank rewrites its own swap files at
-// once (mixed, then split); the pass moves all ranks' bytes of that step, its time is the
-// slowest rank's, and the phases' bytes are both ranks'.
+// The paired split reference on 2 ranks: after each step every rank rewrites its own swap files
+// at once; the pass moves all ranks' bytes of that step, its time is the slowest rank's, and the
+// phases' bytes are both ranks'.
 TEST(BenchEngineCli, TwoRanksPairedPassesMoveEveryRanksBytes) {
   strata::testing::TempDir dir("bench-paired-2");
   const nlohmann::json j = LaunchJson(
       " --params 8M --layers 8 --steps 3 --io-backend posix --stage 3 --offload-optimizer nvme "
-      "--offload-param nvme --disk-size 0 --disk-reference-max 0 --disk-reference-paired "
-      "--disk-reference-paired-split --json --nvme-path " +
+      "--offload-param nvme --disk-reference-paired-split --json --nvme-path " +
       dir.path());
-  ASSERT_TRUE(j.contains("disk_reference_paired")) << j;
+  ASSERT_TRUE(j.contains("disk_reference_paired_split")) << j;
   EXPECT_EQ(j["world_size"], 2);
   ASSERT_EQ(j["ranks"].size(), 2u);
-  const nlohmann::json& p = j["disk_reference_paired"];
-  ASSERT_TRUE(p["measured"].get<bool>()) << j.dump();
-  const auto reads = p["read_bytes"].get<std::vector<double>>();
-  const auto writes = p["write_bytes"].get<std::vector<double>>();
+  const nlohmann::json& sp = j["disk_reference_paired_split"];
+  ASSERT_TRUE(sp["measured"].get<bool>()) << j.dump();
+  const auto reads = sp["read_bytes"].get<std::vector<double>>();
+  const auto writes = sp["write_bytes"].get<std::vector<double>>();
   ASSERT_EQ(reads.size(), 3u);
   const double unit = 1 << 20;
   double rank_rd = 0, rank_wr = 0;
@@ -437,8 +393,6 @@ TEST(BenchEngineCli, TwoRanksPairedPassesMoveEveryRanksBytes) {
   // Each rank's pass rounds its own bytes up to whole units.
   EXPECT_NEAR((reads[0] + reads[1] + reads[2]) / 3, rank_rd, 2 * unit);
   EXPECT_NEAR((writes[0] + writes[1] + writes[2]) / 3, rank_wr, 2 * unit);
-  const nlohmann::json& sp = j["disk_reference_paired_split"];
-  ASSERT_TRUE(sp["measured"].get<bool>()) << j.dump();
   const auto split_s = sp["seconds"].get<std::vector<double>>();
   const auto split_rd = sp["read_seconds"].get<std::vector<double>>();
   const auto split_wr = sp["write_seconds"].get<std::vector<double>>();
@@ -484,8 +438,7 @@ TEST(BenchEngineCli, SweepReportsWhatDoesNotFitAndRecommends) {
   strata::testing::TempDir dir("bench-engine-sweep");
   // 2M params: stages 0-2 hold 16 B/param on the device (32 MB), over a 20 MB budget.
   const ProcessResult r =
-      Bench(std::string(kTiny) + "--sweep --device-gb 0.02 --disk-size 4M --json --nvme-path " +
-            dir.path());
+      Bench(std::string(kTiny) + "--sweep --device-gb 0.02 --json --nvme-path " + dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json j = Json(r);
   ASSERT_EQ(j["variants"].size(), 6u) << j;
@@ -524,27 +477,11 @@ TEST(BenchEngineCli, ASettingThatDoesNotFitExitsOne) {
   EXPECT_NE(j["refused"].get<std::string>().find("hbm"), std::string::npos) << j;
 }
 
-// --disk-reference-span: 0 touches only what the reference moves; a SIZE that many bytes.
-TEST(BenchEngineCli, DiskReferenceSpanIsTheFileBytesTouched) {
-  strata::testing::TempDir dir("bench-engine-span");
-  for (const char* span : {"0", "48M"}) {
-    const ProcessResult r = Bench(std::string(kTiny) +
-                                  "--stage 3 --offload-optimizer nvme --offload-param nvme "
-                                  "--disk-size 0 --disk-reference-max 16M --disk-reference-passes "
-                                  "1 --json --disk-reference-span " +
-                                  span + " --nvme-path " + dir.path());
-    ASSERT_EQ(r.exit_code, 0) << span << "\n" << r.out;
-    const nlohmann::json ref = Json(r)["disk_reference"];
-    const double moved = ref["read_bytes"].get<double>() + ref["write_bytes"].get<double>();
-    EXPECT_EQ(ref["span_bytes"].get<double>(), std::string(span) == "0" ? moved : 48 << 20) << span;
-  }
-}
-
 TEST(BenchEngineCli, BadFlagsAreUsageErrorsNamingTheFlag) {
-  for (const char* args : {"--stage 4", "--offload-optimizer moon", "--offload-param disk",
-                           "--params lots", "--layers 0", "--steps 0", "--dtype int8",
-                           "--io-backend floppy", "--disk-size 1.5M", "--max-reuse-distance x",
-                           "--host-gb -1", "--sweep --stage 3", "--disk-reference-span most"}) {
+  for (const char* args :
+       {"--stage 4", "--offload-optimizer moon", "--offload-param disk", "--params lots",
+        "--layers 0", "--steps 0", "--dtype int8", "--io-backend floppy", "--max-reuse-distance x",
+        "--host-gb -1", "--sweep --stage 3"}) {
     const ProcessResult r = Bench(args, "2>&1");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
     const std::string flag = std::string(args).substr(0, std::string(args).find(' '));
@@ -574,7 +511,7 @@ TEST(BenchEngineCli, SaveDirPairsReferenceAndCheckpoint) {
   const std::string save = dir.path() + "/save";
   const ProcessResult r = Bench(std::string(kTiny) +
                                 "--stage 3 --offload-optimizer nvme --offload-param nvme "
-                                "--disk-size 8M --json --save-repeat 3 --keep-last 2 "
+                                "--json --save-repeat 3 --keep-last 2 "
                                 "--nvme-path " +
                                 dir.path() + " --save-dir " + save);
   ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -627,7 +564,7 @@ TEST(BenchEngineCli, SaveDirRetentionFromTheConfig) {
   std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 1,
                             "checkpoint": {"keep_last": 2, "recycle_files": true}})";
   const std::string args = std::string(kTiny) +
-                           "--stage 3 --offload-optimizer nvme --disk-size 0 --json "
+                           "--stage 3 --offload-optimizer nvme --json "
                            "--save-repeat 3 --config " +
                            cfg + " --nvme-path " + dir.path() + " --save-dir " + dir.path() +
                            "/save";
@@ -639,7 +576,6 @@ TEST(BenchEngineCli, SaveDirRetentionFromTheConfig) {
     EXPECT_EQ(c["recycle_files"], !no_recycle) << c;
     ASSERT_EQ(c["pairs"].size(), 3u) << c;
     EXPECT_EQ(c["pairs"][2]["files"], no_recycle ? "new" : "recycled") << c;
-    EXPECT_FALSE(c["disk_measured"].get<bool>());  // --disk-size 0
     EXPECT_FALSE(std::filesystem::exists(dir.path() + "/save/bench-v0/s0"));
   }
 }
@@ -648,7 +584,7 @@ TEST(BenchEngineCli, SaveDirRetentionFromTheConfig) {
 TEST(BenchEngineCli, SaveDirReferenceIsEveryRankAtOnce) {
   strata::testing::TempDir dir("bench-engine-save2");
   const nlohmann::json j = LaunchJson(std::string(kTiny) +
-                                      "--stage 3 --offload-optimizer nvme --disk-size 8M --json "
+                                      "--stage 3 --offload-optimizer nvme --json "
                                       "--save-repeat 2 --nvme-path " +
                                       dir.path() + " --save-dir " + dir.path() + "/save");
   ASSERT_TRUE(j.contains("checkpoint")) << j;

@@ -1,7 +1,6 @@
 // `offloadctl bench nvme` end to end: valid JSON with the keys scripts depend on, the aio block
 // with the keys DeepSpeed reads today (fed back through strata's config reader), several
-// --nvme-path directories at once, the deprecated spellings, scratch files removed, clear errors
-// and exit codes.
+// --nvme-path directories at once, scratch files removed, clear errors and exit codes.
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -29,11 +28,6 @@ std::string Bin() {
 
 Ran Offloadctl(const std::string& args, bool with_stderr = true) {
   return testing::RunShell(Bin() + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null"));
-}
-
-// What the command writes to stderr alone.
-Ran OffloadctlStderr(const std::string& args) {
-  return testing::RunShell(Bin() + " " + args + " 2>&1 >/dev/null");
 }
 
 // The aio keys DeepSpeed 0.19.8 reads (runtime/swap_tensor/constants.py; see
@@ -134,36 +128,6 @@ TEST(BenchNvmeCli, SeveralNvmePathsAreMeasuredTogether) {
   EXPECT_NE(twice.out.find("given twice"), std::string::npos) << twice.out;
 }
 
-// The old spellings (--path, --backend) work for one more release, with a note on stderr; the
-// new ones print none.
-TEST(BenchNvmeCli, OldSpellingsStillWorkWithADeprecationNote) {
-  testing::TempDir dir("benchold");
-  const std::string args = " --size 8M --block-size 1M --queue-depth 2 --json";
-  Ran old_out = Offloadctl("bench nvme --path " + dir.path() + " --backend posix" + args,
-                           /*with_stderr=*/false);
-  ASSERT_EQ(old_out.exit_code, 0) << old_out.out;
-  nlohmann::json j = nlohmann::json::parse(old_out.out, nullptr, /*allow_exceptions=*/false);
-  ASSERT_FALSE(j.is_discarded()) << old_out.out;
-  EXPECT_EQ(j["nvme_paths"], nlohmann::json::array({dir.path()}));
-  EXPECT_EQ(j["backend"], "posix");
-  Ran old_err = OffloadctlStderr("bench nvme --path " + dir.path() + " --backend posix" + args);
-  EXPECT_NE(old_err.out.find("--path is deprecated and will be removed after this release; use "
-                             "--nvme-path"),
-            std::string::npos)
-      << old_err.out;
-  EXPECT_NE(old_err.out.find("--backend is deprecated"), std::string::npos) << old_err.out;
-  EXPECT_NE(old_err.out.find("use --io-backend"), std::string::npos) << old_err.out;
-  Ran new_err =
-      OffloadctlStderr("bench nvme --nvme-path " + dir.path() + " --io-backend posix" + args);
-  EXPECT_EQ(new_err.out.find("deprecated"), std::string::npos) << new_err.out;
-  // Hidden from --help, which names the new spellings.
-  Ran help = Offloadctl("bench nvme --help");
-  EXPECT_NE(help.out.find("--nvme-path"), std::string::npos) << help.out;
-  EXPECT_NE(help.out.find("--io-backend"), std::string::npos) << help.out;
-  EXPECT_EQ(help.out.find("--path"), std::string::npos) << help.out;
-  EXPECT_EQ(help.out.find("--backend "), std::string::npos) << help.out;
-}
-
 TEST(BenchNvmeCli, SweepOverPosixReportsEveryPointAndTheBest) {
   testing::TempDir dir("benchsweep");
   Ran r = Offloadctl(
@@ -190,9 +154,11 @@ TEST(BenchNvmeCli, BadInputGetsClearErrorsAndExitCodes) {
   Ran no_path = Offloadctl("bench nvme");
   EXPECT_EQ(no_path.exit_code, 2) << no_path.out;
   EXPECT_NE(no_path.out.find("--nvme-path"), std::string::npos) << no_path.out;
-  Ran both = Offloadctl("bench nvme --nvme-path " + dir.path() +
-                        " --io-backend posix --backend posix --size 8M");
-  EXPECT_EQ(both.exit_code, 2) << both.out;
+  // The spellings before --nvme-path and --io-backend are gone.
+  Ran old = Offloadctl("bench nvme --nvme-path " + dir.path() + " --backend posix --size 8M");
+  EXPECT_EQ(old.exit_code, 2) << old.out;
+  old = Offloadctl("bench nvme --path " + dir.path() + " --size 8M");
+  EXPECT_EQ(old.exit_code, 2) << old.out;
 }
 
 }  // namespace

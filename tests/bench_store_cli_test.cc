@@ -57,48 +57,6 @@ TEST(BenchStoreCli, JsonCarriesStallFractionAndPipelineRatio) {
 
 // The spellings before one CLI vocabulary (sizes in MiB/KiB, --io, --dir) work for one more
 // release: same configuration, same budgets, plus a deprecation note per old flag on stderr.
-TEST(BenchStoreCli, OldSpellingsStillWorkWithADeprecationNote) {
-  strata::testing::TempDir dir("bench-store-old");
-  const std::string small = " --json --layers 4 --compute-ms 0 --steps 2 --subgroups 3 ";
-  CliRun now = Offloadctl("bench store" + small +
-                              "--group-size 512K --device-budget 2M --host-budget 8M "
-                              "--prefetch-size 1M --subgroup-size 768K --stripe-size 64K "
-                              "--io-backend posix --nvme-path " +
-                              dir.path(),
-                          "2>/dev/null");
-  CliRun old = Offloadctl("bench store" + small +
-                              "--group-mb 0.5 --device-mb 2 --host-mb 8 --prefetch-mb 1 "
-                              "--subgroup-mb 0.75 --stripe-kb 64 --io uring --dir " +
-                              dir.path(),
-                          "2>/dev/null");
-  ASSERT_EQ(now.exit_code, 0) << now.out;
-  ASSERT_EQ(old.exit_code, 0) << old.out;
-  auto a = nlohmann::json::parse(now.out, nullptr, false);
-  auto b = nlohmann::json::parse(old.out, nullptr, false);
-  ASSERT_FALSE(a.is_discarded()) << now.out;
-  ASSERT_FALSE(b.is_discarded()) << old.out;
-  EXPECT_EQ(a["budget_bytes"], b["budget_bytes"]);
-  EXPECT_EQ(a["param_step"]["group_bytes"], 512u << 10);
-  EXPECT_EQ(b["param_step"]["group_bytes"], 512u << 10);
-  EXPECT_EQ(a["optimizer"]["subgroup_bytes"], b["optimizer"]["subgroup_bytes"]);
-  // stderr alone: one note per old flag, none for the new spellings.
-  CliRun notes = Offloadctl("bench store" + small +
-                                "--group-mb 0.5 --device-mb 2 --host-mb 8 --prefetch-mb 1 "
-                                "--subgroup-mb 0.75 --stripe-kb 64 --io posix --dir " +
-                                dir.path(),
-                            "2>&1 >/dev/null");
-  for (const char* flag : {"--group-mb", "--device-mb", "--host-mb", "--prefetch-mb",
-                           "--subgroup-mb", "--stripe-kb", "--io", "--dir"}) {
-    EXPECT_NE(notes.out.find(std::string(flag) + " is deprecated"), std::string::npos)
-        << flag << "\n"
-        << notes.out;
-  }
-  EXPECT_NE(notes.out.find("use --nvme-path"), std::string::npos) << notes.out;
-  EXPECT_NE(notes.out.find("use --group-size"), std::string::npos) << notes.out;
-  CliRun quiet = Offloadctl("bench store" + small + "--nvme-path " + dir.path(), "2>&1 >/dev/null");
-  EXPECT_EQ(quiet.out.find("deprecated"), std::string::npos) << quiet.out;
-}
-
 TEST(BenchStoreCli, BadOptionsAreUsageErrors) {
   CliRun r = Offloadctl("bench store --home moon");
   EXPECT_EQ(r.exit_code, 2) << r.out;
@@ -107,7 +65,7 @@ TEST(BenchStoreCli, BadOptionsAreUsageErrors) {
   EXPECT_EQ(r.exit_code, 2) << r.out;
   r = Offloadctl("bench store --io-backend floppy");
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  r = Offloadctl("bench store --io floppy");  // the old spelling checks its value too
+  r = Offloadctl("bench store --io posix");  // the old spellings are gone
   EXPECT_EQ(r.exit_code, 2) << r.out;
   r = Offloadctl("bench store --group-size 1.5M");
   EXPECT_EQ(r.exit_code, 2) << r.out;
@@ -115,7 +73,7 @@ TEST(BenchStoreCli, BadOptionsAreUsageErrors) {
   r = Offloadctl("bench store --stripe-size 1000");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("multiple of 4K"), std::string::npos) << r.out;
-  r = Offloadctl("bench store --group-size 1M --group-mb 1");  // both spellings of one value
+  r = Offloadctl("bench store --group-mb 1");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   r = Offloadctl("bench store --read-ahead -1");
   EXPECT_EQ(r.exit_code, 2) << r.out;

@@ -195,7 +195,7 @@ TEST(LeftoverReport, BenchNvmeNamesLeftoversTheirSizesAndTheCleanCommand) {
   fs::create_directory(d.File("strata-bench-store-DDDDDD"));
   WriteFile(d.File("strata-bench-store-DDDDDD/strata-swap-rank0.swp"), 4096);
   CliRun r =
-      Offloadctl("bench nvme --json --size 1M --block-size 64K --queue-depth 2 --path " + d.path());
+      Offloadctl("bench nvme --json --size 1M --block-size 64K --queue-depth 2 --nvme-path " + d.path());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_FALSE(nlohmann::json::parse(r.out, nullptr, false).is_discarded()) << r.out;
   EXPECT_NE(r.err.find("3 leftover(s) of strata runs that did not end cleanly in " + d.path()),
@@ -221,9 +221,9 @@ TEST(LeftoverReport, KilledBenchStoreIsReportedByTheNextRunAndCleaned) {
     const int null = open("/dev/null", O_WRONLY);
     dup2(null, 1);
     dup2(null, 2);
-    execl(Bin(), Bin(), "bench", "store", "--layers", "2", "--group-mb", "1", "--home", "nvme",
-          "--compute-ms", "200", "--steps", "100", "--subgroups", "1", "--subgroup-mb", "1", "--io",
-          "posix", "--dir", d.path().c_str(), static_cast<char*>(nullptr));
+    execl(Bin(), Bin(), "bench", "store", "--layers", "2", "--group-size", "1M", "--home", "nvme",
+          "--compute-ms", "200", "--steps", "100", "--subgroups", "1", "--subgroup-size", "1M",
+          "--io-backend", "posix", "--nvme-path", d.path().c_str(), static_cast<char*>(nullptr));
     std::_Exit(127);
   }
   std::string swap;
@@ -239,7 +239,7 @@ TEST(LeftoverReport, KilledBenchStoreIsReportedByTheNextRunAndCleaned) {
   ASSERT_FALSE(swap.empty()) << "bench store never made its swap file";
   ASSERT_TRUE(fs::exists(swap));
   CliRun report =
-      Offloadctl("bench nvme --size 1M --block-size 64K --queue-depth 2 --path " + d.path());
+      Offloadctl("bench nvme --size 1M --block-size 64K --queue-depth 2 --nvme-path " + d.path());
   ASSERT_EQ(report.exit_code, 0) << report.out << report.err;
   EXPECT_NE(report.err.find(swap + " ("), std::string::npos) << report.err;
   EXPECT_NE(report.err.find("offloadctl clean --nvme-path " + d.path()), std::string::npos)
@@ -253,8 +253,9 @@ TEST(LeftoverReport, BenchStoreAndBenchCommReportTheirBases) {
   TempDir d("report-bases");
   WriteFile(d.File("strata-bench-77.dat"), 4096);
   CliRun store = Offloadctl(
-      "bench store --json --layers 2 --group-mb 1 --device-mb 3 --host-mb 16 --prefetch-mb 2 "
-      "--compute-ms 0.5 --steps 2 --subgroups 2 --subgroup-mb 1 --io posix --dir " +
+      "bench store --json --layers 2 --group-size 1M --device-budget 3M --host-budget 16M "
+      "--prefetch-size 2M --compute-ms 0.5 --steps 2 --subgroups 2 --subgroup-size 1M "
+      "--io-backend posix --nvme-path " +
       d.path());
   ASSERT_EQ(store.exit_code, 0) << store.out << store.err;
   EXPECT_NE(store.err.find(d.File("strata-bench-77.dat")), std::string::npos) << store.err;
@@ -303,7 +304,7 @@ TEST(BenchNvmeFaults, FdatasyncAndFallocateFailuresAreNamedAndLeaveNothing) {
   const std::string preload = std::string("LD_PRELOAD=") + STRATA_FAULT_SHIM_PATH +
                               " ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0";
   const std::string args =
-      "bench nvme --size 1M --block-size 64K --queue-depth 2 --path " + d.path();
+      "bench nvme --size 1M --block-size 64K --queue-depth 2 --nvme-path " + d.path();
   CliRun sync = Offloadctl(args, preload + " STRATA_FAULT_FDATASYNC=5");
   EXPECT_EQ(sync.exit_code, 1) << sync.out << sync.err;
   EXPECT_NE(sync.err.find("fdatasync '" + d.path() + "/strata-bench-"), std::string::npos)
@@ -329,7 +330,7 @@ TEST(BenchNvmeFaults, NoODirectLeavesNoCreatingFile) {
         mount("none", mnt.c_str(), "ramfs", 0, nullptr) != 0) {
       std::_Exit(3);
     }
-    CliRun r = Offloadctl("bench nvme --size 1M --block-size 64K --queue-depth 2 --path " + mnt);
+    CliRun r = Offloadctl("bench nvme --size 1M --block-size 64K --queue-depth 2 --nvme-path " + mnt);
     const bool named = r.exit_code == 1 && r.err.find("O_DIRECT") != std::string::npos;
     std::fprintf(stderr, "exit %d: %s", r.exit_code, r.err.c_str());
     for (const auto& e : fs::directory_iterator(mnt)) {

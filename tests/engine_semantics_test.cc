@@ -414,8 +414,8 @@ TEST(EngineStats, WaitsCountTheStepInProgressAndSplitOutTheStore) {
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   StepTimings sum;
   for (int s = 0; s < spec.steps; ++s) {
-    const EngineStats& a = at_start[s];
-    const EngineStats& b = before_step[s];
+    const StepTimings& a = at_start[s].timings;
+    const StepTimings& b = before_step[s].timings;
     // The forward and backward of step s, before its Step: counted already.
     EXPECT_GT(b.gather_wait_ns, a.gather_wait_ns) << s;
     EXPECT_GT(b.gather_fetch_wait_ns, a.gather_fetch_wait_ns) << s;
@@ -433,13 +433,15 @@ TEST(EngineStats, WaitsCountTheStepInProgressAndSplitOutTheStore) {
     sum.reduce_wait_ns += t.reduce_wait_ns;
     sum.grad_lease_wait_ns += t.grad_lease_wait_ns;
     sum.optimizer_ns += t.optimizer_ns;
+    sum.step_ns += t.step_ns;
   }
-  const EngineStats& end = r.stats[0];
+  const StepTimings& end = r.stats[0].timings;
   EXPECT_EQ(end.gather_wait_ns, sum.gather_wait_ns);
   EXPECT_EQ(end.gather_fetch_wait_ns, sum.gather_fetch_wait_ns);
   EXPECT_EQ(end.reduce_wait_ns, sum.reduce_wait_ns);
   EXPECT_EQ(end.grad_lease_wait_ns, sum.grad_lease_wait_ns);
   EXPECT_EQ(end.optimizer_ns, sum.optimizer_ns);
+  EXPECT_EQ(end.step_ns, sum.step_ns);
 }
 
 TEST(EngineIo, Stage3StepNeverReadsTheParamsItReplaces) {
@@ -489,7 +491,7 @@ TEST(EngineIo, Stage3StepNeverReadsTheParamsItReplaces) {
 
 TEST(EngineIo, FlushRestsTheEngineSoItsSwapFilesCanBeRewrittenBetweenSteps) {
   // Between steps, Flush and a pass that reads every unit of the engine's own swap files and
-  // writes it back unchanged (bench engine --disk-reference-paired): the engine trains on,
+  // writes it back unchanged (bench engine --disk-reference-paired-split): the engine trains on,
   // verifying every read against its checksums, to the bits of a run without the passes. Flush
   // refuses while a gathered group is held.
   RunSpec spec;

@@ -107,31 +107,4 @@ TEST(OffloadctlBenchKernelsTest, ParamsReadLikePlansAndSizesTakeSuffixes) {
   EXPECT_EQ(Offloadctl("bench adam --params 1.5").exit_code, 2);  // not a whole count
 }
 
-// --array-mib and bench adam's --path (a dtype path, not a directory) work for one more release,
-// with a deprecation note on stderr.
-TEST(OffloadctlBenchKernelsTest, OldSpellingsStillWorkWithADeprecationNote) {
-  const std::string bin = OffloadctlPath();
-  CliRun r =
-      strata::testing::RunShell(bin +
-                                " bench adam --params 4K --threads 1 --reps 1 --array-mib 1 --json "
-                                "--path grad_fp16_out_bf16 2>/dev/null");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  const auto j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["dram"]["array_bytes"].get<size_t>(), size_t{1} << 20);
-  ASSERT_EQ(j["paths"].size(), 1u);
-  EXPECT_TRUE(j["paths"].contains("grad_fp16_out_bf16"));
-  CliRun err =
-      strata::testing::RunShell(bin +
-                                " bench adam --params 4K --threads 1 --reps 1 --array-mib 1 --json "
-                                "--path grad_fp16_out_bf16 2>&1 >/dev/null");
-  EXPECT_NE(err.out.find("--array-mib is deprecated"), std::string::npos) << err.out;
-  EXPECT_NE(err.out.find("use --array-size"), std::string::npos) << err.out;
-  EXPECT_NE(err.out.find("--path is deprecated"), std::string::npos) << err.out;
-  EXPECT_NE(err.out.find("use --dtype-path"), std::string::npos) << err.out;
-  err = strata::testing::RunShell(bin +
-                                  " bench dram --array-mib 1 --threads 1 --reps 1 --json "
-                                  "2>&1 >/dev/null");
-  EXPECT_NE(err.out.find("--array-mib is deprecated"), std::string::npos) << err.out;
-}
-
 }  // namespace

@@ -104,7 +104,7 @@ TEST(PlanEngineMemory, MeasuredPeakMatchesThePlannerPerTier) {
   const auto r =
       strata::testing::RunShell("timeout 300 " + Ctl() +
                                 " bench engine --params 32M --layers 8 --sweep --steps 1 "
-                                "--warmup-steps 1 --disk-size 0 --json --nvme-path " +
+                                "--warmup-steps 1 --json --nvme-path " +
                                 dir.path() + " 2>/dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   // Device for all 6 settings; host for the 3 offloaded ones; NVMe for the all-NVMe one.
@@ -120,7 +120,7 @@ TEST(PlanEngineMemory, MeasuredPeakMatchesThePlannerOnTwoRanks) {
   strata::testing::TempDir dir("plan-engine-memory-2");
   const auto r = strata::testing::RunShell(
       "timeout 300 " + Ctl() + " launch -n 2 -- " + Ctl() +
-      " bench engine --params 16M --layers 8 --sweep --steps 1 --warmup-steps 1 --disk-size 0 "
+      " bench engine --params 16M --layers 8 --sweep --steps 1 --warmup-steps 1 "
       "--json --nvme-path " +
       dir.path() + " 2>/dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -149,7 +149,7 @@ void ExpectScaleEffectsMatch(const ScaleCase& c) {
   const std::string bench =
       Ctl() +
       " bench engine --params 16M --layers 32 --stage 3 --offload-optimizer nvme "
-      "--offload-param nvme --steps 1 --warmup-steps 1 --disk-size 0 --json --nvme-path " +
+      "--offload-param nvme --steps 1 --warmup-steps 1 --json --nvme-path " +
       dir.path() + " " + c.flags;
   const std::string cmd =
       c.world == 1 ? bench : Ctl() + " launch -n " + std::to_string(c.world) + " -- " + bench;

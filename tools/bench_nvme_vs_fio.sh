@@ -4,7 +4,7 @@
 #   tools/bench_nvme_vs_fio.sh DIR [SIZE]        (SIZE default 2G; REPEAT=n rounds, default 3)
 #
 # fio: --ioengine=io_uring --direct=1 --bs=1m --iodepth=32, sequential write then read, plain and
-# with --fixedbufs. strata: `offloadctl bench nvme --path DIR --block-size 1M --queue-depth 32
+# with --fixedbufs. strata: `offloadctl bench nvme --nvme-path DIR --block-size 1M --queue-depth 32
 # --size SIZE --json`, with its IO buffers on huge pages (default) and on 4 KiB pages
 # (--no-huge-pages, like fio's malloc'd buffers).
 #
@@ -50,7 +50,7 @@ fio_pair() {
 strata_pair() {
   local name=$1; shift
   local out w r
-  out=$("$offloadctl" bench nvme --path "$dir" --block-size 1M --queue-depth 32 --size "$size" --json "$@")
+  out=$("$offloadctl" bench nvme --nvme-path "$dir" --block-size 1M --queue-depth 32 --size "$size" --json "$@")
   w=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['write_bytes_per_s'])" "$out")
   r=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['read_bytes_per_s'])" "$out")
   eval "${name}_w+=($w); ${name}_r+=($r)"

@@ -931,7 +931,7 @@ Result<void*> Engine::GradBuffer(size_t group) {
 EngineStats Engine::Stats() const {
   const Impl& e = *impl_;
   EngineStats s = e.totals;
-  zero::AddTimings(e.timings, &s);  // the step in progress counts up to now (EngineStats)
+  zero::AddTimings(e.timings, &s.timings);  // the step in progress counts up to now
   s.global_step = e.global_step;
   s.skipped_steps = e.skipped_steps;
   s.store = e.store->TakeStats(false);

@@ -42,15 +42,16 @@ inline uint64_t Since(Clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
 
-// Adds the waits of `t` (everything but step_ns) to `to`: the totals at each Step, and the
-// step in progress in Engine::Stats.
-inline void AddTimings(const StepTimings& t, EngineStats* to) {
+// Adds `t` to `to`, field by field: the totals at each Step, and the step in progress in
+// Engine::Stats (EngineStats::timings).
+inline void AddTimings(const StepTimings& t, StepTimings* to) {
   to->gather_wait_ns += t.gather_wait_ns;
   to->gather_fetch_wait_ns += t.gather_fetch_wait_ns;
   to->reduce_wait_ns += t.reduce_wait_ns;
   to->grad_lease_wait_ns += t.grad_lease_wait_ns;
   to->optimizer_ns += t.optimizer_ns;
   to->optimizer_io_wait_ns += t.optimizer_io_wait_ns;
+  to->step_ns += t.step_ns;
 }
 
 // One optimizer sub-group: a piece of one rank's shard of one group, with its four fp32 blocks.

@@ -399,7 +399,7 @@ Result<StepReport> Engine::Impl::Step() {
   if (launch) LaunchDeferredStep(grad_scale);  // takes the write-behind tickets along
   timings.step_ns = Since(t0);
   report.timings = timings;
-  zero::AddTimings(timings, &totals);
+  zero::AddTimings(timings, &totals.timings);
   timings = StepTimings{};
   return report;
 }

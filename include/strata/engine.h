@@ -236,12 +236,11 @@ struct EngineStats {
   // all-to-all, hpZ groups spanning nodes). Zero without ZeRO++.
   CommStats comm_intra, comm_inter;
   PerTier<uint64_t> peak_bytes{};  // engine-wide peak per tier (store + engine buffers)
-  // The StepTimings summed over every step, including the micro-steps of the step in progress
-  // (up to now), so a caller can time a phase by two Stats() calls. The parts that are waits on
-  // the store (gather_fetch_wait_ns, grad_lease_wait_ns) against the rest tell a store- or
-  // disk-bound backward from a CPU-bound one.
-  uint64_t gather_wait_ns = 0, gather_fetch_wait_ns = 0, reduce_wait_ns = 0, grad_lease_wait_ns = 0,
-           optimizer_ns = 0, optimizer_io_wait_ns = 0;
+  // Every step's StepTimings summed, including the micro-steps of the step in progress (up to
+  // now; its step_ns counts once its Step returns), so a caller can time a phase by two Stats()
+  // calls. The parts that are waits on the store (gather_fetch_wait_ns, grad_lease_wait_ns)
+  // against the rest tell a store- or disk-bound backward from a CPU-bound one.
+  StepTimings timings;
 };
 
 // What the engine places where: per tier, bytes of this rank's states and buffers.
@@ -357,8 +356,8 @@ class Engine {
   // of a block back to its home and waits for every operation queued on the store (prefetches
   // included). On OK the engine has no IO in flight and starts none until the next call, so a
   // tool may measure the disk under the swap files meanwhile (`offloadctl bench engine
-  // --disk-reference-paired` rewrites their bytes unchanged). Costs nothing after a Step but the
-  // wait: Step leaves no dirty NVMe-homed copy. FailedPrecondition while gathered groups are
+  // --disk-reference-paired-split` rewrites their bytes unchanged). Costs nothing after a Step but
+  // the wait: Step leaves no dirty NVMe-homed copy. FailedPrecondition while gathered groups are
   // held; a write-back's error (naming the block) fails the engine.
   Status Flush();
   // This rank's NVMe swap files, one per nvme_path (empty without an NVMe tier). The engine owns

@@ -259,181 +259,13 @@ Status CreateScratchFile(const std::string& dir, uint64_t size_bytes, ScratchFil
   return Status::OK();
 }
 
-// One stream of the mixed reference: its units (op, file, offset) in issue order, kept
-// queue_depth deep on its own backend.
-struct MixUnit {
-  IoOp op;
+// One unit of a rewrite pass: its file and offset.
+struct Unit {
   int fd;
   uint64_t offset;
 };
 
-Status RunUnits(IoBackend& io, const std::vector<char*>& bufs, size_t depth, size_t bs,
-                const std::vector<MixUnit>& units, bool prefill) {
-  std::vector<IoRequest> batch;
-  batch.reserve(depth);
-  std::vector<IoCompletion> done(depth);
-  // Free buffers, least recently used first: with more buffers than the depth, the units cycle
-  // through all of them (NvmeMixOptions "Buffers"); completions may come back in any order.
-  std::deque<size_t> free_bufs;
-  for (size_t i = 0; i < bufs.size(); ++i) free_bufs.push_back(i);
-  size_t next = 0;
-  auto request = [&]() {
-    const MixUnit& u = units[next++];
-    const size_t b = free_bufs.front();
-    free_bufs.pop_front();
-    const IoOp op = prefill ? IoOp::kWrite : u.op;
-    if (op == IoOp::kWrite) StampUnique(bufs[b], bs);
-    return IoRequest{op, u.fd, u.offset, bufs[b], bs, b};
-  };
-  while (batch.size() < depth && next < units.size()) batch.push_back(request());
-  STRATA_RETURN_IF_ERROR(io.Submit(batch));
-  while (io.inflight() > 0) {
-    STRATA_ASSIGN_OR_RETURN(size_t n, io.Reap(done, 1));
-    for (size_t i = 0; i < n; ++i) {
-      STRATA_RETURN_IF_ERROR(done[i].status);
-      free_bufs.push_back(static_cast<size_t>(done[i].user_data));
-    }
-    batch.clear();
-    for (size_t i = 0; i < n && next < units.size(); ++i) batch.push_back(request());
-    if (!batch.empty()) STRATA_RETURN_IF_ERROR(io.Submit(batch));
-  }
-  return Status::OK();
-}
-
 }  // namespace
-
-Result<NvmeMixResult> RunNvmeMix(const NvmeMixOptions& o) {
-  if (o.dirs.empty()) return Status::InvalidArgument("no benchmark directory");
-  STRATA_RETURN_IF_ERROR(CheckBlockBytes(o.block_bytes));
-  if (o.queue_depth == 0 || o.queue_depth > 4096 || o.streams == 0 || o.streams > 256) {
-    return Status::InvalidArgument("queue depth " + std::to_string(o.queue_depth) +
-                                   " (1..4096) or streams " + std::to_string(o.streams) +
-                                   " (1..256) out of range");
-  }
-  if (o.passes == 0 || o.passes > 64) {
-    return Status::InvalidArgument("mixed disk reference: " + std::to_string(o.passes) +
-                                   " passes (1..64)");
-  }
-  const uint64_t bs = o.block_bytes;
-  const uint64_t reads = (o.read_bytes + bs - 1) / bs, writes = (o.write_bytes + bs - 1) / bs;
-  const uint64_t total = reads + writes;
-  if (total == 0) return Status::InvalidArgument("mixed disk reference: nothing to move");
-  STRATA_RETURN_IF_ERROR(CheckDirs(o.dirs));
-  const size_t nfiles = o.dirs.size();
-  // The span: the file positions (units) the passes touch, every one written by the prefill.
-  const uint64_t span = o.span_bytes == 0 ? total : std::max<uint64_t>(1, o.span_bytes / bs);
-  std::vector<ScratchFile> files(nfiles);
-  for (size_t d = 0; d < nfiles; ++d) {
-    const uint64_t units_here = span / nfiles + (d < span % nfiles ? 1 : 0);
-    STRATA_RETURN_IF_ERROR(
-        CreateScratchFile(o.dirs[d], std::max<uint64_t>(1, units_here) * bs, &files[d]));
-  }
-  // Position p: file p mod #files, at (p / #files) blocks; the prefill writes each, position p
-  // issued by stream p mod #streams.
-  auto at = [&](uint64_t p, IoOp op) {
-    return MixUnit{op, files[p % nfiles].fd, (p / nfiles) * bs};
-  };
-  std::vector<std::vector<MixUnit>> prefill(o.streams);
-  for (uint64_t p = 0; p < span; ++p) prefill[p % o.streams].push_back(at(p, IoOp::kWrite));
-  // Unit k of pass i: a read when the reads' share of the first k+1 units grows at k (reads
-  // spread evenly among the writes), at position k mod span (a span smaller than the pass is
-  // revisited in order) or, with a larger span, k x span / total shifted by i / passes of that
-  // stride (spread over all of it, each pass on positions the others did not just touch); stream
-  // k mod #streams issues it.
-  auto pass_units = [&](size_t pass) {
-    std::vector<std::vector<MixUnit>> per_stream(o.streams);
-    const uint64_t shift = span <= total ? 0 : (span / total) * pass / o.passes;
-    for (uint64_t k = 0; k < total; ++k) {
-      const bool read = (k + 1) * reads / total > k * reads / total;
-      const uint64_t p = span <= total ? k % span : (k * span / total + shift) % span;
-      per_stream[k % o.streams].push_back(at(p, read ? IoOp::kRead : IoOp::kWrite));
-    }
-    return per_stream;
-  };
-  std::vector<std::vector<std::vector<MixUnit>>> passes;  // [pass][stream]
-  for (size_t i = 0; i < o.passes; ++i) passes.push_back(pass_units(i));
-  // Each stream's buffer memory: buffer_bytes in whole blocks, at most what the stream moves,
-  // at least queue_depth blocks.
-  const uint64_t stream_units = (total + o.streams - 1) / o.streams;
-  const size_t stream_blocks =
-      std::max<size_t>(o.queue_depth, std::min<uint64_t>(o.buffer_bytes / bs, stream_units));
-  cpu::PinnedPoolOptions po;
-  const size_t stream_bytes = stream_blocks * bs;
-  po.budget_bytes = o.streams * ((stream_bytes + cpu::kHugePageBytes - 1) / cpu::kHugePageBytes *
-                                 cpu::kHugePageBytes);
-  po.huge_pages = o.huge_pages;
-  po.register_with_cuda = false;
-  STRATA_ASSIGN_OR_RETURN(auto pool, cpu::PinnedPool::Create(po));
-  std::vector<cpu::PinnedBuffer> mem;
-  for (size_t t = 0; t < o.streams; ++t) {
-    STRATA_ASSIGN_OR_RETURN(cpu::PinnedBuffer b, pool->Allocate(stream_bytes));
-    FillIncompressible(b.data(), b.size_bytes(), 1 + t);
-    mem.push_back(std::move(b));
-  }
-  // Barriers as RunPoint: ready | prefill | mixed pass. Each thread owns its ring.
-  std::barrier sync(static_cast<std::ptrdiff_t>(o.streams + 1));
-  std::vector<Status> status(o.streams);
-  std::vector<std::string> notes(o.streams);
-  std::vector<std::thread> threads;
-  for (size_t t = 0; t < o.streams; ++t) {
-    threads.emplace_back([&, t] {
-      IoBackendOptions io;
-      io.kind = o.backend;
-      io.queue_depth = o.queue_depth;
-      io.single_issuer = true;
-      io.register_files_and_buffers = o.fixed_buffers;
-      std::unique_ptr<IoBackend> backend;
-      auto opened = OpenIoBackend(io);
-      if (opened.ok()) {
-        backend = std::move(opened).value();
-        for (const ScratchFile& f : files) {
-          if (status[t].ok()) status[t] = backend->RegisterFile(f.fd, f.path);
-        }
-        if (o.fixed_buffers) backend->RegisterBuffer(mem[t].data(), stream_bytes).IgnoreError();
-      } else {
-        status[t] = opened.status();
-      }
-      std::vector<char*> bufs;
-      for (size_t i = 0; i < stream_blocks; ++i) bufs.push_back(mem[t].as<char>() + i * bs);
-      for (size_t pass = 0; pass <= o.passes; ++pass) {  // pass 0: the prefill
-        sync.arrive_and_wait();
-        if (status[t].ok()) {
-          status[t] = pass == 0
-                          ? RunUnits(*backend, bufs, o.queue_depth, bs, prefill[t], true)
-                          : RunUnits(*backend, bufs, o.queue_depth, bs, passes[pass - 1][t], false);
-        }
-        sync.arrive_and_wait();
-      }
-      if (backend)
-        notes[t] = std::string(IoBackendKindName(backend->kind())) + "|" + backend->note();
-      backend.reset();  // closed by the thread that owns the ring
-    });
-  }
-  NvmeMixResult r;
-  for (size_t pass = 0; pass <= o.passes; ++pass) {
-    sync.arrive_and_wait();
-    const auto t0 = Clock::now();
-    sync.arrive_and_wait();
-    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (pass == 0) {
-      r.prefill_write_bytes_per_s = static_cast<double>(span * bs) / secs;
-    } else {
-      r.pass_seconds.push_back(secs);
-    }
-  }
-  r.seconds = *std::min_element(r.pass_seconds.begin(), r.pass_seconds.end());
-  for (auto& th : threads) th.join();
-  for (const Status& s : status) STRATA_RETURN_IF_ERROR(s);
-  r.read_bytes = reads * bs;
-  r.write_bytes = writes * bs;
-  r.buffer_bytes = stream_bytes;
-  r.span_bytes = span * bs;
-  const size_t bar = notes[0].find('|');
-  r.backend = notes[0].substr(0, bar);
-  r.note = notes[0].substr(bar + 1);
-  if (!pool->note().empty()) r.note += (r.note.empty() ? "" : "; ") + pool->note();
-  return r;
-}
 
 Result<NvmeRewriteResult> RunNvmeRewrite(const NvmeRewriteOptions& o) {
   if (o.files.empty()) return Status::InvalidArgument("rewrite pass: no file");
@@ -473,12 +305,12 @@ Result<NvmeRewriteResult> RunNvmeRewrite(const NvmeRewriteOptions& o) {
     units[f] = static_cast<uint64_t>(st.st_size) / bs;
   }
   // Positions: round r visits unit r of every file that has one (as the swap space stripes).
-  std::vector<MixUnit> span;
+  std::vector<Unit> span;
   for (uint64_t r = 0, more = 1; more != 0; ++r) {
     more = 0;
     for (size_t f = 0; f < fds.size(); ++f) {
       if (r < units[f]) {
-        span.push_back(MixUnit{IoOp::kRead, fds[f].fd, r * bs});
+        span.push_back(Unit{fds[f].fd, r * bs});
         more = 1;
       }
     }
@@ -522,40 +354,22 @@ Result<NvmeRewriteResult> RunNvmeRewrite(const NvmeRewriteOptions& o) {
   std::vector<Buf> bufs(nbuf);
   std::deque<size_t> free_bufs, ready;  // ready: read back, waiting to be written
   for (size_t b = 0; b < nbuf; ++b) free_bufs.push_back(b);
-  const uint64_t total = reads + writes;
   uint64_t issued_r = 0, issued_w = 0;
   std::vector<IoRequest> batch;
   batch.reserve(o.queue_depth);
   std::vector<IoCompletion> done(o.queue_depth);
   Status first;
-  // kMixed: the interleaved pass. Split: kRead and kWrite phases, each drained before the next.
-  enum class Phase { kMixed, kRead, kWrite };
-  Phase phase = o.split ? Phase::kRead : Phase::kMixed;
+  // Phases that only read and only write, each drained before the next starts.
+  bool reading = true;
   double phase_seconds[2] = {0, 0};  // read, write
   const auto t0 = Clock::now();
   auto phase_t0 = t0;
   while (true) {
     batch.clear();
     while (first.ok() && backend->inflight() + batch.size() < o.queue_depth) {
-      const bool can_read = issued_r < reads && !free_bufs.empty();
-      const bool can_write = !ready.empty();
-      bool read;
-      if (phase == Phase::kRead || phase == Phase::kWrite) {
-        read = phase == Phase::kRead;
-        if (!(read ? can_read : can_write)) break;
-      } else {
-        const uint64_t k = issued_r + issued_w;
-        const bool turn_read = issued_w >= writes || (k + 1) * reads / total > k * reads / total;
-        if (turn_read ? can_read : !can_write) {
-          if (!can_read) break;
-          read = true;
-        } else {
-          if (!can_write) break;
-          read = false;
-        }
-      }
+      if (reading ? issued_r >= reads || free_bufs.empty() : ready.empty()) break;
       size_t b;
-      if (read) {
+      if (reading) {
         b = free_bufs.front();
         free_bufs.pop_front();
         bufs[b].pos = position(issued_r);
@@ -568,8 +382,8 @@ Result<NvmeRewriteResult> RunNvmeRewrite(const NvmeRewriteOptions& o) {
         bufs[b].reading = false;
         ++issued_w;
       }
-      const MixUnit& u = span[bufs[b].pos];
-      batch.push_back(IoRequest{read ? IoOp::kRead : IoOp::kWrite, u.fd, u.offset,
+      const Unit& u = span[bufs[b].pos];
+      batch.push_back(IoRequest{reading ? IoOp::kRead : IoOp::kWrite, u.fd, u.offset,
                                 mem.as<char>() + b * bs, bs, b});
     }
     if (!batch.empty()) {
@@ -577,14 +391,13 @@ Result<NvmeRewriteResult> RunNvmeRewrite(const NvmeRewriteOptions& o) {
       if (!st.ok() && first.ok()) first = st;  // none of the batch was queued
     }
     if (backend->inflight() == 0) {
-      if (phase == Phase::kMixed || !first.ok()) break;
+      if (!first.ok()) break;
       // The phase is over: nothing more of its kind can start and its IO is done.
       const auto now = Clock::now();
-      phase_seconds[phase == Phase::kRead ? 0 : 1] +=
-          std::chrono::duration<double>(now - phase_t0).count();
+      phase_seconds[reading ? 0 : 1] += std::chrono::duration<double>(now - phase_t0).count();
       phase_t0 = now;
       if (ready.empty() && issued_r >= reads) break;
-      phase = phase == Phase::kRead ? Phase::kWrite : Phase::kRead;
+      reading = !reading;
       continue;
     }
     auto n = backend->Reap(done, 1);

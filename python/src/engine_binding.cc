@@ -41,6 +41,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "core/zero/engine_internal.h"
+#include "core/zero/engine_stats_json.h"
 #include "cpu/rendezvous/rendezvous.h"
 #include "python/src/binding_util.h"
 #include "sched/zero_partition.h"
@@ -82,6 +83,11 @@ std::string_view DTypeLabel(DType dt) {
     default:
       return "?";
   }
+}
+
+// JSON (zero::EngineStatsJson and the like) as the Python object json.loads makes of it.
+nb::object ToPython(const nlohmann::json& j) {
+  return nb::module_::import_("json").attr("loads")(j.dump());
 }
 
 nb::dict TierDict(const PerTier<uint64_t>& t) {
@@ -341,15 +347,7 @@ class PyEngine {
     d["loss_scale"] = rep.loss_scale;
     d["lr"] = rep.lr;
     d["clip_coefficient"] = rep.clip_coefficient;
-    nb::dict t;
-    t["gather_wait_ns"] = rep.timings.gather_wait_ns;
-    t["gather_fetch_wait_ns"] = rep.timings.gather_fetch_wait_ns;
-    t["reduce_wait_ns"] = rep.timings.reduce_wait_ns;
-    t["grad_lease_wait_ns"] = rep.timings.grad_lease_wait_ns;
-    t["optimizer_ns"] = rep.timings.optimizer_ns;
-    t["optimizer_io_wait_ns"] = rep.timings.optimizer_io_wait_ns;
-    t["step_ns"] = rep.timings.step_ns;
-    d["timings"] = t;
+    d["timings"] = ToPython(zero::StepTimingsJson(rep.timings));
     return d;
   }
 
@@ -365,56 +363,7 @@ class PyEngine {
     return nb::ndarray<nb::numpy, float>(data, {n}, owner);
   }
 
-  nb::dict Stats() {
-    EngineStats s = engine().Stats();
-    nb::dict d;
-    d["global_step"] = s.global_step;
-    d["skipped_steps"] = s.skipped_steps;
-    d["peak_bytes"] = TierDict(s.peak_bytes);
-    d["gather_wait_ns"] = s.gather_wait_ns;
-    d["gather_fetch_wait_ns"] = s.gather_fetch_wait_ns;
-    d["reduce_wait_ns"] = s.reduce_wait_ns;
-    d["grad_lease_wait_ns"] = s.grad_lease_wait_ns;
-    d["optimizer_ns"] = s.optimizer_ns;
-    d["optimizer_io_wait_ns"] = s.optimizer_io_wait_ns;
-    nb::dict store;
-    nb::dict moved;
-    for (Tier from : kAllTiers) {
-      for (Tier to : kAllTiers) {
-        if (s.store.bytes_moved[from][to] == 0) continue;
-        moved[nb::str((std::string(TierName(from)) + "->" + std::string(TierName(to))).c_str())] =
-            s.store.bytes_moved[from][to];
-      }
-    }
-    store["bytes_moved"] = moved;
-    store["stall_ns"] = s.store.stall_ns;
-    store["acquires"] = s.store.acquires;
-    store["acquire_hits"] = s.store.acquire_hits;
-    store["used_bytes"] = TierDict(s.store.used_bytes);
-    store["peak_bytes"] = TierDict(s.store.peak_bytes);
-    store["budget_bytes"] = TierDict(s.store.budget_bytes);
-    store["io_busy_ns"] = s.store.io_busy_ns;
-    store["io_bytes"] = s.store.io_bytes;
-    store["room_wait_ns"] = TierDict(s.store.room_wait_ns);
-    store["copy_bytes"] = s.store.copy_bytes;
-    store["evictions"] = s.store.evictions;
-    store["errors"] = s.store.errors;
-    d["store"] = store;
-    nb::dict comm;
-    for (size_t i = 0; i < kCommOpCount; ++i) {
-      const CommOpBytes& o = s.comm.ops[i];
-      nb::dict e;
-      e["calls"] = o.calls;
-      e["payload_bytes"] = o.payload_bytes;
-      e["sent_bytes"] = o.sent_bytes;
-      e["received_bytes"] = o.received_bytes;
-      e["wire_sent_bytes"] = o.wire_sent_bytes;
-      e["wire_received_bytes"] = o.wire_received_bytes;
-      comm[nb::str(std::string(CommOpName(static_cast<CommOp>(i))).c_str())] = e;
-    }
-    d["comm"] = comm;
-    return d;
-  }
+  nb::dict Stats() { return nb::cast<nb::dict>(ToPython(zero::EngineStatsJson(engine().Stats()))); }
 
   nb::dict Layout() {
     const EngineLayout& L = engine().layout();

@@ -276,7 +276,7 @@ def test_stats_are_the_engine_counters(tmp_path):
     assert s["comm"]["reduce_scatter"]["calls"] == 0
     assert s["comm"]["all_gather"]["calls"] == 0
     keys = ("gather_wait_ns", "gather_fetch_wait_ns", "reduce_wait_ns", "grad_lease_wait_ns",
-            "optimizer_ns", "optimizer_io_wait_ns")
+            "optimizer_ns", "optimizer_io_wait_ns", "step_ns")
     for key in keys:
         assert s[key] == sum(r["timings"][key] for r in reports), key
     # The store waits are parts of the Gather and reduction waits; the first step fetches every

@@ -12,9 +12,8 @@
 
 namespace strata::cli {
 
-// `--array-size SIZE` (1M to 1T) of bench dram and bench adam, into *bytes; and its old spelling
-// `--array-mib N` through `old`.
-void AddArraySize(CLI::App* cmd, DeprecatedFlags* old, uint64_t* bytes, const std::string& help);
+// `--array-size SIZE` (1M to 1T) of bench dram and bench adam, into *bytes.
+void AddArraySize(CLI::App* cmd, uint64_t* bytes, const std::string& help);
 
 // Defined in cmd_bench_dram.cc.
 nlohmann::json DramJson(const kernels::DramReport& report);

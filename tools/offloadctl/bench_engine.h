@@ -26,7 +26,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/zero/checkpoint_io.h"
-#include "nvme/bench/nvme_bench.h"
 #include "strata/checkpoint.h"
 #include "strata/comm.h"
 #include "strata/config.h"
@@ -60,31 +59,14 @@ struct BenchEngineArgs {
   double device_gb = 4;   // HostDevice budget
   std::string dtype;      // "" = the config's precision (bf16 without --config)
   std::string io_backend = "auto";
-  std::string max_reuse_distance;           // COUNT for stage3_max_reuse_distance ("" = config's)
-  uint64_t disk_size_bytes = 256ull << 20;  // bytes per pass of the disk measurement (0: none)
-  // The io_efficiency reference (StepDiskReference) moves min(the step's NVMe bytes, this): by
-  // default all of them, as the step does (a pass then takes about a step's IO time).
-  uint64_t disk_reference_max_bytes = uint64_t{1} << 40;
-  // Per rank: the memory the reference's IO cycles through (nvme::NvmeMixOptions::buffer_bytes;
-  // 0: only aio.queue_depth units, cache-hot, the reference before 2026-12-01).
-  uint64_t disk_reference_buffer_bytes = nvme::NvmeMixOptions{}.buffer_bytes;
-  // Mixed passes of the reference; the fastest counts (nvme::NvmeMixOptions::passes).
-  size_t disk_reference_passes = 3;
-  // The file bytes the reference touches (nvme::NvmeMixOptions::span_bytes): kSpanFootprint,
-  // the steps' NVMe footprint (every rank's swap file, as the steps touched), capped by the free
-  // space of the --nvme-path dirs; 0: the bytes the reference moves (the form before 2026-12-02).
-  static constexpr uint64_t kSpanFootprint = ~uint64_t{0};
-  uint64_t disk_reference_span_bytes = kSpanFootprint;
+  std::string max_reuse_distance;  // COUNT for stage3_max_reuse_distance ("" = config's)
   // After each measured step, Engine::Flush, then a pass of nvme::RunNvmeRewrite over the
-  // engine's own swap files moving that step's NVMe reads and writes (its bytes unchanged): a
-  // reference at the step's time on the step's extents. io_efficiency_paired is the median over
-  // steps of pass / step. Not with overlap_step (each pass waits for its step's optimizer).
-  bool disk_reference_paired = false;
-  // With it, after each mixed pass a second, split pass over the same files and the step's same
-  // bytes (nvme::NvmeRewriteOptions::split: read-only and write-only phases of at least 1 GiB,
-  // timed apart): the issue's own disk_bound_s, the step's reads at the disk's read rate plus
-  // its writes at its write rate, at the step's minutes. io_efficiency_paired_split is the
-  // median over steps of (read phases + write phases) / step.
+  // engine's own swap files moving that step's NVMe reads and writes (its bytes unchanged) in
+  // read-only and write-only phases of at least 1 GiB, timed apart: the issue's own
+  // disk_bound_s, the step's reads at the disk's read rate plus its writes at its write rate, at
+  // the step's minutes and on its extents. io_efficiency_paired_split is the median over steps of
+  // (read phases + write phases) / step. Not with overlap_step (each pass waits for its step's
+  // optimizer).
   bool disk_reference_paired_split = false;
   double timeout_s = 600;
   // ZeRO++ over the config's (README "ZeRO++"): --qwz, --qgz, --hpz K; the node size its
@@ -220,41 +202,17 @@ struct VariantResult {
   uint64_t checkpoint_bytes = 0;
   SaveOptions save_options;
   double checkpoint_host_peak_bytes = 0, checkpoint_stream_bytes = 0;
-  // The NVMe tier's IO shape (the mixed disk reference uses it): aio.queue_depth per rank.
+  // The NVMe tier's IO shape (the paired split reference uses it): aio.queue_depth per rank.
   size_t io_queue_depth = 8;
-  // --disk-reference-paired: per measured step, the pass's time (the slowest rank's; 0: no pass,
-  // the step read nothing from NVMe) and the bytes it moved (all ranks; each rank its own step's
-  // reads and writes over its swap files).
-  std::vector<double> paired_pass_s, paired_read_bytes, paired_write_bytes;
-  double paired_span_bytes = 0;  // the swap files' whole blocks, all ranks
-  // --disk-reference-paired-split: per measured step, the split pass's read phases and write
-  // phases (each the slowest rank's) and their sum (the slowest rank's; 0: no pass).
+  // --disk-reference-paired-split: per measured step, the pass's read phases and write phases
+  // (each the slowest rank's) and their sum (the slowest rank's; 0: no pass, the step read
+  // nothing from NVMe), and the bytes it moved (all ranks; each rank its own step's reads and
+  // writes over its swap files).
   std::vector<double> paired_split_s, paired_split_read_s, paired_split_write_s;
-};
-
-// The disk under the --nvme-path directories, measured by nvme/bench (O_DIRECT).
-struct DiskRates {
-  bool measured = false;
-  double read_bytes_per_s = 0, write_bytes_per_s = 0;
-  uint64_t bytes = 0;
-  std::string backend;
-};
-
-// The io_efficiency reference: the disk's own time for the step's NVMe bytes, measured after the
-// variant ran by nvme::RunNvmeMix with the step's read/write proportion, the swap space's stripe
-// unit, each rank's ring depth, one stream per rank, over min(the step's bytes,
-// --disk-reference-max) in the same --nvme-path directories, its IO cycling through
-// --disk-reference-buffer of memory per rank, over --disk-reference-span bytes of file (default
-// the steps' NVMe footprint, capped by the free space; `note` says when it was capped).
-struct StepDiskReference {
-  bool measured = false;
-  nvme::NvmeMixResult mix;
-  uint64_t footprint_bytes = 0;  // the steps' NVMe peak, all ranks
-  std::string span_note;
-  size_t block_bytes = 0, queue_depth = 0, streams = 0;
-  // The disk's time for `read` + `write` bytes in the reference's proportion (its time scaled
-  // by the bytes); 0 when not measured.
-  double BoundSeconds(double read, double write) const;
+  std::vector<double> paired_read_bytes, paired_write_bytes;
+  double paired_span_bytes = 0;  // the swap files' whole blocks, all ranks
+  // Rank 0's Engine::Stats after the measured steps, as zero::EngineStatsJson gives it.
+  nlohmann::json engine_stats;
 };
 
 // What every variant of one process shares.
@@ -308,14 +266,5 @@ Result<std::vector<double>> AllGatherDoubles(Communicator& comm, const std::vect
 double Median(std::vector<double> v);
 uint64_t NvmeRead(const StoreStats& s);
 uint64_t NvmeWrite(const StoreStats& s);
-
-// O_DIRECT write then read of `bytes` over `dirs` (1 MiB requests, 16 in flight per directory).
-Result<DiskRates> MeasureDisk(const std::vector<std::string>& dirs, uint64_t bytes,
-                              IoBackendKind kind);
-
-// Rank 0, after `r` ran: the mixed reference for its per-step NVMe bytes (all ranks). Not
-// measured (measured = false) when the step moved no NVMe bytes or the cap is 0.
-Result<StepDiskReference> MeasureStepDisk(const BenchEngineArgs& a, const BenchProcess& p,
-                                          const VariantResult& r);
 
 }  // namespace strata::cli

@@ -166,9 +166,7 @@ Status MeasureCheckpoint(const BenchEngineArgs& a, const CheckpointBench& c, Eng
       return MeasureDiskAllRanks(c.comm, dir, my_file_bytes, c.stream, c.timeout);
     };
     if (!pair.reference_first) STRATA_RETURN_IF_ERROR(checkpoint());
-    if (a.disk_size_bytes > 0) {
-      STRATA_ASSIGN_OR_RETURN(pair.disk, reference());
-    }
+    STRATA_ASSIGN_OR_RETURN(pair.disk, reference());
     if (pair.reference_first) STRATA_RETURN_IF_ERROR(checkpoint());
     STRATA_ASSIGN_OR_RETURN(std::vector<double> swaps,
                             AllGatherDoubles(c.comm, {my_swap, my_swap + 4}, c.timeout));

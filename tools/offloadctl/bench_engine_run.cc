@@ -1,17 +1,14 @@
 // `offloadctl bench engine`: one variant, run and measured (see bench_engine.h).
-#include <sys/statvfs.h>
-#include <unistd.h>
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "core/zero/engine_stats_json.h"
 #include "cpu/gloo_comm.h"
 #include "nvme/bench/nvme_bench.h"
 #include "strata/device.h"
@@ -152,7 +149,8 @@ class PhaseClock {
 
  private:
   static uint64_t StoreWait(const EngineStats& x) {
-    return x.gather_fetch_wait_ns + x.grad_lease_wait_ns + x.optimizer_io_wait_ns;
+    const StepTimings& t = x.timings;
+    return t.gather_fetch_wait_ns + t.grad_lease_wait_ns + t.optimizer_io_wait_ns;
   }
 
   const Engine& e_;
@@ -216,13 +214,11 @@ Result<std::unique_ptr<Engine>> CreateOrRefuse(const ModelSpec& model, EngineOpt
   return created.status().WithContext("Engine::Create");
 }
 
-// --disk-reference-paired: the engine brought to rest, every rank's pass over its own swap files
-// at once (each its own step's bytes), the slowest rank's time and all ranks' bytes into `r`.
-// `split`: the split pass (--disk-reference-paired-split) after the mixed one, into the
-// paired_split_* series.
-Status PairedDiskPass(const BenchEngineArgs& a, const BenchProcess& p, Communicator& comm,
-                      Engine& e, size_t index, double read_bytes, double write_bytes, bool split,
-                      VariantResult* r) {
+// --disk-reference-paired-split: the engine brought to rest, every rank's pass over its own swap
+// files at once (each its own step's bytes), the slowest rank's phases and all ranks' bytes into
+// `r`.
+Status PairedDiskPass(const BenchProcess& p, Communicator& comm, Engine& e, size_t index,
+                      double read_bytes, double write_bytes, VariantResult* r) {
   STRATA_RETURN_IF_ERROR(e.Flush().WithContext("paired disk reference: Engine::Flush"));
   // Every engine at rest before any rank's pass writes; a pass writes back only what it read, so
   // a step that read nothing from NVMe on some rank has no pass (noted once).
@@ -230,6 +226,8 @@ Status PairedDiskPass(const BenchEngineArgs& a, const BenchProcess& p, Communica
   STRATA_ASSIGN_OR_RETURN(
       std::vector<double> reads,
       AllGatherDoubles(comm, {!files.empty() && read_bytes >= 1.0 ? 1.0 : 0.0}, p.timeout));
+  nvme::NvmeRewriteResult pass;
+  double all_s = 0, rd_s = 0, wr_s = 0, rd = 0, wr = 0, span = 0;
   if (std::find(reads.begin(), reads.end(), 0.0) != reads.end()) {
     const std::string note =
         "paired disk reference: a step read nothing from NVMe on some rank (or it has no NVMe "
@@ -237,70 +235,51 @@ Status PairedDiskPass(const BenchEngineArgs& a, const BenchProcess& p, Communica
     if (std::find(r->notes.begin(), r->notes.end(), note) == r->notes.end()) {
       r->notes.push_back(note);
     }
-    if (split) {  // aligned with the steps: 0 is no pass
-      r->paired_split_s.push_back(0);
-      r->paired_split_read_s.push_back(0);
-      r->paired_split_write_s.push_back(0);
-    } else {
-      r->paired_pass_s.push_back(0);
-      r->paired_read_bytes.push_back(0);
-      r->paired_write_bytes.push_back(0);
+  } else {
+    // Phases of up to 1 GiB (the default buffer): each drain idles the queue for about one IO's
+    // latency, under 1 % of a phase here.
+    nvme::NvmeRewriteOptions o;
+    o.files = std::move(files);
+    o.read_bytes = static_cast<uint64_t>(read_bytes);
+    o.write_bytes = static_cast<uint64_t>(write_bytes);
+    o.block_bytes = TieredStoreOptions{}.stripe_unit_bytes;  // the engine leaves it at the default
+    o.queue_depth = r->io_queue_depth;
+    o.first_unit = index * 104729;  // successive passes start elsewhere
+    o.backend = p.io_kind;
+    auto ran = nvme::RunNvmeRewrite(o);
+    if (ran.ok()) pass = *ran;
+    const Status st = ran.status();
+    // Every rank reports (a failed pass as -1), so none waits for a peer that gave up.
+    STRATA_ASSIGN_OR_RETURN(
+        std::vector<double> all,
+        AllGatherDoubles(
+            comm,
+            {st.ok() ? pass.read_seconds : -1.0, pass.write_seconds,
+             static_cast<double>(pass.read_bytes), static_cast<double>(pass.write_bytes),
+             static_cast<double>(pass.span_bytes)},
+            p.timeout));
+    STRATA_RETURN_IF_ERROR(st.WithContext("paired disk reference"));
+    for (int q = 0; q < p.world; ++q) {
+      const double* f = all.data() + 5 * q;
+      if (f[0] < 0) {
+        return Status::Aborted("paired disk reference: rank " + std::to_string(q) +
+                               "'s pass failed (its own error says why)");
+      }
+      all_s = std::max(all_s, f[0] + f[1]);
+      rd_s = std::max(rd_s, f[0]);
+      wr_s = std::max(wr_s, f[1]);
+      rd += f[2];
+      wr += f[3];
+      span += f[4];
     }
-    return Status::OK();
+    r->paired_span_bytes = span;
   }
-  nvme::NvmeRewriteOptions o;
-  o.files = std::move(files);
-  o.read_bytes = static_cast<uint64_t>(read_bytes);
-  o.write_bytes = static_cast<uint64_t>(write_bytes);
-  o.block_bytes = TieredStoreOptions{}.stripe_unit_bytes;  // the engine leaves it at the default
-  o.queue_depth = r->io_queue_depth;
-  o.buffer_bytes = std::max<uint64_t>(a.disk_reference_buffer_bytes, 1);
-  if (split) {
-    // Phases of at least 1 GiB: each drain idles the queue for about one IO's latency, under
-    // 1 % of a phase here.
-    o.buffer_bytes = std::max<uint64_t>(o.buffer_bytes, uint64_t{1} << 30);
-    o.split = true;
-  }
-  o.first_unit = index * 104729 + (split ? 52361 : 0);  // successive passes start elsewhere
-  o.backend = p.io_kind;
-  nvme::NvmeRewriteResult pass;
-  auto ran = nvme::RunNvmeRewrite(o);
-  if (ran.ok()) pass = *ran;
-  const Status st = ran.status();
-  // Every rank reports (a failed pass as -1), so none waits for a peer that gave up.
-  STRATA_ASSIGN_OR_RETURN(
-      std::vector<double> all,
-      AllGatherDoubles(comm,
-                       {st.ok() ? pass.seconds : -1.0, static_cast<double>(pass.read_bytes),
-                        static_cast<double>(pass.write_bytes), static_cast<double>(pass.span_bytes),
-                        pass.read_seconds, pass.write_seconds},
-                       p.timeout));
-  STRATA_RETURN_IF_ERROR(st.WithContext("paired disk reference"));
-  double secs = 0, rd = 0, wr = 0, span = 0, rd_s = 0, wr_s = 0, split_s = 0;
-  for (int q = 0; q < p.world; ++q) {
-    const double* f = all.data() + 6 * q;
-    if (f[0] < 0) {
-      return Status::Aborted("paired disk reference: rank " + std::to_string(q) +
-                             "'s pass failed (its own error says why)");
-    }
-    secs = std::max(secs, f[0]);
-    rd += f[1];
-    wr += f[2];
-    span += f[3];
-    rd_s = std::max(rd_s, f[4]);
-    wr_s = std::max(wr_s, f[5]);
-    split_s = std::max(split_s, f[4] + f[5]);
-  }
-  if (split) {
-    r->paired_split_s.push_back(split_s);
-    r->paired_split_read_s.push_back(rd_s);
-    r->paired_split_write_s.push_back(wr_s);
-    return Status::OK();
-  }
-  r->paired_pass_s.push_back(secs);
+  // Aligned with the steps: 0 is no pass.
+  r->paired_split_s.push_back(all_s);
+  r->paired_split_read_s.push_back(rd_s);
+  r->paired_split_write_s.push_back(wr_s);
   r->paired_read_bytes.push_back(rd);
   r->paired_write_bytes.push_back(wr);
-  r->paired_span_bytes = span;
   return Status::OK();
 }
 
@@ -338,22 +317,15 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicato
     progress.Say(line);
     if (s < a.warmup_steps) continue;
     r->step_s.push_back(x.wall_s);
-    if (a.disk_reference_paired) {
+    if (a.disk_reference_paired_split) {
       const EngineStats step_after = e.Stats();
-      progress.Say("bench engine: " + r->variant.Name() + ": paired disk pass " +
+      progress.Say("bench engine: " + r->variant.Name() + ": paired split disk pass " +
                    std::to_string(r->step_s.size()) + "/" + std::to_string(a.steps));
       const double rd =
           static_cast<double>(NvmeRead(step_after.store) - NvmeRead(step_before.store));
       const double wr =
           static_cast<double>(NvmeWrite(step_after.store) - NvmeWrite(step_before.store));
-      STRATA_RETURN_IF_ERROR(
-          PairedDiskPass(a, p, comm, e, r->step_s.size() - 1, rd, wr, /*split=*/false, r));
-      if (a.disk_reference_paired_split) {
-        progress.Say("bench engine: " + r->variant.Name() + ": paired split disk pass " +
-                     std::to_string(r->step_s.size()) + "/" + std::to_string(a.steps));
-        STRATA_RETURN_IF_ERROR(
-            PairedDiskPass(a, p, comm, e, r->step_s.size() - 1, rd, wr, /*split=*/true, r));
-      }
+      STRATA_RETURN_IF_ERROR(PairedDiskPass(p, comm, e, r->step_s.size() - 1, rd, wr, r));
     }
     const double n = a.steps;
     r->gather_wait_s += x.t.gather_wait_ns * 1e-9 / n;
@@ -368,6 +340,7 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicato
     }
   }
   const EngineStats after = e.Stats();
+  r->engine_stats = zero::EngineStatsJson(after);
   const double n = a.steps;
   RankFigures f;
   for (Tier t : kAllTiers) f.peak_bytes[static_cast<size_t>(t)] = after.peak_bytes[t];
@@ -662,85 +635,6 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   const size_t k = all.size() / static_cast<size_t>(p.world);
   for (int q = 0; q < p.world; ++q) r.ranks.push_back(Unpack(all.data() + k * q));
   return r;
-}
-
-Result<DiskRates> MeasureDisk(const std::vector<std::string>& dirs, uint64_t bytes,
-                              IoBackendKind kind) {
-  DiskRates d;
-  if (dirs.empty() || bytes == 0) return d;
-  nvme::NvmeBenchOptions o;
-  o.dirs = dirs;
-  o.size_bytes = bytes;
-  o.backend = kind;
-  nvme::NvmeBenchPoint point{size_t{1} << 20, 16, 1};
-  const uint64_t share = bytes / dirs.size();
-  while (point.block_bytes > 4096 && point.block_bytes > share) point.block_bytes /= 2;
-  STRATA_ASSIGN_OR_RETURN(auto res, nvme::RunNvmeBench(o, {point}));
-  d.measured = true;
-  d.read_bytes_per_s = res.front().read_bytes_per_s;
-  d.write_bytes_per_s = res.front().write_bytes_per_s;
-  d.bytes = res.front().bytes;
-  d.backend = res.front().backend;
-  return d;
-}
-
-double StepDiskReference::BoundSeconds(double read, double write) const {
-  const double ref = static_cast<double>(mix.read_bytes + mix.write_bytes);
-  if (!measured || ref <= 0) return 0;
-  return mix.seconds * (read + write) / ref;
-}
-
-Result<StepDiskReference> MeasureStepDisk(const BenchEngineArgs& a, const BenchProcess& p,
-                                          const VariantResult& r) {
-  StepDiskReference d;
-  double rd = 0, wr = 0;
-  for (const RankFigures& f : r.ranks) {
-    rd += f.nvme_read_bytes_per_step;
-    wr += f.nvme_write_bytes_per_step;
-  }
-  const double step_bytes = rd + wr;
-  if (!r.fits || p.nvme_dirs.empty() || step_bytes <= 0 || a.disk_reference_max_bytes == 0) {
-    return d;
-  }
-  const double scale = std::min(1.0, static_cast<double>(a.disk_reference_max_bytes) / step_bytes);
-  nvme::NvmeMixOptions o;
-  o.dirs = p.nvme_dirs;
-  o.read_bytes = static_cast<uint64_t>(rd * scale);
-  o.write_bytes = static_cast<uint64_t>(wr * scale);
-  o.block_bytes = TieredStoreOptions{}.stripe_unit_bytes;  // the engine leaves it at the default
-  o.queue_depth = r.io_queue_depth;
-  o.streams = static_cast<size_t>(p.world);
-  o.buffer_bytes = a.disk_reference_buffer_bytes;
-  o.passes = a.disk_reference_passes;
-  o.backend = p.io_kind;
-  for (const RankFigures& f : r.ranks) d.footprint_bytes += static_cast<uint64_t>(f.peak_bytes[2]);
-  if (a.disk_reference_span_bytes == BenchEngineArgs::kSpanFootprint) {
-    // The steps' files are gone (the engine closed): their space is free again. Keep 1 GiB per
-    // directory free for others.
-    uint64_t room = 0;
-    for (const std::string& dir : p.nvme_dirs) {
-      struct statvfs v {};
-      if (::statvfs(dir.c_str(), &v) != 0) {
-        return Status::FromErrno(errno, "disk reference: free space of", dir);
-      }
-      const uint64_t free = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
-      room += free > (uint64_t{1} << 30) ? free - (uint64_t{1} << 30) : 0;
-    }
-    o.span_bytes = std::min(d.footprint_bytes, room);
-    if (o.span_bytes < d.footprint_bytes) {
-      d.span_note = "the reference spans " + std::to_string(o.span_bytes) + " of the steps' " +
-                    std::to_string(d.footprint_bytes) +
-                    " NVMe bytes (free space of the --nvme-path dirs)";
-    }
-  } else {
-    o.span_bytes = a.disk_reference_span_bytes;
-  }
-  STRATA_ASSIGN_OR_RETURN(d.mix, nvme::RunNvmeMix(o));
-  d.measured = true;
-  d.block_bytes = o.block_bytes;
-  d.queue_depth = o.queue_depth;
-  d.streams = o.streams;
-  return d;
 }
 
 }  // namespace strata::cli

@@ -1,7 +1,6 @@
 #include "tools/offloadctl/cli_flags.h"
 
 #include <cctype>
-#include <cstdio>
 #include <limits>
 
 namespace strata::cli {
@@ -87,46 +86,9 @@ CLI::Option* AddIoBackendOption(CLI::App* cmd, std::string* name) {
 
 Result<IoBackendKind> IoBackendFromName(const std::string& name) {
   if (name == "auto") return IoBackendKind::kAuto;
-  if (name == "io_uring" || name == "uring") return IoBackendKind::kIoUring;
+  if (name == "io_uring") return IoBackendKind::kIoUring;
   if (name == "posix") return IoBackendKind::kPosix;
   return Status::InvalidArgument("IO backend must be auto, io_uring or posix, not '" + name + "'");
-}
-
-void DeprecatedFlags::Add(CLI::App* cmd, const std::string& old_name, const CLI::Option* current,
-                          ApplyFn apply) {
-  Entry e;
-  e.old_name = old_name;
-  e.current = current;
-  e.values = std::make_shared<std::vector<std::string>>();
-  e.apply = std::move(apply);
-  // Hidden from --help (empty group); one value per occurrence, as the new spelling takes.
-  e.old_option = cmd->add_option(old_name, *e.values, "")->group("")->allow_extra_args(false);
-  entries_.push_back(std::move(e));
-}
-
-bool DeprecatedFlags::Apply() const {
-  for (const Entry& e : entries_) {
-    if (e.old_option->count() == 0) continue;
-    const std::string now = e.current->get_name();
-    std::fprintf(stderr,
-                 "offloadctl %s: %s is deprecated and will be removed after this release; use "
-                 "%s\n",
-                 command_.c_str(), e.old_name.c_str(), now.c_str());
-    if (e.current->count() > 0 && e.current->get_expected_max() <= 1) {
-      std::fprintf(stderr, "offloadctl %s: give %s or its old spelling %s, not both\n",
-                   command_.c_str(), now.c_str(), e.old_name.c_str());
-      return false;
-    }
-    for (const std::string& v : *e.values) {
-      const std::string why = e.apply(v);
-      if (!why.empty()) {
-        std::fprintf(stderr, "offloadctl %s: %s: %s\n", command_.c_str(), e.old_name.c_str(),
-                     why.c_str());
-        return false;
-      }
-    }
-  }
-  return true;
 }
 
 }  // namespace strata::cli

@@ -4,15 +4,11 @@
 // - `--nvme-path DIR`, repeatable: a directory on the NVMe tier (DeepSpeed's `nvme_path`), on
 //   every subcommand that puts files there.
 // - `--io-backend auto|io_uring|posix`.
-// Old spellings stay for one release as hidden options: using one prints a deprecation note on
-// stderr and does what the new spelling does (DeprecatedFlags).
 //
 // Thread safety: none needed; everything here runs while the command line is parsed.
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -47,46 +43,7 @@ CLI::Option* AddNvmePathOption(CLI::App* cmd, std::vector<std::string>* dirs,
 
 // Adds `--io-backend auto|io_uring|posix` storing the name in *name.
 CLI::Option* AddIoBackendOption(CLI::App* cmd, std::string* name);
-// The backend named by --io-backend (or one of its deprecated spellings: "uring").
-// InvalidArgument names the accepted values.
+// The backend named by --io-backend. InvalidArgument names the accepted values.
 Result<IoBackendKind> IoBackendFromName(const std::string& name);
-
-// Old spellings of a subcommand's options, kept for one release.
-//
-//   DeprecatedFlags old("bench nvme");
-//   old.Add(cmd, "--path", nvme_path_option, [args](const std::string& v) {
-//     args->dirs.push_back(v);
-//     return std::string();
-//   });
-//   cmd->callback([=] { if (!old.Apply()) { *exit_code = kExitUsage; return; } ... });
-class DeprecatedFlags {
- public:
-  // Receives one value of the old spelling; returns "" or why the value is invalid.
-  using ApplyFn = std::function<std::string(const std::string&)>;
-
-  explicit DeprecatedFlags(std::string command) : command_(std::move(command)) {}
-
-  // Registers `old_name` on `cmd` as a hidden option taking one value per occurrence. `current`
-  // is the option that replaces it (named in the note); when it takes a single value, giving
-  // both spellings is a usage error.
-  void Add(CLI::App* cmd, const std::string& old_name, const CLI::Option* current, ApplyFn apply);
-
-  // First thing in the subcommand's callback: for each old spelling used, one note on stderr
-  //   offloadctl bench nvme: --path is deprecated and will be removed after this release; use
-  //   --nvme-path
-  // and its values applied in the order given. false (after a line on stderr) on a usage error.
-  bool Apply() const;
-
- private:
-  struct Entry {
-    std::string old_name;
-    const CLI::Option* old_option = nullptr;
-    const CLI::Option* current = nullptr;
-    std::shared_ptr<std::vector<std::string>> values;
-    ApplyFn apply;
-  };
-  std::string command_;
-  std::vector<Entry> entries_;
-};
 
 }  // namespace strata::cli

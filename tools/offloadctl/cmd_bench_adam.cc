@@ -178,25 +178,19 @@ void RegisterBenchAdam(CLI::App& bench, int* exit_code) {
   cmd->add_option("--reps", o->reps, "Timed steps per path and thread count; the fastest counts")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  DeprecatedFlags old("bench adam");
-  AddArraySize(cmd, &old, &o->array_bytes, "Bytes per array of the DRAM reference benchmark");
-  CLI::Option* dtype_path =
-      cmd->add_option("--dtype-path", o->paths,
-                      "Measure only this dtype path, e.g. grad_bf16_out_bf16 (repeatable; "
-                      "default: all nine grad {fp32,bf16,fp16} x out {none,bf16,fp16})")
-          ->type_name("NAME")
-          ->allow_extra_args(false);
-  old.Add(cmd, "--path", dtype_path, [o](const std::string& v) {
-    o->paths.push_back(v);
-    return std::string();
-  });
+  AddArraySize(cmd, &o->array_bytes, "Bytes per array of the DRAM reference benchmark");
+  cmd->add_option("--dtype-path", o->paths,
+                  "Measure only this dtype path, e.g. grad_bf16_out_bf16 (repeatable; "
+                  "default: all nine grad {fp32,bf16,fp16} x out {none,bf16,fp16})")
+      ->type_name("NAME")
+      ->allow_extra_args(false);
   cmd->add_flag("--bind", o->bind, "Bind worker threads to cores (hwloc)");
   cmd->add_flag("--stream-state", o->stream_state,
                 "Non-temporal stores for master/m/v too (the bf16/fp16 output always streams)");
   cmd->add_flag("--json", o->json,
                 "Print one JSON object: per path params_per_s, bytes_per_param, "
                 "effective_bytes_per_s, and nt_triad_bytes_per_s of the same run");
-  cmd->callback([o, exit_code, old] { *exit_code = old.Apply() ? Run(*o) : kExitUsage; });
+  cmd->callback([o, exit_code] { *exit_code = Run(*o); });
 }
 
 }  // namespace strata::cli

@@ -53,8 +53,7 @@ void RegisterBenchDram(CLI::App& bench, int* exit_code) {
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
-  DeprecatedFlags old("bench dram");
-  AddArraySize(cmd, &old, &o->array_bytes,
+  AddArraySize(cmd, &o->array_bytes,
                "Bytes per array (three arrays); must dwarf the last-level cache");
   cmd->add_option("--threads", o->threads,
                   "Measure 1, 2, 4, ... and THREADS threads (0: one per CPU)")
@@ -65,11 +64,7 @@ void RegisterBenchDram(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("--bind", o->bind, "Bind worker threads to cores (hwloc)");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of a table");
-  cmd->callback([o, exit_code, old] {
-    if (!old.Apply()) {
-      *exit_code = kExitUsage;
-      return;
-    }
+  cmd->callback([o, exit_code] {
     kernels::DramBenchOptions opt;
     opt.array_bytes = o->array_bytes;
     opt.max_threads = o->threads;

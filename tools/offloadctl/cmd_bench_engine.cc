@@ -157,7 +157,7 @@ nlohmann::json TierJson(const double* v) {
 // issue's disk_bound_s, and the phase's io_efficiency against it.
 nlohmann::json PhasesJson(const VariantResult& r) {
   std::vector<double> read_rates, write_rates;
-  for (size_t i = 0; i < r.paired_split_s.size() && i < r.paired_read_bytes.size(); ++i) {
+  for (size_t i = 0; i < r.paired_split_s.size(); ++i) {
     if (r.paired_split_read_s[i] > 0) {
       read_rates.push_back(r.paired_read_bytes[i] / r.paired_split_read_s[i]);
     }
@@ -202,8 +202,7 @@ nlohmann::json PhasesJson(const VariantResult& r) {
   return out;
 }
 
-nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, const DiskRates& d,
-                           const StepDiskReference& ref) {
+nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r) {
   nlohmann::json j;
   j["variant"] = r.variant.Name();
   j["stage"] = r.variant.stage;
@@ -246,70 +245,21 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
   j["nvme_bytes_per_step"] = rd + wr;
   j["nvme_read_bytes_per_step"] = rd;
   j["nvme_write_bytes_per_step"] = wr;
-  // The reference (README "offloadctl bench engine"): the step's read/write mix at its IO shape
-  // (StepDiskReference); the burst passes of --disk-size are kept beside it, named as such.
-  double burst_bound = 0;
-  if (d.measured && d.read_bytes_per_s > 0 && d.write_bytes_per_s > 0) {
-    burst_bound = rd / d.read_bytes_per_s + wr / d.write_bytes_per_s;
-  }
-  const double bound = ref.BoundSeconds(rd, wr);
-  j["disk_measured"] = ref.measured;
-  j["disk_read_bytes_per_s"] = ref.measured ? ref.mix.read_bytes / ref.mix.seconds : 0.0;
-  j["disk_write_bytes_per_s"] = ref.measured ? ref.mix.write_bytes / ref.mix.seconds : 0.0;
-  j["disk_reference"] = {{"kind", "mixed"},
-                         {"measured", ref.measured},
-                         {"read_bytes", ref.mix.read_bytes},
-                         {"write_bytes", ref.mix.write_bytes},
-                         {"seconds", ref.mix.seconds},
-                         {"block_bytes", ref.block_bytes},
-                         {"queue_depth", ref.queue_depth},
-                         {"streams", ref.streams},
-                         {"buffer_bytes", ref.mix.buffer_bytes},
-                         {"span_bytes", ref.mix.span_bytes},
-                         {"footprint_bytes", ref.footprint_bytes},
-                         {"pass_seconds", ref.mix.pass_seconds},
-                         {"prefill_write_bytes_per_s", ref.mix.prefill_write_bytes_per_s},
-                         {"backend", ref.mix.backend},
-                         {"note", ref.span_note.empty() || ref.mix.note.empty()
-                                      ? ref.mix.note + ref.span_note
-                                      : ref.mix.note + "; " + ref.span_note}};
-  j["disk_bound_s"] = bound;
-  j["io_efficiency"] = me.step_s > 0 ? bound / me.step_s : 0.0;
-  // Against the mean step: the whole measured window's time per step, edges included (with
-  // --overlap-step the last measured step also waits for its own optimizer step alone).
-  j["io_efficiency_mean"] = mean > 0 ? bound / mean : 0.0;
-  // --disk-reference-paired: each measured step against the pass that followed it.
-  std::vector<double> ratios;
-  for (size_t i = 0; i < r.paired_pass_s.size() && i < r.step_s.size(); ++i) {
-    if (r.paired_pass_s[i] > 0 && r.step_s[i] > 0)
-      ratios.push_back(r.paired_pass_s[i] / r.step_s[i]);
-  }
-  j["disk_reference_paired"] = {
-      {"measured", !ratios.empty()},       {"pass_seconds", r.paired_pass_s},
-      {"read_bytes", r.paired_read_bytes}, {"write_bytes", r.paired_write_bytes},
-      {"span_bytes", r.paired_span_bytes}, {"ratios", ratios}};
-  j["io_efficiency_paired"] = Median(ratios);
-  // --disk-reference-paired-split: the same steps against the split pass (read phases + write
-  // phases: the step's bytes at the disk's separate read and write rates).
+  // --disk-reference-paired-split: each measured step against the pass that followed it (read
+  // phases + write phases: the step's bytes at the disk's separate read and write rates).
   std::vector<double> split_ratios;
   for (size_t i = 0; i < r.paired_split_s.size() && i < r.step_s.size(); ++i) {
     if (r.paired_split_s[i] > 0 && r.step_s[i] > 0) {
       split_ratios.push_back(r.paired_split_s[i] / r.step_s[i]);
     }
   }
-  j["disk_reference_paired_split"] = {{"measured", !split_ratios.empty()},
-                                      {"seconds", r.paired_split_s},
-                                      {"read_seconds", r.paired_split_read_s},
-                                      {"write_seconds", r.paired_split_write_s},
-                                      {"ratios", split_ratios}};
+  j["disk_reference_paired_split"] = {
+      {"measured", !split_ratios.empty()},     {"seconds", r.paired_split_s},
+      {"read_seconds", r.paired_split_read_s}, {"write_seconds", r.paired_split_write_s},
+      {"read_bytes", r.paired_read_bytes},     {"write_bytes", r.paired_write_bytes},
+      {"span_bytes", r.paired_span_bytes},     {"ratios", split_ratios}};
   j["io_efficiency_paired_split"] = Median(split_ratios);
   j["phases"] = PhasesJson(r);
-  j["disk_burst_measured"] = d.measured;
-  j["disk_burst_bytes"] = d.bytes;
-  j["disk_burst_read_bytes_per_s"] = d.read_bytes_per_s;
-  j["disk_burst_write_bytes_per_s"] = d.write_bytes_per_s;
-  j["disk_bound_burst_s"] = burst_bound;
-  j["io_efficiency_burst"] = me.step_s > 0 ? burst_bound / me.step_s : 0.0;
   const CommBytes ledger_split = LedgerCommBytes(r);
   const double ledger = ledger_split.Total();
   const CommBytes measured = MeasuredCommSplit(r, me);
@@ -351,13 +301,8 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r, con
                      {"comm_wire_bytes", f.comm_wire_bytes_per_step}});
   }
   j["ranks"] = ranks;
+  j["engine_stats"] = r.engine_stats;
   j["notes"] = r.notes;
-  if (ref.measured && me.step_s > 0 && bound > 1.05 * me.step_s) {
-    j["notes"].push_back(
-        "io_efficiency above 1: the disk reference ran slower than the step's own "
-        "IO, so the disk changed between them (a shared disk's slow patch); "
-        "rerun, or raise --disk-reference-passes");
-  }
   if (!a.save_dir.empty()) j["checkpoint"] = CheckpointJson(r);
   return j;
 }
@@ -389,23 +334,6 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
   std::printf("  nvme %s GB/step (read %s, write %s)", Gb(j["nvme_bytes_per_step"]).c_str(),
               Gb(j["nvme_read_bytes_per_step"]).c_str(),
               Gb(j["nvme_write_bytes_per_step"]).c_str());
-  if (j["disk_measured"].get<bool>()) {
-    std::printf(
-        "; disk (the step's mix at once) read %.2f GB/s + write %.2f GB/s: disk-bound %.3f s, io "
-        "efficiency %.2f (%.2f against the mean step)",
-        j["disk_read_bytes_per_s"].get<double>() / 1e9,
-        j["disk_write_bytes_per_s"].get<double>() / 1e9, j["disk_bound_s"].get<double>(),
-        j["io_efficiency"].get<double>(), j["io_efficiency_mean"].get<double>());
-  }
-  if (j["disk_reference_paired"]["measured"].get<bool>()) {
-    std::printf(
-        "\n  paired with each step (its mix rewritten over its swap files): io efficiency "
-        "%.2f (median; per step",
-        j["io_efficiency_paired"].get<double>());
-    for (const auto& x : j["disk_reference_paired"]["ratios"])
-      std::printf(" %.2f", x.get<double>());
-    std::printf(")");
-  }
   if (j["disk_reference_paired_split"]["measured"].get<bool>()) {
     std::printf(
         "\n  paired, split (its reads and its writes each alone): io efficiency %.2f "
@@ -433,12 +361,6 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
                 x["copy_busy_fraction"].get<double>());
     std::printf(")");
     sep = ";";
-  }
-  if (j["disk_burst_measured"].get<bool>()) {
-    std::printf("\n  burst passes: read %.2f GB/s, write %.2f GB/s: io efficiency %.2f",
-                j["disk_burst_read_bytes_per_s"].get<double>() / 1e9,
-                j["disk_burst_write_bytes_per_s"].get<double>() / 1e9,
-                j["io_efficiency_burst"].get<double>());
   }
   std::printf("\n  comm %s GB/rank/step, ledger %s (x%.3f)\n", Gb(j["comm_bytes_per_rank"]).c_str(),
               Gb(j["ledger_comm_bytes_per_rank"]).c_str(), j["comm_vs_ledger"].get<double>());
@@ -519,7 +441,6 @@ int RunBenchEngine(const BenchEngineArgs& a) {
   const bool nvme =
       !a.nvme_paths.empty() || std::any_of(variants.begin(), variants.end(), UsesNvme);
   RunDirs dirs;
-  DiskRates disk;
   if (nvme) {
     std::vector<std::string> bases = a.nvme_paths;
     if (bases.empty()) bases.push_back(std::filesystem::temp_directory_path().string());
@@ -527,20 +448,11 @@ int RunBenchEngine(const BenchEngineArgs& a) {
     auto made = dirs.Make(bases);
     if (!made.ok()) return Fail(kExitInvalid, "--nvme-path: " + made.status().ToString());
     p.nvme_dirs = *made;
-    if (p.rank == 0 && a.disk_size_bytes > 0) {
-      std::fprintf(stderr, "bench engine: measuring the disk (%s O_DIRECT)\n",
-                   SizeString(a.disk_size_bytes).c_str());
-      auto d = MeasureDisk(p.nvme_dirs, a.disk_size_bytes, p.io_kind);
-      if (!d.ok()) return Fail(kExitInvalid, "disk measurement: " + d.status().ToString());
-      disk = *d;
-    }
   }
   if (!a.save_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(a.save_dir, ec);
     if (ec) return Fail(kExitInvalid, "--save-dir " + a.save_dir + ": " + ec.message());
-    // The checkpoint's own disk reference is measured per pair (bench_engine_ckpt.cc); the
-    // burst passes above stay on the --nvme-path dirs whose swap bytes they are compared with.
   }
   const std::string model_text = std::to_string(model->numel()) + " params in " +
                                  std::to_string(model->groups.size()) + " groups";
@@ -550,15 +462,7 @@ int RunBenchEngine(const BenchEngineArgs& a) {
     auto r = RunEngineVariant(a, v, *model, p);
     if (!r.ok()) return Fail(kExitInvalid, v.Name() + ": " + r.status().ToString());
     if (p.rank != 0) continue;
-    StepDiskReference ref;
-    if (!a.nvme_paths.empty() || UsesNvme(v)) {
-      std::fprintf(stderr, "bench engine: %s: measuring the disk for the step's NVMe bytes\n",
-                   v.Name().c_str());
-      auto m = MeasureStepDisk(a, p, *r);
-      if (!m.ok()) return Fail(kExitInvalid, "disk reference: " + m.status().ToString());
-      ref = *m;
-    }
-    nlohmann::json j = VariantJson(a, *r, disk, ref);
+    nlohmann::json j = VariantJson(a, *r);
     if (!a.sweep) {
       out = std::move(j);
       out["layers"] = a.layers;
@@ -577,8 +481,6 @@ int RunBenchEngine(const BenchEngineArgs& a) {
     out["params"] = model->numel();
     out["layers"] = a.layers;
     out["groups"] = model->groups.size();
-    out["disk_burst_read_bytes_per_s"] = disk.read_bytes_per_s;
-    out["disk_burst_write_bytes_per_s"] = disk.write_bytes_per_s;
     out["recommendation"] = best;
     fits = !best.is_null();
   } else {
@@ -612,8 +514,9 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
   CLI::App* c = bench.add_subcommand(
       "engine",
       "Train a synthetic model with the real ZeRO engine (HostDevice stand-in, Gloo) and report "
-      "the step time and its breakdown, stall fraction, NVMe traffic against the disk's own "
-      "O_DIRECT rate (io efficiency), comm bytes against the ledger, and peak memory per tier "
+      "the step time and its breakdown, stall fraction, NVMe traffic (with "
+      "--disk-reference-paired-split: against the disk's own read and write rates, io "
+      "efficiency), comm bytes against the ledger, and peak memory per tier "
       "against the budget and the plan. N ranks: offloadctl launch -n N -- offloadctl bench engine "
       "...; rank 0 prints.");
   c->add_option("--params", a->params, "Model parameters: 350M, 1.5B, 7e9 (k/M/B/T)")
@@ -676,62 +579,15 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
                 "stage3_max_reuse_distance (COUNT; 0: re-gather every layer in backward, as the "
                 "ledger's 1.5x assumes). Default: the config's (DeepSpeed: 1e9)")
       ->check(CountOrZero());
-  // SIZE options where 0 switches the measurement off (or, for the buffer and the span, to its
-  // old form); `word` (when given) is one more accepted value, standing for `word_bytes`.
-  const auto size_or_zero = [c](const char* name, uint64_t* bytes, const char* help,
-                                const char* word = nullptr, uint64_t word_bytes = 0) {
-    c->add_option_function<std::string>(
-         name,
-         [bytes, word, word_bytes](const std::string& v) {
-           *bytes = v == "0" ? 0 : word != nullptr && v == word ? word_bytes : *ParseSize(v);
-         },
-         help)
-        ->check(CLI::Validator(
-            [word](std::string& s) {
-              return s == "0" || (word != nullptr && s == word) ? std::string()
-                                                                : SizeArg({.min_bytes = 4096})(s);
-            },
-            ""))
-        ->type_name(word != nullptr ? std::string("SIZE|") + word : std::string("SIZE"))
-        ->default_str(word != nullptr && *bytes == word_bytes ? std::string(word)
-                                                              : SizeString(*bytes));
-  };
-  size_or_zero("--disk-size", &a->disk_size_bytes,
-               "Bytes per pass of the O_DIRECT burst measurement of the --nvme-path dirs (0: skip; "
-               "kept as disk_burst_*, not the io_efficiency reference)");
-  size_or_zero("--disk-reference-max", &a->disk_reference_max_bytes,
-               "io_efficiency's reference: after the steps, the step's NVMe read/write mix is "
-               "moved concurrently at the engine's IO size and depth over min(the step's bytes, "
-               "SIZE) in the --nvme-path dirs (0: skip)");
-  c->add_flag("--disk-reference-paired", a->disk_reference_paired,
-              "After each measured step, Engine::Flush and a pass over the engine's own swap "
-              "files moving that step's NVMe reads and writes in the same mix, every byte "
-              "rewritten unchanged (nvme::RunNvmeRewrite): io_efficiency_paired, the median of "
-              "pass / step, immune to a disk whose rate drifts between the steps and a later "
-              "reference")
-      ->excludes("--overlap-step");
   c->add_flag("--disk-reference-paired-split", a->disk_reference_paired_split,
-              "With --disk-reference-paired: after each mixed pass, a split pass over the same "
+              "After each measured step, Engine::Flush and a pass over the engine's own swap "
               "files moving the step's reads in read-only phases and its writes in write-only "
-              "phases (1 GiB or more each, timed apart): io_efficiency_paired_split, the median "
-              "of (read phases + write phases) / step, the step's bytes at the disk's separate "
-              "read and write rates at the step's minutes; it also prices each phase of the step "
-              "(JSON phases: forward, backward, optimizer, each io_efficiency_split)")
-      ->needs("--disk-reference-paired");
-  c->add_option("--disk-reference-passes", a->disk_reference_passes,
-                "Mixed passes of the io_efficiency reference over its prefilled file; the fastest "
-                "counts (the disk's best for the step's mix)")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  size_or_zero("--disk-reference-span", &a->disk_reference_span_bytes,
-               "File bytes the reference touches, all ranks: footprint (the steps' NVMe bytes, as "
-               "they touched them, capped by the free space), a SIZE, or 0 (only what it moves: "
-               "faster than the steps on a disk whose host caches what was recently touched)",
-               "footprint", BenchEngineArgs::kSpanFootprint);
-  size_or_zero("--disk-reference-buffer", &a->disk_reference_buffer_bytes,
-               "Memory per rank that the reference's IO cycles through, as the step's IO streams "
-               "through its host tier (0: only aio.queue_depth units, which the CPU caches hold: "
-               "faster than any step on a disk whose VMM copies each IO)");
+              "phases (up to 1 GiB each, timed apart), every byte rewritten unchanged "
+              "(nvme::RunNvmeRewrite): io_efficiency_paired_split, the median of (read phases + "
+              "write phases) / step, the step's bytes at the disk's separate read and write "
+              "rates at the step's minutes; it also prices each phase of the step (JSON phases: "
+              "forward, backward, optimizer, each io_efficiency_split)")
+      ->excludes("--overlap-step");
   c->add_flag("--qwz", a->qwz,
               "ZeRO++ qwZ (zero_quantized_weights): INT8 stage-3 parameter all-gather");
   c->add_flag("--qgz", a->qgz,
@@ -757,7 +613,7 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
                 "After the measured steps, run --save-repeat pairs under DIR/bench-v<N>/ (shared "
                 "by the ranks), each a checkpoint (Save, then Load; timed) and a reference (every "
                 "rank's stream at once, O_DIRECT with the checkpoint's chunk size, depth and size: "
-                "new file, overwrite, read; --disk-size 0 skips it), in alternating order: each "
+                "new file, overwrite, read), in alternating order: each "
                 "pair's ratio of the disk's time for the bytes moved (swap traffic too) to the "
                 "checkpoint's, and the medians (README \"bench engine --save-dir\")");
   c->add_option("--save-repeat", a->save_repeat,

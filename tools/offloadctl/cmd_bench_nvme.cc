@@ -134,10 +134,9 @@ void RegisterBenchNvme(CLI::App& parent, int* exit_code) {
       "directories, swept over block size x queue depth x threads through strata's io_uring "
       "path; prints the best setting and the DeepSpeed \"aio\" block for it. Uses a scratch "
       "file per directory, --size bytes in all, removed after.");
-  CLI::Option* nvme_path =
-      AddNvmePathOption(cmd, &args->nvme_paths,
-                        "Directory on a disk to measure (an nvme_path); repeat for several disks, "
-                        "measured at once with --threads threads each (their aggregate)");
+  AddNvmePathOption(cmd, &args->nvme_paths,
+                    "Directory on a disk to measure (an nvme_path); repeat for several disks, "
+                    "measured at once with --threads threads each (their aggregate)");
   cmd->add_option("--size", args->size, "Bytes per pass over all directories (default 1G)")
       ->check(SizeArg())
       ->type_name("SIZE");
@@ -155,7 +154,7 @@ void RegisterBenchNvme(CLI::App& parent, int* exit_code) {
                   "block's intra_op_parallelism (default 1)")
       ->delimiter(',')
       ->check(CLI::Range(1, 256));
-  CLI::Option* io_backend = AddIoBackendOption(cmd, &args->io_backend);
+  AddIoBackendOption(cmd, &args->io_backend);
   cmd->add_flag("--no-fixed-buffers", args->no_fixed_buffers,
                 "Do not register buffers with io_uring (to measure what registration buys)");
   cmd->add_flag("--no-huge-pages", args->no_huge_pages,
@@ -163,23 +162,7 @@ void RegisterBenchNvme(CLI::App& parent, int* exit_code) {
   cmd->add_flag("--json", args->json,
                 "Print JSON (keys read_bytes_per_s, write_bytes_per_s of the best point, results, "
                 "aio)");
-  DeprecatedFlags old("bench nvme");
-  old.Add(cmd, "--path", nvme_path, [args](const std::string& v) {
-    args->nvme_paths.push_back(v);
-    return std::string();
-  });
-  old.Add(cmd, "--backend", io_backend, [args](const std::string& v) {
-    if (!IoBackendFromName(v).ok() || v == "uring") {
-      return "'" + v + "' is not one of auto, io_uring, posix";
-    }
-    args->io_backend = v;
-    return std::string();
-  });
-  cmd->callback([args, exit_code, old] {
-    if (!old.Apply()) {
-      *exit_code = kExitUsage;
-      return;
-    }
+  cmd->callback([args, exit_code] {
     if (args->nvme_paths.empty()) {
       std::fprintf(stderr, "offloadctl bench nvme: --nvme-path DIR is required\n");
       *exit_code = kExitUsage;

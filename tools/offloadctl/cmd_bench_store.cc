@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -332,21 +331,13 @@ Status RunBenchStore(const BenchStoreArgs& a, nlohmann::json* out) {
   return Status::OK();
 }
 
-// A SIZE option of bench store kept in MiB (BenchStoreArgs' unit), and its old MiB spelling.
-void AddMibSize(CLI::App* c, DeprecatedFlags* old, const std::string& name,
-                const std::string& old_name, double* mib, const std::string& help) {
-  CLI::Option* opt = c->add_option_function<std::string>(
-                          name, [mib](const std::string& v) { *mib = *ParseSize(v) / kMiB; }, help)
-                         ->check(SizeArg())
-                         ->type_name("SIZE")
-                         ->default_str(SizeString(static_cast<uint64_t>(*mib * kMiB)));
-  old->Add(c, old_name, opt, [mib](const std::string& v) {
-    char* end = nullptr;
-    const double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0') return "'" + v + "' is not a number of MiB";
-    *mib = x;
-    return std::string();
-  });
+// A SIZE option of bench store kept in MiB (BenchStoreArgs' unit).
+void AddMibSize(CLI::App* c, const std::string& name, double* mib, const std::string& help) {
+  c->add_option_function<std::string>(
+       name, [mib](const std::string& v) { *mib = *ParseSize(v) / kMiB; }, help)
+      ->check(SizeArg())
+      ->type_name("SIZE")
+      ->default_str(SizeString(static_cast<uint64_t>(*mib * kMiB)));
 }
 
 }  // namespace
@@ -358,22 +349,20 @@ void RegisterBenchStore(CLI::App& bench, int* exit_code) {
       "Replay a synthetic ZeRO-3 step (prefetch over the tiered store) and an optimizer "
       "pipeline over NVMe-resident state; report stall fraction and pipeline ratio. "
       "The device is the CPU stand-in (HostDevice). Timings on a shared machine are noisy.");
-  DeprecatedFlags old("bench store");
   c->add_option("--layers", args->layers, "Parameter groups (layers)")->capture_default_str();
-  AddMibSize(c, &old, "--group-size", "--group-mb", &args->group_mb, "param16 bytes per group");
+  AddMibSize(c, "--group-size", &args->group_mb, "param16 bytes per group");
   c->add_option("--home", args->home, "Home tier of the params: device, host or nvme")
       ->capture_default_str();
   c->add_option("--compute-ms", args->compute_ms, "Simulated compute per layer use (ms)")
       ->capture_default_str();
   c->add_option("--steps", args->steps, "Steps (the first records the trace)")
       ->capture_default_str();
-  AddMibSize(c, &old, "--device-budget", "--device-mb", &args->device_mb,
-             "Device (HBM) cache budget");
-  AddMibSize(c, &old, "--host-budget", "--host-mb", &args->host_mb, "Pinned host cache budget");
-  AddMibSize(c, &old, "--prefetch-size", "--prefetch-mb", &args->prefetch_mb,
+  AddMibSize(c, "--device-budget", &args->device_mb, "Device (HBM) cache budget");
+  AddMibSize(c, "--host-budget", &args->host_mb, "Pinned host cache budget");
+  AddMibSize(c, "--prefetch-size", &args->prefetch_mb,
              "Prefetch lookahead (stage3_prefetch_bucket_size x 2 bytes)");
   c->add_option("--subgroups", args->subgroups, "Optimizer sub-groups")->capture_default_str();
-  AddMibSize(c, &old, "--subgroup-size", "--subgroup-mb", &args->subgroup_mb,
+  AddMibSize(c, "--subgroup-size", &args->subgroup_mb,
              "fp32 optimizer state (master, m, v) bytes per sub-group");
   c->add_option("--read-ahead", args->read_ahead, "Optimizer read-ahead depth")
       ->capture_default_str();
@@ -382,47 +371,24 @@ void RegisterBenchStore(CLI::App& bench, int* exit_code) {
   c->add_option("--pcie-gbps", args->pcie_gbps,
                 "Simulated host<->device link GB/s (0: memcpy speed)")
       ->capture_default_str();
-  CLI::Option* io = AddIoBackendOption(c, &args->io);
-  old.Add(c, "--io", io, [args](const std::string& v) {
-    if (!IoBackendFromName(v).ok()) return "'" + v + "' is not one of auto, io_uring, posix";
-    args->io = v;
-    return std::string();
-  });
-  CLI::Option* nvme_path = AddNvmePathOption(
+  AddIoBackendOption(c, &args->io);
+  AddNvmePathOption(
       c, &args->dirs,
       "Directory for the swap files (DeepSpeed's nvme_path); repeat for several SSDs (blocks are "
       "striped over all). A fresh subdirectory is made and removed in each (default: the temp "
       "dir)");
-  old.Add(c, "--dir", nvme_path, [args](const std::string& v) {
-    args->dirs.push_back(v);
-    return std::string();
-  });
-  CLI::Option* stripe =
-      c->add_option_function<std::string>(
-           "--stripe-size",
-           [args](const std::string& v) {
-             args->stripe_kb = static_cast<int>(*ParseSize(v) / 1024);
-           },
-           "Stripe unit over the --nvme-path directories, a multiple of 4K")
-          ->check(SizeArg({.multiple_bytes = 4096, .max_bytes = uint64_t{1} << 30}))
-          ->type_name("SIZE")
-          ->default_str(SizeString(uint64_t(args->stripe_kb) * 1024));
-  old.Add(c, "--stripe-kb", stripe, [args](const std::string& v) {
-    char* end = nullptr;
-    const long kb = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || kb > (1 << 20)) return "'" + v + "' is not a number of KiB";
-    args->stripe_kb = static_cast<int>(kb);
-    return std::string();
-  });
+  c->add_option_function<std::string>(
+       "--stripe-size",
+       [args](const std::string& v) { args->stripe_kb = static_cast<int>(*ParseSize(v) / 1024); },
+       "Stripe unit over the --nvme-path directories, a multiple of 4K")
+      ->check(SizeArg({.multiple_bytes = 4096, .max_bytes = uint64_t{1} << 30}))
+      ->type_name("SIZE")
+      ->default_str(SizeString(uint64_t(args->stripe_kb) * 1024));
   c->add_option("--threads", args->threads,
                 "Threads of the Adam KernelPool, the calling thread included (0: every CPU)")
       ->capture_default_str();
   c->add_flag("--json", args->json, "Print one JSON object");
-  c->callback([args, exit_code, old] {
-    if (!old.Apply()) {
-      *exit_code = kExitUsage;
-      return;
-    }
+  c->callback([args, exit_code] {
     nlohmann::json j;
     Status s = RunBenchStore(*args, &j);
     if (!s.ok()) {
