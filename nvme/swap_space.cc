@@ -367,9 +367,8 @@ size_t SwapSpace::NextUnitOp(IoOp dir, size_t* cursor) const {
 // that serves both directions at once has both in its queue. Issuing op by op in start order
 // sent the units of the ops queued first all together: when the optimizer's read-ahead and
 // write-behind fall into step (a tight host budget frees a sub-group's buffer only when its write
-// completes), the disk saw runs of reads alone and of writes alone (bench engine, 1B params,
-// host 3 GB: 1.75 GB/s reading alone, 2.3 GB/s writing alone, against 2.45-3.0 GB/s for both at
-// once on the same disk).
+// completes), the disk saw runs of reads alone and of writes alone, each slower than both
+// directions at once on a disk that serves them in parallel.
 void SwapSpace::Pump() {
   StartWaitingOps();
   while (!issuing_.empty() && io_->inflight() < io_->queue_depth()) {

@@ -68,8 +68,8 @@ struct SwapSpaceOptions {
   std::vector<std::string> paths;
   int rank = 0;
   // Bytes per stripe unit: a multiple of 4 KiB. Larger units mean fewer IOs, smaller ones spread
-  // a block over more paths and keep more IOs in flight. 1 MiB: where O_DIRECT IO at queue depth
-  // 32 reached full speed on the disks measured.
+  // a block over more paths and keep more IOs in flight. 1 MiB: large enough for O_DIRECT IO at
+  // queue depth 32 to reach a typical disk's full speed.
   size_t stripe_unit_bytes = size_t{1} << 20;
   // Filesystems without O_DIRECT (tmpfs) are refused unless this allows buffered IO there
   // (page cache: extra copies and memory the budget does not see).

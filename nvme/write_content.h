@@ -1,10 +1,9 @@
 // Content of the blocks a disk measurement writes (`bench nvme`'s write pass, the checkpoint's
 // reference passes): random, and never the same block twice.
 //
-// Why: a virtual disk may compress or deduplicate what it stores. On the 2-core VM this project
-// is measured on, fio wrote 1.82 GB/s with one buffer written again and again
-// (scramble_buffers=0) against 1.46 GB/s with its default, and the mixed read/write pass 2.25
-// against 1.54-1.68 GB/s. The engine's own blocks (fp32 master, Adam moments, 16-bit params,
+// Why: a virtual disk may compress or deduplicate what it stores, and then writes one buffer
+// again and again (fio's scramble_buffers=0) markedly faster than fresh content. The engine's own
+// blocks (fp32 master, Adam moments, 16-bit params,
 // gradients) repeat nowhere, so a reference that repeats a pattern is a faster disk than the one
 // the engine writes to. fio's defaults are followed: random buffers, and every write stamped
 // (scramble_buffers) so that no two blocks are equal.

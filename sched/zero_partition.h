@@ -1,6 +1,6 @@
 // ZeRO partitioning: how each group's flat buffer is split into world_size padded shards, and how
 // consecutive groups are bucketed for the coalesced all-gather / reduce-scatter. Pure arithmetic
-// over sizes (no buffers), executed by core/zero_collectives.h.
+// over sizes (no buffers), executed by core/zero/zero_collectives.h.
 //
 // Layouts (elements, one dtype):
 //  - full buffer: groups back to back, group g occupying padded_elems = world * shard_elems at

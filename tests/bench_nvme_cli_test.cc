@@ -31,7 +31,7 @@ Ran Offloadctl(const std::string& args, bool with_stderr = true) {
 }
 
 // The aio keys DeepSpeed 0.19.8 reads (runtime/swap_tensor/constants.py; see
-// DEEPSPEED-SEMANTICS.md), each with the field of strata's AioConfig it lands in.
+// docs/deepspeed-compat.md), each with the field of strata's AioConfig it lands in.
 int64_t AioField(const AioConfig& a, const std::string& key) {
   if (key == "block_size") return a.block_size;
   if (key == "queue_depth") return a.queue_depth;

@@ -82,7 +82,7 @@ TEST(LaunchCli, FileRendezvousWorksToo) {
 }
 
 TEST(LaunchCli, ReusingARendezvousDirectoryWorks) {
-  // The README recommends a fixed shared --rdzv-dir: every later run must still work.
+  // docs/collectives.md recommends a fixed shared --rdzv-dir: every later run must still work.
   const std::string dir =
       std::string(std::getenv("STRATA_TEST_TMPDIR") ? std::getenv("STRATA_TEST_TMPDIR") : "/tmp") +
       "/launch_rdzv_reuse_" + std::to_string(::getpid());

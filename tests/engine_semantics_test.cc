@@ -333,7 +333,7 @@ TEST(EngineSemantics, UnsupportedSettingsAreClearErrorsAtCreate) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// DeepSpeed's offload traps (DEEPSPEED-SEMANTICS.md)
+// DeepSpeed's offload traps (docs/deepspeed-compat.md, "DeepSpeed's offload pitfalls")
 // ------------------------------------------------------------------------------------------------
 
 // (a) shards and sub-groups whose sizes are not multiples of the O_DIRECT alignment, (b) the tied

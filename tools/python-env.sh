@@ -26,11 +26,33 @@ if command -v dpkg-query >/dev/null && [[ "$($py -c 'import sys; print(sys.prefi
 fi
 [[ -x "$venv/bin/python" ]] || "$py" -m venv "$venv"
 vpy="$venv/bin/python"
+# torch: the CPU wheel (~200 MB) from download.pytorch.org, else PyPI's (~3 GB with its CUDA
+# libraries). The first attempt's output is kept out of sight: an unreachable index is the
+# expected case on many machines, and pip's "Could not find a version" would read as a failure.
+# It is shown only when the fallback fails too.
+install_torch() {
+  local log
+  log=$(mktemp)
+  echo "python-env: installing torch, trying the CPU wheel from download.pytorch.org" >&2
+  if "$vpy" -m pip install -q --retries 0 --timeout 15 torch \
+      --index-url https://download.pytorch.org/whl/cpu >"$log" 2>&1; then
+    rm -f "$log"
+    return 0
+  fi
+  echo "python-env: download.pytorch.org gave no CPU wheel (unreachable, or none for this" \
+    "Python); installing torch from PyPI instead (~3 GB, a few minutes)" >&2
+  if "$vpy" -m pip install -q torch >&2; then
+    rm -f "$log"
+    return 0
+  fi
+  echo "python-env: installing torch failed from both indexes; download.pytorch.org said:" >&2
+  cat "$log" >&2
+  rm -f "$log"
+  return 1
+}
 if ! "$vpy" -c 'import torch' 2>/dev/null; then
   "$vpy" -m pip install -q --upgrade pip >&2
-  # The CPU wheel is ~200 MB against ~2.5 GB of CUDA wheels from PyPI.
-  "$vpy" -m pip install -q --retries 0 --timeout 15 torch --index-url https://download.pytorch.org/whl/cpu >&2 ||
-    "$vpy" -m pip install -q torch >&2
+  install_torch
 fi
 "$vpy" -c 'import nanobind, scikit_build_core, pytest, numpy, safetensors, transformers' 2>/dev/null ||
   "$vpy" -m pip install -q "nanobind>=2.2" "scikit-build-core>=0.10" pytest numpy safetensors \

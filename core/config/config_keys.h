@@ -28,7 +28,7 @@ const SectionKeys* KeysOf(std::string_view section_path);
 size_t EditDistance(std::string_view a, std::string_view b, size_t at_most = SIZE_MAX);
 
 // Keys longer than this get no suggestion: no DeepSpeed key is half as long, and the edit distance
-// costs |key| x |candidate| per candidate (a 10 MB key took 14 s).
+// costs |key| x |candidate| per candidate (quadratic in a long key).
 inline constexpr size_t kMaxSuggestKeyBytes = 64;
 
 // The nearest key of the section (acted or known) to `key` when it is close enough to be a

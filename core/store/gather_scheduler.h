@@ -1,4 +1,4 @@
-// GatherScheduler: runs the ZeRO-3 gather / release flow of DESIGN.md's step walk-through on a
+// GatherScheduler: runs the ZeRO-3 gather / release flow of docs/design.md's step walk-through on a
 // Store, executing the plans of the pure sched/ policy (Trace + Prefetcher).
 //
 // Gather(g) records g in the trace, asks the Prefetcher for a plan from this point (the group

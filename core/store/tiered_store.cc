@@ -1,5 +1,6 @@
-// TieredStore: setup, public entry points, leases, and the IO and mover threads.
-// The per-block state machine is in store_ops.cc.
+// TieredStore: setup and teardown, and the public entry points (Register, Fetch, WriteBack,
+// Evict, Acquire and its leases, Flush, the stats). The IO and mover threads are in
+// store_threads.cc, the per-block state machine in store_ops.cc.
 #include "core/store/tiered_store.h"
 
 #include <algorithm>

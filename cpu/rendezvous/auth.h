@@ -10,7 +10,7 @@
 // server's own MAC proves to the client that it talks to a holder of the secret (rank 0), not to
 // whoever bound MASTER_PORT first. MACs are compared in constant time (CRYPTO_memcmp).
 // What it does not do: authenticate or encrypt each later message. An attacker who can rewrite
-// TCP segments between ranks is out of scope, as for Gloo's own data plane (README, Collectives).
+// TCP segments between ranks is out of scope, as for Gloo's own data plane (docs/collectives.md).
 //
 // Thread safety: free functions without shared state.
 #pragma once

@@ -1,4 +1,4 @@
-// Options of Engine::Save (include/strata/engine.h; README "Checkpoints"). Plain values, no
+// Options of Engine::Save (include/strata/engine.h; docs/checkpoints.md). Plain values, no
 // state: thread safety is that of the engine call they are passed to. Defaults come from the
 // config's `checkpoint` section when the caller passes none (SaveOptionsFromConfig).
 #pragma once
@@ -25,7 +25,7 @@ struct SaveOptions {
   // directory fsynced), then each rank overwrites its old file in place and truncates it to the
   // new size. Overwriting allocated blocks skips the filesystem's block allocation and
   // unwritten-extent conversion, which on ext4 is where a fresh O_DIRECT write loses its time
-  // (README "Checkpoints" has the A/B). Trade-off: the old checkpoint goes before the new one is
+  // (`offloadctl bench engine --save-dir` reports new-file and recycled saves apart). Trade-off: the old checkpoint goes before the new one is
   // complete (with keep_last N, a crash mid-save leaves N-1 older ones, `latest` among them).
   bool recycle_files = true;
 };

@@ -78,8 +78,9 @@ std::string_view IoBackendKindName(IoBackendKind kind) noexcept;
 
 struct IoBackendOptions {
   IoBackendKind kind = IoBackendKind::kAuto;
-  // Most requests in flight at once (the ring / slot slab size). Default 32: where 1 MiB O_DIRECT
-  // IO saturates the disks measured (DESIGN.md); more costs memory and latency, less bandwidth.
+  // Most requests in flight at once (the ring / slot slab size). Default 32: deep enough for 1 MiB
+  // O_DIRECT IO to saturate a typical NVMe or virtio disk; more costs memory and latency, less
+  // bandwidth.
   size_t queue_depth = 32;
   // io_uring: set IORING_SETUP_SINGLE_ISSUER|DEFER_TASKRUN. Cheaper completions, but REQUIRES
   // that the thread creating the backend is the only one ever calling it. Default off, because

@@ -81,7 +81,7 @@ struct PerTier {
   bool operator==(const PerTier&) const = default;
 };
 
-// The model states a block can hold (DESIGN.md "Vocabulary").
+// The model states a block can hold (docs/design.md, "Vocabulary").
 enum class StateKind : uint8_t { kParam16, kGrad, kMaster32, kExpAvg, kExpAvgSq };
 constexpr std::string_view StateKindName(StateKind k) noexcept {
   switch (k) {
@@ -332,9 +332,8 @@ struct TieredStoreOptions {
   bool use_pinned_pool = true;
   // With the pool: also lock the slab (mlock) and register it with CUDA (DeepSpeed's
   // pin_memory). Unlocked, it stays on huge pages: a 1 MiB O_DIRECT IO from 4 KiB pages has 256
-  // segments, more than a virtio disk takes per request (254 here), so the kernel splits it in
-  // two; bench engine at 4B params moved its optimizer's mix at 2.76 GB/s that way against 3.2
-  // GB/s from huge pages in the same minutes.
+  // segments, more than a virtio disk takes per request (254), so the kernel splits it in two
+  // and the disk sees twice the requests for the same bytes, which is markedly slower there.
   bool lock_host_memory = true;
 };
 

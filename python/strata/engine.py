@@ -617,7 +617,7 @@ class StrataEngine(torch.nn.Module):
         self._hooks = []
         self._engine.close()
 
-    # -- checkpoints (Engine::Save / Engine::Load; README "Checkpoints") ---------------------
+    # -- checkpoints (Engine::Save / Engine::Load; docs/checkpoints.md) ---------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
                         exclude_frozen_parameters: bool = False,
                         keep_last: Optional[int] = None,

@@ -1,4 +1,4 @@
-"""The README's main job, examples/train_gpt.py on 2 ranks with its own config (ZeRO-3, the
+"""tools/main.sh's job, examples/train_gpt.py on 2 ranks with its own config (ZeRO-3, the
 optimizer on NVMe, the parameters on cpu, groups under 1024 elements persistent, the rest
 released after use): the same losses as with every group kept gathered (threshold 1e9)."""
 import json
