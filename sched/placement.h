@@ -150,7 +150,7 @@ struct DeviceWorkingInput {
 };
 
 // Stage 3: how many groups' copies the engine holds on the device at the peak of a step. The
-// trace is taken as a trainer's step runs it (DESIGN.md's walk-through; `offloadctl bench
+// trace is taken as a trainer's step runs it (docs/design.md, "One training step"; `offloadctl bench
 // engine` does exactly this): the L = total / largest groups gathered once each in forward
 // order, then once each in reverse for backward, one at a time, every group the size of the
 // largest. Released copies are kept by two rules that read the same config:

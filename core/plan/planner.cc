@@ -1,6 +1,6 @@
 // The ZeRO memory planner: see include/strata/planner.h for the model. The placement rules
 // follow DeepSpeed's behaviour (stage_1_and_2.py, stage3.py, the swappers) where strata does
-// the same thing, and DESIGN.md where it differs (gradient shards live with the optimizer).
+// the same thing, and docs/design.md where it differs (gradient shards live with the optimizer).
 #include "strata/planner.h"
 
 #include <algorithm>

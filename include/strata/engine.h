@@ -1,6 +1,6 @@
 // The ZeRO engine: a data-parallel ZeRO-0/1/2/3 optimizer whose model states live on GPU HBM,
 // pinned host DRAM or NVMe, as a DeepSpeed config says. A trainer embeds it and calls it at four
-// points of every step (DESIGN.md "One training step"):
+// points of every step (docs/design.md, "One training step"):
 //
 //   auto engine = strata::Engine::Create(model, options);          // plan printed / refused here
 //   engine->InitParameters(fill);              // or InitFromFullTensors, or InitFromRank0
@@ -42,7 +42,7 @@
 //   - the global norm: each rank sums squares over the sub-groups it owns (kernels/grad_stats.h,
 //     exact within a sub-group), the per-rank sums are all-gathered and added in rank order: the
 //     same figure on every rank and for every stage. An inf/NaN anywhere is an overflow on all.
-//   - clipping and unscaling as DeepSpeed (DEEPSPEED-SEMANTICS.md): combined scale =
+//   - clipping and unscaling as DeepSpeed (docs/deepspeed-compat.md): combined scale =
 //     loss_scale x max(1, ((norm / loss_scale) + 1e-6) / gradient_clipping); the fused SIMD Adam
 //     (kernels/adam.h) applies 1 / combined scale, weight decay and the update in one pass and
 //     emits the new 16-bit params; stage 1-2 then all-gather the updated shards.
@@ -57,7 +57,7 @@
 //   - LR schedules WarmupLR, WarmupDecayLR, WarmupCosineLR; the fp16 dynamic loss scaler;
 //     skipped (overflow) steps do not advance the LR schedule. core/zero/loss_scaler.h and
 //     core/zero/lr_schedule.h hold those rules.
-// ZeRO++ (stage 3 only; README "ZeRO++"; the bytes are the planner's ZeroPlusPlusComm):
+// ZeRO++ (stage 3 only; docs/collectives.md, "ZeRO++"; the bytes are the planner's ZeroPlusPlusComm):
 //   - qwZ (zero_quantized_weights): each Gather quantizes the rank's 16-bit shard block-wise to
 //     INT8 + one fp32 scale per kernels::kQuantBlock elements (kernels/quantize.h), all-gathers
 //     that and dequantizes into the gathered buffer. Only the gathered copies are quantized; the
@@ -259,7 +259,7 @@ struct EngineLayout {
   // states + working (sched::HostCacheBytes). Never refused for; the peak is states + working +
   // cache.
   PerTier<uint64_t> cache_bytes{};
-  // ZeRO++ (README "ZeRO++"): what runs, and the hpZ secondary copy (16-bit, 1/k of every
+  // ZeRO++ (docs/collectives.md, "ZeRO++"): what runs, and the hpZ secondary copy (16-bit, 1/k of every
   // group, on the device; included in state_bytes[device]).
   bool quantized_weights = false, quantized_gradients = false;
   int hpz_partition_size = 1, ranks_per_node = 1;
@@ -367,7 +367,7 @@ class Engine {
   // The group's fp32 master weights, numel values (collective). For tests and export.
   Status ReadMaster(size_t group, std::span<float> out);
 
-  // Checkpoints (README "Checkpoints"; format and protocol in core/zero/checkpoint_format.h).
+  // Checkpoints (docs/checkpoints.md; format and protocol in core/zero/checkpoint_format.h).
   // Both are collective (every rank calls them with the same arguments) and allowed only at an
   // accumulation boundary: after Step (or before the first micro-step), with no gathered group
   // out, no gradient buffer taken and no ReduceGradients since the last Step; otherwise

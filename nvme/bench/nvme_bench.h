@@ -70,14 +70,13 @@ Result<std::vector<NvmeBenchResult>> RunNvmeBench(
 // leaving their bytes as they were: `bench engine --disk-reference-paired-split` runs it over the
 // engine's own swap files after each measured step (Engine::Flush has brought the engine to
 // rest), so the reference touches the step's very extents at the step's time, on a disk whose
-// rate drifts by minutes (this VM's: 0.4-3.3 GB/s within one 4B run), and needs no second file
-// of the footprint's size.
+// rate drifts by minutes, and needs no second file of the footprint's size.
 //
 // Each unit (block_bytes, in file order, unit p in file p mod #files at (p / #files) blocks) is
 // read into a buffer and later written back from it unchanged, `read_bytes` and `write_bytes` in
 // proportion. The pass alternates phases that only read (until every buffer holds a unit read
 // back, or every read is issued) and only write (until those are written back), each drained
-// before the next starts and timed apart: read_seconds + write_seconds is the issue's
+// before the next starts and timed apart: read_seconds + write_seconds is the
 // disk_bound_s, the step's reads at the disk's read rate plus its writes at its write rate. Each
 // drain idles the queue for about one IO's latency per buffer_bytes moved: use a buffer of a
 // few hundred MiB or more. Reads spread evenly over the files' whole units, starting

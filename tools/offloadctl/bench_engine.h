@@ -52,7 +52,7 @@ struct BenchEngineArgs {
   // first time: about half the rewrite rate on this disk), the second is the first to prefetch
   // and keep gathered copies by it (on HostDevice their first touch: +23 s on a 4B step of 55 s),
   // the third still ran 8-25 % slow in three 4B runs of four (a disk-side transient: the same IO
-  // in flight at a lower rate). README "offloadctl bench engine".
+  // in flight at a lower rate). docs/benchmarks.md, "bench engine".
   int warmup_steps = 3;
   double compute_ms = 0;  // simulated compute per layer use (forward, backward each)
   double host_gb = 0;     // host budget, GB = 1e9 bytes (0: what the layout needs)
@@ -62,14 +62,14 @@ struct BenchEngineArgs {
   std::string max_reuse_distance;  // COUNT for stage3_max_reuse_distance ("" = config's)
   // After each measured step, Engine::Flush, then a pass of nvme::RunNvmeRewrite over the
   // engine's own swap files moving that step's NVMe reads and writes (its bytes unchanged) in
-  // read-only and write-only phases of at least 1 GiB, timed apart: the issue's own
+  // read-only and write-only phases of at least 1 GiB, timed apart: the
   // disk_bound_s, the step's reads at the disk's read rate plus its writes at its write rate, at
   // the step's minutes and on its extents. io_efficiency_paired_split is the median over steps of
   // (read phases + write phases) / step. Not with overlap_step (each pass waits for its step's
   // optimizer).
   bool disk_reference_paired_split = false;
   double timeout_s = 600;
-  // ZeRO++ over the config's (README "ZeRO++"): --qwz, --qgz, --hpz K; the node size its
+  // ZeRO++ over the config's (docs/collectives.md, "ZeRO++"): --qwz, --qgz, --hpz K; the node size its
   // hierarchy uses (0: LOCAL_WORLD_SIZE, as `offloadctl launch` sets it).
   bool qwz = false, qgz = false;
   int hpz = 0;  // 0: the config's zero_hpz_partition_size

@@ -553,8 +553,8 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
   c->add_option("--warmup-steps", a->warmup_steps,
                 "Steps before the measured ones (the first records the trace and first writes "
                 "the swap files; the second is the first to prefetch and keep gathered copies "
-                "by it, their memory touched for the first time; the third was still slow in "
-                "most 4B runs on this VM's disk)")
+                "by it, their memory touched for the first time; a third can still be slow on "
+                "a virtual disk)")
       ->check(AtLeast(0, true, true))
       ->capture_default_str();
   c->add_option(
@@ -615,7 +615,7 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
                 "rank's stream at once, O_DIRECT with the checkpoint's chunk size, depth and size: "
                 "new file, overwrite, read), in alternating order: each "
                 "pair's ratio of the disk's time for the bytes moved (swap traffic too) to the "
-                "checkpoint's, and the medians (README \"bench engine --save-dir\")");
+                "checkpoint's, and the medians (docs/benchmarks.md, \"Checkpoint throughput\")");
   c->add_option("--save-repeat", a->save_repeat,
                 "Reference/checkpoint pairs with --save-dir (their median is the figure)")
       ->check(AtLeast(1, true, true))
