@@ -19,8 +19,8 @@
 
 #include "gpu/cuda_check.h"
 #include "kernels/cuda_kernels.h"
-#include "kernels/device_kernels.h"
 #include "strata/device.h"
+#include "strata/device_kernels.h"
 
 namespace strata {
 namespace {
@@ -66,7 +66,7 @@ class CudaEvent final : public DeviceEvent {
   cudaEvent_t e_;
 };
 
-// The device's kernels (kernels/device_kernels.h): cuda_kernels.h on the compute stream.
+// The device's kernels (strata/device_kernels.h): cuda_kernels.h on the compute stream.
 class CudaKernels final : public kernels::DeviceKernels {
  public:
   CudaKernels(int ordinal, const cudaStream_t* stream) : ordinal_(ordinal), stream_(stream) {}

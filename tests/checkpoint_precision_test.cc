@@ -1,7 +1,7 @@
 // Checkpoint precision conversion (ckpt::ReshardCheckpoint with ReshardTarget::precision, the
 // rule in core/zero/checkpoint_format.h) and torn checkpoint writes while the process keeps
-// running (the simulated IO backend's kTorn and kLost faults, scripted through
-// ckpt::SetSimBackendHookForTesting).
+// running (the simulated IO backend's kTorn and kLost faults, scripted through a CheckpointEnv
+// double: SimFaultEnv, checkpoint_fault_env.h).
 //
 // Conversion: a bf16 checkpoint (2 ranks, stage 3, states on NVMe) converted to fp16 and fp32 at
 // other layouts loads with params equal to Cast(master) bit for bit, master / Adam m / Adam v
@@ -10,7 +10,6 @@
 // params are exactly what the optimizer's param_out wrote). Model and harness: engine_test_model.h.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint_fault_env.h"
 #include "core/zero/checkpoint_format.h"
 #include "core/zero/checkpoint_io.h"
 #include "engine_test_model.h"
@@ -242,23 +242,6 @@ TEST(CheckpointPrecision, MismatchNamesBothPrecisionsAndTheWayOut) {
 
 // --- torn writes, the process alive ------------------------------------------------------------
 
-// While alive, scripts `fault` on the `nth` write (1-based, in completion order) of the first
-// simulated checkpoint stream opened on a file whose path contains `path_part` (any thread).
-class ScriptedTear {
- public:
-  ScriptedTear(const std::string& path_part, nvme::SimFault fault, int nth) {
-    auto fired = std::make_shared<std::atomic<bool>>(false);
-    ckpt::SetSimBackendHookForTesting([=](nvme::SimBackend& sim, const std::string& path) {
-      if (path.find(path_part) == std::string::npos || fired->exchange(true)) return;
-      if (nth > 1) sim.InjectFault(IoOp::kWrite, nvme::SimFault::kNone, nth - 1);
-      sim.InjectFault(IoOp::kWrite, fault, 1);
-    });
-  }
-  ~ScriptedTear() { ckpt::SetSimBackendHookForTesting(nullptr); }
-  ScriptedTear(const ScriptedTear&) = delete;
-  ScriptedTear& operator=(const ScriptedTear&) = delete;
-};
-
 // A write that tears and reports EIO (2 ranks, 4 KiB chunks: a dozen writes per rank file, the
 // third of rank 1's torn) fails the save on every rank: rank 1 names its file and the offset,
 // rank 0 names rank 1. `latest` still names the previous checkpoint, which verifies and loads;
@@ -268,23 +251,27 @@ TEST(CheckpointTornWrite, FailedWriteFailsTheSaveAndKeepsLatest) {
   std::vector<Status> torn(2), again(2);
   std::string latest_between;
   bool b_between = true;
+  // The third write of rank 1's file of "b" tears. The config has no `checkpoint` section:
+  // SaveOptions' defaults are what Save without options takes.
+  SimFaultEnv tear("/b.tmp/rank1.", nvme::SimFault::kTorn, 3);
+  SaveOptions faulty;
+  faulty.env = &tear;
   RunSpec s;
   s.config_json = Config({3, "cpu", "cpu", 2, "bf16", 8, 4096});
   s.world = 2;
   s.steps = 2;
   s.after_step = [&](int r, int step, Engine& e) -> Status {
-    if (step == 0) return e.Save(dir, "a");
-    torn[r] = e.Save(dir, "b");
+    if (step == 0) return e.Save(dir, "a", faulty);
+    torn[r] = e.Save(dir, "b", faulty);
     if (r == 0) {  // every rank is past the failed save (it ends in an agreement)
       auto latest = ckpt::VerifyCheckpoint(dir, "");
       latest_between = latest.ok() ? latest->tag : latest.status().ToString();
       b_between = std::filesystem::exists(dir + "/b");
     }
-    again[r] = e.Save(dir, "b");
+    again[r] = e.Save(dir, "b", faulty);  // the env's fault is spent
     return Status::OK();
   };
   {
-    ScriptedTear tear("/b.tmp/rank1.", nvme::SimFault::kTorn, 3);
     RunResult res = RunEngine(s);
     ASSERT_TRUE(res.status.ok()) << res.status.ToString();
   }
@@ -314,11 +301,13 @@ TEST(CheckpointTornWrite, SilentTearIsFoundByVerifyAndLoad) {
   const std::string dir = UniqueTestDir("ckpt_lost");
   SaveSolo(dir, "a");
   {
-    ScriptedTear tear("/b.tmp/rank0.", nvme::SimFault::kLost, 3);
+    SimFaultEnv tear("/b.tmp/rank0.", nvme::SimFault::kLost, 3);
+    SaveOptions faulty;
+    faulty.env = &tear;
     RunSpec s;
     s.config_json = Config({3, "cpu", "cpu", 1, "bf16", 8, 4096});
     s.steps = 1;
-    s.after_step = [&](int, int, Engine& e) -> Status { return e.Save(dir, "b"); };
+    s.after_step = [&](int, int, Engine& e) -> Status { return e.Save(dir, "b", faulty); };
     RunResult r = RunEngine(s);
     ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   }
@@ -347,8 +336,10 @@ TEST(CheckpointTornWrite, TornReshardWriteLeavesNoCheckpoint) {
   so.chunk_bytes = 4096;
   so.depth = 2;
   {
-    ScriptedTear tear("/out/t.tmp/rank1.", nvme::SimFault::kTorn, 2);
-    auto r = ckpt::ReshardCheckpoint(dir + "/src", "", {2, 1, "fp16"}, dir + "/out", so);
+    SimFaultEnv tear("/out/t.tmp/rank1.", nvme::SimFault::kTorn, 2);
+    ckpt::StreamOptions faulty = so;
+    faulty.env = &tear;
+    auto r = ckpt::ReshardCheckpoint(dir + "/src", "", {2, 1, "fp16"}, dir + "/out", faulty);
     EXPECT_EQ(r.status().code(), Status::Code::kIOError) << r.status().ToString();
     for (const char* want : {"t.tmp/rank1.safetensors", "Input/output error"}) {
       EXPECT_NE(r.status().ToString().find(want), std::string::npos) << r.status().ToString();

@@ -2,7 +2,7 @@
 // core/zero/checkpoint_retention.h): saves keep the newest N checkpoints, never `latest`; a save
 // that retires the oldest reuses its rank files (the same inodes, overwritten in place and
 // truncated) and training resumed from it is bit-identical to the uninterrupted run; a recycling
-// saver killed at every durable operation (the crash hook: torn writes, renames, fsyncs) never
+// saver killed at every durable operation (CrashAtEnv: torn writes, renames, fsyncs) never
 // leaves a partial checkpoint that loads, and `latest` always loads. Also the StreamWriter's reuse
 // mode and the disk reference (ckpt::MeasureDisk). Model and harness: engine_test_model.h.
 #include <gtest/gtest.h>
@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_fault_env.h"
 #include "core/zero/checkpoint_format.h"
 #include "core/zero/checkpoint_io.h"
 #include "core/zero/checkpoint_retention.h"
@@ -259,8 +260,11 @@ TEST(CheckpointRetention, DiskReferenceMeasuresAndCleansUp) {
 // --- crashes ---------------------------------------------------------------------------------
 
 // The saver, in a forked child: loads `latest`, saves it as `tag` with keep_last 2 (recycling
-// the oldest non-latest checkpoint) in 4 KiB chunks, then _exits 0, or 1 when that failed.
-[[noreturn]] void ChildLoadAndRecycle(const std::string& dir, const std::string& tag) {
+// the oldest non-latest checkpoint) in 4 KiB chunks through a CrashAtEnv dying at its
+// `crash_at`-th durable operation (checkpoint_fault_env.h), then _exits 0, or 1 when that failed.
+[[noreturn]] void ChildLoadAndRecycle(const std::string& dir, const std::string& tag,
+                                      int crash_at) {
+  CrashAtEnv crash(crash_at);
   RunSpec s;
   s.config_json = Config(4096);
   s.steps = 0;
@@ -268,6 +272,7 @@ TEST(CheckpointRetention, DiskReferenceMeasuresAndCleansUp) {
     STRATA_RETURN_IF_ERROR(e.Load(dir, ""));
     SaveOptions keep;
     keep.keep_last = 2;
+    keep.env = &crash;
     return e.Save(dir, tag, keep);
   };
   RunResult r = RunEngine(s);
@@ -313,10 +318,7 @@ TEST(CheckpointRetentionCrash, KilledRecyclingSaverNeverLeavesALoadablePartialCh
     const std::vector<std::string> before = Tags(dir);
     std::fflush(nullptr);
     const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setenv("STRATA_CKPT_CRASH_AT", std::to_string(k).c_str(), 1);
-      ChildLoadAndRecycle(dir, tag);
-    }
+    if (pid == 0) ChildLoadAndRecycle(dir, tag, k);
     int status = 0;
     ::waitpid(pid, &status, 0);
     ASSERT_TRUE(WIFEXITED(status)) << tag;

@@ -1,9 +1,9 @@
 // Engine checkpoints (Engine::Save / Engine::Load, core/zero/checkpoint*.h): training resumed from
 // a checkpoint ends bit-for-bit where the uninterrupted run ends, for several placements (state
 // on every tier) and world sizes; damaged checkpoints are refused naming the file; a saver killed
-// at many points (a test hook that _exits at the k-th durable operation, torn writes included,
-// and real SIGKILLs after random delays) never leaves a partial checkpoint that loads, and the
-// previous one always loads. Model and harness: engine_test_model.h.
+// at many points (a CheckpointEnv double that _exits at the k-th durable operation, torn writes
+// included: checkpoint_fault_env.h; and real SIGKILLs after random delays) never leaves a partial
+// checkpoint that loads, and the previous one always loads. Model and harness: engine_test_model.h.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint_fault_env.h"
 #include "core/zero/checkpoint_format.h"
 #include "engine_test_model.h"
 #include "nvme/bench/nvme_bench.h"
@@ -503,9 +504,15 @@ TEST(CheckpointThroughput, DISABLED_PrintsFigures) {
 // --- crashes ---------------------------------------------------------------------------------
 
 // The crash test's saver, in a forked child: loads "base" and saves it again as `tag` with
-// 4 KiB IO chunks (many durable operations for the hook to pick from), then _exits 0, or 1 when
-// the save failed. The parent holds no engine (and so no threads) when it forks.
-[[noreturn]] void ChildLoadAndSave(const std::string& dir, const std::string& tag) {
+// 4 KiB IO chunks (many durable operations to pick from) through a CrashAtEnv dying at its
+// `crash_at`-th durable operation (0: never), then _exits 0, or 1 when the save failed. The
+// parent holds no engine (and so no threads) when it forks.
+[[noreturn]] void ChildLoadAndSave(const std::string& dir, const std::string& tag, int crash_at) {
+  CrashAtEnv crash(crash_at);
+  // The config has no `checkpoint` section: SaveOptions' defaults are what Save without
+  // options takes (SaveOptionsFromConfig).
+  SaveOptions save;
+  save.env = &crash;
   RunSpec s;
   s.config_json = Config(kSolo);
   s.config_json.replace(s.config_json.find('{'), 1,
@@ -513,25 +520,18 @@ TEST(CheckpointThroughput, DISABLED_PrintsFigures) {
   s.steps = 0;
   s.init = [&](int, Engine& e) -> Status {
     STRATA_RETURN_IF_ERROR(e.Load(dir, "base"));
-    return e.Save(dir, tag, Blob("blob"));
+    return e.Save(dir, tag, save, Blob("blob"));
   };
   RunResult r = RunEngine(s);
   ::_exit(r.status.ok() ? 0 : 1);
 }
 
-// Forks the saver; crash_at > 0 arms the hook (the k-th durable operation dies, a write torn);
+// Forks the saver; crash_at > 0: its k-th durable operation dies (a write torn);
 // kill_after_us >= 0 sends SIGKILL after that long. Returns the wait status.
 int RunChild(const std::string& dir, const std::string& tag, int crash_at, int kill_after_us) {
   std::fflush(nullptr);
   const pid_t pid = ::fork();
-  if (pid == 0) {
-    if (crash_at > 0) {
-      ::setenv("STRATA_CKPT_CRASH_AT", std::to_string(crash_at).c_str(), 1);
-    } else {
-      ::unsetenv("STRATA_CKPT_CRASH_AT");
-    }
-    ChildLoadAndSave(dir, tag);
-  }
+  if (pid == 0) ChildLoadAndSave(dir, tag, crash_at);
   if (kill_after_us >= 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(kill_after_us));
     ::kill(pid, SIGKILL);
@@ -588,8 +588,8 @@ TEST(CheckpointCrash, KilledSaverNeverLeavesALoadablePartialCheckpoint) {
   SaveSolo(dir, "base");
   std::string latest = "base";
   int points = 0, completed = 0, loaded = 0;
-  // 1. The hook: die at the k-th durable operation (writes torn in half), k = 1.. until a child
-  //    finishes without reaching k.
+  // 1. CrashAtEnv: die at the k-th durable operation (writes torn in half), k = 1.. until a
+  //    child finishes without reaching k.
   for (int k = 1; k < 1000; ++k) {
     const std::string tag = "k" + std::to_string(k);
     const int status = RunChild(dir, tag, k, -1);

@@ -1,5 +1,5 @@
 // EmulatedDevice: a test device that the host may not address, with kernels
-// (kernels/device_kernels.h) that run the CUDA kernels' per-element code (kernels/cuda_math.h) on
+// (strata/device_kernels.h) that run the CUDA kernels' per-element code (kernels/cuda_math.h) on
 // the host. It lets CI, without a GPU, drive the engine down the path it takes on CudaDevice:
 // device-resident state computed in place by the device's kernels, every other byte moved through
 // CopyAsync.
@@ -38,11 +38,11 @@
 
 #include "kernels/adam.h"
 #include "kernels/cuda_math.h"
-#include "kernels/device_kernels.h"
 #include "kernels/elem.h"
 #include "kernels/grad_stats.h"
 #include "kernels/simd.h"
 #include "strata/device.h"
+#include "strata/device_kernels.h"
 
 namespace strata::testing {
 

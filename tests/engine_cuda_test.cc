@@ -11,7 +11,7 @@
 
 #include "device_equivalence.h"
 #include "engine_test_model.h"
-#include "kernels/device_kernels.h"
+#include "strata/device_kernels.h"
 
 namespace strata::testing {
 namespace {

@@ -252,10 +252,11 @@ class FetchWindow {
 
 // Writes this rank's file at `path`; `reuse`: a recycled file is there, overwritten in place.
 Result<ckpt::FileEntry> WriteRankFile(Engine::Impl& e, const ckpt::Manifest& m,
-                                      const std::string& path, bool reuse) {
+                                      const std::string& path, bool reuse, CheckpointEnv& env) {
   uint64_t data_start = 0;
   const std::string header = ckpt::RankFileHeader(m, e.rank, &data_start, nullptr);
-  const ckpt::StreamOptions so = StreamOpts(e);
+  ckpt::StreamOptions so = StreamOpts(e);
+  so.env = &env;
   STRATA_ASSIGN_OR_RETURN(const std::vector<Piece> pieces, RankPieces(e));
   uint64_t total = header.size();
   for (const Piece& p : pieces) total += p.bytes;
@@ -306,7 +307,7 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
                     std::span<const uint8_t> client_state) {
   Impl& e = *impl_;
   const bool recycle = options.keep_last > 0 && options.recycle_files;
-  ckpt::ArmCrashHookFromEnv();
+  CheckpointEnv& env = options.env != nullptr ? *options.env : ckpt::DefaultEnv();
   const std::string what = "checkpoint save of '" + tag + "' to " + dir;
   Status local = e.JoinDeferredStep();  // overlap_step: the step running behind first
   if (local.ok()) local = CheckBoundary(e, "Save");
@@ -329,9 +330,9 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
       std::filesystem::create_directories(dir, ec);
       if (ec) local = Status::IOError("create " + dir + ": " + ec.message());
     }
-    if (local.ok()) local = ckpt::MakeDir(tmp);
+    if (local.ok()) local = ckpt::MakeDir(tmp, env);
     // The checkpoint this save will retire gives up its files (checkpoint_retention.h).
-    if (local.ok() && recycle) local = ckpt::RecycleOldest(dir, options.keep_last, tmp);
+    if (local.ok() && recycle) local = ckpt::RecycleOldest(dir, options.keep_last, tmp, env);
   }
   STRATA_RETURN_IF_ERROR(Agree(e, local, what));
 
@@ -340,13 +341,13 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
   const std::string recycled =
       tmp + "/" + ckpt::kRecycledName + "/" + ckpt::Manifest::RankFileName(e.rank);
   const bool reuse = recycle && ckpt::PathExists(recycled);
-  const Status moved = reuse ? ckpt::RenamePath(recycled, path) : Status::OK();
+  const Status moved = reuse ? ckpt::RenamePath(recycled, path, env) : Status::OK();
   Result<ckpt::FileEntry> part =
-      moved.ok() ? WriteRankFile(e, m, path, reuse) : Result<ckpt::FileEntry>(moved);
+      moved.ok() ? WriteRankFile(e, m, path, reuse, env) : Result<ckpt::FileEntry>(moved);
   local = part.status();
   ckpt::FileEntry client;
   if (local.ok() && e.rank == 0 && !client_state.empty()) {
-    auto w = ckpt::FileWriter::Create(tmp + "/" + ckpt::kClientStateName);
+    auto w = ckpt::FileWriter::Create(tmp + "/" + ckpt::kClientStateName, env);
     local = w.status();
     if (local.ok()) local = w->Append(client_state.data(), client_state.size());
     if (local.ok()) local = w->Finish();
@@ -372,10 +373,10 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
   if (e.rank == 0) {
     // What the ranks did not reuse of a recycled checkpoint must not end up inside the new one.
     local = recycle ? ckpt::RemoveTree(tmp + "/" + ckpt::kRecycledName) : Status::OK();
-    if (local.ok()) local = ckpt::CommitCheckpoint(dir, m);
+    if (local.ok()) local = ckpt::CommitCheckpoint(dir, m, env);
     if (!local.ok()) local = Status(local.code(), what + ": " + std::string(local.message()));
     if (local.ok() && options.keep_last > 0) {
-      local = ckpt::RetireBeyond(dir, options.keep_last, tag);
+      local = ckpt::RetireBeyond(dir, options.keep_last, tag, env);
       if (!local.ok()) {
         local =
             Status(local.code(), what + ": saved (it is `latest` and loads), but removing " +

@@ -8,7 +8,6 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -27,9 +26,6 @@ using nlohmann::json;
 
 namespace {
 
-std::atomic<int64_t> g_crash_at{0};
-std::atomic<int64_t> g_ops{0};
-
 Status Errno(std::string_view op, const std::string& path) {
   return Status::FromErrno(errno, op, path);
 }
@@ -41,19 +37,6 @@ std::string Hex64(uint64_t v) {
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
 }
-
-void ArmCrashHookFromEnv() {
-  const char* v = std::getenv("STRATA_CKPT_CRASH_AT");
-  g_crash_at = v != nullptr ? std::atoll(v) : 0;
-  g_ops = 0;
-}
-
-bool CrashPoint() {
-  const int64_t at = g_crash_at.load();
-  return at > 0 && ++g_ops == at;
-}
-
-[[noreturn]] static void CrashNow() { ::_exit(77); }
 
 // ---------------------------------------------------------------------------------------------
 // Manifest
@@ -297,6 +280,7 @@ FileWriter& FileWriter::operator=(FileWriter&& o) noexcept {
     path_ = std::move(o.path_);
     size_ = o.size_;
     state_ = o.state_;
+    env_ = o.env_;
     o.fd_ = -1;
     o.state_ = nullptr;
   }
@@ -308,9 +292,10 @@ FileWriter::~FileWriter() {
   if (state_ != nullptr) XXH3_freeState(static_cast<XXH3_state_t*>(state_));
 }
 
-Result<FileWriter> FileWriter::Create(const std::string& path) {
-  if (CrashPoint()) CrashNow();
+Result<FileWriter> FileWriter::Create(const std::string& path, CheckpointEnv& env) {
+  env.BeforeDurableOp({.kind = DurableOp::Kind::kCreate, .path = path});
   FileWriter w;
+  w.env_ = &env;
   w.fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w.fd_ < 0) return Errno("create", path);
   w.path_ = path;
@@ -322,11 +307,12 @@ Result<FileWriter> FileWriter::Create(const std::string& path) {
 
 Status FileWriter::Append(const void* data, uint64_t bytes) {
   const uint8_t* p = static_cast<const uint8_t*>(data);
-  if (CrashPoint()) {
-    // A torn write: half of it reaches the file, then the process dies.
-    (void)!::write(fd_, p, bytes / 2);
-    CrashNow();
-  }
+  env_->BeforeDurableOp({.kind = DurableOp::Kind::kWrite,
+                         .path = path_,
+                         .fd = fd_,
+                         .offset = size_,
+                         .data = p,
+                         .bytes = bytes});
   XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), p, bytes);
   uint64_t done = 0;
   while (done < bytes) {
@@ -343,7 +329,7 @@ Status FileWriter::Append(const void* data, uint64_t bytes) {
 }
 
 Status FileWriter::Finish() {
-  if (CrashPoint()) CrashNow();
+  env_->BeforeDurableOp({.kind = DurableOp::Kind::kSync, .path = path_});
   if (::fsync(fd_) != 0) return Errno("fsync", path_);
   const int fd = fd_;
   fd_ = -1;
@@ -355,14 +341,14 @@ uint64_t FileWriter::xxh3() const {
   return state_ != nullptr ? XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)) : 0;
 }
 
-Status MakeDir(const std::string& path) {
-  if (CrashPoint()) CrashNow();
+Status MakeDir(const std::string& path, CheckpointEnv& env) {
+  env.BeforeDurableOp({.kind = DurableOp::Kind::kMakeDir, .path = path});
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return Errno("mkdir", path);
   return Status::OK();
 }
 
-Status FsyncDir(const std::string& path) {
-  if (CrashPoint()) CrashNow();
+Status FsyncDir(const std::string& path, CheckpointEnv& env) {
+  env.BeforeDurableOp({.kind = DurableOp::Kind::kSyncDir, .path = path});
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Errno("open directory", path);
   const int rc = ::fsync(fd);
@@ -372,8 +358,8 @@ Status FsyncDir(const std::string& path) {
   return Status::OK();
 }
 
-Status RenamePath(const std::string& from, const std::string& to) {
-  if (CrashPoint()) CrashNow();
+Status RenamePath(const std::string& from, const std::string& to, CheckpointEnv& env) {
+  env.BeforeDurableOp({.kind = DurableOp::Kind::kRename, .path = from});
   if (::rename(from.c_str(), to.c_str()) != 0) return Errno("rename to " + to, from);
   return Status::OK();
 }
@@ -429,14 +415,15 @@ Result<std::string> ReadWholeFile(const std::string& path) {
   return out;
 }
 
-Status WriteSmallFile(const std::string& path, const std::string& text, bool atomic) {
+Status WriteSmallFile(const std::string& path, const std::string& text, bool atomic,
+                      CheckpointEnv& env) {
   const std::string target = atomic ? path + ".tmp" : path;
-  STRATA_ASSIGN_OR_RETURN(FileWriter w, FileWriter::Create(target));
+  STRATA_ASSIGN_OR_RETURN(FileWriter w, FileWriter::Create(target, env));
   STRATA_RETURN_IF_ERROR(w.Append(text.data(), text.size()));
   STRATA_RETURN_IF_ERROR(w.Finish());
   if (!atomic) return Status::OK();
-  STRATA_RETURN_IF_ERROR(RenamePath(target, path));
-  return FsyncDir(std::filesystem::path(path).parent_path().string());
+  STRATA_RETURN_IF_ERROR(RenamePath(target, path, env));
+  return FsyncDir(std::filesystem::path(path).parent_path().string(), env);
 }
 
 Status HashFile(const std::string& path, uint64_t* size_bytes, uint64_t* xxh3) {
@@ -615,13 +602,13 @@ Status RangeReader::Open(int r) {
   return Status::OK();
 }
 
-Status CommitCheckpoint(const std::string& dir, const Manifest& m) {
+Status CommitCheckpoint(const std::string& dir, const Manifest& m, CheckpointEnv& env) {
   const std::string tmp = dir + "/" + m.tag + ".tmp", final_dir = dir + "/" + m.tag;
-  STRATA_RETURN_IF_ERROR(WriteSmallFile(tmp + "/" + kManifestName, m.ToJson(), false));
-  STRATA_RETURN_IF_ERROR(FsyncDir(tmp));
-  STRATA_RETURN_IF_ERROR(RenamePath(tmp, final_dir));
-  STRATA_RETURN_IF_ERROR(FsyncDir(dir));
-  return WriteSmallFile(dir + "/" + kLatestName, m.tag + "\n", true);
+  STRATA_RETURN_IF_ERROR(WriteSmallFile(tmp + "/" + kManifestName, m.ToJson(), false, env));
+  STRATA_RETURN_IF_ERROR(FsyncDir(tmp, env));
+  STRATA_RETURN_IF_ERROR(RenamePath(tmp, final_dir, env));
+  STRATA_RETURN_IF_ERROR(FsyncDir(dir, env));
+  return WriteSmallFile(dir + "/" + kLatestName, m.tag + "\n", true, env);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -712,8 +699,9 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
   }
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return Status::IOError("create " + out_dir + ": " + ec.message());
+  CheckpointEnv& env = options.Env();
   STRATA_RETURN_IF_ERROR(RemoveTree(tmp));
-  STRATA_RETURN_IF_ERROR(MakeDir(tmp));
+  STRATA_RETURN_IF_ERROR(MakeDir(tmp, env));
   RangeReader rd(dir + "/" + m.tag, m, options);
   std::vector<uint8_t> buf(size_t{4} << 20);
   // Converting: param16 is re-derived from the masters, read by a second stream (so that each
@@ -755,12 +743,12 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
   if (m.has_client_state) {
     STRATA_ASSIGN_OR_RETURN(std::string blob,
                             ReadWholeFile(dir + "/" + m.tag + "/" + kClientStateName));
-    STRATA_ASSIGN_OR_RETURN(FileWriter w, FileWriter::Create(tmp + "/" + kClientStateName));
+    STRATA_ASSIGN_OR_RETURN(FileWriter w, FileWriter::Create(tmp + "/" + kClientStateName, env));
     STRATA_RETURN_IF_ERROR(w.Append(blob.data(), blob.size()));
     STRATA_RETURN_IF_ERROR(w.Finish());
     n.files.push_back({kClientStateName, -1, w.size_bytes(), w.xxh3()});
   }
-  STRATA_RETURN_IF_ERROR(CommitCheckpoint(out_dir, n));
+  STRATA_RETURN_IF_ERROR(CommitCheckpoint(out_dir, n, env));
   return n;
 }
 

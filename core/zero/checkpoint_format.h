@@ -21,7 +21,11 @@
 // leaves `latest` naming the previous complete checkpoint; a `<tag>.tmp` is never read, and a
 // `<tag>/` whose files do not match its manifest is refused by VerifyCheckpoint.
 //
-// Thread safety: free functions over files; no shared state except the crash hook's counter.
+// Durable operations (file creation, writes, fsyncs, mkdir, rename) are shown to a CheckpointEnv
+// first (include/strata/checkpoint.h; DefaultEnv() when the caller passes none): the seam tests
+// inject crashes through.
+//
+// Thread safety: free functions over files; no shared state.
 #pragma once
 
 #include <cstdint>
@@ -114,22 +118,15 @@ Result<std::vector<TensorLoc>> ReadSafetensorsHeader(const std::string& path,
 
 // --- files ----------------------------------------------------------------------------------
 
-// The crash hook for tests: when the environment variable STRATA_CKPT_CRASH_AT is k > 0 at the
-// start of a save, the k-th durable operation (a write, fsync, rename, mkdir) of that process's
-// save calls _exit(77) instead (a write first writes half its bytes: a torn write).
-void ArmCrashHookFromEnv();
-// Counts one durable operation; true when the process must die now (the caller then calls
-// _exit(77), a write after writing a prefix of its bytes).
-bool CrashPoint();
-
-// A file written sequentially with the XXH3 of everything written. Move-only.
+// A file written sequentially with the XXH3 of everything written. Move-only. Its creation,
+// every Append and the fsync of Finish are durable operations of `env`, which must outlive it.
 class FileWriter {
  public:
   FileWriter() = default;
   FileWriter(FileWriter&& o) noexcept;
   FileWriter& operator=(FileWriter&& o) noexcept;
   ~FileWriter();
-  static Result<FileWriter> Create(const std::string& path);
+  static Result<FileWriter> Create(const std::string& path, CheckpointEnv& env = DefaultEnv());
   Status Append(const void* data, uint64_t bytes);
   // fsync + close. The file's size and checksum are then final.
   Status Finish();
@@ -141,16 +138,20 @@ class FileWriter {
   std::string path_;
   uint64_t size_ = 0;
   void* state_ = nullptr;  // XXH3_state_t
+  CheckpointEnv* env_ = &DefaultEnv();
 };
 
-Status MakeDir(const std::string& path);  // EEXIST is fine
-Status FsyncDir(const std::string& path);
-Status RenamePath(const std::string& from, const std::string& to);
+// Durable operations of `env`.
+Status MakeDir(const std::string& path, CheckpointEnv& env = DefaultEnv());  // EEXIST is fine
+Status FsyncDir(const std::string& path, CheckpointEnv& env = DefaultEnv());
+Status RenamePath(const std::string& from, const std::string& to,
+                  CheckpointEnv& env = DefaultEnv());
 Status RemoveTree(const std::string& path);  // missing is fine
 bool PathExists(const std::string& path);
 Result<std::string> ReadWholeFile(const std::string& path);
 // Writes `text` to path (tmp name + fsync + rename + fsync dir when `atomic`).
-Status WriteSmallFile(const std::string& path, const std::string& text, bool atomic);
+Status WriteSmallFile(const std::string& path, const std::string& text, bool atomic,
+                      CheckpointEnv& env = DefaultEnv());
 // Size and XXH3 of a file, streamed.
 Status HashFile(const std::string& path, uint64_t* size_bytes, uint64_t* xxh3);
 // Reads [offset, offset+bytes) of a file into out (an open-per-call pread loop).
@@ -210,7 +211,8 @@ class RangeReader {
 // The last steps of a save, once every file of `m` is durable in <dir>/<m.tag>.tmp: writes the
 // manifest, fsyncs it and the directory, renames the directory to <dir>/<m.tag>, fsyncs <dir>,
 // and replaces <dir>/latest atomically.
-Status CommitCheckpoint(const std::string& dir, const Manifest& m);
+Status CommitCheckpoint(const std::string& dir, const Manifest& m,
+                        CheckpointEnv& env = DefaultEnv());
 
 // --- offline resharding and precision conversion -------------------------------------------
 
@@ -248,7 +250,7 @@ void ParamsFromMaster(const float* master, uint64_t n, const std::string& param_
 // on its fast path (each rank reads its own file). InvalidArgument: world_size outside 1..4096,
 // stage outside 0..3, precision not bf16/fp16/fp32, out_dir == dir; FailedPrecondition: the tag
 // exists in out_dir; the errors of VerifyCheckpoint; IOError naming the file (nothing under
-// `<tag>/` or `latest` of out_dir is then written).
+// `<tag>/` or `latest` of out_dir is then written). Its file IO goes through options.Env().
 Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& tag,
                                    const ReshardTarget& to, const std::string& out_dir,
                                    const StreamOptions& options = {});

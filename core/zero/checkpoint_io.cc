@@ -13,7 +13,6 @@
 #include <cstring>
 #include <mutex>
 
-#include "core/zero/checkpoint_format.h"
 #include "nvme/sim_backend.h"
 #include "nvme/write_content.h"
 
@@ -60,32 +59,27 @@ std::unique_ptr<IoBackend> TakeIdle(IoBackendKind kind, size_t depth) {
   return nullptr;
 }
 
-// Keeps `io` for reuse when it is idle, a real backend and the pool has room.
+// Keeps `io` for reuse when it is idle, a real backend (not the simulated one, nor what an env
+// other than the default gave: it may wrap one) and the pool has room.
 void ReturnIdle(const StreamOptions& o, std::unique_ptr<IoBackend> io) {
-  if (io == nullptr || io->inflight() != 0 || o.kind == IoBackendKind::kSimulated) return;
+  if (io == nullptr || io->inflight() != 0 || o.kind == IoBackendKind::kSimulated ||
+      &o.Env() != &DefaultEnv()) {
+    return;
+  }
   BackendPool& p = Pool();
   std::lock_guard<std::mutex> lock(p.mu);
   if (p.pid != ::getpid() || p.idle.size() >= kMaxIdleBackends) return;
   p.idle.emplace_back(std::make_pair(o.kind, o.depth), std::move(io));
 }
 
-std::mutex g_sim_hook_mu;
-SimBackendHook g_sim_hook;
-
-Result<std::unique_ptr<IoBackend>> OpenBackend(const StreamOptions& o, const std::string& path) {
+// The backend the options name (an idle one from the pool when there is one).
+Result<std::unique_ptr<IoBackend>> OpenOwnBackend(const StreamOptions& o) {
   if (o.kind == IoBackendKind::kSimulated) {
     nvme::SimOptions so;
     so.seed = o.sim_seed;
     so.queue_depth = o.depth;
     so.max_latency_ns = 50'000;
-    auto sim = std::make_unique<nvme::SimBackend>(so);
-    SimBackendHook hook;
-    {
-      std::lock_guard<std::mutex> lock(g_sim_hook_mu);
-      hook = g_sim_hook;
-    }
-    if (hook) hook(*sim, path);
-    return std::unique_ptr<IoBackend>(std::move(sim));
+    return std::unique_ptr<IoBackend>(std::make_unique<nvme::SimBackend>(so));
   }
   if (auto idle = TakeIdle(o.kind, o.depth); idle != nullptr) return idle;
   IoBackendOptions bo;
@@ -94,6 +88,15 @@ Result<std::unique_ptr<IoBackend>> OpenBackend(const StreamOptions& o, const std
   // Chunk buffers are few and large: registration buys little, so none is attempted.
   bo.register_files_and_buffers = false;
   return OpenIoBackend(bo);
+}
+
+// The stream's backend over `path`: the options' own, as the env passes it on.
+Result<std::unique_ptr<IoBackend>> OpenBackend(const StreamOptions& o, const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> io, OpenOwnBackend(o));
+  io = o.Env().StreamBackend(path, std::move(io));
+  if (io == nullptr)
+    return Status::Internal("checkpoint stream: the env gave no backend for " + path);
+  return io;
 }
 
 Status CheckOptions(const StreamOptions& o) {
@@ -135,9 +138,9 @@ void FreeBuffers(std::vector<uint8_t*>* b) {
 
 }  // namespace
 
-void SetSimBackendHookForTesting(SimBackendHook hook) {
-  std::lock_guard<std::mutex> lock(g_sim_hook_mu);
-  g_sim_hook = std::move(hook);
+CheckpointEnv& DefaultEnv() {
+  static CheckpointEnv* env = new CheckpointEnv();  // never destroyed: streams may end at exit
+  return *env;
 }
 
 StreamOptions StreamOptionsFromAio(int64_t block_size, int64_t queue_depth,
@@ -280,7 +283,7 @@ Result<std::unique_ptr<StreamWriter>> StreamWriter::Create(const std::string& pa
                                                            const StreamOptions& options,
                                                            uint64_t expected_bytes, bool reuse) {
   STRATA_RETURN_IF_ERROR(CheckOptions(options));
-  if (CrashPoint()) ::_exit(77);
+  options.Env().BeforeDurableOp({.kind = DurableOp::Kind::kCreate, .path = path});
   std::unique_ptr<StreamWriter> w(new StreamWriter());
   w->path_ = path;
   w->opt_ = options;
@@ -339,18 +342,6 @@ Status StreamWriter::Drain() {
 Status StreamWriter::SubmitCurrent(size_t length_bytes) {
   const size_t io_bytes = AlignUp(length_bytes);
   std::memset(buffers_[cur_] + length_bytes, 0, io_bytes - length_bytes);
-  if (CrashPoint()) {
-    // A torn write, then death: the first half of the chunk lands.
-    if (auto* sim = dynamic_cast<nvme::SimBackend*>(io_.get()); sim != nullptr) {
-      (void)Drain();
-      sim->InjectFault(IoOp::kWrite, nvme::SimFault::kTorn, 1, fd_);
-      IoRequest r{IoOp::kWrite, fd_, submitted_, buffers_[cur_], io_bytes, cur_};
-      if (io_->Submit(std::span<const IoRequest>(&r, 1)).ok()) (void)Drain();
-    } else {
-      (void)!::pwrite(fd_, buffers_[cur_], AlignDown(io_bytes / 2), static_cast<off_t>(submitted_));
-    }
-    ::_exit(77);
-  }
   IoRequest r{IoOp::kWrite, fd_, submitted_, buffers_[cur_], io_bytes, cur_};
   STRATA_RETURN_IF_ERROR(io_->Submit(std::span<const IoRequest>(&r, 1)));
   submitted_ += io_bytes;
@@ -385,7 +376,7 @@ Status StreamWriter::Finish() {
   STRATA_RETURN_IF_ERROR(Drain());
   if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0)
     return Status::FromErrno(errno, "truncate", path_);
-  if (CrashPoint()) ::_exit(77);
+  opt_.Env().BeforeDurableOp({.kind = DurableOp::Kind::kSync, .path = path_});
   if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync", path_);
   io_->UnregisterFile(fd_);
   const int fd = fd_;

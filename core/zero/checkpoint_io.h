@@ -18,37 +18,27 @@
 // Files on a filesystem without O_DIRECT (tmpfs) are opened buffered (same requests, one copy
 // more); StreamOptions::note() says so.
 //
-// The crash hook (checkpoint_format.h CrashPoint) counts every chunk write: at the chosen one the
-// writer tears it (the simulated backend's kTorn fault, or half the chunk through pwrite) and
-// the process _exits.
+// Fault injection (include/strata/checkpoint.h CheckpointEnv, from StreamOptions::env): every
+// stream takes its IoBackend from the env's StreamBackend (a test wraps it to tear or fail chosen
+// chunk writes), and StreamWriter shows the env its file's creation and fsync (DurableOp).
 //
 // Thread safety: none; one thread drives a stream. Each stream owns its IoBackend.
 #pragma once
 
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "strata/checkpoint.h"
 #include "strata/io.h"
 #include "strata/status.h"
 
-namespace strata::nvme {
-class SimBackend;
-}
-
 namespace strata::zero::ckpt {
 
-// For tests: called with every simulated backend a checkpoint stream opens (kind kSimulated: the
-// engine's streams when its io_kind is, ReshardCheckpoint's when its options say so) and the
-// path of the stream's file, before any IO on it, so a test can script faults on chosen files
-// (nvme::SimBackend::InjectFault: a torn or silently lost write) while the process keeps
-// running. Process-wide; nullptr removes it. Safe to set while no stream is being opened; the
-// hook runs on the thread that opens the stream.
-using SimBackendHook = std::function<void(nvme::SimBackend& backend, const std::string& path)>;
-void SetSimBackendHookForTesting(SimBackendHook hook);
+// The default CheckpointEnv (the base class: changes nothing), for callers that pass none.
+CheckpointEnv& DefaultEnv();
 
 struct StreamOptions {
   // The backend kind (kSimulated: nvme::SimBackend with `sim_seed`).
@@ -59,6 +49,9 @@ struct StreamOptions {
   // Chunks per stream (DeepSpeed aio.queue_depth x intra_op_parallelism): the IOs in flight and
   // the host memory a stream stages (depth x chunk_bytes). At least 2.
   size_t depth = 8;
+  // What the streams' IO goes through (not owned); null: DefaultEnv().
+  CheckpointEnv* env = nullptr;
+  CheckpointEnv& Env() const { return env != nullptr ? *env : DefaultEnv(); }
 };
 
 // Chunk size and depth of the engine's `aio` settings (block_size, queue_depth x

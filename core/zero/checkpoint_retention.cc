@@ -45,19 +45,19 @@ std::vector<std::string> TagsBeyond(const std::vector<CheckpointEntry>& all, siz
   return out;
 }
 
-Status RetireCheckpoint(const std::string& dir, const std::string& tag) {
+Status RetireCheckpoint(const std::string& dir, const std::string& tag, CheckpointEnv& env) {
   const std::string from = dir + "/" + tag, to = from + ".tmp";
   if (!PathExists(from)) return Status::OK();
   STRATA_RETURN_IF_ERROR(RemoveTree(to));  // a crashed save's leftover would block the rename
-  STRATA_RETURN_IF_ERROR(RenamePath(from, to));
-  STRATA_RETURN_IF_ERROR(FsyncDir(dir));
+  STRATA_RETURN_IF_ERROR(RenamePath(from, to, env));
+  STRATA_RETURN_IF_ERROR(FsyncDir(dir, env));
   return RemoveTree(to);
 }
 
-Status RecycleCheckpoint(const std::string& dir, const std::string& tag,
-                         const std::string& tmp_dir) {
-  STRATA_RETURN_IF_ERROR(RenamePath(dir + "/" + tag, tmp_dir + "/" + kRecycledName));
-  return FsyncDir(dir);
+Status RecycleCheckpoint(const std::string& dir, const std::string& tag, const std::string& tmp_dir,
+                         CheckpointEnv& env) {
+  STRATA_RETURN_IF_ERROR(RenamePath(dir + "/" + tag, tmp_dir + "/" + kRecycledName, env));
+  return FsyncDir(dir, env);
 }
 
 Result<std::string> RecycleCandidate(const std::string& dir, size_t keep_last) {
@@ -70,15 +70,17 @@ Result<std::string> RecycleCandidate(const std::string& dir, size_t keep_last) {
   return beyond.empty() ? std::string() : beyond.front();
 }
 
-Status RecycleOldest(const std::string& dir, size_t keep_last, const std::string& tmp_dir) {
+Status RecycleOldest(const std::string& dir, size_t keep_last, const std::string& tmp_dir,
+                     CheckpointEnv& env) {
   STRATA_ASSIGN_OR_RETURN(const std::string tag, RecycleCandidate(dir, keep_last));
-  return tag.empty() ? Status::OK() : RecycleCheckpoint(dir, tag, tmp_dir);
+  return tag.empty() ? Status::OK() : RecycleCheckpoint(dir, tag, tmp_dir, env);
 }
 
-Status RetireBeyond(const std::string& dir, size_t keep_last, const std::string& committed) {
+Status RetireBeyond(const std::string& dir, size_t keep_last, const std::string& committed,
+                    CheckpointEnv& env) {
   STRATA_ASSIGN_OR_RETURN(const std::vector<CheckpointEntry> all, ListCheckpoints(dir));
   for (const std::string& tag : TagsBeyond(all, keep_last, 0, committed)) {
-    STRATA_RETURN_IF_ERROR(RetireCheckpoint(dir, tag));
+    STRATA_RETURN_IF_ERROR(RetireCheckpoint(dir, tag, env));
   }
   return Status::OK();
 }

@@ -13,6 +13,8 @@
 //            before the commit renames <new>.tmp.
 // `latest`'s tag is never retired or recycled.
 //
+// The renames and directory fsyncs are durable operations of the CheckpointEnv passed (the save's).
+//
 // Thread safety: free functions over files; one saver per directory.
 #pragma once
 
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "core/zero/checkpoint_io.h"
 #include "strata/status.h"
 
 namespace strata::zero::ckpt {
@@ -44,12 +47,13 @@ std::vector<std::string> TagsBeyond(const std::vector<CheckpointEntry>& all, siz
                                     size_t adding, const std::string& protect);
 
 // Removes checkpoint `tag` of `dir` (see the header comment). Missing is fine.
-Status RetireCheckpoint(const std::string& dir, const std::string& tag);
+Status RetireCheckpoint(const std::string& dir, const std::string& tag,
+                        CheckpointEnv& env = DefaultEnv());
 
 // Moves checkpoint `tag` of `dir` into `tmp_dir`/recycled (see the header comment).
 // REQUIRES: tmp_dir exists inside dir and holds no `recycled`.
-Status RecycleCheckpoint(const std::string& dir, const std::string& tag,
-                         const std::string& tmp_dir);
+Status RecycleCheckpoint(const std::string& dir, const std::string& tag, const std::string& tmp_dir,
+                         CheckpointEnv& env = DefaultEnv());
 
 // The checkpoint whose files a save into `dir` with keep_last (> 0) and recycle_files would take
 // (the oldest beyond keep_last once it commits, never `latest`'s); "" when none would be.
@@ -58,10 +62,12 @@ Result<std::string> RecycleCandidate(const std::string& dir, size_t keep_last);
 // A save's first step with SaveOptions keep_last > 0 and recycle_files: when committing one more
 // checkpoint will put the oldest beyond keep_last, moves it into `tmp_dir` (RecycleCheckpoint)
 // for its rank files to be reused. `latest`'s tag is never taken. OK when there is none to take.
-Status RecycleOldest(const std::string& dir, size_t keep_last, const std::string& tmp_dir);
+Status RecycleOldest(const std::string& dir, size_t keep_last, const std::string& tmp_dir,
+                     CheckpointEnv& env = DefaultEnv());
 
 // A save's last step with keep_last > 0: retires the checkpoints beyond the newest keep_last,
 // never `committed` (the tag just saved, now `latest`).
-Status RetireBeyond(const std::string& dir, size_t keep_last, const std::string& committed);
+Status RetireBeyond(const std::string& dir, size_t keep_last, const std::string& committed,
+                    CheckpointEnv& env = DefaultEnv());
 
 }  // namespace strata::zero::ckpt

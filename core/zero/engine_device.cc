@@ -1,4 +1,4 @@
-// Engine: device-resident state computed by the device's own kernels (kernels/device_kernels.h).
+// Engine: device-resident state computed by the device's own kernels (strata/device_kernels.h).
 //
 // When a state's home is a device the host cannot address (CudaDevice), the engine does not fetch
 // it to the host: gradient accumulation, the gradient norm's chunk sums, the fused Adam step with
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/zero/engine_internal.h"
-#include "kernels/device_kernels.h"
+#include "strata/device_kernels.h"
 
 namespace strata {
 

@@ -8,9 +8,9 @@
 
 #include "core/zero/engine_internal.h"
 #include "kernels/casts.h"
-#include "kernels/device_kernels.h"
 #include "kernels/grad_stats.h"
 #include "kernels/quantize.h"
+#include "strata/device_kernels.h"
 
 namespace strata {
 

@@ -167,6 +167,13 @@ Status MakeStagingBuffers(Engine::Impl& e, uint64_t bytes, bool scatter, DeviceB
 // Every rank fills its own
 // ---------------------------------------------------------------------------------------------
 
+Result<std::pair<size_t, size_t>> Engine::OwnedRange(size_t numel, int world_size, int rank) {
+  const size_t n[] = {numel};
+  STRATA_ASSIGN_OR_RETURN(const sched::PartitionPlan plan,
+                          sched::PlanPartition(n, world_size, zero::kShardAlignElems));
+  return std::make_pair(plan.groups[0].OwnedBegin(rank), plan.groups[0].OwnedEnd(rank));
+}
+
 Status Engine::InitParameters(const ParamFill& fill) {
   Impl& e = *impl_;
   return InitMasters(e, "InitParameters", [&](const SubGroup& s, float* m) {

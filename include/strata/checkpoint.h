@@ -1,13 +1,63 @@
 // Options of Engine::Save (include/strata/engine.h; docs/checkpoints.md). Plain values, no
 // state: thread safety is that of the engine call they are passed to. Defaults come from the
 // config's `checkpoint` section when the caller passes none (SaveOptionsFromConfig).
+//
+// CheckpointEnv: the seam between the checkpoint protocol and the files it writes (leveldb's Env,
+// reduced to what fault injection needs), through which tests inject crashes and torn writes.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
 
 #include "strata/config.h"
+#include "strata/io.h"
 
 namespace strata {
+
+// One operation of a checkpoint save that changes what a crash leaves on disk, as CheckpointEnv
+// sees it just before it is made.
+struct DurableOp {
+  enum class Kind : uint8_t {
+    kCreate,   // a file created (a rank file, or a recycled one opened to be overwritten)
+    kWrite,    // bytes appended to a small file (manifest, `latest`, client state); the chunks of
+               // a rank file go through its stream's IO backend (CheckpointEnv::StreamBackend)
+    kSync,     // a file fsynced
+    kMakeDir,  // a directory made
+    kSyncDir,  // a directory fsynced
+    kRename,   // a file or directory renamed
+  };
+  Kind kind = Kind::kCreate;
+  std::string_view path;  // the file or directory (kRename: the old name)
+  // kWrite: `bytes` bytes at `data`, about to be written at `offset` of the open file `fd`.
+  int fd = -1;
+  uint64_t offset = 0;
+  const void* data = nullptr;
+  uint64_t bytes = 0;
+};
+
+// What a checkpoint's file IO goes through besides its system calls: every durable operation is
+// shown to BeforeDurableOp before it is made, and every checkpoint stream (a rank file written or
+// read in O_DIRECT chunks) takes its IO backend (strata/io.h) from StreamBackend. This base class
+// is the default and changes nothing. A test passes its own in SaveOptions::env: one that stops
+// the process at the k-th durable operation, tearing a write (a crash point), or that scripts a
+// fault on one file's backend (tests/checkpoint_fault_env.h). Both are called on the thread
+// making the operation; the ranks of one process may share an env, which must then be
+// thread-safe.
+class CheckpointEnv {
+ public:
+  virtual ~CheckpointEnv() = default;
+  // Before every durable operation of a save, a commit or a reshard. Default: nothing.
+  virtual void BeforeDurableOp(const DurableOp& /*op*/) {}
+  // The IO backend of the checkpoint stream over `path`: `opened` (what the stream's settings
+  // opened: the engine's io_kind, aio.queue_depth), or a backend wrapping or replacing it.
+  // Default: `opened`.
+  virtual std::unique_ptr<IoBackend> StreamBackend(std::string_view /*path*/,
+                                                   std::unique_ptr<IoBackend> opened) {
+    return opened;
+  }
+};
 
 struct SaveOptions {
   // [0] Checkpoints kept in the directory after a successful save, the new one included; older
@@ -28,6 +78,9 @@ struct SaveOptions {
   // (`offloadctl bench engine --save-dir` reports new-file and recycled saves apart). Trade-off: the old checkpoint goes before the new one is
   // complete (with keep_last N, a crash mid-save leaves N-1 older ones, `latest` among them).
   bool recycle_files = true;
+  // [null: the default, CheckpointEnv itself] What the save's file IO goes through (see
+  // CheckpointEnv above; tests inject faults there). Not owned; must outlive the call.
+  CheckpointEnv* env = nullptr;
 };
 
 // What Engine::Save without SaveOptions uses: the config's `checkpoint` section (keep_last,

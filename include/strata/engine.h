@@ -2,19 +2,31 @@
 // pinned host DRAM or NVMe, as a DeepSpeed config says. A trainer embeds it and calls it at four
 // points of every step (docs/design.md, "One training step"):
 //
-//   auto engine = strata::Engine::Create(model, options);          // plan printed / refused here
-//   engine->InitParameters(fill);              // or InitFromFullTensors, or InitFromRank0
-//   for (step ...) {
-//     for (micro ...) {                                             // gradient_accumulation_steps
-//       for (g in forward order)  { auto p = engine->Gather(g); forward(p);
-//       engine->Release(std::move(p)); } for (g in reverse order) { auto p = engine->Gather(g);
-//                                  auto grad = engine->GradBuffer(g);   // zeroed, on the device
-//                                  backward(p, loss * engine->LossScale(), grad);
-//                                  engine->Release(std::move(p));
-//                                  engine->ReduceGradients(g); }       // async reduce-scatter
+// clang-format off
+//   // In a function returning strata::Status. model, options, fill, steps, micro_steps,
+//   // loss, forward and backward are the trainer's.
+//   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<strata::Engine> engine,   // plan printed / refused
+//                           strata::Engine::Create(model, std::move(options)));  // here
+//   STRATA_RETURN_IF_ERROR(engine->InitParameters(fill));  // or InitFromFullTensors, InitFromRank0
+//   const size_t groups = model.groups.size();
+//   for (int64_t step = 0; step < steps; ++step) {
+//     for (int64_t micro = 0; micro < micro_steps; ++micro) {  // gradient_accumulation_steps
+//       for (size_t g = 0; g < groups; ++g) {                   // forward order
+//         STRATA_ASSIGN_OR_RETURN(strata::GatheredGroup p, engine->Gather(g));
+//         forward(p);
+//         engine->Release(std::move(p));
+//       }
+//       for (size_t g = groups; g-- > 0;) {                     // reverse order
+//         STRATA_ASSIGN_OR_RETURN(strata::GatheredGroup p, engine->Gather(g));
+//         STRATA_ASSIGN_OR_RETURN(void* grad, engine->GradBuffer(g));  // zeroed, on the device
+//         backward(p, loss * engine->LossScale(), grad);
+//         engine->Release(std::move(p));
+//         STRATA_RETURN_IF_ERROR(engine->ReduceGradients(g));          // async reduce-scatter
+//       }
 //     }
-//     auto report = engine->Step();                                 // clip, Adam, new params
+//     STRATA_ASSIGN_OR_RETURN(strata::StepReport report, engine->Step());  // clip, Adam, params
 //   }
+// clang-format on
 //
 // Model: ordered groups of named parameters (a group is gathered together: one layer). A group's
 // parameters lie back to back in one flat buffer of the precision's dtype (bf16, fp16 or fp32);
@@ -97,6 +109,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/checkpoint.h"
@@ -298,6 +311,10 @@ class Engine {
   // values, row-major). InvalidArgument naming the group or parameter for a wrong group or
   // parameter count or a null tensor.
   Status InitFromFullTensors(const std::vector<std::vector<const float*>>& tensors);
+  // [begin, end) of a group of `numel` elements that rank `rank` (0 <= rank < world_size) stores
+  // at stage 3: its shard, padding cut off (what InitParameters asks `fill` for there).
+  // InvalidArgument when world_size < 1.
+  static Result<std::pair<size_t, size_t>> OwnedRange(size_t numel, int world_size, int rank);
 
   // The staging bound of InitFromRank0 by default: 64 MiB per rank.
   static constexpr uint64_t kInitWindowBytes = 64ull << 20;

@@ -12,10 +12,10 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "core/plan/plan_report.h"
 #include "python/src/binding_util.h"
 #include "strata/config.h"
 #include "strata/planner.h"
-#include "tools/offloadctl/plan_report.h"
 
 namespace nb = nanobind;
 
@@ -110,8 +110,8 @@ std::tuple<std::string, std::string, bool> MakePlanBinding(
   if (grad_accum > 0) in.zero.gradient_accumulation_steps = grad_accum;
   ThrowIfError(ValidatePlanInput(in));
   Plan plan = ValueOrThrow(MakePlan(in));
-  return {cli::PlanToJson(plan, config_path, notes).dump(), cli::PlanToText(plan, config_path, notes),
-          plan.fits};
+  return {plan::PlanToJson(plan, config_path, notes).dump(),
+          plan::PlanToText(plan, config_path, notes), plan.fits};
 }
 
 }  // namespace

@@ -40,11 +40,9 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include "core/zero/engine_internal.h"
 #include "core/zero/engine_stats_json.h"
 #include "cpu/rendezvous/rendezvous.h"
 #include "python/src/binding_util.h"
-#include "sched/zero_partition.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/device.h"
@@ -450,10 +448,8 @@ void BindEngine(nb::module_& m) {
   m.def(
       "owned_range",
       [](size_t numel, int world_size, int rank) {
-        const size_t n[] = {numel};
-        sched::PartitionPlan plan =
-            ValueOrThrow(sched::PlanPartition(n, world_size, zero::kShardAlignElems));
-        return std::make_tuple(plan.groups[0].OwnedBegin(rank), plan.groups[0].OwnedEnd(rank));
+        const auto [begin, end] = ValueOrThrow(Engine::OwnedRange(numel, world_size, rank));
+        return std::make_tuple(begin, end);
       },
       nb::arg("numel"), nb::arg("world_size"), nb::arg("rank"),
       "[begin, end) of a group of `numel` elements that `rank` stores at stage 3.");

@@ -10,10 +10,10 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/plan/plan_report.h"
 #include "strata/planner.h"
 #include "tools/offloadctl/cli_checks.h"
 #include "tools/offloadctl/commands.h"
-#include "tools/offloadctl/plan_report.h"
 
 namespace strata::cli {
 namespace {
@@ -133,9 +133,9 @@ int RunPlan(const PlanFlags& f) {
     notes.push_back("activations are not given (--activations-gb): HBM figures exclude them");
   }
   if (f.json) {
-    std::printf("%s\n", PlanToJson(*plan, f.config, notes).dump(2).c_str());
+    std::printf("%s\n", plan::PlanToJson(*plan, f.config, notes).dump(2).c_str());
   } else {
-    std::fputs(PlanToText(*plan, f.config, notes).c_str(), stdout);
+    std::fputs(plan::PlanToText(*plan, f.config, notes).c_str(), stdout);
   }
   return plan->fits ? kExitOk : kExitInvalid;
 }

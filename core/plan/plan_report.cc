@@ -1,11 +1,11 @@
 // Rendering of a memory plan: see plan_report.h.
-#include "tools/offloadctl/plan_report.h"
+#include "core/plan/plan_report.h"
 
 #include <cstdarg>
 #include <cstdio>
 #include <string>
 
-namespace strata::cli {
+namespace strata::plan {
 namespace {
 
 // printf into a std::string.
@@ -475,4 +475,4 @@ nlohmann::json PlanToJson(const Plan& plan, const std::string& config_path,
   return j;
 }
 
-}  // namespace strata::cli
+}  // namespace strata::plan

@@ -1,6 +1,7 @@
-// The two renderings of a strata::Plan for `offloadctl plan`: a readable report (GB = 1e9
-// bytes) and JSON (bytes). `config_path` is "" when no --config was given; `notes` are extra
-// lines from building the input (config mapping, missing inputs).
+// The two renderings of a strata::Plan, shared by `offloadctl plan` and the Python package
+// (strata.plan): a readable report (GB = 1e9 bytes) and JSON (bytes). `config_path` is "" when no
+// --config was given; `notes` are extra lines from building the input (config mapping, missing
+// inputs).
 #pragma once
 
 #include <string>
@@ -10,7 +11,7 @@
 
 #include "strata/planner.h"
 
-namespace strata::cli {
+namespace strata::plan {
 
 std::string PlanToText(const Plan& plan, const std::string& config_path,
                        const std::vector<std::string>& notes);
@@ -18,4 +19,4 @@ std::string PlanToText(const Plan& plan, const std::string& config_path,
 nlohmann::json PlanToJson(const Plan& plan, const std::string& config_path,
                           const std::vector<std::string>& notes);
 
-}  // namespace strata::cli
+}  // namespace strata::plan
