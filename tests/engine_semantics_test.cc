@@ -319,6 +319,102 @@ TEST(EngineSemantics, LrScheduleAsDeepSpeed) {
   }
 }
 
+// The master weights of TestModel's groups, flat, as InitialWeights has them.
+std::vector<float> InitialMaster(size_t g) {
+  const auto init = InitialWeights();
+  std::vector<float> flat;
+  for (const auto& t : init[g]) flat.insert(flat.end(), t.begin(), t.end());
+  return flat;
+}
+
+// TestModel with its bias groups in optimizer group 1.
+ModelSpec BiasesInGroupOne() {
+  ModelSpec m = TestModel();
+  m.groups[kEmbedBias].optimizer_group = 1;
+  m.groups[kMidBias].optimizer_group = 1;
+  return m;
+}
+
+TEST(EngineSemantics, OptimizerGroupsCarryTheirOwnHyperparameters) {
+  RunSpec base;
+  base.config_json = BaseConfig(R"("stage": 2, "offload_optimizer": {"device": "cpu"})");
+  base.world = 2;
+  base.steps = 2;
+  const RunResult plain = RunEngine(base);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.ToString();
+  // Two groups with the config's hyperparameters: the same bits as one.
+  RunSpec same = base;
+  same.model = BiasesInGroupOne();
+  same.tweak = [](int, EngineOptions& o) { o.optimizer_groups.resize(2); };
+  const RunResult r_same = RunEngine(same);
+  ASSERT_TRUE(r_same.status.ok()) << r_same.status.ToString();
+  EXPECT_TRUE(BitEqual(r_same.master, plain.master));
+  // Group 1 at lr 0 (decoupled decay is lr x weight_decay: none either) keeps its weights; group
+  // 0 takes exactly the first step it takes with one group (later steps see other biases).
+  base.steps = 1;
+  const RunResult one = RunEngine(base);
+  ASSERT_TRUE(one.status.ok()) << one.status.ToString();
+  RunSpec frozen_lr = same;
+  frozen_lr.steps = 1;
+  frozen_lr.tweak = [](int, EngineOptions& o) {
+    o.optimizer_groups.resize(2);
+    o.optimizer_groups[1].lr = 0.0;
+  };
+  const RunResult r = RunEngine(frozen_lr);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  for (size_t g = 0; g < kGroups; ++g) {
+    if (g == kEmbedBias || g == kMidBias) {
+      EXPECT_EQ(r.master[g], InitialMaster(g)) << "group " << g;
+    } else {
+      EXPECT_EQ(r.master[g], one.master[g]) << "group " << g;
+    }
+  }
+}
+
+TEST(EngineSemantics, SetLearningRatesDrivesEveryGroupFromTheNextStep) {
+  RunSpec spec;
+  spec.config_json = BaseConfig(R"("stage": 1)");
+  spec.model = BiasesInGroupOne();
+  spec.steps = 2;
+  spec.tweak = [](int, EngineOptions& o) { o.optimizer_groups.resize(2); };
+  spec.before_step = [](int, int step, Engine& e) {
+    const double bad[] = {0.0};
+    ASSERT_EQ(e.SetLearningRates(bad).code(), Status::Code::kInvalidArgument);
+    const double negative[] = {0.0, -1.0};
+    ASSERT_EQ(e.SetLearningRates(negative).code(), Status::Code::kInvalidArgument);
+    const double lrs[] = {0.0, step == 0 ? 0.0 : 0.02};
+    ASSERT_TRUE(e.SetLearningRates(lrs).ok());
+    EXPECT_EQ(e.lrs(), std::vector<double>(std::begin(lrs), std::end(lrs)));
+  };
+  const RunResult r = RunEngine(spec);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  ASSERT_EQ(r.reports.size(), 2u);
+  EXPECT_EQ(r.reports[0].lr, 0.0);  // group 0's
+  for (size_t g = 0; g < kGroups; ++g) {
+    const bool moved = g == kEmbedBias || g == kMidBias;  // only group 1, only in step 2
+    EXPECT_EQ(r.master[g] != InitialMaster(g), moved) << "group " << g;
+  }
+}
+
+TEST(EngineSemantics, OptimizerGroupOutOfRangeOrBadIsRefusedNamingIt) {
+  RunSpec spec;
+  spec.config_json = BaseConfig(R"("stage": 1)");
+  spec.model = BiasesInGroupOne();
+  RunResult r = RunEngine(spec);  // group 1 named, no optimizer_groups given
+  EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(r.status.message().find("model.groups[1] ('embed.bias'): optimizer_group 1"),
+            std::string::npos)
+      << r.status.ToString();
+  spec.tweak = [](int, EngineOptions& o) {
+    o.optimizer_groups.resize(2);
+    o.optimizer_groups[1].eps = -1.0;
+  };
+  r = RunEngine(spec);
+  EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(r.status.message().find("optimizer_groups[1]"), std::string::npos)
+      << r.status.ToString();
+}
+
 TEST(EngineSemantics, UnsupportedSettingsAreClearErrorsAtCreate) {
   RunSpec spec;
   spec.config_json =

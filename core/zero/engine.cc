@@ -373,8 +373,30 @@ struct CreateState {
   uint64_t swap_bytes = 0;         // host copies of NVMe-homed blocks in use: the rest is cache
 };
 
-// The working dtype, the optimizer's hyperparameters, the loss scaler and the lr schedule.
-Status ResolveOptimizer(const EngineConfig& c, const ResolvedZero& r, Engine::Impl& e) {
+// One optimizer group's hyperparameters: the config's, with the group's own values over them.
+Status ResolveOptimizerGroup(const kernels::AdamHyper& base, const OptimizerGroupOptions& o,
+                             size_t index, Engine::Impl& e) {
+  kernels::AdamHyper h = base;
+  if (o.lr) h.lr = static_cast<float>(*o.lr);
+  if (o.beta1) h.beta1 = static_cast<float>(*o.beta1);
+  if (o.beta2) h.beta2 = static_cast<float>(*o.beta2);
+  if (o.eps) h.eps = static_cast<float>(*o.eps);
+  if (o.weight_decay) h.weight_decay = static_cast<float>(*o.weight_decay);
+  kernels::AdamShard probe;
+  Status st = kernels::ValidateAdam(h, probe);
+  if (!st.ok()) {
+    return Status::InvalidArgument("optimizer_groups[" + std::to_string(index) +
+                                   "]: " + std::string(st.message()));
+  }
+  e.hyper.push_back(h);
+  e.own_lr.push_back(o.lr);
+  return Status::OK();
+}
+
+// The working dtype, the optimizer's hyperparameters (per optimizer group), the loss scaler and
+// the lr schedule.
+Status ResolveOptimizer(const EngineConfig& c, const ResolvedZero& r,
+                        const std::vector<OptimizerGroupOptions>& groups, Engine::Impl& e) {
   for (const ResolvedZero::Defaulted& d : r.defaulted) {
     if (d.sizes_engine) return RequireResolved(true, d.path);
   }
@@ -394,24 +416,34 @@ Status ResolveOptimizer(const EngineConfig& c, const ResolvedZero& r, Engine::Im
   STRATA_RETURN_IF_ERROR(RequireResolved(oc.eps.is_auto(), "optimizer.params.eps"));
   STRATA_RETURN_IF_ERROR(
       RequireResolved(oc.weight_decay.is_auto(), "optimizer.params.weight_decay"));
-  e.hyper.beta1 = static_cast<float>(oc.betas.value_or({0.9, 0.999}).first);
-  e.hyper.beta2 = static_cast<float>(oc.betas.value_or({0.9, 0.999}).second);
-  e.hyper.eps = static_cast<float>(oc.eps.value_or(1e-8));
-  e.hyper.weight_decay = static_cast<float>(oc.weight_decay.value_or(0.0));
+  kernels::AdamHyper base;
+  base.beta1 = static_cast<float>(oc.betas.value_or({0.9, 0.999}).first);
+  base.beta2 = static_cast<float>(oc.betas.value_or({0.9, 0.999}).second);
+  base.eps = static_cast<float>(oc.eps.value_or(1e-8));
+  base.weight_decay = static_cast<float>(oc.weight_decay.value_or(0.0));
   // DeepSpeed: "AdamW" always decouples; "Adam" does when adam_w_mode (default true).
-  e.hyper.decoupled_weight_decay = oc.type == OptimizerType::kAdamW || oc.adam_w_mode;
-  e.hyper.bias_correction = oc.bias_correction;
-  e.hyper.lr = static_cast<float>(oc.lr.value_or(1e-3));
-  {
-    kernels::AdamShard probe;
-    STRATA_RETURN_IF_ERROR(kernels::ValidateAdam(e.hyper, probe));
+  base.decoupled_weight_decay = oc.type == OptimizerType::kAdamW || oc.adam_w_mode;
+  base.bias_correction = oc.bias_correction;
+  base.lr = static_cast<float>(oc.lr.value_or(1e-3));
+  const std::vector<OptimizerGroupOptions> one(1);
+  const std::vector<OptimizerGroupOptions>& og = groups.empty() ? one : groups;
+  for (size_t i = 0; i < og.size(); ++i) {
+    STRATA_RETURN_IF_ERROR(ResolveOptimizerGroup(base, og[i], i, e));
+  }
+  for (size_t g = 0; g < e.model.groups.size(); ++g) {
+    if (e.model.groups[g].optimizer_group >= og.size()) {
+      return Status::InvalidArgument(
+          "model.groups[" + std::to_string(g) + "] ('" + e.model.groups[g].name +
+          "'): optimizer_group " + std::to_string(e.model.groups[g].optimizer_group) +
+          " is out of range (" + std::to_string(og.size()) + " optimizer group(s))");
+    }
   }
   STRATA_ASSIGN_OR_RETURN(zero::LossScaler scaler, zero::LossScaler::FromConfig(c));
   e.scaler.emplace(std::move(scaler));
   STRATA_ASSIGN_OR_RETURN(zero::LrSchedule schedule, zero::LrSchedule::FromConfig(c));
   e.schedule.emplace(std::move(schedule));
   for (const std::string& n : e.schedule->notes()) e.layout.notes.push_back(n);
-  e.last_lr = e.schedule->LrForStep(0);
+  e.last_lr = e.LrFor(0);
   return Status::OK();
 }
 
@@ -820,7 +852,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   const EngineConfig& c = options.config;
   CreateState cs;
   cs.resolved = ResolveZeroSettings(c);
-  STRATA_RETURN_IF_ERROR(ResolveOptimizer(c, cs.resolved, e));
+  STRATA_RETURN_IF_ERROR(ResolveOptimizer(c, cs.resolved, options.optimizer_groups, e));
   STRATA_RETURN_IF_ERROR(ResolveGradients(c, cs.resolved, e));
   STRATA_RETURN_IF_ERROR(ResolvePlacement(cs.resolved, options, e, &cs));
   STRATA_RETURN_IF_ERROR(PartitionGroups(e));
@@ -879,7 +911,30 @@ int Engine::rank() const { return impl_->rank; }
 int Engine::world_size() const { return impl_->world; }
 DType Engine::dtype() const { return impl_->dtype; }
 double Engine::LossScale() const { return impl_->scaler->scale(); }
-double Engine::lr() const { return impl_->schedule->LrForStep(impl_->applied_steps); }
+double Engine::lr() const { return impl_->LrFor(0); }
+std::vector<double> Engine::lrs() const {
+  std::vector<double> out;
+  for (size_t og = 0; og < impl_->hyper.size(); ++og) out.push_back(impl_->LrFor(og));
+  return out;
+}
+
+Status Engine::SetLearningRates(std::span<const double> lrs) {
+  Impl& e = *impl_;
+  if (lrs.size() != e.hyper.size()) {
+    return Status::InvalidArgument("SetLearningRates: " + std::to_string(lrs.size()) +
+                                   " value(s) for " + std::to_string(e.hyper.size()) +
+                                   " optimizer group(s)");
+  }
+  for (size_t i = 0; i < lrs.size(); ++i) {
+    if (!std::isfinite(lrs[i]) || lrs[i] < 0) {
+      return Status::InvalidArgument("SetLearningRates: optimizer group " + std::to_string(i) +
+                                     ": lr " + std::to_string(lrs[i]) +
+                                     " is not a finite value >= 0");
+    }
+  }
+  e.client_lrs.assign(lrs.begin(), lrs.end());
+  return Status::OK();
+}
 int64_t Engine::global_step() const { return impl_->global_step; }
 Status Engine::health() const { return impl_->failed; }
 Status Engine::Synchronize() {

@@ -152,7 +152,12 @@ struct Engine::Impl {
   size_t sub_group_elems = 0;
   uint32_t pipeline_buffers = 4;
   uint64_t persistence_elems = 0, reuse_distance_elems = 0, max_live_elems = 0;
-  kernels::AdamHyper hyper;  // lr and step set per Step
+  // Per optimizer group (GroupSpec::optimizer_group): the hyperparameters (lr and step set per
+  // Step), the group's own lr (OptimizerGroupOptions::lr) and SetLearningRates' values (empty
+  // until called).
+  std::vector<kernels::AdamHyper> hyper;
+  std::vector<std::optional<double>> own_lr;
+  std::vector<double> client_lrs;
   std::optional<zero::LossScaler> scaler;
   std::optional<zero::LrSchedule> schedule;
 
@@ -281,6 +286,9 @@ struct Engine::Impl {
 
   // --- engine_step.cc ---
   Result<StepReport> Step();
+  // The lr optimizer group `og` uses in the next applied step: SetLearningRates' value, else the
+  // group's own lr when the config has no schedule, else the schedule's.
+  double LrFor(size_t og) const;
   Status ComputeMissingStats();
   Status ExchangeStats(double local_sum_sq, bool local_nonfinite, double* global_sum_sq,
                        bool* global_nonfinite);

@@ -144,8 +144,8 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t,
   const Tier opt_tier = on_device ? Tier::kDevice : ComputeTier(opt_home),
              grad_tier = on_device ? Tier::kDevice : ComputeTier(grad_home),
              param_tier = on_device ? Tier::kDevice : ComputeTier(param_home);
-  kernels::AdamHyper h = hyper;
-  h.grad_scale = grad_scale;
+  std::vector<kernels::AdamHyper> hs = hyper;
+  for (kernels::AdamHyper& h : hs) h.grad_scale = grad_scale;
 
   // Reads and writes share the buffer_count buffers as they free up: neither depth is capped
   // below what the buffers allow. A fixed split ((B-1)/2 ahead) left the disk idle whenever the
@@ -195,6 +195,7 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t,
     STRATA_ASSIGN_OR_RETURN(
         Lease param, store->Acquire(groups[s.group].param, param_tier, param_access, timeout()));
     acquire_ns += Since(a0);
+    const kernels::AdamHyper& h = hs[model.groups[s.group].optimizer_group];
     if (on_device) return AdamOnDevice(*on_device, s, h, master, m, v, grad, param);
     const kernels::AdamShard shard = AdamShardFor(s, master, m, v, grad, param);
     STRATA_RETURN_IF_ERROR(kernels::AdamStep(*pool, h, shard));
@@ -314,6 +315,12 @@ Status Engine::Impl::WaitForUpdate(size_t g) {
                           "': the overlapped optimizer step ended without updating it");
 }
 
+double Engine::Impl::LrFor(size_t og) const {
+  if (!client_lrs.empty()) return client_lrs[og];
+  if (own_lr[og] && schedule->kind() == zero::LrSchedule::Kind::kConstant) return *own_lr[og];
+  return schedule->LrForStep(applied_steps);
+}
+
 Result<StepReport> Engine::Impl::Step() {
   STRATA_RETURN_IF_ERROR(CheckHealthy());
   STRATA_RETURN_IF_ERROR(JoinDeferredStep());
@@ -369,9 +376,11 @@ Result<StepReport> Engine::Impl::Step() {
       }
     }
     report.grad_norm = total_norm / report.loss_scale;
-    report.lr = schedule->LrForStep(applied_steps);
-    hyper.lr = static_cast<float>(report.lr);
-    hyper.step = applied_steps + 1;
+    report.lr = LrFor(0);
+    for (size_t og = 0; og < hyper.size(); ++og) {
+      hyper[og].lr = static_cast<float>(LrFor(og));
+      hyper[og].step = applied_steps + 1;
+    }
     grad_scale = static_cast<float>(1.0 / combined);
     if (overlap_step) {
       launch = true;  // below, once the bookkeeping the job must not race with is done

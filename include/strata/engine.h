@@ -107,6 +107,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -132,6 +133,10 @@ struct ParamSpec {
 struct GroupSpec {
   std::string name;  // "layer3"; used in block names and every error about the group
   std::vector<ParamSpec> params;
+  // The optimizer parameter group (torch's param_groups) whose hyperparameters the group's Adam
+  // uses: an index into EngineOptions::optimizer_groups (0 when that is empty). One group, one
+  // set of hyperparameters: a module whose parameters sit in two optimizer groups is two groups.
+  uint32_t optimizer_group = 0;
   size_t numel() const;
 };
 
@@ -141,6 +146,17 @@ struct ModelSpec {
   // InvalidArgument naming the first problem: no groups, an empty group, a duplicate or empty
   // name, a non-positive dimension, an element count that overflows.
   Status Validate() const;
+};
+
+// One optimizer parameter group's hyperparameters (torch's param_groups[i]); each unset one is
+// the config's optimizer.params value. The config's scheduler, when it has one, sets every
+// group's lr at every step, as DeepSpeed's schedulers do; without one a group keeps its lr.
+// Engine::SetLearningRates overrides both (a client scheduler).
+struct OptimizerGroupOptions {
+  std::optional<double> lr;
+  std::optional<double> beta1, beta2;
+  std::optional<double> eps;
+  std::optional<double> weight_decay;
 };
 
 struct EngineOptions {
@@ -190,6 +206,10 @@ struct EngineOptions {
   // Synchronize wait for the whole step first; the Init calls are refused once a step was taken.
   // The step's optimizer timings are reported by the next Step.
   bool overlap_step = false;
+  // The optimizer parameter groups GroupSpec::optimizer_group indexes. Empty: one group with the
+  // config's hyperparameters. InvalidArgument (naming the group and the field) for an index out
+  // of range or a hyperparameter Adam refuses.
+  std::vector<OptimizerGroupOptions> optimizer_groups;
 };
 
 // The full parameters of one group on the device (Gather). Move-only; give it back with Release.
@@ -360,7 +380,14 @@ class Engine {
   Result<StepReport> Step();
 
   double LossScale() const;  // multiply the loss by this before backward (1 unless fp16)
-  double lr() const;         // the learning rate the next step will use
+  double lr() const;         // the learning rate the next step will use (optimizer group 0)
+  // The learning rate of each optimizer group for the next step, as lr() for group 0.
+  std::vector<double> lrs() const;
+  // Sets the learning rate of every optimizer group (one value each, finite and >= 0) for this
+  // and every later step until the next call: a trainer's own scheduler drives the engine this
+  // way, and the config's schedule no longer applies. InvalidArgument for the wrong count or a
+  // bad value (nothing changed).
+  Status SetLearningRates(std::span<const double> lrs);
   int64_t global_step() const;
   EngineStats Stats() const;
   // OK, or the first error that failed the engine (an overlapped step's failure once a call has

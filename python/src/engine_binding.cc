@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +36,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -55,6 +57,8 @@ namespace {
 
 using ParamList = std::vector<std::tuple<std::string, std::vector<int64_t>>>;
 using GroupList = std::vector<std::tuple<std::string, ParamList>>;
+// Optimizer groups as {"lr", "beta1", "beta2", "eps", "weight_decay"} -> value, each optional.
+using OptimizerGroupList = std::vector<std::map<std::string, double>>;
 using FloatArray = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
 
 nb::dlpack::dtype ToDLPack(DType dt) {
@@ -94,16 +98,46 @@ nb::dict TierDict(const PerTier<uint64_t>& t) {
   return d;
 }
 
+OptimizerGroupOptions ToOptimizerGroup(const std::map<std::string, double>& d, size_t index) {
+  OptimizerGroupOptions o;
+  for (const auto& [key, value] : d) {
+    std::optional<double>* field = key == "lr"             ? &o.lr
+                                   : key == "beta1"        ? &o.beta1
+                                   : key == "beta2"        ? &o.beta2
+                                   : key == "eps"          ? &o.eps
+                                   : key == "weight_decay" ? &o.weight_decay
+                                                           : nullptr;
+    if (field == nullptr) {
+      ThrowIfError(Status::InvalidArgument(
+          "optimizer_groups[" + std::to_string(index) + "]: unknown key '" + key +
+          "' (lr, beta1, beta2, eps, weight_decay)"));
+    }
+    *field = value;
+  }
+  return o;
+}
+
 class PyEngine {
  public:
   PyEngine(const GroupList& groups, const std::string& config_json, int rank, int world_size,
            const std::vector<std::string>& nvme_paths, uint64_t device_budget_bytes,
-           int64_t timeout_ms, const std::string& io, int master_port, bool overlap_step) {
+           int64_t timeout_ms, const std::string& io, int master_port, bool overlap_step,
+           const OptimizerGroupList& optimizer_groups,
+           const std::vector<uint32_t>& group_optimizer) {
     ModelSpec model;
     for (const auto& [gname, params] : groups) {
       GroupSpec g{gname, {}};
       for (const auto& [pname, shape] : params) g.params.push_back({pname, shape});
       model.groups.push_back(std::move(g));
+    }
+    if (!group_optimizer.empty()) {
+      if (group_optimizer.size() != model.groups.size()) {
+        ThrowIfError(Status::InvalidArgument(
+            "group_optimizer: " + std::to_string(group_optimizer.size()) + " value(s) for " +
+            std::to_string(model.groups.size()) + " group(s)"));
+      }
+      for (size_t g = 0; g < model.groups.size(); ++g)
+        model.groups[g].optimizer_group = group_optimizer[g];
     }
     ThrowIfError(model.Validate());
     ParseOptions po;
@@ -152,6 +186,8 @@ class PyEngine {
     eo.use_pinned_pool = true;
     eo.timeout = timeout;
     eo.overlap_step = overlap_step;
+    for (size_t i = 0; i < optimizer_groups.size(); ++i)
+      eo.optimizer_groups.push_back(ToOptimizerGroup(optimizer_groups[i], i));
     if (io == "posix") {
       eo.io_kind = IoBackendKind::kPosix;
     } else if (io == "uring") {
@@ -397,14 +433,19 @@ class PyEngine {
 void BindEngine(nb::module_& m) {
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const GroupList&, const std::string&, int, int, const std::vector<std::string>&,
-                    uint64_t, int64_t, const std::string&, int, bool>(),
+                    uint64_t, int64_t, const std::string&, int, bool, const OptimizerGroupList&,
+                    const std::vector<uint32_t>&>(),
            nb::arg("groups"), nb::arg("config_json"), nb::arg("rank") = 0,
            nb::arg("world_size") = 1, nb::arg("nvme_paths") = std::vector<std::string>{},
            nb::arg("device_budget_bytes") = uint64_t{8} << 30, nb::arg("timeout_ms") = 300000,
            nb::arg("io") = "auto", nb::arg("master_port") = 0, nb::arg("overlap_step") = false,
+           nb::arg("optimizer_groups") = OptimizerGroupList{},
+           nb::arg("group_optimizer") = std::vector<uint32_t>{},
            "Creates the engine for `groups` ([(group name, [(param name, shape)])], forward "
            "order) and a DeepSpeed config (JSON text) on HostDevice + Gloo. overlap_step: "
-           "EngineOptions::overlap_step (the optimizer step runs behind the next forward).")
+           "EngineOptions::overlap_step (the optimizer step runs behind the next forward). "
+           "optimizer_groups: EngineOptions::optimizer_groups as dicts of lr, beta1, beta2, eps, "
+           "weight_decay (each optional); group_optimizer[g]: group g's optimizer group.")
       .def("init_from_tensors", &PyEngine::InitFromTensors, nb::arg("tensors"),
            "Initial weights: tensors[g][p] a contiguous float32 CPU array (collective).")
       .def("init_from_rank0", &PyEngine::InitFromRank0, nb::arg("tensors"),
@@ -437,6 +478,16 @@ void BindEngine(nb::module_& m) {
       .def("close", &PyEngine::Close)
       .def_prop_ro("loss_scale", [](PyEngine& e) { return e.engine().LossScale(); })
       .def_prop_ro("lr", [](PyEngine& e) { return e.engine().lr(); })
+      .def_prop_ro("lrs", [](PyEngine& e) { return e.engine().lrs(); },
+                   "The lr of each optimizer group for the next step.")
+      .def(
+          "set_lrs",
+          [](PyEngine& e, const std::vector<double>& lrs) {
+            ThrowIfError(e.engine().SetLearningRates(lrs));
+          },
+          nb::arg("lrs"),
+          "Engine::SetLearningRates: each optimizer group's lr from the next step on (a client "
+          "scheduler); the config's schedule no longer applies.")
       .def_prop_ro("global_step", [](PyEngine& e) { return e.engine().global_step(); })
       .def_prop_ro("rank", [](PyEngine& e) { return e.engine().rank(); })
       .def_prop_ro("world_size", [](PyEngine& e) { return e.engine().world_size(); })

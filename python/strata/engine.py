@@ -51,6 +51,7 @@ import torch
 
 from . import _strata
 from .config import ConfigLike, check_config, ConfigError
+from .optim import ParamGroups
 
 _UNSUPPORTED_TOP_LEVEL = {
     "amp": "apex AMP (use bf16 or fp16 sections)",
@@ -73,18 +74,23 @@ def _full_shape(p: torch.nn.Parameter) -> list:
 
 
 class _Group:
-    __slots__ = ("name", "params")
+    __slots__ = ("name", "params", "optimizer_group")
 
-    def __init__(self, name: str, params: list):
+    def __init__(self, name: str, params: list, optimizer_group: int = 0):
         self.name = name
         self.params = params  # [(qualified name, nn.Parameter)]
+        self.optimizer_group = optimizer_group
 
 
-def _make_groups(model: torch.nn.Module) -> list[_Group]:
+def _make_groups(model: torch.nn.Module, optimizer_group_of: Optional[dict] = None
+                 ) -> list[_Group]:
+    """One group per module that owns parameters, split by optimizer group (optimizer_group_of:
+    id(param) -> index; a module's parameters in groups 0 and 1 give "<module>" and
+    "<module>#1")."""
     seen: set[int] = set()
     groups = []
     for mname, module in model.named_modules():
-        own = []
+        own: dict[int, list] = {}
         for pname, p in module.named_parameters(recurse=False):
             if id(p) in seen:
                 continue  # tied: owned by the first module that registered it
@@ -93,9 +99,11 @@ def _make_groups(model: torch.nn.Module) -> list[_Group]:
                 raise NotImplementedError(
                     f"parameter {mname}.{pname} has requires_grad=False: frozen parameters are "
                     "not supported by strata")
-            own.append((f"{mname}.{pname}" if mname else pname, p))
-        if own:
-            groups.append(_Group(mname or "<root>", own))
+            og = 0 if optimizer_group_of is None else optimizer_group_of[id(p)]
+            own.setdefault(og, []).append((f"{mname}.{pname}" if mname else pname, p))
+        base = mname or "<root>"
+        for k, (og, params) in enumerate(sorted(own.items())):
+            groups.append(_Group(base if k == 0 else f"{base}#{og}", params, og))
     if not groups:
         raise ValueError("the model has no parameters")
     return groups
@@ -225,11 +233,12 @@ class StrataEngine(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, config: dict, rank: int, world_size: int,
                  nvme_paths: Optional[list] = None, device_budget_bytes: int = 8 << 30,
-                 timeout_ms: int = 300000, overlap_step: bool = False):
+                 timeout_ms: int = 300000, overlap_step: bool = False,
+                 param_groups: Optional[ParamGroups] = None, lr_scheduler=None):
         super().__init__()
         self.module = model
         self._config = config
-        self._groups = _make_groups(model)
+        self._groups = _make_groups(model, None if param_groups is None else param_groups.index)
         check = check_config(config, world_size=world_size)
         if not check["ok"]:
             raise ConfigError("invalid DeepSpeed config:\n" +
@@ -242,9 +251,11 @@ class StrataEngine(torch.nn.Module):
         if world_size > 1 and "TORCHELASTIC_RUN_ID" in os.environ and "MASTER_PORT" in os.environ:
             master_port = int(os.environ["MASTER_PORT"]) + 1  # torchrun's store holds MASTER_PORT
         spec = [(g.name, [(n, _full_shape(p)) for n, p in g.params]) for g in self._groups]
-        self._engine = _strata.Engine(spec, json.dumps(config), rank, world_size,
-                                      nvme_paths or [], device_budget_bytes, timeout_ms, "auto",
-                                      master_port, overlap_step)
+        self._engine = _strata.Engine(
+            spec, json.dumps(config), rank, world_size, nvme_paths or [], device_budget_bytes,
+            timeout_ms, "auto", master_port, overlap_step,
+            optimizer_groups=[] if param_groups is None else param_groups.hyper,
+            group_optimizer=[g.optimizer_group for g in self._groups])
         self._dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                        "float16": torch.float16}[self._engine.dtype]
         self._init_weights()
@@ -275,6 +286,17 @@ class StrataEngine(torch.nn.Module):
         self.global_steps = 0
         self.global_samples = 0
         self._last_report: Optional[dict] = None
+        self.optimizer = _EngineOptimizer(self, param_groups)
+        self.lr_scheduler = None
+        self._client_lrs = False  # lrs written by the script or its scheduler drive the engine
+        self._known_lrs: list = []
+        self._pull_lrs()
+        if lr_scheduler is not None:
+            self.lr_scheduler = (lr_scheduler(self.optimizer) if callable(lr_scheduler) and
+                                 not hasattr(lr_scheduler, "step") else lr_scheduler)
+            self._client_lrs = True
+        elif config.get("scheduler"):
+            self.lr_scheduler = _EngineScheduler(self)
 
     def _init_weights(self) -> None:
         parts = [[getattr(p, "_strata_part", None) for _, p in g.params] for g in self._groups]
@@ -286,7 +308,11 @@ class StrataEngine(torch.nn.Module):
             self._engine.init_from_rank0(init)
             return
         # strata.zero.Init kept only this rank's range of each group: the engine asks for exactly
-        # the ranges it stores (stage 3), which are those.
+        # the ranges it stores (stage 3), which are those. A module split by optimizer groups
+        # (weights and biases in two param_groups) is two engine groups whose ranges differ from
+        # zero.Init's: its parameters are gathered whole first (one at a time, collective; the
+        # split is the same on every rank).
+        self._gather_split_parts(parts)
         for gi, g in enumerate(self._groups):
             if all(x is None for x in parts[gi]):
                 continue  # built outside zero.Init: whole
@@ -315,6 +341,25 @@ class StrataEngine(torch.nn.Module):
             for (_, p), part in zip(g.params, parts[gi]):
                 if part is not None:
                     del p._strata_part
+
+    def _gather_split_parts(self, parts: list) -> None:
+        """zero.Init parts of groups split by optimizer groups, made whole (parts[gi][pi] None)."""
+        from .zero import _gather_parts
+        split = [(gi, pi) for gi, g in enumerate(self._groups)
+                 for pi, (_, p) in enumerate(g.params)
+                 if parts[gi][pi] is not None and self._optimizer_split(gi, parts[gi][pi])]
+        for gi, pi in split:
+            p = self._groups[gi].params[pi][1]
+            (full,) = _gather_parts([p], self._engine.rank, self._engine.world_size)
+            p.data = full.view(p.ds_shape if hasattr(p, "ds_shape") else _full_shape(p))
+            del p._strata_part
+            parts[gi][pi] = None
+
+    def _optimizer_split(self, gi: int, part) -> bool:
+        """Whether zero.Init partitioned group gi's parameter in a module group that optimizer
+        groups split (its group is a strict subset of the partition's)."""
+        ids = {id(p) for _, p in self._groups[gi].params}
+        return set(part.group_ids) != ids and ids < set(part.group_ids)
 
     def _install_hooks(self) -> None:
         for module in self.module.modules():
@@ -558,13 +603,19 @@ class StrataEngine(torch.nn.Module):
         return (self.micro_steps + 1) % self._gas == 0
 
     def step(self, lr_kwargs=None) -> None:
-        """The optimizer step at the accumulation boundary; a no-op between."""
+        """The optimizer step at the accumulation boundary; a no-op between. Each optimizer
+        group's lr comes from the config's schedule, or, once the script or a client scheduler
+        has written optimizer.param_groups[i]["lr"], from there (read at every step). A client
+        scheduler (initialize(lr_scheduler=...)) is stepped here after each applied (not
+        skipped) step, as DeepSpeed does."""
         if lr_kwargs is not None:
             raise NotImplementedError("step(lr_kwargs=...) is not supported by strata")
         if self.is_gradient_accumulation_boundary():
             self._release_all()
+            self._push_lrs()
             self._last_report = self._engine.step()
             self.global_steps = self._last_report["global_step"]
+            self._after_step(self._last_report["skipped"])
         self.micro_steps += 1
         if self._micro_batch:
             self.global_samples += int(self._micro_batch) * self._engine.world_size
@@ -574,8 +625,33 @@ class StrataEngine(torch.nn.Module):
             for _, p in g.params:
                 p.grad = None
 
+    def _push_lrs(self) -> None:
+        """Hands the engine the param_groups' lrs once someone other than the engine wrote them
+        (a client scheduler, the script's own loop); from then on at every step."""
+        lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+        if self._client_lrs or lrs != self._known_lrs:
+            self._client_lrs = True
+            self._engine.set_lrs(lrs)
+
+    def _pull_lrs(self) -> None:
+        """Writes the lrs of the engine's schedule into param_groups (the script reads them)."""
+        self._known_lrs = list(self._engine.lrs)
+        for g, lr in zip(self.optimizer.param_groups, self._known_lrs):
+            g["lr"] = lr
+
+    def _after_step(self, skipped: bool) -> None:
+        if not self._client_lrs:
+            self._pull_lrs()
+        if skipped:
+            return
+        # torch's schedulers (on the returned optimizer or the client's) warn unless the
+        # optimizer they wrap was stepped.
+        self.optimizer._mark_stepped()
+        if self._client_lrs and self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+
     def get_lr(self) -> list[float]:
-        return [self._engine.lr]
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
 
     def get_global_grad_norm(self) -> Optional[float]:
         return None if self._last_report is None else self._last_report["grad_norm"]
@@ -722,23 +798,59 @@ def _write_safetensors(path: str, tensors: dict, metadata: dict) -> None:
         os.fsync(f.fileno())
 
 
-class _EngineOptimizer:
+class _EngineOptimizer(torch.optim.Optimizer):
     """What deepspeed.initialize returns as the optimizer: the engine's Adam, driven by
-    engine.step(); param_groups report the current learning rate."""
+    engine.step(). param_groups are the groups' hyperparameters (the client optimizer's own list
+    when one was passed): a torch LR scheduler may be built on it, and the lr a script or
+    scheduler writes there is what the next engine.step() uses. The Adam state lives in the
+    engine (partitioned, offloaded): engine.save_checkpoint / load_checkpoint save and restore it,
+    so state_dict() and load_state_dict() refuse rather than return an empty state."""
 
-    def __init__(self, engine: StrataEngine):
+    def __init__(self, engine: StrataEngine, groups: Optional[ParamGroups]):
+        if groups is None:
+            dicts = [{"params": [p for g in engine._groups for _, p in g.params]}]
+        else:
+            dicts = groups.dicts
+        effective = engine._config.get("optimizer", {}).get("params", {})
+        defaults = {"lr": float(effective.get("lr", 1e-3)),
+                    "betas": tuple(effective.get("betas", (0.9, 0.999))),
+                    "eps": float(effective.get("eps", 1e-8)),
+                    "weight_decay": float(effective.get("weight_decay", 0.0))}
+        super().__init__([dict(d) for d in dicts], defaults)
+        self._client = None if groups is None else groups.client
+        if self._client is not None:
+            # The client's own groups (a scheduler built on the client writes there).
+            self.defaults = dict(self._client.defaults)
+            self.param_groups = self._client.param_groups
         self._engine = engine
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return [{"lr": self._engine.get_lr()[0],
-                 "params": [p for g in self._engine._groups for _, p in g.params]}]
+        self._stepping = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._engine.zero_grad()
 
-    def step(self, *a, **k):
-        raise RuntimeError("call engine.step(), not optimizer.step(): the engine runs the optimizer")
+    def step(self, closure=None):
+        if not self._stepping:
+            raise RuntimeError("call engine.step(), not optimizer.step(): the strata engine runs "
+                               "the optimizer at engine.step() (it steps a scheduler passed to "
+                               "initialize too)")
+
+    def _mark_stepped(self) -> None:
+        """Marks this optimizer (and a client's) as stepped for torch's LR schedulers."""
+        self._stepping = True
+        try:
+            self.step()  # through a scheduler's wrapper, which records the call
+        finally:
+            self._stepping = False
+        if self._client is not None:
+            self._client._opt_called = True
+
+    def state_dict(self):
+        raise RuntimeError("the optimizer state lives in the strata engine (partitioned, "
+                           "offloaded): save and restore it with engine.save_checkpoint() and "
+                           "engine.load_checkpoint()")
+
+    def load_state_dict(self, state_dict):
+        self.state_dict()
 
     @property
     def loss_scale(self) -> float:
@@ -760,6 +872,12 @@ class _EngineScheduler:
     def step(self, *a, **k) -> None:
         pass  # engine.step() advances the schedule
 
+    def state_dict(self) -> dict:
+        return {}  # the position is the engine's step count, in its checkpoint
+
+    def load_state_dict(self, state_dict) -> None:
+        pass
+
 
 def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=None,
                model_parameters: Optional[Iterable] = None, training_data=None,
@@ -769,8 +887,16 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
                timeout_ms: int = 300000, overlap_step: bool = False):
     """As deepspeed.initialize: returns (engine, optimizer, training_dataloader, lr_scheduler).
 
-    The optimizer and the LR schedule come from the config's "optimizer" and "scheduler"
-    sections (Adam / AdamW; WarmupLR, WarmupDecayLR, WarmupCosineLR) and run inside the engine.
+    The optimizer is the config's "optimizer" section (Adam / AdamW), or a client optimizer
+    (`optimizer=`: torch.optim.Adam / AdamW, strata.optim.CPUAdam / FusedAdam, with its
+    param_groups; the config then has no "optimizer" section), or the config's with
+    `model_parameters` given as torch param-group dicts (strata/optim.py). It runs inside the
+    engine, per group with the group's hyperparameters. The LR: the config's "scheduler" section
+    (WarmupLR, WarmupDecayLR, WarmupCosineLR), or `lr_scheduler=` (an object with step() that
+    writes the optimizer's param_groups[i]["lr"], e.g. a torch.optim.lr_scheduler built on the
+    client optimizer, or a callable that builds one from the returned optimizer), which
+    engine.step() steps after each applied step, as DeepSpeed does; or whatever the script writes
+    into the returned optimizer's param_groups, read at every step.
     overlap_step=True runs each optimizer step behind the next forward (EngineOptions::
     overlap_step: stage 3 with the optimizer offloaded; the same numbers; a failure of the step
     is raised by the next engine call that waits for it rather than by step()).
@@ -783,31 +909,24 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
         config = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
     if config is None:
         raise ValueError("strata.initialize: config is required (a dict, JSON text or a path)")
-    if optimizer is not None:
-        raise NotImplementedError(
-            "strata.initialize(optimizer=...): a client optimizer is not supported; strata runs "
-            "its own Adam/AdamW from the config's \"optimizer\" section")
-    if lr_scheduler is not None:
-        raise NotImplementedError(
-            "strata.initialize(lr_scheduler=...): a client scheduler is not supported; use the "
-            "config's \"scheduler\" section (WarmupLR, WarmupDecayLR, WarmupCosineLR)")
     if mpu is not None:
         raise NotImplementedError("strata.initialize(mpu=...): model parallelism is not supported")
-    if model_parameters is not None:
-        given = {id(p) for p in model_parameters}
-        if given != {id(p) for p in model.parameters()}:
-            raise NotImplementedError(
-                "strata.initialize(model_parameters=...): only all of model.parameters() is "
-                "supported (no parameter groups or frozen subsets)")
-    _share_rendezvous_secret()
-    rank, world = _env_rank_world()
-    cfg = _load(config)
+    cfg = dict(_load(config))
     for key, what in _UNSUPPORTED_TOP_LEVEL.items():
         if what is not None and cfg.get(key, {}).get("enabled", False):
             raise NotImplementedError(f"config \"{key}\": {what} is not supported by strata")
+    if lr_scheduler is not None and cfg.get("scheduler"):
+        raise ValueError("strata.initialize: the config has a \"scheduler\" section and "
+                         "lr_scheduler= was passed; use one")
+    groups = ParamGroups(model, cfg, optimizer, model_parameters)
+    if groups.optimizer_section is not None:
+        cfg["optimizer"] = groups.optimizer_section
+    _share_rendezvous_secret()
+    rank, world = _env_rank_world()
     engine = StrataEngine(model, cfg, rank, world, nvme_paths=nvme_paths,
                           device_budget_bytes=device_budget_bytes, timeout_ms=timeout_ms,
-                          overlap_step=overlap_step)
+                          overlap_step=overlap_step, param_groups=groups,
+                          lr_scheduler=lr_scheduler)
     loader = None
     if training_data is not None:
         sampler = None
@@ -817,8 +936,7 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
         loader = torch.utils.data.DataLoader(
             training_data, batch_size=engine.train_micro_batch_size_per_gpu() or 1,
             sampler=sampler, collate_fn=collate_fn, shuffle=False)
-    scheduler = _EngineScheduler(engine) if cfg.get("scheduler") else None
-    return engine, _EngineOptimizer(engine), loader, scheduler
+    return engine, engine.optimizer, loader, engine.lr_scheduler
 
 
 def _share_rendezvous_secret() -> None:

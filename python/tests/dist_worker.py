@@ -4,7 +4,8 @@ start for all: torch's import dominates a short run), each with its own engine a
 
 A case is KIND:STAGE:OFFLOAD[:FLAG]; FLAG "init" builds the model inside strata.zero.Init,
 "modifier" writes ln_f.weight through GatheredParameters(modifier_rank=0) before training,
-"rank0" gives ranks other than 0 other weights (initialize takes rank 0's, as DeepSpeed).
+"rank0" gives ranks other than 0 other weights (initialize takes rank 0's, as DeepSpeed),
+"groups" passes a client AdamW with models.decay_groups and a LambdaLR warmup.
 STEPS < 0: the rank leaves right after the engine is set up (a dead rank)."""
 import os
 import sys
@@ -12,7 +13,7 @@ import sys
 import torch
 
 import strata
-from models import batch, ds_config, make_model
+from models import batch, decay_groups, ds_config, make_model, warmup
 
 steps, outdir, nvme = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 cases = sys.argv[4:]
@@ -36,8 +37,13 @@ for i, case in enumerate(cases):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)  # other ranks' weights differ: initialize takes rank 0's
+    kw = {}
+    if flag == ["groups"]:  # a client AdamW with two param groups and a LambdaLR warmup
+        opt = torch.optim.AdamW(decay_groups(model), lr=cfg.pop("optimizer")["params"]["lr"])
+        kw = {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.LambdaLR(opt, warmup)}
     engine, _, _, _ = strata.initialize(
-        model=model, config=cfg, timeout_ms=int(os.environ.get("TEST_TIMEOUT_MS", "60000")))
+        model=model, config=cfg, timeout_ms=int(os.environ.get("TEST_TIMEOUT_MS", "60000")),
+        **kw)
     if steps < 0:
         os._exit(0)
     if flag == ["modifier"]:

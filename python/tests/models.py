@@ -106,11 +106,29 @@ def reference_bf16(kind, steps, lr, wd, seed=0):
     return losses, {n: m.detach().clone() for n, m in zip(names, masters)}
 
 
-def reference(kind, steps, lr, wd, gas=1, world=1, seed=0):
-    """Plain torch fp32 AdamW over the same data (the mean of every rank's micro-batches)."""
+def decay_groups(model, lr2=3e-3):
+    """Two param groups as nanoGPT and HF Trainer build them: weight decay on matrices, none (and
+    here another lr) on biases and norms."""
+    def matrix(p):  # by the whole shape: under strata.zero.Init parameters are empty
+        return len(getattr(p, "ds_shape", p.shape)) >= 2
+    decay = [p for p in model.parameters() if matrix(p)]
+    no_decay = [p for p in model.parameters() if not matrix(p)]
+    return [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0,
+                                                      "lr": lr2}]
+
+
+def warmup(step):
+    """A LambdaLR factor: linear warmup over three steps."""
+    return min(1.0, (step + 1) / 3)
+
+
+def reference(kind, steps, lr, wd, gas=1, world=1, seed=0, groups=False):
+    """Plain torch fp32 AdamW over the same data (the mean of every rank's micro-batches).
+    groups: decay_groups with a LambdaLR warmup (stepped after each step)."""
     model = make_model(kind, seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=wd)
+    params = decay_groups(model) if groups else model.parameters()
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup) if groups else None
     losses = []
     for step in range(steps):
         opt.zero_grad()
@@ -122,6 +140,8 @@ def reference(kind, steps, lr, wd, gas=1, world=1, seed=0):
                 total += loss.item()
         losses.append(total)
         opt.step()
+        if sched is not None:
+            sched.step()
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 

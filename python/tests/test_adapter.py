@@ -465,7 +465,7 @@ def test_config_error_is_an_exception_with_the_message():
 
 def test_unsupported_features_are_named():
     model = make_model("mlp")
-    with pytest.raises(NotImplementedError, match="client optimizer"):
+    with pytest.raises(TypeError, match="SGD is not supported"):
         strata.initialize(model=model, config=ds_config(0),
                           optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     cfg = ds_config(0)

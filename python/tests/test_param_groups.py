@@ -1,0 +1,200 @@
+"""Parameter groups, client optimizers and schedulers (strata/optim.py) in one process against the
+same script in plain torch; two processes: test_distributed.py's "groups" cases."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import strata  # noqa: E402
+
+from models import batch, decay_groups, ds_config, make_model, reference, warmup  # noqa: E402
+
+STEPS = 4
+LR = 1e-2
+
+
+def run(engine, kind="gpt", steps=STEPS):
+    losses = []
+    for step in range(steps):
+        loss = engine(*batch(kind, step))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def master_of(engine, model):
+    master = engine.read_master()
+    return {n: master[n] for n, _ in model.named_parameters() if n in master}
+
+
+def assert_matches(losses, params, ref_losses, ref_params):
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    for n, p in params.items():
+        torch.testing.assert_close(p, ref_params[n], atol=2e-5, rtol=1e-4, msg=n)
+
+
+def client_config(stage, offload, tmp_path):
+    cfg = ds_config(stage, offload, nvme_path=str(tmp_path))
+    del cfg["optimizer"]  # the client brings it
+    return cfg
+
+
+CASES = [(0, "none"), (1, "cpu"), (2, "cpu"), (3, "none"), (3, "nvme")]
+
+
+@pytest.mark.parametrize("stage,offload", CASES, ids=[f"stage{s}-{o}" for s, o in CASES])
+def test_client_adamw_with_two_groups_and_lambdalr_matches_torch(stage, offload, tmp_path):
+    model = make_model("gpt")
+    opt = torch.optim.AdamW(decay_groups(model), lr=LR)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
+    engine, eng_opt, _, eng_sched = strata.initialize(
+        model=model, optimizer=opt, lr_scheduler=sched, config=client_config(stage, offload,
+                                                                             tmp_path))
+    assert eng_sched is sched and eng_opt.param_groups is opt.param_groups
+    # A module whose weight and bias sit in two groups is two engine groups.
+    names = [g.name for g in engine._groups]
+    assert "blocks.0.proj" in names and "blocks.0.proj#1" in names
+    losses = run(engine)
+    ref_losses, ref_params = reference("gpt", STEPS, LR, 0.0, groups=True)
+    assert_matches(losses, master_of(engine, model), ref_losses, ref_params)
+    # The engine stepped the scheduler once per step, as DeepSpeed does.
+    assert sched.last_epoch == STEPS and engine.get_lr() == [LR, 3e-3]
+    engine.close()
+
+
+def test_model_parameters_as_group_dicts_take_the_config_for_missing_keys(tmp_path):
+    model = make_model("mlp")
+    groups = [{"params": [p for p in model.parameters() if p.dim() >= 2]},
+              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    engine, opt, _, _ = strata.initialize(model=model, model_parameters=groups,
+                                          config=ds_config(2, "cpu", lr=LR, wd=0.05))
+    losses = run(engine, "mlp")
+    ref = make_model("mlp")
+    ref_opt = torch.optim.AdamW([{"params": [p for p in ref.parameters() if p.dim() >= 2]},
+                                 {"params": [p for p in ref.parameters() if p.dim() < 2],
+                                  "weight_decay": 0.0}], lr=LR, weight_decay=0.05)
+    ref_losses = []
+    for step in range(STEPS):
+        ref_opt.zero_grad()
+        loss = ref(*batch("mlp", step))
+        loss.backward()
+        ref_opt.step()
+        ref_losses.append(loss.item())
+    assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
+    assert [g["lr"] for g in opt.param_groups] == [LR, LR]
+    engine.close()
+
+
+def test_client_torch_adam_is_l2_weight_decay():
+    model = make_model("mlp")
+    opt = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=0.1)
+    cfg = ds_config(1, "cpu")
+    del cfg["optimizer"]
+    engine, _, _, _ = strata.initialize(model=model, optimizer=opt, config=cfg)
+    losses = run(engine, "mlp")
+    ref = make_model("mlp")
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=LR, weight_decay=0.1)
+    ref_losses = []
+    for step in range(STEPS):
+        ref_opt.zero_grad()
+        loss = ref(*batch("mlp", step))
+        loss.backward()
+        ref_opt.step()
+        ref_losses.append(loss.item())
+    assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
+    engine.close()
+
+
+def test_lr_written_by_the_script_or_a_scheduler_on_the_returned_optimizer_is_used():
+    # The common DeepSpeed pattern: a torch scheduler built on the optimizer initialize returns,
+    # stepped by the script; and a manual lr loop. Both write param_groups[i]["lr"].
+    model = make_model("mlp")
+    engine, opt, _, sched = strata.initialize(model=model, config=ds_config(0, lr=LR))
+    assert sched is None and isinstance(opt, torch.optim.Optimizer)
+    own = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
+    for step in range(STEPS):
+        assert engine.get_lr() == [LR * warmup(step)]
+        loss = engine(*batch("mlp", step))
+        engine.backward(loss)
+        engine.step()
+        own.step()
+        assert engine.last_step_report["lr"] == pytest.approx(LR * warmup(step), rel=1e-12)
+    with pytest.raises(RuntimeError, match="call engine.step"):
+        opt.step()
+    with pytest.raises(RuntimeError, match="save_checkpoint"):
+        opt.state_dict()
+    engine.close()
+
+
+def test_config_scheduler_writes_its_lr_into_param_groups():
+    cfg = ds_config(1, lr=LR)
+    cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": LR,
+                                                       "warmup_num_steps": 4,
+                                                       "warmup_type": "linear"}}
+    model = make_model("mlp")
+    engine, opt, _, sched = strata.initialize(model=model, config=cfg)
+    seen = []
+    for step in range(3):
+        seen.append(opt.param_groups[0]["lr"])
+        loss = engine(*batch("mlp", step))
+        engine.backward(loss)
+        engine.step()
+        assert engine.last_step_report["lr"] == seen[-1]
+    assert seen == [0.0, 0.0, LR / 4] and sched.get_last_lr() == [LR / 2]
+    engine.close()
+
+
+def test_zero_init_with_groups_that_split_modules_trains_as_torch():
+    cfg = ds_config(3, "cpu")
+    del cfg["optimizer"]
+    with strata.zero.Init(config=cfg):
+        model = make_model("gpt")
+    opt = torch.optim.AdamW(decay_groups(model), lr=LR)
+    engine, _, _, _ = strata.initialize(model=model, optimizer=opt, config=cfg,
+                                        lr_scheduler=torch.optim.lr_scheduler.LambdaLR(opt, warmup))
+    losses = run(engine)
+    ref_losses, ref_params = reference("gpt", STEPS, LR, 0.0, groups=True)
+    assert_matches(losses, master_of(engine, model), ref_losses, ref_params)
+    engine.close()
+
+
+def test_what_is_refused_is_named():
+    model = make_model("mlp")
+    no_opt = ds_config(0)
+    del no_opt["optimizer"]
+    with pytest.raises(TypeError, match="torch.optim.sgd.SGD is not supported.*AdamW"):
+        strata.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                          config=no_opt)
+    with pytest.raises(ValueError, match="amsgrad=True"):
+        strata.initialize(model=model, config=no_opt, optimizer=torch.optim.AdamW(
+            model.parameters(), amsgrad=True))
+    with pytest.raises(ValueError, match="\"optimizer\" section and optimizer= was passed"):
+        strata.initialize(model=model, config=ds_config(0),
+                          optimizer=torch.optim.AdamW(model.parameters()))
+    with pytest.raises(ValueError, match="no \"optimizer\" section and no optimizer="):
+        strata.initialize(model=model, config=no_opt)
+    with pytest.raises(NotImplementedError, match="in no optimizer group.*frozen"):
+        strata.initialize(model=model, config=ds_config(0),
+                          model_parameters=list(model.parameters())[:1])
+    with pytest.raises(ValueError, match="unknown param-group key"):
+        strata.initialize(model=model, config=ds_config(0),
+                          model_parameters=[{"params": list(model.parameters()), "momentum": 1}])
+    opt = torch.optim.AdamW(model.parameters())
+    cfg = ds_config(0)
+    cfg["scheduler"] = {"type": "WarmupLR", "params": {}}
+    with pytest.raises(ValueError, match="\"scheduler\" section and lr_scheduler="):
+        strata.initialize(model=model, config=cfg,
+                          lr_scheduler=torch.optim.lr_scheduler.LambdaLR(opt, warmup))
+
+
+def test_deepspeed_cpu_adam_signature():
+    model = make_model("mlp")
+    opt = strata.optim.DeepSpeedCPUAdam(model.parameters(), lr=LR, weight_decay=0.01)
+    with pytest.raises(RuntimeError, match="runs inside the strata engine"):
+        opt.step()
+    cfg = ds_config(2, "cpu")
+    del cfg["optimizer"]
+    engine, _, _, _ = strata.initialize(model=model, optimizer=opt, config=cfg)
+    losses = run(engine, "mlp")
+    ref_losses, ref_params = reference("mlp", STEPS, LR, 0.01)
+    assert_matches(losses, master_of(engine, model), ref_losses, ref_params)
+    engine.close()
