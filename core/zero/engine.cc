@@ -394,14 +394,14 @@ Status ResolveOptimizer(const EngineConfig& c, const ResolvedZero& r, Engine::Im
   STRATA_RETURN_IF_ERROR(RequireResolved(oc.eps.is_auto(), "optimizer.params.eps"));
   STRATA_RETURN_IF_ERROR(
       RequireResolved(oc.weight_decay.is_auto(), "optimizer.params.weight_decay"));
-  e.hyper.beta1 = static_cast<float>(oc.betas.value_or({0.9, 0.999}).first);
-  e.hyper.beta2 = static_cast<float>(oc.betas.value_or({0.9, 0.999}).second);
-  e.hyper.eps = static_cast<float>(oc.eps.value_or(1e-8));
-  e.hyper.weight_decay = static_cast<float>(oc.weight_decay.value_or(0.0));
+  e.hyper.beta1 = oc.betas.value_or({0.9, 0.999}).first;
+  e.hyper.beta2 = oc.betas.value_or({0.9, 0.999}).second;
+  e.hyper.eps = oc.eps.value_or(1e-8);
+  e.hyper.weight_decay = oc.weight_decay.value_or(0.0);
   // DeepSpeed: "AdamW" always decouples; "Adam" does when adam_w_mode (default true).
   e.hyper.decoupled_weight_decay = oc.type == OptimizerType::kAdamW || oc.adam_w_mode;
   e.hyper.bias_correction = oc.bias_correction;
-  e.hyper.lr = static_cast<float>(oc.lr.value_or(1e-3));
+  e.hyper.lr = oc.lr.value_or(1e-3);
   {
     kernels::AdamShard probe;
     STRATA_RETURN_IF_ERROR(kernels::ValidateAdam(e.hyper, probe));

@@ -370,7 +370,7 @@ Result<StepReport> Engine::Impl::Step() {
     }
     report.grad_norm = total_norm / report.loss_scale;
     report.lr = schedule->LrForStep(applied_steps);
-    hyper.lr = static_cast<float>(report.lr);
+    hyper.lr = report.lr;
     hyper.step = applied_steps + 1;
     grad_scale = static_cast<float>(1.0 / combined);
     if (overlap_step) {
