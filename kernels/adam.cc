@@ -9,6 +9,37 @@
 
 namespace strata::kernels {
 
+namespace {
+
+// torch's scalars: Python doubles, folded in double, each rounded to fp32 where an ATen kernel
+// takes it (Scalar::to<float>).
+float F32(double x) { return static_cast<float>(x); }
+
+// m.lerp_(g, 1 - beta1): ATen picks the form by the fp32 weight's size.
+void FoldLerp(double beta1, simd::AdamArgs& a) {
+  const float w = F32(1.0 - beta1);
+  a.lerp_from_end = !(std::abs(w) < 0.5f);
+  a.lerp_coeff = a.lerp_from_end ? w - 1.0f : w;
+}
+
+// torch's bias corrections: Python's float ** is C's pow, step a float.
+void FoldBiasCorrection(const AdamHyper& h, simd::AdamArgs& a) {
+  const double t = static_cast<double>(h.step);
+  const double bc1 = h.bias_correction ? 1.0 - std::pow(h.beta1, t) : 1.0;
+  const double bc2 = h.bias_correction ? 1.0 - std::pow(h.beta2, t) : 1.0;
+  a.neg_step_size = F32(-(h.lr / bc1));
+  a.bc2_sqrt = F32(std::pow(bc2, 0.5));
+}
+
+void FoldWeightDecay(const AdamHyper& h, simd::AdamArgs& a) {
+  a.l2 = !h.decoupled_weight_decay && h.weight_decay != 0.0;
+  a.l2_weight_decay = F32(h.weight_decay);
+  a.decay = h.decoupled_weight_decay && h.weight_decay != 0.0 ? F32(1.0 - h.lr * h.weight_decay)
+                                                               : 1.0f;
+}
+
+}  // namespace
+
 // The CUDA step (cuda_kernels.cu) folds through here too, so both run on the same coefficients.
 simd::AdamArgs simd::FoldAdamArgs(const AdamHyper& h, const AdamShard& s) {
   simd::AdamArgs a;
@@ -20,24 +51,12 @@ simd::AdamArgs simd::FoldAdamArgs(const AdamHyper& h, const AdamShard& s) {
   a.param_out = s.param_out;
   a.out_elem = s.param_out == nullptr ? simd::kElemNone : ElemOf(s.param_out_dtype);
   a.stream_state = h.stream_state;
-  a.beta1 = h.beta1;
-  a.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
-  a.beta2 = h.beta2;
-  a.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
-  a.eps = h.eps;
-  const double t = static_cast<double>(h.step);
-  const double bc1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), t) : 1.0;
-  const double bc2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), t) : 1.0;
-  a.step_size = static_cast<float>(static_cast<double>(h.lr) / bc1);
-  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  if (h.decoupled_weight_decay) {
-    a.l2 = false;
-    a.decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay);
-  } else {
-    a.l2 = h.weight_decay != 0.0f;
-    a.decay = 1.0f;
-    a.l2_weight_decay = h.weight_decay;
-  }
+  FoldLerp(h.beta1, a);
+  a.beta2 = F32(h.beta2);
+  a.one_minus_beta2 = F32(1.0 - h.beta2);
+  a.eps = F32(h.eps);
+  FoldBiasCorrection(h, a);
+  FoldWeightDecay(h, a);
   a.grad_scale = h.grad_scale;
   return a;
 }

@@ -4,27 +4,32 @@
 // One pass per element reads the fp32 master weight p, the fp32 moments m and v and the gradient
 // (fp32, bf16 or fp16), and writes p, m, v and optionally the new parameter as bf16 or fp16
 // (rounded to nearest even, NaN kept), so no separate unscale, clip, decay or cast pass exists.
-// The formula is PyTorch's torch.optim.AdamW / torch.optim.Adam (single-tensor, non-amsgrad,
-// maximize=False), with t = `step` (1 on the first call):
+// The result is torch.optim.AdamW's / torch.optim.Adam's (single-tensor, non-amsgrad,
+// maximize=False, fp32 CPU tensors: what they run for CPU parameters) bit for bit: the same
+// operations in the same order with the same fp32 roundings, the hyper-parameters folded from
+// doubles as torch's Python floats are. kernels/adam_math.h lists them; in short, with t = `step`
+// (1 on the first call):
 //
-//   g  = grad * grad_scale                       (grad_scale = 1/loss_scale * clip coefficient)
-//   Adam (L2):      g  = g + weight_decay * p
+//   g  = grad * grad_scale                       (grad_scale = 1/loss_scale * clip coefficient,
+//                                                 one fp32 multiply as clip_grad_norm_'s)
+//   Adam (L2):      g  = g + weight_decay * p    (one FMA)
 //   AdamW:          p  = p * (1 - lr * weight_decay)
-//   m  = beta1 * m + (1 - beta1) * g
-//   v  = beta2 * v + (1 - beta2) * g * g
+//   m  = lerp(m, g, 1 - beta1)                   (ATen's lerp: one FMA)
+//   v  = v * beta2 + ((1 - beta2) * g) * g       (one FMA)
 //   bc1 = 1 - beta1^t,  bc2 = 1 - beta2^t         (both 1 when bias_correction is off)
-//   p  = p - (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+//   p  = p + (-(lr / bc1) * m) / (sqrt(v) / sqrt(bc2) + eps)
 //   param_out = round_to_nearest_even(p)          (when asked)
 //
-// Arithmetic is fp32 with fused multiply-add where the target has it; bc1, bc2 and their roots
-// are computed in double once per call. PyTorch writes m as lerp(m, g, 1 - beta1) and divides by
-// sqrt(bc2) where this multiplies by its reciprocal: results agree to a few ulp, not bit for bit.
+// One exception: torch's CPU sqrt is MKL's vsSqrt (VML_HA) where torch is built with MKL (x86
+// wheels), within an ulp of the IEEE square root this uses, so torch's own result on such a build
+// differs in the last bit of some denominators. With an IEEE sqrt (builds without MKL, or torch's
+// step run with a correctly rounded sqrt) the results are equal bit for bit.
 // A NaN or Inf in the gradient propagates into p, m and v exactly as in PyTorch: check
 // GradStats (grad_stats.h) first and skip the step on overflow.
 //
 // Determinism: an element's result depends only on its own inputs and the hyper-parameters, never
 // on the thread count, the tile size or its position in the shard (the vector tail runs the same
-// code). It may differ by rounding between SIMD targets (FMA or not).
+// code), nor on the SIMD target: targets without FMA run the element code with std::fma.
 //
 // Thread safety: calls on disjoint shards may run concurrently; a shard must not be touched by
 // anyone else during a call. The step allocates nothing (the pooled one reuses oneTBB's recycled

@@ -7,7 +7,9 @@
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
+#include "kernels/adam_math.h"
 #include "kernels/convert-inl.h"
+#include "kernels/cuda_math.h"
 #include "kernels/simd.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -22,18 +24,21 @@ using VF = hn::Vec<DF>;
 // that nothing else can reach, so after inlining the compiler hoists the broadcasts out of the
 // loop.
 struct AdamCoeffs {
-  float beta1, omb1, beta2, omb2, eps, step_size, inv_sqrt_bc2, decay, wd, gscale;
+  float lerp_coeff, beta2, omb2, eps, bc2_sqrt, neg_step_size, decay, wd, gscale;
+  bool lerp_from_end;
 };
 
+// adam_math::AdamElement on vectors, operation for operation (MulAdd is one FMA on the targets
+// that run this: HWY_NATIVE_FMA).
 template <bool kL2>
 HWY_INLINE void Update(DF df, const AdamCoeffs& c, VF g, VF& p, VF& m, VF& v) {
   g = hn::Mul(g, hn::Set(df, c.gscale));
-  if (kL2) g = hn::MulAdd(hn::Set(df, c.wd), p, g);
+  if (kL2) g = hn::MulAdd(p, hn::Set(df, c.wd), g);
   p = hn::Mul(p, hn::Set(df, c.decay));
-  m = hn::MulAdd(hn::Set(df, c.omb1), g, hn::Mul(hn::Set(df, c.beta1), m));
-  v = hn::MulAdd(hn::Mul(hn::Set(df, c.omb2), g), g, hn::Mul(hn::Set(df, c.beta2), v));
-  const VF denom = hn::MulAdd(hn::Sqrt(v), hn::Set(df, c.inv_sqrt_bc2), hn::Set(df, c.eps));
-  p = hn::NegMulAdd(hn::Set(df, c.step_size), hn::Div(m, denom), p);
+  m = hn::MulAdd(hn::Set(df, c.lerp_coeff), hn::Sub(g, m), c.lerp_from_end ? g : m);
+  v = hn::MulAdd(hn::Mul(hn::Set(df, c.omb2), g), g, hn::Mul(v, hn::Set(df, c.beta2)));
+  const VF denom = hn::Add(hn::Div(hn::Sqrt(v), hn::Set(df, c.bc2_sqrt)), hn::Set(df, c.eps));
+  p = hn::Add(p, hn::Div(hn::Mul(hn::Set(df, c.neg_step_size), m), denom));
 }
 
 // Two fp32 vectors of gradient starting at element i.
@@ -82,12 +87,27 @@ HWY_INLINE bool Aligned(const void* p, size_t bytes) {
   return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
 }
 
+// Targets without a fused multiply-add (SSE4, SSSE3, SCALAR, ...): torch's formula needs three
+// single-rounding FMAs, which MulAdd would split, so these run the shared element code, whose
+// std::fma is exact on any CPU.
 template <int kGrad, int kOut, bool kL2>
-void Loop(const simd::AdamArgs& a, size_t begin, size_t end) {
+void ElementLoop(const simd::AdamArgs& a, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    adam_math::AdamElement<kL2>(a, cuda_math::LoadElem<kGrad>(a.grad, i), a.master[i],
+                                a.exp_avg[i], a.exp_avg_sq[i]);
+    if constexpr (kOut != simd::kElemNone) {
+      static_cast<uint16_t*>(a.param_out)[i] = cuda_math::Narrow<kOut>(a.master[i]);
+    }
+  }
+}
+
+template <int kGrad, int kOut, bool kL2>
+void VectorLoop(const simd::AdamArgs& a, size_t begin, size_t end) {
   const DF df;
   const size_t n = hn::Lanes(df);
-  const AdamCoeffs c{a.beta1,     a.one_minus_beta1, a.beta2, a.one_minus_beta2, a.eps,
-                     a.step_size, a.inv_sqrt_bc2,    a.decay, a.l2_weight_decay, a.grad_scale};
+  const AdamCoeffs c{a.lerp_coeff, a.beta2,           a.one_minus_beta2,  a.eps,
+                     a.bc2_sqrt,   a.neg_step_size,   a.decay,            a.l2_weight_decay,
+                     a.grad_scale, a.lerp_from_end};
   const size_t vec_bytes = n * sizeof(float);  // a u16 vector of 2n lanes has the same size
   const bool stream_state = a.stream_state && Aligned(a.master + begin, vec_bytes) &&
                             Aligned(a.exp_avg + begin, vec_bytes) &&
@@ -126,6 +146,15 @@ void Loop(const simd::AdamArgs& a, size_t begin, size_t end) {
     }
   }
   if (stream_state || stream_out) hwy::FlushStream();
+}
+
+template <int kGrad, int kOut, bool kL2>
+void Loop(const simd::AdamArgs& a, size_t begin, size_t end) {
+#if HWY_NATIVE_FMA
+  VectorLoop<kGrad, kOut, kL2>(a, begin, end);
+#else
+  ElementLoop<kGrad, kOut, kL2>(a, begin, end);
+#endif
 }
 
 template <int kGrad, int kOut>

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "gpu/cuda_check.h"
+#include "kernels/adam_math.h"
 #include "kernels/cuda_math.h"
 #include "kernels/elem.h"
 #include "kernels/simd.h"
@@ -50,7 +51,7 @@ template <int kGrad, int kOut, bool kL2>
 __global__ void AdamKernel(simd::AdamArgs a, size_t n) {
   for (size_t i = FirstIndex(); i < n; i += Stride()) {
     float p = a.master[i], m = a.exp_avg[i], v = a.exp_avg_sq[i];
-    cm::AdamElement<kL2>(a, cm::LoadElem<kGrad>(a.grad, i), p, m, v);
+    adam_math::AdamElement<kL2>(a, cm::LoadElem<kGrad>(a.grad, i), p, m, v);
     a.master[i] = p;
     a.exp_avg[i] = m;
     a.exp_avg_sq[i] = v;

@@ -41,6 +41,13 @@ STRATA_HD float Add(float a, float b) {
   return a + b;
 #endif
 }
+STRATA_HD float Sub(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
 // a * b + c, one rounding.
 STRATA_HD float Fma(float a, float b, float c) {
 #ifdef __CUDA_ARCH__
@@ -99,20 +106,6 @@ STRATA_HD uint16_t Narrow(float x) {
   } else {
     return FloatToHalf(x).bits;
   }
-}
-
-// One element of the fused Adam step: adam_simd.cc's Update() with Highway's MulAdd as Fma and
-// NegMulAdd(a, b, c) = c - a * b as Fma(-a, b, c) (negation is exact, so the rounding is the
-// same), in the same order. `a` holds the coefficients from simd::FoldAdamArgs.
-template <bool kL2>
-STRATA_HD void AdamElement(const simd::AdamArgs& a, float g, float& p, float& m, float& v) {
-  g = Mul(g, a.grad_scale);
-  if constexpr (kL2) g = Fma(a.l2_weight_decay, p, g);
-  p = Mul(p, a.decay);
-  m = Fma(a.one_minus_beta1, g, Mul(a.beta1, m));
-  v = Fma(Mul(a.one_minus_beta2, g), g, Mul(a.beta2, v));
-  const float denom = Fma(Sqrt(v), a.inv_sqrt_bc2, a.eps);
-  p = Fma(-a.step_size, Div(m, denom), p);
 }
 
 // Gradient accumulation (cuda_kernels.h): a product and a sum, each rounded once.

@@ -38,18 +38,20 @@ struct AdamArgs {
   int out_elem = kElemNone;
   bool l2 = false;            // Adam with L2: g += weight_decay * p before the moments.
   bool stream_state = false;  // non-temporal stores for master/m/v when aligned.
-  float beta1 = 0.9f, one_minus_beta1 = 0.1f;
+  // fp32 roundings of torch's Python-double scalars (kernels/adam_math.h).
+  float lerp_coeff = 0.1f;      // w = 1 - beta1 when |w| < 0.5, else w - 1
+  bool lerp_from_end = false;   // |w| >= 0.5: lerp starts from the gradient
   float beta2 = 0.999f, one_minus_beta2 = 0.001f;
   float eps = 1e-8f;
-  float step_size = 1e-3f;       // lr / bias_correction1
-  float inv_sqrt_bc2 = 1.0f;     // 1 / sqrt(bias_correction2)
+  float bc2_sqrt = 1.0f;         // sqrt(bias_correction2), 1 without bias correction
+  float neg_step_size = -1e-3f;  // -lr / bias_correction1
   float decay = 1.0f;            // AdamW: 1 - lr * weight_decay; else 1
   float l2_weight_decay = 0.0f;  // Adam with L2: weight_decay; else unused
   float grad_scale = 1.0f;
 };
 
 // The arguments of one validated (ValidateAdam) step: the shard's arrays and the hyper-parameters
-// folded into per-call coefficients, bias corrections and their roots computed in double. Shared
+// folded into per-call coefficients in double and rounded to fp32 as torch does. Shared
 // by the CPU step (adam.cc) and the CUDA step (cuda_kernels.cu), so both use the same floats.
 AdamArgs FoldAdamArgs(const AdamHyper& hyper, const AdamShard& shard);
 

@@ -5,7 +5,7 @@
 // Two layers:
 //   ReferenceTest  runs without a GPU: the per-element code the kernels are built from
 //                  (kernels/cuda_math.h, compiled here for the host) against the CPU SIMD kernels,
-//                  bit for bit, on every FMA target this CPU has (Adam) and the AVX2 target
+//                  bit for bit, on every target this CPU has (Adam) and the AVX2 target
 //                  (chunk sums). Plus argument validation, which happens before any CUDA call.
 //   CudaKernelsTest  needs a GPU (GTEST_SKIP with the reason otherwise): the kernels themselves
 //                  against that host reference and the CPU kernels. Equality is bitwise except
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kernels/adam.h"
+#include "kernels/adam_math.h"
 #include "kernels/casts.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/cuda_math.h"
@@ -187,7 +188,7 @@ std::vector<AdamHyper> Hypers() {
   return hs;
 }
 
-// The step as the CUDA kernel computes it, on the host (cuda_math.h).
+// The step as the CUDA kernel computes it, on the host (adam_math.h).
 void ReferenceAdam(const AdamHyper& h, const AdamShard& s) {
   const simd::AdamArgs a = simd::FoldAdamArgs(h, s);
   for (size_t i = 0; i < s.n; ++i) {
@@ -196,9 +197,9 @@ void ReferenceAdam(const AdamHyper& h, const AdamShard& s) {
                                                      : cm::LoadElem<simd::kElemF16>(s.grad, i);
     float p = s.master[i], m = s.exp_avg[i], v = s.exp_avg_sq[i];
     if (a.l2) {
-      cm::AdamElement<true>(a, g, p, m, v);
+      adam_math::AdamElement<true>(a, g, p, m, v);
     } else {
-      cm::AdamElement<false>(a, g, p, m, v);
+      adam_math::AdamElement<false>(a, g, p, m, v);
     }
     s.master[i] = p;
     s.exp_avg[i] = m;
@@ -223,17 +224,6 @@ void ExpectSameState(const AdamCase& want, const AdamCase& got, const std::strin
 std::string CaseName(size_t n, DType gt, std::optional<DType> ot, size_t hyper) {
   return "n=" + std::to_string(n) + " grad=" + std::string(DTypeName(gt)) +
          " out=" + (ot ? std::string(DTypeName(*ot)) : "none") + " hyper#" + std::to_string(hyper);
-}
-
-// The CPU targets whose Adam uses FMA (Highway's MulAdd is an FMA there).
-std::vector<int64_t> FmaTargets() {
-  std::vector<int64_t> out;
-  for (int64_t t : SupportedKernelTargets()) {
-    if (KernelTargetName(t).rfind("AVX2", 0) == 0 || KernelTargetName(t).rfind("AVX3", 0) == 0) {
-      out.push_back(t);
-    }
-  }
-  return out;
 }
 
 std::optional<int64_t> TargetNamed(const std::string& name) {
@@ -313,9 +303,8 @@ std::vector<uint8_t> StatsGrad(DType t, size_t n, uint32_t seed, StatsData data)
 // ----------------------------------------------------------------------------------------------
 // ReferenceTest: no GPU needed.
 
-TEST(ReferenceTest, AdamElementMatchesCpuOnEveryFmaTarget) {
-  const std::vector<int64_t> targets = FmaTargets();
-  if (targets.empty()) GTEST_SKIP() << "this CPU has no FMA target (AVX2/AVX-512)";
+TEST(ReferenceTest, AdamElementMatchesCpuOnEveryTarget) {
+  const std::vector<int64_t> targets = SupportedKernelTargets();
   const std::vector<AdamHyper> hypers = Hypers();
   for (int64_t target : targets) {
     ForcedTarget forced(target);
@@ -557,9 +546,9 @@ class CudaKernelsTest : public ::testing::Test {
   std::vector<void*> allocs_;
 };
 
-TEST_F(CudaKernelsTest, AdamMatchesReferenceAndEveryCpuFmaTarget) {
+TEST_F(CudaKernelsTest, AdamMatchesReferenceAndEveryCpuTarget) {
   const std::vector<AdamHyper> hypers = Hypers();
-  const std::vector<int64_t> targets = FmaTargets();
+  const std::vector<int64_t> targets = SupportedKernelTargets();
   std::vector<size_t> sizes(std::begin(kSizes), std::end(kSizes));
   sizes.insert(sizes.end(), std::begin(kLargeSizes), std::end(kLargeSizes));
   for (size_t n : sizes) {

@@ -1,6 +1,9 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <random>
+#include <string>
+#include <vector>
 
 #include "kernels/adam.h"
 #include "kernels/pool.h"
@@ -266,6 +269,107 @@ TEST_P(AdamTest, ParamOutRoundingAtEdges) {
 }
 
 STRATA_INSTANTIATE_FOR_TARGETS(AdamTest);
+
+// torch.optim.Adam's _single_tensor_adam on one fp32 CPU element, written from torch's source op
+// by op with ATen's fp32 roundings (kernels/adam_math.h explains each); independent of the
+// kernel's own element code. python/tests/test_adam_torch.py holds the engine to torch itself.
+struct TorchRef {
+  float p, m, v;
+  void Step(const AdamHyper& h, float grad) {
+    float g = grad * h.grad_scale;  // clip_grad_norm_: grad.mul_(clip_coef)
+    if (h.weight_decay != 0.0 && h.decoupled_weight_decay) {
+      p = p * static_cast<float>(1.0 - h.lr * h.weight_decay);  // param.mul_(1 - lr * wd)
+    } else if (h.weight_decay != 0.0) {
+      g = std::fma(p, static_cast<float>(h.weight_decay), g);  // grad.add(param, alpha=wd)
+    }
+    const float w = static_cast<float>(1.0 - h.beta1);  // exp_avg.lerp_(grad, 1 - beta1)
+    m = std::abs(w) < 0.5f ? std::fma(w, g - m, m) : std::fma(w - 1.0f, g - m, g);
+    v = v * static_cast<float>(h.beta2);  // exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2)
+    v = std::fma(static_cast<float>(1.0 - h.beta2) * g, g, v);
+    const double t = static_cast<double>(h.step);
+    const double bc1 = h.bias_correction ? 1.0 - std::pow(h.beta1, t) : 1.0;
+    const double bc2 = h.bias_correction ? 1.0 - std::pow(h.beta2, t) : 1.0;
+    const double step_size = h.lr / bc1;
+    const double bc2_sqrt = std::pow(bc2, 0.5);  // Python's bias_correction2**0.5
+    const float denom = std::sqrt(v) / static_cast<float>(bc2_sqrt) + static_cast<float>(h.eps);
+    p = p + (static_cast<float>(-step_size) * m) / denom;  // addcdiv_(m, denom, -step_size)
+  }
+};
+
+bool SameBits(float a, float b) {
+  return std::memcmp(&a, &b, 4) == 0 || (std::isnan(a) && std::isnan(b));
+}
+
+// Gradients of every scale: ordinary, tiny (subnormal squares), huge (overflowing squares), zero.
+float TorchCaseGrad(std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  switch (rng() % 8) {
+    case 0:
+      return 0.0f;
+    case 1:
+      return nd(rng) * 1e-30f;
+    case 2:
+      return nd(rng) * 1e-42f;
+    case 3:
+      return nd(rng) * 1e25f;
+    default:
+      return nd(rng) * 1e-3f;
+  }
+}
+
+std::vector<AdamHyper> TorchHypers() {
+  std::vector<AdamHyper> hs(6);
+  hs[0].weight_decay = 0.01;  // AdamW as torch.optim.AdamW's defaults
+  hs[1].decoupled_weight_decay = false;  // torch.optim.Adam with L2
+  hs[1].weight_decay = 0.1;
+  hs[1].lr = 3e-2;
+  hs[2].bias_correction = false;
+  hs[2].weight_decay = 0.05;
+  hs[3].beta1 = 0.3;  // lerp weight 0.7: ATen's other lerp form
+  hs[3].beta2 = 0.95;
+  hs[3].eps = 1e-6;
+  hs[4].grad_scale = 0.37f;  // a clipping coefficient
+  hs[4].lr = 0.5;
+  hs[5].beta1 = 0.0;
+  hs[5].weight_decay = 0.2;
+  return hs;
+}
+
+// Every target equals torch's order bit for bit: master, m and v, over several steps, from torch's
+// zero moments, for fp32 and the fp32 master of the 16-bit paths.
+TEST_P(AdamTest, EqualsTorchOrderBitForBit) {
+  const std::vector<AdamHyper> hypers = TorchHypers();
+  for (size_t n : Sizes()) {
+    for (DType gt : kGradTypes) {
+      for (size_t hi = 0; hi < hypers.size(); ++hi) {
+        if (n > 10000 && hi > 0) continue;  // the large size on one hyper set is enough
+        Shard s(n, gt, DType::kBF16, static_cast<uint32_t>(n * 13 + hi));
+        std::vector<TorchRef> ref(n);
+        for (size_t i = 0; i < n; ++i) {
+          s.m[i] = s.v[i] = 0.0f;
+          ref[i] = {s.p[i], 0.0f, 0.0f};
+        }
+        std::mt19937 rng(static_cast<uint32_t>(hi + 1));
+        AdamHyper h = hypers[hi];
+        for (int step = 1; step <= 4; ++step) {
+          h.step = step;
+          for (size_t i = 0; i < n; ++i) s.SetGrad(i, TorchCaseGrad(rng));
+          ASSERT_TRUE(AdamStep(h, s.View()).ok());
+          for (size_t i = 0; i < n; ++i) {
+            ref[i].Step(h, s.g32[i]);
+            if (SameBits(s.p[i], ref[i].p) && SameBits(s.m[i], ref[i].m) &&
+                SameBits(s.v[i], ref[i].v)) {
+              continue;
+            }
+            FAIL() << "n=" << n << " grad=" << DTypeName(gt) << " hyper#" << hi << " step "
+                   << step << " i=" << i << ": p " << s.p[i] << " vs " << ref[i].p << ", m "
+                   << s.m[i] << " vs " << ref[i].m << ", v " << s.v[i] << " vs " << ref[i].v;
+          }
+        }
+      }
+    }
+  }
+}
 
 TEST(AdamApiTest, ValidationNamesTheField) {
   Shard s(16, DType::kF32, std::nullopt, 1);

@@ -377,11 +377,11 @@ struct CreateState {
 Status ResolveOptimizerGroup(const kernels::AdamHyper& base, const OptimizerGroupOptions& o,
                              size_t index, Engine::Impl& e) {
   kernels::AdamHyper h = base;
-  if (o.lr) h.lr = static_cast<float>(*o.lr);
-  if (o.beta1) h.beta1 = static_cast<float>(*o.beta1);
-  if (o.beta2) h.beta2 = static_cast<float>(*o.beta2);
-  if (o.eps) h.eps = static_cast<float>(*o.eps);
-  if (o.weight_decay) h.weight_decay = static_cast<float>(*o.weight_decay);
+  if (o.lr) h.lr = *o.lr;
+  if (o.beta1) h.beta1 = *o.beta1;
+  if (o.beta2) h.beta2 = *o.beta2;
+  if (o.eps) h.eps = *o.eps;
+  if (o.weight_decay) h.weight_decay = *o.weight_decay;
   kernels::AdamShard probe;
   Status st = kernels::ValidateAdam(h, probe);
   if (!st.ok()) {
@@ -417,14 +417,14 @@ Status ResolveOptimizer(const EngineConfig& c, const ResolvedZero& r,
   STRATA_RETURN_IF_ERROR(
       RequireResolved(oc.weight_decay.is_auto(), "optimizer.params.weight_decay"));
   kernels::AdamHyper base;
-  base.beta1 = static_cast<float>(oc.betas.value_or({0.9, 0.999}).first);
-  base.beta2 = static_cast<float>(oc.betas.value_or({0.9, 0.999}).second);
-  base.eps = static_cast<float>(oc.eps.value_or(1e-8));
-  base.weight_decay = static_cast<float>(oc.weight_decay.value_or(0.0));
+  base.beta1 = oc.betas.value_or({0.9, 0.999}).first;
+  base.beta2 = oc.betas.value_or({0.9, 0.999}).second;
+  base.eps = oc.eps.value_or(1e-8);
+  base.weight_decay = oc.weight_decay.value_or(0.0);
   // DeepSpeed: "AdamW" always decouples; "Adam" does when adam_w_mode (default true).
   base.decoupled_weight_decay = oc.type == OptimizerType::kAdamW || oc.adam_w_mode;
   base.bias_correction = oc.bias_correction;
-  base.lr = static_cast<float>(oc.lr.value_or(1e-3));
+  base.lr = oc.lr.value_or(1e-3);
   const std::vector<OptimizerGroupOptions> one(1);
   const std::vector<OptimizerGroupOptions>& og = groups.empty() ? one : groups;
   for (size_t i = 0; i < og.size(); ++i) {

@@ -378,7 +378,7 @@ Result<StepReport> Engine::Impl::Step() {
     report.grad_norm = total_norm / report.loss_scale;
     report.lr = LrFor(0);
     for (size_t og = 0; og < hyper.size(); ++og) {
-      hyper[og].lr = static_cast<float>(LrFor(og));
+      hyper[og].lr = LrFor(og);
       hyper[og].step = applied_steps + 1;
     }
     grad_scale = static_cast<float>(1.0 / combined);

@@ -58,11 +58,13 @@ inline constexpr size_t kStatsChunk = 4096;
 
 // Hyper-parameters of one Adam step (the formula above).
 struct AdamHyper {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;         // in [0, 1)
-  float beta2 = 0.999f;       // in [0, 1)
-  float eps = 1e-8f;          // > 0
-  float weight_decay = 0.0f;  // >= 0
+  // Doubles, as torch.optim's Python floats: the step rounds them to fp32 where torch does
+  // (kernels/adam.h), so 0.9 and 0.9f are different hyper-parameters.
+  double lr = 1e-3;
+  double beta1 = 0.9;         // in [0, 1)
+  double beta2 = 0.999;       // in [0, 1)
+  double eps = 1e-8;          // > 0
+  double weight_decay = 0.0;  // >= 0
   // true: AdamW (decoupled decay, torch.optim.AdamW); false: Adam with L2 added to the gradient
   // (torch.optim.Adam's weight_decay).
   bool decoupled_weight_decay = true;
