@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "kernels/adam.h"
+#include "kernels/adam_math.h"
 #include "kernels/cuda_math.h"
 #include "kernels/elem.h"
 #include "kernels/grad_stats.h"
@@ -206,9 +207,9 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
             float p = a.master[i], m = a.exp_avg[i], v = a.exp_avg_sq[i];
             const float g = LoadAny(a.grad_elem, a.grad, i);
             if (a.l2) {
-              kernels::cuda_math::AdamElement<true>(a, g, p, m, v);
+              kernels::adam_math::AdamElement<true>(a, g, p, m, v);
             } else {
-              kernels::cuda_math::AdamElement<false>(a, g, p, m, v);
+              kernels::adam_math::AdamElement<false>(a, g, p, m, v);
             }
             a.master[i] = p;
             a.exp_avg[i] = m;
