@@ -39,6 +39,7 @@ uint64_t SubGroupsOf(uint64_t shard_elems, uint64_t sub_group_elems);
 struct GroupRun {
   uint64_t numel = 0;
   uint64_t count = 1;
+  bool trainable = true;  // false: frozen, its params only (no sub-groups, gradient or states)
 };
 
 // Bytes per element of each state.

@@ -141,6 +141,24 @@ TEST(PlannerPlace, NoOffloadEachStage) {
   EXPECT_DOUBLE_EQ(s3.pcie_bytes_per_gpu, 0);
 }
 
+// A LoRA fine-tune: 7B frozen at 2 B/param, only the adapters' 40M at 16 B (master, m, v, fp32
+// grad) on 8 GPUs, stage 3 with the optimizer and the params on cpu.
+TEST(PlannerPlace, FrozenParamsCostTheirWorkingParamsOnly) {
+  PlanInput in = Ref();
+  in.params = 7.04e9;
+  in.trainable_params = 4e7;
+  const Placement p = Place(in, 3, D::kCpu, D::kCpu);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "params, 1/N shard"), 8 * 2 * 7.04e9 / 8);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "optimizer state"), 8 * 12 * 4e7 / 8);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "grads (fp32)"), 8 * 4 * 4e7 / 8);
+  // All trainable: the same params, 176 times the optimizer state.
+  in.trainable_params = 0;
+  const Placement all = Place(in, 3, D::kCpu, D::kCpu);
+  EXPECT_DOUBLE_EQ(ItemBytes(all, Tier::kHost, "optimizer state"), 8 * 12 * 7.04e9 / 8);
+  in.trainable_params = 8e9;
+  EXPECT_EQ(ValidatePlanInput(in).code(), Status::Code::kInvalidArgument);
+}
+
 TEST(PlannerPlace, WorkingSetFollowsOverlapAndLargestGroup) {
   PlanInput in = Ref();
   in.zero.overlap_comm = true;

@@ -47,7 +47,12 @@ sched::StateLayout PlannedStates(const PlanInput& in, const sched::StatePlacemen
   const uint64_t psi = elems(in.params), group = std::max<uint64_t>(1, elems(LargestGroup(in)));
   sched::StateLayoutInput li;
   li.world = static_cast<int>(in.capacity.Ranks());
-  li.groups = {{group, psi / group}, {psi % group, 1}};
+  // Trainable groups first, then the frozen ones (params only), each in groups of `group`.
+  const uint64_t trainable = in.trainable_params > 0 ? elems(in.trainable_params) : psi;
+  const uint64_t frozen = psi - std::min(psi, trainable);
+  const uint64_t train = psi - frozen;
+  li.groups = {{group, train / group}, {train % group, 1}, {group, frozen / group, false},
+               {frozen % group, 1, false}};
   // sub_group_size 0: one sub-group per tensor, the largest group standing in for the largest
   // tensor (the planner knows no tensors).
   li.sub_group_elems = sched::SubGroupElems(elems(in.zero.sub_group_size), group, 1);
@@ -177,6 +182,9 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
   const ZeroSettings& z = in.zero;
   const double g_per_node = in.capacity.gpus_per_node;
   const double shard = in.params / static_cast<double>(in.capacity.Ranks());
+  // The trainable part's shard: what the optimizer reads, writes and sends back.
+  const double tshard = (in.trainable_params > 0 ? in.trainable_params : in.params) /
+                        static_cast<double>(in.capacity.Ranks());
   const double k = z.gradient_accumulation_steps;
   const sched::StateLayout& st = b.states;
   Placement& p = b.p;
@@ -214,15 +222,15 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
       b.Add(Tier::kNvme, "grads (fp32), 1/N shard per GPU", g_per_node * st.grad_bytes);
       // Step: read and write master/m/v once; grads written each micro-step and read back
       // (accumulation, then the step): 2k reads+writes.
-      nvme_io += 2 * r.OptimizerBytes() * shard + 2 * k * GradStateBytes() * shard;
+      nvme_io += 2 * r.OptimizerBytes() * tshard + 2 * k * GradStateBytes() * tshard;
       break;
     }
   }
   if (p.offload_optimizer != OffloadDevice::kNone) {
     // Reduced grad shard to the host each micro-step (stage >= 2) or once (stage 1).
-    pcie += (stage >= 2 ? k : 1) * r.grad_bytes * shard;
+    pcie += (stage >= 2 ? k : 1) * r.grad_bytes * tshard;
     // The updated param16 shard back to the GPU, unless params live on the host anyway.
-    if (p.offload_param == OffloadDevice::kNone) pcie += r.param_bytes * shard;
+    if (p.offload_param == OffloadDevice::kNone) pcie += r.param_bytes * tshard;
   }
 
   if (p.offload_param != OffloadDevice::kNone) {
@@ -387,6 +395,11 @@ double LedgerBytesPerGpu(const Recipe& r, int stage, double psi, int64_t ranks) 
 Status ValidatePlanInput(const PlanInput& in) {
   STRATA_RETURN_IF_ERROR(CheckPositive(in.params, "params"));
   STRATA_RETURN_IF_ERROR(CheckNonNegative(in.largest_group_params, "largest group params"));
+  STRATA_RETURN_IF_ERROR(CheckNonNegative(in.trainable_params, "trainable params"));
+  if (in.trainable_params > in.params) {
+    return Status::InvalidArgument("trainable params (" + Fmt(in.trainable_params) +
+                                   ") exceed params (" + Fmt(in.params) + ")");
+  }
   STRATA_RETURN_IF_ERROR(CheckNonNegative(in.activation_bytes_per_gpu, "activation bytes"));
   STRATA_RETURN_IF_ERROR(CheckPositive(in.target_step_seconds, "target step seconds"));
   const Recipe& r = in.recipe;

@@ -125,6 +125,7 @@ ckpt::Manifest BaseManifest(const Engine::Impl& e, const std::string& tag) {
     for (const ParamSpec& p : e.model.groups[g].params) ge.params.push_back({p.name, p.shape});
     ge.numel = e.groups[g].numel;
     ge.shard_elems = e.groups[g].shard.shard_elems;
+    ge.trainable = e.model.groups[g].trainable;
     m.groups.push_back(std::move(ge));
   }
   m.global_step = e.global_step;
@@ -159,6 +160,7 @@ Result<std::vector<Piece>> RankPieces(const Engine::Impl& e) {
     const uint64_t off =
         e.placement.params_partitioned ? 0 : static_cast<uint64_t>(e.rank) * s * e.elt;
     out.push_back({gs.param, param_tier, off, s * e.elt});
+    if (!e.model.groups[&gs - e.groups.data()].trainable) continue;  // param16 only
     for (int k = 1; k < 4; ++k) {
       uint64_t covered = 0;
       for (size_t si : gs.sub_groups) {
@@ -416,6 +418,10 @@ Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m) {
       diffs.push_back("group '" + mg.name + "': " + std::to_string(cg.params.size()) +
                       " params in the checkpoint, " + std::to_string(mg.params.size()) +
                       " in the model");
+    }
+    if (!cg.trainable && mg.trainable) {
+      diffs.push_back("group '" + mg.name + "' is frozen in the checkpoint (no optimizer state "
+                      "saved), trainable in the model");
     }
     for (size_t p = 0; p < std::min(cg.params.size(), mg.params.size()); ++p) {
       if (cg.params[p].name != mg.params[p].name || cg.params[p].shape != mg.params[p].shape) {

@@ -76,6 +76,7 @@ std::string Manifest::ToJson() const {
     for (const ParamEntry& p : g.params) params.push_back({{"name", p.name}, {"shape", p.shape}});
     groups_j.push_back(
         {{"name", g.name}, {"params", params}, {"numel", g.numel}, {"shard_elems", g.shard_elems}});
+    if (!g.trainable) groups_j.back()["trainable"] = false;
   }
   j["model"] = {{"groups", groups_j}};
   j["shard_layout"] = {
@@ -136,6 +137,7 @@ Result<Manifest> Manifest::FromJson(const std::string& text) {
       ge.name = g.at("name").get<std::string>();
       ge.numel = g.at("numel").get<uint64_t>();
       ge.shard_elems = g.at("shard_elems").get<uint64_t>();
+      ge.trainable = g.value("trainable", true);
       for (const json& p : g.at("params")) {
         ge.params.push_back(
             {p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>()});
@@ -190,6 +192,11 @@ std::string RankFileHeader(const Manifest& m, int rank, uint64_t* data_start,
   for (const GroupEntry& g : m.groups) {
     for (size_t k = 0; k < kNumStateKinds; ++k) {
       TensorLoc t;
+      if (!g.HasKind(k)) {  // a frozen group's optimizer state: an empty place, not in the file
+        t.begin = t.end = off;
+        l.push_back(std::move(t));
+        continue;
+      }
       t.name = Manifest::TensorName(g.name, kStateKinds[k], rank);
       t.dtype = k == 0 ? m.param_dtype : "F32";
       t.shape = {static_cast<int64_t>(g.shard_elems)};
@@ -514,6 +521,29 @@ Status VerifyFiles(const std::string& dir, const Manifest& m, const std::vector<
   return Status::OK();
 }
 
+namespace {
+
+// Whether a rank file's tensors (`got`, file order) are the ones RankFileHeader lays out in
+// `want`; on true, `want` takes the file's offsets (its empty places, a frozen group's optimizer
+// states, stay empty).
+bool MatchLayout(const std::vector<TensorLoc>& got, std::vector<TensorLoc>* want) {
+  size_t i = 0;
+  for (TensorLoc& w : *want) {
+    if (w.name.empty()) continue;
+    if (i >= got.size()) return false;
+    const TensorLoc& g = got[i++];
+    if (g.name != w.name || g.dtype != w.dtype || g.shape != w.shape ||
+        g.end - g.begin != w.end - w.begin) {
+      return false;
+    }
+    w.begin = g.begin;
+    w.end = g.end;
+  }
+  return i == got.size();
+}
+
+}  // namespace
+
 Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag) {
   STRATA_ASSIGN_OR_RETURN(std::string t, ResolveTag(dir, tag));
   STRATA_ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir, t));
@@ -528,13 +558,7 @@ Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag
     std::vector<TensorLoc> want;
     uint64_t data_start = 0;
     RankFileHeader(m, f.rank, &data_start, &want);
-    bool same = got.size() == want.size();
-    for (size_t i = 0; same && i < got.size(); ++i) {
-      same = got[i].name == want[i].name &&
-             got[i].end - got[i].begin == want[i].end - want[i].begin &&
-             got[i].dtype == want[i].dtype && got[i].shape == want[i].shape;
-    }
-    if (!same) return Status::Corruption(path + ": its tensors do not match the manifest's layout");
+    if (!MatchLayout(got, &want)) return Status::Corruption(path + ": its tensors do not match the manifest's layout");
   }
   return m;
 }
@@ -553,6 +577,10 @@ RangeReader::RangeReader(std::string tag_dir, const Manifest& m, const StreamOpt
 RangeReader::~RangeReader() = default;
 
 Status RangeReader::Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, void* out) {
+  if (!m_.groups[g].HasKind(kind)) {
+    return Status::FailedPrecondition("group '" + m_.groups[g].name + "' is frozen: the checkpoint "
+                                      "holds no " + std::string(kStateKinds[kind]) + " for it");
+  }
   const uint64_t eb = m_.ElemBytes(kind);
   const uint64_t s = m_.groups[g].shard_elems;
   uint8_t* dst = static_cast<uint8_t*>(out);
@@ -575,6 +603,20 @@ Status RangeReader::Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, 
   return Status::OK();
 }
 
+Status RangeReader::ReadFp32(size_t g, uint64_t begin, uint64_t elems, float* out) {
+  if (m_.groups[g].trainable) return Read(g, 1, begin, elems, out);
+  if (m_.param_dtype == "F32") return Read(g, 0, begin, elems, out);
+  // 16-bit values in the upper half of out, widened from the front (each slot is read before
+  // any wider value reaches it).
+  uint16_t* half = reinterpret_cast<uint16_t*>(out) + elems;
+  STRATA_RETURN_IF_ERROR(Read(g, 0, begin, elems, half));
+  const bool bf16 = m_.param_dtype == "BF16";
+  for (uint64_t i = 0; i < elems; ++i) {
+    out[i] = bf16 ? Bf16ToFloat(bf16_t{half[i]}) : HalfToFloat(f16_t{half[i]});
+  }
+  return Status::OK();
+}
+
 Result<uint64_t> RangeReader::FileXxh3(int r) {
   if (r != hash_rank_) return Status::FailedPrecondition(Path(r) + ": not hashed while read");
   STRATA_RETURN_IF_ERROR(Open(r));
@@ -589,14 +631,9 @@ Status RangeReader::Open(int r) {
   std::vector<TensorLoc> want;
   RankFileHeader(m_, r, &data_start, &want);
   STRATA_ASSIGN_OR_RETURN(std::vector<TensorLoc> got, ReadSafetensorsHeader(Path(r)));
-  bool same = got.size() == want.size();
-  for (size_t i = 0; same && i < got.size(); ++i) {
-    same = got[i].name == want[i].name && got[i].dtype == want[i].dtype &&
-           got[i].end - got[i].begin == want[i].end - want[i].begin;
-  }
-  if (!same)
+  if (!MatchLayout(got, &want))
     return Status::Corruption(Path(r) + ": its tensors do not match the manifest's layout");
-  locs_[static_cast<size_t>(r)] = std::move(got);
+  locs_[static_cast<size_t>(r)] = std::move(want);
   STRATA_ASSIGN_OR_RETURN(streams_[static_cast<size_t>(r)],
                           StreamReader::Open(Path(r), options_, r == hash_rank_));
   return Status::OK();
@@ -722,13 +759,14 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
     for (size_t g = 0; g < n.groups.size(); ++g) {
       const uint64_t s = n.groups[g].shard_elems;
       for (size_t k = 0; k < kNumStateKinds; ++k) {
+        if (!n.groups[g].HasKind(k)) continue;
         const uint64_t eb = n.ElemBytes(k), step = buf.size() / eb;
         for (uint64_t at = 0; at < s; at += step) {
           const uint64_t cnt = std::min(step, s - at);
           const uint64_t begin = static_cast<uint64_t>(r) * s + at;
           if (k == 0 && convert) {
             master.resize(cnt);
-            STRATA_RETURN_IF_ERROR(master_rd->Read(g, 1, begin, cnt, master.data()));
+            STRATA_RETURN_IF_ERROR(master_rd->ReadFp32(g, begin, cnt, master.data()));
             ParamsFromMaster(master.data(), cnt, n.param_dtype, buf.data());
           } else {
             STRATA_RETURN_IF_ERROR(rd.Read(g, k, begin, cnt, buf.data()));

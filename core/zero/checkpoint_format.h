@@ -63,6 +63,10 @@ struct GroupEntry {
   std::vector<ParamEntry> params;
   uint64_t numel = 0;
   uint64_t shard_elems = 0;  // S: rank r holds [r*S, (r+1)*S) of the padded flat buffer
+  // false: a frozen group (GroupSpec::trainable): the rank files hold its param16 only (in JSON
+  // "trainable": false, absent when true).
+  bool trainable = true;
+  bool HasKind(size_t kind) const { return kind == 0 || trainable; }
 };
 
 // Everything manifest.json holds. Field names in JSON are the member names.
@@ -191,7 +195,11 @@ class RangeReader {
   RangeReader& operator=(const RangeReader&) = delete;
   // Elements [begin, begin+elems) of group g's state kind (index into kStateKinds) into out
   // (elems * m.ElemBytes(kind) bytes).
+  // FailedPrecondition for an optimizer state of a frozen group (the files hold none).
   Status Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, void* out);
+  // The parameters' fp32 values: the master of a trainable group, a frozen group's param16
+  // widened (exactly) to fp32.
+  Status ReadFp32(size_t g, uint64_t begin, uint64_t elems, float* out);
   // The XXH3 of all of rank r's file (r == hash_rank), reading what was not read yet.
   // FailedPrecondition when it was read out of order (then hash it with HashFile).
   Result<uint64_t> FileXxh3(int r);

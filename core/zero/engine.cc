@@ -245,7 +245,7 @@ Status Engine::Impl::PublishParams(const SubGroup& s, const float* master, Lease
   return Status::OK();
 }
 
-Status Engine::Impl::AllGatherUpdatedParams() {
+Status Engine::Impl::AllGatherUpdatedParams(bool frozen_too) {
   if (placement.params_partitioned || !placement.optimizer_partitioned || world == 1) {
     return Status::OK();
   }
@@ -254,6 +254,7 @@ Status Engine::Impl::AllGatherUpdatedParams() {
   leases.reserve(groups.size());
   Status first;
   for (size_t g = 0; g < groups.size(); ++g) {
+    if (!model.groups[g].trainable && !frozen_too) continue;  // a step never changes it
     const zero::GroupState& gs = groups[g];
     auto lease = store->Acquire(gs.param, Tier::kDevice, Access::kWrite, timeout());
     if (!lease.ok()) {
@@ -555,6 +556,9 @@ Status PartitionGroups(Engine::Impl& e) {
       gs.param_offsets.push_back(off);
       off += p.numel();
     }
+    // A frozen group's pieces only say what its initialisation writes (no states).
+    const bool trainable = e.model.groups[g].trainable;
+    std::vector<SubGroup>& into = trainable ? e.subs : e.frozen_pieces;
     const int first_owner = e.placement.optimizer_partitioned ? e.rank : 0;
     const int end_owner = e.placement.optimizer_partitioned ? e.rank + 1 : e.world;
     for (int owner = first_owner; owner < end_owner; ++owner) {
@@ -564,8 +568,8 @@ Status PartitionGroups(Engine::Impl& e) {
         s.owner = owner;
         s.offset = o;
         s.elems = std::min(e.sub_group_elems, gs.shard.shard_elems - o);
-        gs.sub_groups.push_back(e.subs.size());
-        e.subs.push_back(s);
+        if (trainable) gs.sub_groups.push_back(e.subs.size());
+        into.push_back(s);
       }
     }
   }
@@ -666,7 +670,7 @@ void LayOut(const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
   L.sub_groups = e.subs.size();
   sched::StateLayoutInput in;
   in.world = e.world;
-  for (const GroupSpec& g : e.model.groups) in.groups.push_back({g.numel(), 1});
+  for (const GroupSpec& g : e.model.groups) in.groups.push_back({g.numel(), 1, g.trainable});
   in.sub_group_elems = e.sub_group_elems;
   in.shard_align_elems = zero::kShardAlignElems;
   in.block_align_bytes = kIoAlignment;  // the store carves host and NVMe space in these units
@@ -756,7 +760,6 @@ Status OpenStore(const EngineConfig& c, EngineOptions& options, Engine::Impl& e,
     }
   }
   STRATA_ASSIGN_OR_RETURN(e.store, OpenTieredStore(std::move(so)));
-  if (!e.store->note().empty()) L.notes.push_back(e.store->note());
   return Status::OK();
 }
 
@@ -805,6 +808,8 @@ Status RegisterBlocks(Engine::Impl& e, std::vector<BlockId>* shard_blocks) {
     }
   }
   if (e.layout.state_bytes[Tier::kNvme] > 0) STRATA_RETURN_IF_ERROR(e.store->OpenNvme());
+  // The store's note (buffered IO, reclaimed swap files of a dead run) once NVMe is open.
+  if (!e.store->note().empty()) e.layout.notes.push_back(e.store->note());
   return Status::OK();
 }
 
@@ -968,6 +973,7 @@ Result<void*> Engine::GradBuffer(size_t group) {
   if (group >= e.groups.size()) {
     return Status::InvalidArgument("GradBuffer: group " + std::to_string(group) + " out of range");
   }
+  if (!e.model.groups[group].trainable) return e.FrozenRefusal("GradBuffer", group);
   zero::GroupState& gs = e.groups[group];
   if (!gs.grad) {
     const uint64_t bytes = gs.shard.padded_elems(e.world) * e.elt;

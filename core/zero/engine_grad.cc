@@ -256,6 +256,7 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   if (g >= groups.size()) {
     return Status::InvalidArgument("ReduceGradients: group " + std::to_string(g) + " out of range");
   }
+  if (!model.groups[g].trainable) return FrozenRefusal("ReduceGradients", g);
   zero::GroupState& gs = groups[g];
   const std::string& name = model.groups[g].name;
   if (!gs.grad) {

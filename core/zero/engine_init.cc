@@ -27,6 +27,7 @@
 #include <string>
 
 #include "core/zero/engine_internal.h"
+#include "kernels/casts.h"
 
 namespace strata {
 
@@ -78,7 +79,16 @@ Status InitMasters(Engine::Impl& e, const char* op, const MasterSource& source) 
                             e.store->Acquire(gs.param, param_tier, Access::kWrite, e.timeout()));
     STRATA_RETURN_IF_ERROR(e.PublishParams(s, m, param));
   }
-  return e.Fail(e.AllGatherUpdatedParams());
+  // Frozen groups: the same values through a scratch piece straight into their params.
+  std::vector<float> scratch;
+  for (const SubGroup& s : e.frozen_pieces) {
+    scratch.assign(s.elems, 0.0f);
+    STRATA_RETURN_IF_ERROR(source(s, scratch.data()));
+    STRATA_ASSIGN_OR_RETURN(Lease param, e.store->Acquire(e.groups[s.group].param, param_tier,
+                                                          Access::kWrite, e.timeout()));
+    STRATA_RETURN_IF_ERROR(e.PublishParams(s, scratch.data(), param));
+  }
+  return e.Fail(e.AllGatherUpdatedParams(/*frozen_too=*/true));
 }
 
 // InvalidArgument naming the first group or parameter whose tensor does not match the model.
@@ -215,6 +225,7 @@ Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float
     verdict = CheckFullTensors(e.model, kOp, tensors);
     size_t largest = 1;
     for (const SubGroup& s : e.subs) largest = std::max(largest, s.elems);
+    for (const SubGroup& s : e.frozen_pieces) largest = std::max(largest, s.elems);
     // Three buffers of world x piece floats (device send / receive, host pack) within the window.
     header.ok = verdict.ok() ? 1 : 0;
     header.piece_elems =
@@ -278,6 +289,41 @@ Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float
 // Read-back
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+// A frozen group's params widened to fp32 into `full` (the padded flat buffer): this rank's
+// replica, or at stage 3 its shard all-gathered (collective then).
+Status ReadFrozenParams(Engine::Impl& e, size_t g, std::vector<float>& full) {
+  const zero::GroupState& gs = e.groups[g];
+  const Tier tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
+  const bool shard_only = e.placement.params_partitioned;
+  const size_t shard = gs.shard.shard_elems;
+  const size_t at = shard_only ? static_cast<size_t>(e.rank) * shard : 0;
+  const size_t n = shard_only ? shard : full.size();
+  {
+    auto l = e.store->Acquire(gs.param, tier, Access::kRead, e.timeout());
+    if (!l.ok()) return e.Fail(l.status());
+    if (e.dtype == DType::kF32) {
+      std::memcpy(full.data() + at, l->data(), n * sizeof(float));
+    } else {
+      STRATA_RETURN_IF_ERROR(kernels::Cast(l->data(), e.dtype, full.data() + at, DType::kF32, n));
+    }
+  }
+  if (!shard_only || e.world == 1) return Status::OK();
+  const uint64_t bytes = full.size() * sizeof(float);
+  auto buf = DeviceBuffer::Make(e.opt.device, bytes);
+  if (!buf.ok()) return e.Fail(buf.status());
+  float* dev = static_cast<float*>(buf->get());
+  STRATA_RETURN_IF_ERROR(
+      e.Fail(e.CopySync(CopyDir::kHostToDevice, dev + at, full.data() + at, n * sizeof(float))));
+  auto h = e.opt.comm->AllGather(dev + at, dev, shard, DType::kF32);
+  if (!h.ok()) return e.Fail(h.status());
+  STRATA_RETURN_IF_ERROR(e.Fail(h->WaitUntil(e.deadline())));
+  return e.Fail(e.CopySync(CopyDir::kDeviceToHost, full.data(), dev, bytes));
+}
+
+}  // namespace
+
 Status Engine::ReadMaster(size_t group, std::span<float> out) {
   Impl& e = *impl_;
   STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());
@@ -291,8 +337,13 @@ Status Engine::ReadMaster(size_t group, std::span<float> out) {
                                    " values given, group '" + e.model.groups[group].name +
                                    "' has " + std::to_string(gs.numel));
   }
-  const Tier tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
   std::vector<float> full(gs.shard.padded_elems(e.world), 0.0f);
+  if (!e.model.groups[group].trainable) {
+    STRATA_RETURN_IF_ERROR(ReadFrozenParams(e, group, full));
+    std::copy(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(gs.numel), out.begin());
+    return Status::OK();
+  }
+  const Tier tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
   for (size_t si : gs.sub_groups) {
     const SubGroup& s = e.subs[si];
     // Failing the engine aborts the all-gather below on the peers (no wait to the deadline).

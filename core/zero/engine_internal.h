@@ -166,6 +166,9 @@ struct Engine::Impl {
   std::unique_ptr<store::GatherScheduler> gather;  // stage 3
   std::vector<zero::GroupState> groups;
   std::vector<zero::SubGroup> subs;
+  // Frozen groups (GroupSpec::trainable false): their shards cut as sub-groups would be, with no
+  // blocks; what the initialisation writes into their params.
+  std::vector<zero::SubGroup> frozen_pieces;
   std::deque<zero::PendingReduce> pending;
   std::shared_future<Status> last_qgz;  // the latest qgZ reduction started (they run in order)
   DeviceBuffer exchange;                // world * 4 floats: the norm / overflow exchange
@@ -222,8 +225,14 @@ struct Engine::Impl {
   // Writes the working params of sub-group s from its fp32 master values into the leased param
   // block (rounding to the working dtype).
   Status PublishParams(const zero::SubGroup& s, const float* master, Lease& param);
-  // Stage 1-2: all-gathers every group's updated shards into the full param replicas.
-  Status AllGatherUpdatedParams();
+  // FailedPrecondition for `op` on frozen group g (GroupSpec::trainable false).
+  Status FrozenRefusal(const char* op, size_t g) const {
+    return Status::FailedPrecondition(std::string(op) + ": group '" + model.groups[g].name +
+                                      "' is frozen (trainable false): it takes no gradient");
+  }
+  // Stage 1-2: all-gathers every trainable group's updated shards into the full param replicas
+  // (and the frozen groups' when `frozen_too`: their initialisation).
+  Status AllGatherUpdatedParams(bool frozen_too = false);
 
   // Device <-> host through the device's copies (a memcpy when the device is host-addressable).
   Status ToHost(void* host, const void* dev, uint64_t bytes);

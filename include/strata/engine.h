@@ -137,6 +137,12 @@ struct GroupSpec {
   // uses: an index into EngineOptions::optimizer_groups (0 when that is empty). One group, one
   // set of hyperparameters: a module whose parameters sit in two optimizer groups is two groups.
   uint32_t optimizer_group = 0;
+  // false: a frozen group (requires_grad=False: a fine-tune's base weights). Only its working
+  // params are stored (on their home, partitioned at stage 3): no gradient, no fp32 master, no
+  // Adam state, so it costs the working dtype's bytes per element. GradBuffer and
+  // ReduceGradients refuse it, Step leaves it unchanged, Save keeps its params, ReadMaster
+  // returns them in fp32.
+  bool trainable = true;
   size_t numel() const;
 };
 

@@ -182,6 +182,9 @@ struct ZeroSettings {
 
 struct PlanInput {
   double params = 0;                    // Ψ. REQUIRES > 0.
+  // Parameters that train (the rest are frozen: a fine-tune's base weights, stored as working
+  // params only, with no gradient, master or Adam state). 0 = all of params; REQUIRES <= params.
+  double trainable_params = 0;
   double largest_group_params = 0;      // largest gathered group (a layer); 0 = not given (taken
                                         // as zero.reduce_bucket_size, never more than params)
   double activation_bytes_per_gpu = 0;  // the caller's estimate, added to HBM

@@ -123,7 +123,8 @@ class PyEngine {
            const std::vector<std::string>& nvme_paths, uint64_t device_budget_bytes,
            int64_t timeout_ms, const std::string& io, int master_port, bool overlap_step,
            const OptimizerGroupList& optimizer_groups,
-           const std::vector<uint32_t>& group_optimizer) {
+           const std::vector<uint32_t>& group_optimizer,
+           const std::vector<bool>& group_trainable) {
     ModelSpec model;
     for (const auto& [gname, params] : groups) {
       GroupSpec g{gname, {}};
@@ -138,6 +139,15 @@ class PyEngine {
       }
       for (size_t g = 0; g < model.groups.size(); ++g)
         model.groups[g].optimizer_group = group_optimizer[g];
+    }
+    if (!group_trainable.empty()) {
+      if (group_trainable.size() != model.groups.size()) {
+        ThrowIfError(Status::InvalidArgument(
+            "group_trainable: " + std::to_string(group_trainable.size()) + " value(s) for " +
+            std::to_string(model.groups.size()) + " group(s)"));
+      }
+      for (size_t g = 0; g < model.groups.size(); ++g)
+        model.groups[g].trainable = group_trainable[g];
     }
     ThrowIfError(model.Validate());
     ParseOptions po;
@@ -434,18 +444,20 @@ void BindEngine(nb::module_& m) {
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const GroupList&, const std::string&, int, int, const std::vector<std::string>&,
                     uint64_t, int64_t, const std::string&, int, bool, const OptimizerGroupList&,
-                    const std::vector<uint32_t>&>(),
+                    const std::vector<uint32_t>&, const std::vector<bool>&>(),
            nb::arg("groups"), nb::arg("config_json"), nb::arg("rank") = 0,
            nb::arg("world_size") = 1, nb::arg("nvme_paths") = std::vector<std::string>{},
            nb::arg("device_budget_bytes") = uint64_t{8} << 30, nb::arg("timeout_ms") = 300000,
            nb::arg("io") = "auto", nb::arg("master_port") = 0, nb::arg("overlap_step") = false,
            nb::arg("optimizer_groups") = OptimizerGroupList{},
            nb::arg("group_optimizer") = std::vector<uint32_t>{},
+           nb::arg("group_trainable") = std::vector<bool>{},
            "Creates the engine for `groups` ([(group name, [(param name, shape)])], forward "
            "order) and a DeepSpeed config (JSON text) on HostDevice + Gloo. overlap_step: "
            "EngineOptions::overlap_step (the optimizer step runs behind the next forward). "
            "optimizer_groups: EngineOptions::optimizer_groups as dicts of lr, beta1, beta2, eps, "
-           "weight_decay (each optional); group_optimizer[g]: group g's optimizer group.")
+           "weight_decay (each optional); group_optimizer[g]: group g's optimizer group; "
+           "group_trainable[g] false: group g is frozen (GroupSpec::trainable).")
       .def("init_from_tensors", &PyEngine::InitFromTensors, nb::arg("tensors"),
            "Initial weights: tensors[g][p] a contiguous float32 CPU array (collective).")
       .def("init_from_rank0", &PyEngine::InitFromRank0, nb::arg("tensors"),

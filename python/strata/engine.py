@@ -74,36 +74,38 @@ def _full_shape(p: torch.nn.Parameter) -> list:
 
 
 class _Group:
-    __slots__ = ("name", "params", "optimizer_group")
+    __slots__ = ("name", "params", "optimizer_group", "trainable")
 
-    def __init__(self, name: str, params: list, optimizer_group: int = 0):
+    def __init__(self, name: str, params: list, optimizer_group: int = 0,
+                 trainable: bool = True):
         self.name = name
         self.params = params  # [(qualified name, nn.Parameter)]
         self.optimizer_group = optimizer_group
+        self.trainable = trainable  # False: frozen (requires_grad=False), params only
 
 
 def _make_groups(model: torch.nn.Module, optimizer_group_of: Optional[dict] = None
                  ) -> list[_Group]:
     """One group per module that owns parameters, split by optimizer group (optimizer_group_of:
     id(param) -> index; a module's parameters in groups 0 and 1 give "<module>" and
-    "<module>#1")."""
+    "<module>#1") and by requires_grad (the frozen ones: "<module>#frozen", no optimizer
+    state)."""
     seen: set[int] = set()
     groups = []
     for mname, module in model.named_modules():
-        own: dict[int, list] = {}
+        own: dict[tuple, list] = {}
         for pname, p in module.named_parameters(recurse=False):
             if id(p) in seen:
                 continue  # tied: owned by the first module that registered it
             seen.add(id(p))
-            if not p.requires_grad:
-                raise NotImplementedError(
-                    f"parameter {mname}.{pname} has requires_grad=False: frozen parameters are "
-                    "not supported by strata")
-            og = 0 if optimizer_group_of is None else optimizer_group_of[id(p)]
-            own.setdefault(og, []).append((f"{mname}.{pname}" if mname else pname, p))
+            og = 0 if optimizer_group_of is None or not p.requires_grad else \
+                optimizer_group_of[id(p)]
+            own.setdefault((not p.requires_grad, og), []).append(
+                (f"{mname}.{pname}" if mname else pname, p))
         base = mname or "<root>"
-        for k, (og, params) in enumerate(sorted(own.items())):
-            groups.append(_Group(base if k == 0 else f"{base}#{og}", params, og))
+        for k, ((frozen, og), params) in enumerate(sorted(own.items())):
+            name = base if k == 0 else f"{base}#frozen" if frozen else f"{base}#{og}"
+            groups.append(_Group(name, params, og, not frozen))
     if not groups:
         raise ValueError("the model has no parameters")
     return groups
@@ -255,7 +257,8 @@ class StrataEngine(torch.nn.Module):
             spec, json.dumps(config), rank, world_size, nvme_paths or [], device_budget_bytes,
             timeout_ms, "auto", master_port, overlap_step,
             optimizer_groups=[] if param_groups is None else param_groups.hyper,
-            group_optimizer=[g.optimizer_group for g in self._groups])
+            group_optimizer=[g.optimizer_group for g in self._groups],
+            group_trainable=[g.trainable for g in self._groups])
         self._dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                        "float16": torch.float16}[self._engine.dtype]
         self._init_weights()
@@ -277,7 +280,7 @@ class StrataEngine(torch.nn.Module):
         self._module_names = {id(m): n or "<root>" for n, m in model.named_modules()}
         self._grad_views: dict[int, list] = {}
         self._grads_missing = [len(g.params) for g in self._groups]
-        self._reduced = [False] * len(self._groups)
+        self._reduced = [not g.trainable for g in self._groups]  # frozen: never reduced
         self._held_calls: set = set()  # module calls whose groups backward holds gathered
         self._hooks = []
         self._install_hooks()
@@ -371,6 +374,8 @@ class StrataEngine(torch.nn.Module):
             self._hooks.append(module.register_forward_hook(
                 self._post_hook, with_kwargs=True, always_call=True))
         for g in self._groups:
+            if not g.trainable:
+                continue  # frozen: no gradient
             for _, p in g.params:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
 
@@ -557,6 +562,18 @@ class StrataEngine(torch.nn.Module):
         if self._grads_missing[gi] == 0:
             self._reduce(gi)
 
+    def _check_requires_grad(self) -> None:
+        """requires_grad is fixed at initialize: a frozen group has no optimizer state to start
+        training, a trainable one would silently stop."""
+        for g in self._groups:
+            for name, p in g.params:
+                if p.requires_grad != g.trainable:
+                    raise RuntimeError(
+                        f"strata: parameter {name} had requires_grad={g.trainable} at "
+                        f"initialize and has {p.requires_grad} now; freezing or unfreezing a "
+                        "parameter after strata.initialize is not supported (set requires_grad "
+                        "before initialize, or save a checkpoint and initialize a new engine)")
+
     def _reduce(self, gi: int) -> None:
         self._grad_views.pop(gi, None)  # the views die with the buffer
         self._reduced[gi] = True
@@ -570,7 +587,7 @@ class StrataEngine(torch.nn.Module):
                     self._engine.grad_buffer(gi)  # zeros: no parameter of it was used
                 self._reduce(gi)
         self._grads_missing = [len(g.params) for g in self._groups]
-        self._reduced = [False] * len(self._groups)
+        self._reduced = [not g.trainable for g in self._groups]
         for call in self._held_calls:  # a retained graph's next backward gathers them again
             call.held = False
         self._held_calls.clear()
@@ -589,6 +606,7 @@ class StrataEngine(torch.nn.Module):
         if not scale_wrt_gas:
             raise NotImplementedError("engine.backward(scale_wrt_gas=False) is not supported by "
                                       "strata: the engine always averages over micro-steps")
+        self._check_requires_grad()
         scale = self._engine.loss_scale
         try:
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)

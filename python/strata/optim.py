@@ -160,8 +160,10 @@ def _section_params(group: dict, kind: str, bias_correction: bool) -> dict:
 
 
 def _index_params(model: torch.nn.Module, groups: list) -> dict:
-    """id(param) -> its group index; every parameter of the model in exactly one group."""
+    """id(param) -> its group index; every trainable parameter of the model in exactly one group
+    (a frozen one, requires_grad=False, may be in one or none: it has no optimizer state)."""
     names = {id(p): n for n, p in model.named_parameters()}
+    frozen = {id(p) for p in model.parameters() if not p.requires_grad}
     index = {}
     for gi, params in enumerate(groups):
         for p in params:
@@ -172,10 +174,10 @@ def _index_params(model: torch.nn.Module, groups: list) -> dict:
                 raise ValueError(f"parameter {names[id(p)]} is in param_groups[{index[id(p)]}] "
                                  f"and param_groups[{gi}]")
             index[id(p)] = gi
-    missing = [n for i, n in names.items() if i not in index]
+    missing = [n for i, n in names.items() if i not in index and i not in frozen]
     if missing:
-        raise NotImplementedError(
-            f"{len(missing)} parameter(s) of the model are in no optimizer group (first: "
-            f"{missing[0]}): strata trains every parameter of the model; frozen parameters "
-            "(left out of the optimizer, or requires_grad=False) are not supported yet")
+        raise ValueError(
+            f"{len(missing)} parameter(s) with requires_grad=True are in no optimizer group "
+            f"(first: {missing[0]}): give every trainable parameter to the optimizer, or freeze "
+            "it (requires_grad=False) before strata.initialize")
     return index

@@ -172,7 +172,7 @@ def test_what_is_refused_is_named():
                           optimizer=torch.optim.AdamW(model.parameters()))
     with pytest.raises(ValueError, match="no \"optimizer\" section and no optimizer="):
         strata.initialize(model=model, config=no_opt)
-    with pytest.raises(NotImplementedError, match="in no optimizer group.*frozen"):
+    with pytest.raises(ValueError, match="requires_grad=True are in no optimizer group"):
         strata.initialize(model=model, config=ds_config(0),
                           model_parameters=list(model.parameters())[:1])
     with pytest.raises(ValueError, match="unknown param-group key"):

@@ -53,12 +53,15 @@ int RunInspect(const CkptArgs& a) {
   if (!tag.ok()) return Fail("inspect", tag.status());
   auto m = ckpt::ReadManifest(a.dir, *tag);
   if (!m.ok()) return Fail("inspect", m.status());
-  uint64_t params = 0;
+  uint64_t params = 0, frozen = 0, tensors = 0;
   for (const auto& g : m->groups) params += g.numel;
   std::map<std::string, uint64_t> per_kind;
   for (const auto& g : m->groups) {
+    if (!g.trainable) frozen += g.numel;
     for (size_t k = 0; k < ckpt::kNumStateKinds; ++k) {
+      if (!g.HasKind(k)) continue;
       per_kind[ckpt::kStateKinds[k]] += g.shard_elems * m->ElemBytes(k) * m->world_size;
+      tensors += static_cast<uint64_t>(m->world_size);
     }
   }
   uint64_t total = 0;
@@ -67,7 +70,8 @@ int RunInspect(const CkptArgs& a) {
     nlohmann::json j = nlohmann::json::parse(m->ToJson());
     j.erase("config");
     j["params"] = params;
-    j["tensors"] = m->groups.size() * ckpt::kNumStateKinds * m->world_size;
+    j["frozen_params"] = frozen;
+    j["tensors"] = tensors;
     j["bytes_per_state_kind"] = per_kind;
     j["total_bytes"] = total;
     std::printf("%s\n", j.dump(2).c_str());
@@ -85,9 +89,9 @@ int RunInspect(const CkptArgs& a) {
               m->world_size, m->stage, m->precision.c_str(),
               m->offload_optimizer == "none" ? "device" : m->offload_optimizer.c_str(),
               m->offload_param == "none" ? "device" : m->offload_param.c_str());
-  std::printf("  model: %zu groups, %llu params; %zu tensors\n", m->groups.size(),
-              static_cast<unsigned long long>(params),
-              m->groups.size() * ckpt::kNumStateKinds * m->world_size);
+  std::printf("  model: %zu groups, %llu params (%llu frozen); %llu tensors\n",
+              m->groups.size(), static_cast<unsigned long long>(params),
+              static_cast<unsigned long long>(frozen), static_cast<unsigned long long>(tensors));
   std::printf("  bytes per state kind (all ranks):\n");
   for (size_t k = 0; k < ckpt::kNumStateKinds; ++k) {
     std::printf("    %-11s %llu\n", ckpt::kStateKinds[k],
@@ -150,7 +154,7 @@ Status WriteExportFile(const std::string& path, const std::vector<const ExportTe
   for (const ExportTensor* t : tensors) {
     for (uint64_t at = 0; at < t->numel; at += kChunk) {
       const uint64_t n = std::min(kChunk, t->numel - at);
-      STRATA_RETURN_IF_ERROR(rd.Read(t->group, 1, t->offset + at, n, f32.data()));
+      STRATA_RETURN_IF_ERROR(rd.ReadFp32(t->group, t->offset + at, n, f32.data()));
       if (eb == 4) {
         STRATA_RETURN_IF_ERROR(w.Append(f32.data(), n * 4));
         continue;

@@ -20,6 +20,7 @@ namespace {
 
 struct PlanFlags {
   std::string params;
+  std::string trainable;
   int gpus = 8;
   int nodes = 1;
   double hbm_gb = 80;
@@ -62,6 +63,11 @@ int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* note
   in->capacity.nvme_bytes_per_s_per_node = f.nvme_gbps * 1e9;
   in->activation_bytes_per_gpu = f.activations_gb * 1e9;
   in->target_step_seconds = f.step_seconds;
+  if (!f.trainable.empty()) {
+    auto t = ParseParamCount(f.trainable);
+    if (!t.ok()) return Usage("--trainable: " + std::string(t.status().message()));
+    in->trainable_params = *t;
+  }
   if (!f.largest_group.empty()) {
     auto g = ParseParamCount(f.largest_group);
     if (!g.ok()) return Usage("--largest-group: " + std::string(g.status().message()));
@@ -159,6 +165,9 @@ void RegisterPlan(CLI::App& parent, int* exit_code) {
   cmd->add_option("--params", f->params,
                   "Model parameter count: 7e9, 7000000000, 7B, 350M, 1.5T (k/M/B/T suffixes)")
       ->required();
+  cmd->add_option("--trainable", f->trainable,
+                  "Parameters that train (a LoRA fine-tune: the adapters' count); the rest are "
+                  "frozen and cost their working params only. Default: all of --params");
   cmd->add_option("--gpus", f->gpus, "GPUs per node (data-parallel ranks per node)")
       ->capture_default_str();
   cmd->add_option("--nodes", f->nodes, "Number of nodes; N = gpus x nodes ranks")
