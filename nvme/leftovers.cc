@@ -348,6 +348,10 @@ Result<StrataFileScan> ScanStrataFiles(const std::string& dir) {
   return Scan(dir, Contents::kTop, /*remove=*/false);
 }
 
+Result<StrataFileScan> ReclaimStrataFiles(const std::string& dir) {
+  return Scan(dir, Contents::kTop, /*remove=*/true);
+}
+
 Result<StrataFileScan> ScanNvmePath(const std::string& dir, bool remove_leftovers) {
   return Scan(dir, Contents::kTopWithRunDirs, remove_leftovers);
 }
