@@ -272,10 +272,10 @@ bool IsRunDirName(const std::string& name) {
 // 1 ms apart: a scan holds a file's lock for a fstatat and a kill(pid, 0).
 constexpr int kProbeWaitTries = 2000;
 
-int CreateLockedFile(const std::string& path, int extra_flags, int* err) {
-  // The temporary name is unlocked for a moment; scans take it for a leftover only once its
-  // pid is gone.
-  const std::string tmp = path + kCreating + std::to_string(getpid());
+namespace {
+
+// One attempt of CreateLockedFile.
+int CreateLockedOnce(const std::string& path, const std::string& tmp, int extra_flags, int* err) {
   int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | extra_flags, 0600);
   if (fd < 0) {
     *err = errno;
@@ -299,6 +299,22 @@ int CreateLockedFile(const std::string& path, int extra_flags, int* err) {
     unlink(tmp.c_str());
     close(fd);
     return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+int CreateLockedFile(const std::string& path, int extra_flags, int* err) {
+  // The temporary name is unlocked for a moment; scans take it for a leftover only once its
+  // pid is gone. A scan that cannot see this pid (another pid namespace sharing the directory)
+  // may remove it in that moment: the rename then finds no file (ENOENT), and it is made again.
+  const std::string tmp = path + kCreating + std::to_string(getpid());
+  constexpr int kAttempts = 4;
+  int fd = -1;
+  for (int attempt = 0; attempt < kAttempts && fd < 0; ++attempt) {
+    fd = CreateLockedOnce(path, tmp, extra_flags, err);
+    if (fd < 0 && *err != ENOENT) break;
   }
   return fd;
 }
@@ -346,6 +362,10 @@ Result<RunDir> CreateRunDir(const std::string& parent, const char* prefix) {
 
 Result<StrataFileScan> ScanStrataFiles(const std::string& dir) {
   return Scan(dir, Contents::kTop, /*remove=*/false);
+}
+
+Result<StrataFileScan> ReclaimStrataFiles(const std::string& dir) {
+  return Scan(dir, Contents::kTop, /*remove=*/true);
 }
 
 Result<StrataFileScan> ScanNvmePath(const std::string& dir, bool remove_leftovers) {

@@ -90,9 +90,15 @@ struct StrataFileScan {
   std::vector<ForeignEntry> failed;   // leftovers that could not be removed (why: errno text)
 };
 
-// Lists the strata files directly under `dir` (what a swap space starting there must not
-// reuse). IOError: the directory cannot be read.
+// Lists the strata files directly under `dir` (what a swap space starting there finds).
+// IOError: the directory cannot be read.
 Result<StrataFileScan> ScanStrataFiles(const std::string& dir);
+
+// ScanStrataFiles that also removes each leftover it finds (the decision and the removal of
+// ScanNvmePath with remove_leftovers, so nothing live or foreign is touched): what a swap space
+// starting in `dir` does with the scratch of runs that died there. Per-run directories are left
+// to `offloadctl clean`. IOError: the directory cannot be read.
+Result<StrataFileScan> ReclaimStrataFiles(const std::string& dir);
 
 // Lists the strata files directly under `dir` and the per-run directories there with their
 // contents (strata files; rendezvous keys in a bench-comm directory). With remove_leftovers,

@@ -5,9 +5,11 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <thread>
 
@@ -102,51 +104,108 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const SwapSpaceOptions& opt
   return s;
 }
 
-// Each path must be an existing writable directory without leftovers of a crashed run (any
-// rank's swap file, benchmark scratch files): all of them are reported, none is reused. Files
-// that a live process holds (another rank of this job) are not leftovers.
-Status SwapSpace::CheckPaths() const {
-  std::string leftovers, clean;
-  size_t count = 0;
-  for (const std::string& dir : options_.paths) {
-    struct stat st {};
-    if (stat(dir.c_str(), &st) != 0) {
-      if (errno == ENOENT) return Status::NotFound("nvme_path '" + dir + "' does not exist");
-      return Status::FromErrno(errno, "stat nvme_path", dir);
-    }
-    if (!S_ISDIR(st.st_mode)) return Status::IOError("nvme_path '" + dir + "' is not a directory");
-    if (access(dir.c_str(), W_OK) != 0)
-      return Status::FromErrno(errno, "nvme_path not writable", dir);
-    STRATA_ASSIGN_OR_RETURN(StrataFileScan scan, ScanStrataFiles(dir));
-    const std::string own = SwapFilePath(dir, options_.rank);
-    for (const std::string& live : scan.live) {
-      if (live == own) {
-        return Status::FailedPrecondition("swap file '" + own +
-                                          "' is in use by another live process of rank " +
-                                          std::to_string(options_.rank));
-      }
-    }
-    // Symbolic links, FIFOs, devices, other users' files: never followed, opened, reused or
-    // removed. Only the one in the way of this rank's file stops the start.
-    for (const ForeignEntry& f : scan.foreign) {
-      if (f.path == own) {
-        return Status::FailedPrecondition("'" + own + "' is " + f.why +
-                                          ", not a swap file strata may use; remove it or "
-                                          "choose another nvme_path");
-      }
-    }
-    for (const LeftoverEntry& f : scan.leftovers) {
-      leftovers += (count++ == 0 ? "'" : ", '") + f.path + "'";
-    }
-    if (!scan.leftovers.empty()) clean += " --nvme-path '" + dir + "'";
+namespace {
+
+Status CheckDirectory(const std::string& dir) {
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::NotFound("nvme_path '" + dir + "' does not exist");
+    return Status::FromErrno(errno, "stat nvme_path", dir);
   }
-  if (count > 0) {
-    return Status::FailedPrecondition(
-        std::to_string(count) + " file(s) left by a run that did not close cleanly: " + leftovers +
-        "; they are not reused, remove them to continue (`offloadctl clean" + clean +
-        "` removes exactly these)");
+  if (!S_ISDIR(st.st_mode)) return Status::IOError("nvme_path '" + dir + "' is not a directory");
+  if (access(dir.c_str(), W_OK) != 0) return Status::FromErrno(errno, "nvme_path not writable", dir);
+  return Status::OK();
+}
+
+bool Contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// Another rank starting in the same path holds each file's lock for a moment while it scans
+// (ReclaimStrataFiles), which makes this rank's own leftover look live: rescanned, 10 ms apart
+// and bounded, before it counts as held by a live process. Leftovers removed by every pass add
+// up.
+constexpr int kOwnFileRescans = 200;
+
+Result<StrataFileScan> ReclaimPath(const std::string& dir, const std::string& own) {
+  std::vector<LeftoverEntry> reclaimed;
+  for (int pass = 0;; ++pass) {
+    STRATA_ASSIGN_OR_RETURN(StrataFileScan scan, ReclaimStrataFiles(dir));
+    reclaimed.insert(reclaimed.end(), scan.leftovers.begin(), scan.leftovers.end());
+    if (!Contains(scan.live, own) || pass == kOwnFileRescans) {
+      scan.leftovers = std::move(reclaimed);
+      return scan;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// What stops this rank from starting in a path after the reclaim: its own file held by a live
+// process or not strata's to use, or a leftover that could not be removed.
+Status CheckScan(const StrataFileScan& scan, const std::string& own, int rank) {
+  if (Contains(scan.live, own)) {
+    return Status::FailedPrecondition("swap file '" + own +
+                                      "' is in use by another live process of rank " +
+                                      std::to_string(rank));
+  }
+  // Symbolic links, FIFOs, devices, other users' files: never followed, opened, reused or
+  // removed. Only the one in the way of this rank's file stops the start.
+  for (const ForeignEntry& f : scan.foreign) {
+    if (f.path == own) {
+      return Status::FailedPrecondition("'" + own + "' is " + f.why +
+                                        ", not a swap file strata may use; remove it or choose "
+                                        "another nvme_path");
+    }
+  }
+  if (!scan.failed.empty()) {
+    const ForeignEntry& f = scan.failed.front();
+    return Status::FailedPrecondition("could not remove '" + f.path +
+                                      "', left by a run that did not close cleanly: " + f.why);
   }
   return Status::OK();
+}
+
+// The one-line notice of a reclaim.
+std::string ReclaimNotice(const std::vector<LeftoverEntry>& reclaimed) {
+  uint64_t bytes = 0;
+  std::string names;
+  for (const LeftoverEntry& e : reclaimed) {
+    bytes += e.disk_bytes;
+    names += (names.empty() ? "'" : ", '") + e.path + "'";
+  }
+  return "reclaimed " + std::to_string(reclaimed.size()) +
+         " file(s) left by a run that did not close cleanly (" + std::to_string(bytes) +
+         " bytes on disk): " + names;
+}
+
+}  // namespace
+
+// Each path must be an existing writable directory. Strata files there that no live process
+// holds locked are the scratch of runs that died (any rank's swap file, benchmark scratch
+// files): removed (ReclaimStrataFiles, the decision `offloadctl clean` makes), and said in one
+// line on stderr and in note(). Files a live process holds (another rank of this job, another
+// job) and files that are not strata's are left alone.
+Status SwapSpace::CheckPaths() {
+  std::vector<LeftoverEntry> reclaimed;
+  Status status;
+  for (const std::string& dir : options_.paths) {
+    status = CheckDirectory(dir);
+    if (!status.ok()) break;
+    const std::string own = SwapFilePath(dir, options_.rank);
+    Result<StrataFileScan> scan = ReclaimPath(dir, own);
+    if (!scan.ok()) {
+      status = scan.status();
+      break;
+    }
+    reclaimed.insert(reclaimed.end(), scan->leftovers.begin(), scan->leftovers.end());
+    status = CheckScan(*scan, own, options_.rank);
+    if (!status.ok()) break;
+  }
+  if (!reclaimed.empty()) {  // said even when a later path stops the start
+    note_ = ReclaimNotice(reclaimed);
+    std::fprintf(stderr, "strata: %s\n", note_.c_str());
+  }
+  return status;
 }
 
 // Free space per filesystem, so a disk too small fails with one clear message before anything

@@ -17,12 +17,14 @@
 // unit marks the block invalid (its extent may be half-written); reading it is Corruption until it
 // is written successfully again.
 //
-// Lifecycle: Create refuses strata files left behind on its paths by a run that did not close
-// cleanly (every rank's swap file, benchmark scratch files: all reported, never silently reused;
-// nvme/leftovers.h tells them from files of live processes by their flock). Anything else under a
-// strata name (a symbolic link, FIFO, device, directory, another user's file) is never followed,
-// opened for IO or removed; the one in the way of this rank's file is refused by name. A failed
-// Create leaves nothing behind. Close (or the destructor) waits for IO in flight and removes the
+// Lifecycle: Create removes the strata files left behind on its paths by runs that did not close
+// cleanly (every rank's swap file, benchmark scratch files: the files no live process holds
+// locked, as nvme/leftovers.h and `offloadctl clean` decide; never reused, each named in one
+// line on stderr and in note()), so a crashed run's script simply runs again. Files a live
+// process holds (another rank, another job) are left alone; this rank's own held by one is
+// refused. Anything else under a strata name (a symbolic link, FIFO, device, directory, another
+// user's file) is never followed, opened for IO or removed; the one in the way of this rank's
+// file is refused by name. A failed Create leaves nothing behind. Close (or the destructor) waits for IO in flight and removes the
 // files.
 //
 // Async use: Submit a batch of block reads/writes, Reap their completions (one per op, after all
@@ -145,7 +147,8 @@ class SwapSpace {
   std::vector<Piece> Layout(uint64_t block_id) const;
   const std::vector<std::string>& files() const noexcept { return file_paths_; }
   uint64_t file_bytes(size_t file_index) const { return file_sizes_.at(file_index); }
-  // One line on what degraded (buffered IO on a path without O_DIRECT); empty otherwise.
+  // What Create reclaimed (files left by runs that did not close cleanly) and what degraded
+  // (buffered IO on a path without O_DIRECT), one line each joined by "; "; empty otherwise.
   const std::string& note() const noexcept { return note_; }
 
  private:
@@ -180,7 +183,7 @@ class SwapSpace {
   };
 
   SwapSpace(SwapSpaceOptions options, IoBackend* io) : options_(std::move(options)), io_(io) {}
-  Status CheckPaths() const;
+  Status CheckPaths();
   Status CheckFreeSpace() const;
   Status OpenFiles();
   Status Preallocate();

@@ -11,8 +11,11 @@
 //   SimFaultEnv    scripts a simulated-backend fault (nvme::SimFault: a torn write that reports
 //                  EIO, or a silently lost one) on the nth write of the first stream over a file
 //                  whose path contains a given part, while the process keeps running.
+//   FlipByteEnv    damages a small file (the manifest) as it lands: just before its fsync, the
+//                  byte right after the first occurrence of a given text is XORed with 1 on disk,
+//                  and the save goes on as if the write had been good (a silent media error).
 //
-// Thread safety: both may be shared by the ranks of one process (their counters are atomic).
+// Thread safety: all may be shared by the ranks of one process (their counters are atomic).
 #pragma once
 
 #include <fcntl.h>
@@ -137,6 +140,37 @@ class SimFaultEnv final : public CheckpointEnv {
   const nvme::SimFault fault_;
   const int nth_;
   std::atomic<bool> fired_{false};
+};
+
+// Flips the byte after the first `after` in the first file synced whose path ends in `suffix`.
+class FlipByteEnv final : public CheckpointEnv {
+ public:
+  FlipByteEnv(std::string suffix, std::string after)
+      : suffix_(std::move(suffix)), after_(std::move(after)) {}
+
+  void BeforeDurableOp(const DurableOp& op) override {
+    if (op.kind != DurableOp::Kind::kSync || !op.path.ends_with(suffix_) || fired_.exchange(true)) {
+      return;
+    }
+    const std::string path(op.path);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return;
+    std::string text(static_cast<size_t>(::lseek(fd, 0, SEEK_END)), '\0');
+    const size_t at = ::pread(fd, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size())
+                          ? text.find(after_)
+                          : std::string::npos;
+    if (at != std::string::npos && at + after_.size() < text.size()) {
+      const char c = static_cast<char>(text[at + after_.size()] ^ 1);
+      flipped_ = ::pwrite(fd, &c, 1, static_cast<off_t>(at + after_.size())) == 1;
+    }
+    ::close(fd);
+  }
+  bool flipped() const { return flipped_; }
+
+ private:
+  const std::string suffix_, after_;
+  std::atomic<bool> fired_{false};
+  std::atomic<bool> flipped_{false};
 };
 
 }  // namespace strata::testing

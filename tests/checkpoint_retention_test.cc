@@ -283,13 +283,13 @@ TEST(CheckpointRetention, DiskReferenceMeasuresAndCleansUp) {
 // recycle (it is newer than `latest` by mtime, but never `latest`).
 void CopyCheckpoint(const std::string& dir, const std::string& from, const std::string& to) {
   std::filesystem::copy(dir + "/" + from, dir + "/" + to, std::filesystem::copy_options::recursive);
-  auto text = ckpt::ReadWholeFile(dir + "/" + to + "/" + ckpt::kManifestName);
+  const std::string path = dir + "/" + to + "/" + ckpt::kManifestName;
+  auto text = ckpt::ReadWholeFile(path);
   ASSERT_TRUE(text.ok());
-  std::string t = *text;
-  const std::string key = "\"tag\": \"" + from + "\"";
-  ASSERT_NE(t.find(key), std::string::npos);
-  t.replace(t.find(key), key.size(), "\"tag\": \"" + to + "\"");
-  std::ofstream(dir + "/" + to + "/" + ckpt::kManifestName, std::ios::trunc) << t;
+  auto m = ckpt::Manifest::FromJson(*text);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  m->tag = to;
+  std::ofstream(path, std::ios::trunc) << m->ToJson();  // sealed again with its checksum
 }
 
 // Before every save two checkpoints exist (`latest` and a spare), so every save recycles; the

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -136,13 +137,17 @@ INSTANTIATE_TEST_SUITE_P(Placements, CheckpointResume,
 
 const Placement kSolo{3, "cpu", "cpu", 1, "bf16"};
 
-// Saves `tag` after 2 steps into dir (world 1).
-void SaveSolo(const std::string& dir, const std::string& tag) {
+// Saves `tag` after 2 steps into dir (world 1), through `env` when given.
+void SaveSolo(const std::string& dir, const std::string& tag, CheckpointEnv* env = nullptr) {
   RunSpec s;
   s.config_json = Config(kSolo);
   s.steps = 2;
   s.after_step = [&](int, int step, Engine& e) -> Status {
-    return step == 1 ? e.Save(dir, tag, Blob("blob")) : Status::OK();
+    if (step != 1) return Status::OK();
+    if (env == nullptr) return e.Save(dir, tag, Blob("blob"));
+    SaveOptions o;
+    o.env = env;
+    return e.Save(dir, tag, o, Blob("blob"));
   };
   RunResult r = RunEngine(s);
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
@@ -202,19 +207,38 @@ TEST(Checkpoint, RefusesMidAccumulationAndExistingTag) {
   std::filesystem::remove_all(dir);
 }
 
+// Reads `tag`'s manifest, lets `edit` change it, and writes it back (by ToJson: sealed with its
+// checksum from format version 2).
+void RewriteManifest(const std::string& dir, const std::string& tag,
+                     const std::function<void(ckpt::Manifest*)>& edit) {
+  const std::string path = dir + "/" + tag + "/" + ckpt::kManifestName;
+  auto m = ckpt::Manifest::FromJson(*ckpt::ReadWholeFile(path));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  edit(&*m);
+  std::ofstream(path, std::ios::trunc) << m->ToJson();
+}
+
+// XORs the byte right after the first `after` in the file at `path` with 1.
+void FlipByteAfter(const std::string& path, const std::string& after) {
+  std::string t = *ckpt::ReadWholeFile(path);
+  const size_t at = t.find(after);
+  ASSERT_NE(at, std::string::npos) << after;
+  t[at + after.size()] ^= 1;
+  std::ofstream(path, std::ios::trunc | std::ios::binary) << t;
+}
+
 TEST(Checkpoint, DamagedFilesAreNamed) {
   const std::string dir = UniqueTestDir("ckpt_damage");
   SaveSolo(dir, "good");
   ASSERT_TRUE(LoadSolo(dir, "").ok());
-  auto copy = [&](const std::string& name) {
+  auto copy = [&](const std::string& name, int format_version = ckpt::kFormatVersion) {
     std::filesystem::copy(dir + "/good", dir + "/" + name,
                           std::filesystem::copy_options::recursive);
-    // The copy's manifest still says tag "good": rewrite it.
-    auto text = ckpt::ReadWholeFile(dir + "/" + name + "/manifest.json");
-    std::string t = *text;
-    const std::string from = "\"tag\": \"good\"";
-    t.replace(t.find(from), from.size(), "\"tag\": \"" + name + "\"");
-    std::ofstream(dir + "/" + name + "/manifest.json", std::ios::trunc) << t;
+    // The copy's manifest still says tag "good": rewritten (and sealed again) by ToJson.
+    RewriteManifest(dir, name, [&](ckpt::Manifest* m) {
+      m->tag = name;
+      m->format_version = format_version;
+    });
     return dir + "/" + name + "/";
   };
   // Truncated rank file.
@@ -232,13 +256,8 @@ TEST(Checkpoint, DamagedFilesAreNamed) {
   std::filesystem::remove(copy("gone") + "rank0.safetensors");
   std::filesystem::remove(copy("noblob") + "client_state.bin");
   std::filesystem::remove(copy("nomanifest") + "manifest.json");
-  {
-    const std::string p = copy("version") + "manifest.json";
-    std::string t = *ckpt::ReadWholeFile(p);
-    const std::string from = "\"format_version\": 1";
-    t.replace(t.find(from), from.size(), "\"format_version\": 99");
-    std::ofstream(p, std::ios::trunc) << t;
-  }
+  copy("version", 99);
+  FlipByteAfter(copy("mflip") + "manifest.json", "\"global_step\": ");
   struct Case {
     const char* tag;
     Status::Code code;
@@ -251,6 +270,7 @@ TEST(Checkpoint, DamagedFilesAreNamed) {
       {"noblob", Status::Code::kNotFound, "noblob/client_state.bin"},
       {"nomanifest", Status::Code::kNotFound, "nomanifest/manifest.json"},
       {"version", Status::Code::kFailedPrecondition, "format version 99"},
+      {"mflip", Status::Code::kCorruption, "mflip/manifest.json: manifest: checksum mismatch"},
       {"missing", Status::Code::kNotFound, "missing does not exist"},
   };
   for (const Case& c : cases) {
@@ -261,6 +281,78 @@ TEST(Checkpoint, DamagedFilesAreNamed) {
     EXPECT_FALSE(v.ok()) << c.tag;
   }
   EXPECT_TRUE(ckpt::VerifyCheckpoint(dir, "good").ok());
+  std::filesystem::remove_all(dir);
+}
+
+// The manifest is checksummed too: damaged as it lands (FlipByteEnv: one digit of the step
+// changed on disk just before its fsync, the save then completing), the checkpoint is refused at
+// load and by VerifyCheckpoint, naming the manifest.
+TEST(CheckpointManifest, DamagedAsItLandsIsRefusedNamingTheFile) {
+  const std::string dir = UniqueTestDir("ckpt_manifest_flip");
+  FlipByteEnv flip("/" + std::string(ckpt::kManifestName), "\"global_step\": ");
+  SaveSolo(dir, "t", &flip);
+  ASSERT_TRUE(flip.flipped());
+  const std::string manifest = dir + "/t/" + ckpt::kManifestName;
+  for (const Status& st : {LoadSolo(dir, ""), ckpt::VerifyCheckpoint(dir, "").status()}) {
+    EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+    EXPECT_NE(st.ToString().find(manifest + ": manifest: checksum mismatch"), std::string::npos)
+        << st.ToString();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Any one byte of a sealed manifest changed (each byte XORed with 1 in turn) is refused, as
+// Corruption; the text as written loads.
+TEST(CheckpointManifest, EveryFlippedByteIsRefused) {
+  const std::string dir = UniqueTestDir("ckpt_manifest_bytes");
+  SaveSolo(dir, "t");
+  const std::string text = *ckpt::ReadWholeFile(dir + "/t/" + ckpt::kManifestName);
+  ASSERT_TRUE(ckpt::Manifest::FromJson(text).ok());
+  ASSERT_NE(text.find("\"manifest_xxh3\": \""), std::string::npos) << text;
+  size_t accepted = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    std::string t = text;
+    t[i] ^= 1;
+    auto m = ckpt::Manifest::FromJson(t);
+    if (m.ok() || !m.status().IsCorruption()) {
+      ++accepted;
+      ADD_FAILURE() << "byte " << i << " ('" << text[i] << "'): " << m.status().ToString();
+    }
+  }
+  EXPECT_EQ(accepted, 0u) << "of " << text.size() << " bytes";
+  std::filesystem::remove_all(dir);
+}
+
+// Checkpoints written before the manifest had a checksum (format version 1: no
+// "manifest_xxh3") still load and verify; a version 2 manifest without one is refused, and one
+// with a checksum is checked whatever version it claims.
+TEST(CheckpointManifest, VersionOneWithoutChecksumStillLoads) {
+  const std::string dir = UniqueTestDir("ckpt_manifest_v1");
+  SaveSolo(dir, "t");
+  RewriteManifest(dir, "t", [](ckpt::Manifest* m) { m->format_version = 1; });
+  const std::string path = dir + "/t/" + ckpt::kManifestName;
+  const std::string v1 = *ckpt::ReadWholeFile(path);
+  EXPECT_EQ(v1.find("manifest_xxh3"), std::string::npos) << v1;
+  EXPECT_TRUE(LoadSolo(dir, "").ok());
+  auto verified = ckpt::VerifyCheckpoint(dir, "");
+  ASSERT_TRUE(verified.ok()) << verified.status().ToString();
+  EXPECT_EQ(verified->format_version, 1);
+
+  std::string v2 = v1;  // claims version 2, has no checksum
+  const std::string from = "\"format_version\": 1";
+  v2.replace(v2.find(from), from.size(), "\"format_version\": 2");
+  auto m = ckpt::Manifest::FromJson(v2);
+  EXPECT_TRUE(m.status().IsCorruption()) << m.status().ToString();
+  EXPECT_NE(m.status().ToString().find("no \"manifest_xxh3\""), std::string::npos)
+      << m.status().ToString();
+
+  ckpt::Manifest sealed = *verified;  // a sealed manifest edited to claim version 1
+  sealed.format_version = 2;
+  std::string claims_v1 = sealed.ToJson();
+  const std::string two = "\"format_version\": 2";
+  claims_v1.replace(claims_v1.find(two), two.size(), "\"format_version\": 1");
+  m = ckpt::Manifest::FromJson(claims_v1);
+  EXPECT_TRUE(m.status().IsCorruption()) << m.status().ToString();
   std::filesystem::remove_all(dir);
 }
 

@@ -234,6 +234,52 @@ TEST(CkptCli, ReshardAndShardedExport) {
   std::filesystem::remove_all(dir);
 }
 
+// The manifest's own checksum: one flipped byte of it and `verify` and `inspect` exit 1 naming
+// the manifest; a checkpoint written before (format 1, no checksum) verifies and inspects as
+// format 1, and `reshard` rewrites it in the current format, sealed.
+TEST(CkptCli, ManifestChecksum) {
+  const std::string dir = UniqueTestDir("ckpt_cli_manifest");
+  RunSpec s;
+  s.config_json = kConfig;
+  s.world = 2;
+  s.steps = 1;
+  s.after_step = [&](int, int, Engine& e) -> Status { return e.Save(dir, "t"); };
+  RunResult r = RunEngine(s);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  const std::string path = dir + "/t/" + ckpt::kManifestName;
+  const std::string sealed = *ckpt::ReadWholeFile(path);
+
+  std::string flipped = sealed;
+  const std::string key = "\"global_step\": ";
+  ASSERT_NE(flipped.find(key), std::string::npos);
+  flipped[flipped.find(key) + key.size()] ^= 1;
+  std::ofstream(path, std::ios::trunc | std::ios::binary) << flipped;
+  for (const char* cmd : {"verify", "inspect", "inspect --json"}) {
+    Cmd c = Offloadctl("ckpt " + std::string(cmd) + " " + dir);
+    EXPECT_EQ(c.code, 1) << cmd << ": " << c.out;
+    EXPECT_NE(c.out.find(path + ": manifest: checksum mismatch"), std::string::npos)
+        << cmd << ": " << c.out;
+  }
+
+  auto m = ckpt::Manifest::FromJson(sealed);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  m->format_version = 1;  // as written before the manifest had a checksum
+  std::ofstream(path, std::ios::trunc | std::ios::binary) << m->ToJson();
+  EXPECT_EQ(Offloadctl("ckpt verify " + dir).code, 0);
+  Cmd c = Offloadctl("ckpt inspect " + dir);
+  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("(format 1)"), std::string::npos) << c.out;
+  c = Offloadctl("ckpt reshard " + dir + " --world-size 1 --out " + dir + "/w1");
+  ASSERT_EQ(c.code, 0) << c.out;
+  c = Offloadctl("ckpt inspect " + dir + "/w1 --json");
+  ASSERT_EQ(c.code, 0) << c.out;
+  auto j = nlohmann::json::parse(c.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << c.out;
+  EXPECT_EQ(j["format_version"], ckpt::kFormatVersion);
+  EXPECT_TRUE(j.contains("manifest_xxh3")) << c.out;
+  std::filesystem::remove_all(dir);
+}
+
 // `ckpt reshard --precision`: a bf16 checkpoint converted to fp16 (world size and stage kept when
 // not given) verifies, inspects as fp16 with F16 params equal to Cast(master) and no loss-scaler
 // state, and a precision that is not bf16/fp16/fp32 is a usage error naming the flag.

@@ -7,8 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <random>
 #include <vector>
@@ -338,37 +341,239 @@ TEST(SwapErrors, DiskTooSmallFailsAtCreateWithEnospc) {
   EXPECT_FALSE(std::filesystem::exists(SwapFilePath(dir.path(), 0)));
 }
 
-TEST(SwapErrors, LeftoversFromACrashedRunAreAllReportedNotReused) {
-  TempDir dir("swapcrash");
+// --- the scratch of runs that died ---------------------------------------------------------
+
+// Runs `body` in a forked child and returns its exit status (-1: it did not exit normally).
+int InChild(const std::function<int()>& body) {
+  const pid_t pid = fork();
+  if (pid == 0) std::_Exit(body());
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+// A "training run" in a forked child: creates the swap space of `o` and dies (_exit) without
+// closing it, leaving its files.
+void RunThatDies(const SwapSpaceOptions& o) {
+  ASSERT_EQ(InChild([&] {
+              SimBackend sim(SimOptions{});
+              auto s = SwapSpace::Create(o, kBlocks, &sim);
+              std::_Exit(s.ok() ? 0 : 2);  // before `s` closes the space
+              return 2;
+            }),
+            0);
+}
+
+// A live process holding the swap space of `o` open until destroyed (then killed).
+class LiveRun {
+ public:
+  explicit LiveRun(const SwapSpaceOptions& o) {
+    int ready[2], hold[2];
+    if (pipe(ready) != 0 || pipe(hold) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(ready[0]);
+      close(hold[1]);
+      SimBackend sim(SimOptions{});
+      auto s = SwapSpace::Create(o, kBlocks, &sim);
+      const char ok = s.ok() ? 'y' : 'n';
+      (void)!write(ready[1], &ok, 1);
+      char c;
+      (void)!read(hold[0], &c, 1);  // until the parent closes its end
+      std::_Exit(0);
+    }
+    close(ready[1]);
+    close(hold[0]);
+    hold_ = hold[1];
+    char c = 0;
+    started_ = read(ready[0], &c, 1) == 1 && c == 'y';
+    close(ready[0]);
+  }
+  ~LiveRun() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    close(hold_);
+    waitpid(pid_, nullptr, 0);
+  }
+  bool started() const { return started_; }
+
+ private:
+  pid_t pid_ = -1;
+  int hold_ = -1;
+  bool started_ = false;
+};
+
+constexpr char kMarker[] = "dead run";
+
+void WriteMarker(const std::string& path) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << path;
+  EXPECT_EQ(pwrite(fd, kMarker, sizeof kMarker, 0), static_cast<ssize_t>(sizeof kMarker));
+  close(fd);
+}
+
+bool HasMarker(const std::string& path) {
+  char got[sizeof kMarker] = {};
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const bool has = fd >= 0 && pread(fd, got, sizeof got, 0) == static_cast<ssize_t>(sizeof got) &&
+                   std::memcmp(got, kMarker, sizeof got) == 0;
+  if (fd >= 0) close(fd);
+  return has;
+}
+
+ino_t Inode(const std::string& path) {
+  struct stat st {};
+  return lstat(path.c_str(), &st) == 0 ? st.st_ino : 0;
+}
+
+// The same rank after a crash, and another rank (e.g. after a world size change): the dead
+// run's swap file and a killed benchmark's scratch file are removed, said on stderr and in
+// note(), and the space starts.
+TEST(SwapReclaim, FilesOfADeadRunAreReclaimedWithANotice) {
+  for (int rank : {3, 4}) {
+    TempDir dir("swapcrash");
+    SwapSpaceOptions o;
+    o.paths = {dir.path()};
+    o.rank = 3;
+    RunThatDies(o);
+    const std::string leftover = SwapFilePath(dir.path(), 3);
+    const std::string bench = dir.File("strata-bench-4242.dat");
+    ASSERT_TRUE(std::filesystem::exists(leftover));
+    WriteMarker(leftover);  // inode numbers are reused at once: the marker tells the files apart
+    { std::fclose(std::fopen(bench.c_str(), "w")); }
+    SimBackend sim(SimOptions{});
+    o.rank = rank;
+    ::testing::internal::CaptureStderr();
+    auto s = SwapSpace::Create(o, kBlocks, &sim);
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    const std::string& note = (*s)->note();
+    EXPECT_NE(note.find("reclaimed 2 file(s) left by a run that did not close cleanly"),
+              std::string::npos)
+        << note;
+    EXPECT_NE(note.find("'" + leftover + "'"), std::string::npos) << note;
+    EXPECT_NE(note.find("'" + bench + "'"), std::string::npos) << note;
+    EXPECT_EQ(err, "strata: " + note + "\n");
+    EXPECT_FALSE(std::filesystem::exists(bench));
+    if (rank == 3) {
+      EXPECT_FALSE(HasMarker(leftover)) << "the dead run's file must not be reused";
+    } else {
+      EXPECT_FALSE(std::filesystem::exists(leftover));
+    }
+    ASSERT_TRUE((*s)->Close().ok());
+  }
+}
+
+TEST(SwapReclaim, NothingToReclaimSaysNothing) {
+  TempDir dir("swapquiet");
   SwapSpaceOptions o;
   o.paths = {dir.path()};
-  o.rank = 3;
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {  // the "training run": creates its swap space and dies without closing
-    SimBackend sim(SimOptions{});
-    auto s = SwapSpace::Create(o, kBlocks, &sim);
-    if (!s.ok()) std::_Exit(2);
-    std::_Exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  const std::string leftover = SwapFilePath(dir.path(), 3);
-  const std::string bench = dir.File("strata-bench-4242.dat");  // a crashed benchmark's file
-  ASSERT_TRUE(std::filesystem::exists(leftover));
-  { std::fclose(std::fopen(bench.c_str(), "w")); }
   SimBackend sim(SimOptions{});
-  for (int rank : {3, 4}) {  // the same rank, and another rank (e.g. after a world size change)
-    o.rank = rank;
-    Status s = SwapSpace::Create(o, kBlocks, &sim).status();
-    EXPECT_EQ(s.code(), Status::Code::kFailedPrecondition) << s.ToString();
-    EXPECT_NE(s.message().find(leftover), std::string_view::npos) << s.ToString();
-    EXPECT_NE(s.message().find(bench), std::string_view::npos) << s.ToString();
-    EXPECT_NE(s.message().find("2 file(s)"), std::string_view::npos) << s.ToString();
+  ::testing::internal::CaptureStderr();
+  auto s = SwapSpace::Create(o, kBlocks, &sim);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ((*s)->note(), "");
+}
+
+// Another live engine's file (another process, here rank 0 of another job) is never touched,
+// by another rank starting beside it or by the same rank, which is refused.
+TEST(SwapReclaim, AFileALiveProcessHoldsIsNeverTouched) {
+  TempDir dir("swaplive-proc");
+  SwapSpaceOptions o;
+  o.paths = {dir.path()};
+  const std::string held = SwapFilePath(dir.path(), 0);
+  {
+    LiveRun other(o);
+    ASSERT_TRUE(other.started());
+    const ino_t inode = Inode(held);
+    SimBackend sim(SimOptions{});
+    o.rank = 1;
+    auto beside = SwapSpace::Create(o, kBlocks, &sim);
+    ASSERT_TRUE(beside.ok()) << beside.status().ToString();
+    EXPECT_EQ((*beside)->note(), "");
+    o.rank = 0;
+    Status same = SwapSpace::Create(o, kBlocks, &sim).status();
+    EXPECT_EQ(same.code(), Status::Code::kFailedPrecondition) << same.ToString();
+    EXPECT_NE(same.message().find("'" + held + "' is in use by another live process"),
+              std::string_view::npos)
+        << same.ToString();
+    EXPECT_EQ(Inode(held), inode) << "a live process's file was replaced or removed";
+  }  // killed now: its file is a leftover
+  SimBackend sim(SimOptions{});
+  auto after = SwapSpace::Create(o, kBlocks, &sim);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_NE((*after)->note().find("'" + held + "'"), std::string::npos) << (*after)->note();
+}
+
+// What is not strata's is never touched, also while a dead run's file is reclaimed beside it:
+// other names, a FIFO, a symbolic link (nor its target) and a directory under strata names.
+TEST(SwapReclaim, FilesThatAreNotStrataAreNeverTouched) {
+  TempDir dir("swapforeign"), elsewhere("swapforeign-target");
+  SwapSpaceOptions o;
+  o.paths = {dir.path()};
+  o.rank = 2;
+  RunThatDies(o);
+  const std::string target = elsewhere.File("precious.dat");
+  { std::fclose(std::fopen(target.c_str(), "w")); }
+  const std::vector<std::string> plain = {dir.File("notes.txt"), dir.File("strata-bench-x.dat"),
+                                          dir.File("strata-swap-rank0.swp.bak")};
+  for (const std::string& p : plain) std::fclose(std::fopen(p.c_str(), "w"));
+  ASSERT_EQ(mkfifo(SwapFilePath(dir.path(), 5).c_str(), 0600), 0);
+  ASSERT_EQ(symlink(target.c_str(), dir.File("strata-bench-7.dat").c_str()), 0);
+  ASSERT_EQ(mkdir(SwapFilePath(dir.path(), 6).c_str(), 0700), 0);
+  SimBackend sim(SimOptions{});
+  auto s = SwapSpace::Create(o, kBlocks, &sim);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_NE((*s)->note().find("reclaimed 1 file(s)"), std::string::npos) << (*s)->note();
+  for (const std::string& p : plain) EXPECT_TRUE(std::filesystem::exists(p)) << p;
+  EXPECT_TRUE(std::filesystem::is_fifo(SwapFilePath(dir.path(), 5)));
+  EXPECT_TRUE(std::filesystem::is_symlink(dir.File("strata-bench-7.dat")));
+  EXPECT_TRUE(std::filesystem::exists(target));
+  EXPECT_TRUE(std::filesystem::is_directory(SwapFilePath(dir.path(), 6)));
+}
+
+// The ranks of a rerun start together in a path holding the dead run's files of every rank:
+// each reclaims what it finds, and one rank's momentary lock on another's leftover (its scan)
+// never makes that rank refuse its own file. Each round's ranks die without closing, so the
+// next round starts over their files.
+TEST(SwapReclaim, RanksStartingTogetherAllStartOverTheirDeadFiles) {
+  TempDir dir("swapranks");
+  constexpr int kRanks = 4, kRounds = 8;
+  for (int r = 0; r < kRanks; ++r) {
+    SwapSpaceOptions o;
+    o.paths = {dir.path()};
+    o.rank = r;
+    RunThatDies(o);
   }
-  EXPECT_TRUE(std::filesystem::exists(leftover)) << "the leftover must not be deleted silently";
-  EXPECT_TRUE(std::filesystem::exists(bench));
+  for (int round = 0; round < kRounds; ++round) {
+    int go[2];
+    ASSERT_EQ(pipe(go), 0);
+    std::vector<pid_t> pids;
+    for (int r = 0; r < kRanks; ++r) {
+      const pid_t pid = fork();
+      if (pid == 0) {
+        close(go[1]);
+        char c;
+        (void)!read(go[0], &c, 1);  // all ranks released at once
+        SimBackend sim(SimOptions{});
+        SwapSpaceOptions o;
+        o.paths = {dir.path()};
+        o.rank = r;
+        auto s = SwapSpace::Create(o, kBlocks, &sim);
+        if (!s.ok()) std::fprintf(stderr, "rank %d: %s\n", r, s.status().ToString().c_str());
+        std::_Exit(s.ok() ? 0 : 1);  // dies holding its files
+      }
+      pids.push_back(pid);
+    }
+    close(go[0]);
+    close(go[1]);
+    for (pid_t pid : pids) {
+      int status = 0;
+      ASSERT_EQ(waitpid(pid, &status, 0), pid);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "round " << round;
+    }
+  }
 }
 
 TEST(SwapErrors, FilesOfLiveRanksAreNotLeftovers) {

@@ -121,9 +121,11 @@ TEST(StoreNvme, BlocksAreStripedOverEveryPathAndReadBackIntact) {
   EXPECT_EQ(s.TakeStats(false).io_bytes, 2 * ids.size() * kBlock);  // one write, one read each
 }
 
-TEST(StoreNvme, CrashLeftoverIsReportedToEveryNvmeOperation) {
-  strata::testing::TempDir dir("store-crash");
-  { std::ofstream(nvme::SwapFilePath(dir.path(), 0)) << "left by a crashed run"; }
+// An NVMe tier that cannot open (here: a directory under this rank's swap file name, which is
+// not strata's to use) fails every NVMe operation with the reason; other tiers keep working.
+TEST(StoreNvme, UnusableSwapPathIsReportedToEveryNvmeOperation) {
+  strata::testing::TempDir dir("store-unusable");
+  std::filesystem::create_directory(nvme::SwapFilePath(dir.path(), 0));
   auto f = OpenStore({dir.path()});
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   Store& s = *f->store;
@@ -133,13 +135,34 @@ TEST(StoreNvme, CrashLeftoverIsReportedToEveryNvmeOperation) {
   auto l = s.Acquire(*a, Tier::kHost, Access::kRead, kWait);
   ASSERT_EQ(l.status().code(), Status::Code::kFailedPrecondition) << l.status().ToString();
   EXPECT_NE(l.status().ToString().find("layer0.master32"), std::string::npos);
-  EXPECT_NE(l.status().ToString().find("strata-swap-rank0"), std::string::npos);
+  EXPECT_NE(l.status().ToString().find("strata-swap-rank0.swp' is a directory"), std::string::npos)
+      << l.status().ToString();
   Status again = s.Fetch(*a, Tier::kHost).Wait(kWait);
   EXPECT_EQ(again.code(), Status::Code::kFailedPrecondition) << again.ToString();
   EXPECT_EQ(s.OpenNvme().code(), Status::Code::kFailedPrecondition);
   EXPECT_EQ(Value(s, *h, Tier::kDevice), 0);  // blocks on other tiers keep working
-  // The leftover is reported, never removed or reused.
-  EXPECT_TRUE(std::filesystem::exists(nvme::SwapFilePath(dir.path(), 0)));
+  EXPECT_TRUE(std::filesystem::is_directory(nvme::SwapFilePath(dir.path(), 0)));
+}
+
+// A crashed run's swap file is reclaimed when the tier opens, and the store's note says so.
+TEST(StoreNvme, CrashLeftoverIsReclaimedAndNoted) {
+  strata::testing::TempDir dir("store-crash");
+  const std::string leftover = nvme::SwapFilePath(dir.path(), 0);
+  { std::ofstream(leftover) << "left by a crashed run"; }
+  auto f = OpenStore({dir.path()});
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  Store& s = *f->store;
+  auto a = s.Register(Spec("layer0.master32", Tier::kNvme));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(s.OpenNvme().ok());
+  EXPECT_NE(s.note().find("reclaimed 1 file(s) left by a run that did not close cleanly"),
+            std::string::npos)
+      << s.note();
+  EXPECT_NE(s.note().find("'" + leftover + "'"), std::string::npos) << s.note();
+  Fill(s, *a, 0x5a);
+  ASSERT_TRUE(s.Flush(kWait).ok());
+  ASSERT_TRUE(s.Evict(*a, Tier::kHost).Wait(kWait).ok());
+  EXPECT_EQ(Value(s, *a, Tier::kDevice), 0x5a);
 }
 
 TEST(StoreNvme, MissingPathIsNotFoundNamingIt) {

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 #include <vector>
 
 #include "core/zero/engine_internal.h"
@@ -28,6 +29,59 @@ namespace {
 
 Status Errno(std::string_view op, const std::string& path) {
   return Status::FromErrno(errno, op, path);
+}
+
+constexpr char kManifestSumKey[] = "manifest_xxh3";
+// A sealed manifest (format version 2 on) ends with its checksum member, as ToJson writes it:
+// kSumHead, 16 lowercase hex digits, kSumTail. The checksum is the XXH3-64 of every byte before
+// kSumHead, so any changed byte of the file is caught: before it by the sum, in it by the shape.
+constexpr std::string_view kSumHead = ",\n  \"manifest_xxh3\": \"";
+constexpr std::string_view kSumTail = "\"\n}\n";
+constexpr size_t kSumTrailer = kSumHead.size() + 16 + kSumTail.size();
+
+// `body`: a JSON object as json::dump(2) writes it (ending in "\n}"); returns it sealed.
+std::string SealManifest(const std::string& body) {
+  const std::string_view members(body.data(), body.size() - 2);  // without "\n}"
+  const uint64_t sum = XXH3_64bits(members.data(), members.size());
+  return std::string(members) + std::string(kSumHead) + Hex64(sum) + std::string(kSumTail);
+}
+
+bool IsLowerHex(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+}
+
+// The checksum a sealed manifest's trailer holds; false when `text` does not end in one.
+bool SealedSum(const std::string& text, std::string_view* sum) {
+  if (text.size() < kSumTrailer) return false;
+  const std::string_view t(text), trailer = t.substr(text.size() - kSumTrailer);
+  *sum = trailer.substr(kSumHead.size(), 16);
+  return trailer.substr(0, kSumHead.size()) == kSumHead && IsLowerHex(*sum) &&
+         trailer.substr(kSumHead.size() + 16) == kSumTail;
+}
+
+// The manifest's own checksum against its text: checked whenever the text ends in one (whatever
+// format_version says: that value is covered too); from format version 2 (`j`, the parsed text)
+// it must be there. Corruption on a mismatch, or a checksum missing or not where it is written.
+Status CheckManifestSum(const std::string& text, const json& j) {
+  std::string_view want;
+  if (SealedSum(text, &want)) {
+    const uint64_t sum = XXH3_64bits(text.data(), text.size() - kSumTrailer);
+    if (Hex64(sum) == want) return Status::OK();
+    return Status::Corruption("manifest: checksum mismatch (" + std::string(kManifestSumKey) +
+                              " says " + std::string(want) + ", its contents hash to " +
+                              Hex64(sum) + "): the manifest is damaged");
+  }
+  if (j.contains(kManifestSumKey)) {
+    return Status::Corruption(std::string("manifest: \"") + kManifestSumKey +
+                              "\" is not the 16 hex digits of the last member, as written: the "
+                              "manifest is damaged or was rewritten");
+  }
+  const json v = j.value("format_version", json());
+  if (!v.is_number_integer() || v.get<int64_t>() < 2) return Status::OK();  // read on
+  return Status::Corruption(std::string("manifest: no \"") + kManifestSumKey +
+                            "\" (format version 2 and later have one)");
 }
 
 }  // namespace
@@ -95,7 +149,7 @@ std::string Manifest::ToJson() const {
   j["client_state"] = has_client_state ? json(kClientStateName) : json(nullptr);
   auto cfg = json::parse(config_json, nullptr, false);
   j["config"] = cfg.is_discarded() ? json(config_json) : cfg;
-  return j.dump(2) + "\n";
+  return format_version >= 2 ? SealManifest(j.dump(2)) : j.dump(2) + "\n";
 }
 
 Result<Manifest> Manifest::FromJson(const std::string& text) {
@@ -104,14 +158,15 @@ Result<Manifest> Manifest::FromJson(const std::string& text) {
     return Status::Corruption("manifest is not a JSON object");
   Manifest m;
   try {
+    STRATA_RETURN_IF_ERROR(CheckManifestSum(text, j));
     if (j.value("format", "") != "strata-checkpoint") {
       return Status::Corruption("manifest: \"format\" is not \"strata-checkpoint\"");
     }
     m.format_version = j.at("format_version").get<int>();
-    if (m.format_version != kFormatVersion) {
-      return Status::FailedPrecondition("checkpoint format version " +
-                                        std::to_string(m.format_version) + ", this build reads " +
-                                        std::to_string(kFormatVersion) + " only");
+    if (m.format_version < kOldestFormatVersion || m.format_version > kFormatVersion) {
+      return Status::FailedPrecondition(
+          "checkpoint format version " + std::to_string(m.format_version) + ", this build reads " +
+          std::to_string(kOldestFormatVersion) + " to " + std::to_string(kFormatVersion));
     }
     m.tag = j.at("tag").get<std::string>();
     m.world_size = j.at("world_size").get<int>();
@@ -719,6 +774,7 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
   }
   STRATA_ASSIGN_OR_RETURN(Manifest m, VerifyCheckpoint(dir, tag));
   Manifest n = m;
+  n.format_version = kFormatVersion;  // written in this build's format, whatever it was read from
   const int world_size = to.world_size != 0 ? to.world_size : m.world_size;
   n.world_size = world_size;
   n.stage = to.stage >= 0 ? to.stage : m.stage;

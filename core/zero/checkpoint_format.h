@@ -16,7 +16,7 @@
 //
 // Crash consistency (the protocol of Save): every file is written into `<tag>.tmp/` and fsynced;
 // the ranks agree that all parts are durable; rank 0 writes the manifest (sizes and XXH3 of
-// every file), fsyncs it and the directory, renames `<tag>.tmp` to `<tag>`, fsyncs `<dir>`, then
+// every file, and its own XXH3), fsyncs it and the directory, renames `<tag>.tmp` to `<tag>`, fsyncs `<dir>`, then
 // replaces `latest` atomically (latest.tmp, fsync, rename, fsync `<dir>`). A crash at any point
 // leaves `latest` naming the previous complete checkpoint; a `<tag>.tmp` is never read, and a
 // `<tag>/` whose files do not match its manifest is refused by VerifyCheckpoint.
@@ -38,7 +38,11 @@
 
 namespace strata::zero::ckpt {
 
-inline constexpr int kFormatVersion = 1;
+// The format version written; every version from kOldestFormatVersion on is read. Version 2
+// added the manifest's own checksum ("manifest_xxh3"); version 1 manifests have none and load as
+// before.
+inline constexpr int kFormatVersion = 2;
+inline constexpr int kOldestFormatVersion = 1;
 inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr const char* kClientStateName = "client_state.bin";
 inline constexpr const char* kLatestName = "latest";
@@ -69,9 +73,13 @@ struct GroupEntry {
   bool HasKind(size_t kind) const { return kind == 0 || trainable; }
 };
 
-// Everything manifest.json holds. Field names in JSON are the member names.
+// Everything manifest.json holds. Field names in JSON are the member names. From format
+// version 2 the manifest's last member is its own checksum, "manifest_xxh3": the XXH3-64 (16
+// lowercase hex digits) of every byte of the file before that member's `,\n  "manifest_xxh3"`,
+// so any changed byte of the manifest (the sizes and checksums of the other files included) is
+// refused. A rewritten manifest must be written by ToJson again.
 struct Manifest {
-  int format_version = kFormatVersion;
+  int format_version = kFormatVersion;  // as read (a version 1 manifest stays 1 until rewritten)
   std::string tag;
   int world_size = 1;
   int stage = 0;
@@ -91,9 +99,11 @@ struct Manifest {
   std::vector<FileEntry> files;  // rank files in rank order, then the client state if any
   bool has_client_state = false;
 
+  // The manifest file's text; with "manifest_xxh3" from format version 2.
   std::string ToJson() const;
-  // Corruption naming the field for a malformed manifest; FailedPrecondition for another
-  // format_version.
+  // Corruption naming the field for a malformed manifest, and for a checksum that does not match
+  // (checked whenever present, before anything else is read) or is missing from version 2 on;
+  // FailedPrecondition for a format_version outside kOldestFormatVersion..kFormatVersion.
   static Result<Manifest> FromJson(const std::string& text);
   // "rank<r>.safetensors"
   static std::string RankFileName(int rank);
