@@ -5,11 +5,23 @@ How parameters move (per-module hooks; public torch APIs only):
     module registration order; a parameter shared by several modules (tied embeddings) belongs to
     the first and is gathered, and its gradient reduced, once. Every module that uses a group's
     parameter (the owner and the modules it is tied into) gets the hooks below.
-  - forward: a forward pre-hook (prepend=True, with_kwargs=True) gathers the module's groups
-    (engine.gather: each parameter's .data becomes a zero-copy view of the engine's gathered
-    buffer, the working dtype; the engine prefetches what its recorded trace says comes next)
-    and passes the inputs that need a gradient through _ReleaseAfterBackward; a forward hook
-    (always_call=True) releases the groups and passes the outputs through _GatherForBackward.
+  - stages 0-2: every parameter is whole at all times, as in DeepSpeed: each group is gathered
+    once (its .data a zero-copy view of the engine's replica, the working dtype) and never
+    released; Step, Save, Load and InitParameters, which the engine refuses while a group is
+    gathered ("gathered group(s) not released"), release every group and gather it again after
+    (the views then hold the new values). Only the gradient hooks below run; no forward hooks.
+  - stage 3, forward: a forward pre-hook (prepend=True, with_kwargs=True) gathers the module's
+    groups and its external parameters' (engine.gather: each parameter's .data becomes a
+    zero-copy view of the engine's gathered buffer; the engine prefetches what its recorded trace
+    says comes next) and passes the inputs that need a gradient through _ReleaseAfterBackward; a
+    forward hook (always_call=True) releases the groups and passes the outputs through
+    _GatherForBackward. The root module is always hooked.
+  - stage 3, parameters used outside their module: strata.zero.register_external_parameter adds
+    a parameter to a module's gathers. Unregistered, a parameter read while released during the
+    engine's forward (module._parameters is a _ParamDict: `self.emb.weight` in the parent's
+    forward) or returned by a module's forward is gathered for the running module call and
+    registered to that module, with a one-time notice naming both (DeepSpeed's ZeROOrderedDict
+    and returned-parameter rules). Outside forward a stage-3 parameter is empty, as DeepSpeed.
   - backward: when a gradient reaches a module's outputs its groups are gathered again; when it
     reaches the module's inputs (the module's backward is done) they are released. Each
     parameter's post-accumulate-grad hook (register_post_accumulate_grad_hook: once per
@@ -17,15 +29,14 @@ How parameters move (per-module hooks; public torch APIs only):
     for its group (engine.grad_buffer), frees p.grad, and reduces the group once all of its
     parameters are in (engine.reduce_gradients; asynchronous with overlap_comm).
   - engine.backward(loss) runs (loss x loss scale).backward(), then flushes: groups with a
-    missing gradient (a parameter unused this micro-step) are reduced with zeros there, and any
-    group still gathered (a module whose inputs needed no gradient) is released.
-  - outside forward/backward the parameters are empty tensors, as in DeepSpeed ZeRO-3 (stages
-    0-2 too, so code behaves the same at every stage); engine.gathered_parameters() or
-    strata.zero.GatheredParameters make them whole.
-  - tensors autograd saves for backward: an op may save a view of a gathered parameter rather
+    missing gradient (a parameter unused this micro-step) are reduced with zeros there, and at
+    stage 3 any group still gathered (a module whose inputs needed no gradient) is released.
+  - engine.gathered_parameters() or strata.zero.GatheredParameters make stage-3 parameters
+    whole (at stages 0-2 they are already).
+  - tensors autograd saves for backward (stage 3): an op may save a view of a gathered parameter rather
     than the parameter (F.linear saves weight.t(); weight[idx], a user's x @ w.T), and such a view
     holds the forward's memory, which the engine reuses once the group is released. So while a
-    module that owns parameters runs forward, saved-tensor hooks
+    hooked module runs forward, saved-tensor hooks
     (torch.autograd.graph.saved_tensors_hooks) keep a saved tensor that shares a gathered
     parameter's memory as (parameter, offset, shape, strides), never the memory; backward
     rebuilds the view over the parameter as gathered for backward. It costs no memory (no buffer
@@ -135,6 +146,27 @@ class _ModuleCall:
         self.groups = groups
         self.held = False
         self.saved_hooks = None
+
+
+class _ParamDict(dict):
+    """A stage-3 module's _parameters: a parameter of the engine read while released, inside the
+    engine's forward (a tied head's `x @ self.emb.weight.t()` in the parent), is gathered for the
+    running module call (StrataEngine._gather_external), as DeepSpeed's ZeROOrderedDict does.
+    Module.__getattr__ reads parameters through __getitem__; iteration (named_parameters,
+    state_dict) does not gather."""
+
+    def __init__(self, engine, params):
+        super().__init__(params)
+        self.engine = engine
+
+    def __getitem__(self, key):
+        p = dict.__getitem__(self, key)
+        e = self.engine
+        if e._call_stack and p is not None:
+            gi = e._group_of.get(id(p))
+            if gi is not None and e._refs[gi] == 0:
+                e._gather_external(p, "is read")
+        return p
 
 
 def _top_saved_tensors_hooks():
@@ -268,9 +300,15 @@ class StrataEngine(torch.nn.Module):
         self._grads_missing = [len(g.params) for g in self._groups]
         self._reduced = [False] * len(self._groups)
         self._held_calls: set = set()  # module calls whose groups backward holds gathered
+        # Stages 0-2 keep every parameter whole (a view of the engine's replica) from here on;
+        # stage 3 gathers per module (the hooks) and empties them outside.
+        self._whole = self._engine.layout()["stage"] < 3
+        self._call_stack: list = []  # the module calls running forward, innermost last
+        self._hooked: set = set()  # ids of the modules with forward hooks
         self._hooks = []
         self._install_hooks()
-        self._release_all()  # parameters are empty until gathered
+        self._release_all()  # stage 3: parameters are empty until gathered
+        self._gather_whole()
         self.micro_steps = 0
         self.global_steps = 0
         self.global_samples = 0
@@ -317,23 +355,37 @@ class StrataEngine(torch.nn.Module):
                     del p._strata_part
 
     def _install_hooks(self) -> None:
-        for module in self.module.modules():
-            groups = sorted({self._group_of[id(p)] for p in module.parameters(recurse=False)})
-            if not groups:
-                continue
-            self._hooks.append(module.register_forward_pre_hook(
-                self._make_pre_hook(tuple(groups)), prepend=True, with_kwargs=True))
-            self._hooks.append(module.register_forward_hook(
-                self._post_hook, with_kwargs=True, always_call=True))
         for g in self._groups:
             for _, p in g.params:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
+        if self._whole:
+            return  # stages 0-2: parameters stay whole, nothing to gather per module
+        for module in self.module.modules():
+            if (module is self.module or module.__dict__.get("_strata_external")
+                    or next(module.parameters(recurse=False), None) is not None):
+                self._hook_module(module)
 
-    def _make_pre_hook(self, groups):
+    def _hook_module(self, module: torch.nn.Module) -> None:
+        """Stage 3: forward hooks on `module` (once), and its parameters watched: one read while
+        released inside this engine's forward is gathered (_ParamDict)."""
+        if self._whole or id(module) in self._hooked:
+            return
+        self._hooked.add(id(module))
+        own = tuple(sorted({self._group_of[id(p)] for p in module.parameters(recurse=False)
+                            if id(p) in self._group_of}))
+        if own and type(module._parameters) is dict:
+            module.__dict__["_parameters"] = _ParamDict(self, module._parameters)
+        self._hooks.append(module.register_forward_pre_hook(
+            self._make_pre_hook(own), prepend=True, with_kwargs=True))
+        self._hooks.append(module.register_forward_hook(
+            self._post_hook, with_kwargs=True, always_call=True))
+
+    def _make_pre_hook(self, own):
         def pre_hook(module, args, kwargs):
-            call = _ModuleCall(self, groups)
-            self._acquire(groups)
+            call = _ModuleCall(self, self._call_groups(module, own))
+            self._acquire(call.groups)
             module.__dict__.setdefault("_strata_calls", []).append(call)
+            self._call_stack.append((module, call))
             if torch.is_grad_enabled():
                 name = self._module_names.get(id(module), type(module).__name__)
                 call.saved_hooks = self._push_saved_tensor_hooks(f"module '{name}'")
@@ -341,14 +393,55 @@ class StrataEngine(torch.nn.Module):
             return args, kwargs
         return pre_hook
 
+    def _call_groups(self, module, own) -> list:
+        """The groups a call of `module` gathers: its own and its external parameters'."""
+        ext = module.__dict__.get("_strata_external")
+        if not ext:
+            return list(own)
+        return sorted(set(own) | {self._group_of[i] for i in ext if i in self._group_of})
+
     def _post_hook(self, module, args, kwargs, output):
         call = module._strata_calls.pop()
+        if self._call_stack and self._call_stack[-1][1] is call:
+            self._call_stack.pop()
         if call.saved_hooks is not None:
             call.saved_hooks.__exit__(None, None, None)
+        if self._call_stack:
+            self._adopt_returned_params(output)
         self._release(call.groups)
         if torch.is_grad_enabled():
             output, _ = _through(_GatherForBackward, call, output)
         return output
+
+    # -- external parameters (stage 3; strata.zero.register_external_parameter) --------------
+    def _gather_external(self, p: torch.nn.Parameter, what: str) -> None:
+        """p is read (or returned) inside the forward of a module that does not own it: gathered
+        for the running call (whose backward gathers it again with the call's groups) and
+        registered as an external parameter of that module, with a one-time notice."""
+        module, call = self._call_stack[-1]
+        gi = self._group_of[id(p)]
+        if gi not in call.groups:
+            call.groups.append(gi)
+            self._acquire((gi,))
+        external = module.__dict__.setdefault("_strata_external", {})
+        if id(p) not in external:
+            external[id(p)] = p
+            mname = self._module_names.get(id(module), type(module).__name__)
+            pname = self._param_name(p)
+            warnings.warn(
+                f"strata: parameter '{pname}' {what} in the forward of module '{mname}', which "
+                f"does not own it: gathered there and registered as an external parameter of "
+                f"'{mname}' (strata.zero.register_external_parameter(module, param) does it "
+                "ahead and silences this)", stacklevel=3)
+
+    def _adopt_returned_params(self, output) -> None:
+        """A parameter a module's forward returns (as DeepSpeed) stays gathered for the caller."""
+        for t in (output if isinstance(output, (tuple, list)) else (output,)):
+            if isinstance(t, torch.nn.Parameter) and id(t) in self._group_of:
+                self._gather_external(t, "is returned by a submodule")
+
+    def _param_name(self, p) -> str:
+        return self._groups[self._group_of[id(p)]].params[self._index_in_group[id(p)]][0]
 
     # -- tensors saved for backward (module docstring) ---------------------------------------
     def _push_saved_tensor_hooks(self, where: str):
@@ -444,9 +537,20 @@ class StrataEngine(torch.nn.Module):
         for gi in range(len(self._groups)):
             self._release_group(gi)
 
+    def _gather_whole(self) -> None:
+        """Stages 0-2: every group gathered, for good (the views alias the engine's replica).
+        Step, Save, Load and InitParameters need every group released (the engine refuses
+        otherwise: "gathered group(s) not released"), so those calls release first and this
+        gathers again after them."""
+        if self._whole:
+            self._acquire(tuple(gi for gi in range(len(self._groups)) if self._refs[gi] == 0))
+
     @contextlib.contextmanager
     def gathered_parameters(self, groups: Optional[Iterable[int]] = None):
         """The full parameters (working dtype) of `groups` (default: all) inside the block."""
+        if self._whole:  # stages 0-2: already whole, and they stay so
+            yield
+            return
         groups = tuple(range(len(self._groups)) if groups is None else groups)
         self._acquire(groups)
         hooks = None
@@ -492,7 +596,11 @@ class StrataEngine(torch.nn.Module):
             o = offsets[gi][pi]
             return masters[gi][o + begin:o + end]
 
-        self._engine.init_from_fill(fill)
+        self._release_all()  # InitParameters rewrites the params: nothing may be gathered
+        try:
+            self._engine.init_from_fill(fill)
+        finally:
+            self._gather_whole()
 
     # -- gradients -----------------------------------------------------------------------------
     def _grad_hook(self, p: torch.nn.Parameter) -> None:
@@ -529,6 +637,8 @@ class StrataEngine(torch.nn.Module):
         for call in self._held_calls:  # a retained graph's next backward gathers them again
             call.held = False
         self._held_calls.clear()
+        if self._whole:
+            return  # stages 0-2: every group stays gathered
         for gi in range(len(self._groups)):
             if self._refs[gi] or self._engine.is_gathered(gi):
                 self._release_group(gi)
@@ -550,6 +660,7 @@ class StrataEngine(torch.nn.Module):
         except BaseException:
             with contextlib.suppress(Exception):
                 self._release_all()
+                self._gather_whole()
             raise
         self._flush()
         return loss
@@ -564,6 +675,7 @@ class StrataEngine(torch.nn.Module):
         if self.is_gradient_accumulation_boundary():
             self._release_all()
             self._last_report = self._engine.step()
+            self._gather_whole()  # stages 0-2: the parameters whole again (new values)
             self.global_steps = self._last_report["global_step"]
         self.micro_steps += 1
         if self._micro_batch:
@@ -612,9 +724,17 @@ class StrataEngine(torch.nn.Module):
         return self._engine.layout()
 
     def close(self) -> None:
+        """Removes the hooks and frees the engine. Stages 0-2: the parameters keep their last
+        values (copied out of the engine); stage 3: they stay empty."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        for module in self.module.modules():
+            if isinstance(module._parameters, _ParamDict):
+                module.__dict__["_parameters"] = dict(module._parameters)
+        for g in self._groups:
+            for _, p in g.params:
+                p.data = p.data.clone() if self._whole else p.data
         self._engine.close()
 
     # -- checkpoints (Engine::Save / Engine::Load; docs/checkpoints.md) ---------------------
@@ -638,10 +758,13 @@ class StrataEngine(torch.nn.Module):
             tag = f"global_step{self.global_steps}"
         state = {"client_state": dict(client_state or {}), "micro_steps": self.micro_steps,
                  "global_samples": self.global_samples}
-        self._release_all()
-        self._engine.save(os.fspath(save_dir), str(tag), pickle.dumps(state),
-                          keep_last=None if keep_last is None else int(keep_last),
-                          recycle_files=None if recycle_files is None else bool(recycle_files))
+        self._release_all()  # Save refuses while a group is gathered
+        try:
+            self._engine.save(os.fspath(save_dir), str(tag), pickle.dumps(state),
+                              keep_last=None if keep_last is None else int(keep_last),
+                              recycle_files=None if recycle_files is None else bool(recycle_files))
+        finally:
+            self._gather_whole()
         return True
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
@@ -665,8 +788,11 @@ class StrataEngine(torch.nn.Module):
                 return None, None
             with open(latest) as f:
                 tag = f.read().strip()
-        self._release_all()
-        blob = self._engine.load(load_dir, str(tag))
+        self._release_all()  # Load refuses while a group is gathered
+        try:
+            blob = self._engine.load(load_dir, str(tag))
+        finally:
+            self._gather_whole()
         state = pickle.loads(blob) if blob else {}
         self.global_steps = self._engine.global_step
         self.micro_steps = int(state.get("micro_steps", self.global_steps * self._gas))

@@ -65,12 +65,30 @@ class TinyGPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
+class TiedMatmulGPT(TinyGPT):
+    """TinyGPT whose output head is written in the parent's forward, `x @ self.wte.weight.t()`
+    (no head module): the embedding's weight is read outside the module that owns it."""
+
+    def __init__(self):
+        super().__init__(layers=1)
+        del self.head
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.ln_f(x) @ self.wte.weight.t()
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+
+
 def make_model(kind, seed=0):
-    """"mlp", "gpt" or "gpt384" (hidden 384: shard boundaries on 2 ranks fall off O_DIRECT's
-    4 KiB alignment, as the odd default sizes do)."""
+    """"mlp", "gpt", "gpt384" (hidden 384: shard boundaries on 2 ranks fall off O_DIRECT's
+    4 KiB alignment, as the odd default sizes do) or "tiedmm" (TiedMatmulGPT)."""
     torch.manual_seed(seed)
     if kind == "mlp":
         return MLP()
+    if kind == "tiedmm":
+        return TiedMatmulGPT()
     return TinyGPT(d=384, heads=6, layers=1) if kind == "gpt384" else TinyGPT()
 
 

@@ -12,9 +12,11 @@ STEPS = 3
 # Pairwise over stage x offload at 2 ranks, with the odd-sized and hidden-384 models (shard
 # boundaries off the O_DIRECT alignment), zero.Init's sharded construction, modifier_rank, and
 # ranks whose modules hold other weights than rank 0's (rank0: the engine scatters rank 0's, so
-# the run still matches torch's from rank 0's weights).
+# the run still matches torch's from rank 0's weights); the tied head read in the parent's
+# forward (tiedmm: `x @ wte.weight.t()`, whole at stages 0-2, gathered on read at stage 3).
 CASES = ["gpt:0:none", "mlp:1:cpu", "gpt:2:cpu", "gpt:3:nvme", "gpt384:3:cpu",
-         "gpt:3:none:init", "gpt:2:none:modifier", "mlp:0:none:rank0", "gpt:3:cpu:rank0"]
+         "gpt:3:none:init", "gpt:2:none:modifier", "mlp:0:none:rank0", "gpt:3:cpu:rank0",
+         "tiedmm:0:none", "tiedmm:1:cpu", "tiedmm:2:none", "tiedmm:3:cpu"]
 
 
 def launch(tmp_path, cases, steps=STEPS, world=2, die_rank=None, timeout_ms=60000):
