@@ -54,7 +54,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
 import warnings
 from typing import Any, Iterable, Optional
 
@@ -62,6 +61,7 @@ import torch
 
 from . import _strata
 from .config import ConfigLike, check_config, ConfigError
+from .utils import pack_state, unpack_state
 
 _UNSUPPORTED_TOP_LEVEL = {
     "amp": "apex AMP (use bf16 or fp16 sections)",
@@ -110,6 +110,16 @@ def _make_groups(model: torch.nn.Module) -> list[_Group]:
     if not groups:
         raise ValueError("the model has no parameters")
     return groups
+
+
+def _persistent_buffers(model: torch.nn.Module) -> dict:
+    """The buffers model.state_dict() holds (persistent ones), by qualified name."""
+    out = {}
+    for mname, m in model.named_modules():
+        for bname, b in m._buffers.items():
+            if b is not None and bname not in m._non_persistent_buffers_set:
+                out[f"{mname}.{bname}" if mname else bname] = b
+    return out
 
 
 def _map_tensors(obj, fn):
@@ -743,8 +753,12 @@ class StrataEngine(torch.nn.Module):
                         keep_last: Optional[int] = None,
                         recycle_files: Optional[bool] = None) -> bool:
         """Every rank writes its part of `<save_dir>/<tag>/` (default tag global_step<N>) and
-        `latest` names it; client_state (a picklable dict) comes back from load_checkpoint.
-        Collective, at an accumulation boundary (after engine.step()).
+        `latest` names it; client_state (a dict of tensors, dicts, lists, tuples, numbers,
+        strings, None: what torch.load(weights_only=True) reads, so loading runs no code) comes
+        back from load_checkpoint, and the module's persistent buffers (state_dict's: BatchNorm
+        running statistics) are restored by it (rank 0's, with the Python state in the engine's
+        client state blob; strata.utils). Collective, at an accumulation boundary (after
+        engine.step()).
         keep_last (strata's, not DeepSpeed's): keep only the newest N checkpoints in save_dir
         (0: all), reusing the oldest one's files for the new save when recycle_files
         (strata::SaveOptions, include/strata/checkpoint.h). Left as None, both come from the
@@ -757,10 +771,13 @@ class StrataEngine(torch.nn.Module):
         if tag is None:
             tag = f"global_step{self.global_steps}"
         state = {"client_state": dict(client_state or {}), "micro_steps": self.micro_steps,
-                 "global_samples": self.global_samples}
+                 "global_samples": self.global_samples,
+                 "buffers": {n: b.detach().cpu().clone()
+                             for n, b in _persistent_buffers(self.module).items()}}
+        blob = pack_state(state)
         self._release_all()  # Save refuses while a group is gathered
         try:
-            self._engine.save(os.fspath(save_dir), str(tag), pickle.dumps(state),
+            self._engine.save(os.fspath(save_dir), str(tag), blob,
                               keep_last=None if keep_last is None else int(keep_last),
                               recycle_files=None if recycle_files is None else bool(recycle_files))
         finally:
@@ -793,11 +810,31 @@ class StrataEngine(torch.nn.Module):
             blob = self._engine.load(load_dir, str(tag))
         finally:
             self._gather_whole()
-        state = pickle.loads(blob) if blob else {}
+        state = unpack_state(blob, os.path.join(load_dir, str(tag)))
+        self._load_buffers(state.get("buffers"), load_module_strict)
         self.global_steps = self._engine.global_step
         self.micro_steps = int(state.get("micro_steps", self.global_steps * self._gas))
         self.global_samples = int(state.get("global_samples", 0))
         return os.path.join(load_dir, str(tag)), state.get("client_state", {})
+
+    def _load_buffers(self, saved: Optional[dict], strict: bool) -> None:
+        """The module's persistent buffers from a checkpoint's (rank 0's, as saved)."""
+        if saved is None:
+            return  # a checkpoint from before buffers were saved
+        own = _persistent_buffers(self.module)
+        missing, unexpected = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
+        if strict and (missing or unexpected):
+            raise RuntimeError(
+                f"load_checkpoint: the checkpoint's buffers differ from the module's (missing: "
+                f"{missing}, unexpected: {unexpected}); load_module_strict=False loads the "
+                "common ones")
+        with torch.no_grad():
+            for name in own.keys() & saved.keys():
+                if own[name].shape != saved[name].shape:
+                    raise RuntimeError(f"load_checkpoint: buffer {name} has shape "
+                                       f"{list(saved[name].shape)} in the checkpoint, "
+                                       f"{list(own[name].shape)} in the module")
+                own[name].copy_(saved[name])
 
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:
