@@ -122,6 +122,15 @@ def _persistent_buffers(model: torch.nn.Module) -> dict:
     return out
 
 
+def _tied_names(model: torch.nn.Module) -> dict:
+    """{name: the name it is tied to} for each parameter state_dict lists under a second name."""
+    first, out = {}, {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        out.update({name: first[id(p)]} if id(p) in first else {})
+        first.setdefault(id(p), name)
+    return out
+
+
 def _map_tensors(obj, fn):
     """obj with fn applied to every tensor inside tuples, lists and dicts."""
     if isinstance(obj, torch.Tensor):
@@ -773,7 +782,8 @@ class StrataEngine(torch.nn.Module):
         state = {"client_state": dict(client_state or {}), "micro_steps": self.micro_steps,
                  "global_samples": self.global_samples,
                  "buffers": {n: b.detach().cpu().clone()
-                             for n, b in _persistent_buffers(self.module).items()}}
+                             for n, b in _persistent_buffers(self.module).items()},
+                 "tied": _tied_names(self.module)}
         blob = pack_state(state)
         self._release_all()  # Save refuses while a group is gathered
         try:
@@ -789,12 +799,16 @@ class StrataEngine(torch.nn.Module):
                         load_module_only: bool = False, custom_load_fn=None):
         """Restores `<load_dir>/<tag>` (default: the tag `latest` names) into this engine;
         returns (load_path, client_state) as DeepSpeed does, (None, None) when there is no
-        checkpoint. Training then continues bit for bit (any world size or stage)."""
-        if not (load_optimizer_states and load_lr_scheduler_states) or load_module_only:
+        checkpoint. Training then continues bit for bit (any world size or stage).
+        load_module_only=True (fine-tuning): only the weights (the fp32 masters) and the
+        buffers, before the engine's first step; the optimizer, LR schedule and counters stay
+        fresh. Loading the weights and schedule without the optimizer state is refused."""
+        if not load_module_only and not (load_optimizer_states and load_lr_scheduler_states):
             raise NotImplementedError(
-                "load_checkpoint: loading only part of the state (load_optimizer_states=False, "
-                "load_lr_scheduler_states=False, load_module_only=True) is not supported by "
-                "strata; every state is restored")
+                "load_checkpoint(load_optimizer_states=False / load_lr_scheduler_states=False) is "
+                "not supported by strata: the engine restores the weights, the optimizer state "
+                "and the LR schedule together; load_module_only=True loads the weights and "
+                "buffers alone (fresh optimizer, schedule and counters)")
         if custom_load_fn is not None:
             raise NotImplementedError("load_checkpoint(custom_load_fn=...) is not supported")
         load_dir = os.fspath(load_dir)
@@ -805,6 +819,8 @@ class StrataEngine(torch.nn.Module):
                 return None, None
             with open(latest) as f:
                 tag = f.read().strip()
+        if load_module_only:
+            return self._load_module_only(load_dir, str(tag), load_module_strict)
         self._release_all()  # Load refuses while a group is gathered
         try:
             blob = self._engine.load(load_dir, str(tag))
@@ -816,6 +832,32 @@ class StrataEngine(torch.nn.Module):
         self.micro_steps = int(state.get("micro_steps", self.global_steps * self._gas))
         self.global_samples = int(state.get("global_samples", 0))
         return os.path.join(load_dir, str(tag)), state.get("client_state", {})
+
+    def _load_module_only(self, load_dir: str, tag: str, strict: bool):
+        """The checkpoint's fp32 weights (strata.utils.read_checkpoint: each rank loads the whole
+        checkpoint into a one-rank engine of its own) written as the initial weights
+        (InitParameters: before the engine's first step only), and its buffers; the optimizer,
+        the schedule and the counters stay as they are (fresh)."""
+        from .utils import read_checkpoint
+        path = os.path.join(load_dir, tag)
+        weights, state = read_checkpoint(load_dir, tag)
+        values, missing = {}, []
+        for g in self._groups:
+            for name, p in g.params:
+                w = weights.get(name)
+                if w is None or list(w.shape) != _full_shape(p):
+                    missing.append(name)
+                else:
+                    values[id(p)] = w
+        unexpected = sorted(set(weights) - {n for g in self._groups for n, _ in g.params})
+        if strict and (missing or unexpected):
+            raise RuntimeError(
+                f"load_checkpoint(load_module_only=True): {path} does not match the model "
+                f"(missing or another shape: {missing}; unexpected: {unexpected}); "
+                "load_module_strict=False loads the common ones")
+        self._write_master(values)
+        self._load_buffers(state.get("buffers"), strict)
+        return path, state.get("client_state", {})
 
     def _load_buffers(self, saved: Optional[dict], strict: bool) -> None:
         """The module's persistent buffers from a checkpoint's (rank 0's, as saved)."""

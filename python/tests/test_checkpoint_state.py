@@ -154,3 +154,64 @@ def test_buffers_survive_a_reshard_1_to_2_to_1(tmp_path):
     same(state(model, engine, client), ranks[2])  # rank 0's
     assert client["pos"] == 2
     engine.close()
+    from strata.utils import get_fp32_state_dict_from_zero_checkpoint
+    sd = get_fp32_state_dict_from_zero_checkpoint(tmp_path / "two")  # saved on 2 ranks
+    assert set(sd) == set(model.state_dict())
+    same({"buffers": sd, "master": {n: sd[n] for n in ranks[2]["master"]}}, ranks[2])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_fp32_state_dict_and_load_module_only(tmp_path, dtype):
+    """strata.utils.get_fp32_state_dict_from_zero_checkpoint gives state_dict's names (the tied
+    head as the same tensor) with the fp32 masters; load_checkpoint(load_module_only=True) starts
+    from those weights with a fresh optimizer and schedule: the same bits as an engine built
+    from a model holding them (load_state_dict_from_zero_checkpoint)."""
+    from strata.utils import (get_fp32_state_dict_from_zero_checkpoint,
+                              load_state_dict_from_zero_checkpoint)
+    model = make_model("gpt")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(2, "cpu", dtype=dtype))
+    for step in range(2):
+        loss = engine(*batch("gpt", step))
+        engine.backward(loss)
+        engine.step()
+    engine.save_checkpoint(tmp_path, client_state={"pos": 2})
+    master = engine.read_master()
+    names = set(model.state_dict())
+    engine.close()
+    sd = get_fp32_state_dict_from_zero_checkpoint(tmp_path)
+    assert set(sd) == names and sd["head.weight"] is sd["wte.weight"]
+    for n, m in master.items():
+        assert sd[n].dtype == torch.float32 and torch.equal(sd[n], m), n
+
+    def one_step(engine):
+        loss = engine(*batch("gpt", 5))
+        engine.backward(loss)
+        engine.step()
+        out = (loss.item(), engine.read_master(), engine.get_lr())
+        engine.close()
+        return out
+    cfg = ds_config(3, dtype=dtype)
+    fine, _, _, _ = strata.initialize(model=make_model("gpt", seed=1), config=cfg)
+    path, client = fine.load_checkpoint(tmp_path, load_module_only=True)
+    assert client == {"pos": 2} and fine.global_steps == 0
+    for n, m in fine.read_master().items():
+        assert torch.equal(m, master[n]), n
+    ref, _, _, _ = strata.initialize(
+        model=load_state_dict_from_zero_checkpoint(make_model("gpt", seed=1), tmp_path), config=cfg)
+    got, want = one_step(fine), one_step(ref)
+    assert got[0] == want[0] and got[2] == want[2]
+    for n in want[1]:
+        assert torch.equal(got[1][n], want[1][n]), n
+
+
+def test_load_module_only_after_a_step_and_partial_loads_are_refused(tmp_path):
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(3))
+    loss = engine(*batch("mlp", 0))
+    engine.backward(loss)
+    engine.step()
+    engine.save_checkpoint(tmp_path)
+    with pytest.raises(strata.StrataError, match="already taken steps"):
+        engine.load_checkpoint(tmp_path, load_module_only=True)
+    with pytest.raises(NotImplementedError, match="load_module_only=True loads the weights"):
+        engine.load_checkpoint(tmp_path, load_optimizer_states=False)
+    engine.close()
