@@ -323,6 +323,8 @@ class StrataEngine(torch.nn.Module):
         # stage 3 gathers per module (the hooks) and empties them outside.
         self._whole = self._engine.layout()["stage"] < 3
         self._call_stack: list = []  # the module calls running forward, innermost last
+        self._boundary: Optional[bool] = None  # set_gradient_accumulation_boundary's
+        self._no_sync = False
         self._hooked: set = set()  # ids of the modules with forward hooks
         self._hooks = []
         self._install_hooks()
@@ -623,6 +625,8 @@ class StrataEngine(torch.nn.Module):
 
     # -- gradients -----------------------------------------------------------------------------
     def _grad_hook(self, p: torch.nn.Parameter) -> None:
+        if self._no_sync:
+            return  # kept in p.grad: autograd adds the next backward's to it
         gi = self._group_of[id(p)]
         if self._reduced[gi]:
             raise RuntimeError(
@@ -639,15 +643,27 @@ class StrataEngine(torch.nn.Module):
         if self._grads_missing[gi] == 0:
             self._reduce(gi)
 
+    def _take_kept_grads(self, gi: int) -> None:
+        """Gradients no_sync() kept of a group this backward did not reach: into its buffer."""
+        for pi, (_, p) in enumerate(self._groups[gi].params):
+            if p.grad is not None:
+                if gi not in self._grad_views:
+                    self._grad_views[gi] = [torch.from_dlpack(v)
+                                            for v in self._engine.grad_buffer(gi)]
+                self._grad_views[gi][pi].copy_(p.grad)
+                p.grad = None
+
     def _reduce(self, gi: int) -> None:
         self._grad_views.pop(gi, None)  # the views die with the buffer
         self._reduced[gi] = True
         self._engine.reduce_gradients(gi)
 
     def _flush(self) -> None:
-        """After autograd: every group reduced once this micro-step, every group released."""
+        """After autograd: every group reduced once this micro-step (none inside no_sync()),
+        every group released."""
         for gi in reversed(range(len(self._groups))):
-            if not self._reduced[gi]:
+            if not self._reduced[gi] and not self._no_sync:
+                self._take_kept_grads(gi)
                 if gi not in self._grad_views:
                     self._engine.grad_buffer(gi)  # zeros: no parameter of it was used
                 self._reduce(gi)
@@ -669,11 +685,10 @@ class StrataEngine(torch.nn.Module):
     def backward(self, loss: torch.Tensor, retain_graph: bool = False,
                  scale_wrt_gas: bool = True) -> torch.Tensor:
         """loss.backward() with the loss scale, then the flush; the engine averages over ranks
-        and micro-steps (gradient_accumulation_steps), as DeepSpeed's scale_wrt_gas does."""
-        if not scale_wrt_gas:
-            raise NotImplementedError("engine.backward(scale_wrt_gas=False) is not supported by "
-                                      "strata: the engine always averages over micro-steps")
-        scale = self._engine.loss_scale
+        and micro-steps (gradient_accumulation_steps), as DeepSpeed's scale_wrt_gas does.
+        scale_wrt_gas=False: the micro-steps' gradients are summed instead (the loss is
+        multiplied by gradient_accumulation_steps here, which the engine's average undoes)."""
+        scale = self._engine.loss_scale * (1 if scale_wrt_gas else self._gas)
         try:
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
         except BaseException:
@@ -685,7 +700,33 @@ class StrataEngine(torch.nn.Module):
         return loss
 
     def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the next engine.step() runs the optimizer: every gradient_accumulation_steps
+        micro-steps, or as set_gradient_accumulation_boundary said."""
+        if self._boundary is not None:
+            return self._boundary
         return (self.micro_steps + 1) % self._gas == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """As DeepSpeed's: overrides is_gradient_accumulation_boundary() from now on (set it before
+        each micro-step; True on the last one). The engine still divides the gradients by
+        gradient_accumulation_steps and takes at most that many micro-steps per step."""
+        self._boundary = bool(is_boundary)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """As DeepSpeed's: stages 0-1 only (an AssertionError at stage 2-3, as DeepSpeed asserts);
+        the backwards inside leave each gradient in p.grad (summed by autograd over them) instead
+        of reducing it, and the next backward outside reduces the sum once. The engine still
+        divides by gradient_accumulation_steps: the micro-steps inside count towards it."""
+        stage = self._engine.layout()["stage"]
+        assert stage < 2, ("no_sync context manager is incompatible with gradient partitioning "
+                           f"logic of ZeRO stage {stage}")
+        assert not self._no_sync, "no_sync context manager reentry is unsupported"
+        self._no_sync = True
+        try:
+            yield
+        finally:
+            self._no_sync = False
 
     def step(self, lr_kwargs=None) -> None:
         """The optimizer step at the accumulation boundary; a no-op between."""
