@@ -33,10 +33,10 @@ How parameters move (per-module hooks; public torch APIs only):
     stage 3 any group still gathered (a module whose inputs needed no gradient) is released.
   - engine.gathered_parameters() or strata.zero.GatheredParameters make stage-3 parameters
     whole (at stages 0-2 they are already).
-  - tensors autograd saves for backward (stage 3): an op may save a view of a gathered parameter rather
-    than the parameter (F.linear saves weight.t(); weight[idx], a user's x @ w.T), and such a view
-    holds the forward's memory, which the engine reuses once the group is released. So while a
-    hooked module runs forward, saved-tensor hooks
+  - tensors autograd saves for backward (stage 3): an op may save a view of a gathered
+    parameter rather than the parameter (F.linear saves weight.t(); weight[idx], a user's
+    x @ w.T), and such a view holds the forward's memory, which the engine reuses once the group
+    is released. So while a hooked module runs forward, saved-tensor hooks
     (torch.autograd.graph.saved_tensors_hooks) keep a saved tensor that shares a gathered
     parameter's memory as (parameter, offset, shape, strides), never the memory; backward
     rebuilds the view over the parameter as gathered for backward. It costs no memory (no buffer
@@ -719,9 +719,11 @@ class StrataEngine(torch.nn.Module):
         of reducing it, and the next backward outside reduces the sum once. The engine still
         divides by gradient_accumulation_steps: the micro-steps inside count towards it."""
         stage = self._engine.layout()["stage"]
-        assert stage < 2, ("no_sync context manager is incompatible with gradient partitioning "
-                           f"logic of ZeRO stage {stage}")
-        assert not self._no_sync, "no_sync context manager reentry is unsupported"
+        if stage >= 2:  # DeepSpeed's assertions, raised whatever python -O says
+            raise AssertionError("no_sync context manager is incompatible with gradient "
+                                 f"partitioning logic of ZeRO stage {stage}")
+        if self._no_sync:
+            raise AssertionError("no_sync context manager reentry is unsupported")
         self._no_sync = True
         try:
             yield

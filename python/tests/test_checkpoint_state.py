@@ -50,7 +50,8 @@ def test_buffers_and_client_state_round_trip_and_resume_exactly(tmp_path):
     assert got.keys() == client.keys()
     assert (got["pos"], got["name"], got["lr"]) == (2, "run-a", 0.5)
     assert torch.equal(got["t"], client["t"]) and got["nested"]["a"] == [1, 2.5, "x", None]
-    assert got["nested"]["b"][0] is True and torch.equal(got["nested"]["b"][1], torch.ones(2, dtype=torch.int64))
+    assert got["nested"]["b"][0] is True
+    assert torch.equal(got["nested"]["b"][1], torch.ones(2, dtype=torch.int64))
     for n in BN_STATS:
         assert torch.equal(model2.state_dict()[n], saved[n]), n
     assert _train(resumed, 2, first=2) == tail  # bit for bit, running statistics included

@@ -7,7 +7,8 @@ torch = pytest.importorskip("torch")
 import strata  # noqa: E402
 
 from models import batch, ds_config, make_model  # noqa: E402
-from test_adapter import LR, LOSS_RTOL, PARAM_ATOL, PARAM_RTOL, WD, check_against_torch  # noqa: E402
+from test_adapter import (LR, LOSS_RTOL, PARAM_ATOL, PARAM_RTOL, WD,  # noqa: E402
+                          check_against_torch)
 
 STEPS, GAS = 3, 2
 
