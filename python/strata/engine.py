@@ -5,11 +5,23 @@ How parameters move (per-module hooks; public torch APIs only):
     module registration order; a parameter shared by several modules (tied embeddings) belongs to
     the first and is gathered, and its gradient reduced, once. Every module that uses a group's
     parameter (the owner and the modules it is tied into) gets the hooks below.
-  - forward: a forward pre-hook (prepend=True, with_kwargs=True) gathers the module's groups
-    (engine.gather: each parameter's .data becomes a zero-copy view of the engine's gathered
-    buffer, the working dtype; the engine prefetches what its recorded trace says comes next)
-    and passes the inputs that need a gradient through _ReleaseAfterBackward; a forward hook
-    (always_call=True) releases the groups and passes the outputs through _GatherForBackward.
+  - stages 0-2: every parameter is whole at all times, as in DeepSpeed: each group is gathered
+    once (its .data a zero-copy view of the engine's replica, the working dtype) and never
+    released; Step, Save, Load and InitParameters, which the engine refuses while a group is
+    gathered ("gathered group(s) not released"), release every group and gather it again after
+    (the views then hold the new values). Only the gradient hooks below run; no forward hooks.
+  - stage 3, forward: a forward pre-hook (prepend=True, with_kwargs=True) gathers the module's
+    groups and its external parameters' (engine.gather: each parameter's .data becomes a
+    zero-copy view of the engine's gathered buffer; the engine prefetches what its recorded trace
+    says comes next) and passes the inputs that need a gradient through _ReleaseAfterBackward; a
+    forward hook (always_call=True) releases the groups and passes the outputs through
+    _GatherForBackward. The root module is always hooked.
+  - stage 3, parameters used outside their module: strata.zero.register_external_parameter adds
+    a parameter to a module's gathers. Unregistered, a parameter read while released during the
+    engine's forward (module._parameters is a _ParamDict: `self.emb.weight` in the parent's
+    forward) or returned by a module's forward is gathered for the running module call and
+    registered to that module, with a one-time notice naming both (DeepSpeed's ZeROOrderedDict
+    and returned-parameter rules). Outside forward a stage-3 parameter is empty, as DeepSpeed.
   - backward: when a gradient reaches a module's outputs its groups are gathered again; when it
     reaches the module's inputs (the module's backward is done) they are released. Each
     parameter's post-accumulate-grad hook (register_post_accumulate_grad_hook: once per
@@ -17,15 +29,14 @@ How parameters move (per-module hooks; public torch APIs only):
     for its group (engine.grad_buffer), frees p.grad, and reduces the group once all of its
     parameters are in (engine.reduce_gradients; asynchronous with overlap_comm).
   - engine.backward(loss) runs (loss x loss scale).backward(), then flushes: groups with a
-    missing gradient (a parameter unused this micro-step) are reduced with zeros there, and any
-    group still gathered (a module whose inputs needed no gradient) is released.
-  - outside forward/backward the parameters are empty tensors, as in DeepSpeed ZeRO-3 (stages
-    0-2 too, so code behaves the same at every stage); engine.gathered_parameters() or
-    strata.zero.GatheredParameters make them whole.
-  - tensors autograd saves for backward: an op may save a view of a gathered parameter rather
-    than the parameter (F.linear saves weight.t(); weight[idx], a user's x @ w.T), and such a view
-    holds the forward's memory, which the engine reuses once the group is released. So while a
-    module that owns parameters runs forward, saved-tensor hooks
+    missing gradient (a parameter unused this micro-step) are reduced with zeros there, and at
+    stage 3 any group still gathered (a module whose inputs needed no gradient) is released.
+  - engine.gathered_parameters() or strata.zero.GatheredParameters make stage-3 parameters
+    whole (at stages 0-2 they are already).
+  - tensors autograd saves for backward (stage 3): an op may save a view of a gathered
+    parameter rather than the parameter (F.linear saves weight.t(); weight[idx], a user's
+    x @ w.T), and such a view holds the forward's memory, which the engine reuses once the group
+    is released. So while a hooked module runs forward, saved-tensor hooks
     (torch.autograd.graph.saved_tensors_hooks) keep a saved tensor that shares a gathered
     parameter's memory as (parameter, offset, shape, strides), never the memory; backward
     rebuilds the view over the parameter as gathered for backward. It costs no memory (no buffer
@@ -43,7 +54,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
 import warnings
 from typing import Any, Iterable, Optional
 
@@ -52,6 +62,7 @@ import torch
 from . import _strata
 from .config import ConfigLike, check_config, ConfigError
 from .optim import ParamGroups
+from .utils import pack_state, unpack_state
 
 _UNSUPPORTED_TOP_LEVEL = {
     "amp": "apex AMP (use bf16 or fp16 sections)",
@@ -111,6 +122,25 @@ def _make_groups(model: torch.nn.Module, optimizer_group_of: Optional[dict] = No
     return groups
 
 
+def _persistent_buffers(model: torch.nn.Module) -> dict:
+    """The buffers model.state_dict() holds (persistent ones), by qualified name."""
+    out = {}
+    for mname, m in model.named_modules():
+        for bname, b in m._buffers.items():
+            if b is not None and bname not in m._non_persistent_buffers_set:
+                out[f"{mname}.{bname}" if mname else bname] = b
+    return out
+
+
+def _tied_names(model: torch.nn.Module) -> dict:
+    """{name: the name it is tied to} for each parameter state_dict lists under a second name."""
+    first, out = {}, {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        out.update({name: first[id(p)]} if id(p) in first else {})
+        first.setdefault(id(p), name)
+    return out
+
+
 def _map_tensors(obj, fn):
     """obj with fn applied to every tensor inside tuples, lists and dicts."""
     if isinstance(obj, torch.Tensor):
@@ -145,6 +175,27 @@ class _ModuleCall:
         self.groups = groups
         self.held = False
         self.saved_hooks = None
+
+
+class _ParamDict(dict):
+    """A stage-3 module's _parameters: a parameter of the engine read while released, inside the
+    engine's forward (a tied head's `x @ self.emb.weight.t()` in the parent), is gathered for the
+    running module call (StrataEngine._gather_external), as DeepSpeed's ZeROOrderedDict does.
+    Module.__getattr__ reads parameters through __getitem__; iteration (named_parameters,
+    state_dict) does not gather."""
+
+    def __init__(self, engine, params):
+        super().__init__(params)
+        self.engine = engine
+
+    def __getitem__(self, key):
+        p = dict.__getitem__(self, key)
+        e = self.engine
+        if e._call_stack and p is not None:
+            gi = e._group_of.get(id(p))
+            if gi is not None and e._refs[gi] == 0:
+                e._gather_external(p, "is read")
+        return p
 
 
 def _top_saved_tensors_hooks():
@@ -282,9 +333,17 @@ class StrataEngine(torch.nn.Module):
         self._grads_missing = [len(g.params) for g in self._groups]
         self._reduced = [not g.trainable for g in self._groups]  # frozen: never reduced
         self._held_calls: set = set()  # module calls whose groups backward holds gathered
+        # Stages 0-2 keep every parameter whole (a view of the engine's replica) from here on;
+        # stage 3 gathers per module (the hooks) and empties them outside.
+        self._whole = self._engine.layout()["stage"] < 3
+        self._call_stack: list = []  # the module calls running forward, innermost last
+        self._boundary: Optional[bool] = None  # set_gradient_accumulation_boundary's
+        self._no_sync = False
+        self._hooked: set = set()  # ids of the modules with forward hooks
         self._hooks = []
         self._install_hooks()
-        self._release_all()  # parameters are empty until gathered
+        self._release_all()  # stage 3: parameters are empty until gathered
+        self._gather_whole()
         self.micro_steps = 0
         self.global_steps = 0
         self.global_samples = 0
@@ -365,25 +424,39 @@ class StrataEngine(torch.nn.Module):
         return set(part.group_ids) != ids and ids < set(part.group_ids)
 
     def _install_hooks(self) -> None:
-        for module in self.module.modules():
-            groups = sorted({self._group_of[id(p)] for p in module.parameters(recurse=False)})
-            if not groups:
-                continue
-            self._hooks.append(module.register_forward_pre_hook(
-                self._make_pre_hook(tuple(groups)), prepend=True, with_kwargs=True))
-            self._hooks.append(module.register_forward_hook(
-                self._post_hook, with_kwargs=True, always_call=True))
         for g in self._groups:
             if not g.trainable:
                 continue  # frozen: no gradient
             for _, p in g.params:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
+        if self._whole:
+            return  # stages 0-2: parameters stay whole, nothing to gather per module
+        for module in self.module.modules():
+            if (module is self.module or module.__dict__.get("_strata_external")
+                    or next(module.parameters(recurse=False), None) is not None):
+                self._hook_module(module)
 
-    def _make_pre_hook(self, groups):
+    def _hook_module(self, module: torch.nn.Module) -> None:
+        """Stage 3: forward hooks on `module` (once), and its parameters watched: one read while
+        released inside this engine's forward is gathered (_ParamDict)."""
+        if self._whole or id(module) in self._hooked:
+            return
+        self._hooked.add(id(module))
+        own = tuple(sorted({self._group_of[id(p)] for p in module.parameters(recurse=False)
+                            if id(p) in self._group_of}))
+        if own and type(module._parameters) is dict:
+            module.__dict__["_parameters"] = _ParamDict(self, module._parameters)
+        self._hooks.append(module.register_forward_pre_hook(
+            self._make_pre_hook(own), prepend=True, with_kwargs=True))
+        self._hooks.append(module.register_forward_hook(
+            self._post_hook, with_kwargs=True, always_call=True))
+
+    def _make_pre_hook(self, own):
         def pre_hook(module, args, kwargs):
-            call = _ModuleCall(self, groups)
-            self._acquire(groups)
+            call = _ModuleCall(self, self._call_groups(module, own))
+            self._acquire(call.groups)
             module.__dict__.setdefault("_strata_calls", []).append(call)
+            self._call_stack.append((module, call))
             if torch.is_grad_enabled():
                 name = self._module_names.get(id(module), type(module).__name__)
                 call.saved_hooks = self._push_saved_tensor_hooks(f"module '{name}'")
@@ -391,14 +464,55 @@ class StrataEngine(torch.nn.Module):
             return args, kwargs
         return pre_hook
 
+    def _call_groups(self, module, own) -> list:
+        """The groups a call of `module` gathers: its own and its external parameters'."""
+        ext = module.__dict__.get("_strata_external")
+        if not ext:
+            return list(own)
+        return sorted(set(own) | {self._group_of[i] for i in ext if i in self._group_of})
+
     def _post_hook(self, module, args, kwargs, output):
         call = module._strata_calls.pop()
+        if self._call_stack and self._call_stack[-1][1] is call:
+            self._call_stack.pop()
         if call.saved_hooks is not None:
             call.saved_hooks.__exit__(None, None, None)
+        if self._call_stack:
+            self._adopt_returned_params(output)
         self._release(call.groups)
         if torch.is_grad_enabled():
             output, _ = _through(_GatherForBackward, call, output)
         return output
+
+    # -- external parameters (stage 3; strata.zero.register_external_parameter) --------------
+    def _gather_external(self, p: torch.nn.Parameter, what: str) -> None:
+        """p is read (or returned) inside the forward of a module that does not own it: gathered
+        for the running call (whose backward gathers it again with the call's groups) and
+        registered as an external parameter of that module, with a one-time notice."""
+        module, call = self._call_stack[-1]
+        gi = self._group_of[id(p)]
+        if gi not in call.groups:
+            call.groups.append(gi)
+            self._acquire((gi,))
+        external = module.__dict__.setdefault("_strata_external", {})
+        if id(p) not in external:
+            external[id(p)] = p
+            mname = self._module_names.get(id(module), type(module).__name__)
+            pname = self._param_name(p)
+            warnings.warn(
+                f"strata: parameter '{pname}' {what} in the forward of module '{mname}', which "
+                f"does not own it: gathered there and registered as an external parameter of "
+                f"'{mname}' (strata.zero.register_external_parameter(module, param) does it "
+                "ahead and silences this)", stacklevel=3)
+
+    def _adopt_returned_params(self, output) -> None:
+        """A parameter a module's forward returns (as DeepSpeed) stays gathered for the caller."""
+        for t in (output if isinstance(output, (tuple, list)) else (output,)):
+            if isinstance(t, torch.nn.Parameter) and id(t) in self._group_of:
+                self._gather_external(t, "is returned by a submodule")
+
+    def _param_name(self, p) -> str:
+        return self._groups[self._group_of[id(p)]].params[self._index_in_group[id(p)]][0]
 
     # -- tensors saved for backward (module docstring) ---------------------------------------
     def _push_saved_tensor_hooks(self, where: str):
@@ -494,9 +608,20 @@ class StrataEngine(torch.nn.Module):
         for gi in range(len(self._groups)):
             self._release_group(gi)
 
+    def _gather_whole(self) -> None:
+        """Stages 0-2: every group gathered, for good (the views alias the engine's replica).
+        Step, Save, Load and InitParameters need every group released (the engine refuses
+        otherwise: "gathered group(s) not released"), so those calls release first and this
+        gathers again after them."""
+        if self._whole:
+            self._acquire(tuple(gi for gi in range(len(self._groups)) if self._refs[gi] == 0))
+
     @contextlib.contextmanager
     def gathered_parameters(self, groups: Optional[Iterable[int]] = None):
         """The full parameters (working dtype) of `groups` (default: all) inside the block."""
+        if self._whole:  # stages 0-2: already whole, and they stay so
+            yield
+            return
         groups = tuple(range(len(self._groups)) if groups is None else groups)
         self._acquire(groups)
         hooks = None
@@ -542,10 +667,16 @@ class StrataEngine(torch.nn.Module):
             o = offsets[gi][pi]
             return masters[gi][o + begin:o + end]
 
-        self._engine.init_from_fill(fill)
+        self._release_all()  # InitParameters rewrites the params: nothing may be gathered
+        try:
+            self._engine.init_from_fill(fill)
+        finally:
+            self._gather_whole()
 
     # -- gradients -----------------------------------------------------------------------------
     def _grad_hook(self, p: torch.nn.Parameter) -> None:
+        if self._no_sync:
+            return  # kept in p.grad: autograd adds the next backward's to it
         gi = self._group_of[id(p)]
         if self._reduced[gi]:
             raise RuntimeError(
@@ -574,15 +705,27 @@ class StrataEngine(torch.nn.Module):
                         "parameter after strata.initialize is not supported (set requires_grad "
                         "before initialize, or save a checkpoint and initialize a new engine)")
 
+    def _take_kept_grads(self, gi: int) -> None:
+        """Gradients no_sync() kept of a group this backward did not reach: into its buffer."""
+        for pi, (_, p) in enumerate(self._groups[gi].params):
+            if p.grad is not None:
+                if gi not in self._grad_views:
+                    self._grad_views[gi] = [torch.from_dlpack(v)
+                                            for v in self._engine.grad_buffer(gi)]
+                self._grad_views[gi][pi].copy_(p.grad)
+                p.grad = None
+
     def _reduce(self, gi: int) -> None:
         self._grad_views.pop(gi, None)  # the views die with the buffer
         self._reduced[gi] = True
         self._engine.reduce_gradients(gi)
 
     def _flush(self) -> None:
-        """After autograd: every group reduced once this micro-step, every group released."""
+        """After autograd: every group reduced once this micro-step (none inside no_sync()),
+        every group released."""
         for gi in reversed(range(len(self._groups))):
-            if not self._reduced[gi]:
+            if not self._reduced[gi] and not self._no_sync:
+                self._take_kept_grads(gi)
                 if gi not in self._grad_views:
                     self._engine.grad_buffer(gi)  # zeros: no parameter of it was used
                 self._reduce(gi)
@@ -591,6 +734,8 @@ class StrataEngine(torch.nn.Module):
         for call in self._held_calls:  # a retained graph's next backward gathers them again
             call.held = False
         self._held_calls.clear()
+        if self._whole:
+            return  # stages 0-2: every group stays gathered
         for gi in range(len(self._groups)):
             if self._refs[gi] or self._engine.is_gathered(gi):
                 self._release_group(gi)
@@ -602,23 +747,51 @@ class StrataEngine(torch.nn.Module):
     def backward(self, loss: torch.Tensor, retain_graph: bool = False,
                  scale_wrt_gas: bool = True) -> torch.Tensor:
         """loss.backward() with the loss scale, then the flush; the engine averages over ranks
-        and micro-steps (gradient_accumulation_steps), as DeepSpeed's scale_wrt_gas does."""
-        if not scale_wrt_gas:
-            raise NotImplementedError("engine.backward(scale_wrt_gas=False) is not supported by "
-                                      "strata: the engine always averages over micro-steps")
+        and micro-steps (gradient_accumulation_steps), as DeepSpeed's scale_wrt_gas does.
+        scale_wrt_gas=False: the micro-steps' gradients are summed instead (the loss is
+        multiplied by gradient_accumulation_steps here, which the engine's average undoes)."""
         self._check_requires_grad()
-        scale = self._engine.loss_scale
+        scale = self._engine.loss_scale * (1 if scale_wrt_gas else self._gas)
         try:
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
         except BaseException:
             with contextlib.suppress(Exception):
                 self._release_all()
+                self._gather_whole()
             raise
         self._flush()
         return loss
 
     def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the next engine.step() runs the optimizer: every gradient_accumulation_steps
+        micro-steps, or as set_gradient_accumulation_boundary said."""
+        if self._boundary is not None:
+            return self._boundary
         return (self.micro_steps + 1) % self._gas == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """As DeepSpeed's: overrides is_gradient_accumulation_boundary() from now on (set it before
+        each micro-step; True on the last one). The engine still divides the gradients by
+        gradient_accumulation_steps and takes at most that many micro-steps per step."""
+        self._boundary = bool(is_boundary)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """As DeepSpeed's: stages 0-1 only (an AssertionError at stage 2-3, as DeepSpeed asserts);
+        the backwards inside leave each gradient in p.grad (summed by autograd over them) instead
+        of reducing it, and the next backward outside reduces the sum once. The engine still
+        divides by gradient_accumulation_steps: the micro-steps inside count towards it."""
+        stage = self._engine.layout()["stage"]
+        if stage >= 2:  # DeepSpeed's assertions, raised whatever python -O says
+            raise AssertionError("no_sync context manager is incompatible with gradient "
+                                 f"partitioning logic of ZeRO stage {stage}")
+        if self._no_sync:
+            raise AssertionError("no_sync context manager reentry is unsupported")
+        self._no_sync = True
+        try:
+            yield
+        finally:
+            self._no_sync = False
 
     def step(self, lr_kwargs=None) -> None:
         """The optimizer step at the accumulation boundary; a no-op between. Each optimizer
@@ -632,6 +805,7 @@ class StrataEngine(torch.nn.Module):
             self._release_all()
             self._push_lrs()
             self._last_report = self._engine.step()
+            self._gather_whole()  # stages 0-2: the parameters whole again (new values)
             self.global_steps = self._last_report["global_step"]
             self._after_step(self._last_report["skipped"])
         self.micro_steps += 1
@@ -706,9 +880,17 @@ class StrataEngine(torch.nn.Module):
         return self._engine.layout()
 
     def close(self) -> None:
+        """Removes the hooks and frees the engine. Stages 0-2: the parameters keep their last
+        values (copied out of the engine); stage 3: they stay empty."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        for module in self.module.modules():
+            if isinstance(module._parameters, _ParamDict):
+                module.__dict__["_parameters"] = dict(module._parameters)
+        for g in self._groups:
+            for _, p in g.params:
+                p.data = p.data.clone() if self._whole else p.data
         self._engine.close()
 
     # -- checkpoints (Engine::Save / Engine::Load; docs/checkpoints.md) ---------------------
@@ -717,8 +899,12 @@ class StrataEngine(torch.nn.Module):
                         keep_last: Optional[int] = None,
                         recycle_files: Optional[bool] = None) -> bool:
         """Every rank writes its part of `<save_dir>/<tag>/` (default tag global_step<N>) and
-        `latest` names it; client_state (a picklable dict) comes back from load_checkpoint.
-        Collective, at an accumulation boundary (after engine.step()).
+        `latest` names it; client_state (a dict of tensors, dicts, lists, tuples, numbers,
+        strings, None: what torch.load(weights_only=True) reads, so loading runs no code) comes
+        back from load_checkpoint, and the module's persistent buffers (state_dict's: BatchNorm
+        running statistics) are restored by it (rank 0's, with the Python state in the engine's
+        client state blob; strata.utils). Collective, at an accumulation boundary (after
+        engine.step()).
         keep_last (strata's, not DeepSpeed's): keep only the newest N checkpoints in save_dir
         (0: all), reusing the oldest one's files for the new save when recycle_files
         (strata::SaveOptions, include/strata/checkpoint.h). Left as None, both come from the
@@ -731,11 +917,18 @@ class StrataEngine(torch.nn.Module):
         if tag is None:
             tag = f"global_step{self.global_steps}"
         state = {"client_state": dict(client_state or {}), "micro_steps": self.micro_steps,
-                 "global_samples": self.global_samples}
-        self._release_all()
-        self._engine.save(os.fspath(save_dir), str(tag), pickle.dumps(state),
-                          keep_last=None if keep_last is None else int(keep_last),
-                          recycle_files=None if recycle_files is None else bool(recycle_files))
+                 "global_samples": self.global_samples,
+                 "buffers": {n: b.detach().cpu().clone()
+                             for n, b in _persistent_buffers(self.module).items()},
+                 "tied": _tied_names(self.module)}
+        blob = pack_state(state)
+        self._release_all()  # Save refuses while a group is gathered
+        try:
+            self._engine.save(os.fspath(save_dir), str(tag), blob,
+                              keep_last=None if keep_last is None else int(keep_last),
+                              recycle_files=None if recycle_files is None else bool(recycle_files))
+        finally:
+            self._gather_whole()
         return True
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
@@ -743,12 +936,16 @@ class StrataEngine(torch.nn.Module):
                         load_module_only: bool = False, custom_load_fn=None):
         """Restores `<load_dir>/<tag>` (default: the tag `latest` names) into this engine;
         returns (load_path, client_state) as DeepSpeed does, (None, None) when there is no
-        checkpoint. Training then continues bit for bit (any world size or stage)."""
-        if not (load_optimizer_states and load_lr_scheduler_states) or load_module_only:
+        checkpoint. Training then continues bit for bit (any world size or stage).
+        load_module_only=True (fine-tuning): only the weights (the fp32 masters) and the
+        buffers, before the engine's first step; the optimizer, LR schedule and counters stay
+        fresh. Loading the weights and schedule without the optimizer state is refused."""
+        if not load_module_only and not (load_optimizer_states and load_lr_scheduler_states):
             raise NotImplementedError(
-                "load_checkpoint: loading only part of the state (load_optimizer_states=False, "
-                "load_lr_scheduler_states=False, load_module_only=True) is not supported by "
-                "strata; every state is restored")
+                "load_checkpoint(load_optimizer_states=False / load_lr_scheduler_states=False) is "
+                "not supported by strata: the engine restores the weights, the optimizer state "
+                "and the LR schedule together; load_module_only=True loads the weights and "
+                "buffers alone (fresh optimizer, schedule and counters)")
         if custom_load_fn is not None:
             raise NotImplementedError("load_checkpoint(custom_load_fn=...) is not supported")
         load_dir = os.fspath(load_dir)
@@ -759,13 +956,64 @@ class StrataEngine(torch.nn.Module):
                 return None, None
             with open(latest) as f:
                 tag = f.read().strip()
-        self._release_all()
-        blob = self._engine.load(load_dir, str(tag))
-        state = pickle.loads(blob) if blob else {}
+        if load_module_only:
+            return self._load_module_only(load_dir, str(tag), load_module_strict)
+        self._release_all()  # Load refuses while a group is gathered
+        try:
+            blob = self._engine.load(load_dir, str(tag))
+        finally:
+            self._gather_whole()
+        state = unpack_state(blob, os.path.join(load_dir, str(tag)))
+        self._load_buffers(state.get("buffers"), load_module_strict)
         self.global_steps = self._engine.global_step
         self.micro_steps = int(state.get("micro_steps", self.global_steps * self._gas))
         self.global_samples = int(state.get("global_samples", 0))
         return os.path.join(load_dir, str(tag)), state.get("client_state", {})
+
+    def _load_module_only(self, load_dir: str, tag: str, strict: bool):
+        """The checkpoint's fp32 weights (strata.utils.read_checkpoint: each rank loads the whole
+        checkpoint into a one-rank engine of its own) written as the initial weights
+        (InitParameters: before the engine's first step only), and its buffers; the optimizer,
+        the schedule and the counters stay as they are (fresh)."""
+        from .utils import read_checkpoint
+        path = os.path.join(load_dir, tag)
+        weights, state = read_checkpoint(load_dir, tag)
+        values, missing = {}, []
+        for g in self._groups:
+            for name, p in g.params:
+                w = weights.get(name)
+                if w is None or list(w.shape) != _full_shape(p):
+                    missing.append(name)
+                else:
+                    values[id(p)] = w
+        unexpected = sorted(set(weights) - {n for g in self._groups for n, _ in g.params})
+        if strict and (missing or unexpected):
+            raise RuntimeError(
+                f"load_checkpoint(load_module_only=True): {path} does not match the model "
+                f"(missing or another shape: {missing}; unexpected: {unexpected}); "
+                "load_module_strict=False loads the common ones")
+        self._write_master(values)
+        self._load_buffers(state.get("buffers"), strict)
+        return path, state.get("client_state", {})
+
+    def _load_buffers(self, saved: Optional[dict], strict: bool) -> None:
+        """The module's persistent buffers from a checkpoint's (rank 0's, as saved)."""
+        if saved is None:
+            return  # a checkpoint from before buffers were saved
+        own = _persistent_buffers(self.module)
+        missing, unexpected = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
+        if strict and (missing or unexpected):
+            raise RuntimeError(
+                f"load_checkpoint: the checkpoint's buffers differ from the module's (missing: "
+                f"{missing}, unexpected: {unexpected}); load_module_strict=False loads the "
+                "common ones")
+        with torch.no_grad():
+            for name in own.keys() & saved.keys():
+                if own[name].shape != saved[name].shape:
+                    raise RuntimeError(f"load_checkpoint: buffer {name} has shape "
+                                       f"{list(saved[name].shape)} in the checkpoint, "
+                                       f"{list(own[name].shape)} in the module")
+                own[name].copy_(saved[name])
 
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:

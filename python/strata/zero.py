@@ -180,20 +180,43 @@ def _gather_parts(params: list, rank: int, world: int):
     return out
 
 
+def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Parameter) -> None:
+    """As DeepSpeed's: `module`'s forward uses `parameter`, which another module owns (a tied
+    head written as `x @ self.emb.weight.t()`). At stage 3 each call of `module` gathers the
+    parameter's group with its own (and backward gathers it again); stages 0-2 keep every
+    parameter whole, so there it changes nothing. Before or after strata.initialize. Without it,
+    strata gathers a parameter read during the engine's forward and registers it the same way,
+    with a one-time notice."""
+    if not isinstance(parameter, torch.nn.Parameter):
+        raise RuntimeError("Parameter is not a torch.nn.Parameter")
+    module.__dict__.setdefault("_strata_external", {})[id(parameter)] = parameter
+    engine = getattr(parameter, "_strata_engine", None)
+    if engine is not None:
+        engine._hook_module(module)
+
+
+def unregister_external_parameter(module: torch.nn.Module,
+                                  parameter: torch.nn.Parameter) -> None:
+    """Undoes register_external_parameter (as DeepSpeed's)."""
+    if not isinstance(parameter, torch.nn.Parameter):
+        raise RuntimeError("Parameter is not a torch.nn.Parameter")
+    module.__dict__.get("_strata_external", {}).pop(id(parameter), None)
+
+
 @contextlib.contextmanager
 def GatheredParameters(params: Union[Iterable, torch.nn.Parameter],
                        modifier_rank: Optional[int] = None, fwd_module=None,
                        enabled: bool = True):
     """The parameters whole inside the block; see the module docstring for modifier_rank."""
-    if fwd_module is not None:
-        raise NotImplementedError("strata.zero.GatheredParameters(fwd_module=...) is not "
-                                  "supported (external parameters are not registered)")
     if not enabled:
         yield
         return
     if isinstance(params, torch.Tensor):
         params = [params]
     params = [p for p in params if p is not None]
+    if fwd_module is not None:  # as DeepSpeed: fwd_module's forward uses them from now on
+        for p in params:
+            register_external_parameter(fwd_module, p)
     rank, world = _rank_world()
     engines, parted = {}, []
     for p in params:

@@ -5,8 +5,10 @@ start for all: torch's import dominates a short run), each with its own engine a
 A case is KIND:STAGE:OFFLOAD[:FLAG]; FLAG "init" builds the model inside strata.zero.Init,
 "modifier" writes ln_f.weight through GatheredParameters(modifier_rank=0) before training,
 "rank0" gives ranks other than 0 other weights (initialize takes rank 0's, as DeepSpeed),
-"groups" passes a client AdamW with models.decay_groups and a LambdaLR warmup.
+"groups" passes a client AdamW with models.decay_groups and a LambdaLR warmup,
+"nosync" runs 2 micro-steps per step, the first inside engine.no_sync() (stages 0-1).
 STEPS < 0: the rank leaves right after the engine is set up (a dead rank)."""
+import contextlib
 import os
 import sys
 
@@ -27,7 +29,8 @@ torch.distributed.init_process_group(
 for i, case in enumerate(cases):
     kind, stage, offload, *flag = case.split(":")
     os.environ["STRATA_RUN_ID"] = f"{run_id}-{i}"
-    cfg = ds_config(int(stage), offload, nvme_path=nvme, world=2)
+    gas = 2 if flag == ["nosync"] else 1
+    cfg = ds_config(int(stage), offload, gas=gas, nvme_path=nvme, world=2)
     if flag == ["init"]:
         with strata.zero.Init(config=cfg):
             model = make_model(kind)
@@ -52,10 +55,14 @@ for i, case in enumerate(cases):
                 model.ln_f.weight.fill_(0.5 if rank == 0 else 0.25)  # rank 0's values win
     losses = []
     for step in range(steps):
-        loss = engine(*batch(kind, step, 0, rank))
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
+        total = 0.0
+        for m in range(gas):
+            with engine.no_sync() if m < gas - 1 else contextlib.nullcontext():
+                loss = engine(*batch(kind, step, m, rank))
+                engine.backward(loss)
+                engine.step()
+            total += loss.item() / gas
+        losses.append(total)
     master = engine.read_master()
     torch.save({"losses": losses, "master": master}, os.path.join(outdir, f"{case}.rank{rank}.pt"))
     engine.close()

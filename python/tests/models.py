@@ -65,18 +65,54 @@ class TinyGPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
+class TiedMatmulGPT(TinyGPT):
+    """TinyGPT whose output head is written in the parent's forward, `x @ self.wte.weight.t()`
+    (no head module): the embedding's weight is read outside the module that owns it."""
+
+    def __init__(self):
+        super().__init__(layers=1)
+        del self.head
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.ln_f(x) @ self.wte.weight.t()
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+
+
+class BNNet(nn.Module):
+    """An MLP with BatchNorm (persistent buffers: running_mean, running_var, num_batches_tracked)
+    and a non-persistent buffer, which state_dict and checkpoints leave out."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 24)
+        self.bn = nn.BatchNorm1d(24)
+        self.fc2 = nn.Linear(24, 8)
+        self.register_buffer("scratch", torch.zeros(3), persistent=False)
+
+    def forward(self, x, y):
+        return F.mse_loss(self.fc2(torch.relu(self.bn(self.fc1(x)))), y)
+
+
 def make_model(kind, seed=0):
-    """"mlp", "gpt" or "gpt384" (hidden 384: shard boundaries on 2 ranks fall off O_DIRECT's
-    4 KiB alignment, as the odd default sizes do)."""
+    """"mlp", "gpt", "gpt384" (hidden 384: shard boundaries on 2 ranks fall off O_DIRECT's
+    4 KiB alignment, as the odd default sizes do), "tiedmm" (TiedMatmulGPT) or "bn" (BNNet, the
+    mlp's data)."""
     torch.manual_seed(seed)
     if kind == "mlp":
         return MLP()
+    if kind == "tiedmm":
+        return TiedMatmulGPT()
+    if kind == "bn":
+        return BNNet()
     return TinyGPT(d=384, heads=6, layers=1) if kind == "gpt384" else TinyGPT()
 
 
 def batch(kind, step, micro=0, rank=0, size=4):
     g = torch.Generator().manual_seed(1000 * step + 100 * micro + 10 * rank + 1)
-    if kind == "mlp":
+    if kind in ("mlp", "bn"):
         return torch.randn(size, 16, generator=g), torch.randn(size, 8, generator=g)
     idx = torch.randint(0, 37, (size, 12), generator=g)  # every gpt kind has vocabulary 37
     return idx, torch.roll(idx, -1, dims=1)

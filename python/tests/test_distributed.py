@@ -12,11 +12,14 @@ STEPS = 3
 # Pairwise over stage x offload at 2 ranks, with the odd-sized and hidden-384 models (shard
 # boundaries off the O_DIRECT alignment), zero.Init's sharded construction, modifier_rank, and
 # ranks whose modules hold other weights than rank 0's (rank0: the engine scatters rank 0's, so
-# the run still matches torch's from rank 0's weights), and a client AdamW with two parameter
-# groups and a LambdaLR warmup (groups).
+# the run still matches torch's from rank 0's weights); the tied head read in the parent's
+# forward (tiedmm: `x @ wte.weight.t()`, whole at stages 0-2, gathered on read at stage 3);
+# engine.no_sync() around the first of 2 micro-steps (nosync, stages 0-1: reduced once); a
+# client AdamW with two parameter groups and a LambdaLR warmup (groups).
 CASES = ["gpt:0:none", "mlp:1:cpu", "gpt:2:cpu", "gpt:3:nvme", "gpt384:3:cpu",
          "gpt:3:none:init", "gpt:2:none:modifier", "mlp:0:none:rank0", "gpt:3:cpu:rank0",
-         "gpt:1:none:groups", "gpt:3:nvme:groups"]
+         "tiedmm:0:none", "tiedmm:1:cpu", "tiedmm:2:none", "tiedmm:3:cpu",
+         "mlp:0:none:nosync", "gpt:1:cpu:nosync", "gpt:1:none:groups", "gpt:3:nvme:groups"]
 
 
 def launch(tmp_path, cases, steps=STEPS, world=2, die_rank=None, timeout_ms=60000):
@@ -48,7 +51,8 @@ def test_two_processes_match_torch(two_process_runs, case):
         assert not torch.equal(res[0]["master"]["ln_f.weight"], init["ln_f.weight"])
         assert (res[0]["master"]["ln_f.weight"] - 0.5).abs().max() < 0.1
         return
-    ref_losses, ref_params = reference(kind, STEPS, 1e-2, 0.01, world=2,
+    gas = 2 if flag == ["nosync"] else 1
+    ref_losses, ref_params = reference(kind, STEPS, 1e-2, 0.01, gas=gas, world=2,
                                        groups=flag == ["groups"])
     mean_losses = [(a + b) / 2 for a, b in zip(res[0]["losses"], res[1]["losses"])]
     assert mean_losses == pytest.approx(ref_losses, rel=1e-5)

@@ -1,0 +1,144 @@
+"""Checkpoint helpers: the Python state strata keeps in a checkpoint, and DeepSpeed's
+zero_to_fp32 functions (get_fp32_state_dict_from_zero_checkpoint,
+load_state_dict_from_zero_checkpoint, convert_zero_checkpoint_to_fp32_state_dict).
+
+The Python state (client_state, micro_steps, global_samples and the module's persistent
+buffers) is the engine checkpoint's client state blob (`<tag>/client_state.bin`, written by
+rank 0): torch.save's zip format, read back with torch.load(weights_only=True), whose unpickler
+builds only tensors, dicts, lists, tuples, numbers, strings, None and the globals allowed through
+torch.serialization.add_safe_globals, so loading a checkpoint from someone else never runs code.
+A blob written before this format (a plain pickle) is read by an unpickler that resolves no
+global at all (plain containers, numbers and strings only); anything else is refused, naming the
+checkpoint.
+"""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from typing import Optional
+
+import torch
+
+
+def pack_state(state: dict) -> bytes:
+    """The blob of `state`; refuses (ValueError) what unpack_state would not read back."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    blob = buf.getvalue()
+    try:
+        torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+    except Exception as e:  # noqa: BLE001: torch's message names the type
+        raise ValueError(
+            "save_checkpoint: client_state holds an object load_checkpoint would refuse (it "
+            "reads with torch.load(weights_only=True): tensors, dicts, lists, tuples, numbers, "
+            f"strings, None; torch.serialization.add_safe_globals allows more): {e}") from None
+    return blob
+
+
+class _NoGlobalsUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"global '{module}.{name}' refused")
+
+
+def unpack_state(blob: bytes, where: str) -> dict:
+    """The state a checkpoint's blob holds ({} when none); `where` names the checkpoint."""
+    if not blob:
+        return {}
+    try:
+        if blob[:4] == b"PK\x03\x04":  # torch.save's zip
+            state = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+        else:  # a pickle from an older strata: containers, numbers and strings only
+            state = _NoGlobalsUnpickler(io.BytesIO(blob)).load()
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeError(
+            f"strata: the client state of checkpoint {where} was not loaded: loading it could run "
+            "code or it is damaged (only tensors, dicts, lists, tuples, numbers, strings and None "
+            f"are read; torch.serialization.add_safe_globals allows more): {e}") from None
+    if not isinstance(state, dict):
+        raise RuntimeError(f"strata: the client state of checkpoint {where} is not a dict "
+                           f"({type(state).__name__})")
+    return state
+
+
+# -- DeepSpeed's zero_to_fp32 ------------------------------------------------------------------
+def _resolve_tag(checkpoint_dir: str, tag: Optional[str]) -> str:
+    if tag is not None:
+        return str(tag)
+    latest = os.path.join(checkpoint_dir, "latest")
+    if not os.path.isfile(latest):
+        raise FileNotFoundError(f"no tag given and {latest} does not exist")
+    with open(latest) as f:
+        return f.read().strip()
+
+
+def read_checkpoint(checkpoint_dir, tag: Optional[str] = None) -> tuple[dict, dict]:
+    """(fp32 master weights by parameter name, the Python state) of a strata checkpoint, any
+    world size, stage or placement. The checkpoint is loaded, verified (Engine::Load: sizes,
+    checksums), into a one-rank stage-0 engine in this process, which holds every state of the
+    model (param, master, Adam m and v: about 16 bytes per parameter in fp32) until it returns."""
+    import json
+    from . import _strata
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    tag = _resolve_tag(checkpoint_dir, tag)
+    path = os.path.join(checkpoint_dir, tag)
+    with open(os.path.join(path, "manifest.json")) as f:
+        manifest = json.load(f)
+    groups = manifest["model"]["groups"]
+    spec = [(g["name"], [(p["name"], list(p["shape"])) for p in g["params"]]) for g in groups]
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+           "optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 0}}
+    if manifest["precision"] in ("bf16", "fp16"):
+        cfg[manifest["precision"]] = {"enabled": True}
+    numel = sum(int(g["numel"]) for g in groups)
+    engine = _strata.Engine(spec, json.dumps(cfg), 0, 1, [], max(8 << 30, 32 * numel))
+    try:
+        state = unpack_state(engine.load(checkpoint_dir, tag), path)
+        weights = {}
+        for gi, g in enumerate(groups):
+            flat = torch.from_numpy(engine.read_master(gi))
+            off = 0
+            for p in g["params"]:
+                n = int(torch.Size(p["shape"]).numel())
+                weights[p["name"]] = flat[off:off + n].view(p["shape"]).clone()
+                off += n
+    finally:
+        engine.close()
+    return weights, state
+
+
+def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag: Optional[str] = None,
+                                             exclude_frozen_parameters: bool = False) -> dict:
+    """As DeepSpeed's: the model's state_dict from a checkpoint save_checkpoint wrote (any world
+    size or stage): fp32 parameters from the fp32 masters, tied names too (the same tensor), and
+    the persistent buffers as saved. tag None: the one `latest` names."""
+    weights, state = read_checkpoint(checkpoint_dir, tag)
+    out = dict(weights)
+    for alias, owner in state.get("tied", {}).items():
+        out[alias] = out[owner]
+    out.update(state.get("buffers", {}))
+    return out
+
+
+def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, checkpoint_dir,
+                                         tag: Optional[str] = None) -> torch.nn.Module:
+    """As DeepSpeed's: the checkpoint's fp32 state_dict loaded into `model` (strict), returned."""
+    model.load_state_dict(get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag))
+    return model
+
+
+def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_file,
+                                               tag: Optional[str] = None) -> None:
+    """As DeepSpeed's: writes the fp32 state_dict to output_file (safetensors when it ends in
+    .safetensors, else torch.save)."""
+    sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
+    output_file = os.fspath(output_file)
+    if output_file.endswith(".safetensors"):
+        from .engine import _write_safetensors
+        seen, unique = set(), {}
+        for k, v in sd.items():  # tied names: each its own bytes, as save_16bit_model
+            unique[k] = v.clone() if id(v) in seen else v
+            seen.add(id(v))
+        _write_safetensors(output_file, unique, {"format": "pt"})
+    else:
+        torch.save(sd, output_file)

@@ -1,0 +1,218 @@
+"""What save_checkpoint keeps besides the engine's state: the module's persistent buffers
+(BatchNorm running statistics; across a reshard 2 -> 1 and 1 -> 2 ranks) and client_state, read
+back without unpickling code (torch.load(weights_only=True)): a crafted blob does not run."""
+import os
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import strata  # noqa: E402
+
+from launch import launch  # noqa: E402
+from models import batch, ds_config, make_model  # noqa: E402
+
+BN_STATS = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
+
+
+def _train(engine, steps, first=0):
+    losses = []
+    for step in range(first, first + steps):
+        loss = engine(*batch("bn", step))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_buffers_and_client_state_round_trip_and_resume_exactly(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    model = make_model("bn")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3))
+    _train(engine, 2)
+    client = {"pos": 2, "name": "run-a", "lr": 0.5, "t": torch.arange(4.0),
+              "nested": {"a": [1, 2.5, "x", None], "b": (True, torch.ones(2, dtype=torch.int64))}}
+    engine.save_checkpoint(tmp_path / "ckpt", client_state=client)
+    saved = {n: b.clone() for n, b in model.state_dict().items() if n in BN_STATS}
+    assert saved["bn.num_batches_tracked"] == 2
+    tail = _train(engine, 2, first=2)
+    # save_16bit_model keeps the buffers (state_dict's names and values)
+    engine.save_16bit_model(tmp_path / "out", "model.safetensors")
+    exported = safetensors.load_file(str(tmp_path / "out" / "model.safetensors"))
+    for n in BN_STATS:
+        assert torch.equal(exported[n], model.state_dict()[n]), n
+    assert "scratch" not in exported
+    engine.close()
+
+    model2 = make_model("bn")
+    resumed, _, _, _ = strata.initialize(model=model2, config=ds_config(3))
+    _, got = resumed.load_checkpoint(tmp_path / "ckpt")
+    assert got.keys() == client.keys()
+    assert (got["pos"], got["name"], got["lr"]) == (2, "run-a", 0.5)
+    assert torch.equal(got["t"], client["t"]) and got["nested"]["a"] == [1, 2.5, "x", None]
+    assert got["nested"]["b"][0] is True
+    assert torch.equal(got["nested"]["b"][1], torch.ones(2, dtype=torch.int64))
+    for n in BN_STATS:
+        assert torch.equal(model2.state_dict()[n], saved[n]), n
+    assert _train(resumed, 2, first=2) == tail  # bit for bit, running statistics included
+    resumed.close()
+
+
+def test_buffers_mismatch_is_refused_unless_not_strict(tmp_path):
+    engine, _, _, _ = strata.initialize(model=make_model("bn"), config=ds_config(2))
+    _train(engine, 1)
+    engine.save_checkpoint(tmp_path)
+    model = make_model("bn")
+    model.bn.register_buffer("extra", torch.zeros(1))
+    other, _, _, _ = strata.initialize(model=model, config=ds_config(2))
+    with pytest.raises(RuntimeError, match=r"missing: \['bn.extra'\]"):
+        other.load_checkpoint(tmp_path)
+    other.load_checkpoint(tmp_path, load_module_strict=False)
+    assert model.bn.num_batches_tracked == 1
+    engine.close()
+    other.close()
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("fmt", ["pickle", "torch.save"])
+def test_crafted_client_state_does_not_run(tmp_path, fmt):
+    """A checkpoint whose client state blob would call os.system when unpickled: load refuses it
+    naming the checkpoint, and the command never runs."""
+    marker = tmp_path / "pwned"
+    payload = {"client_state": {"x": _Evil(marker)}, "micro_steps": 0}
+    if fmt == "pickle":
+        blob = pickle.dumps(payload)  # what strata wrote before (pickle.dumps)
+    else:
+        import io
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        blob = buf.getvalue()
+    # stage 3: nothing gathered outside forward, so the native save (any bytes) is allowed
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(3))
+    engine._engine.save(str(tmp_path / "ckpt"), "evil", blob)
+    with pytest.raises(RuntimeError, match=r"client state of checkpoint .*evil was not loaded"):
+        engine.load_checkpoint(tmp_path / "ckpt")
+    assert not marker.exists()
+    # and save_checkpoint refuses to write what load would refuse, before writing anything
+    with pytest.raises(ValueError, match="client_state holds an object"):
+        engine.save_checkpoint(tmp_path / "ckpt2", client_state={"x": _Evil(marker)})
+    assert not marker.exists() and not (tmp_path / "ckpt2").exists()
+    engine.close()
+
+
+def test_client_state_of_an_older_pickle_blob_still_loads(tmp_path):
+    """A blob strata wrote with pickle.dumps (plain containers, numbers, strings) is read by an
+    unpickler that resolves no global."""
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(3))
+    state = {"client_state": {"pos": 7, "tag": "a"}, "micro_steps": 0, "global_samples": 0}
+    engine._engine.save(str(tmp_path), "old", pickle.dumps(state))
+    _, client = engine.load_checkpoint(tmp_path)
+    assert client == {"pos": 7, "tag": "a"}
+    engine.close()
+
+
+def test_buffers_survive_a_reshard_1_to_2_to_1(tmp_path):
+    """Saved on one rank, loaded on two (stage 3): both get the saved running statistics, master
+    weights and client_state; the two train on (their statistics differ) and save: one rank loads
+    rank 0's statistics and the same master weights."""
+    def state(model, engine, client):
+        return {"buffers": {n: b.clone() for n, b in model.named_buffers()},
+                "master": engine.read_master(), "client": client}
+
+    def same(got, want):
+        for n in BN_STATS:
+            assert torch.equal(got["buffers"][n], want["buffers"][n]), n
+        for n, m in want["master"].items():
+            assert torch.equal(got["master"][n], m), n
+
+    model = make_model("bn")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3))
+    _train(engine, 2)
+    engine.save_checkpoint(tmp_path / "one", client_state={"pos": 2, "t": torch.arange(3)})
+    one = state(model, engine, None)
+    engine.close()
+    outs = launch(tmp_path, "ckpt_worker.py",
+                  lambda r, nvme: [tmp_path / "one", tmp_path / "two", tmp_path / "out", 2])
+    for rc, text in outs:
+        assert rc == 0, text
+    ranks = [torch.load(tmp_path / f"out.{w}.rank{r}.pt") for w in ("loaded", "saved")
+             for r in range(2)]
+    for got in ranks[:2]:
+        same(got, one)
+        assert got["client"]["pos"] == 2 and torch.equal(got["client"]["t"], torch.arange(3))
+    assert not torch.equal(ranks[2]["buffers"]["bn.running_mean"],
+                           ranks[3]["buffers"]["bn.running_mean"])  # each rank's own batches
+    model = make_model("bn")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3))
+    _, client = engine.load_checkpoint(tmp_path / "two")
+    same(state(model, engine, client), ranks[2])  # rank 0's
+    assert client["pos"] == 2
+    engine.close()
+    from strata.utils import get_fp32_state_dict_from_zero_checkpoint
+    sd = get_fp32_state_dict_from_zero_checkpoint(tmp_path / "two")  # saved on 2 ranks
+    assert set(sd) == set(model.state_dict())
+    same({"buffers": sd, "master": {n: sd[n] for n in ranks[2]["master"]}}, ranks[2])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_fp32_state_dict_and_load_module_only(tmp_path, dtype):
+    """strata.utils.get_fp32_state_dict_from_zero_checkpoint gives state_dict's names (the tied
+    head as the same tensor) with the fp32 masters; load_checkpoint(load_module_only=True) starts
+    from those weights with a fresh optimizer and schedule: the same bits as an engine built
+    from a model holding them (load_state_dict_from_zero_checkpoint)."""
+    from strata.utils import (get_fp32_state_dict_from_zero_checkpoint,
+                              load_state_dict_from_zero_checkpoint)
+    model = make_model("gpt")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(2, "cpu", dtype=dtype))
+    for step in range(2):
+        loss = engine(*batch("gpt", step))
+        engine.backward(loss)
+        engine.step()
+    engine.save_checkpoint(tmp_path, client_state={"pos": 2})
+    master = engine.read_master()
+    names = set(model.state_dict())
+    engine.close()
+    sd = get_fp32_state_dict_from_zero_checkpoint(tmp_path)
+    assert set(sd) == names and sd["head.weight"] is sd["wte.weight"]
+    for n, m in master.items():
+        assert sd[n].dtype == torch.float32 and torch.equal(sd[n], m), n
+
+    def one_step(engine):
+        loss = engine(*batch("gpt", 5))
+        engine.backward(loss)
+        engine.step()
+        out = (loss.item(), engine.read_master(), engine.get_lr())
+        engine.close()
+        return out
+    cfg = ds_config(3, dtype=dtype)
+    fine, _, _, _ = strata.initialize(model=make_model("gpt", seed=1), config=cfg)
+    path, client = fine.load_checkpoint(tmp_path, load_module_only=True)
+    assert client == {"pos": 2} and fine.global_steps == 0
+    for n, m in fine.read_master().items():
+        assert torch.equal(m, master[n]), n
+    ref, _, _, _ = strata.initialize(
+        model=load_state_dict_from_zero_checkpoint(make_model("gpt", seed=1), tmp_path), config=cfg)
+    got, want = one_step(fine), one_step(ref)
+    assert got[0] == want[0] and got[2] == want[2]
+    for n in want[1]:
+        assert torch.equal(got[1][n], want[1][n]), n
+
+
+def test_load_module_only_after_a_step_and_partial_loads_are_refused(tmp_path):
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(3))
+    loss = engine(*batch("mlp", 0))
+    engine.backward(loss)
+    engine.step()
+    engine.save_checkpoint(tmp_path)
+    with pytest.raises(strata.StrataError, match="already taken steps"):
+        engine.load_checkpoint(tmp_path, load_module_only=True)
+    with pytest.raises(NotImplementedError, match="load_module_only=True loads the weights"):
+        engine.load_checkpoint(tmp_path, load_optimizer_states=False)
+    engine.close()

@@ -1,0 +1,134 @@
+"""DeepSpeedEngine calls beyond forward/backward/step: backward(scale_wrt_gas=False),
+set_gradient_accumulation_boundary, no_sync (stages 0-1; two processes in test_distributed.py),
+global_samples, and what engine.module.state_dict() holds at each stage."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import strata  # noqa: E402
+
+from models import batch, ds_config, make_model  # noqa: E402
+from test_adapter import (LR, LOSS_RTOL, PARAM_ATOL, PARAM_RTOL, WD,  # noqa: E402
+                          check_against_torch)
+
+STEPS, GAS = 3, 2
+
+
+def run(stage, micro_step, steps=STEPS, gas=GAS):
+    """Trains the mlp; micro_step(engine, step, m) runs one micro-step. Returns per-step loss
+    sums (mean when each micro-step's loss counts 1/gas), master weights, the engine."""
+    model = make_model("mlp")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(stage, gas=gas, lr=LR, wd=WD))
+    losses = []
+    for step in range(steps):
+        losses.append(sum(micro_step(engine, step, m) for m in range(gas)) / gas)
+    return losses, engine.read_master(), engine
+
+
+def plain(engine, step, m):
+    loss = engine(*batch("mlp", step, m))
+    engine.backward(loss)
+    engine.step()
+    return loss.item()
+
+
+def test_backward_scale_wrt_gas_false_sums_the_micro_steps():
+    def summed(engine, step, m):
+        loss = engine(*batch("mlp", step, m))
+        engine.backward(loss, scale_wrt_gas=False)
+        engine.step()
+        return loss.item()
+    losses, master, engine = run(1, summed)
+    engine.close()
+    # torch: the micro-steps' gradients summed (each loss not divided by gas)
+    model = make_model("mlp")
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=WD)
+    ref = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        total = 0.0
+        for m in range(GAS):
+            loss = model(*batch("mlp", step, m))
+            loss.backward()
+            total += loss.item() / GAS
+        ref.append(total)
+        opt.step()
+    assert losses == pytest.approx(ref, rel=LOSS_RTOL)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(master[n], p.detach(), atol=PARAM_ATOL, rtol=PARAM_RTOL, msg=n)
+
+
+def test_set_gradient_accumulation_boundary_overrides_the_count():
+    def overridden(engine, step, m):
+        engine.set_gradient_accumulation_boundary(m == GAS - 1)
+        assert engine.is_gradient_accumulation_boundary() == (m == GAS - 1)
+        return plain(engine, step, m)
+
+    def early(engine, step, m):  # every micro-step a boundary: a step per micro-step
+        engine.set_gradient_accumulation_boundary(True)
+        return plain(engine, step, m)
+    base_losses, base, e0 = run(2, plain)
+    losses, master, e1 = run(2, overridden)
+    assert losses == base_losses and e1.global_steps == e0.global_steps == STEPS
+    for n in base:
+        assert torch.equal(master[n], base[n]), n
+    _, _, e2 = run(2, early)
+    assert e2.global_steps == STEPS * GAS
+    for e in (e0, e1, e2):
+        e.close()
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_no_sync_accumulates_locally_and_matches_torch(stage):
+    def first_unsynced(engine, step, m):
+        if m == GAS - 1:
+            return plain(engine, step, m)
+        with engine.no_sync():
+            loss = plain(engine, step, m)
+        assert engine.module.fc1.weight.grad is not None  # kept, not reduced
+        return loss
+    losses, master, engine = run(stage, first_unsynced)
+    assert engine.module.fc1.weight.grad is None
+    engine.close()
+    check_against_torch("mlp", losses, master, steps=STEPS, gas=GAS)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_no_sync_is_refused_with_partitioned_gradients(stage):
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(stage))
+    with pytest.raises(AssertionError, match=f"incompatible with gradient partitioning logic "
+                                             f"of ZeRO stage {stage}"):
+        with engine.no_sync():
+            pass
+    engine.close()
+
+
+def test_global_samples_at_boundaries_and_after_load(tmp_path):
+    """As DeepSpeed at each boundary: steps x train_batch_size (micro 4 x gas 2 x 1 rank); kept
+    by the checkpoint."""
+    _, _, engine = run(3, plain, steps=2)
+    assert engine.global_steps == 2 and engine.micro_steps == 4
+    assert engine.global_samples == 2 * 4 * GAS
+    engine.save_checkpoint(tmp_path)
+    engine.close()
+    other, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(3, gas=GAS))
+    other.load_checkpoint(tmp_path)
+    assert (other.global_steps, other.micro_steps, other.global_samples) == (2, 4, 16)
+    other.close()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_module_state_dict(stage):
+    """Stages 0-2: the whole parameters (the engine's current weights); stage 3: empty tensors
+    outside GatheredParameters, as DeepSpeed."""
+    model = make_model("mlp")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(stage))
+    sd = model.state_dict()
+    if stage < 3:
+        master = engine.read_master()
+        assert all(torch.equal(sd[n], master[n]) for n in master)
+    else:
+        assert all(t.numel() == 0 for t in sd.values())
+        with strata.zero.GatheredParameters(model.parameters()):
+            assert model.state_dict()["fc1.weight"].shape == (40, 16)
+    engine.close()
