@@ -396,6 +396,42 @@ TEST(EngineSemantics, SetLearningRatesDrivesEveryGroupFromTheNextStep) {
   }
 }
 
+// A frozen group keeps its initial weights bit for bit, stores no optimizer state and refuses a
+// gradient while the other groups train; across stages, placements and 2 ranks.
+TEST(EngineSemantics, FrozenGroupStoresParamsOnlyAndNeverChanges) {
+  for (const char* zero : {R"("stage": 1)", R"("stage": 2, "offload_optimizer": {"device": "cpu"})",
+                           R"("stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})"}) {
+    SCOPED_TRACE(zero);
+    RunSpec base;
+    base.config_json = BaseConfig(zero);
+    base.world = 2;
+    base.steps = 1;
+    const RunResult plain = RunEngine(base);
+    ASSERT_TRUE(plain.status.ok()) << plain.status.ToString();
+    RunSpec spec = base;
+    spec.model = TestModel();
+    spec.model->groups[kMidBias].trainable = false;
+    spec.steps = 2;
+    spec.before_step = [](int, int, Engine& e) {
+      EXPECT_EQ(e.GradBuffer(kMidBias).status().code(), Status::Code::kFailedPrecondition);
+      EXPECT_EQ(e.ReduceGradients(kMidBias).code(), Status::Code::kFailedPrecondition);
+    };
+    const RunResult r = RunEngine(spec);
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    EXPECT_EQ(r.master[kMidBias], InitialMaster(kMidBias));
+    EXPECT_NE(r.master[kMid], InitialMaster(kMid));
+    // The layout: the frozen group's optimizer state and gradient are not there.
+    ASSERT_FALSE(r.layouts.empty());
+    EXPECT_LT(r.layouts[0].sub_groups, plain.layouts[0].sub_groups);
+    uint64_t frozen_total = 0, plain_total = 0;
+    for (Tier t : kAllTiers) {
+      frozen_total += r.layouts[0].state_bytes[t];
+      plain_total += plain.layouts[0].state_bytes[t];
+    }
+    EXPECT_LT(frozen_total, plain_total);
+  }
+}
+
 TEST(EngineSemantics, OptimizerGroupOutOfRangeOrBadIsRefusedNamingIt) {
   RunSpec spec;
   spec.config_json = BaseConfig(R"("stage": 1)");

@@ -473,6 +473,7 @@ inline RunResult RunEngine(const RunSpec& spec) {
                         &gr);
         if (spec.tamper) spec.tamper(r, step, micro, &gr);
         for (size_t g = kGroups; g-- > 0;) {
+          if (!engine->model().groups[g].trainable) continue;  // frozen: no gradient
           STRATA_ASSIGN_OR_RETURN(void* buf, engine->GradBuffer(g));
           std::vector<uint8_t> host(TestModel().groups[g].numel() * DTypeSize(engine->dtype()));
           Pack(engine->dtype(), GroupTensors(gr, g), host.data());

@@ -96,13 +96,71 @@ class BNNet(nn.Module):
         return F.mse_loss(self.fc2(torch.relu(self.bn(self.fc1(x)))), y)
 
 
+class LoraLinear(nn.Module):
+    """A frozen base Linear plus a trained low-rank update (PEFT's LoRA, written out here):
+    y = base(x) + (x @ A.T) @ B.T * scale. B starts non-zero so both adapters train at once."""
+
+    def __init__(self, d_in, d_out, rank=4):
+        super().__init__()
+        self.base = nn.Linear(d_in, d_out, bias=False)
+        self.base.weight.requires_grad_(False)
+        self.lora_a = nn.Parameter(torch.randn(rank, d_in) * 0.1)
+        self.lora_b = nn.Parameter(torch.randn(d_out, rank) * 0.01)
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.lora_a.t()) @ self.lora_b.t() * 2.0
+
+
+class LoraLlama(nn.Module):
+    """A Llama-shaped model (RMSNorm, SwiGLU MLP, no biases) fine-tuned with LoRA on the
+    attention's q and v: every base weight frozen, the adapters trained."""
+
+    def __init__(self, vocab=37, d=32, heads=4, layers=2):
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList()
+        for _ in range(layers):
+            layer = nn.Module()
+            layer.norm1, layer.norm2 = nn.RMSNorm(d), nn.RMSNorm(d)
+            layer.q, layer.v = LoraLinear(d, d), LoraLinear(d, d)
+            layer.k, layer.o = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
+            layer.gate, layer.up = nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False)
+            layer.down = nn.Linear(2 * d, d, bias=False)
+            self.layers.append(layer)
+        self.norm = nn.RMSNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        for n, p in self.named_parameters():
+            p.requires_grad_("lora_" in n)
+
+    def forward(self, idx, targets):
+        b, t = idx.shape
+        x = self.embed(idx)
+        for layer in self.layers:
+            h = layer.norm1(x)
+            q, k, v = (f(h).view(b, t, self.heads, -1).transpose(1, 2)
+                       for f in (layer.q, layer.k, layer.v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + layer.o(y.transpose(1, 2).reshape(b, t, -1))
+            h = layer.norm2(x)
+            x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
 def make_model(kind, seed=0):
     """"mlp", "gpt", "gpt384" (hidden 384: shard boundaries on 2 ranks fall off O_DIRECT's
-    4 KiB alignment, as the odd default sizes do), "tiedmm" (TiedMatmulGPT) or "bn" (BNNet, the
-    mlp's data)."""
+    4 KiB alignment, as the odd default sizes do), "tiedmm" (TiedMatmulGPT), "bn" (BNNet, the
+    mlp's data), "lora" (LoraLlama: base frozen) or "gptfe" (TinyGPT, tied embedding frozen)."""
     torch.manual_seed(seed)
     if kind == "mlp":
         return MLP()
+    if kind == "lora":
+        return LoraLlama()
+    if kind == "gptfe":
+        model = TinyGPT()
+        model.wte.weight.requires_grad_(False)
+        return model
     if kind == "tiedmm":
         return TiedMatmulGPT()
     if kind == "bn":
@@ -162,7 +220,7 @@ def reference(kind, steps, lr, wd, gas=1, world=1, seed=0, groups=False):
     """Plain torch fp32 AdamW over the same data (the mean of every rank's micro-batches).
     groups: decay_groups with a LambdaLR warmup (stepped after each step)."""
     model = make_model(kind, seed)
-    params = decay_groups(model) if groups else model.parameters()
+    params = decay_groups(model) if groups else [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup) if groups else None
     losses = []

@@ -15,11 +15,13 @@ STEPS = 3
 # the run still matches torch's from rank 0's weights); the tied head read in the parent's
 # forward (tiedmm: `x @ wte.weight.t()`, whole at stages 0-2, gathered on read at stage 3);
 # engine.no_sync() around the first of 2 micro-steps (nosync, stages 0-1: reduced once); a
-# client AdamW with two parameter groups and a LambdaLR warmup (groups).
+# client AdamW with two parameter groups and a LambdaLR warmup (groups); frozen parameters (lora:
+# a LoRA fine-tune, gptfe: a frozen tied embedding).
 CASES = ["gpt:0:none", "mlp:1:cpu", "gpt:2:cpu", "gpt:3:nvme", "gpt384:3:cpu",
          "gpt:3:none:init", "gpt:2:none:modifier", "mlp:0:none:rank0", "gpt:3:cpu:rank0",
          "tiedmm:0:none", "tiedmm:1:cpu", "tiedmm:2:none", "tiedmm:3:cpu",
-         "mlp:0:none:nosync", "gpt:1:cpu:nosync", "gpt:1:none:groups", "gpt:3:nvme:groups"]
+         "mlp:0:none:nosync", "gpt:1:cpu:nosync", "gpt:1:none:groups", "gpt:3:nvme:groups",
+         "lora:3:cpu", "lora:2:none", "gptfe:1:none"]
 
 
 def launch(tmp_path, cases, steps=STEPS, world=2, die_rank=None, timeout_ms=60000):

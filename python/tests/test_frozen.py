@@ -1,0 +1,152 @@
+"""Frozen parameters (requires_grad=False): a LoRA fine-tune and a frozen embedding against plain
+torch AdamW over the trainable parameters, their memory, checkpoints and refusals, and a PEFT
+adapter on a transformers Llama. Two processes: test_distributed.py's "lora" / "gptfe" cases."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import strata  # noqa: E402
+
+from models import batch, ds_config, make_model, reference  # noqa: E402
+
+STEPS = 3
+LR, WD = 1e-2, 0.01
+
+CASES = [("lora", 0, "none"), ("lora", 1, "cpu"), ("lora", 2, "cpu"), ("lora", 3, "none"),
+         ("lora", 3, "nvme"), ("gptfe", 2, "none"), ("gptfe", 3, "cpu")]
+
+
+def train(engine, kind, steps=STEPS, first=0):
+    losses = []
+    for step in range(first, steps):
+        loss = engine(*batch(kind, step))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("kind,stage,offload", CASES, ids=[f"{k}-stage{s}-{o}" for k, s, o in CASES])
+def test_frozen_base_trains_as_torch_and_never_changes(kind, stage, offload, tmp_path):
+    model = make_model(kind)
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(
+        stage, offload, lr=LR, wd=WD, nvme_path=str(tmp_path)))
+    frozen = [g.name for g in engine._groups if not g.trainable]
+    assert frozen, "the model has frozen groups"
+    losses = train(engine, kind)
+    ref_losses, ref_params = reference(kind, STEPS, LR, WD)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    master = engine.read_master()
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(master[n], ref_params[n], atol=2e-5, rtol=1e-4, msg=n)
+        else:
+            assert torch.equal(master[n], init[n]), n  # frozen: exactly as initialised
+    engine.close()
+
+
+def state_bytes(model):
+    """Every tier's model-state bytes (params on the device, the optimizer's on the host)."""
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3, "cpu"))
+    state = sum(engine.layout()["state_bytes"].values())
+    groups = len(engine._groups)
+    engine.close()
+    return state, groups
+
+
+def test_frozen_parameters_cost_their_working_params_only():
+    # fp32 at stage 3, optimizer on cpu: a trainable element holds param 4 + master 4 + m 4 +
+    # v 4 + fp32 grad 4 = 20 bytes, a frozen one its param's 4. Host blocks take whole 4 KiB
+    # units and shards 128 elements: at most that much more per block.
+    lora = make_model("lora")
+    n_all = sum(p.numel() for p in lora.parameters())
+    n_train = sum(p.numel() for p in lora.parameters() if p.requires_grad)
+    frozen_bytes, groups = state_bytes(lora)
+    formula = 4 * n_all + 16 * n_train
+    assert formula <= frozen_bytes <= formula + groups * 5 * (4096 + 128 * 4)
+    whole = make_model("lora")
+    for p in whole.parameters():
+        p.requires_grad_(True)
+    whole_bytes, _ = state_bytes(whole)
+    assert whole_bytes - frozen_bytes >= 16 * (n_all - n_train)
+
+
+def test_checkpoint_of_a_fine_tune_resumes_bit_exact(tmp_path):
+    cfg = ds_config(3, "cpu", lr=LR, wd=WD)
+    engine, _, _, _ = strata.initialize(model=make_model("lora"), config=cfg)
+    train(engine, "lora", steps=2)
+    engine.save_checkpoint(tmp_path / "ckpt")
+    train(engine, "lora", steps=4, first=2)
+    straight = engine.read_master()
+    engine.close()
+    resumed, _, _, _ = strata.initialize(model=make_model("lora", seed=1), config=cfg)
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    train(resumed, "lora", steps=4, first=2)
+    again = resumed.read_master()
+    resumed.close()
+    assert straight.keys() == again.keys()
+    for n in straight:
+        assert torch.equal(straight[n], again[n]), n  # frozen base restored from the checkpoint
+    # A group saved frozen has no optimizer state to load into a trainable one.
+    thawed = make_model("lora")
+    for p in thawed.parameters():
+        p.requires_grad_(True)
+    other, _, _, _ = strata.initialize(model=thawed, config=cfg)
+    with pytest.raises(strata.StrataError, match="is frozen in the checkpoint"):
+        other.load_checkpoint(tmp_path / "ckpt")
+    other.close()
+
+
+def test_changing_requires_grad_after_initialize_is_refused_naming_it():
+    model = make_model("lora")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(2))
+    model.layers[0].k.weight.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="layers.0.k.weight had requires_grad=False"):
+        engine.backward(engine(*batch("lora", 0)))
+    engine.close()
+
+
+def test_peft_lora_on_a_transformers_llama_trains_as_torch(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+
+    def make():
+        torch.manual_seed(0)
+        cfg = transformers.LlamaConfig(vocab_size=37, hidden_size=32, intermediate_size=64,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, max_position_embeddings=16)
+        base = transformers.LlamaForCausalLM(cfg)
+        lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                               init_lora_weights="gaussian")
+        return peft.get_peft_model(base, lora)
+
+    def data(step):
+        g = torch.Generator().manual_seed(step)
+        idx = torch.randint(0, 37, (4, 12), generator=g)
+        return idx
+
+    ref = make()
+    opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=LR,
+                            weight_decay=WD)
+    ref_losses = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = ref(input_ids=data(step), labels=data(step)).loss
+        loss.backward()
+        opt.step()
+        ref_losses.append(loss.item())
+    model = make()
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(
+        3, "nvme", lr=LR, wd=WD, nvme_path=str(tmp_path)))
+    losses = []
+    for step in range(STEPS):
+        loss = engine(input_ids=data(step), labels=data(step)).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    master = engine.read_master()
+    for n, p in ref.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(master[n], p.detach(), atol=2e-5, rtol=1e-4, msg=n)
+    engine.close()
