@@ -131,6 +131,8 @@ ckpt::Manifest BaseManifest(const Engine::Impl& e, const std::string& tag) {
   m.global_step = e.global_step;
   m.skipped_steps = e.skipped_steps;
   m.applied_steps = e.applied_steps;
+  m.adam_step_base = e.adam_step_base;
+  m.lr_step_base = e.lr_step_base;
   m.last_lr = e.last_lr;
   const zero::LossScalerState ls = e.scaler->state();
   m.scale = ls.scale;
@@ -498,7 +500,9 @@ bool SameLayout(const Engine::Impl& e, const ckpt::Manifest& m) {
 }
 
 Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manifest& m,
-                 bool hash_own_file) {
+                 bool hash_own_file, const LoadOptions& options) {
+  // Adam's m and v left fresh (zero) instead of read.
+  auto fresh = [&](const Dest& d) { return !options.optimizer_states && d.kind >= 2; };
   const ckpt::StreamOptions so = StreamOpts(e);
   ckpt::RangeReader rd(tag_dir, m, so, hash_own_file ? e.rank : -1);
   const std::vector<Dest> dests = LoadDests(e);
@@ -508,7 +512,7 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
   auto covers_block = [&](const Dest& d) {
     return d.elems * m.ElemBytes(d.kind) == e.store->spec(d.block).size_bytes;
   };
-  for (const Dest& d : dests) window.Add(d.block, d.tier, covers_block(d));
+  for (const Dest& d : dests) window.Add(d.block, d.tier, covers_block(d) || fresh(d));
   // Write-backs of NVMe homes in flight behind the reader, bounded by the same window.
   std::deque<std::pair<Ticket, uint64_t>> behind;
   uint64_t behind_bytes = 0;
@@ -516,13 +520,17 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
     const Dest& d = dests[i];
     window.Ahead(i);
     {
-      const Access access = covers_block(d) ? Access::kOverwrite : Access::kWrite;
+      const Access access = covers_block(d) || fresh(d) ? Access::kOverwrite : Access::kWrite;
       STRATA_ASSIGN_OR_RETURN(Lease l, e.store->Acquire(d.block, d.tier, access, e.timeout()));
       if (d.elems * m.ElemBytes(d.kind) > l.size_bytes()) {
         return Status::Internal("checkpoint: block " + e.store->spec(d.block).name +
                                 " is smaller than its range");
       }
-      STRATA_RETURN_IF_ERROR(rd.Read(d.group, d.kind, d.global_begin, d.elems, l.data()));
+      if (fresh(d)) {
+        std::memset(l.data(), 0, l.size_bytes());
+      } else {
+        STRATA_RETURN_IF_ERROR(rd.Read(d.group, d.kind, d.global_begin, d.elems, l.data()));
+      }
       l.MarkDirty();
     }
     // NVMe homes: written back and dropped behind the reader, within the window.
@@ -577,7 +585,9 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
   e.global_step = m.global_step;
   e.skipped_steps = m.skipped_steps;
   e.applied_steps = m.applied_steps;
-  e.last_lr = m.last_lr;
+  e.adam_step_base = options.optimizer_states ? m.adam_step_base : m.applied_steps;
+  e.lr_step_base = options.lr_schedule ? m.lr_step_base : m.applied_steps;
+  e.last_lr = options.lr_schedule ? m.last_lr : e.LrFor(0);
   // Gathered copies kept from before are stale now.
   for (zero::GroupState& gs : e.groups) gs.cached.reset();
   e.cached_elems = 0;
@@ -587,7 +597,7 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
 }  // namespace
 
 Status Engine::Load(const std::string& dir, const std::string& tag,
-                    std::vector<uint8_t>* client_state) {
+                    std::vector<uint8_t>* client_state, const LoadOptions& options) {
   Impl& e = *impl_;
   std::string what = "checkpoint load from " + dir;
   Status local = e.JoinDeferredStep();  // overlap_step: the step running behind first
@@ -637,7 +647,7 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
     }
   }
   const std::string tag_dir = dir + "/" + m.tag;
-  local = LoadState(e, tag_dir, m, same_layout);
+  local = LoadState(e, tag_dir, m, same_layout, options);
   if (local.ok() && client_state != nullptr) {
     client_state->clear();
     if (m.has_client_state) {

@@ -118,6 +118,8 @@ std::string Manifest::ToJson() const {
   j["global_step"] = global_step;
   j["skipped_steps"] = skipped_steps;
   j["applied_steps"] = applied_steps;
+  if (adam_step_base != 0) j["adam_step_base"] = adam_step_base;
+  if (lr_step_base != 0) j["lr_step_base"] = lr_step_base;
   j["last_lr"] = last_lr;
   j["loss_scaler"] = has_scaler_state ? json{{"scale", scale},
                                              {"iteration", scaler_iteration},
@@ -178,6 +180,8 @@ Result<Manifest> Manifest::FromJson(const std::string& text) {
     m.global_step = j.at("global_step").get<int64_t>();
     m.skipped_steps = j.at("skipped_steps").get<int64_t>();
     m.applied_steps = j.at("applied_steps").get<int64_t>();
+    m.adam_step_base = j.value("adam_step_base", int64_t{0});
+    m.lr_step_base = j.value("lr_step_base", int64_t{0});
     m.last_lr = j.at("last_lr").get<double>();
     const json& ls = j.at("loss_scaler");
     m.has_scaler_state = !ls.is_null();

@@ -88,6 +88,8 @@ struct Manifest {
   std::string offload_optimizer, offload_param;  // where the states lived ("none" = device)
   std::vector<GroupEntry> groups;
   int64_t global_step = 0, skipped_steps = 0, applied_steps = 0;
+  // LoadOptions' restarts (absent in JSON when 0).
+  int64_t adam_step_base = 0, lr_step_base = 0;
   double last_lr = 0;
   // Loss scaler (core/zero/loss_scaler.h LossScalerState).
   double scale = 1;

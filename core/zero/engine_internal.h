@@ -176,6 +176,9 @@ struct Engine::Impl {
   zero::ZppState zpp;
 
   int64_t global_step = 0, skipped_steps = 0, applied_steps = 0;
+  // Applied steps before the Adam state, and the LR schedule, (re)started (LoadOptions): Adam's
+  // step is applied_steps - adam_step_base + 1, the schedule's applied_steps - lr_step_base.
+  int64_t adam_step_base = 0, lr_step_base = 0;
   double last_lr = 0;
   bool in_step = false;      // a Gather since the last Step began the trace's step
   int64_t gather_epoch = 0;  // counts the steps in which groups were gathered (hpZ)

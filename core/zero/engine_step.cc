@@ -318,7 +318,7 @@ Status Engine::Impl::WaitForUpdate(size_t g) {
 double Engine::Impl::LrFor(size_t og) const {
   if (!client_lrs.empty()) return client_lrs[og];
   if (own_lr[og] && schedule->kind() == zero::LrSchedule::Kind::kConstant) return *own_lr[og];
-  return schedule->LrForStep(applied_steps);
+  return schedule->LrForStep(applied_steps - lr_step_base);
 }
 
 Result<StepReport> Engine::Impl::Step() {
@@ -379,7 +379,7 @@ Result<StepReport> Engine::Impl::Step() {
     report.lr = LrFor(0);
     for (size_t og = 0; og < hyper.size(); ++og) {
       hyper[og].lr = LrFor(og);
-      hyper[og].step = applied_steps + 1;
+      hyper[og].step = applied_steps - adam_step_base + 1;
     }
     grad_scale = static_cast<float>(1.0 / combined);
     if (overlap_step) {

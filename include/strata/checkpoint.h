@@ -83,6 +83,18 @@ struct SaveOptions {
   CheckpointEnv* env = nullptr;
 };
 
+// What Engine::Load restores beyond the weights (the fp32 master and the working params, always),
+// the step counters and the loss scaler. A fine-tune that starts from a checkpoint's weights with
+// a fresh optimizer (DeepSpeed's load_checkpoint(load_optimizer_states=False)) clears
+// optimizer_states: Adam's m and v start at zero and its bias correction at step 1 again.
+// Clearing lr_schedule (load_lr_scheduler_states=False) restarts the config's LR schedule from
+// its first step. Either restart is kept by later saves (the manifest's adam_step_base,
+// lr_step_base), so a resume continues it exactly.
+struct LoadOptions {
+  bool optimizer_states = true;
+  bool lr_schedule = true;
+};
+
 // What Engine::Save without SaveOptions uses: the config's `checkpoint` section (keep_last,
 // recycle_files; include/strata/config.h CheckpointConfig), so a DeepSpeed config can set the
 // retention once for every save. An explicit SaveOptions replaces it whole.

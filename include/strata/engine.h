@@ -457,8 +457,9 @@ class Engine {
   // load; exact: every saved bit is restored). An IO error after verification fails the engine (its
   // blocks are then half loaded). `client_state` (optional) receives the saved blob (empty if
   // none).
+  // `options` (checkpoint.h LoadOptions) may leave the Adam state or the LR schedule fresh.
   Status Load(const std::string& dir, const std::string& tag = "",
-              std::vector<uint8_t>* client_state = nullptr);
+              std::vector<uint8_t>* client_state = nullptr, const LoadOptions& options = {});
 
   struct Impl;
 

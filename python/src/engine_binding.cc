@@ -320,11 +320,15 @@ class PyEngine {
     ThrowIfError(engine().Save(dir, tag, so, blob));
   }
 
-  nb::bytes Load(const std::string& dir, const std::string& tag) {
+  nb::bytes Load(const std::string& dir, const std::string& tag, bool optimizer_states,
+                 bool lr_schedule) {
     std::vector<uint8_t> blob;
+    LoadOptions options;
+    options.optimizer_states = optimizer_states;
+    options.lr_schedule = lr_schedule;
     {
       nb::gil_scoped_release unlocked;
-      ThrowIfError(engine().Load(dir, tag, &blob));
+      ThrowIfError(engine().Load(dir, tag, &blob, options));
     }
     return nb::bytes(reinterpret_cast<const char*>(blob.data()), blob.size());
   }
@@ -472,7 +476,8 @@ void BindEngine(nb::module_& m) {
            "as strata::SaveOptions (include/strata/checkpoint.h): 0 keeps every checkpoint; "
            "None takes the config's checkpoint section (keep_last 0, recycle_files true).")
       .def("load", &PyEngine::Load, nb::arg("dir"), nb::arg("tag") = "",
-           "Engine::Load (collective); returns the saved client_state bytes.")
+           nb::arg("optimizer_states") = true, nb::arg("lr_schedule") = true,
+           "Engine::Load (collective) with LoadOptions; returns the saved client_state bytes.")
       .def("gather", &PyEngine::Gather, nb::arg("group"),
            "The group's parameters as zero-copy DLPack arrays (working dtype), valid until "
            "release(group). Gathering a gathered group returns views of the same buffer.")

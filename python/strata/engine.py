@@ -817,6 +817,30 @@ class StrataEngine(torch.nn.Module):
             for _, p in g.params:
                 p.grad = None
 
+    def _lr_state(self) -> dict:
+        """What a checkpoint keeps of the lrs the script drives: each group's lr and a client
+        scheduler's state_dict (numbers only: loads with weights_only)."""
+        if not self._client_lrs:
+            return {}  # the config's schedule: its position is the engine's step count
+        out = {"param_group_lrs": [float(g["lr"]) for g in self.optimizer.param_groups]}
+        if self.lr_scheduler is not None and hasattr(self.lr_scheduler, "state_dict"):
+            out["lr_scheduler"] = self.lr_scheduler.state_dict()
+        return out
+
+    def _load_lr_state(self, state: dict) -> None:
+        lrs = state.get("param_group_lrs")
+        if lrs is None:
+            self._pull_lrs()  # the config's schedule, at the loaded step
+            return
+        if len(lrs) != len(self.optimizer.param_groups):
+            raise RuntimeError(f"load_checkpoint: the checkpoint has {len(lrs)} optimizer "
+                               f"groups' lrs, the optimizer {len(self.optimizer.param_groups)}")
+        for g, lr in zip(self.optimizer.param_groups, lrs):
+            g["lr"] = lr
+        self._client_lrs = True
+        if "lr_scheduler" in state and self.lr_scheduler is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+
     def _push_lrs(self) -> None:
         """Hands the engine the param_groups' lrs once someone other than the engine wrote them
         (a client scheduler, the script's own loop); from then on at every step."""
@@ -920,7 +944,7 @@ class StrataEngine(torch.nn.Module):
                  "global_samples": self.global_samples,
                  "buffers": {n: b.detach().cpu().clone()
                              for n, b in _persistent_buffers(self.module).items()},
-                 "tied": _tied_names(self.module)}
+                 "tied": _tied_names(self.module), **self._lr_state()}
         blob = pack_state(state)
         self._release_all()  # Save refuses while a group is gathered
         try:
@@ -937,15 +961,12 @@ class StrataEngine(torch.nn.Module):
         """Restores `<load_dir>/<tag>` (default: the tag `latest` names) into this engine;
         returns (load_path, client_state) as DeepSpeed does, (None, None) when there is no
         checkpoint. Training then continues bit for bit (any world size or stage).
+        load_optimizer_states=False: the weights (fp32 masters), counters and schedule, with a
+        fresh Adam (m, v zero; bias correction from step 1); load_lr_scheduler_states=False: the
+        config's schedule (or a client scheduler) starts again (strata::LoadOptions).
         load_module_only=True (fine-tuning): only the weights (the fp32 masters) and the
         buffers, before the engine's first step; the optimizer, LR schedule and counters stay
-        fresh. Loading the weights and schedule without the optimizer state is refused."""
-        if not load_module_only and not (load_optimizer_states and load_lr_scheduler_states):
-            raise NotImplementedError(
-                "load_checkpoint(load_optimizer_states=False / load_lr_scheduler_states=False) is "
-                "not supported by strata: the engine restores the weights, the optimizer state "
-                "and the LR schedule together; load_module_only=True loads the weights and "
-                "buffers alone (fresh optimizer, schedule and counters)")
+        fresh."""
         if custom_load_fn is not None:
             raise NotImplementedError("load_checkpoint(custom_load_fn=...) is not supported")
         load_dir = os.fspath(load_dir)
@@ -960,11 +981,16 @@ class StrataEngine(torch.nn.Module):
             return self._load_module_only(load_dir, str(tag), load_module_strict)
         self._release_all()  # Load refuses while a group is gathered
         try:
-            blob = self._engine.load(load_dir, str(tag))
+            blob = self._engine.load(load_dir, str(tag), optimizer_states=load_optimizer_states,
+                                     lr_schedule=load_lr_scheduler_states)
         finally:
             self._gather_whole()
         state = unpack_state(blob, os.path.join(load_dir, str(tag)))
         self._load_buffers(state.get("buffers"), load_module_strict)
+        if load_lr_scheduler_states:
+            self._load_lr_state(state)
+        elif not self._client_lrs:
+            self._pull_lrs()
         self.global_steps = self._engine.global_step
         self.micro_steps = int(state.get("micro_steps", self.global_steps * self._gas))
         self.global_samples = int(state.get("global_samples", 0))

@@ -198,3 +198,34 @@ def test_deepspeed_cpu_adam_signature():
     ref_losses, ref_params = reference("mlp", STEPS, LR, 0.01)
     assert_matches(losses, master_of(engine, model), ref_losses, ref_params)
     engine.close()
+
+
+def test_client_scheduler_and_lrs_resume_from_a_checkpoint(tmp_path):
+    cfg = client_config(2, "cpu", tmp_path)
+
+    def start(seed=0):
+        model = make_model("gpt", seed)
+        opt = torch.optim.AdamW(decay_groups(model), lr=LR)
+        engine, _, _, sched = strata.initialize(
+            model=model, optimizer=opt, config=cfg,
+            lr_scheduler=torch.optim.lr_scheduler.LambdaLR(opt, warmup))
+        return engine, sched
+
+    engine, _ = start()
+    run(engine, steps=2)
+    engine.save_checkpoint(tmp_path / "ckpt")
+    for step in range(2, 4):
+        engine.backward(engine(*batch("gpt", step)))
+        engine.step()
+    straight, lrs = engine.read_master(), engine.get_lr()
+    engine.close()
+    resumed, sched = start(seed=3)
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    assert sched.last_epoch == 2  # the warmup continues where it was
+    for step in range(2, 4):
+        resumed.backward(resumed(*batch("gpt", step)))
+        resumed.step()
+    assert resumed.get_lr() == lrs
+    for n, v in resumed.read_master().items():
+        assert torch.equal(v, straight[n]), n
+    resumed.close()
