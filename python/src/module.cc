@@ -8,6 +8,7 @@ namespace nb = nanobind;
 namespace strata::python {
 void BindConfig(nb::module_& m);
 void BindEngine(nb::module_& m);
+void BindCheckpoint(nb::module_& m);
 }  // namespace strata::python
 
 NB_MODULE(_strata, m) {
@@ -19,4 +20,5 @@ NB_MODULE(_strata, m) {
   nb::exception<strata::python::StatusError>(m, "StrataError", PyExc_RuntimeError);
   strata::python::BindConfig(m);
   strata::python::BindEngine(m);
+  strata::python::BindCheckpoint(m);
 }

@@ -997,8 +997,9 @@ class StrataEngine(torch.nn.Module):
         return os.path.join(load_dir, str(tag)), state.get("client_state", {})
 
     def _load_module_only(self, load_dir: str, tag: str, strict: bool):
-        """The checkpoint's fp32 weights (strata.utils.read_checkpoint: each rank loads the whole
-        checkpoint into a one-rank engine of its own) written as the initial weights
+        """The checkpoint's fp32 weights (strata.utils.read_checkpoint: each rank streams the
+        whole model's fp32 weights from the rank files, 4 bytes per parameter) written as the
+        initial weights
         (InitParameters: before the engine's first step only), and its buffers; the optimizer,
         the schedule and the counters stay as they are (fresh)."""
         from .utils import read_checkpoint

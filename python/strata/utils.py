@@ -73,38 +73,16 @@ def _resolve_tag(checkpoint_dir: str, tag: Optional[str]) -> str:
 
 
 def read_checkpoint(checkpoint_dir, tag: Optional[str] = None) -> tuple[dict, dict]:
-    """(fp32 master weights by parameter name, the Python state) of a strata checkpoint, any
-    world size, stage or placement. The checkpoint is loaded, verified (Engine::Load: sizes,
-    checksums), into a one-rank stage-0 engine in this process, which holds every state of the
-    model (param, master, Adam m and v: about 16 bytes per parameter in fp32) until it returns."""
-    import json
+    """(fp32 weights by parameter name, the Python state) of a strata checkpoint, any world
+    size, stage or placement: the rank files are verified (sizes, checksums) and each parameter
+    is streamed from them whole (the fp32 master; a frozen parameter's working copy widened).
+    It holds 4 bytes per parameter (the result) and no engine."""
     from . import _strata
     checkpoint_dir = os.fspath(checkpoint_dir)
     tag = _resolve_tag(checkpoint_dir, tag)
-    path = os.path.join(checkpoint_dir, tag)
-    with open(os.path.join(path, "manifest.json")) as f:
-        manifest = json.load(f)
-    groups = manifest["model"]["groups"]
-    spec = [(g["name"], [(p["name"], list(p["shape"])) for p in g["params"]]) for g in groups]
-    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-           "optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 0}}
-    if manifest["precision"] in ("bf16", "fp16"):
-        cfg[manifest["precision"]] = {"enabled": True}
-    numel = sum(int(g["numel"]) for g in groups)
-    engine = _strata.Engine(spec, json.dumps(cfg), 0, 1, [], max(8 << 30, 32 * numel))
-    try:
-        state = unpack_state(engine.load(checkpoint_dir, tag), path)
-        weights = {}
-        for gi, g in enumerate(groups):
-            flat = torch.from_numpy(engine.read_master(gi))
-            off = 0
-            for p in g["params"]:
-                n = int(torch.Size(p["shape"]).numel())
-                weights[p["name"]] = flat[off:off + n].view(p["shape"]).clone()
-                off += n
-    finally:
-        engine.close()
-    return weights, state
+    tag, arrays, blob = _strata.read_checkpoint(checkpoint_dir, tag)
+    state = unpack_state(blob, os.path.join(checkpoint_dir, tag)) if blob else {}
+    return {n: torch.from_numpy(a) for n, a in arrays.items()}, state
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag: Optional[str] = None,

@@ -5,6 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import strata  # noqa: E402
+import strata.utils  # noqa: E402
 
 from models import batch, ds_config, make_model, reference  # noqa: E402
 
@@ -76,6 +77,11 @@ def test_checkpoint_of_a_fine_tune_resumes_bit_exact(tmp_path):
     engine, _, _, _ = strata.initialize(model=make_model("lora"), config=cfg)
     train(engine, "lora", steps=2)
     engine.save_checkpoint(tmp_path / "ckpt")
+    # zero_to_fp32: the trained adapters' masters and the frozen base as it was.
+    saved = engine.read_master()
+    sd = strata.utils.get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt")
+    for n, p in make_model("lora").named_parameters():
+        assert torch.equal(sd[n], saved[n] if p.requires_grad else p.detach()), n
     train(engine, "lora", steps=4, first=2)
     straight = engine.read_master()
     engine.close()
