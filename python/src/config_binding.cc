@@ -76,7 +76,7 @@ std::tuple<std::string, std::string, bool> MakePlanBinding(
     double params, const std::string& config_path, int stage, const std::string& offload_optimizer,
     const std::string& offload_param, int gpus, int nodes, double hbm_gb, double dram_gb,
     double nvme_gb, double nvme_gbps, double largest_group, double activations_gb,
-    int grad_accum, const std::string& recipe) {
+    int grad_accum, const std::string& recipe, double trainable) {
   PlanInput in;
   std::vector<std::string> notes;
   in.params = params;
@@ -88,6 +88,7 @@ std::tuple<std::string, std::string, bool> MakePlanBinding(
   in.capacity.nvme_bytes_per_s_per_node = nvme_gbps * 1e9;
   in.activation_bytes_per_gpu = activations_gb * 1e9;
   in.largest_group_params = largest_group;
+  in.trainable_params = trainable;
   if (gpus < 1 || nodes < 1) ThrowIfError(Status::InvalidArgument("gpus and nodes must be >= 1"));
   if (!config_path.empty()) ThrowIfError(ApplyDeepSpeedConfigFile(config_path, &in, &notes));
   if (!recipe.empty()) in.recipe = ValueOrThrow(ParseRecipe(recipe));
@@ -129,7 +130,7 @@ void BindConfig(nb::module_& m) {
         nb::arg("gpus") = 8, nb::arg("nodes") = 1, nb::arg("hbm_gb") = 80.0,
         nb::arg("dram_gb") = 1024.0, nb::arg("nvme_gb") = 3840.0, nb::arg("nvme_gbps") = 6.0,
         nb::arg("largest_group") = 0.0, nb::arg("activations_gb") = 0.0,
-        nb::arg("grad_accum") = 0, nb::arg("recipe") = "",
+        nb::arg("grad_accum") = 0, nb::arg("recipe") = "", nb::arg("trainable") = 0.0,
         "The ZeRO memory plan (as `offloadctl plan`): (json text, report text, fits).");
 }
 

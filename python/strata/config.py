@@ -57,11 +57,15 @@ def plan(params: Union[int, float, str], config: Optional[ConfigLike] = None, *,
          offload_param: Optional[str] = None, gpus: int = 8, nodes: int = 1,
          hbm_gb: float = 80, dram_gb: float = 1024, nvme_gb: float = 3840,
          nvme_gbps: float = 6, largest_group: float = 0, activations_gb: float = 0,
-         grad_accum: int = 0, recipe: str = "", text: bool = False):
+         grad_accum: int = 0, recipe: str = "", text: bool = False,
+         trainable: Union[int, float, str] = 0):
     """The ZeRO memory plan for `params` parameters, as `offloadctl plan --json` (a dict; the
-    readable report with text=True). `params` may be a count or a string like "7B"."""
+    readable report with text=True). `params` may be a count or a string like "7B";
+    `trainable` (`--trainable`) those that train, the rest frozen (0: all)."""
     if isinstance(params, str):
         params = _parse_count(params)
+    if isinstance(trainable, str):
+        trainable = _parse_count(trainable)
     tmp = None
     config_path = ""
     if config is not None:
@@ -75,7 +79,7 @@ def plan(params: Union[int, float, str], config: Optional[ConfigLike] = None, *,
         js, report, _fits = _strata.plan(
             float(params), config_path, -1 if stage is None else stage, offload_optimizer or "",
             offload_param or "", gpus, nodes, hbm_gb, dram_gb, nvme_gb, nvme_gbps,
-            float(largest_group), activations_gb, grad_accum, recipe)
+            float(largest_group), activations_gb, grad_accum, recipe, float(trainable))
     finally:
         if tmp is not None:
             os.unlink(tmp.name)
