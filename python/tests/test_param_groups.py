@@ -229,3 +229,31 @@ def test_client_scheduler_and_lrs_resume_from_a_checkpoint(tmp_path):
     for n, v in resumed.read_master().items():
         assert torch.equal(v, straight[n]), n
     resumed.close()
+
+
+def test_transformers_linear_warmup_schedule_on_the_client_optimizer():
+    transformers = pytest.importorskip("transformers")
+
+    def build(model):
+        opt = torch.optim.AdamW(decay_groups(model), lr=LR)
+        return opt, transformers.get_linear_schedule_with_warmup(opt, 2, 6)
+
+    ref = make_model("gpt")
+    ref_opt, ref_sched = build(ref)
+    ref_losses = []
+    for step in range(STEPS):
+        ref_opt.zero_grad()
+        loss = ref(*batch("gpt", step))
+        loss.backward()
+        ref_opt.step()
+        ref_sched.step()
+        ref_losses.append(loss.item())
+    model = make_model("gpt")
+    opt, sched = build(model)
+    cfg = ds_config(3, "cpu")
+    del cfg["optimizer"]
+    engine, _, _, _ = strata.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=cfg)
+    losses = run(engine)
+    assert engine.get_lr() == ref_sched.get_last_lr()
+    assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
+    engine.close()
