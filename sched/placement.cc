@@ -127,8 +127,10 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
   const uint64_t shard_copy = CeilDiv(shard * in.param_elem_bytes, align) * align;
   const uint64_t in_flight = in.overlap_comm ? 3 : 1;
   const bool identity = in.world == 1 && !in.quantized_gradients;
-  const uint64_t grads =
-      identity ? group * in.grad_elem_bytes : in_flight * (group + shard) * in.grad_elem_bytes;
+  const uint64_t ggroup = in.grad_group_elems.value_or(group);
+  const uint64_t gshard = in.grad_shard_elems.value_or(shard);
+  const uint64_t grads = identity ? ggroup * in.grad_elem_bytes
+                                  : in_flight * (ggroup + gshard) * in.grad_elem_bytes;
   add(identity          ? "gradient buffer, one group (one rank: reduced in place)"
       : in.overlap_comm ? "gradient buffers, 3 x (group + shard) (overlap_comm)"
                         : "gradient buffers, group + shard",

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,9 @@ struct DeviceWorkingInput {
   uint64_t largest_group_numel = 0;
   uint64_t largest_shard_elems = 0;  // a rank's shard of it
   uint64_t total_group_elems = 0;    // every group, padded
+  // The largest group that takes gradients, padded, and a rank's shard of it (frozen groups
+  // take none; 0 when every group is frozen). Unset: the largest group's.
+  std::optional<uint64_t> grad_group_elems, grad_shard_elems;
   uint64_t param_elem_bytes = 2;     // gathered params and param shards (the working dtype)
   uint64_t grad_elem_bytes = 2;      // gradients as the trainer writes and reduces them
   bool overlap_comm = false;

@@ -59,6 +59,8 @@ StateLayout LayOutStates(const StatePlacement& placement, const StateLayoutInput
     L.param_bytes +=
         n * BlockBytes(placement.params_partitioned ? shard : padded, w.param, param_home, a);
     if (shard == 0 || !run.trainable) continue;
+    L.largest_trainable_padded = std::max(L.largest_trainable_padded, padded);
+    L.largest_trainable_shard = std::max(L.largest_trainable_shard, shard);
     // Per owner's shard: `full` sub-groups of sub_group_elems and one of the rest.
     const uint64_t sub = std::min(in.sub_group_elems, shard);
     const uint64_t full = shard / sub, rest = shard % sub;

@@ -71,6 +71,8 @@ struct StateLayout {
   uint64_t largest_padded = 0;   // its shard x world
   uint64_t largest_shard = 0;    // the largest shard
   uint64_t largest_sub = 0;      // the largest sub-group
+  uint64_t largest_trainable_padded = 0;  // the largest trainable group's shard x world
+  uint64_t largest_trainable_shard = 0;   // and its shard (0, 0: every group frozen)
   uint64_t total_padded = 0;     // every group, padded
 };
 

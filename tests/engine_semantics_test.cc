@@ -430,6 +430,18 @@ TEST(EngineSemantics, FrozenGroupStoresParamsOnlyAndNeverChanges) {
     }
     EXPECT_LT(frozen_total, plain_total);
   }
+  // The largest group frozen: the gradient buffers are the largest trainable group's, so the
+  // device working set shrinks (the rule `offloadctl plan --trainable` uses too).
+  RunSpec plain;
+  plain.config_json = BaseConfig(R"("stage": 3, "offload_optimizer": {"device": "cpu"})");
+  plain.world = 2;
+  plain.steps = 1;
+  RunSpec top_frozen = plain;
+  top_frozen.model = TestModel();
+  top_frozen.model->groups[kTop].trainable = false;
+  const RunResult a = RunEngine(plain), b = RunEngine(top_frozen);
+  ASSERT_TRUE(a.status.ok() && b.status.ok()) << a.status.ToString() << b.status.ToString();
+  EXPECT_LT(b.layouts[0].working_bytes[Tier::kDevice], a.layouts[0].working_bytes[Tier::kDevice]);
 }
 
 TEST(EngineSemantics, OptimizerGroupOutOfRangeOrBadIsRefusedNamingIt) {

@@ -151,6 +151,9 @@ TEST(PlannerPlace, FrozenParamsCostTheirWorkingParamsOnly) {
   EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "params, 1/N shard"), 8 * 2 * 7.04e9 / 8);
   EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "optimizer state"), 8 * 12 * 4e7 / 8);
   EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "grads (fp32)"), 8 * 4 * 4e7 / 8);
+  // Gradient buffers for the largest trainable group only: 3 x (4e7 + 4e7 / 8) x 2 bytes, not
+  // the 5e8-element group (reduce_bucket_size) the frozen layers are counted in.
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kDevice, "gradient buffers, 3 x"), 3 * (4e7 + 5e6) * 2);
   // All trainable: the same params, 176 times the optimizer state.
   in.trainable_params = 0;
   const Placement all = Place(in, 3, D::kCpu, D::kCpu);

@@ -138,6 +138,10 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   dw.largest_group_elems = elems(group);
   dw.largest_shard_elems = elems(group / ranks);
   dw.total_group_elems = elems(psi);
+  // Gradient buffers: the largest group that trains (frozen ones take none).
+  const double grad_group = in.trainable_params > 0 ? std::min(group, in.trainable_params) : group;
+  dw.grad_group_elems = elems(grad_group);
+  dw.grad_shard_elems = elems(grad_group / ranks);
   dw.param_elem_bytes = width(r.param_bytes);
   dw.grad_elem_bytes = width(r.grad_bytes);
   dw.overlap_comm = overlap;

@@ -617,6 +617,8 @@ void LayOutDeviceWorking(const sched::StateLayout& states, const EngineOptions& 
   dw.largest_group_numel = states.largest_numel;
   dw.largest_shard_elems = states.largest_shard;
   dw.total_group_elems = states.total_padded;
+  dw.grad_group_elems = states.largest_trainable_padded;  // frozen groups take no gradient
+  dw.grad_shard_elems = states.largest_trainable_shard;
   dw.param_elem_bytes = e.elt;
   dw.grad_elem_bytes = e.elt;
   dw.overlap_comm = e.overlap_comm;
