@@ -2,9 +2,11 @@
 
 How parameters move (per-module hooks; public torch APIs only):
   - groups: each module that owns parameters directly (recurse=False) is one engine group, in
-    module registration order; a parameter shared by several modules (tied embeddings) belongs to
-    the first and is gathered, and its gradient reduced, once. Every module that uses a group's
-    parameter (the owner and the modules it is tied into) gets the hooks below.
+    module registration order, split where its parameters sit in different optimizer groups
+    ("<module>#<k>") or are frozen ("<module>#frozen": requires_grad=False, params only, no
+    gradient or optimizer state); a parameter shared by several modules (tied embeddings) belongs
+    to the first and is gathered, and its gradient reduced, once. Every module that uses a
+    group's parameter (the owner and the modules it is tied into) gets the hooks below.
   - stages 0-2: every parameter is whole at all times, as in DeepSpeed: each group is gathered
     once (its .data a zero-copy view of the engine's replica, the working dtype) and never
     released; Step, Save, Load and InitParameters, which the engine refuses while a group is
