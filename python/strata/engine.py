@@ -810,9 +810,10 @@ class StrataEngine(torch.nn.Module):
             self._gather_whole()  # stages 0-2: the parameters whole again (new values)
             self.global_steps = self._last_report["global_step"]
             self._after_step(self._last_report["skipped"])
+            if self._micro_batch:  # DeepSpeed's train_batch_size, once per boundary
+                self.global_samples += int(self._micro_batch) * self._gas * \
+                    self._engine.world_size
         self.micro_steps += 1
-        if self._micro_batch:
-            self.global_samples += int(self._micro_batch) * self._engine.world_size
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for g in self._groups:

@@ -104,12 +104,18 @@ def test_no_sync_is_refused_with_partitioned_gradients(stage):
 
 
 def test_global_samples_at_boundaries_and_after_load(tmp_path):
-    """As DeepSpeed at each boundary: steps x train_batch_size (micro 4 x gas 2 x 1 rank); kept
-    by the checkpoint."""
+    """As DeepSpeed: steps x train_batch_size (micro 4 x gas 2 x 1 rank), advanced at each
+    boundary only; kept by the checkpoint."""
     _, _, engine = run(3, plain, steps=2)
     assert engine.global_steps == 2 and engine.micro_steps == 4
     assert engine.global_samples == 2 * 4 * GAS
     engine.save_checkpoint(tmp_path)
+    engine.backward(engine(*batch("mlp", 9)))
+    engine.step()  # a micro-step short of the boundary: not counted yet
+    assert engine.global_samples == 2 * 4 * GAS
+    engine.backward(engine(*batch("mlp", 10)))
+    engine.step()
+    assert engine.global_samples == 3 * 4 * GAS
     engine.close()
     other, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(3, gas=GAS))
     other.load_checkpoint(tmp_path)
