@@ -98,6 +98,18 @@ nb::dict TierDict(const PerTier<uint64_t>& t) {
   return d;
 }
 
+// One value per group (`what` names the argument in the error), applied by `set`; empty: none.
+template <typename T, typename Set>
+void SetPerGroup(const char* what, const std::vector<T>& values, ModelSpec* model, Set set) {
+  if (values.empty()) return;
+  if (values.size() != model->groups.size()) {
+    ThrowIfError(Status::InvalidArgument(std::string(what) + ": " +
+                                         std::to_string(values.size()) + " value(s) for " +
+                                         std::to_string(model->groups.size()) + " group(s)"));
+  }
+  for (size_t g = 0; g < values.size(); ++g) set(model->groups[g], values[g]);
+}
+
 OptimizerGroupOptions ToOptimizerGroup(const std::map<std::string, double>& d, size_t index) {
   OptimizerGroupOptions o;
   for (const auto& [key, value] : d) {
@@ -131,24 +143,10 @@ class PyEngine {
       for (const auto& [pname, shape] : params) g.params.push_back({pname, shape});
       model.groups.push_back(std::move(g));
     }
-    if (!group_optimizer.empty()) {
-      if (group_optimizer.size() != model.groups.size()) {
-        ThrowIfError(Status::InvalidArgument(
-            "group_optimizer: " + std::to_string(group_optimizer.size()) + " value(s) for " +
-            std::to_string(model.groups.size()) + " group(s)"));
-      }
-      for (size_t g = 0; g < model.groups.size(); ++g)
-        model.groups[g].optimizer_group = group_optimizer[g];
-    }
-    if (!group_trainable.empty()) {
-      if (group_trainable.size() != model.groups.size()) {
-        ThrowIfError(Status::InvalidArgument(
-            "group_trainable: " + std::to_string(group_trainable.size()) + " value(s) for " +
-            std::to_string(model.groups.size()) + " group(s)"));
-      }
-      for (size_t g = 0; g < model.groups.size(); ++g)
-        model.groups[g].trainable = group_trainable[g];
-    }
+    SetPerGroup("group_optimizer", group_optimizer, &model,
+                [](GroupSpec& g, uint32_t v) { g.optimizer_group = v; });
+    SetPerGroup("group_trainable", group_trainable, &model,
+                [](GroupSpec& g, bool v) { g.trainable = v; });
     ThrowIfError(model.Validate());
     ParseOptions po;
     po.world_size = world_size;

@@ -415,7 +415,7 @@ class StrataEngine(torch.nn.Module):
         for gi, pi in split:
             p = self._groups[gi].params[pi][1]
             (full,) = _gather_parts([p], self._engine.rank, self._engine.world_size)
-            p.data = full.view(p.ds_shape if hasattr(p, "ds_shape") else _full_shape(p))
+            p.data = full.view(_full_shape(p))
             del p._strata_part
             parts[gi][pi] = None
 
@@ -423,7 +423,7 @@ class StrataEngine(torch.nn.Module):
         """Whether zero.Init partitioned group gi's parameter in a module group that optimizer
         groups split (its group is a strict subset of the partition's)."""
         ids = {id(p) for _, p in self._groups[gi].params}
-        return set(part.group_ids) != ids and ids < set(part.group_ids)
+        return ids < set(part.group_ids)
 
     def _install_hooks(self) -> None:
         for g in self._groups:

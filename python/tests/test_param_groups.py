@@ -32,6 +32,20 @@ def assert_matches(losses, params, ref_losses, ref_params):
         torch.testing.assert_close(p, ref_params[n], atol=2e-5, rtol=1e-4, msg=n)
 
 
+def torch_losses(model, opt, kind, sched=None):
+    """Plain torch over the same batches: each step's loss (the scheduler stepped after)."""
+    losses = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = model(*batch(kind, step))
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        losses.append(loss.item())
+    return losses
+
+
 def client_config(stage, offload, tmp_path):
     cfg = ds_config(stage, offload, nvme_path=str(tmp_path))
     del cfg["optimizer"]  # the client brings it
@@ -72,13 +86,7 @@ def test_model_parameters_as_group_dicts_take_the_config_for_missing_keys(tmp_pa
     ref_opt = torch.optim.AdamW([{"params": [p for p in ref.parameters() if p.dim() >= 2]},
                                  {"params": [p for p in ref.parameters() if p.dim() < 2],
                                   "weight_decay": 0.0}], lr=LR, weight_decay=0.05)
-    ref_losses = []
-    for step in range(STEPS):
-        ref_opt.zero_grad()
-        loss = ref(*batch("mlp", step))
-        loss.backward()
-        ref_opt.step()
-        ref_losses.append(loss.item())
+    ref_losses = torch_losses(ref, ref_opt, "mlp")
     assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
     assert [g["lr"] for g in opt.param_groups] == [LR, LR]
     engine.close()
@@ -93,13 +101,7 @@ def test_client_torch_adam_is_l2_weight_decay():
     losses = run(engine, "mlp")
     ref = make_model("mlp")
     ref_opt = torch.optim.Adam(ref.parameters(), lr=LR, weight_decay=0.1)
-    ref_losses = []
-    for step in range(STEPS):
-        ref_opt.zero_grad()
-        loss = ref(*batch("mlp", step))
-        loss.backward()
-        ref_opt.step()
-        ref_losses.append(loss.item())
+    ref_losses = torch_losses(ref, ref_opt, "mlp")
     assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
     engine.close()
 
@@ -240,14 +242,7 @@ def test_transformers_linear_warmup_schedule_on_the_client_optimizer():
 
     ref = make_model("gpt")
     ref_opt, ref_sched = build(ref)
-    ref_losses = []
-    for step in range(STEPS):
-        ref_opt.zero_grad()
-        loss = ref(*batch("gpt", step))
-        loss.backward()
-        ref_opt.step()
-        ref_sched.step()
-        ref_losses.append(loss.item())
+    ref_losses = torch_losses(ref, ref_opt, "gpt", ref_sched)
     model = make_model("gpt")
     opt, sched = build(model)
     cfg = ds_config(3, "cpu")
