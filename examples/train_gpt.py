@@ -173,6 +173,9 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join("runs", "train_gpt"))
     ap.add_argument("--nvme-path", default=None,
                     help="replaces the config's offload_optimizer.nvme_path")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where the model trains: cuda (this rank's GPU, LOCAL_RANK) or cpu "
+                         "(default: cuda when torch sees a GPU)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads per rank (0: the cores divided among the local ranks)")
     args = ap.parse_args()
@@ -207,6 +210,8 @@ def main() -> None:
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = CharGPT(len(chars), args.hidden, args.heads, args.layers, args.ctx)
     n_params = sum(p.numel() for p in model.parameters())
+    if args.device == "cuda":
+        model = model.to(f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
     engine, _, _, _ = strata.initialize(model=model, config=cfg)
     mb = engine.train_micro_batch_size_per_gpu()
     gas = engine.gradient_accumulation_steps()
@@ -214,7 +219,7 @@ def main() -> None:
     if rank == 0:
         lay = engine.layout()
         print(f"strata: {n_params / 1e6:.2f}M params ({len(chars)} characters, {len(text) / 1e6:.1f}M "
-              f"of text), {world} ranks, ZeRO stage {lay['stage']}, optimizer on "
+              f"of text), {world} ranks on {engine.device.type}, ZeRO stage {lay['stage']}, optimizer on "
               f"{lay['offload_optimizer']}, params on {lay['offload_param']}, {lay['dtype']}",
               flush=True)
 
@@ -227,7 +232,7 @@ def main() -> None:
             ix = torch.randint(len(data) - args.ctx - 1, (mb,), generator=gen)
             x = torch.stack([data[i:i + args.ctx] for i in ix])
             y = torch.stack([data[i + 1:i + 1 + args.ctx] for i in ix])
-            loss = engine(x, y)
+            loss = engine(x.to(engine.device), y.to(engine.device))
             engine.backward(loss)
             engine.step()
             total += loss.item() / gas

@@ -16,6 +16,14 @@
 // owned by the device: they must be short, must not block on other copies of the same stream,
 // and must not call Free/Allocate/CopyAsync/RecordEvent on this device (post work elsewhere).
 //
+// A trainer's own streams (torch's, on CudaDevice): the engine returns from Gather, GradBuffer,
+// ReduceGradients and Step with its device work complete (its streams synchronized, its
+// collectives waited for), so the trainer's kernels may read a gathered buffer or write a
+// gradient buffer on any stream once the call returns. The other direction is the trainer's:
+// its kernels that read a gathered group or write a gradient buffer must have completed before
+// it calls Release, ReduceGradients or Step for that memory (the Python adapter synchronizes
+// torch's current stream there; python/src/engine_binding.cc).
+//
 // Host memory handed to CopyAsync should be registered (RegisterHost) on CUDA for the copy to be
 // truly asynchronous; HostDevice accepts any host memory.
 //

@@ -1,14 +1,25 @@
-// strata._strata.Engine: the C++ Engine (include/strata/engine.h) on HostDevice + Gloo, for a
-// Python trainer. Tensors cross zero-copy: gather() and grad_buffer() return DLPack-capable
-// ndarrays (bf16 included) that alias the engine's buffers. HostDevice "device" memory is host
-// memory, so torch.from_dlpack gives CPU tensors over it.
+// strata._strata.Engine: the C++ Engine (include/strata/engine.h) for a Python trainer, on
+// HostDevice + Gloo (device="host") or CudaDevice + NCCL (device="cuda", one GPU per process,
+// device_ordinal usually LOCAL_RANK). Tensors cross zero-copy: gather() and grad_buffer() return
+// DLPack-capable ndarrays (bf16 included) that alias the engine's buffers: host memory for
+// HostDevice (torch.from_dlpack gives CPU tensors), device memory of the engine's GPU for
+// CudaDevice (CUDA tensors on that device).
+//
+// Streams (CUDA): every call here returns with its device work complete (the engine synchronizes
+// its own copy and compute streams and waits for its collectives), so a gathered or zeroed buffer
+// may be read by any stream once the call returns. In the other direction the caller orders its
+// own work: kernels queued on torch's streams that read a gathered group or write a gradient
+// buffer must have completed before release(g), reduce_gradients(g) or step() (the torch adapter
+// synchronizes its current stream before those calls).
 //
 // Lifetimes: a gathered view is valid until release(g) (or the next step's parameter update
 // for stages 0-2, whose replica it aliases); a gradient view until reduce_gradients(g). Each view
 // keeps the Python Engine object alive, never the buffer: using one past those points reads
 // freed or reused memory. The torch adapter (strata/engine.py) drops its views at those points.
 //
-// Communicator: world_size 1 needs no rendezvous. Above that, ranks meet through
+// Communicator: Gloo on the host, NCCL on CUDA (its unique id made locally at world_size 1, else
+// published by rank 0 through the rendezvous store). world_size 1 needs no rendezvous. Above
+// that, ranks meet through
 // cpu::OpenRendezvousStore with the variables torchrun / `offloadctl launch` set (RANK,
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT, STRATA_RDZV_DIR for a shared-directory file store,
 // STRATA_RDZV_SECRET / STRATA_RDZV_INSECURE), then connect a Gloo communicator. Its TCP transport
@@ -49,6 +60,7 @@
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "gpu/nccl_comm.h"
 
 namespace nb = nanobind;
 
@@ -136,7 +148,11 @@ class PyEngine {
            int64_t timeout_ms, const std::string& io, int master_port, bool overlap_step,
            const OptimizerGroupList& optimizer_groups,
            const std::vector<uint32_t>& group_optimizer,
-           const std::vector<bool>& group_trainable) {
+           const std::vector<bool>& group_trainable, const std::string& device,
+           int device_ordinal) {
+    if (device != "host" && device != "cuda") {
+      ThrowIfError(Status::InvalidArgument("device must be host or cuda, got '" + device + "'"));
+    }
     ModelSpec model;
     for (const auto& [gname, params] : groups) {
       GroupSpec g{gname, {}};
@@ -155,15 +171,16 @@ class PyEngine {
     checkpoint_config_ = parsed.config.checkpoint;
     const auto timeout = std::chrono::milliseconds(timeout_ms);
     nb::gil_scoped_release unlocked;
-    HostDeviceOptions ho;
-    ho.budget_bytes = device_budget_bytes;
-    device_ = ValueOrThrow(CreateHostDevice(ho));
-    GlooCommOptions go;
-    go.rank = rank;
-    go.world_size = world_size;
-    go.timeout = timeout;
-    if (const char* h = std::getenv("STRATA_GLOO_HOSTNAME"); h != nullptr && *h != '\0') {
-      go.hostname = h;
+    if (device == "cuda") {
+      CudaDeviceOptions co;
+      co.device_ordinal = device_ordinal;
+      co.budget_bytes = device_budget_bytes;
+      device_ = ValueOrThrow(CreateCudaDevice(co));
+      device_ordinal_ = device_ordinal;
+    } else {
+      HostDeviceOptions ho;
+      ho.budget_bytes = device_budget_bytes;
+      device_ = ValueOrThrow(CreateHostDevice(ho));
     }
     if (world_size > 1) {
       // master_port > 0 replaces MASTER_PORT (torchrun's own store already listens there).
@@ -180,9 +197,9 @@ class PyEngine {
             std::to_string(rc.world_size) + ")"));
       }
       store_ = ValueOrThrow(cpu::OpenRendezvousStore(rc));
-      go.store = store_.get();
     }
-    comm_ = ValueOrThrow(CreateGlooCommunicator(go));
+    comm_ = ValueOrThrow(device == "cuda" ? CreateNccl(rank, world_size, timeout)
+                                          : CreateGloo(rank, world_size, timeout));
     EngineOptions eo;
     eo.config = parsed.config;
     eo.device = device_.get();
@@ -208,6 +225,39 @@ class PyEngine {
   }
 
   ~PyEngine() { Close(); }
+
+  Result<std::unique_ptr<Communicator>> CreateGloo(int rank, int world_size,
+                                                   std::chrono::milliseconds timeout) {
+    GlooCommOptions go;
+    go.rank = rank;
+    go.world_size = world_size;
+    go.timeout = timeout;
+    go.store = store_.get();
+    if (const char* h = std::getenv("STRATA_GLOO_HOSTNAME"); h != nullptr && *h != '\0') {
+      go.hostname = h;
+    }
+    return CreateGlooCommunicator(go);
+  }
+
+  // NCCL on this process's GPU; one rank makes its own unique id, more exchange it in the store.
+  Result<std::unique_ptr<Communicator>> CreateNccl(int rank, int world_size,
+                                                   std::chrono::milliseconds timeout) {
+    NcclCommOptions no;
+    no.rank = rank;
+    no.world_size = world_size;
+    no.device = device_ordinal_;
+    no.timeout = timeout;
+    no.store = store_.get();
+    if (world_size == 1) {
+      STRATA_ASSIGN_OR_RETURN(no.unique_id, NewNcclUniqueId());
+    }
+    return CreateNcclCommunicator(no);
+  }
+
+  // "host", or "cuda:N".
+  std::string DeviceLabel() const {
+    return device_ordinal_ < 0 ? "host" : "cuda:" + std::to_string(device_ordinal_);
+  }
 
   // Releases every gathered group and destroys the engine, the communicator and the device.
   void Close() {
@@ -341,8 +391,10 @@ class PyEngine {
     size_t off = 0;
     for (const ParamSpec& p : gs.params) {
       std::vector<size_t> shape(p.shape.begin(), p.shape.end());
-      out.append(nb::ndarray<nb::array_api>(static_cast<uint8_t*>(base) + off * elt, shape.size(),
-                                            shape.data(), owner, nullptr, dt));
+      out.append(nb::ndarray<nb::array_api>(
+          static_cast<uint8_t*>(base) + off * elt, shape.size(), shape.data(), owner, nullptr, dt,
+          device_ordinal_ < 0 ? nb::device::cpu::value : nb::device::cuda::value,
+          device_ordinal_ < 0 ? 0 : device_ordinal_));
       off += p.numel();
     }
     return out;
@@ -432,6 +484,7 @@ class PyEngine {
   }
 
  private:
+  int device_ordinal_ = -1;  // the CUDA device, -1 on HostDevice
   std::unique_ptr<Device> device_;
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<Communicator> comm_;
@@ -446,16 +499,20 @@ void BindEngine(nb::module_& m) {
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const GroupList&, const std::string&, int, int, const std::vector<std::string>&,
                     uint64_t, int64_t, const std::string&, int, bool, const OptimizerGroupList&,
-                    const std::vector<uint32_t>&, const std::vector<bool>&>(),
+                    const std::vector<uint32_t>&, const std::vector<bool>&, const std::string&,
+                    int>(),
            nb::arg("groups"), nb::arg("config_json"), nb::arg("rank") = 0,
            nb::arg("world_size") = 1, nb::arg("nvme_paths") = std::vector<std::string>{},
            nb::arg("device_budget_bytes") = uint64_t{8} << 30, nb::arg("timeout_ms") = 300000,
            nb::arg("io") = "auto", nb::arg("master_port") = 0, nb::arg("overlap_step") = false,
            nb::arg("optimizer_groups") = OptimizerGroupList{},
            nb::arg("group_optimizer") = std::vector<uint32_t>{},
-           nb::arg("group_trainable") = std::vector<bool>{},
+           nb::arg("group_trainable") = std::vector<bool>{}, nb::arg("device") = "host",
+           nb::arg("device_ordinal") = 0,
            "Creates the engine for `groups` ([(group name, [(param name, shape)])], forward "
-           "order) and a DeepSpeed config (JSON text) on HostDevice + Gloo. overlap_step: "
+           "order) and a DeepSpeed config (JSON text) on HostDevice + Gloo (device='host') or "
+           "CudaDevice + NCCL on GPU device_ordinal (device='cuda'; device_budget_bytes 0: 90 % "
+           "of the GPU's free memory). overlap_step: "
            "EngineOptions::overlap_step (the optimizer step runs behind the next forward). "
            "optimizer_groups: EngineOptions::optimizer_groups as dicts of lr, beta1, beta2, eps, "
            "weight_decay (each optional); group_optimizer[g]: group g's optimizer group; "
@@ -507,6 +564,7 @@ void BindEngine(nb::module_& m) {
       .def_prop_ro("rank", [](PyEngine& e) { return e.engine().rank(); })
       .def_prop_ro("world_size", [](PyEngine& e) { return e.engine().world_size(); })
       .def_prop_ro("dtype", [](PyEngine& e) { return std::string(DTypeLabel(e.engine().dtype())); })
+      .def_prop_ro("device", &PyEngine::DeviceLabel, "host, or cuda:N.")
       .def_prop_ro("num_groups", [](PyEngine& e) { return e.engine().model().groups.size(); })
       .def(
           "health", [](PyEngine& e) { ThrowIfError(e.engine().health()); },

@@ -3,8 +3,31 @@
 Without torch: check_config, load_config, plan, and the native Engine (strata.Engine).
 With torch: initialize (as deepspeed.initialize), strata.zero, strata.optim (client optimizers).
 """
-from ._strata import Engine, StrataError
-from .config import ConfigError, check_config, load_config, plan
+
+
+def _load_pip_cuda_libraries():
+    """The native module of a CUDA build needs libcudart.so.13 and libnccl.so.2. torch's CUDA
+    wheels carry their own (pip packages under nvidia/), newer than a system toolkit's may be:
+    loaded first, they are the ones the module binds to, so strata and torch share one NCCL and
+    one CUDA runtime whichever is imported first (a system NCCL loaded first would lack symbols
+    torch needs). Nothing happens where those packages are not installed."""
+    import ctypes
+    import glob
+    import importlib.util
+    import os
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for name in ("libcudart.so.1[0-9]", "libnccl.so.2"):
+            for path in sorted(glob.glob(os.path.join(root, "*", "lib", name)))[:1]:
+                try:
+                    ctypes.CDLL(path)
+                except OSError:
+                    pass  # the module's own dependency then applies
+
+
+_load_pip_cuda_libraries()
+from ._strata import Engine, StrataError  # noqa: E402
+from .config import ConfigError, check_config, load_config, plan  # noqa: E402
 
 __version__ = "0.1.0"
 

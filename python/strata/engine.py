@@ -54,6 +54,7 @@ rank for the same model, as DeepSpeed assumes too.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import warnings
@@ -79,6 +80,63 @@ def _env_rank_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+# What stays free on the GPU for torch (activations, its caching allocator, the CUDA context)
+# when initialize is given no device_budget_bytes: this fraction of the GPU's memory, at least
+# _CUDA_RESERVE_MIN bytes.
+_CUDA_RESERVE_FRACTION = 0.2
+_CUDA_RESERVE_MIN = 4 << 30
+_HOST_DEFAULT_BUDGET = 8 << 30  # HostDevice's "HBM" when none is given
+
+
+def _engine_device(model: torch.nn.Module, device=None) -> torch.device:
+    """The device the engine runs on: `device` when given (cuda picks LOCAL_RANK's GPU, else
+    torch's current one), else the GPU the model's parameters or buffers are on (strata.zero.Init
+    keeps it on the emptied parameters), else the host (cpu)."""
+    if device is None:
+        for t in itertools.chain(model.parameters(), model.buffers()):
+            if t.is_cuda:
+                device = t.device
+                break
+        else:
+            return torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ValueError(f"strata.initialize: device {device} is not supported (cuda or cpu)")
+    if not torch.cuda.is_available():
+        raise RuntimeError("strata.initialize: device cuda asked for, and torch sees no GPU")
+    if device.index is None:
+        local = os.environ.get("LOCAL_RANK")
+        device = torch.device("cuda", int(local) if local else torch.cuda.current_device())
+    return device
+
+
+def _device_budget(cuda: Optional[torch.device], budget: Optional[int]) -> int:
+    """The engine's device-tier budget in bytes: `budget` when given; on a GPU what it has free
+    less the reserve for torch (_CUDA_RESERVE_*); on the host stand-in _HOST_DEFAULT_BUDGET."""
+    if budget is not None:
+        if budget <= 0:
+            raise ValueError(f"strata.initialize: device_budget_bytes must be > 0, got {budget}")
+        return int(budget)
+    if cuda is None:
+        return _HOST_DEFAULT_BUDGET
+    free, total = torch.cuda.mem_get_info(cuda)
+    reserve = max(int(total * _CUDA_RESERVE_FRACTION), _CUDA_RESERVE_MIN)
+    if free <= reserve:
+        raise RuntimeError(
+            f"strata.initialize: {cuda} has {free >> 20} MiB free, not more than the "
+            f"{reserve >> 20} MiB strata leaves to torch; pass device_budget_bytes= to choose")
+    return free - reserve
+
+
+def _as_tensor(view) -> torch.Tensor:
+    """A torch tensor over an engine view (no copy). Through the DLPack capsule: torch asks a
+    CUDA producer for __dlpack__(stream=...), which the engine's views need not take (every
+    engine call returns with its device work done)."""
+    return torch.from_dlpack(view.__dlpack__())
 
 
 def _full_shape(p: torch.nn.Parameter) -> list:
@@ -287,11 +345,19 @@ class StrataEngine(torch.nn.Module):
     """The training engine deepspeed.initialize returns (DeepSpeedEngine's names)."""
 
     def __init__(self, model: torch.nn.Module, config: dict, rank: int, world_size: int,
-                 nvme_paths: Optional[list] = None, device_budget_bytes: int = 8 << 30,
+                 nvme_paths: Optional[list] = None, device_budget_bytes: Optional[int] = None,
                  timeout_ms: int = 300000, overlap_step: bool = False,
-                 param_groups: Optional[ParamGroups] = None, lr_scheduler=None):
+                 param_groups: Optional[ParamGroups] = None, lr_scheduler=None, device=None):
         super().__init__()
         self.module = model
+        # Where the engine runs: a torch.device, cuda (CudaDevice + NCCL) or cpu (HostDevice +
+        # Gloo, the stand-in); _cuda is the GPU, None on the host.
+        self.device = _engine_device(model, device)
+        self._cuda = self.device if self.device.type == "cuda" else None
+        if self._cuda is not None:
+            torch.cuda.set_device(self._cuda)
+            model.to(self._cuda)  # buffers (and parameters not yet placed) on the engine's GPU
+        device_budget_bytes = _device_budget(self._cuda, device_budget_bytes)
         self._config = config
         self._groups = _make_groups(model, None if param_groups is None else param_groups.index)
         check = check_config(config, world_size=world_size)
@@ -311,7 +377,9 @@ class StrataEngine(torch.nn.Module):
             timeout_ms, "auto", master_port, overlap_step,
             optimizer_groups=[] if param_groups is None else param_groups.hyper,
             group_optimizer=[g.optimizer_group for g in self._groups],
-            group_trainable=[g.trainable for g in self._groups])
+            group_trainable=[g.trainable for g in self._groups],
+            device="host" if self._cuda is None else "cuda",
+            device_ordinal=0 if self._cuda is None else self._cuda.index)
         self._dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                        "float16": torch.float16}[self._engine.dtype]
         self._init_weights()
@@ -392,7 +460,7 @@ class StrataEngine(torch.nn.Module):
             part = parts[gi][pi]
             if part is None:
                 p = self._groups[gi].params[pi][1]
-                return p.detach().reshape(-1)[begin:end].to(torch.float32).contiguous().numpy()
+                return p.detach().reshape(-1)[begin:end].to("cpu", torch.float32).numpy()
             if begin < part.begin or end > part.end:
                 raise ValueError(
                     f"strata.zero.Init: {self._groups[gi].params[pi][0]}[{begin}:{end}] is not in "
@@ -583,7 +651,7 @@ class StrataEngine(torch.nn.Module):
             if self._refs[gi] == 0 and not self._engine.is_gathered(gi):
                 views = self._engine.gather(gi)
                 for pi, ((_, p), v) in enumerate(zip(self._groups[gi].params, views)):
-                    p.data = torch.from_dlpack(v)
+                    p.data = _as_tensor(v)
                     if p.data.numel():
                         self._gathered_at[p.data.untyped_storage().data_ptr()] = (gi, pi)
             self._refs[gi] += 1
@@ -596,12 +664,23 @@ class StrataEngine(torch.nn.Module):
 
     def _release_group(self, gi: int) -> None:
         self._refs[gi] = 0
-        empty = torch.empty(0, dtype=self._dtype)
+        empty = torch.empty(0, dtype=self._dtype, device=self.device)
         for _, p in self._groups[gi].params:
             if p.data.numel():
                 self._gathered_at.pop(p.data.untyped_storage().data_ptr(), None)
             p.data = empty
-        self._engine.release(gi)
+        if self._engine.is_gathered(gi):
+            self._wait_torch()  # kernels reading the group are done before its buffer goes
+            self._engine.release(gi)
+
+    def _wait_torch(self) -> None:
+        """On a GPU: the work torch queued on its current stream has run. Every engine call
+        returns with its own device work complete (python/src/engine_binding.cc), so this is the
+        one ordering the adapter adds: before the engine reads a gradient buffer, frees a gathered
+        group or updates parameters in place. Work on other streams is ordered onto the current
+        one by the script, as torch requires (torch.cuda.current_stream().wait_stream(s))."""
+        if self._cuda is not None:
+            torch.cuda.current_stream(self._cuda).synchronize()
 
     def _release_all(self) -> None:
         for call in self._held_calls:
@@ -665,7 +744,7 @@ class StrataEngine(torch.nn.Module):
             p = self._groups[gi].params[pi][1]
             v = values.get(id(p))
             if v is not None:
-                return v.reshape(-1)[begin:end].to(torch.float32).contiguous().numpy()
+                return v.reshape(-1)[begin:end].to("cpu", torch.float32).numpy()
             o = offsets[gi][pi]
             return masters[gi][o + begin:o + end]
 
@@ -687,7 +766,7 @@ class StrataEngine(torch.nn.Module):
                 "gradient_accumulation_steps)")
         views = self._grad_views.get(gi)
         if views is None:
-            views = [torch.from_dlpack(v) for v in self._engine.grad_buffer(gi)]
+            views = [_as_tensor(v) for v in self._engine.grad_buffer(gi)]
             self._grad_views[gi] = views
         views[self._index_in_group[id(p)]].copy_(p.grad)
         p.grad = None
@@ -712,7 +791,7 @@ class StrataEngine(torch.nn.Module):
         for pi, (_, p) in enumerate(self._groups[gi].params):
             if p.grad is not None:
                 if gi not in self._grad_views:
-                    self._grad_views[gi] = [torch.from_dlpack(v)
+                    self._grad_views[gi] = [_as_tensor(v)
                                             for v in self._engine.grad_buffer(gi)]
                 self._grad_views[gi][pi].copy_(p.grad)
                 p.grad = None
@@ -720,6 +799,7 @@ class StrataEngine(torch.nn.Module):
     def _reduce(self, gi: int) -> None:
         self._grad_views.pop(gi, None)  # the views die with the buffer
         self._reduced[gi] = True
+        self._wait_torch()  # the copies into the gradient buffer have run
         self._engine.reduce_gradients(gi)
 
     def _flush(self) -> None:
@@ -1179,8 +1259,8 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
                model_parameters: Optional[Iterable] = None, training_data=None,
                lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None,
                collate_fn=None, config: Optional[ConfigLike] = None, config_params=None,
-               *, nvme_paths: Optional[list] = None, device_budget_bytes: int = 8 << 30,
-               timeout_ms: int = 300000, overlap_step: bool = False):
+               *, nvme_paths: Optional[list] = None, device_budget_bytes: Optional[int] = None,
+               timeout_ms: int = 300000, overlap_step: bool = False, device=None):
     """As deepspeed.initialize: returns (engine, optimizer, training_dataloader, lr_scheduler).
 
     The optimizer is the config's "optimizer" section (Adam / AdamW), or a client optimizer
@@ -1196,6 +1276,10 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     overlap_step=True runs each optimizer step behind the next forward (EngineOptions::
     overlap_step: stage 3 with the optimizer offloaded; the same numbers; a failure of the step
     is raised by the next engine call that waits for it rather than by step()).
+    The device: where the model's parameters are (a model on a GPU trains on that GPU, NCCL
+    between ranks; on the CPU, the host stand-in with Gloo), or `device=` ("cuda", "cuda:N",
+    "cpu"; the model is moved there). device_budget_bytes bounds the engine's device memory
+    (default on a GPU: its free memory less 20 % of its size, at least 4 GiB, left to torch).
     """
     if model is None:
         raise ValueError("strata.initialize: model is required")
@@ -1222,7 +1306,7 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     engine = StrataEngine(model, cfg, rank, world, nvme_paths=nvme_paths,
                           device_budget_bytes=device_budget_bytes, timeout_ms=timeout_ms,
                           overlap_step=overlap_step, param_groups=groups,
-                          lr_scheduler=lr_scheduler)
+                          lr_scheduler=lr_scheduler, device=device)
     loader = None
     if training_data is not None:
         sampler = None

@@ -59,11 +59,13 @@ def _partition_module(module: torch.nn.Module, rank: int, world: int) -> None:
         n = p.numel()
         b, e = max(lo, off) - off, min(hi, off + n) - off
         b, e = (b, e) if b < e else (0, 0)
-        shard = p.detach().reshape(-1)[b:e].to(torch.float32).clone()
+        # The shard waits on the host; the empty placeholder keeps the parameter's device, which
+        # tells strata.initialize where the engine runs.
+        shard = p.detach().reshape(-1)[b:e].to(device="cpu", dtype=torch.float32).clone()
         p.ds_shape = p.shape
         p.ds_numel = n
         p._strata_part = _Part(ids, b, e, shard)
-        p.data = torch.empty(0, dtype=p.dtype)
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         off += n
 
 
@@ -248,6 +250,6 @@ def GatheredParameters(params: Union[Iterable, torch.nn.Parameter],
                     part = p._strata_part
                     part.shard = full[part.begin:part.end].clone()
             for p in parted:
-                p.data = torch.empty(0, dtype=p.dtype)
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
     for e, values in writes:  # after the release: the engine rewrites masters and params
         e._write_master(values)

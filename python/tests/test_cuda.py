@@ -1,0 +1,181 @@
+"""strata.initialize on a GPU (CudaDevice + NCCL) against plain torch on the same GPU: fp32 AdamW
+and bf16 with fp32 masters, stages 0-3 x optimizer offload none/cpu/nvme; the engine's placement
+property on the GPU (the CUDA Adam of device-resident state and the CPU Adam of offloaded state
+give the same bits); a gathered parameter read by a kernel on another stream; the device budget.
+Every test but the device-choice ones needs a GPU and is skipped (and reported so) without one;
+the device-choice and budget checks also run on the host stand-in."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import strata  # noqa: E402
+from strata import engine as strata_engine  # noqa: E402
+
+from models import batch, ds_config, make_model  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
+
+STEPS = 3
+LR, WD = 1e-2, 0.01
+# As test_adapter.py: the same gradients from the same kernels, Adam's rounding order apart.
+LOSS_RTOL, PARAM_ATOL, PARAM_RTOL = 1e-5, 2e-5, 1e-4
+
+
+def on_gpu(xs):
+    return tuple(x.cuda() for x in xs)
+
+
+def train_cuda(kind, cfg, steps=STEPS):
+    model = make_model(kind).cuda()
+    names = [n for n, _ in model.named_parameters()]
+    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+    assert engine.device.type == "cuda"
+    assert engine._engine.device.startswith("cuda:")
+    losses = []
+    for step in range(steps):
+        loss = engine(*on_gpu(batch(kind, step)))
+        assert loss.is_cuda
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    master = engine.read_master()
+    engine.close()
+    return losses, {n: master[n] for n in names if n in master}
+
+
+def reference_cuda(kind, steps, dtype):
+    """Plain torch on the GPU: fp32 AdamW, or bf16 forward/backward with fp32 masters."""
+    model = make_model(kind).cuda()
+    if dtype == "bf16":
+        model = model.to(torch.bfloat16)
+    params = list(model.parameters())
+    masters = params if dtype == "fp32" else [p.detach().float().clone().requires_grad_()
+                                              for p in params]
+    opt = torch.optim.AdamW(masters, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=WD)
+    losses = []
+    for step in range(steps):
+        for p in params:
+            p.grad = None
+        loss = model(*on_gpu(batch(kind, step)))
+        loss.backward()
+        losses.append(loss.item())
+        if dtype == "bf16":
+            for p, m in zip(params, masters):
+                m.grad = p.grad.float()
+        opt.step()
+        if dtype == "bf16":
+            with torch.no_grad():
+                for p, m in zip(params, masters):
+                    p.copy_(m)
+    names = [n for n, _ in model.named_parameters()]
+    return losses, {n: m.detach().float().cpu() for n, m in zip(names, masters)}
+
+
+CASES = [(s, o) for s in range(4) for o in ("none", "cpu", "nvme") if o != "nvme" or s == 3]
+
+
+@needs_gpu
+@pytest.mark.parametrize("stage,offload", CASES, ids=[f"stage{s}-{o}" for s, o in CASES])
+def test_fp32_matches_torch_adamw_on_the_gpu(stage, offload, tmp_path):
+    cfg = ds_config(stage, offload, lr=LR, wd=WD, nvme_path=str(tmp_path))
+    losses, params = train_cuda("gpt", cfg)
+    ref_losses, ref = reference_cuda("gpt", STEPS, "fp32")
+    assert losses == pytest.approx(ref_losses, rel=LOSS_RTOL)
+    for n, p in params.items():
+        torch.testing.assert_close(p, ref[n], atol=PARAM_ATOL, rtol=PARAM_RTOL, msg=n)
+
+
+@needs_gpu
+def test_bf16_matches_torch_and_bits_do_not_depend_on_placement(tmp_path):
+    """Device-resident state runs the CUDA Adam, offloaded state the SIMD CPU Adam: the same bits
+    (FMA targets), at every stage, and within a bf16 rounding of torch's bf16 + fp32 masters."""
+    runs = {}
+    for stage, off in [(0, "none"), (2, "cpu"), (3, "none"), (3, "cpu"), (3, "nvme")]:
+        cfg = ds_config(stage, off, dtype="bf16", lr=LR, wd=WD, nvme_path=str(tmp_path))
+        runs[(stage, off)] = train_cuda("gpt", cfg)
+    base_losses, base = runs[(0, "none")]
+    for key, (losses, params) in runs.items():
+        assert losses == base_losses, key
+        for n in base:
+            assert torch.equal(params[n], base[n]), (key, n)
+    ref_losses, ref = reference_cuda("gpt", STEPS, "bf16")
+    assert base_losses == pytest.approx(ref_losses, rel=1e-3)
+    for n, p in base.items():
+        torch.testing.assert_close(p, ref[n], atol=1e-2, rtol=1e-2, msg=n)
+
+
+@needs_gpu
+def test_gathered_parameter_read_on_another_stream():
+    """A gathered parameter is complete when gather returns: a kernel on a side stream (ordered
+    after the current one, as torch requires) reads the engine's values; the memory is the
+    engine's (no copy)."""
+    model = make_model("mlp").cuda()
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3))
+    master = engine.read_master()
+    name, p = next(iter(model.named_parameters()))
+    side = torch.cuda.Stream()
+    with engine.gathered_parameters():
+        assert p.is_cuda and p.numel() == p.ds_numel
+        x = torch.randn(p.shape[-1], 5, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = p @ x
+            ptr = p.data_ptr()
+        torch.cuda.current_stream().wait_stream(side)
+        views = engine._engine.gather(engine._group_of[id(p)])
+        assert ptr in {strata_engine._as_tensor(a).data_ptr() for a in views}
+    torch.testing.assert_close(y.cpu(), master[name] @ x.cpu(), atol=1e-5, rtol=1e-5)
+    assert p.numel() == 0 and p.is_cuda  # released: empty, still on the engine's GPU
+    engine.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+def test_over_budget_is_refused_naming_the_tier(device):
+    model = make_model("gpt").to(device)
+    with pytest.raises(RuntimeError, match="ResourceExhausted: .* hbm tier of rank 0"):
+        strata.initialize(model=model, config=ds_config(3), device_budget_bytes=64 << 10)
+
+
+def test_device_follows_the_model_or_the_argument():
+    cpu_model = make_model("mlp")
+    assert strata_engine._engine_device(cpu_model) == torch.device("cpu")
+    assert strata_engine._engine_device(cpu_model, "cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="not supported"):
+        strata_engine._engine_device(cpu_model, "meta")
+    if not HAS_CUDA:
+        with pytest.raises(RuntimeError, match="no GPU"):
+            strata_engine._engine_device(cpu_model, "cuda")
+    else:
+        assert strata_engine._engine_device(cpu_model.cuda()).type == "cuda"
+    with pytest.raises(ValueError, match="device_budget_bytes"):
+        strata_engine._device_budget(None, 0)
+    assert strata_engine._device_budget(None, 12345) == 12345
+
+
+@needs_gpu
+def test_zero_init_on_the_gpu_trains_on_the_gpu():
+    """A model built under strata.zero.Init on the GPU: the emptied parameters stay on it, so the
+    engine runs there; training matches the same model built whole."""
+    cfg = ds_config(3, lr=LR, wd=WD)
+    with torch.device("cuda"), strata.zero.Init(config=cfg):
+        model = make_model("mlp")
+    assert all(p.numel() == 0 and p.is_cuda for p in model.parameters())
+    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+    assert engine.device.type == "cuda"
+    for step in range(STEPS):
+        loss = engine(*on_gpu(batch("mlp", step)))
+        engine.backward(loss)
+        engine.step()
+    got = engine.read_master()
+    engine.close()
+    with torch.device("cuda"):  # the same draws from the GPU's generator, built whole
+        whole = make_model("mlp")
+    engine, _, _, _ = strata.initialize(model=whole, config=cfg)
+    for step in range(STEPS):
+        loss = engine(*on_gpu(batch("mlp", step)))
+        engine.backward(loss)
+        engine.step()
+    want = engine.read_master()
+    engine.close()
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
