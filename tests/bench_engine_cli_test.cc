@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/zero/engine_stats_json.h"
+#include "strata/device.h"
 #include "tests/io_test_util.h"
 #include "tests/test_util.h"
 
@@ -481,13 +482,49 @@ TEST(BenchEngineCli, BadFlagsAreUsageErrorsNamingTheFlag) {
   for (const char* args :
        {"--stage 4", "--offload-optimizer moon", "--offload-param disk", "--params lots",
         "--layers 0", "--steps 0", "--dtype int8", "--io-backend floppy", "--max-reuse-distance x",
-        "--host-gb -1", "--sweep --stage 3"}) {
+        "--host-gb -1", "--sweep --stage 3", "--device gpu"}) {
     const ProcessResult r = Bench(args, "2>&1");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
     const std::string flag = std::string(args).substr(0, std::string(args).find(' '));
     EXPECT_NE(r.out.find(flag == "--sweep" ? "--stage" : flag), std::string::npos) << args << "\n"
                                                                                    << r.out;
   }
+}
+
+// --device: host runs on the HostDevice stand-in without PCIe figures; cuda runs on the GPU where
+// one is usable (the JSON names it and carries the link's figures; the optimizer on the host
+// moves bytes both ways every step) and is otherwise an error that says so.
+TEST(BenchEngineCli, DeviceHostOrCuda) {
+  const std::string args =
+      " --params 1M --layers 2 --steps 1 --warmup-steps 0 --stage 3 --offload-optimizer cpu "
+      "--compute-ms 1 --json";
+  const ProcessResult host = Bench("--device host" + args);
+  ASSERT_EQ(host.exit_code, 0) << host.out;
+  const nlohmann::json h = Json(host);
+  EXPECT_EQ(h["device"], "host-standin") << h;
+  EXPECT_TRUE(h["pcie"].is_null()) << h;
+  EXPECT_FALSE(h.contains("device_peak_used_bytes")) << h;
+  strata::CudaDeviceOptions probe;
+  probe.budget_bytes = 1 << 20;
+  if (!strata::CreateCudaDevice(probe).ok()) {
+    const ProcessResult cuda = Bench("--device cuda" + args, "2>&1");
+    EXPECT_EQ(cuda.exit_code, 1) << cuda.out;
+    EXPECT_NE(cuda.out.find("--device cuda: no usable GPU 0"), std::string::npos) << cuda.out;
+    return;
+  }
+  const ProcessResult cuda = Bench("--device cuda" + args);
+  ASSERT_EQ(cuda.exit_code, 0) << cuda.out;
+  const nlohmann::json c = Json(cuda);
+  EXPECT_EQ(c["device"].get<std::string>().rfind("cuda:0 ", 0), 0u) << c["device"];
+  const nlohmann::json& x = c["pcie"];
+  ASSERT_TRUE(x.is_object()) << c;
+  for (const char* k : {"ref_h2d_gbps", "ref_d2h_gbps", "h2d_bytes_per_step", "d2h_bytes_per_step",
+                        "bound_s", "step_vs_bound"}) {
+    EXPECT_GT(x[k].get<double>(), 0.0) << k << " " << x;
+  }
+  EXPECT_GT(c["device_peak_used_bytes"].get<double>(), 0.0) << c;
+  // The spin kernel's time passes on the GPU, waited for inside the step.
+  EXPECT_GE(c["step_s"].get<double>(), 0.9 * c["breakdown"]["compute_s"].get<double>()) << c;
 }
 
 TEST(BenchEngineCli, EngineErrorsExitOneNamingTheProblem) {

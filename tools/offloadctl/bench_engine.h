@@ -1,16 +1,18 @@
 // `offloadctl bench engine`: the real ZeRO engine (include/strata/engine.h) trained on a synthetic
-// model, on HostDevice + Gloo, with the per-step figures the issue asks for (issue 10, "offloadctl
-// bench engine"). cmd_bench_engine.cc parses the flags, runs one setting or the sweep and prints;
-// bench_engine_run.cc runs one setting (a "variant") and measures it; bench_engine_ckpt.cc its
-// checkpoint saves and loads against the disk (--save-dir).
+// model, on HostDevice + Gloo or (--device cuda) CudaDevice + NCCL, with the per-step figures the
+// issue asks for (issue 10, "offloadctl bench engine"). cmd_bench_engine.cc parses the flags, runs
+// one setting or the sweep and prints; bench_engine_run.cc runs one setting (a "variant") and
+// measures it; bench_engine_ckpt.cc its checkpoint saves and loads against the disk (--save-dir).
 //
 // One variant: build its DeepSpeed config (the --config file or a synthetic one, with --stage,
-// --offload-*, --dtype and --max-reuse-distance applied over it), create a communicator and a
-// HostDevice for it, Engine::Create (ResourceExhausted on any rank: "does not fit", agreed by all
-// ranks), InitParameters, then warm-up and measured steps: per micro-step forward Gather /
-// simulated compute / Release over every group, backward Gather / GradBuffer filled with
-// synthetic values / compute / Release / ReduceGradients in reverse order; Step. Byte counters
-// are deltas over the measured steps; every rank's figures are all-gathered to rank 0.
+// --offload-*, --dtype and --max-reuse-distance applied over it), create its device and
+// communicators (bench_engine_run.cc, VariantBackend), Engine::Create (ResourceExhausted on any
+// rank: "does not fit", agreed by all ranks), InitParameters, then warm-up and measured steps: per
+// micro-step forward Gather / simulated compute / Release over every group, backward Gather /
+// GradBuffer filled with synthetic values / compute / Release / ReduceGradients in reverse order;
+// Step. On cuda the gradients are cast into the buffer by the device's kernels and the compute is
+// a kernel that occupies every SM (bench_gpu.h). Byte counters are deltas over the measured steps;
+// every rank's figures are all-gathered to rank 0.
 //
 // Thread safety: none; everything runs on the calling thread (the engine's own threads aside).
 #pragma once
@@ -29,8 +31,10 @@
 #include "strata/checkpoint.h"
 #include "strata/comm.h"
 #include "strata/config.h"
+#include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/status.h"
+#include "tools/offloadctl/bench_gpu.h"
 
 namespace strata::cli {
 
@@ -56,7 +60,10 @@ struct BenchEngineArgs {
   int warmup_steps = 3;
   double compute_ms = 0;  // simulated compute per layer use (forward, backward each)
   double host_gb = 0;     // host budget, GB = 1e9 bytes (0: what the layout needs)
-  double device_gb = 4;   // HostDevice budget
+  double device_gb = 4;   // the device's budget: HostDevice's, or the CudaDevice pool's
+  // auto: cuda when a CudaDevice can be created on this rank's GPU (LOCAL_RANK, else 0), else
+  // host; cuda: that or an error; host: the HostDevice stand-in.
+  std::string device = "auto";
   std::string dtype;      // "" = the config's precision (bf16 without --config)
   std::string io_backend = "auto";
   std::string max_reuse_distance;  // COUNT for stage3_max_reuse_distance ("" = config's)
@@ -159,6 +166,9 @@ struct RankFigures {
   double comm_intra_bytes_per_step = 0, comm_inter_bytes_per_step = 0;
   double step_s = 0;  // median
   StepPhases phases;  // means over the measured steps
+  // The device's copies (DeviceStats bytes_copied) per measured step, and its pool's peak.
+  double h2d_bytes_per_step = 0, d2h_bytes_per_step = 0;
+  double device_peak_used_bytes = 0;
 };
 
 // --save-dir: one reference/checkpoint pair (bench_engine_ckpt.cc).
@@ -176,6 +186,9 @@ struct CheckpointPair {
 
 struct VariantResult {
   EngineVariant variant;  // as requested
+  std::string device_name;  // Device::name(): "cuda:0 (NVIDIA H200)" or "host-standin"
+  // On cuda: the process's PCIe reference (BenchProcess::pcie).
+  std::optional<PcieReference> pcie;
   bool fits = true;
   std::string refused;  // why it does not fit (the engine's ResourceExhausted message)
   // Set when it fits (this rank's engine).
@@ -224,6 +237,11 @@ struct BenchProcess {
   IoBackendKind io_kind = IoBackendKind::kAuto;
   int variants_run = 0;  // numbers each variant's communicator keys
   bool progress_tty = false;
+  // --device resolved: cuda on GPU `device_ordinal`, with the link's reference rates measured
+  // once per run; else the HostDevice stand-in.
+  bool cuda = false;
+  int device_ordinal = 0;
+  std::optional<PcieReference> pcie;
 };
 
 // Reads the config for `v` (ParseDeepSpeedConfig of the file or the synthetic one, with the

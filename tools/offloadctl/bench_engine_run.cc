@@ -12,6 +12,7 @@
 #include "cpu/gloo_comm.h"
 #include "nvme/bench/nvme_bench.h"
 #include "strata/device.h"
+#include "strata/device_kernels.h"
 #include "strata/planner.h"
 #include "tools/offloadctl/bench_engine.h"
 
@@ -85,39 +86,91 @@ std::optional<PerTier<double>> PlannerBytes(const EngineConfig& c, const ModelSp
 }
 
 // Small pseudo-random gradients (times the loss scale, as a trainer's backward produces them) in
-// the working dtype, written into the engine's gradient buffers by memcpy.
+// the working dtype, repeated every kElems elements through the engine's gradient buffers: by
+// memcpy where the host addresses the device's memory (HostDevice); else uploaded once as fp32
+// and cast into each buffer by the device's kernels, rounded to nearest even as FloatToBf16 /
+// FloatToHalf round on the host, so both give the same bits.
 class GradPattern {
  public:
   static constexpr size_t kElems = size_t{1} << 16;
-  void Prepare(DType dt, double loss_scale, int rank) {
-    if (dt == dtype_ && loss_scale == scale_ && !bytes_.empty()) return;
+  static constexpr uint64_t kDeviceBytes = kElems * sizeof(float);  // on a device it fills
+  GradPattern(Device* dev, int rank, std::chrono::nanoseconds timeout)
+      : dev_(dev), rank_(rank), timeout_(timeout) {}
+  Status Prepare(DType dt, double loss_scale) {
+    if (ready_ && dt == dtype_ && loss_scale == scale_) return Status::OK();
+    ready_ = false;
     dtype_ = dt;
     scale_ = loss_scale;
-    const size_t elt = DTypeSize(dt);
-    bytes_.assign(kElems * elt, 0);
+    std::vector<float> v(kElems);
     for (size_t i = 0; i < kElems; ++i) {
-      const float v = static_cast<float>(1e-3 * loss_scale) * Noise(i * 31 + rank);
-      if (dt == DType::kF32) {
-        std::memcpy(bytes_.data() + i * 4, &v, 4);
-      } else {
-        const uint16_t b = dt == DType::kBF16 ? FloatToBf16(v).bits : FloatToHalf(v).bits;
-        std::memcpy(bytes_.data() + i * 2, &b, 2);
-      }
+      v[i] = static_cast<float>(1e-3 * loss_scale) * Noise(i * 31 + rank_);
     }
+    if (!dev_->host_addressable()) {
+      STRATA_RETURN_IF_ERROR(Upload(v));
+    } else {
+      Encode(v);
+    }
+    ready_ = true;
+    return Status::OK();
   }
-  void Fill(void* dst, size_t elems) const {
+  Status Fill(void* dst, size_t elems) {
+    if (!dev_->host_addressable()) return FillOnDevice(dst, elems);
     const size_t elt = DTypeSize(dtype_);
     uint8_t* out = static_cast<uint8_t*>(dst);
     for (size_t done = 0; done < elems; done += kElems) {
       const size_t n = std::min(kElems, elems - done);
       std::memcpy(out + done * elt, bytes_.data(), n * elt);
     }
+    return Status::OK();
   }
 
  private:
+  void Encode(const std::vector<float>& v) {
+    bytes_.assign(kElems * DTypeSize(dtype_), 0);
+    for (size_t i = 0; i < kElems; ++i) {
+      if (dtype_ == DType::kF32) {
+        std::memcpy(bytes_.data() + i * 4, &v[i], 4);
+      } else {
+        const uint16_t b = dtype_ == DType::kBF16 ? FloatToBf16(v[i]).bits : FloatToHalf(v[i]).bits;
+        std::memcpy(bytes_.data() + i * 2, &b, 2);
+      }
+    }
+  }
+  // The fp32 values into device memory, waited for (`v` is freed on return).
+  Status Upload(const std::vector<float>& v) {
+    if (dev_->kernels() == nullptr) {
+      return Status::Unavailable("bench engine: " + dev_->name() +
+                                 " is not host-addressable and offers no kernels");
+    }
+    if (!f32_) {
+      STRATA_ASSIGN_OR_RETURN(f32_, DeviceBuffer::Make(dev_, kDeviceBytes));
+    }
+    STRATA_RETURN_IF_ERROR(
+        dev_->CopyAsync(CopyDir::kHostToDevice, f32_.get(), v.data(), kDeviceBytes, {}));
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<DeviceEvent> copied,
+                            dev_->RecordEvent(CopyDir::kHostToDevice));
+    return copied->Wait(timeout_).WithContext("bench engine: uploading the gradient pattern");
+  }
+  // Casts the pattern chunk by chunk, then waits: ReduceGradients reads the buffer next.
+  Status FillOnDevice(void* dst, size_t elems) {
+    kernels::DeviceKernels* k = dev_->kernels();
+    const size_t elt = DTypeSize(dtype_);
+    uint8_t* out = static_cast<uint8_t*>(dst);
+    for (size_t done = 0; done < elems; done += kElems) {
+      const size_t n = std::min(kElems, elems - done);
+      STRATA_RETURN_IF_ERROR(k->Cast(f32_.get(), DType::kF32, out + done * elt, dtype_, n));
+    }
+    return k->Synchronize(timeout_).WithContext("bench engine: filling a gradient buffer");
+  }
+
+  Device* dev_;
+  int rank_;
+  std::chrono::nanoseconds timeout_;
+  bool ready_ = false;
   DType dtype_ = DType::kF32;
   double scale_ = 0;
-  std::vector<uint8_t> bytes_;
+  std::vector<uint8_t> bytes_;  // host-addressable device: the pattern in the working dtype
+  DeviceBuffer f32_;            // else: the fp32 values in device memory
 };
 
 struct StepSample {
@@ -163,14 +216,24 @@ class PhaseClock {
 // bias groups of --bias-groups ride along with their layer's.
 bool IsLayer(const Engine& e, size_t g) { return !e.model().groups[g].name.ends_with(".bias"); }
 
+// What the trainer does besides the engine's calls: the simulated compute per layer use (a
+// kernel on `spin`'s GPU, else a sleep) and the gradients.
+struct SimulatedWork {
+  double compute_ms = 0;
+  GpuSpin* spin = nullptr;
+  GradPattern& grads;
+
+  Status Compute(const Engine& e, size_t g) const {
+    if (compute_ms <= 0 || !IsLayer(e, g)) return Status::OK();
+    if (spin != nullptr) return spin->Spin(compute_ms).WithContext("simulated compute");
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(compute_ms));
+    return Status::OK();
+  }
+};
+
 // One training step of the synthetic model: `gas` micro-steps of forward and backward, then Step.
-Result<StepSample> TrainStep(Engine& e, int gas, double compute_ms, GradPattern& grads, int rank) {
+Result<StepSample> TrainStep(Engine& e, int gas, const SimulatedWork& work) {
   const size_t groups = e.model().groups.size();
-  const auto compute = [&e, compute_ms](size_t g) {
-    if (compute_ms > 0 && IsLayer(e, g)) {
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(compute_ms));
-    }
-  };
   const auto t0 = Clock::now();
   StepSample out;
   for (int micro = 0; micro < gas; ++micro) {
@@ -178,17 +241,17 @@ Result<StepSample> TrainStep(Engine& e, int gas, double compute_ms, GradPattern&
       PhaseClock clock(e, &out.phases.forward);
       for (size_t g = 0; g < groups; ++g) {
         STRATA_ASSIGN_OR_RETURN(GatheredGroup p, e.Gather(g));
-        compute(g);
+        STRATA_RETURN_IF_ERROR(work.Compute(e, g));
         e.Release(std::move(p));
       }
     }
     PhaseClock clock(e, &out.phases.backward);
-    grads.Prepare(e.dtype(), e.LossScale(), rank);
+    STRATA_RETURN_IF_ERROR(work.grads.Prepare(e.dtype(), e.LossScale()));
     for (size_t g = groups; g-- > 0;) {
       STRATA_ASSIGN_OR_RETURN(GatheredGroup p, e.Gather(g));
       STRATA_ASSIGN_OR_RETURN(void* buf, e.GradBuffer(g));
-      grads.Fill(buf, e.model().groups[g].numel());
-      compute(g);
+      STRATA_RETURN_IF_ERROR(work.grads.Fill(buf, e.model().groups[g].numel()));
+      STRATA_RETURN_IF_ERROR(work.Compute(e, g));
       e.Release(std::move(p));
       STRATA_RETURN_IF_ERROR(e.ReduceGradients(g));
     }
@@ -283,13 +346,80 @@ Status PairedDiskPass(const BenchProcess& p, Communicator& comm, Engine& e, size
   return Status::OK();
 }
 
+// A variant's device and communicators. `comm` is Gloo, always: the bench's own exchanges
+// (AllGatherDoubles, the paired disk pass, the checkpoint pairs) move host memory, which NCCL
+// cannot. The engine's is NCCL on cuda (device memory), else `comm` itself.
+struct VariantBackend {
+  bool cuda = false;  // every rank on its GPU
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Communicator> engine_comm;  // cuda: NCCL
+  std::unique_ptr<GpuSpin> spin;              // cuda with --compute-ms
+  Communicator& engine() { return engine_comm ? *engine_comm : *comm; }
+};
+
+// The device on cuda: the CudaDevice pool with room for the bench's gradient pattern beside the
+// engine's budget (the engine accounts for every byte of its own).
+Result<std::unique_ptr<Device>> MakeDevice(const BenchProcess& p, bool cuda, double device_bytes) {
+  if (!cuda) {
+    HostDeviceOptions ho;
+    ho.budget_bytes = static_cast<uint64_t>(device_bytes);
+    return CreateHostDevice(ho);
+  }
+  CudaDeviceOptions co;
+  co.device_ordinal = p.device_ordinal;
+  co.budget_bytes = static_cast<uint64_t>(device_bytes) + GradPattern::kDeviceBytes;
+  return CreateCudaDevice(co);
+}
+
+// Creates the variant's backend (collective). `key` numbers its rendezvous keys.
+Result<VariantBackend> MakeVariantBackend(const BenchEngineArgs& a, const BenchProcess& p,
+                                          const std::string& key, double device_bytes) {
+  VariantBackend b;
+  GlooCommOptions go;
+  go.rank = p.rank;
+  go.world_size = p.world;
+  go.store = p.rendezvous.get();
+  go.store_prefix = key;
+  go.timeout = p.timeout;
+  STRATA_ASSIGN_OR_RETURN(b.comm, CreateGlooCommunicator(go));
+  // --device auto decides per rank (--device cuda fails on a rank without a GPU): the GPU only
+  // when every rank has one, since NCCL would wait for a rank on the host.
+  STRATA_ASSIGN_OR_RETURN(std::vector<double> on,
+                          AllGatherDoubles(*b.comm, {p.cuda ? 1.0 : 0.0}, p.timeout));
+  b.cuda = std::count(on.begin(), on.end(), 1.0) == p.world;
+  STRATA_ASSIGN_OR_RETURN(b.device, MakeDevice(p, b.cuda, device_bytes));
+  if (!b.cuda) return b;
+  STRATA_ASSIGN_OR_RETURN(b.engine_comm, MakeEngineNccl(p.rank, p.world, p.device_ordinal,
+                                                        p.rendezvous.get(), key + "/nccl",
+                                                        p.timeout));
+  if (a.compute_ms > 0) {
+    STRATA_ASSIGN_OR_RETURN(b.spin, MakeGpuSpin(p.device_ordinal));
+  }
+  return b;
+}
+
+// The device's copies per measured step and its pool's peak into `f`.
+void DeviceFigures(const DeviceStats& before, const DeviceStats& after, double steps,
+                   RankFigures* f) {
+  const auto moved = [&](CopyDir d) {
+    const size_t i = static_cast<size_t>(d);
+    return static_cast<double>(after.bytes_copied[i] - before.bytes_copied[i]) / steps;
+  };
+  f->h2d_bytes_per_step = moved(CopyDir::kHostToDevice);
+  f->d2h_bytes_per_step = moved(CopyDir::kDeviceToHost);
+  f->device_peak_used_bytes = static_cast<double>(after.peak_used_bytes);
+}
+
 // Warm-up and measured steps; fills the timing fields and this rank's figures of `r`.
-Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicator& comm, Engine& e,
+Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, VariantBackend& b, Engine& e,
                     Progress& progress, VariantResult* r) {
-  const int rank = p.rank;
-  GradPattern grads;
+  Communicator& comm = *b.comm;
+  GradPattern grads(b.device.get(), p.rank, p.timeout);
+  const SimulatedWork work{a.compute_ms, b.spin.get(), grads};
   StepPhases phases;  // means over the measured steps
   EngineStats before = e.Stats();
+  DeviceStats device_before = b.device->stats();
   const int total = a.warmup_steps + a.steps;
   for (int s = 0; s < total; ++s) {
     if (s == a.warmup_steps) {
@@ -299,10 +429,10 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicato
       // averages `steps` optimizer steps.
       STRATA_RETURN_IF_ERROR(e.Synchronize().WithContext("the warm-up's step"));
       before = e.Stats();
+      device_before = b.device->stats();
     }
     const EngineStats step_before = e.Stats();
-    STRATA_ASSIGN_OR_RETURN(
-        StepSample x, TrainStep(e, r->gradient_accumulation_steps, a.compute_ms, grads, rank));
+    STRATA_ASSIGN_OR_RETURN(StepSample x, TrainStep(e, r->gradient_accumulation_steps, work));
     if (s + 1 == total) {
       // The last step's optimizer, which overlap_step leaves running: it is this step's.
       const auto t0 = Clock::now();
@@ -359,6 +489,7 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, Communicato
       n;
   f.step_s = Median(r->step_s);
   f.phases = phases;
+  DeviceFigures(device_before, b.device->stats(), n, &f);
   r->ranks = {f};
   size_t layers = 0;
   for (size_t g = 0; g < e.model().groups.size(); ++g) layers += IsLayer(e, g) ? 1 : 0;
@@ -377,7 +508,10 @@ std::vector<double> Pack(const RankFigures& f) {
                            f.comm_wire_bytes_per_step,
                            f.step_s,
                            f.comm_intra_bytes_per_step,
-                           f.comm_inter_bytes_per_step};
+                           f.comm_inter_bytes_per_step,
+                           f.h2d_bytes_per_step,
+                           f.d2h_bytes_per_step,
+                           f.device_peak_used_bytes};
   for (const StepPhaseRef& ph : kStepPhases) {
     const PhaseFigures& x = f.phases.*ph.field;
     for (auto field : PhaseFigures::kFields) d.push_back(x.*field);
@@ -395,7 +529,10 @@ RankFigures Unpack(const double* d) {
   f.step_s = d[7];
   f.comm_intra_bytes_per_step = d[8];
   f.comm_inter_bytes_per_step = d[9];
-  const double* x = d + 10;
+  f.h2d_bytes_per_step = d[10];
+  f.d2h_bytes_per_step = d[11];
+  f.device_peak_used_bytes = d[12];
+  const double* x = d + 13;
   for (const StepPhaseRef& ph : kStepPhases) {
     PhaseFigures& into = f.phases.*ph.field;
     for (auto field : PhaseFigures::kFields) into.*field = *x++;
@@ -561,20 +698,20 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   Progress progress(p.rank == 0, p.progress_tty);
   progress.Say("bench engine: " + v.Name() + ": creating the engine");
 
-  GlooCommOptions go;
-  go.rank = p.rank;
-  go.world_size = p.world;
-  go.store = p.rendezvous.get();
-  go.store_prefix = "strata/bench-engine/" + std::to_string(p.variants_run++);
-  go.timeout = p.timeout;
-  STRATA_ASSIGN_OR_RETURN(auto comm, CreateGlooCommunicator(go));
-  HostDeviceOptions ho;
-  ho.budget_bytes = static_cast<uint64_t>(device_bytes);
-  STRATA_ASSIGN_OR_RETURN(auto device, CreateHostDevice(ho));
+  STRATA_ASSIGN_OR_RETURN(
+      VariantBackend b,
+      MakeVariantBackend(a, p, "strata/bench-engine/" + std::to_string(p.variants_run++),
+                         device_bytes));
+  Communicator& comm = *b.comm;
+  r.device_name = b.device->name();
+  if (b.cuda) r.pcie = p.pcie;
+  if (p.cuda && !b.cuda) {
+    r.notes.push_back("--device auto: some rank has no usable GPU, so every rank runs on the host");
+  }
   EngineOptions eo;
   eo.config = cfg.config;
-  eo.device = device.get();
-  eo.comm = comm.get();
+  eo.device = b.device.get();
+  eo.comm = &b.engine();
   eo.budget_bytes[Tier::kDevice] = static_cast<uint64_t>(device_bytes);
   eo.budget_bytes[Tier::kHost] = static_cast<uint64_t>(host_bytes);
   eo.nvme_paths = p.nvme_dirs;
@@ -587,7 +724,7 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   // Every rank must agree before the first collective of the engine: a rank that does not fit
   // would leave the others waiting for it.
   STRATA_ASSIGN_OR_RETURN(std::vector<double> fit,
-                          AllGatherDoubles(*comm, {engine ? 1.0 : 0.0}, p.timeout));
+                          AllGatherDoubles(comm, {engine ? 1.0 : 0.0}, p.timeout));
   for (int q = 0; q < p.world; ++q) {
     if (fit[q] == 0 && r.refused.empty()) r.refused = "rank " + std::to_string(q) + " does not fit";
   }
@@ -612,7 +749,7 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
                              })
                              .WithContext("InitParameters"));
   r.init_s = Sec(Clock::now() - t0);
-  STRATA_RETURN_IF_ERROR(MeasureSteps(a, p, *comm, *engine, progress, &r));
+  STRATA_RETURN_IF_ERROR(MeasureSteps(a, p, b, *engine, progress, &r));
   if (!a.save_dir.empty()) {
     const AioConfig& aio = cfg.config.aio;
     SaveOptions so = SaveOptionsFromConfig(cfg.config.checkpoint);
@@ -620,7 +757,7 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
     if (a.no_recycle_files) so.recycle_files = false;
     const CheckpointBench c{
         a.save_dir + "/bench-v" + std::to_string(p.variants_run - 1),
-        *comm,
+        comm,
         p.timeout,
         zero::ckpt::StreamOptionsFromAio(aio.block_size, aio.queue_depth, aio.intra_op_parallelism,
                                          p.io_kind),
@@ -630,7 +767,7 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   }
   progress.Done();
   STRATA_ASSIGN_OR_RETURN(std::vector<double> all,
-                          AllGatherDoubles(*comm, Pack(r.ranks[0]), p.timeout));
+                          AllGatherDoubles(comm, Pack(r.ranks[0]), p.timeout));
   r.ranks.clear();
   const size_t k = all.size() / static_cast<size_t>(p.world);
   for (int q = 0; q < p.world; ++q) r.ranks.push_back(Unpack(all.data() + k * q));

@@ -1,13 +1,16 @@
 // `offloadctl bench engine`: the real ZeRO engine under a synthetic training load, one setting or
-// the sweep of settings (--sweep), on 1 rank or on N under `offloadctl launch -n N` (Gloo through
-// the environment's rendezvous). Rank 0 prints; every rank runs. bench_engine.h says what a run
+// the sweep of settings (--sweep), on 1 rank or on N under `offloadctl launch -n N` (Gloo, and
+// NCCL on --device cuda, through the environment's rendezvous), on a GPU or the HostDevice
+// stand-in. Rank 0 prints; every rank runs. bench_engine.h says what a run
 // does; this file parses the flags, prepares the process (rendezvous, run directories, the disk
 // measurement) and renders the results as a table or JSON.
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -17,6 +20,7 @@
 
 #include "cpu/rendezvous/rendezvous.h"
 #include "nvme/leftovers.h"
+#include "strata/device.h"
 #include "strata/planner.h"
 #include "tools/offloadctl/bench_engine.h"
 #include "tools/offloadctl/cli_checks.h"
@@ -99,6 +103,45 @@ Status OpenProcess(const BenchEngineArgs& a, BenchProcess* p) {
   if (p->world > 1) {
     STRATA_ASSIGN_OR_RETURN(p->rendezvous, cpu::OpenRendezvousStore(cfg));
   }
+  return Status::OK();
+}
+
+// This rank's GPU: LOCAL_RANK (as `offloadctl launch` and torchrun set it), else 0.
+Result<int> LocalGpu() {
+  const char* v = std::getenv("LOCAL_RANK");
+  if (v == nullptr || *v == '\0') return 0;
+  int n = -1;
+  const auto [end, ec] = std::from_chars(v, v + std::strlen(v), n);
+  if (ec != std::errc() || *end != '\0' || n < 0) {
+    return Status::InvalidArgument("LOCAL_RANK=" + std::string(v) + " is not a GPU ordinal");
+  }
+  return n;
+}
+
+// The PCIe reference: a pinned buffer of this size to and from the device, best of kPcieRepeats.
+constexpr size_t kPcieBytes = size_t{256} << 20;
+constexpr int kPcieRepeats = 5;
+
+// --device: cuda when a CudaDevice can be created on this rank's GPU (a probe with a small pool,
+// destroyed at once; auto falls back to the host without one), then the PCIe reference.
+Status ResolveDevice(const BenchEngineArgs& a, BenchProcess* p) {
+  if (a.device == "host") return Status::OK();
+  STRATA_ASSIGN_OR_RETURN(p->device_ordinal, LocalGpu());
+  CudaDeviceOptions probe;
+  probe.device_ordinal = p->device_ordinal;
+  probe.budget_bytes = uint64_t{1} << 20;
+  auto gpu = CreateCudaDevice(probe);
+  if (!gpu.ok()) {
+    if (a.device == "auto") return Status::OK();
+    return Status::Unavailable("--device cuda: no usable GPU " +
+                               std::to_string(p->device_ordinal) + ": " +
+                               std::string(gpu.status().message()));
+  }
+  gpu->reset();
+  p->cuda = true;
+  auto pcie = MeasurePcie(p->device_ordinal, kPcieBytes, kPcieRepeats);
+  if (!pcie.ok()) return pcie.status().WithContext("--device cuda: PCIe reference");
+  p->pcie = *pcie;
   return Status::OK();
 }
 
@@ -202,6 +245,23 @@ nlohmann::json PhasesJson(const VariantResult& r) {
   return out;
 }
 
+// On cuda, each rank's own link (one GPU per rank): the busiest rank's copies per step at the
+// reference rates. The two directions have a stream each over a full-duplex link, so the bound
+// is the slower direction's time.
+nlohmann::json PcieJson(const VariantResult& r, double step_s) {
+  double h2d = 0, d2h = 0;
+  for (const RankFigures& f : r.ranks) {
+    h2d = std::max(h2d, f.h2d_bytes_per_step);
+    d2h = std::max(d2h, f.d2h_bytes_per_step);
+  }
+  const PcieReference& ref = *r.pcie;
+  const auto secs = [](double bytes, double gbps) { return gbps > 0 ? bytes / (gbps * 1e9) : 0.0; };
+  const double bound = std::max(secs(h2d, ref.h2d_gbps), secs(d2h, ref.d2h_gbps));
+  return {{"h2d_bytes_per_step", h2d},   {"d2h_bytes_per_step", d2h},
+          {"ref_h2d_gbps", ref.h2d_gbps}, {"ref_d2h_gbps", ref.d2h_gbps},
+          {"bound_s", bound},            {"step_vs_bound", bound > 0 ? step_s / bound : 0.0}};
+}
+
 nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r) {
   nlohmann::json j;
   j["variant"] = r.variant.Name();
@@ -212,6 +272,7 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r) {
   j["fits"] = r.fits;
   j["world_size"] = r.world_size;
   j["params"] = r.params;
+  j["device"] = r.device_name;
   double planner[3] = {0, 0, 0};
   if (r.planner_bytes) {
     for (Tier t : kAllTiers) planner[static_cast<size_t>(t)] = (*r.planner_bytes)[t];
@@ -289,6 +350,12 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r) {
   j["peak_bytes"] = TierJson(peak);
   j["budget_bytes"] = TierJson(budget);
   j["plan_bytes"] = TierJson(plan);
+  j["pcie"] = r.pcie ? PcieJson(r, me.step_s) : nlohmann::json();
+  if (r.pcie) {
+    double used = 0;
+    for (const RankFigures& f : r.ranks) used = std::max(used, f.device_peak_used_bytes);
+    j["device_peak_used_bytes"] = used;
+  }
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankFigures& f : r.ranks) {
     ranks.push_back({{"step_s", f.step_s},
@@ -313,6 +380,21 @@ std::string Gb(double bytes) {
   return b;
 }
 
+// The device, and on cuda its PCIe traffic against the reference rates.
+void PrintDevice(const nlohmann::json& j) {
+  std::printf("  device %s", j["device"].get<std::string>().c_str());
+  if (const auto& x = j["pcie"]; !x.is_null()) {
+    std::printf(
+        "; PCIe per step h2d %s GB, d2h %s GB; reference h2d %.1f GB/s, d2h %.1f GB/s: bound "
+        "%.3f s, step / bound %.2f; pool peak %s GB",
+        Gb(x["h2d_bytes_per_step"]).c_str(), Gb(x["d2h_bytes_per_step"]).c_str(),
+        x["ref_h2d_gbps"].get<double>(), x["ref_d2h_gbps"].get<double>(),
+        x["bound_s"].get<double>(), x["step_vs_bound"].get<double>(),
+        Gb(j["device_peak_used_bytes"]).c_str());
+  }
+  std::printf("\n");
+}
+
 void PrintVariant(const nlohmann::json& j, const std::string& model) {
   std::printf("bench engine: %s, %s, %d rank(s)", j["variant"].get<std::string>().c_str(),
               model.c_str(), j["world_size"].get<int>());
@@ -323,6 +405,7 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
   std::printf(", %s, %d micro-step(s) per step, %.1f ms compute per layer use\n",
               j["dtype"].get<std::string>().c_str(), j["gradient_accumulation_steps"].get<int>(),
               j["compute_ms"].get<double>());
+  PrintDevice(j);
   const auto& b = j["breakdown"];
   std::printf(
       "  step %.3f s (median of %zu; mean %.3f): gather wait %.3f, reduce wait %.3f, optimizer "
@@ -395,8 +478,10 @@ std::string Triple(const nlohmann::json& t) {
 }
 
 void PrintSweep(const nlohmann::json& j, const std::string& model) {
-  std::printf("bench engine --sweep: %s, %d rank(s); memory in GB per rank (device/host/nvme)\n",
-              model.c_str(), j["world_size"].get<int>());
+  const auto& v0 = j["variants"].front();
+  std::printf(
+      "bench engine --sweep: %s, %d rank(s), device %s; memory in GB per rank (device/host/nvme)\n",
+      model.c_str(), j["world_size"].get<int>(), v0["device"].get<std::string>().c_str());
   std::printf("%-34s %-5s %9s %24s %24s %24s\n", "variant", "fits", "step_s", "peak", "engine plan",
               "planner");
   for (const auto& v : j["variants"]) {
@@ -430,6 +515,7 @@ int RunBenchEngine(const BenchEngineArgs& a) {
   BenchProcess p;
   if (Status s = OpenProcess(a, &p); !s.ok())
     return Fail(kExitInvalid, "rendezvous: " + s.ToString());
+  if (Status s = ResolveDevice(a, &p); !s.ok()) return Fail(kExitInvalid, s.ToString());
   std::vector<EngineVariant> variants;
   if (a.sweep) {
     variants = SweepVariants(a);
@@ -513,12 +599,12 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
   auto a = std::make_shared<BenchEngineArgs>();
   CLI::App* c = bench.add_subcommand(
       "engine",
-      "Train a synthetic model with the real ZeRO engine (HostDevice stand-in, Gloo) and report "
-      "the step time and its breakdown, stall fraction, NVMe traffic (with "
-      "--disk-reference-paired-split: against the disk's own read and write rates, io "
-      "efficiency), comm bytes against the ledger, and peak memory per tier "
-      "against the budget and the plan. N ranks: offloadctl launch -n N -- offloadctl bench engine "
-      "...; rank 0 prints.");
+      "Train a synthetic model with the real ZeRO engine (on a GPU with NCCL, or the HostDevice "
+      "stand-in with Gloo: --device) and report the step time and its breakdown, stall "
+      "fraction, NVMe traffic (with --disk-reference-paired-split: against the disk's own read "
+      "and write rates, io efficiency), comm bytes against the ledger, peak memory per tier "
+      "against the budget and the plan, and on a GPU its PCIe traffic against the link's own "
+      "rates. N ranks: offloadctl launch -n N -- offloadctl bench engine ...; rank 0 prints.");
   c->add_option("--params", a->params, "Model parameters: 350M, 1.5B, 7e9 (k/M/B/T)")
       ->capture_default_str();
   c->add_option("--layers", a->layers, "Parameter groups (layers), params split evenly")
@@ -559,8 +645,9 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   c->add_option(
        "--compute-ms", a->compute_ms,
-       "Simulated compute per layer use, forward and backward each (a sleep between Gather "
-       "and Release: the GPU's time, not the CPU's)")
+       "Simulated compute per layer use, forward and backward each, between Gather and "
+       "Release: on cuda a kernel occupying every SM that long, waited for; on the host a "
+       "sleep (the GPU's time, not the CPU's)")
       ->check(AtLeast(0))
       ->capture_default_str();
   c->add_option("--host-gb", a->host_gb,
@@ -568,8 +655,16 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
                 "plus 16 MiB. With an NVMe tier on io_uring the whole budget is pinned at start")
       ->check(AtLeast(0))
       ->capture_default_str();
-  c->add_option("--device-gb", a->device_gb, "Device (HostDevice) memory budget per rank, GB")
+  c->add_option("--device-gb", a->device_gb,
+                "Device memory budget per rank, GB: the CudaDevice pool's on cuda, the "
+                "HostDevice stand-in's on the host")
       ->check(AtLeast(0, false))
+      ->capture_default_str();
+  c->add_option("--device", a->device,
+                "cuda: the engine on this rank's GPU (LOCAL_RANK, else 0) with NCCL, and the "
+                "PCIe reference; host: the HostDevice stand-in with Gloo; auto: cuda when a GPU "
+                "is usable, else host")
+      ->check(CLI::IsMember({"auto", "cuda", "host"}))
       ->capture_default_str();
   c->add_option("--dtype", a->dtype,
                 "Precision bf16, fp16 or fp32 (default: the config's, else bf16)")
