@@ -36,7 +36,7 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).reshape(b, t, d)
         x = x + self.proj(y)
@@ -58,7 +58,7 @@ class TinyGPT(nn.Module):
 
     def forward(self, idx, targets):
         t = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(t))
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
         for blk in self.blocks:
             x = blk(x)
         logits = self.head(self.ln_f(x))
@@ -74,7 +74,7 @@ class TiedMatmulGPT(TinyGPT):
         del self.head
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for blk in self.blocks:
             x = blk(x)
         logits = self.ln_f(x) @ self.wte.weight.t()
@@ -295,7 +295,7 @@ class NanoGPT(nn.Module):
         self.head = nn.Linear(d, vocab, bias=False)
 
     def forward(self, idx, targets):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         for b in self.blocks:
             x = b(x)
         logits = self.head(self.ln_f(x)).float()

@@ -100,8 +100,14 @@ def test_bf16_matches_torch_and_bits_do_not_depend_on_placement(tmp_path):
             assert torch.equal(params[n], base[n]), (key, n)
     ref_losses, ref = reference_cuda("gpt", STEPS, "bf16")
     assert base_losses == pytest.approx(ref_losses, rel=1e-3)
+    # Adam moves every element by about lr a step whatever its gradient's size, so a gradient
+    # near zero whose sign a bf16 rounding apart flips (torch's fused AdamW and strata's Adam
+    # differ in an ulp, the next bf16 forward then in a rounding) ends up to 2 lr a step apart:
+    # a few such elements, none further.
     for n, p in base.items():
-        torch.testing.assert_close(p, ref[n], atol=1e-2, rtol=1e-2, msg=n)
+        d = (p - ref[n]).abs()
+        assert d.max().item() <= 2 * STEPS * LR, n
+        assert (d > 1e-2).float().mean().item() <= 0.01, n
 
 
 @needs_gpu
