@@ -629,6 +629,9 @@ Result<ParsedConfig> BuildEngineConfig(const BenchEngineArgs& a, const EngineVar
   auto place = [&](const char* key, OffloadDevice d) {
     z[key]["device"] = std::string(OffloadDeviceName(d));
     if (d == OffloadDevice::kNvme && !p.nvme_dirs.empty()) z[key]["nvme_path"] = p.nvme_dirs[0];
+    // The synthetic config on a GPU pins offloaded state, as a tuned offload config does: copies
+    // from pageable memory run at a fraction of the link's rate. A --config keeps its own.
+    if (a.config.empty() && p.cuda && d != OffloadDevice::kNone) z[key]["pin_memory"] = true;
   };
   place("offload_optimizer", v.offload_optimizer);
   place("offload_param", v.offload_param);
