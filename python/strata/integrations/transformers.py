@@ -243,6 +243,23 @@ def _is_peft(model) -> bool:
     return isinstance(model, PeftModel)
 
 
+def _register_lora_reads(model) -> None:
+    """PEFT's LoRA layer reads its adapters' weights (lora_A[...].weight.dtype) in its own
+    forward, which does not own them: registered ahead as its external parameters, so stage 3
+    gathers them with the layer's call without a notice per parameter."""
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:
+        return
+    from ..zero import register_external_parameter
+    for m in model.modules():
+        if isinstance(m, LoraLayer):
+            for name in ("lora_A", "lora_B"):
+                for sub in getattr(m, name, {}).values():
+                    for p in sub.parameters():
+                        register_external_parameter(m, p)
+
+
 class Trainer(transformers.Trainer):
     """transformers.Trainer training through a strata engine when args.strata_config is set
     (strata.integrations.transformers.TrainingArguments(deepspeed=...)); without one it is
@@ -320,6 +337,8 @@ class Trainer(transformers.Trainer):
                     return self.create_scheduler(num_training_steps=_steps,
                                                  optimizer=engine_optimizer)
         self._strata_dtypes = {n: p.dtype for n, p in model.named_parameters()}
+        if _get(cfg, "zero_optimization.stage", 0) == 3:
+            _register_lora_reads(model)
         try:
             engine, eopt, _, esched = strata.initialize(
                 model=model, config=cfg, optimizer=optimizer, lr_scheduler=lr_scheduler,
