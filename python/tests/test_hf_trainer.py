@@ -247,6 +247,7 @@ def test_evaluate_and_save_model_from_pretrained(tmp_path):
     assert os.path.isfile(tmp_path / "saved" / "model.safetensors")
     loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "saved")
     x = Tokens(8, seed=5).x
+    trainer.model.eval()
     with torch.no_grad():
         ref = loaded(input_ids=x).logits
         got = trainer.model(input_ids=x).logits  # stage 3: gathered per module by the hooks
@@ -254,6 +255,22 @@ def test_evaluate_and_save_model_from_pretrained(tmp_path):
     plain = transformers.Trainer(model=loaded, args=transformers.TrainingArguments(
         **args_kw(tmp_path / "plain")), eval_dataset=Tokens(8, seed=5))
     assert metrics["eval_loss"] == pytest.approx(plain.evaluate()["eval_loss"], rel=1e-5)
+
+
+def test_save_model_tied_gpt2_stage3(tmp_path):
+    """A tied head (GPT-2: lm_head.weight is transformer.wte.weight, one engine parameter)."""
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4))
+    trainer, _ = run(tmp_path / "out", auto_config(3), model=model, steps=2)
+    trainer.save_model(tmp_path / "saved")
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "saved")
+    assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()
+    x = Tokens(4, seed=5).x
+    trainer.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(trainer.model(input_ids=x).logits,
+                                   loaded(input_ids=x).logits, atol=1e-5, rtol=1e-5)
 
 
 def test_checkpoint_and_resume_equal_uninterrupted(tmp_path):
