@@ -1,0 +1,496 @@
+"""Hugging Face Trainer on strata: `from strata.integrations.transformers import Trainer,
+TrainingArguments` in place of transformers' is the one change a Trainer script needs.
+
+TrainingArguments(deepspeed=<DeepSpeed config: a path, JSON text or a dict>, ...) takes the
+config out of `deepspeed` before transformers' __post_init__ sees it (which would otherwise set up
+DeepSpeed) and keeps it as `args.strata_config`; the real `deepspeed` package is neither needed
+nor touched. Trainer then builds a strata engine (strata.initialize) where transformers builds
+DeepSpeed's:
+  - "auto" values are resolved from the TrainingArguments as transformers does for DeepSpeed
+    (resolve_auto: HfTrainerDeepSpeedConfig.trainer_config_process / trainer_config_finalize);
+    a value that is not "auto" and differs from the arguments is an error listing every one.
+  - the optimizer: the config's "optimizer" section, or else the Trainer's own (create_optimizer:
+    AdamW with its decay / no-decay groups), run inside the engine; the schedule: the config's
+    "scheduler" section, or else the Trainer's (create_scheduler, built on the engine's
+    optimizer) which engine.step() steps after each applied step. The Trainer's own
+    optimizer.step() / lr_scheduler.step() calls are no-ops; the learning rate and grad norm it
+    logs are the engine's (clipping is the engine's, from gradient_clipping).
+  - training_step computes the loss as transformers does (compute_loss, the same scaling for
+    gradient accumulation), then engine.backward(loss, scale_wrt_gas=False) (the micro-steps'
+    gradients summed, as transformers asks of DeepSpeed) and engine.step() (applied at the
+    accumulation boundary the Trainer chose).
+  - evaluate() runs the model under no_grad through the engine's hooks (stage 3 gathers per
+    module); save_model() writes a from_pretrained-loadable model from the engine's fp32 master
+    weights (cast to each parameter's dtype before strata.initialize); checkpoints (save_steps)
+    hold engine.save_checkpoint's files in checkpoint-N/ next to transformers' trainer_state.json
+    and rng state, and train(resume_from_checkpoint=...) restores them with engine.load_checkpoint.
+Refused, naming the option: torch_compile, fsdp, fp16_full_eval / bf16_full_eval,
+auto_find_batch_size, several GPUs in one process (DataParallel), an optimizer strata does not run
+(args.optim other than the AdamW / Adam ones when the config has no "optimizer" section).
+Tested with transformers 5.25 (it overrides private Trainer methods: see docs/python.md).
+"""
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import transformers
+
+from ..config import ConfigError, check_config
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Trainer", "TrainingArguments", "resolve_auto"]
+
+
+# -- "auto" values (transformers/integrations/deepspeed.py: HfTrainerDeepSpeedConfig) ----------
+def _node(config: dict, key: str):
+    """(the dict holding the last part of the dotted key, the last part); (None, part) when a
+    parent is missing (find_config_node)."""
+    *parents, last = key.split(".")
+    for p in parents:
+        config = config.get(p) if isinstance(config, dict) else None
+        if config is None:
+            return None, last
+    return config, last
+
+
+def _get(config: dict, key: str, default=None):
+    node, last = _node(config, key)
+    return default if node is None else node.get(last, default)
+
+
+def _hidden_size(model) -> Optional[int]:
+    """The model's hidden size where transformers looks for it (trainer_config_finalize)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    if hasattr(cfg, "hidden_size"):
+        return cfg.hidden_size
+    if hasattr(cfg, "hidden_sizes"):
+        return max(cfg.hidden_sizes)
+    text = getattr(cfg, "text_config", None)
+    if text is not None and hasattr(text, "hidden_size"):
+        return text.hidden_size
+    if text is not None and hasattr(text, "hidden_sizes"):
+        return max(text.hidden_sizes)
+    return None
+
+
+def _autos_left(obj, path="") -> list:
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in _autos_left(v, f"{path}.{k}" if path else k)]
+    return [path] if obj == "auto" else []
+
+
+def resolve_auto(config: dict, args, model, num_training_steps: int, world_size: int) -> dict:
+    """The DeepSpeed config with its "auto" values filled from the TrainingArguments, exactly as
+    transformers fills them for DeepSpeed (trainer_config_process, then trainer_config_finalize);
+    returns a new dict. A value that is not "auto" and differs from the arguments' is a mismatch;
+    ValueError lists every one (transformers' message), and names any "auto" left over (a key
+    transformers does not fill)."""
+    cfg = copy.deepcopy(dict(config))
+    mismatches = []
+
+    def fill(key, hf_val, hf_key=None, must_match=True):
+        node, last = _node(cfg, key)
+        if node is None:
+            return
+        if node.get(last) == "auto":
+            node[last] = hf_val
+            return
+        if not must_match:
+            return
+        ds_val = node.get(last)
+        if ds_val is not None and ds_val != hf_val:
+            mismatches.append(f"- ds {key}={ds_val} vs hf {hf_key}={hf_val}")
+
+    auto_bs = bool(getattr(args, "auto_find_batch_size", False))
+    # trainer_config_process
+    train_batch_size = world_size * args.per_device_train_batch_size * \
+        args.gradient_accumulation_steps
+    fill("train_micro_batch_size_per_gpu", args.per_device_train_batch_size,
+         "per_device_train_batch_size", not auto_bs)
+    fill("gradient_accumulation_steps", args.gradient_accumulation_steps,
+         "gradient_accumulation_steps")
+    fill("train_batch_size", train_batch_size, "train_batch_size (calculated)", not auto_bs)
+    fill("gradient_clipping", args.max_grad_norm, "max_grad_norm")
+    fill("optimizer.params.lr", args.learning_rate, "learning_rate")
+    fill("optimizer.params.betas", [args.adam_beta1, args.adam_beta2], "adam_beta1+adam_beta2")
+    fill("optimizer.params.eps", args.adam_epsilon, "adam_epsilon")
+    fill("optimizer.params.weight_decay", args.weight_decay, "weight_decay")
+    fill("scheduler.params.warmup_min_lr", 0, must_match=False)
+    fill("scheduler.params.warmup_max_lr", args.learning_rate, "learning_rate")
+    if getattr(args, "save_on_each_node", False):
+        cfg.setdefault("checkpoint", {})["use_node_local_storage"] = args.save_on_each_node
+    fill("fp16.enabled", bool(args.fp16 or args.fp16_full_eval), "fp16|fp16_full_eval")
+    fill("bf16.enabled", bool(args.bf16 or args.bf16_full_eval), "bf16|bf16_full_eval")
+    # trainer_config_finalize
+    hidden_keys = ["zero_optimization.reduce_bucket_size",
+                   "zero_optimization.stage3_prefetch_bucket_size",
+                   "zero_optimization.stage3_param_persistence_threshold"]
+    autos = [k for k in hidden_keys if _get(cfg, k) == "auto"]
+    if autos:
+        h = _hidden_size(model)
+        if h is None:
+            raise ValueError(
+                "The model's config file has neither `hidden_size` nor `hidden_sizes` entry, "
+                "therefore it's not possible to automatically fill out the following `auto` "
+                f"entries in the DeepSpeed config file: {autos}. You can fix that by replacing "
+                "`auto` values for these keys with an integer value of your choice.")
+        fill("zero_optimization.reduce_bucket_size", h * h, must_match=False)
+        if _get(cfg, "zero_optimization.stage", -1) == 3:
+            fill("zero_optimization.stage3_prefetch_bucket_size", int(0.9 * h * h),
+                 must_match=False)
+            fill("zero_optimization.stage3_param_persistence_threshold", 10 * h,
+                 must_match=False)
+    fill("scheduler.params.total_num_steps", num_training_steps,
+         "num_training_steps (calculated)")
+    fill("scheduler.params.warmup_num_steps", max(1, args.get_warmup_steps(num_training_steps)),
+         "warmup_steps")
+    if mismatches:
+        raise ValueError(
+            "Please correct the following DeepSpeed config values that mismatch "
+            "TrainingArguments values:\n" + "\n".join(mismatches) +
+            "\nThe easiest method is to set these DeepSpeed config values to 'auto'.")
+    left = _autos_left(cfg)
+    if left:
+        raise ValueError(f"DeepSpeed config: \"auto\" is not resolved for {', '.join(left)} "
+                         "(transformers fills only the keys it knows); give a value")
+    return cfg
+
+
+def _read_config(value) -> dict:
+    """The `deepspeed` argument as a dict: a dict (copied), a file path, JSON text, or base64 of
+    JSON text (what transformers accepts)."""
+    if isinstance(value, dict):
+        return copy.deepcopy(value)
+    s = os.fspath(value)
+    if os.path.exists(s):
+        with open(s, encoding="utf-8") as f:
+            return json.load(f)
+    try:
+        try:
+            return json.loads(s)
+        except json.JSONDecodeError:
+            return json.loads(base64.urlsafe_b64decode(s).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError("TrainingArguments(deepspeed=...): expected a path to an existing "
+                         f"config file, a dict, JSON text or base64 JSON; got {value!r}") from e
+
+
+# -- the arguments -------------------------------------------------------------------------------
+@dataclass
+class TrainingArguments(transformers.TrainingArguments):
+    """transformers.TrainingArguments whose `deepspeed` config is run by strata: it is moved to
+    `strata_config` (a dict, "auto" values still unresolved) before transformers' __post_init__,
+    which then sees no DeepSpeed. Options strata cannot honour are refused here, naming them."""
+
+    def __post_init__(self):
+        raw = self.deepspeed
+        self.deepspeed = None
+        refused = [
+            ("torch_compile", self.torch_compile, "strata's per-module hooks are not traced by "
+             "torch.compile"),
+            ("fsdp", bool(self.fsdp), "FSDP shards the model itself; use the config's ZeRO stage"),
+            ("fp16_full_eval", self.fp16_full_eval, "it casts the model, whose parameters are "
+             "the engine's"),
+            ("bf16_full_eval", self.bf16_full_eval, "it casts the model, whose parameters are "
+             "the engine's"),
+            ("auto_find_batch_size", self.auto_find_batch_size, "not supported with strata"),
+        ]
+        if raw is not None:
+            for name, on, why in refused:
+                if on:
+                    raise ValueError(f"TrainingArguments({name}=...) with a strata config: {why}")
+        super().__post_init__()
+        self.strata_config = None if raw is None else _read_config(raw)
+
+
+# -- what the Trainer sees of the engine's optimizer and schedule --------------------------------
+class _EngineStepped:
+    """The Trainer's self.optimizer / self.lr_scheduler: the engine's, with step() a no-op (the
+    engine steps both at engine.step()); everything else passes through."""
+
+    def __init__(self, inner, engine):
+        self.__dict__["_inner"] = inner
+        self.__dict__["_engine"] = engine
+
+    def step(self, *args, **kwargs):
+        return None
+
+    def get_last_lr(self):
+        return self._engine.get_lr()
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_inner"], name)
+
+    def __setattr__(self, name, value):
+        setattr(self.__dict__["_inner"], name, value)
+
+
+def _is_peft(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _register_lora_reads(model) -> None:
+    """PEFT's LoRA layer reads its adapters' weights (lora_A[...].weight.dtype) in its own
+    forward, which does not own them: registered ahead as its external parameters, so stage 3
+    gathers them with the layer's call without a notice per parameter."""
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:
+        return
+    from ..zero import register_external_parameter
+    for m in model.modules():
+        if isinstance(m, LoraLayer):
+            for name in ("lora_A", "lora_B"):
+                for sub in getattr(m, name, {}).values():
+                    for p in sub.parameters():
+                        register_external_parameter(m, p)
+
+
+class Trainer(transformers.Trainer):
+    """transformers.Trainer training through a strata engine when args.strata_config is set
+    (strata.integrations.transformers.TrainingArguments(deepspeed=...)); without one it is
+    transformers' Trainer unchanged."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.strata_engine = None
+        self._strata_dtypes: dict = {}
+        if self._strata_config() is not None and self.is_deepspeed_enabled:
+            raise ValueError("strata Trainer: accelerate set up DeepSpeed (ACCELERATE_USE_DEEPSPEED "
+                             "or an accelerate config); strata replaces it, unset that")
+
+    def _strata_config(self):
+        return getattr(self.args, "strata_config", None)
+
+    # -- the engine ------------------------------------------------------------------------
+    def _strata_close(self) -> None:
+        """Closes the engine of an earlier train() call, leaving the model's parameters with its
+        last weights (stage 3 empties them: they are written back from the masters)."""
+        engine = self.strata_engine
+        if engine is None:
+            return
+        masters = engine.read_master()
+        engine.close()
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                if name in masters:
+                    p.data = masters[name].to(p.device, self._strata_dtypes.get(name, p.dtype))
+        self.strata_engine = None
+
+    def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
+        """Where transformers builds DeepSpeed's engine (max_steps known): the strata engine, its
+        optimizer and schedule. Returns (the model, train_dataloader) as transformers does; the
+        model is the Trainer's own (its modules carry the engine's hooks), self.model_wrapped
+        the engine."""
+        config = self._strata_config()
+        if config is None:
+            return super()._prepare_for_training(max_steps, train_dataloader,
+                                                 resume_from_checkpoint)
+        import strata
+        if self.args.n_gpu > 1:
+            raise ValueError("strata Trainer: several GPUs in one process (DataParallel, "
+                             f"n_gpu={self.args.n_gpu}) are not supported; launch one process "
+                             "per GPU (torchrun)")
+        if self._created_lr_scheduler:
+            self.lr_scheduler = None
+            self._created_lr_scheduler = False
+        self._strata_close()
+        model = self.model
+        world = self.args.world_size
+        cfg = resolve_auto(config, self.args, model, max_steps, world)
+        if self.args.should_log:
+            logger.info("strata: the DeepSpeed config with \"auto\" resolved:\n%s",
+                        json.dumps(cfg, indent=2, sort_keys=True))
+        check = check_config(cfg, world_size=world)
+        if not check["ok"]:
+            raise ConfigError("invalid DeepSpeed config:\n" +
+                              "\n".join(e["text"] for e in check["errors"]))
+        for w in check["warnings"]:
+            logger.warning("strata config: %s", w["text"])
+        optimizer = None
+        if not cfg.get("optimizer"):
+            if isinstance(self.optimizer, _EngineStepped):
+                self.optimizer = None  # an earlier train() call's
+            optimizer = self.create_optimizer()
+        lr_scheduler = None
+        if not cfg.get("scheduler"):
+            if self.lr_scheduler is not None and not isinstance(self.lr_scheduler,
+                                                                _EngineStepped):
+                lr_scheduler = self.lr_scheduler  # the client's, on its optimizer
+            else:
+                def lr_scheduler(engine_optimizer, _steps=max_steps):
+                    self.lr_scheduler = None
+                    return self.create_scheduler(num_training_steps=_steps,
+                                                 optimizer=engine_optimizer)
+        self._strata_dtypes = {n: p.dtype for n, p in model.named_parameters()}
+        if _get(cfg, "zero_optimization.stage", 0) == 3:
+            _register_lora_reads(model)
+        try:
+            engine, eopt, _, esched = strata.initialize(
+                model=model, config=cfg, optimizer=optimizer, lr_scheduler=lr_scheduler,
+                device=None if self.args.device.type == "cpu" else self.args.device)
+        except TypeError as e:
+            if optimizer is not None:
+                raise ValueError(f"strata Trainer: optim={getattr(self.args.optim, 'value', self.args.optim)!r} is not supported "
+                                 f"({e}); use an AdamW / Adam optim or give the config an "
+                                 "\"optimizer\" section") from e
+            raise
+        self.strata_engine = engine
+        self.model_wrapped = engine
+        self.optimizer = _EngineStepped(eopt, engine)
+        self.lr_scheduler = _EngineStepped(
+            esched if esched is not None else _ConstantLr(engine), engine)
+        self._created_lr_scheduler = False
+
+        if resume_from_checkpoint is not None:
+            if not os.path.isfile(os.path.join(resume_from_checkpoint, "latest")):
+                raise ValueError(f"Can't find a strata checkpoint at {resume_from_checkpoint} "
+                                 "(no 'latest' file)")
+            logger.info(f"strata: resuming from {resume_from_checkpoint}")
+            path, _ = engine.load_checkpoint(resume_from_checkpoint,
+                                             load_module_strict=not _is_peft(self.model))
+            if path is None:
+                raise ValueError(f"strata: failed to resume from {resume_from_checkpoint}")
+
+        for attr in ("model", "optimizer", "lr_scheduler"):
+            setattr(self.callback_handler, attr, getattr(self, attr))
+        self.callback_handler.train_dataloader = train_dataloader
+        return self.model, train_dataloader
+
+    # -- a step ------------------------------------------------------------------------------
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        engine = self.strata_engine
+        if engine is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        del inputs
+        # transformers' scaling for gradient accumulation (Trainer.training_step)
+        if self.loss_is_scaled_for_ga is not None:
+            scaled = self.loss_is_scaled_for_ga
+        else:
+            scaled = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) or \
+                self.compute_loss_func is not None
+        if not scaled:
+            loss = loss / self.current_gradient_accumulation_steps
+        # The Trainer chose the boundary (the last micro-batch of an accumulation, or of the
+        # epoch); scale_wrt_gas=False: the micro-steps' gradients summed, as transformers asks
+        # of DeepSpeed.
+        engine.set_gradient_accumulation_boundary(bool(self.accelerator.sync_gradients))
+        engine.backward(loss, scale_wrt_gas=False)
+        engine.step()
+        return loss.detach()
+
+    def _clip_grad_norm(self, model):
+        if self.strata_engine is None:
+            return super()._clip_grad_norm(model)
+        return self.strata_engine.get_global_grad_norm()  # clipped by the engine
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        if self.strata_engine is None:
+            return super()._get_grad_norm(model, grad_norm)
+        if grad_norm is None:
+            grad_norm = self.strata_engine.get_global_grad_norm()
+        return None if grad_norm is None else float(grad_norm)
+
+    def _get_learning_rate(self):
+        engine = self.strata_engine
+        if engine is None:
+            return super()._get_learning_rate()
+        report = engine.last_step_report
+        if report is not None:
+            return float(report["lr"])  # the lr of the step just applied
+        return float(engine.get_lr()[0])
+
+    # -- saving --------------------------------------------------------------------------------
+    def _strata_state_dict(self) -> dict:
+        """The model's state_dict with the engine's fp32 master weights (each cast to the dtype
+        the parameter had before strata.initialize); tied names share one tensor. Collective."""
+        engine = self.strata_engine
+        from ..engine import _tied_names
+        masters = engine.read_master()
+        tied = _tied_names(self.model)
+        params = {n for n, _ in self.model.named_parameters(remove_duplicate=False)}
+        out = {}
+        for k, v in self.model.state_dict(keep_vars=True).items():
+            src = k if k in masters else tied.get(k)
+            if src in masters:
+                if src in out:
+                    out[k] = out[src]
+                else:
+                    out[k] = out[src] = masters[src].to(self._strata_dtypes.get(src, torch.float32))
+            elif k not in params:
+                out[k] = v.detach().cpu().clone()  # a buffer
+        return {k: out[k] for k in self.model.state_dict(keep_vars=True) if k in out}
+
+    def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
+        if self.strata_engine is None:
+            return super().save_model(output_dir, _internal_call)
+        if output_dir is None:
+            output_dir = self.args.output_dir
+        state_dict = self._strata_state_dict()
+        self._save(output_dir, state_dict=state_dict)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        if self.strata_engine is None:
+            return super()._save_optimizer_and_scheduler(output_dir)
+        # The engine's checkpoint (weights, optimizer state, schedule, a client scheduler's
+        # state_dict) in output_dir/global_step<N>/ and output_dir/latest. Collective.
+        self.strata_engine.save_checkpoint(output_dir)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if self.strata_engine is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        # engine.load_checkpoint restored them in _prepare_for_training
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        if self._strata_config() is not None and os.path.isfile(
+                os.path.join(resume_from_checkpoint, "latest")):
+            return  # the engine loads its checkpoint once it exists (_prepare_for_training)
+        return super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _load_best_model(self) -> None:
+        if self.strata_engine is None:
+            return super()._load_best_model()
+        logger.info(f"Loading best model from {self.state.best_model_checkpoint} "
+                    f"(score: {self.state.best_metric}).")
+        self.strata_engine.load_checkpoint(self.state.best_model_checkpoint,
+                                           load_module_strict=not _is_peft(self.model))
+
+
+class _ConstantLr:
+    """The schedule when the engine has none (a config "optimizer" without "scheduler" cannot
+    reach here: the Trainer's scheduler is then built on the engine's optimizer)."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def get_last_lr(self):
+        return self._engine.get_lr()
+
+    def step(self, *a, **k):
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: Any) -> None:
+        pass

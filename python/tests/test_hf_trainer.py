@@ -1,0 +1,298 @@
+"""strata.integrations.transformers: a Hugging Face Trainer script trained through strata
+(TrainingArguments(deepspeed=<config>)) against transformers' own Trainer on the same tiny Llama,
+seed and data (fp32: the loss curves agree to the rounding of the engine's Adam against
+torch's); "auto" resolution; save_model / from_pretrained; checkpoint and resume."""
+import copy
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+import strata  # noqa: E402,F401
+from strata.integrations import transformers as st  # noqa: E402
+
+STEPS = 6
+LOSS_RTOL = 1e-4  # fp32; the engine's fused AdamW against torch.optim.AdamW (rounding order)
+VOCAB, SEQ, SAMPLES = 64, 16, 32
+
+
+def tiny_llama(seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=SEQ)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n=SAMPLES, seed=1):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randint(0, VOCAB, (n, SEQ), generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+class Losses(transformers.TrainerCallback):
+    def __init__(self):
+        self.logs = []
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if logs and "loss" in logs:
+            self.logs.append(dict(logs))
+
+
+def auto_config(stage, offload_optimizer="none", offload_param="none", nvme=None, **extra):
+    zero = {"stage": stage, "reduce_bucket_size": "auto"}
+    if stage == 3:
+        zero.update(stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold=0)
+    for key, dev in (("offload_optimizer", offload_optimizer), ("offload_param", offload_param)):
+        if dev != "none":
+            zero[key] = {"device": dev, **({"nvme_path": str(nvme)} if dev == "nvme" else {})}
+    cfg = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+           "train_batch_size": "auto", "gradient_clipping": "auto", "zero_optimization": zero,
+           "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}
+    cfg.update(extra)
+    return cfg
+
+
+def args_kw(out, **kw):
+    base = dict(output_dir=str(out), per_device_train_batch_size=4,
+                gradient_accumulation_steps=2, max_steps=STEPS, learning_rate=1e-2,
+                weight_decay=0.01, warmup_steps=2, lr_scheduler_type="linear", max_grad_norm=1.0,
+                logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+                dataloader_num_workers=0, seed=7, disable_tqdm=True)
+    base.update(kw)
+    return base
+
+
+def run(out, config=None, model=None, steps=None, resume=None, eval_ds=None, **kw):
+    """(trainer, per-step logs): transformers' Trainer when config is None, else strata's."""
+    model = model if model is not None else tiny_llama()
+    if steps is not None:
+        kw["max_steps"] = steps
+    if config is None:
+        args = transformers.TrainingArguments(**args_kw(out, **kw))
+        cls = transformers.Trainer
+    else:
+        args = st.TrainingArguments(deepspeed=config, **args_kw(out, **kw))
+        cls = st.Trainer
+    cb = Losses()
+    trainer = cls(model=model, args=args, train_dataset=Tokens(), eval_dataset=eval_ds,
+                  callbacks=[cb])
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer, cb.logs
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    _, logs = run(tmp_path_factory.mktemp("ref"))
+    return logs
+
+
+def assert_same_curve(logs, ref):
+    assert [l["loss"] for l in logs] == pytest.approx([l["loss"] for l in ref], rel=LOSS_RTOL)
+    assert [l["learning_rate"] for l in logs] == pytest.approx(
+        [l["learning_rate"] for l in ref], rel=1e-6)
+    assert [l["grad_norm"] for l in logs] == pytest.approx(
+        [l["grad_norm"] for l in ref], rel=1e-3)
+
+
+@pytest.mark.parametrize("case", ["stage2-cpu", "stage3-nvme"])
+def test_matches_transformers_trainer(tmp_path, reference, case):
+    """Config all "auto": the Trainer's AdamW (decay / no-decay groups) and linear warmup run by
+    the engine; (a) stage 2 + optimizer on cpu, (b) stage 3 + optimizer on nvme + params on cpu."""
+    if case == "stage2-cpu":
+        cfg = auto_config(2, offload_optimizer="cpu")
+    else:
+        (tmp_path / "nvme").mkdir()
+        cfg = auto_config(3, offload_optimizer="nvme", offload_param="cpu", nvme=tmp_path / "nvme")
+    trainer, logs = run(tmp_path / "out", cfg)
+    assert len(logs) == STEPS
+    assert_same_curve(logs, reference)
+    assert trainer.strata_engine.global_steps == STEPS
+
+
+def test_accumulation_with_a_short_last_step(tmp_path):
+    """gradient_accumulation_steps=3 over 8 micro-batches an epoch: the epoch's last step has 2
+    (the boundary is the Trainer's); cosine schedule."""
+    kw = dict(gradient_accumulation_steps=3, lr_scheduler_type="cosine", steps=5)
+    _, ref = run(tmp_path / "ref", **kw)
+    _, logs = run(tmp_path / "st", auto_config(2), **kw)
+    assert len(logs) == 5
+    assert_same_curve(logs, ref)
+
+
+def test_config_sections_and_client_parts(tmp_path):
+    """The config's own "optimizer" and "scheduler" sections ("auto" filled from the arguments)
+    run instead of the Trainer's; the logged lr is the engine's."""
+    cfg = auto_config(2, optimizer={"type": "AdamW", "params": {
+        "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+        scheduler={"type": "WarmupDecayLR", "params": {
+            "warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto",
+            "total_num_steps": "auto"}})
+    trainer, logs = run(tmp_path, cfg)
+    assert len(logs) == STEPS
+    assert all(l["loss"] == l["loss"] for l in logs)
+    lrs = [l["learning_rate"] for l in logs]  # warmed up to warmup_max_lr, then decaying
+    assert max(lrs) == pytest.approx(1e-2) and lrs[-1] < 1e-2 and lrs[0] < 1e-2
+    assert trainer.strata_engine.global_steps == STEPS
+
+
+# -- "auto" resolution ---------------------------------------------------------------------------
+def targs(tmp_path, **kw):
+    return transformers.TrainingArguments(**args_kw(tmp_path, **kw))
+
+
+def test_resolve_auto_fills_as_transformers(tmp_path):
+    model = tiny_llama()
+    cfg = auto_config(3, optimizer={"type": "AdamW", "params": {
+        "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+        scheduler={"type": "WarmupDecayLR", "params": {
+            "warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto",
+            "total_num_steps": "auto"}})
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = "auto"
+    before = copy.deepcopy(cfg)
+    a = targs(tmp_path, warmup_steps=0.25, adam_beta2=0.95)
+    out = st.resolve_auto(cfg, a, model, num_training_steps=40, world_size=3)
+    assert cfg == before  # not modified
+    assert out["train_micro_batch_size_per_gpu"] == 4
+    assert out["gradient_accumulation_steps"] == 2
+    assert out["train_batch_size"] == 3 * 4 * 2
+    assert out["gradient_clipping"] == 1.0
+    assert out["optimizer"]["params"] == {"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8,
+                                          "weight_decay": 0.01}
+    assert out["scheduler"]["params"] == {"warmup_min_lr": 0, "warmup_max_lr": 1e-2,
+                                          "warmup_num_steps": 10, "total_num_steps": 40}
+    assert out["fp16"]["enabled"] is False and out["bf16"]["enabled"] is False
+    z = out["zero_optimization"]
+    assert z["reduce_bucket_size"] == 32 * 32
+    assert z["stage3_prefetch_bucket_size"] == int(0.9 * 32 * 32)
+    assert z["stage3_param_persistence_threshold"] == 10 * 32
+    assert strata.check_config(out, world_size=3)["ok"]
+    # no warmup: warmup_num_steps is kept at 1 (transformers' max(1, ...))
+    out = st.resolve_auto(cfg, targs(tmp_path, warmup_steps=0), model, 40, 1)
+    assert out["scheduler"]["params"]["warmup_num_steps"] == 1
+
+
+def test_resolve_auto_mismatches_listed(tmp_path):
+    cfg = auto_config(2, optimizer={"type": "AdamW", "params": {"lr": 3e-4}})
+    cfg["train_micro_batch_size_per_gpu"] = 8
+    cfg["gradient_clipping"] = 0.5
+    with pytest.raises(ValueError) as e:
+        st.resolve_auto(cfg, targs(tmp_path), tiny_llama(), 10, 1)
+    msg = str(e.value)
+    for line in ("ds train_micro_batch_size_per_gpu=8 vs hf per_device_train_batch_size=4",
+                 "ds gradient_clipping=0.5 vs hf max_grad_norm=1.0",
+                 "ds optimizer.params.lr=0.0003 vs hf learning_rate=0.01"):
+        assert line in msg
+    cfg = auto_config(2)
+    cfg["zero_optimization"]["sub_group_size"] = "auto"  # a key transformers does not fill
+    with pytest.raises(ValueError, match="zero_optimization.sub_group_size"):
+        st.resolve_auto(cfg, targs(tmp_path), tiny_llama(), 10, 1)
+
+
+def test_refused_options(tmp_path):
+    with pytest.raises(ValueError, match="torch_compile"):
+        st.TrainingArguments(deepspeed=auto_config(2), **args_kw(tmp_path, torch_compile=True))
+    with pytest.raises(ValueError, match="bf16_full_eval"):
+        st.TrainingArguments(deepspeed=auto_config(2), **args_kw(tmp_path, bf16_full_eval=True))
+    with pytest.raises(ValueError, match="optim='adafactor'"):
+        run(tmp_path, auto_config(2), optim="adafactor")
+
+
+def test_config_from_file_and_no_deepspeed_module(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(auto_config(2)))
+    a = st.TrainingArguments(deepspeed=str(path), **args_kw(tmp_path))
+    assert a.deepspeed is None and a.strata_config == auto_config(2)
+    import sys
+    assert "deepspeed" not in sys.modules or sys.modules["deepspeed"].__spec__ is not None
+
+
+# -- PEFT, evaluate, save_model, resume ------------------------------------------------------------
+def lora_llama():
+    peft = pytest.importorskip("peft")
+    model = tiny_llama()
+    torch.manual_seed(3)
+    return peft.get_peft_model(model, peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+        task_type="CAUSAL_LM"))
+
+
+def test_lora_matches_transformers_trainer(tmp_path):
+    _, ref = run(tmp_path / "ref", model=lora_llama())
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer, logs = run(tmp_path / "st", auto_config(3), model=lora_llama())
+    # LoRA layers' reads of their adapters' weights are registered ahead (no notice)
+    assert not [w for w in caught if "strata: parameter" in str(w.message)]
+    assert_same_curve(logs, ref)
+    trainer.save_model(tmp_path / "adapter")
+    assert os.path.isfile(tmp_path / "adapter" / "adapter_model.safetensors")
+
+
+def test_evaluate_and_save_model_from_pretrained(tmp_path):
+    (tmp_path / "nvme").mkdir()
+    cfg = auto_config(3, offload_optimizer="nvme", offload_param="cpu", nvme=tmp_path / "nvme")
+    trainer, _ = run(tmp_path / "out", cfg, eval_ds=Tokens(8, seed=5))
+    metrics = trainer.evaluate()
+    trainer.save_model(tmp_path / "saved")
+    assert os.path.isfile(tmp_path / "saved" / "model.safetensors")
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "saved")
+    x = Tokens(8, seed=5).x
+    trainer.model.eval()
+    with torch.no_grad():
+        ref = loaded(input_ids=x).logits
+        got = trainer.model(input_ids=x).logits  # stage 3: gathered per module by the hooks
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    plain = transformers.Trainer(model=loaded, args=transformers.TrainingArguments(
+        **args_kw(tmp_path / "plain")), eval_dataset=Tokens(8, seed=5))
+    assert metrics["eval_loss"] == pytest.approx(plain.evaluate()["eval_loss"], rel=1e-5)
+
+
+def test_save_model_tied_gpt2_stage3(tmp_path):
+    """A tied head (GPT-2: lm_head.weight is transformer.wte.weight, one engine parameter)."""
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4))
+    trainer, _ = run(tmp_path / "out", auto_config(3), model=model, steps=2)
+    trainer.save_model(tmp_path / "saved")
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "saved")
+    assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()
+    x = Tokens(4, seed=5).x
+    trainer.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(trainer.model(input_ids=x).logits,
+                                   loaded(input_ids=x).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_checkpoint_and_resume_equal_uninterrupted(tmp_path):
+    cfg = auto_config(2, offload_optimizer="cpu")
+    _, full = run(tmp_path / "full", cfg, save_strategy="steps", save_steps=3)
+    ckpt = tmp_path / "full" / "checkpoint-3"
+    for name in ("latest", "trainer_state.json", "rng_state.pth", "model.safetensors"):
+        assert os.path.isfile(ckpt / name), name
+    _, resumed = run(tmp_path / "resumed", cfg, resume=str(ckpt))
+    assert [l["epoch"] for l in resumed] == [l["epoch"] for l in full[3:]]
+    for a, b in zip(resumed, full[3:]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+        assert a["learning_rate"] == pytest.approx(b["learning_rate"], rel=1e-9)
+
+
+def test_bf16_and_a_second_train_call(tmp_path, reference):
+    """bf16=True fills bf16.enabled (the engine's bf16 with fp32 masters: the curve follows fp32
+    loosely); a second train() closes the first engine and builds another."""
+    trainer, logs = run(tmp_path, auto_config(2), bf16=True, steps=3)
+    assert trainer.strata_engine.layout()["stage"] == 2
+    assert [l["loss"] for l in logs] == pytest.approx([l["loss"] for l in reference[:3]],
+                                                      rel=1e-2)
+    first = trainer.strata_engine
+    trainer.train()
+    assert trainer.strata_engine is not first and trainer.strata_engine.global_steps == 3
