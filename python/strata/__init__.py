@@ -33,9 +33,9 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    if name in ("zero", "optim"):  # imported lazily: the rest works without torch
+    if name in ("zero", "optim", "utils"):  # imported lazily: the rest works without torch
         import importlib
-        return importlib.import_module(".zero", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(name)
 
 

@@ -252,3 +252,12 @@ def test_transformers_linear_warmup_schedule_on_the_client_optimizer():
     assert engine.get_lr() == ref_sched.get_last_lr()
     assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
     engine.close()
+
+
+def test_lazy_submodules_are_the_modules_named():
+    """strata.optim / strata.zero / strata.utils load on first use (the package's __getattr__),
+    each its own module."""
+    for name in ("optim", "zero", "utils"):
+        assert strata.__getattr__(name).__name__ == f"strata.{name}"
+    with pytest.raises(AttributeError):
+        strata.__getattr__("nothing")
