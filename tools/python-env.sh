@@ -4,7 +4,7 @@
 # download.pytorch.org when reachable, else PyPI's), nanobind, scikit-build-core, pytest, numpy,
 # safetensors (the tests read save_16bit_model's file with it) and transformers (the tests train
 # its GPT-2 and Llama, random init from a small config: nothing is downloaded from the Hub) and
-# peft (a LoRA adapter on that Llama),
+# peft (a LoRA adapter on that Llama) and accelerate (transformers.Trainer needs it),
 # plus the extra packages named as arguments (tools/main.sh: matplotlib). Prints the venv's path on the last line. Idempotent: a
 # complete venv is left as it is.
 set -euo pipefail
@@ -55,10 +55,10 @@ if ! "$vpy" -c 'import torch' 2>/dev/null; then
   "$vpy" -m pip install -q --upgrade pip >&2
   install_torch
 fi
-"$vpy" -c 'import nanobind, scikit_build_core, pytest, numpy, safetensors, transformers, peft' \
+"$vpy" -c 'import nanobind, scikit_build_core, pytest, numpy, safetensors, transformers, peft, accelerate' \
   2>/dev/null ||
   "$vpy" -m pip install -q "nanobind>=2.2" "scikit-build-core>=0.10" pytest numpy safetensors \
-    "transformers>=4.40" "peft>=0.10" >&2
+    "transformers>=4.40" "peft>=0.10" accelerate >&2
 for extra in "$@"; do
   "$vpy" -c "import $extra" 2>/dev/null || "$vpy" -m pip install -q "$extra" >&2
 done
