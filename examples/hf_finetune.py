@@ -1,7 +1,7 @@
 """A LoRA fine-tune of a Llama-shaped model with the Hugging Face Trainer, trained by strata:
 ZeRO-3, the parameters' home on cpu, the optimizer state on NVMe, the base model frozen.
 
-    python examples/hf_finetune.py                          # ~1-2 minutes on 2 CPU cores
+    python examples/hf_finetune.py                          # under a minute on 2 CPU cores
     python examples/hf_finetune.py --layers 8 --hidden 512 --steps 300
     torchrun --nproc_per_node 2 examples/hf_finetune.py     # N ranks (offloadctl launch too)
 
@@ -123,8 +123,9 @@ def make_progress(transformers, tokens_per_step: int):
         every step's loss and learning rate (logging_steps=1)."""
 
         def __init__(self):
-            self.losses, self.lrs, self.seconds = [], [], []
+            self.losses, self.lrs, self.seconds, self.waits = [], [], [], []
             self.t_last = None
+            self.trainer = None  # set once the Trainer exists: its engine's step report
 
         def on_train_begin(self, args, state, control, **kw):
             self.t_last = time.perf_counter()
@@ -138,6 +139,12 @@ def make_progress(transformers, tokens_per_step: int):
             tok_s = tokens_per_step * steps / dt
             self.t_last = now
             self.seconds.append(dt / steps)
+            engine = getattr(self.trainer, "strata_engine", None)
+            report = engine.last_step_report if engine is not None else None
+            if report is not None:  # the engine's waits in its last step (seconds)
+                t = report["timings"]
+                self.waits.append({k: t[k + "_ns"] * 1e-9 for k in (
+                    "step", "optimizer_io_wait", "gather_wait", "reduce_wait") if k + "_ns" in t})
             self.losses.append(float(logs["loss"]))
             self.lrs.append(float(logs.get("learning_rate", 0.0)))
             if not state.is_world_process_zero:
@@ -157,10 +164,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=os.path.join(HERE, "ds_hf_lora_zero3_nvme.json"))
     ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=128, help="hidden size")
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2, help="key/value heads (grouped query)")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=256, help="hidden size")
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=4, help="key/value heads (grouped query)")
     ap.add_argument("--intermediate", type=int, default=0, help="MLP size (0: 8/3 * hidden)")
     ap.add_argument("--vocab", type=int, default=256, help="vocabulary (synthetic data)")
     ap.add_argument("--seq", type=int, default=64, help="sequence length (tokens)")
@@ -179,8 +186,10 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="cuda (this rank's GPU, LOCAL_RANK) or cpu (default: cuda when torch "
                          "sees a GPU)")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch threads per rank (0: the cores divided among the local ranks)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per rank (default 1: the default model gains little from "
+                         "more, and several collapse when other work shares the cores; 0: the "
+                         "cores divided among the local ranks)")
     args = ap.parse_args()
 
     import warnings
@@ -239,6 +248,7 @@ def main() -> None:
     progress = make_progress(transformers, tokens_per_step)
     trainer = Trainer(model=model, args=targs, train_dataset=dataset, callbacks=[progress])
     trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # the bar instead
+    progress.trainer = trainer
     rank0 = trainer.is_world_process_zero()
     if rank0:
         print(f"strata + transformers Trainer: Llama {n_params / 1e6:.2f}M params, "
@@ -268,7 +278,7 @@ def main() -> None:
             "bytes_moved": st["bytes_moved"], "peak_bytes": st["peak_bytes"],
             "nvme_io_bytes": st["io_bytes"], "layout": layout["text"],
             "config": os.path.abspath(args.config), "losses": losses, "learning_rates": lrs,
-            "step_seconds": progress.seconds,
+            "step_seconds": progress.seconds, "engine_step_waits_s": progress.waits,
         }
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "summary.json"), "w") as f:

@@ -21,7 +21,8 @@ def test_hf_finetune_runs_and_loss_falls(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, os.path.join(EXAMPLES, "hf_finetune.py"), "--steps", str(STEPS),
-         "--samples", "512", "--out", str(out), "--nvme-path", str(tmp_path / "swap"),
+         "--samples", "512", "--layers", "2", "--hidden", "128", "--heads", "4",
+         "--kv-heads", "2", "--out", str(out), "--nvme-path", str(tmp_path / "swap"),
          "--threads", "1", "--device", "cpu"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240,
         env={k: v for k, v in os.environ.items()  # one process: no rank variables (accelerate
