@@ -275,6 +275,56 @@ def test_save_model_tied_gpt2_stage3(tmp_path):
                                    loaded(input_ids=x).logits, atol=1e-5, rtol=1e-5)
 
 
+def _stage3():
+    return {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+
+
+@pytest.mark.parametrize("shard", ["1GB", "8KB"], ids=["one-file", "sharded"])
+def test_from_pretrained_partitioned_gives_the_same_logits(tmp_path, shard):
+    """st.from_pretrained at stage 3: every parameter empty (partitioned under zero.Init), the
+    shards read from the files (one or an index of many), the engine's logits those of the model
+    saved; GPT-2's tied head (absent from the files) stays tied."""
+    x = Tokens(4, seed=5).x
+    for kind, make in (("llama", tiny_llama), ("gpt2", lambda: transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2,
+                                    n_head=4)))):
+        torch.manual_seed(0)
+        saved = make().eval()
+        saved.save_pretrained(tmp_path / kind, max_shard_size=shard)
+        model = st.from_pretrained(transformers.AutoModelForCausalLM, tmp_path / kind, _stage3())
+        assert all(p.numel() == 0 for p in model.parameters()), kind
+        engine, _, _, _ = strata.initialize(model=model, config=_stage3())
+        with torch.no_grad():
+            assert torch.equal(engine(input_ids=x).logits, saved(input_ids=x).logits), kind
+        engine.close()
+
+
+def test_from_pretrained_reads_only_this_ranks_ranges(tmp_path, monkeypatch):
+    """With two ranks, rank 1 keeps exactly its owned range of each module's parameters (read
+    from the file, nothing else); below stage 3 it is transformers' from_pretrained."""
+    saved = tiny_llama()
+    saved.save_pretrained(tmp_path / "m")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    model = st.from_pretrained(transformers.LlamaForCausalLM, tmp_path / "m", _stage3())
+    whole = dict(saved.named_parameters())
+    held = 0
+    for name, p in model.named_parameters():
+        part = p._strata_part
+        want = whole[name].detach().reshape(-1)[part.begin:part.end]
+        assert torch.equal(part.shard, want), name
+        held += part.end - part.begin
+    total = sum(p.numel() for p in saved.parameters())
+    assert 0 < held < total  # a part of the model, not all of it
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    cfg = _stage3()
+    cfg["zero_optimization"]["stage"] = 2
+    plain = st.from_pretrained(transformers.LlamaForCausalLM, tmp_path / "m", cfg)
+    assert all(torch.equal(p, whole[n]) for n, p in plain.named_parameters())
+
+
 def test_checkpoint_and_resume_equal_uninterrupted(tmp_path):
     cfg = auto_config(2, offload_optimizer="cpu")
     _, full = run(tmp_path / "full", cfg, save_strategy="steps", save_steps=3)

@@ -46,7 +46,7 @@ from ..config import ConfigError, check_config
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Trainer", "TrainingArguments", "resolve_auto"]
+__all__ = ["Trainer", "TrainingArguments", "from_pretrained", "resolve_auto"]
 
 
 # -- "auto" values (transformers/integrations/deepspeed.py: HfTrainerDeepSpeedConfig) ----------
@@ -183,6 +183,92 @@ def _read_config(value) -> dict:
     except (UnicodeDecodeError, ValueError) as e:
         raise ValueError("TrainingArguments(deepspeed=...): expected a path to an existing "
                          f"config file, a dict, JSON text or base64 JSON; got {value!r}") from e
+
+
+# -- loading a pretrained model partitioned ------------------------------------------------------
+def _safetensors_files(path: str) -> dict:
+    """{file: [tensor names]} of a save_pretrained directory (one file or an index of shards)."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        files: dict = {}
+        for name, file in weight_map.items():
+            files.setdefault(os.path.join(path, file), []).append(name)
+        return files
+    single = os.path.join(path, "model.safetensors")
+    if not os.path.exists(single):
+        raise FileNotFoundError(f"strata from_pretrained: {path} has neither model.safetensors nor "
+                                "model.safetensors.index.json (save_pretrained with safetensors)")
+    from safetensors import safe_open
+    with safe_open(single, "pt") as f:
+        return {single: list(f.keys())}
+
+
+def _read_range(f, name: str, begin: int, end: int) -> torch.Tensor:
+    """Elements [begin, end) of tensor `name` (flattened) as fp32, reading only the rows that
+    hold them."""
+    sl = f.get_slice(name)
+    shape = sl.get_shape()
+    if len(shape) == 0:
+        return f.get_tensor(name).reshape(-1)[begin:end].float()
+    row = 1
+    for d in shape[1:]:
+        row *= d
+    r0, r1 = begin // row, -(-end // row)
+    return sl[r0:r1].reshape(-1)[begin - r0 * row:end - r0 * row].float()
+
+
+def from_pretrained(model_class, path: str, config, **kwargs):
+    """model_class.from_pretrained(path) for a strata run. At ZeRO stage 3 no rank holds the
+    whole model: it is built under strata.zero.Init (each module's parameters partitioned as its
+    construction ends, random weights at first), then each rank reads from the directory's
+    safetensors files only the element ranges it keeps (what transformers does under DeepSpeed
+    with HfDeepSpeedConfig and deepspeed.zero.Init). Below stage 3, or with a config that is
+    None, it is model_class.from_pretrained(path, **kwargs).
+    model_class: a model class or an Auto class (AutoModelForCausalLM); config: the DeepSpeed
+    config (a path, JSON text or a dict) or strata's TrainingArguments; kwargs go to the
+    model's config (AutoConfig.from_pretrained). Parameters the files lack keep their random
+    initialisation and names the model lacks are ignored, each listed in one warning."""
+    from .. import zero
+    if isinstance(config, TrainingArguments):
+        config = config.strata_config
+    cfg = None if config is None else _read_config(config)
+    if cfg is None or int(cfg.get("zero_optimization", {}).get("stage", 0)) != 3:
+        return model_class.from_pretrained(path, **kwargs)
+    hf_config = transformers.AutoConfig.from_pretrained(path, **kwargs)
+    build = getattr(model_class, "from_config", None) or model_class._from_config
+    with zero.Init(config=cfg):
+        model = build(hf_config)
+    named = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    from safetensors import safe_open
+    seen, unexpected = set(), []
+    for file, names in _safetensors_files(path).items():
+        with safe_open(file, "pt") as f:
+            for name in names:
+                p = named.get(name)
+                if p is None:
+                    if name in buffers:
+                        with torch.no_grad():
+                            buffers[name].copy_(f.get_tensor(name))
+                    else:
+                        unexpected.append(name)
+                    continue
+                seen.add(name)
+                part = getattr(p, "_strata_part", None)
+                with torch.no_grad():
+                    if part is None:  # not partitioned (a class defined inside the block)
+                        p.copy_(f.get_tensor(name))
+                    else:
+                        part.shard = _read_range(f, name, part.begin, part.end).contiguous()
+    missing = sorted(set(named) - seen)
+    if missing or unexpected:
+        logger.warning("strata from_pretrained(%s): %s%s", path,
+                       f"not in the files, left as initialised: {missing}" if missing else "",
+                       f"; in the files, not in the model: {unexpected}" if unexpected else "")
+    model.eval()
+    return model
 
 
 # -- the arguments -------------------------------------------------------------------------------
