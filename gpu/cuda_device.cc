@@ -88,6 +88,12 @@ class CudaKernels final : public kernels::DeviceKernels {
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     return kernels::CudaCast(in, in_dtype, out, out_dtype, n, *stream_);
   }
+  Status Zero(void* ptr, uint64_t bytes) override {
+    if (bytes > 0 && ptr == nullptr) return Status::InvalidArgument("Zero: null pointer");
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ptr, 0, bytes, *stream_));
+    return Status::OK();
+  }
   Status Synchronize(std::chrono::nanoseconds timeout) override {
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     const cudaStream_t s = *stream_;

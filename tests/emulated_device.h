@@ -73,7 +73,7 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
 
   // Kernel calls enqueued, by kind, and Synchronize calls.
   struct Counts {
-    uint64_t adam = 0, accumulate = 0, chunk_sums = 0, cast = 0, synchronize = 0;
+    uint64_t adam = 0, accumulate = 0, chunk_sums = 0, cast = 0, zero = 0, synchronize = 0;
   };
   Counts counts() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -298,6 +298,10 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
         &Counts::cast);
   }
 
+  Status Zero(void* ptr, uint64_t bytes) override {
+    if (bytes > 0 && ptr == nullptr) return Status::InvalidArgument("emulated zero: null pointer");
+    return Enqueue({Span(ptr, bytes)}, [=] { std::memset(ptr, 0, bytes); }, &Counts::zero);
+  }
   Status Synchronize(std::chrono::nanoseconds timeout) override {
     std::unique_lock<std::mutex> l(mu_);
     ++counts_.synchronize;

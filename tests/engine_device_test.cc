@@ -35,6 +35,7 @@ struct Devices {
       t.accumulate += c.accumulate;
       t.chunk_sums += c.chunk_sums;
       t.cast += c.cast;
+      t.zero += c.zero;
       t.synchronize += c.synchronize;
     }
     return t;
@@ -94,6 +95,10 @@ TEST(EngineDevice, DeviceResidentStateRunsOnTheDeviceKernels) {
     } else {
       EXPECT_EQ(n.adam + n.accumulate + n.chunk_sums + n.cast, 0u);
     }
+    // Gradient buffers live on the device in both: cleared there by its kernels (a zero pass per
+    // buffer a step takes), never by copying zeros over the link.
+    EXPECT_GE(n.zero, static_cast<uint64_t>(spec.steps))
+        << "gradient buffers not cleared on the device";
     const auto ref = RunReference(1, spec.steps, 1, 0.01f, 0.01f);
     const auto init = RunReference(1, 0, 1, 0.01f, 0.01f);
     EXPECT_LT(RelativeUpdateError(res.master, ref, init), 1e-4);

@@ -14,6 +14,7 @@
 #include "kernels/casts.h"
 #include "kernels/quantize.h"
 #include "nlohmann/json.hpp"
+#include "strata/device_kernels.h"
 #include "strata/planner.h"
 
 namespace strata {
@@ -206,6 +207,12 @@ Status Engine::Impl::ZeroDevice(void* ptr, uint64_t bytes) {
   if (opt.device->host_addressable()) {
     std::memset(ptr, 0, bytes);
     return Status::OK();
+  }
+  if (kernels::DeviceKernels* k = opt.device->kernels(); k != nullptr) {
+    // On the device: otherwise a large group's gradient buffer is gigabytes of zeros copied
+    // over the link, one synchronous copy per MiB.
+    STRATA_RETURN_IF_ERROR(k->Zero(ptr, bytes));
+    return k->Synchronize(timeout());
   }
   static const std::vector<uint8_t> zeros(size_t{1} << 20, 0);
   for (uint64_t off = 0; off < bytes; off += zeros.size()) {

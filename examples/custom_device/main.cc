@@ -137,6 +137,10 @@ class VendorDevice final : public strata::Device, public strata::kernels::Device
     for (size_t i = 0; i < n; ++i) Store(out, out_dtype, i, Load(in, in_dtype, i));
     return strata::Status::OK();
   }
+  strata::Status Zero(void* ptr, uint64_t bytes) override {
+    std::memset(ptr, 0, bytes);
+    return strata::Status::OK();
+  }
   strata::Status Synchronize(std::chrono::nanoseconds) override { return strata::Status::OK(); }
 
   std::atomic<int> adam_calls{0}, accumulate_calls{0}, stats_calls{0}, cast_calls{0};

@@ -106,6 +106,9 @@ class DeviceKernels {
                                  bool* nonfinite) = 0;
   // Cast between fp32 and bf16/fp16, or a same-dtype copy.
   virtual Status Cast(const void* in, DType in_dtype, void* out, DType out_dtype, size_t n) = 0;
+  // `bytes` zero bytes at ptr (device memory): how the engine clears gradient buffers without
+  // moving zeros over the link.
+  virtual Status Zero(void* ptr, uint64_t bytes) = 0;
   // Blocks until every kernel enqueued so far has completed; their first fault otherwise.
   // DeadlineExceeded after `timeout` (the kernels keep running).
   virtual Status Synchronize(std::chrono::nanoseconds timeout) = 0;

@@ -55,12 +55,12 @@
 
 #include "core/zero/engine_stats_json.h"
 #include "cpu/rendezvous/rendezvous.h"
+#include "gpu/nccl_comm.h"
 #include "python/src/binding_util.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/engine.h"
-#include "gpu/nccl_comm.h"
 
 namespace nb = nanobind;
 
