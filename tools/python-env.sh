@@ -58,7 +58,7 @@ fi
 "$vpy" -c 'import nanobind, scikit_build_core, pytest, numpy, safetensors, transformers, peft, accelerate' \
   2>/dev/null ||
   "$vpy" -m pip install -q "nanobind>=2.2" "scikit-build-core>=0.10" pytest numpy safetensors \
-    "transformers>=4.40" "peft>=0.10" accelerate >&2
+    "transformers>=5.3" "peft>=0.10" accelerate >&2
 for extra in "$@"; do
   "$vpy" -c "import $extra" 2>/dev/null || "$vpy" -m pip install -q "$extra" >&2
 done

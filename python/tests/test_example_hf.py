@@ -12,6 +12,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
+from strata.integrations import transformers as st  # noqa: E402
+
+if st.unsupported_reason() is not None:  # transformers older than the integration's minimum
+    pytest.skip(st.unsupported_reason(), allow_module_level=True)
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
 STEPS = 30

@@ -15,6 +15,9 @@ transformers = pytest.importorskip("transformers")
 import strata  # noqa: E402,F401
 from strata.integrations import transformers as st  # noqa: E402
 
+if st.unsupported_reason() is not None:  # transformers older than the integration's minimum
+    pytest.skip(st.unsupported_reason(), allow_module_level=True)
+
 STEPS = 6
 LOSS_RTOL = 1e-4  # fp32; the engine's fused AdamW against torch.optim.AdamW (rounding order)
 VOCAB, SEQ, SAMPLES = 64, 16, 32
@@ -87,6 +90,13 @@ def run(out, config=None, model=None, steps=None, resume=None, eval_ds=None, **k
     cb = Losses()
     trainer = cls(model=model, args=args, train_dataset=Tokens(), eval_dataset=eval_ds,
                   callbacks=[cb])
+    if config is None and trainer.accelerator.gradient_accumulation_steps != 1:
+        # transformers 5.3 - 5.5.3 also gave accelerate the gradient_accumulation_steps, whose
+        # backward then divided the loss by them again: its own Trainer's gradients were 1/GA of
+        # those of its DeepSpeed path, which strata follows (the losses agree, Adam being nearly
+        # indifferent to the scale; grad_norm and the weights do not). GA=1 in accelerate, as
+        # transformers does from 5.5.4 ("the Trainer handles GAS itself").
+        trainer.accelerator.gradient_accumulation_steps = 1
     trainer.train(resume_from_checkpoint=resume)
     return trainer, cb.logs
 
@@ -405,3 +415,16 @@ def test_two_processes_match_one_with_twice_the_batch(tmp_path, two_process_runs
     for n, p in res[0]["master"].items():
         torch.testing.assert_close(p, ref_params[n].detach().float(), rtol=1e-4, atol=1e-6,
                                    msg=lambda m: f"{n}: {m}")
+
+
+def test_older_transformers_refused_at_construction(tmp_path, monkeypatch):
+    """A transformers without a Trainer method the integration overrides (below
+    MIN_TRANSFORMERS_VERSION) is a clear error when a Trainer with a strata config is built, not
+    a run without strata; without a config the Trainer is transformers' own and is built."""
+    monkeypatch.setattr(st, "_TRAINER_HOOKS", st._TRAINER_HOOKS + ("_no_such_trainer_method",))
+    args = st.TrainingArguments(deepspeed=auto_config(2), **args_kw(tmp_path))
+    with pytest.raises(RuntimeError, match=r"transformers >= " + st.MIN_TRANSFORMERS_VERSION +
+                       r".*_no_such_trainer_method"):
+        st.Trainer(model=tiny_llama(), args=args, train_dataset=Tokens())
+    st.Trainer(model=tiny_llama(), args=st.TrainingArguments(**args_kw(tmp_path / "plain")),
+               train_dataset=Tokens())

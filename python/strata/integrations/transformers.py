@@ -27,7 +27,9 @@ DeepSpeed's:
 Refused, naming the option: torch_compile, fsdp, fp16_full_eval / bf16_full_eval,
 auto_find_batch_size, several GPUs in one process (DataParallel), an optimizer strata does not run
 (args.optim other than the AdamW / Adam ones when the config has no "optimizer" section).
-Tested with transformers 5.25 (it overrides private Trainer methods: see docs/python.md).
+Needs transformers >= 5.3 (MIN_TRANSFORMERS_VERSION: the Trainer methods it overrides, checked
+when a Trainer with a strata config is built); tested with 5.3.0, 5.5.4, 5.10.4, 5.17.0 and 5.25
+(it overrides private Trainer methods: see docs/python.md).
 """
 from __future__ import annotations
 
@@ -46,7 +48,28 @@ from ..config import ConfigError, check_config
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Trainer", "TrainingArguments", "from_pretrained", "resolve_auto"]
+__all__ = ["Trainer", "TrainingArguments", "from_pretrained", "resolve_auto",
+           "MIN_TRANSFORMERS_VERSION", "unsupported_reason"]
+
+# The first transformers with the Trainer methods the strata Trainer overrides to put its engine
+# where DeepSpeed's goes (5.0 - 5.2 build DeepSpeed inline in _inner_training_loop).
+MIN_TRANSFORMERS_VERSION = "5.3.0"
+_TRAINER_HOOKS = ("_prepare_for_training", "_clip_grad_norm", "_get_grad_norm",
+                  "_get_learning_rate", "_save_optimizer_and_scheduler",
+                  "_load_optimizer_and_scheduler", "_load_from_checkpoint", "_load_best_model")
+
+
+def unsupported_reason() -> Optional[str]:
+    """None when the installed transformers has every Trainer method the strata Trainer
+    overrides (a feature check, not a version comparison); else why not, naming the minimum
+    version."""
+    missing = [m for m in _TRAINER_HOOKS if not hasattr(transformers.Trainer, m)]
+    if not missing:
+        return None
+    return (f"strata's Trainer needs transformers >= {MIN_TRANSFORMERS_VERSION}: the installed "
+            f"transformers {transformers.__version__} has no "
+            f"Trainer.{', Trainer.'.join(missing)} "
+            f"(pip install 'transformers>={MIN_TRANSFORMERS_VERSION}')")
 
 
 # -- "auto" values (transformers/integrations/deepspeed.py: HfTrainerDeepSpeedConfig) ----------
@@ -355,6 +378,10 @@ class Trainer(transformers.Trainer):
         super().__init__(*args, **kwargs)
         self.strata_engine = None
         self._strata_dtypes: dict = {}
+        if self._strata_config() is not None:
+            why = unsupported_reason()
+            if why is not None:  # it would train without strata (no hook for the engine)
+                raise RuntimeError(why)
         if self._strata_config() is not None and self.is_deepspeed_enabled:
             raise ValueError("strata Trainer: accelerate set up DeepSpeed (ACCELERATE_USE_DEEPSPEED "
                              "or an accelerate config); strata replaces it, unset that")
@@ -467,10 +494,10 @@ class Trainer(transformers.Trainer):
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         del inputs
-        # transformers' scaling for gradient accumulation (Trainer.training_step)
-        if self.loss_is_scaled_for_ga is not None:
-            scaled = self.loss_is_scaled_for_ga
-        else:
+        # transformers' scaling for gradient accumulation (Trainer.training_step); the
+        # loss_is_scaled_for_ga override is newer than 5.18 (absent: None, the rule below)
+        scaled = getattr(self, "loss_is_scaled_for_ga", None)
+        if scaled is None:
             scaled = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) or \
                 self.compute_loss_func is not None
         if not scaled:
