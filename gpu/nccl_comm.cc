@@ -436,7 +436,11 @@ Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclCommOptio
   STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
 
   std::vector<uint8_t> uid = o.unique_id;
-  if (uid.empty()) {
+  // Exchanged through the store: more than one rank and no id given.
+  const bool exchanged = uid.empty() && o.world_size > 1;
+  if (uid.empty() && !exchanged) {
+    STRATA_ASSIGN_OR_RETURN(uid, NewNcclUniqueId());  // one rank: its own id, nothing to share
+  } else if (exchanged) {
     if (o.store == nullptr) {
       return Status::InvalidArgument("nccl: neither a unique_id nor a rendezvous store given");
     }
@@ -471,7 +475,7 @@ Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclCommOptio
   }
   // Initialisation is collective: once it finished every rank has read the id, so rank 0 removes
   // it and a store directory reused by a later run cannot hand out this stale id.
-  if (o.unique_id.empty() && o.rank == 0) {
+  if (exchanged && o.rank == 0) {
     (void)o.store->Delete(o.store_key);  // best effort: keys are also scoped by run id
   }
   return WrapComm(o, std::move(state));

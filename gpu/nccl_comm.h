@@ -10,7 +10,8 @@
 //
 // Bootstrap: from an ncclUniqueId supplied by the trainer (options.unique_id, 128 bytes from
 // NewNcclUniqueId on rank 0, shipped by any means), or exchanged through the rendezvous store
-// (rank 0 publishes it under options.store_key).
+// (rank 0 publishes it under options.store_key). One rank needs neither: without an id it makes
+// its own.
 //
 // All-to-all is grouped ncclSend/ncclRecv (one pair per peer). Split is ncclCommSplit: the new
 // communicator is non-blocking too, on its own stream, with pre-division by its own world size.
@@ -36,7 +37,8 @@ struct NcclCommOptions {
   int rank = 0;
   int world_size = 1;
   int device = 0;  // CUDA device ordinal, usually LOCAL_RANK
-  // 128-byte ncclUniqueId; empty: rank 0 creates one and publishes it through `store`.
+  // 128-byte ncclUniqueId; empty: rank 0 creates one and publishes it through `store` (one
+  // rank: makes its own, no store needed).
   std::vector<uint8_t> unique_id;
   KvStore* store = nullptr;  // not owned; used during Create only
   std::string store_key = "strata/nccl/unique_id";

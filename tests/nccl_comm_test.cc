@@ -173,6 +173,16 @@ TEST(NcclComm, RankOutOfRangeIsRejectedBeforeTouchingCuda) {
   EXPECT_TRUE(CreateNcclCommunicator(o).status().IsInvalidArgument());
 }
 
+TEST(NcclComm, OneRankNeedsNeitherAnIdNorAStore) {
+  REQUIRE_GPU();
+  NcclCommOptions o;  // world_size 1, no unique_id, no store
+  auto comm = CreateNcclCommunicator(o);
+  ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+  EXPECT_EQ((*comm)->world_size(), 1);
+  o.world_size = 2;  // more ranks must share an id: refused without one and without a store
+  EXPECT_TRUE(CreateNcclCommunicator(o).status().IsInvalidArgument());
+}
+
 TEST(NcclComm, BadUniqueIdIsRejected) {
   REQUIRE_GPU();
   NcclCommOptions o;

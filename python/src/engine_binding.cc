@@ -239,7 +239,7 @@ class PyEngine {
     return CreateGlooCommunicator(go);
   }
 
-  // NCCL on this process's GPU; one rank makes its own unique id, more exchange it in the store.
+  // NCCL on this process's GPU; more than one rank exchange the unique id in the store.
   Result<std::unique_ptr<Communicator>> CreateNccl(int rank, int world_size,
                                                    std::chrono::milliseconds timeout) {
     NcclCommOptions no;
@@ -248,9 +248,6 @@ class PyEngine {
     no.device = device_ordinal_;
     no.timeout = timeout;
     no.store = store_.get();
-    if (world_size == 1) {
-      STRATA_ASSIGN_OR_RETURN(no.unique_id, NewNcclUniqueId());
-    }
     return CreateNcclCommunicator(no);
   }
 

@@ -58,9 +58,6 @@ Result<std::unique_ptr<Communicator>> MakeEngineNccl(int rank, int world, int or
   o.store = store;
   o.store_key = store_key;
   o.timeout = timeout;
-  if (world == 1) {
-    STRATA_ASSIGN_OR_RETURN(o.unique_id, NewNcclUniqueId());
-  }
   return CreateNcclCommunicator(o);
 }
 
