@@ -25,8 +25,8 @@ def on_gpu(xs):
     return tuple(x.cuda() for x in xs)
 
 
-def train_cuda(kind, cfg, steps=STEPS):
-    model = make_model(kind).cuda()
+def train_cuda(kind, cfg, steps=STEPS, model=None):
+    model = make_model(kind).cuda() if model is None else model
     names = [n for n, _ in model.named_parameters()]
     engine, _, _, _ = strata.initialize(model=model, config=cfg)
     assert engine.device.type == "cuda"
@@ -166,22 +166,10 @@ def test_zero_init_on_the_gpu_trains_on_the_gpu():
     with torch.device("cuda"), strata.zero.Init(config=cfg):
         model = make_model("mlp")
     assert all(p.numel() == 0 and p.is_cuda for p in model.parameters())
-    engine, _, _, _ = strata.initialize(model=model, config=cfg)
-    assert engine.device.type == "cuda"
-    for step in range(STEPS):
-        loss = engine(*on_gpu(batch("mlp", step)))
-        engine.backward(loss)
-        engine.step()
-    got = engine.read_master()
-    engine.close()
+    _, got = train_cuda("mlp", cfg, model=model)  # asserts the engine runs on the GPU
     with torch.device("cuda"):  # the same draws from the GPU's generator, built whole
         whole = make_model("mlp")
-    engine, _, _, _ = strata.initialize(model=whole, config=cfg)
-    for step in range(STEPS):
-        loss = engine(*on_gpu(batch("mlp", step)))
-        engine.backward(loss)
-        engine.step()
-    want = engine.read_master()
-    engine.close()
+    _, want = train_cuda("mlp", cfg, model=whole)
+    assert set(got) == set(want)
     for n in want:
         assert torch.equal(got[n], want[n]), n
