@@ -83,6 +83,15 @@ uint64_t HostCacheBytes(uint64_t budget_bytes, uint64_t need_bytes, uint64_t nvm
   return std::min(cacheable, room);
 }
 
+uint64_t SpeculationBufferBytes(int64_t configured_elems, uint64_t speculable_elems,
+                                uint64_t param_elem_bytes, uint64_t host_room) {
+  const uint64_t per_elem = 3 * sizeof(float) + param_elem_bytes;
+  if (configured_elems >= 0) {
+    return std::min(static_cast<uint64_t>(configured_elems), speculable_elems) * per_elem;
+  }
+  return std::min(speculable_elems / 4 * per_elem, host_room);
+}
+
 namespace {
 uint64_t CeilDiv(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 }  // namespace

@@ -93,6 +93,16 @@ uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems
 uint64_t HostCacheBytes(uint64_t budget_bytes, uint64_t need_bytes, uint64_t nvme_state_bytes,
                         uint64_t swap_buffer_bytes);
 
+// Host memory for the speculative step's rollback copies (offload_optimizer.speculative_step):
+// per element of a sub-group stepped during the backward, its fp32 master, exp_avg and
+// exp_avg_sq and its working param (`param_elem_bytes`), copied before its Adam writes them.
+// `configured_elems` (offload_optimizer.speculation_buffer_size) >= 0: that many elements, at
+// most the `speculable_elems` (the rank's offloaded optimizer elements); < 0 (auto): a
+// quarter of them, and no more than `host_room` (the host budget less the rest of the working set;
+// UINT64_MAX when no budget was given), so that the default never makes a placement not fit.
+uint64_t SpeculationBufferBytes(int64_t configured_elems, uint64_t speculable_elems,
+                                uint64_t param_elem_bytes, uint64_t host_room);
+
 // The host budget the engine takes when none is given: the working set plus a slack for the
 // store's staging (the prefetcher stages upcoming NVMe-homed param shards into host memory), so
 // that the slack is the whole host cache of HostCacheBytes.

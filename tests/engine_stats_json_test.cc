@@ -32,7 +32,8 @@ TEST(EngineStatsJson, EveryFieldUnderItsKey) {
                .grad_lease_wait_ns = 4,
                .optimizer_ns = 5,
                .optimizer_io_wait_ns = 6,
-               .step_ns = 7};
+               .step_ns = 7,
+               .speculative_optimizer_ns = 8};
   s.store.bytes_moved[Tier::kHost][Tier::kNvme] = 100;
   s.store.stall_ns = 21;
   s.store.acquires = 22;
@@ -53,10 +54,11 @@ TEST(EngineStatsJson, EveryFieldUnderItsKey) {
                                                              .wire_sent_bytes = 45,
                                                              .wire_received_bytes = 46};
   const nlohmann::json j = EngineStatsJson(s);
-  EXPECT_EQ(Keys(j), (std::set<std::string>{"global_step", "skipped_steps", "peak_bytes",
-                                            "gather_wait_ns", "gather_fetch_wait_ns",
-                                            "reduce_wait_ns", "grad_lease_wait_ns", "optimizer_ns",
-                                            "optimizer_io_wait_ns", "step_ns", "store", "comm"}));
+  EXPECT_EQ(Keys(j),
+            (std::set<std::string>{"global_step", "skipped_steps", "peak_bytes", "gather_wait_ns",
+                                   "gather_fetch_wait_ns", "reduce_wait_ns", "grad_lease_wait_ns",
+                                   "optimizer_ns", "optimizer_io_wait_ns", "step_ns",
+                                   "speculative_optimizer_ns", "store", "comm"}));
   EXPECT_EQ(j["global_step"], 7);
   EXPECT_EQ(j["skipped_steps"], 1);
   EXPECT_EQ(j["peak_bytes"], nlohmann::json({{"hbm", 11}, {"host", 0}, {"nvme", 13}}));
@@ -68,7 +70,8 @@ TEST(EngineStatsJson, EveryFieldUnderItsKey) {
                                {"grad_lease_wait_ns", 4},
                                {"optimizer_ns", 5},
                                {"optimizer_io_wait_ns", 6},
-                               {"step_ns", 7}}));
+                               {"step_ns", 7},
+                               {"speculative_optimizer_ns", 8}}));
   for (const auto& [key, value] : t.items()) EXPECT_EQ(j[key], value) << key;
   const nlohmann::json& st = j["store"];
   EXPECT_EQ(st["bytes_moved"], nlohmann::json({{"host->nvme", 100}}));  // pairs that moved any

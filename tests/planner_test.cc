@@ -36,9 +36,12 @@ constexpr double kExchange = 8 * 16;  // the norm exchange: 16 B per rank
 // sub-group (min(sub_group_size 1e9, shard 8.75e8): 213624 chunks) + 8 B.
 constexpr double kScratch = 8 * (1 + 213624);
 
+// The placements below leave out the speculative step's rollback copies (a host item of their
+// own: PlannerPlace.SpeculativeStepCopies).
 PlanInput Ref() {
   PlanInput in;
   in.params = 7e9;
+  in.zero.speculative_step = false;
   return in;
 }
 
@@ -217,6 +220,26 @@ TEST(PlannerPlace, Stage3OptimizerCpu) {
   // PCIe per GPU: grad shard down 1.75 + updated param shard up 1.75 = 3.5 GB.
   EXPECT_DOUBLE_EQ(p.pcie_bytes_per_gpu, 3.5e9);
   EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 0);
+}
+
+// offload_optimizer.speculative_step's rollback copies (sched::SpeculationBufferBytes): by
+// default a quarter of a rank's optimizer elements at 12 + 2 bytes (8 x 8.75e8 / 4 x 14 = 24.5
+// GB per node), speculation_buffer_size elements when given, none without an offloaded optimizer,
+// and never more than the host capacity leaves.
+TEST(PlannerPlace, SpeculativeStepCopies) {
+  PlanInput in = Ref();
+  in.zero.speculative_step = true;
+  const std::string item = "speculative step rollback copies";
+  Placement p = Place(in, 3, D::kCpu, D::kNone);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, item), 24.5e9);
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 112e9 + 24.5e9);
+  in.zero.speculation_buffer_size = 1e8;
+  p = Place(in, 3, D::kNvme, D::kNone);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, item), 8 * 1e8 * 14);
+  EXPECT_DOUBLE_EQ(ItemBytes(Place(in, 3, D::kNone, D::kNone), Tier::kHost, item), 0);
+  in.zero.speculation_buffer_size = -1;
+  in.capacity.dram_bytes_per_node = 120e9;  // 8 GB left beside the 112 GB of states
+  EXPECT_DOUBLE_EQ(ItemBytes(Place(in, 3, D::kCpu, D::kNone), Tier::kHost, item), 8e9);
 }
 
 TEST(PlannerPlace, Stage3OptimizerCpuParamCpuPinned) {

@@ -161,10 +161,18 @@ constexpr std::array kZeroKnown = {K("load_from_fp32_weights"),
                                    K("save_muon_momentum_buffer_in_memory"),
                                    K("leaf_module"),
                                    K("zenflow")};
-constexpr std::array kOffloadOptActed = {K("device"),     K("nvme_path"),     K("buffer_count"),
-                                         K("pin_memory"), K("pipeline_read"), K("pipeline_write"),
-                                         K("fast_init"),  K("ratio")};
-constexpr std::array kOffloadOptKnown = {K("pipeline"), K("super_offload"), K("cpuadam_cores_perc"),
+constexpr std::array kOffloadOptActed = {K("device"),
+                                         K("nvme_path"),
+                                         K("buffer_count"),
+                                         K("pin_memory"),
+                                         K("pipeline_read"),
+                                         K("pipeline_write"),
+                                         K("fast_init"),
+                                         K("ratio"),
+                                         K("speculative_step"),
+                                         K("super_offload"),
+                                         K("speculation_buffer_size")};
+constexpr std::array kOffloadOptKnown = {K("pipeline"), K("cpuadam_cores_perc"),
                                          K("convert_grad_on_cpu")};
 constexpr std::array kOffloadParamActed = {K("device"),      K("nvme_path"),  K("buffer_count"),
                                            K("buffer_size"), K("max_in_cpu"), K("pin_memory")};

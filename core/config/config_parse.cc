@@ -81,6 +81,17 @@ void ReadOffloadOptimizer(Reader& r, Section& zero, OffloadOptimizerConfig* o, b
     r.Error(Kind::kRange, r.PathOf(s, "ratio"),
             "expected a fraction in [0, 1], got " + Json(o->ratio).dump());
   }
+  bool speculate = false, super_offload = false;
+  const bool speculate_given = r.Bool(s, {"speculative_step"}, &speculate);
+  const bool super_given = r.Bool(s, {"super_offload"}, &super_offload);
+  if (speculate_given && super_given && speculate != super_offload) {
+    r.Error(Kind::kConflict, r.PathOf(s, "super_offload"),
+            std::string("contradicts speculative_step (") + (speculate ? "true" : "false") +
+                "): both switch the optimizer step during backward");
+  }
+  if (speculate_given || super_given)
+    o->speculative_step = speculate_given ? speculate : super_offload;
+  r.Int(s, {"speculation_buffer_size"}, &o->speculation_buffer_size, 0);
   r.FinishSection(s);
 }
 

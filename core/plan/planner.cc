@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -180,6 +181,29 @@ void PlaceHostCache(const PlanInput& in, double swap, Builder& b) {
   b.p.host_cache_bytes_per_node = cache;
 }
 
+// The speculative step's rollback copies (sched::SpeculationBufferBytes, the engine's rule) at
+// stage 3 with the optimizer offloaded: per rank, of its offloaded optimizer elements, within what
+// the host capacity leaves of the items so far. Per node, one item.
+void PlaceSpeculation(const PlanInput& in, int stage, Builder& b) {
+  const ZeroSettings& z = in.zero;
+  if (stage != 3 || b.p.offload_optimizer == OffloadDevice::kNone || !z.speculative_step) return;
+  const double g = in.capacity.gpus_per_node;
+  double need = 0;
+  for (const PlanItem& it : b.p.items) {
+    if (it.tier == Tier::kHost) need += it.bytes;
+  }
+  const double dram = in.capacity.dram_bytes_per_node;
+  const uint64_t room = dram > 0 ? static_cast<uint64_t>(std::max(0.0, (dram - need) / g))
+                                 : std::numeric_limits<uint64_t>::max();
+  // The rank's optimizer elements: its fp32 master's bytes over 4.
+  const auto elems = static_cast<uint64_t>(b.states.optimizer_bytes / 12);
+  const auto param_elem = static_cast<uint64_t>(in.recipe.param_bytes);
+  const double bytes = static_cast<double>(sched::SpeculationBufferBytes(
+      static_cast<int64_t>(z.speculation_buffer_size), elems, param_elem, room));
+  b.Add(Tier::kHost, "speculative step rollback copies (master+m+v+param of what it holds)",
+        g * bytes);
+}
+
 // Host and NVMe items, per node, and the per-step traffic they cause.
 void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
   const Recipe& r = in.recipe;
@@ -255,6 +279,7 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
     // Read for forward and backward of each micro-step, written after the step.
     nvme_io += (2 * k + 1) * r.param_bytes * shard;
   }
+  PlaceSpeculation(in, stage, b);
   PlaceHostCache(in, swap, b);
   p.pcie_bytes_per_gpu = pcie;
   p.nvme_io_bytes_per_node = g_per_node * nvme_io;

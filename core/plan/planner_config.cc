@@ -73,6 +73,8 @@ ResolvedZero ResolveZeroSettings(const EngineConfig& c) {
   s.optimizer_pin_memory = z.offload_optimizer.pin_memory;
   s.param_pin_memory = z.offload_param.pin_memory;
   s.optimizer_buffer_count = static_cast<double>(z.offload_optimizer.buffer_count);
+  s.speculative_step = z.offload_optimizer.speculative_step.value_or(true);
+  s.speculation_buffer_size = static_cast<double>(z.offload_optimizer.speculation_buffer_size);
   s.param_buffer_count = static_cast<double>(z.offload_param.buffer_count);
   s.param_buffer_size = static_cast<double>(z.offload_param.buffer_size);
   s.max_in_cpu = static_cast<double>(z.offload_param.max_in_cpu);

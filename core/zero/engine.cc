@@ -666,6 +666,52 @@ void LayOutHostWorking(const sched::StateLayout& states, const ZeroSettings& z,
   }
 }
 
+// offload_optimizer.speculative_step, where it applies (the optimizer offloaded: its Adam runs on
+// the CPU beside the backward): the rollback copies' host bytes, by the rule the planner shares
+// (sched::SpeculationBufferBytes). Unset, the key means on.
+void LayOutSpeculation(const EngineOptions& options, Engine::Impl& e) {
+  const OffloadOptimizerConfig& o = options.config.zero.offload_optimizer;
+  if (!o.speculative_step.value_or(true)) return;
+  EngineLayout& L = e.layout;
+  uint64_t elems = 0;
+  for (const SubGroup& s : e.subs) elems += s.elems;
+  // Stage 3: the trainer's gathered copies are its own (stages 0-2 hand out the param replica
+  // the step writes, for the whole step in the Python adapter).
+  if (!e.placement.params_partitioned || e.placement.Home(StateKind::kMaster32) == Tier::kDevice ||
+      elems == 0) {
+    if (o.speculative_step.has_value()) {
+      L.notes.push_back(
+          "speculative_step: not applied (it needs stage 3 with offload_optimizer cpu or nvme "
+          "and a trainable group); Step runs the whole optimizer step");
+    }
+    return;
+  }
+  const uint64_t given = options.budget_bytes[Tier::kHost];
+  const uint64_t need = L.state_bytes[Tier::kHost] + L.working_bytes[Tier::kHost];
+  const uint64_t room = given == 0 ? UINT64_MAX : given - std::min(given, need);
+  const uint64_t bytes =
+      sched::SpeculationBufferBytes(o.speculation_buffer_size, elems, e.elt, room);
+  if (bytes == 0) {
+    L.notes.push_back(
+        "speculative_step: not applied (no room for its rollback copies: "
+        "offload_optimizer.speculation_buffer_size or the host budget)");
+    return;
+  }
+  e.spec = std::make_unique<zero::Speculation>();
+  e.spec->buffer_bytes = bytes;
+  // Made now, untouched until used: the host budget counts it from the start (Stats' peak too).
+  e.spec->arena.reset(new uint8_t[bytes]);
+  e.ResetSpeculation();
+  L.working_bytes[Tier::kHost] += bytes;
+  const uint64_t per_elem = 3 * sizeof(float) + e.elt;
+  L.notes.push_back(
+      "speculative_step: a group's Adam runs during the backward once its gradient "
+      "is final, undone exactly when the step is clipped or skipped; rollback "
+      "copies of up to " +
+      std::to_string(bytes / per_elem) + " of " + std::to_string(elems) + " optimizer elements (" +
+      Bytes(bytes) + " host)");
+}
+
 // Bytes per tier: the states (sched/zero_layout.h), ZeRO++'s, and the working sets.
 void LayOut(const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
   EngineLayout& L = e.layout;
@@ -691,6 +737,7 @@ void LayOut(const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
   LayOutZpp(states, options, e);
   LayOutDeviceWorking(states, options, e, cs);
   LayOutHostWorking(states, cs->resolved.zero, options, e, cs);
+  LayOutSpeculation(options, e);
 }
 
 // Budgets (0: the device's own; host and NVMe: what the layout needs), checked per tier.
@@ -732,7 +779,8 @@ Status OpenStore(const EngineConfig& c, EngineOptions& options, Engine::Impl& e,
   // The param shards it caches on the device are its own blocks: they stay in its share.
   so.device_budget_bytes = L.budget_bytes[Tier::kDevice] - L.working_bytes[Tier::kDevice] +
                            cs.store_cache_bytes - L.hpz_secondary_bytes;
-  so.host_budget_bytes = L.budget_bytes[Tier::kHost];
+  // The speculation's rollback copies are the engine's own host memory, beside the store's.
+  so.host_budget_bytes = L.budget_bytes[Tier::kHost] - (e.spec ? e.spec->buffer_bytes : 0);
   so.rank = e.rank;
   so.io_deadline = options.timeout;
   const bool pin = z.optimizer_pin_memory || z.param_pin_memory;
@@ -837,8 +885,10 @@ Status StartSchedulers(const EngineOptions& options, const std::vector<BlockId>&
     // overlap_step: no prefetch of a group whose update the step running behind has not
     // written yet (the copy it brought would be replaced: NVMe reads for nothing).
     Engine::Impl* impl = &e;
+    // speculative_step: nor of a group whose Adam the backward's speculation has queued.
     e.gather->set_held([impl](sched::GroupId g) {
-      return impl->deferred && !impl->deferred->updated[g].load(std::memory_order_acquire);
+      return (impl->deferred && !impl->deferred->updated[g].load(std::memory_order_acquire)) ||
+             (impl->spec && impl->spec->group_queued[g] != 0);
     });
   }
   kernels::PoolOptions pool_options;
@@ -911,6 +961,7 @@ Engine::~Engine() {
   if (!impl_) return;
   // An overlapped step uses the store and the pool: let it end (its error is moot now).
   if (impl_->deferred && impl_->deferred->thread.joinable()) impl_->deferred->thread.join();
+  impl_->FinishSpeculation().IgnoreError();  // so does the speculation's worker
   // Reductions in flight use buffers this engine owns: finish them (errors are moot now).
   for (auto& p : impl_->pending) p.Wait(impl_->deadline()).IgnoreError();
   if (impl_->last_qgz.valid()) impl_->last_qgz.wait();
@@ -953,6 +1004,7 @@ int64_t Engine::global_step() const { return impl_->global_step; }
 Status Engine::health() const { return impl_->failed; }
 Status Engine::Synchronize() {
   STRATA_RETURN_IF_ERROR(impl_->JoinDeferredStep());
+  STRATA_RETURN_IF_ERROR(impl_->FinishSpeculation());  // the backward's speculated Adam
   return impl_->CheckHealthy();
 }
 
@@ -1024,6 +1076,7 @@ EngineStats Engine::Stats() const {
   }
   const DeviceStats ds = e.opt.device->stats();
   s.peak_bytes = s.store.peak_bytes;
+  if (e.spec) s.peak_bytes[Tier::kHost] += e.spec->buffer_bytes;  // the rollback copies
   s.peak_bytes[Tier::kDevice] = std::max<uint64_t>(s.peak_bytes[Tier::kDevice], ds.peak_used_bytes);
   return s;
 }

@@ -49,6 +49,11 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
     return Status::InvalidArgument("Gather: group " + std::to_string(g) + " out of range (" +
                                    std::to_string(groups.size()) + " groups)");
   }
+  if (spec && spec->group_queued[g] != 0) {
+    // speculative_step has stepped (or is stepping) g during this backward: the trainer must
+    // see the params from before the step.
+    STRATA_RETURN_IF_ERROR(CancelSpeculation());
+  }
   const auto t0 = Clock::now();
   zero::GroupState& gs = groups[g];
   const std::string& name = model.groups[g].name;
@@ -100,6 +105,7 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
     out.hold_ = std::move(copy);
   }
   ++outstanding_gathers;
+  ++gs.gathered;
   timings.gather_wait_ns += Since(t0);
   return out;
 }
@@ -215,6 +221,9 @@ Status Engine::Impl::NonFiniteWeight(size_t g, const void* host_shard) const {
 void Engine::Impl::Release(GatheredGroup gathered) {
   if (!gathered) return;
   --outstanding_gathers;
+  if (--groups[gathered.group_].gathered == 0 && spec && spec->final_pending[gathered.group_]) {
+    OnGradientFinal(gathered.group_);  // its gradient became final while it was gathered
+  }
   if (!placement.params_partitioned || !failed.ok()) return;  // the lease / copy goes with it
   const size_t g = gathered.group_;
   zero::GroupState& gs = groups[g];
@@ -554,6 +563,7 @@ Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
       grad_write_behind.push_back(store->WriteBack(s.grad));
     }
   }
+  if (p.last) OnGradientFinal(p.group);  // speculative_step: its Adam may start now
   return Status::OK();
 }
 

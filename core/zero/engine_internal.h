@@ -52,6 +52,7 @@ inline void AddTimings(const StepTimings& t, StepTimings* to) {
   to->optimizer_ns += t.optimizer_ns;
   to->optimizer_io_wait_ns += t.optimizer_io_wait_ns;
   to->step_ns += t.step_ns;
+  to->speculative_optimizer_ns += t.speculative_optimizer_ns;
 }
 
 // One optimizer sub-group: a piece of one rank's shard of one group, with its four fp32 blocks.
@@ -99,6 +100,7 @@ struct GroupState {
   // step: a Step or a checkpoint Load comes between epochs).
   DeviceBuffer secondary;
   int64_t secondary_epoch = -1;
+  int gathered = 0;  // Gather handles of this group not yet released
 };
 
 // ZeRO++ (issue 14): the settings and the sub-communicators (owned; null where unused).
@@ -129,6 +131,37 @@ struct DeferredStep {
   bool finished = false;  // guarded by mu
   Status status;          // guarded by mu; the job's result once finished
   StepTimings timings;    // the job's; read after the join
+  std::thread thread;
+};
+
+// offload_optimizer.speculative_step (engine_speculate.cc): the Adam of each group whose
+// gradient is final, run during the backward on a thread of its own with the coefficients of an
+// unclipped, applied step, from copies kept to undo it. The trainer's thread queues groups and
+// owns everything but the shared part below; the worker reads the sub-groups, the param block
+// ids and `offset` of what it was handed (written before the hand-over, under mu).
+struct Speculation {
+  static constexpr uint64_t kNone = ~uint64_t{0};
+  uint64_t buffer_bytes = 0;         // the bound of the rollback copies (the layout's)
+  std::unique_ptr<uint8_t[]> arena;  // buffer_bytes, made at Create
+  // This step (the trainer's thread):
+  bool open = false;       // groups may still be queued (reset by every Step)
+  bool engaged = false;    // the coefficients are fixed and a group was queued
+  bool skip_next = false;  // the last step was clipped or skipped: this one does not speculate
+  float grad_scale = 1;
+  std::vector<kernels::AdamHyper> hyper;  // per optimizer group, grad_scale folded in
+  uint64_t used = 0;                      // arena bytes handed out
+  std::vector<uint64_t> offset;           // per sub-group: its copy in the arena, or kNone
+  std::vector<size_t> handed;             // sub-groups queued, in order
+  std::vector<uint8_t> group_queued;      // per group (read by the prefetcher's held rule)
+  std::vector<uint8_t> final_pending;     // per group: final while gathered (queued at Release)
+  // Shared with the worker:
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<size_t> queue;  // groups to step
+  bool closing = false;      // no more groups: finish the queue and end
+  Status status;             // the worker's first error
+  size_t cancelled = 0;      // sub-groups undone by CancelSpeculation since the last Step
+  StepTimings timings;       // the worker's (optimizer_ns, optimizer_io_wait_ns)
   std::thread thread;
 };
 
@@ -187,6 +220,7 @@ struct Engine::Impl {
   Status failed;                                 // the first error that failed the engine
   std::vector<Ticket> grad_write_behind;         // CheckGradWriteBehind; one per sub-group at most
   std::unique_ptr<zero::DeferredStep> deferred;  // overlap_step: the step running behind
+  std::unique_ptr<zero::Speculation> spec;       // speculative_step, where it applies
   StepTimings timings;                           // since the last Step
   EngineStats totals;
 
@@ -304,13 +338,47 @@ struct Engine::Impl {
   Status ComputeMissingStats();
   Status ExchangeStats(double local_sum_sq, bool local_nonfinite, double* global_sum_sq,
                        bool* global_nonfinite);
-  // The fused Adam over this rank's sub-groups, group by group in order, through the step
-  // pipeline. `updated(g)` (optional) is called once all of group g's sub-groups have stepped.
-  Status RunAdam(float grad_scale, StepTimings* t,
-                 const std::function<void(size_t group)>& updated = {});
-  // overlap_step: starts RunAdam (and the wait for the gradients' write-behind) on the
-  // DeferredStep's thread.
-  void LaunchDeferredStep(float grad_scale);
+  // One run of the fused Adam through the step pipeline.
+  struct AdamRun {
+    std::vector<size_t> order;              // the sub-groups to step, in this order
+    std::vector<kernels::AdamHyper> hyper;  // per optimizer group, grad_scale folded in
+    // Called once group g's sub-groups in `order` have all stepped (every group without one in
+    // `order` counts as updated already).
+    std::function<void(size_t group)> updated;
+    // Called with sub-group s's leases before its Adam writes them (the speculation's copies).
+    std::function<void(size_t s, Lease& master, Lease& m, Lease& v, Lease& param)> before;
+  };
+  Status RunAdam(const AdamRun& run, StepTimings* t);
+  // This step's Adam coefficients: `hyper` with the lr and step of the next applied step and
+  // `grad_scale` folded in.
+  std::vector<kernels::AdamHyper> StepHyper(float grad_scale) const;
+  // This rank's sub-groups, group by group in order, less those in `except` (empty: none).
+  std::vector<size_t> StepOrder(const std::vector<uint64_t>& except = {}) const;
+  // overlap_step: starts RunAdam over `order` with coefficients `hs` (and the wait for the
+  // gradients' write-behind) on the DeferredStep's thread.
+  void LaunchDeferredStep(std::vector<kernels::AdamHyper> hs, std::vector<size_t> order);
+
+  // --- engine_speculate.cc ---
+  // Accumulate: group g's gradient is final for this step; queues its Adam when the speculation
+  // is on, open, and its copies fit.
+  void OnGradientFinal(size_t g);
+  // The worker's loop: steps the queued groups, a batch at a time, until closed.
+  void SpeculationWorker();
+  // Waits for the queued groups' Adam and ends the worker; its error fails the engine.
+  Status FinishSpeculation();
+  // The per-step state, for a step that has not begun its backward.
+  void ResetSpeculation();
+  // Restores every speculated sub-group from its copies (after FinishSpeculation).
+  Status RollBackSpeculation();
+  // A call that must see the params and state from before the step (a Gather of a queued group,
+  // Save, Load, ReadMaster): finishes the worker, undoes what it did and closes the speculation
+  // for this step. OK at once when nothing was queued.
+  Status CancelSpeculation();
+  // Step: after the norm, the overflow check and the coefficients are known. Finishes the
+  // worker, keeps its work when the step is applied with the coefficients it used (sets
+  // `*kept` to the sub-groups not to step again), else undoes it; counts both in `report`.
+  Status SettleSpeculation(bool applied, float grad_scale, StepReport* report,
+                           std::vector<uint64_t>* kept);
   // Waits for the deferred step (if any) and folds in its timings; its error fails the engine.
   Status JoinDeferredStep();
   // Gather: waits until group g's params hold the deferred step's update (or the step ended:

@@ -20,7 +20,8 @@ nlohmann::json StepTimingsJson(const StepTimings& t) {
           {"grad_lease_wait_ns", t.grad_lease_wait_ns},
           {"optimizer_ns", t.optimizer_ns},
           {"optimizer_io_wait_ns", t.optimizer_io_wait_ns},
-          {"step_ns", t.step_ns}};
+          {"step_ns", t.step_ns},
+          {"speculative_optimizer_ns", t.speculative_optimizer_ns}};
 }
 
 nlohmann::json EngineStatsJson(const EngineStats& s) {

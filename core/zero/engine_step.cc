@@ -133,8 +133,27 @@ kernels::AdamShard Engine::Impl::AdamShardFor(const SubGroup& s, Lease& master, 
   return shard;
 }
 
-Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t,
-                             const std::function<void(size_t group)>& updated) {
+std::vector<kernels::AdamHyper> Engine::Impl::StepHyper(float grad_scale) const {
+  std::vector<kernels::AdamHyper> hs = hyper;
+  for (size_t og = 0; og < hs.size(); ++og) {
+    hs[og].lr = LrFor(og);
+    hs[og].step = applied_steps - adam_step_base + 1;
+    hs[og].grad_scale = grad_scale;
+  }
+  return hs;
+}
+
+std::vector<size_t> Engine::Impl::StepOrder(const std::vector<uint64_t>& except) const {
+  std::vector<size_t> order;
+  for (const zero::GroupState& gs : groups) {
+    for (size_t i : gs.sub_groups) {
+      if (except.empty() || except[i] == zero::Speculation::kNone) order.push_back(i);
+    }
+  }
+  return order;
+}
+
+Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
   const Tier opt_home = placement.Home(StateKind::kMaster32);
   const Tier grad_home = placement.Home(StateKind::kGrad);
   const Tier param_home = placement.Home(StateKind::kParam16);
@@ -144,8 +163,8 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t,
   const Tier opt_tier = on_device ? Tier::kDevice : ComputeTier(opt_home),
              grad_tier = on_device ? Tier::kDevice : ComputeTier(grad_home),
              param_tier = on_device ? Tier::kDevice : ComputeTier(param_home);
-  std::vector<kernels::AdamHyper> hs = hyper;
-  for (kernels::AdamHyper& h : hs) h.grad_scale = grad_scale;
+  const std::vector<kernels::AdamHyper>& hs = run.hyper;
+  const std::vector<size_t>& order = run.order;
 
   // Reads and writes share the buffer_count buffers as they free up: neither depth is capped
   // below what the buffers allow. A fixed split ((B-1)/2 ahead) left the disk idle whenever the
@@ -195,6 +214,7 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t,
     STRATA_ASSIGN_OR_RETURN(
         Lease param, store->Acquire(groups[s.group].param, param_tier, param_access, timeout()));
     acquire_ns += Since(a0);
+    if (run.before) run.before(i, master, m, v, param);
     const kernels::AdamHyper& h = hs[model.groups[s.group].optimizer_group];
     if (on_device) return AdamOnDevice(*on_device, s, h, master, m, v, grad, param);
     const kernels::AdamShard shard = AdamShardFor(s, master, m, v, grad, param);
@@ -224,10 +244,10 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t,
     TicketJoin::Start(std::make_shared<TicketJoin>(std::move(done)), tickets);
     return Status::OK();
   };
-  // The pipeline runs over this rank's sub-groups in order; map its index to the sub-group.
-  std::vector<size_t> order;
-  for (const zero::GroupState& gs : groups)
-    order.insert(order.end(), gs.sub_groups.begin(), gs.sub_groups.end());
+  // The pipeline runs over `order`; map its index to the sub-group. A group is updated once its
+  // last sub-group in the order has stepped.
+  std::vector<size_t> last(groups.size(), SIZE_MAX);
+  for (size_t k = 0; k < order.size(); ++k) last[subs[order[k]].group] = k;
   sched::PipelineStages mapped;
   mapped.read = [&](size_t i, uint32_t slot, sched::StageDone d) {
     return stages.read(order[i], slot, std::move(d));
@@ -235,7 +255,7 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t,
   mapped.compute = [&](size_t i, uint32_t slot) {
     Status st = stages.compute(order[i], slot);
     const size_t g = subs[order[i]].group;
-    if (st.ok() && updated && groups[g].sub_groups.back() == order[i]) updated(g);
+    if (st.ok() && run.updated && last[g] == i) run.updated(g);
     return st;
   };
   mapped.write = [&](size_t i, uint32_t slot, sched::StageDone d) {
@@ -251,22 +271,26 @@ Status Engine::Impl::RunAdam(float grad_scale, StepTimings* t,
   return Status::OK();
 }
 
-void Engine::Impl::LaunchDeferredStep(float grad_scale) {
+void Engine::Impl::LaunchDeferredStep(std::vector<kernels::AdamHyper> hs,
+                                      std::vector<size_t> order) {
   auto d = std::make_unique<zero::DeferredStep>(groups.size());
-  for (size_t g = 0; g < groups.size(); ++g) {
-    if (groups[g].sub_groups.empty()) d->updated[g].store(true);
-  }
+  for (size_t g = 0; g < groups.size(); ++g) d->updated[g].store(true);
+  for (size_t i : order) d->updated[subs[i].group].store(false);
   zero::DeferredStep* job = d.get();
   std::vector<Ticket> written_behind = std::move(grad_write_behind);
   grad_write_behind.clear();
-  job->thread = std::thread([this, job, grad_scale, tickets = std::move(written_behind)] {
-    Status st = RunAdam(grad_scale, &job->timings, [job](size_t g) {
-      {
-        std::lock_guard<std::mutex> lock(job->mu);
-        job->updated[g].store(true, std::memory_order_release);
-      }
-      job->cv.notify_all();
-    });
+  AdamRun run;
+  run.order = std::move(order);
+  run.hyper = std::move(hs);
+  run.updated = [job](size_t g) {
+    {
+      std::lock_guard<std::mutex> lock(job->mu);
+      job->updated[g].store(true, std::memory_order_release);
+    }
+    job->cv.notify_all();
+  };
+  job->thread = std::thread([this, job, run = std::move(run), tickets = std::move(written_behind)] {
+    Status st = RunAdam(run, &job->timings);
     // The gradients written home during the backward: a failed write fails this step, as
     // CheckGradWriteBehind does for a step that runs in Step.
     Status written = WriteBehindError(tickets, /*wait=*/true);
@@ -356,6 +380,8 @@ Result<StepReport> Engine::Impl::Step() {
 
   bool launch = false;  // overlap_step: the Adam runs behind the next forward
   float grad_scale = 1;
+  std::vector<size_t> order;  // the sub-groups this Step steps (the speculation's are done)
+  std::vector<kernels::AdamHyper> step_hyper;  // their coefficients
   report.global_step = ++global_step;
   report.loss_scale = scaler->scale();
   if (overflow) {
@@ -363,6 +389,8 @@ Result<StepReport> Engine::Impl::Step() {
     report.grad_norm = std::numeric_limits<double>::infinity();
     report.lr = last_lr;
     ++skipped_steps;
+    st = SettleSpeculation(false, 0, &report, nullptr);
+    if (!st.ok()) return Fail(st);
     st = scaler->Update(true);
     if (!st.ok()) return Fail(st);
   } else {
@@ -382,10 +410,15 @@ Result<StepReport> Engine::Impl::Step() {
       hyper[og].step = applied_steps - adam_step_base + 1;
     }
     grad_scale = static_cast<float>(1.0 / combined);
+    std::vector<uint64_t> kept;
+    st = SettleSpeculation(true, grad_scale, &report, &kept);
+    if (!st.ok()) return Fail(st);
+    order = StepOrder(kept);
+    step_hyper = StepHyper(grad_scale);
     if (overlap_step) {
       launch = true;  // below, once the bookkeeping the job must not race with is done
     } else {
-      st = RunAdam(grad_scale, &timings);
+      st = RunAdam({.order = std::move(order), .hyper = std::move(step_hyper)}, &timings);
       if (st.ok()) st = AllGatherUpdatedParams();
       if (!st.ok()) return Fail(st);
     }
@@ -405,7 +438,8 @@ Result<StepReport> Engine::Impl::Step() {
   for (SubGroup& s : subs) s.stats_valid = false;
   if (gather && in_step) gather->EndStep();
   in_step = false;
-  if (launch) LaunchDeferredStep(grad_scale);  // takes the write-behind tickets along
+  // Takes the write-behind tickets along.
+  if (launch) LaunchDeferredStep(std::move(step_hyper), std::move(order));
   timings.step_ns = Since(t0);
   report.timings = timings;
   zero::AddTimings(timings, &totals.timings);

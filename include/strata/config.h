@@ -184,6 +184,18 @@ struct OffloadOptimizerConfig {
   bool fast_init = false;                       // [false] skip zero-filling NVMe state files.
   double ratio = 1.0;                           // [1.0] fraction of the optimizer state
                                                 // offloaded (ZeRO-Offload++ partial offload).
+  // [unset: on wherever it applies] The CPU Adam of a group runs during backward, as soon as its
+  // gradient is final, before the global norm and the overflow check are known; a step that turns
+  // out to need clipping or skipping undoes those groups exactly and redoes them (DeepSpeed's
+  // SuperOffload "speculation, then validation"; the bits never change). `super_offload` is read
+  // as this key. Applies at stage 3 with the optimizer offloaded (cpu or nvme); elsewhere, when
+  // asked for, a layout note.
+  std::optional<bool> speculative_step;
+  // [-1: auto] Elements of optimizer state whose pre-update copy (master, m, v and the working
+  // params: 12 + 2 bytes each at 16-bit) the speculation may hold in host memory; groups beyond
+  // it step after backward as without. auto: a quarter of the rank's offloaded elements, within the
+  // host budget's room. Memory against how much of the step can overlap backward.
+  int64_t speculation_buffer_size = -1;
 };
 
 // `zero_optimization.offload_param` (ZeRO-3 only): where the bf16/fp16 parameter shards live.

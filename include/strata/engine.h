@@ -253,6 +253,9 @@ struct StepTimings {
   uint64_t optimizer_ns = 0;          // the Adam pipeline (compute + waits for its IO)
   uint64_t optimizer_io_wait_ns = 0;  // of which: waiting for reads and writes
   uint64_t step_ns = 0;               // the whole Step call
+  // offload_optimizer.speculative_step: the Adam run during the backward (on its own thread,
+  // overlapping it; not part of optimizer_ns), rolled-back work included.
+  uint64_t speculative_optimizer_ns = 0;
 };
 
 struct StepReport {
@@ -262,6 +265,11 @@ struct StepReport {
   double loss_scale = 1;    // the scale used by this step
   double lr = 0;            // the learning rate used (of the last applied step when skipped)
   double clip_coefficient = 1;  // >= 1: gradients were divided by it
+  // offload_optimizer.speculative_step: this rank's sub-groups whose Adam ran during the backward
+  // and was kept, and those whose Adam ran then and was undone (the step was clipped or skipped,
+  // or its learning rate was changed after the backward began) and, unless skipped, redone.
+  size_t speculated_sub_groups = 0;
+  size_t rolled_back_sub_groups = 0;
   StepTimings timings;
 };
 

@@ -156,6 +156,10 @@ struct ZeroSettings {
   bool optimizer_pin_memory = false;  // offload_optimizer.pin_memory
   bool param_pin_memory = false;      // offload_param.pin_memory
   double optimizer_buffer_count = 4;  // offload_optimizer.buffer_count (nvme swap buffers)
+  // offload_optimizer.speculative_step (unset: on) and speculation_buffer_size (< 0: auto): the
+  // rollback copies' host item (sched::SpeculationBufferBytes) where the optimizer is offloaded.
+  bool speculative_step = true;
+  double speculation_buffer_size = -1;
   double param_buffer_count = 5;      // offload_param.buffer_count
   double param_buffer_size = 1e8;     // offload_param.buffer_size (elements)
   double max_in_cpu = 1e9;            // offload_param.max_in_cpu: validated, not planned (the

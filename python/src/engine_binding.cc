@@ -442,6 +442,8 @@ class PyEngine {
     d["loss_scale"] = rep.loss_scale;
     d["lr"] = rep.lr;
     d["clip_coefficient"] = rep.clip_coefficient;
+    d["speculated_sub_groups"] = rep.speculated_sub_groups;
+    d["rolled_back_sub_groups"] = rep.rolled_back_sub_groups;
     d["timings"] = ToPython(zero::StepTimingsJson(rep.timings));
     return d;
   }

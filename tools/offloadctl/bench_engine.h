@@ -46,6 +46,10 @@ struct BenchEngineArgs {
   // steps then start after the warm-up's step has finished, and the last one ends when its own
   // step has (Synchronize), so they hold exactly `steps` optimizer steps and their bytes.
   bool overlap_step = false;
+  // offload_optimizer.speculative_step over the config's: "on", "off" ("" = the config's: on
+  // where it applies), and speculation_buffer_size (COUNT; "" = the config's).
+  std::string speculative_step;
+  std::string speculation_buffer;
   std::string config;             // DeepSpeed config file ("" = synthetic)
   int stage = -1;                 // -1: the config's (3 without --config)
   std::string offload_optimizer;  // "" = the config's
@@ -195,6 +199,8 @@ struct VariantResult {
   EngineLayout layout;
   std::vector<double> step_s;  // per measured step, wall time of the whole training step
   double gather_wait_s = 0, reduce_wait_s = 0, optimizer_s = 0, optimizer_io_wait_s = 0;
+  // speculative_step: the Adam run during the backward, and the sub-groups it kept / undid.
+  double speculative_optimizer_s = 0, speculated_sub_groups = 0, rolled_back_sub_groups = 0;
   double step_call_s = 0;  // Engine::Step alone (means over the measured steps)
   double compute_s = 0;    // simulated compute per step
   double init_s = 0;       // InitParameters

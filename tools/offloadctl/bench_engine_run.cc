@@ -177,6 +177,7 @@ struct StepSample {
   double wall_s = 0;
   StepTimings t;
   StepPhases phases;
+  size_t speculated = 0, rolled_back = 0;  // StepReport's sub-group counts
 };
 
 // Times one phase of a step and the store's NVMe bytes in it (bench_engine.h, StepPhases).
@@ -260,6 +261,8 @@ Result<StepSample> TrainStep(Engine& e, int gas, const SimulatedWork& work) {
     PhaseClock clock(e, &out.phases.optimizer);
     STRATA_ASSIGN_OR_RETURN(StepReport rep, e.Step());
     out.t = rep.timings;
+    out.speculated = rep.speculated_sub_groups;
+    out.rolled_back = rep.rolled_back_sub_groups;
   }
   out.wall_s = Sec(Clock::now() - t0);
   return out;
@@ -462,6 +465,9 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, VariantBack
     r->reduce_wait_s += x.t.reduce_wait_ns * 1e-9 / n;
     r->optimizer_s += x.t.optimizer_ns * 1e-9 / n;
     r->optimizer_io_wait_s += x.t.optimizer_io_wait_ns * 1e-9 / n;
+    r->speculative_optimizer_s += x.t.speculative_optimizer_ns * 1e-9 / n;
+    r->speculated_sub_groups += static_cast<double>(x.speculated) / n;
+    r->rolled_back_sub_groups += static_cast<double>(x.rolled_back) / n;
     r->step_call_s += x.t.step_ns * 1e-9 / n;
     for (const StepPhaseRef& ph : kStepPhases) {
       PhaseFigures& into = phases.*ph.field;
@@ -635,6 +641,13 @@ Result<ParsedConfig> BuildEngineConfig(const BenchEngineArgs& a, const EngineVar
   };
   place("offload_optimizer", v.offload_optimizer);
   place("offload_param", v.offload_param);
+  if (!a.speculative_step.empty()) {
+    z["offload_optimizer"]["speculative_step"] = a.speculative_step == "on";
+  }
+  if (!a.speculation_buffer.empty()) {
+    auto n = ParseParamCount(a.speculation_buffer);
+    z["offload_optimizer"]["speculation_buffer_size"] = n.ok() ? static_cast<int64_t>(*n) : 0;
+  }
   if (!a.max_reuse_distance.empty()) {
     auto n = ParseParamCount(a.max_reuse_distance);
     z["stage3_max_reuse_distance"] = n.ok() ? static_cast<int64_t>(*n) : 0;

@@ -290,15 +290,21 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r) {
   j["steps"] = a.steps;
   j["warmup_steps"] = a.warmup_steps;
   j["overlap_step"] = a.overlap_step;
+  j["speculative_step"] = a.speculative_step.empty() ? "config" : a.speculative_step;
   j["compute_ms"] = a.compute_ms;
   j["init_s"] = r.init_s;
   j["step_s"] = me.step_s;
   j["step_s_mean"] = mean;
   j["step_s_all"] = r.step_s;
-  j["breakdown"] = {
-      {"gather_wait_s", r.gather_wait_s}, {"reduce_wait_s", r.reduce_wait_s},
-      {"optimizer_s", r.optimizer_s},     {"optimizer_io_wait_s", r.optimizer_io_wait_s},
-      {"step_call_s", r.step_call_s},     {"compute_s", r.compute_s}};
+  j["breakdown"] = {{"gather_wait_s", r.gather_wait_s},
+                    {"reduce_wait_s", r.reduce_wait_s},
+                    {"optimizer_s", r.optimizer_s},
+                    {"optimizer_io_wait_s", r.optimizer_io_wait_s},
+                    {"step_call_s", r.step_call_s},
+                    {"compute_s", r.compute_s},
+                    {"speculative_optimizer_s", r.speculative_optimizer_s},
+                    {"speculated_sub_groups", r.speculated_sub_groups},
+                    {"rolled_back_sub_groups", r.rolled_back_sub_groups}};
   j["stall_fraction"] = mean > 0 ? (r.gather_wait_s + r.reduce_wait_s) / mean : 0.0;
   // NVMe traffic of all ranks together: they share the disks under --nvme-path.
   const double rd = Sum(r.ranks, &RankFigures::nvme_read_bytes_per_step);
@@ -414,6 +420,14 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
       b["gather_wait_s"].get<double>(), b["reduce_wait_s"].get<double>(),
       b["optimizer_s"].get<double>(), b["optimizer_io_wait_s"].get<double>(),
       b["compute_s"].get<double>(), j["stall_fraction"].get<double>());
+  if (b["speculative_optimizer_s"].get<double>() > 0 ||
+      b["rolled_back_sub_groups"].get<double>() > 0) {
+    std::printf(
+        "  speculative step: %.3f s of Adam during the backward; %.1f sub-groups kept, %.1f "
+        "undone per step\n",
+        b["speculative_optimizer_s"].get<double>(), b["speculated_sub_groups"].get<double>(),
+        b["rolled_back_sub_groups"].get<double>());
+  }
   std::printf("  nvme %s GB/step (read %s, write %s)", Gb(j["nvme_bytes_per_step"]).c_str(),
               Gb(j["nvme_read_bytes_per_step"]).c_str(),
               Gb(j["nvme_write_bytes_per_step"]).c_str());
@@ -613,6 +627,12 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
   c->add_flag("--overlap-step", a->overlap_step,
               "Run each optimizer step behind the next forward (EngineOptions::overlap_step: "
               "stage 3 with the optimizer offloaded)");
+  c->add_option("--speculative-step", a->speculative_step,
+                "offload_optimizer.speculative_step over the config's: each group's Adam during "
+                "the backward (default: the config's, on where the optimizer is offloaded)")
+      ->check(CLI::IsMember({"on", "off"}));
+  c->add_option("--speculation-buffer", a->speculation_buffer,
+                "offload_optimizer.speculation_buffer_size (COUNT, k/M/B) over the config's");
   c->add_flag("--bias-groups", a->bias_groups,
               "Add a small bias group (sqrt(params/layers) elements, under the persistence "
               "threshold) after each layer, taken from its params");

@@ -1,0 +1,236 @@
+// Engine: the optimizer step during the backward (offload_optimizer.speculative_step), after
+// DeepSpeed's SuperOffload: "speculation, then validation".
+//
+// Once a group's gradient is final in the backward (its last micro-step accumulated), a worker
+// thread runs its sub-groups' CPU Adam with the coefficients of an applied, unclipped step (grad
+// scale 1 / loss scale, the next step's lr and count), first copying each sub-group's master, m,
+// v and working params into a bounded host arena. Step validates: when the step is applied with
+// exactly those coefficients, the work stands and only the other sub-groups step; otherwise
+// (clipped, skipped on overflow, an lr changed after the backward began) every speculated
+// sub-group is restored from its copies and stepped again with the right coefficients, or not at
+// all. Either way the state is bit for bit what the step without speculation makes: the same
+// kernel on the same inputs.
+//
+// Bounds: the arena (EngineLayout's host working set) caps the elements speculated per step;
+// the groups beyond it step in Step. The NVMe read-ahead and write-behind of a speculated
+// sub-group are the step pipeline's (offload_optimizer.buffer_count). Policy: a step after one
+// that needed clipping or was skipped does not speculate, so a run that clips every step pays
+// one rollback, not one per step.
+//
+// Anything that must see the state from before the step while the speculation holds groups (a
+// Gather of a queued group, Save, Load, ReadMaster) cancels it first: the worker finishes, its
+// work is undone and the step runs as without.
+#include <cstring>
+
+#include "core/zero/engine_internal.h"
+
+namespace strata {
+
+using zero::Speculation;
+using zero::SubGroup;
+
+namespace {
+
+bool SameHyper(const kernels::AdamHyper& a, const kernels::AdamHyper& b) {
+  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
+         a.weight_decay == b.weight_decay && a.decoupled_weight_decay == b.decoupled_weight_decay &&
+         a.bias_correction == b.bias_correction && a.step == b.step &&
+         a.grad_scale == b.grad_scale && a.stream_state == b.stream_state;
+}
+
+bool SameHyper(const std::vector<kernels::AdamHyper>& a, const std::vector<kernels::AdamHyper>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!SameHyper(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+// Bytes of sub-group s's copies in the arena: master, m, v (fp32) and its working params.
+uint64_t CopyBytes(const SubGroup& s, size_t elt) {
+  return static_cast<uint64_t>(s.elems) * (3 * sizeof(float) + elt);
+}
+
+}  // namespace
+
+void Engine::Impl::ResetSpeculation() {
+  Speculation& sp = *spec;
+  sp.open = !sp.skip_next;
+  sp.engaged = false;
+  sp.used = 0;
+  sp.offset.assign(subs.size(), Speculation::kNone);
+  sp.handed.clear();
+  sp.group_queued.assign(groups.size(), 0);
+  sp.final_pending.assign(groups.size(), 0);
+}
+
+void Engine::Impl::OnGradientFinal(size_t g) {
+  if (!spec || !spec->open || !failed.ok()) return;
+  Speculation& sp = *spec;
+  const zero::GroupState& gs = groups[g];
+  if (gs.sub_groups.empty()) return;
+  if (gs.gathered > 0) {
+    // Its gathered copy may alias the param shard: its Adam starts once it is released.
+    sp.final_pending[g] = 1;
+    return;
+  }
+  sp.final_pending[g] = 0;
+  uint64_t bytes = 0;
+  for (size_t i : gs.sub_groups) bytes += CopyBytes(subs[i], elt);
+  if (sp.used + bytes > sp.buffer_bytes) return;  // its copies do not fit: it steps in Step
+  if (!sp.engaged) {
+    // The coefficients of an applied, unclipped step (what Step computes then, bit for bit).
+    sp.grad_scale = static_cast<float>(1.0 / scaler->scale());
+    sp.hyper = StepHyper(sp.grad_scale);
+    sp.status = Status::OK();
+    sp.engaged = true;
+  }
+  if (!sp.thread.joinable()) {  // first group, or after a FinishSpeculation (Synchronize)
+    sp.closing = false;
+    sp.thread = std::thread([this] { SpeculationWorker(); });
+  }
+  for (size_t i : gs.sub_groups) {
+    sp.offset[i] = sp.used;
+    sp.used += CopyBytes(subs[i], elt);
+    sp.handed.push_back(i);
+  }
+  sp.group_queued[g] = 1;
+  {
+    std::lock_guard<std::mutex> lock(sp.mu);
+    sp.queue.push_back(g);
+  }
+  sp.cv.notify_one();
+}
+
+void Engine::Impl::SpeculationWorker() {
+  Speculation& sp = *spec;
+  for (;;) {
+    std::vector<size_t> batch;
+    {
+      std::unique_lock<std::mutex> lock(sp.mu);
+      sp.cv.wait(lock, [&] { return !sp.queue.empty() || sp.closing; });
+      if (sp.queue.empty()) return;
+      batch.assign(sp.queue.begin(), sp.queue.end());
+      sp.queue.clear();
+      if (!sp.status.ok()) continue;  // failed: the rest is dropped, the engine fails at Step
+    }
+    // The groups queued meanwhile go through one pipeline: their NVMe reads overlap.
+    AdamRun run;
+    for (size_t g : batch) {
+      run.order.insert(run.order.end(), groups[g].sub_groups.begin(), groups[g].sub_groups.end());
+    }
+    run.hyper = sp.hyper;
+    run.before = [&](size_t i, Lease& master, Lease& m, Lease& v, Lease& param) {
+      const SubGroup& s = subs[i];
+      uint8_t* at = sp.arena.get() + sp.offset[i];
+      const size_t n = s.elems * sizeof(float);
+      std::memcpy(at, master.data(), n);
+      std::memcpy(at + n, m.data(), n);
+      std::memcpy(at + 2 * n, v.data(), n);
+      std::memcpy(at + 3 * n, static_cast<const uint8_t*>(param.data()) + ParamOffset(s) * elt,
+                  s.elems * elt);
+    };
+    StepTimings t;
+    Status st = RunAdam(run, &t);
+    std::lock_guard<std::mutex> lock(sp.mu);
+    sp.timings.speculative_optimizer_ns += t.optimizer_ns;
+    if (!st.ok() && sp.status.ok()) {
+      sp.status = st.WithContext("during the backward (speculative_step)");
+    }
+  }
+}
+
+Status Engine::Impl::FinishSpeculation() {
+  if (!spec || !spec->thread.joinable()) return Status::OK();
+  Speculation& sp = *spec;
+  {
+    std::lock_guard<std::mutex> lock(sp.mu);
+    sp.closing = true;
+  }
+  sp.cv.notify_one();
+  sp.thread.join();
+  timings.speculative_optimizer_ns += sp.timings.speculative_optimizer_ns;
+  sp.timings = StepTimings{};
+  if (!sp.status.ok()) return Fail(sp.status);
+  return Status::OK();
+}
+
+Status Engine::Impl::RollBackSpeculation() {
+  Speculation& sp = *spec;
+  const Tier opt_home = placement.Home(StateKind::kMaster32);
+  const Tier param_home = placement.Home(StateKind::kParam16);
+  const Tier opt_tier = ComputeTier(opt_home), param_tier = ComputeTier(param_home);
+  std::vector<Ticket> written;
+  for (size_t i : sp.handed) {
+    const SubGroup& s = subs[i];
+    const uint8_t* at = sp.arena.get() + sp.offset[i];
+    const size_t n = s.elems * sizeof(float);
+    const BlockId states[3] = {s.master, s.exp_avg, s.exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      STRATA_ASSIGN_OR_RETURN(Lease l,
+                              store->Acquire(states[k], opt_tier, Access::kOverwrite, timeout()));
+      std::memcpy(l.data(), at + k * n, n);
+      l.MarkDirty();
+    }
+    const BlockId pb = groups[s.group].param;
+    {
+      STRATA_ASSIGN_OR_RETURN(Lease p, store->Acquire(pb, param_tier, Access::kWrite, timeout()));
+      std::memcpy(static_cast<uint8_t*>(p.data()) + ParamOffset(s) * elt, at + 3 * n,
+                  s.elems * elt);
+      p.MarkDirty();
+    }
+    // NVMe homes hold what the speculation wrote: the restored copies go home before Step goes
+    // on, as the step pipeline's writes would.
+    if (opt_home == Tier::kNvme) {
+      for (BlockId b : states) written.push_back(store->WriteBack(b));
+    }
+    if (param_home == Tier::kNvme && groups[s.group].sub_groups.back() == i) {
+      written.push_back(store->WriteBack(pb));
+    }
+  }
+  for (const Ticket& t : written) {
+    Status st = t.Wait(timeout());
+    if (!st.ok()) return st.WithContext("speculative_step rollback");
+  }
+  return Status::OK();
+}
+
+Status Engine::Impl::CancelSpeculation() {
+  if (!spec) return Status::OK();
+  Speculation& sp = *spec;
+  sp.open = false;
+  if (!sp.engaged) return Status::OK();
+  STRATA_RETURN_IF_ERROR(FinishSpeculation());
+  Status st = RollBackSpeculation();
+  if (!st.ok()) return Fail(st);
+  sp.cancelled += sp.handed.size();
+  const bool skip_next = sp.skip_next;
+  ResetSpeculation();
+  sp.skip_next = skip_next;
+  sp.open = false;
+  return Status::OK();
+}
+
+Status Engine::Impl::SettleSpeculation(bool applied, float grad_scale, StepReport* report,
+                                       std::vector<uint64_t>* kept) {
+  if (!spec) return Status::OK();
+  Speculation& sp = *spec;
+  STRATA_RETURN_IF_ERROR(FinishSpeculation());
+  report->rolled_back_sub_groups = sp.cancelled;
+  sp.cancelled = 0;
+  if (sp.engaged) {
+    if (applied && grad_scale == sp.grad_scale && SameHyper(sp.hyper, StepHyper(grad_scale))) {
+      report->speculated_sub_groups = sp.handed.size();
+      *kept = sp.offset;
+    } else {
+      Status st = RollBackSpeculation();
+      if (!st.ok()) return st;
+      report->rolled_back_sub_groups += sp.handed.size();
+    }
+  }
+  sp.skip_next = !applied || grad_scale != static_cast<float>(1.0 / report->loss_scale);
+  ResetSpeculation();
+  return Status::OK();
+}
+
+}  // namespace strata

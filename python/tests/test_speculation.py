@@ -1,0 +1,78 @@
+"""offload_optimizer.speculative_step from PyTorch, with models nobody here wrote: a transformers
+GPT-2 trained with gradient clipping and a PEFT LoRA adapter on a transformers Llama. The run with
+the key on (each group's CPU Adam during the backward, undone when a step is clipped) gives the
+same parameters, bit for bit, as the run with it off; the step reports say what was speculated
+and what was undone."""
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+import strata  # noqa: E402
+
+from models import ds_config  # noqa: E402
+
+STEPS = 4
+
+
+def gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=32, n_layer=2, n_head=4,
+                                 bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def lora_llama():
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=37, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=16)
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                           init_lora_weights="gaussian")
+    return peft.get_peft_model(transformers.LlamaForCausalLM(cfg), lora)
+
+
+def train(make, vocab, offload, clip, speculate, tmp_path):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg = ds_config(3, offload, lr=1e-2, wd=0.01, nvme_path=str(tmp_path))
+    cfg["gradient_clipping"] = clip
+    cfg["zero_optimization"]["offload_optimizer"].update(
+        {"speculative_step": speculate, "speculation_buffer_size": 10**9})
+    model = make()
+    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+    reports = []
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(step)
+        idx = torch.randint(0, vocab, (4, 12), generator=g)
+        loss = engine(input_ids=idx, labels=idx).loss
+        engine.backward(loss)
+        engine.step()
+        reports.append(dict(engine.last_step_report))
+    master = engine.read_master()
+    engine.close()
+    return master, reports
+
+
+CASES = [("gpt2", gpt2, 61, "cpu"), ("lora-llama", lora_llama, 37, "nvme")]
+
+
+@pytest.mark.parametrize("name,make,vocab,offload", CASES, ids=[c[0] for c in CASES])
+def test_speculative_step_same_bits_kept_or_undone(name, make, vocab, offload, tmp_path):
+    # No clipping: every step keeps its speculation.
+    off, off_reports = train(make, vocab, offload, 1e9, False, tmp_path / "a")
+    on, on_reports = train(make, vocab, offload, 1e9, True, tmp_path / "b")
+    assert off.keys() == on.keys()
+    for n in off:
+        assert torch.equal(off[n], on[n]), n
+    assert all(r["speculated_sub_groups"] > 0 for r in on_reports)
+    assert all(r["rolled_back_sub_groups"] == 0 for r in on_reports)
+    assert all(r["speculated_sub_groups"] == 0 for r in off_reports)
+    # Clipping every step: the first step's speculation is undone and redone, the later steps do
+    # not speculate; the same bits again.
+    off, _ = train(make, vocab, offload, 1e-4, False, tmp_path / "c")
+    on, reports = train(make, vocab, offload, 1e-4, True, tmp_path / "d")
+    for n in off:
+        assert torch.equal(off[n], on[n]), n
+    assert reports[0]["clip_coefficient"] > 1
+    assert reports[0]["rolled_back_sub_groups"] > 0
+    assert all(r["speculated_sub_groups"] == 0 for r in reports)
