@@ -220,10 +220,16 @@ Status Engine::Impl::NonFiniteWeight(size_t g, const void* host_shard) const {
 
 void Engine::Impl::Release(GatheredGroup gathered) {
   if (!gathered) return;
+  const size_t g = gathered.group_;
   --outstanding_gathers;
-  if (--groups[gathered.group_].gathered == 0 && spec && spec->final_pending[gathered.group_]) {
-    OnGradientFinal(gathered.group_);  // its gradient became final while it was gathered
+  --groups[g].gathered;
+  DropGathered(std::move(gathered));  // the handle's lease or copy is gone (or kept) from here
+  if (groups[g].gathered == 0 && spec && spec->final_pending[g]) {
+    OnGradientFinal(g);  // its gradient became final while it was gathered
   }
+}
+
+void Engine::Impl::DropGathered(GatheredGroup gathered) {
   if (!placement.params_partitioned || !failed.ok()) return;  // the lease / copy goes with it
   const size_t g = gathered.group_;
   zero::GroupState& gs = groups[g];

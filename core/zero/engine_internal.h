@@ -285,6 +285,9 @@ struct Engine::Impl {
   // qgZ: the hierarchical quantized reduce-scatter of `full` into this rank's `shard`.
   Status QuantizedReduceScatter(size_t g, const void* full, void* shard);
   void Release(GatheredGroup gathered);
+  // Release's part for the handle itself: stage 3 keeps the copy (persistence, reuse distance)
+  // or lets it go with the handle.
+  void DropGathered(GatheredGroup gathered);
   Status ReduceGradients(size_t g);
   // Completes pending reductions (all, or only those already finished when `all` is false).
   Status DrainReductions(bool all);
