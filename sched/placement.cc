@@ -165,15 +165,21 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
   }
   if (!placement.params_partitioned || group == 0) return items;
   const Stage3Residency r = Stage3Peak(in);
-  add("gathered groups (" + std::to_string(r.gathered) + " of " + std::to_string(r.groups) +
-          ": kept + in use)",
-      std::min(in.total_group_elems, r.gathered * group) * in.param_elem_bytes);
+  const bool aliased = in.world == 1 && !in.quantized_weights;  // Gather hands out the shard
+  if (!aliased) {
+    add("gathered groups (" + std::to_string(r.gathered) + " of " + std::to_string(r.groups) +
+            ": kept + in use)",
+        std::min(in.total_group_elems, r.gathered * group) * in.param_elem_bytes);
+  }
   if (!params_home_device) {
+    // Aliased, the shards are also the groups in use: at least as many as would be gathered.
+    const uint64_t shards = aliased ? std::max(r.shards, r.gathered) : r.shards;
     const uint64_t total_shards = CeilDiv(in.total_group_elems, static_cast<uint64_t>(in.world));
-    add("param shards on the device (" + std::to_string(r.shards) + " of " +
-            std::to_string(r.groups) + ": kept or prefetched)",
+    add("param shards on the device (" + std::to_string(shards) + " of " +
+            std::to_string(r.groups) +
+            (aliased ? ": kept, prefetched or in use)" : ": kept or prefetched)"),
         std::min(total_shards * in.param_elem_bytes + r.groups * (align - 1),  // rounding slack
-                 r.shards * shard_copy),
+                 shards * shard_copy),
         /*store_cache=*/true);
   }
   return items;

@@ -126,7 +126,9 @@ inline constexpr uint64_t kHostBudgetSlackBytes = uint64_t{16} << 20;
 //     is allocated: only its excess over the gradient buffers counts.
 //   - norm exchange: 16 B per rank.
 //   - stage 3, gathered groups and (params off the device) the store's param shards on the
-//     device: as many as Stage3Residency says the step's trace keeps at once.
+//     device: as many as Stage3Residency says the step's trace keeps at once. One rank (without
+//     qwZ): no gathered groups, the shard is the whole group and the trainer reads the store's
+//     copy (core/zero/engine_grad.cc, Gather).
 //   - optimizer on the device run by the device's kernels (`device_kernels`: a device the host
 //     cannot address) with params off it: the step writes the new 16-bit params into a device
 //     copy of the param shard, fetched ahead like the states: one shard per pipeline buffer
@@ -148,6 +150,7 @@ struct DeviceWorkingInput {
   uint64_t grad_elem_bytes = 2;      // gradients as the trainer writes and reduces them
   bool overlap_comm = false;
   bool quantized_gradients = false;  // qgZ (stage 3): reduces through its own wire buffers
+  bool quantized_weights = false;    // qwZ (stage 3): gathers into a buffer even on one rank
   // The stage-3 limits, in full parameters as DeepSpeed gives them.
   uint64_t max_live_elems = 1000000000;        // stage3_max_live_parameters
   uint64_t reuse_distance_elems = 1000000000;  // stage3_max_reuse_distance

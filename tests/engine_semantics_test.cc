@@ -49,6 +49,19 @@ struct LedgerRun {
   uint64_t padded_params = 0;
 };
 
+// A backward pass (fp32) in which every gradient is 0.01.
+Status BackwardOfConstantGrads(Engine& engine, const ModelSpec& model) {
+  for (size_t g = model.groups.size(); g-- > 0;) {
+    STRATA_ASSIGN_OR_RETURN(GatheredGroup gg, engine.Gather(g));
+    STRATA_ASSIGN_OR_RETURN(void* buf, engine.GradBuffer(g));
+    float* f = static_cast<float*>(buf);
+    for (size_t i = 0; i < model.groups[g].numel(); ++i) f[i] = 0.01f;
+    engine.Release(std::move(gg));
+    STRATA_RETURN_IF_ERROR(engine.ReduceGradients(g));
+  }
+  return Status::OK();
+}
+
 LedgerRun MeasureStep(int stage, int world) {
   LedgerRun out;
   ModelSpec model;
@@ -76,14 +89,7 @@ LedgerRun MeasureStep(int stage, int world) {
           STRATA_ASSIGN_OR_RETURN(GatheredGroup gg, engine->Gather(g));
           engine->Release(std::move(gg));
         }
-        for (size_t g = n; g-- > 0;) {
-          STRATA_ASSIGN_OR_RETURN(GatheredGroup gg, engine->Gather(g));
-          STRATA_ASSIGN_OR_RETURN(void* buf, engine->GradBuffer(g));
-          float* f = static_cast<float*>(buf);
-          for (size_t i = 0; i < model.groups[g].numel(); ++i) f[i] = 0.01f;
-          engine->Release(std::move(gg));
-          STRATA_RETURN_IF_ERROR(engine->ReduceGradients(g));
-        }
+        STRATA_RETURN_IF_ERROR(BackwardOfConstantGrads(*engine, model));
         STRATA_ASSIGN_OR_RETURN(StepReport rep, engine->Step());
         (void)rep;
         if (r == 0) {
@@ -101,6 +107,52 @@ LedgerRun MeasureStep(int stage, int world) {
     if (!st[r].ok()) out.status = st[r];
   }
   return out;
+}
+
+// One rank at stage 3 (no qwZ / hpZ, a host-addressable device): the shard is the whole group,
+// so Gather hands out the store's device copy itself. The device's used bytes grow by that copy
+// only (no gathered buffer: 2x before), the handle points at the same memory on a second
+// Gather, gradients and a Step work, and Step still refuses while a group is held.
+// (Prefetch, reuse and persistence off: each Gather fetches the copy and Release evicts it.)
+TEST(EngineGather, WorldOneGatherAliasesTheShardWithoutABuffer) {
+  ModelSpec model;
+  model.groups = {{"a", {{"w", {10000}}}}, {"b", {{"w", {20000}}}}};
+  auto parsed = ParseDeepSpeedConfig(BaseConfig(
+      R"("stage": 3, "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0,
+         "stage3_param_persistence_threshold": 0, "offload_optimizer": {"device": "cpu"},
+         "offload_param": {"device": "cpu"})"));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  const std::string dir = UniqueTestDir("engine_alias");
+  const std::vector<Status> st =
+      OnHostRanks(1, dir, parsed->config, [&](int, EngineOptions eo) -> Status {
+        Device* dev = eo.device;
+        STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(model, std::move(eo)));
+        STRATA_RETURN_IF_ERROR(
+            engine->InitParameters([](size_t, size_t, size_t b, size_t e, float* o) {
+              for (size_t i = b; i < e; ++i) o[i - b] = 0.001f * static_cast<float>(i % 13);
+            }));
+        for (size_t g = 0; g < 2; ++g) {
+          const uint64_t bytes = model.groups[g].numel() * 4;
+          const uint64_t before = dev->stats().used_bytes;
+          STRATA_ASSIGN_OR_RETURN(GatheredGroup gg, engine->Gather(g));
+          // The peak since Create grew by the store's device copy only (4 KiB units); a
+          // gathered buffer as well would double it.
+          const uint64_t grew = dev->stats().peak_used_bytes - before;
+          EXPECT_LE(grew, (bytes + 4095) / 4096 * 4096 + 4096) << g;
+          const float* w = static_cast<const float*>(gg.data());
+          EXPECT_EQ(w[14], 0.001f);
+          if (engine->Step().ok()) return Status::Internal("Step ran while a group was held");
+          engine->Release(std::move(gg));
+        }
+        STRATA_RETURN_IF_ERROR(BackwardOfConstantGrads(*engine, model));
+        STRATA_ASSIGN_OR_RETURN(StepReport rep, engine->Step());
+        EXPECT_FALSE(rep.skipped);
+        STRATA_ASSIGN_OR_RETURN(GatheredGroup gg, engine->Gather(0));
+        EXPECT_NE(static_cast<const float*>(gg.data())[14], 0.001f);  // the update is seen
+        engine->Release(std::move(gg));
+        return Status::OK();
+      });
+  ASSERT_TRUE(st[0].ok()) << st[0].ToString();
 }
 
 TEST(EngineLedger, CommunicationEqualsTheLedger) {

@@ -164,9 +164,24 @@ TEST(DeviceWorking, ItemsFollowStageOverlapAndLimits) {
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16);
   one.overlap_comm = true;
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16);
-  // qgZ reduces through its buffers even on one rank: 3 x (group + shard).
+  // qgZ reduces through its buffers even on one rank: 3 x (group + shard). Stage 3 on one rank
+  // gathers nothing: the trainer reads the param shard (the whole group) itself.
   one.quantized_gradients = true;
-  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, N), one)), 2400u + 16 + 100 * 2);
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, N), one)), 2400u + 16);
+  // Params on the host: the store's shard copies stand in for the gathered groups, at least the
+  // two a trainer may hold at once (one group here: one).
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, C), one), true), 100u * 2);
+  one.total_group_elems = 400;
+  one.reuse_distance_elems = 0;  // kept: the last one; no prefetch window
+  one.prefetch_elems = 0;
+  one.persistence_elems = 0;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, C), one), true), 2u * 100 * 2);
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, C), one)), 2400u + 16 + 2 * 100 * 2);
+  // qwZ dequantizes into gathered buffers even on one rank: two of them, and the store keeps
+  // the one shard it uses.
+  one.quantized_weights = true;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, C), one)),
+            2400u + 16 + 2 * 100 * 2 + 100 * 2);
 }
 
 // The 2B run that showed the gap (`bench engine --params 2B --layers 32 --stage 3`, params on

@@ -147,6 +147,7 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   dw.grad_elem_bytes = width(r.grad_bytes);
   dw.overlap_comm = overlap;
   dw.quantized_gradients = stage == 3 && z.zero_plus_plus.quantized_gradients;
+  dw.quantized_weights = stage == 3 && z.zero_plus_plus.quantized_weights;
   dw.max_live_elems = elems(z.max_live_parameters);
   dw.reuse_distance_elems = elems(z.max_reuse_distance);
   dw.prefetch_elems = elems(z.prefetch_bucket_size);

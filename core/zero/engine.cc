@@ -630,6 +630,7 @@ void LayOutDeviceWorking(const sched::StateLayout& states, const EngineOptions& 
   dw.grad_elem_bytes = e.elt;
   dw.overlap_comm = e.overlap_comm;
   dw.quantized_gradients = e.zpp.qgz;
+  dw.quantized_weights = e.zpp.qwz;
   dw.max_live_elems = e.max_live_elems;
   dw.reuse_distance_elems = e.reuse_distance_elems;
   dw.prefetch_elems = cs->prefetch_elems;

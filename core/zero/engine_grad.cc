@@ -84,6 +84,18 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
     auto shard = gather->Gather(static_cast<sched::GroupId>(g), timeout());
     timings.gather_fetch_wait_ns += Since(f0);
     if (!shard.ok()) return Fail(WithContext(shard.status(), "gather of group '" + name + "'"));
+    if (AliasesShard()) {
+      // One rank: the shard is the whole group. The trainer reads the scheduler's device copy
+      // itself until Release (no buffer, no copy); Step refuses while it is held, and with
+      // overlap_step WaitForUpdate above has seen g's update written before the lease was taken.
+      auto copy = std::make_shared<zero::GatheredCopy>();
+      out.data_ = shard->data();
+      copy->shard.emplace(std::move(*shard));
+      out.hold_ = std::move(copy);
+      ++outstanding_gathers;
+      timings.gather_wait_ns += Since(t0);
+      return out;
+    }
     const uint64_t bytes = gs.shard.padded_elems(world) * elt;
     auto full = DeviceBuffer::Make(opt.device, bytes);
     if (!full.ok() && full.status().code() == Status::Code::kResourceExhausted &&
@@ -122,11 +134,7 @@ Status Engine::Impl::GatherInto(size_t g, const void* shard, void* full) {
                                          zero::HpzSecondaryElems(gs.shard, world, zpp.hpz), dtype));
     return h.WaitUntil(deadline());
   }
-  if (world == 1 && !zpp.qwz && opt.device->host_addressable()) {
-    // One rank: the shard is the whole group. One copy here, not a round trip through the
-    // communicator's thread (two wake-ups per gather on the critical path).
-    std::memcpy(full, shard, S * elt);
-  } else if (!zpp.qwz) {
+  if (!zpp.qwz) {
     STRATA_ASSIGN_OR_RETURN(CommHandle h, opt.comm->AllGather(shard, full, S, dtype));
     STRATA_RETURN_IF_ERROR(h.WaitUntil(deadline()));
   } else {
@@ -234,6 +242,12 @@ void Engine::Impl::DropGathered(GatheredGroup gathered) {
   const size_t g = gathered.group_;
   zero::GroupState& gs = groups[g];
   auto copy = std::static_pointer_cast<zero::GatheredCopy>(gathered.hold_);
+  if (copy && copy->shard) {
+    // The scheduler's own copy (AliasesShard): back to it; it keeps or evicts the copy.
+    gathered.hold_.reset();
+    if (gather != nullptr) gather->Release(static_cast<sched::GroupId>(g), std::move(*copy->shard));
+    return;
+  }
   const uint64_t padded = gs.shard.padded_elems(world);
   bool keep = gs.numel <= persistence_elems;
   if (!keep && gather != nullptr) {

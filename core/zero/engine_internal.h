@@ -69,8 +69,13 @@ struct SubGroup {
 };
 
 // A stage-3 gathered copy of a group (shared by the engine's cache and the trainer's handle).
+// At world size 1 without qwZ / hpZ the shard is the whole group:
+// the trainer's handle then reads the gather scheduler's device copy itself (`shard`, handed
+// back to the scheduler on Release; never kept in GroupState::cached: the scheduler's own
+// keep / evict policy decides instead) and `buffer` stays empty.
 struct GatheredCopy {
   DeviceBuffer buffer;
+  std::optional<Lease> shard;
 };
 
 // A reduction in flight: the group's gradient buffer and the reduced shard.
@@ -277,6 +282,10 @@ struct Engine::Impl {
 
   // --- engine_grad.cc ---
   Result<GatheredGroup> Gather(size_t g);
+  // Stage 3, one rank, no qwZ / hpZ: the shard is the whole group, and Gather hands out the
+  // gather scheduler's device copy of it (GatheredCopy::shard; sched::DeviceWorkingSet counts no
+  // gathered groups then).
+  bool AliasesShard() const { return world == 1 && !zpp.qwz && zpp.hpz <= 1; }
   // Stage 3: the all-gather of group g from this rank's `shard` into `full` (plain, qwZ or hpZ;
   // fills the hpZ secondary slice on the step's first gather).
   Status GatherInto(size_t g, const void* shard, void* full);
