@@ -73,6 +73,7 @@ ResolvedZero ResolveZeroSettings(const EngineConfig& c) {
   s.optimizer_pin_memory = z.offload_optimizer.pin_memory;
   s.param_pin_memory = z.offload_param.pin_memory;
   s.optimizer_buffer_count = static_cast<double>(z.offload_optimizer.buffer_count);
+  s.optimizer_ratio = z.offload_optimizer.ratio;
   s.param_buffer_count = static_cast<double>(z.offload_param.buffer_count);
   s.param_buffer_size = static_cast<double>(z.offload_param.buffer_size);
   s.max_in_cpu = static_cast<double>(z.offload_param.max_in_cpu);
@@ -96,11 +97,6 @@ ResolvedZero ResolveZeroSettings(const EngineConfig& c) {
   s.zero_plus_plus.hpz_partition_size = z.zero_hpz_partition_size;
   s.gradient_accumulation_steps =
       SizeOr(c.gradient_accumulation_steps, 1, "gradient_accumulation_steps", true, &r);
-  if (z.offload_optimizer.device != OffloadDevice::kNone && z.offload_optimizer.ratio < 1.0) {
-    r.notes.push_back(
-        "zero_optimization.offload_optimizer.ratio < 1 (partial offload) is not "
-        "modelled: planned as a full offload");
-  }
   r.stage_auto = c.IsAuto("zero_optimization.stage");
   return r;
 }

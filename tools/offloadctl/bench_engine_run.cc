@@ -77,7 +77,8 @@ std::optional<PerTier<double>> PlannerBytes(const EngineConfig& c, const ModelSp
   in.capacity.hbm_bytes_per_gpu = device_bytes;
   in.capacity.dram_bytes_per_node = host_bytes * world;
   if (!ValidatePlanInput(in).ok()) return std::nullopt;
-  const Placement pl = Place(in, v.stage, v.offload_optimizer, v.offload_param);
+  const Placement pl =
+      Place(in, v.stage, v.offload_optimizer, v.offload_param, in.zero.optimizer_ratio);
   PerTier<double> out;
   out[Tier::kDevice] = pl.hbm_bytes_per_gpu;
   out[Tier::kHost] = pl.host_bytes_per_node / world;
