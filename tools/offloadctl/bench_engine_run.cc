@@ -579,6 +579,11 @@ std::string EngineVariant::Name() const {
   std::string s = "stage " + std::to_string(stage);
   if (offload_optimizer != OffloadDevice::kNone) {
     s += " + opt " + std::string(OffloadDeviceName(offload_optimizer));
+    if (optimizer_ratio && *optimizer_ratio < 1.0) {
+      char ratio[32];
+      std::snprintf(ratio, sizeof ratio, " (ratio %g)", *optimizer_ratio);
+      s += ratio;
+    }
   }
   if (offload_param != OffloadDevice::kNone) {
     s += " + param " + std::string(OffloadDeviceName(offload_param));
@@ -636,6 +641,7 @@ Result<ParsedConfig> BuildEngineConfig(const BenchEngineArgs& a, const EngineVar
   };
   place("offload_optimizer", v.offload_optimizer);
   place("offload_param", v.offload_param);
+  if (v.optimizer_ratio) z["offload_optimizer"]["ratio"] = *v.optimizer_ratio;
   if (!a.max_reuse_distance.empty()) {
     auto n = ParseParamCount(a.max_reuse_distance);
     z["stage3_max_reuse_distance"] = n.ok() ? static_cast<int64_t>(*n) : 0;
