@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 
 namespace strata::sched {
 
@@ -30,7 +31,12 @@ Tier StatePlacement::Home(StateKind kind) const {
   return Tier::kDevice;
 }
 
-StatePlacement ResolvePlacement(int stage, OffloadDevice optimizer, OffloadDevice param) {
+Tier StatePlacement::SubGroupHome(StateKind kind, bool device_resident) const {
+  return device_resident && kind != StateKind::kParam16 ? Tier::kDevice : Home(kind);
+}
+
+StatePlacement ResolvePlacement(int stage, OffloadDevice optimizer, OffloadDevice param,
+                                double optimizer_ratio) {
   assert(stage >= 0 && stage <= 3);
   StatePlacement p;
   p.stage = stage;
@@ -46,12 +52,39 @@ StatePlacement ResolvePlacement(int stage, OffloadDevice optimizer, OffloadDevic
     p.notes.push_back("offload_param needs stage 3: ignored at stage " + std::to_string(stage));
     param = OffloadDevice::kNone;
   }
+  optimizer_ratio = std::clamp(optimizer_ratio, 0.0, 1.0);
+  if (optimizer_ratio < 1.0 && stage < 3 && optimizer != OffloadDevice::kNone) {
+    p.notes.push_back(
+        "offload_optimizer.ratio < 1 (partial offload) needs stage 3: the whole "
+        "optimizer is offloaded at stage " +
+        std::to_string(stage));
+  }
+  if (stage == 3 && optimizer != OffloadDevice::kNone) p.optimizer_ratio = optimizer_ratio;
   p.offload_optimizer = optimizer;
   p.offload_param = param;
   p.optimizer_partitioned = stage >= 1;
   p.grads_partitioned = stage >= 2;
   p.params_partitioned = stage >= 3;
   return p;
+}
+
+uint64_t DeviceResidentLimit(double ratio, uint64_t total_elems) {
+  constexpr uint64_t kMillion = 1000000;
+  const auto q = static_cast<uint64_t>(std::llround(std::clamp(ratio, 0.0, 1.0) * 1e6));
+  const unsigned __int128 scaled = static_cast<unsigned __int128>(total_elems) * q;
+  const auto offloaded = static_cast<uint64_t>((scaled + kMillion - 1) / kMillion);
+  return total_elems - offloaded;
+}
+
+size_t DeviceResidentSubGroups(const StatePlacement& placement,
+                               const std::vector<uint64_t>& sub_group_elems) {
+  if (placement.optimizer_ratio >= 1.0) return 0;
+  uint64_t total = 0;
+  for (uint64_t e : sub_group_elems) total += e;
+  uint64_t left = DeviceResidentLimit(placement.optimizer_ratio, total);
+  size_t k = 0;
+  while (k < sub_group_elems.size() && sub_group_elems[k] <= left) left -= sub_group_elems[k++];
+  return k;
 }
 
 uint64_t StateElementBytes(StateKind kind, DType working) {
@@ -151,7 +184,9 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
   }
   add("norm exchange", static_cast<uint64_t>(in.world) * 16);
   const bool params_home_device = placement.Home(StateKind::kParam16) == Tier::kDevice;
-  if (placement.Home(StateKind::kMaster32) == Tier::kDevice && in.device_kernels) {
+  const bool optimizer_on_device =
+      placement.Home(StateKind::kMaster32) == Tier::kDevice || in.device_sub_groups > 0;
+  if (optimizer_on_device && in.device_kernels) {
     if (!params_home_device) {
       add("param shards the device optimizer writes (buffer_count)",
           std::min<uint64_t>(

@@ -16,6 +16,10 @@
 //     with the optimizer that consumes them.
 //   - partitioned: optimizer state from stage 1, gradients from stage 2, parameters at stage 3;
 //     a state that is not partitioned is a full replica on every rank.
+//   - partial optimizer offload (offload_optimizer.ratio < 1, DeepSpeed's ZeRO-Offload++): at
+//     stage 3 with the optimizer offloaded, only a share of a rank's optimizer sub-groups takes
+//     the offload home; the rest keep master32, exp_avg, exp_avg_sq and their gradient on the
+//     device (DeviceResidentSubGroups says which). Elsewhere the ratio does not apply (1).
 //
 // Thread safety: pure functions.
 #pragma once
@@ -38,18 +42,52 @@ struct StatePlacement {
   bool params_partitioned = false;
   bool grads_partitioned = false;
   bool optimizer_partitioned = false;
+  // The share of the rank's optimizer sub-group elements that takes the offload home
+  // (offload_optimizer.ratio, in [0, 1]): 1 unless stage 3 with the optimizer offloaded.
+  double optimizer_ratio = 1.0;
   // One sentence per rule that changed the request.
   std::vector<std::string> notes;
 
-  // The home tier of a rank's copy of `kind`.
+  // The home tier of a rank's copy of `kind` (for the optimizer's states and the gradient: the
+  // home of an offloaded sub-group).
   Tier Home(StateKind kind) const;
+  // The home of `kind` for a sub-group that DeviceResidentSubGroups keeps on the device
+  // (`device_resident`): the device for the optimizer's states and the gradient; else Home.
+  Tier SubGroupHome(StateKind kind, bool device_resident) const;
 };
 
 // The tier an offload device puts a state on (none -> device, cpu -> host, nvme -> nvme).
 Tier OffloadTier(OffloadDevice d);
 
 // REQUIRES: 0 <= stage <= 3 (the config reader and the planner validate it first).
-StatePlacement ResolvePlacement(int stage, OffloadDevice optimizer, OffloadDevice param);
+// `optimizer_ratio` is offload_optimizer.ratio, clamped to [0, 1]; below stage 3 a ratio < 1 is
+// ignored with a note (the config checks refuse it there), and with no optimizer offload it has
+// no effect.
+StatePlacement ResolvePlacement(int stage, OffloadDevice optimizer, OffloadDevice param,
+                                double optimizer_ratio = 1.0);
+
+// Partial optimizer offload: which of a rank's optimizer sub-groups stay on the device.
+//
+// The ratio r (placement.optimizer_ratio) is taken to the nearest millionth, q = round(r x 1e6).
+// Of the rank's T sub-group elements, at least ceil(T x q / 1e6) are offloaded (integer
+// arithmetic, exact), so the device keeps at most D = T - ceil(T x q / 1e6) elements: the
+// longest prefix of the sub-groups, in forward order (group 0's first sub-group first), whose
+// elements add up to no more than D. Those are the sub-groups whose gradients become final last
+// in backward, so the CPU work left after the backward (the offloaded sub-groups' Adam) is the
+// earliest to be ready. Consequences: r = 1 keeps none (every sub-group offloaded: the full
+// offload); r = 0 keeps all (the optimizer as with no offload, the param offload unchanged);
+// the device share never exceeds 1 - r, so a single sub-group stays only when r = 0, and a
+// sub-group larger than what is left ends the prefix (none after it stays).
+// DeepSpeed (stage3.py, subgroup_to_device) counts sub-groups, not elements, and offloads the
+// first int(r x n) of them; strata keeps the first ones on the device, for the reason above.
+//
+// Returns k: sub-groups [0, k) of `sub_group_elems` (the rank's sub-groups in forward order)
+// stay on the device; 0 whenever optimizer_ratio is 1 (or the optimizer is not offloaded: then
+// Home is the device for all of them anyway).
+size_t DeviceResidentSubGroups(const StatePlacement& placement,
+                               const std::vector<uint64_t>& sub_group_elems);
+// D above: the elements the device may keep of `total_elems` at ratio `ratio`.
+uint64_t DeviceResidentLimit(double ratio, uint64_t total_elems);
 
 // Memory rules shared by the engine's layout (core/zero/engine.cc) and the planner's memory
 // items (core/plan/planner.cc): one formula each, so `offloadctl plan` and the engine's peak
@@ -129,8 +167,9 @@ inline constexpr uint64_t kHostBudgetSlackBytes = uint64_t{16} << 20;
 //     device: as many as Stage3Residency says the step's trace keeps at once. One rank (without
 //     qwZ): no gathered groups, the shard is the whole group and the trainer reads the store's
 //     copy (core/zero/engine_grad.cc, Gather).
-//   - optimizer on the device run by the device's kernels (`device_kernels`: a device the host
-//     cannot address) with params off it: the step writes the new 16-bit params into a device
+//   - optimizer on the device (Home(kMaster32), or device-resident sub-groups of a partial
+//     offload) run by the device's kernels (`device_kernels`: a device the host cannot address)
+//     with params off it: the step writes the new 16-bit params into a device
 //     copy of the param shard, fetched ahead like the states: one shard per pipeline buffer
 //     (`optimizer_buffers`), store blocks; and the gradient statistics' scratch, 8 B per
 //     4096-element chunk (kernels::kStatsChunk) of the largest sub-group plus 8.
@@ -158,6 +197,9 @@ struct DeviceWorkingInput {
   uint64_t persistence_elems = 100000;         // stage3_param_persistence_threshold
   // The optimizer step on the device (see above).
   bool device_kernels = true;
+  // Partial offload: the rank's sub-groups whose optimizer state stays on the device
+  // (DeviceResidentSubGroups); with any, the step runs on the device for them as above.
+  uint64_t device_sub_groups = 0;
   uint64_t optimizer_buffers = 4;  // the step pipeline's buffers (offload_optimizer.buffer_count)
   uint64_t largest_sub_group_elems = 0;  // a rank's largest optimizer sub-group
   // The unit a store copy of a param shard is sized in: the engine passes kIoAlignment (a

@@ -9,6 +9,9 @@
 //               A rank steps the sub-groups of its own shard when the optimizer is partitioned
 //               (stage >= 1), else those of every rank's shard (stage 0: a full replica).
 //   per sub-group: master32, exp_avg, exp_avg_sq and the gradient shard, one block each.
+//   partial offload (placement.optimizer_ratio < 1): the first sub-groups in forward order that
+//               DeviceResidentSubGroups keeps on the device have those four blocks there
+//               (sched/placement.h); the count is the same rule, walked over the runs.
 // Blocks homed on the host or NVMe take whole `block_align_bytes` units (the store carves 4 KiB
 // IO-aligned units there); device blocks are exact. The planner passes alignments of 1 and its
 // recipe's widths, the engine kShardAlignElems, kIoAlignment and StateElementBytes.
@@ -65,8 +68,14 @@ struct StateLayout {
   double param_bytes = 0;      // on placement.Home(kParam16)
   double grad_bytes = 0;       // the gradient shards the optimizer consumes, on Home(kGrad)
   double optimizer_bytes = 0;  // master32 + exp_avg + exp_avg_sq, on Home(kMaster32)
+  // Partial offload: the part of grad_bytes and optimizer_bytes that stays on the device (the
+  // device-resident sub-groups'); 0 at ratio 1.
+  double device_grad_bytes = 0, device_optimizer_bytes = 0;
   PerTier<double> tier_bytes{};  // the three above, by their homes
   uint64_t sub_groups = 0;       // sub-groups this rank steps
+  uint64_t sub_group_elems = 0;  // their elements
+  // The device-resident ones (DeviceResidentSubGroups) and their elements.
+  uint64_t device_sub_groups = 0, device_sub_group_elems = 0;
   uint64_t largest_numel = 0;    // the largest group, unpadded
   uint64_t largest_padded = 0;   // its shard x world
   uint64_t largest_shard = 0;    // the largest shard

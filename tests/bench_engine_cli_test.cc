@@ -442,7 +442,7 @@ TEST(BenchEngineCli, SweepReportsWhatDoesNotFitAndRecommends) {
       Bench(std::string(kTiny) + "--sweep --device-gb 0.02 --json --nvme-path " + dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json j = Json(r);
-  ASSERT_EQ(j["variants"].size(), 6u) << j;
+  ASSERT_EQ(j["variants"].size(), 7u) << j;
   int fit = 0;
   for (const auto& v : j["variants"]) {
     EXPECT_TRUE(v.contains("planner_bytes")) << v;
@@ -455,7 +455,9 @@ TEST(BenchEngineCli, SweepReportsWhatDoesNotFitAndRecommends) {
     ExpectWithinBudgets(v);
   }
   EXPECT_FALSE(j["variants"][0]["fits"].get<bool>()) << j["variants"][0];  // stage 0
-  EXPECT_TRUE(j["variants"][5]["fits"].get<bool>()) << j["variants"][5];   // opt + param on nvme
+  EXPECT_TRUE(j["variants"][6]["fits"].get<bool>()) << j["variants"][6];   // opt + param on nvme
+  // The partial offload (half of the optimizer on the device) between no offload and the full one.
+  EXPECT_EQ(j["variants"][3]["variant"], "stage 3 + opt cpu (ratio 0.5)") << j["variants"][3];
   EXPECT_GE(fit, 2);
   ASSERT_FALSE(j["recommendation"].is_null());
   double fastest = 1e9;

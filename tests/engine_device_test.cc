@@ -134,6 +134,53 @@ TEST(EngineDevice, SameBitsAsHostDeviceOnFmaTargets) {
   }
 }
 
+// Partial offload (offload_optimizer.ratio 0.5) on a device the host cannot address: the
+// device-resident sub-groups accumulate, sum and step on the device's kernels, the offloaded ones
+// on the CPU, nothing runs under a copy, and the run has the full offload's bits on HostDevice
+// (with the AVX2 target; without it, the reference's tolerance).
+TEST(EngineDevice, PartialOffloadSplitsTheStepBetweenDeviceAndCpu) {
+  const std::optional<int64_t> avx2 = Avx2Target();
+  std::optional<ForcedTarget> forced;
+  if (avx2) forced.emplace(*avx2);
+  for (const DeviceCase& c :
+       {DeviceCase{1, 3, "cpu", "none", 1}, DeviceCase{1, 3, "nvme", "cpu", 1},
+        DeviceCase{2, 3, "cpu", "none", 1}}) {
+    for (const std::string precision : {"fp32", "bf16"}) {
+      SCOPED_TRACE(c.Name(precision));
+      RunSpec spec = c.Spec(precision);
+      const RunResult host_full = RunEngine(spec);
+      ASSERT_TRUE(host_full.status.ok()) << host_full.status.ToString();
+      spec.config_json = WithOffloadRatio(spec.config_json, 0.5);
+      Devices devices;
+      UseEmulated(spec, devices);
+      const RunResult dev = RunEngine(spec);
+      ASSERT_TRUE(dev.status.ok()) << dev.status.ToString();
+      uint64_t resident = 0, subs = 0;
+      for (const EngineLayout& l : dev.layouts) {
+        resident += l.device_sub_groups;
+        subs += l.sub_groups;
+      }
+      ASSERT_GT(resident, 0u);
+      ASSERT_LT(resident, subs);
+      const EmulatedDevice::Counts n = devices.Total();
+      const auto steps = static_cast<uint64_t>(spec.steps);
+      EXPECT_EQ(n.adam, resident * steps);
+      EXPECT_EQ(n.accumulate, resident * steps);
+      EXPECT_EQ(n.chunk_sums, resident * steps);
+      EXPECT_EQ(n.cast, precision == "fp32" ? resident * steps : 0u);
+      std::string first;
+      EXPECT_EQ(devices.Violations(&first), 0u) << first;
+      if (avx2) {
+        ExpectSameRun(dev, host_full);
+      } else {
+        const auto ref = RunReference(c.world, spec.steps, 1, 0.01f, 0.01f);
+        const auto init = RunReference(c.world, 0, 1, 0.01f, 0.01f);
+        EXPECT_LT(RelativeUpdateError(dev.master, ref, init), precision == "fp32" ? 1e-4 : 0.1);
+      }
+    }
+  }
+}
+
 // An Inf gradient on the device is seen by the device's chunk sums: the fp16 step is skipped and
 // the loss scaler updated exactly as on HostDevice.
 TEST(EngineDevice, OverflowOnTheDeviceSkipsTheStepAsOnTheHost) {

@@ -205,6 +205,26 @@ TEST(EngineSpeculationCombined, AccumulationAndOverlapStep) {
   }
 }
 
+// A partial offload (offload_optimizer.ratio 0.5): the offloaded sub-groups are speculated, the
+// device-resident ones step in Step; the same bits.
+TEST(EngineSpeculationCombined, PartialOffloadSpeculatesTheOffloadedSubGroups) {
+  const std::string keys = std::string(kAll) + R"(, "ratio": 0.5)";
+  RunSpec spec = Plain(2);
+  Pair p;
+  spec.config_json =
+      Config(3, "nvme", "cpu", "bf16", 1e6, 1, std::string(kOff) + R"(, "ratio": 0.5)");
+  p.off = RunEngine(spec);
+  spec.config_json = Config(3, "nvme", "cpu", "bf16", 1e6, 1, keys);
+  p.on = RunEngine(spec);
+  ExpectSameRun(p.off, p.on, "ratio 0.5");
+  ASSERT_TRUE(p.on.status.ok());
+  const size_t all = TrainableSubGroups(p.on);
+  for (const StepReport& r : p.on.reports) {
+    EXPECT_GT(r.speculated_sub_groups, 0u);
+    EXPECT_LT(r.speculated_sub_groups, all);
+  }
+}
+
 // A rollback buffer smaller than the optimizer: the groups whose copies fit (in the backward's
 // order) are speculated, the rest step in Step; the layout counts the buffer's bytes.
 TEST(EngineSpeculationCombined, BoundedBufferSpeculatesWhatFits) {

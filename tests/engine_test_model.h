@@ -558,4 +558,13 @@ inline std::vector<std::vector<float>> RunReference(int world, int steps, int ga
   return out;
 }
 
+// `config_json` with zero_optimization.offload_optimizer.ratio set to `ratio` (partial offload).
+inline std::string WithOffloadRatio(std::string config_json, double ratio) {
+  const std::string key = "\"offload_optimizer\": {";
+  const size_t at = config_json.find(key);
+  if (at == std::string::npos) return config_json;
+  config_json.insert(at + key.size(), "\"ratio\": " + std::to_string(ratio) + ", ");
+  return config_json;
+}
+
 }  // namespace strata::testing

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "strata/planner.h"
 
@@ -259,6 +260,87 @@ TEST(DeviceWorking, PlannerListsTheSameItems) {
     for (const PlanItem& pi : p.items) listed |= pi.tier == D && pi.name == it.name;
     EXPECT_TRUE(listed) << it.name;
   }
+}
+
+// Partial optimizer offload (offload_optimizer.ratio): the device keeps the longest prefix of the
+// sub-groups, in forward order, whose elements are at most total - ceil(total x ratio).
+size_t Resident(double ratio, const std::vector<uint64_t>& elems, int stage = 3,
+                OffloadDevice opt = C) {
+  return DeviceResidentSubGroups(ResolvePlacement(stage, opt, N, ratio), elems);
+}
+
+TEST(PartialOffload, RatioOneOffloadsEverythingAndZeroNothing) {
+  const std::vector<uint64_t> four(4, 100);
+  EXPECT_EQ(Resident(1.0, four), 0u);
+  EXPECT_EQ(Resident(0.0, four), 4u);
+  EXPECT_EQ(Resident(0.0, four, 3, V), 4u);
+  // Ratio 1 is exactly the full offload: the placement is the one without a ratio.
+  const StatePlacement full = ResolvePlacement(3, C, N, 1.0);
+  EXPECT_EQ(full.optimizer_ratio, 1.0);
+  EXPECT_TRUE(full.notes.empty());
+  for (StateKind k : {StateKind::kGrad, StateKind::kMaster32, StateKind::kExpAvg,
+                      StateKind::kExpAvgSq, StateKind::kParam16}) {
+    EXPECT_EQ(full.Home(k), ResolvePlacement(3, C, N).Home(k));
+    EXPECT_EQ(full.SubGroupHome(k, false), full.Home(k));
+  }
+  // A device-resident sub-group: its optimizer states and gradient on the device, never params.
+  const StatePlacement half = ResolvePlacement(3, V, V, 0.5);
+  EXPECT_EQ(half.SubGroupHome(StateKind::kMaster32, true), D);
+  EXPECT_EQ(half.SubGroupHome(StateKind::kGrad, true), D);
+  EXPECT_EQ(half.SubGroupHome(StateKind::kExpAvgSq, true), D);
+  EXPECT_EQ(half.SubGroupHome(StateKind::kParam16, true), S);
+  EXPECT_EQ(half.SubGroupHome(StateKind::kMaster32, false), S);
+}
+
+TEST(PartialOffload, HalfKeepsTheFirstHalfByElements) {
+  EXPECT_EQ(Resident(0.5, std::vector<uint64_t>(4, 100)), 2u);
+  EXPECT_EQ(Resident(0.25, std::vector<uint64_t>(4, 100)), 3u);
+  EXPECT_EQ(Resident(0.75, std::vector<uint64_t>(4, 100)), 1u);
+  // Rounding: at least ceil(r x total) offloaded. 3 x 100 at 0.5: 150 offloaded at least, the
+  // device keeps at most 150: one sub-group.
+  EXPECT_EQ(Resident(0.5, std::vector<uint64_t>(3, 100)), 1u);
+  // 0.07 x 100 is 7.000000000000001 in doubles; the millionth rule makes it 7 exactly: 93 kept.
+  EXPECT_EQ(Resident(0.07, std::vector<uint64_t>(100, 1)), 93u);
+  EXPECT_EQ(DeviceResidentLimit(0.07, 100), 93u);
+  EXPECT_EQ(DeviceResidentLimit(0.9, 10), 1u);  // 1 - 0.9 is below 0.1 in doubles
+  EXPECT_EQ(DeviceResidentLimit(0.5, 3), 1u);
+  EXPECT_EQ(DeviceResidentLimit(1e-7, 100), 100u);  // below a millionth: 0
+  EXPECT_EQ(DeviceResidentLimit(0.3, uint64_t{1} << 60),
+            (uint64_t{1} << 60) - ((uint64_t{1} << 60) * 3 + 9) / 10);  // exact, no overflow
+}
+
+TEST(PartialOffload, OneSubGroupStaysOnlyAtRatioZero) {
+  EXPECT_EQ(Resident(0.0, {1000}), 1u);
+  EXPECT_EQ(Resident(0.000001, {1000}), 0u);
+  EXPECT_EQ(Resident(0.5, {1000}), 0u);
+  EXPECT_EQ(Resident(0.5, {}), 0u);
+}
+
+TEST(PartialOffload, UnevenSubGroupsEndThePrefixAtTheFirstThatDoesNotFit) {
+  // Total 1000; ratio 0.5: the device keeps at most 500 elements.
+  EXPECT_EQ(Resident(0.5, {100, 300, 200, 100, 300}), 2u);  // 400; 600 would not fit
+  // The first sub-group larger than the limit ends the prefix: none stays, though a later
+  // smaller one would fit.
+  EXPECT_EQ(Resident(0.5, {600, 100, 100, 100, 100}), 0u);
+  EXPECT_EQ(Resident(0.4, {600, 100, 100, 100, 100}), 1u);  // 600 fits exactly
+}
+
+TEST(PartialOffload, AppliesAtStageThreeWithTheOptimizerOffloadedOnly) {
+  const std::vector<uint64_t> four(4, 100);
+  // Below stage 3 the ratio is ignored with a note (the config checks refuse it there).
+  const StatePlacement s2 = ResolvePlacement(2, C, N, 0.5);
+  EXPECT_EQ(s2.optimizer_ratio, 1.0);
+  ASSERT_EQ(s2.notes.size(), 1u);
+  EXPECT_NE(s2.notes[0].find("ratio"), std::string::npos) << s2.notes[0];
+  EXPECT_EQ(Resident(0.5, four, 2), 0u);
+  // No optimizer offload: nothing to split (every home is the device anyway), no note.
+  const StatePlacement none = ResolvePlacement(3, N, C, 0.5);
+  EXPECT_EQ(none.optimizer_ratio, 1.0);
+  EXPECT_TRUE(none.notes.empty());
+  EXPECT_EQ(Resident(0.5, four, 3, N), 0u);
+  // Out-of-range values are clamped.
+  EXPECT_EQ(ResolvePlacement(3, C, N, -1).optimizer_ratio, 0.0);
+  EXPECT_EQ(ResolvePlacement(3, C, N, 2).optimizer_ratio, 1.0);
 }
 
 }  // namespace

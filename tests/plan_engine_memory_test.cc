@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -107,8 +108,9 @@ TEST(PlanEngineMemory, MeasuredPeakMatchesThePlannerPerTier) {
                                 "--warmup-steps 1 --json --nvme-path " +
                                 dir.path() + " 2>/dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  // Device for all 6 settings; host for the 3 offloaded ones; NVMe for the all-NVMe one.
-  EXPECT_EQ(ExpectPeaksMatchThePlanner(r.out, 1), 10) << r.out;
+  // Device for all 7 settings; host for the 4 offloaded ones (one of them half: ratio 0.5); NVMe
+  // for the all-NVMe one.
+  EXPECT_EQ(ExpectPeaksMatchThePlanner(r.out, 1), 12) << r.out;
 }
 
 // Two ranks: shards are half a group, the optimizer partition is read back through an fp32
@@ -124,7 +126,43 @@ TEST(PlanEngineMemory, MeasuredPeakMatchesThePlannerOnTwoRanks) {
       "--json --nvme-path " +
       dir.path() + " 2>/dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_EQ(ExpectPeaksMatchThePlanner(RankZero(r.out), 2), 10) << r.out;
+  EXPECT_EQ(ExpectPeaksMatchThePlanner(RankZero(r.out), 2), 12) << r.out;
+}
+
+// Partial optimizer offload (offload_optimizer.ratio 0.5): both sides split the sub-groups by
+// the one rule (sched::DeviceResidentSubGroups), so the device-resident half is device memory and
+// the offloaded half host or NVMe memory on both, each tier within 10 %; and the split is real:
+// the device holds more than at ratio 1, the host or NVMe less.
+TEST(PlanEngineMemory, PartialOffloadPeakMatchesThePlanner) {
+  strata::testing::TempDir dir("plan-engine-ratio");
+  auto run = [&](double ratio, const std::string& flags) {
+    const std::string cfg = dir.path() + "/ratio.json";
+    {
+      std::ofstream f(cfg);
+      f << R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+               "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": )"
+        << ratio << "}}}";
+    }
+    const auto r = strata::testing::RunShell("timeout 300 " + Ctl() +
+                                             " bench engine --params 32M --layers 8 --steps 1 "
+                                             "--warmup-steps 1 --json --config " +
+                                             cfg + " " + flags + " 2>/dev/null");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return r.out;
+  };
+  const std::string nvme =
+      "--offload-optimizer nvme --offload-param nvme --nvme-path " + dir.path();
+  for (const std::string& flags : {std::string(), nvme}) {
+    const std::string half = run(0.5, flags), full = run(1.0, flags);
+    EXPECT_EQ(ExpectPeaksMatchThePlanner(half, 1), flags.empty() ? 2 : 3) << half;
+    const auto h = nlohmann::json::parse(half, nullptr, false);
+    const auto f = nlohmann::json::parse(full, nullptr, false);
+    ASSERT_FALSE(h.is_discarded() || f.is_discarded()) << half << full;
+    const char* off = flags.empty() ? "host" : "nvme";
+    EXPECT_GT(h["peak_bytes"]["device"].get<double>(), f["peak_bytes"]["device"].get<double>());
+    EXPECT_LT(h["plan_bytes"][off].get<double>(), f["plan_bytes"][off].get<double>());
+    EXPECT_LT(h["planner_bytes"][off].get<double>(), f["planner_bytes"][off].get<double>());
+  }
 }
 
 // The two effects a 2B run showed (device peak 2.38 GB against a plan of 4.63 GB; host 7.88 GB

@@ -127,7 +127,7 @@ TEST(PlannerConfig, PrecisionPicksTheRecipe) {
   EXPECT_TRUE(HasNote(autod, "auto"));
 }
 
-TEST(PlannerConfig, AutoSizesAndPartialOffloadAreNoted) {
+TEST(PlannerConfig, AutoSizesAreNotedAndThePartialOffloadRatioIsPlanned) {
   const Applied a = Apply(R"({
     "bf16": {"enabled": true},
     "gradient_accumulation_steps": "auto",
@@ -141,7 +141,9 @@ TEST(PlannerConfig, AutoSizesAndPartialOffloadAreNoted) {
   EXPECT_TRUE(HasNote(a, "zero_optimization.reduce_bucket_size"));
   EXPECT_TRUE(HasNote(a, "zero_optimization.stage3_prefetch_bucket_size"));
   EXPECT_TRUE(HasNote(a, "gradient_accumulation_steps"));
-  EXPECT_TRUE(HasNote(a, "ratio"));
+  // offload_optimizer.ratio is planned (sched::DeviceResidentSubGroups), not noted as ignored.
+  EXPECT_DOUBLE_EQ(a.in.zero.optimizer_ratio, 0.3);
+  EXPECT_FALSE(HasNote(a, "ratio"));
 }
 
 // Accelerate's all-"auto" config: the stage and devices hold DeepSpeed's defaults in the typed

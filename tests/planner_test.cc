@@ -422,9 +422,25 @@ TEST(PlannerRecommend, LadderOrder) {
   PlanInput in = Ref();
   auto plan = MakePlan(in);
   ASSERT_TRUE(plan.ok());
-  ASSERT_EQ(plan->ladder.size(), 8u);
-  EXPECT_EQ(plan->ladder[4].offload_optimizer, D::kCpu);
-  EXPECT_EQ(plan->ladder[7].offload_param, D::kNvme);
+  ASSERT_EQ(plan->ladder.size(), 11u);
+  // Stage 3 with a partial optimizer offload (ratio 0.25, 0.5, 0.75) before the full one: each
+  // rung offloads more and needs less HBM.
+  for (size_t i = 4; i <= 7; ++i) {
+    EXPECT_EQ(plan->ladder[i].stage, 3);
+    EXPECT_EQ(plan->ladder[i].offload_optimizer, D::kCpu);
+    EXPECT_EQ(plan->ladder[i].offload_param, D::kNone);
+    EXPECT_DOUBLE_EQ(plan->ladder[i].optimizer_ratio,
+                     i == 7 ? 1.0 : 0.25 * static_cast<double>(i - 3));
+    EXPECT_LT(plan->ladder[i].hbm_bytes_per_gpu, plan->ladder[i - 1].hbm_bytes_per_gpu) << i;
+    EXPECT_GT(plan->ladder[i].host_bytes_per_node, plan->ladder[i - 1].host_bytes_per_node) << i;
+  }
+  EXPECT_EQ(plan->ladder[10].offload_param, D::kNvme);
+  {
+    // The smallest offload that fits is chosen: exactly the half-offloaded rung's HBM.
+    PlanInput half = in;
+    half.capacity.hbm_bytes_per_gpu = plan->ladder[5].hbm_bytes_per_gpu;
+    EXPECT_EQ(Recommended(half), 5u);
+  }
   // 80 GB: stage 0 needs 127.125, stage 1 needs 30 -> stage 1 (rung 1).
   EXPECT_EQ(Recommended(in), 1u);
   EXPECT_TRUE(plan->fits);
@@ -434,17 +450,17 @@ TEST(PlannerRecommend, LadderOrder) {
   in.capacity.hbm_bytes_per_gpu = 24e9;  // stage 3: 23.125
   EXPECT_EQ(Recommended(in), 3u);
   in.capacity.hbm_bytes_per_gpu = 8e9;  // stage 3 + optimizer cpu: 7.125 HBM, 112 host
-  EXPECT_EQ(Recommended(in), 4u);
+  EXPECT_EQ(Recommended(in), 7u);
   in.capacity.hbm_bytes_per_gpu = 7e9;  // + params cpu (and the NVMe rungs): 5.625 HBM, 126 host
-  EXPECT_EQ(Recommended(in), 5u);
+  EXPECT_EQ(Recommended(in), 8u);
   in.capacity.dram_bytes_per_node = 100e9;  // 126 host no longer fits; nvme rungs need 574/568
   EXPECT_EQ(Recommended(in), 99u);
   // Optimizer nvme + params cpu: 64.0005 + 14 = 78.0005 host (and a cache in the rest).
   in.zero.sub_group_size = 1e8;
-  EXPECT_EQ(Recommended(in), 6u);
+  EXPECT_EQ(Recommended(in), 9u);
   in.capacity.dram_bytes_per_node = 75e9;  // all nvme: 64.0005 + 8.0001 buffers = 72.0006
   in.zero.max_in_cpu = 0;
-  EXPECT_EQ(Recommended(in), 7u);
+  EXPECT_EQ(Recommended(in), 10u);
   in.capacity.nvme_bytes_per_node = 100e9;  // NVMe needs 126
   EXPECT_EQ(Recommended(in), 99u);
 }

@@ -4,6 +4,7 @@
 // ResolveZeroSettings + LayOutStates).
 #include "sched/zero_layout.h"
 
+#include <algorithm>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,22 +103,31 @@ TEST(ZeroLayout, PlannerAndEngineLayTheSameStates) {
     const char* opt;
     const char* param;
     const char* precision;
+    double ratio = 1.0;  // offload_optimizer.ratio (partial offload at stage 3)
   };
-  const Case cases[] = {{0, "none", "none", "bf16"}, {1, "none", "none", "bf16"},
-                        {2, "cpu", "none", "fp16"},  {3, "none", "none", "bf16"},
-                        {3, "cpu", "cpu", "bf16"},   {3, "nvme", "nvme", "fp16"},
-                        {2, "none", "none", "fp32"}, {3, "nvme", "cpu", "fp32"}};
+  const Case cases[] = {{0, "none", "none", "bf16"},     {1, "none", "none", "bf16"},
+                        {2, "cpu", "none", "fp16"},      {3, "none", "none", "bf16"},
+                        {3, "cpu", "cpu", "bf16"},       {3, "nvme", "nvme", "fp16"},
+                        {2, "none", "none", "fp32"},     {3, "nvme", "cpu", "fp32"},
+                        {3, "cpu", "none", "bf16", 0.5}, {3, "nvme", "nvme", "fp16", 0.3},
+                        {3, "cpu", "cpu", "bf16", 0.0},  {3, "nvme", "cpu", "fp32", 0.75}};
   for (const Case& c : cases) {
     const std::string where = "stage " + std::to_string(c.stage) + " optimizer " + c.opt +
-                              " params " + c.param + " " + c.precision;
+                              " params " + c.param + " " + c.precision + " ratio " +
+                              std::to_string(c.ratio);
     const std::string json =
         std::string("{\"train_micro_batch_size_per_gpu\": 1, \"") +
-        (std::string(c.precision) == "fp32" ? "bf16" : c.precision) + "\": {\"enabled\": " +
-        (std::string(c.precision) == "fp32" ? "false" : "true") + "}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": "
+        (std::string(c.precision) == "fp32" ? "bf16" : c.precision) +
+        "\": {\"enabled\": " + (std::string(c.precision) == "fp32" ? "false" : "true") +
+        "}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": "
         "0.001}}, \"zero_optimization\": {\"stage\": " +
-        std::to_string(c.stage) + ", \"sub_group_size\": 2048, \"offload_optimizer\": "
-        "{\"device\": \"" + c.opt + "\", \"nvme_path\": \"/tmp\"}, \"offload_param\": "
-        "{\"device\": \"" + c.param + "\", \"nvme_path\": \"/tmp\"}}}";
+        std::to_string(c.stage) +
+        ", \"sub_group_size\": 2048, \"offload_optimizer\": "
+        "{\"device\": \"" +
+        c.opt + "\", \"nvme_path\": \"/tmp\", \"ratio\": " + std::to_string(c.ratio) +
+        "}, \"offload_param\": "
+        "{\"device\": \"" +
+        c.param + "\", \"nvme_path\": \"/tmp\"}}}";
     // The engine, on kWorld ranks.
     auto parsed = ParseDeepSpeedConfig(json);
     ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
@@ -142,13 +152,60 @@ TEST(ZeroLayout, PlannerAndEngineLayTheSameStates) {
     in.largest_group_params = kNumel;
     in.capacity.gpus_per_node = kWorld;
     in.capacity.nodes = 1;
-    const Placement plan = Place(in, in.zero.stage, in.zero.offload_optimizer, in.zero.offload_param);
+    const Placement plan = Place(in, in.zero.stage, in.zero.offload_optimizer,
+                                 in.zero.offload_param, in.zero.optimizer_ratio);
     const PerTier<double> planned = PlannedStateBytes(plan, kWorld);
     EXPECT_EQ(engine.sub_groups, kGroups * (c.stage == 0 ? kWorld : 1) * (kNumel / kWorld / 2048))
         << where;
     for (Tier t : kAllTiers) {
       EXPECT_EQ(static_cast<double>(engine.state_bytes[t]), planned[t])
           << where << ", tier " << TierName(t);
+    }
+    // The same share offloaded on both sides; 12 sub-groups of 2048 per rank, so each ratio
+    // here keeps a whole number of them: floor((1 - r) x 12) on the device.
+    EXPECT_DOUBLE_EQ(engine.offloaded_fraction, plan.optimizer_offloaded_fraction) << where;
+    if (c.stage == 3 && std::string(c.opt) != "none") {
+      const auto kept = static_cast<size_t>((1 - c.ratio) * 12 + 1e-9);
+      EXPECT_EQ(engine.device_sub_groups, kept) << where;
+    }
+  }
+}
+
+// The partial-offload prefix LayOutStates walks over runs of groups is DeviceResidentSubGroups'
+// over the listed sub-groups: uneven groups, a short last sub-group, frozen runs, every ratio.
+TEST(ZeroLayout, PartialOffloadRunsAgreeWithTheListedRule) {
+  sched::StateLayoutInput in;
+  in.world = 1;
+  in.sub_group_elems = 100;
+  in.groups = {{250, 3}, {40, 1}, {1000, 1, false}, {130, 2}, {100, 1}};
+  in.block_align_bytes = 4096;
+  in.widths = {2, 4, 4, 4, 4};
+  // The sub-groups in forward order, as the engine cuts them.
+  std::vector<uint64_t> elems;
+  for (const sched::GroupRun& run : in.groups) {
+    if (!run.trainable) continue;
+    for (uint64_t k = 0; k < run.count; ++k) {
+      for (uint64_t o = 0; o < run.numel; o += 100)
+        elems.push_back(std::min<uint64_t>(100, run.numel - o));
+    }
+  }
+  for (double ratio : {0.0, 0.01, 0.1, 0.25, 0.33, 0.5, 0.61, 0.75, 0.9, 0.99, 1.0}) {
+    for (D opt : {D::kCpu, D::kNvme}) {
+      const sched::StatePlacement p = sched::ResolvePlacement(3, opt, D::kNone, ratio);
+      const size_t k = sched::DeviceResidentSubGroups(p, elems);
+      const sched::StateLayout L = sched::LayOutStates(p, in);
+      EXPECT_EQ(L.device_sub_groups, k) << ratio;
+      uint64_t kept = 0;
+      for (size_t i = 0; i < k; ++i) kept += elems[i];
+      EXPECT_EQ(L.device_sub_group_elems, kept) << ratio;
+      EXPECT_EQ(L.sub_group_elems, 250u * 3 + 40 + 130 * 2 + 100);
+      // Device blocks exact (16 B per element), offloaded ones in whole 4 KiB units per block.
+      EXPECT_EQ(L.device_optimizer_bytes + L.device_grad_bytes, 16.0 * static_cast<double>(kept));
+      EXPECT_EQ(L.tier_bytes[Tier::kDevice], L.param_bytes + 16.0 * static_cast<double>(kept))
+          << ratio;
+      EXPECT_EQ(L.tier_bytes[sched::OffloadTier(opt)],
+                static_cast<double>(4 * 4096 * (elems.size() - k)))
+          << ratio;
     }
   }
 }

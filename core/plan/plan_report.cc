@@ -67,7 +67,14 @@ const char* Where(OffloadDevice d) {
 
 std::string Setting(const Placement& p) {
   std::string s = "stage " + std::to_string(p.stage);
-  if (p.offload_optimizer != OffloadDevice::kNone) {
+  if (p.offload_optimizer != OffloadDevice::kNone && p.optimizer_ratio < 1.0) {
+    // Partial offload: the share of the sub-groups' elements offloaded, and the ratio asked for.
+    char share[96];
+    std::snprintf(share, sizeof share, ", optimizer %.0f%% on %s (ratio %g)",
+                  p.optimizer_offloaded_fraction * 100, Where(p.offload_optimizer),
+                  p.optimizer_ratio);
+    s += share;
+  } else if (p.offload_optimizer != OffloadDevice::kNone) {
     s += std::string(", optimizer on ") + Where(p.offload_optimizer);
   }
   if (p.offload_param != OffloadDevice::kNone) {
@@ -304,7 +311,8 @@ void Ladder(std::string& s, const Plan& plan) {
   Traffic(s, plan, r, "     ");
   if (plan.configured && (plan.configured->stage != r.stage ||
                           plan.configured->offload_optimizer != r.offload_optimizer ||
-                          plan.configured->offload_param != r.offload_param)) {
+                          plan.configured->offload_param != r.offload_param ||
+                          plan.configured->optimizer_ratio != r.optimizer_ratio)) {
     const Placement& c = *plan.configured;
     if (c.Fits()) {
       Out(s,
@@ -387,6 +395,8 @@ nlohmann::json PlacementJson(const Placement& p) {
   return {{"stage", p.stage},
           {"offload_optimizer", OffloadDeviceName(p.offload_optimizer)},
           {"offload_param", OffloadDeviceName(p.offload_param)},
+          {"optimizer_ratio", p.optimizer_ratio},
+          {"optimizer_offloaded_fraction", p.optimizer_offloaded_fraction},
           {"hbm_bytes_per_gpu", p.hbm_bytes_per_gpu},
           {"host_bytes_per_node", p.host_bytes_per_node},
           {"host_pinned_bytes_per_node", p.host_pinned_bytes_per_node},

@@ -74,8 +74,11 @@ double LargestSubGroup(const PlanInput& in, const sched::StateLayout& states, do
 double OptimizerSwapBuffers(const PlanInput& in, const sched::StateLayout& states, double shard) {
   const double sub = LargestSubGroup(in, states, shard);
   if (sub <= 0) return 0;
-  // The sub-groups a rank steps cap the buffers (not known, taken as many, without the group).
-  const uint64_t sub_groups = in.largest_group_params > 0 ? states.sub_groups : 0;
+  // The sub-groups a rank offloads cap the buffers (not known, taken as many, without the
+  // group); none offloaded (partial offload at ratio 0): no buffers.
+  if (states.sub_groups > 0 && states.device_sub_groups == states.sub_groups) return 0;
+  const uint64_t sub_groups =
+      in.largest_group_params > 0 ? states.sub_groups - states.device_sub_groups : 0;
   return static_cast<double>(sched::OptimizerSwapBufferBytes(
       static_cast<int64_t>(in.zero.optimizer_buffer_count), static_cast<uint64_t>(sub),
       sub_groups));
@@ -124,6 +127,11 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   } else if (!opt_off) {
     b.Add(Tier::kDevice, "grads (fp32), 1/N shard", st.grad_bytes);
     b.Add(Tier::kDevice, "optimizer state (master+m+v), 1/N shard", st.optimizer_bytes);
+  } else {
+    // Partial offload: the sub-groups the ratio keeps on the device.
+    b.Add(Tier::kDevice, "grads (fp32), device-resident sub-groups (ratio)", st.device_grad_bytes);
+    b.Add(Tier::kDevice, "optimizer state (master+m+v), device-resident sub-groups (ratio)",
+          st.device_optimizer_bytes);
   }
 
   // The engine's device working set, by the engine's own rule (sched/placement.h): per-group
@@ -156,6 +164,7 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   dw.device_kernels = true;
   dw.optimizer_buffers = static_cast<uint64_t>(std::clamp(z.optimizer_buffer_count, 1.0, 64.0));
   dw.largest_sub_group_elems = elems(LargestSubGroup(in, b.states, psi / ranks));
+  dw.device_sub_groups = b.states.device_sub_groups;
   for (const sched::DeviceWorkingItem& it : sched::DeviceWorkingSet(b.rules, dw)) {
     b.Add(Tier::kDevice, it.name, static_cast<double>(it.bytes));
   }
@@ -196,8 +205,9 @@ void PlaceSpeculation(const PlanInput& in, int stage, Builder& b) {
   const double dram = in.capacity.dram_bytes_per_node;
   const uint64_t room = dram > 0 ? static_cast<uint64_t>(std::max(0.0, (dram - need) / g))
                                  : std::numeric_limits<uint64_t>::max();
-  // The rank's optimizer elements: its fp32 master's bytes over 4.
-  const auto elems = static_cast<uint64_t>(b.states.optimizer_bytes / 12);
+  // The rank's offloaded optimizer elements (partial offload: the device's step in Step).
+  const auto elems =
+      static_cast<uint64_t>((b.states.optimizer_bytes - b.states.device_optimizer_bytes) / 12);
   const auto param_elem = static_cast<uint64_t>(in.recipe.param_bytes);
   const double bytes = static_cast<double>(sched::SpeculationBufferBytes(
       static_cast<int64_t>(z.speculation_buffer_size), elems, param_elem, room));
@@ -217,15 +227,20 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
   const double k = z.gradient_accumulation_steps;
   const sched::StateLayout& st = b.states;
   Placement& p = b.p;
+  // Partial offload: only the offloaded sub-groups' states, gradients and traffic leave the
+  // device (all of them at ratio 1).
+  const double off_opt = st.optimizer_bytes - st.device_optimizer_bytes;
+  const double off_grad = st.grad_bytes - st.device_grad_bytes;
+  const double off_share = p.optimizer_offloaded_fraction;
 
   double pcie = 0, nvme_io = 0, swap = 0;
   switch (p.offload_optimizer) {
     case OffloadDevice::kNone:
       break;
     case OffloadDevice::kCpu:
-      b.Add(Tier::kHost, "optimizer state (master+m+v), 1/N shard per GPU",
-            g_per_node * st.optimizer_bytes, z.optimizer_pin_memory);
-      b.Add(Tier::kHost, "grads (fp32), 1/N shard per GPU", g_per_node * st.grad_bytes,
+      b.Add(Tier::kHost, "optimizer state (master+m+v), 1/N shard per GPU", g_per_node * off_opt,
+            z.optimizer_pin_memory);
+      b.Add(Tier::kHost, "grads (fp32), 1/N shard per GPU", g_per_node * off_grad,
             z.optimizer_pin_memory);
       break;
     case OffloadDevice::kNvme: {
@@ -240,26 +255,25 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
       b.Add(Tier::kHost, "optimizer swap buffers, min(count + 1, sub-groups) x 4",
             g_per_node * buffers, true);
       swap += g_per_node * buffers;
-      if (buffers > 0 && buffers >= st.optimizer_bytes) {
+      if (buffers > 0 && buffers >= off_opt) {
         p.notes.push_back("optimizer swap buffers (" + Fmt(z.optimizer_buffer_count) + " + 1 x " +
                           Fmt(sub_group) +
                           " elements) take as much DRAM as the optimizer state itself: lower "
                           "sub_group_size for NVMe offload");
       }
-      b.Add(Tier::kNvme, "optimizer state (master+m+v), 1/N shard per GPU",
-            g_per_node * st.optimizer_bytes);
-      b.Add(Tier::kNvme, "grads (fp32), 1/N shard per GPU", g_per_node * st.grad_bytes);
+      b.Add(Tier::kNvme, "optimizer state (master+m+v), 1/N shard per GPU", g_per_node * off_opt);
+      b.Add(Tier::kNvme, "grads (fp32), 1/N shard per GPU", g_per_node * off_grad);
       // Step: read and write master/m/v once; grads written each micro-step and read back
       // (accumulation, then the step): 2k reads+writes.
-      nvme_io += 2 * r.OptimizerBytes() * tshard + 2 * k * GradStateBytes() * tshard;
+      nvme_io += off_share * (2 * r.OptimizerBytes() * tshard + 2 * k * GradStateBytes() * tshard);
       break;
     }
   }
   if (p.offload_optimizer != OffloadDevice::kNone) {
     // Reduced grad shard to the host each micro-step (stage >= 2) or once (stage 1).
-    pcie += (stage >= 2 ? k : 1) * r.grad_bytes * tshard;
+    pcie += off_share * (stage >= 2 ? k : 1) * r.grad_bytes * tshard;
     // The updated param16 shard back to the GPU, unless params live on the host anyway.
-    if (p.offload_param == OffloadDevice::kNone) pcie += r.param_bytes * tshard;
+    if (p.offload_param == OffloadDevice::kNone) pcie += off_share * r.param_bytes * tshard;
   }
 
   if (p.offload_param != OffloadDevice::kNone) {
@@ -481,15 +495,22 @@ Status ValidatePlanInput(const PlanInput& in) {
   return Status::OK();
 }
 
-Placement Place(const PlanInput& in, int stage, OffloadDevice optimizer, OffloadDevice param) {
+Placement Place(const PlanInput& in, int stage, OffloadDevice optimizer, OffloadDevice param,
+                double ratio) {
   Placement p;
   p.stage = stage;
   // The rules the engine applies too (sched/placement.h).
-  sched::StatePlacement rules = sched::ResolvePlacement(stage, optimizer, param);
+  sched::StatePlacement rules = sched::ResolvePlacement(stage, optimizer, param, ratio);
   p.notes = std::move(rules.notes);
   p.offload_optimizer = rules.offload_optimizer;
   p.offload_param = rules.offload_param;
   const sched::StateLayout states = PlannedStates(in, rules);
+  p.optimizer_ratio = rules.optimizer_ratio;
+  if (states.sub_group_elems > 0) {
+    p.optimizer_offloaded_fraction =
+        static_cast<double>(states.sub_group_elems - states.device_sub_group_elems) /
+        static_cast<double>(states.sub_group_elems);
+  }
   Builder b{p, rules, states};
   PlaceHbm(in, stage, b);
   PlaceOffload(in, stage, b);
@@ -531,20 +552,27 @@ Result<Plan> MakePlan(const PlanInput& in) {
   const int64_t ranks = in.capacity.Ranks();
   for (int s = 0; s < 4; ++s) {
     plan.ledger_bytes_per_gpu[s] = LedgerBytesPerGpu(in.recipe, s, in.params, ranks);
-    plan.stages[s] = Place(in, s, in.zero.offload_optimizer, in.zero.offload_param);
+    plan.stages[s] =
+        Place(in, s, in.zero.offload_optimizer, in.zero.offload_param, in.zero.optimizer_ratio);
   }
   if (in.has_configured) {
-    plan.configured = Place(in, in.zero.stage, in.zero.offload_optimizer, in.zero.offload_param);
+    plan.configured = Place(in, in.zero.stage, in.zero.offload_optimizer, in.zero.offload_param,
+                            in.zero.optimizer_ratio);
   }
   using D = OffloadDevice;
+  // Partial optimizer offload (offload_optimizer.ratio) between no offload and a full one at
+  // stage 3: the smallest share offloaded that fits comes first.
   const struct {
     int stage;
     D opt, param;
-  } kLadder[] = {{0, D::kNone, D::kNone}, {1, D::kNone, D::kNone}, {2, D::kNone, D::kNone},
-                 {3, D::kNone, D::kNone}, {3, D::kCpu, D::kNone},  {3, D::kCpu, D::kCpu},
-                 {3, D::kNvme, D::kCpu},  {3, D::kNvme, D::kNvme}};
+    double ratio;
+  } kLadder[] = {
+      {0, D::kNone, D::kNone, 1},   {1, D::kNone, D::kNone, 1},   {2, D::kNone, D::kNone, 1},
+      {3, D::kNone, D::kNone, 1},   {3, D::kCpu, D::kNone, 0.25}, {3, D::kCpu, D::kNone, 0.5},
+      {3, D::kCpu, D::kNone, 0.75}, {3, D::kCpu, D::kNone, 1},    {3, D::kCpu, D::kCpu, 1},
+      {3, D::kNvme, D::kCpu, 1},    {3, D::kNvme, D::kNvme, 1}};
   for (const auto& step : kLadder) {
-    plan.ladder.push_back(Place(in, step.stage, step.opt, step.param));
+    plan.ladder.push_back(Place(in, step.stage, step.opt, step.param, step.ratio));
     if (!plan.recommended && plan.ladder.back().Fits()) {
       plan.recommended = plan.ladder.size() - 1;
     }

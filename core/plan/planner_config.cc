@@ -75,6 +75,7 @@ ResolvedZero ResolveZeroSettings(const EngineConfig& c) {
   s.optimizer_buffer_count = static_cast<double>(z.offload_optimizer.buffer_count);
   s.speculative_step = z.offload_optimizer.speculative_step.value_or(true);
   s.speculation_buffer_size = static_cast<double>(z.offload_optimizer.speculation_buffer_size);
+  s.optimizer_ratio = z.offload_optimizer.ratio;
   s.param_buffer_count = static_cast<double>(z.offload_param.buffer_count);
   s.param_buffer_size = static_cast<double>(z.offload_param.buffer_size);
   s.max_in_cpu = static_cast<double>(z.offload_param.max_in_cpu);
@@ -98,11 +99,6 @@ ResolvedZero ResolveZeroSettings(const EngineConfig& c) {
   s.zero_plus_plus.hpz_partition_size = z.zero_hpz_partition_size;
   s.gradient_accumulation_steps =
       SizeOr(c.gradient_accumulation_steps, 1, "gradient_accumulation_steps", true, &r);
-  if (z.offload_optimizer.device != OffloadDevice::kNone && z.offload_optimizer.ratio < 1.0) {
-    r.notes.push_back(
-        "zero_optimization.offload_optimizer.ratio < 1 (partial offload) is not "
-        "modelled: planned as a full offload");
-  }
   r.stage_auto = c.IsAuto("zero_optimization.stage");
   return r;
 }

@@ -155,7 +155,6 @@ struct Piece {
 // master32, exp_avg, exp_avg_sq of the sub-groups this rank owns.
 Result<std::vector<Piece>> RankPieces(const Engine::Impl& e) {
   const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
-  const Tier opt_tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
   std::vector<Piece> out;
   for (const zero::GroupState& gs : e.groups) {
     const uint64_t s = gs.shard.shard_elems;
@@ -169,7 +168,7 @@ Result<std::vector<Piece>> RankPieces(const Engine::Impl& e) {
         const SubGroup& sg = e.subs[si];
         if (sg.owner != e.rank) continue;
         const BlockId b = k == 1 ? sg.master : k == 2 ? sg.exp_avg : sg.exp_avg_sq;
-        out.push_back({b, opt_tier, 0, sg.elems * 4});
+        out.push_back({b, e.ComputeTier(e.HomeOf(sg, StateKind::kMaster32)), 0, sg.elems * 4});
         covered += sg.elems;
       }
       if (covered != s) {
@@ -464,7 +463,6 @@ struct Dest {
 // kind over the sub-groups ascending.
 std::vector<Dest> LoadDests(const Engine::Impl& e) {
   const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
-  const Tier opt_tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
   std::vector<Dest> out;
   for (size_t g = 0; g < e.groups.size(); ++g) {
     const zero::GroupState& gs = e.groups[g];
@@ -482,6 +480,7 @@ std::vector<Dest> LoadDests(const Engine::Impl& e) {
       for (size_t si : subs) {
         const SubGroup& sg = e.subs[si];
         const BlockId b = k == 1 ? sg.master : k == 2 ? sg.exp_avg : sg.exp_avg_sq;
+        const Tier opt_tier = e.ComputeTier(e.HomeOf(sg, StateKind::kMaster32));
         out.push_back({b, opt_tier, g, k, e.FullOffset(sg), sg.elems});
       }
     }

@@ -130,6 +130,12 @@ std::string EngineLayout::ToString() const {
     << OffloadDeviceName(offload_optimizer) << ", param offload "
     << OffloadDeviceName(offload_param) << ", " << DTypeName(dtype) << ", rank " << rank << "/"
     << world_size << ", " << params << " params, " << sub_groups << " optimizer sub-groups\n";
+  if (optimizer_ratio < 1.0) {
+    o << "  optimizer: " << std::lround(offloaded_fraction * 100) << "% offloaded ("
+      << sub_groups - device_sub_groups << " of " << sub_groups
+      << " sub-groups; offload_optimizer.ratio " << optimizer_ratio
+      << "), the rest on the device\n";
+  }
   o << "  tier   states        working       cache         total         budget\n";
   for (Tier t : kAllTiers) {
     char line[160];
@@ -507,7 +513,8 @@ Status ResolvePlacement(const ResolvedZero& r, const EngineOptions& options, Eng
     return Status::InvalidArgument("zero_optimization.stage: " + std::to_string(z.stage) +
                                    " is not 0..3");
   }
-  e.placement = sched::ResolvePlacement(z.stage, z.offload_optimizer, z.offload_param);
+  e.placement =
+      sched::ResolvePlacement(z.stage, z.offload_optimizer, z.offload_param, z.optimizer_ratio);
   for (const std::string& n : e.placement.notes) e.layout.notes.push_back(n);
   STRATA_RETURN_IF_ERROR(ResolveZpp(z, e.world, options.ranks_per_node, &e.zpp));
   e.overlap_comm = z.overlap_comm.value_or(false);
@@ -516,11 +523,12 @@ Status ResolvePlacement(const ResolvedZero& r, const EngineOptions& options, Eng
     // offloaded (the CPU's pool, not the device's kernels) and the gathers must not use the pool
     // (qwZ quantizes on it) or need the step's all-gather (stages 1-2 publish params in Step).
     e.overlap_step = e.placement.params_partitioned &&
-                     e.placement.Home(StateKind::kMaster32) != Tier::kDevice && !e.zpp.any();
+                     e.placement.Home(StateKind::kMaster32) != Tier::kDevice && !e.zpp.any() &&
+                     e.placement.optimizer_ratio >= 1.0;
     if (!e.overlap_step) {
       e.layout.notes.push_back(
-          "overlap_step: not applied (it needs stage 3 with offload_optimizer cpu or nvme and no "
-          "ZeRO++); Step runs the optimizer before it returns");
+          "overlap_step: not applied (it needs stage 3 with offload_optimizer cpu or nvme, ratio "
+          "1, and no ZeRO++); Step runs the optimizer before it returns");
     }
   }
   if (z.sub_group_size < 0) {
@@ -580,6 +588,11 @@ Status PartitionGroups(Engine::Impl& e) {
       }
     }
   }
+  // Partial offload: the first sub-groups in forward order stay on the device.
+  std::vector<uint64_t> elems;
+  for (const SubGroup& s : e.subs) elems.push_back(s.elems);
+  const size_t resident = sched::DeviceResidentSubGroups(e.placement, elems);
+  for (size_t i = 0; i < resident; ++i) e.subs[i].on_device = true;
   return Status::OK();
 }
 
@@ -636,6 +649,7 @@ void LayOutDeviceWorking(const sched::StateLayout& states, const EngineOptions& 
   dw.prefetch_elems = cs->prefetch_elems;
   dw.persistence_elems = e.persistence_elems;
   dw.device_kernels = !options.device->host_addressable();
+  dw.device_sub_groups = states.device_sub_groups;
   dw.optimizer_buffers = e.pipeline_buffers;
   dw.largest_sub_group_elems = states.largest_sub;
   dw.copy_alignment = kIoAlignment;
@@ -651,10 +665,13 @@ void LayOutDeviceWorking(const sched::StateLayout& states, const EngineOptions& 
 // sched/placement.h.)
 void LayOutHostWorking(const sched::StateLayout& states, const ZeroSettings& z,
                        const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
-  if (e.placement.Home(StateKind::kMaster32) == Tier::kNvme ||
-      e.placement.Home(StateKind::kGrad) == Tier::kNvme) {
+  // Partial offload: only the offloaded sub-groups page through the buffers.
+  const uint64_t offloaded = e.subs.size() - states.device_sub_groups;
+  if ((e.placement.Home(StateKind::kMaster32) == Tier::kNvme ||
+       e.placement.Home(StateKind::kGrad) == Tier::kNvme) &&
+      offloaded > 0) {
     cs->swap_bytes +=
-        sched::OptimizerSwapBufferBytes(e.pipeline_buffers, states.largest_sub, e.subs.size());
+        sched::OptimizerSwapBufferBytes(e.pipeline_buffers, states.largest_sub, offloaded);
   }
   if (e.placement.Home(StateKind::kParam16) == Tier::kNvme) {
     cs->swap_bytes += sched::ParamSwapBufferBytes(static_cast<int64_t>(z.param_buffer_count),
@@ -674,8 +691,8 @@ void LayOutSpeculation(const EngineOptions& options, Engine::Impl& e) {
   const OffloadOptimizerConfig& o = options.config.zero.offload_optimizer;
   if (!o.speculative_step.value_or(true)) return;
   EngineLayout& L = e.layout;
-  uint64_t elems = 0;
-  for (const SubGroup& s : e.subs) elems += s.elems;
+  uint64_t elems = 0;  // offloaded (partial offload: the device-resident ones step in Step)
+  for (const SubGroup& s : e.subs) elems += s.on_device ? 0 : s.elems;
   // Stage 3: the trainer's gathered copies are its own (stages 0-2 hand out the param replica
   // the step writes, for the whole step in the Python adapter).
   if (!e.placement.params_partitioned || e.placement.Home(StateKind::kMaster32) == Tier::kDevice ||
@@ -724,6 +741,7 @@ void LayOut(const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
   L.rank = e.rank;
   L.params = e.model.numel();
   L.sub_groups = e.subs.size();
+  L.optimizer_ratio = e.placement.optimizer_ratio;
   sched::StateLayoutInput in;
   in.world = e.world;
   for (const GroupSpec& g : e.model.groups) in.groups.push_back({g.numel(), 1, g.trainable});
@@ -735,6 +753,12 @@ void LayOut(const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
                width(StateKind::kExpAvg), width(StateKind::kExpAvgSq)};
   const sched::StateLayout states = sched::LayOutStates(e.placement, in);
   for (Tier t : kAllTiers) L.state_bytes[t] += static_cast<uint64_t>(states.tier_bytes[t]);
+  L.device_sub_groups = states.device_sub_groups;
+  L.offloaded_fraction =
+      states.sub_group_elems > 0
+          ? static_cast<double>(states.sub_group_elems - states.device_sub_group_elems) /
+                static_cast<double>(states.sub_group_elems)
+          : 1.0;
   LayOutZpp(states, options, e);
   LayOutDeviceWorking(states, options, e, cs);
   LayOutHostWorking(states, cs->resolved.zero, options, e, cs);
@@ -825,8 +849,6 @@ Status OpenStore(const EngineConfig& c, EngineOptions& options, Engine::Impl& e,
 // exp_avg_sq, grad), the blocks sched::LayOutStates counted.
 Status RegisterBlocks(Engine::Impl& e, std::vector<BlockId>* shard_blocks) {
   const Tier param_home = e.placement.Home(StateKind::kParam16);
-  const Tier opt_home = e.placement.Home(StateKind::kMaster32);
-  const Tier grad_home = e.placement.Home(StateKind::kGrad);
   const std::string r = std::to_string(e.rank);
   for (size_t g = 0; g < e.groups.size(); ++g) {
     zero::GroupState& gs = e.groups[g];
@@ -850,19 +872,19 @@ Status RegisterBlocks(Engine::Impl& e, std::vector<BlockId>* shard_blocks) {
       const std::string tag = "[r" + r +
                               (s.owner != e.rank ? " of r" + std::to_string(s.owner) : "") +
                               " sg" + std::to_string(k++) + "]";
-      auto reg = [&](StateKind kind, Tier home) {
+      auto reg = [&](StateKind kind) {
         BlockSpec sb;
         sb.name = name + "." + std::string(StateKindName(kind)) + tag;
         sb.size_bytes = s.elems * sched::StateElementBytes(kind, e.dtype);
         sb.dtype = DType::kF32;
         sb.kind = kind;
-        sb.home = home;
+        sb.home = e.HomeOf(s, kind);
         return e.store->Register(sb);
       };
-      STRATA_ASSIGN_OR_RETURN(s.master, reg(StateKind::kMaster32, opt_home));
-      STRATA_ASSIGN_OR_RETURN(s.exp_avg, reg(StateKind::kExpAvg, opt_home));
-      STRATA_ASSIGN_OR_RETURN(s.exp_avg_sq, reg(StateKind::kExpAvgSq, opt_home));
-      STRATA_ASSIGN_OR_RETURN(s.grad, reg(StateKind::kGrad, grad_home));
+      STRATA_ASSIGN_OR_RETURN(s.master, reg(StateKind::kMaster32));
+      STRATA_ASSIGN_OR_RETURN(s.exp_avg, reg(StateKind::kExpAvg));
+      STRATA_ASSIGN_OR_RETURN(s.exp_avg_sq, reg(StateKind::kExpAvgSq));
+      STRATA_ASSIGN_OR_RETURN(s.grad, reg(StateKind::kGrad));
     }
   }
   if (e.layout.state_bytes[Tier::kNvme] > 0) STRATA_RETURN_IF_ERROR(e.store->OpenNvme());

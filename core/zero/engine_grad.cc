@@ -531,14 +531,14 @@ Status Engine::Impl::DrainReductions(bool all) {
 
 Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
   const zero::GroupState& gs = groups[p.group];
-  const Tier home = placement.Home(StateKind::kGrad);
-  // Device-resident gradients on a device with kernels accumulate there, in place; otherwise
-  // on the host (staged from a device the host cannot address).
-  kernels::DeviceKernels* k = DeviceKernelsFor(home);
-  const Tier tier = k != nullptr ? Tier::kDevice : ComputeTier(home);
   std::vector<uint8_t> staged;
   for (size_t si : gs.sub_groups) {
     SubGroup& s = subs[si];
+    const Tier home = HomeOf(s, StateKind::kGrad);
+    // Device-resident gradients on a device with kernels accumulate there, in place; otherwise
+    // on the host (staged from a device the host cannot address).
+    kernels::DeviceKernels* k = DeviceKernelsFor(home);
+    const Tier tier = k != nullptr ? Tier::kDevice : ComputeTier(home);
     const uint8_t* src = ReducedGrad(p, s);
     if (k == nullptr && !opt.device->host_addressable()) {
       staged.resize(s.elems * elt);

@@ -65,10 +65,10 @@ Status CheckInitAllowed(const Engine::Impl& e, const char* op) {
 using MasterSource = std::function<Status(const SubGroup& s, float* master)>;
 Status InitMasters(Engine::Impl& e, const char* op, const MasterSource& source) {
   STRATA_RETURN_IF_ERROR(CheckInitAllowed(e, op));
-  const Tier opt_tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
   const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
   for (const SubGroup& s : e.subs) {
     const zero::GroupState& gs = e.groups[s.group];
+    const Tier opt_tier = e.ComputeTier(e.HomeOf(s, StateKind::kMaster32));
     STRATA_ASSIGN_OR_RETURN(Lease master,
                             e.store->Acquire(s.master, opt_tier, Access::kWrite, e.timeout()));
     float* m = static_cast<float*>(master.data());
@@ -344,9 +344,9 @@ Status Engine::ReadMaster(size_t group, std::span<float> out) {
     std::copy(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(gs.numel), out.begin());
     return Status::OK();
   }
-  const Tier tier = e.ComputeTier(e.placement.Home(StateKind::kMaster32));
   for (size_t si : gs.sub_groups) {
     const SubGroup& s = e.subs[si];
+    const Tier tier = e.ComputeTier(e.HomeOf(s, StateKind::kMaster32));
     // Failing the engine aborts the all-gather below on the peers (no wait to the deadline).
     auto l = e.store->Acquire(s.master, tier, Access::kRead, e.timeout());
     if (!l.ok()) return e.Fail(l.status());

@@ -62,6 +62,9 @@ struct SubGroup {
   size_t offset = 0;  // elements into the owner's shard of the group
   size_t elems = 0;
   BlockId master = 0, exp_avg = 0, exp_avg_sq = 0, grad = 0;
+  // Partial offload (offload_optimizer.ratio < 1): the four blocks stay on the device
+  // (sched::DeviceResidentSubGroups); Impl::HomeOf gives each block's home.
+  bool on_device = false;
   // Gradient statistics of the accumulated gradient, computed when it was last completed.
   bool stats_valid = false;
   double sum_sq = 0;
@@ -239,6 +242,10 @@ struct Engine::Impl {
   // Records `st` as the engine's failure (the first one wins), aborts the communicator; returns
   // `st` for chaining.
   Status Fail(Status st);
+  // The home of sub-group s's block of `kind` (its own: partial offload keeps some on the device).
+  Tier HomeOf(const zero::SubGroup& s, StateKind kind) const {
+    return placement.SubGroupHome(kind, s.on_device);
+  }
   // Where the CPU computes on (or copies) a state whose home is `home`: host memory it can
   // address. Device-resident state that the device's kernels compute: DeviceKernelsFor.
   Tier ComputeTier(Tier home) const;

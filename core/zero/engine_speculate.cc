@@ -81,15 +81,20 @@ void Engine::Impl::OnGradientFinal(size_t g) {
   if (!spec || !spec->open || !failed.ok()) return;
   Speculation& sp = *spec;
   const zero::GroupState& gs = groups[g];
-  if (gs.sub_groups.empty()) return;
   if (gs.gathered > 0) {
     // Its gathered copy may alias the param shard: its Adam starts once it is released.
     sp.final_pending[g] = 1;
     return;
   }
   sp.final_pending[g] = 0;
+  // The offloaded sub-groups (partial offload: the device-resident ones step in Step).
+  std::vector<size_t> mine;
+  for (size_t i : gs.sub_groups) {
+    if (!subs[i].on_device) mine.push_back(i);
+  }
+  if (mine.empty()) return;
   uint64_t bytes = 0;
-  for (size_t i : gs.sub_groups) bytes += CopyBytes(subs[i], elt);
+  for (size_t i : mine) bytes += CopyBytes(subs[i], elt);
   if (sp.used + bytes > sp.buffer_bytes) return;  // its copies do not fit: it steps in Step
   if (!sp.engaged) {
     // The coefficients of an applied, unclipped step (what Step computes then, bit for bit).
@@ -102,7 +107,7 @@ void Engine::Impl::OnGradientFinal(size_t g) {
     sp.closing = false;
     sp.thread = std::thread([this] { SpeculationWorker(); });
   }
-  for (size_t i : gs.sub_groups) {
+  for (size_t i : mine) {
     sp.offset[i] = sp.used;
     sp.used += CopyBytes(subs[i], elt);
     sp.handed.push_back(i);
@@ -130,7 +135,9 @@ void Engine::Impl::SpeculationWorker() {
     // The groups queued meanwhile go through one pipeline: their NVMe reads overlap.
     AdamRun run;
     for (size_t g : batch) {
-      run.order.insert(run.order.end(), groups[g].sub_groups.begin(), groups[g].sub_groups.end());
+      for (size_t i : groups[g].sub_groups) {
+        if (sp.offset[i] != Speculation::kNone) run.order.push_back(i);
+      }
     }
     run.hyper = sp.hyper;
     run.before = [&](size_t i, Lease& master, Lease& m, Lease& v, Lease& param) {
@@ -172,12 +179,14 @@ Status Engine::Impl::FinishSpeculation() {
 
 Status Engine::Impl::RollBackSpeculation() {
   Speculation& sp = *spec;
-  const Tier opt_home = placement.Home(StateKind::kMaster32);
   const Tier param_home = placement.Home(StateKind::kParam16);
-  const Tier opt_tier = ComputeTier(opt_home), param_tier = ComputeTier(param_home);
+  const Tier param_tier = ComputeTier(param_home);
   std::vector<Ticket> written;
+  std::vector<uint8_t> touched(groups.size(), 0);  // groups whose param block was restored
   for (size_t i : sp.handed) {
     const SubGroup& s = subs[i];
+    const Tier opt_home = HomeOf(s, StateKind::kMaster32);  // offloaded: the CPU's
+    const Tier opt_tier = ComputeTier(opt_home);
     const uint8_t* at = sp.arena.get() + sp.offset[i];
     const size_t n = s.elems * sizeof(float);
     const BlockId states[3] = {s.master, s.exp_avg, s.exp_avg_sq};
@@ -203,9 +212,11 @@ Status Engine::Impl::RollBackSpeculation() {
     if (opt_home == Tier::kNvme) {
       for (BlockId b : states) written.push_back(store->WriteBack(b));
     }
-    if (param_home == Tier::kNvme && groups[s.group].sub_groups.back() == i) {
-      written.push_back(store->WriteBack(pb));
-    }
+    touched[s.group] = 1;
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (param_home == Tier::kNvme && touched[g])
+      written.push_back(store->WriteBack(groups[g].param));
   }
   for (const Ticket& t : written) {
     Status st = t.Wait(timeout());

@@ -60,12 +60,12 @@ class TicketJoin {
 }  // namespace
 
 Status Engine::Impl::ComputeMissingStats() {
-  const Tier home = placement.Home(StateKind::kGrad);
-  const Tier tier = DeviceKernelsFor(home) ? Tier::kDevice : ComputeTier(home);
   for (size_t g = 0; g < groups.size(); ++g) {
     zero::GroupState& gs = groups[g];
     for (size_t si : gs.sub_groups) {
       SubGroup& s = subs[si];
+      const Tier home = HomeOf(s, StateKind::kGrad);
+      const Tier tier = DeviceKernelsFor(home) ? Tier::kDevice : ComputeTier(home);
       if (gs.reductions == 0) {
         // Not reduced in this window: its gradient is zero.
         STRATA_ASSIGN_OR_RETURN(Lease acc,
@@ -154,15 +154,23 @@ std::vector<size_t> Engine::Impl::StepOrder(const std::vector<uint64_t>& except)
 }
 
 Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
-  const Tier opt_home = placement.Home(StateKind::kMaster32);
-  const Tier grad_home = placement.Home(StateKind::kGrad);
   const Tier param_home = placement.Home(StateKind::kParam16);
+  // Per sub-group (partial offload keeps some on the device): its homes and where its step runs.
   // Device-resident optimizer state on a device with kernels: the step runs there, on the
   // gradient (same home) and on a device copy of the param block (fetched when not its home).
-  kernels::DeviceKernels* on_device = DeviceKernelsFor(opt_home);
-  const Tier opt_tier = on_device ? Tier::kDevice : ComputeTier(opt_home),
-             grad_tier = on_device ? Tier::kDevice : ComputeTier(grad_home),
-             param_tier = on_device ? Tier::kDevice : ComputeTier(param_home);
+  struct Where {
+    Tier opt_home, grad_home;
+    kernels::DeviceKernels* on_device;
+    Tier opt_tier, grad_tier, param_tier;
+  };
+  auto where = [&](const SubGroup& s) {
+    Where w{HomeOf(s, StateKind::kMaster32), HomeOf(s, StateKind::kGrad), nullptr, {}, {}, {}};
+    w.on_device = DeviceKernelsFor(w.opt_home);
+    w.opt_tier = w.on_device ? Tier::kDevice : ComputeTier(w.opt_home);
+    w.grad_tier = w.on_device ? Tier::kDevice : ComputeTier(w.grad_home);
+    w.param_tier = w.on_device ? Tier::kDevice : ComputeTier(param_home);
+    return w;
+  };
   const std::vector<kernels::AdamHyper>& hs = run.hyper;
   const std::vector<size_t>& order = run.order;
 
@@ -177,16 +185,17 @@ Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
   sched::PipelineStages stages;
   stages.read = [&](size_t i, uint32_t, sched::StageDone done) -> Status {
     const SubGroup& s = subs[i];
+    const Where w = where(s);
     std::vector<Ticket> tickets;
-    if (opt_tier != opt_home) {
+    if (w.opt_tier != w.opt_home) {
       for (BlockId b : {s.master, s.exp_avg, s.exp_avg_sq})
-        tickets.push_back(store->Fetch(b, opt_tier));
+        tickets.push_back(store->Fetch(b, w.opt_tier));
     }
-    if (grad_tier != grad_home) tickets.push_back(store->Fetch(s.grad, grad_tier));
+    if (w.grad_tier != w.grad_home) tickets.push_back(store->Fetch(s.grad, w.grad_tier));
     // The param block the Adam writes into (NVMe-homed params: staged ahead like the states),
     // unless the sub-groups replace all of it (ParamBlockReplaced): then nothing is read.
-    if (param_tier != param_home && !ParamBlockReplaced())
-      tickets.push_back(store->Fetch(groups[s.group].param, param_tier));
+    if (w.param_tier != param_home && !ParamBlockReplaced())
+      tickets.push_back(store->Fetch(groups[s.group].param, w.param_tier));
     TicketJoin::Start(std::make_shared<TicketJoin>(std::move(done)), tickets);
     return Status::OK();
   };
@@ -196,15 +205,16 @@ Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
   uint64_t acquire_ns = 0;
   stages.compute = [&](size_t i, uint32_t) -> Status {
     const SubGroup& s = subs[i];
+    const Where w = where(s);
     const auto a0 = Clock::now();
     STRATA_ASSIGN_OR_RETURN(Lease master,
-                            store->Acquire(s.master, opt_tier, Access::kWrite, timeout()));
+                            store->Acquire(s.master, w.opt_tier, Access::kWrite, timeout()));
     STRATA_ASSIGN_OR_RETURN(Lease m,
-                            store->Acquire(s.exp_avg, opt_tier, Access::kWrite, timeout()));
+                            store->Acquire(s.exp_avg, w.opt_tier, Access::kWrite, timeout()));
     STRATA_ASSIGN_OR_RETURN(Lease v,
-                            store->Acquire(s.exp_avg_sq, opt_tier, Access::kWrite, timeout()));
+                            store->Acquire(s.exp_avg_sq, w.opt_tier, Access::kWrite, timeout()));
     STRATA_ASSIGN_OR_RETURN(Lease grad,
-                            store->Acquire(s.grad, grad_tier, Access::kRead, timeout()));
+                            store->Acquire(s.grad, w.grad_tier, Access::kRead, timeout()));
     // The group's first sub-group overwrites a replaced param block: no read of the old bytes
     // (bench engine, 4B params on nvme: 8 GB of the step's 84 GB of reads). The later ones
     // write into the copy it made the newest (or its written-back home, when it was evicted).
@@ -212,11 +222,11 @@ Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
                                     ? Access::kOverwrite
                                     : Access::kWrite;
     STRATA_ASSIGN_OR_RETURN(
-        Lease param, store->Acquire(groups[s.group].param, param_tier, param_access, timeout()));
+        Lease param, store->Acquire(groups[s.group].param, w.param_tier, param_access, timeout()));
     acquire_ns += Since(a0);
     if (run.before) run.before(i, master, m, v, param);
     const kernels::AdamHyper& h = hs[model.groups[s.group].optimizer_group];
-    if (on_device) return AdamOnDevice(*on_device, s, h, master, m, v, grad, param);
+    if (w.on_device) return AdamOnDevice(*w.on_device, s, h, master, m, v, grad, param);
     const kernels::AdamShard shard = AdamShardFor(s, master, m, v, grad, param);
     STRATA_RETURN_IF_ERROR(kernels::AdamStep(*pool, h, shard));
     if (dtype == DType::kF32) {
@@ -232,7 +242,7 @@ Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
   stages.write = [&](size_t i, uint32_t, sched::StageDone done) -> Status {
     const SubGroup& s = subs[i];
     std::vector<Ticket> tickets;
-    if (opt_home == Tier::kNvme) {
+    if (HomeOf(s, StateKind::kMaster32) == Tier::kNvme) {
       for (BlockId b : {s.master, s.exp_avg, s.exp_avg_sq}) tickets.push_back(store->WriteBack(b));
     }
     // The param block is the group's: written back once, after its last sub-group. Writing it

@@ -299,6 +299,13 @@ struct EngineLayout {
   int world_size = 1, rank = 0;
   size_t params = 0;                  // model elements
   size_t sub_groups = 0;              // optimizer sub-groups this rank steps
+  // Partial optimizer offload (offload_optimizer.ratio < 1 at stage 3, sched/placement.h): the
+  // ratio applied (1: every sub-group offloaded, or no offload), the sub-groups that stay on the
+  // device (their states and gradient are in state_bytes[device]) and the share of the
+  // sub-groups' elements offloaded (1 when none stays).
+  double optimizer_ratio = 1.0;
+  size_t device_sub_groups = 0;
+  double offloaded_fraction = 1.0;
   PerTier<uint64_t> state_bytes{};    // homes of the states
   PerTier<uint64_t> working_bytes{};  // gathered groups, gradient buffers, pipeline staging
   PerTier<uint64_t> budget_bytes{};

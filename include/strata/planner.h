@@ -160,6 +160,9 @@ struct ZeroSettings {
   // rollback copies' host item (sched::SpeculationBufferBytes) where the optimizer is offloaded.
   bool speculative_step = true;
   double speculation_buffer_size = -1;
+  // offload_optimizer.ratio: the share of the optimizer offloaded at stage 3 (partial offload:
+  // sched::DeviceResidentSubGroups keeps the rest on the device).
+  double optimizer_ratio = 1.0;
   double param_buffer_count = 5;      // offload_param.buffer_count
   double param_buffer_size = 1e8;     // offload_param.buffer_size (elements)
   double max_in_cpu = 1e9;            // offload_param.max_in_cpu: validated, not planned (the
@@ -229,6 +232,10 @@ struct Placement {
   int stage = 0;
   OffloadDevice offload_optimizer = OffloadDevice::kNone;  // effective (after DeepSpeed rules)
   OffloadDevice offload_param = OffloadDevice::kNone;
+  // Partial optimizer offload (sched::DeviceResidentSubGroups): the ratio applied (1: all of the
+  // offloaded optimizer, or no offload) and the share of the sub-groups' elements offloaded.
+  double optimizer_ratio = 1.0;
+  double optimizer_offloaded_fraction = 1.0;
   std::vector<PlanItem> items;
   double hbm_bytes_per_gpu = 0;
   double host_bytes_per_node = 0;
@@ -268,7 +275,9 @@ double LedgerBytesPerGpu(const Recipe& recipe, int stage, double params, int64_t
 // The placement of one setting. Follows DeepSpeed: optimizer offload needs stage >= 1,
 // optimizer NVMe offload below stage 3 becomes cpu, param offload needs stage 3 (each with a note).
 // REQUIRES: ValidatePlanInput(in) is OK and 0 <= stage <= 3.
-Placement Place(const PlanInput& in, int stage, OffloadDevice optimizer, OffloadDevice param);
+// `optimizer_ratio`: offload_optimizer.ratio (partial offload at stage 3).
+Placement Place(const PlanInput& in, int stage, OffloadDevice optimizer, OffloadDevice param,
+                double optimizer_ratio = 1.0);
 
 // InvalidArgument naming the field when a count is not positive, a size is negative, a stage
 // is outside 0..3, gpus x nodes exceeds kMaxPlanRanks or a recipe byte count is negative. The

@@ -473,6 +473,9 @@ class PyEngine {
     d["rank"] = L.rank;
     d["params"] = L.params;
     d["sub_groups"] = L.sub_groups;
+    d["optimizer_ratio"] = L.optimizer_ratio;  // partial offload (offload_optimizer.ratio)
+    d["device_sub_groups"] = L.device_sub_groups;
+    d["offloaded_fraction"] = L.offloaded_fraction;
     d["state_bytes"] = TierDict(L.state_bytes);
     d["working_bytes"] = TierDict(L.working_bytes);
     d["cache_bytes"] = TierDict(L.cache_bytes);

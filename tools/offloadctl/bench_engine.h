@@ -102,6 +102,8 @@ struct EngineVariant {
   int stage = 3;
   OffloadDevice offload_optimizer = OffloadDevice::kNone;
   OffloadDevice offload_param = OffloadDevice::kNone;
+  // offload_optimizer.ratio for the sweep's partial offload (the config's own when unset).
+  std::optional<double> optimizer_ratio;
   std::string Name() const;  // "stage 3 + opt nvme + param nvme"
 };
 

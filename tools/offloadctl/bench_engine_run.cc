@@ -77,7 +77,8 @@ std::optional<PerTier<double>> PlannerBytes(const EngineConfig& c, const ModelSp
   in.capacity.hbm_bytes_per_gpu = device_bytes;
   in.capacity.dram_bytes_per_node = host_bytes * world;
   if (!ValidatePlanInput(in).ok()) return std::nullopt;
-  const Placement pl = Place(in, v.stage, v.offload_optimizer, v.offload_param);
+  const Placement pl =
+      Place(in, v.stage, v.offload_optimizer, v.offload_param, in.zero.optimizer_ratio);
   PerTier<double> out;
   out[Tier::kDevice] = pl.hbm_bytes_per_gpu;
   out[Tier::kHost] = pl.host_bytes_per_node / world;
@@ -584,6 +585,11 @@ std::string EngineVariant::Name() const {
   std::string s = "stage " + std::to_string(stage);
   if (offload_optimizer != OffloadDevice::kNone) {
     s += " + opt " + std::string(OffloadDeviceName(offload_optimizer));
+    if (optimizer_ratio && *optimizer_ratio < 1.0) {
+      char ratio[32];
+      std::snprintf(ratio, sizeof ratio, " (ratio %g)", *optimizer_ratio);
+      s += ratio;
+    }
   }
   if (offload_param != OffloadDevice::kNone) {
     s += " + param " + std::string(OffloadDeviceName(offload_param));
@@ -648,6 +654,7 @@ Result<ParsedConfig> BuildEngineConfig(const BenchEngineArgs& a, const EngineVar
     auto n = ParseParamCount(a.speculation_buffer);
     z["offload_optimizer"]["speculation_buffer_size"] = n.ok() ? static_cast<int64_t>(*n) : 0;
   }
+  if (v.optimizer_ratio) z["offload_optimizer"]["ratio"] = *v.optimizer_ratio;
   if (!a.max_reuse_distance.empty()) {
     auto n = ParseParamCount(a.max_reuse_distance);
     z["stage3_max_reuse_distance"] = n.ok() ? static_cast<int64_t>(*n) : 0;

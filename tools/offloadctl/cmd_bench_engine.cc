@@ -73,15 +73,16 @@ Result<EngineVariant> ResolveVariant(const BenchEngineArgs& a) {
   return v;
 }
 
-// The sweep: stages 0, 2 and 3, then stage 3's offload variants (NVMe with --nvme-path only).
+// The sweep: stages 0, 2 and 3, then stage 3's offload variants (NVMe with --nvme-path only),
+// the optimizer half offloaded (offload_optimizer.ratio 0.5: the other half steps on the device)
+// before the full offload. Each sets its ratio (1 where none is given), so a --config's ratio
+// does not reach the stages below 3, which refuse it.
 std::vector<EngineVariant> SweepVariants(const BenchEngineArgs& a) {
   using D = OffloadDevice;
-  std::vector<EngineVariant> v = {{0, D::kNone, D::kNone},
-                                  {2, D::kNone, D::kNone},
-                                  {3, D::kNone, D::kNone},
-                                  {3, D::kCpu, D::kNone},
-                                  {3, D::kCpu, D::kCpu}};
-  if (!a.nvme_paths.empty()) v.push_back({3, D::kNvme, D::kNvme});
+  std::vector<EngineVariant> v = {{0, D::kNone, D::kNone, 1.0}, {2, D::kNone, D::kNone, 1.0},
+                                  {3, D::kNone, D::kNone, 1.0}, {3, D::kCpu, D::kNone, 0.5},
+                                  {3, D::kCpu, D::kNone, 1.0},  {3, D::kCpu, D::kCpu, 1.0}};
+  if (!a.nvme_paths.empty()) v.push_back({3, D::kNvme, D::kNvme, 1.0});
   return v;
 }
 

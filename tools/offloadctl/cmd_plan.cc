@@ -34,6 +34,7 @@ struct PlanFlags {
   int stage = -1;
   std::string offload_optimizer;
   std::string offload_param;
+  double offload_ratio = -1;  // -1: as the config says
   double grad_accum = 0;
   double step_seconds = 10;
   bool json = false;
@@ -103,6 +104,10 @@ int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* note
     auto d = ParseOffloadDevice(*value);
     if (!d) return Usage(std::string(flag) + ": expected none, cpu or nvme, got '" + *value + "'");
     *dst = *d;
+    in->has_configured = true;
+  }
+  if (f.offload_ratio >= 0) {
+    in->zero.optimizer_ratio = f.offload_ratio;
     in->has_configured = true;
   }
   if (f.grad_accum > 0) in->zero.gradient_accumulation_steps = f.grad_accum;
@@ -213,6 +218,10 @@ void RegisterPlan(CLI::App& parent, int* exit_code) {
                   "Optimizer state device to check: none, cpu, nvme (overrides --config)");
   cmd->add_option("--offload-param", f->offload_param,
                   "Parameter device to check: none, cpu, nvme (overrides --config)");
+  cmd->add_option("--offload-ratio", f->offload_ratio,
+                  "offload_optimizer.ratio to check, 0-1 (overrides --config): the share of the "
+                  "optimizer offloaded at stage 3, the rest on the GPU (partial offload)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--grad-accum", f->grad_accum,
                   "Gradient accumulation steps (overrides --config; default 1): scales the "
                   "per-step PCIe and NVMe traffic")
