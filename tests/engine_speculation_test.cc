@@ -193,16 +193,28 @@ TEST(EngineSpeculationRollback, GatherBeforeStepSeesTheOldParams) {
 }
 
 // Accumulation over 3 micro-steps (a group is final only in the last), with overlap_step on top
-// (the groups not speculated step behind the next forward), the optimizer and params on NVMe.
+// (asked for explicitly: off by default there; the groups not speculated step behind the next
+// forward), the optimizer and params on NVMe.
 TEST(EngineSpeculationCombined, AccumulationAndOverlapStep) {
   RunSpec spec = Plain(2, 3, 3);
   spec.tweak = [](int, EngineOptions& eo) { eo.overlap_step = true; };
-  Pair p = Both(spec, 3, "nvme", "nvme", "bf16", 1e6, 3);
+  Pair p = Both(spec, 3, "nvme", "nvme", "bf16", 1e6, 3,
+                std::string(kAll) + R"(, "speculative_step": true)");
   ExpectSameRun(p.off, p.on, "gas3+overlap_step");
   ASSERT_TRUE(p.on.status.ok());
   for (const StepReport& r : p.on.reports) {
     EXPECT_EQ(r.speculated_sub_groups, TrainableSubGroups(p.on));
   }
+  // Unset, the key is off beside overlap_step: nothing speculated, a note says why.
+  spec.config_json = Config(3, "nvme", "nvme", "bf16", 1e6, 3, kAll);
+  const RunResult unset = RunEngine(spec);
+  ASSERT_TRUE(unset.status.ok()) << unset.status.ToString();
+  for (const StepReport& r : unset.reports) EXPECT_EQ(r.speculated_sub_groups, 0u);
+  bool noted = false;
+  for (const std::string& n : unset.layouts[0].notes) {
+    noted = noted || n.find("speculative_step: off by default") != std::string::npos;
+  }
+  EXPECT_TRUE(noted);
 }
 
 // A partial offload (offload_optimizer.ratio 0.5): the offloaded sub-groups are speculated, the

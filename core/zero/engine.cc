@@ -689,7 +689,15 @@ void LayOutHostWorking(const sched::StateLayout& states, const ZeroSettings& z,
 // (sched::SpeculationBufferBytes). Unset, the key means on.
 void LayOutSpeculation(const EngineOptions& options, Engine::Impl& e) {
   const OffloadOptimizerConfig& o = options.config.zero.offload_optimizer;
-  if (!o.speculative_step.value_or(true)) return;
+  if (!sched::SpeculationOn(o.speculative_step, options.overlap_step)) {
+    if (!o.speculative_step.has_value()) {
+      e.layout.notes.push_back(
+          "speculative_step: off by default while each optimizer step runs behind the next "
+          "forward (it would make Step wait for the step's work); speculative_step true turns it "
+          "on");
+    }
+    return;
+  }
   EngineLayout& L = e.layout;
   uint64_t elems = 0;  // offloaded (partial offload: the device-resident ones step in Step)
   for (const SubGroup& s : e.subs) elems += s.on_device ? 0 : s.elems;

@@ -184,12 +184,12 @@ struct OffloadOptimizerConfig {
   bool fast_init = false;                       // [false] skip zero-filling NVMe state files.
   double ratio = 1.0;                           // [1.0] fraction of the optimizer state
                                                 // offloaded (ZeRO-Offload++ partial offload).
-  // [unset: on wherever it applies] The CPU Adam of a group runs during backward, as soon as its
-  // gradient is final, before the global norm and the overflow check are known; a step that turns
-  // out to need clipping or skipping undoes those groups exactly and redoes them (DeepSpeed's
-  // SuperOffload "speculation, then validation"; the bits never change). `super_offload` is read
-  // as this key. Applies at stage 3 with the optimizer offloaded (cpu or nvme); elsewhere, when
-  // asked for, a layout note.
+  // [unset: on wherever it applies, unless EngineOptions::overlap_step] The CPU Adam of a group
+  // runs during backward, as soon as its gradient is final, before the global norm and the overflow
+  // check are known; a step that turns out to need clipping or skipping undoes those groups exactly
+  // and redoes them (DeepSpeed's SuperOffload "speculation, then validation"; the bits never
+  // change). `super_offload` is read as this key. Applies at stage 3 with the optimizer offloaded
+  // (cpu or nvme); elsewhere, when asked for, a layout note.
   std::optional<bool> speculative_step;
   // [-1: auto] Elements of optimizer state whose pre-update copy (master, m, v and the working
   // params: 12 + 2 bytes each at 16-bit) the speculation may hold in host memory; groups beyond

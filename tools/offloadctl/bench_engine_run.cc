@@ -11,6 +11,7 @@
 #include "core/zero/engine_stats_json.h"
 #include "cpu/gloo_comm.h"
 #include "nvme/bench/nvme_bench.h"
+#include "sched/placement.h"
 #include "strata/device.h"
 #include "strata/device_kernels.h"
 #include "strata/planner.h"
@@ -64,7 +65,7 @@ std::string FirstLine(std::string_view s) { return std::string(s.substr(0, s.fin
 // The planner's placement (include/strata/planner.h) of the same model and setting, per rank.
 std::optional<PerTier<double>> PlannerBytes(const EngineConfig& c, const ModelSpec& m,
                                             const EngineVariant& v, int world, double device_bytes,
-                                            double host_bytes) {
+                                            double host_bytes, bool overlap_step) {
   PlanInput in;
   in.params = static_cast<double>(m.numel());
   for (const GroupSpec& g : m.groups) {
@@ -72,6 +73,8 @@ std::optional<PerTier<double>> PlannerBytes(const EngineConfig& c, const ModelSp
   }
   std::vector<std::string> notes;
   ApplyEngineConfig(c, &in, &notes);
+  in.zero.speculative_step =
+      sched::SpeculationOn(c.zero.offload_optimizer.speculative_step, overlap_step);
   in.capacity.gpus_per_node = world;
   in.capacity.nodes = 1;
   in.capacity.hbm_bytes_per_gpu = device_bytes;
@@ -717,7 +720,8 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
       static_cast<int>(cfg.config.gradient_accumulation_steps.value_or(1));
   r.io_queue_depth = static_cast<size_t>(std::clamp<int64_t>(cfg.config.aio.queue_depth, 1, 1024));
   const double device_bytes = a.device_gb * 1e9, host_bytes = a.host_gb * 1e9;
-  r.planner_bytes = PlannerBytes(cfg.config, model, v, p.world, device_bytes, host_bytes);
+  r.planner_bytes =
+      PlannerBytes(cfg.config, model, v, p.world, device_bytes, host_bytes, a.overlap_step);
   Progress progress(p.rank == 0, p.progress_tty);
   progress.Say("bench engine: " + v.Name() + ": creating the engine");
 
@@ -759,8 +763,9 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   for (Tier t : kAllTiers) r.budget_bytes[static_cast<size_t>(t)] = r.layout.budget_bytes[t];
   // The planner for the host budget the engine took (without --host-gb: its working set plus
   // sched::kHostBudgetSlackBytes), as a user would give it to `offloadctl plan --dram-gb`.
-  r.planner_bytes = PlannerBytes(cfg.config, model, v, p.world, device_bytes,
-                                 static_cast<double>(r.layout.budget_bytes[Tier::kHost]));
+  r.planner_bytes =
+      PlannerBytes(cfg.config, model, v, p.world, device_bytes,
+                   static_cast<double>(r.layout.budget_bytes[Tier::kHost]), a.overlap_step);
 
   progress.Say("bench engine: " + v.Name() + ": initialising " + std::to_string(r.params) +
                " parameters");
