@@ -9,7 +9,9 @@ A char GPT (examples/train_gpt.py's CharGPT; default 4 blocks, d_model 512, cont
 
 In each of --rounds rounds both are built afresh and take their steps in turn (a torch step, a
 strata step, on the same batch): --warmup untimed pairs, then --steps timed ones, so a slow
-moment of a shared machine hits both. Printed: the medians over all timed steps of forward
+moment of a shared machine hits both. With --overlap-step they run in blocks instead (torch's
+steps, then strata's): strata's optimizer step, running behind its next forward, would otherwise
+run during torch's step too. Printed: the medians over all timed steps of forward
 (engine(x, y) / model(x, y)), backward (engine.backward / loss.backward), step (engine.step /
 opt.step + zero_grad) and their total, and per phase the median of the per-pair ratios strata /
 torch (steadier than a ratio of medians when the machine's load moves). Target: total <= 1.2x.
@@ -127,13 +129,19 @@ def run_round(args, res, ratios, r):
             trainers["strata"] = strata_trainer(args, nvme, r)
         for t, _ in trainers.values():
             t.data = batches(args)
-        for i in range(args.warmup + args.steps):
-            pair = {}
+        n = args.warmup + args.steps
+        pairs = [{name: {k: [] for k in PHASES} for name in trainers} for _ in range(n)]
+        if args.overlap_step:
+            # The step strata runs behind its next forward would also run during torch's step if
+            # the two alternated (and slow it): torch's steps first, then strata's, in blocks.
             for name, (t, _) in trainers.items():
-                pair[name] = {k: [] for k in PHASES}
-                t.run(args, pair[name])
-            if i < args.warmup:
-                continue
+                for i in range(n):
+                    t.run(args, pairs[i][name])
+        else:
+            for i in range(n):
+                for name, (t, _) in trainers.items():
+                    t.run(args, pairs[i][name])
+        for pair in pairs[args.warmup:]:
             for name in trainers:
                 for k in PHASES:
                     res[name][k] += pair[name][k]
