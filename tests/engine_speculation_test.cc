@@ -73,6 +73,14 @@ RunSpec Plain(int world, int gas = 1, int steps = 3) {
 
 size_t TrainableSubGroups(const RunResult& r) { return r.layouts[0].sub_groups; }
 
+// Whether rank 0's layout has a note containing `text`.
+bool HasNote(const RunResult& r, const std::string& text) {
+  for (const std::string& n : r.layouts[0].notes) {
+    if (n.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
 class EngineSpeculation : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
 // No clipping (the threshold far above the norm): every step keeps the whole speculation, and
@@ -210,11 +218,7 @@ TEST(EngineSpeculationCombined, AccumulationAndOverlapStep) {
   const RunResult unset = RunEngine(spec);
   ASSERT_TRUE(unset.status.ok()) << unset.status.ToString();
   for (const StepReport& r : unset.reports) EXPECT_EQ(r.speculated_sub_groups, 0u);
-  bool noted = false;
-  for (const std::string& n : unset.layouts[0].notes) {
-    noted = noted || n.find("speculative_step: off by default") != std::string::npos;
-  }
-  EXPECT_TRUE(noted);
+  EXPECT_TRUE(HasNote(unset, "speculative_step: off by default"));
 }
 
 // A partial offload (offload_optimizer.ratio 0.5): the offloaded sub-groups are speculated, the
@@ -292,11 +296,7 @@ TEST(EngineSpeculationConfig, KeysAndNotes) {
     spec.config_json = Config(stage, opt, "none", "fp32", 1.0, 1, R"("speculative_step": true)");
     RunResult r = RunEngine(spec);
     ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-    bool noted = false;
-    for (const std::string& n : r.layouts[0].notes) {
-      noted = noted || n.find("speculative_step: not applied") != std::string::npos;
-    }
-    EXPECT_TRUE(noted) << stage << " " << opt;
+    EXPECT_TRUE(HasNote(r, "speculative_step: not applied")) << stage << " " << opt;
     for (const StepReport& rep : r.reports) EXPECT_EQ(rep.speculated_sub_groups, 0u);
   }
 }

@@ -193,9 +193,9 @@ struct Engine::Impl {
   size_t sub_group_elems = 0;
   uint32_t pipeline_buffers = 4;
   uint64_t persistence_elems = 0, reuse_distance_elems = 0, max_live_elems = 0;
-  // Per optimizer group (GroupSpec::optimizer_group): the hyperparameters (lr and step set per
-  // Step), the group's own lr (OptimizerGroupOptions::lr) and SetLearningRates' values (empty
-  // until called).
+  // Per optimizer group (GroupSpec::optimizer_group): the hyperparameters (a step's lr, step
+  // count and gradient scale are StepHyper's), the group's own lr (OptimizerGroupOptions::lr) and
+  // SetLearningRates' values (empty until called).
   std::vector<kernels::AdamHyper> hyper;
   std::vector<std::optional<double>> own_lr;
   std::vector<double> client_lrs;

@@ -234,10 +234,8 @@ Status Engine::Impl::CancelSpeculation() {
   Status st = RollBackSpeculation();
   if (!st.ok()) return Fail(st);
   sp.cancelled += sp.handed.size();
-  const bool skip_next = sp.skip_next;
   ResetSpeculation();
-  sp.skip_next = skip_next;
-  sp.open = false;
+  sp.open = false;  // closed for the rest of this step
   return Status::OK();
 }
 

@@ -415,10 +415,6 @@ Result<StepReport> Engine::Impl::Step() {
     }
     report.grad_norm = total_norm / report.loss_scale;
     report.lr = LrFor(0);
-    for (size_t og = 0; og < hyper.size(); ++og) {
-      hyper[og].lr = LrFor(og);
-      hyper[og].step = applied_steps - adam_step_base + 1;
-    }
     grad_scale = static_cast<float>(1.0 / combined);
     std::vector<uint64_t> kept;
     st = SettleSpeculation(true, grad_scale, &report, &kept);
