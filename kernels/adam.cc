@@ -1,6 +1,8 @@
 #include "kernels/adam.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "kernels/elem.h"
@@ -109,6 +111,35 @@ Status AdamStep(KernelPool& pool, const AdamHyper& hyper, const AdamShard& shard
   const simd::AdamArgs args = simd::FoldAdamArgs(hyper, shard);
   auto body = [&args](int /*slot*/, size_t begin, size_t end) {
     simd::AdamRange(args, begin, end);
+  };
+  pool.ForEachTile(shard.n, 0, body);
+  return Status::OK();
+}
+
+Status AdamStepSaving(KernelPool& pool, const AdamHyper& hyper, const AdamShard& shard,
+                      const AdamSave& save) {
+  STRATA_RETURN_IF_ERROR(ValidateAdam(hyper, shard));
+  if (shard.n > 0 &&
+      (save.master == nullptr || save.exp_avg == nullptr || save.exp_avg_sq == nullptr ||
+       save.param_from == nullptr || save.param_to == nullptr || save.param_elem_bytes == 0)) {
+    return Status::InvalidArgument("AdamStepSaving: a save array is null");
+  }
+  const simd::AdamArgs args = simd::FoldAdamArgs(hyper, shard);
+  // Pieces of 16 Ki elements: about 300 KB of state and gradient, within a core's L2.
+  constexpr size_t kPiece = size_t{1} << 14;
+  const auto* param_from = static_cast<const uint8_t*>(save.param_from);
+  auto* param_to = static_cast<uint8_t*>(save.param_to);
+  const size_t pb = save.param_elem_bytes;
+  auto body = [&](int /*slot*/, size_t begin, size_t end) {
+    for (size_t b = begin; b < end; b += kPiece) {
+      const size_t e = std::min(end, b + kPiece);
+      const size_t bytes = (e - b) * sizeof(float);
+      std::memcpy(save.master + b, shard.master + b, bytes);
+      std::memcpy(save.exp_avg + b, shard.exp_avg + b, bytes);
+      std::memcpy(save.exp_avg_sq + b, shard.exp_avg_sq + b, bytes);
+      std::memcpy(param_to + b * pb, param_from + b * pb, (e - b) * pb);
+      simd::AdamRange(args, b, e);
+    }
   };
   pool.ForEachTile(shard.n, 0, body);
   return Status::OK();

@@ -65,4 +65,24 @@ Status AdamStep(const AdamHyper& hyper, const AdamShard& shard);
 // Runs the step over the pool's tiles. Same results, bit for bit, as AdamStep.
 Status AdamStep(KernelPool& pool, const AdamHyper& hyper, const AdamShard& shard);
 
+// Where AdamStepSaving copies the shard's values from before the step: shard.n fp32 values each
+// of master, exp_avg and exp_avg_sq, and shard.n working params of param_elem_bytes each from
+// `param_from` (the param block the step writes; fp32 params included, which AdamStep does not
+// write itself).
+struct AdamSave {
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  const void* param_from = nullptr;
+  void* param_to = nullptr;
+  size_t param_elem_bytes = 0;
+};
+
+// AdamStep over the pool's tiles that first copies each piece of the state into `save` while
+// the piece is in the cache (the speculative step's rollback copies): the same bits as copying
+// the whole shard and then AdamStep, with one read of the old state instead of two. Errors: as
+// ValidateAdam, or a null `save` array; on error nothing is written.
+Status AdamStepSaving(KernelPool& pool, const AdamHyper& hyper, const AdamShard& shard,
+                      const AdamSave& save);
+
 }  // namespace strata::kernels

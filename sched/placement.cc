@@ -118,7 +118,7 @@ uint64_t HostCacheBytes(uint64_t budget_bytes, uint64_t need_bytes, uint64_t nvm
 
 uint64_t SpeculationBufferBytes(int64_t configured_elems, uint64_t speculable_elems,
                                 uint64_t param_elem_bytes, uint64_t host_room) {
-  const uint64_t per_elem = 3 * sizeof(float) + param_elem_bytes;
+  const uint64_t per_elem = SpeculationBytesPerElement(param_elem_bytes);
   if (configured_elems >= 0) {
     return std::min(static_cast<uint64_t>(configured_elems), speculable_elems) * per_elem;
   }
@@ -171,11 +171,14 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
   const bool identity = in.world == 1 && !in.quantized_gradients;
   const uint64_t ggroup = in.grad_group_elems.value_or(group);
   const uint64_t gshard = in.grad_shard_elems.value_or(shard);
-  const uint64_t grads = identity ? ggroup * in.grad_elem_bytes
+  const bool behind = AccumulatesBehind(
+      in.overlap_comm, placement.Home(StateKind::kGrad) != Tier::kDevice || !in.device_kernels);
+  const uint64_t grads = identity ? (behind ? 3 : 1) * ggroup * in.grad_elem_bytes
                                   : in_flight * (ggroup + gshard) * in.grad_elem_bytes;
-  add(identity          ? "gradient buffer, one group (one rank: reduced in place)"
-      : in.overlap_comm ? "gradient buffers, 3 x (group + shard) (overlap_comm)"
-                        : "gradient buffers, group + shard",
+  add(identity && behind ? "gradient buffers, 3 groups (one rank: accumulated behind the backward)"
+      : identity         ? "gradient buffer, one group (one rank: reduced in place)"
+      : in.overlap_comm  ? "gradient buffers, 3 x (group + shard) (overlap_comm)"
+                         : "gradient buffers, group + shard",
       grads);
   if (placement.optimizer_partitioned && in.world > 1) {
     const uint64_t read_back = group * StateElementBytes(StateKind::kMaster32, DType::kF32);

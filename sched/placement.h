@@ -141,6 +141,11 @@ uint64_t HostCacheBytes(uint64_t budget_bytes, uint64_t need_bytes, uint64_t nvm
 uint64_t SpeculationBufferBytes(int64_t configured_elems, uint64_t speculable_elems,
                                 uint64_t param_elem_bytes, uint64_t host_room);
 
+// The rollback copies' bytes per element: fp32 master, exp_avg, exp_avg_sq and the working param.
+inline uint64_t SpeculationBytesPerElement(uint64_t param_elem_bytes) {
+  return 3 * sizeof(float) + param_elem_bytes;
+}
+
 // Whether the speculative step is on (where it applies: stage 3, the optimizer offloaded): the
 // config's offload_optimizer.speculative_step, else on unless `overlap_step`
 // (EngineOptions::overlap_step; the planner plans without it): the step behind the next forward
@@ -149,6 +154,15 @@ uint64_t SpeculationBufferBytes(int64_t configured_elems, uint64_t speculable_el
 // with both).
 inline bool SpeculationOn(std::optional<bool> configured, bool overlap_step) {
   return configured.value_or(!overlap_step);
+}
+
+// Whether the engine accumulates each reduced gradient into the fp32 gradients on a thread of
+// its own, behind the trainer's backward (core/zero/engine_grad.cc), so that up to two groups'
+// gradient buffers stay in flight after ReduceGradients returns even on one rank: with
+// overlap_comm, where the CPU accumulates them (gradients offloaded, or a device without kernels
+// of its own; the device's kernels accumulate device-resident gradients in place).
+inline bool AccumulatesBehind(bool overlap_comm, bool accumulated_on_host) {
+  return overlap_comm && accumulated_on_host;
 }
 
 // The host budget the engine takes when none is given: the working set plus a slack for the
@@ -167,8 +181,8 @@ inline constexpr uint64_t kHostBudgetSlackBytes = uint64_t{16} << 20;
 //   - gradient buffers: the trainer writes one group's gradient (the full padded group, in the
 //     wire dtype) and the reduce-scatter writes its shard; with overlap_comm up to two more
 //     groups are reducing behind the trainer's backward: 3 x (group + shard), else 1 x. One rank
-//     (without qgZ): the reduction is the identity, read from the trainer's buffer at once: one
-//     group, no shard.
+//     (without qgZ): the reduction is the identity, no shard: one group, or three where the
+//     accumulation runs behind the backward (AccumulatesBehind).
 //   - read-back staging: Engine::ReadMaster all-gathers one group's fp32 master on several
 //     ranks with a partitioned optimizer (4 B x group). Between steps, when no gradient buffer
 //     is allocated: only its excess over the gradient buffers counts.

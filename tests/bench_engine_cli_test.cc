@@ -341,6 +341,35 @@ TEST(BenchEngineCli, OverlapStepMeasuresWholeSteps) {
   EXPECT_TRUE(noted) << stage2.out;
 }
 
+// --grad-norm sets the synthetic gradient's norm against the synthetic config's clip at 1.0:
+// below it no step clips and speculative_step keeps its work; above it every measured step clips,
+// and the speculation, undone once in the warm-up, is not tried again.
+TEST(BenchEngineCli, GradNormDecidesClippingAndTheSpeculation) {
+  const std::string args = std::string(kTiny) +
+                           "--stage 3 --offload-optimizer cpu --speculative-step on "
+                           "--compute-ms 1 --json";
+  const ProcessResult below = Bench(args);
+  ASSERT_EQ(below.exit_code, 0) << below.out;
+  const nlohmann::json b = Json(below);
+  EXPECT_EQ(b["grad_norm"].get<double>(), 0.5);
+  EXPECT_EQ(b["clipped_steps"].get<int>(), 0);
+  EXPECT_GT(b["breakdown"]["speculated_sub_groups"].get<double>(), 0.0);
+  EXPECT_EQ(b["breakdown"]["rolled_back_sub_groups"].get<double>(), 0.0);
+  const ProcessResult above = Bench(args + " --grad-norm 4");
+  ASSERT_EQ(above.exit_code, 0) << above.out;
+  const nlohmann::json a = Json(above);
+  EXPECT_EQ(a["clipped_steps"].get<int>(), 2);
+  EXPECT_EQ(a["skipped_steps"].get<int>(), 0);
+  EXPECT_EQ(a["breakdown"]["speculated_sub_groups"].get<double>(), 0.0);
+  EXPECT_EQ(a["breakdown"]["rolled_back_sub_groups"].get<double>(), 0.0);
+  // The text form says so.
+  const ProcessResult text =
+      Bench(std::string(kTiny) + "--stage 3 --offload-optimizer cpu --grad-norm 4");
+  ASSERT_EQ(text.exit_code, 0) << text.out;
+  EXPECT_NE(text.out.find("of 2 measured steps 2 clipped (--grad-norm 4)"), std::string::npos)
+      << text.out;
+}
+
 // Two ranks: stage 2 moves one all-reduce of the gradients, stage 3 1.5x that when every layer is
 // gathered again in backward (reuse distance 0; the bias groups sit between a layer's forward and
 // backward use, and are persistent, so they are gathered once: within 1 % here).

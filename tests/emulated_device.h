@@ -12,7 +12,8 @@
 // (`max_queued_kernels`; a call blocks for room). While a kernel is queued or running, the memory
 // it touches is checked: a CopyAsync, or a Free of an allocation, overlapping it counts as a
 // violation (violations(): the engine must synchronize first, as on a GPU). FailNextKernel makes
-// the next kernel fail, reported by the next Synchronize (a kernel fault, as a GPU reports one).
+// the next kernel fail, reported by the next Synchronize (a kernel fault, as a GPU reports one);
+// FailNextCopy the next copy in one direction.
 //
 // Exactness: the element code is cuda_math.h's, the arguments those of cuda_kernels.cu
 // (simd::FoldAdamArgs), so results are the CUDA kernels' bits (cuda_kernels.h). Include this only
@@ -93,6 +94,12 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
     std::lock_guard<std::mutex> l(mu_);
     inject_ = std::move(st);
   }
+  // The next copy in direction `dir` that has a completion callback (the engine's; the test
+  // harness's own copies have none) moves nothing and completes with `st` (a failed DMA).
+  void FailNextCopy(CopyDir dir, Status st) {
+    std::lock_guard<std::mutex> l(mu_);
+    copy_fault_[static_cast<size_t>(dir)] = std::move(st);
+  }
 
   // --- Device ---
   std::string name() const override { return "emulated-device"; }
@@ -117,9 +124,15 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
   }
   Status CopyAsync(CopyDir dir, void* dst, const void* src, uint64_t size_bytes,
                    CopyCallback done) override {
+    Status fault;
     {
       std::lock_guard<std::mutex> l(mu_);
       CheckLocked(dir == CopyDir::kHostToDevice ? dst : src, size_bytes, "CopyAsync");
+      if (done) fault = std::exchange(copy_fault_[static_cast<size_t>(dir)], Status::OK());
+    }
+    if (!fault.ok()) {
+      done(fault);
+      return Status::OK();
     }
     return inner_->CopyAsync(dir, dst, src, size_bytes, std::move(done));
   }
@@ -347,6 +360,7 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
   uint64_t violations_ = 0;
   std::string first_violation_;
   Status inject_, fault_;
+  Status copy_fault_[2];  // FailNextCopy, per CopyDir
   bool stop_ = false;
   std::thread worker_;  // last: starts once everything above is constructed
 };

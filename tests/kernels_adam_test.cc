@@ -1,8 +1,10 @@
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/adam.h"
@@ -241,6 +243,52 @@ TEST_P(AdamTest, BitwiseIdenticalForAnyThreadsAndTiles) {
   ASSERT_TRUE(AdamStep(h, view).ok());
   EXPECT_EQ(0, std::memcmp(s.p.data() + 3, ref.p.data(), n * 4));
   EXPECT_TRUE(std::equal(ref.out.begin(), ref.out.end(), s.out.begin() + 3));
+}
+
+// AdamStepSaving: the same bits as AdamStep, and the copies hold the state and params from
+// before the step, for any thread count and tile, streamed or not; a null copy is refused.
+TEST_P(AdamTest, SavingStepsTheSameAndKeepsTheOldState) {
+  const size_t n = 100003;  // several of its 16 Ki-element pieces, and a ragged end
+  Shard ref(n, DType::kBF16, DType::kBF16, 91);
+  const Shard before(n, DType::kBF16, DType::kBF16, 91);
+  AdamHyper h;
+  h.weight_decay = 0.1f;
+  ASSERT_TRUE(AdamStep(h, ref.View()).ok());
+  for (auto [threads, tile, stream] :
+       {std::tuple{1, size_t{1024}, false}, std::tuple{2, size_t{4096}, true},
+        std::tuple{3, size_t{65536}, false}}) {
+    auto pool = KernelPool::Create({.threads = threads, .tile_elems = tile});
+    ASSERT_TRUE(pool.ok());
+    Shard s(n, DType::kBF16, DType::kBF16, 91);
+    std::fill(s.out.begin(), s.out.end(), uint16_t{0x1234});  // the "old params"
+    AVec<float> m0(n), m1(n), m2(n);
+    AVec<uint16_t> p0(n);
+    AdamSave save;
+    save.master = m0.data();
+    save.exp_avg = m1.data();
+    save.exp_avg_sq = m2.data();
+    save.param_from = s.out.data();
+    save.param_to = p0.data();
+    save.param_elem_bytes = 2;
+    AdamHyper hs = h;
+    hs.stream_state = stream;
+    ASSERT_TRUE(AdamStepSaving(**pool, hs, s.View(), save).ok());
+    const std::string what = std::to_string(threads) + "/" + std::to_string(tile);
+    EXPECT_EQ(0, std::memcmp(s.p.data(), ref.p.data(), n * 4)) << what;
+    EXPECT_EQ(0, std::memcmp(s.m.data(), ref.m.data(), n * 4)) << what;
+    EXPECT_EQ(0, std::memcmp(s.v.data(), ref.v.data(), n * 4)) << what;
+    EXPECT_EQ(s.out, ref.out) << what;
+    EXPECT_EQ(0, std::memcmp(m0.data(), before.p.data(), n * 4)) << what;
+    EXPECT_EQ(0, std::memcmp(m1.data(), before.m.data(), n * 4)) << what;
+    EXPECT_EQ(0, std::memcmp(m2.data(), before.v.data(), n * 4)) << what;
+    EXPECT_TRUE(std::all_of(p0.begin(), p0.end(), [](uint16_t x) { return x == 0x1234; })) << what;
+  }
+  auto pool = KernelPool::Create({.threads = 2});
+  ASSERT_TRUE(pool.ok());
+  Shard s(n, DType::kBF16, DType::kBF16, 91);
+  const Status st = AdamStepSaving(**pool, h, s.View(), AdamSave{});
+  EXPECT_TRUE(st.IsInvalidArgument()) << st.ToString();
+  EXPECT_EQ(0, std::memcmp(s.p.data(), before.p.data(), n * 4)) << "nothing written";
 }
 
 // The 16-bit copy of the new parameter at fp16/bf16 edges (overflow to Inf, subnormals, ties),

@@ -156,15 +156,20 @@ TEST(DeviceWorking, ItemsFollowStageOverlapAndLimits) {
   EXPECT_EQ(Total(dev), 9032u + 2000 * 2 + 2 * 500 * 2 + 4 * 500 * 2 + 24);
   // ... not when the optimizer is offloaded too.
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, C, C), in), true), 2u * 500 * 2);
-  // One rank: the reduction is the identity, read from the trainer's one buffer (overlap_comm or
-  // not), and nothing is read back even with a partitioned optimizer.
+  // One rank: the reduction is the identity, read from the trainer's buffer, and nothing is
+  // read back even with a partitioned optimizer. One buffer, or three where the CPU accumulates
+  // behind the backward (overlap_comm; a device without kernels, or gradients offloaded).
   DeviceWorkingInput one;
   one.device_kernels = false;
   one.largest_group_elems = one.largest_shard_elems = one.total_group_elems = 100;
   one.grad_elem_bytes = 4;
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16);
   one.overlap_comm = true;
-  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16);
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 3 * 400u + 16);
+  one.device_kernels = true;  // device-resident gradients: its kernels accumulate in place
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16 + 8);  // + stats
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, C, N), one)), 3 * 400u + 16);
+  one.device_kernels = false;
   // qgZ reduces through its buffers even on one rank: 3 x (group + shard). Stage 3 on one rank
   // gathers nothing: the trainer reads the param shard (the whole group) itself.
   one.quantized_gradients = true;

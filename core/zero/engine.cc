@@ -729,7 +729,7 @@ void LayOutSpeculation(const EngineOptions& options, Engine::Impl& e) {
   e.spec->arena.reset(new uint8_t[bytes]);
   e.ResetSpeculation();
   L.working_bytes[Tier::kHost] += bytes;
-  const uint64_t per_elem = 3 * sizeof(float) + e.elt;
+  const uint64_t per_elem = sched::SpeculationBytesPerElement(e.elt);
   L.notes.push_back(
       "speculative_step: a group's Adam runs during the backward once its gradient "
       "is final, undone exactly when the step is clipped or skipped; rollback "
@@ -996,6 +996,7 @@ Engine::~Engine() {
   // Reductions in flight use buffers this engine owns: finish them (errors are moot now).
   for (auto& p : impl_->pending) p.Wait(impl_->deadline()).IgnoreError();
   if (impl_->last_qgz.valid()) impl_->last_qgz.wait();
+  impl_->accumulator.reset();  // runs the accumulations posted, which read those buffers
   impl_->pending.clear();
   for (auto& g : impl_->groups) g.cached.reset();
   impl_->gather.reset();

@@ -305,14 +305,26 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   p.first = gs.reductions == 0;
   ++gs.reductions;
   p.last = gs.reductions == gas;
-  if (world == 1 && !zpp.qgz) {
-    // One rank: the reduction is the identity (a sum of one term; predivide scales by 1/1), so
-    // Accumulate reads the trainer's buffer itself: no collective, no shard buffer, no copy.
-    pending.push_back(std::move(p));
-    Status st = DrainReductions(true);
-    timings.reduce_wait_ns += Since(t0);
-    return st;
+  // One rank: the reduction is the identity (a sum of one term; predivide scales by 1/1), so
+  // Accumulate reads the trainer's buffer itself: no collective, no shard buffer, no copy.
+  if (world > 1 || zpp.qgz) {
+    Status st = StartReduction(p);
+    if (!st.ok()) return st;
   }
+  pending.push_back(std::move(p));
+  // Without overlap_comm the reduction and its accumulation complete now; with it, up to two
+  // stay in flight behind the trainer's backward (the device working set counts three gradient
+  // buffers).
+  Status st = DrainReductions(!overlap_comm);
+  while (st.ok() && pending.size() > 2) st = DrainFront();
+  timings.reduce_wait_ns += Since(t0);
+  return st;
+}
+
+Status Engine::Impl::StartReduction(zero::PendingReduce& p) {
+  const size_t g = p.group;
+  zero::GroupState& gs = groups[g];
+  const std::string& name = model.groups[g].name;
   auto shard = DeviceBuffer::Make(opt.device, gs.shard.shard_elems * elt);
   if (!shard.ok())
     return Fail(WithContext(shard.status(), "reduced gradient of group '" + name + "'"));
@@ -343,17 +355,7 @@ Status Engine::Impl::ReduceGradients(size_t g) {
       return Fail(WithContext(ag.status(), "all-gather of the gradient of group '" + name + "'"));
     p.handles.push_back(*ag);
   }
-  pending.push_back(std::move(p));
-  // Without overlap_comm the reduction completes now; with it, up to two stay in flight behind
-  // the trainer's backward (the device working set counts three gradient buffers).
-  Status st = DrainReductions(!overlap_comm);
-  while (st.ok() && pending.size() > 2) {
-    auto& front = pending.front();
-    st = front.Wait(deadline());
-    if (st.ok()) st = DrainReductions(false);
-  }
-  timings.reduce_wait_ns += Since(t0);
-  return st;
+  return Status::OK();
 }
 
 namespace {
@@ -516,31 +518,81 @@ Status zero::PendingReduce::Wait(std::chrono::steady_clock::time_point deadline)
 }
 
 Status Engine::Impl::DrainReductions(bool all) {
-  while (!pending.empty()) {
-    zero::PendingReduce& p = pending.front();
+  // Accumulations start in order, each once its reduction has completed.
+  for (zero::PendingReduce& p : pending) {
+    if (p.accumulated) continue;
     if (!all && !p.Ready()) break;
-    const std::string& name = model.groups[p.group].name;
     Status st = p.Wait(deadline());
-    if (!st.ok()) return Fail(WithContext(st, "gradient reduction of group '" + name + "'"));
-    st = Accumulate(p);
-    if (!st.ok()) return Fail(WithContext(st, "gradient accumulation of group '" + name + "'"));
-    pending.pop_front();
+    if (!st.ok()) {
+      return Fail(
+          WithContext(st, "gradient reduction of group '" + model.groups[p.group].name + "'"));
+    }
+    StartAccumulate(p);
+  }
+  // And end in order.
+  while (!pending.empty() && pending.front().accumulated) {
+    if (!all && pending.front().accumulating.wait_for(std::chrono::seconds(0)) !=
+                    std::future_status::ready) {
+      break;
+    }
+    STRATA_RETURN_IF_ERROR(DrainFront());
   }
   return Status::OK();
 }
 
-Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
+Status Engine::Impl::DrainFront() {
+  zero::PendingReduce& p = pending.front();
+  const std::string& name = model.groups[p.group].name;
+  if (!p.accumulated) {
+    Status st = p.Wait(deadline());
+    if (!st.ok()) return Fail(WithContext(st, "gradient reduction of group '" + name + "'"));
+    StartAccumulate(p);
+  }
+  // Bounded: each of its store leases waits at most the timeout.
+  Status st = p.accumulating.get();
+  if (!st.ok()) return Fail(WithContext(st, "gradient accumulation of group '" + name + "'"));
+  FinishAccumulate(p);
+  pending.pop_front();
+  return Status::OK();
+}
+
+bool Engine::Impl::AccumulatesBehind(const zero::PendingReduce& p) const {
+  bool on_host = true;
+  for (size_t si : groups[p.group].sub_groups) {
+    on_host = on_host && DeviceKernelsFor(HomeOf(subs[si], StateKind::kGrad)) == nullptr;
+  }
+  return sched::AccumulatesBehind(overlap_comm, on_host);
+}
+
+void Engine::Impl::StartAccumulate(zero::PendingReduce& p) {
+  p.accumulated = std::make_shared<zero::Accumulated>();
+  if (AccumulatesBehind(p)) {
+    if (!accumulator) accumulator = std::make_unique<zero::SerialWorker>();
+    // p stays where it is (a deque keeps its elements in place) until DrainFront pops it, after
+    // the job has ended.
+    const zero::PendingReduce* job = &p;
+    zero::Accumulated* out = p.accumulated.get();
+    p.accumulating = accumulator->Post([this, job, out] { return Accumulate(*job, out); });
+    return;
+  }
+  std::promise<Status> done;
+  done.set_value(Accumulate(p, p.accumulated.get()));
+  p.accumulating = done.get_future().share();
+}
+
+Status Engine::Impl::Accumulate(const zero::PendingReduce& p, zero::Accumulated* out) {
   const zero::GroupState& gs = groups[p.group];
   std::vector<uint8_t> staged;
-  for (size_t si : gs.sub_groups) {
-    SubGroup& s = subs[si];
+  out->stats.assign(gs.sub_groups.size(), std::nullopt);
+  for (size_t k = 0; k < gs.sub_groups.size(); ++k) {
+    const SubGroup& s = subs[gs.sub_groups[k]];
     const Tier home = HomeOf(s, StateKind::kGrad);
     // Device-resident gradients on a device with kernels accumulate there, in place; otherwise
     // on the host (staged from a device the host cannot address).
-    kernels::DeviceKernels* k = DeviceKernelsFor(home);
-    const Tier tier = k != nullptr ? Tier::kDevice : ComputeTier(home);
+    kernels::DeviceKernels* dk = DeviceKernelsFor(home);
+    const Tier tier = dk != nullptr ? Tier::kDevice : ComputeTier(home);
     const uint8_t* src = ReducedGrad(p, s);
-    if (k == nullptr && !opt.device->host_addressable()) {
+    if (dk == nullptr && !opt.device->host_addressable()) {
       staged.resize(s.elems * elt);
       STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, staged.data(), src, staged.size()));
       src = staged.data();
@@ -549,42 +601,53 @@ Status Engine::Impl::Accumulate(zero::PendingReduce& p) {
     const Access access = p.first ? Access::kOverwrite : Access::kWrite;
     const auto l0 = Clock::now();
     auto leased = store->Acquire(s.grad, tier, access, timeout());
-    timings.grad_lease_wait_ns += Since(l0);
+    out->lease_wait_ns += Since(l0);
     STRATA_ASSIGN_OR_RETURN(Lease acc, std::move(leased));
     float* a = static_cast<float*>(acc.data());
     const bool stats = p.last && s.owner == rank;  // the partition's final gradient
-    std::optional<kernels::GradStats> st;
-    if (k != nullptr) {
-      STRATA_RETURN_IF_ERROR(k->AccumulateGrad(a, src, dtype, post_scale, p.first, s.elems));
-      STRATA_RETURN_IF_ERROR(k->Synchronize(timeout()));
+    std::optional<kernels::GradStats>& st = out->stats[k];
+    if (dk != nullptr) {
+      STRATA_RETURN_IF_ERROR(dk->AccumulateGrad(a, src, dtype, post_scale, p.first, s.elems));
+      STRATA_RETURN_IF_ERROR(dk->Synchronize(timeout()));
+      if (stats) {
+        STRATA_ASSIGN_OR_RETURN(st, GradStatsAt(tier, a, s.elems));
+      }
     } else if (stats) {
-      // On the host GradStatsAt would sum the same chunks with the pool: one walk does both.
+      // One walk accumulates and sums.
       STRATA_ASSIGN_OR_RETURN(
           st, kernels::AccumulateGradWithStats(*pool, a, src, dtype, post_scale, p.first, s.elems));
     } else {
       STRATA_RETURN_IF_ERROR(AccumulatePooled(*pool, a, src, dtype, post_scale, p.first, s.elems));
     }
     acc.MarkDirty();
-    s.stats_valid = false;
-    if (stats) {
-      if (!st) {
-        STRATA_ASSIGN_OR_RETURN(st, GradStatsAt(tier, a, s.elems));
-      }
-      s.sum_sq = st->sum_sq;
-      s.nonfinite = st->nonfinite;
-      s.stats_valid = true;
-    }
     acc.Release();
-    // A completed NVMe-homed gradient goes home now, beside the backward's param reads, instead
-    // of when the host runs out of room: then the store wrote every dirty gradient at once while
-    // the gathers it parked waited (bench engine, 1B params on nvme, 3 GB host: 21 gradients,
-    // 2.6 GB, in one burst), and the optimizer drops clean copies without a write.
+    // A completed NVMe-homed gradient goes home now, beside the backward's param reads and the
+    // next sub-group's accumulation, instead of when the host runs out of room: then the store
+    // wrote every dirty gradient at once while the gathers it parked waited (bench engine, 1B
+    // params on nvme, 3 GB host: 21 gradients, 2.6 GB, in one burst), and the optimizer drops
+    // clean copies without a write.
     if (p.last && home == Tier::kNvme && tier != home) {
-      grad_write_behind.push_back(store->WriteBack(s.grad));
+      out->written.push_back(store->WriteBack(s.grad));
     }
   }
-  if (p.last) OnGradientFinal(p.group);  // speculative_step: its Adam may start now
   return Status::OK();
+}
+
+void Engine::Impl::FinishAccumulate(const zero::PendingReduce& p) {
+  const zero::GroupState& gs = groups[p.group];
+  zero::Accumulated& out = *p.accumulated;
+  for (size_t k = 0; k < gs.sub_groups.size(); ++k) {
+    SubGroup& s = subs[gs.sub_groups[k]];
+    s.stats_valid = out.stats[k].has_value();
+    if (s.stats_valid) {
+      s.sum_sq = out.stats[k]->sum_sq;
+      s.nonfinite = out.stats[k]->nonfinite;
+    }
+  }
+  timings.grad_lease_wait_ns += out.lease_wait_ns;
+  for (Ticket& t : out.written) grad_write_behind.push_back(std::move(t));
+  out.written.clear();
+  if (p.last) OnGradientFinal(p.group);  // speculative_step: its Adam may start now
 }
 
 Status Engine::Impl::WriteBehindError(const std::vector<Ticket>& tickets, bool wait) const {

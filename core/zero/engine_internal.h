@@ -18,6 +18,7 @@
 #include "core/store/gather_scheduler.h"
 #include "core/zero/loss_scaler.h"
 #include "core/zero/lr_schedule.h"
+#include "core/zero/serial_worker.h"
 #include "core/zero/zero_collectives.h"
 #include "kernels/adam.h"
 #include "kernels/grad_stats.h"
@@ -81,7 +82,16 @@ struct GatheredCopy {
   std::optional<Lease> shard;
 };
 
-// A reduction in flight: the group's gradient buffer and the reduced shard.
+// What accumulating one reduced group produces, per sub-group of the group (in
+// GroupState::sub_groups order); the engine's thread applies it (FinishAccumulate).
+struct Accumulated {
+  std::vector<std::optional<kernels::GradStats>> stats;  // the final gradient's, this rank's
+  std::vector<Ticket> written;  // write-backs of completed NVMe-homed gradients
+  uint64_t lease_wait_ns = 0;
+};
+
+// A reduction in flight: the group's gradient buffer and the reduced shard, then its
+// accumulation into the fp32 gradients (started once the reduction has completed).
 struct PendingReduce {
   size_t group = 0;
   DeviceBuffer full;   // the trainer's gradients; stage 0: then the all-gathered reduction
@@ -90,6 +100,10 @@ struct PendingReduce {
   // qgZ: the quantized reduce-scatter running on its own thread (after the previous one).
   std::shared_future<Status> async;
   bool first = false, last = false;  // first / last micro-step of the accumulation window
+  // Set when the accumulation started: its result (on the accumulate thread with
+  // overlap_comm, else done already) and what it produced.
+  std::shared_future<Status> accumulating;
+  std::shared_ptr<Accumulated> accumulated;
   bool Ready() const;
   Status Wait(std::chrono::steady_clock::time_point deadline) const;
 };
@@ -212,6 +226,9 @@ struct Engine::Impl {
   std::vector<zero::SubGroup> frozen_pieces;
   std::deque<zero::PendingReduce> pending;
   std::shared_future<Status> last_qgz;  // the latest qgZ reduction started (they run in order)
+  // overlap_comm: the accumulations the CPU runs (AccumulatesBehind), in order.
+  // Declared after the store and the pool it uses, so it is joined before they go.
+  std::unique_ptr<zero::SerialWorker> accumulator;
   DeviceBuffer exchange;                // world * 4 floats: the norm / overflow exchange
   DeviceBuffer stats_scratch;  // device kernels: the overflow flag + a sub-group's chunk sums
   zero::ZppState zpp;
@@ -305,9 +322,28 @@ struct Engine::Impl {
   // or lets it go with the handle.
   void DropGathered(GatheredGroup gathered);
   Status ReduceGradients(size_t g);
-  // Completes pending reductions (all, or only those already finished when `all` is false).
+  // Completes pending reductions and their accumulations (all, or only those already finished
+  // when `all` is false); an accumulation starts once its reduction has completed.
   Status DrainReductions(bool all);
-  Status Accumulate(zero::PendingReduce& p);
+  // Starts the collectives of reduction p (more than one rank, or qgZ).
+  Status StartReduction(zero::PendingReduce& p);
+  // Completes the oldest pending reduction and its accumulation, waiting as needed.
+  Status DrainFront();
+  // Starts p's accumulation (its reduction has completed): on the accumulate thread when
+  // AccumulatesBehind, else here.
+  void StartAccumulate(zero::PendingReduce& p);
+  // Whether p's accumulation runs behind the trainer on the accumulate thread
+  // (sched::AccumulatesBehind): overlap_comm, and the CPU accumulates every sub-group's gradient
+  // (staged from a device it cannot address by a blocking copy on that thread).
+  bool AccumulatesBehind(const zero::PendingReduce& p) const;
+  // Accumulates p's reduced gradient into its sub-groups' fp32 gradients (the first micro-step
+  // overwrites), computing the final gradient's statistics and starting the write-back of
+  // NVMe-homed ones. Touches only the store, the pool and `out`: it runs on the accumulate
+  // thread.
+  Status Accumulate(const zero::PendingReduce& p, zero::Accumulated* out);
+  // The engine's part of a finished accumulation: the statistics, the write-backs to watch,
+  // the lease waits, and (last micro-step) the speculation's turn.
+  void FinishAccumulate(const zero::PendingReduce& p);
   // The write-backs of completed NVMe-homed gradients that Accumulate starts (nobody waits on
   // them there) are part of the step: Step fails with the first failure among them, before its
   // Adam for those already finished (wait false) and after it for the rest (wait true, which
@@ -364,8 +400,11 @@ struct Engine::Impl {
     // Called once group g's sub-groups in `order` have all stepped (every group without one in
     // `order` counts as updated already).
     std::function<void(size_t group)> updated;
-    // Called with sub-group s's leases before its Adam writes them (the speculation's copies).
-    std::function<void(size_t s, Lease& master, Lease& m, Lease& v, Lease& param)> before;
+    // Where sub-group s's master, m, v and working params from before its Adam are copied
+    // (SpeculationCopies; param_from is RunAdam's to fill), or null arrays for none:
+    // kernels::AdamStepSaving copies them piece by piece beside the Adam. Host-run sub-groups
+    // only.
+    std::function<kernels::AdamSave(size_t s)> save_to;
   };
   Status RunAdam(const AdamRun& run, StepTimings* t);
   // This step's Adam coefficients: `hyper` with the lr and step of the next applied step and
@@ -381,6 +420,9 @@ struct Engine::Impl {
   // Accumulate: group g's gradient is final for this step; queues its Adam when the speculation
   // is on, open, and its copies fit.
   void OnGradientFinal(size_t g);
+  // Sub-group i's copies in the arena (handed to the speculation): four arrays of its elements,
+  // fp32 master, exp_avg, exp_avg_sq, then the working params at param_to (param_from unset).
+  kernels::AdamSave SpeculationCopies(size_t i) const;
   // The worker's loop: steps the queued groups, a batch at a time, until closed.
   void SpeculationWorker();
   // Waits for the queued groups' Adam and ends the worker; its error fails the engine.

@@ -4,7 +4,8 @@
 // Once a group's gradient is final in the backward (its last micro-step accumulated), a worker
 // thread runs its sub-groups' CPU Adam with the coefficients of an applied, unclipped step (grad
 // scale 1 / loss scale, the next step's lr and count), first copying each sub-group's master, m,
-// v and working params into a bounded host arena. Step validates: when the step is applied with
+// v and working params into a bounded host arena (piece by piece beside the Adam,
+// kernels::AdamStepSaving). Step validates: when the step is applied with
 // exactly those coefficients, the work stands and only the other sub-groups step; otherwise
 // (clipped, skipped on overflow, an lr changed after the backward began) every speculated
 // sub-group is restored from its copies and stepped again with the right coefficients, or not at
@@ -48,7 +49,7 @@ bool SameHyper(const std::vector<kernels::AdamHyper>& a, const std::vector<kerne
 
 // Bytes of sub-group s's copies in the arena: master, m, v (fp32) and its working params.
 uint64_t CopyBytes(const SubGroup& s, size_t elt) {
-  return static_cast<uint64_t>(s.elems) * (3 * sizeof(float) + elt);
+  return static_cast<uint64_t>(s.elems) * sched::SpeculationBytesPerElement(elt);
 }
 
 // Copies n elements of each of `count` arrays (element sizes `widths`) from `from[i]` to `to[i]`
@@ -120,6 +121,18 @@ void Engine::Impl::OnGradientFinal(size_t g) {
   sp.cv.notify_one();
 }
 
+kernels::AdamSave Engine::Impl::SpeculationCopies(size_t i) const {
+  uint8_t* at = spec->arena.get() + spec->offset[i];
+  const size_t n = subs[i].elems;
+  kernels::AdamSave c;
+  c.master = reinterpret_cast<float*>(at);
+  c.exp_avg = c.master + n;
+  c.exp_avg_sq = c.exp_avg + n;
+  c.param_to = c.exp_avg_sq + n;
+  c.param_elem_bytes = elt;
+  return c;
+}
+
 void Engine::Impl::SpeculationWorker() {
   Speculation& sp = *spec;
   for (;;) {
@@ -140,18 +153,7 @@ void Engine::Impl::SpeculationWorker() {
       }
     }
     run.hyper = sp.hyper;
-    run.before = [&](size_t i, Lease& master, Lease& m, Lease& v, Lease& param) {
-      const SubGroup& s = subs[i];
-      uint8_t* at = sp.arena.get() + sp.offset[i];
-      const size_t n = s.elems * sizeof(float);
-      uint8_t* const to[4] = {at, at + n, at + 2 * n, at + 3 * n};
-      const uint8_t* const from[4] = {
-          static_cast<const uint8_t*>(master.data()), static_cast<const uint8_t*>(m.data()),
-          static_cast<const uint8_t*>(v.data()),
-          static_cast<const uint8_t*>(param.data()) + ParamOffset(s) * elt};
-      const size_t widths[4] = {sizeof(float), sizeof(float), sizeof(float), elt};
-      PooledCopy(*pool, 4, to, from, widths, s.elems);
-    };
+    run.save_to = [this](size_t i) { return SpeculationCopies(i); };
     StepTimings t;
     Status st = RunAdam(run, &t);
     std::lock_guard<std::mutex> lock(sp.mu);
@@ -187,8 +189,7 @@ Status Engine::Impl::RollBackSpeculation() {
     const SubGroup& s = subs[i];
     const Tier opt_home = HomeOf(s, StateKind::kMaster32);  // offloaded: the CPU's
     const Tier opt_tier = ComputeTier(opt_home);
-    const uint8_t* at = sp.arena.get() + sp.offset[i];
-    const size_t n = s.elems * sizeof(float);
+    const kernels::AdamSave c = SpeculationCopies(i);
     const BlockId states[3] = {s.master, s.exp_avg, s.exp_avg_sq};
     const BlockId pb = groups[s.group].param;
     {
@@ -202,7 +203,9 @@ Status Engine::Impl::RollBackSpeculation() {
                               static_cast<uint8_t*>(l[1].data()),
                               static_cast<uint8_t*>(l[2].data()),
                               static_cast<uint8_t*>(l[3].data()) + ParamOffset(s) * elt};
-      const uint8_t* const from[4] = {at, at + n, at + 2 * n, at + 3 * n};
+      const uint8_t* const from[4] = {
+          reinterpret_cast<const uint8_t*>(c.master), reinterpret_cast<const uint8_t*>(c.exp_avg),
+          reinterpret_cast<const uint8_t*>(c.exp_avg_sq), static_cast<const uint8_t*>(c.param_to)};
       const size_t widths[4] = {sizeof(float), sizeof(float), sizeof(float), elt};
       PooledCopy(*pool, 4, to, from, widths, s.elems);
       for (Lease& x : l) x.MarkDirty();

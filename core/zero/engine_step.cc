@@ -224,11 +224,19 @@ Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
     STRATA_ASSIGN_OR_RETURN(
         Lease param, store->Acquire(groups[s.group].param, w.param_tier, param_access, timeout()));
     acquire_ns += Since(a0);
-    if (run.before) run.before(i, master, m, v, param);
+    kernels::AdamSave save = run.save_to ? run.save_to(i) : kernels::AdamSave{};
     const kernels::AdamHyper& h = hs[model.groups[s.group].optimizer_group];
-    if (w.on_device) return AdamOnDevice(*w.on_device, s, h, master, m, v, grad, param);
+    if (w.on_device) {
+      if (save.master != nullptr) return Status::Internal("optimizer step: copies of device state");
+      return AdamOnDevice(*w.on_device, s, h, master, m, v, grad, param);
+    }
     const kernels::AdamShard shard = AdamShardFor(s, master, m, v, grad, param);
-    STRATA_RETURN_IF_ERROR(kernels::AdamStep(*pool, h, shard));
+    if (save.master != nullptr) {
+      save.param_from = static_cast<const uint8_t*>(param.data()) + ParamOffset(s) * elt;
+      STRATA_RETURN_IF_ERROR(kernels::AdamStepSaving(*pool, h, shard, save));
+    } else {
+      STRATA_RETURN_IF_ERROR(kernels::AdamStep(*pool, h, shard));
+    }
     if (dtype == DType::kF32) {
       std::memcpy(static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt, shard.master,
                   s.elems * sizeof(float));
@@ -424,7 +432,10 @@ Result<StepReport> Engine::Impl::Step() {
     if (overlap_step) {
       launch = true;  // below, once the bookkeeping the job must not race with is done
     } else {
-      st = RunAdam({.order = std::move(order), .hyper = std::move(step_hyper)}, &timings);
+      AdamRun run;
+      run.order = std::move(order);
+      run.hyper = std::move(step_hyper);
+      st = RunAdam(run, &timings);
       if (st.ok()) st = AllGatherUpdatedParams();
       if (!st.ok()) return Fail(st);
     }

@@ -268,7 +268,8 @@ struct EngineConfig {
   AutoOr<int64_t> train_batch_size;                // [derived]
   AutoOr<int64_t> train_micro_batch_size_per_gpu;  // [derived]
   AutoOr<int64_t> gradient_accumulation_steps;     // [derived; 1 when only one size is given]
-  AutoOr<double> gradient_clipping = 0.0;          // [0] 0 = no clipping; else max global norm.
+  AutoOr<double> gradient_clipping =
+      1.0;  // [1.0, as DeepSpeed 0.19.8] 0 = no clipping; else max norm.
   int64_t steps_per_print = 10;                    // [10; recent DeepSpeed: no printing]
   Fp16Config fp16;
   Bf16Config bf16;

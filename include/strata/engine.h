@@ -249,7 +249,11 @@ struct StepTimings {
   uint64_t gather_wait_ns = 0;        // Gather calls: fetch + all-gather waits
   uint64_t gather_fetch_wait_ns = 0;  // of which: blocked on the store for the group's copy
   uint64_t reduce_wait_ns = 0;        // waits for reductions and gradient accumulation
-  uint64_t grad_lease_wait_ns = 0;    // of which: blocked on the store for an accumulator's lease
+  // Blocked on the store for an accumulator's lease: part of reduce_wait_ns, except where the
+  // accumulation runs behind the backward on the engine's own thread (overlap_comm, gradients
+  // accumulated on the host): then counted when the accumulation is collected, which may be in
+  // the Step that follows.
+  uint64_t grad_lease_wait_ns = 0;
   uint64_t optimizer_ns = 0;          // the Adam pipeline (compute + waits for its IO)
   uint64_t optimizer_io_wait_ns = 0;  // of which: waiting for reads and writes
   uint64_t step_ns = 0;               // the whole Step call

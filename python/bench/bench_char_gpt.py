@@ -1,27 +1,59 @@
-"""strata's step against plain torch on one CPU process, phase by phase (not a test).
+"""strata's step against plain torch (and DeepSpeed) on one CPU process, phase by phase (not a test).
 
 A char GPT (examples/train_gpt.py's CharGPT; default 4 blocks, d_model 512, context 128, batch
-4: about 12.7M parameters, fp32) trains on random tokens twice from the same weights and data:
+4: about 12.7M parameters, fp32) trains on random tokens from the same weights and data:
 
-  torch   the model + torch.optim.AdamW (no engine);
-  strata  strata.initialize: ZeRO-3, optimizer state on NVMe (a temporary directory), parameters
-          on cpu, 1 rank.
+  torch      the model + torch.optim.AdamW (no engine);
+  strata     strata.initialize: ZeRO-3, optimizer state on NVMe (a temporary directory), parameters
+             on cpu, 1 rank;
+  deepspeed  (with --deepspeed) deepspeed.initialize with the same config (ZeRO-3,
+             offload_optimizer nvme in its own temporary directory, offload_param cpu, AdamW lr 1e-3
+             weight_decay 0.1, fp32, 1 rank over gloo; gradient_clipping written out as --clip,
+             0 = none, in both configs, since their default is 1.0), DS_ACCELERATOR=cpu: DeepSpeedCPUAdam
+             (adamw mode) with its optimizer state swapped through the async_io op.
 
-In each of --rounds rounds both are built afresh and take their steps in turn (a torch step, a
-strata step, on the same batch): --warmup untimed pairs, then --steps timed ones, so a slow
-moment of a shared machine hits both. With --overlap-step they run in blocks instead (torch's
-steps, then strata's): strata's optimizer step, running behind its next forward, would otherwise
-run during torch's step too. Printed: the medians over all timed steps of forward
-(engine(x, y) / model(x, y)), backward (engine.backward / loss.backward), step (engine.step /
-opt.step + zero_grad) and their total, and per phase the median of the per-pair ratios strata /
-torch (steadier than a ratio of medians when the machine's load moves). Target: total <= 1.2x.
+In each of --rounds rounds all are built afresh and take their steps in turn (a torch step, a
+strata step, a deepspeed step, on the same batch): --warmup untimed steps each, then --steps timed
+ones, so a slow moment of a shared machine hits all. With --overlap-step they run in blocks instead
+(torch's steps, then strata's, then deepspeed's): strata's optimizer step, running behind its next
+forward, would otherwise run during the others' steps too. Printed: the medians over all timed
+steps of forward (engine(x, y) / model(x, y)), backward (engine.backward / loss.backward), step
+(engine.step / opt.step + zero_grad) and their total, and per phase the median of the per-step
+ratios strata / torch (steadier than a ratio of medians when the machine's load moves; target:
+total <= 1.2x), with --deepspeed also deepspeed / strata (target: total >= 1.5x) and
+deepspeed / torch; then each runner's loss at the first and last step of the last round (all
+start from the same weights and see the same batches, so they should agree closely).
 
     PYTHONPATH=build/python .venv/bin/python python/bench/bench_char_gpt.py [--threads 2]
         [--set zero_optimization.offload_optimizer.super_offload=false] [--json out.json]
 
 --set KEY=VALUE (repeatable) changes the strata config (a dotted path; the value parsed as JSON,
-else a string); --overlap-step passes initialize(overlap_step=True). --stats prints the engine's
-stats (timings, store counters) after the last strata round.
+else a string); --ds-set KEY=VALUE the DeepSpeed one the same way; --offload-optimizer cpu|nvme
+sets zero_optimization.offload_optimizer.device for both (default nvme). --overlap-step passes
+initialize(overlap_step=True) to strata. --stats prints the engine's stats (timings, store
+counters) after the last strata round. --only torch|strata|deepspeed runs one alone; --runners
+torch,deepspeed,strata picks the runners and their order in each step.
+
+DeepSpeed (0.19.8 measured) lives in a scratch venv outside the repo that borrows this venv's
+torch (same interpreter, so strata's native module and DeepSpeed load in one process):
+
+    DSV=../ds-venv                                     # anywhere outside the repository
+    .venv/bin/python -m venv $DSV                      # the same interpreter as .venv
+    echo "$PWD/.venv/lib/python3.11/site-packages" \
+        > $DSV/lib/python3.11/site-packages/main-venv.pth
+    $DSV/bin/pip install --no-deps deepspeed==0.19.8
+    $DSV/bin/pip install hjson ninja py-cpuinfo msgpack einops
+    apt-get install -y libaio-dev                      # async_io (nvme offload)
+    PYTHONPATH=build/python $DSV/bin/python python/bench/bench_char_gpt.py --deepspeed
+
+DS_ACCELERATOR=cpu and MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE / LOCAL_RANK (one rank) are
+set here when unset. The first run JIT-compiles DeepSpeed's cpu_adam, async_io, shm_comm and
+pin_memory ops (about 6 minutes on 2 cores, cached in ~/.cache/torch_extensions afterwards), inside
+the first deepspeed.initialize: run once (e.g. --only deepspeed --rounds 1 --steps 1) before
+timing. Measured on 2 cores, whichever runner steps right after deepspeed has a slower forward
+(about +15-20 ms: torch's by default), which flatters strata / torch in a --deepspeed run; take
+strata / torch from a run without --deepspeed (or --runners deepspeed,strata,torch, where strata
+pays it instead), and deepspeed / strata from the default order.
 """
 import argparse
 import json
@@ -43,15 +75,28 @@ import strata  # noqa: E402
 PHASES = ("forward", "backward", "step", "total")
 
 
-def strata_config(args, nvme):
+def base_config(args, nvme):
     cfg = {"train_micro_batch_size_per_gpu": args.batch,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
            "zero_optimization": {"stage": 3,
-                                 "offload_optimizer": {"device": "nvme", "nvme_path": nvme},
+                                 "offload_optimizer": {"device": args.offload_optimizer,
+                                                       "nvme_path": nvme},
                                  "offload_param": {"device": "cpu"}}}
-    if args.clip:
-        cfg["gradient_clipping"] = args.clip
-    for kv in args.set:
+    # Written out: without the key DeepSpeed 0.19.8 and strata clip at 1.0, torch here does not.
+    cfg["gradient_clipping"] = args.clip
+    return cfg
+
+
+def strata_config(args, nvme):
+    return apply_sets(base_config(args, nvme), args.set)
+
+
+def deepspeed_config(args, nvme):
+    return apply_sets(base_config(args, nvme), args.ds_set)
+
+
+def apply_sets(cfg, sets):
+    for kv in sets:
         key, _, raw = kv.partition("=")
         try:
             value = json.loads(raw)
@@ -83,6 +128,7 @@ class Trainer:
     def __init__(self, forward, backward, step):
         self.forward, self.backward, self.step = forward, backward, step
         self.data = None
+        self.losses = []
 
     def run(self, args, out=None):
         x, y = next(self.data)
@@ -93,6 +139,7 @@ class Trainer:
         t2 = time.perf_counter()
         self.step()
         t3 = time.perf_counter()
+        self.losses.append(float(loss.detach()))
         if out is not None:
             for k, v in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t3 - t0)):
                 out[k].append(v)
@@ -117,44 +164,105 @@ def strata_trainer(args, nvme, tag):
     return Trainer(lambda x, y: engine(x, y), engine.backward, engine.step), engine
 
 
-def run_round(args, res, ratios, r):
-    """Both configurations, step by step in turn (the same data), so a slow moment of a shared
-    machine hits both; each pair gives a ratio per phase."""
-    nvme = tempfile.mkdtemp(prefix="strata-bench-gpt-", dir=args.nvme_dir)
+def import_deepspeed():
+    """DeepSpeed on its CPU accelerator, one rank over gloo (the env it wants, set if unset)."""
+    for k, v in (("DS_ACCELERATOR", "cpu"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533"),
+                 ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(k, v)
+    try:
+        import deepspeed
+    except ImportError as e:
+        sys.exit(f"--deepspeed: {e}; make the scratch venv the docstring describes and run this "
+                 "script with its python")
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="gloo")
+    return deepspeed
+
+
+def deepspeed_trainer(args, nvme):
+    deepspeed = import_deepspeed()
+    engine, _, _, _ = deepspeed.initialize(model=make_model(args),
+                                           config=deepspeed_config(args, nvme))
+    return Trainer(lambda x, y: engine(x, y), engine.backward, engine.step), engine
+
+
+def deepspeed_summary(engine):
+    """What DeepSpeed actually ran: its optimizer classes, offload and aio settings."""
+    import deepspeed
+    opt = engine.optimizer
+    inner = getattr(opt, "optimizer", None)
+    swapper = getattr(opt, "optimizer_swapper", None)
+    return {"version": deepspeed.__version__,
+            "accelerator": deepspeed.get_accelerator()._name,
+            "dist_backend": torch.distributed.get_backend(),
+            "zero_stage": engine.zero_optimization_stage(),
+            "fp16": engine.fp16_enabled(), "bf16": engine.bfloat16_enabled(),
+            "zero_optimizer": type(opt).__name__,
+            "optimizer": type(inner).__name__,
+            "adamw_mode": getattr(inner, "adam_w_mode", None),
+            "optimizer_swapper": type(swapper).__name__ if swapper is not None else None,
+            "offload_optimizer": str(engine.zero_offload_optimizer()),
+            "offload_param": str(engine.zero_offload_param()),
+            "aio": engine.aio_config()}
+
+
+RATIOS = (("strata", "torch", "target total <= 1.2x"),
+          ("deepspeed", "strata", "target total >= 1.5x"),
+          ("deepspeed", "torch", ""))
+
+
+def run_round(args, res, ratios, losses, r):
+    """All configurations, step by step in turn (the same data), so a slow moment of a shared
+    machine hits all; each step gives a ratio per phase for each pair of runners."""
+    dirs = []
     try:
         trainers = {}
-        if args.only != "strata":
-            trainers["torch"] = torch_trainer(args)
-        if args.only != "torch":
-            trainers["strata"] = strata_trainer(args, nvme, r)
+        for name in args.runners:
+            nvme = tempfile.mkdtemp(prefix=f"{name}-bench-gpt-", dir=args.nvme_dir)
+            dirs.append(nvme)
+            if name == "torch":
+                trainers[name] = torch_trainer(args)
+            elif name == "strata":
+                trainers[name] = strata_trainer(args, nvme, r)
+            else:
+                trainers[name] = deepspeed_trainer(args, nvme)
         for t, _ in trainers.values():
             t.data = batches(args)
         n = args.warmup + args.steps
-        pairs = [{name: {k: [] for k in PHASES} for name in trainers} for _ in range(n)]
+        steps = [{name: {k: [] for k in PHASES} for name in trainers} for _ in range(n)]
         if args.overlap_step:
-            # The step strata runs behind its next forward would also run during torch's step if
-            # the two alternated (and slow it): torch's steps first, then strata's, in blocks.
+            # The step strata runs behind its next forward would also run during the others' steps
+            # if they alternated (and slow them): each runner's steps in a block.
             for name, (t, _) in trainers.items():
                 for i in range(n):
-                    t.run(args, pairs[i][name])
+                    t.run(args, steps[i][name])
         else:
             for i in range(n):
                 for name, (t, _) in trainers.items():
-                    t.run(args, pairs[i][name])
-        for pair in pairs[args.warmup:]:
+                    t.run(args, steps[i][name])
+        for step in steps[args.warmup:]:
             for name in trainers:
                 for k in PHASES:
-                    res[name][k] += pair[name][k]
-            if len(trainers) == 2:
-                for k in PHASES:
-                    ratios[k].append(pair["strata"][k][0] / pair["torch"][k][0])
-        engine = trainers.get("strata", (None, None))[1]
-        stats = engine.stats() if engine is not None else None
-        if engine is not None:
+                    res[name][k] += step[name][k]
+            for a, b, _ in RATIOS:
+                if a in trainers and b in trainers:
+                    for k in PHASES:
+                        ratios[f"{a}/{b}"][k].append(step[a][k][0] / step[b][k][0])
+        for name, (t, _) in trainers.items():
+            losses[name] = t.losses
+        stats = {}
+        if "strata" in trainers:
+            engine = trainers["strata"][1]
+            stats["strata"] = engine.stats()
             engine.close()
+        if "deepspeed" in trainers:
+            engine = trainers["deepspeed"][1]
+            stats["deepspeed"] = deepspeed_summary(engine)
+            engine.destroy()
         return stats
     finally:
-        shutil.rmtree(nvme, ignore_errors=True)
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def main():
@@ -172,39 +280,76 @@ def main():
     ap.add_argument("--clip", type=float, default=0.0, help="gradient_clipping (0: none)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a strata config key, dotted (repeatable)")
+    ap.add_argument("--ds-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a DeepSpeed config key, dotted (repeatable)")
+    ap.add_argument("--offload-optimizer", choices=("nvme", "cpu"), default="nvme",
+                    help="zero_optimization.offload_optimizer.device for strata and DeepSpeed")
+    ap.add_argument("--deepspeed", action="store_true",
+                    help="also run DeepSpeed (deepspeed.initialize, DS_ACCELERATOR=cpu)")
     ap.add_argument("--overlap-step", action="store_true")
     ap.add_argument("--nvme-dir", default=None, help="where the swap directory goes (tmp)")
-    ap.add_argument("--only", choices=("torch", "strata"), default=None)
+    ap.add_argument("--only", choices=("torch", "strata", "deepspeed"), default=None)
+    ap.add_argument("--runners", default=None, metavar="A,B,..",
+                    help="which run and in what order in each step (torch,strata,deepspeed)")
     ap.add_argument("--stats", action="store_true", help="print the engine's stats")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    res = {"torch": {k: [] for k in PHASES}, "strata": {k: [] for k in PHASES}}
-    ratios = {k: [] for k in PHASES}
-    stats = None
+    if args.runners:
+        args.runners = args.runners.split(",")
+        if not args.runners or not set(args.runners) <= {"torch", "strata", "deepspeed"} \
+                or len(set(args.runners)) != len(args.runners):
+            ap.error("--runners: a comma list of distinct torch, strata, deepspeed")
+    else:
+        args.runners = ([args.only] if args.only else
+                        ["torch", "strata"] + (["deepspeed"] if args.deepspeed else []))
+    res = {name: {k: [] for k in PHASES} for name in args.runners}
+    ratios = {f"{a}/{b}": {k: [] for k in PHASES} for a, b, _ in RATIOS}
+    losses = {}
+    stats = {}
     for r in range(args.rounds):
-        stats = run_round(args, res, ratios, r)
+        stats = run_round(args, res, ratios, losses, r)
     med = {name: {k: statistics.median(v) for k, v in ph.items() if v}
            for name, ph in res.items()}
     n = sum(p.numel() for p in make_model(args).parameters())
     print(f"char GPT {n / 1e6:.2f}M params ({args.layers} blocks, d_model {args.d_model}, "
           f"context {args.ctx}, batch {args.batch}), {args.threads} threads; median of "
           f"{args.rounds} x {args.steps} steps, seconds")
-    print(f"  {'':8s}" + "".join(f"{k:>10s}" for k in PHASES))
-    for name in ("torch", "strata"):
-        if med[name]:
-            print(f"  {name:8s}" + "".join(f"{med[name][k]:10.4f}" for k in PHASES))
+    print(f"optimizer offload: {args.offload_optimizer}"
+          + (f"; strata --set {args.set}" if args.set else "")
+          + (f"; deepspeed --ds-set {args.ds_set}" if args.ds_set else ""))
+    print(f"  {'':24s}" + "".join(f"{k:>10s}" for k in PHASES))
+    for name in args.runners:
+        print(f"  {name:24s}" + "".join(f"{med[name][k]:10.4f}" for k in PHASES))
     ratio = {}
-    if med["torch"] and med["strata"]:
-        ratio = {k: statistics.median(v) for k, v in ratios.items()}
-        print(f"  {'ratio':8s}" + "".join(f"{ratio[k]:9.2f}x" for k in PHASES) +
-              "   (median of the per-step ratios strata / torch; target total <= 1.2x)")
-    if args.stats and stats is not None:
-        print(json.dumps(stats, indent=1, default=str))
+    for a, b, target in RATIOS:
+        key = f"{a}/{b}"
+        if not ratios[key]["total"]:
+            continue
+        ratio[key] = {k: statistics.median(v) for k, v in ratios[key].items()}
+        print(f"  {key + ' ratio':24s}" + "".join(f"{ratio[key][k]:9.2f}x" for k in PHASES) +
+              f"   (median of the per-step ratios {a} / {b}" + (f"; {target})" if target else ")"))
+    if losses:
+        print(f"loss (last round), step 1 .. {args.warmup + args.steps}:")
+        for name, ls in losses.items():
+            print(f"  {name:10s} first {ls[0]:.6f}  last {ls[-1]:.6f}  mean {statistics.mean(ls):.6f}")
+        names = list(losses)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                d = max(abs(u - v) for u, v in zip(losses[a], losses[b]))
+                print(f"  max |loss {a} - loss {b}| over the steps: {d:.2e}")
+    if "deepspeed" in stats:
+        print("deepspeed ran: " + json.dumps(stats["deepspeed"], default=str))
+    if args.stats and "strata" in stats:
+        print(json.dumps(stats["strata"], indent=1, default=str))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"params": n, "args": vars(args), "median_s": med, "ratio": ratio,
-                       "samples_s": res, "ratios": ratios, "strata_stats": stats}, f, indent=1, default=str)
+            json.dump({"params": n, "args": vars(args), "median_s": med,
+                       "ratio": ratio.get("strata/torch", {}), "ratio_pairs": ratio,
+                       "samples_s": res, "ratios": ratios["strata/torch"], "ratios_pairs": ratios,
+                       "losses": losses,
+                       "strata_stats": stats.get("strata"),
+                       "deepspeed_config": stats.get("deepspeed")}, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -241,9 +241,12 @@ def reference(kind, steps, lr, wd, gas=1, world=1, seed=0, groups=False):
 
 def ds_config(stage, offload="none", dtype="fp32", gas=1, lr=1e-2, wd=0.01, nvme_path=None,
               world=1):
+    # No clipping, as the torch references here: without the key DeepSpeed 0.19.8 (and strata)
+    # clip at 1.0.
     cfg = {
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": gas,
+        "gradient_clipping": 0.0,
         "optimizer": {"type": "AdamW",
                       "params": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8,
                                  "weight_decay": wd}},
@@ -421,6 +424,7 @@ def lm_config(stage, offload_optimizer="none", offload_param="none", dtype="fp32
         if dev != "none":
             zero[key] = {"device": dev, **({"nvme_path": nvme_path} if dev == "nvme" else {})}
     cfg = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1,
+           "gradient_clipping": 0.0,  # as the torch references (DeepSpeed's default: 1.0)
            "optimizer": {"type": "AdamW", "params": dict(LM_OPT)}, "zero_optimization": zero}
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}

@@ -63,6 +63,9 @@ struct BenchEngineArgs {
   // in flight at a lower rate). docs/benchmarks.md, "bench engine".
   int warmup_steps = 3;
   double compute_ms = 0;  // simulated compute per layer use (forward, backward each)
+  // The synthetic gradient's global norm on each rank (before the loss scale): below the
+  // synthetic config's gradient_clipping (1.0) no step clips, as in most steps of a run.
+  double grad_norm = 0.5;
   double host_gb = 0;     // host budget, GB = 1e9 bytes (0: what the layout needs)
   double device_gb = 4;   // the device's budget: HostDevice's, or the CudaDevice pool's
   // auto: cuda when a CudaDevice can be created on this rank's GPU (LOCAL_RANK, else 0), else
@@ -203,6 +206,9 @@ struct VariantResult {
   double gather_wait_s = 0, reduce_wait_s = 0, optimizer_s = 0, optimizer_io_wait_s = 0;
   // speculative_step: the Adam run during the backward, and the sub-groups it kept / undid.
   double speculative_optimizer_s = 0, speculated_sub_groups = 0, rolled_back_sub_groups = 0;
+  // Measured steps that clipped (global norm above gradient_clipping: --grad-norm) or were
+  // skipped on overflow.
+  int clipped_steps = 0, skipped_steps = 0;
   double step_call_s = 0;  // Engine::Step alone (means over the measured steps)
   double compute_s = 0;    // simulated compute per step
   double init_s = 0;       // InitParameters

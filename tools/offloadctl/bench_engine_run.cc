@@ -89,8 +89,9 @@ std::optional<PerTier<double>> PlannerBytes(const EngineConfig& c, const ModelSp
   return out;
 }
 
-// Small pseudo-random gradients (times the loss scale, as a trainer's backward produces them) in
-// the working dtype, repeated every kElems elements through the engine's gradient buffers: by
+// Pseudo-random gradients (times the loss scale, as a trainer's backward produces them) in the
+// working dtype, scaled so the model's whole gradient has global norm `norm` (--grad-norm) on
+// each rank, repeated every kElems elements through the engine's gradient buffers: by
 // memcpy where the host addresses the device's memory (HostDevice); else uploaded once as fp32
 // and cast into each buffer by the device's kernels, rounded to nearest even as FloatToBf16 /
 // FloatToHalf round on the host, so both give the same bits.
@@ -98,16 +99,26 @@ class GradPattern {
  public:
   static constexpr size_t kElems = size_t{1} << 16;
   static constexpr uint64_t kDeviceBytes = kElems * sizeof(float);  // on a device it fills
-  GradPattern(Device* dev, int rank, std::chrono::nanoseconds timeout)
-      : dev_(dev), rank_(rank), timeout_(timeout) {}
+  GradPattern(Device* dev, int rank, std::chrono::nanoseconds timeout, double norm,
+              uint64_t model_elems)
+      : dev_(dev), rank_(rank), timeout_(timeout), norm_(norm), model_elems_(model_elems) {}
   Status Prepare(DType dt, double loss_scale) {
     if (ready_ && dt == dtype_ && loss_scale == scale_) return Status::OK();
     ready_ = false;
     dtype_ = dt;
     scale_ = loss_scale;
     std::vector<float> v(kElems);
+    double sum_sq = 0;
     for (size_t i = 0; i < kElems; ++i) {
-      v[i] = static_cast<float>(1e-3 * loss_scale) * Noise(i * 31 + rank_);
+      const double x = Noise(i * 31 + rank_);
+      sum_sq += x * x;
+    }
+    // The pattern's root mean square is about 0.58; the model repeats it over model_elems_.
+    const double rms = std::sqrt(sum_sq / static_cast<double>(kElems));
+    const double amplitude =
+        norm_ / (rms * std::sqrt(static_cast<double>(std::max<uint64_t>(1, model_elems_))));
+    for (size_t i = 0; i < kElems; ++i) {
+      v[i] = static_cast<float>(amplitude * loss_scale) * Noise(i * 31 + rank_);
     }
     if (!dev_->host_addressable()) {
       STRATA_RETURN_IF_ERROR(Upload(v));
@@ -170,6 +181,8 @@ class GradPattern {
   Device* dev_;
   int rank_;
   std::chrono::nanoseconds timeout_;
+  double norm_;
+  uint64_t model_elems_;
   bool ready_ = false;
   DType dtype_ = DType::kF32;
   double scale_ = 0;
@@ -182,6 +195,7 @@ struct StepSample {
   StepTimings t;
   StepPhases phases;
   size_t speculated = 0, rolled_back = 0;  // StepReport's sub-group counts
+  bool clipped = false, skipped = false;   // StepReport's clip coefficient > 1, overflow
 };
 
 // Times one phase of a step and the store's NVMe bytes in it (bench_engine.h, StepPhases).
@@ -228,10 +242,15 @@ struct SimulatedWork {
   GpuSpin* spin = nullptr;
   GradPattern& grads;
 
-  Status Compute(const Engine& e, size_t g) const {
+  // The layer's compute, begun at `began`: on the host the sleep ends compute_ms after it, so
+  // the time the bench spent writing the layer's gradient (a GPU's backward writes it within
+  // its kernels' time) is part of the layer's compute, not added to it.
+  Status Compute(const Engine& e, size_t g, Clock::time_point began) const {
     if (compute_ms <= 0 || !IsLayer(e, g)) return Status::OK();
     if (spin != nullptr) return spin->Spin(compute_ms).WithContext("simulated compute");
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(compute_ms));
+    std::this_thread::sleep_until(began +
+                                  std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double, std::milli>(compute_ms)));
     return Status::OK();
   }
 };
@@ -246,7 +265,7 @@ Result<StepSample> TrainStep(Engine& e, int gas, const SimulatedWork& work) {
       PhaseClock clock(e, &out.phases.forward);
       for (size_t g = 0; g < groups; ++g) {
         STRATA_ASSIGN_OR_RETURN(GatheredGroup p, e.Gather(g));
-        STRATA_RETURN_IF_ERROR(work.Compute(e, g));
+        STRATA_RETURN_IF_ERROR(work.Compute(e, g, Clock::now()));
         e.Release(std::move(p));
       }
     }
@@ -254,9 +273,10 @@ Result<StepSample> TrainStep(Engine& e, int gas, const SimulatedWork& work) {
     STRATA_RETURN_IF_ERROR(work.grads.Prepare(e.dtype(), e.LossScale()));
     for (size_t g = groups; g-- > 0;) {
       STRATA_ASSIGN_OR_RETURN(GatheredGroup p, e.Gather(g));
+      const Clock::time_point began = Clock::now();
       STRATA_ASSIGN_OR_RETURN(void* buf, e.GradBuffer(g));
       STRATA_RETURN_IF_ERROR(work.grads.Fill(buf, e.model().groups[g].numel()));
-      STRATA_RETURN_IF_ERROR(work.Compute(e, g));
+      STRATA_RETURN_IF_ERROR(work.Compute(e, g, began));
       e.Release(std::move(p));
       STRATA_RETURN_IF_ERROR(e.ReduceGradients(g));
     }
@@ -267,6 +287,8 @@ Result<StepSample> TrainStep(Engine& e, int gas, const SimulatedWork& work) {
     out.t = rep.timings;
     out.speculated = rep.speculated_sub_groups;
     out.rolled_back = rep.rolled_back_sub_groups;
+    out.clipped = rep.clip_coefficient > 1;
+    out.skipped = rep.skipped;
   }
   out.wall_s = Sec(Clock::now() - t0);
   return out;
@@ -422,7 +444,9 @@ void DeviceFigures(const DeviceStats& before, const DeviceStats& after, double s
 Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, VariantBackend& b, Engine& e,
                     Progress& progress, VariantResult* r) {
   Communicator& comm = *b.comm;
-  GradPattern grads(b.device.get(), p.rank, p.timeout);
+  uint64_t model_elems = 0;
+  for (const GroupSpec& gs : e.model().groups) model_elems += gs.numel();
+  GradPattern grads(b.device.get(), p.rank, p.timeout, a.grad_norm, model_elems);
   const SimulatedWork work{a.compute_ms, b.spin.get(), grads};
   StepPhases phases;  // means over the measured steps
   EngineStats before = e.Stats();
@@ -472,6 +496,8 @@ Status MeasureSteps(const BenchEngineArgs& a, const BenchProcess& p, VariantBack
     r->speculative_optimizer_s += x.t.speculative_optimizer_ns * 1e-9 / n;
     r->speculated_sub_groups += static_cast<double>(x.speculated) / n;
     r->rolled_back_sub_groups += static_cast<double>(x.rolled_back) / n;
+    r->clipped_steps += x.clipped ? 1 : 0;
+    r->skipped_steps += x.skipped ? 1 : 0;
     r->step_call_s += x.t.step_ns * 1e-9 / n;
     for (const StepPhaseRef& ph : kStepPhases) {
       PhaseFigures& into = phases.*ph.field;

@@ -293,6 +293,9 @@ nlohmann::json VariantJson(const BenchEngineArgs& a, const VariantResult& r) {
   j["overlap_step"] = a.overlap_step;
   j["speculative_step"] = a.speculative_step.empty() ? "config" : a.speculative_step;
   j["compute_ms"] = a.compute_ms;
+  j["grad_norm"] = a.grad_norm;
+  j["clipped_steps"] = r.clipped_steps;
+  j["skipped_steps"] = r.skipped_steps;
   j["init_s"] = r.init_s;
   j["step_s"] = me.step_s;
   j["step_s_mean"] = mean;
@@ -428,6 +431,11 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
         "undone per step\n",
         b["speculative_optimizer_s"].get<double>(), b["speculated_sub_groups"].get<double>(),
         b["rolled_back_sub_groups"].get<double>());
+  }
+  if (j["clipped_steps"].get<int>() > 0 || j["skipped_steps"].get<int>() > 0) {
+    std::printf("  of %zu measured steps %d clipped (--grad-norm %.3g), %d skipped on overflow\n",
+                j["step_s_all"].size(), j["clipped_steps"].get<int>(), j["grad_norm"].get<double>(),
+                j["skipped_steps"].get<int>());
   }
   std::printf("  nvme %s GB/step (read %s, write %s)", Gb(j["nvme_bytes_per_step"]).c_str(),
               Gb(j["nvme_read_bytes_per_step"]).c_str(),
@@ -664,12 +672,18 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
                 "a virtual disk)")
       ->check(AtLeast(0, true, true))
       ->capture_default_str();
-  c->add_option(
-       "--compute-ms", a->compute_ms,
-       "Simulated compute per layer use, forward and backward each, between Gather and "
-       "Release: on cuda a kernel occupying every SM that long, waited for; on the host a "
-       "sleep (the GPU's time, not the CPU's)")
+  c->add_option("--compute-ms", a->compute_ms,
+                "Simulated compute per layer use, forward and backward each, between Gather and "
+                "Release: on cuda a kernel occupying every SM that long, waited for; on the host a "
+                "sleep (the GPU's time, not the CPU's) that ends that long after the layer's use "
+                "began, the bench's writing of its gradient included")
       ->check(AtLeast(0))
+      ->capture_default_str();
+  c->add_option("--grad-norm", a->grad_norm,
+                "Global norm of the synthetic gradient on each rank: below the config's "
+                "gradient_clipping (the synthetic config's: 1.0) no step clips; above it every "
+                "step does (with speculative_step: its rollback)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   c->add_option("--host-gb", a->host_gb,
                 "Host memory budget per rank, GB (1e9 bytes); 0: what the engine's layout needs "
