@@ -466,7 +466,7 @@ void SwapSpace::Pump() {
       const OpSlot& s = slots_[TagSlot(r.user_data)];
       if (s.op.op == IoOp::kWrite) {
         blocks_[s.block_index].pending_sums[TagUnit(r.user_data)] =
-            UnitHash(r.buffer, r.length_bytes);
+            TimedHash(r.buffer, r.length_bytes);
       }
     }
     size_t keep = 0;
@@ -530,16 +530,29 @@ void SwapSpace::FinishOp(size_t slot) {
 
 // A read's unit just landed: its bytes against the sum recorded by the block's last write. Only
 // a valid block is checked here; FinishOp fails reads of blocks never written or invalid.
-Status SwapSpace::VerifyUnit(const OpSlot& s, size_t u) const {
+Status SwapSpace::VerifyUnit(const OpSlot& s, size_t u) {
   const Block& b = blocks_[s.block_index];
   if (b.state != Block::State::kValid) return Status::OK();
   const Unit& unit = b.units[u];
   const char* data = static_cast<const char*>(s.op.buffer) + unit.block_offset;
-  if (UnitHash(data, unit.length_bytes) == b.unit_sums[u]) return Status::OK();
+  if (TimedHash(data, unit.length_bytes) == b.unit_sums[u]) return Status::OK();
   return Status::Corruption(BlockName(b.id) + ": checksum mismatch in stripe unit " +
                             std::to_string(u) + " (" + std::to_string(unit.length_bytes) +
                             " bytes from '" + file_paths_[unit.file] + "' offset " +
                             std::to_string(unit.offset) + "): data on disk changed");
+}
+
+uint64_t SwapSpace::TimedHash(const void* data, size_t size_bytes) {
+  const bool idle = io_->inflight() == 0;
+  const auto start = std::chrono::steady_clock::now();
+  const uint64_t sum = UnitHash(data, size_bytes);
+  const auto ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
+  checksum_time_.ns += ns;
+  checksum_time_.bytes += size_bytes;
+  if (idle) checksum_time_.idle_ns += ns;
+  return sum;
 }
 
 Result<size_t> SwapSpace::Reap(std::span<SwapCompletion> out, size_t min_complete) {

@@ -52,6 +52,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "nvme/bounded_queue.h"
@@ -151,6 +152,17 @@ class SwapSpace {
   // (buffered IO on a path without O_DIRECT), one line each joined by "; "; empty otherwise.
   const std::string& note() const noexcept { return note_; }
 
+  // What the checksums cost the thread that drives the space (the XXH3 of each unit written,
+  // taken after its submit; each unit read verified as it lands, after the queue is refilled),
+  // since the last call, which resets it. `idle_ns` is the part of `ns` spent with no IO in the
+  // backend: time in which the disk waited for the hashing.
+  struct ChecksumTime {
+    uint64_t ns = 0;
+    uint64_t bytes = 0;
+    uint64_t idle_ns = 0;
+  };
+  ChecksumTime TakeChecksumTime() { return std::exchange(checksum_time_, ChecksumTime{}); }
+
  private:
   struct Unit {
     uint32_t file;
@@ -194,7 +206,8 @@ class SwapSpace {
   void StartWaitingOps();
   void FailUnissued(const Status& error);
   void FinishOp(size_t slot);
-  Status VerifyUnit(const OpSlot& s, size_t unit) const;
+  Status VerifyUnit(const OpSlot& s, size_t unit);
+  uint64_t TimedHash(const void* data, size_t size_bytes);  // UnitHash, counted in checksum_time_
 
   SwapSpaceOptions options_;
   IoBackend* io_;
@@ -217,6 +230,7 @@ class SwapSpace {
   size_t inflight_ops_ = 0;
   bool closed_ = false;
   std::string note_;
+  ChecksumTime checksum_time_;
 };
 
 }  // namespace strata::nvme

@@ -104,7 +104,7 @@ constexpr const char* kTiny = " --params 2M --layers 4 --steps 2 --io-backend po
 // paired reference each phase's bytes at its read and write rates give the phase's bound.
 void ExpectPhasesCoverTheStep(const nlohmann::json& j, bool split) {
   const nlohmann::json& ph = j["phases"];
-  double secs = 0, rd = 0, wr = 0, busy = 0;
+  double secs = 0, rd = 0, wr = 0, busy = 0, hashed = 0;
   for (const char* k : {"forward", "backward", "optimizer"}) {
     ASSERT_TRUE(ph.contains(k)) << ph;
     const nlohmann::json& x = ph[k];
@@ -118,6 +118,10 @@ void ExpectPhasesCoverTheStep(const nlohmann::json& j, bool split) {
     EXPECT_GE(x["host_room_wait_fraction"].get<double>(), 0.0) << k;
     EXPECT_LE(x["host_room_wait_fraction"].get<double>(), 1.0 + 1e-9) << k;
     EXPECT_GE(x["copy_busy_fraction"].get<double>(), 0.0) << k;
+    // The checksums are hashed on the IO thread inside the phase; the idle part is a part.
+    EXPECT_GE(x["checksum_idle_fraction"].get<double>(), 0.0) << k;
+    EXPECT_LE(x["checksum_idle_fraction"].get<double>(), x["checksum_fraction"].get<double>()) << k;
+    hashed += x["checksum_fraction"].get<double>() * x["seconds"].get<double>();
     secs += x["seconds"].get<double>();
     rd += x["nvme_read_bytes"].get<double>();
     wr += x["nvme_write_bytes"].get<double>();
@@ -143,6 +147,8 @@ void ExpectPhasesCoverTheStep(const nlohmann::json& j, bool split) {
     // The disk's busy time falls inside the phases (one IO's latency may cross in from before).
     EXPECT_LE(busy, 1.1 * secs + 0.05);
   }
+  // NVMe bytes moved, so the IO thread hashed some (each written unit, each unit read).
+  EXPECT_GT(hashed, 0.0);
   // Every Gather asks the store for the group's copy: the forward waited on it, if briefly.
   EXPECT_GT(ph["forward"]["store_wait_fraction"].get<double>(), 0.0);
   // The optimizer's reads and writes complete inside it: the disk was busy there.

@@ -43,6 +43,9 @@ TEST(EngineStatsJson, EveryFieldUnderItsKey) {
   s.store.budget_bytes[Tier::kHost] = 26;
   s.store.io_busy_ns = 27;
   s.store.io_bytes = 28;
+  s.store.checksum_ns = 33;
+  s.store.checksum_bytes = 34;
+  s.store.checksum_idle_ns = 35;
   s.store.room_wait_ns[Tier::kHost] = 29;
   s.store.copy_bytes = 30;
   s.store.evictions = 31;
@@ -83,6 +86,9 @@ TEST(EngineStatsJson, EveryFieldUnderItsKey) {
   EXPECT_EQ(st["budget_bytes"]["host"], 26);
   EXPECT_EQ(st["io_busy_ns"], 27);
   EXPECT_EQ(st["io_bytes"], 28);
+  EXPECT_EQ(st["checksum_ns"], 33);
+  EXPECT_EQ(st["checksum_bytes"], 34);
+  EXPECT_EQ(st["checksum_idle_ns"], 35);
   EXPECT_EQ(st["room_wait_ns"], nlohmann::json({{"hbm", 0}, {"host", 29}, {"nvme", 0}}));
   EXPECT_EQ(st["copy_bytes"], 30);
   EXPECT_EQ(st["evictions"], 31);

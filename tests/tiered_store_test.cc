@@ -60,6 +60,10 @@ TEST_F(StoreTest, ChainsNvmeToHostToDeviceAndWritesBack) {
   // One read, one write: the first fetch was of zeros never written (no IO).
   EXPECT_EQ(s.io_bytes, 2 * kBlock);
   EXPECT_GT(s.io_busy_ns, 0u);
+  // Every byte written was hashed and every byte read verified, on the IO thread.
+  EXPECT_EQ(s.checksum_bytes, 2 * kBlock);
+  EXPECT_GT(s.checksum_ns, 0u);
+  EXPECT_LE(s.checksum_idle_ns, s.checksum_ns);
 }
 
 TEST_F(StoreTest, EvictingTheOnlyNewestCopyWritesItBackFirst) {

@@ -28,10 +28,13 @@ void TieredStore::Post(std::function<void()> fn) {
   mv_cv_.notify_one();
 }
 
-void TieredStore::HandOver(std::vector<IoEvent>* events, uint64_t busy_ns) {
+void TieredStore::HandOver(std::vector<IoEvent>* events, const IoTally& tally) {
   std::lock_guard<std::mutex> l(mv_mu_);  // notify under the lock, as Post
   for (IoEvent& e : *events) io_events_.push_back(std::move(e));
-  io_busy_pending_ns_ += busy_ns;
+  io_pending_.busy_ns += tally.busy_ns;
+  io_pending_.checksum_ns += tally.checksum_ns;
+  io_pending_.checksum_bytes += tally.checksum_bytes;
+  io_pending_.checksum_idle_ns += tally.checksum_idle_ns;
   events->clear();
   mv_cv_.notify_one();
 }
@@ -43,11 +46,14 @@ void TieredStore::MoverLoop() {
     mv_cv_.wait(l, [&] { return mv_stop_ || !mv_queue_.empty() || !io_events_.empty(); });
     if (!io_events_.empty()) {
       events.swap(io_events_);
-      const uint64_t busy_ns = std::exchange(io_busy_pending_ns_, 0);
+      const IoTally tally = std::exchange(io_pending_, IoTally{});
       l.unlock();
       {
         std::lock_guard<std::mutex> store(mu_);  // once for the whole batch
-        stats_.io_busy_ns += busy_ns;
+        stats_.io_busy_ns += tally.busy_ns;
+        stats_.checksum_ns += tally.checksum_ns;
+        stats_.checksum_bytes += tally.checksum_bytes;
+        stats_.checksum_idle_ns += tally.checksum_idle_ns;
         for (IoEvent& e : events) HandleIoEvent(e);
       }
       events.clear();
@@ -91,7 +97,15 @@ struct TieredStore::IoThread {
   Status lost;                  // the IO path was given up
   int reap_failures = 0;        // in a row
   Clock::time_point failing_since, busy_since;
-  uint64_t busy_ns = 0;  // to hand over
+  IoTally tally;  // to hand over
+
+  // The swap space's checksum time since the last call, into the tally.
+  void TakeChecksumTime() {
+    const nvme::SwapSpace::ChecksumTime t = swap->TakeChecksumTime();
+    tally.checksum_ns += t.ns;
+    tally.checksum_bytes += t.bytes;
+    tally.checksum_idle_ns += t.idle_ns;
+  }
 };
 
 void TieredStore::IoLoop() {
@@ -105,7 +119,10 @@ void TieredStore::IoLoop() {
   while (IoTake(io)) {
     if (!io.ops.empty()) IoSubmit(io);
     if (!io.inflight.empty() && io.lost.ok()) IoReap(io);
-    if (!io.events.empty() || io.busy_ns > 0) HandOver(&io.events, std::exchange(io.busy_ns, 0));
+    io.TakeChecksumTime();
+    if (!io.events.empty() || io.tally.busy_ns > 0 || io.tally.checksum_ns > 0) {
+      HandOver(&io.events, std::exchange(io.tally, IoTally{}));
+    }
   }
 }
 
@@ -155,7 +172,7 @@ void TieredStore::IoReap(IoThread& io) {
   // Busy time up to this completion, also while more stay in flight: a reader of io_busy_ns
   // (a phase of a step) sees a long busy stretch as it goes, one IO latency behind at most.
   const auto now = Clock::now();
-  io.busy_ns += Ns(now - io.busy_since);
+  io.tally.busy_ns += Ns(now - io.busy_since);
   io.busy_since = now;
 }
 
@@ -174,7 +191,7 @@ void TieredStore::IoReapFailed(IoThread& io, const Status& err) {
   }
   if (give_up) return;
   // Tell the waiters now, then back off (woken early only to stop).
-  HandOver(&io.events, 0);
+  HandOver(&io.events, IoTally{});
   const auto backoff = std::min<Clock::duration>(
       std::chrono::milliseconds(1 << std::min(io.reap_failures - 1, 7)), kMaxReapBackoff);
   std::unique_lock<std::mutex> l(io_mu_);

@@ -145,7 +145,14 @@ class TieredStore final : public Store {
   void IoSubmit(IoThread& io);
   void IoReap(IoThread& io);
   void IoReapFailed(IoThread& io, const Status& err);
-  void HandOver(std::vector<IoEvent>* events, uint64_t busy_ns);  // IO thread -> mover thread
+  // What the IO thread adds to the stats, handed to the mover thread with its events.
+  struct IoTally {
+    uint64_t busy_ns = 0;
+    uint64_t checksum_ns = 0;
+    uint64_t checksum_bytes = 0;
+    uint64_t checksum_idle_ns = 0;
+  };
+  void HandOver(std::vector<IoEvent>* events, const IoTally& tally);  // IO thread -> mover thread
   void MoverLoop();
   void Post(std::function<void()> fn);
 
@@ -205,7 +212,7 @@ class TieredStore final : public Store {
   std::condition_variable mv_cv_;
   std::deque<std::function<void()>> mv_queue_;
   std::vector<IoEvent> io_events_;  // from the IO thread, handled in batches under one mu_
-  uint64_t io_busy_pending_ns_ = 0;
+  IoTally io_pending_;
   bool mv_stop_ = false;
   std::thread mover_thread_;
 };

@@ -210,6 +210,12 @@ struct StoreStats {
   PerTier<uint64_t> budget_bytes;
   uint64_t io_busy_ns = 0;  // time with IO in flight, counted up to the latest completion
   uint64_t io_bytes = 0;
+  // The NVMe tier's checksums (XXH3 per stripe unit: computed for each write, verified on each
+  // read) on the IO thread: time spent, bytes hashed, and the part of that time with no IO in
+  // flight, in which the disk waited for the hashing (the rest overlaps the disk's work).
+  uint64_t checksum_ns = 0;
+  uint64_t checksum_bytes = 0;
+  uint64_t checksum_idle_ns = 0;
   uint64_t copy_busy_ns = 0;  // time with a device copy in flight (either direction)
   uint64_t copy_bytes = 0;
   uint64_t evictions = 0;

@@ -127,7 +127,10 @@ struct EngineVariant {
 // work (device copies, a full host budget). host_room_wait_s: the time the store had an operation
 // parked for room in the host budget (StoreStats::room_wait_ns): a prefetch or a gather waiting
 // for the host to drop a copy. copy_busy_s: the time the store had a device copy in flight
-// (StoreStats::copy_busy_ns, added where the copies go idle).
+// (StoreStats::copy_busy_ns, added where the copies go idle). checksum_s: the IO thread's time
+// computing and verifying the NVMe checksums (StoreStats::checksum_ns); checksum_idle_s, the part
+// of it with no IO in flight, in which the disk waited for the hashing (checksum_idle_ns): set
+// against the phase's idle disk time (seconds - io_busy_s), it is what the checksums cost there.
 struct PhaseFigures {
   double seconds = 0;
   double nvme_read_bytes = 0, nvme_write_bytes = 0;
@@ -135,12 +138,14 @@ struct PhaseFigures {
   double store_wait_s = 0;
   double host_room_wait_s = 0;
   double copy_busy_s = 0;
+  double checksum_s = 0;
+  double checksum_idle_s = 0;
 
   // Every member, in order: the one list that sums, means and the doubles ranks exchange use.
   static constexpr double PhaseFigures::*kFields[] = {
-      &PhaseFigures::seconds,    &PhaseFigures::nvme_read_bytes, &PhaseFigures::nvme_write_bytes,
-      &PhaseFigures::io_busy_s,  &PhaseFigures::store_wait_s,    &PhaseFigures::host_room_wait_s,
-      &PhaseFigures::copy_busy_s};
+      &PhaseFigures::seconds,     &PhaseFigures::nvme_read_bytes, &PhaseFigures::nvme_write_bytes,
+      &PhaseFigures::io_busy_s,   &PhaseFigures::store_wait_s,    &PhaseFigures::host_room_wait_s,
+      &PhaseFigures::copy_busy_s, &PhaseFigures::checksum_s,      &PhaseFigures::checksum_idle_s};
   // this += k * o, member by member.
   void AddScaled(const PhaseFigures& o, double k) {
     for (auto f : kFields) this->*f += k * (o.*f);

@@ -215,6 +215,8 @@ class PhaseClock {
     into_->host_room_wait_s +=
         static_cast<double>(s.room_wait_ns[Tier::kHost] - s0.room_wait_ns[Tier::kHost]) * 1e-9;
     into_->copy_busy_s += static_cast<double>(s.copy_busy_ns - s0.copy_busy_ns) * 1e-9;
+    into_->checksum_s += static_cast<double>(s.checksum_ns - s0.checksum_ns) * 1e-9;
+    into_->checksum_idle_s += static_cast<double>(s.checksum_idle_ns - s0.checksum_idle_ns) * 1e-9;
   }
   PhaseClock(const PhaseClock&) = delete;
   PhaseClock& operator=(const PhaseClock&) = delete;

@@ -230,7 +230,9 @@ nlohmann::json PhasesJson(const VariantResult& r) {
                         {"io_busy_fraction", share(all.io_busy_s)},
                         {"store_wait_fraction", share(all.store_wait_s)},
                         {"host_room_wait_fraction", share(all.host_room_wait_s)},
-                        {"copy_busy_fraction", share(all.copy_busy_s)}};
+                        {"copy_busy_fraction", share(all.copy_busy_s)},
+                        {"checksum_fraction", share(all.checksum_s)},
+                        {"checksum_idle_fraction", share(all.checksum_idle_s)}};
     const bool rated = read_rate > 0 && (wr <= 0 || write_rate > 0);
     if (rated) {
       const double bound = rd / read_rate + (wr > 0 ? wr / write_rate : 0.0);
@@ -460,7 +462,9 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
       std::printf("; %.2f of the split disk", x["io_efficiency_split"].get<double>());
     }
     if (x["nvme_read_bytes"].get<double>() + x["nvme_write_bytes"].get<double>() > 0) {
-      std::printf("; disk busy %.2f", x["io_busy_fraction"].get<double>());
+      std::printf("; disk busy %.2f; hashing %.3f (%.3f with the disk idle)",
+                  x["io_busy_fraction"].get<double>(), x["checksum_fraction"].get<double>(),
+                  x["checksum_idle_fraction"].get<double>());
     }
     std::printf("; store wait %.2f; host full %.2f; copying %.2f",
                 x["store_wait_fraction"].get<double>(), x["host_room_wait_fraction"].get<double>(),
