@@ -122,7 +122,8 @@ uint64_t SpeculationBufferBytes(int64_t configured_elems, uint64_t speculable_el
   if (configured_elems >= 0) {
     return std::min(static_cast<uint64_t>(configured_elems), speculable_elems) * per_elem;
   }
-  return std::min(speculable_elems / 4 * per_elem, host_room);
+  const uint64_t floor_elems = std::min(speculable_elems, kSpeculationFloorBytes / per_elem);
+  return std::min(std::max(speculable_elems / 4, floor_elems) * per_elem, host_room);
 }
 
 namespace {

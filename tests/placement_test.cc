@@ -234,6 +234,26 @@ TEST(HostCache, IsWhatTheBudgetLeavesUpToTheNvmeBytes) {
   EXPECT_EQ(HostCacheBytes(8000, 5000, 500, 1000), 0u);        // buffers hold it all
 }
 
+// The speculative step's rollback copies (14 bytes an element at 16-bit, 16 at fp32): a given
+// size is capped at the offloaded elements; auto is a quarter of them, or all of them up to
+// kSpeculationFloorBytes where that is more, within the host room.
+TEST(SpeculationBuffer, AutoIsAQuarterOrASmallModelWholeWithinTheRoom) {
+  constexpr uint64_t kNoBudget = UINT64_MAX;
+  EXPECT_EQ(SpeculationBytesPerElement(2), 14u);
+  EXPECT_EQ(SpeculationBufferBytes(1000, 5000, 2, kNoBudget), 1000u * 14);
+  EXPECT_EQ(SpeculationBufferBytes(9000, 5000, 2, 0), 5000u * 14);  // given: the room is not asked
+  EXPECT_EQ(SpeculationBufferBytes(0, 5000, 2, kNoBudget), 0u);
+  // A small model: all of it (12.7M fp32 elements, 203 MB of copies).
+  EXPECT_EQ(SpeculationBufferBytes(-1, 12'700'000, 4, kNoBudget), 12'700'000u * 16);
+  // Beyond the floor, the floor's elements until a quarter is more.
+  const uint64_t floor_elems = kSpeculationFloorBytes / 14;
+  EXPECT_EQ(SpeculationBufferBytes(-1, 2 * floor_elems, 2, kNoBudget), floor_elems * 14);
+  EXPECT_EQ(SpeculationBufferBytes(-1, 8 * floor_elems, 2, kNoBudget), 2 * floor_elems * 14);
+  // The host room caps auto.
+  EXPECT_EQ(SpeculationBufferBytes(-1, 12'700'000, 4, 1000), 1000u);
+  EXPECT_EQ(SpeculationBufferBytes(-1, 0, 4, kNoBudget), 0u);
+}
+
 TEST(DeviceWorking, ShardLimitsDivideFullParameterCounts) {
   const ShardLimits l = PerRankShardLimits(50000000, 1000000000, 7, 0, 4);
   EXPECT_EQ(l.prefetch_elems, 12500000u);

@@ -145,6 +145,19 @@ struct ZppState {
 // behind the next forward. The trainer's thread waits for a group's update (WaitForUpdate) or
 // for all of it (JoinDeferredStep); nothing else of the engine is shared with the job while it
 // runs (it reads the sub-groups and the param block ids, which no caller changes meanwhile).
+// speculative_step's worker still stepping the backward's last groups when an overlap_step Step
+// keeps its work: handed to the DeferredStep, which joins it before stepping the rest.
+struct SpeculationTail {
+  SpeculationTail() = default;
+  SpeculationTail(SpeculationTail&&) = default;
+  SpeculationTail& operator=(SpeculationTail&&) = delete;
+  ~SpeculationTail() {  // a Step that failed before launching the job still joins the worker
+    if (worker.joinable()) worker.join();
+  }
+  std::thread worker;
+  std::vector<size_t> groups;  // the groups it was handed (all of their offloaded sub-groups)
+};
+
 struct DeferredStep {
   explicit DeferredStep(size_t groups) : updated(groups) {}
   std::vector<std::atomic<bool>> updated;  // per group: all its sub-groups stepped (set under mu)
@@ -169,6 +182,8 @@ struct Speculation {
   bool open = false;       // groups may still be queued (reset by every Step)
   bool engaged = false;    // the coefficients are fixed and a group was queued
   bool skip_next = false;  // the last step was clipped or skipped: this one does not speculate
+  bool behind = false;     // its worker went behind the next forward (SpeculationTail): the
+                           // per-step state is reset once the deferred step has joined it
   float grad_scale = 1;
   std::vector<kernels::AdamHyper> hyper;  // per optimizer group, grad_scale folded in
   uint64_t used = 0;                      // arena bytes handed out
@@ -181,6 +196,7 @@ struct Speculation {
   std::condition_variable cv;
   std::deque<size_t> queue;  // groups to step
   bool closing = false;      // no more groups: finish the queue and end
+  bool validated = false;    // Step kept the work: the groups not yet begun step without copies
   Status status;             // the worker's first error
   size_t cancelled = 0;      // sub-groups undone by CancelSpeculation since the last Step
   StepTimings timings;       // the worker's (optimizer_ns, optimizer_io_wait_ns)
@@ -414,7 +430,9 @@ struct Engine::Impl {
   std::vector<size_t> StepOrder(const std::vector<uint64_t>& except = {}) const;
   // overlap_step: starts RunAdam over `order` with coefficients `hs` (and the wait for the
   // gradients' write-behind) on the DeferredStep's thread.
-  void LaunchDeferredStep(std::vector<kernels::AdamHyper> hs, std::vector<size_t> order);
+  // With `tail`, the job first joins the speculation's worker, then marks its groups updated.
+  void LaunchDeferredStep(std::vector<kernels::AdamHyper> hs, std::vector<size_t> order,
+                          zero::SpeculationTail tail);
 
   // --- engine_speculate.cc ---
   // Accumulate: group g's gradient is final for this step; queues its Adam when the speculation
@@ -438,8 +456,12 @@ struct Engine::Impl {
   // Step: after the norm, the overflow check and the coefficients are known. Finishes the
   // worker, keeps its work when the step is applied with the coefficients it used (sets
   // `*kept` to the sub-groups not to step again), else undoes it; counts both in `report`.
+  // With `tail` (overlap_step) a worker whose work is kept is not waited for: it goes into
+  // `*tail`, still running, and the per-step state waits for JoinDeferredStep.
   Status SettleSpeculation(bool applied, float grad_scale, StepReport* report,
-                           std::vector<uint64_t>* kept);
+                           std::vector<uint64_t>* kept, zero::SpeculationTail* tail = nullptr);
+  // The speculation's share of a finished deferred step: its worker's timings and error.
+  Status CollectSpeculationTail(StepTimings* t);
   // Waits for the deferred step (if any) and folds in its timings; its error fails the engine.
   Status JoinDeferredStep();
   // Gather: waits until group g's params hold the deferred step's update (or the step ended:

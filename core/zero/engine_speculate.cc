@@ -12,6 +12,10 @@
 // all. Either way the state is bit for bit what the step without speculation makes: the same
 // kernel on the same inputs.
 //
+// Once Step has kept the work, the groups the worker has not begun step without copies; with
+// overlap_step, Step does not wait for them: the worker goes to the deferred step
+// (zero::SpeculationTail), which joins it before stepping the rest behind the next forward.
+//
 // Bounds: the arena (EngineLayout's host working set) caps the elements speculated per step;
 // the groups beyond it step in Step. The NVMe read-ahead and write-behind of a speculated
 // sub-group are the step pipeline's (offload_optimizer.buffer_count). Policy: a step after one
@@ -22,6 +26,7 @@
 // Gather of a queued group, Save, Load, ReadMaster) cancels it first: the worker finishes, its
 // work is undone and the step runs as without.
 #include <cstring>
+#include <utility>
 
 #include "core/zero/engine_internal.h"
 
@@ -76,6 +81,8 @@ void Engine::Impl::ResetSpeculation() {
   sp.handed.clear();
   sp.group_queued.assign(groups.size(), 0);
   sp.final_pending.assign(groups.size(), 0);
+  std::lock_guard<std::mutex> lock(sp.mu);  // no worker runs here; the field is the worker's
+  sp.validated = false;
 }
 
 void Engine::Impl::OnGradientFinal(size_t g) {
@@ -137,12 +144,14 @@ void Engine::Impl::SpeculationWorker() {
   Speculation& sp = *spec;
   for (;;) {
     std::vector<size_t> batch;
+    bool save = true;
     {
       std::unique_lock<std::mutex> lock(sp.mu);
       sp.cv.wait(lock, [&] { return !sp.queue.empty() || sp.closing; });
       if (sp.queue.empty()) return;
       batch.assign(sp.queue.begin(), sp.queue.end());
       sp.queue.clear();
+      save = !sp.validated;
       if (!sp.status.ok()) continue;  // failed: the rest is dropped, the engine fails at Step
     }
     // The groups queued meanwhile go through one pipeline: their NVMe reads overlap.
@@ -153,7 +162,9 @@ void Engine::Impl::SpeculationWorker() {
       }
     }
     run.hyper = sp.hyper;
-    run.save_to = [this](size_t i) { return SpeculationCopies(i); };
+    // Once Step has kept the speculation nothing will be undone: no copies (half again the
+    // Adam's memory traffic) for the groups begun after that.
+    if (save) run.save_to = [this](size_t i) { return SpeculationCopies(i); };
     StepTimings t;
     Status st = RunAdam(run, &t);
     std::lock_guard<std::mutex> lock(sp.mu);
@@ -243,14 +254,45 @@ Status Engine::Impl::CancelSpeculation() {
 }
 
 Status Engine::Impl::SettleSpeculation(bool applied, float grad_scale, StepReport* report,
-                                       std::vector<uint64_t>* kept) {
+                                       std::vector<uint64_t>* kept, zero::SpeculationTail* tail) {
   if (!spec) return Status::OK();
   Speculation& sp = *spec;
+  // Read by the trainer's thread only (the worker reads `hyper` too, never writes it).
+  const bool keep = sp.engaged && applied && grad_scale == sp.grad_scale &&
+                    SameHyper(sp.hyper, StepHyper(grad_scale));
+  if (keep) {
+    std::lock_guard<std::mutex> lock(sp.mu);
+    sp.validated = true;
+  }
+  if (keep && tail != nullptr && sp.thread.joinable()) {
+    // overlap_step: the worker's last groups (the backward's tail: the forward's first) finish
+    // behind the next forward, whose Gather waits for them as for the rest of the step.
+    {
+      std::lock_guard<std::mutex> lock(sp.mu);
+      sp.closing = true;
+    }
+    sp.cv.notify_one();
+    tail->worker = std::move(sp.thread);
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (sp.group_queued[g] != 0) tail->groups.push_back(g);
+    }
+    report->rolled_back_sub_groups = std::exchange(sp.cancelled, 0);
+    report->speculated_sub_groups = sp.handed.size();
+    *kept = sp.offset;
+    sp.skip_next = false;  // kept: applied with the unclipped coefficients
+    // Until JoinDeferredStep resets it: nothing queued that a Gather must cancel (the deferred
+    // step holds those groups), nothing more to queue.
+    sp.group_queued.assign(groups.size(), 0);
+    sp.open = false;
+    sp.engaged = false;
+    sp.behind = true;
+    return Status::OK();
+  }
   STRATA_RETURN_IF_ERROR(FinishSpeculation());
   report->rolled_back_sub_groups = sp.cancelled;
   sp.cancelled = 0;
   if (sp.engaged) {
-    if (applied && grad_scale == sp.grad_scale && SameHyper(sp.hyper, StepHyper(grad_scale))) {
+    if (keep) {
       report->speculated_sub_groups = sp.handed.size();
       *kept = sp.offset;
     } else {
@@ -262,6 +304,13 @@ Status Engine::Impl::SettleSpeculation(bool applied, float grad_scale, StepRepor
   sp.skip_next = !applied || grad_scale != static_cast<float>(1.0 / report->loss_scale);
   ResetSpeculation();
   return Status::OK();
+}
+
+Status Engine::Impl::CollectSpeculationTail(StepTimings* t) {
+  Speculation& sp = *spec;
+  std::lock_guard<std::mutex> lock(sp.mu);
+  t->speculative_optimizer_ns += std::exchange(sp.timings, StepTimings{}).speculative_optimizer_ns;
+  return sp.status;
 }
 
 }  // namespace strata

@@ -289,11 +289,12 @@ Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
   return Status::OK();
 }
 
-void Engine::Impl::LaunchDeferredStep(std::vector<kernels::AdamHyper> hs,
-                                      std::vector<size_t> order) {
+void Engine::Impl::LaunchDeferredStep(std::vector<kernels::AdamHyper> hs, std::vector<size_t> order,
+                                      zero::SpeculationTail tail) {
   auto d = std::make_unique<zero::DeferredStep>(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) d->updated[g].store(true);
   for (size_t i : order) d->updated[subs[i].group].store(false);
+  for (size_t g : tail.groups) d->updated[g].store(false);
   zero::DeferredStep* job = d.get();
   std::vector<Ticket> written_behind = std::move(grad_write_behind);
   grad_write_behind.clear();
@@ -307,8 +308,17 @@ void Engine::Impl::LaunchDeferredStep(std::vector<kernels::AdamHyper> hs,
     }
     job->cv.notify_all();
   };
-  job->thread = std::thread([this, job, run = std::move(run), tickets = std::move(written_behind)] {
-    Status st = RunAdam(run, &job->timings);
+  job->thread = std::thread([this, job, run = std::move(run), tickets = std::move(written_behind),
+                             tail = std::move(tail)]() mutable {
+    Status st;
+    if (tail.worker.joinable()) {  // the speculation's groups first: the forward's first
+      tail.worker.join();
+      st = CollectSpeculationTail(&job->timings);
+      if (st.ok()) {
+        for (size_t g : tail.groups) run.updated(g);
+      }
+    }
+    if (st.ok()) st = RunAdam(run, &job->timings);
     // The gradients written home during the backward: a failed write fails this step, as
     // CheckGradWriteBehind does for a step that runs in Step.
     Status written = WriteBehindError(tickets, /*wait=*/true);
@@ -329,6 +339,11 @@ Status Engine::Impl::JoinDeferredStep() {
   std::unique_ptr<zero::DeferredStep> d = std::move(deferred);
   timings.optimizer_ns += d->timings.optimizer_ns;
   timings.optimizer_io_wait_ns += d->timings.optimizer_io_wait_ns;
+  timings.speculative_optimizer_ns += d->timings.speculative_optimizer_ns;
+  if (spec && spec->behind) {  // its worker was joined by the job: the next backward may queue
+    spec->behind = false;
+    ResetSpeculation();
+  }
   if (!d->status.ok()) return Fail(d->status);
   return Status::OK();
 }
@@ -397,6 +412,7 @@ Result<StepReport> Engine::Impl::Step() {
   if (!st.ok()) return Fail(st);
 
   bool launch = false;  // overlap_step: the Adam runs behind the next forward
+  zero::SpeculationTail tail;  // with the speculation's worker, when it still runs
   float grad_scale = 1;
   std::vector<size_t> order;  // the sub-groups this Step steps (the speculation's are done)
   std::vector<kernels::AdamHyper> step_hyper;  // their coefficients
@@ -425,7 +441,7 @@ Result<StepReport> Engine::Impl::Step() {
     report.lr = LrFor(0);
     grad_scale = static_cast<float>(1.0 / combined);
     std::vector<uint64_t> kept;
-    st = SettleSpeculation(true, grad_scale, &report, &kept);
+    st = SettleSpeculation(true, grad_scale, &report, &kept, overlap_step ? &tail : nullptr);
     if (!st.ok()) return Fail(st);
     order = StepOrder(kept);
     step_hyper = StepHyper(grad_scale);
@@ -456,7 +472,7 @@ Result<StepReport> Engine::Impl::Step() {
   if (gather && in_step) gather->EndStep();
   in_step = false;
   // Takes the write-behind tickets along.
-  if (launch) LaunchDeferredStep(std::move(step_hyper), std::move(order));
+  if (launch) LaunchDeferredStep(std::move(step_hyper), std::move(order), std::move(tail));
   timings.step_ns = Since(t0);
   report.timings = timings;
   zero::AddTimings(timings, &totals.timings);

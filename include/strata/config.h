@@ -193,8 +193,9 @@ struct OffloadOptimizerConfig {
   std::optional<bool> speculative_step;
   // [-1: auto] Elements of optimizer state whose pre-update copy (master, m, v and the working
   // params: 12 + 2 bytes each at 16-bit) the speculation may hold in host memory; groups beyond
-  // it step after backward as without. auto: a quarter of the rank's offloaded elements, within the
-  // host budget's room. Memory against how much of the step can overlap backward.
+  // it step after backward as without. auto: a quarter of the rank's offloaded elements, or all of
+  // them up to 256 MiB of copies where that is more, within the host budget's room. Memory
+  // against how much of the step can overlap backward.
   int64_t speculation_buffer_size = -1;
 };
 

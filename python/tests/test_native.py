@@ -27,10 +27,14 @@ def test_plan():
     assert "ledger" in p and "ladder" in p
     assert "stage" in strata.plan(7e9, stage=3, text=True).lower()
     # A LoRA fine-tune of 7B: the frozen base at 2 B/param, the 40M adapters at 16 B/param, and
-    # the speculative step's rollback copies of a quarter of the adapters at 14 B/param.
+    # the speculative step's rollback copies at 14 B/param: of all the adapters, each rank's 5M
+    # being below the default's floor (256 MiB of copies); of a quarter of 800M on 2 GPUs.
     lora = strata.plan("7B", stage=3, offload_optimizer="cpu", offload_param="cpu", gpus=8,
                        trainable="40M")
-    assert lora["configured"]["host_bytes_per_node"] == 2 * 7e9 + 16 * 40e6 + 14 * 40e6 / 4
+    assert lora["configured"]["host_bytes_per_node"] == 2 * 7e9 + 16 * 40e6 + 14 * 40e6
+    big = strata.plan("7B", stage=3, offload_optimizer="cpu", offload_param="cpu", gpus=2,
+                      trainable="800M")
+    assert big["configured"]["host_bytes_per_node"] == 2 * 7e9 + 16 * 800e6 + 14 * 800e6 / 4
 
 
 def test_raw_engine_zero_copy():
