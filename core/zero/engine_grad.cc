@@ -522,12 +522,7 @@ Status Engine::Impl::DrainReductions(bool all) {
   for (zero::PendingReduce& p : pending) {
     if (p.accumulated) continue;
     if (!all && !p.Ready()) break;
-    Status st = p.Wait(deadline());
-    if (!st.ok()) {
-      return Fail(
-          WithContext(st, "gradient reduction of group '" + model.groups[p.group].name + "'"));
-    }
-    StartAccumulate(p);
+    STRATA_RETURN_IF_ERROR(StartAccumulate(p));
   }
   // And end in order.
   while (!pending.empty() && pending.front().accumulated) {
@@ -543,11 +538,7 @@ Status Engine::Impl::DrainReductions(bool all) {
 Status Engine::Impl::DrainFront() {
   zero::PendingReduce& p = pending.front();
   const std::string& name = model.groups[p.group].name;
-  if (!p.accumulated) {
-    Status st = p.Wait(deadline());
-    if (!st.ok()) return Fail(WithContext(st, "gradient reduction of group '" + name + "'"));
-    StartAccumulate(p);
-  }
+  if (!p.accumulated) STRATA_RETURN_IF_ERROR(StartAccumulate(p));
   // Bounded: each of its store leases waits at most the timeout.
   Status st = p.accumulating.get();
   if (!st.ok()) return Fail(WithContext(st, "gradient accumulation of group '" + name + "'"));
@@ -564,7 +555,12 @@ bool Engine::Impl::AccumulatesBehind(const zero::PendingReduce& p) const {
   return sched::AccumulatesBehind(overlap_comm, on_host);
 }
 
-void Engine::Impl::StartAccumulate(zero::PendingReduce& p) {
+Status Engine::Impl::StartAccumulate(zero::PendingReduce& p) {
+  Status reduced = p.Wait(deadline());
+  if (!reduced.ok()) {
+    return Fail(
+        WithContext(reduced, "gradient reduction of group '" + model.groups[p.group].name + "'"));
+  }
   p.accumulated = std::make_shared<zero::Accumulated>();
   if (AccumulatesBehind(p)) {
     if (!accumulator) accumulator = std::make_unique<zero::SerialWorker>();
@@ -573,11 +569,12 @@ void Engine::Impl::StartAccumulate(zero::PendingReduce& p) {
     const zero::PendingReduce* job = &p;
     zero::Accumulated* out = p.accumulated.get();
     p.accumulating = accumulator->Post([this, job, out] { return Accumulate(*job, out); });
-    return;
+    return Status::OK();
   }
   std::promise<Status> done;
   done.set_value(Accumulate(p, p.accumulated.get()));
   p.accumulating = done.get_future().share();
+  return Status::OK();
 }
 
 Status Engine::Impl::Accumulate(const zero::PendingReduce& p, zero::Accumulated* out) {

@@ -345,9 +345,9 @@ struct Engine::Impl {
   Status StartReduction(zero::PendingReduce& p);
   // Completes the oldest pending reduction and its accumulation, waiting as needed.
   Status DrainFront();
-  // Starts p's accumulation (its reduction has completed): on the accumulate thread when
-  // AccumulatesBehind, else here.
-  void StartAccumulate(zero::PendingReduce& p);
+  // Waits for reduction p (its error fails the engine, naming the group), then starts its
+  // accumulation: on the accumulate thread when AccumulatesBehind, else here.
+  Status StartAccumulate(zero::PendingReduce& p);
   // Whether p's accumulation runs behind the trainer on the accumulate thread
   // (sched::AccumulatesBehind): overlap_comm, and the CPU accumulates every sub-group's gradient
   // (staged from a device it cannot address by a blocking copy on that thread).

@@ -260,49 +260,43 @@ Status Engine::Impl::SettleSpeculation(bool applied, float grad_scale, StepRepor
   // Read by the trainer's thread only (the worker reads `hyper` too, never writes it).
   const bool keep = sp.engaged && applied && grad_scale == sp.grad_scale &&
                     SameHyper(sp.hyper, StepHyper(grad_scale));
+  // overlap_step: a kept speculation's last groups (the backward's tail: the forward's first)
+  // finish behind the next forward, whose Gather waits for them as for the rest of the step.
+  const bool behind = keep && tail != nullptr && sp.thread.joinable();
   if (keep) {
     std::lock_guard<std::mutex> lock(sp.mu);
-    sp.validated = true;
+    sp.validated = true;  // the groups not begun step without copies
+    if (behind) sp.closing = true;
   }
-  if (keep && tail != nullptr && sp.thread.joinable()) {
-    // overlap_step: the worker's last groups (the backward's tail: the forward's first) finish
-    // behind the next forward, whose Gather waits for them as for the rest of the step.
-    {
-      std::lock_guard<std::mutex> lock(sp.mu);
-      sp.closing = true;
-    }
+  if (behind) {
     sp.cv.notify_one();
-    tail->worker = std::move(sp.thread);
-    for (size_t g = 0; g < groups.size(); ++g) {
-      if (sp.group_queued[g] != 0) tail->groups.push_back(g);
-    }
-    report->rolled_back_sub_groups = std::exchange(sp.cancelled, 0);
+  } else {
+    STRATA_RETURN_IF_ERROR(FinishSpeculation());
+  }
+  report->rolled_back_sub_groups = std::exchange(sp.cancelled, 0);
+  if (keep) {
     report->speculated_sub_groups = sp.handed.size();
     *kept = sp.offset;
-    sp.skip_next = false;  // kept: applied with the unclipped coefficients
-    // Until JoinDeferredStep resets it: nothing queued that a Gather must cancel (the deferred
-    // step holds those groups), nothing more to queue.
-    sp.group_queued.assign(groups.size(), 0);
-    sp.open = false;
-    sp.engaged = false;
-    sp.behind = true;
-    return Status::OK();
-  }
-  STRATA_RETURN_IF_ERROR(FinishSpeculation());
-  report->rolled_back_sub_groups = sp.cancelled;
-  sp.cancelled = 0;
-  if (sp.engaged) {
-    if (keep) {
-      report->speculated_sub_groups = sp.handed.size();
-      *kept = sp.offset;
-    } else {
-      Status st = RollBackSpeculation();
-      if (!st.ok()) return st;
-      report->rolled_back_sub_groups += sp.handed.size();
-    }
+  } else if (sp.engaged) {
+    Status st = RollBackSpeculation();
+    if (!st.ok()) return st;
+    report->rolled_back_sub_groups += sp.handed.size();
   }
   sp.skip_next = !applied || grad_scale != static_cast<float>(1.0 / report->loss_scale);
-  ResetSpeculation();
+  if (!behind) {
+    ResetSpeculation();
+    return Status::OK();
+  }
+  tail->worker = std::move(sp.thread);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (sp.group_queued[g] != 0) tail->groups.push_back(g);
+  }
+  // Until JoinDeferredStep resets it: nothing queued that a Gather must cancel (the deferred step
+  // holds those groups), nothing more to queue.
+  sp.group_queued.assign(groups.size(), 0);
+  sp.open = false;
+  sp.engaged = false;
+  sp.behind = true;
   return Status::OK();
 }
 
