@@ -37,6 +37,8 @@ const char kOff[] = R"("speculative_step": false)";
 // Room for every sub-group's copies (as the default has for this small model; explicit, so that
 // the tests do not depend on the default).
 const char kAll[] = R"("speculation_buffer_size": 1000000000)";
+// On (the key given: not timed both ways, every step speculates) with that room.
+const char kOn[] = R"("speculative_step": true, "speculation_buffer_size": 1000000000)";
 
 void ExpectSameRun(const RunResult& off, const RunResult& on, const std::string& name) {
   ASSERT_TRUE(off.status.ok()) << name << ": " << off.status.ToString();
@@ -54,9 +56,9 @@ void ExpectSameRun(const RunResult& off, const RunResult& on, const std::string&
   }
 }
 
-// Runs `spec` with the key off and with `on_keys` (default: the key unset, which means on).
+// Runs `spec` with the key off and with `on_keys`.
 Pair Both(RunSpec spec, int stage, const char* opt, const char* param, const std::string& precision,
-          double clip, int gas, const std::string& on_keys = kAll) {
+          double clip, int gas, const std::string& on_keys = kOn) {
   Pair p;
   spec.config_json = Config(stage, opt, param, precision, clip, gas, kOff);
   p.off = RunEngine(spec);
@@ -191,7 +193,7 @@ TEST(EngineSpeculationRollback, GatherBeforeStepSeesTheOldParams) {
   spec.config_json = Config(3, "cpu", "none", "fp32", 1e6, 1, kOff);
   p.off = RunEngine(spec);
   run = 1;
-  spec.config_json = Config(3, "cpu", "none", "fp32", 1e6, 1, kAll);
+  spec.config_json = Config(3, "cpu", "none", "fp32", 1e6, 1, kOn);
   p.on = RunEngine(spec);
   ExpectSameRun(p.off, p.on, "gather");
   ASSERT_TRUE(p.on.status.ok());
@@ -211,8 +213,7 @@ TEST(EngineSpeculationRollback, GatherBeforeStepSeesTheOldParams) {
 TEST(EngineSpeculationCombined, AccumulationAndOverlapStep) {
   RunSpec spec = Plain(2, 3, 3);
   spec.tweak = [](int, EngineOptions& eo) { eo.overlap_step = true; };
-  Pair p = Both(spec, 3, "nvme", "nvme", "bf16", 1e6, 3,
-                std::string(kAll) + R"(, "speculative_step": true)");
+  Pair p = Both(spec, 3, "nvme", "nvme", "bf16", 1e6, 3);
   ExpectSameRun(p.off, p.on, "gas3+overlap_step");
   ASSERT_TRUE(p.on.status.ok());
   for (const StepReport& r : p.on.reports) {
@@ -230,7 +231,7 @@ TEST(EngineSpeculationCombined, AccumulationAndOverlapStep) {
 // forward (the deferred step joins it before stepping the rest, and the forward's Gather waits
 // for it), an overflow's or a clip's is undone in Step as without overlap_step; the same bits.
 TEST(EngineSpeculationCombined, OverlapStepKeepsOrUndoesAsWithout) {
-  const std::string on = std::string(kAll) + R"(, "speculative_step": true)";
+  const std::string on = kOn;
   RunSpec spec = Plain(2, 1, 5);
   spec.tweak = [](int, EngineOptions& eo) { eo.overlap_step = true; };
   spec.tamper = [](int rank, int step, int, Grads* g) {
@@ -260,7 +261,7 @@ TEST(EngineSpeculationCombined, OverlapStepKeepsOrUndoesAsWithout) {
 // A partial offload (offload_optimizer.ratio 0.5): the offloaded sub-groups are speculated, the
 // device-resident ones step in Step; the same bits.
 TEST(EngineSpeculationCombined, PartialOffloadSpeculatesTheOffloadedSubGroups) {
-  const std::string keys = std::string(kAll) + R"(, "ratio": 0.5)";
+  const std::string keys = std::string(kOn) + R"(, "ratio": 0.5)";
   RunSpec spec = Plain(2);
   Pair p;
   spec.config_json =
@@ -280,7 +281,7 @@ TEST(EngineSpeculationCombined, PartialOffloadSpeculatesTheOffloadedSubGroups) {
 // A rollback buffer smaller than the optimizer: the groups whose copies fit (in the backward's
 // order) are speculated, the rest step in Step; the layout counts the buffer's bytes.
 TEST(EngineSpeculationCombined, BoundedBufferSpeculatesWhatFits) {
-  const std::string keys = R"("speculation_buffer_size": 600)";
+  const std::string keys = R"("speculative_step": true, "speculation_buffer_size": 600)";
   Pair p = Both(Plain(1), 3, "cpu", "none", "bf16", 1e6, 1, keys);
   ExpectSameRun(p.off, p.on, "bounded");
   ASSERT_TRUE(p.on.status.ok());
@@ -296,9 +297,12 @@ TEST(EngineSpeculationCombined, BoundedBufferSpeculatesWhatFits) {
 }
 
 // The default: room for a quarter of the rank's offloaded elements, or for all of them up to
-// sched::kSpeculationFloorBytes of copies: this small model's whole optimizer.
-TEST(EngineSpeculationCombined, DefaultHoldsASmallModelsWholeOptimizer) {
-  Pair p = Both(Plain(1), 3, "nvme", "none", "fp32", 1e6, 1, "");
+// sched::kSpeculationFloorBytes of copies: this small model's whole optimizer; and the key unset,
+// the steps timed both ways (sched::SpeculationGovernor): the first three speculate (the first
+// is not timed, the next two are the warm-up), the next six alternate, off first, then the
+// faster mode holds. The same bits throughout.
+TEST(EngineSpeculationCombined, DefaultHoldsASmallModelsWholeOptimizerAndTimesBothWays) {
+  Pair p = Both(Plain(1, 1, 11), 3, "nvme", "none", "fp32", 1e6, 1, "");
   ExpectSameRun(p.off, p.on, "default");
   ASSERT_TRUE(p.on.status.ok());
   const uint64_t extra =
@@ -307,7 +311,32 @@ TEST(EngineSpeculationCombined, DefaultHoldsASmallModelsWholeOptimizer) {
   EXPECT_LE(extra, sched::kSpeculationFloorBytes);
   EXPECT_EQ(extra % 16, 0u);  // 12 bytes of fp32 state and 4 of fp32 param per element
   const size_t all = TrainableSubGroups(p.on);
-  for (const StepReport& r : p.on.reports) EXPECT_EQ(r.speculated_sub_groups, all);
+  ASSERT_EQ(p.on.reports.size(), 11u);
+  const bool probe[] = {true, true, true, false, true, false, true, false, true};
+  for (size_t i = 0; i < std::size(probe); ++i) {
+    EXPECT_EQ(p.on.reports[i].speculated_sub_groups, probe[i] ? all : 0) << "step " << i;
+  }
+  const SpeculationStats& sp = p.on.stats[0].speculation;
+  EXPECT_TRUE(sp.applies);
+  EXPECT_TRUE(sp.adaptive);
+  EXPECT_EQ(sp.probes, 1);
+  EXPECT_GT(sp.on_s, 0);
+  EXPECT_GT(sp.off_s, 0);
+  // Settled: the last two steps ran as the probe chose.
+  for (size_t i : {9, 10}) {
+    EXPECT_EQ(p.on.reports[i].speculated_sub_groups, sp.next ? all : 0) << "step " << i;
+  }
+  // The key given: not timed.
+  EXPECT_FALSE(p.off.stats[0].speculation.applies);
+  const RunResult on = RunEngine([] {
+    RunSpec spec = Plain(1, 1, 4);
+    spec.config_json = Config(3, "nvme", "none", "fp32", 1e6, 1, kOn);
+    return spec;
+  }());
+  ASSERT_TRUE(on.status.ok()) << on.status.ToString();
+  EXPECT_FALSE(on.stats[0].speculation.adaptive);
+  EXPECT_TRUE(on.stats[0].speculation.next);
+  EXPECT_EQ(on.stats[0].speculation.probes, 0);
 }
 
 // The key off, super_offload (DeepSpeed's) read as it, contradictions refused, and where it does

@@ -56,12 +56,20 @@ TEST(EngineStatsJson, EveryFieldUnderItsKey) {
                                                              .received_bytes = 44,
                                                              .wire_sent_bytes = 45,
                                                              .wire_received_bytes = 46};
+  s.speculation = {
+      .applies = true, .adaptive = true, .next = false, .probes = 2, .on_s = 0.5, .off_s = 0.25};
   const nlohmann::json j = EngineStatsJson(s);
+  EXPECT_EQ(j["speculation"], nlohmann::json({{"applies", true},
+                                              {"adaptive", true},
+                                              {"next", false},
+                                              {"probes", 2},
+                                              {"on_s", 0.5},
+                                              {"off_s", 0.25}}));
   EXPECT_EQ(Keys(j),
             (std::set<std::string>{"global_step", "skipped_steps", "peak_bytes", "gather_wait_ns",
                                    "gather_fetch_wait_ns", "reduce_wait_ns", "grad_lease_wait_ns",
                                    "optimizer_ns", "optimizer_io_wait_ns", "step_ns",
-                                   "speculative_optimizer_ns", "store", "comm"}));
+                                   "speculative_optimizer_ns", "store", "comm", "speculation"}));
   EXPECT_EQ(j["global_step"], 7);
   EXPECT_EQ(j["skipped_steps"], 1);
   EXPECT_EQ(j["peak_bytes"], nlohmann::json({{"hbm", 11}, {"host", 0}, {"nvme", 13}}));

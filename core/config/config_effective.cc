@@ -43,7 +43,7 @@ Json ZeroJson(const ZeroConfig& z) {
         {"pipeline_write", o.pipeline_write},
         {"fast_init", o.fast_init},
         {"ratio", o.ratio},
-        {"speculative_step", o.speculative_step ? Json(*o.speculative_step) : Json(nullptr)},
+        {"speculative_step", o.speculative_step ? Json(*o.speculative_step) : Json("auto")},
         {"speculation_buffer_size",
          o.speculation_buffer_size < 0 ? Json("auto") : Json(o.speculation_buffer_size)}}},
       {"offload_param",

@@ -723,7 +723,7 @@ void LayOutSpeculation(const EngineOptions& options, Engine::Impl& e) {
         "offload_optimizer.speculation_buffer_size or the host budget)");
     return;
   }
-  e.spec = std::make_unique<zero::Speculation>();
+  e.spec = std::make_unique<zero::Speculation>(o.speculative_step);
   e.spec->buffer_bytes = bytes;
   // Made now, untouched until used: the host budget counts it from the start (Stats' peak too).
   e.spec->arena.reset(new uint8_t[bytes]);
@@ -1108,7 +1108,16 @@ EngineStats Engine::Stats() const {
   }
   const DeviceStats ds = e.opt.device->stats();
   s.peak_bytes = s.store.peak_bytes;
-  if (e.spec) s.peak_bytes[Tier::kHost] += e.spec->buffer_bytes;  // the rollback copies
+  if (e.spec) {
+    s.peak_bytes[Tier::kHost] += e.spec->buffer_bytes;  // the rollback copies
+    const sched::SpeculationGovernor& g = e.spec->governor;
+    s.speculation = {.applies = true,
+                     .adaptive = g.phase() != sched::SpeculationGovernor::Phase::kFixed,
+                     .next = g.Speculate(),
+                     .probes = g.verdict().probes,
+                     .on_s = g.verdict().on_s,
+                     .off_s = g.verdict().off_s};
+  }
   s.peak_bytes[Tier::kDevice] = std::max<uint64_t>(s.peak_bytes[Tier::kDevice], ds.peak_used_bytes);
   return s;
 }

@@ -24,6 +24,7 @@
 #include "kernels/grad_stats.h"
 #include "kernels/pool.h"
 #include "sched/placement.h"
+#include "sched/speculation_governor.h"
 #include "sched/zero_partition.h"
 #include "strata/engine.h"
 
@@ -176,12 +177,17 @@ struct DeferredStep {
 // ids and `offset` of what it was handed (written before the hand-over, under mu).
 struct Speculation {
   static constexpr uint64_t kNone = ~uint64_t{0};
+  explicit Speculation(std::optional<bool> configured) : governor(configured) {}
   uint64_t buffer_bytes = 0;         // the bound of the rollback copies (the layout's)
   std::unique_ptr<uint8_t[]> arena;  // buffer_bytes, made at Create
   // This step (the trainer's thread):
   bool open = false;       // groups may still be queued (reset by every Step)
   bool engaged = false;    // the coefficients are fixed and a group was queued
   bool skip_next = false;  // the last step was clipped or skipped: this one does not speculate
+  // Whether a step speculates at all: the key, or (unset) timed both ways. Fed each step's time,
+  // from one Step's return to the next (GovernSpeculation).
+  sched::SpeculationGovernor governor;
+  std::optional<std::chrono::steady_clock::time_point> last_step_end;
   bool behind = false;     // its worker went behind the next forward (SpeculationTail): the
                            // per-step state is reset once the deferred step has joined it
   float grad_scale = 1;
@@ -462,6 +468,9 @@ struct Engine::Impl {
                            std::vector<uint64_t>* kept, zero::SpeculationTail* tail = nullptr);
   // The speculation's share of a finished deferred step: its worker's timings and error.
   Status CollectSpeculationTail(StepTimings* t);
+  // The end of a Step: feeds the governor the time since the last one and opens the next step's
+  // speculation as it says.
+  void GovernSpeculation();
   // Waits for the deferred step (if any) and folds in its timings; its error fails the engine.
   Status JoinDeferredStep();
   // Gather: waits until group g's params hold the deferred step's update (or the step ended:

@@ -74,7 +74,7 @@ void PooledCopy(kernels::KernelPool& pool, size_t count, uint8_t* const* to,
 
 void Engine::Impl::ResetSpeculation() {
   Speculation& sp = *spec;
-  sp.open = !sp.skip_next;
+  sp.open = !sp.skip_next && sp.governor.Speculate();
   sp.engaged = false;
   sp.used = 0;
   sp.offset.assign(subs.size(), Speculation::kNone);
@@ -298,6 +298,19 @@ Status Engine::Impl::SettleSpeculation(bool applied, float grad_scale, StepRepor
   sp.engaged = false;
   sp.behind = true;
   return Status::OK();
+}
+
+void Engine::Impl::GovernSpeculation() {
+  if (!spec) return;
+  Speculation& sp = *spec;
+  const auto now = zero::Clock::now();
+  if (sp.last_step_end) {
+    sp.governor.OnStep(std::chrono::duration<double>(now - *sp.last_step_end).count());
+  }
+  sp.last_step_end = now;
+  // Settled: no worker runs (one behind the next forward keeps the step's state until
+  // JoinDeferredStep resets it).
+  if (!sp.behind) ResetSpeculation();
 }
 
 Status Engine::Impl::CollectSpeculationTail(StepTimings* t) {

@@ -66,6 +66,9 @@ nlohmann::json EngineStatsJson(const EngineStats& s) {
         {"wire_received_bytes", o.wire_received_bytes}};
   }
   j["comm"] = comm;
+  const SpeculationStats& sp = s.speculation;
+  j["speculation"] = {{"applies", sp.applies}, {"adaptive", sp.adaptive}, {"next", sp.next},
+                      {"probes", sp.probes},   {"on_s", sp.on_s},         {"off_s", sp.off_s}};
   return j;
 }
 

@@ -474,6 +474,7 @@ Result<StepReport> Engine::Impl::Step() {
   // Takes the write-behind tickets along.
   if (launch) LaunchDeferredStep(std::move(step_hyper), std::move(order), std::move(tail));
   timings.step_ns = Since(t0);
+  GovernSpeculation();
   report.timings = timings;
   zero::AddTimings(timings, &totals.timings);
   timings = StepTimings{};

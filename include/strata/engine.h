@@ -277,6 +277,17 @@ struct StepReport {
   StepTimings timings;
 };
 
+// offload_optimizer.speculative_step: the next step's mode and, with the key unset, what timing
+// the steps both ways measured (the engine probes a few steps each way early on and every few
+// hundred steps, and keeps the faster; the bits are the same either way).
+struct SpeculationStats {
+  bool applies = false;   // the engine has the speculative step (stage 3, optimizer offloaded)
+  bool adaptive = false;  // the key unset: timed both ways
+  bool next = false;      // the next step speculates (unless the last one was clipped or skipped)
+  int probes = 0;         // probes completed
+  double on_s = 0, off_s = 0;  // the last probe's median step times, speculating and not
+};
+
 struct EngineStats {
   int64_t global_step = 0;
   int64_t skipped_steps = 0;
@@ -292,6 +303,7 @@ struct EngineStats {
   // calls. The parts that are waits on the store (gather_fetch_wait_ns, grad_lease_wait_ns)
   // against the rest tell a store- or disk-bound backward from a CPU-bound one.
   StepTimings timings;
+  SpeculationStats speculation;
 };
 
 // What the engine places where: per tier, bytes of this rank's states and buffers.

@@ -32,16 +32,19 @@ def lora_llama():
     return peft.get_peft_model(transformers.LlamaForCausalLM(cfg), lora)
 
 
-def train(make, vocab, offload, clip, speculate, tmp_path, overlap_step=False):
+def train(make, vocab, offload, clip, speculate, tmp_path, overlap_step=False, steps=STEPS,
+          stats=None):
+    """speculate None: the key unset (the engine times both ways)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = ds_config(3, offload, lr=1e-2, wd=0.01, nvme_path=str(tmp_path))
     cfg["gradient_clipping"] = clip
-    cfg["zero_optimization"]["offload_optimizer"].update(
-        {"speculative_step": speculate, "speculation_buffer_size": 10**9})
+    cfg["zero_optimization"]["offload_optimizer"]["speculation_buffer_size"] = 10**9
+    if speculate is not None:
+        cfg["zero_optimization"]["offload_optimizer"]["speculative_step"] = speculate
     model = make()
     engine, _, _, _ = strata.initialize(model=model, config=cfg, overlap_step=overlap_step)
     reports = []
-    for step in range(STEPS):
+    for step in range(steps):
         g = torch.Generator().manual_seed(step)
         idx = torch.randint(0, vocab, (4, 12), generator=g)
         loss = engine(input_ids=idx, labels=idx).loss
@@ -49,6 +52,8 @@ def train(make, vocab, offload, clip, speculate, tmp_path, overlap_step=False):
         engine.step()
         reports.append(dict(engine.last_step_report))
     master = engine.read_master()
+    if stats is not None:
+        stats.update(engine.stats())
     engine.close()
     return master, reports
 
@@ -87,3 +92,20 @@ def test_speculative_step_behind_the_next_forward_with_overlap_step(tmp_path):
         assert torch.equal(off[n], on[n]), n
     assert all(r["speculated_sub_groups"] > 0 for r in reports)
     assert all(r["rolled_back_sub_groups"] == 0 for r in reports)
+
+
+def test_speculative_step_by_default_is_timed_both_ways(tmp_path):
+    # The key unset: the first three steps speculate, the next six alternate (off first) while the
+    # engine times them, then the faster mode holds; the same bits as with it off throughout.
+    off, _ = train(gpt2, 61, "cpu", 1e9, False, tmp_path / "a", steps=11)
+    stats = {}
+    auto, reports = train(gpt2, 61, "cpu", 1e9, None, tmp_path / "b", steps=11, stats=stats)
+    for n in off:
+        assert torch.equal(off[n], auto[n]), n
+    speculated = [r["speculated_sub_groups"] > 0 for r in reports]
+    assert speculated[:9] == [True, True, True, False, True, False, True, False, True]
+    sp = stats["speculation"]
+    assert sp["applies"] and sp["adaptive"] and sp["probes"] == 1
+    assert sp["on_s"] > 0 and sp["off_s"] > 0
+    assert sp["next"] == (sp["on_s"] <= sp["off_s"])
+    assert speculated[9:] == [sp["next"]] * 2

@@ -678,7 +678,11 @@ Result<ParsedConfig> BuildEngineConfig(const BenchEngineArgs& a, const EngineVar
   };
   place("offload_optimizer", v.offload_optimizer);
   place("offload_param", v.offload_param);
-  if (!a.speculative_step.empty()) {
+  if (a.speculative_step == "auto") {
+    if (z.contains("offload_optimizer")) {
+      for (const char* k : {"speculative_step", "super_offload"}) z["offload_optimizer"].erase(k);
+    }
+  } else if (!a.speculative_step.empty()) {
     z["offload_optimizer"]["speculative_step"] = a.speculative_step == "on";
   }
   if (!a.speculation_buffer.empty()) {

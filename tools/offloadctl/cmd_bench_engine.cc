@@ -434,6 +434,14 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
         b["speculative_optimizer_s"].get<double>(), b["speculated_sub_groups"].get<double>(),
         b["rolled_back_sub_groups"].get<double>());
   }
+  const auto& sp = j["engine_stats"]["speculation"];
+  if (sp["adaptive"].get<bool>() && sp["probes"].get<int>() > 0) {
+    std::printf(
+        "  speculative step timed both ways (%d probe(s)): %.3f s per step speculating, %.3f s "
+        "not; the next step %s\n",
+        sp["probes"].get<int>(), sp["on_s"].get<double>(), sp["off_s"].get<double>(),
+        sp["next"].get<bool>() ? "speculates" : "does not speculate");
+  }
   if (j["clipped_steps"].get<int>() > 0 || j["skipped_steps"].get<int>() > 0) {
     std::printf("  of %zu measured steps %d clipped (--grad-norm %.3g), %d skipped on overflow\n",
                 j["step_s_all"].size(), j["clipped_steps"].get<int>(), j["grad_norm"].get<double>(),
@@ -642,8 +650,9 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
               "stage 3 with the optimizer offloaded)");
   c->add_option("--speculative-step", a->speculative_step,
                 "offload_optimizer.speculative_step over the config's: each group's Adam during "
-                "the backward (default: the config's, on where the optimizer is offloaded)")
-      ->check(CLI::IsMember({"on", "off"}));
+                "the backward (default: the config's; auto: the key unset, timed both ways over "
+                "the first steps, the faster kept; --warmup-steps 8 measures the choice)")
+      ->check(CLI::IsMember({"on", "off", "auto"}));
   c->add_option("--speculation-buffer", a->speculation_buffer,
                 "offload_optimizer.speculation_buffer_size (COUNT, k/M/B) over the config's");
   c->add_flag("--bias-groups", a->bias_groups,
