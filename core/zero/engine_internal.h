@@ -146,17 +146,17 @@ struct ZppState {
 // behind the next forward. The trainer's thread waits for a group's update (WaitForUpdate) or
 // for all of it (JoinDeferredStep); nothing else of the engine is shared with the job while it
 // runs (it reads the sub-groups and the param block ids, which no caller changes meanwhile).
-// speculative_step's worker still stepping the backward's last groups when an overlap_step Step
-// keeps its work: handed to the DeferredStep, which joins it before stepping the rest.
+// speculative_step's work still stepping the backward's last groups when an overlap_step Step
+// keeps it: handed to the DeferredStep, which waits for it before stepping the rest.
 struct SpeculationTail {
   SpeculationTail() = default;
   SpeculationTail(SpeculationTail&&) = default;
   SpeculationTail& operator=(SpeculationTail&&) = delete;
-  ~SpeculationTail() {  // a Step that failed before launching the job still joins the worker
-    if (worker.joinable()) worker.join();
+  ~SpeculationTail() {  // a Step that failed before launching the job still waits for the work
+    if (done.valid()) done.wait();
   }
-  std::thread worker;
-  std::vector<size_t> groups;  // the groups it was handed (all of their offloaded sub-groups)
+  std::shared_future<Status> done;  // the last job posted to the speculation's worker
+  std::vector<size_t> groups;       // the groups it was handed (all of their offloaded sub-groups)
 };
 
 struct DeferredStep {
@@ -171,10 +171,13 @@ struct DeferredStep {
 };
 
 // offload_optimizer.speculative_step (engine_speculate.cc): the Adam of each group whose
-// gradient is final, run during the backward on a thread of its own with the coefficients of an
-// unclipped, applied step, from copies kept to undo it. The trainer's thread queues groups and
-// owns everything but the shared part below; the worker reads the sub-groups, the param block
-// ids and `offset` of what it was handed (written before the hand-over, under mu).
+// gradient is final, run during the backward on a thread of its own (a SerialWorker) with the
+// coefficients of an unclipped, applied step, from copies kept to undo it. The trainer's thread
+// queues groups and posts a job per group; a job steps every group queued by then through one
+// pipeline (so the NVMe reads of groups queued meanwhile overlap), which leaves the jobs posted
+// for those groups nothing to do. The trainer's thread owns everything but the shared part
+// below; the jobs read the sub-groups, the param block ids and `offset` of what they were handed
+// (written before the hand-over, under mu).
 struct Speculation {
   static constexpr uint64_t kNone = ~uint64_t{0};
   explicit Speculation(std::optional<bool> configured) : governor(configured) {}
@@ -188,8 +191,8 @@ struct Speculation {
   // from one Step's return to the next (GovernSpeculation).
   sched::SpeculationGovernor governor;
   std::optional<std::chrono::steady_clock::time_point> last_step_end;
-  bool behind = false;     // its worker went behind the next forward (SpeculationTail): the
-                           // per-step state is reset once the deferred step has joined it
+  bool behind = false;  // its worker went behind the next forward (SpeculationTail): the
+                        // per-step state is reset once the deferred step has waited for it
   float grad_scale = 1;
   std::vector<kernels::AdamHyper> hyper;  // per optimizer group, grad_scale folded in
   uint64_t used = 0;                      // arena bytes handed out
@@ -197,16 +200,18 @@ struct Speculation {
   std::vector<size_t> handed;             // sub-groups queued, in order
   std::vector<uint8_t> group_queued;      // per group (read by the prefetcher's held rule)
   std::vector<uint8_t> final_pending;     // per group: final while gathered (queued at Release)
-  // Shared with the worker:
+  size_t cancelled = 0;  // sub-groups undone by CancelSpeculation since the last Step
+  // The last job posted this step (jobs run in order: when it is done, all are); invalid when
+  // none is outstanding.
+  std::shared_future<Status> posted;
+  // Shared with the jobs:
   std::mutex mu;
-  std::condition_variable cv;
   std::deque<size_t> queue;  // groups to step
-  bool closing = false;      // no more groups: finish the queue and end
   bool validated = false;    // Step kept the work: the groups not yet begun step without copies
-  Status status;             // the worker's first error
-  size_t cancelled = 0;      // sub-groups undone by CancelSpeculation since the last Step
-  StepTimings timings;       // the worker's (optimizer_ns, optimizer_io_wait_ns)
-  std::thread thread;
+  Status status;             // the jobs' first error
+  StepTimings timings;       // the jobs' (optimizer_ns)
+  // Last: destroyed first, while what its jobs use still exists.
+  SerialWorker worker;
 };
 
 }  // namespace zero
@@ -251,7 +256,7 @@ struct Engine::Impl {
   // overlap_comm: the accumulations the CPU runs (AccumulatesBehind), in order.
   // Declared after the store and the pool it uses, so it is joined before they go.
   std::unique_ptr<zero::SerialWorker> accumulator;
-  DeviceBuffer exchange;                // world * 4 floats: the norm / overflow exchange
+  DeviceBuffer exchange;       // world * 4 floats: the norm / overflow exchange
   DeviceBuffer stats_scratch;  // device kernels: the overflow flag + a sub-group's chunk sums
   zero::ZppState zpp;
 
@@ -447,9 +452,9 @@ struct Engine::Impl {
   // Sub-group i's copies in the arena (handed to the speculation): four arrays of its elements,
   // fp32 master, exp_avg, exp_avg_sq, then the working params at param_to (param_from unset).
   kernels::AdamSave SpeculationCopies(size_t i) const;
-  // The worker's loop: steps the queued groups, a batch at a time, until closed.
-  void SpeculationWorker();
-  // Waits for the queued groups' Adam and ends the worker; its error fails the engine.
+  // A job of the speculation's worker: steps the groups queued by now.
+  void SpeculateQueued();
+  // Waits for the queued groups' Adam; the jobs' error fails the engine.
   Status FinishSpeculation();
   // The per-step state, for a step that has not begun its backward.
   void ResetSpeculation();

@@ -2,25 +2,25 @@
 // DeepSpeed's SuperOffload: "speculation, then validation".
 //
 // Once a group's gradient is final in the backward (its last micro-step accumulated), a worker
-// thread runs its sub-groups' CPU Adam with the coefficients of an applied, unclipped step (grad
-// scale 1 / loss scale, the next step's lr and count), first copying each sub-group's master, m,
-// v and working params into a bounded host arena (piece by piece beside the Adam,
-// kernels::AdamStepSaving). Step validates: when the step is applied with
-// exactly those coefficients, the work stands and only the other sub-groups step; otherwise
-// (clipped, skipped on overflow, an lr changed after the backward began) every speculated
-// sub-group is restored from its copies and stepped again with the right coefficients, or not at
-// all. Either way the state is bit for bit what the step without speculation makes: the same
-// kernel on the same inputs.
+// thread (zero::SerialWorker) runs its sub-groups' CPU Adam with the coefficients of an applied,
+// unclipped step (grad scale 1 / loss scale, the next step's lr and count), first copying each
+// sub-group's master, m, v and working params into a bounded host arena (piece by piece beside the
+// Adam, kernels::AdamStepSaving). Step validates: when the step is applied with exactly those
+// coefficients, the work stands and only the other sub-groups step; otherwise (clipped, skipped on
+// overflow, an lr changed after the backward began) every speculated sub-group is restored from its
+// copies and stepped again with the right coefficients, or not at all. Either way the state is bit
+// for bit what the step without speculation makes: the same kernel on the same inputs.
 //
 // Once Step has kept the work, the groups the worker has not begun step without copies; with
-// overlap_step, Step does not wait for them: the worker goes to the deferred step
-// (zero::SpeculationTail), which joins it before stepping the rest behind the next forward.
+// overlap_step, Step does not wait for them: the worker's last job goes to the deferred step
+// (zero::SpeculationTail), which waits for it before stepping the rest behind the next forward.
 //
 // Bounds: the arena (EngineLayout's host working set) caps the elements speculated per step;
 // the groups beyond it step in Step. The NVMe read-ahead and write-behind of a speculated
 // sub-group are the step pipeline's (offload_optimizer.buffer_count). Policy: a step after one
 // that needed clipping or was skipped does not speculate, so a run that clips every step pays
-// one rollback, not one per step.
+// one rollback, not one per step; with the key unset, sched::SpeculationGovernor times steps
+// both ways and keeps the faster.
 //
 // Anything that must see the state from before the step while the speculation holds groups (a
 // Gather of a queued group, Save, Load, ReadMaster) cancels it first: the worker finishes, its
@@ -111,10 +111,6 @@ void Engine::Impl::OnGradientFinal(size_t g) {
     sp.status = Status::OK();
     sp.engaged = true;
   }
-  if (!sp.thread.joinable()) {  // first group, or after a FinishSpeculation (Synchronize)
-    sp.closing = false;
-    sp.thread = std::thread([this] { SpeculationWorker(); });
-  }
   for (size_t i : mine) {
     sp.offset[i] = sp.used;
     sp.used += CopyBytes(subs[i], elt);
@@ -125,7 +121,10 @@ void Engine::Impl::OnGradientFinal(size_t g) {
     std::lock_guard<std::mutex> lock(sp.mu);
     sp.queue.push_back(g);
   }
-  sp.cv.notify_one();
+  sp.posted = sp.worker.Post([this] {
+    SpeculateQueued();
+    return Status::OK();  // its error is the speculation's (spec->status), reported by Step
+  });
 }
 
 kernels::AdamSave Engine::Impl::SpeculationCopies(size_t i) const {
@@ -140,52 +139,45 @@ kernels::AdamSave Engine::Impl::SpeculationCopies(size_t i) const {
   return c;
 }
 
-void Engine::Impl::SpeculationWorker() {
+void Engine::Impl::SpeculateQueued() {
   Speculation& sp = *spec;
-  for (;;) {
-    std::vector<size_t> batch;
-    bool save = true;
-    {
-      std::unique_lock<std::mutex> lock(sp.mu);
-      sp.cv.wait(lock, [&] { return !sp.queue.empty() || sp.closing; });
-      if (sp.queue.empty()) return;
-      batch.assign(sp.queue.begin(), sp.queue.end());
-      sp.queue.clear();
-      save = !sp.validated;
-      if (!sp.status.ok()) continue;  // failed: the rest is dropped, the engine fails at Step
-    }
-    // The groups queued meanwhile go through one pipeline: their NVMe reads overlap.
-    AdamRun run;
-    for (size_t g : batch) {
-      for (size_t i : groups[g].sub_groups) {
-        if (sp.offset[i] != Speculation::kNone) run.order.push_back(i);
-      }
-    }
-    run.hyper = sp.hyper;
-    // Once Step has kept the speculation nothing will be undone: no copies (half again the
-    // Adam's memory traffic) for the groups begun after that.
-    if (save) run.save_to = [this](size_t i) { return SpeculationCopies(i); };
-    StepTimings t;
-    Status st = RunAdam(run, &t);
+  std::vector<size_t> batch;
+  bool save = true;
+  {
     std::lock_guard<std::mutex> lock(sp.mu);
-    sp.timings.speculative_optimizer_ns += t.optimizer_ns;
-    if (!st.ok() && sp.status.ok()) {
-      sp.status = st.WithContext("during the backward (speculative_step)");
+    batch.assign(sp.queue.begin(), sp.queue.end());
+    sp.queue.clear();
+    save = !sp.validated;
+    // Empty: an earlier job took its group. Failed: the rest is dropped, the engine fails at Step.
+    if (batch.empty() || !sp.status.ok()) return;
+  }
+  // The groups queued meanwhile go through one pipeline: their NVMe reads overlap.
+  AdamRun run;
+  for (size_t g : batch) {
+    for (size_t i : groups[g].sub_groups) {
+      if (sp.offset[i] != Speculation::kNone) run.order.push_back(i);
     }
+  }
+  run.hyper = sp.hyper;
+  // Once Step has kept the speculation nothing will be undone: no copies (half again the
+  // Adam's memory traffic) for the groups begun after that.
+  if (save) run.save_to = [this](size_t i) { return SpeculationCopies(i); };
+  StepTimings t;
+  Status st = RunAdam(run, &t);
+  std::lock_guard<std::mutex> lock(sp.mu);
+  sp.timings.speculative_optimizer_ns += t.optimizer_ns;
+  if (!st.ok() && sp.status.ok()) {
+    sp.status = st.WithContext("during the backward (speculative_step)");
   }
 }
 
 Status Engine::Impl::FinishSpeculation() {
-  if (!spec || !spec->thread.joinable()) return Status::OK();
+  if (!spec || !spec->posted.valid()) return Status::OK();
   Speculation& sp = *spec;
-  {
-    std::lock_guard<std::mutex> lock(sp.mu);
-    sp.closing = true;
-  }
-  sp.cv.notify_one();
-  sp.thread.join();
-  timings.speculative_optimizer_ns += sp.timings.speculative_optimizer_ns;
-  sp.timings = StepTimings{};
+  std::exchange(sp.posted, {}).wait();  // the jobs run in order: every one posted has run
+  std::lock_guard<std::mutex> lock(sp.mu);
+  timings.speculative_optimizer_ns +=
+      std::exchange(sp.timings, StepTimings{}).speculative_optimizer_ns;
   if (!sp.status.ok()) return Fail(sp.status);
   return Status::OK();
 }
@@ -206,8 +198,8 @@ Status Engine::Impl::RollBackSpeculation() {
     {
       Lease l[4];
       for (int k = 0; k < 3; ++k) {
-        STRATA_ASSIGN_OR_RETURN(
-            l[k], store->Acquire(states[k], opt_tier, Access::kOverwrite, timeout()));
+        STRATA_ASSIGN_OR_RETURN(l[k],
+                                store->Acquire(states[k], opt_tier, Access::kOverwrite, timeout()));
       }
       STRATA_ASSIGN_OR_RETURN(l[3], store->Acquire(pb, param_tier, Access::kWrite, timeout()));
       uint8_t* const to[4] = {static_cast<uint8_t*>(l[0].data()),
@@ -262,17 +254,12 @@ Status Engine::Impl::SettleSpeculation(bool applied, float grad_scale, StepRepor
                     SameHyper(sp.hyper, StepHyper(grad_scale));
   // overlap_step: a kept speculation's last groups (the backward's tail: the forward's first)
   // finish behind the next forward, whose Gather waits for them as for the rest of the step.
-  const bool behind = keep && tail != nullptr && sp.thread.joinable();
+  const bool behind = keep && tail != nullptr && sp.posted.valid();
   if (keep) {
     std::lock_guard<std::mutex> lock(sp.mu);
     sp.validated = true;  // the groups not begun step without copies
-    if (behind) sp.closing = true;
   }
-  if (behind) {
-    sp.cv.notify_one();
-  } else {
-    STRATA_RETURN_IF_ERROR(FinishSpeculation());
-  }
+  if (!behind) STRATA_RETURN_IF_ERROR(FinishSpeculation());
   report->rolled_back_sub_groups = std::exchange(sp.cancelled, 0);
   if (keep) {
     report->speculated_sub_groups = sp.handed.size();
@@ -287,7 +274,7 @@ Status Engine::Impl::SettleSpeculation(bool applied, float grad_scale, StepRepor
     ResetSpeculation();
     return Status::OK();
   }
-  tail->worker = std::move(sp.thread);
+  tail->done = std::exchange(sp.posted, {});
   for (size_t g = 0; g < groups.size(); ++g) {
     if (sp.group_queued[g] != 0) tail->groups.push_back(g);
   }

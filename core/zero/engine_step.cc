@@ -311,8 +311,8 @@ void Engine::Impl::LaunchDeferredStep(std::vector<kernels::AdamHyper> hs, std::v
   job->thread = std::thread([this, job, run = std::move(run), tickets = std::move(written_behind),
                              tail = std::move(tail)]() mutable {
     Status st;
-    if (tail.worker.joinable()) {  // the speculation's groups first: the forward's first
-      tail.worker.join();
+    if (tail.done.valid()) {  // the speculation's groups first: the forward's first
+      std::exchange(tail.done, {}).wait();
       st = CollectSpeculationTail(&job->timings);
       if (st.ok()) {
         for (size_t g : tail.groups) run.updated(g);
@@ -340,7 +340,8 @@ Status Engine::Impl::JoinDeferredStep() {
   timings.optimizer_ns += d->timings.optimizer_ns;
   timings.optimizer_io_wait_ns += d->timings.optimizer_io_wait_ns;
   timings.speculative_optimizer_ns += d->timings.speculative_optimizer_ns;
-  if (spec && spec->behind) {  // its worker was joined by the job: the next backward may queue
+  if (spec &&
+      spec->behind) {  // its worker's jobs were waited for by the job: the next backward may queue
     spec->behind = false;
     ResetSpeculation();
   }
@@ -411,7 +412,7 @@ Result<StepReport> Engine::Impl::Step() {
   st = ExchangeStats(local, local_nonfinite, &global_sum_sq, &overflow);
   if (!st.ok()) return Fail(st);
 
-  bool launch = false;  // overlap_step: the Adam runs behind the next forward
+  bool launch = false;         // overlap_step: the Adam runs behind the next forward
   zero::SpeculationTail tail;  // with the speculation's worker, when it still runs
   float grad_scale = 1;
   std::vector<size_t> order;  // the sub-groups this Step steps (the speculation's are done)
