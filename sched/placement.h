@@ -150,7 +150,8 @@ inline uint64_t SpeculationBytesPerElement(uint64_t param_elem_bytes) {
 }
 
 // Whether the speculative step is on (where it applies: stage 3, the optimizer offloaded): the
-// config's offload_optimizer.speculative_step, else on unless `overlap_step`
+// config's offload_optimizer.speculative_step, else on (each step's mode then timed both ways,
+// sched::SpeculationGovernor) unless `overlap_step`
 // (EngineOptions::overlap_step; the planner plans without it): the step behind the next forward
 // already hides the optimizer there. Both on, a kept speculation's worker finishes behind the
 // next forward with the rest of the step, but it is no faster than either alone (bench engine,
@@ -214,8 +215,8 @@ struct DeviceWorkingInput {
   // The largest group that takes gradients, padded, and a rank's shard of it (frozen groups
   // take none; 0 when every group is frozen). Unset: the largest group's.
   std::optional<uint64_t> grad_group_elems, grad_shard_elems;
-  uint64_t param_elem_bytes = 2;     // gathered params and param shards (the working dtype)
-  uint64_t grad_elem_bytes = 2;      // gradients as the trainer writes and reduces them
+  uint64_t param_elem_bytes = 2;  // gathered params and param shards (the working dtype)
+  uint64_t grad_elem_bytes = 2;   // gradients as the trainer writes and reduces them
   bool overlap_comm = false;
   bool quantized_gradients = false;  // qgZ (stage 3): reduces through its own wire buffers
   bool quantized_weights = false;    // qwZ (stage 3): gathers into a buffer even on one rank
@@ -238,8 +239,8 @@ struct DeviceWorkingInput {
 };
 
 // Stage 3: how many groups' copies the engine holds on the device at the peak of a step. The
-// trace is taken as a trainer's step runs it (docs/design.md, "One training step"; `offloadctl bench
-// engine` does exactly this): the L = total / largest groups gathered once each in forward
+// trace is taken as a trainer's step runs it (docs/design.md, "One training step"; `offloadctl
+// bench engine` does exactly this): the L = total / largest groups gathered once each in forward
 // order, then once each in reverse for backward, one at a time, every group the size of the
 // largest. Released copies are kept by two rules that read the same config:
 //   - the engine's gathered copies (core/zero/engine_grad.cc, Release) and the store's param

@@ -471,8 +471,9 @@ struct Engine::Impl {
   // `*tail`, still running, and the per-step state waits for JoinDeferredStep.
   Status SettleSpeculation(bool applied, float grad_scale, StepReport* report,
                            std::vector<uint64_t>* kept, zero::SpeculationTail* tail = nullptr);
-  // The speculation's share of a finished deferred step: its worker's timings and error.
-  Status CollectSpeculationTail(StepTimings* t);
+  // Once the last job posted has run (FinishSpeculation, or a deferred step's tail): the jobs'
+  // timings into `t`, and their first error.
+  Status CollectSpeculated(StepTimings* t);
   // The end of a Step: feeds the governor the time since the last one and opens the next step's
   // speculation as it says.
   void GovernSpeculation();

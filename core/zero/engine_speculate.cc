@@ -175,10 +175,8 @@ Status Engine::Impl::FinishSpeculation() {
   if (!spec || !spec->posted.valid()) return Status::OK();
   Speculation& sp = *spec;
   std::exchange(sp.posted, {}).wait();  // the jobs run in order: every one posted has run
-  std::lock_guard<std::mutex> lock(sp.mu);
-  timings.speculative_optimizer_ns +=
-      std::exchange(sp.timings, StepTimings{}).speculative_optimizer_ns;
-  if (!sp.status.ok()) return Fail(sp.status);
+  Status st = CollectSpeculated(&timings);
+  if (!st.ok()) return Fail(st);
   return Status::OK();
 }
 
@@ -300,7 +298,7 @@ void Engine::Impl::GovernSpeculation() {
   if (!sp.behind) ResetSpeculation();
 }
 
-Status Engine::Impl::CollectSpeculationTail(StepTimings* t) {
+Status Engine::Impl::CollectSpeculated(StepTimings* t) {
   Speculation& sp = *spec;
   std::lock_guard<std::mutex> lock(sp.mu);
   t->speculative_optimizer_ns += std::exchange(sp.timings, StepTimings{}).speculative_optimizer_ns;

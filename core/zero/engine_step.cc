@@ -313,7 +313,7 @@ void Engine::Impl::LaunchDeferredStep(std::vector<kernels::AdamHyper> hs, std::v
     Status st;
     if (tail.done.valid()) {  // the speculation's groups first: the forward's first
       std::exchange(tail.done, {}).wait();
-      st = CollectSpeculationTail(&job->timings);
+      st = CollectSpeculated(&job->timings);
       if (st.ok()) {
         for (size_t g : tail.groups) run.updated(g);
       }
@@ -340,8 +340,8 @@ Status Engine::Impl::JoinDeferredStep() {
   timings.optimizer_ns += d->timings.optimizer_ns;
   timings.optimizer_io_wait_ns += d->timings.optimizer_io_wait_ns;
   timings.speculative_optimizer_ns += d->timings.speculative_optimizer_ns;
-  if (spec &&
-      spec->behind) {  // its worker's jobs were waited for by the job: the next backward may queue
+  // The job waited for the speculation's jobs it was handed: the next backward may queue.
+  if (spec && spec->behind) {
     spec->behind = false;
     ResetSpeculation();
   }
