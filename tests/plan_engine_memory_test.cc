@@ -222,4 +222,37 @@ TEST(PlanEngineMemory, ScaleEffectsMatchThePlannerOnTwoRanks) {
   ExpectScaleEffectsMatch({2, "--host-gb 0.1 --max-reuse-distance 4M", 100e6});
 }
 
+// The speculative step's room as host cache (sched::SpeculationRoomCaches), on both sides: 16M
+// params on NVMe in 16 sub-groups, 256 MB of NVMe-homed state, 80 MB of it in the swap buffers;
+// the rollback copies of all 16M elements would take 224 MB. With the key unset the rest of the
+// state is cached instead: nothing is read from NVMe, and the host holds less than with the
+// copies (the key given, which reads the state each step).
+TEST(PlanEngineMemory, SpeculationRoomCachesASmallModelsStateOnBothSides) {
+  strata::testing::TempDir dir("plan-engine-spec-cache");
+  auto run = [&](const char* mode) {
+    const auto r = strata::testing::RunShell(
+        "timeout 300 " + Ctl() +
+        " bench engine --params 16M --layers 16 --stage 3 --offload-optimizer nvme --steps 2 "
+        "--warmup-steps 1 --json --nvme-path " +
+        dir.path() + " --speculative-step " + mode + " 2>/dev/null");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_EQ(ExpectPeaksMatchThePlanner(r.out, 1), 3) << r.out;
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.out;
+    return j;
+  };
+  const auto cached = run("auto"), copies = run("on");
+  ASSERT_FALSE(cached.is_discarded() || copies.is_discarded());
+  bool noted = false;
+  for (const auto& n : cached["notes"]) {
+    noted =
+        noted || n.get<std::string>().find("cached in host memory instead") != std::string::npos;
+  }
+  EXPECT_TRUE(noted) << cached["notes"];
+  EXPECT_EQ(cached["nvme_read_bytes_per_step"].get<double>(), 0);
+  EXPECT_GT(cached["nvme_write_bytes_per_step"].get<double>(), 0);
+  EXPECT_GT(copies["nvme_read_bytes_per_step"].get<double>(), 0);
+  EXPECT_LT(cached["peak_bytes"]["host"].get<double>(), copies["peak_bytes"]["host"].get<double>());
+}
+
 }  // namespace

@@ -242,6 +242,32 @@ TEST(PlannerPlace, SpeculativeStepCopies) {
   EXPECT_DOUBLE_EQ(ItemBytes(Place(in, 3, D::kCpu, D::kNone), Tier::kHost, item), 8e9);
 }
 
+// The key unset, a small model whose NVMe-homed optimizer state fits the room the copies would
+// take (sched::SpeculationRoomCaches): no copies; the host cache holds all of it. 1e7 params on 8
+// GPUs in sub-groups of 1e5: 1.5e7 B of fp32 state per rank, 5 x 4 x 4e5 B of it in the swap
+// buffers, the rest under the 256 MiB floor. The key given: the copies (1.25e6 elements x 14 B
+// per rank, all of them).
+TEST(PlannerPlace, SpeculationRoomCachesASmallModelsNvmeState) {
+  PlanInput in = Ref();
+  in.params = 1e7;
+  in.largest_group_params = 1e6;
+  in.zero.sub_group_size = 1e5;
+  in.zero.speculative_step = true;
+  const std::string item = "speculative step rollback copies";
+  Placement p = Place(in, 3, D::kNvme, D::kNone);
+  const double nvme = ItemBytes(p, Tier::kNvme, "");
+  const double swap = ItemBytes(p, Tier::kHost, "swap buffers");
+  ASSERT_GT(nvme, swap);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, item), 0);
+  EXPECT_NEAR(p.host_cache_bytes_per_node, nvme - swap, 8);
+  in.zero.speculative_step_given = true;
+  p = Place(in, 3, D::kNvme, D::kNone);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, item), 8 * 1.25e6 * 14);
+  // The optimizer on cpu: nothing NVMe-homed to cache; the copies as before.
+  in.zero.speculative_step_given = false;
+  EXPECT_DOUBLE_EQ(ItemBytes(Place(in, 3, D::kCpu, D::kNone), Tier::kHost, item), 8 * 1.25e6 * 14);
+}
+
 TEST(PlannerPlace, Stage3OptimizerCpuParamCpuPinned) {
   PlanInput in = Ref();
   in.zero.optimizer_pin_memory = true;

@@ -193,14 +193,17 @@ void PlaceHostCache(const PlanInput& in, double swap, Builder& b) {
 
 // The speculative step's rollback copies (sched::SpeculationBufferBytes, the engine's rule) at
 // stage 3 with the optimizer offloaded: per rank, of its offloaded optimizer elements, within what
-// the host capacity leaves of the items so far. Per node, one item.
-void PlaceSpeculation(const PlanInput& in, int stage, Builder& b) {
+// the host capacity leaves of the items so far. Per node, one item; none where that room caches
+// the rank's whole NVMe-homed state instead (sched::SpeculationRoomCaches: PlaceHostCache then
+// lists it). `swap`: as PlaceHostCache's.
+void PlaceSpeculation(const PlanInput& in, int stage, double swap, Builder& b) {
   const ZeroSettings& z = in.zero;
   if (stage != 3 || b.p.offload_optimizer == OffloadDevice::kNone || !z.speculative_step) return;
   const double g = in.capacity.gpus_per_node;
-  double need = 0;
+  double need = 0, nvme = 0;
   for (const PlanItem& it : b.p.items) {
     if (it.tier == Tier::kHost) need += it.bytes;
+    if (it.tier == Tier::kNvme) nvme += it.bytes;
   }
   const double dram = in.capacity.dram_bytes_per_node;
   const uint64_t room = dram > 0 ? static_cast<uint64_t>(std::max(0.0, (dram - need) / g))
@@ -211,6 +214,10 @@ void PlaceSpeculation(const PlanInput& in, int stage, Builder& b) {
   const auto param_elem = static_cast<uint64_t>(in.recipe.param_bytes);
   const double bytes = static_cast<double>(sched::SpeculationBufferBytes(
       static_cast<int64_t>(z.speculation_buffer_size), elems, param_elem, room));
+  const auto cacheable = static_cast<uint64_t>(std::ceil(std::max(0.0, nvme - swap) / g));
+  const std::optional<bool> key =
+      z.speculative_step_given ? std::optional<bool>(true) : std::nullopt;
+  if (sched::SpeculationRoomCaches(key, cacheable, static_cast<uint64_t>(bytes))) return;
   b.Add(Tier::kHost, "speculative step rollback copies (master+m+v+param of what it holds)",
         g * bytes);
 }
@@ -294,7 +301,7 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
     // Read for forward and backward of each micro-step, written after the step.
     nvme_io += (2 * k + 1) * r.param_bytes * shard;
   }
-  PlaceSpeculation(in, stage, b);
+  PlaceSpeculation(in, stage, swap, b);
   PlaceHostCache(in, swap, b);
   p.pcie_bytes_per_gpu = pcie;
   p.nvme_io_bytes_per_node = g_per_node * nvme_io;

@@ -74,6 +74,7 @@ ResolvedZero ResolveZeroSettings(const EngineConfig& c) {
   s.param_pin_memory = z.offload_param.pin_memory;
   s.optimizer_buffer_count = static_cast<double>(z.offload_optimizer.buffer_count);
   s.speculative_step = sched::SpeculationOn(z.offload_optimizer.speculative_step, false);
+  s.speculative_step_given = z.offload_optimizer.speculative_step.has_value();
   s.speculation_buffer_size = static_cast<double>(z.offload_optimizer.speculation_buffer_size);
   s.optimizer_ratio = z.offload_optimizer.ratio;
   s.param_buffer_count = static_cast<double>(z.offload_param.buffer_count);

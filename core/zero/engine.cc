@@ -385,6 +385,9 @@ struct CreateState {
   uint64_t prefetch_elems = 0;     // stage3_prefetch_bucket_size
   uint64_t store_cache_bytes = 0;  // the store's device copies of param shards: its own budget
   uint64_t swap_bytes = 0;         // host copies of NVMe-homed blocks in use: the rest is cache
+  // The speculation's room given to the host cache (sched::SpeculationRoomCaches): added to the
+  // default host budget.
+  uint64_t cache_room_bytes = 0;
 };
 
 // One optimizer group's hyperparameters: the config's, with the group's own values over them.
@@ -686,8 +689,10 @@ void LayOutHostWorking(const sched::StateLayout& states, const ZeroSettings& z,
 
 // offload_optimizer.speculative_step, where it applies (the optimizer offloaded: its Adam runs on
 // the CPU beside the backward): the rollback copies' host bytes, by the rule the planner shares
-// (sched::SpeculationBufferBytes). Unset, the key means on.
-void LayOutSpeculation(const EngineOptions& options, Engine::Impl& e) {
+// (sched::SpeculationBufferBytes). Unset, the key means on, unless that room holds the rank's
+// whole NVMe-homed state as host cache instead (sched::SpeculationRoomCaches: CheckBudgets'
+// default budget then keeps the room).
+void LayOutSpeculation(const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
   const OffloadOptimizerConfig& o = options.config.zero.offload_optimizer;
   if (!sched::SpeculationOn(o.speculative_step, options.overlap_step)) {
     if (!o.speculative_step.has_value()) {
@@ -717,6 +722,17 @@ void LayOutSpeculation(const EngineOptions& options, Engine::Impl& e) {
   const uint64_t room = given == 0 ? UINT64_MAX : given - std::min(given, need);
   const uint64_t bytes =
       sched::SpeculationBufferBytes(o.speculation_buffer_size, elems, e.elt, room);
+  const uint64_t nvme = L.state_bytes[Tier::kNvme];
+  const uint64_t cacheable = nvme - std::min(nvme, cs->swap_bytes);
+  if (sched::SpeculationRoomCaches(o.speculative_step, cacheable, bytes)) {
+    cs->cache_room_bytes = cacheable;
+    L.notes.push_back(
+        "speculative_step: off by default: the room its rollback copies would take (" +
+        Bytes(bytes) + ") keeps all " + Bytes(cacheable) +
+        " of NVMe-homed state cached in host memory instead, written home behind "
+        "each step; speculative_step true turns it on");
+    return;
+  }
   if (bytes == 0) {
     L.notes.push_back(
         "speculative_step: not applied (no room for its rollback copies: "
@@ -770,7 +786,7 @@ void LayOut(const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
   LayOutZpp(states, options, e);
   LayOutDeviceWorking(states, options, e, cs);
   LayOutHostWorking(states, cs->resolved.zero, options, e, cs);
-  LayOutSpeculation(options, e);
+  LayOutSpeculation(options, e, cs);
 }
 
 // Budgets (0: the device's own; host and NVMe: what the layout needs), checked per tier.
@@ -781,10 +797,13 @@ Status CheckBudgets(const EngineOptions& options, Engine::Impl& e, const CreateS
     L.budget_bytes[Tier::kDevice] = options.device->stats().budget_bytes;
   const uint64_t host_need = L.state_bytes[Tier::kHost] + L.working_bytes[Tier::kHost];
   if (L.budget_bytes[Tier::kHost] == 0)
-    L.budget_bytes[Tier::kHost] = host_need + sched::kHostBudgetSlackBytes;
+    L.budget_bytes[Tier::kHost] = host_need + sched::kHostBudgetSlackBytes + cs.cache_room_bytes;
   // The store keeps NVMe-homed blocks cached in whatever host budget the working set leaves.
   L.cache_bytes[Tier::kHost] = sched::HostCacheBytes(L.budget_bytes[Tier::kHost], host_need,
                                                      L.state_bytes[Tier::kNvme], cs.swap_bytes);
+  const uint64_t nvme = L.state_bytes[Tier::kNvme];
+  e.write_state_behind =
+      nvme > 0 && L.cache_bytes[Tier::kHost] >= nvme - std::min(nvme, cs.swap_bytes);
   if (L.budget_bytes[Tier::kNvme] == 0) L.budget_bytes[Tier::kNvme] = L.state_bytes[Tier::kNvme];
   for (Tier t : kAllTiers) {
     const uint64_t need = L.state_bytes[t] + L.working_bytes[t];
@@ -1035,7 +1054,7 @@ Status Engine::SetLearningRates(std::span<const double> lrs) {
 int64_t Engine::global_step() const { return impl_->global_step; }
 Status Engine::health() const { return impl_->failed; }
 Status Engine::Synchronize() {
-  STRATA_RETURN_IF_ERROR(impl_->JoinDeferredStep());
+  STRATA_RETURN_IF_ERROR(impl_->JoinStepBehind());
   STRATA_RETURN_IF_ERROR(impl_->FinishSpeculation());  // the backward's speculated Adam
   return impl_->CheckHealthy();
 }

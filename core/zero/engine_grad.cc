@@ -647,12 +647,13 @@ void Engine::Impl::FinishAccumulate(const zero::PendingReduce& p) {
   if (p.last) OnGradientFinal(p.group);  // speculative_step: its Adam may start now
 }
 
-Status Engine::Impl::WriteBehindError(const std::vector<Ticket>& tickets, bool wait) const {
+Status Engine::Impl::WriteBehindError(const std::vector<Ticket>& tickets, bool wait,
+                                      std::string_view what) const {
   Status first;
   for (const Ticket& t : tickets) {
     if (!wait && !t.ready()) continue;
     Status st = t.Wait(timeout());
-    if (!st.ok() && first.ok()) first = st.WithContext("gradient write-behind");
+    if (!st.ok() && first.ok()) first = st.WithContext(what);
   }
   return first;
 }

@@ -159,6 +159,8 @@ struct ZeroSettings {
   // offload_optimizer.speculative_step (unset: on) and speculation_buffer_size (< 0: auto): the
   // rollback copies' host item (sched::SpeculationBufferBytes) where the optimizer is offloaded.
   bool speculative_step = true;
+  // The key was given: its room never goes to the host cache (sched::SpeculationRoomCaches).
+  bool speculative_step_given = false;
   double speculation_buffer_size = -1;
   // offload_optimizer.ratio: the share of the optimizer offloaded at stage 3 (partial offload:
   // sched::DeviceResidentSubGroups keeps the rest on the device).

@@ -75,6 +75,7 @@ std::optional<PerTier<double>> PlannerBytes(const EngineConfig& c, const ModelSp
   ApplyEngineConfig(c, &in, &notes);
   in.zero.speculative_step =
       sched::SpeculationOn(c.zero.offload_optimizer.speculative_step, overlap_step);
+  in.zero.speculative_step_given = c.zero.offload_optimizer.speculative_step.has_value();
   in.capacity.gpus_per_node = world;
   in.capacity.nodes = 1;
   in.capacity.hbm_bytes_per_gpu = device_bytes;
