@@ -83,6 +83,51 @@ def test_speculative_step_same_bits_kept_or_undone(name, make, vocab, offload, t
     assert all(r["speculated_sub_groups"] == 0 for r in reports)
 
 
+def test_default_caches_a_small_models_nvme_state_instead(tmp_path):
+    # The key unset, the optimizer on NVMe, a GPT-2 whose NVMe-homed state fits the memory the
+    # rollback copies would take: that memory caches the state instead (a layout note says so),
+    # nothing speculates, and after the first step (which reads the state initialize wrote home)
+    # nothing is read from NVMe while every step still writes it; the same bits as with it off.
+    def wide_gpt2():
+        torch.manual_seed(0)
+        cfg = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=256, n_layer=2,
+                                      n_head=4, bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2LMHeadModel(cfg)
+
+    def run(speculate, path):
+        path.mkdir(parents=True, exist_ok=True)
+        cfg = ds_config(3, "nvme", lr=1e-2, wd=0.01, nvme_path=str(path))
+        if speculate is not None:
+            cfg["zero_optimization"]["offload_optimizer"]["speculative_step"] = speculate
+        engine, _, _, _ = strata.initialize(model=wide_gpt2(), config=cfg)
+        moved, reports = [], []
+        for step in range(STEPS):
+            g = torch.Generator().manual_seed(step)
+            idx = torch.randint(0, 61, (4, 12), generator=g)
+            engine.backward(engine(input_ids=idx, labels=idx).loss)
+            engine.step()
+            reports.append(dict(engine.last_step_report))
+            moved.append(dict(engine.stats()["store"]["bytes_moved"]))
+        notes = engine.stats()["layout"]["notes"]
+        master = engine.read_master()
+        engine.close()
+        return master, reports, moved, notes
+
+    off, _, _, _ = run(False, tmp_path / "a")
+    auto, reports, moved, notes = run(None, tmp_path / "b")
+    for n in off:
+        assert torch.equal(off[n], auto[n]), n
+    assert any("cached in host memory instead" in n for n in notes), notes
+    assert all(r["speculated_sub_groups"] == 0 for r in reports)
+    assert moved[-1]["nvme->host"] == moved[0]["nvme->host"]
+    written = [b["host->nvme"] - a["host->nvme"] for a, b in zip(moved, moved[1:])]
+    assert all(w > 0 for w in written), written
+    # The key given: it speculates.
+    _, reports, _, notes = run(True, tmp_path / "c")
+    assert not any("cached in host memory instead" in n for n in notes), notes
+    assert all(r["speculated_sub_groups"] > 0 for r in reports)
+
+
 def test_speculative_step_behind_the_next_forward_with_overlap_step(tmp_path):
     # overlap_step with the key asked for: a kept speculation's worker finishes behind the next
     # forward with the rest of the step; the same bits as overlap_step alone.
