@@ -160,9 +160,12 @@ void ExpectPhasesCoverTheStep(const nlohmann::json& j, bool split) {
   EXPECT_GE(rd, 0.95 * step_rd);
   EXPECT_GE(wr, 0.95 * step_wr);
   // Stage 3 with the optimizer on NVMe: the optimizer writes its states home; the forward only
-  // reads.
+  // reads, unless the host caches every NVMe-homed block (nothing read per step): then Step
+  // leaves its writes behind it, and some complete in the next forward.
   EXPECT_GT(ph["optimizer"]["nvme_write_bytes"].get<double>(), 0.0);
-  EXPECT_EQ(ph["forward"]["nvme_write_bytes"].get<double>(), 0.0);
+  if (step_rd > 0) {
+    EXPECT_EQ(ph["forward"]["nvme_write_bytes"].get<double>(), 0.0);
+  }
 }
 
 TEST(BenchEngineCli, PairedSplitReferenceRewritesTheSwapFilesAfterEachStep) {
@@ -174,7 +177,7 @@ TEST(BenchEngineCli, PairedSplitReferenceRewritesTheSwapFilesAfterEachStep) {
   strata::testing::TempDir dir("bench-paired");
   const std::string args =
       " --params 8M --layers 16 --steps 3 --io-backend posix --stage 3 --offload-optimizer nvme "
-      "--offload-param nvme --disk-reference-paired-split --nvme-path " +
+      "--offload-param nvme --disk-reference-paired-split --speculative-step off --nvme-path " +
       dir.path();
   const ProcessResult r = Bench(args + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -211,8 +214,9 @@ TEST(BenchEngineCli, PairedSplitReferenceRewritesTheSwapFilesAfterEachStep) {
   // Over the swap files' whole units: the NVMe footprint, less a partial last unit.
   EXPECT_NEAR(sp["span_bytes"].get<double>(), j["peak_bytes"]["nvme"].get<double>(), unit);
   ExpectPhasesCoverTheStep(j, /*split=*/true);
-  // This model outgrows the host: the forward reads parameters, the backward writes finished
-  // gradients home, the optimizer reads its states.
+  // With the key given (unset, the speculation's room would cache all of this small model's
+  // state: nothing read, no pass) this model outgrows the host budget: the forward reads
+  // parameters, the backward writes finished gradients home, the optimizer reads its states.
   EXPECT_GT(j["phases"]["forward"]["nvme_read_bytes"].get<double>(), 0.0);
   EXPECT_GT(j["phases"]["backward"]["nvme_write_bytes"].get<double>(), 0.0);
   EXPECT_GT(j["phases"]["optimizer"]["nvme_read_bytes"].get<double>(), 0.0);
@@ -408,7 +412,8 @@ TEST(BenchEngineCli, TwoRanksPairedPassesMoveEveryRanksBytes) {
   strata::testing::TempDir dir("bench-paired-2");
   const nlohmann::json j = LaunchJson(
       " --params 8M --layers 8 --steps 3 --io-backend posix --stage 3 --offload-optimizer nvme "
-      "--offload-param nvme --disk-reference-paired-split --json --nvme-path " +
+      "--offload-param nvme --disk-reference-paired-split --speculative-step off --json "
+      "--nvme-path " +
       dir.path());
   ASSERT_TRUE(j.contains("disk_reference_paired_split")) << j;
   EXPECT_EQ(j["world_size"], 2);
