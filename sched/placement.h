@@ -163,7 +163,8 @@ inline bool SpeculationOn(std::optional<bool> configured, bool overlap_step) {
 }
 
 // Whether the speculative step's room (`speculation_bytes`, from SpeculationBufferBytes) goes to
-// the store's host cache instead, with no rollback copies: the key unset, and the rank's
+// the store's host cache instead, with no rollback copies (with overlap_step too, where the
+// speculation is off unless asked for: the same memory either way): the key unset, and the rank's
 // NVMe-homed bytes beyond the swap buffers (`cacheable_nvme_bytes`, HostCacheBytes' operand) in
 // (0, speculation_bytes]. At equal host memory a model that small is better served by keeping its
 // whole NVMe-homed state cached in DRAM, written home each step and read never (the engine then

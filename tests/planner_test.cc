@@ -41,7 +41,8 @@ constexpr double kScratch = 8 * (1 + 213624);
 PlanInput Ref() {
   PlanInput in;
   in.params = 7e9;
-  in.zero.speculative_step = false;
+  in.zero.speculative_step = false;  // the key given false
+  in.zero.speculative_step_given = true;
   return in;
 }
 
@@ -253,6 +254,7 @@ TEST(PlannerPlace, SpeculationRoomCachesASmallModelsNvmeState) {
   in.largest_group_params = 1e6;
   in.zero.sub_group_size = 1e5;
   in.zero.speculative_step = true;
+  in.zero.speculative_step_given = false;
   const std::string item = "speculative step rollback copies";
   Placement p = Place(in, 3, D::kNvme, D::kNone);
   const double nvme = ItemBytes(p, Tier::kNvme, "");
@@ -260,6 +262,10 @@ TEST(PlannerPlace, SpeculationRoomCachesASmallModelsNvmeState) {
   ASSERT_GT(nvme, swap);
   EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, item), 0);
   EXPECT_NEAR(p.host_cache_bytes_per_node, nvme - swap, 8);
+  // overlap_step (the speculation off unless asked for): the same memory, so the same cache.
+  in.zero.speculative_step = false;
+  EXPECT_NEAR(Place(in, 3, D::kNvme, D::kNone).host_cache_bytes_per_node, nvme - swap, 8);
+  in.zero.speculative_step = true;
   in.zero.speculative_step_given = true;
   p = Place(in, 3, D::kNvme, D::kNone);
   EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, item), 8 * 1.25e6 * 14);

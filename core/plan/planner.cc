@@ -198,7 +198,7 @@ void PlaceHostCache(const PlanInput& in, double swap, Builder& b) {
 // lists it). `swap`: as PlaceHostCache's.
 void PlaceSpeculation(const PlanInput& in, int stage, double swap, Builder& b) {
   const ZeroSettings& z = in.zero;
-  if (stage != 3 || b.p.offload_optimizer == OffloadDevice::kNone || !z.speculative_step) return;
+  if (stage != 3 || b.p.offload_optimizer == OffloadDevice::kNone) return;
   const double g = in.capacity.gpus_per_node;
   double need = 0, nvme = 0;
   for (const PlanItem& it : b.p.items) {
@@ -217,7 +217,9 @@ void PlaceSpeculation(const PlanInput& in, int stage, double swap, Builder& b) {
   const auto cacheable = static_cast<uint64_t>(std::ceil(std::max(0.0, nvme - swap) / g));
   const std::optional<bool> key =
       z.speculative_step_given ? std::optional<bool>(true) : std::nullopt;
+  // Also where the speculation is off for overlap_step (bench engine's planner figures).
   if (sched::SpeculationRoomCaches(key, cacheable, static_cast<uint64_t>(bytes))) return;
+  if (!z.speculative_step) return;
   b.Add(Tier::kHost, "speculative step rollback copies (master+m+v+param of what it holds)",
         g * bytes);
 }

@@ -694,43 +694,47 @@ void LayOutHostWorking(const sched::StateLayout& states, const ZeroSettings& z,
 // default budget then keeps the room).
 void LayOutSpeculation(const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
   const OffloadOptimizerConfig& o = options.config.zero.offload_optimizer;
+  EngineLayout& L = e.layout;
+  uint64_t elems = 0;  // offloaded (partial offload: the device-resident ones step in Step)
+  for (const SubGroup& s : e.subs) elems += s.on_device ? 0 : s.elems;
+  // Stage 3: the trainer's gathered copies are its own (stages 0-2 hand out the param replica
+  // the step writes, for the whole step in the Python adapter).
+  const bool applies = e.placement.params_partitioned &&
+                       e.placement.Home(StateKind::kMaster32) != Tier::kDevice && elems > 0;
+  uint64_t bytes = 0;
+  if (applies) {
+    const uint64_t given = options.budget_bytes[Tier::kHost];
+    const uint64_t need = L.state_bytes[Tier::kHost] + L.working_bytes[Tier::kHost];
+    const uint64_t room = given == 0 ? UINT64_MAX : given - std::min(given, need);
+    bytes = sched::SpeculationBufferBytes(o.speculation_buffer_size, elems, e.elt, room);
+    const uint64_t nvme = L.state_bytes[Tier::kNvme];
+    const uint64_t cacheable = nvme - std::min(nvme, cs->swap_bytes);
+    // Whether or not overlap_step keeps the speculation off: the memory is the same either way.
+    if (sched::SpeculationRoomCaches(o.speculative_step, cacheable, bytes)) {
+      cs->cache_room_bytes = cacheable;
+      L.notes.push_back(
+          "speculative_step: off by default: the room its rollback copies would take (" +
+          Bytes(bytes) + ") keeps all " + Bytes(cacheable) +
+          " of NVMe-homed state cached in host memory instead, written home behind "
+          "each step; speculative_step true turns it on");
+      return;
+    }
+  }
   if (!sched::SpeculationOn(o.speculative_step, options.overlap_step)) {
     if (!o.speculative_step.has_value()) {
-      e.layout.notes.push_back(
+      L.notes.push_back(
           "speculative_step: off by default while each optimizer step runs behind the next "
           "forward (it would make Step wait for the step's work); speculative_step true turns it "
           "on");
     }
     return;
   }
-  EngineLayout& L = e.layout;
-  uint64_t elems = 0;  // offloaded (partial offload: the device-resident ones step in Step)
-  for (const SubGroup& s : e.subs) elems += s.on_device ? 0 : s.elems;
-  // Stage 3: the trainer's gathered copies are its own (stages 0-2 hand out the param replica
-  // the step writes, for the whole step in the Python adapter).
-  if (!e.placement.params_partitioned || e.placement.Home(StateKind::kMaster32) == Tier::kDevice ||
-      elems == 0) {
+  if (!applies) {
     if (o.speculative_step.has_value()) {
       L.notes.push_back(
           "speculative_step: not applied (it needs stage 3 with offload_optimizer cpu or nvme "
           "and a trainable group); Step runs the whole optimizer step");
     }
-    return;
-  }
-  const uint64_t given = options.budget_bytes[Tier::kHost];
-  const uint64_t need = L.state_bytes[Tier::kHost] + L.working_bytes[Tier::kHost];
-  const uint64_t room = given == 0 ? UINT64_MAX : given - std::min(given, need);
-  const uint64_t bytes =
-      sched::SpeculationBufferBytes(o.speculation_buffer_size, elems, e.elt, room);
-  const uint64_t nvme = L.state_bytes[Tier::kNvme];
-  const uint64_t cacheable = nvme - std::min(nvme, cs->swap_bytes);
-  if (sched::SpeculationRoomCaches(o.speculative_step, cacheable, bytes)) {
-    cs->cache_room_bytes = cacheable;
-    L.notes.push_back(
-        "speculative_step: off by default: the room its rollback copies would take (" +
-        Bytes(bytes) + ") keeps all " + Bytes(cacheable) +
-        " of NVMe-homed state cached in host memory instead, written home behind "
-        "each step; speculative_step true turns it on");
     return;
   }
   if (bytes == 0) {
