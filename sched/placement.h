@@ -167,11 +167,9 @@ inline bool SpeculationOn(std::optional<bool> configured, bool overlap_step) {
 // speculation is off unless asked for: the same memory either way): the key unset, and the rank's
 // NVMe-homed bytes beyond the swap buffers (`cacheable_nvme_bytes`, HostCacheBytes' operand) in
 // (0, speculation_bytes]. At equal host memory a model that small is better served by keeping its
-// whole NVMe-homed state cached in DRAM, written home each step and read never (the engine then
-// also leaves those writes behind Step: Engine::Impl::state_write_behind), than by rollback copies
-// with the state paged in from NVMe: a 12.7M-parameter char GPT with the optimizer on NVMe,
-// 2 cores, ran 1.10x plain torch's step time this way against 1.44-1.49x speculating. Partly
-// cached state is no such gain (the step touches every block once, cyclically: an LRU cache
+// whole NVMe-homed state cached in DRAM (the engine then writes none of it home:
+// Engine::Impl::nvme_state_cached) than by rollback copies with the state paged in from NVMe.
+// Partly cached state is no such gain (the step touches every block once, cyclically: an LRU cache
 // smaller than that keeps nothing it will use), hence the whole of it or nothing.
 inline bool SpeculationRoomCaches(std::optional<bool> configured, uint64_t cacheable_nvme_bytes,
                                   uint64_t speculation_bytes) {

@@ -97,6 +97,11 @@ void ExpectEngineStats(const nlohmann::json& got, int steps) {
 }
 
 constexpr const char* kTiny = " --params 2M --layers 4 --steps 2 --io-backend posix ";
+// A model whose state outgrows its default host budget, so that it is paged through NVMe each
+// step: kTiny's state fits in the swap buffers, and (the key unset) a small model's state is
+// cached in the speculation's room; in either case nothing is read or written per step.
+constexpr const char* kPaged =
+    " --params 8M --layers 16 --steps 2 --io-backend posix --speculative-step off ";
 
 // `phases`: forward, backward and optimizer each timed and their NVMe bytes counted, per
 // measured step. Nothing runs between them but the loop, so they fill the mean step and their
@@ -232,7 +237,7 @@ TEST(BenchEngineCli, PairedSplitReferenceRewritesTheSwapFilesAfterEachStep) {
 
 TEST(BenchEngineCli, NvmeRunCarriesTheIssuesFigures) {
   strata::testing::TempDir dir("bench-engine");
-  const ProcessResult r = Bench(std::string(kTiny) +
+  const ProcessResult r = Bench(std::string(kPaged) +
                                 "--stage 3 --offload-optimizer nvme --offload-param nvme "
                                 "--json --nvme-path " +
                                 dir.path());
@@ -256,7 +261,7 @@ TEST(BenchEngineCli, NvmeRunCarriesTheIssuesFigures) {
   EXPECT_GT(j["plan_bytes"]["nvme"].get<double>(), 0.0);
   ExpectWithinBudgets(j);
   ExpectPhasesCoverTheStep(j, /*split=*/false);
-  ExpectEngineStats(j["engine_stats"], 3 + 2);  // the default warm-up and kTiny's steps
+  ExpectEngineStats(j["engine_stats"], 3 + 2);  // the default warm-up and kPaged's steps
   // The run's own directory is gone; nothing else was left behind.
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
@@ -320,7 +325,7 @@ TEST(BenchEngineCli, NoNvmeTierMovesNoNvmeBytes) {
 // applied.
 TEST(BenchEngineCli, OverlapStepMeasuresWholeSteps) {
   strata::testing::TempDir dir("bench-engine-overlap");
-  const std::string args = std::string(kTiny) +
+  const std::string args = std::string(kPaged) +
                            "--stage 3 --offload-optimizer nvme --offload-param nvme "
                            "--json --nvme-path " +
                            dir.path();

@@ -312,7 +312,7 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
   const bool recycle = options.keep_last > 0 && options.recycle_files;
   CheckpointEnv& env = options.env != nullptr ? *options.env : ckpt::DefaultEnv();
   const std::string what = "checkpoint save of '" + tag + "' to " + dir;
-  Status local = e.JoinStepBehind();  // the work the last step left running first
+  Status local = e.JoinDeferredStep();  // overlap_step: the step running behind first
   if (local.ok()) local = CheckBoundary(e, "Save");
   if (local.ok() && tag.empty()) local = Status::InvalidArgument("Save: empty tag");
   if (local.ok()) local = ckpt::ResolveTag(dir, tag).status();
@@ -599,7 +599,7 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
                     std::vector<uint8_t>* client_state, const LoadOptions& options) {
   Impl& e = *impl_;
   std::string what = "checkpoint load from " + dir;
-  Status local = e.JoinStepBehind();  // the work the last step left running first
+  Status local = e.JoinDeferredStep();  // overlap_step: the step running behind first
   if (local.ok()) local = CheckBoundary(e, "Load");
   ckpt::Manifest m;
   uint64_t manifest_hash = 0;

@@ -715,8 +715,8 @@ void LayOutSpeculation(const EngineOptions& options, Engine::Impl& e, CreateStat
       L.notes.push_back(
           "speculative_step: off by default: the room its rollback copies would take (" +
           Bytes(bytes) + ") keeps all " + Bytes(cacheable) +
-          " of NVMe-homed state cached in host memory instead, written home behind "
-          "each step; speculative_step true turns it on");
+          " of NVMe-homed state cached in host memory instead (written home only when "
+          "flushed or evicted); speculative_step true turns it on");
       return;
     }
   }
@@ -805,8 +805,9 @@ Status CheckBudgets(const EngineOptions& options, Engine::Impl& e, const CreateS
   // The store keeps NVMe-homed blocks cached in whatever host budget the working set leaves.
   L.cache_bytes[Tier::kHost] = sched::HostCacheBytes(L.budget_bytes[Tier::kHost], host_need,
                                                      L.state_bytes[Tier::kNvme], cs.swap_bytes);
+  // Every NVMe-homed block then fits: the engine writes none home (Engine::Impl).
   const uint64_t nvme = L.state_bytes[Tier::kNvme];
-  e.write_state_behind =
+  e.nvme_state_cached =
       nvme > 0 && L.cache_bytes[Tier::kHost] >= nvme - std::min(nvme, cs.swap_bytes);
   if (L.budget_bytes[Tier::kNvme] == 0) L.budget_bytes[Tier::kNvme] = L.state_bytes[Tier::kNvme];
   for (Tier t : kAllTiers) {
@@ -1058,7 +1059,7 @@ Status Engine::SetLearningRates(std::span<const double> lrs) {
 int64_t Engine::global_step() const { return impl_->global_step; }
 Status Engine::health() const { return impl_->failed; }
 Status Engine::Synchronize() {
-  STRATA_RETURN_IF_ERROR(impl_->JoinStepBehind());
+  STRATA_RETURN_IF_ERROR(impl_->JoinDeferredStep());
   STRATA_RETURN_IF_ERROR(impl_->FinishSpeculation());  // the backward's speculated Adam
   return impl_->CheckHealthy();
 }

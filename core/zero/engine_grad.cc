@@ -622,8 +622,8 @@ Status Engine::Impl::Accumulate(const zero::PendingReduce& p, zero::Accumulated*
     // next sub-group's accumulation, instead of when the host runs out of room: then the store
     // wrote every dirty gradient at once while the gathers it parked waited (bench engine, 1B
     // params on nvme, 3 GB host: 21 gradients, 2.6 GB, in one burst), and the optimizer drops
-    // clean copies without a write.
-    if (p.last && home == Tier::kNvme && tier != home) {
+    // clean copies without a write. Not where the host caches all of them (nvme_state_cached).
+    if (p.last && home == Tier::kNvme && tier != home && !nvme_state_cached) {
       out->written.push_back(store->WriteBack(s.grad));
     }
   }
@@ -647,13 +647,12 @@ void Engine::Impl::FinishAccumulate(const zero::PendingReduce& p) {
   if (p.last) OnGradientFinal(p.group);  // speculative_step: its Adam may start now
 }
 
-Status Engine::Impl::WriteBehindError(const std::vector<Ticket>& tickets, bool wait,
-                                      std::string_view what) const {
+Status Engine::Impl::WriteBehindError(const std::vector<Ticket>& tickets, bool wait) const {
   Status first;
   for (const Ticket& t : tickets) {
     if (!wait && !t.ready()) continue;
     Status st = t.Wait(timeout());
-    if (!st.ok() && first.ok()) first = st.WithContext(what);
+    if (!st.ok() && first.ok()) first = st.WithContext("gradient write-behind");
   }
   return first;
 }

@@ -326,7 +326,7 @@ Status ReadFrozenParams(Engine::Impl& e, size_t g, std::vector<float>& full) {
 
 Status Engine::ReadMaster(size_t group, std::span<float> out) {
   Impl& e = *impl_;
-  STRATA_RETURN_IF_ERROR(e.JoinStepBehind());
+  STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());
   STRATA_RETURN_IF_ERROR(e.CancelSpeculation());  // the master from before this step
   STRATA_RETURN_IF_ERROR(e.CheckHealthy());
   if (group >= e.groups.size()) {

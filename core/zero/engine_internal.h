@@ -271,12 +271,11 @@ struct Engine::Impl {
   uint64_t cached_elems = 0;
   Status failed;                                 // the first error that failed the engine
   std::vector<Ticket> grad_write_behind;         // CheckGradWriteBehind; one per sub-group at most
-  // When the host budget caches every NVMe-homed block (CheckBudgets), Step leaves the NVMe
-  // writes of the state its Adam updated running behind it: no later read waits on them for
-  // room, and the store orders each before any later lease of its block. JoinStepBehind waits
-  // for them; a failed one fails the call that finds it.
-  bool write_state_behind = false;
-  std::vector<Ticket> state_write_behind;
+  // The host budget caches every NVMe-homed block (CheckBudgets): the engine writes none of
+  // them home (not the step's state, not a finished gradient, not a rollback), as nothing will
+  // need their room. Each stays newest in host memory; the store writes one home only if it must
+  // evict it after all, and Flush writes them all.
+  bool nvme_state_cached = false;
   std::unique_ptr<zero::DeferredStep> deferred;  // overlap_step: the step running behind
   std::unique_ptr<zero::Speculation> spec;       // speculative_step, where it applies
   StepTimings timings;                           // since the last Step
@@ -386,8 +385,7 @@ struct Engine::Impl {
   // The rule CheckGradWriteBehind applies to grad_write_behind, for any such tickets (an
   // overlapped step takes them along): the first failure, as "gradient write-behind: ...",
   // among those finished (or all, waiting, with `wait`).
-  Status WriteBehindError(const std::vector<Ticket>& tickets, bool wait,
-                          std::string_view what = "gradient write-behind") const;
+  Status WriteBehindError(const std::vector<Ticket>& tickets, bool wait) const;
 
   // The reduced gradient of sub-group s in pending reduction p (device memory): this rank's
   // shard (stage 1-3); stage 0 and one rank (no shard): the full buffer.
@@ -439,9 +437,6 @@ struct Engine::Impl {
     // kernels::AdamStepSaving copies them piece by piece beside the Adam. Host-run sub-groups
     // only.
     std::function<kernels::AdamSave(size_t s)> save_to;
-    // Non-null: the NVMe write-backs of what it updated go here, unwaited (state_write_behind);
-    // null: RunAdam returns once they are done.
-    std::vector<Ticket>* written_behind = nullptr;
   };
   Status RunAdam(const AdamRun& run, StepTimings* t);
   // This step's Adam coefficients: `hyper` with the lr and step of the next applied step and
@@ -489,9 +484,6 @@ struct Engine::Impl {
   void GovernSpeculation();
   // Waits for the deferred step (if any) and folds in its timings; its error fails the engine.
   Status JoinDeferredStep();
-  // What the last Step left running behind it: its deferred Adam (JoinDeferredStep) and its
-  // state's write-behind. Before Step, Synchronize, Save, Load and ReadMaster.
-  Status JoinStepBehind();
   // Gather: waits until group g's params hold the deferred step's update (or the step ended:
   // then its result), within the timeout.
   Status WaitForUpdate(size_t g);

@@ -212,14 +212,14 @@ Status Engine::Impl::RollBackSpeculation() {
       for (Lease& x : l) x.MarkDirty();
     }
     // NVMe homes hold what the speculation wrote: the restored copies go home before Step goes
-    // on, as the step pipeline's writes would.
-    if (opt_home == Tier::kNvme) {
+    // on, as the step pipeline's writes would (unless the host caches them: nvme_state_cached).
+    if (opt_home == Tier::kNvme && !nvme_state_cached) {
       for (BlockId b : states) written.push_back(store->WriteBack(b));
     }
     touched[s.group] = 1;
   }
   for (size_t g = 0; g < groups.size(); ++g) {
-    if (param_home == Tier::kNvme && touched[g])
+    if (param_home == Tier::kNvme && touched[g] && !nvme_state_cached)
       written.push_back(store->WriteBack(groups[g].param));
   }
   for (const Ticket& t : written) {

@@ -182,8 +182,6 @@ Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
   po.buffers = pipeline_buffers;
   po.read_ahead = po.buffers - 1;
   po.write_behind = po.buffers - 1;
-  std::mutex behind_mu;  // the write stage runs on completion threads too
-  std::vector<Ticket> behind;
   sched::PipelineStages stages;
   stages.read = [&](size_t i, uint32_t, sched::StageDone done) -> Status {
     const SubGroup& s = subs[i];
@@ -252,22 +250,14 @@ Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
   stages.write = [&](size_t i, uint32_t, sched::StageDone done) -> Status {
     const SubGroup& s = subs[i];
     std::vector<Ticket> tickets;
-    if (HomeOf(s, StateKind::kMaster32) == Tier::kNvme) {
+    if (HomeOf(s, StateKind::kMaster32) == Tier::kNvme && !nvme_state_cached) {
       for (BlockId b : {s.master, s.exp_avg, s.exp_avg_sq}) tickets.push_back(store->WriteBack(b));
     }
     // The param block is the group's: written back once, after its last sub-group. Writing it
     // after each made the next sub-group's write lease wait for that write, and moved the block
     // once per sub-group (bench engine, 2B params, 2 sub-groups per group: 1.6x the param bytes).
-    if (param_home == Tier::kNvme && groups[s.group].sub_groups.back() == i) {
+    if (param_home == Tier::kNvme && groups[s.group].sub_groups.back() == i && !nvme_state_cached) {
       tickets.push_back(store->WriteBack(groups[s.group].param));
-    }
-    if (run.written_behind != nullptr) {
-      {
-        std::lock_guard<std::mutex> lock(behind_mu);
-        for (Ticket& t : tickets) behind.push_back(std::move(t));
-      }
-      done(Status::OK());
-      return Status::OK();
     }
     TicketJoin::Start(std::make_shared<TicketJoin>(std::move(done)), tickets);
     return Status::OK();
@@ -295,10 +285,6 @@ Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
   Status st = pipeline.Run(order.size(), mapped, &ps);
   t->optimizer_ns += Since(t0);
   t->optimizer_io_wait_ns += ps.wait_read_ns + ps.wait_write_ns + acquire_ns;
-  if (run.written_behind != nullptr) {
-    std::lock_guard<std::mutex> lock(behind_mu);
-    for (Ticket& b : behind) run.written_behind->push_back(std::move(b));
-  }
   if (!st.ok()) return Status(st.code(), "optimizer step: " + std::string(st.message()));
   return Status::OK();
 }
@@ -363,14 +349,6 @@ Status Engine::Impl::JoinDeferredStep() {
   return Status::OK();
 }
 
-Status Engine::Impl::JoinStepBehind() {
-  STRATA_RETURN_IF_ERROR(JoinDeferredStep());
-  if (state_write_behind.empty()) return Status::OK();
-  Status st = WriteBehindError(state_write_behind, /*wait=*/true, "optimizer state write-behind");
-  state_write_behind.clear();
-  return st.ok() ? st : Fail(st);
-}
-
 Status Engine::Impl::WaitForUpdate(size_t g) {
   if (!deferred) return Status::OK();
   zero::DeferredStep& d = *deferred;
@@ -403,7 +381,7 @@ double Engine::Impl::LrFor(size_t og) const {
 
 Result<StepReport> Engine::Impl::Step() {
   STRATA_RETURN_IF_ERROR(CheckHealthy());
-  STRATA_RETURN_IF_ERROR(JoinStepBehind());
+  STRATA_RETURN_IF_ERROR(JoinDeferredStep());
   if (outstanding_gathers > 0) {
     return Status::FailedPrecondition("Step: " + std::to_string(outstanding_gathers) +
                                       " gathered group(s) not released");
@@ -474,7 +452,6 @@ Result<StepReport> Engine::Impl::Step() {
       AdamRun run;
       run.order = std::move(order);
       run.hyper = std::move(step_hyper);
-      if (write_state_behind) run.written_behind = &state_write_behind;
       st = RunAdam(run, &timings);
       if (st.ok()) st = AllGatherUpdatedParams();
       if (!st.ok()) return Fail(st);

@@ -438,8 +438,10 @@ class Engine {
   // included). On OK the engine has no IO in flight and starts none until the next call, so a
   // tool may measure the disk under the swap files meanwhile (`offloadctl bench engine
   // --disk-reference-paired-split` rewrites their bytes unchanged). Costs nothing after a Step but
-  // the wait: Step leaves no dirty NVMe-homed copy. FailedPrecondition while gathered groups are
-  // held; a write-back's error (naming the block) fails the engine.
+  // the wait: Step leaves no dirty NVMe-homed copy, unless the host budget caches every
+  // NVMe-homed block (then the engine writes none home, and Flush writes them all).
+  // FailedPrecondition while gathered groups are held; a write-back's error (naming the block)
+  // fails the engine.
   Status Flush();
   // This rank's NVMe swap files, one per nvme_path (empty without an NVMe tier). The engine owns
   // them: it removes them when destroyed.

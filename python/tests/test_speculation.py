@@ -87,7 +87,7 @@ def test_default_caches_a_small_models_nvme_state_instead(tmp_path):
     # The key unset, the optimizer on NVMe, a GPT-2 whose NVMe-homed state fits the memory the
     # rollback copies would take: that memory caches the state instead (a layout note says so),
     # nothing speculates, and after the first step (which reads the state initialize wrote home)
-    # nothing is read from NVMe while every step still writes it; the same bits as with it off.
+    # nothing is read from NVMe or written to it; the same bits as with it off.
     def wide_gpt2():
         torch.manual_seed(0)
         cfg = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=256, n_layer=2,
@@ -120,8 +120,7 @@ def test_default_caches_a_small_models_nvme_state_instead(tmp_path):
     assert any("cached in host memory instead" in n for n in notes), notes
     assert all(r["speculated_sub_groups"] == 0 for r in reports)
     assert moved[-1]["nvme->host"] == moved[0]["nvme->host"]
-    written = [b["host->nvme"] - a["host->nvme"] for a, b in zip(moved, moved[1:])]
-    assert all(w > 0 for w in written), written
+    assert moved[-1]["host->nvme"] == moved[0]["host->nvme"]
     # The key given: it speculates.
     _, reports, _, notes = run(True, tmp_path / "c")
     assert not any("cached in host memory instead" in n for n in notes), notes
