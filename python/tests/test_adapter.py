@@ -286,7 +286,10 @@ def test_stats_are_the_engine_counters(tmp_path):
         t = r["timings"]
         assert t["gather_fetch_wait_ns"] <= t["gather_wait_ns"]
         assert 0 < t["grad_lease_wait_ns"] <= t["reduce_wait_ns"]
-    assert s["store"]["bytes_moved"]["host->nvme"] > 0 and s["store"]["io_bytes"] > 0
+    # This model's NVMe-homed state fits its host budget: it stays cached there and is never
+    # written home (docs/design.md), so no NVMe IO is counted.
+    assert s["layout"]["cache_bytes"]["host"] > 0
+    assert s["store"]["io_bytes"] == 0 and "host->nvme" not in s["store"]["bytes_moved"]
     assert set(s["store"]["room_wait_ns"]) == {"hbm", "host", "nvme"}
     assert s["layout"]["stage"] == 3 and s["layout"]["offload_optimizer"] == "nvme"
     engine.close()

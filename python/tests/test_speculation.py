@@ -86,8 +86,8 @@ def test_speculative_step_same_bits_kept_or_undone(name, make, vocab, offload, t
 def test_default_caches_a_small_models_nvme_state_instead(tmp_path):
     # The key unset, the optimizer on NVMe, a GPT-2 whose NVMe-homed state fits the memory the
     # rollback copies would take: that memory caches the state instead (a layout note says so),
-    # nothing speculates, and after the first step (which reads the state initialize wrote home)
-    # nothing is read from NVMe or written to it; the same bits as with it off.
+    # nothing speculates, and from step to step nothing is read from NVMe or written to it; the
+    # same bits as with it off.
     def wide_gpt2():
         torch.manual_seed(0)
         cfg = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=256, n_layer=2,
@@ -119,8 +119,8 @@ def test_default_caches_a_small_models_nvme_state_instead(tmp_path):
         assert torch.equal(off[n], auto[n]), n
     assert any("cached in host memory instead" in n for n in notes), notes
     assert all(r["speculated_sub_groups"] == 0 for r in reports)
-    assert moved[-1]["nvme->host"] == moved[0]["nvme->host"]
-    assert moved[-1]["host->nvme"] == moved[0]["host->nvme"]
+    for way in ("nvme->host", "host->nvme"):
+        assert moved[-1].get(way, 0) == moved[0].get(way, 0), way
     # The key given: it speculates.
     _, reports, _, notes = run(True, tmp_path / "c")
     assert not any("cached in host memory instead" in n for n in notes), notes
