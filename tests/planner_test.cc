@@ -262,6 +262,7 @@ TEST(PlannerPlace, SpeculationRoomCachesASmallModelsNvmeState) {
   ASSERT_GT(nvme, swap);
   EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, item), 0);
   EXPECT_NEAR(p.host_cache_bytes_per_node, nvme - swap, 8);
+  EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 0);  // the engine writes none of it home
   // overlap_step (the speculation off unless asked for): the same memory, so the same cache.
   in.zero.speculative_step = false;
   EXPECT_NEAR(Place(in, 3, D::kNvme, D::kNone).host_cache_bytes_per_node, nvme - swap, 8);
@@ -269,6 +270,7 @@ TEST(PlannerPlace, SpeculationRoomCachesASmallModelsNvmeState) {
   in.zero.speculative_step_given = true;
   p = Place(in, 3, D::kNvme, D::kNone);
   EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, item), 8 * 1.25e6 * 14);
+  EXPECT_GT(p.nvme_io_bytes_per_node, 0);
   // The optimizer on cpu: nothing NVMe-homed to cache; the copies as before.
   in.zero.speculative_step_given = false;
   EXPECT_DOUBLE_EQ(ItemBytes(Place(in, 3, D::kCpu, D::kNone), Tier::kHost, item), 8 * 1.25e6 * 14);

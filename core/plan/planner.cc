@@ -195,10 +195,10 @@ void PlaceHostCache(const PlanInput& in, double swap, Builder& b) {
 // stage 3 with the optimizer offloaded: per rank, of its offloaded optimizer elements, within what
 // the host capacity leaves of the items so far. Per node, one item; none where that room caches
 // the rank's whole NVMe-homed state instead (sched::SpeculationRoomCaches: PlaceHostCache then
-// lists it). `swap`: as PlaceHostCache's.
-void PlaceSpeculation(const PlanInput& in, int stage, double swap, Builder& b) {
+// lists it, and true is returned). `swap`: as PlaceHostCache's.
+bool PlaceSpeculation(const PlanInput& in, int stage, double swap, Builder& b) {
   const ZeroSettings& z = in.zero;
-  if (stage != 3 || b.p.offload_optimizer == OffloadDevice::kNone) return;
+  if (stage != 3 || b.p.offload_optimizer == OffloadDevice::kNone) return false;
   const double g = in.capacity.gpus_per_node;
   double need = 0, nvme = 0;
   for (const PlanItem& it : b.p.items) {
@@ -218,10 +218,11 @@ void PlaceSpeculation(const PlanInput& in, int stage, double swap, Builder& b) {
   const std::optional<bool> key =
       z.speculative_step_given ? std::optional<bool>(true) : std::nullopt;
   // Also where the speculation is off for overlap_step (bench engine's planner figures).
-  if (sched::SpeculationRoomCaches(key, cacheable, static_cast<uint64_t>(bytes))) return;
-  if (!z.speculative_step) return;
+  if (sched::SpeculationRoomCaches(key, cacheable, static_cast<uint64_t>(bytes))) return true;
+  if (!z.speculative_step) return false;
   b.Add(Tier::kHost, "speculative step rollback copies (master+m+v+param of what it holds)",
         g * bytes);
+  return false;
 }
 
 // Host and NVMe items, per node, and the per-step traffic they cause.
@@ -303,7 +304,9 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
     // Read for forward and backward of each micro-step, written after the step.
     nvme_io += (2 * k + 1) * r.param_bytes * shard;
   }
-  PlaceSpeculation(in, stage, swap, b);
+  // The engine's default budget then caches every NVMe-homed block and writes none home
+  // (Engine::Impl::nvme_state_cached): a step moves no NVMe bytes.
+  if (PlaceSpeculation(in, stage, swap, b)) nvme_io = 0;
   PlaceHostCache(in, swap, b);
   p.pcie_bytes_per_gpu = pcie;
   p.nvme_io_bytes_per_node = g_per_node * nvme_io;
