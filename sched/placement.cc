@@ -111,9 +111,8 @@ uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems
 
 uint64_t HostCacheBytes(uint64_t budget_bytes, uint64_t need_bytes, uint64_t nvme_state_bytes,
                         uint64_t swap_buffer_bytes) {
-  const uint64_t cacheable = nvme_state_bytes - std::min(nvme_state_bytes, swap_buffer_bytes);
   const uint64_t room = budget_bytes - std::min(budget_bytes, need_bytes);
-  return std::min(cacheable, room);
+  return std::min(CacheableNvmeBytes(nvme_state_bytes, swap_buffer_bytes), room);
 }
 
 uint64_t SpeculationBufferBytes(int64_t configured_elems, uint64_t speculable_elems,

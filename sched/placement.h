@@ -24,6 +24,7 @@
 // Thread safety: pure functions.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -130,6 +131,12 @@ uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems
 // REQUIRES: nothing; every operand may be 0 (no NVMe tier: 0).
 uint64_t HostCacheBytes(uint64_t budget_bytes, uint64_t need_bytes, uint64_t nvme_state_bytes,
                         uint64_t swap_buffer_bytes);
+
+// The NVMe-homed bytes beyond the swap buffers: what the host cache may hold (HostCacheBytes is
+// at most this; equal to it, the cache holds every NVMe-homed block).
+inline uint64_t CacheableNvmeBytes(uint64_t nvme_state_bytes, uint64_t swap_buffer_bytes) {
+  return nvme_state_bytes - std::min(nvme_state_bytes, swap_buffer_bytes);
+}
 
 // Host memory for the speculative step's rollback copies (offload_optimizer.speculative_step):
 // per element of a sub-group stepped during the backward, its fp32 master, exp_avg and

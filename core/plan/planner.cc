@@ -103,7 +103,18 @@ struct Builder {
     if (bytes <= 0) return;
     p.items.push_back(PlanItem{tier, std::move(name), bytes, pinned});
   }
+  // The bytes of the items so far on `tier`, per node.
+  double Sum(Tier tier) const {
+    double sum = 0;
+    for (const PlanItem& it : p.items) sum += it.tier == tier ? it.bytes : 0;
+    return sum;
+  }
 };
+
+// A per-node figure as whole bytes per rank (the engine's unit), for the shared sched/ rules.
+uint64_t PerRankBytes(double per_node, double gpus_per_node) {
+  return static_cast<uint64_t>(std::min(std::ceil(per_node / gpus_per_node), 0x1p60));
+}
 
 void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   const Recipe& r = in.recipe;
@@ -177,12 +188,8 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
 // `swap`: the swap buffers' bytes per node (host copies of NVMe-homed blocks already counted).
 void PlaceHostCache(const PlanInput& in, double swap, Builder& b) {
   const double g = in.capacity.gpus_per_node;
-  double need = 0, nvme = 0;
-  for (const PlanItem& it : b.p.items) {
-    if (it.tier == Tier::kHost) need += it.bytes;
-    if (it.tier == Tier::kNvme) nvme += it.bytes;
-  }
-  auto bytes = [g](double v) { return static_cast<uint64_t>(std::min(std::ceil(v / g), 0x1p60)); };
+  const double need = b.Sum(Tier::kHost), nvme = b.Sum(Tier::kNvme);
+  auto bytes = [g](double v) { return PerRankBytes(v, g); };
   const double cache =
       g * static_cast<double>(sched::HostCacheBytes(bytes(in.capacity.dram_bytes_per_node),
                                                     bytes(need), bytes(nvme), bytes(swap)));
@@ -200,11 +207,7 @@ bool PlaceSpeculation(const PlanInput& in, int stage, double swap, Builder& b) {
   const ZeroSettings& z = in.zero;
   if (stage != 3 || b.p.offload_optimizer == OffloadDevice::kNone) return false;
   const double g = in.capacity.gpus_per_node;
-  double need = 0, nvme = 0;
-  for (const PlanItem& it : b.p.items) {
-    if (it.tier == Tier::kHost) need += it.bytes;
-    if (it.tier == Tier::kNvme) nvme += it.bytes;
-  }
+  const double need = b.Sum(Tier::kHost);
   const double dram = in.capacity.dram_bytes_per_node;
   const uint64_t room = dram > 0 ? static_cast<uint64_t>(std::max(0.0, (dram - need) / g))
                                  : std::numeric_limits<uint64_t>::max();
@@ -214,7 +217,8 @@ bool PlaceSpeculation(const PlanInput& in, int stage, double swap, Builder& b) {
   const auto param_elem = static_cast<uint64_t>(in.recipe.param_bytes);
   const double bytes = static_cast<double>(sched::SpeculationBufferBytes(
       static_cast<int64_t>(z.speculation_buffer_size), elems, param_elem, room));
-  const auto cacheable = static_cast<uint64_t>(std::ceil(std::max(0.0, nvme - swap) / g));
+  const uint64_t cacheable =
+      sched::CacheableNvmeBytes(PerRankBytes(b.Sum(Tier::kNvme), g), PerRankBytes(swap, g));
   const std::optional<bool> key =
       z.speculative_step_given ? std::optional<bool>(true) : std::nullopt;
   // Also where the speculation is off for overlap_step (bench engine's planner figures).

@@ -707,8 +707,8 @@ void LayOutSpeculation(const EngineOptions& options, Engine::Impl& e, CreateStat
     const uint64_t need = L.state_bytes[Tier::kHost] + L.working_bytes[Tier::kHost];
     const uint64_t room = given == 0 ? UINT64_MAX : given - std::min(given, need);
     bytes = sched::SpeculationBufferBytes(o.speculation_buffer_size, elems, e.elt, room);
-    const uint64_t nvme = L.state_bytes[Tier::kNvme];
-    const uint64_t cacheable = nvme - std::min(nvme, cs->swap_bytes);
+    const uint64_t cacheable =
+        sched::CacheableNvmeBytes(L.state_bytes[Tier::kNvme], cs->swap_bytes);
     // Whether or not overlap_step keeps the speculation off: the memory is the same either way.
     if (sched::SpeculationRoomCaches(o.speculative_step, cacheable, bytes)) {
       cs->cache_room_bytes = cacheable;
@@ -806,9 +806,9 @@ Status CheckBudgets(const EngineOptions& options, Engine::Impl& e, const CreateS
   L.cache_bytes[Tier::kHost] = sched::HostCacheBytes(L.budget_bytes[Tier::kHost], host_need,
                                                      L.state_bytes[Tier::kNvme], cs.swap_bytes);
   // Every NVMe-homed block then fits: the engine writes none home (Engine::Impl).
-  const uint64_t nvme = L.state_bytes[Tier::kNvme];
-  e.nvme_state_cached =
-      nvme > 0 && L.cache_bytes[Tier::kHost] >= nvme - std::min(nvme, cs.swap_bytes);
+  e.nvme_state_cached = L.state_bytes[Tier::kNvme] > 0 &&
+                        L.cache_bytes[Tier::kHost] ==
+                            sched::CacheableNvmeBytes(L.state_bytes[Tier::kNvme], cs.swap_bytes);
   if (L.budget_bytes[Tier::kNvme] == 0) L.budget_bytes[Tier::kNvme] = L.state_bytes[Tier::kNvme];
   for (Tier t : kAllTiers) {
     const uint64_t need = L.state_bytes[t] + L.working_bytes[t];
