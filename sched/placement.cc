@@ -173,12 +173,17 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
   const uint64_t gshard = in.grad_shard_elems.value_or(shard);
   const bool behind = AccumulatesBehind(
       in.overlap_comm, placement.Home(StateKind::kGrad) != Tier::kDevice || !in.device_kernels);
-  const uint64_t grads = identity ? (behind ? 3 : 1) * ggroup * in.grad_elem_bytes
+  // One rank, accumulated in place: with overlap_comm a second buffer, the one a trainer holds
+  // back while its device's queue runs (Engine::GradBuffer).
+  const uint64_t in_place = in.overlap_comm ? 2 : 1;
+  const uint64_t grads = identity ? (behind ? 3 : in_place) * ggroup * in.grad_elem_bytes
                                   : in_flight * (ggroup + gshard) * in.grad_elem_bytes;
   add(identity && behind ? "gradient buffers, 3 groups (one rank: accumulated behind the backward)"
-      : identity         ? "gradient buffer, one group (one rank: reduced in place)"
-      : in.overlap_comm  ? "gradient buffers, 3 x (group + shard) (overlap_comm)"
-                         : "gradient buffers, group + shard",
+      : identity && in.overlap_comm
+          ? "gradient buffers, 2 groups (one rank, reduced in place; overlap_comm: one held back)"
+      : identity        ? "gradient buffer, one group (one rank: reduced in place)"
+      : in.overlap_comm ? "gradient buffers, 3 x (group + shard) (overlap_comm)"
+                        : "gradient buffers, group + shard",
       grads);
   if (placement.optimizer_partitioned && in.world > 1) {
     const uint64_t read_back = group * StateElementBytes(StateKind::kMaster32, DType::kF32);

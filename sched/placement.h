@@ -208,8 +208,10 @@ inline constexpr uint64_t kHostBudgetSlackBytes = uint64_t{16} << 20;
 // does not apply), and the largest group sets the size of every buffer. Items:
 //   - gradient buffers: the trainer writes one group's gradient (the full padded group, in the
 //     wire dtype) and the reduce-scatter writes its shard; with overlap_comm up to two more
-//     groups are reducing behind the trainer's backward: 3 x (group + shard), else 1 x. One rank
-//     (without qgZ): the reduction is the identity, no shard: one group, or three where the
+//     groups are reducing behind the trainer's backward: 3 x (group + shard), else 1 x (a
+//     trainer that holds one buffer back, Engine::GradBuffer, makes the engine keep one fewer
+//     in flight). One rank (without qgZ): the reduction is the identity, no shard: one group,
+//     two with overlap_comm (the trainer's and the one it holds back), or three where the
 //     accumulation runs behind the backward (AccumulatesBehind).
 //   - read-back staging: Engine::ReadMaster all-gathers one group's fp32 master on several
 //     ranks with a partitioned optimizer (4 B x group). Between steps, when no gradient buffer

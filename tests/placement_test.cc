@@ -158,7 +158,9 @@ TEST(DeviceWorking, ItemsFollowStageOverlapAndLimits) {
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, C, C), in), true), 2u * 500 * 2);
   // One rank: the reduction is the identity, read from the trainer's buffer, and nothing is
   // read back even with a partitioned optimizer. One buffer, or three where the CPU accumulates
-  // behind the backward (overlap_comm; a device without kernels, or gradients offloaded).
+  // behind the backward (overlap_comm; a device without kernels, or gradients offloaded), or two
+  // where the device's kernels accumulate in place with overlap_comm (one held back by the
+  // trainer).
   DeviceWorkingInput one;
   one.device_kernels = false;
   one.largest_group_elems = one.largest_shard_elems = one.total_group_elems = 100;
@@ -167,8 +169,11 @@ TEST(DeviceWorking, ItemsFollowStageOverlapAndLimits) {
   one.overlap_comm = true;
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 3 * 400u + 16);
   one.device_kernels = true;  // device-resident gradients: its kernels accumulate in place
-  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16 + 8);  // + stats
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 2 * 400u + 16 + 8);  // stats
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, C, N), one)), 3 * 400u + 16);
+  one.overlap_comm = false;
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16 + 8);
+  one.overlap_comm = true;
   one.device_kernels = false;
   // qgZ reduces through its buffers even on one rank: 3 x (group + shard). Stage 3 on one rank
   // gathers nothing: the trainer reads the param shard (the whole group) itself.

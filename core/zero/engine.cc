@@ -1080,6 +1080,11 @@ std::vector<std::string> Engine::nvme_files() const { return impl_->store->nvme_
 
 Result<GatheredGroup> Engine::Gather(size_t group) { return impl_->Gather(group); }
 void Engine::Release(GatheredGroup gathered) { impl_->Release(std::move(gathered)); }
+bool Engine::gathers_alias_home() const {
+  const Impl& e = *impl_;
+  return e.placement.params_partitioned && e.AliasesShard() &&
+         e.placement.Home(StateKind::kParam16) == Tier::kDevice && e.spec == nullptr;
+}
 Status Engine::ReduceGradients(size_t group) { return impl_->ReduceGradients(group); }
 Result<StepReport> Engine::Step() { return impl_->Step(); }
 
@@ -1102,6 +1107,7 @@ Result<void*> Engine::GradBuffer(size_t group) {
     }
     STRATA_RETURN_IF_ERROR(e.Fail(e.ZeroDevice(buf->get(), bytes)));
     gs.grad = std::move(*buf);
+    ++e.grad_buffers_out;
   }
   return gs.grad.get();
 }

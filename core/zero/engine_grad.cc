@@ -302,6 +302,7 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   zero::PendingReduce p;
   p.group = g;
   p.full = std::move(gs.grad);
+  --grad_buffers_out;
   p.first = gs.reductions == 0;
   ++gs.reductions;
   p.last = gs.reductions == gas;
@@ -314,9 +315,11 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   pending.push_back(std::move(p));
   // Without overlap_comm the reduction and its accumulation complete now; with it, up to two
   // stay in flight behind the trainer's backward (the device working set counts three gradient
-  // buffers).
+  // buffers), fewer while the trainer holds a buffer back (GradBuffer, engine.h).
   Status st = DrainReductions(!overlap_comm);
-  while (st.ok() && pending.size() > 2) st = DrainFront();
+  while (st.ok() && pending.size() + static_cast<size_t>(grad_buffers_out) > 2) {
+    st = DrainFront();
+  }
   timings.reduce_wait_ns += Since(t0);
   return st;
 }

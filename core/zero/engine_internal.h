@@ -268,6 +268,7 @@ struct Engine::Impl {
   bool in_step = false;      // a Gather since the last Step began the trace's step
   int64_t gather_epoch = 0;  // counts the steps in which groups were gathered (hpZ)
   int outstanding_gathers = 0;
+  int grad_buffers_out = 0;  // GradBuffer taken, ReduceGradients not yet called
   uint64_t cached_elems = 0;
   Status failed;                                 // the first error that failed the engine
   std::vector<Ticket> grad_write_behind;         // CheckGradWriteBehind; one per sub-group at most

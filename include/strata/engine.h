@@ -401,10 +401,19 @@ class Engine {
   // full size on the device).
   Result<GatheredGroup> Gather(size_t group);
   void Release(GatheredGroup gathered);
+  // True when Gather's views are the parameters' device-resident home itself: one rank (no qwZ,
+  // no hpZ), stage 3 with the parameters on the device, no speculative step. Release then neither
+  // frees nor reuses that memory, and nothing writes it before Step, Load or InitParameters, so a
+  // trainer on a device with streams of its own need not wait for its kernels that read a group
+  // before releasing it (device.h), only before those calls. Fixed at Create.
+  bool gathers_alias_home() const;
 
   // The device buffer (the group's padded flat size, zeroed, the working dtype) the trainer
   // writes the group's gradients into for this micro-step. The same buffer until
-  // ReduceGradients(group).
+  // ReduceGradients(group). With overlap_comm a trainer may take the next group's buffer before
+  // it reduces this one (one held back, so that its host need not wait for its device's queue:
+  // device.h); the engine then keeps fewer reductions in flight, so that the gradient buffers
+  // alive stay within the working set (sched/placement.h, DeviceWorkingSet).
   Result<void*> GradBuffer(size_t group);
   // Starts reducing the group's gradient buffer and accumulating it into the fp32 gradient of
   // its sub-groups (asynchronous with overlap_comm; otherwise done on return). Each group once

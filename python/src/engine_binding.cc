@@ -9,8 +9,12 @@
 // its own copy and compute streams and waits for its collectives), so a gathered or zeroed buffer
 // may be read by any stream once the call returns. In the other direction the caller orders its
 // own work: kernels queued on torch's streams that read a gathered group or write a gradient
-// buffer must have completed before release(g), reduce_gradients(g) or step() (the torch adapter
-// synchronizes its current stream before those calls).
+// buffer must have completed before release(g), reduce_gradients(g) or step(). Two exceptions
+// keep the caller's host ahead of its GPU: release(g) needs no wait where gathers_alias_home
+// (the memory stays the parameters' home until step); and with overlap_comm the caller may take
+// grad_buffer(g') before reduce_gradients(g), holding one reduction back until the kernels
+// that write g's buffer have run (an event, not a stream synchronize). The torch adapter
+// (strata/engine.py) does both.
 //
 // Lifetimes: a gathered view is valid until release(g) (or the next step's parameter update
 // for stages 0-2, whose replica it aliases); a gradient view until reduce_gradients(g). Each view
@@ -552,8 +556,9 @@ void BindEngine(nb::module_& m) {
       .def("close", &PyEngine::Close)
       .def_prop_ro("loss_scale", [](PyEngine& e) { return e.engine().LossScale(); })
       .def_prop_ro("lr", [](PyEngine& e) { return e.engine().lr(); })
-      .def_prop_ro("lrs", [](PyEngine& e) { return e.engine().lrs(); },
-                   "The lr of each optimizer group for the next step.")
+      .def_prop_ro(
+          "lrs", [](PyEngine& e) { return e.engine().lrs(); },
+          "The lr of each optimizer group for the next step.")
       .def(
           "set_lrs",
           [](PyEngine& e, const std::vector<double>& lrs) {
@@ -565,6 +570,11 @@ void BindEngine(nb::module_& m) {
       .def_prop_ro("global_step", [](PyEngine& e) { return e.engine().global_step(); })
       .def_prop_ro("rank", [](PyEngine& e) { return e.engine().rank(); })
       .def_prop_ro("world_size", [](PyEngine& e) { return e.engine().world_size(); })
+      .def_prop_ro(
+          "gathers_alias_home", [](PyEngine& e) { return e.engine().gathers_alias_home(); },
+          "True when gather's views are the parameters' device-resident home (Engine::"
+          "gathers_alias_home): release frees nothing, so it needs no wait for the caller's "
+          "stream.")
       .def_prop_ro("dtype", [](PyEngine& e) { return std::string(DTypeLabel(e.engine().dtype())); })
       .def_prop_ro("device", &PyEngine::DeviceLabel, "host, or cuda:N.")
       .def_prop_ro("num_groups", [](PyEngine& e) { return e.engine().model().groups.size(); })

@@ -341,6 +341,51 @@ class _ReleaseAfterBackward(_CallIdentity):
         return (None, *grads)
 
 
+class _HeldReductions:
+    """Reductions held back by one group, so that the host never waits for the GPU's whole queue
+    (with overlap_comm, on a GPU): a group whose gradients the backward has queued is reduced only
+    once the next group's are queued too, after waiting for an event recorded behind its own
+    copies. The GPU keeps running the next group's backward meanwhile, where a stream synchronize
+    would drain it. At most `limit` held: the engine's working set counts one (Engine::GradBuffer,
+    sched/placement.h). `limit` 0 reduces at once, with `wait` (a stream synchronize) first.
+    `event()` records an event on torch's current stream (torch.cuda.Event; tests inject theirs);
+    each needs .synchronize()."""
+    __slots__ = ("reduce", "wait", "limit", "event", "held")
+
+    def __init__(self, reduce, wait, limit: int = 0, event=None):
+        self.reduce = reduce
+        self.wait = wait
+        self.limit = limit
+        self.event = event
+        self.held: list = []  # [(group, event)], oldest first
+
+    def add(self, gi: int) -> None:
+        if self.limit == 0:
+            self.wait()
+            self.reduce(gi)
+            return
+        self.held.append((gi, self.event()))
+        while len(self.held) > self.limit:
+            self._reduce_oldest()
+
+    def drain(self) -> None:
+        while self.held:
+            self._reduce_oldest()
+
+    def _reduce_oldest(self) -> None:
+        gi, ev = self.held.pop(0)
+        ev.synchronize()
+        self.reduce(gi)
+
+
+def _cuda_event(device):
+    def record():
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(device))
+        return ev
+    return record
+
+
 class StrataEngine(torch.nn.Module):
     """The training engine deepspeed.initialize returns (DeepSpeedEngine's names)."""
 
@@ -406,6 +451,14 @@ class StrataEngine(torch.nn.Module):
         # Stages 0-2 keep every parameter whole (a view of the engine's replica) from here on;
         # stage 3 gathers per module (the hooks) and empties them outside.
         self._whole = self._engine.layout()["stage"] < 3
+        # On a GPU the host stays ahead of the device: no wait before a release that frees
+        # nothing (gathers_alias_home), one reduction held back with overlap_comm.
+        self._release_waits = self._cuda is not None and not self._engine.gathers_alias_home
+        hold = self._cuda is not None and bool(
+            (eff.get("zero_optimization") or {}).get("overlap_comm"))
+        self._held = _HeldReductions(self._engine.reduce_gradients, self._wait_torch,
+                                     1 if hold else 0,
+                                     _cuda_event(self._cuda) if hold else None)
         self._call_stack: list = []  # the module calls running forward, innermost last
         self._boundary: Optional[bool] = None  # set_gradient_accumulation_boundary's
         self._no_sync = False
@@ -662,7 +715,7 @@ class StrataEngine(torch.nn.Module):
             if self._refs[gi] <= 0:
                 self._release_group(gi)
 
-    def _release_group(self, gi: int) -> None:
+    def _release_group(self, gi: int, waited: bool = False) -> None:
         self._refs[gi] = 0
         empty = torch.empty(0, dtype=self._dtype, device=self.device)
         for _, p in self._groups[gi].params:
@@ -670,15 +723,26 @@ class StrataEngine(torch.nn.Module):
                 self._gathered_at.pop(p.data.untyped_storage().data_ptr(), None)
             p.data = empty
         if self._engine.is_gathered(gi):
-            self._wait_torch()  # kernels reading the group are done before its buffer goes
+            if self._release_waits and not waited:
+                self._wait_torch()  # kernels reading the group are done before its buffer goes
             self._engine.release(gi)
+
+    def _release_groups(self, groups) -> None:
+        """Releases every group listed, after one wait for torch's stream: what follows (a step,
+        Save, Load, InitParameters) may rewrite the parameters even where release frees
+        nothing."""
+        self._wait_torch()
+        for gi in groups:
+            self._release_group(gi, waited=True)
 
     def _wait_torch(self) -> None:
         """On a GPU: the work torch queued on its current stream has run. Every engine call
         returns with its own device work complete (python/src/engine_binding.cc), so this is the
         one ordering the adapter adds: before the engine reads a gradient buffer, frees a gathered
         group or updates parameters in place. Work on other streams is ordered onto the current
-        one by the script, as torch requires (torch.cuda.current_stream().wait_stream(s))."""
+        one by the script, as torch requires (torch.cuda.current_stream().wait_stream(s)). On the
+        hot path it is an event two groups back instead (_HeldReductions), or nothing where a
+        release frees nothing (gathers_alias_home)."""
         if self._cuda is not None:
             torch.cuda.current_stream(self._cuda).synchronize()
 
@@ -686,8 +750,7 @@ class StrataEngine(torch.nn.Module):
         for call in self._held_calls:
             call.held = False
         self._held_calls.clear()
-        for gi in range(len(self._groups)):
-            self._release_group(gi)
+        self._release_groups(range(len(self._groups)))
 
     def _gather_whole(self) -> None:
         """Stages 0-2: every group gathered, for good (the views alias the engine's replica).
@@ -799,8 +862,7 @@ class StrataEngine(torch.nn.Module):
     def _reduce(self, gi: int) -> None:
         self._grad_views.pop(gi, None)  # the views die with the buffer
         self._reduced[gi] = True
-        self._wait_torch()  # the copies into the gradient buffer have run
-        self._engine.reduce_gradients(gi)
+        self._held.add(gi)  # once the copies into the gradient buffer have run
 
     def _flush(self) -> None:
         """After autograd: every group reduced once this micro-step (none inside no_sync()),
@@ -811,6 +873,7 @@ class StrataEngine(torch.nn.Module):
                 if gi not in self._grad_views:
                     self._engine.grad_buffer(gi)  # zeros: no parameter of it was used
                 self._reduce(gi)
+        self._held.drain()
         self._grads_missing = [len(g.params) for g in self._groups]
         self._reduced = [not g.trainable for g in self._groups]
         for call in self._held_calls:  # a retained graph's next backward gathers them again
@@ -818,9 +881,8 @@ class StrataEngine(torch.nn.Module):
         self._held_calls.clear()
         if self._whole:
             return  # stages 0-2: every group stays gathered
-        for gi in range(len(self._groups)):
-            if self._refs[gi] or self._engine.is_gathered(gi):
-                self._release_group(gi)
+        self._release_groups([gi for gi in range(len(self._groups))
+                              if self._refs[gi] or self._engine.is_gathered(gi)])
 
     # -- the training loop (DeepSpeedEngine's API) --------------------------------------------
     def forward(self, *args, **kwargs):
@@ -838,6 +900,7 @@ class StrataEngine(torch.nn.Module):
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
         except BaseException:
             with contextlib.suppress(Exception):
+                self._held.drain()
                 self._release_all()
                 self._gather_whole()
             raise

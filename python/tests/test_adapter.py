@@ -105,6 +105,97 @@ def test_overlap_step_gives_the_same_bits(offload, tmp_path):
         assert torch.equal(params[n], base[n]), n
 
 
+class _LoggedEvent:
+    """A CUDA event's stand-in for _HeldReductions: logs when it is made and waited for."""
+
+    def __init__(self, log):
+        self.log, self.n = log, sum(1 for e in log if e[0] == "event")
+        log.append(("event", self.n))
+
+    def synchronize(self):
+        self.log.append(("wait", self.n))
+
+
+@pytest.mark.parametrize("stage,offload", [(3, "none"), (3, "cpu"), (2, "none")])
+def test_held_back_reductions_give_the_same_bits_and_wait_for_their_own_event(stage, offload):
+    """On a GPU with overlap_comm the adapter reduces each group one group late, after waiting
+    for an event behind its gradient copies (never the whole stream). Injected here on the host
+    engine with logged events: the same bits as reducing at once, every reduction after its own
+    event's wait and, inside the backward, only once the next group's event exists."""
+    from strata.engine import _HeldReductions
+    cfg = ds_config(stage, offload, dtype="bf16", lr=LR, wd=WD)
+    cfg["zero_optimization"]["overlap_comm"] = True
+    base_losses, base, _ = train("gpt", cfg, steps=3)
+    log = []
+    model = make_model("gpt")
+    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+
+    def reduce(gi):
+        log.append(("reduce", gi))
+        engine._engine.reduce_gradients(gi)
+
+    engine._held = _HeldReductions(reduce, engine._wait_torch, 1, lambda: _LoggedEvent(log))
+    losses = []
+    for step in range(3):
+        loss = engine(*batch("gpt", step, 0))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+        log.append(("step", step))
+    master = engine.read_master()
+    engine.close()
+    assert losses == base_losses
+    for n in base:
+        assert torch.equal(master[n], base[n]), n
+    # Per backward: event k is made when group k's copies are queued, reduce k follows wait k;
+    # all but the last reduce come before the next event's wait, i.e. one group late.
+    groups = sum(g.trainable for g in engine._groups)
+    per_step = [list(g) for g in _split(log, "step")]
+    assert len(per_step) == 3
+    for entries in per_step:
+        events = [n for kind, n in entries if kind == "event"]
+        assert len(events) == groups
+        order = [(kind, n) for kind, n in entries if kind in ("event", "wait")]
+        for k, n in enumerate(events):
+            i_wait = order.index(("wait", n))
+            if k + 1 < len(events):  # waited for only once the next group's event was made
+                assert order.index(("event", events[k + 1])) < i_wait
+            at = entries.index(("wait", n))
+            assert entries[at + 1][0] == "reduce"  # each reduce right after its own wait
+
+
+@pytest.mark.parametrize("stage,offload,param,spec,expected", [
+    (3, "none", "none", None, True), (3, "cpu", "none", False, True),
+    (3, "none", "cpu", None, False), (2, "none", "none", None, False),
+    (3, "cpu", "none", None, False), (3, "nvme", "none", False, True)])
+def test_gathers_alias_home_only_where_release_frees_nothing(stage, offload, param, spec,
+                                                            expected, tmp_path):
+    """One rank, stage 3, parameters on the device and no speculative step: the views are the
+    parameters' home, so on a GPU the adapter releases them without waiting for torch's stream.
+    Params offloaded (the store's device copy may be evicted and reused), stages 0-2 (the
+    replica is updated by the step) and a speculative step (which writes params during the
+    backward) keep the wait."""
+    cfg = ds_config(stage, offload, lr=LR, wd=WD, nvme_path=str(tmp_path))
+    if param != "none":
+        cfg["zero_optimization"]["offload_param"] = {"device": param}
+    if spec is not None:
+        cfg["zero_optimization"]["offload_optimizer"]["speculative_step"] = spec
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=cfg)
+    assert engine._engine.gathers_alias_home is expected
+    assert not engine._release_waits  # the host adapter never waits: no GPU
+    engine.close()
+
+
+def _split(log, marker):
+    part = []
+    for e in log:
+        if e[0] == marker:
+            yield part
+            part = []
+        else:
+            part.append(e)
+
+
 def test_hooks_gather_one_module_at_a_time_and_tied_weights():
     """Inside forward only the running module's parameters are whole; outside, all are empty;
     the tied head gathers the embedding's group."""

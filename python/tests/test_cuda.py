@@ -1,7 +1,8 @@
 """strata.initialize on a GPU (CudaDevice + NCCL) against plain torch on the same GPU: fp32 AdamW
 and bf16 with fp32 masters, stages 0-3 x optimizer offload none/cpu/nvme; the engine's placement
 property on the GPU (the CUDA Adam of device-resident state and the CPU Adam of offloaded state
-give the same bits); a gathered parameter read by a kernel on another stream; the device budget.
+give the same bits); a gathered parameter read by a kernel on another stream; the host running
+ahead of the GPU (no stream synchronize per module); the device budget.
 Every test but the device-choice ones needs a GPU and is skipped (and reported so) without one;
 the device-choice and budget checks also run on the host stand-in."""
 import pytest
@@ -133,6 +134,60 @@ def test_gathered_parameter_read_on_another_stream():
     torch.testing.assert_close(y.cpu(), master[name] @ x.cpu(), atol=1e-5, rtol=1e-5)
     assert p.numel() == 0 and p.is_cuda  # released: empty, still on the engine's GPU
     engine.close()
+
+
+SLEEP_CYCLES = 400_000_000  # torch.cuda._sleep: ~0.2 s at an H200's ~2 GHz
+
+
+@needs_gpu
+def test_the_host_runs_ahead_of_the_gpu_through_forward_and_backward():
+    """One GPU, stage 3, nothing offloaded (gathers_alias_home, overlap_comm): a slow kernel queued
+    early in the forward is still running when the forward returns (releases wait for nothing),
+    and one queued after a group's gradient copies in the backward is still running once the
+    engine has reduced that group (the reduction waited for an event before the slow kernel, not
+    for the stream). The results still match the run without the slow kernels."""
+    model = make_model("gpt").cuda()
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3))
+    assert engine._engine.gathers_alias_home and not engine._release_waits
+    assert engine._held.limit == 1
+    stream = torch.cuda.current_stream()
+    first = next(m for m in model.modules() if next(m.parameters(recurse=False), None) is not None)
+    slow_forward = first.register_forward_pre_hook(lambda m, a: torch.cuda._sleep(SLEEP_CYCLES))
+    loss = engine(*on_gpu(batch("gpt", 0)))
+    assert not stream.query(), "the forward waited for the GPU"
+    slow_forward.remove()
+    reduced, seen = [], []
+    reduce = engine._held.reduce
+    engine._held.reduce = lambda gi: (reduced.append(gi), reduce(gi))
+    slept = []
+
+    def after_engine_hook(p):  # registered after the engine's: runs after its hook for p
+        if not slept:
+            torch.cuda._sleep(SLEEP_CYCLES)
+            slept.append(len(reduced))
+        else:
+            seen.append((len(reduced) - slept[0], stream.query()))
+
+    hooks = [p.register_post_accumulate_grad_hook(after_engine_hook)
+             for p in model.parameters() if p.requires_grad]
+    engine.backward(loss)
+    for h in hooks:
+        h.remove()
+    # The first reduction after the slow kernel is of a group whose copies were queued before it.
+    assert any(n >= 1 and not done for n, done in seen), seen
+    engine.step()
+    losses = [loss.item()]
+    for step in range(1, STEPS):
+        loss = engine(*on_gpu(batch("gpt", step)))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    master = engine.read_master()
+    engine.close()
+    ref_losses, ref = train_cuda("gpt", ds_config(3))
+    assert losses == pytest.approx(ref_losses, rel=LOSS_RTOL)
+    for n, v in ref.items():
+        torch.testing.assert_close(master[n], v, atol=PARAM_ATOL, rtol=PARAM_RTOL, msg=n)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
