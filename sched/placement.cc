@@ -203,8 +203,11 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
               shard_copy,
           /*store_cache=*/true);
     }
-    add("gradient statistics scratch (8 B per 4096 elements)",
-        8 * (1 + CeilDiv(in.largest_sub_group_elems, 4096)));
+    const bool all = placement.Home(StateKind::kMaster32) == Tier::kDevice;
+    const uint64_t slots = all ? in.sub_groups : in.device_sub_groups;
+    const uint64_t elems = all ? in.sub_group_elems : in.device_sub_group_elems;
+    add("gradient statistics (a slot per device sub-group: 8 B per 4096 elements + 16)",
+        8 * (CeilDiv(elems, 4096) + 2 * slots));
   }
   if (!placement.params_partitioned || group == 0) return items;
   const Stage3Residency r = Stage3Peak(in);

@@ -225,8 +225,10 @@ inline constexpr uint64_t kHostBudgetSlackBytes = uint64_t{16} << 20;
 //     offload) run by the device's kernels (`device_kernels`: a device the host cannot address)
 //     with params off it: the step writes the new 16-bit params into a device
 //     copy of the param shard, fetched ahead like the states: one shard per pipeline buffer
-//     (`optimizer_buffers`), store blocks; and the gradient statistics' scratch, 8 B per
-//     4096-element chunk (kernels::kStatsChunk) of the largest sub-group plus 8.
+//     (`optimizer_buffers`), store blocks; and the gradient statistics: a slot for each of
+//     those sub-groups (Engine::Impl::CollectDeviceStats reads them all back at Step, so the
+//     backward waits for no kernel), 8 B per 4096-element chunk (kernels::kStatsChunk) plus 8,
+//     counted as 8 x (ceil(elements / 4096) + 2 x sub-groups).
 // Not here: ZeRO++'s wire buffers (core/zero/zero_collectives.h) and hpZ's secondary copy (a
 // state), which both sides add from their own ZeRO++ rules.
 struct DeviceWorkingInput {
@@ -254,6 +256,9 @@ struct DeviceWorkingInput {
   // Partial offload: the rank's sub-groups whose optimizer state stays on the device
   // (DeviceResidentSubGroups); with any, the step runs on the device for them as above.
   uint64_t device_sub_groups = 0;
+  // The rank's optimizer sub-groups and their elements, all and device-resident ones
+  // (StateLayout): the gradient statistics keep a slot for each the device's kernels complete.
+  uint64_t sub_groups = 0, sub_group_elems = 0, device_sub_group_elems = 0;
   uint64_t optimizer_buffers = 4;  // the step pipeline's buffers (offload_optimizer.buffer_count)
   uint64_t largest_sub_group_elems = 0;  // a rank's largest optimizer sub-group
   // The unit a store copy of a param shard is sized in: the engine passes kIoAlignment (a

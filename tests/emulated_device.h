@@ -10,8 +10,9 @@
 // Compute stream: one worker thread runs the kernels in FIFO order, each after `kernel_delay`, so a
 // caller that reads results without Synchronize sees stale bytes. The stream is bounded
 // (`max_queued_kernels`; a call blocks for room). While a kernel is queued or running, the memory
-// it touches is checked: a CopyAsync, or a Free of an allocation, overlapping it counts as a
-// violation (violations(): the engine must synchronize first, as on a GPU). FailNextKernel makes
+// it touches is checked: a CopyAsync overlapping it counts as a violation (violations(): the
+// engine must synchronize first, as on a GPU), and a Free of such memory is stream-ordered as
+// CudaDevice's (the memory returns once the kernel has run). FailNextKernel makes
 // the next kernel fail, reported by the next Synchronize (a kernel fault, as a GPU reports one);
 // FailNextCopy the next copy in one direction.
 //
@@ -72,9 +73,11 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
     worker_.join();
   }
 
-  // Kernel calls enqueued, by kind, and Synchronize calls.
+  // Kernel calls enqueued, by kind, Synchronize calls, and frees of memory a queued kernel
+  // touched (returned once it has run).
   struct Counts {
     uint64_t adam = 0, accumulate = 0, chunk_sums = 0, cast = 0, zero = 0, synchronize = 0;
+    uint64_t deferred_frees = 0;
   };
   Counts counts() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -111,13 +114,22 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
     sizes_[reinterpret_cast<uintptr_t>(p)] = size_bytes;
     return p;
   }
+  // Stream-ordered as CudaDevice's: memory a queued kernel touches is returned once that kernel
+  // has run (counted in deferred_frees), never under it.
   Status Free(void* ptr) override {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      std::unique_lock<std::mutex> l(mu_);
       auto it = sizes_.find(reinterpret_cast<uintptr_t>(ptr));
       if (it != sizes_.end()) {
-        CheckLocked(ptr, it->second, "Free");
+        const Range r = Span(ptr, it->second);
         sizes_.erase(it);
+        if (TouchedLocked(r)) {
+          ++counts_.deferred_frees;
+          queue_.push_back(std::make_unique<Kernel>(
+              Kernel{{}, [this, ptr] { inner_->Free(ptr).IgnoreError(); }, /*delay=*/false}));
+          cv_.notify_all();
+          return Status::OK();
+        }
       }
     }
     return inner_->Free(ptr);
@@ -151,6 +163,7 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
   struct Kernel {
     std::vector<Range> touches;
     std::function<void()> run;
+    bool delay = true;  // a kernel waits kernel_delay first; a deferred free does not
   };
 
   EmulatedDevice(std::unique_ptr<Device> inner, const EmulatedDeviceOptions& o)
@@ -162,18 +175,19 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
   }
 
   // REQUIRES: mu_ held.
-  void CheckLocked(const void* p, uint64_t bytes, const char* what) {
-    const Range r = Span(p, bytes);
+  bool TouchedLocked(const Range& r) const {
     for (const auto& k : queue_) {
       for (const Range& t : k->touches) {
-        if (r.first < t.second && t.first < r.second) {
-          if (violations_++ == 0) {
-            first_violation_ = std::string(what) + " of " + std::to_string(bytes) +
-                               " bytes overlaps a kernel not yet synchronized";
-          }
-          return;
-        }
+        if (r.first < t.second && t.first < r.second) return true;
       }
+    }
+    return false;
+  }
+  // REQUIRES: mu_ held.
+  void CheckLocked(const void* p, uint64_t bytes, const char* what) {
+    if (TouchedLocked(Span(p, bytes)) && violations_++ == 0) {
+      first_violation_ = std::string(what) + " of " + std::to_string(bytes) +
+                         " bytes overlaps a kernel not yet synchronized";
     }
   }
 
@@ -193,9 +207,10 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
       cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;
       Kernel* k = queue_.front().get();
-      Status fault = std::exchange(inject_, Status::OK());
+      // A deferred free neither waits nor takes an injected fault: it is no kernel.
+      Status fault = k->delay ? std::exchange(inject_, Status::OK()) : Status::OK();
       l.unlock();
-      std::this_thread::sleep_for(opt_.kernel_delay);
+      if (k->delay) std::this_thread::sleep_for(opt_.kernel_delay);
       if (fault.ok()) k->run();  // a faulting kernel writes nothing
       l.lock();
       if (!fault.ok() && fault_.ok()) fault_ = fault;

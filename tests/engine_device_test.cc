@@ -37,6 +37,7 @@ struct Devices {
       t.cast += c.cast;
       t.zero += c.zero;
       t.synchronize += c.synchronize;
+      t.deferred_frees += c.deferred_frees;
     }
     return t;
   }
@@ -103,6 +104,41 @@ TEST(EngineDevice, DeviceResidentStateRunsOnTheDeviceKernels) {
     const auto init = RunReference(1, 0, 1, 0.01f, 0.01f);
     EXPECT_LT(RelativeUpdateError(res.master, ref, init), 1e-4);
     EXPECT_FALSE(BitEqual(res.master, init));  // training moved the weights
+  }
+}
+
+// The backward's reductions wait for no kernel: their accumulations and chunk sums are only
+// queued, the trainer's buffers they read are freed stream-ordered behind them, and Step reads
+// every sub-group's statistics back at once. Per step the device is synchronized once per
+// gradient buffer (its clearing, before the trainer writes it) between the gradients and Step.
+TEST(EngineDevice, ReductionsQueueTheirKernelsAndStepCollectsTheStatistics) {
+  RunSpec spec;
+  spec.config_json = DeviceCaseConfig(3, "none", "none", "bf16", 0.5, 1);
+  Devices devices;
+  UseEmulated(spec, devices);
+  std::vector<uint64_t> at_grads, at_step;
+  auto syncs = [&devices] { return devices.per_rank[0]->counts().synchronize; };
+  spec.tamper = [&](int, int, int, Grads*) { at_grads.push_back(syncs()); };
+  spec.before_engine_step = [&](int, int, Engine&, nvme::SimBackend*) {
+    at_step.push_back(syncs());
+  };
+  RunResult res = RunEngine(spec);
+  ASSERT_TRUE(res.status.ok()) << res.status.ToString();
+  uint64_t trainable = 0;
+  for (const GroupSpec& g : TestModel().groups) trainable += g.trainable ? 1 : 0;
+  ASSERT_EQ(at_grads.size(), static_cast<size_t>(spec.steps));
+  ASSERT_EQ(at_step.size(), at_grads.size());
+  for (size_t i = 0; i < at_step.size(); ++i) {
+    EXPECT_EQ(at_step[i] - at_grads[i], trainable) << "step " << i;
+  }
+  const EmulatedDevice::Counts n = devices.Total();
+  const uint64_t subs = res.layouts[0].sub_groups;
+  EXPECT_EQ(n.chunk_sums, subs * spec.steps);
+  EXPECT_GT(n.deferred_frees, 0u);  // a trainer's buffer freed under its queued accumulation
+  std::string first;
+  EXPECT_EQ(devices.Violations(&first), 0u) << first;
+  for (const StepReport& r : res.reports) {  // the norm came from the collected statistics
+    EXPECT_TRUE(std::isfinite(r.grad_norm) && r.grad_norm > 0) << r.grad_norm;
   }
 }
 

@@ -51,12 +51,12 @@ TEST(OffloadctlPlan, SevenBOnEightGpusJson) {
   // 10.5 + the fp32 gradient shard the engine keeps 3.5 (sched/zero_layout.h; the full
   // gradients exist only in the gradient buffers) + 2 of working set (gradient buffers and the
   // fp32 read-back of a group, groups taken as reduce_bucket_size = 5e8 elements) = 30 GB, + 8 x
-  // 16 B of norm exchange + the device Adam's statistics scratch, 8 B x (1 + 213624 chunks of
-  // the 8.75e8 sub-group).
+  // 16 B of norm exchange + the device Adam's gradient statistics, 8 B x (213624 chunks of the
+  // rank's 8.75e8 elements + 2 x its 14 sub-groups).
   EXPECT_TRUE(j["configured"].is_null());
   EXPECT_EQ(j["recommended"].get<int>(), 1);
   EXPECT_DOUBLE_EQ(j["ladder"][1]["hbm_bytes_per_gpu"].get<double>(),
-                   30e9 + 128 + 8 * (1 + 213624));
+                   30e9 + 128 + 8 * (213624 + 2 * 14));
   EXPECT_DOUBLE_EQ(j["stages"][3]["comm"]["ratio_to_ddp"].get<double>(), 1.5);
   EXPECT_TRUE(j["fits"].get<bool>());
 }

@@ -147,13 +147,15 @@ TEST(DeviceWorking, ItemsFollowStageOverlapAndLimits) {
   in.max_live_elems = 1001;
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, N, V), in), true), 2u * 500 * 2);
   // The optimizer on a device with kernels (CUDA) and params off it: the param shards the step
-  // writes, one per pipeline buffer (4 of the 4 groups), and the statistics scratch of a
-  // 5000-element sub-group (2 chunks + 1, 8 B each).
+  // writes, one per pipeline buffer (4 of the 4 groups), and the statistics slot of the rank's
+  // one 5000-element sub-group (2 chunks + 2, 8 B each: an upper bound of 1 flag + 2 sums).
   in.device_kernels = true;
   in.largest_sub_group_elems = 5000;
+  in.sub_groups = 1;
+  in.sub_group_elems = 5000;
   const auto dev = DeviceWorkingSet(ResolvePlacement(3, N, C), in);
   EXPECT_EQ(Total(dev, true), 2u * 500 * 2 + 4 * 500 * 2);
-  EXPECT_EQ(Total(dev), 9032u + 2000 * 2 + 2 * 500 * 2 + 4 * 500 * 2 + 24);
+  EXPECT_EQ(Total(dev), 9032u + 2000 * 2 + 2 * 500 * 2 + 4 * 500 * 2 + 32);
   // ... not when the optimizer is offloaded too.
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(3, C, C), in), true), 2u * 500 * 2);
   // One rank: the reduction is the identity, read from the trainer's buffer, and nothing is
@@ -164,15 +166,17 @@ TEST(DeviceWorking, ItemsFollowStageOverlapAndLimits) {
   DeviceWorkingInput one;
   one.device_kernels = false;
   one.largest_group_elems = one.largest_shard_elems = one.total_group_elems = 100;
+  one.sub_groups = 1;
+  one.sub_group_elems = 100;
   one.grad_elem_bytes = 4;
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16);
   one.overlap_comm = true;
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 3 * 400u + 16);
   one.device_kernels = true;  // device-resident gradients: its kernels accumulate in place
-  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 2 * 400u + 16 + 8);  // stats
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 2 * 400u + 16 + 24);  // stats
   EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, C, N), one)), 3 * 400u + 16);
   one.overlap_comm = false;
-  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16 + 8);
+  EXPECT_EQ(Total(DeviceWorkingSet(ResolvePlacement(2, N, N), one)), 400u + 16 + 24);
   one.overlap_comm = true;
   one.device_kernels = false;
   // qgZ reduces through its buffers even on one rank: 3 x (group + shard). Stage 3 on one rank

@@ -32,9 +32,13 @@ namespace {
 
 using D = OffloadDevice;
 constexpr double kExchange = 8 * 16;  // the norm exchange: 16 B per rank
-// The device optimizer's gradient-statistics scratch: 8 B per 4096 elements of the largest
-// sub-group (min(sub_group_size 1e9, shard 8.75e8): 213624 chunks) + 8 B.
-constexpr double kScratch = 8 * (1 + 213624);
+// The device optimizer's gradient statistics: a slot per sub-group the rank steps,
+// 8 x (ceil(elements / 4096) + 2 x sub-groups) B (sched::DeviceWorkingSet): at stages 1-3 the
+// rank's 8.75e8 elements (213624 chunks) in 14 sub-groups (one per group's shard); at stage 0
+// (the optimizer not partitioned) the layout's 8 copies of them, 7e9 elements (1708985 chunks)
+// in 112 (an upper bound: a rank sums its own partition's).
+constexpr double kScratch = 8 * (213624 + 2 * 14);
+constexpr double kScratch0 = 8 * (1708985 + 2 * 112);
 
 // The placements below leave out the speculative step's rollback copies (a host item of their
 // own: PlannerPlace.SpeculativeStepCopies).
@@ -126,7 +130,7 @@ TEST(PlannerPlace, NoOffloadEachStage) {
   // Stage 0: 112 + fp32 grads 2 x 7 = 126 + gradient buffers 1.125 (overlap off) = 127.125 GB
   // (no read-back: the optimizer is not partitioned).
   EXPECT_DOUBLE_EQ(Place(in, 0, D::kNone, D::kNone).hbm_bytes_per_gpu,
-                   127.125e9 + kExchange + kScratch);
+                   127.125e9 + kExchange + kScratch0);
   // Stage 1: what stage 2 holds, 30 GB: params 14 + optimizer shard 10.5 + the fp32 grad shard
   // 3.5 (the engine keeps the reduced shard the optimizer steps; full gradients exist only in
   // the gradient buffers) + 1.125 + read-back 0.875.
@@ -177,9 +181,9 @@ TEST(PlannerPlace, WorkingSetFollowsOverlapAndLargestGroup) {
   in.largest_group_params = 1.2e9;
   // Stage 3, overlap off, group 1.2e9 (shard 1.5e8): 15.75 + gradient buffers 1.35e9 x 2 = 2.7
   // + read-back 4.8 - 2.7 = 2.1 + gathered: 6 groups, the reuse distance keeps 1e9 / 2.4e9 + 1 =
-  // 1, at least two held: 2 x 1.2e9 x 2 = 4.8 -> 25.35. Scratch: sub-groups of 1.5e8, 36622
-  // chunks.
-  const double scratch = 8 * (1 + 36622);
+  // 1, at least two held: 2 x 1.2e9 x 2 = 4.8 -> 25.35. Statistics: the rank's 8.75e8
+  // elements in 6 sub-groups (shards of the 6 groups).
+  const double scratch = 8 * (213624 + 2 * 6);
   EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu,
                    25.35e9 + kExchange + scratch);
   in.activation_bytes_per_gpu = 20e9;  // added as given: 45.35 GB
@@ -187,12 +191,12 @@ TEST(PlannerPlace, WorkingSetFollowsOverlapAndLargestGroup) {
                    45.35e9 + kExchange + scratch);
   // A tiny model: the group and the gathered set never exceed the model (1e6 params):
   // 18e6 / 8 = 2.25e6 + gradient buffers (1e6 + 1.25e5) x 2 = 2.25e6 + read-back 4e6 - 2.25e6
-  // = 1.75e6 + gathered 1e6 x 2 = 8.25e6 (overlap off), + 20 GB activations, + the scratch of
-  // a 1.25e5 sub-group (31 chunks).
+  // = 1.75e6 + gathered 1e6 x 2 = 8.25e6 (overlap off), + 20 GB activations, + the statistics
+  // slot of the rank's one 1.25e5 sub-group (31 chunks + 2).
   in.params = 1e6;
   in.largest_group_params = 0;
   EXPECT_DOUBLE_EQ(Place(in, 3, D::kNone, D::kNone).hbm_bytes_per_gpu,
-                   8.25e6 + kExchange + 20e9 + 8 * (1 + 31));
+                   8.25e6 + kExchange + 20e9 + 8 * (31 + 2));
 }
 
 // The working set is counted in 64-bit integers: a model of 1e15 params with settings as large
@@ -408,7 +412,7 @@ TEST(PlannerPlace, OffloadBelowStage3FollowsDeepSpeed) {
   // Stage 0 ignores optimizer offload: 127.125 GB as without it.
   const Placement s0 = Place(in, 0, D::kCpu, D::kCpu);
   EXPECT_EQ(s0.offload_optimizer, D::kNone);
-  EXPECT_DOUBLE_EQ(s0.hbm_bytes_per_gpu, 127.125e9 + kExchange + kScratch);
+  EXPECT_DOUBLE_EQ(s0.hbm_bytes_per_gpu, 127.125e9 + kExchange + kScratch0);
   EXPECT_DOUBLE_EQ(s0.host_bytes_per_node, 0);
 }
 

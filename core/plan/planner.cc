@@ -176,6 +176,9 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   dw.optimizer_buffers = static_cast<uint64_t>(std::clamp(z.optimizer_buffer_count, 1.0, 64.0));
   dw.largest_sub_group_elems = elems(LargestSubGroup(in, b.states, psi / ranks));
   dw.device_sub_groups = b.states.device_sub_groups;
+  dw.sub_groups = b.states.sub_groups;
+  dw.sub_group_elems = b.states.sub_group_elems;
+  dw.device_sub_group_elems = b.states.device_sub_group_elems;
   for (const sched::DeviceWorkingItem& it : sched::DeviceWorkingSet(b.rules, dw)) {
     b.Add(Tier::kDevice, it.name, static_cast<double>(it.bytes));
   }

@@ -653,6 +653,9 @@ void LayOutDeviceWorking(const sched::StateLayout& states, const EngineOptions& 
   dw.persistence_elems = e.persistence_elems;
   dw.device_kernels = !options.device->host_addressable();
   dw.device_sub_groups = states.device_sub_groups;
+  dw.sub_groups = states.sub_groups;
+  dw.sub_group_elems = states.sub_group_elems;
+  dw.device_sub_group_elems = states.device_sub_group_elems;
   dw.optimizer_buffers = e.pipeline_buffers;
   dw.largest_sub_group_elems = states.largest_sub;
   dw.copy_alignment = kIoAlignment;

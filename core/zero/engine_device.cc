@@ -7,10 +7,13 @@
 // (cuda_kernels.h), so a result still does not depend on where a state lives.
 //
 // Ordering: inputs are complete before a kernel is enqueued (reductions are waited for, leases
-// are held, copies are synchronous), and every function here synchronizes the compute stream
-// before it releases a lease or returns, so the store, the copy streams and the communicator
-// only ever see finished results. Only the chunk sums (8 bytes per 4096 elements) and the
-// overflow flag cross to the host.
+// are held, copies are synchronous). The gradient statistics are the one thing left running: a
+// completed gradient's chunk sums go to the sub-group's own slot of `device_stats` and are read
+// back for every sub-group at once by CollectDeviceStats (Step), so the backward's reductions
+// wait for no kernel. Everything else synchronizes the compute stream before it returns. A
+// device-homed gradient is read by nothing but these kernels until Step, and the trainer's
+// buffers they read are freed stream-ordered (Device::Free). Only the chunk sums (8 bytes per
+// 4096 elements) and the overflow flags cross to the host.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -28,39 +31,74 @@ kernels::DeviceKernels* Engine::Impl::DeviceKernelsFor(Tier home) const {
   return opt.device->kernels();
 }
 
-Result<kernels::GradStats> Engine::Impl::GradStatsAt(Tier tier, const float* grad, size_t n) {
-  kernels::DeviceKernels* k = tier == Tier::kDevice ? DeviceKernelsFor(tier) : nullptr;
-  if (k == nullptr) return kernels::ComputeGradStats(*pool, grad, DType::kF32, n);
-  // Scratch: [the overflow flag, padded to 8 bytes][chunk sums], for the largest sub-group,
-  // allocated once: 8 bytes per kStatsChunk (4096) elements.
-  const size_t chunks = (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
-  if (!stats_scratch) {
-    size_t largest = 0;
-    for (const SubGroup& s : subs) largest = std::max(largest, s.elems);
-    const size_t max_chunks = (largest + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
-    STRATA_ASSIGN_OR_RETURN(stats_scratch,
-                            DeviceBuffer::Make(opt.device, sizeof(double) * (1 + max_chunks)));
+Result<kernels::GradStats> Engine::Impl::GradStatsAt(size_t si, Tier tier, const float* grad) {
+  const size_t n = subs[si].elems;
+  if (tier != Tier::kDevice || DeviceKernelsFor(tier) == nullptr) {
+    return kernels::ComputeGradStats(*pool, grad, DType::kF32, n);
   }
-  if (sizeof(double) * (1 + chunks) > stats_scratch.size_bytes()) {
-    return Status::Internal("gradient statistics: " + std::to_string(n) +
-                            " elements exceed the largest sub-group");
+  STRATA_RETURN_IF_ERROR(QueueDeviceStats(si, grad));
+  STRATA_RETURN_IF_ERROR(CollectDeviceStats());
+  return kernels::GradStats{subs[si].sum_sq, subs[si].nonfinite};
+}
+
+namespace {
+size_t Chunks(size_t n) { return (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk; }
+}  // namespace
+
+Status Engine::Impl::QueueDeviceStats(size_t si, const float* grad) {
+  kernels::DeviceKernels* k = DeviceKernelsFor(Tier::kDevice);
+  if (!device_stats) {
+    // A slot per sub-group whose gradient the device's kernels complete on this rank:
+    // [the overflow flag, padded to 8 bytes][its chunk sums]. Within the working set's item
+    // (sched::DeviceWorkingSet, "gradient statistics").
+    stats_word.assign(subs.size(), 0);
+    size_t words = 0;
+    for (size_t i = 0; i < subs.size(); ++i) {
+      if (subs[i].owner != rank || !DeviceKernelsFor(HomeOf(subs[i], StateKind::kGrad))) continue;
+      stats_word[i] = words;
+      words += 1 + Chunks(subs[i].elems);
+    }
+    STRATA_ASSIGN_OR_RETURN(
+        device_stats, DeviceBuffer::Make(opt.device, sizeof(double) * std::max<size_t>(1, words)));
   }
-  auto* base = static_cast<uint8_t*>(stats_scratch.get());
-  STRATA_RETURN_IF_ERROR(k->ChunkSumSquares(grad, DType::kF32, n,
-                                            reinterpret_cast<double*>(base + sizeof(double)),
-                                            reinterpret_cast<bool*>(base)));
-  STRATA_RETURN_IF_ERROR(k->Synchronize(timeout()));
-  std::vector<double> host(1 + chunks);
+  SubGroup& s = subs[si];
+  const size_t end = stats_word[si] + 1 + Chunks(s.elems);
+  if (s.owner != rank || sizeof(double) * end > device_stats.size_bytes()) {
+    return Status::Internal("gradient statistics: sub-group " + std::to_string(si) +
+                            " has no slot on the device");
+  }
+  auto* slot = static_cast<double*>(device_stats.get()) + stats_word[si];
   STRATA_RETURN_IF_ERROR(
-      CopySync(CopyDir::kDeviceToHost, host.data(), base, host.size() * sizeof(double)));
-  bool flag = false;
-  std::memcpy(&flag, host.data(), sizeof flag);
-  kernels::ExactSum acc;
-  for (size_t c = 0; c < chunks; ++c) acc.Add(host[1 + c]);
-  kernels::GradStats st;
-  st.nonfinite = acc.nonfinite() || flag;
-  st.sum_sq = st.nonfinite ? std::numeric_limits<double>::infinity() : acc.Value();
-  return st;
+      k->ChunkSumSquares(grad, DType::kF32, s.elems, slot + 1, reinterpret_cast<bool*>(slot)));
+  if (!s.stats_on_device) stats_queued.push_back(si);
+  s.stats_on_device = true;
+  s.stats_valid = false;
+  return Status::OK();
+}
+
+Status Engine::Impl::CollectDeviceStats() {
+  if (stats_queued.empty()) return Status::OK();
+  STRATA_RETURN_IF_ERROR(DeviceKernelsFor(Tier::kDevice)->Synchronize(timeout()));
+  size_t words = 0;
+  for (size_t si : stats_queued)
+    words = std::max(words, stats_word[si] + 1 + Chunks(subs[si].elems));
+  std::vector<double> host(words);
+  STRATA_RETURN_IF_ERROR(
+      CopySync(CopyDir::kDeviceToHost, host.data(), device_stats.get(), words * sizeof(double)));
+  for (size_t si : stats_queued) {
+    SubGroup& s = subs[si];
+    const double* slot = host.data() + stats_word[si];
+    bool flag = false;
+    std::memcpy(&flag, slot, sizeof flag);
+    kernels::ExactSum acc;
+    for (size_t c = 0; c < Chunks(s.elems); ++c) acc.Add(slot[1 + c]);
+    s.nonfinite = acc.nonfinite() || flag;
+    s.sum_sq = s.nonfinite ? std::numeric_limits<double>::infinity() : acc.Value();
+    s.stats_valid = true;
+    s.stats_on_device = false;
+  }
+  stats_queued.clear();
+  return Status::OK();
 }
 
 Status Engine::Impl::ZeroGradAt(Tier tier, float* grad, size_t n) {

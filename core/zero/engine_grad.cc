@@ -607,11 +607,10 @@ Status Engine::Impl::Accumulate(const zero::PendingReduce& p, zero::Accumulated*
     const bool stats = p.last && s.owner == rank;  // the partition's final gradient
     std::optional<kernels::GradStats>& st = out->stats[k];
     if (dk != nullptr) {
+      // Queued, not waited for: the trainer's buffer is freed stream-ordered behind these
+      // kernels, and Step collects the statistics (engine_device.cc).
       STRATA_RETURN_IF_ERROR(dk->AccumulateGrad(a, src, dtype, post_scale, p.first, s.elems));
-      STRATA_RETURN_IF_ERROR(dk->Synchronize(timeout()));
-      if (stats) {
-        STRATA_ASSIGN_OR_RETURN(st, GradStatsAt(tier, a, s.elems));
-      }
+      if (stats) STRATA_RETURN_IF_ERROR(QueueDeviceStats(gs.sub_groups[k], a));
     } else if (stats) {
       // One walk accumulates and sums.
       STRATA_ASSIGN_OR_RETURN(

@@ -67,8 +67,10 @@ struct SubGroup {
   // Partial offload (offload_optimizer.ratio < 1): the four blocks stay on the device
   // (sched::DeviceResidentSubGroups); Impl::HomeOf gives each block's home.
   bool on_device = false;
-  // Gradient statistics of the accumulated gradient, computed when it was last completed.
+  // Gradient statistics of the accumulated gradient, computed when it was last completed; or
+  // still being computed by the device's kernels (Impl::CollectDeviceStats reads them back).
   bool stats_valid = false;
+  bool stats_on_device = false;
   double sum_sq = 0;
   bool nonfinite = false;
 };
@@ -257,7 +259,11 @@ struct Engine::Impl {
   // Declared after the store and the pool it uses, so it is joined before they go.
   std::unique_ptr<zero::SerialWorker> accumulator;
   DeviceBuffer exchange;       // world * 4 floats: the norm / overflow exchange
-  DeviceBuffer stats_scratch;  // device kernels: the overflow flag + a sub-group's chunk sums
+  // Device kernels: per sub-group, [the overflow flag][its chunk sums], from stats_word[si]
+  // (8-byte words); the sub-groups whose sums are queued and not yet read back.
+  DeviceBuffer device_stats;
+  std::vector<size_t> stats_word;
+  std::vector<size_t> stats_queued;
   zero::ZppState zpp;
 
   int64_t global_step = 0, skipped_steps = 0, applied_steps = 0;
@@ -401,10 +407,16 @@ struct Engine::Impl {
   // home is the device, the host cannot address it and it offers kernels (CudaDevice). Else null:
   // the CPU kernels compute on host-addressable memory (ComputeTier).
   kernels::DeviceKernels* DeviceKernelsFor(Tier home) const;
-  // The statistics of n fp32 gradient elements at `grad`, memory of `tier` (a lease's data):
+  // The statistics of sub-group si's fp32 gradient at `grad`, memory of `tier` (a lease's data):
   // by the device's kernels (chunk sums copied back, merged exactly) when the tier is the device
   // and it has kernels, else by the CPU kernels.
-  Result<kernels::GradStats> GradStatsAt(Tier tier, const float* grad, size_t n);
+  Result<kernels::GradStats> GradStatsAt(size_t si, Tier tier, const float* grad);
+  // The device's kernels: queue sub-group si's chunk sums into its slot of device_stats
+  // (stats_on_device until collected); no wait.
+  Status QueueDeviceStats(size_t si, const float* grad);
+  // Waits for the queued chunk sums, reads them back in one copy and merges each sub-group's
+  // exactly (stats_valid). A no-op when none is queued.
+  Status CollectDeviceStats();
   // Zeroes n fp32 gradient elements at `grad`, memory of `tier`.
   Status ZeroGradAt(Tier tier, float* grad, size_t n);
   // Sub-group s's Adam arguments over its leased blocks: fp32 master/m/v/grad, and at 16-bit

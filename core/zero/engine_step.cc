@@ -75,17 +75,17 @@ Status Engine::Impl::ComputeMissingStats() {
         s.sum_sq = 0;
         s.nonfinite = false;
         s.stats_valid = true;
-      } else if (!s.stats_valid && s.owner == rank) {
+      } else if (!s.stats_valid && !s.stats_on_device && s.owner == rank) {
         STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, tier, Access::kRead, timeout()));
         STRATA_ASSIGN_OR_RETURN(kernels::GradStats st,
-                                GradStatsAt(tier, static_cast<const float*>(acc.data()), s.elems));
+                                GradStatsAt(si, tier, static_cast<const float*>(acc.data())));
         s.sum_sq = st.sum_sq;
         s.nonfinite = st.nonfinite;
         s.stats_valid = true;
       }
     }
   }
-  return Status::OK();
+  return CollectDeviceStats();  // the backward's, queued by Accumulate
 }
 
 Status Engine::Impl::ExchangeStats(double local_sum_sq, bool local_nonfinite, double* global_sum_sq,

@@ -100,7 +100,8 @@ class Device {
   virtual Result<void*> Allocate(uint64_t size_bytes) = 0;
   // Returns memory from Allocate, stream-ordered and without blocking: the budget is available
   // again at once, the memory is reused only after both streams completed every copy issued
-  // before the call. InvalidArgument for an unknown pointer.
+  // before the call, and the kernels (kernels()) every kernel enqueued before it. InvalidArgument
+  // for an unknown pointer.
   // REQUIRES: no copy using `ptr` is issued afterwards.
   virtual Status Free(void* ptr) = 0;
 

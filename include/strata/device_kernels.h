@@ -32,9 +32,10 @@
 // stream and returns: OK means "enqueued". Kernels run in call order. The compute stream is
 // ordered neither with the copy streams (device.h) nor with a communicator: the caller (the
 // engine) makes the inputs complete before the call (a waited copy, a waited collective, a held
-// store lease) and calls Synchronize before anything else reads or frees the outputs (a copy, a
-// collective, a lease release, DeviceBuffer destruction). A fault while a kernel runs is returned
-// by the next Synchronize.
+// store lease) and calls Synchronize before anything else reads the outputs (a copy, a
+// collective, a lease release). Device::Free is ordered after the kernels enqueued before it, so
+// an input or output may be freed (DeviceBuffer destruction) without a Synchronize. A fault while
+// a kernel runs is returned by the next Synchronize.
 //
 // Status codes: InvalidArgument names the bad argument (nothing is enqueued); Unavailable when the
 // device cannot run kernels; Internal for another launch error; DeadlineExceeded from Synchronize.
