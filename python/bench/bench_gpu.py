@@ -14,6 +14,11 @@
                                param write) / DRAM triad rate on all threads)
                 step / floor (target <= 1.2x); model TFLOPS 6*N*T/step and with PaLM's attention
                 term (6*N*T + 12*layers*hidden*seq*T).
+  --deepspeed   DeepSpeed (deepspeed.initialize, one rank) beside strata in fits_in_hbm and
+                zero_offload, on the same model, batch and config: deepspeed / strata, and in
+                zero_offload deepspeed / floor. Without optimizer offload it steps with
+                torch.optim.AdamW (torch_adam) rather than JIT-building FusedAdam; with it,
+                DeepSpeedCPUAdam, built on its first initialize (init_s, not the step).
   nvme          strata ZeRO-3 with optimizer states and parameters on NVMe (ZeRO-Infinity), sized
                 so the states take <= 50 % of the free disk and the steps fit the budget:
                 io_efficiency = (the step's NVMe bytes, from the engine's stats, at the disk's
@@ -300,6 +305,84 @@ def run_torch(ctx, shape, mb, seq, mode, warmup, steps, est_s=0.0):
     return res
 
 
+def import_deepspeed(ctx):
+    """DeepSpeed as one rank (the env it wants, set where unset): NCCL on the GPU; its CPU
+    accelerator and gloo on the stand-in. DS_ACCELERATOR must be set before the import."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29541", "RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_RANK": "0"}
+    if not ctx.cuda:
+        env["DS_ACCELERATOR"] = "cpu"
+    for k, v in env.items():
+        os.environ.setdefault(k, v)
+    import deepspeed
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if ctx.cuda else "gloo")
+    return deepspeed
+
+
+def deepspeed_config(cfg):
+    """strata's config for DeepSpeed: the same, except that without optimizer offload DeepSpeed
+    steps with torch.optim.AdamW (torch_adam) instead of building its FusedAdam op first (a
+    minute of nvcc on the GPU machine); with offload it builds DeepSpeedCPUAdam (cpu_adam, g++)
+    on the first initialize, which init_s then includes."""
+    cfg = json.loads(json.dumps(cfg))
+    if "offload_optimizer" not in cfg["zero_optimization"]:
+        cfg["optimizer"]["params"]["torch_adam"] = True
+    return cfg
+
+
+def run_deepspeed(ctx, tag, shape, mb, seq, cfg, warmup, steps, est_s=0.0):
+    """deepspeed.initialize (DeepSpeed 0.19.8) on a fresh equal model and the same batch and
+    config as run_strata; timed engine steps."""
+    a = ctx.args
+    ctx.need(est_s + ctx.reserve_s(), f"deepspeed run {tag}")
+    deepspeed = import_deepspeed(ctx)
+    torch.manual_seed(0)
+    model = build_model(shape, a.vocab, seq, torch.bfloat16, ctx.device)
+    n = sum(p.numel() for p in model.parameters())
+    x = torch.randint(0, a.vocab, (mb, seq), device=ctx.device)
+    cfg = deepspeed_config(cfg)
+    t0 = time.perf_counter()
+    engine, _, _, _ = deepspeed.initialize(model=model, config=cfg,
+                                           model_parameters=model.parameters())
+    ctx.sync()
+    init_s = time.perf_counter() - t0
+    try:
+        def step():
+            loss = engine(input_ids=x, labels=x).loss
+            engine.backward(loss)
+            engine.step()
+        if ctx.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        res = time_steps(ctx, step, warmup, steps)
+        res["init_s"] = init_s
+        res["params"] = n
+        opt = engine.optimizer
+        res["deepspeed"] = {"version": deepspeed.__version__,
+                            "accelerator": deepspeed.get_accelerator()._name,
+                            "zero_optimizer": type(opt).__name__,
+                            "optimizer": type(getattr(opt, "optimizer", opt)).__name__,
+                            "config_optimizer": cfg["optimizer"]}
+        if ctx.cuda:
+            res["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
+        return res
+    finally:
+        destroy = getattr(engine, "destroy", None)
+        if destroy is not None:
+            destroy()
+        del engine
+
+
+def with_deepspeed(ctx, res, tag, shape, mb, seq, cfg, warmup, steps, est_s):
+    """--deepspeed: DeepSpeed on the part's model, batch and config, and deepspeed / strata."""
+    if not ctx.args.deepspeed:
+        return
+    res["deepspeed"] = guarded(ctx, run_deepspeed, ctx, tag, shape, mb, seq, cfg, warmup, steps,
+                               est_s=est_s)
+    d, s = res["deepspeed"].get("median_s"), res["strata"].get("median_s")
+    res["ratio_deepspeed_over_strata"] = d / s if d and s else None
+
+
 def guarded(ctx, fn, *a, **k):
     """fn's result, or {"skipped": ...} / {"error": ...}; memory freed after either."""
     try:
@@ -496,6 +579,7 @@ def part_fits_in_hbm(ctx):
     else:
         res["torch_bf16_pure"] = {"skipped": "time budget (information-only reference)"}
     res["tflops_strata_6nt"], res["tflops_strata_with_attn"] = tflops(n, tokens, s, shape, seq)
+    with_deepspeed(ctx, res, "fit", shape, mb, seq, ds_config(mb, 3), warmup, steps, run_est)
     return res
 
 
@@ -530,6 +614,8 @@ def choose_offload_size(ctx, share_s, mb, seq, refs):
         compute, step = offload_step_estimate(ctx, n, mb * seq, refs)
         est = strata_est(n, init, a.warmup + a.steps, compute, step) + torch_est(
             a.warmup + a.steps, compute)
+        if a.deepspeed:  # its CPU Adam after the backward, and its op build
+            est += 2 * strata_est(n, init, a.warmup + a.steps, compute, step) + 60
         if est > 0.8 * share_s:
             why.append(f"{name}: ~{est:.0f} s estimated > 80 % of this part's {share_s:.0f} s")
             continue
@@ -601,6 +687,10 @@ def part_zero_offload(ctx):
                                "the median of the timed steps is a steady-state step")
     res["tflops_6nt"], res["tflops_with_attn"] = tflops(n, tokens, step, shape, seq)
     res["tflops_note"] = "6*N*T/step; with_attn adds 12*layers*hidden*seq*T (PaLM's MFU count)"
+    with_deepspeed(ctx, res, "offload", shape, mb, seq, ds_config(mb, stage, opt_dev="cpu"),
+                   a.warmup, a.steps, s_est)
+    if res.get("deepspeed", {}).get("median_s") and floor:
+        res["ratio_deepspeed_over_floor"] = res["deepspeed"]["median_s"] / floor
     return res
 
 
@@ -724,6 +814,16 @@ def status(d):
     return d.get("truncated", "")
 
 
+def print_deepspeed(p):
+    if "deepspeed" not in p:
+        return
+    d = p["deepspeed"]
+    print(f"   deepspeed step {fmt_s(d.get('median_s'))}  {status(d)}")
+    print(f"   deepspeed / strata = {fmt_r(p.get('ratio_deepspeed_over_strata'))}"
+          + (f";  deepspeed / floor = {fmt_r(p['ratio_deepspeed_over_floor'])}"
+             if "ratio_deepspeed_over_floor" in p else ""))
+
+
 def print_table(out):
     e = out["env"]
     print(f"\nstrata bench_gpu: {e.get('gpu', e['device'])}, torch {e['torch']}, transformers "
@@ -739,6 +839,7 @@ def print_table(out):
             print(f"   {k:16s} {fmt_s(r.get('median_s'))}  {status(r)}")
         print(f"   strata / torch (fp32 master, amp) = {fmt_r(p.get('ratio_strata_over_torch'))}"
               f"  (target <= 1.15)")
+        print_deepspeed(p)
     p = out["parts"].get("zero_offload", {})
     if "zero_offload" in out["parts"]:
         print("2. zero_offload" + (f"  {status(p)}" if status(p) else ""))
@@ -753,6 +854,7 @@ def print_table(out):
         print(f"   step / floor = {fmt_r(p.get('ratio_step_over_floor'))}  (target <= 1.2);  "
               f"TFLOPS 6NT {fmt_r(p.get('tflops_6nt'))}, with attention "
               f"{fmt_r(p.get('tflops_with_attn'))}")
+        print_deepspeed(p)
     p = out["parts"].get("nvme", {})
     if "nvme" in out["parts"]:
         print("3. nvme" + (f"  {status(p)}" if status(p) else ""))
@@ -805,6 +907,10 @@ def main():
     ap.add_argument("--nvme-min-s", type=float, default=45.0,
                     help="time kept for the nvme part when sizing zero_offload")
     ap.add_argument("--disk-test-bytes", type=int, default=2 * GiB)
+    ap.add_argument("--deepspeed", action="store_true",
+                    help="also run DeepSpeed (import deepspeed) on fits_in_hbm and zero_offload "
+                         "with the same model, batch and config; nvme: not run (its async_io "
+                         "op needs libaio-dev)")
     ap.add_argument("--device-budget-frac", type=float, default=0.55,
                     help="device_budget_bytes = this share of the GPU's free memory")
     a = ap.parse_args()
