@@ -7,7 +7,8 @@ A case is KIND:STAGE:OFFLOAD[:FLAG]; FLAG "init" builds the model inside strata.
 "rank0" gives ranks other than 0 other weights (initialize takes rank 0's, as DeepSpeed),
 "groups" passes a client AdamW with models.decay_groups and a LambdaLR warmup,
 "nosync" runs 2 micro-steps per step, the first inside engine.no_sync() (stages 0-1).
-STEPS < 0: the rank leaves right after the engine is set up (a dead rank)."""
+STEPS < 0: the rank leaves right after the engine is set up (a dead rank). TEST_DEVICE=cuda: the
+model and batches on GPU LOCAL_RANK (the engine then runs on CudaDevice + NCCL)."""
 import contextlib
 import os
 import sys
@@ -21,6 +22,10 @@ steps, outdir, nvme = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 cases = sys.argv[4:]
 rank = int(os.environ["RANK"])
 run_id = os.environ["STRATA_RUN_ID"]
+device = torch.device("cpu")
+if os.environ.get("TEST_DEVICE") == "cuda":
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
 # torch.distributed (gloo) only for what strata.zero uses it for: GatheredParameters' broadcast
 # and zero.Init's gathers. The engine talks through its own Gloo communicator.
 torch.distributed.init_process_group(
@@ -35,7 +40,7 @@ for i, case in enumerate(cases):
         with strata.zero.Init(config=cfg):
             model = make_model(kind)
     else:
-        model = make_model(kind)
+        model = make_model(kind).to(device)
     if flag == ["rank0"] and rank != 0:
         with torch.no_grad():
             for p in model.parameters():
@@ -58,12 +63,14 @@ for i, case in enumerate(cases):
         total = 0.0
         for m in range(gas):
             with engine.no_sync() if m < gas - 1 else contextlib.nullcontext():
-                loss = engine(*batch(kind, step, m, rank))
+                loss = engine(*(x.to(device) for x in batch(kind, step, m, rank)))
                 engine.backward(loss)
                 engine.step()
             total += loss.item() / gas
         losses.append(total)
     master = engine.read_master()
-    torch.save({"losses": losses, "master": master}, os.path.join(outdir, f"{case}.rank{rank}.pt"))
+    torch.save({"losses": losses, "master": master, "device": str(engine.device),
+                "engine_device": engine._engine.device},
+               os.path.join(outdir, f"{case}.rank{rank}.pt"))
     engine.close()
 torch.distributed.destroy_process_group()

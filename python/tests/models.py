@@ -216,10 +216,11 @@ def warmup(step):
     return min(1.0, (step + 1) / 3)
 
 
-def reference(kind, steps, lr, wd, gas=1, world=1, seed=0, groups=False):
+def reference(kind, steps, lr, wd, gas=1, world=1, seed=0, groups=False, device=None):
     """Plain torch fp32 AdamW over the same data (the mean of every rank's micro-batches).
-    groups: decay_groups with a LambdaLR warmup (stepped after each step)."""
-    model = make_model(kind, seed)
+    groups: decay_groups with a LambdaLR warmup (stepped after each step). device: where it runs
+    (default the CPU); the master weights come back on the CPU."""
+    model = make_model(kind, seed).to(device or "cpu")
     params = decay_groups(model) if groups else [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup) if groups else None
@@ -229,14 +230,15 @@ def reference(kind, steps, lr, wd, gas=1, world=1, seed=0, groups=False):
         total = 0.0
         for r in range(world):
             for m in range(gas):
-                loss = model(*batch(kind, step, m, r)) / (gas * world)
+                loss = model(*(x.to(device or "cpu") for x in batch(kind, step, m, r))) / (
+                    gas * world)
                 loss.backward()
                 total += loss.item()
         losses.append(total)
         opt.step()
         if sched is not None:
             sched.step()
-    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+    return losses, {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
 
 
 def ds_config(stage, offload="none", dtype="fp32", gas=1, lr=1e-2, wd=0.01, nvme_path=None,

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 import strata  # noqa: E402
 from strata import engine as strata_engine  # noqa: E402
 
-from models import batch, ds_config, make_model  # noqa: E402
+from models import batch, ds_config, make_model, reference  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
@@ -134,6 +134,40 @@ def test_gathered_parameter_read_on_another_stream():
     torch.testing.assert_close(y.cpu(), master[name] @ x.cpu(), atol=1e-5, rtol=1e-5)
     assert p.numel() == 0 and p.is_cuda  # released: empty, still on the engine's GPU
     engine.close()
+
+
+needs_two_gpus = pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2,
+                                    reason="needs two GPUs")
+TWO_GPU_CASES = ["gpt:3:none", "gpt:3:cpu", "gpt:2:none", "mlp:1:cpu", "gpt:3:nvme"]
+
+
+@needs_two_gpus
+def test_two_processes_on_two_gpus_match_torch(tmp_path):
+    """One process per GPU (LOCAL_RANK picks it), the engine on CudaDevice with NCCL through
+    strata's rendezvous: both ranks end with the same bits, and the mean loss and the weights
+    match torch's AdamW on the mean of both ranks' gradients, computed on the GPU."""
+    import os
+    from launch import launch
+    os.environ["TEST_DEVICE"] = "cuda"
+    try:
+        outs = launch(tmp_path, "dist_worker.py",
+                      lambda r, nvme: [STEPS, tmp_path, nvme, *TWO_GPU_CASES], 2, 60000)
+    finally:
+        del os.environ["TEST_DEVICE"]
+    for rc, out in outs:
+        assert rc == 0, out
+    for case in TWO_GPU_CASES:
+        kind = case.split(":")[0]
+        res = [torch.load(tmp_path / f"{case}.rank{r}.pt") for r in range(2)]
+        assert [r["engine_device"] for r in res] == ["cuda:0", "cuda:1"], case
+        for n, p in res[0]["master"].items():
+            assert torch.equal(p, res[1]["master"][n]), (case, n)
+        ref_losses, ref = reference(kind, STEPS, LR, WD, world=2, device="cuda")
+        mean = [(a + b) / 2 for a, b in zip(res[0]["losses"], res[1]["losses"])]
+        assert mean == pytest.approx(ref_losses, rel=LOSS_RTOL), case
+        for n, p in res[0]["master"].items():
+            torch.testing.assert_close(p, ref[n], atol=PARAM_ATOL, rtol=PARAM_RTOL,
+                                       msg=f"{case} {n}")
 
 
 SLEEP_CYCLES = 400_000_000  # torch.cuda._sleep: ~0.2 s at an H200's ~2 GHz
