@@ -226,7 +226,38 @@ TEST_F(GatherTest, ReadsTheStoreThroughOneSnapshotPerCall) {
   Step(gather, order);
   Step(gather, order);
   EXPECT_EQ(counting.single_reads, 0u);
-  EXPECT_EQ(counting.snapshots, 2 * 2 * order.size());  // one per Gather, one per Release
+  // One at construction (are all homes the device?), then one per Gather and one per Release.
+  EXPECT_EQ(counting.snapshots, 1 + 2 * 2 * order.size());
+}
+
+// Groups whose home is the device leave nothing to plan: after the construction's snapshot no
+// Gather or Release reads the store's state, and nothing is prefetched or evicted; the trace is
+// still recorded (the engine's reuse distance reads it).
+TEST_F(GatherTest, DeviceHomedGroupsPlanNothingAndReadNoSnapshot) {
+  std::vector<BlockId> on_device;
+  constexpr int kOnDevice = 3;  // what the device budget holds
+  for (int g = 0; g < kOnDevice; ++g) {
+    auto id = store_->Register({"dev" + std::to_string(g) + ".param16", kGroup, DType::kBF16,
+                                StateKind::kParam16, Tier::kDevice});
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    on_device.push_back(*id);
+    auto l = store_->Acquire(*id, Tier::kDevice, Access::kWrite, 20s);
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    std::memset(l->data(), g + 1, kGroup);
+    l->MarkDirty();
+  }
+  CountingStore counting(store_.get());
+  GatherScheduler gather(&counting, on_device, pc_);
+  const std::vector<sched::GroupId> order = {0, 1, 2, 2, 1, 0};
+  Step(gather, order);
+  Step(gather, order);
+  EXPECT_EQ(counting.snapshots, 1u);
+  EXPECT_EQ(gather.prefetches_issued(), 0u);
+  EXPECT_EQ(gather.evictions_issued(), 0u);
+  EXPECT_EQ(gather.trace().recorded(), order);
+  for (int g = 0; g < kOnDevice; ++g) {
+    EXPECT_EQ(store_->residency(on_device[g], Tier::kDevice), Residency::kValid) << g;
+  }
 }
 
 TEST_F(GatherTest, FailedPrefetchIsCountedAndReachesTheNextGatherOfItsGroup) {

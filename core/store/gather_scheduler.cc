@@ -22,7 +22,10 @@ GatherScheduler::GatherScheduler(Store* store, std::vector<BlockId> groups,
       gathered_(groups_.size(), 0),
       blocks_(groups_.size()),
       views_(groups_.size()),
-      failures_(std::make_shared<Failures>(groups_.size())) {}
+      failures_(std::make_shared<Failures>(groups_.size())) {
+  store_->Snapshot(groups_, blocks_);
+  for (const BlockView& b : blocks_) all_home_device_ = all_home_device_ && b.home == Tier::kDevice;
+}
 
 GatherScheduler::~GatherScheduler() = default;
 
@@ -70,6 +73,14 @@ Result<Lease> GatherScheduler::Gather(sched::GroupId g, std::chrono::nanoseconds
     return Status::InvalidArgument("GatherScheduler::Gather: no group " + std::to_string(g));
   }
   if (!trace_.in_step()) trace_.BeginStep();
+  if (all_home_device_) {
+    // Every group lives on the device: nothing to prefetch, stage or evict, so no snapshot and
+    // no plan (both cost in the number of groups, at every Gather).
+    trace_.Record(g);
+    auto lease = store_->Acquire(groups_[g], Tier::kDevice, Access::kRead, timeout);
+    if (lease.ok()) ++gathered_[g];
+    return lease;
+  }
   Refresh();
   {
     std::lock_guard<std::mutex> l(failures_->mu);
@@ -116,6 +127,7 @@ void GatherScheduler::Release(sched::GroupId g, Lease lease) {
   lease.Release();
   if (g >= groups_.size()) return;
   if (gathered_[g] > 0) --gathered_[g];
+  if (all_home_device_) return;  // never evicted
   Refresh();
   if (views_[g].home == Tier::kDevice || views_[g].in_use) return;
   if (!prefetcher_.KeepAfterRelease(g, trace_, views_)) {

@@ -9,11 +9,12 @@
 // prefetch until the trace has been re-recorded.
 //
 // The policy sees one consistent snapshot of every group (one Store::Snapshot per Gather and per
-// Release), with `in_use` set for groups this scheduler has handed out and not yet released and
-// for device copies anyone else leases, so it never plans to evict a copy in use. Every ticket it
-// issues is checked when it completes (Ticket::Then, without waiting): failures are counted
-// (failed_ops, last_error), and a failed prefetch's error is returned by the next Gather of that
-// group unless the group became resident on the device since.
+// Release; none where every group's home is the device, which leaves nothing to plan), with
+// `in_use` set for groups this scheduler has handed out and not yet released and for device copies
+// anyone else leases, so it never plans to evict a copy in use. Every ticket it issues is checked
+// when it completes (Ticket::Then, without waiting): failures are counted (failed_ops, last_error),
+// and a failed prefetch's error is returned by the next Gather of that group unless the group
+// became resident on the device since.
 //
 // Thread safety: one thread drives a GatherScheduler (the trainer's); the store is thread-safe.
 // failed_ops() and last_error() may be read from any thread. Ticket callbacks may outlive the
@@ -78,6 +79,7 @@ class GatherScheduler {
   std::vector<sched::GroupView> views_;
   std::shared_ptr<Failures> failures_;
   std::function<bool(sched::GroupId)> held_;
+  bool all_home_device_ = true;  // every group's home is the device: Gather plans nothing
   uint64_t prefetches_ = 0;
   uint64_t evictions_ = 0;
 };

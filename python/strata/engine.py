@@ -214,15 +214,32 @@ def _map_tensors(obj, fn):
     return obj
 
 
+def _grad_tensors(obj, out: list) -> None:
+    """Appends the tensors inside obj (tuples, lists, dicts) that need a gradient, in
+    _map_tensors' order. Runs on every hooked module call: no closures, no rebuilding."""
+    if isinstance(obj, torch.Tensor):
+        if obj.requires_grad:
+            out.append(obj)
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            _grad_tensors(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _grad_tensors(o, out)
+
+
 def _through(function, call, obj):
     """obj with the tensors that need a gradient passed through `function` (one node for all, so
     its backward runs once, when every one of their gradients is in)."""
     found = []
-    _map_tensors(obj, lambda t: found.append(t) if t.requires_grad else None)
+    _grad_tensors(obj, found)
     if not found:
         return obj, False
-    outs = iter(function.apply(call, *found))
-    return _map_tensors(obj, lambda t: next(outs) if t.requires_grad else t), True
+    outs = function.apply(call, *found)
+    if obj is found[0]:  # a module's output that is one tensor
+        return outs[0], True
+    it = iter(outs)
+    return _map_tensors(obj, lambda t: next(it) if t.requires_grad else t), True
 
 
 class _ModuleCall:
