@@ -78,6 +78,9 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
   struct Counts {
     uint64_t adam = 0, accumulate = 0, chunk_sums = 0, cast = 0, zero = 0, synchronize = 0;
     uint64_t deferred_frees = 0;
+    // Copies with a completion callback (the engine's) whose host side is not page-locked
+    // (outside every RegisterHost range), per CopyDir: on CUDA those bounce through the driver.
+    uint64_t pageable_copies[2] = {0, 0};
   };
   Counts counts() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -140,6 +143,9 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
     {
       std::lock_guard<std::mutex> l(mu_);
       CheckLocked(dir == CopyDir::kHostToDevice ? dst : src, size_bytes, "CopyAsync");
+      if (done && !RegisteredLocked(Span(dir == CopyDir::kHostToDevice ? src : dst, size_bytes))) {
+        ++counts_.pageable_copies[static_cast<size_t>(dir)];
+      }
       if (done) fault = std::exchange(copy_fault_[static_cast<size_t>(dir)], Status::OK());
     }
     if (!fault.ok()) {
@@ -153,9 +159,18 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
   }
   Status Synchronize() override { return inner_->Synchronize(); }
   Status RegisterHost(void* ptr, uint64_t size_bytes) override {
-    return inner_->RegisterHost(ptr, size_bytes);
+    STRATA_RETURN_IF_ERROR(inner_->RegisterHost(ptr, size_bytes));
+    std::lock_guard<std::mutex> l(mu_);
+    registered_[reinterpret_cast<uintptr_t>(ptr)] = size_bytes;
+    return Status::OK();
   }
-  Status UnregisterHost(void* ptr) override { return inner_->UnregisterHost(ptr); }
+  Status UnregisterHost(void* ptr) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      registered_.erase(reinterpret_cast<uintptr_t>(ptr));
+    }
+    return inner_->UnregisterHost(ptr);
+  }
   DeviceStats stats() const override { return inner_->stats(); }
 
  private:
@@ -174,6 +189,13 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
     return {b, b + bytes};
   }
 
+  // REQUIRES: mu_ held.
+  bool RegisteredLocked(const Range& r) const {
+    auto it = registered_.upper_bound(r.first);
+    if (it == registered_.begin()) return false;
+    --it;
+    return r.second <= it->first + it->second;
+  }
   // REQUIRES: mu_ held.
   bool TouchedLocked(const Range& r) const {
     for (const auto& k : queue_) {
@@ -371,6 +393,7 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Kernel>> queue_;  // FIFO, unfinished; the front is the one running
   std::map<uintptr_t, uint64_t> sizes_;        // live allocations
+  std::map<uintptr_t, uint64_t> registered_;   // RegisterHost ranges: begin -> bytes
   Counts counts_;
   uint64_t violations_ = 0;
   std::string first_violation_;

@@ -38,6 +38,7 @@ struct Devices {
       t.zero += c.zero;
       t.synchronize += c.synchronize;
       t.deferred_frees += c.deferred_frees;
+      for (int d = 0; d < 2; ++d) t.pageable_copies[d] += c.pageable_copies[d];
     }
     return t;
   }
@@ -139,6 +140,46 @@ TEST(EngineDevice, ReductionsQueueTheirKernelsAndStepCollectsTheStatistics) {
   EXPECT_EQ(devices.Violations(&first), 0u) << first;
   for (const StepReport& r : res.reports) {  // the norm came from the collected statistics
     EXPECT_TRUE(std::isfinite(r.grad_norm) && r.grad_norm > 0) << r.grad_norm;
+  }
+}
+
+// Gradients accumulated on the host from a device the host cannot address (the optimizer
+// offloaded): with pin_memory each sub-group's reduced gradient is copied into one page-locked
+// staging buffer, so no device-to-host copy of the engine lands in pageable memory (on CUDA
+// those bounce through the driver's buffers); without it they do.
+TEST(EngineDevice, OffloadedGradientsAreStagedInPageLockedMemoryWithPinMemory) {
+  for (const bool pin : {true, false}) {
+    SCOPED_TRACE(pin ? "pin_memory" : "no pin_memory");
+    RunSpec spec;
+    spec.config_json = DeviceCaseConfig(3, "cpu", "none", "bf16", 0.0, 1);
+    const std::string key = R"("device": "cpu")";
+    const size_t at = spec.config_json.find(key);
+    ASSERT_NE(at, std::string::npos);
+    spec.config_json.insert(at + key.size(),
+                            std::string(R"(, "pin_memory": )") + (pin ? "true" : "false"));
+    Devices devices;
+    UseEmulated(spec, devices);
+    // Counted over the steps: the store's own copies at initialisation go to its host blocks
+    // (page-locked by its pinned pool, which registers with CUDA itself; not used here).
+    auto pageable_d2h = [&devices] {
+      return devices.Total().pageable_copies[static_cast<size_t>(CopyDir::kDeviceToHost)];
+    };
+    uint64_t before = 0, d2h = 0;
+    spec.before_step = [&](int, int step, Engine&) {
+      if (step == 0) before = pageable_d2h();
+    };
+    spec.after_step = [&](int, int step, Engine&) {
+      if (step == spec.steps - 1) d2h = pageable_d2h() - before;
+      return Status::OK();
+    };
+    RunResult res = RunEngine(spec);
+    ASSERT_TRUE(res.status.ok()) << res.status.ToString();
+    if (pin) {
+      EXPECT_EQ(d2h, 0u);
+    } else {
+      EXPECT_GT(d2h, 0u);
+    }
+    EXPECT_GT(devices.per_rank[0]->stats().copies[static_cast<size_t>(CopyDir::kDeviceToHost)], 0u);
   }
 }
 

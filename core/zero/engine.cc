@@ -666,9 +666,10 @@ void LayOutDeviceWorking(const sched::StateLayout& states, const EngineOptions& 
 }
 
 // The host working set: the optimizer pipeline's sub-groups in flight (NVMe-homed state is paged
-// through host memory), parameter shards staged from NVMe, and states computed on the host
-// whose home is a device the host cannot address. (The rules are shared with the planner:
-// sched/placement.h.)
+// through host memory), parameter shards staged from NVMe, and on a device the host cannot
+// address the states computed on the host whose home is that device, and a group's gradient
+// staged to the host (Impl::grad_staging: a sub-group's at a time). (The rules are shared with
+// the planner: sched/placement.h.)
 void LayOutHostWorking(const sched::StateLayout& states, const ZeroSettings& z,
                        const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
   // Partial offload: only the offloaded sub-groups page through the buffers.
@@ -684,6 +685,7 @@ void LayOutHostWorking(const sched::StateLayout& states, const ZeroSettings& z,
                                                   states.largest_shard, e.dtype);
   }
   e.layout.working_bytes[Tier::kHost] += cs->swap_bytes;
+  e.largest_sub_elems = states.largest_sub;
   if (!options.device->host_addressable()) {
     const uint64_t sub_bytes = 4 * RoundUp(states.largest_sub * 4, 4096);
     e.layout.working_bytes[Tier::kHost] += 2 * sub_bytes + states.largest_padded * e.elt;
@@ -844,6 +846,7 @@ Status OpenStore(const EngineConfig& c, EngineOptions& options, Engine::Impl& e,
   so.rank = e.rank;
   so.io_deadline = options.timeout;
   const bool pin = z.optimizer_pin_memory || z.param_pin_memory;
+  e.pin_host = pin;
   so.use_pinned_pool = options.use_pinned_pool;  // huge pages either way
   so.lock_host_memory = pin;
   if (options.use_pinned_pool && !pin &&

@@ -582,7 +582,7 @@ Status Engine::Impl::StartAccumulate(zero::PendingReduce& p) {
 
 Status Engine::Impl::Accumulate(const zero::PendingReduce& p, zero::Accumulated* out) {
   const zero::GroupState& gs = groups[p.group];
-  std::vector<uint8_t> staged;
+  std::unique_lock<std::mutex> staging;  // grad_staging, while a sub-group is staged in it
   out->stats.assign(gs.sub_groups.size(), std::nullopt);
   for (size_t k = 0; k < gs.sub_groups.size(); ++k) {
     const SubGroup& s = subs[gs.sub_groups[k]];
@@ -593,9 +593,13 @@ Status Engine::Impl::Accumulate(const zero::PendingReduce& p, zero::Accumulated*
     const Tier tier = dk != nullptr ? Tier::kDevice : ComputeTier(home);
     const uint8_t* src = ReducedGrad(p, s);
     if (dk == nullptr && !opt.device->host_addressable()) {
-      staged.resize(s.elems * elt);
-      STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, staged.data(), src, staged.size()));
-      src = staged.data();
+      if (!staging.owns_lock()) staging = std::unique_lock<std::mutex>(grad_staging.mu);
+      STRATA_ASSIGN_OR_RETURN(
+          uint8_t * staged,
+          grad_staging.Get(opt.device, std::max<uint64_t>(largest_sub_elems, s.elems) * elt,
+                           pin_host));
+      STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, staged, src, s.elems * elt));
+      src = staged;
     }
     // The first micro-step replaces the gradient: no read of the old one (from NVMe).
     const Access access = p.first ? Access::kOverwrite : Access::kWrite;

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -109,6 +111,47 @@ struct PendingReduce {
   std::shared_ptr<Accumulated> accumulated;
   bool Ready() const;
   Status Wait(std::chrono::steady_clock::time_point deadline) const;
+};
+
+// Host memory a device's bytes are copied into before the CPU computes on them: one buffer,
+// allocated at the first use at the size asked then (the largest it will be asked for), and
+// page-locked with the device (Device::RegisterHost) when `pin`, so the copies are DMA rather
+// than the driver's bounce through pageable memory; a later larger request reallocates. Used by
+// one thread at a time (`mu`, held by the user).
+class HostStaging {
+ public:
+  HostStaging() = default;
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  ~HostStaging() { Reset(); }
+  // REQUIRES: mu held; `device` outlives this object.
+  Result<uint8_t*> Get(Device* device, size_t bytes, bool pin) {
+    if (bytes <= size_) return data_.get();
+    Reset();
+    const size_t rounded = (bytes + 4095) / 4096 * 4096;
+    data_.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, rounded)));
+    if (!data_)
+      return Status::ResourceExhausted("host staging: " + std::to_string(rounded) + " bytes");
+    size_ = rounded;
+    if (pin && device->RegisterHost(data_.get(), size_).ok()) device_ = device;
+    return data_.get();
+  }
+  bool pinned() const { return device_ != nullptr; }
+  std::mutex mu;
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  void Reset() {
+    if (device_ != nullptr) device_->UnregisterHost(data_.get()).IgnoreError();
+    device_ = nullptr;
+    data_.reset();
+    size_ = 0;
+  }
+  std::unique_ptr<uint8_t[], Free> data_;
+  size_t size_ = 0;
+  Device* device_ = nullptr;  // set while data_ is registered with it
 };
 
 struct GroupState {
@@ -275,6 +318,12 @@ struct Engine::Impl {
   int64_t gather_epoch = 0;  // counts the steps in which groups were gathered (hpZ)
   int outstanding_gathers = 0;
   int grad_buffers_out = 0;  // GradBuffer taken, ReduceGradients not yet called
+  // A device the host cannot address, gradients accumulated on the host: each sub-group's
+  // reduced gradient is copied here first (within the host working set's group-sized item);
+  // page-locked with pin_memory (`pin_host`).
+  zero::HostStaging grad_staging;
+  bool pin_host = false;
+  uint64_t largest_sub_elems = 0;  // the largest optimizer sub-group: grad_staging's size
   uint64_t cached_elems = 0;
   Status failed;                                 // the first error that failed the engine
   std::vector<Ticket> grad_write_behind;         // CheckGradWriteBehind; one per sub-group at most
