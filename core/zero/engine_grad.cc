@@ -317,7 +317,8 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   // stay in flight behind the trainer's backward (the device working set counts three gradient
   // buffers), fewer while the trainer holds a buffer back (GradBuffer, engine.h).
   Status st = DrainReductions(!overlap_comm);
-  while (st.ok() && pending.size() + static_cast<size_t>(grad_buffers_out) > 2) {
+  while (st.ok() && !pending.empty() &&
+         pending.size() + static_cast<size_t>(grad_buffers_out) > 2) {
     st = DrainFront();
   }
   timings.reduce_wait_ns += Since(t0);
