@@ -14,6 +14,9 @@
                                param write) / DRAM triad rate on all threads)
                 step / floor (target <= 1.2x); model TFLOPS 6*N*T/step and with PaLM's attention
                 term (6*N*T + 12*layers*hidden*seq*T).
+  phases        every run's JSON has "phases": per forward / backward / optimizer call, the
+                host's time in the call and (GPU) the stream's span between events recorded at
+                the boundaries, medians over the timed steps, no synchronize added (Phases).
   --deepspeed   DeepSpeed (deepspeed.initialize, one rank) beside strata in fits_in_hbm and
                 zero_offload, on the same model, batch and config: deepspeed / strata, and in
                 zero_offload deepspeed / floor. Without optimizer offload it steps with
@@ -214,6 +217,42 @@ def time_steps(ctx, step, warmup, steps, min_left=None, before_timed=None):
     return out
 
 
+class Phases:
+    """Where a step's time goes, without adding a synchronize: at each boundary between the
+    forward, backward and optimizer calls the host's clock and, on a GPU, an event on the current
+    stream. Per phase, the median over the timed steps of the host's time in the call (host_s)
+    and of the GPU's span between the events (gpu_s; the span includes time the stream sat idle).
+    A host_s close to gpu_s says the host, not the GPU, set the pace of that phase."""
+    NAMES = ("forward", "backward", "step")
+
+    def __init__(self, ctx):
+        self.cuda = ctx.cuda
+        self.rows = []
+
+    def mark(self, first=False):
+        if first:
+            self.rows.append([])
+        ev = None
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        self.rows[-1].append((time.perf_counter(), ev))
+
+    def summary(self, timed):
+        rows = [r for r in self.rows[-timed:] if len(r) == len(self.NAMES) + 1] if timed else []
+        if not rows:
+            return None
+        out = {}
+        for i, name in enumerate(self.NAMES):
+            host = [r[i + 1][0] - r[i][0] for r in rows]
+            d = {"host_s": statistics.median(host)}
+            if self.cuda:
+                d["gpu_s"] = statistics.median(
+                    r[i][1].elapsed_time(r[i + 1][1]) / 1e3 for r in rows)
+            out[name] = d
+        return out
+
+
 def run_strata(ctx, tag, shape, mb, seq, cfg, warmup, steps, overlap_step=False,
                with_stats=False, est_s=0.0):
     """strata.initialize on a fresh model on the device; timed engine steps. Skipped when less
@@ -236,10 +275,16 @@ def run_strata(ctx, tag, shape, mb, seq, cfg, warmup, steps, overlap_step=False,
     ctx.sync()
     init_s = time.perf_counter() - t0
     try:
+        ph = Phases(ctx)
+
         def step():
+            ph.mark(first=True)
             loss = engine(input_ids=x, labels=x).loss
+            ph.mark()
             engine.backward(loss)
+            ph.mark()
             engine.step()
+            ph.mark()
         before = {}
         if ctx.cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -247,6 +292,7 @@ def run_strata(ctx, tag, shape, mb, seq, cfg, warmup, steps, overlap_step=False,
                          before_timed=(lambda: before.update(engine.stats())) if with_stats
                          else None)
         ctx.sync()
+        res["phases"] = ph.summary(len(res["step_s"]))
         res["init_s"] = init_s
         res["params"] = n
         res["device_budget_bytes"] = budget
@@ -281,22 +327,30 @@ def run_torch(ctx, shape, mb, seq, mode, warmup, steps, est_s=0.0):
                                     weight_decay=0.1)
             fused = False
 
+    ph = Phases(ctx)
+
     def step():
+        ph.mark(first=True)
         if mode == "amp":
             with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
                 loss = model(input_ids=x, labels=x).loss
         else:
             loss = model(input_ids=x, labels=x).loss
+        ph.mark()
         loss.backward()
+        ph.mark()
         if opt is not None:
             opt.step()
             opt.zero_grad(set_to_none=True)
         else:
             for p in model.parameters():
                 p.grad = None
+        ph.mark()
     if ctx.cuda:
         torch.cuda.reset_peak_memory_stats()
     res = time_steps(ctx, step, warmup, steps)
+    ctx.sync()
+    res["phases"] = ph.summary(len(res["step_s"]))
     res["params"] = n
     if opt is not None:
         res["fused_adamw"] = fused
@@ -348,13 +402,21 @@ def run_deepspeed(ctx, tag, shape, mb, seq, cfg, warmup, steps, est_s=0.0):
     ctx.sync()
     init_s = time.perf_counter() - t0
     try:
+        ph = Phases(ctx)
+
         def step():
+            ph.mark(first=True)
             loss = engine(input_ids=x, labels=x).loss
+            ph.mark()
             engine.backward(loss)
+            ph.mark()
             engine.step()
+            ph.mark()
         if ctx.cuda:
             torch.cuda.reset_peak_memory_stats()
         res = time_steps(ctx, step, warmup, steps)
+        ctx.sync()
+        res["phases"] = ph.summary(len(res["step_s"]))
         res["init_s"] = init_s
         res["params"] = n
         opt = engine.optimizer
@@ -814,6 +876,19 @@ def status(d):
     return d.get("truncated", "")
 
 
+def print_phases(r):
+    """One line: each phase's host time in the call and, on a GPU, the stream's span."""
+    ph = r.get("phases") if isinstance(r, dict) else None
+    if not ph:
+        return
+    parts = []
+    for name in Phases.NAMES:
+        d = ph[name]
+        gpu = f" / gpu {d['gpu_s'] * 1e3:.1f}" if "gpu_s" in d else ""
+        parts.append(f"{name} host {d['host_s'] * 1e3:.1f}{gpu}")
+    print("                    " + ", ".join(parts) + " ms")
+
+
 def print_deepspeed(p):
     if "deepspeed" not in p:
         return
@@ -837,6 +912,7 @@ def print_table(out):
         for k in ("torch", "strata", "torch_bf16_pure"):
             r = p.get(k, {})
             print(f"   {k:16s} {fmt_s(r.get('median_s'))}  {status(r)}")
+            print_phases(r)
         print(f"   strata / torch (fp32 master, amp) = {fmt_r(p.get('ratio_strata_over_torch'))}"
               f"  (target <= 1.15)")
         print_deepspeed(p)
@@ -848,6 +924,7 @@ def print_table(out):
         print(f"   model {p['model']} {fmt_n(p['params'])} params, batch {p['micro_batch']} x "
               f"{p['seq']}; {p['strata_config']}")
         print(f"   strata step {fmt_s(p['strata'].get('median_s'))}  {status(p['strata'])}")
+        print_phases(p["strata"])
         print(f"   floor {fmt_s(f.get('floor_s'))} = max(gpu compute {fmt_s(f.get('gpu_compute_s'))}"
               f", pcie {fmt_s(f.get('pcie_s'))}, cpu adam {fmt_s(f.get('cpu_adam_s'))})  "
               f"{status(p.get('torch_fwd_bwd'))}")
