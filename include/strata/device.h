@@ -22,8 +22,8 @@
 // gradient buffer on any stream once the call returns. The other direction is the trainer's:
 // its kernels that read a gathered group or write a gradient buffer must have completed before
 // it calls Release, ReduceGradients or Step for that memory (the Python adapter waits for an
-// event recorded on torch's current stream there; python/src/engine_binding.cc). Where
-// Engine::gathers_alias_home, Release frees nothing and needs no wait. With overlap_comm a
+// event recorded on torch's current stream there, a group later; python/src/engine_binding.cc).
+// Where Engine::gathers_alias_home, Release frees nothing and needs no wait. With overlap_comm a
 // trainer may hold one gradient buffer back (Engine::GradBuffer), waiting for the event of the
 // group before the one its backward now writes, never for its whole stream: the device keeps the
 // queued kernels running while the host reduces.

@@ -9,12 +9,12 @@
 // its own copy and compute streams and waits for its collectives), so a gathered or zeroed buffer
 // may be read by any stream once the call returns. In the other direction the caller orders its
 // own work: kernels queued on torch's streams that read a gathered group or write a gradient
-// buffer must have completed before release(g), reduce_gradients(g) or step(). Two exceptions
-// keep the caller's host ahead of its GPU: release(g) needs no wait where gathers_alias_home
-// (the memory stays the parameters' home until step); and with overlap_comm the caller may take
-// grad_buffer(g') before reduce_gradients(g), holding one reduction back until the kernels
-// that write g's buffer have run (an event, not a stream synchronize). The torch adapter
-// (strata/engine.py) does both.
+// buffer must have completed before release(g), reduce_gradients(g) or step(). The caller's host
+// can stay ahead of its GPU: release(g) needs no wait where gathers_alias_home (the memory stays
+// the parameters' home until step), and elsewhere may wait for an event behind the kernels that
+// read g, called a group later; with overlap_comm the caller may take grad_buffer(g') before
+// reduce_gradients(g), holding one reduction back until the kernels that write g's buffer have
+// run (an event, not a stream synchronize). The torch adapter (strata/engine.py) does all three.
 //
 // Lifetimes: a gathered view is valid until release(g) (or the next step's parameter update
 // for stages 0-2, whose replica it aliases); a gradient view until reduce_gradients(g). Each view

@@ -358,19 +358,20 @@ class _ReleaseAfterBackward(_CallIdentity):
         return (None, *grads)
 
 
-class _HeldReductions:
-    """Reductions held back by one group, so that the host never waits for the GPU's whole queue
-    (with overlap_comm, on a GPU): a group whose gradients the backward has queued is reduced only
-    once the next group's are queued too, after waiting for an event recorded behind its own
-    copies. The GPU keeps running the next group's backward meanwhile, where a stream synchronize
-    would drain it. At most `limit` held: the engine's working set counts one (Engine::GradBuffer,
-    sched/placement.h). `limit` 0 reduces at once, with `wait` (a stream synchronize) first.
-    `event()` records an event on torch's current stream (torch.cuda.Event; tests inject theirs);
-    each needs .synchronize()."""
-    __slots__ = ("reduce", "wait", "limit", "event", "held")
+class _HeldBack:
+    """Engine calls held back by one group, so that the host never waits for the GPU's whole
+    queue (on a GPU): a group's reduction (with overlap_comm) or release (where it frees or
+    reuses memory) runs only once the next group's is due too, after waiting for an event
+    recorded behind the group's own kernels. The GPU keeps running the next group's work
+    meanwhile, where a stream synchronize would drain it. At most `limit` held: the working set
+    counts one more gradient buffer (Engine::GradBuffer, sched/placement.h) and a second gathered
+    group (sched::Stage3Peak's floor of two). `limit` 0 calls at once, with `wait` (a stream
+    synchronize) first. `event()` records an event on torch's current stream (torch.cuda.Event;
+    tests inject theirs); each needs .synchronize()."""
+    __slots__ = ("call", "wait", "limit", "event", "held")
 
-    def __init__(self, reduce, wait, limit: int = 0, event=None):
-        self.reduce = reduce
+    def __init__(self, call, wait, limit: int = 0, event=None):
+        self.call = call
         self.wait = wait
         self.limit = limit
         self.event = event
@@ -379,20 +380,29 @@ class _HeldReductions:
     def add(self, gi: int) -> None:
         if self.limit == 0:
             self.wait()
-            self.reduce(gi)
+            self.call(gi)
             return
         self.held.append((gi, self.event()))
         while len(self.held) > self.limit:
-            self._reduce_oldest()
+            self._call_oldest()
+
+    def take(self, gi: int) -> None:
+        """gi's held call, now (after its event), if gi is held."""
+        for i, (g, ev) in enumerate(self.held):
+            if g == gi:
+                del self.held[i]
+                ev.synchronize()
+                self.call(gi)
+                return
 
     def drain(self) -> None:
         while self.held:
-            self._reduce_oldest()
+            self._call_oldest()
 
-    def _reduce_oldest(self) -> None:
+    def _call_oldest(self) -> None:
         gi, ev = self.held.pop(0)
         ev.synchronize()
-        self.reduce(gi)
+        self.call(gi)
 
 
 def _cuda_event(device):
@@ -473,9 +483,13 @@ class StrataEngine(torch.nn.Module):
         self._release_waits = self._cuda is not None and not self._engine.gathers_alias_home
         hold = self._cuda is not None and bool(
             (eff.get("zero_optimization") or {}).get("overlap_comm"))
-        self._held = _HeldReductions(self._engine.reduce_gradients, self._wait_torch,
-                                     1 if hold else 0,
-                                     _cuda_event(self._cuda) if hold else None)
+        self._held = _HeldBack(self._engine.reduce_gradients, self._wait_torch, 1 if hold else 0,
+                               _cuda_event(self._cuda) if hold else None)
+        # Releases that must wait for torch's kernels (their memory is freed or reused): one
+        # held back the same way.
+        self._held_releases = _HeldBack(
+            self._engine.release, self._wait_torch, 1 if self._release_waits else 0,
+            _cuda_event(self._cuda) if self._release_waits else None)
         self._call_stack: list = []  # the module calls running forward, innermost last
         self._boundary: Optional[bool] = None  # set_gradient_accumulation_boundary's
         self._no_sync = False
@@ -718,6 +732,8 @@ class StrataEngine(torch.nn.Module):
     # -- parameters --------------------------------------------------------------------------
     def _acquire(self, groups) -> None:
         for gi in groups:
+            if self._refs[gi] == 0:
+                self._held_releases.take(gi)  # released but held back: released now
             if self._refs[gi] == 0 and not self._engine.is_gathered(gi):
                 views = self._engine.gather(gi)
                 for pi, ((_, p), v) in enumerate(zip(self._groups[gi].params, views)):
@@ -741,14 +757,16 @@ class StrataEngine(torch.nn.Module):
             p.data = empty
         if self._engine.is_gathered(gi):
             if self._release_waits and not waited:
-                self._wait_torch()  # kernels reading the group are done before its buffer goes
-            self._engine.release(gi)
+                self._held_releases.add(gi)  # after the kernels that read the group have run
+            else:
+                self._engine.release(gi)
 
     def _release_groups(self, groups) -> None:
         """Releases every group listed, after one wait for torch's stream: what follows (a step,
         Save, Load, InitParameters) may rewrite the parameters even where release frees
         nothing."""
         self._wait_torch()
+        self._held_releases.drain()  # their events are complete now
         for gi in groups:
             self._release_group(gi, waited=True)
 
@@ -758,8 +776,8 @@ class StrataEngine(torch.nn.Module):
         one ordering the adapter adds: before the engine reads a gradient buffer, frees a gathered
         group or updates parameters in place. Work on other streams is ordered onto the current
         one by the script, as torch requires (torch.cuda.current_stream().wait_stream(s)). On the
-        hot path it is an event two groups back instead (_HeldReductions), or nothing where a
-        release frees nothing (gathers_alias_home)."""
+        hot path it is an event a group back instead (_HeldBack), or nothing where a release
+        frees nothing (gathers_alias_home)."""
         if self._cuda is not None:
             torch.cuda.current_stream(self._cuda).synchronize()
 

@@ -106,7 +106,7 @@ def test_overlap_step_gives_the_same_bits(offload, tmp_path):
 
 
 class _LoggedEvent:
-    """A CUDA event's stand-in for _HeldReductions: logs when it is made and waited for."""
+    """A CUDA event's stand-in for _HeldBack: logs when it is made and waited for."""
 
     def __init__(self, log):
         self.log, self.n = log, sum(1 for e in log if e[0] == "event")
@@ -122,7 +122,7 @@ def test_held_back_reductions_give_the_same_bits_and_wait_for_their_own_event(st
     for an event behind its gradient copies (never the whole stream). Injected here on the host
     engine with logged events: the same bits as reducing at once, every reduction after its own
     event's wait and, inside the backward, only once the next group's event exists."""
-    from strata.engine import _HeldReductions
+    from strata.engine import _HeldBack
     cfg = ds_config(stage, offload, dtype="bf16", lr=LR, wd=WD)
     cfg["zero_optimization"]["overlap_comm"] = True
     base_losses, base, _ = train("gpt", cfg, steps=3)
@@ -134,7 +134,7 @@ def test_held_back_reductions_give_the_same_bits_and_wait_for_their_own_event(st
         log.append(("reduce", gi))
         engine._engine.reduce_gradients(gi)
 
-    engine._held = _HeldReductions(reduce, engine._wait_torch, 1, lambda: _LoggedEvent(log))
+    engine._held = _HeldBack(reduce, engine._wait_torch, 1, lambda: _LoggedEvent(log))
     losses = []
     for step in range(3):
         loss = engine(*batch("gpt", step, 0))
@@ -184,6 +184,59 @@ def test_gathers_alias_home_only_where_release_frees_nothing(stage, offload, par
     assert engine._engine.gathers_alias_home is expected
     assert not engine._release_waits  # the host adapter never waits: no GPU
     engine.close()
+
+
+@pytest.mark.parametrize("kind,param", [("gpt", "none"), ("gpt", "cpu"), ("tiedmm", "cpu")])
+def test_held_back_releases_give_the_same_bits_and_wait_for_their_own_event(kind, param):
+    """On a GPU a release that frees or reuses memory is held back by one group and waits for
+    an event behind the group's kernels (never the whole stream). Injected here on the host
+    engine with logged events: the same bits as releasing at once (a re-gather of a held group,
+    as the tied weights do, releases it first), each release right after its own event's wait,
+    and at most one held."""
+    from strata.engine import _HeldBack
+    cfg = ds_config(3, "none", dtype="bf16", lr=LR, wd=WD)
+    if param != "none":
+        cfg["zero_optimization"]["offload_param"] = {"device": param}
+    base_losses, base, _ = train(kind, cfg, steps=3)
+    log = []
+    engine, _, _, _ = strata.initialize(model=make_model(kind), config=cfg)
+    release = engine._engine.release
+
+    def logged(gi):
+        log.append(("release", gi))
+        release(gi)
+
+    taken = []
+
+    class Held(_HeldBack):  # counts the re-gathers of a group still held
+        __slots__ = ()
+
+        def take(self, gi):
+            taken.extend(g for g, _ in self.held if g == gi)
+            super().take(gi)
+
+    engine._release_waits = True
+    held = Held(logged, engine._wait_torch, 1, lambda: _LoggedEvent(log))
+    engine._held_releases = held
+    most = 0
+    losses = []
+    for step in range(3):
+        loss = engine(*batch(kind, step, 0))
+        most = max(most, len(held.held))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    master = engine.read_master()
+    engine.close()
+    assert losses == base_losses
+    for n in base:
+        assert torch.equal(master[n], base[n]), n
+    releases = [i for i, e in enumerate(log) if e[0] == "release"]
+    assert releases, "nothing was released through the held path"
+    for i in releases:
+        assert log[i - 1][0] == "wait", log[i - 1]
+    assert most <= 1
+    assert taken, "no group was gathered again while its release was held"  # the tied weight
 
 
 def _split(log, marker):

@@ -191,8 +191,8 @@ def test_the_host_runs_ahead_of_the_gpu_through_forward_and_backward():
     assert not stream.query(), "the forward waited for the GPU"
     slow_forward.remove()
     reduced, seen = [], []
-    reduce = engine._held.reduce
-    engine._held.reduce = lambda gi: (reduced.append(gi), reduce(gi))
+    reduce = engine._held.call
+    engine._held.call = lambda gi: (reduced.append(gi), reduce(gi))
     slept = []
 
     def after_engine_hook(p):  # registered after the engine's: runs after its hook for p
