@@ -31,16 +31,6 @@ kernels::DeviceKernels* Engine::Impl::DeviceKernelsFor(Tier home) const {
   return opt.device->kernels();
 }
 
-Result<kernels::GradStats> Engine::Impl::GradStatsAt(size_t si, Tier tier, const float* grad) {
-  const size_t n = subs[si].elems;
-  if (tier != Tier::kDevice || DeviceKernelsFor(tier) == nullptr) {
-    return kernels::ComputeGradStats(*pool, grad, DType::kF32, n);
-  }
-  STRATA_RETURN_IF_ERROR(QueueDeviceStats(si, grad));
-  STRATA_RETURN_IF_ERROR(CollectDeviceStats());
-  return kernels::GradStats{subs[si].sum_sq, subs[si].nonfinite};
-}
-
 namespace {
 size_t Chunks(size_t n) { return (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk; }
 }  // namespace

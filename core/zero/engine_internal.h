@@ -456,10 +456,6 @@ struct Engine::Impl {
   // home is the device, the host cannot address it and it offers kernels (CudaDevice). Else null:
   // the CPU kernels compute on host-addressable memory (ComputeTier).
   kernels::DeviceKernels* DeviceKernelsFor(Tier home) const;
-  // The statistics of sub-group si's fp32 gradient at `grad`, memory of `tier` (a lease's data):
-  // by the device's kernels (chunk sums copied back, merged exactly) when the tier is the device
-  // and it has kernels, else by the CPU kernels.
-  Result<kernels::GradStats> GradStatsAt(size_t si, Tier tier, const float* grad);
   // The device's kernels: queue sub-group si's chunk sums into its slot of device_stats
   // (stats_on_device until collected); no wait.
   Status QueueDeviceStats(size_t si, const float* grad);

@@ -77,15 +77,20 @@ Status Engine::Impl::ComputeMissingStats() {
         s.stats_valid = true;
       } else if (!s.stats_valid && !s.stats_on_device && s.owner == rank) {
         STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, tier, Access::kRead, timeout()));
+        const float* grad = static_cast<const float*>(acc.data());
+        if (tier == Tier::kDevice && DeviceKernelsFor(tier) != nullptr) {
+          STRATA_RETURN_IF_ERROR(QueueDeviceStats(si, grad));  // collected below
+          continue;
+        }
         STRATA_ASSIGN_OR_RETURN(kernels::GradStats st,
-                                GradStatsAt(si, tier, static_cast<const float*>(acc.data())));
+                                kernels::ComputeGradStats(*pool, grad, DType::kF32, s.elems));
         s.sum_sq = st.sum_sq;
         s.nonfinite = st.nonfinite;
         s.stats_valid = true;
       }
     }
   }
-  return CollectDeviceStats();  // the backward's, queued by Accumulate
+  return CollectDeviceStats();  // these and the backward's, queued by Accumulate: one read-back
 }
 
 Status Engine::Impl::ExchangeStats(double local_sum_sq, bool local_nonfinite, double* global_sum_sq,
