@@ -253,6 +253,27 @@ class Phases:
         return out
 
 
+def time_engine_steps(ctx, engine, x, warmup, steps, before_timed=None):
+    """time_steps over a DeepSpeed-style engine's forward / backward / step on the batch x, with
+    its Phases and the GPU's peak memory counted from the first step."""
+    ph = Phases(ctx)
+
+    def step():
+        ph.mark(first=True)
+        loss = engine(input_ids=x, labels=x).loss
+        ph.mark()
+        engine.backward(loss)
+        ph.mark()
+        engine.step()
+        ph.mark()
+    if ctx.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    res = time_steps(ctx, step, warmup, steps, before_timed=before_timed)
+    ctx.sync()
+    res["phases"] = ph.summary(len(res["step_s"]))
+    return res
+
+
 def run_strata(ctx, tag, shape, mb, seq, cfg, warmup, steps, overlap_step=False,
                with_stats=False, est_s=0.0):
     """strata.initialize on a fresh model on the device; timed engine steps. Skipped when less
@@ -275,24 +296,10 @@ def run_strata(ctx, tag, shape, mb, seq, cfg, warmup, steps, overlap_step=False,
     ctx.sync()
     init_s = time.perf_counter() - t0
     try:
-        ph = Phases(ctx)
-
-        def step():
-            ph.mark(first=True)
-            loss = engine(input_ids=x, labels=x).loss
-            ph.mark()
-            engine.backward(loss)
-            ph.mark()
-            engine.step()
-            ph.mark()
         before = {}
-        if ctx.cuda:
-            torch.cuda.reset_peak_memory_stats()
-        res = time_steps(ctx, step, warmup, steps,
-                         before_timed=(lambda: before.update(engine.stats())) if with_stats
-                         else None)
-        ctx.sync()
-        res["phases"] = ph.summary(len(res["step_s"]))
+        res = time_engine_steps(ctx, engine, x, warmup, steps,
+                                before_timed=(lambda: before.update(engine.stats()))
+                                if with_stats else None)
         res["init_s"] = init_s
         res["params"] = n
         res["device_budget_bytes"] = budget
@@ -402,21 +409,7 @@ def run_deepspeed(ctx, tag, shape, mb, seq, cfg, warmup, steps, est_s=0.0):
     ctx.sync()
     init_s = time.perf_counter() - t0
     try:
-        ph = Phases(ctx)
-
-        def step():
-            ph.mark(first=True)
-            loss = engine(input_ids=x, labels=x).loss
-            ph.mark()
-            engine.backward(loss)
-            ph.mark()
-            engine.step()
-            ph.mark()
-        if ctx.cuda:
-            torch.cuda.reset_peak_memory_stats()
-        res = time_steps(ctx, step, warmup, steps)
-        ctx.sync()
-        res["phases"] = ph.summary(len(res["step_s"]))
+        res = time_engine_steps(ctx, engine, x, warmup, steps)
         res["init_s"] = init_s
         res["params"] = n
         opt = engine.optimizer
