@@ -298,19 +298,39 @@ def run_strata(ctx, tag, shape, mb, seq, cfg, warmup, steps, overlap_step=False,
     try:
         before = {}
         res = time_engine_steps(ctx, engine, x, warmup, steps,
-                                before_timed=(lambda: before.update(engine.stats()))
-                                if with_stats else None)
+                                before_timed=lambda: before.update(engine.stats()))
+        after = engine.stats()
         res["init_s"] = init_s
         res["params"] = n
         res["device_budget_bytes"] = budget
+        res["waits_per_step"] = waits_per_step(before, after, len(res["step_s"]))
         if with_stats:
             res["_stats_before"] = before
-            res["_stats_after"] = engine.stats()
+            res["_stats_after"] = after
         if ctx.cuda:
             res["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
         return res
     finally:
         engine.close()
+
+
+WAIT_KEYS = ("gather_wait_ns", "reduce_wait_ns", "grad_lease_wait_ns", "optimizer_ns",
+             "optimizer_io_wait_ns", "step_ns")
+
+
+def waits_per_step(before, after, k):
+    """Where the host waited, per timed step (the engine's timings and the adapter's own waits
+    for the GPU, from engine.stats() before and after the k timed steps), in seconds: what
+    tells a host-paced step (waits that grow with the groups) from a device-paced one."""
+    if not before or not k:
+        return None
+    out = {key[:-3] + "_s": (after.get(key, 0) - before.get(key, 0)) / k / 1e9
+           for key in WAIT_KEYS}
+    a0, a1 = before.get("adapter", {}), after.get("adapter", {})
+    out["adapter_device_waits"] = (a1.get("device_waits", 0) - a0.get("device_waits", 0)) / k
+    out["adapter_device_wait_s"] = (a1.get("device_wait_ns", 0) -
+                                    a0.get("device_wait_ns", 0)) / k / 1e9
+    return out
 
 
 def run_torch(ctx, shape, mb, seq, mode, warmup, steps, est_s=0.0):
@@ -888,6 +908,17 @@ def print_phases(r):
     print("                    " + ", ".join(parts) + " ms")
 
 
+def print_waits(r):
+    """One line: the strata run's host waits per step (waits_per_step)."""
+    w = r.get("waits_per_step") if isinstance(r, dict) else None
+    if not w:
+        return
+    print(f"                    waits/step: gather {w['gather_wait_s'] * 1e3:.1f}, reduce "
+          f"{w['reduce_wait_s'] * 1e3:.1f}, step call {w['step_s'] * 1e3:.1f} (optimizer "
+          f"{w['optimizer_s'] * 1e3:.1f}), adapter {w['adapter_device_wait_s'] * 1e3:.1f} ms in "
+          f"{w['adapter_device_waits']:.0f} waits")
+
+
 def print_deepspeed(p):
     if "deepspeed" not in p:
         return
@@ -912,6 +943,7 @@ def print_table(out):
             r = p.get(k, {})
             print(f"   {k:16s} {fmt_s(r.get('median_s'))}  {status(r)}")
             print_phases(r)
+            print_waits(r)
         print(f"   strata / torch (fp32 master, amp) = {fmt_r(p.get('ratio_strata_over_torch'))}"
               f"  (target <= 1.15)")
         print_deepspeed(p)
@@ -924,6 +956,7 @@ def print_table(out):
               f"{p['seq']}; {p['strata_config']}")
         print(f"   strata step {fmt_s(p['strata'].get('median_s'))}  {status(p['strata'])}")
         print_phases(p["strata"])
+        print_waits(p["strata"])
         print(f"   floor {fmt_s(f.get('floor_s'))} = max(gpu compute {fmt_s(f.get('gpu_compute_s'))}"
               f", pcie {fmt_s(f.get('pcie_s'))}, cpu adam {fmt_s(f.get('cpu_adam_s'))})  "
               f"{status(p.get('torch_fwd_bwd'))}")
@@ -940,6 +973,7 @@ def print_table(out):
               f"{p['seq']}; disk write {d['write_bytes_per_s'] / 1e9:.2f} GB/s, read "
               f"{d['read_bytes_per_s'] / 1e9:.2f} GB/s ({d['method']})")
         print(f"   strata step {fmt_s(p['strata'].get('median_s'))}  {status(p['strata'])}")
+        print_waits(p["strata"])
         if "io_efficiency" in p:
             print(f"   per step NVMe read {p['nvme_read_bytes_per_step'] / 1e9:.3f} GB, write "
                   f"{p['nvme_write_bytes_per_step'] / 1e9:.3f} GB; disk time "

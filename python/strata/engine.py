@@ -57,6 +57,7 @@ import contextlib
 import itertools
 import json
 import os
+import time
 import warnings
 from typing import Any, Iterable, Optional
 
@@ -358,6 +359,23 @@ class _ReleaseAfterBackward(_CallIdentity):
         return (None, *grads)
 
 
+class _DeviceWaits:
+    """The adapter's own waits for the GPU (torch stream synchronizes and _HeldBack's event
+    waits): how many and for how long, reported by stats()["adapter"]. A count that grows with
+    the number of groups per step says where the host may have kept the GPU waiting."""
+    __slots__ = ("count", "ns")
+
+    def __init__(self):
+        self.count = 0
+        self.ns = 0
+
+    def wait(self, sync) -> None:
+        t0 = time.perf_counter_ns()
+        sync()
+        self.ns += time.perf_counter_ns() - t0
+        self.count += 1
+
+
 class _HeldBack:
     """Engine calls held back by one group, so that the host never waits for the GPU's whole
     queue (on a GPU): a group's reduction (with overlap_comm) or release (where it frees or
@@ -367,14 +385,15 @@ class _HeldBack:
     counts one more gradient buffer (Engine::GradBuffer, sched/placement.h) and a second gathered
     group (sched::Stage3Peak's floor of two). `limit` 0 calls at once, with `wait` (a stream
     synchronize) first. `event()` records an event on torch's current stream (torch.cuda.Event;
-    tests inject theirs); each needs .synchronize()."""
-    __slots__ = ("call", "wait", "limit", "event", "held")
+    tests inject theirs); each needs .synchronize(), timed in `waits` (_DeviceWaits)."""
+    __slots__ = ("call", "wait", "limit", "event", "waits", "held")
 
-    def __init__(self, call, wait, limit: int = 0, event=None):
+    def __init__(self, call, wait, limit: int = 0, event=None, waits=None):
         self.call = call
         self.wait = wait
         self.limit = limit
         self.event = event
+        self.waits = waits if waits is not None else _DeviceWaits()
         self.held: list = []  # [(group, event)], oldest first
 
     def add(self, gi: int) -> None:
@@ -391,7 +410,7 @@ class _HeldBack:
         for i, (g, ev) in enumerate(self.held):
             if g == gi:
                 del self.held[i]
-                ev.synchronize()
+                self.waits.wait(ev.synchronize)
                 self.call(gi)
                 return
 
@@ -401,7 +420,7 @@ class _HeldBack:
 
     def _call_oldest(self) -> None:
         gi, ev = self.held.pop(0)
-        ev.synchronize()
+        self.waits.wait(ev.synchronize)
         self.call(gi)
 
 
@@ -426,6 +445,7 @@ class StrataEngine(torch.nn.Module):
         # Gloo, the stand-in); _cuda is the GPU, None on the host.
         self.device = _engine_device(model, device)
         self._cuda = self.device if self.device.type == "cuda" else None
+        self._device_waits = _DeviceWaits()  # the adapter's own waits for the GPU (stats())
         if self._cuda is not None:
             torch.cuda.set_device(self._cuda)
             model.to(self._cuda)  # buffers (and parameters not yet placed) on the engine's GPU
@@ -484,12 +504,12 @@ class StrataEngine(torch.nn.Module):
         hold = self._cuda is not None and bool(
             (eff.get("zero_optimization") or {}).get("overlap_comm"))
         self._held = _HeldBack(self._engine.reduce_gradients, self._wait_torch, 1 if hold else 0,
-                               _cuda_event(self._cuda) if hold else None)
+                               _cuda_event(self._cuda) if hold else None, self._device_waits)
         # Releases that must wait for torch's kernels (their memory is freed or reused): one
         # held back the same way.
         self._held_releases = _HeldBack(
             self._engine.release, self._wait_torch, 1 if self._release_waits else 0,
-            _cuda_event(self._cuda) if self._release_waits else None)
+            _cuda_event(self._cuda) if self._release_waits else None, self._device_waits)
         self._call_stack: list = []  # the module calls running forward, innermost last
         self._boundary: Optional[bool] = None  # set_gradient_accumulation_boundary's
         self._no_sync = False
@@ -779,7 +799,7 @@ class StrataEngine(torch.nn.Module):
         hot path it is an event a group back instead (_HeldBack), or nothing where a release
         frees nothing (gathers_alias_home)."""
         if self._cuda is not None:
-            torch.cuda.current_stream(self._cuda).synchronize()
+            self._device_waits.wait(torch.cuda.current_stream(self._cuda).synchronize)
 
     def _release_all(self) -> None:
         for call in self._held_calls:
@@ -1076,9 +1096,13 @@ class StrataEngine(torch.nn.Module):
         return self._last_report
 
     def stats(self) -> dict:
-        """Per-tier bytes (moved, used, peak, budget), comm bytes, wait and optimizer times."""
+        """Per-tier bytes (moved, used, peak, budget), comm bytes, wait and optimizer times, and
+        the adapter's own waits for the GPU (adapter: device_waits, device_wait_ns; 0 on the
+        host)."""
         s = self._engine.stats()
         s["layout"] = self._engine.layout()
+        s["adapter"] = {"device_waits": self._device_waits.count,
+                        "device_wait_ns": self._device_waits.ns}
         return s
 
     def layout(self) -> dict:

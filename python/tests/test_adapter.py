@@ -134,7 +134,8 @@ def test_held_back_reductions_give_the_same_bits_and_wait_for_their_own_event(st
         log.append(("reduce", gi))
         engine._engine.reduce_gradients(gi)
 
-    engine._held = _HeldBack(reduce, engine._wait_torch, 1, lambda: _LoggedEvent(log))
+    engine._held = _HeldBack(reduce, engine._wait_torch, 1, lambda: _LoggedEvent(log),
+                             engine._device_waits)
     losses = []
     for step in range(3):
         loss = engine(*batch("gpt", step, 0))
@@ -143,7 +144,11 @@ def test_held_back_reductions_give_the_same_bits_and_wait_for_their_own_event(st
         losses.append(loss.item())
         log.append(("step", step))
     master = engine.read_master()
+    waits = engine.stats()["adapter"]
     engine.close()
+    # stats() counts each event wait (the host engine's own stream waits are none).
+    assert waits["device_waits"] == sum(1 for e in log if e[0] == "wait") > 0
+    assert waits["device_wait_ns"] > 0
     assert losses == base_losses
     for n in base:
         assert torch.equal(master[n], base[n]), n
@@ -216,7 +221,7 @@ def test_held_back_releases_give_the_same_bits_and_wait_for_their_own_event(kind
             super().take(gi)
 
     engine._release_waits = True
-    held = Held(logged, engine._wait_torch, 1, lambda: _LoggedEvent(log))
+    held = Held(logged, engine._wait_torch, 1, lambda: _LoggedEvent(log), engine._device_waits)
     engine._held_releases = held
     most = 0
     losses = []
@@ -227,10 +232,12 @@ def test_held_back_releases_give_the_same_bits_and_wait_for_their_own_event(kind
         engine.step()
         losses.append(loss.item())
     master = engine.read_master()
+    waits = engine.stats()["adapter"]["device_waits"]
     engine.close()
     assert losses == base_losses
     for n in base:
         assert torch.equal(master[n], base[n]), n
+    assert waits == sum(1 for e in log if e[0] == "wait")
     releases = [i for i, e in enumerate(log) if e[0] == "release"]
     assert releases, "nothing was released through the held path"
     for i in releases:
@@ -436,6 +443,8 @@ def test_stats_are_the_engine_counters(tmp_path):
     assert s["store"]["io_bytes"] == 0 and "host->nvme" not in s["store"]["bytes_moved"]
     assert set(s["store"]["room_wait_ns"]) == {"hbm", "host", "nvme"}
     assert s["layout"]["stage"] == 3 and s["layout"]["offload_optimizer"] == "nvme"
+    # On the host the adapter never waits for a GPU.
+    assert s["adapter"] == {"device_waits": 0, "device_wait_ns": 0}
     engine.close()
 
 

@@ -1,6 +1,6 @@
 """python/bench/bench_gpu.py, the GPU run's benchmark, on the CPU stand-in (--device cpu --tiny):
 the script the prepared GPU run depends on runs every part, writes the JSON it documents (step
-medians, ratios, the floor, io_efficiency, each run's phases) and reports a part that cannot run
+medians, ratios, the floor, io_efficiency, each run's phases and host waits) and reports a part that cannot run
 (--deepspeed without DeepSpeed installed) as an error while the others still run."""
 import json
 import os
@@ -39,6 +39,13 @@ def test_every_part_runs_on_the_stand_in_and_writes_its_figures(tmp_path):
         fit["strata"]["median_s"] / fit["torch"]["median_s"])
     off = parts["zero_offload"]
     assert off["floor"]["floor_s"] > 0 and off["ratio_step_over_floor"] > 0
+    # Each strata run says where its host waited per step: the engine's reductions and step
+    # call (timed in every step), the adapter's GPU waits (none on the stand-in).
+    for run in (fit["strata"], off["strata"], parts["nvme"]["strata"]):
+        w = run["waits_per_step"]
+        assert w["reduce_wait_s"] > 0 and w["step_s"] > 0, w
+        assert w["adapter_device_waits"] == 0 and w["adapter_device_wait_s"] == 0, w
+    assert "waits/step" in r.stdout
     nvme = parts["nvme"]
     moved = nvme["nvme_read_bytes_per_step"] + nvme["nvme_write_bytes_per_step"]
     if moved > 0:
