@@ -88,20 +88,13 @@ void AddChunks(const void* grad, int elem, size_t begin, size_t end, ExactSum* a
   }
 }
 
-GradStats Finish(const ExactSum& acc) {
-  GradStats s;
-  s.nonfinite = acc.nonfinite();
-  s.sum_sq = acc.Value();
-  return s;
-}
-
 }  // namespace
 
 Result<GradStats> ComputeGradStats(const void* grad, DType dtype, size_t n) {
   STRATA_RETURN_IF_ERROR(Check(grad, dtype, n));
   ExactSum acc;
   AddChunks(grad, ElemOf(dtype), 0, n, &acc);
-  return Finish(acc);
+  return acc.Stats();
 }
 
 namespace {
@@ -112,7 +105,7 @@ namespace {
 // not depend on which thread took which chunk. Partials live in the pool's scratch (sized at
 // Create): nothing is allocated.
 template <class ChunkFn>
-GradStats PooledChunkSums(KernelPool& pool, size_t n, ChunkFn chunk) {
+void PooledChunkSumsInto(KernelPool& pool, size_t n, ChunkFn chunk, ExactSum* total) {
   static_assert(sizeof(ExactSum) <= KernelPool::kScratchSlotBytes &&
                 alignof(ExactSum) <= alignof(KernelPool::ScratchSlot));
   static_assert(std::is_trivially_destructible_v<ExactSum>);
@@ -126,10 +119,30 @@ GradStats PooledChunkSums(KernelPool& pool, size_t n, ChunkFn chunk) {
     }
   };
   pool.ForEachTile(n, tile, body);
-  ExactSum total;
-  for (int i = 0; i < pool.threads(); ++i) total.Merge(*partial(i));
-  return Finish(total);
+  for (int i = 0; i < pool.threads(); ++i) total->Merge(*partial(i));
 }
+
+template <class ChunkFn>
+GradStats PooledChunkSums(KernelPool& pool, size_t n, ChunkFn chunk) {
+  ExactSum total;
+  PooledChunkSumsInto(pool, n, chunk, &total);
+  return total.Stats();
+}
+
+// AccumulateGrad of chunk [c, c + m) into acc, then its sum of squares (the chunk just written,
+// in cache).
+struct AccumulateChunk {
+  float* acc;
+  const uint8_t* grad;
+  size_t bytes;
+  int elem;
+  float scale;
+  bool overwrite;
+  double operator()(size_t c, size_t m) const {
+    simd::AccumulateGrad(grad + c * bytes, elem, acc + c, scale, overwrite, m);
+    return simd::SumSquares(acc, simd::kElemF32, c, m);
+  }
+};
 
 }  // namespace
 
@@ -145,12 +158,20 @@ Result<GradStats> AccumulateGradWithStats(KernelPool& pool, float* acc, const vo
                                           DType grad_dtype, float scale, bool overwrite,
                                           size_t n) {
   STRATA_ASSIGN_OR_RETURN(int elem, CheckAccumulateGrad(acc, grad, grad_dtype, scale, n));
-  const size_t bytes = DTypeSize(grad_dtype);
-  return PooledChunkSums(pool, n, [&](size_t c, size_t m) {
-    simd::AccumulateGrad(static_cast<const uint8_t*>(grad) + c * bytes, elem, acc + c, scale,
-                         overwrite, m);
-    return simd::SumSquares(acc, simd::kElemF32, c, m);  // the chunk just written, in cache
-  });
+  return PooledChunkSums(pool, n,
+                         AccumulateChunk{acc, static_cast<const uint8_t*>(grad),
+                                         DTypeSize(grad_dtype), elem, scale, overwrite});
+}
+
+Status AccumulateGradAddStats(KernelPool& pool, float* acc, const void* grad, DType grad_dtype,
+                              float scale, bool overwrite, size_t n, ExactSum* sum) {
+  if (sum == nullptr) return Status::InvalidArgument("AccumulateGradAddStats: null sum");
+  STRATA_ASSIGN_OR_RETURN(int elem, CheckAccumulateGrad(acc, grad, grad_dtype, scale, n));
+  PooledChunkSumsInto(pool, n,
+                      AccumulateChunk{acc, static_cast<const uint8_t*>(grad), DTypeSize(grad_dtype),
+                                      elem, scale, overwrite},
+                      sum);
+  return Status::OK();
 }
 
 }  // namespace strata::kernels

@@ -46,6 +46,15 @@ Result<GradStats> ComputeGradStats(KernelPool& pool, const void* grad, DType dty
 Result<GradStats> AccumulateGradWithStats(KernelPool& pool, float* acc, const void* grad,
                                           DType grad_dtype, float scale, bool overwrite, size_t n);
 
+class ExactSum;
+
+// AccumulateGradWithStats over one piece of a shard, its chunk sums added into `sum` instead of
+// rounded: a shard walked in pieces that start on kStatsChunk boundaries (counted from the
+// shard's start) gives, once every piece is in, sum->Value() equal bit for bit to the whole
+// walk's sum_sq. InvalidArgument as AccumulateGrad, or sum null.
+Status AccumulateGradAddStats(KernelPool& pool, float* acc, const void* grad, DType grad_dtype,
+                              float scale, bool overwrite, size_t n, ExactSum* sum);
+
 // The exact accumulator behind GradStats, exposed for tests and for callers that merge partial
 // sums of several shards exactly. Holds non-negative finite doubles; values below 2^-352 are
 // truncated to that grid (far below any fp32 square that matters), values of 2^300 and above are
@@ -58,6 +67,8 @@ class ExactSum {
   bool nonfinite() const { return nonfinite_; }
   // The exact sum rounded to double (a pure function of the exact value); +Inf if non-finite.
   double Value() const;
+  // As GradStats: {Value(), nonfinite()}.
+  GradStats Stats() const { return {Value(), nonfinite_}; }
 
  private:
   static constexpr int kMinExp = -352;  // weight of bit 0

@@ -8,6 +8,7 @@
 // without it; the other tests need no particular CPU.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -20,6 +21,7 @@
 #include "device_equivalence.h"
 #include "emulated_device.h"
 #include "engine_test_model.h"
+#include "kernels/casts.h"
 
 namespace strata::testing {
 namespace {
@@ -180,6 +182,96 @@ TEST(EngineDevice, OffloadedGradientsAreStagedInPageLockedMemoryWithPinMemory) {
       EXPECT_GT(d2h, 0u);
     }
     EXPECT_GT(devices.per_rank[0]->stats().copies[static_cast<size_t>(CopyDir::kDeviceToHost)], 0u);
+  }
+}
+
+// A sub-group larger than a staging piece (about an eighth of the largest sub-group, on
+// kStatsChunk boundaries): its reduced gradient reaches the host optimizer in pieces, each copied
+// while the one before is accumulated, and gives HostDevice's bits (master weights and the
+// clipped step's norm) in fp32 and bf16.
+TEST(EngineDevice, OffloadedGradientsStagedInPiecesGiveHostDeviceBits) {
+  ModelSpec model;
+  model.groups = {{"big", {{"w", {9 * kernels::kStatsChunk + 321}}}}, {"small", {{"b", {77}}}}};
+  constexpr int kSteps = 3;
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    auto parsed = ParseDeepSpeedConfig(
+        std::string(R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.5,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+          "bf16": {"enabled": )") +
+        (bf16 ? "true" : "false") + R"(},
+          "zero_optimization": {"stage": 3, "sub_group_size": 1000000,
+                                "offload_optimizer": {"device": "cpu"}}})");
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    const DType dtype = bf16 ? DType::kBF16 : DType::kF32;
+    struct Run {
+      std::vector<std::vector<float>> master;
+      std::vector<double> norms;
+      uint64_t d2h_copies = 0;  // during the steps
+    };
+    auto run = [&](EmulatedDevice* emulated, Run* out) {
+      const std::vector<Status> st = OnHostRanks(
+          1, UniqueTestDir("engine_staged_pieces"), parsed->config,
+          [&](int, EngineOptions eo) -> Status {
+            if (emulated != nullptr) eo.device = emulated;
+            Device* device = eo.device;
+            STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(model, std::move(eo)));
+            STRATA_RETURN_IF_ERROR(
+                engine->InitParameters([](size_t g, size_t, size_t b, size_t e, float* o) {
+                  for (size_t i = b; i < e; ++i) o[i - b] = 0.3f * Noise(g * 7919 + i);
+                }));
+            const uint64_t d2h0 =
+                device->stats().copies[static_cast<size_t>(CopyDir::kDeviceToHost)];
+            for (int step = 0; step < kSteps; ++step) {
+              for (size_t g = model.groups.size(); g-- > 0;) {
+                const size_t n = model.groups[g].numel();
+                std::vector<float> grad(n);
+                for (size_t i = 0; i < n; ++i) grad[i] = Noise((step * 31 + g) * 1000003 + i);
+                std::vector<uint8_t> bytes(n * DTypeSize(dtype));
+                STRATA_RETURN_IF_ERROR(
+                    kernels::Cast(grad.data(), DType::kF32, bytes.data(), dtype, n));
+                STRATA_ASSIGN_OR_RETURN(void* buf, engine->GradBuffer(g));
+                if (device->host_addressable()) {
+                  std::memcpy(buf, bytes.data(), bytes.size());
+                } else {
+                  STRATA_RETURN_IF_ERROR(device->CopyAsync(CopyDir::kHostToDevice, buf,
+                                                           bytes.data(), bytes.size(), nullptr));
+                  STRATA_RETURN_IF_ERROR(device->Synchronize());
+                }
+                STRATA_RETURN_IF_ERROR(engine->ReduceGradients(g));
+              }
+              STRATA_ASSIGN_OR_RETURN(StepReport r, engine->Step());
+              out->norms.push_back(r.grad_norm);
+            }
+            out->d2h_copies =
+                device->stats().copies[static_cast<size_t>(CopyDir::kDeviceToHost)] - d2h0;
+            out->master.resize(model.groups.size());
+            for (size_t g = 0; g < model.groups.size(); ++g) {
+              out->master[g].resize(model.groups[g].numel());
+              STRATA_RETURN_IF_ERROR(engine->ReadMaster(g, out->master[g]));
+            }
+            return Status::OK();
+          });
+      for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.ToString();
+    };
+    Run host, dev;
+    run(nullptr, &host);
+    EmulatedDeviceOptions o;
+    o.host.budget_bytes = 64ull << 20;
+    auto emulated = EmulatedDevice::Create(o);
+    ASSERT_TRUE(emulated.ok()) << emulated.status().ToString();
+    run(emulated->get(), &dev);
+    ASSERT_EQ(dev.norms.size(), static_cast<size_t>(kSteps));
+    for (int i = 0; i < kSteps; ++i) {
+      EXPECT_EQ(std::bit_cast<uint64_t>(dev.norms[i]), std::bit_cast<uint64_t>(host.norms[i]))
+          << "step " << i << ": " << dev.norms[i] << " vs " << host.norms[i];
+      EXPECT_GT(dev.norms[i], 0.5) << "the step must clip, so that the norm's bits matter";
+    }
+    EXPECT_TRUE(BitEqual(dev.master, host.master)) << "master weights differ";
+    // 37185 elements in pieces of 8192: five copies for the big sub-group, one for the small,
+    // per step (a whole-sub-group copy would make two).
+    EXPECT_EQ(dev.d2h_copies, 6u * kSteps);
+    EXPECT_EQ((*emulated)->violations(), 0u) << (*emulated)->first_violation();
   }
 }
 

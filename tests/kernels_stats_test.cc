@@ -166,6 +166,56 @@ TEST_P(GradStatsTest, AccumulateWithStatsIsAccumulateThenStatsBitForBit) {
                   .IsInvalidArgument());
 }
 
+// AccumulateGradAddStats: a shard walked in pieces on kStatsChunk boundaries (the engine's
+// staged gradients, a piece copied while the one before is accumulated) gives the whole walk's
+// accumulator and sum_sq bits once every piece is added; a NaN in any piece marks the sum.
+TEST_P(GradStatsTest, PiecesOnChunkBoundariesAddUpToTheWholeWalkBitForBit) {
+  const size_t n = 10 * kStatsChunk + 123;
+  auto pool = KernelPool::Create({.threads = 3, .tile_elems = 8192});
+  ASSERT_TRUE(pool.ok());
+  for (DType t : kTypes) {
+    Grads g(n, t, 11);
+    for (size_t i = 0; i < n; i += 5) g.Set(i, std::ldexp(g.f[i], static_cast<int>(i % 37) - 18));
+    const size_t bytes = DTypeSize(t);
+    for (bool overwrite : {false, true}) {
+      std::vector<float> want(n, 0.25f);
+      auto whole = AccumulateGradWithStats(**pool, want.data(), g.data(), t, 0.5f, overwrite, n);
+      ASSERT_TRUE(whole.ok());
+      for (size_t piece : {kStatsChunk, 3 * kStatsChunk, n}) {
+        std::vector<float> got(n, 0.25f);
+        ExactSum sum;
+        for (size_t at = 0; at < n; at += piece) {
+          const size_t m = std::min(piece, n - at);
+          ASSERT_TRUE(AccumulateGradAddStats(**pool, got.data() + at,
+                                             static_cast<const uint8_t*>(g.data()) + at * bytes, t,
+                                             0.5f, overwrite, m, &sum)
+                          .ok());
+        }
+        const std::string what = std::string(DTypeName(t)) + " piece=" + std::to_string(piece) +
+                                 (overwrite ? " overwrite" : "");
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0) << what;
+        EXPECT_EQ(std::bit_cast<uint64_t>(sum.Stats().sum_sq),
+                  std::bit_cast<uint64_t>(whole->sum_sq))
+            << what;
+        EXPECT_EQ(sum.Stats().nonfinite, whole->nonfinite) << what;
+      }
+    }
+  }
+  std::vector<float> acc(2 * kStatsChunk, 1.0f), grad(2 * kStatsChunk, 0.5f);
+  grad[kStatsChunk + 7] = std::numeric_limits<float>::quiet_NaN();
+  ExactSum sum;
+  for (size_t at = 0; at < acc.size(); at += kStatsChunk) {
+    ASSERT_TRUE(AccumulateGradAddStats(**pool, acc.data() + at, grad.data() + at, DType::kF32, 1.0f,
+                                       false, kStatsChunk, &sum)
+                    .ok());
+  }
+  EXPECT_TRUE(sum.Stats().nonfinite);
+  EXPECT_TRUE(std::isinf(sum.Stats().sum_sq));
+  EXPECT_TRUE(
+      AccumulateGradAddStats(**pool, acc.data(), grad.data(), DType::kF32, 1.0f, false, 1, nullptr)
+          .IsInvalidArgument());
+}
+
 STRATA_INSTANTIATE_FOR_TARGETS(GradStatsTest);
 
 // The pooled call keeps its partials in the pool's preallocated scratch: calls in a row must

@@ -668,7 +668,7 @@ void LayOutDeviceWorking(const sched::StateLayout& states, const EngineOptions& 
 // The host working set: the optimizer pipeline's sub-groups in flight (NVMe-homed state is paged
 // through host memory), parameter shards staged from NVMe, and on a device the host cannot
 // address the states computed on the host whose home is that device, and a group's gradient
-// staged to the host (Impl::grad_staging: a sub-group's at a time). (The rules are shared with
+// staged to the host (Impl::grad_staging: at most a sub-group's). (The rules are shared with
 // the planner: sched/placement.h.)
 void LayOutHostWorking(const sched::StateLayout& states, const ZeroSettings& z,
                        const EngineOptions& options, Engine::Impl& e, CreateState* cs) {

@@ -583,7 +583,6 @@ Status Engine::Impl::StartAccumulate(zero::PendingReduce& p) {
 
 Status Engine::Impl::Accumulate(const zero::PendingReduce& p, zero::Accumulated* out) {
   const zero::GroupState& gs = groups[p.group];
-  std::unique_lock<std::mutex> staging;  // grad_staging, while a sub-group is staged in it
   out->stats.assign(gs.sub_groups.size(), std::nullopt);
   for (size_t k = 0; k < gs.sub_groups.size(); ++k) {
     const SubGroup& s = subs[gs.sub_groups[k]];
@@ -593,15 +592,6 @@ Status Engine::Impl::Accumulate(const zero::PendingReduce& p, zero::Accumulated*
     kernels::DeviceKernels* dk = DeviceKernelsFor(home);
     const Tier tier = dk != nullptr ? Tier::kDevice : ComputeTier(home);
     const uint8_t* src = ReducedGrad(p, s);
-    if (dk == nullptr && !opt.device->host_addressable()) {
-      if (!staging.owns_lock()) staging = std::unique_lock<std::mutex>(grad_staging.mu);
-      STRATA_ASSIGN_OR_RETURN(
-          uint8_t * staged,
-          grad_staging.Get(opt.device, std::max<uint64_t>(largest_sub_elems, s.elems) * elt,
-                           pin_host));
-      STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, staged, src, s.elems * elt));
-      src = staged;
-    }
     // The first micro-step replaces the gradient: no read of the old one (from NVMe).
     const Access access = p.first ? Access::kOverwrite : Access::kWrite;
     const auto l0 = Clock::now();
@@ -616,6 +606,8 @@ Status Engine::Impl::Accumulate(const zero::PendingReduce& p, zero::Accumulated*
       // kernels, and Step collects the statistics (engine_device.cc).
       STRATA_RETURN_IF_ERROR(dk->AccumulateGrad(a, src, dtype, post_scale, p.first, s.elems));
       if (stats) STRATA_RETURN_IF_ERROR(QueueDeviceStats(gs.sub_groups[k], a));
+    } else if (!opt.device->host_addressable()) {
+      STRATA_RETURN_IF_ERROR(AccumulateStaged(src, a, p.first, s.elems, stats ? &st : nullptr));
     } else if (stats) {
       // One walk accumulates and sums.
       STRATA_ASSIGN_OR_RETURN(
@@ -634,6 +626,77 @@ Status Engine::Impl::Accumulate(const zero::PendingReduce& p, zero::Accumulated*
       out->written.push_back(store->WriteBack(s.grad));
     }
   }
+  return Status::OK();
+}
+
+namespace {
+
+// Staged gradients move in pieces of about an eighth of the largest sub-group, on kStatsChunk
+// boundaries, at most 8 Mi elements (16 MiB of bf16): enough pieces for the copies to hide
+// behind the accumulation, few enough that the per-copy cost stays small.
+size_t StagePieceElems(uint64_t largest_sub) {
+  constexpr size_t kMaxPiece = size_t{8} << 20;
+  constexpr uint64_t kChunk = kernels::kStatsChunk;
+  const uint64_t eighth = (largest_sub + 7) / 8;
+  const uint64_t rounded = (eighth + kChunk - 1) / kChunk * kChunk;
+  return static_cast<size_t>(std::clamp<uint64_t>(rounded, kChunk, kMaxPiece));
+}
+
+// The staging copies in flight (at most one per half): every exit waits for them, so no copy
+// still writes the staging buffer once the next user holds it.
+struct StagingCopies {
+  std::chrono::nanoseconds timeout;
+  std::future<Status> half[2];
+  ~StagingCopies() {
+    for (std::future<Status>& f : half) {
+      if (f.valid()) f.wait_for(timeout);
+    }
+  }
+};
+
+}  // namespace
+
+Status Engine::Impl::AccumulateStaged(const uint8_t* src, float* acc, bool overwrite, size_t n,
+                                      std::optional<kernels::GradStats>* stats) {
+  std::lock_guard<std::mutex> lock(grad_staging.mu);
+  const uint64_t most = std::max<uint64_t>(largest_sub_elems, n);
+  const size_t piece = StagePieceElems(most);
+  STRATA_ASSIGN_OR_RETURN(
+      uint8_t * buf,
+      grad_staging.Get(opt.device, (most > piece ? 2 * piece : most) * elt, pin_host));
+  StagingCopies copies{opt.timeout, {}};
+  auto start = [&](size_t i) -> Status {
+    const size_t at = i * piece;
+    auto done = std::make_shared<std::promise<Status>>();
+    copies.half[i % 2] = done->get_future();
+    return opt.device->CopyAsync(CopyDir::kDeviceToHost, buf + (i % 2) * piece * elt,
+                                 src + at * elt, std::min(piece, n - at) * elt,
+                                 [done](Status st) { done->set_value(std::move(st)); });
+  };
+  kernels::ExactSum sum;
+  STRATA_RETURN_IF_ERROR(start(0));
+  for (size_t i = 0, at = 0; at < n; ++i, at += piece) {
+    // The next piece's copy (into the other half, whose accumulation is done) runs beside this
+    // piece's accumulation.
+    if (at + piece < n) STRATA_RETURN_IF_ERROR(start(i + 1));
+    std::future<Status>& copied = copies.half[i % 2];
+    if (copied.wait_for(opt.timeout) != std::future_status::ready) {
+      return Status::DeadlineExceeded("device copy (device->host, " +
+                                      std::to_string(std::min(piece, n - at) * elt) +
+                                      " bytes of a staged gradient) did not finish");
+    }
+    STRATA_RETURN_IF_ERROR(copied.get());
+    const uint8_t* staged = buf + (i % 2) * piece * elt;
+    const size_t m = std::min(piece, n - at);
+    if (stats != nullptr) {
+      STRATA_RETURN_IF_ERROR(kernels::AccumulateGradAddStats(*pool, acc + at, staged, dtype,
+                                                             post_scale, overwrite, m, &sum));
+    } else {
+      STRATA_RETURN_IF_ERROR(
+          AccumulatePooled(*pool, acc + at, staged, dtype, post_scale, overwrite, m));
+    }
+  }
+  if (stats != nullptr) *stats = sum.Stats();
   return Status::OK();
 }
 

@@ -319,11 +319,11 @@ struct Engine::Impl {
   int outstanding_gathers = 0;
   int grad_buffers_out = 0;  // GradBuffer taken, ReduceGradients not yet called
   // A device the host cannot address, gradients accumulated on the host: each sub-group's
-  // reduced gradient is copied here first (within the host working set's group-sized item);
-  // page-locked with pin_memory (`pin_host`).
+  // reduced gradient is copied here first, in pieces through two halves (AccumulateStaged; within
+  // the host working set's group-sized item); page-locked with pin_memory (`pin_host`).
   zero::HostStaging grad_staging;
   bool pin_host = false;
-  uint64_t largest_sub_elems = 0;  // the largest optimizer sub-group: grad_staging's size
+  uint64_t largest_sub_elems = 0;  // the largest optimizer sub-group: sizes grad_staging
   uint64_t cached_elems = 0;
   Status failed;                                 // the first error that failed the engine
   std::vector<Ticket> grad_write_behind;         // CheckGradWriteBehind; one per sub-group at most
@@ -429,6 +429,12 @@ struct Engine::Impl {
   // NVMe-homed ones. Touches only the store, the pool and `out`: it runs on the accumulate
   // thread.
   Status Accumulate(const zero::PendingReduce& p, zero::Accumulated* out);
+  // Accumulate's host path from a device the host cannot address: the n-element reduced gradient
+  // at device address src copied into grad_staging in pieces, each accumulated into acc while
+  // the next is copied; with `stats`, the whole gradient's statistics (the same bits as one
+  // walk: the pieces start on kStatsChunk boundaries).
+  Status AccumulateStaged(const uint8_t* src, float* acc, bool overwrite, size_t n,
+                          std::optional<kernels::GradStats>* stats);
   // The engine's part of a finished accumulation: the statistics, the write-backs to watch,
   // the lease waits, and (last micro-step) the speculation's turn.
   void FinishAccumulate(const zero::PendingReduce& p);
