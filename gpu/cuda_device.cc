@@ -10,6 +10,8 @@
 // (the callback must not call CUDA, as the contract already requires).
 // Kernels (Device::kernels): kernels/cuda_kernels.h's kernels enqueued on a third non-blocking
 // stream, `compute_`, which Free also waits for, so memory is never reused under a running kernel.
+// A caller's stream (OrderCallerStream / WaitCallerStream): events between it and the copy and
+// compute streams, in the direction asked; the host never waits.
 // Errors: every runtime call goes through STRATA_CUDA_STATUS; nothing aborts.
 #include <algorithm>
 #include <atomic>
@@ -106,6 +108,17 @@ class CudaKernels final : public kernels::DeviceKernels {
   const cudaStream_t* stream_;  // CudaDevice::compute_, created before any call
 };
 
+// Work queued on `waiter` from now on runs after the work queued on `on` so far: an event
+// recorded on `on` that `waiter` waits for (the host does not).
+Status StreamWaits(cudaStream_t waiter, cudaStream_t on) {
+  cudaEvent_t e;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  Status st = STRATA_CUDA_STATUS(cudaEventRecord(e, on));
+  if (st.ok()) st = STRATA_CUDA_STATUS(cudaStreamWaitEvent(waiter, e, 0));
+  cudaEventDestroy(e);  // released once complete; the wait already captured it
+  return st;
+}
+
 void CUDART_CB RunCallback(void* arg) {
   auto* cb = static_cast<CopyCallback*>(arg);
   (*cb)(Status::OK());
@@ -188,12 +201,7 @@ class CudaDevice final : public Device {
     }
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     for (cudaStream_t s : {streams_[0], streams_[1], compute_}) {
-      cudaEvent_t e;
-      STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      Status st = STRATA_CUDA_STATUS(cudaEventRecord(e, s));
-      if (st.ok()) st = STRATA_CUDA_STATUS(cudaStreamWaitEvent(alloc_, e, 0));
-      cudaEventDestroy(e);  // released once complete; the wait already captured it
-      STRATA_RETURN_IF_ERROR(st);
+      STRATA_RETURN_IF_ERROR(StreamWaits(alloc_, s));
     }
     STRATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(ptr, alloc_));
     return Status::OK();
@@ -231,6 +239,24 @@ class CudaDevice final : public Device {
   Status Synchronize() override {
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     for (cudaStream_t s : streams_) STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    return Status::OK();
+  }
+
+  bool orders_caller_streams() const override { return true; }
+  Status OrderCallerStream(uintptr_t stream) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    const cudaStream_t caller = reinterpret_cast<cudaStream_t>(stream);
+    for (cudaStream_t s : {streams_[0], streams_[1], compute_}) {
+      STRATA_RETURN_IF_ERROR(StreamWaits(caller, s));
+    }
+    return Status::OK();
+  }
+  Status WaitCallerStream(uintptr_t stream) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    const cudaStream_t caller = reinterpret_cast<cudaStream_t>(stream);
+    for (cudaStream_t s : {streams_[0], streams_[1], compute_}) {
+      STRATA_RETURN_IF_ERROR(StreamWaits(s, caller));
+    }
     return Status::OK();
   }
 

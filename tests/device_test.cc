@@ -11,6 +11,11 @@
 #include <gtest/gtest.h>
 
 #include "strata/device.h"
+#ifdef STRATA_TEST_CUDA
+#include <cuda_runtime.h>
+
+#include "strata/device_kernels.h"
+#endif
 
 namespace strata {
 namespace {
@@ -157,6 +162,60 @@ TEST_F(DeviceContract, FreeAfterCopiesIsSafe) {
   }
   EXPECT_EQ(dev_->stats().used_bytes, 0u);
 }
+
+#ifdef STRATA_TEST_CUDA
+// A caller's stream ordered with the device's on the device, the host waiting for neither: the
+// caller's copy of a buffer runs after the device's kernels zeroed it (OrderCallerStream, behind
+// a queue of other kernels that make the race likely), and the device's copy of the buffer after
+// the caller filled it (WaitCallerStream).
+TEST_F(DeviceContract, CallerStreamsAreOrderedOnTheDevice) {
+  ASSERT_TRUE(dev_->orders_caller_streams());
+  kernels::DeviceKernels* k = dev_->kernels();
+  ASSERT_NE(k, nullptr);
+  constexpr size_t n = 1 << 20;
+  auto buf = DeviceBuffer::Make(dev_.get(), n);
+  auto copy = DeviceBuffer::Make(dev_.get(), n);
+  auto busy = DeviceBuffer::Make(dev_.get(), 4 * n);
+  ASSERT_TRUE(buf.ok() && copy.ok() && busy.ok());
+  std::vector<uint8_t> host(n, 0xAB), out(n, 1);
+  ASSERT_TRUE(dev_->RegisterHost(host.data(), n).ok());
+  ASSERT_TRUE(dev_->RegisterHost(out.data(), n).ok());
+  ASSERT_TRUE(dev_->CopyAsync(CopyDir::kHostToDevice, buf->get(), host.data(), n, {}).ok());
+  ASSERT_TRUE(dev_->Synchronize().ok());
+  cudaStream_t caller;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), cudaSuccess);
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(k->Zero(busy->get(), 4 * n).ok());
+  ASSERT_TRUE(k->Zero(buf->get(), n).ok());
+  ASSERT_TRUE(dev_->OrderCallerStream(reinterpret_cast<uintptr_t>(caller)).ok());
+  ASSERT_EQ(cudaMemcpyAsync(copy->get(), buf->get(), n, cudaMemcpyDeviceToDevice, caller),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(caller), cudaSuccess);
+  ASSERT_TRUE(dev_->CopyAsync(CopyDir::kDeviceToHost, out.data(), copy->get(), n, {}).ok());
+  ASSERT_TRUE(dev_->Synchronize().ok());
+  EXPECT_EQ(out, std::vector<uint8_t>(n, 0)) << "the caller read the buffer before its zeroing";
+  // The other direction: the caller fills the buffer behind its own queue; the device's copy
+  // runs after.
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_EQ(cudaMemsetAsync(busy->get(), i, 4 * n, caller), cudaSuccess);
+  }
+  ASSERT_EQ(cudaMemsetAsync(buf->get(), 0x5C, n, caller), cudaSuccess);
+  ASSERT_TRUE(dev_->WaitCallerStream(reinterpret_cast<uintptr_t>(caller)).ok());
+  ASSERT_TRUE(dev_->CopyAsync(CopyDir::kDeviceToHost, out.data(), buf->get(), n, {}).ok());
+  ASSERT_TRUE(dev_->Synchronize().ok());
+  EXPECT_EQ(out, std::vector<uint8_t>(n, 0x5C)) << "the device read the buffer before the fill";
+  ASSERT_TRUE(k->Synchronize(30s).ok());
+  EXPECT_EQ(cudaStreamDestroy(caller), cudaSuccess);
+  ASSERT_TRUE(dev_->UnregisterHost(host.data()).ok());
+  ASSERT_TRUE(dev_->UnregisterHost(out.data()).ok());
+}
+#else
+// HostDevice's callers are the host: no caller streams to order (the engine waits instead).
+TEST_F(DeviceContract, HostDeviceOrdersNoCallerStreams) {
+  EXPECT_FALSE(dev_->orders_caller_streams());
+  EXPECT_EQ(dev_->OrderCallerStream(0).code(), Status::Code::kFailedPrecondition);
+  EXPECT_EQ(dev_->WaitCallerStream(0).code(), Status::Code::kFailedPrecondition);
+}
+#endif
 
 #ifndef STRATA_TEST_CUDA
 TEST(HostDeviceTest, SimulatedLinkMakesEventsPending) {

@@ -15,6 +15,12 @@
 // CudaDevice's (the memory returns once the kernel has run). FailNextKernel makes
 // the next kernel fail, reported by the next Synchronize (a kernel fault, as a GPU reports one);
 // FailNextCopy the next copy in one direction.
+// A caller's stream (Device::OrderCallerStream / WaitCallerStream): the caller here is the test
+// on the host, so ordering its later work after the device's means the host waiting for the
+// kernels and copies queued so far (counted in caller_orders, not in synchronize, and leaving a
+// kernel fault to the next Synchronize); waiting for its work is nothing (caller_waits). That
+// keeps the bits and the violation checks exact while the counts show which ordering the engine
+// asked for.
 //
 // Exactness: the element code is cuda_math.h's, the arguments those of cuda_kernels.cu
 // (simd::FoldAdamArgs), so results are the CUDA kernels' bits (cuda_kernels.h). Include this only
@@ -78,6 +84,7 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
   struct Counts {
     uint64_t adam = 0, accumulate = 0, chunk_sums = 0, cast = 0, zero = 0, synchronize = 0;
     uint64_t deferred_frees = 0;
+    uint64_t caller_orders = 0, caller_waits = 0;  // OrderCallerStream, WaitCallerStream
     // Copies with a completion callback (the engine's) whose host side is not page-locked
     // (outside every RegisterHost range), per CopyDir: on CUDA those bounce through the driver.
     uint64_t pageable_copies[2] = {0, 0};
@@ -158,6 +165,20 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
     return inner_->RecordEvent(dir);
   }
   Status Synchronize() override { return inner_->Synchronize(); }
+  bool orders_caller_streams() const override { return true; }
+  Status OrderCallerStream(uintptr_t /*stream*/) override {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      ++counts_.caller_orders;
+      cv_.wait(l, [&] { return queue_.empty(); });
+    }
+    return inner_->Synchronize();
+  }
+  Status WaitCallerStream(uintptr_t /*stream*/) override {
+    std::lock_guard<std::mutex> l(mu_);
+    ++counts_.caller_waits;
+    return Status::OK();
+  }
   Status RegisterHost(void* ptr, uint64_t size_bytes) override {
     STRATA_RETURN_IF_ERROR(inner_->RegisterHost(ptr, size_bytes));
     std::lock_guard<std::mutex> l(mu_);

@@ -40,6 +40,8 @@ struct Devices {
       t.zero += c.zero;
       t.synchronize += c.synchronize;
       t.deferred_frees += c.deferred_frees;
+      t.caller_orders += c.caller_orders;
+      t.caller_waits += c.caller_waits;
       for (int d = 0; d < 2; ++d) t.pageable_copies[d] += c.pageable_copies[d];
     }
     return t;
@@ -142,6 +144,56 @@ TEST(EngineDevice, ReductionsQueueTheirKernelsAndStepCollectsTheStatistics) {
   EXPECT_EQ(devices.Violations(&first), 0u) << first;
   for (const StepReport& r : res.reports) {  // the norm came from the collected statistics
     EXPECT_TRUE(std::isfinite(r.grad_norm) && r.grad_norm > 0) << r.grad_norm;
+  }
+}
+
+// With the trainer's stream named (one rank on a device that orders caller streams), the
+// backward's gradient buffers and reductions wait for nothing on the host: each buffer's zeroing
+// is ordered before the trainer's writes, and each reduction after them, on the device
+// (OrderCallerStream / WaitCallerStream, once per buffer each); the kernels are never synchronized
+// between the gradients and Step; the bits are those of the run without the stream, with the
+// optimizer on the device or offloaded. Two ranks (a collective per reduction) ignore the stream.
+TEST(EngineDevice, ANamedCallerStreamIsOrderedOnTheDeviceWithoutHostWaits) {
+  uint64_t trainable = 0;
+  for (const GroupSpec& g : TestModel().groups) trainable += g.trainable ? 1 : 0;
+  for (const auto& [world, opt] :
+       {std::pair<int, const char*>{1, "none"}, {1, "cpu"}, {2, "none"}}) {
+    SCOPED_TRACE("world " + std::to_string(world) + ", optimizer " + opt);
+    RunSpec spec;
+    spec.world = world;
+    spec.config_json = DeviceCaseConfig(3, opt, "none", "bf16", 0.5, 1);
+    RunSpec base = spec;
+    Devices base_devices;
+    UseEmulated(base, base_devices);
+    const RunResult want = RunEngine(base);
+    ASSERT_TRUE(want.status.ok()) << want.status.ToString();
+    spec.caller_stream = 7;  // a token: the emulated device's caller is the test itself
+    Devices devices;
+    UseEmulated(spec, devices);
+    std::vector<uint64_t> at_grads, at_step;
+    auto syncs = [&devices] { return devices.per_rank[0]->counts().synchronize; };
+    spec.tamper = [&](int r, int, int, Grads*) {
+      if (r == 0) at_grads.push_back(syncs());
+    };
+    spec.before_engine_step = [&](int r, int, Engine&, nvme::SimBackend*) {
+      if (r == 0) at_step.push_back(syncs());
+    };
+    const RunResult got = RunEngine(spec);
+    ASSERT_TRUE(got.status.ok()) << got.status.ToString();
+    ExpectSameRun(got, want);
+    const EmulatedDevice::Counts n = devices.Total();
+    if (world == 1) {
+      EXPECT_EQ(n.caller_orders, trainable * spec.steps);
+      EXPECT_EQ(n.caller_waits, trainable * spec.steps);
+      ASSERT_EQ(at_step.size(), at_grads.size());
+      for (size_t i = 0; i < at_step.size(); ++i) {
+        EXPECT_EQ(at_step[i], at_grads[i]) << "step " << i << ": the host waited for kernels";
+      }
+    } else {
+      EXPECT_EQ(n.caller_orders + n.caller_waits, 0u);
+    }
+    std::string first;
+    EXPECT_EQ(devices.Violations(&first), 0u) << first;
   }
 }
 

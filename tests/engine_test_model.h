@@ -303,6 +303,9 @@ struct RunSpec {
   std::function<Status(int rank, Engine&)> init;
   int first_step = 0;
   std::function<Status(int rank, int step, Engine&)> after_step;
+  // The trainer's stream for GradBuffer and ReduceGradients (device.h; a token on an emulated
+  // device), or none.
+  std::optional<uintptr_t> caller_stream;
   // The model the engine is created with (default TestModel(); training needs TestModel()).
   std::optional<ModelSpec> model;
   // EngineOptions::ranks_per_node (ZeRO++'s node groups; 0: from the environment).
@@ -474,11 +477,11 @@ inline RunResult RunEngine(const RunSpec& spec) {
         if (spec.tamper) spec.tamper(r, step, micro, &gr);
         for (size_t g = kGroups; g-- > 0;) {
           if (!engine->model().groups[g].trainable) continue;  // frozen: no gradient
-          STRATA_ASSIGN_OR_RETURN(void* buf, engine->GradBuffer(g));
+          STRATA_ASSIGN_OR_RETURN(void* buf, engine->GradBuffer(g, spec.caller_stream));
           std::vector<uint8_t> host(TestModel().groups[g].numel() * DTypeSize(engine->dtype()));
           Pack(engine->dtype(), GroupTensors(gr, g), host.data());
           STRATA_RETURN_IF_ERROR(to_device(buf, host));
-          STRATA_RETURN_IF_ERROR(engine->ReduceGradients(g));
+          STRATA_RETURN_IF_ERROR(engine->ReduceGradients(g, spec.caller_stream));
         }
       }
       if (spec.before_engine_step) spec.before_engine_step(r, step, *engine, sim);

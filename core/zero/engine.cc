@@ -1091,10 +1091,19 @@ bool Engine::gathers_alias_home() const {
   return e.placement.params_partitioned && e.AliasesShard() &&
          e.placement.Home(StateKind::kParam16) == Tier::kDevice && e.spec == nullptr;
 }
-Status Engine::ReduceGradients(size_t group) { return impl_->ReduceGradients(group); }
+Status Engine::ReduceGradients(size_t group, std::optional<uintptr_t> caller_stream) {
+  Impl& e = *impl_;
+  if (caller_stream && e.OrdersCallerStreams() && group < e.groups.size() && e.groups[group].grad) {
+    // Before anything reads the buffer on the device's streams (checked again below).
+    STRATA_RETURN_IF_ERROR(e.CheckHealthy());
+    STRATA_RETURN_IF_ERROR(e.Fail(e.opt.device->WaitCallerStream(*caller_stream)));
+  }
+  return e.ReduceGradients(group);
+}
 Result<StepReport> Engine::Step() { return impl_->Step(); }
+bool Engine::orders_caller_streams() const { return impl_->OrdersCallerStreams(); }
 
-Result<void*> Engine::GradBuffer(size_t group) {
+Result<void*> Engine::GradBuffer(size_t group, std::optional<uintptr_t> caller_stream) {
   Impl& e = *impl_;
   STRATA_RETURN_IF_ERROR(e.CheckHealthy());
   STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());  // the backward's work shares the CPU pool
@@ -1111,7 +1120,13 @@ Result<void*> Engine::GradBuffer(size_t group) {
                                                     e.model.groups[group].name +
                                                     "': " + std::string(buf.status().message())));
     }
-    STRATA_RETURN_IF_ERROR(e.Fail(e.ZeroDevice(buf->get(), bytes)));
+    if (caller_stream && e.OrdersCallerStreams()) {
+      // Cleared by the device's kernels; the trainer's stream runs its writes after that.
+      STRATA_RETURN_IF_ERROR(e.Fail(e.opt.device->kernels()->Zero(buf->get(), bytes)));
+      STRATA_RETURN_IF_ERROR(e.Fail(e.opt.device->OrderCallerStream(*caller_stream)));
+    } else {
+      STRATA_RETURN_IF_ERROR(e.Fail(e.ZeroDevice(buf->get(), bytes)));
+    }
     gs.grad = std::move(*buf);
     ++e.grad_buffers_out;
   }

@@ -398,6 +398,12 @@ struct Engine::Impl {
   // gather scheduler's device copy of it (GatheredCopy::shard; sched::DeviceWorkingSet counts no
   // gathered groups then).
   bool AliasesShard() const { return world == 1 && !zpp.qwz && zpp.hpz <= 1; }
+  // Engine::orders_caller_streams: one rank without qgZ (the reduction is the identity: only the
+  // device's own streams read the buffer), a device that orders caller streams and has kernels.
+  bool OrdersCallerStreams() const {
+    return world == 1 && !zpp.qgz && opt.device->orders_caller_streams() &&
+           opt.device->kernels() != nullptr;
+  }
   // Stage 3: the all-gather of group g from this rank's `shard` into `full` (plain, qwZ or hpZ;
   // fills the hpZ secondary slice on the step's first gather).
   Status GatherInto(size_t g, const void* shard, void* full);

@@ -26,7 +26,10 @@
 // Where Engine::gathers_alias_home, Release frees nothing and needs no wait. With overlap_comm a
 // trainer may hold one gradient buffer back (Engine::GradBuffer), waiting for the event of the
 // group before the one its backward now writes, never for its whole stream: the device keeps the
-// queued kernels running while the host reduces.
+// queued kernels running while the host reduces. Instead of either wait, a trainer may name its
+// stream (Engine::GradBuffer / ReduceGradients with a caller stream, at one rank): the engine
+// then orders the two sides on the device (OrderCallerStream, WaitCallerStream below) and the
+// host waits for neither.
 //
 // Host memory handed to CopyAsync should be registered (RegisterHost) on CUDA for the copy to be
 // truly asynchronous; HostDevice accepts any host memory.
@@ -117,6 +120,21 @@ class Device {
   // Blocks until both streams are idle; returns the first stream error, if any.
   virtual Status Synchronize() = 0;
 
+  // A caller's own stream (CUDA: a cudaStream_t as an integer; 0 is the legacy default stream,
+  // torch's default), ordered with this device's streams without the host waiting, where
+  // orders_caller_streams() (CudaDevice; not HostDevice, whose callers are the host: the engine
+  // then waits on the host instead):
+  //   OrderCallerStream: work the caller queues on `stream` from now on runs after every copy
+  //     and kernel this device has queued so far (CudaDevice: `stream` waits for an event on each
+  //     of the device's streams).
+  //   WaitCallerStream: copies and kernels this device queues from now on run after the work
+  //     queued on `stream` so far (CudaDevice: each of the device's streams waits for an event on
+  //     `stream`).
+  // FailedPrecondition where !orders_caller_streams().
+  virtual bool orders_caller_streams() const { return false; }
+  virtual Status OrderCallerStream(uintptr_t /*stream*/) { return NoCallerStreams(); }
+  virtual Status WaitCallerStream(uintptr_t /*stream*/) { return NoCallerStreams(); }
+
   // Page-locks host memory for async copies (cudaHostRegister). No-op on HostDevice.
   // Unavailable when the OS refuses to lock (RLIMIT_MEMLOCK); copies then still work, slower.
   virtual Status RegisterHost(void* ptr, uint64_t size_bytes) = 0;
@@ -131,6 +149,11 @@ class Device {
   // (kernels/cuda_kernels.h). HostDevice: nullptr (the engine's CPU kernels address its memory).
   // Owned by the device; valid for its lifetime.
   virtual kernels::DeviceKernels* kernels() { return nullptr; }
+
+ private:
+  Status NoCallerStreams() const {
+    return Status::FailedPrecondition(name() + " orders no caller streams");
+  }
 };
 
 // A move-only RAII handle on device memory: freed (stream-ordered) on destruction.

@@ -414,11 +414,20 @@ class Engine {
   // it reduces this one (one held back, so that its host need not wait for its device's queue:
   // device.h); the engine then keeps fewer reductions in flight, so that the gradient buffers
   // alive stay within the working set (sched/placement.h, DeviceWorkingSet).
-  Result<void*> GradBuffer(size_t group);
+  // With `caller_stream`, the device stream the trainer writes the buffer on (device.h), where
+  // orders_caller_streams(): the zeroing is ordered before that stream's later work instead of
+  // being waited for. Elsewhere the stream is ignored.
+  Result<void*> GradBuffer(size_t group, std::optional<uintptr_t> caller_stream = std::nullopt);
   // Starts reducing the group's gradient buffer and accumulating it into the fp32 gradient of
   // its sub-groups (asynchronous with overlap_comm; otherwise done on return). Each group once
-  // per micro-step.
-  Status ReduceGradients(size_t group);
+  // per micro-step. With `caller_stream`, where orders_caller_streams(): the reduction runs after
+  // the work queued on that stream so far (the trainer's writes of the buffer), so the trainer
+  // need not wait for them first. Elsewhere the stream is ignored.
+  Status ReduceGradients(size_t group, std::optional<uintptr_t> caller_stream = std::nullopt);
+  // True where GradBuffer and ReduceGradients order a caller's stream on the device: one rank
+  // (no qgZ: the reduction is the identity, no collective on a stream of its own) on a device
+  // that orders caller streams (Device::orders_caller_streams: CudaDevice). Fixed at Create.
+  bool orders_caller_streams() const;
 
   // The optimizer step at the accumulation boundary (collective). Waits for outstanding
   // reductions, computes the global norm, skips on overflow, else clips, runs Adam per sub-group

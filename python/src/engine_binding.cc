@@ -14,7 +14,10 @@
 // the parameters' home until step), and elsewhere may wait for an event behind the kernels that
 // read g, called a group later; with overlap_comm the caller may take grad_buffer(g') before
 // reduce_gradients(g), holding one reduction back until the kernels that write g's buffer have
-// run (an event, not a stream synchronize). The torch adapter (strata/engine.py) does all three.
+// run (an event, not a stream synchronize). Where orders_caller_streams (one rank on CUDA), the
+// caller passes its stream to grad_buffer and reduce_gradients instead and waits for nothing:
+// the engine orders the two sides with events on the device. The torch adapter
+// (strata/engine.py) does all of these.
 //
 // Lifetimes: a gathered view is valid until release(g) (or the next step's parameter update
 // for stages 0-2, whose replica it aliases); a gradient view until reduce_gradients(g). Each view
@@ -421,16 +424,16 @@ class PyEngine {
     gathered_[g].reset();
   }
 
-  nb::list GradBuffer(size_t g) {
+  nb::list GradBuffer(size_t g, std::optional<uintptr_t> stream) {
     CheckGroup(g);
-    void* buf = ValueOrThrow(engine().GradBuffer(g));
+    void* buf = ValueOrThrow(engine().GradBuffer(g, stream));
     return Views(g, buf);
   }
 
-  void ReduceGradients(size_t g) {
+  void ReduceGradients(size_t g, std::optional<uintptr_t> stream) {
     CheckGroup(g);
     nb::gil_scoped_release unlocked;
-    ThrowIfError(engine().ReduceGradients(g));
+    ThrowIfError(engine().ReduceGradients(g, stream));
   }
 
   nb::dict Step() {
@@ -544,10 +547,15 @@ void BindEngine(nb::module_& m) {
            "release(group). Gathering a gathered group returns views of the same buffer.")
       .def("is_gathered", &PyEngine::IsGathered, nb::arg("group"))
       .def("release", &PyEngine::Release, nb::arg("group"))
-      .def("grad_buffer", &PyEngine::GradBuffer, nb::arg("group"),
+      .def("grad_buffer", &PyEngine::GradBuffer, nb::arg("group"), nb::arg("stream") = nb::none(),
            "Zeroed gradient views (working dtype) for this micro-step, valid until "
-           "reduce_gradients(group).")
-      .def("reduce_gradients", &PyEngine::ReduceGradients, nb::arg("group"))
+           "reduce_gradients(group). stream: the caller's CUDA stream (torch's cuda_stream) "
+           "where orders_caller_streams: the zeroing is then ordered before its later work, "
+           "not waited for.")
+      .def("reduce_gradients", &PyEngine::ReduceGradients, nb::arg("group"),
+           nb::arg("stream") = nb::none(),
+           "stream: where orders_caller_streams, the reduction runs after the work queued on "
+           "that stream so far (the caller's writes of the buffer), with no wait on the host.")
       .def("step", &PyEngine::Step, "The optimizer step (collective); returns the step report.")
       .def("read_master", &PyEngine::ReadMaster, nb::arg("group"),
            "The group's fp32 master weights, flat (collective).")
@@ -575,6 +583,10 @@ void BindEngine(nb::module_& m) {
           "True when gather's views are the parameters' device-resident home (Engine::"
           "gathers_alias_home): release frees nothing, so it needs no wait for the caller's "
           "stream.")
+      .def_prop_ro(
+          "orders_caller_streams", [](PyEngine& e) { return e.engine().orders_caller_streams(); },
+          "Engine::orders_caller_streams: grad_buffer and reduce_gradients take the caller's "
+          "stream and order it on the device (one rank, on CUDA).")
       .def_prop_ro("dtype", [](PyEngine& e) { return std::string(DTypeLabel(e.engine().dtype())); })
       .def_prop_ro("device", &PyEngine::DeviceLabel, "host, or cuda:N.")
       .def_prop_ro("num_groups", [](PyEngine& e) { return e.engine().model().groups.size(); })

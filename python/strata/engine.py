@@ -378,9 +378,10 @@ class _DeviceWaits:
 
 class _HeldBack:
     """Engine calls held back by one group, so that the host never waits for the GPU's whole
-    queue (on a GPU): a group's reduction (with overlap_comm) or release (where it frees or
-    reuses memory) runs only once the next group's is due too, after waiting for an event
-    recorded behind the group's own kernels. The GPU keeps running the next group's work
+    queue (on a GPU): a group's reduction (with overlap_comm, where the engine does not order
+    torch's stream itself: several ranks) or release (where it frees or reuses memory) runs only
+    once the next group's is due too, after waiting for an event recorded behind the group's own
+    kernels. The GPU keeps running the next group's work
     meanwhile, where a stream synchronize would drain it. At most `limit` held: the working set
     counts one more gradient buffer (Engine::GradBuffer, sched/placement.h) and a second gathered
     group (sched::Stage3Peak's floor of two). `limit` 0 calls at once, with `wait` (a stream
@@ -422,6 +423,10 @@ class _HeldBack:
         gi, ev = self.held.pop(0)
         self.waits.wait(ev.synchronize)
         self.call(gi)
+
+
+def _no_wait() -> None:
+    """_HeldBack's wait where the engine orders torch's stream on the device itself."""
 
 
 def _cuda_event(device):
@@ -499,12 +504,19 @@ class StrataEngine(torch.nn.Module):
         # stage 3 gathers per module (the hooks) and empties them outside.
         self._whole = self._engine.layout()["stage"] < 3
         # On a GPU the host stays ahead of the device: no wait before a release that frees
-        # nothing (gathers_alias_home), one reduction held back with overlap_comm.
+        # nothing (gathers_alias_home); gradient buffers and reductions ordered with torch's
+        # stream on the device where the engine can (orders_caller_streams: one rank), else one
+        # reduction held back with overlap_comm.
         self._release_waits = self._cuda is not None and not self._engine.gathers_alias_home
-        hold = self._cuda is not None and bool(
-            (eff.get("zero_optimization") or {}).get("overlap_comm"))
-        self._held = _HeldBack(self._engine.reduce_gradients, self._wait_torch, 1 if hold else 0,
-                               _cuda_event(self._cuda) if hold else None, self._device_waits)
+        self._stream_ordered = self._cuda is not None and self._engine.orders_caller_streams
+        if self._stream_ordered:
+            self._held = _HeldBack(self._reduce_ordered, _no_wait, 0, None, self._device_waits)
+        else:
+            hold = self._cuda is not None and bool(
+                (eff.get("zero_optimization") or {}).get("overlap_comm"))
+            self._held = _HeldBack(self._engine.reduce_gradients, self._wait_torch,
+                                   1 if hold else 0, _cuda_event(self._cuda) if hold else None,
+                                   self._device_waits)
         # Releases that must wait for torch's kernels (their memory is freed or reused): one
         # held back the same way.
         self._held_releases = _HeldBack(
@@ -884,7 +896,7 @@ class StrataEngine(torch.nn.Module):
                 "gradient_accumulation_steps)")
         views = self._grad_views.get(gi)
         if views is None:
-            views = [_as_tensor(v) for v in self._engine.grad_buffer(gi)]
+            views = self._grad_buffer(gi)
             self._grad_views[gi] = views
         views[self._index_in_group[id(p)]].copy_(p.grad)
         p.grad = None
@@ -909,10 +921,24 @@ class StrataEngine(torch.nn.Module):
         for pi, (_, p) in enumerate(self._groups[gi].params):
             if p.grad is not None:
                 if gi not in self._grad_views:
-                    self._grad_views[gi] = [_as_tensor(v)
-                                            for v in self._engine.grad_buffer(gi)]
+                    self._grad_views[gi] = self._grad_buffer(gi)
                 self._grad_views[gi][pi].copy_(p.grad)
                 p.grad = None
+
+    def _caller_stream(self) -> Optional[int]:
+        """torch's current stream on the engine's GPU where the engine orders it on the device
+        (orders_caller_streams), else None (the engine then returns with its work done, and the
+        adapter waits for torch's before a reduction: _HeldBack)."""
+        if not self._stream_ordered:
+            return None
+        return torch.cuda.current_stream(self._cuda).cuda_stream
+
+    def _grad_buffer(self, gi: int) -> list:
+        return [_as_tensor(v) for v in self._engine.grad_buffer(gi, self._caller_stream())]
+
+    def _reduce_ordered(self, gi: int) -> None:
+        """The reduction after torch's copies into the buffer, ordered on the device: no wait."""
+        self._engine.reduce_gradients(gi, self._caller_stream())
 
     def _reduce(self, gi: int) -> None:
         self._grad_views.pop(gi, None)  # the views die with the buffer
@@ -926,7 +952,7 @@ class StrataEngine(torch.nn.Module):
             if not self._reduced[gi] and not self._no_sync:
                 self._take_kept_grads(gi)
                 if gi not in self._grad_views:
-                    self._engine.grad_buffer(gi)  # zeros: no parameter of it was used
+                    self._grad_buffer(gi)  # zeros: no parameter of it was used
                 self._reduce(gi)
         self._held.drain()
         self._grads_missing = [len(g.params) for g in self._groups]

@@ -169,6 +169,45 @@ def test_held_back_reductions_give_the_same_bits_and_wait_for_their_own_event(st
             assert entries[at + 1][0] == "reduce"  # each reduce right after its own wait
 
 
+@pytest.mark.parametrize("offload", ["none", "cpu"])
+def test_stream_ordered_buffers_and_reductions_give_the_same_bits(offload):
+    """One rank on a GPU (orders_caller_streams) the adapter passes torch's stream to
+    grad_buffer and reduce_gradients, which order it on the device, and holds nothing back.
+    Injected here on the host engine, which orders no caller streams (its caller is the host)
+    and so ignores the stream: the same bits as the default path, the stream passed to every
+    buffer and reduction, no wait."""
+    from strata.engine import _HeldBack, _no_wait
+    cfg = ds_config(3, offload, dtype="bf16", lr=LR, wd=WD)
+    cfg["zero_optimization"]["overlap_comm"] = True
+    base_losses, base, _ = train("gpt", cfg, steps=3)
+    engine, _, _, _ = strata.initialize(model=make_model("gpt"), config=cfg)
+    assert not engine._engine.orders_caller_streams and not engine._stream_ordered
+    passed = []
+
+    def caller_stream():
+        passed.append(0)
+        return 0  # torch's default stream is 0
+
+    engine._stream_ordered = True
+    engine._caller_stream = caller_stream
+    engine._held = _HeldBack(engine._reduce_ordered, _no_wait, 0, None, engine._device_waits)
+    losses = []
+    for step in range(3):
+        loss = engine(*batch("gpt", step, 0))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    master = engine.read_master()
+    waits = engine.stats()["adapter"]["device_waits"]
+    groups = sum(g.trainable for g in engine._groups)
+    engine.close()
+    assert losses == base_losses
+    for n in base:
+        assert torch.equal(master[n], base[n]), n
+    assert len(passed) == 2 * groups * 3  # a buffer and a reduction per group and step
+    assert waits == 0
+
+
 @pytest.mark.parametrize("stage,offload,param,spec,expected", [
     (3, "none", "none", None, True), (3, "cpu", "none", False, True),
     (3, "none", "cpu", None, False), (2, "none", "none", None, False),

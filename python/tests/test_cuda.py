@@ -175,15 +175,17 @@ SLEEP_CYCLES = 400_000_000  # torch.cuda._sleep: ~0.2 s at an H200's ~2 GHz
 
 @needs_gpu
 def test_the_host_runs_ahead_of_the_gpu_through_forward_and_backward():
-    """One GPU, stage 3, nothing offloaded (gathers_alias_home, overlap_comm): a slow kernel queued
-    early in the forward is still running when the forward returns (releases wait for nothing),
-    and one queued after a group's gradient copies in the backward is still running once the
-    engine has reduced that group (the reduction waited for an event before the slow kernel, not
-    for the stream). The results still match the run without the slow kernels."""
+    """One GPU, stage 3, nothing offloaded (gathers_alias_home, orders_caller_streams): a slow
+    kernel queued early in the forward is still running when the forward returns (releases wait
+    for nothing), and one queued after the first gradient's copy in the backward is still running
+    while the engine takes the next buffers and reduces groups (both ordered with torch's stream
+    on the GPU: the adapter waits for nothing in the backward). The results still match the run
+    without the slow kernels."""
     model = make_model("gpt").cuda()
     engine, _, _, _ = strata.initialize(model=model, config=ds_config(3))
     assert engine._engine.gathers_alias_home and not engine._release_waits
-    assert engine._held.limit == 1
+    assert engine._engine.orders_caller_streams and engine._stream_ordered
+    assert engine._held.limit == 0
     stream = torch.cuda.current_stream()
     first = next(m for m in model.modules() if next(m.parameters(recurse=False), None) is not None)
     slow_forward = first.register_forward_pre_hook(lambda m, a: torch.cuda._sleep(SLEEP_CYCLES))
@@ -197,21 +199,20 @@ def test_the_host_runs_ahead_of_the_gpu_through_forward_and_backward():
 
     def after_engine_hook(p):  # registered after the engine's: runs after its hook for p
         if not slept:
-            if engine._held.held:  # a group held back, its event recorded before this kernel
-                torch.cuda._sleep(SLEEP_CYCLES)
-                slept.append(len(reduced))
+            torch.cuda._sleep(SLEEP_CYCLES)
+            slept.append((len(reduced), engine._device_waits.count))
         else:
-            seen.append((len(reduced) - slept[0], stream.query()))
+            seen.append((len(reduced) - slept[0][0], stream.query(), engine._device_waits.count))
 
     hooks = [p.register_post_accumulate_grad_hook(after_engine_hook)
              for p in model.parameters() if p.requires_grad]
     engine.backward(loss)
     for h in hooks:
         h.remove()
-    # The first reduction after the slow kernel is of the group held when it was queued, whose
-    # event comes before it: the host gets past that reduction while the kernel still runs.
-    assert slept, "no group was held back"
-    assert any(n >= 1 and not done for n, done in seen), seen
+    # Reductions after the slow kernel, queued while it still runs; no wait in the backward.
+    assert slept and seen
+    assert any(n >= 1 and not done for n, done, _ in seen), seen
+    assert all(w == slept[0][1] for _, _, w in seen), "the adapter waited for the GPU"
     engine.step()
     losses = [loss.item()]
     for step in range(1, STEPS):
