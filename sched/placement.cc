@@ -173,11 +173,10 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
   const uint64_t gshard = in.grad_shard_elems.value_or(shard);
   const bool behind = AccumulatesBehind(
       in.overlap_comm, placement.Home(StateKind::kGrad) != Tier::kDevice || !in.device_kernels);
-  // One rank, accumulated in place: with overlap_comm a second buffer, the one a trainer holds
-  // back while its device's queue runs (Engine::GradBuffer).
-  const uint64_t in_place = in.overlap_comm ? 2 : 1;
-  const uint64_t grads = identity ? (behind ? 3 : in_place) * ggroup * in.grad_elem_bytes
-                                  : in_flight * (ggroup + gshard) * in.grad_elem_bytes;
+  const uint64_t grads = identity
+                             ? OneRankGradBuffers(placement, in.overlap_comm, in.device_kernels) *
+                                   ggroup * in.grad_elem_bytes
+                             : in_flight * (ggroup + gshard) * in.grad_elem_bytes;
   add(identity && behind ? "gradient buffers, 3 groups (one rank: accumulated behind the backward)"
       : identity && in.overlap_comm
           ? "gradient buffers, 2 groups (one rank, reduced in place; overlap_comm: one held back)"

@@ -193,6 +193,21 @@ inline bool AccumulatesBehind(bool overlap_comm, bool accumulated_on_host) {
   return overlap_comm && accumulated_on_host;
 }
 
+// The gradient buffers one rank (the identity reduction, no qgZ) has at once, each at most the
+// largest group: three where the accumulation runs behind the backward (AccumulatesBehind), two
+// with overlap_comm (the trainer's and one it holds back, or the one the device's kernels still
+// read), else one. DeviceWorkingSet counts them; the engine recycles up to that many
+// (Engine::GradBuffer with a caller stream). `device_kernels`: the device computes on its own
+// memory (DeviceWorkingInput::device_kernels).
+inline uint64_t OneRankGradBuffers(const StatePlacement& placement, bool overlap_comm,
+                                   bool device_kernels) {
+  if (AccumulatesBehind(overlap_comm,
+                        placement.Home(StateKind::kGrad) != Tier::kDevice || !device_kernels)) {
+    return 3;
+  }
+  return overlap_comm ? 2 : 1;
+}
+
 // The host budget the engine takes when none is given: the working set plus a slack for the
 // store's staging (the prefetcher stages upcoming NVMe-homed param shards into host memory), so
 // that the slack is the whole host cache of HostCacheBytes.

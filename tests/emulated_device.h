@@ -62,6 +62,8 @@ struct EmulatedDeviceOptions {
   std::chrono::microseconds kernel_delay{100};
   // Kernels queued on the compute stream before a call blocks for room.
   size_t max_queued_kernels = 64;
+  // orders_caller_streams(): the engine's stream-ordered paths (false: its host-waiting ones).
+  bool caller_streams = true;
 };
 
 class EmulatedDevice final : public Device, private kernels::DeviceKernels {
@@ -85,6 +87,7 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
     uint64_t adam = 0, accumulate = 0, chunk_sums = 0, cast = 0, zero = 0, synchronize = 0;
     uint64_t deferred_frees = 0;
     uint64_t caller_orders = 0, caller_waits = 0;  // OrderCallerStream, WaitCallerStream
+    uint64_t allocations = 0;
     // Copies with a completion callback (the engine's) whose host side is not page-locked
     // (outside every RegisterHost range), per CopyDir: on CUDA those bounce through the driver.
     uint64_t pageable_copies[2] = {0, 0};
@@ -121,6 +124,7 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
   Result<void*> Allocate(uint64_t size_bytes) override {
     STRATA_ASSIGN_OR_RETURN(void* p, inner_->Allocate(size_bytes));
     std::lock_guard<std::mutex> l(mu_);
+    ++counts_.allocations;
     sizes_[reinterpret_cast<uintptr_t>(p)] = size_bytes;
     return p;
   }
@@ -165,7 +169,7 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
     return inner_->RecordEvent(dir);
   }
   Status Synchronize() override { return inner_->Synchronize(); }
-  bool orders_caller_streams() const override { return true; }
+  bool orders_caller_streams() const override { return opt_.caller_streams; }
   Status OrderCallerStream(uintptr_t /*stream*/) override {
     {
       std::unique_lock<std::mutex> l(mu_);

@@ -42,6 +42,7 @@ struct Devices {
       t.deferred_frees += c.deferred_frees;
       t.caller_orders += c.caller_orders;
       t.caller_waits += c.caller_waits;
+      t.allocations += c.allocations;
       for (int d = 0; d < 2; ++d) t.pageable_copies[d] += c.pageable_copies[d];
     }
     return t;
@@ -57,10 +58,11 @@ struct Devices {
 };
 
 // Makes `spec` run on emulated devices (world of them).
-void UseEmulated(RunSpec& spec, Devices& devices) {
+void UseEmulated(RunSpec& spec, Devices& devices, bool caller_streams = true) {
   for (int r = 0; r < spec.world; ++r) {
     EmulatedDeviceOptions o;
     o.host.budget_bytes = spec.device_budget;
+    o.caller_streams = caller_streams;
     auto d = EmulatedDevice::Create(o);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     devices.per_rank.push_back(std::move(*d));
@@ -120,7 +122,9 @@ TEST(EngineDevice, ReductionsQueueTheirKernelsAndStepCollectsTheStatistics) {
   RunSpec spec;
   spec.config_json = DeviceCaseConfig(3, "none", "none", "bf16", 0.5, 1);
   Devices devices;
-  UseEmulated(spec, devices);
+  // A device that orders no caller streams: each buffer freed after its reduction (the other
+  // path recycles them: ANamedCallerStreamIsOrderedOnTheDeviceWithoutHostWaits).
+  UseEmulated(spec, devices, /*caller_streams=*/false);
   std::vector<uint64_t> at_grads, at_step;
   auto syncs = [&devices] { return devices.per_rank[0]->counts().synchronize; };
   spec.tamper = [&](int, int, int, Grads*) { at_grads.push_back(syncs()); };
@@ -151,8 +155,10 @@ TEST(EngineDevice, ReductionsQueueTheirKernelsAndStepCollectsTheStatistics) {
 // backward's gradient buffers and reductions wait for nothing on the host: each buffer's zeroing
 // is ordered before the trainer's writes, and each reduction after them, on the device
 // (OrderCallerStream / WaitCallerStream, once per buffer each); the kernels are never synchronized
-// between the gradients and Step; the bits are those of the run without the stream, with the
-// optimizer on the device or offloaded. Two ranks (a collective per reduction) ignore the stream.
+// between the gradients and Step, and after the first buffers none is allocated (they are
+// recycled in the kernels' order); the bits are those of the run on a device that orders no
+// caller streams, with the optimizer on the device or offloaded. Two ranks (a collective per
+// reduction) ignore the stream.
 TEST(EngineDevice, ANamedCallerStreamIsOrderedOnTheDeviceWithoutHostWaits) {
   uint64_t trainable = 0;
   for (const GroupSpec& g : TestModel().groups) trainable += g.trainable ? 1 : 0;
@@ -164,7 +170,7 @@ TEST(EngineDevice, ANamedCallerStreamIsOrderedOnTheDeviceWithoutHostWaits) {
     spec.config_json = DeviceCaseConfig(3, opt, "none", "bf16", 0.5, 1);
     RunSpec base = spec;
     Devices base_devices;
-    UseEmulated(base, base_devices);
+    UseEmulated(base, base_devices, /*caller_streams=*/false);
     const RunResult want = RunEngine(base);
     ASSERT_TRUE(want.status.ok()) << want.status.ToString();
     spec.caller_stream = 7;  // a token: the emulated device's caller is the test itself
@@ -182,15 +188,20 @@ TEST(EngineDevice, ANamedCallerStreamIsOrderedOnTheDeviceWithoutHostWaits) {
     ASSERT_TRUE(got.status.ok()) << got.status.ToString();
     ExpectSameRun(got, want);
     const EmulatedDevice::Counts n = devices.Total();
+    const uint64_t base_allocations = base_devices.Total().allocations;
     if (world == 1) {
       EXPECT_EQ(n.caller_orders, trainable * spec.steps);
       EXPECT_EQ(n.caller_waits, trainable * spec.steps);
+      // At most three buffers (sched::OneRankGradBuffers) made, where the run without the stream
+      // makes one per group and step.
+      EXPECT_LE(n.allocations + trainable * spec.steps, base_allocations + 3);
       ASSERT_EQ(at_step.size(), at_grads.size());
       for (size_t i = 0; i < at_step.size(); ++i) {
         EXPECT_EQ(at_step[i], at_grads[i]) << "step " << i << ": the host waited for kernels";
       }
     } else {
       EXPECT_EQ(n.caller_orders + n.caller_waits, 0u);
+      EXPECT_EQ(n.allocations, base_allocations);
     }
     std::string first;
     EXPECT_EQ(devices.Violations(&first), 0u) << first;

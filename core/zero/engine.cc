@@ -663,6 +663,10 @@ void LayOutDeviceWorking(const sched::StateLayout& states, const EngineOptions& 
     e.layout.working_bytes[Tier::kDevice] += it.bytes;
     if (it.store_cache) cs->store_cache_bytes += it.bytes;
   }
+  // Recycled gradient buffers (Impl::spare_grads): as many as the rule above counts, each the
+  // size it counts.
+  e.grad_buffer_bytes = states.largest_trainable_padded * e.elt;
+  e.grad_buffer_cap = sched::OneRankGradBuffers(e.placement, e.overlap_comm, dw.device_kernels);
 }
 
 // The host working set: the optimizer pipeline's sub-groups in flight (NVMe-homed state is paged
@@ -1113,21 +1117,7 @@ Result<void*> Engine::GradBuffer(size_t group, std::optional<uintptr_t> caller_s
   if (!e.model.groups[group].trainable) return e.FrozenRefusal("GradBuffer", group);
   zero::GroupState& gs = e.groups[group];
   if (!gs.grad) {
-    const uint64_t bytes = gs.shard.padded_elems(e.world) * e.elt;
-    auto buf = DeviceBuffer::Make(e.opt.device, bytes);
-    if (!buf.ok()) {
-      return e.Fail(Status(buf.status().code(), "gradient buffer of group '" +
-                                                    e.model.groups[group].name +
-                                                    "': " + std::string(buf.status().message())));
-    }
-    if (caller_stream && e.OrdersCallerStreams()) {
-      // Cleared by the device's kernels; the trainer's stream runs its writes after that.
-      STRATA_RETURN_IF_ERROR(e.Fail(e.opt.device->kernels()->Zero(buf->get(), bytes)));
-      STRATA_RETURN_IF_ERROR(e.Fail(e.opt.device->OrderCallerStream(*caller_stream)));
-    } else {
-      STRATA_RETURN_IF_ERROR(e.Fail(e.ZeroDevice(buf->get(), bytes)));
-    }
-    gs.grad = std::move(*buf);
+    STRATA_ASSIGN_OR_RETURN(gs.grad, e.NewGradBuffer(group, caller_stream));
     ++e.grad_buffers_out;
   }
   return gs.grad.get();

@@ -325,6 +325,44 @@ Status Engine::Impl::ReduceGradients(size_t g) {
   return st;
 }
 
+Result<DeviceBuffer> Engine::Impl::NewGradBuffer(size_t g, std::optional<uintptr_t> caller_stream) {
+  const uint64_t bytes = groups[g].shard.padded_elems(world) * elt;
+  const bool ordered = caller_stream && OrdersCallerStreams();
+  DeviceBuffer buf;
+  if (!spare_grads.empty()) {
+    buf = std::move(spare_grads.back());
+    spare_grads.pop_back();
+  } else {
+    // Where it may be kept for reuse, at the size every group fits.
+    auto made = DeviceBuffer::Make(
+        opt.device, OrdersCallerStreams() ? std::max(bytes, grad_buffer_bytes) : bytes);
+    if (!made.ok()) {
+      return Fail(Status(made.status().code(), "gradient buffer of group '" + model.groups[g].name +
+                                                   "': " + std::string(made.status().message())));
+    }
+    buf = std::move(*made);
+  }
+  if (ordered) {
+    // Cleared by the device's kernels, after those that read it last; the trainer's stream runs
+    // its writes after that.
+    STRATA_RETURN_IF_ERROR(Fail(opt.device->kernels()->Zero(buf.get(), bytes)));
+    STRATA_RETURN_IF_ERROR(Fail(opt.device->OrderCallerStream(*caller_stream)));
+  } else {
+    STRATA_RETURN_IF_ERROR(Fail(ZeroDevice(buf.get(), bytes)));
+  }
+  return buf;
+}
+
+void Engine::Impl::RecycleGradBuffer(DeviceBuffer buffer) {
+  // Alive besides it: the buffers the trainer holds, the other pending reductions' and the spares.
+  const uint64_t alive =
+      static_cast<uint64_t>(grad_buffers_out) + pending.size() - 1 + spare_grads.size();
+  if (OrdersCallerStreams() && buffer && buffer.size_bytes() == grad_buffer_bytes &&
+      alive < grad_buffer_cap) {
+    spare_grads.push_back(std::move(buffer));
+  }  // else freed here (stream-ordered)
+}
+
 Status Engine::Impl::StartReduction(zero::PendingReduce& p) {
   const size_t g = p.group;
   zero::GroupState& gs = groups[g];
@@ -547,6 +585,7 @@ Status Engine::Impl::DrainFront() {
   Status st = p.accumulating.get();
   if (!st.ok()) return Fail(WithContext(st, "gradient accumulation of group '" + name + "'"));
   FinishAccumulate(p);
+  RecycleGradBuffer(std::move(p.full));
   pending.pop_front();
   return Status::OK();
 }

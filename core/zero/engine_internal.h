@@ -318,6 +318,14 @@ struct Engine::Impl {
   int64_t gather_epoch = 0;  // counts the steps in which groups were gathered (hpZ)
   int outstanding_gathers = 0;
   int grad_buffers_out = 0;  // GradBuffer taken, ReduceGradients not yet called
+  // Gradient buffers kept for the next GradBuffer where the engine orders caller streams (one
+  // rank on CUDA): each the largest trainable group's size (`grad_buffer_bytes`), reused in the
+  // kernels' stream order, so the backward allocates nothing after the first buffers (on CUDA an
+  // allocation waits on the host for the device's frees). Alive ones, these included, at most
+  // `grad_buffer_cap` (sched::OneRankGradBuffers, the device working set's count).
+  std::vector<DeviceBuffer> spare_grads;
+  uint64_t grad_buffer_bytes = 0;
+  uint64_t grad_buffer_cap = 1;
   // A device the host cannot address, gradients accumulated on the host: each sub-group's
   // reduced gradient is copied here first, in pieces through two halves (AccumulateStaged; within
   // the host working set's group-sized item); page-locked with pin_memory (`pin_host`).
@@ -435,6 +443,12 @@ struct Engine::Impl {
   // NVMe-homed ones. Touches only the store, the pool and `out`: it runs on the accumulate
   // thread.
   Status Accumulate(const zero::PendingReduce& p, zero::Accumulated* out);
+  // GradBuffer's buffer for group g, zeroed: a spare one (spare_grads) or a new one; with a
+  // caller stream (where OrdersCallerStreams), zeroed by the kernels ahead of that stream's later
+  // work, else zeroed on return.
+  Result<DeviceBuffer> NewGradBuffer(size_t g, std::optional<uintptr_t> caller_stream);
+  // A reduced gradient buffer, done with: kept in spare_grads where it can be reused, else freed.
+  void RecycleGradBuffer(DeviceBuffer buffer);
   // Accumulate's host path from a device the host cannot address: the n-element reduced gradient
   // at device address src copied into grad_staging in pieces, each accumulated into acc while
   // the next is copied; with `stats`, the whole gradient's statistics (the same bits as one
