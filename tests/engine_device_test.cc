@@ -116,8 +116,9 @@ TEST(EngineDevice, DeviceResidentStateRunsOnTheDeviceKernels) {
 
 // The backward's reductions wait for no kernel: their accumulations and chunk sums are only
 // queued, the trainer's buffers they read are freed stream-ordered behind them, and Step reads
-// every sub-group's statistics back at once. Per step the device is synchronized once per
-// gradient buffer (its clearing, before the trainer writes it) between the gradients and Step.
+// every sub-group's statistics back at once and waits once for all of its Adam kernels. Per step
+// the device is synchronized once per gradient buffer (its clearing, before the trainer writes it)
+// between the gradients and Step.
 TEST(EngineDevice, ReductionsQueueTheirKernelsAndStepCollectsTheStatistics) {
   RunSpec spec;
   spec.config_json = DeviceCaseConfig(3, "none", "none", "bf16", 0.5, 1);
@@ -131,17 +132,27 @@ TEST(EngineDevice, ReductionsQueueTheirKernelsAndStepCollectsTheStatistics) {
   spec.before_engine_step = [&](int, int, Engine&, nvme::SimBackend*) {
     at_step.push_back(syncs());
   };
+  std::vector<uint64_t> after_step;
+  spec.after_step = [&](int, int, Engine&) {
+    after_step.push_back(syncs());
+    return Status::OK();
+  };
   RunResult res = RunEngine(spec);
   ASSERT_TRUE(res.status.ok()) << res.status.ToString();
   uint64_t trainable = 0;
   for (const GroupSpec& g : TestModel().groups) trainable += g.trainable ? 1 : 0;
   ASSERT_EQ(at_grads.size(), static_cast<size_t>(spec.steps));
   ASSERT_EQ(at_step.size(), at_grads.size());
+  ASSERT_EQ(after_step.size(), at_step.size());
+  const uint64_t subs = res.layouts[0].sub_groups;
+  ASSERT_GT(subs, 2u);
   for (size_t i = 0; i < at_step.size(); ++i) {
     EXPECT_EQ(at_step[i] - at_grads[i], trainable) << "step " << i;
+    // Step: the statistics' read-back and one wait after every sub-group's Adam is queued, not
+    // one per sub-group.
+    EXPECT_EQ(after_step[i] - at_step[i], 2u) << "step " << i;
   }
   const EmulatedDevice::Counts n = devices.Total();
-  const uint64_t subs = res.layouts[0].sub_groups;
   EXPECT_EQ(n.chunk_sums, subs * spec.steps);
   EXPECT_GT(n.deferred_frees, 0u);  // a trainer's buffer freed under its queued accumulation
   std::string first;

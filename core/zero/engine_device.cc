@@ -99,14 +99,14 @@ Status Engine::Impl::ZeroGradAt(Tier tier, float* grad, size_t n) {
 
 Status Engine::Impl::AdamOnDevice(kernels::DeviceKernels& k, const SubGroup& s,
                                   const kernels::AdamHyper& h, Lease& master, Lease& m, Lease& v,
-                                  const Lease& grad, Lease& param) {
+                                  const Lease& grad, Lease& param, bool queued) {
   uint8_t* out = static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt;
   const kernels::AdamShard shard = AdamShardFor(s, master, m, v, grad, param);
   STRATA_RETURN_IF_ERROR(k.AdamStep(h, shard));
   if (dtype == DType::kF32) {
     STRATA_RETURN_IF_ERROR(k.Cast(shard.master, DType::kF32, out, DType::kF32, s.elems));
   }
-  STRATA_RETURN_IF_ERROR(k.Synchronize(timeout()));
+  if (!queued) STRATA_RETURN_IF_ERROR(k.Synchronize(timeout()));
   master.MarkDirty();
   m.MarkDirty();
   v.MarkDirty();

@@ -496,10 +496,12 @@ struct Engine::Impl {
   kernels::AdamShard AdamShardFor(const zero::SubGroup& s, Lease& master, Lease& m, Lease& v,
                                   const Lease& grad, Lease& param) const;
   // RunAdam's compute stage on the device for sub-group s: the fused Adam with the param_out
-  // cast (fp32: a device copy) into the leased param block, synchronized before it returns.
+  // cast (fp32: a device copy) into the leased param block, synchronized before it returns
+  // unless `queued` (the caller synchronizes once its last sub-group is queued: RunAdam, where
+  // every block stays home on the device and nobody reads a group before the step ends).
   Status AdamOnDevice(kernels::DeviceKernels& k, const zero::SubGroup& s,
                       const kernels::AdamHyper& h, Lease& master, Lease& m, Lease& v,
-                      const Lease& grad, Lease& param);
+                      const Lease& grad, Lease& param, bool queued = false);
 
   // --- engine_step.cc ---
   Result<StepReport> Step();

@@ -1,6 +1,7 @@
 // Engine: the optimizer step. Global norm and overflow agreed across ranks, the loss scaler and
 // LR schedule, then the fused Adam per sub-group through the step pipeline (NVMe reads ahead,
 // writes behind), and the new params published.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -178,6 +179,14 @@ Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
   };
   const std::vector<kernels::AdamHyper>& hs = run.hyper;
   const std::vector<size_t>& order = run.order;
+  // Every sub-group on the device, whose blocks all stay home there (the param block too; a
+  // sub-group stepped on the host would copy that block out under the queued kernels), in a step
+  // no trainer reads a group of before it ends (no overlap_step): the kernels are only queued,
+  // and synchronized once after the last, instead of once each.
+  const bool queue_device =
+      param_home == Tier::kDevice && !run.updated &&
+      std::all_of(order.begin(), order.end(), [&](size_t i) { return where(subs[i]).on_device; });
+  kernels::DeviceKernels* queued = nullptr;
 
   // Reads and writes share the buffer_count buffers as they free up: neither depth is capped
   // below what the buffers allow. A fixed split ((B-1)/2 ahead) left the disk idle whenever the
@@ -233,7 +242,8 @@ Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
     const kernels::AdamHyper& h = hs[model.groups[s.group].optimizer_group];
     if (w.on_device) {
       if (save.master != nullptr) return Status::Internal("optimizer step: copies of device state");
-      return AdamOnDevice(*w.on_device, s, h, master, m, v, grad, param);
+      if (queue_device) queued = w.on_device;
+      return AdamOnDevice(*w.on_device, s, h, master, m, v, grad, param, queue_device);
     }
     const kernels::AdamShard shard = AdamShardFor(s, master, m, v, grad, param);
     if (save.master != nullptr) {
@@ -288,6 +298,10 @@ Status Engine::Impl::RunAdam(const AdamRun& run, StepTimings* t) {
   sched::PipelineStats ps;
   const auto t0 = Clock::now();
   Status st = pipeline.Run(order.size(), mapped, &ps);
+  if (queued != nullptr) {
+    Status synced = queued->Synchronize(timeout());
+    if (st.ok()) st = synced;
+  }
   t->optimizer_ns += Since(t0);
   t->optimizer_io_wait_ns += ps.wait_read_ns + ps.wait_write_ns + acquire_ns;
   if (!st.ok()) return Status(st.code(), "optimizer step: " + std::string(st.message()));
