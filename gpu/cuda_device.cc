@@ -200,9 +200,7 @@ class CudaDevice final : public Device {
       used_ -= n;
     }
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    for (cudaStream_t s : {streams_[0], streams_[1], compute_}) {
-      STRATA_RETURN_IF_ERROR(StreamWaits(alloc_, s));
-    }
+    STRATA_RETURN_IF_ERROR(EachStream([&](cudaStream_t s) { return StreamWaits(alloc_, s); }));
     STRATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(ptr, alloc_));
     return Status::OK();
   }
@@ -245,19 +243,13 @@ class CudaDevice final : public Device {
   bool orders_caller_streams() const override { return true; }
   Status OrderCallerStream(uintptr_t stream) override {
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    const cudaStream_t caller = reinterpret_cast<cudaStream_t>(stream);
-    for (cudaStream_t s : {streams_[0], streams_[1], compute_}) {
-      STRATA_RETURN_IF_ERROR(StreamWaits(caller, s));
-    }
-    return Status::OK();
+    const auto caller = reinterpret_cast<cudaStream_t>(stream);
+    return EachStream([&](cudaStream_t s) { return StreamWaits(caller, s); });
   }
   Status WaitCallerStream(uintptr_t stream) override {
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    const cudaStream_t caller = reinterpret_cast<cudaStream_t>(stream);
-    for (cudaStream_t s : {streams_[0], streams_[1], compute_}) {
-      STRATA_RETURN_IF_ERROR(StreamWaits(s, caller));
-    }
-    return Status::OK();
+    const auto caller = reinterpret_cast<cudaStream_t>(stream);
+    return EachStream([&](cudaStream_t s) { return StreamWaits(s, caller); });
   }
 
   Status RegisterHost(void* ptr, uint64_t size_bytes) override {
@@ -290,6 +282,14 @@ class CudaDevice final : public Device {
   }
 
  private:
+  // f(s) for each stream that runs this device's work (the copy streams and the kernels'); the
+  // first error.
+  template <class F>
+  Status EachStream(F f) {
+    for (cudaStream_t s : {streams_[0], streams_[1], compute_}) STRATA_RETURN_IF_ERROR(f(s));
+    return Status::OK();
+  }
+
   const int ordinal_;
   const std::string name_;
   const uint64_t budget_;

@@ -1096,13 +1096,7 @@ bool Engine::gathers_alias_home() const {
          e.placement.Home(StateKind::kParam16) == Tier::kDevice && e.spec == nullptr;
 }
 Status Engine::ReduceGradients(size_t group, std::optional<uintptr_t> caller_stream) {
-  Impl& e = *impl_;
-  if (caller_stream && e.OrdersCallerStreams() && group < e.groups.size() && e.groups[group].grad) {
-    // Before anything reads the buffer on the device's streams (checked again below).
-    STRATA_RETURN_IF_ERROR(e.CheckHealthy());
-    STRATA_RETURN_IF_ERROR(e.Fail(e.opt.device->WaitCallerStream(*caller_stream)));
-  }
-  return e.ReduceGradients(group);
+  return impl_->ReduceGradients(group, caller_stream);
 }
 Result<StepReport> Engine::Step() { return impl_->Step(); }
 bool Engine::orders_caller_streams() const { return impl_->OrdersCallerStreams(); }

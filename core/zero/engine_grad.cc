@@ -280,7 +280,7 @@ void Engine::Impl::DropGathered(GatheredGroup gathered) {
 // Gradients
 // ---------------------------------------------------------------------------------------------
 
-Status Engine::Impl::ReduceGradients(size_t g) {
+Status Engine::Impl::ReduceGradients(size_t g, std::optional<uintptr_t> caller_stream) {
   STRATA_RETURN_IF_ERROR(CheckHealthy());
   if (g >= groups.size()) {
     return Status::InvalidArgument("ReduceGradients: group " + std::to_string(g) + " out of range");
@@ -297,6 +297,10 @@ Status Engine::Impl::ReduceGradients(size_t g) {
     return Status::FailedPrecondition("ReduceGradients: group '" + name + "' was already reduced " +
                                       std::to_string(gas) +
                                       " times (gradient_accumulation_steps) since the last Step");
+  }
+  if (caller_stream && OrdersCallerStreams()) {
+    // Before anything reads the buffer on the device's streams: the trainer's writes first.
+    STRATA_RETURN_IF_ERROR(Fail(opt.device->WaitCallerStream(*caller_stream)));
   }
   const auto t0 = Clock::now();
   zero::PendingReduce p;
@@ -704,12 +708,14 @@ Status Engine::Impl::AccumulateStaged(const uint8_t* src, float* acc, bool overw
       uint8_t * buf,
       grad_staging.Get(opt.device, (most > piece ? 2 * piece : most) * elt, pin_host));
   StagingCopies copies{opt.timeout, {}};
+  // Piece i: elements [i * piece, + its length), staged in half i % 2.
+  auto length = [&](size_t i) { return std::min(piece, n - i * piece); };
+  auto staged = [&](size_t i) { return buf + (i % 2) * piece * elt; };
   auto start = [&](size_t i) -> Status {
-    const size_t at = i * piece;
     auto done = std::make_shared<std::promise<Status>>();
     copies.half[i % 2] = done->get_future();
-    return opt.device->CopyAsync(CopyDir::kDeviceToHost, buf + (i % 2) * piece * elt,
-                                 src + at * elt, std::min(piece, n - at) * elt,
+    return opt.device->CopyAsync(CopyDir::kDeviceToHost, staged(i), src + i * piece * elt,
+                                 length(i) * elt,
                                  [done](Status st) { done->set_value(std::move(st)); });
   };
   kernels::ExactSum sum;
@@ -718,21 +724,19 @@ Status Engine::Impl::AccumulateStaged(const uint8_t* src, float* acc, bool overw
     // The next piece's copy (into the other half, whose accumulation is done) runs beside this
     // piece's accumulation.
     if (at + piece < n) STRATA_RETURN_IF_ERROR(start(i + 1));
+    const size_t m = length(i);
     std::future<Status>& copied = copies.half[i % 2];
     if (copied.wait_for(opt.timeout) != std::future_status::ready) {
-      return Status::DeadlineExceeded("device copy (device->host, " +
-                                      std::to_string(std::min(piece, n - at) * elt) +
+      return Status::DeadlineExceeded("device copy (device->host, " + std::to_string(m * elt) +
                                       " bytes of a staged gradient) did not finish");
     }
     STRATA_RETURN_IF_ERROR(copied.get());
-    const uint8_t* staged = buf + (i % 2) * piece * elt;
-    const size_t m = std::min(piece, n - at);
     if (stats != nullptr) {
-      STRATA_RETURN_IF_ERROR(kernels::AccumulateGradAddStats(*pool, acc + at, staged, dtype,
+      STRATA_RETURN_IF_ERROR(kernels::AccumulateGradAddStats(*pool, acc + at, staged(i), dtype,
                                                              post_scale, overwrite, m, &sum));
     } else {
       STRATA_RETURN_IF_ERROR(
-          AccumulatePooled(*pool, acc + at, staged, dtype, post_scale, overwrite, m));
+          AccumulatePooled(*pool, acc + at, staged(i), dtype, post_scale, overwrite, m));
     }
   }
   if (stats != nullptr) *stats = sum.Stats();

@@ -423,7 +423,7 @@ struct Engine::Impl {
   // Release's part for the handle itself: stage 3 keeps the copy (persistence, reuse distance)
   // or lets it go with the handle.
   void DropGathered(GatheredGroup gathered);
-  Status ReduceGradients(size_t g);
+  Status ReduceGradients(size_t g, std::optional<uintptr_t> caller_stream);
   // Completes pending reductions and their accumulations (all, or only those already finished
   // when `all` is false); an accumulation starts once its reduction has completed.
   Status DrainReductions(bool all);

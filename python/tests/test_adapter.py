@@ -41,6 +41,22 @@ def train(kind, cfg, steps=STEPS, gas=1, model=None, engine_out=None, **kw):
     return losses, {n: master[n] for n in names if n in master}, stats
 
 
+def run_steps(engine, kind, steps=3, after_forward=None, after_step=None):
+    """The losses of `steps` training steps of an engine made (and adjusted) by the test, on
+    `kind`'s batches; after_forward() and after_step(step) are called in each."""
+    losses = []
+    for step in range(steps):
+        loss = engine(*batch(kind, step, 0))
+        if after_forward is not None:
+            after_forward()
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+        if after_step is not None:
+            after_step(step)
+    return losses
+
+
 def check_against_torch(kind, losses, params, steps=STEPS, gas=1):
     ref_losses, ref_params = reference(kind, steps, LR, WD, gas=gas)
     assert losses == pytest.approx(ref_losses, rel=LOSS_RTOL)
@@ -136,13 +152,7 @@ def test_held_back_reductions_give_the_same_bits_and_wait_for_their_own_event(st
 
     engine._held = _HeldBack(reduce, engine._wait_torch, 1, lambda: _LoggedEvent(log),
                              engine._device_waits)
-    losses = []
-    for step in range(3):
-        loss = engine(*batch("gpt", step, 0))
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
-        log.append(("step", step))
+    losses = run_steps(engine, "gpt", after_step=lambda step: log.append(("step", step)))
     master = engine.read_master()
     waits = engine.stats()["adapter"]
     engine.close()
@@ -191,12 +201,7 @@ def test_stream_ordered_buffers_and_reductions_give_the_same_bits(offload):
     engine._stream_ordered = True
     engine._caller_stream = caller_stream
     engine._held = _HeldBack(engine._reduce_ordered, _no_wait, 0, None, engine._device_waits)
-    losses = []
-    for step in range(3):
-        loss = engine(*batch("gpt", step, 0))
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
+    losses = run_steps(engine, "gpt")
     master = engine.read_master()
     waits = engine.stats()["adapter"]["device_waits"]
     groups = sum(g.trainable for g in engine._groups)
@@ -262,14 +267,8 @@ def test_held_back_releases_give_the_same_bits_and_wait_for_their_own_event(kind
     engine._release_waits = True
     held = Held(logged, engine._wait_torch, 1, lambda: _LoggedEvent(log), engine._device_waits)
     engine._held_releases = held
-    most = 0
-    losses = []
-    for step in range(3):
-        loss = engine(*batch(kind, step, 0))
-        most = max(most, len(held.held))
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
+    most = []
+    losses = run_steps(engine, kind, after_forward=lambda: most.append(len(held.held)))
     master = engine.read_master()
     waits = engine.stats()["adapter"]["device_waits"]
     engine.close()
@@ -281,7 +280,7 @@ def test_held_back_releases_give_the_same_bits_and_wait_for_their_own_event(kind
     assert releases, "nothing was released through the held path"
     for i in releases:
         assert log[i - 1][0] == "wait", log[i - 1]
-    assert most <= 1
+    assert max(most) <= 1
     assert taken, "no group was gathered again while its release was held"  # the tied weight
 
 
