@@ -303,8 +303,8 @@ struct RunSpec {
   std::function<Status(int rank, Engine&)> init;
   int first_step = 0;
   std::function<Status(int rank, int step, Engine&)> after_step;
-  // The trainer's stream for GradBuffer and ReduceGradients (device.h; a token on an emulated
-  // device), or none.
+  // The trainer's stream for GradBuffer, ReduceGradients and Release (device.h; a token on an
+  // emulated device), or none.
   std::optional<uintptr_t> caller_stream;
   // The model the engine is created with (default TestModel(); training needs TestModel()).
   std::optional<ModelSpec> model;
@@ -454,6 +454,7 @@ inline RunResult RunEngine(const RunSpec& spec) {
       STRATA_ASSIGN_OR_RETURN(std::vector<uint8_t> host,
                               to_host(gg.data(), gg.numel() * DTypeSize(gg.dtype())));
       Unpack(gg, host.data(), GroupTensors(p, g));
+      if (spec.caller_stream) return engine->Release(std::move(gg), *spec.caller_stream);
       engine->Release(std::move(gg));
       return Status::OK();
     };

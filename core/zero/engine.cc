@@ -1089,11 +1089,14 @@ Status Engine::Flush() {
 std::vector<std::string> Engine::nvme_files() const { return impl_->store->nvme_files(); }
 
 Result<GatheredGroup> Engine::Gather(size_t group) { return impl_->Gather(group); }
-void Engine::Release(GatheredGroup gathered) { impl_->Release(std::move(gathered)); }
-bool Engine::gathers_alias_home() const {
-  const Impl& e = *impl_;
-  return e.placement.params_partitioned && e.AliasesShard() &&
-         e.placement.Home(StateKind::kParam16) == Tier::kDevice && e.spec == nullptr;
+void Engine::Release(GatheredGroup gathered) { impl_->Release(std::move(gathered)).IgnoreError(); }
+Status Engine::Release(GatheredGroup gathered, uintptr_t caller_stream) {
+  return impl_->Release(std::move(gathered), caller_stream);
+}
+bool Engine::gathers_alias_home() const { return impl_->GathersAliasHome(); }
+bool Engine::Impl::GathersAliasHome() const {
+  return placement.params_partitioned && AliasesShard() &&
+         placement.Home(StateKind::kParam16) == Tier::kDevice && spec == nullptr;
 }
 Status Engine::ReduceGradients(size_t group, std::optional<uintptr_t> caller_stream) {
   return impl_->ReduceGradients(group, caller_stream);

@@ -226,8 +226,13 @@ Status Engine::Impl::NonFiniteWeight(size_t g, const void* host_shard) const {
                                  "' holds a non-finite value: it cannot be quantized");
 }
 
-void Engine::Impl::Release(GatheredGroup gathered) {
-  if (!gathered) return;
+Status Engine::Impl::Release(GatheredGroup gathered, std::optional<uintptr_t> caller_stream) {
+  if (!gathered) return Status::OK();
+  Status ordered;
+  if (caller_stream && OrdersCallerStreams() && !GathersAliasHome()) {
+    // Before the memory is freed or rewritten on the device's streams: the trainer's reads first.
+    ordered = Fail(opt.device->WaitCallerStream(*caller_stream));
+  }
   const size_t g = gathered.group_;
   --outstanding_gathers;
   --groups[g].gathered;
@@ -235,6 +240,7 @@ void Engine::Impl::Release(GatheredGroup gathered) {
   if (groups[g].gathered == 0 && spec && spec->final_pending[g]) {
     OnGradientFinal(g);  // its gradient became final while it was gathered
   }
+  return ordered;
 }
 
 void Engine::Impl::DropGathered(GatheredGroup gathered) {

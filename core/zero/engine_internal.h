@@ -419,7 +419,11 @@ struct Engine::Impl {
   Status NonFiniteWeight(size_t g, const void* host_shard) const;
   // qgZ: the hierarchical quantized reduce-scatter of `full` into this rank's `shard`.
   Status QuantizedReduceScatter(size_t g, const void* full, void* shard);
-  void Release(GatheredGroup gathered);
+  // With `caller_stream` (Engine::Release's second form): ordered after that stream's work on
+  // the device where OrdersCallerStreams and the memory is freed or reused (not GathersAliasHome).
+  Status Release(GatheredGroup gathered, std::optional<uintptr_t> caller_stream = std::nullopt);
+  // Engine::gathers_alias_home.
+  bool GathersAliasHome() const;
   // Release's part for the handle itself: stage 3 keeps the copy (persistence, reuse distance)
   // or lets it go with the handle.
   void DropGathered(GatheredGroup gathered);

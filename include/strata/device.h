@@ -26,10 +26,10 @@
 // Where Engine::gathers_alias_home, Release frees nothing and needs no wait. With overlap_comm a
 // trainer may hold one gradient buffer back (Engine::GradBuffer), waiting for the event of the
 // group before the one its backward now writes, never for its whole stream: the device keeps the
-// queued kernels running while the host reduces. Instead of either wait, a trainer may name its
-// stream (Engine::GradBuffer / ReduceGradients with a caller stream, at one rank): the engine
-// then orders the two sides on the device (OrderCallerStream, WaitCallerStream below) and the
-// host waits for neither.
+// queued kernels running while the host reduces. Instead of these waits, a trainer may name its
+// stream (Engine::GradBuffer / ReduceGradients / Release with a caller stream, at one rank): the
+// engine then orders the two sides on the device (OrderCallerStream, WaitCallerStream below) and
+// the host waits for none of them.
 //
 // Host memory handed to CopyAsync should be registered (RegisterHost) on CUDA for the copy to be
 // truly asynchronous; HostDevice accepts any host memory.

@@ -401,6 +401,13 @@ class Engine {
   // full size on the device).
   Result<GatheredGroup> Gather(size_t group);
   void Release(GatheredGroup gathered);
+  // Release for a trainer that names the device stream its kernels read the group on (device.h):
+  // where orders_caller_streams() and the release frees or reuses memory (not
+  // gathers_alias_home()), that memory is rewritten only after the work queued on `caller_stream`
+  // so far, ordered on the device, so the trainer need not wait for those kernels first.
+  // Elsewhere the stream is ignored (the trainer waits, as for Release above). An error ordering
+  // the stream fails the engine and is returned; the group is released all the same.
+  Status Release(GatheredGroup gathered, uintptr_t caller_stream);
   // True when Gather's views are the parameters' device-resident home itself: one rank (no qwZ,
   // no hpZ), stage 3 with the parameters on the device, no speculative step. Release then neither
   // frees nor reuses that memory, and nothing writes it before Step, Load or InitParameters, so a

@@ -15,8 +15,8 @@
 // read g, called a group later; with overlap_comm the caller may take grad_buffer(g') before
 // reduce_gradients(g), holding one reduction back until the kernels that write g's buffer have
 // run (an event, not a stream synchronize). Where orders_caller_streams (one rank on CUDA), the
-// caller passes its stream to grad_buffer and reduce_gradients instead and waits for nothing:
-// the engine orders the two sides with events on the device. The torch adapter
+// caller passes its stream to grad_buffer, reduce_gradients and release instead and waits for
+// nothing: the engine orders the two sides with events on the device. The torch adapter
 // (strata/engine.py) does all of these.
 //
 // Lifetimes: a gathered view is valid until release(g) (or the next step's parameter update
@@ -418,10 +418,15 @@ class PyEngine {
 
   bool IsGathered(size_t g) { return gathered_[CheckGroup(g)].has_value(); }
 
-  void Release(size_t g) {
+  void Release(size_t g, std::optional<uintptr_t> stream) {
     CheckGroup(g);
-    if (gathered_[g]) engine().Release(std::move(*gathered_[g]));
-    gathered_[g].reset();
+    std::optional<GatheredGroup> gathered = std::exchange(gathered_[g], std::nullopt);
+    if (!gathered) return;
+    if (stream) {
+      ThrowIfError(engine().Release(std::move(*gathered), *stream));
+    } else {
+      engine().Release(std::move(*gathered));
+    }
   }
 
   nb::list GradBuffer(size_t g, std::optional<uintptr_t> stream) {
@@ -546,7 +551,10 @@ void BindEngine(nb::module_& m) {
            "The group's parameters as zero-copy DLPack arrays (working dtype), valid until "
            "release(group). Gathering a gathered group returns views of the same buffer.")
       .def("is_gathered", &PyEngine::IsGathered, nb::arg("group"))
-      .def("release", &PyEngine::Release, nb::arg("group"))
+      .def("release", &PyEngine::Release, nb::arg("group"), nb::arg("stream") = nb::none(),
+           "stream: where orders_caller_streams and the release frees or reuses memory (not "
+           "gathers_alias_home), that memory is rewritten only after the work queued on that "
+           "stream so far (the caller's kernels that read the group), with no wait on the host.")
       .def("grad_buffer", &PyEngine::GradBuffer, nb::arg("group"), nb::arg("stream") = nb::none(),
            "Zeroed gradient views (working dtype) for this micro-step, valid until "
            "reduce_gradients(group). stream: the caller's CUDA stream (torch's cuda_stream) "

@@ -504,9 +504,9 @@ class StrataEngine(torch.nn.Module):
         # stage 3 gathers per module (the hooks) and empties them outside.
         self._whole = self._engine.layout()["stage"] < 3
         # On a GPU the host stays ahead of the device: no wait before a release that frees
-        # nothing (gathers_alias_home); gradient buffers and reductions ordered with torch's
-        # stream on the device where the engine can (orders_caller_streams: one rank), else one
-        # reduction held back with overlap_comm.
+        # nothing (gathers_alias_home); gradient buffers, reductions and releases ordered with
+        # torch's stream on the device where the engine can (orders_caller_streams: one rank),
+        # else one reduction held back with overlap_comm and one release held back.
         self._release_waits = self._cuda is not None and not self._engine.gathers_alias_home
         self._stream_ordered = self._cuda is not None and self._engine.orders_caller_streams
         if self._stream_ordered:
@@ -517,11 +517,12 @@ class StrataEngine(torch.nn.Module):
             self._held = _HeldBack(self._engine.reduce_gradients, self._wait_torch,
                                    1 if hold else 0, _cuda_event(self._cuda) if hold else None,
                                    self._device_waits)
-        # Releases that must wait for torch's kernels (their memory is freed or reused): one
-        # held back the same way.
+        # Releases that must wait for torch's kernels (their memory is freed or reused): ordered
+        # on the device where the engine orders torch's stream, else one held back the same way.
+        hold = self._release_waits and not self._stream_ordered
         self._held_releases = _HeldBack(
-            self._engine.release, self._wait_torch, 1 if self._release_waits else 0,
-            _cuda_event(self._cuda) if self._release_waits else None, self._device_waits)
+            self._engine.release, self._wait_torch, 1 if hold else 0,
+            _cuda_event(self._cuda) if hold else None, self._device_waits)
         self._call_stack: list = []  # the module calls running forward, innermost last
         self._boundary: Optional[bool] = None  # set_gradient_accumulation_boundary's
         self._no_sync = False
@@ -788,7 +789,9 @@ class StrataEngine(torch.nn.Module):
                 self._gathered_at.pop(p.data.untyped_storage().data_ptr(), None)
             p.data = empty
         if self._engine.is_gathered(gi):
-            if self._release_waits and not waited:
+            if self._release_waits and not waited and self._stream_ordered:
+                self._engine.release(gi, self._caller_stream())  # after them, on the device
+            elif self._release_waits and not waited:
                 self._held_releases.add(gi)  # after the kernels that read the group have run
             else:
                 self._engine.release(gi)

@@ -179,28 +179,51 @@ def test_held_back_reductions_give_the_same_bits_and_wait_for_their_own_event(st
             assert entries[at + 1][0] == "reduce"  # each reduce right after its own wait
 
 
-@pytest.mark.parametrize("offload", ["none", "cpu"])
-def test_stream_ordered_buffers_and_reductions_give_the_same_bits(offload):
+class _ReleaseSpy:
+    """The binding's engine with release logged: the stream each call passed."""
+
+    def __init__(self, inner, log):
+        self._inner, self._log = inner, log
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def release(self, gi, stream=None):
+        self._log.append(stream)
+        self._inner.release(gi, stream)
+
+
+@pytest.mark.parametrize("offload,param", [("none", "none"), ("cpu", "none"), ("none", "cpu")])
+def test_stream_ordered_buffers_reductions_and_releases_give_the_same_bits(offload, param):
     """One rank on a GPU (orders_caller_streams) the adapter passes torch's stream to
-    grad_buffer and reduce_gradients, which order it on the device, and holds nothing back.
+    grad_buffer and reduce_gradients, and to release where it frees or reuses memory (params
+    offloaded: not gathers_alias_home), which order it on the device; it holds nothing back.
     Injected here on the host engine, which orders no caller streams (its caller is the host)
     and so ignores the stream: the same bits as the default path, the stream passed to every
-    buffer and reduction, no wait."""
+    buffer, reduction and such release, no wait."""
     from strata.engine import _HeldBack, _no_wait
     cfg = ds_config(3, offload, dtype="bf16", lr=LR, wd=WD)
     cfg["zero_optimization"]["overlap_comm"] = True
+    if param != "none":
+        cfg["zero_optimization"]["offload_param"] = {"device": param}
     base_losses, base, _ = train("gpt", cfg, steps=3)
     engine, _, _, _ = strata.initialize(model=make_model("gpt"), config=cfg)
     assert not engine._engine.orders_caller_streams and not engine._stream_ordered
-    passed = []
+    # Offloaded params, or the optimizer on cpu (a small model's speculative step writes params
+    # during the backward), are rewritten after a release.
+    alias = engine._engine.gathers_alias_home
+    assert alias is (offload == param == "none")
+    passed, released = [], []
 
     def caller_stream():
         passed.append(0)
         return 0  # torch's default stream is 0
 
     engine._stream_ordered = True
+    engine._release_waits = not alias  # as on a GPU
     engine._caller_stream = caller_stream
     engine._held = _HeldBack(engine._reduce_ordered, _no_wait, 0, None, engine._device_waits)
+    engine._engine = _ReleaseSpy(engine._engine, released)
     losses = run_steps(engine, "gpt")
     master = engine.read_master()
     waits = engine.stats()["adapter"]["device_waits"]
@@ -209,7 +232,14 @@ def test_stream_ordered_buffers_and_reductions_give_the_same_bits(offload):
     assert losses == base_losses
     for n in base:
         assert torch.equal(master[n], base[n]), n
-    assert len(passed) == 2 * groups * 3  # a buffer and a reduction per group and step
+    ordered = [s for s in released if s is not None]
+    if alias:
+        assert ordered == []  # the views are the params' home: nothing to order
+    else:
+        # Every group once in forward and once in backward, each step.
+        assert len(ordered) == 2 * len(engine._groups) * 3
+    # A buffer and a reduction per group and step, and each ordered release.
+    assert len(passed) == 2 * groups * 3 + len(ordered)
     assert waits == 0
 
 

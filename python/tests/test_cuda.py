@@ -174,23 +174,33 @@ SLEEP_CYCLES = 400_000_000  # torch.cuda._sleep: ~0.2 s at an H200's ~2 GHz
 
 
 @needs_gpu
-def test_the_host_runs_ahead_of_the_gpu_through_forward_and_backward():
-    """One GPU, stage 3, nothing offloaded (gathers_alias_home, orders_caller_streams): a slow
-    kernel queued early in the forward is still running when the forward returns (releases wait
-    for nothing), and one queued after the first gradient's copy in the backward is still running
-    while the engine takes the next buffers and reduces groups (both ordered with torch's stream
-    on the GPU: the adapter waits for nothing in the backward). The results still match the run
-    without the slow kernels."""
+@pytest.mark.parametrize("param", ["none", "cpu"])
+def test_the_host_runs_ahead_of_the_gpu_through_forward_and_backward(param):
+    """One GPU, stage 3 (orders_caller_streams): with nothing offloaded (gathers_alias_home) a
+    slow kernel queued early in the forward is still running when the forward returns (releases
+    wait for nothing), and one queued after the first gradient's copy in the backward is still
+    running while the engine takes the next buffers and reduces groups (both ordered with torch's
+    stream on the GPU). With the params offloaded each release is ordered after torch's stream on
+    the GPU too (the store's copies of later groups then queue behind the slow kernel, so only
+    the adapter's own waits are checked). Either way the adapter waits for nothing in the forward
+    and backward, and the results match the run without the slow kernels."""
+    cfg = ds_config(3)
+    if param != "none":
+        cfg["zero_optimization"]["offload_param"] = {"device": param, "pin_memory": True}
     model = make_model("gpt").cuda()
-    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3))
-    assert engine._engine.gathers_alias_home and not engine._release_waits
+    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+    assert engine._engine.gathers_alias_home is (param == "none")
+    assert engine._release_waits is (param != "none")
     assert engine._engine.orders_caller_streams and engine._stream_ordered
-    assert engine._held.limit == 0
+    assert engine._held.limit == 0 and engine._held_releases.limit == 0
     stream = torch.cuda.current_stream()
+    waits = engine._device_waits.count
     first = next(m for m in model.modules() if next(m.parameters(recurse=False), None) is not None)
     slow_forward = first.register_forward_pre_hook(lambda m, a: torch.cuda._sleep(SLEEP_CYCLES))
     loss = engine(*on_gpu(batch("gpt", 0)))
-    assert not stream.query(), "the forward waited for the GPU"
+    if param == "none":
+        assert not stream.query(), "the forward waited for the GPU"
+    assert engine._device_waits.count == waits, "the adapter waited for the GPU in the forward"
     slow_forward.remove()
     reduced, seen = [], []
     reduce = engine._held.call
@@ -211,8 +221,9 @@ def test_the_host_runs_ahead_of_the_gpu_through_forward_and_backward():
         h.remove()
     # Reductions after the slow kernel, queued while it still runs; no wait in the backward.
     assert slept and seen
-    assert any(n >= 1 and not done for n, done, _ in seen), seen
-    assert all(w == slept[0][1] for _, _, w in seen), "the adapter waited for the GPU"
+    if param == "none":
+        assert any(n >= 1 and not done for n, done, _ in seen), seen
+    assert all(w == waits for _, _, w in seen), "the adapter waited for the GPU"
     engine.step()
     losses = [loss.item()]
     for step in range(1, STEPS):
@@ -222,7 +233,7 @@ def test_the_host_runs_ahead_of_the_gpu_through_forward_and_backward():
         losses.append(loss.item())
     master = engine.read_master()
     engine.close()
-    ref_losses, ref = train_cuda("gpt", ds_config(3))
+    ref_losses, ref = train_cuda("gpt", cfg)
     assert losses == pytest.approx(ref_losses, rel=LOSS_RTOL)
     for n, v in ref.items():
         torch.testing.assert_close(master[n], v, atol=PARAM_ATOL, rtol=PARAM_RTOL, msg=n)
