@@ -11,13 +11,14 @@
 // Kernels (Device::kernels): kernels/cuda_kernels.h's kernels enqueued on a third non-blocking
 // stream, `compute_`, which Free also waits for, so memory is never reused under a running kernel.
 // A caller's stream (OrderCallerStream / WaitCallerStream): events between it and the copy and
-// compute streams, in the direction asked; the host never waits.
+// compute streams named (DeviceQueue bits), in the direction asked; the host never waits.
 // Errors: every runtime call goes through STRATA_CUDA_STATUS; nothing aborts.
 #include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "gpu/cuda_check.h"
 #include "kernels/cuda_kernels.h"
@@ -200,7 +201,8 @@ class CudaDevice final : public Device {
       used_ -= n;
     }
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    STRATA_RETURN_IF_ERROR(EachStream([&](cudaStream_t s) { return StreamWaits(alloc_, s); }));
+    STRATA_RETURN_IF_ERROR(
+        EachStream(kEveryQueue, [&](cudaStream_t s) { return StreamWaits(alloc_, s); }));
     STRATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(ptr, alloc_));
     return Status::OK();
   }
@@ -241,15 +243,26 @@ class CudaDevice final : public Device {
   }
 
   bool orders_caller_streams() const override { return true; }
-  Status OrderCallerStream(uintptr_t stream) override {
+  Status OrderCallerStream(uintptr_t stream, uint8_t queues) override {
+    STRATA_RETURN_IF_ERROR(CheckQueues(queues));
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     const auto caller = reinterpret_cast<cudaStream_t>(stream);
-    return EachStream([&](cudaStream_t s) { return StreamWaits(caller, s); });
+    return EachStream(queues, [&](cudaStream_t s) { return StreamWaits(caller, s); });
   }
-  Status WaitCallerStream(uintptr_t stream) override {
+  Status WaitCallerStream(uintptr_t stream, uint8_t queues) override {
+    STRATA_RETURN_IF_ERROR(CheckQueues(queues));
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     const auto caller = reinterpret_cast<cudaStream_t>(stream);
-    return EachStream([&](cudaStream_t s) { return StreamWaits(s, caller); });
+    // One event on the caller's stream serves every queue that waits for it.
+    cudaEvent_t e;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    Status st = STRATA_CUDA_STATUS(cudaEventRecord(e, caller));
+    if (st.ok()) {
+      st = EachStream(
+          queues, [&](cudaStream_t s) { return STRATA_CUDA_STATUS(cudaStreamWaitEvent(s, e, 0)); });
+    }
+    cudaEventDestroy(e);  // released once complete; the waits already captured it
+    return st;
   }
 
   Status RegisterHost(void* ptr, uint64_t size_bytes) override {
@@ -282,11 +295,17 @@ class CudaDevice final : public Device {
   }
 
  private:
-  // f(s) for each stream that runs this device's work (the copy streams and the kernels'); the
-  // first error.
+  // f(s) for each stream of `queues` (DeviceQueue bits: the copy streams by direction and the
+  // kernels'); the first error.
   template <class F>
-  Status EachStream(F f) {
-    for (cudaStream_t s : {streams_[0], streams_[1], compute_}) STRATA_RETURN_IF_ERROR(f(s));
+  Status EachStream(uint8_t queues, F f) {
+    const std::pair<uint8_t, cudaStream_t> all[] = {
+        {kHostToDeviceQueue, streams_[static_cast<size_t>(CopyDir::kHostToDevice)]},
+        {kDeviceToHostQueue, streams_[static_cast<size_t>(CopyDir::kDeviceToHost)]},
+        {kKernelQueue, compute_}};
+    for (const auto& [bit, s] : all) {
+      if ((queues & bit) != 0) STRATA_RETURN_IF_ERROR(f(s));
+    }
     return Status::OK();
   }
 

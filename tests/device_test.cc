@@ -186,7 +186,7 @@ TEST_F(DeviceContract, CallerStreamsAreOrderedOnTheDevice) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), cudaSuccess);
   for (int i = 0; i < 200; ++i) ASSERT_TRUE(k->Zero(busy->get(), 4 * n).ok());
   ASSERT_TRUE(k->Zero(buf->get(), n).ok());
-  ASSERT_TRUE(dev_->OrderCallerStream(reinterpret_cast<uintptr_t>(caller)).ok());
+  ASSERT_TRUE(dev_->OrderCallerStream(reinterpret_cast<uintptr_t>(caller), kKernelQueue).ok());
   ASSERT_EQ(cudaMemcpyAsync(copy->get(), buf->get(), n, cudaMemcpyDeviceToDevice, caller),
             cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(caller), cudaSuccess);
@@ -199,11 +199,17 @@ TEST_F(DeviceContract, CallerStreamsAreOrderedOnTheDevice) {
     ASSERT_EQ(cudaMemsetAsync(busy->get(), i, 4 * n, caller), cudaSuccess);
   }
   ASSERT_EQ(cudaMemsetAsync(buf->get(), 0x5C, n, caller), cudaSuccess);
-  ASSERT_TRUE(dev_->WaitCallerStream(reinterpret_cast<uintptr_t>(caller)).ok());
+  ASSERT_TRUE(dev_->WaitCallerStream(reinterpret_cast<uintptr_t>(caller), kDeviceToHostQueue).ok());
   ASSERT_TRUE(dev_->CopyAsync(CopyDir::kDeviceToHost, out.data(), buf->get(), n, {}).ok());
   ASSERT_TRUE(dev_->Synchronize().ok());
   EXPECT_EQ(out, std::vector<uint8_t>(n, 0x5C)) << "the device read the buffer before the fill";
   ASSERT_TRUE(k->Synchronize(30s).ok());
+  for (const uint8_t bad : {uint8_t{0}, uint8_t{kEveryQueue + 1}}) {
+    EXPECT_EQ(dev_->OrderCallerStream(reinterpret_cast<uintptr_t>(caller), bad).code(),
+              Status::Code::kInvalidArgument);
+    EXPECT_EQ(dev_->WaitCallerStream(reinterpret_cast<uintptr_t>(caller), bad).code(),
+              Status::Code::kInvalidArgument);
+  }
   EXPECT_EQ(cudaStreamDestroy(caller), cudaSuccess);
   ASSERT_TRUE(dev_->UnregisterHost(host.data()).ok());
   ASSERT_TRUE(dev_->UnregisterHost(out.data()).ok());
@@ -212,8 +218,8 @@ TEST_F(DeviceContract, CallerStreamsAreOrderedOnTheDevice) {
 // HostDevice's callers are the host: no caller streams to order (the engine waits instead).
 TEST_F(DeviceContract, HostDeviceOrdersNoCallerStreams) {
   EXPECT_FALSE(dev_->orders_caller_streams());
-  EXPECT_EQ(dev_->OrderCallerStream(0).code(), Status::Code::kFailedPrecondition);
-  EXPECT_EQ(dev_->WaitCallerStream(0).code(), Status::Code::kFailedPrecondition);
+  EXPECT_EQ(dev_->OrderCallerStream(0, kEveryQueue).code(), Status::Code::kFailedPrecondition);
+  EXPECT_EQ(dev_->WaitCallerStream(0, kEveryQueue).code(), Status::Code::kFailedPrecondition);
 }
 #endif
 

@@ -87,10 +87,27 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
     uint64_t adam = 0, accumulate = 0, chunk_sums = 0, cast = 0, zero = 0, synchronize = 0;
     uint64_t deferred_frees = 0;
     uint64_t caller_orders = 0, caller_waits = 0;  // OrderCallerStream, WaitCallerStream
+    // Per queue named in those calls (DeviceQueue's bit order: h2d, d2h, kernels).
+    uint64_t caller_orders_on[3] = {0, 0, 0}, caller_waits_on[3] = {0, 0, 0};
     uint64_t allocations = 0;
     // Copies with a completion callback (the engine's) whose host side is not page-locked
     // (outside every RegisterHost range), per CopyDir: on CUDA those bounce through the driver.
     uint64_t pageable_copies[2] = {0, 0};
+
+    // Summed field by field (several ranks' devices).
+    Counts& operator+=(const Counts& o) {
+      for (auto f : {&Counts::adam, &Counts::accumulate, &Counts::chunk_sums, &Counts::cast,
+                     &Counts::zero, &Counts::synchronize, &Counts::deferred_frees,
+                     &Counts::caller_orders, &Counts::caller_waits, &Counts::allocations}) {
+        this->*f += o.*f;
+      }
+      for (int i = 0; i < 3; ++i) {
+        caller_orders_on[i] += o.caller_orders_on[i];
+        caller_waits_on[i] += o.caller_waits_on[i];
+      }
+      for (int d = 0; d < 2; ++d) pageable_copies[d] += o.pageable_copies[d];
+      return *this;
+    }
   };
   Counts counts() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -170,17 +187,24 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
   }
   Status Synchronize() override { return inner_->Synchronize(); }
   bool orders_caller_streams() const override { return opt_.caller_streams; }
-  Status OrderCallerStream(uintptr_t /*stream*/) override {
+  Status OrderCallerStream(uintptr_t /*stream*/, uint8_t queues) override {
+    STRATA_RETURN_IF_ERROR(CheckQueues(queues));
     {
       std::unique_lock<std::mutex> l(mu_);
       ++counts_.caller_orders;
-      cv_.wait(l, [&] { return queue_.empty(); });
+      CountQueues(queues, counts_.caller_orders_on);
+      // Only the queues named: the kernels, or the copies (both directions: the host device
+      // underneath synchronizes them together).
+      if ((queues & kKernelQueue) != 0) cv_.wait(l, [&] { return queue_.empty(); });
     }
-    return inner_->Synchronize();
+    return (queues & (kHostToDeviceQueue | kDeviceToHostQueue)) != 0 ? inner_->Synchronize()
+                                                                     : Status::OK();
   }
-  Status WaitCallerStream(uintptr_t /*stream*/) override {
+  Status WaitCallerStream(uintptr_t /*stream*/, uint8_t queues) override {
+    STRATA_RETURN_IF_ERROR(CheckQueues(queues));
     std::lock_guard<std::mutex> l(mu_);
     ++counts_.caller_waits;
+    CountQueues(queues, counts_.caller_waits_on);
     return Status::OK();
   }
   Status RegisterHost(void* ptr, uint64_t size_bytes) override {
@@ -209,6 +233,9 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
   EmulatedDevice(std::unique_ptr<Device> inner, const EmulatedDeviceOptions& o)
       : inner_(std::move(inner)), opt_(o), worker_([this] { Work(); }) {}
 
+  static void CountQueues(uint8_t queues, uint64_t (&on)[3]) {
+    for (int i = 0; i < 3; ++i) on[i] += (queues >> i) & 1u;
+  }
   static Range Span(const void* p, size_t bytes) {
     const auto b = reinterpret_cast<uintptr_t>(p);
     return {b, b + bytes};

@@ -31,20 +31,7 @@ struct Devices {
   std::vector<std::unique_ptr<EmulatedDevice>> per_rank;
   EmulatedDevice::Counts Total() const {
     EmulatedDevice::Counts t;
-    for (const auto& d : per_rank) {
-      const EmulatedDevice::Counts c = d->counts();
-      t.adam += c.adam;
-      t.accumulate += c.accumulate;
-      t.chunk_sums += c.chunk_sums;
-      t.cast += c.cast;
-      t.zero += c.zero;
-      t.synchronize += c.synchronize;
-      t.deferred_frees += c.deferred_frees;
-      t.caller_orders += c.caller_orders;
-      t.caller_waits += c.caller_waits;
-      t.allocations += c.allocations;
-      for (int d = 0; d < 2; ++d) t.pageable_copies[d] += c.pageable_copies[d];
-    }
+    for (const auto& d : per_rank) t += d->counts();
     return t;
   }
   uint64_t Violations(std::string* first) const {
@@ -217,8 +204,17 @@ TEST(EngineDevice, ANamedCallerStreamIsOrderedOnTheDeviceWithoutHostWaits) {
       // Offloaded params, or the optimizer on cpu (a small model's speculative step writes the
       // params during the backward), are rewritten after a release.
       EXPECT_EQ(alias, std::string(opt) == "none" && std::string(param) == "none");
+      const uint64_t releases = alias ? 0 : gathers * spec.steps;
       EXPECT_EQ(n.caller_orders, trainable * spec.steps);
-      EXPECT_EQ(n.caller_waits, (trainable + (alias ? 0 : gathers)) * spec.steps);
+      EXPECT_EQ(n.caller_waits, trainable * spec.steps + releases);
+      // Each call orders only the queues its memory's users run on (DeviceQueue bits h2d, d2h,
+      // kernels): a buffer's zeroing (kernels); a reduction's readers (d2h staging, kernels); a
+      // release's rewriters (h2d refills, kernels).
+      EXPECT_EQ(n.caller_orders_on[0] + n.caller_orders_on[1], 0u);
+      EXPECT_EQ(n.caller_orders_on[2], trainable * spec.steps);
+      EXPECT_EQ(n.caller_waits_on[0], releases);
+      EXPECT_EQ(n.caller_waits_on[1], trainable * spec.steps);
+      EXPECT_EQ(n.caller_waits_on[2], trainable * spec.steps + releases);
       // At most three buffers (sched::OneRankGradBuffers) made, where the run without the stream
       // makes one per group and step.
       EXPECT_LE(n.allocations + trainable * spec.steps, base_allocations + 3);

@@ -230,8 +230,9 @@ Status Engine::Impl::Release(GatheredGroup gathered, std::optional<uintptr_t> ca
   if (!gathered) return Status::OK();
   Status ordered;
   if (caller_stream && OrdersCallerStreams() && !GathersAliasHome()) {
-    // Before the memory is freed or rewritten on the device's streams: the trainer's reads first.
-    ordered = Fail(opt.device->WaitCallerStream(*caller_stream));
+    // Before the memory is rewritten (the store's copies into it, a speculative step's kernels)
+    // or freed (ordered after every queue, so after these): the trainer's reads first.
+    ordered = Fail(opt.device->WaitCallerStream(*caller_stream, kHostToDeviceQueue | kKernelQueue));
   }
   const size_t g = gathered.group_;
   --outstanding_gathers;
@@ -305,8 +306,10 @@ Status Engine::Impl::ReduceGradients(size_t g, std::optional<uintptr_t> caller_s
                                       " times (gradient_accumulation_steps) since the last Step");
   }
   if (caller_stream && OrdersCallerStreams()) {
-    // Before anything reads the buffer on the device's streams: the trainer's writes first.
-    STRATA_RETURN_IF_ERROR(Fail(opt.device->WaitCallerStream(*caller_stream)));
+    // Before the buffer's readers (the accumulation's kernels, the copies that stage it to the
+    // host): the trainer's writes first. The prefetch copies do not wait for the trainer.
+    STRATA_RETURN_IF_ERROR(
+        Fail(opt.device->WaitCallerStream(*caller_stream, kDeviceToHostQueue | kKernelQueue)));
   }
   const auto t0 = Clock::now();
   zero::PendingReduce p;
@@ -356,7 +359,10 @@ Result<DeviceBuffer> Engine::Impl::NewGradBuffer(size_t g, std::optional<uintptr
     // Cleared by the device's kernels, after those that read it last; the trainer's stream runs
     // its writes after that.
     STRATA_RETURN_IF_ERROR(Fail(opt.device->kernels()->Zero(buf.get(), bytes)));
-    STRATA_RETURN_IF_ERROR(Fail(opt.device->OrderCallerStream(*caller_stream)));
+    // Only the kernels': the buffer's earlier readers were the kernels, or staging copies the
+    // host waited for before the buffer came back (AccumulateStaged); the trainer's work does not
+    // wait for the copies in flight (prefetches, staged gradients).
+    STRATA_RETURN_IF_ERROR(Fail(opt.device->OrderCallerStream(*caller_stream, kKernelQueue)));
   } else {
     STRATA_RETURN_IF_ERROR(Fail(ZeroDevice(buf.get(), bytes)));
   }

@@ -57,6 +57,17 @@ class DeviceKernels;  // strata/device_kernels.h
 // The two copy streams.
 enum class CopyDir : uint8_t { kHostToDevice = 0, kDeviceToHost = 1 };
 
+// A device's queues, as bits of a mask: its two copy streams (CopyAsync by direction) and its
+// kernels' stream (kernels()). OrderCallerStream / WaitCallerStream order a caller's stream with
+// the queues named, no more: a queue ordered needlessly stalls its work behind the caller's
+// (torch's backward behind the prefetch copies, or the copies behind torch's kernels).
+enum DeviceQueue : uint8_t {
+  kHostToDeviceQueue = 1 << 0,
+  kDeviceToHostQueue = 1 << 1,
+  kKernelQueue = 1 << 2,
+  kEveryQueue = kHostToDeviceQueue | kDeviceToHostQueue | kKernelQueue,
+};
+
 constexpr std::string_view CopyDirName(CopyDir d) noexcept {
   return d == CopyDir::kHostToDevice ? "h2d" : "d2h";
 }
@@ -124,16 +135,22 @@ class Device {
   // torch's default), ordered with this device's streams without the host waiting, where
   // orders_caller_streams() (CudaDevice; not HostDevice, whose callers are the host: the engine
   // then waits on the host instead):
-  //   OrderCallerStream: work the caller queues on `stream` from now on runs after every copy
-  //     and kernel this device has queued so far (CudaDevice: `stream` waits for an event on each
-  //     of the device's streams).
-  //   WaitCallerStream: copies and kernels this device queues from now on run after the work
-  //     queued on `stream` so far (CudaDevice: each of the device's streams waits for an event on
+  //   OrderCallerStream: work the caller queues on `stream` from now on runs after the work
+  //     queued so far on the device's `queues` (DeviceQueue bits; CudaDevice: `stream` waits
+  //     for an event on each of those streams).
+  //   WaitCallerStream: work queued on the device's `queues` from now on runs after the work
+  //     queued on `stream` so far (CudaDevice: each of those streams waits for an event on
   //     `stream`).
-  // FailedPrecondition where !orders_caller_streams().
+  // Free stays safe for memory the caller used: it is ordered after every queue, so one queue
+  // ordered after the caller's stream is enough. FailedPrecondition where
+  // !orders_caller_streams(); InvalidArgument for an empty or unknown mask.
   virtual bool orders_caller_streams() const { return false; }
-  virtual Status OrderCallerStream(uintptr_t /*stream*/) { return NoCallerStreams(); }
-  virtual Status WaitCallerStream(uintptr_t /*stream*/) { return NoCallerStreams(); }
+  virtual Status OrderCallerStream(uintptr_t /*stream*/, uint8_t /*queues*/) {
+    return NoCallerStreams();
+  }
+  virtual Status WaitCallerStream(uintptr_t /*stream*/, uint8_t /*queues*/) {
+    return NoCallerStreams();
+  }
 
   // Page-locks host memory for async copies (cudaHostRegister). No-op on HostDevice.
   // Unavailable when the OS refuses to lock (RLIMIT_MEMLOCK); copies then still work, slower.
@@ -153,6 +170,14 @@ class Device {
  private:
   Status NoCallerStreams() const {
     return Status::FailedPrecondition(name() + " orders no caller streams");
+  }
+
+ protected:
+  // For OrderCallerStream / WaitCallerStream: the mask names at least one queue and no other bit.
+  Status CheckQueues(uint8_t queues) const {
+    if (queues != 0 && (queues & ~kEveryQueue) == 0) return Status::OK();
+    return Status::InvalidArgument(name() + ": queue mask " + std::to_string(queues) +
+                                   " names no device queue (DeviceQueue bits)");
   }
 };
 

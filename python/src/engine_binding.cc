@@ -5,9 +5,11 @@
 // HostDevice (torch.from_dlpack gives CPU tensors), device memory of the engine's GPU for
 // CudaDevice (CUDA tensors on that device).
 //
-// Streams (CUDA): every call here returns with its device work complete (the engine synchronizes
-// its own copy and compute streams and waits for its collectives), so a gathered or zeroed buffer
-// may be read by any stream once the call returns. In the other direction the caller orders its
+// Streams (CUDA): every call here without a stream returns with its device work complete (the
+// engine synchronizes its own copy and compute streams and waits for its collectives), so a
+// gathered or zeroed buffer may be read by any stream once the call returns; grad_buffer(g,
+// stream) only orders its zeroing before the work later queued on that stream, so writes of the
+// buffer from another stream must first wait for it. In the other direction the caller orders its
 // own work: kernels queued on torch's streams that read a gathered group or write a gradient
 // buffer must have completed before release(g), reduce_gradients(g) or step(). The caller's host
 // can stay ahead of its GPU: release(g) needs no wait where gathers_alias_home (the memory stays
@@ -431,8 +433,11 @@ class PyEngine {
 
   nb::list GradBuffer(size_t g, std::optional<uintptr_t> stream) {
     CheckGroup(g);
-    void* buf = ValueOrThrow(engine().GradBuffer(g, stream));
-    return Views(g, buf);
+    Result<void*> buf = [&] {
+      nb::gil_scoped_release unlocked;  // a new buffer's allocation may wait for the device
+      return engine().GradBuffer(g, stream);
+    }();
+    return Views(g, ValueOrThrow(std::move(buf)));
   }
 
   void ReduceGradients(size_t g, std::optional<uintptr_t> stream) {

@@ -135,8 +135,9 @@ def _device_budget(cuda: Optional[torch.device], budget: Optional[int]) -> int:
 
 def _as_tensor(view) -> torch.Tensor:
     """A torch tensor over an engine view (no copy). Through the DLPack capsule: torch asks a
-    CUDA producer for __dlpack__(stream=...), which the engine's views need not take (every
-    engine call returns with its device work done)."""
+    CUDA producer for __dlpack__(stream=...), which the engine's views need not take (a
+    gathered view's work is done when gather returns; a gradient buffer taken with a stream is
+    ordered by the adapter: _grad_buffer)."""
     return torch.from_dlpack(view.__dlpack__())
 
 
@@ -497,6 +498,7 @@ class StrataEngine(torch.nn.Module):
         self._gathered_at: dict[int, tuple[int, int]] = {}
         self._module_names = {id(m): n or "<root>" for n, m in model.named_modules()}
         self._grad_views: dict[int, list] = {}
+        self._grad_streams: dict[int, object] = {}  # stream-ordered: each buffer's torch stream
         self._grads_missing = [len(g.params) for g in self._groups]
         self._reduced = [not g.trainable for g in self._groups]  # frozen: never reduced
         self._held_calls: set = set()  # module calls whose groups backward holds gathered
@@ -901,7 +903,7 @@ class StrataEngine(torch.nn.Module):
         if views is None:
             views = self._grad_buffer(gi)
             self._grad_views[gi] = views
-        views[self._index_in_group[id(p)]].copy_(p.grad)
+        self._copy_grad(gi, views[self._index_in_group[id(p)]], p.grad)
         p.grad = None
         self._grads_missing[gi] -= 1
         if self._grads_missing[gi] == 0:
@@ -925,8 +927,12 @@ class StrataEngine(torch.nn.Module):
             if p.grad is not None:
                 if gi not in self._grad_views:
                     self._grad_views[gi] = self._grad_buffer(gi)
-                self._grad_views[gi][pi].copy_(p.grad)
+                self._copy_grad(gi, self._grad_views[gi][pi], p.grad)
                 p.grad = None
+
+    def _current_stream(self):
+        """torch's current stream on the engine's GPU (tests inject theirs)."""
+        return torch.cuda.current_stream(self._cuda)
 
     def _caller_stream(self) -> Optional[int]:
         """torch's current stream on the engine's GPU where the engine orders it on the device
@@ -934,14 +940,41 @@ class StrataEngine(torch.nn.Module):
         adapter waits for torch's before a reduction: _HeldBack)."""
         if not self._stream_ordered:
             return None
-        return torch.cuda.current_stream(self._cuda).cuda_stream
+        return self._current_stream().cuda_stream
 
     def _grad_buffer(self, gi: int) -> list:
-        return [_as_tensor(v) for v in self._engine.grad_buffer(gi, self._caller_stream())]
+        """Group gi's gradient views. Where stream-ordered, the buffer's zeroing is ordered
+        before the current stream only, which is kept as the buffer's stream: _copy_grad orders
+        a copy from another stream with it, and the reduction is ordered after it."""
+        stream = None
+        if self._stream_ordered:
+            self._grad_streams[gi] = self._current_stream()
+            stream = self._grad_streams[gi].cuda_stream
+        return [_as_tensor(v) for v in self._engine.grad_buffer(gi, stream)]
+
+    def _copy_grad(self, gi: int, view: torch.Tensor, grad: torch.Tensor) -> None:
+        """grad into its buffer view. A backward node may run on another stream than the one
+        the buffer was taken on (autograd runs each node on its forward op's stream): that copy
+        waits for the buffer's stream (its zeroing) and the buffer's stream for the copy (its
+        reduction)."""
+        own = self._grad_streams.get(gi) if self._stream_ordered else None
+        if own is None:
+            view.copy_(grad)
+            return
+        current = self._current_stream()
+        if current == own:
+            view.copy_(grad)
+            return
+        current.wait_stream(own)
+        view.copy_(grad)
+        own.wait_stream(current)
 
     def _reduce_ordered(self, gi: int) -> None:
-        """The reduction after torch's copies into the buffer, ordered on the device: no wait."""
-        self._engine.reduce_gradients(gi, self._caller_stream())
+        """The reduction after torch's copies into the buffer, ordered on the device after the
+        buffer's stream (_grad_buffer): no wait."""
+        own = self._grad_streams.pop(gi, None)
+        stream = own.cuda_stream if own is not None else self._caller_stream()
+        self._engine.reduce_gradients(gi, stream)
 
     def _reduce(self, gi: int) -> None:
         self._grad_views.pop(gi, None)  # the views die with the buffer

@@ -179,8 +179,8 @@ def test_held_back_reductions_give_the_same_bits_and_wait_for_their_own_event(st
             assert entries[at + 1][0] == "reduce"  # each reduce right after its own wait
 
 
-class _ReleaseSpy:
-    """The binding's engine with release logged: the stream each call passed."""
+class _EngineSpy:
+    """The binding's engine with the calls that take a stream logged: (call, group, stream)."""
 
     def __init__(self, inner, log):
         self._inner, self._log = inner, log
@@ -189,8 +189,37 @@ class _ReleaseSpy:
         return getattr(self._inner, name)
 
     def release(self, gi, stream=None):
-        self._log.append(stream)
+        self._log.append(("release", gi, stream))
         self._inner.release(gi, stream)
+
+    def grad_buffer(self, gi, stream=None):
+        self._log.append(("grad_buffer", gi, stream))
+        return self._inner.grad_buffer(gi, stream)
+
+    def reduce_gradients(self, gi, stream=None):
+        self._log.append(("reduce", gi, stream))
+        self._inner.reduce_gradients(gi, stream)
+
+
+class _FakeStream:
+    """A torch.cuda.Stream's stand-in: its handle, and wait_stream logged."""
+
+    def __init__(self, handle, log):
+        self.cuda_stream, self._log = handle, log
+
+    def wait_stream(self, other):
+        self._log.append(("wait_stream", self.cuda_stream, other.cuda_stream))
+
+
+def _stream_ordered(engine, current):
+    """engine on its stream-ordered path as at one rank on a GPU (orders_caller_streams),
+    injected on the host engine, which ignores the streams; current() is torch's stream."""
+    from strata.engine import _HeldBack, _no_wait
+    assert not engine._engine.orders_caller_streams and not engine._stream_ordered
+    engine._stream_ordered = True
+    engine._release_waits = not engine._engine.gathers_alias_home  # as on a GPU
+    engine._current_stream = current
+    engine._held = _HeldBack(engine._reduce_ordered, _no_wait, 0, None, engine._device_waits)
 
 
 @pytest.mark.parametrize("offload,param", [("none", "none"), ("cpu", "none"), ("none", "cpu")])
@@ -201,29 +230,20 @@ def test_stream_ordered_buffers_reductions_and_releases_give_the_same_bits(offlo
     Injected here on the host engine, which orders no caller streams (its caller is the host)
     and so ignores the stream: the same bits as the default path, the stream passed to every
     buffer, reduction and such release, no wait."""
-    from strata.engine import _HeldBack, _no_wait
     cfg = ds_config(3, offload, dtype="bf16", lr=LR, wd=WD)
     cfg["zero_optimization"]["overlap_comm"] = True
     if param != "none":
         cfg["zero_optimization"]["offload_param"] = {"device": param}
     base_losses, base, _ = train("gpt", cfg, steps=3)
     engine, _, _, _ = strata.initialize(model=make_model("gpt"), config=cfg)
-    assert not engine._engine.orders_caller_streams and not engine._stream_ordered
     # Offloaded params, or the optimizer on cpu (a small model's speculative step writes params
     # during the backward), are rewritten after a release.
     alias = engine._engine.gathers_alias_home
     assert alias is (offload == param == "none")
-    passed, released = [], []
-
-    def caller_stream():
-        passed.append(0)
-        return 0  # torch's default stream is 0
-
-    engine._stream_ordered = True
-    engine._release_waits = not alias  # as on a GPU
-    engine._caller_stream = caller_stream
-    engine._held = _HeldBack(engine._reduce_ordered, _no_wait, 0, None, engine._device_waits)
-    engine._engine = _ReleaseSpy(engine._engine, released)
+    log = []
+    stream = _FakeStream(0, log)  # torch's default stream is 0
+    _stream_ordered(engine, lambda: stream)
+    engine._engine = _EngineSpy(engine._engine, log)
     losses = run_steps(engine, "gpt")
     master = engine.read_master()
     waits = engine.stats()["adapter"]["device_waits"]
@@ -232,15 +252,60 @@ def test_stream_ordered_buffers_reductions_and_releases_give_the_same_bits(offlo
     assert losses == base_losses
     for n in base:
         assert torch.equal(master[n], base[n]), n
-    ordered = [s for s in released if s is not None]
+    calls = {c: [s for c2, _, s in log if c2 == c] for c in ("grad_buffer", "reduce", "release")}
+    # A buffer and a reduction per group and step, each on the stream.
+    assert calls["grad_buffer"] == calls["reduce"] == [0] * (groups * 3)
+    ordered = [s for s in calls["release"] if s is not None]
     if alias:
         assert ordered == []  # the views are the params' home: nothing to order
     else:
         # Every group once in forward and once in backward, each step.
-        assert len(ordered) == 2 * len(engine._groups) * 3
-    # A buffer and a reduction per group and step, and each ordered release.
-    assert len(passed) == 2 * groups * 3 + len(ordered)
+        assert ordered == [0] * (2 * len(engine._groups) * 3)
+    assert not any(e[0] == "wait_stream" for e in log)  # one stream: nothing to order
     assert waits == 0
+
+
+def test_gradients_copied_from_another_stream_are_ordered_with_the_buffers():
+    """Autograd runs each backward node on its forward op's stream, so a group's gradients may
+    be copied into its buffer from several streams. Where stream-ordered, a copy from a stream
+    other than the one the buffer was taken on waits for that stream first (the zeroing is
+    ordered before it only) and that stream then waits for the copy, and the reduction names the
+    buffer's stream. Injected on the host engine with two logged streams that alternate per
+    gradient: the same bits, and exactly that order."""
+    cfg = ds_config(3, "none", dtype="bf16", lr=LR, wd=WD)
+    base_losses, base, _ = train("gpt", cfg, steps=2)
+    engine, _, _, _ = strata.initialize(model=make_model("gpt"), config=cfg)
+    log = []
+    streams = [_FakeStream(11, log), _FakeStream(22, log)]
+    turn = [0]
+
+    def current():
+        return streams[turn[0] % 2]
+
+    _stream_ordered(engine, current)
+    engine._engine = _EngineSpy(engine._engine, log)
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: turn.__setitem__(0, turn[0] + 1))
+             for p in engine.module.parameters() if p.requires_grad]
+    losses = run_steps(engine, "gpt", steps=2)
+    for h in hooks:
+        h.remove()
+    master = engine.read_master()
+    engine.close()
+    assert losses == base_losses
+    for n in base:
+        assert torch.equal(master[n], base[n]), n
+    own, crossed = {}, 0
+    for i, (call, a, b) in enumerate(log):
+        if call == "grad_buffer":
+            own[a] = b
+        elif call == "reduce":
+            assert b == own.pop(a), "the reduction named another stream than the buffer's"
+        elif call == "wait_stream" and (i == 0 or log[i - 1][0] != "wait_stream"):
+            # current waits for the buffer's stream, then the buffer's stream for current.
+            assert log[i + 1] == ("wait_stream", b, a), log[i:i + 2]
+            assert a != b
+            crossed += 1
+    assert crossed > 0 and not own
 
 
 @pytest.mark.parametrize("stage,offload,param,spec,expected", [
@@ -706,3 +771,4 @@ def test_nvme_path_not_writable_is_an_exception(tmp_path):
     cfg = ds_config(3, "nvme", nvme_path=str(blocker / "swap"))
     with pytest.raises(strata.StrataError, match="a_file"):
         strata.initialize(model=make_model("mlp"), config=cfg)
+
