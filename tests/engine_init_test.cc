@@ -6,6 +6,7 @@
 // rank 0 and a dead peer come back as named errors. Harness: engine_test_model.h.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -119,6 +120,41 @@ TEST(EngineInitFromRank0, BitIdenticalToFullTensorsEveryStageAndWorld) {
       ASSERT_TRUE(ta.status.ok()) << Name(c, world) << ": " << ta.status.ToString();
       ASSERT_TRUE(tb.status.ok()) << Name(c, world) << ": " << tb.status.ToString();
       EXPECT_TRUE(BitEqual(tb.master, ta.master)) << Name(c, world) << " after a step";
+    }
+  }
+}
+
+// Rank 0's values from a fill (InitFromRank0(ParamFill)): asked for on rank 0 alone, piece by
+// piece (never more than a window's piece at once above one rank), and the same bits as the
+// tensors.
+TEST(EngineInitFromRank0, AFillOnRank0IsAskedPieceByPieceAndGivesTheSameBits) {
+  const Tensors edge = EdgeWeights();
+  constexpr size_t kPiece = 37;
+  for (int world : {1, 2, 4}) {
+    for (const Case& c : {kCases[0], kCases[3], kCases[4]}) {
+      RunResult a = RunInit(c, world, "bf16", 0, edge, false);
+      ASSERT_TRUE(a.status.ok()) << Name(c, world) << ": " << a.status.ToString();
+      std::vector<size_t> calls(static_cast<size_t>(world), 0), largest(calls);
+      RunSpec spec;
+      spec.config_json = Config(c.stage, c.opt, c.param, "bf16");
+      spec.world = world;
+      spec.steps = 0;
+      spec.init = [&](int rank, Engine& e) -> Status {
+        const auto r = static_cast<size_t>(rank);
+        return e.InitFromRank0(
+            [&, r](size_t g, size_t p, size_t b, size_t end, float* out) {
+              ++calls[r];
+              largest[r] = std::max(largest[r], end - b);
+              std::memcpy(out, edge[g][p].data() + b, (end - b) * sizeof(float));
+            },
+            Window(world, kPiece));
+      };
+      RunResult b = RunEngine(spec);
+      ASSERT_TRUE(b.status.ok()) << Name(c, world) << ": " << b.status.ToString();
+      EXPECT_TRUE(BitEqual(b.master, a.master)) << Name(c, world);
+      EXPECT_GT(calls[0], 0u) << Name(c, world);
+      for (int r = 1; r < world; ++r) EXPECT_EQ(calls[r], 0u) << Name(c, world) << " rank " << r;
+      if (world > 1) EXPECT_LE(largest[0], kPiece) << Name(c, world);
     }
   }
 }

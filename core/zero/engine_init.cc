@@ -215,14 +215,29 @@ Status Engine::InitFromFullTensors(const std::vector<std::vector<const float*>>&
 
 Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float>>>& tensors,
                              uint64_t window_bytes) {
+  STRATA_RETURN_IF_ERROR(CheckInitAllowed(*impl_, kOp));
+  const Status verdict =
+      impl_->rank == 0 ? CheckFullTensors(impl_->model, kOp, tensors) : Status::OK();
+  return InitFromRank0(
+      verdict,
+      [&](size_t g, size_t p, size_t b, size_t end, float* out) {
+        std::memcpy(out, tensors[g][p].data() + b, (end - b) * sizeof(float));
+      },
+      window_bytes);
+}
+
+Status Engine::InitFromRank0(const ParamFill& fill, uint64_t window_bytes) {
+  STRATA_RETURN_IF_ERROR(CheckInitAllowed(*impl_, kOp));
+  return InitFromRank0(Status::OK(), fill, window_bytes);
+}
+
+Status Engine::InitFromRank0(const Status& verdict, const ParamFill& root_fill,
+                             uint64_t window_bytes) {
   Impl& e = *impl_;
-  STRATA_RETURN_IF_ERROR(CheckInitAllowed(e, kOp));
   const bool root = e.rank == 0;
   const size_t world = static_cast<size_t>(e.world);
-  Status verdict;
   InitHeader header;
   if (root) {
-    verdict = CheckFullTensors(e.model, kOp, tensors);
     size_t largest = 1;
     for (const SubGroup& s : e.subs) largest = std::max(largest, s.elems);
     for (const SubGroup& s : e.frozen_pieces) largest = std::max(largest, s.elems);
@@ -240,12 +255,9 @@ Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float
   }
   const size_t piece = static_cast<size_t>(header.piece_elems);
   const bool scatter = e.placement.optimizer_partitioned && world > 1;
-  const ParamFill from_tensors = [&](size_t g, size_t p, size_t b, size_t end, float* out) {
-    std::memcpy(out, tensors[g][p].data() + b, (end - b) * sizeof(float));
-  };
   if (world == 1) {
     return InitMasters(e, kOp, [&](const SubGroup& s, float* m) {
-      FillFlat(e, s.group, e.FullOffset(s), s.elems, from_tensors, m);
+      FillFlat(e, s.group, e.FullOffset(s), s.elems, root_fill, m);
       return Status::OK();
     });
   }
@@ -267,7 +279,7 @@ Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float
       if (root) {
         for (size_t j = 0; j < ranks; ++j) {
           const size_t at = (scatter ? j : static_cast<size_t>(s.owner)) * shard + s.offset + c;
-          FillFlat(e, s.group, at, n, from_tensors, pack.data() + j * n);
+          FillFlat(e, s.group, at, n, root_fill, pack.data() + j * n);
         }
         Status st = e.ToDevice(send.get(), pack.data(), ranks * n * sizeof(float));
         if (!st.ok()) return InitFailed(e, what(), st);

@@ -395,6 +395,11 @@ class Engine {
   // FailedPrecondition after the first step or when the engine has failed.
   Status InitFromRank0(const std::vector<std::vector<std::span<const float>>>& tensors,
                        uint64_t window_bytes = kInitWindowBytes);
+  // InitFromRank0 with rank 0's values from `fill` (ParamFill), asked for each range as rank 0
+  // sends it, piece by piece within window_bytes: rank 0 then never holds the model's fp32 values
+  // at once. It must write exactly the values asked for (there are no tensors whose sizes could be
+  // checked first). The other ranks' fill is never called. Otherwise as above.
+  Status InitFromRank0(const ParamFill& fill, uint64_t window_bytes = kInitWindowBytes);
 
   // The group's full parameters on the device; blocks until resident and gathered, and prefetches
   // what the recorded trace says comes next. Keep at most a few gathered at once (each costs its
@@ -523,6 +528,9 @@ class Engine {
 
  private:
   explicit Engine(std::unique_ptr<Impl> impl);
+  // Both InitFromRank0s: rank 0's verdict on its values (its tensors' sizes), then the protocol
+  // with rank 0's values from `fill`.
+  Status InitFromRank0(const Status& verdict, const ParamFill& fill, uint64_t window_bytes);
   std::unique_ptr<Impl> impl_;
 };
 

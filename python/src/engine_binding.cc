@@ -35,7 +35,8 @@
 // binds to STRATA_GLOO_HOSTNAME (default 127.0.0.1: one machine).
 //
 // Initial weights: init_from_tensors (whole fp32 arrays on every rank), init_from_rank0 (on rank
-// 0 only; the engine scatters) or init_from_fill (a callable asked for
+// 0 only; the engine scatters; init_from_rank0_fill asks a callable on rank 0 for each piece as
+// it is sent) or init_from_fill (a callable asked for
 // the ranges this rank stores: strata.zero.Init's shards; owned_range says which those are).
 // Checkpoints: save / load are Engine::Save / Engine::Load; client_state crosses as bytes.
 //
@@ -337,11 +338,22 @@ class PyEngine {
   // InitParameters with a Python callable fill(group, param, begin, end) -> float32 array of
   // end - begin values (collective; strata.zero.Init's shards feed it).
   void InitFromFill(const nb::callable& fill) {
+    WithPythonFill(fill, [&](const ParamFill& f) { return engine().InitParameters(f); });
+  }
+
+  // InitFromRank0 with rank 0's values from fill(group, param, begin, end), asked for as they are
+  // sent (collective; the other ranks' fill is never called).
+  void InitFromRank0Fill(const nb::callable& fill) {
+    WithPythonFill(fill, [&](const ParamFill& f) { return engine().InitFromRank0(f); });
+  }
+
+  // run(f) with f calling the Python fill. The engine is C++ without exceptions: the first Python
+  // error is kept, the rest of the fill skipped (zeros), and the error raised once run returns.
+  template <class Run>
+  void WithPythonFill(const nb::callable& fill, Run run) {
     const ModelSpec& m = engine().model();
-    // The engine is C++ without exceptions: the first Python error is kept, the rest of the fill
-    // skipped (zeros), and the error raised once InitParameters returns.
     std::exception_ptr error;
-    Status st = engine().InitParameters([&](size_t g, size_t p, size_t b, size_t e, float* out) {
+    Status st = run([&](size_t g, size_t p, size_t b, size_t e, float* out) {
       std::memset(out, 0, (e - b) * sizeof(float));
       if (error) return;
       try {
@@ -541,6 +553,10 @@ void BindEngine(nb::module_& m) {
       .def("init_from_rank0", &PyEngine::InitFromRank0, nb::arg("tensors"),
            "Initial weights held by rank 0 alone: tensors[g][p] a contiguous float32 CPU array on "
            "rank 0, [] elsewhere; the engine scatters each rank what it stores (collective).")
+      .def("init_from_rank0_fill", &PyEngine::InitFromRank0Fill, nb::arg("fill"),
+           "init_from_rank0 with rank 0's values from fill(group, param, begin, end) -> float32 "
+           "array, asked for piece by piece as they are sent (rank 0 never holds the model in "
+           "fp32 at once; the other ranks' fill is never called; collective).")
       .def("init_from_fill", &PyEngine::InitFromFill, nb::arg("fill"),
            "Initial weights from fill(group, param, begin, end) -> float32 array (collective); "
            "asked only for the element ranges this rank stores.")

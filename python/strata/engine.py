@@ -551,12 +551,17 @@ class StrataEngine(torch.nn.Module):
 
     def _init_weights(self) -> None:
         parts = [[getattr(p, "_strata_part", None) for _, p in g.params] for g in self._groups]
+
+        def module_values(gi, pi, begin, end):
+            p = self._groups[gi].params[pi][1]
+            return p.detach().reshape(-1)[begin:end].to("cpu", torch.float32).numpy()
+
         if not any(x is not None for gp in parts for x in gp):
-            # As DeepSpeed, which broadcasts rank 0's module weights at initialize: rank 0's
-            # tensors are the weights (converted there only), scattered by the engine.
-            init = [[p.detach().to(torch.float32).contiguous().cpu().numpy() for _, p in g.params]
-                    for g in self._groups] if self._engine.rank == 0 else []
-            self._engine.init_from_rank0(init)
+            # As DeepSpeed, which broadcasts rank 0's module weights at initialize: rank 0's are
+            # the weights, scattered by the engine. Each range is converted to fp32 on the host
+            # when the engine sends it, never the whole model at once (4 bytes per parameter
+            # beside the engine's own host state, where ZeRO-Offload runs out of memory first).
+            self._engine.init_from_rank0_fill(module_values)
             return
         # strata.zero.Init kept only this rank's range of each group: the engine asks for exactly
         # the ranges it stores (stage 3), which are those. A module split by optimizer groups
@@ -578,8 +583,7 @@ class StrataEngine(torch.nn.Module):
         def fill(gi, pi, begin, end):
             part = parts[gi][pi]
             if part is None:
-                p = self._groups[gi].params[pi][1]
-                return p.detach().reshape(-1)[begin:end].to("cpu", torch.float32).numpy()
+                return module_values(gi, pi, begin, end)
             if begin < part.begin or end > part.end:
                 raise ValueError(
                     f"strata.zero.Init: {self._groups[gi].params[pi][0]}[{begin}:{end}] is not in "

@@ -772,3 +772,44 @@ def test_nvme_path_not_writable_is_an_exception(tmp_path):
     with pytest.raises(strata.StrataError, match="a_file"):
         strata.initialize(model=make_model("mlp"), config=cfg)
 
+
+@pytest.mark.parametrize("stage,offload", [(0, "none"), (3, "cpu")])
+def test_initialize_converts_each_range_to_fp32_only_when_the_engine_asks(
+        stage, offload, monkeypatch):
+    """initialize hands the engine rank 0's module weights range by range as it sends them
+    (init_from_rank0_fill), each converted to fp32 when asked for and dropped once copied, never
+    the whole model in fp32 at once (4 bytes per parameter of host memory beside the engine's
+    own state). The master weights are the module's, exactly. (Several ranks: test_distributed.)"""
+    import weakref
+    from strata import _strata
+    calls, alive = [], []
+    real = _strata.Engine
+
+    class Spy(_EngineSpy):
+        def init_from_rank0(self, tensors):
+            calls.append("rank0")
+            self._inner.init_from_rank0(tensors)
+
+        def init_from_rank0_fill(self, fill):
+            def counted(gi, pi, begin, end):
+                alive.append(sum(r() is not None for r in refs))
+                out = fill(gi, pi, begin, end)
+                refs.append(weakref.ref(out))
+                calls.append((gi, pi, begin, end))
+                return out
+            refs = []
+            self._inner.init_from_rank0_fill(counted)
+
+    monkeypatch.setattr(_strata, "Engine", lambda *a, **k: Spy(real(*a, **k), []))
+    model = make_model("gpt")
+    want = {n: p.detach().to(torch.float32).clone() for n, p in model.named_parameters()}
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(stage, offload))
+    master = engine.read_master()
+    engine.close()
+    assert "rank0" not in calls
+    ranges = [c for c in calls if c != "rank0"]
+    assert len(ranges) >= len(want)
+    assert max(alive) == 0  # each converted range dropped before the next is asked for
+    assert set(master) == set(want)
+    for n, w in want.items():
+        assert torch.equal(master[n], w), n
