@@ -78,7 +78,10 @@ LADDER = ["7b", "4b", "2.7b", "1.3b", "760m", "350m", "125m"]  # auto sizing, la
 # Sizing assumptions (only used to choose sizes; every reported figure is measured).
 ASSUMED_TFLOPS = 350e12  # achieved bf16 on the GPU for the compute estimate
 INIT_S_PER_PARAM = 10e-9  # strata.initialize cost before part 1 measured it
-HOST_BYTES_PER_PARAM = 24  # offload_optimizer cpu: fp32 master, m, v + pinned bf16 + init copy
+# Host memory beside the engine's own state (strata.plan): torch, the CUDA context, staging, one
+# parameter's fp32 copy at initialize. A model is run when both fit 90 % of MemAvailable.
+HOST_OVERHEAD_BYTES = 8 * 2**30
+HOST_USABLE_FRACTION = 0.9
 NVME_BYTES_PER_PARAM = 18  # on disk: fp32 master, m, v + bf16 params (+ slack)
 NVME_STEP_READ_PER_PARAM = 16  # states 12 + params fwd 2 + bwd 2
 NVME_STEP_WRITE_PER_PARAM = 14  # states 12 + params 2
@@ -667,9 +670,29 @@ def strata_est(n, init_s_per_param, runs, compute, step):
     return 2 * n * init_s_per_param + 5 + runs * max(compute * 1.2, step * 1.5)
 
 
-def choose_offload_size(ctx, share_s, mb, seq, refs):
-    """The largest ladder model whose host states fit MemAvailable and whose set-up and steps fit
-    share_s seconds (estimates from this run's references)."""
+def offload_host_bytes(n, cfg):
+    """The engine's host bytes for n params under cfg at one rank: strata.plan, the resolution
+    the engine itself makes. The speculative step's room is left out: it is off beside
+    overlap_step, and elsewhere sized to what memory is left."""
+    plan_cfg = json.loads(json.dumps(cfg))
+    plan_cfg["zero_optimization"]["offload_optimizer"]["speculative_step"] = False
+    js = strata.plan(n, plan_cfg, gpus=1, hbm_gb=1e6, dram_gb=1e6)
+    return js["configured"]["host_bytes_per_node"]
+
+
+def host_refusal(name, need, avail):
+    """Why a model whose engine needs `need` host bytes is not run with `avail` available, or
+    None where it fits (HOST_OVERHEAD_BYTES beside it, within HOST_USABLE_FRACTION)."""
+    if avail is None or need + HOST_OVERHEAD_BYTES <= HOST_USABLE_FRACTION * avail:
+        return None
+    return (f"{name}: host state {need / GiB:.0f} GiB (strata.plan) + "
+            f"{HOST_OVERHEAD_BYTES / GiB:.0f} GiB beside it > {HOST_USABLE_FRACTION:.0%} of "
+            f"{avail / GiB:.0f} GiB available")
+
+
+def choose_offload_size(ctx, share_s, mb, seq, refs, stage):
+    """The largest ladder model whose host state (strata.plan) fits MemAvailable and whose set-up
+    and steps fit share_s seconds (estimates from this run's references)."""
     a = ctx.args
     if a.tiny:
         return "tiny", PRESETS["tiny"], ["--tiny"]
@@ -682,9 +705,9 @@ def choose_offload_size(ctx, share_s, mb, seq, refs):
     for name in LADDER:
         shape = PRESETS[name]
         n = param_count(shape, a.vocab)
-        if avail is not None and n * HOST_BYTES_PER_PARAM > 0.85 * avail:
-            why.append(f"{name}: host states ~{n * HOST_BYTES_PER_PARAM / GiB:.0f} GiB > 85 % of "
-                       f"{avail / GiB:.0f} GiB available")
+        refusal = host_refusal(name, offload_host_bytes(n, ds_config(mb, stage, "cpu")), avail)
+        if refusal is not None:
+            why.append(refusal)
             continue
         compute, step = offload_step_estimate(ctx, n, mb * seq, refs)
         est = strata_est(n, init, a.warmup + a.steps, compute, step) + torch_est(
@@ -713,7 +736,7 @@ def part_zero_offload(ctx):
     refs = {"dram": measure_dram(ctx), "pcie": measure_pcie(ctx)}
     # This part's share: what is left less what the nvme part needs at least.
     share = ctx.budget.left() - (0 if a.skip_nvme else a.nvme_min_s) - ctx.reserve_s()
-    name, shape, why = choose_offload_size(ctx, share, mb, seq, refs)
+    name, shape, why = choose_offload_size(ctx, share, mb, seq, refs, a.offload_stage)
     n = param_count(shape, a.vocab)
     tokens = mb * seq
     stage = a.offload_stage

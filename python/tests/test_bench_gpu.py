@@ -58,3 +58,22 @@ def test_every_part_runs_on_the_stand_in_and_writes_its_figures(tmp_path):
     else:  # reported, not fatal: the strata and torch figures above are all there
         assert "error" in fit["deepspeed"] and "error" in off["deepspeed"]
     assert "fits_in_hbm" in r.stdout and "wrote" in r.stdout
+
+
+def test_offload_sizing_takes_the_host_state_from_the_planner():
+    """zero_offload's largest model is chosen by the engine's host state as strata.plan resolves
+    it (bf16 ZeRO-Offload: fp32 master, m, v and grads, 16 bytes per parameter, no speculative
+    room), not a guess: ~7B runs where 123 GiB is available (the GPU machine) and not where 96."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_gpu", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    GiB = 2**30
+    n = bench.param_count(bench.PRESETS["7b"], 32000)
+    assert 6.5e9 < n < 7e9
+    for stage in (2, 3):
+        need = bench.offload_host_bytes(n, bench.ds_config(1, stage, "cpu"))
+        assert need == pytest.approx(16 * n, rel=1e-3), stage
+    assert bench.host_refusal("7b", need, 123 * GiB) is None
+    why = bench.host_refusal("7b", need, 96 * GiB)
+    assert why is not None and "strata.plan" in why and "96 GiB" in why
