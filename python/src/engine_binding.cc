@@ -357,12 +357,20 @@ class PyEngine {
       std::memset(out, 0, (e - b) * sizeof(float));
       if (error) return;
       try {
-        FloatArray a = nb::cast<FloatArray>(fill(g, p, b, e));
+        auto what = [&] {
+          return m.groups[g].name + "." + m.groups[g].params[p].name + "[" + std::to_string(b) +
+                 ":" + std::to_string(e) + "]";
+        };
+        nb::object got = fill(g, p, b, e);
+        FloatArray a;
+        if (!nb::try_cast<FloatArray>(got, a)) {
+          throw StatusError(Status::InvalidArgument(
+              "init: fill returned " + std::string(nb::type_name(got.type()).c_str()) + " for " +
+              what() + ", not a contiguous float32 array of " + std::to_string(e - b) + " values"));
+        }
         if (a.size() != e - b) {
           throw StatusError(Status::InvalidArgument(
-              "init: fill returned " + std::to_string(a.size()) + " values for " +
-              m.groups[g].name + "." + m.groups[g].params[p].name + "[" + std::to_string(b) + ":" +
-              std::to_string(e) + "]"));
+              "init: fill returned " + std::to_string(a.size()) + " values for " + what()));
         }
         std::memcpy(out, a.data(), (e - b) * sizeof(float));
       } catch (...) {

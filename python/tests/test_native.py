@@ -37,6 +37,26 @@ def test_plan():
     assert big["configured"]["host_bytes_per_node"] == 2 * 7e9 + 16 * 800e6 + 14 * 800e6 / 4
 
 
+@pytest.mark.parametrize("call", ["init_from_fill", "init_from_rank0_fill"])
+def test_a_fill_that_returns_the_wrong_thing_is_named(call):
+    """A fill that returns no float32 array, or the wrong count of values, is an error naming the
+    parameter and the range; a good fill then initialises the same engine, exactly."""
+    cfg = {"train_micro_batch_size_per_gpu": 1,
+           "optimizer": {"type": "Adam", "params": {"lr": 0.1}},
+           "zero_optimization": {"stage": 3}}
+    e = strata.Engine([("g", [("w", [2, 3]), ("b", [2])])], json.dumps(cfg))
+    init = getattr(e, call)
+    with pytest.raises(strata.StrataError,
+                       match=r"fill returned NoneType for g\.w\[0:6\], not a contiguous "
+                             r"float32 array of 6 values"):
+        init(lambda g, p, b, end: None)
+    with pytest.raises(strata.StrataError, match=r"fill returned 5 values for g\.w\[0:6\]"):
+        init(lambda g, p, b, end: np.zeros(end - b - 1, np.float32))
+    init(lambda g, p, b, end: np.arange(b, end, dtype=np.float32) + 10 * p)
+    np.testing.assert_array_equal(e.read_master(0), [0, 1, 2, 3, 4, 5, 10, 11])
+    e.close()
+
+
 def test_raw_engine_zero_copy():
     cfg = {"train_micro_batch_size_per_gpu": 1,
            "optimizer": {"type": "Adam", "params": {"lr": 0.1}},
