@@ -207,6 +207,21 @@ TEST(EngineSpeculationRollback, GatherBeforeStepSeesTheOldParams) {
   EXPECT_EQ(p.on.reports[1].speculated_sub_groups, 0u);
 }
 
+// A group the trainer still holds gathered when its gradient becomes final (one rank, where the
+// gathered copy is the scheduler's copy of the param block the speculative Adam rewrites): its
+// Adam waits for the release instead of for the trainer's lease, so holding it past the engine's
+// timeout fails nothing, and the run is the run without the speculation.
+TEST(EngineSpeculationCombined, AGroupHeldGatheredStartsItsAdamAtItsRelease) {
+  RunSpec spec = Plain(1, 1, 2);
+  spec.hold_gathered = kTop;
+  spec.timeout = std::chrono::milliseconds(300);
+  spec.hold_for = std::chrono::milliseconds(900);
+  Pair p = Both(spec, 3, "cpu", "none", "fp32", 1e6, 1);
+  ExpectSameRun(p.off, p.on, "held");
+  ASSERT_TRUE(p.on.status.ok());
+  EXPECT_EQ(p.on.reports[1].speculated_sub_groups, TrainableSubGroups(p.on));
+}
+
 // Accumulation over 3 micro-steps (a group is final only in the last), with overlap_step on top
 // (asked for explicitly: off by default there; the groups not speculated step behind the next
 // forward), the optimizer and params on NVMe.

@@ -306,6 +306,11 @@ struct RunSpec {
   // The trainer's stream for GradBuffer, ReduceGradients and Release (device.h; a token on an
   // emulated device), or none.
   std::optional<uintptr_t> caller_stream;
+  // A group the trainer keeps gathered (a second handle, taken in the forward) until every
+  // reduction of the micro-step is queued, and `hold_for` longer: a module held across its
+  // backward.
+  std::optional<size_t> hold_gathered;
+  std::chrono::milliseconds hold_for{0};
   // The model the engine is created with (default TestModel(); training needs TestModel()).
   std::optional<ModelSpec> model;
   // EngineOptions::ranks_per_node (ZeRO++'s node groups; 0: from the environment).
@@ -464,6 +469,10 @@ inline RunResult RunEngine(const RunSpec& spec) {
       if (spec.inject && sim != nullptr) spec.inject(r, step, *sim);
       for (int micro = 0; micro < spec.gas; ++micro) {
         // Forward: every group in order, then W0 again for the tied projection.
+        std::optional<GatheredGroup> held;
+        if (spec.hold_gathered) {
+          STRATA_ASSIGN_OR_RETURN(held, engine->Gather(*spec.hold_gathered));
+        }
         for (size_t g = 0; g < kGroups; ++g) STRATA_RETURN_IF_ERROR(gather(g));
         STRATA_RETURN_IF_ERROR(gather(kEmbed));
         // Backward: the tied W0 first, then the layers in reverse.
@@ -483,6 +492,10 @@ inline RunResult RunEngine(const RunSpec& spec) {
           Pack(engine->dtype(), GroupTensors(gr, g), host.data());
           STRATA_RETURN_IF_ERROR(to_device(buf, host));
           STRATA_RETURN_IF_ERROR(engine->ReduceGradients(g, spec.caller_stream));
+        }
+        if (held) {
+          std::this_thread::sleep_for(spec.hold_for);
+          engine->Release(std::move(*held));
         }
       }
       if (spec.before_engine_step) spec.before_engine_step(r, step, *engine, sim);

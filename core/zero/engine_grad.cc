@@ -62,6 +62,14 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
   out.dtype_ = dtype;
   out.numel_ = gs.numel;
   out.offsets_ = gs.param_offsets;
+  // Every handle given out is counted until its Release (Step refuses while any is out; the
+  // speculative step waits for the group's).
+  auto handed_out = [&] {
+    ++outstanding_gathers;
+    ++gs.gathered;
+    timings.gather_wait_ns += Since(t0);
+    return std::move(out);
+  };
   if (!placement.params_partitioned) {
     const auto f0 = Clock::now();
     auto lease = store->Acquire(gs.param, Tier::kDevice, Access::kRead, timeout());
@@ -92,9 +100,7 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
       out.data_ = shard->data();
       copy->shard.emplace(std::move(*shard));
       out.hold_ = std::move(copy);
-      ++outstanding_gathers;
-      timings.gather_wait_ns += Since(t0);
-      return out;
+      return handed_out();
     }
     const uint64_t bytes = gs.shard.padded_elems(world) * elt;
     auto full = DeviceBuffer::Make(opt.device, bytes);
@@ -116,10 +122,7 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
     out.data_ = copy->buffer.get();
     out.hold_ = std::move(copy);
   }
-  ++outstanding_gathers;
-  ++gs.gathered;
-  timings.gather_wait_ns += Since(t0);
-  return out;
+  return handed_out();
 }
 
 Status Engine::Impl::GatherInto(size_t g, const void* shard, void* full) {
