@@ -4,18 +4,20 @@
 // blocks stay cached; the budget itself is enforced here by byte accounting. Allocation runs on
 // a private `alloc_` stream that is synchronized right away (it carries nothing but allocations,
 // so that wait is short), which makes the pointer usable on every stream. Free is stream-ordered:
-// `alloc_` waits on events recorded on both copy streams, then cudaFreeAsync, so memory is never
-// reused before earlier copies finish, and the caller never blocks.
+// `alloc_` waits on events recorded on both copy streams and the kernels' stream, then
+// cudaFreeAsync, so memory is never reused before earlier copies and kernels finish (nor, after a
+// WaitCallerStream on any of them, before the caller's work), and the caller never blocks.
 // Copies: one non-blocking stream per direction; completion callbacks through cudaLaunchHostFunc
 // (the callback must not call CUDA, as the contract already requires).
 // Kernels (Device::kernels): kernels/cuda_kernels.h's kernels enqueued on a third non-blocking
-// stream, `compute_`, which Free also waits for, so memory is never reused under a running kernel.
+// stream, `compute_`.
 // A caller's stream (OrderCallerStream / WaitCallerStream): events between it and the copy and
 // compute streams named (DeviceQueue bits), in the direction asked; the host never waits.
 // Errors: every runtime call goes through STRATA_CUDA_STATUS; nothing aborts.
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -109,14 +111,16 @@ class CudaKernels final : public kernels::DeviceKernels {
   const cudaStream_t* stream_;  // CudaDevice::compute_, created before any call
 };
 
-// Work queued on `waiter` from now on runs after the work queued on `on` so far: an event
-// recorded on `on` that `waiter` waits for (the host does not).
-Status StreamWaits(cudaStream_t waiter, cudaStream_t on) {
+// Work queued on each of `waiters` from now on runs after the work queued on `on` so far: one
+// event recorded on `on` that they wait for (the host does not).
+Status StreamsWait(std::span<const cudaStream_t> waiters, cudaStream_t on) {
   cudaEvent_t e;
   STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   Status st = STRATA_CUDA_STATUS(cudaEventRecord(e, on));
-  if (st.ok()) st = STRATA_CUDA_STATUS(cudaStreamWaitEvent(waiter, e, 0));
-  cudaEventDestroy(e);  // released once complete; the wait already captured it
+  for (size_t i = 0; st.ok() && i < waiters.size(); ++i) {
+    st = STRATA_CUDA_STATUS(cudaStreamWaitEvent(waiters[i], e, 0));
+  }
+  cudaEventDestroy(e);  // released once complete; the waits already captured it
   return st;
 }
 
@@ -201,8 +205,9 @@ class CudaDevice final : public Device {
       used_ -= n;
     }
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    STRATA_RETURN_IF_ERROR(
-        EachStream(kEveryQueue, [&](cudaStream_t s) { return StreamWaits(alloc_, s); }));
+    for (cudaStream_t s : Streams(kEveryQueue).span()) {
+      STRATA_RETURN_IF_ERROR(StreamsWait({&alloc_, 1}, s));
+    }
     STRATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(ptr, alloc_));
     return Status::OK();
   }
@@ -247,22 +252,15 @@ class CudaDevice final : public Device {
     STRATA_RETURN_IF_ERROR(CheckQueues(queues));
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     const auto caller = reinterpret_cast<cudaStream_t>(stream);
-    return EachStream(queues, [&](cudaStream_t s) { return StreamWaits(caller, s); });
+    for (cudaStream_t s : Streams(queues).span()) {
+      STRATA_RETURN_IF_ERROR(StreamsWait({&caller, 1}, s));
+    }
+    return Status::OK();
   }
   Status WaitCallerStream(uintptr_t stream, uint8_t queues) override {
     STRATA_RETURN_IF_ERROR(CheckQueues(queues));
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    const auto caller = reinterpret_cast<cudaStream_t>(stream);
-    // One event on the caller's stream serves every queue that waits for it.
-    cudaEvent_t e;
-    STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    Status st = STRATA_CUDA_STATUS(cudaEventRecord(e, caller));
-    if (st.ok()) {
-      st = EachStream(
-          queues, [&](cudaStream_t s) { return STRATA_CUDA_STATUS(cudaStreamWaitEvent(s, e, 0)); });
-    }
-    cudaEventDestroy(e);  // released once complete; the waits already captured it
-    return st;
+    return StreamsWait(Streams(queues).span(), reinterpret_cast<cudaStream_t>(stream));
   }
 
   Status RegisterHost(void* ptr, uint64_t size_bytes) override {
@@ -295,18 +293,22 @@ class CudaDevice final : public Device {
   }
 
  private:
-  // f(s) for each stream of `queues` (DeviceQueue bits: the copy streams by direction and the
-  // kernels'); the first error.
-  template <class F>
-  Status EachStream(uint8_t queues, F f) {
+  // The streams of `queues` (DeviceQueue bits: the copy streams by direction and the kernels').
+  struct StreamSet {
+    cudaStream_t at[3] = {};
+    size_t n = 0;
+    std::span<const cudaStream_t> span() const { return {at, n}; }
+  };
+  StreamSet Streams(uint8_t queues) const {
     const std::pair<uint8_t, cudaStream_t> all[] = {
         {kHostToDeviceQueue, streams_[static_cast<size_t>(CopyDir::kHostToDevice)]},
         {kDeviceToHostQueue, streams_[static_cast<size_t>(CopyDir::kDeviceToHost)]},
         {kKernelQueue, compute_}};
+    StreamSet out;
     for (const auto& [bit, s] : all) {
-      if ((queues & bit) != 0) STRATA_RETURN_IF_ERROR(f(s));
+      if ((queues & bit) != 0) out.at[out.n++] = s;
     }
-    return Status::OK();
+    return out;
   }
 
   const int ordinal_;

@@ -124,9 +124,8 @@ TEST(EngineInitFromRank0, BitIdenticalToFullTensorsEveryStageAndWorld) {
   }
 }
 
-// Rank 0's values from a fill (InitFromRank0(ParamFill)): asked for on rank 0 alone, piece by
-// piece (never more than a window's piece at once above one rank), and the same bits as the
-// tensors.
+// Rank 0's values from a fill (InitFromRank0Fill): asked for on rank 0 alone, piece by piece
+// (never more than a window's piece at once above one rank), and the same bits as the tensors.
 TEST(EngineInitFromRank0, AFillOnRank0IsAskedPieceByPieceAndGivesTheSameBits) {
   const Tensors edge = EdgeWeights();
   constexpr size_t kPiece = 37;
@@ -141,11 +140,12 @@ TEST(EngineInitFromRank0, AFillOnRank0IsAskedPieceByPieceAndGivesTheSameBits) {
       spec.steps = 0;
       spec.init = [&](int rank, Engine& e) -> Status {
         const auto r = static_cast<size_t>(rank);
-        return e.InitFromRank0(
+        return e.InitFromRank0Fill(
             [&, r](size_t g, size_t p, size_t b, size_t end, float* out) {
               ++calls[r];
               largest[r] = std::max(largest[r], end - b);
               std::memcpy(out, edge[g][p].data() + b, (end - b) * sizeof(float));
+              return Status::OK();
             },
             Window(world, kPiece));
       };
@@ -155,6 +155,47 @@ TEST(EngineInitFromRank0, AFillOnRank0IsAskedPieceByPieceAndGivesTheSameBits) {
       EXPECT_GT(calls[0], 0u) << Name(c, world);
       for (int r = 1; r < world; ++r) EXPECT_EQ(calls[r], 0u) << Name(c, world) << " rank " << r;
       if (world > 1) EXPECT_LE(largest[0], kPiece) << Name(c, world);
+    }
+  }
+}
+
+// Rank 0's fill fails part way: every piece is still sent (zeros from there), then rank 0
+// returns its fill's error and every other rank one saying rank 0's values failed; the engines
+// stay usable, and a second call initialises them to the same bits as the tensors.
+TEST(EngineInitFromRank0, AFillThatFailsPartWayFailsEveryRankAndCanBeRetried) {
+  const Tensors w = InitialWeights();
+  for (int world : {1, 2, 4}) {
+    for (const Case& c : {kCases[0], kCases[4]}) {
+      RunResult want = RunInit(c, world, "bf16", 1, w, false);
+      ASSERT_TRUE(want.status.ok()) << Name(c, world) << ": " << want.status.ToString();
+      std::vector<Status> first(static_cast<size_t>(world));
+      RunSpec spec;
+      spec.config_json = Config(c.stage, c.opt, c.param, "bf16");
+      spec.world = world;
+      spec.steps = 1;
+      spec.init = [&](int rank, Engine& e) -> Status {
+        int calls = 0;
+        auto values = [&](size_t g, size_t p, size_t b, size_t end, float* out) -> Status {
+          if (++calls == 3 && first[static_cast<size_t>(rank)].ok() && rank == 0) {
+            return Status::InvalidArgument("the fill broke at its third range");
+          }
+          std::memcpy(out, w[g][p].data() + b, (end - b) * sizeof(float));
+          return Status::OK();
+        };
+        first[static_cast<size_t>(rank)] = e.InitFromRank0Fill(values, Window(world, 37));
+        if (first[static_cast<size_t>(rank)].ok()) return Status::Internal("the failure was lost");
+        calls = 0;
+        return e.InitFromRank0Fill(values, Window(world, 37));
+      };
+      RunResult got = RunEngine(spec);
+      ASSERT_TRUE(got.status.ok()) << Name(c, world) << ": " << got.status.ToString();
+      EXPECT_TRUE(BitEqual(got.master, want.master)) << Name(c, world);
+      EXPECT_EQ(first[0].ToString(), "InvalidArgument: the fill broke at its third range");
+      for (int r = 1; r < world; ++r) {
+        EXPECT_TRUE(first[r].IsInvalidArgument()) << first[r].ToString();
+        EXPECT_NE(first[r].ToString().find("rank 0's values failed part way"), std::string::npos)
+            << first[r].ToString();
+      }
     }
   }
 }

@@ -17,6 +17,9 @@
 //      exactly rank 0's values (any bit pattern: -0, subnormals, NaN payloads).
 //   3. as InitParameters: the working params are rounded from the master and stage 1-2 all-gather
 //      them into their replicas.
+//   4. rank 0 broadcasts a second header: whether its values held to the end (InitFromRank0Fill's
+//      fill may fail part way; rank 0 then sends zeros for the rest, so that the collectives of
+//      step 2 still match, and every rank returns an error here).
 // Memory: two device buffers and one host buffer of world x piece floats; piece is chosen from
 // `window_bytes` so that they stay within it, and no rank ever holds a whole group or the model.
 // Errors: a failed or timed-out collective (a dead peer) fails the engine with the group and the
@@ -127,7 +130,7 @@ Status CheckFullTensors(const ModelSpec& m, const char* op,
 
 // The header rank 0 broadcasts before any data (int8-moved bytes).
 struct InitHeader {
-  uint64_t ok = 0;           // 1: rank 0's tensors are valid
+  uint64_t ok = 0;           // 1: rank 0's values are valid (step 1) or held (step 4)
   uint64_t piece_elems = 0;  // elements per rank per transfer
 };
 
@@ -218,21 +221,22 @@ Status Engine::InitFromRank0(const std::vector<std::vector<std::span<const float
   STRATA_RETURN_IF_ERROR(CheckInitAllowed(*impl_, kOp));
   const Status verdict =
       impl_->rank == 0 ? CheckFullTensors(impl_->model, kOp, tensors) : Status::OK();
-  return InitFromRank0(
+  return InitFromRank0Impl(
       verdict,
       [&](size_t g, size_t p, size_t b, size_t end, float* out) {
         std::memcpy(out, tensors[g][p].data() + b, (end - b) * sizeof(float));
+        return Status::OK();
       },
       window_bytes);
 }
 
-Status Engine::InitFromRank0(const ParamFill& fill, uint64_t window_bytes) {
+Status Engine::InitFromRank0Fill(const CheckedParamFill& fill, uint64_t window_bytes) {
   STRATA_RETURN_IF_ERROR(CheckInitAllowed(*impl_, kOp));
-  return InitFromRank0(Status::OK(), fill, window_bytes);
+  return InitFromRank0Impl(Status::OK(), fill, window_bytes);
 }
 
-Status Engine::InitFromRank0(const Status& verdict, const ParamFill& root_fill,
-                             uint64_t window_bytes) {
+Status Engine::InitFromRank0Impl(const Status& verdict, const CheckedParamFill& fill,
+                                 uint64_t window_bytes) {
   Impl& e = *impl_;
   const bool root = e.rank == 0;
   const size_t world = static_cast<size_t>(e.world);
@@ -255,17 +259,24 @@ Status Engine::InitFromRank0(const Status& verdict, const ParamFill& root_fill,
   }
   const size_t piece = static_cast<size_t>(header.piece_elems);
   const bool scatter = e.placement.optimizer_partitioned && world > 1;
+  // Rank 0's values; after an error of its fill, zeros (every piece is still sent: step 4).
+  Status fill_error;
+  const ParamFill root_fill = [&](size_t g, size_t p, size_t b, size_t end, float* out) {
+    if (fill_error.ok()) fill_error = fill(g, p, b, end, out);
+    if (!fill_error.ok()) std::memset(out, 0, (end - b) * sizeof(float));
+  };
   if (world == 1) {
-    return InitMasters(e, kOp, [&](const SubGroup& s, float* m) {
+    STRATA_RETURN_IF_ERROR(InitMasters(e, kOp, [&](const SubGroup& s, float* m) {
       FillFlat(e, s.group, e.FullOffset(s), s.elems, root_fill, m);
       return Status::OK();
-    });
+    }));
+    return fill_error;
   }
   const uint64_t buf_bytes = world * piece * sizeof(float);
   DeviceBuffer send, recv;
   STRATA_RETURN_IF_ERROR(MakeStagingBuffers(e, buf_bytes, scatter, &send, &recv));
   std::vector<float> pack(root ? world * piece : 0);
-  return InitMasters(e, kOp, [&](const SubGroup& s, float* m) -> Status {
+  STRATA_RETURN_IF_ERROR(InitMasters(e, kOp, [&](const SubGroup& s, float* m) -> Status {
     const size_t shard = e.groups[s.group].shard.shard_elems;
     for (size_t c = 0; c < s.elems; c += piece) {
       const size_t n = std::min(piece, s.elems - c);
@@ -294,7 +305,17 @@ Status Engine::InitFromRank0(const Status& verdict, const ParamFill& root_fill,
       if (!st.ok()) return InitFailed(e, what(), st);
     }
     return Status::OK();
-  });
+  }));
+  // Step 4: whether rank 0's values held to the end.
+  InitHeader done;
+  done.ok = fill_error.ok() ? 1 : 0;
+  STRATA_RETURN_IF_ERROR(ExchangeHeader(e, &done));
+  if (root) return fill_error;
+  if (done.ok == 1) return Status::OK();
+  return Status::InvalidArgument(std::string(kOp) +
+                                 ": rank 0's values failed part way (its own error names the "
+                                 "parameter); this rank's state holds zeros from there: initialise "
+                                 "again on every rank");
 }
 
 // ---------------------------------------------------------------------------------------------

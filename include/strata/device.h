@@ -59,8 +59,9 @@ enum class CopyDir : uint8_t { kHostToDevice = 0, kDeviceToHost = 1 };
 
 // A device's queues, as bits of a mask: its two copy streams (CopyAsync by direction) and its
 // kernels' stream (kernels()). OrderCallerStream / WaitCallerStream order a caller's stream with
-// the queues named, no more: a queue ordered needlessly stalls its work behind the caller's
-// (torch's backward behind the prefetch copies, or the copies behind torch's kernels).
+// the queues named, no more: a queue ordered needlessly stalls one side's work behind the other's
+// (the caller's kernels behind the device's copies, or the copies behind the caller's kernels).
+// Name every queue that uses the memory in question, and only those.
 enum DeviceQueue : uint8_t {
   kHostToDeviceQueue = 1 << 0,
   kDeviceToHostQueue = 1 << 1,

@@ -341,6 +341,9 @@ struct EngineLayout {
 // Fills elements [begin, end) of parameter `param` of group `group` (row-major) into out[0..).
 using ParamFill =
     std::function<void(size_t group, size_t param, size_t begin, size_t end, float* out)>;
+// A ParamFill that may fail (Engine::InitFromRank0Fill): an error instead of the values.
+using CheckedParamFill =
+    std::function<Status(size_t group, size_t param, size_t begin, size_t end, float* out)>;
 
 class Engine {
  public:
@@ -395,11 +398,15 @@ class Engine {
   // FailedPrecondition after the first step or when the engine has failed.
   Status InitFromRank0(const std::vector<std::vector<std::span<const float>>>& tensors,
                        uint64_t window_bytes = kInitWindowBytes);
-  // InitFromRank0 with rank 0's values from `fill` (ParamFill), asked for each range as rank 0
-  // sends it, piece by piece within window_bytes: rank 0 then never holds the model's fp32 values
-  // at once. It must write exactly the values asked for (there are no tensors whose sizes could be
-  // checked first). The other ranks' fill is never called. Otherwise as above.
-  Status InitFromRank0(const ParamFill& fill, uint64_t window_bytes = kInitWindowBytes);
+  // InitFromRank0 with rank 0's values from `fill`, asked for each range as rank 0 sends it
+  // (above one rank piece by piece within window_bytes; at one rank a sub-group's range of a
+  // parameter at a time): rank 0 never holds the model's fp32 values at once. The other ranks'
+  // fill is never called. There are no tensors whose sizes could be checked first: an error from
+  // rank 0's fill makes it send zeros for the rest, and once every piece is sent rank 0 returns
+  // that error and every other rank InvalidArgument saying rank 0's values failed. The engine
+  // stays usable then (its state holds those zeros): initialise again, on every rank. Otherwise
+  // as above.
+  Status InitFromRank0Fill(const CheckedParamFill& fill, uint64_t window_bytes = kInitWindowBytes);
 
   // The group's full parameters on the device; blocks until resident and gathered, and prefetches
   // what the recorded trace says comes next. Keep at most a few gathered at once (each costs its
@@ -528,9 +535,10 @@ class Engine {
 
  private:
   explicit Engine(std::unique_ptr<Impl> impl);
-  // Both InitFromRank0s: rank 0's verdict on its values (its tensors' sizes), then the protocol
-  // with rank 0's values from `fill`.
-  Status InitFromRank0(const Status& verdict, const ParamFill& fill, uint64_t window_bytes);
+  // InitFromRank0 and InitFromRank0Fill: rank 0's verdict on its tensors (their sizes), then the
+  // protocol with rank 0's values from `fill`.
+  Status InitFromRank0Impl(const Status& verdict, const CheckedParamFill& fill,
+                           uint64_t window_bytes);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -338,47 +338,64 @@ class PyEngine {
   // InitParameters with a Python callable fill(group, param, begin, end) -> float32 array of
   // end - begin values (collective; strata.zero.Init's shards feed it).
   void InitFromFill(const nb::callable& fill) {
-    WithPythonFill(fill, [&](const ParamFill& f) { return engine().InitParameters(f); });
-  }
-
-  // InitFromRank0 with rank 0's values from fill(group, param, begin, end), asked for as they are
-  // sent (collective; the other ranks' fill is never called).
-  void InitFromRank0Fill(const nb::callable& fill) {
-    WithPythonFill(fill, [&](const ParamFill& f) { return engine().InitFromRank0(f); });
-  }
-
-  // run(f) with f calling the Python fill. The engine is C++ without exceptions: the first Python
-  // error is kept, the rest of the fill skipped (zeros), and the error raised once run returns.
-  template <class Run>
-  void WithPythonFill(const nb::callable& fill, Run run) {
-    const ModelSpec& m = engine().model();
     std::exception_ptr error;
-    Status st = run([&](size_t g, size_t p, size_t b, size_t e, float* out) {
+    const CheckedParamFill f = PythonFill(fill, error);
+    Status st;
+    {
+      nb::gil_scoped_release unlocked;  // the fill takes it back for each call
+      st = engine().InitParameters([&](size_t g, size_t p, size_t b, size_t e, float* out) {
+        f(g, p, b, e, out).IgnoreError();
+      });
+    }
+    if (error) std::rethrow_exception(error);
+    ThrowIfError(st);
+  }
+
+  // InitFromRank0Fill with rank 0's values from fill(group, param, begin, end), asked for as
+  // they are sent (collective; the other ranks' fill is never called). A Python error on rank 0
+  // is raised there; the other ranks raise the engine's error saying rank 0's values failed.
+  void InitFromRank0Fill(const nb::callable& fill) {
+    std::exception_ptr error;
+    const CheckedParamFill f = PythonFill(fill, error);
+    Status st;
+    {
+      nb::gil_scoped_release unlocked;
+      st = engine().InitFromRank0Fill(f);
+    }
+    if (error) std::rethrow_exception(error);
+    ThrowIfError(st);
+  }
+
+  // A Python fill as the engine's, called without the GIL held: each call takes it. The engine is
+  // C++ without exceptions: the first Python error is kept in `error` (raised by the caller once
+  // the engine returns) and reported as a failed fill; later calls fill zeros.
+  CheckedParamFill PythonFill(const nb::callable& fill, std::exception_ptr& error) {
+    const ModelSpec& m = engine().model();
+    return [&fill, &error, &m](size_t g, size_t p, size_t b, size_t e, float* out) -> Status {
       std::memset(out, 0, (e - b) * sizeof(float));
-      if (error) return;
+      const std::string what = m.groups[g].name + "." + m.groups[g].params[p].name + "[" +
+                               std::to_string(b) + ":" + std::to_string(e) + "]";
+      if (error) return Status::Aborted("init: the fill failed earlier; " + what + " not asked");
+      nb::gil_scoped_acquire gil;
       try {
-        auto what = [&] {
-          return m.groups[g].name + "." + m.groups[g].params[p].name + "[" + std::to_string(b) +
-                 ":" + std::to_string(e) + "]";
-        };
         nb::object got = fill(g, p, b, e);
         FloatArray a;
         if (!nb::try_cast<FloatArray>(got, a)) {
           throw StatusError(Status::InvalidArgument(
               "init: fill returned " + std::string(nb::type_name(got.type()).c_str()) + " for " +
-              what() + ", not a contiguous float32 array of " + std::to_string(e - b) + " values"));
+              what + ", not a contiguous float32 array of " + std::to_string(e - b) + " values"));
         }
         if (a.size() != e - b) {
           throw StatusError(Status::InvalidArgument(
-              "init: fill returned " + std::to_string(a.size()) + " values for " + what()));
+              "init: fill returned " + std::to_string(a.size()) + " values for " + what));
         }
         std::memcpy(out, a.data(), (e - b) * sizeof(float));
+        return Status::OK();
       } catch (...) {
         error = std::current_exception();
+        return Status::InvalidArgument("init: the fill failed for " + what);
       }
-    });
-    if (error) std::rethrow_exception(error);
-    ThrowIfError(st);
+    };
   }
 
   // keep_last / recycle_files left as None take the config's checkpoint section

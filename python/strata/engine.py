@@ -552,9 +552,14 @@ class StrataEngine(torch.nn.Module):
     def _init_weights(self) -> None:
         parts = [[getattr(p, "_strata_part", None) for _, p in g.params] for g in self._groups]
 
+        flat = {}  # the parameter being sent, flat (copied once where it is not contiguous)
+
         def module_values(gi, pi, begin, end):
-            p = self._groups[gi].params[pi][1]
-            return p.detach().reshape(-1)[begin:end].to("cpu", torch.float32).numpy()
+            if (gi, pi) not in flat:
+                flat.clear()
+                p = self._groups[gi].params[pi][1].detach()
+                flat[(gi, pi)] = (p if p.is_contiguous() else p.contiguous()).reshape(-1)
+            return flat[(gi, pi)][begin:end].to("cpu", torch.float32).numpy()
 
         if not any(x is not None for gp in parts for x in gp):
             # As DeepSpeed, which broadcasts rank 0's module weights at initialize: rank 0's are
@@ -562,6 +567,7 @@ class StrataEngine(torch.nn.Module):
             # when the engine sends it, never the whole model at once (4 bytes per parameter
             # beside the engine's own host state, where ZeRO-Offload runs out of memory first).
             self._engine.init_from_rank0_fill(module_values)
+            flat.clear()
             return
         # strata.zero.Init kept only this rank's range of each group: the engine asks for exactly
         # the ranges it stores (stage 3), which are those. A module split by optimizer groups

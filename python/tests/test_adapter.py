@@ -284,6 +284,17 @@ def test_gradients_copied_from_another_stream_are_ordered_with_the_buffers():
 
     _stream_ordered(engine, current)
     engine._engine = _EngineSpy(engine._engine, log)
+    real_buffer = engine._grad_buffer
+
+    class LoggedView:  # a buffer view whose copies are logged with the stream they ran on
+        def __init__(self, view, gi):
+            self.view, self.gi = view, gi
+
+        def copy_(self, src):
+            log.append(("copy", self.gi, current().cuda_stream))
+            self.view.copy_(src)
+
+    engine._grad_buffer = lambda gi: [LoggedView(v, gi) for v in real_buffer(gi)]
     hooks = [p.register_post_accumulate_grad_hook(lambda p: turn.__setitem__(0, turn[0] + 1))
              for p in engine.module.parameters() if p.requires_grad]
     losses = run_steps(engine, "gpt", steps=2)
@@ -294,18 +305,23 @@ def test_gradients_copied_from_another_stream_are_ordered_with_the_buffers():
     assert losses == base_losses
     for n in base:
         assert torch.equal(master[n], base[n]), n
-    own, crossed = {}, 0
+    own, crossed, same = {}, 0, 0
     for i, (call, a, b) in enumerate(log):
         if call == "grad_buffer":
             own[a] = b
         elif call == "reduce":
             assert b == own.pop(a), "the reduction named another stream than the buffer's"
-        elif call == "wait_stream" and (i == 0 or log[i - 1][0] != "wait_stream"):
-            # current waits for the buffer's stream, then the buffer's stream for current.
-            assert log[i + 1] == ("wait_stream", b, a), log[i:i + 2]
-            assert a != b
+        elif call == "copy" and b != own[a]:
+            # From another stream: it waits for the buffer's stream (the zeroing) first, and the
+            # buffer's stream (the reduction) for it after.
+            assert log[i - 1] == ("wait_stream", b, own[a]), log[i - 1:i + 2]
+            assert log[i + 1] == ("wait_stream", own[a], b), log[i - 1:i + 2]
             crossed += 1
-    assert crossed > 0 and not own
+        elif call == "copy":
+            same += 1
+    assert crossed > 0 and same > 0 and not own
+    # And no waits besides: a copy on the buffer's own stream needs none.
+    assert sum(e[0] == "wait_stream" for e in log) == 2 * crossed
 
 
 @pytest.mark.parametrize("stage,offload,param,spec,expected", [
@@ -801,9 +817,10 @@ def test_initialize_converts_each_range_to_fp32_only_when_the_engine_asks(
             self._inner.init_from_rank0_fill(counted)
 
     monkeypatch.setattr(_strata, "Engine", lambda *a, **k: Spy(real(*a, **k), []))
-    model = make_model("gpt")
+    model = make_model("gpt").to(torch.bfloat16)  # each range is a new fp32 tensor
     want = {n: p.detach().to(torch.float32).clone() for n, p in model.named_parameters()}
-    engine, _, _, _ = strata.initialize(model=model, config=ds_config(stage, offload))
+    engine, _, _, _ = strata.initialize(model=model,
+                                        config=ds_config(stage, offload, dtype="bf16"))
     master = engine.read_master()
     engine.close()
     assert "rank0" not in calls
