@@ -91,7 +91,8 @@ RunResult RunInit(const Case& c, int world, const char* precision, int steps, co
   spec.steps = steps;
   spec.init = [&](int rank, Engine& e) -> Status {
     if (!from_rank0) return e.InitFromFullTensors(Pointers(w));
-    return e.InitFromRank0(rank == 0 ? Spans(w) : decltype(Spans(w)){}, window);
+    if (rank != 0) return e.InitFromRank0({}, window);  // as engine.h says the others call it
+    return e.InitFromRank0(Spans(w), window);
   };
   return RunEngine(spec);
 }
