@@ -57,6 +57,29 @@ def test_a_fill_that_returns_the_wrong_thing_is_named(call):
     e.close()
 
 
+@pytest.mark.parametrize("stage", [0, 3])
+def test_rank0s_fill_that_raises_part_way_fails_every_rank_and_can_be_retried(stage, tmp_path):
+    """Two ranks: rank 0's init_from_rank0_fill raises part way. Rank 0 raises its own error,
+    rank 1 (whose fill is never called) the engine's saying rank 0's values failed, and neither
+    hangs; a second call initialises both to rank 0's values."""
+    from launch import launch
+    outs = launch(tmp_path, "init_fill_worker.py", lambda r, nvme: [stage], 2, 20000, 120)
+    res = []
+    for rc, out in outs:
+        assert rc == 0, out
+        res.append(json.loads(out.strip().splitlines()[-1]))
+    assert res[0]["first"] == "ValueError: the fill broke at its second range"
+    assert res[1]["first"].startswith("StrataError: InvalidArgument: InitFromRank0: rank 0's "
+                                      "values failed part way"), res[1]["first"]
+    assert res[0]["calls"] == 2 and res[1]["calls"] == 0
+    sizes = [(64 * 3, 64), (5,)]
+    for r in res:
+        for g, params in enumerate(sizes):
+            want = np.concatenate([(np.arange(n, dtype=np.float32) + 1000 * (2 * g + p)) / 7
+                                   for p, n in enumerate(params)])
+            np.testing.assert_array_equal(np.asarray(r["master"][g], np.float32), want)
+
+
 def test_raw_engine_zero_copy():
     cfg = {"train_micro_batch_size_per_gpu": 1,
            "optimizer": {"type": "Adam", "params": {"lr": 0.1}},
