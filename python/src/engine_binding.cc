@@ -369,16 +369,17 @@ class PyEngine {
   // A Python fill as the engine's, called without the GIL held: each call takes it. The engine is
   // C++ without exceptions: the first Python error is kept in `error` (raised by the caller once
   // the engine returns) and reported as a failed fill; later calls fill zeros.
+  // The caller keeps `fill` and `error` alive while the result is used.
   CheckedParamFill PythonFill(const nb::callable& fill, std::exception_ptr& error) {
-    const ModelSpec& m = engine().model();
-    return [&fill, &error, &m](size_t g, size_t p, size_t b, size_t e, float* out) -> Status {
+    return [fill = &fill, error = &error, m = &engine().model()](size_t g, size_t p, size_t b,
+                                                                 size_t e, float* out) -> Status {
       std::memset(out, 0, (e - b) * sizeof(float));
-      const std::string what = m.groups[g].name + "." + m.groups[g].params[p].name + "[" +
+      const std::string what = m->groups[g].name + "." + m->groups[g].params[p].name + "[" +
                                std::to_string(b) + ":" + std::to_string(e) + "]";
-      if (error) return Status::Aborted("init: the fill failed earlier; " + what + " not asked");
+      if (*error) return Status::Aborted("init: the fill failed earlier; " + what + " not asked");
       nb::gil_scoped_acquire gil;
       try {
-        nb::object got = fill(g, p, b, e);
+        nb::object got = (*fill)(g, p, b, e);
         FloatArray a;
         if (!nb::try_cast<FloatArray>(got, a)) {
           throw StatusError(Status::InvalidArgument(
@@ -392,7 +393,7 @@ class PyEngine {
         std::memcpy(out, a.data(), (e - b) * sizeof(float));
         return Status::OK();
       } catch (...) {
-        error = std::current_exception();
+        *error = std::current_exception();
         return Status::InvalidArgument("init: the fill failed for " + what);
       }
     };
