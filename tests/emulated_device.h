@@ -17,8 +17,9 @@
 // FailNextCopy the next copy in one direction.
 // A caller's stream (Device::OrderCallerStream / WaitCallerStream): the caller here is the test
 // on the host, so ordering its later work after the device's means the host waiting for the
-// kernels and copies queued so far (counted in caller_orders, not in synchronize, and leaving a
-// kernel fault to the next Synchronize); waiting for its work is nothing (caller_waits). That
+// queues named (the kernels, or the copies) as queued so far (counted in caller_orders and per
+// queue, not in synchronize, and leaving a kernel fault to the next Synchronize); waiting for its
+// work is nothing (caller_waits). That
 // keeps the bits and the violation checks exact while the counts show which ordering the engine
 // asked for.
 //

@@ -338,29 +338,31 @@ class PyEngine {
   // InitParameters with a Python callable fill(group, param, begin, end) -> float32 array of
   // end - begin values (collective; strata.zero.Init's shards feed it).
   void InitFromFill(const nb::callable& fill) {
-    std::exception_ptr error;
-    const CheckedParamFill f = PythonFill(fill, error);
-    Status st;
-    {
-      nb::gil_scoped_release unlocked;  // the fill takes it back for each call
-      st = engine().InitParameters([&](size_t g, size_t p, size_t b, size_t e, float* out) {
+    RunWithPythonFill(fill, [&](const CheckedParamFill& f) {
+      return engine().InitParameters([&](size_t g, size_t p, size_t b, size_t e, float* out) {
         f(g, p, b, e, out).IgnoreError();
       });
-    }
-    if (error) std::rethrow_exception(error);
-    ThrowIfError(st);
+    });
   }
 
   // InitFromRank0Fill with rank 0's values from fill(group, param, begin, end), asked for as
   // they are sent (collective; the other ranks' fill is never called). A Python error on rank 0
   // is raised there; the other ranks raise the engine's error saying rank 0's values failed.
   void InitFromRank0Fill(const nb::callable& fill) {
+    RunWithPythonFill(fill,
+                      [&](const CheckedParamFill& f) { return engine().InitFromRank0Fill(f); });
+  }
+
+  // run(f) without the GIL, f calling the Python fill (PythonFill); then the fill's own error if
+  // it raised, else run's.
+  template <class Run>
+  void RunWithPythonFill(const nb::callable& fill, Run run) {
     std::exception_ptr error;
     const CheckedParamFill f = PythonFill(fill, error);
     Status st;
     {
-      nb::gil_scoped_release unlocked;
-      st = engine().InitFromRank0Fill(f);
+      nb::gil_scoped_release unlocked;  // the fill takes it back for each call
+      st = run(f);
     }
     if (error) std::rethrow_exception(error);
     ThrowIfError(st);
@@ -640,8 +642,8 @@ void BindEngine(nb::module_& m) {
           "stream.")
       .def_prop_ro(
           "orders_caller_streams", [](PyEngine& e) { return e.engine().orders_caller_streams(); },
-          "Engine::orders_caller_streams: grad_buffer and reduce_gradients take the caller's "
-          "stream and order it on the device (one rank, on CUDA).")
+          "Engine::orders_caller_streams: grad_buffer, reduce_gradients and release take the "
+          "caller's stream and order it on the device (one rank, on CUDA).")
       .def_prop_ro("dtype", [](PyEngine& e) { return std::string(DTypeLabel(e.engine().dtype())); })
       .def_prop_ro("device", &PyEngine::DeviceLabel, "host, or cuda:N.")
       .def_prop_ro("num_groups", [](PyEngine& e) { return e.engine().model().groups.size(); })

@@ -801,12 +801,12 @@ class StrataEngine(torch.nn.Module):
                 self._gathered_at.pop(p.data.untyped_storage().data_ptr(), None)
             p.data = empty
         if self._engine.is_gathered(gi):
-            if self._release_waits and not waited and self._stream_ordered:
-                self._engine.release(gi, self._caller_stream())  # after them, on the device
-            elif self._release_waits and not waited:
-                self._held_releases.add(gi)  # after the kernels that read the group have run
-            else:
+            if not self._release_waits or waited:
                 self._engine.release(gi)
+            elif self._stream_ordered:
+                self._engine.release(gi, self._caller_stream())  # after them, on the device
+            else:
+                self._held_releases.add(gi)  # after the kernels that read the group have run
 
     def _release_groups(self, groups) -> None:
         """Releases every group listed, after one wait for torch's stream: what follows (a step,
@@ -967,12 +967,9 @@ class StrataEngine(torch.nn.Module):
         the buffer was taken on (autograd runs each node on its forward op's stream): that copy
         waits for the buffer's stream (its zeroing) and the buffer's stream for the copy (its
         reduction)."""
-        own = self._grad_streams.get(gi) if self._stream_ordered else None
-        if own is None:
-            view.copy_(grad)
-            return
-        current = self._current_stream()
-        if current == own:
+        own = self._grad_streams.get(gi)  # None unless stream-ordered
+        current = None if own is None else self._current_stream()
+        if current is None or current == own:
             view.copy_(grad)
             return
         current.wait_stream(own)
@@ -982,9 +979,7 @@ class StrataEngine(torch.nn.Module):
     def _reduce_ordered(self, gi: int) -> None:
         """The reduction after torch's copies into the buffer, ordered on the device after the
         buffer's stream (_grad_buffer): no wait."""
-        own = self._grad_streams.pop(gi, None)
-        stream = own.cuda_stream if own is not None else self._caller_stream()
-        self._engine.reduce_gradients(gi, stream)
+        self._engine.reduce_gradients(gi, self._grad_streams.pop(gi).cuda_stream)
 
     def _reduce(self, gi: int) -> None:
         self._grad_views.pop(gi, None)  # the views die with the buffer
