@@ -17,6 +17,10 @@
   phases        every run's JSON has "phases": per forward / backward / optimizer call, the
                 host's time in the call and (GPU) the stream's span between events recorded at
                 the boundaries, medians over the timed steps, no synchronize added (Phases).
+  timeline      fits_in_hbm's two runs and zero_offload's strata run also profile one step after
+                the timed ones (torch.profiler; gpu_timeline.py): the GPU's busy fraction and
+                its idle gaps, each with what the host was doing (waiting in a synchronize, or
+                late with the next work). --trace-dir keeps the traces; --no-timeline skips it.
   --deepspeed   DeepSpeed (deepspeed.initialize, one rank) beside strata in fits_in_hbm and
                 zero_offload, on the same model, batch and config: deepspeed / strata, and in
                 zero_offload deepspeed / floor. Without optimizer offload it steps with
@@ -59,6 +63,9 @@ import traceback  # noqa: E402
 import torch  # noqa: E402
 
 import strata  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_timeline  # noqa: E402
 
 GiB = 1 << 30
 
@@ -256,9 +263,28 @@ class Phases:
         return out
 
 
-def time_engine_steps(ctx, engine, x, warmup, steps, before_timed=None):
+def profile_run(ctx, res, step, tag):
+    """res["timeline"]: one more step() under the profiler (gpu_timeline.profile_step), when the
+    run asked for it (tag), --no-timeline is not given and the budget has room for it."""
+    if tag is None or not ctx.args.timeline:
+        return
+    last = (res.get("step_s") or res.get("warmup_s") or [0.0])[-1]
+    try:
+        ctx.need(3 * last + 5 + ctx.reserve_s(), f"timeline {tag}")
+        trace = (os.path.join(ctx.args.trace_dir, f"{tag}.trace.json.gz")
+                 if ctx.args.trace_dir else None)
+        res["timeline"] = gpu_timeline.profile_step(step, ctx.cuda, trace)
+    except Skip as e:
+        res["timeline"] = {"skipped": str(e)}
+    except Exception as e:  # noqa: BLE001 - the figures above stand without it
+        res["timeline"] = {"error": f"{type(e).__name__}: {e}"}
+
+
+def time_engine_steps(ctx, engine, x, warmup, steps, before_timed=None, after_timed=None,
+                      timeline=None):
     """time_steps over a DeepSpeed-style engine's forward / backward / step on the batch x, with
-    its Phases and the GPU's peak memory counted from the first step."""
+    its Phases and the GPU's peak memory counted from the first step; after_timed() (untimed)
+    once the timed steps are done; then profile_run for the timeline tag."""
     ph = Phases(ctx)
 
     def step():
@@ -274,11 +300,16 @@ def time_engine_steps(ctx, engine, x, warmup, steps, before_timed=None):
     res = time_steps(ctx, step, warmup, steps, before_timed=before_timed)
     ctx.sync()
     res["phases"] = ph.summary(len(res["step_s"]))
+    if ctx.cuda:
+        res["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
+    if after_timed is not None:
+        after_timed()
+    profile_run(ctx, res, step, timeline)
     return res
 
 
 def run_strata(ctx, tag, shape, mb, seq, cfg, warmup, steps, overlap_step=False,
-               with_stats=False, est_s=0.0):
+               with_stats=False, est_s=0.0, timeline=False):
     """strata.initialize on a fresh model on the device; timed engine steps. Skipped when less
     than est_s (+ the reserve) is left."""
     a = ctx.args
@@ -299,10 +330,12 @@ def run_strata(ctx, tag, shape, mb, seq, cfg, warmup, steps, overlap_step=False,
     ctx.sync()
     init_s = time.perf_counter() - t0
     try:
-        before = {}
+        before, after = {}, {}
+        # The waits are the timed steps' alone: read before the profiled step.
         res = time_engine_steps(ctx, engine, x, warmup, steps,
-                                before_timed=lambda: before.update(engine.stats()))
-        after = engine.stats()
+                                before_timed=lambda: before.update(engine.stats()),
+                                after_timed=lambda: after.update(engine.stats()),
+                                timeline=f"strata-{tag}" if timeline else None)
         res["init_s"] = init_s
         res["params"] = n
         res["device_budget_bytes"] = budget
@@ -310,8 +343,6 @@ def run_strata(ctx, tag, shape, mb, seq, cfg, warmup, steps, overlap_step=False,
         if with_stats:
             res["_stats_before"] = before
             res["_stats_after"] = after
-        if ctx.cuda:
-            res["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
         return res
     finally:
         engine.close()
@@ -336,7 +367,7 @@ def waits_per_step(before, after, k):
     return out
 
 
-def run_torch(ctx, shape, mb, seq, mode, warmup, steps, est_s=0.0):
+def run_torch(ctx, shape, mb, seq, mode, warmup, steps, est_s=0.0, timeline=False):
     """Plain torch on a fresh model: mode "amp" (fp32 params + autocast bf16 + fused AdamW),
     "bf16" (bf16 params + fused AdamW, no master) or "fwd_bwd" (bf16, no optimizer step)."""
     a = ctx.args
@@ -386,6 +417,7 @@ def run_torch(ctx, shape, mb, seq, mode, warmup, steps, est_s=0.0):
         res["fused_adamw"] = fused
     if ctx.cuda:
         res["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
+    profile_run(ctx, res, step, f"torch-{mode}" if timeline else None)
     return res
 
 
@@ -640,9 +672,9 @@ def part_fits_in_hbm(ctx):
            "strata_config": "zero stage 3, nothing offloaded, bf16, AdamW"}
     run_est = (warmup + steps) * estimate_step_s(n, tokens) * 1.5 + 3
     res["torch"] = guarded(ctx, run_torch, ctx, shape, mb, seq, "amp", warmup, steps,
-                           est_s=run_est)
+                           est_s=run_est, timeline=True)
     res["strata"] = guarded(ctx, run_strata, ctx, "fit", shape, mb, seq, ds_config(mb, 3),
-                            warmup, steps, est_s=run_est + n * INIT_S_PER_PARAM)
+                            warmup, steps, est_s=run_est + n * INIT_S_PER_PARAM, timeline=True)
     t, s = res["torch"].get("median_s"), res["strata"].get("median_s")
     res["ratio_strata_over_torch"] = s / t if s and t else None
     res["target"] = "<= 1.15"
@@ -754,7 +786,7 @@ def part_zero_offload(ctx):
     s_est = 0 if a.tiny else strata_est(n, init, runs, compute, step_est)
     res["strata"] = guarded(ctx, run_strata, ctx, "offload", shape, mb, seq,
                             ds_config(mb, stage, opt_dev="cpu"), a.warmup, a.steps,
-                            overlap_step=overlap, est_s=s_est)
+                            overlap_step=overlap, est_s=s_est, timeline=True)
     if overlap and "error" in res["strata"] and ctx.budget.left() > 0.5 * share:
         res["strata_overlap_error"] = res["strata"]
         res["strata_config"] += " failed; retried with overlap_step=False"
@@ -931,8 +963,19 @@ def print_phases(r):
     print("                    " + ", ".join(parts) + " ms")
 
 
+def print_timeline(r):
+    """One line: the profiled step's GPU busy fraction and idle time (gpu_timeline)."""
+    t = r.get("timeline") if isinstance(r, dict) else None
+    line = gpu_timeline.summary_line(t)
+    if line:
+        print("                    " + line)
+    elif isinstance(t, dict) and ("error" in t or "skipped" in t):
+        print("                    timeline: " + (t.get("error") or t["skipped"])[:160])
+
+
 def print_waits(r):
-    """One line: the strata run's host waits per step (waits_per_step)."""
+    """One line: the strata run's host waits per step (waits_per_step), then print_timeline."""
+    print_timeline(r)
     w = r.get("waits_per_step") if isinstance(r, dict) else None
     if not w:
         return
@@ -1044,6 +1087,11 @@ def main():
                     help="also run DeepSpeed (import deepspeed) on fits_in_hbm and zero_offload "
                          "with the same model, batch and config; nvme: not run (its async_io "
                          "op needs libaio-dev)")
+    ap.add_argument("--no-timeline", dest="timeline", action="store_false",
+                    help="profile no step (default: one step of each fits_in_hbm run and of "
+                         "zero_offload's strata run, after the timed ones)")
+    ap.add_argument("--trace-dir", default=None,
+                    help="keep each profiled step's trace there (NAME.trace.json.gz)")
     ap.add_argument("--device-budget-frac", type=float, default=0.55,
                     help="device_budget_bytes = this share of the GPU's free memory")
     a = ap.parse_args()
@@ -1062,6 +1110,8 @@ def main():
     a.skip_nvme = "nvme" not in parts
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_gpu: --device cuda and torch sees no GPU (use --device cpu --tiny)")
+    if a.trace_dir:
+        os.makedirs(a.trace_dir, exist_ok=True)
     ctx = Ctx(a)
     out = {"budget_s": a.budget_s, "elapsed_s": 0.0, "args": vars(a), "env": env_info(ctx),
            "parts": {}}

@@ -58,6 +58,11 @@ def test_every_part_runs_on_the_stand_in_and_writes_its_figures(tmp_path):
     else:  # reported, not fatal: the strata and torch figures above are all there
         assert "error" in fit["deepspeed"] and "error" in off["deepspeed"]
     assert "fits_in_hbm" in r.stdout and "wrote" in r.stdout
+    # One profiled step per run asked for; on the stand-in its trace has no device activity.
+    for run in (fit["torch"], fit["strata"], off["strata"]):
+        t = run["timeline"]
+        assert t["device_events"] == 0 and "no device activity" in t["note"], t
+        assert t["window_ms"] > 0, t
 
 
 def test_offload_sizing_takes_the_host_state_from_the_planner():
@@ -77,3 +82,69 @@ def test_offload_sizing_takes_the_host_state_from_the_planner():
     assert bench.host_refusal("7b", need, 123 * GiB) is None
     why = bench.host_refusal("7b", need, 96 * GiB)
     assert why is not None and "strata.plan" in why and "96 GiB" in why
+
+
+def _timeline():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "gpu_timeline", os.path.join(os.path.dirname(BENCH), "gpu_timeline.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _x(cat, name, ts, dur, tid):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid}
+
+
+def test_timeline_splits_the_gpus_idle_time_by_what_the_host_did():
+    """gpu_timeline.analyze on a trace built by hand (times in us): the busy time is the union
+    of kernels, copies and memsets on every stream; each idle gap of the main thread (the one
+    that ran the most operators) is a wait where a synchronize covered most of it, else the
+    host's; another thread's synchronize and a gap under the threshold do not count."""
+    tl = _timeline()
+    main, worker = 1, 2
+    ev = [
+        # host: the main thread's operators (nested) and CUDA calls
+        _x("cpu_op", "aten::linear", 0, 40, main),
+        _x("cpu_op", "aten::mm", 5, 10, main),
+        _x("cpu_op", "aten::copy_", 60, 60, main),  # the host busy through the second gap
+        _x("cpu_op", "aten::add", 260, 5, main),
+        _x("cuda_runtime", "cudaLaunchKernel", 6, 2, main),
+        _x("cuda_runtime", "cudaStreamSynchronize", 150, 100, main),  # most of the third gap
+        _x("cuda_driver", "cuStreamSynchronize", 151, 98, main),      # nested in it
+        _x("cuda_runtime", "cudaStreamSynchronize", 70, 50, worker),  # not the main thread's
+        # device: two streams overlapping (25-70), 120-130, 250-270, 275-280
+        _x("kernel", "gemm", 25, 35, 7),
+        _x("gpu_memcpy", "Memcpy HtoD", 40, 30, 8),
+        _x("kernel", "copy_kernel", 120, 10, 7),
+        _x("gpu_memset", "Memset", 250, 20, 8),
+        _x("kernel", "tail", 275, 5, 7),  # after a 5 us gap: under the threshold
+    ]
+    t = tl.analyze(ev, min_gap_us=20.0, top=8)
+    assert t["window_ms"] == pytest.approx(0.280)
+    assert t["busy_ms"] == pytest.approx(0.080)
+    assert t["busy_fraction"] == pytest.approx(80 / 280)
+    assert t["idle_ms"] == pytest.approx(0.200)
+    # idle gaps >= 20 us: 0-25 (the host before its first launch), 70-120, 130-250
+    assert t["idle_gaps"] == 3
+    wait, late, first = t["gaps"]
+    assert [g["idle_ms"] for g in t["gaps"]] == pytest.approx([0.120, 0.050, 0.025])
+    assert wait["kind"] == "wait:cudaStreamSynchronize" and wait["next"] == "Memset"
+    assert wait["at_ms"] == pytest.approx(0.130) and wait["host_op"] is None
+    assert late["kind"] == "host" and late["host_op"] == "aten::copy_"
+    assert late["host_call"] is None and late["next"] == "copy_kernel"
+    assert first["kind"] == "host" and first["at_ms"] == 0 and first["host_op"] == "aten::mm"
+    assert first["host_call"] == "cudaLaunchKernel"
+    by = t["idle_ms_by_host_state"]
+    assert by == pytest.approx({"wait:cudaStreamSynchronize": 0.120, "host": 0.075})
+    assert list(by) == ["wait:cudaStreamSynchronize", "host"]  # the largest first
+    assert "GPU busy 29%" in tl.summary_line(t)
+
+
+def test_timeline_of_a_trace_without_device_events_says_so():
+    tl = _timeline()
+    t = tl.analyze([_x("cpu_op", "aten::mm", 0, 10, 1)])
+    assert t["device_events"] == 0 and "no device activity" in t["note"]
+    assert tl.summary_line(t) is None
+    assert "error" in tl.analyze([])
