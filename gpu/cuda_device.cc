@@ -187,6 +187,9 @@ class CudaDevice final : public Device {
     if (s.ok()) s = STRATA_CUDA_STATUS(cudaStreamSynchronize(alloc_));
     std::lock_guard<std::mutex> l(mu_);
     if (!s.ok()) {
+      // An out-of-memory stays in CUDA's per-thread last error, where the next launch check on
+      // this thread (ours or torch's) would report it for an unrelated kernel.
+      (void)cudaGetLastError();
       used_ -= size_bytes;
       return s;
     }

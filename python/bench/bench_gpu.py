@@ -340,6 +340,8 @@ def run_strata(ctx, tag, shape, mb, seq, cfg, warmup, steps, overlap_step=False,
         res["params"] = n
         res["device_budget_bytes"] = budget
         res["waits_per_step"] = waits_per_step(before, after, len(res["step_s"]))
+        # gpu_peak_bytes is torch's allocator alone; the engine's memory is its own pool.
+        res["engine_peak_bytes"] = after.get("peak_bytes")
         if with_stats:
             res["_stats_before"] = before
             res["_stats_after"] = after

@@ -464,11 +464,17 @@ class PyEngine {
     CheckGroup(g);
     std::optional<GatheredGroup> gathered = std::exchange(gathered_[g], std::nullopt);
     if (!gathered) return;
-    if (stream) {
-      ThrowIfError(engine().Release(std::move(*gathered), *stream));
-    } else {
-      engine().Release(std::move(*gathered));
+    Status st;
+    {
+      // The release may wait for the store's copies, which now queue behind torch's stream.
+      nb::gil_scoped_release unlocked;
+      if (stream) {
+        st = engine().Release(std::move(*gathered), *stream);
+      } else {
+        engine().Release(std::move(*gathered));
+      }
     }
+    ThrowIfError(st);
   }
 
   nb::list GradBuffer(size_t g, std::optional<uintptr_t> stream) {

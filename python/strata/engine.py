@@ -1187,6 +1187,7 @@ class StrataEngine(torch.nn.Module):
         for g in self._groups:
             for _, p in g.params:
                 p.data = p.data.clone() if self._whole else p.data
+        self._wait_torch()  # those copies, and any kernel still reading the engine's memory
         self._engine.close()
 
     # -- checkpoints (Engine::Save / Engine::Load; docs/checkpoints.md) ---------------------
