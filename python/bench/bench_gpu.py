@@ -13,7 +13,10 @@
                     CPU Adam = 28 B/param (fp32 master, m, v read+write; bf16 grad read; bf16
                                param write) / DRAM triad rate on all threads)
                 step / floor (target <= 1.2x); model TFLOPS 6*N*T/step and with PaLM's attention
-                term (6*N*T + 12*layers*hidden*seq*T).
+                term (6*N*T + 12*layers*hidden*seq*T). Stage 3 runs with overlap_step (the CPU
+                Adam behind the next forward); --offload-speculative-step on adds the Adam of
+                the groups whose gradients are final during the backward (offload_optimizer.
+                speculative_step, which stands down after a step that was clipped).
   phases        every run's JSON has "phases": per forward / backward / optimizer call, the
                 host's time in the call and (GPU) the stream's span between events recorded at
                 the boundaries, medians over the timed steps, no synchronize added (Phases).
@@ -351,7 +354,7 @@ def run_strata(ctx, tag, shape, mb, seq, cfg, warmup, steps, overlap_step=False,
 
 
 WAIT_KEYS = ("gather_wait_ns", "reduce_wait_ns", "grad_lease_wait_ns", "optimizer_ns",
-             "optimizer_io_wait_ns", "step_ns")
+             "optimizer_io_wait_ns", "step_ns", "speculative_optimizer_ns")
 
 
 def waits_per_step(before, after, k):
@@ -763,6 +766,17 @@ def offload_step_estimate(ctx, n, tokens, refs):
                         n * PCIE_BYTES_PER_PARAM / pcie)
 
 
+def strata_offload_config(a, mb, stage):
+    """zero_offload's strata config: ds_config with --offload-speculative-step written into
+    offload_optimizer.speculative_step (a strata key, left unset under auto: the engine's
+    default, off beside overlap_step). DeepSpeed gets ds_config itself."""
+    cfg = ds_config(mb, stage, opt_dev="cpu")
+    if a.offload_speculative_step != "auto":
+        cfg["zero_optimization"]["offload_optimizer"]["speculative_step"] = \
+            a.offload_speculative_step == "on"
+    return cfg
+
+
 def part_zero_offload(ctx):
     a = ctx.args
     mb, seq = a.offload_mb, a.seq
@@ -778,7 +792,8 @@ def part_zero_offload(ctx):
     res = {"model": name, "shape": dict(zip(["hidden", "layers", "intermediate", "heads"], shape)),
            "params": n, "micro_batch": mb, "seq": seq, "tokens_per_step": tokens,
            "size_choice": why, "strata_config": f"zero stage {stage}, offload_optimizer cpu, "
-           f"bf16, AdamW, overlap_step={overlap}", "references": refs}
+           f"bf16, AdamW, overlap_step={overlap}, speculative_step={a.offload_speculative_step}",
+           "references": refs}
     compute, step_est = offload_step_estimate(ctx, n, tokens, refs)
     init = ctx.init_s_per_param or INIT_S_PER_PARAM
     runs = a.warmup + a.steps
@@ -787,13 +802,13 @@ def part_zero_offload(ctx):
                                    a.steps, est_s=0 if a.tiny else torch_est(runs, compute))
     s_est = 0 if a.tiny else strata_est(n, init, runs, compute, step_est)
     res["strata"] = guarded(ctx, run_strata, ctx, "offload", shape, mb, seq,
-                            ds_config(mb, stage, opt_dev="cpu"), a.warmup, a.steps,
+                            strata_offload_config(a, mb, stage), a.warmup, a.steps,
                             overlap_step=overlap, est_s=s_est, timeline=True)
     if overlap and "error" in res["strata"] and ctx.budget.left() > 0.5 * share:
         res["strata_overlap_error"] = res["strata"]
         res["strata_config"] += " failed; retried with overlap_step=False"
         res["strata"] = guarded(ctx, run_strata, ctx, "offload2", shape, mb, seq,
-                                ds_config(mb, stage, opt_dev="cpu"), a.warmup, a.steps,
+                                strata_offload_config(a, mb, stage), a.warmup, a.steps,
                                 est_s=s_est)
     compute = res["torch_fwd_bwd"].get("median_s")
     pcie = None
@@ -976,15 +991,18 @@ def print_timeline(r):
 
 
 def print_waits(r):
-    """One line: the strata run's host waits per step (waits_per_step), then print_timeline."""
+    """Two lines: print_timeline's, then the strata run's host waits per step (waits_per_step)
+    and the speculative step's Adam time when it ran."""
     print_timeline(r)
     w = r.get("waits_per_step") if isinstance(r, dict) else None
     if not w:
         return
+    s = w.get("speculative_optimizer_s", 0)
+    spec = f", speculative {s * 1e3:.1f}" if s else ""
     print(f"                    waits/step: gather {w['gather_wait_s'] * 1e3:.1f}, reduce "
           f"{w['reduce_wait_s'] * 1e3:.1f}, step call {w['step_s'] * 1e3:.1f} (optimizer "
-          f"{w['optimizer_s'] * 1e3:.1f}), adapter {w['adapter_device_wait_s'] * 1e3:.1f} ms in "
-          f"{w['adapter_device_waits']:.0f} waits")
+          f"{w['optimizer_s'] * 1e3:.1f}{spec}), adapter "
+          f"{w['adapter_device_wait_s'] * 1e3:.1f} ms in {w['adapter_device_waits']:.0f} waits")
 
 
 def print_deepspeed(p):
@@ -1076,6 +1094,10 @@ def main():
     ap.add_argument("--offload-stage", type=int, default=3, choices=[2, 3])
     ap.add_argument("--no-offload-overlap-step", dest="offload_overlap_step",
                     action="store_false", help="stage 3: no overlap_step (default: on)")
+    ap.add_argument("--offload-speculative-step", choices=["auto", "on", "off"], default="auto",
+                    help="zero_offload: offload_optimizer.speculative_step for strata (the CPU "
+                         "Adam of groups whose gradients are final, during the backward; auto: "
+                         "the engine's default, off beside overlap_step)")
     ap.add_argument("--nvme-dir", default=os.environ.get("STRATA_BENCH_NVME_DIR"),
                     help="parent of the swap directory (default $TMPDIR or /tmp)")
     ap.add_argument("--nvme-model", default="auto")

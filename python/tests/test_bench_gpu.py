@@ -65,6 +65,21 @@ def test_every_part_runs_on_the_stand_in_and_writes_its_figures(tmp_path):
         assert t["window_ms"] > 0, t
 
 
+def test_zero_offload_takes_the_speculative_step_choice(tmp_path):
+    """--offload-speculative-step on reaches the engine beside overlap_step (a config the engine
+    accepts and runs), and the JSON says which was run."""
+    out = tmp_path / "b.json"
+    r = subprocess.run([sys.executable, BENCH, "--device", "cpu", "--tiny", "--parts",
+                        "zero_offload", "--offload-speculative-step", "on", "--no-timeline",
+                        "--budget-s", "120", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    off = json.loads(out.read_text())["parts"]["zero_offload"]
+    assert "overlap_step=True, speculative_step=on" in off["strata_config"], off
+    assert off["strata"]["median_s"] > 0 and "timeline" not in off["strata"], off["strata"]
+    assert "speculative_optimizer_s" in off["strata"]["waits_per_step"], off["strata"]
+
+
 def test_offload_sizing_takes_the_host_state_from_the_planner():
     """zero_offload's largest model is chosen by the engine's host state as strata.plan resolves
     it (bf16 ZeRO-Offload: fp32 master, m, v and grads, 16 bytes per parameter, no speculative
