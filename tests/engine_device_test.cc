@@ -101,6 +101,24 @@ TEST(EngineDevice, DeviceResidentStateRunsOnTheDeviceKernels) {
   }
 }
 
+// pin_memory false (DeepSpeed's default) on a device the host cannot address: the layout's note
+// says what it costs there (every copy to or from the host buffers synchronous), and how to
+// avoid it. The run is otherwise the pinned one's.
+TEST(EngineDevice, UnpinnedHostBuffersOnADeviceAreCalledOutInTheNotes) {
+  RunSpec spec;
+  spec.config_json = DeviceCaseConfig(2, "cpu", "none", "bf16", 0.0, 1);
+  spec.use_pinned_pool = true;
+  Devices devices;
+  UseEmulated(spec, devices);
+  RunResult res = RunEngine(spec);
+  ASSERT_TRUE(res.status.ok()) << res.status.ToString();
+  std::string notes;
+  for (const std::string& n : res.layouts[0].notes) notes += n + "\n";
+  EXPECT_NE(notes.find("not page-locked"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("synchronous"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("pin_memory true"), std::string::npos) << notes;
+}
+
 // The backward's reductions wait for no kernel: their accumulations and chunk sums are only
 // queued, the trainer's buffers they read are freed stream-ordered behind them, and Step reads
 // every sub-group's statistics back at once and waits once for all of its Adam kernels. Per step

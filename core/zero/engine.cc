@@ -855,7 +855,12 @@ Status OpenStore(const EngineConfig& c, EngineOptions& options, Engine::Impl& e,
   so.lock_host_memory = pin;
   if (options.use_pinned_pool && !pin &&
       (opt_home != Tier::kDevice || param_home != Tier::kDevice)) {
-    L.notes.push_back("pin_memory is false: host buffers are not page-locked (no mlock)");
+    L.notes.push_back(
+        options.device->host_addressable()
+            ? "pin_memory is false: host buffers are not page-locked (no mlock)"
+            : "pin_memory is false: host buffers are not page-locked (no mlock), so every copy "
+              "between them and the device is synchronous, staged by the driver, and waits for "
+              "the device's queue (set offload_*.pin_memory true for asynchronous copies)");
   }
   if (L.state_bytes[Tier::kNvme] > 0) {
     so.nvme_capacity_bytes = L.budget_bytes[Tier::kNvme];
