@@ -87,8 +87,23 @@ size_t DeviceResidentSubGroups(const StatePlacement& placement,
   return k;
 }
 
-uint64_t StateElementBytes(StateKind kind, DType working) {
-  return kind == StateKind::kParam16 ? DTypeSize(working) : 4;
+uint64_t StateElementBytes(StateKind kind, DType working, DType grad) {
+  switch (kind) {
+    case StateKind::kParam16:
+      return DTypeSize(working);
+    case StateKind::kGrad:
+      return DTypeSize(grad);
+    default:
+      return 4;
+  }
+}
+
+DType GradStateDType(DType working, int64_t gradient_accumulation_steps, int world,
+                     const StatePlacement& placement) {
+  const bool offloaded =
+      placement.Home(StateKind::kGrad) != Tier::kDevice && placement.optimizer_ratio >= 1.0;
+  const bool final_as_reduced = gradient_accumulation_steps == 1 && world == 1;
+  return offloaded && final_as_reduced && DTypeSize(working) == 2 ? working : DType::kF32;
 }
 
 namespace {

@@ -94,14 +94,25 @@ uint64_t DeviceResidentLimit(double ratio, uint64_t total_elems);
 // items (core/plan/planner.cc): one formula each, so `offloadctl plan` and the engine's peak
 // agree.
 //
-// Bytes per element of a rank's copy of `kind`: param16 in the working dtype; the gradient shard
-// handed to the optimizer and the optimizer states (master32, exp_avg, exp_avg_sq) in fp32. The
-// gradient is kept in fp32 wherever it lives (device, host or NVMe) because it is accumulated
-// there across micro-steps: a 16-bit accumulator would round every partial sum, and one width on
-// every tier is what makes the placements bit-identical. DeepSpeed does the same on its offload
-// path (fp32 gradient partitions on the CPU, swapped to NVMe in fp32); only the reduction on the
-// wire is in the working dtype (the planner's recipe grad_bytes).
-uint64_t StateElementBytes(StateKind kind, DType working);
+// Bytes per element of a rank's copy of `kind`: param16 in the working dtype; the optimizer
+// states (master32, exp_avg, exp_avg_sq) in fp32; the gradient shard handed to the optimizer in
+// GradStateDType's dtype (`grad`).
+uint64_t StateElementBytes(StateKind kind, DType working, DType grad = DType::kF32);
+
+// The dtype of the gradient shard the optimizer consumes. fp32 where it is accumulated: across
+// micro-steps (gradient_accumulation_steps > 1) or scaled on its way in (the 1 / world average
+// of several ranks), since a 16-bit accumulator would round every partial sum; DeepSpeed keeps
+// fp32 gradient partitions on its offload path too. The working dtype (16-bit) where the reduced
+// gradient is already final as it arrives: one rank, one micro-step, a 16-bit working dtype and
+// every sub-group's optimizer offloaded (its gradient on the host or NVMe; a device-resident
+// gradient stays fp32 for the device's kernels). There the fp32 copy would hold exactly the same
+// values (float(g) * 1, -0 kept: kernels/casts.h), so the step's bits do not change, while the
+// CPU Adam reads 2 bytes of gradient per element instead of 4, the host keeps 2 instead of 4,
+// and the backward writes no fp32 copy (ZeRO-Offload on one GPU: 14 instead of 16 host bytes per
+// parameter, and about a quarter less memory traffic per element between the gradient's copy to
+// the host and the Adam).
+DType GradStateDType(DType working, int64_t gradient_accumulation_steps, int world,
+                     const StatePlacement& placement);
 
 // Host memory the optimizer step pages NVMe-homed optimizer state through: `buffer_count`
 // (offload_optimizer.buffer_count, clamped to [1, 64]) sub-groups in the step pipeline plus the

@@ -407,6 +407,48 @@ TEST(EngineSemantics, ClippingByTheGlobalNormIsPlacementIndependent) {
   }
 }
 
+// One rank, one micro-step, the optimizer offloaded: the gradient shard is kept in the working
+// 16-bit dtype (sched::GradStateDType), the Adam reading it as it was reduced. The step's bits,
+// the clipped norm's included, are those of the fp32 gradient on the device (stage 0), on the
+// host or NVMe, with the speculative step, and in fp16 with its loss scale; the layout keeps the
+// 16-bit blocks where it offloads and fp32 on the device.
+TEST(EngineSemantics, SixteenBitGradientHomeGivesTheFp32Bits) {
+  for (const char* precision : {"bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    std::vector<std::vector<float>> base;
+    std::vector<double> norms;
+    for (
+        const char* zero :
+        {R"("stage": 0)", R"("stage": 2, "offload_optimizer": {"device": "cpu"})",
+         R"("stage": 3, "offload_optimizer": {"device": "cpu", "speculative_step": true})",
+         R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}, "offload_param": {"device": "cpu"})"}) {
+      SCOPED_TRACE(zero);
+      RunSpec spec;
+      spec.config_json = BaseConfig(zero, R"("gradient_clipping": 0.05,)", precision);
+      spec.steps = 3;
+      RunResult r = RunEngine(spec);
+      ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+      ASSERT_EQ(r.reports.size(), 3u);
+      EXPECT_GT(r.reports[0].clip_coefficient, 1.0) << "the norm's bits must matter";
+      const bool offloaded = std::string(zero).find("offload_optimizer") != std::string::npos;
+      const EngineLayout& l = r.layouts[0];
+      const DType working = std::string(precision) == "bf16" ? DType::kBF16 : DType::kF16;
+      EXPECT_EQ(l.grad_dtype, offloaded ? working : DType::kF32) << l.ToString();
+      if (base.empty()) {
+        base = r.master;
+        for (const StepReport& rep : r.reports) norms.push_back(rep.grad_norm);
+        continue;
+      }
+      EXPECT_TRUE(BitEqual(r.master, base));
+      for (size_t i = 0; i < norms.size(); ++i) {
+        EXPECT_EQ(std::bit_cast<uint64_t>(r.reports[i].grad_norm),
+                  std::bit_cast<uint64_t>(norms[i]))
+            << "step " << i;
+      }
+    }
+  }
+}
+
 TEST(EngineSemantics, LrScheduleAsDeepSpeed) {
   RunSpec spec;
   spec.config_json = BaseConfig(

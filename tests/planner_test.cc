@@ -149,6 +149,30 @@ TEST(PlannerPlace, NoOffloadEachStage) {
   EXPECT_DOUBLE_EQ(s3.pcie_bytes_per_gpu, 0);
 }
 
+// ZeRO-Offload on one GPU with one micro-step: the engine keeps the gradient the CPU Adam reads in
+// bf16 (sched::GradStateDType), 2 B/param on the host instead of 4; with gradient accumulation or
+// a second rank it is accumulated, in fp32. NVMe-homed gradients follow the same rule.
+TEST(PlannerPlace, OneRankOneMicroStepKeepsOffloadedGradientsIn16Bits) {
+  PlanInput in = Ref();
+  in.capacity.gpus_per_node = 1;
+  Placement p = Place(in, 3, D::kCpu, D::kNone);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "grads (16-bit"), 2 * 7e9);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "grads (fp32)"), 0);
+  p = Place(in, 3, D::kNvme, D::kNone);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kNvme, "grads (16-bit"), 2 * 7e9);
+  in.zero.gradient_accumulation_steps = 2;
+  p = Place(in, 3, D::kCpu, D::kNone);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "grads (fp32)"), 4 * 7e9);
+  in.zero.gradient_accumulation_steps = 1;
+  in.capacity.gpus_per_node = 2;
+  p = Place(in, 3, D::kCpu, D::kNone);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, "grads (fp32)"), 2 * 4 * 7e9 / 2);
+  // Not offloaded: on the device, in fp32 for its kernels.
+  in.capacity.gpus_per_node = 1;
+  p = Place(in, 3, D::kNone, D::kNone);
+  EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kDevice, "grads (fp32)"), 4 * 7e9);
+}
+
 // A LoRA fine-tune: 7B frozen at 2 B/param, only the adapters' 40M at 16 B (master, m, v, fp32
 // grad) on 8 GPUs, stage 3 with the optimizer and the params on cpu.
 TEST(PlannerPlace, FrozenParamsCostTheirWorkingParamsOnly) {

@@ -25,10 +25,21 @@ std::string Fmt(double v) {
 }
 
 // Memory rules shared with the engine (sched/placement.h): the gradient shard the optimizer
-// consumes is held in fp32 (accumulated there across micro-steps) whatever width the recipe
-// reduces it in (recipe.grad_bytes: the bytes on the wire, and in the reduce buckets).
-double GradStateBytes() {
-  return static_cast<double>(sched::StateElementBytes(StateKind::kGrad, DType::kF32));
+// consumes is held in fp32 (accumulated there across micro-steps), or in the working 16-bit
+// width where it is final as reduced (sched::GradStateDType: one rank, one micro-step, the
+// optimizer offloaded), whatever width the recipe reduces it in (recipe.grad_bytes: the bytes on
+// the wire, and in the reduce buckets).
+double GradStateBytes(const PlanInput& in, const sched::StatePlacement& rules) {
+  const DType working = in.recipe.param_bytes == 2 ? DType::kBF16 : DType::kF32;
+  const DType grad =
+      sched::GradStateDType(working, static_cast<int64_t>(in.zero.gradient_accumulation_steps),
+                            static_cast<int>(in.capacity.Ranks()), rules);
+  return static_cast<double>(sched::StateElementBytes(StateKind::kGrad, working, grad));
+}
+
+// The offloaded gradient's item name, with its width.
+std::string OffloadedGrads(const PlanInput& in, const sched::StatePlacement& rules) {
+  return GradStateBytes(in, rules) == 4 ? "grads (fp32)" : "grads (16-bit, final as reduced)";
 }
 
 // Elements of the largest group (the unit the engine gathers and reduces): the caller's figure,
@@ -57,7 +68,7 @@ sched::StateLayout PlannedStates(const PlanInput& in, const sched::StatePlacemen
   // sub_group_size 0: one sub-group per tensor, the largest group standing in for the largest
   // tensor (the planner knows no tensors).
   li.sub_group_elems = sched::SubGroupElems(elems(in.zero.sub_group_size), group, 1);
-  li.widths = {r.param_bytes, GradStateBytes(), r.master_bytes, r.momentum_bytes,
+  li.widths = {r.param_bytes, GradStateBytes(in, rules), r.master_bytes, r.momentum_bytes,
                r.variance_bytes};
   return sched::LayOutStates(rules, li);
 }
@@ -257,7 +268,7 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
     case OffloadDevice::kCpu:
       b.Add(Tier::kHost, "optimizer state (master+m+v), 1/N shard per GPU", g_per_node * off_opt,
             z.optimizer_pin_memory);
-      b.Add(Tier::kHost, "grads (fp32), 1/N shard per GPU", g_per_node * off_grad,
+      b.Add(Tier::kHost, OffloadedGrads(in, b.rules) + ", 1/N shard per GPU", g_per_node * off_grad,
             z.optimizer_pin_memory);
       break;
     case OffloadDevice::kNvme: {
@@ -279,10 +290,12 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
                           "sub_group_size for NVMe offload");
       }
       b.Add(Tier::kNvme, "optimizer state (master+m+v), 1/N shard per GPU", g_per_node * off_opt);
-      b.Add(Tier::kNvme, "grads (fp32), 1/N shard per GPU", g_per_node * off_grad);
+      b.Add(Tier::kNvme, OffloadedGrads(in, b.rules) + ", 1/N shard per GPU",
+            g_per_node * off_grad);
       // Step: read and write master/m/v once; grads written each micro-step and read back
       // (accumulation, then the step): 2k reads+writes.
-      nvme_io += off_share * (2 * r.OptimizerBytes() * tshard + 2 * k * GradStateBytes() * tshard);
+      nvme_io += off_share *
+                 (2 * r.OptimizerBytes() * tshard + 2 * k * GradStateBytes(in, b.rules) * tshard);
       break;
     }
   }

@@ -130,6 +130,10 @@ std::string EngineLayout::ToString() const {
     << OffloadDeviceName(offload_optimizer) << ", param offload "
     << OffloadDeviceName(offload_param) << ", " << DTypeName(dtype) << ", rank " << rank << "/"
     << world_size << ", " << params << " params, " << sub_groups << " optimizer sub-groups\n";
+  if (grad_dtype != DType::kF32) {
+    o << "  gradients: kept in " << DTypeName(grad_dtype)
+      << " for the optimizer (one rank, one micro-step: final as reduced)\n";
+  }
   if (optimizer_ratio < 1.0) {
     o << "  optimizer: " << std::lround(offloaded_fraction * 100) << "% offloaded ("
       << sub_groups - device_sub_groups << " of " << sub_groups
@@ -519,6 +523,7 @@ Status ResolvePlacement(const ResolvedZero& r, const EngineOptions& options, Eng
   e.placement =
       sched::ResolvePlacement(z.stage, z.offload_optimizer, z.offload_param, z.optimizer_ratio);
   for (const std::string& n : e.placement.notes) e.layout.notes.push_back(n);
+  e.grad_dtype = sched::GradStateDType(e.dtype, e.gas, e.world, e.placement);
   STRATA_RETURN_IF_ERROR(ResolveZpp(z, e.world, options.ranks_per_node, &e.zpp));
   e.overlap_comm = z.overlap_comm.value_or(false);
   if (options.overlap_step) {
@@ -774,6 +779,7 @@ void LayOut(const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
   L.offload_optimizer = e.placement.offload_optimizer;
   L.offload_param = e.placement.offload_param;
   L.dtype = e.dtype;
+  L.grad_dtype = e.grad_dtype;
   L.world_size = e.world;
   L.rank = e.rank;
   L.params = e.model.numel();
@@ -785,7 +791,9 @@ void LayOut(const EngineOptions& options, Engine::Impl& e, CreateState* cs) {
   in.sub_group_elems = e.sub_group_elems;
   in.shard_align_elems = zero::kShardAlignElems;
   in.block_align_bytes = kIoAlignment;  // the store carves host and NVMe space in these units
-  auto width = [&](StateKind k) { return static_cast<double>(sched::StateElementBytes(k, e.dtype)); };
+  auto width = [&](StateKind k) {
+    return static_cast<double>(sched::StateElementBytes(k, e.dtype, e.grad_dtype));
+  };
   in.widths = {width(StateKind::kParam16), width(StateKind::kGrad), width(StateKind::kMaster32),
                width(StateKind::kExpAvg), width(StateKind::kExpAvgSq)};
   const sched::StateLayout states = sched::LayOutStates(e.placement, in);
@@ -851,6 +859,7 @@ Status OpenStore(const EngineConfig& c, EngineOptions& options, Engine::Impl& e,
   so.io_deadline = options.timeout;
   const bool pin = z.optimizer_pin_memory || z.param_pin_memory;
   e.pin_host = pin;
+  e.host_blocks_locked = pin && options.use_pinned_pool;
   so.use_pinned_pool = options.use_pinned_pool;  // huge pages either way
   so.lock_host_memory = pin;
   if (options.use_pinned_pool && !pin &&
@@ -922,8 +931,8 @@ Status RegisterBlocks(Engine::Impl& e, std::vector<BlockId>* shard_blocks) {
       auto reg = [&](StateKind kind) {
         BlockSpec sb;
         sb.name = name + "." + std::string(StateKindName(kind)) + tag;
-        sb.size_bytes = s.elems * sched::StateElementBytes(kind, e.dtype);
-        sb.dtype = DType::kF32;
+        sb.size_bytes = s.elems * sched::StateElementBytes(kind, e.dtype, e.grad_dtype);
+        sb.dtype = kind == StateKind::kGrad ? e.grad_dtype : DType::kF32;
         sb.kind = kind;
         sb.home = e.HomeOf(s, kind);
         return e.store->Register(sb);

@@ -91,9 +91,10 @@ Status Engine::Impl::CollectDeviceStats() {
   return Status::OK();
 }
 
-Status Engine::Impl::ZeroGradAt(Tier tier, float* grad, size_t n) {
-  if (tier == Tier::kDevice) return ZeroDevice(grad, n * sizeof(float));
-  std::memset(grad, 0, n * sizeof(float));
+Status Engine::Impl::ZeroGradAt(Tier tier, void* grad, size_t n) {
+  const uint64_t bytes = n * DTypeSize(grad_dtype);
+  if (tier == Tier::kDevice) return ZeroDevice(grad, bytes);
+  std::memset(grad, 0, bytes);
   return Status::OK();
 }
 

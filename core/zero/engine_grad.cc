@@ -659,7 +659,9 @@ Status Engine::Impl::Accumulate(const zero::PendingReduce& p, zero::Accumulated*
     float* a = static_cast<float*>(acc.data());
     const bool stats = p.last && s.owner == rank;  // the partition's final gradient
     std::optional<kernels::GradStats>& st = out->stats[k];
-    if (dk != nullptr) {
+    if (grad_dtype != DType::kF32) {
+      STRATA_RETURN_IF_ERROR(CopyFinalGrad(src, acc.data(), s.elems, stats ? &st : nullptr));
+    } else if (dk != nullptr) {
       // Queued, not waited for: the trainer's buffer is freed stream-ordered behind these
       // kernels, and Step collects the statistics (engine_device.cc).
       STRATA_RETURN_IF_ERROR(dk->AccumulateGrad(a, src, dtype, post_scale, p.first, s.elems));
@@ -714,8 +716,9 @@ struct StagingCopies {
 
 }  // namespace
 
-Status Engine::Impl::AccumulateStaged(const uint8_t* src, float* acc, bool overwrite, size_t n,
-                                      std::optional<kernels::GradStats>* stats) {
+Status Engine::Impl::StageFromDevice(
+    const uint8_t* src, size_t n,
+    const std::function<Status(const uint8_t*, size_t, size_t)>& use) {
   std::lock_guard<std::mutex> lock(grad_staging.mu);
   const uint64_t most = std::max<uint64_t>(largest_sub_elems, n);
   const size_t piece = StagePieceElems(most);
@@ -733,11 +736,9 @@ Status Engine::Impl::AccumulateStaged(const uint8_t* src, float* acc, bool overw
                                  length(i) * elt,
                                  [done](Status st) { done->set_value(std::move(st)); });
   };
-  kernels::ExactSum sum;
   STRATA_RETURN_IF_ERROR(start(0));
   for (size_t i = 0, at = 0; at < n; ++i, at += piece) {
-    // The next piece's copy (into the other half, whose accumulation is done) runs beside this
-    // piece's accumulation.
+    // The next piece's copy (into the other half, whose use is done) runs beside this piece's.
     if (at + piece < n) STRATA_RETURN_IF_ERROR(start(i + 1));
     const size_t m = length(i);
     std::future<Status>& copied = copies.half[i % 2];
@@ -746,15 +747,53 @@ Status Engine::Impl::AccumulateStaged(const uint8_t* src, float* acc, bool overw
                                       " bytes of a staged gradient) did not finish");
     }
     STRATA_RETURN_IF_ERROR(copied.get());
-    if (stats != nullptr) {
-      STRATA_RETURN_IF_ERROR(kernels::AccumulateGradAddStats(*pool, acc + at, staged(i), dtype,
-                                                             post_scale, overwrite, m, &sum));
-    } else {
-      STRATA_RETURN_IF_ERROR(
-          AccumulatePooled(*pool, acc + at, staged(i), dtype, post_scale, overwrite, m));
-    }
+    STRATA_RETURN_IF_ERROR(use(staged(i), at, m));
   }
+  return Status::OK();
+}
+
+Status Engine::Impl::AccumulateStaged(const uint8_t* src, float* acc, bool overwrite, size_t n,
+                                      std::optional<kernels::GradStats>* stats) {
+  kernels::ExactSum sum;
+  STRATA_RETURN_IF_ERROR(
+      StageFromDevice(src, n, [&](const uint8_t* piece, size_t at, size_t m) -> Status {
+        if (stats != nullptr) {
+          return kernels::AccumulateGradAddStats(*pool, acc + at, piece, dtype, post_scale,
+                                                 overwrite, m, &sum);
+        }
+        return AccumulatePooled(*pool, acc + at, piece, dtype, post_scale, overwrite, m);
+      }));
   if (stats != nullptr) *stats = sum.Stats();
+  return Status::OK();
+}
+
+Status Engine::Impl::CopyFinalGrad(const uint8_t* src, void* dst, size_t n,
+                                   std::optional<kernels::GradStats>* stats) {
+  if (post_scale != 1.0f || gas != 1 || DTypeSize(grad_dtype) != elt) {
+    return Status::Internal("a gradient kept in " + std::string(DTypeName(grad_dtype)) +
+                            " is scaled or accumulated (sched::GradStateDType)");
+  }
+  auto* d = static_cast<uint8_t*>(dst);
+  auto copy = [&](const uint8_t* from, size_t at, size_t m) -> Status {
+    auto part = [&](int, size_t b, size_t e) {
+      std::memcpy(d + (at + b) * elt, from + b * elt, (e - b) * elt);
+    };
+    pool->ForEachTile(m, 0, part);
+    return Status::OK();
+  };
+  if (opt.device->host_addressable()) {
+    STRATA_RETURN_IF_ERROR(copy(src, 0, n));
+  } else if (host_blocks_locked || !pin_host) {
+    // Into the store's host block directly: page-locked by the pinned pool (an asynchronous
+    // copy), or pageable as a staging buffer would be too.
+    STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, dst, src, n * elt));
+  } else {
+    // pin_memory without the pinned pool: the staging buffer is page-locked, the block is not.
+    STRATA_RETURN_IF_ERROR(StageFromDevice(src, n, copy));
+  }
+  if (stats != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(*stats, kernels::ComputeGradStats(*pool, dst, grad_dtype, n));
+  }
   return Status::OK();
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -271,6 +272,9 @@ struct Engine::Impl {
   size_t elt = 2;
   int rank = 0, world = 1;
   int gas = 1;             // gradient_accumulation_steps
+  // The optimizer's gradient shards (sched::GradStateDType): fp32, or the working dtype where the
+  // reduced gradient is final as it arrives (the accumulation is then a copy).
+  DType grad_dtype = DType::kF32;
   bool predivide = false;  // ReduceOptions::predivide
   float post_scale = 1;    // multiplies the reduced gradient (before / gas)
   double clip = 0;         // gradient_clipping
@@ -331,6 +335,9 @@ struct Engine::Impl {
   // the host working set's group-sized item); page-locked with pin_memory (`pin_host`).
   zero::HostStaging grad_staging;
   bool pin_host = false;
+  // The store's host blocks are page-locked (its pinned pool, with pin_memory): a device copy
+  // may land in them directly.
+  bool host_blocks_locked = false;
   uint64_t largest_sub_elems = 0;  // the largest optimizer sub-group: sizes grad_staging
   uint64_t cached_elems = 0;
   Status failed;                                 // the first error that failed the engine
@@ -459,6 +466,16 @@ struct Engine::Impl {
   // walk: the pieces start on kStatsChunk boundaries).
   Status AccumulateStaged(const uint8_t* src, float* acc, bool overwrite, size_t n,
                           std::optional<kernels::GradStats>* stats);
+  // The copies behind AccumulateStaged: the n elements at device address src, copied into
+  // grad_staging in pieces; use(piece, first element, count) runs on each while the next is
+  // copied.
+  Status StageFromDevice(const uint8_t* src, size_t n,
+                         const std::function<Status(const uint8_t*, size_t, size_t)>& use);
+  // Accumulate where the gradient is kept in the working dtype (grad_dtype): the n reduced
+  // elements at src, final as they are (one micro-step, nothing to scale), copied into the host
+  // block `dst`, with `stats` their statistics.
+  Status CopyFinalGrad(const uint8_t* src, void* dst, size_t n,
+                       std::optional<kernels::GradStats>* stats);
   // The engine's part of a finished accumulation: the statistics, the write-backs to watch,
   // the lease waits, and (last micro-step) the speculation's turn.
   void FinishAccumulate(const zero::PendingReduce& p);
@@ -492,11 +509,11 @@ struct Engine::Impl {
   // Waits for the queued chunk sums, reads them back in one copy and merges each sub-group's
   // exactly (stats_valid). A no-op when none is queued.
   Status CollectDeviceStats();
-  // Zeroes n fp32 gradient elements at `grad`, memory of `tier`.
-  Status ZeroGradAt(Tier tier, float* grad, size_t n);
-  // Sub-group s's Adam arguments over its leased blocks: fp32 master/m/v/grad, and at 16-bit
-  // precision param_out into the sub-group's range of the param block (fp32: none; the caller
-  // copies the master there). One rule for the host and the device path.
+  // Zeroes n gradient elements (grad_dtype) at `grad`, memory of `tier`.
+  Status ZeroGradAt(Tier tier, void* grad, size_t n);
+  // Sub-group s's Adam arguments over its leased blocks: fp32 master/m/v, the grad_dtype grad, and
+  // at 16-bit precision param_out into the sub-group's range of the param block (fp32: none; the
+  // caller copies the master there). One rule for the host and the device path.
   kernels::AdamShard AdamShardFor(const zero::SubGroup& s, Lease& master, Lease& m, Lease& v,
                                   const Lease& grad, Lease& param) const;
   // RunAdam's compute stage on the device for sub-group s: the fused Adam with the param_out

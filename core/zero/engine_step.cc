@@ -71,20 +71,20 @@ Status Engine::Impl::ComputeMissingStats() {
         // Not reduced in this window: its gradient is zero.
         STRATA_ASSIGN_OR_RETURN(Lease acc,
                                 store->Acquire(s.grad, tier, Access::kOverwrite, timeout()));
-        STRATA_RETURN_IF_ERROR(ZeroGradAt(tier, static_cast<float*>(acc.data()), s.elems));
+        STRATA_RETURN_IF_ERROR(ZeroGradAt(tier, acc.data(), s.elems));
         acc.MarkDirty();
         s.sum_sq = 0;
         s.nonfinite = false;
         s.stats_valid = true;
       } else if (!s.stats_valid && !s.stats_on_device && s.owner == rank) {
         STRATA_ASSIGN_OR_RETURN(Lease acc, store->Acquire(s.grad, tier, Access::kRead, timeout()));
-        const float* grad = static_cast<const float*>(acc.data());
         if (tier == Tier::kDevice && DeviceKernelsFor(tier) != nullptr) {
-          STRATA_RETURN_IF_ERROR(QueueDeviceStats(si, grad));  // collected below
+          // collected below
+          STRATA_RETURN_IF_ERROR(QueueDeviceStats(si, static_cast<const float*>(acc.data())));
           continue;
         }
         STRATA_ASSIGN_OR_RETURN(kernels::GradStats st,
-                                kernels::ComputeGradStats(*pool, grad, DType::kF32, s.elems));
+                                kernels::ComputeGradStats(*pool, acc.data(), grad_dtype, s.elems));
         s.sum_sq = st.sum_sq;
         s.nonfinite = st.nonfinite;
         s.stats_valid = true;
@@ -130,7 +130,7 @@ kernels::AdamShard Engine::Impl::AdamShardFor(const SubGroup& s, Lease& master, 
   shard.exp_avg = static_cast<float*>(m.data());
   shard.exp_avg_sq = static_cast<float*>(v.data());
   shard.grad = grad.data();
-  shard.grad_dtype = DType::kF32;
+  shard.grad_dtype = grad_dtype;
   shard.n = s.elems;
   if (dtype != DType::kF32) {
     shard.param_out = static_cast<uint8_t*>(param.data()) + ParamOffset(s) * elt;

@@ -312,6 +312,9 @@ struct EngineLayout {
   OffloadDevice offload_optimizer = OffloadDevice::kNone;  // effective
   OffloadDevice offload_param = OffloadDevice::kNone;
   DType dtype = DType::kBF16;
+  // The optimizer's gradient shards: fp32, or the working dtype where the reduced gradient is
+  // final as it arrives (one rank, one micro-step, the optimizer offloaded: sched::GradStateDType).
+  DType grad_dtype = DType::kF32;
   int world_size = 1, rank = 0;
   size_t params = 0;                  // model elements
   size_t sub_groups = 0;              // optimizer sub-groups this rank steps

@@ -532,6 +532,7 @@ class PyEngine {
     d["offload_optimizer"] = std::string(OffloadDeviceName(L.offload_optimizer));
     d["offload_param"] = std::string(OffloadDeviceName(L.offload_param));
     d["dtype"] = std::string(DTypeLabel(L.dtype));
+    d["grad_dtype"] = std::string(DTypeLabel(L.grad_dtype));
     d["world_size"] = L.world_size;
     d["rank"] = L.rank;
     d["params"] = L.params;

@@ -109,6 +109,20 @@ def test_bf16_matches_bf16_reference_and_bits_independent_of_stage_and_placement
         torch.testing.assert_close(p, ref_params[n], atol=1e-2, rtol=1e-2, msg=n)
 
 
+def test_layout_says_the_offloaded_gradient_is_kept_in_bf16_on_one_rank():
+    """The layout names the dtype the optimizer's gradient is kept in: bf16 where one rank's only
+    micro-step makes it final as reduced and the optimizer is offloaded (the same bits as fp32:
+    the test above trains (2, cpu) and (3, nvme) so), fp32 with gradient accumulation or on the
+    device."""
+    for off, gas, want in [("cpu", 1, "bfloat16"), ("cpu", 2, "float32"), ("none", 1, "float32")]:
+        engine, _, _, _ = strata.initialize(model=make_model("gpt"),
+                                            config=ds_config(3, off, dtype="bf16", gas=gas))
+        try:
+            assert engine.layout()["grad_dtype"] == want, (off, gas)
+        finally:
+            engine.close()
+
+
 @pytest.mark.parametrize("offload", ["cpu", "nvme"])
 def test_overlap_step_gives_the_same_bits(offload, tmp_path):
     """strata.initialize(overlap_step=True): the optimizer step runs behind the next forward;
