@@ -130,6 +130,9 @@ class PinnedPool {
   size_t peak_mapped_bytes() const;
   // What degraded, one line per cause ("mlock refused: ..."); empty when nothing did.
   std::string note() const;
+  // Whether the pool registers its buffers with CUDA (register_with_cuda, CUDA built): a buffer
+  // with registered() is then page-locked for CUDA's copies.
+  bool registers_with_cuda() const noexcept { return cuda_registrar_ != nullptr; }
   // Drops every cached (released) mapping.
   void Trim();
 

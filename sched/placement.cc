@@ -111,12 +111,12 @@ uint64_t PageRound(uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
 }  // namespace
 
 uint64_t OptimizerSwapBufferBytes(int64_t buffer_count, uint64_t sub_group_elems,
-                                  uint64_t sub_groups) {
+                                  uint64_t sub_groups, uint64_t grad_elem_bytes) {
   auto buffers = static_cast<uint64_t>(std::clamp<int64_t>(buffer_count, 1, 64)) + 1;
   if (sub_groups > 0) buffers = std::min(buffers, sub_groups);
-  const uint64_t block =
-      PageRound(sub_group_elems * StateElementBytes(StateKind::kGrad, DType::kF32));
-  return buffers * 4 * block;
+  const uint64_t states =
+      3 * PageRound(sub_group_elems * StateElementBytes(StateKind::kMaster32, DType::kF32));
+  return buffers * (states + PageRound(sub_group_elems * grad_elem_bytes));
 }
 
 uint64_t ParamSwapBufferBytes(int64_t buffer_count, uint64_t largest_shard_elems, DType working) {

@@ -116,12 +116,13 @@ DType GradStateDType(DType working, int64_t gradient_accumulation_steps, int wor
 
 // Host memory the optimizer step pages NVMe-homed optimizer state through: `buffer_count`
 // (offload_optimizer.buffer_count, clamped to [1, 64]) sub-groups in the step pipeline plus the
-// one being accumulated, each four fp32 blocks (master32, exp_avg, exp_avg_sq, grad) of
-// `sub_group_elems` elements in whole 4 KiB pages (the store's IO alignment), never more
-// sub-groups than the rank has (`sub_groups`; 0: not known, taken as many). Not DeepSpeed's
-// buffer_count x sub_group x 4 B: strata's buffers hold whole sub-groups, gradient included.
+// one being accumulated, each four blocks (master32, exp_avg, exp_avg_sq in fp32, the gradient
+// in `grad_elem_bytes`: GradStateDType's) of `sub_group_elems` elements in whole 4 KiB pages (the
+// store's IO alignment), never more sub-groups than the rank has (`sub_groups`; 0: not known,
+// taken as many). Not DeepSpeed's buffer_count x sub_group x 4 B: strata's buffers hold whole
+// sub-groups, gradient included.
 uint64_t OptimizerSwapBufferBytes(int64_t buffer_count, uint64_t sub_group_elems,
-                                  uint64_t sub_groups = 0);
+                                  uint64_t sub_groups = 0, uint64_t grad_elem_bytes = 4);
 
 // Host memory NVMe-homed parameter shards are staged through: `buffer_count`
 // (offload_param.buffer_count, clamped to [2, 64]) shards of the largest group, in whole 4 KiB

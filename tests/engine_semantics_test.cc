@@ -341,14 +341,25 @@ TEST(EngineBudget, PeaksStayWithinBudgetsAndNearTheLayout) {
 // fp16 overflow, clipping, LR schedule
 // ------------------------------------------------------------------------------------------------
 
+// Also on one rank with the optimizer offloaded, where the gradient is kept in fp16
+// (sched::GradStateDType): the overflow is seen in the 16-bit values.
 TEST(EngineSemantics, Fp16OverflowOnOneRankSkipsTheStepOnAll) {
-  for (int stage : {0, 3}) {
+  struct Case {
+    int stage;
+    const char* offload;
+    int world;
+  };
+  for (const Case c : {Case{0, "", 2}, Case{3, "", 2},
+                       Case{3, R"(, "offload_optimizer": {"device": "cpu"})", 1}}) {
+    const std::string zero = R"("stage": )" + std::to_string(c.stage) + c.offload;
+    SCOPED_TRACE(zero);
+    const int stage = c.stage;
     RunSpec spec;
-    spec.config_json = BaseConfig(R"("stage": )" + std::to_string(stage), "", "fp16");
-    spec.world = 2;
+    spec.config_json = BaseConfig(zero, "", "fp16");
+    spec.world = c.world;
     spec.steps = 2;
-    spec.tamper = [](int rank, int step, int, Grads* g) {
-      if (rank == 1 && step == 1) g->W1[5] = std::numeric_limits<float>::infinity();
+    spec.tamper = [last = c.world - 1](int rank, int step, int, Grads* g) {
+      if (rank == last && step == 1) g->W1[5] = std::numeric_limits<float>::infinity();
     };
     RunResult skipped = RunEngine(spec);
     ASSERT_TRUE(skipped.status.ok()) << skipped.status.ToString();

@@ -1,6 +1,7 @@
 // TieredStore over the CUDA device (LABELS gpu; skipped without a GPU): a device-homed block is
 // zero-filled on the GPU from the store's registered zero extent, in several copies when it is
-// larger than the extent, and its bytes round-trip device -> host -> device.
+// larger than the extent, and its bytes round-trip device -> host -> device; a pinned host slab
+// is page-locked for CUDA.
 #include <chrono>
 #include <cstring>
 
@@ -52,6 +53,35 @@ TEST(StoreCuda, DeviceHomeIsZeroFilledAndRoundTrips) {
   ASSERT_TRUE(store.WriteBack(*id).Wait(10s).ok());  // host -> device home
   ASSERT_TRUE(store.Evict(*id, Tier::kHost).Wait(10s).ok());
   EXPECT_EQ(count(7), size);
+}
+
+// The host slab of a store with the pinned pool and locking (pin_memory) is page-locked for
+// CUDA's copies (a device copy may land in a host block directly: the engine's 16-bit gradients);
+// without locking it is not.
+TEST(StoreCuda, PinnedHostSlabIsPageLockedForCuda) {
+  CudaDeviceOptions co;
+  co.budget_bytes = 64 << 20;
+  auto dev = CreateCudaDevice(co);
+  if (!dev.ok() && dev.status().code() == Status::Code::kUnavailable) {
+    GTEST_SKIP() << "no GPU: " << dev.status().ToString();
+  }
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  for (const bool lock : {true, false}) {
+    TieredStoreOptions o;
+    o.device_budget_bytes = 8 << 20;
+    o.host_budget_bytes = 8 << 20;
+    o.device = dev->get();
+    o.use_pinned_pool = true;
+    o.lock_host_memory = lock;
+    o.io_deadline = 10s;
+    auto s = OpenTieredStore(std::move(o));
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    // Locking may be refused (RLIMIT_MEMLOCK): then the store says so in its note.
+    if (lock && !(*s)->host_page_locked()) {
+      EXPECT_NE((*s)->note().find("lock"), std::string::npos) << (*s)->note();
+    }
+    if (!lock) EXPECT_FALSE((*s)->host_page_locked());
+  }
 }
 
 }  // namespace

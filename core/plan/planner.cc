@@ -30,7 +30,9 @@ std::string Fmt(double v) {
 // optimizer offloaded), whatever width the recipe reduces it in (recipe.grad_bytes: the bytes on
 // the wire, and in the reduce buckets).
 double GradStateBytes(const PlanInput& in, const sched::StatePlacement& rules) {
-  const DType working = in.recipe.param_bytes == 2 ? DType::kBF16 : DType::kF32;
+  // A recipe whose gradients are fp32 on the wire (fp32-grads) has no 16-bit gradient to keep.
+  const DType working =
+      in.recipe.param_bytes == 2 && in.recipe.grad_bytes == 2 ? DType::kBF16 : DType::kF32;
   const DType grad =
       sched::GradStateDType(working, static_cast<int64_t>(in.zero.gradient_accumulation_steps),
                             static_cast<int>(in.capacity.Ranks()), rules);
@@ -82,7 +84,8 @@ double LargestSubGroup(const PlanInput& in, const sched::StateLayout& states, do
 }
 
 // Host bytes per rank of the optimizer's NVMe swap buffers (the engine's rule).
-double OptimizerSwapBuffers(const PlanInput& in, const sched::StateLayout& states, double shard) {
+double OptimizerSwapBuffers(const PlanInput& in, const sched::StatePlacement& rules,
+                            const sched::StateLayout& states, double shard) {
   const double sub = LargestSubGroup(in, states, shard);
   if (sub <= 0) return 0;
   // The sub-groups a rank offloads cap the buffers (not known, taken as many, without the
@@ -91,8 +94,8 @@ double OptimizerSwapBuffers(const PlanInput& in, const sched::StateLayout& state
   const uint64_t sub_groups =
       in.largest_group_params > 0 ? states.sub_groups - states.device_sub_groups : 0;
   return static_cast<double>(sched::OptimizerSwapBufferBytes(
-      static_cast<int64_t>(in.zero.optimizer_buffer_count), static_cast<uint64_t>(sub),
-      sub_groups));
+      static_cast<int64_t>(in.zero.optimizer_buffer_count), static_cast<uint64_t>(sub), sub_groups,
+      static_cast<uint64_t>(GradStateBytes(in, rules))));
 }
 
 // Host bytes per rank of the param NVMe swap buffers: buffer_count shards of the largest group
@@ -279,7 +282,7 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
             "sub_group_size 0 makes each parameter tensor a sub-group: the optimizer swap "
             "buffers hold the largest one's shard, not counted without --largest-group");
       }
-      const double buffers = OptimizerSwapBuffers(in, st, shard);
+      const double buffers = OptimizerSwapBuffers(in, b.rules, st, shard);
       b.Add(Tier::kHost, "optimizer swap buffers, min(count + 1, sub-groups) x 4",
             g_per_node * buffers, true);
       swap += g_per_node * buffers;

@@ -389,6 +389,10 @@ StoreStats TieredStore::TakeStats(bool reset) {
   return s;
 }
 
+bool TieredStore::host_page_locked() const {
+  return slab_ && pool_ && pool_->registers_with_cuda() && slab_->locked() && slab_->registered();
+}
+
 std::string TieredStore::note() const {
   std::lock_guard<std::mutex> l(mu_);
   return note_;

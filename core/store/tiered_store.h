@@ -70,6 +70,7 @@ class TieredStore final : public Store {
   StoreStats TakeStats(bool reset) override;
   std::string DebugString() const override;
   std::string note() const override;
+  bool host_page_locked() const override;
 
  private:
   struct Copy;

@@ -686,8 +686,8 @@ void LayOutHostWorking(const sched::StateLayout& states, const ZeroSettings& z,
   if ((e.placement.Home(StateKind::kMaster32) == Tier::kNvme ||
        e.placement.Home(StateKind::kGrad) == Tier::kNvme) &&
       offloaded > 0) {
-    cs->swap_bytes +=
-        sched::OptimizerSwapBufferBytes(e.pipeline_buffers, states.largest_sub, offloaded);
+    cs->swap_bytes += sched::OptimizerSwapBufferBytes(e.pipeline_buffers, states.largest_sub,
+                                                      offloaded, DTypeSize(e.grad_dtype));
   }
   if (e.placement.Home(StateKind::kParam16) == Tier::kNvme) {
     cs->swap_bytes += sched::ParamSwapBufferBytes(static_cast<int64_t>(z.param_buffer_count),
@@ -859,7 +859,7 @@ Status OpenStore(const EngineConfig& c, EngineOptions& options, Engine::Impl& e,
   so.io_deadline = options.timeout;
   const bool pin = z.optimizer_pin_memory || z.param_pin_memory;
   e.pin_host = pin;
-  e.host_blocks_locked = pin && options.use_pinned_pool;
+
   so.use_pinned_pool = options.use_pinned_pool;  // huge pages either way
   so.lock_host_memory = pin;
   if (options.use_pinned_pool && !pin &&
@@ -898,6 +898,7 @@ Status OpenStore(const EngineConfig& c, EngineOptions& options, Engine::Impl& e,
     }
   }
   STRATA_ASSIGN_OR_RETURN(e.store, OpenTieredStore(std::move(so)));
+  e.host_blocks_locked = e.store->host_page_locked();
   return Status::OK();
 }
 

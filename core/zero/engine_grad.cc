@@ -660,6 +660,10 @@ Status Engine::Impl::Accumulate(const zero::PendingReduce& p, zero::Accumulated*
     const bool stats = p.last && s.owner == rank;  // the partition's final gradient
     std::optional<kernels::GradStats>& st = out->stats[k];
     if (grad_dtype != DType::kF32) {
+      if (dk != nullptr || tier == Tier::kDevice) {
+        return Status::Internal("gradient of '" + model.groups[p.group].name + "' kept in " +
+                                std::string(DTypeName(grad_dtype)) + " on the device");
+      }
       STRATA_RETURN_IF_ERROR(CopyFinalGrad(src, acc.data(), s.elems, stats ? &st : nullptr));
     } else if (dk != nullptr) {
       // Queued, not waited for: the trainer's buffer is freed stream-ordered behind these

@@ -335,8 +335,8 @@ struct Engine::Impl {
   // the host working set's group-sized item); page-locked with pin_memory (`pin_host`).
   zero::HostStaging grad_staging;
   bool pin_host = false;
-  // The store's host blocks are page-locked (its pinned pool, with pin_memory): a device copy
-  // may land in them directly.
+  // The store's host blocks are page-locked for the device's copies (Store::host_page_locked):
+  // a device copy may land in them directly.
   bool host_blocks_locked = false;
   uint64_t largest_sub_elems = 0;  // the largest optimizer sub-group: sizes grad_staging
   uint64_t cached_elems = 0;

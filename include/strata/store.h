@@ -289,6 +289,10 @@ class Store {
   virtual std::string DebugString() const = 0;
   // Setup notes (O_DIRECT refused, memory not locked, ...). Empty when nothing degraded.
   virtual std::string note() const = 0;
+  // True when the host tier's memory is page-locked and registered for CUDA's copies (the pinned
+  // pool with lock_host_memory, and CUDA accepted it): a device copy may land in a host block
+  // directly and stay asynchronous.
+  virtual bool host_page_locked() const { return false; }
 
  protected:
   // For implementations: a lease that calls ReleaseLease on this store when released.

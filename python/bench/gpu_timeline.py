@@ -6,13 +6,15 @@ a Kineto trace in Chrome's JSON format) and summarizes it with analyze():
   window_ms       from the first host or device event of the step to the last
   busy_ms         the union of the device's kernels, copies and memsets on every stream
   busy_fraction   busy_ms / window_ms (1.0: the GPU never waited for the host)
-  idle_ms         the rest, split by what the host's main thread (the one that ran the most
-                  torch operators) was doing across each idle gap: "wait:<call>" when one CUDA
-                  call (a stream or event synchronize, a synchronous copy) covered at least half
-                  the gap, the host waiting for the device; "host" otherwise, the host late with
-                  the next work (Python, the engine's host side, a wait on a completion callback)
-  gaps            the longest gaps: where (ms from the window's start), how long, the host call
-                  or torch operator in progress, and the device work that ended the gap
+  idle_ms         the rest, split by what the host's threads (Python's, autograd's, the engine's)
+                  were doing across each idle gap of at least min_gap_us: "wait:<call>" when one
+                  blocking CUDA call (a stream or event synchronize, a synchronous copy) on any
+                  thread covered at least half the gap, the host waiting; "host" otherwise, the
+                  host late with the next work (Python, the engine's host side, a wait on a
+                  completion callback); the shorter gaps together as "gaps under N us"
+  gaps            the longest gaps: where (ms from the window's start), how long, the CUDA call
+                  covering most of it and the innermost torch operator in progress (on any
+                  thread, with its thread), and the device work that ended the gap
 
 A step paced by the GPU has busy_fraction near 1; idle in "wait:*" names a synchronize to remove,
 idle in "host" names host work to shorten or move off the critical path.
@@ -85,7 +87,32 @@ class _Innermost:
             self.next += 1
         while self.stack and self.stack[-1][1] < t:
             self.stack.pop()
-        return self.stack[-1][2] if self.stack else None
+        return self.stack[-1] if self.stack else None
+
+
+class _Calls:
+    """One thread's outermost CUDA calls, for the call covering most of an interval."""
+
+    def __init__(self, spans):
+        self.calls = _outermost(spans)
+        self.ends = [e for _, e, *_ in self.calls]
+
+    def covering(self, g0, g1, blocking_only):
+        best, covered = None, 0.0
+        k = bisect.bisect_right(self.ends, g0)  # the calls that end after the gap starts
+        while k < len(self.calls) and self.calls[k][0] < g1:
+            c = _overlap(self.calls[k][0], self.calls[k][1], g0, g1)
+            if c > covered and (not blocking_only or _blocking(self.calls[k][2])):
+                best, covered = self.calls[k], c
+            k += 1
+        return best, covered
+
+
+def _by_thread(spans):
+    out = {}
+    for sp in spans:
+        out.setdefault(sp[3], []).append(sp)
+    return out
 
 
 def analyze(events, min_gap_us=20.0, top=8):
@@ -105,37 +132,38 @@ def analyze(events, min_gap_us=20.0, top=8):
         return out
     busy = _union(device)
     busy_us = sum(e - s for s, e in busy)
-    # The host's main thread: the one that ran the most torch operators (else the most API calls).
-    tids = {}
-    for *_, tid in (ops or apis):
-        tids[tid] = tids.get(tid, 0) + 1
-    main = max(tids, key=tids.get) if tids else None
-    calls = _outermost([a for a in apis if a[3] == main])
-    call_ends = [e for _, e, *_ in calls]
-    innermost = _Innermost([o for o in ops if o[3] == main])
+    calls = [_Calls(v) for v in _by_thread(apis).values()]
+    inner = [_Innermost(v) for v in _by_thread(ops).values()]
     starts = [s for s, *_ in device]
 
-    gaps, idle_by = [], {}
+    gaps, idle_by, counted = [], {}, 0.0
     edges = [start] + [x for span in busy for x in span] + [end]
     for i in range(0, len(edges), 2):
         g0, g1 = edges[i], edges[i + 1]
         if g1 - g0 < min_gap_us:
             continue
-        call, covered = None, 0.0
-        k = bisect.bisect_right(call_ends, g0)  # the calls that end after the gap starts
-        while k < len(calls) and calls[k][0] < g1:  # the call covering most of the gap
-            c = _overlap(calls[k][0], calls[k][1], g0, g1)
-            if c > covered:
-                call, covered = calls[k][2], c
-            k += 1
-        kind = f"wait:{call}" if call and _blocking(call) and covered >= 0.5 * (g1 - g0) \
-            else "host"
+        counted += g1 - g0
+        wait, waited = max((c.covering(g0, g1, True) for c in calls), key=lambda r: r[1],
+                           default=(None, 0.0))
+        if wait is not None and waited >= 0.5 * (g1 - g0):
+            call, kind = wait, f"wait:{wait[2]}"
+        else:
+            call = max((c.covering(g0, g1, False) for c in calls), key=lambda r: r[1],
+                       default=(None, 0.0))[0]
+            kind = "host"
         idle_by[kind] = idle_by.get(kind, 0.0) + (g1 - g0) / 1e3
-        op = innermost.at((g0 + g1) / 2)
+        mid = (g0 + g1) / 2
+        op = min((o for o in (t.at(mid) for t in inner) if o is not None),
+                 key=lambda o: o[1] - o[0], default=None)
         j = bisect.bisect_left(starts, g1)
         gaps.append({"at_ms": (g0 - start) / 1e3, "idle_ms": (g1 - g0) / 1e3, "kind": kind,
-                     "host_call": call, "host_op": op,
+                     "host_call": call[2] if call else None,
+                     "host_call_thread": call[3] if call else None,
+                     "host_op": op[2] if op else None, "host_op_thread": op[3] if op else None,
                      "next": device[j][2][:80] if j < len(device) else None})
+    short = (window - busy_us) - counted
+    if short > 0:
+        idle_by[f"gaps under {min_gap_us:g} us"] = short / 1e3
     gaps.sort(key=lambda g: -g["idle_ms"])
     out.update({"busy_ms": busy_us / 1e3, "busy_fraction": busy_us / window if window else None,
                 "idle_ms": (window - busy_us) / 1e3, "idle_gaps": len(gaps),

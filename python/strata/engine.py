@@ -1187,8 +1187,10 @@ class StrataEngine(torch.nn.Module):
         for g in self._groups:
             for _, p in g.params:
                 p.data = p.data.clone() if self._whole else p.data
-        self._wait_torch()  # those copies, and any kernel still reading the engine's memory
-        self._engine.close()
+        try:
+            self._wait_torch()  # those copies, and any kernel still reading the engine's memory
+        finally:
+            self._engine.close()
 
     # -- checkpoints (Engine::Save / Engine::Load; docs/checkpoints.md) ---------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,

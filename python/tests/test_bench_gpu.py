@@ -118,21 +118,23 @@ def _x(cat, name, ts, dur, tid):
 
 def test_timeline_splits_the_gpus_idle_time_by_what_the_host_did():
     """gpu_timeline.analyze on a trace built by hand (times in us): the busy time is the union
-    of kernels, copies and memsets on every stream; each idle gap of the main thread (the one
-    that ran the most operators) is a wait where a synchronize covered most of it, else the
-    host's; another thread's synchronize and a gap under the threshold do not count."""
+    of kernels, copies and memsets on every stream; an idle gap that a blocking CUDA call covers
+    for at least half is a wait, whichever thread made it (here Python's, while the autograd
+    thread ran more operators), else the host's, with the innermost operator in progress on any
+    thread; gaps under the threshold are counted apart, so the parts add up to the idle time."""
     tl = _timeline()
-    main, worker = 1, 2
+    py, ag = 1, 2  # Python's thread and autograd's (which runs the most operators)
     ev = [
-        # host: the main thread's operators (nested) and CUDA calls
-        _x("cpu_op", "aten::linear", 0, 40, main),
-        _x("cpu_op", "aten::mm", 5, 10, main),
-        _x("cpu_op", "aten::copy_", 60, 60, main),  # the host busy through the second gap
-        _x("cpu_op", "aten::add", 260, 5, main),
-        _x("cuda_runtime", "cudaLaunchKernel", 6, 2, main),
-        _x("cuda_runtime", "cudaStreamSynchronize", 150, 100, main),  # most of the third gap
-        _x("cuda_driver", "cuStreamSynchronize", 151, 98, main),      # nested in it
-        _x("cuda_runtime", "cudaStreamSynchronize", 70, 50, worker),  # not the main thread's
+        _x("cpu_op", "aten::linear", 0, 40, py),
+        _x("cpu_op", "aten::mm", 5, 10, py),
+        _x("cuda_runtime", "cudaLaunchKernel", 6, 2, py),
+        _x("cuda_runtime", "cudaStreamSynchronize", 150, 100, py),  # most of the third gap
+        _x("cuda_driver", "cuStreamSynchronize", 151, 98, py),      # nested in it
+        _x("cpu_op", "aten::copy_", 60, 60, ag),  # the host busy through the second gap
+        _x("cuda_runtime", "cudaLaunchKernel", 110, 1, ag),
+        _x("cpu_op", "aten::mul", 255, 3, ag),
+        _x("cpu_op", "aten::mul", 260, 2, ag),
+        _x("cpu_op", "aten::mul", 265, 3, ag),
         # device: two streams overlapping (25-70), 120-130, 250-270, 275-280
         _x("kernel", "gemm", 25, 35, 7),
         _x("gpu_memcpy", "Memcpy HtoD", 40, 30, 8),
@@ -150,14 +152,18 @@ def test_timeline_splits_the_gpus_idle_time_by_what_the_host_did():
     wait, late, first = t["gaps"]
     assert [g["idle_ms"] for g in t["gaps"]] == pytest.approx([0.120, 0.050, 0.025])
     assert wait["kind"] == "wait:cudaStreamSynchronize" and wait["next"] == "Memset"
+    assert wait["host_call_thread"] == py
     assert wait["at_ms"] == pytest.approx(0.130) and wait["host_op"] is None
     assert late["kind"] == "host" and late["host_op"] == "aten::copy_"
-    assert late["host_call"] is None and late["next"] == "copy_kernel"
+    assert late["host_op_thread"] == ag and late["host_call"] == "cudaLaunchKernel"
+    assert late["next"] == "copy_kernel"
     assert first["kind"] == "host" and first["at_ms"] == 0 and first["host_op"] == "aten::mm"
-    assert first["host_call"] == "cudaLaunchKernel"
+    assert first["host_call"] == "cudaLaunchKernel" and first["host_call_thread"] == py
     by = t["idle_ms_by_host_state"]
-    assert by == pytest.approx({"wait:cudaStreamSynchronize": 0.120, "host": 0.075})
-    assert list(by) == ["wait:cudaStreamSynchronize", "host"]  # the largest first
+    assert by == pytest.approx({"wait:cudaStreamSynchronize": 0.120, "host": 0.075,
+                                "gaps under 20 us": 0.005})
+    assert list(by) == ["wait:cudaStreamSynchronize", "host", "gaps under 20 us"]
+    assert sum(by.values()) == pytest.approx(t["idle_ms"])
     assert "GPU busy 29%" in tl.summary_line(t)
 
 
