@@ -14,14 +14,22 @@ namespace {
 
 using namespace std::chrono_literals;
 
-TEST(StoreCuda, DeviceHomeIsZeroFilledAndRoundTrips) {
+// A CUDA device with a 64 MiB budget; Unavailable (the test skips) without a GPU.
+Result<std::unique_ptr<Device>> Gpu() {
   CudaDeviceOptions co;
   co.budget_bytes = 64 << 20;
-  auto dev = CreateCudaDevice(co);
-  if (!dev.ok() && dev.status().code() == Status::Code::kUnavailable) {
-    GTEST_SKIP() << "no GPU: " << dev.status().ToString();
-  }
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  return CreateCudaDevice(co);
+}
+
+#define SKIP_WITHOUT_GPU(dev)                                                \
+  if (!(dev).ok() && (dev).status().code() == Status::Code::kUnavailable) { \
+    GTEST_SKIP() << "no GPU: " << (dev).status().ToString();                \
+  }                                                                          \
+  ASSERT_TRUE((dev).ok()) << (dev).status().ToString()
+
+TEST(StoreCuda, DeviceHomeIsZeroFilledAndRoundTrips) {
+  auto dev = Gpu();
+  SKIP_WITHOUT_GPU(dev);
   TieredStoreOptions o;
   o.device_budget_bytes = 32 << 20;
   o.host_budget_bytes = 16 << 20;
@@ -59,13 +67,8 @@ TEST(StoreCuda, DeviceHomeIsZeroFilledAndRoundTrips) {
 // CUDA's copies (a device copy may land in a host block directly: the engine's 16-bit gradients);
 // without locking it is not.
 TEST(StoreCuda, PinnedHostSlabIsPageLockedForCuda) {
-  CudaDeviceOptions co;
-  co.budget_bytes = 64 << 20;
-  auto dev = CreateCudaDevice(co);
-  if (!dev.ok() && dev.status().code() == Status::Code::kUnavailable) {
-    GTEST_SKIP() << "no GPU: " << dev.status().ToString();
-  }
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  auto dev = Gpu();
+  SKIP_WITHOUT_GPU(dev);
   for (const bool lock : {true, false}) {
     TieredStoreOptions o;
     o.device_budget_bytes = 8 << 20;
