@@ -859,7 +859,6 @@ Status OpenStore(const EngineConfig& c, EngineOptions& options, Engine::Impl& e,
   so.io_deadline = options.timeout;
   const bool pin = z.optimizer_pin_memory || z.param_pin_memory;
   e.pin_host = pin;
-
   so.use_pinned_pool = options.use_pinned_pool;  // huge pages either way
   so.lock_host_memory = pin;
   if (options.use_pinned_pool && !pin &&

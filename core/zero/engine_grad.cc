@@ -777,12 +777,9 @@ Status Engine::Impl::CopyFinalGrad(const uint8_t* src, void* dst, size_t n,
     return Status::Internal("a gradient kept in " + std::string(DTypeName(grad_dtype)) +
                             " is scaled or accumulated (sched::GradStateDType)");
   }
-  auto* d = static_cast<uint8_t*>(dst);
   auto copy = [&](const uint8_t* from, size_t at, size_t m) -> Status {
-    auto part = [&](int, size_t b, size_t e) {
-      std::memcpy(d + (at + b) * elt, from + b * elt, (e - b) * elt);
-    };
-    pool->ForEachTile(m, 0, part);
+    uint8_t* to = static_cast<uint8_t*>(dst) + at * elt;
+    zero::PooledCopy(*pool, 1, &to, &from, &elt, m);
     return Status::OK();
   };
   if (opt.device->host_addressable()) {

@@ -57,9 +57,10 @@ uint64_t CopyBytes(const SubGroup& s, size_t elt) {
   return static_cast<uint64_t>(s.elems) * sched::SpeculationBytesPerElement(elt);
 }
 
-// Copies n elements of each of `count` arrays (element sizes `widths`) from `from[i]` to `to[i]`
-// on the pool's threads, a tile of every array at a time: the copies are memory-bound, and one
-// thread moves a 1B-param sub-group's 14 GB at a fraction of the machine's bandwidth.
+}  // namespace
+
+namespace zero {
+
 void PooledCopy(kernels::KernelPool& pool, size_t count, uint8_t* const* to,
                 const uint8_t* const* from, const size_t* widths, size_t n) {
   auto copy = [&](int, size_t b, size_t e) {
@@ -70,7 +71,7 @@ void PooledCopy(kernels::KernelPool& pool, size_t count, uint8_t* const* to,
   pool.ForEachTile(n, 0, copy);
 }
 
-}  // namespace
+}  // namespace zero
 
 void Engine::Impl::ResetSpeculation() {
   Speculation& sp = *spec;
@@ -208,7 +209,7 @@ Status Engine::Impl::RollBackSpeculation() {
           reinterpret_cast<const uint8_t*>(c.master), reinterpret_cast<const uint8_t*>(c.exp_avg),
           reinterpret_cast<const uint8_t*>(c.exp_avg_sq), static_cast<const uint8_t*>(c.param_to)};
       const size_t widths[4] = {sizeof(float), sizeof(float), sizeof(float), elt};
-      PooledCopy(*pool, 4, to, from, widths, s.elems);
+      zero::PooledCopy(*pool, 4, to, from, widths, s.elems);
       for (Lease& x : l) x.MarkDirty();
     }
     // NVMe homes hold what the speculation wrote: the restored copies go home before Step goes
