@@ -450,45 +450,42 @@ TEST(ConfigCheck, HereReportsFreeSpaceAndWarnsWhenLow) {
             nullptr);
 }
 
-TEST(ConfigCheck, HereComparesFreeSpaceWithWhatTheConfigNeeds) {
-  TempDir tmp("need");
-  const std::string dir = tmp.str();
-  auto cfg = [&](int64_t buffer_size) {
+// Each nvme_path in use is recorded with its free space, once per key (the planner compares it
+// with the model's state: planner_config_test); a path on cpu is not looked at.
+TEST(ConfigCheck, HereRecordsEachNvmePathInUse) {
+  TempDir tmp("paths");
+  const std::string opt = tmp.str() + "/opt", par = tmp.str() + "/par";
+  std::filesystem::create_directories(opt);
+  std::filesystem::create_directories(par);
+  auto cfg = [](const std::string& param_device, const std::string& a, const std::string& b) {
     return R"({"zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
-           dir + R"("},
-      "offload_param": {"device": "nvme", "nvme_path": ")" +
-           dir + R"(", "buffer_count": 4,
-                        "buffer_size": )" +
-           std::to_string(buffer_size) + "}}}";
+           a + R"("}, "offload_param": {"device": ")" + param_device + R"(", "nvme_path": ")" + b +
+           R"("}}})";
   };
   ParseOptions o;
   o.check_here = true;
   o.min_free_bytes = 0;
-  // Small buffers, no parameter count: fits.
-  ConfigCheck c = CheckDeepSpeedConfig(cfg(1000), o);
-  EXPECT_TRUE(c.ok()) << Dump(c.errors);
-  EXPECT_TRUE(c.warnings.empty()) << Dump(c.warnings);
-  // 4 x 1e17 elements x 4 bytes (fp32: no fp16/bf16) cannot be free anywhere: an error with
-  // the figure.
-  c = CheckDeepSpeedConfig(cfg(100000000000000000), o);
-  ASSERT_FALSE(c.ok());
-  const ConfigDiagnostic* e =
-      FindDiag(c.errors, Kind::kMachine, "zero_optimization.offload_optimizer.nvme_path");
-  ASSERT_NE(e, nullptr) << Dump(c.errors);
-  EXPECT_NE(e->message.find("needs 1600000000000000000 bytes"), std::string::npos) << e->message;
-  // The optimizer swap of 1e17 parameters (12 bytes each) does not fit either: a warning.
-  o.params = 1e17;
-  c = CheckDeepSpeedConfig(cfg(1000), o);
-  EXPECT_TRUE(c.ok()) << Dump(c.errors);
-  const ConfigDiagnostic* w =
-      FindDiag(c.warnings, Kind::kMachine, "zero_optimization.offload_optimizer.nvme_path");
-  ASSERT_NE(w, nullptr) << Dump(c.warnings);
-  EXPECT_NE(w->message.find("x 12 bytes"), std::string::npos) << w->message;
-  // A small model fits.
-  o.params = 1000;
-  c = CheckDeepSpeedConfig(cfg(1000), o);
-  EXPECT_TRUE(c.ok() && c.warnings.empty()) << Dump(c.errors) << Dump(c.warnings);
+  ConfigCheck c = CheckDeepSpeedConfig(cfg("nvme", opt, par), o);
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  ASSERT_EQ(c.nvme_paths.size(), 2u);
+  EXPECT_EQ(c.nvme_paths[0].key, "zero_optimization.offload_optimizer.nvme_path");
+  EXPECT_EQ(c.nvme_paths[0].dir, opt);
+  EXPECT_EQ(c.nvme_paths[1].key, "zero_optimization.offload_param.nvme_path");
+  EXPECT_EQ(c.nvme_paths[1].dir, par);
+  for (const NvmePathSpace& n : c.nvme_paths) EXPECT_GT(n.free_bytes, 0);
+  c = CheckDeepSpeedConfig(cfg("nvme", opt, opt), o);  // one directory, both keys
+  ASSERT_EQ(c.nvme_paths.size(), 2u);
+  EXPECT_EQ(c.nvme_paths[1].dir, opt);
+  // offload_param on cpu: its nvme_path is ignored (a warning says so), not checked.
+  c = CheckDeepSpeedConfig(cfg("cpu", opt, tmp.str() + "/missing"), o);
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  ASSERT_EQ(c.nvme_paths.size(), 1u);
+  EXPECT_EQ(c.nvme_paths[0].dir, opt);
+  // A path that does not exist is an error and not recorded.
+  c = CheckDeepSpeedConfig(cfg("nvme", opt, tmp.str() + "/missing"), o);
+  EXPECT_FALSE(c.ok());
+  EXPECT_EQ(c.nvme_paths.size(), 1u);
 }
 
 TEST(ConfigCheck, HereRejectsAFile) {

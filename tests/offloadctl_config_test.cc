@@ -252,6 +252,31 @@ TEST_F(OffloadctlConfig, HereChecksTheNvmePath) {
   EXPECT_EQ(Offloadctl("config check " + bad + " --here").exit_code, 1);
 }
 
+// --params: the planner's bytes for the configured setting against the path's free space
+// (bf16, stage 3, optimizer on NVMe, one rank: 12 bytes of optimizer state and 2 of gradient
+// per parameter; figures in planner_config_test).
+TEST_F(OffloadctlConfig, HereWithParamsComparesTheEnginesStateWithTheFreeSpace) {
+  std::string dir = std::filesystem::path(TempFile("x", "")).parent_path().string();
+  std::string cfg = TempFile("nvme_params.json", R"({"bf16": {"enabled": true},
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                                                     dir + R"("}}})");
+  ProcessRun r = Offloadctl("config check " + cfg + " --here --params 1M --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  nlohmann::json j = ParseJson(r);
+  ASSERT_EQ(j["nvme_paths"].size(), 1u) << r.out;
+  EXPECT_EQ(j["nvme_paths"][0]["dir"], dir);
+  EXPECT_GT(j["nvme_paths"][0]["free_bytes"].get<int64_t>(), 0);
+  EXPECT_NE(j["notes"].dump().find("holds 14000000 bytes"), std::string::npos) << r.out;
+  // 1e15 parameters are 14e15 bytes: no disk here has them; --strict makes it an error.
+  r = Offloadctl("config check " + cfg + " --here --params 1000T --json");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(ParseJson(r)["warnings"].dump().find("needs 14000000000000000 bytes"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(Offloadctl("config check " + cfg + " --here --params 1000T --strict").exit_code, 1);
+  EXPECT_EQ(Offloadctl("config check " + cfg + " --params 1M").exit_code, 2);  // needs --here
+}
+
 TEST_F(OffloadctlConfig, UnreadableFileIsInvalid) {
   ProcessRun r = Offloadctl("config check /nonexistent/strata/ds.json --json");
   EXPECT_EQ(r.exit_code, 1) << r.out;
@@ -271,7 +296,7 @@ TEST_F(OffloadctlConfig, HelpDescribesEveryOption) {
   ProcessRun r = Offloadctl("config check --help");
   EXPECT_EQ(r.exit_code, 0);
   for (const char* opt : {"--world-size", "--hidden-size", "--set", "--require-resolved",
-                          "--strict", "--here", "--json"}) {
+                          "--strict", "--here", "--params", "--json"}) {
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt << "\n" << r.out;
   }
 }

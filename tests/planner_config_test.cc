@@ -1,5 +1,7 @@
 // EngineConfig -> PlanInput: the DeepSpeed keys the planner takes, with DeepSpeed's defaults
 // for absent keys and notes for values it cannot take as written.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -209,6 +211,96 @@ TEST(PlannerConfig, FileErrorsAreStatuses) {
   Status s = ApplyDeepSpeedConfigFile("/nonexistent/strata/ds.json", &in, &notes);
   EXPECT_FALSE(s.ok());
   EXPECT_FALSE(in.has_configured);
+}
+
+// config check --here --params: each nvme_path's free space against what the engine puts there,
+// by the planner's placement of the configured setting. 2^20 bf16 parameters at stage 3 with
+// everything on NVMe: the optimizer state is 12 bytes per parameter (fp32 master, m, v), the
+// gradient 2 (bf16: one rank, one micro-step, the optimizer wholly offloaded) or 4 (fp32: two
+// ranks), the params 2.
+TEST(PlannerConfig, NvmeFreeSpaceIsComparedWithTheEnginesState) {
+  const auto base =
+      std::filesystem::path(std::getenv("STRATA_TEST_TMPDIR") ? std::getenv("STRATA_TEST_TMPDIR")
+                                                              : "/tmp") /
+      ("planner_nvme_" + std::to_string(getpid()));
+  const std::string opt = (base / "opt").string(), par = (base / "par").string();
+  std::filesystem::create_directories(opt);
+  std::filesystem::create_directories(par);
+  auto check = [](int stage, const std::string& a, const std::string& b) {
+    ParseOptions o;
+    o.check_here = true;
+    o.min_free_bytes = 0;
+    const std::string stage_text = stage < 0 ? "\"auto\"" : std::to_string(stage);
+    ConfigCheck c = CheckDeepSpeedConfig(
+        R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": )" + stage_text +
+            R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + a +
+            R"("}, "offload_param": {"device": "nvme", "nvme_path": ")" + b + R"("}}})",
+        o);
+    EXPECT_TRUE(c.ok()) << (c.errors.empty() ? "" : c.errors[0].ToString());
+    return c;
+  };
+  auto has = [](const std::vector<std::string>& notes, const std::string& what) {
+    for (const std::string& n : notes) {
+      if (n.find(what) != std::string::npos) return true;
+    }
+    return false;
+  };
+  const double params = 1 << 20;
+  const int64_t mib = 1 << 20;
+
+  // One directory for both: 16 bytes per parameter at one rank, 18 at two.
+  for (const auto& [ranks, need] : {std::pair<int64_t, int64_t>{1, 16 * mib}, {2, 18 * mib}}) {
+    ConfigCheck c = check(3, opt, opt);
+    ASSERT_EQ(c.nvme_paths.size(), 2u);
+    for (NvmePathSpace& n : c.nvme_paths) n.free_bytes = need;  // exactly enough
+    CheckNvmeSpace(params, ranks, /*strict=*/false, &c);
+    EXPECT_TRUE(c.warnings.empty()) << c.warnings[0].ToString();
+    EXPECT_TRUE(has(c.notes, "holds " + std::to_string(need) + " bytes")) << ranks;
+
+    c = check(3, opt, opt);
+    for (NvmePathSpace& n : c.nvme_paths) n.free_bytes = need - 1;
+    CheckNvmeSpace(params, ranks, false, &c);
+    ASSERT_EQ(c.warnings.size(), 1u);  // one directory, one finding
+    EXPECT_EQ(c.warnings[0].path, "zero_optimization.offload_optimizer.nvme_path");
+    EXPECT_EQ(c.warnings[0].kind, ConfigDiagnostic::Kind::kMachine);
+    const std::string& m = c.warnings[0].message;
+    EXPECT_NE(m.find("needs " + std::to_string(need) + " bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("the optimizer state with its gradients and the params"), std::string::npos)
+        << m;
+    EXPECT_NE(m.find("has " + std::to_string(need - 1) + " bytes free"), std::string::npos) << m;
+  }
+
+  // Two directories: each compared with its own part (one rank: 14 and 2 bytes per parameter).
+  ConfigCheck c = check(3, opt, par);
+  c.nvme_paths[0].free_bytes = 14 * mib;
+  c.nvme_paths[1].free_bytes = 2 * mib - 1;
+  CheckNvmeSpace(params, 1, false, &c);
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_EQ(c.warnings[0].path, "zero_optimization.offload_param.nvme_path");
+  EXPECT_NE(c.warnings[0].message.find("needs " + std::to_string(2 * mib) + " bytes (the params"),
+            std::string::npos)
+      << c.warnings[0].message;
+  EXPECT_TRUE(has(c.notes, "holds " + std::to_string(14 * mib) + " bytes"));
+
+  // --strict: the shortfall is an error.
+  c = check(3, opt, par);
+  c.nvme_paths[1].free_bytes = 0;
+  CheckNvmeSpace(params, 1, true, &c);
+  EXPECT_FALSE(c.ok());
+  EXPECT_TRUE(c.warnings.empty());
+
+  // Nothing compared: at stage 2 the reader takes the NVMe offloads as cpu and none (DeepSpeed's
+  // rules), so no nvme_path is in use; an "auto" stage is no setting.
+  c = check(2, opt, par);
+  EXPECT_TRUE(c.nvme_paths.empty());
+  c = check(-1, opt, par);
+  ASSERT_EQ(c.nvme_paths.size(), 2u);
+  for (NvmePathSpace& n : c.nvme_paths) n.free_bytes = 0;
+  CheckNvmeSpace(params, 1, false, &c);
+  EXPECT_TRUE(c.warnings.empty());
+  EXPECT_TRUE(has(c.notes, "not compared with the model's state: zero_optimization.stage"));
+  std::error_code ec;
+  std::filesystem::remove_all(base, ec);
 }
 
 }  // namespace

@@ -222,48 +222,16 @@ int64_t CheckPath(Reader& r, const std::string& key, const std::string& dir) {
 }  // namespace
 
 void CheckHere(Reader& r, const EngineConfig& c) {
-  const ZeroConfig& z = c.zero;
-  const std::string opt_key = "zero_optimization.offload_optimizer.nvme_path";
-  const std::string par_key = "zero_optimization.offload_param.nvme_path";
-  const bool opt_nvme =
-      z.offload_optimizer.device == OffloadDevice::kNvme && !z.offload_optimizer.nvme_path.empty();
-  const bool par_nvme =
-      z.offload_param.device == OffloadDevice::kNvme && !z.offload_param.nvme_path.empty();
-  // What the config puts on each path. The param swap buffers (16-bit unless fp16/bf16 are both
-  // off) are a floor: DeepSpeed writes at least that much. The optimizer swap (fp32 master,
-  // Adam m and v: 12 bytes per parameter) is known only with the parameter count.
-  const bool half = c.fp16.enabled.value_or(true) || c.bf16.enabled.value_or(true);
-  const double param_need = par_nvme ? static_cast<double>(z.offload_param.buffer_count) *
-                                           static_cast<double>(z.offload_param.buffer_size) *
-                                           (half ? 2.0 : 4.0)
-                                     : 0.0;
-  const std::optional<double> params = r.options().params;
-  const double opt_need = opt_nvme && params ? *params * 12.0 : 0.0;
-  const bool same_dir =
-      opt_nvme && par_nvme && z.offload_optimizer.nvme_path == z.offload_param.nvme_path;
-  auto compare = [&](const std::string& key, int64_t free_bytes, double buffers, double state) {
-    if (free_bytes < 0) return;
-    const double free_d = static_cast<double>(free_bytes);
-    if (buffers > free_d) {
-      r.Error(Kind::kMachine, key,
-              "needs " + I(static_cast<int64_t>(buffers)) +
-                  " bytes for offload_param's swap buffers (buffer_count x buffer_size x " +
-                  (half ? "2" : "4") + " bytes) but has " + I(free_bytes) + " bytes free");
-    } else if (buffers + state > free_d) {
-      r.Warn(Kind::kMachine, key,
-             "needs about " + I(static_cast<int64_t>(buffers + state)) +
-                 " bytes (optimizer state of " + I(static_cast<int64_t>(*params)) +
-                 " parameters x 12 bytes" + (buffers > 0 ? " + param swap buffers" : "") +
-                 ", all ranks on this machine) but has " + I(free_bytes) + " bytes free");
-    }
+  auto check = [&r](const char* key, OffloadDevice device, const std::string& dir) {
+    if (device != OffloadDevice::kNvme || dir.empty()) return;
+    const int64_t free_bytes = CheckPath(r, key, dir);
+    if (free_bytes >= 0) r.check().nvme_paths.push_back({key, dir, free_bytes});
   };
-  if (opt_nvme) {
-    const int64_t free_bytes = CheckPath(r, opt_key, z.offload_optimizer.nvme_path);
-    compare(opt_key, free_bytes, same_dir ? param_need : 0.0, opt_need);
-  }
-  if (par_nvme && !same_dir) {
-    compare(par_key, CheckPath(r, par_key, z.offload_param.nvme_path), param_need, 0.0);
-  }
+  const ZeroConfig& z = c.zero;
+  check("zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.device,
+        z.offload_optimizer.nvme_path);
+  check("zero_optimization.offload_param.nvme_path", z.offload_param.device,
+        z.offload_param.nvme_path);
 }
 
 }  // namespace strata::config

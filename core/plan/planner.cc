@@ -324,6 +324,7 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
           g_per_node * ParamSwapBuffers(in, shard), true);
     swap += g_per_node * ParamSwapBuffers(in, shard);
     b.Add(Tier::kNvme, "params, 1/N shard per GPU", g_per_node * st.param_bytes);
+    p.nvme_param_bytes_per_node = g_per_node * st.param_bytes;
     // Read for forward and backward of each micro-step, written after the step.
     nvme_io += (2 * k + 1) * r.param_bytes * shard;
   }

@@ -1,5 +1,6 @@
 // ResolveZeroSettings: a DeepSpeed config's ZeRO settings as the planner and the engine take them,
 // and ApplyEngineConfig, which hands them to the planner.
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -137,6 +138,65 @@ Status ApplyDeepSpeedConfigFile(const std::string& path, PlanInput* in,
   for (const ConfigDiagnostic& w : parsed.warnings) notes->push_back("config: " + w.ToString());
   ApplyEngineConfig(parsed.config, in, notes);
   return Status::OK();
+}
+
+void CheckNvmeSpace(double params, int64_t ranks, bool strict, ConfigCheck* check) {
+  if (check->nvme_paths.empty()) return;
+  auto skip = [check](const std::string& why) {
+    check->notes.push_back("nvme_path free space not compared with the model's state: " + why);
+  };
+  if (!check->ok() || !check->parsed) return skip("the config has errors");
+  PlanInput in;
+  in.params = params;
+  in.capacity.gpus_per_node = ranks;
+  in.capacity.nodes = 1;
+  std::vector<std::string> ignored;
+  ApplyEngineConfig(check->parsed->config, &in, &ignored);
+  if (!in.has_configured) return skip("zero_optimization.stage is \"auto\"");
+  if (Status st = ValidatePlanInput(in); !st.ok()) return skip(std::string(st.message()));
+  const Placement p = Place(in, in.zero.stage, in.zero.offload_optimizer, in.zero.offload_param,
+                            in.zero.optimizer_ratio);
+  if (p.nvme_bytes_per_node <= 0) {
+    return skip("stage " + std::to_string(p.stage) +
+                " with these offload devices puts nothing on NVMe");
+  }
+  auto bytes = [](double v) { return std::to_string(static_cast<int64_t>(std::ceil(v))); };
+  const std::string who = bytes(params) + " parameters on " + std::to_string(ranks) +
+                          (ranks == 1 ? " rank" : " ranks, all counted as on this machine");
+  // One comparison per directory, under the first key that names it.
+  const std::vector<NvmePathSpace> paths = check->nvme_paths;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    bool seen = false;
+    for (size_t j = 0; j < i; ++j) seen = seen || paths[j].dir == paths[i].dir;
+    if (seen) continue;
+    double need = 0;
+    std::string what;
+    for (const NvmePathSpace& at : paths) {
+      if (at.dir != paths[i].dir) continue;
+      const bool param = at.key.find(".offload_param.") != std::string::npos;
+      need +=
+          param ? p.nvme_param_bytes_per_node : p.nvme_bytes_per_node - p.nvme_param_bytes_per_node;
+      what += std::string(what.empty() ? "" : " and ") +
+              (param ? "the params" : "the optimizer state with its gradients");
+    }
+    const NvmePathSpace& path = paths[i];
+    const std::string holds = what + " for " + who;
+    if (need <= static_cast<double>(path.free_bytes)) {
+      check->notes.push_back(path.key + ": '" + path.dir + "' holds " + bytes(need) + " bytes (" +
+                             holds + ") of its " + std::to_string(path.free_bytes) + " bytes free");
+      continue;
+    }
+    ConfigDiagnostic d{ConfigDiagnostic::Kind::kMachine, path.key,
+                       "'" + path.dir + "' needs " + bytes(need) + " bytes (" + holds +
+                           "; the engine allocates its swap files whole when it starts) but has " +
+                           std::to_string(path.free_bytes) + " bytes free"};
+    if (strict) {
+      d.message += " (an error under --strict)";
+      check->errors.push_back(std::move(d));
+    } else {
+      check->warnings.push_back(std::move(d));
+    }
+  }
 }
 
 }  // namespace strata

@@ -317,15 +317,11 @@ struct ParseOptions {
   // Every warning becomes an error.
   bool strict = false;
   // Check on this machine that each nvme_path in use exists, is a directory and is writable, and
-  // report its free space (a warning below `min_free_bytes`), and compare the free space with what
-  // the config implies: offload_param's buffer_count x buffer_size x 2 bytes (4 without fp16/bf16)
-  // (less free: an error), and with `params`, the optimizer swap (less free: a warning).
+  // report its free space (a note, a warning below `min_free_bytes`, and
+  // ConfigCheck::nvme_paths). What the engine writes there depends on the model's size: the
+  // planner compares it (CheckNvmeSpace, strata/planner.h).
   bool check_here = false;
   int64_t min_free_bytes = int64_t{1} << 30;  // [1 GiB] the free-space warning threshold
-  // The model's parameter count, for check_here: optimizer state swapped to NVMe needs about
-  // params x 12 bytes (fp32 master, Adam m and v) at offload_optimizer.nvme_path, all ranks of
-  // the job counted as on this machine. Without it only the swap buffers are compared.
-  std::optional<double> params;
   // Names the config in ParseDeepSpeedConfig's error message; Load/Check*File default it to the
   // path. May be empty.
   std::string source_name;
@@ -375,6 +371,13 @@ struct ParsedConfig {
 };
 
 // Everything a check found, valid or not. `parsed` is set when there are no errors.
+// An nvme_path in use, checked on this machine (ParseOptions::check_here).
+struct NvmePathSpace {
+  std::string key;  // "zero_optimization.offload_optimizer.nvme_path" or ".offload_param."
+  std::string dir;
+  int64_t free_bytes = 0;  // statvfs: f_bavail x f_frsize
+};
+
 struct ConfigCheck {
   std::vector<ConfigDiagnostic> errors;
   std::vector<ConfigDiagnostic> warnings;
@@ -382,6 +385,9 @@ struct ConfigCheck {
   // Information, not findings: each "auto" dropped as DeepSpeed drops it ("<path>: ... DeepSpeed's
   // default <value> applies"), the old aio name `thread_count`, free space under check_here.
   std::vector<std::string> notes;
+  // Under check_here: each nvme_path in use that is a writable directory, in the order of the
+  // keys above (one entry per key, also where both name the same directory).
+  std::vector<NvmePathSpace> nvme_paths;
   bool ok() const { return errors.empty(); }
 };
 

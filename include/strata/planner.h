@@ -247,6 +247,9 @@ struct Placement {
   // (sched::HostCacheBytes). The working set is host_bytes_per_node minus this.
   double host_cache_bytes_per_node = 0;
   double nvme_bytes_per_node = 0;
+  // Of nvme_bytes_per_node, the params at offload_param.nvme_path; the rest (the optimizer
+  // state and its gradients) is at offload_optimizer.nvme_path.
+  double nvme_param_bytes_per_node = 0;
   CommVolume comm;
   double pcie_bytes_per_gpu = 0;         // host <-> GPU copies per optimizer step
   double nvme_io_bytes_per_node = 0;     // NVMe reads + writes per optimizer step
@@ -325,6 +328,19 @@ void ApplyEngineConfig(const EngineConfig& config, PlanInput* in, std::vector<st
 // file cannot be read; InvalidArgument listing every config error.
 Status ApplyDeepSpeedConfigFile(const std::string& path, PlanInput* in,
                                 std::vector<std::string>* notes);
+
+// `offloadctl config check --here --params N` and strata.check_config(check_here=True,
+// params=N): compares each nvme_path's free space (check->nvme_paths, measured under
+// ParseOptions::check_here) with what the engine puts there for a model of `params` parameters
+// trained by `ranks` ranks, all counted as on this machine: the configured setting's placement
+// (Place: the optimizer state and its gradients at offload_optimizer.nvme_path, the params at
+// offload_param.nvme_path, both where the two name one directory). The engine allocates its swap
+// files whole when it starts, so less free is a warning naming the key and both figures (an
+// error when `strict`, as ParseOptions::strict makes the checks' warnings); each path that has
+// room gets a note. Nothing is compared (a note says why) where the config has errors, its stage
+// is "auto", or the placement puts nothing on NVMe. REQUIRES: params > 0, ranks >= 1, check
+// non-null.
+void CheckNvmeSpace(double params, int64_t ranks, bool strict, ConfigCheck* check);
 
 // Parses a parameter count: "7e9", "7000000000", "7B", "1.5T", "350M", "125k" (k M B/G T,
 // case-insensitive). InvalidArgument for anything else or a non-positive value.

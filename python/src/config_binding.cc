@@ -1,4 +1,5 @@
 // strata._strata.check_config / plan: the config checker and the memory planner, no torch needed.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -54,15 +55,28 @@ ParseOptions MakeParseOptions(std::optional<int64_t> world_size, bool strict, bo
 nb::dict CheckConfig(const std::string& text, const std::string& path,
                      std::optional<int64_t> world_size, bool strict, bool check_here,
                      const std::map<std::string, std::string>& auto_values,
-                     std::optional<int64_t> hidden_size) {
+                     std::optional<int64_t> hidden_size, std::optional<double> params) {
   ParseOptions o = MakeParseOptions(world_size, strict, check_here, auto_values, hidden_size);
   ConfigCheck c = path.empty() ? CheckDeepSpeedConfig(text, o)
                                : ValueOrThrow(CheckDeepSpeedConfigFile(path, o));
+  if (params) {
+    if (!(*params > 0)) ThrowIfError(Status::InvalidArgument("params must be > 0"));
+    CheckNvmeSpace(*params, std::max<int64_t>(1, world_size.value_or(1)), strict, &c);
+  }
   nb::dict d;
   d["ok"] = c.ok();
   d["errors"] = Diagnostics(c.errors);
   d["warnings"] = Diagnostics(c.warnings);
   d["notes"] = nb::cast(c.notes);
+  nb::list paths;
+  for (const NvmePathSpace& n : c.nvme_paths) {
+    nb::dict e;
+    e["key"] = n.key;
+    e["dir"] = n.dir;
+    e["free_bytes"] = n.free_bytes;
+    paths.append(e);
+  }
+  d["nvme_paths"] = paths;
   if (c.parsed) {
     d["effective_json"] = EffectiveConfigJson(c.parsed->config);
     d["normalized_json"] = c.parsed->normalized_json;
@@ -122,9 +136,10 @@ void BindConfig(nb::module_& m) {
         nb::arg("world_size") = nb::none(), nb::arg("strict") = false,
         nb::arg("check_here") = false,
         nb::arg("auto_values") = std::map<std::string, std::string>{},
-        nb::arg("hidden_size") = nb::none(),
+        nb::arg("hidden_size") = nb::none(), nb::arg("params") = nb::none(),
         "Checks a DeepSpeed config (JSON text, or the file at `path`); returns a dict of "
-        "ok, errors, warnings, notes and the effective config.");
+        "ok, errors, warnings, notes, nvme_paths and the effective config. With check_here "
+        "and params: each nvme_path's free space against what the engine puts there.");
   m.def("plan", &MakePlanBinding, nb::arg("params"), nb::arg("config_path") = "",
         nb::arg("stage") = -1, nb::arg("offload_optimizer") = "", nb::arg("offload_param") = "",
         nb::arg("gpus") = 8, nb::arg("nodes") = 1, nb::arg("hbm_gb") = 80.0,

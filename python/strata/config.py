@@ -29,16 +29,25 @@ def _text_or_path(config: ConfigLike) -> tuple[str, str]:
 
 def check_config(config: ConfigLike, *, world_size: Optional[int] = None, strict: bool = False,
                  check_here: bool = False, auto_values: Optional[Mapping[str, Any]] = None,
-                 hidden_size: Optional[int] = None) -> dict:
+                 hidden_size: Optional[int] = None,
+                 params: Union[int, float, str, None] = None) -> dict:
     """Checks a DeepSpeed config (a dict, JSON text or a file path) as `offloadctl config check`.
 
-    Returns {"ok", "errors", "warnings", "notes", "effective_json", ...}; each error and warning
-    is a dict with kind, path, message, line, column and text. Never raises for a bad config;
-    raises StrataError when the file cannot be read.
+    Returns {"ok", "errors", "warnings", "notes", "nvme_paths", "effective_json", ...}; each
+    error and warning is a dict with kind, path, message, line, column and text. check_here
+    checks each nvme_path in use on this machine (nvme_paths: key, dir, free_bytes); with
+    `params` (7e9 or "7B") also whether it has room for what the engine puts there for that
+    model on `world_size` ranks of this machine (as `offloadctl config check --here --params`).
+    Never raises for a bad config; raises StrataError when the file cannot be read.
     """
     text, path = _text_or_path(config)
     autos = {k: json.dumps(v) for k, v in (auto_values or {}).items()}
-    return _strata.check_config(text, path, world_size, strict, check_here, autos, hidden_size)
+    if params is not None:
+        if not check_here:
+            raise ValueError("check_config: params needs check_here=True")
+        params = float(_parse_count(params) if isinstance(params, str) else params)
+    return _strata.check_config(text, path, world_size, strict, check_here, autos, hidden_size,
+                                params)
 
 
 def load_config(config: ConfigLike, *, world_size: Optional[int] = None,

@@ -22,6 +22,38 @@ def test_check_config_file(tmp_path):
         strata.check_config(str(tmp_path / "missing.json"))
 
 
+def test_check_config_compares_nvme_paths_with_what_the_engine_writes(tmp_path):
+    """check_here with params: the free space of the nvme_path against the planner's bytes for
+    the configured setting, which are what the engine's swap file holds (each block rounded up
+    to 4 KiB for O_DIRECT)."""
+    nvme = str(tmp_path)
+    cfg = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "zero_optimization": {"stage": 3,
+                                 "offload_optimizer": {"device": "nvme", "nvme_path": nvme},
+                                 "offload_param": {"device": "nvme", "nvme_path": nvme}}}
+    groups = [(f"l{i}", [("w", [256, 1000]), ("b", [1000])]) for i in range(4)]
+    params = 4 * (256 * 1000 + 1000)
+    r = strata.check_config(cfg, check_here=True, params=params)
+    assert r["ok"] and not r["warnings"], r
+    assert [p["key"] for p in r["nvme_paths"]] == ["zero_optimization.offload_optimizer.nvme_path",
+                                                   "zero_optimization.offload_param.nvme_path"]
+    held = [n for n in r["notes"] if " holds " in n]
+    assert len(held) == 1, r["notes"]  # one directory for both
+    need = int(held[0].split(" holds ")[1].split()[0])
+    assert need == params * (12 + 2 + 2)  # optimizer state, bf16 gradient, bf16 params
+    e = strata.Engine(groups, json.dumps(cfg))
+    written = sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file())
+    e.close()
+    assert need <= written <= need + 4096 * 5 * len(groups), (need, written)
+    # Less free than that is a warning naming the key (here: an impossible model size).
+    r = strata.check_config(cfg, check_here=True, params="1000T")
+    assert [w["path"] for w in r["warnings"]] == ["zero_optimization.offload_optimizer.nvme_path"]
+    assert "needs 16000000000000000 bytes" in r["warnings"][0]["message"]
+    with pytest.raises(ValueError, match="check_here"):
+        strata.check_config(cfg, params=params)
+
+
 def test_plan():
     p = strata.plan("7B", {"zero_optimization": {"stage": 3}}, gpus=2)
     assert "ledger" in p and "ladder" in p

@@ -1,7 +1,9 @@
 // `offloadctl config check ds.json`: validates a DeepSpeed config the way strata reads it and
 // prints the errors, the warnings and the effective resolved config.
+#include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,7 @@ nlohmann::ordered_json DiagJson(const ConfigDiagnostic& d) {
 
 int RunCheck(const ConfigCheckArgs& a) {
   ParseOptions o;
+  std::optional<double> params;
   if (a.world_size > 0) o.world_size = a.world_size;
   if (a.hidden_size > 0) o.hidden_size = a.hidden_size;
   o.strict = a.strict;
@@ -52,7 +55,7 @@ int RunCheck(const ConfigCheckArgs& a) {
       std::fprintf(stderr, "--params: %s\n", std::string(p.status().message()).c_str());
       return kExitUsage;
     }
-    o.params = *p;
+    params = *p;
   }
   for (const std::string& kv : a.set) {
     size_t eq = kv.find('=');
@@ -80,7 +83,8 @@ int RunCheck(const ConfigCheckArgs& a) {
     }
     return kExitInvalid;
   }
-  const ConfigCheck& c = *r;
+  ConfigCheck& c = *r;
+  if (params) CheckNvmeSpace(*params, std::max<int64_t>(1, a.world_size), a.strict, &c);
   if (a.json) {
     nlohmann::ordered_json j{{"file", a.path}, {"valid", c.ok()}};
     j["errors"] = nlohmann::ordered_json::array();
@@ -88,6 +92,10 @@ int RunCheck(const ConfigCheckArgs& a) {
     j["warnings"] = nlohmann::ordered_json::array();
     for (const auto& w : c.warnings) j["warnings"].push_back(DiagJson(w));
     j["notes"] = c.notes;
+    j["nvme_paths"] = nlohmann::ordered_json::array();
+    for (const NvmePathSpace& n : c.nvme_paths) {
+      j["nvme_paths"].push_back({{"key", n.key}, {"dir", n.dir}, {"free_bytes", n.free_bytes}});
+    }
     if (c.parsed) {
       j["unresolved_auto"] = c.parsed->unresolved_auto;
       j["unacted_keys"] = nlohmann::ordered_json::array();
@@ -160,14 +168,16 @@ void RegisterConfig(CLI::App& parent, int* exit_code) {
   check->add_flag("--require-resolved", args->require_resolved,
                   "An \"auto\" left unresolved is an error (what a run needs)");
   check->add_flag("--strict", args->strict, "Turn every warning into an error");
-  check->add_flag("--here", args->here,
-                  "Also check this machine: each nvme_path in use exists, is a writable "
-                  "directory, and has the free space the config implies (offload_param swap "
-                  "buffers; with --params, the optimizer swap)");
+  CLI::Option* here =
+      check->add_flag("--here", args->here,
+                      "Also check this machine: each nvme_path in use exists and is a writable "
+                      "directory, and its free space");
   check
       ->add_option("--params", args->params,
-                   "With --here: the model's parameter count (7e9, 7B, 350M), to compare the "
-                   "optimizer state swapped to NVMe (12 bytes per parameter) with the free space")
+                   "With --here: the model's parameter count (7e9, 7B, 350M), to compare what "
+                   "the engine puts on each nvme_path (the planner's placement of the configured "
+                   "setting, --world-size ranks on this machine) with its free space")
+      ->needs(here)
       ->check(CLI::Validator(
           [](std::string& s) -> std::string {
             auto v = ParseParamCount(s);
