@@ -36,8 +36,10 @@ uint64_t NowNs() {
 }
 }  // namespace
 
-Result<std::unique_ptr<UringBackend>> UringBackend::Open(const IoBackendOptions& options) {
+Result<std::unique_ptr<UringBackend>> UringBackend::Open(const IoBackendOptions& options,
+                                                         std::shared_ptr<UringFaults> faults) {
   std::unique_ptr<UringBackend> b(new UringBackend());
+  b->faults_ = std::move(faults);
   const unsigned entries = static_cast<unsigned>(options.queue_depth);
   unsigned flags = IORING_SETUP_CLAMP;
   if (options.sqpoll) flags |= IORING_SETUP_SQPOLL;
@@ -90,7 +92,7 @@ UringBackend::~UringBackend() {
   std::vector<IoCompletion> sink(slots_.size());
   Status first;
   const bool drained = DrainInflight(*this, sink, &first);
-  if (hooks_.before_queue_exit) hooks_.before_queue_exit(inflight_);
+  if (faults_ && faults_->before_queue_exit) faults_->before_queue_exit(inflight_);
   if (!drained) {
     // Closing the ring now would let the kernel write into buffers the owner is about to free.
     std::fprintf(stderr,
@@ -248,7 +250,7 @@ Status UringBackend::Submit(std::span<const IoRequest> batch) {
     Prep(slot);
   }
   int ret = 0;
-  if (hooks_.submit_result && (ret = hooks_.submit_result()) < 0) {
+  if (faults_ && faults_->submit_result && (ret = faults_->submit_result()) < 0) {
     // What a failed io_uring_enter leaves behind: the SQ tail published, nothing consumed.
     ring_.sq.sqe_head = ring_.sq.sqe_tail;
     io_uring_smp_store_release(ring_.sq.ktail, ring_.sq.sqe_tail);
@@ -300,7 +302,7 @@ Result<size_t> UringBackend::DrainCqes() {
     }
     --in_kernel_;
     IoProgress& p = slots_[slot].progress;
-    if (hooks_.cqe_res) res = hooks_.cqe_res(p.request, p.done_bytes, res);
+    if (faults_ && faults_->cqe_res) res = faults_->cqe_res(p.request, p.done_bytes, res);
     Status error;
     const IoProgress::Next next = p.Advance(res, FileName(p.request.fd), &error);
     if (!(next == IoProgress::Next::kReissue && p.last_was_eagain)) ++seen;
@@ -342,7 +344,7 @@ void UringBackend::ReissueDeferred(size_t first_n) {
 
 Status UringBackend::Enter(unsigned wait_nr) {
   int ret = 0;
-  if (hooks_.enter_result && (ret = hooks_.enter_result()) < 0) {
+  if (faults_ && faults_->enter_result && (ret = faults_->enter_result()) < 0) {
     // injected failure
   } else if (wait_nr == 0) {
     // DEFER_TASKRUN posts completions only when we enter the kernel: do so even to poll.

@@ -42,8 +42,11 @@
 
 namespace strata::nvme {
 
-// Fault injection into the real ring, for tests. Every hook is optional.
-struct UringTestHooks {
+// The kernel's answers as the backend sees them, rewritten: a fault-injection layer handed to
+// Open (as leveldb's fault-injection Env is handed to a DB), for tests that drive the real ring
+// into errors it cannot be made to give on demand. Every member is optional; the caller keeps a
+// handle and may change them between calls to the backend (not during one).
+struct UringFaults {
   // Rewrites a CQE's raw result before IoProgress sees it (-EAGAIN, -EINTR, a short count, a hard
   // error). `done_bytes` is how much of the request had completed before this CQE.
   std::function<int(const IoRequest& request, size_t done_bytes, int res)> cqe_res = nullptr;
@@ -59,8 +62,10 @@ struct UringTestHooks {
 
 class UringBackend final : public IoBackend {
  public:
-  // Unavailable: the kernel refused io_uring_setup (errno in the message).
-  static Result<std::unique_ptr<UringBackend>> Open(const IoBackendOptions& options);
+  // Unavailable: the kernel refused io_uring_setup (errno in the message). `faults` (may be null)
+  // rewrites what the kernel answers (UringFaults).
+  static Result<std::unique_ptr<UringBackend>> Open(const IoBackendOptions& options,
+                                                    std::shared_ptr<UringFaults> faults = nullptr);
   ~UringBackend() override;
 
   IoBackendKind kind() const noexcept override { return IoBackendKind::kIoUring; }
@@ -76,8 +81,6 @@ class UringBackend final : public IoBackend {
   // Ring setup flags in effect (for the bench report).
   unsigned setup_flags() const noexcept { return setup_flags_; }
   size_t registered_buffers() const noexcept { return buffers_.size(); }
-  // Test-only fault injection (see UringTestHooks).
-  void SetTestHooksForTesting(UringTestHooks hooks) { hooks_ = std::move(hooks); }
 
  private:
   struct Slot {
@@ -117,7 +120,7 @@ class UringBackend final : public IoBackend {
   std::vector<Deferred> deferred_;  // capacity queue_depth, reserved at Open
   size_t inflight_ = 0;
   size_t in_kernel_ = 0;  // SQEs prepared or submitted whose CQE has not been handled
-  UringTestHooks hooks_;
+  std::shared_ptr<UringFaults> faults_;  // may be null
   // Fixed files: fd -> table index; free indices.
   bool files_registered_ = false;
   std::unordered_map<int, unsigned> fixed_files_;

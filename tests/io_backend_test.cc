@@ -34,7 +34,9 @@ using testing::TempDir;
 
 constexpr size_t kQd = 8;
 
-std::unique_ptr<IoBackend> Make(IoBackendKind kind) {
+// `faults`: io_uring only, the ring opened directly with them (UringBackend::Open).
+std::unique_ptr<IoBackend> Make(IoBackendKind kind,
+                                std::shared_ptr<nvme::UringFaults> faults = nullptr) {
   if (kind == IoBackendKind::kSimulated) {
     nvme::SimOptions o;
     o.queue_depth = kQd;
@@ -45,6 +47,11 @@ std::unique_ptr<IoBackend> Make(IoBackendKind kind) {
   o.kind = kind;
   o.queue_depth = kQd;
   o.posix_threads = 3;
+  if (faults != nullptr) {
+    auto u = nvme::UringBackend::Open(o, std::move(faults));
+    EXPECT_TRUE(u.ok()) << u.status().ToString();
+    return u.ok() ? std::unique_ptr<IoBackend>(std::move(u).value()) : nullptr;
+  }
   auto b = OpenIoBackend(o);
   EXPECT_TRUE(b.ok()) << b.status().ToString();
   return b.ok() ? std::move(b).value() : nullptr;
@@ -251,9 +258,12 @@ TEST_P(IoBackendContract, DestroyingTheBackendWaitsForInFlightWrites) {
   }
   size_t inflight_at_queue_exit = 12345;
   if (GetParam() == IoBackendKind::kIoUring) {  // the ring must not be closed under IO
-    nvme::UringTestHooks hooks;
-    hooks.before_queue_exit = [&](size_t n) { inflight_at_queue_exit = n; };
-    static_cast<nvme::UringBackend*>(backend_.get())->SetTestHooksForTesting(hooks);
+    auto faults = std::make_shared<nvme::UringFaults>();
+    faults->before_queue_exit = [&](size_t n) { inflight_at_queue_exit = n; };
+    backend_->UnregisterFile(fd_);
+    backend_ = Make(GetParam(), faults);
+    ASSERT_NE(backend_, nullptr);
+    ASSERT_TRUE(backend_->RegisterFile(fd_, path_).ok());
   }
   ASSERT_TRUE(backend_->Submit(batch).ok());
   backend_->UnregisterFile(fd_);  // the fd stays open; only the name table entry goes

@@ -180,7 +180,7 @@ class SwapOnUring : public ::testing::Test {
     IoBackendOptions o;
     o.kind = IoBackendKind::kIoUring;
     o.queue_depth = 4;
-    auto b = UringBackend::Open(o);
+    auto b = UringBackend::Open(o, faults_);
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     io_ = std::move(b).value();
     auto s = SwapSpace::Create(TwoPaths(dir_, 4), kBlocks, io_.get());
@@ -194,6 +194,7 @@ class SwapOnUring : public ::testing::Test {
     FillPattern(v2_.get(), n_, 2);
   }
   TempDir dir_{"swapuring"};
+  std::shared_ptr<UringFaults> faults_ = std::make_shared<UringFaults>();
   std::unique_ptr<UringBackend> io_;
   std::unique_ptr<SwapSpace> swap_;
   size_t n_ = 0;
@@ -206,7 +207,7 @@ class SwapOnUring : public ::testing::Test {
 TEST_F(SwapOnUring, RefusedSubmitCompletesEachOpOnceWithTheError) {
   ASSERT_TRUE(swap_->Write(9, v1_.get()).ok());
   int fail = 1;
-  io_->SetTestHooksForTesting({.submit_result = [&] { return fail-- > 0 ? -ENOMEM : 0; }});
+  *faults_ = UringFaults({.submit_result = [&] { return fail-- > 0 ? -ENOMEM : 0; }});
   const SwapOp ops[] = {{IoOp::kWrite, 9, v2_.get(), 1}, {IoOp::kWrite, 8, v2_.get(), 2}};
   ASSERT_TRUE(swap_->Submit(ops).ok());  // accepted: the outcome is in the completions
   auto done = ReapAll(*swap_);
@@ -229,13 +230,13 @@ TEST_F(SwapOnUring, RefusedSubmitCompletesEachOpOnceWithTheError) {
 TEST_F(SwapOnUring, RefusedSubmitHalfwayThroughAWriteInvalidatesTheBlock) {
   ASSERT_TRUE(swap_->Write(9, v1_.get()).ok());
   int submits = 0;  // block 9 has 6 units, queue depth 4: the second submit fails
-  io_->SetTestHooksForTesting({.submit_result = [&] { return ++submits == 2 ? -ENOMEM : 0; }});
+  *faults_ = UringFaults({.submit_result = [&] { return ++submits == 2 ? -ENOMEM : 0; }});
   Status w = swap_->Write(9, v2_.get());
   EXPECT_TRUE(w.IsIOError()) << w.ToString();
   EXPECT_EQ(io_->inflight(), 0u);
   Status r = swap_->Read(9, back_.get());
   EXPECT_TRUE(r.IsCorruption()) << r.ToString();
-  io_->SetTestHooksForTesting({});
+  *faults_ = UringFaults({});
   ASSERT_TRUE(swap_->Write(9, v2_.get()).ok());
   ASSERT_TRUE(swap_->Read(9, back_.get()).ok());
   EXPECT_EQ(std::memcmp(back_.get(), v2_.get(), n_), 0);
@@ -247,7 +248,7 @@ TEST_F(SwapOnUring, CloseWaitsForIoInFlightThroughReapErrors) {
   const SwapOp ops[] = {{IoOp::kWrite, 9, v1_.get(), 1}, {IoOp::kWrite, 8, v2_.get(), 2}};
   ASSERT_TRUE(swap_->Submit(ops).ok());
   int fail = 3;
-  io_->SetTestHooksForTesting({.enter_result = [&] { return fail-- > 0 ? -ENOMEM : 0; }});
+  *faults_ = UringFaults({.enter_result = [&] { return fail-- > 0 ? -ENOMEM : 0; }});
   const auto files = swap_->files();
   Status c = swap_->Close();
   EXPECT_TRUE(c.ok()) << c.ToString();

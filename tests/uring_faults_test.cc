@@ -1,4 +1,4 @@
-// The real io_uring backend under scripted faults (UringTestHooks): hard submit errors leave
+// The real io_uring backend under scripted faults (UringFaults): hard submit errors leave
 // nothing queued (all or nothing), cleanup waits for IO in flight even when the ring reports
 // errors, and every rewritten CQE outcome (EAGAIN, EINTR, short IO, hard errors) is handled.
 #include <unistd.h>
@@ -26,13 +26,13 @@ using testing::TempDir;
 constexpr size_t kQd = 8;
 constexpr size_t kBytes = 1 << 20;
 
-class UringFaults : public ::testing::Test {
+class UringUnderFaults : public ::testing::Test {
  protected:
   void SetUp() override {
     IoBackendOptions o;
     o.kind = IoBackendKind::kIoUring;
     o.queue_depth = kQd;
-    auto b = UringBackend::Open(o);
+    auto b = UringBackend::Open(o, faults_);
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     io_ = std::move(b).value();
     path_ = dir_.File("data");
@@ -61,6 +61,7 @@ class UringFaults : public ::testing::Test {
   }
 
   TempDir dir_{"uringfault"};
+  std::shared_ptr<UringFaults> faults_ = std::make_shared<UringFaults>();
   std::unique_ptr<UringBackend> io_;
   std::string path_;
   int fd_ = -1;
@@ -70,9 +71,9 @@ class UringFaults : public ::testing::Test {
 // Regression: a hard io_uring_submit error used to leave the batch's slots taken, inflight()
 // raised and its SQEs in the ring, so the next entry issued them anyway (a second time, once the
 // caller retried).
-TEST_F(UringFaults, HardSubmitErrorQueuesNothingAndIssuesNothingLater) {
+TEST_F(UringUnderFaults, HardSubmitErrorQueuesNothingAndIssuesNothingLater) {
   int fail = 1;
-  io_->SetTestHooksForTesting({.submit_result = [&] { return fail-- > 0 ? -ENOMEM : 0; }});
+  *faults_ = UringFaults({.submit_result = [&] { return fail-- > 0 ? -ENOMEM : 0; }});
   auto writes = Batch(IoOp::kWrite, src_.get(), 4, 100);
   Status s = io_->Submit(writes);
   ASSERT_TRUE(s.IsIOError()) << s.ToString();
@@ -132,11 +133,11 @@ TEST(UringSingleIssuer, SubmitFromAnotherThreadFailsAndLeavesNothingInFlight) {
 
 // Regression: the destructor used to stop draining at the first failed Reap and close the ring
 // with IO in flight.
-TEST_F(UringFaults, DestructorDrainsThroughReapErrorsBeforeQueueExit) {
+TEST_F(UringUnderFaults, DestructorDrainsThroughReapErrorsBeforeQueueExit) {
   size_t at_exit = 99;
   int fail = 5;
-  io_->SetTestHooksForTesting({.enter_result = [&] { return fail-- > 0 ? -ENOMEM : 0; },
-                               .before_queue_exit = [&](size_t n) { at_exit = n; }});
+  *faults_ = UringFaults({.enter_result = [&] { return fail-- > 0 ? -ENOMEM : 0; },
+                          .before_queue_exit = [&](size_t n) { at_exit = n; }});
   ASSERT_TRUE(io_->Submit(Batch(IoOp::kWrite, src_.get(), kQd, 0)).ok());
   io_->UnregisterFile(fd_);
   io_.reset();
@@ -145,9 +146,9 @@ TEST_F(UringFaults, DestructorDrainsThroughReapErrorsBeforeQueueExit) {
   EXPECT_EQ(std::memcmp(src_.get(), dst_.get(), kBytes), 0);
 }
 
-TEST_F(UringFaults, DestructorWithoutFaultsFindsNothingInFlight) {
+TEST_F(UringUnderFaults, DestructorWithoutFaultsFindsNothingInFlight) {
   size_t at_exit = 99;
-  io_->SetTestHooksForTesting({.before_queue_exit = [&](size_t n) { at_exit = n; }});
+  *faults_ = UringFaults({.before_queue_exit = [&](size_t n) { at_exit = n; }});
   ASSERT_TRUE(io_->Submit(Batch(IoOp::kWrite, src_.get(), kQd, 0)).ok());
   EXPECT_EQ(io_->inflight(), kQd);
   io_->UnregisterFile(fd_);
@@ -156,20 +157,20 @@ TEST_F(UringFaults, DestructorWithoutFaultsFindsNothingInFlight) {
 }
 
 // Regression: Execute used to return on a failed Reap with requests still in flight.
-TEST_F(UringFaults, ExecuteReturnsOnlyOnceNothingIsInFlightAfterAReapError) {
+TEST_F(UringUnderFaults, ExecuteReturnsOnlyOnceNothingIsInFlightAfterAReapError) {
   int fail = 2;
-  io_->SetTestHooksForTesting({.enter_result = [&] { return fail-- > 0 ? -ENOMEM : 0; }});
+  *faults_ = UringFaults({.enter_result = [&] { return fail-- > 0 ? -ENOMEM : 0; }});
   Status s = io_->Execute(Batch(IoOp::kWrite, src_.get(), 2 * kQd, 0));
   EXPECT_TRUE(s.IsIOError()) << s.ToString();
   EXPECT_EQ(io_->inflight(), 0u);
-  io_->SetTestHooksForTesting({});
+  *faults_ = UringFaults({});
   ASSERT_TRUE(io_->Write(fd_, 0, src_.get(), kBytes).ok());
   EXPECT_TRUE(RoundTrips());
 }
 
-TEST_F(UringFaults, EintrAndShortCompletionsAreReissued) {
+TEST_F(UringUnderFaults, EintrAndShortCompletionsAreReissued) {
   int calls = 0;
-  io_->SetTestHooksForTesting({.cqe_res = [&](const IoRequest& r, size_t done, int res) {
+  *faults_ = UringFaults({.cqe_res = [&](const IoRequest& r, size_t done, int res) {
     ++calls;
     if (calls % 3 == 1) return -EINTR;
     if (res > 4096 && done == 0) return 4096;  // short: the rest is re-issued
@@ -182,8 +183,8 @@ TEST_F(UringFaults, EintrAndShortCompletionsAreReissued) {
 
 // Regression: short transfers shared one 64-retry budget with EINTR/EAGAIN, so a transfer that
 // kept moving 4 KiB at a time failed after 64 pieces.
-TEST_F(UringFaults, ProgressResetsTheRetryBudget) {
-  io_->SetTestHooksForTesting({.cqe_res = [](const IoRequest& r, size_t done, int res) {
+TEST_F(UringUnderFaults, ProgressResetsTheRetryBudget) {
+  *faults_ = UringFaults({.cqe_res = [](const IoRequest& r, size_t done, int res) {
     return res > 4096 ? 4096 : res;  // 256 pieces for 1 MiB
   }});
   ASSERT_TRUE(io_->Write(fd_, 0, src_.get(), kBytes).ok());
@@ -191,9 +192,9 @@ TEST_F(UringFaults, ProgressResetsTheRetryBudget) {
 }
 
 // Regression: EAGAIN was re-issued at once, so the whole retry budget burned within one drain.
-TEST_F(UringFaults, EagainBacksOffBeforeReissuing) {
+TEST_F(UringUnderFaults, EagainBacksOffBeforeReissuing) {
   int eagains = 10;
-  io_->SetTestHooksForTesting({.cqe_res = [&](const IoRequest&, size_t, int res) {
+  *faults_ = UringFaults({.cqe_res = [&](const IoRequest&, size_t, int res) {
     return eagains-- > 0 ? -EAGAIN : res;
   }});
   const auto t0 = std::chrono::steady_clock::now();
@@ -206,15 +207,15 @@ TEST_F(UringFaults, EagainBacksOffBeforeReissuing) {
             static_cast<int64_t>(min_ns));
 }
 
-TEST_F(UringFaults, EndlessEagainGivesUpAsIOError) {
-  io_->SetTestHooksForTesting({.cqe_res = [](const IoRequest&, size_t, int) { return -EAGAIN; }});
+TEST_F(UringUnderFaults, EndlessEagainGivesUpAsIOError) {
+  *faults_ = UringFaults({.cqe_res = [](const IoRequest&, size_t, int) { return -EAGAIN; }});
   Status s = io_->Read(fd_, 0, dst_.get(), 4096);
   EXPECT_TRUE(s.IsIOError()) << s.ToString();
   EXPECT_NE(s.message().find("gave up"), std::string_view::npos) << s.ToString();
 }
 
-TEST_F(UringFaults, HardCqeErrorIsIOErrorNamingErrnoAndFile) {
-  io_->SetTestHooksForTesting({.cqe_res = [](const IoRequest&, size_t, int) { return -EIO; }});
+TEST_F(UringUnderFaults, HardCqeErrorIsIOErrorNamingErrnoAndFile) {
+  *faults_ = UringFaults({.cqe_res = [](const IoRequest&, size_t, int) { return -EIO; }});
   Status s = io_->Write(fd_, 8192, src_.get(), 4096);
   EXPECT_TRUE(s.IsIOError()) << s.ToString();
   EXPECT_NE(s.message().find("errno 5"), std::string_view::npos) << s.ToString();
@@ -224,8 +225,8 @@ TEST_F(UringFaults, HardCqeErrorIsIOErrorNamingErrnoAndFile) {
 
 // Finding: a short O_DIRECT transfer that is not a multiple of 4096 used to be re-issued from an
 // unaligned offset and fail as a confusing EINVAL.
-TEST_F(UringFaults, UnalignedShortTransferOnODirectNamesTheCount) {
-  io_->SetTestHooksForTesting(
+TEST_F(UringUnderFaults, UnalignedShortTransferOnODirectNamesTheCount) {
+  *faults_ = UringFaults(
       {.cqe_res = [](const IoRequest&, size_t done, int res) { return done == 0 ? 1000 : res; }});
   Status s = io_->Read(fd_, 0, dst_.get(), 8192);
   EXPECT_TRUE(s.IsIOError()) << s.ToString();
