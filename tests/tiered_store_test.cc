@@ -281,6 +281,77 @@ TEST_F(StoreTest, ResourceExhaustedWhenNothingCanFree) {
   EXPECT_TRUE(store_->Acquire(99, Tier::kHost, Access::kRead, kWait).status().IsNotFound());
 }
 
+// A device that refuses allocations with a given error once armed (as CUDA does when memory the
+// budget counts as free is held outside strata's pool, or after a fault); otherwise the wrapped
+// one.
+class RefusingDevice final : public Device {
+ public:
+  explicit RefusingDevice(Device* inner) : inner_(inner) {}
+  void Refuse(Status st) { refusal_ = std::move(st); }
+  std::string name() const override { return inner_->name(); }
+  bool host_addressable() const override { return inner_->host_addressable(); }
+  Result<void*> Allocate(uint64_t n) override {
+    if (!refusal_.ok()) return refusal_;
+    return inner_->Allocate(n);
+  }
+  Status Free(void* p) override { return inner_->Free(p); }
+  Status CopyAsync(CopyDir d, void* dst, const void* src, uint64_t n, CopyCallback done) override {
+    return inner_->CopyAsync(d, dst, src, n, std::move(done));
+  }
+  Result<std::unique_ptr<DeviceEvent>> RecordEvent(CopyDir d) override {
+    return inner_->RecordEvent(d);
+  }
+  Status Synchronize() override { return inner_->Synchronize(); }
+  Status RegisterHost(void* p, uint64_t n) override { return inner_->RegisterHost(p, n); }
+  Status UnregisterHost(void* p) override { return inner_->UnregisterHost(p); }
+  DeviceStats stats() const override { return inner_->stats(); }
+
+ private:
+  Device* inner_;
+  Status refusal_;
+};
+
+// The device refusing room the budget has: out of memory fails the operation with the device's
+// own words beside the budget's figures; a fault fails it at once as that fault (not a wait, not
+// "no room"); a home on the device is refused the same way at Register.
+TEST_F(StoreTest, ADeviceRefusingRoomTheBudgetHasIsNamed) {
+  std::unique_ptr<RefusingDevice> refusing;
+  Open({.device_blocks = 4, .host_blocks = 4, .nvme_blocks = 8}, 7, [&](TieredStoreOptions& o) {
+    refusing = std::make_unique<RefusingDevice>(o.device);
+    o.device = refusing.get();
+  });
+  BlockId a = Reg("a", Tier::kHost), b = Reg("b", Tier::kHost);
+  EXPECT_EQ(Read(a, Tier::kDevice), 0);
+  refusing->Refuse(Status::ResourceExhausted("cudaErrorMemoryAllocation: out of memory"));
+  auto lb = store_->Acquire(b, Tier::kDevice, Access::kRead, kWait);
+  ASSERT_TRUE(lb.status().IsResourceExhausted()) << lb.status().ToString();
+  const std::string m = lb.status().ToString();
+  EXPECT_NE(m.find("'b'"), std::string::npos) << m;
+  EXPECT_NE(m.find("the device itself refused it within the budget"), std::string::npos) << m;
+  EXPECT_NE(m.find("out of memory"), std::string::npos) << m;
+  EXPECT_EQ(store_->residency(a, Tier::kDevice), Residency::kAbsent);  // evicted to make room
+
+  refusing->Refuse(Status::Internal("cudaErrorIllegalAddress: an illegal memory access"));
+  const auto t0 = std::chrono::steady_clock::now();
+  lb = store_->Acquire(b, Tier::kDevice, Access::kRead, kWait);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, kWait / 2);  // failed, not waited out
+  ASSERT_EQ(lb.status().code(), Status::Code::kInternal) << lb.status().ToString();
+  EXPECT_NE(lb.status().ToString().find("the device refused 16384 bytes on tier hbm: "
+                                        "cudaErrorIllegalAddress"),
+            std::string::npos)
+      << lb.status().ToString();
+  auto r =
+      store_->Register(BlockSpec{"home", kBlock, DType::kF32, StateKind::kMaster32, Tier::kDevice});
+  ASSERT_EQ(r.status().code(), Status::Code::kInternal) << r.status().ToString();
+  EXPECT_NE(r.status().ToString().find("'home'"), std::string::npos) << r.status().ToString();
+
+  refusing->Refuse(Status::OK());  // the device has room again: nothing was left behind
+  EXPECT_EQ(Read(b, Tier::kDevice), 0);
+  EXPECT_EQ(Read(a, Tier::kDevice), 0);
+  ExpectWithinBudgets();
+  store_.reset();  // before the device it uses
+}
+
 TEST_F(StoreTest, WritesToOneBlockApplyInOrder) {
   Open({});
   BlockId b = Reg("ordered", Tier::kNvme);

@@ -13,7 +13,7 @@
 
 namespace strata::store {
 
-bool TieredStore::TryAllocate(Block& b, Tier tier) {
+bool TieredStore::TryAllocate(Block& b, Tier tier, Status* refused) {
   Copy& c = b.copy[tier];
   if (used_[tier] + b.alloc_bytes > budget_[tier]) return false;
   if (tier == Tier::kHost) {
@@ -23,7 +23,10 @@ bool TieredStore::TryAllocate(Block& b, Tier tier) {
     c.ptr = host_base_ + *off;
   } else if (tier == Tier::kDevice) {
     auto p = options_.device->Allocate(b.alloc_bytes);
-    if (!p.ok()) return false;
+    if (!p.ok()) {
+      if (refused != nullptr) *refused = p.status();
+      return false;
+    }
     c.ptr = *p;
   }  // NVMe: only home copies, laid out by the swap space when the tier opens; budget only
   c.reserved = true;
@@ -32,9 +35,27 @@ bool TieredStore::TryAllocate(Block& b, Tier tier) {
   return true;
 }
 
+namespace {
+
+// The device's refusal of a block's room, as the error that fails its operation: a fault as it is
+// (no eviction or wait can cure it), named by the block.
+Status DeviceRefusal(const std::string& block, uint64_t bytes, const Status& refused) {
+  return Status(refused.code(), block + ": the device refused " + std::to_string(bytes) +
+                                    " bytes on tier hbm: " + std::string(refused.message()));
+}
+
+}  // namespace
+
 TieredStore::Outcome TieredStore::Reserve(Block& b, Tier tier, Status* err) {
   if (b.copy[tier].reserved) return Outcome::kReady;
-  if (TryAllocate(b, tier)) return Outcome::kReady;
+  Status refused;
+  auto fault = [&] {
+    if (refused.ok() || refused.IsResourceExhausted()) return false;
+    *err = DeviceRefusal(Name(b), b.alloc_bytes, refused);
+    return true;
+  };
+  if (TryAllocate(b, tier, &refused)) return Outcome::kReady;
+  if (fault()) return Outcome::kFailed;
   // Evict unleased, droppable cached copies of blocks with no hop running, least recently used
   // first. A block whose operation is parked may lose a copy: its steps are re-derived from
   // residency, so it re-fetches; keeping such copies would let two parked blocks wait on each
@@ -50,7 +71,8 @@ TieredStore::Outcome TieredStore::Reserve(Block& b, Tier tier, Status* err) {
   for (auto& [use, vid] : victims) {
     FreeCopy(*blocks_[vid], tier);
     ++stats_.evictions;
-    if (TryAllocate(b, tier)) return Outcome::kReady;
+    if (TryAllocate(b, tier, &refused)) return Outcome::kReady;
+    if (fault()) return Outcome::kFailed;
   }
   std::vector<BlockId> dirty_idle;
   if (CanEverFree(tier, b.id, &dirty_idle)) {
@@ -61,7 +83,11 @@ TieredStore::Outcome TieredStore::Reserve(Block& b, Tier tier, Status* err) {
   *err = Status::ResourceExhausted(
       Name(b) + " needs " + std::to_string(b.alloc_bytes) + " bytes on tier " +
       std::string(TierName(tier)) + " (budget " + std::to_string(budget_[tier]) + ", in use " +
-      std::to_string(used_[tier]) + "): nothing in flight, leased or dirty there can free it");
+      std::to_string(used_[tier]) + "): nothing in flight, leased or dirty there can free it" +
+      (refused.ok() ? std::string()
+                    : "; the device itself refused it within the budget (memory held outside "
+                      "strata's pool, such as the trainer's own allocations): " +
+                          std::string(refused.message())));
   return Outcome::kFailed;
 }
 

@@ -178,10 +178,17 @@ Result<BlockId> TieredStore::Register(const BlockSpec& spec) {
   b->id = static_cast<BlockId>(blocks_.size());
   b->spec = spec;
   b->alloc_bytes = (spec.size_bytes + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
-  if (!TryAllocate(*b, spec.home)) {
+  if (Status refused; !TryAllocate(*b, spec.home, &refused)) {
+    const std::string what = "TieredStore::Register: block '" + spec.name + "' (" +
+                             std::to_string(b->alloc_bytes) + " bytes)";
+    if (!refused.ok()) {
+      return Status(refused.code(), what + ": the device refused its home on tier hbm (budget " +
+                                        std::to_string(budget_[h]) + ", in use " +
+                                        std::to_string(used_[h]) +
+                                        "): " + std::string(refused.message()));
+    }
     return Status::ResourceExhausted(
-        "TieredStore::Register: block '" + spec.name + "' (" + std::to_string(b->alloc_bytes) +
-        " bytes) does not fit its home tier " + std::string(TierName(spec.home)) + " (budget " +
+        what + " does not fit its home tier " + std::string(TierName(spec.home)) + " (budget " +
         std::to_string(budget_[h]) + ", in use " + std::to_string(used_[h]) + ")");
   }
   Copy& home = b->home();

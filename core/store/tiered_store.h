@@ -117,7 +117,10 @@ class TieredStore final : public Store {
   // and dirty idle copies could be written behind, records them in write_behind_ (started by
   // Pump once the current Advance returned) and parks.
   Outcome Reserve(Block& b, Tier tier, Status* err);
-  bool TryAllocate(Block& b, Tier tier);
+  // Takes b's room on `tier`: false when it is over the tier's budget, or the device refused
+  // (*refused, when given, set to the device's error: ResourceExhausted for memory it lacks
+  // beyond what the budget counts, anything else a fault the caller must not wait out).
+  bool TryAllocate(Block& b, Tier tier, Status* refused = nullptr);
   // Whether anything on `tier` (other than block `except`'s copy) could ever free space: a copy
   // that is leased, in flight or busy, or one that is dirty and idle (it can be written behind;
   // appended to *dirty_idle). Changes nothing.

@@ -10,7 +10,9 @@
 //   when a tier is full the store evicts clean, unleased, idle cached copies (least recently used
 //   first), starts write-back evictions of dirty ones, and otherwise parks the operation until
 //   in-flight work or a lease release frees space, or fails it with ResourceExhausted when
-//   nothing ever can.
+//   nothing ever can. The device may refuse room its budget has (CUDA: memory held outside the
+//   store's pool): that is waited out the same way, and the final ResourceExhausted quotes the
+//   device; any other refusal (a device fault) fails the operation at once with its own code.
 // - Operations (Fetch, WriteBack, Evict) are asynchronous and return a `Ticket`. Operations on one
 //   block run one at a time in issue order, so a read never sees a stale copy and writes to a
 //   block apply in order; operations on different blocks overlap. A failed hop (IO error,
@@ -242,7 +244,8 @@ class Store {
 
   // Registers a block and reserves its home copy (zero-filled, valid). InvalidArgument for size
   // 0, a duplicate name or a disabled home tier; ResourceExhausted when the home tier's budget
-  // cannot hold it; FailedPrecondition for an NVMe-homed block once the NVMe tier is open.
+  // cannot hold it; the device's own error when it refuses a device home; FailedPrecondition for an
+  // NVMe-homed block once the NVMe tier is open.
   virtual Result<BlockId> Register(const BlockSpec& spec) = 0;
 
   // Opens the NVMe tier (its swap space for every NVMe-homed block registered so far).
