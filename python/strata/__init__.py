@@ -1,7 +1,9 @@
 """strata: a ZeRO-Offload/Infinity engine with DeepSpeed's config format and training API.
 
 Without torch: check_config, load_config, plan, and the native Engine (strata.Engine).
-With torch: initialize (as deepspeed.initialize), strata.zero, strata.optim (client optimizers).
+With torch: initialize (as deepspeed.initialize), init_distributed, strata.zero, strata.optim
+(client optimizers). add_config_arguments (as deepspeed's) needs no torch. With these three, the
+calls DeepSpeed's example scripts make at the top level work on `import strata as deepspeed`.
 """
 
 
@@ -27,7 +29,8 @@ def _load_pip_cuda_libraries():
 
 _load_pip_cuda_libraries()
 from ._strata import Engine, StrataError  # noqa: E402
-from .config import ConfigError, check_config, load_config, plan  # noqa: E402
+from .config import (ConfigError, add_config_arguments, check_config, load_config,  # noqa: E402
+                     plan)
 
 __version__ = "0.1.0"
 
@@ -45,5 +48,11 @@ def initialize(*args, **kwargs):
     return _initialize(*args, **kwargs)
 
 
-__all__ = ["Engine", "StrataError", "ConfigError", "check_config", "load_config", "plan",
-           "initialize"]
+def init_distributed(*args, **kwargs):
+    """As deepspeed.init_distributed (see strata.engine.init_distributed); imports torch."""
+    from .engine import init_distributed as _init_distributed
+    return _init_distributed(*args, **kwargs)
+
+
+__all__ = ["Engine", "StrataError", "ConfigError", "add_config_arguments", "check_config",
+           "load_config", "plan", "initialize", "init_distributed"]

@@ -50,6 +50,23 @@ def check_config(config: ConfigLike, *, world_size: Optional[int] = None, strict
                                 params)
 
 
+def add_config_arguments(parser):
+    """As deepspeed.add_config_arguments: adds the "DeepSpeed" argument group (--deepspeed,
+    --deepspeed_config FILE, and the deprecated --deepscale / --deepscale_config) to an argparse
+    parser and returns it; strata.initialize(args=args, ...) reads the config from
+    args.deepspeed_config."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="Enable DeepSpeed (helper flag for user code, no effect on strata)")
+    group.add_argument("--deepspeed_config", default=None, type=str,
+                       help="DeepSpeed json configuration file.")
+    group.add_argument("--deepscale", default=False, action="store_true",
+                       help="Deprecated: as --deepspeed")
+    group.add_argument("--deepscale_config", default=None, type=str,
+                       help="Deprecated: as --deepspeed_config")
+    return parser
+
+
 def load_config(config: ConfigLike, *, world_size: Optional[int] = None,
                 auto_values: Optional[Mapping[str, Any]] = None) -> dict:
     """Checks the config and returns it as a dict (comments stripped, "auto" values substituted);

@@ -94,14 +94,17 @@ _HOST_DEFAULT_BUDGET = 8 << 30  # HostDevice's "HBM" when none is given
 def _engine_device(model: torch.nn.Module, device=None) -> torch.device:
     """The device the engine runs on: `device` when given (cuda picks LOCAL_RANK's GPU, else
     torch's current one), else the GPU the model's parameters or buffers are on (strata.zero.Init
-    keeps it on the emptied parameters), else the host (cpu)."""
+    keeps it on the emptied parameters), else, as DeepSpeed moves the model to the rank's GPU,
+    LOCAL_RANK's GPU where torch sees one, else the host (cpu)."""
     if device is None:
         for t in itertools.chain(model.parameters(), model.buffers()):
             if t.is_cuda:
                 device = t.device
                 break
         else:
-            return torch.device("cpu")
+            if not torch.cuda.is_available():
+                return torch.device("cpu")
+            device = torch.device("cuda")
     device = torch.device(device)
     if device.type == "cpu":
         return device
@@ -1159,6 +1162,25 @@ class StrataEngine(torch.nn.Module):
         return self._engine.world_size
 
     @property
+    def local_rank(self) -> int:
+        """This process's rank on its node (the launcher's LOCAL_RANK; 0 without one), as
+        DeepSpeedEngine.local_rank: scripts pick their device with it."""
+        return _local_rank()
+
+    def fp16_enabled(self) -> bool:
+        return bool((self._effective.get("fp16") or {}).get("enabled"))
+
+    def bfloat16_enabled(self) -> bool:
+        return bool((self._effective.get("bf16") or {}).get("enabled"))
+
+    def zero_optimization_stage(self) -> int:
+        return int((self._effective.get("zero_optimization") or {}).get("stage") or 0)
+
+    def train_batch_size(self) -> int:
+        """micro batch x gradient_accumulation_steps x world size."""
+        return int(self._micro_batch or 1) * self._gas * self.world_size
+
+    @property
     def last_step_report(self) -> Optional[dict]:
         return self._last_report
 
@@ -1469,8 +1491,9 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     overlap_step: stage 3 with the optimizer offloaded; the same numbers; a failure of the step
     is raised by the next engine call that waits for it rather than by step()).
     The device: where the model's parameters are (a model on a GPU trains on that GPU, NCCL
-    between ranks; on the CPU, the host stand-in with Gloo), or `device=` ("cuda", "cuda:N",
-    "cpu"; the model is moved there). device_budget_bytes bounds the engine's device memory
+    between ranks), or `device=` ("cuda", "cuda:N", "cpu"; the model is moved there); a model on
+    the CPU moves, as DeepSpeed moves it, to the rank's GPU (LOCAL_RANK) where torch sees one, and
+    otherwise runs on the host stand-in with Gloo (device="cpu" keeps it there on a GPU machine). device_budget_bytes bounds the engine's device memory
     (default on a GPU: its free memory less 20 % of its size, at least 4 GiB, left to torch).
     """
     if model is None:
@@ -1499,16 +1522,63 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
                           device_budget_bytes=device_budget_bytes, timeout_ms=timeout_ms,
                           overlap_step=overlap_step, param_groups=groups,
                           lr_scheduler=lr_scheduler, device=device)
+    if args is not None and hasattr(args, "local_rank"):
+        args.local_rank = engine.local_rank  # as DeepSpeed aligns it with the launcher's
     loader = None
     if training_data is not None:
-        sampler = None
-        if world > 1:
-            sampler = torch.utils.data.distributed.DistributedSampler(
-                training_data, num_replicas=world, rank=rank)
+        # DeepSpeed's deepspeed_io: each rank's share through a DistributedSampler (shuffled with
+        # seed 0, the same order every epoch: set_epoch is never called), micro-batches of
+        # train_micro_batch_size_per_gpu, dataloader_drop_last from the config.
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            training_data, num_replicas=world, rank=rank)
         loader = torch.utils.data.DataLoader(
             training_data, batch_size=engine.train_micro_batch_size_per_gpu() or 1,
-            sampler=sampler, collate_fn=collate_fn, shuffle=False)
+            sampler=sampler, collate_fn=collate_fn,
+            drop_last=bool(cfg.get("dataloader_drop_last", False)))
     return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: bool = True,
+                     distributed_port: int = 29500, verbose: bool = True, timeout=None,
+                     init_method: Optional[str] = None, dist_init_required: Optional[bool] = None,
+                     config=None, rank: int = -1, world_size: int = -1) -> None:
+    """As deepspeed.init_distributed: initialises torch.distributed for the script's own use
+    (its barriers, metrics, get_rank) where it is not yet. Under a launcher (torchrun,
+    `offloadctl launch`, deepspeed's: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT
+    set) from that environment, or from `init_method`; `dist_backend` defaults to nccl where CUDA
+    is available (the process's GPU set to LOCAL_RANK first) and gloo otherwise. One process
+    without a launcher gets a group of one (RANK 0, WORLD_SIZE 1, LOCAL_RANK 0 set in the
+    environment), where DeepSpeed would look for MPI. strata's engine keeps its own communicator
+    either way. auto_mpi_discovery, distributed_port, verbose and config are accepted and not
+    used."""
+    dist = torch.distributed
+    if dist.is_initialized():
+        return
+    if dist_init_required is False:
+        raise RuntimeError("strata.init_distributed(dist_init_required=False): torch.distributed "
+                           "is not initialised")
+    env = os.environ
+    backend = dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    launched = all(k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                      "MASTER_PORT"))
+    if backend == "nccl":
+        torch.cuda.set_device(_local_rank())
+    if launched or init_method is not None:
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=world_size, **kwargs)
+        return
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        env.setdefault(key, value)
+    if int(env["WORLD_SIZE"]) != 1:
+        raise RuntimeError("strata.init_distributed: WORLD_SIZE is " + env["WORLD_SIZE"] +
+                           " but MASTER_ADDR / MASTER_PORT are not set: start the ranks with "
+                           "torchrun or `offloadctl launch`")
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
 
 
 def _share_rendezvous_secret() -> None:

@@ -329,7 +329,9 @@ def test_over_budget_is_refused_naming_the_tier(device):
 
 def test_device_follows_the_model_or_the_argument():
     cpu_model = make_model("mlp")
-    assert strata_engine._engine_device(cpu_model) == torch.device("cpu")
+    # A model on the CPU: the rank's GPU where there is one (as DeepSpeed), else the host.
+    want = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
+    assert strata_engine._engine_device(cpu_model) == want
     assert strata_engine._engine_device(cpu_model, "cpu") == torch.device("cpu")
     with pytest.raises(ValueError, match="not supported"):
         strata_engine._engine_device(cpu_model, "meta")
@@ -341,6 +343,20 @@ def test_device_follows_the_model_or_the_argument():
     with pytest.raises(ValueError, match="device_budget_bytes"):
         strata_engine._device_budget(None, 0)
     assert strata_engine._device_budget(None, 12345) == 12345
+
+
+@needs_gpu
+def test_a_deepspeed_script_trains_on_the_gpu_without_moving_its_model(tmp_path):
+    """ds_script_worker.py (test_ds_script.py, after DeepSpeedExamples' CIFAR script) never moves
+    its model: as under DeepSpeed, initialize puts it on the rank's GPU, and the script moves its
+    inputs to engine.device. The losses follow torch's on the CPU within the GPU's TF32
+    convolutions."""
+    import test_ds_script as ds
+    got = ds.run_one_process(tmp_path, 3)
+    assert got["device"].startswith("cuda"), got["device"]
+    want_losses, _, want_eval = ds.reference()
+    assert got["losses"] == pytest.approx(want_losses, rel=1e-2)
+    assert got["eval_loss"] == pytest.approx(want_eval, rel=1e-2)
 
 
 @needs_gpu

@@ -1,0 +1,126 @@
+"""A script written for DeepSpeed (ds_script_worker.py, after DeepSpeedExamples' CIFAR example)
+run on strata with `import strata as deepspeed` as its only change: add_config_arguments,
+init_distributed, initialize(args=...) with model_parameters and training_data, the engine's
+local_rank / device / bfloat16_enabled(). One process without a launcher trains as torch does on
+the batches DeepSpeed's loader gives (a DistributedSampler, shuffled with seed 0, the same order
+each epoch); two ranks under a launcher's environment end where one rank does."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from launch import HERE, launch  # noqa: E402
+
+LR, N, BATCH, EPOCHS = 1e-3, 48, 16, 2
+LAUNCHER_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID")
+
+
+def write_config(tmp_path, stage, offload="none"):
+    z = {"stage": stage}
+    if offload != "none":
+        z["offload_optimizer"] = {"device": offload}
+    cfg = {"train_batch_size": BATCH, "gradient_clipping": 0.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
+           "zero_optimization": z}
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def script_args(tmp_path, config, out):
+    return ["--deepspeed", "--deepspeed_config", str(config), "-e", str(EPOCHS), "--out", str(out)]
+
+
+def reference():
+    """The worker's model and data trained by torch: AdamW, the DistributedSampler's order."""
+    sys.path.insert(0, HERE)
+    g = torch.Generator().manual_seed(1)
+    images = torch.randn(N, 3, 32, 32, generator=g)
+    targets = torch.randint(0, 10, (N,), generator=g)
+    data = torch.utils.data.TensorDataset(images, targets)
+    src = open(os.path.join(HERE, "ds_script_worker.py")).read()
+    net_src = src[src.index("class Net"):src.index("torch.manual_seed(0)\nnet = Net()")]
+    scope = {"nn": torch.nn, "F": torch.nn.functional}
+    exec(net_src, scope)
+    torch.manual_seed(0)
+    net = scope["Net"]()
+    opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=0.01)
+    sampler = torch.utils.data.distributed.DistributedSampler(data, num_replicas=1, rank=0)
+    loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=sampler)
+    losses = []
+    for _ in range(EPOCHS):
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    with torch.no_grad():
+        out = net(images)
+        correct = (out.argmax(1) == targets).sum().item()
+        eval_loss = torch.nn.functional.cross_entropy(out, targets).item()
+    return losses, correct, eval_loss
+
+
+def run_one_process(tmp_path, stage, offload="none"):
+    """The worker as one process started without a launcher; what rank 0 wrote."""
+    config, out = write_config(tmp_path, stage, offload), tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_KEYS}
+    env["PYTHONPATH"] = os.pathsep.join([HERE, env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, os.path.join(HERE, "ds_script_worker.py"),
+                        *script_args(tmp_path, config, out)], env=env, capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("stage,offload", [(2, "cpu"), (3, "none")])
+def test_one_process_without_a_launcher_trains_as_torch(tmp_path, stage, offload):
+    """On the CPU (test_cuda.py runs the script on a GPU)."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the script trains there (test_cuda.py)")
+    got = run_one_process(tmp_path, stage, offload)
+    assert (got["world"], got["local_rank"], got["args_local_rank"]) == (1, 0, 0)
+    assert got["device"] == "cpu"
+    assert got["deepspeed"] and got["stage"] == stage and not got["fp16"] and not got["bf16"]
+    assert got["train_batch_size"] == BATCH
+    steps = EPOCHS * N // BATCH
+    assert got["global_steps"] == steps and len(got["losses"]) == steps
+    want_losses, want_correct, want_eval = reference()
+    assert got["losses"] == pytest.approx(want_losses, rel=1e-5, abs=1e-6)
+    assert got["correct"] == want_correct
+    assert got["eval_loss"] == pytest.approx(want_eval, rel=1e-5)
+    assert want_eval < want_losses[0]  # it learnt something: the run is not a no-op
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_under_a_launcher_end_where_one_rank_does(tmp_path, monkeypatch):
+    """On the CPU (two ranks need two GPUs where torch sees one). Each rank trains on its half of each global batch (DistributedSampler(2, rank) over the
+    same permutation): the model after the run is one rank's, up to the order of the sums."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: two ranks would need two")
+    config = write_config(tmp_path, 3)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    out = tmp_path / "out.json"
+    outs = launch(tmp_path, "ds_script_worker.py",
+                  lambda r, nvme: script_args(tmp_path, config, out), world=2)
+    for rc, text in outs:
+        assert rc == 0, text
+    got = json.loads(out.read_text())
+    assert (got["world"], got["local_rank"], got["args_local_rank"]) == (2, 0, 0)
+    assert got["train_batch_size"] == BATCH and got["global_steps"] == EPOCHS * N // BATCH
+    _, want_correct, want_eval = reference()
+    assert got["correct"] == want_correct
+    assert got["eval_loss"] == pytest.approx(want_eval, rel=1e-4)
