@@ -2,8 +2,9 @@
 
 Without torch: check_config, load_config, plan, and the native Engine (strata.Engine).
 With torch: initialize (as deepspeed.initialize), init_distributed, strata.zero, strata.optim
-(client optimizers). add_config_arguments (as deepspeed's) needs no torch. With these three, the
-calls DeepSpeed's example scripts make at the top level work on `import strata as deepspeed`.
+(client optimizers), strata.accelerator (get_accelerator, as deepspeed.accelerator's).
+add_config_arguments (as deepspeed's) needs no torch. With these, the calls DeepSpeed's example
+scripts make at the top level work on `import strata as deepspeed`.
 """
 
 
@@ -36,7 +37,7 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    if name in ("zero", "optim", "utils"):  # imported lazily: the rest works without torch
+    if name in ("zero", "optim", "utils", "accelerator"):  # lazily: the rest needs no torch
         import importlib
         return importlib.import_module("." + name, __name__)
     raise AttributeError(name)

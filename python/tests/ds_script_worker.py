@@ -2,9 +2,11 @@
 training/cifar/cifar10_deepspeed.py): argparse with add_config_arguments and --local_rank,
 init_distributed() before anything else, initialize(args=args, model=net,
 model_parameters=filter(...), training_data=trainset), the engine's local_rank, device and
-bfloat16_enabled(), a loop over the loader initialize returns, and an evaluation through the model
-itself. The one change from the DeepSpeed script: `import strata as deepspeed` (and a random
-dataset instead of CIFAR's download). Rank 0 writes what it saw as JSON to --out."""
+bfloat16_enabled(), get_accelerator().device_name(local_rank) for the inputs' device, a loop over
+the loader initialize returns, and an evaluation through the model itself. The changes from the
+DeepSpeed script: the two imports (`import strata as deepspeed`, `from strata.accelerator import
+get_accelerator`) and a random dataset instead of CIFAR's download. Rank 0 writes what it saw as
+JSON to --out."""
 import argparse
 import json
 
@@ -13,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import strata as deepspeed
+from strata.accelerator import get_accelerator
 
 
 def add_argument():
@@ -60,7 +63,7 @@ parameters = filter(lambda p: p.requires_grad, net.parameters())
 model_engine, optimizer, trainloader, __ = deepspeed.initialize(
     args=args, model=net, model_parameters=parameters, training_data=trainset)
 
-local_device = model_engine.device
+local_device = get_accelerator().device_name(model_engine.local_rank)
 local_rank = model_engine.local_rank
 bf16 = model_engine.bfloat16_enabled()
 criterion = nn.CrossEntropyLoss()
@@ -87,7 +90,7 @@ with torch.no_grad():
 if torch.distributed.get_rank() == 0:
     with open(args.out, "w") as f:
         json.dump({"world": torch.distributed.get_world_size(), "local_rank": local_rank,
-                   "device": str(local_device),
+                   "device": local_device, "engine_device": str(model_engine.device),
                    "args_local_rank": args.local_rank, "deepspeed": args.deepspeed,
                    "stage": model_engine.zero_optimization_stage(),
                    "train_batch_size": model_engine.train_batch_size(),

@@ -349,11 +349,11 @@ def test_device_follows_the_model_or_the_argument():
 def test_a_deepspeed_script_trains_on_the_gpu_without_moving_its_model(tmp_path):
     """ds_script_worker.py (test_ds_script.py, after DeepSpeedExamples' CIFAR script) never moves
     its model: as under DeepSpeed, initialize puts it on the rank's GPU, and the script moves its
-    inputs to engine.device. The losses follow torch's on the CPU within the GPU's TF32
+    inputs to get_accelerator().device_name(engine.local_rank), the same GPU. The losses follow torch's on the CPU within the GPU's TF32
     convolutions."""
     import test_ds_script as ds
     got = ds.run_one_process(tmp_path, 3)
-    assert got["device"].startswith("cuda"), got["device"]
+    assert got["device"] == got["engine_device"] == "cuda:0", got
     want_losses, _, want_eval = ds.reference()
     assert got["losses"] == pytest.approx(want_losses, rel=1e-2)
     assert got["eval_loss"] == pytest.approx(want_eval, rel=1e-2)

@@ -1,7 +1,8 @@
 """A script written for DeepSpeed (ds_script_worker.py, after DeepSpeedExamples' CIFAR example)
-run on strata with `import strata as deepspeed` as its only change: add_config_arguments,
-init_distributed, initialize(args=...) with model_parameters and training_data, the engine's
-local_rank / device / bfloat16_enabled(). One process without a launcher trains as torch does on
+run on strata with its imports changed (`import strata as deepspeed`, strata.accelerator's
+get_accelerator): add_config_arguments, init_distributed, initialize(args=...) with
+model_parameters and training_data, the engine's local_rank / bfloat16_enabled(),
+get_accelerator().device_name(local_rank). One process without a launcher trains as torch does on
 the batches DeepSpeed's loader gives (a DistributedSampler, shuffled with seed 0, the same order
 each epoch); two ranks under a launcher's environment end where one rank does."""
 import json
@@ -87,7 +88,7 @@ def test_one_process_without_a_launcher_trains_as_torch(tmp_path, stage, offload
         pytest.skip("a GPU is present: the script trains there (test_cuda.py)")
     got = run_one_process(tmp_path, stage, offload)
     assert (got["world"], got["local_rank"], got["args_local_rank"]) == (1, 0, 0)
-    assert got["device"] == "cpu"
+    assert got["device"] == got["engine_device"] == "cpu"
     assert got["deepspeed"] and got["stage"] == stage and not got["fp16"] and not got["bf16"]
     assert got["train_batch_size"] == BATCH
     steps = EPOCHS * N // BATCH
@@ -97,6 +98,26 @@ def test_one_process_without_a_launcher_trains_as_torch(tmp_path, stage, offload
     assert got["correct"] == want_correct
     assert got["eval_loss"] == pytest.approx(want_eval, rel=1e-5)
     assert want_eval < want_losses[0]  # it learnt something: the run is not a no-op
+
+
+def test_the_accelerator_names_the_device_the_engine_picks():
+    from strata.accelerator import get_accelerator
+    acc = get_accelerator()
+    assert acc is get_accelerator()
+    if torch.cuda.is_available():
+        assert (acc.name(), acc.device_name(1), acc.device_name()) == ("cuda", "cuda:1", "cuda")
+        assert acc.communication_backend_name() == "nccl"
+        assert acc.device_count() == torch.cuda.device_count()
+    else:
+        assert (acc.name(), acc.device_name(1), acc.device_name()) == ("cpu", "cpu", "cpu")
+        assert acc.communication_backend_name() == "gloo" and acc.device_count() == 1
+        assert acc.memory_allocated() == 0 and acc.total_memory() > 0
+        acc.synchronize()  # nothing to wait for
+        acc.empty_cache()
+    want = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    assert acc.current_device_name() == want == str(acc.device(acc.current_device()))
+    t = torch.zeros(2)
+    assert acc.on_accelerator(t) == (acc.name() == "cpu")
 
 
 def free_port():
