@@ -690,7 +690,9 @@ class StrataEngine(torch.nn.Module):
     def _gather_external(self, p: torch.nn.Parameter, what: str) -> None:
         """p is read (or returned) inside the forward of a module that does not own it: gathered
         for the running call (whose backward gathers it again with the call's groups) and
-        registered as an external parameter of that module, with a one-time notice."""
+        registered as an external parameter of that module, with a notice for the first such
+        parameter of the module (PEFT's LoRA layers read each adapter's weight.dtype in a parent
+        with no parameters of its own: one notice, not one per adapter)."""
         module, call = self._call_stack[-1]
         gi = self._group_of[id(p)]
         if gi not in call.groups:
@@ -699,13 +701,17 @@ class StrataEngine(torch.nn.Module):
         external = module.__dict__.setdefault("_strata_external", {})
         if id(p) not in external:
             external[id(p)] = p
+            if module.__dict__.get("_strata_noticed"):
+                return
+            module.__dict__["_strata_noticed"] = True
             mname = self._module_names.get(id(module), type(module).__name__)
             pname = self._param_name(p)
             warnings.warn(
                 f"strata: parameter '{pname}' {what} in the forward of module '{mname}', which "
                 f"does not own it: gathered there and registered as an external parameter of "
                 f"'{mname}' (strata.zero.register_external_parameter(module, param) does it "
-                "ahead and silences this)", stacklevel=3)
+                "ahead and silences this; other parameters read there the same way are "
+                "registered without another notice)", stacklevel=3)
 
     def _adopt_returned_params(self, output) -> None:
         """A parameter a module's forward returns (as DeepSpeed) stays gathered for the caller."""

@@ -188,7 +188,7 @@ def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Par
     parameter's group with its own (and backward gathers it again); stages 0-2 keep every
     parameter whole, so there it changes nothing. Before or after strata.initialize. Without it,
     strata gathers a parameter read during the engine's forward and registers it the same way,
-    with a one-time notice."""
+    with a notice (one per module)."""
     if not isinstance(parameter, torch.nn.Parameter):
         raise RuntimeError("Parameter is not a torch.nn.Parameter")
     module.__dict__.setdefault("_strata_external", {})[id(parameter)] = parameter
@@ -199,10 +199,14 @@ def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Par
 
 def unregister_external_parameter(module: torch.nn.Module,
                                   parameter: torch.nn.Parameter) -> None:
-    """Undoes register_external_parameter (as DeepSpeed's)."""
+    """Undoes register_external_parameter (as DeepSpeed's). Once a module has none left, a
+    parameter read there again gets the notice again."""
     if not isinstance(parameter, torch.nn.Parameter):
         raise RuntimeError("Parameter is not a torch.nn.Parameter")
-    module.__dict__.get("_strata_external", {}).pop(id(parameter), None)
+    external = module.__dict__.get("_strata_external", {})
+    external.pop(id(parameter), None)
+    if not external:
+        module.__dict__.pop("_strata_noticed", None)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,8 @@
 """Frozen parameters (requires_grad=False): a LoRA fine-tune and a frozen embedding against plain
 torch AdamW over the trainable parameters, their memory, checkpoints and refusals, and a PEFT
 adapter on a transformers Llama. Two processes: test_distributed.py's "lora" / "gptfe" cases."""
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -145,12 +147,20 @@ def test_peft_lora_on_a_transformers_llama_trains_as_torch(tmp_path):
     engine, _, _, _ = strata.initialize(model=model, config=ds_config(
         3, "nvme", lr=LR, wd=WD, nvme_path=str(tmp_path)))
     losses = []
-    for step in range(STEPS):
-        loss = engine(input_ids=data(step), labels=data(step)).loss
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for step in range(STEPS):
+            loss = engine(input_ids=data(step), labels=data(step)).loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
     assert losses == pytest.approx(ref_losses, rel=1e-5)
+    # Each LoRA layer reads its lora_A's weight.dtype in a module without parameters of its own
+    # (two layers x q_proj, v_proj): four adapter weights registered on the root, one notice.
+    notices = [str(w.message) for w in seen if "registered as an external parameter" in
+               str(w.message)]
+    assert len(notices) == 1 and "lora_A" in notices[0], notices
+    assert len(model.__dict__.get("_strata_external", {})) == 4
     master = engine.read_master()
     for n, p in ref.named_parameters():
         if p.requires_grad:
