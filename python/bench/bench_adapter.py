@@ -74,7 +74,8 @@ def run_strata(args, rank, opt_dev, nvme, tag):
     os.environ["STRATA_RUN_ID"] = f"bench-{tag}"
     torch.manual_seed(0)
     model = CharGPT(args.vocab, args.hidden, args.heads, args.layers, args.ctx)
-    engine, _, _, _ = strata.initialize(model=model, config=config(3, opt_dev, nvme, args.mb))
+    engine, _, _, _ = strata.initialize(model=model, config=config(3, opt_dev, nvme, args.mb),
+                                        device="cpu")  # the stand-in, as DDP runs on gloo
 
     def step(x, y):
         loss = engine(x, y)

@@ -160,7 +160,7 @@ def torch_trainer(args):
 def strata_trainer(args, nvme, tag):
     os.environ["STRATA_RUN_ID"] = f"bench-char-gpt-{tag}"
     engine, _, _, _ = strata.initialize(model=make_model(args), config=strata_config(args, nvme),
-                                        overlap_step=args.overlap_step)
+                                        overlap_step=args.overlap_step, device="cpu")
     return Trainer(lambda x, y: engine(x, y), engine.backward, engine.step), engine
 
 

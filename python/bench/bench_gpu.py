@@ -329,7 +329,8 @@ def run_strata(ctx, tag, shape, mb, seq, cfg, warmup, steps, overlap_step=False,
         kw["device_budget_bytes"] = budget
     t0 = time.perf_counter()
     engine, _, _, _ = strata.initialize(model=model, config=cfg,
-                                        model_parameters=model.parameters(), **kw)
+                                        model_parameters=model.parameters(), device=ctx.device,
+                                        **kw)
     ctx.sync()
     init_s = time.perf_counter() - t0
     try:

@@ -455,7 +455,7 @@ class Trainer(transformers.Trainer):
         try:
             engine, eopt, _, esched = strata.initialize(
                 model=model, config=cfg, optimizer=optimizer, lr_scheduler=lr_scheduler,
-                device=None if self.args.device.type == "cpu" else self.args.device)
+                device=self.args.device)  # use_cpu keeps the stand-in on a GPU machine
         except TypeError as e:
             if optimizer is not None:
                 raise ValueError(f"strata Trainer: optim={getattr(self.args.optim, 'value', self.args.optim)!r} is not supported "
