@@ -469,9 +469,13 @@ class StrataEngine(torch.nn.Module):
         self._effective = eff
         self._gas = int(eff.get("gradient_accumulation_steps") or 1)
         self._micro_batch = eff.get("train_micro_batch_size_per_gpu")
+        # The engine's rendezvous store listens on MASTER_PORT, unless torch.distributed's holds
+        # it: torchrun's, or one the script started from the launcher's environment
+        # (init_distributed, TrainingArguments): then on the port after it.
         master_port = 0
-        if world_size > 1 and "TORCHELASTIC_RUN_ID" in os.environ and "MASTER_PORT" in os.environ:
-            master_port = int(os.environ["MASTER_PORT"]) + 1  # torchrun's store holds MASTER_PORT
+        if world_size > 1 and "MASTER_PORT" in os.environ and (
+                "TORCHELASTIC_RUN_ID" in os.environ or torch.distributed.is_initialized()):
+            master_port = int(os.environ["MASTER_PORT"]) + 1
         spec = [(g.name, [(n, _full_shape(p)) for n, p in g.params]) for g in self._groups]
         self._engine = _strata.Engine(
             spec, json.dumps(config), rank, world_size, nvme_paths or [], device_budget_bytes,
@@ -1588,8 +1592,8 @@ def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: boo
 
 
 def _share_rendezvous_secret() -> None:
-    """Under torchrun, the engine's own rendezvous (rank 0 serves a TCP store on MASTER_PORT + 1)
-    needs a secret every rank holds (cpu/rendezvous/rendezvous.h). `offloadctl launch` sets
+    """Under torchrun, the engine's own rendezvous (rank 0 serves a TCP store on MASTER_PORT + 1,
+    StrataEngine) needs a secret every rank holds (cpu/rendezvous/rendezvous.h). `offloadctl launch` sets
     STRATA_RDZV_SECRET; torchrun does not, so rank 0 draws one and sends it over torch.distributed
     (initialised here with gloo from torchrun's environment when the script has not done it)."""
     env = os.environ

@@ -4,10 +4,10 @@ get_accelerator): add_config_arguments, init_distributed, initialize(args=...) w
 model_parameters and training_data, the engine's local_rank / bfloat16_enabled(),
 get_accelerator().device_name(local_rank). One process without a launcher trains as torch does on
 the batches DeepSpeed's loader gives (a DistributedSampler, shuffled with seed 0, the same order
-each epoch); two ranks under a launcher's environment end where one rank does."""
+each epoch); two ranks under `offloadctl launch` end where one rank does."""
 import json
 import os
-import socket
+import shutil
 import subprocess
 import sys
 
@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from launch import HERE, launch  # noqa: E402
+from launch import HERE  # noqa: E402
 
 LR, N, BATCH, EPOCHS = 1e-3, 48, 16, 2
 LAUNCHER_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -120,25 +120,30 @@ def test_the_accelerator_names_the_device_the_engine_picks():
     assert acc.on_accelerator(t) == (acc.name() == "cpu")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def offloadctl():
+    """The build's offloadctl beside the module (build/python/strata -> build/tools)."""
+    import strata
+    built = os.path.join(os.path.dirname(strata.__file__), "..", "..", "tools", "offloadctl")
+    return built if os.path.exists(built) else shutil.which("offloadctl")
 
 
-def test_two_ranks_under_a_launcher_end_where_one_rank_does(tmp_path, monkeypatch):
-    """On the CPU (two ranks need two GPUs where torch sees one). Each rank trains on its half of each global batch (DistributedSampler(2, rank) over the
-    same permutation): the model after the run is one rank's, up to the order of the sums."""
+def test_two_ranks_under_offloadctl_launch_end_where_one_rank_does(tmp_path):
+    """`offloadctl launch -n 2` (torchrun's environment; the script's init_distributed takes
+    MASTER_PORT for torch.distributed, the engine's store the port after it). Each rank trains
+    on its half of each global batch (DistributedSampler(2, rank) over the same permutation):
+    the model after the run is one rank's, up to the order of the sums."""
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: two ranks would need two")
-    config = write_config(tmp_path, 3)
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    out = tmp_path / "out.json"
-    outs = launch(tmp_path, "ds_script_worker.py",
-                  lambda r, nvme: script_args(tmp_path, config, out), world=2)
-    for rc, text in outs:
-        assert rc == 0, text
+    launcher = offloadctl()
+    assert launcher, "offloadctl is neither in the build tree nor on PATH"
+    config, out = write_config(tmp_path, 3), tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_KEYS}
+    env["PYTHONPATH"] = os.pathsep.join([HERE, env.get("PYTHONPATH", "")])
+    r = subprocess.run([launcher, "launch", "-n", "2", "--", sys.executable,
+                        os.path.join(HERE, "ds_script_worker.py"),
+                        *script_args(tmp_path, config, out)], env=env, capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
     got = json.loads(out.read_text())
     assert (got["world"], got["local_rank"], got["args_local_rank"]) == (2, 0, 0)
     assert got["train_batch_size"] == BATCH and got["global_steps"] == EPOCHS * N // BATCH
