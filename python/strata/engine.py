@@ -1503,8 +1503,9 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     The device: where the model's parameters are (a model on a GPU trains on that GPU, NCCL
     between ranks), or `device=` ("cuda", "cuda:N", "cpu"; the model is moved there); a model on
     the CPU moves, as DeepSpeed moves it, to the rank's GPU (LOCAL_RANK) where torch sees one, and
-    otherwise runs on the host stand-in with Gloo (device="cpu" keeps it there on a GPU machine). device_budget_bytes bounds the engine's device memory
-    (default on a GPU: its free memory less 20 % of its size, at least 4 GiB, left to torch).
+    otherwise runs on the host stand-in with Gloo (device="cpu" keeps it there on a GPU machine).
+    device_budget_bytes bounds the engine's device memory (default on a GPU: its free memory less
+    20 % of its size, at least 4 GiB, left to torch).
     """
     if model is None:
         raise ValueError("strata.initialize: model is required")
@@ -1593,9 +1594,10 @@ def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: boo
 
 def _share_rendezvous_secret() -> None:
     """Under torchrun, the engine's own rendezvous (rank 0 serves a TCP store on MASTER_PORT + 1,
-    StrataEngine) needs a secret every rank holds (cpu/rendezvous/rendezvous.h). `offloadctl launch` sets
-    STRATA_RDZV_SECRET; torchrun does not, so rank 0 draws one and sends it over torch.distributed
-    (initialised here with gloo from torchrun's environment when the script has not done it)."""
+    StrataEngine) needs a secret every rank holds (cpu/rendezvous/rendezvous.h). `offloadctl
+    launch` sets STRATA_RDZV_SECRET; torchrun does not, so rank 0 draws one and sends it over
+    torch.distributed (initialised here with gloo from torchrun's environment when the script has
+    not done it)."""
     env = os.environ
     if int(env.get("WORLD_SIZE", "1")) <= 1 or any(
             env.get(k) for k in ("STRATA_RDZV_SECRET", "STRATA_RDZV_INSECURE", "STRATA_RDZV_DIR")):
