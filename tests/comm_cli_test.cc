@@ -51,6 +51,23 @@ TEST(LaunchCli, RanksPerNodeLaysRanksOutAsNodes) {
   EXPECT_NE(bad.out.find("--ranks-per-node 2 does not divide -n 3"), std::string::npos) << bad.out;
 }
 
+// --local-rank-arg: as DeepSpeed's launcher, each rank's command ends with --local_rank=LOCAL_RANK
+// (with --ranks-per-node, the rank within its node); without it nothing is appended.
+TEST(LaunchCli, LocalRankArgAppendsTheRanksLocalRank) {
+  const std::string echo = " -- sh -c 'echo args=$RANK:\"$*\"' sh";
+  const Out o = Sh(Ctl() + " launch -n 4 --ranks-per-node 2 --local-rank-arg" + echo + " --x");
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  for (const char* want :
+       {"[rank 0] args=0:--x --local_rank=0", "[rank 1] args=1:--x --local_rank=1",
+        "[rank 2] args=2:--x --local_rank=0", "[rank 3] args=3:--x --local_rank=1"}) {
+    EXPECT_NE(o.out.find(want), std::string::npos) << want << "\n" << o.out;
+  }
+  const Out plain = Sh(Ctl() + " launch -n 2" + echo + " --x");
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  EXPECT_NE(plain.out.find("[rank 1] args=1:--x\n"), std::string::npos) << plain.out;
+  EXPECT_EQ(plain.out.find("--local_rank"), std::string::npos) << plain.out;
+}
+
 TEST(LaunchCli, EveryRunGetsItsOwnRendezvousSecret) {
   // The ranks of one run share a secret of 32 random bytes (64 hex characters); the next run's
   // differs. A secret in launch's own environment is not handed on.

@@ -133,17 +133,24 @@ std::string MakeRunDir(const std::string& parent) {
   return tmpl;
 }
 
+// cmds[r]: rank r's command line.
 int RunRanks(int n, int per_node, const std::string& addr, int port, const std::string& rdzv_dir,
              const std::string& run_id, double timeout_s, double grace_s,
-             const std::vector<std::string>& cmd);
+             const std::vector<std::vector<std::string>>& cmds);
 
+// local_rank_arg: each rank's command gets --local_rank=LOCAL_RANK appended, as DeepSpeed's
+// launcher passes it (scripts written for it read args.local_rank before initialize).
 int RunLaunch(int n, int per_node, const std::string& addr, int port,
               const std::string& rdzv_parent, double timeout_s, double grace_s,
-              const std::vector<std::string>& cmd) {
+              const std::vector<std::string>& cmd, bool local_rank_arg) {
   if (per_node == 0) per_node = n;
   if (n % per_node != 0) {
     std::fprintf(stderr, "launch: --ranks-per-node %d does not divide -n %d\n", per_node, n);
     return kExitInvalid;
+  }
+  std::vector<std::vector<std::string>> cmds(n, cmd);
+  for (int r = 0; r < n && local_rank_arg; ++r) {
+    cmds[r].push_back("--local_rank=" + std::to_string(r % per_node));
   }
   if (port == 0) {
     std::string error;
@@ -171,7 +178,7 @@ int RunLaunch(int n, int per_node, const std::string& addr, int port,
     return kExitInvalid;
   }
   ::setenv("STRATA_RDZV_SECRET", secret->c_str(), 1);  // inherited by this run's ranks only
-  const int rc = RunRanks(n, per_node, addr, port, rdzv_dir, run_id, timeout_s, grace_s, cmd);
+  const int rc = RunRanks(n, per_node, addr, port, rdzv_dir, run_id, timeout_s, grace_s, cmds);
   if (!rdzv_dir.empty()) {
     std::error_code ec;  // best effort: the folder is this run's alone
     std::filesystem::remove_all(rdzv_dir, ec);
@@ -181,7 +188,7 @@ int RunLaunch(int n, int per_node, const std::string& addr, int port,
 
 int RunRanks(int n, int per_node, const std::string& addr, int port, const std::string& rdzv_dir,
              const std::string& run_id, double timeout_s, double grace_s,
-             const std::vector<std::string>& cmd) {
+             const std::vector<std::vector<std::string>>& cmds) {
   // Ranks run in their own process groups, so a Ctrl-C reaches only launch: forward it.
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
@@ -189,9 +196,11 @@ int RunRanks(int n, int per_node, const std::string& addr, int port, const std::
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGHUP, &sa, nullptr);
   std::vector<Rank> ranks(n);
-  std::vector<char*> argv;
-  for (const auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
+  std::vector<std::vector<char*>> argvs(n);  // made before the forks: the child only execs
+  for (int r = 0; r < n; ++r) {
+    for (const auto& a : cmds[r]) argvs[r].push_back(const_cast<char*>(a.c_str()));
+    argvs[r].push_back(nullptr);
+  }
   std::fflush(stdout);
   std::fflush(stderr);
   for (int r = 0; r < n; ++r) {
@@ -220,8 +229,8 @@ int RunRanks(int n, int per_node, const std::string& addr, int port, const std::
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       if (!rdzv_dir.empty()) ::setenv("STRATA_RDZV_DIR", rdzv_dir.c_str(), 1);
       ::setenv("STRATA_RUN_ID", run_id.c_str(), 1);
-      ::execvp(argv[0], argv.data());
-      std::fprintf(stderr, "launch: cannot execute '%s': %s\n", argv[0], std::strerror(errno));
+      ::execvp(argvs[r][0], argvs[r].data());
+      std::fprintf(stderr, "launch: cannot execute '%s': %s\n", argvs[r][0], std::strerror(errno));
       ::_exit(127);
     }
     ::close(out[1]);
@@ -341,6 +350,7 @@ void RegisterLaunch(CLI::App& parent, int* exit_code) {
     std::string rdzv_dir;
     double timeout_s = 0;
     double grace_s = 5;
+    bool local_rank_arg = false;
     std::vector<std::string> command;
   };
   auto o = std::make_shared<Opts>();
@@ -372,10 +382,13 @@ void RegisterLaunch(CLI::App& parent, int* exit_code) {
                   "Seconds between SIGTERM and SIGKILL when stopping ranks")
       ->check(CLI::NonNegativeNumber)
       ->default_val(5);
+  cmd->add_flag("--local-rank-arg", o->local_rank_arg,
+                "Append --local_rank=LOCAL_RANK to each rank's command, as DeepSpeed's launcher "
+                "does (for scripts written for it, which read args.local_rank)");
   cmd->add_option("command", o->command, "The command and its arguments, after --")->required();
   cmd->callback([o, exit_code] {
     *exit_code = RunLaunch(o->n, o->per_node, o->addr, o->port, o->rdzv_dir, o->timeout_s,
-                           o->grace_s, o->command);
+                           o->grace_s, o->command, o->local_rank_arg);
   });
 }
 
