@@ -2,7 +2,8 @@
 
 Without torch: check_config, load_config, plan, and the native Engine (strata.Engine).
 With torch: initialize (as deepspeed.initialize), init_distributed, strata.zero, strata.optim
-(client optimizers), strata.accelerator (get_accelerator, as deepspeed.accelerator's).
+(client optimizers), strata.accelerator (get_accelerator, as deepspeed.accelerator's),
+strata.comm (as deepspeed.comm).
 add_config_arguments (as deepspeed's) needs no torch. With these, the calls DeepSpeed's example
 scripts make at the top level work on `import strata as deepspeed`.
 """
@@ -37,7 +38,7 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    if name in ("zero", "optim", "utils", "accelerator"):  # lazily: the rest needs no torch
+    if name in ("zero", "optim", "utils", "accelerator", "comm"):  # lazily: need torch
         import importlib
         return importlib.import_module("." + name, __name__)
     raise AttributeError(name)

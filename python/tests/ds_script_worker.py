@@ -4,8 +4,9 @@ init_distributed() before anything else, initialize(args=args, model=net,
 model_parameters=filter(...), training_data=trainset), the engine's local_rank, device and
 bfloat16_enabled(), get_accelerator().device_name(local_rank) for the inputs' device, a loop over
 the loader initialize returns, and an evaluation through the model itself. The changes from the
-DeepSpeed script: the two imports (`import strata as deepspeed`, `from strata.accelerator import
-get_accelerator`) and a random dataset instead of CIFAR's download. Rank 0 writes what it saw as
+DeepSpeed script: the imports (`import strata as deepspeed`, `from strata.accelerator import
+get_accelerator`, and `import strata.comm as dist` for the loss averaged over ranks as
+DeepSpeed-Chat logs it) and a random dataset instead of CIFAR's download. Rank 0 writes what it saw as
 JSON to --out."""
 import argparse
 import json
@@ -15,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import strata as deepspeed
+import strata.comm as dist
 from strata.accelerator import get_accelerator
 
 
@@ -68,7 +70,7 @@ local_rank = model_engine.local_rank
 bf16 = model_engine.bfloat16_enabled()
 criterion = nn.CrossEntropyLoss()
 
-losses = []
+losses, mean_losses = [], []
 for epoch in range(args.epochs):
     for i, data in enumerate(trainloader):
         inputs, labels = data[0].to(local_device), data[1].to(local_device)
@@ -78,7 +80,11 @@ for epoch in range(args.epochs):
         loss = criterion(outputs, labels)
         model_engine.backward(loss)
         model_engine.step()
+        # The mean over ranks, as DeepSpeed-Chat's get_all_reduce_mean logs it.
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, op=dist.ReduceOp.SUM)
         losses.append(loss.item())
+        mean_losses.append(mean.item() / dist.get_world_size())
 
 correct = 0
 with torch.no_grad():
@@ -87,9 +93,10 @@ with torch.no_grad():
     correct = (predicted == targets.to(local_device)).sum().item()
     eval_loss = criterion(outputs.float(), targets.to(local_device)).item()
 
-if torch.distributed.get_rank() == 0:
+if dist.get_rank() == 0:
     with open(args.out, "w") as f:
-        json.dump({"world": torch.distributed.get_world_size(), "local_rank": local_rank,
+        json.dump({"world": dist.get_world_size(), "local_rank": local_rank,
+                   "dist_local_rank": dist.get_local_rank(), "mean_losses": mean_losses,
                    "device": local_device, "engine_device": str(model_engine.device),
                    "args_local_rank": args.local_rank, "deepspeed": args.deepspeed,
                    "stage": model_engine.zero_optimization_stage(),

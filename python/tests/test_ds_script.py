@@ -95,6 +95,7 @@ def test_one_process_without_a_launcher_trains_as_torch(tmp_path, stage, offload
     assert got["global_steps"] == steps and len(got["losses"]) == steps
     want_losses, want_correct, want_eval = reference()
     assert got["losses"] == pytest.approx(want_losses, rel=1e-5, abs=1e-6)
+    assert got["mean_losses"] == got["losses"]  # strata.comm's all-reduce over one rank
     assert got["correct"] == want_correct
     assert got["eval_loss"] == pytest.approx(want_eval, rel=1e-5)
     assert want_eval < want_losses[0]  # it learnt something: the run is not a no-op
@@ -146,7 +147,10 @@ def test_two_ranks_under_offloadctl_launch_end_where_one_rank_does(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     got = json.loads(out.read_text())
     assert (got["world"], got["local_rank"], got["args_local_rank"]) == (2, 0, 0)
+    assert got["dist_local_rank"] == 0
     assert got["train_batch_size"] == BATCH and got["global_steps"] == EPOCHS * N // BATCH
-    _, want_correct, want_eval = reference()
+    want_losses, want_correct, want_eval = reference()
+    # The two ranks' losses averaged through strata.comm are one rank's loss on the whole batch.
+    assert got["mean_losses"] == pytest.approx(want_losses, rel=1e-4)
     assert got["correct"] == want_correct
     assert got["eval_loss"] == pytest.approx(want_eval, rel=1e-4)
