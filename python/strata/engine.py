@@ -543,6 +543,7 @@ class StrataEngine(torch.nn.Module):
         self.micro_steps = 0
         self.global_steps = 0
         self.global_samples = 0
+        self._step_applied = False  # was_step_applied()
         self._last_report: Optional[dict] = None
         self.optimizer = _EngineOptimizer(self, param_groups)
         self.lr_scheduler = None
@@ -1081,12 +1082,14 @@ class StrataEngine(torch.nn.Module):
         skipped) step, as DeepSpeed does."""
         if lr_kwargs is not None:
             raise NotImplementedError("step(lr_kwargs=...) is not supported by strata")
+        self._step_applied = False
         if self.is_gradient_accumulation_boundary():
             self._release_all()
             self._push_lrs()
             self._last_report = self._engine.step()
             self._gather_whole()  # stages 0-2: the parameters whole again (new values)
             self.global_steps = self._last_report["global_step"]
+            self._step_applied = not self._last_report["skipped"]
             self._after_step(self._last_report["skipped"])
             if self._micro_batch:  # DeepSpeed's train_batch_size, once per boundary
                 self.global_samples += int(self._micro_batch) * self._gas * \
@@ -1149,6 +1152,17 @@ class StrataEngine(torch.nn.Module):
 
     def get_lr(self) -> list[float]:
         return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def was_step_applied(self) -> bool:
+        """As DeepSpeed's: whether the last step() updated the parameters (False between
+        accumulation boundaries, and for a step skipped on an fp16 overflow)."""
+        return self._step_applied
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped on an fp16 overflow so far (checkpoints keep the count), as
+        DeepSpeedEngine.skipped_steps."""
+        return int(self._engine.stats()["skipped_steps"])
 
     def get_global_grad_norm(self) -> Optional[float]:
         return None if self._last_report is None else self._last_report["grad_norm"]

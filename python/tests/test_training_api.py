@@ -138,3 +138,30 @@ def test_module_state_dict(stage):
         with strata.zero.GatheredParameters(model.parameters()):
             assert model.state_dict()["fc1.weight"].shape == (40, 16)
     engine.close()
+
+
+def test_was_step_applied_and_skipped_steps_follow_the_fp16_scaler():
+    """fp16 from a loss scale of 2^24: the first steps overflow and are skipped (the scale
+    halves each time) until one applies. was_step_applied() says which, as DeepSpeed's, and is
+    False between accumulation boundaries; skipped_steps counts the skipped ones."""
+    cfg = ds_config(2, gas=2, lr=LR, wd=WD)
+    cfg["fp16"] = {"enabled": True, "initial_scale_power": 24, "hysteresis": 1}
+    model = make_model("mlp").half()
+    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+    assert not engine.was_step_applied() and engine.skipped_steps == 0
+    applied = []
+    for step in range(40):
+        for m in range(2):
+            x, y = batch("mlp", step, m)
+            loss = engine(x.half(), y.half())
+            engine.backward(loss)
+            engine.step()
+            if m == 0:
+                assert not engine.was_step_applied()  # not a boundary
+        applied.append(engine.was_step_applied())
+        assert applied[-1] == (not engine.last_step_report["skipped"])
+        if applied[-1]:
+            break
+    assert applied[0] is False and applied[-1] is True, applied
+    assert engine.skipped_steps == applied.count(False) == engine.global_steps - 1
+    engine.close()
