@@ -164,7 +164,7 @@ void CheckNvmeSpace(double params, int64_t ranks, bool strict, ConfigCheck* chec
   const std::string who = bytes(params) + " parameters on " + std::to_string(ranks) +
                           (ranks == 1 ? " rank" : " ranks, all counted as on this machine");
   // One comparison per directory, under the first key that names it.
-  const std::vector<NvmePathSpace> paths = check->nvme_paths;
+  const std::vector<NvmePathSpace>& paths = check->nvme_paths;
   for (size_t i = 0; i < paths.size(); ++i) {
     bool seen = false;
     for (size_t j = 0; j < i; ++j) seen = seen || paths[j].dir == paths[i].dir;

@@ -83,7 +83,7 @@ class Accelerator:
             torch.manual_seed(seed)
 
     def communication_backend_name(self) -> str:
-        """The torch.distributed backend strata.init_distributed picks by default."""
+        """The torch.distributed backend: strata.init_distributed's default."""
         return "nccl" if self._cuda else "gloo"
 
     def is_bf16_supported(self) -> bool:

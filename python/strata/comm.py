@@ -14,12 +14,8 @@ from torch.distributed import (ReduceOp, all_gather, all_gather_into_tensor,  # 
                                is_available, is_initialized, isend, new_group, recv, reduce,
                                reduce_scatter, reduce_scatter_tensor, scatter, send)
 
+from .engine import _local_rank as get_local_rank  # noqa: F401  (LOCAL_RANK; 0 without one)
 from .engine import init_distributed  # noqa: F401
-
-
-def get_local_rank() -> int:
-    """The rank on this node (the launcher's LOCAL_RANK; 0 without one)."""
-    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def get_local_world_size() -> int:

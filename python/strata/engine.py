@@ -1586,8 +1586,9 @@ def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: boo
     if dist_init_required is False:
         raise RuntimeError("strata.init_distributed(dist_init_required=False): torch.distributed "
                            "is not initialised")
+    from .accelerator import get_accelerator
     env = os.environ
-    backend = dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = dist_backend or get_accelerator().communication_backend_name()
     kwargs = {} if timeout is None else {"timeout": timeout}
     launched = all(k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                       "MASTER_PORT"))
