@@ -1024,6 +1024,21 @@ class StrataEngine(torch.nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    def __getattr__(self, name: str):
+        """As DeepSpeedEngine's: a name the engine does not define is the module's, so scripts
+        written for a DeepSpeed engine call engine.generate(...), read engine.config or call
+        engine.gradient_checkpointing_enable(). The engine's own names come first (forward, step,
+        train, ...); dunder names are never passed on."""
+        try:
+            return super().__getattr__(name)  # torch's: parameters, buffers, submodules
+        except AttributeError:
+            pass
+        module = self.__dict__.get("_modules", {}).get("module")
+        if module is not None and not (name.startswith("__") and name.endswith("__")) \
+                and name in dir(module):
+            return getattr(module, name)  # an error inside the module's attribute propagates
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
     def backward(self, loss: torch.Tensor, retain_graph: bool = False,
                  scale_wrt_gas: bool = True) -> torch.Tensor:
         """loss.backward() with the loss scale, then the flush; the engine averages over ranks
@@ -1204,6 +1219,51 @@ class StrataEngine(torch.nn.Module):
         """micro batch x gradient_accumulation_steps x world size."""
         return int(self._micro_batch or 1) * self._gas * self.world_size
 
+    # DeepSpeedEngine's config accessors, from the effective config (defaults filled in).
+    def gradient_clipping(self) -> float:
+        return float(self._effective.get("gradient_clipping") or 0.0)
+
+    def steps_per_print(self) -> int:
+        return int(self._effective.get("steps_per_print") or 10)
+
+    def wall_clock_breakdown(self) -> bool:
+        return bool(self._config.get("wall_clock_breakdown", False))
+
+    def dataloader_drop_last(self) -> bool:
+        return bool(self._config.get("dataloader_drop_last", False))
+
+    def zero_optimization(self) -> bool:
+        return self.zero_optimization_stage() > 0
+
+    def zero_optimization_partition_gradients(self) -> bool:
+        return self.zero_optimization_stage() >= 2
+
+    def zero_optimization_partition_weights(self) -> bool:
+        return self.zero_optimization_stage() == 3
+
+    def _zero_section(self, key: str) -> dict:
+        return (self._effective.get("zero_optimization") or {}).get(key) or {}
+
+    def zero_offload_optimizer(self) -> Optional[dict]:
+        """The offload_optimizer section in effect (defaults filled in), None when the optimizer
+        state stays on the device (DeepSpeed returns its config object or None)."""
+        sec = self._zero_section("offload_optimizer")
+        return sec if sec.get("device", "none") != "none" else None
+
+    def zero_offload_param(self) -> Optional[dict]:
+        """The offload_param section in effect, None when the parameters stay on the device."""
+        sec = self._zero_section("offload_param")
+        return sec if sec.get("device", "none") != "none" else None
+
+    def zero_cpu_offload(self) -> bool:
+        """The optimizer state offloaded to host memory (DeepSpeed: offload_optimizer.device is
+        cpu; nvme is not)."""
+        return self._zero_section("offload_optimizer").get("device") == "cpu"
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        return bool((self._effective.get("zero_optimization") or {}).get(
+            "stage3_gather_16bit_weights_on_model_save", False))
+
     @property
     def last_step_report(self) -> Optional[dict]:
         return self._last_report
@@ -1220,6 +1280,10 @@ class StrataEngine(torch.nn.Module):
 
     def layout(self) -> dict:
         return self._engine.layout()
+
+    def destroy(self) -> None:
+        """DeepSpeedEngine.destroy, which scripts call when they are done with the engine: close()."""
+        self.close()
 
     def close(self) -> None:
         """Removes the hooks and frees the engine. Stages 0-2: the parameters keep their last

@@ -1,0 +1,201 @@
+"""DeepSpeedEngine's attribute pass-through on strata's engine: a name the engine does not define
+is the module's (engine.generate, engine.config, engine.gradient_checkpointing_enable(), ...),
+the engine's own names come first, and DeepSpeed's config accessors and destroy() exist. Scripts
+written for a DeepSpeed engine use all of these; the model is transformers' GPT-2."""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import strata  # noqa: E402
+
+VOCAB = 64
+
+
+def gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32,
+                                  bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def ds_config(stage, **extra):
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+           "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    cfg.update(extra)
+    return cfg
+
+
+def start(model, cfg):
+    engine, *_ = strata.initialize(model=model, config=cfg, model_parameters=model.parameters(),
+                                   device="cpu")
+    return engine
+
+
+def train_step(engine, ids):
+    out = engine(input_ids=ids, labels=ids)
+    engine.backward(out.loss)
+    engine.step()
+    return out.loss.item()
+
+
+def checkpointing(model):
+    """transformers' flag, under its name before and after 5.x renamed it."""
+    flag = getattr(type(model), "is_activation_checkpointing", None)
+    return model.is_activation_checkpointing if flag is not None else model.is_gradient_checkpointing
+
+
+def greedy(model, ids):
+    return model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_the_modules_names_reach_through_the_engine(stage):
+    model = gpt2()
+    twin = copy.deepcopy(model)
+    engine = start(model, ds_config(stage))
+    try:
+        assert engine.config is model.config
+        assert engine.get_input_embeddings() is model.get_input_embeddings()
+        prompt = torch.randint(1, VOCAB, (2, 5), generator=torch.Generator().manual_seed(3))
+        engine.eval()
+        twin.eval()
+        # generate() runs the module's forward outside engine.forward: at stage 3 the hooks
+        # gather each layer for it, and it sees the weights torch's copy has.
+        assert torch.equal(greedy(engine, prompt), greedy(twin, prompt))
+
+        engine.train()
+        ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))
+        for _ in range(3):
+            train_step(engine, ids)
+        with engine.gathered_parameters():
+            trained = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        twin.load_state_dict(trained)
+        assert not torch.equal(trained["transformer.h.0.attn.c_attn.weight"],
+                               gpt2().state_dict()["transformer.h.0.attn.c_attn.weight"])
+        engine.eval()
+        assert torch.equal(greedy(engine, prompt), greedy(twin, prompt))
+    finally:
+        engine.destroy()
+
+
+class Custom(torch.nn.Module):
+    """A module with a name the engine also defines (step), one it does not (describe), and a
+    property that fails with an AttributeError, which must surface as the module's."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.tag = "custom"
+
+    def forward(self, x):
+        return self.lin(x)
+
+    def step(self):
+        return "module step"
+
+    def describe(self, suffix):
+        return f"{self.tag}-{suffix}"
+
+    @property
+    def broken(self):
+        return self.missing_inside_the_property
+
+
+def test_the_engines_own_names_come_first_and_a_missing_name_is_named():
+    model = Custom()
+    engine = start(model, ds_config(3))
+    try:
+        assert engine.step.__func__ is type(engine).step  # the engine's, not the module's
+        assert engine.forward.__func__ is type(engine).forward
+        assert engine.describe("x") == "custom-x"
+        model.tag = "changed"  # read through, not copied at initialize
+        assert engine.tag == "changed" and engine.describe("y") == "changed-y"
+        assert engine.lin is model.lin
+        with pytest.raises(AttributeError, match="'StrataEngine' object has no attribute 'nope'"):
+            engine.nope
+        with pytest.raises(AttributeError) as direct:
+            model.broken
+        with pytest.raises(AttributeError) as through:
+            engine.broken  # the module's own error, not the engine's "no attribute"
+        assert str(through.value) == str(direct.value)
+        assert not hasattr(engine, "nope")
+        with pytest.raises(AttributeError):
+            engine.__no_such_dunder__
+    finally:
+        engine.destroy()
+
+
+def test_gradient_checkpointing_enabled_through_the_engine_trains_as_on_the_model():
+    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(5))
+    runs = []
+    for through_engine in (False, True):
+        model = gpt2()
+        if not through_engine:
+            model.gradient_checkpointing_enable()
+        engine = start(model, ds_config(3))
+        if through_engine:
+            engine.gradient_checkpointing_enable()
+        assert checkpointing(model)
+        losses = [train_step(engine, ids) for _ in range(3)]
+        with engine.gathered_parameters():
+            runs.append((losses, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+        engine.destroy()
+    (la, pa), (lb, pb) = runs
+    assert la == lb
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_deepspeeds_config_accessors(tmp_path):
+    engine = start(Custom(), ds_config(
+        2, gradient_clipping=0.5, steps_per_print=7, dataloader_drop_last=True,
+        wall_clock_breakdown=True,
+        zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}}))
+    try:
+        assert engine.gradient_clipping() == 0.5 and engine.steps_per_print() == 7
+        assert engine.dataloader_drop_last() and engine.wall_clock_breakdown()
+        assert engine.zero_optimization() and engine.zero_optimization_partition_gradients()
+        assert not engine.zero_optimization_partition_weights()
+        assert engine.zero_cpu_offload() and engine.zero_offload_optimizer()["device"] == "cpu"
+        assert engine.zero_offload_param() is None
+        assert not engine.zero_gather_16bit_weights_on_model_save()
+    finally:
+        engine.destroy()
+
+    nvme = {"device": "nvme", "nvme_path": str(tmp_path)}
+    engine = start(Custom(), ds_config(3, zero_optimization={
+        "stage": 3, "offload_optimizer": nvme, "offload_param": {"device": "cpu"},
+        "stage3_gather_16bit_weights_on_model_save": True}))
+    try:
+        assert engine.zero_optimization_partition_weights() and not engine.zero_cpu_offload()
+        assert engine.zero_offload_optimizer()["device"] == "nvme"
+        assert engine.zero_offload_param()["device"] == "cpu"
+        assert engine.zero_gather_16bit_weights_on_model_save()
+        assert engine.gradient_clipping() == 0.0 and engine.steps_per_print() == 10
+        assert not engine.dataloader_drop_last() and not engine.wall_clock_breakdown()
+    finally:
+        engine.destroy()
+
+    engine = start(Custom(), ds_config(0))
+    try:
+        assert not engine.zero_optimization() and engine.zero_offload_optimizer() is None
+    finally:
+        engine.destroy()
+
+
+def test_destroy_removes_the_hooks_and_stage_0_keeps_the_trained_weights():
+    model = gpt2()
+    engine = start(model, ds_config(0))
+    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(6))
+    train_step(engine, ids)
+    engine.eval()
+    with torch.no_grad():
+        before = engine(input_ids=ids).logits
+    engine.destroy()
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, before)
