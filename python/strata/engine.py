@@ -67,6 +67,9 @@ from . import _strata
 from .config import ConfigLike, check_config, ConfigError
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
+from .zero import ZeroParamStatus, _mark_partitioned
+
+_AVAILABLE, _NOT_AVAILABLE = ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE
 
 _UNSUPPORTED_TOP_LEVEL = {
     "amp": "apex AMP (use bf16 or fp16 sections)",
@@ -512,6 +515,10 @@ class StrataEngine(torch.nn.Module):
         # Stages 0-2 keep every parameter whole (a view of the engine's replica) from here on;
         # stage 3 gathers per module (the hooks) and empties them outside.
         self._whole = self._engine.layout()["stage"] < 3
+        if not self._whole:  # DeepSpeed's ds_id / ds_status (strata.zero), kept by _acquire / _release
+            for g in self._groups:
+                for _, p in g.params:
+                    _mark_partitioned(p)
         # On a GPU the host stays ahead of the device: no wait before a release that frees
         # nothing (gathers_alias_home); gradient buffers, reductions and releases ordered with
         # torch's stream on the device where the engine can (orders_caller_streams: one rank),
@@ -797,6 +804,8 @@ class StrataEngine(torch.nn.Module):
                 views = self._engine.gather(gi)
                 for pi, ((_, p), v) in enumerate(zip(self._groups[gi].params, views)):
                     p.data = _as_tensor(v)
+                    if not self._whole:
+                        p.ds_status = _AVAILABLE
                     if p.data.numel():
                         self._gathered_at[p.data.untyped_storage().data_ptr()] = (gi, pi)
             self._refs[gi] += 1
@@ -814,6 +823,8 @@ class StrataEngine(torch.nn.Module):
             if p.data.numel():
                 self._gathered_at.pop(p.data.untyped_storage().data_ptr(), None)
             p.data = empty
+            if not self._whole:
+                p.ds_status = _NOT_AVAILABLE
         if self._engine.is_gathered(gi):
             if not self._release_waits or waited:
                 self._engine.release(gi)

@@ -8,6 +8,11 @@ engine stores, strata._strata.owned_range), as an fp32 tensor; the parameter its
 rank ever holds more than its share of a module built later. As in DeepSpeed, a change made to a
 partitioned parameter outside GatheredParameters(..., modifier_rank=...) is lost (it is empty).
 
+Stage-3 parameters (zero.Init's, and every parameter of a stage-3 engine) carry DeepSpeed's
+`ds_id` (unique in the process) and `ds_status` (ZeroParamStatus: AVAILABLE while whole, else
+NOT_AVAILABLE), beside `ds_shape` and `ds_numel`: scripts written for DeepSpeed pick the parameters
+to gather with them (`hasattr(p, "ds_id") and p.ds_status == ZeroParamStatus.NOT_AVAILABLE`).
+
 GatheredParameters: the parameters whole (the engine's working dtype) inside the block; with
 modifier_rank, that rank's values at the end of the block are written back to every rank's
 shard (torch.distributed broadcasts them when more than one process runs; strata engines accept
@@ -16,6 +21,8 @@ the write before their first step only, as DeepSpeed users do it: custom initial
 from __future__ import annotations
 
 import contextlib
+import enum
+import itertools
 import json
 from typing import Iterable, Optional, Union
 
@@ -23,6 +30,24 @@ import torch
 
 from . import _strata
 from .config import ConfigLike
+
+
+class ZeroParamStatus(enum.Enum):
+    """deepspeed.runtime.zero.partition_parameters.ZeroParamStatus: a stage-3 parameter's
+    `ds_status`. strata gathers synchronously, so INFLIGHT is never set."""
+    AVAILABLE = 1  # whole: p.data holds ds_shape's values
+    NOT_AVAILABLE = 2  # partitioned: p.data is empty
+    INFLIGHT = 3
+
+
+_ds_ids = itertools.count()
+
+
+def _mark_partitioned(p: torch.nn.Parameter) -> None:
+    """DeepSpeed's stage-3 attributes on p (ds_id once, in creation order) with p empty."""
+    if not hasattr(p, "ds_id"):
+        p.ds_id = next(_ds_ids)
+    p.ds_status = ZeroParamStatus.NOT_AVAILABLE
 
 
 class _Part:
@@ -66,6 +91,7 @@ def _partition_module(module: torch.nn.Module, rank: int, world: int) -> None:
         p.ds_numel = n
         p._strata_part = _Part(ids, b, e, shard)
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        _mark_partitioned(p)
         off += n
 
 
@@ -236,6 +262,7 @@ def GatheredParameters(params: Union[Iterable, torch.nn.Parameter],
         for p, full in zip(parted, _gather_parts(parted, rank, world)):
             p.data = full.to(p.dtype if p.dtype.is_floating_point else torch.float32).view(
                 p.ds_shape)
+            p.ds_status = ZeroParamStatus.AVAILABLE
     writes = []
     with contextlib.ExitStack() as stack:
         for e, groups in engines.values():
@@ -255,5 +282,6 @@ def GatheredParameters(params: Union[Iterable, torch.nn.Parameter],
                     part.shard = full[part.begin:part.end].clone()
             for p in parted:
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+                p.ds_status = ZeroParamStatus.NOT_AVAILABLE
     for e, values in writes:  # after the release: the engine rewrites masters and params
         e._write_master(values)

@@ -1,0 +1,145 @@
+"""DeepSpeed's stage-3 parameter attributes (ds_id, ds_status, ZeroParamStatus) and the script code
+that reads them: DeepSpeed-Chat's save_zero_three_model (dschat/utils/utils.py, copied into many
+training repositories), with its imports changed, saves a transformers Llama trained at stage 3
+whole, as save_16bit_model does. Without ds_id it saved the empty placeholders."""
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import strata as deepspeed  # noqa: E402  (as a script written for DeepSpeed imports it)
+from strata.zero import ZeroParamStatus  # noqa: E402  (deepspeed.runtime.zero.partition_parameters)
+
+
+# --- DeepSpeed-Chat, dschat/utils/utils.py (imports changed, code as written there) ---------------
+def _z3_params_to_fetch(param_list):
+    return [
+        p for p in param_list
+        if hasattr(p, 'ds_id') and p.ds_status == ZeroParamStatus.NOT_AVAILABLE
+    ]
+
+
+def save_zero_three_model(model_ema, global_rank, save_dir, zero_stage=0):
+    zero_stage_3 = (zero_stage == 3)
+    os.makedirs(save_dir, exist_ok=True)
+    WEIGHTS_NAME = "pytorch_model.bin"
+    output_model_file = os.path.join(save_dir, WEIGHTS_NAME)
+
+    model_to_save = model_ema.module if hasattr(model_ema,
+                                                'module') else model_ema
+    if not zero_stage_3:
+        if global_rank == 0:
+            torch.save(model_to_save.state_dict(), output_model_file)
+    else:
+        output_state_dict = {}
+        for k, v in model_to_save.named_parameters():
+
+            if hasattr(v, 'ds_id'):
+                with deepspeed.zero.GatheredParameters(_z3_params_to_fetch([v
+                                                                            ]),
+                                                       enabled=zero_stage_3):
+                    v_p = v.data.cpu()
+            else:
+                v_p = v.cpu()
+            if global_rank == 0 and "lora" not in k:
+                output_state_dict[k] = v_p
+        if global_rank == 0:
+            torch.save(output_state_dict, output_model_file)
+        del output_state_dict
+# ----------------------------------------------------------------------------------------------------
+
+
+def llama():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=32)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def ds_config(stage):
+    return {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+
+
+def trained(stage, model=None):
+    model = model if model is not None else llama()
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config(stage),
+                                      model_parameters=model.parameters(), device="cpu")
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        out = engine(input_ids=ids, labels=ids)
+        engine.backward(out.loss)
+        engine.step()
+    return engine
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_chats_save_writes_the_whole_trained_weights(tmp_path, stage):
+    engine = trained(stage)
+    try:
+        save_zero_three_model(engine, engine.global_rank, str(tmp_path / "chat"), zero_stage=stage)
+        engine.save_16bit_model(str(tmp_path / "ref"))
+        saved = torch.load(tmp_path / "chat" / "pytorch_model.bin", weights_only=True)
+        ref = torch.load(tmp_path / "ref" / "pytorch_model.bin", weights_only=True)
+        names = [n for n, _ in engine.module.named_parameters()]
+        assert names and all(n in saved for n in names)
+        for n in names:
+            assert saved[n].shape == ref[n].shape and saved[n].numel() > 0, n
+            assert torch.equal(saved[n], ref[n]), n
+        assert not torch.equal(saved["model.layers.0.mlp.up_proj.weight"],
+                               llama().state_dict()["model.layers.0.mlp.up_proj.weight"])
+    finally:
+        engine.destroy()
+
+
+def test_ds_status_follows_the_gathers_and_ds_id_is_unique():
+    engine = trained(3)
+    try:
+        params = list(engine.module.parameters())
+        ids = [p.ds_id for p in params]
+        assert len(set(ids)) == len(ids)
+        assert all(p.ds_status == ZeroParamStatus.NOT_AVAILABLE and p.numel() == 0
+                   for p in params)
+        head = engine.module.lm_head.weight
+        with deepspeed.zero.GatheredParameters([head]):
+            assert head.ds_status == ZeroParamStatus.AVAILABLE and head.numel() == head.ds_numel
+            assert _z3_params_to_fetch([head]) == []  # already whole: nothing to gather
+        assert head.ds_status == ZeroParamStatus.NOT_AVAILABLE
+        # Inside a module's forward its own parameters are whole, the others not.
+        seen = {}
+
+        def look(module, args):
+            seen["own"] = module.weight.ds_status
+            seen["other"] = head.ds_status
+
+        hook = engine.module.model.layers[0].mlp.up_proj.register_forward_pre_hook(look)
+        try:
+            engine.eval()
+            with torch.no_grad():
+                engine(input_ids=torch.zeros(1, 4, dtype=torch.long))
+        finally:
+            hook.remove()
+        assert seen == {"own": ZeroParamStatus.AVAILABLE, "other": ZeroParamStatus.NOT_AVAILABLE}
+    finally:
+        engine.destroy()
+
+
+def test_stages_0_to_2_have_no_ds_id_and_zero_init_keeps_its_ids():
+    engine = trained(2)
+    try:
+        assert not any(hasattr(p, "ds_id") for p in engine.module.parameters())
+    finally:
+        engine.destroy()
+    with deepspeed.zero.Init(config_dict_or_path=ds_config(3)):
+        model = llama()
+    before = {n: p.ds_id for n, p in model.named_parameters()}
+    assert all(p.ds_status == ZeroParamStatus.NOT_AVAILABLE for p in model.parameters())
+    engine = trained(3, model)
+    try:
+        assert {n: p.ds_id for n, p in model.named_parameters()} == before
+    finally:
+        engine.destroy()
