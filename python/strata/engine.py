@@ -250,6 +250,52 @@ def _through(function, call, obj):
     return _map_tensors(obj, lambda t: next(it) if t.requires_grad else t), True
 
 
+class ThroughputTimer:
+    """engine.tput_timer, DeepSpeed's ThroughputTimer as its scripts read it: started by each
+    training forward, stopped by each engine.step() (global_step at the accumulation boundary),
+    timing from the `start_step`-th global step on; epoch_count / micro_step_count /
+    global_step_count, update_epoch_count(), avg_samples_per_sec() (batch_size, the
+    train_batch_size, per second of timed steps; -inf before the first step). It does not
+    synchronize the GPU: the engine's step has waited for the device's work when it returns."""
+
+    def __init__(self, batch_size: int, start_step: int = 2, clock=time.time):
+        self.batch_size = batch_size
+        self.start_step = start_step
+        self.epoch_count = 0
+        self.micro_step_count = 0
+        self.global_step_count = 0
+        self.total_elapsed_time = 0.0
+        self.started = False
+        self.start_time = 0.0
+        self._clock = clock
+
+    def update_epoch_count(self) -> None:
+        self.epoch_count += 1
+        self.micro_step_count = 0
+
+    def start(self) -> None:
+        self.started = True
+        if self.global_step_count >= self.start_step:
+            self.start_time = self._clock()
+
+    def stop(self, global_step: bool = False) -> None:
+        if not self.started:
+            return
+        self.started = False
+        self.micro_step_count += 1
+        if global_step:
+            self.global_step_count += 1
+        if self.start_time > 0:
+            self.total_elapsed_time += self._clock() - self.start_time
+            self.start_time = 0.0
+
+    def avg_samples_per_sec(self) -> float:
+        timed = self.global_step_count - self.start_step
+        if self.global_step_count <= 0 or timed <= 0 or self.total_elapsed_time <= 0:
+            return float("-inf")
+        return self.batch_size / (self.total_elapsed_time / timed)
+
+
 class _ModuleCall:
     """One call of a hooked module: its groups, whether backward holds them gathered, and the
     saved-tensor hooks its forward pushed (None when none were pushed)."""
@@ -549,6 +595,7 @@ class StrataEngine(torch.nn.Module):
         self._gather_whole()
         self.micro_steps = 0
         self.global_steps = 0
+        self.tput_timer = ThroughputTimer(self.train_batch_size())
         self.global_samples = 0
         self._step_applied = False  # was_step_applied()
         self._last_report: Optional[dict] = None
@@ -746,7 +793,11 @@ class StrataEngine(torch.nn.Module):
 
         def pack(t):
             hit = self._param_memory(t)
-            packed = outer_pack(t) if outer_pack is not None else None
+            # A parameter reaches an outer hook as a detached alias: the hook may keep the tensor
+            # it is given (checkpoint's recomputation keeps a frozen one as it is) past the
+            # release that empties the parameter itself (p.data), and then see it empty.
+            packed = (outer_pack(t.detach() if hit is not None else t)
+                      if outer_pack is not None else None)
             if hit is not None:
                 return _SavedParam(self, hit[0], hit[1], where, t, hit[2], packed)
             return packed if outer_pack is not None else _SavedTensor(t)
@@ -1033,6 +1084,8 @@ class StrataEngine(torch.nn.Module):
 
     # -- the training loop (DeepSpeedEngine's API) --------------------------------------------
     def forward(self, *args, **kwargs):
+        if self.training and not self.tput_timer.started:
+            self.tput_timer.start()
         return self.module(*args, **kwargs)
 
     def __getattr__(self, name: str):
@@ -1109,7 +1162,8 @@ class StrataEngine(torch.nn.Module):
         if lr_kwargs is not None:
             raise NotImplementedError("step(lr_kwargs=...) is not supported by strata")
         self._step_applied = False
-        if self.is_gradient_accumulation_boundary():
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             self._release_all()
             self._push_lrs()
             self._last_report = self._engine.step()
@@ -1121,6 +1175,7 @@ class StrataEngine(torch.nn.Module):
                 self.global_samples += int(self._micro_batch) * self._gas * \
                     self._engine.world_size
         self.micro_steps += 1
+        self.tput_timer.stop(global_step=boundary)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for g in self._groups:

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import strata  # noqa: E402
+import strata.engine  # noqa: E402
 
 VOCAB = 64
 
@@ -199,3 +200,63 @@ def test_destroy_removes_the_hooks_and_stage_0_keeps_the_trained_weights():
     model.eval()
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, before)
+
+
+def test_the_throughput_timer_counts_as_deepspeeds():
+    """engine.tput_timer: started by each training forward, stopped by each step() (a global
+    step at each accumulation boundary), timed from its start_step-th global step on."""
+    model = Custom()
+    cfg = ds_config(3, gradient_accumulation_steps=2)
+    engine = start(model, cfg)
+    try:
+        timer = engine.tput_timer
+        assert timer.batch_size == engine.train_batch_size() == 4
+        assert timer.avg_samples_per_sec() == float("-inf")
+        for _ in range(6):
+            loss = engine(torch.ones(2, 4)).sum()
+            engine.backward(loss)
+            engine.step()
+        assert (timer.micro_step_count, timer.global_step_count) == (6, 3)
+        assert timer.total_elapsed_time > 0 and timer.avg_samples_per_sec() > 0
+        timer.update_epoch_count()
+        assert (timer.epoch_count, timer.micro_step_count) == (1, 0)
+        engine.eval()  # an evaluation forward does not start it
+        engine(torch.ones(2, 4))
+        assert not timer.started
+    finally:
+        engine.destroy()
+
+    ticks = iter([10.0, 10.5, 20.0, 21.5])
+    timer = strata.engine.ThroughputTimer(batch_size=8, start_step=1, clock=lambda: next(ticks))
+    for _ in range(3):  # global step 1 untimed, then 0.5 s and 1.5 s
+        timer.start()
+        timer.stop(global_step=True)
+    assert timer.total_elapsed_time == 2.0
+    assert timer.avg_samples_per_sec() == 8 / (2.0 / 2)
+
+
+def test_deepspeeds_module_paths_under_strata():
+    """A script's `deepspeed` imports with that word changed: strata.ops.adam,
+    strata.runtime.zero.partition_parameters (also read as attributes, as DeepSpeed-Chat's LoRA
+    code does) and get_accelerator at the top level."""
+    import strata as deepspeed
+    from strata import get_accelerator
+    from strata.ops.adam import DeepSpeedCPUAdam, FusedAdam
+    from strata.runtime.zero.partition_parameters import GatheredParameters, ZeroParamStatus
+
+    assert deepspeed.runtime.zero.partition_parameters.ZeroParamStatus is ZeroParamStatus
+    assert ZeroParamStatus is strata.zero.ZeroParamStatus
+    assert GatheredParameters is strata.zero.GatheredParameters
+    assert get_accelerator() is strata.accelerator.get_accelerator()
+    for cls in (DeepSpeedCPUAdam, FusedAdam):
+        model = Custom()
+        opt = cls(model.parameters(), lr=0.25, betas=(0.8, 0.9), weight_decay=0.0)
+        cfg = ds_config(3)
+        del cfg["optimizer"]
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg,
+                                                       device="cpu")
+        try:
+            assert optimizer.param_groups[0]["lr"] == 0.25
+            assert optimizer.param_groups[0]["betas"] == (0.8, 0.9)
+        finally:
+            engine.destroy()
