@@ -320,5 +320,122 @@ TEST(EngineInitFromRank0, DeadPeerIsNamedWithinTheDeadline) {
   EXPECT_FALSE(r.rank_status[0].ok());
 }
 
+// ------------------------------------------------------------------------------------------------
+// Engine::WriteParams: the working params of some groups at any step, the masters kept.
+// ------------------------------------------------------------------------------------------------
+
+// Group g's gathered params as floats (HostDevice: the host may read them).
+Result<std::vector<float>> GatheredValues(Engine& e, size_t g) {
+  STRATA_ASSIGN_OR_RETURN(GatheredGroup gg, e.Gather(g));
+  std::vector<float> out(gg.numel());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (gg.dtype() == DType::kF32) {
+      out[i] = static_cast<const float*>(gg.data())[i];
+    } else {
+      out[i] = Bf16ToFloat(bf16_t{static_cast<const uint16_t*>(gg.data())[i]});
+    }
+  }
+  e.Release(std::move(gg));
+  return out;
+}
+
+Result<std::vector<float>> Master(Engine& e, size_t g) {
+  std::vector<float> m(e.model().groups[g].numel());
+  STRATA_RETURN_IF_ERROR(e.ReadMaster(g, m));
+  return m;
+}
+
+// After step 0 every rank writes kMid's params (values that bf16 rounds): Gather gives their
+// rounding, the other groups and every master are unchanged; after step 1 (trained on the
+// written params) kMid's params are the rounding of its master again.
+TEST(EngineWriteParams, WritesTheWorkingParamsAndTheNextStepRecomputesThemFromTheMasters) {
+  auto written = [](size_t i) { return 0.25f + 0x1p-12f * static_cast<float>(i % 97); };
+  auto bf16 = [](float v) { return Bf16ToFloat(FloatToBf16(v)); };
+  for (int world : {1, 2}) {
+    for (const Case& c : kCases) {
+      RunSpec spec;
+      spec.config_json = Config(c.stage, c.opt, c.param, "bf16");
+      spec.world = world;
+      spec.steps = 2;
+      spec.after_step = [&](int, int step, Engine& e) -> Status {
+        std::vector<std::vector<float>> params, masters;
+        for (size_t g = 0; g < kGroups; ++g) {
+          STRATA_ASSIGN_OR_RETURN(std::vector<float> v, GatheredValues(e, g));
+          STRATA_ASSIGN_OR_RETURN(std::vector<float> m, Master(e, g));
+          params.push_back(std::move(v));
+          masters.push_back(std::move(m));
+        }
+        if (step == 1) {
+          for (size_t i = 0; i < masters[kMid].size(); ++i) {
+            if (params[kMid][i] != bf16(masters[kMid][i])) {
+              return Status::Internal("after the next step: param " + std::to_string(i) +
+                                      " is not its master's rounding");
+            }
+          }
+          return Status::OK();
+        }
+        const size_t groups[] = {kMid};
+        STRATA_RETURN_IF_ERROR(
+            e.WriteParams(groups, [&](size_t g, size_t p, size_t b, size_t end, float* o) {
+              if (g != kMid) std::abort();  // asked for the groups named only
+              size_t base = 0;              // the parameter's first element in the group
+              for (size_t q = 0; q < p; ++q) base += e.model().groups[g].params[q].numel();
+              for (size_t i = b; i < end; ++i) o[i - b] = written(base + i);
+            }));
+        for (size_t g = 0; g < kGroups; ++g) {
+          STRATA_ASSIGN_OR_RETURN(std::vector<float> v, GatheredValues(e, g));
+          STRATA_ASSIGN_OR_RETURN(std::vector<float> m, Master(e, g));
+          if (!BitEqual({m}, {masters[g]})) {
+            return Status::Internal("group " + std::to_string(g) + ": the master changed");
+          }
+          for (size_t i = 0; i < v.size(); ++i) {
+            const float want = g == kMid ? bf16(written(i)) : params[g][i];
+            if (std::memcmp(&v[i], &want, sizeof want) != 0) {
+              return Status::Internal("group " + std::to_string(g) + " param " + std::to_string(i) +
+                                      ": " + std::to_string(v[i]) + " read, " +
+                                      std::to_string(want) + " written");
+            }
+          }
+        }
+        return Status::OK();
+      };
+      RunResult r = RunEngine(spec);
+      EXPECT_TRUE(r.status.ok()) << Name(c, world) << ": " << r.status.ToString();
+      for (const Status& st : r.rank_status)
+        EXPECT_TRUE(st.ok()) << Name(c, world) << ": " << st.ToString();
+    }
+  }
+}
+
+TEST(EngineWriteParams, AGatheredGroupOrAGroupOutOfRangeIsRefusedAndNothingIsWritten) {
+  RunSpec spec;
+  spec.config_json = Config(3, "cpu", "none", "bf16");
+  spec.steps = 1;
+  Status gathered, out_of_range;
+  bool unchanged = false;
+  spec.after_step = [&](int, int, Engine& e) -> Status {
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> before, GatheredValues(e, kTop));
+    auto fill = [](size_t, size_t, size_t b, size_t end, float* o) {
+      std::fill(o, o + (end - b), 3.0f);
+    };
+    STRATA_ASSIGN_OR_RETURN(GatheredGroup held, e.Gather(kMid));
+    const size_t top[] = {kTop};
+    gathered = e.WriteParams(top, fill);
+    e.Release(std::move(held));
+    const size_t bad[] = {kGroups};
+    out_of_range = e.WriteParams(bad, fill);
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> after, GatheredValues(e, kTop));
+    unchanged = before == after;
+    return e.health();
+  };
+  RunResult r = RunEngine(spec);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(gathered.code(), Status::Code::kFailedPrecondition) << gathered.ToString();
+  EXPECT_NE(gathered.ToString().find("not released"), std::string::npos) << gathered.ToString();
+  EXPECT_EQ(out_of_range.code(), Status::Code::kInvalidArgument) << out_of_range.ToString();
+  EXPECT_NE(out_of_range.ToString().find("out of range"), std::string::npos);
+  EXPECT_TRUE(unchanged);
+}
+
 }  // namespace
 }  // namespace strata::testing

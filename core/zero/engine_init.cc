@@ -195,6 +195,43 @@ Status Engine::InitParameters(const ParamFill& fill) {
   });
 }
 
+Status Engine::WriteParams(std::span<const size_t> groups, const ParamFill& fill) {
+  Impl& e = *impl_;
+  STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());
+  STRATA_RETURN_IF_ERROR(e.CancelSpeculation());  // its params would overwrite these
+  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
+  std::vector<bool> chosen(e.groups.size(), false);
+  for (size_t g : groups) {
+    if (g >= e.groups.size()) {
+      return Status::InvalidArgument("WriteParams: group " + std::to_string(g) + " out of range");
+    }
+    chosen[g] = true;
+  }
+  if (e.outstanding_gathers > 0) {
+    return Status::FailedPrecondition("WriteParams: " + std::to_string(e.outstanding_gathers) +
+                                      " gathered group(s) not released");
+  }
+  const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
+  std::vector<float> values;
+  auto write = [&](const SubGroup& s) -> Status {
+    if (!chosen[s.group]) return Status::OK();
+    values.resize(s.elems);
+    FillFlat(e, s.group, e.FullOffset(s), s.elems, fill, values.data());
+    STRATA_ASSIGN_OR_RETURN(Lease param, e.store->Acquire(e.groups[s.group].param, param_tier,
+                                                          Access::kWrite, e.timeout()));
+    return e.PublishParams(s, values.data(), param);
+  };
+  for (const SubGroup& s : e.subs) STRATA_RETURN_IF_ERROR(e.Fail(write(s)));
+  for (const SubGroup& s : e.frozen_pieces) STRATA_RETURN_IF_ERROR(e.Fail(write(s)));
+  // Copies made of the old values (kept gathered groups, hpZ's secondary slices), as after Step.
+  for (zero::GroupState& gs : e.groups) {
+    gs.cached.reset();
+    gs.secondary_epoch = -1;
+  }
+  e.cached_elems = 0;
+  return e.Fail(e.AllGatherUpdatedParams(/*frozen_too=*/true));
+}
+
 Status Engine::InitFromFullTensors(const std::vector<std::vector<const float*>>& tensors) {
   const ModelSpec& m = impl_->model;
   // Raw pointers carry no size: they are taken to hold their parameter's numel values.

@@ -370,6 +370,16 @@ class Engine {
   // rank must fill the same values. Master weights get the fp32 values, working params their
   // rounding. Adam state starts at zero.
   Status InitParameters(const ParamFill& fill);
+  // Overwrites the working (16-bit, or fp32) parameters of `groups` with fill's values rounded
+  // to the working dtype, at any step (collective: every rank calls it with the same groups and
+  // values). The fp32 masters and the Adam state stay as they are, so the next applied Step
+  // recomputes these parameters from the masters: what DeepSpeed's GatheredParameters(...,
+  // modifier_rank=...) does once its optimizer exists, e.g. a LoRA adapter fused into its base
+  // weights before the model is saved. `fill` is asked for the element ranges this rank stores
+  // of those groups only. A step running behind (overlap_step) is waited for and a speculated
+  // one undone first. InvalidArgument for a group out of range; FailedPrecondition while a group
+  // is gathered or the engine has failed.
+  Status WriteParams(std::span<const size_t> groups, const ParamFill& fill);
   // The same from full fp32 tensors: tensors[g][p] points at group g's parameter p (its numel
   // values, row-major). InvalidArgument naming the group or parameter for a wrong group or
   // parameter count or a null tensor.

@@ -345,6 +345,16 @@ class PyEngine {
     });
   }
 
+  // WriteParams with a Python callable fill(group, param, begin, end) -> float32 array
+  // (collective): the working params of `groups` only, the masters kept.
+  void WriteParams(const std::vector<size_t>& groups, const nb::callable& fill) {
+    RunWithPythonFill(fill, [&](const CheckedParamFill& f) {
+      return engine().WriteParams(groups, [&](size_t g, size_t p, size_t b, size_t e, float* out) {
+        f(g, p, b, e, out).IgnoreError();
+      });
+    });
+  }
+
   // InitFromRank0Fill with rank 0's values from fill(group, param, begin, end), asked for as
   // they are sent (collective; the other ranks' fill is never called). A Python error on rank 0
   // is raised there; the other ranks raise the engine's error saying rank 0's values failed.
@@ -595,6 +605,10 @@ void BindEngine(nb::module_& m) {
       .def("init_from_fill", &PyEngine::InitFromFill, nb::arg("fill"),
            "Initial weights from fill(group, param, begin, end) -> float32 array (collective); "
            "asked only for the element ranges this rank stores.")
+      .def("write_params", &PyEngine::WriteParams, nb::arg("groups"), nb::arg("fill"),
+           "Engine::WriteParams: the working params of `groups` from fill(group, param, begin, "
+           "end) -> float32 array, at any step; the fp32 masters and Adam state kept, so the next "
+           "step recomputes them (collective).")
       .def("save", &PyEngine::Save, nb::arg("dir"), nb::arg("tag"), nb::arg("client_state"),
            nb::arg("keep_last") = nb::none(), nb::arg("recycle_files") = nb::none(),
            "Engine::Save (collective, at an accumulation boundary); keep_last / recycle_files "

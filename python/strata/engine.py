@@ -598,6 +598,7 @@ class StrataEngine(torch.nn.Module):
         self.tput_timer = ThroughputTimer(self.train_batch_size())
         self.global_samples = 0
         self._step_applied = False  # was_step_applied()
+        self._warned_param_write = False  # _write_params' notice, once
         self._last_report: Optional[dict] = None
         self.optimizer = _EngineOptimizer(self, param_groups)
         self.lr_scheduler = None
@@ -972,6 +973,32 @@ class StrataEngine(torch.nn.Module):
         self._release_all()  # InitParameters rewrites the params: nothing may be gathered
         try:
             self._engine.init_from_fill(fill)
+        finally:
+            self._gather_whole()
+
+    def _write_params(self, values: dict[int, torch.Tensor]) -> None:
+        """GatheredParameters(modifier_rank=...) after the engine's first step, as DeepSpeed: the
+        working parameters of the groups in `values` (id(p) -> full fp32 tensor, every member of
+        each group) are written, the fp32 masters kept, so the next step recomputes them
+        (collective). Warns once per engine."""
+        groups = sorted({self._group_of[pid] for pid in values})
+        if not self._warned_param_write:
+            self._warned_param_write = True
+            warnings.warn(
+                "strata: GatheredParameters(modifier_rank=...) after the engine's first step "
+                "writes the working parameters only, as DeepSpeed does: a trainable parameter's "
+                "fp32 master keeps its value and the next step recomputes the parameter from it "
+                "(a change written to be saved, such as a LoRA adapter fused into its frozen "
+                "base weights before the model is saved, stands until then; frozen parameters "
+                "keep what was written)", stacklevel=4)
+
+        def fill(gi, pi, begin, end):
+            return values[id(self._groups[gi].params[pi][1])].reshape(-1)[begin:end].to(
+                "cpu", torch.float32).numpy()
+
+        self._release_all()  # WriteParams rewrites the params: nothing may be gathered
+        try:
+            self._engine.write_params(groups, fill)
         finally:
             self._gather_whole()
 

@@ -15,8 +15,11 @@ to gather with them (`hasattr(p, "ds_id") and p.ds_status == ZeroParamStatus.NOT
 
 GatheredParameters: the parameters whole (the engine's working dtype) inside the block; with
 modifier_rank, that rank's values at the end of the block are written back to every rank's
-shard (torch.distributed broadcasts them when more than one process runs; strata engines accept
-the write before their first step only, as DeepSpeed users do it: custom initialisation).
+shard (torch.distributed broadcasts them when more than one process runs). Before an engine's
+first step the write sets the weights, fp32 masters included (custom initialisation); after it,
+as in DeepSpeed once its optimizer exists, the working parameters only (Engine::WriteParams): the
+next step recomputes them from the masters, so a change made to be saved (a LoRA adapter fused
+into its base weights) stands until then. The engine warns once when it writes that way.
 """
 from __future__ import annotations
 
@@ -283,5 +286,9 @@ def GatheredParameters(params: Union[Iterable, torch.nn.Parameter],
             for p in parted:
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
                 p.ds_status = ZeroParamStatus.NOT_AVAILABLE
-    for e, values in writes:  # after the release: the engine rewrites masters and params
-        e._write_master(values)
+    for e, values in writes:  # after the release: the engine rewrites masters and params, or
+        # once it has stepped (DeepSpeed's optimizer exists then) the working params only
+        if e._engine.global_step > 0:
+            e._write_params(values)
+        else:
+            e._write_master(values)
