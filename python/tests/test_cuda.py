@@ -3,7 +3,8 @@ and bf16 with fp32 masters, stages 0-3 x optimizer offload none/cpu/nvme; the en
 property on the GPU (the CUDA Adam of device-resident state and the CPU Adam of offloaded state
 give the same bits); a gathered parameter read by a kernel on another stream; a model that
 computes on two streams; the host running ahead of the GPU (no stream synchronize per module,
-releases ordered on the GPU with the params offloaded too); the device budget.
+releases ordered on the GPU with the params offloaded too); the device budget; a LoRA fused
+into its base weights after training (Engine::WriteParams on the GPU).
 Every test but the device-choice ones needs a GPU and is skipped (and reported so) without one;
 the device-choice and budget checks also run on the host stand-in."""
 import pytest
@@ -374,3 +375,42 @@ def test_zero_init_on_the_gpu_trains_on_the_gpu():
     assert set(got) == set(want)
     for n in want:
         assert torch.equal(got[n], want[n]), n
+
+
+@needs_gpu
+@pytest.mark.parametrize("param", ["none", "cpu"])
+def test_a_lora_fused_after_training_is_written_on_the_gpu(param):
+    """GatheredParameters(modifier_rank=0) after steps (Engine::WriteParams) on CudaDevice:
+    DeepSpeed-Chat's LoRA fused into its frozen base weights, whose home is the GPU or (param
+    offload) host memory; gathered again they hold the fused values."""
+    import warnings
+
+    import test_param_write_after_steps as w
+    model = w.opt_model().cuda()
+    cfg = w.ds_config()
+    cfg["zero_optimization"]["offload_param"] = {"device": param}
+    engine, *_ = strata.initialize(model=model, config=cfg,
+                                   model_parameters=[p for p in model.parameters()
+                                                     if p.requires_grad])
+    assert engine.device.type == "cuda"
+    try:
+        ids = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(2)).cuda()
+        for _ in range(3):
+            out = engine(input_ids=ids, labels=ids)
+            engine.backward(out.loss)
+            engine.step()
+        lora = {n: m for n, m in model.named_modules() if isinstance(m, w.LinearLayer_LoRA)}
+        expected = {}
+        for n, m in lora.items():
+            with strata.zero.GatheredParameters([m.weight, m.lora_left_weight,
+                                                 m.lora_right_weight]):
+                expected[n] = m.weight.data + m.lora_scaling * torch.matmul(
+                    m.lora_left_weight.t(), m.lora_right_weight.t())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            w.convert_lora_to_linear_layer(model)
+        for n, m in lora.items():
+            with strata.zero.GatheredParameters([m.weight]):
+                assert m.weight.is_cuda and torch.equal(m.weight.data, expected[n]), n
+    finally:
+        engine.destroy()
