@@ -114,19 +114,26 @@ def test_changing_requires_grad_after_initialize_is_refused_naming_it():
     engine.close()
 
 
+def peft_llama(transformers, peft, prepare=None):
+    """A transformers Llama (seed 0) with a PEFT LoRA on q_proj and v_proj; prepare(base) runs
+    on the base model before the adapter is added."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=37, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=16)
+    base = transformers.LlamaForCausalLM(cfg)
+    if prepare is not None:
+        prepare(base)
+    return peft.get_peft_model(base, peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights="gaussian"))
+
+
 def test_peft_lora_on_a_transformers_llama_trains_as_torch(tmp_path):
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
 
     def make():
-        torch.manual_seed(0)
-        cfg = transformers.LlamaConfig(vocab_size=37, hidden_size=32, intermediate_size=64,
-                                       num_hidden_layers=2, num_attention_heads=4,
-                                       num_key_value_heads=2, max_position_embeddings=16)
-        base = transformers.LlamaForCausalLM(cfg)
-        lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                               init_lora_weights="gaussian")
-        return peft.get_peft_model(base, lora)
+        return peft_llama(transformers, peft)
 
     def data(step):
         g = torch.Generator().manual_seed(step)
@@ -178,18 +185,13 @@ def test_peft_lora_with_gradient_checkpointing_trains_as_without(reentrant):
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
 
+    def checkpointed(base):
+        base.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        base.enable_input_require_grads()  # what PEFT users call for the reentrant one
+
     def run(checkpointing):
-        torch.manual_seed(0)
-        cfg = transformers.LlamaConfig(vocab_size=37, hidden_size=32, intermediate_size=64,
-                                       num_hidden_layers=2, num_attention_heads=4,
-                                       num_key_value_heads=2, max_position_embeddings=16)
-        base = transformers.LlamaForCausalLM(cfg)
-        if checkpointing:
-            base.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-            base.enable_input_require_grads()  # what PEFT users call for the reentrant one
-        model = peft.get_peft_model(base, peft.LoraConfig(
-            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights="gaussian"))
+        model = peft_llama(transformers, peft, checkpointed if checkpointing else None)
         engine, _, _, _ = strata.initialize(model=model, config=ds_config(3, lr=LR, wd=WD))
         losses = []
         for step in range(STEPS):
