@@ -763,9 +763,15 @@ def test_gathered_parameters_modifier_rank_writes_back():
     loss = engine(*batch("gpt", 0))
     engine.backward(loss)
     engine.step()
-    with pytest.raises(strata.StrataError, match="already taken steps"):
+    # After a step: the working params only, as DeepSpeed (its fp32 master is kept).
+    master = engine.read_master()["ln_f.weight"]
+    with pytest.warns(UserWarning, match="writes the working parameters only"):
         with strata.zero.GatheredParameters(model.ln_f.weight, modifier_rank=0):
-            pass
+            with torch.no_grad():
+                model.ln_f.weight.fill_(0.25)
+    with strata.zero.GatheredParameters(model.ln_f.weight):
+        assert torch.equal(model.ln_f.weight, torch.full((32,), 0.25))
+    assert torch.equal(engine.read_master()["ln_f.weight"], master)
     engine.close()
 
 

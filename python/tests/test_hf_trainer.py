@@ -250,6 +250,19 @@ def test_lora_matches_transformers_trainer(tmp_path):
     assert os.path.isfile(tmp_path / "adapter" / "adapter_model.safetensors")
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_lora_with_gradient_checkpointing_matches_transformers_trainer(tmp_path, reentrant):
+    """TrainingArguments(gradient_checkpointing=True) on a PEFT LoRA at stage 3, the usual
+    memory-saving fine-tune: the same curve as transformers' Trainer with checkpointing too (the
+    non-reentrant form failed in backward on strata's frozen base weights)."""
+    kw = dict(gradient_checkpointing=True,
+              gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    _, ref = run(tmp_path / "ref", model=lora_llama(), **kw)
+    _, logs = run(tmp_path / "st", auto_config(3), model=lora_llama(), **kw)
+    assert len(logs) == STEPS
+    assert_same_curve(logs, ref)
+
+
 def test_evaluate_and_save_model_from_pretrained(tmp_path):
     (tmp_path / "nvme").mkdir()
     cfg = auto_config(3, offload_optimizer="nvme", offload_param="cpu", nvme=tmp_path / "nvme")
