@@ -377,10 +377,11 @@ TEST(EngineWriteParams, WritesTheWorkingParamsAndTheNextStepRecomputesThemFromTh
         const size_t groups[] = {kMid};
         STRATA_RETURN_IF_ERROR(
             e.WriteParams(groups, [&](size_t g, size_t p, size_t b, size_t end, float* o) {
-              if (g != kMid) std::abort();  // asked for the groups named only
-              size_t base = 0;              // the parameter's first element in the group
+              if (g != kMid) return Status::Internal("asked for a group not named");
+              size_t base = 0;  // the parameter's first element in the group
               for (size_t q = 0; q < p; ++q) base += e.model().groups[g].params[q].numel();
               for (size_t i = b; i < end; ++i) o[i - b] = written(base + i);
+              return Status::OK();
             }));
         for (size_t g = 0; g < kGroups; ++g) {
           STRATA_ASSIGN_OR_RETURN(std::vector<float> v, GatheredValues(e, g));
@@ -417,6 +418,7 @@ TEST(EngineWriteParams, AGatheredGroupOrAGroupOutOfRangeIsRefusedAndNothingIsWri
     STRATA_ASSIGN_OR_RETURN(std::vector<float> before, GatheredValues(e, kTop));
     auto fill = [](size_t, size_t, size_t b, size_t end, float* o) {
       std::fill(o, o + (end - b), 3.0f);
+      return Status::OK();
     };
     STRATA_ASSIGN_OR_RETURN(GatheredGroup held, e.Gather(kMid));
     const size_t top[] = {kTop};
@@ -435,6 +437,40 @@ TEST(EngineWriteParams, AGatheredGroupOrAGroupOutOfRangeIsRefusedAndNothingIsWri
   EXPECT_EQ(out_of_range.code(), Status::Code::kInvalidArgument) << out_of_range.ToString();
   EXPECT_NE(out_of_range.ToString().find("out of range"), std::string::npos);
   EXPECT_TRUE(unchanged);
+}
+
+// A fill that fails on one rank (part way through its pieces) writes nothing on any rank: that
+// rank gets its own error, the other one InvalidArgument naming it, and training goes on.
+TEST(EngineWriteParams, AFillThatFailsOnOneRankWritesNothingAnywhere) {
+  for (int stage : {2, 3}) {
+    RunSpec spec;
+    spec.config_json = Config(stage, "cpu", "none", "bf16");
+    spec.world = 2;
+    spec.steps = 2;
+    std::vector<Status> got(2);
+    std::vector<bool> unchanged(2, false);
+    spec.after_step = [&](int rank, int step, Engine& e) -> Status {
+      if (step != 0) return Status::OK();
+      STRATA_ASSIGN_OR_RETURN(std::vector<float> before, GatheredValues(e, kMid));
+      int calls = 0;
+      const size_t groups[] = {kMid, kTop};
+      got[rank] = e.WriteParams(groups, [&](size_t, size_t, size_t b, size_t end, float* o) {
+        if (rank == 1 && ++calls == 2) return Status::Corruption("rank 1's second piece");
+        std::fill(o, o + (end - b), 7.0f);
+        return Status::OK();
+      });
+      STRATA_ASSIGN_OR_RETURN(std::vector<float> after, GatheredValues(e, kMid));
+      unchanged[rank] = before == after;
+      return e.health();
+    };
+    RunResult r = RunEngine(spec);
+    ASSERT_TRUE(r.status.ok()) << "stage " << stage << ": " << r.status.ToString();
+    EXPECT_EQ(got[1].code(), Status::Code::kCorruption) << got[1].ToString();
+    EXPECT_EQ(got[0].code(), Status::Code::kInvalidArgument) << got[0].ToString();
+    EXPECT_NE(got[0].ToString().find("rank 1"), std::string::npos) << got[0].ToString();
+    EXPECT_TRUE(unchanged[0] && unchanged[1]) << "stage " << stage;
+    EXPECT_EQ(r.reports.size(), 2u) << "stage " << stage << ": training stopped";
+  }
 }
 
 }  // namespace

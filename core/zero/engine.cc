@@ -233,7 +233,7 @@ Status Engine::Impl::ZeroDevice(void* ptr, uint64_t bytes) {
   return Status::OK();
 }
 
-Result<int> Engine::Impl::AgreeOnCreate(bool ok) {
+Result<int> Engine::Impl::FirstFailedRank(bool ok, std::string_view what) {
   if (world == 1) return ok ? -1 : rank;
   const float mine[4] = {ok ? 1.0f : 0.0f, 0, 0, 0};
   float* dev = static_cast<float*>(exchange.get());
@@ -242,7 +242,7 @@ Result<int> Engine::Impl::AgreeOnCreate(bool ok) {
   Status st = h.WaitUntil(deadline());
   if (!st.ok())
     return Status(st.code(),
-                  "engine creation (agreeing across ranks): " + std::string(st.message()));
+                  std::string(what) + " (agreeing across ranks): " + std::string(st.message()));
   std::vector<float> all(static_cast<size_t>(world) * 4);
   STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, all.data(), dev, all.size() * 4));
   for (int r = 0; r < world; ++r) {
@@ -1017,7 +1017,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
     STRATA_RETURN_IF_ERROR(RegisterBlocks(e, &shard_blocks));
     return StartSchedulers(options, shard_blocks, e, cs);
   }();
-  STRATA_ASSIGN_OR_RETURN(int failed_rank, e.AgreeOnCreate(built.ok()));
+  STRATA_ASSIGN_OR_RETURN(int failed_rank, e.FirstFailedRank(built.ok(), "engine creation"));
   if (!built.ok()) return built;
   if (failed_rank >= 0) {
     return Status::Aborted("rank " + std::to_string(failed_rank) +

@@ -195,7 +195,28 @@ Status Engine::InitParameters(const ParamFill& fill) {
   });
 }
 
-Status Engine::WriteParams(std::span<const size_t> groups, const ParamFill& fill) {
+namespace {
+// The values of each piece (its padded range of the group, zeros in the padding) from `fill`;
+// its first error, with the rest not asked.
+Status FillPieces(const Engine::Impl& e, const std::vector<const SubGroup*>& pieces,
+                  const CheckedParamFill& fill, std::vector<std::vector<float>>* values) {
+  values->resize(pieces.size());
+  Status filled;
+  for (size_t i = 0; i < pieces.size() && filled.ok(); ++i) {
+    const SubGroup& s = *pieces[i];
+    (*values)[i].resize(s.elems);
+    FillFlat(
+        e, s.group, e.FullOffset(s), s.elems,
+        [&](size_t g, size_t p, size_t b, size_t end, float* out) {
+          if (filled.ok()) filled = fill(g, p, b, end, out);
+        },
+        (*values)[i].data());
+  }
+  return filled;
+}
+}  // namespace
+
+Status Engine::WriteParams(std::span<const size_t> groups, const CheckedParamFill& fill) {
   Impl& e = *impl_;
   STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());
   STRATA_RETURN_IF_ERROR(e.CancelSpeculation());  // its params would overwrite these
@@ -211,18 +232,33 @@ Status Engine::WriteParams(std::span<const size_t> groups, const ParamFill& fill
     return Status::FailedPrecondition("WriteParams: " + std::to_string(e.outstanding_gathers) +
                                       " gathered group(s) not released");
   }
+  // Every value first (this rank's pieces of the groups named): a fill that fails writes nothing.
+  std::vector<const SubGroup*> pieces;
+  for (const std::vector<SubGroup>* list : {&e.subs, &e.frozen_pieces}) {
+    for (const SubGroup& s : *list) {
+      if (chosen[s.group]) pieces.push_back(&s);
+    }
+  }
+  std::vector<std::vector<float>> values;
+  if (Status filled = FillPieces(e, pieces, fill, &values); !filled.ok()) {
+    values.clear();  // this rank's error, once every rank knows (nothing written anywhere)
+    STRATA_RETURN_IF_ERROR(e.Fail(e.FirstFailedRank(false, "WriteParams").status()));
+    return filled;
+  }
+  Result<int> failed = e.FirstFailedRank(true, "WriteParams");
+  if (!failed.ok()) return e.Fail(failed.status());
+  if (*failed >= 0) {
+    return Status::InvalidArgument("WriteParams: rank " + std::to_string(*failed) +
+                                   "'s values failed (its own error names them); nothing was "
+                                   "written");
+  }
   const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
-  std::vector<float> values;
-  auto write = [&](const SubGroup& s) -> Status {
-    if (!chosen[s.group]) return Status::OK();
-    values.resize(s.elems);
-    FillFlat(e, s.group, e.FullOffset(s), s.elems, fill, values.data());
-    STRATA_ASSIGN_OR_RETURN(Lease param, e.store->Acquire(e.groups[s.group].param, param_tier,
-                                                          Access::kWrite, e.timeout()));
-    return e.PublishParams(s, values.data(), param);
-  };
-  for (const SubGroup& s : e.subs) STRATA_RETURN_IF_ERROR(e.Fail(write(s)));
-  for (const SubGroup& s : e.frozen_pieces) STRATA_RETURN_IF_ERROR(e.Fail(write(s)));
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const SubGroup& s = *pieces[i];
+    auto param = e.store->Acquire(e.groups[s.group].param, param_tier, Access::kWrite, e.timeout());
+    if (!param.ok()) return e.Fail(param.status());
+    STRATA_RETURN_IF_ERROR(e.Fail(e.PublishParams(s, values[i].data(), *param)));
+  }
   // Copies made of the old values (kept gathered groups, hpZ's secondary slices), as after Step.
   for (zero::GroupState& gs : e.groups) {
     gs.cached.reset();

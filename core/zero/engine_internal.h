@@ -379,9 +379,9 @@ struct Engine::Impl {
   // Blocking copies through the device's streams (host <-> device).
   Status CopySync(CopyDir dir, void* dst, const void* src, uint64_t bytes);
   Status ZeroDevice(void* ptr, uint64_t bytes);
-  // Create's last collective: every rank says whether it succeeded. -1 when all did, else the
-  // first rank that did not.
-  Result<int> AgreeOnCreate(bool ok);
+  // A collective in which every rank says whether its part of `what` succeeded (Create's last
+  // step, WriteParams' values): -1 when all did, else the first rank that did not.
+  Result<int> FirstFailedRank(bool ok, std::string_view what);
   // Element range in the group's full (padded) buffer of sub-group s.
   size_t FullOffset(const zero::SubGroup& s) const {
     return static_cast<size_t>(s.owner) * groups[s.group].shard.shard_elems + s.offset;

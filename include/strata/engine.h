@@ -376,10 +376,13 @@ class Engine {
   // recomputes these parameters from the masters: what DeepSpeed's GatheredParameters(...,
   // modifier_rank=...) does once its optimizer exists, e.g. a LoRA adapter fused into its base
   // weights before the model is saved. `fill` is asked for the element ranges this rank stores
-  // of those groups only. A step running behind (overlap_step) is waited for and a speculated
-  // one undone first. InvalidArgument for a group out of range; FailedPrecondition while a group
-  // is gathered or the engine has failed.
-  Status WriteParams(std::span<const size_t> groups, const ParamFill& fill);
+  // of those groups only, all of them before anything is written: an error from `fill` is
+  // returned on its rank, and InvalidArgument naming that rank on the others, with nothing
+  // written on any rank (the engine stays usable). A step running behind
+  // (overlap_step) is waited for and a speculated one undone first. InvalidArgument for a group
+  // out of range; FailedPrecondition while a group is gathered or the engine has failed. Staging:
+  // the fp32 values of this rank's pieces of those groups.
+  Status WriteParams(std::span<const size_t> groups, const CheckedParamFill& fill);
   // The same from full fp32 tensors: tensors[g][p] points at group g's parameter p (its numel
   // values, row-major). InvalidArgument naming the group or parameter for a wrong group or
   // parameter count or a null tensor.

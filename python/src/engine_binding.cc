@@ -346,13 +346,11 @@ class PyEngine {
   }
 
   // WriteParams with a Python callable fill(group, param, begin, end) -> float32 array
-  // (collective): the working params of `groups` only, the masters kept.
+  // (collective): the working params of `groups` only, the masters kept; a fill that raises
+  // writes nothing.
   void WriteParams(const std::vector<size_t>& groups, const nb::callable& fill) {
-    RunWithPythonFill(fill, [&](const CheckedParamFill& f) {
-      return engine().WriteParams(groups, [&](size_t g, size_t p, size_t b, size_t e, float* out) {
-        f(g, p, b, e, out).IgnoreError();
-      });
-    });
+    RunWithPythonFill(fill,
+                      [&](const CheckedParamFill& f) { return engine().WriteParams(groups, f); });
   }
 
   // InitFromRank0Fill with rank 0's values from fill(group, param, begin, end), asked for as
@@ -388,25 +386,25 @@ class PyEngine {
       std::memset(out, 0, (e - b) * sizeof(float));
       const std::string what = m->groups[g].name + "." + m->groups[g].params[p].name + "[" +
                                std::to_string(b) + ":" + std::to_string(e) + "]";
-      if (*error) return Status::Aborted("init: the fill failed earlier; " + what + " not asked");
+      if (*error) return Status::Aborted("the fill failed earlier; " + what + " not asked");
       nb::gil_scoped_acquire gil;
       try {
         nb::object got = (*fill)(g, p, b, e);
         FloatArray a;
         if (!nb::try_cast<FloatArray>(got, a)) {
           throw StatusError(Status::InvalidArgument(
-              "init: fill returned " + std::string(nb::type_name(got.type()).c_str()) + " for " +
-              what + ", not a contiguous float32 array of " + std::to_string(e - b) + " values"));
+              "fill returned " + std::string(nb::type_name(got.type()).c_str()) + " for " + what +
+              ", not a contiguous float32 array of " + std::to_string(e - b) + " values"));
         }
         if (a.size() != e - b) {
-          throw StatusError(Status::InvalidArgument(
-              "init: fill returned " + std::to_string(a.size()) + " values for " + what));
+          throw StatusError(Status::InvalidArgument("fill returned " + std::to_string(a.size()) +
+                                                    " values for " + what));
         }
         std::memcpy(out, a.data(), (e - b) * sizeof(float));
         return Status::OK();
       } catch (...) {
         *error = std::current_exception();
-        return Status::InvalidArgument("init: the fill failed for " + what);
+        return Status::InvalidArgument("the fill failed for " + what);
       }
     };
   }

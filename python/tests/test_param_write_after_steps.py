@@ -119,6 +119,15 @@ def ds_config():
                                   "stage3_param_persistence_threshold": 0}}
 
 
+def start():
+    """DeepSpeed-Chat's LoRA OPT and a stage-3 engine over its trainable parameters."""
+    model = opt_model()
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config(), device="cpu",
+                                      model_parameters=[p for p in model.parameters()
+                                                        if p.requires_grad])
+    return model, engine
+
+
 def train(engine, steps):
     ids = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(2))
     for _ in range(steps):
@@ -128,10 +137,7 @@ def train(engine, steps):
 
 
 def test_deepspeed_chats_lora_fuse_after_training_writes_the_fused_weights(tmp_path):
-    model = opt_model()
-    engine, *_ = deepspeed.initialize(model=model, config=ds_config(), device="cpu",
-                                      model_parameters=[p for p in model.parameters()
-                                                        if p.requires_grad])
+    model, engine = start()
     try:
         train(engine, 3)
         lora = {n: m for n, m in model.named_modules() if isinstance(m, LinearLayer_LoRA)}
@@ -160,10 +166,7 @@ def test_deepspeed_chats_lora_fuse_after_training_writes_the_fused_weights(tmp_p
 
 
 def test_a_trainable_parameter_written_after_a_step_is_recomputed_from_its_master():
-    model = opt_model()
-    engine, *_ = deepspeed.initialize(model=model, config=ds_config(), device="cpu",
-                                      model_parameters=[p for p in model.parameters()
-                                                        if p.requires_grad])
+    model, engine = start()
     try:
         train(engine, 2)
         right = model.model.decoder.layers[0].self_attn.q_proj.lora_right_weight
@@ -181,5 +184,32 @@ def test_a_trainable_parameter_written_after_a_step_is_recomputed_from_its_maste
             now = right.data.clone()
         assert torch.equal(now, engine.read_master()[name].to(torch.bfloat16))
         assert not torch.all(now == 0.5)
+    finally:
+        engine.destroy()
+
+
+def test_a_fill_that_raises_writes_nothing():
+    """Engine.write_params asks for every value before it writes: a fill that raises (here on the
+    group's second parameter) leaves the parameters as they were, and training goes on."""
+    model, engine = start()
+    try:
+        train(engine, 1)
+        proj = model.model.decoder.layers[0].fc1
+        gi = engine._group_of[id(proj.weight)]
+        with deepspeed.zero.GatheredParameters([proj.weight, proj.bias]):
+            before = [proj.weight.data.clone(), proj.bias.data.clone()]
+
+        def fill(g, p, begin, end):
+            if p == 1:
+                raise ValueError("no values for the bias")
+            return torch.full((end - begin,), 9.0).numpy()
+
+        engine._release_all()
+        with pytest.raises(ValueError, match="no values for the bias"):
+            engine._engine.write_params([gi], fill)
+        with deepspeed.zero.GatheredParameters([proj.weight, proj.bias]):
+            assert torch.equal(proj.weight.data, before[0])
+            assert torch.equal(proj.bias.data, before[1])
+        train(engine, 1)
     finally:
         engine.destroy()
