@@ -448,7 +448,7 @@ TEST(EngineWriteParams, AFillThatFailsOnOneRankWritesNothingAnywhere) {
     spec.world = 2;
     spec.steps = 2;
     std::vector<Status> got(2);
-    std::vector<bool> unchanged(2, false);
+    std::vector<char> unchanged(2, 0);  // one per rank thread (vector<bool> packs bits)
     spec.after_step = [&](int rank, int step, Engine& e) -> Status {
       if (step != 0) return Status::OK();
       STRATA_ASSIGN_OR_RETURN(std::vector<float> before, GatheredValues(e, kMid));
