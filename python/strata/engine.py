@@ -67,7 +67,7 @@ from . import _strata
 from .config import ConfigLike, check_config, ConfigError
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
-from .zero import ZeroParamStatus, _mark_partitioned
+from .zero import ZeroParamStatus, _mark_partitioned, _part_numel
 
 _AVAILABLE, _NOT_AVAILABLE = ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE
 
@@ -561,10 +561,14 @@ class StrataEngine(torch.nn.Module):
         # Stages 0-2 keep every parameter whole (a view of the engine's replica) from here on;
         # stage 3 gathers per module (the hooks) and empties them outside.
         self._whole = self._engine.layout()["stage"] < 3
-        if not self._whole:  # DeepSpeed's ds_id / ds_status (strata.zero), kept by _acquire / _release
+        if not self._whole:  # DeepSpeed's ds_* (strata.zero); _acquire / _release keep ds_status
             for g in self._groups:
-                for _, p in g.params:
-                    _mark_partitioned(p)
+                numels = [int(torch.Size(_full_shape(p)).numel()) for _, p in g.params]
+                lo, hi = _strata.owned_range(sum(numels), world_size, rank)
+                off = 0
+                for (_, p), n in zip(g.params, numels):
+                    _mark_partitioned(p, _part_numel(lo, hi, off, n))
+                    off += n
         # On a GPU the host stays ahead of the device: no wait before a release that frees
         # nothing (gathers_alias_home); gradient buffers, reductions and releases ordered with
         # torch's stream on the device where the engine can (orders_caller_streams: one rank),

@@ -9,9 +9,11 @@ rank ever holds more than its share of a module built later. As in DeepSpeed, a 
 partitioned parameter outside GatheredParameters(..., modifier_rank=...) is lost (it is empty).
 
 Stage-3 parameters (zero.Init's, and every parameter of a stage-3 engine) carry DeepSpeed's
-`ds_id` (unique in the process) and `ds_status` (ZeroParamStatus: AVAILABLE while whole, else
-NOT_AVAILABLE), beside `ds_shape` and `ds_numel`: scripts written for DeepSpeed pick the parameters
-to gather with them (`hasattr(p, "ds_id") and p.ds_status == ZeroParamStatus.NOT_AVAILABLE`).
+`ds_id` (unique in the process), `ds_status` (ZeroParamStatus: AVAILABLE while whole, else
+NOT_AVAILABLE) and `ds_tensor` (a meta tensor of this rank's part's size), beside `ds_shape` and
+`ds_numel`: scripts written for DeepSpeed pick the parameters to gather with them
+(`hasattr(p, "ds_id") and p.ds_status == ZeroParamStatus.NOT_AVAILABLE`) and count parameters
+(`p.ds_numel if hasattr(p, "ds_tensor") else p.numel()`).
 
 GatheredParameters: the parameters whole (the engine's working dtype) inside the block; with
 modifier_rank, that rank's values at the end of the block are written back to every rank's
@@ -46,11 +48,20 @@ class ZeroParamStatus(enum.Enum):
 _ds_ids = itertools.count()
 
 
-def _mark_partitioned(p: torch.nn.Parameter) -> None:
-    """DeepSpeed's stage-3 attributes on p (ds_id once, in creation order) with p empty."""
+def _mark_partitioned(p: torch.nn.Parameter, part_numel: int) -> None:
+    """DeepSpeed's stage-3 attributes on p (ds_id once, in creation order) with p empty.
+    ds_tensor is a meta tensor of this rank's part's size (part_numel elements): scripts test for
+    it (`hasattr(p, "ds_tensor")`) and count with it; its values stay in the engine, so reading
+    them fails (a meta tensor has none)."""
     if not hasattr(p, "ds_id"):
         p.ds_id = next(_ds_ids)
     p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+    p.ds_tensor = torch.empty(part_numel, dtype=p.dtype, device="meta")
+
+
+def _part_numel(lo: int, hi: int, off: int, n: int) -> int:
+    """How many of a parameter's n elements, at `off` in its group, fall in [lo, hi)."""
+    return max(0, min(hi, off + n) - max(lo, off))
 
 
 class _Part:
@@ -94,7 +105,7 @@ def _partition_module(module: torch.nn.Module, rank: int, world: int) -> None:
         p.ds_numel = n
         p._strata_part = _Part(ids, b, e, shard)
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        _mark_partitioned(p)
+        _mark_partitioned(p, _part_numel(lo, hi, off, n))
         off += n
 
 

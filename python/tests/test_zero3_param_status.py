@@ -128,10 +128,38 @@ def test_ds_status_follows_the_gathers_and_ds_id_is_unique():
         engine.destroy()
 
 
+def test_ds_tensor_counts_parameters_as_deepspeed_chats_throughput_does():
+    """DeepSpeed-Chat (dschat/utils/perf.py) counts a stage-3 model's parameters as
+    `p.ds_numel if hasattr(p, "ds_tensor") else p.numel()`: without ds_tensor it counted the empty
+    placeholders, 0. ds_tensor is a meta tensor of this rank's part (here all of it), whose values
+    cannot be read."""
+    total = sum(p.numel() for p in llama().parameters())
+    engine = trained(3)
+    try:
+        params = list(engine.module.parameters())
+        assert sum(p.ds_numel if hasattr(p, "ds_tensor") else p.numel() for p in params) == total
+        assert all(p.ds_tensor.is_meta and p.ds_tensor.numel() == p.ds_numel for p in params)
+        with pytest.raises((NotImplementedError, RuntimeError)):
+            params[0].ds_tensor.tolist()
+    finally:
+        engine.destroy()
+    # Two ranks: each parameter's parts (the ranges of its group that each rank owns) add up.
+    from strata import _strata
+    from strata.zero import _part_numel
+    numels = [37, 1000, 3, 515]
+    for world in (2, 4):
+        ranges = [_strata.owned_range(sum(numels), world, r) for r in range(world)]
+        off = 0
+        for n in numels:
+            assert sum(_part_numel(lo, hi, off, n) for lo, hi in ranges) == n
+            off += n
+
+
 def test_stages_0_to_2_have_no_ds_id_and_zero_init_keeps_its_ids():
     engine = trained(2)
     try:
-        assert not any(hasattr(p, "ds_id") for p in engine.module.parameters())
+        assert not any(hasattr(p, "ds_id") or hasattr(p, "ds_tensor")
+                       for p in engine.module.parameters())
     finally:
         engine.destroy()
     with deepspeed.zero.Init(config_dict_or_path=ds_config(3)):
