@@ -489,5 +489,33 @@ TEST(ConfigParse, ParseAndLoadReportErrorsAsStatus) {
   EXPECT_NE(dir.status().message().find("is a directory"), std::string::npos);
 }
 
+// zero_optimization.leaf_module (DeepSpeed's ZeRO-3 leaf modules, applied by the Python adapter):
+// taken, not listed as unacted; its shape is checked, each finding at its path.
+TEST(ConfigParse, LeafModuleIsTakenAndItsShapeChecked) {
+  auto with = [](const std::string& leaf) {
+    return CheckDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 3, "leaf_module": )" +
+                                leaf + "}}");
+  };
+  ConfigCheck ok = with(R"({"classes": ["Qwen3MoeSparseMoeBlock"], "names": "model.moe",
+                             "name_suffixes": []})");
+  ASSERT_TRUE(ok.ok()) << Dump(ok.errors);
+  EXPECT_TRUE(ok.warnings.empty()) << Dump(ok.warnings);
+  for (const UnactedKey& k : ok.parsed->config.unacted_keys) {
+    EXPECT_EQ(k.path.find("leaf_module"), std::string::npos) << k.path << " listed as unacted";
+  }
+  using K = ConfigDiagnostic::Kind;
+  ConfigCheck not_object = with("[\"X\"]");
+  EXPECT_NE(FindDiag(not_object.errors, K::kType, "zero_optimization.leaf_module"), nullptr)
+      << Dump(not_object.errors);
+  ConfigCheck typo = with(R"({"clases": ["X"]})");
+  EXPECT_NE(FindDiag(typo.errors, K::kUnknownKey, "zero_optimization.leaf_module.clases"), nullptr)
+      << Dump(typo.errors);
+  ConfigCheck not_strings = with(R"({"classes": ["X", 1]})");
+  EXPECT_NE(FindDiag(not_strings.errors, K::kType, "zero_optimization.leaf_module.classes"),
+            nullptr)
+      << Dump(not_strings.errors);
+}
+
 }  // namespace
 }  // namespace strata

@@ -171,9 +171,38 @@ void CheckNvmeOnlyKeys(Reader& r, const Json* root, const char* section, Offload
   }
 }
 
+// zero_optimization.leaf_module (DeepSpeed's ZeRO-3 leaf modules, which the Python adapter
+// applies: strata.zero.apply_leaf_module_config): an object whose classes, names and
+// name_suffixes are each a string or a list of strings.
+void CheckLeafModule(Reader& r, const Json* root) {
+  auto zero = root->find("zero_optimization");
+  if (zero == root->end() || !zero->is_object()) return;
+  auto leaf = zero->find("leaf_module");
+  if (leaf == zero->end() || leaf->is_null() || (leaf->is_string() && *leaf == "auto")) return;
+  const std::string path = "zero_optimization.leaf_module";
+  if (!leaf->is_object()) {
+    r.Error(Kind::kType, path,
+            "expected an object with \"classes\", \"names\" or \"name_suffixes\", got " +
+                std::string(JsonTypeName(*leaf)));
+    return;
+  }
+  for (auto it = leaf->begin(); it != leaf->end(); ++it) {
+    const std::string key = path + "." + it.key();
+    if (it.key() != "classes" && it.key() != "names" && it.key() != "name_suffixes") {
+      r.Error(Kind::kUnknownKey, key, "not a leaf_module key (classes, names, name_suffixes)");
+      continue;
+    }
+    const Json& v = it.value();
+    bool ok = v.is_string() || v.is_array();
+    for (size_t i = 0; ok && v.is_array() && i < v.size(); ++i) ok = v[i].is_string();
+    if (!ok) r.Error(Kind::kType, key, "expected a string or a list of strings");
+  }
+}
+
 }  // namespace
 
 void CheckAcrossKeys(Reader& r, EngineConfig& c, Json* root) {
+  CheckLeafModule(r, root);
   CheckBatch(r, c, root);
   if (c.fp16.enabled.value_or(false) && c.bf16.enabled.value_or(false)) {
     r.Error(Kind::kConflict, "bf16.enabled", "fp16 and bf16 are both enabled; enable at most one");

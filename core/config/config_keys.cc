@@ -134,7 +134,8 @@ constexpr std::array kZeroActed = {K("stage"),
                                    K("zero_hpz_partition_size"),
                                    K("cpu_offload"),
                                    K("cpu_offload_param"),
-                                   K("cpu_offload_use_pin_memory")};
+                                   K("cpu_offload_use_pin_memory"),
+                                   K("leaf_module")};  // the Python adapter's (strata.zero)
 constexpr std::array kZeroKnown = {K("load_from_fp32_weights"),
                                    K("elastic_checkpoint"),
                                    K("round_robin_gradients"),
@@ -159,7 +160,6 @@ constexpr std::array kZeroKnown = {K("load_from_fp32_weights"),
                                    K("stage3_partition_stream_chunk_size"),
                                    K("enable_sanity_checks"),
                                    K("save_muon_momentum_buffer_in_memory"),
-                                   K("leaf_module"),
                                    K("zenflow")};
 constexpr std::array kOffloadOptActed = {K("device"),
                                          K("nvme_path"),

@@ -214,6 +214,12 @@ void ReadZero(Reader& r, Section& root, ZeroConfig* z, bool* overlap_given) {
   r.Bool(s, {"zero_quantized_weights"}, &z->zero_quantized_weights);
   r.Bool(s, {"zero_quantized_gradients"}, &z->zero_quantized_gradients);
   r.Int(s, {"zero_hpz_partition_size"}, &z->zero_hpz_partition_size, 0);
+  // The Python adapter's (strata.zero); its shape is checked with the other keys (config_checks),
+  // "auto" dropped as DeepSpeed drops it (its default classes apply).
+  if (Json* leaf = r.Member(s, "leaf_module"); leaf != nullptr) {
+    s.consumed.insert("leaf_module");
+    r.IsUnresolvedAuto(s, leaf, "leaf_module", AutoPolicy::kDeepSpeedRule);
+  }
   r.FinishSection(s);
 }
 

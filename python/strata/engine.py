@@ -67,7 +67,8 @@ from . import _strata
 from .config import ConfigLike, check_config, ConfigError
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
-from .zero import ZeroParamStatus, _mark_partitioned, _part_numel
+from .zero import (ZeroParamStatus, _mark_partitioned, _part_numel, apply_leaf_module_config,
+                   z3_leaf_module)
 
 _AVAILABLE, _NOT_AVAILABLE = ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE
 
@@ -163,16 +164,25 @@ class _Group:
         self.trainable = trainable  # False: frozen (requires_grad=False), params only
 
 
-def _make_groups(model: torch.nn.Module, optimizer_group_of: Optional[dict] = None
-                 ) -> list[_Group]:
+def _make_groups(model: torch.nn.Module, optimizer_group_of: Optional[dict] = None,
+                 leaves: bool = False) -> list[_Group]:
     """One group per module that owns parameters, split by optimizer group (optimizer_group_of:
     id(param) -> index; a module's parameters in groups 0 and 1 give "<module>" and
     "<module>#1") and by requires_grad (the frozen ones: "<module>#frozen", no optimizer
-    state)."""
+    state). With `leaves` (stage 3), a ZeRO-3 leaf module (strata.zero.set_z3_leaf_modules) owns
+    every parameter of its subtree: gathered at once, as one group."""
     seen: set[int] = set()
     groups = []
+    owners: list[tuple[str, dict]] = []  # (module name, its parameters by (frozen, group))
+    leaf_prefix = None  # the subtree of the leaf being walked (named_modules is pre-order)
     for mname, module in model.named_modules():
-        own: dict[tuple, list] = {}
+        if leaf_prefix is not None and mname.startswith(leaf_prefix):
+            own = owners[-1][1]  # a leaf's descendant: its parameters are the leaf's
+        else:
+            own = {}
+            owners.append((mname, own))
+            leaf_prefix = (mname + "." if mname else "") if leaves and z3_leaf_module(module) \
+                else None
         for pname, p in module.named_parameters(recurse=False):
             if id(p) in seen:
                 continue  # tied: owned by the first module that registered it
@@ -181,6 +191,7 @@ def _make_groups(model: torch.nn.Module, optimizer_group_of: Optional[dict] = No
                 optimizer_group_of[id(p)]
             own.setdefault((not p.requires_grad, og), []).append(
                 (f"{mname}.{pname}" if mname else pname, p))
+    for mname, own in owners:
         base = mname or "<root>"
         for k, ((frozen, og), params) in enumerate(sorted(own.items())):
             name = base if k == 0 else f"{base}#frozen" if frozen else f"{base}#{og}"
@@ -509,12 +520,17 @@ class StrataEngine(torch.nn.Module):
             model.to(self._cuda)  # buffers (and parameters not yet placed) on the engine's GPU
         device_budget_bytes = _device_budget(self._cuda, device_budget_bytes)
         self._config = config
-        self._groups = _make_groups(model, None if param_groups is None else param_groups.index)
         check = check_config(config, world_size=world_size)
         if not check["ok"]:
             raise ConfigError("invalid DeepSpeed config:\n" +
                               "\n".join(e["text"] for e in check["errors"]))
         eff = json.loads(check["effective_json"])
+        stage3 = int((eff.get("zero_optimization") or {}).get("stage") or 0) == 3
+        if stage3:  # DeepSpeed's ZeRO-3 leaf modules: the config's, or its MoE-block defaults
+            leaf_cfg = (config.get("zero_optimization") or {}).get("leaf_module", {})
+            apply_leaf_module_config(model, {} if leaf_cfg == "auto" else leaf_cfg)
+        self._groups = _make_groups(model, None if param_groups is None else param_groups.index,
+                                    leaves=stage3)
         self._effective = eff
         self._gas = int(eff.get("gradient_accumulation_steps") or 1)
         self._micro_batch = eff.get("train_micro_batch_size_per_gpu")
@@ -697,8 +713,13 @@ class StrataEngine(torch.nn.Module):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
         if self._whole:
             return  # stages 0-2: parameters stay whole, nothing to gather per module
-        for module in self.module.modules():
-            if (module is self.module or module.__dict__.get("_strata_external")
+        leaf_prefix = None  # a ZeRO-3 leaf's subtree: its hooks gather it all, none inside
+        for mname, module in self.module.named_modules():
+            if leaf_prefix is not None and mname.startswith(leaf_prefix):
+                continue
+            leaf_prefix = (mname + "." if mname else "") if z3_leaf_module(module) else None
+            if (module is self.module or leaf_prefix is not None
+                    or module.__dict__.get("_strata_external")
                     or next(module.parameters(recurse=False), None) is not None):
                 self._hook_module(module)
 
@@ -708,7 +729,8 @@ class StrataEngine(torch.nn.Module):
         if self._whole or id(module) in self._hooked:
             return
         self._hooked.add(id(module))
-        own = tuple(sorted({self._group_of[id(p)] for p in module.parameters(recurse=False)
+        own = tuple(sorted({self._group_of[id(p)]
+                            for p in module.parameters(recurse=z3_leaf_module(module))
                             if id(p) in self._group_of}))
         if own and type(module._parameters) is dict:
             module.__dict__["_parameters"] = _ParamDict(self, module._parameters)
@@ -1681,6 +1703,9 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     otherwise runs on the host stand-in with Gloo (device="cpu" keeps it there on a GPU machine).
     device_budget_bytes bounds the engine's device memory (default on a GPU: its free memory less
     20 % of its size, at least 4 GiB, left to torch).
+    Under a launcher (torchrun, `offloadctl launch`: its environment complete), torch.distributed
+    is initialised where it is not yet (init_distributed), as DeepSpeed's initialize does,
+    unless dist_init_required=False.
     """
     if model is None:
         raise ValueError("strata.initialize: model is required")
@@ -1702,6 +1727,12 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     groups = ParamGroups(model, cfg, optimizer, model_parameters)
     if groups.optimizer_section is not None:
         cfg["optimizer"] = groups.optimizer_section
+    if dist_init_required is not False and _launched():
+        # As DeepSpeed's initialize under its launcher: torch.distributed is up for the script
+        # afterwards (its get_rank, barriers and metrics), whether or not it called
+        # init_distributed itself. One process without a launcher is left as it is (strata.comm's
+        # calls start a group of one when first used).
+        init_distributed(dist_init_required=dist_init_required)
     _share_rendezvous_secret()
     rank, world = _env_rank_world()
     engine = StrataEngine(model, cfg, rank, world, nvme_paths=nvme_paths,
@@ -1728,6 +1759,13 @@ def _local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def _launched() -> bool:
+    """A launcher's environment for torch.distributed is complete (torchrun, `offloadctl launch`,
+    DeepSpeed's launcher)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                         "MASTER_PORT"))
+
+
 def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: bool = True,
                      distributed_port: int = 29500, verbose: bool = True, timeout=None,
                      init_method: Optional[str] = None, dist_init_required: Optional[bool] = None,
@@ -1751,8 +1789,7 @@ def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: boo
     env = os.environ
     backend = dist_backend or get_accelerator().communication_backend_name()
     kwargs = {} if timeout is None else {"timeout": timeout}
-    launched = all(k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                      "MASTER_PORT"))
+    launched = _launched()
     if backend == "nccl":
         torch.cuda.set_device(_local_rank())
     if launched or init_method is not None:

@@ -20,6 +20,11 @@ from typing import Optional
 
 import torch
 
+# deepspeed.utils' ZeRO-3 leaf-module calls (`from deepspeed.utils import set_z3_leaf_modules`).
+from .zero import (get_z3_leaf_modules, set_z3_leaf_modules,  # noqa: F401
+                   set_z3_leaf_modules_by_name, set_z3_leaf_modules_by_suffix,
+                   unset_z3_leaf_modules, z3_leaf_module)
+
 
 def pack_state(state: dict) -> bytes:
     """The blob of `state`; refuses (ValueError) what unpack_state would not read back."""

@@ -303,3 +303,111 @@ def GatheredParameters(params: Union[Iterable, torch.nn.Parameter],
             e._write_params(values)
         else:
             e._write_master(values)
+
+
+# -- ZeRO-3 leaf modules (deepspeed.utils.z3_leaf_module) ------------------------------------------
+# A leaf module's whole subtree is one unit at stage 3: strata.initialize makes its parameters one
+# group (gathered, reduced and placed together: the planner and the engine count it as one) and
+# hooks the leaf alone. For mixture-of-experts blocks, whose experts run in an order (and a set)
+# that changes with every batch: the block is gathered once per call, whichever experts run. Set
+# before strata.initialize. DeepSpeed 0.19 makes these classes leaves unless the config's
+# zero_optimization.leaf_module says otherwise:
+DEFAULT_LEAF_MODULE_CLASSES = [
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+]
+
+
+def z3_leaf_module(module: torch.nn.Module) -> bool:
+    """Whether `module` is a ZeRO-3 leaf (set_z3_leaf_modules)."""
+    return bool(getattr(module, "_z3_leaf", False))
+
+
+def get_z3_leaf_modules(model: torch.nn.Module) -> list:
+    return [m for m in model.modules() if z3_leaf_module(m)]
+
+
+def _qualified(module: torch.nn.Module) -> str:
+    return f"{type(module).__module__}.{type(module).__qualname__}"
+
+
+def _set_leaf_classes(model, classes, flag: bool, raise_if_not_found: bool) -> list:
+    if not all(isinstance(c, (type, str)) for c in classes):
+        raise TypeError(f"leaf_module_classes must be classes or class names, got {classes}")
+    found = []
+    for m in model.modules():
+        if any((isinstance(c, type) and isinstance(m, c)) or
+               (isinstance(c, str) and c in (type(m).__name__, _qualified(m))) for c in classes):
+            m._z3_leaf = flag
+            found.append(m)
+    if not found and raise_if_not_found:
+        raise ValueError(f"No modules of type {list(classes)} found in model "
+                         f"{type(model).__name__}")
+    return found
+
+
+def set_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes,
+                        raise_if_not_found: bool = True) -> list:
+    """As deepspeed.utils.set_z3_leaf_modules: every module of `model` of one of the classes
+    (classes, or their names, plain or qualified) becomes a ZeRO-3 leaf; the modules flagged.
+    ValueError when none matches (unless raise_if_not_found=False)."""
+    return _set_leaf_classes(model, leaf_module_classes, True, raise_if_not_found)
+
+
+def unset_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes,
+                          raise_if_not_found: bool = True) -> list:
+    """Undoes set_z3_leaf_modules for those classes (before strata.initialize)."""
+    return _set_leaf_classes(model, leaf_module_classes, False, raise_if_not_found)
+
+
+def _set_leaf_where(model, match, flag: bool = True) -> list:
+    found = []
+    for name, m in model.named_modules():
+        if name and match(name):
+            m._z3_leaf = flag
+            found.append(m)
+    return found
+
+
+def set_z3_leaf_modules_by_name(model: torch.nn.Module, module_names, flag: bool = True,
+                                raise_if_not_found: bool = True):
+    """As DeepSpeed's: the modules with these qualified names; (modules, names not found)."""
+    names = [module_names] if isinstance(module_names, str) else list(module_names)
+    found = _set_leaf_where(model, lambda n: n in names, flag)
+    present = {n for n, _ in model.named_modules()}
+    missing = [n for n in names if n not in present]
+    if missing and raise_if_not_found:
+        raise ValueError(f"No modules named {missing} found in model {type(model).__name__}")
+    return found, missing
+
+
+def set_z3_leaf_modules_by_suffix(model: torch.nn.Module, module_name_suffixes, flag: bool = True,
+                                  raise_if_not_found: bool = True):
+    """As DeepSpeed's: the modules whose qualified name ends with one of the suffixes."""
+    suffixes = [module_name_suffixes] if isinstance(module_name_suffixes, str) \
+        else list(module_name_suffixes)
+    found = _set_leaf_where(model, lambda n: any(n.endswith(s) for s in suffixes), flag)
+    names = [n for n, _ in model.named_modules() if n]
+    missing = [s for s in suffixes if not any(n.endswith(s) for n in names)]
+    if missing and raise_if_not_found:
+        raise ValueError(f"No modules matching suffixes {missing} found in model "
+                         f"{type(model).__name__}")
+    return found, missing
+
+
+def apply_leaf_module_config(model: torch.nn.Module, leaf_cfg: Optional[dict]) -> list:
+    """zero_optimization.leaf_module as DeepSpeed applies it (its shape checked by the config
+    checker): `classes` (default DEFAULT_LEAF_MODULE_CLASSES), `names` and `name_suffixes`, each
+    a string or a list; what none of them matches is left alone. The modules made leaves."""
+    cfg = dict(leaf_cfg or {})
+
+    def listed(key, default):
+        v = cfg.get(key, default)
+        return [v] if isinstance(v, str) else list(v)
+    found = set_z3_leaf_modules(model, listed("classes", DEFAULT_LEAF_MODULE_CLASSES),
+                                raise_if_not_found=False)
+    found += set_z3_leaf_modules_by_name(model, listed("names", []), raise_if_not_found=False)[0]
+    found += set_z3_leaf_modules_by_suffix(model, listed("name_suffixes", []),
+                                           raise_if_not_found=False)[0]
+    return list({id(m): m for m in found}.values())

@@ -154,3 +154,43 @@ def test_two_ranks_under_offloadctl_launch_end_where_one_rank_does(tmp_path):
     assert got["mean_losses"] == pytest.approx(want_losses, rel=1e-4)
     assert got["correct"] == want_correct
     assert got["eval_loss"] == pytest.approx(want_eval, rel=1e-4)
+
+
+SUPEROFFLOAD_CONFIG = {
+    "train_batch_size": 4, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+    "zero_optimization": {"stage": 3, "overlap_comm": False, "reduce_bucket_size": 4e8,
+                          "sub_group_size": 4e8,
+                          "offload_optimizer": {"device": "cpu", "pin_memory": True,
+                                                "ratio": 0.80, "super_offload": True,
+                                                "cpuadam_cores_perc": 0.90}},
+    "wall_clock_breakdown": True}
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_deepspeed_superoffload_script_runs_alone_and_under_launch(tmp_path, ranks):
+    """superoffload_worker.py (DeepSpeed-SuperOffload's finetune_zero3.py in miniature, its
+    config as that example writes it): alone it reads the rank through strata.comm without
+    having started torch.distributed; under `offloadctl launch -n 2` strata.initialize starts it
+    from the launcher's environment, as DeepSpeed's initialize does. Its parameter count through
+    ds_tensor / ds_numel is the model's, its MoE blocks are one group each."""
+    if ranks == 2 and torch.cuda.is_available():
+        pytest.skip("a GPU is present: two ranks would need two")
+    pytest.importorskip("transformers")
+    cfg = dict(SUPEROFFLOAD_CONFIG, train_batch_size=2 * ranks)
+    (tmp_path / "ds.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_KEYS}
+    env["PYTHONPATH"] = os.pathsep.join([HERE, env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, os.path.join(HERE, "superoffload_worker.py"),
+           "--deepspeed_config", str(tmp_path / "ds.json"), "--out", str(out)]
+    if ranks == 2:
+        launcher = offloadctl()
+        assert launcher, "offloadctl is neither in the build tree nor on PATH"
+        cmd = [launcher, "launch", "-n", "2", "--local-rank-arg", "--"] + cmd
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert (got["rank"], got["world"]) == (0, ranks)
+    assert got["model_size"] == got["whole"]
+    assert got["leaf_groups"] == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert len(got["losses"]) == 3 and all(0 < l < 10 for l in got["losses"])
