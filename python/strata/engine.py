@@ -687,7 +687,8 @@ class StrataEngine(torch.nn.Module):
                     del p._strata_part
 
     def _gather_split_parts(self, parts: list) -> None:
-        """zero.Init parts of groups split by optimizer groups, made whole (parts[gi][pi] None)."""
+        """zero.Init parts of groups that optimizer groups split or leaf modules merged, made
+        whole (parts[gi][pi] None)."""
         from .zero import _gather_parts
         split = [(gi, pi) for gi, g in enumerate(self._groups)
                  for pi, (_, p) in enumerate(g.params)
@@ -700,10 +701,11 @@ class StrataEngine(torch.nn.Module):
             parts[gi][pi] = None
 
     def _optimizer_split(self, gi: int, part) -> bool:
-        """Whether zero.Init partitioned group gi's parameter in a module group that optimizer
-        groups split (its group is a strict subset of the partition's)."""
+        """Whether zero.Init partitioned group gi's parameter in another group than the engine's:
+        one that optimizer groups split (the engine's is a strict subset of the partition's), or
+        one that a ZeRO-3 leaf module merged with others (a strict superset)."""
         ids = {id(p) for _, p in self._groups[gi].params}
-        return ids < set(part.group_ids)
+        return ids != set(part.group_ids)
 
     def _install_hooks(self) -> None:
         for g in self._groups:

@@ -16,6 +16,7 @@ import sys
 import torch
 
 import strata
+import strata.utils
 from models import batch, decay_groups, ds_config, make_model, warmup
 
 steps, outdir, nvme = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -36,9 +37,11 @@ for i, case in enumerate(cases):
     os.environ["STRATA_RUN_ID"] = f"{run_id}-{i}"
     gas = 2 if flag == ["nosync"] else 1
     cfg = ds_config(int(stage), offload, gas=gas, nvme_path=nvme, world=2)
-    if flag == ["init"]:
+    if flag in (["init"], ["initleaf"]):
         with strata.zero.Init(config=cfg):
             model = make_model(kind)
+        if flag == ["initleaf"]:  # set after construction: one group per block, not zero.Init's
+            strata.utils.set_z3_leaf_modules(model, ["Block"])
     else:
         model = make_model(kind).to(device)
     if flag == ["rank0"] and rank != 0:
