@@ -587,9 +587,7 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
   e.adam_step_base = options.optimizer_states ? m.adam_step_base : m.applied_steps;
   e.lr_step_base = options.lr_schedule ? m.lr_step_base : m.applied_steps;
   e.last_lr = options.lr_schedule ? m.last_lr : e.LrFor(0);
-  // Gathered copies kept from before are stale now.
-  for (zero::GroupState& gs : e.groups) gs.cached.reset();
-  e.cached_elems = 0;
+  e.DropKeptCopies();  // kept from before: stale now
   return Status::OK();
 }
 

@@ -1046,7 +1046,7 @@ Engine::~Engine() {
   if (impl_->last_qgz.valid()) impl_->last_qgz.wait();
   impl_->accumulator.reset();  // runs the accumulations posted, which read those buffers
   impl_->pending.clear();
-  for (auto& g : impl_->groups) g.cached.reset();
+  impl_->DropKeptCopies();
   impl_->gather.reset();
 }
 

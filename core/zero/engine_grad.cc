@@ -106,9 +106,7 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
     auto full = DeviceBuffer::Make(opt.device, bytes);
     if (!full.ok() && full.status().code() == Status::Code::kResourceExhausted &&
         cached_elems > 0) {
-      // Make room: drop the kept copies (they are re-gathered when needed).
-      for (zero::GroupState& other : groups) other.cached.reset();
-      cached_elems = 0;
+      DropKeptCopies();  // make room (they are re-gathered when needed)
       full = DeviceBuffer::Make(opt.device, bytes);
     }
     if (!full.ok()) {

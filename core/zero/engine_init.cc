@@ -259,12 +259,10 @@ Status Engine::WriteParams(std::span<const size_t> groups, const CheckedParamFil
     if (!param.ok()) return e.Fail(param.status());
     STRATA_RETURN_IF_ERROR(e.Fail(e.PublishParams(s, values[i].data(), *param)));
   }
-  // Copies made of the old values (kept gathered groups, hpZ's secondary slices), as after Step.
-  for (zero::GroupState& gs : e.groups) {
-    gs.cached.reset();
-    gs.secondary_epoch = -1;
-  }
-  e.cached_elems = 0;
+  // Copies made of the old values: kept gathered groups, as after Step, and hpZ's secondary
+  // slices (within a step they are reused).
+  e.DropKeptCopies();
+  for (zero::GroupState& gs : e.groups) gs.secondary_epoch = -1;
   return e.Fail(e.AllGatherUpdatedParams(/*frozen_too=*/true));
 }
 

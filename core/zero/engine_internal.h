@@ -347,6 +347,12 @@ struct Engine::Impl {
   bool host_blocks_locked = false;
   uint64_t largest_sub_elems = 0;  // the largest optimizer sub-group: sizes grad_staging
   uint64_t cached_elems = 0;
+  // Drops every gathered copy kept after its Release (GroupState::cached): after the params
+  // changed (Step, Load, WriteParams), or to make room on the device.
+  void DropKeptCopies() {
+    for (zero::GroupState& gs : groups) gs.cached.reset();
+    cached_elems = 0;
+  }
   Status failed;                                 // the first error that failed the engine
   std::vector<Ticket> grad_write_behind;         // CheckGradWriteBehind; one per sub-group at most
   // The host budget caches every NVMe-homed block (CheckBudgets): the engine writes none of

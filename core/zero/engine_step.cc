@@ -479,9 +479,7 @@ Result<StepReport> Engine::Impl::Step() {
     last_lr = report.lr;
     st = scaler->Update(false);
     if (!st.ok()) return Fail(st);
-    // The params changed: kept gathered copies are stale.
-    for (zero::GroupState& gs : groups) gs.cached.reset();
-    cached_elems = 0;
+    DropKeptCopies();  // the params changed: stale
   }
   if (!launch) {
     st = CheckGradWriteBehind(/*wait=*/true);

@@ -164,6 +164,19 @@ class _Group:
         self.trainable = trainable  # False: frozen (requires_grad=False), params only
 
 
+def _module_owners(model: torch.nn.Module, leaves: bool = True):
+    """(name, module, owner) for each module of `model` in named_modules' (pre-)order: the owner
+    is the name of the ZeRO-3 leaf module whose subtree holds it (strata.zero.
+    set_z3_leaf_modules; with `leaves`), else its own name."""
+    leaf = None  # the leaf whose subtree is being walked
+    for mname, module in model.named_modules():
+        if leaf is not None and mname.startswith(leaf + "." if leaf else ""):
+            yield mname, module, leaf
+            continue
+        leaf = mname if leaves and z3_leaf_module(module) else None
+        yield mname, module, mname
+
+
 def _make_groups(model: torch.nn.Module, optimizer_group_of: Optional[dict] = None,
                  leaves: bool = False) -> list[_Group]:
     """One group per module that owns parameters, split by optimizer group (optimizer_group_of:
@@ -173,16 +186,9 @@ def _make_groups(model: torch.nn.Module, optimizer_group_of: Optional[dict] = No
     every parameter of its subtree: gathered at once, as one group."""
     seen: set[int] = set()
     groups = []
-    owners: list[tuple[str, dict]] = []  # (module name, its parameters by (frozen, group))
-    leaf_prefix = None  # the subtree of the leaf being walked (named_modules is pre-order)
-    for mname, module in model.named_modules():
-        if leaf_prefix is not None and mname.startswith(leaf_prefix):
-            own = owners[-1][1]  # a leaf's descendant: its parameters are the leaf's
-        else:
-            own = {}
-            owners.append((mname, own))
-            leaf_prefix = (mname + "." if mname else "") if leaves and z3_leaf_module(module) \
-                else None
+    owners: dict[str, dict] = {}  # owner's name -> its parameters by (frozen, group), in order
+    for mname, module, owner in _module_owners(model, leaves):
+        own = owners.setdefault(owner, {})
         for pname, p in module.named_parameters(recurse=False):
             if id(p) in seen:
                 continue  # tied: owned by the first module that registered it
@@ -191,7 +197,7 @@ def _make_groups(model: torch.nn.Module, optimizer_group_of: Optional[dict] = No
                 optimizer_group_of[id(p)]
             own.setdefault((not p.requires_grad, og), []).append(
                 (f"{mname}.{pname}" if mname else pname, p))
-    for mname, own in owners:
+    for mname, own in owners.items():
         base = mname or "<root>"
         for k, ((frozen, og), params) in enumerate(sorted(own.items())):
             name = base if k == 0 else f"{base}#frozen" if frozen else f"{base}#{og}"
@@ -715,12 +721,10 @@ class StrataEngine(torch.nn.Module):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
         if self._whole:
             return  # stages 0-2: parameters stay whole, nothing to gather per module
-        leaf_prefix = None  # a ZeRO-3 leaf's subtree: its hooks gather it all, none inside
-        for mname, module in self.module.named_modules():
-            if leaf_prefix is not None and mname.startswith(leaf_prefix):
-                continue
-            leaf_prefix = (mname + "." if mname else "") if z3_leaf_module(module) else None
-            if (module is self.module or leaf_prefix is not None
+        for mname, module, owner in _module_owners(self.module):
+            if owner != mname:
+                continue  # inside a ZeRO-3 leaf: the leaf's hooks gather its whole subtree
+            if (module is self.module or z3_leaf_module(module)
                     or module.__dict__.get("_strata_external")
                     or next(module.parameters(recurse=False), None) is not None):
                 self._hook_module(module)
