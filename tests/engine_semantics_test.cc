@@ -632,10 +632,90 @@ TEST(EngineSemantics, OptimizerGroupOutOfRangeOrBadIsRefusedNamingIt) {
       << r.status.ToString();
 }
 
+// OneCycle's cycled momentum reaches the Adam of every placement as the same betas handed over
+// by SetHyperparameters (a client scheduler's), and changes the result.
+TEST(EngineSemantics, OneCycleMomentumIsTheStepsBetas) {
+  const std::string one_cycle =
+      R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01, "cycle_first_step_size": 2, "cycle_min_mom": 0.8, "cycle_max_mom": 0.95}},)";
+  // t = -1, 0, 1, 2 (DeepSpeed's last_batch_iteration of applied steps 1..4); scale 0, .5, 1, .5.
+  const double lrs[] = {0.001, 0.0055, 0.01, 0.0055};
+  const double beta1s[] = {0.8, 0.875, 0.8, 0.875};
+  for (const char* zero :
+       {R"("stage": 1)", R"("stage": 3, "offload_optimizer": {"device": "cpu"})"}) {
+    SCOPED_TRACE(zero);
+    RunSpec spec;
+    spec.config_json = BaseConfig(zero, one_cycle);
+    spec.steps = 4;
+    spec.before_step = [&](int, int step, Engine& e) {
+      ASSERT_EQ(e.betas().size(), 1u);
+      EXPECT_DOUBLE_EQ(e.betas()[0].first, beta1s[step]);
+      EXPECT_EQ(e.betas()[0].second, 0.99);  // DeepSpeed's OneCycle writes (momentum, 0.99)
+      EXPECT_DOUBLE_EQ(e.lr(), lrs[step]);
+    };
+    const RunResult r = RunEngine(spec);
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(r.reports[i].lr, lrs[i]) << i;
+
+    RunSpec client;
+    client.config_json = BaseConfig(zero);
+    client.steps = 4;
+    client.before_step = [&](int, int step, Engine& e) {
+      OptimizerGroupOptions o;
+      o.lr = r.reports[step].lr;
+      o.beta1 = beta1s[step];
+      o.beta2 = 0.99;
+      ASSERT_TRUE(e.SetHyperparameters({&o, 1}).ok());
+    };
+    const RunResult c = RunEngine(client);
+    ASSERT_TRUE(c.status.ok()) << c.status.ToString();
+    EXPECT_TRUE(BitEqual(r.master, c.master));
+
+    RunSpec flat = spec;  // the same lrs, the config's betas
+    flat.config_json =
+        BaseConfig(zero, std::string(one_cycle).insert(one_cycle.find("\"cycle_min_mom\""),
+                                                       R"("cycle_momentum": false, )"));
+    flat.before_step = nullptr;
+    const RunResult f = RunEngine(flat);
+    ASSERT_TRUE(f.status.ok()) << f.status.ToString();
+    EXPECT_FALSE(BitEqual(r.master, f.master));
+  }
+}
+
+TEST(EngineSemantics, SetHyperparametersRefusesWithoutChangingAnything) {
+  RunSpec spec;
+  spec.config_json = BaseConfig(R"("stage": 1)");
+  spec.model = BiasesInGroupOne();
+  spec.steps = 1;
+  spec.tweak = [](int, EngineOptions& o) { o.optimizer_groups.resize(2); };
+  spec.before_step = [](int, int, Engine& e) {
+    const auto before = e.betas();
+    std::vector<OptimizerGroupOptions> g(1);
+    EXPECT_EQ(e.SetHyperparameters(g).code(), Status::Code::kInvalidArgument);  // count
+    g.resize(2);
+    g[0].lr = 0.1;  // lr for one group only
+    Status st = e.SetHyperparameters(g);
+    EXPECT_NE(st.message().find("optimizer group 1"), std::string::npos) << st.ToString();
+    g[0].lr.reset();
+    g[1].beta1 = 0.5;  // without beta2
+    EXPECT_EQ(e.SetHyperparameters(g).code(), Status::Code::kInvalidArgument);
+    g[1].beta2 = 1.0;  // Adam refuses it
+    st = e.SetHyperparameters(g);
+    EXPECT_NE(st.message().find("beta2"), std::string::npos) << st.ToString();
+    EXPECT_EQ(e.betas(), before);
+    g[1].beta2 = 0.9;
+    g[0].eps = 1e-6;
+    ASSERT_TRUE(e.SetHyperparameters(g).ok());
+    EXPECT_EQ(e.betas()[1], std::make_pair(0.5, 0.9));
+    EXPECT_EQ(e.betas()[0], before[0]);
+  };
+  const RunResult r = RunEngine(spec);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+}
+
 TEST(EngineSemantics, UnsupportedSettingsAreClearErrorsAtCreate) {
   RunSpec spec;
   spec.config_json =
-      BaseConfig(R"("stage": 1)", R"("scheduler": {"type": "OneCycle", "params": {}},)");
+      BaseConfig(R"("stage": 1)", R"("scheduler": {"type": "StepLR", "params": {}},)");
   RunResult r = RunEngine(spec);
   EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument);
   EXPECT_NE(r.status.message().find("scheduler.type"), std::string::npos) << r.status.ToString();

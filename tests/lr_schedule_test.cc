@@ -1,6 +1,7 @@
-// LrSchedule (core/zero/lr_schedule.h): DeepSpeed 0.19.8's WarmupLR, WarmupDecayLR and
-// WarmupCosineLR at chosen t against closed forms worked out independently, the t each applied
-// step uses (t = -1 first; skipped steps do not advance), and config errors naming their paths.
+// LrSchedule (core/zero/lr_schedule.h): DeepSpeed 0.19.8's WarmupLR, WarmupDecayLR,
+// WarmupCosineLR, OneCycle (lr and momentum) and LRRangeTest at chosen t against closed forms
+// worked out independently, the t each applied step uses (t = -1 first; skipped steps do not
+// advance), and config errors naming their paths.
 #include "core/zero/lr_schedule.h"
 
 #include <gtest/gtest.h>
@@ -182,10 +183,122 @@ void ExpectBad(const EngineConfig& c, const std::string& path) {
   EXPECT_EQ(s.status().message().substr(0, path.size() + 1), path + ":") << s.status().ToString();
 }
 
+void ExpectBetas(const LrSchedule& s, int64_t t, double beta1) {
+  const auto b = s.BetasAt(t);
+  ASSERT_TRUE(b.has_value()) << "t = " << t;
+  EXPECT_NEAR(b->first, beta1, 1e-15) << "t = " << t;
+  EXPECT_EQ(b->second, 0.99) << "t = " << t;
+}
+
+EngineConfig OneCycle(std::map<std::string, std::string> p) {
+  p.emplace("cycle_min_lr", "1e-4");
+  p.emplace("cycle_max_lr", "1e-3");
+  p.emplace("cycle_first_step_size", "10");
+  p.emplace("cycle_min_mom", "0.85");
+  p.emplace("cycle_max_mom", "0.95");
+  return Sched(SchedulerType::kOneCycle, "OneCycle", std::move(p));
+}
+
+// lr rises over the first half while beta1 falls, both return over the second, then hold.
+TEST(LrSchedule, OneCycleCyclesLrAndMomentumInversely) {
+  LrSchedule s = Make(OneCycle({}));
+  EXPECT_EQ(s.kind(), LrSchedule::Kind::kOneCycle);
+  ExpectLr(s, -1, 1e-4);  // the constructor's: cycle_min_lr and cycle_min_mom
+  ExpectBetas(s, -1, 0.85);
+  ExpectLr(s, 0, 1e-4 + 9e-4 * 0.1);  // b = 1 of a 20-step cycle: scale 1 / 10
+  ExpectBetas(s, 0, 0.95 - 0.1 * 0.1);
+  ExpectLr(s, 9, 1e-3);  // b = 10: the peak
+  ExpectBetas(s, 9, 0.85);
+  ExpectLr(s, 14, 1e-4 + 9e-4 * 0.5);  // b = 15: halfway down
+  ExpectBetas(s, 14, 0.9);
+  ExpectLr(s, 19, 1e-4);  // b = 20: the cycle's end
+  ExpectBetas(s, 19, 0.95);
+  ExpectLr(s, 20, 1e-4);  // no decay configured: cycle_min_lr and cycle_max_mom from now on
+  ExpectBetas(s, 1000, 0.95);
+  ExpectLr(s, 1000, 1e-4);
+  // beta2 is 0.99 whatever the optimizer's (DeepSpeed's (momentum, 0.99)): a note says so.
+  ASSERT_EQ(s.notes().size(), 1u);
+  EXPECT_NE(s.notes()[0].find("0.99"), std::string::npos) << s.notes()[0];
+  EXPECT_EQ(s.Describe(), "OneCycle(lr 0.0001..0.001, 10+10 steps, momentum 0.95..0.85)");
+}
+
+TEST(LrSchedule, OneCycleDecayStairsAndAsymmetricHalves) {
+  LrSchedule d = Make(
+      OneCycle({{"decay_step_size", "5"}, {"decay_lr_rate", "0.5"}, {"decay_mom_rate", "0.01"}}));
+  ExpectLr(d, 20, 1e-4 / (1 + 0.5 * 0.2));  // d = 1 step after the 20-step cycle
+  ExpectLr(d, 24, 1e-4 / (1 + 0.5 * 1.0));
+  ExpectBetas(d, 24, 0.95 * (1 + 0.01 * 1.0));
+  EXPECT_EQ(d.notes().size(), 2u);  // beta2, and beta1 growing after the cycle
+
+  LrSchedule st = Make(OneCycle({{"cycle_first_stair_count", "2"}}));
+  ExpectLr(st, 0, 1e-4);               // b = 1: floor(1 * 2 / 10) / 2 = 0
+  ExpectLr(st, 4, 1e-4 + 9e-4 * 0.5);  // b = 5: one stair of two
+  ExpectBetas(st, 4, 0.9);
+  ExpectLr(st, 9, 1e-3);
+  ExpectLr(st, 14, 1e-4 + 9e-4 * 0.5);  // the second half counts its stairs from the end
+  ExpectLr(st, 16, 1e-4);               // b = 17: floor(3 * 2 / 10) = 0
+
+  LrSchedule asym = Make(OneCycle({{"cycle_first_step_size", "4"},
+                                   {"cycle_second_step_size", "12"},
+                                   {"cycle_momentum", "false"}}));
+  ExpectLr(asym, 3, 1e-3);                    // b = 4: the peak after the short first half
+  ExpectLr(asym, 9, 1e-4 + 9e-4 * 0.5);       // b = 10: 6 of the 12 down
+  EXPECT_FALSE(asym.BetasAt(3).has_value());  // cycle_momentum false: the optimizer's betas
+  EXPECT_TRUE(asym.notes().empty());
+
+  LrSchedule null_second = Make(OneCycle({{"cycle_second_step_size", "null"}}));
+  ExpectLr(null_second, 14, 1e-4 + 9e-4 * 0.5);  // null: the first half's size
+}
+
+TEST(LrSchedule, LrRangeTestGrowsLinearlyOrInStairs) {
+  LrSchedule s = Make(Sched(SchedulerType::kLRRangeTest, "LRRangeTest",
+                            {{"lr_range_test_min_lr", "1e-3"},
+                             {"lr_range_test_step_size", "10"},
+                             {"lr_range_test_step_rate", "0.5"}}));
+  ExpectLr(s, -1, 1e-3);
+  ExpectLr(s, 0, 1e-3 * (1 + 0.5 * 0.1));
+  ExpectLr(s, 19, 1e-3 * 2);
+  EXPECT_FALSE(s.BetasAt(0).has_value());
+  LrSchedule stairs =
+      Make(Sched(SchedulerType::kLRRangeTest, "LRRangeTest",
+                 {{"lr_range_test_step_size", "10"}, {"lr_range_test_staircase", "true"}}));
+  ExpectLr(stairs, 8, 1e-3);  // defaults: min 1e-3, rate 1
+  ExpectLr(stairs, 9, 2e-3);
+  ExpectLr(stairs, 29, 4e-3);
+  EXPECT_EQ(stairs.Describe(), "LRRangeTest(min 0.001, rate 1 per 10 steps, staircase)");
+}
+
+TEST(LrSchedule, OneCycleAndRangeTestParamsNameTheirPath) {
+  ExpectBad(Sched(SchedulerType::kOneCycle, "OneCycle", {{"cycle_max_lr", "1e-3"}}),
+            "scheduler.params.cycle_min_lr");
+  ExpectBad(Sched(SchedulerType::kOneCycle, "OneCycle", {{"cycle_min_lr", "1e-3"}}),
+            "scheduler.params.cycle_max_lr");
+  ExpectBad(OneCycle({{"warmup_num_steps", "10"}}), "scheduler.params.warmup_num_steps");
+  ExpectBad(OneCycle({{"cycle_first_step_size", "0"}}), "scheduler.params.cycle_first_step_size");
+  ExpectBad(OneCycle({{"cycle_second_step_size", "-1"}}),
+            "scheduler.params.cycle_second_step_size");
+  ExpectBad(OneCycle({{"cycle_max_mom", "1.0"}}), "scheduler.params.cycle_max_mom");
+  ExpectBad(OneCycle({{"cycle_min_mom", "-0.1"}}), "scheduler.params.cycle_min_mom");
+  ExpectBad(OneCycle({{"cycle_momentum", "\"yes\""}}), "scheduler.params.cycle_momentum");
+  ExpectBad(OneCycle({{"cycle_min_lr", "[1e-4, 1e-4]"}}), "scheduler.params.cycle_min_lr");
+  ExpectBad(OneCycle({{"last_batch_iteration", "3"}}), "scheduler.params.last_batch_iteration");
+  // Momenta outside [0, 1) are fine when they are not written (cycle_momentum false).
+  EXPECT_TRUE(
+      LrSchedule::FromConfig(OneCycle({{"cycle_momentum", "false"}, {"cycle_max_mom", "1.5"}}))
+          .ok());
+  const auto range = [](std::map<std::string, std::string> p) {
+    return Sched(SchedulerType::kLRRangeTest, "LRRangeTest", std::move(p));
+  };
+  ExpectBad(range({{"lr_range_test_step_size", "0"}}), "scheduler.params.lr_range_test_step_size");
+  ExpectBad(range({{"lr_range_test_step_size", "2.5"}}),
+            "scheduler.params.lr_range_test_step_size");
+  ExpectBad(range({{"lr_range_test_staircase", "1"}}), "scheduler.params.lr_range_test_staircase");
+  ExpectBad(range({{"cycle_min_lr", "1"}}), "scheduler.params.cycle_min_lr");
+}
+
 TEST(LrSchedule, UnsupportedSchedulersNameTheSupportedOnes) {
-  for (auto [type, name] : {std::pair{SchedulerType::kOneCycle, "OneCycle"},
-                            std::pair{SchedulerType::kLRRangeTest, "LRRangeTest"},
-                            std::pair{SchedulerType::kOther, "ReduceLROnPlateau"}}) {
+  for (auto [type, name] : {std::pair{SchedulerType::kOther, "ReduceLROnPlateau"},
+                            std::pair{SchedulerType::kOther, "StepLR"}}) {
     Result<LrSchedule> s = LrSchedule::FromConfig(Sched(type, name, {}));
     ASSERT_FALSE(s.ok());
     const std::string m(s.status().message());
@@ -193,6 +306,7 @@ TEST(LrSchedule, UnsupportedSchedulersNameTheSupportedOnes) {
     EXPECT_EQ(m.rfind("scheduler.type:", 0), 0u) << m;
     EXPECT_NE(m.find(name), std::string::npos) << m;
     EXPECT_NE(m.find("WarmupCosineLR"), std::string::npos) << m;
+    EXPECT_NE(m.find("OneCycle"), std::string::npos) << m;
   }
 }
 

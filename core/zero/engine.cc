@@ -7,6 +7,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "core/plan/comm_model.h"
 #include "core/zero/engine_internal.h"
@@ -411,6 +412,7 @@ Status ResolveOptimizerGroup(const kernels::AdamHyper& base, const OptimizerGrou
   }
   e.hyper.push_back(h);
   e.own_lr.push_back(o.lr);
+  e.client_betas.push_back(false);
   return Status::OK();
 }
 
@@ -1080,6 +1082,53 @@ Status Engine::SetLearningRates(std::span<const double> lrs) {
   e.client_lrs.assign(lrs.begin(), lrs.end());
   return Status::OK();
 }
+std::vector<std::pair<double, double>> Engine::betas() const {
+  std::vector<std::pair<double, double>> out;
+  for (size_t og = 0; og < impl_->hyper.size(); ++og) out.push_back(impl_->BetasFor(og));
+  return out;
+}
+
+Status Engine::SetHyperparameters(std::span<const OptimizerGroupOptions> groups) {
+  Impl& e = *impl_;
+  const auto bad = [](size_t og, std::string_view what) {
+    return Status::InvalidArgument("SetHyperparameters: optimizer group " + std::to_string(og) +
+                                   ": " + std::string(what));
+  };
+  if (groups.size() != e.hyper.size()) {
+    return Status::InvalidArgument("SetHyperparameters: " + std::to_string(groups.size()) +
+                                   " group(s) for " + std::to_string(e.hyper.size()) +
+                                   " optimizer group(s)");
+  }
+  std::vector<double> lrs;
+  std::vector<kernels::AdamHyper> next = e.hyper;
+  for (size_t og = 0; og < groups.size(); ++og) {
+    const OptimizerGroupOptions& o = groups[og];
+    if (o.lr.has_value() != groups[0].lr.has_value()) {
+      return bad(og, "lr is given for some groups and not others (give every group's or none)");
+    }
+    if (o.lr) lrs.push_back(*o.lr);
+    if (o.beta1.has_value() != o.beta2.has_value()) {
+      return bad(og, "beta1 and beta2 go together");
+    }
+    kernels::AdamHyper& h = next[og];
+    std::tie(h.beta1, h.beta2) = e.BetasFor(og);
+    h.beta1 = o.beta1.value_or(h.beta1);
+    h.beta2 = o.beta2.value_or(h.beta2);
+    h.eps = o.eps.value_or(h.eps);
+    h.weight_decay = o.weight_decay.value_or(h.weight_decay);
+    kernels::AdamHyper probe = h;
+    probe.lr = o.lr.value_or(0.0);
+    kernels::AdamShard empty;
+    if (Status st = kernels::ValidateAdam(probe, empty); !st.ok()) return bad(og, st.message());
+  }
+  if (!lrs.empty()) STRATA_RETURN_IF_ERROR(SetLearningRates(lrs));
+  for (size_t og = 0; og < groups.size(); ++og) {
+    if (groups[og].beta1) e.client_betas[og] = true;
+  }
+  e.hyper = std::move(next);
+  return Status::OK();
+}
+
 int64_t Engine::global_step() const { return impl_->global_step; }
 Status Engine::health() const { return impl_->failed; }
 Status Engine::Synchronize() {

@@ -291,11 +291,13 @@ struct Engine::Impl {
   uint32_t pipeline_buffers = 4;
   uint64_t persistence_elems = 0, reuse_distance_elems = 0, max_live_elems = 0;
   // Per optimizer group (GroupSpec::optimizer_group): the hyperparameters (a step's lr, step
-  // count and gradient scale are StepHyper's), the group's own lr (OptimizerGroupOptions::lr) and
-  // SetLearningRates' values (empty until called).
+  // count and gradient scale are StepHyper's), the group's own lr (OptimizerGroupOptions::lr),
+  // SetLearningRates' values (empty until called) and whether SetHyperparameters gave the group
+  // its betas (then the schedule's, OneCycle's cycle_momentum, no longer apply to it).
   std::vector<kernels::AdamHyper> hyper;
   std::vector<std::optional<double>> own_lr;
   std::vector<double> client_lrs;
+  std::vector<bool> client_betas;
   std::optional<zero::LossScaler> scaler;
   std::optional<zero::LrSchedule> schedule;
 
@@ -562,6 +564,8 @@ struct Engine::Impl {
   // This step's Adam coefficients: `hyper` with the lr and step of the next applied step and
   // `grad_scale` folded in.
   std::vector<kernels::AdamHyper> StepHyper(float grad_scale) const;
+  // Optimizer group og's (beta1, beta2) for the next applied step.
+  std::pair<double, double> BetasFor(size_t og) const;
   // This rank's sub-groups, group by group in order, less those in `except` (empty: none).
   std::vector<size_t> StepOrder(const std::vector<uint64_t>& except = {}) const;
   // overlap_step: starts RunAdam over `order` with coefficients `hs` (and the wait for the

@@ -143,6 +143,7 @@ std::vector<kernels::AdamHyper> Engine::Impl::StepHyper(float grad_scale) const 
   std::vector<kernels::AdamHyper> hs = hyper;
   for (size_t og = 0; og < hs.size(); ++og) {
     hs[og].lr = LrFor(og);
+    std::tie(hs[og].beta1, hs[og].beta2) = BetasFor(og);
     hs[og].step = applied_steps - adam_step_base + 1;
     hs[og].grad_scale = grad_scale;
   }
@@ -396,6 +397,13 @@ double Engine::Impl::LrFor(size_t og) const {
   if (!client_lrs.empty()) return client_lrs[og];
   if (own_lr[og] && schedule->kind() == zero::LrSchedule::Kind::kConstant) return *own_lr[og];
   return schedule->LrForStep(applied_steps - lr_step_base);
+}
+
+std::pair<double, double> Engine::Impl::BetasFor(size_t og) const {
+  if (!client_betas[og]) {
+    if (auto b = schedule->BetasForStep(applied_steps - lr_step_base)) return *b;
+  }
+  return {hyper[og].beta1, hyper[og].beta2};
 }
 
 Result<StepReport> Engine::Impl::Step() {

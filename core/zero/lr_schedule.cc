@@ -21,6 +21,23 @@ constexpr std::string_view kWarmupParams[] = {"warmup_min_lr", "warmup_max_lr", 
 constexpr std::string_view kCosineParams[] = {"total_num_steps",  "warmup_min_ratio",
                                               "warmup_num_steps", "cos_min_ratio",
                                               "warmup_type",      "last_batch_iteration"};
+constexpr std::string_view kOneCycleParams[] = {"cycle_min_lr",
+                                                "cycle_max_lr",
+                                                "decay_lr_rate",
+                                                "cycle_first_step_size",
+                                                "cycle_second_step_size",
+                                                "cycle_first_stair_count",
+                                                "cycle_second_stair_count",
+                                                "decay_step_size",
+                                                "cycle_momentum",
+                                                "cycle_min_mom",
+                                                "cycle_max_mom",
+                                                "decay_mom_rate",
+                                                "last_batch_iteration"};
+constexpr std::string_view kRangeTestParams[] = {"lr_range_test_min_lr", "lr_range_test_step_size",
+                                                 "lr_range_test_step_rate",
+                                                 "lr_range_test_staircase", "last_batch_iteration"};
+constexpr double kAnyValue = -std::numeric_limits<double>::infinity();
 
 std::string Num(double v) {
   char buf[32];
@@ -64,10 +81,16 @@ Status ReadInt(const EngineConfig& c, std::string_view name, int64_t min, int64_
   return Status::OK();
 }
 
-// A finite JSON number >= `min`; `*out` unchanged when absent.
-Status ReadDouble(const EngineConfig& c, std::string_view name, double min, double* out) {
+// A finite JSON number >= `min`; `*out` unchanged when absent (or null, when `null_ok`), then
+// an error if `required_by`.
+Status ReadDouble(const EngineConfig& c, std::string_view name, double min, double* out,
+                  const char* required_by = nullptr, bool null_ok = false) {
   STRATA_ASSIGN_OR_RETURN(std::optional<Json> v, Get(c, name));
-  if (!v) return Status::OK();
+  if (v && v->is_null() && null_ok) v.reset();
+  if (!v) {
+    if (required_by == nullptr) return Status::OK();
+    return Bad(name, std::string("missing; ") + required_by + " requires it");
+  }
   if (!v->is_number()) {
     return Bad(name, v->dump() + " is not a number (per-group lists are not supported)");
   }
@@ -79,7 +102,73 @@ Status ReadDouble(const EngineConfig& c, std::string_view name, double min, doub
   return Status::OK();
 }
 
+// A JSON boolean; `*out` unchanged when absent.
+Status ReadBool(const EngineConfig& c, std::string_view name, bool* out) {
+  STRATA_ASSIGN_OR_RETURN(std::optional<Json> v, Get(c, name));
+  if (!v) return Status::OK();
+  if (!v->is_boolean()) return Bad(name, v->dump() + " is not a boolean");
+  *out = v->get<bool>();
+  return Status::OK();
+}
+
+// Adam's beta1 as a schedule writes it: in [0, 1).
+Status CheckMomentum(std::string_view name, double m) {
+  if (m >= 0 && m < 1) return Status::OK();
+  return Bad(name, Num(m) + " must be in [0, 1): the optimizer's beta1");
+}
+
 }  // namespace
+
+Status LrSchedule::ReadOneCycle(const EngineConfig& c) {
+  const char* one_cycle = "OneCycle";
+  STRATA_RETURN_IF_ERROR(ReadDouble(c, "cycle_min_lr", 0, &min_lr_, one_cycle));
+  STRATA_RETURN_IF_ERROR(ReadDouble(c, "cycle_max_lr", 0, &max_lr_, one_cycle));
+  STRATA_RETURN_IF_ERROR(ReadDouble(c, "decay_lr_rate", kAnyValue, &decay_lr_rate_));
+  STRATA_RETURN_IF_ERROR(ReadDouble(c, "cycle_first_step_size", kAnyValue, &first_size_));
+  if (!(first_size_ > 0)) {
+    return Bad("cycle_first_step_size", Num(first_size_) + " must be > 0");
+  }
+  second_size_ = first_size_;
+  STRATA_RETURN_IF_ERROR(ReadDouble(c, "cycle_second_step_size", 0, &second_size_, nullptr,
+                                    /*null_ok=*/true));
+  total_size_ = first_size_ + second_size_;
+  step_ratio_ = first_size_ / total_size_;
+  STRATA_RETURN_IF_ERROR(ReadDouble(c, "cycle_first_stair_count", kAnyValue, &first_stairs_));
+  second_stairs_ = first_stairs_;
+  STRATA_RETURN_IF_ERROR(ReadDouble(c, "cycle_second_stair_count", kAnyValue, &second_stairs_,
+                                    nullptr, /*null_ok=*/true));
+  STRATA_RETURN_IF_ERROR(ReadDouble(c, "decay_step_size", kAnyValue, &decay_step_size_));
+  STRATA_RETURN_IF_ERROR(ReadBool(c, "cycle_momentum", &cycle_momentum_));
+  STRATA_RETURN_IF_ERROR(ReadDouble(c, "cycle_min_mom", kAnyValue, &min_mom_));
+  STRATA_RETURN_IF_ERROR(ReadDouble(c, "cycle_max_mom", kAnyValue, &max_mom_));
+  STRATA_RETURN_IF_ERROR(ReadDouble(c, "decay_mom_rate", kAnyValue, &decay_mom_rate_));
+  // DeepSpeed's math.isclose(x, 0), which holds for 0 alone.
+  skip_lr_decay_ = decay_step_size_ == 0 || decay_lr_rate_ == 0;
+  skip_mom_decay_ = decay_step_size_ == 0 || decay_mom_rate_ == 0;
+  if (!cycle_momentum_) return Status::OK();
+  STRATA_RETURN_IF_ERROR(CheckMomentum("cycle_min_mom", min_mom_));
+  STRATA_RETURN_IF_ERROR(CheckMomentum("cycle_max_mom", max_mom_));
+  const std::pair<double, double> betas = c.optimizer.betas.value_or({0.9, 0.999});
+  if (betas.second != 0.99) {
+    notes_.push_back(Path("cycle_momentum") + ": the optimizer's betas are (momentum, 0.99), " +
+                     "as DeepSpeed's OneCycle writes them; optimizer.params.betas[1] " +
+                     Num(betas.second) + " is not used");
+  }
+  if (!skip_mom_decay_ && decay_mom_rate_ > 0) {
+    notes_.push_back(Path("decay_mom_rate") + ": beta1 grows after the cycle (cycle_max_mom * " +
+                     "(1 + decay_mom_rate * steps / decay_step_size)); the step where it reaches " +
+                     "1 fails, as Adam needs beta1 < 1");
+  }
+  return Status::OK();
+}
+
+Status LrSchedule::ReadRangeTest(const EngineConfig& c) {
+  min_lr_ = 1e-3;
+  STRATA_RETURN_IF_ERROR(ReadDouble(c, "lr_range_test_min_lr", 0, &min_lr_));
+  STRATA_RETURN_IF_ERROR(ReadInt(c, "lr_range_test_step_size", 1, &range_step_size_));
+  STRATA_RETURN_IF_ERROR(ReadDouble(c, "lr_range_test_step_rate", kAnyValue, &range_step_rate_));
+  return ReadBool(c, "lr_range_test_staircase", &staircase_);
+}
 
 Result<LrSchedule> LrSchedule::FromConfig(const EngineConfig& config) {
   const SchedulerConfig& sc = config.scheduler;
@@ -97,10 +186,18 @@ Result<LrSchedule> LrSchedule::FromConfig(const EngineConfig& config) {
     case SchedulerType::kWarmupCosineLR:
       s.kind_ = Kind::kWarmupCosineLR;
       break;
+    case SchedulerType::kOneCycle:
+      s.kind_ = Kind::kOneCycle;
+      break;
+    case SchedulerType::kLRRangeTest:
+      s.kind_ = Kind::kLRRangeTest;
+      break;
     default:
-      return Status::InvalidArgument("scheduler.type: \"" + sc.type_name +
-                                     "\" is not supported; strata runs WarmupLR, WarmupDecayLR, "
-                                     "WarmupCosineLR or no scheduler (constant optimizer.lr)");
+      return Status::InvalidArgument(
+          "scheduler.type: \"" + sc.type_name +
+          "\" is not supported; strata runs WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, "
+          "LRRangeTest or no scheduler (constant optimizer.lr); a torch scheduler goes to "
+          "initialize as lr_scheduler=");
   }
   const AutoOr<double>& lr = config.optimizer.lr;
   if (!lr.has_value()) {
@@ -116,9 +213,12 @@ Result<LrSchedule> LrSchedule::FromConfig(const EngineConfig& config) {
   // DeepSpeed passes the params as keyword arguments: any other name is a TypeError there.
   const bool cosine = s.kind_ == Kind::kWarmupCosineLR;
   const bool decay = s.kind_ == Kind::kWarmupDecayLR;
+  using Names = std::span<const std::string_view>;
+  const Names names = cosine                          ? Names(kCosineParams)
+                      : s.kind_ == Kind::kOneCycle    ? Names(kOneCycleParams)
+                      : s.kind_ == Kind::kLRRangeTest ? Names(kRangeTestParams)
+                                                      : Names(kWarmupParams);
   for (const auto& [name, text] : sc.params) {
-    using Names = std::span<const std::string_view>;
-    const Names names = cosine ? Names(kCosineParams) : Names(kWarmupParams);
     const bool known = (decay && name == "total_num_steps") ||
                        std::find(names.begin(), names.end(), name) != names.end();
     if (!known) return Bad(name, "not a parameter of " + sc.type_name);
@@ -128,6 +228,14 @@ Result<LrSchedule> LrSchedule::FromConfig(const EngineConfig& config) {
   if (last != -1) {
     return Bad("last_batch_iteration",
                std::to_string(last) + ": only -1 is supported (resume from a checkpoint)");
+  }
+  if (s.kind_ == Kind::kOneCycle) {
+    STRATA_RETURN_IF_ERROR(s.ReadOneCycle(config));
+    return s;
+  }
+  if (s.kind_ == Kind::kLRRangeTest) {
+    STRATA_RETURN_IF_ERROR(s.ReadRangeTest(config));
+    return s;
   }
   int64_t warmup = 1000;
   STRATA_RETURN_IF_ERROR(ReadInt(config, "warmup_num_steps", 1, &warmup));
@@ -151,9 +259,8 @@ Result<LrSchedule> LrSchedule::FromConfig(const EngineConfig& config) {
     }
   }
   if (cosine) {
-    constexpr double kAny = -std::numeric_limits<double>::infinity();
-    STRATA_RETURN_IF_ERROR(ReadDouble(config, "warmup_min_ratio", kAny, &s.warmup_min_ratio_));
-    STRATA_RETURN_IF_ERROR(ReadDouble(config, "cos_min_ratio", kAny, &s.cos_min_ratio_));
+    STRATA_RETURN_IF_ERROR(ReadDouble(config, "warmup_min_ratio", kAnyValue, &s.warmup_min_ratio_));
+    STRATA_RETURN_IF_ERROR(ReadDouble(config, "cos_min_ratio", kAnyValue, &s.cos_min_ratio_));
     return s;
   }
   s.max_lr_ = decay ? 0.001 : s.lr_;  // WarmupDecayLR's own default, not optimizer.lr
@@ -171,10 +278,60 @@ double LrSchedule::WarmupGamma(int64_t t) const {
   return static_cast<double>(t) / static_cast<double>(warmup_);
 }
 
+double LrSchedule::CycleScale(int64_t t) const {
+  const double batch_iteration = static_cast<double>(t + 1);
+  const double cycle = std::floor(1 + batch_iteration / total_size_);
+  const double x = 1. + batch_iteration / total_size_ - cycle;
+  double scale;
+  double stairs;
+  if (x <= step_ratio_) {
+    scale = x / step_ratio_;
+    stairs = first_stairs_;
+  } else {
+    scale = (x - 1) / (step_ratio_ - 1);
+    stairs = second_stairs_;
+  }
+  if (stairs > 0) {
+    const double cycle_iteration = std::fmod(batch_iteration, total_size_);
+    const double position = cycle_iteration <= first_size_
+                                ? cycle_iteration * stairs / first_size_
+                                : (total_size_ - cycle_iteration) * stairs / second_size_;
+    scale = std::floor(position) / stairs;
+  }
+  return scale;
+}
+
+std::optional<std::pair<double, double>> LrSchedule::BetasAt(int64_t t) const {
+  if (kind_ != Kind::kOneCycle || !cycle_momentum_) return std::nullopt;
+  constexpr double kBeta2 = 0.99;  // DeepSpeed's OneCycle: (momentum, 0.99)
+  if (t < 0) return std::pair{min_mom_, kBeta2};
+  if (static_cast<double>(t) < total_size_) {
+    const double base_height = (max_mom_ - min_mom_) * CycleScale(t);
+    return std::pair{max_mom_ - base_height, kBeta2};
+  }
+  if (skip_mom_decay_) return std::pair{max_mom_, kBeta2};
+  const double decay_interval = (static_cast<double>(t) - total_size_ + 1) / decay_step_size_;
+  return std::pair{max_mom_ * (1 + decay_mom_rate_ * decay_interval), kBeta2};
+}
+
 double LrSchedule::LrAt(int64_t t) const {
   switch (kind_) {
     case Kind::kConstant:
       return lr_;
+    case Kind::kLRRangeTest: {
+      double interval = static_cast<double>(t + 1) / static_cast<double>(range_step_size_);
+      if (staircase_) interval = std::floor(interval);
+      return min_lr_ * (1 + range_step_rate_ * interval);
+    }
+    case Kind::kOneCycle: {
+      if (t < 0) return min_lr_;
+      if (static_cast<double>(t) < total_size_) {
+        return min_lr_ + (max_lr_ - min_lr_) * CycleScale(t);
+      }
+      if (skip_lr_decay_) return min_lr_;
+      const double decay_interval = (static_cast<double>(t) - total_size_ + 1) / decay_step_size_;
+      return min_lr_ / (1 + decay_lr_rate_ * decay_interval);
+    }
     case Kind::kWarmupCosineLR: {
       if (t < 0) return 0.0;
       double ratio;
@@ -219,6 +376,14 @@ std::string LrSchedule::Describe() const {
     case Kind::kWarmupCosineLR:
       return "WarmupCosineLR(lr " + Num(lr_) + ", min ratio " + Num(warmup_min_ratio_) + ", " + w +
              ", cos min ratio " + Num(cos_min_ratio_) + ", " + total + ")";
+    case Kind::kOneCycle:
+      return "OneCycle(lr " + Num(min_lr_) + ".." + Num(max_lr_) + ", " + Num(first_size_) + "+" +
+             Num(second_size_) + " steps" +
+             (cycle_momentum_ ? ", momentum " + Num(max_mom_) + ".." + Num(min_mom_) : "") +
+             (skip_lr_decay_ ? "" : ", lr decay " + Num(decay_lr_rate_)) + ")";
+    case Kind::kLRRangeTest:
+      return "LRRangeTest(min " + Num(min_lr_) + ", rate " + Num(range_step_rate_) + " per " +
+             std::to_string(range_step_size_) + " steps" + (staircase_ ? ", staircase" : "") + ")";
   }
   return "?";
 }

@@ -478,6 +478,16 @@ class Engine {
   // way, and the config's schedule no longer applies. InvalidArgument for the wrong count or a
   // bad value (nothing changed).
   Status SetLearningRates(std::span<const double> lrs);
+  // Each optimizer group's (beta1, beta2) for the next step: the group's, or the config's
+  // schedule's where it sets them (OneCycle with cycle_momentum, in every group).
+  std::vector<std::pair<double, double>> betas() const;
+  // Sets hyperparameters of every optimizer group (one entry each) for this and every later step:
+  // what a trainer's scheduler or loop writes into torch's param_groups (torch's OneCycleLR and
+  // CyclicLR cycle betas[0] with the lr). A field left unset keeps its value. lr, when given for
+  // every group, is SetLearningRates; betas given for a group replace the schedule's (OneCycle's
+  // cycle_momentum) for it. InvalidArgument, nothing changed, for the wrong count, lr given for
+  // only some groups, beta1 without beta2 or a value Adam refuses (naming the group and field).
+  Status SetHyperparameters(std::span<const OptimizerGroupOptions> groups);
   int64_t global_step() const;
   EngineStats Stats() const;
   // OK, or the first error that failed the engine (an overlapped step's failure once a call has

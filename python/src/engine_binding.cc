@@ -651,6 +651,26 @@ void BindEngine(nb::module_& m) {
           nb::arg("lrs"),
           "Engine::SetLearningRates: each optimizer group's lr from the next step on (a client "
           "scheduler); the config's schedule no longer applies.")
+      .def_prop_ro(
+          "betas",
+          [](PyEngine& e) {
+            std::vector<std::tuple<double, double>> out;
+            for (const auto& [b1, b2] : e.engine().betas()) out.emplace_back(b1, b2);
+            return out;
+          },
+          "Each optimizer group's (beta1, beta2) for the next step (OneCycle's momentum).")
+      .def(
+          "set_hyperparameters",
+          [](PyEngine& e, const OptimizerGroupList& groups) {
+            std::vector<OptimizerGroupOptions> options;
+            for (size_t i = 0; i < groups.size(); ++i) {
+              options.push_back(ToOptimizerGroup(groups[i], i));
+            }
+            ThrowIfError(e.engine().SetHyperparameters(options));
+          },
+          nb::arg("groups"),
+          "Engine::SetHyperparameters: per optimizer group, a dict of lr, beta1, beta2, eps, "
+          "weight_decay (each optional) for the next step on.")
       .def_prop_ro("global_step", [](PyEngine& e) { return e.engine().global_step(); })
       .def_prop_ro("rank", [](PyEngine& e) { return e.engine().rank(); })
       .def_prop_ro("world_size", [](PyEngine& e) { return e.engine().world_size(); })

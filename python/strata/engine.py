@@ -630,10 +630,16 @@ class StrataEngine(torch.nn.Module):
         self.lr_scheduler = None
         self._client_lrs = False  # lrs written by the script or its scheduler drive the engine
         self._known_lrs: list = []
+        self._known_hyper: list = []
+        self._client_hyper = False  # set_hyperparameters called: checkpoints keep the values
         self._pull_lrs()
         if lr_scheduler is not None:
-            self.lr_scheduler = (lr_scheduler(self.optimizer) if callable(lr_scheduler) and
-                                 not hasattr(lr_scheduler, "step") else lr_scheduler)
+            try:
+                self.lr_scheduler = (lr_scheduler(self.optimizer) if callable(lr_scheduler) and
+                                     not hasattr(lr_scheduler, "step") else lr_scheduler)
+            except BaseException:
+                self.close()  # a builder that fails leaves no engine running behind its error
+                raise
             self._client_lrs = True
         elif config.get("scheduler"):
             self.lr_scheduler = _EngineScheduler(self)
@@ -1244,14 +1250,28 @@ class StrataEngine(torch.nn.Module):
     def _lr_state(self) -> dict:
         """What a checkpoint keeps of the lrs the script drives: each group's lr and a client
         scheduler's state_dict (numbers only: loads with weights_only)."""
+        out = {}
+        if self._client_hyper:  # betas / eps / weight_decay the script or its scheduler wrote
+            out["param_group_hyper"] = [
+                {k: list(v) if k == "betas" else v for k, v in _group_hyper(g).items()}
+                for g in self.optimizer.param_groups]
         if not self._client_lrs:
-            return {}  # the config's schedule: its position is the engine's step count
-        out = {"param_group_lrs": [float(g["lr"]) for g in self.optimizer.param_groups]}
+            return out  # the config's schedule: its position is the engine's step count
+        out["param_group_lrs"] = [float(g["lr"]) for g in self.optimizer.param_groups]
         if self.lr_scheduler is not None and hasattr(self.lr_scheduler, "state_dict"):
             out["lr_scheduler"] = self.lr_scheduler.state_dict()
         return out
 
     def _load_lr_state(self, state: dict) -> None:
+        hyper = state.get("param_group_hyper")
+        if hyper is not None:
+            if len(hyper) != len(self.optimizer.param_groups):
+                raise RuntimeError(f"load_checkpoint: the checkpoint has {len(hyper)} optimizer "
+                                   f"groups' betas, the optimizer "
+                                   f"{len(self.optimizer.param_groups)}")
+            for g, h in zip(self.optimizer.param_groups, hyper):
+                g.update({k: tuple(v) if k == "betas" else v for k, v in h.items()})
+            self._push_lrs()  # what changed, now (the lrs as they are)
         lrs = state.get("param_group_lrs")
         if lrs is None:
             self._pull_lrs()  # the config's schedule, at the loaded step
@@ -1267,17 +1287,40 @@ class StrataEngine(torch.nn.Module):
 
     def _push_lrs(self) -> None:
         """Hands the engine the param_groups' lrs once someone other than the engine wrote them
-        (a client scheduler, the script's own loop); from then on at every step."""
-        lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+        (a client scheduler, the script's own loop); from then on at every step. Betas, eps and
+        weight_decay written there (torch's OneCycleLR and CyclicLR cycle betas[0] with the lr)
+        are handed over whenever they change."""
+        groups = self.optimizer.param_groups
+        lrs = [float(g["lr"]) for g in groups]
         if self._client_lrs or lrs != self._known_lrs:
             self._client_lrs = True
             self._engine.set_lrs(lrs)
+        hyper = [_group_hyper(g) for g in groups]
+        if hyper != self._known_hyper:
+            changed = []
+            for now, known in zip(hyper, self._known_hyper):
+                d = {k: v for k, v in now.items() if known.get(k) != v}
+                if "betas" in d:
+                    d["beta1"], d["beta2"] = d.pop("betas")
+                changed.append(d)
+            self._engine.set_hyperparameters(changed)
+            self._known_hyper = hyper
+            self._client_hyper = True
 
     def _pull_lrs(self) -> None:
-        """Writes the lrs of the engine's schedule into param_groups (the script reads them)."""
+        """Writes the lrs (and the betas: OneCycle's momentum) of the engine's schedule into
+        param_groups (the script reads them)."""
         self._known_lrs = list(self._engine.lrs)
-        for g, lr in zip(self.optimizer.param_groups, self._known_lrs):
+        groups = self.optimizer.param_groups
+        for g, lr, betas in zip(groups, self._known_lrs, self._engine.betas):
             g["lr"] = lr
+            if "betas" in g:
+                g["betas"] = tuple(betas)
+        self._known_hyper = [_group_hyper(g) for g in groups]
+
+    def get_mom(self) -> list:
+        """As DeepSpeed's: each optimizer group's betas (OneCycle cycles betas[0])."""
+        return [g["betas"] for g in self.optimizer.param_groups]
 
     def _after_step(self, skipped: bool) -> None:
         if not self._client_lrs:
@@ -1601,6 +1644,18 @@ def _write_safetensors(path: str, tensors: dict, metadata: dict) -> None:
         os.fsync(f.fileno())
 
 
+def _group_hyper(group: dict) -> dict:
+    """The Adam hyperparameters besides lr that a script or scheduler may write into a torch
+    param group, as the engine takes them."""
+    out = {}
+    if "betas" in group:
+        out["betas"] = tuple(float(b) for b in group["betas"])
+    for k in ("eps", "weight_decay"):
+        if k in group:
+            out[k] = float(group[k])
+    return out
+
+
 class _EngineOptimizer(torch.optim.Optimizer):
     """What deepspeed.initialize returns as the optimizer: the engine's Adam, driven by
     engine.step(). param_groups are the groups' hyperparameters (the client optimizer's own list
@@ -1682,6 +1737,35 @@ class _EngineScheduler:
         pass
 
 
+# The schedulers DeepSpeed defines (deepspeed/runtime/lr_schedules.py), which the engine runs.
+_DEEPSPEED_SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest")
+
+
+def _torch_scheduler_of(cfg: dict):
+    """A config "scheduler" whose type DeepSpeed does not define: as DeepSpeed, the class of that
+    name in torch.optim.lr_scheduler built on the returned optimizer with "params" as keyword
+    arguments (a builder for StrataEngine, which steps it after each applied step). None for
+    DeepSpeed's own, which the engine runs."""
+    section = cfg.get("scheduler")
+    if not section or section.get("type") in _DEEPSPEED_SCHEDULERS:
+        return None
+    name = section.get("type")
+    cls = getattr(torch.optim.lr_scheduler, name, None) if isinstance(name, str) else None
+    if not isinstance(cls, type) or name.startswith("_"):
+        raise ValueError(f"config \"scheduler.type\": {name!r} is neither a DeepSpeed scheduler "
+                         f"({', '.join(_DEEPSPEED_SCHEDULERS)}) nor a class of "
+                         "torch.optim.lr_scheduler")
+    params = dict(section.get("params") or {})
+
+    def build(optimizer):
+        try:
+            return cls(optimizer, **params)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"config \"scheduler.params\": torch.optim.lr_scheduler.{name}: "
+                             f"{e}") from e
+    return build
+
+
 def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=None,
                model_parameters: Optional[Iterable] = None, training_data=None,
                lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None,
@@ -1695,7 +1779,8 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     param_groups; the config then has no "optimizer" section), or the config's with
     `model_parameters` given as torch param-group dicts (strata/optim.py). It runs inside the
     engine, per group with the group's hyperparameters. The LR: the config's "scheduler" section
-    (WarmupLR, WarmupDecayLR, WarmupCosineLR), or `lr_scheduler=` (an object with step() that
+    (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest; another type is, as in
+    DeepSpeed, that class of torch.optim.lr_scheduler with "params"), or `lr_scheduler=` (an object with step() that
     writes the optimizer's param_groups[i]["lr"], e.g. a torch.optim.lr_scheduler built on the
     client optimizer, or a callable that builds one from the returned optimizer), which
     engine.step() steps after each applied step, as DeepSpeed does; or whatever the script writes
@@ -1730,6 +1815,10 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     if lr_scheduler is not None and cfg.get("scheduler"):
         raise ValueError("strata.initialize: the config has a \"scheduler\" section and "
                          "lr_scheduler= was passed; use one")
+    torch_scheduler = _torch_scheduler_of(cfg)
+    if torch_scheduler is not None:
+        lr_scheduler = torch_scheduler
+        del cfg["scheduler"]  # the engine's schedule is then the client scheduler's
     groups = ParamGroups(model, cfg, optimizer, model_parameters)
     if groups.optimizer_section is not None:
         cfg["optimizer"] = groups.optimizer_section

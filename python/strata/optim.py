@@ -84,6 +84,15 @@ def _client_type(optimizer) -> tuple[str, bool]:
                     "(or the config's \"optimizer\" section)")
 
 
+# Param-group keys the engine does not read: torch's optimizer flags, and what torch's LR
+# schedulers record in the groups they drive (OneCycleLR: max_lr, min_lr, max_momentum,
+# base_momentum; SWALR: swa_lr; every scheduler: initial_lr).
+_NOT_HYPER = frozenset({"params", "name", "initial_lr", "amsgrad", "maximize", "foreach",
+                        "capturable", "differentiable", "fused", "decoupled_weight_decay",
+                        "bias_correction", "max_lr", "min_lr", "max_momentum", "base_momentum",
+                        "swa_lr"})
+
+
 def _hyper(group: dict, where: str) -> dict:
     """The engine's hyperparameters of one param-group dict (only the keys it has)."""
     out = {}
@@ -96,9 +105,7 @@ def _hyper(group: dict, where: str) -> dict:
             out["beta1"], out["beta2"] = b1, b2
         else:
             out[key] = float(value)
-    unknown = set(group) - set(_HYPER) - {"params", "name", "initial_lr", "amsgrad", "maximize",
-                                          "foreach", "capturable", "differentiable", "fused",
-                                          "decoupled_weight_decay", "bias_correction"}
+    unknown = set(group) - set(_HYPER) - _NOT_HYPER
     if unknown:
         raise ValueError(f"{where}: unknown param-group key(s) {sorted(unknown)}; strata's Adam "
                          f"takes {', '.join(_HYPER)}")

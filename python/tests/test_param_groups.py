@@ -261,3 +261,135 @@ def test_lazy_submodules_are_the_modules_named():
         assert strata.__getattr__(name).__name__ == f"strata.{name}"
     with pytest.raises(AttributeError):
         strata.__getattr__("nothing")
+
+
+BETA_CASES = [(0, "none"), (3, "cpu"), (3, "nvme")]
+
+
+@pytest.mark.parametrize("stage,offload", BETA_CASES, ids=[f"stage{s}-{o}" for s, o in BETA_CASES])
+def test_torch_one_cycle_lr_cycles_betas_as_in_torch(stage, offload, tmp_path):
+    # torch's OneCycleLR (cycle_momentum=True by default) writes betas[0] with each lr: an engine
+    # that took only the lr would train on the constructor's betas without a word.
+    def build(model):
+        opt = torch.optim.AdamW(decay_groups(model), lr=LR)
+        return opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=LR, total_steps=STEPS + 3,
+                                                        base_momentum=0.5, max_momentum=0.95)
+
+    ref = make_model("gpt")
+    ref_opt, ref_sched = build(ref)
+    ref_losses = torch_losses(ref, ref_opt, "gpt", ref_sched)
+    model = make_model("gpt")
+    opt, sched = build(model)
+    engine, _, _, _ = strata.initialize(model=model, optimizer=opt, lr_scheduler=sched,
+                                        config=client_config(stage, offload, tmp_path))
+    losses = run(engine)
+    assert engine.get_mom() == [g["betas"] for g in ref_opt.param_groups]
+    assert engine.get_mom()[0][0] not in (0.5, 0.95)  # mid-cycle: betas[0] really moved
+    assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
+    engine.close()
+
+
+def one_cycle_config(stage, offload="none", tmp_path=None):
+    cfg = ds_config(stage, offload, lr=LR, nvme_path=str(tmp_path) if tmp_path else None)
+    cfg["scheduler"] = {"type": "OneCycle", "params": {
+        "cycle_min_lr": LR / 10, "cycle_max_lr": LR, "cycle_first_step_size": 2,
+        "cycle_min_mom": 0.6, "cycle_max_mom": 0.9}}
+    return cfg
+
+
+# DeepSpeed's OneCycle over 2 + 2 steps, worked out by hand: the lr and betas the applied steps
+# 1..STEPS use (last_batch_iteration -1, 0, 1, 2: scale 0 then 1/2, 1, 1/2; the constructor
+# writes cycle_min_mom, the cycle starts from cycle_max_mom; beta2 is 0.99).
+ONE_CYCLE_LRS = [LR / 10, LR / 10 + (LR - LR / 10) / 2, LR, LR / 10 + (LR - LR / 10) / 2]
+ONE_CYCLE_BETAS = [(0.6, 0.99), (0.75, 0.99), (0.6, 0.99), (0.75, 0.99)]
+
+
+@pytest.mark.parametrize("stage,offload", BETA_CASES, ids=[f"stage{s}-{o}" for s, o in BETA_CASES])
+def test_config_one_cycle_trains_as_torch_adamw_given_its_lrs_and_betas(stage, offload,
+                                                                          tmp_path):
+    model = make_model("gpt")
+    engine, opt, _, sched = strata.initialize(model=model,
+                                              config=one_cycle_config(stage, offload, tmp_path))
+    losses = []
+    for step in range(STEPS):
+        assert opt.param_groups[0]["lr"] == pytest.approx(ONE_CYCLE_LRS[step], rel=1e-12)
+        assert engine.get_mom()[0] == pytest.approx(ONE_CYCLE_BETAS[step], rel=1e-12)
+        loss = engine(*batch("gpt", step))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    ref = make_model("gpt")
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=0.01)
+    ref_losses = []
+    for step in range(STEPS):
+        ref_opt.param_groups[0]["lr"] = opt_lr = ONE_CYCLE_LRS[step]
+        ref_opt.param_groups[0]["betas"] = ONE_CYCLE_BETAS[step]
+        ref_opt.zero_grad()
+        loss = ref(*batch("gpt", step))
+        loss.backward()
+        ref_opt.step()
+        ref_losses.append(loss.item())
+        assert opt_lr > 0
+    assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
+    engine.close()
+
+
+def test_one_cycle_momentum_resumes_from_a_checkpoint(tmp_path):
+    # The config's OneCycle: its position is the engine's step count. A client OneCycleLR: the
+    # betas it wrote travel in the checkpoint with its state.
+    for client in (False, True):
+        def start(seed=0):
+            model = make_model("gpt", seed)
+            if not client:
+                return strata.initialize(model=model, config=one_cycle_config(2, "cpu"))[0]
+            opt = torch.optim.AdamW(model.parameters(), lr=LR)
+            sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=LR, total_steps=8)
+            return strata.initialize(model=model, optimizer=opt, lr_scheduler=sched,
+                                     config=client_config(2, "cpu", tmp_path))[0]
+
+        engine = start()
+        run(engine, steps=2)
+        engine.save_checkpoint(tmp_path / f"ckpt{client}")
+        run(engine, steps=2)
+        straight, mom = engine.read_master(), engine.get_mom()
+        engine.close()
+        resumed = start(seed=3)
+        resumed.load_checkpoint(tmp_path / f"ckpt{client}")
+        run(resumed, steps=2)
+        assert resumed.get_mom() == mom, client
+        for n, v in resumed.read_master().items():
+            assert torch.equal(v, straight[n]), (client, n)
+        resumed.close()
+
+
+@pytest.mark.parametrize("name,params", [
+    ("StepLR", {"step_size": 2, "gamma": 0.5}),
+    ("OneCycleLR", {"max_lr": LR, "total_steps": STEPS + 3, "base_momentum": 0.5}),
+], ids=["StepLR", "OneCycleLR"])
+def test_config_scheduler_of_torch_is_built_and_stepped_as_deepspeed_does(name, params):
+    # DeepSpeed builds a "scheduler.type" it does not define from torch.optim.lr_scheduler.
+    cfg = ds_config(3, "cpu", lr=LR)
+    cfg["scheduler"] = {"type": name, "params": params}
+    model = make_model("gpt")
+    engine, _, _, sched = strata.initialize(model=model, config=cfg)
+    assert isinstance(sched, getattr(torch.optim.lr_scheduler, name))
+    losses = run(engine)
+    ref = make_model("gpt")
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=0.01)
+    ref_sched = getattr(torch.optim.lr_scheduler, name)(ref_opt, **params)
+    ref_losses = torch_losses(ref, ref_opt, "gpt", ref_sched)
+    assert engine.get_lr() == ref_sched.get_last_lr()
+    assert engine.get_mom() == [g["betas"] for g in ref_opt.param_groups]
+    assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
+    engine.close()
+
+
+def test_config_scheduler_that_is_neither_deepspeeds_nor_torchs_is_named():
+    model = make_model("mlp")
+    cfg = ds_config(0)
+    cfg["scheduler"] = {"type": "NoSuchLR", "params": {}}
+    with pytest.raises(ValueError, match="scheduler.type.*'NoSuchLR'.*OneCycle"):
+        strata.initialize(model=model, config=cfg)
+    cfg["scheduler"] = {"type": "StepLR", "params": {"step_sise": 2}}
+    with pytest.raises(ValueError, match="scheduler.params.*StepLR.*step_sise"):
+        strata.initialize(model=model, config=cfg)
