@@ -109,6 +109,10 @@ struct TieredStore::Block {
   // Its IO was given up after Reap kept failing (TieredStore::IoLoop): its hop never completes,
   // its host buffer stays reserved, and every later operation on it fails with the error.
   bool io_lost = false;
+  // Set aside (SetAside): the block's bytes are in `aside` at `aside_offset`, it has no copy on
+  // any tier, and every operation on it fails until RestoreAside.
+  std::shared_ptr<AsideArena> aside;
+  uint64_t aside_offset = 0;
   // The last failed fetch nobody was waiting for (a background prefetch): its error goes to the
   // next Fetch or Acquire of the block unless a Wait on its ticket already returned it.
   std::shared_ptr<TicketState> failed_fetch;

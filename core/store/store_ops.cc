@@ -81,6 +81,11 @@ Status TieredStore::Admit(const Block& b) const {
                                      " queued store operations");
   }
   if (b.io_lost) return nvme_status_.WithContext(Name(b));
+  if (b.aside) {
+    return Status::FailedPrecondition(Name(b) +
+                                      ": set aside in host memory (the engine's states are "
+                                      "offloaded); restore it first (RestoreAside)");
+  }
   return Status::OK();
 }
 

@@ -322,6 +322,7 @@ Status TieredStore::Flush(std::chrono::nanoseconds timeout) {
   {
     std::lock_guard<std::mutex> l(mu_);
     for (auto& bp : blocks_) {
+      if (bp->aside) continue;  // no copy anywhere: nothing to write (store_aside.cc)
       if (bp->home().state != Residency::kValid || !bp->ops.empty()) {
         tickets.push_back(Enqueue(bp->id, OpKind::kWriteBack, Tier::kHost, std::nullopt, nullptr));
       }

@@ -6,7 +6,8 @@
 //
 // Files: tiered_store.cc (setup, entry points), store_ops.cc (the per-block state machine and its
 // hops), store_space.cc (budgets, reservations, eviction), store_threads.cc (the two threads),
-// store_nvme.cc (opening the NVMe tier), store_api.cc (Ticket, Lease, the factory).
+// store_nvme.cc (opening the NVMe tier), store_api.cc (Ticket, Lease, the factory), store_aside.cc
+// (blocks set aside in host memory while the device is lent out).
 #pragma once
 
 #include <chrono>
@@ -71,12 +72,16 @@ class TieredStore final : public Store {
   std::string DebugString() const override;
   std::string note() const override;
   bool host_page_locked() const override;
+  Status SetAside(std::span<const BlockId> ids, bool pin) override;  // store_aside.cc
+  Status RestoreAside(std::span<const BlockId> ids) override;
+  uint64_t aside_bytes() const override;
 
  private:
   struct Copy;
   struct Block;
   struct Op;
   struct IoJob;
+  struct AsideArena;
   enum class Outcome : uint8_t { kReady, kIssued, kParked, kFailed };
   // What the IO thread hands to the mover thread about one block's IO (HandleIoEvent).
   struct IoEvent {
@@ -201,6 +206,9 @@ class TieredStore final : public Store {
 
   // One IO job slot per block (index: BlockId), sized when the NVMe tier opens.
   std::vector<IoJob> io_jobs_;
+  uint64_t aside_bytes_ = 0;  // guarded by mu_
+  // Arenas a failed set-aside or restore copy may still touch: kept until the store goes.
+  std::vector<std::shared_ptr<AsideArena>> lost_arenas_;  // guarded by mu_
   // Zeros for the device homes Register zero-fills (kZeroExtentBytes, allocated at Open when
   // the device tier is enabled; never written).
   void* zero_extent_ = nullptr;

@@ -160,9 +160,15 @@ std::string EngineLayout::ToString() const {
 // ---------------------------------------------------------------------------------------------
 
 Status Engine::Impl::CheckHealthy() const {
-  if (failed.ok()) return Status::OK();
-  return Status::FailedPrecondition(
-      "engine failed earlier and must be rebuilt (load a checkpoint): " + failed.ToString());
+  if (!failed.ok()) {
+    return Status::FailedPrecondition(
+        "engine failed earlier and must be rebuilt (load a checkpoint): " + failed.ToString());
+  }
+  if (!aside_blocks.empty()) {
+    return Status::FailedPrecondition(
+        "the engine's states are offloaded (OffloadStates): call ReloadStates first");
+  }
+  return Status::OK();
 }
 
 Status Engine::Impl::Fail(Status st) {
@@ -1134,7 +1140,7 @@ Status Engine::health() const { return impl_->failed; }
 Status Engine::Synchronize() {
   STRATA_RETURN_IF_ERROR(impl_->JoinDeferredStep());
   STRATA_RETURN_IF_ERROR(impl_->FinishSpeculation());  // the backward's speculated Adam
-  return impl_->CheckHealthy();
+  return impl_->failed.ok() ? Status::OK() : impl_->CheckHealthy();
 }
 
 Status Engine::Flush() {

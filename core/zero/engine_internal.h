@@ -355,6 +355,8 @@ struct Engine::Impl {
     for (zero::GroupState& gs : groups) gs.cached.reset();
     cached_elems = 0;
   }
+  // OffloadStates: the blocks set aside in host memory (Store::SetAside) until ReloadStates.
+  std::vector<BlockId> aside_blocks;
   Status failed;                                 // the first error that failed the engine
   std::vector<Ticket> grad_write_behind;         // CheckGradWriteBehind; one per sub-group at most
   // The host budget caches every NVMe-homed block (CheckBudgets): the engine writes none of
@@ -373,6 +375,8 @@ struct Engine::Impl {
     return std::chrono::steady_clock::now() + opt.timeout;
   }
   // OK, or FailedPrecondition quoting the error that failed the engine.
+  // Also FailedPrecondition while the states are offloaded (OffloadStates): the check of every
+  // call that uses them.
   Status CheckHealthy() const;
   // Records `st` as the engine's failure (the first one wins), aborts the communicator; returns
   // `st` for chaining.

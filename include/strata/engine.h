@@ -165,6 +165,17 @@ struct OptimizerGroupOptions {
   std::optional<double> weight_decay;
 };
 
+// Engine::OffloadStates: which states leave the device (DeepSpeed's engine.offload_states).
+struct OffloadStatesOptions {
+  // The kinds whose device-homed blocks move; nullopt: every kind (an empty list: none, only the
+  // device copies are dropped). DeepSpeed's OffloadStateTypeEnum names them lp_params
+  // (kParam16), hp_params (kMaster32), optim_states (kExpAvg, kExpAvgSq) and lp_grads (kGrad);
+  // its contiguous_grad_buffer is the device copies dropped in any case.
+  std::optional<std::vector<StateKind>> kinds;
+  // Page-lock the host memory they move into (Device::RegisterHost), so the copies back are DMA.
+  bool pin_memory = true;
+};
+
 struct EngineOptions {
   // The parsed DeepSpeed config (config.h; "auto" values resolved). Read: precision (fp16 / bf16
   // / fp32), optimizer (Adam / AdamW), scheduler, gradient_clipping,
@@ -506,6 +517,25 @@ class Engine {
   // FailedPrecondition while gathered groups are held; a write-back's error (naming the block)
   // fails the engine.
   Status Flush();
+  // Lends the device to other work between steps (DeepSpeed's offload_states: an RL trainer's
+  // generation phase, an evaluation in another framework). Every device-homed block of the
+  // chosen kinds moves into host memory outside the tiers' budgets (Store::SetAside), and every
+  // device copy the engine keeps is dropped: kept gathered copies, hpZ slices, spare gradient
+  // buffers, the store's cached copies of params homed on the host or NVMe. Their device memory
+  // is then free (Stats: the device tier's used bytes and the device's own). Waits for a step
+  // running behind and for the store's queued operations first. Until ReloadStates the calls that
+  // use the states (Gather, GradBuffer, ReduceGradients, Step, Save, Load, ReadMaster, the Init
+  // calls, WriteParams) fail FailedPrecondition naming OffloadStates; the engine stays usable.
+  // A second call moves the kinds the first left. FailedPrecondition while gathered groups are
+  // held or gradient buffers are out (mid-backward); a copy that fails (a device fault) fails
+  // the engine.
+  Status OffloadStates(const OffloadStatesOptions& options = {});
+  // Brings back everything OffloadStates moved, bit for bit. ResourceExhausted naming the block
+  // and the tier when the device has no room for it (its other work still holds the memory):
+  // the blocks that fit are back, the rest stay offloaded, and another call may finish.
+  Status ReloadStates();
+  // True from OffloadStates until a ReloadStates that brought everything back.
+  bool states_offloaded() const;
   // This rank's NVMe swap files, one per nvme_path (empty without an NVMe tier). The engine owns
   // them: it removes them when destroyed.
   std::vector<std::string> nvme_files() const;

@@ -277,7 +277,8 @@ class Store {
   virtual Result<Lease> Acquire(BlockId id, Tier tier, Access access,
                                 std::chrono::nanoseconds timeout) = 0;
 
-  // Writes back every dirty block and waits. The first error, or DeadlineExceeded.
+  // Writes back every dirty block and waits (blocks set aside have nothing to write). The first
+  // error, or DeadlineExceeded.
   virtual Status Flush(std::chrono::nanoseconds timeout) = 0;
 
   // Fills out[i] with the state of ids[i], all under one lock (a consistent snapshot).
@@ -292,6 +293,30 @@ class Store {
   virtual std::string DebugString() const = 0;
   // Setup notes (O_DIRECT refused, memory not locked, ...). Empty when nothing degraded.
   virtual std::string note() const = 0;
+  // Sets device-homed blocks aside: each block's bytes move into host memory outside every
+  // tier's budget (one allocation per call, page-locked for the device's copies when `pin` and
+  // the device accepts it) and its device memory is freed. Until RestoreAside every operation on
+  // it (Fetch, WriteBack, Evict, Acquire) fails FailedPrecondition naming it. For a trainer that
+  // lends the device to other work between steps (Engine::OffloadStates). Checks every block
+  // first: InvalidArgument for an unknown id; FailedPrecondition for one that is not
+  // device-homed, already aside, leased, busy (operations queued) or cached on another tier
+  // (evict it first); nothing changed then. A copy that fails leaves every block as it was.
+  virtual Status SetAside(std::span<const BlockId> ids, bool pin) {
+    (void)ids;
+    (void)pin;
+    return Status::FailedPrecondition("SetAside: not offered by this store");
+  }
+  // Brings blocks set aside back to the device (their homes again, the same bytes). A block not
+  // aside is skipped. ResourceExhausted (naming the block and the device's refusal) when the
+  // device's budget or the device itself has no room: the blocks restored before it stay
+  // restored, the rest stay aside, and a later call may finish. REQUIRES: ids registered.
+  virtual Status RestoreAside(std::span<const BlockId> ids) {
+    (void)ids;
+    return Status::FailedPrecondition("RestoreAside: not offered by this store");
+  }
+  // Bytes of the blocks set aside now (host memory outside the tiers' budgets).
+  virtual uint64_t aside_bytes() const { return 0; }
+
   // True when the host tier's memory is page-locked and registered for CUDA's copies (the pinned
   // pool with lock_host_memory, and CUDA accepted it): a device copy may land in a host block
   // directly and stay asynchronous.

@@ -50,6 +50,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -149,6 +150,14 @@ OptimizerGroupOptions ToOptimizerGroup(const std::map<std::string, double>& d, s
     *field = value;
   }
   return o;
+}
+
+std::optional<StateKind> StateKindFromName(std::string_view name) {
+  for (StateKind k : {StateKind::kParam16, StateKind::kGrad, StateKind::kMaster32,
+                      StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+    if (StateKindName(k) == name) return k;
+  }
+  return std::nullopt;
 }
 
 class PyEngine {
@@ -557,6 +566,8 @@ class PyEngine {
     return d;
   }
 
+  DeviceStats device_stats() const { return device_ ? device_->stats() : DeviceStats{}; }
+
  private:
   int device_ordinal_ = -1;  // the CUDA device, -1 on HostDevice
   std::unique_ptr<Device> device_;
@@ -671,6 +682,36 @@ void BindEngine(nb::module_& m) {
           nb::arg("groups"),
           "Engine::SetHyperparameters: per optimizer group, a dict of lr, beta1, beta2, eps, "
           "weight_decay (each optional) for the next step on.")
+      .def(
+          "offload_states",
+          [](PyEngine& e, const std::optional<std::vector<std::string>>& kinds, bool pin_memory) {
+            OffloadStatesOptions o;
+            o.pin_memory = pin_memory;
+            if (kinds) o.kinds.emplace();
+            for (const std::string& k : kinds.value_or(std::vector<std::string>{})) {
+              const auto kind = StateKindFromName(k);
+              if (!kind) {
+                ThrowIfError(
+                    Status::InvalidArgument("offload_states: unknown state kind '" + k +
+                                            "' (param16, grad, master32, exp_avg, exp_avg_sq)"));
+              }
+              o.kinds->push_back(*kind);
+            }
+            ThrowIfError(e.engine().OffloadStates(o));
+          },
+          nb::arg("kinds") = nb::none(), nb::arg("pin_memory") = true,
+          "Engine::OffloadStates: the device-homed blocks of `kinds` (all when None) into host "
+          "memory, every device copy the engine keeps dropped, until reload_states.")
+      .def(
+          "reload_states", [](PyEngine& e) { ThrowIfError(e.engine().ReloadStates()); },
+          "Engine::ReloadStates: everything offload_states moved back to the device.")
+      .def_prop_ro("states_offloaded", [](PyEngine& e) { return e.engine().states_offloaded(); })
+      .def_prop_ro(
+          "device_used_bytes", [](PyEngine& e) { return e.device_stats().used_bytes; },
+          "Bytes the engine holds on its device now (Device::stats), 0 once closed.")
+      .def_prop_ro(
+          "device_peak_bytes", [](PyEngine& e) { return e.device_stats().peak_used_bytes; },
+          "The most bytes the engine held on its device at once, 0 once closed.")
       .def_prop_ro("global_step", [](PyEngine& e) { return e.engine().global_step(); })
       .def_prop_ro("rank", [](PyEngine& e) { return e.engine().rank(); })
       .def_prop_ro("world_size", [](PyEngine& e) { return e.engine().world_size(); })

@@ -54,10 +54,24 @@ class Accelerator:
             torch.cuda.empty_cache()
 
     def memory_allocated(self, device_index: Optional[int] = None) -> int:
-        return torch.cuda.memory_allocated(device_index) if self._cuda else 0
+        """torch's allocations on the device plus what live strata engines hold there (their
+        states and buffers, which DeepSpeed keeps in torch tensors and strata does not): what
+        DeepSpeed's memory_allocated counts. On the host stand-in, the engines' share alone."""
+        torch_bytes = torch.cuda.memory_allocated(device_index) if self._cuda else 0
+        return torch_bytes + _engine_bytes(self._index(device_index), peak=False)
 
     def max_memory_allocated(self, device_index: Optional[int] = None) -> int:
-        return torch.cuda.max_memory_allocated(device_index) if self._cuda else 0
+        """torch's peak plus each live engine's own: an upper bound of the two together."""
+        torch_bytes = torch.cuda.max_memory_allocated(device_index) if self._cuda else 0
+        return torch_bytes + _engine_bytes(self._index(device_index), peak=True)
+
+    def _index(self, device_index) -> Optional[int]:
+        if not self._cuda:
+            return None
+        if device_index is None:
+            return torch.cuda.current_device()
+        return torch.device("cuda", device_index).index if isinstance(device_index, int) \
+            else torch.device(device_index).index
 
     def reset_peak_memory_stats(self, device_index: Optional[int] = None) -> None:
         if self._cuda:
@@ -100,6 +114,13 @@ class Accelerator:
 
 
 _accelerator: Optional[Accelerator] = None
+
+
+def _engine_bytes(cuda_index: Optional[int], peak: bool) -> int:
+    """Device bytes held by the live strata engines on CUDA device `cuda_index` (None: those
+    on the host stand-in)."""
+    from . import engine  # noqa: PLC0415 (engine imports this module)
+    return engine._engine_device_bytes(cuda_index, peak)
 
 
 def get_accelerator() -> Accelerator:

@@ -59,6 +59,7 @@ import json
 import os
 import time
 import warnings
+import weakref
 from typing import Any, Iterable, Optional
 
 import torch
@@ -556,6 +557,8 @@ class StrataEngine(torch.nn.Module):
             group_trainable=[g.trainable for g in self._groups],
             device="host" if self._cuda is None else "cuda",
             device_ordinal=0 if self._cuda is None else self._cuda.index)
+        self._closed = False
+        _LIVE_ENGINES.add(self)
         self._dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                        "float16": torch.float16}[self._engine.dtype]
         self._init_weights()
@@ -1148,7 +1151,13 @@ class StrataEngine(torch.nn.Module):
                               if self._refs[gi] or self._engine.is_gathered(gi)])
 
     # -- the training loop (DeepSpeedEngine's API) --------------------------------------------
+    def _check_loaded(self, what: str) -> None:
+        if self._engine.states_offloaded:
+            raise RuntimeError(f"engine.{what}: the engine's states are offloaded "
+                               "(offload_states()); call engine.reload_states() first")
+
     def forward(self, *args, **kwargs):
+        self._check_loaded("forward")
         if self.training and not self.tput_timer.started:
             self.tput_timer.start()
         return self.module(*args, **kwargs)
@@ -1174,6 +1183,7 @@ class StrataEngine(torch.nn.Module):
         and micro-steps (gradient_accumulation_steps), as DeepSpeed's scale_wrt_gas does.
         scale_wrt_gas=False: the micro-steps' gradients are summed instead (the loss is
         multiplied by gradient_accumulation_steps here, which the engine's average undoes)."""
+        self._check_loaded("backward")
         self._check_requires_grad()
         scale = self._engine.loss_scale * (1 if scale_wrt_gas else self._gas)
         try:
@@ -1226,6 +1236,7 @@ class StrataEngine(torch.nn.Module):
         skipped) step, as DeepSpeed does."""
         if lr_kwargs is not None:
             raise NotImplementedError("step(lr_kwargs=...) is not supported by strata")
+        self._check_loaded("step")
         self._step_applied = False
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
@@ -1449,6 +1460,51 @@ class StrataEngine(torch.nn.Module):
     def layout(self) -> dict:
         return self._engine.layout()
 
+    # -- lending the device out between steps (Engine::OffloadStates) -----------------------
+    def offload_states(self, include=None, device="cpu", pin_memory: bool = True,
+                       non_blocking: bool = False) -> None:
+        """As DeepSpeedEngine.offload_states: the engine's states that live on the device move
+        into host memory (page-locked with pin_memory) and every device copy it keeps (gathered
+        parameters, gradient buffers, cached copies) is dropped, so the device's memory is free
+        for other work (an RL trainer's generation, an evaluation) until reload_states().
+        include: DeepSpeed's OffloadStateTypeEnum values (strata.runtime.zero.offload_config;
+        names or members), default all. device "cpu" (OffloadDeviceEnum.cpu); "none" moves
+        nothing, as DeepSpeed; "nvme" is refused, as DeepSpeed. The copies are done when it
+        returns (non_blocking is accepted and changes nothing). Until reload_states, forward,
+        backward, step and checkpoints raise, naming offload_states. Between steps only."""
+        device = getattr(device, "value", device)
+        if device == "none":
+            warnings.warn("offload_states: no device given (OffloadDeviceEnum.none); nothing "
+                          "moved, as DeepSpeed", stacklevel=2)
+            return
+        if device != "cpu":
+            raise ValueError(f"offload_states: device {device!r}: the states go to the CPU "
+                             "(OffloadDeviceEnum.cpu); DeepSpeed refuses NVMe here too")
+        kinds = None
+        if include is not None:
+            kinds = []
+            for state in include:
+                name = getattr(state, "value", state)
+                if name not in _STATE_KINDS:
+                    raise ValueError(f"offload_states: include has {state!r}; expected "
+                                     f"OffloadStateTypeEnum values ({', '.join(_STATE_KINDS)})")
+                kinds += _STATE_KINDS[name]
+        self._held.drain()
+        self._release_all()  # stages 0-2 too: their views alias what leaves the device
+        self._engine.offload_states(kinds, pin_memory)
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """As DeepSpeedEngine.reload_states: what offload_states moved comes back to the device
+        (the same bits); training goes on as if it never left. Raises (RuntimeError naming the
+        tier) when the device has no room yet: what fit is back, and another call finishes."""
+        self._engine.reload_states()
+        self._gather_whole()
+
+    @property
+    def states_offloaded(self) -> bool:
+        """True from offload_states() until reload_states() brought everything back."""
+        return bool(self._engine.states_offloaded)
+
     def destroy(self) -> None:
         """DeepSpeedEngine.destroy, which scripts call when they are done with the engine: close()."""
         self.close()
@@ -1468,6 +1524,7 @@ class StrataEngine(torch.nn.Module):
         try:
             self._wait_torch()  # those copies, and any kernel still reading the engine's memory
         finally:
+            self._closed = True
             self._engine.close()
 
     # -- checkpoints (Engine::Save / Engine::Load; docs/checkpoints.md) ---------------------
@@ -1642,6 +1699,26 @@ def _write_safetensors(path: str, tensors: dict, metadata: dict) -> None:
             f.write(b)
         f.flush()
         os.fsync(f.fileno())
+
+
+# DeepSpeed's OffloadStateTypeEnum values -> the engine's state kinds (contiguous_grad_buffer:
+# the gradient buffers, which offload_states drops in any case).
+_STATE_KINDS = {"lp_params": ["param16"], "hp_params": ["master32"],
+                "optim_states": ["exp_avg", "exp_avg_sq"], "lp_grads": ["grad"],
+                "contiguous_grad_buffer": []}
+
+
+# The engines alive in this process (accelerator.memory_allocated counts their device bytes).
+_LIVE_ENGINES: "weakref.WeakSet[StrataEngine]" = weakref.WeakSet()
+
+
+def _engine_device_bytes(cuda_index: Optional[int], peak: bool) -> int:
+    total = 0
+    for e in list(_LIVE_ENGINES):
+        index = None if e._cuda is None else e._cuda.index
+        if index == cuda_index and not e._closed:
+            total += e._engine.device_peak_bytes if peak else e._engine.device_used_bytes
+    return total
 
 
 def _group_hyper(group: dict) -> dict:
