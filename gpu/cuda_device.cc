@@ -215,6 +215,15 @@ class CudaDevice final : public Device {
     return Status::OK();
   }
 
+  Status ReleaseCachedMemory(std::chrono::nanoseconds timeout) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    const cudaStream_t s = alloc_;  // every Free's cudaFreeAsync, after the queues it waited on
+    STRATA_RETURN_IF_ERROR(PollUntilDone([s] { return cudaStreamQuery(s); }, timeout,
+                                         "cudaStreamQuery (frees before a trim)"));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool_, 0));
+    return Status::OK();
+  }
+
   Status CopyAsync(CopyDir dir, void* dst, const void* src, uint64_t size_bytes,
                    CopyCallback done) override {
     cudaStream_t s = streams_[static_cast<int>(dir)];

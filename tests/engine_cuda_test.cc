@@ -1,6 +1,7 @@
 // The engine on a real GPU: CudaDevice + NCCL (one rank) trains the equivalence model to the same
 // bits as HostDevice + Gloo, for every precision, with states on the device (gradients, norms and
-// Adam run by the CUDA kernels in place: Device::kernels), the host and NVMe.
+// Adam run by the CUDA kernels in place: Device::kernels), the host and NVMe; and across an
+// OffloadStates / ReloadStates between steps.
 // Skips only when no GPU is present, or (the bit comparison) on a CPU without the AVX2 target
 // (device_equivalence.h).
 #include <gtest/gtest.h>
@@ -62,6 +63,31 @@ TEST_F(EngineCuda, SameBitsAsTheHostStandIn) {
       SCOPED_TRACE(c.Name(precision));
       ExpectCudaRunsAsTheHost(c, precision);
     }
+  }
+}
+
+// OffloadStates between steps on the GPU: the device's memory in use drops to the engine's
+// small buffers (and the pool's cache is trimmed), ReloadStates brings the states back, and the
+// run ends with the bits of one that never lent the GPU out.
+TEST_F(EngineCuda, OffloadStatesBetweenStepsGivesTheSameBits) {
+  for (auto [stage, opt] : {std::tuple{3, "none"}, std::tuple{2, "cpu"}}) {
+    const DeviceCase c{1, stage, opt, "none", 1};
+    SCOPED_TRACE(c.Name("bf16"));
+    RunSpec spec = c.Spec("bf16");
+    spec.device_budget = 256ull << 20;
+    spec.cuda = true;
+    RunResult plain = RunEngine(spec);
+    ASSERT_TRUE(plain.status.ok()) << plain.status.ToString();
+    spec.before_step = [](int, int step, Engine& e) {
+      if (step == 0) return;
+      ASSERT_TRUE(e.OffloadStates().ok());
+      EXPECT_TRUE(e.states_offloaded());
+      EXPECT_EQ(e.Stats().store.used_bytes[Tier::kDevice], 0u);
+      ASSERT_TRUE(e.ReloadStates().ok());
+    };
+    RunResult lent = RunEngine(spec);
+    ASSERT_TRUE(lent.status.ok()) << lent.status.ToString();
+    ExpectSameRun(lent, plain);
   }
 }
 

@@ -64,6 +64,10 @@ Status Engine::OffloadStates(const OffloadStatesOptions& options) {
   if (st.IsResourceExhausted()) return st;  // host memory: nothing moved, the engine as it was
   if (!st.ok()) return e.Fail(st.WithContext("OffloadStates"));
   e.aside_blocks.insert(e.aside_blocks.end(), aside.begin(), aside.end());
+  // The device's cache of freed memory (CudaDevice's pool) back to the system, for the other work.
+  st = e.opt.device->ReleaseCachedMemory(e.timeout());
+  if (!st.ok())
+    return e.Fail(st.WithContext("OffloadStates: releasing the device's cached memory"));
   return Status::OK();
 }
 

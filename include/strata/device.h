@@ -160,6 +160,16 @@ class Device {
 
   virtual DeviceStats stats() const = 0;
 
+  // Hands memory the device caches for reuse after Free back to the system once the frees issued
+  // so far have completed, so other users of the device (another framework in the process) can
+  // have it: CudaDevice trims its memory pool (cudaMemPoolTrimTo), whose release threshold
+  // otherwise keeps freed memory for the next Allocate. Waits for those frees (at most
+  // `timeout`). The default (HostDevice: freed memory returns at once) does nothing.
+  virtual Status ReleaseCachedMemory(std::chrono::nanoseconds timeout) {
+    (void)timeout;
+    return Status::OK();
+  }
+
   // The kernels that compute on this device's memory in place, on a compute stream of the
   // device's own (strata/device_kernels.h), or nullptr when it offers none. The engine runs
   // gradient accumulation, norms and the optimizer step of device-resident state with them

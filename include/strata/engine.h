@@ -522,7 +522,8 @@ class Engine {
   // chosen kinds moves into host memory outside the tiers' budgets (Store::SetAside), and every
   // device copy the engine keeps is dropped: kept gathered copies, hpZ slices, spare gradient
   // buffers, the store's cached copies of params homed on the host or NVMe. Their device memory
-  // is then free (Stats: the device tier's used bytes and the device's own). Waits for a step
+  // is then free (Stats: the device tier's used bytes and the device's own), and what the device
+  // caches of it goes back to the system (Device::ReleaseCachedMemory). Waits for a step
   // running behind and for the store's queued operations first. Until ReloadStates the calls that
   // use the states (Gather, GradBuffer, ReduceGradients, Step, Save, Load, ReadMaster, the Init
   // calls, WriteParams) fail FailedPrecondition naming OffloadStates; the engine stays usable.

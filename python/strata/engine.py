@@ -1443,6 +1443,71 @@ class StrataEngine(torch.nn.Module):
         return bool((self._effective.get("zero_optimization") or {}).get(
             "stage3_gather_16bit_weights_on_model_save", False))
 
+    def zero_sub_group_size(self) -> int:
+        return int((self._effective.get("zero_optimization") or {}).get("sub_group_size") or 0)
+
+    def zero_param_persistence_threshold(self) -> int:
+        return int((self._effective.get("zero_optimization") or {}).get(
+            "stage3_param_persistence_threshold") or 0)
+
+    def zero_max_live_parameters(self) -> int:
+        return int((self._effective.get("zero_optimization") or {}).get(
+            "stage3_max_live_parameters") or 0)
+
+    def zero_prefetch_bucket_size(self) -> int:
+        return int((self._effective.get("zero_optimization") or {}).get(
+            "stage3_prefetch_bucket_size") or 0)
+
+    def optimizer_name(self) -> Optional[str]:
+        """The client optimizer's class name, else the config's optimizer type, as DeepSpeed."""
+        if self.optimizer._client is not None:
+            return type(self.optimizer._client).__name__
+        return (self._config.get("optimizer") or {}).get("type")
+
+    def optimizer_params(self) -> Optional[dict]:
+        return (self._config.get("optimizer") or {}).get("params")
+
+    def scheduler_name(self) -> Optional[str]:
+        return (self._config.get("scheduler") or {}).get("type")
+
+    def scheduler_params(self) -> Optional[dict]:
+        return (self._config.get("scheduler") or {}).get("params")
+
+    def get_data_parallel_rank(self) -> int:
+        return self.global_rank  # every rank is a data-parallel rank (no model parallelism)
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+    def get_tensor_parallel_rank(self) -> int:
+        return 0
+
+    def module_state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False,
+                          exclude_frozen_parameters: bool = False):
+        """As DeepSpeed's: the module's state_dict (at stage 3 the parameters are empty outside
+        a gather: save_16bit_model or zero.GatheredParameters give their values), less the
+        frozen parameters when asked."""
+        sd = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if exclude_frozen_parameters:
+            for n, p in self.module.named_parameters():
+                if not p.requires_grad and prefix + n in sd:
+                    del sd[prefix + n]
+        return sd
+
+    def save_fp16_model(self, save_dir, save_filename: str = "pytorch_model.bin"):
+        """DeepSpeed's old name of save_16bit_model, kept for the scripts that call it."""
+        return self.save_16bit_model(save_dir, save_filename)
+
+    def empty_partition_cache(self) -> None:
+        """As DeepSpeed's: frees the device memory of parameters kept gathered (ZeRO-3's
+        persistence and reuse, prefetched ones, hpZ's slices) and of spare gradient buffers, and
+        hands the device's cache of it back (offload_states with nothing to move); the next
+        forward gathers what it needs again. Between steps."""
+        self._held.drain()
+        self._release_all()
+        self._engine.offload_states([], True)
+        self._gather_whole()
+
     @property
     def last_step_report(self) -> Optional[dict]:
         return self._last_report

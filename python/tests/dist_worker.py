@@ -61,7 +61,7 @@ for i, case in enumerate(cases):
         with strata.zero.GatheredParameters(model.ln_f.weight, modifier_rank=0):
             with torch.no_grad():
                 model.ln_f.weight.fill_(0.5 if rank == 0 else 0.25)  # rank 0's values win
-    losses = []
+    losses, freed = [], []
     for step in range(steps):
         total = 0.0
         for m in range(gas):
@@ -71,9 +71,18 @@ for i, case in enumerate(cases):
                 engine.step()
             total += loss.item() / gas
         losses.append(total)
+        if flag == ["lend"]:  # an RL loop: a generation pass keeps gathered copies, which
+            with torch.no_grad():  # empty_partition_cache frees; then every state lent out
+                engine(*(x.to(device) for x in batch(kind, step, 0, rank)))
+            before = engine._engine.device_used_bytes
+            engine.empty_partition_cache()
+            cached = before - engine._engine.device_used_bytes
+            engine.offload_states()
+            freed.append((cached, before - engine._engine.device_used_bytes))
+            engine.reload_states()
     master = engine.read_master()
     torch.save({"losses": losses, "master": master, "device": str(engine.device),
-                "engine_device": engine._engine.device},
+                "engine_device": engine._engine.device, "freed": freed},
                os.path.join(outdir, f"{case}.rank{rank}.pt"))
     engine.close()
 torch.distributed.destroy_process_group()

@@ -4,7 +4,8 @@ property on the GPU (the CUDA Adam of device-resident state and the CPU Adam of 
 give the same bits); a gathered parameter read by a kernel on another stream; a model that
 computes on two streams; the host running ahead of the GPU (no stream synchronize per module,
 releases ordered on the GPU with the params offloaded too); the device budget; a LoRA fused
-into its base weights after training (Engine::WriteParams on the GPU).
+into its base weights after training (Engine::WriteParams on the GPU); offload_states lending the
+GPU out between steps.
 Every test but the device-choice ones needs a GPU and is skipped (and reported so) without one;
 the device-choice and budget checks also run on the host stand-in."""
 import pytest
@@ -414,3 +415,40 @@ def test_a_lora_fused_after_training_is_written_on_the_gpu(param):
                 assert m.weight.is_cuda and torch.equal(m.weight.data, expected[n]), n
     finally:
         engine.destroy()
+
+
+@needs_gpu
+@pytest.mark.parametrize("stage,offload", [(2, "none"), (3, "none"), (3, "cpu")])
+def test_offload_states_frees_the_gpu_and_training_goes_on_bit_for_bit(stage, offload):
+    """engine.offload_states() between steps: the engine's GPU memory (cudaMemGetInfo's free
+    grows by it; memory_allocated counts it) goes to pinned host memory, a torch allocation of
+    that size then fits, and after reload_states() training gives the bits it gives without."""
+    cfg = ds_config(stage, offload, dtype="bf16", lr=LR, wd=WD)
+
+    def run(lend):
+        model = make_model("gpt").cuda()
+        names = [n for n, _ in model.named_parameters()]
+        engine, _, _, _ = strata.initialize(model=model, config=cfg)
+        for step in range(STEPS):
+            engine.backward(engine(*on_gpu(batch("gpt", step))))
+            engine.step()
+            if lend:
+                held = engine._engine.device_used_bytes
+                free_before = torch.cuda.mem_get_info()[0]
+                engine.offload_states()
+                torch.cuda.synchronize()
+                freed = held - engine._engine.device_used_bytes
+                assert freed > 0
+                assert torch.cuda.mem_get_info()[0] >= free_before  # the pool may keep some
+                other = torch.empty(freed, dtype=torch.uint8, device="cuda")  # the other work
+                del other
+                engine.reload_states()
+                assert engine._engine.device_used_bytes == held
+        master = engine.read_master()
+        engine.close()
+        return {n: master[n] for n in names if n in master}
+
+    want = run(False)
+    got = run(True)
+    for n in want:
+        assert torch.equal(got[n], want[n]), n

@@ -17,12 +17,13 @@ STEPS = 3
 # forward (tiedmm: `x @ wte.weight.t()`, whole at stages 0-2, gathered on read at stage 3);
 # engine.no_sync() around the first of 2 micro-steps (nosync, stages 0-1: reduced once); a
 # client AdamW with two parameter groups and a LambdaLR warmup (groups); frozen parameters (lora:
-# a LoRA fine-tune, gptfe: a frozen tied embedding).
+# a LoRA fine-tune, gptfe: a frozen tied embedding); empty_partition_cache and offload_states /
+# reload_states after every step (lend).
 CASES = ["gpt:0:none", "mlp:1:cpu", "gpt:2:cpu", "gpt:3:nvme", "gpt384:3:cpu",
          "gpt:3:none:init", "gpt:3:cpu:initleaf", "gpt:2:none:modifier", "mlp:0:none:rank0", "gpt:3:cpu:rank0",
          "tiedmm:0:none", "tiedmm:1:cpu", "tiedmm:2:none", "tiedmm:3:cpu",
          "mlp:0:none:nosync", "gpt:1:cpu:nosync", "gpt:1:none:groups", "gpt:3:nvme:groups",
-         "lora:3:cpu", "lora:2:none", "gptfe:1:none"]
+         "lora:3:cpu", "lora:2:none", "gptfe:1:none", "gpt:3:none:lend"]
 
 
 def launch(tmp_path, cases, steps=STEPS, world=2, die_rank=None, timeout_ms=60000):
@@ -48,6 +49,10 @@ def test_two_processes_match_torch(two_process_runs, case):
     kind, _, _, *flag = case.split(":")
     for n, p in res[0]["master"].items():
         assert torch.equal(p, res[1]["master"][n]), n  # both ranks agree bit for bit
+    if flag == ["lend"]:  # the kept gathered copies, then the states, left the device
+        for r in range(2):
+            assert len(res[r]["freed"]) == STEPS
+            assert all(0 < cached < lent for cached, lent in res[r]["freed"]), res[r]["freed"]
     if flag == ["modifier"]:
         # Rank 0's 0.5 reached both ranks' shards before training; training moves it from there.
         init = {n: p.detach().clone() for n, p in __import__("models").make_model(kind).named_parameters()}

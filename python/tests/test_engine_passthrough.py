@@ -177,6 +177,16 @@ def test_deepspeeds_config_accessors(tmp_path):
         assert engine.zero_gather_16bit_weights_on_model_save()
         assert engine.gradient_clipping() == 0.0 and engine.steps_per_print() == 10
         assert not engine.dataloader_drop_last() and not engine.wall_clock_breakdown()
+        # DeepSpeed 0.19.8's defaults where the config is silent.
+        assert (engine.zero_sub_group_size(), engine.zero_param_persistence_threshold(),
+                engine.zero_max_live_parameters(), engine.zero_prefetch_bucket_size()) == (
+                    1_000_000_000, 100_000, 1_000_000_000, 50_000_000)
+        assert engine.optimizer_name() == "AdamW" and engine.optimizer_params()["lr"] == 1e-2
+        assert engine.scheduler_name() is None and engine.scheduler_params() is None
+        assert (engine.get_data_parallel_rank(), engine.get_model_parallel_rank(),
+                engine.get_tensor_parallel_rank()) == (0, 0, 0)
+        sd = engine.module_state_dict(prefix="m.")
+        assert set(sd) == {"m." + k for k in engine.module.state_dict()}
     finally:
         engine.destroy()
 

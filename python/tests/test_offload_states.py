@@ -124,3 +124,4 @@ def test_include_and_device_take_deepspeeds_values():
         engine.save_checkpoint("/nonexistent-strata-dir")
     engine.reload_states()
     engine.close()
+
