@@ -18,13 +18,14 @@ namespace strata::store {
 struct TieredStore::AsideArena {
   AsideArena(const AsideArena&) = delete;
   AsideArena& operator=(const AsideArena&) = delete;
-  AsideArena(Device* d, uint8_t* p) : device(d), data(p) {}
+  AsideArena(Device* d, uint8_t* p, uint64_t n) : device(d), data(p), size(n) {}
   ~AsideArena() {
     if (registered) device->UnregisterHost(data).IgnoreError();
     std::free(data);
   }
   Device* device;
   uint8_t* data;
+  uint64_t size;
   bool registered = false;
 };
 
@@ -66,13 +67,20 @@ Status TieredStore::SetAside(std::span<const BlockId> ids, bool pin) {
   }
   if (total == 0) return Status::OK();
   const uint64_t size = (total + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
-  auto* data = static_cast<uint8_t*>(std::aligned_alloc(kArenaAlign, size));
-  if (data == nullptr) {
-    return Status::ResourceExhausted("SetAside: " + std::to_string(size) +
-                                     " bytes of host memory for the blocks set aside");
+  std::shared_ptr<AsideArena> arena;
+  if (pin && kept_arena_ != nullptr && kept_arena_->size >= size) {
+    arena = std::move(kept_arena_);  // page-locked already: no registration, no page faults
+  } else {
+    kept_arena_.reset();
+    auto* data = static_cast<uint8_t*>(std::aligned_alloc(kArenaAlign, size));
+    if (data == nullptr) {
+      return Status::ResourceExhausted("SetAside: " + std::to_string(size) +
+                                       " bytes of host memory for the blocks set aside");
+    }
+    arena = std::make_shared<AsideArena>(options_.device, data, size);
+    if (pin) arena->registered = options_.device->RegisterHost(data, size).ok();
   }
-  auto arena = std::make_shared<AsideArena>(options_.device, data);
-  if (pin) arena->registered = options_.device->RegisterHost(data, size).ok();
+  uint8_t* const data = arena->data;
 
   uint64_t off = 0;
   Status st;
@@ -146,14 +154,31 @@ Status TieredStore::RestoreAside(std::span<const BlockId> ids) {
     return Status(st.code(),
                   "RestoreAside: copying the blocks to the device: " + std::string(st.message()));
   }
+  std::vector<std::shared_ptr<AsideArena>> emptied;
   for (size_t i = 0; i < n; ++i) {
     Block& b = *todo[i];
     b.copy[Tier::kDevice].state = Residency::kValid;
     b.copy[Tier::kDevice].last_use = ++lru_clock_;
+    if (std::find(emptied.begin(), emptied.end(), b.aside) == emptied.end()) {
+      emptied.push_back(b.aside);
+    }
     b.aside.reset();
     aside_bytes_ -= b.alloc_bytes;
   }
+  // A page-locked arena no block uses any more is kept for the next SetAside (locking host
+  // memory costs far more than copying it); the largest one, and only one.
+  for (std::shared_ptr<AsideArena>& a : emptied) {
+    if (a.use_count() == 1 && a->registered &&
+        (kept_arena_ == nullptr || a->size > kept_arena_->size)) {
+      kept_arena_ = std::move(a);
+    }
+  }
   return no_room;
+}
+
+uint64_t TieredStore::aside_kept_bytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return kept_arena_ == nullptr ? 0 : kept_arena_->size;
 }
 
 uint64_t TieredStore::aside_bytes() const {

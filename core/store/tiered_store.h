@@ -75,6 +75,7 @@ class TieredStore final : public Store {
   Status SetAside(std::span<const BlockId> ids, bool pin) override;  // store_aside.cc
   Status RestoreAside(std::span<const BlockId> ids) override;
   uint64_t aside_bytes() const override;
+  uint64_t aside_kept_bytes() const override;
 
  private:
   struct Copy;
@@ -209,6 +210,8 @@ class TieredStore final : public Store {
   uint64_t aside_bytes_ = 0;  // guarded by mu_
   // Arenas a failed set-aside or restore copy may still touch: kept until the store goes.
   std::vector<std::shared_ptr<AsideArena>> lost_arenas_;  // guarded by mu_
+  // The page-locked arena the last restore emptied, kept for the next SetAside with pin.
+  std::shared_ptr<AsideArena> kept_arena_;  // guarded by mu_
   // Zeros for the device homes Register zero-fills (kZeroExtentBytes, allocated at Open when
   // the device tier is enabled; never written).
   void* zero_extent_ = nullptr;

@@ -173,6 +173,8 @@ struct OffloadStatesOptions {
   // its contiguous_grad_buffer is the device copies dropped in any case.
   std::optional<std::vector<StateKind>> kinds;
   // Page-lock the host memory they move into (Device::RegisterHost), so the copies back are DMA.
+  // That memory is then kept after ReloadStates for the next OffloadStates (Store::SetAside), as
+  // DeepSpeed keeps its pinned buffers; false frees it at each reload.
   bool pin_memory = true;
 };
 

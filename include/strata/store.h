@@ -295,12 +295,15 @@ class Store {
   virtual std::string note() const = 0;
   // Sets device-homed blocks aside: each block's bytes move into host memory outside every
   // tier's budget (one allocation per call, page-locked for the device's copies when `pin` and
-  // the device accepts it) and its device memory is freed. Until RestoreAside every operation on
-  // it (Fetch, WriteBack, Evict, Acquire) fails FailedPrecondition naming it. For a trainer that
-  // lends the device to other work between steps (Engine::OffloadStates). Checks every block
-  // first: InvalidArgument for an unknown id; FailedPrecondition for one that is not
-  // device-homed, already aside, leased, busy (operations queued) or cached on another tier
-  // (evict it first); nothing changed then. A copy that fails leaves every block as it was.
+  // the device accepts it) and its device memory is freed. A page-locked allocation that a
+  // restore emptied is kept (aside_kept_bytes) and reused by the next call with `pin` that fits
+  // in it, as DeepSpeed keeps its pinned buffers: locking memory costs more than copying it. Until
+  // RestoreAside every operation on it (Fetch, WriteBack, Evict, Acquire) fails FailedPrecondition
+  // naming it. For a trainer that lends the device to other work between steps
+  // (Engine::OffloadStates). Checks every block first: InvalidArgument for an unknown id;
+  // FailedPrecondition for one that is not device-homed, already aside, leased, busy (operations
+  // queued) or cached on another tier (evict it first); nothing changed then. A copy that fails
+  // leaves every block as it was.
   virtual Status SetAside(std::span<const BlockId> ids, bool pin) {
     (void)ids;
     (void)pin;
@@ -316,6 +319,9 @@ class Store {
   }
   // Bytes of the blocks set aside now (host memory outside the tiers' budgets).
   virtual uint64_t aside_bytes() const { return 0; }
+  // Page-locked host memory kept for the next SetAside (0 when none); freed when a SetAside
+  // needs more, or without `pin`, or with the store.
+  virtual uint64_t aside_kept_bytes() const { return 0; }
 
   // True when the host tier's memory is page-locked and registered for CUDA's copies (the pinned
   // pool with lock_host_memory, and CUDA accepted it): a device copy may land in a host block
