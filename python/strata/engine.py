@@ -1467,11 +1467,15 @@ class StrataEngine(torch.nn.Module):
     def optimizer_params(self) -> Optional[dict]:
         return (self._config.get("optimizer") or {}).get("params")
 
+    def _scheduler_section(self) -> dict:
+        # A torch.optim.lr_scheduler class named in the config went to the client path.
+        return self._config.get("scheduler") or self.__dict__.get("_named_scheduler") or {}
+
     def scheduler_name(self) -> Optional[str]:
-        return (self._config.get("scheduler") or {}).get("type")
+        return self._scheduler_section().get("type")
 
     def scheduler_params(self) -> Optional[dict]:
-        return (self._config.get("scheduler") or {}).get("params")
+        return self._scheduler_section().get("params")
 
     def get_data_parallel_rank(self) -> int:
         return self.global_rank  # every rank is a data-parallel rank (no model parallelism)
@@ -1958,9 +1962,10 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
         raise ValueError("strata.initialize: the config has a \"scheduler\" section and "
                          "lr_scheduler= was passed; use one")
     torch_scheduler = _torch_scheduler_of(cfg)
+    named_scheduler = None
     if torch_scheduler is not None:
         lr_scheduler = torch_scheduler
-        del cfg["scheduler"]  # the engine's schedule is then the client scheduler's
+        named_scheduler = cfg.pop("scheduler")  # the engine's schedule is the client one's
     groups = ParamGroups(model, cfg, optimizer, model_parameters)
     if groups.optimizer_section is not None:
         cfg["optimizer"] = groups.optimizer_section
@@ -1976,6 +1981,7 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
                           device_budget_bytes=device_budget_bytes, timeout_ms=timeout_ms,
                           overlap_step=overlap_step, param_groups=groups,
                           lr_scheduler=lr_scheduler, device=device)
+    engine._named_scheduler = named_scheduler  # scheduler_name() / scheduler_params()
     if args is not None and hasattr(args, "local_rank"):
         args.local_rank = engine.local_rank  # as DeepSpeed aligns it with the launcher's
     loader = None

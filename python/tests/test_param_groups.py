@@ -373,6 +373,7 @@ def test_config_scheduler_of_torch_is_built_and_stepped_as_deepspeed_does(name, 
     model = make_model("gpt")
     engine, _, _, sched = strata.initialize(model=model, config=cfg)
     assert isinstance(sched, getattr(torch.optim.lr_scheduler, name))
+    assert (engine.scheduler_name(), engine.scheduler_params()) == (name, params)
     losses = run(engine)
     ref = make_model("gpt")
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=0.01)
