@@ -346,12 +346,37 @@ def run_strata(ctx, tag, shape, mb, seq, cfg, warmup, steps, overlap_step=False,
         res["waits_per_step"] = waits_per_step(before, after, len(res["step_s"]))
         # gpu_peak_bytes is torch's allocator alone; the engine's memory is its own pool.
         res["engine_peak_bytes"] = after.get("peak_bytes")
+        if tag == "fit" and a.offload_states_timing:
+            res["offload_states"] = guarded(ctx, time_offload_states, ctx, engine)
         if with_stats:
             res["_stats_before"] = before
             res["_stats_after"] = after
         return res
     finally:
         engine.close()
+
+
+def time_offload_states(ctx, engine, rounds=2):
+    """engine.offload_states() / reload_states() after the timed steps: the engine's device
+    bytes that leave, and each round's seconds and GB/s. The first round page-locks its host
+    memory; later ones reuse it (as DeepSpeed's pinned buffers)."""
+    held = engine._engine.device_used_bytes
+    ctx.need(rounds * 2 * held / 2e9 + 5 + ctx.reserve_s(), "offload_states timing")
+    out = {"device_bytes": held, "offload_s": [], "reload_s": []}
+    for _ in range(rounds):
+        ctx.sync()
+        t = time.perf_counter()
+        engine.offload_states()
+        ctx.sync()
+        out["offload_s"].append(time.perf_counter() - t)
+        out["freed_bytes"] = held - engine._engine.device_used_bytes
+        t = time.perf_counter()
+        engine.reload_states()
+        ctx.sync()
+        out["reload_s"].append(time.perf_counter() - t)
+    out["offload_gb_s"] = [held / s / 1e9 for s in out["offload_s"]]
+    out["reload_gb_s"] = [held / s / 1e9 for s in out["reload_s"]]
+    return out
 
 
 WAIT_KEYS = ("gather_wait_ns", "reduce_wait_ns", "grad_lease_wait_ns", "optimizer_ns",
@@ -1033,6 +1058,13 @@ def print_table(out):
             print_waits(r)
         print(f"   strata / torch (fp32 master, amp) = {fmt_r(p.get('ratio_strata_over_torch'))}"
               f"  (target <= 1.15)")
+        o = p.get("strata", {}).get("offload_states", {})
+        if "device_bytes" in o:
+            print(f"   offload_states {o['device_bytes'] / 1e6:.1f} MB: out " +
+                  ", ".join(f"{g:.1f}" for g in o["offload_gb_s"]) + " GB/s, back " +
+                  ", ".join(f"{g:.1f}" for g in o["reload_gb_s"]) + " GB/s (rounds 1, 2)")
+        elif o:
+            print(f"   offload_states  {status(o)}")
         print_deepspeed(p)
     p = out["parts"].get("zero_offload", {})
     if "zero_offload" in out["parts"]:
@@ -1117,6 +1149,10 @@ def main():
                          "zero_offload's strata run, after the timed ones)")
     ap.add_argument("--trace-dir", default=None,
                     help="keep each profiled step's trace there (NAME.trace.json.gz)")
+    ap.add_argument("--no-offload-states-timing", dest="offload_states_timing",
+                    action="store_false",
+                    help="skip timing engine.offload_states() / reload_states() after "
+                         "fits_in_hbm's strata run (default: two rounds)")
     ap.add_argument("--device-budget-frac", type=float, default=0.55,
                     help="device_budget_bytes = this share of the GPU's free memory")
     a = ap.parse_args()

@@ -37,6 +37,9 @@ def test_every_part_runs_on_the_stand_in_and_writes_its_figures(tmp_path):
         assert all(v["host_s"] > 0 for v in fit[k]["phases"].values())
     assert fit["ratio_strata_over_torch"] == pytest.approx(
         fit["strata"]["median_s"] / fit["torch"]["median_s"])
+    o = fit["strata"]["offload_states"]  # the states lent out and back, twice, after the steps
+    assert 0 < o["freed_bytes"] <= o["device_bytes"], o
+    assert len(o["offload_gb_s"]) == len(o["reload_gb_s"]) == 2 and min(o["offload_gb_s"]) > 0
     off = parts["zero_offload"]
     assert off["floor"]["floor_s"] > 0 and off["ratio_step_over_floor"] > 0
     # Each strata run says where its host waited per step: the engine's reductions and step
