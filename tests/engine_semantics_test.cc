@@ -540,12 +540,18 @@ TEST(EngineSemantics, OptimizerGroupsCarryTheirOwnHyperparameters) {
   }
 }
 
-TEST(EngineSemantics, SetLearningRatesDrivesEveryGroupFromTheNextStep) {
+// Stage 1, TestModel with its biases in optimizer group 1 (both groups the config's values).
+RunSpec TwoOptimizerGroups(int steps) {
   RunSpec spec;
   spec.config_json = BaseConfig(R"("stage": 1)");
   spec.model = BiasesInGroupOne();
-  spec.steps = 2;
+  spec.steps = steps;
   spec.tweak = [](int, EngineOptions& o) { o.optimizer_groups.resize(2); };
+  return spec;
+}
+
+TEST(EngineSemantics, SetLearningRatesDrivesEveryGroupFromTheNextStep) {
+  RunSpec spec = TwoOptimizerGroups(2);
   spec.before_step = [](int, int step, Engine& e) {
     const double bad[] = {0.0};
     ASSERT_EQ(e.SetLearningRates(bad).code(), Status::Code::kInvalidArgument);
@@ -682,11 +688,7 @@ TEST(EngineSemantics, OneCycleMomentumIsTheStepsBetas) {
 }
 
 TEST(EngineSemantics, SetHyperparametersRefusesWithoutChangingAnything) {
-  RunSpec spec;
-  spec.config_json = BaseConfig(R"("stage": 1)");
-  spec.model = BiasesInGroupOne();
-  spec.steps = 1;
-  spec.tweak = [](int, EngineOptions& o) { o.optimizer_groups.resize(2); };
+  RunSpec spec = TwoOptimizerGroups(1);
   spec.before_step = [](int, int, Engine& e) {
     const auto before = e.betas();
     std::vector<OptimizerGroupOptions> g(1);

@@ -112,14 +112,13 @@ Status TieredStore::SetAside(std::span<const BlockId> ids, bool pin) {
 Status TieredStore::RestoreAside(std::span<const BlockId> ids) {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<Block*> todo;
+  std::vector<bool> seen(blocks_.size());
   for (BlockId id : ids) {
     if (id >= blocks_.size()) {
       return Status::InvalidArgument("RestoreAside: no block " + std::to_string(id));
     }
-    Block& b = *blocks_[id];
-    if (b.aside != nullptr && std::find(todo.begin(), todo.end(), &b) == todo.end()) {
-      todo.push_back(&b);
-    }
+    if (blocks_[id]->aside != nullptr && !seen[id]) todo.push_back(blocks_[id].get());
+    seen[id] = true;
   }
   // Room first: as many blocks as the device takes, in order.
   size_t n = 0;

@@ -7,7 +7,6 @@
 #include <limits>
 #include <set>
 #include <sstream>
-#include <tuple>
 
 #include "core/plan/comm_model.h"
 #include "core/zero/engine_internal.h"
@@ -1117,9 +1116,10 @@ Status Engine::SetHyperparameters(std::span<const OptimizerGroupOptions> groups)
       return bad(og, "beta1 and beta2 go together");
     }
     kernels::AdamHyper& h = next[og];
-    std::tie(h.beta1, h.beta2) = e.BetasFor(og);
-    h.beta1 = o.beta1.value_or(h.beta1);
-    h.beta2 = o.beta2.value_or(h.beta2);
+    if (o.beta1) {
+      h.beta1 = *o.beta1;
+      h.beta2 = *o.beta2;
+    }
     h.eps = o.eps.value_or(h.eps);
     h.weight_decay = o.weight_decay.value_or(h.weight_decay);
     kernels::AdamHyper probe = h;

@@ -32,7 +32,7 @@ Status Engine::OffloadStates(const OffloadStatesOptions& options) {
   STRATA_RETURN_IF_ERROR(e.DrainReductions(true));
   // The store at rest: every queued operation (prefetches, write-behinds) done, dirty copies home.
   Status st = e.store->Flush(e.timeout());
-  if (!st.ok()) return e.Fail(Status(st.code(), "OffloadStates: " + std::string(st.message())));
+  if (!st.ok()) return e.Fail(st.WithContext("OffloadStates"));
   // What the engine keeps on the device and can make again.
   e.DropKeptCopies();
   for (zero::GroupState& gs : e.groups) {

@@ -160,6 +160,12 @@ std::optional<StateKind> StateKindFromName(std::string_view name) {
   return std::nullopt;
 }
 
+std::vector<OptimizerGroupOptions> ToOptimizerGroups(const OptimizerGroupList& groups) {
+  std::vector<OptimizerGroupOptions> out;
+  for (size_t i = 0; i < groups.size(); ++i) out.push_back(ToOptimizerGroup(groups[i], i));
+  return out;
+}
+
 class PyEngine {
  public:
   PyEngine(const GroupList& groups, const std::string& config_json, int rank, int world_size,
@@ -230,8 +236,7 @@ class PyEngine {
     eo.use_pinned_pool = true;
     eo.timeout = timeout;
     eo.overlap_step = overlap_step;
-    for (size_t i = 0; i < optimizer_groups.size(); ++i)
-      eo.optimizer_groups.push_back(ToOptimizerGroup(optimizer_groups[i], i));
+    eo.optimizer_groups = ToOptimizerGroups(optimizer_groups);
     if (io == "posix") {
       eo.io_kind = IoBackendKind::kPosix;
     } else if (io == "uring") {
@@ -673,11 +678,7 @@ void BindEngine(nb::module_& m) {
       .def(
           "set_hyperparameters",
           [](PyEngine& e, const OptimizerGroupList& groups) {
-            std::vector<OptimizerGroupOptions> options;
-            for (size_t i = 0; i < groups.size(); ++i) {
-              options.push_back(ToOptimizerGroup(groups[i], i));
-            }
-            ThrowIfError(e.engine().SetHyperparameters(options));
+            ThrowIfError(e.engine().SetHyperparameters(ToOptimizerGroups(groups)));
           },
           nb::arg("groups"),
           "Engine::SetHyperparameters: per optimizer group, a dict of lr, beta1, beta2, eps, "

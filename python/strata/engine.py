@@ -558,6 +558,7 @@ class StrataEngine(torch.nn.Module):
             device="host" if self._cuda is None else "cuda",
             device_ordinal=0 if self._cuda is None else self._cuda.index)
         self._closed = False
+        self._named_scheduler = None  # initialize's: a torch scheduler named in the config
         _LIVE_ENGINES.add(self)
         self._dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                        "float16": torch.float16}[self._engine.dtype]
@@ -1392,7 +1393,7 @@ class StrataEngine(torch.nn.Module):
         return bool((self._effective.get("bf16") or {}).get("enabled"))
 
     def zero_optimization_stage(self) -> int:
-        return int((self._effective.get("zero_optimization") or {}).get("stage") or 0)
+        return int(self._zero_value("stage") or 0)
 
     def train_batch_size(self) -> int:
         """micro batch x gradient_accumulation_steps x world size."""
@@ -1420,8 +1421,11 @@ class StrataEngine(torch.nn.Module):
     def zero_optimization_partition_weights(self) -> bool:
         return self.zero_optimization_stage() == 3
 
+    def _zero_value(self, key: str):
+        return (self._effective.get("zero_optimization") or {}).get(key)
+
     def _zero_section(self, key: str) -> dict:
-        return (self._effective.get("zero_optimization") or {}).get(key) or {}
+        return self._zero_value(key) or {}
 
     def zero_offload_optimizer(self) -> Optional[dict]:
         """The offload_optimizer section in effect (defaults filled in), None when the optimizer
@@ -1440,23 +1444,19 @@ class StrataEngine(torch.nn.Module):
         return self._zero_section("offload_optimizer").get("device") == "cpu"
 
     def zero_gather_16bit_weights_on_model_save(self) -> bool:
-        return bool((self._effective.get("zero_optimization") or {}).get(
-            "stage3_gather_16bit_weights_on_model_save", False))
+        return bool(self._zero_value("stage3_gather_16bit_weights_on_model_save"))
 
     def zero_sub_group_size(self) -> int:
-        return int((self._effective.get("zero_optimization") or {}).get("sub_group_size") or 0)
+        return int(self._zero_value("sub_group_size") or 0)
 
     def zero_param_persistence_threshold(self) -> int:
-        return int((self._effective.get("zero_optimization") or {}).get(
-            "stage3_param_persistence_threshold") or 0)
+        return int(self._zero_value("stage3_param_persistence_threshold") or 0)
 
     def zero_max_live_parameters(self) -> int:
-        return int((self._effective.get("zero_optimization") or {}).get(
-            "stage3_max_live_parameters") or 0)
+        return int(self._zero_value("stage3_max_live_parameters") or 0)
 
     def zero_prefetch_bucket_size(self) -> int:
-        return int((self._effective.get("zero_optimization") or {}).get(
-            "stage3_prefetch_bucket_size") or 0)
+        return int(self._zero_value("stage3_prefetch_bucket_size") or 0)
 
     def optimizer_name(self) -> Optional[str]:
         """The client optimizer's class name, else the config's optimizer type, as DeepSpeed."""
@@ -1469,7 +1469,7 @@ class StrataEngine(torch.nn.Module):
 
     def _scheduler_section(self) -> dict:
         # A torch.optim.lr_scheduler class named in the config went to the client path.
-        return self._config.get("scheduler") or self.__dict__.get("_named_scheduler") or {}
+        return self._config.get("scheduler") or self._named_scheduler or {}
 
     def scheduler_name(self) -> Optional[str]:
         return self._scheduler_section().get("type")
@@ -1507,9 +1507,7 @@ class StrataEngine(torch.nn.Module):
         persistence and reuse, prefetched ones, hpZ's slices) and of spare gradient buffers, and
         hands the device's cache of it back (offload_states with nothing to move); the next
         forward gathers what it needs again. Between steps."""
-        self._held.drain()
-        self._release_all()
-        self._engine.offload_states([], True)
+        self.offload_states(include=["contiguous_grad_buffer"])  # nothing to move
         self._gather_whole()
 
     @property
