@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from typing import Any, Mapping, Optional, Union
@@ -15,10 +16,34 @@ class ConfigError(_strata.StrataError, ValueError):
     """An invalid DeepSpeed config; the message lists every error (path: what is wrong)."""
 
 
+def _json_values(value, path: str):
+    """A config dict's values as JSON holds them. DeepSpeed reads the dict itself, where
+    accelerate writes "steps_per_print": inf (never print): that key is left out, strata printing
+    nothing per step; any other number JSON cannot hold (inf, nan) is refused, named."""
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            sub = f"{path}.{k}" if path else str(k)
+            if sub == "steps_per_print" and isinstance(v, float) and math.isinf(v) and v > 0:
+                continue
+            out[k] = _json_values(v, sub)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_json_values(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f'config "{path}": {value} is not a number JSON can hold')
+    return value
+
+
+def config_json(config: Mapping) -> str:
+    """A config dict as the JSON text the native engine reads (_json_values)."""
+    return json.dumps(_json_values(config, ""))
+
+
 def _text_or_path(config: ConfigLike) -> tuple[str, str]:
     """(json text, path): exactly one is non-empty."""
     if isinstance(config, Mapping):
-        return json.dumps(config), ""
+        return config_json(config), ""
     if isinstance(config, (str, os.PathLike)):
         s = os.fspath(config)
         if s.lstrip().startswith("{"):

@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import time
 import warnings
@@ -65,7 +66,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from . import _strata
-from .config import ConfigLike, check_config, ConfigError
+from .config import ConfigLike, check_config, config_json, ConfigError
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
 from .zero import (ZeroParamStatus, _mark_partitioned, _part_numel, apply_leaf_module_config,
@@ -550,7 +551,7 @@ class StrataEngine(torch.nn.Module):
             master_port = int(os.environ["MASTER_PORT"]) + 1
         spec = [(g.name, [(n, _full_shape(p)) for n, p in g.params]) for g in self._groups]
         self._engine = _strata.Engine(
-            spec, json.dumps(config), rank, world_size, nvme_paths or [], device_budget_bytes,
+            spec, config_json(config), rank, world_size, nvme_paths or [], device_budget_bytes,
             timeout_ms, "auto", master_port, overlap_step,
             optimizer_groups=[] if param_groups is None else param_groups.hyper,
             group_optimizer=[g.optimizer_group for g in self._groups],
@@ -1404,6 +1405,8 @@ class StrataEngine(torch.nn.Module):
         return float(self._effective.get("gradient_clipping") or 0.0)
 
     def steps_per_print(self) -> int:
+        if self._config.get("steps_per_print") == math.inf:
+            return math.inf  # DeepSpeed's "never", as accelerate writes it
         return int(self._effective.get("steps_per_print") or 10)
 
     def wall_clock_breakdown(self) -> bool:
@@ -1725,17 +1728,36 @@ class StrataEngine(torch.nn.Module):
         safetensors when save_filename ends in .safetensors, else torch.save. Collective."""
         os.makedirs(save_dir, exist_ok=True)
         path = os.path.join(os.fspath(save_dir), save_filename)
-        with self.gathered_parameters():
-            if self.global_rank == 0:
-                sd = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
-                tmp = path + ".tmp"
-                if save_filename.endswith(".safetensors"):
-                    _write_safetensors(tmp, sd, {"format": "pt",
-                                                 "global_step": str(self.global_steps)})
-                else:
-                    torch.save(sd, tmp)
-                os.replace(tmp, path)
+        sd = self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+        if sd is not None:
+            tmp = path + ".tmp"
+            if save_filename.endswith(".safetensors"):
+                _write_safetensors(tmp, sd, {"format": "pt",
+                                             "global_step": str(self.global_steps)})
+            else:
+                torch.save(sd, tmp)
+            os.replace(tmp, path)
         return True
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False,
+                                             all_ranks: bool = False):
+        """As DeepSpeed's (which accelerate's get_state_dict and several trainers call): the
+        module's state_dict with the working parameters gathered, copied to the CPU (tied names
+        share one copy), on rank 0 and None on the others, or on every rank with all_ranks.
+        At any stage. Collective."""
+        with self.gathered_parameters():
+            if self.global_rank != 0 and not all_ranks:
+                return None
+            copies = {}
+            sd = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+            out = {}
+            for k, v in sd.items():
+                key = (v.data_ptr(), v.dtype, tuple(v.shape), v.storage_offset()) \
+                    if v.numel() else id(v)
+                if key not in copies:
+                    copies[key] = v.detach().to("cpu", copy=True)
+                out[k] = copies[key]
+            return out
 
 
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
@@ -1857,6 +1879,13 @@ class _EngineOptimizer(torch.optim.Optimizer):
     @property
     def loss_scale(self) -> float:
         return self._engine.loss_scale
+
+    @property
+    def overflow(self) -> bool:
+        """As DeepSpeed's optimizers': whether the last optimizer step was skipped on an fp16
+        overflow (accelerate's wrapper then holds a scheduler back)."""
+        report = self._engine._last_report
+        return bool(report and report["skipped"])
 
 
 class _EngineScheduler:

@@ -1,0 +1,180 @@
+"""strata.integrations.accelerate: an accelerate script with a DeepSpeed plugin
+(accelerate_worker.py, written as accelerate's users write them) trained through strata against
+the same script on accelerate's own Accelerator without DeepSpeed (torch AdamW; DDP on two
+processes): the same losses, learning rates, gradient norms and final weights (fp32, the
+tolerances of test_hf_trainer), at stages 1-3 with the optimizer and parameters offloaded,
+with the plugin from the code or from accelerate's environment, DummyOptim / DummyScheduler,
+a PEFT LoRA model, save_state / load_state, save_pretrained, and two processes."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+from strata.integrations import accelerate as sa  # noqa: E402
+from strata.integrations.accelerate import DeepSpeedPlugin, DummyOptim, DummyScheduler  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LOSS_RTOL = 1e-4
+WEIGHT_ATOL = 1e-5
+
+
+def config(stage, offload_optimizer="none", offload_param="none", nvme=None, **extra):
+    """A config as accelerate's docs write them: "auto" wherever accelerate fills a value."""
+    zero = {"stage": stage, "reduce_bucket_size": "auto"}
+    if nvme is not None:
+        os.makedirs(nvme, exist_ok=True)
+    if stage == 3:
+        zero.update(stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto",
+                    stage3_gather_16bit_weights_on_model_save=True)
+    for key, dev in (("offload_optimizer", offload_optimizer), ("offload_param", offload_param)):
+        if dev != "none":
+            zero[key] = {"device": dev, **({"nvme_path": str(nvme)} if dev == "nvme" else {})}
+    cfg = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+           "train_batch_size": "auto", "gradient_clipping": "auto", "zero_optimization": zero,
+           "bf16": {"enabled": "auto"}}
+    cfg.update(extra)
+    return cfg
+
+
+def write(tmp_path, cfg, name="ds.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def run(tmp_path, name, *argv, env=None):
+    out = tmp_path / f"{name}.pt"
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    e.update(env or {})
+    p = subprocess.run([sys.executable, os.path.join(HERE, "accelerate_worker.py"), str(out),
+                        *map(str, argv)], env=e, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    return torch.load(out)
+
+
+def assert_same_run(got, ref, weights=True):
+    assert got["loss"] == pytest.approx(ref["loss"], rel=LOSS_RTOL)
+    assert got["lr"] == pytest.approx(ref["lr"], rel=1e-6)
+    assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-3)
+    if weights:
+        assert got["state"].keys() == ref["state"].keys()
+        for k, v in ref["state"].items():
+            torch.testing.assert_close(got["state"][k], v, rtol=0, atol=WEIGHT_ATOL, msg=k)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("ref"), "ref")
+
+
+@pytest.mark.parametrize("stage,opt,param", [(2, "cpu", "none"), (3, "nvme", "cpu")])
+def test_matches_accelerate_without_deepspeed(tmp_path, reference, stage, opt, param):
+    cfg = write(tmp_path, config(stage, opt, param, nvme=tmp_path / "nvme"))
+    got = run(tmp_path, "strata", "--strata", cfg)
+    assert got["distributed_type"] == "DEEPSPEED" and got["mixed_precision"] == "no"
+    assert_same_run(got, reference)
+    assert reference["distributed_type"] == "NO"
+
+
+def test_plugin_from_accelerates_environment(tmp_path, reference):
+    """`accelerate launch --use_deepspeed --deepspeed_config_file` sets these variables; the
+    Accelerator builds its plugin from them as accelerate's does."""
+    got = run(tmp_path, "env", "--env", write(tmp_path, config(1)))
+    assert got["distributed_type"] == "DEEPSPEED"
+    assert_same_run(got, reference)
+
+
+def test_dummy_optimizer_and_scheduler(tmp_path, reference):
+    """The config's AdamW ("auto" lr and weight decay from DummyOptim), DummyScheduler's
+    callable building the schedule on the engine's optimizer."""
+    cfg = config(3, "cpu", optimizer={"type": "AdamW", "params": {"lr": "auto",
+                                                                   "weight_decay": "auto"}})
+    got = run(tmp_path, "dummy", "--strata", write(tmp_path, cfg), "--dummy")
+    assert_same_run(got, reference)
+
+
+def test_lora_matches_and_save_pretrained_round_trips(tmp_path):
+    ref = run(tmp_path, "ref-lora", "--lora")
+    saved = tmp_path / "saved"
+    got = run(tmp_path, "lora", "--strata", write(tmp_path, config(3, "cpu", "cpu")), "--lora",
+              "--save-pretrained", saved)
+    assert_same_run(got, ref)
+    files = os.listdir(saved)
+    assert "adapter_model.safetensors" in files, files
+    import peft
+    from safetensors.torch import load_file
+    adapter = load_file(str(saved / "adapter_model.safetensors"))
+    lora = {k: v for k, v in got["state"].items() if "lora_" in k}
+    assert len(adapter) == len(lora) > 0
+    base = peft.PeftModel.from_pretrained(
+        __import__("test_hf_trainer").tiny_llama(), str(saved))
+    loaded = {k: v for k, v in base.state_dict().items() if "lora_" in k}
+    for k, v in lora.items():
+        torch.testing.assert_close(loaded[k], v, rtol=0, atol=0, msg=k)
+
+
+def test_save_state_and_load_state_resume_as_uninterrupted(tmp_path):
+    cfg = write(tmp_path, config(3, "cpu", nvme=tmp_path / "nvme"))
+    whole = run(tmp_path, "whole", "--strata", cfg, "--save-state-at", 3,
+                "--state-dir", tmp_path / "state")
+    assert "pytorch_model" in os.listdir(tmp_path / "state")  # the engine's checkpoint
+    resumed = run(tmp_path, "resumed", "--strata", cfg, "--save-state-at", 3,
+                  "--resume-from", tmp_path / "state")
+    micro = 3 * 2
+    assert resumed["loss"] == pytest.approx(whole["loss"][micro:], rel=1e-6)
+    assert resumed["lr"] == pytest.approx(whole["lr"][3:], rel=1e-9)
+    for k, v in whole["state"].items():
+        torch.testing.assert_close(resumed["state"][k], v, rtol=0, atol=1e-6, msg=k)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_ddp(tmp_path, monkeypatch):
+    """Two processes at stage 3 against accelerate's DDP on the same two shards of the data."""
+    from launch import launch
+    outs = {}
+    cfg = write(tmp_path, config(3, "cpu"))
+    for name, extra in (("ddp", []), ("strata", ["--strata", cfg])):
+        monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+        d = tmp_path / name
+        d.mkdir()
+        res = launch(d, "accelerate_worker.py", lambda r, nvme: [d / "out.pt", *extra], world=2)
+        for rc, text in res:
+            assert rc == 0, text[-6000:]
+        outs[name] = torch.load(d / "out.pt")
+    assert outs["strata"]["distributed_type"] == "DEEPSPEED"
+    assert outs["ddp"]["distributed_type"] == "MULTI_CPU"
+    assert_same_run(outs["strata"], outs["ddp"])
+
+
+def test_refusals_name_the_problem():
+    a, b = DeepSpeedPlugin(hf_ds_config=config(2)), DeepSpeedPlugin(hf_ds_config=config(3))
+    with pytest.raises(NotImplementedError, match="2 DeepSpeed plugins"):
+        sa._one_plugin(None, {"a": a, "b": b})
+    assert sa._one_plugin(None, {"a": a}) is a
+    with pytest.raises(ValueError, match="both"):
+        sa._one_plugin(a, {"a": a})
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(ValueError, match="optimizer in the config file and in the code"):
+        sa._check_parts({"optimizer": {"type": "AdamW"}}, opt, None)
+    with pytest.raises(ValueError, match="DummyOptim` without specifying an optimizer"):
+        sa._check_parts({}, DummyOptim(model.parameters()), None)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    with pytest.raises(ValueError, match="scheduler in the config file and in the code"):
+        sa._check_parts({"scheduler": {"type": "WarmupLR"}}, opt, sched)
+    with pytest.raises(ValueError, match="lr_scheduler_callable"):
+        dummy = DummyOptim(model.parameters())
+        sa._check_parts({"optimizer": {"type": "AdamW"}}, dummy, DummyScheduler(dummy))
+    with pytest.raises(ValueError, match="no `config`"):
+        sa._hidden_size(model)
