@@ -27,6 +27,9 @@ ap.add_argument("--save-state-at", type=int, default=0)
 ap.add_argument("--state-dir")
 ap.add_argument("--resume-from")
 ap.add_argument("--save-pretrained")
+ap.add_argument("--mixed-precision")
+ap.add_argument("--save-model")
+ap.add_argument("--gpu", action="store_true", help="on the GPU (default: cpu=True)")
 args = ap.parse_args()
 
 if args.env:
@@ -46,7 +49,9 @@ else:
 
 torch.set_num_threads(1)
 kw = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=args.strata)} if args.strata else {}
-accelerator = Accelerator(gradient_accumulation_steps=args.gas, cpu=True, **kw)
+if args.mixed_precision:
+    kw["mixed_precision"] = args.mixed_precision
+accelerator = Accelerator(gradient_accumulation_steps=args.gas, cpu=not args.gpu, **kw)
 
 model = tiny_llama()
 if args.lora:
@@ -76,6 +81,15 @@ else:
     scheduler = transformers.get_scheduler("linear", optimizer=optimizer, num_warmup_steps=2,
                                            num_training_steps=args.steps)
 model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+
+no_sync_calls = [0]
+if hasattr(model, "no_sync"):  # counts accumulate()'s use of the engine's (or DDP's) no_sync
+    inner = model.no_sync
+
+    def counted():
+        no_sync_calls[0] += 1
+        return inner()
+    model.no_sync = counted
 
 done = 0
 if args.resume_from:
@@ -110,11 +124,20 @@ while done < args.steps:
                 break
 
 accelerator.wait_for_everyone()
-state = accelerator.get_state_dict(model)
+rec["bf16"] = getattr(model, "bfloat16_enabled", lambda: None)()
+rec["device"] = str(accelerator.device)
+rec["engine_device"] = str(getattr(model, "device", accelerator.device))
+try:
+    state = accelerator.get_state_dict(model)
+except ValueError as e:  # stage 3 without stage3_gather_16bit_weights_on_model_save
+    rec["state_error"], state = str(e), {}
 if args.save_pretrained:
     accelerator.unwrap_model(model).save_pretrained(
         args.save_pretrained, is_main_process=accelerator.is_main_process,
         save_function=accelerator.save, state_dict=state)
+rec["no_sync_calls"] = no_sync_calls[0]
+if args.save_model:
+    accelerator.save_model(model, args.save_model)
 if accelerator.is_main_process:
     rec["state"] = {k: v.detach().float().cpu().clone() for k, v in state.items()}
     torch.save(rec, args.out)

@@ -76,10 +76,17 @@ def reference(tmp_path_factory):
 @pytest.mark.parametrize("stage,opt,param", [(2, "cpu", "none"), (3, "nvme", "cpu")])
 def test_matches_accelerate_without_deepspeed(tmp_path, reference, stage, opt, param):
     cfg = write(tmp_path, config(stage, opt, param, nvme=tmp_path / "nvme"))
-    got = run(tmp_path, "strata", "--strata", cfg)
+    got = run(tmp_path, "strata", "--strata", cfg, "--save-model", tmp_path / "model")
     assert got["distributed_type"] == "DEEPSPEED" and got["mixed_precision"] == "no"
+    assert got["bf16"] is False and "state_error" not in got
     assert_same_run(got, reference)
     assert reference["distributed_type"] == "NO"
+    from safetensors.torch import load_file
+    saved = load_file(str(tmp_path / "model" / "model.safetensors"))  # accelerator.save_model
+    for k, v in saved.items():
+        torch.testing.assert_close(v, got["state"][k], rtol=0, atol=0, msg=k)
+    # a tied head is saved once, as accelerate's save_model saves shared tensors
+    assert set(got["state"]) - set(saved) <= {"lm_head.weight"}
 
 
 def test_plugin_from_accelerates_environment(tmp_path, reference):
@@ -88,6 +95,22 @@ def test_plugin_from_accelerates_environment(tmp_path, reference):
     got = run(tmp_path, "env", "--env", write(tmp_path, config(1)))
     assert got["distributed_type"] == "DEEPSPEED"
     assert_same_run(got, reference)
+
+
+def test_bf16_from_mixed_precision(tmp_path, reference):
+    """mixed_precision="bf16" enables the config's "auto" bf16 section: the engine trains bf16
+    parameters with fp32 master weights (losses near the fp32 run's)."""
+    got = run(tmp_path, "bf16", "--strata", write(tmp_path, config(2, "cpu")),
+              "--mixed-precision", "bf16")
+    assert got["mixed_precision"] == "bf16" and got["bf16"] is True
+    assert got["loss"] == pytest.approx(reference["loss"], rel=3e-2)
+
+
+def test_stage3_state_dict_needs_the_gather_flag(tmp_path):
+    cfg = config(3)
+    cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = False
+    got = run(tmp_path, "nogather", "--strata", write(tmp_path, cfg), "--steps", 1)
+    assert "stage3_gather_16bit_weights_on_model_save" in got["state_error"]
 
 
 def test_dummy_optimizer_and_scheduler(tmp_path, reference):
@@ -139,22 +162,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_match_ddp(tmp_path, monkeypatch):
-    """Two processes at stage 3 against accelerate's DDP on the same two shards of the data."""
+def _launch_two(tmp_path, name, extra):
     from launch import launch
-    outs = {}
-    cfg = write(tmp_path, config(3, "cpu"))
-    for name, extra in (("ddp", []), ("strata", ["--strata", cfg])):
-        monkeypatch.setenv("MASTER_PORT", str(_free_port()))
-        d = tmp_path / name
-        d.mkdir()
+    d = tmp_path / name
+    d.mkdir()
+    env = dict(os.environ)
+    os.environ["MASTER_PORT"] = str(_free_port())  # accelerate's gloo group
+    try:
         res = launch(d, "accelerate_worker.py", lambda r, nvme: [d / "out.pt", *extra], world=2)
-        for rc, text in res:
-            assert rc == 0, text[-6000:]
-        outs[name] = torch.load(d / "out.pt")
-    assert outs["strata"]["distributed_type"] == "DEEPSPEED"
-    assert outs["ddp"]["distributed_type"] == "MULTI_CPU"
-    assert_same_run(outs["strata"], outs["ddp"])
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+    for rc, text in res:
+        assert rc == 0, text[-6000:]
+    return torch.load(d / "out.pt")
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    return _launch_two(tmp_path_factory.mktemp("ddp"), "ddp", [])
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_two_processes_match_ddp(tmp_path, ddp, stage):
+    """Two processes against accelerate's DDP on the same two shards of the data: at stage 1
+    accumulate() holds the reduction back through the engine's no_sync, at stage 3 the engine
+    reduce-scatters every micro-step."""
+    got = _launch_two(tmp_path, "strata", ["--strata", write(tmp_path, config(stage, "cpu"))])
+    assert got["distributed_type"] == "DEEPSPEED"
+    assert ddp["distributed_type"] == "MULTI_CPU"
+    assert_same_run(got, ddp)
+    micro = len(ddp["loss"])
+    assert ddp["no_sync_calls"] == micro // 2
+    assert got["no_sync_calls"] == (micro // 2 if stage < 2 else 0)
 
 
 def test_refusals_name_the_problem():

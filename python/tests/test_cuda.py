@@ -452,3 +452,18 @@ def test_offload_states_frees_the_gpu_and_training_goes_on_bit_for_bit(stage, of
     got = run(True)
     for n in want:
         assert torch.equal(got[n], want[n]), n
+
+
+@needs_gpu
+@pytest.mark.parametrize("stage,offload", [(3, "none"), (3, "cpu")])
+def test_an_accelerate_deepspeed_script_trains_on_the_gpu(tmp_path, stage, offload):
+    """accelerate_worker.py (test_accelerate.py's script) on the GPU: strata's Accelerator with
+    the plugin against accelerate's own Accelerator without DeepSpeed, fp32."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    import test_accelerate as ta
+    ref = ta.run(tmp_path, "ref", "--gpu")
+    got = ta.run(tmp_path, "strata", "--gpu", "--strata",
+                 ta.write(tmp_path, ta.config(stage, offload)))
+    assert got["device"].startswith("cuda") and got["engine_device"].startswith("cuda")
+    ta.assert_same_run(got, ref)
