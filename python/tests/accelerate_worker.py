@@ -29,6 +29,7 @@ ap.add_argument("--resume-from")
 ap.add_argument("--save-pretrained")
 ap.add_argument("--mixed-precision")
 ap.add_argument("--save-model")
+ap.add_argument("--second-accelerator", action="store_true")
 ap.add_argument("--gpu", action="store_true", help="on the GPU (default: cpu=True)")
 args = ap.parse_args()
 
@@ -136,6 +137,10 @@ if args.save_pretrained:
         args.save_pretrained, is_main_process=accelerator.is_main_process,
         save_function=accelerator.save, state_dict=state)
 rec["no_sync_calls"] = no_sync_calls[0]
+if args.second_accelerator:  # as helper code builds one: the first one's plugin and state
+    again = Accelerator()
+    rec["second"] = (again.distributed_type.name, again.state.deepspeed_plugin is plugin,
+                     accelerator.distributed_type.name)
 if args.save_model:
     accelerator.save_model(model, args.save_model)
 if accelerator.is_main_process:

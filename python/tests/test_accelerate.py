@@ -109,8 +109,10 @@ def test_bf16_from_mixed_precision(tmp_path, reference):
 def test_stage3_state_dict_needs_the_gather_flag(tmp_path):
     cfg = config(3)
     cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = False
-    got = run(tmp_path, "nogather", "--strata", write(tmp_path, cfg), "--steps", 1)
+    got = run(tmp_path, "nogather", "--strata", write(tmp_path, cfg), "--steps", 1,
+              "--second-accelerator")
     assert "stage3_gather_16bit_weights_on_model_save" in got["state_error"]
+    assert got["second"] == ("DEEPSPEED", True, "DEEPSPEED")  # a later Accelerator() shares it
 
 
 def test_dummy_optimizer_and_scheduler(tmp_path, reference):

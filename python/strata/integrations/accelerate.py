@@ -79,6 +79,23 @@ def _env(name: str, value: str):
             os.environ[name] = old
 
 
+@contextlib.contextmanager
+def _transport_view(transport):
+    """A later Accelerator in the process is built while the shared state shows the transport
+    (MULTI_CPU, MULTI_GPU, NO) that accelerate set up, not DEEPSPEED: accelerate would otherwise
+    reach for deepspeed as for a second DeepSpeed Accelerator."""
+    if transport is None:
+        yield
+        return
+    for shared in (AcceleratorState._shared_state, PartialState._shared_state):
+        shared["distributed_type"] = transport
+    try:
+        yield
+    finally:
+        for shared in (AcceleratorState._shared_state, PartialState._shared_state):
+            shared["distributed_type"] = DistributedType.DEEPSPEED
+
+
 class Accelerator(accelerate.Accelerator):
     """accelerate.Accelerator whose DeepSpeed plugin runs on strata (module docstring). Without
     a plugin (none given, ACCELERATE_USE_DEEPSPEED unset) it is accelerate's Accelerator."""
@@ -86,6 +103,9 @@ class Accelerator(accelerate.Accelerator):
     def __init__(self, *args, deepspeed_plugin=None, deepspeed_plugins=None,
                  mixed_precision=None, **kwargs):
         plugin = _one_plugin(deepspeed_plugin, deepspeed_plugins)
+        transport = AcceleratorState._shared_state.get("_strata_transport")
+        if plugin is None and transport is not None:
+            plugin = AcceleratorState._shared_state["deepspeed_plugins"]  # an earlier one's
         self._strata_plugin = plugin
         if plugin is None:
             super().__init__(*args, mixed_precision=mixed_precision, **kwargs)
@@ -102,8 +122,10 @@ class Accelerator(accelerate.Accelerator):
         # accelerate itself takes no part in DeepSpeed here: it starts torch.distributed as for
         # any multi-process run (its DeepSpeed path would import deepspeed for that), and the
         # precision is the engine's, through the plugin's config, as under DeepSpeed.
-        with _env("ACCELERATE_USE_DEEPSPEED", "false"):
+        with _env("ACCELERATE_USE_DEEPSPEED", "false"), _transport_view(transport):
             super().__init__(*args, mixed_precision="no", **kwargs)
+        if transport is None:
+            AcceleratorState._shared_state["_strata_transport"] = self.state.distributed_type
         if not torch.distributed.is_initialized():
             # One process without a launcher: a group of one, as DeepSpeed's initialize starts
             # (accelerate's gather, reduce and barriers then run as under DeepSpeed).
