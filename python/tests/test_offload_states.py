@@ -2,7 +2,8 @@
 work between steps. DeepSpeedExamples' offload_states.py runs with its imports changed, its own
 memory checks passing, and trains as it does without offloading; in one process every stage and
 placement trains across an offload to the same bits, the engine refuses to train while offloaded
-(naming reload_states), and include / device take DeepSpeed's values."""
+(naming reload_states), and include / device take DeepSpeed's values; a PEFT LoRA Llama lent
+out between steps and generating, as an RL loop does, trains to the same bits."""
 import json
 import os
 import subprocess
@@ -125,3 +126,43 @@ def test_include_and_device_take_deepspeeds_values():
     engine.reload_states()
     engine.close()
 
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_peft_lora_llama_lends_the_device_out_between_steps(stage):
+    """An RL-style loop on code nobody here wrote: a transformers Llama with a PEFT LoRA adapter
+    (the base frozen), each step followed by offload_states / reload_states and a greedy
+    engine.generate(), gives the same losses, generations and weights as without lending."""
+    peft = pytest.importorskip("peft")
+    pytest.importorskip("transformers")
+    from test_hf_trainer import SEQ, VOCAB, tiny_llama
+
+    def run(lend):
+        model = peft.get_peft_model(tiny_llama(), peft.LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+        engine = strata.initialize(model=model, config=ds_config(stage, dtype="bf16"))[0]
+        losses, generated = [], []
+        for step in range(STEPS):
+            x = torch.randint(0, VOCAB, (4, SEQ), generator=torch.Generator().manual_seed(step))
+            loss = engine(input_ids=x, labels=x).loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+            if lend:
+                engine.offload_states()
+                assert engine.states_offloaded
+                engine.reload_states()
+            with torch.no_grad():
+                generated.append(engine.generate(input_ids=x[:, :4], max_new_tokens=4,
+                                                 do_sample=False).tolist())
+        master = engine.read_master()
+        engine.close()
+        return losses, generated, master
+
+    ref_losses, ref_generated, ref_master = run(lend=False)
+    losses, generated, master = run(lend=True)
+    assert losses == ref_losses and generated == ref_generated
+    assert master.keys() == ref_master.keys()
+    assert any("lora_" in n for n in master)
+    for n, v in master.items():
+        assert torch.equal(v, ref_master[n]), n
