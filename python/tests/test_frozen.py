@@ -172,6 +172,14 @@ def test_peft_lora_on_a_transformers_llama_trains_as_torch(tmp_path):
     for n, p in ref.named_parameters():
         if p.requires_grad:
             torch.testing.assert_close(master[n], p.detach(), atol=2e-5, rtol=1e-4, msg=n)
+    # The 16-bit export without the frozen base (DeepSpeed's exclude_frozen_parameters): the
+    # adapter's trained weights alone.
+    engine.save_16bit_model(tmp_path / "out", "adapter.bin", exclude_frozen_parameters=True)
+    sd = torch.load(tmp_path / "out" / "adapter.bin")
+    trained = {n for n, p in ref.named_parameters() if p.requires_grad}
+    assert set(sd) == trained
+    for n in trained:
+        torch.testing.assert_close(sd[n], master[n], atol=0, rtol=0, msg=n)
     engine.close()
 
 
