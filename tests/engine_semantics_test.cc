@@ -714,6 +714,62 @@ TEST(EngineSemantics, SetHyperparametersRefusesWithoutChangingAnything) {
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
 }
 
+// DeepSpeed's set_train_batch_size: an engine configured with accumulation 1 and set to 2 before
+// its first step trains to the bits of one configured with 2; across placements and 2 ranks
+// (the reduced gradient's scale is 1 / (world * accumulation)).
+TEST(EngineSemantics, SetGradientAccumulationStepsGivesTheConfiguredBits) {
+  for (const char* zero :
+       {R"("stage": 1)", R"("stage": 3, "offload_optimizer": {"device": "cpu"})"}) {
+    for (int world : {1, 2}) {
+      SCOPED_TRACE(std::string(zero) + " world " + std::to_string(world));
+      RunSpec configured;
+      configured.config_json = BaseConfig(zero);
+      const std::string one = R"("gradient_accumulation_steps": 1)";
+      configured.config_json.replace(configured.config_json.find(one), one.size(),
+                                     R"("gradient_accumulation_steps": 2)");
+      configured.world = world;
+      configured.gas = 2;
+      RunSpec set = configured;
+      set.config_json = BaseConfig(zero);
+      set.before_step = [](int, int step, Engine& e) {
+        if (step != 0) return;
+        EXPECT_EQ(e.SetGradientAccumulationSteps(0).code(), Status::Code::kInvalidArgument);
+        ASSERT_TRUE(e.SetGradientAccumulationSteps(2).ok());
+        EXPECT_EQ(e.gradient_accumulation_steps(), 2);
+      };
+      set.before_engine_step = [](int, int, Engine& e, nvme::SimBackend*) {
+        const Status st = e.SetGradientAccumulationSteps(3);  // this step's gradients are in
+        EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
+        EXPECT_NE(st.message().find("between steps"), std::string::npos) << st.ToString();
+        EXPECT_EQ(e.gradient_accumulation_steps(), 2);
+      };
+      const RunResult a = RunEngine(configured);
+      const RunResult b = RunEngine(set);
+      ASSERT_TRUE(a.status.ok()) << a.status.ToString();
+      ASSERT_TRUE(b.status.ok()) << b.status.ToString();
+      EXPECT_TRUE(BitEqual(a.master, b.master));
+    }
+  }
+}
+
+// One rank, accumulation 1, bf16 with the optimizer offloaded: the gradients are kept as
+// reduced, in bf16, so the accumulation cannot change; the refusal names why and changes nothing.
+TEST(EngineSemantics, SetGradientAccumulationStepsRefusedWhereGradientsAreKeptAsReduced) {
+  RunSpec spec;
+  spec.config_json =
+      BaseConfig(R"("stage": 2, "offload_optimizer": {"device": "cpu"})", "", "bf16");
+  spec.steps = 1;
+  spec.before_step = [](int, int, Engine& e) {
+    const Status st = e.SetGradientAccumulationSteps(2);
+    EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
+    EXPECT_NE(st.message().find("gradient_accumulation_steps > 1"), std::string::npos)
+        << st.ToString();
+    EXPECT_EQ(e.gradient_accumulation_steps(), 1);
+  };
+  const RunResult r = RunEngine(spec);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+}
+
 TEST(EngineSemantics, UnsupportedSettingsAreClearErrorsAtCreate) {
   RunSpec spec;
   spec.config_json =

@@ -475,15 +475,25 @@ Status ResolveOptimizer(const EngineConfig& c, const ResolvedZero& r,
   return Status::OK();
 }
 
-// Accumulation, clipping and the averaging of the reduced gradient.
-Status ResolveGradients(const EngineConfig& c, const ResolvedZero& r, Engine::Impl& e) {
-  STRATA_RETURN_IF_ERROR(RequireResolved(c.gradient_clipping.is_auto(), "gradient_clipping"));
-  const double gas = r.zero.gradient_accumulation_steps;
+Status CheckAccumulationSteps(double gas) {
   if (!(gas >= 1) || gas > static_cast<double>(int64_t{1} << 30)) {
     return Status::InvalidArgument("gradient_accumulation_steps: " +
                                    std::to_string(static_cast<int64_t>(gas)) +
                                    " is not a positive count");
   }
+  return Status::OK();
+}
+
+// What multiplies each reduced gradient: the averaging over ranks, then over micro-steps.
+float PostScale(float reduce_scale, int gas) {
+  return static_cast<float>(static_cast<double>(reduce_scale) / gas);
+}
+
+// Accumulation, clipping and the averaging of the reduced gradient.
+Status ResolveGradients(const EngineConfig& c, const ResolvedZero& r, Engine::Impl& e) {
+  STRATA_RETURN_IF_ERROR(RequireResolved(c.gradient_clipping.is_auto(), "gradient_clipping"));
+  const double gas = r.zero.gradient_accumulation_steps;
+  STRATA_RETURN_IF_ERROR(CheckAccumulationSteps(gas));
   e.gas = static_cast<int>(gas);
   e.clip = c.gradient_clipping.value_or(0.0);
   if (!(e.clip >= 0) || !std::isfinite(e.clip)) {
@@ -512,7 +522,8 @@ Status ResolveGradients(const EngineConfig& c, const ResolvedZero& r, Engine::Im
         "gradient_predivide_factor: " + std::to_string(predivide_factor) +
         " is supported as 1 or the world size (" + std::to_string(e.world) + ") only");
   }
-  e.post_scale = static_cast<float>(static_cast<double>(e.post_scale) / e.gas);
+  e.reduce_scale = e.post_scale;
+  e.post_scale = PostScale(e.reduce_scale, e.gas);
   return Status::OK();
 }
 
@@ -1134,6 +1145,34 @@ Status Engine::SetHyperparameters(std::span<const OptimizerGroupOptions> groups)
   e.hyper = std::move(next);
   return Status::OK();
 }
+
+Status Engine::SetGradientAccumulationSteps(int64_t steps) {
+  Impl& e = *impl_;
+  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
+  STRATA_RETURN_IF_ERROR(CheckAccumulationSteps(static_cast<double>(steps)));
+  for (size_t g = 0; g < e.groups.size(); ++g) {
+    if (e.groups[g].reductions > 0 || e.groups[g].grad) {
+      return Status::FailedPrecondition(
+          "SetGradientAccumulationSteps: group '" + e.model.groups[g].name +
+          "' has a gradient of this step already (between steps only: after Step, before the "
+          "next backward)");
+    }
+  }
+  const int gas = static_cast<int>(steps);
+  if (sched::GradStateDType(e.dtype, gas, e.world, e.placement) != e.grad_dtype) {
+    return Status::FailedPrecondition(
+        "SetGradientAccumulationSteps: " + std::to_string(e.gas) + " -> " + std::to_string(gas) +
+        ": this run keeps each gradient as it is reduced, in " +
+        std::string(DTypeName(e.grad_dtype)) +
+        " (one rank, accumulation 1, the optimizer offloaded); start it with "
+        "gradient_accumulation_steps > 1 to change the accumulation later");
+  }
+  e.gas = gas;
+  e.post_scale = PostScale(e.reduce_scale, gas);
+  return Status::OK();
+}
+
+int64_t Engine::gradient_accumulation_steps() const { return impl_->gas; }
 
 int64_t Engine::global_step() const { return impl_->global_step; }
 Status Engine::health() const { return impl_->failed; }

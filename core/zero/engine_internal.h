@@ -283,7 +283,8 @@ struct Engine::Impl {
   // reduced gradient is final as it arrives (the accumulation is then a copy).
   DType grad_dtype = DType::kF32;
   bool predivide = false;  // ReduceOptions::predivide
-  float post_scale = 1;    // multiplies the reduced gradient (before / gas)
+  float reduce_scale = 1;  // the averaging over ranks (1 with predivide, else 1 / world)
+  float post_scale = 1;    // multiplies the reduced gradient: reduce_scale / gas
   double clip = 0;         // gradient_clipping
   bool overlap_comm = false;
   bool overlap_step = false;  // EngineOptions::overlap_step, where it applies

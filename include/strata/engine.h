@@ -501,6 +501,16 @@ class Engine {
   // cycle_momentum) for it. InvalidArgument, nothing changed, for the wrong count, lr given for
   // only some groups, beta1 without beta2 or a value Adam refuses (naming the group and field).
   Status SetHyperparameters(std::span<const OptimizerGroupOptions> groups);
+  // Sets gradient_accumulation_steps for the steps that follow (DeepSpeed's
+  // set_train_batch_size: the micro-batch stays, the accumulation changes): each reduced
+  // gradient is divided by the new count, the bits those of an engine configured with it.
+  // Between steps only: FailedPrecondition once a gradient of the next step was taken or
+  // reduced. FailedPrecondition too where the gradients' storage depends on the count: at one
+  // rank, accumulation 1, 16-bit working params and the optimizer offloaded, each gradient is
+  // kept as reduced, in 16 bits (sched::GradStateDType); such a run starts at more than 1 to
+  // change it later. InvalidArgument for a count < 1 or > 2^30. Nothing changes on an error.
+  Status SetGradientAccumulationSteps(int64_t steps);
+  int64_t gradient_accumulation_steps() const;
   int64_t global_step() const;
   EngineStats Stats() const;
   // OK, or the first error that failed the engine (an overlapped step's failure once a call has

@@ -684,6 +684,16 @@ void BindEngine(nb::module_& m) {
           "Engine::SetHyperparameters: per optimizer group, a dict of lr, beta1, beta2, eps, "
           "weight_decay (each optional) for the next step on.")
       .def(
+          "set_gradient_accumulation_steps",
+          [](PyEngine& e, int64_t steps) {
+            ThrowIfError(e.engine().SetGradientAccumulationSteps(steps));
+          },
+          nb::arg("steps"),
+          "Engine::SetGradientAccumulationSteps: the accumulation of the steps that follow "
+          "(between steps).")
+      .def_prop_ro("gradient_accumulation_steps",
+                   [](PyEngine& e) { return e.engine().gradient_accumulation_steps(); })
+      .def(
           "offload_states",
           [](PyEngine& e, const std::optional<std::vector<std::string>>& kinds, bool pin_memory) {
             OffloadStatesOptions o;

@@ -629,6 +629,7 @@ class StrataEngine(torch.nn.Module):
         self.tput_timer = ThroughputTimer(self.train_batch_size())
         self.global_samples = 0
         self._step_applied = False  # was_step_applied()
+        self._step_has_grads = False  # a backward since the last boundary step
         self._warned_param_write = False  # _write_params' notice, once
         self._last_report: Optional[dict] = None
         self.optimizer = _EngineOptimizer(self, param_groups)
@@ -1197,6 +1198,7 @@ class StrataEngine(torch.nn.Module):
                 self._gather_whole()
             raise
         self._flush()
+        self._step_has_grads = True
         return loss
 
     def is_gradient_accumulation_boundary(self) -> bool:
@@ -1249,6 +1251,7 @@ class StrataEngine(torch.nn.Module):
             self.global_steps = self._last_report["global_step"]
             self._step_applied = not self._last_report["skipped"]
             self._after_step(self._last_report["skipped"])
+            self._step_has_grads = False
             if self._micro_batch:  # DeepSpeed's train_batch_size, once per boundary
                 self.global_samples += int(self._micro_batch) * self._gas * \
                     self._engine.world_size
@@ -1368,6 +1371,36 @@ class StrataEngine(torch.nn.Module):
 
     def train_micro_batch_size_per_gpu(self) -> Optional[int]:
         return self._micro_batch
+
+    def set_train_batch_size(self, train_batch_size: int) -> None:
+        """As DeepSpeed's: the global batch changes through gradient_accumulation_steps, the
+        micro-batch staying (batch-size warm-up, curricula). Between steps; the reduced
+        gradients are then divided by the new count (Engine::SetGradientAccumulationSteps). As in
+        DeepSpeed the boundary stays (micro_steps + 1) % gradient_accumulation_steps == 0 on the
+        running micro-step count, so the first step after a change may be short."""
+        micro = self._micro_batch
+        if not micro:
+            raise ValueError("set_train_batch_size: the config sets no "
+                             "train_micro_batch_size_per_gpu to divide the batch by")
+        if int(train_batch_size) != train_batch_size or train_batch_size <= 0 or \
+                train_batch_size % (int(micro) * self.world_size) != 0:
+            raise ValueError("Train batch size must be divisible by micro-batch data parallelism"
+                             f" (set_train_batch_size({train_batch_size}): micro-batch {micro} x "
+                             f"{self.world_size} rank(s))")
+        gas = int(train_batch_size) // (int(micro) * self.world_size)
+        if self._step_has_grads:  # stages 0-1 hold them in p.grad, where the engine sees none
+            raise RuntimeError("set_train_batch_size: a backward of this step has run; call it "
+                               "between steps only (after engine.step() at a boundary)")
+        self._engine.set_gradient_accumulation_steps(gas)
+        self._gas = gas
+
+    def set_train_micro_batch_size(self, micro_batch_size: int) -> None:
+        """As DeepSpeed's: the micro-batch changes, gradient_accumulation_steps staying (the
+        global batch follows). The engine's arithmetic does not depend on it: it is what
+        train_batch_size() and the sample counts report."""
+        if int(micro_batch_size) != micro_batch_size or micro_batch_size <= 0:
+            raise ValueError(f"set_train_micro_batch_size({micro_batch_size}): a positive count")
+        self._micro_batch = int(micro_batch_size)
 
     @property
     def loss_scale(self) -> float:

@@ -165,3 +165,74 @@ def test_was_step_applied_and_skipped_steps_follow_the_fp16_scaler():
     assert applied[0] is False and applied[-1] is True, applied
     assert engine.skipped_steps == applied.count(False) == engine.global_steps - 1
     engine.close()
+
+
+SCHEDULE = (1, 1, 2, 2, 3)  # each step's gradient_accumulation_steps
+
+
+def torch_with_schedule():
+    """torch AdamW stepping once per len-`gas` run of micro-batches, each loss / gas."""
+    model = make_model("mlp")
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=WD)
+    losses = []
+    for step, gas in enumerate(SCHEDULE):
+        opt.zero_grad()
+        total = 0.0
+        for m in range(gas):
+            loss = model(*batch("mlp", step, m)) / gas
+            loss.backward()
+            total += loss.item()
+        losses.append(total)
+        opt.step()
+    return losses, model
+
+
+@pytest.mark.parametrize("stage,offload", [(1, "none"), (3, "cpu")])
+def test_set_train_batch_size_changes_the_accumulation_as_torch(stage, offload):
+    """Batch-size warm-up as DeepSpeed's scripts do it: set_train_batch_size between steps, the
+    micro-batch fixed (4), the accumulation following; the boundaries land where the running
+    micro-step count says (here on each schedule change, the counts chosen so)."""
+    ref_losses, model = torch_with_schedule()
+    engine = strata.initialize(model=make_model("mlp"),
+                               config=ds_config(stage, offload, lr=LR, wd=WD))[0]
+    losses = []
+    for step, gas in enumerate(SCHEDULE):
+        if gas != engine.gradient_accumulation_steps():
+            engine.set_train_batch_size(4 * gas)
+        assert engine.train_batch_size() == 4 * gas == engine.gradient_accumulation_steps() * 4
+        total = 0.0
+        for m in range(gas):
+            loss = engine(*batch("mlp", step, m))
+            engine.backward(loss)
+            assert engine.is_gradient_accumulation_boundary() == (m == gas - 1)
+            if m < gas - 1:
+                with pytest.raises(Exception, match="between steps"):
+                    engine.set_train_batch_size(8)  # a gradient of this step is in
+            engine.step()
+            total += loss.item() / gas
+        losses.append(total)
+    assert engine.global_steps == len(SCHEDULE)
+    assert losses == pytest.approx(ref_losses, rel=LOSS_RTOL)
+    master = engine.read_master()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(master[n], p.detach(), atol=PARAM_ATOL, rtol=PARAM_RTOL, msg=n)
+    with pytest.raises(ValueError, match="divisible by micro-batch data parallelism"):
+        engine.set_train_batch_size(6)
+    engine.set_train_micro_batch_size(2)
+    assert engine.train_micro_batch_size_per_gpu() == 2 and engine.train_batch_size() == 6
+    engine.close()
+
+
+def test_set_train_batch_size_refused_where_gradients_are_kept_as_reduced():
+    """One rank, accumulation 1, bf16 with the optimizer offloaded: each gradient is kept as
+    reduced, in bf16, so the accumulation cannot grow; the run keeps training."""
+    engine = strata.initialize(model=make_model("gpt"),
+                               config=ds_config(2, "cpu", dtype="bf16"))[0]
+    with pytest.raises(Exception, match="gradient_accumulation_steps > 1"):
+        engine.set_train_batch_size(8)
+    assert engine.gradient_accumulation_steps() == 1
+    engine.backward(engine(*batch("gpt", 0)))
+    engine.step()
+    assert engine.global_steps == 1
+    engine.close()
