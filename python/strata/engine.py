@@ -66,6 +66,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from . import _strata
+from .autocast import TorchAutocast
 from .config import ConfigLike, check_config, config_json, ConfigError
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
@@ -540,6 +541,7 @@ class StrataEngine(torch.nn.Module):
         self._groups = _make_groups(model, None if param_groups is None else param_groups.index,
                                     leaves=stage3)
         self._effective = eff
+        self._autocast = TorchAutocast(config, self.device.type)  # the forward's autocast
         self._gas = int(eff.get("gradient_accumulation_steps") or 1)
         self._micro_batch = eff.get("train_micro_batch_size_per_gpu")
         # The engine's rendezvous store listens on MASTER_PORT, unless torch.distributed's holds
@@ -1163,7 +1165,8 @@ class StrataEngine(torch.nn.Module):
         self._check_loaded("forward")
         if self.training and not self.tput_timer.started:
             self.tput_timer.start()
-        return self.module(*args, **kwargs)
+        with self._autocast.context():
+            return self.module(*args, **kwargs)
 
     def __getattr__(self, name: str):
         """As DeepSpeedEngine's: a name the engine does not define is the module's, so scripts
@@ -1371,6 +1374,15 @@ class StrataEngine(torch.nn.Module):
 
     def train_micro_batch_size_per_gpu(self) -> Optional[int]:
         return self._micro_batch
+
+    def torch_autocast_enabled(self) -> bool:
+        return self._autocast.enabled
+
+    def torch_autocast_dtype(self) -> Optional[torch.dtype]:
+        return self._autocast.dtype
+
+    def torch_autocast_lower_precision_safe_modules(self) -> Optional[list]:
+        return self._autocast.lower_precision_safe_modules
 
     def set_train_batch_size(self, train_batch_size: int) -> None:
         """As DeepSpeed's: the global batch changes through gradient_accumulation_steps, the
