@@ -141,6 +141,10 @@ if args.second_accelerator:  # as helper code builds one: the first one's plugin
     again = Accelerator()
     rec["second"] = (again.distributed_type.name, again.state.deepspeed_plugin is plugin,
                      accelerator.distributed_type.name)
+    try:
+        accelerator.prepare(tiny_llama())
+    except RuntimeError as e:  # one model per Accelerator, refused before an engine is built
+        rec["second_model"] = str(e)
 if args.save_model:
     accelerator.save_model(model, args.save_model)
 if accelerator.is_main_process:

@@ -113,6 +113,7 @@ def test_stage3_state_dict_needs_the_gather_flag(tmp_path):
               "--second-accelerator")
     assert "stage3_gather_16bit_weights_on_model_save" in got["state_error"]
     assert got["second"] == ("DEEPSPEED", True, "DEEPSPEED")  # a later Accelerator() shares it
+    assert "a second model" in got["second_model"]
 
 
 def test_dummy_optimizer_and_scheduler(tmp_path, reference):

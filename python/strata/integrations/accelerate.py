@@ -151,6 +151,9 @@ class Accelerator(accelerate.Accelerator):
         if model is None:
             return tuple(result)
         _check_parts(plugin.deepspeed_config, optimizer, scheduler)
+        if self.deepspeed_engine_wrapped is not None:
+            raise RuntimeError("strata Accelerator: a second model; strata trains one model per "
+                               "Accelerator (create another process for another model)")
 
         # The engine trains where accelerate puts the batches (its device; cpu=True keeps a
         # GPU machine's run on the host).
@@ -186,9 +189,6 @@ class Accelerator(accelerate.Accelerator):
                 result[i] = wrapped_optimizer
             elif obj is scheduler:
                 result[i] = wrapped_scheduler
-        if self.deepspeed_engine_wrapped is not None:
-            raise RuntimeError("strata Accelerator: a second model; strata trains one model per "
-                               "Accelerator (create another process for another model)")
         self.deepspeed_engine_wrapped = DeepSpeedEngineWrapper(engine)
         self._models.append(engine)
         if wrapped_optimizer is not None:
