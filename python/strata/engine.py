@@ -1793,15 +1793,11 @@ class StrataEngine(torch.nn.Module):
         with self.gathered_parameters():
             if self.global_rank != 0 and not all_ranks:
                 return None
-            copies = {}
+            tied = _tied_names(self.module)
             sd = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
             out = {}
             for k, v in sd.items():
-                key = (v.data_ptr(), v.dtype, tuple(v.shape), v.storage_offset()) \
-                    if v.numel() else id(v)
-                if key not in copies:
-                    copies[key] = v.detach().to("cpu", copy=True)
-                out[k] = copies[key]
+                out[k] = out[tied[k]] if tied.get(k) in out else v.detach().to("cpu", copy=True)
             return out
 
 

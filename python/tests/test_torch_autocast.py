@@ -11,6 +11,7 @@ import strata  # noqa: E402
 from strata.config import ConfigError  # noqa: E402
 
 from models import batch, ds_config, make_model  # noqa: E402
+from test_adapter import run_steps  # noqa: E402
 
 STEPS, LR, WD = 4, 1e-2, 0.01
 AUTOCAST = {"enabled": True, "dtype": "bfloat16"}
@@ -37,12 +38,7 @@ def test_forward_under_the_configs_autocast_trains_as_torch(stage, offload):
     cfg = dict(ds_config(stage, offload, lr=LR, wd=WD), torch_autocast=AUTOCAST)
     engine = strata.initialize(model=make_model("gpt"), config=cfg)[0]
     assert engine.torch_autocast_enabled() and engine.torch_autocast_dtype() == torch.bfloat16
-    losses = []
-    for step in range(STEPS):
-        loss = engine(*batch("gpt", step))
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
+    losses = run_steps(engine, "gpt", STEPS)
     # The same autocast ops on the same fp32 weights: step 0 to the bit, then Adam's rounding.
     assert losses[0] == ref_losses[0]
     assert losses == pytest.approx(ref_losses, rel=1e-4)

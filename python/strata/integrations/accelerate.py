@@ -32,6 +32,7 @@ from accelerate.utils.deepspeed import (DeepSpeedEngineWrapper, DeepSpeedOptimiz
                                         DeepSpeedSchedulerWrapper, DummyOptim, DummyScheduler)
 
 from ..engine import StrataEngine, init_distributed, initialize
+from ._autos import HIDDEN_SIZE_KEYS, hidden_size_values
 
 # accelerate's Accelerator imports these wrappers only where deepspeed is installed, and its
 # save_state / load_state name DeepSpeedSchedulerWrapper under DistributedType.DEEPSPEED: the
@@ -42,9 +43,6 @@ for _name, _cls in (("DeepSpeedEngineWrapper", DeepSpeedEngineWrapper),
                     ("DummyOptim", DummyOptim), ("DummyScheduler", DummyScheduler)):
     vars(accelerate.accelerator).setdefault(_name, _cls)
 
-_HIDDEN_SIZE_KEYS = ("zero_optimization.reduce_bucket_size",
-                     "zero_optimization.stage3_prefetch_bucket_size",
-                     "zero_optimization.stage3_param_persistence_threshold")
 
 
 def _one_plugin(deepspeed_plugin, deepspeed_plugins) -> Optional[DeepSpeedPlugin]:
@@ -227,10 +225,8 @@ class Accelerator(accelerate.Accelerator):
             values["train_batch_size"] = micro * gas * self.num_processes
         if model is None:
             return
-        if any(plugin.is_auto(k) for k in _HIDDEN_SIZE_KEYS):
-            h = _hidden_size(model)
-            values.update({_HIDDEN_SIZE_KEYS[0]: h * h, _HIDDEN_SIZE_KEYS[1]: int(0.9 * h * h),
-                           _HIDDEN_SIZE_KEYS[2]: 10 * h})
+        if any(plugin.is_auto(k) for k in HIDDEN_SIZE_KEYS):
+            values.update(hidden_size_values(_hidden_size(model)))
         if isinstance(optimizer, DummyOptim):
             values.update({"optimizer.params.lr": optimizer.lr,
                            "optimizer.params.weight_decay": optimizer.weight_decay})

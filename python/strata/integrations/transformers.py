@@ -45,6 +45,7 @@ import torch
 import transformers
 
 from ..config import ConfigError, check_config
+from ._autos import HIDDEN_SIZE_KEYS, hidden_size_values
 
 logger = logging.getLogger(__name__)
 
@@ -155,10 +156,7 @@ def resolve_auto(config: dict, args, model, num_training_steps: int, world_size:
     fill("fp16.enabled", bool(args.fp16 or args.fp16_full_eval), "fp16|fp16_full_eval")
     fill("bf16.enabled", bool(args.bf16 or args.bf16_full_eval), "bf16|bf16_full_eval")
     # trainer_config_finalize
-    hidden_keys = ["zero_optimization.reduce_bucket_size",
-                   "zero_optimization.stage3_prefetch_bucket_size",
-                   "zero_optimization.stage3_param_persistence_threshold"]
-    autos = [k for k in hidden_keys if _get(cfg, k) == "auto"]
+    autos = [k for k in HIDDEN_SIZE_KEYS if _get(cfg, k) == "auto"]
     if autos:
         h = _hidden_size(model)
         if h is None:
@@ -167,12 +165,10 @@ def resolve_auto(config: dict, args, model, num_training_steps: int, world_size:
                 "therefore it's not possible to automatically fill out the following `auto` "
                 f"entries in the DeepSpeed config file: {autos}. You can fix that by replacing "
                 "`auto` values for these keys with an integer value of your choice.")
-        fill("zero_optimization.reduce_bucket_size", h * h, must_match=False)
-        if _get(cfg, "zero_optimization.stage", -1) == 3:
-            fill("zero_optimization.stage3_prefetch_bucket_size", int(0.9 * h * h),
-                 must_match=False)
-            fill("zero_optimization.stage3_param_persistence_threshold", 10 * h,
-                 must_match=False)
+        stage3 = _get(cfg, "zero_optimization.stage", -1) == 3
+        for key, value in hidden_size_values(h).items():
+            if stage3 or key == "zero_optimization.reduce_bucket_size":  # the rest: stage 3's
+                fill(key, value, must_match=False)
     fill("scheduler.params.total_num_steps", num_training_steps,
          "num_training_steps (calculated)")
     fill("scheduler.params.warmup_num_steps", max(1, args.get_warmup_steps(num_training_steps)),
