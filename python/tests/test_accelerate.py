@@ -48,10 +48,9 @@ def write(tmp_path, cfg, name="ds.json"):
     return str(path)
 
 
-def run(tmp_path, name, *argv, env=None):
+def run(tmp_path, name, *argv):
     out = tmp_path / f"{name}.pt"
     e = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
-    e.update(env or {})
     p = subprocess.run([sys.executable, os.path.join(HERE, "accelerate_worker.py"), str(out),
                         *map(str, argv)], env=e, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
