@@ -56,6 +56,7 @@ strata / torch from a run without --deepspeed (or --runners deepspeed,strata,tor
 pays it instead), and deepspeed / strata from the default order.
 """
 import argparse
+import importlib.metadata
 import json
 import os
 import shutil
@@ -169,9 +170,10 @@ def import_deepspeed():
     for k, v in (("DS_ACCELERATOR", "cpu"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533"),
                  ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(k, v)
-    try:
+    try:  # installed, not strata standing in for it (strata.register_as_deepspeed)
+        importlib.metadata.version("deepspeed")
         import deepspeed
-    except ImportError as e:
+    except (ImportError, importlib.metadata.PackageNotFoundError) as e:
         sys.exit(f"--deepspeed: {e}; make the scratch venv the docstring describes and run this "
                  "script with its python")
     if not torch.distributed.is_initialized():

@@ -52,6 +52,7 @@ _T0 = time.monotonic()
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
+import importlib.metadata  # noqa: E402
 import json  # noqa: E402
 import mmap  # noqa: E402
 import os  # noqa: E402
@@ -461,6 +462,8 @@ def import_deepspeed(ctx):
         env["DS_ACCELERATOR"] = "cpu"
     for k, v in env.items():
         os.environ.setdefault(k, v)
+    # Installed, not strata standing in for it (strata.register_as_deepspeed after a stage-3 run).
+    importlib.metadata.version("deepspeed")
     import deepspeed
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if ctx.cuda else "gloo")

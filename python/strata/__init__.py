@@ -55,6 +55,13 @@ def initialize(*args, **kwargs):
     return _initialize(*args, **kwargs)
 
 
+def register_as_deepspeed(required: bool = True) -> bool:
+    """`import deepspeed` gives strata from now on, for libraries that import it themselves to
+    gather ZeRO-3 parameters (see strata.deepspeed_name); no torch needed."""
+    from .deepspeed_name import register_as_deepspeed as _register
+    return _register(required)
+
+
 def init_distributed(*args, **kwargs):
     """As deepspeed.init_distributed (see strata.engine.init_distributed); imports torch."""
     from .engine import init_distributed as _init_distributed
@@ -62,4 +69,4 @@ def init_distributed(*args, **kwargs):
 
 
 __all__ = ["Engine", "StrataError", "ConfigError", "add_config_arguments", "check_config",
-           "load_config", "plan", "initialize", "init_distributed"]
+           "load_config", "plan", "initialize", "init_distributed", "register_as_deepspeed"]

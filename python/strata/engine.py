@@ -68,6 +68,7 @@ import torch
 from . import _strata
 from .autocast import TorchAutocast
 from .config import ConfigLike, check_config, config_json, ConfigError
+from .deepspeed_name import register_as_deepspeed
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
 from .zero import (ZeroParamStatus, _mark_partitioned, _part_numel, apply_leaf_module_config,
@@ -591,6 +592,8 @@ class StrataEngine(torch.nn.Module):
         # stage 3 gathers per module (the hooks) and empties them outside.
         self._whole = self._engine.layout()["stage"] < 3
         if not self._whole:  # DeepSpeed's ds_* (strata.zero); _acquire / _release keep ds_status
+            # Libraries that see ds_* import deepspeed to gather: they get strata.
+            register_as_deepspeed(required=False)
             for g in self._groups:
                 numels = [int(torch.Size(_full_shape(p)).numel()) for _, p in g.params]
                 lo, hi = _strata.owned_range(sum(numels), world_size, rank)
@@ -2109,10 +2112,21 @@ def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: boo
         return
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         env.setdefault(key, value)
-    if int(env["WORLD_SIZE"]) != 1:
-        raise RuntimeError("strata.init_distributed: WORLD_SIZE is " + env["WORLD_SIZE"] +
-                           " but MASTER_ADDR / MASTER_PORT are not set: start the ranks with "
-                           "torchrun or `offloadctl launch`")
+    _start_group_of_one(backend, **kwargs)
+
+
+def _start_group_of_one(backend: Optional[str] = None, **kwargs) -> None:
+    """torch.distributed as one process without a launcher (a HashStore, no port), the
+    environment left as it is. Refused where WORLD_SIZE says the job has more ranks."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if int(world) != 1:
+        raise RuntimeError("strata.init_distributed: WORLD_SIZE is " + world + " but MASTER_ADDR "
+                           "/ MASTER_PORT are not set: start the ranks with torchrun or "
+                           "`offloadctl launch`")
+    if backend is None:
+        from .accelerator import get_accelerator
+        backend = get_accelerator().communication_backend_name()
+    dist = torch.distributed
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
 
 

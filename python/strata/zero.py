@@ -109,13 +109,20 @@ def _partition_module(module: torch.nn.Module, rank: int, world: int) -> None:
         off += n
 
 
+# zero.Init blocks entered and not yet left: only the outermost partitions (DeepSpeed's rule).
+_init_depth = 0
+
+
 class Init:
     """with strata.zero.Init(config=ds_config): model = Model()
 
     Partitions every module's parameters as its construction ends (see the module docstring);
     modules of classes defined inside the block stay whole until strata.initialize.
     Needs zero_optimization.stage 3 in the config; the world size is torch.distributed's, else
-    WORLD_SIZE (torchrun, offloadctl launch). Arguments strata has no use for (remote_device,
+    WORLD_SIZE (torchrun, offloadctl launch). From then on `import deepspeed` in a library gives
+    strata (strata.register_as_deepspeed), unless DeepSpeed is installed or imported. Nested
+    blocks partition once, as the outermost one says (transformers' from_pretrained opens one
+    inside strata's). Arguments strata has no use for (remote_device,
     pin_memory, mem_efficient_linear) are accepted; data_parallel_group, mpu and sequence data
     parallelism are refused with NotImplementedError.
     """
@@ -147,13 +154,21 @@ class Init:
             if stage != 3:
                 raise ValueError(f"strata.zero.Init needs zero_optimization.stage 3 (the config "
                                  f"says {stage}): below it every rank holds the whole model")
+            # Libraries that meet these parameters and `import deepspeed` to gather them get
+            # strata (strata.register_as_deepspeed).
+            from .deepspeed_name import register_as_deepspeed
+            register_as_deepspeed(required=False)
         self.rank, self.world = _rank_world()
         self.dtype = dtype
         self._patched = []
 
     def __enter__(self):
+        global _init_depth
         if not self.enabled:
             return self
+        _init_depth += 1
+        if _init_depth > 1:
+            return self  # nested (transformers inside strata's from_pretrained): the outer one's
         classes, todo = set(), [torch.nn.Module]
         while todo:
             c = todo.pop()
@@ -189,6 +204,10 @@ class Init:
         return __init__
 
     def __exit__(self, *exc):
+        global _init_depth
+        if not self.enabled:
+            return False
+        _init_depth -= 1
         for c, orig in reversed(self._patched):
             c.__init__ = orig
         self._patched = []

@@ -31,6 +31,9 @@ ap.add_argument("--mixed-precision")
 ap.add_argument("--save-model")
 ap.add_argument("--second-accelerator", action="store_true")
 ap.add_argument("--gpu", action="store_true", help="on the GPU (default: cpu=True)")
+ap.add_argument("--from-pretrained", help="the model from this directory (transformers' "
+                "from_pretrained, after the Accelerator) instead of tiny_llama()")
+ap.add_argument("--no-zero3-init", action="store_true", help="DeepSpeedPlugin(zero3_init_flag=False)")
 args = ap.parse_args()
 
 if args.env:
@@ -49,12 +52,19 @@ else:
     from accelerate import Accelerator
 
 torch.set_num_threads(1)
-kw = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=args.strata)} if args.strata else {}
+kw = {}
+if args.strata:
+    kw["deepspeed_plugin"] = DeepSpeedPlugin(
+        hf_ds_config=args.strata, **({"zero3_init_flag": False} if args.no_zero3_init else {}))
 if args.mixed_precision:
     kw["mixed_precision"] = args.mixed_precision
 accelerator = Accelerator(gradient_accumulation_steps=args.gas, cpu=not args.gpu, **kw)
 
-model = tiny_llama()
+if args.from_pretrained:
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.from_pretrained)
+else:
+    model = tiny_llama()
+partitioned = [p.numel() == 0 and hasattr(p, "ds_numel") for p in model.parameters()]
 if args.lora:
     import peft
     model = peft.get_peft_model(model, peft.LoraConfig(
@@ -137,6 +147,7 @@ if args.save_pretrained:
         args.save_pretrained, is_main_process=accelerator.is_main_process,
         save_function=accelerator.save, state_dict=state)
 rec["no_sync_calls"] = no_sync_calls[0]
+rec["partitioned_at_load"] = all(partitioned) if all(partitioned) or not any(partitioned) else None
 if args.second_accelerator:  # as helper code builds one: the first one's plugin and state
     again = Accelerator()
     rec["second"] = (again.distributed_type.name, again.state.deepspeed_plugin is plugin,

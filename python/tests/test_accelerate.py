@@ -115,6 +115,22 @@ def test_stage3_state_dict_needs_the_gather_flag(tmp_path):
     assert "a second model" in got["second_model"]
 
 
+def test_from_pretrained_after_the_accelerator_loads_partitioned(tmp_path, reference):
+    """As under accelerate with DeepSpeed: at stage 3 the Accelerator sets transformers' zero.Init
+    hook (strata's HfDeepSpeedConfig), so transformers' from_pretrained after it builds the model
+    partitioned (every parameter empty when it returns) and prepare() trains it as the
+    reference; with zero3_init_flag=False it loads whole."""
+    from test_hf_trainer import tiny_llama
+    tiny_llama().save_pretrained(tmp_path / "m")
+    cfg = write(tmp_path, config(3, "cpu"))
+    got = run(tmp_path, "z3", "--strata", cfg, "--from-pretrained", tmp_path / "m")
+    assert got["partitioned_at_load"] is True
+    assert_same_run(got, reference)
+    whole = run(tmp_path, "z3off", "--strata", cfg, "--from-pretrained", tmp_path / "m",
+                "--no-zero3-init", "--steps", 1)
+    assert whole["partitioned_at_load"] is False
+
+
 def test_dummy_optimizer_and_scheduler(tmp_path, reference):
     """The config's AdamW ("auto" lr and weight decay from DummyOptim), DummyScheduler's
     callable building the schedule on the engine's optimizer."""

@@ -4,6 +4,7 @@ seed and data (fp32: the loss curves agree to the rounding of the engine's Adam 
 torch's); "auto" resolution; save_model / from_pretrained; checkpoint and resume; two processes
 (hf_dist_worker.py, accelerate's torch.distributed and data sharding) against one process with
 twice the batch."""
+import contextlib
 import copy
 import json
 import os
@@ -74,6 +75,20 @@ def args_kw(out, **kw):
                 dataloader_num_workers=0, seed=7, disable_tqdm=True)
     base.update(kw)
     return base
+
+
+@contextlib.contextmanager
+def loads_whole():
+    """transformers' zero.Init hook off for the block. strata's TrainingArguments at stage 3 set
+    it while they live, as transformers' set DeepSpeed's: a model loaded for comparison beside a
+    live stage-3 Trainer would otherwise be built partitioned."""
+    import transformers.integrations.deepspeed as hf_deepspeed
+    kept = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = kept
 
 
 def run(out, config=None, model=None, steps=None, resume=None, eval_ds=None, **kw):
@@ -270,7 +285,8 @@ def test_evaluate_and_save_model_from_pretrained(tmp_path):
     metrics = trainer.evaluate()
     trainer.save_model(tmp_path / "saved")
     assert os.path.isfile(tmp_path / "saved" / "model.safetensors")
-    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "saved")
+    with loads_whole():  # the Trainer's stage-3 arguments are alive
+        loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "saved")
     x = Tokens(8, seed=5).x
     trainer.model.eval()
     with torch.no_grad():
@@ -289,7 +305,8 @@ def test_save_model_tied_gpt2_stage3(tmp_path):
         vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4))
     trainer, _ = run(tmp_path / "out", auto_config(3), model=model, steps=2)
     trainer.save_model(tmp_path / "saved")
-    loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "saved")
+    with loads_whole():  # the Trainer's stage-3 arguments are alive
+        loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "saved")
     assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()
     x = Tokens(4, seed=5).x
     trainer.model.eval()
@@ -328,9 +345,10 @@ def test_from_pretrained_reads_only_this_ranks_ranges(tmp_path, monkeypatch):
     from the file, nothing else); below stage 3 it is transformers' from_pretrained."""
     saved = tiny_llama()
     saved.save_pretrained(tmp_path / "m")
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    model = st.from_pretrained(transformers.LlamaForCausalLM, tmp_path / "m", _stage3())
+    # rank 1 of 2, whatever group this process has started (as RANK=1 WORLD_SIZE=2 give it)
+    monkeypatch.setattr(strata.zero, "_rank_world", lambda: (1, 2))
+    with loads_whole():  # strata's reader alone, whatever hook an earlier Trainer left alive
+        model = st.from_pretrained(transformers.LlamaForCausalLM, tmp_path / "m", _stage3())
     whole = dict(saved.named_parameters())
     held = 0
     for name, p in model.named_parameters():
@@ -340,12 +358,29 @@ def test_from_pretrained_reads_only_this_ranks_ranges(tmp_path, monkeypatch):
         held += part.end - part.begin
     total = sum(p.numel() for p in saved.parameters())
     assert 0 < held < total  # a part of the model, not all of it
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.setenv("RANK", "0")
+    monkeypatch.undo()
     cfg = _stage3()
     cfg["zero_optimization"]["stage"] = 2
     plain = st.from_pretrained(transformers.LlamaForCausalLM, tmp_path / "m", cfg)
     assert all(torch.equal(p, whole[n]) for n, p in plain.named_parameters())
+
+
+def test_from_pretrained_after_the_arguments_loads_partitioned(tmp_path, reference):
+    """As transformers' TrainingArguments set up DeepSpeed's zero.Init hook: at stage 3 a model
+    that transformers' own from_pretrained loads after strata's arguments is built partitioned
+    (strata's HfDeepSpeedConfig, alive with the arguments), and the Trainer trains it as the
+    reference."""
+    tiny_llama().save_pretrained(tmp_path / "m")
+    try:
+        args = st.TrainingArguments(deepspeed=auto_config(3, offload_optimizer="cpu"),
+                                    **args_kw(tmp_path / "out"))
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+        assert all(p.numel() == 0 and hasattr(p, "ds_numel") for p in model.parameters())
+        cb = Losses()
+        st.Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[cb]).train()
+        assert_same_curve(cb.logs, reference)
+    finally:  # as transformers' own tests do: no hook left for the next test's models
+        transformers.integrations.deepspeed.unset_hf_deepspeed_config()
 
 
 def test_checkpoint_and_resume_equal_uninterrupted(tmp_path):

@@ -19,7 +19,10 @@ the plugin, as under DeepSpeed; torch.distributed and the data sharding are acce
 (gloo on the CPU, NCCL on GPUs). `docs/python.md` lists what differs.
 """
 import contextlib
+import copy
 import os
+import sys
+import types
 from typing import Optional
 
 import accelerate
@@ -129,9 +132,10 @@ class Accelerator(accelerate.Accelerator):
             # (accelerate's gather, reduce and barriers then run as under DeepSpeed).
             init_distributed(dist_backend="gloo" if self.device.type == "cpu" else None)
         plugin.set_mixed_precision(mixed_precision)
-        # zero.Init through transformers' HfDeepSpeedConfig would be DeepSpeed's: a model built
-        # after this loads whole on each rank, and the engine partitions it at prepare().
-        plugin.zero3_init_flag = False
+        # transformers' zero.Init hook, as accelerate sets it when it selects the plugin, with
+        # strata's HfDeepSpeedConfig (also what plugin.zero3_init_context_manager calls).
+        plugin.set_deepspeed_weakref = types.MethodType(_set_deepspeed_weakref, plugin)
+        plugin.set_deepspeed_weakref()
         plugin._set_selected(True)
         state = self.state
         state.distributed_type = DistributedType.DEEPSPEED
@@ -265,6 +269,29 @@ class Accelerator(accelerate.Accelerator):
                 "full checkpoint, use `accelerator.save_state(dir)` (the engine's checkpoint).")
         return model._zero3_consolidated_16bit_state_dict(
             all_ranks=not model.zero_optimization_partition_weights())
+
+
+def _set_deepspeed_weakref(plugin) -> None:
+    """DeepSpeedPlugin.set_deepspeed_weakref with strata's HfDeepSpeedConfig (transformers' own
+    needs the deepspeed package): the plugin's config, its unresolved batch sizes and
+    accumulation set as accelerate sets them, made what transformers' from_pretrained consults,
+    so that a model built after the Accelerator at ZeRO stage 3 is partitioned as it is
+    constructed. Unlike accelerate 1.16's, it honours zero3_init_flag: off (or
+    zero3_init_context_manager(enable=False)), models load whole and prepare() partitions them."""
+    plugin.dschf = None
+    if not plugin.zero3_init_flag:
+        if "transformers" in sys.modules:
+            import transformers.integrations.deepspeed as hf_deepspeed
+            hf_deepspeed.unset_hf_deepspeed_config()
+        return
+    from .transformers import HfDeepSpeedConfig
+    config = copy.deepcopy(plugin.deepspeed_config)
+    for key in ("gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
+        if config.get(key, "auto") == "auto":
+            config[key] = 1
+    if config.get("train_batch_size") == "auto":
+        del config["train_batch_size"]
+    plugin.dschf = HfDeepSpeedConfig(config)  # kept alive by the plugin
 
 
 def _find_parts(objs):

@@ -24,6 +24,10 @@ DeepSpeed's:
     weights (cast to each parameter's dtype before strata.initialize); checkpoints (save_steps)
     hold engine.save_checkpoint's files in checkpoint-N/ next to transformers' trainer_state.json
     and rng state, and train(resume_from_checkpoint=...) restores them with engine.load_checkpoint.
+At ZeRO stage 3 the arguments also set transformers' zero.Init hook while they live
+(HfDeepSpeedConfig, as transformers' arguments set DeepSpeed's): a model that transformers'
+from_pretrained loads after them is built partitioned. HfDeepSpeedConfig itself serves scripts
+that use transformers' hook without the Trainer.
 Refused, naming the option: torch_compile, fsdp, fp16_full_eval / bf16_full_eval,
 auto_find_batch_size, several GPUs in one process (DataParallel), an optimizer strata does not run
 (args.optim other than the AdamW / Adam ones when the config has no "optimizer" section).
@@ -43,13 +47,17 @@ from typing import Any, Optional
 
 import torch
 import transformers
+import transformers.integrations.deepspeed as _hf_deepspeed
+from accelerate.utils.deepspeed import HfDeepSpeedConfig as _AccelerateHfDeepSpeedConfig
 
 from ..config import ConfigError, check_config
+from ..deepspeed_name import register_as_deepspeed
+from ..engine import _launched, _start_group_of_one, init_distributed
 from ._autos import HIDDEN_SIZE_KEYS, hidden_size_values
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Trainer", "TrainingArguments", "from_pretrained", "resolve_auto",
+__all__ = ["Trainer", "TrainingArguments", "HfDeepSpeedConfig", "from_pretrained", "resolve_auto",
            "MIN_TRANSFORMERS_VERSION", "unsupported_reason"]
 
 # The first transformers with the Trainer methods the strata Trainer overrides to put its engine
@@ -185,9 +193,9 @@ def resolve_auto(config: dict, args, model, num_training_steps: int, world_size:
     return cfg
 
 
-def _read_config(value) -> dict:
+def _read_config(value, what: str = "TrainingArguments(deepspeed=...)") -> dict:
     """The `deepspeed` argument as a dict: a dict (copied), a file path, JSON text, or base64 of
-    JSON text (what transformers accepts)."""
+    JSON text (what transformers accepts); `what` names the argument in the error."""
     if isinstance(value, dict):
         return copy.deepcopy(value)
     s = os.fspath(value)
@@ -200,8 +208,52 @@ def _read_config(value) -> dict:
         except json.JSONDecodeError:
             return json.loads(base64.urlsafe_b64decode(s).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise ValueError("TrainingArguments(deepspeed=...): expected a path to an existing "
-                         f"config file, a dict, JSON text or base64 JSON; got {value!r}") from e
+        raise ValueError(f"{what}: expected a path to an existing config file, a dict, JSON "
+                         f"text or base64 JSON; got {value!r}") from e
+
+
+def _is_zero3(config: Optional[dict]) -> bool:
+    return config is not None and str(_get(config, "zero_optimization.stage", 0)) == "3"
+
+
+# -- transformers' ZeRO-3 hook: from_pretrained under zero.Init ----------------------------------
+class HfDeepSpeedConfig(_AccelerateHfDeepSpeedConfig):
+    """transformers.integrations.HfDeepSpeedConfig for a strata run (transformers' own refuses to
+    be built without the deepspeed package). Kept alive, it is what transformers consults
+    (is_deepspeed_zero3_enabled, deepspeed_config): at ZeRO stage 3 every model transformers
+    builds from then on (from_pretrained, from_config) is built under zero.Init and partitioned
+    as it is constructed, rank 0's checkpoint values written into each module's parameters
+    gathered one module at a time, and resize_token_embeddings, weight initialisation and PEFT
+    gather as they do under DeepSpeed. transformers' code imports `deepspeed` for that: it gets
+    strata (strata.register_as_deepspeed), and a RuntimeError says so where DeepSpeed itself
+    was imported first.
+
+        dschf = HfDeepSpeedConfig(ds_config)   # keep this object alive
+        model = AutoModelForCausalLM.from_pretrained(path)
+        engine, *_ = strata.initialize(model=model, config=ds_config)
+
+    config_file_or_dict: a dict (copied), a path, JSON text or base64 JSON, as transformers'."""
+
+    def __init__(self, config_file_or_dict):
+        config = _read_config(config_file_or_dict, "HfDeepSpeedConfig(config_file_or_dict)")
+        super().__init__(config)
+        if self.is_zero3():
+            register_as_deepspeed()
+            _start_distributed()
+        _hf_deepspeed.set_hf_deepspeed_config(self)
+
+
+def _start_distributed() -> None:
+    """transformers' ZeRO-3 load asks torch.distributed for the rank: started where nothing has,
+    as DeepSpeed's zero.Init starts it. Under a launcher from its environment; one process
+    without one gets a group of one with the environment left as it is: accelerate, which the
+    Trainer builds afterwards, would read a LOCAL_RANK set here as a multi-process launch."""
+    if torch.distributed.is_initialized():
+        return
+    if _launched():
+        init_distributed()
+    else:
+        _start_group_of_one()
 
 
 # -- loading a pretrained model partitioned ------------------------------------------------------
@@ -253,7 +305,7 @@ def from_pretrained(model_class, path: str, config, **kwargs):
     if isinstance(config, TrainingArguments):
         config = config.strata_config
     cfg = None if config is None else _read_config(config)
-    if cfg is None or int(cfg.get("zero_optimization", {}).get("stage", 0)) != 3:
+    if not _is_zero3(cfg):
         return model_class.from_pretrained(path, **kwargs)
     hf_config = transformers.AutoConfig.from_pretrained(path, **kwargs)
     build = getattr(model_class, "from_config", None) or model_class._from_config
@@ -316,6 +368,10 @@ class TrainingArguments(transformers.TrainingArguments):
                     raise ValueError(f"TrainingArguments({name}=...) with a strata config: {why}")
         super().__post_init__()
         self.strata_config = None if raw is None else _read_config(raw)
+        # As transformers' arguments set up HfTrainerDeepSpeedConfig: at stage 3 a model built
+        # after them (from_pretrained) is partitioned as it is constructed, while they live.
+        self._strata_hf_config = (HfDeepSpeedConfig(self.strata_config)
+                                  if _is_zero3(self.strata_config) else None)
 
 
 # -- what the Trainer sees of the engine's optimizer and schedule --------------------------------
