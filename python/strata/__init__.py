@@ -3,7 +3,8 @@
 Without torch: check_config, load_config, plan, and the native Engine (strata.Engine).
 With torch: initialize (as deepspeed.initialize), init_distributed, strata.zero, strata.optim
 (client optimizers), strata.accelerator (get_accelerator, as deepspeed.accelerator's),
-strata.comm (as deepspeed.comm), strata.ops.adam (deepspeed.ops.adam's DeepSpeedCPUAdam and
+strata.comm (as deepspeed.comm), strata.checkpointing (deepspeed.checkpointing, activation
+checkpointing), strata.ops.adam (deepspeed.ops.adam's DeepSpeedCPUAdam and
 FusedAdam), strata.runtime.zero.partition_parameters (ZeroParamStatus, ...), get_accelerator at
 the top level too: a script's `deepspeed` imports become strata's by changing that word.
 add_config_arguments (as deepspeed's) needs no torch. With these, the calls DeepSpeed's example
@@ -40,7 +41,8 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    if name in ("zero", "optim", "utils", "accelerator", "comm", "ops", "runtime"):  # need torch
+    if name in ("zero", "optim", "utils", "accelerator", "comm", "ops", "runtime",
+                "checkpointing"):  # need torch
         import importlib
         return importlib.import_module("." + name, __name__)
     if name == "get_accelerator":  # `from deepspeed import get_accelerator`

@@ -5,7 +5,7 @@ give the same bits); a gathered parameter read by a kernel on another stream; a 
 computes on two streams; the host running ahead of the GPU (no stream synchronize per module,
 releases ordered on the GPU with the params offloaded too); the device budget; a LoRA fused
 into its base weights after training (Engine::WriteParams on the GPU); offload_states lending the
-GPU out between steps.
+GPU out between steps; activation checkpointing keeping the blocks' inputs in host memory.
 Every test but the device-choice ones needs a GPU and is skipped (and reported so) without one;
 the device-choice and budget checks also run on the host stand-in."""
 import pytest
@@ -467,3 +467,35 @@ def test_an_accelerate_deepspeed_script_trains_on_the_gpu(tmp_path, stage, offlo
                  ta.write(tmp_path, ta.config(stage, offload)))
     assert got["device"].startswith("cuda") and got["engine_device"].startswith("cuda")
     ta.assert_same_run(got, ref)
+
+
+@needs_gpu
+def test_cpu_checkpointing_keeps_the_blocks_inputs_in_host_memory(monkeypatch):
+    """deepspeed.checkpointing with cpu_checkpointing: between the forward and the backward the
+    checkpointed blocks' inputs wait in host memory, so the device holds less by about their
+    bytes (8 blocks x a 4 MiB input each), and the gradients are those of the run that keeps
+    them on the device."""
+    import strata.checkpointing as ck
+    monkeypatch.setattr(ck, "_options", dict(ck._DEFAULTS))
+    blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(1024, 1024),
+                                                     torch.nn.GELU()) for _ in range(8)).cuda()
+
+    def run(cpu):
+        ck.configure(None, checkpoint_in_cpu=cpu)
+        blocks.zero_grad()
+        x = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        h = x
+        for b in blocks:
+            h = ck.checkpoint(b, h * 1.0)  # a fresh input per block, as a residual stream makes
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated() - before
+        h.sum().backward()
+        return held, [p.grad.clone() for p in blocks.parameters()]
+
+    on_device, want = run(False)
+    on_host, got = run(True)
+    assert on_device - on_host >= 7 * 4 * 2**20  # 8 inputs of 4 MiB, one of slack
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)

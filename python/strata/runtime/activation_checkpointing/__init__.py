@@ -1,0 +1,1 @@
+"""deepspeed.runtime.activation_checkpointing: its checkpointing module is strata.checkpointing."""
