@@ -45,6 +45,9 @@ def __getattr__(name):
                 "checkpointing"):  # need torch
         import importlib
         return importlib.import_module("." + name, __name__)
+    if name == "DeepSpeedEngine":  # `from deepspeed import DeepSpeedEngine` (isinstance checks)
+        from .engine import StrataEngine
+        return StrataEngine
     if name == "get_accelerator":  # `from deepspeed import get_accelerator`
         from .accelerator import get_accelerator
         return get_accelerator

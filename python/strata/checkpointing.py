@@ -9,7 +9,7 @@ autocast state for the recompute. Only the block's inputs are kept; with `cpu_ch
 they are kept in host memory (page-locked where a GPU is present) until the backward, so a
 stack of N blocks holds N inputs on the host instead of the device. As with DeepSpeed's (and
 torch's reentrant form), a block none of whose inputs requires a gradient gives its parameters
-none: non_reentrant_checkpoint is the form without that limit. Under a strata engine at ZeRO
+none: non_reentrant_checkpoint is the form without that limit (the same options apply). Under a strata engine at ZeRO
 stage 3 the recompute gathers the block's parameters again through the engine's hooks.
 
 configure(mpu_, deepspeed_config=None, ...) reads the config's `activation_checkpointing`
@@ -24,7 +24,9 @@ section as DeepSpeed does, the keyword arguments overriding it:
   - contiguous_memory_optimization / number_checkpoints: DeepSpeed's buffer for partitioned
     inputs, checked as DeepSpeed checks them (it needs partition_activations, and a count), no
     further effect.
-An unknown key in the section or a value of the wrong type is a ValueError naming its JSON path.
+An unknown key in the section (which DeepSpeed ignores, so that a misspelt key silently turns
+nothing on) or a value of the wrong type, there or in an argument, is a ValueError naming it;
+booleans are also taken as 0 / 1 and "true" / "false".
 checkpoint() works unconfigured, with every option off, as DeepSpeed's does.
 """
 from __future__ import annotations
@@ -48,6 +50,23 @@ _options = dict(_DEFAULTS)
 _configured = False
 
 
+def _value(key: str, value, where: str):
+    """One option's value, taken as DeepSpeed's config model takes it (booleans also as 0 / 1 or
+    "true" / "false"; number_checkpoints a positive integer or None); else a ValueError naming
+    `where`."""
+    if key == "number_checkpoints":
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            return value
+        raise ValueError(f"{where}: expected a positive integer or null, got {value!r}")
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ValueError(f"{where}: expected true or false, got {value!r}")
+
+
 def _read_section(deepspeed_config) -> dict:
     from .engine import _load
     section = _load(deepspeed_config).get(_SECTION) or {}
@@ -55,18 +74,10 @@ def _read_section(deepspeed_config) -> dict:
         raise ValueError(f"{_SECTION}: expected an object, got {section!r}")
     out = {}
     for key, value in section.items():
-        if key not in _DEFAULTS:
+        if key not in _DEFAULTS:  # DeepSpeed ignores it: a misspelt cpu_checkpointing is off
             raise ValueError(f"{_SECTION}.{key}: unknown key; DeepSpeed's are "
                              f"{', '.join(_DEFAULTS)}")
-        if key == "number_checkpoints":
-            ok = value is None or (isinstance(value, int) and not isinstance(value, bool)
-                                   and value > 0)
-        else:
-            ok = isinstance(value, bool)
-        if not ok:
-            want = "a positive integer or null" if key == "number_checkpoints" else "true or false"
-            raise ValueError(f"{_SECTION}.{key}: expected {want}, got {value!r}")
-        out[key] = value
+        out[key] = _value(key, value, f"{_SECTION}.{key}")
     return out
 
 
@@ -75,28 +86,30 @@ def configure(mpu_, deepspeed_config=None, partition_activations=None,
               synchronize=None, profile=None) -> None:
     """As deepspeed.checkpointing.configure (see the module docstring): the config's section
     (a dict, a path or JSON text), then the arguments that are not None."""
-    global _configured
+    global _configured, _options
     if mpu_ is not None:
         raise NotImplementedError("strata.checkpointing.configure(mpu_=...): model parallelism is "
                                   "not supported; pass None")
     options = dict(_DEFAULTS)
     if deepspeed_config is not None:
         options.update(_read_section(deepspeed_config))
-    for key, value in (("partition_activations", partition_activations),
-                       ("contiguous_memory_optimization", contiguous_checkpointing),
-                       ("number_checkpoints", num_checkpoints),
-                       ("cpu_checkpointing", checkpoint_in_cpu),
-                       ("synchronize_checkpoint_boundary", synchronize), ("profile", profile)):
+    for key, arg, value in (
+            ("partition_activations", "partition_activations", partition_activations),
+            ("contiguous_memory_optimization", "contiguous_checkpointing",
+             contiguous_checkpointing),
+            ("number_checkpoints", "num_checkpoints", num_checkpoints),
+            ("cpu_checkpointing", "checkpoint_in_cpu", checkpoint_in_cpu),
+            ("synchronize_checkpoint_boundary", "synchronize", synchronize),
+            ("profile", "profile", profile)):
         if value is not None:
-            options[key] = value
+            options[key] = _value(key, value, f"configure({arg}=...)")
     if options["contiguous_memory_optimization"]:  # DeepSpeed's two assertions
         assert options["partition_activations"], (
             "Contiguous Checkpointing is only available with partitioned activations. Set "
             "partitioned activations to true in deepspeed config")
         assert options["number_checkpoints"] is not None, (
             "Must specify the number of layers with contiguous memory checkpointing")
-    _options.clear()
-    _options.update(options)
+    _options = options  # one assignment: a checkpoint() running meanwhile sees old or new
     _configured = True
     logger.info("activation checkpointing: %s", ", ".join(f"{k}={v}" for k, v in options.items()))
 
@@ -143,12 +156,13 @@ def _bound(function):
         if sync:
             _synchronize()
         t0 = time.perf_counter()
-        out = function(*args)
-        if sync:
-            _synchronize()
-        if profile:
-            logger.info("checkpoint %s: %.3f ms", what, (time.perf_counter() - t0) * 1e3)
-        return out
+        try:
+            return function(*args)
+        finally:  # also when the non-reentrant form stops a recompute early (an exception)
+            if sync:
+                _synchronize()
+            if profile:
+                logger.info("checkpoint %s: %.3f ms", what, (time.perf_counter() - t0) * 1e3)
     return call
 
 
@@ -181,8 +195,8 @@ def checkpoint(function, *args, **kwargs):
 
 def non_reentrant_checkpoint(function, *args, **kwargs):
     """As deepspeed.checkpointing.non_reentrant_checkpoint: torch.utils.checkpoint's
-    non-reentrant form (parameters get gradients even where no input requires one). The
-    configured synchronization and profile apply; cpu_checkpointing does not (the block's
-    inputs are kept where they are)."""
+    non-reentrant form (parameters get gradients even where no input requires one), with the
+    same options as checkpoint()."""
     function, args = _with_kwargs(function, args, kwargs)
-    return torch.utils.checkpoint.checkpoint(_bound(function), *args, use_reentrant=False)
+    with _keeping_inputs():
+        return torch.utils.checkpoint.checkpoint(_bound(function), *args, use_reentrant=False)

@@ -40,6 +40,17 @@ def config_json(config: Mapping) -> str:
     return json.dumps(_json_values(config, ""))
 
 
+def zero_stage(config: Mapping) -> int:
+    """A loaded config's zero_optimization.stage (0 without one), as the reader takes it: a
+    number or a string of one. Anything else is a ValueError naming the key."""
+    zero = config.get("zero_optimization") or {}
+    stage = zero.get("stage", 0) if isinstance(zero, Mapping) else 0
+    try:
+        return int(str(stage))
+    except ValueError:
+        raise ValueError(f"zero_optimization.stage: expected 0, 1, 2 or 3, got {stage!r}") from None
+
+
 def _text_or_path(config: ConfigLike) -> tuple[str, str]:
     """(json text, path): exactly one is non-empty."""
     if isinstance(config, Mapping):

@@ -3,14 +3,14 @@
 A script changes its own import (`import strata as deepspeed`), but libraries import `deepspeed`
 in their own code wherever they meet a ZeRO-3 model: transformers' from_pretrained (zero.Init,
 GatheredParameters), resize_token_embeddings and weight initialisation, PEFT's
-`modules_to_save` and LoRA initialisation, TRL's generation. Where strata partitions the
+`modules_to_save` and LoRA initialisation. Where strata partitions the
 parameters those imports must give strata's zero.Init / GatheredParameters, or the library fails
-(no deepspeed installed) or gathers strata's parameters with DeepSpeed's code (it is).
+(no deepspeed installed) or gathers strata's parameters with DeepSpeed's code (where it is).
 
 register_as_deepspeed() makes `import deepspeed` and `import deepspeed.X.Y` give `strata` and
 `strata.X.Y` (the same module objects, so no state is duplicated) for the rest of the process.
-A `deepspeed.X` strata lacks is a ModuleNotFoundError that says so. Package metadata is not
-touched: `importlib.metadata.version("deepspeed")` still says whether DeepSpeed is installed, so
+A `deepspeed.X` strata lacks is missing as any module is (ModuleNotFoundError;
+importlib.util.find_spec gives None). Package metadata is not touched: `importlib.metadata.version("deepspeed")` still says whether DeepSpeed is installed, so
 transformers' and accelerate's is_deepspeed_available() keep their answer.
 """
 from __future__ import annotations
@@ -33,13 +33,14 @@ class _StrataUnderDeepSpeed(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         real = "strata" + fullname[len(_NAME):]
         try:
             found = importlib.util.find_spec(real)
-        except ModuleNotFoundError:
+        except ModuleNotFoundError as e:  # a parent strata lacks; another missing module is
+            if e.name is None or not (real + ".").startswith(e.name + "."):  # its own error
+                raise
             found = None
-        if found is None:
-            raise ModuleNotFoundError(
-                f"No module named {fullname!r}: strata stands in for deepspeed in this process "
-                f"(strata.register_as_deepspeed) and has no {real}", name=fullname)
-        return importlib.machinery.ModuleSpec(fullname, self, origin=found.origin)
+        # None where strata lacks it: the import fails as for any missing module, and probes
+        # (importlib.util.find_spec) get None.
+        return None if found is None else importlib.machinery.ModuleSpec(fullname, self,
+                                                                        origin=found.origin)
 
     def create_module(self, spec):
         return importlib.import_module("strata" + spec.name[len(_NAME):])
@@ -54,6 +55,14 @@ _finder = _StrataUnderDeepSpeed()
 def is_registered() -> bool:
     """Whether `import deepspeed` gives strata in this process."""
     return sys.modules.get(_NAME) is sys.modules["strata"]
+
+
+def installed_elsewhere() -> bool:
+    """Whether `deepspeed` is DeepSpeed itself here: imported, or installed and not yet taken by
+    strata."""
+    if is_registered():
+        return False
+    return sys.modules.get(_NAME) is not None or importlib.util.find_spec(_NAME) is not None
 
 
 def register_as_deepspeed(required: bool = True) -> bool:
@@ -76,7 +85,7 @@ def register_as_deepspeed(required: bool = True) -> bool:
                 "parameters with DeepSpeed's code. Let strata stand in for deepspeed before "
                 "anything imports it, or do not import DeepSpeed in a strata run")
         return False
-    if not required and importlib.util.find_spec(_NAME) is not None:
+    if not required and installed_elsewhere():
         return False  # DeepSpeed installed: it keeps its name unless the script asks
     sys.modules[_NAME] = sys.modules["strata"]
     if _finder not in sys.meta_path:

@@ -2073,11 +2073,13 @@ def _local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def _launched() -> bool:
     """A launcher's environment for torch.distributed is complete (torchrun, `offloadctl launch`,
     DeepSpeed's launcher)."""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                         "MASTER_PORT"))
+    return all(k in os.environ for k in _LAUNCH_VARIABLES)
 
 
 def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: bool = True,
@@ -2093,40 +2095,46 @@ def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: boo
     environment), where DeepSpeed would look for MPI. strata's engine keeps its own communicator
     either way. auto_mpi_discovery, distributed_port, verbose and config are accepted and not
     used."""
-    dist = torch.distributed
-    if dist.is_initialized():
+    if torch.distributed.is_initialized():
         return
     if dist_init_required is False:
         raise RuntimeError("strata.init_distributed(dist_init_required=False): torch.distributed "
                            "is not initialised")
+    start_distributed("strata.init_distributed", dist_backend, timeout, init_method, rank,
+                      world_size, set_env=True)
+
+
+def start_distributed(caller: str, backend: Optional[str] = None, timeout=None,
+                      init_method: Optional[str] = None, rank: int = -1, world_size: int = -1,
+                      set_env: bool = False) -> None:
+    """torch.distributed where it is not yet (init_distributed's rule, one place): from a
+    launcher's environment or `init_method`, else a group of one (a HashStore, no port), with
+    RANK / WORLD_SIZE / LOCAL_RANK set to a single process's where `set_env` (init_distributed,
+    as DeepSpeed's MPI discovery sets them) or the environment left as it is (transformers'
+    ZeRO-3 hook: accelerate, built afterwards, would read a LOCAL_RANK set here as a
+    multi-process launch). A WORLD_SIZE above 1 without the rest of a launcher's environment is
+    a RuntimeError naming `caller` and the missing variables."""
+    dist = torch.distributed
+    if dist.is_initialized():
+        return
     from .accelerator import get_accelerator
     env = os.environ
-    backend = dist_backend or get_accelerator().communication_backend_name()
+    backend = backend or get_accelerator().communication_backend_name()
     kwargs = {} if timeout is None else {"timeout": timeout}
-    launched = _launched()
     if backend == "nccl":
         torch.cuda.set_device(_local_rank())
-    if launched or init_method is not None:
+    if _launched() or init_method is not None:
         dist.init_process_group(backend, init_method=init_method, rank=rank,
                                 world_size=world_size, **kwargs)
         return
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-        env.setdefault(key, value)
-    _start_group_of_one(backend, **kwargs)
-
-
-def _start_group_of_one(backend: Optional[str] = None, **kwargs) -> None:
-    """torch.distributed as one process without a launcher (a HashStore, no port), the
-    environment left as it is. Refused where WORLD_SIZE says the job has more ranks."""
-    world = os.environ.get("WORLD_SIZE", "1")
-    if int(world) != 1:
-        raise RuntimeError("strata.init_distributed: WORLD_SIZE is " + world + " but MASTER_ADDR "
-                           "/ MASTER_PORT are not set: start the ranks with torchrun or "
-                           "`offloadctl launch`")
-    if backend is None:
-        from .accelerator import get_accelerator
-        backend = get_accelerator().communication_backend_name()
-    dist = torch.distributed
+    if int(env.get("WORLD_SIZE", "1")) != 1:
+        missing = [k for k in _LAUNCH_VARIABLES if k not in env]
+        raise RuntimeError(f"{caller}: WORLD_SIZE is {env['WORLD_SIZE']} but "
+                           f"{' / '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                           "set: start the ranks with torchrun or `offloadctl launch`")
+    if set_env:
+        for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+            env.setdefault(key, value)
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
 
 

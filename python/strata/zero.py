@@ -122,7 +122,8 @@ class Init:
     WORLD_SIZE (torchrun, offloadctl launch). From then on `import deepspeed` in a library gives
     strata (strata.register_as_deepspeed), unless DeepSpeed is installed or imported. Nested
     blocks partition once, as the outermost one says (transformers' from_pretrained opens one
-    inside strata's). Arguments strata has no use for (remote_device,
+    inside strata's). Like DeepSpeed's, it patches the module classes of the whole process while
+    the outermost block is open: build models under it from one thread at a time. Arguments strata has no use for (remote_device,
     pin_memory, mem_efficient_linear) are accepted; data_parallel_group, mpu and sequence data
     parallelism are refused with NotImplementedError.
     """
@@ -149,8 +150,9 @@ class Init:
         if enabled:
             if cfg is None:
                 raise ValueError("strata.zero.Init: config is required (a dict, JSON or a path)")
+            from .config import zero_stage
             from .engine import _load
-            stage = _load(cfg).get("zero_optimization", {}).get("stage", 0)
+            stage = zero_stage(_load(cfg))
             if stage != 3:
                 raise ValueError(f"strata.zero.Init needs zero_optimization.stage 3 (the config "
                                  f"says {stage}): below it every rank holds the whole model")
@@ -208,9 +210,10 @@ class Init:
         if not self.enabled:
             return False
         _init_depth -= 1
-        for c, orig in reversed(self._patched):
-            c.__init__ = orig
-        self._patched = []
+        if _init_depth == 0:  # the outermost block ends (the same object may be entered twice)
+            for c, orig in reversed(self._patched):
+                c.__init__ = orig
+            self._patched = []
         return False
 
 

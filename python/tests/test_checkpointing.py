@@ -37,19 +37,36 @@ class Block(torch.nn.Module):
 
 
 class Net(torch.nn.Module):
-    def __init__(self, checkpointed, blocks=3):
+    def __init__(self, checkpointed, blocks=3, form="checkpoint"):
         super().__init__()
         torch.manual_seed(0)
         self.embed = torch.nn.Linear(16, 32)
         self.blocks = torch.nn.ModuleList(Block() for _ in range(blocks))
         self.head = torch.nn.Linear(32, 1)
         self.checkpointed = checkpointed
+        self.form = form
 
     def forward(self, x, y):
         h = self.embed(x)
+        run = getattr(deepspeed.checkpointing, self.form)
         for block in self.blocks:
-            h = deepspeed.checkpointing.checkpoint(block, h) if self.checkpointed else block(h)
+            h = run(block, h) if self.checkpointed else block(h)
         return ((self.head(h) - y) ** 2).mean()
+
+
+class KeptOnCpu(torch.autograd.graph.save_on_cpu):
+    """torch's save_on_cpu, counting the tensors it keeps: on the host stand-in they are
+    already in host memory, so the count is what shows that cpu_checkpointing routed them."""
+    kept = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        pack = self.pack_hook
+
+        def counted(t):
+            KeptOnCpu.kept.append(tuple(t.shape))
+            return pack(t)
+        self.pack_hook = counted
 
 
 def data(step):
@@ -69,12 +86,17 @@ SECTIONS = [{}, {"cpu_checkpointing": True}, {"partition_activations": True,
                                               "profile": True}]
 
 
+@pytest.mark.parametrize("form", ["checkpoint", "non_reentrant_checkpoint"])
 @pytest.mark.parametrize("section", SECTIONS, ids=["defaults", "cpu", "partition-sync-profile"])
-def test_gradients_equal_the_plain_forwards(section, caplog):
+def test_gradients_equal_the_plain_forwards(section, form, caplog, monkeypatch):
+    monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", KeptOnCpu)
+    KeptOnCpu.kept = []
     deepspeed.checkpointing.configure(None, deepspeed_config={"activation_checkpointing": section})
     assert deepspeed.checkpointing.is_configured()
     with caplog.at_level(logging.INFO, logger="strata.checkpointing"):
-        got = grads(Net(checkpointed=True))
+        got = grads(Net(checkpointed=True, form=form))
+    # cpu_checkpointing: each block's input, and only that, kept through save_on_cpu
+    assert KeptOnCpu.kept == ([(8, 32)] * 3 if section.get("cpu_checkpointing") else [])
     want = grads(Net(checkpointed=False))
     for n, g in want.items():
         assert torch.equal(got[n], g), n  # the recompute draws the same dropout masks
@@ -157,6 +179,11 @@ def test_configure_reads_the_section_as_deepspeed_and_names_bad_input(tmp_path):
         ck.configure(None, deepspeed_config={"activation_checkpointing": {"cpu_checkpoint": True}})
     with pytest.raises(ValueError, match=r"activation_checkpointing\.profile: expected true or "):
         ck.configure(None, deepspeed_config={"activation_checkpointing": {"profile": "yes"}})
+    with pytest.raises(ValueError, match=r"configure\(checkpoint_in_cpu=\.\.\.\): expected true"):
+        ck.configure(None, checkpoint_in_cpu="maybe")
+    ck.configure(None, deepspeed_config={"activation_checkpointing": {"profile": 1}},
+                 checkpoint_in_cpu="false")  # as DeepSpeed's config takes them
+    assert ck.options()["profile"] is True and ck.options()["cpu_checkpointing"] is False
     with pytest.raises(ValueError, match=r"number_checkpoints: expected a positive integer"):
         ck.configure(None, deepspeed_config={"activation_checkpointing": {"number_checkpoints": 0}})
     with pytest.raises(AssertionError, match="only available with partitioned activations"):

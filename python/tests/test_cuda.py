@@ -477,6 +477,7 @@ def test_cpu_checkpointing_keeps_the_blocks_inputs_in_host_memory(monkeypatch):
     them on the device."""
     import strata.checkpointing as ck
     monkeypatch.setattr(ck, "_options", dict(ck._DEFAULTS))
+    monkeypatch.setattr(ck, "_configured", False)
     blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(1024, 1024),
                                                      torch.nn.GELU()) for _ in range(8)).cuda()
 

@@ -383,6 +383,35 @@ def test_from_pretrained_after_the_arguments_loads_partitioned(tmp_path, referen
         transformers.integrations.deepspeed.unset_hf_deepspeed_config()
 
 
+@pytest.mark.parametrize("source", ["config-file", "fields"])
+def test_config_from_accelerate_launch(tmp_path, reference, monkeypatch, source):
+    """`accelerate launch` with a DeepSpeed config sets ACCELERATE_USE_DEEPSPEED and either its
+    config file or the ACCELERATE_DEEPSPEED_* / ACCELERATE_GRADIENT_* fields accelerate builds one
+    from: strata's arguments without deepspeed= take that config as transformers' take it, the
+    variable is turned off so that neither transformers nor accelerate sets DeepSpeed up, and
+    the Trainer trains on the reference curve."""
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    if source == "config-file":
+        path = tmp_path / "ds.json"
+        path.write_text(json.dumps(auto_config(2, offload_optimizer="cpu")))
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(path))
+    else:
+        for key, value in (("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"),
+                           ("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "cpu"),
+                           ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "2"),
+                           ("ACCELERATE_GRADIENT_CLIPPING", "1.0")):
+            monkeypatch.setenv(key, value)
+    args = st.TrainingArguments(**args_kw(tmp_path / "out"))
+    assert args.deepspeed is None and os.environ["ACCELERATE_USE_DEEPSPEED"] == "false"
+    assert args.strata_config["zero_optimization"]["stage"] == 2
+    cb = Losses()
+    trainer = st.Trainer(model=tiny_llama(), args=args, train_dataset=Tokens(), callbacks=[cb])
+    assert not trainer.is_deepspeed_enabled
+    trainer.train()
+    assert trainer.strata_engine.layout()["stage"] == 2
+    assert_same_curve(cb.logs, reference)
+
+
 def test_checkpoint_and_resume_equal_uninterrupted(tmp_path):
     cfg = auto_config(2, offload_optimizer="cpu")
     _, full = run(tmp_path / "full", cfg, save_strategy="steps", save_steps=3)

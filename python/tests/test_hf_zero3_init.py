@@ -7,6 +7,7 @@ losses and final weights, on one and two processes, after resize_token_embedding
 PEFT adapter whose modules_to_save copies a partitioned head. The name itself: deepspeed's
 submodules are strata's module objects, a missing one is named, an imported DeepSpeed is refused
 by the explicit call and left alone by the implicit one."""
+import importlib.metadata
 import json
 import os
 import socket
@@ -103,6 +104,7 @@ def test_two_processes_each_hold_their_share(tmp_path, model_dir, whole):
 def test_resize_token_embeddings_gathers_through_import_deepspeed(tmp_path, model_dir):
     ref = run(tmp_path, "whole-resized", model_dir, "--whole", "--resize", 72)
     got = run(tmp_path, "hf-resized", model_dir, "--resize", 72)
+    assert got["partitioned"] and not ref["partitioned"]
     assert got["vocab"] == ref["vocab"] == 72
     assert got["state"]["model.embed_tokens.weight"].shape[0] == 72
     assert got["loss"] == ref["loss"]
@@ -112,6 +114,7 @@ def test_resize_token_embeddings_gathers_through_import_deepspeed(tmp_path, mode
 def test_peft_modules_to_save_copies_the_partitioned_head(tmp_path, model_dir):
     ref = run(tmp_path, "whole-peft", model_dir, "--whole", "--peft")
     got = run(tmp_path, "hf-peft", model_dir, "--peft")
+    assert got["partitioned"] and not ref["partitioned"]
     assert got["loss"] == ref["loss"]
     assert_same_weights(got, ref)
 
@@ -135,10 +138,12 @@ import strata.zero, strata.comm, strata.accelerator
 assert deepspeed is strata and deepspeed.zero is strata.zero and deepspeed.comm is strata.comm
 assert get_accelerator is strata.accelerator.get_accelerator
 assert ZeroParamStatus is strata.zero.ZeroParamStatus
+import importlib.util
+assert importlib.util.find_spec("deepspeed.ops.op_builder") is None  # a probe gets None
 try:
     import deepspeed.ops.op_builder
 except ModuleNotFoundError as e:
-    assert "stands in for deepspeed" in str(e) and "has no strata.ops.op_builder" in str(e), e
+    assert e.name == "deepspeed.ops.op_builder", e
 else:
     raise AssertionError("deepspeed.ops.op_builder imported")
 try:  # the metadata still says what is installed
@@ -147,7 +152,12 @@ try:  # the metadata still says what is installed
 except importlib.metadata.PackageNotFoundError:
     print("not installed")
 """)
-    assert out.strip() in ("installed", "not installed")
+    try:
+        importlib.metadata.version("deepspeed")
+        here = "installed"
+    except importlib.metadata.PackageNotFoundError:
+        here = "not installed"
+    assert out.strip() == here
     _python("""
 import sys, types
 sys.modules["deepspeed"] = types.ModuleType("deepspeed")  # DeepSpeed imported first
@@ -160,6 +170,41 @@ except RuntimeError as e:
 else:
     raise AssertionError("no error")
 """)
+
+
+def test_an_installed_deepspeed_keeps_its_name_unless_the_script_asks(tmp_path):
+    """DeepSpeed installed (a stand-in package with its metadata on the path): strata's implicit
+    users (zero.Init, strata's TrainingArguments at stage 3) leave it the name, the arguments
+    setting no hook (a warning says so) so that transformers never partitions with DeepSpeed's
+    zero.Init; strata's HfDeepSpeedConfig, an explicit request, takes the name."""
+    site = tmp_path / "site"
+    (site / "deepspeed").mkdir(parents=True)
+    (site / "deepspeed" / "__init__.py").write_text("REAL = True\n")
+    (site / "deepspeed-0.19.8.dist-info").mkdir()
+    (site / "deepspeed-0.19.8.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.19.8\n")
+    code = f"""
+import json, logging, sys
+sys.path.insert(0, {str(site)!r})
+import strata
+from strata.deepspeed_name import installed_elsewhere, is_registered
+from strata.integrations.transformers import HfDeepSpeedConfig, TrainingArguments
+from transformers.integrations import is_deepspeed_zero3_enabled
+assert installed_elsewhere() and strata.register_as_deepspeed(required=False) is False
+cfg = {json.dumps(CONFIG)!r}
+args = TrainingArguments(output_dir={str(tmp_path / "out")!r}, deepspeed=json.loads(cfg),
+                         report_to=[], use_cpu=True)
+assert args._strata_hf_config is None and not is_deepspeed_zero3_enabled()
+assert not is_registered()
+keep = HfDeepSpeedConfig(cfg)
+assert is_registered() and is_deepspeed_zero3_enabled()
+import deepspeed
+assert deepspeed is strata and not hasattr(deepspeed, "REAL")
+"""
+    p = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "DeepSpeed is installed" in p.stderr and "left unset" in p.stderr
 
 
 def test_hf_config_reads_what_transformers_reads_and_says_what_is_wrong(tmp_path):

@@ -171,3 +171,21 @@ def test_stages_0_to_2_have_no_ds_id_and_zero_init_keeps_its_ids():
         assert {n: p.ds_id for n, p in model.named_parameters()} == before
     finally:
         engine.destroy()
+
+
+def test_nested_zero_init_blocks_partition_once_until_the_outermost_ends():
+    """As DeepSpeed's: an inner block (transformers opens one inside strata's from_pretrained,
+    or the same object entered twice) partitions nothing of its own and undoes nothing; a
+    module built after the inner block ends, still inside the outer one, is partitioned, and
+    one built after the outer block ends is whole."""
+    outer = deepspeed.zero.Init(config_dict_or_path=ds_config(3))
+    with outer:
+        with deepspeed.zero.Init(config_dict_or_path=ds_config(3)):
+            a = torch.nn.Linear(4, 4)
+        with outer:  # the same object again
+            b = torch.nn.Linear(4, 4)
+        c = torch.nn.Linear(4, 4)
+    d = torch.nn.Linear(4, 4)
+    for m in (a, b, c):
+        assert m.weight.numel() == 0 and m.weight._strata_part.shard.numel() == 16
+    assert d.weight.numel() == 16 and not hasattr(d.weight, "_strata_part")

@@ -279,19 +279,19 @@ def _set_deepspeed_weakref(plugin) -> None:
     constructed. Unlike accelerate 1.16's, it honours zero3_init_flag: off (or
     zero3_init_context_manager(enable=False)), models load whole and prepare() partitions them."""
     plugin.dschf = None
+    if "transformers" in sys.modules:  # accelerate unsets the previous one first, too
+        import transformers.integrations.deepspeed as hf_deepspeed
+        hf_deepspeed.unset_hf_deepspeed_config()
     if not plugin.zero3_init_flag:
-        if "transformers" in sys.modules:
-            import transformers.integrations.deepspeed as hf_deepspeed
-            hf_deepspeed.unset_hf_deepspeed_config()
         return
-    from .transformers import HfDeepSpeedConfig
+    from .transformers import zero3_hook
     config = copy.deepcopy(plugin.deepspeed_config)
     for key in ("gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
         if config.get(key, "auto") == "auto":
             config[key] = 1
     if config.get("train_batch_size") == "auto":
         del config["train_batch_size"]
-    plugin.dschf = HfDeepSpeedConfig(config)  # kept alive by the plugin
+    plugin.dschf = zero3_hook(config, "strata Accelerator")  # kept alive by the plugin
 
 
 def _find_parts(objs):

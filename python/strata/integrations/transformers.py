@@ -4,7 +4,8 @@ TrainingArguments` in place of transformers' is the one change a Trainer script 
 TrainingArguments(deepspeed=<DeepSpeed config: a path, JSON text or a dict>, ...) takes the
 config out of `deepspeed` before transformers' __post_init__ sees it (which would otherwise set up
 DeepSpeed) and keeps it as `args.strata_config`; the real `deepspeed` package is neither needed
-nor touched. Trainer then builds a strata engine (strata.initialize) where transformers builds
+nor touched. Without `deepspeed=`, under `accelerate launch` with a DeepSpeed config
+(ACCELERATE_USE_DEEPSPEED), the launcher's config is taken, as transformers' arguments take it. Trainer then builds a strata engine (strata.initialize) where transformers builds
 DeepSpeed's:
   - "auto" values are resolved from the TrainingArguments as transformers does for DeepSpeed
     (resolve_auto: HfTrainerDeepSpeedConfig.trainer_config_process / trainer_config_finalize);
@@ -50,9 +51,9 @@ import transformers
 import transformers.integrations.deepspeed as _hf_deepspeed
 from accelerate.utils.deepspeed import HfDeepSpeedConfig as _AccelerateHfDeepSpeedConfig
 
-from ..config import ConfigError, check_config
-from ..deepspeed_name import register_as_deepspeed
-from ..engine import _launched, _start_group_of_one, init_distributed
+from ..config import ConfigError, check_config, zero_stage
+from ..deepspeed_name import installed_elsewhere, register_as_deepspeed
+from ..engine import start_distributed
 from ._autos import HIDDEN_SIZE_KEYS, hidden_size_values
 
 logger = logging.getLogger(__name__)
@@ -213,7 +214,7 @@ def _read_config(value, what: str = "TrainingArguments(deepspeed=...)") -> dict:
 
 
 def _is_zero3(config: Optional[dict]) -> bool:
-    return config is not None and str(_get(config, "zero_optimization.stage", 0)) == "3"
+    return config is not None and zero_stage(config) == 3
 
 
 # -- transformers' ZeRO-3 hook: from_pretrained under zero.Init ----------------------------------
@@ -239,21 +240,27 @@ class HfDeepSpeedConfig(_AccelerateHfDeepSpeedConfig):
         super().__init__(config)
         if self.is_zero3():
             register_as_deepspeed()
-            _start_distributed()
+            # transformers' ZeRO-3 load asks torch.distributed for the rank: started here as
+            # DeepSpeed's zero.Init starts it.
+            start_distributed("strata HfDeepSpeedConfig")
         _hf_deepspeed.set_hf_deepspeed_config(self)
 
 
-def _start_distributed() -> None:
-    """transformers' ZeRO-3 load asks torch.distributed for the rank: started where nothing has,
-    as DeepSpeed's zero.Init starts it. Under a launcher from its environment; one process
-    without one gets a group of one with the environment left as it is: accelerate, which the
-    Trainer builds afterwards, would read a LOCAL_RANK set here as a multi-process launch."""
-    if torch.distributed.is_initialized():
-        return
-    if _launched():
-        init_distributed()
-    else:
-        _start_group_of_one()
+def zero3_hook(config: dict, who: str) -> Optional[HfDeepSpeedConfig]:
+    """The hook strata's TrainingArguments and Accelerator set at stage 3 (None below it). Where
+    DeepSpeed itself is installed and strata does not yet stand in for it, transformers would
+    partition with DeepSpeed's zero.Init: no hook then (a warning says so), and models load
+    whole until strata.initialize partitions them; HfDeepSpeedConfig, or
+    strata.register_as_deepspeed() first, takes the name explicitly."""
+    if not _is_zero3(config):
+        return None
+    if installed_elsewhere():
+        logger.warning("%s: DeepSpeed is installed, so transformers' from_pretrained would "
+                       "partition with it: its ZeRO-3 hook is left unset and models load whole "
+                       "(strata.initialize partitions them). strata.register_as_deepspeed() "
+                       "before this makes `import deepspeed` give strata and sets the hook", who)
+        return None
+    return HfDeepSpeedConfig(config)
 
 
 # -- loading a pretrained model partitioned ------------------------------------------------------
@@ -343,6 +350,25 @@ def from_pretrained(model_class, path: str, config, **kwargs):
 
 
 # -- the arguments -------------------------------------------------------------------------------
+def _launched_with_deepspeed() -> bool:
+    """`accelerate launch` with a DeepSpeed config (--use_deepspeed, or an accelerate config
+    file's distributed_type DEEPSPEED) sets ACCELERATE_USE_DEEPSPEED for the script."""
+    from accelerate.utils import str_to_bool
+    return bool(str_to_bool(os.environ.get("ACCELERATE_USE_DEEPSPEED", "false")))
+
+
+def _launcher_config(mixed_precision: str) -> dict:
+    """The DeepSpeed config `accelerate launch` passes, as transformers' arguments take it:
+    accelerate's DeepSpeedPlugin built from the environment (ACCELERATE_DEEPSPEED_CONFIG_FILE,
+    or the ACCELERATE_DEEPSPEED_* / ACCELERATE_GRADIENT_* values it builds one from, refused by
+    accelerate where both are given), its precision set from the arguments."""
+    from accelerate.utils import DeepSpeedPlugin
+    plugin = DeepSpeedPlugin()
+    plugin.set_mixed_precision(mixed_precision)
+    return plugin.deepspeed_config
+
+
+
 @dataclass
 class TrainingArguments(transformers.TrainingArguments):
     """transformers.TrainingArguments whose `deepspeed` config is run by strata: it is moved to
@@ -352,6 +378,9 @@ class TrainingArguments(transformers.TrainingArguments):
     def __post_init__(self):
         raw = self.deepspeed
         self.deepspeed = None
+        # `accelerate launch` with a DeepSpeed config: transformers' arguments take that config
+        # where `deepspeed` is unset, and so do these.
+        from_launcher = raw is None and _launched_with_deepspeed()
         refused = [
             ("torch_compile", self.torch_compile, "strata's per-module hooks are not traced by "
              "torch.compile"),
@@ -362,16 +391,21 @@ class TrainingArguments(transformers.TrainingArguments):
              "the engine's"),
             ("auto_find_batch_size", self.auto_find_batch_size, "not supported with strata"),
         ]
-        if raw is not None:
+        if raw is not None or from_launcher:
             for name, on, why in refused:
                 if on:
                     raise ValueError(f"TrainingArguments({name}=...) with a strata config: {why}")
+            # transformers and accelerate would set DeepSpeed itself up from the launcher's
+            # variable: strata runs the config instead, for the rest of the process.
+            os.environ["ACCELERATE_USE_DEEPSPEED"] = "false"
         super().__post_init__()
+        if from_launcher:
+            raw = _launcher_config(self.mixed_precision)
         self.strata_config = None if raw is None else _read_config(raw)
         # As transformers' arguments set up HfTrainerDeepSpeedConfig: at stage 3 a model built
         # after them (from_pretrained) is partitioned as it is constructed, while they live.
-        self._strata_hf_config = (HfDeepSpeedConfig(self.strata_config)
-                                  if _is_zero3(self.strata_config) else None)
+        self._strata_hf_config = (None if self.strata_config is None else
+                                  zero3_hook(self.strata_config, "strata TrainingArguments"))
 
 
 # -- what the Trainer sees of the engine's optimizer and schedule --------------------------------
