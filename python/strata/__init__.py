@@ -42,7 +42,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     if name in ("zero", "optim", "utils", "accelerator", "comm", "ops", "runtime",
-                "checkpointing"):  # need torch
+                "checkpointing", "compression"):  # need torch
         import importlib
         return importlib.import_module("." + name, __name__)
     if name == "DeepSpeedEngine":  # `from deepspeed import DeepSpeedEngine` (isinstance checks)

@@ -1,4 +1,5 @@
-"""Checkpoint helpers: the Python state strata keeps in a checkpoint, and DeepSpeed's
+"""As deepspeed.utils: DeepSpeed's logger, log_dist and RepeatingLoader, its ZeRO-3 leaf-module
+calls, and checkpoint helpers: the Python state strata keeps in a checkpoint, and DeepSpeed's
 zero_to_fp32 functions (get_fp32_state_dict_from_zero_checkpoint,
 load_state_dict_from_zero_checkpoint, convert_zero_checkpoint_to_fp32_state_dict).
 
@@ -14,11 +15,50 @@ checkpoint.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pickle
 from typing import Optional
 
 import torch
+
+# DeepSpeed's logger (`from deepspeed.utils import logger`): named "DeepSpeed", WARNING and above
+# unless a script lowers it, as DeepSpeed's.
+logger = logging.getLogger("DeepSpeed")
+if logger.level == logging.NOTSET:
+    logger.setLevel(logging.WARNING)
+
+
+def log_dist(message: str, ranks=None, level: int = logging.INFO) -> None:
+    """As deepspeed.utils.log_dist: `message` logged with a "[Rank N] " prefix on the ranks
+    listed (ranks=[-1]: every rank), or on the one process where torch.distributed is not
+    started."""
+    dist = torch.distributed
+    started = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if started else -1
+    ranks = list(ranks or [])
+    if not started or (ranks and (ranks[0] == -1 or rank in ranks)):
+        logger.log(level, "[Rank %d] %s", rank, message)
+
+
+class RepeatingLoader:
+    """As deepspeed.utils.RepeatingLoader: iterates `loader` without end, starting it again
+    when it is exhausted (a step-counted loop over a finite DataLoader)."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.data_iter = iter(loader)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self.data_iter)
+        except StopIteration:
+            self.data_iter = iter(self.loader)
+            return next(self.data_iter)
+
 
 # deepspeed.utils' ZeRO-3 leaf-module calls (`from deepspeed.utils import set_z3_leaf_modules`).
 from .zero import (get_z3_leaf_modules, set_z3_leaf_modules,  # noqa: F401

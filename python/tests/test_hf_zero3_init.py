@@ -119,6 +119,22 @@ def test_peft_modules_to_save_copies_the_partitioned_head(tmp_path, model_dir):
     assert_same_weights(got, ref)
 
 
+def test_deepspeed_chats_lora_takes_the_partitioned_weights(tmp_path, model_dir):
+    """DeepSpeed-Chat's step-1 pattern after the partitioned load: resize the embeddings, then
+    swap each decoder Linear for its own LoRA layer holding the (partitioned) weight, found by
+    dotted name with strata.compression.helper; only the LoRA weights train."""
+    ref = run(tmp_path, "whole-dschat", model_dir, "--whole", "--resize", 72, "--dschat-lora")
+    got = run(tmp_path, "hf-dschat", model_dir, "--resize", 72, "--dschat-lora")
+    assert got["partitioned"] and not ref["partitioned"]
+    assert got["loss"] == ref["loss"]
+    assert_same_weights(got, ref)
+    from safetensors.torch import load_file
+    saved = load_file(str(model_dir / "model.safetensors"))
+    name = "model.layers.0.self_attn.q_proj.weight"  # frozen under its LoRA layer
+    assert torch.equal(got["state"][name], saved[name])
+    assert any(k.endswith("lora_left_weight") for k in got["state"])
+
+
 def _python(code):
     p = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
                        timeout=120)

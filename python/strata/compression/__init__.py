@@ -1,0 +1,1 @@
+"""deepspeed.compression: the helpers scripts import from it (strata runs no compression)."""
