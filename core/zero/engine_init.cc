@@ -429,21 +429,34 @@ Status ReadFrozenParams(Engine::Impl& e, size_t g, std::vector<float>& full) {
 }  // namespace
 
 Status Engine::ReadMaster(size_t group, std::span<float> out) {
+  return ReadOptimizerState(group, StateKind::kMaster32, out);
+}
+
+Status Engine::ReadOptimizerState(size_t group, StateKind kind, std::span<float> out) {
   Impl& e = *impl_;
+  const std::string op = kind == StateKind::kMaster32 ? "ReadMaster" : "ReadOptimizerState";
   STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());
-  STRATA_RETURN_IF_ERROR(e.CancelSpeculation());  // the master from before this step
+  STRATA_RETURN_IF_ERROR(e.CancelSpeculation());  // the state from before this step
   STRATA_RETURN_IF_ERROR(e.CheckHealthy());
+  if (kind != StateKind::kMaster32 && kind != StateKind::kExpAvg && kind != StateKind::kExpAvgSq) {
+    return Status::InvalidArgument(op + ": " + std::string(StateKindName(kind)) +
+                                   " is not an optimizer state (master32, exp_avg, exp_avg_sq)");
+  }
   if (group >= e.groups.size()) {
-    return Status::InvalidArgument("ReadMaster: group " + std::to_string(group) + " out of range");
+    return Status::InvalidArgument(op + ": group " + std::to_string(group) + " out of range");
   }
   const zero::GroupState& gs = e.groups[group];
   if (out.size() != gs.numel) {
-    return Status::InvalidArgument("ReadMaster: " + std::to_string(out.size()) +
+    return Status::InvalidArgument(op + ": " + std::to_string(out.size()) +
                                    " values given, group '" + e.model.groups[group].name +
                                    "' has " + std::to_string(gs.numel));
   }
   std::vector<float> full(gs.shard.padded_elems(e.world), 0.0f);
   if (!e.model.groups[group].trainable) {
+    if (kind != StateKind::kMaster32) {
+      return Status::InvalidArgument(op + ": group '" + e.model.groups[group].name +
+                                     "' is frozen and has no " + std::string(StateKindName(kind)));
+    }
     STRATA_RETURN_IF_ERROR(ReadFrozenParams(e, group, full));
     std::copy(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(gs.numel), out.begin());
     return Status::OK();
@@ -451,8 +464,11 @@ Status Engine::ReadMaster(size_t group, std::span<float> out) {
   for (size_t si : gs.sub_groups) {
     const SubGroup& s = e.subs[si];
     const Tier tier = e.ComputeTier(e.HomeOf(s, StateKind::kMaster32));
+    const BlockId block = kind == StateKind::kExpAvg     ? s.exp_avg
+                          : kind == StateKind::kExpAvgSq ? s.exp_avg_sq
+                                                         : s.master;
     // Failing the engine aborts the all-gather below on the peers (no wait to the deadline).
-    auto l = e.store->Acquire(s.master, tier, Access::kRead, e.timeout());
+    auto l = e.store->Acquire(block, tier, Access::kRead, e.timeout());
     if (!l.ok()) return e.Fail(l.status());
     std::memcpy(full.data() + e.FullOffset(s), l->data(), s.elems * sizeof(float));
   }

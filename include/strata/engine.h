@@ -555,6 +555,11 @@ class Engine {
 
   // The group's fp32 master weights, numel values (collective). For tests and export.
   Status ReadMaster(size_t group, std::span<float> out);
+  // The group's optimizer state `kind` whole, numel fp32 values (collective, as ReadMaster):
+  // kMaster32 (ReadMaster), kExpAvg or kExpAvgSq (Adam's moments as of the last step; zeros
+  // before the first). InvalidArgument for another kind, or for the moments of a frozen group
+  // (it has none). What DeepSpeed's safe_get_full_optimizer_state reads.
+  Status ReadOptimizerState(size_t group, StateKind kind, std::span<float> out);
 
   // Checkpoints (docs/checkpoints.md; format and protocol in core/zero/checkpoint_format.h).
   // Both are collective (every rank calls them with the same arguments) and allowed only at an

@@ -533,14 +533,19 @@ class PyEngine {
     return d;
   }
 
-  nb::ndarray<nb::numpy, float> ReadMaster(size_t g) {
+  nb::ndarray<nb::numpy, float> ReadMaster(size_t g) { return ReadState(g, "master32"); }
+
+  // kind: "master32", "exp_avg" or "exp_avg_sq" (Engine::ReadOptimizerState).
+  nb::ndarray<nb::numpy, float> ReadState(size_t g, const std::string& kind) {
     CheckGroup(g);
+    const std::optional<StateKind> k = StateKindFromName(kind);
+    if (!k) throw nb::value_error(("read_state: unknown state kind '" + kind + "'").c_str());
     const size_t n = engine().model().groups[g].numel();
     auto* data = new float[n];
     nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
     {
       nb::gil_scoped_release unlocked;
-      ThrowIfError(engine().ReadMaster(g, std::span<float>(data, n)));
+      ThrowIfError(engine().ReadOptimizerState(g, *k, std::span<float>(data, n)));
     }
     return nb::ndarray<nb::numpy, float>(data, {n}, owner);
   }
@@ -649,6 +654,9 @@ void BindEngine(nb::module_& m) {
            "stream: where orders_caller_streams, the reduction runs after the work queued on "
            "that stream so far (the caller's writes of the buffer), with no wait on the host.")
       .def("step", &PyEngine::Step, "The optimizer step (collective); returns the step report.")
+      .def("read_state", &PyEngine::ReadState, nb::arg("group"), nb::arg("kind"),
+           "The group's optimizer state (master32, exp_avg or exp_avg_sq) whole, fp32 "
+           "(collective).")
       .def("read_master", &PyEngine::ReadMaster, nb::arg("group"),
            "The group's fp32 master weights, flat (collective).")
       .def("stats", &PyEngine::Stats)

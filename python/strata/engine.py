@@ -71,7 +71,7 @@ from .config import ConfigLike, check_config, config_json, ConfigError
 from .deepspeed_name import register_as_deepspeed
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
-from .zero import (ZeroParamStatus, _mark_partitioned, _part_numel, apply_leaf_module_config,
+from .zero import (ZeroParamStatus, _mark_partitioned, apply_leaf_module_config,
                    z3_leaf_module)
 
 _AVAILABLE, _NOT_AVAILABLE = ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE
@@ -594,13 +594,9 @@ class StrataEngine(torch.nn.Module):
         if not self._whole:  # DeepSpeed's ds_* (strata.zero); _acquire / _release keep ds_status
             # Libraries that see ds_* import deepspeed to gather: they get strata.
             register_as_deepspeed(required=False)
-            for g in self._groups:
-                numels = [int(torch.Size(_full_shape(p)).numel()) for _, p in g.params]
-                lo, hi = _strata.owned_range(sum(numels), world_size, rank)
-                off = 0
-                for (_, p), n in zip(g.params, numels):
-                    _mark_partitioned(p, _part_numel(lo, hi, off, n))
-                    off += n
+            for gi in range(len(self._groups)):
+                for p, begin, end in self._part_ranges(gi, world_size, rank):
+                    _mark_partitioned(p, end - begin)
         # On a GPU the host stays ahead of the device: no wait before a release that frees
         # nothing (gathers_alias_home); gradient buffers, reductions and releases ordered with
         # torch's stream on the device where the engine can (orders_caller_streams: one rank),
@@ -986,18 +982,56 @@ class StrataEngine(torch.nn.Module):
                 hooks.__exit__(None, None, None)
             self._release(groups)
 
+    def _param_views(self, gi: int, kind: str = "master32"):
+        """(name, parameter, its whole values as fp32 in `kind`) for group gi's parameters: the
+        engine's state read whole (collective, Engine::ReadOptimizerState), split by parameter."""
+        flat = torch.from_numpy(self._engine.read_state(gi, kind))
+        off = 0
+        for name, p in self._groups[gi].params:
+            shape = _full_shape(p)
+            n = int(torch.Size(shape).numel())
+            yield name, p, flat[off:off + n].view(shape)
+            off += n
+
     def read_master(self) -> dict[str, torch.Tensor]:
         """Every parameter's fp32 master weights by qualified name (collective)."""
-        out = {}
-        for gi, g in enumerate(self._groups):
-            flat = torch.from_numpy(self._engine.read_master(gi))
-            off = 0
-            for name, p in g.params:
-                shape = _full_shape(p)
-                n = int(torch.Size(shape).numel())
-                out[name] = flat[off:off + n].view(shape).clone()
-                off += n
-        return out
+        return {name: v.clone() for gi in range(len(self._groups))
+                for name, _, v in self._param_views(gi)}
+
+    def _part_ranges(self, gi: int, world: int, rank: int):
+        """(parameter, begin, end) for group gi's parameters: the rank's elements [begin, end) of
+        each at stage 3 (the engine's owned range of the group, cut at parameter bounds)."""
+        params = self._groups[gi].params
+        numels = [int(torch.Size(_full_shape(p)).numel()) for _, p in params]
+        lo, hi = _strata.owned_range(sum(numels), world, rank)
+        off = 0
+        for (_, p), n in zip(params, numels):
+            begin, end = max(lo, off) - off, min(hi, off + n) - off
+            yield (p, begin, end) if begin < end else (p, 0, 0)
+            off += n
+
+    def _part_range(self, param: torch.nn.Parameter) -> tuple:
+        """This rank's [begin, end) of the parameter's elements at stage 3."""
+        gi = self._group_of[id(param)]
+        for p, begin, end in self._part_ranges(gi, self.world_size, self.global_rank):
+            if p is param:
+                return begin, end
+        raise AssertionError("a parameter of the group is missing from it")
+
+    def read_param_state(self, param: torch.nn.Parameter, kind: str = "master32"):
+        """One parameter's optimizer state whole, fp32 in its shape: kind "master32" (the master
+        weights; a frozen parameter's own values), "exp_avg" or "exp_avg_sq" (None for a frozen
+        parameter, which has no moments). Collective: every rank calls it for the same
+        parameter, as DeepSpeed's safe_get_full_* (strata.utils)."""
+        gi = self._group_of.get(id(param))
+        if gi is None:
+            raise ValueError("read_param_state: the parameter is not one of this engine's")
+        if kind != "master32" and not self._groups[gi].trainable:
+            return None
+        for _, p, v in self._param_views(gi, kind):
+            if p is param:
+                return v.clone()
+        raise AssertionError("a parameter of the group is missing from it")
 
     def _write_master(self, values: dict[int, torch.Tensor]) -> None:
         """Replaces the weights of the parameters in `values` (id(p) -> full fp32 tensor), every

@@ -1,5 +1,6 @@
-"""As deepspeed.utils: DeepSpeed's logger, log_dist and RepeatingLoader, its ZeRO-3 leaf-module
-calls, and checkpoint helpers: the Python state strata keeps in a checkpoint, and DeepSpeed's
+"""As deepspeed.utils: DeepSpeed's logger, log_dist and RepeatingLoader, its tensor-fragment
+reads (safe_get_full_fp32_param, safe_get_full_optimizer_state and the local forms; gradients
+and writes refused, named), its ZeRO-3 leaf-module calls, and checkpoint helpers: the Python state strata keeps in a checkpoint, and DeepSpeed's
 zero_to_fp32 functions (get_fp32_state_dict_from_zero_checkpoint,
 load_state_dict_from_zero_checkpoint, convert_zero_checkpoint_to_fp32_state_dict).
 
@@ -58,6 +59,83 @@ class RepeatingLoader:
         except StopIteration:
             self.data_iter = iter(self.loader)
             return next(self.data_iter)
+
+
+# -- DeepSpeed's tensor-fragment API (deepspeed.utils.safe_get_full_fp32_param, ...) ------------
+# A parameter's fp32 master or Adam moments, whole or this rank's part, read from the engine that
+# trains it. Collective like DeepSpeed's: every rank calls it for the same parameter.
+_OPTIMIZER_STATE_KEYS = ("exp_avg", "exp_avg_sq")
+
+
+def _engine_of(param, what: str):
+    engine = getattr(param, "_strata_engine", None)
+    if engine is None:
+        raise ValueError(f"{what}: the parameter is not trained by a strata engine "
+                         "(strata.initialize first)")
+    return engine
+
+
+def safe_get_full_fp32_param(param):
+    """As DeepSpeed's: the parameter's fp32 master weights, whole, in its shape (a frozen
+    parameter: its own values in fp32). Collective."""
+    return _engine_of(param, "safe_get_full_fp32_param").read_param_state(param)
+
+
+def safe_get_full_optimizer_state(param, optim_state_key: str):
+    """As DeepSpeed's: Adam's `exp_avg` or `exp_avg_sq` of the parameter, whole, fp32, in its
+    shape, as of the last step (zeros before the first); None for a frozen parameter or another
+    key, as DeepSpeed returns. Collective."""
+    engine = _engine_of(param, "safe_get_full_optimizer_state")
+    if optim_state_key not in _OPTIMIZER_STATE_KEYS:
+        return None
+    return engine.read_param_state(param, optim_state_key)
+
+
+def _local(param, full):
+    """This rank's part of `full` (flattened), as ZeRO-3 partitions the parameter."""
+    if full is None:
+        return None
+    part = getattr(param, "ds_tensor", None)
+    engine = param._strata_engine
+    if part is None or engine.zero_optimization_stage() != 3:
+        raise ValueError("safe_get_local_*: only at ZeRO stage 3, as DeepSpeed's (use "
+                         "safe_get_full_*)")
+    begin, end = engine._part_range(param)
+    return full.reshape(-1)[begin:end].clone()
+
+
+def safe_get_local_fp32_param(param):
+    """As DeepSpeed's (ZeRO-3): this rank's part of the fp32 master, 1-D. Collective here (the
+    engine reads the whole and keeps the part)."""
+    return _local(param, safe_get_full_fp32_param(param))
+
+
+def safe_get_local_optimizer_state(param, optim_state_key: str):
+    """As DeepSpeed's (ZeRO-3): this rank's part of `exp_avg` / `exp_avg_sq`, 1-D."""
+    return _local(param, safe_get_full_optimizer_state(param, optim_state_key))
+
+
+def _not_supported(name: str, instead: str):
+    def refuse(*args, **kwargs):
+        raise NotImplementedError(f"{name}: not supported by strata; {instead}")
+    refuse.__name__ = name
+    refuse.__doc__ = f"DeepSpeed's {name}: refused ({instead})."
+    return refuse
+
+
+_GRADS = "the engine keeps reduced gradients to itself between backward and step"
+_SETS = ("change weights with strata.zero.GatheredParameters(params, modifier_rank=0) (working "
+         "params; masters too before the first step)")
+safe_get_full_grad = _not_supported("safe_get_full_grad", _GRADS)
+safe_get_local_grad = _not_supported("safe_get_local_grad", _GRADS)
+safe_set_full_grad = _not_supported("safe_set_full_grad", _GRADS)
+safe_set_local_grad = _not_supported("safe_set_local_grad", _GRADS)
+safe_set_full_fp32_param = _not_supported("safe_set_full_fp32_param", _SETS)
+safe_set_local_fp32_param = _not_supported("safe_set_local_fp32_param", _SETS)
+safe_set_full_optimizer_state = _not_supported("safe_set_full_optimizer_state",
+                                               "optimizer states are written by the engine only")
+safe_set_local_optimizer_state = _not_supported("safe_set_local_optimizer_state",
+                                                "optimizer states are written by the engine only")
 
 
 # deepspeed.utils' ZeRO-3 leaf-module calls (`from deepspeed.utils import set_z3_leaf_modules`).
