@@ -1,6 +1,8 @@
 """Config checking and memory planning (no torch needed)."""
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import os
@@ -51,16 +53,32 @@ def zero_stage(config: Mapping) -> int:
         raise ValueError(f"zero_optimization.stage: expected 0, 1, 2 or 3, got {stage!r}") from None
 
 
+def _base64_json(s: str) -> Optional[str]:
+    """The JSON text `s` encodes in (URL-safe) base64, as DeepSpeed and transformers take a
+    config passed on a command line; None where `s` is no such thing."""
+    try:
+        text = base64.urlsafe_b64decode(s.strip().encode("ascii")).decode("utf-8")
+    except (binascii.Error, ValueError, UnicodeError):
+        return None
+    return text if text.lstrip().startswith("{") else None
+
+
 def _text_or_path(config: ConfigLike) -> tuple[str, str]:
-    """(json text, path): exactly one is non-empty."""
+    """(json text, path): exactly one is non-empty. A string is JSON text, a path, or base64 of
+    JSON text where no such file exists (DeepSpeed's order of reading)."""
     if isinstance(config, Mapping):
         return config_json(config), ""
     if isinstance(config, (str, os.PathLike)):
         s = os.fspath(config)
         if s.lstrip().startswith("{"):
             return s, ""
+        if not os.path.exists(s):
+            text = _base64_json(s)
+            if text is not None:
+                return text, ""
         return "", s
-    raise TypeError(f"config must be a dict, a JSON string or a path, not {type(config).__name__}")
+    raise TypeError(f"config must be a dict, a JSON string, base64 of one or a path, not "
+                    f"{type(config).__name__}")
 
 
 def check_config(config: ConfigLike, *, world_size: Optional[int] = None, strict: bool = False,

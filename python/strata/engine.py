@@ -67,7 +67,7 @@ import torch
 
 from . import _strata
 from .autocast import TorchAutocast
-from .config import ConfigLike, check_config, config_json, ConfigError
+from .config import ConfigError, ConfigLike, _text_or_path, check_config, config_json
 from .deepspeed_name import register_as_deepspeed
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
@@ -2196,11 +2196,9 @@ def _share_rendezvous_secret() -> None:
 def _load(config: ConfigLike) -> dict:
     if isinstance(config, dict):
         return config
-    s = os.fspath(config)
-    if s.lstrip().startswith("{"):
-        text = s
-    else:
-        with open(s) as f:
+    text, path = _text_or_path(config)  # JSON text, a path, or base64 (config.py)
+    if path:
+        with open(path) as f:
             text = f.read()
     res = check_config(text)
     if not res["ok"]:

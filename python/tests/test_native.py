@@ -22,6 +22,32 @@ def test_check_config_file(tmp_path):
         strata.check_config(str(tmp_path / "missing.json"))
 
 
+def test_a_config_in_base64_reads_as_its_json(tmp_path):
+    """DeepSpeed reads a config string that is neither JSON nor an existing file as base64 of
+    JSON (launchers pass it that way on a command line); so do strata's readers. A missing file
+    that is not base64 is still named."""
+    import base64
+    text = '{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}}'
+    b64 = base64.urlsafe_b64encode(text.encode()).decode()
+    assert strata.load_config(b64) == strata.load_config(text)
+    assert strata.load_config(b64)["zero_optimization"]["stage"] == 2
+    bad = base64.urlsafe_b64encode(b'{"zero_optimization": {"stage": 5}}').decode()
+    assert strata.check_config(bad)["errors"][0]["path"] == "zero_optimization.stage"
+    with pytest.raises(strata.StrataError, match="missing.json"):
+        strata.check_config(str(tmp_path / "missing.json"))
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(4, 4)
+    cfg = base64.urlsafe_b64encode(json.dumps({
+        "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}).encode()).decode()
+    engine = strata.initialize(model=model, config=cfg)[0]
+    assert engine.zero_optimization_stage() == 2
+    engine.backward(engine(torch.ones(2, 4)).sum())
+    engine.step()
+    assert engine.global_steps == 1
+    engine.close()
+
+
 def test_check_config_compares_nvme_paths_with_what_the_engine_writes(tmp_path):
     """check_here with params: the free space of the nvme_path against the planner's bytes for
     the configured setting, which are what the engine's swap file holds (each block rounded up

@@ -38,7 +38,6 @@ when a Trainer with a strata config is built); tested with 5.3.0, 5.5.4, 5.10.4,
 """
 from __future__ import annotations
 
-import base64
 import copy
 import json
 import logging
@@ -51,7 +50,7 @@ import transformers
 import transformers.integrations.deepspeed as _hf_deepspeed
 from accelerate.utils.deepspeed import HfDeepSpeedConfig as _AccelerateHfDeepSpeedConfig
 
-from ..config import ConfigError, check_config, zero_stage
+from ..config import ConfigError, _text_or_path, check_config, zero_stage
 from ..deepspeed_name import installed_elsewhere, register_as_deepspeed
 from ..engine import start_distributed
 from ._autos import HIDDEN_SIZE_KEYS, hidden_size_values
@@ -199,16 +198,13 @@ def _read_config(value, what: str = "TrainingArguments(deepspeed=...)") -> dict:
     JSON text (what transformers accepts); `what` names the argument in the error."""
     if isinstance(value, dict):
         return copy.deepcopy(value)
-    s = os.fspath(value)
-    if os.path.exists(s):
-        with open(s, encoding="utf-8") as f:
-            return json.load(f)
     try:
-        try:
-            return json.loads(s)
-        except json.JSONDecodeError:
-            return json.loads(base64.urlsafe_b64decode(s).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+        text, path = _text_or_path(value)  # strata's one reading rule (config.py)
+        if path:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        return json.loads(text)
+    except (OSError, TypeError, ValueError) as e:
         raise ValueError(f"{what}: expected a path to an existing config file, a dict, JSON "
                          f"text or base64 JSON; got {value!r}") from e
 
