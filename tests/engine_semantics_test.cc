@@ -638,6 +638,59 @@ TEST(EngineSemantics, OptimizerGroupOutOfRangeOrBadIsRefusedNamingIt) {
       << r.status.ToString();
 }
 
+// A model whose every group is frozen (one that only runs forward: a reference model) needs no
+// "optimizer" section: partitioned at stage 3 on 2 ranks, its groups gather to their initial
+// values. One trainable group and the missing optimizer is refused, naming optimizer.type.
+TEST(EngineSemantics, AFrozenModelNeedsNoOptimizer) {
+  ModelSpec model;
+  model.groups = {{"a", {{"w", {1000}}}}, {"b", {{"w", {300}}, {"bias", {7}}}}};
+  for (GroupSpec& g : model.groups) g.trainable = false;
+  auto parsed = ParseDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": 2,
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                            "offload_param": {"device": "cpu"}}})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  // Tensor t's element i of group g (InitParameters' fill is per tensor, ReadMaster's per group).
+  auto value = [](size_t g, size_t t, size_t i) {
+    return 0.001f * static_cast<float>((g * 31 + t * 7 + i) % 17);
+  };
+  const std::vector<Status> st = OnHostRanks(
+      2, UniqueTestDir("engine_frozen_no_optimizer"), parsed->config,
+      [&](int, EngineOptions eo) -> Status {
+        STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(model, std::move(eo)));
+        STRATA_RETURN_IF_ERROR(
+            engine->InitParameters([&](size_t g, size_t t, size_t b, size_t e, float* o) {
+              for (size_t i = b; i < e; ++i) o[i - b] = value(g, t, i);
+            }));
+        for (size_t g = 0; g < model.groups.size(); ++g) {
+          std::vector<float> full(model.groups[g].numel());
+          STRATA_RETURN_IF_ERROR(engine->ReadMaster(g, full));
+          size_t at = 0;
+          for (size_t t = 0; t < model.groups[g].params.size(); ++t) {
+            for (size_t i = 0; i < model.groups[g].params[t].numel(); ++i, ++at) {
+              if (full[at] != value(g, t, i)) {
+                return Status::Internal("group " + std::to_string(g) + " tensor " +
+                                        std::to_string(t) + " element " + std::to_string(i) +
+                                        " changed");
+              }
+            }
+          }
+          STRATA_ASSIGN_OR_RETURN(GatheredGroup gg, engine->Gather(g));
+          engine->Release(std::move(gg));
+        }
+        return Status::OK();
+      });
+  for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.ToString();
+  model.groups[1].trainable = true;
+  const std::vector<Status> refused =
+      OnHostRanks(1, UniqueTestDir("engine_frozen_no_optimizer"), parsed->config,
+                  [&](int, EngineOptions eo) -> Status {
+                    return Engine::Create(model, std::move(eo)).status();
+                  });
+  EXPECT_EQ(refused[0].code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(refused[0].message().find("optimizer.type"), std::string::npos)
+      << refused[0].ToString();
+}
+
 // OneCycle's cycled momentum reaches the Adam of every placement as the same betas handed over
 // by SetHyperparameters (a client scheduler's), and changes the result.
 TEST(EngineSemantics, OneCycleMomentumIsTheStepsBetas) {

@@ -4,7 +4,8 @@
 # download.pytorch.org when reachable, else PyPI's), nanobind, scikit-build-core, pytest, numpy,
 # safetensors (the tests read save_16bit_model's file with it) and transformers (the tests train
 # its GPT-2 and Llama, random init from a small config: nothing is downloaded from the Hub) and
-# peft (a LoRA adapter on that Llama) and accelerate (transformers.Trainer needs it),
+# peft (a LoRA adapter on that Llama), accelerate (transformers.Trainer needs it) and trl (its
+# SFT and DPO trainers on that Llama; it brings datasets),
 # plus the extra packages named as arguments (tools/main.sh: matplotlib). Prints the venv's path on the last line. Idempotent: a
 # complete venv is left as it is.
 set -euo pipefail
@@ -55,10 +56,10 @@ if ! "$vpy" -c 'import torch' 2>/dev/null; then
   "$vpy" -m pip install -q --upgrade pip >&2
   install_torch
 fi
-"$vpy" -c 'import nanobind, scikit_build_core, pytest, numpy, safetensors, transformers, peft, accelerate' \
+"$vpy" -c 'import nanobind, scikit_build_core, pytest, numpy, safetensors, transformers, peft, accelerate, trl' \
   2>/dev/null ||
   "$vpy" -m pip install -q "nanobind>=2.2" "scikit-build-core>=0.10" pytest numpy safetensors \
-    "transformers>=5.3" "peft>=0.10" accelerate >&2
+    "transformers>=5.3" "peft>=0.10" accelerate "trl>=1.0" >&2
 for extra in "$@"; do
   "$vpy" -c "import $extra" 2>/dev/null || "$vpy" -m pip install -q "$extra" >&2
 done

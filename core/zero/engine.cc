@@ -434,7 +434,12 @@ Status ResolveOptimizer(const EngineConfig& c, const ResolvedZero& r,
   e.dtype = r.dtype;
   e.elt = DTypeSize(e.dtype);
   const OptimizerConfig& oc = c.optimizer;
-  if (oc.type != OptimizerType::kAdam && oc.type != OptimizerType::kAdamW) {
+  // A model whose every group is frozen (one that only runs forward: a reference model, a
+  // teacher) keeps no optimizer state and needs no "optimizer" section, as under DeepSpeed.
+  const bool trains = std::any_of(e.model.groups.begin(), e.model.groups.end(),
+                                  [](const GroupSpec& g) { return g.trainable; });
+  const bool none_needed = oc.type == OptimizerType::kNone && !trains;
+  if (oc.type != OptimizerType::kAdam && oc.type != OptimizerType::kAdamW && !none_needed) {
     return Status::InvalidArgument("optimizer.type: the engine runs Adam or AdamW (got " +
                                    std::string(OptimizerTypeName(oc.type)) +
                                    "); add an \"optimizer\" section");

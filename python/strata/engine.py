@@ -67,11 +67,11 @@ import torch
 
 from . import _strata
 from .autocast import TorchAutocast
-from .config import ConfigError, ConfigLike, _text_or_path, check_config, config_json
+from .config import ConfigError, ConfigLike, check_config, config_json, config_text
 from .deepspeed_name import register_as_deepspeed
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
-from .zero import (ZeroParamStatus, _mark_partitioned, apply_leaf_module_config,
+from .zero import (ZeroParamStatus, _mark_partitioned, _owned_parts, apply_leaf_module_config,
                    z3_leaf_module)
 
 _AVAILABLE, _NOT_AVAILABLE = ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE
@@ -1000,15 +1000,11 @@ class StrataEngine(torch.nn.Module):
 
     def _part_ranges(self, gi: int, world: int, rank: int):
         """(parameter, begin, end) for group gi's parameters: the rank's elements [begin, end) of
-        each at stage 3 (the engine's owned range of the group, cut at parameter bounds)."""
+        each at stage 3 (zero._owned_parts)."""
         params = self._groups[gi].params
         numels = [int(torch.Size(_full_shape(p)).numel()) for _, p in params]
-        lo, hi = _strata.owned_range(sum(numels), world, rank)
-        off = 0
-        for (_, p), n in zip(params, numels):
-            begin, end = max(lo, off) - off, min(hi, off + n) - off
-            yield (p, begin, end) if begin < end else (p, 0, 0)
-            off += n
+        for (_, p), (begin, end) in zip(params, _owned_parts(numels, world, rank)):
+            yield p, begin, end
 
     def _part_range(self, param: torch.nn.Parameter) -> tuple:
         """This rank's [begin, end) of the parameter's elements at stage 3."""
@@ -2048,6 +2044,9 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     Under a launcher (torchrun, `offloadctl launch`: its environment complete), torch.distributed
     is initialised where it is not yet (init_distributed), as DeepSpeed's initialize does,
     unless dist_init_required=False.
+    A model whose every parameter is frozen (requires_grad=False: a reference model or a teacher
+    that only runs forward) needs no optimizer: the engine partitions and gathers its parameters
+    as any other's, keeps no optimizer state, and the optimizer returned is None.
     """
     if model is None:
         raise ValueError("strata.initialize: model is required")
@@ -2100,7 +2099,10 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
             training_data, batch_size=engine.train_micro_batch_size_per_gpu() or 1,
             sampler=sampler, collate_fn=collate_fn,
             drop_last=bool(cfg.get("dataloader_drop_last", False)))
-    return engine, engine.optimizer, loader, engine.lr_scheduler
+    # No optimizer (a model with every parameter frozen, which only runs forward): None, as
+    # DeepSpeed returns.
+    optimizer_out = engine.optimizer if cfg.get("optimizer") else None
+    return engine, optimizer_out, loader, engine.lr_scheduler
 
 
 def _local_rank() -> int:
@@ -2196,11 +2198,7 @@ def _share_rendezvous_secret() -> None:
 def _load(config: ConfigLike) -> dict:
     if isinstance(config, dict):
         return config
-    text, path = _text_or_path(config)  # JSON text, a path, or base64 (config.py)
-    if path:
-        with open(path) as f:
-            text = f.read()
-    res = check_config(text)
+    res = check_config(config_text(config))  # JSON text, a path, or base64 (config.py)
     if not res["ok"]:
         raise ConfigError("invalid DeepSpeed config:\n" +
                           "\n".join(e["text"] for e in res["errors"]))

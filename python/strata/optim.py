@@ -146,10 +146,15 @@ class ParamGroups:
                 dicts[0], kind, bias_correction)}
         else:
             dicts = _as_group_dicts(model_parameters) or [{"params": list(model.parameters())}]
-            if not config.get("optimizer"):
+            # A model that only runs forward (every parameter frozen: a DPO reference model, a
+            # teacher) needs no optimizer, as under DeepSpeed.
+            trains = any(p.requires_grad for p in model.parameters())
+            if not config.get("optimizer") and trains:
                 raise ValueError(
                     "strata.initialize: the config has no \"optimizer\" section and no optimizer= "
-                    f"was passed; add one, or pass a client optimizer ({SUPPORTED})")
+                    f"was passed; add one, or pass a client optimizer ({SUPPORTED}); a model "
+                    "that only runs forward needs none once every parameter is frozen "
+                    "(requires_grad=False)")
         self.params = [list(d["params"]) for d in dicts]
         self.hyper = [_hyper(d, f"param_groups[{i}]") for i, d in enumerate(dicts)]
         self.index = _index_params(model, self.params)

@@ -59,9 +59,17 @@ def _mark_partitioned(p: torch.nn.Parameter, part_numel: int) -> None:
     p.ds_tensor = torch.empty(part_numel, dtype=p.dtype, device="meta")
 
 
-def _part_numel(lo: int, hi: int, off: int, n: int) -> int:
-    """How many of a parameter's n elements, at `off` in its group, fall in [lo, hi)."""
-    return max(0, min(hi, off + n) - max(lo, off))
+def _owned_parts(numels: list, world: int, rank: int) -> list:
+    """[(begin, end)] per parameter of a group whose parameters have `numels` elements: the rank's
+    stage-3 range of the group (strata._strata.owned_range) cut at parameter bounds, in
+    parameter-local indices; (0, 0) for a parameter the rank holds none of."""
+    lo, hi = _strata.owned_range(sum(numels), world, rank)
+    parts, off = [], 0
+    for n in numels:
+        b, e = max(lo, off) - off, min(hi, off + n) - off
+        parts.append((b, e) if b < e else (0, 0))
+        off += n
+    return parts
 
 
 class _Part:
@@ -90,23 +98,16 @@ def _partition_module(module: torch.nn.Module, rank: int, world: int) -> None:
         raise NotImplementedError(
             f"strata.zero.Init: {type(module).__name__} mixes new parameters with ones another "
             "module owns; tie parameters after construction instead")
-    numel = sum(p.numel() for p in own)
-    lo, hi = _strata.owned_range(numel, world, rank)
     ids = tuple(id(p) for p in own)
-    off = 0
-    for p in own:
-        n = p.numel()
-        b, e = max(lo, off) - off, min(hi, off + n) - off
-        b, e = (b, e) if b < e else (0, 0)
+    for p, (b, e) in zip(own, _owned_parts([p.numel() for p in own], world, rank)):
         # The shard waits on the host; the empty placeholder keeps the parameter's device, which
         # tells strata.initialize where the engine runs.
         shard = p.detach().reshape(-1)[b:e].to(device="cpu", dtype=torch.float32).clone()
         p.ds_shape = p.shape
-        p.ds_numel = n
+        p.ds_numel = p.numel()
         p._strata_part = _Part(ids, b, e, shard)
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        _mark_partitioned(p, _part_numel(lo, hi, off, n))
-        off += n
+        _mark_partitioned(p, e - b)
 
 
 # zero.Init blocks entered and not yet left: only the outermost partitions (DeepSpeed's rule).

@@ -216,3 +216,34 @@ def test_peft_lora_with_gradient_checkpointing_trains_as_without(reentrant):
     losses, master = run(True)
     assert losses == plain_losses
     assert master.keys() == plain.keys() and all(torch.equal(master[k], plain[k]) for k in plain)
+
+
+@pytest.mark.parametrize("stage,offload_param", [(0, "none"), (3, "none"), (3, "cpu")])
+def test_a_frozen_model_runs_forward_without_an_optimizer(stage, offload_param):
+    """Every parameter frozen (a reference model, a teacher) and no "optimizer" section: the
+    engine partitions and gathers it as any model (stage 3: nothing of it stays whole between
+    calls), computes what the torch module computes, and returns no optimizer, as DeepSpeed.
+    With one parameter trainable the missing optimizer is refused, saying how to do either."""
+    kind = "gpt"
+    whole = make_model(kind)
+    model = make_model(kind)
+    model.requires_grad_(False)
+    cfg = ds_config(stage)
+    del cfg["optimizer"]
+    if offload_param != "none":
+        cfg["zero_optimization"]["offload_param"] = {"device": offload_param}
+    engine, optimizer, _, _ = strata.initialize(model=model, config=cfg)
+    assert optimizer is None
+    assert all(not g.trainable for g in engine._groups)
+    with torch.no_grad():
+        for step in range(2):
+            x, y = batch(kind, step)
+            torch.testing.assert_close(engine(x, y), whole(x, y), rtol=0, atol=0)
+    if stage == 3:
+        assert all(p.numel() == 0 for p in model.parameters())  # released after the call
+    engine.close()
+    trainable = make_model(kind)
+    trainable.requires_grad_(False)
+    next(trainable.parameters()).requires_grad_(True)
+    with pytest.raises(ValueError, match=r"no \"optimizer\" section.*every parameter is frozen"):
+        strata.initialize(model=trainable, config=cfg)

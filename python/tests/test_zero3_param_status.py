@@ -144,15 +144,13 @@ def test_ds_tensor_counts_parameters_as_deepspeed_chats_throughput_does():
     finally:
         engine.destroy()
     # Two ranks: each parameter's parts (the ranges of its group that each rank owns) add up.
-    from strata import _strata
-    from strata.zero import _part_numel
+    from strata.zero import _owned_parts
     numels = [37, 1000, 3, 515]
     for world in (2, 4):
-        ranges = [_strata.owned_range(sum(numels), world, r) for r in range(world)]
-        off = 0
-        for n in numels:
-            assert sum(_part_numel(lo, hi, off, n) for lo, hi in ranges) == n
-            off += n
+        parts = [_owned_parts(numels, world, r) for r in range(world)]
+        for i, n in enumerate(numels):
+            assert sum(e - b for b, e in (p[i] for p in parts)) == n
+            assert all(0 <= b <= e <= n for b, e in (p[i] for p in parts))
 
 
 def test_stages_0_to_2_have_no_ds_id_and_zero_init_keeps_its_ids():

@@ -50,7 +50,7 @@ import transformers
 import transformers.integrations.deepspeed as _hf_deepspeed
 from accelerate.utils.deepspeed import HfDeepSpeedConfig as _AccelerateHfDeepSpeedConfig
 
-from ..config import ConfigError, _text_or_path, check_config, zero_stage
+from ..config import ConfigError, check_config, config_text, zero_stage
 from ..deepspeed_name import installed_elsewhere, register_as_deepspeed
 from ..engine import start_distributed
 from ._autos import HIDDEN_SIZE_KEYS, hidden_size_values
@@ -58,7 +58,7 @@ from ._autos import HIDDEN_SIZE_KEYS, hidden_size_values
 logger = logging.getLogger(__name__)
 
 __all__ = ["Trainer", "TrainingArguments", "HfDeepSpeedConfig", "from_pretrained", "resolve_auto",
-           "MIN_TRANSFORMERS_VERSION", "unsupported_reason"]
+           "with_strata", "MIN_TRANSFORMERS_VERSION", "unsupported_reason"]
 
 # The first transformers with the Trainer methods the strata Trainer overrides to put its engine
 # where DeepSpeed's goes (5.0 - 5.2 build DeepSpeed inline in _inner_training_loop).
@@ -199,11 +199,7 @@ def _read_config(value, what: str = "TrainingArguments(deepspeed=...)") -> dict:
     if isinstance(value, dict):
         return copy.deepcopy(value)
     try:
-        text, path = _text_or_path(value)  # strata's one reading rule (config.py)
-        if path:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        return json.loads(text)
+        return json.loads(config_text(value))  # strata's one reading rule (config.py)
     except (OSError, TypeError, ValueError) as e:
         raise ValueError(f"{what}: expected a path to an existing config file, a dict, JSON "
                          f"text or base64 JSON; got {value!r}") from e
@@ -242,8 +238,9 @@ class HfDeepSpeedConfig(_AccelerateHfDeepSpeedConfig):
         _hf_deepspeed.set_hf_deepspeed_config(self)
 
 
-def zero3_hook(config: dict, who: str) -> Optional[HfDeepSpeedConfig]:
-    """The hook strata's TrainingArguments and Accelerator set at stage 3 (None below it). Where
+def zero3_hook(config: Optional[dict], who: str) -> Optional[HfDeepSpeedConfig]:
+    """The hook strata's TrainingArguments and Accelerator set at stage 3 (None below it or
+    without a config). Where
     DeepSpeed itself is installed and strata does not yet stand in for it, transformers would
     partition with DeepSpeed's zero.Init: no hook then (a warning says so), and models load
     whole until strata.initialize partitions them; HfDeepSpeedConfig, or
@@ -400,8 +397,7 @@ class TrainingArguments(transformers.TrainingArguments):
         self.strata_config = None if raw is None else _read_config(raw)
         # As transformers' arguments set up HfTrainerDeepSpeedConfig: at stage 3 a model built
         # after them (from_pretrained) is partitioned as it is constructed, while they live.
-        self._strata_hf_config = (None if self.strata_config is None else
-                                  zero3_hook(self.strata_config, "strata TrainingArguments"))
+        self._strata_hf_config = zero3_hook(self.strata_config, "strata TrainingArguments")
 
 
 # -- what the Trainer sees of the engine's optimizer and schedule --------------------------------
@@ -669,6 +665,58 @@ class Trainer(transformers.Trainer):
                     f"(score: {self.state.best_metric}).")
         self.strata_engine.load_checkpoint(self.state.best_model_checkpoint,
                                            load_module_strict=not _is_peft(self.model))
+
+
+_made: dict = {}  # (the library's class, strata's Trainer class) -> with_strata's class
+
+
+def with_strata(cls: type, strata_trainer: Optional[type] = None) -> type:
+    """A Trainer or TrainingArguments subclass from another library (TRL's SFTTrainer / SFTConfig,
+    ...) that trains through strata: the same class with strata's Trainer / TrainingArguments
+    put between it and transformers' (its own methods run first and reach strata's through
+    super(), as they would reach transformers'). Its arguments' `deepspeed` config is then
+    strata's; without one both behave as the library's own. `strata_trainer`: a subclass of
+    strata's Trainer to put there instead (strata.integrations.trl's). One class per class
+    (asked again, the same one); strata's classes are returned as they are; anything else is a
+    TypeError."""
+    if not isinstance(cls, type):
+        raise TypeError(f"with_strata({cls!r}): not a class")
+    if issubclass(cls, (Trainer, TrainingArguments)):
+        return cls
+    if issubclass(cls, transformers.Trainer):
+        base, extra = strata_trainer or Trainer, {}
+        if not issubclass(base, Trainer):
+            raise TypeError(f"with_strata(strata_trainer={base!r}): not a subclass of "
+                            "strata.integrations.transformers.Trainer")
+    elif issubclass(cls, transformers.TrainingArguments):
+        # Pickled (the Trainer saves its arguments in each checkpoint) as the library's class
+        # and remade here on loading: the made class has no importable name of its own.
+        base, extra = TrainingArguments, {"__reduce_ex__": _reduce_arguments}
+    else:
+        raise TypeError(f"with_strata({cls.__qualname__}): not a subclass of "
+                        "transformers.Trainer or transformers.TrainingArguments")
+    if (cls, base) in _made:
+        return _made[cls, base]
+    made = type(cls.__name__, (cls, base), {
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        "__doc__": f"{cls.__module__}.{cls.__qualname__}, training through strata "
+                   "(strata.integrations.transformers.with_strata).", **extra})
+    if base is TrainingArguments:
+        made = dataclass(made)
+    made._strata_wraps = cls
+    _made[cls, base] = made
+    return made
+
+
+def _reduce_arguments(self, protocol):
+    return _remake_arguments, (type(self)._strata_wraps, self.__dict__.copy())
+
+
+def _remake_arguments(cls: type, state: dict):
+    made = with_strata(cls)
+    obj = made.__new__(made)
+    obj.__dict__.update(state)
+    return obj
 
 
 class _ConstantLr:

@@ -1,0 +1,125 @@
+"""TRL's trainers on strata: `from strata.integrations.trl import SFTTrainer, SFTConfig` in place of
+`from trl import ...` is the one change a TRL script needs (DPOTrainer / DPOConfig, GRPOTrainer /
+GRPOConfig, RewardTrainer / RewardConfig and every other trainer and config of trl alike).
+
+Each name is trl's class made by strata.integrations.transformers.with_strata: TRL's own methods
+(its datasets, collators, losses and metrics, logging, model cards) run first and reach strata's
+Trainer / TrainingArguments through super() where they would reach transformers'. The config's
+`deepspeed` (a path, JSON text or a dict; or `accelerate launch`'s DeepSpeed config) is run by
+strata.initialize exactly as for strata's Trainer (docs/python.md, "Hugging Face Trainer"); TRL
+sees no DeepSpeed plugin, so its DeepSpeed-only workarounds (ZeRO-3 reentrant checkpointing for
+PEFT, adapter dtypes) do not apply and are not needed. Without `deepspeed` the classes are trl's.
+
+A reference model (`ref_model`, which DPO, KTO and TRL's other preference trainers set) at ZeRO
+stage 3 runs in a forward-only strata engine of its own, with the run's zero_optimization (its
+parameters partitioned, on the CPU where offload_param says so), as DeepSpeed's run gets it from
+TRL's prepare_deepspeed: whether the script passed it whole or TRL or transformers built it
+partitioned (from_pretrained after stage-3 arguments). Its parameters are frozen; it keeps no
+optimizer state. Below stage 3 it stays the torch module it is. sync_ref_model (copying the
+policy into it during training) is refused at stage 3.
+
+One function of TRL's is wrapped on import: trl.trainer.utils.maybe_gather_lm_head_ctx, which its
+fused LM head (SFT's default chunked_nll loss, DPO's log-probabilities) calls with `lm_head.weight`
+in the forward and again in its autograd Function's backward, reading `ds_status` of what it is
+given. In that backward the weight is what autograd unpacked from the tensors saved in the
+forward, and under strata (whose saved-tensor hooks keep no pointer into a released buffer) that
+is a plain tensor without DeepSpeed's attributes, not the Parameter: the wrapper passes on only
+tensors that carry `ds_status`. A saved parameter that strata gives back in a backward is the
+gathered one (or the unpacking fails, naming it), so there is nothing left to gather.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import trl
+import trl.trainer.utils as _trl_utils
+
+from ..config import zero_stage
+from .transformers import Trainer as _StrataTrainer
+from .transformers import resolve_auto, with_strata
+
+__all__ = ["SFTTrainer", "SFTConfig", "DPOTrainer", "DPOConfig", "GRPOTrainer", "GRPOConfig",
+           "RewardTrainer", "RewardConfig"]
+
+
+def _passes_partitioned_only(gather):
+    def maybe_gather_lm_head_ctx(*params):
+        return gather(*(p for p in params if p is None or hasattr(p, "ds_status")))
+
+    maybe_gather_lm_head_ctx.__doc__ = gather.__doc__
+    maybe_gather_lm_head_ctx._strata_wraps = gather
+    return maybe_gather_lm_head_ctx
+
+
+_gather = getattr(_trl_utils, "maybe_gather_lm_head_ctx", None)
+if _gather is not None and not hasattr(_gather, "_strata_wraps"):
+    _trl_utils.maybe_gather_lm_head_ctx = _passes_partitioned_only(_gather)
+
+
+def reference_config(config: dict, args, model: torch.nn.Module) -> dict:
+    """The DeepSpeed config of a reference model's engine: the run's, "auto" values resolved from
+    the arguments, without the optimizer and scheduler sections (nothing of it trains)."""
+    cfg = copy.deepcopy(dict(config))
+    cfg.pop("optimizer", None)
+    cfg.pop("scheduler", None)
+    return resolve_auto(cfg, args, model, num_training_steps=1, world_size=args.world_size)
+
+
+class _Trainer(_StrataTrainer):
+    """strata's Trainer under one of TRL's (module docstring): a reference model assigned at
+    stage 3 gets a forward-only engine as it is assigned, wherever the trainer assigns it (TRL
+    builds, prepares and uses it inside its own __init__)."""
+
+    def __setattr__(self, name, value):
+        if name == "ref_model":
+            self._strata_drop_references(keep=value)
+            if isinstance(value, torch.nn.Module):
+                self._strata_reference(value)
+        super().__setattr__(name, value)
+
+    def _strata_drop_references(self, keep) -> None:
+        """Closes the engine of a reference model the trainer replaces (DPO drops it once its
+        log-probabilities are precomputed)."""
+        engines = self.__dict__.get("_strata_reference_engines", [])
+        for engine in [e for e in engines if e.module is not keep]:
+            engines.remove(engine)
+            engine.close()
+
+    def _strata_reference(self, model: torch.nn.Module) -> None:
+        config = self._strata_config()
+        if config is None or zero_stage(config) != 3:
+            return
+        engines = self.__dict__.setdefault("_strata_reference_engines", [])
+        if any(e.module is model for e in engines):
+            return  # the same model again (accelerate's prepare_model returns it)
+        if getattr(self.args, "sync_ref_model", False):
+            raise ValueError("strata: sync_ref_model=True at ZeRO stage 3 is not supported (the "
+                             "reference model runs in an engine of its own); use "
+                             "sync_ref_model=False or a stage below 3")
+        import strata
+        model.requires_grad_(False)
+        engine, _, _, _ = strata.initialize(
+            model=model, config=reference_config(config, self.args, model),
+            device=self.args.device)
+        model.eval()
+        engines.append(engine)
+
+
+def __getattr__(name: str):
+    try:
+        cls = getattr(trl, name)
+    except AttributeError:
+        raise AttributeError(f"module 'strata.integrations.trl' has no attribute {name!r} "
+                             f"(trl {trl.__version__} has none either)") from None
+    try:
+        made = with_strata(cls, strata_trainer=_Trainer)
+    except TypeError:
+        raise AttributeError(f"strata.integrations.trl.{name}: trl.{name} is neither a Trainer "
+                             "nor a TrainingArguments; import it from trl") from None
+    globals()[name] = made
+    return made
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
