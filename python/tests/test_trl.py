@@ -247,6 +247,29 @@ def test_grpo_matches_trl(tmp_path):
     assert_same_curve(logs, ref, metrics=("reward", "reward_std"))
 
 
+def test_reward_trainer_matches_trl(tmp_path):
+    """RewardTrainer on chosen / rejected pairs: a LlamaForSequenceClassification (one score per
+    sequence, read at its last non-pad token) at stage 3 with the optimizer on cpu; the
+    Bradley-Terry losses, grad norms and TRL's accuracy as TRL's own. (The model is built before
+    the stage-3 arguments: after them transformers builds its inner model under zero.Init and
+    initialises it module by module, other random values than a plain construction's, with
+    DeepSpeed as with strata.)"""
+    def reward_model():
+        torch.manual_seed(0)
+        return transformers.LlamaForSequenceClassification(transformers.LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+            pad_token_id=0, eos_token_id=1, num_labels=1))
+
+    def kw():
+        return dict(max_steps=4, trainer_kw={
+            "train_dataset": preference_dataset().remove_columns(["prompt"])})
+    _, ref = train("RewardTrainer", tmp_path / "ref", model=reward_model(), **kw())
+    _, logs = train("RewardTrainer", tmp_path / "st", ds_config(3, offload_optimizer="cpu"),
+                    model=reward_model(), **kw())
+    assert_same_curve(logs, ref, metrics=("accuracy", "margin"))
+
+
 def test_sft_checkpoint_resume_continues_as_the_uninterrupted_run(tmp_path, sft_reference):
     """save_steps=3: the checkpoint holds the engine's state beside TRL's and transformers' files
     (training_args.bin: the pickled strata SFTConfig, which loads as that class with its
