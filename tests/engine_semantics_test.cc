@@ -691,6 +691,74 @@ TEST(EngineSemantics, AFrozenModelNeedsNoOptimizer) {
       << refused[0].ToString();
 }
 
+// ReadOptimizerState(kGrad) between the reductions and Step is the gradient the step uses (no
+// clipping configured): Adam's first moment after the first step (from zeros) is (1 - beta1)
+// times it, divided by the loss scale with fp16 (the gradient read is still scaled, as DeepSpeed's
+// safe_get_full_grad); across stages, offloads, precisions and 2 ranks (the read is whole on every
+// rank). After Step no gradient is there to read; a frozen group has none.
+TEST(EngineSemantics, GradientReadBeforeStepIsTheOneAdamUses) {
+  for (const char* precision : {"fp32", "bf16", "fp16"}) {
+    for (
+        const char* zero :
+        {R"("stage": 1)", R"("stage": 2, "offload_optimizer": {"device": "cpu"})",
+         R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}, "offload_param": {"device": "cpu"})"}) {
+      SCOPED_TRACE(std::string(precision) + " " + zero);
+      const float scale =
+          std::string(precision) == "fp16" ? 256.0f : 1.0f;  // 2^initial_scale_power
+      RunSpec spec;
+      spec.config_json = BaseConfig(zero, R"("gradient_clipping": 0.0,)", precision);
+      spec.world = 2;
+      spec.steps = 1;
+      std::vector<std::vector<std::vector<float>>> grads(2,
+                                                         std::vector<std::vector<float>>(kGroups));
+      spec.before_engine_step = [&](int r, int, Engine& e, nvme::SimBackend*) {
+        for (size_t g = 0; g < kGroups; ++g) {
+          grads[r][g].resize(e.model().groups[g].numel());
+          ASSERT_TRUE(e.ReadOptimizerState(g, StateKind::kGrad, grads[r][g]).ok());
+        }
+      };
+      spec.after_step = [&](int r, int, Engine& e) -> Status {
+        for (size_t g = 0; g < kGroups; ++g) {
+          std::vector<float> m(e.model().groups[g].numel());
+          STRATA_RETURN_IF_ERROR(e.ReadOptimizerState(g, StateKind::kExpAvg, m));
+          for (size_t i = 0; i < m.size(); ++i) {
+            const float want = 0.1f * grads[r][g][i] / scale;
+            if (std::fabs(m[i] - want) > 1e-6f * std::fabs(want) + 1e-12f) {
+              return Status::Internal("group " + std::to_string(g) + " element " +
+                                      std::to_string(i) + ": exp_avg " + std::to_string(m[i]) +
+                                      ", 0.1 x gradient read " + std::to_string(want));
+            }
+          }
+        }
+        std::vector<float> again(e.model().groups[kTop].numel());
+        const Status st = e.ReadOptimizerState(kTop, StateKind::kGrad, again);
+        if (st.code() != Status::Code::kFailedPrecondition) {
+          return Status::Internal("a gradient read after Step: " + st.ToString());
+        }
+        return Status::OK();
+      };
+      const RunResult res = RunEngine(spec);
+      ASSERT_TRUE(res.status.ok()) << res.status.ToString();
+      EXPECT_EQ(grads[0], grads[1]);  // whole on both ranks
+      bool nonzero = false;
+      for (float v : grads[0][kTop]) nonzero = nonzero || v != 0.0f;
+      EXPECT_TRUE(nonzero);
+    }
+  }
+  RunSpec frozen;
+  frozen.config_json = BaseConfig(R"("stage": 2)");
+  frozen.model = TestModel();
+  frozen.model->groups[kMidBias].trainable = false;
+  frozen.steps = 1;
+  frozen.before_engine_step = [](int, int, Engine& e, nvme::SimBackend*) {
+    std::vector<float> out(e.model().groups[kMidBias].numel());
+    EXPECT_EQ(e.ReadOptimizerState(kMidBias, StateKind::kGrad, out).code(),
+              Status::Code::kInvalidArgument);
+  };
+  const RunResult r = RunEngine(frozen);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+}
+
 // OneCycle's cycled momentum reaches the Adam of every placement as the same betas handed over
 // by SetHyperparameters (a client scheduler's), and changes the result.
 TEST(EngineSemantics, OneCycleMomentumIsTheStepsBetas) {

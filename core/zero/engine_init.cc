@@ -426,6 +426,25 @@ Status ReadFrozenParams(Engine::Impl& e, size_t g, std::vector<float>& full) {
   return e.Fail(e.CopySync(CopyDir::kDeviceToHost, full.data(), dev, bytes));
 }
 
+// The accumulated gradient of `group` can be read: no gradient buffer is out (mid-backward),
+// every reduction is accumulated (drained here), and there was one since the last Step.
+Status GradReadable(Engine::Impl& e, size_t group, const std::string& op) {
+  for (size_t g = 0; g < e.groups.size(); ++g) {
+    if (e.groups[g].grad) {
+      return Status::FailedPrecondition(op + ": group '" + e.model.groups[g].name +
+                                        "' has a gradient buffer out (mid-backward)");
+    }
+  }
+  STRATA_RETURN_IF_ERROR(e.DrainReductions(true));
+  // Device-resident gradients accumulate in kernels queued and not waited for.
+  STRATA_RETURN_IF_ERROR(e.Fail(e.opt.device->Synchronize()));
+  if (e.groups[group].reductions == 0) {
+    return Status::FailedPrecondition(op + ": group '" + e.model.groups[group].name +
+                                      "' has no gradient since the last Step");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status Engine::ReadMaster(size_t group, std::span<float> out) {
@@ -438,9 +457,10 @@ Status Engine::ReadOptimizerState(size_t group, StateKind kind, std::span<float>
   STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());
   STRATA_RETURN_IF_ERROR(e.CancelSpeculation());  // the state from before this step
   STRATA_RETURN_IF_ERROR(e.CheckHealthy());
-  if (kind != StateKind::kMaster32 && kind != StateKind::kExpAvg && kind != StateKind::kExpAvgSq) {
+  if (kind == StateKind::kParam16) {
     return Status::InvalidArgument(op + ": " + std::string(StateKindName(kind)) +
-                                   " is not an optimizer state (master32, exp_avg, exp_avg_sq)");
+                                   " is not an optimizer state (master32, exp_avg, exp_avg_sq, "
+                                   "grad)");
   }
   if (group >= e.groups.size()) {
     return Status::InvalidArgument(op + ": group " + std::to_string(group) + " out of range");
@@ -461,16 +481,23 @@ Status Engine::ReadOptimizerState(size_t group, StateKind kind, std::span<float>
     std::copy(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(gs.numel), out.begin());
     return Status::OK();
   }
+  if (kind == StateKind::kGrad) STRATA_RETURN_IF_ERROR(GradReadable(e, group, op));
   for (size_t si : gs.sub_groups) {
     const SubGroup& s = e.subs[si];
-    const Tier tier = e.ComputeTier(e.HomeOf(s, StateKind::kMaster32));
+    const Tier tier = e.ComputeTier(e.HomeOf(s, kind));
     const BlockId block = kind == StateKind::kExpAvg     ? s.exp_avg
                           : kind == StateKind::kExpAvgSq ? s.exp_avg_sq
+                          : kind == StateKind::kGrad     ? s.grad
                                                          : s.master;
     // Failing the engine aborts the all-gather below on the peers (no wait to the deadline).
     auto l = e.store->Acquire(block, tier, Access::kRead, e.timeout());
     if (!l.ok()) return e.Fail(l.status());
-    std::memcpy(full.data() + e.FullOffset(s), l->data(), s.elems * sizeof(float));
+    float* at = full.data() + e.FullOffset(s);
+    if (kind == StateKind::kGrad && e.grad_dtype != DType::kF32) {
+      STRATA_RETURN_IF_ERROR(kernels::Cast(l->data(), e.grad_dtype, at, DType::kF32, s.elems));
+    } else {
+      std::memcpy(at, l->data(), s.elems * sizeof(float));
+    }
   }
   if (e.placement.optimizer_partitioned && e.world > 1) {
     const uint64_t bytes = full.size() * sizeof(float);

@@ -557,8 +557,13 @@ class Engine {
   Status ReadMaster(size_t group, std::span<float> out);
   // The group's optimizer state `kind` whole, numel fp32 values (collective, as ReadMaster):
   // kMaster32 (ReadMaster), kExpAvg or kExpAvgSq (Adam's moments as of the last step; zeros
-  // before the first). InvalidArgument for another kind, or for the moments of a frozen group
-  // (it has none). What DeepSpeed's safe_get_full_optimizer_state reads.
+  // before the first), or kGrad: the gradient accumulated since the last Step, reduced over the
+  // ranks and divided by gradient_accumulation_steps, not yet clipped and, with fp16, still
+  // multiplied by the loss scale (what DeepSpeed's safe_get_full_grad returns between backward
+  // and step); it waits for the reductions in flight, and is FailedPrecondition while a
+  // gradient buffer is out or when no ReduceGradients came since the last Step.
+  // InvalidArgument for kParam16, or for the moments or gradient of a frozen group (it has
+  // none). What DeepSpeed's safe_get_full_optimizer_state / safe_get_full_grad read.
   Status ReadOptimizerState(size_t group, StateKind kind, std::span<float> out);
 
   // Checkpoints (docs/checkpoints.md; format and protocol in core/zero/checkpoint_format.h).

@@ -1017,12 +1017,17 @@ class StrataEngine(torch.nn.Module):
     def read_param_state(self, param: torch.nn.Parameter, kind: str = "master32"):
         """One parameter's optimizer state whole, fp32 in its shape: kind "master32" (the master
         weights; a frozen parameter's own values), "exp_avg" or "exp_avg_sq" (None for a frozen
-        parameter, which has no moments). Collective: every rank calls it for the same
+        parameter, which has no moments), or "grad": the gradient accumulated since the last
+        step, reduced over the ranks (Engine::ReadOptimizerState: averaged over ranks and
+        micro-steps, not clipped, with fp16 still loss-scaled), None for a frozen parameter or
+        before a backward since the last step. Collective: every rank calls it for the same
         parameter, as DeepSpeed's safe_get_full_* (strata.utils)."""
         gi = self._group_of.get(id(param))
         if gi is None:
             raise ValueError("read_param_state: the parameter is not one of this engine's")
         if kind != "master32" and not self._groups[gi].trainable:
+            return None
+        if kind == "grad" and not self._step_has_grads:
             return None
         for _, p, v in self._param_views(gi, kind):
             if p is param:

@@ -115,6 +115,19 @@ def safe_get_local_optimizer_state(param, optim_state_key: str):
     return _local(param, safe_get_full_optimizer_state(param, optim_state_key))
 
 
+def safe_get_full_grad(param):
+    """As DeepSpeed's, between engine.backward() and engine.step(): the parameter's gradient,
+    whole, fp32, in its shape, reduced over the ranks (averaged over ranks and micro-steps, not
+    yet clipped; with fp16 still multiplied by the loss scale, as DeepSpeed's); None for a
+    frozen parameter or before a backward since the last step. Collective."""
+    return _engine_of(param, "safe_get_full_grad").read_param_state(param, "grad")
+
+
+def safe_get_local_grad(param):
+    """As DeepSpeed's (ZeRO-3): this rank's part of safe_get_full_grad, 1-D."""
+    return _local(param, safe_get_full_grad(param))
+
+
 def _not_supported(name: str, instead: str):
     def refuse(*args, **kwargs):
         raise NotImplementedError(f"{name}: not supported by strata; {instead}")
@@ -123,11 +136,9 @@ def _not_supported(name: str, instead: str):
     return refuse
 
 
-_GRADS = "the engine keeps reduced gradients to itself between backward and step"
+_GRADS = "the engine's reduced gradients are read-only (safe_get_full_grad reads them)"
 _SETS = ("change weights with strata.zero.GatheredParameters(params, modifier_rank=0) (working "
          "params; masters too before the first step)")
-safe_get_full_grad = _not_supported("safe_get_full_grad", _GRADS)
-safe_get_local_grad = _not_supported("safe_get_local_grad", _GRADS)
 safe_set_full_grad = _not_supported("safe_set_full_grad", _GRADS)
 safe_set_local_grad = _not_supported("safe_set_local_grad", _GRADS)
 safe_set_full_fp32_param = _not_supported("safe_set_full_fp32_param", _SETS)

@@ -2,8 +2,9 @@
 safe_get_full_optimizer_state and the local forms) on strata: after a few steps each parameter's
 fp32 master and Adam moments equal torch AdamW's own (its param and opt.state), at stages 1 and 3
 with the optimizer in DRAM or on NVMe and at stage 0; a frozen parameter has its values and no
-moments; the local form is the rank's part at stage 3; gradient reads and the writes are refused
-by name, as are parameters no engine trains."""
+moments; the local form is the rank's part at stage 3; between backward and step the gradient
+read equals torch's p.grad (micro-steps averaged), and is None outside that window; the writes
+are refused by name, as are parameters no engine trains."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -71,19 +72,53 @@ def test_a_frozen_parameter_has_its_values_and_no_moments(tmp_path):
     gi = engine._group_of[id(frozen)]
     with pytest.raises(deepspeed.StrataError, match="is frozen and has no exp_avg"):
         engine._engine.read_state(gi, "exp_avg")
-    with pytest.raises(deepspeed.StrataError, match="grad is not an optimizer state"):
+    with pytest.raises(deepspeed.StrataError, match="is frozen and has no grad"):
         engine._engine.read_state(gi, "grad")
+    assert deepspeed.utils.safe_get_full_grad(frozen) is None
+    with pytest.raises(deepspeed.StrataError, match="param16 is not an optimizer state"):
+        engine._engine.read_state(gi, "param16")
     with pytest.raises(ValueError, match="unknown state kind 'moment'"):
         engine._engine.read_state(gi, "moment")
     engine.close()
 
 
-def test_gradients_writes_and_foreign_parameters_are_refused(tmp_path):
+@pytest.mark.parametrize("stage,offload,gas", [(0, "none", 1), (2, "cpu", 2), (3, "nvme", 2)])
+def test_gradient_reads_equal_torchs_between_backward_and_step(stage, offload, gas, tmp_path):
+    """safe_get_full_grad after the backwards of a step (gas micro-steps: their mean, as the
+    step uses it) against torch's p.grad of the same micro-batches, summed and divided by gas;
+    the local form at stage 3 is the rank's part; None before any backward and after the step
+    (DeepSpeed: no gradient then)."""
+    kind = "gpt"
+    ref = make_model(kind)
+    for micro in range(gas):
+        (ref(*batch(kind, micro)) / gas).backward()
+    cfg = ds_config(stage, offload, lr=LR, wd=WD, nvme_path=str(tmp_path), gas=gas)
+    model = make_model(kind)
+    engine = deepspeed.initialize(model=model, config=cfg)[0]
+    utils = deepspeed.utils
+    p0 = next(model.parameters())
+    assert utils.safe_get_full_grad(p0) is None  # no backward yet
+    for micro in range(gas):  # DeepSpeed's loop: step() after every micro-step's backward
+        engine.backward(engine(*batch(kind, micro)))
+        if micro < gas - 1:
+            engine.step()  # not a boundary: no optimizer step, the gradient accumulates
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        got = utils.safe_get_full_grad(p)
+        assert got.dtype == torch.float32 and got.shape == q.shape, name
+        torch.testing.assert_close(got, q.grad, atol=1e-6, rtol=1e-4, msg=name)
+        if stage == 3:
+            assert torch.equal(utils.safe_get_local_grad(p), got.reshape(-1))  # one rank
+    engine.step()
+    assert utils.safe_get_full_grad(p0) is None  # the step consumed it
+    engine.close()
+
+
+def test_writes_and_foreign_parameters_are_refused(tmp_path):
     model, engine = strata_run("mlp", 2, "cpu", tmp_path)
     p = next(model.parameters())
     utils = deepspeed.utils
-    for name in ("safe_get_full_grad", "safe_set_full_fp32_param",
-                 "safe_set_full_optimizer_state", "safe_get_local_grad"):
+    for name in ("safe_set_full_grad", "safe_set_full_fp32_param",
+                 "safe_set_full_optimizer_state", "safe_set_local_grad"):
         with pytest.raises(NotImplementedError, match=f"{name}: not supported by strata"):
             getattr(utils, name)(p)
     with pytest.raises(ValueError, match="not trained by a strata engine"):
