@@ -211,6 +211,22 @@ def test_dpo_matches_trl(tmp_path, case):
         assert references == []
 
 
+def test_kto_with_a_reference_model_at_stage_3_matches_trl(tmp_path):
+    """KTOTrainer (unpaired desirable / undesirable completions) with a separate reference
+    model at stage 3, the parameters on cpu: the reference gets a forward-only engine as DPO's
+    does; losses and grad norms as TRL's own."""
+    def kw():
+        g = torch.Generator().manual_seed(4)
+        ds = datasets.Dataset.from_dict({"prompt": [words(g, 5) for _ in range(32)],
+                                         "completion": [words(g, 4) for _ in range(32)],
+                                         "label": [bool(i % 2) for i in range(32)]})
+        return dict(max_steps=4, trainer_kw={"train_dataset": ds, "ref_model": tiny_llama()})
+    _, ref = train("KTOTrainer", tmp_path / "ref", **kw())
+    trainer, logs = train("KTOTrainer", tmp_path / "st", ds_config(3, offload_param="cpu"), **kw())
+    assert len(trainer._strata_reference_engines) == 1
+    assert_same_curve(logs, ref)
+
+
 def test_dpo_sync_ref_model_at_stage_3_is_refused(tmp_path):
     args = strl.DPOConfig(deepspeed=ds_config(3), sync_ref_model=True,
                           **config_kw(tmp_path, max_steps=2))
