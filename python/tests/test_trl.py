@@ -378,3 +378,19 @@ def test_dpo_on_two_processes_matches_one_with_twice_the_batch(tmp_path):
     for n, p in res[0]["master"].items():
         torch.testing.assert_close(p, params[n].detach().float(), rtol=0, atol=5e-4,
                                    msg=lambda m: f"{n}: {m}")
+
+
+def test_trl_parser_takes_the_made_config(tmp_path):
+    """TRL's example scripts parse their arguments with TrlParser((ScriptArguments, SFTConfig,
+    ModelConfig)): with strata's SFTConfig there, `--deepspeed ds.json` on the command line
+    becomes the strata config and the rest parses as TRL's."""
+    import json
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds_config(2, offload_optimizer="cpu")))
+    parser = trl.TrlParser((trl.ScriptArguments, strl.SFTConfig, trl.ModelConfig))
+    script, args, model_args = parser.parse_args_and_config([
+        "--dataset_name", "unused", "--output_dir", str(tmp_path), "--deepspeed", str(path),
+        "--use_cpu", "--learning_rate", "2e-5", "--max_length", "64"])
+    assert type(args) is strl.SFTConfig
+    assert args.strata_config == ds_config(2, offload_optimizer="cpu") and args.deepspeed is None
+    assert args.learning_rate == 2e-5 and args.max_length == 64
