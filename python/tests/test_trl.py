@@ -137,6 +137,21 @@ def test_sft_matches_trl(tmp_path, sft_reference, case):
         assert stats["store"]["peak_bytes"]["nvme"] > 0  # the optimizer state's home
 
 
+def test_sft_from_a_model_path_loads_it_partitioned(tmp_path, sft_reference):
+    """SFTTrainer(model="<path or hub id>") loads the model itself (TRL's create_model_from_path:
+    from_pretrained after the arguments): at stage 3 transformers' hook builds it partitioned,
+    no rank holding it whole, and the run is the one from the module built in memory."""
+    tiny_llama().save_pretrained(tmp_path / "base")
+    args = strl.SFTConfig(deepspeed=ds_config(3, offload_param="cpu"),
+                          **config_kw(tmp_path / "out", model_init_kwargs={"dtype": torch.float32}))
+    trainer = strl.SFTTrainer(model=str(tmp_path / "base"), args=args,
+                              processing_class=tokenizer(), train_dataset=text_dataset())
+    assert all(hasattr(p, "ds_tensor") and p.numel() == 0 for p in trainer.model.parameters())
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert_same_curve(logs, sft_reference, metrics=("mean_token_accuracy",))
+
+
 def lora_config():
     peft = pytest.importorskip("peft")
     return peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
