@@ -183,9 +183,10 @@ def test_sft_with_peft_config_at_stage_3_saves_a_loadable_adapter(tmp_path):
 def test_dpo_matches_trl(tmp_path, case):
     """DPOTrainer on prompt / chosen / rejected pairs, against TRL's own trainer: (a) stage 2 with
     a separate reference model (kept whole beside the engine, as TRL keeps it below stage 3);
-    (b) stage 3 with the parameters on cpu, policy and reference loaded by from_pretrained after
-    the arguments (so built partitioned by transformers' hook: the reference runs in a
-    forward-only engine of its own, frozen, as DeepSpeed's prepare_deepspeed gives it one);
+    (b) stage 3 with the parameters and the optimizer on NVMe, policy and reference loaded by
+    from_pretrained after the arguments (so built partitioned by transformers' hook: the
+    reference runs in a forward-only engine of its own, frozen, as DeepSpeed's prepare_deepspeed
+    gives it one, with its swap file beside the policy's, in a directory of its own);
     (c) stage 3 with the optimizer on cpu and a PEFT LoRA whose disabled adapters are the
     reference. Losses, grad norms and TRL's reward metrics as TRL has them."""
     saved = tmp_path / "base"
@@ -199,8 +200,10 @@ def test_dpo_matches_trl(tmp_path, case):
             return tiny_llama(), {"ref_model": tiny_llama()}
         return tiny_llama(), {"peft_config": lora_config()}
 
+    (tmp_path / "nvme").mkdir()
     cfgs = {"stage2-ref-model": ds_config(2), "stage3-peft": ds_config(3, offload_optimizer="cpu"),
-            "stage3-ref-model": ds_config(3, offload_param="cpu")}
+            "stage3-ref-model": ds_config(3, offload_optimizer="nvme", offload_param="nvme",
+                                          nvme=tmp_path / "nvme")}
     model, ctor = models()
     _, ref = train("DPOTrainer", tmp_path / "ref", model=model, max_steps=4,
                    trainer_kw={"train_dataset": preference_dataset(), **ctor})
@@ -222,6 +225,9 @@ def test_dpo_matches_trl(tmp_path, case):
         assert engine.module is trainer.ref_model
         assert not any(p.requires_grad for p in trainer.ref_model.parameters())
         assert all(p.numel() == 0 for p in trainer.ref_model.parameters())  # partitioned
+        swaps = sorted(str(f.relative_to(tmp_path / "nvme"))
+                       for f in (tmp_path / "nvme").rglob("*.swp"))
+        assert swaps == ["strata-reference/strata-swap-rank0.swp", "strata-swap-rank0.swp"]
     else:
         assert references == []
 

@@ -12,7 +12,8 @@ PEFT, adapter dtypes) do not apply and are not needed. Without `deepspeed` the c
 
 A reference model (`ref_model`, which DPO, KTO and TRL's other preference trainers set) at ZeRO
 stage 3 runs in a forward-only strata engine of its own, with the run's zero_optimization (its
-parameters partitioned, on the CPU where offload_param says so), as DeepSpeed's run gets it from
+parameters partitioned, on the CPU or NVMe where offload_param says so: its swap files in a
+`strata-reference` directory of each nvme_path), as DeepSpeed's run gets it from
 TRL's prepare_deepspeed: whether the script passed it whole or TRL or transformers built it
 partitioned (from_pretrained after stage-3 arguments). Its parameters are frozen; it keeps no
 optimizer state. Below stage 3 it stays the torch module it is. sync_ref_model (copying the
@@ -30,6 +31,7 @@ gathered one (or the unpacking fails, naming it), so there is nothing left to ga
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 import trl
@@ -57,12 +59,27 @@ if _gather is not None and not hasattr(_gather, "_strata_wraps"):
     _trl_utils.maybe_gather_lm_head_ctx = _passes_partitioned_only(_gather)
 
 
+_REFERENCE_DIR = "strata-reference"
+
+
 def reference_config(config: dict, args, model: torch.nn.Module) -> dict:
     """The DeepSpeed config of a reference model's engine: the run's, "auto" values resolved from
-    the arguments, without the optimizer and scheduler sections (nothing of it trains)."""
+    the arguments, without the optimizer and scheduler sections (nothing of it trains). Its NVMe
+    swap files go to a `strata-reference` directory inside each nvme_path (created): the
+    policy's engine holds the rank's swap file in the nvme_path itself."""
     cfg = copy.deepcopy(dict(config))
     cfg.pop("optimizer", None)
     cfg.pop("scheduler", None)
+    zero = cfg.get("zero_optimization", {})
+    for key in ("offload_param", "offload_optimizer"):
+        section = zero.get(key)
+        if isinstance(section, dict) and section.get("nvme_path"):
+            paths = section["nvme_path"]
+            moved = [os.path.join(os.fspath(p), _REFERENCE_DIR)
+                     for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
+            for path in moved:
+                os.makedirs(path, exist_ok=True)
+            section["nvme_path"] = moved if isinstance(paths, (list, tuple)) else moved[0]
     return resolve_auto(cfg, args, model, num_training_steps=1, world_size=args.world_size)
 
 
