@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "nvme/io_drain.h"
@@ -140,6 +142,23 @@ Result<StrataFileScan> ReclaimPath(const std::string& dir, const std::string& ow
   }
 }
 
+// The swap files this process's swap spaces hold. A second engine of the same rank in this
+// process (a teacher beside a student, two runs in one script) finds its file locked by its own
+// process, which a scan cannot tell from another live process: it is refused at once, saying
+// so, instead of after the rescans with "another live process".
+std::mutex& HeldHereMu() {
+  static std::mutex mu;
+  return mu;
+}
+std::set<std::string>& HeldHere() {
+  static std::set<std::string> paths;
+  return paths;
+}
+bool IsHeldHere(const std::string& path) {
+  std::lock_guard<std::mutex> l(HeldHereMu());
+  return HeldHere().count(path) != 0;
+}
+
 // What stops this rank from starting in a path after the reclaim: its own file held by a live
 // process or not strata's to use, or a leftover that could not be removed.
 Status CheckScan(const StrataFileScan& scan, const std::string& own, int rank) {
@@ -192,6 +211,12 @@ Status SwapSpace::CheckPaths() {
     status = CheckDirectory(dir);
     if (!status.ok()) break;
     const std::string own = SwapFilePath(dir, options_.rank);
+    if (IsHeldHere(own)) {
+      status = Status::FailedPrecondition(
+          "swap file '" + own + "' is in use by another strata engine of rank " +
+          std::to_string(options_.rank) + " in this process: give each engine its own nvme_path");
+      break;
+    }
     Result<StrataFileScan> scan = ReclaimPath(dir, own);
     if (!scan.ok()) {
       status = scan.status();
@@ -254,6 +279,10 @@ Status SwapSpace::OpenFiles() {
     }
     file_paths_.push_back(path);
     lock_fds_.push_back(lock_fd);
+    {
+      std::lock_guard<std::mutex> l(HeldHereMu());
+      HeldHere().insert(path);
+    }
     int fd = open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
     if (fd >= 0) {
       fds_.push_back(fd);
@@ -321,6 +350,10 @@ Status SwapSpace::Close() {
     close(fd);
   }
   for (int fd : lock_fds_) close(fd);
+  {
+    std::lock_guard<std::mutex> l(HeldHereMu());
+    for (const std::string& path : file_paths_) HeldHere().erase(path);
+  }
   fds_.clear();
   lock_fds_.clear();
   return result;
