@@ -1,6 +1,7 @@
 """As deepspeed.utils: DeepSpeed's logger, log_dist and RepeatingLoader, its tensor-fragment
-reads (safe_get_full_fp32_param, safe_get_full_optimizer_state and the local forms; gradients
-and writes refused, named), its ZeRO-3 leaf-module calls, and checkpoint helpers: the Python state strata keeps in a checkpoint, and DeepSpeed's
+reads (safe_get_full_fp32_param, safe_get_full_optimizer_state, safe_get_full_grad and the local
+forms; the writes refused, named), its ZeRO-3 leaf-module calls, and checkpoint helpers: the
+Python state strata keeps in a checkpoint, and DeepSpeed's
 zero_to_fp32 functions (get_fp32_state_dict_from_zero_checkpoint,
 load_state_dict_from_zero_checkpoint, convert_zero_checkpoint_to_fp32_state_dict).
 
@@ -62,8 +63,8 @@ class RepeatingLoader:
 
 
 # -- DeepSpeed's tensor-fragment API (deepspeed.utils.safe_get_full_fp32_param, ...) ------------
-# A parameter's fp32 master or Adam moments, whole or this rank's part, read from the engine that
-# trains it. Collective like DeepSpeed's: every rank calls it for the same parameter.
+# A parameter's fp32 master, Adam moments or gradient, whole or this rank's part, read from the
+# engine that trains it. Collective like DeepSpeed's: every rank calls it for the same parameter.
 _OPTIMIZER_STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
 

@@ -30,7 +30,6 @@ gathered one (or the unpacking fails, naming it), so there is nothing left to ga
 """
 from __future__ import annotations
 
-import copy
 import os
 
 import torch
@@ -67,20 +66,20 @@ def reference_config(config: dict, args, model: torch.nn.Module) -> dict:
     the arguments, without the optimizer and scheduler sections (nothing of it trains). Its NVMe
     swap files go to a `strata-reference` directory inside each nvme_path (created): the
     policy's engine holds the rank's swap file in the nvme_path itself."""
-    cfg = copy.deepcopy(dict(config))
-    cfg.pop("optimizer", None)
-    cfg.pop("scheduler", None)
+    cfg = resolve_auto({k: v for k, v in config.items() if k not in ("optimizer", "scheduler")},
+                       args, model, num_training_steps=1, world_size=args.world_size)  # a copy
     zero = cfg.get("zero_optimization", {})
     for key in ("offload_param", "offload_optimizer"):
         section = zero.get(key)
         if isinstance(section, dict) and section.get("nvme_path"):
             paths = section["nvme_path"]
+            several = isinstance(paths, (list, tuple))
             moved = [os.path.join(os.fspath(p), _REFERENCE_DIR)
-                     for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
+                     for p in (paths if several else [paths])]
             for path in moved:
                 os.makedirs(path, exist_ok=True)
-            section["nvme_path"] = moved if isinstance(paths, (list, tuple)) else moved[0]
-    return resolve_auto(cfg, args, model, num_training_steps=1, world_size=args.world_size)
+            section["nvme_path"] = moved if several else moved[0]
+    return cfg
 
 
 class _Trainer(_StrataTrainer):
