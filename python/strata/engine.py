@@ -45,7 +45,11 @@ How parameters move (per-module hooks; public torch APIs only):
     outlives its release), and whatever op saved the view, backward reads the gathered values.
     gathered_parameters() blocks push the same hooks. If a backward would read a parameter
     whose group is not gathered then (its module's outputs were not seen by the hooks, or the
-    block has ended), it fails naming the module (or block) and the parameter. Hooks already on
+    block has ended), it fails naming the module (or block) and the parameter; a frozen
+    parameter (a reference or teacher model's, a frozen base weight) is gathered for the
+    purpose instead, its values copied. A stage-3 parameter saved whole where it is not gathered
+    in the saving engine's memory (another engine's, or one released by then) is given back
+    with its values as gathered then (_SavedPartitioned). Hooks already on
     the stack (activation checkpointing, save_on_cpu) still see every tensor; other saved
     tensors get the in-place modification check autograd skips once hooks are in place.
 Collectives (stage 3 gathers, reductions) happen in autograd's order, which is the same on every
@@ -71,8 +75,8 @@ from .config import ConfigError, ConfigLike, check_config, config_json, config_t
 from .deepspeed_name import register_as_deepspeed
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
-from .zero import (ZeroParamStatus, _mark_partitioned, _owned_parts, apply_leaf_module_config,
-                   z3_leaf_module)
+from .zero import (GatheredParameters, ZeroParamStatus, _mark_partitioned, _owned_parts,
+                   apply_leaf_module_config, z3_leaf_module)
 
 _AVAILABLE, _NOT_AVAILABLE = ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE
 
@@ -395,6 +399,29 @@ class _SavedParam:
 
     def unpack(self) -> torch.Tensor:
         return self.engine._rebuild_saved_param(self)
+
+
+class _SavedPartitioned:
+    """A stage-3 parameter saved whole (the Parameter itself, as a custom autograd Function's
+    save_for_backward keeps it) where it is not gathered in the saving engine's memory: one of
+    another engine's (a frozen reference or teacher model's lm_head read by a fused loss) or one
+    released by then. Unpacking gives its values as gathered then: a view while its engine has
+    it gathered, else a copy gathered for the purpose (its engine's collective, in backward's
+    order on every rank). Without this, autograd would give back the empty tensor the
+    parameter is outside a gather, and a backward that gathers what it unpacks (TRL's fused
+    losses, through maybe_gather_lm_head_ctx) could not, the unpacked tensor being a plain one."""
+    __slots__ = ("param", "outer")
+
+    def __init__(self, p: torch.nn.Parameter, outer):
+        self.param = p
+        self.outer = outer
+
+    def unpack(self) -> torch.Tensor:
+        p = self.param
+        if p.ds_status == _AVAILABLE and p.numel() == p.ds_numel:
+            return p.detach()
+        with GatheredParameters([p]):
+            return p.detach().clone()
 
 
 class _CallIdentity(torch.autograd.Function):
@@ -846,10 +873,12 @@ class StrataEngine(torch.nn.Module):
                       if outer_pack is not None else None)
             if hit is not None:
                 return _SavedParam(self, hit[0], hit[1], where, t, hit[2], packed)
+            if isinstance(t, torch.nn.Parameter) and hasattr(t, "ds_status"):
+                return _SavedPartitioned(t, packed)
             return packed if outer_pack is not None else _SavedTensor(t)
 
         def unpack(x):
-            if isinstance(x, (_SavedParam, _SavedTensor)):
+            if isinstance(x, (_SavedParam, _SavedTensor, _SavedPartitioned)):
                 return x.unpack()
             return outer_unpack(x)
 
@@ -878,7 +907,10 @@ class StrataEngine(torch.nn.Module):
     def _rebuild_saved_param(self, s: _SavedParam) -> torch.Tensor:
         name, p = self._groups[s.gi].params[s.pi]
         base = p.data
-        if self._refs[s.gi] <= 0 or base.numel() != p.ds_numel:
+        if (self._refs[s.gi] <= 0 or base.numel() != p.ds_numel) and not p.requires_grad:
+            with GatheredParameters([p]):  # frozen: its values, gathered for the purpose
+                base = p.data.clone()
+        elif self._refs[s.gi] <= 0 or base.numel() != p.ds_numel:
             raise RuntimeError(
                 f"strata: the backward of {s.module} reads parameter '{name}' (group "
                 f"'{self._groups[s.gi].name}'), which is not gathered at that point: strata "

@@ -141,3 +141,80 @@ def test_stages_0_to_2_keep_parameters_whole(stage, tmp_path):
     engine.close()
     for n, p in model.named_parameters():
         assert torch.equal(p.detach(), before[n]), n
+
+
+class _ProjectWithSaved(torch.autograd.Function):
+    """h @ w.t() with w saved for backward, as a fused loss's Function saves an lm_head weight;
+    with gather=True it gathers w for its own product and saves it once released again, as
+    TRL's chunked losses do (through maybe_gather_lm_head_ctx)."""
+
+    @staticmethod
+    def forward(ctx, h, w, gather):
+        with strata.zero.GatheredParameters([w], enabled=gather):
+            out = h @ w.t()
+        ctx.save_for_backward(w)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (w,) = ctx.saved_tensors
+        return g @ w, None, None
+
+
+class _Distilled(torch.nn.Module):
+    """A student whose forward projects its hidden state through a frozen teacher's weight,
+    gathered for that one product only: around the Function's call (`where="block"`) or inside
+    it (`"function"`), so the weight is released again by the time backward reads it."""
+
+    def __init__(self, teacher_head, where="block"):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh())
+        self.teacher_head = [teacher_head]  # not a submodule: another engine's
+        self.where = where
+
+    def forward(self, x):
+        w = self.teacher_head[0].weight
+        with strata.zero.GatheredParameters([w], enabled=self.where == "block"):
+            out = _ProjectWithSaved.apply(self.body(x), w, self.where == "function")
+        return (out ** 2).mean()
+
+
+@pytest.mark.parametrize("where", ["block", "function"])
+@pytest.mark.parametrize("teacher_gathered_in_backward", [False, True])
+def test_a_saved_parameter_of_another_engine_is_given_back_gathered(
+        where, teacher_gathered_in_backward):
+    """A stage-3 parameter of another engine (a frozen teacher's) saved by a custom autograd
+    Function in the student's forward, inside its gather (a view of the teacher's memory) or
+    after it (the Parameter itself, empty then): backward unpacks its values, gathered for the
+    purpose (a copy) or a view while gathered anyway, and the student's gradients are torch's
+    (the Function without strata, on whole tensors)."""
+    torch.manual_seed(0)
+    teacher_head = torch.nn.Linear(8, 5)
+    student = _Distilled(teacher_head, where)
+    torch_head = torch.nn.Linear(8, 5)
+    torch_head.load_state_dict(teacher_head.state_dict())
+    torch_student = _Distilled(torch_head, where)
+    torch_student.load_state_dict(student.state_dict())
+    x = torch.randn(4, 6)
+    torch_student(x).backward()
+
+    teacher = torch.nn.Sequential(teacher_head).requires_grad_(False)
+    cfg = ds_config(3)
+    del cfg["optimizer"]  # frozen: no optimizer
+    teacher_engine, optimizer, _, _ = strata.initialize(model=teacher, config=cfg)
+    assert optimizer is None and teacher_head.weight.numel() == 0
+    engine, _, _, _ = strata.initialize(model=student, config=ds_config(3, lr=LR, wd=WD))
+    loss = engine(x)
+    assert teacher_head.weight.numel() == 0  # released after the forward's product
+    with strata.zero.GatheredParameters([teacher_head.weight],
+                                        enabled=teacher_gathered_in_backward):
+        engine.backward(loss)
+    assert teacher_head.weight.numel() == 0
+    torch.testing.assert_close(loss, torch_student(x))
+    for n, p in student.named_parameters():
+        torch.testing.assert_close(strata.utils.safe_get_full_grad(p),
+                                   dict(torch_student.named_parameters())[n].grad, msg=n)
+    engine.step()
+    engine.close()
+    teacher_engine.close()
+

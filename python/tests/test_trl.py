@@ -1,9 +1,10 @@
-"""strata.integrations.trl: TRL's SFT and DPO trainers, written as TRL's users write them (a
-tokenizer, a datasets.Dataset of text or of preference pairs, TRL's config defaults such as its
-gradient checkpointing and fused LM head), trained through strata against TRL's own trainers on
-the same tiny Llama, seed and data: fp32 loss curves and TRL's own metrics agree to the rounding
-of the engine's Adam against torch's. Also: with_strata's classes (pickled arguments, one class
-per class, errors), a LoRA adapter from SFTTrainer's peft_config saved and loaded, and resume."""
+"""strata.integrations.trl: TRL's trainers (SFT, DPO, KTO, GRPO, RLOO, reward, distillation),
+written as TRL's users write them (a tokenizer, a datasets.Dataset of text, of preference pairs
+or of prompts, models given as objects or as paths, TRL's config defaults such as its gradient
+checkpointing and fused LM head), trained through strata against TRL's own trainers on the same
+tiny Llama, seed and data: fp32 loss curves and TRL's own metrics agree to the rounding of the
+engine's Adam against torch's. Also: with_strata's classes (pickled arguments, one class per
+class, errors), a LoRA adapter from SFTTrainer's peft_config saved and loaded, and resume."""
 import os
 
 import pytest
@@ -219,9 +220,10 @@ def test_dpo_matches_trl(tmp_path, case):
     assert_same_curve(logs, ref, metrics=("rewards/chosen", "rewards/rejected",
                                           "rewards/margins", "logps/chosen"))
     assert any(abs(l["rewards/margins"]) > 1e-4 for l in logs[1:])  # the policy moved
-    references = trainer.__dict__.get("_strata_reference_engines", [])
+    references = trainer.__dict__.get("_strata_frozen_engines", {})
     if case == "stage3-ref-model":
-        (engine,) = references
+        assert list(references) == ["reference"]
+        engine = references["reference"]
         assert engine.module is trainer.ref_model
         assert not any(p.requires_grad for p in trainer.ref_model.parameters())
         assert all(p.numel() == 0 for p in trainer.ref_model.parameters())  # partitioned
@@ -229,7 +231,7 @@ def test_dpo_matches_trl(tmp_path, case):
                        for f in (tmp_path / "nvme").rglob("*.swp"))
         assert swaps == ["strata-reference/strata-swap-rank0.swp", "strata-swap-rank0.swp"]
     else:
-        assert references == []
+        assert references == {}
 
 
 def test_kto_with_a_reference_model_at_stage_3_matches_trl(tmp_path):
@@ -244,7 +246,7 @@ def test_kto_with_a_reference_model_at_stage_3_matches_trl(tmp_path):
         return dict(max_steps=4, trainer_kw={"train_dataset": ds, "ref_model": tiny_llama()})
     _, ref = train("KTOTrainer", tmp_path / "ref", **kw())
     trainer, logs = train("KTOTrainer", tmp_path / "st", ds_config(3, offload_param="cpu"), **kw())
-    assert len(trainer._strata_reference_engines) == 1
+    assert list(trainer._strata_frozen_engines) == ["reference"]
     assert_same_curve(logs, ref)
 
 
@@ -282,6 +284,97 @@ def test_grpo_matches_trl(tmp_path):
                                                   offload_param="cpu"))
     assert trainer.strata_engine is not None
     assert_same_curve(logs, ref, metrics=("reward", "reward_std"))
+
+
+def prompt_dataset(n=16):
+    g = torch.Generator().manual_seed(3)
+    return datasets.Dataset.from_dict({"prompt": [words(g, 4) for _ in range(n)]})
+
+
+def online_kw(out, **kw):
+    """An online trainer's arguments: completions of 8 tokens, one micro-batch per step."""
+    base = config_kw(out, max_steps=3, gradient_accumulation_steps=1, max_completion_length=8,
+                     model_init_kwargs={"dtype": torch.float32}, **kw)
+    del base["max_length"]  # online trainers have max_completion_length instead
+    return base
+
+
+def online_against_trl(tmp_path, name, model, config_kw=None, **ctor):
+    """An online trainer `name` of `model` (a path, or a function making the model) on
+    prompt_dataset() run by TRL, then by strata at stage 3 with the optimizer on cpu and the
+    parameters on NVMe: (strata's trainer, its logs, TRL's logs, the nvme path)."""
+    def run(lib, out, **extra):
+        args = getattr(lib, name.replace("Trainer", "Config"))(
+            **extra, **(config_kw or {}), **online_kw(out))
+        trainer = getattr(lib, name)(model=model if isinstance(model, str) else model(),
+                                     args=args, train_dataset=prompt_dataset(),
+                                     processing_class=tokenizer(), **ctor)
+        trainer.train()
+        return trainer, [h for h in trainer.state.log_history if "loss" in h]
+
+    _, ref = run(trl, tmp_path / "ref")
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    trainer, logs = run(strl, tmp_path / "st", deepspeed=ds_config(
+        3, offload_optimizer="cpu", offload_param="nvme", nvme=nvme))
+    return trainer, logs, ref, nvme
+
+
+def test_distillation_with_a_teacher_path_at_stage_3_matches_trl(tmp_path):
+    """DistillationTrainer (on-policy: the student generates, a generalized JSD against the
+    teacher's next-token distribution through TRL's chunked divergence, which reads both
+    lm_head weights directly and again in its backward) with the teacher given as a path: TRL
+    loads it after the stage-3 arguments, so it is built partitioned, and it gets a frozen
+    forward-only engine of its own, parameters on NVMe in a strata-teacher directory. The
+    student's losses, grad norms and TRL's metrics as TRL's own."""
+    tiny_llama(seed=5).save_pretrained(tmp_path / "teacher")
+    trainer, logs, ref, nvme = online_against_trl(
+        tmp_path, "DistillationTrainer", tiny_llama, teacher_model=str(tmp_path / "teacher"))
+    assert_same_curve(logs, ref, metrics=("entropy", "completions/mean_length"))
+    (engine,) = trainer._strata_frozen_engines.values()
+    assert list(trainer._strata_frozen_engines) == ["teacher"]
+    assert engine.module is trainer.teacher_model
+    assert all(p.numel() == 0 and not p.requires_grad
+               for p in trainer.teacher_model.parameters())
+    swaps = sorted(str(f.relative_to(nvme)) for f in nvme.rglob("*.swp"))
+    assert swaps == ["strata-swap-rank0.swp", "strata-teacher/strata-swap-rank0.swp"]
+
+
+def test_rloo_with_a_reward_model_and_a_reference_at_stage_3_matches_trl(tmp_path):
+    """RLOOTrainer given paths, as its users give hub ids: the policy, a reward model
+    (LlamaForSequenceClassification with its tokenizer) beside a reward function, and beta > 0,
+    for which TRL loads a reference model from the policy's path. At stage 3 with the
+    parameters on NVMe the reference and the reward model each get a frozen engine of its own
+    (strata-reference, strata-reward-0); the sampled completions' rewards, the KL to the
+    reference, the grad norms as TRL's own (RLOO's loss is a mean of leave-one-out advantages,
+    zero up to rounding)."""
+    tiny_llama().save_pretrained(tmp_path / "policy")
+    torch.manual_seed(9)
+    transformers.LlamaForSequenceClassification(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        pad_token_id=0, eos_token_id=1, num_labels=1)).save_pretrained(tmp_path / "reward")
+    tokenizer().save_pretrained(tmp_path / "reward")
+
+    def length_penalty(completions, **kw):
+        return [-0.1 * len(c.split()) for c in completions]
+
+    trainer, logs, ref, nvme = online_against_trl(
+        tmp_path, "RLOOTrainer", str(tmp_path / "policy"),
+        config_kw={"num_generations": 4, "beta": 0.1},
+        reward_funcs=[str(tmp_path / "reward"), length_penalty])
+    assert len(logs) == len(ref) == 3
+    for key in ("grad_norm", "reward", "reward_std", "kl", "learning_rate"):
+        assert [l[key] for l in logs] == pytest.approx([l[key] for l in ref], rel=1e-3,
+                                                       abs=1e-6), key
+    assert any(abs(l["kl"]) > 1e-4 for l in logs)  # the policy left the reference
+    engines = trainer._strata_frozen_engines
+    assert sorted(engines) == ["reference", "reward-0"]
+    assert engines["reference"].module is trainer.ref_model
+    assert engines["reward-0"].module is trainer.reward_funcs[0]
+    swaps = sorted(str(f.relative_to(nvme)) for f in nvme.rglob("*.swp"))
+    assert swaps == ["strata-reference/strata-swap-rank0.swp",
+                     "strata-reward-0/strata-swap-rank0.swp", "strata-swap-rank0.swp"]
 
 
 def test_reward_trainer_matches_trl(tmp_path):

@@ -25,6 +25,6 @@ trainer = strl.DPOTrainer(model=model, ref_model=ref, args=args, processing_clas
 trainer.train()
 logs = [h for h in trainer.state.log_history if "loss" in h]
 torch.save({"logs": logs, "master": trainer.strata_engine.read_master(),
-            "references": len(trainer._strata_reference_engines)},
+            "references": len(trainer._strata_frozen_engines)},
            os.path.join(outdir, f"rank{rank}.pt"))
 trainer.strata_engine.close()

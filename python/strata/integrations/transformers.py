@@ -39,6 +39,7 @@ when a Trainer with a strata config is built); tested with 5.3.0, 5.5.4, 5.10.4,
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import os
@@ -465,7 +466,11 @@ class Trainer(transformers.Trainer):
                              "or an accelerate config); strata replaces it, unset that")
 
     def _strata_config(self):
-        return getattr(self.args, "strata_config", None)
+        return getattr(getattr(self, "args", None), "strata_config", None)
+
+    def _strata_constructed(self) -> None:
+        """Called by with_strata's classes once the library's own __init__ has returned (it
+        sets attributes after transformers' __init__ that a subclass may need to see)."""
 
     # -- the engine ------------------------------------------------------------------------
     def _strata_close(self) -> None:
@@ -703,9 +708,20 @@ def with_strata(cls: type, strata_trainer: Optional[type] = None) -> type:
                    "(strata.integrations.transformers.with_strata).", **extra})
     if base is TrainingArguments:
         made = dataclass(made)
+    else:
+        made.__init__ = _constructed_after(made, cls.__init__)
     made._strata_wraps = cls
     _made[cls, base] = made
     return made
+
+
+def _constructed_after(made: type, library_init):
+    """made's __init__: the library's (its signature kept), then Trainer._strata_constructed."""
+    @functools.wraps(library_init)
+    def __init__(self, *args, **kwargs):
+        super(made, self).__init__(*args, **kwargs)
+        self._strata_constructed()
+    return __init__
 
 
 def _reduce_arguments(self, protocol):

@@ -10,14 +10,16 @@ strata.initialize exactly as for strata's Trainer (docs/python.md, "Hugging Face
 sees no DeepSpeed plugin, so its DeepSpeed-only workarounds (ZeRO-3 reentrant checkpointing for
 PEFT, adapter dtypes) do not apply and are not needed. Without `deepspeed` the classes are trl's.
 
-A reference model (`ref_model`, which DPO, KTO and TRL's other preference trainers set) at ZeRO
-stage 3 runs in a forward-only strata engine of its own, with the run's zero_optimization (its
-parameters partitioned, on the CPU or NVMe where offload_param says so: its swap files in a
-`strata-reference` directory of each nvme_path), as DeepSpeed's run gets it from
-TRL's prepare_deepspeed: whether the script passed it whole or TRL or transformers built it
-partitioned (from_pretrained after stage-3 arguments). Its parameters are frozen; it keeps no
-optimizer state. Below stage 3 it stays the torch module it is. sync_ref_model (copying the
-policy into it during training) is refused at stage 3.
+A frozen model the trainer holds beside the policy at ZeRO stage 3 runs in a forward-only
+strata engine of its own, with the run's zero_optimization (its parameters partitioned, on the
+CPU or NVMe where offload_param says so: its swap files in a `strata-<name>` directory of each
+nvme_path), as DeepSpeed's run gets it from TRL's prepare_deepspeed: the reference model
+(`ref_model`: DPO, KTO, RLOO, GRPO with beta > 0), the teacher (`teacher_model`: distillation),
+and each reward model among GRPO's and RLOO's `reward_funcs` (named reference, teacher and
+reward-<i>). That holds whether the script passed it whole or TRL or transformers built it
+partitioned (from_pretrained after stage-3 arguments, or TRL loading it from a path). Its
+parameters are frozen; it keeps no optimizer state. Below stage 3 it stays the torch module it
+is. sync_ref_model (copying the policy into the reference during training) is refused at stage 3.
 
 One function of TRL's is wrapped on import: trl.trainer.utils.maybe_gather_lm_head_ctx, which its
 fused LM head (SFT's default chunked_nll loss, DPO's log-probabilities) calls with `lm_head.weight`
@@ -41,7 +43,8 @@ from .transformers import Trainer as _StrataTrainer
 from .transformers import resolve_auto, with_strata
 
 __all__ = ["SFTTrainer", "SFTConfig", "DPOTrainer", "DPOConfig", "GRPOTrainer", "GRPOConfig",
-           "RewardTrainer", "RewardConfig"]
+           "RLOOTrainer", "RLOOConfig", "RewardTrainer", "RewardConfig", "KTOTrainer", "KTOConfig",
+           "DistillationTrainer", "DistillationConfig"]
 
 
 def _passes_partitioned_only(gather):
@@ -58,14 +61,17 @@ if _gather is not None and not hasattr(_gather, "_strata_wraps"):
     _trl_utils.maybe_gather_lm_head_ctx = _passes_partitioned_only(_gather)
 
 
-_REFERENCE_DIR = "strata-reference"
+# The trainer's attributes that hold a frozen model of its own, and the name each one's engine
+# goes by (its swap files' directory in each nvme_path: strata-<name>).
+_FROZEN_SLOTS = {"ref_model": "reference", "teacher_model": "teacher"}
 
 
-def reference_config(config: dict, args, model: torch.nn.Module) -> dict:
-    """The DeepSpeed config of a reference model's engine: the run's, "auto" values resolved from
-    the arguments, without the optimizer and scheduler sections (nothing of it trains). Its NVMe
-    swap files go to a `strata-reference` directory inside each nvme_path (created): the
-    policy's engine holds the rank's swap file in the nvme_path itself."""
+def frozen_config(config: dict, args, model: torch.nn.Module, name: str = "reference") -> dict:
+    """The DeepSpeed config of the engine of a frozen model (a reference, teacher or reward
+    model) named `name`: the run's, "auto" values resolved from the arguments, without the
+    optimizer and scheduler sections (nothing of it trains). Its NVMe swap files go to a
+    `strata-<name>` directory inside each nvme_path (created): the policy's engine holds the
+    rank's swap file in the nvme_path itself, and each frozen model's engine its own."""
     cfg = resolve_auto({k: v for k, v in config.items() if k not in ("optimizer", "scheduler")},
                        args, model, num_training_steps=1, world_size=args.world_size)  # a copy
     zero = cfg.get("zero_optimization", {})
@@ -74,7 +80,7 @@ def reference_config(config: dict, args, model: torch.nn.Module) -> dict:
         if isinstance(section, dict) and section.get("nvme_path"):
             paths = section["nvme_path"]
             several = isinstance(paths, (list, tuple))
-            moved = [os.path.join(os.fspath(p), _REFERENCE_DIR)
+            moved = [os.path.join(os.fspath(p), f"strata-{name}")
                      for p in (paths if several else [paths])]
             for path in moved:
                 os.makedirs(path, exist_ok=True)
@@ -83,43 +89,49 @@ def reference_config(config: dict, args, model: torch.nn.Module) -> dict:
 
 
 class _Trainer(_StrataTrainer):
-    """strata's Trainer under one of TRL's (module docstring): a reference model assigned at
-    stage 3 gets a forward-only engine as it is assigned, wherever the trainer assigns it (TRL
-    builds, prepares and uses it inside its own __init__)."""
+    """strata's Trainer under one of TRL's (module docstring): at stage 3 each frozen model the
+    trainer holds gets a forward-only engine: a reference (`ref_model`) or teacher
+    (`teacher_model`) model as it is assigned, wherever the trainer assigns it (TRL builds,
+    prepares and uses a reference inside its own __init__), and the reward models among
+    `reward_funcs` once TRL's __init__ has returned."""
 
     def __setattr__(self, name, value):
-        if name == "ref_model":
-            self._strata_drop_references(keep=value)
-            if isinstance(value, torch.nn.Module):
-                self._strata_reference(value)
+        if name in _FROZEN_SLOTS:
+            self._strata_frozen(_FROZEN_SLOTS[name], value)
         super().__setattr__(name, value)
 
-    def _strata_drop_references(self, keep) -> None:
-        """Closes the engine of a reference model the trainer replaces (DPO drops it once its
-        log-probabilities are precomputed)."""
-        engines = self.__dict__.get("_strata_reference_engines", [])
-        for engine in [e for e in engines if e.module is not keep]:
-            engines.remove(engine)
-            engine.close()
+    def _strata_constructed(self) -> None:
+        super()._strata_constructed()
+        for attr, name in _FROZEN_SLOTS.items():  # assigned before the arguments were known
+            self._strata_frozen(name, self.__dict__.get(attr))
+        for i, func in enumerate(self.__dict__.get("reward_funcs") or []):
+            self._strata_frozen(f"reward-{i}", func)
 
-    def _strata_reference(self, model: torch.nn.Module) -> None:
-        config = self._strata_config()
-        if config is None or zero_stage(config) != 3:
-            return
-        engines = self.__dict__.setdefault("_strata_reference_engines", [])
-        if any(e.module is model for e in engines):
+    def _strata_frozen(self, name: str, model) -> None:
+        """Gives `model` (held as `name`) a forward-only engine at stage 3, frozen and
+        partitioned as the policy is, and closes the engine of the model it replaces (DPO drops
+        its reference once its log-probabilities are precomputed)."""
+        engines = self.__dict__.setdefault("_strata_frozen_engines", {})
+        held = engines.get(name)
+        if held is not None and held.module is model:
             return  # the same model again (accelerate's prepare_model returns it)
-        if getattr(self.args, "sync_ref_model", False):
+        if held is not None:
+            del engines[name]
+            held.close()
+        config = self._strata_config()
+        if not isinstance(model, torch.nn.Module) or config is None or zero_stage(config) != 3:
+            return
+        if name == "reference" and getattr(self.args, "sync_ref_model", False):
             raise ValueError("strata: sync_ref_model=True at ZeRO stage 3 is not supported (the "
                              "reference model runs in an engine of its own); use "
                              "sync_ref_model=False or a stage below 3")
         import strata
         model.requires_grad_(False)
         engine, _, _, _ = strata.initialize(
-            model=model, config=reference_config(config, self.args, model),
+            model=model, config=frozen_config(config, self.args, model, name),
             device=self.args.device)
         model.eval()
-        engines.append(engine)
+        engines[name] = engine
 
 
 def __getattr__(name: str):
