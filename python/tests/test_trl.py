@@ -180,7 +180,8 @@ def test_sft_with_peft_config_at_stage_3_saves_a_loadable_adapter(tmp_path):
         torch.testing.assert_close(got[n], want[n], rtol=1e-3, atol=1e-5, msg=n)
 
 
-@pytest.mark.parametrize("case", ["stage2-ref-model", "stage3-ref-model", "stage3-peft"])
+@pytest.mark.parametrize("case", ["stage2-ref-model", "stage3-ref-model", "stage3-peft",
+                                  "stage3-precompute"])
 def test_dpo_matches_trl(tmp_path, case):
     """DPOTrainer on prompt / chosen / rejected pairs, against TRL's own trainer: (a) stage 2 with
     a separate reference model (kept whole beside the engine, as TRL keeps it below stage 3);
@@ -189,11 +190,18 @@ def test_dpo_matches_trl(tmp_path, case):
     reference runs in a forward-only engine of its own, frozen, as DeepSpeed's prepare_deepspeed
     gives it one, with its swap file beside the policy's, in a directory of its own);
     (c) stage 3 with the optimizer on cpu and a PEFT LoRA whose disabled adapters are the
-    reference. Losses, grad norms and TRL's reward metrics as TRL has them."""
+    reference; (d) stage 3 with the parameters on NVMe, no reference model and
+    precompute_ref_log_probs: TRL runs the policy over the dataset in its __init__, before the
+    training engine exists, while the policy is still zero.Init's partitions (loaded after the
+    arguments), so it gets a forward-only engine for that (as DeepSpeed's run an inference
+    engine) and is zero.Init's again afterwards. Losses, grad norms and TRL's reward metrics as
+    TRL has them."""
     saved = tmp_path / "base"
     tiny_llama().save_pretrained(saved)
 
     def models():
+        if case == "stage3-precompute":
+            return transformers.LlamaForCausalLM.from_pretrained(saved), {}
         if case == "stage3-ref-model":
             return (transformers.LlamaForCausalLM.from_pretrained(saved),
                     {"ref_model": transformers.LlamaForCausalLM.from_pretrained(saved)})
@@ -204,14 +212,17 @@ def test_dpo_matches_trl(tmp_path, case):
     (tmp_path / "nvme").mkdir()
     cfgs = {"stage2-ref-model": ds_config(2), "stage3-peft": ds_config(3, offload_optimizer="cpu"),
             "stage3-ref-model": ds_config(3, offload_optimizer="nvme", offload_param="nvme",
-                                          nvme=tmp_path / "nvme")}
+                                          nvme=tmp_path / "nvme"),
+            "stage3-precompute": ds_config(3, offload_param="nvme", nvme=tmp_path / "nvme")}
+    precompute = {"precompute_ref_log_probs": case == "stage3-precompute"}
     model, ctor = models()
-    _, ref = train("DPOTrainer", tmp_path / "ref", model=model, max_steps=4,
+    _, ref = train("DPOTrainer", tmp_path / "ref", model=model, max_steps=4, **precompute,
                    trainer_kw={"train_dataset": preference_dataset(), **ctor})
-    args = strl.DPOConfig(deepspeed=cfgs[case], **config_kw(tmp_path / "st", max_steps=4))
+    args = strl.DPOConfig(deepspeed=cfgs[case],
+                          **config_kw(tmp_path / "st", max_steps=4, **precompute))
     model, ctor = models()  # after the stage-3 arguments: built partitioned
-    if case == "stage3-ref-model":
-        assert all(hasattr(p, "ds_tensor") for m in (model, ctor["ref_model"])
+    if case in ("stage3-ref-model", "stage3-precompute"):
+        assert all(hasattr(p, "_strata_part") for m in (model, *ctor.values())
                    for p in m.parameters())
     trainer = strl.DPOTrainer(model=model, args=args, processing_class=tokenizer(),
                               train_dataset=preference_dataset(), **ctor)
@@ -232,6 +243,11 @@ def test_dpo_matches_trl(tmp_path, case):
         assert swaps == ["strata-reference/strata-swap-rank0.swp", "strata-swap-rank0.swp"]
     else:
         assert references == {}
+    if case == "stage3-precompute":  # the policy's forward-only engine ran and was closed
+        assert "ref_chosen_logps" in trainer.train_dataset.column_names
+        assert sorted(str(f.relative_to(tmp_path / "nvme"))
+                      for f in (tmp_path / "nvme").rglob("*")) == [
+            "strata-precompute", "strata-swap-rank0.swp"]
 
 
 def test_kto_with_a_reference_model_at_stage_3_matches_trl(tmp_path):

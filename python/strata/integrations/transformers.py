@@ -683,7 +683,8 @@ def with_strata(cls: type, strata_trainer: Optional[type] = None) -> type:
     strata's; without one both behave as the library's own. `strata_trainer`: a subclass of
     strata's Trainer to put there instead (strata.integrations.trl's). One class per class
     (asked again, the same one); strata's classes are returned as they are; anything else is a
-    TypeError."""
+    TypeError. The methods a `strata_trainer` names in `_strata_first` go before the library's
+    own of that name, where it has one (they call the library's through `_strata_wraps`)."""
     if not isinstance(cls, type):
         raise TypeError(f"with_strata({cls!r}): not a class")
     if issubclass(cls, (Trainer, TrainingArguments)):
@@ -702,6 +703,9 @@ def with_strata(cls: type, strata_trainer: Optional[type] = None) -> type:
                         "transformers.Trainer or transformers.TrainingArguments")
     if (cls, base) in _made:
         return _made[cls, base]
+    # Methods the strata Trainer puts before the library's own (it calls theirs itself).
+    extra.update({name: base.__dict__[name] for name in getattr(base, "_strata_first", ())
+                  if hasattr(cls, name)})
     made = type(cls.__name__, (cls, base), {
         "__module__": cls.__module__, "__qualname__": cls.__qualname__,
         "__doc__": f"{cls.__module__}.{cls.__qualname__}, training through strata "

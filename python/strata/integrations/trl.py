@@ -20,6 +20,8 @@ reward-<i>). That holds whether the script passed it whole or TRL or transformer
 partitioned (from_pretrained after stage-3 arguments, or TRL loading it from a path). Its
 parameters are frozen; it keeps no optimizer state. Below stage 3 it stays the torch module it
 is. sync_ref_model (copying the policy into the reference during training) is refused at stage 3.
+With precompute_ref_log_probs and no reference model, the policy itself gets a forward-only
+engine for TRL's precompute pass where it is still zero.Init's partitions then.
 
 One function of TRL's is wrapped on import: trl.trainer.utils.maybe_gather_lm_head_ctx, which its
 fused LM head (SFT's default chunked_nll loss, DPO's log-probabilities) calls with `lm_head.weight`
@@ -32,6 +34,7 @@ gathered one (or the unpacking fails, naming it), so there is nothing left to ga
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -88,12 +91,56 @@ def frozen_config(config: dict, args, model: torch.nn.Module, name: str = "refer
     return cfg
 
 
+def _zero_init_parts(model: torch.nn.Module) -> dict:
+    """{parameter: its zero.Init partition} of the model's parameters that are still zero.Init's
+    (partitioned at construction, in no engine yet)."""
+    return {p: p._strata_part for p in model.parameters()
+            if getattr(p, "_strata_part", None) is not None}
+
+
 class _Trainer(_StrataTrainer):
     """strata's Trainer under one of TRL's (module docstring): at stage 3 each frozen model the
     trainer holds gets a forward-only engine: a reference (`ref_model`) or teacher
     (`teacher_model`) model as it is assigned, wherever the trainer assigns it (TRL builds,
     prepares and uses a reference inside its own __init__), and the reward models among
     `reward_funcs` once TRL's __init__ has returned."""
+
+    _strata_first = ("_precompute_ref_logps",)
+
+    def _precompute_ref_logps(self, *args, **kwargs):
+        """TRL's (DPO's, KTO's: precompute_ref_log_probs without a reference model), with the
+        policy given a forward-only engine for it while it is still zero.Init's partitions
+        (built after stage-3 arguments, its training engine not made yet), as DeepSpeed's run
+        wraps it in an inference engine there."""
+        library = self._strata_wraps._precompute_ref_logps
+        if self.ref_model is not None or not _zero_init_parts(self.model):
+            return library(self, *args, **kwargs)
+        with self._strata_borrowed(self.model):
+            return library(self, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def _strata_borrowed(self, model: torch.nn.Module):
+        """`model` (zero.Init's partitions, maybe beside whole parameters: a PEFT adapter's) in a
+        forward-only engine inside the block; after it every parameter is as it was (its data,
+        whole or zero.Init's partition, and its attributes; nothing trains, so the values are
+        unchanged) for the engine that will train them."""
+        import strata
+        kept = {p: (p.data, dict(p.__dict__), p.requires_grad) for p in model.parameters()}
+        model.requires_grad_(False)
+        try:
+            engine, _, _, _ = strata.initialize(
+                model=model, config=frozen_config(self._strata_config(), self.args, model,
+                                                  "precompute"), device=self.args.device)
+            try:
+                yield engine
+            finally:
+                engine.close()
+        finally:
+            for p, (data, attrs, trains) in kept.items():
+                p.data = data
+                p.__dict__.clear()
+                p.__dict__.update(attrs)
+                p.requires_grad_(trains)
 
     def __setattr__(self, name, value):
         if name in _FROZEN_SLOTS:
