@@ -118,6 +118,7 @@ class Scanner {
                  const struct stat& st);
   Seen VisitRunDir(int dirfd, const std::string& path, const std::string& name,
                    const struct stat& st);
+  Seen VisitEngineDir(int dirfd, const std::string& path, const std::string& name);
 
   const bool remove_;
   const uid_t uid_;
@@ -154,6 +155,9 @@ Seen Scanner::Visit(int dirfd, const std::string& dir, const std::string& name, 
       IsStrataFileName(name) || (contents == Contents::kCommRun && IsRendezvousKeyName(name));
   const bool dir_name = contents == Contents::kTopWithRunDirs && IsRunDirName(name);
   const std::string path = dir + "/" + name;
+  if (contents == Contents::kTopWithRunDirs && IsEngineDirName(name)) {
+    return VisitEngineDir(dirfd, path, name);
+  }
   if (!file_name && !dir_name) {
     // The user's own files next to strata's are none of our business; inside a per-run
     // directory an unknown name keeps the directory (and is said).
@@ -205,6 +209,19 @@ Seen Scanner::VisitFile(int dirfd, const std::string& path, const std::string& n
   if (remove_ && unlinkat(dirfd, name.c_str(), 0) != 0) return Failed(path, errno);
   out_->leftovers.push_back(std::move(e));
   return Seen::kLeftover;
+}
+
+Seen Scanner::VisitEngineDir(int dirfd, const std::string& path, const std::string& name) {
+  Fd f{openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)};
+  struct stat st {};
+  if (f.fd < 0 || fstat(f.fd, &st) != 0 || st.st_uid != uid_) {
+    return Seen::kOther;  // not a directory of this user's (a link, a file): not looked into
+  }
+  bool empty_after = false;
+  if (Status s = ScanDir(f.fd, path, Contents::kTop, &empty_after); !s.ok()) {
+    out_->failed.push_back({path, std::string(s.message())});
+  }
+  return Seen::kOther;  // the directory stays
 }
 
 Seen Scanner::VisitRunDir(int dirfd, const std::string& path, const std::string& name,
@@ -267,6 +284,17 @@ bool IsRunDirName(const std::string& name) {
     if (ok) return true;
   }
   return false;
+}
+
+bool IsEngineDirName(const std::string& name) {
+  constexpr char kPrefix[] = "strata-";
+  const size_t p = std::strlen(kPrefix);
+  if (name.size() <= p || name.compare(0, p, kPrefix) != 0 || IsRunDirName(name)) return false;
+  for (size_t i = p; i < name.size(); ++i) {
+    const char c = name[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  }
+  return true;
 }
 
 // 1 ms apart: a scan holds a file's lock for a fstatat and a kill(pid, 0).

@@ -59,6 +59,15 @@ class RunDir {
   std::string path_;
 };
 
+// A directory in an nvme_path where an engine of its own keeps its swap files (the Python
+// integrations give each frozen model beside the trained one such an engine: strata-reference,
+// strata-teacher, strata-reward-<i>, strata-precompute): "strata-" then lowercase letters,
+// digits and '-', and not a per-run directory name. ScanNvmePath looks into it for strata files
+// as into the nvme_path itself; the directory is never removed (it is not locked: an engine
+// may be about to start there), and a link, a file or another user's entry under such a name is
+// passed over as any name strata does not use is.
+bool IsEngineDirName(const std::string& name);
+
 // Makes `<parent>/<prefix>XXXXXX` (mode 0700) and locks it. `prefix` is kBenchStoreDirPrefix,
 // kBenchEngineDirPrefix or kBenchCommDirPrefix. IOError (errno): the directory cannot be made or locked.
 Result<RunDir> CreateRunDir(const std::string& parent, const char* prefix);
@@ -100,8 +109,9 @@ Result<StrataFileScan> ScanStrataFiles(const std::string& dir);
 // to `offloadctl clean`. IOError: the directory cannot be read.
 Result<StrataFileScan> ReclaimStrataFiles(const std::string& dir);
 
-// Lists the strata files directly under `dir` and the per-run directories there with their
-// contents (strata files; rendezvous keys in a bench-comm directory). With remove_leftovers,
+// Lists the strata files directly under `dir`, the per-run directories there with their
+// contents (strata files; rendezvous keys in a bench-comm directory) and the strata files in
+// its engine directories (IsEngineDirName). With remove_leftovers,
 // removes each leftover while holding its lock (so a live process never loses a file), and a
 // per-run directory once it is empty. IOError: `dir` cannot be read.
 Result<StrataFileScan> ScanNvmePath(const std::string& dir, bool remove_leftovers);

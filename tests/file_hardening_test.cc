@@ -96,6 +96,48 @@ TEST(StrataNames, TemporaryAndPerRunNamesAreKnown) {
                                                {"strata-bench-store-AbC1234", false},
                                                {"strata-bench-comm.ab/cde", false}};
   for (const auto& [name, is] : dirs) EXPECT_EQ(IsRunDirName(name), is) << name;
+  const std::pair<const char*, bool> engine_dirs[] = {{"strata-reference", true},
+                                                      {"strata-reward-0", true},
+                                                      {"strata-bench-store-AbC123", false},
+                                                      {"strata-", false},
+                                                      {"strata-Reference", false},
+                                                      {"strata-swap-rank0.swp", false},
+                                                      {"stratareference", false}};
+  for (const auto& [name, is] : engine_dirs) EXPECT_EQ(IsEngineDirName(name), is) << name;
+}
+
+// The Python integrations give a frozen model's engine a directory of its own in the nvme_path
+// (strata-reference, ...): a killed run leaves its swap file there, which the nvme_path's scan
+// (offloadctl clean) must find, and it must leave alone what is live or not strata's there.
+TEST(EngineDirectories, ScanLooksIntoThemAndKeepsThem) {
+  TempDir dir("engine-dirs"), elsewhere("engine-dirs-target");
+  const std::string engine = dir.File("strata-reference");
+  ASSERT_EQ(mkdir(engine.c_str(), 0700), 0);
+  const std::string leftover = SwapFilePath(engine, 0);
+  WriteFile(leftover, 4096);
+  int err = 0;
+  const int live_fd = CreateLockedFile(SwapFilePath(engine, 1), 0, &err);
+  ASSERT_GE(live_fd, 0) << std::strerror(err);
+  WriteFile(engine + "/notes.txt", 16);
+  // A link under an engine directory's name is not followed into its target.
+  const std::string target = SwapFilePath(elsewhere.path(), 0);
+  WriteFile(target, 4096);
+  ASSERT_EQ(symlink(elsewhere.path().c_str(), dir.File("strata-teacher").c_str()), 0);
+
+  auto listed = ScanStrataFiles(dir.path());  // a swap space's own scan: the nvme_path only
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_TRUE(listed->leftovers.empty());
+  auto scan = ScanNvmePath(dir.path(), /*remove_leftovers=*/true);
+  ASSERT_TRUE(scan.ok()) << scan.status().ToString();
+  ASSERT_EQ(scan->leftovers.size(), 1u);
+  EXPECT_EQ(scan->leftovers[0].path, leftover);
+  EXPECT_EQ(scan->live, std::vector<std::string>{SwapFilePath(engine, 1)});
+  EXPECT_TRUE(scan->failed.empty());
+  EXPECT_FALSE(std::filesystem::exists(leftover));
+  for (const std::string& kept : {engine, SwapFilePath(engine, 1), engine + "/notes.txt", target}) {
+    EXPECT_TRUE(std::filesystem::exists(kept)) << kept;
+  }
+  close(live_fd);
 }
 
 // Found by the issue: the leftover scan opened a FIFO named like a swap file O_RDONLY without
