@@ -158,6 +158,16 @@ std::string EngineLayout::ToString() const {
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
+Status Engine::Impl::CheckNoGradBufferOut(const std::string& op, const char* why) const {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].grad) {
+      return Status::FailedPrecondition(op + ": group '" + model.groups[g].name +
+                                        "' has a gradient buffer " + why);
+    }
+  }
+  return Status::OK();
+}
+
 Status Engine::Impl::CheckHealthy() const {
   if (!failed.ok()) {
     return Status::FailedPrecondition(

@@ -429,12 +429,7 @@ Status ReadFrozenParams(Engine::Impl& e, size_t g, std::vector<float>& full) {
 // The accumulated gradient of `group` can be read: no gradient buffer is out (mid-backward),
 // every reduction is accumulated (drained here), and there was one since the last Step.
 Status GradReadable(Engine::Impl& e, size_t group, const std::string& op) {
-  for (size_t g = 0; g < e.groups.size(); ++g) {
-    if (e.groups[g].grad) {
-      return Status::FailedPrecondition(op + ": group '" + e.model.groups[g].name +
-                                        "' has a gradient buffer out (mid-backward)");
-    }
-  }
+  STRATA_RETURN_IF_ERROR(e.CheckNoGradBufferOut(op, "out (mid-backward)"));
   STRATA_RETURN_IF_ERROR(e.DrainReductions(true));
   // Device-resident gradients accumulate in kernels queued and not waited for.
   STRATA_RETURN_IF_ERROR(e.Fail(e.opt.device->Synchronize()));

@@ -379,6 +379,9 @@ struct Engine::Impl {
   // Also FailedPrecondition while the states are offloaded (OffloadStates): the check of every
   // call that uses them.
   Status CheckHealthy() const;
+  // OK, or FailedPrecondition "<op>: group '<name>' has a gradient buffer <why>" for the first
+  // group whose gradient buffer is out (GradBuffer given, ReduceGradients not yet called).
+  Status CheckNoGradBufferOut(const std::string& op, const char* why) const;
   // Records `st` as the engine's failure (the first one wins), aborts the communicator; returns
   // `st` for chaining.
   Status Fail(Status st);

@@ -413,12 +413,7 @@ Result<StepReport> Engine::Impl::Step() {
     return Status::FailedPrecondition("Step: " + std::to_string(outstanding_gathers) +
                                       " gathered group(s) not released");
   }
-  for (size_t g = 0; g < groups.size(); ++g) {
-    if (groups[g].grad) {
-      return Status::FailedPrecondition("Step: group '" + model.groups[g].name +
-                                        "' has a gradient buffer that was never reduced");
-    }
-  }
+  STRATA_RETURN_IF_ERROR(CheckNoGradBufferOut("Step", "that was never reduced"));
   const auto t0 = Clock::now();
   StepReport report;
   Status st = DrainReductions(true);
