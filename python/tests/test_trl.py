@@ -393,6 +393,41 @@ def test_rloo_with_a_reward_model_and_a_reference_at_stage_3_matches_trl(tmp_pat
                      "strata-reward-0/strata-swap-rank0.swp", "strata-swap-rank0.swp"]
 
 
+def test_grpo_gathers_the_whole_model_once_per_generation(tmp_path, monkeypatch):
+    """ds3_gather_for_generation (TRL's default True): as DeepSpeed's run gathers the ZeRO-3
+    policy once around model.generate, so does strata's engine; the per-module hooks then find
+    their groups gathered, where with False each generated token gathers every module again.
+    The same samples, losses and grad norms either way, with far fewer gathers."""
+    import strata.engine as strata_engine
+    gathers = []
+    acquire = strata_engine.StrataEngine._acquire
+
+    def counting(self, groups):
+        groups = tuple(groups)
+        gathers.extend(g for g in groups
+                       if self._refs[g] == 0 and not self._engine.is_gathered(g))
+        return acquire(self, groups)
+
+    monkeypatch.setattr(strata_engine.StrataEngine, "_acquire", counting)
+
+    def reward(completions, **kw):
+        return [float(c.count("w7")) - 0.1 * len(c.split()) for c in completions]
+
+    runs = {}
+    for gather in (True, False):
+        gathers.clear()
+        args = strl.GRPOConfig(deepspeed=ds_config(3, offload_param="cpu"),
+                               **online_kw(tmp_path / str(gather), num_generations=4,
+                                           ds3_gather_for_generation=gather))
+        trainer = strl.GRPOTrainer(model=tiny_llama(), args=args, train_dataset=prompt_dataset(),
+                                   processing_class=tokenizer(), reward_funcs=reward)
+        trainer.train()
+        runs[gather] = ([h for h in trainer.state.log_history if "loss" in h], len(gathers))
+    (logs, once), (ref, per_token) = runs[True], runs[False]
+    assert_same_curve(logs, ref, metrics=("reward", "completions/mean_length"))
+    assert 0 < 2 * once < per_token, (once, per_token)
+
+
 def test_reward_trainer_matches_trl(tmp_path):
     """RewardTrainer on chosen / rejected pairs: a LlamaForSequenceClassification (one score per
     sequence, read at its last non-pad token) at stage 3 with the optimizer on cpu; the

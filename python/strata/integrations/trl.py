@@ -23,7 +23,10 @@ is. sync_ref_model (copying the policy into the reference during training) is re
 With precompute_ref_log_probs and no reference model, the policy itself gets a forward-only
 engine for TRL's precompute pass where it is still zero.Init's partitions then.
 
-One function of TRL's is wrapped on import: trl.trainer.utils.maybe_gather_lm_head_ctx, which its
+Two functions of TRL's are wrapped on import. trl.models.utils._unwrap_model_for_generation, which
+TRL's online trainers enter around model.generate: with ds3_gather_for_generation (True by
+default) the stage-3 policy's engine gathers every group for the block, as DeepSpeed's run
+gathers the model there. And trl.trainer.utils.maybe_gather_lm_head_ctx, which its
 fused LM head (SFT's default chunked_nll loss, DPO's log-probabilities) calls with `lm_head.weight`
 in the forward and again in its autograd Function's backward, reading `ds_status` of what it is
 given. In that backward the weight is what autograd unpacked from the tensors saved in the
@@ -39,6 +42,7 @@ import os
 
 import torch
 import trl
+import trl.models.utils as _trl_model_utils
 import trl.trainer.utils as _trl_utils
 
 from ..config import zero_stage
@@ -62,6 +66,43 @@ def _passes_partitioned_only(gather):
 _gather = getattr(_trl_utils, "maybe_gather_lm_head_ctx", None)
 if _gather is not None and not hasattr(_gather, "_strata_wraps"):
     _trl_utils.maybe_gather_lm_head_ctx = _passes_partitioned_only(_gather)
+
+
+def _gathers_for_generation(unwrap):
+    """trl.models.utils._unwrap_model_for_generation, which TRL's online trainers (GRPO, RLOO,
+    distillation, ...) enter around model.generate: with gather_deepspeed3_params (the config's
+    ds3_gather_for_generation, True by default) DeepSpeed's run gathers the whole ZeRO-3 model
+    once for the generation; TRL sees no DeepSpeed plugin under strata, so this does the same
+    with the model's strata engine (every group gathered for the block; the per-module hooks
+    then find their groups gathered, so a generated token costs no gather)."""
+    @contextlib.contextmanager
+    def _unwrap_model_for_generation(model, accelerator, gather_deepspeed3_params=True,
+                                     *args, **kwargs):
+        with unwrap(model, accelerator, gather_deepspeed3_params, *args, **kwargs) as unwrapped:
+            engine = _stage3_engine(unwrapped) if gather_deepspeed3_params else None
+            if engine is None:
+                yield unwrapped
+                return
+            with engine.gathered_parameters():
+                yield unwrapped
+
+    _unwrap_model_for_generation.__doc__ = unwrap.__doc__
+    _unwrap_model_for_generation._strata_wraps = unwrap
+    return _unwrap_model_for_generation
+
+
+def _stage3_engine(model: torch.nn.Module):
+    """The open stage-3 strata engine that holds the model's parameters, or None."""
+    for p in model.parameters():
+        engine = getattr(p, "_strata_engine", None)
+        if engine is not None and not engine._whole and not engine._closed:
+            return engine
+    return None
+
+
+_unwrap = getattr(_trl_model_utils, "_unwrap_model_for_generation", None)
+if _unwrap is not None and not hasattr(_unwrap, "_strata_wraps"):
+    _trl_model_utils._unwrap_model_for_generation = _gathers_for_generation(_unwrap)
 
 
 # The trainer's attributes that hold a frozen model of its own, and the name each one's engine
