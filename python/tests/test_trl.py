@@ -266,12 +266,24 @@ def test_kto_with_a_reference_model_at_stage_3_matches_trl(tmp_path):
     assert_same_curve(logs, ref)
 
 
-def test_dpo_sync_ref_model_at_stage_3_is_refused(tmp_path):
-    args = strl.DPOConfig(deepspeed=ds_config(3), sync_ref_model=True,
-                          **config_kw(tmp_path, max_steps=2))
-    with pytest.raises(ValueError, match="sync_ref_model=True at ZeRO stage 3"):
-        strl.DPOTrainer(model=tiny_llama(), ref_model=tiny_llama(), args=args,
-                        processing_class=tokenizer(), train_dataset=preference_dataset(8))
+def test_dpo_sync_ref_model_at_stage_3_matches_trl(tmp_path):
+    """sync_ref_model: every 2 steps the reference becomes half itself, half the policy (TRL's
+    SyncRefModelCallback). At stage 3 both are partitioned, each in its engine: they are gathered
+    with modifier_rank 0 as DeepSpeed's run gathers them, and the reference's engine takes the
+    mixed values; the DPO curve after the syncs and the reference's final weights as TRL's."""
+    kw = dict(max_steps=4, sync_ref_model=True, ref_model_sync_steps=2,
+              ref_model_mixup_alpha=0.5)
+    ref_trainer, ref = train("DPOTrainer", tmp_path / "ref", **kw, trainer_kw={
+        "train_dataset": preference_dataset(), "ref_model": tiny_llama(seed=3)})
+    trainer, logs = train("DPOTrainer", tmp_path / "st", ds_config(3, offload_param="cpu"), **kw,
+                          trainer_kw={"train_dataset": preference_dataset(),
+                                      "ref_model": tiny_llama(seed=3)})
+    assert_same_curve(logs, ref, metrics=("rewards/margins", "logps/chosen"))
+    mixed = trainer._strata_frozen_engines["reference"].read_master()
+    unmixed = dict(tiny_llama(seed=3).named_parameters())
+    for name, p in ref_trainer.ref_model.named_parameters():
+        assert not torch.equal(p.detach(), unmixed[name].detach()), name  # synced twice
+        torch.testing.assert_close(mixed[name], p.detach(), rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_grpo_matches_trl(tmp_path):

@@ -19,7 +19,9 @@ and each reward model among GRPO's and RLOO's `reward_funcs` (named reference, t
 reward-<i>). That holds whether the script passed it whole or TRL or transformers built it
 partitioned (from_pretrained after stage-3 arguments, or TRL loading it from a path). Its
 parameters are frozen; it keeps no optimizer state. Below stage 3 it stays the torch module it
-is. sync_ref_model (copying the policy into the reference during training) is refused at stage 3.
+is. sync_ref_model (mixing the policy into the reference every ref_model_sync_steps) gathers
+both with modifier_rank 0 at stage 3, as DeepSpeed's run does, and the reference's engine takes
+the mixed values.
 With precompute_ref_log_probs and no reference model, the policy itself gets a forward-only
 engine for TRL's precompute pass where it is still zero.Init's partitions then.
 
@@ -43,6 +45,7 @@ import os
 import torch
 import trl
 import trl.models.utils as _trl_model_utils
+import trl.trainer.callbacks as _trl_callbacks
 import trl.trainer.utils as _trl_utils
 
 from ..config import zero_stage
@@ -99,6 +102,33 @@ def _stage3_engine(model: torch.nn.Module):
             return engine
     return None
 
+
+def _syncs_partitioned(sync):
+    """trl.trainer.callbacks.SyncRefModelCallback.sync_target_model (sync_ref_model: every
+    ref_model_sync_steps the reference becomes (1 - alpha) ref + alpha policy): DeepSpeed's run
+    gathers both models there with modifier_rank 0 (rank 0 mixes, the others receive); TRL
+    sees no DeepSpeed plugin under strata, and would mix the empty tensors stage-3 parameters
+    are outside a gather, changing nothing. With a stage-3 strata engine on either model this
+    gathers them through strata.zero.GatheredParameters(..., modifier_rank=0) as DeepSpeed's
+    run does, and the reference's engine takes the mixed values."""
+    def sync_target_model(model, target_model, alpha):
+        if _stage3_engine(model) is None and _stage3_engine(target_model) is None:
+            return sync(model, target_model, alpha)
+        from ..zero import GatheredParameters, _rank_world
+        with GatheredParameters(list(model.parameters()) + list(target_model.parameters()),
+                                modifier_rank=0):
+            if _rank_world()[0] == 0:
+                _trl_callbacks.SyncRefModelCallback._sync_target_model(model, target_model,
+                                                                       alpha)
+
+    sync_target_model.__doc__ = sync.__doc__
+    sync_target_model._strata_wraps = sync
+    return staticmethod(sync_target_model)
+
+
+_sync = _trl_callbacks.SyncRefModelCallback.__dict__.get("sync_target_model")
+if _sync is not None and not hasattr(_sync.__func__, "_strata_wraps"):
+    _trl_callbacks.SyncRefModelCallback.sync_target_model = _syncs_partitioned(_sync.__func__)
 
 _unwrap = getattr(_trl_model_utils, "_unwrap_model_for_generation", None)
 if _unwrap is not None and not hasattr(_unwrap, "_strata_wraps"):
@@ -209,10 +239,6 @@ class _Trainer(_StrataTrainer):
         config = self._strata_config()
         if not isinstance(model, torch.nn.Module) or config is None or zero_stage(config) != 3:
             return
-        if name == "reference" and getattr(self.args, "sync_ref_model", False):
-            raise ValueError("strata: sync_ref_model=True at ZeRO stage 3 is not supported (the "
-                             "reference model runs in an engine of its own); use "
-                             "sync_ref_model=False or a stage below 3")
         import strata
         model.requires_grad_(False)
         engine, _, _, _ = strata.initialize(
