@@ -408,6 +408,50 @@ TEST(EngineWriteParams, WritesTheWorkingParamsAndTheNextStepRecomputesThemFromTh
   }
 }
 
+// Initialised again after its groups were gathered and released, before any step (what
+// GatheredParameters(modifier_rank=...) does then, and on a frozen model's engine, which never
+// steps): at stage 3 on 2 ranks with every group persistent (kept gathered after Release), each
+// group then reads the new values, not the copy kept from before.
+TEST(EngineInit, InitAgainAfterGathersDropsTheKeptCopies) {
+  std::string cfg = Config(3, "none", "none", "fp32");
+  const std::string threshold = R"("stage3_param_persistence_threshold": 64)";
+  cfg.replace(cfg.find(threshold), threshold.size(),
+              R"("stage3_param_persistence_threshold": 1000000000)");
+  RunSpec spec;
+  spec.config_json = cfg;
+  spec.world = 2;
+  spec.steps = 1;
+  const Tensors w = InitialWeights();
+  auto twice = [&](size_t g, size_t p, size_t b, size_t end, float* o) {
+    for (size_t i = b; i < end; ++i) o[i - b] = 2.0f * w[g][p][i];
+  };
+  spec.init = [&](int, Engine& e) -> Status {
+    STRATA_RETURN_IF_ERROR(e.InitFromFullTensors(Pointers(w)));
+    for (size_t g = 0; g < kGroups; ++g) {
+      STRATA_RETURN_IF_ERROR(GatheredValues(e, g).status());  // kept after its release
+    }
+    STRATA_RETURN_IF_ERROR(e.InitParameters(twice));
+    for (size_t g = 0; g < kGroups; ++g) {
+      STRATA_ASSIGN_OR_RETURN(std::vector<float> v, GatheredValues(e, g));
+      size_t i = 0;
+      for (const std::vector<float>& t : w[g]) {
+        for (float x : t) {
+          if (v[i] != 2.0f * x) {
+            return Status::Internal("group " + std::to_string(g) + " value " + std::to_string(i) +
+                                    ": " + std::to_string(v[i]) + " read, " +
+                                    std::to_string(2.0f * x) + " initialised");
+          }
+          ++i;
+        }
+      }
+    }
+    return Status::OK();
+  };
+  RunResult r = RunEngine(spec);
+  EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+  for (const Status& st : r.rank_status) EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
 TEST(EngineWriteParams, AGatheredGroupOrAGroupOutOfRangeIsRefusedAndNothingIsWritten) {
   RunSpec spec;
   spec.config_json = Config(3, "cpu", "none", "bf16");

@@ -62,6 +62,13 @@ Status CheckInitAllowed(const Engine::Impl& e, const char* op) {
   return Status::OK();
 }
 
+// After the params were rewritten: copies made of the old values go (kept gathered groups, as
+// after Step, and hpZ's secondary slices, which are reused within a step).
+void ForgetCopiesOfOldParams(Engine::Impl& e) {
+  e.DropKeptCopies();
+  for (zero::GroupState& gs : e.groups) gs.secondary_epoch = -1;
+}
+
 // Fills the fp32 master of every sub-group this rank steps through `source` (given the
 // sub-group and its zeroed master), rounds the working params from it, and all-gathers them
 // where stage 1-2 keep full replicas.
@@ -91,6 +98,9 @@ Status InitMasters(Engine::Impl& e, const char* op, const MasterSource& source) 
                                                           Access::kWrite, e.timeout()));
     STRATA_RETURN_IF_ERROR(e.PublishParams(s, scratch.data(), param));
   }
+  // Initialised again after gathers (GatheredParameters(modifier_rank=...) before the first
+  // step, or a frozen engine's, which never steps): a kept copy would be read instead.
+  ForgetCopiesOfOldParams(e);
   return e.Fail(e.AllGatherUpdatedParams(/*frozen_too=*/true));
 }
 
@@ -259,10 +269,7 @@ Status Engine::WriteParams(std::span<const size_t> groups, const CheckedParamFil
     if (!param.ok()) return e.Fail(param.status());
     STRATA_RETURN_IF_ERROR(e.Fail(e.PublishParams(s, values[i].data(), *param)));
   }
-  // Copies made of the old values: kept gathered groups, as after Step, and hpZ's secondary
-  // slices (within a step they are reused).
-  e.DropKeptCopies();
-  for (zero::GroupState& gs : e.groups) gs.secondary_epoch = -1;
+  ForgetCopiesOfOldParams(e);
   return e.Fail(e.AllGatherUpdatedParams(/*frozen_too=*/true));
 }
 

@@ -266,13 +266,15 @@ def test_kto_with_a_reference_model_at_stage_3_matches_trl(tmp_path):
     assert_same_curve(logs, ref)
 
 
+SYNC = dict(sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.5)
+
+
 def test_dpo_sync_ref_model_at_stage_3_matches_trl(tmp_path):
     """sync_ref_model: every 2 steps the reference becomes half itself, half the policy (TRL's
     SyncRefModelCallback). At stage 3 both are partitioned, each in its engine: they are gathered
     with modifier_rank 0 as DeepSpeed's run gathers them, and the reference's engine takes the
     mixed values; the DPO curve after the syncs and the reference's final weights as TRL's."""
-    kw = dict(max_steps=4, sync_ref_model=True, ref_model_sync_steps=2,
-              ref_model_mixup_alpha=0.5)
+    kw = dict(max_steps=4, **SYNC)
     ref_trainer, ref = train("DPOTrainer", tmp_path / "ref", **kw, trainer_kw={
         "train_dataset": preference_dataset(), "ref_model": tiny_llama(seed=3)})
     trainer, logs = train("DPOTrainer", tmp_path / "st", ds_config(3, offload_param="cpu"), **kw,
@@ -524,8 +526,10 @@ def test_dpo_on_two_processes_matches_one_with_twice_the_batch(tmp_path):
     """trl_dist_worker on 2 ranks: DPO at stage 3, policy and reference partitioned over the
     ranks (the reference's engine all-gathers each module for its forward as the policy's does);
     accelerate gives each rank every other micro-batch, the engine averages the gradients, so a
-    step is TRL's own with per_device_train_batch_size doubled in one process. The same logged
-    losses and DPO metrics, both ranks' weights bit-equal and equal to the one process's."""
+    step is TRL's own with per_device_train_batch_size doubled in one process. sync_ref_model
+    mixes the policy into the reference every 2 steps (both gathered with modifier_rank 0,
+    rank 0's mix broadcast). The same logged losses and DPO metrics, both ranks' weights
+    bit-equal and equal to the one process's, the reference's too."""
     from launch import launch
     from test_hf_trainer import free_port
     saved = tmp_path / "base"
@@ -539,11 +543,9 @@ def test_dpo_on_two_processes_matches_one_with_twice_the_batch(tmp_path):
         assert rc == 0, out
     res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert all(r["references"] == 1 for r in res)
-    for n, p in res[0]["master"].items():
-        assert torch.equal(p, res[1]["master"][n]), n
     ref_trainer, ref = train("DPOTrainer", tmp_path / "ref",
                              model=transformers.LlamaForCausalLM.from_pretrained(saved),
-                             max_steps=4, per_device_train_batch_size=8,
+                             max_steps=4, per_device_train_batch_size=8, **SYNC,
                              trainer_kw={"train_dataset": preference_dataset(),
                                          "ref_model": transformers.LlamaForCausalLM
                                          .from_pretrained(saved)})
@@ -551,10 +553,12 @@ def test_dpo_on_two_processes_matches_one_with_twice_the_batch(tmp_path):
     # Adam (lr 1e-2, eps 1e-8) turns the summation order of a near-zero gradient element into
     # up to 1.3e-4 of weight (measured over runs, a different element each time); the weights
     # move by up to 2.5e-2 in these four steps.
-    params = dict(ref_trainer.model.named_parameters())
-    for n, p in res[0]["master"].items():
-        torch.testing.assert_close(p, params[n].detach().float(), rtol=0, atol=5e-4,
-                                   msg=lambda m: f"{n}: {m}")
+    for key, model in (("master", ref_trainer.model), ("reference", ref_trainer.ref_model)):
+        params = dict(model.named_parameters())
+        for n, p in res[0][key].items():
+            assert torch.equal(p, res[1][key][n]), n
+            torch.testing.assert_close(p, params[n].detach().float(), rtol=0, atol=5e-4,
+                                       msg=lambda m: f"{key} {n}: {m}")
 
 
 def test_trl_parser_takes_the_made_config(tmp_path):
