@@ -442,6 +442,64 @@ def test_grpo_gathers_the_whole_model_once_per_generation(tmp_path, monkeypatch)
     assert 0 < 2 * once < per_token, (once, per_token)
 
 
+def experimental_run(module, name, cfg, config, **kw):
+    """(trainer, logs) of trl.experimental's trainer `name` of `module`: TRL's own (cfg None),
+    else made by strata_class, with the DeepSpeed config cfg."""
+    trainer_cls = getattr(module, name + "Trainer")
+    config_cls = getattr(module, name + "Config")
+    extra = {}
+    if cfg is not None:
+        trainer_cls, config_cls = strl.strata_class(trainer_cls), strl.strata_class(config_cls)
+        extra = {"deepspeed": cfg}
+    trainer = trainer_cls(model=tiny_llama(), args=config_cls(**extra, **config), **kw)
+    trainer.train()
+    return trainer, [h for h in trainer.state.log_history if "loss" in h]
+
+
+def test_experimental_orpo_through_strata_class(tmp_path):
+    """trl.experimental's trainers, which this module's names do not reach, made by
+    strata_class (one class per class): ORPO (odds-ratio preference, no reference) at stage 3
+    with the optimizer and parameters on cpu; losses, grad norms and its log-odds as TRL's."""
+    orpo = pytest.importorskip("trl.experimental.orpo")
+    assert strl.strata_class(orpo.ORPOTrainer) is strl.strata_class(orpo.ORPOTrainer)
+    assert issubclass(strl.strata_class(orpo.ORPOConfig), st.TrainingArguments)
+
+    def kw(out):
+        return dict(config=config_kw(out, max_steps=4), processing_class=tokenizer(),
+                    train_dataset=preference_dataset())
+    _, ref = experimental_run(orpo, "ORPO", None, **kw(tmp_path / "ref"))
+    _, logs = experimental_run(orpo, "ORPO", ds_config(3, offload_optimizer="cpu",
+                                                       offload_param="cpu"), **kw(tmp_path / "st"))
+    assert_same_curve(logs, ref, metrics=("log_odds_ratio",))
+
+
+def test_experimental_gkd_with_a_teacher_path_through_strata_class(tmp_path):
+    """trl.experimental's GKD (generalized knowledge distillation on chat messages, half of the
+    batches generated on-policy) made by strata_class, its teacher given as a path: built
+    partitioned after the stage-3 arguments and run in a frozen engine of its own. Losses and
+    grad norms as TRL's own."""
+    gkd = pytest.importorskip("trl.experimental.gkd")
+    tiny_llama(seed=5).save_pretrained(tmp_path / "teacher")
+    chat = tokenizer()
+    chat.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    g = torch.Generator().manual_seed(6)
+    messages = datasets.Dataset.from_dict({"messages": [
+        [{"role": "user", "content": words(g, 4)}, {"role": "assistant", "content": words(g, 4)}]
+        for _ in range(16)]})
+
+    def kw(out):
+        config = config_kw(out, max_steps=3, gradient_accumulation_steps=1, lmbda=0.5,
+                           max_new_tokens=6)
+        del config["max_length"]
+        return dict(config=config, processing_class=chat, train_dataset=messages,
+                    teacher_model=str(tmp_path / "teacher"))
+    _, ref = experimental_run(gkd, "GKD", None, **kw(tmp_path / "ref"))
+    trainer, logs = experimental_run(gkd, "GKD", ds_config(3, offload_param="cpu"),
+                                     **kw(tmp_path / "st"))
+    assert_same_curve(logs, ref)
+    assert list(trainer._strata_frozen_engines) == ["teacher"]
+
+
 def test_reward_trainer_matches_trl(tmp_path):
     """RewardTrainer on chosen / rejected pairs: a LlamaForSequenceClassification (one score per
     sequence, read at its last non-pad token) at stage 3 with the optimizer on cpu; the

@@ -43,6 +43,7 @@ import contextlib
 import os
 
 import torch
+import transformers
 import trl
 import trl.models.utils as _trl_model_utils
 import trl.trainer.callbacks as _trl_callbacks
@@ -54,7 +55,7 @@ from .transformers import resolve_auto, with_strata
 
 __all__ = ["SFTTrainer", "SFTConfig", "DPOTrainer", "DPOConfig", "GRPOTrainer", "GRPOConfig",
            "RLOOTrainer", "RLOOConfig", "RewardTrainer", "RewardConfig", "KTOTrainer", "KTOConfig",
-           "DistillationTrainer", "DistillationConfig"]
+           "DistillationTrainer", "DistillationConfig", "strata_class"]
 
 
 def _passes_partitioned_only(gather):
@@ -248,6 +249,16 @@ class _Trainer(_StrataTrainer):
         engines[name] = engine
 
 
+def strata_class(cls: type) -> type:
+    """Any TRL trainer or config class made to train through strata, as the names of this module
+    are: for those it does not reach, such as trl.experimental's
+    (`strata_class(trl.experimental.orpo.ORPOTrainer)`). A trainer gets everything this module
+    does for TRL's (the frozen models' engines, the precompute and generation gathers)."""
+    if isinstance(cls, type) and issubclass(cls, transformers.Trainer):
+        return with_strata(cls, strata_trainer=_Trainer)
+    return with_strata(cls)
+
+
 def __getattr__(name: str):
     try:
         cls = getattr(trl, name)
@@ -255,7 +266,7 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'strata.integrations.trl' has no attribute {name!r} "
                              f"(trl {trl.__version__} has none either)") from None
     try:
-        made = with_strata(cls, strata_trainer=_Trainer)
+        made = strata_class(cls)
     except TypeError:
         raise AttributeError(f"strata.integrations.trl.{name}: trl.{name} is neither a Trainer "
                              "nor a TrainingArguments; import it from trl") from None
