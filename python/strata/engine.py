@@ -58,6 +58,7 @@ rank for the same model, as DeepSpeed assumes too.
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import json
 import math
@@ -580,6 +581,9 @@ class StrataEngine(torch.nn.Module):
                 "TORCHELASTIC_RUN_ID" in os.environ or torch.distributed.is_initialized()):
             master_port = int(os.environ["MASTER_PORT"]) + 1
         spec = [(g.name, [(n, _full_shape(p)) for n, p in g.params]) for g in self._groups]
+        self._nvme_dirs = _config_nvme_dirs(eff) if nvme_paths is None else set(
+            os.path.realpath(os.fspath(d)) for d in nvme_paths)
+        _collect_unreachable_engines()
         self._engine = _strata.Engine(
             spec, config_json(config), rank, world_size, nvme_paths or [], device_budget_bytes,
             timeout_ms, "auto", master_port, overlap_step,
@@ -758,7 +762,8 @@ class StrataEngine(torch.nn.Module):
             if not g.trainable:
                 continue  # frozen: no gradient
             for _, p in g.params:
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
+                self._hooks.append(p.register_post_accumulate_grad_hook(
+                    _weak_method(self._grad_hook)))
         if self._whole:
             return  # stages 0-2: parameters stay whole, nothing to gather per module
         for mname, module, owner in _module_owners(self.module):
@@ -1910,6 +1915,51 @@ _STATE_KINDS = {"lp_params": ["param16"], "hp_params": ["master32"],
 
 # The engines alive in this process (accelerator.memory_allocated counts their device bytes).
 _LIVE_ENGINES: "weakref.WeakSet[StrataEngine]" = weakref.WeakSet()
+
+
+def _weak_method(method):
+    """A function calling `method` while its object lives, holding no reference to it. A tensor
+    hook that held the engine would keep it alive for good: the hook is kept by the
+    parameter's gradient accumulator in C++, where the garbage collector does not look, so a
+    trainer dropped without closing its engine would leave the engine (its device memory, its
+    swap files) behind until the process ends."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args, **kwargs):
+        bound = ref()
+        return None if bound is None else bound(*args, **kwargs)
+    return call
+
+
+def _collect_unreachable_engines() -> None:
+    """Runs the garbage collector where an open engine of this process may be unreachable: a
+    trainer replaced by a new one (a notebook cell run again), whose engines reference cycles
+    keep alive until the collector runs, still holds its swap files (a new engine of the same
+    rank and nvme_path is refused while they are in use) and its device memory (the new one's
+    budget). Collected, they close."""
+    if any(not e._closed for e in list(_LIVE_ENGINES)):
+        gc.collect()
+
+
+def _config_nvme_dirs(config: dict) -> set:
+    """The nvme_path directories (real paths) a config's offload sections name."""
+    dirs = set()
+    zero = config.get("zero_optimization") or {}
+    for key in ("offload_param", "offload_optimizer"):
+        section = zero.get(key)
+        paths = section.get("nvme_path") if isinstance(section, dict) else None
+        if paths and section.get("device") == "nvme":
+            for d in (paths if isinstance(paths, (list, tuple)) else [paths]):
+                dirs.add(os.path.realpath(os.fspath(d)))
+    return dirs
+
+
+def nvme_dirs_in_use() -> set:
+    """The nvme_path directories (real paths) of this process's open engines: each holds its
+    rank's swap file in them, so another engine of that rank cannot start there until it
+    closes."""
+    _collect_unreachable_engines()
+    return {d for e in list(_LIVE_ENGINES) if not e._closed for d in e._nvme_dirs}
 
 
 def _engine_device_bytes(cuda_index: Optional[int], peak: bool) -> int:

@@ -809,6 +809,38 @@ def test_nvme_path_not_writable_is_an_exception(tmp_path):
         strata.initialize(model=make_model("mlp"), config=cfg)
 
 
+@pytest.mark.parametrize("stage,offload", [(2, "cpu"), (3, "nvme")])
+def test_an_engine_dropped_without_close_is_collected_and_frees_its_swap_file(stage, offload,
+                                                                               tmp_path):
+    """A script (a notebook cell run again, a trainer replaced) that drops a trained engine
+    without close(): once nothing references it the collector frees it (its gradient hooks
+    hold it weakly; the parameters' accumulators keep them where the collector does not look).
+    With NVMe, an engine still referenced keeps its swap file (a new one of the same rank and
+    nvme_path is refused, naming it), and once collected the new one starts there."""
+    import gc
+    import weakref
+    cfg = ds_config(stage, offload, nvme_path=str(tmp_path))
+
+    def trained():
+        engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=cfg)
+        engine.backward(engine(*batch("mlp", 0)))
+        engine.step()
+        return engine
+
+    kept = trained()
+    if offload == "nvme":
+        assert list(tmp_path.glob("strata-swap-rank0.swp"))
+        with pytest.raises(strata.StrataError, match="in use by another strata engine"):
+            strata.initialize(model=make_model("mlp"), config=cfg)
+    gone = weakref.ref(kept)
+    del kept
+    gc.collect()
+    assert gone() is None
+    engine = trained()  # the same rank and nvme_path
+    assert engine.global_steps == 1
+    engine.close()
+
+
 @pytest.mark.parametrize("stage,offload", [(0, "none"), (3, "cpu")])
 def test_initialize_converts_each_range_to_fp32_only_when_the_engine_asks(
         stage, offload, monkeypatch):

@@ -250,6 +250,26 @@ def test_dpo_matches_trl(tmp_path, case):
             "strata-precompute", "strata-swap-rank0.swp"]
 
 
+def test_a_notebook_cell_run_again_trains_with_the_same_nvme_path(tmp_path):
+    """`trainer = DPOTrainer(...); trainer.train()` run twice in one process, both on NVMe: the
+    second reference engine is built while the first trainer is still referenced, so it takes
+    strata-reference-2 (the first one's directory is in use); by the second train() the first
+    trainer is unreferenced, its engines are collected and the policy's nvme_path is free."""
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    cfg = ds_config(3, offload_optimizer="nvme", offload_param="nvme", nvme=nvme)
+    for run in range(2):
+        trainer = strl.DPOTrainer(model=tiny_llama(), ref_model=tiny_llama(),
+                                  args=strl.DPOConfig(deepspeed=cfg, **config_kw(
+                                      tmp_path / str(run), max_steps=2)),
+                                  processing_class=tokenizer(),
+                                  train_dataset=preference_dataset(8))
+        trainer.train()
+        assert trainer.state.global_step == 2
+    assert sorted(str(f.relative_to(nvme)) for f in nvme.rglob("*.swp")) == [
+        "strata-reference-2/strata-swap-rank0.swp", "strata-swap-rank0.swp"]
+
+
 def test_kto_with_a_reference_model_at_stage_3_matches_trl(tmp_path):
     """KTOTrainer (unpaired desirable / undesirable completions) with a separate reference
     model at stage 3, the parameters on cpu: the reference gets a forward-only engine as DPO's

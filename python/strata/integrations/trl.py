@@ -50,6 +50,7 @@ import trl.trainer.callbacks as _trl_callbacks
 import trl.trainer.utils as _trl_utils
 
 from ..config import zero_stage
+from ..engine import nvme_dirs_in_use
 from .transformers import Trainer as _StrataTrainer
 from .transformers import resolve_auto, with_strata
 
@@ -146,21 +147,34 @@ def frozen_config(config: dict, args, model: torch.nn.Module, name: str = "refer
     model) named `name`: the run's, "auto" values resolved from the arguments, without the
     optimizer and scheduler sections (nothing of it trains). Its NVMe swap files go to a
     `strata-<name>` directory inside each nvme_path (created): the policy's engine holds the
-    rank's swap file in the nvme_path itself, and each frozen model's engine its own."""
+    rank's swap file in the nvme_path itself, and each frozen model's engine its own. Where an
+    open engine of this process uses that directory already (the trainer a notebook cell made
+    before, still referenced while its replacement is built), `strata-<name>-2`, -3, ..."""
     cfg = resolve_auto({k: v for k, v in config.items() if k not in ("optimizer", "scheduler")},
                        args, model, num_training_steps=1, world_size=args.world_size)  # a copy
     zero = cfg.get("zero_optimization", {})
+    in_use = nvme_dirs_in_use()
     for key in ("offload_param", "offload_optimizer"):
         section = zero.get(key)
         if isinstance(section, dict) and section.get("nvme_path"):
             paths = section["nvme_path"]
             several = isinstance(paths, (list, tuple))
-            moved = [os.path.join(os.fspath(p), f"strata-{name}")
+            moved = [_free_dir(os.fspath(p), f"strata-{name}", in_use)
                      for p in (paths if several else [paths])]
             for path in moved:
                 os.makedirs(path, exist_ok=True)
             section["nvme_path"] = moved if several else moved[0]
     return cfg
+
+
+def _free_dir(base: str, name: str, in_use: set) -> str:
+    """<base>/<name>, or <base>/<name>-<k> for the first k from 2 whose directory no open
+    engine of this process uses (in_use: real paths)."""
+    path, k = os.path.join(base, name), 1
+    while os.path.realpath(path) in in_use:
+        k += 1
+        path = os.path.join(base, f"{name}-{k}")
+    return path
 
 
 def _zero_init_parts(model: torch.nn.Module) -> dict:
