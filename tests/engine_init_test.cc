@@ -345,19 +345,32 @@ Result<std::vector<float>> Master(Engine& e, size_t g) {
   return m;
 }
 
-// After step 0 every rank writes kMid's params (values that bf16 rounds): Gather gives their
-// rounding, the other groups and every master are unchanged; after step 1 (trained on the
-// written params) kMid's params are the rounding of its master again.
-TEST(EngineWriteParams, WritesTheWorkingParamsAndTheNextStepRecomputesThemFromTheMasters) {
-  auto written = [](size_t i) { return 0.25f + 0x1p-12f * static_cast<float>(i % 97); };
-  auto bf16 = [](float v) { return Bf16ToFloat(FloatToBf16(v)); };
+// Two bf16 steps at every placement on one and two ranks, `after_step(step, engine)` on every
+// rank after each; every rank's result must be OK.
+void ForEveryPlacement(const std::function<Status(int step, Engine& e)>& after_step) {
   for (int world : {1, 2}) {
     for (const Case& c : kCases) {
       RunSpec spec;
       spec.config_json = Config(c.stage, c.opt, c.param, "bf16");
       spec.world = world;
       spec.steps = 2;
-      spec.after_step = [&](int, int step, Engine& e) -> Status {
+      spec.after_step = [&](int, int step, Engine& e) { return after_step(step, e); };
+      RunResult r = RunEngine(spec);
+      EXPECT_TRUE(r.status.ok()) << Name(c, world) << ": " << r.status.ToString();
+      for (const Status& st : r.rank_status)
+        EXPECT_TRUE(st.ok()) << Name(c, world) << ": " << st.ToString();
+    }
+  }
+}
+
+// After step 0 every rank writes kMid's params (values that bf16 rounds): Gather gives their
+// rounding, the other groups and every master are unchanged; after step 1 (trained on the
+// written params) kMid's params are the rounding of its master again.
+TEST(EngineWriteParams, WritesTheWorkingParamsAndTheNextStepRecomputesThemFromTheMasters) {
+  auto written = [](size_t i) { return 0.25f + 0x1p-12f * static_cast<float>(i % 97); };
+  auto bf16 = [](float v) { return Bf16ToFloat(FloatToBf16(v)); };
+  ForEveryPlacement(
+      [&](int step, Engine& e) -> Status {
         std::vector<std::vector<float>> params, masters;
         for (size_t g = 0; g < kGroups; ++g) {
           STRATA_ASSIGN_OR_RETURN(std::vector<float> v, GatheredValues(e, g));
@@ -399,13 +412,7 @@ TEST(EngineWriteParams, WritesTheWorkingParamsAndTheNextStepRecomputesThemFromTh
           }
         }
         return Status::OK();
-      };
-      RunResult r = RunEngine(spec);
-      EXPECT_TRUE(r.status.ok()) << Name(c, world) << ": " << r.status.ToString();
-      for (const Status& st : r.rank_status)
-        EXPECT_TRUE(st.ok()) << Name(c, world) << ": " << st.ToString();
-    }
-  }
+      });
 }
 
 // Initialised again after its groups were gathered and released, before any step (what
@@ -450,6 +457,93 @@ TEST(EngineInit, InitAgainAfterGathersDropsTheKeptCopies) {
   RunResult r = RunEngine(spec);
   EXPECT_TRUE(r.status.ok()) << r.status.ToString();
   for (const Status& st : r.rank_status) EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Engine::WriteOptimizerState: one parameter's master or moment at any step, the rest kept.
+// ------------------------------------------------------------------------------------------------
+
+Result<std::vector<float>> State(Engine& e, size_t g, StateKind kind) {
+  std::vector<float> v(e.model().groups[g].numel());
+  STRATA_RETURN_IF_ERROR(e.ReadOptimizerState(g, kind, v));
+  return v;
+}
+
+// After step 0 every rank writes the master of kTop's second parameter and the exp_avg_sq of its
+// first: those ranges read back as written, every other value of every state as before, the
+// working params of the written master are its rounding (the rest unchanged); step 1 trains
+// from there on every placement. Then the refusals.
+TEST(EngineWriteOptimizerState, WritesOneParametersStateAndKeepsTheRest) {
+  // Masters in [-0.5, 0), second moments small and positive (Adam takes their square root).
+  auto written = [](size_t i) { return -0.5f + 0x1p-11f * static_cast<float>(i % 89); };
+  auto written_sq = [](size_t i) { return 0x1p-20f * static_cast<float>(i % 89 + 1); };
+  auto bf16 = [](float v) { return Bf16ToFloat(FloatToBf16(v)); };
+  ForEveryPlacement([&](int step, Engine& e) -> Status {
+    if (step == 1) return Status::OK();
+    const auto& params = e.model().groups[kTop].params;
+    const size_t begin = params[0].numel(), end = begin + params[1].numel();
+    const StateKind kinds[] = {StateKind::kMaster32, StateKind::kExpAvg, StateKind::kExpAvgSq};
+    std::vector<std::vector<std::vector<float>>> before(kGroups);
+    std::vector<std::vector<float>> gathered(kGroups);
+    for (size_t g = 0; g < kGroups; ++g) {
+      for (StateKind k : kinds) {
+        STRATA_ASSIGN_OR_RETURN(std::vector<float> v, State(e, g, k));
+        before[g].push_back(std::move(v));
+      }
+      STRATA_ASSIGN_OR_RETURN(gathered[g], GatheredValues(e, g));
+    }
+    auto fill = [&](size_t g, size_t p, size_t b, size_t stop, float* o) -> Status {
+      if (g != kTop) return Status::Internal("asked for another group");
+      for (size_t i = b; i < stop; ++i) o[i - b] = p == 1 ? written(begin + i) : written_sq(i);
+      return Status::OK();
+    };
+    STRATA_RETURN_IF_ERROR(e.WriteOptimizerState(kTop, 1, StateKind::kMaster32, fill));
+    STRATA_RETURN_IF_ERROR(e.WriteOptimizerState(kTop, 0, StateKind::kExpAvgSq, fill));
+    for (size_t g = 0; g < kGroups; ++g) {
+      for (size_t k = 0; k < 3; ++k) {
+        STRATA_ASSIGN_OR_RETURN(std::vector<float> v, State(e, g, kinds[k]));
+        for (size_t i = 0; i < v.size(); ++i) {
+          const bool master_written = g == kTop && k == 0 && i >= begin && i < end;
+          const bool sq_written = g == kTop && k == 2 && i < begin;
+          const float want = master_written ? written(i)
+                             : sq_written   ? written_sq(i)
+                                            : before[g][k][i];
+          if (std::memcmp(&v[i], &want, sizeof want) != 0) {
+            return Status::Internal("group " + std::to_string(g) + " " +
+                                    std::string(StateKindName(kinds[k])) + "[" + std::to_string(i) +
+                                    "]: " + std::to_string(v[i]) + " read, " +
+                                    std::to_string(want) + " wanted");
+          }
+        }
+      }
+      STRATA_ASSIGN_OR_RETURN(std::vector<float> v, GatheredValues(e, g));
+      for (size_t i = 0; i < v.size(); ++i) {
+        const float want = g == kTop && i >= begin && i < end ? bf16(written(i)) : gathered[g][i];
+        if (std::memcmp(&v[i], &want, sizeof want) != 0) {
+          return Status::Internal("group " + std::to_string(g) + " param[" + std::to_string(i) +
+                                  "]: " + std::to_string(v[i]) + " gathered, " +
+                                  std::to_string(want) + " wanted");
+        }
+      }
+    }
+    auto zeros = [](size_t, size_t, size_t b, size_t stop, float* o) {
+      std::fill(o, o + (stop - b), 0.0f);
+      return Status::OK();
+    };
+    if (e.WriteOptimizerState(kTop, 0, StateKind::kParam16, zeros).code() !=
+            Status::Code::kInvalidArgument ||
+        e.WriteOptimizerState(kTop, params.size(), StateKind::kMaster32, zeros).code() !=
+            Status::Code::kInvalidArgument) {
+      return Status::Internal("param16 or a parameter out of range was not refused");
+    }
+    STRATA_ASSIGN_OR_RETURN(GatheredGroup held, e.Gather(kMid));
+    const Status gathered_out = e.WriteOptimizerState(kTop, 0, StateKind::kExpAvg, zeros);
+    e.Release(std::move(held));
+    if (gathered_out.code() != Status::Code::kFailedPrecondition) {
+      return Status::Internal("written while a group was gathered: " + gathered_out.ToString());
+    }
+    return Status::OK();
+  });
 }
 
 TEST(EngineWriteParams, AGatheredGroupOrAGroupOutOfRangeIsRefusedAndNothingIsWritten) {

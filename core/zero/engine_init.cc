@@ -518,4 +518,97 @@ Status Engine::ReadOptimizerState(size_t group, StateKind kind, std::span<float>
   return Status::OK();
 }
 
+namespace {
+
+// The values of parameter `param` that each piece holds (its place in the piece, the values),
+// from `fill`; the first error, with the rest not asked.
+struct Patch {
+  size_t at = 0;  // the first value's place in the piece
+  std::vector<float> values;
+};
+Status FillPatches(const Engine::Impl& e, size_t group, size_t param,
+                   const std::vector<const SubGroup*>& pieces, const CheckedParamFill& fill,
+                   std::vector<Patch>* patches) {
+  const zero::GroupState& gs = e.groups[group];
+  const size_t po = gs.param_offsets[param];
+  const size_t pn = e.model.groups[group].params[param].numel();
+  patches->resize(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const size_t b = e.FullOffset(*pieces[i]);
+    const size_t lo = std::max(b, po), hi = std::min(b + pieces[i]->elems, po + pn);
+    if (lo >= hi) continue;
+    Patch& patch = (*patches)[i];
+    patch.at = lo - b;
+    patch.values.assign(hi - lo, 0.0f);
+    STRATA_RETURN_IF_ERROR(fill(group, param, lo - po, hi - po, patch.values.data()));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status Engine::WriteOptimizerState(size_t group, size_t param, StateKind kind,
+                                   const CheckedParamFill& fill) {
+  Impl& e = *impl_;
+  const std::string op = "WriteOptimizerState";
+  STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());
+  STRATA_RETURN_IF_ERROR(e.CancelSpeculation());  // its states would overwrite these
+  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
+  if (kind != StateKind::kMaster32 && kind != StateKind::kExpAvg && kind != StateKind::kExpAvgSq) {
+    return Status::InvalidArgument(op + ": " + std::string(StateKindName(kind)) +
+                                   " cannot be written (master32, exp_avg, exp_avg_sq)");
+  }
+  if (group >= e.groups.size() || param >= e.model.groups[group].params.size()) {
+    return Status::InvalidArgument(op + ": group " + std::to_string(group) + " parameter " +
+                                   std::to_string(param) + " out of range");
+  }
+  if (!e.model.groups[group].trainable) {
+    return Status::InvalidArgument(op + ": group '" + e.model.groups[group].name +
+                                   "' is frozen and has no optimizer state");
+  }
+  if (e.outstanding_gathers > 0) {
+    return Status::FailedPrecondition(op + ": " + std::to_string(e.outstanding_gathers) +
+                                      " gathered group(s) not released");
+  }
+  STRATA_RETURN_IF_ERROR(e.CheckNoGradBufferOut(op, "out (mid-backward)"));
+  std::vector<const SubGroup*> pieces;
+  for (const SubGroup& s : e.subs) {
+    if (s.group == group) pieces.push_back(&s);
+  }
+  std::vector<Patch> patches;
+  if (Status filled = FillPatches(e, group, param, pieces, fill, &patches); !filled.ok()) {
+    STRATA_RETURN_IF_ERROR(e.Fail(e.FirstFailedRank(false, op.c_str()).status()));
+    return filled;
+  }
+  Result<int> failed = e.FirstFailedRank(true, op.c_str());
+  if (!failed.ok()) return e.Fail(failed.status());
+  if (*failed >= 0) {
+    return Status::InvalidArgument(op + ": rank " + std::to_string(*failed) +
+                                   "'s values failed (its own error names them); nothing was "
+                                   "written");
+  }
+  const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const SubGroup& s = *pieces[i];
+    if (patches[i].values.empty()) continue;  // none of the parameter in this piece
+    const BlockId block = kind == StateKind::kExpAvg     ? s.exp_avg
+                          : kind == StateKind::kExpAvgSq ? s.exp_avg_sq
+                                                         : s.master;
+    auto state =
+        e.store->Acquire(block, e.ComputeTier(e.HomeOf(s, kind)), Access::kWrite, e.timeout());
+    if (!state.ok()) return e.Fail(state.status());
+    float* values = static_cast<float*>(state->data());
+    std::copy(patches[i].values.begin(), patches[i].values.end(), values + patches[i].at);
+    state->MarkDirty();
+    if (kind != StateKind::kMaster32) continue;
+    auto param_lease =
+        e.store->Acquire(e.groups[group].param, param_tier, Access::kWrite, e.timeout());
+    if (!param_lease.ok()) return e.Fail(param_lease.status());
+    STRATA_RETURN_IF_ERROR(e.Fail(e.PublishParams(s, values, *param_lease)));
+  }
+  if (kind != StateKind::kMaster32) return Status::OK();
+  ForgetCopiesOfOldParams(e);
+  return e.Fail(e.AllGatherUpdatedParams(/*frozen_too=*/true));
+}
+
 }  // namespace strata

@@ -396,6 +396,18 @@ class Engine {
   // out of range; FailedPrecondition while a group is gathered or the engine has failed. Staging:
   // the fp32 values of this rank's pieces of those groups.
   Status WriteParams(std::span<const size_t> groups, const CheckedParamFill& fill);
+  // Overwrites one parameter's `kind` (kMaster32, kExpAvg, kExpAvgSq) at any step, every other
+  // value kept (collective: every rank calls it with the same arguments and values): what
+  // DeepSpeed's safe_set_full_fp32_param / safe_set_full_optimizer_state do. `fill` is asked for
+  // the ranges of parameter `param` of `group` this rank stores, in the parameter's own indices,
+  // all of them before anything is written (a failed fill writes nothing on any rank, as
+  // WriteParams). kMaster32 also rounds the working params from the new masters (and all-gathers
+  // them where stages 1-2 keep replicas), as a step does (DeepSpeed leaves the working params
+  // to the next step). A step running behind is waited for and a speculated one undone first.
+  // InvalidArgument: group or param out of range, kParam16 or kGrad, a frozen group;
+  // FailedPrecondition while a group is gathered, a gradient buffer is out or the engine failed.
+  Status WriteOptimizerState(size_t group, size_t param, StateKind kind,
+                             const CheckedParamFill& fill);
   // The same from full fp32 tensors: tensors[g][p] points at group g's parameter p (its numel
   // values, row-major). InvalidArgument naming the group or parameter for a wrong group or
   // parameter count or a null tensor.

@@ -367,6 +367,16 @@ class PyEngine {
                       [&](const CheckedParamFill& f) { return engine().WriteParams(groups, f); });
   }
 
+  // WriteOptimizerState of one parameter's "master32", "exp_avg" or "exp_avg_sq" from a Python
+  // callable fill(group, param, begin, end) -> float32 array (collective).
+  void WriteState(size_t g, size_t p, const std::string& kind, const nb::callable& fill) {
+    CheckGroup(g);
+    const std::optional<StateKind> k = StateKindFromName(kind);
+    if (!k) throw nb::value_error(("write_state: unknown state kind '" + kind + "'").c_str());
+    RunWithPythonFill(
+        fill, [&](const CheckedParamFill& f) { return engine().WriteOptimizerState(g, p, *k, f); });
+  }
+
   // InitFromRank0Fill with rank 0's values from fill(group, param, begin, end), asked for as
   // they are sent (collective; the other ranks' fill is never called). A Python error on rank 0
   // is raised there; the other ranks raise the engine's error saying rank 0's values failed.
@@ -628,6 +638,11 @@ void BindEngine(nb::module_& m) {
            "Engine::WriteParams: the working params of `groups` from fill(group, param, begin, "
            "end) -> float32 array, at any step; the fp32 masters and Adam state kept, so the next "
            "step recomputes them (collective).")
+      .def("write_state", &PyEngine::WriteState, nb::arg("group"), nb::arg("param"),
+           nb::arg("kind"), nb::arg("fill"),
+           "Engine::WriteOptimizerState: parameter `param` of `group`'s master32 (and its "
+           "working params), exp_avg or exp_avg_sq from fill(group, param, begin, end) -> "
+           "float32 array, at any step, every other value kept (collective).")
       .def("save", &PyEngine::Save, nb::arg("dir"), nb::arg("tag"), nb::arg("client_state"),
            nb::arg("keep_last") = nb::none(), nb::arg("recycle_files") = nb::none(),
            "Engine::Save (collective, at an accumulation boundary); keep_last / recycle_files "

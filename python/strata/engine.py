@@ -1071,6 +1071,40 @@ class StrataEngine(torch.nn.Module):
                 return v.clone()
         raise AssertionError("a parameter of the group is missing from it")
 
+    def write_param_state(self, param: torch.nn.Parameter, value, kind: str = "master32",
+                          part: bool = False) -> None:
+        """Sets one trainable parameter's optimizer state from `value`, every other value kept:
+        kind "master32" (the fp32 master weights; the working parameter is rounded from them at
+        once, where DeepSpeed leaves it to the next step), "exp_avg" or "exp_avg_sq". `value`:
+        the parameter whole (its numel values, any shape, any float dtype), or with part=True
+        this rank's ZeRO-3 part of it (1-D). Engine::WriteOptimizerState; collective: every
+        rank calls it for the same parameter (with the same value where whole), as DeepSpeed's
+        safe_set_full_* (strata.utils)."""
+        gi = self._group_of.get(id(param))
+        if gi is None:
+            raise ValueError("write_param_state: the parameter is not one of this engine's")
+        if kind not in ("master32", "exp_avg", "exp_avg_sq"):
+            raise ValueError(f"write_param_state: kind {kind!r} cannot be written (master32, "
+                             "exp_avg, exp_avg_sq)")
+        begin, end = self._part_range(param) if part else (0, param.ds_numel)
+        flat = torch.as_tensor(value).detach().to("cpu", torch.float32).reshape(-1)
+        if flat.numel() != end - begin:
+            raise ValueError(f"write_param_state: {flat.numel()} values given for "
+                             f"'{self._param_name(param)}', which has {end - begin}"
+                             f"{' in this rank' if part else ''}")
+
+        def fill(g, p, b, e):
+            if b < begin or e > end:
+                raise ValueError(f"write_param_state: [{b}:{e}] of '{self._param_name(param)}' "
+                                 f"is outside this rank's part [{begin}:{end}]")
+            return flat[b - begin:e - begin].numpy()
+
+        self._release_all()  # WriteOptimizerState rewrites the params: nothing may be gathered
+        try:
+            self._engine.write_state(gi, self._index_in_group[id(param)], kind, fill)
+        finally:
+            self._gather_whole()
+
     def _write_master(self, values: dict[int, torch.Tensor]) -> None:
         """Replaces the weights of the parameters in `values` (id(p) -> full fp32 tensor), every
         other one kept (collective; the engine allows it before its first step only)."""

@@ -138,16 +138,51 @@ def _not_supported(name: str, instead: str):
 
 
 _GRADS = "the engine's reduced gradients are read-only (safe_get_full_grad reads them)"
-_SETS = ("change weights with strata.zero.GatheredParameters(params, modifier_rank=0) (working "
-         "params; masters too before the first step)")
 safe_set_full_grad = _not_supported("safe_set_full_grad", _GRADS)
 safe_set_local_grad = _not_supported("safe_set_local_grad", _GRADS)
-safe_set_full_fp32_param = _not_supported("safe_set_full_fp32_param", _SETS)
-safe_set_local_fp32_param = _not_supported("safe_set_local_fp32_param", _SETS)
-safe_set_full_optimizer_state = _not_supported("safe_set_full_optimizer_state",
-                                               "optimizer states are written by the engine only")
-safe_set_local_optimizer_state = _not_supported("safe_set_local_optimizer_state",
-                                                "optimizer states are written by the engine only")
+
+
+def _set(param, value, kind: str, what: str, part: bool = False) -> None:
+    engine = _engine_of(param, what)
+    if part and engine.zero_optimization_stage() != 3:
+        raise ValueError(f"{what}: only at ZeRO stage 3, as DeepSpeed's (use "
+                         f"{what.replace('local', 'full')})")
+    if not param.requires_grad:
+        return  # DeepSpeed's: a frozen parameter has no optimizer state to set
+    engine.write_param_state(param, value, kind, part=part)
+
+
+def safe_set_full_fp32_param(param, value):
+    """As DeepSpeed's: sets the parameter's fp32 master weights from `value` (whole, its numel
+    values); nothing for a frozen parameter. The working parameter is rounded from them at once
+    (DeepSpeed leaves it to the next step; both train the same from the next step on).
+    Collective: every rank calls it with the same value."""
+    _set(param, value, "master32", "safe_set_full_fp32_param")
+
+
+def safe_set_full_optimizer_state(param, value, optim_state_key: str):
+    """As DeepSpeed's: sets Adam's `exp_avg` or `exp_avg_sq` of the parameter from `value`
+    (whole); nothing for a frozen parameter. Collective: every rank calls it with the same
+    value."""
+    if optim_state_key not in _OPTIMIZER_STATE_KEYS:
+        raise ValueError(f"safe_set_full_optimizer_state: optim_state_key {optim_state_key!r}: "
+                         f"Adam's states are {', '.join(_OPTIMIZER_STATE_KEYS)}")
+    _set(param, value, optim_state_key, "safe_set_full_optimizer_state")
+
+
+def safe_set_local_fp32_param(param, value):
+    """As DeepSpeed's (ZeRO-3): sets this rank's part of the fp32 master (1-D, the size of
+    safe_get_local_fp32_param's). Collective here: every rank calls it, each with its part."""
+    _set(param, value, "master32", "safe_set_local_fp32_param", part=True)
+
+
+def safe_set_local_optimizer_state(param, value, optim_state_key: str):
+    """As DeepSpeed's (ZeRO-3): sets this rank's part of `exp_avg` / `exp_avg_sq` (1-D).
+    Collective here: every rank calls it, each with its part."""
+    if optim_state_key not in _OPTIMIZER_STATE_KEYS:
+        raise ValueError(f"safe_set_local_optimizer_state: optim_state_key {optim_state_key!r}: "
+                         f"Adam's states are {', '.join(_OPTIMIZER_STATE_KEYS)}")
+    _set(param, value, optim_state_key, "safe_set_local_optimizer_state", part=True)
 
 
 # deepspeed.utils' ZeRO-3 leaf-module calls (`from deepspeed.utils import set_z3_leaf_modules`).

@@ -4,7 +4,9 @@ fp32 master and Adam moments equal torch AdamW's own (its param and opt.state), 
 with the optimizer in DRAM or on NVMe and at stage 0; a frozen parameter has its values and no
 moments; the local form is the rank's part at stage 3; between backward and step the gradient
 read equals torch's p.grad (micro-steps averaged), and is None outside that window; the writes
-are refused by name, as are parameters no engine trains."""
+(safe_set_full_fp32_param, safe_set_full_optimizer_state, the local forms) set what the next
+steps train from as torch's do; gradient writes are refused by name, as are parameters no
+engine trains."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -113,14 +115,80 @@ def test_gradient_reads_equal_torchs_between_backward_and_step(stage, offload, g
     engine.close()
 
 
-def test_writes_and_foreign_parameters_are_refused(tmp_path):
+@pytest.mark.parametrize("stage,offload", [(0, "none"), (2, "cpu"), (3, "none"), (3, "nvme")])
+def test_writes_set_the_state_the_next_steps_train_from(stage, offload, tmp_path):
+    """After 3 steps, safe_set_full_fp32_param on one parameter and safe_set_full_optimizer_state
+    (exp_avg, exp_avg_sq) on another (at stage 3 the moments through the local forms, the rank's
+    part being all of it on one rank): each reads back as written, the working parameter is the
+    new master at once, and two more steps train as torch AdamW does after the same writes to
+    its parameter and opt.state."""
+    ref, opt = torch_run("gpt")
+    model, engine = strata_run("gpt", stage, offload, tmp_path)
+    utils = deepspeed.utils
+    (wname, w), (mname, m) = list(model.named_parameters())[1:3]
+    rw, rm = dict(ref.named_parameters())[wname], dict(ref.named_parameters())[mname]
+    g = torch.Generator().manual_seed(5)
+    value = 0.1 * torch.randn(w.ds_shape, generator=g)
+    avg = 1e-3 * torch.randn(m.ds_shape, generator=g)
+    avg_sq = 1e-5 * torch.rand(m.ds_shape, generator=g)
+    utils.safe_set_full_fp32_param(w, value)
+    if stage == 3:
+        utils.safe_set_local_optimizer_state(m, avg.reshape(-1), "exp_avg")
+        utils.safe_set_local_optimizer_state(m, avg_sq.reshape(-1), "exp_avg_sq")
+    else:
+        utils.safe_set_full_optimizer_state(m, avg, "exp_avg")
+        utils.safe_set_full_optimizer_state(m, avg_sq, "exp_avg_sq")
+    with torch.no_grad():
+        rw.copy_(value)
+        opt.state[rm]["exp_avg"].copy_(avg)
+        opt.state[rm]["exp_avg_sq"].copy_(avg_sq)
+    assert torch.equal(utils.safe_get_full_fp32_param(w), value)
+    assert torch.equal(utils.safe_get_full_optimizer_state(m, "exp_avg"), avg)
+    assert torch.equal(utils.safe_get_full_optimizer_state(m, "exp_avg_sq"), avg_sq)
+    with engine.gathered_parameters():
+        assert torch.equal(w.detach(), value)  # fp32 working params: the master itself
+    for step in range(STEPS, STEPS + 2):
+        opt.zero_grad()
+        ref(*batch("gpt", step)).backward()
+        opt.step()
+        engine.backward(engine(*batch("gpt", step)))
+        engine.step()
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(utils.safe_get_full_fp32_param(p), q.detach(), atol=2e-5,
+                                   rtol=1e-4, msg=name)
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(utils.safe_get_full_optimizer_state(p, key),
+                                       opt.state[q][key], atol=1e-6, rtol=1e-3,
+                                       msg=f"{name} {key}")
+    engine.close()
+
+
+def test_bad_writes_and_foreign_parameters_are_refused(tmp_path):
+    """Gradients stay read-only (named); a wrong size, an unknown key and the local forms below
+    stage 3 are ValueErrors; a frozen parameter's write does nothing, as DeepSpeed's; a
+    parameter no engine trains is named."""
     model, engine = strata_run("mlp", 2, "cpu", tmp_path)
     p = next(model.parameters())
     utils = deepspeed.utils
-    for name in ("safe_set_full_grad", "safe_set_full_fp32_param",
-                 "safe_set_full_optimizer_state", "safe_set_local_grad"):
+    for name in ("safe_set_full_grad", "safe_set_local_grad"):
         with pytest.raises(NotImplementedError, match=f"{name}: not supported by strata"):
-            getattr(utils, name)(p)
+            getattr(utils, name)(p, torch.zeros(p.ds_shape))
+    with pytest.raises(ValueError, match=r"3 values given for '.*', which has \d+"):
+        utils.safe_set_full_fp32_param(p, torch.zeros(3))
+    with pytest.raises(ValueError, match="optim_state_key 'step'"):
+        utils.safe_set_full_optimizer_state(p, torch.zeros(p.ds_shape), "step")
+    with pytest.raises(ValueError, match="only at ZeRO stage 3"):
+        utils.safe_set_local_fp32_param(p, torch.zeros(p.ds_shape).reshape(-1))
     with pytest.raises(ValueError, match="not trained by a strata engine"):
         utils.safe_get_full_fp32_param(torch.nn.Parameter(torch.zeros(2)))
+    engine.close()
+    model, engine = strata_run("gptfe", 3, "cpu", tmp_path / "frozen")
+    frozen = model.wte.weight
+    before = utils.safe_get_full_fp32_param(frozen)
+    utils.safe_set_full_fp32_param(frozen, torch.zeros_like(before))
+    assert torch.equal(utils.safe_get_full_fp32_param(frozen), before)
+    gi = engine._group_of[id(frozen)]
+    with pytest.raises(deepspeed.StrataError, match="is frozen and has no optimizer state"):
+        engine._engine.write_state(gi, 0, "master32", lambda g, p, b, e: before.reshape(-1)[b:e]
+                                   .numpy())
     engine.close()
