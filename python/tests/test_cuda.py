@@ -5,7 +5,9 @@ give the same bits); a gathered parameter read by a kernel on another stream; a 
 computes on two streams; the host running ahead of the GPU (no stream synchronize per module,
 releases ordered on the GPU with the params offloaded too); the device budget; a LoRA fused
 into its base weights after training (Engine::WriteParams on the GPU); offload_states lending the
-GPU out between steps; activation checkpointing keeping the blocks' inputs in host memory.
+GPU out between steps; activation checkpointing keeping the blocks' inputs in host memory;
+optimizer state written between steps (safe_set_*); a frozen teacher's weight saved in the
+student's forward and gathered for backward.
 Every test but the device-choice ones needs a GPU and is skipped (and reported so) without one;
 the device-choice and budget checks also run on the host stand-in."""
 import pytest
@@ -500,3 +502,24 @@ def test_cpu_checkpointing_keeps_the_blocks_inputs_in_host_memory(monkeypatch):
     assert on_device - on_host >= 7 * 4 * 2**20  # 8 inputs of 4 MiB, one of slack
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+@needs_gpu
+@pytest.mark.parametrize("stage,offload", [(0, "none"), (3, "none"), (3, "cpu")])
+def test_written_optimizer_state_trains_on_the_gpu(stage, offload, tmp_path):
+    """safe_set_full_fp32_param / safe_set_*_optimizer_state (Engine::WriteOptimizerState) on
+    CudaDevice, where the CUDA Adam keeps the state in device memory (stages 0 and 3, nothing
+    offloaded) or the CPU Adam in host memory: read back as written, and two more steps train as
+    torch AdamW on the GPU after the same writes (test_tensor_fragment.py on the host)."""
+    from test_tensor_fragment import writes_against_torch
+    writes_against_torch(stage, offload, tmp_path, device="cuda")
+
+
+@needs_gpu
+@pytest.mark.parametrize("where", ["block", "function"])
+def test_a_frozen_teachers_weight_saved_in_the_forward_is_gathered_in_backward(where):
+    """A frozen teacher's stage-3 weight saved by a custom Function in the student's forward
+    (TRL's fused distillation loss), both engines on the GPU: backward gets its values gathered
+    (test_external_parameters.py on the host), the student's gradients torch's on the GPU."""
+    from test_external_parameters import saved_foreign_parameter_against_torch
+    saved_foreign_parameter_against_torch(where, False, device="cuda")

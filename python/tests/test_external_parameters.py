@@ -179,15 +179,9 @@ class _Distilled(torch.nn.Module):
         return (out ** 2).mean()
 
 
-@pytest.mark.parametrize("where", ["block", "function"])
-@pytest.mark.parametrize("teacher_gathered_in_backward", [False, True])
-def test_a_saved_parameter_of_another_engine_is_given_back_gathered(
-        where, teacher_gathered_in_backward):
-    """A stage-3 parameter of another engine (a frozen teacher's) saved by a custom autograd
-    Function in the student's forward, inside its gather (a view of the teacher's memory) or
-    after it (the Parameter itself, empty then): backward unpacks its values, gathered for the
-    purpose (a copy) or a view while gathered anyway, and the student's gradients are torch's
-    (the Function without strata, on whole tensors)."""
+def saved_foreign_parameter_against_torch(where, teacher_gathered_in_backward, device="cpu"):
+    """The student's gradients when a Function in its forward saves a frozen teacher's weight
+    (another stage-3 engine's) inside or after its gather, against the same on whole tensors."""
     torch.manual_seed(0)
     teacher_head = torch.nn.Linear(8, 5)
     student = _Distilled(teacher_head, where)
@@ -195,15 +189,19 @@ def test_a_saved_parameter_of_another_engine_is_given_back_gathered(
     torch_head.load_state_dict(teacher_head.state_dict())
     torch_student = _Distilled(torch_head, where)
     torch_student.load_state_dict(student.state_dict())
-    x = torch.randn(4, 6)
+    torch_head.to(device)
+    torch_student.to(device)
+    x = torch.randn(4, 6).to(device)
     torch_student(x).backward()
 
-    teacher = torch.nn.Sequential(teacher_head).requires_grad_(False)
+    teacher = torch.nn.Sequential(teacher_head).requires_grad_(False).to(device)
     cfg = ds_config(3)
     del cfg["optimizer"]  # frozen: no optimizer
     teacher_engine, optimizer, _, _ = strata.initialize(model=teacher, config=cfg)
     assert optimizer is None and teacher_head.weight.numel() == 0
-    engine, _, _, _ = strata.initialize(model=student, config=ds_config(3, lr=LR, wd=WD))
+    engine, _, _, _ = strata.initialize(model=student.to(device), config=ds_config(3, lr=LR,
+                                                                                    wd=WD))
+    assert engine.device.type == teacher_engine.device.type == device
     loss = engine(x)
     assert teacher_head.weight.numel() == 0  # released after the forward's product
     with strata.zero.GatheredParameters([teacher_head.weight],
@@ -213,8 +211,19 @@ def test_a_saved_parameter_of_another_engine_is_given_back_gathered(
     torch.testing.assert_close(loss, torch_student(x))
     for n, p in student.named_parameters():
         torch.testing.assert_close(strata.utils.safe_get_full_grad(p),
-                                   dict(torch_student.named_parameters())[n].grad, msg=n)
+                                   dict(torch_student.named_parameters())[n].grad.cpu(), msg=n)
     engine.step()
     engine.close()
     teacher_engine.close()
 
+
+@pytest.mark.parametrize("where", ["block", "function"])
+@pytest.mark.parametrize("teacher_gathered_in_backward", [False, True])
+def test_a_saved_parameter_of_another_engine_is_given_back_gathered(
+        where, teacher_gathered_in_backward):
+    """A stage-3 parameter of another engine (a frozen teacher's) saved by a custom autograd
+    Function in the student's forward, inside its gather (a view of the teacher's memory) or
+    after it (the Parameter itself, empty then): backward unpacks its values, gathered for the
+    purpose (a copy) or a view while gathered anyway, and the student's gradients are torch's
+    (the Function without strata, on whole tensors)."""
+    saved_foreign_parameter_against_torch(where, teacher_gathered_in_backward)

@@ -17,24 +17,29 @@ from models import batch, ds_config, make_model  # noqa: E402
 STEPS, LR, WD = 3, 1e-2, 0.01
 
 
-def torch_run(kind):
-    model = make_model(kind)
+def on(device, xs):
+    return tuple(x.to(device) for x in xs)
+
+
+def torch_run(kind, device="cpu"):
+    model = make_model(kind).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=WD)
     for step in range(STEPS):
         opt.zero_grad()
-        model(*batch(kind, step)).backward()
+        model(*on(device, batch(kind, step))).backward()
         opt.step()
     return model, opt
 
 
-def strata_run(kind, stage, offload, tmp_path):
+def strata_run(kind, stage, offload, tmp_path, device="cpu"):
     cfg = ds_config(stage, offload, lr=LR, wd=WD, nvme_path=str(tmp_path))
-    model = make_model(kind)
+    model = make_model(kind).to(device)
     engine = deepspeed.initialize(model=model, model_parameters=[
         p for p in model.parameters() if p.requires_grad], config=cfg)[0]
+    assert engine.device.type == device
     for step in range(STEPS):
-        loss = engine(*batch(kind, step))
+        loss = engine(*on(device, batch(kind, step)))
         engine.backward(loss)
         engine.step()
     return model, engine
@@ -115,22 +120,21 @@ def test_gradient_reads_equal_torchs_between_backward_and_step(stage, offload, g
     engine.close()
 
 
-@pytest.mark.parametrize("stage,offload", [(0, "none"), (2, "cpu"), (3, "none"), (3, "nvme")])
-def test_writes_set_the_state_the_next_steps_train_from(stage, offload, tmp_path):
+def writes_against_torch(stage, offload, tmp_path, device="cpu"):
     """After 3 steps, safe_set_full_fp32_param on one parameter and safe_set_full_optimizer_state
     (exp_avg, exp_avg_sq) on another (at stage 3 the moments through the local forms, the rank's
     part being all of it on one rank): each reads back as written, the working parameter is the
     new master at once, and two more steps train as torch AdamW does after the same writes to
     its parameter and opt.state."""
-    ref, opt = torch_run("gpt")
-    model, engine = strata_run("gpt", stage, offload, tmp_path)
+    ref, opt = torch_run("gpt", device)
+    model, engine = strata_run("gpt", stage, offload, tmp_path, device)
     utils = deepspeed.utils
     (wname, w), (mname, m) = list(model.named_parameters())[1:3]
     rw, rm = dict(ref.named_parameters())[wname], dict(ref.named_parameters())[mname]
     g = torch.Generator().manual_seed(5)
     value = 0.1 * torch.randn(w.ds_shape, generator=g)
     avg = 1e-3 * torch.randn(m.ds_shape, generator=g)
-    avg_sq = 1e-5 * torch.rand(m.ds_shape, generator=g)
+    avg_sq = 1e-5 * torch.rand(m.ds_shape, generator=g)  # on the host: the engine reads them
     utils.safe_set_full_fp32_param(w, value)
     if stage == 3:
         utils.safe_set_local_optimizer_state(m, avg.reshape(-1), "exp_avg")
@@ -139,28 +143,33 @@ def test_writes_set_the_state_the_next_steps_train_from(stage, offload, tmp_path
         utils.safe_set_full_optimizer_state(m, avg, "exp_avg")
         utils.safe_set_full_optimizer_state(m, avg_sq, "exp_avg_sq")
     with torch.no_grad():
-        rw.copy_(value)
-        opt.state[rm]["exp_avg"].copy_(avg)
-        opt.state[rm]["exp_avg_sq"].copy_(avg_sq)
+        rw.copy_(value.to(device))
+        opt.state[rm]["exp_avg"].copy_(avg.to(device))
+        opt.state[rm]["exp_avg_sq"].copy_(avg_sq.to(device))
     assert torch.equal(utils.safe_get_full_fp32_param(w), value)
     assert torch.equal(utils.safe_get_full_optimizer_state(m, "exp_avg"), avg)
     assert torch.equal(utils.safe_get_full_optimizer_state(m, "exp_avg_sq"), avg_sq)
     with engine.gathered_parameters():
-        assert torch.equal(w.detach(), value)  # fp32 working params: the master itself
+        assert torch.equal(w.detach().cpu(), value)  # fp32 working params: the master itself
     for step in range(STEPS, STEPS + 2):
         opt.zero_grad()
-        ref(*batch("gpt", step)).backward()
+        ref(*on(device, batch("gpt", step))).backward()
         opt.step()
-        engine.backward(engine(*batch("gpt", step)))
+        engine.backward(engine(*on(device, batch("gpt", step))))
         engine.step()
     for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(utils.safe_get_full_fp32_param(p), q.detach(), atol=2e-5,
-                                   rtol=1e-4, msg=name)
+        torch.testing.assert_close(utils.safe_get_full_fp32_param(p), q.detach().cpu(),
+                                   atol=2e-5, rtol=1e-4, msg=name)
         for key in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(utils.safe_get_full_optimizer_state(p, key),
-                                       opt.state[q][key], atol=1e-6, rtol=1e-3,
+                                       opt.state[q][key].cpu(), atol=1e-6, rtol=1e-3,
                                        msg=f"{name} {key}")
     engine.close()
+
+
+@pytest.mark.parametrize("stage,offload", [(0, "none"), (2, "cpu"), (3, "none"), (3, "nvme")])
+def test_writes_set_the_state_the_next_steps_train_from(stage, offload, tmp_path):
+    writes_against_torch(stage, offload, tmp_path)
 
 
 def test_bad_writes_and_foreign_parameters_are_refused(tmp_path):
