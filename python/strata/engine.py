@@ -57,12 +57,14 @@ rank for the same model, as DeepSpeed assumes too.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import itertools
 import json
 import math
 import os
+import sys
 import time
 import warnings
 import weakref
@@ -1963,6 +1965,21 @@ def _weak_method(method):
         bound = ref()
         return None if bound is None else bound(*args, **kwargs)
     return call
+
+
+def _close_open_engines() -> None:
+    """At interpreter exit: the engines still open close, removing their swap files as close()
+    does, so that a script that ends without close() leaves nothing the next run would take for
+    a crashed run's leftovers."""
+    for e in list(_LIVE_ENGINES):
+        if not e._closed:
+            try:
+                e.close()
+            except Exception as err:  # noqa: BLE001 (exiting: say it, do not mask the exit)
+                print(f"strata: closing an engine at exit failed: {err}", file=sys.stderr)
+
+
+atexit.register(_close_open_engines)
 
 
 def _collect_unreachable_engines() -> None:

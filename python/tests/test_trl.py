@@ -316,16 +316,13 @@ def test_grpo_matches_trl(tmp_path):
     g = torch.Generator().manual_seed(3)
     prompts = datasets.Dataset.from_dict({"prompt": [words(g, 4) for _ in range(16)]})
 
-    def reward(completions, **kw):
-        return [float(c.count("w7")) - 0.1 * len(c.split()) for c in completions]
-
     def run(lib, **extra):
         kw = config_kw(tmp_path / lib.__name__, max_steps=3, gradient_accumulation_steps=1,
                        num_generations=4, max_completion_length=8)
         del kw["max_length"]  # GRPO has max_completion_length instead
         args = lib.GRPOConfig(**extra, **kw)
         trainer = lib.GRPOTrainer(model=tiny_llama(), args=args, train_dataset=prompts,
-                                  processing_class=tokenizer(), reward_funcs=reward)
+                                  processing_class=tokenizer(), reward_funcs=count_reward)
         trainer.train()
         return trainer, [h for h in trainer.state.log_history if "loss" in h]
 
@@ -427,11 +424,14 @@ def test_rloo_with_a_reward_model_and_a_reference_at_stage_3_matches_trl(tmp_pat
                      "strata-reward-0/strata-swap-rank0.swp", "strata-swap-rank0.swp"]
 
 
-def test_grpo_gathers_the_whole_model_once_per_generation(tmp_path, monkeypatch):
-    """ds3_gather_for_generation (TRL's default True): as DeepSpeed's run gathers the ZeRO-3
-    policy once around model.generate, so does strata's engine; the per-module hooks then find
-    their groups gathered, where with False each generated token gathers every module again.
-    The same samples, losses and grad norms either way, with far fewer gathers."""
+def count_reward(completions, **kw):
+    """GRPO's reward in these tests: w7s counted, length penalised."""
+    return [float(c.count("w7")) - 0.1 * len(c.split()) for c in completions]
+
+
+def count_gathers(patch) -> list:
+    """The groups the engines gather (a released group made whole again), appended to the list
+    returned from now on; patch: monkeypatch.setattr, or setattr in a worker process."""
     import strata.engine as strata_engine
     gathers = []
     acquire = strata_engine.StrataEngine._acquire
@@ -442,21 +442,32 @@ def test_grpo_gathers_the_whole_model_once_per_generation(tmp_path, monkeypatch)
                        if self._refs[g] == 0 and not self._engine.is_gathered(g))
         return acquire(self, groups)
 
-    monkeypatch.setattr(strata_engine.StrataEngine, "_acquire", counting)
+    patch(strata_engine.StrataEngine, "_acquire", counting)
+    return gathers
 
-    def reward(completions, **kw):
-        return [float(c.count("w7")) - 0.1 * len(c.split()) for c in completions]
 
+def grpo_gathering(out, gather: bool):
+    """strata's GRPOTrainer at stage 3 (the parameters on cpu), ds3_gather_for_generation=gather,
+    trained: (trainer, logged steps)."""
+    args = strl.GRPOConfig(deepspeed=ds_config(3, offload_param="cpu"),
+                           **online_kw(out, num_generations=4, ds3_gather_for_generation=gather))
+    trainer = strl.GRPOTrainer(model=tiny_llama(), args=args, train_dataset=prompt_dataset(),
+                               processing_class=tokenizer(), reward_funcs=count_reward)
+    trainer.train()
+    return trainer, [h for h in trainer.state.log_history if "loss" in h]
+
+
+def test_grpo_gathers_the_whole_model_once_per_generation(tmp_path, monkeypatch):
+    """ds3_gather_for_generation (TRL's default True): as DeepSpeed's run gathers the ZeRO-3
+    policy once around model.generate, so does strata's engine; the per-module hooks then find
+    their groups gathered, where with False each generated token gathers every module again.
+    The same samples, losses and grad norms either way, with far fewer gathers."""
+    gathers = count_gathers(monkeypatch.setattr)
     runs = {}
     for gather in (True, False):
         gathers.clear()
-        args = strl.GRPOConfig(deepspeed=ds_config(3, offload_param="cpu"),
-                               **online_kw(tmp_path / str(gather), num_generations=4,
-                                           ds3_gather_for_generation=gather))
-        trainer = strl.GRPOTrainer(model=tiny_llama(), args=args, train_dataset=prompt_dataset(),
-                                   processing_class=tokenizer(), reward_funcs=reward)
-        trainer.train()
-        runs[gather] = ([h for h in trainer.state.log_history if "loss" in h], len(gathers))
+        _, logs = grpo_gathering(tmp_path / str(gather), gather)
+        runs[gather] = (logs, len(gathers))
     (logs, once), (ref, per_token) = runs[True], runs[False]
     assert_same_curve(logs, ref, metrics=("reward", "completions/mean_length"))
     assert 0 < 2 * once < per_token, (once, per_token)
@@ -518,6 +529,31 @@ def test_experimental_gkd_with_a_teacher_path_through_strata_class(tmp_path):
                                      **kw(tmp_path / "st"))
     assert_same_curve(logs, ref)
     assert list(trainer._strata_frozen_engines) == ["teacher"]
+
+
+def test_grpo_on_two_processes_generates_with_and_without_the_whole_policy_gathered(tmp_path):
+    """trl_grpo_worker on 2 ranks: GRPO at stage 3 with the policy partitioned over the ranks,
+    each generating for its share of the prompts, with ds3_gather_for_generation True and False.
+    Both runs end (the per-token gathers are collectives the ranks keep in step) with the same
+    logged steps and weights, both ranks' weights bit-equal; gathering the whole policy once per
+    generation makes fewer than half the gathers."""
+    from launch import launch
+    from test_hf_trainer import free_port
+    with pytest.MonkeyPatch.context() as mp:  # accelerate initialises torch.distributed
+        mp.setenv("MASTER_ADDR", "127.0.0.1")
+        mp.setenv("MASTER_PORT", str(free_port()))
+        outs = launch(tmp_path, "trl_grpo_worker.py", lambda r, nvme: [tmp_path], world=2,
+                      timeout_s=280)
+    for rc, out in outs:
+        assert rc == 0, out
+    res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for gather in (True, False):
+        for n, p in res[0][gather]["master"].items():
+            assert torch.equal(p, res[1][gather]["master"][n]), (gather, n)
+            assert torch.equal(p, res[0][not gather]["master"][n]), (gather, n)
+    assert_same_curve(res[0][True]["logs"], res[0][False]["logs"], metrics=("reward",))
+    assert len(res[0][True]["logs"]) == 3
+    assert 0 < 2 * res[0][True]["gathers"] < res[0][False]["gathers"]
 
 
 def test_reward_trainer_matches_trl(tmp_path):

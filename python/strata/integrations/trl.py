@@ -199,7 +199,7 @@ class _Trainer(_StrataTrainer):
         (built after stage-3 arguments, its training engine not made yet), as DeepSpeed's run
         wraps it in an inference engine there."""
         library = self._strata_wraps._precompute_ref_logps
-        if self.ref_model is not None or not _zero_init_parts(self.model):
+        if getattr(self, "ref_model", None) is not None or not _zero_init_parts(self.model):
             return library(self, *args, **kwargs)
         with self._strata_borrowed(self.model):
             return library(self, *args, **kwargs)
