@@ -111,14 +111,16 @@ def _syncs_partitioned(sync):
     gathers both models there with modifier_rank 0 (rank 0 mixes, the others receive); TRL
     sees no DeepSpeed plugin under strata, and would mix the empty tensors stage-3 parameters
     are outside a gather, changing nothing. With a stage-3 strata engine on either model this
-    gathers them through strata.zero.GatheredParameters(..., modifier_rank=0) as DeepSpeed's
-    run does, and the reference's engine takes the mixed values."""
+    gathers them through strata.zero.GatheredParameters, the reference with modifier_rank=0 as
+    DeepSpeed's run does (the policy, only read, without), and the reference's engine takes
+    the mixed values."""
     def sync_target_model(model, target_model, alpha):
         if _stage3_engine(model) is None and _stage3_engine(target_model) is None:
             return sync(model, target_model, alpha)
         from ..zero import GatheredParameters, _rank_world
-        with GatheredParameters(list(model.parameters()) + list(target_model.parameters()),
-                                modifier_rank=0):
+        # The policy is only read: gathered without a modifier (nothing written back to it).
+        with GatheredParameters(list(model.parameters())), \
+                GatheredParameters(list(target_model.parameters()), modifier_rank=0):
             if _rank_world()[0] == 0:
                 _trl_callbacks.SyncRefModelCallback._sync_target_model(model, target_model,
                                                                        alpha)
