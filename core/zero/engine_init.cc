@@ -206,6 +206,21 @@ Status Engine::InitParameters(const ParamFill& fill) {
 }
 
 namespace {
+// Every rank says whether its values were filled (`filled`, collective): OK when all were;
+// else this rank's own error, or InvalidArgument naming the first rank that failed, with
+// nothing to be written on any rank.
+Status AgreeOnFill(Engine::Impl& e, const Status& filled, const std::string& op) {
+  Result<int> failed = e.FirstFailedRank(filled.ok(), op);
+  if (!failed.ok()) return e.Fail(failed.status());
+  if (!filled.ok()) return filled;
+  if (*failed >= 0) {
+    return Status::InvalidArgument(op + ": rank " + std::to_string(*failed) +
+                                   "'s values failed (its own error names them); nothing was "
+                                   "written");
+  }
+  return Status::OK();
+}
+
 // The values of each piece (its padded range of the group, zeros in the padding) from `fill`;
 // its first error, with the rest not asked.
 Status FillPieces(const Engine::Impl& e, const std::vector<const SubGroup*>& pieces,
@@ -250,18 +265,9 @@ Status Engine::WriteParams(std::span<const size_t> groups, const CheckedParamFil
     }
   }
   std::vector<std::vector<float>> values;
-  if (Status filled = FillPieces(e, pieces, fill, &values); !filled.ok()) {
-    values.clear();  // this rank's error, once every rank knows (nothing written anywhere)
-    STRATA_RETURN_IF_ERROR(e.Fail(e.FirstFailedRank(false, "WriteParams").status()));
-    return filled;
-  }
-  Result<int> failed = e.FirstFailedRank(true, "WriteParams");
-  if (!failed.ok()) return e.Fail(failed.status());
-  if (*failed >= 0) {
-    return Status::InvalidArgument("WriteParams: rank " + std::to_string(*failed) +
-                                   "'s values failed (its own error names them); nothing was "
-                                   "written");
-  }
+  const Status filled = FillPieces(e, pieces, fill, &values);
+  if (!filled.ok()) values.clear();
+  STRATA_RETURN_IF_ERROR(AgreeOnFill(e, filled, "WriteParams"));
   const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
   for (size_t i = 0; i < pieces.size(); ++i) {
     const SubGroup& s = *pieces[i];
@@ -576,17 +582,7 @@ Status Engine::WriteOptimizerState(size_t group, size_t param, StateKind kind,
     if (s.group == group) pieces.push_back(&s);
   }
   std::vector<Patch> patches;
-  if (Status filled = FillPatches(e, group, param, pieces, fill, &patches); !filled.ok()) {
-    STRATA_RETURN_IF_ERROR(e.Fail(e.FirstFailedRank(false, op.c_str()).status()));
-    return filled;
-  }
-  Result<int> failed = e.FirstFailedRank(true, op.c_str());
-  if (!failed.ok()) return e.Fail(failed.status());
-  if (*failed >= 0) {
-    return Status::InvalidArgument(op + ": rank " + std::to_string(*failed) +
-                                   "'s values failed (its own error names them); nothing was "
-                                   "written");
-  }
+  STRATA_RETURN_IF_ERROR(AgreeOnFill(e, FillPatches(e, group, param, pieces, fill, &patches), op));
   const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
   for (size_t i = 0; i < pieces.size(); ++i) {
     const SubGroup& s = *pieces[i];

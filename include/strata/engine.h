@@ -397,7 +397,8 @@ class Engine {
   // the fp32 values of this rank's pieces of those groups.
   Status WriteParams(std::span<const size_t> groups, const CheckedParamFill& fill);
   // Overwrites one parameter's `kind` (kMaster32, kExpAvg, kExpAvgSq) at any step, every other
-  // value kept (collective: every rank calls it with the same arguments and values): what
+  // value kept (collective: every rank calls it with the same group, param and kind, its fill
+  // giving the values of the ranges that rank stores): what
   // DeepSpeed's safe_set_full_fp32_param / safe_set_full_optimizer_state do. `fill` is asked for
   // the ranges of parameter `param` of `group` this rank stores, in the parameter's own indices,
   // all of them before anything is written (a failed fill writes nothing on any rank, as

@@ -549,7 +549,12 @@ class StrataEngine(torch.nn.Module):
                  timeout_ms: int = 300000, overlap_step: bool = False,
                  param_groups: Optional[ParamGroups] = None, lr_scheduler=None, device=None):
         super().__init__()
+        # Before anything is measured: dropped engines' device memory and swap files freed, and
+        # an engine still holding this model's parameters closed with its weights kept.
+        _collect_unreachable_engines()
+        _close_engines_holding(model)
         self.module = model
+        self._dtypes = {n: p.dtype for n, p in model.named_parameters()}  # before the engine's
         # Where the engine runs: a torch.device, cuda (CudaDevice + NCCL) or cpu (HostDevice +
         # Gloo, the stand-in); _cuda is the GPU, None on the host.
         self.device = _engine_device(model, device)
@@ -585,7 +590,6 @@ class StrataEngine(torch.nn.Module):
         spec = [(g.name, [(n, _full_shape(p)) for n, p in g.params]) for g in self._groups]
         self._nvme_dirs = _config_nvme_dirs(eff) if nvme_paths is None else set(
             os.path.realpath(os.fspath(d)) for d in nvme_paths)
-        _collect_unreachable_engines()
         self._engine = _strata.Engine(
             spec, config_json(config), rank, world_size, nvme_paths or [], device_budget_bytes,
             timeout_ms, "auto", master_port, overlap_step,
@@ -596,7 +600,6 @@ class StrataEngine(torch.nn.Module):
             device_ordinal=0 if self._cuda is None else self._cuda.index)
         self._closed = False
         self._named_scheduler = None  # initialize's: a torch scheduler named in the config
-        _LIVE_ENGINES.add(self)
         self._dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                        "float16": torch.float16}[self._engine.dtype]
         self._init_weights()
@@ -683,6 +686,8 @@ class StrataEngine(torch.nn.Module):
             self._client_lrs = True
         elif config.get("scheduler"):
             self.lr_scheduler = _EngineScheduler(self)
+        self._serial = next(_ENGINE_SERIALS)  # creation order: the same on every rank
+        _LIVE_ENGINES.add(self)
 
     def _init_weights(self) -> None:
         parts = [[getattr(p, "_strata_part", None) for _, p in g.params] for g in self._groups]
@@ -765,7 +770,7 @@ class StrataEngine(torch.nn.Module):
                 continue  # frozen: no gradient
             for _, p in g.params:
                 self._hooks.append(p.register_post_accumulate_grad_hook(
-                    _weak_method(self._grad_hook)))
+                    _weak_method(self._grad_hook) if self.world_size == 1 else self._grad_hook))
         if self._whole:
             return  # stages 0-2: parameters stay whole, nothing to gather per module
         for mname, module, owner in _module_owners(self.module):
@@ -1088,6 +1093,10 @@ class StrataEngine(torch.nn.Module):
         if kind not in ("master32", "exp_avg", "exp_avg_sq"):
             raise ValueError(f"write_param_state: kind {kind!r} cannot be written (master32, "
                              "exp_avg, exp_avg_sq)")
+        if not self._whole and any(self._refs):
+            raise RuntimeError("write_param_state: parameters are gathered (a forward, or a "
+                               "gathered_parameters / GatheredParameters block, is running); "
+                               "set optimizer state outside them")
         begin, end = self._part_range(param) if part else (0, param.ds_numel)
         flat = torch.as_tensor(value).detach().to("cpu", torch.float32).reshape(-1)
         if flat.numel() != end - begin:
@@ -1735,6 +1744,17 @@ class StrataEngine(torch.nn.Module):
         """DeepSpeedEngine.destroy, which scripts call when they are done with the engine: close()."""
         self.close()
 
+    def close_keeping_weights(self) -> None:
+        """close(), the parameters left holding the weights (the fp32 masters, in the dtype each
+        parameter had before initialize) at every stage, whole (collective: the masters are
+        read whole on every rank)."""
+        masters = self.read_master()
+        self.close()
+        with torch.no_grad():
+            for name, p in self.module.named_parameters():
+                if name in masters:
+                    p.data = masters[name].to(p.device, self._dtypes.get(name, p.dtype))
+
     def close(self) -> None:
         """Removes the hooks and frees the engine. Stages 0-2: the parameters keep their last
         values (copied out of the engine); stage 3: they stay empty."""
@@ -1951,6 +1971,7 @@ _STATE_KINDS = {"lp_params": ["param16"], "hp_params": ["master32"],
 
 # The engines alive in this process (accelerator.memory_allocated counts their device bytes).
 _LIVE_ENGINES: "weakref.WeakSet[StrataEngine]" = weakref.WeakSet()
+_ENGINE_SERIALS = itertools.count()
 
 
 def _weak_method(method):
@@ -1958,7 +1979,9 @@ def _weak_method(method):
     hook that held the engine would keep it alive for good: the hook is kept by the
     parameter's gradient accumulator in C++, where the garbage collector does not look, so a
     trainer dropped without closing its engine would leave the engine (its device memory, its
-    swap files) behind until the process ends."""
+    swap files) behind until the process ends. Used on one rank only: on several, freeing an
+    engine finalizes its communicator, which waits for every rank to do the same, and a
+    collector's timing differs per rank (such an engine stays until close() or the end)."""
     ref = weakref.WeakMethod(method)
 
     def call(*args, **kwargs):
@@ -1968,11 +1991,13 @@ def _weak_method(method):
 
 
 def _close_open_engines() -> None:
-    """At interpreter exit: the engines still open close, removing their swap files as close()
-    does, so that a script that ends without close() leaves nothing the next run would take for
-    a crashed run's leftovers."""
-    for e in list(_LIVE_ENGINES):
-        if not e._closed:
+    """At interpreter exit: the one-rank engines still open close, newest first, removing their
+    swap files as close() does, so that a script that ends without close() leaves nothing the
+    next run would take for a crashed run's leftovers. (On several ranks closing finalizes the
+    communicators, which waits for the other ranks: those engines are left to the process's
+    end, as before.)"""
+    for e in sorted(_LIVE_ENGINES, key=lambda e: e._serial, reverse=True):
+        if not e._closed and e.world_size == 1:
             try:
                 e.close()
             except Exception as err:  # noqa: BLE001 (exiting: say it, do not mask the exit)
@@ -1980,6 +2005,20 @@ def _close_open_engines() -> None:
 
 
 atexit.register(_close_open_engines)
+
+
+def _close_engines_holding(model: torch.nn.Module) -> None:
+    """Closes, oldest first, the open engines that hold some of `model`'s parameters (a model
+    trained before, passed to initialize again: a notebook cell run twice, a second Trainer),
+    writing their weights back into the parameters first (at stage 3 closing leaves them empty),
+    with a warning. Collective as initialize is: every rank holds the same engines."""
+    holders = {id(e): e for p in model.parameters()
+               if (e := getattr(p, "_strata_engine", None)) is not None and not e._closed}
+    for e in sorted(holders.values(), key=lambda e: e._serial):
+        warnings.warn("strata.initialize: the model's parameters are in an engine that is still "
+                      "open; it is closed first and its weights are kept in the parameters "
+                      "(close() or destroy() an engine when done with it)", stacklevel=4)
+        e.close_keeping_weights()
 
 
 def _collect_unreachable_engines() -> None:

@@ -143,7 +143,11 @@ safe_set_local_grad = _not_supported("safe_set_local_grad", _GRADS)
 
 
 def _set(param, value, kind: str, what: str, part: bool = False) -> None:
+    """The safe_set_* writes: kind "master32" or an optimizer state key, checked here."""
     engine = _engine_of(param, what)
+    if kind != "master32" and kind not in _OPTIMIZER_STATE_KEYS:
+        raise ValueError(f"{what}: optim_state_key {kind!r}: Adam's states are "
+                         f"{', '.join(_OPTIMIZER_STATE_KEYS)}")
     if part and engine.zero_optimization_stage() != 3:
         raise ValueError(f"{what}: only at ZeRO stage 3, as DeepSpeed's (use "
                          f"{what.replace('local', 'full')})")
@@ -164,9 +168,6 @@ def safe_set_full_optimizer_state(param, value, optim_state_key: str):
     """As DeepSpeed's: sets Adam's `exp_avg` or `exp_avg_sq` of the parameter from `value`
     (whole); nothing for a frozen parameter. Collective: every rank calls it with the same
     value."""
-    if optim_state_key not in _OPTIMIZER_STATE_KEYS:
-        raise ValueError(f"safe_set_full_optimizer_state: optim_state_key {optim_state_key!r}: "
-                         f"Adam's states are {', '.join(_OPTIMIZER_STATE_KEYS)}")
     _set(param, value, optim_state_key, "safe_set_full_optimizer_state")
 
 
@@ -179,9 +180,6 @@ def safe_set_local_fp32_param(param, value):
 def safe_set_local_optimizer_state(param, value, optim_state_key: str):
     """As DeepSpeed's (ZeRO-3): sets this rank's part of `exp_avg` / `exp_avg_sq` (1-D).
     Collective here: every rank calls it, each with its part."""
-    if optim_state_key not in _OPTIMIZER_STATE_KEYS:
-        raise ValueError(f"safe_set_local_optimizer_state: optim_state_key {optim_state_key!r}: "
-                         f"Adam's states are {', '.join(_OPTIMIZER_STATE_KEYS)}")
     _set(param, value, optim_state_key, "safe_set_local_optimizer_state", part=True)
 
 

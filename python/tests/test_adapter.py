@@ -841,6 +841,36 @@ def test_an_engine_dropped_without_close_is_collected_and_frees_its_swap_file(st
     engine.close()
 
 
+@pytest.mark.parametrize("stage,offload", [(1, "cpu"), (3, "nvme")])
+def test_a_model_passed_to_initialize_again_continues_from_its_open_engines_weights(
+        stage, offload, tmp_path):
+    """initialize on a model whose parameters an engine still open holds (a notebook cell run
+    again with the model built once, a second Trainer on it): that engine is closed first with
+    a warning, its trained weights kept in the parameters (in their dtype), so the new engine
+    starts from them, in the same nvme_path; and parameters are not written while gathered."""
+    cfg = ds_config(stage, offload, lr=LR, wd=WD, nvme_path=str(tmp_path))
+    model = make_model("mlp")
+    first, _, _, _ = strata.initialize(model=model, config=cfg)
+    first.backward(first(*batch("mlp", 0)))
+    first.step()
+    trained = first.read_master()
+    with pytest.warns(UserWarning, match="in an engine that is still open; it is closed first"):
+        second, _, _, _ = strata.initialize(model=model, config=cfg)
+    assert first._closed
+    assert {n: p.dtype for n, p in model.named_parameters()} == {
+        n: torch.float32 for n, _ in model.named_parameters()}
+    again = second.read_master()
+    for name, value in trained.items():
+        assert torch.equal(again[name], value), name
+    if stage == 3:
+        with second.gathered_parameters():
+            with pytest.raises(RuntimeError, match="parameters are gathered"):
+                strata.utils.safe_set_full_fp32_param(next(model.parameters()),
+                                                      torch.zeros(next(iter(trained.values()))
+                                                                  .shape))
+    second.close()
+
+
 @pytest.mark.parametrize("stage,offload", [(0, "none"), (3, "cpu")])
 def test_initialize_converts_each_range_to_fp32_only_when_the_engine_asks(
         stage, offload, monkeypatch):

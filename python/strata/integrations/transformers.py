@@ -479,12 +479,8 @@ class Trainer(transformers.Trainer):
         engine = self.strata_engine
         if engine is None:
             return
-        masters = engine.read_master()
-        engine.close()
-        with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                if name in masters:
-                    p.data = masters[name].to(p.device, self._strata_dtypes.get(name, p.dtype))
+        if not engine._closed:
+            engine.close_keeping_weights()
         self.strata_engine = None
 
     def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 
 import torch
 import transformers
@@ -171,7 +172,10 @@ def frozen_config(config: dict, args, model: torch.nn.Module, name: str = "refer
 
 def _free_dir(base: str, name: str, in_use: set) -> str:
     """<base>/<name>, or <base>/<name>-<k> for the first k from 2 whose directory no open
-    engine of this process uses (in_use: real paths)."""
+    engine of this process uses (in_use: real paths). The names are those `offloadctl clean`
+    looks into (nvme/leftovers.h IsEngineDirName: strata- and lowercase letters, digits, -)."""
+    if not re.fullmatch(r"strata-[a-z0-9-]+", name):
+        raise ValueError(f"frozen engine directory {name!r}: strata-[a-z0-9-]+ only")
     path, k = os.path.join(base, name), 1
     while os.path.realpath(path) in in_use:
         k += 1
