@@ -2007,14 +2007,19 @@ def _close_open_engines() -> None:
 atexit.register(_close_open_engines)
 
 
+def open_engines_of(model: torch.nn.Module) -> list:
+    """The open engines that hold some of `model`'s parameters, oldest first."""
+    holders = {id(e): e for p in model.parameters()
+               if (e := getattr(p, "_strata_engine", None)) is not None and not e._closed}
+    return sorted(holders.values(), key=lambda e: e._serial)
+
+
 def _close_engines_holding(model: torch.nn.Module) -> None:
     """Closes, oldest first, the open engines that hold some of `model`'s parameters (a model
     trained before, passed to initialize again: a notebook cell run twice, a second Trainer),
     writing their weights back into the parameters first (at stage 3 closing leaves them empty),
     with a warning. Collective as initialize is: every rank holds the same engines."""
-    holders = {id(e): e for p in model.parameters()
-               if (e := getattr(p, "_strata_engine", None)) is not None and not e._closed}
-    for e in sorted(holders.values(), key=lambda e: e._serial):
+    for e in open_engines_of(model):
         warnings.warn("strata.initialize: the model's parameters are in an engine that is still "
                       "open; it is closed first and its weights are kept in the parameters "
                       "(close() or destroy() an engine when done with it)", stacklevel=4)

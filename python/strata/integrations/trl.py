@@ -20,8 +20,8 @@ reward-<i>). That holds whether the script passed it whole or TRL or transformer
 partitioned (from_pretrained after stage-3 arguments, or TRL loading it from a path). Its
 parameters are frozen; it keeps no optimizer state. Below stage 3 it stays the torch module it
 is. sync_ref_model (mixing the policy into the reference every ref_model_sync_steps) gathers
-both with modifier_rank 0 at stage 3, as DeepSpeed's run does, and the reference's engine takes
-the mixed values.
+the reference with modifier_rank 0 at stage 3, as DeepSpeed's run does (the policy, only read,
+without), and the reference's engine takes the mixed values.
 With precompute_ref_log_probs and no reference model, the policy itself gets a forward-only
 engine for TRL's precompute pass where it is still zero.Init's partitions then.
 
@@ -51,7 +51,7 @@ import trl.trainer.callbacks as _trl_callbacks
 import trl.trainer.utils as _trl_utils
 
 from ..config import zero_stage
-from ..engine import nvme_dirs_in_use
+from ..engine import nvme_dirs_in_use, open_engines_of
 from .transformers import Trainer as _StrataTrainer
 from .transformers import resolve_auto, with_strata
 
@@ -99,11 +99,7 @@ def _gathers_for_generation(unwrap):
 
 def _stage3_engine(model: torch.nn.Module):
     """The open stage-3 strata engine that holds the model's parameters, or None."""
-    for p in model.parameters():
-        engine = getattr(p, "_strata_engine", None)
-        if engine is not None and not engine._whole and not engine._closed:
-            return engine
-    return None
+    return next((e for e in open_engines_of(model) if not e._whole), None)
 
 
 def _syncs_partitioned(sync):
@@ -183,11 +179,10 @@ def _free_dir(base: str, name: str, in_use: set) -> str:
     return path
 
 
-def _zero_init_parts(model: torch.nn.Module) -> dict:
-    """{parameter: its zero.Init partition} of the model's parameters that are still zero.Init's
-    (partitioned at construction, in no engine yet)."""
-    return {p: p._strata_part for p in model.parameters()
-            if getattr(p, "_strata_part", None) is not None}
+def _still_zero_init(model: torch.nn.Module) -> bool:
+    """Whether some of the model's parameters are still zero.Init's partitions (partitioned at
+    construction, in no engine yet)."""
+    return any(getattr(p, "_strata_part", None) is not None for p in model.parameters())
 
 
 class _Trainer(_StrataTrainer):
@@ -205,7 +200,7 @@ class _Trainer(_StrataTrainer):
         (built after stage-3 arguments, its training engine not made yet), as DeepSpeed's run
         wraps it in an inference engine there."""
         library = self._strata_wraps._precompute_ref_logps
-        if getattr(self, "ref_model", None) is not None or not _zero_init_parts(self.model):
+        if getattr(self, "ref_model", None) is not None or not _still_zero_init(self.model):
             return library(self, *args, **kwargs)
         with self._strata_borrowed(self.model):
             return library(self, *args, **kwargs)
