@@ -125,7 +125,27 @@ TEST(LaunchCli, ReusingARendezvousDirectoryWorks) {
 TEST(LaunchCli, OneRankDyingFailsTheJobFastWithClearErrors) {
   const Out o = Sh(Ctl() + " launch -n 3 --grace-s 10 -- " COMM_RANK_MAIN " die 1");
   EXPECT_EQ(o.exit_code, 1) << o.out;
+  // Rank 1 dies on its own; the others fail on the broken collective, maybe reaped first.
   EXPECT_NE(o.out.find("launch: rank 1 exited with code 3"), std::string::npos) << o.out;
+}
+
+TEST(LaunchCli, EveryRankFailingOnItsOwnIsReported) {
+  // Both ranks ignore launch's SIGTERM and fail with their own codes: whichever is reaped first,
+  // the other's failure is reported too; ranks stopped by launch's signals are not failures.
+  const Out o = Sh(Ctl() +
+                   " launch -n 2 --grace-s 10 -- sh -c 'trap \"\" TERM; sleep 0.3; "
+                   "exit $((RANK + 3))'");
+  EXPECT_EQ(o.exit_code, 1) << o.out;
+  EXPECT_NE(o.out.find("launch: rank 0 exited with code 3"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("launch: rank 1 exited with code 4"), std::string::npos) << o.out;
+  const Out stopped = Sh(Ctl() +
+                         " launch -n 2 --grace-s 10 -- sh -c 'if [ $RANK = 1 ]; then exit 5; fi; "
+                         "exec sleep 60'");
+  EXPECT_EQ(stopped.exit_code, 1) << stopped.out;
+  EXPECT_NE(stopped.out.find("launch: rank 1 exited with code 5; stopping the other ranks"),
+            std::string::npos)
+      << stopped.out;
+  EXPECT_EQ(stopped.out.find("launch: rank 0"), std::string::npos) << stopped.out;
 }
 
 TEST(LaunchCli, TimeoutAndSignalStopEveryRank) {

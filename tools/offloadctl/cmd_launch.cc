@@ -294,15 +294,25 @@ int RunRanks(int n, int per_node, const std::string& addr, int port, const std::
       ranks[r].exited = true;
       --running;
       ranks[r].code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      if (ranks[r].code != 0 && failed_rank < 0) {
-        failed_rank = r;
-        why = WIFEXITED(st) ? "exited with code " + std::to_string(ranks[r].code)
-                            : std::string("was killed by signal ") + strsignal(WTERMSIG(st));
-        std::fprintf(stderr, "launch: rank %d %s; stopping the other ranks\n", r, why.c_str());
-        SignalAll(ranks, SIGTERM);
-        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                     std::chrono::duration<double>(grace_s));
+      if (ranks[r].code == 0) continue;
+      const std::string how = WIFEXITED(st)
+                                  ? "exited with code " + std::to_string(ranks[r].code)
+                                  : std::string("was killed by signal ") + strsignal(WTERMSIG(st));
+      if (failed_rank >= 0) {
+        // Which of two ranks reaped in one pass died first is unknown (a rank whose peer died
+        // often fails too, at once): every rank's own failure is reported, not only the
+        // first one reaped. A rank ended by launch's own signals is not a failure of its own.
+        const bool stopped =
+            WIFSIGNALED(st) && (WTERMSIG(st) == SIGTERM || WTERMSIG(st) == SIGKILL);
+        if (!stopped) std::fprintf(stderr, "launch: rank %d %s\n", r, how.c_str());
+        continue;
       }
+      failed_rank = r;
+      why = how;
+      std::fprintf(stderr, "launch: rank %d %s; stopping the other ranks\n", r, why.c_str());
+      SignalAll(ranks, SIGTERM);
+      kill_at = Clock::now() +
+                std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
     }
     if (running == 0 && drain_until == Clock::time_point::max()) {
       drain_until = Clock::now() + kDrainAfterExit;
