@@ -327,6 +327,42 @@ TEST(ConfigCheck, MaxGradNormInOptimizerParamsIsAWarning) {
   EXPECT_NE(FindDiag(c.warnings, Kind::kIgnored, "optimizer.params.max_grad_norm"), nullptr);
 }
 
+TEST(ConfigCheck, SixteenBitMasterAndOptimizerStatesAreNamedAsNotActedOn) {
+  // The keys that shrink DeepSpeed's state (bf16 / fp16 masters, gradients, Adam moments): strata
+  // keeps fp32 state, so a run sized for the smaller one is told, naming each key given true.
+  ConfigCheck bf = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "bf16": {"enabled": true,
+      "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true},
+      "zero_optimization": {"stage": 3}})");
+  ASSERT_TRUE(bf.ok()) << Dump(bf.errors);
+  ASSERT_EQ(bf.warnings.size(), 2u) << Dump(bf.warnings);
+  const ConfigDiagnostic* m =
+      FindDiag(bf.warnings, Kind::kIgnored, "bf16.bf16_master_weights_and_grads");
+  const ConfigDiagnostic* v = FindDiag(bf.warnings, Kind::kIgnored, "bf16.bf16_optimizer_states");
+  ASSERT_NE(m, nullptr) << Dump(bf.warnings);
+  ASSERT_NE(v, nullptr) << Dump(bf.warnings);
+  EXPECT_NE(m->message.find("fp32 master weights"), std::string::npos) << m->message;
+  EXPECT_NE(v->message.find("moments in fp32"), std::string::npos) << v->message;
+  // The old section name, and fp16's key.
+  ConfigCheck old = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "bfloat16": {"enabled": true,
+      "bf16_optimizer_states": true}})");
+  ASSERT_EQ(old.warnings.size(), 1u) << Dump(old.warnings);
+  EXPECT_NE(FindDiag(old.warnings, Kind::kIgnored, "bfloat16.bf16_optimizer_states"), nullptr);
+  ConfigCheck fp = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "fp16": {"enabled": true,
+      "fp16_master_weights_and_grads": true}})");
+  ASSERT_EQ(fp.warnings.size(), 1u) << Dump(fp.warnings);
+  EXPECT_NE(FindDiag(fp.warnings, Kind::kIgnored, "fp16.fp16_master_weights_and_grads"), nullptr);
+  // False, or with 16-bit training off (DeepSpeed then does not read them): nothing to say.
+  for (const char* quiet :
+       {R"({"train_batch_size": 8, "bf16": {"enabled": true, "bf16_optimizer_states": false}})",
+        R"({"train_batch_size": 8, "bf16": {"enabled": false, "bf16_optimizer_states": true}})",
+        R"({"train_batch_size": 8, "fp16": {"enabled": false,
+            "fp16_master_weights_and_grads": true}})"}) {
+    ConfigCheck q = CheckDeepSpeedConfig(quiet);
+    EXPECT_TRUE(q.ok()) << quiet;
+    EXPECT_TRUE(q.warnings.empty()) << quiet << "\n" << Dump(q.warnings);
+  }
+}
+
 TEST(ConfigCheck, StrictTurnsEveryWarningIntoAnError) {
   const char* text = R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
       "offload_param": {"device": "cpu"}, "cpu_offload": true, "overlap_com": true}})";

@@ -199,9 +199,39 @@ void CheckLeafModule(Reader& r, const Json* root) {
   }
 }
 
+// DeepSpeed's 16-bit master weights, gradients and optimizer states (bf16 / fp16 sections): read,
+// not acted on. strata keeps fp32 masters, gradients and Adam moments, whose bytes the plan and
+// the budget checks count; a run sized for the smaller state needs to know before it is refused.
+void CheckLowPrecisionStates(Reader& r, const EngineConfig& c, const Json* root) {
+  const std::string counted =
+      "; 'offloadctl plan' and the engine's budget checks count those bytes";
+  const std::string master =
+      "strata keeps fp32 master weights (4 bytes per parameter, not 2) and accumulates gradients "
+      "in fp32" +
+      counted;
+  const char* bf16 = root->contains("bf16") ? "bf16" : "bfloat16";
+  const struct {
+    bool enabled;
+    const char* section;
+    const char* key;
+    std::string why;
+  } keys[] = {{c.bf16.enabled.value_or(false), bf16, "bf16_master_weights_and_grads", master},
+              {c.bf16.enabled.value_or(false), bf16, "bf16_optimizer_states",
+               "strata keeps Adam's moments in fp32 (8 bytes per parameter, not 4)" + counted},
+              {c.fp16.enabled.value_or(false), "fp16", "fp16_master_weights_and_grads", master}};
+  for (const auto& k : keys) {
+    auto sec = root->find(k.section);
+    if (!k.enabled || sec == root->end() || !sec->is_object()) continue;
+    auto it = sec->find(k.key);
+    if (it == sec->end() || !it->is_boolean() || !it->get<bool>()) continue;
+    r.Warn(Kind::kIgnored, std::string(k.section) + "." + k.key, k.why);
+  }
+}
+
 }  // namespace
 
 void CheckAcrossKeys(Reader& r, EngineConfig& c, Json* root) {
+  CheckLowPrecisionStates(r, c, root);
   CheckLeafModule(r, root);
   CheckBatch(r, c, root);
   if (c.fp16.enabled.value_or(false) && c.bf16.enabled.value_or(false)) {

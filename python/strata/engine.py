@@ -62,6 +62,7 @@ import contextlib
 import gc
 import itertools
 import json
+import logging
 import math
 import os
 import sys
@@ -82,6 +83,18 @@ from .zero import (GatheredParameters, ZeroParamStatus, _mark_partitioned, _owne
                    apply_leaf_module_config, z3_leaf_module)
 
 _AVAILABLE, _NOT_AVAILABLE = ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE
+
+logger = logging.getLogger("strata")
+_CONFIG_WARNED: set = set()  # config warnings already logged by this process
+
+
+def _log_config_warnings(check: dict, rank: int) -> None:
+    """Logs, on rank 0 and once per process, each of `check`'s warnings (a key strata does not
+    act on, a misspelt one, ...): what `offloadctl config check` prints for the same config."""
+    for w in check["warnings"] if rank == 0 else ():
+        if w["text"] not in _CONFIG_WARNED:
+            _CONFIG_WARNED.add(w["text"])
+            logger.warning("strata config: %s", w["text"])
 
 _UNSUPPORTED_TOP_LEVEL = {
     "amp": "apex AMP (use bf16 or fp16 sections)",
@@ -569,6 +582,7 @@ class StrataEngine(torch.nn.Module):
         if not check["ok"]:
             raise ConfigError("invalid DeepSpeed config:\n" +
                               "\n".join(e["text"] for e in check["errors"]))
+        _log_config_warnings(check, rank)
         eff = json.loads(check["effective_json"])
         stage3 = int((eff.get("zero_optimization") or {}).get("stage") or 0) == 3
         if stage3:  # DeepSpeed's ZeRO-3 leaf modules: the config's, or its MoE-block defaults

@@ -236,3 +236,24 @@ def test_set_train_batch_size_refused_where_gradients_are_kept_as_reduced():
     engine.step()
     assert engine.global_steps == 1
     engine.close()
+
+
+def test_config_warnings_are_logged_once_at_initialize(caplog):
+    """What `offloadctl config check` warns about reaches a script's log at initialize (rank 0,
+    each warning once per process): a misspelt key, and DeepSpeed's 16-bit state keys, which
+    strata reads and does not act on (it keeps fp32 masters and moments: the run needs their
+    bytes)."""
+    import strata.engine as strata_engine
+    strata_engine._CONFIG_WARNED.clear()
+    cfg = ds_config(3, dtype="bf16")
+    cfg["bf16"].update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
+    cfg["zero_optimization"]["overlap_comn"] = True
+    with caplog.at_level("WARNING", logger="strata"):
+        for _ in range(2):
+            engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=cfg)
+            engine.close()
+    texts = [r.getMessage() for r in caplog.records if r.name == "strata"]
+    for want in ("bf16.bf16_master_weights_and_grads", "bf16.bf16_optimizer_states",
+                 "did you mean 'overlap_comm'"):
+        assert sum(want in t for t in texts) == 1, (want, texts)
+    assert len(texts) == 3, texts

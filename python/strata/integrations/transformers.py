@@ -511,8 +511,7 @@ class Trainer(transformers.Trainer):
         if not check["ok"]:
             raise ConfigError("invalid DeepSpeed config:\n" +
                               "\n".join(e["text"] for e in check["errors"]))
-        for w in check["warnings"]:
-            logger.warning("strata config: %s", w["text"])
+        # Its warnings are logged by the engine (rank 0, once per process).
         optimizer = None
         if not cfg.get("optimizer"):
             if isinstance(self.optimizer, _EngineStepped):
