@@ -88,7 +88,9 @@ def _rank_world():
     return _env_rank_world()
 
 
-def _partition_module(module: torch.nn.Module, rank: int, world: int) -> None:
+def _partition_module(module: torch.nn.Module, rank: int, world: int, dtype=None) -> None:
+    """Keeps this rank's range of each of `module`'s own parameters (cast to `dtype` first where
+    given), emptying the parameter (the module docstring)."""
     every = list(module.parameters(recurse=False))
     own = [p for p in every if getattr(p, "_strata_part", None) is None
            and getattr(p, "_strata_engine", None) is None]
@@ -102,12 +104,42 @@ def _partition_module(module: torch.nn.Module, rank: int, world: int) -> None:
     for p, (b, e) in zip(own, _owned_parts([p.numel() for p in own], world, rank)):
         # The shard waits on the host; the empty placeholder keeps the parameter's device, which
         # tells strata.initialize where the engine runs.
-        shard = p.detach().reshape(-1)[b:e].to(device="cpu", dtype=torch.float32).clone()
+        if dtype is not None:
+            p.data = p.data.to(dtype)
+        shard = _rank0_values(p.detach(), world).reshape(-1)[b:e]
+        shard = shard.to(device="cpu", dtype=torch.float32).clone()
         p.ds_shape = p.shape
         p.ds_numel = p.numel()
         p._strata_part = _Part(ids, b, e, shard)
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         _mark_partitioned(p, e - b)
+
+
+def _rank0_values(t: torch.Tensor, world: int) -> torch.Tensor:
+    """`t` as rank 0 built it (DeepSpeed's zero.Init broadcasts each parameter from rank 0 before
+    partitioning it): ranks seeded apart, or not seeded at all, get one model, as strata.initialize
+    takes rank 0's weights for a model built whole."""
+    dist = torch.distributed
+    if world == 1:
+        return t
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("strata.zero.Init with more than one process needs torch.distributed "
+                           "initialised (zero.Init starts it from torchrun's or offloadctl "
+                           "launch's environment)")
+    on_gpu = dist.get_backend() == "nccl"
+    out = t.to(f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu", copy=True)
+    dist.broadcast(out, 0)
+    return out
+
+
+def _partition_tree(model: torch.nn.Module, rank: int, world: int, dtype=None) -> None:
+    """Partitions every module of an existing model, each after its children (the order in
+    which their construction would end under zero.Init, which decides who owns a tied one)."""
+    def visit(m: torch.nn.Module) -> None:
+        for child in m.children():
+            visit(child)
+        _partition_module(m, rank, world, dtype)
+    visit(model)
 
 
 # zero.Init blocks entered and not yet left: only the outermost partitions (DeepSpeed's rule).
@@ -124,7 +156,11 @@ class Init:
     strata (strata.register_as_deepspeed), unless DeepSpeed is installed or imported. Nested
     blocks partition once, as the outermost one says (transformers' from_pretrained opens one
     inside strata's). Like DeepSpeed's, it patches the module classes of the whole process while
-    the outermost block is open: build models under it from one thread at a time. Arguments strata has no use for (remote_device,
+    the outermost block is open: build models under it from one thread at a time. Each
+    parameter is rank 0's (broadcast before it is partitioned, as DeepSpeed's), so with more
+    than one process it starts torch.distributed from the launcher's environment where the
+    script has not. `module=model` partitions a model built before, at once, as if it had been
+    built in the block. Arguments strata has no use for (remote_device,
     pin_memory, mem_efficient_linear) are accepted; data_parallel_group, mpu and sequence data
     parallelism are refused with NotImplementedError.
     """
@@ -134,9 +170,6 @@ class Init:
                  enabled=True, dtype=None, mpu=None, zero_param_parallel_group=None,
                  zero_quantized_weights=False, zero_quantized_nontrainable_weights=False,
                  sequence_data_parallel_group=None, param_swapper=None):
-        if module is not None:
-            raise NotImplementedError("strata.zero.Init(module=...): partitioning an existing "
-                                      "model is what strata.initialize does; pass it there")
         for name, v in (("data_parallel_group", data_parallel_group), ("mpu", mpu),
                         ("zero_param_parallel_group", zero_param_parallel_group),
                         ("sequence_data_parallel_group", sequence_data_parallel_group),
@@ -164,6 +197,14 @@ class Init:
         self.rank, self.world = _rank_world()
         self.dtype = dtype
         self._patched = []
+        if enabled and self.world > 1:  # DeepSpeed's Init starts it too: rank 0's values
+            from .engine import start_distributed
+            start_distributed("strata.zero.Init")
+        if module is not None and enabled:  # an existing model: partitioned now, as if built here
+            if not isinstance(module, torch.nn.Module):
+                raise TypeError(f"strata.zero.Init(module=...): expected an nn.Module, got "
+                                f"{type(module).__name__}")
+            _partition_tree(module, self.rank, self.world, dtype)
 
     def __enter__(self):
         global _init_depth
@@ -198,11 +239,7 @@ class Init:
             finally:
                 object.__setattr__(module, "_strata_init_depth", depth)
             if depth == 0:  # the outermost __init__ of this object: construction is over
-                if init.dtype is not None:
-                    for p in module.parameters(recurse=False):
-                        if getattr(p, "_strata_part", None) is None:
-                            p.data = p.data.to(init.dtype)
-                _partition_module(module, init.rank, init.world)
+                _partition_module(module, init.rank, init.world, init.dtype)
         __init__.__wrapped__ = orig
         return __init__
 

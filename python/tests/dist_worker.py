@@ -2,7 +2,9 @@
 start for all: torch's import dominates a short run), each with its own engine and rendezvous
 (STRATA_RUN_ID suffixed by the case), and writes each case's losses and master weights.
 
-A case is KIND:STAGE:OFFLOAD[:FLAG]; FLAG "init" builds the model inside strata.zero.Init,
+A case is KIND:STAGE:OFFLOAD[:FLAG]; FLAG "init" builds the model inside strata.zero.Init (rank 1
+from another seed: zero.Init takes rank 0's values), "initmodule" builds it whole and partitions
+it with strata.zero.Init(module=model) (rank 1 likewise),
 "modifier" writes ln_f.weight through GatheredParameters(modifier_rank=0) before training,
 "rank0" gives ranks other than 0 other weights (initialize takes rank 0's, as DeepSpeed),
 "groups" passes a client AdamW with models.decay_groups and a LambdaLR warmup,
@@ -38,8 +40,12 @@ for i, case in enumerate(cases):
     gas = 2 if flag == ["nosync"] else 1
     cfg = ds_config(int(stage), offload, gas=gas, nvme_path=nvme, world=2)
     if flag in (["init"], ["initleaf"]):
-        with strata.zero.Init(config=cfg):
-            model = make_model(kind)
+        with strata.zero.Init(config=cfg):  # rank 1 seeded apart: both get rank 0's model
+            model = make_model(kind, seed=0 if rank == 0 else 1)
+    elif flag == ["initmodule"]:  # a model built whole, partitioned by zero.Init(module=...)
+        model = make_model(kind, seed=0 if rank == 0 else 1)
+        strata.zero.Init(module=model, config_dict_or_path=cfg)
+        assert all(p.numel() == 0 for p in model.parameters())
         if flag == ["initleaf"]:  # set after construction: one group per block, not zero.Init's
             strata.utils.set_z3_leaf_modules(model, ["Block"])
     else:

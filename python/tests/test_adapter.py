@@ -744,6 +744,29 @@ def test_zero_init_partitions_at_construction_and_trains_as_torch():
         strata.zero.Init(config=ds_config(2))
 
 
+def test_zero_init_module_partitions_an_existing_model_and_trains_as_torch():
+    """deepspeed.zero.Init(module=model): a model built whole (its head tied to the embedding)
+    is partitioned at once, as if built in the block; disabled, it is left alone."""
+    cfg = ds_config(3, "cpu", lr=LR, wd=WD)
+    kept = make_model("gpt")
+    strata.zero.Init(module=kept, config=cfg, enabled=False)
+    assert all(p.numel() > 0 for p in kept.parameters())
+    model = make_model("gpt")
+    strata.zero.Init(module=model, config_dict_or_path=cfg)
+    assert all(p.numel() == 0 and p.ds_status == strata.zero.ZeroParamStatus.NOT_AVAILABLE
+               for p in model.parameters())
+    assert model.head.weight is model.wte.weight and model.wte.weight.ds_shape == (37, 32)
+    with strata.zero.GatheredParameters(model.wte.weight):
+        assert torch.equal(model.wte.weight, make_model("gpt").wte.weight)
+    losses, params, _ = train("gpt", cfg, model=model)
+    check_against_torch("gpt", losses, params)
+    half = make_model("mlp")
+    strata.zero.Init(module=half, config=cfg, dtype=torch.bfloat16)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    with pytest.raises(TypeError, match="nn.Module"):
+        strata.zero.Init(module="model", config=cfg)
+
+
 def test_gathered_parameters_modifier_rank_writes_back():
     model = make_model("gpt")
     engine, _, _, _ = strata.initialize(model=model, config=ds_config(3, lr=LR, wd=WD))
