@@ -460,12 +460,19 @@ TEST(EngineSemantics, SixteenBitGradientHomeGivesTheFp32Bits) {
   }
 }
 
-TEST(EngineSemantics, LrScheduleAsDeepSpeed) {
+// Stage 1 with the config's WarmupLR from 0 to 0.01 over `warmup` steps, linear, for `steps`.
+RunSpec LinearWarmup(int warmup, int steps) {
   RunSpec spec;
   spec.config_json = BaseConfig(
       R"("stage": 1)",
-      R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 4, "warmup_type": "linear"}},)");
-  spec.steps = 4;
+      R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": )" +
+          std::to_string(warmup) + R"(, "warmup_type": "linear"}},)");
+  spec.steps = steps;
+  return spec;
+}
+
+TEST(EngineSemantics, LrScheduleAsDeepSpeed) {
+  RunSpec spec = LinearWarmup(4, 4);
   RunResult r = RunEngine(spec);
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   // DeepSpeed: the first applied step runs at t = -1 (the constructor's lr: warmup_min_lr), the
@@ -486,6 +493,30 @@ TEST(EngineSemantics, LrScheduleAsDeepSpeed) {
     for (const auto& t : init[g]) flat.insert(flat.end(), t.begin(), t.end());
     EXPECT_EQ(r2.master[g], flat) << "group " << g;
   }
+}
+
+// A script moving the schedule as it moves DeepSpeed's scheduler object (its
+// last_batch_iteration is the position minus one): the next step runs at the position set, and
+// later steps count on from there.
+TEST(EngineSemantics, SetSchedulePositionMovesTheConfigSchedule) {
+  RunSpec spec = LinearWarmup(10, 3);
+  spec.before_step = [](int, int step, Engine& e) {
+    EXPECT_EQ(e.schedule_position(), step == 0 ? 0 : step == 1 ? 1 : 8);
+    if (step == 0) {
+      EXPECT_EQ(e.SetSchedulePosition(-1).code(), Status::Code::kInvalidArgument);
+      EXPECT_EQ(e.schedule_position(), 0);
+    }
+    if (step == 1) {
+      ASSERT_TRUE(e.SetSchedulePosition(7).ok());  // DeepSpeed's load_state_dict({lbi: 6})
+      EXPECT_DOUBLE_EQ(e.lr(), 0.01 * 6 / 10);
+    }
+  };
+  const RunResult r = RunEngine(spec);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  ASSERT_EQ(r.reports.size(), 3u);
+  EXPECT_EQ(r.reports[0].lr, 0.0);  // t = -1
+  EXPECT_DOUBLE_EQ(r.reports[1].lr, 0.01 * 6 / 10);
+  EXPECT_DOUBLE_EQ(r.reports[2].lr, 0.01 * 7 / 10);
 }
 
 // The master weights of TestModel's groups, flat, as InitialWeights has them.

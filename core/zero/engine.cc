@@ -1096,6 +1096,17 @@ std::vector<double> Engine::lrs() const {
   return out;
 }
 
+int64_t Engine::schedule_position() const { return impl_->applied_steps - impl_->lr_step_base; }
+
+Status Engine::SetSchedulePosition(int64_t position) {
+  if (position < 0) {
+    return Status::InvalidArgument("SetSchedulePosition: position " + std::to_string(position) +
+                                   " is negative");
+  }
+  impl_->lr_step_base = impl_->applied_steps - position;
+  return Status::OK();
+}
+
 Status Engine::SetLearningRates(std::span<const double> lrs) {
   Impl& e = *impl_;
   if (lrs.size() != e.hyper.size()) {

@@ -504,6 +504,14 @@ class Engine {
   // way, and the config's schedule no longer applies. InvalidArgument for the wrong count or a
   // bad value (nothing changed).
   Status SetLearningRates(std::span<const double> lrs);
+  // The config's LR schedule's position: the number of schedule steps taken so far, from which
+  // the next step's lr and betas follow (0 at the start; each applied step adds one). DeepSpeed's
+  // scheduler object counts the same (its last_batch_iteration is this minus one), and a
+  // script may move it as it moves that object: SetSchedulePosition(k) makes the next step use
+  // the schedule's values after k steps, every later step counting on from there (a checkpoint
+  // keeps it). InvalidArgument for k < 0.
+  int64_t schedule_position() const;
+  Status SetSchedulePosition(int64_t position);
   // Each optimizer group's (beta1, beta2) for the next step: the group's, or the config's
   // schedule's where it sets them (OneCycle with cycle_momentum, in every group).
   std::vector<std::pair<double, double>> betas() const;

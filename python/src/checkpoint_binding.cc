@@ -37,8 +37,9 @@ nb::ndarray<nb::numpy, float> ReadParam(ckpt::RangeReader& rd, size_t g, uint64_
   return nb::ndarray<nb::numpy, float>(data, shape.size(), shape.data(), owner);
 }
 
-// (tag, {parameter name: float32 array of its shape}, client state bytes).
-nb::tuple ReadCheckpoint(const std::string& dir, const std::string& tag) {
+// (tag, {parameter name: float32 array of its shape}, client state bytes); without the frozen
+// groups' parameters where `exclude_frozen`.
+nb::tuple ReadCheckpoint(const std::string& dir, const std::string& tag, bool exclude_frozen) {
   ckpt::Manifest m;
   {
     nb::gil_scoped_release unlocked;
@@ -48,6 +49,7 @@ nb::tuple ReadCheckpoint(const std::string& dir, const std::string& tag) {
   ckpt::RangeReader rd(tag_dir, m);
   nb::dict weights;
   for (size_t g = 0; g < m.groups.size(); ++g) {
+    if (exclude_frozen && !m.groups[g].trainable) continue;
     uint64_t offset = 0;
     for (const ckpt::ParamEntry& p : m.groups[g].params) {
       nb::ndarray<nb::numpy, float> a = ReadParam(rd, g, offset, p);
@@ -66,9 +68,11 @@ nb::tuple ReadCheckpoint(const std::string& dir, const std::string& tag) {
 
 void BindCheckpoint(nb::module_& m) {
   m.def("read_checkpoint", &ReadCheckpoint, nb::arg("dir"), nb::arg("tag") = "",
+        nb::arg("exclude_frozen") = false,
         "The verified checkpoint `tag` of `dir` (\"\": the one `latest` names) as (tag, "
         "{parameter name: float32 array}, client state bytes): the fp32 masters (a frozen "
-        "group's params widened), 4 bytes per parameter, no engine.");
+        "group's params widened, or left out with exclude_frozen), 4 bytes per parameter, no "
+        "engine.");
 }
 
 }  // namespace strata::python

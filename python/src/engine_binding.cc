@@ -682,6 +682,10 @@ void BindEngine(nb::module_& m) {
       .def_prop_ro(
           "lrs", [](PyEngine& e) { return e.engine().lrs(); },
           "The lr of each optimizer group for the next step.")
+      .def_prop_rw(
+          "schedule_position", [](PyEngine& e) { return e.engine().schedule_position(); },
+          [](PyEngine& e, int64_t k) { ThrowIfError(e.engine().SetSchedulePosition(k)); },
+          "Engine::schedule_position: the config's LR schedule's steps taken (settable).")
       .def(
           "set_lrs",
           [](PyEngine& e, const std::vector<double>& lrs) {

@@ -79,6 +79,7 @@ from .config import ConfigError, ConfigLike, check_config, config_json, config_t
 from .deepspeed_name import register_as_deepspeed
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
+from .utils.zero_to_fp32 import write_recovery_script
 from .zero import (GatheredParameters, ZeroParamStatus, _mark_partitioned, _owned_parts,
                    apply_leaf_module_config, z3_leaf_module)
 
@@ -542,6 +543,20 @@ class _HeldBack:
         self.call(gi)
 
 
+def _hook_outputs(out, hook, depth: int = 0) -> None:
+    """`hook` on each tensor of a forward's output that autograd will reach (in tuples, lists
+    and dicts, a transformers ModelOutput among them, two levels deep)."""
+    if isinstance(out, torch.Tensor):
+        if out.requires_grad:
+            out.register_hook(hook)
+    elif depth < 2 and isinstance(out, (tuple, list)):
+        for v in out:
+            _hook_outputs(v, hook, depth + 1)
+    elif depth < 2 and isinstance(out, dict):
+        for v in out.values():
+            _hook_outputs(v, hook, depth + 1)
+
+
 def _no_wait() -> None:
     """_HeldBack's wait where the engine orders torch's stream on the device itself."""
 
@@ -681,6 +696,9 @@ class StrataEngine(torch.nn.Module):
         self.global_samples = 0
         self._step_applied = False  # was_step_applied()
         self._step_has_grads = False  # a backward since the last boundary step
+        self._in_engine_backward = False  # engine.backward runs (else: the script's own backward)
+        self._torch_backward_queued = False  # _after_torch_backward waits for autograd's pass
+        self._scaled_by_script = False  # engine.scale(loss) given since the last backward
         self._warned_param_write = False  # _write_params' notice, once
         self._last_report: Optional[dict] = None
         self.optimizer = _EngineOptimizer(self, param_groups)
@@ -1184,6 +1202,8 @@ class StrataEngine(torch.nn.Module):
 
     # -- gradients -----------------------------------------------------------------------------
     def _grad_hook(self, p: torch.nn.Parameter) -> None:
+        if not self._in_engine_backward and not self._torch_backward_queued:
+            self._begin_torch_backward()
         if self._no_sync:
             return  # kept in p.grad: autograd adds the next backward's to it
         gi = self._group_of[id(p)]
@@ -1201,6 +1221,40 @@ class StrataEngine(torch.nn.Module):
         self._grads_missing[gi] -= 1
         if self._grads_missing[gi] == 0:
             self._reduce(gi)
+
+    def _begin_torch_backward(self) -> None:
+        """The script's own `loss.backward()` (DeepSpeed's torch-style backward): what
+        engine.backward does after autograd runs once autograd's pass ends (a callback queued on
+        its engine, as DeepSpeed's and FSDP's post-backward). Its gradients are averaged over
+        micro-steps and ranks as engine.backward's. A loss scale (fp16) must have been applied
+        by engine.scale(loss): refused before any gradient is taken otherwise."""
+        scale = self._engine.loss_scale
+        if scale != 1.0 and not self._scaled_by_script:
+            raise RuntimeError(
+                f"strata: loss.backward() was called directly while fp16 training scales the "
+                f"loss (by {scale:g} now); call engine.backward(loss), or "
+                "engine.scale(loss).backward()")
+        self._check_loaded("backward")
+        self._check_requires_grad()
+        # On the outermost pass (a reentrant checkpoint's recomputation runs its own, inside),
+        # once: a pass that fails never calls back, and the next forward clears the flag.
+        self._torch_backward_queued = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._after_torch_backward)
+
+    def _after_torch_backward(self) -> None:
+        self._torch_backward_queued = False
+        self._scaled_by_script = False
+        self._flush()
+        self._step_has_grads = True
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """As DeepSpeed's: the loss times the loss scale (fp16; 1 otherwise), for a script that
+        calls `engine.scale(loss).backward()` itself instead of engine.backward(loss)."""
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
+            raise ValueError("engine.scale: the loss must be a scalar tensor with a grad_fn")
+        self._scaled_by_script = True
+        scale = self._engine.loss_scale
+        return loss * scale if scale != 1.0 else loss
 
     def _check_requires_grad(self) -> None:
         """requires_grad is fixed at initialize: a frozen group has no optimizer state to start
@@ -1297,10 +1351,20 @@ class StrataEngine(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         self._check_loaded("forward")
+        self._torch_backward_queued = False  # a failed torch-style backward's (never called back)
         if self.training and not self.tput_timer.started:
             self.tput_timer.start()
         with self._autocast.context():
-            return self.module(*args, **kwargs)
+            out = self.module(*args, **kwargs)
+        if torch.is_grad_enabled():
+            _hook_outputs(out, self._output_grad_hook)
+        return out
+
+    def _output_grad_hook(self, grad):
+        """A forward output's gradient: the script's own backward begins here, in autograd's
+        outermost pass (a parameter's hook may first run inside a reentrant checkpoint's)."""
+        if not self._in_engine_backward and not self._torch_backward_queued:
+            self._begin_torch_backward()
 
     def __getattr__(self, name: str):
         """As DeepSpeedEngine's: a name the engine does not define is the module's, so scripts
@@ -1322,10 +1386,15 @@ class StrataEngine(torch.nn.Module):
         """loss.backward() with the loss scale, then the flush; the engine averages over ranks
         and micro-steps (gradient_accumulation_steps), as DeepSpeed's scale_wrt_gas does.
         scale_wrt_gas=False: the micro-steps' gradients are summed instead (the loss is
-        multiplied by gradient_accumulation_steps here, which the engine's average undoes)."""
+        multiplied by gradient_accumulation_steps here, which the engine's average undoes).
+        Returns, as DeepSpeed's, the loss divided by gradient_accumulation_steps (with
+        scale_wrt_gas; the loss itself without). A script may instead call loss.backward()
+        itself, then engine.step() (DeepSpeed's torch-style backward; fp16 through
+        engine.scale(loss).backward())."""
         self._check_loaded("backward")
         self._check_requires_grad()
         scale = self._engine.loss_scale * (1 if scale_wrt_gas else self._gas)
+        self._in_engine_backward = True
         try:
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
         except BaseException:
@@ -1334,9 +1403,11 @@ class StrataEngine(torch.nn.Module):
                 self._release_all()
                 self._gather_whole()
             raise
+        finally:
+            self._in_engine_backward = False
         self._flush()
         self._step_has_grads = True
-        return loss
+        return loss / self._gas if scale_wrt_gas and self._gas != 1 else loss
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next engine.step() runs the optimizer: every gradient_accumulation_steps
@@ -1823,6 +1894,8 @@ class StrataEngine(torch.nn.Module):
                               recycle_files=None if recycle_files is None else bool(recycle_files))
         finally:
             self._gather_whole()
+        if self._engine.rank == 0:  # DeepSpeed's recovery script, strata's in its place
+            write_recovery_script(save_dir)
         return True
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
@@ -2159,10 +2232,26 @@ class _EngineOptimizer(torch.optim.Optimizer):
 
 
 class _EngineScheduler:
-    """The config's scheduler, stepped by engine.step() (skipped steps do not advance it)."""
+    """The config's scheduler (DeepSpeed's WarmupLR, WarmupDecayLR, ...), which the engine runs:
+    engine.step() advances it after each applied step (a skipped one does not), as DeepSpeed's
+    engine steps its scheduler object. Its position reads and moves as that object's:
+    last_batch_iteration (-1 before the first step), step() / step(k), state_dict() and
+    load_state_dict(); the lr of the next step follows (Engine::SetSchedulePosition)."""
 
     def __init__(self, engine: StrataEngine):
         self._engine = engine
+
+    @property
+    def last_batch_iteration(self) -> int:
+        return self._engine._engine.schedule_position - 1
+
+    @last_batch_iteration.setter
+    def last_batch_iteration(self, k: int) -> None:
+        if int(k) < -1:
+            raise ValueError(f"last_batch_iteration {k}: the schedule starts at -1")
+        self._engine._engine.schedule_position = int(k) + 1
+        if not self._engine._client_lrs:  # param_groups show the next step's lr at once
+            self._engine._pull_lrs()
 
     def get_lr(self) -> list[float]:
         return self._engine.get_lr()
@@ -2170,14 +2259,17 @@ class _EngineScheduler:
     def get_last_lr(self) -> list[float]:
         return self._engine.get_lr()
 
-    def step(self, *a, **k) -> None:
-        pass  # engine.step() advances the schedule
+    def step(self, last_batch_iteration: Optional[int] = None) -> None:
+        """As DeepSpeed's: one schedule step more than engine.step() took (or to k), on top of
+        them; a script that also steps the scheduler advances it twice per step, as there."""
+        self.last_batch_iteration = self.last_batch_iteration + 1 \
+            if last_batch_iteration is None else last_batch_iteration
 
     def state_dict(self) -> dict:
-        return {}  # the position is the engine's step count, in its checkpoint
+        return {"last_batch_iteration": self.last_batch_iteration}
 
     def load_state_dict(self, state_dict) -> None:
-        pass
+        self.last_batch_iteration = state_dict["last_batch_iteration"]
 
 
 # The schedulers DeepSpeed defines (deepspeed/runtime/lr_schedules.py), which the engine runs.

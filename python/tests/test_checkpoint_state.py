@@ -259,3 +259,66 @@ def test_fine_tune_resumed_with_fresh_optimizer_state_matches_a_fresh_torch_adam
     for n, v in again.read_master().items():
         assert torch.equal(v, straight[n]), n
     again.close()
+
+
+def test_zero_to_fp32_as_deepspeed_users_call_it(tmp_path):
+    """DeepSpeed's zero_to_fp32 as its users reach it: `from deepspeed.utils.zero_to_fp32 import
+    ...`, convert_zero_checkpoint_to_fp32_state_dict into a directory (one file, or Hugging Face's
+    shards and index past max_shard_size; safetensors or torch.save), and the zero_to_fp32.py that
+    save_checkpoint leaves in the checkpoint directory, run as a script. A transformers GPT-2
+    trained at stage 3 comes back through from_pretrained with the masters' values."""
+    import json
+    import subprocess
+    import sys
+    transformers = pytest.importorskip("transformers")
+    from models import lm_batch, lm_loss, make_lm
+    strata.register_as_deepspeed()
+    from deepspeed.utils.zero_to_fp32 import (convert_zero_checkpoint_to_fp32_state_dict,
+                                              get_fp32_state_dict_from_zero_checkpoint)
+    model = make_lm("gpt2")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3, "cpu"))
+    for step in range(2):
+        engine.backward(lm_loss("gpt2", engine, *lm_batch("gpt2", step, 4)))
+        engine.step()
+    ckpt = tmp_path / "ckpt"
+    engine.save_checkpoint(ckpt)
+    master = engine.read_master()
+    engine.close()
+    script = ckpt / "zero_to_fp32.py"
+    assert os.access(script, os.X_OK)
+    sd = get_fp32_state_dict_from_zero_checkpoint(ckpt, lazy_mode=True)
+    assert sd["lm_head.weight"] is sd["transformer.wte.weight"]
+
+    def loaded(out):
+        back = transformers.GPT2LMHeadModel.from_pretrained(out)
+        got = dict(back.named_parameters())
+        for n, m in master.items():
+            assert torch.equal(got[n].detach(), m), n
+    # One file in a directory, each format; the model's config beside it for from_pretrained.
+    for safe, name in ((False, "pytorch_model.bin"), (True, "model.safetensors")):
+        out = tmp_path / f"one-{int(safe)}"
+        convert_zero_checkpoint_to_fp32_state_dict(ckpt, out, safe_serialization=safe)
+        assert sorted(os.listdir(out)) == [name]
+        model.config.save_pretrained(out)
+        loaded(out)
+    # Shards of at most 40 kB (the embedding, larger, alone in its own), as the script is run.
+    out = tmp_path / "shards"
+    run = subprocess.run([sys.executable, str(script), str(ckpt), str(out), "--safe_serialization",
+                          "--max_shard_size", "40KB"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert run.returncode == 0, run.stderr
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    assert sorted(p.name for p in out.iterdir()) == files + ["model.safetensors.index.json"]
+    assert set(index["weight_map"]) == set(sd)
+    assert index["metadata"]["total_size"] == 4 * sum(m.numel() for m in master.values()) + sum(
+        b.numel() * b.element_size() for n, b in sd.items() if n not in master and
+        n != "lm_head.weight")
+    model.config.save_pretrained(out)
+    loaded(out)
+    # The file form of DeepSpeed before 0.14, and a bad size named.
+    convert_zero_checkpoint_to_fp32_state_dict(ckpt, tmp_path / "w.bin")
+    assert torch.load(tmp_path / "w.bin").keys() == sd.keys()
+    with pytest.raises(ValueError, match="max_shard_size"):
+        convert_zero_checkpoint_to_fp32_state_dict(ckpt, tmp_path / "x", max_shard_size="5 parsecs")

@@ -84,6 +84,9 @@ def test_checkpoint_of_a_fine_tune_resumes_bit_exact(tmp_path):
     sd = strata.utils.get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt")
     for n, p in make_model("lora").named_parameters():
         assert torch.equal(sd[n], saved[n] if p.requires_grad else p.detach()), n
+    adapters = strata.utils.get_fp32_state_dict_from_zero_checkpoint(
+        tmp_path / "ckpt", exclude_frozen_parameters=True)  # DeepSpeed's: the trained ones only
+    assert set(adapters) == {n for n, p in make_model("lora").named_parameters() if p.requires_grad}
     train(engine, "lora", steps=4, first=2)
     straight = engine.read_master()
     engine.close()

@@ -145,6 +145,39 @@ def test_config_scheduler_writes_its_lr_into_param_groups():
     engine.close()
 
 
+def test_config_scheduler_object_moves_as_deepspeeds(tmp_path):
+    """The scheduler initialize returns for the config's WarmupLR is positioned as DeepSpeed's
+    object (last_batch_iteration, step(), step(k), state_dict, load_state_dict), and the lr the
+    engine steps with follows it (DeepSpeed 0.19's WarmupLR: lr = 0.01 * t / 10 at t)."""
+    cfg = ds_config(2, lr=0.01)
+    cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01,
+                                                       "warmup_num_steps": 10,
+                                                       "warmup_type": "linear"}}
+    engine, opt, _, sched = strata.initialize(model=make_model("mlp"), config=cfg)
+    assert sched.last_batch_iteration == -1 and sched.state_dict() == {"last_batch_iteration": -1}
+    run(engine, "mlp", steps=4)
+    assert sched.last_batch_iteration == 3 and sched.get_last_lr() == pytest.approx([0.003])
+    sched.step()  # a script stepping it too moves it once more, as DeepSpeed's
+    assert sched.last_batch_iteration == 4 and engine.get_lr() == pytest.approx([0.004])
+    run(engine, "mlp", steps=1)
+    assert engine.last_step_report["lr"] == pytest.approx(0.004)
+    sched.load_state_dict({"last_batch_iteration": 8})
+    run(engine, "mlp", steps=1)
+    assert engine.last_step_report["lr"] == pytest.approx(0.008)
+    assert sched.state_dict() == {"last_batch_iteration": 9}
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.009)
+    sched.step(2)
+    assert engine.get_lr() == pytest.approx([0.002])
+    engine.save_checkpoint(tmp_path)  # the position is the checkpoint's
+    with pytest.raises(ValueError, match="starts at -1"):
+        sched.step(-2)
+    engine.close()
+    again, _, _, sched2 = strata.initialize(model=make_model("mlp"), config=cfg)
+    again.load_checkpoint(tmp_path)
+    assert sched2.last_batch_iteration == 2 and again.get_lr() == pytest.approx([0.002])
+    again.close()
+
+
 def test_zero_init_with_groups_that_split_modules_trains_as_torch():
     cfg = ds_config(3, "cpu")
     del cfg["optimizer"]

@@ -257,3 +257,107 @@ def test_config_warnings_are_logged_once_at_initialize(caplog):
                  "did you mean 'overlap_comm'"):
         assert sum(want in t for t in texts) == 1, (want, texts)
     assert len(texts) == 3, texts
+
+
+def _torch_style(engine, step, m):
+    """DeepSpeed's torch-style backward: the script calls loss.backward() itself."""
+    loss = engine(*batch("mlp", step, m))
+    loss.backward()
+    engine.step()
+    return loss.item()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_loss_backward_called_by_the_script_trains_as_engine_backward(stage):
+    """loss.backward() then engine.step(), without engine.backward (DeepSpeed 0.18+ at stages 1-3;
+    strata at every stage): the same bits as engine.backward's run, micro-steps averaged; the
+    returned loss of engine.backward is DeepSpeed's, divided by gradient_accumulation_steps."""
+    want_losses, want, engine = run(stage, plain)
+    engine.close()
+    losses, got, engine = run(stage, _torch_style)
+    assert engine.global_steps == STEPS
+    engine.close()
+    assert losses == want_losses
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(stage, gas=2))
+    loss = engine(*batch("mlp", 0, 0))
+    assert torch.equal(engine.backward(loss), loss / 2)
+    engine.close()
+
+
+def test_loss_backward_with_fp16_needs_engine_scale():
+    """fp16 scales the loss: a direct loss.backward() is refused, naming engine.scale, before any
+    gradient is taken; engine.scale(loss).backward() trains as engine.backward."""
+    cfg = ds_config(2, gas=2)
+    cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+
+    def loss_of(engine, step, m):
+        x, y = batch("mlp", step, m)
+        return engine(x.half(), y)  # the mlp takes its loss in fp32
+
+    def by_engine(engine, step, m):
+        loss = loss_of(engine, step, m)
+        engine.backward(loss)
+        engine.step()
+        return loss.item()
+
+    def scaled(engine, step, m):
+        loss = loss_of(engine, step, m)
+        engine.scale(loss).backward()
+        engine.step()
+        return loss.item()
+    results = []
+    for micro_step in (by_engine, scaled):
+        engine, _, _, _ = strata.initialize(model=make_model("mlp").half(), config=cfg)
+        results.append([micro_step(engine, s, m) for s in range(2) for m in range(2)])
+        results.append(engine.read_master())
+        assert engine.global_steps == 2
+        engine.close()
+    assert results[0] == results[2]
+    for n in results[1]:
+        assert torch.equal(results[1][n], results[3][n]), n
+    engine, _, _, _ = strata.initialize(model=make_model("mlp").half(), config=cfg)
+    with pytest.raises(RuntimeError, match=r"engine\.scale\(loss\)\.backward\(\)"):
+        loss_of(engine, 0, 0).backward()
+    engine.close()
+
+
+class _CheckpointedNet(torch.nn.Module):
+    """Trainable parameters only inside reentrant activation checkpoints, and in the embedding,
+    whose gradient comes last: the first parameter gradient of a backward is computed in a
+    checkpoint's own inner autograd pass."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Linear(16, 16)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(2))
+        self.head = torch.nn.Linear(16, 8)
+        self.head.requires_grad_(False)
+
+    def forward(self, x, y):
+        import torch.utils.checkpoint as ckpt
+        h = self.emb(x)
+        for b in self.blocks:
+            h = ckpt.checkpoint(lambda t, b=b: torch.tanh(b(t)), h, use_reentrant=True)
+        return torch.nn.functional.mse_loss(self.head(h), y)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_loss_backward_through_reentrant_checkpoints(stage):
+    """The script's own backward through reentrant checkpoints: its end is autograd's outermost
+    pass, not the first checkpoint's (whose end would close the micro-step half-way)."""
+    out = []
+    for use_engine in (True, False):
+        engine, _, _, _ = strata.initialize(model=_CheckpointedNet(),
+                                            config=ds_config(stage, gas=2))
+        for s in range(2):
+            for m in range(2):
+                loss = engine(*batch("mlp", s, m))
+                engine.backward(loss) if use_engine else loss.backward()
+                engine.step()
+        out.append(engine.read_master())
+        engine.close()
+    for n in out[0]:
+        assert torch.equal(out[0][n], out[1][n]), n

@@ -184,7 +184,7 @@ def safe_set_local_optimizer_state(param, value, optim_state_key: str):
 
 
 # deepspeed.utils' ZeRO-3 leaf-module calls (`from deepspeed.utils import set_z3_leaf_modules`).
-from .zero import (get_z3_leaf_modules, set_z3_leaf_modules,  # noqa: F401
+from ..zero import (get_z3_leaf_modules, set_z3_leaf_modules,  # noqa: F401
                    set_z3_leaf_modules_by_name, set_z3_leaf_modules_by_suffix,
                    unset_z3_leaf_modules, z3_leaf_module)
 
@@ -229,62 +229,8 @@ def unpack_state(blob: bytes, where: str) -> dict:
     return state
 
 
-# -- DeepSpeed's zero_to_fp32 ------------------------------------------------------------------
-def _resolve_tag(checkpoint_dir: str, tag: Optional[str]) -> str:
-    if tag is not None:
-        return str(tag)
-    latest = os.path.join(checkpoint_dir, "latest")
-    if not os.path.isfile(latest):
-        raise FileNotFoundError(f"no tag given and {latest} does not exist")
-    with open(latest) as f:
-        return f.read().strip()
-
-
-def read_checkpoint(checkpoint_dir, tag: Optional[str] = None) -> tuple[dict, dict]:
-    """(fp32 weights by parameter name, the Python state) of a strata checkpoint, any world
-    size, stage or placement: the rank files are verified (sizes, checksums) and each parameter
-    is streamed from them whole (the fp32 master; a frozen parameter's working copy widened).
-    It holds 4 bytes per parameter (the result) and no engine."""
-    from . import _strata
-    checkpoint_dir = os.fspath(checkpoint_dir)
-    tag = _resolve_tag(checkpoint_dir, tag)
-    tag, arrays, blob = _strata.read_checkpoint(checkpoint_dir, tag)
-    state = unpack_state(blob, os.path.join(checkpoint_dir, tag)) if blob else {}
-    return {n: torch.from_numpy(a) for n, a in arrays.items()}, state
-
-
-def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag: Optional[str] = None,
-                                             exclude_frozen_parameters: bool = False) -> dict:
-    """As DeepSpeed's: the model's state_dict from a checkpoint save_checkpoint wrote (any world
-    size or stage): fp32 parameters from the fp32 masters, tied names too (the same tensor), and
-    the persistent buffers as saved. tag None: the one `latest` names."""
-    weights, state = read_checkpoint(checkpoint_dir, tag)
-    out = dict(weights)
-    for alias, owner in state.get("tied", {}).items():
-        out[alias] = out[owner]
-    out.update(state.get("buffers", {}))
-    return out
-
-
-def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, checkpoint_dir,
-                                         tag: Optional[str] = None) -> torch.nn.Module:
-    """As DeepSpeed's: the checkpoint's fp32 state_dict loaded into `model` (strict), returned."""
-    model.load_state_dict(get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag))
-    return model
-
-
-def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_file,
-                                               tag: Optional[str] = None) -> None:
-    """As DeepSpeed's: writes the fp32 state_dict to output_file (safetensors when it ends in
-    .safetensors, else torch.save)."""
-    sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
-    output_file = os.fspath(output_file)
-    if output_file.endswith(".safetensors"):
-        from .engine import _write_safetensors
-        seen, unique = set(), {}
-        for k, v in sd.items():  # tied names: each its own bytes, as save_16bit_model
-            unique[k] = v.clone() if id(v) in seen else v
-            seen.add(id(v))
-        _write_safetensors(output_file, unique, {"format": "pt"})
-    else:
-        torch.save(sd, output_file)
+# DeepSpeed's zero_to_fp32 functions (`from deepspeed.utils.zero_to_fp32 import ...` and, as
+# before, from strata.utils itself).
+from .zero_to_fp32 import (convert_zero_checkpoint_to_fp32_state_dict,  # noqa: E402,F401
+                           get_fp32_state_dict_from_zero_checkpoint,
+                           load_state_dict_from_zero_checkpoint, read_checkpoint)
