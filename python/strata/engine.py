@@ -698,6 +698,7 @@ class StrataEngine(torch.nn.Module):
         self._step_has_grads = False  # a backward since the last boundary step
         self._in_engine_backward = False  # engine.backward runs (else: the script's own backward)
         self._torch_backward_queued = False  # _after_torch_backward waits for autograd's pass
+        self._torch_backward_took = False  # a parameter gradient arrived in that pass
         self._scaled_by_script = False  # engine.scale(loss) given since the last backward
         self._warned_param_write = False  # _write_params' notice, once
         self._last_report: Optional[dict] = None
@@ -1202,7 +1203,7 @@ class StrataEngine(torch.nn.Module):
 
     # -- gradients -----------------------------------------------------------------------------
     def _grad_hook(self, p: torch.nn.Parameter) -> None:
-        if not self._in_engine_backward and not self._torch_backward_queued:
+        if not self._in_engine_backward and not self._torch_backward_took:
             self._begin_torch_backward()
         if self._no_sync:
             return  # kept in p.grad: autograd adds the next backward's to it
@@ -1236,13 +1237,23 @@ class StrataEngine(torch.nn.Module):
                 "engine.scale(loss).backward()")
         self._check_loaded("backward")
         self._check_requires_grad()
-        # On the outermost pass (a reentrant checkpoint's recomputation runs its own, inside),
-        # once: a pass that fails never calls back, and the next forward clears the flag.
-        self._torch_backward_queued = True
-        torch.autograd.Variable._execution_engine.queue_callback(self._after_torch_backward)
+        self._torch_backward_took = True
+        self._queue_torch_backward_end()
+
+    def _queue_torch_backward_end(self) -> None:
+        """_after_torch_backward once at the end of this autograd pass: queued by a forward
+        output's gradient in the outermost pass (a reentrant checkpoint's recomputation runs
+        its own pass inside it), else by the first parameter gradient. A pass that fails never
+        calls back; the next forward clears the flags."""
+        if not self._torch_backward_queued:
+            self._torch_backward_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_torch_backward)
 
     def _after_torch_backward(self) -> None:
         self._torch_backward_queued = False
+        if not self._torch_backward_took:
+            return  # no parameter gradient: torch.autograd.grad through an output, say
+        self._torch_backward_took = False
         self._scaled_by_script = False
         self._flush()
         self._step_has_grads = True
@@ -1351,7 +1362,7 @@ class StrataEngine(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         self._check_loaded("forward")
-        self._torch_backward_queued = False  # a failed torch-style backward's (never called back)
+        self._torch_backward_queued = self._torch_backward_took = False  # a failed backward's
         if self.training and not self.tput_timer.started:
             self.tput_timer.start()
         with self._autocast.context():
@@ -1363,8 +1374,8 @@ class StrataEngine(torch.nn.Module):
     def _output_grad_hook(self, grad):
         """A forward output's gradient: the script's own backward begins here, in autograd's
         outermost pass (a parameter's hook may first run inside a reentrant checkpoint's)."""
-        if not self._in_engine_backward and not self._torch_backward_queued:
-            self._begin_torch_backward()
+        if not self._in_engine_backward:
+            self._queue_torch_backward_end()
 
     def __getattr__(self, name: str):
         """As DeepSpeedEngine's: a name the engine does not define is the module's, so scripts

@@ -361,3 +361,25 @@ def test_loss_backward_through_reentrant_checkpoints(stage):
         engine.close()
     for n in out[0]:
         assert torch.equal(out[0][n], out[1][n]), n
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_autograd_grad_through_an_output_is_no_backward_of_the_script(stage):
+    """torch.autograd.grad of the loss by the input (a saliency map, a gradient penalty) reaches
+    no parameter: it ends no micro-step, and engine.backward after it trains as without it."""
+    def with_input_grad(engine, step, m):
+        x, y = batch("mlp", step, m)
+        x.requires_grad_(True)
+        loss = engine(x, y)
+        (gx,) = torch.autograd.grad(loss, x, retain_graph=True)
+        assert gx.shape == x.shape
+        engine.backward(loss)
+        engine.step()
+        return loss.item()
+    want_losses, want, engine = run(stage, plain)
+    engine.close()
+    losses, got, engine = run(stage, with_input_grad)
+    engine.close()
+    assert losses == want_losses
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
