@@ -9,11 +9,13 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "core/plan/plan_report.h"
+#include "core/zero/lr_schedule.h"
 #include "python/src/binding_util.h"
 #include "strata/config.h"
 #include "strata/planner.h"
@@ -131,7 +133,23 @@ std::tuple<std::string, std::string, bool> MakePlanBinding(
 
 }  // namespace
 
+// The config's scheduler as the engine runs it, for strata.runtime.lr_schedules' classes.
+zero::LrSchedule MakeLrSchedule(const std::string& config_json) {
+  ParsedConfig parsed = ValueOrThrow(ParseDeepSpeedConfig(config_json));
+  return ValueOrThrow(zero::LrSchedule::FromConfig(parsed.config));
+}
+
 void BindConfig(nb::module_& m) {
+  nb::class_<zero::LrSchedule>(m, "LrSchedule",
+                               "zero::LrSchedule: a config's scheduler section as the engine runs "
+                               "it (core/zero/lr_schedule.h), by DeepSpeed's last_batch_iteration.")
+      .def(nb::new_(&MakeLrSchedule), nb::arg("config_json"))
+      .def("lr_at", &zero::LrSchedule::LrAt, nb::arg("t"),
+           "The lr at last_batch_iteration t (t < 0: before the first step).")
+      .def("betas_at", &zero::LrSchedule::BetasAt, nb::arg("t"),
+           "OneCycle's (beta1, beta2) at t, or None where the schedule leaves them.")
+      .def_prop_ro("notes", &zero::LrSchedule::notes)
+      .def("__repr__", &zero::LrSchedule::Describe);
   m.def("check_config", &CheckConfig, nb::arg("text"), nb::arg("path") = "",
         nb::arg("world_size") = nb::none(), nb::arg("strict") = false,
         nb::arg("check_here") = false,

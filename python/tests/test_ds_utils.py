@@ -54,3 +54,59 @@ def test_see_memory_usage_prints_only_when_forced(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "after init"
     assert out[-1].startswith("CPU Virtual Memory:  used = ") and "percent = " in out[-1]
+
+
+def test_memory_estimators_print_strata_plans_for_a_transformers_model(capsys):
+    """deepspeed.runtime.zero.stage3 / stage_1_and_2's estimators (what Hugging Face's DeepSpeed
+    guide has users run) on a transformers GPT-2: DeepSpeed's table, each row strata's plan for
+    that placement (strata.plan, the engine's own layout), the CPU figure times the buffer
+    factor as DeepSpeed's."""
+    transformers = pytest.importorskip("transformers")
+    from models import make_lm
+    from strata.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_live
+    from strata.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs_all_cold
+    from strata.runtime.zero._estimate import model_to_params
+    model = make_lm("gpt2")
+    total, largest = model_to_params(model)
+    assert total == sum(p.numel() for p in model.parameters())  # the tied head once
+    assert largest == 64 * 256 + 256  # the MLP's c_fc: Conv1D 64 -> 4 x 64, with its bias
+    rows = estimate_zero3_model_states_mem_needs_all_live(model, num_gpus_per_node=2,
+                                                           additional_buffer_factor=1.0)
+    out = capsys.readouterr().out
+    assert "HW: Setup with 1 node, 2 GPUs per node." in out and "  per CPU  |  per GPU" in out
+    assert [(r["offload_param"], r["offload_optimizer"]) for r in rows] == [
+        ("cpu", "cpu"), ("none", "cpu"), ("none", "none"), ("nvme", "nvme")]
+    for r in rows:
+        want = deepspeed.plan(total, {"train_micro_batch_size_per_gpu": 1,
+                                      "bf16": {"enabled": True}}, stage=3,
+                              offload_param=r["offload_param"],
+                              offload_optimizer=r["offload_optimizer"], gpus=2,
+                              largest_group=largest)["configured"]
+        assert (r["cpu_bytes"], r["gpu_bytes"]) == (
+            int(want["host_bytes_per_node"] - want["host_cache_bytes_per_node"]),
+            int(want["hbm_bytes_per_gpu"]))
+    # At 7B (a tiny model's groups are all under the persistence threshold, whole on the GPU
+    # whatever the placement) offloading moves bytes off the GPU onto the host, NVMe off both.
+    from strata.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_cold
+    cpu_cpu, none_cpu, none_none, nvme = estimate_zero3_model_states_mem_needs_all_cold(
+        7e9, 2e8, num_gpus_per_node=8)
+    assert "SW: Model with 7000M total params, 200M largest layer params" in \
+        capsys.readouterr().out
+    assert cpu_cpu["gpu_bytes"] < none_cpu["gpu_bytes"] < none_none["gpu_bytes"]
+    assert none_none["cpu_bytes"] < none_cpu["cpu_bytes"]
+    assert nvme["nvme_bytes"] > 0 and nvme["cpu_bytes"] < cpu_cpu["cpu_bytes"]
+    two = estimate_zero2_model_states_mem_needs_all_cold(1e9, num_gpus_per_node=8)
+    assert two[0]["cpu_bytes"] == int(1.5 * deepspeed.plan(
+        1e9, {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}}, stage=2,
+        offload_optimizer="cpu", offload_param="none", gpus=8,
+        largest_group=1)["configured"]["host_bytes_per_node"])
+    assert two[0]["cpu_bytes"] > 12 * 1e9  # fp32 master, m and v of a billion parameters
+
+
+def test_deepspeed_engine_is_strata_engine_under_its_name():
+    """`from deepspeed.runtime.engine import DeepSpeedEngine` for isinstance tests."""
+    from strata.runtime.engine import DeepSpeedEngine
+    from models import ds_config, make_model
+    engine, _, _, _ = deepspeed.initialize(model=make_model("mlp"), config=ds_config(1))
+    assert isinstance(engine, DeepSpeedEngine)
+    engine.close()

@@ -427,3 +427,66 @@ def test_config_scheduler_that_is_neither_deepspeeds_nor_torchs_is_named():
     cfg["scheduler"] = {"type": "StepLR", "params": {"step_sise": 2}}
     with pytest.raises(ValueError, match="scheduler.params.*StepLR.*step_sise"):
         strata.initialize(model=model, config=cfg)
+
+
+@pytest.mark.parametrize("name,params", [
+    ("WarmupLR", {"warmup_min_lr": 0.001, "warmup_max_lr": 0.01, "warmup_num_steps": 3,
+                  "warmup_type": "linear"}),
+    ("WarmupDecayLR", {"total_num_steps": 6, "warmup_max_lr": 0.01, "warmup_num_steps": 2}),
+    ("WarmupCosineLR", {"total_num_steps": 6, "warmup_num_steps": 2, "warmup_min_ratio": 0.1}),
+    ("OneCycle", {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01, "cycle_first_step_size": 2,
+                  "decay_lr_rate": 0.5, "decay_step_size": 1}),
+    ("LRRangeTest", {"lr_range_test_min_lr": 0.001, "lr_range_test_step_size": 2,
+                     "lr_range_test_staircase": True}),
+])
+def test_deepspeed_scheduler_class_built_by_the_script_trains_as_the_config_one(name, params):
+    """`from deepspeed.runtime.lr_schedules import WarmupLR` (each of DeepSpeed's five) built on
+    the script's optimizer and passed as lr_scheduler=: the same lrs, betas and bits as the
+    config's "scheduler" section of that type and params."""
+    strata.register_as_deepspeed()
+    from deepspeed.runtime import lr_schedules
+    cfg = ds_config(2, lr=0.01)
+    with_section = dict(cfg, scheduler={"type": name, "params": params})
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=with_section)
+    want = run(engine, "mlp", steps=6)
+    want_lrs = [engine.get_lr(), engine.get_mom()]
+    want_master = engine.read_master()
+    engine.close()
+    model = make_model("mlp")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=0.01)
+    sched = getattr(lr_schedules, name)(opt, **params)
+    client = {k: v for k, v in cfg.items() if k != "optimizer"}
+    engine, _, _, returned = strata.initialize(model=model, optimizer=opt, lr_scheduler=sched,
+                                               config=client)
+    assert returned is sched
+    got = run(engine, "mlp", steps=6)
+    assert got == want and [engine.get_lr(), engine.get_mom()] == want_lrs
+    assert sched.state_dict() == {"last_batch_iteration": 5}
+    for n, m in engine.read_master().items():
+        assert torch.equal(m, want_master[n]), n
+    engine.close()
+
+
+def test_deepspeed_scheduler_class_per_group_values_and_state():
+    """Per-group bounds (a list, as DeepSpeed's _format_param), get_last_lr, state_dict round
+    trip, and a list of the wrong length named."""
+    from strata.runtime.lr_schedules import WarmupLR
+    model = make_model("gpt")
+    opt = torch.optim.AdamW(decay_groups(model), lr=0.01)
+    sched = WarmupLR(opt, warmup_min_lr=[0.0, 0.001], warmup_max_lr=[0.01, 0.02],
+                     warmup_num_steps=4, warmup_type="linear")
+    assert [g["lr"] for g in opt.param_groups] == [0.0, 0.001]  # the constructor's (t = -1)
+    for _ in range(3):
+        sched.step()
+    assert sched.get_last_lr() == pytest.approx([0.01 * 2 / 4, 0.001 + 0.019 * 2 / 4])
+    state = sched.state_dict()
+    other = WarmupLR(opt, warmup_min_lr=[0.0, 0.001], warmup_max_lr=[0.01, 0.02],
+                     warmup_num_steps=4, warmup_type="linear")
+    other.load_state_dict(state)
+    other.step()
+    assert other.get_last_lr() == pytest.approx([0.01 * 3 / 4, 0.001 + 0.019 * 3 / 4])
+    with pytest.raises(ValueError, match="expected 2 values for warmup_max_lr"):
+        WarmupLR(opt, warmup_max_lr=[0.01])
+    with pytest.raises(strata.StrataError, match="warmup_num_steps"):
+        WarmupLR(opt, warmup_num_steps=0)
