@@ -231,6 +231,16 @@ def test_refused_options(tmp_path):
         st.TrainingArguments(deepspeed=auto_config(2), **args_kw(tmp_path, bf16_full_eval=True))
     with pytest.raises(ValueError, match="optim='adafactor'"):
         run(tmp_path, auto_config(2), optim="adafactor")
+    # transformers' rule for DeepSpeed: a model-only checkpoint holds no engine state to load
+    # the best model from (strata's run went on from its last weights, warning).
+    with pytest.raises(ValueError, match="save_only_model` along with `load_best_model_at_end"):
+        run(tmp_path, auto_config(3), eval_ds=Tokens(8), save_only_model=True,
+            load_best_model_at_end=True, eval_strategy="steps", save_strategy="steps",
+            eval_steps=2, save_steps=2)
+    trainer, _ = run(tmp_path, auto_config(3), steps=1)
+    trainer.state.best_model_checkpoint = str(tmp_path / "checkpoint-0")  # no engine state
+    with pytest.raises(ValueError, match="holds no engine state"):
+        trainer._load_best_model()
 
 
 def test_config_from_file_and_no_deepspeed_module(tmp_path):

@@ -464,6 +464,12 @@ class Trainer(transformers.Trainer):
         if self._strata_config() is not None and self.is_deepspeed_enabled:
             raise ValueError("strata Trainer: accelerate set up DeepSpeed (ACCELERATE_USE_DEEPSPEED "
                              "or an accelerate config); strata replaces it, unset that")
+        if self._strata_config() is not None and self.args.save_only_model and \
+                self.args.load_best_model_at_end:
+            # transformers' rule for DeepSpeed: a model-only checkpoint has no engine state for
+            # the best model to be loaded from.
+            raise ValueError("strata can't be used with `save_only_model` along with "
+                             "`load_best_model_at_end`.")
 
     def _strata_config(self):
         return getattr(getattr(self, "args", None), "strata_config", None)
@@ -663,8 +669,12 @@ class Trainer(transformers.Trainer):
             return super()._load_best_model()
         logger.info(f"Loading best model from {self.state.best_model_checkpoint} "
                     f"(score: {self.state.best_metric}).")
-        self.strata_engine.load_checkpoint(self.state.best_model_checkpoint,
-                                           load_module_strict=not _is_peft(self.model))
+        path, _ = self.strata_engine.load_checkpoint(self.state.best_model_checkpoint,
+                                                     load_module_strict=not _is_peft(self.model))
+        if path is None:  # the run would go on from its last weights, not the best
+            raise ValueError(f"strata Trainer: the best model's checkpoint "
+                             f"{self.state.best_model_checkpoint} holds no engine state to load "
+                             "(no `latest` in it)")
 
 
 _made: dict = {}  # (the library's class, strata's Trainer class) -> with_strata's class
