@@ -1228,6 +1228,10 @@ Status Engine::Release(GatheredGroup gathered, uintptr_t caller_stream) {
   return impl_->Release(std::move(gathered), caller_stream);
 }
 bool Engine::gathers_alias_home() const { return impl_->GathersAliasHome(); }
+bool Engine::persistent(size_t g) const {
+  return g < impl_->groups.size() && impl_->placement.params_partitioned && impl_->Persistent(g);
+}
+bool Engine::Impl::Persistent(size_t g) const { return groups[g].numel <= persistence_elems; }
 bool Engine::Impl::GathersAliasHome() const {
   return placement.params_partitioned && AliasesShard() &&
          placement.Home(StateKind::kParam16) == Tier::kDevice && spec == nullptr;

@@ -257,7 +257,7 @@ void Engine::Impl::DropGathered(GatheredGroup gathered) {
     return;
   }
   const uint64_t padded = gs.shard.padded_elems(world);
-  bool keep = gs.numel <= persistence_elems;
+  bool keep = Persistent(g);
   if (!keep && gather != nullptr) {
     // Kept when the recorded trace uses it again within stage3_max_reuse_distance elements.
     const sched::Trace& trace = gather->trace();

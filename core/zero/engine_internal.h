@@ -454,6 +454,8 @@ struct Engine::Impl {
   Status Release(GatheredGroup gathered, std::optional<uintptr_t> caller_stream = std::nullopt);
   // Engine::gathers_alias_home.
   bool GathersAliasHome() const;
+  // Group g's gathered copy is kept after Release whatever the trace says (ds_persist).
+  bool Persistent(size_t g) const;
   // Release's part for the handle itself: stage 3 keeps the copy (persistence, reuse distance)
   // or lets it go with the handle.
   void DropGathered(GatheredGroup gathered);

@@ -468,6 +468,11 @@ class Engine {
   // trainer on a device with streams of its own need not wait for its kernels that read a group
   // before releasing it (device.h), only before those calls. Fixed at Create.
   bool gathers_alias_home() const;
+  // Whether group g is persistent at stage 3: no larger than stage3_param_persistence_threshold
+  // elements (DeepSpeed's ds_persist), so its gathered copy is kept after Release. A trainer may
+  // keep it gathered between steps (the Python adapter does: its parameters stay whole, as
+  // DeepSpeed's persistent ones). False below stage 3 and for g out of range.
+  bool persistent(size_t g) const;
 
   // The device buffer (the group's padded flat size, zeroed, the working dtype) the trainer
   // writes the group's gradients into for this micro-step. The same buffer until

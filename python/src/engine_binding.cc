@@ -655,6 +655,10 @@ void BindEngine(nb::module_& m) {
            "The group's parameters as zero-copy DLPack arrays (working dtype), valid until "
            "release(group). Gathering a gathered group returns views of the same buffer.")
       .def("is_gathered", &PyEngine::IsGathered, nb::arg("group"))
+      .def(
+          "is_persistent", [](PyEngine& e, size_t g) { return e.engine().persistent(g); },
+          nb::arg("group"),
+          "Engine::persistent: stage 3, no larger than stage3_param_persistence_threshold.")
       .def("release", &PyEngine::Release, nb::arg("group"), nb::arg("stream") = nb::none(),
            "stream: where orders_caller_streams and the release frees or reuses memory (not "
            "gathers_alias_home), that memory is rewritten only after the work queued on that "

@@ -662,6 +662,14 @@ class StrataEngine(torch.nn.Module):
             for gi in range(len(self._groups)):
                 for p, begin, end in self._part_ranges(gi, world_size, rank):
                     _mark_partitioned(p, end - begin)
+        # Stage 3's persistent groups (stage3_param_persistence_threshold, DeepSpeed's
+        # ds_persist): kept gathered between steps, one reference each held by the engine, so
+        # their parameters stay whole outside forward as DeepSpeed's do (_gather_whole).
+        self._pinned = [not self._whole and bool(self._engine.is_persistent(gi))
+                        for gi in range(len(self._groups))]
+        for gi, pinned in enumerate(self._pinned):
+            for _, p in self._groups[gi].params if pinned else ():
+                p.ds_persist = True
         # On a GPU the host stays ahead of the device: no wait before a release that frees
         # nothing (gathers_alias_home); gradient buffers, reductions and releases ordered with
         # torch's stream on the device where the engine can (orders_caller_streams: one rank),
@@ -1034,12 +1042,18 @@ class StrataEngine(torch.nn.Module):
         self._release_groups(range(len(self._groups)))
 
     def _gather_whole(self) -> None:
-        """Stages 0-2: every group gathered, for good (the views alias the engine's replica).
-        Step, Save, Load and InitParameters need every group released (the engine refuses
-        otherwise: "gathered group(s) not released"), so those calls release first and this
-        gathers again after them."""
-        if self._whole:
-            self._acquire(tuple(gi for gi in range(len(self._groups)) if self._refs[gi] == 0))
+        """Stages 0-2: every group gathered, for good (the views alias the engine's replica);
+        stage 3: the persistent groups (_pinned), until the next call that releases all. Step,
+        Save, Load and InitParameters need every group released (the engine refuses otherwise:
+        "gathered group(s) not released"), so those calls release first and this gathers again
+        after them (collective at stage 3: every rank in the same order)."""
+        self._acquire(tuple(gi for gi in range(len(self._groups))
+                            if (self._whole or self._pinned[gi]) and self._refs[gi] == 0))
+
+    def _gathered_by_calls(self) -> bool:
+        """Stage 3: a group gathered beyond the engine's own pins (a forward, a
+        gathered_parameters block)."""
+        return any(r > int(pin) for r, pin in zip(self._refs, self._pinned))
 
     @contextlib.contextmanager
     def gathered_parameters(self, groups: Optional[Iterable[int]] = None):
@@ -1126,7 +1140,7 @@ class StrataEngine(torch.nn.Module):
         if kind not in ("master32", "exp_avg", "exp_avg_sq"):
             raise ValueError(f"write_param_state: kind {kind!r} cannot be written (master32, "
                              "exp_avg, exp_avg_sq)")
-        if not self._whole and any(self._refs):
+        if not self._whole and self._gathered_by_calls():
             raise RuntimeError("write_param_state: parameters are gathered (a forward, or a "
                                "gathered_parameters / GatheredParameters block, is running); "
                                "set optimizer state outside them")
@@ -1351,8 +1365,11 @@ class StrataEngine(torch.nn.Module):
         self._held_calls.clear()
         if self._whole:
             return  # stages 0-2: every group stays gathered
-        self._release_groups([gi for gi in range(len(self._groups))
-                              if self._refs[gi] or self._engine.is_gathered(gi)])
+        self._release_groups([gi for gi in range(len(self._groups)) if not self._pinned[gi] and
+                              (self._refs[gi] or self._engine.is_gathered(gi))])
+        for gi, pinned in enumerate(self._pinned):
+            if pinned and self._refs[gi] > 1:
+                self._refs[gi] = 1  # the engine's own reference (module calls left none)
 
     # -- the training loop (DeepSpeedEngine's API) --------------------------------------------
     def _check_loaded(self, what: str) -> None:
@@ -1860,9 +1877,13 @@ class StrataEngine(torch.nn.Module):
         for module in self.module.modules():
             if isinstance(module._parameters, _ParamDict):
                 module.__dict__["_parameters"] = dict(module._parameters)
+        empty = torch.empty(0, dtype=self._dtype, device=self.device)
         for g in self._groups:
             for _, p in g.params:
-                p.data = p.data.clone() if self._whole else p.data
+                # Stage 3: nothing may keep a view of the engine's memory (a persistent group's).
+                p.data = p.data.clone() if self._whole else empty
+                if not self._whole:
+                    p.ds_status = _NOT_AVAILABLE
         try:
             self._wait_torch()  # those copies, and any kernel still reading the engine's memory
         finally:

@@ -8,7 +8,8 @@ it with strata.zero.Init(module=model) (rank 1 likewise),
 "modifier" writes ln_f.weight through GatheredParameters(modifier_rank=0) before training,
 "rank0" gives ranks other than 0 other weights (initialize takes rank 0's, as DeepSpeed),
 "groups" passes a client AdamW with models.decay_groups and a LambdaLR warmup,
-"nosync" runs 2 micro-steps per step, the first inside engine.no_sync() (stages 0-1).
+"persist" makes the LayerNorms persistent (whole between steps), "nosync" runs 2 micro-steps
+per step, the first inside engine.no_sync() (stages 0-1).
 STEPS < 0: the rank leaves right after the engine is set up (a dead rank). TEST_DEVICE=cuda: the
 model and batches on GPU LOCAL_RANK (the engine then runs on CudaDevice + NCCL)."""
 import contextlib
@@ -39,6 +40,8 @@ for i, case in enumerate(cases):
     os.environ["STRATA_RUN_ID"] = f"{run_id}-{i}"
     gas = 2 if flag == ["nosync"] else 1
     cfg = ds_config(int(stage), offload, gas=gas, nvme_path=nvme, world=2)
+    if flag == ["persist"]:  # the LayerNorms persistent: whole between steps on both ranks
+        cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 64
     if flag in (["init"], ["initleaf"]):
         with strata.zero.Init(config=cfg):  # rank 1 seeded apart: both get rank 0's model
             model = make_model(kind, seed=0 if rank == 0 else 1)
@@ -86,6 +89,8 @@ for i, case in enumerate(cases):
             engine.offload_states()
             freed.append((cached, before - engine._engine.device_used_bytes))
             engine.reload_states()
+    if flag == ["persist"]:
+        assert model.ln_f.weight.numel() == 32 and model.blocks[0].fc.weight.numel() == 0
     master = engine.read_master()
     torch.save({"losses": losses, "master": master, "device": str(engine.device),
                 "engine_device": engine._engine.device, "freed": freed},

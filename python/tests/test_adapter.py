@@ -767,6 +767,37 @@ def test_zero_init_module_partitions_an_existing_model_and_trains_as_torch():
         strata.zero.Init(module="model", config=cfg)
 
 
+@pytest.mark.parametrize("offload", ["none", "cpu"])
+def test_persistent_groups_stay_whole_between_steps_and_train_as_torch(offload):
+    """stage3_param_persistence_threshold (DeepSpeed's ds_persist): a module whose parameters
+    are no larger than it keeps them whole outside forward, after initialize and after every
+    step with the step's new values; larger ones stay empty. Training is torch's; GatheredParameters
+    writes and tensor-fragment writes on them work; close empties them."""
+    cfg = ds_config(3, offload, lr=LR, wd=WD)
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 64  # the LayerNorms
+    model = make_model("gpt")
+    held = []
+    losses, params, _ = train("gpt", cfg, model=model, engine_out=held)
+    check_against_torch("gpt", losses, params)
+    engine, _ = held[0]
+    whole = {n for n, p in model.named_parameters() if p.numel()}
+    assert whole == {n for n, _ in model.named_parameters() if ".ln" in n or "ln_f" in n}
+    for n, p in model.named_parameters():
+        assert getattr(p, "ds_persist", False) == (n in whole), n
+        assert p.ds_status == (strata.zero.ZeroParamStatus.AVAILABLE if n in whole
+                               else strata.zero.ZeroParamStatus.NOT_AVAILABLE), n
+        if n in whole:
+            assert torch.equal(p.detach(), params[n]), n  # fp32: the step's new values
+    with strata.zero.GatheredParameters([model.ln_f.weight], modifier_rank=0):
+        with torch.no_grad():
+            model.ln_f.weight.fill_(0.25)
+    assert torch.equal(model.ln_f.weight.detach(), torch.full((32,), 0.25))  # whole, written
+    strata.utils.safe_set_full_fp32_param(model.ln_f.bias, torch.ones(32))
+    assert torch.equal(model.ln_f.bias.detach(), torch.ones(32))
+    engine.close()
+    assert all(p.numel() == 0 for p in model.parameters())
+
+
 def test_gathered_parameters_modifier_rank_writes_back():
     model = make_model("gpt")
     engine, _, _, _ = strata.initialize(model=model, config=ds_config(3, lr=LR, wd=WD))

@@ -13,7 +13,7 @@ STEPS = 3
 # boundaries off the O_DIRECT alignment), zero.Init's sharded construction (also with each block
 # set as a ZeRO-3 leaf after it: the engine's groups then merge zero.Init's; and a model built
 # whole, partitioned by zero.Init(module=...); rank 1 built from another seed: rank 0's wins),
-# modifier_rank, and
+# persistent LayerNorms (whole between steps), modifier_rank, and
 # ranks whose modules hold other weights than rank 0's (rank0: the engine scatters rank 0's, so
 # the run still matches torch's from rank 0's weights); the tied head read in the parent's
 # forward (tiedmm: `x @ wte.weight.t()`, whole at stages 0-2, gathered on read at stage 3);
@@ -22,7 +22,7 @@ STEPS = 3
 # a LoRA fine-tune, gptfe: a frozen tied embedding); empty_partition_cache and offload_states /
 # reload_states after every step (lend).
 CASES = ["gpt:0:none", "mlp:1:cpu", "gpt:2:cpu", "gpt:3:nvme", "gpt384:3:cpu",
-         "gpt:3:none:init", "gpt:3:cpu:initleaf", "gpt:3:cpu:initmodule", "gpt:2:none:modifier", "mlp:0:none:rank0", "gpt:3:cpu:rank0",
+         "gpt:3:none:init", "gpt:3:cpu:initleaf", "gpt:3:cpu:initmodule", "gpt:3:nvme:persist", "gpt:2:none:modifier", "mlp:0:none:rank0", "gpt:3:cpu:rank0",
          "tiedmm:0:none", "tiedmm:1:cpu", "tiedmm:2:none", "tiedmm:3:cpu",
          "mlp:0:none:nosync", "gpt:1:cpu:nosync", "gpt:1:none:groups", "gpt:3:nvme:groups",
          "lora:3:cpu", "lora:2:none", "gptfe:1:none", "gpt:3:none:lend"]

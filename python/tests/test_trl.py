@@ -62,6 +62,8 @@ def preference_dataset(n=32):
 
 def ds_config(stage, offload_optimizer="none", offload_param="none", nvme=None):
     zero = {"stage": stage}
+    if stage == 3:  # the tiny models' groups would all be persistent (whole) under the default
+        zero["stage3_param_persistence_threshold"] = 0
     for key, dev in (("offload_optimizer", offload_optimizer), ("offload_param", offload_param)):
         if dev != "none":
             zero[key] = {"device": dev, **({"nvme_path": str(nvme)} if dev == "nvme" else {})}
