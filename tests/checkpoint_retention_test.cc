@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -199,6 +200,54 @@ TEST(CheckpointRetention, LatestIsNeverRetiredOrRecycled) {
   auto m = ckpt::VerifyCheckpoint(dir, "");
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->tag, "e");
+  std::filesystem::remove_all(dir);
+}
+
+// One saver per directory: while another process holds the directory's SaveLock (here another
+// open file description of this one, which flock treats alike) a save is refused, naming the
+// directory, and the other's unfinished `<tag>.tmp` is untouched (it used to be removed as a
+// crashed save's, and the other save then committed a damaged checkpoint). Once the lock is
+// free, the next save removes every crashed save's `*.tmp`, whatever its tag. A save into a path
+// that is a regular file is refused naming it.
+TEST(CheckpointRetention, OneSaverPerDirectoryAndCrashedSavesAreCleaned) {
+  const std::string dir = UniqueTestDir("ckpt_lock");
+  std::filesystem::create_directories(dir + "/other.tmp/recycled");
+  std::filesystem::create_directories(dir + "/global_step7.tmp");
+  std::ofstream(dir + "/file") << "x";
+  RunSpec s;
+  s.config_json = Config();
+  s.steps = 1;
+  s.after_step = [&](int, int, Engine& e) -> Status {
+    {
+      auto held = ckpt::SaveLock::Acquire(dir);
+      STRATA_RETURN_IF_ERROR(held.status());
+      const Status busy = e.Save(dir, "a");
+      if (busy.code() != Status::Code::kFailedPrecondition ||
+          busy.message().find("another process") == std::string_view::npos ||
+          busy.message().find(dir) == std::string_view::npos) {
+        return Status::Internal("a save beside another saver: " + busy.ToString());
+      }
+      if (!ckpt::PathExists(dir + "/other.tmp/recycled")) {
+        return Status::Internal("the other saver's files were removed");
+      }
+    }
+    STRATA_RETURN_IF_ERROR(e.Save(dir, "a"));
+    const Status file = e.Save(dir + "/file", "b");
+    if (file.code() != Status::Code::kInvalidArgument ||
+        file.message().find("is not a directory") == std::string_view::npos) {
+      return Status::Internal("a save into a file: " + file.ToString());
+    }
+    return Status::OK();
+  };
+  RunResult r = RunEngine(s);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "file", "latest"}));
+  EXPECT_TRUE(ckpt::VerifyCheckpoint(dir, "").ok());
   std::filesystem::remove_all(dir);
 }
 

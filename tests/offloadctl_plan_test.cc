@@ -143,6 +143,20 @@ TEST(OffloadctlPlan, UsageErrorsExitTwo) {
   EXPECT_NE(r.out.find("--params"), std::string::npos) << r.out;
 }
 
+// A count beyond what the planner counts exactly is refused (the figures had saturated, and
+// "fits" with them); an unknown command is named as such, not "A subcommand is required".
+TEST(OffloadctlPlan, HugeCountsAndUnknownCommandsAreUsageErrors) {
+  RunResult r = RunPlan("--params 1e19 --gpus 4096 --nodes 4096 --hbm-gb 2000", true);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("beyond"), std::string::npos) << r.out;
+  const char* bin = std::getenv("STRATA_OFFLOADCTL");
+  ASSERT_NE(bin, nullptr);
+  r = strata::testing::RunShell(std::string("'") + bin + "' bogus 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("unknown command 'bogus'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("plan, config"), std::string::npos) << r.out;
+}
+
 // True when `s` holds a run of more than 20 digits (CLI11's DBL_MAX limit printed in full).
 bool HasHugeNumber(const std::string& s) {
   size_t run = 0;

@@ -593,6 +593,24 @@ TEST(PlannerValidate, RanksDoNotOverflow) {
   EXPECT_DOUBLE_EQ(plan->ledger_bytes_per_gpu[3], 16 * 7e9 / static_cast<double>(kMaxPlanRanks));
 }
 
+// Beyond kMaxPlanParams the byte counts saturated (1e19 and 5e19 planned alike, and "fits"):
+// refused, naming the count; at the limit every placement's figures stay finite and ordered.
+TEST(PlannerValidate, ParamsBeyondTheExactRangeAreRefused) {
+  PlanInput in = Ref();
+  in.params = 1e19;
+  Status s = ValidatePlanInput(in);
+  EXPECT_TRUE(s.IsInvalidArgument());
+  EXPECT_NE(s.message().find("beyond"), std::string_view::npos) << s.ToString();
+  in.params = kMaxPlanParams;
+  in.capacity.gpus_per_node = 8;
+  in.capacity.nodes = static_cast<int>(kMaxPlanRanks / 8);
+  ASSERT_TRUE(ValidatePlanInput(in).ok());
+  auto plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_DOUBLE_EQ(plan->ledger_bytes_per_gpu[0], 16 * kMaxPlanParams);
+  EXPECT_LT(plan->ledger_bytes_per_gpu[3], plan->ledger_bytes_per_gpu[2]);
+}
+
 // sub_group_size 0 is valid DeepSpeed (each parameter tensor is its own sub-group; the config
 // reader accepts it, and a published axolotl config has it): planned, not refused. The NVMe
 // swap buffers then hold the largest tensor's shard, bounded by the largest group given.

@@ -474,6 +474,11 @@ double LedgerBytesPerGpu(const Recipe& r, int stage, double psi, int64_t ranks) 
 
 Status ValidatePlanInput(const PlanInput& in) {
   STRATA_RETURN_IF_ERROR(CheckPositive(in.params, "params"));
+  if (in.params > kMaxPlanParams) {
+    // Every byte count stays exact in 64 bits below this (20 B per parameter and buffers).
+    return Status::InvalidArgument("params " + Fmt(in.params) + " is beyond the " +
+                                   Fmt(kMaxPlanParams) + " the planner counts exactly");
+  }
   STRATA_RETURN_IF_ERROR(CheckNonNegative(in.largest_group_params, "largest group params"));
   STRATA_RETURN_IF_ERROR(CheckNonNegative(in.trainable_params, "trainable params"));
   if (in.trainable_params > in.params) {

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include <deque>
 
@@ -321,18 +322,26 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
         Status::InvalidArgument("Save: a tag may not end in .tmp (the name of an unfinished save)");
   }
   const std::string tmp = dir + "/" + tag + ".tmp";
+  std::optional<ckpt::SaveLock> lock;  // rank 0's, to the commit (checkpoint_retention.h)
   if (local.ok() && e.rank == 0) {
-    if (ckpt::PathExists(dir + "/" + tag)) {
-      local = Status::FailedPrecondition("Save: checkpoint " + dir + "/" + tag +
-                                         " already exists (tags are never overwritten)");
-    }
-    // A `<tag>.tmp` left by a save that crashed is garbage: start over.
-    if (local.ok()) local = ckpt::RemoveTree(tmp);
-    if (local.ok()) {
-      std::error_code ec;
+    std::error_code ec;
+    if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec)) {
+      local = Status::InvalidArgument("Save: '" + dir + "' is not a directory");
+    } else if (!std::filesystem::is_directory(dir, ec)) {
       std::filesystem::create_directories(dir, ec);
       if (ec) local = Status::IOError("create " + dir + ": " + ec.message());
     }
+    if (local.ok()) {
+      Result<ckpt::SaveLock> held = ckpt::SaveLock::Acquire(dir);
+      local = held.status();
+      if (held.ok()) lock.emplace(std::move(*held));
+    }
+    if (local.ok() && ckpt::PathExists(dir + "/" + tag)) {
+      local = Status::FailedPrecondition("Save: checkpoint " + dir + "/" + tag +
+                                         " already exists (tags are never overwritten)");
+    }
+    // Under the lock every `*.tmp` is a crashed save's (or retire's) garbage: start over.
+    if (local.ok()) local = ckpt::RemoveUnfinishedSaves(dir);
     if (local.ok()) local = ckpt::MakeDir(tmp, env);
     // The checkpoint this save will retire gives up its files (checkpoint_retention.h).
     if (local.ok() && recycle) local = ckpt::RecycleOldest(dir, options.keep_last, tmp, env);

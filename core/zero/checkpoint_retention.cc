@@ -1,7 +1,13 @@
 // Checkpoint retention and recycling (see checkpoint_retention.h).
 #include "core/zero/checkpoint_retention.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <filesystem>
@@ -9,6 +15,47 @@
 #include "core/zero/checkpoint_format.h"
 
 namespace strata::zero::ckpt {
+
+Result<SaveLock> SaveLock::Acquire(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOTDIR) {
+      return Status::InvalidArgument("checkpoint directory '" + dir + "' is not a directory");
+    }
+    return Status::IOError("open checkpoint directory '" + dir + "': " + std::strerror(err));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return Status::FailedPrecondition(
+          "checkpoint directory '" + dir +
+          "' is being saved into by another process (one output directory per run)");
+    }
+    return Status::IOError("lock checkpoint directory '" + dir + "': " + std::strerror(err));
+  }
+  return SaveLock(fd);
+}
+
+SaveLock::~SaveLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+Status RemoveUnfinishedSaves(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) return Status::IOError("list " + dir + ": " + ec.message());
+  std::vector<std::string> garbage;
+  for (const auto& entry : it) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
+      garbage.push_back(entry.path().string());
+    }
+  }
+  for (const std::string& path : garbage) STRATA_RETURN_IF_ERROR(RemoveTree(path));
+  return Status::OK();
+}
 
 Result<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& dir) {
   std::vector<CheckpointEntry> out;

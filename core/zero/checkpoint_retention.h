@@ -15,7 +15,12 @@
 //
 // The renames and directory fsyncs are durable operations of the CheckpointEnv passed (the save's).
 //
-// Thread safety: free functions over files; one saver per directory.
+// One saver per directory: SaveLock (rank 0 holds it from the save's preparation to its
+// commit) refuses a second process saving into the same directory, which would have removed the
+// first one's unfinished files (two jobs given one output directory). Under it, every `*.tmp` of
+// the directory is a crashed save's (or retire's) leftover, and the save removes them all.
+//
+// Thread safety: free functions over files; one saver per directory (SaveLock).
 #pragma once
 
 #include <cstddef>
@@ -27,6 +32,27 @@
 #include "strata/status.h"
 
 namespace strata::zero::ckpt {
+
+// An exclusive flock(2) on the directory itself, released when destroyed (or by the process's
+// end, a crash included). Acquire: FailedPrecondition naming `dir` when another process holds
+// it; InvalidArgument when `dir` exists and is not a directory; IOError with errno otherwise.
+// Advisory, and local to a machine on file systems whose flock is (NFS may not carry it).
+class SaveLock {
+ public:
+  static Result<SaveLock> Acquire(const std::string& dir);
+  SaveLock(SaveLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  SaveLock& operator=(SaveLock&&) = delete;
+  SaveLock(const SaveLock&) = delete;
+  ~SaveLock();
+
+ private:
+  explicit SaveLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+// Removes every `*.tmp` entry of `dir`: what saves and retires that crashed left (their tags never
+// committed). REQUIRES: the caller holds dir's SaveLock. IOError naming the entry.
+Status RemoveUnfinishedSaves(const std::string& dir);
 
 // The name of the recycled checkpoint inside a save's `<tag>.tmp/`.
 inline constexpr const char* kRecycledName = "recycled";

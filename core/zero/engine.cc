@@ -171,7 +171,9 @@ Status Engine::Impl::CheckNoGradBufferOut(const std::string& op, const char* why
 Status Engine::Impl::CheckHealthy() const {
   if (!failed.ok()) {
     return Status::FailedPrecondition(
-        "engine failed earlier and must be rebuilt (load a checkpoint): " + failed.ToString());
+        "engine failed earlier and refuses every call: create a new engine (from Python, "
+        "strata.initialize) and load the last good checkpoint into it; the failure: " +
+        failed.ToString());
   }
   if (!aside_blocks.empty()) {
     return Status::FailedPrecondition(

@@ -75,7 +75,7 @@ import torch
 
 from . import _strata
 from .autocast import TorchAutocast
-from .config import ConfigError, ConfigLike, check_config, config_json, config_text
+from .config import ConfigError, ConfigLike, check_config, config_json
 from .deepspeed_name import register_as_deepspeed
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
@@ -597,6 +597,12 @@ class StrataEngine(torch.nn.Module):
         if not check["ok"]:
             raise ConfigError("invalid DeepSpeed config:\n" +
                               "\n".join(e["text"] for e in check["errors"]))
+        if check["unresolved_auto"]:
+            raise ConfigError(
+                "invalid DeepSpeed config: \"auto\" is left for a trainer to fill (the Hugging "
+                "Face Trainer, accelerate) at " + ", ".join(check["unresolved_auto"]) +
+                "; give values, or train through strata.integrations.transformers' Trainer or "
+                "accelerate, which fill them")
         _log_config_warnings(check, rank)
         eff = json.loads(check["effective_json"])
         stage3 = int((eff.get("zero_optimization") or {}).get("stage") or 0) == 3
@@ -2518,7 +2524,9 @@ def _share_rendezvous_secret() -> None:
 def _load(config: ConfigLike) -> dict:
     if isinstance(config, dict):
         return config
-    res = check_config(config_text(config))  # JSON text, a path, or base64 (config.py)
+    # JSON text, a path (read by the checker, which names the file in its errors and takes the
+    # comments DeepSpeed's reader allows), or base64 (config.py's rule).
+    res = check_config(config)
     if not res["ok"]:
         raise ConfigError("invalid DeepSpeed config:\n" +
                           "\n".join(e["text"] for e in res["errors"]))

@@ -383,3 +383,21 @@ def test_autograd_grad_through_an_output_is_no_backward_of_the_script(stage):
     assert losses == want_losses
     for n in want:
         assert torch.equal(got[n], want[n]), n
+
+
+def test_config_file_with_comments_and_autos_left_for_a_trainer(tmp_path):
+    """A config file that opens with a comment (DeepSpeed's reader and `offloadctl config check`
+    take comments) is read as a file, not as JSON text; "auto" values, which only a trainer
+    fills, are a ConfigError naming each key instead of a bare int() error."""
+    import json
+    path = tmp_path / "ds.json"
+    path.write_text("// ZeRO-2, the mlp\n" + json.dumps(ds_config(2), indent=1) + "\n")
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=str(path))
+    assert engine.zero_optimization_stage() == 2
+    engine.close()
+    cfg = ds_config(2)
+    cfg["gradient_accumulation_steps"] = "auto"
+    cfg["zero_optimization"]["stage"] = "auto"
+    left = r'"auto" is left.*gradient_accumulation_steps, zero_optimization\.stage'
+    with pytest.raises(strata.ConfigError, match=left):
+        strata.initialize(model=make_model("mlp"), config=cfg)

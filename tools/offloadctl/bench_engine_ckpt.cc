@@ -288,14 +288,21 @@ nlohmann::json CheckpointJson(const VariantResult& r) {
 
 void PrintCheckpoint(const nlohmann::json& c) {
   auto mbs = [](const nlohmann::json& v) { return v.get<double>() / 1e6; };
-  auto ratio = [](const nlohmann::json& v) { return v.is_null() ? -1.0 : v.get<double>(); };
+  // A ratio the run did not measure (no save of that kind) is null in the JSON: "n/a" here.
+  auto ratio = [](const nlohmann::json& v) {
+    char buf[32];
+    if (v.is_null()) return std::string("n/a");
+    std::snprintf(buf, sizeof buf, "x%.2f", v.get<double>());
+    return std::string(buf);
+  };
   std::printf(
       "  checkpoint %.2f GB, %zu reference/checkpoint pair(s), %d stream(s) in the reference: "
-      "median save %.3f s (x%.2f the disk's time; new files x%.2f, recycled x%.2f), load %.3f s "
+      "median save %.3f s (x%.2f the disk's time; new files %s, recycled %s), load %.3f s "
       "(x%.2f)\n",
       c["bytes"].get<double>() / 1e9, c["pairs"].size(), c["reference_streams"].get<int>(),
-      c["save_s"].get<double>(), c["save_ratio"].get<double>(), ratio(c["save_new_files_ratio"]),
-      ratio(c["save_recycled_ratio"]), c["load_s"].get<double>(), c["load_ratio"].get<double>());
+      c["save_s"].get<double>(), c["save_ratio"].get<double>(),
+      ratio(c["save_new_files_ratio"]).c_str(), ratio(c["save_recycled_ratio"]).c_str(),
+      c["load_s"].get<double>(), c["load_ratio"].get<double>());
   for (const auto& p : c["pairs"]) {
     std::printf(
         "    %-22s %-8s save %.3f s x%.2f, load %.3f s x%.2f; disk: new file %.0f MB/s, "

@@ -33,6 +33,18 @@ int main(int argc, char** argv) {
   strata::cli::RegisterBenchDram(*bench, &exit_code);
   strata::cli::RegisterBenchAdam(*bench, &exit_code);
 
+  // An unknown first word: CLI11 would say "A subcommand is required", which misleads.
+  std::string known;
+  bool is_known = false;
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    known += (known.empty() ? "" : ", ") + sub->get_name();
+    is_known = is_known || (argc > 1 && sub->get_name() == argv[1]);
+  }
+  if (argc > 1 && argv[1][0] != '-' && !is_known) {
+    std::fprintf(stderr, "offloadctl: unknown command '%s' (the commands: %s; --help)\n", argv[1],
+                 known.c_str());
+    return strata::cli::kExitUsage;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

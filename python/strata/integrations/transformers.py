@@ -51,7 +51,8 @@ import transformers
 import transformers.integrations.deepspeed as _hf_deepspeed
 from accelerate.utils.deepspeed import HfDeepSpeedConfig as _AccelerateHfDeepSpeedConfig
 
-from ..config import ConfigError, check_config, config_text, zero_stage
+from ..config import ConfigError, check_config, load_config, zero_stage
+from .._strata import StrataError
 from ..deepspeed_name import installed_elsewhere, register_as_deepspeed
 from ..engine import start_distributed
 from ._autos import HIDDEN_SIZE_KEYS, hidden_size_values
@@ -200,8 +201,8 @@ def _read_config(value, what: str = "TrainingArguments(deepspeed=...)") -> dict:
     if isinstance(value, dict):
         return copy.deepcopy(value)
     try:
-        return json.loads(config_text(value))  # strata's one reading rule (config.py)
-    except (OSError, TypeError, ValueError) as e:
+        return load_config(value)  # strata's one reading rule (config.py): comments taken
+    except (OSError, TypeError, ValueError, StrataError) as e:
         raise ValueError(f"{what}: expected a path to an existing config file, a dict, JSON "
                          f"text or base64 JSON; got {value!r}") from e
 
