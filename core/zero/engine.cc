@@ -1234,6 +1234,9 @@ bool Engine::persistent(size_t g) const {
   return g < impl_->groups.size() && impl_->placement.params_partitioned && impl_->Persistent(g);
 }
 bool Engine::Impl::Persistent(size_t g) const { return groups[g].numel <= persistence_elems; }
+std::vector<std::string> Engine::swap_files() const {
+  return impl_->store != nullptr ? impl_->store->nvme_files() : std::vector<std::string>{};
+}
 bool Engine::Impl::GathersAliasHome() const {
   return placement.params_partitioned && AliasesShard() &&
          placement.Home(StateKind::kParam16) == Tier::kDevice && spec == nullptr;

@@ -473,6 +473,10 @@ class Engine {
   // keep it gathered between steps (the Python adapter does: its parameters stay whole, as
   // DeepSpeed's persistent ones). False below stage 3 and for g out of range.
   bool persistent(size_t g) const;
+  // This rank's swap files (one per nvme_path in use; none without NVMe homes): what Close
+  // removes. A trainer that cannot Close at its end (several ranks, whose communicator's
+  // finalization waits for the others) removes them itself, as the Python adapter does at exit.
+  std::vector<std::string> swap_files() const;
 
   // The device buffer (the group's padded flat size, zeroed, the working dtype) the trainer
   // writes the group's gradients into for this micro-step. The same buffer until

@@ -655,6 +655,9 @@ void BindEngine(nb::module_& m) {
            "The group's parameters as zero-copy DLPack arrays (working dtype), valid until "
            "release(group). Gathering a gathered group returns views of the same buffer.")
       .def("is_gathered", &PyEngine::IsGathered, nb::arg("group"))
+      .def_prop_ro(
+          "swap_files", [](PyEngine& e) { return e.engine().swap_files(); },
+          "Engine::swap_files: this rank's swap files (what close removes).")
       .def(
           "is_persistent", [](PyEngine& e, size_t g) { return e.engine().persistent(g); },
           nb::arg("group"),

@@ -2118,15 +2118,22 @@ def _weak_method(method):
 def _close_open_engines() -> None:
     """At interpreter exit: the one-rank engines still open close, newest first, removing their
     swap files as close() does, so that a script that ends without close() leaves nothing the
-    next run would take for a crashed run's leftovers. (On several ranks closing finalizes the
-    communicators, which waits for the other ranks: those engines are left to the process's
-    end, as before.)"""
+    next run would take for a crashed run's leftovers. On several ranks closing finalizes the
+    communicators, which waits for the other ranks: those engines are left to the process's end,
+    and only their rank's swap files are removed (unlinked while open: their space is freed as
+    the process ends)."""
     for e in sorted(_LIVE_ENGINES, key=lambda e: e._serial, reverse=True):
-        if not e._closed and e.world_size == 1:
-            try:
+        if e._closed:
+            continue
+        try:
+            if e.world_size == 1:
                 e.close()
-            except Exception as err:  # noqa: BLE001 (exiting: say it, do not mask the exit)
-                print(f"strata: closing an engine at exit failed: {err}", file=sys.stderr)
+            else:
+                for path in e._engine.swap_files:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+        except Exception as err:  # noqa: BLE001 (exiting: say it, do not mask the exit)
+            print(f"strata: closing an engine at exit failed: {err}", file=sys.stderr)
 
 
 atexit.register(_close_open_engines)

@@ -9,7 +9,8 @@ it with strata.zero.Init(module=model) (rank 1 likewise),
 "rank0" gives ranks other than 0 other weights (initialize takes rank 0's, as DeepSpeed),
 "groups" passes a client AdamW with models.decay_groups and a LambdaLR warmup,
 "persist" makes the LayerNorms persistent (whole between steps), "nosync" runs 2 micro-steps
-per step, the first inside engine.no_sync() (stages 0-1).
+per step, the first inside engine.no_sync() (stages 0-1), "noclose" ends the process with the
+engine open (the last case).
 STEPS < 0: the rank leaves right after the engine is set up (a dead rank). TEST_DEVICE=cuda: the
 model and batches on GPU LOCAL_RANK (the engine then runs on CudaDevice + NCCL)."""
 import contextlib
@@ -95,5 +96,6 @@ for i, case in enumerate(cases):
     torch.save({"losses": losses, "master": master, "device": str(engine.device),
                 "engine_device": engine._engine.device, "freed": freed},
                os.path.join(outdir, f"{case}.rank{rank}.pt"))
-    engine.close()
+    if flag != ["noclose"]:  # noclose: the script ends with its engine open (run it last)
+        engine.close()
 torch.distributed.destroy_process_group()

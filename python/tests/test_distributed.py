@@ -70,6 +70,19 @@ def test_two_processes_match_torch(two_process_runs, case):
         torch.testing.assert_close(p, ref_params[n], atol=2e-5, rtol=1e-4, msg=n)
 
 
+def test_ranks_that_end_without_close_leave_no_swap_file(tmp_path):
+    """Two ranks training on NVMe that end without engine.close() (DeepSpeed scripts never call
+    one): each removes its swap files at exit, so the next run finds no crashed run's leftovers
+    (it cannot close: finalizing the communicator waits for the other rank)."""
+    outs = launch(tmp_path, ["gpt:3:nvme:noclose"])
+    for rc, out in outs:
+        assert rc == 0, out
+        assert "closing an engine at exit failed" not in out, out
+    assert len(torch.load(tmp_path / "gpt:3:nvme:noclose.rank0.pt")["losses"]) == STEPS
+    assert sorted(p.name for p in tmp_path.glob("nvme*")) == ["nvme0", "nvme1"]
+    assert not list(tmp_path.rglob("*.swp"))
+
+
 def test_dead_rank_fails_the_other_with_a_message(tmp_path):
     # Rank 1 leaves right after setup: rank 0's first collective fails (no hang past the timeout).
     outs = launch(tmp_path, ["mlp:3:cpu"], die_rank=1, timeout_ms=8000)
