@@ -348,6 +348,32 @@ TEST(Checkpoint, DamagedFilesAreNamed) {
   std::filesystem::remove_all(dir);
 }
 
+// A rank file whose header is damaged is refused before the load changes anything: the engine
+// stays usable and then loads a good checkpoint (it used to fail half-way, and the engine with
+// it, so that it refused even the good one).
+TEST(Checkpoint, DamagedHeaderLeavesTheEngineUsable) {
+  const std::string dir = UniqueTestDir("ckpt_header");
+  SaveSolo(dir, "good");
+  std::filesystem::copy(dir + "/good", dir + "/hflip", std::filesystem::copy_options::recursive);
+  RewriteManifest(dir, "hflip", [](ckpt::Manifest* m) { m->tag = "hflip"; });
+  FlipByteAfter(dir + "/hflip/rank0.safetensors", "\"shape\":[");
+  RunSpec s;
+  s.config_json = Config(kSolo);
+  s.steps = 1;
+  Status bad, good;
+  s.init = [&](int, Engine& e) -> Status {
+    bad = e.Load(dir, "hflip");
+    good = e.Load(dir, "good");
+    return Status::OK();
+  };
+  RunResult r = RunEngine(s);
+  EXPECT_EQ(bad.code(), Status::Code::kCorruption) << bad.ToString();
+  EXPECT_NE(bad.ToString().find("hflip/rank0.safetensors"), std::string::npos) << bad.ToString();
+  EXPECT_TRUE(good.ok()) << good.ToString();
+  EXPECT_TRUE(r.status.ok()) << r.status.ToString();  // and it trains on
+  std::filesystem::remove_all(dir);
+}
+
 // The manifest is checksummed too: damaged as it lands (FlipByteEnv: one digit of the step
 // changed on disk just before its fsync, the save then completing), the checkpoint is refused at
 // load and by VerifyCheckpoint, naming the manifest.

@@ -634,6 +634,12 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
     for (size_t i = 0; i < m.files.size(); ++i) {
       if (same_layout && m.files[i].rank >= 0) {
         if (local.ok()) local = ckpt::CheckFileSize(dir, m, i);
+        // The rank's own file's header too, before anything changes: a damaged one would fail
+        // the load half-way, and the engine with it.
+        if (local.ok() && m.files[i].rank == e.rank) {
+          local = ckpt::CheckRankFileHeader(dir + "/" + m.tag + "/" + m.files[i].name, m, e.rank)
+                      .status();
+        }
         continue;
       }
       if (static_cast<int>(i % static_cast<size_t>(e.world)) == e.rank) mine.push_back(i);

@@ -603,6 +603,18 @@ bool MatchLayout(const std::vector<TensorLoc>& got, std::vector<TensorLoc>* want
 
 }  // namespace
 
+Result<std::vector<TensorLoc>> CheckRankFileHeader(const std::string& path, const Manifest& m,
+                                                   int rank) {
+  uint64_t data_start = 0;
+  std::vector<TensorLoc> want;
+  RankFileHeader(m, rank, &data_start, &want);
+  STRATA_ASSIGN_OR_RETURN(std::vector<TensorLoc> got, ReadSafetensorsHeader(path));
+  if (!MatchLayout(got, &want)) {
+    return Status::Corruption(path + ": its tensors do not match the manifest's layout");
+  }
+  return want;
+}
+
 Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag) {
   STRATA_ASSIGN_OR_RETURN(std::string t, ResolveTag(dir, tag));
   STRATA_ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir, t));
@@ -612,12 +624,7 @@ Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag
   STRATA_RETURN_IF_ERROR(VerifyFiles(dir, m));
   for (const FileEntry& f : m.files) {
     if (f.rank < 0) continue;
-    const std::string path = dir + "/" + t + "/" + f.name;
-    STRATA_ASSIGN_OR_RETURN(std::vector<TensorLoc> got, ReadSafetensorsHeader(path));
-    std::vector<TensorLoc> want;
-    uint64_t data_start = 0;
-    RankFileHeader(m, f.rank, &data_start, &want);
-    if (!MatchLayout(got, &want)) return Status::Corruption(path + ": its tensors do not match the manifest's layout");
+    STRATA_RETURN_IF_ERROR(CheckRankFileHeader(dir + "/" + t + "/" + f.name, m, f.rank).status());
   }
   return m;
 }
@@ -686,13 +693,7 @@ std::string RangeReader::Path(int r) const { return dir_ + "/" + Manifest::RankF
 
 Status RangeReader::Open(int r) {
   if (streams_[static_cast<size_t>(r)] != nullptr) return Status::OK();
-  uint64_t data_start = 0;
-  std::vector<TensorLoc> want;
-  RankFileHeader(m_, r, &data_start, &want);
-  STRATA_ASSIGN_OR_RETURN(std::vector<TensorLoc> got, ReadSafetensorsHeader(Path(r)));
-  if (!MatchLayout(got, &want))
-    return Status::Corruption(Path(r) + ": its tensors do not match the manifest's layout");
-  locs_[static_cast<size_t>(r)] = std::move(want);
+  STRATA_ASSIGN_OR_RETURN(locs_[static_cast<size_t>(r)], CheckRankFileHeader(Path(r), m_, r));
   STRATA_ASSIGN_OR_RETURN(streams_[static_cast<size_t>(r)],
                           StreamReader::Open(Path(r), options_, r == hash_rank_));
   return Status::OK();

@@ -186,6 +186,10 @@ Status VerifyFiles(const std::string& dir, const Manifest& m,
                    const std::vector<size_t>& files = {});
 // Only that m.files[i] exists with its size: NotFound / Corruption naming it.
 Status CheckFileSize(const std::string& dir, const Manifest& m, size_t i);
+// The header of rank `rank`'s file at `path` lays out the tensors the manifest implies: their
+// places in the file (RankFileHeader's, with the file's offsets). Corruption naming `path`.
+Result<std::vector<TensorLoc>> CheckRankFileHeader(const std::string& path, const Manifest& m,
+                                                   int rank);
 // ReadManifest + VerifyFiles (all) + every rank file's header matches the manifest.
 Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag);
 
