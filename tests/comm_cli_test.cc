@@ -47,7 +47,7 @@ TEST(LaunchCli, RanksPerNodeLaysRanksOutAsNodes) {
     EXPECT_NE(o.out.find(want), std::string::npos) << want << "\n" << o.out;
   }
   const Out bad = Sh(Ctl() + " launch -n 3 --ranks-per-node 2 -- true");
-  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;  // flags that disagree: a usage error
   EXPECT_NE(bad.out.find("--ranks-per-node 2 does not divide -n 3"), std::string::npos) << bad.out;
 }
 

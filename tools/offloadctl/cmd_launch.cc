@@ -146,7 +146,7 @@ int RunLaunch(int n, int per_node, const std::string& addr, int port,
   if (per_node == 0) per_node = n;
   if (n % per_node != 0) {
     std::fprintf(stderr, "launch: --ranks-per-node %d does not divide -n %d\n", per_node, n);
-    return kExitInvalid;
+    return kExitUsage;  // the flags disagree: nothing was started
   }
   std::vector<std::vector<std::string>> cmds(n, cmd);
   for (int r = 0; r < n && local_rank_arg; ++r) {
