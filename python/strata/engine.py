@@ -547,7 +547,7 @@ def _hook_outputs(out, hook, depth: int = 0) -> None:
     """`hook` on each tensor of a forward's output that autograd will reach (in tuples, lists
     and dicts, a transformers ModelOutput among them, two levels deep)."""
     if isinstance(out, torch.Tensor):
-        if out.requires_grad:
+        if out.grad_fn is not None:  # not a leaf: a returned Parameter would keep the hook
             out.register_hook(hook)
     elif depth < 2 and isinstance(out, (tuple, list)):
         for v in out:
