@@ -149,8 +149,8 @@ _init_depth = 0
 class Init:
     """with strata.zero.Init(config=ds_config): model = Model()
 
-    Partitions every module's parameters as its construction ends (see the module docstring);
-    modules of classes defined inside the block stay whole until strata.initialize.
+    Partitions every module's parameters as its construction ends (see the module docstring),
+    those of classes defined or first imported inside the block too (as DeepSpeed's).
     Needs zero_optimization.stage 3 in the config; the world size is torch.distributed's, else
     WORLD_SIZE (torchrun, offloadctl launch). From then on `import deepspeed` in a library gives
     strata (strata.register_as_deepspeed), unless DeepSpeed is installed or imported. Nested
@@ -222,11 +222,23 @@ class Init:
                     todo.append(sub)
         classes.add(torch.nn.Module)
         for c in classes:
-            if "__init__" in c.__dict__:
-                orig = c.__dict__["__init__"]
-                c.__init__ = self._wrap(orig)
-                self._patched.append((c, orig))
+            self._patch(c)
+        # Classes created inside the block (defined there, or imported there for the first
+        # time: transformers' lazy modules) are patched as they are created, as DeepSpeed's
+        # zero.Init does through __init_subclass__.
+        init = self
+
+        def __init_subclass__(cls, **kwargs):
+            super(torch.nn.Module, cls).__init_subclass__(**kwargs)
+            init._patch(cls)
+        torch.nn.Module.__init_subclass__ = classmethod(__init_subclass__)
         return self
+
+    def _patch(self, c: type) -> None:
+        if "__init__" in c.__dict__:
+            orig = c.__dict__["__init__"]
+            c.__init__ = self._wrap(orig)
+            self._patched.append((c, orig))
 
     def _wrap(self, orig):
         init = self
@@ -249,6 +261,7 @@ class Init:
             return False
         _init_depth -= 1
         if _init_depth == 0:  # the outermost block ends (the same object may be entered twice)
+            del torch.nn.Module.__init_subclass__  # object's again
             for c, orig in reversed(self._patched):
                 c.__init__ = orig
             self._patched = []

@@ -70,6 +70,23 @@ def test_two_processes_match_torch(two_process_runs, case):
         torch.testing.assert_close(p, ref_params[n], atol=2e-5, rtol=1e-4, msg=n)
 
 
+def test_zero_init_partitions_a_class_defined_inside_the_block_as_rank_0_built_it(tmp_path):
+    """A module class created inside zero.Init (defined there, or a library's imported there
+    first) is partitioned at construction like torch's, from rank 0's values: with each rank
+    seeded apart the engine starts from rank 0's model (its own parameter was left whole, and
+    each rank kept its range of its own construction)."""
+    outs = run_ranks(tmp_path, "zero_init_class_worker.py", lambda r, nvme: [tmp_path], 2, 60000)
+    for rc, out in outs:
+        assert rc == 0, out
+    res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert res[0]["partitioned"] and res[1]["partitioned"]
+    torch.manual_seed(0)
+    w, lin = torch.randn(64), torch.nn.Linear(64, 64)
+    for r in range(2):
+        assert torch.equal(res[r]["master"]["w"], w), r
+        assert torch.equal(res[r]["master"]["lin.weight"], lin.weight.detach()), r
+
+
 def test_ranks_that_end_without_close_leave_no_swap_file(tmp_path):
     """Two ranks training on NVMe that end without engine.close() (DeepSpeed scripts never call
     one): each removes its swap files at exit, so the next run finds no crashed run's leftovers
