@@ -713,6 +713,9 @@ class StrataEngine(torch.nn.Module):
         self._in_engine_backward = False  # engine.backward runs (else: the script's own backward)
         self._torch_backward_queued = False  # _after_torch_backward waits for autograd's pass
         self._torch_backward_took = False  # a parameter gradient arrived in that pass
+        # The forward outputs' hook (_output_grad_hook), holding the engine weakly: a graph (a
+        # loss a script keeps) must not keep the engine alive past its close or its process.
+        self._output_hook = _weak_method(self._output_grad_hook)
         self._scaled_by_script = False  # engine.scale(loss) given since the last backward
         self._warned_param_write = False  # _write_params' notice, once
         self._last_report: Optional[dict] = None
@@ -1391,7 +1394,7 @@ class StrataEngine(torch.nn.Module):
         with self._autocast.context():
             out = self.module(*args, **kwargs)
         if torch.is_grad_enabled():
-            _hook_outputs(out, self._output_grad_hook)
+            _hook_outputs(out, self._output_hook)
         return out
 
     def _output_grad_hook(self, grad):
