@@ -381,6 +381,79 @@ TEST(EngineSemantics, Fp16OverflowOnOneRankSkipsTheStepOnAll) {
   }
 }
 
+// Two same-sized groups reduced in opposite orders on the two ranks: each reduction pairs one
+// group's gradient with the other's, silently. Step compares the ranks' collective sequences and
+// fails on every rank, naming the cause, before anything is applied; the same order steps.
+// AgreeReductionOrder gives every rank rank 0's order, so a trainer can reduce in one order.
+TEST(EngineSemantics, RanksReducingGroupsInDifferentOrdersFailTheStep) {
+  ModelSpec model;
+  model.groups = {{"a", {{"w", {96}}}}, {"b", {{"w", {96}}}}, {"frozen", {{"w", {8}}}, 0, false}};
+  for (int stage : {0, 2, 3}) {
+    for (bool apart : {false, true}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + (apart ? ", orders apart" : ""));
+      auto parsed = ParseDeepSpeedConfig(BaseConfig(R"("stage": )" + std::to_string(stage)));
+      ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+      std::vector<std::vector<uint32_t>> agreed(2);
+      const std::vector<Status> st = OnHostRanks(
+          2, UniqueTestDir("engine_order"), parsed->config, [&](int r, EngineOptions eo) -> Status {
+            STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(model, std::move(eo)));
+            STRATA_RETURN_IF_ERROR(
+                engine->InitParameters([](size_t, size_t, size_t b, size_t e, float* o) {
+                  for (size_t i = b; i < e; ++i) o[i - b] = 0.01f;
+                }));
+            const std::vector<uint32_t> mine =
+                r == 0 ? std::vector<uint32_t>{1, 0} : std::vector<uint32_t>{0, 1};
+            STRATA_ASSIGN_OR_RETURN(agreed[r], engine->AgreeReductionOrder(mine));
+            for (uint32_t g : (apart ? mine : agreed[r])) {
+              STRATA_ASSIGN_OR_RETURN(GatheredGroup gg, engine->Gather(g));
+              engine->Release(std::move(gg));
+              STRATA_ASSIGN_OR_RETURN(void* buf, engine->GradBuffer(g));
+              std::fill_n(static_cast<float*>(buf), 96, g == 0 ? 0.5f : -0.5f);
+              STRATA_RETURN_IF_ERROR(engine->ReduceGradients(g));
+            }
+            return engine->Step().status();
+          });
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_EQ(agreed[r], (std::vector<uint32_t>{1, 0}));
+        if (!apart) {
+          EXPECT_TRUE(st[r].ok()) << st[r].ToString();
+          continue;
+        }
+        EXPECT_EQ(st[r].code(), Status::Code::kFailedPrecondition) << st[r].ToString();
+        EXPECT_NE(st[r].ToString().find("gathered or reduced different groups"), std::string::npos)
+            << st[r].ToString();
+      }
+    }
+  }
+}
+
+TEST(EngineSemantics, AgreeReductionOrderRefusesAListThatIsNotEveryTrainableGroupOnce) {
+  ModelSpec model;
+  model.groups = {{"a", {{"w", {8}}}}, {"b", {{"w", {8}}}}, {"frozen", {{"w", {8}}}, 0, false}};
+  auto parsed = ParseDeepSpeedConfig(BaseConfig(R"("stage": 1)"));
+  ASSERT_TRUE(parsed.ok());
+  const std::vector<Status> st = OnHostRanks(
+      1, UniqueTestDir("engine_order1"), parsed->config, [&](int, EngineOptions eo) -> Status {
+        STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(model, std::move(eo)));
+        const std::vector<std::pair<std::vector<uint32_t>, std::string>> bad = {
+            {{0}, "1 groups listed, the model has 2"},
+            {{0, 0}, "group 0 listed twice"},
+            {{0, 2}, "group 2 is frozen"},
+            {{0, 7}, "group 7 out of range"}};
+        for (const auto& [order, why] : bad) {
+          auto r = engine->AgreeReductionOrder(order);
+          if (r.ok() || r.status().code() != Status::Code::kInvalidArgument ||
+              r.status().ToString().find(why) == std::string::npos) {
+            return Status::Internal("expected '" + why + "', got " + r.status().ToString());
+          }
+        }
+        STRATA_ASSIGN_OR_RETURN(auto same,
+                                engine->AgreeReductionOrder(std::vector<uint32_t>{1, 0}));
+        return same == std::vector<uint32_t>{1, 0} ? Status::OK() : Status::Internal("changed");
+      });
+  EXPECT_TRUE(st[0].ok()) << st[0].ToString();
+}
+
 TEST(EngineSemantics, ClippingByTheGlobalNormIsPlacementIndependent) {
   std::vector<std::vector<float>> base;
   for (

@@ -1247,6 +1247,38 @@ Status Engine::ReduceGradients(size_t group, std::optional<uintptr_t> caller_str
 Result<StepReport> Engine::Step() { return impl_->Step(); }
 bool Engine::orders_caller_streams() const { return impl_->OrdersCallerStreams(); }
 
+Result<std::vector<uint32_t>> Engine::AgreeReductionOrder(std::span<const uint32_t> order) {
+  Impl& e = *impl_;
+  STRATA_RETURN_IF_ERROR(e.CheckHealthy());
+  std::vector<bool> seen(e.groups.size(), false);
+  size_t trainable = 0;
+  for (size_t g = 0; g < e.groups.size(); ++g) trainable += e.model.groups[g].trainable ? 1 : 0;
+  for (uint32_t g : order) {
+    if (g >= e.groups.size() || !e.model.groups[g].trainable || seen[g]) {
+      return Status::InvalidArgument("AgreeReductionOrder: group " + std::to_string(g) +
+                                     (g >= e.groups.size()           ? " out of range"
+                                      : !e.model.groups[g].trainable ? " is frozen"
+                                                                     : " listed twice"));
+    }
+    seen[g] = true;
+  }
+  if (order.size() != trainable) {
+    return Status::InvalidArgument("AgreeReductionOrder: " + std::to_string(order.size()) +
+                                   " groups listed, the model has " + std::to_string(trainable) +
+                                   " trainable ones");
+  }
+  std::vector<uint32_t> agreed(order.begin(), order.end());
+  if (e.world == 1 || agreed.empty()) return agreed;
+  const size_t bytes = agreed.size() * sizeof(uint32_t);
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer dev, DeviceBuffer::Make(e.opt.device, bytes));
+  STRATA_RETURN_IF_ERROR(e.CopySync(CopyDir::kHostToDevice, dev.get(), agreed.data(), bytes));
+  STRATA_ASSIGN_OR_RETURN(CommHandle h, e.opt.comm->Broadcast(dev.get(), bytes, DType::kI8, 0));
+  Status st = h.WaitUntil(e.deadline());
+  if (!st.ok()) return e.Fail(st.WithContext("agreeing on the reduction order"));
+  STRATA_RETURN_IF_ERROR(e.CopySync(CopyDir::kDeviceToHost, agreed.data(), dev.get(), bytes));
+  return agreed;
+}
+
 Result<void*> Engine::GradBuffer(size_t group, std::optional<uintptr_t> caller_stream) {
   Impl& e = *impl_;
   STRATA_RETURN_IF_ERROR(e.CheckHealthy());

@@ -26,6 +26,18 @@ Status WithContext(const Status& st, const std::string& what) {
   return Status(st.code(), what + ": " + std::string(st.message()));
 }
 
+// A group collective that passed its deadline with several ranks: a peer that is alive but runs
+// other collectives (another module at stage 3) looks the same as one that hangs.
+Status CollectiveContext(const Status& st, const std::string& what, int world) {
+  Status out = WithContext(st, what);
+  if (st.code() != Status::Code::kDeadlineExceeded || world == 1) return out;
+  return Status(out.code(),
+                std::string(out.message()) +
+                    " (a rank that has not joined it failed, hangs, or started other "
+                    "collectives: every rank must gather and reduce the same groups in the same "
+                    "order, so at ZeRO stage 3 every rank must run the same modules)");
+}
+
 // acc = (overwrite ? 0 : acc) + float(grad) * scale, element by element (one multiply, one add;
 // the same expression for every placement and as the CUDA kernel, so results never depend on
 // where acc lives): kernels::AccumulateGrad, the widening cast fused in (one pass over memory; a
@@ -114,7 +126,7 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
     }
     Status st = GatherInto(g, shard->data(), full->get());
     gather->Release(static_cast<sched::GroupId>(g), std::move(*shard));
-    if (!st.ok()) return Fail(WithContext(st, "all-gather of group '" + name + "'"));
+    if (!st.ok()) return Fail(CollectiveContext(st, "all-gather of group '" + name + "'", world));
     auto copy = std::make_shared<zero::GatheredCopy>();
     copy->buffer = std::move(*full);
     out.data_ = copy->buffer.get();
@@ -124,6 +136,7 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
 }
 
 Status Engine::Impl::GatherInto(size_t g, const void* shard, void* full) {
+  TraceCollective('g', g);
   zero::GroupState& gs = groups[g];
   const size_t S = gs.shard.shard_elems;
   const bool hpz = zpp.hpz > 1;
@@ -382,6 +395,7 @@ void Engine::Impl::RecycleGradBuffer(DeviceBuffer buffer) {
 
 Status Engine::Impl::StartReduction(zero::PendingReduce& p) {
   const size_t g = p.group;
+  TraceCollective('r', g);
   zero::GroupState& gs = groups[g];
   const std::string& name = model.groups[g].name;
   auto shard = DeviceBuffer::Make(opt.device, gs.shard.shard_elems * elt);
@@ -618,8 +632,8 @@ bool Engine::Impl::AccumulatesBehind(const zero::PendingReduce& p) const {
 Status Engine::Impl::StartAccumulate(zero::PendingReduce& p) {
   Status reduced = p.Wait(deadline());
   if (!reduced.ok()) {
-    return Fail(
-        WithContext(reduced, "gradient reduction of group '" + model.groups[p.group].name + "'"));
+    return Fail(CollectiveContext(
+        reduced, "gradient reduction of group '" + model.groups[p.group].name + "'", world));
   }
   p.accumulated = std::make_shared<zero::Accumulated>();
   if (AccumulatesBehind(p)) {

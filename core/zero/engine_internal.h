@@ -332,6 +332,10 @@ struct Engine::Impl {
   int64_t gather_epoch = 0;  // counts the steps in which groups were gathered (hpZ)
   int outstanding_gathers = 0;
   int grad_buffers_out = 0;  // GradBuffer taken, ReduceGradients not yet called
+  // The sequence of group collectives (gathers, reductions) this rank started since the last
+  // Step, hashed (TraceCollective); Step's exchange compares it across ranks (ExchangeStats).
+  static constexpr uint64_t kCollectiveTraceSeed = 1469598103934665603ull;  // FNV-1a's basis
+  uint64_t collective_trace = kCollectiveTraceSeed;
   // Gradient buffers kept for the next GradBuffer where the engine orders caller streams (one
   // rank on CUDA): each the largest trainable group's size (`grad_buffer_bytes`), reused in the
   // kernels' stream order, so the backward allocates nothing after the first buffers (on CUDA an
@@ -557,6 +561,10 @@ struct Engine::Impl {
   Status ComputeMissingStats();
   Status ExchangeStats(double local_sum_sq, bool local_nonfinite, double* global_sum_sq,
                        bool* global_nonfinite);
+  // Adds a collective on group g (kind 'g': all-gather of its parameters, 'r': reduction of its
+  // gradient) to collective_trace. Every rank must start the same ones in the same order: a rank
+  // that gathers or reduces another group at the same point pairs the two groups' data.
+  void TraceCollective(char kind, size_t g);
   // One run of the fused Adam through the step pipeline.
   struct AdamRun {
     std::vector<size_t> order;              // the sub-groups to step, in this order

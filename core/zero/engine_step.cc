@@ -94,12 +94,27 @@ Status Engine::Impl::ComputeMissingStats() {
   return CollectDeviceStats();  // these and the backward's, queued by Accumulate: one read-back
 }
 
+void Engine::Impl::TraceCollective(char kind, size_t g) {
+  // FNV-1a over the kind and the group id.
+  const uint64_t words[2] = {static_cast<uint64_t>(kind), static_cast<uint64_t>(g)};
+  for (uint64_t w : words) {
+    for (int b = 0; b < 8; ++b) {
+      collective_trace ^= (w >> (8 * b)) & 0xff;
+      collective_trace *= 1099511628211ull;
+    }
+  }
+}
+
 Status Engine::Impl::ExchangeStats(double local_sum_sq, bool local_nonfinite, double* global_sum_sq,
                                    bool* global_nonfinite) {
-  // Four fp32 words per rank: the double's bits, the overflow flag, padding. The all-gather moves
-  // bytes; the sum runs here in rank order, identical on every rank.
+  // Four fp32 words per rank: the double's bits, the overflow flag, and the collective trace
+  // folded to 32 bits. The all-gather moves bytes; the sum runs here in rank order, identical
+  // on every rank.
   float mine[4] = {0, 0, local_nonfinite ? 1.0f : 0.0f, 0};
   std::memcpy(mine, &local_sum_sq, sizeof(double));
+  const uint32_t trace = static_cast<uint32_t>(collective_trace ^ (collective_trace >> 32));
+  std::memcpy(&mine[3], &trace, sizeof trace);
+  collective_trace = kCollectiveTraceSeed;
   std::vector<float> all(static_cast<size_t>(world) * 4);
   std::memcpy(all.data() + rank * 4, mine, sizeof mine);
   if (world > 1) {
@@ -112,11 +127,28 @@ Status Engine::Impl::ExchangeStats(double local_sum_sq, bool local_nonfinite, do
   }
   double sum = 0;
   bool nonfinite = false;
+  std::vector<int> apart;  // the ranks whose trace differs from rank 0's
   for (int r = 0; r < world; ++r) {
     double v;
     std::memcpy(&v, all.data() + r * 4, sizeof v);
     sum += v;
     nonfinite = nonfinite || all[static_cast<size_t>(r) * 4 + 2] != 0.0f || !std::isfinite(v);
+    if (std::memcmp(&all[static_cast<size_t>(r) * 4 + 3], &all[3], sizeof(float)) != 0) {
+      apart.push_back(r);
+    }
+  }
+  if (!apart.empty()) {
+    std::string ranks;
+    for (int r : apart) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    return Status::FailedPrecondition(
+        "Step: the ranks gathered or reduced different groups, or in different orders, since the "
+        "last step (rank(s) " +
+        ranks +
+        " apart from rank 0), so the collectives paired one "
+        "group's data with another's and this step's gradients are wrong; it is not applied. "
+        "Every rank must gather and reduce the same groups in the same order: a module or "
+        "parameter used on some ranks only (a branch on the rank's data or random state) does "
+        "this at ZeRO stage 3, where each module's parameters are gathered when it runs");
   }
   *global_sum_sq = sum;
   *global_nonfinite = nonfinite;

@@ -498,6 +498,15 @@ class Engine {
   // (no qgZ: the reduction is the identity, no collective on a stream of its own) on a device
   // that orders caller streams (Device::orders_caller_streams: CudaDevice). Fixed at Create.
   bool orders_caller_streams() const;
+  // Rank 0's `order` on every rank (collective: every rank calls it at the same point). The
+  // groups' reductions pair across ranks by their order, so a trainer that reduces each group as
+  // its gradients complete pairs different groups where one is unused on some rank this
+  // micro-step; reducing in one agreed order (rank 0's, as DDP's buckets) keeps them paired, a
+  // group unused on a rank reduced with zeros at its turn. `order` must list every trainable
+  // group once: InvalidArgument naming the problem otherwise (nothing exchanged). Step also
+  // checks the pairing: ranks that gathered or reduced different groups since the last step
+  // fail it (FailedPrecondition; nothing applied).
+  Result<std::vector<uint32_t>> AgreeReductionOrder(std::span<const uint32_t> order);
 
   // The optimizer step at the accumulation boundary (collective). Waits for outstanding
   // reductions, computes the global norm, skips on overflow, else clips, runs Adam per sub-group

@@ -524,6 +524,14 @@ class PyEngine {
     ThrowIfError(engine().ReduceGradients(g, stream));
   }
 
+  std::vector<uint32_t> AgreeReductionOrder(const std::vector<uint32_t>& order) {
+    Result<std::vector<uint32_t>> agreed = [&] {
+      nb::gil_scoped_release unlocked;
+      return engine().AgreeReductionOrder(order);
+    }();
+    return ValueOrThrow(std::move(agreed));
+  }
+
   nb::dict Step() {
     Result<StepReport> r = [&] {
       nb::gil_scoped_release unlocked;
@@ -675,6 +683,8 @@ void BindEngine(nb::module_& m) {
            nb::arg("stream") = nb::none(),
            "stream: where orders_caller_streams, the reduction runs after the work queued on "
            "that stream so far (the caller's writes of the buffer), with no wait on the host.")
+      .def("agree_reduction_order", &PyEngine::AgreeReductionOrder, nb::arg("order"),
+           "Rank 0's order of the trainable groups' reductions, on every rank (collective).")
       .def("step", &PyEngine::Step, "The optimizer step (collective); returns the step report.")
       .def("read_state", &PyEngine::ReadState, nb::arg("group"), nb::arg("kind"),
            "The group's optimizer state (master32, exp_avg or exp_avg_sq) whole, fp32 "

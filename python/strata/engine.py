@@ -52,8 +52,11 @@ How parameters move (per-module hooks; public torch APIs only):
     with its values as gathered then (_SavedPartitioned). Hooks already on
     the stack (activation checkpointing, save_on_cpu) still see every tensor; other saved
     tensors get the in-place modification check autograd skips once hooks are in place.
-Collectives (stage 3 gathers, reductions) happen in autograd's order, which is the same on every
-rank for the same model, as DeepSpeed assumes too.
+Collectives: with several ranks the groups are reduced in one order on every rank (_in_turn:
+reductions pair by their order), rank 0's order of the first micro-step once agreed, so ranks may
+use different modules in a step at stages 0-2 (a group unused on a rank is reduced with zeros at
+its turn). Stage-3 gathers follow each rank's forward, so there every rank must run the same
+modules, as under DeepSpeed; the engine's Step fails, naming it, where ranks' collectives differed.
 """
 from __future__ import annotations
 
@@ -658,6 +661,14 @@ class StrataEngine(torch.nn.Module):
         self._grad_streams: dict[int, object] = {}  # stream-ordered: each buffer's torch stream
         self._grads_missing = [len(g.params) for g in self._groups]
         self._reduced = [not g.trainable for g in self._groups]  # frozen: never reduced
+        # The order the groups are reduced in (_in_turn): reverse registration order (backward's,
+        # mostly) until the first micro-step's order is known, then rank 0's order of it on every
+        # rank (engine.agree_reduction_order). One rank reduces each group as it completes.
+        self._reduce_order = [gi for gi in reversed(range(len(self._groups)))
+                              if self._groups[gi].trainable]
+        self._turn = 0  # _reduce_order's next group to reduce this micro-step
+        self._ordered = world_size > 1
+        self._completed: Optional[list] = [] if self._ordered else None  # until agreed
         self._held_calls: set = set()  # module calls whose groups backward holds gathered
         # Stages 0-2 keep every parameter whole (a view of the engine's replica) from here on;
         # stage 3 gathers per module (the hooks) and empties them outside.
@@ -1231,20 +1242,44 @@ class StrataEngine(torch.nn.Module):
         if self._no_sync:
             return  # kept in p.grad: autograd adds the next backward's to it
         gi = self._group_of[id(p)]
-        if self._reduced[gi]:
+        if self._reduced[gi] or self._grads_missing[gi] == 0:
             raise RuntimeError(
                 f"strata: a second gradient for group '{self._groups[gi].name}' in one "
                 "micro-step (call engine.step() after engine.backward(), or use "
                 "gradient_accumulation_steps)")
-        views = self._grad_views.get(gi)
-        if views is None:
-            views = self._grad_buffer(gi)
-            self._grad_views[gi] = views
-        self._copy_grad(gi, views[self._index_in_group[id(p)]], p.grad)
-        p.grad = None
+        if self._in_turn(gi):  # else kept in p.grad until its turn
+            views = self._grad_views.get(gi)
+            if views is None:
+                views = self._grad_buffer(gi)
+                self._grad_views[gi] = views
+            self._copy_grad(gi, views[self._index_in_group[id(p)]], p.grad)
+            p.grad = None
         self._grads_missing[gi] -= 1
         if self._grads_missing[gi] == 0:
+            self._group_complete(gi)
+
+    def _in_turn(self, gi: int) -> bool:
+        """Whether group gi's gradients go into its buffer now. With several ranks the groups
+        are reduced in one order on every rank (their reductions pair up by order: a group one
+        rank did not use this micro-step, reduced as the others complete, would be paired with
+        another group's); a group complete before its turn keeps its gradients in p.grad until
+        then, as DDP's buckets wait for the ones before them."""
+        return not self._ordered or (self._turn < len(self._reduce_order) and
+                                     self._reduce_order[self._turn] == gi)
+
+    def _group_complete(self, gi: int) -> None:
+        """Every parameter of group gi has its gradient: reduce it, and each group after it in
+        the order that was waiting for its turn."""
+        if self._completed is not None:
+            self._completed.append(gi)
+        if not self._ordered:
             self._reduce(gi)
+            return
+        order = self._reduce_order
+        while self._turn < len(order) and self._grads_missing[order[self._turn]] == 0:
+            self._take_kept_grads(order[self._turn])
+            self._reduce(order[self._turn])
+            self._turn += 1
 
     def _begin_torch_backward(self) -> None:
         """The script's own `loss.backward()` (DeepSpeed's torch-style backward): what
@@ -1347,6 +1382,19 @@ class StrataEngine(torch.nn.Module):
         view.copy_(grad)
         own.wait_stream(current)
 
+    def _reset_micro_step(self) -> None:
+        self._grads_missing = [len(g.params) for g in self._groups]
+        self._reduced = [not g.trainable for g in self._groups]
+        self._turn = 0
+
+    def _agree_order(self) -> None:
+        """After the first micro-step's reductions: the order its groups completed in on rank 0
+        (those it did not use after, in the order so far) becomes every rank's."""
+        done = set(self._completed)
+        mine = self._completed + [gi for gi in self._reduce_order if gi not in done]
+        self._completed = None
+        self._reduce_order = list(self._engine.agree_reduction_order(mine))
+
     def _reduce_ordered(self, gi: int) -> None:
         """The reduction after torch's copies into the buffer, ordered on the device after the
         buffer's stream (_grad_buffer): no wait."""
@@ -1360,15 +1408,16 @@ class StrataEngine(torch.nn.Module):
     def _flush(self) -> None:
         """After autograd: every group reduced once this micro-step (none inside no_sync()),
         every group released."""
-        for gi in reversed(range(len(self._groups))):
+        for gi in self._reduce_order:
             if not self._reduced[gi] and not self._no_sync:
                 self._take_kept_grads(gi)
                 if gi not in self._grad_views:
                     self._grad_buffer(gi)  # zeros: no parameter of it was used
                 self._reduce(gi)
         self._held.drain()
-        self._grads_missing = [len(g.params) for g in self._groups]
-        self._reduced = [not g.trainable for g in self._groups]
+        if self._completed is not None and not self._no_sync:
+            self._agree_order()
+        self._reset_micro_step()
         for call in self._held_calls:  # a retained graph's next backward gathers them again
             call.held = False
         self._held_calls.clear()
