@@ -203,7 +203,7 @@ class GlooCommunicator final : public Communicator {
       gloo::BroadcastOptions b(ctx_);
       b.setOutput(static_cast<uint8_t*>(buf), bytes);
       b.setRoot(root);
-      b.setTag(next_tag_++);
+      b.setTag(NextTag('b', bytes * 64 + static_cast<uint64_t>(root)));
       b.setTimeout(opts_.timeout);
       gloo::broadcast(b);
       // Gloo's broadcast tree is not instrumented: count the ideal root-send / non-root-receive.
@@ -224,7 +224,7 @@ class GlooCommunicator final : public Communicator {
       // Gloo's all-to-all is bytewise: the element type only sets its unit.
       a.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), chunk * n);
       a.setOutput(static_cast<uint8_t*>(recv), chunk * n);
-      a.setTag(next_tag_++);
+      a.setTag(NextTag('t', chunk));
       a.setTimeout(opts_.timeout);
       gloo::alltoall(a);
       // One chunk to and from each peer, exactly (no relay): the ideal figures are the wire ones.
@@ -263,7 +263,7 @@ class GlooCommunicator final : public Communicator {
     return Submit("barrier", [this] {
       if (world_size() == 1) return Status::OK();
       gloo::BarrierOptions b(ctx_);
-      b.setTag(next_tag_++);
+      b.setTag(NextTag('z', 0));
       b.setTimeout(opts_.timeout);
       gloo::barrier(b);
       return Status::OK();
@@ -353,7 +353,7 @@ class GlooCommunicator final : public Communicator {
   void ExchangeBytes(uint8_t* out, size_t bytes) {
     gloo::AllgatherOptions a(ctx_);
     a.setOutput(out, bytes * static_cast<size_t>(world_size()));
-    a.setTag(next_tag_++);
+    a.setTag(NextTag('x', bytes));
     a.setTimeout(opts_.timeout);
     gloo::allgather(a);
   }
@@ -427,7 +427,7 @@ class GlooCommunicator final : public Communicator {
     // No input means in place: Gloo then sends this rank's slot of the output.
     if (own != p.send) std::memcpy(own, p.send, bytes);
     a.setOutput(out, bytes * static_cast<size_t>(world_size()));
-    a.setTag(next_tag_++);
+    a.setTag(NextTag('g', bytes));
     a.setTimeout(opts_.timeout);
     gloo::allgather(a);
     // Gloo's ring all-gather: N-1 steps, each sending one rank's slot and receiving another's.
@@ -461,6 +461,7 @@ class GlooCommunicator final : public Communicator {
       return;
     }
     const int right = (r + 1) % n, left = (r + n - 1) % n;
+    const uint64_t shape = (static_cast<uint64_t>(count) << 24) ^ chunk ^ (elt << 60);
     auto seg_len = [&](int c, size_t off) -> size_t {
       const size_t begin = std::min(count, static_cast<size_t>(c) * chunk + off);
       const size_t end = std::min(count, static_cast<size_t>(c) * chunk + chunk);
@@ -474,7 +475,7 @@ class GlooCommunicator final : public Communicator {
       for (int k = 0; k + 1 < n; ++k) {
         const int c_recv = ((r - k - 2) % n + n) % n;
         const size_t recv_len = seg_len(c_recv, off);
-        const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, next_tag_++);
+        const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, NextTag('r', shape));
         std::unique_ptr<gloo::transport::UnboundBuffer> acc_buf, tmp_buf;
         if (recv_len > 0) {
           tmp_buf = ctx_->createUnboundBuffer(tmp_.data(), recv_len * sizeof(float));
@@ -534,7 +535,7 @@ class GlooCommunicator final : public Communicator {
     }
     gloo::AllgathervOptions a(ctx_);
     a.setOutput(reinterpret_cast<uint16_t*>(out), counts);  // 16-bit elements
-    a.setTag(next_tag_++);
+    a.setTag(NextTag('v', count));
     a.setTimeout(opts_.timeout);
     gloo::allgatherv(a);
     // Ring all-gather of the chunks: every chunk but the right neighbour's is sent, every chunk
@@ -549,7 +550,7 @@ class GlooCommunicator final : public Communicator {
     a.setOutput(buf, count);
     a.setReduceFunction(
         static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    a.setTag(next_tag_++);
+    a.setTag(NextTag('a', count));
     a.setTimeout(opts_.timeout);
     gloo::allreduce(a);
   }
@@ -562,6 +563,17 @@ class GlooCommunicator final : public Communicator {
   // Unbound buffers of a failed ring step (see RingReduceScatter); worker thread only.
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> parked_;
   uint32_t next_tag_ = 1;
+
+  // The next operation's Gloo tag: its sequence number (the same on every rank, which run the
+  // same operations in the same order) and 12 bits of a hash of its kind and size. Ranks that
+  // disagree on an operation (a rank gathering another group at stage 3) then wait on different
+  // slots and fail at the timeout, with an error, rather than one receiving a message larger
+  // than its buffer, on which Gloo's transport thread aborts the process.
+  uint32_t NextTag(char kind, uint64_t size) {
+    const uint64_t h =
+        ((static_cast<uint64_t>(static_cast<uint8_t>(kind)) << 56) ^ size) * 0x9E3779B97F4A7C15ull;
+    return ((next_tag_++ & 0xFFFFFu) << 12) | static_cast<uint32_t>(h >> 52);
+  }
 
   std::mutex mu_;
   std::condition_variable cv_, space_cv_;

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <random>
 #include <string>
 #include <thread>
@@ -271,6 +272,35 @@ TEST(Checkpoint, RefusesMidAccumulationAndExistingTag) {
   std::filesystem::remove_all(dir);
 }
 
+// A script that saves on rank 0 only (`if rank == 0: engine.save_checkpoint(...)`, common with
+// torch.save habits): Save is collective, so rank 0 waits at the first agreement until the
+// timeout, and the error says why instead of only naming the deadline.
+TEST(Checkpoint, SaveOnOneRankOnlyNamesTheCollectiveWithinTheTimeout) {
+  const std::string dir = UniqueTestDir("ckpt_rank0_only");
+  RunSpec s;
+  s.config_json = Config(kSolo);
+  s.world = 2;
+  s.steps = 1;
+  s.timeout = std::chrono::milliseconds(2000);
+  std::promise<Status> saved;
+  std::shared_future<Status> done = saved.get_future().share();
+  s.after_step = [&](int rank, int, Engine& e) -> Status {
+    if (rank == 0) {
+      saved.set_value(e.Save(dir, "alone"));
+    } else {
+      done.wait();  // rank 1 stays alive (and out of collectives) until rank 0 gave up
+    }
+    return Status::OK();
+  };
+  RunResult r = RunEngine(s);
+  (void)r;  // rank 0's engine has failed: the run's later collectives fail too
+  const Status st = done.get();
+  EXPECT_EQ(st.code(), Status::Code::kDeadlineExceeded) << st.ToString();
+  EXPECT_NE(st.ToString().find("every rank must call it"), std::string::npos) << st.ToString();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/alone"));
+  std::filesystem::remove_all(dir);
+}
+
 // Reads `tag`'s manifest, lets `edit` change it, and writes it back (by ToJson: sealed with its
 // checksum from format version 2).
 void RewriteManifest(const std::string& dir, const std::string& tag,
@@ -454,10 +484,30 @@ TEST(Checkpoint, RefusesOtherModelOrPrecision) {
   other.groups[4].params[1].name = "bias2";
   Status st = LoadSolo(dir, "t", kSolo, other);
   EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
-  EXPECT_NE(st.ToString().find("mid.W1[40,32] in the checkpoint, mid.W1[41,32] in the model"),
+  EXPECT_NE(st.ToString().find("mid.W1: [40,32] in the checkpoint, [41,32] in the model"),
             std::string::npos)
       << st.ToString();
-  EXPECT_NE(st.ToString().find("top.b2[36]"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.ToString().find("top.b2[36] is in the checkpoint, not in the model"),
+            std::string::npos)
+      << st.ToString();
+  EXPECT_NE(st.ToString().find("top.bias2[36] is in the model, not in the checkpoint"),
+            std::string::npos)
+      << st.ToString();
+  // A module added in the middle: named alone, not every group after it.
+  ModelSpec added = TestModel();
+  added.groups.insert(added.groups.begin() + 1, GroupSpec{"extra", {{"w", {8}}}});
+  st = LoadSolo(dir, "t", kSolo, added);
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.ToString().find("extra.w[8] is in the model, not in the checkpoint"),
+            std::string::npos)
+      << st.ToString();
+  EXPECT_EQ(st.ToString().find("in the checkpoint, not"), std::string::npos) << st.ToString();
+  // The same parameters in another group order: named as that.
+  ModelSpec swapped = TestModel();
+  std::swap(swapped.groups[0], swapped.groups[1]);
+  st = LoadSolo(dir, "t", kSolo, swapped);
+  EXPECT_NE(st.ToString().find("in other groups or another order: group 0"), std::string::npos)
+      << st.ToString();
   st = LoadSolo(dir, "t", Placement{3, "cpu", "cpu", 1, "fp16"});
   EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
   EXPECT_NE(st.ToString().find("precision"), std::string::npos) << st.ToString();

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <optional>
 
 #include <deque>
@@ -74,8 +75,15 @@ Status Agree(Engine::Impl& e, const Status& local, const std::string& what, uint
   std::vector<std::pair<uint64_t, uint64_t>> words;
   Status st = ExchangeWords(e, local.ok() ? value : kFailMarker,
                             local.ok() ? 0 : static_cast<uint64_t>(local.code()), &words);
-  if (!st.ok())
-    return e.Fail(Status(st.code(), what + ": rank agreement: " + std::string(st.message())));
+  if (!st.ok()) {
+    std::string msg = what + ": rank agreement: " + std::string(st.message());
+    if (st.code() == Status::Code::kDeadlineExceeded) {
+      msg +=
+          " (collective: every rank must call it at the same point; a rank that did not, as "
+          "in a script that saves only on rank 0, leaves the others waiting here)";
+    }
+    return e.Fail(Status(st.code(), msg));
+  }
   if (!local.ok()) return local;
   for (int r = 0; r < e.world; ++r) {
     if (words[r].first == kFailMarker && words[r].second != 0) {
@@ -405,40 +413,71 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
 
 namespace {
 
-// What of the checkpoint this engine cannot take; empty when compatible.
+// "group.param" (the param's own name where it already starts with its group's: the Python
+// adapter names parameters in full).
+std::string FullParamName(const std::string& group, const std::string& param) {
+  return param.rfind(group + ".", 0) == 0 ? param : group + "." + param;
+}
+
+std::string ShapeString(const std::vector<int64_t>& s) {
+  std::string o = "[";
+  for (size_t i = 0; i < s.size(); ++i) o += (i ? "," : "") + std::to_string(s[i]);
+  return o + "]";
+}
+
+// What of the checkpoint this engine cannot take; empty when compatible. Parameters are matched
+// by name, so a parameter added, removed or renamed is named as such (a positional comparison
+// reports every group after it as different).
 Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m) {
   std::vector<std::string> diffs;
   const ModelSpec& model = e.model;
-  if (m.groups.size() != model.groups.size()) {
-    diffs.push_back(std::to_string(m.groups.size()) + " groups in the checkpoint, " +
-                    std::to_string(model.groups.size()) + " in the model");
+  std::map<std::string, std::vector<int64_t>> saved, here;
+  for (const auto& cg : m.groups) {
+    for (const auto& p : cg.params) saved[FullParamName(cg.name, p.name)] = p.shape;
   }
-  auto shape_str = [](const std::vector<int64_t>& s) {
-    std::string o = "[";
-    for (size_t i = 0; i < s.size(); ++i) o += (i ? "," : "") + std::to_string(s[i]);
-    return o + "]";
-  };
-  for (size_t g = 0; g < std::min(m.groups.size(), model.groups.size()); ++g) {
-    const auto& cg = m.groups[g];
-    const auto& mg = model.groups[g];
-    if (cg.name != mg.name)
-      diffs.push_back("group " + std::to_string(g) + ": '" + cg.name + "' in the checkpoint, '" +
-                      mg.name + "' in the model");
-    if (cg.params.size() != mg.params.size()) {
-      diffs.push_back("group '" + mg.name + "': " + std::to_string(cg.params.size()) +
-                      " params in the checkpoint, " + std::to_string(mg.params.size()) +
+  for (const auto& mg : model.groups) {
+    for (const auto& p : mg.params) here[FullParamName(mg.name, p.name)] = p.shape;
+  }
+  for (const auto& [name, shape] : saved) {
+    auto it = here.find(name);
+    if (it == here.end()) {
+      diffs.push_back(name + ShapeString(shape) + " is in the checkpoint, not in the model");
+    } else if (it->second != shape) {
+      diffs.push_back(name + ": " + ShapeString(shape) + " in the checkpoint, " +
+                      ShapeString(it->second) + " in the model");
+    }
+  }
+  for (const auto& [name, shape] : here) {
+    if (!saved.contains(name)) {
+      diffs.push_back(name + ShapeString(shape) + " is in the model, not in the checkpoint");
+    }
+  }
+  // The same parameters, grouped or ordered otherwise (the files are laid out by group).
+  for (size_t g = 0; diffs.empty() && g < std::max(m.groups.size(), model.groups.size()); ++g) {
+    const bool both = g < m.groups.size() && g < model.groups.size();
+    if (!both || m.groups[g].name != model.groups[g].name ||
+        m.groups[g].params.size() != model.groups[g].params.size()) {
+      diffs.push_back("the same parameters in other groups or another order: group " +
+                      std::to_string(g) + " is " +
+                      (g < m.groups.size() ? "'" + m.groups[g].name + "'" : "absent") +
+                      " in the checkpoint, " +
+                      (g < model.groups.size() ? "'" + model.groups[g].name + "'" : "absent") +
                       " in the model");
     }
-    if (!cg.trainable && mg.trainable) {
-      diffs.push_back("group '" + mg.name + "' is frozen in the checkpoint (no optimizer state "
-                      "saved), trainable in the model");
-    }
-    for (size_t p = 0; p < std::min(cg.params.size(), mg.params.size()); ++p) {
-      if (cg.params[p].name != mg.params[p].name || cg.params[p].shape != mg.params[p].shape) {
-        diffs.push_back(cg.name + "." + cg.params[p].name + shape_str(cg.params[p].shape) +
-                        " in the checkpoint, " + mg.name + "." + mg.params[p].name +
-                        shape_str(mg.params[p].shape) + " in the model");
+    for (size_t p = 0; both && diffs.empty() && p < m.groups[g].params.size(); ++p) {
+      if (m.groups[g].params[p].name != model.groups[g].params[p].name) {
+        diffs.push_back("group '" + model.groups[g].name + "' orders its parameters otherwise: '" +
+                        m.groups[g].params[p].name + "' in the checkpoint, '" +
+                        model.groups[g].params[p].name + "' in the model");
       }
+    }
+  }
+  for (size_t g = 0; g < std::min(m.groups.size(), model.groups.size()); ++g) {
+    if (!m.groups[g].trainable && model.groups[g].trainable &&
+        m.groups[g].name == model.groups[g].name) {
+      diffs.push_back("group '" + model.groups[g].name +
+                      "' is frozen in the checkpoint (no "
+                      "optimizer state saved), trainable in the model");
     }
   }
   if (!diffs.empty()) {

@@ -1274,7 +1274,7 @@ Result<std::vector<uint32_t>> Engine::AgreeReductionOrder(std::span<const uint32
   STRATA_RETURN_IF_ERROR(e.CopySync(CopyDir::kHostToDevice, dev.get(), agreed.data(), bytes));
   STRATA_ASSIGN_OR_RETURN(CommHandle h, e.opt.comm->Broadcast(dev.get(), bytes, DType::kI8, 0));
   Status st = h.WaitUntil(e.deadline());
-  if (!st.ok()) return e.Fail(st.WithContext("agreeing on the reduction order"));
+  if (!st.ok()) return e.Fail(e.CollectiveError(st, "agreeing on the reduction order"));
   STRATA_RETURN_IF_ERROR(e.CopySync(CopyDir::kDeviceToHost, agreed.data(), dev.get(), bytes));
   return agreed;
 }

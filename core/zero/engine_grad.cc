@@ -26,18 +26,6 @@ Status WithContext(const Status& st, const std::string& what) {
   return Status(st.code(), what + ": " + std::string(st.message()));
 }
 
-// A group collective that passed its deadline with several ranks: a peer that is alive but runs
-// other collectives (another module at stage 3) looks the same as one that hangs.
-Status CollectiveContext(const Status& st, const std::string& what, int world) {
-  Status out = WithContext(st, what);
-  if (st.code() != Status::Code::kDeadlineExceeded || world == 1) return out;
-  return Status(out.code(),
-                std::string(out.message()) +
-                    " (a rank that has not joined it failed, hangs, or started other "
-                    "collectives: every rank must gather and reduce the same groups in the same "
-                    "order, so at ZeRO stage 3 every rank must run the same modules)");
-}
-
 // acc = (overwrite ? 0 : acc) + float(grad) * scale, element by element (one multiply, one add;
 // the same expression for every placement and as the CUDA kernel, so results never depend on
 // where acc lives): kernels::AccumulateGrad, the widening cast fused in (one pass over memory; a
@@ -126,13 +114,25 @@ Result<GatheredGroup> Engine::Impl::Gather(size_t g) {
     }
     Status st = GatherInto(g, shard->data(), full->get());
     gather->Release(static_cast<sched::GroupId>(g), std::move(*shard));
-    if (!st.ok()) return Fail(CollectiveContext(st, "all-gather of group '" + name + "'", world));
+    if (!st.ok()) return Fail(CollectiveError(st, "all-gather of group '" + name + "'"));
     auto copy = std::make_shared<zero::GatheredCopy>();
     copy->buffer = std::move(*full);
     out.data_ = copy->buffer.get();
     out.hold_ = std::move(copy);
   }
   return handed_out();
+}
+
+Status Engine::Impl::CollectiveError(const Status& st, const std::string& what) const {
+  Status out = WithContext(st, what);
+  if (st.code() != Status::Code::kDeadlineExceeded || world == 1) return out;
+  // A peer that is alive but runs other collectives looks the same as one that hangs.
+  return Status(out.code(),
+                std::string(out.message()) +
+                    " (a rank that has not joined it failed, hangs, or started other "
+                    "collectives: every rank must gather and reduce the same groups in the same "
+                    "order, so at ZeRO stage 3 every rank must run the same modules and take "
+                    "gradients through the same ones)");
 }
 
 Status Engine::Impl::GatherInto(size_t g, const void* shard, void* full) {
@@ -632,8 +632,8 @@ bool Engine::Impl::AccumulatesBehind(const zero::PendingReduce& p) const {
 Status Engine::Impl::StartAccumulate(zero::PendingReduce& p) {
   Status reduced = p.Wait(deadline());
   if (!reduced.ok()) {
-    return Fail(CollectiveContext(
-        reduced, "gradient reduction of group '" + model.groups[p.group].name + "'", world));
+    return Fail(CollectiveError(
+        reduced, "gradient reduction of group '" + model.groups[p.group].name + "'"));
   }
   p.accumulated = std::make_shared<zero::Accumulated>();
   if (AccumulatesBehind(p)) {

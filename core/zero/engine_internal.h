@@ -565,6 +565,9 @@ struct Engine::Impl {
   // gradient) to collective_trace. Every rank must start the same ones in the same order: a rank
   // that gathers or reduces another group at the same point pairs the two groups' data.
   void TraceCollective(char kind, size_t g);
+  // st (a group collective's failure) in context `what`; past its deadline with several ranks,
+  // with the likely cause: ranks running other collectives.
+  Status CollectiveError(const Status& st, const std::string& what) const;
   // One run of the fused Adam through the step pipeline.
   struct AdamRun {
     std::vector<size_t> order;              // the sub-groups to step, in this order

@@ -81,16 +81,6 @@ def _text_or_path(config: ConfigLike) -> tuple[str, str]:
                     f"{type(config).__name__}")
 
 
-def config_text(config: ConfigLike) -> str:
-    """The config's JSON text: a dict serialised, JSON text or base64 of it as given, a path's
-    file read (_text_or_path's rule; OSError where the file cannot be read)."""
-    text, path = _text_or_path(config)
-    if path:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    return text
-
-
 def check_config(config: ConfigLike, *, world_size: Optional[int] = None, strict: bool = False,
                  check_here: bool = False, auto_values: Optional[Mapping[str, Any]] = None,
                  hidden_size: Optional[int] = None,

@@ -344,13 +344,14 @@ class ThroughputTimer:
 class _ModuleCall:
     """One call of a hooked module: its groups, whether backward holds them gathered, and the
     saved-tensor hooks its forward pushed (None when none were pushed)."""
-    __slots__ = ("engine", "groups", "held", "saved_hooks")
+    __slots__ = ("engine", "groups", "held", "saved_hooks", "acquired")
 
     def __init__(self, engine, groups):
         self.engine = engine
         self.groups = groups
         self.held = False
         self.saved_hooks = None
+        self.acquired = False  # its gather succeeded (the post-hook undoes nothing otherwise)
 
 
 class _ParamDict(dict):
@@ -730,6 +731,9 @@ class StrataEngine(torch.nn.Module):
         self._scaled_by_script = False  # engine.scale(loss) given since the last backward
         self._warned_param_write = False  # _write_params' notice, once
         self._last_report: Optional[dict] = None
+        self._grad_norm: Optional[torch.Tensor] = None  # get_global_grad_norm()
+        self.collate_fn = None  # initialize's, deepspeed_io's default
+        self.training_dataloader = None  # initialize's training_data, as DeepSpeed's
         self.optimizer = _EngineOptimizer(self, param_groups)
         self.lr_scheduler = None
         self._client_lrs = False  # lrs written by the script or its scheduler drive the engine
@@ -861,8 +865,9 @@ class StrataEngine(torch.nn.Module):
     def _make_pre_hook(self, own):
         def pre_hook(module, args, kwargs):
             call = _ModuleCall(self, self._call_groups(module, own))
-            self._acquire(call.groups)
             module.__dict__.setdefault("_strata_calls", []).append(call)
+            self._acquire(call.groups)  # a failure reaches the post-hook (always_call) too
+            call.acquired = True
             self._call_stack.append((module, call))
             if torch.is_grad_enabled():
                 name = self._module_names.get(id(module), type(module).__name__)
@@ -880,6 +885,8 @@ class StrataEngine(torch.nn.Module):
 
     def _post_hook(self, module, args, kwargs, output):
         call = module._strata_calls.pop()
+        if not call.acquired:
+            return output  # the pre-hook's gather failed: its error is the one raised
         if self._call_stack and self._call_stack[-1][1] is call:
             self._call_stack.pop()
         if call.saved_hooks is not None:
@@ -1245,8 +1252,11 @@ class StrataEngine(torch.nn.Module):
         if self._reduced[gi] or self._grads_missing[gi] == 0:
             raise RuntimeError(
                 f"strata: a second gradient for group '{self._groups[gi].name}' in one "
-                "micro-step (call engine.step() after engine.backward(), or use "
-                "gradient_accumulation_steps)")
+                "micro-step: its parameters got gradients from two autograd passes, as with a "
+                "second backward before engine.step() (call engine.step() after each backward, "
+                "or use gradient_accumulation_steps), or a reentrant activation checkpoint whose "
+                "parameters are also used outside it (use_reentrant=False); DeepSpeed refuses "
+                "this too")
         if self._in_turn(gi):  # else kept in p.grad until its turn
             views = self._grad_views.get(gi)
             if views is None:
@@ -1544,6 +1554,9 @@ class StrataEngine(torch.nn.Module):
             self._gather_whole()  # stages 0-2: the parameters whole again (new values)
             self.global_steps = self._last_report["global_step"]
             self._step_applied = not self._last_report["skipped"]
+            if self._step_applied:
+                self._grad_norm = torch.tensor(self._last_report["grad_norm"],
+                                               dtype=torch.float32)
             self._after_step(self._last_report["skipped"])
             self._step_has_grads = False
             if self._micro_batch:  # DeepSpeed's train_batch_size, once per boundary
@@ -1657,8 +1670,11 @@ class StrataEngine(torch.nn.Module):
         DeepSpeedEngine.skipped_steps."""
         return int(self._engine.stats()["skipped_steps"])
 
-    def get_global_grad_norm(self) -> Optional[float]:
-        return None if self._last_report is None else self._last_report["grad_norm"]
+    def get_global_grad_norm(self) -> Optional[torch.Tensor]:
+        """The last applied step's global gradient norm (before clipping), a 0-dim fp32 tensor
+        as DeepSpeed's ZeRO optimizers give (scripts call .item() on it); None before the first
+        step. A step skipped on an fp16 overflow keeps the previous value, as DeepSpeed's."""
+        return self._grad_norm
 
     def gradient_accumulation_steps(self) -> int:
         return self._gas
@@ -1705,9 +1721,46 @@ class StrataEngine(torch.nn.Module):
             raise ValueError(f"set_train_micro_batch_size({micro_batch_size}): a positive count")
         self._micro_batch = int(micro_batch_size)
 
-    @property
     def loss_scale(self) -> float:
-        return self._engine.loss_scale
+        """As DeepSpeedEngine.loss_scale(): the config's fp16 "loss_scale" (0: dynamic). The
+        scale in use is engine.optimizer.cur_scale."""
+        return float((self._effective.get("fp16") or {}).get("loss_scale", 0.0))
+
+    def dynamic_loss_scale(self) -> bool:
+        """As DeepSpeed's: whether the config's fp16 "loss_scale" is 0 (dynamic)."""
+        return self.loss_scale() == 0
+
+    @property
+    def dp_world_size(self) -> int:
+        """The data-parallel world size: every rank (strata has no model parallelism)."""
+        return self._engine.world_size
+
+    @property
+    def mp_world_size(self) -> int:
+        return 1
+
+    def deepspeed_io(self, dataset, batch_size: Optional[int] = None, route: str = "train",
+                     pin_memory: bool = True, data_sampler=None, collate_fn=None,
+                     num_local_io_workers: Optional[int] = None):
+        """As DeepSpeed's: a DataLoader of this rank's share of `dataset`, micro-batches of
+        train_micro_batch_size_per_gpu (or batch_size), through a DistributedSampler (shuffled,
+        seed 0, for training; in order for route "eval" / "predict") unless data_sampler is
+        given or the dataset is iterable, dataloader_drop_last from the config, and initialize's
+        collate_fn unless one is given."""
+        # DeepSpeed's test: map-style (indexable with a length) or a torch IterableDataset.
+        iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        if not iterable and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise ValueError("Training data must be a torch Dataset")
+        if data_sampler is None and not iterable:
+            data_sampler = torch.utils.data.distributed.DistributedSampler(
+                dataset, num_replicas=self.world_size, rank=self.global_rank,
+                shuffle=route == "train")
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu() or 1,
+            sampler=data_sampler, collate_fn=collate_fn or self.collate_fn,
+            num_workers=num_local_io_workers or 0,
+            pin_memory=pin_memory and self._cuda is not None,
+            drop_last=bool(self._effective.get("dataloader_drop_last", False)))
 
     @property
     def global_rank(self) -> int:
@@ -2025,7 +2078,11 @@ class StrataEngine(torch.nn.Module):
         elif not self._client_lrs:
             self._pull_lrs()
         self.global_steps = self._engine.global_step
-        self.micro_steps = int(state.get("micro_steps", self.global_steps * self._gas))
+        # A whole number of this engine's accumulation windows: the next micro-step starts one,
+        # with the gradient_accumulation_steps now in force (DeepSpeed does not restore its
+        # counter, which a fresh engine starts at 0); the saved count would put the boundary
+        # mid-window where the run resumes with another gradient_accumulation_steps.
+        self.micro_steps = self.global_steps * self._gas
         self.global_samples = int(state.get("global_samples", 0))
         return os.path.join(load_dir, str(tag)), state.get("client_state", {})
 
@@ -2318,7 +2375,12 @@ class _EngineOptimizer(torch.optim.Optimizer):
 
     @property
     def loss_scale(self) -> float:
-        return self._engine.loss_scale
+        """The loss scale in use (fp16's dynamic scale; 1 otherwise), as DeepSpeed's."""
+        return self._engine._engine.loss_scale
+
+    @property
+    def cur_scale(self) -> float:
+        return self.loss_scale
 
     @property
     def overflow(self) -> bool:
@@ -2437,8 +2499,13 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
         raise ValueError("strata.initialize: model is required")
     if config is None:
         config = config_params
-    if config is None and args is not None:
-        config = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
+    from_args = None if args is None else (getattr(args, "deepspeed_config", None) or
+                                            getattr(args, "deepscale_config", None))
+    if config is not None and from_args is not None:
+        raise ValueError(f"strata.initialize: a config was passed and args.deepspeed_config "
+                         f"({from_args}) names one too; pass one (DeepSpeed refuses both)")
+    if config is None:
+        config = from_args
     if config is None:
         raise ValueError("strata.initialize: config is required (a dict, JSON text or a path)")
     if mpu is not None:
@@ -2455,6 +2522,13 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     if torch_scheduler is not None:
         lr_scheduler = torch_scheduler
         named_scheduler = cfg.pop("scheduler")  # the engine's schedule is the client one's
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer) \
+            and callable(optimizer):
+        # As DeepSpeed: a callable (an optimizer class, a partial) builds the client optimizer
+        # from the model's parameters.
+        model_parameters = list(model.parameters() if model_parameters is None
+                                else model_parameters)
+        optimizer = optimizer(model_parameters)
     groups = ParamGroups(model, cfg, optimizer, model_parameters)
     if groups.optimizer_section is not None:
         cfg["optimizer"] = groups.optimizer_section
@@ -2473,17 +2547,12 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     engine._named_scheduler = named_scheduler  # scheduler_name() / scheduler_params()
     if args is not None and hasattr(args, "local_rank"):
         args.local_rank = engine.local_rank  # as DeepSpeed aligns it with the launcher's
-    loader = None
-    if training_data is not None:
-        # DeepSpeed's deepspeed_io: each rank's share through a DistributedSampler (shuffled with
-        # seed 0, the same order every epoch: set_epoch is never called), micro-batches of
-        # train_micro_batch_size_per_gpu, dataloader_drop_last from the config.
-        sampler = torch.utils.data.distributed.DistributedSampler(
-            training_data, num_replicas=world, rank=rank)
-        loader = torch.utils.data.DataLoader(
-            training_data, batch_size=engine.train_micro_batch_size_per_gpu() or 1,
-            sampler=sampler, collate_fn=collate_fn,
-            drop_last=bool(cfg.get("dataloader_drop_last", False)))
+    engine.collate_fn = collate_fn
+    # As DeepSpeed's: each rank's share of the data through a DistributedSampler (shuffled with
+    # seed 0, the same order every epoch: set_epoch is never called), micro-batches of
+    # train_micro_batch_size_per_gpu, dataloader_drop_last from the config.
+    loader = None if training_data is None else engine.deepspeed_io(training_data)
+    engine.training_dataloader = loader
     # No optimizer (a model with every parameter frozen, which only runs forward): None, as
     # DeepSpeed returns.
     optimizer_out = engine.optimizer if cfg.get("optimizer") else None

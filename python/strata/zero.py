@@ -106,30 +106,17 @@ def _partition_module(module: torch.nn.Module, rank: int, world: int, dtype=None
         # tells strata.initialize where the engine runs.
         if dtype is not None:
             p.data = p.data.to(dtype)
-        shard = _rank0_values(p.detach(), world).reshape(-1)[b:e]
-        shard = shard.to(device="cpu", dtype=torch.float32).clone()
+        # Rank 0's values (DeepSpeed's zero.Init broadcasts each parameter from rank 0 before
+        # partitioning it): ranks seeded apart, or not seeded at all, get one model, as
+        # strata.initialize takes rank 0's weights for a model built whole. In place: the
+        # parameter is emptied below.
+        full = _broadcast(p.detach(), 0, world, "strata.zero.Init")
+        shard = full.reshape(-1)[b:e].to(device="cpu", dtype=torch.float32).clone()
         p.ds_shape = p.shape
         p.ds_numel = p.numel()
         p._strata_part = _Part(ids, b, e, shard)
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         _mark_partitioned(p, e - b)
-
-
-def _rank0_values(t: torch.Tensor, world: int) -> torch.Tensor:
-    """`t` as rank 0 built it (DeepSpeed's zero.Init broadcasts each parameter from rank 0 before
-    partitioning it): ranks seeded apart, or not seeded at all, get one model, as strata.initialize
-    takes rank 0's weights for a model built whole."""
-    dist = torch.distributed
-    if world == 1:
-        return t
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("strata.zero.Init with more than one process needs torch.distributed "
-                           "initialised (zero.Init starts it from torchrun's or offloadctl "
-                           "launch's environment)")
-    on_gpu = dist.get_backend() == "nccl"
-    out = t.to(f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu", copy=True)
-    dist.broadcast(out, 0)
-    return out
 
 
 def _partition_tree(model: torch.nn.Module, rank: int, world: int, dtype=None) -> None:
@@ -268,14 +255,22 @@ class Init:
         return False
 
 
-def _broadcast(t: torch.Tensor, src: int, world: int) -> torch.Tensor:
+def _broadcast(t: torch.Tensor, src: int, world: int, what: str) -> torch.Tensor:
+    """t with rank src's values (torch.distributed): in place where t is on the backend's device
+    (the GPU for NCCL), else in a copy there. `what` names the caller in the error raised when
+    torch.distributed is not initialised."""
     if world == 1:
         return t
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        raise RuntimeError("strata.zero.GatheredParameters(modifier_rank=...) with more than one "
-                           "process needs torch.distributed initialised (gloo) to broadcast the "
-                           "modified values")
-    torch.distributed.broadcast(t, src)
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(f"{what} with more than one process needs torch.distributed "
+                           "initialised (strata.zero.Init starts it from torchrun's or offloadctl "
+                           "launch's environment; else call torch.distributed.init_process_group)")
+    if dist.get_backend() == "nccl" and t.device.type != "cuda":
+        t = t.to(f"cuda:{torch.cuda.current_device()}")
+    elif not t.is_contiguous():
+        t = t.contiguous()
+    dist.broadcast(t, src)
     return t
 
 
@@ -360,11 +355,13 @@ def GatheredParameters(params: Union[Iterable, torch.nn.Parameter],
             if modifier_rank is not None:
                 for e, groups in engines.values():
                     members = [p for gi in sorted(groups) for _, p in e._groups[gi].params]
-                    writes.append((e, {id(p): _broadcast(p.data.detach().to(torch.float32).clone(),
-                                                         modifier_rank, world) for p in members}))
+                    writes.append((e, {id(p): _broadcast(
+                        p.data.detach().to(torch.float32).clone(), modifier_rank, world,
+                        "strata.zero.GatheredParameters(modifier_rank=...)") for p in members}))
                 for p in parted:
                     full = _broadcast(p.data.detach().to(torch.float32).reshape(-1).clone(),
-                                      modifier_rank, world)
+                                      modifier_rank, world,
+                                      "strata.zero.GatheredParameters(modifier_rank=...)")
                     part = p._strata_part
                     part.shard = full[part.begin:part.end].clone()
             for p in parted:

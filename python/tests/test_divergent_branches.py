@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from divergent_models import LR, STEPS, forward, make_model, seed_step  # noqa: E402
 from launch import launch as run_ranks  # noqa: E402
 
-CASES = ["branch:0", "branch:1:cpu", "branch:2", "bart:2", "bart:1:cpu", "branch:3"]
+CASES = ["branch:0", "branch:1:cpu", "branch:2", "bart:2", "bart:1:cpu", "branch:3", "bart:3"]
 
 
 def reference(kind: str, world: int = 2):
@@ -62,12 +62,15 @@ def test_ranks_running_different_modules_train_as_torch(runs, case):
         torch.testing.assert_close(p, ref_params[n].detach(), atol=2e-5, rtol=1e-4, msg=n)
 
 
-def test_stage_3_names_the_cause_instead_of_mixing_groups(runs):
+@pytest.mark.parametrize("case", [c for c in CASES if c.endswith(":3")])
+def test_stage_3_names_the_cause_instead_of_mixing_groups(runs, case):
+    """bart:3's ranks pair gathers of different sizes: Gloo's transport aborted the process (a
+    message larger than the receiving buffer) before each operation's tag carried its size."""
     tmp, outs = runs
     for rc, out in outs:
         assert rc == 0, out
     for r in range(2):
-        err = tmp / f"branch:3.rank{r}.err"
+        err = tmp / f"{case}.rank{r}.err"
         assert err.exists(), f"rank {r} trained a stage-3 model whose ranks ran other modules"
         msg = err.read_text()
         assert "every rank must run the same modules" in msg, msg

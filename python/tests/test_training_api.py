@@ -121,6 +121,21 @@ def test_global_samples_at_boundaries_and_after_load(tmp_path):
     other.load_checkpoint(tmp_path)
     assert (other.global_steps, other.micro_steps, other.global_samples) == (2, 4, 16)
     other.close()
+    # Resumed with another accumulation count (gas 1 saved, 2 now): the first micro-step after
+    # the load opens a window, it does not close one (the saved count would put it at one).
+    one, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(3, gas=1))
+    for i in range(3):
+        one.backward(one(*batch("mlp", i)))
+        one.step()
+    one.save_checkpoint(tmp_path / "gas1")
+    one.close()
+    two, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(3, gas=GAS))
+    two.load_checkpoint(tmp_path / "gas1")
+    assert not two.is_gradient_accumulation_boundary()
+    two.backward(two(*batch("mlp", 3)))
+    two.step()
+    assert two.global_steps == 3 and not two.was_step_applied()
+    two.close()
 
 
 @pytest.mark.parametrize("stage", [0, 3])
@@ -401,3 +416,64 @@ def test_config_file_with_comments_and_autos_left_for_a_trainer(tmp_path):
     left = r'"auto" is left.*gradient_accumulation_steps, zero_optimization\.stage'
     with pytest.raises(strata.ConfigError, match=left):
         strata.initialize(model=make_model("mlp"), config=cfg)
+
+
+def test_deepspeed_engine_names_scripts_read_have_deepspeeds_types():
+    """What DeepSpeed scripts read off the engine and its optimizer, with DeepSpeed's types:
+    get_global_grad_norm() a tensor (RL trainers log `.item()` of it), optimizer.cur_scale
+    (Megatron-style loggers), loss_scale() and dynamic_loss_scale() as methods on the config's
+    fp16 section, dp_world_size, training_dataloader and deepspeed_io."""
+    data = torch.utils.data.TensorDataset(torch.arange(10.0).unsqueeze(1))
+    cfg = ds_config(2)
+    cfg["fp16"] = {"enabled": False, "loss_scale": 128}
+    engine, opt, loader, _ = strata.initialize(model=make_model("mlp"), config=cfg,
+                                               training_data=data)
+    assert engine.get_global_grad_norm() is None
+    assert engine.loss_scale() == 128.0 and not engine.dynamic_loss_scale()
+    assert opt.cur_scale == 1.0 == opt.loss_scale
+    assert engine.dp_world_size == 1 and engine.mp_world_size == 1
+    assert engine.training_dataloader is loader and len(loader) == 3  # 10 samples, micro 4
+    assert sorted(x.item() for (b,) in loader for x in b) == list(range(10))
+    ordered = engine.deepspeed_io(data, batch_size=3, route="eval")
+    assert [x.item() for (b,) in ordered for x in b] == list(range(10))  # eval: in order
+    engine.backward(engine(*batch("mlp", 0)))
+    engine.step()
+    norm = engine.get_global_grad_norm()
+    assert isinstance(norm, torch.Tensor) and norm.dim() == 0
+    assert norm.item() == pytest.approx(engine.last_step_report["grad_norm"]) and norm.item() > 0
+    engine.close()
+    plain, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(2))
+    assert plain.loss_scale() == 0.0 and plain.dynamic_loss_scale()  # DeepSpeed's default
+    plain.close()
+
+
+def test_a_callable_optimizer_builds_the_client_optimizer_as_deepspeed():
+    """optimizer= a callable (an optimizer class, a lambda, a partial) is called with the model's
+    parameters, or model_parameters, and trains as the optimizer it returns."""
+    cfg = ds_config(2)
+    del cfg["optimizer"]
+    runs = []
+    for make in (lambda m: torch.optim.AdamW(m.parameters(), lr=LR, weight_decay=WD),
+                 lambda m: (lambda ps: torch.optim.AdamW(ps, lr=LR, weight_decay=WD))):
+        model = make_model("mlp")
+        engine, opt, _, _ = strata.initialize(model=model, config=cfg, optimizer=make(model))
+        assert opt.param_groups[0]["lr"] == LR
+        for step in range(2):
+            engine.backward(engine(*batch("mlp", step)))
+            engine.step()
+        runs.append(engine.read_master())
+        engine.close()
+    for n, p in runs[0].items():
+        assert torch.equal(p, runs[1][n]), n
+    engine, opt, _, _ = strata.initialize(model=make_model("mlp"), config=cfg,
+                                          optimizer=torch.optim.Adam)  # the class: its defaults
+    assert opt.param_groups[0]["lr"] == 1e-3
+    engine.close()
+
+
+def test_a_config_passed_twice_is_refused_as_deepspeed_does(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(__import__("json").dumps(ds_config(2)))
+    args = __import__("argparse").Namespace(deepspeed_config=str(path), local_rank=-1)
+    with pytest.raises(ValueError, match="args.deepspeed_config"):
+        strata.initialize(args=args, model=make_model("mlp"), config=ds_config(3))
