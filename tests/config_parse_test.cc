@@ -426,6 +426,13 @@ TEST(ConfigParse, UnactedKeysAreKeptAndListed) {
   EXPECT_EQ(p.config.unacted_keys[2].path, "activation_checkpointing");
   EXPECT_EQ(p.config.unacted_keys[2].json_text, R"({"partition_activations":true})");
   EXPECT_TRUE(p.warnings.empty()) << Dump(p.warnings);  // known DeepSpeed keys: no warning
+  // The Python adapter's own: its loader's drop_last and DeepSpeed's monitors (strata.monitor).
+  ParsedConfig adapter = MustParse(R"({"train_batch_size": 8, "dataloader_drop_last": true,
+      "tensorboard": {"enabled": true}, "csv_monitor": {"enabled": true, "job_name": "j"},
+      "wandb": {"enabled": false}, "comet": {"enabled": true}})");
+  ASSERT_EQ(adapter.config.unacted_keys.size(), 1u);
+  EXPECT_EQ(adapter.config.unacted_keys[0].path, "comet");
+  EXPECT_TRUE(adapter.warnings.empty()) << Dump(adapter.warnings);
 }
 
 // `checkpoint`: strata's retention keys are read (default: keep every checkpoint, recycle), its

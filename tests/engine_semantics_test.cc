@@ -661,6 +661,14 @@ TEST(EngineSemantics, SetLearningRatesDrivesEveryGroupFromTheNextStep) {
     ASSERT_EQ(e.SetLearningRates(bad).code(), Status::Code::kInvalidArgument);
     const double negative[] = {0.0, -1.0};
     ASSERT_EQ(e.SetLearningRates(negative).code(), Status::Code::kInvalidArgument);
+    if (step == 0) {  // an empty list hands the lrs back to the groups' own (no schedule here)
+      const std::vector<double> own = e.lrs();
+      const double other[] = {0.5, 0.5};
+      ASSERT_TRUE(e.SetLearningRates(other).ok());
+      ASSERT_NE(e.lrs(), own);
+      ASSERT_TRUE(e.SetLearningRates({}).ok());
+      EXPECT_EQ(e.lrs(), own);
+    }
     const double lrs[] = {0.0, step == 0 ? 0.0 : 0.02};
     ASSERT_TRUE(e.SetLearningRates(lrs).ok());
     EXPECT_EQ(e.lrs(), std::vector<double>(std::begin(lrs), std::end(lrs)));

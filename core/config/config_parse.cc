@@ -260,6 +260,9 @@ namespace config {
 void ReadOptimizer(Reader& r, Section& root, OptimizerConfig* o);
 void ReadSchedulerAndAio(Reader& r, Section& root, SchedulerConfig* sc, AioConfig* aio);
 void ReadCheckpoint(Reader& r, Section& root, CheckpointConfig* c);
+// Sections the Python adapter acts on (its loader's drop_last, DeepSpeed's monitors: see
+// python/strata/monitor.py): their values' types checked here.
+void ReadAdapterSections(Reader& r, Section& root);
 }  // namespace config
 
 ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& options) {
@@ -321,6 +324,7 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   config::ReadOptimizer(r, root, &c.optimizer);
   config::ReadSchedulerAndAio(r, root, &c.scheduler, &c.aio);
   config::ReadCheckpoint(r, root, &c.checkpoint);
+  config::ReadAdapterSections(r, root);
   bool overlap_given = false;
   ReadZero(r, root, &c.zero, &overlap_given);
   if (!overlap_given) c.zero.overlap_comm = c.zero.stage == 3;  // DeepSpeed's default by stage

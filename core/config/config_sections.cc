@@ -1,6 +1,9 @@
-// The optimizer, scheduler, aio and checkpoint sections of a DeepSpeed config.
+// The optimizer, scheduler, aio and checkpoint sections of a DeepSpeed config, and those the
+// Python adapter acts on (dataloader_drop_last, the monitors).
 #include <algorithm>
 #include <cctype>
+#include <string>
+#include <string_view>
 
 #include "core/config/config_reader.h"
 
@@ -189,6 +192,22 @@ void ReadCheckpoint(Reader& r, Section& root, CheckpointConfig* c) {
   r.Int(s, {"keep_last"}, &c->keep_last, 0);
   r.Bool(s, {"recycle_files"}, &c->recycle_files);
   r.FinishSection(s);
+}
+
+void ReadAdapterSections(Reader& r, Section& root) {
+  bool flag = false;
+  std::string text;
+  r.Bool(root, {"dataloader_drop_last"}, &flag);
+  for (const char* monitor : {"tensorboard", "csv_monitor", "wandb"}) {
+    Section s = r.Child(root, monitor);
+    r.Bool(s, {"enabled"}, &flag);
+    if (std::string_view(monitor) == "wandb") {
+      for (const char* k : {"team", "group", "project"}) r.String(s, {k}, &text);
+    } else {
+      for (const char* k : {"output_path", "job_name"}) r.String(s, {k}, &text);
+    }
+    r.FinishSection(s);
+  }
 }
 
 }  // namespace strata::config

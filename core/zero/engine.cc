@@ -1111,6 +1111,10 @@ Status Engine::SetSchedulePosition(int64_t position) {
 
 Status Engine::SetLearningRates(std::span<const double> lrs) {
   Impl& e = *impl_;
+  if (lrs.empty()) {
+    e.client_lrs.clear();  // the schedule's again
+    return Status::OK();
+  }
   if (lrs.size() != e.hyper.size()) {
     return Status::InvalidArgument("SetLearningRates: " + std::to_string(lrs.size()) +
                                    " value(s) for " + std::to_string(e.hyper.size()) +

@@ -519,8 +519,10 @@ class Engine {
   std::vector<double> lrs() const;
   // Sets the learning rate of every optimizer group (one value each, finite and >= 0) for this
   // and every later step until the next call: a trainer's own scheduler drives the engine this
-  // way, and the config's schedule no longer applies. InvalidArgument for the wrong count or a
-  // bad value (nothing changed).
+  // way, and the config's schedule no longer applies. An empty list hands the lrs back to the
+  // config's schedule (the groups' own lrs without one), at its current position: a value a
+  // script wrote for one step, as DeepSpeed's scheduler overwrites it after that step.
+  // InvalidArgument for another count or a bad value (nothing changed).
   Status SetLearningRates(std::span<const double> lrs);
   // The config's LR schedule's position: the number of schedule steps taken so far, from which
   // the next step's lr and betas follow (0 at the start; each applied step adds one). DeepSpeed's

@@ -710,7 +710,7 @@ void BindEngine(nb::module_& m) {
           },
           nb::arg("lrs"),
           "Engine::SetLearningRates: each optimizer group's lr from the next step on (a client "
-          "scheduler); the config's schedule no longer applies.")
+          "scheduler); the config's schedule no longer applies. [] hands them back to it.")
       .def_prop_ro(
           "betas",
           [](PyEngine& e) {

@@ -80,6 +80,7 @@ from . import _strata
 from .autocast import TorchAutocast
 from .config import ConfigError, ConfigLike, check_config, config_json
 from .deepspeed_name import register_as_deepspeed
+from .monitor import MonitorMaster
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
 from .utils.zero_to_fp32 import write_recovery_script
@@ -581,6 +582,10 @@ class StrataEngine(torch.nn.Module):
                  timeout_ms: int = 300000, overlap_step: bool = False,
                  param_groups: Optional[ParamGroups] = None, lr_scheduler=None, device=None):
         super().__init__()
+        # DeepSpeed's monitors (tensorboard, csv_monitor, wandb): the lr at each step, and what
+        # the script writes (engine.monitor.write_events). First: one that cannot start (its
+        # package missing) fails before an engine exists.
+        self.monitor = MonitorMaster(config, rank)
         # Before anything is measured: dropped engines' device memory and swap files freed, and
         # an engine still holding this model's parameters closed with its weights kept.
         _collect_unreachable_engines()
@@ -737,6 +742,9 @@ class StrataEngine(torch.nn.Module):
         self.optimizer = _EngineOptimizer(self, param_groups)
         self.lr_scheduler = None
         self._client_lrs = False  # lrs written by the script or its scheduler drive the engine
+        # A write into param_groups under the config's scheduler: for the next applied step only
+        # (DeepSpeed's scheduler object overwrites it after that step).
+        self._lr_override = False
         self._known_lrs: list = []
         self._known_hyper: list = []
         self._client_hyper = False  # set_hyperparameters called: checkpoints keep the values
@@ -1562,6 +1570,12 @@ class StrataEngine(torch.nn.Module):
             if self._micro_batch:  # DeepSpeed's train_batch_size, once per boundary
                 self.global_samples += int(self._micro_batch) * self._gas * \
                     self._engine.world_size
+            if self.monitor.enabled:  # as DeepSpeed's step: the next lr, the fp16 scale
+                events = [("Train/Samples/lr", self.get_lr()[0], self.global_samples)]
+                if self.fp16_enabled():
+                    events.append(("Train/Samples/loss_scale", self._engine.loss_scale,
+                                   self.global_samples))
+                self.monitor.write_events(events)
         self.micro_steps += 1
         self.tput_timer.stop(global_step=boundary)
 
@@ -1616,7 +1630,10 @@ class StrataEngine(torch.nn.Module):
         groups = self.optimizer.param_groups
         lrs = [float(g["lr"]) for g in groups]
         if self._client_lrs or lrs != self._known_lrs:
-            self._client_lrs = True
+            if isinstance(self.lr_scheduler, _EngineScheduler) and not self._client_lrs:
+                self._lr_override = True  # _after_step hands the lrs back to the schedule
+            else:
+                self._client_lrs = True
             self._engine.set_lrs(lrs)
         hyper = [_group_hyper(g) for g in groups]
         if hyper != self._known_hyper:
@@ -1646,6 +1663,9 @@ class StrataEngine(torch.nn.Module):
         return [g["betas"] for g in self.optimizer.param_groups]
 
     def _after_step(self, skipped: bool) -> None:
+        if self._lr_override and not skipped:
+            self._engine.set_lrs([])  # the config's schedule again, as DeepSpeed's steps on
+            self._lr_override = False
         if not self._client_lrs:
             self._pull_lrs()
         if skipped:

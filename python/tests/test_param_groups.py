@@ -490,3 +490,43 @@ def test_deepspeed_scheduler_class_per_group_values_and_state():
         WarmupLR(opt, warmup_max_lr=[0.01])
     with pytest.raises(strata.StrataError, match="warmup_num_steps"):
         WarmupLR(opt, warmup_num_steps=0)
+
+
+def test_lr_written_for_one_step_under_the_config_scheduler_holds_for_that_step_only():
+    """As DeepSpeed, whose scheduler object writes its lr into param_groups after every step: a
+    script's one-off write under the config's WarmupLR drives the next step only, and the
+    schedule, which kept counting, applies again after it (it used to stop for good). The
+    reference is DeepSpeed's WarmupLR class on a client optimizer, stepped after each step, with
+    the same write."""
+    strata.register_as_deepspeed()
+    from deepspeed.runtime import lr_schedules
+    params = {"warmup_min_lr": 0.0, "warmup_max_lr": 0.02, "warmup_num_steps": 4}
+
+    def train(engine, opt):
+        lrs = []
+        for step in range(6):
+            if step == 2:
+                opt.param_groups[0]["lr"] = 0.5
+            engine.backward(engine(*batch("mlp", step)))
+            engine.step()
+            lrs.append(engine.get_lr()[0])
+        return lrs, engine.read_master()
+
+    cfg = ds_config(2, lr=0.01)
+    engine, opt, _, _ = strata.initialize(model=make_model("mlp"),
+                                          config=dict(cfg, scheduler={"type": "WarmupLR",
+                                                                      "params": params}))
+    got_lrs, got = train(engine, opt)
+    engine.close()
+    model = make_model("mlp")
+    client = torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.9, 0.999), eps=1e-8,
+                               weight_decay=0.01)
+    sched = lr_schedules.WarmupLR(client, **params)
+    engine, opt, _, _ = strata.initialize(
+        model=model, optimizer=client, lr_scheduler=sched,
+        config={k: v for k, v in cfg.items() if k != "optimizer"})
+    want_lrs, want = train(engine, opt)
+    engine.close()
+    assert got_lrs == want_lrs and got_lrs[2] != 0.5  # the schedule's again after step 2
+    for n, m in got.items():
+        assert torch.equal(m, want[n]), n
