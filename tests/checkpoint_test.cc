@@ -502,6 +502,41 @@ TEST(Checkpoint, RefusesOtherModelOrPrecision) {
             std::string::npos)
       << st.ToString();
   EXPECT_EQ(st.ToString().find("in the checkpoint, not"), std::string::npos) << st.ToString();
+  // A module's parameter moved out of its "<module>#frozen" group (a PEFT unfreeze): named by
+  // the parameter's own name, the same on both sides, and reported as moved between groups.
+  {
+    ModelSpec split = TestModel();
+    GroupSpec frozen = split.groups[4];
+    frozen.name = split.groups[4].name + "#frozen";
+    frozen.trainable = false;
+    frozen.params.resize(1);
+    for (ParamSpec& p : split.groups[4].params) p.name = split.groups[4].name + "." + p.name;
+    frozen.params[0].name = split.groups[4].params[1].name;
+    frozen.params[0].shape = split.groups[4].params[1].shape;
+    split.groups[4].params.pop_back();
+    split.groups.push_back(frozen);
+    const std::string sdir = UniqueTestDir("ckpt_frozen_split");
+    RunSpec save;
+    save.config_json = Config(kSolo);
+    save.steps = 0;
+    save.model = split;
+    Status saved;
+    save.init = [&](int, Engine& e) -> Status {
+      saved = e.Save(sdir, "t", Blob("blob"));
+      return Status::OK();
+    };
+    (void)RunEngine(save);
+    ASSERT_TRUE(saved.ok()) << saved.ToString();
+    ModelSpec unfrozen = split;
+    unfrozen.groups[4].params.push_back(frozen.params[0]);
+    unfrozen.groups.pop_back();
+    st = LoadSolo(sdir, "t", kSolo, unfrozen);
+    EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
+    EXPECT_EQ(st.ToString().find("not in the"), std::string::npos) << st.ToString();
+    EXPECT_NE(st.ToString().find("in other groups or another order"), std::string::npos)
+        << st.ToString();
+    std::filesystem::remove_all(sdir);
+  }
   // The same parameters in another group order: named as that.
   ModelSpec swapped = TestModel();
   std::swap(swapped.groups[0], swapped.groups[1]);

@@ -413,10 +413,12 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
 
 namespace {
 
-// "group.param" (the param's own name where it already starts with its group's: the Python
-// adapter names parameters in full).
+// "group.param", or the param's own name where it already starts with its module's (the
+// Python adapter names parameters in full, and splits a module's frozen or other-optimizer-group
+// parameters into "<module>#frozen", "<module>#1": the module is the name before '#').
 std::string FullParamName(const std::string& group, const std::string& param) {
-  return param.rfind(group + ".", 0) == 0 ? param : group + "." + param;
+  const std::string module = group.substr(0, group.find('#'));
+  return param.rfind(module + ".", 0) == 0 ? param : group + "." + param;
 }
 
 std::string ShapeString(const std::vector<int64_t>& s) {

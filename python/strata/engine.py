@@ -582,10 +582,6 @@ class StrataEngine(torch.nn.Module):
                  timeout_ms: int = 300000, overlap_step: bool = False,
                  param_groups: Optional[ParamGroups] = None, lr_scheduler=None, device=None):
         super().__init__()
-        # DeepSpeed's monitors (tensorboard, csv_monitor, wandb): the lr at each step, and what
-        # the script writes (engine.monitor.write_events). First: one that cannot start (its
-        # package missing) fails before an engine exists.
-        self.monitor = MonitorMaster(config, rank)
         # Before anything is measured: dropped engines' device memory and swap files freed, and
         # an engine still holding this model's parameters closed with its weights kept.
         _collect_unreachable_engines()
@@ -613,6 +609,10 @@ class StrataEngine(torch.nn.Module):
                 "; give values, or train through strata.integrations.transformers' Trainer or "
                 "accelerate, which fill them")
         _log_config_warnings(check, rank)
+        # DeepSpeed's monitors (tensorboard, csv_monitor, wandb): the lr at each step, and what
+        # the script writes (engine.monitor.write_events). Once the config is known good, before
+        # the engine exists: one that cannot start (its package missing) leaves nothing open.
+        self.monitor = MonitorMaster(config, rank)
         eff = json.loads(check["effective_json"])
         stage3 = int((eff.get("zero_optimization") or {}).get("stage") or 0) == 3
         if stage3:  # DeepSpeed's ZeRO-3 leaf modules: the config's, or its MoE-block defaults
@@ -1780,7 +1780,7 @@ class StrataEngine(torch.nn.Module):
             sampler=data_sampler, collate_fn=collate_fn or self.collate_fn,
             num_workers=num_local_io_workers or 0,
             pin_memory=pin_memory and self._cuda is not None,
-            drop_last=bool(self._effective.get("dataloader_drop_last", False)))
+            drop_last=self.dataloader_drop_last())
 
     @property
     def global_rank(self) -> int:

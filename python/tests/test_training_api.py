@@ -434,6 +434,7 @@ def test_deepspeed_engine_names_scripts_read_have_deepspeeds_types():
     assert engine.dp_world_size == 1 and engine.mp_world_size == 1
     assert engine.training_dataloader is loader and len(loader) == 3  # 10 samples, micro 4
     assert sorted(x.item() for (b,) in loader for x in b) == list(range(10))
+    assert not engine.dataloader_drop_last()
     ordered = engine.deepspeed_io(data, batch_size=3, route="eval")
     assert [x.item() for (b,) in ordered for x in b] == list(range(10))  # eval: in order
     engine.backward(engine(*batch("mlp", 0)))
@@ -442,8 +443,11 @@ def test_deepspeed_engine_names_scripts_read_have_deepspeeds_types():
     assert isinstance(norm, torch.Tensor) and norm.dim() == 0
     assert norm.item() == pytest.approx(engine.last_step_report["grad_norm"]) and norm.item() > 0
     engine.close()
-    plain, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(2))
+    plain, _, loader, _ = strata.initialize(model=make_model("mlp"),
+                                            config=dict(ds_config(2), dataloader_drop_last=True),
+                                            training_data=data)
     assert plain.loss_scale() == 0.0 and plain.dynamic_loss_scale()  # DeepSpeed's default
+    assert len(loader) == 2 and len(plain.deepspeed_io(data, batch_size=3)) == 3  # drop_last
     plain.close()
 
 

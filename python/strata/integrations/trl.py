@@ -144,12 +144,14 @@ _FROZEN_SLOTS = {"ref_model": "reference", "teacher_model": "teacher"}
 def frozen_config(config: dict, args, model: torch.nn.Module, name: str = "reference") -> dict:
     """The DeepSpeed config of the engine of a frozen model (a reference, teacher or reward
     model) named `name`: the run's, "auto" values resolved from the arguments, without the
-    optimizer and scheduler sections (nothing of it trains). Its NVMe swap files go to a
+    optimizer and scheduler sections (nothing of it trains) and the monitors. Its NVMe swap files go to a
     `strata-<name>` directory inside each nvme_path (created): the policy's engine holds the
     rank's swap file in the nvme_path itself, and each frozen model's engine its own. Where an
     open engine of this process uses that directory already (the trainer a notebook cell made
     before, still referenced while its replacement is built), `strata-<name>-2`, -3, ..."""
-    cfg = resolve_auto({k: v for k, v in config.items() if k not in ("optimizer", "scheduler")},
+    # Without the optimizer and scheduler, and the monitors (the policy's engine writes them).
+    dropped = ("optimizer", "scheduler", "tensorboard", "csv_monitor", "wandb", "comet")
+    cfg = resolve_auto({k: v for k, v in config.items() if k not in dropped},
                        args, model, num_training_steps=1, world_size=args.world_size)  # a copy
     zero = cfg.get("zero_optimization", {})
     in_use = nvme_dirs_in_use()
