@@ -69,8 +69,14 @@ def test_stage_3_names_the_cause_instead_of_mixing_groups(runs, case):
     tmp, outs = runs
     for rc, out in outs:
         assert rc == 0, out
+    cause = "must gather and reduce the same groups in the same order"
+    msgs = []
     for r in range(2):
         err = tmp / f"{case}.rank{r}.err"
         assert err.exists(), f"rank {r} trained a stage-3 model whose ranks ran other modules"
-        msg = err.read_text()
-        assert "every rank must run the same modules" in msg, msg
+        msgs.append(err.read_text())
+    # The first rank at its deadline names the cause; Gloo then closes its connections, so the
+    # other may instead see its peer leave.
+    assert any(cause in m.lower() for m in msgs), msgs
+    for m in msgs:
+        assert cause in m.lower() or "a peer exited" in m, msgs
