@@ -1,12 +1,17 @@
 // CudaDevice: the Device contract (include/strata/device.h) on a CUDA GPU.
 //
 // Memory: an own cudaMemPool_t on the device, its release threshold set to the budget so freed
-// blocks stay cached; the budget itself is enforced here by byte accounting. Allocation runs on
-// a private `alloc_` stream that is synchronized right away (it carries nothing but allocations,
-// so that wait is short), which makes the pointer usable on every stream. Free is stream-ordered:
-// `alloc_` waits on events recorded on both copy streams and the kernels' stream, then
-// cudaFreeAsync, so memory is never reused before earlier copies and kernels finish (nor, after a
-// WaitCallerStream on any of them, before the caller's work), and the caller never blocks.
+// blocks stay cached; the budget itself is enforced here by byte accounting. Free is
+// stream-ordered: a private `free_` stream waits on events recorded on both copy streams and the
+// kernels' stream, then cudaFreeAsync, so memory is never reused before earlier copies and
+// kernels finish (nor, after a WaitCallerStream on any of them, before the caller's work), and
+// the caller never blocks. Allocation runs on another private stream, `alloc_`, synchronized
+// right away, which makes the pointer usable on every stream. That wait is short because
+// `alloc_` carries nothing but allocations and the pool may not make it wait for a free in
+// flight (cudaMemPoolReuseAllowInternalDependencies off): it reuses only blocks whose free has
+// run. Only when the pool cannot grow either does Allocate wait for the frees in flight
+// (`free_`), and try once more. With one stream for both, every Allocate after a Free waited
+// for all the device work queued before that Free, the trainer's included.
 // Copies: one non-blocking stream per direction; completion callbacks through cudaLaunchHostFunc
 // (the callback must not call CUDA, as the contract already requires).
 // Kernels (Device::kernels): kernels/cuda_kernels.h's kernels enqueued on a third non-blocking
@@ -137,7 +142,7 @@ class CudaDevice final : public Device {
 
   Status Init() {
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    for (cudaStream_t* s : {&streams_[0], &streams_[1], &compute_, &alloc_}) {
+    for (cudaStream_t* s : {&streams_[0], &streams_[1], &compute_, &alloc_, &free_}) {
       STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
     }
     cudaMemPoolProps props = {};
@@ -149,6 +154,9 @@ class CudaDevice final : public Device {
     uint64_t threshold = budget_;
     STRATA_CUDA_RETURN_IF_ERROR(
         cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+    int wait_for_frees = 0;  // see the file comment
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cudaMemPoolSetAttribute(pool_, cudaMemPoolReuseAllowInternalDependencies, &wait_for_frees));
     return Status::OK();
   }
 
@@ -157,9 +165,11 @@ class CudaDevice final : public Device {
     for (cudaStream_t s : {streams_[0], streams_[1], compute_}) {
       if (s) cudaStreamSynchronize(s);
     }
-    for (auto& [p, n] : live_) cudaFreeAsync(p, alloc_);
-    if (alloc_) cudaStreamSynchronize(alloc_);
-    for (cudaStream_t s : {streams_[0], streams_[1], compute_, alloc_}) {
+    for (auto& [p, n] : live_) cudaFreeAsync(p, free_);
+    for (cudaStream_t s : {alloc_, free_}) {
+      if (s) cudaStreamSynchronize(s);
+    }
+    for (cudaStream_t s : {streams_[0], streams_[1], compute_, alloc_, free_}) {
       if (s) cudaStreamDestroy(s);
     }
     if (pool_created_) cudaMemPoolDestroy(pool_);
@@ -183,7 +193,16 @@ class CudaDevice final : public Device {
     }
     void* p = nullptr;
     Status s = STRATA_CUDA_STATUS(cudaSetDevice(ordinal_));
-    if (s.ok()) s = STRATA_CUDA_STATUS(cudaMallocFromPoolAsync(&p, size_bytes, pool_, alloc_));
+    if (s.ok()) {
+      cudaError_t err = cudaMallocFromPoolAsync(&p, size_bytes, pool_, alloc_);
+      if (err == cudaErrorMemoryAllocation) {
+        // The room may be in blocks whose free has not run yet: wait for those, then retry.
+        (void)cudaGetLastError();
+        err = cudaStreamSynchronize(free_);
+        if (err == cudaSuccess) err = cudaMallocFromPoolAsync(&p, size_bytes, pool_, alloc_);
+      }
+      s = STRATA_CUDA_STATUS(err);
+    }
     if (s.ok()) s = STRATA_CUDA_STATUS(cudaStreamSynchronize(alloc_));
     std::lock_guard<std::mutex> l(mu_);
     if (!s.ok()) {
@@ -209,15 +228,15 @@ class CudaDevice final : public Device {
     }
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     for (cudaStream_t s : Streams(kEveryQueue).span()) {
-      STRATA_RETURN_IF_ERROR(StreamsWait({&alloc_, 1}, s));
+      STRATA_RETURN_IF_ERROR(StreamsWait({&free_, 1}, s));
     }
-    STRATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(ptr, alloc_));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(ptr, free_));
     return Status::OK();
   }
 
   Status ReleaseCachedMemory(std::chrono::nanoseconds timeout) override {
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    const cudaStream_t s = alloc_;  // every Free's cudaFreeAsync, after the queues it waited on
+    const cudaStream_t s = free_;  // every Free's cudaFreeAsync, after the queues it waited on
     STRATA_RETURN_IF_ERROR(PollUntilDone([s] { return cudaStreamQuery(s); }, timeout,
                                          "cudaStreamQuery (frees before a trim)"));
     STRATA_CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool_, 0));
@@ -328,7 +347,8 @@ class CudaDevice final : public Device {
   const uint64_t budget_;
   cudaStream_t streams_[2] = {nullptr, nullptr};
   cudaStream_t compute_ = nullptr;  // kernels_ (Device::kernels)
-  cudaStream_t alloc_ = nullptr;
+  cudaStream_t alloc_ = nullptr;    // allocations only (see the file comment)
+  cudaStream_t free_ = nullptr;     // frees, each after the queues it waits on
   cudaMemPool_t pool_{};
   bool pool_created_ = false;
   mutable std::mutex mu_;

@@ -219,9 +219,15 @@ TEST(BenchEngineCli, PairedSplitReferenceRewritesTheSwapFilesAfterEachStep) {
   // With the key given (unset, the speculation's room would cache all of this small model's
   // state: nothing read, no pass) this model outgrows the host budget: the forward reads
   // parameters, the backward writes finished gradients home, the optimizer reads its states.
-  EXPECT_GT(j["phases"]["forward"]["nvme_read_bytes"].get<double>(), 0.0);
-  EXPECT_GT(j["phases"]["backward"]["nvme_write_bytes"].get<double>(), 0.0);
-  EXPECT_GT(j["phases"]["optimizer"]["nvme_read_bytes"].get<double>(), 0.0);
+  // A phase counts the bytes whose IO completed in it, and the gradients' write-home is
+  // asynchronous: on a loaded machine it can complete after the backward's last call, so the
+  // backward's writes are checked together with the optimizer's.
+  const auto& ph = j["phases"];
+  EXPECT_GT(ph["forward"]["nvme_read_bytes"].get<double>(), 0.0);
+  EXPECT_GT(ph["backward"]["nvme_write_bytes"].get<double>() +
+                ph["optimizer"]["nvme_write_bytes"].get<double>(),
+            0.0);
+  EXPECT_GT(ph["optimizer"]["nvme_read_bytes"].get<double>(), 0.0);
   // The text form prints it; with --overlap-step the pass is refused, naming the flag.
   const ProcessResult text = Bench(args);
   ASSERT_EQ(text.exit_code, 0) << text.out;

@@ -214,6 +214,59 @@ TEST_F(DeviceContract, CallerStreamsAreOrderedOnTheDevice) {
   ASSERT_TRUE(dev_->UnregisterHost(host.data()).ok());
   ASSERT_TRUE(dev_->UnregisterHost(out.data()).ok());
 }
+
+// A Free is ordered behind the device's queues, and they behind the caller's stream here; the
+// next Allocate must not wait for that work (the engine allocates once per group per step, so a
+// wait there paced the host by the GPU), and must not hand out the freed block before it ran.
+TEST_F(DeviceContract, AllocateDoesNotWaitForTheWorkAFreeIsOrderedBehind) {
+  ASSERT_TRUE(dev_->orders_caller_streams());
+  constexpr size_t n = 1 << 20;
+  auto first = dev_->Allocate(n);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  cudaStream_t caller;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), cudaSuccess);
+  // Holds the caller's stream until the host lets it go.
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false, passed = false;
+  } gate;
+  auto hold = [](void* arg) {
+    auto* g = static_cast<Gate*>(arg);
+    std::unique_lock<std::mutex> l(g->mu);
+    g->cv.wait_for(l, 30s, [g] { return g->open; });
+    g->passed = true;
+  };
+  ASSERT_EQ(cudaLaunchHostFunc(caller, hold, &gate), cudaSuccess);
+  struct Release {  // on every way out, so the held stream never outlives `gate`
+    Gate& g;
+    cudaStream_t s;
+    ~Release() {
+      {
+        std::lock_guard<std::mutex> l(g.mu);
+        g.open = true;
+      }
+      g.cv.notify_all();
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+    }
+  } release{gate, caller};
+  ASSERT_TRUE(dev_->WaitCallerStream(reinterpret_cast<uintptr_t>(caller), kKernelQueue).ok());
+  ASSERT_TRUE(dev_->Free(*first).ok());
+  auto second = dev_->Allocate(n);
+  {
+    std::lock_guard<std::mutex> l(gate.mu);
+    EXPECT_FALSE(gate.passed) << "Allocate waited for the caller's queued work";
+    gate.open = true;
+  }
+  gate.cv.notify_all();
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_NE(*second, *first) << "the freed block was reused before its free ran";
+  ASSERT_EQ(cudaStreamSynchronize(caller), cudaSuccess);
+  EXPECT_TRUE(gate.passed);
+  ASSERT_TRUE(dev_->Free(*second).ok());
+  EXPECT_EQ(dev_->stats().used_bytes, 0u);
+}
 #else
 // HostDevice's callers are the host: no caller streams to order (the engine waits instead).
 TEST_F(DeviceContract, HostDeviceOrdersNoCallerStreams) {

@@ -50,21 +50,18 @@ namespace {
 
 constexpr uint64_t kFailMarker = ~uint64_t{0};
 
-// All-gathers two words per rank. A failure of the collective is returned as is.
+// All-gathers two 64-bit words per rank. A failure of the collective is returned as is.
 Status ExchangeWords(Engine::Impl& e, uint64_t a, uint64_t b,
                      std::vector<std::pair<uint64_t, uint64_t>>* out) {
+  std::array<uint32_t, 4> mine;
+  std::memcpy(mine.data(), &a, 8);
+  std::memcpy(mine.data() + 2, &b, 8);
+  STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> all, e.AllGatherWords(mine));
   out->assign(static_cast<size_t>(e.world), {0, 0});
-  (*out)[static_cast<size_t>(e.rank)] = {a, b};
-  if (e.world == 1) return Status::OK();
-  uint64_t mine[2] = {a, b};
-  std::vector<uint64_t> all(static_cast<size_t>(e.world) * 2);
-  float* dev = static_cast<float*>(e.exchange.get());
-  STRATA_RETURN_IF_ERROR(e.CopySync(CopyDir::kHostToDevice, dev + e.rank * 4, mine, sizeof mine));
-  STRATA_ASSIGN_OR_RETURN(CommHandle h,
-                          e.opt.comm->AllGather(dev + e.rank * 4, dev, 4, DType::kF32));
-  STRATA_RETURN_IF_ERROR(h.WaitUntil(e.deadline()));
-  STRATA_RETURN_IF_ERROR(e.CopySync(CopyDir::kDeviceToHost, all.data(), dev, all.size() * 8));
-  for (int r = 0; r < e.world; ++r) (*out)[static_cast<size_t>(r)] = {all[r * 2], all[r * 2 + 1]};
+  for (size_t r = 0; r < out->size(); ++r) {
+    std::memcpy(&(*out)[r].first, all.data() + r * 4, 8);
+    std::memcpy(&(*out)[r].second, all.data() + r * 4 + 2, 8);
+  }
   return Status::OK();
 }
 

@@ -251,20 +251,27 @@ Status Engine::Impl::ZeroDevice(void* ptr, uint64_t bytes) {
   return Status::OK();
 }
 
-Result<int> Engine::Impl::FirstFailedRank(bool ok, std::string_view what) {
-  if (world == 1) return ok ? -1 : rank;
-  const float mine[4] = {ok ? 1.0f : 0.0f, 0, 0, 0};
+Result<std::vector<uint32_t>> Engine::Impl::AllGatherWords(const std::array<uint32_t, 4>& mine) {
+  std::vector<uint32_t> all(static_cast<size_t>(world) * 4);
+  std::copy(mine.begin(), mine.end(), all.begin() + rank * 4);
+  if (world == 1) return all;
+  // The communicator moves 4-byte elements; as kF32 they are only moved, never summed.
   float* dev = static_cast<float*>(exchange.get());
-  STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kHostToDevice, dev + rank * 4, mine, sizeof mine));
+  STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kHostToDevice, dev + rank * 4, mine.data(), 16));
   STRATA_ASSIGN_OR_RETURN(CommHandle h, opt.comm->AllGather(dev + rank * 4, dev, 4, DType::kF32));
-  Status st = h.WaitUntil(deadline());
-  if (!st.ok())
-    return Status(st.code(),
-                  std::string(what) + " (agreeing across ranks): " + std::string(st.message()));
-  std::vector<float> all(static_cast<size_t>(world) * 4);
+  STRATA_RETURN_IF_ERROR(h.WaitUntil(deadline()));
   STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, all.data(), dev, all.size() * 4));
+  return all;
+}
+
+Result<int> Engine::Impl::FirstFailedRank(bool ok, std::string_view what) {
+  Result<std::vector<uint32_t>> all = AllGatherWords({ok ? 1u : 0u, 0, 0, 0});
+  if (!all.ok()) {
+    return Status(all.status().code(), std::string(what) + " (agreeing across ranks): " +
+                                           std::string(all.status().message()));
+  }
   for (int r = 0; r < world; ++r) {
-    if (all[static_cast<size_t>(r) * 4] != 1.0f) return r;
+    if ((*all)[static_cast<size_t>(r) * 4] != 1u) return r;
   }
   return -1;
 }

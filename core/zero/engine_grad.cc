@@ -127,12 +127,10 @@ Status Engine::Impl::CollectiveError(const Status& st, const std::string& what) 
   Status out = WithContext(st, what);
   if (st.code() != Status::Code::kDeadlineExceeded || world == 1) return out;
   // A peer that is alive but runs other collectives looks the same as one that hangs.
-  return Status(out.code(),
-                std::string(out.message()) +
-                    " (a rank that has not joined it failed, hangs, or started other "
-                    "collectives: every rank must gather and reduce the same groups in the same "
-                    "order, so at ZeRO stage 3 every rank must run the same modules and take "
-                    "gradients through the same ones)");
+  return Status(out.code(), std::string(out.message()) +
+                                " (a rank that has not joined it failed, hangs, or started other "
+                                "collectives: " +
+                                std::string(kSameCollectivesRule) + ")");
 }
 
 Status Engine::Impl::GatherInto(size_t g, const void* shard, void* full) {

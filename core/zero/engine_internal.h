@@ -3,6 +3,7 @@
 // engine_step.cc (the optimizer step).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -315,7 +316,7 @@ struct Engine::Impl {
   // overlap_comm: the accumulations the CPU runs (AccumulatesBehind), in order.
   // Declared after the store and the pool it uses, so it is joined before they go.
   std::unique_ptr<zero::SerialWorker> accumulator;
-  DeviceBuffer exchange;       // world * 4 floats: the norm / overflow exchange
+  DeviceBuffer exchange;  // world * 4 words: AllGatherWords' buffer
   // Device kernels: per sub-group, [the overflow flag][its chunk sums], from stats_word[si]
   // (8-byte words); the sub-groups whose sums are queued and not yet read back.
   DeviceBuffer device_stats;
@@ -399,6 +400,9 @@ struct Engine::Impl {
   // Blocking copies through the device's streams (host <-> device).
   Status CopySync(CopyDir dir, void* dst, const void* src, uint64_t bytes);
   Status ZeroDevice(void* ptr, uint64_t bytes);
+  // Every rank's four 32-bit words, rank-major, through one all-gather of `exchange` (world 1:
+  // `mine` alone). Collective. A failed collective is returned as is: the caller names it.
+  Result<std::vector<uint32_t>> AllGatherWords(const std::array<uint32_t, 4>& mine);
   // A collective in which every rank says whether its part of `what` succeeded (Create's last
   // step, WriteParams' values): -1 when all did, else the first rank that did not.
   Result<int> FirstFailedRank(bool ok, std::string_view what);
@@ -565,6 +569,11 @@ struct Engine::Impl {
   // gradient) to collective_trace. Every rank must start the same ones in the same order: a rank
   // that gathers or reduces another group at the same point pairs the two groups' data.
   void TraceCollective(char kind, size_t g);
+  // What a group collective's pairing needs of the ranks; CollectiveError and Step's trace check
+  // both name it.
+  static constexpr std::string_view kSameCollectivesRule =
+      "every rank must gather and reduce the same groups in the same order, so at ZeRO stage 3 "
+      "every rank must run the same modules and take gradients through the same ones";
   // st (a group collective's failure) in context `what`; past its deadline with several ranks,
   // with the likely cause: ranks running other collectives.
   Status CollectiveError(const Status& st, const std::string& what) const;

@@ -107,35 +107,29 @@ void Engine::Impl::TraceCollective(char kind, size_t g) {
 
 Status Engine::Impl::ExchangeStats(double local_sum_sq, bool local_nonfinite, double* global_sum_sq,
                                    bool* global_nonfinite) {
-  // Four fp32 words per rank: the double's bits, the overflow flag, and the collective trace
-  // folded to 32 bits. The all-gather moves bytes; the sum runs here in rank order, identical
-  // on every rank.
-  float mine[4] = {0, 0, local_nonfinite ? 1.0f : 0.0f, 0};
-  std::memcpy(mine, &local_sum_sq, sizeof(double));
-  const uint32_t trace = static_cast<uint32_t>(collective_trace ^ (collective_trace >> 32));
-  std::memcpy(&mine[3], &trace, sizeof trace);
+  // Four words per rank: the double's bits, the overflow flag, and the collective trace folded
+  // to 32 bits. The all-gather moves bytes; the sum runs here in rank order, identical on every
+  // rank.
+  std::array<uint32_t, 4> mine{};
+  std::memcpy(mine.data(), &local_sum_sq, sizeof(double));
+  mine[2] = local_nonfinite ? 1u : 0u;
+  mine[3] = static_cast<uint32_t>(collective_trace ^ (collective_trace >> 32));
   collective_trace = kCollectiveTraceSeed;
-  std::vector<float> all(static_cast<size_t>(world) * 4);
-  std::memcpy(all.data() + rank * 4, mine, sizeof mine);
-  if (world > 1) {
-    float* dev = static_cast<float*>(exchange.get());
-    STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kHostToDevice, dev + rank * 4, mine, sizeof mine));
-    STRATA_ASSIGN_OR_RETURN(CommHandle h, opt.comm->AllGather(dev + rank * 4, dev, 4, DType::kF32));
-    Status st = h.WaitUntil(deadline());
-    if (!st.ok()) return Status(st.code(), "gradient norm exchange: " + std::string(st.message()));
-    STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, all.data(), dev, all.size() * 4));
+  Result<std::vector<uint32_t>> all = AllGatherWords(mine);
+  if (!all.ok()) {
+    return Status(all.status().code(),
+                  "gradient norm exchange: " + std::string(all.status().message()));
   }
   double sum = 0;
   bool nonfinite = false;
   std::vector<int> apart;  // the ranks whose trace differs from rank 0's
-  for (int r = 0; r < world; ++r) {
+  for (size_t r = 0; r < static_cast<size_t>(world); ++r) {
+    const uint32_t* w = all->data() + r * 4;
     double v;
-    std::memcpy(&v, all.data() + r * 4, sizeof v);
+    std::memcpy(&v, w, sizeof v);
     sum += v;
-    nonfinite = nonfinite || all[static_cast<size_t>(r) * 4 + 2] != 0.0f || !std::isfinite(v);
-    if (std::memcmp(&all[static_cast<size_t>(r) * 4 + 3], &all[3], sizeof(float)) != 0) {
-      apart.push_back(r);
-    }
+    nonfinite = nonfinite || w[2] != 0u || !std::isfinite(v);
+    if (w[3] != (*all)[3]) apart.push_back(static_cast<int>(r));
   }
   if (!apart.empty()) {
     std::string ranks;
@@ -144,11 +138,12 @@ Status Engine::Impl::ExchangeStats(double local_sum_sq, bool local_nonfinite, do
         "Step: the ranks gathered or reduced different groups, or in different orders, since the "
         "last step (rank(s) " +
         ranks +
-        " apart from rank 0), so the collectives paired one "
-        "group's data with another's and this step's gradients are wrong; it is not applied. "
-        "Every rank must gather and reduce the same groups in the same order: a module or "
-        "parameter used on some ranks only (a branch on the rank's data or random state) does "
-        "this at ZeRO stage 3, where each module's parameters are gathered when it runs");
+        " apart from rank 0), so the collectives paired one group's data with another's and "
+        "this step's gradients are wrong; it is not applied. " +
+        std::string(kSameCollectivesRule) +
+        " (a module or parameter used on some ranks only, as a branch on the rank's data or "
+        "random state, breaks this at stage 3, where each module's parameters are gathered when "
+        "it runs)");
   }
   *global_sum_sq = sum;
   *global_nonfinite = nonfinite;
