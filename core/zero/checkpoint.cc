@@ -110,7 +110,8 @@ Status CheckBoundary(const Engine::Impl& e, const char* op) {
       return Status::FailedPrecondition(
           std::string(op) + ": mid-accumulation (group '" + e.model.groups[g].name +
           "' has gradients since the last Step); checkpoints are taken between Step and the next "
-          "micro-step's gradients");
+          "micro-step's gradients: apply them (Step) or drop them (DiscardGradients; from "
+          "Python, engine.zero_grad() right after the backward) first");
     }
   }
   return Status::OK();

@@ -1256,6 +1256,7 @@ Status Engine::ReduceGradients(size_t group, std::optional<uintptr_t> caller_str
   return impl_->ReduceGradients(group, caller_stream);
 }
 Result<StepReport> Engine::Step() { return impl_->Step(); }
+Status Engine::DiscardGradients() { return impl_->DiscardGradients(); }
 bool Engine::orders_caller_streams() const { return impl_->OrdersCallerStreams(); }
 
 Result<std::vector<uint32_t>> Engine::AgreeReductionOrder(std::span<const uint32_t> order) {

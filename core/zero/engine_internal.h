@@ -559,6 +559,7 @@ struct Engine::Impl {
 
   // --- engine_step.cc ---
   Result<StepReport> Step();
+  Status DiscardGradients();
   // The lr optimizer group `og` uses in the next applied step: SetLearningRates' value, else the
   // group's own lr when the config has no schedule, else the schedule's.
   double LrFor(size_t og) const;

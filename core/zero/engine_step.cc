@@ -433,6 +433,34 @@ std::pair<double, double> Engine::Impl::BetasFor(size_t og) const {
   return {hyper[og].beta1, hyper[og].beta2};
 }
 
+Status Engine::Impl::DiscardGradients() {
+  STRATA_RETURN_IF_ERROR(CheckHealthy());
+  STRATA_RETURN_IF_ERROR(JoinDeferredStep());
+  Status st = DrainReductions(true);
+  if (!st.ok()) return st;
+  st = CheckGradWriteBehind(/*wait=*/true);
+  if (st.ok()) {
+    StepReport unused;
+    unused.loss_scale = scaler->scale();
+    st = SettleSpeculation(false, 0, &unused, nullptr);  // what it stepped ahead is rolled back
+  }
+  if (!st.ok()) return Fail(st);
+  for (zero::GroupState& gs : groups) {
+    if (gs.grad) {
+      gs.grad = DeviceBuffer();  // freed behind the device's queues
+      --grad_buffers_out;
+    }
+    gs.reductions = 0;  // the window's next reduction overwrites what was accumulated
+  }
+  stats_queued.clear();  // their kernels' results are never read
+  for (SubGroup& s : subs) {
+    s.stats_valid = false;
+    s.stats_on_device = false;
+  }
+  collective_trace = kCollectiveTraceSeed;  // the dropped collectives paired, or failed above
+  return Status::OK();
+}
+
 Result<StepReport> Engine::Impl::Step() {
   STRATA_RETURN_IF_ERROR(CheckHealthy());
   STRATA_RETURN_IF_ERROR(JoinDeferredStep());

@@ -508,6 +508,16 @@ class Engine {
   // fail it (FailedPrecondition; nothing applied).
   Result<std::vector<uint32_t>> AgreeReductionOrder(std::span<const uint32_t> order);
 
+  // Drops the gradients taken since the last Step: every reduction of this accumulation window
+  // (the reductions in flight complete first: their collectives pair with the peers') and the
+  // gradient buffers still out (the trainer must no longer touch them, on the host or, where
+  // streams are ordered, on its streams). The next GradBuffer starts a new window; nothing else
+  // changes (step count, loss scale, learning rate). For a backward that raised part way, or a
+  // micro-batch the trainer chooses to skip. Every rank must drop the same reductions: with
+  // several ranks, call it where every rank does (a backward that raised at the same point on
+  // each), else the ranks' reductions no longer pair and the next Step fails naming that.
+  Status DiscardGradients();
+
   // The optimizer step at the accumulation boundary (collective). Waits for outstanding
   // reductions, computes the global norm, skips on overflow, else clips, runs Adam per sub-group
   // and publishes the new params.

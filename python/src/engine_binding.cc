@@ -532,6 +532,11 @@ class PyEngine {
     return ValueOrThrow(std::move(agreed));
   }
 
+  void DiscardGradients() {
+    nb::gil_scoped_release unlocked;
+    ThrowIfError(engine().DiscardGradients());
+  }
+
   nb::dict Step() {
     Result<StepReport> r = [&] {
       nb::gil_scoped_release unlocked;
@@ -685,6 +690,9 @@ void BindEngine(nb::module_& m) {
            "that stream so far (the caller's writes of the buffer), with no wait on the host.")
       .def("agree_reduction_order", &PyEngine::AgreeReductionOrder, nb::arg("order"),
            "Rank 0's order of the trainable groups' reductions, on every rank (collective).")
+      .def("discard_gradients", &PyEngine::DiscardGradients,
+           "Drops the gradients taken since the last step (a backward that raised, a skipped "
+           "micro-batch); gradient views taken must no longer be used.")
       .def("step", &PyEngine::Step, "The optimizer step (collective); returns the step report.")
       .def("read_state", &PyEngine::ReadState, nb::arg("group"), nb::arg("kind"),
            "The group's optimizer state (master32, exp_avg or exp_avg_sq) whole, fp32 "

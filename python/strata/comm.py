@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 
+import torch
 import torch.distributed as _dist
 from torch.distributed import (ReduceOp, destroy_process_group, is_available,  # noqa: F401
                                is_initialized)
@@ -30,11 +31,68 @@ def _started(fn):
 
 
 for _name in ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce",
-              "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather",
-              "get_backend", "get_global_rank", "get_rank", "get_world_size", "irecv", "isend",
-              "new_group", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
-              "send"):
+              "all_to_all", "all_to_all_single", "barrier", "broadcast", "broadcast_object_list",
+              "gather", "get_backend", "get_global_rank", "get_rank", "get_world_size", "irecv",
+              "isend", "new_group", "recv", "reduce", "reduce_scatter",
+              "reduce_scatter_tensor", "scatter", "send"):
     globals()[_name] = _started(getattr(_dist, _name))
+
+@_started
+def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False):
+    """torch's monitored_barrier (a barrier that names the ranks that did not reach it by
+    `timeout`) where the group's backend is Gloo, the one torch implements it for; a plain
+    barrier elsewhere (NCCL on GPUs), where DeepSpeed's raises."""
+    if _dist.get_backend(group) == "gloo":
+        return _dist.monitored_barrier(group=group, timeout=timeout,
+                                       wait_all_ranks=wait_all_ranks)
+    return _dist.barrier(group=group)
+
+
+inference_all_reduce = all_reduce  # noqa: F821  (DeepSpeed's fast path for inference; the same sum)
+
+
+@_started
+def get_world_group():
+    """The default (world) process group."""
+    return _dist.group.WORLD
+
+
+@_started
+def get_all_ranks_from_group(group=None) -> list:
+    """The global ranks of `group` (the world's where None), in group-rank order."""
+    return _dist.get_process_group_ranks(group if group is not None else _dist.group.WORLD)
+
+
+@_started
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
+    """all_reduce of each tensor in `tensors`, in place (one flat buffer, so one collective)."""
+    if async_op:
+        raise NotImplementedError("strata.comm.all_reduce_coalesced: async_op=True is not "
+                                  "supported; call all_reduce(..., async_op=True) per tensor")
+    tensors = list(tensors)
+    if not tensors:
+        return None
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    _dist.all_reduce(flat, op=op, group=group)
+    at = 0
+    for t in tensors:
+        t.copy_(flat[at:at + t.numel()].view_as(t))
+        at += t.numel()
+    return None
+
+
+def has_all_reduce_coalesced() -> bool:
+    return True
+
+
+def configure(*args, **kwargs) -> None:
+    """DeepSpeed's comms-logging configuration: strata logs no collectives of torch.distributed;
+    accepted and ignored, as DeepSpeed does when comms_logger is off."""
+
+
+def log_summary(show_straggler: bool = False, return_dict: bool = False):
+    """DeepSpeed's comms-logging summary: nothing is logged (see configure), so it is empty."""
+    return {} if return_dict else None
 
 
 def get_local_world_size() -> int:

@@ -679,6 +679,7 @@ class StrataEngine(torch.nn.Module):
         # Stages 0-2 keep every parameter whole (a view of the engine's replica) from here on;
         # stage 3 gathers per module (the hooks) and empties them outside.
         self._whole = self._engine.layout()["stage"] < 3
+        self._param_signature = self._parameters_now()  # _check_parameters_unchanged
         if not self._whole:  # DeepSpeed's ds_* (strata.zero); _acquire / _release keep ds_status
             # Libraries that see ds_* import deepspeed to gather: they get strata.
             register_as_deepspeed(required=False)
@@ -727,6 +728,8 @@ class StrataEngine(torch.nn.Module):
         self.global_samples = 0
         self._step_applied = False  # was_step_applied()
         self._step_has_grads = False  # a backward since the last boundary step
+        self._window_backwards = 0  # backwards finished since the last boundary step
+        self._unstepped_backward = False  # one finished, and no engine.step() since
         self._in_engine_backward = False  # engine.backward runs (else: the script's own backward)
         self._torch_backward_queued = False  # _after_torch_backward waits for autograd's pass
         self._torch_backward_took = False  # a parameter gradient arrived in that pass
@@ -1182,9 +1185,13 @@ class StrataEngine(torch.nn.Module):
         begin, end = self._part_range(param) if part else (0, param.ds_numel)
         flat = torch.as_tensor(value).detach().to("cpu", torch.float32).reshape(-1)
         if flat.numel() != end - begin:
-            raise ValueError(f"write_param_state: {flat.numel()} values given for "
-                             f"'{self._param_name(param)}', which has {end - begin}"
-                             f"{' in this rank' if part else ''}")
+            raise ValueError(
+                f"write_param_state: {flat.numel()} values given for "
+                f"'{self._param_name(param)}', which has {end - begin}" +
+                (f" in this rank (elements [{begin}:{end}] of the flat parameter: strata "
+                 "partitions each module's parameters together, so ranks' parts differ in size, "
+                 "unlike DeepSpeed's ceil(numel / world) each; safe_get_local_* returns this "
+                 "rank's part)" if part else ""))
 
         def fill(g, p, b, e):
             if b < begin or e > end:
@@ -1332,7 +1339,7 @@ class StrataEngine(torch.nn.Module):
         self._torch_backward_took = False
         self._scaled_by_script = False
         self._flush()
-        self._step_has_grads = True
+        self._backward_done()
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """As DeepSpeed's: the loss times the loss scale (fp16; 1 otherwise), for a script that
@@ -1455,7 +1462,8 @@ class StrataEngine(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         self._check_loaded("forward")
-        self._torch_backward_queued = self._torch_backward_took = False  # a failed backward's
+        self._check_parameters_unchanged()
+        self._settle_failed_backward()
         if self.training and not self.tput_timer.started:
             self.tput_timer.start()
         with self._autocast.context():
@@ -1463,6 +1471,37 @@ class StrataEngine(torch.nn.Module):
         if torch.is_grad_enabled():
             _hook_outputs(out, self._output_hook)
         return out
+
+    def _parameters_now(self) -> list:
+        """Each parameter of the module, and at stages 0-2 its shape (whole there)."""
+        if self._whole:
+            return [(id(p), p.shape) for p in self.module.parameters()]
+        return [(id(p), None) for p in self.module.parameters()]
+
+    def _check_parameters_unchanged(self) -> None:
+        """The module's parameters are the ones initialize registered, in their shapes: the
+        engine holds, trains and saves those, so a parameter set on the model after it, or
+        resized in place (model.resize_token_embeddings does one or the other), would not train
+        (at stage 3 it would differ per rank) or would fail later with a bare size mismatch."""
+        now = self._parameters_now()
+        if now == self._param_signature:
+            return
+        then = dict(self._param_signature)
+        why = ("as model.resize_token_embeddings(...) or a module replaced after initialize "
+               "does. The engine holds, trains and saves the parameters it was initialized with, "
+               "in their shapes: make such changes before strata.initialize, or initialize a new "
+               "engine from a checkpoint of this one")
+        for name, p in self.module.named_parameters():
+            if id(p) not in then:
+                raise RuntimeError(f"strata: parameter '{name}' was set on the model after "
+                                   f"strata.initialize, {why}")
+            if self._whole and then[id(p)] != p.shape:
+                raise RuntimeError(
+                    f"strata: parameter '{name}' changed shape from {tuple(then[id(p)])} to "
+                    f"{tuple(p.shape)} after strata.initialize, {why}")
+        raise RuntimeError("strata: parameters were removed from the model after "
+                           "strata.initialize (a module replaced or deleted, adapters merged and "
+                           f"unloaded), {why}")
 
     def _output_grad_hook(self, grad):
         """A forward output's gradient: the script's own backward begins here, in autograd's
@@ -1502,15 +1541,13 @@ class StrataEngine(torch.nn.Module):
         try:
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
         except BaseException:
-            with contextlib.suppress(Exception):
-                self._held.drain()
-                self._release_all()
-                self._gather_whole()
+            with contextlib.suppress(Exception):  # the backward's own error is the one to see
+                self._drop_failed_backward()
             raise
         finally:
             self._in_engine_backward = False
         self._flush()
-        self._step_has_grads = True
+        self._backward_done()
         return loss / self._gas if scale_wrt_gas and self._gas != 1 else loss
 
     def is_gradient_accumulation_boundary(self) -> bool:
@@ -1553,6 +1590,7 @@ class StrataEngine(torch.nn.Module):
         if lr_kwargs is not None:
             raise NotImplementedError("step(lr_kwargs=...) is not supported by strata")
         self._check_loaded("step")
+        self._settle_failed_backward()
         self._step_applied = False
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
@@ -1576,13 +1614,76 @@ class StrataEngine(torch.nn.Module):
                     events.append(("Train/Samples/loss_scale", self._engine.loss_scale,
                                    self.global_samples))
                 self.monitor.write_events(events)
+        self._unstepped_backward = False
+        if boundary:
+            self._window_backwards = 0
         self.micro_steps += 1
         self.tput_timer.stop(global_step=boundary)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """p.grad = None for every parameter; and after a backward that engine.step() has not
+        followed (a micro-batch the script drops: a loss spike, a NaN), or one that raised, the
+        gradients taken since the last step are dropped (_discard_gradients): the next backward
+        starts a new accumulation window, as torch's and DeepSpeed's zero_grad start over.
+        Called after engine.step(), its usual place, it drops nothing the step did not take."""
+        if self._torch_backward_took:
+            self._drop_failed_backward()
+        elif self._unstepped_backward:
+            self._discard_gradients("engine.zero_grad() after a backward that engine.step() "
+                                    "did not follow")
         for g in self._groups:
             for _, p in g.params:
                 p.grad = None
+
+    def _backward_done(self) -> None:
+        self._step_has_grads = True
+        self._unstepped_backward = True
+        self._window_backwards += 1
+
+    def _settle_failed_backward(self) -> None:
+        """The script's own loss.backward() began (a parameter gradient arrived) and never
+        ended (autograd's end-of-pass callback did not run: it raised part way): dropped here,
+        at the engine's next call that would meet its state."""
+        if self._torch_backward_took:
+            self._drop_failed_backward()
+
+    def _drop_failed_backward(self) -> None:
+        """After a backward that raised part way (engine.backward's, or the script's own
+        loss.backward(), found at the next forward or zero_grad): its gathered groups released,
+        and the gradients it and this window's earlier micro-steps gave dropped, so that the
+        script can skip the batch (catching an out-of-memory error, say) and train on."""
+        self._release_all()
+        self._gather_whole()
+        self._discard_gradients("a backward raised")
+
+    def _discard_gradients(self, why: str) -> None:
+        """Drops every gradient taken since the last step: the engine's (discard_gradients,
+        with the reductions in flight completed first), the adapter's micro-step state, and
+        p.grad kept for a later turn. With several ranks every rank must do it at the same point
+        (each one's backward raised at the same place), as DeepSpeed needs every rank in every
+        collective; Step names a rank that did not. Earlier micro-steps of the accumulation
+        window are dropped with it (a warning says how many): their sum cannot be taken apart."""
+        self._wait_torch()  # torch's kernels no longer write the buffers freed below
+        self._held.held.clear()  # complete groups whose reductions were held: dropped too
+        self._grad_views.clear()
+        self._grad_streams.clear()
+        for g in self._groups:
+            for _, p in g.params:
+                p.grad = None
+        self._engine.discard_gradients()
+        self._reset_micro_step()
+        if self._completed is not None:
+            self._completed = []  # the order is agreed after a micro-step that completes
+        self._torch_backward_queued = self._torch_backward_took = False
+        earlier = self._window_backwards - (1 if self._unstepped_backward else 0)
+        if earlier > 0:
+            warnings.warn(
+                f"strata: {why}: the gradients of this accumulation window's {earlier} earlier "
+                "micro-step(s) are dropped with it (the engine holds their sum only); the "
+                "window's next micro-steps start over", stacklevel=3)
+        self._step_has_grads = False
+        self._unstepped_backward = False
+        self._window_backwards = 0
 
     def _lr_state(self) -> dict:
         """What a checkpoint keeps of the lrs the script drives: each group's lr and a client
@@ -2039,6 +2140,7 @@ class StrataEngine(torch.nn.Module):
         config's "checkpoint" section (keep_last 0 = keep all, recycle_files true)."""
         if keep_last is not None and int(keep_last) < 0:
             raise ValueError(f"save_checkpoint(keep_last={keep_last}): must be >= 0")
+        self._settle_failed_backward()
         if not save_latest:
             raise NotImplementedError("save_checkpoint(save_latest=False): strata always "
                                       "updates <save_dir>/latest")
@@ -2075,6 +2177,7 @@ class StrataEngine(torch.nn.Module):
         fresh."""
         if custom_load_fn is not None:
             raise NotImplementedError("load_checkpoint(custom_load_fn=...) is not supported")
+        self._settle_failed_backward()
         load_dir = os.fspath(load_dir)
         if tag is None:
             latest = os.path.join(load_dir, "latest")

@@ -93,6 +93,14 @@ with torch.no_grad():
     correct = (predicted == targets.to(local_device)).sum().item()
     eval_loss = criterion(outputs.float(), targets.to(local_device)).item()
 
+# The comm calls DeepSpeed scripts and libraries make around the loop.
+dist.monitored_barrier()
+counts = [torch.full((2,), float(dist.get_rank() + 1)), torch.ones(3)]
+dist.all_reduce_coalesced(counts)
+comm = {"coalesced": [c.tolist() for c in counts],
+        "ranks": dist.get_all_ranks_from_group(dist.get_world_group())}
+dist.log_summary()
+
 if dist.get_rank() == 0:
     with open(args.out, "w") as f:
         json.dump({"world": dist.get_world_size(), "local_rank": local_rank,
@@ -103,4 +111,4 @@ if dist.get_rank() == 0:
                    "train_batch_size": model_engine.train_batch_size(),
                    "fp16": model_engine.fp16_enabled(), "bf16": bf16,
                    "global_steps": model_engine.global_steps, "losses": losses,
-                   "correct": correct, "eval_loss": eval_loss}, f)
+                   "correct": correct, "eval_loss": eval_loss, "comm": comm}, f)

@@ -99,6 +99,7 @@ def test_one_process_without_a_launcher_trains_as_torch(tmp_path, stage, offload
     assert got["mean_losses"] == got["losses"]  # strata.comm's all-reduce over one rank
     assert got["correct"] == want_correct
     assert got["eval_loss"] == pytest.approx(want_eval, rel=1e-5)
+    assert got["comm"] == {"coalesced": [[1.0, 1.0], [1.0, 1.0, 1.0]], "ranks": [0]}
     assert want_eval < want_losses[0]  # it learnt something: the run is not a no-op
 
 
@@ -156,6 +157,8 @@ def test_two_ranks_under_offloadctl_launch_end_where_one_rank_does(tmp_path):
     assert got["mean_losses"] == pytest.approx(want_losses, rel=1e-4)
     assert got["correct"] == want_correct
     assert got["eval_loss"] == pytest.approx(want_eval, rel=1e-4)
+    # all_reduce_coalesced summed each tensor in place: ranks 1 and 2's values, and 1 + 1.
+    assert got["comm"] == {"coalesced": [[3.0, 3.0], [2.0, 2.0, 2.0]], "ranks": [0, 1]}
 
 
 SUPEROFFLOAD_CONFIG = {

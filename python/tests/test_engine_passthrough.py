@@ -270,3 +270,32 @@ def test_deepspeeds_module_paths_under_strata():
             assert optimizer.param_groups[0]["betas"] == (0.8, 0.9)
         finally:
             engine.destroy()
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_resizing_the_embeddings_after_initialize_is_refused_naming_the_parameter(stage):
+    """model.resize_token_embeddings after initialize: at stage 3 (transformers in its ZeRO-3
+    mode) it sets a new, whole parameter the engine does not hold, which would never train and
+    differ per rank; at stages 0-2 it resizes the parameter in place, which failed later with a
+    bare size mismatch. The next forward names the parameter; resizing before initialize
+    trains."""
+    from strata.integrations.transformers import HfDeepSpeedConfig
+    ids = torch.randint(1, VOCAB, (2, 8), generator=torch.Generator().manual_seed(3))
+    cfg = ds_config(stage)
+    hf = HfDeepSpeedConfig(cfg) if stage == 3 else None  # noqa: F841 (kept alive: ZeRO-3 mode)
+    engine = start(gpt2(), cfg)
+    train_step(engine, ids)
+    engine.module.resize_token_embeddings(VOCAB + 5)
+    what = "was set on the model" if stage == 3 else r"changed shape from \(64, 32\) to \(69, 32\)"
+    with pytest.raises(RuntimeError, match=r"'transformer\.wte\.weight' " + what +
+                       r" after strata\.initialize, as model\.resize_token_embeddings"):
+        engine(input_ids=ids, labels=ids)
+    engine.close()
+    model = gpt2()
+    model.resize_token_embeddings(VOCAB + 5)
+    engine = start(model, cfg)
+    before = strata.utils.safe_get_full_fp32_param(model.transformer.wte.weight).clone()
+    train_step(engine, ids)
+    after = strata.utils.safe_get_full_fp32_param(model.transformer.wte.weight)
+    assert after.shape == (VOCAB + 5, 32) and not torch.equal(before, after)
+    engine.close()

@@ -1,0 +1,74 @@
+"""A backward that raises part way (the out-of-memory error a script catches to skip its batch)
+and a micro-batch the script drops after its backward (engine.zero_grad() with no step): the
+gradients taken since the last step are dropped, and training goes on as torch's AdamW does
+without that batch, at every stage, with the script's own loss.backward() too, on one and two
+ranks. Before, every later backward failed ('a second gradient for group ...'), Save and Load
+refused, and engine.step() applied the failed batch's partial gradients."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import strata  # noqa: E402
+from failed_backward_worker import (BAD, BATCHES, Boom, Net, batches, config,  # noqa: E402
+                                    reference, train)
+from launch import launch as run_ranks  # noqa: E402
+
+
+def assert_trained_without_the_bad_batch(got: dict) -> None:
+    want = reference()
+    assert got.pop("__steps__") == BATCHES - 1
+    assert got.keys() == want.keys()
+    for n, p in want.items():
+        torch.testing.assert_close(got[n], p, rtol=1e-5, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("stage,offload,how", [
+    (0, "none", "engine"), (1, "cpu", "torch"), (2, "none", "engine+zero_grad"),
+    (2, "cpu", "torch+zero_grad"), (3, "none", "torch"), (3, "cpu", "engine")])
+def test_a_backward_that_raises_is_dropped_and_training_goes_on(tmp_path, stage, offload, how):
+    # Saved right after the failure: nothing of the failed backward is pending.
+    got = train(stage, offload, how, save_dir=tmp_path)
+    assert_trained_without_the_bad_batch(got)
+    assert (tmp_path / "latest").read_text().strip() == f"global_step{BAD}"
+
+
+@pytest.mark.parametrize("stage,how", [(0, "drop"), (2, "drop_opt"), (3, "drop")])
+def test_zero_grad_after_a_backward_without_a_step_drops_that_batch(tmp_path, stage, how):
+    got = train(stage, "none", how, save_dir=tmp_path)
+    assert_trained_without_the_bad_batch(got)
+
+
+def test_a_failure_late_in_an_accumulation_window_drops_the_whole_window_and_says_so():
+    torch.manual_seed(0)
+    engine, _, _, _ = strata.initialize(model=Net(), config=config(2, "none", gas=2))
+    x = batches()
+    engine.backward(engine(x[0]).square().mean())
+    engine.step()  # not a boundary: the window holds batch 0
+    loss = engine(x[1]).square().mean()
+    Boom.armed = True
+    try:
+        with pytest.raises(RuntimeError, match="simulated"), \
+                pytest.warns(UserWarning, match="1 earlier micro-step"):
+            engine.backward(loss)
+    finally:
+        Boom.armed = False
+    # A new window: two micro-steps fit (the dropped one no longer counts), then the step.
+    for b in x[2:4]:
+        engine.backward(engine(b).square().mean())
+        engine.step()
+    assert engine.global_steps == 1
+    engine.close()
+
+
+@pytest.mark.parametrize("stage,offload,how", [(2, "none", "engine"), (3, "cpu", "torch")])
+def test_two_ranks_whose_backwards_raise_at_the_same_point_train_on(tmp_path, stage, offload,
+                                                                    how):
+    """Both ranks fail at the same place (as with a batch too large for either): their
+    reductions still pair after the drop. Each rank trains on the same batches, so the mean
+    gradient is one rank's."""
+    outs = run_ranks(tmp_path, "failed_backward_worker.py",
+                     lambda r, nvme: [tmp_path / f"rank{r}.pt", stage, offload, how], 2, 20000)
+    for rc, out in outs:
+        assert rc == 0, out
+    for r in range(2):
+        assert_trained_without_the_bad_batch(torch.load(tmp_path / f"rank{r}.pt"))
