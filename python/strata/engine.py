@@ -729,6 +729,7 @@ class StrataEngine(torch.nn.Module):
         self._step_applied = False  # was_step_applied()
         self._step_has_grads = False  # a backward since the last boundary step
         self._window_backwards = 0  # backwards finished since the last boundary step
+        self.has_moe_layers = False  # DeepSpeed's attribute (its MoE layers are not supported)
         self._unstepped_backward = False  # one finished, and no engine.step() since
         self._in_engine_backward = False  # engine.backward runs (else: the script's own backward)
         self._torch_backward_queued = False  # _after_torch_backward waits for autograd's pass
@@ -1970,6 +1971,53 @@ class StrataEngine(torch.nn.Module):
 
     def zero_prefetch_bucket_size(self) -> int:
         return int(self._zero_value("stage3_prefetch_bucket_size") or 0)
+
+    def zero_reduce_bucket_size(self) -> int:
+        return int(self._zero_value("reduce_bucket_size") or 0)
+
+    def zero_allgather_bucket_size(self) -> int:
+        return int(self._zero_value("allgather_bucket_size") or 0)
+
+    def zero_overlap_comm(self) -> bool:
+        return bool(self._zero_value("overlap_comm"))
+
+    def zero_contiguous_gradients(self) -> bool:
+        return bool(self._zero_value("contiguous_gradients"))
+
+    def zero_reduce_scatter(self) -> bool:
+        return bool(self._zero_value("reduce_scatter"))
+
+    def gradient_predivide_factor(self) -> float:
+        return float(self._config.get("gradient_predivide_factor", 1.0))
+
+    def memory_breakdown(self) -> bool:
+        return bool(self._config.get("memory_breakdown", False))
+
+    def flops_profiler_enabled(self) -> bool:
+        """The config's flag (strata runs no FLOPs profiler: the section is not acted on)."""
+        return bool((self._config.get("flops_profiler") or {}).get("enabled", False))
+
+    def sparse_gradients_enabled(self) -> bool:
+        return False
+
+    def amp_enabled(self) -> bool:
+        return False  # `amp` is refused at initialize
+
+    @property
+    def communication_data_type(self) -> torch.dtype:
+        """The dtype gradients are reduced in: the config's communication_data_type, else the
+        working dtype (fp16 / bf16 / fp32), as DeepSpeed's."""
+        named = self._config.get("communication_data_type")
+        if named:
+            return {"fp16": torch.float16, "bf16": torch.bfloat16, "bfp16": torch.bfloat16,
+                    "fp32": torch.float32}.get(str(named).lower(), torch.float32)
+        return self._dtype
+
+    def get_batch_info(self) -> tuple:
+        """(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps), as
+        numbers (DeepSpeed's returns its three accessors)."""
+        return (self.train_batch_size(), self.train_micro_batch_size_per_gpu(),
+                self.gradient_accumulation_steps())
 
     def optimizer_name(self) -> Optional[str]:
         """The client optimizer's class name, else the config's optimizer type, as DeepSpeed."""

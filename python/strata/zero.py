@@ -138,7 +138,8 @@ class Init:
 
     Partitions every module's parameters as its construction ends (see the module docstring),
     those of classes defined or first imported inside the block too (as DeepSpeed's).
-    Needs zero_optimization.stage 3 in the config; the world size is torch.distributed's, else
+    Needs zero_optimization.stage 3 in the config where one is given (none: stage 3, as
+    DeepSpeed's `with deepspeed.zero.Init():`); the world size is torch.distributed's, else
     WORLD_SIZE (torchrun, offloadctl launch). From then on `import deepspeed` in a library gives
     strata (strata.register_as_deepspeed), unless DeepSpeed is installed or imported. Nested
     blocks partition once, as the outermost one says (transformers' from_pretrained opens one
@@ -169,11 +170,11 @@ class Init:
         self.enabled = enabled
         cfg = config if config is not None else config_dict_or_path
         if enabled:
-            if cfg is None:
-                raise ValueError("strata.zero.Init: config is required (a dict, JSON or a path)")
             from .config import zero_stage
             from .engine import _load
-            stage = zero_stage(_load(cfg))
+            # No config: stage 3, as DeepSpeed's Init assumes (`with deepspeed.zero.Init():`);
+            # an engine of a lower stage then refuses the partitioned parameters at initialize.
+            stage = 3 if cfg is None else zero_stage(_load(cfg))
             if stage != 3:
                 raise ValueError(f"strata.zero.Init needs zero_optimization.stage 3 (the config "
                                  f"says {stage}): below it every rank holds the whole model")
@@ -317,17 +318,38 @@ def unregister_external_parameter(module: torch.nn.Module,
         module.__dict__.pop("_strata_noticed", None)
 
 
+class GatheredParameters:
+    """The parameters whole inside the block; see the module docstring for modifier_rank. As
+    DeepSpeed's class: `params` (those ZeRO-3 partitions: strata's engine or zero.Init hold
+    them), `src_rank` (modifier_rank) and `enabled` (False where none is partitioned), which
+    wrappers read; modifier_rank's values are kept when the block raises, as DeepSpeed's exit
+    broadcasts them whatever the block did."""
+
+    def __init__(self, params: Union[Iterable, torch.nn.Parameter],
+                 modifier_rank: Optional[int] = None, fwd_module=None, enabled: bool = True):
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        given = [p for p in params if p is not None] if enabled else []
+        self.params = [p for p in given if hasattr(p, "ds_id") or
+                       getattr(p, "_strata_engine", None) is not None or
+                       getattr(p, "_strata_part", None) is not None]
+        self.src_rank = modifier_rank
+        self.enabled = enabled and bool(self.params)
+        self._given, self._fwd_module, self._open = given, fwd_module, None
+
+    def __enter__(self):
+        if not self._given:
+            return None
+        self._open = _gathered(self._given, self.src_rank, self._fwd_module)
+        return self._open.__enter__()
+
+    def __exit__(self, *exc):
+        opened, self._open = self._open, None
+        return False if opened is None else opened.__exit__(*exc)
+
+
 @contextlib.contextmanager
-def GatheredParameters(params: Union[Iterable, torch.nn.Parameter],
-                       modifier_rank: Optional[int] = None, fwd_module=None,
-                       enabled: bool = True):
-    """The parameters whole inside the block; see the module docstring for modifier_rank."""
-    if not enabled:
-        yield
-        return
-    if isinstance(params, torch.Tensor):
-        params = [params]
-    params = [p for p in params if p is not None]
+def _gathered(params: list, modifier_rank: Optional[int], fwd_module):
     if fwd_module is not None:  # as DeepSpeed: fwd_module's forward uses them from now on
         for p in params:
             register_external_parameter(fwd_module, p)
@@ -346,6 +368,21 @@ def GatheredParameters(params: Union[Iterable, torch.nn.Parameter],
                 p.ds_shape)
             p.ds_status = ZeroParamStatus.AVAILABLE
     writes = []
+    try:
+        yield from _gathered_block(engines, parted, modifier_rank, world, writes)
+    finally:
+        for e, values in writes:  # after the release: the engine rewrites masters and params,
+            # or once it has stepped (DeepSpeed's optimizer exists then) the working params only
+            if e._engine.global_step > 0:
+                e._write_params(values)
+            else:
+                e._write_master(values)
+
+
+def _gathered_block(engines: dict, parted: list, modifier_rank, world: int, writes: list):
+    """GatheredParameters' block: the engines' groups gathered, the zero.Init parts whole;
+    at its end modifier_rank's values broadcast into `writes` (engine parameters) and the parts
+    (zero.Init ones)."""
     with contextlib.ExitStack() as stack:
         for e, groups in engines.values():
             stack.enter_context(e.gathered_parameters(sorted(groups)))
@@ -367,12 +404,6 @@ def GatheredParameters(params: Union[Iterable, torch.nn.Parameter],
             for p in parted:
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
                 p.ds_status = ZeroParamStatus.NOT_AVAILABLE
-    for e, values in writes:  # after the release: the engine rewrites masters and params, or
-        # once it has stepped (DeepSpeed's optimizer exists then) the working params only
-        if e._engine.global_step > 0:
-            e._write_params(values)
-        else:
-            e._write_master(values)
 
 
 # -- ZeRO-3 leaf modules (deepspeed.utils.z3_leaf_module) ------------------------------------------

@@ -744,6 +744,16 @@ def test_zero_init_partitions_at_construction_and_trains_as_torch():
         strata.zero.Init(config=ds_config(2))
 
 
+def test_zero_init_without_a_config_partitions_as_deepspeeds_does():
+    """`with deepspeed.zero.Init():` (DeepSpeed's docstring example): stage 3 assumed; the
+    engine trains the model as torch."""
+    with strata.zero.Init():
+        model = make_model("gpt")
+    assert all(p.numel() == 0 for p in model.parameters())
+    losses, params, _ = train("gpt", ds_config(3, "cpu", lr=LR, wd=WD), model=model)
+    check_against_torch("gpt", losses, params)
+
+
 def test_zero_init_module_partitions_an_existing_model_and_trains_as_torch():
     """deepspeed.zero.Init(module=model): a model built whole (its head tied to the embedding)
     is partitioned at once, as if built in the block; disabled, it is left alone."""
@@ -814,6 +824,18 @@ def test_gathered_parameters_modifier_rank_writes_back():
     assert torch.equal(master["wte.weight"], make_model("gpt").wte.weight.detach())  # kept
     with strata.zero.GatheredParameters(model.ln_f.weight):
         assert torch.equal(model.ln_f.weight, torch.full((32,), 0.5))
+    # DeepSpeed's object: params, src_rank, enabled (False where nothing is partitioned); the
+    # values written are kept when the block raises, as DeepSpeed's exit broadcasts them.
+    gathered = strata.zero.GatheredParameters([model.ln_f.bias, None], modifier_rank=0)
+    assert gathered.params == [model.ln_f.bias] and gathered.src_rank == 0 and gathered.enabled
+    assert not strata.zero.GatheredParameters([torch.nn.Parameter(torch.ones(2))]).enabled
+    with pytest.raises(KeyError, match="after the write"):
+        with gathered:
+            with torch.no_grad():
+                model.ln_f.bias.fill_(-1.5)
+            raise KeyError("after the write")
+    assert torch.equal(engine.read_master()["ln_f.bias"], torch.full((32,), -1.5))
+    assert model.ln_f.bias.numel() == 0  # released
     loss = engine(*batch("gpt", 0))
     engine.backward(loss)
     engine.step()

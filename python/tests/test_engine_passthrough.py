@@ -163,13 +163,23 @@ def test_deepspeeds_config_accessors(tmp_path):
         assert engine.zero_cpu_offload() and engine.zero_offload_optimizer()["device"] == "cpu"
         assert engine.zero_offload_param() is None
         assert not engine.zero_gather_16bit_weights_on_model_save()
+        assert engine.zero_reduce_bucket_size() == engine.zero_allgather_bucket_size() == 5e8
+        assert not engine.zero_overlap_comm() and engine.zero_contiguous_gradients()
+        assert engine.zero_reduce_scatter() and engine.gradient_predivide_factor() == 1.0
+        assert not (engine.memory_breakdown() or engine.flops_profiler_enabled()
+                    or engine.sparse_gradients_enabled() or engine.amp_enabled()
+                    or engine.has_moe_layers)
+        assert engine.communication_data_type == torch.float32  # the working dtype
+        assert engine.get_batch_info() == (2, 2, 1)
     finally:
         engine.destroy()
 
     nvme = {"device": "nvme", "nvme_path": str(tmp_path)}
     engine = start(Custom(), ds_config(3, zero_optimization={
         "stage": 3, "offload_optimizer": nvme, "offload_param": {"device": "cpu"},
-        "stage3_gather_16bit_weights_on_model_save": True}))
+        "stage3_gather_16bit_weights_on_model_save": True, "overlap_comm": True,
+        "reduce_bucket_size": 1000}, communication_data_type="bf16",
+        flops_profiler={"enabled": True}))
     try:
         assert engine.zero_optimization_partition_weights() and not engine.zero_cpu_offload()
         assert engine.zero_offload_optimizer()["device"] == "nvme"
@@ -183,6 +193,9 @@ def test_deepspeeds_config_accessors(tmp_path):
                     1_000_000_000, 100_000, 1_000_000_000, 50_000_000)
         assert engine.optimizer_name() == "AdamW" and engine.optimizer_params()["lr"] == 1e-2
         assert engine.scheduler_name() is None and engine.scheduler_params() is None
+        assert engine.zero_overlap_comm() and engine.zero_reduce_bucket_size() == 1000
+        assert engine.communication_data_type == torch.bfloat16
+        assert engine.flops_profiler_enabled()
         assert (engine.get_data_parallel_rank(), engine.get_model_parallel_rank(),
                 engine.get_tensor_parallel_rank()) == (0, 0, 0)
         sd = engine.module_state_dict(prefix="m.")
