@@ -9,9 +9,12 @@
 // right away, which makes the pointer usable on every stream. That wait is short because
 // `alloc_` carries nothing but allocations and the pool may not make it wait for a free in
 // flight (cudaMemPoolReuseAllowInternalDependencies off): it reuses only blocks whose free has
-// run. Only when the pool cannot grow either does Allocate wait for the frees in flight
-// (`free_`), and try once more. With one stream for both, every Allocate after a Free waited
-// for all the device work queued before that Free, the trainer's included.
+// run. Allocate waits for the frees in flight (`free_`) only where the live bytes and those
+// still being freed would pass the budget together (so the pool, which holds both, stays within
+// it), or where the device is out of memory (then it tries once more). With one stream for both,
+// every Allocate after a Free waited for all the device work queued before that Free, the
+// trainer's included: the engine allocates per group per step, so the host ran in lockstep with
+// the GPU.
 // Copies: one non-blocking stream per direction; completion callbacks through cudaLaunchHostFunc
 // (the callback must not call CUDA, as the contract already requires).
 // Kernels (Device::kernels): kernels/cuda_kernels.h's kernels enqueued on a third non-blocking
@@ -181,6 +184,7 @@ class CudaDevice final : public Device {
 
   Result<void*> Allocate(uint64_t size_bytes) override {
     if (size_bytes == 0) return Status::InvalidArgument("CudaDevice::Allocate: size 0");
+    bool crowded = false;
     {
       std::lock_guard<std::mutex> l(mu_);
       if (used_ + size_bytes > budget_) {
@@ -190,9 +194,14 @@ class CudaDevice final : public Device {
       }
       used_ += size_bytes;
       peak_ = std::max(peak_, used_);
+      // The pool holds the live blocks and those whose free is queued and has not run (it may
+      // not reuse them yet): past the budget together, this waits for the frees first, so the
+      // pool's memory stays within the budget while the host runs ahead of the device.
+      crowded = used_ + freeing_ > budget_;
     }
     void* p = nullptr;
     Status s = STRATA_CUDA_STATUS(cudaSetDevice(ordinal_));
+    if (s.ok() && crowded) s = STRATA_CUDA_STATUS(cudaStreamSynchronize(free_));
     if (s.ok()) {
       cudaError_t err = cudaMallocFromPoolAsync(&p, size_bytes, pool_, alloc_);
       if (err == cudaErrorMemoryAllocation) {
@@ -231,7 +240,19 @@ class CudaDevice final : public Device {
       STRATA_RETURN_IF_ERROR(StreamsWait({&free_, 1}, s));
     }
     STRATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(ptr, free_));
-    return Status::OK();
+    // Counted until the free has run (a host function behind it on `free_`).
+    auto* done = new FreeDone{this, n};
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      freeing_ += n;
+    }
+    Status st = STRATA_CUDA_STATUS(cudaLaunchHostFunc(free_, &CudaDevice::FreeRan, done));
+    if (!st.ok()) {
+      delete done;
+      std::lock_guard<std::mutex> l(mu_);
+      freeing_ -= n;
+    }
+    return st;
   }
 
   Status ReleaseCachedMemory(std::chrono::nanoseconds timeout) override {
@@ -351,8 +372,23 @@ class CudaDevice final : public Device {
   cudaStream_t free_ = nullptr;     // frees, each after the queues it waits on
   cudaMemPool_t pool_{};
   bool pool_created_ = false;
+  // A free queued on `free_`, for its host function (FreeRan) once it has run.
+  struct FreeDone {
+    CudaDevice* device;
+    uint64_t bytes;
+  };
+  static void CUDART_CB FreeRan(void* arg) {
+    auto* d = static_cast<FreeDone*>(arg);
+    {
+      std::lock_guard<std::mutex> l(d->device->mu_);
+      d->device->freeing_ -= d->bytes;
+    }
+    delete d;
+  }
+
   mutable std::mutex mu_;
   uint64_t used_ = 0;
+  uint64_t freeing_ = 0;  // freed bytes whose cudaFreeAsync has not run yet (see Allocate)
   uint64_t peak_ = 0;
   std::unordered_map<void*, uint64_t> live_;
   std::atomic<uint64_t> bytes_[2] = {0, 0};

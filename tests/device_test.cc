@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -215,6 +216,50 @@ TEST_F(DeviceContract, CallerStreamsAreOrderedOnTheDevice) {
   ASSERT_TRUE(dev_->UnregisterHost(out.data()).ok());
 }
 
+// A caller's stream held by a host function until Open() (or the end of the scope), with the
+// device's kernel queue ordered after it: a Free then waits behind it.
+class HeldStream {
+ public:
+  explicit HeldStream(Device& dev) {
+    ok_ = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) == cudaSuccess &&
+          cudaLaunchHostFunc(stream_, &Hold, this) == cudaSuccess &&
+          dev.WaitCallerStream(reinterpret_cast<uintptr_t>(stream_), kKernelQueue).ok();
+  }
+  ~HeldStream() {
+    Open();
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+  HeldStream(const HeldStream&) = delete;
+  HeldStream& operator=(const HeldStream&) = delete;
+  bool ok() const { return ok_; }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  // Whether the held work has run.
+  bool passed() {
+    std::lock_guard<std::mutex> l(mu_);
+    return passed_;
+  }
+
+ private:
+  static void CUDART_CB Hold(void* arg) {
+    auto* h = static_cast<HeldStream*>(arg);
+    std::unique_lock<std::mutex> l(h->mu_);
+    h->cv_.wait_for(l, 30s, [h] { return h->open_; });
+    h->passed_ = true;
+  }
+  cudaStream_t stream_ = nullptr;
+  bool ok_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false, passed_ = false;
+};
+
 // A Free is ordered behind the device's queues, and they behind the caller's stream here; the
 // next Allocate must not wait for that work (the engine allocates once per group per step, so a
 // wait there paced the host by the GPU), and must not hand out the freed block before it ran.
@@ -223,49 +268,38 @@ TEST_F(DeviceContract, AllocateDoesNotWaitForTheWorkAFreeIsOrderedBehind) {
   constexpr size_t n = 1 << 20;
   auto first = dev_->Allocate(n);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
-  cudaStream_t caller;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), cudaSuccess);
-  // Holds the caller's stream until the host lets it go.
-  struct Gate {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool open = false, passed = false;
-  } gate;
-  auto hold = [](void* arg) {
-    auto* g = static_cast<Gate*>(arg);
-    std::unique_lock<std::mutex> l(g->mu);
-    g->cv.wait_for(l, 30s, [g] { return g->open; });
-    g->passed = true;
-  };
-  ASSERT_EQ(cudaLaunchHostFunc(caller, hold, &gate), cudaSuccess);
-  struct Release {  // on every way out, so the held stream never outlives `gate`
-    Gate& g;
-    cudaStream_t s;
-    ~Release() {
-      {
-        std::lock_guard<std::mutex> l(g.mu);
-        g.open = true;
-      }
-      g.cv.notify_all();
-      cudaStreamSynchronize(s);
-      cudaStreamDestroy(s);
-    }
-  } release{gate, caller};
-  ASSERT_TRUE(dev_->WaitCallerStream(reinterpret_cast<uintptr_t>(caller), kKernelQueue).ok());
-  ASSERT_TRUE(dev_->Free(*first).ok());
-  auto second = dev_->Allocate(n);
-  {
-    std::lock_guard<std::mutex> l(gate.mu);
-    EXPECT_FALSE(gate.passed) << "Allocate waited for the caller's queued work";
-    gate.open = true;
-  }
-  gate.cv.notify_all();
+  auto second = [&] {
+    HeldStream held(*dev_);
+    EXPECT_TRUE(held.ok());
+    EXPECT_TRUE(dev_->Free(*first).ok());
+    auto got = dev_->Allocate(n);
+    EXPECT_FALSE(held.passed()) << "Allocate waited for the caller's queued work";
+    return got;
+  }();
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   EXPECT_NE(*second, *first) << "the freed block was reused before its free ran";
-  ASSERT_EQ(cudaStreamSynchronize(caller), cudaSuccess);
-  EXPECT_TRUE(gate.passed);
   ASSERT_TRUE(dev_->Free(*second).ok());
   EXPECT_EQ(dev_->stats().used_bytes, 0u);
+}
+
+// Blocks whose free has not run stay in the pool: where they and the live ones would pass the
+// budget together, Allocate waits for the frees (so the pool stays within the budget).
+TEST_F(DeviceContract, AllocateWaitsForFreesInFlightPastTheBudget) {
+  auto big = dev_->Allocate(kBudget * 3 / 4);
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  HeldStream held(*dev_);
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(dev_->Free(*big).ok());
+  std::thread opener([&] {
+    std::this_thread::sleep_for(200ms);
+    held.Open();
+  });
+  auto half = dev_->Allocate(kBudget / 2);
+  const bool waited = held.passed();
+  opener.join();
+  ASSERT_TRUE(half.ok()) << half.status().ToString();
+  EXPECT_TRUE(waited) << "Allocate did not wait for the free in flight";
+  ASSERT_TRUE(dev_->Free(*half).ok());
 }
 #else
 // HostDevice's callers are the host: no caller streams to order (the engine waits instead).

@@ -342,10 +342,6 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
       local = held.status();
       if (held.ok()) lock.emplace(std::move(*held));
     }
-    if (local.ok() && ckpt::PathExists(dir + "/" + tag)) {
-      local = Status::FailedPrecondition("Save: checkpoint " + dir + "/" + tag +
-                                         " already exists (tags are never overwritten)");
-    }
     // Under the lock every `*.tmp` is a crashed save's (or retire's) garbage: start over.
     if (local.ok()) local = ckpt::RemoveUnfinishedSaves(dir);
     if (local.ok()) local = ckpt::MakeDir(tmp, env);

@@ -430,6 +430,19 @@ Status RenamePath(const std::string& from, const std::string& to, CheckpointEnv&
   return Status::OK();
 }
 
+Status ExchangePaths(const std::string& from, const std::string& to, const std::string& aside,
+                     CheckpointEnv& env) {
+  env.BeforeDurableOp({.kind = DurableOp::Kind::kRename, .path = from});
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) == 0) {
+    return Status::OK();
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+    return Errno("exchange with " + to, from);
+  }
+  STRATA_RETURN_IF_ERROR(RenamePath(to, aside, env));
+  return RenamePath(from, to, env);
+}
+
 Status RemoveTree(const std::string& path) {
   std::error_code ec;
   std::filesystem::remove_all(path, ec);
@@ -703,9 +716,20 @@ Status CommitCheckpoint(const std::string& dir, const Manifest& m, CheckpointEnv
   const std::string tmp = dir + "/" + m.tag + ".tmp", final_dir = dir + "/" + m.tag;
   STRATA_RETURN_IF_ERROR(WriteSmallFile(tmp + "/" + kManifestName, m.ToJson(), false, env));
   STRATA_RETURN_IF_ERROR(FsyncDir(tmp, env));
-  STRATA_RETURN_IF_ERROR(RenamePath(tmp, final_dir, env));
+  const bool replaces = PathExists(final_dir);
+  // The replaced checkpoint ends under a `.tmp` name (never read; a later save removes what a
+  // crash leaves): `tmp` after an exchange, `aside` where the filesystem cannot exchange.
+  const std::string aside = final_dir + ".replaced.tmp";
+  if (replaces) {
+    STRATA_RETURN_IF_ERROR(ExchangePaths(tmp, final_dir, aside, env));
+  } else {
+    STRATA_RETURN_IF_ERROR(RenamePath(tmp, final_dir, env));
+  }
   STRATA_RETURN_IF_ERROR(FsyncDir(dir, env));
-  return WriteSmallFile(dir + "/" + kLatestName, m.tag + "\n", true, env);
+  STRATA_RETURN_IF_ERROR(WriteSmallFile(dir + "/" + kLatestName, m.tag + "\n", true, env));
+  if (!replaces) return Status::OK();
+  STRATA_RETURN_IF_ERROR(RemoveTree(tmp));
+  return RemoveTree(aside);
 }
 
 // ---------------------------------------------------------------------------------------------

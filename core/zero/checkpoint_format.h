@@ -162,6 +162,12 @@ Status MakeDir(const std::string& path, CheckpointEnv& env = DefaultEnv());  // 
 Status FsyncDir(const std::string& path, CheckpointEnv& env = DefaultEnv());
 Status RenamePath(const std::string& from, const std::string& to,
                   CheckpointEnv& env = DefaultEnv());
+// `from` and `to` (both existing) trade names in one step (renameat2 RENAME_EXCHANGE), a
+// durable operation of `env` (kRename, path `from`). Where the filesystem cannot (EINVAL, ENOSYS,
+// EOPNOTSUPP: NFS, some overlays), `to` is renamed to `aside` first and `from` to `to` after,
+// with a moment in which neither is under `to`.
+Status ExchangePaths(const std::string& from, const std::string& to, const std::string& aside,
+                     CheckpointEnv& env = DefaultEnv());
 Status RemoveTree(const std::string& path);  // missing is fine
 bool PathExists(const std::string& path);
 Result<std::string> ReadWholeFile(const std::string& path);
@@ -234,7 +240,9 @@ class RangeReader {
 
 // The last steps of a save, once every file of `m` is durable in <dir>/<m.tag>.tmp: writes the
 // manifest, fsyncs it and the directory, renames the directory to <dir>/<m.tag>, fsyncs <dir>,
-// and replaces <dir>/latest atomically.
+// and replaces <dir>/latest atomically. Where <dir>/<m.tag> exists (a tag saved again) the two
+// directories trade names in one step (ExchangePaths), so a crash leaves the old or the new
+// checkpoint under the tag, never neither; the old one, then named `.tmp`, is removed last.
 Status CommitCheckpoint(const std::string& dir, const Manifest& m,
                         CheckpointEnv& env = DefaultEnv());
 

@@ -439,10 +439,16 @@ Status Engine::Impl::DiscardGradients() {
   Status st = DrainReductions(true);
   if (!st.ok()) return st;
   st = CheckGradWriteBehind(/*wait=*/true);
-  if (st.ok()) {
+  if (st.ok() && spec) {
+    // What it stepped ahead is rolled back. The next window speculates as this one would have,
+    // and the governor does not time the dropped window as a step.
+    const bool skip = spec->skip_next;
     StepReport unused;
     unused.loss_scale = scaler->scale();
-    st = SettleSpeculation(false, 0, &unused, nullptr);  // what it stepped ahead is rolled back
+    st = SettleSpeculation(false, 0, &unused, nullptr);
+    spec->skip_next = skip;
+    spec->last_step_end.reset();
+    if (st.ok()) ResetSpeculation();
   }
   if (!st.ok()) return Fail(st);
   for (zero::GroupState& gs : groups) {

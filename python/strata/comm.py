@@ -45,10 +45,10 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False):
     if _dist.get_backend(group) == "gloo":
         return _dist.monitored_barrier(group=group, timeout=timeout,
                                        wait_all_ranks=wait_all_ranks)
-    return _dist.barrier(group=group)
+    return _dist.barrier(group=group)  # `timeout` unused: the group's own timeout applies
 
 
-inference_all_reduce = all_reduce  # noqa: F821  (DeepSpeed's fast path for inference; the same sum)
+inference_all_reduce = all_reduce  # noqa: F821  (DeepSpeed's inference path: the same sum)
 
 
 @_started
@@ -65,19 +65,21 @@ def get_all_ranks_from_group(group=None) -> list:
 
 @_started
 def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
-    """all_reduce of each tensor in `tensors`, in place (one flat buffer, so one collective)."""
+    """all_reduce of each tensor in `tensors`, in place: one collective per device and dtype
+    (their tensors flattened into one buffer; that copy is the memory it costs)."""
     if async_op:
         raise NotImplementedError("strata.comm.all_reduce_coalesced: async_op=True is not "
                                   "supported; call all_reduce(..., async_op=True) per tensor")
-    tensors = list(tensors)
-    if not tensors:
-        return None
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    _dist.all_reduce(flat, op=op, group=group)
-    at = 0
+    buckets: dict = {}
     for t in tensors:
-        t.copy_(flat[at:at + t.numel()].view_as(t))
-        at += t.numel()
+        buckets.setdefault((t.device, t.dtype), []).append(t)
+    for same in buckets.values():
+        flat = torch.cat([t.reshape(-1) for t in same])
+        _dist.all_reduce(flat, op=op, group=group)
+        at = 0
+        for t in same:
+            t.copy_(flat[at:at + t.numel()].view_as(t))
+            at += t.numel()
     return None
 
 

@@ -680,6 +680,8 @@ class StrataEngine(torch.nn.Module):
         # stage 3 gathers per module (the hooks) and empties them outside.
         self._whole = self._engine.layout()["stage"] < 3
         self._param_signature = self._parameters_now()  # _check_parameters_unchanged
+        _watch_registrations()
+        self._param_epoch = _PARAMS_REGISTERED[0]
         if not self._whole:  # DeepSpeed's ds_* (strata.zero); _acquire / _release keep ds_status
             # Libraries that see ds_* import deepspeed to gather: they get strata.
             register_as_deepspeed(required=False)
@@ -723,6 +725,7 @@ class StrataEngine(torch.nn.Module):
         self._release_all()  # stage 3: parameters are empty until gathered
         self._gather_whole()
         self.micro_steps = 0
+        self._boundary_shift = 0  # micro_steps' offset of the windows after a drop (% gas)
         self.global_steps = 0
         self.tput_timer = ThroughputTimer(self.train_batch_size())
         self.global_samples = 0
@@ -1399,6 +1402,14 @@ class StrataEngine(torch.nn.Module):
         the buffer was taken on (autograd runs each node on its forward op's stream): that copy
         waits for the buffer's stream (its zeroing) and the buffer's stream for the copy (its
         reduction)."""
+        if view.shape != grad.shape:  # a parameter resized in place (its .data replaced)
+            raise RuntimeError(
+                f"strata: a gradient of shape {tuple(grad.shape)} for a parameter of group "
+                f"'{self._groups[gi].name}' that the engine holds as {tuple(view.shape)}: the "
+                "parameter was resized after strata.initialize (as "
+                "model.resize_token_embeddings(...) does at stages 0-2). The engine holds, "
+                "trains and saves the parameters it was initialized with, in their shapes: "
+                "resize before strata.initialize")
         own = self._grad_streams.get(gi)  # None unless stream-ordered
         current = None if own is None else self._current_stream()
         if current is None or current == own:
@@ -1463,7 +1474,9 @@ class StrataEngine(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         self._check_loaded("forward")
-        self._check_parameters_unchanged()
+        if self._param_epoch != _PARAMS_REGISTERED[0] or not _REGISTRATION_HOOK:
+            self._check_parameters_unchanged()
+            self._param_epoch = _PARAMS_REGISTERED[0]
         self._settle_failed_backward()
         if self.training and not self.tput_timer.started:
             self.tput_timer.start()
@@ -1556,7 +1569,7 @@ class StrataEngine(torch.nn.Module):
         micro-steps, or as set_gradient_accumulation_boundary said."""
         if self._boundary is not None:
             return self._boundary
-        return (self.micro_steps + 1) % self._gas == 0
+        return (self.micro_steps - self._boundary_shift + 1) % self._gas == 0
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """As DeepSpeed's: overrides is_gradient_accumulation_boundary() from now on (set it before
@@ -1622,14 +1635,14 @@ class StrataEngine(torch.nn.Module):
         self.tput_timer.stop(global_step=boundary)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """p.grad = None for every parameter; and after a backward that engine.step() has not
-        followed (a micro-batch the script drops: a loss spike, a NaN), or one that raised, the
-        gradients taken since the last step are dropped (_discard_gradients): the next backward
-        starts a new accumulation window, as torch's and DeepSpeed's zero_grad start over.
-        Called after engine.step(), its usual place, it drops nothing the step did not take."""
-        if self._torch_backward_took:
-            self._drop_failed_backward()
-        elif self._unstepped_backward:
+        """p.grad = None for every parameter, as DeepSpeed's: the gradients the engine holds for
+        this accumulation window stay (a loop that calls zero_grad every micro-step, as
+        accelerate's may, keeps accumulating). Two cases drop them (_discard_gradients): after a
+        backward that raised, and after a backward that filled the window with no
+        engine.step() since, the micro-batch a script skips (a loss spike, a NaN); that window
+        could not take another micro-step otherwise."""
+        self._settle_failed_backward()
+        if self._unstepped_backward and self._window_backwards >= self._gas:
             self._discard_gradients("engine.zero_grad() after a backward that engine.step() "
                                     "did not follow")
         for g in self._groups:
@@ -1647,24 +1660,33 @@ class StrataEngine(torch.nn.Module):
         at the engine's next call that would meet its state."""
         if self._torch_backward_took:
             self._drop_failed_backward()
+        # A pass that raised before any parameter gradient left only its queued flag: cleared,
+        # or the next pass would queue no end and never flush.
+        self._torch_backward_queued = False
 
     def _drop_failed_backward(self) -> None:
         """After a backward that raised part way (engine.backward's, or the script's own
         loss.backward(), found at the next forward or zero_grad): its gathered groups released,
         and the gradients it and this window's earlier micro-steps gave dropped, so that the
         script can skip the batch (catching an out-of-memory error, say) and train on."""
-        self._release_all()
-        self._gather_whole()
-        self._discard_gradients("a backward raised")
+        try:
+            self._release_all()
+            self._gather_whole()
+        finally:
+            self._discard_gradients("a backward raised")
 
     def _discard_gradients(self, why: str) -> None:
         """Drops every gradient taken since the last step: the engine's (discard_gradients,
         with the reductions in flight completed first), the adapter's micro-step state, and
         p.grad kept for a later turn. With several ranks every rank must do it at the same point
         (each one's backward raised at the same place), as DeepSpeed needs every rank in every
-        collective; Step names a rank that did not. Earlier micro-steps of the accumulation
-        window are dropped with it (a warning says how many): their sum cannot be taken apart."""
+        collective, else the ranks' collectives no longer pair (a timeout, or Step's error).
+        Earlier micro-steps of the accumulation window are dropped with it (a warning says how
+        many): their sum cannot be taken apart; a new window of gradient_accumulation_steps
+        micro-steps starts at the next one."""
         self._wait_torch()  # torch's kernels no longer write the buffers freed below
+        for stream in self._grad_streams.values():  # a backward on a stream of its own
+            stream.synchronize()
         self._held.held.clear()  # complete groups whose reductions were held: dropped too
         self._grad_views.clear()
         self._grad_streams.clear()
@@ -1680,11 +1702,13 @@ class StrataEngine(torch.nn.Module):
         if earlier > 0:
             warnings.warn(
                 f"strata: {why}: the gradients of this accumulation window's {earlier} earlier "
-                "micro-step(s) are dropped with it (the engine holds their sum only); the "
-                "window's next micro-steps start over", stacklevel=3)
+                "micro-step(s) are dropped with it (the engine holds their sum only); a new "
+                "window of gradient_accumulation_steps micro-steps starts at the next one",
+                stacklevel=3)
         self._step_has_grads = False
         self._unstepped_backward = False
         self._window_backwards = 0
+        self._boundary_shift = self.micro_steps % self._gas
 
     def _lr_state(self) -> dict:
         """What a checkpoint keeps of the lrs the script drives: each group's lr and a client
@@ -2254,6 +2278,7 @@ class StrataEngine(torch.nn.Module):
         # counter, which a fresh engine starts at 0); the saved count would put the boundary
         # mid-window where the run resumes with another gradient_accumulation_steps.
         self.micro_steps = self.global_steps * self._gas
+        self._boundary_shift = 0
         self.global_samples = int(state.get("global_samples", 0))
         return os.path.join(load_dir, str(tag)), state.get("client_state", {})
 
@@ -2376,6 +2401,24 @@ _STATE_KINDS = {"lp_params": ["param16"], "hp_params": ["master32"],
 
 # The engines alive in this process (accelerator.memory_allocated counts their device bytes).
 _LIVE_ENGINES: "weakref.WeakSet[StrataEngine]" = weakref.WeakSet()
+# Parameters registered on any module of this process since the first engine (torch's global
+# registration hook): an engine's forward compares its module's parameters with what it holds
+# only when this moved, so the common forward pays nothing for _check_parameters_unchanged.
+_PARAMS_REGISTERED = [0]
+_REGISTRATION_HOOK: list = []
+
+
+def _count_registration(module, name, param) -> None:
+    _PARAMS_REGISTERED[0] += 1
+
+
+def _watch_registrations() -> None:
+    register = getattr(torch.nn.modules.module, "register_module_parameter_registration_hook",
+                       None)
+    if not _REGISTRATION_HOOK and register is not None:
+        _REGISTRATION_HOOK.append(register(_count_registration))
+    elif register is None:
+        _PARAMS_REGISTERED[0] += 1  # no hook in this torch: every forward checks
 _ENGINE_SERIALS = itertools.count()
 
 

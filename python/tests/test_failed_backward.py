@@ -38,26 +38,68 @@ def test_zero_grad_after_a_backward_without_a_step_drops_that_batch(tmp_path, st
     assert_trained_without_the_bad_batch(got)
 
 
-def test_a_failure_late_in_an_accumulation_window_drops_the_whole_window_and_says_so():
+def window_after(drop: str):
+    """gradient_accumulation_steps 2, stage 2: with `drop`, batch 0's micro-step and a second one
+    that raises ("raise") or that the script drops ("zero_grad"); then batches 2 and 3, each
+    followed by engine.step(). Returns (global steps, grad norm, the masters)."""
     torch.manual_seed(0)
     engine, _, _, _ = strata.initialize(model=Net(), config=config(2, "none", gas=2))
     x = batches()
-    engine.backward(engine(x[0]).square().mean())
-    engine.step()  # not a boundary: the window holds batch 0
-    loss = engine(x[1]).square().mean()
-    Boom.armed = True
-    try:
-        with pytest.raises(RuntimeError, match="simulated"), \
-                pytest.warns(UserWarning, match="1 earlier micro-step"):
-            engine.backward(loss)
-    finally:
-        Boom.armed = False
-    # A new window: two micro-steps fit (the dropped one no longer counts), then the step.
+    if drop:
+        engine.backward(engine(x[0]).square().mean())
+        engine.step()  # not a boundary: the window holds batch 0
+        loss = engine(x[1]).square().mean()
+        with pytest.warns(UserWarning, match="1 earlier micro-step"):
+            if drop == "raise":
+                Boom.armed = True
+                try:
+                    with pytest.raises(RuntimeError, match="simulated"):
+                        engine.backward(loss)
+                finally:
+                    Boom.armed = False
+            else:
+                engine.backward(loss)
+                engine.zero_grad()  # the window is full and not stepped: dropped
     for b in x[2:4]:
         engine.backward(engine(b).square().mean())
         engine.step()
-    assert engine.global_steps == 1
+    out = (engine.global_steps, engine.get_global_grad_norm().item(),
+           {n: strata.utils.safe_get_full_fp32_param(p).clone()
+            for n, p in engine.module.named_parameters()})
     engine.close()
+    return out
+
+
+@pytest.mark.parametrize("drop", ["raise", "zero_grad"])
+def test_a_drop_late_in_an_accumulation_window_drops_the_window_and_the_next_is_whole(drop):
+    """The window's earlier micro-step goes too (warned); the next window takes two whole
+    micro-steps and divides by two, as a run that never saw the dropped ones."""
+    steps, norm, params = window_after(drop)
+    want_steps, want_norm, want = window_after("")
+    assert steps == want_steps == 1
+    assert norm == want_norm
+    for n, p in want.items():
+        assert torch.equal(params[n], p), n
+
+
+def test_zero_grad_every_micro_step_keeps_accumulating():
+    """A loop that calls zero_grad() after each micro-step's backward inside the window,
+    stepping the engine at the boundary only (as accelerate's may): DeepSpeed's zero_grad clears
+    p.grad only, and the window's gradients stay."""
+    def run(zero_grad: bool):
+        torch.manual_seed(0)
+        engine, _, _, _ = strata.initialize(model=Net(), config=config(2, "none", gas=4))
+        for i, b in enumerate(batches()[:4]):
+            engine.set_gradient_accumulation_boundary(i == 3)
+            engine.backward(engine(b).square().mean())
+            if i == 3:
+                engine.step()
+            elif zero_grad:
+                engine.zero_grad()
+        norm = engine.get_global_grad_norm().item()
+        engine.close()
+        return norm
+    assert run(True) == run(False) > 0
 
 
 @pytest.mark.parametrize("stage,offload,how", [(2, "none", "engine"), (3, "cpu", "torch")])
