@@ -58,12 +58,12 @@ def config(stage: int, offload: str, gas: int = 1) -> dict:
             "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}}}
 
 
-def reference() -> dict:
+def reference(device: str = "cpu") -> dict:
     """torch's AdamW on every batch but BAD."""
     torch.manual_seed(0)
-    model = Net()
+    model = Net().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    for i, x in enumerate(batches()):
+    for i, x in enumerate(x.to(device) for x in batches()):
         if i != BAD:
             opt.zero_grad()
             model(x).square().mean().backward()
@@ -71,16 +71,17 @@ def reference() -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def train(stage: int, offload: str, how: str, save_dir=None, timeout_ms: int = 60000) -> dict:
+def train(stage: int, offload: str, how: str, save_dir=None, timeout_ms: int = 60000,
+          device: str = "cpu") -> dict:
     """Trains on every batch; BAD's backward raises (how: "engine" for engine.backward, "torch"
     for the script's own loss.backward(); "+zero_grad": the script then calls zero_grad), or
     ("drop", "drop_opt") completes and the script drops it with engine.zero_grad() /
     optimizer.zero_grad(). With save_dir, a checkpoint is saved right after BAD. Returns the
-    fp32 masters by name."""
+    fp32 masters by name (on the CPU). device "cuda": the model and batches on the GPU."""
     torch.manual_seed(0)
-    engine, opt, _, _ = strata.initialize(model=Net(), config=config(stage, offload),
+    engine, opt, _, _ = strata.initialize(model=Net().to(device), config=config(stage, offload),
                                           timeout_ms=timeout_ms)
-    for i, x in enumerate(batches()):
+    for i, x in enumerate(x.to(device) for x in batches()):
         loss = engine(x).square().mean()
         Boom.armed = i == BAD and not how.startswith("drop")
         try:
@@ -104,7 +105,7 @@ def train(stage: int, offload: str, how: str, save_dir=None, timeout_ms: int = 6
                 assert engine.save_checkpoint(save_dir)
             continue
         engine.step()
-    out = {n: strata.utils.safe_get_full_fp32_param(p).clone()
+    out = {n: strata.utils.safe_get_full_fp32_param(p).detach().to("cpu").clone()
            for n, p in engine.module.named_parameters()}
     out["__steps__"] = engine.global_steps
     engine.close()

@@ -7,7 +7,7 @@ releases ordered on the GPU with the params offloaded too); the device budget; a
 into its base weights after training (Engine::WriteParams on the GPU); offload_states lending the
 GPU out between steps; activation checkpointing keeping the blocks' inputs in host memory;
 optimizer state written between steps (safe_set_*); a frozen teacher's weight saved in the
-student's forward and gathered for backward.
+student's forward and gathered for backward; a backward that raises part way, dropped.
 Every test but the device-choice ones needs a GPU and is skipped (and reported so) without one;
 the device-choice and budget checks also run on the host stand-in."""
 import pytest
@@ -523,3 +523,16 @@ def test_a_frozen_teachers_weight_saved_in_the_forward_is_gathered_in_backward(w
     (test_external_parameters.py on the host), the student's gradients torch's on the GPU."""
     from test_external_parameters import saved_foreign_parameter_against_torch
     saved_foreign_parameter_against_torch(where, False, device="cuda")
+
+
+@needs_gpu
+@pytest.mark.parametrize("stage,offload,how", [(0, "none", "engine"), (3, "none", "torch"),
+                                               (3, "cpu", "engine+zero_grad"), (2, "none", "drop")])
+def test_a_backward_that_raises_on_the_gpu_is_dropped_and_training_goes_on(stage, offload, how,
+                                                                          tmp_path):
+    """Engine::DiscardGradients on CudaDevice (gradient buffers taken on torch's stream, freed
+    behind it): training goes on as torch's AdamW on the GPU skipping the batch, and a
+    checkpoint saves at once (test_failed_backward.py on the host)."""
+    from test_failed_backward import assert_trained_without_the_bad_batch, train as train_skip
+    got = train_skip(stage, offload, how, save_dir=tmp_path, device="cuda")
+    assert_trained_without_the_bad_batch(got, device="cuda")
