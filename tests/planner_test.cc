@@ -298,7 +298,8 @@ TEST(PlannerPlace, SpeculationRoomCachesASmallModelsNvmeState) {
   in.zero.speculative_step_given = true;
   p = Place(in, 3, D::kNvme, D::kNone);
   EXPECT_DOUBLE_EQ(ItemBytes(p, Tier::kHost, item), 8 * 1.25e6 * 14);
-  EXPECT_GT(p.nvme_io_bytes_per_node, 0);
+  // Beside the copies the 1024 GB still cache all of it: no IO either.
+  EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 0);
   // The optimizer on cpu: nothing NVMe-homed to cache; the copies as before.
   in.zero.speculative_step_given = false;
   EXPECT_DOUBLE_EQ(ItemBytes(Place(in, 3, D::kCpu, D::kNone), Tier::kHost, item), 8 * 1.25e6 * 14);
@@ -338,10 +339,16 @@ TEST(PlannerPlace, Stage3ParamOffloadOnly) {
   EXPECT_DOUBLE_EQ(nvme.host_cache_bytes_per_node, 14e9 - 8.0 * 5 * 200003584);
   EXPECT_DOUBLE_EQ(nvme.host_bytes_per_node, 14e9);
   EXPECT_DOUBLE_EQ(nvme.host_pinned_bytes_per_node, 14e9);
-  // NVMe: 8 x 2 x 8.75e8 = 14 GB, read for forward and backward and written once:
-  // 3 x 1.75 x 8 = 42 GB of IO per step.
+  // NVMe: 8 x 2 x 8.75e8 = 14 GB, all of it cached: after the first step no IO (the engine's
+  // nvme_state_cached). Where the host caches only part (10 GB: 2 GB beside the buffers), each
+  // step reads the params for forward and backward and writes them once: 3 x 1.75 x 8 = 42 GB.
   EXPECT_DOUBLE_EQ(nvme.nvme_bytes_per_node, 14e9);
-  EXPECT_DOUBLE_EQ(nvme.nvme_io_bytes_per_node, 42e9);
+  EXPECT_DOUBLE_EQ(nvme.nvme_io_bytes_per_node, 0);
+  PlanInput tight = Ref();
+  tight.capacity.dram_bytes_per_node = 10e9;
+  const Placement paged = Place(tight, 3, D::kNone, D::kNvme);
+  EXPECT_GT(paged.host_cache_bytes_per_node, 0);
+  EXPECT_DOUBLE_EQ(paged.nvme_io_bytes_per_node, 42e9);
 }
 
 TEST(PlannerPlace, Stage3OptimizerNvme) {
@@ -374,8 +381,12 @@ TEST(PlannerPlace, Stage3OptimizerNvme) {
   EXPECT_DOUBLE_EQ(q.hbm_bytes_per_gpu, 5.625e9 + kExchange);
   EXPECT_DOUBLE_EQ(q.host_cache_bytes_per_node, 112e9 - 8.0 * 5 * 4 * 400003072);
   EXPECT_DOUBLE_EQ(q.host_bytes_per_node, 126e9);
-  // IO per rank: 21 + fp32 grads 2 x 4 x 3.5 = 28 -> 49; x 8 = 392 GB.
-  EXPECT_DOUBLE_EQ(q.nvme_io_bytes_per_node, 392e9);
+  // All of it cached: no IO. With 100 GB (22 GB of cache): per rank 21 + fp32 grads
+  // 2 x 4 x 3.5 = 28 -> 49; x 8 = 392 GB.
+  EXPECT_DOUBLE_EQ(q.nvme_io_bytes_per_node, 0);
+  PlanInput tight = in;
+  tight.capacity.dram_bytes_per_node = 100e9;
+  EXPECT_DOUBLE_EQ(Place(tight, 3, D::kNvme, D::kCpu).nvme_io_bytes_per_node, 392e9);
   // PCIe: grads down each micro-step 4 x 1.75 = 7 + shard up 2 x 4 x 1.75 = 14 -> 21 GB.
   EXPECT_DOUBLE_EQ(q.pcie_bytes_per_gpu, 21e9);
 }
@@ -409,7 +420,8 @@ TEST(PlannerPlace, Stage3AllNvmeCacheIsWhatTheBudgetLeaves) {
   // IO per rank: optimizer+grads 28 + params 8.75e8 x 2 B x (2 reads + 1 write) = 5.25 -> 33.25;
   // x 8 = 266 GB.
   EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 266e9);
-  EXPECT_DOUBLE_EQ(Place(in, 3, D::kCpu, D::kNvme).nvme_io_bytes_per_node, 42e9);
+  // With 1024 GB everything is cached: none.
+  EXPECT_DOUBLE_EQ(Place(in, 3, D::kCpu, D::kNvme).nvme_io_bytes_per_node, 0);
 }
 
 TEST(PlannerPlace, OffloadBelowStage3FollowsDeepSpeed) {

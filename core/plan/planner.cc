@@ -287,10 +287,15 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
             g_per_node * buffers, true);
       swap += g_per_node * buffers;
       if (buffers > 0 && buffers >= off_opt) {
-        p.notes.push_back("optimizer swap buffers (" + Fmt(z.optimizer_buffer_count) + " + 1 x " +
-                          Fmt(sub_group) +
-                          " elements) take as much DRAM as the optimizer state itself: lower "
-                          "sub_group_size for NVMe offload");
+        p.notes.push_back(
+            "optimizer swap buffers ((" + Fmt(z.optimizer_buffer_count) + " + 1) x " +
+            Fmt(sub_group) + " elements" +
+            (in.largest_group_params > 0
+                 ? ""
+                 : ", an upper bound: without --largest-group the largest sub-group is taken as "
+                   "min(sub_group_size, the rank's shard)") +
+            ") take as much DRAM as the optimizer state itself: lower sub_group_size for NVMe "
+            "offload");
       }
       b.Add(Tier::kNvme, "optimizer state (master+m+v), 1/N shard per GPU", g_per_node * off_opt);
       b.Add(Tier::kNvme, OffloadedGrads(in, b.rules) + ", 1/N shard per GPU",
@@ -332,6 +337,14 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
   // (Engine::Impl::nvme_state_cached): a step moves no NVMe bytes.
   if (PlaceSpeculation(in, stage, swap, b)) nvme_io = 0;
   PlaceHostCache(in, swap, b);
+  // The same where the DRAM capacity leaves room for every NVMe-homed block (the engine's rule):
+  // after the first step's reads nothing moves until a checkpoint or Flush. A cache of part of
+  // them is counted as none: each step visits every block once, in the same order.
+  const uint64_t cacheable = sched::CacheableNvmeBytes(PerRankBytes(b.Sum(Tier::kNvme), g_per_node),
+                                                       PerRankBytes(swap, g_per_node));
+  if (cacheable > 0 && PerRankBytes(p.host_cache_bytes_per_node, g_per_node) >= cacheable) {
+    nvme_io = 0;
+  }
   p.pcie_bytes_per_gpu = pcie;
   p.nvme_io_bytes_per_node = g_per_node * nvme_io;
   p.nvme_io_seconds = p.nvme_io_bytes_per_node / in.capacity.nvme_bytes_per_s_per_node;
