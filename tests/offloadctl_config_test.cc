@@ -267,13 +267,20 @@ TEST_F(OffloadctlConfig, HereWithParamsComparesTheEnginesStateWithTheFreeSpace) 
   EXPECT_EQ(j["nvme_paths"][0]["dir"], dir);
   EXPECT_GT(j["nvme_paths"][0]["free_bytes"].get<int64_t>(), 0);
   EXPECT_NE(j["notes"].dump().find("holds 14000000 bytes"), std::string::npos) << r.out;
-  // 1e15 parameters are 14e15 bytes: no disk here has them; --strict makes it an error.
+  // 1e15 parameters are 14e15 bytes: no disk here has them. One rank: an error (the run could
+  // not start); eight: a warning (they may run on several machines), an error under --strict.
   r = Offloadctl("config check " + cfg + " --here --params 1000T --json");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(ParseJson(r)["errors"].dump().find("needs 14000000000000000 bytes"), std::string::npos)
+      << r.out;
+  r = Offloadctl("config check " + cfg + " --here --params 1000T --world-size 8 --json");
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(ParseJson(r)["warnings"].dump().find("needs 14000000000000000 bytes"),
+  EXPECT_NE(ParseJson(r)["warnings"].dump().find("other ranks may run on other machines"),
             std::string::npos)
       << r.out;
-  EXPECT_EQ(Offloadctl("config check " + cfg + " --here --params 1000T --strict").exit_code, 1);
+  EXPECT_EQ(Offloadctl("config check " + cfg + " --here --params 1000T --world-size 8 --strict")
+                .exit_code,
+            1);
   EXPECT_EQ(Offloadctl("config check " + cfg + " --params 1M").exit_code, 2);  // needs --here
 }
 

@@ -260,10 +260,14 @@ TEST(PlannerConfig, NvmeFreeSpaceIsComparedWithTheEnginesState) {
     c = check(3, opt, opt);
     for (NvmePathSpace& n : c.nvme_paths) n.free_bytes = need - 1;
     CheckNvmeSpace(params, ranks, false, &c);
-    ASSERT_EQ(c.warnings.size(), 1u);  // one directory, one finding
-    EXPECT_EQ(c.warnings[0].path, "zero_optimization.offload_optimizer.nvme_path");
-    EXPECT_EQ(c.warnings[0].kind, ConfigDiagnostic::Kind::kMachine);
-    const std::string& m = c.warnings[0].message;
+    // One rank: exactly this machine's allocation, so an error; several: a warning (other ranks
+    // may run elsewhere).
+    const std::vector<ConfigDiagnostic>& found = ranks == 1 ? c.errors : c.warnings;
+    EXPECT_EQ((ranks == 1 ? c.warnings : c.errors).size(), 0u);
+    ASSERT_EQ(found.size(), 1u);  // one directory, one finding
+    EXPECT_EQ(found[0].path, "zero_optimization.offload_optimizer.nvme_path");
+    EXPECT_EQ(found[0].kind, ConfigDiagnostic::Kind::kMachine);
+    const std::string& m = found[0].message;
     EXPECT_NE(m.find("needs " + std::to_string(need) + " bytes"), std::string::npos) << m;
     EXPECT_NE(m.find("the optimizer state with its gradients and the params"), std::string::npos)
         << m;
@@ -275,17 +279,17 @@ TEST(PlannerConfig, NvmeFreeSpaceIsComparedWithTheEnginesState) {
   c.nvme_paths[0].free_bytes = 14 * mib;
   c.nvme_paths[1].free_bytes = 2 * mib - 1;
   CheckNvmeSpace(params, 1, false, &c);
-  ASSERT_EQ(c.warnings.size(), 1u);
-  EXPECT_EQ(c.warnings[0].path, "zero_optimization.offload_param.nvme_path");
-  EXPECT_NE(c.warnings[0].message.find("needs " + std::to_string(2 * mib) + " bytes (the params"),
+  ASSERT_EQ(c.errors.size(), 1u);
+  EXPECT_EQ(c.errors[0].path, "zero_optimization.offload_param.nvme_path");
+  EXPECT_NE(c.errors[0].message.find("needs " + std::to_string(2 * mib) + " bytes (the params"),
             std::string::npos)
-      << c.warnings[0].message;
+      << c.errors[0].message;
   EXPECT_TRUE(has(c.notes, "holds " + std::to_string(14 * mib) + " bytes"));
 
-  // --strict: the shortfall is an error.
+  // --strict: the shortfall is an error at any world size.
   c = check(3, opt, par);
   c.nvme_paths[1].free_bytes = 0;
-  CheckNvmeSpace(params, 1, true, &c);
+  CheckNvmeSpace(params, 2, true, &c);
   EXPECT_FALSE(c.ok());
   EXPECT_TRUE(c.warnings.empty());
 

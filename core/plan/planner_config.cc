@@ -190,10 +190,12 @@ void CheckNvmeSpace(double params, int64_t ranks, bool strict, ConfigCheck* chec
                        "'" + path.dir + "' needs " + bytes(need) + " bytes (" + holds +
                            "; the engine allocates its swap files whole when it starts) but has " +
                            std::to_string(path.free_bytes) + " bytes free"};
-    if (strict) {
-      d.message += " (an error under --strict)";
+    if (strict || ranks == 1) {
+      // One rank: exactly what this machine's engine allocates, so the run cannot start.
+      if (ranks > 1) d.message += " (an error under --strict)";
       check->errors.push_back(std::move(d));
     } else {
+      d.message += " (a warning: other ranks may run on other machines; an error under --strict)";
       check->warnings.push_back(std::move(d));
     }
   }
