@@ -46,12 +46,45 @@ int Run(const Args& a) {
   o.backend = *IoBackendFromName(a.io_backend);
   o.fixed_buffers = !a.no_fixed_buffers;
   o.huge_pages = !a.no_huge_pages;
+  // The default sweep keeps the block sizes one pass of --size holds (a block per thread in
+  // each directory); a block size given that it does not hold is a usage error.
+  const bool default_blocks = a.block_sizes == Args{}.block_sizes;
+  const uint64_t per_dir = o.size_bytes / std::max<size_t>(1, a.nvme_paths.size());
   std::vector<nvme::NvmeBenchPoint> points;
+  std::string skipped;
   for (const std::string& bs : a.block_sizes) {
     const uint64_t b = *ParseSize(bs);
-    for (size_t qd : a.queue_depths) {
-      for (size_t t : a.threads) points.push_back({static_cast<size_t>(b), qd, t});
+    if (b == 0 || b % 4096 != 0) {
+      std::fprintf(stderr, "offloadctl bench nvme: --block-size %s is not a multiple of 4K\n",
+                   bs.c_str());
+      return kExitUsage;
     }
+    for (size_t t : a.threads) {
+      if (per_dir < b * t) {
+        if (!default_blocks) {
+          std::fprintf(stderr,
+                       "offloadctl bench nvme: --size %s holds less than one %s block per thread "
+                       "(%zu thread(s) in each of %zu directories): raise --size or lower "
+                       "--block-size\n",
+                       a.size.c_str(), bs.c_str(), t, a.nvme_paths.size());
+          return kExitUsage;
+        }
+        skipped += (skipped.empty() ? "" : ", ") + bs + " x " + std::to_string(t) + " thread(s)";
+        continue;
+      }
+      for (size_t qd : a.queue_depths) points.push_back({static_cast<size_t>(b), qd, t});
+    }
+  }
+  if (points.empty()) {
+    std::fprintf(stderr,
+                 "offloadctl bench nvme: --size %s holds no block of the sweep per thread: raise "
+                 "--size or give a smaller --block-size\n",
+                 a.size.c_str());
+    return kExitUsage;
+  }
+  if (!skipped.empty()) {
+    std::fprintf(stderr, "offloadctl bench nvme: skipping %s: larger than --size %s per thread\n",
+                 skipped.c_str(), a.size.c_str());
   }
   auto progress = [&](size_t i, const nvme::NvmeBenchPoint& p) {
     if (points.size() > 1) {
