@@ -141,6 +141,12 @@ TEST(OffloadctlPlan, UsageErrorsExitTwo) {
   }
   const RunResult r = RunPlan("--params 7X", true);
   EXPECT_NE(r.out.find("--params"), std::string::npos) << r.out;
+  // A ratio with nothing offloaded was planned as no offload, silently.
+  const RunResult ratio = RunPlan("--params 13B --stage 3 --offload-ratio 0.5", true);
+  EXPECT_EQ(ratio.exit_code, 2) << ratio.out;
+  EXPECT_NE(ratio.out.find("needs an offloaded optimizer"), std::string::npos) << ratio.out;
+  EXPECT_EQ(RunPlan("--params 13B --stage 3 --offload-ratio 0.5 --offload-optimizer cpu").exit_code,
+            0);
 }
 
 // A count beyond what the planner counts exactly is refused (the figures had saturated, and

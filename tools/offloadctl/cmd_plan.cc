@@ -107,6 +107,12 @@ int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* note
     in->has_configured = true;
   }
   if (f.offload_ratio >= 0) {
+    if (in->zero.offload_optimizer == OffloadDevice::kNone) {
+      return Usage(
+          "--offload-ratio: the share of the optimizer offloaded (DeepSpeed's "
+          "offload_optimizer.ratio) needs an offloaded optimizer: add --offload-optimizer cpu "
+          "(or nvme), or a config that offloads it");
+    }
     in->zero.optimizer_ratio = f.offload_ratio;
     in->has_configured = true;
   }
