@@ -94,6 +94,21 @@ TEST(CkptCli, InspectVerifyExport) {
   EXPECT_NE(c.out.find("a/rank1.safetensors is damaged"), std::string::npos) << c.out;
   EXPECT_EQ(Offloadctl("ckpt verify " + dir).code, 0);
   EXPECT_EQ(Offloadctl("ckpt verify " + dir + " --tag nope").code, 1);
+  // --json: the same verdicts and exit codes, for scripts.
+  c = Offloadctl("ckpt verify " + dir + " --tag a --json");
+  EXPECT_EQ(c.code, 1) << c.out;
+  j = nlohmann::json::parse(c.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << c.out;
+  EXPECT_FALSE(j["valid"].get<bool>());
+  EXPECT_NE(j["error"].get<std::string>().find("a/rank1.safetensors is damaged"), std::string::npos)
+      << c.out;
+  c = Offloadctl("ckpt verify " + dir + " --json");
+  EXPECT_EQ(c.code, 0) << c.out;
+  j = nlohmann::json::parse(c.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << c.out;
+  EXPECT_TRUE(j["valid"].get<bool>());
+  EXPECT_EQ(j["tag"], "b");
+  EXPECT_GT(j["bytes"].get<uint64_t>(), 0u);
   EXPECT_EQ(Offloadctl("ckpt verify").code, 2);
   EXPECT_EQ(Offloadctl("ckpt export " + dir + " --out x --dtype int8").code, 2);
 

@@ -2,7 +2,7 @@
 // without an engine.
 //   inspect DIR [--tag T] [--json]   what is in it: step, world size, stage, precision, where the
 //                                    states lived, tensors, bytes per state kind and per rank
-//   verify DIR [--tag T]             every file present with its size and XXH3; exit 0 valid,
+//   verify DIR [--tag T] [--json]    every file present with its size and XXH3; exit 0 valid,
 //                                    1 damaged (naming the first bad file), 2 usage
 //   export DIR --out F [--tag T] [--dtype bf16|fp16|fp32] [--max-shard-size SIZE]
 //                                    the full parameters from the fp32 masters, named as the
@@ -109,6 +109,21 @@ int RunInspect(const CkptArgs& a) {
 
 int RunVerify(const CkptArgs& a) {
   auto m = ckpt::VerifyCheckpoint(a.dir, a.tag);
+  if (a.json) {  // {"valid", "dir", "tag", "files", "bytes"} or {"valid": false, "error"}
+    nlohmann::ordered_json j = {{"valid", m.ok()}, {"dir", a.dir}};
+    if (m.ok()) {
+      uint64_t total = 0;
+      for (const auto& f : m->files) total += f.size_bytes;
+      j["tag"] = m->tag;
+      j["files"] = m->files.size();
+      j["bytes"] = total;
+    } else {
+      if (!a.tag.empty()) j["tag"] = a.tag;
+      j["error"] = m.status().ToString();
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return m.ok() ? kExitOk : kExitInvalid;
+  }
   if (!m.ok()) return Fail("verify", m.status());
   uint64_t total = 0;
   for (const auto& f : m->files) total += f.size_bytes;
@@ -291,6 +306,9 @@ void RegisterCkpt(CLI::App& parent, int* exit_code) {
       "Check completeness and every checksum: exit 0 valid, 1 damaged (the file named), 2 usage");
   verify->add_option("DIR", args->dir, "Checkpoint directory")->required();
   verify->add_option("--tag", args->tag, "Tag to verify (default: the one `latest` names)");
+  verify->add_flag("--json", args->json,
+                   "Print JSON: valid, tag, files and bytes, or valid false and the error (the "
+                   "exit code as without it)");
   verify->callback([args, exit_code] { *exit_code = RunVerify(*args); });
   CLI::App* exp = ck->add_subcommand(
       "export",
