@@ -1799,7 +1799,10 @@ class StrataEngine(torch.nn.Module):
         # torch's schedulers (on the returned optimizer or the client's) warn unless the
         # optimizer they wrap was stepped.
         self.optimizer._mark_stepped()
-        if self._client_lrs and self.lr_scheduler is not None:
+        # A ReduceLROnPlateau steps on a metric the script has (its eval loss): the script, or
+        # the Trainer after each evaluation, steps it; the engine reads the lrs it writes.
+        if self._client_lrs and self.lr_scheduler is not None and \
+                not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             self.lr_scheduler.step()
 
     def get_lr(self) -> list[float]:

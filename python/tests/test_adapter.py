@@ -302,7 +302,7 @@ def test_gradients_copied_from_another_stream_are_ordered_with_the_buffers():
 
     class LoggedView:  # a buffer view whose copies are logged with the stream they ran on
         def __init__(self, view, gi):
-            self.view, self.gi = view, gi
+            self.view, self.gi, self.shape = view, gi, view.shape
 
         def copy_(self, src):
             log.append(("copy", self.gi, current().cuda_stream))

@@ -9,6 +9,7 @@ import copy
 import json
 import os
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -391,6 +392,57 @@ def test_from_pretrained_after_the_arguments_loads_partitioned(tmp_path, referen
         assert_same_curve(cb.logs, reference)
     finally:  # as transformers' own tests do: no hook left for the next test's models
         transformers.integrations.deepspeed.unset_hf_deepspeed_config()
+
+
+def test_evaluate_predict_and_save_before_training_a_partitioned_model(tmp_path):
+    """A baseline evaluation before fine-tuning, on a model from_pretrained built partitioned
+    (the documented stage-3 order): evaluate() and predict() run in a forward-only engine (as
+    transformers' DeepSpeed path builds an inference engine there), save_model() gathers the
+    weights; before, the forward met the empty partitions and the file held empty tensors.
+    Training afterwards is the reference's."""
+    tiny_llama().save_pretrained(tmp_path / "m")
+    with loads_whole():
+        plain_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    plain = transformers.Trainer(model=plain_model, args=transformers.TrainingArguments(
+        **args_kw(tmp_path / "plain", per_device_eval_batch_size=4)),
+        eval_dataset=Tokens(8, seed=5))
+    want = plain.evaluate()["eval_loss"]
+    want_logits = plain.predict(Tokens(4, seed=6)).predictions
+    try:
+        args = st.TrainingArguments(deepspeed=auto_config(3), **args_kw(
+            tmp_path / "out", per_device_eval_batch_size=4))
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+        assert all(p.numel() == 0 for p in model.parameters())
+        trainer = st.Trainer(model=model, args=args, train_dataset=Tokens(),
+                             eval_dataset=Tokens(8, seed=5))
+        assert trainer.evaluate()["eval_loss"] == pytest.approx(want, rel=1e-5)
+        got_logits = trainer.predict(Tokens(4, seed=6)).predictions
+        np.testing.assert_allclose(got_logits, want_logits, rtol=1e-5, atol=1e-5)
+        assert all(p.numel() == 0 for p in model.parameters())  # partitioned as before
+        trainer.save_model(tmp_path / "saved")
+        with loads_whole():
+            saved = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "saved")
+        for (n, a), b in zip(plain_model.named_parameters(), saved.parameters()):
+            assert torch.equal(a, b), n
+        trainer.train()
+        assert trainer.state.global_step == STEPS
+    finally:
+        transformers.integrations.deepspeed.unset_hf_deepspeed_config()
+
+
+def test_reduce_lr_on_plateau_steps_on_the_eval_metric_as_transformers(tmp_path):
+    """lr_scheduler_type="reduce_lr_on_plateau": the Trainer steps the scheduler with the eval
+    loss after each evaluation, and the engine reads the lrs it writes (it steps no scheduler
+    without its metric); before, the engine's first step called it without one (TypeError)."""
+    kw = dict(lr_scheduler_type="reduce_lr_on_plateau", warmup_steps=0, learning_rate=3e-2,
+              lr_scheduler_kwargs={"patience": 0, "factor": 0.5}, eval_strategy="steps",
+              eval_steps=2, per_device_eval_batch_size=4, steps=8)
+    _, want = run(tmp_path / "plain", eval_ds=Tokens(8, seed=5), **kw)
+    _, got = run(tmp_path / "strata", auto_config(2), eval_ds=Tokens(8, seed=5), **kw)
+    lrs = [l["learning_rate"] for l in want]
+    assert min(lrs) < max(lrs)  # the plateau lowered it: the comparison is not of constants
+    assert [l["learning_rate"] for l in got] == pytest.approx(lrs, rel=1e-6)
+    assert [l["loss"] for l in got] == pytest.approx([l["loss"] for l in want], rel=LOSS_RTOL)
 
 
 @pytest.mark.parametrize("source", ["config-file", "fields"])

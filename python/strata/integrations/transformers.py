@@ -38,11 +38,13 @@ when a Trainer with a strata config is built); tested with 5.3.0, 5.5.4, 5.10.4,
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -54,7 +56,7 @@ from accelerate.utils.deepspeed import HfDeepSpeedConfig as _AccelerateHfDeepSpe
 from ..config import ConfigError, check_config, load_config, zero_stage
 from .._strata import StrataError
 from ..deepspeed_name import installed_elsewhere, register_as_deepspeed
-from ..engine import start_distributed
+from ..engine import nvme_dirs_in_use, start_distributed
 from ._autos import HIDDEN_SIZE_KEYS, hidden_size_values
 
 logger = logging.getLogger(__name__)
@@ -449,6 +451,52 @@ def _register_lora_reads(model) -> None:
                         register_external_parameter(m, p)
 
 
+def frozen_config(config: dict, args, model: torch.nn.Module, name: str = "reference") -> dict:
+    """The DeepSpeed config of the engine of a frozen model (a reference, teacher or reward
+    model) named `name`: the run's, "auto" values resolved from the arguments, without the
+    optimizer and scheduler sections (nothing of it trains) and the monitors. Its NVMe swap files go to a
+    `strata-<name>` directory inside each nvme_path (created): the policy's engine holds the
+    rank's swap file in the nvme_path itself, and each frozen model's engine its own. Where an
+    open engine of this process uses that directory already (the trainer a notebook cell made
+    before, still referenced while its replacement is built), `strata-<name>-2`, -3, ..."""
+    # Without the optimizer and scheduler, and the monitors (the policy's engine writes them).
+    dropped = ("optimizer", "scheduler", "tensorboard", "csv_monitor", "wandb", "comet")
+    cfg = resolve_auto({k: v for k, v in config.items() if k not in dropped},
+                       args, model, num_training_steps=1, world_size=args.world_size)  # a copy
+    zero = cfg.get("zero_optimization", {})
+    in_use = nvme_dirs_in_use()
+    for key in ("offload_param", "offload_optimizer"):
+        section = zero.get(key)
+        if isinstance(section, dict) and section.get("nvme_path"):
+            paths = section["nvme_path"]
+            several = isinstance(paths, (list, tuple))
+            moved = [_free_dir(os.fspath(p), f"strata-{name}", in_use)
+                     for p in (paths if several else [paths])]
+            for path in moved:
+                os.makedirs(path, exist_ok=True)
+            section["nvme_path"] = moved if several else moved[0]
+    return cfg
+
+
+def _free_dir(base: str, name: str, in_use: set) -> str:
+    """<base>/<name>, or <base>/<name>-<k> for the first k from 2 whose directory no open
+    engine of this process uses (in_use: real paths). The names are those `offloadctl clean`
+    looks into (nvme/leftovers.h IsEngineDirName: strata- and lowercase letters, digits, -)."""
+    if not re.fullmatch(r"strata-[a-z0-9-]+", name):
+        raise ValueError(f"frozen engine directory {name!r}: strata-[a-z0-9-]+ only")
+    path, k = os.path.join(base, name), 1
+    while os.path.realpath(path) in in_use:
+        k += 1
+        path = os.path.join(base, f"{name}-{k}")
+    return path
+
+
+def _still_zero_init(model: torch.nn.Module) -> bool:
+    """Whether some of the model's parameters are still zero.Init's partitions (partitioned at
+    construction, in no engine yet)."""
+    return any(getattr(p, "_strata_part", None) is not None for p in model.parameters())
+
+
 class Trainer(transformers.Trainer):
     """transformers.Trainer training through a strata engine when args.strata_config is set
     (strata.integrations.transformers.TrainingArguments(deepspeed=...)); without one it is
@@ -489,6 +537,30 @@ class Trainer(transformers.Trainer):
         if not engine._closed:
             engine.close_keeping_weights()
         self.strata_engine = None
+
+    @contextlib.contextmanager
+    def _strata_borrowed(self, model: torch.nn.Module):
+        """`model` (zero.Init's partitions, maybe beside whole parameters: a PEFT adapter's) in a
+        forward-only engine inside the block; after it every parameter is as it was (its data,
+        whole or zero.Init's partition, and its attributes; nothing trains, so the values are
+        unchanged) for the engine that will train them."""
+        import strata
+        kept = {p: (p.data, dict(p.__dict__), p.requires_grad) for p in model.parameters()}
+        model.requires_grad_(False)
+        try:
+            engine, _, _, _ = strata.initialize(
+                model=model, config=frozen_config(self._strata_config(), self.args, model,
+                                                  "precompute"), device=self.args.device)
+            try:
+                yield engine
+            finally:
+                engine.close()
+        finally:
+            for p, (data, attrs, trains) in kept.items():
+                p.data = data
+                p.__dict__.clear()
+                p.__dict__.update(attrs)
+                p.requires_grad_(trains)
 
     def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
         """Where transformers builds DeepSpeed's engine (max_steps known): the strata engine, its
@@ -550,8 +622,14 @@ class Trainer(transformers.Trainer):
         self.strata_engine = engine
         self.model_wrapped = engine
         self.optimizer = _EngineStepped(eopt, engine)
-        self.lr_scheduler = _EngineStepped(
-            esched if esched is not None else _ConstantLr(engine), engine)
+        if isinstance(esched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            # lr_scheduler_type="reduce_lr_on_plateau": the Trainer steps it with the metric
+            # after each evaluation (its isinstance check needs the scheduler itself); the
+            # engine reads the lrs it writes and never steps it.
+            self.lr_scheduler = esched
+        else:
+            self.lr_scheduler = _EngineStepped(
+                esched if esched is not None else _ConstantLr(engine), engine)
         self._created_lr_scheduler = False
 
         if resume_from_checkpoint is not None:
@@ -637,7 +715,31 @@ class Trainer(transformers.Trainer):
                 out[k] = v.detach().cpu().clone()  # a buffer
         return {k: out[k] for k in self.model.state_dict(keep_vars=True) if k in out}
 
+    def evaluation_loop(self, *args, **kwargs):
+        """transformers' (evaluate, predict); at stage 3 before the first train() call, while the
+        model is still zero.Init's partitions (from_pretrained after the arguments: the
+        documented order), inside a forward-only engine, as transformers' DeepSpeed path builds
+        an inference engine there. Before, the forward met the empty partitions."""
+        if self.strata_engine is None and self._strata_config() is not None and \
+                _still_zero_init(self.model):
+            with self._strata_borrowed(self.model):
+                return super().evaluation_loop(*args, **kwargs)
+        return super().evaluation_loop(*args, **kwargs)
+
     def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
+        if self.strata_engine is None and self._strata_config() is not None and \
+                _still_zero_init(self.model):
+            # Before train(), the model still zero.Init's partitions: gathered whole for the
+            # save (collective), else the file would hold their empty placeholders.
+            from ..zero import GatheredParameters
+            with GatheredParameters(list(self.model.parameters())):
+                state_dict = {k: v.detach().cpu().clone()
+                              for k, v in self.model.state_dict().items()}
+            self._save(output_dir if output_dir is not None else self.args.output_dir,
+                       state_dict=state_dict)
+            if self.args.push_to_hub and not _internal_call:
+                self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+            return
         if self.strata_engine is None:
             return super().save_model(output_dir, _internal_call)
         if output_dir is None:

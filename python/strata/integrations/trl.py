@@ -40,8 +40,6 @@ gathered one (or the unpacking fails, naming it), so there is nothing left to ga
 from __future__ import annotations
 
 import contextlib
-import os
-import re
 
 import torch
 import transformers
@@ -51,9 +49,9 @@ import trl.trainer.callbacks as _trl_callbacks
 import trl.trainer.utils as _trl_utils
 
 from ..config import zero_stage
-from ..engine import nvme_dirs_in_use, open_engines_of
+from ..engine import open_engines_of
 from .transformers import Trainer as _StrataTrainer
-from .transformers import resolve_auto, with_strata
+from .transformers import _still_zero_init, frozen_config, with_strata
 
 __all__ = ["SFTTrainer", "SFTConfig", "DPOTrainer", "DPOConfig", "GRPOTrainer", "GRPOConfig",
            "RLOOTrainer", "RLOOConfig", "RewardTrainer", "RewardConfig", "KTOTrainer", "KTOConfig",
@@ -141,52 +139,6 @@ if _unwrap is not None and not hasattr(_unwrap, "_strata_wraps"):
 _FROZEN_SLOTS = {"ref_model": "reference", "teacher_model": "teacher"}
 
 
-def frozen_config(config: dict, args, model: torch.nn.Module, name: str = "reference") -> dict:
-    """The DeepSpeed config of the engine of a frozen model (a reference, teacher or reward
-    model) named `name`: the run's, "auto" values resolved from the arguments, without the
-    optimizer and scheduler sections (nothing of it trains) and the monitors. Its NVMe swap files go to a
-    `strata-<name>` directory inside each nvme_path (created): the policy's engine holds the
-    rank's swap file in the nvme_path itself, and each frozen model's engine its own. Where an
-    open engine of this process uses that directory already (the trainer a notebook cell made
-    before, still referenced while its replacement is built), `strata-<name>-2`, -3, ..."""
-    # Without the optimizer and scheduler, and the monitors (the policy's engine writes them).
-    dropped = ("optimizer", "scheduler", "tensorboard", "csv_monitor", "wandb", "comet")
-    cfg = resolve_auto({k: v for k, v in config.items() if k not in dropped},
-                       args, model, num_training_steps=1, world_size=args.world_size)  # a copy
-    zero = cfg.get("zero_optimization", {})
-    in_use = nvme_dirs_in_use()
-    for key in ("offload_param", "offload_optimizer"):
-        section = zero.get(key)
-        if isinstance(section, dict) and section.get("nvme_path"):
-            paths = section["nvme_path"]
-            several = isinstance(paths, (list, tuple))
-            moved = [_free_dir(os.fspath(p), f"strata-{name}", in_use)
-                     for p in (paths if several else [paths])]
-            for path in moved:
-                os.makedirs(path, exist_ok=True)
-            section["nvme_path"] = moved if several else moved[0]
-    return cfg
-
-
-def _free_dir(base: str, name: str, in_use: set) -> str:
-    """<base>/<name>, or <base>/<name>-<k> for the first k from 2 whose directory no open
-    engine of this process uses (in_use: real paths). The names are those `offloadctl clean`
-    looks into (nvme/leftovers.h IsEngineDirName: strata- and lowercase letters, digits, -)."""
-    if not re.fullmatch(r"strata-[a-z0-9-]+", name):
-        raise ValueError(f"frozen engine directory {name!r}: strata-[a-z0-9-]+ only")
-    path, k = os.path.join(base, name), 1
-    while os.path.realpath(path) in in_use:
-        k += 1
-        path = os.path.join(base, f"{name}-{k}")
-    return path
-
-
-def _still_zero_init(model: torch.nn.Module) -> bool:
-    """Whether some of the model's parameters are still zero.Init's partitions (partitioned at
-    construction, in no engine yet)."""
-    return any(getattr(p, "_strata_part", None) is not None for p in model.parameters())
-
-
 class _Trainer(_StrataTrainer):
     """strata's Trainer under one of TRL's (module docstring): at stage 3 each frozen model the
     trainer holds gets a forward-only engine: a reference (`ref_model`) or teacher
@@ -206,30 +158,6 @@ class _Trainer(_StrataTrainer):
             return library(self, *args, **kwargs)
         with self._strata_borrowed(self.model):
             return library(self, *args, **kwargs)
-
-    @contextlib.contextmanager
-    def _strata_borrowed(self, model: torch.nn.Module):
-        """`model` (zero.Init's partitions, maybe beside whole parameters: a PEFT adapter's) in a
-        forward-only engine inside the block; after it every parameter is as it was (its data,
-        whole or zero.Init's partition, and its attributes; nothing trains, so the values are
-        unchanged) for the engine that will train them."""
-        import strata
-        kept = {p: (p.data, dict(p.__dict__), p.requires_grad) for p in model.parameters()}
-        model.requires_grad_(False)
-        try:
-            engine, _, _, _ = strata.initialize(
-                model=model, config=frozen_config(self._strata_config(), self.args, model,
-                                                  "precompute"), device=self.args.device)
-            try:
-                yield engine
-            finally:
-                engine.close()
-        finally:
-            for p, (data, attrs, trains) in kept.items():
-                p.data = data
-                p.__dict__.clear()
-                p.__dict__.update(attrs)
-                p.requires_grad_(trains)
 
     def __setattr__(self, name, value):
         if name in _FROZEN_SLOTS:
