@@ -130,6 +130,17 @@ TEST(OffloadctlPlan, ReadableReport) {
   }
 }
 
+// --trainable: the ledger keeps the full fine-tune's formulas and says so; the settings below
+// it count the trainable part (a LoRA run's optimizer state is small).
+TEST(OffloadctlPlan, TrainableSaysTheLedgerCountsAFullFineTune) {
+  const RunResult r = RunPlan("--params 7B --trainable 20M --gpus 1 --hbm-gb 24");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("112.00 GB"), std::string::npos) << r.out;  // 16 x 7B
+  EXPECT_NE(r.out.find("the settings below train 20M of them"), std::string::npos) << r.out;
+  EXPECT_EQ(RunPlan("--params 7B --gpus 1").out.find("the settings below train"),
+            std::string::npos);
+}
+
 TEST(OffloadctlPlan, UsageErrorsExitTwo) {
   for (const char* args :
        {"", "--params abc", "--params 7B --gpus 0", "--params 7B --nodes 0",

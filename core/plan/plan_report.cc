@@ -150,6 +150,12 @@ void LedgerTable(std::string& s, const Plan& plan) {
     Out(s, "  %-5d  %s %11s\n", st, PadRight(Formula(plan.input.recipe, st), 17).c_str(),
         Gb(plan.ledger_bytes_per_gpu[st]).c_str());
   }
+  if (plan.input.trainable_params > 0 && plan.input.trainable_params < plan.input.params) {
+    Out(s,
+        "  (the ledger counts every parameter trained, as the paper's formulas do; the settings "
+        "below train %s of them, the rest frozen)\n",
+        Count(plan.input.trainable_params).c_str());
+  }
 }
 
 void PlacementRow(std::string& s, const std::string& label, const Placement& p) {
