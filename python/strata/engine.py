@@ -2208,7 +2208,8 @@ class StrataEngine(torch.nn.Module):
         back from load_checkpoint, and the module's persistent buffers (state_dict's: BatchNorm
         running statistics) are restored by it (rank 0's, with the Python state in the engine's
         client state blob; strata.utils). Collective, at an accumulation boundary (after
-        engine.step()).
+        engine.step()). A tag saved again is replaced, in one step (a crash leaves the old
+        checkpoint or the new one under it).
         keep_last (strata's, not DeepSpeed's): keep only the newest N checkpoints in save_dir
         (0: all), reusing the oldest one's files for the new save when recycle_files
         (strata::SaveOptions, include/strata/checkpoint.h). Left as None, both come from the
