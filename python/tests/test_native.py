@@ -72,10 +72,15 @@ def test_check_config_compares_nvme_paths_with_what_the_engine_writes(tmp_path):
     written = sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file())
     e.close()
     assert need <= written <= need + 4096 * 5 * len(groups), (need, written)
-    # Less free than that is a warning naming the key (here: an impossible model size).
+    # Less free than that (here: an impossible model size) is an error naming the key at one
+    # rank (the run could not start), a warning at several (they may run on other machines).
     r = strata.check_config(cfg, check_here=True, params="1000T")
+    assert not r["ok"]
+    assert [e["path"] for e in r["errors"]] == ["zero_optimization.offload_optimizer.nvme_path"]
+    assert "needs 16000000000000000 bytes" in r["errors"][0]["message"]
+    r = strata.check_config(cfg, check_here=True, params="1000T", world_size=8)
+    assert r["ok"]
     assert [w["path"] for w in r["warnings"]] == ["zero_optimization.offload_optimizer.nvme_path"]
-    assert "needs 16000000000000000 bytes" in r["warnings"][0]["message"]
     with pytest.raises(ValueError, match="check_here"):
         strata.check_config(cfg, params=params)
 
