@@ -1229,11 +1229,12 @@ class StrataEngine(torch.nn.Module):
             o = offsets[gi][pi]
             return masters[gi][o + begin:o + end]
 
-        self._release_all()  # InitParameters rewrites the params: nothing may be gathered
-        try:
-            self._engine.init_from_fill(fill)
-        finally:
-            self._gather_whole()
+        with self._pinned_values_kept({self._group_of[pid] for pid in values}):
+            self._release_all()  # InitParameters rewrites the params: nothing may be gathered
+            try:
+                self._engine.init_from_fill(fill)
+            finally:
+                self._gather_whole()
 
     def _write_params(self, values: dict[int, torch.Tensor]) -> None:
         """GatheredParameters(modifier_rank=...) after the engine's first step, as DeepSpeed: the
@@ -1255,11 +1256,31 @@ class StrataEngine(torch.nn.Module):
             return values[id(self._groups[gi].params[pi][1])].reshape(-1)[begin:end].to(
                 "cpu", torch.float32).numpy()
 
-        self._release_all()  # WriteParams rewrites the params: nothing may be gathered
-        try:
-            self._engine.write_params(groups, fill)
-        finally:
-            self._gather_whole()
+        with self._pinned_values_kept(set(groups)):
+            self._release_all()  # WriteParams rewrites the params: nothing may be gathered
+            try:
+                self._engine.write_params(groups, fill)
+            finally:
+                self._gather_whole()
+
+    @contextlib.contextmanager
+    def _pinned_values_kept(self, written: set):
+        """Stage 3, around a release and re-gather of every group: the persistent groups' values
+        as the script left them (those in `written` apart). They are whole between steps, as
+        DeepSpeed's persistent parameters, and a write into their .data stands until the next
+        step, as there: DeepSpeed-Chat fuses a small layer's LoRA in place, then a large one's
+        in a GatheredParameters(modifier_rank=0) block. With several ranks the re-gather is a
+        fresh copy from the engine, which had dropped the in-place write."""
+        kept = []
+        if not self._whole:
+            for gi, pinned in enumerate(self._pinned):
+                if pinned and gi not in written and self._engine.is_gathered(gi):
+                    kept += [(p, p.data.clone()) for _, p in self._groups[gi].params]
+        yield
+        with torch.no_grad():
+            for p, data in kept:
+                if p.data.shape == data.shape:
+                    p.data.copy_(data)
 
     # -- gradients -----------------------------------------------------------------------------
     def _grad_hook(self, p: torch.nn.Parameter) -> None:

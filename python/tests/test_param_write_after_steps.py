@@ -213,3 +213,20 @@ def test_a_fill_that_raises_writes_nothing():
         train(engine, 1)
     finally:
         engine.destroy()
+
+
+def test_a_persistent_parameter_edited_in_place_keeps_its_value_across_a_later_write(tmp_path):
+    """Two ranks, stage 3 (gathers are copies there): a persistent parameter's in-place write
+    stands after a GatheredParameters(modifier_rank=0) block on another group, as in DeepSpeed,
+    where a persistent parameter is whole and nothing fetches it again before the next step.
+    Before, that block re-gathered every group and dropped the write (DeepSpeed-Chat saved its
+    small layers unfused)."""
+    from launch import launch
+    outs = launch(tmp_path, "persistent_edit_worker.py",
+                  lambda r, nvme: [tmp_path / f"rank{r}.pt", tmp_path / "pg"], 2, 30000)
+    for rc, out in outs:
+        assert rc == 0, out
+    for r in range(2):
+        got = torch.load(tmp_path / f"rank{r}.pt")
+        torch.testing.assert_close(got["after"], got["before"] + 1.0)
+
