@@ -1514,10 +1514,11 @@ class StrataEngine(torch.nn.Module):
         return [(id(p), None) for p in self.module.parameters()]
 
     def _check_parameters_unchanged(self) -> None:
-        """The module's parameters are the ones initialize registered, in their shapes: the
-        engine holds, trains and saves those, so a parameter set on the model after it, or
+        """The module's parameters are among the ones initialize registered, in their shapes:
+        the engine holds, trains and saves those, so a parameter set on the model after it, or
         resized in place (model.resize_token_embeddings does one or the other), would not train
-        (at stage 3 it would differ per rank) or would fail later with a bare size mismatch."""
+        (at stage 3 it would differ per rank) or would fail later with a bare size mismatch.
+        Parameters removed (a PEFT merge_and_unload) are no error: the rest trains as before."""
         now = self._parameters_now()
         if now == self._param_signature:
             return
@@ -1534,9 +1535,8 @@ class StrataEngine(torch.nn.Module):
                 raise RuntimeError(
                     f"strata: parameter '{name}' changed shape from {tuple(then[id(p)])} to "
                     f"{tuple(p.shape)} after strata.initialize, {why}")
-        raise RuntimeError("strata: parameters were removed from the model after "
-                           "strata.initialize (a module replaced or deleted, adapters merged and "
-                           f"unloaded), {why}")
+        # Only removed (adapters merged and unloaded): what remains trains as before.
+        self._param_signature = now
 
     def _output_grad_hook(self, grad):
         """A forward output's gradient: the script's own backward begins here, in autograd's
