@@ -727,25 +727,19 @@ class Trainer(transformers.Trainer):
         return super().evaluation_loop(*args, **kwargs)
 
     def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
-        if self.strata_engine is None and self._strata_config() is not None and \
-                _still_zero_init(self.model):
+        if self.strata_engine is not None:
+            state_dict = self._strata_state_dict()
+        elif self._strata_config() is not None and _still_zero_init(self.model):
             # Before train(), the model still zero.Init's partitions: gathered whole for the
             # save (collective), else the file would hold their empty placeholders.
             from ..zero import GatheredParameters
             with GatheredParameters(list(self.model.parameters())):
                 state_dict = {k: v.detach().cpu().clone()
                               for k, v in self.model.state_dict().items()}
-            self._save(output_dir if output_dir is not None else self.args.output_dir,
-                       state_dict=state_dict)
-            if self.args.push_to_hub and not _internal_call:
-                self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
-            return
-        if self.strata_engine is None:
+        else:
             return super().save_model(output_dir, _internal_call)
-        if output_dir is None:
-            output_dir = self.args.output_dir
-        state_dict = self._strata_state_dict()
-        self._save(output_dir, state_dict=state_dict)
+        self._save(output_dir if output_dir is not None else self.args.output_dir,
+                   state_dict=state_dict)
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
