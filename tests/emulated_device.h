@@ -135,6 +135,38 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
     copy_fault_[static_cast<size_t>(dir)] = std::move(st);
   }
 
+  // The next copy in direction `dir` that has a completion callback, and every copy after it in
+  // that direction, waits queued (not run) until ReleaseHeldCopies: a stream held up behind work
+  // that does not end (a collective whose peer died, a hung kernel). Synchronize waits for the
+  // held copies; events recorded meanwhile do not. ReleaseHeldCopies runs them in order and
+  // returns how many it released.
+  void HoldNextCopy(CopyDir dir) {
+    std::lock_guard<std::mutex> l(mu_);
+    hold_next_[static_cast<size_t>(dir)] = true;
+  }
+  size_t ReleaseHeldCopies() {
+    std::vector<HeldCopy> run;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (size_t d = 0; d < 2; ++d) {
+        holding_[d] = hold_next_[d] = false;
+        for (HeldCopy& c : held_[d]) run.push_back(std::move(c));
+        held_[d].clear();
+      }
+      releasing_ = true;
+    }
+    for (HeldCopy& c : run) {
+      Status st = inner_->CopyAsync(c.dir, c.dst, c.src, c.bytes, c.done);
+      if (!st.ok() && c.done) c.done(st);
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      releasing_ = false;  // issued: the streams underneath have them now
+    }
+    cv_.notify_all();
+    return run.size();
+  }
+
   // --- Device ---
   std::string name() const override { return "emulated-device"; }
   bool host_addressable() const override { return false; }
@@ -176,6 +208,12 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
         ++counts_.pageable_copies[static_cast<size_t>(dir)];
       }
       if (done) fault = std::exchange(copy_fault_[static_cast<size_t>(dir)], Status::OK());
+      const size_t d = static_cast<size_t>(dir);
+      if (done && hold_next_[d]) holding_[d] = true;
+      if (holding_[d]) {
+        held_[d].push_back(HeldCopy{dir, dst, src, size_bytes, std::move(done)});
+        return Status::OK();
+      }
     }
     if (!fault.ok()) {
       done(fault);
@@ -186,7 +224,13 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
   Result<std::unique_ptr<DeviceEvent>> RecordEvent(CopyDir dir) override {
     return inner_->RecordEvent(dir);
   }
-  Status Synchronize() override { return inner_->Synchronize(); }
+  Status Synchronize() override {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return held_[0].empty() && held_[1].empty() && !releasing_; });
+    }
+    return inner_->Synchronize();
+  }
   bool orders_caller_streams() const override { return opt_.caller_streams; }
   Status OrderCallerStream(uintptr_t /*stream*/, uint8_t queues) override {
     STRATA_RETURN_IF_ERROR(CheckQueues(queues));
@@ -452,6 +496,16 @@ class EmulatedDevice final : public Device, private kernels::DeviceKernels {
   std::string first_violation_;
   Status inject_, fault_;
   Status copy_fault_[2];  // FailNextCopy, per CopyDir
+  struct HeldCopy {
+    CopyDir dir;
+    void* dst;
+    const void* src;
+    uint64_t bytes;
+    CopyCallback done;
+  };
+  bool hold_next_[2] = {false, false}, holding_[2] = {false, false};  // HoldNextCopy, per CopyDir
+  std::vector<HeldCopy> held_[2];
+  bool releasing_ = false;  // ReleaseHeldCopies is issuing the held copies
   bool stop_ = false;
   std::thread worker_;  // last: starts once everything above is constructed
 };

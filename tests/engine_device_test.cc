@@ -8,6 +8,7 @@
 // without it; the other tests need no particular CPU.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -533,6 +535,70 @@ TEST(EngineDevice, FailedAccumulationCopyBehindTheBackwardFailsNamingTheGroup) {
   EXPECT_NE(msg.find("gradient accumulation of group '"), std::string::npos) << msg;
   EXPECT_NE(msg.find("injected copy fault"), std::string::npos) << msg;
   EXPECT_EQ(r.reports.size(), 1u);
+}
+
+// A device copy past its deadline (its stream held up behind work that never ends) fails the
+// call with DeadlineExceeded, but the copy is still queued and moves its bytes once the stream
+// runs again. Where the host side was memory of the call's own (here the gradient statistics
+// Step reads back), the copy must find it still there: CopySync copies through pieces its
+// completion owns. Under ASan a copy into the call's freed buffer is a heap-use-after-free.
+TEST(EngineDevice, ACopyPastItsDeadlineMovesOnlyMemoryItsCompletionOwns) {
+  RunSpec spec;
+  spec.config_json = DeviceCaseConfig(3, "none", "none", "bf16", 0.5, 1);
+  spec.steps = 2;
+  spec.timeout = std::chrono::milliseconds(300);
+  Devices devices;
+  UseEmulated(spec, devices);
+  spec.before_engine_step = [&devices](int r, int step, Engine&, nvme::SimBackend*) {
+    if (step == 1) devices.per_rank[r]->HoldNextCopy(CopyDir::kDeviceToHost);
+  };
+  RunResult res = RunEngine(spec);
+  ASSERT_FALSE(res.status.ok());
+  EXPECT_EQ(res.status.code(), Status::Code::kDeadlineExceeded) << res.status.ToString();
+  EXPECT_NE(res.status.ToString().find("device copy (d2h"), std::string::npos)
+      << res.status.ToString();
+  EXPECT_EQ(res.reports.size(), 1u);  // step 1 was not applied
+  // The call and its engine are gone; the copy runs now.
+  EXPECT_GE(devices.per_rank[0]->ReleaseHeldCopies(), 1u);
+  ASSERT_TRUE(devices.per_rank[0]->Synchronize().ok());
+}
+
+// A copy past its deadline into memory the engine holds (a gradient staged to the host for the
+// offloaded optimizer): every later call refuses, and destroying the engine waits for the copy
+// before that memory goes, so the late copy lands in memory that is still the engine's.
+TEST(EngineDevice, AnEngineWhoseCopyOverranWaitsForItBeforeItsMemoryGoes) {
+  RunSpec spec;
+  spec.config_json = DeviceCaseConfig(3, "cpu", "none", "fp32", 0.0, 1);
+  spec.steps = 2;
+  spec.timeout = std::chrono::milliseconds(300);
+  Devices devices;
+  UseEmulated(spec, devices);
+  std::thread releaser;
+  std::atomic<int64_t> released_at{0};
+  using Clock = std::chrono::steady_clock;
+  auto now_ns = [] { return Clock::now().time_since_epoch().count(); };
+  spec.before_step = [&](int r, int step, Engine&) {
+    if (step != 1) return;
+    devices.per_rank[r]->HoldNextCopy(CopyDir::kDeviceToHost);
+    // The stream runs again well after the engine gave up on the copy.
+    releaser = std::thread([&, r] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      released_at = now_ns();
+      devices.per_rank[r]->ReleaseHeldCopies();
+    });
+  };
+  RunResult res = RunEngine(spec);
+  const int64_t returned_at = now_ns();
+  ASSERT_TRUE(releaser.joinable());
+  releaser.join();
+  ASSERT_FALSE(res.status.ok());
+  const std::string msg = res.status.ToString();
+  EXPECT_EQ(res.status.code(), Status::Code::kDeadlineExceeded) << msg;
+  EXPECT_NE(msg.find("did not finish"), std::string::npos) << msg;
+  EXPECT_EQ(res.reports.size(), 1u);
+  // The engine (destroyed inside RunEngine) ended only after the held copy was let go.
+  EXPECT_GT(released_at.load(), 0);
+  EXPECT_GE(returned_at, released_at.load());
 }
 
 }  // namespace

@@ -269,6 +269,13 @@ struct RunResult {
   std::vector<Status> rank_status;         // per rank
 };
 
+// The trainer's wait for its own copy: the copies queued so far in direction `dir` (not the
+// whole device: the engine's copies in the other direction may be held up).
+inline Status WaitForCopies(Device& device, CopyDir dir) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<DeviceEvent> ev, device.RecordEvent(dir));
+  return ev->Wait(std::chrono::seconds(60));
+}
+
 struct RunSpec {
   std::string config_json;
   int world = 1;
@@ -403,7 +410,7 @@ inline RunResult RunEngine(const RunSpec& spec) {
       }
       STRATA_RETURN_IF_ERROR(
           device->CopyAsync(CopyDir::kDeviceToHost, h.data(), src, bytes, nullptr));
-      STRATA_RETURN_IF_ERROR(device->Synchronize());
+      STRATA_RETURN_IF_ERROR(WaitForCopies(*device, CopyDir::kDeviceToHost));
       return h;
     };
     auto to_device = [&](void* dst, const std::vector<uint8_t>& h) -> Status {
@@ -413,7 +420,7 @@ inline RunResult RunEngine(const RunSpec& spec) {
       }
       STRATA_RETURN_IF_ERROR(
           device->CopyAsync(CopyDir::kHostToDevice, dst, h.data(), h.size(), nullptr));
-      return device->Synchronize();
+      return WaitForCopies(*device, CopyDir::kHostToDevice);
     };
     EngineOptions eo;
     eo.config = parsed->config;

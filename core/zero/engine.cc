@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <limits>
+#include <memory>
 #include <set>
 #include <sstream>
 
@@ -218,17 +220,88 @@ Status Engine::Impl::ToDevice(void* dev, const void* host, uint64_t bytes) {
   return CopySync(CopyDir::kHostToDevice, dev, host, bytes);
 }
 
+namespace {
+
+// CopySync's pieces: at most this many bytes each, two in flight.
+constexpr uint64_t kBouncePiece = uint64_t{4} << 20;
+
+// One piece of a CopySync: host memory of its own, owned jointly by the waiter and the copy's
+// completion, so that a copy still queued when the waiter gives up (its deadline passed) moves
+// bytes only to or from memory that is still there.
+struct BouncedPiece {
+  explicit BouncedPiece(uint64_t n) : bytes(std::make_unique_for_overwrite<uint8_t[]>(n)) {}
+  std::unique_ptr<uint8_t[]> bytes;
+  std::promise<Status> done;
+};
+
+}  // namespace
+
 Status Engine::Impl::CopySync(CopyDir dir, void* dst, const void* src, uint64_t bytes) {
+  struct InFlight {
+    std::future<Status> done;
+    std::shared_ptr<BouncedPiece> piece;
+    uint64_t at = 0, n = 0;
+  };
+  const bool down = dir == CopyDir::kDeviceToHost;
+  auto* to = static_cast<uint8_t*>(dst);
+  const auto* from = static_cast<const uint8_t*>(src);
+  // Waits for the oldest piece; a piece copied down is moved to the caller's memory.
+  auto finish = [&](InFlight& f) -> Status {
+    if (f.done.wait_for(opt.timeout) != std::future_status::ready) {
+      return Status::DeadlineExceeded(std::string("device copy (") + std::string(CopyDirName(dir)) +
+                                      ", " + std::to_string(bytes) + " bytes) did not finish");
+    }
+    STRATA_RETURN_IF_ERROR(f.done.get());
+    if (down) std::memcpy(to + f.at, f.piece->bytes.get(), f.n);
+    return Status::OK();
+  };
+  std::deque<InFlight> flight;
+  for (uint64_t at = 0; at < bytes; at += kBouncePiece) {
+    if (flight.size() == 2) {
+      STRATA_RETURN_IF_ERROR(finish(flight.front()));
+      flight.pop_front();
+    }
+    InFlight f;
+    f.at = at;
+    f.n = std::min(kBouncePiece, bytes - at);
+    f.piece = std::make_shared<BouncedPiece>(f.n);
+    f.done = f.piece->done.get_future();
+    uint8_t* host = f.piece->bytes.get();
+    if (!down) std::memcpy(host, from + at, f.n);
+    STRATA_RETURN_IF_ERROR(opt.device->CopyAsync(
+        dir, down ? host : to + at, down ? from + at : host, f.n,
+        [piece = f.piece](Status st) { piece->done.set_value(std::move(st)); }));
+    flight.push_back(std::move(f));
+  }
+  for (InFlight& f : flight) STRATA_RETURN_IF_ERROR(finish(f));
+  return Status::OK();
+}
+
+Status Engine::Impl::CopyDirect(CopyDir dir, void* dst, const void* src, uint64_t bytes) {
   if (bytes == 0) return Status::OK();
+  STRATA_RETURN_IF_ERROR(CheckNoCopyOverran());
   auto done = std::make_shared<std::promise<Status>>();
   std::future<Status> f = done->get_future();
   STRATA_RETURN_IF_ERROR(
       opt.device->CopyAsync(dir, dst, src, bytes, [done](Status st) { done->set_value(st); }));
   if (f.wait_for(opt.timeout) != std::future_status::ready) {
-    return Status::DeadlineExceeded(std::string("device copy (") + std::string(CopyDirName(dir)) +
-                                    ", " + std::to_string(bytes) + " bytes) did not finish");
+    return CopyOverran(Status::DeadlineExceeded(std::string("device copy (") +
+                                                std::string(CopyDirName(dir)) + ", " +
+                                                std::to_string(bytes) + " bytes) did not finish"));
   }
   return f.get();
+}
+
+Status Engine::Impl::CheckNoCopyOverran() const {
+  if (!copy_overran.load()) return Status::OK();
+  return Status::FailedPrecondition(
+      "an earlier device copy did not finish within the timeout and may still write the "
+      "engine's host buffers");
+}
+
+Status Engine::Impl::CopyOverran(Status st) {
+  copy_overran.store(true);
+  return st;
 }
 
 Status Engine::Impl::ZeroDevice(void* ptr, uint64_t bytes) {
@@ -1088,6 +1161,12 @@ Engine::~Engine() {
   if (impl_->last_qgz.valid()) impl_->last_qgz.wait();
   impl_->accumulator.reset();  // runs the accumulations posted, which read those buffers
   impl_->pending.clear();
+  if (impl_->copy_overran.load()) {
+    // A copy past its deadline may still move bytes to or from host memory this engine holds
+    // (CopyDirect): it must land before that memory goes. The communicators are aborted (Fail),
+    // so a copy queued behind one of their collectives runs.
+    impl_->opt.device->Synchronize().IgnoreError();
+  }
   impl_->DropKeptCopies();
   impl_->gather.reset();
 }

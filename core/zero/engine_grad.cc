@@ -717,13 +717,15 @@ size_t StagePieceElems(uint64_t largest_sub) {
 }
 
 // The staging copies in flight (at most one per half): every exit waits for them, so no copy
-// still writes the staging buffer once the next user holds it.
+// still writes the staging buffer once the next user holds it. One still running after
+// `timeout` calls `overran` (CopyOverran's mark: the buffer has no next user).
 struct StagingCopies {
   std::chrono::nanoseconds timeout;
+  std::function<void()> overran;
   std::future<Status> half[2];
   ~StagingCopies() {
     for (std::future<Status>& f : half) {
-      if (f.valid()) f.wait_for(timeout);
+      if (f.valid() && f.wait_for(timeout) != std::future_status::ready) overran();
     }
   }
 };
@@ -734,12 +736,13 @@ Status Engine::Impl::StageFromDevice(
     const uint8_t* src, size_t n,
     const std::function<Status(const uint8_t*, size_t, size_t)>& use) {
   std::lock_guard<std::mutex> lock(grad_staging.mu);
+  STRATA_RETURN_IF_ERROR(CheckNoCopyOverran());
   const uint64_t most = std::max<uint64_t>(largest_sub_elems, n);
   const size_t piece = StagePieceElems(most);
   STRATA_ASSIGN_OR_RETURN(
       uint8_t * buf,
       grad_staging.Get(opt.device, (most > piece ? 2 * piece : most) * elt, pin_host));
-  StagingCopies copies{opt.timeout, {}};
+  StagingCopies copies{opt.timeout, [this] { copy_overran.store(true); }, {}};
   // Piece i: elements [i * piece, + its length), staged in half i % 2.
   auto length = [&](size_t i) { return std::min(piece, n - i * piece); };
   auto staged = [&](size_t i) { return buf + (i % 2) * piece * elt; };
@@ -757,8 +760,9 @@ Status Engine::Impl::StageFromDevice(
     const size_t m = length(i);
     std::future<Status>& copied = copies.half[i % 2];
     if (copied.wait_for(opt.timeout) != std::future_status::ready) {
-      return Status::DeadlineExceeded("device copy (device->host, " + std::to_string(m * elt) +
-                                      " bytes of a staged gradient) did not finish");
+      return CopyOverran(Status::DeadlineExceeded("device copy (device->host, " +
+                                                  std::to_string(m * elt) +
+                                                  " bytes of a staged gradient) did not finish"));
     }
     STRATA_RETURN_IF_ERROR(copied.get());
     STRATA_RETURN_IF_ERROR(use(staged(i), at, m));
@@ -797,7 +801,7 @@ Status Engine::Impl::CopyFinalGrad(const uint8_t* src, void* dst, size_t n,
   } else if (host_blocks_locked || !pin_host) {
     // Into the store's host block directly: page-locked by the pinned pool (an asynchronous
     // copy), or pageable as a staging buffer would be too.
-    STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, dst, src, n * elt));
+    STRATA_RETURN_IF_ERROR(CopyDirect(CopyDir::kDeviceToHost, dst, src, n * elt));
   } else {
     // pin_memory without the pinned pool: the staging buffer is page-locked, the block is not.
     STRATA_RETURN_IF_ERROR(StageFromDevice(src, n, copy));

@@ -364,6 +364,7 @@ struct Engine::Impl {
   // OffloadStates: the blocks set aside in host memory (Store::SetAside) until ReloadStates.
   std::vector<BlockId> aside_blocks;
   Status failed;                                 // the first error that failed the engine
+  std::atomic<bool> copy_overran{false};         // CopyOverran (set on any thread)
   std::vector<Ticket> grad_write_behind;         // CheckGradWriteBehind; one per sub-group at most
   // The host budget caches every NVMe-homed block (CheckBudgets): the engine writes none of
   // them home (not the step's state, not a finished gradient, not a rollback), as nothing will
@@ -397,8 +398,22 @@ struct Engine::Impl {
   // Where the CPU computes on (or copies) a state whose home is `home`: host memory it can
   // address. Device-resident state that the device's kernels compute: DeviceKernelsFor.
   Tier ComputeTier(Tier home) const;
-  // Blocking copies through the device's streams (host <-> device).
+  // Blocking copies through the device's streams (host <-> device). A copy may still be queued
+  // when the wait for it gives up (DeadlineExceeded after opt.timeout: a device stream held up
+  // behind a collective that never comes, or a hung kernel), and then moves its bytes later.
+  // CopySync is for host memory the caller frees on return: it copies through host pieces of
+  // its own (4 MiB, two in flight), which the copy's completion keeps alive. CopyDirect is for
+  // host memory the engine holds until it is destroyed (store blocks, the staging buffers): the
+  // copy uses it directly, and a copy past its deadline marks the engine (CopyOverran).
   Status CopySync(CopyDir dir, void* dst, const void* src, uint64_t bytes);
+  Status CopyDirect(CopyDir dir, void* dst, const void* src, uint64_t bytes);
+  // A copy into or out of engine-held host memory is past its deadline: sets copy_overran
+  // (any thread; returns `st`, which fails the engine where the trainer's thread sees it), so
+  // that no later copy uses that memory (CheckNoCopyOverran) and ~Engine waits for the device's
+  // copies before the memory goes.
+  Status CopyOverran(Status st);
+  // FailedPrecondition once copy_overran is set.
+  Status CheckNoCopyOverran() const;
   Status ZeroDevice(void* ptr, uint64_t bytes);
   // Every rank's four 32-bit words, rank-major, through one all-gather of `exchange` (world 1:
   // `mine` alone). Collective. A failed collective is returned as is: the caller names it.
