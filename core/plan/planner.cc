@@ -215,6 +215,13 @@ void PlaceHostCache(const PlanInput& in, double swap, Builder& b) {
   b.p.host_cache_bytes_per_node = cache;
 }
 
+// The bytes of one rank's NVMe-homed blocks the store may cache on the host
+// (sched::CacheableNvmeBytes), from the NVMe items so far. `swap`: as PlaceHostCache's.
+uint64_t CacheableNvmePerRank(const PlanInput& in, double swap, const Builder& b) {
+  const double g = in.capacity.gpus_per_node;
+  return sched::CacheableNvmeBytes(PerRankBytes(b.Sum(Tier::kNvme), g), PerRankBytes(swap, g));
+}
+
 // The speculative step's rollback copies (sched::SpeculationBufferBytes, the engine's rule) at
 // stage 3 with the optimizer offloaded: per rank, of its offloaded optimizer elements, within what
 // the host capacity leaves of the items so far. Per node, one item; none where that room caches
@@ -234,8 +241,7 @@ bool PlaceSpeculation(const PlanInput& in, int stage, double swap, Builder& b) {
   const auto param_elem = static_cast<uint64_t>(in.recipe.param_bytes);
   const double bytes = static_cast<double>(sched::SpeculationBufferBytes(
       static_cast<int64_t>(z.speculation_buffer_size), elems, param_elem, room));
-  const uint64_t cacheable =
-      sched::CacheableNvmeBytes(PerRankBytes(b.Sum(Tier::kNvme), g), PerRankBytes(swap, g));
+  const uint64_t cacheable = CacheableNvmePerRank(in, swap, b);
   const std::optional<bool> key =
       z.speculative_step_given ? std::optional<bool>(true) : std::nullopt;
   // Also where the speculation is off for overlap_step (bench engine's planner figures).
@@ -340,8 +346,7 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
   // The same where the DRAM capacity leaves room for every NVMe-homed block (the engine's rule):
   // after the first step's reads nothing moves until a checkpoint or Flush. A cache of part of
   // them is counted as none: each step visits every block once, in the same order.
-  const uint64_t cacheable = sched::CacheableNvmeBytes(PerRankBytes(b.Sum(Tier::kNvme), g_per_node),
-                                                       PerRankBytes(swap, g_per_node));
+  const uint64_t cacheable = CacheableNvmePerRank(in, swap, b);
   if (cacheable > 0 && PerRankBytes(p.host_cache_bytes_per_node, g_per_node) >= cacheable) {
     nvme_io = 0;
   }
