@@ -248,7 +248,9 @@ def test_config_from_file_and_no_deepspeed_module(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(auto_config(2)))
     a = st.TrainingArguments(deepspeed=str(path), **args_kw(tmp_path))
-    assert a.deepspeed is None and a.strata_config == auto_config(2)
+    # The precision is applied at once, as accelerate applies it: fp32 arguments.
+    want = {**auto_config(2), "bf16": {"enabled": False}, "fp16": {"enabled": False}}
+    assert a.deepspeed is None and a.strata_config == want
     import sys
     assert "deepspeed" not in sys.modules or sys.modules["deepspeed"].__spec__ is not None
 
@@ -497,6 +499,26 @@ def test_bf16_and_a_second_train_call(tmp_path, reference):
     first = trainer.strata_engine
     trainer.train()
     assert trainer.strata_engine is not first and trainer.strata_engine.global_steps == 3
+
+
+def test_precision_arguments_apply_to_a_config_without_the_section(tmp_path):
+    """As accelerate sets every DeepSpeed run of the Trainer up (DeepSpeedPlugin
+    .set_mixed_precision): bf16=True with a config that has no "bf16" section trains in bf16
+    (TRL's configs default to bf16=True; short configs are common), fp16=True adds fp16 with
+    auto_cast, and a config that enables the other dtype is refused."""
+    short = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+             "zero_optimization": {"stage": 2}}
+    trainer, logs = run(tmp_path / "bf16", copy.deepcopy(short), bf16=True, steps=2)
+    assert trainer.args.strata_config["bf16"] == {"enabled": True}
+    assert trainer.strata_engine.bfloat16_enabled()
+    assert trainer.strata_engine.layout()["dtype"] == "bfloat16"
+    assert len(logs) == 2
+    fp32 = st.TrainingArguments(deepspeed=copy.deepcopy(short), **args_kw(tmp_path / "fp32"))
+    assert fp32.strata_config["bf16"] == {"enabled": False}
+    assert fp32.strata_config["fp16"] == {"enabled": False}
+    with pytest.raises(ValueError, match="cannot be set to `bf16` when `fp16` is set"):
+        st.TrainingArguments(deepspeed={**short, "fp16": {"enabled": True}},
+                             **args_kw(tmp_path / "both", bf16=True))
 
 
 # -- two processes -------------------------------------------------------------------------------

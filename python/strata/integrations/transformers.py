@@ -354,16 +354,41 @@ def _launched_with_deepspeed() -> bool:
     return bool(str_to_bool(os.environ.get("ACCELERATE_USE_DEEPSPEED", "false")))
 
 
-def _launcher_config(mixed_precision: str) -> dict:
+def _launcher_config() -> dict:
     """The DeepSpeed config `accelerate launch` passes, as transformers' arguments take it:
     accelerate's DeepSpeedPlugin built from the environment (ACCELERATE_DEEPSPEED_CONFIG_FILE,
     or the ACCELERATE_DEEPSPEED_* / ACCELERATE_GRADIENT_* values it builds one from, refused by
-    accelerate where both are given), its precision set from the arguments."""
+    accelerate where both are given)."""
     from accelerate.utils import DeepSpeedPlugin
-    plugin = DeepSpeedPlugin()
-    plugin.set_mixed_precision(mixed_precision)
-    return plugin.deepspeed_config
+    return DeepSpeedPlugin().deepspeed_config
 
+
+def _with_mixed_precision(config: dict, mixed_precision: str) -> dict:
+    """`config` (a copy) with the arguments' precision applied as accelerate applies it to every
+    DeepSpeed run of the Trainer (AcceleratorState: DeepSpeedPlugin.set_mixed_precision, run
+    here on the config itself): bf16=True adds {"bf16": {"enabled": true}} where the config has
+    no "bf16" section, fp16=True {"fp16": {"enabled": true, "auto_cast": true}}; an "auto"
+    enabled takes the arguments' value; and a precision the config enables for the other dtype
+    is accelerate's ValueError. Without this a short config ({"zero_optimization": ...}) under
+    bf16=True (TRL's configs' default) would train in fp32, where DeepSpeed trains in bf16."""
+    import functools
+    import types
+    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils.deepspeed import HfDeepSpeedConfig
+    hf = HfDeepSpeedConfig(config)  # a deep copy
+    plugin = types.SimpleNamespace(hf_ds_config=hf, deepspeed_config=hf.config)
+    plugin.fill_match = functools.partial(DeepSpeedPlugin.fill_match, plugin)
+    DeepSpeedPlugin.set_mixed_precision(plugin, mixed_precision)
+    return hf.config
+
+
+
+def _mixed_precision(args) -> str:
+    """The arguments' precision as accelerate names it ("fp16", "bf16" or "no")."""
+    mp = getattr(args, "mixed_precision", None)
+    if isinstance(mp, str):
+        return mp
+    return "fp16" if args.fp16 else "bf16" if args.bf16 else "no"
 
 
 @dataclass
@@ -397,8 +422,9 @@ class TrainingArguments(transformers.TrainingArguments):
             os.environ["ACCELERATE_USE_DEEPSPEED"] = "false"
         super().__post_init__()
         if from_launcher:
-            raw = _launcher_config(self.mixed_precision)
-        self.strata_config = None if raw is None else _read_config(raw)
+            raw = _launcher_config()
+        self.strata_config = None if raw is None else _with_mixed_precision(
+            _read_config(raw), _mixed_precision(self))
         # As transformers' arguments set up HfTrainerDeepSpeedConfig: at stage 3 a model built
         # after them (from_pretrained) is partitioned as it is constructed, while they live.
         self._strata_hf_config = zero3_hook(self.strata_config, "strata TrainingArguments")
