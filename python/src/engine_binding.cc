@@ -32,7 +32,8 @@
 // cpu::OpenRendezvousStore with the variables torchrun / `offloadctl launch` set (RANK,
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT, STRATA_RDZV_DIR for a shared-directory file store,
 // STRATA_RDZV_SECRET / STRATA_RDZV_INSECURE), then connect a Gloo communicator. Its TCP transport
-// binds to STRATA_GLOO_HOSTNAME (default 127.0.0.1: one machine).
+// binds to STRATA_GLOO_HOSTNAME (default 127.0.0.1: one machine). The engines of a process share
+// one store (ProcessRendezvous), open until the process exits.
 //
 // Initial weights: init_from_tensors (whole fp32 arrays on every rank), init_from_rank0 (on rank
 // 0 only; the engine scatters; init_from_rank0_fill asks a callable on rank 0 for each piece as
@@ -48,6 +49,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -166,6 +168,43 @@ std::vector<OptimizerGroupOptions> ToOptimizerGroups(const OptimizerGroupList& g
   return out;
 }
 
+// The rendezvous store of this process for `rc`, shared by all its engines: rank 0's TCP store
+// listens on MASTER_PORT, which a second engine could not bind again (an actor beside a critic,
+// a student beside its teacher, TRL's reference model). A store, once opened, lives until the
+// process exits, as torch.distributed's does, so that every rank sees the same server whatever
+// order its engines are closed in. `engine` counts the engines created on it in this process:
+// every rank creates its engines in the same order (as DeepSpeed's initialize requires, its
+// collectives included), so the n-th engine's communicator keys are the same on every rank and
+// no other engine's.
+struct SharedRendezvous {
+  KvStore* store;
+  uint64_t engine;
+};
+
+Result<SharedRendezvous> ProcessRendezvous(const cpu::RendezvousConfig& rc) {
+  struct Opened {
+    std::unique_ptr<KvStore> store;
+    uint64_t engines = 0;
+  };
+  static std::mutex mu;
+  static auto* stores = new std::map<std::string, Opened>();  // never destroyed (see above)
+  const std::string key =
+      (rc.file_dir.empty() ? "tcp:" + rc.master_addr + ":" + std::to_string(rc.master_port)
+                           : "file:" + rc.file_dir) +
+      "|" + rc.run_id;
+  std::lock_guard<std::mutex> l(mu);
+  Opened& o = (*stores)[key];
+  if (!o.store) {
+    Result<std::unique_ptr<KvStore>> opened = cpu::OpenRendezvousStore(rc);
+    if (!opened.ok()) {
+      stores->erase(key);
+      return opened.status();
+    }
+    o.store = std::move(*opened);
+  }
+  return SharedRendezvous{o.store.get(), o.engines++};
+}
+
 class PyEngine {
  public:
   PyEngine(const GroupList& groups, const std::string& config_json, int rank, int world_size,
@@ -221,7 +260,7 @@ class PyEngine {
             ") differ from RANK/WORLD_SIZE in the environment (" + std::to_string(rc.rank) + "/" +
             std::to_string(rc.world_size) + ")"));
       }
-      store_ = ValueOrThrow(cpu::OpenRendezvousStore(rc));
+      rendezvous_ = ValueOrThrow(ProcessRendezvous(rc));
     }
     comm_ = ValueOrThrow(device == "cuda" ? CreateNccl(rank, world_size, timeout)
                                           : CreateGloo(rank, world_size, timeout));
@@ -256,7 +295,8 @@ class PyEngine {
     go.rank = rank;
     go.world_size = world_size;
     go.timeout = timeout;
-    go.store = store_.get();
+    go.store = rendezvous_.store;
+    go.store_prefix = "strata/engine" + std::to_string(rendezvous_.engine) + "/gloo";
     if (const char* h = std::getenv("STRATA_GLOO_HOSTNAME"); h != nullptr && *h != '\0') {
       go.hostname = h;
     }
@@ -271,7 +311,8 @@ class PyEngine {
     no.world_size = world_size;
     no.device = device_ordinal_;
     no.timeout = timeout;
-    no.store = store_.get();
+    no.store = rendezvous_.store;
+    no.store_key = "strata/engine" + std::to_string(rendezvous_.engine) + "/nccl/unique_id";
     return CreateNcclCommunicator(no);
   }
 
@@ -290,7 +331,6 @@ class PyEngine {
     }
     engine_.reset();
     comm_.reset();
-    store_.reset();
     device_.reset();
   }
 
@@ -604,7 +644,7 @@ class PyEngine {
  private:
   int device_ordinal_ = -1;  // the CUDA device, -1 on HostDevice
   std::unique_ptr<Device> device_;
-  std::unique_ptr<KvStore> store_;
+  SharedRendezvous rendezvous_{nullptr, 0};  // world_size > 1: the process's store
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Engine> engine_;
   std::vector<std::optional<GatheredGroup>> gathered_;
