@@ -18,9 +18,12 @@ sub-group has one set of hyperparameters.
 """
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
+
+logger = logging.getLogger("strata")
 
 SUPPORTED = ("torch.optim.Adam, torch.optim.AdamW, strata.optim.CPUAdam "
              "(DeepSpeedCPUAdam) and strata.optim.FusedAdam")
@@ -146,15 +149,21 @@ class ParamGroups:
                 dicts[0], kind, bias_correction)}
         else:
             dicts = _as_group_dicts(model_parameters) or [{"params": list(model.parameters())}]
-            # A model that only runs forward (every parameter frozen: a DPO reference model, a
-            # teacher) needs no optimizer, as under DeepSpeed.
             trains = any(p.requires_grad for p in model.parameters())
-            if not config.get("optimizer") and trains:
+            if not config.get("optimizer") and trains and model_parameters is not None:
                 raise ValueError(
                     "strata.initialize: the config has no \"optimizer\" section and no optimizer= "
-                    f"was passed; add one, or pass a client optimizer ({SUPPORTED}); a model "
-                    "that only runs forward needs none once every parameter is frozen "
-                    "(requires_grad=False)")
+                    f"was passed, but model_parameters= names parameters to train; add one, or "
+                    f"pass a client optimizer ({SUPPORTED})")
+            if not config.get("optimizer") and trains:
+                # Neither an optimizer nor parameters to train: a model that only runs forward
+                # (a reference or reward model, a teacher, an EMA copy), as DeepSpeed runs one
+                # without an optimizer whatever requires_grad says. Nothing would update its
+                # parameters: they are frozen (the engine keeps no gradient or optimizer state).
+                model.requires_grad_(False)
+                logger.info("strata.initialize: no optimizer and no model_parameters: %s runs "
+                            "forward only, its parameters frozen (requires_grad=False)",
+                            type(model).__name__)
         self.params = [list(d["params"]) for d in dicts]
         self.hyper = [_hyper(d, f"param_groups[{i}]") for i, d in enumerate(dicts)]
         self.index = _index_params(model, self.params)

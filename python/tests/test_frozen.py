@@ -226,7 +226,9 @@ def test_a_frozen_model_runs_forward_without_an_optimizer(stage, offload_param):
     """Every parameter frozen (a reference model, a teacher) and no "optimizer" section: the
     engine partitions and gathers it as any model (stage 3: nothing of it stays whole between
     calls), computes what the torch module computes, and returns no optimizer, as DeepSpeed.
-    With one parameter trainable the missing optimizer is refused, saying how to do either."""
+    A model with trainable parameters and no optimizer (DeepSpeed-Chat's reference, reward and
+    EMA models) runs forward only the same way, its parameters frozen; the missing optimizer is
+    refused where model_parameters= names parameters to train."""
     kind = "gpt"
     whole = make_model(kind)
     model = make_model(kind)
@@ -246,7 +248,13 @@ def test_a_frozen_model_runs_forward_without_an_optimizer(stage, offload_param):
         assert all(p.numel() == 0 for p in model.parameters())  # released after the call
     engine.close()
     trainable = make_model(kind)
-    trainable.requires_grad_(False)
-    next(trainable.parameters()).requires_grad_(True)
-    with pytest.raises(ValueError, match=r"no \"optimizer\" section.*every parameter is frozen"):
-        strata.initialize(model=trainable, config=cfg)
+    with pytest.raises(ValueError, match=r"no \"optimizer\" section.*model_parameters= names"):
+        strata.initialize(model=trainable, config=cfg, model_parameters=trainable.parameters())
+    assert all(p.requires_grad for p in trainable.parameters())  # untouched by the refusal
+    engine, optimizer, _, _ = strata.initialize(model=trainable, config=cfg)
+    assert optimizer is None and all(not g.trainable for g in engine._groups)
+    assert not any(p.requires_grad for p in trainable.parameters())
+    x, y = batch(kind, 0)
+    with torch.no_grad():
+        torch.testing.assert_close(engine(x, y), whole(x, y), rtol=0, atol=0)
+    engine.close()

@@ -206,7 +206,7 @@ def test_what_is_refused_is_named():
         strata.initialize(model=model, config=ds_config(0),
                           optimizer=torch.optim.AdamW(model.parameters()))
     with pytest.raises(ValueError, match="no \"optimizer\" section and no optimizer="):
-        strata.initialize(model=model, config=no_opt)
+        strata.initialize(model=model, config=no_opt, model_parameters=model.parameters())
     with pytest.raises(ValueError, match="requires_grad=True are in no optimizer group"):
         strata.initialize(model=model, config=ds_config(0),
                           model_parameters=list(model.parameters())[:1])
