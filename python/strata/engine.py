@@ -56,7 +56,10 @@ Collectives: with several ranks the groups are reduced in one order on every ran
 reductions pair by their order), rank 0's order of the first micro-step once agreed, so ranks may
 use different modules in a step at stages 0-2 (a group unused on a rank is reduced with zeros at
 its turn). Stage-3 gathers follow each rank's forward, so there every rank must run the same
-modules, as under DeepSpeed; the engine's Step fails, naming it, where ranks' collectives differed.
+modules, as under DeepSpeed (transformers' generate needs synced_gpus=True there). Where ranks'
+collectives differ, the first one that does not pair waits until the engine's timeout (timeout_ms,
+300 s by default) and then fails on every rank with DeadlineExceeded, naming the rule: a rank
+cannot tell a peer that runs other modules from one that is slow.
 """
 from __future__ import annotations
 
