@@ -546,7 +546,7 @@ TEST(EngineDevice, ACopyPastItsDeadlineMovesOnlyMemoryItsCompletionOwns) {
   RunSpec spec;
   spec.config_json = DeviceCaseConfig(3, "none", "none", "bf16", 0.5, 1);
   spec.steps = 2;
-  spec.timeout = std::chrono::milliseconds(300);
+  spec.timeout = std::chrono::milliseconds(1000);
   Devices devices;
   UseEmulated(spec, devices);
   spec.before_engine_step = [&devices](int r, int step, Engine&, nvme::SimBackend*) {
@@ -570,7 +570,7 @@ TEST(EngineDevice, AnEngineWhoseCopyOverranWaitsForItBeforeItsMemoryGoes) {
   RunSpec spec;
   spec.config_json = DeviceCaseConfig(3, "cpu", "none", "fp32", 0.0, 1);
   spec.steps = 2;
-  spec.timeout = std::chrono::milliseconds(300);
+  spec.timeout = std::chrono::milliseconds(1000);
   Devices devices;
   UseEmulated(spec, devices);
   std::thread releaser;
@@ -580,9 +580,10 @@ TEST(EngineDevice, AnEngineWhoseCopyOverranWaitsForItBeforeItsMemoryGoes) {
   spec.before_step = [&](int r, int step, Engine&) {
     if (step != 1) return;
     devices.per_rank[r]->HoldNextCopy(CopyDir::kDeviceToHost);
-    // The stream runs again well after the engine gave up on the copy.
+    // The stream runs again well after the engine gave up on the copy (its timeout: 1 s, room
+    // for step 0 on a loaded machine).
     releaser = std::thread([&, r] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      std::this_thread::sleep_for(std::chrono::milliseconds(3000));
       released_at = now_ns();
       devices.per_rank[r]->ReleaseHeldCopies();
     });
