@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <deque>
 #include <future>
 #include <limits>
 #include <memory>
@@ -222,14 +221,14 @@ Status Engine::Impl::ToDevice(void* dev, const void* host, uint64_t bytes) {
 
 namespace {
 
-// CopySync's pieces: at most this many bytes each, two in flight.
-constexpr uint64_t kBouncePiece = uint64_t{4} << 20;
+// CopySync bounces copies up to this size (the engine's words, statistics and orders).
+constexpr uint64_t kBounceMax = uint64_t{1} << 20;
 
-// One piece of a CopySync: host memory of its own, owned jointly by the waiter and the copy's
-// completion, so that a copy still queued when the waiter gives up (its deadline passed) moves
-// bytes only to or from memory that is still there.
-struct BouncedPiece {
-  explicit BouncedPiece(uint64_t n) : bytes(std::make_unique_for_overwrite<uint8_t[]>(n)) {}
+// A copy's host side of its own, owned jointly by the waiter and the copy's completion, so that
+// a copy still queued when the waiter gives up (its deadline passed) moves bytes only to or from
+// memory that is still there.
+struct Bounce {
+  explicit Bounce(uint64_t n) : bytes(std::make_unique_for_overwrite<uint8_t[]>(n)) {}
   std::unique_ptr<uint8_t[]> bytes;
   std::promise<Status> done;
 };
@@ -237,43 +236,21 @@ struct BouncedPiece {
 }  // namespace
 
 Status Engine::Impl::CopySync(CopyDir dir, void* dst, const void* src, uint64_t bytes) {
-  struct InFlight {
-    std::future<Status> done;
-    std::shared_ptr<BouncedPiece> piece;
-    uint64_t at = 0, n = 0;
-  };
+  if (bytes == 0) return Status::OK();
+  if (bytes > kBounceMax) return CopyDirect(dir, dst, src, bytes);
   const bool down = dir == CopyDir::kDeviceToHost;
-  auto* to = static_cast<uint8_t*>(dst);
-  const auto* from = static_cast<const uint8_t*>(src);
-  // Waits for the oldest piece; a piece copied down is moved to the caller's memory.
-  auto finish = [&](InFlight& f) -> Status {
-    if (f.done.wait_for(opt.timeout) != std::future_status::ready) {
-      return Status::DeadlineExceeded(std::string("device copy (") + std::string(CopyDirName(dir)) +
-                                      ", " + std::to_string(bytes) + " bytes) did not finish");
-    }
-    STRATA_RETURN_IF_ERROR(f.done.get());
-    if (down) std::memcpy(to + f.at, f.piece->bytes.get(), f.n);
-    return Status::OK();
-  };
-  std::deque<InFlight> flight;
-  for (uint64_t at = 0; at < bytes; at += kBouncePiece) {
-    if (flight.size() == 2) {
-      STRATA_RETURN_IF_ERROR(finish(flight.front()));
-      flight.pop_front();
-    }
-    InFlight f;
-    f.at = at;
-    f.n = std::min(kBouncePiece, bytes - at);
-    f.piece = std::make_shared<BouncedPiece>(f.n);
-    f.done = f.piece->done.get_future();
-    uint8_t* host = f.piece->bytes.get();
-    if (!down) std::memcpy(host, from + at, f.n);
-    STRATA_RETURN_IF_ERROR(opt.device->CopyAsync(
-        dir, down ? host : to + at, down ? from + at : host, f.n,
-        [piece = f.piece](Status st) { piece->done.set_value(std::move(st)); }));
-    flight.push_back(std::move(f));
+  auto b = std::make_shared<Bounce>(bytes);
+  std::future<Status> done = b->done.get_future();
+  if (!down) std::memcpy(b->bytes.get(), src, bytes);
+  STRATA_RETURN_IF_ERROR(
+      opt.device->CopyAsync(dir, down ? b->bytes.get() : dst, down ? src : b->bytes.get(), bytes,
+                            [b](Status st) { b->done.set_value(std::move(st)); }));
+  if (done.wait_for(opt.timeout) != std::future_status::ready) {
+    return Status::DeadlineExceeded(std::string("device copy (") + std::string(CopyDirName(dir)) +
+                                    ", " + std::to_string(bytes) + " bytes) did not finish");
   }
-  for (InFlight& f : flight) STRATA_RETURN_IF_ERROR(finish(f));
+  STRATA_RETURN_IF_ERROR(done.get());
+  if (down) std::memcpy(dst, b->bytes.get(), bytes);
   return Status::OK();
 }
 
@@ -1163,8 +1140,10 @@ Engine::~Engine() {
   impl_->pending.clear();
   if (impl_->copy_overran.load()) {
     // A copy past its deadline may still move bytes to or from host memory this engine holds
-    // (CopyDirect): it must land before that memory goes. The communicators are aborted (Fail),
-    // so a copy queued behind one of their collectives runs.
+    // (CopyDirect): it must land before that memory goes. The communicators are aborted first
+    // (Fail; a no-op where the overrun failed the engine already), so that a copy queued behind
+    // one of their collectives runs.
+    impl_->Fail(Status::DeadlineExceeded("a device copy did not finish")).IgnoreError();
     impl_->opt.device->Synchronize().IgnoreError();
   }
   impl_->DropKeptCopies();

@@ -401,10 +401,12 @@ struct Engine::Impl {
   // Blocking copies through the device's streams (host <-> device). A copy may still be queued
   // when the wait for it gives up (DeadlineExceeded after opt.timeout: a device stream held up
   // behind a collective that never comes, or a hung kernel), and then moves its bytes later.
-  // CopySync is for host memory the caller frees on return: it copies through host pieces of
-  // its own (4 MiB, two in flight), which the copy's completion keeps alive. CopyDirect is for
-  // host memory the engine holds until it is destroyed (store blocks, the staging buffers): the
-  // copy uses it directly, and a copy past its deadline marks the engine (CopyOverran).
+  // CopySync is for host memory the caller frees on return: up to 1 MiB it copies through host
+  // memory of its own, which the copy's completion keeps alive; a larger one is CopyDirect's
+  // (the callers' large buffers are pageable vectors, which CUDA stages or copies before
+  // cudaMemcpyAsync returns). CopyDirect is for host memory the engine holds until it is
+  // destroyed (store blocks, the staging buffers): the copy uses it directly, and a copy past its
+  // deadline marks the engine (CopyOverran).
   Status CopySync(CopyDir dir, void* dst, const void* src, uint64_t bytes);
   Status CopyDirect(CopyDir dir, void* dst, const void* src, uint64_t bytes);
   // A copy into or out of engine-held host memory is past its deadline: sets copy_overran

@@ -57,9 +57,10 @@ reductions pair by their order), rank 0's order of the first micro-step once agr
 use different modules in a step at stages 0-2 (a group unused on a rank is reduced with zeros at
 its turn). Stage-3 gathers follow each rank's forward, so there every rank must run the same
 modules, as under DeepSpeed (transformers' generate needs synced_gpus=True there). Where ranks'
-collectives differ, the first one that does not pair waits until the engine's timeout (timeout_ms,
-300 s by default) and then fails on every rank with DeadlineExceeded, naming the rule: a rank
-cannot tell a peer that runs other modules from one that is slow.
+collectives differ, either one that does not pair waits until the engine's timeout (timeout_ms,
+300 s by default) and then fails with DeadlineExceeded naming the rule (a rank cannot tell a peer
+that runs other modules from one that is slow), or, where they happen to pair (the same sizes in
+the same number), Step's comparison of the ranks' traces fails naming it.
 """
 from __future__ import annotations
 
@@ -646,6 +647,8 @@ class StrataEngine(torch.nn.Module):
             device="host" if self._cuda is None else "cuda",
             device_ordinal=0 if self._cuda is None else self._cuda.index)
         self._closed = False
+        # initialize froze the model (no optimizer, no model_parameters): backward refuses.
+        self._forward_only = False
         self._named_scheduler = None  # initialize's: a torch scheduler named in the config
         self._dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                        "float16": torch.float16}[self._engine.dtype]
@@ -1572,6 +1575,12 @@ class StrataEngine(torch.nn.Module):
         scale_wrt_gas; the loss itself without). A script may instead call loss.backward()
         itself, then engine.step() (DeepSpeed's torch-style backward; fp16 through
         engine.scale(loss).backward())."""
+        if self._forward_only:
+            raise RuntimeError(
+                "strata: engine.backward on an engine initialized without an optimizer and "
+                "without model_parameters: it runs its model forward only, and initialize froze "
+                "its parameters (requires_grad=False); pass an optimizer (or a config "
+                "\"optimizer\" section) to train it")
         self._check_loaded("backward")
         self._check_requires_grad()
         scale = self._engine.loss_scale * (1 if scale_wrt_gas else self._gas)
@@ -2702,6 +2711,26 @@ def _torch_scheduler_of(cfg: dict):
     return build
 
 
+def _start_engine(model, cfg, groups, dist_init_required, nvme_paths, device_budget_bytes,
+                  timeout_ms, overlap_step, lr_scheduler, device) -> "StrataEngine":
+    """initialize's engine, for `groups` (ParamGroups), torch.distributed started as DeepSpeed's
+    initialize starts it."""
+    if groups.optimizer_section is not None:
+        cfg["optimizer"] = groups.optimizer_section
+    if dist_init_required is not False and _launched():
+        # As DeepSpeed's initialize under its launcher: torch.distributed is up for the script
+        # afterwards (its get_rank, barriers and metrics), whether or not it called
+        # init_distributed itself. One process without a launcher is left as it is (strata.comm's
+        # calls start a group of one when first used).
+        init_distributed(dist_init_required=dist_init_required)
+    _share_rendezvous_secret()
+    rank, world = _env_rank_world()
+    return StrataEngine(model, cfg, rank, world, nvme_paths=nvme_paths,
+                        device_budget_bytes=device_budget_bytes, timeout_ms=timeout_ms,
+                        overlap_step=overlap_step, param_groups=groups,
+                        lr_scheduler=lr_scheduler, device=device)
+
+
 def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=None,
                model_parameters: Optional[Iterable] = None, training_data=None,
                lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None,
@@ -2772,20 +2801,20 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
                                 else model_parameters)
         optimizer = optimizer(model_parameters)
     groups = ParamGroups(model, cfg, optimizer, model_parameters)
-    if groups.optimizer_section is not None:
-        cfg["optimizer"] = groups.optimizer_section
-    if dist_init_required is not False and _launched():
-        # As DeepSpeed's initialize under its launcher: torch.distributed is up for the script
-        # afterwards (its get_rank, barriers and metrics), whether or not it called
-        # init_distributed itself. One process without a launcher is left as it is (strata.comm's
-        # calls start a group of one when first used).
-        init_distributed(dist_init_required=dist_init_required)
-    _share_rendezvous_secret()
-    rank, world = _env_rank_world()
-    engine = StrataEngine(model, cfg, rank, world, nvme_paths=nvme_paths,
-                          device_budget_bytes=device_budget_bytes, timeout_ms=timeout_ms,
-                          overlap_step=overlap_step, param_groups=groups,
-                          lr_scheduler=lr_scheduler, device=device)
+    try:
+        engine = _start_engine(model, cfg, groups, dist_init_required, nvme_paths,
+                               device_budget_bytes, timeout_ms, overlap_step, lr_scheduler, device)
+    except BaseException:
+        for p in groups.frozen_here:  # the model as it was given
+            p.requires_grad_(True)
+        raise
+    if groups.frozen_here:
+        engine._forward_only = True
+        if engine.global_rank == 0:
+            logger.warning(
+                "strata.initialize: no optimizer and no model_parameters: %s runs forward only, "
+                "as under DeepSpeed; its %d trainable parameter(s) are frozen "
+                "(requires_grad=False)", type(model).__name__, len(groups.frozen_here))
     engine._named_scheduler = named_scheduler  # scheduler_name() / scheduler_params()
     if args is not None and hasattr(args, "local_rank"):
         args.local_rank = engine.local_rank  # as DeepSpeed aligns it with the launcher's

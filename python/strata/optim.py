@@ -18,12 +18,9 @@ sub-group has one set of hyperparameters.
 """
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 import torch
-
-logger = logging.getLogger("strata")
 
 SUPPORTED = ("torch.optim.Adam, torch.optim.AdamW, strata.optim.CPUAdam "
              "(DeepSpeedCPUAdam) and strata.optim.FusedAdam")
@@ -138,6 +135,9 @@ class ParamGroups:
                  model_parameters=None):
         self.client = optimizer
         self.optimizer_section = None
+        # The parameters this froze (a model without an optimizer runs forward only): initialize
+        # gives them requires_grad back where it fails.
+        self.frozen_here: list = []
         if optimizer is not None:
             kind, bias_correction = _client_type(optimizer)
             if config.get("optimizer"):
@@ -160,10 +160,8 @@ class ParamGroups:
                 # (a reference or reward model, a teacher, an EMA copy), as DeepSpeed runs one
                 # without an optimizer whatever requires_grad says. Nothing would update its
                 # parameters: they are frozen (the engine keeps no gradient or optimizer state).
+                self.frozen_here = [p for p in model.parameters() if p.requires_grad]
                 model.requires_grad_(False)
-                logger.info("strata.initialize: no optimizer and no model_parameters: %s runs "
-                            "forward only, its parameters frozen (requires_grad=False)",
-                            type(model).__name__)
         self.params = [list(d["params"]) for d in dicts]
         self.hyper = [_hyper(d, f"param_groups[{i}]") for i, d in enumerate(dicts)]
         self.index = _index_params(model, self.params)

@@ -9,10 +9,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def free_port() -> int:
+    """A port p free with p + 1 (strata's store takes p + 1 where torch.distributed holds p)."""
     import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except (OSError, OverflowError):  # taken, or port 65535
+                continue
+            return port
 
 
 def launch(tmp_path, script, argv, world=2, timeout_ms=60000, timeout_s=280, tcp=False):

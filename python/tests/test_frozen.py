@@ -251,10 +251,16 @@ def test_a_frozen_model_runs_forward_without_an_optimizer(stage, offload_param):
     with pytest.raises(ValueError, match=r"no \"optimizer\" section.*model_parameters= names"):
         strata.initialize(model=trainable, config=cfg, model_parameters=trainable.parameters())
     assert all(p.requires_grad for p in trainable.parameters())  # untouched by the refusal
+    bad = dict(cfg, zero_optimization=dict(cfg["zero_optimization"], stage=7))
+    with pytest.raises(strata.ConfigError):
+        strata.initialize(model=trainable, config=bad)
+    assert all(p.requires_grad for p in trainable.parameters())  # given back on the failure
     engine, optimizer, _, _ = strata.initialize(model=trainable, config=cfg)
     assert optimizer is None and all(not g.trainable for g in engine._groups)
     assert not any(p.requires_grad for p in trainable.parameters())
     x, y = batch(kind, 0)
     with torch.no_grad():
         torch.testing.assert_close(engine(x, y), whole(x, y), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="without an optimizer and without model_parameters"):
+        engine.backward(engine(x, y))
     engine.close()

@@ -591,7 +591,9 @@ def test_sft_checkpoint_resume_continues_as_the_uninterrupted_run(tmp_path, sft_
     ckpt = out / "checkpoint-3"
     assert (ckpt / "latest").is_file()
     args = torch.load(ckpt / "training_args.bin", weights_only=False)
-    assert type(args) is strl.SFTConfig and args.strata_config == cfg
+    # The arguments' precision (fp32) applied, as accelerate applies it.
+    want = {**cfg, "bf16": {"enabled": False}, "fp16": {"enabled": False}}
+    assert type(args) is strl.SFTConfig and args.strata_config == want
     _, logs = train("SFTTrainer", out, cfg, resume=str(ckpt), **sft_kw())
     assert [l["step"] for l in logs] == [1, 2, 3, 4, 5, 6]  # 1-3 from the checkpoint's state
     assert_same_curve(logs, sft_reference)
@@ -689,5 +691,8 @@ def test_trl_parser_takes_the_made_config(tmp_path):
         "--dataset_name", "unused", "--output_dir", str(tmp_path), "--deepspeed", str(path),
         "--use_cpu", "--learning_rate", "2e-5", "--max_length", "64"])
     assert type(args) is strl.SFTConfig
-    assert args.strata_config == ds_config(2, offload_optimizer="cpu") and args.deepspeed is None
+    # SFTConfig's bf16=True (TRL's default) applied to the config, as accelerate applies it.
+    want = {**ds_config(2, offload_optimizer="cpu"), "bf16": {"enabled": True},
+            "fp16": {"enabled": False}}
+    assert args.bf16 and args.strata_config == want and args.deepspeed is None
     assert args.learning_rate == 2e-5 and args.max_length == 64
