@@ -563,43 +563,48 @@ TEST(EngineDevice, ACopyPastItsDeadlineMovesOnlyMemoryItsCompletionOwns) {
   ASSERT_TRUE(devices.per_rank[0]->Synchronize().ok());
 }
 
-// A copy past its deadline into memory the engine holds (a gradient staged to the host for the
-// offloaded optimizer): every later call refuses, and destroying the engine waits for the copy
-// before that memory goes, so the late copy lands in memory that is still the engine's.
+// A copy past its deadline into memory the engine holds (a gradient copied to the host for the
+// offloaded optimizer: fp32 through the staging buffer, StageFromDevice; bf16, kept in bf16,
+// straight into the store's block, CopyDirect): every later call refuses, and destroying
+// the engine waits for the copy before that memory goes, so the late copy lands in memory that is
+// still the engine's.
 TEST(EngineDevice, AnEngineWhoseCopyOverranWaitsForItBeforeItsMemoryGoes) {
-  RunSpec spec;
-  spec.config_json = DeviceCaseConfig(3, "cpu", "none", "fp32", 0.0, 1);
-  spec.steps = 2;
-  spec.timeout = std::chrono::milliseconds(1000);
-  Devices devices;
-  UseEmulated(spec, devices);
-  std::thread releaser;
-  std::atomic<int64_t> released_at{0};
-  using Clock = std::chrono::steady_clock;
-  auto now_ns = [] { return Clock::now().time_since_epoch().count(); };
-  spec.before_step = [&](int r, int step, Engine&) {
-    if (step != 1) return;
-    devices.per_rank[r]->HoldNextCopy(CopyDir::kDeviceToHost);
-    // The stream runs again well after the engine gave up on the copy (its timeout: 1 s, room
-    // for step 0 on a loaded machine).
-    releaser = std::thread([&, r] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(3000));
-      released_at = now_ns();
-      devices.per_rank[r]->ReleaseHeldCopies();
-    });
-  };
-  RunResult res = RunEngine(spec);
-  const int64_t returned_at = now_ns();
-  ASSERT_TRUE(releaser.joinable());
-  releaser.join();
-  ASSERT_FALSE(res.status.ok());
-  const std::string msg = res.status.ToString();
-  EXPECT_EQ(res.status.code(), Status::Code::kDeadlineExceeded) << msg;
-  EXPECT_NE(msg.find("did not finish"), std::string::npos) << msg;
-  EXPECT_EQ(res.reports.size(), 1u);
-  // The engine (destroyed inside RunEngine) ended only after the held copy was let go.
-  EXPECT_GT(released_at.load(), 0);
-  EXPECT_GE(returned_at, released_at.load());
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    RunSpec spec;
+    spec.config_json = DeviceCaseConfig(3, "cpu", "none", precision, 0.0, 1);
+    spec.steps = 2;
+    spec.timeout = std::chrono::milliseconds(1000);
+    Devices devices;
+    UseEmulated(spec, devices);
+    std::thread releaser;
+    std::atomic<int64_t> released_at{0};
+    using Clock = std::chrono::steady_clock;
+    auto now_ns = [] { return Clock::now().time_since_epoch().count(); };
+    spec.before_step = [&](int r, int step, Engine&) {
+      if (step != 1) return;
+      devices.per_rank[r]->HoldNextCopy(CopyDir::kDeviceToHost);
+      // The stream runs again well after the engine gave up on the copy (its timeout: 1 s,
+      // room for step 0 on a loaded machine).
+      releaser = std::thread([&, r] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+        released_at = now_ns();
+        devices.per_rank[r]->ReleaseHeldCopies();
+      });
+    };
+    RunResult res = RunEngine(spec);
+    const int64_t returned_at = now_ns();
+    ASSERT_TRUE(releaser.joinable());
+    releaser.join();
+    ASSERT_FALSE(res.status.ok());
+    const std::string msg = res.status.ToString();
+    EXPECT_EQ(res.status.code(), Status::Code::kDeadlineExceeded) << msg;
+    EXPECT_NE(msg.find("did not finish"), std::string::npos) << msg;
+    EXPECT_EQ(res.reports.size(), 1u);
+    // The engine (destroyed inside RunEngine) ended only after the held copy was let go.
+    EXPECT_GT(released_at.load(), 0);
+    EXPECT_GE(returned_at, released_at.load());
+  }
 }
 
 }  // namespace
