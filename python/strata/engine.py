@@ -649,6 +649,7 @@ class StrataEngine(torch.nn.Module):
         self._closed = False
         # initialize froze the model (no optimizer, no model_parameters): backward refuses.
         self._forward_only = False
+        self._warned_frozen_saved = False  # save_checkpoint(exclude_frozen_parameters=True)
         self._named_scheduler = None  # initialize's: a torch scheduler named in the config
         self._dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                        "float16": torch.float16}[self._engine.dtype]
@@ -2236,7 +2237,8 @@ class StrataEngine(torch.nn.Module):
                         keep_last: Optional[int] = None,
                         recycle_files: Optional[bool] = None) -> bool:
         """Every rank writes its part of `<save_dir>/<tag>/` (default tag global_step<N>) and
-        `latest` names it; client_state (a dict of tensors, dicts, lists, tuples, numbers,
+        `latest` names it (exclude_frozen_parameters is accepted, and frozen parameters are
+        saved all the same, with a warning once); client_state (a dict of tensors, dicts, lists, tuples, numbers,
         strings, None: what torch.load(weights_only=True) reads, so loading runs no code) comes
         back from load_checkpoint, and the module's persistent buffers (state_dict's: BatchNorm
         running statistics) are restored by it (rank 0's, with the Python state in the engine's
@@ -2255,6 +2257,15 @@ class StrataEngine(torch.nn.Module):
                                       "updates <save_dir>/latest")
         if tag is None:
             tag = f"global_step{self.global_steps}"
+        if exclude_frozen_parameters and not self._warned_frozen_saved and \
+                any(not g.trainable for g in self._groups):
+            # transformers' Trainer asks it at every save of a PEFT model.
+            self._warned_frozen_saved = True
+            if self._engine.rank == 0:
+                logger.warning(
+                    "strata: save_checkpoint(exclude_frozen_parameters=True): the frozen "
+                    "parameters are saved all the same (strata's checkpoints hold every group); "
+                    "the checkpoint is complete, only larger")
         state = {"client_state": dict(client_state or {}), "micro_steps": self.micro_steps,
                  "global_samples": self.global_samples,
                  "buffers": {n: b.detach().cpu().clone()

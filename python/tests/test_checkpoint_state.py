@@ -101,9 +101,18 @@ def test_crafted_client_state_does_not_run(tmp_path, fmt):
         engine.load_checkpoint(tmp_path / "ckpt")
     assert not marker.exists()
     # and save_checkpoint refuses to write what load would refuse, before writing anything
-    with pytest.raises(ValueError, match="client_state holds an object"):
-        engine.save_checkpoint(tmp_path / "ckpt2", client_state={"x": _Evil(marker)})
+    with pytest.raises(ValueError, match=r"client_state\['x'\] \(posix.system\)"):
+        engine.save_checkpoint(tmp_path / "ckpt2", client_state={"x": _Evil(marker), "ok": 1})
     assert not marker.exists() and not (tmp_path / "ckpt2").exists()
+    # What training loops keep there (Megatron-style): each named, with the way to store it.
+    import argparse
+    import numpy as np
+    with pytest.raises(ValueError, match=r"client_state\['np_rng'\] \(numpy\S*\), "
+                                         r"client_state\['args'\] \(argparse.Namespace\).*"
+                                         r"vars\(args\).*nothing was written"):
+        engine.save_checkpoint(tmp_path / "ckpt2", client_state={
+            "np_rng": np.random.get_state(), "args": argparse.Namespace(lr=1), "step": 3})
+    assert not (tmp_path / "ckpt2").exists()
     engine.close()
 
 

@@ -20,6 +20,7 @@ import io
 import logging
 import os
 import pickle
+import re
 from typing import Optional
 
 import torch
@@ -189,19 +190,40 @@ from ..zero import (get_z3_leaf_modules, set_z3_leaf_modules,  # noqa: F401
                    unset_z3_leaf_modules, z3_leaf_module)
 
 
-def pack_state(state: dict) -> bytes:
-    """The blob of `state`; refuses (ValueError) what unpack_state would not read back."""
+def _saved(value) -> bytes:
     buf = io.BytesIO()
-    torch.save(state, buf)
-    blob = buf.getvalue()
+    torch.save(value, buf)
+    return buf.getvalue()
+
+
+def _refused_by_load(blob: bytes) -> Optional[str]:
+    """None where torch.load(weights_only=True) reads `blob` back, else the global it refuses
+    (or its error's first line)."""
     try:
         torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
-    except Exception as e:  # noqa: BLE001: torch's message names the type
-        raise ValueError(
-            "save_checkpoint: client_state holds an object load_checkpoint would refuse (it "
-            "reads with torch.load(weights_only=True): tensors, dicts, lists, tuples, numbers, "
-            f"strings, None; torch.serialization.add_safe_globals allows more): {e}") from None
-    return blob
+        return None
+    except Exception as e:  # noqa: BLE001
+        found = re.findall(r"(?:Unsupported global: |unsupported )GLOBAL ([\w.]+)", str(e))
+        return found[0] if found else str(e).splitlines()[0]
+
+
+def pack_state(state: dict) -> bytes:
+    """The blob of `state`; refuses (ValueError) what unpack_state would not read back, naming
+    the client_state key and the type."""
+    blob = _saved(state)
+    if _refused_by_load(blob) is None:
+        return blob
+    client = state.get("client_state") or {}
+    bad = [(k, _refused_by_load(_saved(v))) for k, v in client.items()]
+    bad = [(k, why) for k, why in bad if why is not None] or [("?", _refused_by_load(blob))]
+    listed = ", ".join(f"client_state[{k!r}] ({why})" for k, why in bad)
+    raise ValueError(
+        f"save_checkpoint: {listed}: load_checkpoint reads the client state with "
+        "torch.load(weights_only=True), so that loading a checkpoint runs no code: store "
+        "tensors, dicts, lists, tuples, numbers, strings and None (an argparse.Namespace as "
+        "vars(args), a numpy array or RNG state as a tensor or a list), or allow the type on "
+        "every rank that saves and loads with torch.serialization.add_safe_globals; nothing "
+        "was written")
 
 
 class _NoGlobalsUnpickler(pickle.Unpickler):
