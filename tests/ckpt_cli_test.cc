@@ -147,6 +147,13 @@ TEST(CkptCli, InspectVerifyExport) {
       }
     }
   }
+  // Without --dtype: the run's own precision (bf16 here), the same bytes as asked; the directory
+  // of --out is made.
+  const std::string made = dir + "/made/here/model.safetensors";
+  c = Offloadctl("ckpt export " + dir + " --out " + made);
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("(bf16)"), std::string::npos) << c.out;
+  EXPECT_EQ(*ckpt::ReadWholeFile(made), *ckpt::ReadWholeFile(dir + "/model_bf16.safetensors"));
   // The safetensors package, unchanged, when Python has it.
   if (std::system((Python() + " -c 'import safetensors.numpy' >/dev/null 2>&1").c_str()) == 0) {
     const std::string py = Python() +
@@ -191,6 +198,13 @@ TEST(CkptCli, ReshardAndShardedExport) {
   EXPECT_EQ(
       Offloadctl("ckpt reshard " + dir + "/src --world-size 3 --stage 1 --out " + dir + "/w3").code,
       1);
+
+  // A checkpoint of an fp32 run exports fp32 unless asked otherwise: no rounding by default.
+  c = Offloadctl("ckpt reshard " + dir + "/src --precision fp32 --out " + dir + "/f32");
+  ASSERT_EQ(c.code, 0) << c.out;
+  c = Offloadctl("ckpt export " + dir + "/f32 --out " + dir + "/f32.safetensors");
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("(fp32)"), std::string::npos) << c.out;
 
   // fp32 bytes in model order: W0 3072, b0 128, W1 5120, b1 160, W2 5760, b2 144; at most 6000
   // bytes per shard: [W0 b0] [W1 b1] [W2 b2].

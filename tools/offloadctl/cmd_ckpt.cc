@@ -36,7 +36,7 @@ namespace {
 namespace ckpt = zero::ckpt;
 
 struct CkptArgs {
-  std::string dir, tag, out, dtype = "bf16";
+  std::string dir, tag, out, dtype;  // export: "" = the checkpoint's precision
   std::string precision;           // reshard: "" = the checkpoint's
   std::string max_shard_size;      // "" = one file
   int world_size = 0, stage = -1;  // reshard: 0 / -1 = the checkpoint's
@@ -195,7 +195,7 @@ std::optional<uint64_t> ParseShardSize(std::string v) {
 
 // Export: the full parameters, streamed in chunks from the masters of every rank file; one file,
 // or shards (each at most max_shard bytes unless one tensor alone is larger) plus the index.
-Status Export(const CkptArgs& a, size_t* tensors, size_t* files) {
+Status Export(const CkptArgs& a, size_t* tensors, size_t* files, std::string* dtype_out) {
   uint64_t max_shard = UINT64_MAX;
   if (!a.max_shard_size.empty()) {
     auto v = ParseShardSize(a.max_shard_size);
@@ -205,7 +205,19 @@ Status Export(const CkptArgs& a, size_t* tensors, size_t* files) {
     max_shard = *v;
   }
   STRATA_ASSIGN_OR_RETURN(ckpt::Manifest m, ckpt::VerifyCheckpoint(a.dir, a.tag));
-  const uint64_t eb = a.dtype == "fp32" ? 4 : 2;
+  // The run's own precision unless asked (an fp32 run's weights are not rounded by default).
+  const std::string dtype = a.dtype.empty() ? m.precision : a.dtype;
+  *dtype_out = dtype;
+  const uint64_t eb = dtype == "fp32" ? 4 : 2;
+  if (const std::filesystem::path parent = std::filesystem::path(a.out).parent_path();
+      !parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    if (ec) {
+      return Status::IOError("create the directory of --out '" + parent.string() +
+                             "': " + ec.message());
+    }
+  }
   // The trainer's names; prefixed by the group only when a name repeats across groups.
   std::set<std::string> seen;
   bool unique = true;
@@ -238,7 +250,7 @@ Status Export(const CkptArgs& a, size_t* tensors, size_t* files) {
   ckpt::RangeReader rd(a.dir + "/" + m.tag, m);
   *tensors = outs.size();
   *files = shards.size();
-  if (shards.size() == 1) return WriteExportFile(a.out, shards[0], a.dtype, m, rd);
+  if (shards.size() == 1) return WriteExportFile(a.out, shards[0], dtype, m, rd);
   // Hugging Face's layout: <stem>-00001-of-00003.safetensors and <stem>.safetensors.index.json.
   const std::filesystem::path out(a.out);
   std::string stem = out.filename().string();
@@ -252,7 +264,7 @@ Status Export(const CkptArgs& a, size_t* tensors, size_t* files) {
     std::snprintf(name, sizeof name, "-%05zu-of-%05zu.safetensors", i + 1, shards.size());
     const std::string file = stem + name;
     STRATA_RETURN_IF_ERROR(
-        WriteExportFile((out.parent_path() / file).string(), shards[i], a.dtype, m, rd));
+        WriteExportFile((out.parent_path() / file).string(), shards[i], dtype, m, rd));
     for (const ExportTensor* t : shards[i]) weight_map[t->name] = file;
   }
   nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
@@ -262,18 +274,19 @@ Status Export(const CkptArgs& a, size_t* tensors, size_t* files) {
 
 int RunExport(const CkptArgs& a) {
   size_t n = 0, files = 0;
-  Status st = Export(a, &n, &files);
+  std::string dtype;
+  Status st = Export(a, &n, &files, &dtype);
   if (st.code() == Status::Code::kInvalidArgument) {
     std::fprintf(stderr, "offloadctl ckpt export: %s\n", st.ToString().c_str());
     return kExitUsage;
   }
   if (!st.ok()) return Fail("export", st);
   if (files == 1) {
-    std::printf("exported %zu tensors (%s) to %s\n", n, a.dtype.c_str(), a.out.c_str());
+    std::printf("exported %zu tensors (%s) to %s\n", n, dtype.c_str(), a.out.c_str());
   } else {
     std::printf(
         "exported %zu tensors (%s) in %zu shards beside %s, with a .safetensors.index.json\n", n,
-        a.dtype.c_str(), files, a.out.c_str());
+        dtype.c_str(), files, a.out.c_str());
   }
   return kExitOk;
 }
@@ -317,7 +330,10 @@ void RegisterCkpt(CLI::App& parent, int* exit_code) {
   exp->add_option("--tag", args->tag, "Tag to export (default: the one `latest` names)");
   exp->add_option("--out", args->out, "Output .safetensors file (written as OUT.tmp, then renamed)")
       ->required();
-  exp->add_option("--dtype", args->dtype, "bf16 (default), fp16 or fp32 (round to nearest even)")
+  exp->add_option(
+         "--dtype", args->dtype,
+         "bf16, fp16 or fp32 (default: the checkpoint's precision; narrower ones round to nearest "
+         "even)")
       ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   exp->add_option("--max-shard-size", args->max_shard_size,
                   "Split into shards of at most this many bytes (5GB, 500M: SIZE; a tensor larger "
