@@ -20,6 +20,15 @@ if st.unsupported_reason() is not None:  # transformers older than the integrati
     pytest.skip(st.unsupported_reason(), allow_module_level=True)
 from strata.integrations import trl as strl  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def no_stage3_arguments_left():
+    """A test's stage-3 arguments may outlive it (a trainer in a reference cycle) and keep
+    transformers' zero.Init hook on: the next test's models would be built partitioned."""
+    yield
+    import transformers.integrations.deepspeed as hf_deepspeed
+    hf_deepspeed.unset_hf_deepspeed_config()
+
 LOSS_RTOL = 1e-4  # fp32; the engine's fused AdamW against torch.optim.AdamW (rounding order)
 WORDS = [f"w{i}" for i in range(56)]
 
@@ -335,6 +344,29 @@ def test_grpo_matches_trl(tmp_path):
     assert_same_curve(logs, ref, metrics=("reward", "reward_std"))
 
 
+def test_grpo_with_peft_config_matches_trl(tmp_path):
+    """GRPOTrainer(peft_config=...) at stage 3: TRL's generation unwraps trainer.model_wrapped
+    (the engine) with the Trainer's accelerator and reads the PeftModel's
+    is_gradient_checkpointing, which the engine does not list: the accelerator takes the
+    engine to its module as accelerate takes a DeepSpeed engine."""
+    peft = pytest.importorskip("peft")
+
+    def run(lib, **extra):
+        kw = config_kw(tmp_path / lib.__name__, max_steps=2, gradient_accumulation_steps=1,
+                       num_generations=4, max_completion_length=8)
+        del kw["max_length"]
+        trainer = lib.GRPOTrainer(model=tiny_llama(), args=lib.GRPOConfig(**extra, **kw),
+                                  train_dataset=prompt_dataset(), processing_class=tokenizer(),
+                                  reward_funcs=count_reward, peft_config=lora_config())
+        trainer.train()
+        return trainer, [h for h in trainer.state.log_history if "loss" in h]
+
+    _, ref = run(trl)
+    trainer, logs = run(strl, deepspeed=ds_config(3, offload_optimizer="cpu"))
+    assert isinstance(trainer.model, peft.PeftModel) and trainer.strata_engine is not None
+    assert_same_curve(logs, ref, metrics=("reward",))
+
+
 def prompt_dataset(n=16):
     g = torch.Generator().manual_seed(3)
     return datasets.Dataset.from_dict({"prompt": [words(g, 4) for _ in range(n)]})
@@ -504,6 +536,33 @@ def test_experimental_orpo_through_strata_class(tmp_path):
     _, logs = experimental_run(orpo, "ORPO", ds_config(3, offload_optimizer="cpu",
                                                        offload_param="cpu"), **kw(tmp_path / "st"))
     assert_same_curve(logs, ref, metrics=("log_odds_ratio",))
+
+
+def test_experimental_online_dpo_whose_training_step_calls_accelerator_backward(tmp_path):
+    """trl.experimental's OnlineDPOTrainer replaces training_step and calls
+    accelerator.backward itself, as under DeepSpeed: the Trainer's accelerator runs the
+    engine's backward and, at the accumulation boundary, its step (DeepSpeedEngineWrapper's
+    rule); losses and grad norms as TRL's own at stage 2."""
+    od = pytest.importorskip("trl.experimental.online_dpo")
+
+    def reward_model():
+        torch.manual_seed(9)
+        return transformers.LlamaForSequenceClassification(transformers.LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+            pad_token_id=0, eos_token_id=1, num_labels=1))
+
+    def kw(out):
+        cfg = config_kw(out, max_steps=3, gradient_accumulation_steps=1, max_new_tokens=8)
+        del cfg["max_length"]
+        torch.manual_seed(3)
+        return dict(config=cfg, ref_model=tiny_llama(), reward_funcs=[reward_model()],
+                    reward_processing_classes=[tokenizer()], processing_class=tokenizer(),
+                    train_dataset=prompt_dataset())
+    _, ref = experimental_run(od, "OnlineDPO", None, **kw(tmp_path / "ref"))
+    trainer, logs = experimental_run(od, "OnlineDPO", ds_config(2), **kw(tmp_path / "st"))
+    assert trainer.strata_engine.global_steps == 3
+    assert_same_curve(logs, ref)
 
 
 def test_experimental_gkd_with_a_teacher_path_through_strata_class(tmp_path):

@@ -647,6 +647,7 @@ class Trainer(transformers.Trainer):
             raise
         self.strata_engine = engine
         self.model_wrapped = engine
+        self._strata_route_accelerator()
         self.optimizer = _EngineStepped(eopt, engine)
         if isinstance(esched, torch.optim.lr_scheduler.ReduceLROnPlateau):
             # lr_scheduler_type="reduce_lr_on_plateau": the Trainer steps it with the metric
@@ -672,6 +673,37 @@ class Trainer(transformers.Trainer):
             setattr(self.callback_handler, attr, getattr(self, attr))
         self.callback_handler.train_dataloader = train_dataloader
         return self.model, train_dataloader
+
+    def _strata_route_accelerator(self) -> None:
+        """The Trainer's accelerator treats the engine as accelerate treats a DeepSpeed engine
+        (code that bypasses training_step reaches it: TRL's generation unwraps
+        trainer.model_wrapped, trl.experimental's OnlineDPOTrainer calls accelerator.backward):
+        unwrap_model takes the engine to its module (for a PEFT model, the PeftModel, whose
+        attributes the engine does not list), and backward runs the engine's backward and, at
+        an accumulation boundary (sync_gradients), its step (DeepSpeedEngineWrapper.backward)."""
+        acc = self.accelerator
+        if getattr(acc.unwrap_model, "_strata_routes", False):
+            return
+        from ..engine import StrataEngine
+        unwrap, backward = acc.unwrap_model, acc.backward
+
+        def unwrap_model(model, *args, **kwargs):
+            return unwrap(model.module if isinstance(model, StrataEngine) else model,
+                          *args, **kwargs)
+
+        def engine_backward(loss, **kwargs):
+            engine = self.strata_engine
+            if engine is None or engine._closed:
+                return backward(loss, **kwargs)
+            sync = bool(acc.sync_gradients)
+            engine.set_gradient_accumulation_boundary(sync)
+            engine.backward(loss, **kwargs)
+            if sync:
+                engine.step()
+
+        unwrap_model._strata_routes = True
+        acc.unwrap_model = unwrap_model
+        acc.backward = engine_backward
 
     # -- a step ------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
