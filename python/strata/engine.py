@@ -2312,6 +2312,13 @@ class StrataEngine(torch.nn.Module):
         try:
             blob = self._engine.load(load_dir, str(tag), optimizer_states=load_optimizer_states,
                                      lr_schedule=load_lr_scheduler_states)
+        except _strata.StrataError as e:
+            if load_module_strict or "model spec differs" not in str(e):
+                raise
+            raise _strata.StrataError(
+                f"{e}\n(load_module_strict=False relaxes the buffers only: a model whose "
+                "parameters changed takes the checkpoint's matching weights with "
+                "load_module_only=True, before its first step)") from None
         finally:
             self._gather_whole()
         state = unpack_state(blob, os.path.join(load_dir, str(tag)))

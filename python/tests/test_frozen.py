@@ -111,6 +111,9 @@ def test_checkpoint_of_a_fine_tune_resumes_bit_exact(tmp_path, caplog):
     other, _, _, _ = strata.initialize(model=thawed, config=cfg)
     with pytest.raises(strata.StrataError, match="is frozen in the checkpoint"):
         other.load_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(strata.StrataError, match=r"(?s)is frozen in the checkpoint.*"
+                                                 r"load_module_only=True"):
+        other.load_checkpoint(tmp_path / "ckpt", load_module_strict=False)
     other.close()
 
 
