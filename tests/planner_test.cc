@@ -391,6 +391,26 @@ TEST(PlannerPlace, Stage3OptimizerNvme) {
   EXPECT_DOUBLE_EQ(q.pcie_bytes_per_gpu, 21e9);
 }
 
+// DeepSpeed's ZeRO-Infinity tutorial config on one GPU with 64 GB of DRAM: sub_group_size 1e9
+// makes the optimizer swap buffers most of a host tier that does not fit (less than the state
+// they page, so the note above stays quiet): the note names sub_group_size. With 1e8 it fits and
+// nothing is noted.
+TEST(PlannerPlace, SwapBuffersThatOverflowTheHostNameSubGroupSize) {
+  PlanInput in = Ref();
+  in.capacity.gpus_per_node = 1;
+  in.capacity.dram_bytes_per_node = 64e9;
+  in.zero.sub_group_size = 1e9;
+  const Placement p = Place(in, 3, D::kNvme, D::kNvme);
+  EXPECT_GT(p.host_bytes_per_node, 64e9);
+  ASSERT_EQ(p.notes.size(), 1u);
+  EXPECT_NE(p.notes[0].find("does not hold the setting"), std::string::npos) << p.notes[0];
+  EXPECT_NE(p.notes[0].find("sub_group_size"), std::string::npos) << p.notes[0];
+  in.zero.sub_group_size = 1e8;
+  const Placement q = Place(in, 3, D::kNvme, D::kNvme);
+  EXPECT_LE(q.host_bytes_per_node, 64e9);
+  EXPECT_TRUE(q.notes.empty()) << q.notes[0];
+}
+
 // The host cache is what the DRAM capacity (the engines' host budgets) leaves beyond the working
 // set, up to the NVMe-homed bytes; max_in_cpu does not bound it.
 TEST(PlannerPlace, Stage3AllNvmeCacheIsWhatTheBudgetLeaves) {

@@ -271,6 +271,8 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
   const double off_share = p.optimizer_offloaded_fraction;
 
   double pcie = 0, nvme_io = 0, swap = 0;
+  double opt_buffers = 0;  // per node; noted already where they outweigh the state they page
+  bool buffers_noted = false;
   switch (p.offload_optimizer) {
     case OffloadDevice::kNone:
       break;
@@ -292,7 +294,9 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
       b.Add(Tier::kHost, "optimizer swap buffers, min(count + 1, sub-groups) x 4",
             g_per_node * buffers, true);
       swap += g_per_node * buffers;
-      if (buffers > 0 && buffers >= off_opt) {
+      opt_buffers = g_per_node * buffers;
+      buffers_noted = buffers > 0 && buffers >= off_opt;
+      if (buffers_noted) {
         p.notes.push_back(
             "optimizer swap buffers ((" + Fmt(z.optimizer_buffer_count) + " + 1) x " +
             Fmt(sub_group) + " elements" +
@@ -338,6 +342,13 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
     p.nvme_param_bytes_per_node = g_per_node * st.param_bytes;
     // Read for forward and backward of each micro-step, written after the step.
     nvme_io += (2 * k + 1) * r.param_bytes * shard;
+  }
+  const double dram = in.capacity.dram_bytes_per_node;
+  if (opt_buffers > 0 && !buffers_noted && dram > 0 && b.Sum(Tier::kHost) > dram) {
+    p.notes.push_back("host DRAM does not hold the setting: the optimizer swap buffers take " +
+                      Fmt(opt_buffers / 1e9) + " GB per node of the " +
+                      Fmt(b.Sum(Tier::kHost) / 1e9) +
+                      " GB; each holds one sub-group, so a smaller sub_group_size shrinks them");
   }
   // The engine's default budget then caches every NVMe-homed block and writes none home
   // (Engine::Impl::nvme_state_cached): a step moves no NVMe bytes.
