@@ -43,13 +43,22 @@ def tokenizer():
                                                 eos_token="<eos>", unk_token="<unk>")
 
 
+def tiny_llama_config(**extra):
+    return transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                    num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=32,
+                                    pad_token_id=0, eos_token_id=1, **extra)
+
+
 def tiny_llama(seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=32,
-                                   pad_token_id=0, eos_token_id=1)
-    return transformers.LlamaForCausalLM(cfg)
+    return transformers.LlamaForCausalLM(tiny_llama_config())
+
+
+def tiny_reward_model(seed):
+    """A LlamaForSequenceClassification scoring a sequence with one number."""
+    torch.manual_seed(seed)
+    return transformers.LlamaForSequenceClassification(tiny_llama_config(num_labels=1))
 
 
 def words(g, lo, hi=None):
@@ -430,11 +439,7 @@ def test_rloo_with_a_reward_model_and_a_reference_at_stage_3_matches_trl(tmp_pat
     reference, the grad norms as TRL's own (RLOO's loss is a mean of leave-one-out advantages,
     zero up to rounding)."""
     tiny_llama().save_pretrained(tmp_path / "policy")
-    torch.manual_seed(9)
-    transformers.LlamaForSequenceClassification(transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-        pad_token_id=0, eos_token_id=1, num_labels=1)).save_pretrained(tmp_path / "reward")
+    tiny_reward_model(9).save_pretrained(tmp_path / "reward")
     tokenizer().save_pretrained(tmp_path / "reward")
 
     def length_penalty(completions, **kw):
@@ -545,18 +550,11 @@ def test_experimental_online_dpo_whose_training_step_calls_accelerator_backward(
     rule); losses and grad norms as TRL's own at stage 2."""
     od = pytest.importorskip("trl.experimental.online_dpo")
 
-    def reward_model():
-        torch.manual_seed(9)
-        return transformers.LlamaForSequenceClassification(transformers.LlamaConfig(
-            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-            pad_token_id=0, eos_token_id=1, num_labels=1))
-
     def kw(out):
         cfg = config_kw(out, max_steps=3, gradient_accumulation_steps=1, max_new_tokens=8)
         del cfg["max_length"]
         torch.manual_seed(3)
-        return dict(config=cfg, ref_model=tiny_llama(), reward_funcs=[reward_model()],
+        return dict(config=cfg, ref_model=tiny_llama(), reward_funcs=[tiny_reward_model(9)],
                     reward_processing_classes=[tokenizer()], processing_class=tokenizer(),
                     train_dataset=prompt_dataset())
     _, ref = experimental_run(od, "OnlineDPO", None, **kw(tmp_path / "ref"))
@@ -624,19 +622,12 @@ def test_reward_trainer_matches_trl(tmp_path):
     the stage-3 arguments: after them transformers builds its inner model under zero.Init and
     initialises it module by module, other random values than a plain construction's, with
     DeepSpeed as with strata.)"""
-    def reward_model():
-        torch.manual_seed(0)
-        return transformers.LlamaForSequenceClassification(transformers.LlamaConfig(
-            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-            pad_token_id=0, eos_token_id=1, num_labels=1))
-
     def kw():
         return dict(max_steps=4, trainer_kw={
             "train_dataset": preference_dataset().remove_columns(["prompt"])})
-    _, ref = train("RewardTrainer", tmp_path / "ref", model=reward_model(), **kw())
+    _, ref = train("RewardTrainer", tmp_path / "ref", model=tiny_reward_model(0), **kw())
     _, logs = train("RewardTrainer", tmp_path / "st", ds_config(3, offload_optimizer="cpu"),
-                    model=reward_model(), **kw())
+                    model=tiny_reward_model(0), **kw())
     assert_same_curve(logs, ref, metrics=("accuracy", "margin"))
 
 
