@@ -233,6 +233,12 @@ struct Bounce {
   std::promise<Status> done;
 };
 
+// A copy the waiter gave up on.
+Status LateCopy(CopyDir dir, uint64_t bytes) {
+  return Status::DeadlineExceeded(std::string("device copy (") + std::string(CopyDirName(dir)) +
+                                  ", " + std::to_string(bytes) + " bytes) did not finish");
+}
+
 }  // namespace
 
 Status Engine::Impl::CopySync(CopyDir dir, void* dst, const void* src, uint64_t bytes) {
@@ -245,10 +251,7 @@ Status Engine::Impl::CopySync(CopyDir dir, void* dst, const void* src, uint64_t 
   STRATA_RETURN_IF_ERROR(
       opt.device->CopyAsync(dir, down ? b->bytes.get() : dst, down ? src : b->bytes.get(), bytes,
                             [b](Status st) { b->done.set_value(std::move(st)); }));
-  if (done.wait_for(opt.timeout) != std::future_status::ready) {
-    return Status::DeadlineExceeded(std::string("device copy (") + std::string(CopyDirName(dir)) +
-                                    ", " + std::to_string(bytes) + " bytes) did not finish");
-  }
+  if (done.wait_for(opt.timeout) != std::future_status::ready) return LateCopy(dir, bytes);
   STRATA_RETURN_IF_ERROR(done.get());
   if (down) std::memcpy(dst, b->bytes.get(), bytes);
   return Status::OK();
@@ -262,9 +265,7 @@ Status Engine::Impl::CopyDirect(CopyDir dir, void* dst, const void* src, uint64_
   STRATA_RETURN_IF_ERROR(
       opt.device->CopyAsync(dir, dst, src, bytes, [done](Status st) { done->set_value(st); }));
   if (f.wait_for(opt.timeout) != std::future_status::ready) {
-    return CopyOverran(Status::DeadlineExceeded(std::string("device copy (") +
-                                                std::string(CopyDirName(dir)) + ", " +
-                                                std::to_string(bytes) + " bytes) did not finish"));
+    return CopyOverran(LateCopy(dir, bytes));
   }
   return f.get();
 }

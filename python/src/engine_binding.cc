@@ -171,11 +171,11 @@ std::vector<OptimizerGroupOptions> ToOptimizerGroups(const OptimizerGroupList& g
 // The rendezvous store of this process for `rc`, shared by all its engines: rank 0's TCP store
 // listens on MASTER_PORT, which a second engine could not bind again (an actor beside a critic,
 // a student beside its teacher, TRL's reference model). A store, once opened, lives until the
-// process exits, as torch.distributed's does, so that every rank sees the same server whatever
-// order its engines are closed in. `engine` counts the engines created on it in this process:
-// every rank creates its engines in the same order (as DeepSpeed's initialize requires, its
-// collectives included), so the n-th engine's communicator keys are the same on every rank and
-// no other engine's.
+// process exits (torch.distributed's lives until destroy_process_group), so that every rank sees
+// the same server whatever order its engines are closed in. `engine` counts the engines created on
+// it in this process: every rank creates its engines in the same order (as DeepSpeed's initialize
+// requires, its collectives included), so the n-th engine's communicator keys are the same on every
+// rank and no other engine's.
 struct SharedRendezvous {
   KvStore* store;
   uint64_t engine;

@@ -2238,8 +2238,9 @@ class StrataEngine(torch.nn.Module):
                         recycle_files: Optional[bool] = None) -> bool:
         """Every rank writes its part of `<save_dir>/<tag>/` (default tag global_step<N>) and
         `latest` names it (exclude_frozen_parameters is accepted, and frozen parameters are
-        saved all the same, with a warning once); client_state (a dict of tensors, dicts, lists, tuples, numbers,
-        strings, None: what torch.load(weights_only=True) reads, so loading runs no code) comes
+        saved all the same, with a warning once); client_state (a dict of tensors, dicts,
+        lists, tuples, numbers, strings, None: what torch.load(weights_only=True) reads, so
+        loading runs no code) comes
         back from load_checkpoint, and the module's persistent buffers (state_dict's: BatchNorm
         running statistics) are restored by it (rank 0's, with the Python state in the engine's
         client state blob; strata.utils). Collective, at an accumulation boundary (after

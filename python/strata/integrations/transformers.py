@@ -382,7 +382,6 @@ def _with_mixed_precision(config: dict, mixed_precision: str) -> dict:
     return hf.config
 
 
-
 def _mixed_precision(args) -> str:
     """The arguments' precision as accelerate names it ("fp16", "bf16" or "no")."""
     mp = getattr(args, "mixed_precision", None)
