@@ -577,6 +577,121 @@ TEST(Checkpoint, RefusesOtherModelOrPrecision) {
   std::filesystem::remove_all(dir);
 }
 
+// SaveOptions::exclude_frozen (DeepSpeed's exclude_frozen_parameters, which transformers' Trainer
+// asks for at every save of a PEFT model): nothing of the frozen group is in the files; a Load
+// without LoadOptions::keep_excluded is refused naming it and changes nothing; with it the engine
+// keeps its own values for the group (those the run started from) and training continues bit for
+// bit. An offline reshard keeps the group out, and its result loads as the whole checkpoint does.
+TEST(CheckpointExcludeFrozen, TrainedStateOnlyResumesBitForBitKeepingTheFrozenValues) {
+  for (const Placement& pl :
+       {Placement{3, "nvme", "nvme", 2, "bf16"}, Placement{2, "cpu", "none", 2, "fp32"},
+        Placement{0, "none", "none", 1, "fp16"}}) {
+    SCOPED_TRACE(Name(pl));
+    const std::string dir = UniqueTestDir("ckpt_excl");
+    const std::string lean = dir + "/lean", whole = dir + "/whole";
+    RunSpec base;
+    base.config_json = Config(pl);
+    base.world = pl.world;
+    base.steps = 5;
+    base.model = TestModel();
+    base.model->groups[kMid].trainable = false;
+    const RunResult full = RunEngine(base);
+    ASSERT_TRUE(full.status.ok()) << full.status.ToString();
+
+    RunSpec first = base;
+    first.steps = 3;
+    first.after_step = [&](int, int step, Engine& e) -> Status {
+      if (step != 2) return Status::OK();
+      SaveOptions o;
+      o.exclude_frozen = true;
+      STRATA_RETURN_IF_ERROR(e.Save(lean, "s3", o, Blob("lean")));
+      return e.Save(whole, "s3", SaveOptions{}, Blob("whole"));
+    };
+    const RunResult part = RunEngine(first);
+    ASSERT_TRUE(part.status.ok()) << part.status.ToString();
+    auto ml = ckpt::VerifyCheckpoint(lean, "");
+    auto mw = ckpt::VerifyCheckpoint(whole, "");
+    ASSERT_TRUE(ml.ok() && mw.ok()) << ml.status().ToString() << mw.status().ToString();
+    for (size_t g = 0; g < kGroups; ++g) {
+      EXPECT_EQ(ml->groups[g].excluded, g == kMid) << g;
+      EXPECT_FALSE(mw->groups[g].excluded) << g;
+    }
+    uint64_t lean_bytes = 0, whole_bytes = 0;
+    for (const auto& f : ml->files) lean_bytes += f.size_bytes;
+    for (const auto& f : mw->files) whole_bytes += f.size_bytes;
+    const uint64_t frozen_bytes = ml->groups[kMid].numel * ml->ElemBytes(0);
+    EXPECT_LE(lean_bytes + frozen_bytes, whole_bytes);
+    {
+      ckpt::RangeReader rd(lean + "/s3", *ml);
+      std::vector<float> out(8);
+      const Status st = rd.ReadFp32(kMid, 0, 8, out.data());
+      EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
+      EXPECT_NE(st.ToString().find("left out at save"), std::string::npos) << st.ToString();
+    }
+
+    // Without keep_excluded: refused, naming the group and the option; nothing changed.
+    RunSpec fresh = base;
+    fresh.steps = 0;
+    const RunResult initial = RunEngine(fresh);
+    ASSERT_TRUE(initial.status.ok()) << initial.status.ToString();
+    RunSpec refused = fresh;
+    std::vector<Status> refusals(pl.world);
+    refused.after_init = [&](int r, Engine& e) -> Status {
+      refusals[r] = e.Load(lean, "");
+      return Status::OK();
+    };
+    const RunResult unchanged = RunEngine(refused);
+    ASSERT_TRUE(unchanged.status.ok()) << unchanged.status.ToString();
+    for (const Status& st : refusals) {
+      EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
+      EXPECT_NE(st.ToString().find("1 frozen group(s)"), std::string::npos) << st.ToString();
+      EXPECT_NE(st.ToString().find("'mid'"), std::string::npos) << st.ToString();
+      EXPECT_NE(st.ToString().find("keep_excluded"), std::string::npos) << st.ToString();
+      EXPECT_NE(st.ToString().find("load_module_strict=False"), std::string::npos) << st.ToString();
+    }
+    EXPECT_TRUE(BitEqual(unchanged.master, initial.master));
+
+    // With keep_excluded: the trained state from the checkpoint, the frozen group's own values.
+    RunSpec resume = base;
+    resume.first_step = 3;
+    std::vector<std::string> blobs(pl.world);
+    resume.after_init = [&](int r, Engine& e) -> Status {
+      std::vector<uint8_t> blob;
+      LoadOptions o;
+      o.keep_excluded = true;
+      STRATA_RETURN_IF_ERROR(e.Load(lean, "", &blob, o));
+      blobs[r].assign(blob.begin(), blob.end());
+      return Status::OK();
+    };
+    const RunResult resumed = RunEngine(resume);
+    ASSERT_TRUE(resumed.status.ok()) << resumed.status.ToString();
+    for (const std::string& b : blobs) EXPECT_EQ(b, "lean");
+    EXPECT_TRUE(BitEqual(full.master, resumed.master)) << "resumed run diverged";
+
+    if (pl.world == 2) {
+      // Resharded to one rank at stage 1: still without the group; loads as the whole one.
+      auto n = ckpt::ReshardCheckpoint(lean, "", {1, 1, ""}, dir + "/lean1");
+      ASSERT_TRUE(n.ok()) << n.status().ToString();
+      EXPECT_TRUE(n->groups[kMid].excluded);
+      auto load_at_one = [&](const std::string& from, bool keep) {
+        RunSpec s = fresh;
+        s.config_json = Config({1, "cpu", "none", 1, pl.precision});
+        s.world = 1;
+        s.after_init = [&, keep](int, Engine& e) -> Status {
+          LoadOptions o;
+          o.keep_excluded = keep;
+          return e.Load(from, "", nullptr, o);
+        };
+        return RunEngine(s);
+      };
+      const RunResult a = load_at_one(whole, false), b = load_at_one(dir + "/lean1", true);
+      ASSERT_TRUE(a.status.ok() && b.status.ok()) << a.status.ToString() << b.status.ToString();
+      EXPECT_TRUE(BitEqual(a.master, b.master));
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
 // Resharding on load: a checkpoint saved at 2 ranks, stage 3 with NVMe state goes through 1 rank
 // stage 0 and 3 ranks stage 1 (each loads it, checks the masters are the saved bits, and saves
 // again), then back to 2 ranks stage 3, and training continues bit for bit as the run that was

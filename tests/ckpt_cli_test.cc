@@ -171,6 +171,75 @@ TEST(CkptCli, InspectVerifyExport) {
   std::filesystem::remove_all(dir);
 }
 
+// A checkpoint saved without its frozen groups (SaveOptions::exclude_frozen): inspect says how
+// many parameters were left out, export writes the trained ones with their masters and names
+// the rest as left out, and a checkpoint of frozen groups only has nothing to export.
+TEST(CkptCli, ExcludedFrozenGroupsAreSaidAndNotExported) {
+  const std::string dir = UniqueTestDir("ckpt_cli_excl");
+  ModelSpec model = TestModel();
+  model.groups[kMid].trainable = false;
+  model.groups[kTop].trainable = false;
+  RunSpec s;
+  s.config_json = kConfig;
+  s.world = 2;
+  s.steps = 1;
+  s.model = model;
+  s.after_step = [&](int, int, Engine& e) -> Status {
+    SaveOptions o;
+    o.exclude_frozen = true;
+    return e.Save(dir, "lean", o);
+  };
+  RunResult r = RunEngine(s);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  const uint64_t left_out = model.groups[kMid].numel() + model.groups[kTop].numel();
+  Cmd c = Offloadctl("ckpt inspect " + dir);
+  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find(std::to_string(left_out) + " frozen params left out at save"),
+            std::string::npos)
+      << c.out;
+  c = Offloadctl("ckpt inspect " + dir + " --json");
+  ASSERT_EQ(c.code, 0) << c.out;
+  auto j = nlohmann::json::parse(c.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << c.out;
+  EXPECT_EQ(j["excluded_params"].get<uint64_t>(), left_out);
+  EXPECT_TRUE(j["model"]["groups"][kMid]["excluded"].get<bool>());
+  EXPECT_EQ(Offloadctl("ckpt verify " + dir).code, 0);
+  const std::string out = dir + "/adapters.safetensors";
+  c = Offloadctl("ckpt export " + dir + " --out " + out + " --dtype fp32");
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("exported 3 tensors"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("without 3 frozen parameters left out at save"), std::string::npos) << c.out;
+  auto locs = ckpt::ReadSafetensorsHeader(out);
+  ASSERT_TRUE(locs.ok()) << locs.status().ToString();
+  std::set<std::string> names;
+  for (const ckpt::TensorLoc& t : *locs) names.insert(t.name);
+  EXPECT_EQ(names, (std::set<std::string>{"W0", "b0", "b1"}));
+  const std::string bytes = *ckpt::ReadWholeFile(out);
+  for (const ckpt::TensorLoc& t : *locs) {
+    const size_t g = t.name == "W0" ? kEmbed : t.name == "b0" ? kEmbedBias : kMidBias;
+    ASSERT_EQ(t.end - t.begin, r.master[g].size() * 4) << t.name;
+    EXPECT_EQ(std::memcmp(bytes.data() + t.begin, r.master[g].data(), t.end - t.begin), 0)
+        << t.name;
+  }
+  // Every group frozen and left out: nothing to export, said so.
+  for (GroupSpec& g : model.groups) g.trainable = false;
+  RunSpec none = s;
+  none.model = model;
+  none.steps = 0;
+  none.after_step = nullptr;
+  none.after_init = [&](int, Engine& e) -> Status {
+    SaveOptions o;
+    o.exclude_frozen = true;
+    return e.Save(dir + "/none", "t", o);
+  };
+  r = RunEngine(none);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  c = Offloadctl("ckpt export " + dir + "/none --out " + dir + "/none.safetensors");
+  EXPECT_EQ(c.code, 1) << c.out;
+  EXPECT_NE(c.out.find("nothing to export"), std::string::npos) << c.out;
+  std::filesystem::remove_all(dir);
+}
+
 // `ckpt reshard` and `ckpt export --max-shard-size`: the resharded copy verifies and inspects
 // at its new world size and stage; the shards and the Hugging Face index cover every tensor once,
 // within the size, and hold the masters (the safetensors package loads them when available).

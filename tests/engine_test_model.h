@@ -308,6 +308,9 @@ struct RunSpec {
   // takes steps first_step .. steps-1 (the data of those steps); `after_step` runs on every rank
   // after each Step (e.g. saves).
   std::function<Status(int rank, Engine&)> init;
+  // Runs on every rank after the default InitFromFullTensors (when `init` is not set): a load
+  // that keeps some of the initial values.
+  std::function<Status(int rank, Engine&)> after_init;
   int first_step = 0;
   std::function<Status(int rank, int step, Engine&)> after_step;
   // The trainer's stream for GradBuffer, ReduceGradients and Release (device.h; a token on an
@@ -453,6 +456,7 @@ inline RunResult RunEngine(const RunSpec& spec) {
       STRATA_RETURN_IF_ERROR(spec.init(r, *engine));
     } else {
       STRATA_RETURN_IF_ERROR(engine->InitFromFullTensors(ptrs));
+      if (spec.after_init) STRATA_RETURN_IF_ERROR(spec.after_init(r, *engine));
     }
     Params p;
     p.W0.resize(kH0 * kIn);

@@ -159,11 +159,12 @@ struct Piece {
 };
 
 // The pieces of this rank's file in file order: per group param16 (the rank's shard of it), then
-// master32, exp_avg, exp_avg_sq of the sub-groups this rank owns.
-Result<std::vector<Piece>> RankPieces(const Engine::Impl& e) {
+// master32, exp_avg, exp_avg_sq of the sub-groups this rank owns; nothing of a group `m` excludes.
+Result<std::vector<Piece>> RankPieces(const Engine::Impl& e, const ckpt::Manifest& m) {
   const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
   std::vector<Piece> out;
   for (const zero::GroupState& gs : e.groups) {
+    if (m.groups[&gs - e.groups.data()].excluded) continue;
     const uint64_t s = gs.shard.shard_elems;
     const uint64_t off =
         e.placement.params_partitioned ? 0 : static_cast<uint64_t>(e.rank) * s * e.elt;
@@ -267,7 +268,7 @@ Result<ckpt::FileEntry> WriteRankFile(Engine::Impl& e, const ckpt::Manifest& m,
   const std::string header = ckpt::RankFileHeader(m, e.rank, &data_start, nullptr);
   ckpt::StreamOptions so = StreamOpts(e);
   so.env = &env;
-  STRATA_ASSIGN_OR_RETURN(const std::vector<Piece> pieces, RankPieces(e));
+  STRATA_ASSIGN_OR_RETURN(const std::vector<Piece> pieces, RankPieces(e, m));
   uint64_t total = header.size();
   for (const Piece& p : pieces) total += p.bytes;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::StreamWriter> w,
@@ -351,6 +352,7 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
   STRATA_RETURN_IF_ERROR(Agree(e, local, what));
 
   ckpt::Manifest m = BaseManifest(e, tag);
+  for (ckpt::GroupEntry& g : m.groups) g.excluded = options.exclude_frozen && !g.trainable;
   const std::string path = tmp + "/" + ckpt::Manifest::RankFileName(e.rank);
   const std::string recycled =
       tmp + "/" + ckpt::kRecycledName + "/" + ckpt::Manifest::RankFileName(e.rank);
@@ -424,7 +426,7 @@ std::string ShapeString(const std::vector<int64_t>& s) {
 // What of the checkpoint this engine cannot take; empty when compatible. Parameters are matched
 // by name, so a parameter added, removed or renamed is named as such (a positional comparison
 // reports every group after it as different).
-Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m) {
+Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m, const LoadOptions& options) {
   std::vector<std::string> diffs;
   const ModelSpec& model = e.model;
   std::map<std::string, std::vector<int64_t>> saved, here;
@@ -482,6 +484,23 @@ Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m) {
     if (diffs.size() > 20) msg += "\n  ... and " + std::to_string(diffs.size() - 20) + " more";
     return Status::FailedPrecondition(msg);
   }
+  std::string excluded;
+  size_t n_excluded = 0;
+  for (const ckpt::GroupEntry& g : m.groups) {
+    if (!g.excluded) continue;
+    if (++n_excluded <= 5) excluded += std::string(n_excluded > 1 ? ", '" : "'") + g.name + "'";
+  }
+  if (n_excluded > 5) excluded += " and " + std::to_string(n_excluded - 5) + " more";
+  if (n_excluded > 0 && !options.keep_excluded) {
+    return Status::FailedPrecondition(
+        "the checkpoint was saved without its " + std::to_string(n_excluded) +
+        " frozen group(s) (SaveOptions::exclude_frozen; DeepSpeed's exclude_frozen_parameters): " +
+        excluded +
+        "; loading it keeps this engine's values for them, which must therefore be the ones the "
+        "run started from: ask for that with LoadOptions::keep_excluded (from Python, "
+        "load_checkpoint(load_module_strict=False), as transformers' Trainer resumes a PEFT "
+        "model)");
+  }
   const ckpt::Manifest mine = BaseManifest(e, m.tag);
   if (m.precision != mine.precision) {
     return Status::FailedPrecondition(
@@ -504,11 +523,12 @@ struct Dest {
 };
 
 // What this rank loads, in the rank files' order: per group param16, then each optimizer state
-// kind over the sub-groups ascending.
-std::vector<Dest> LoadDests(const Engine::Impl& e) {
+// kind over the sub-groups ascending; nothing of a group `m` excludes (its values stay).
+std::vector<Dest> LoadDests(const Engine::Impl& e, const ckpt::Manifest& m) {
   const Tier param_tier = e.ComputeTier(e.placement.Home(StateKind::kParam16));
   std::vector<Dest> out;
   for (size_t g = 0; g < e.groups.size(); ++g) {
+    if (m.groups[g].excluded) continue;
     const zero::GroupState& gs = e.groups[g];
     const uint64_t s = gs.shard.shard_elems;
     if (e.placement.params_partitioned) {
@@ -548,7 +568,7 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
   auto fresh = [&](const Dest& d) { return !options.optimizer_states && d.kind >= 2; };
   const ckpt::StreamOptions so = StreamOpts(e);
   ckpt::RangeReader rd(tag_dir, m, so, hash_own_file ? e.rank : -1);
-  const std::vector<Dest> dests = LoadDests(e);
+  const std::vector<Dest> dests = LoadDests(e, m);
   const uint64_t window_bytes = WindowBytes(e, so);
   FetchWindow window(e, window_bytes);
   // A range that covers its whole block replaces every byte: no read of the stale copy.
@@ -659,7 +679,7 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
       }
     }
   }
-  if (local.ok()) local = CheckCompatible(e, m);
+  if (local.ok()) local = CheckCompatible(e, m, options);
   // Same layout: each rank checks its own rank file's checksum as it loads it (one pass over
   // the disk); up front only that every file exists with its size, and the client state. Another
   // layout: each rank checks its share of all files first (file i on rank i % world).

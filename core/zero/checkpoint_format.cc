@@ -133,6 +133,7 @@ std::string Manifest::ToJson() const {
     groups_j.push_back(
         {{"name", g.name}, {"params", params}, {"numel", g.numel}, {"shard_elems", g.shard_elems}});
     if (!g.trainable) groups_j.back()["trainable"] = false;
+    if (g.excluded) groups_j.back()["excluded"] = true;
   }
   j["model"] = {{"groups", groups_j}};
   j["shard_layout"] = {
@@ -197,6 +198,11 @@ Result<Manifest> Manifest::FromJson(const std::string& text) {
       ge.numel = g.at("numel").get<uint64_t>();
       ge.shard_elems = g.at("shard_elems").get<uint64_t>();
       ge.trainable = g.value("trainable", true);
+      ge.excluded = g.value("excluded", false);
+      if (ge.excluded && ge.trainable) {
+        return Status::Corruption("manifest: group '" + ge.name +
+                                  "' is excluded but trainable (only frozen groups are left out)");
+      }
       for (const json& p : g.at("params")) {
         ge.params.push_back(
             {p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>()});
@@ -251,7 +257,8 @@ std::string RankFileHeader(const Manifest& m, int rank, uint64_t* data_start,
   for (const GroupEntry& g : m.groups) {
     for (size_t k = 0; k < kNumStateKinds; ++k) {
       TensorLoc t;
-      if (!g.HasKind(k)) {  // a frozen group's optimizer state: an empty place, not in the file
+      if (!g.HasKind(k)) {  // a frozen group's optimizer state, an excluded group's anything:
+                            // an empty place, not in the file
         t.begin = t.end = off;
         l.push_back(std::move(t));
         continue;
@@ -656,6 +663,11 @@ RangeReader::RangeReader(std::string tag_dir, const Manifest& m, const StreamOpt
 RangeReader::~RangeReader() = default;
 
 Status RangeReader::Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, void* out) {
+  if (m_.groups[g].excluded) {
+    return Status::FailedPrecondition("group '" + m_.groups[g].name +
+                                      "' is frozen and was left out at save (exclude_frozen): the "
+                                      "checkpoint holds nothing of it");
+  }
   if (!m_.groups[g].HasKind(kind)) {
     return Status::FailedPrecondition("group '" + m_.groups[g].name + "' is frozen: the checkpoint "
                                       "holds no " + std::string(kStateKinds[kind]) + " for it");

@@ -70,7 +70,10 @@ struct GroupEntry {
   // false: a frozen group (GroupSpec::trainable): the rank files hold its param16 only (in JSON
   // "trainable": false, absent when true).
   bool trainable = true;
-  bool HasKind(size_t kind) const { return kind == 0 || trainable; }
+  // true: a frozen group left out at save (SaveOptions::exclude_frozen): the rank files hold
+  // nothing of it (in JSON "excluded": true, absent when false; only with "trainable": false).
+  bool excluded = false;
+  bool HasKind(size_t kind) const { return !excluded && (kind == 0 || trainable); }
 };
 
 // Everything manifest.json holds. Field names in JSON are the member names. From format
@@ -217,7 +220,8 @@ class RangeReader {
   RangeReader& operator=(const RangeReader&) = delete;
   // Elements [begin, begin+elems) of group g's state kind (index into kStateKinds) into out
   // (elems * m.ElemBytes(kind) bytes).
-  // FailedPrecondition for an optimizer state of a frozen group (the files hold none).
+  // FailedPrecondition for an optimizer state of a frozen group, and for anything of an
+  // excluded one (the files hold none).
   Status Read(size_t g, size_t kind, uint64_t begin, uint64_t elems, void* out);
   // The parameters' fp32 values: the master of a trainable group, a frozen group's param16
   // widened (exactly) to fp32.

@@ -78,6 +78,14 @@ struct SaveOptions {
   // (`offloadctl bench engine --save-dir` reports new-file and recycled saves apart). Trade-off: the old checkpoint goes before the new one is
   // complete (with keep_last N, a crash mid-save leaves N-1 older ones, `latest` among them).
   bool recycle_files = true;
+  // [false] Frozen groups (GroupSpec::trainable false: a LoRA fine-tune's base weights) are left
+  // out of the checkpoint: no tensors in the rank files, the manifest marks them "excluded"
+  // (DeepSpeed's save_checkpoint(exclude_frozen_parameters=True)). Trade-off: the checkpoint is
+  // the trained state only (a 7B LoRA's adapters and their Adam state instead of 14 GB more of
+  // bf16 base per save), so it restores nothing by itself: the loading engine must already hold
+  // the frozen values (from the pretrained weights it was built from) and load it with
+  // LoadOptions::keep_excluded; export and reshard carry the trained groups only.
+  bool exclude_frozen = false;
   // [null: the default, CheckpointEnv itself] What the save's file IO goes through (see
   // CheckpointEnv above; tests inject faults there). Not owned; must outlive the call.
   CheckpointEnv* env = nullptr;
@@ -90,9 +98,16 @@ struct SaveOptions {
 // Clearing lr_schedule (load_lr_scheduler_states=False) restarts the config's LR schedule from
 // its first step. Either restart is kept by later saves (the manifest's adam_step_base,
 // lr_step_base), so a resume continues it exactly.
+//
+// keep_excluded: a checkpoint saved with SaveOptions::exclude_frozen holds no values for its
+// frozen groups. Without keep_excluded, Load refuses it (FailedPrecondition naming the groups,
+// nothing changed): the engine's values for them would silently stand in for the saved ones.
+// With it, those groups keep this engine's values (DeepSpeed's load_module_strict=False, which
+// transformers' Trainer passes when it resumes a PEFT model) and everything else is restored.
 struct LoadOptions {
   bool optimizer_states = true;
   bool lr_schedule = true;
+  bool keep_excluded = false;
 };
 
 // What Engine::Save without SaveOptions uses: the config's `checkpoint` section (keep_last,

@@ -636,6 +636,8 @@ class Engine {
   // IOError naming the file; Aborted: another rank failed (its own result says why). A failed
   // collective fails the engine. Retention as the config's `checkpoint` section says
   // (SaveOptionsFromConfig: keep_last, recycle_files; by default every checkpoint is kept).
+  // SaveOptions::exclude_frozen leaves the frozen groups out (their values must then come from
+  // elsewhere when the checkpoint is loaded: LoadOptions::keep_excluded).
   Status Save(const std::string& dir, const std::string& tag,
               std::span<const uint8_t> client_state = {});
   // The same, with retention and file recycling (include/strata/checkpoint.h SaveOptions). When
@@ -657,7 +659,10 @@ class Engine {
   // load; exact: every saved bit is restored). An IO error after verification fails the engine (its
   // blocks are then half loaded). `client_state` (optional) receives the saved blob (empty if
   // none).
-  // `options` (checkpoint.h LoadOptions) may leave the Adam state or the LR schedule fresh.
+  // `options` (checkpoint.h LoadOptions) may leave the Adam state or the LR schedule fresh; a
+  // checkpoint without its frozen groups (SaveOptions::exclude_frozen) loads only with
+  // keep_excluded (FailedPrecondition naming the groups otherwise), keeping this engine's values
+  // for them.
   Status Load(const std::string& dir, const std::string& tag = "",
               std::vector<uint8_t>* client_state = nullptr, const LoadOptions& options = {});
 

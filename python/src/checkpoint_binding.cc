@@ -37,8 +37,9 @@ nb::ndarray<nb::numpy, float> ReadParam(ckpt::RangeReader& rd, size_t g, uint64_
   return nb::ndarray<nb::numpy, float>(data, shape.size(), shape.data(), owner);
 }
 
-// (tag, {parameter name: float32 array of its shape}, client state bytes); without the frozen
-// groups' parameters where `exclude_frozen`.
+// (tag, {parameter name: float32 array of its shape}, client state bytes, [names of the
+// parameters the save left out]); without the frozen groups' parameters where `exclude_frozen`,
+// and always without those of groups left out at save (SaveOptions::exclude_frozen).
 nb::tuple ReadCheckpoint(const std::string& dir, const std::string& tag, bool exclude_frozen) {
   ckpt::Manifest m;
   {
@@ -48,8 +49,12 @@ nb::tuple ReadCheckpoint(const std::string& dir, const std::string& tag, bool ex
   const std::string tag_dir = dir + "/" + m.tag;
   ckpt::RangeReader rd(tag_dir, m);
   nb::dict weights;
+  nb::list left_out;
   for (size_t g = 0; g < m.groups.size(); ++g) {
-    if (exclude_frozen && !m.groups[g].trainable) continue;
+    if (m.groups[g].excluded) {
+      for (const ckpt::ParamEntry& p : m.groups[g].params) left_out.append(nb::str(p.name.c_str()));
+    }
+    if (m.groups[g].excluded || (exclude_frozen && !m.groups[g].trainable)) continue;
     uint64_t offset = 0;
     for (const ckpt::ParamEntry& p : m.groups[g].params) {
       nb::ndarray<nb::numpy, float> a = ReadParam(rd, g, offset, p);
@@ -61,7 +66,7 @@ nb::tuple ReadCheckpoint(const std::string& dir, const std::string& tag, bool ex
   if (m.has_client_state) {
     blob = ValueOrThrow(ckpt::ReadWholeFile(tag_dir + "/" + ckpt::kClientStateName));
   }
-  return nb::make_tuple(m.tag, weights, nb::bytes(blob.data(), blob.size()));
+  return nb::make_tuple(m.tag, weights, nb::bytes(blob.data(), blob.size()), left_out);
 }
 
 }  // namespace
@@ -70,9 +75,9 @@ void BindCheckpoint(nb::module_& m) {
   m.def("read_checkpoint", &ReadCheckpoint, nb::arg("dir"), nb::arg("tag") = "",
         nb::arg("exclude_frozen") = false,
         "The verified checkpoint `tag` of `dir` (\"\": the one `latest` names) as (tag, "
-        "{parameter name: float32 array}, client state bytes): the fp32 masters (a frozen "
-        "group's params widened, or left out with exclude_frozen), 4 bytes per parameter, no "
-        "engine.");
+        "{parameter name: float32 array}, client state bytes, [parameters the save left out]): "
+        "the fp32 masters (a frozen group's params widened, or left out with exclude_frozen), 4 "
+        "bytes per parameter, no engine.");
 }
 
 }  // namespace strata::python

@@ -476,22 +476,25 @@ class PyEngine {
   // keep_last / recycle_files left as None take the config's checkpoint section
   // (SaveOptionsFromConfig), as Engine::Save without SaveOptions does.
   void Save(const std::string& dir, const std::string& tag, const nb::bytes& client_state,
-            std::optional<size_t> keep_last, std::optional<bool> recycle_files) {
+            std::optional<size_t> keep_last, std::optional<bool> recycle_files,
+            bool exclude_frozen) {
     std::vector<uint8_t> blob(client_state.size());
     if (!blob.empty()) std::memcpy(blob.data(), client_state.c_str(), blob.size());
     SaveOptions so = SaveOptionsFromConfig(checkpoint_config_);
     if (keep_last) so.keep_last = *keep_last;
     if (recycle_files) so.recycle_files = *recycle_files;
+    so.exclude_frozen = exclude_frozen;
     nb::gil_scoped_release unlocked;
     ThrowIfError(engine().Save(dir, tag, so, blob));
   }
 
   nb::bytes Load(const std::string& dir, const std::string& tag, bool optimizer_states,
-                 bool lr_schedule) {
+                 bool lr_schedule, bool keep_excluded) {
     std::vector<uint8_t> blob;
     LoadOptions options;
     options.optimizer_states = optimizer_states;
     options.lr_schedule = lr_schedule;
+    options.keep_excluded = keep_excluded;
     {
       nb::gil_scoped_release unlocked;
       ThrowIfError(engine().Load(dir, tag, &blob, options));
@@ -698,11 +701,14 @@ void BindEngine(nb::module_& m) {
            "float32 array, at any step, every other value kept (collective).")
       .def("save", &PyEngine::Save, nb::arg("dir"), nb::arg("tag"), nb::arg("client_state"),
            nb::arg("keep_last") = nb::none(), nb::arg("recycle_files") = nb::none(),
+           nb::arg("exclude_frozen") = false,
            "Engine::Save (collective, at an accumulation boundary); keep_last / recycle_files "
-           "as strata::SaveOptions (include/strata/checkpoint.h): 0 keeps every checkpoint; "
-           "None takes the config's checkpoint section (keep_last 0, recycle_files true).")
+           "/ exclude_frozen as strata::SaveOptions (include/strata/checkpoint.h): 0 keeps every "
+           "checkpoint; None takes the config's checkpoint section (keep_last 0, recycle_files "
+           "true).")
       .def("load", &PyEngine::Load, nb::arg("dir"), nb::arg("tag") = "",
            nb::arg("optimizer_states") = true, nb::arg("lr_schedule") = true,
+           nb::arg("keep_excluded") = false,
            "Engine::Load (collective) with LoadOptions; returns the saved client_state bytes.")
       .def("gather", &PyEngine::Gather, nb::arg("group"),
            "The group's parameters as zero-copy DLPack arrays (working dtype), valid until "

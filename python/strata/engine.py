@@ -649,7 +649,6 @@ class StrataEngine(torch.nn.Module):
         self._closed = False
         # initialize froze the model (no optimizer, no model_parameters): backward refuses.
         self._forward_only = False
-        self._warned_frozen_saved = False  # save_checkpoint(exclude_frozen_parameters=True)
         self._named_scheduler = None  # initialize's: a torch scheduler named in the config
         self._dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                        "float16": torch.float16}[self._engine.dtype]
@@ -2237,8 +2236,11 @@ class StrataEngine(torch.nn.Module):
                         keep_last: Optional[int] = None,
                         recycle_files: Optional[bool] = None) -> bool:
         """Every rank writes its part of `<save_dir>/<tag>/` (default tag global_step<N>) and
-        `latest` names it (exclude_frozen_parameters is accepted, and frozen parameters are
-        saved all the same, with a warning once); client_state (a dict of tensors, dicts,
+        `latest` names it. exclude_frozen_parameters=True (what transformers' Trainer asks for
+        a PEFT model) leaves the frozen parameters out: the checkpoint holds the trained ones,
+        their optimizer state and the rest, and load_checkpoint(load_module_strict=False) takes
+        the frozen values from the model it loads into (strata::SaveOptions::exclude_frozen).
+        client_state (a dict of tensors, dicts,
         lists, tuples, numbers, strings, None: what torch.load(weights_only=True) reads, so
         loading runs no code) comes
         back from load_checkpoint, and the module's persistent buffers (state_dict's: BatchNorm
@@ -2258,15 +2260,6 @@ class StrataEngine(torch.nn.Module):
                                       "updates <save_dir>/latest")
         if tag is None:
             tag = f"global_step{self.global_steps}"
-        if exclude_frozen_parameters and not self._warned_frozen_saved and \
-                any(not g.trainable for g in self._groups):
-            # transformers' Trainer asks it at every save of a PEFT model.
-            self._warned_frozen_saved = True
-            if self._engine.rank == 0:
-                logger.warning(
-                    "strata: save_checkpoint(exclude_frozen_parameters=True): the frozen "
-                    "parameters are saved all the same (strata's checkpoints hold every group); "
-                    "the checkpoint is complete, only larger")
         state = {"client_state": dict(client_state or {}), "micro_steps": self.micro_steps,
                  "global_samples": self.global_samples,
                  "buffers": {n: b.detach().cpu().clone()
@@ -2277,7 +2270,8 @@ class StrataEngine(torch.nn.Module):
         try:
             self._engine.save(os.fspath(save_dir), str(tag), blob,
                               keep_last=None if keep_last is None else int(keep_last),
-                              recycle_files=None if recycle_files is None else bool(recycle_files))
+                              recycle_files=None if recycle_files is None else bool(recycle_files),
+                              exclude_frozen=bool(exclude_frozen_parameters))
         finally:
             self._gather_whole()
         if self._engine.rank == 0:  # DeepSpeed's recovery script, strata's in its place
@@ -2295,7 +2289,9 @@ class StrataEngine(torch.nn.Module):
         config's schedule (or a client scheduler) starts again (strata::LoadOptions).
         load_module_only=True (fine-tuning): only the weights (the fp32 masters) and the
         buffers, before the engine's first step; the optimizer, LR schedule and counters stay
-        fresh."""
+        fresh. A checkpoint saved with exclude_frozen_parameters=True holds no frozen
+        parameters: it loads with load_module_strict=False, the model keeping its own values for
+        them (as DeepSpeed's missing keys), and is refused naming them otherwise."""
         if custom_load_fn is not None:
             raise NotImplementedError("load_checkpoint(custom_load_fn=...) is not supported")
         self._settle_failed_backward()
@@ -2312,7 +2308,8 @@ class StrataEngine(torch.nn.Module):
         self._release_all()  # Load refuses while a group is gathered
         try:
             blob = self._engine.load(load_dir, str(tag), optimizer_states=load_optimizer_states,
-                                     lr_schedule=load_lr_scheduler_states)
+                                     lr_schedule=load_lr_scheduler_states,
+                                     keep_excluded=not load_module_strict)
         except _strata.StrataError as e:
             if load_module_strict or "model spec differs" not in str(e):
                 raise
@@ -2344,9 +2341,9 @@ class StrataEngine(torch.nn.Module):
         initial weights
         (InitParameters: before the engine's first step only), and its buffers; the optimizer,
         the schedule and the counters stay as they are (fresh)."""
-        from .utils import read_checkpoint
+        from .utils.zero_to_fp32 import read_checkpoint_parts
         path = os.path.join(load_dir, tag)
-        weights, state = read_checkpoint(load_dir, tag)
+        weights, state, left_out = read_checkpoint_parts(load_dir, tag)
         values, missing = {}, []
         for g in self._groups:
             for name, p in g.params:
@@ -2357,9 +2354,11 @@ class StrataEngine(torch.nn.Module):
                     values[id(p)] = w
         unexpected = sorted(set(weights) - {n for g in self._groups for n, _ in g.params})
         if strict and (missing or unexpected):
+            excluded = (f" ({len(left_out)} frozen parameter(s) left out at save: "
+                        "exclude_frozen_parameters=True)" if left_out else "")
             raise RuntimeError(
                 f"load_checkpoint(load_module_only=True): {path} does not match the model "
-                f"(missing or another shape: {missing}; unexpected: {unexpected}); "
+                f"(missing or another shape: {missing}{excluded}; unexpected: {unexpected}); "
                 "load_module_strict=False loads the common ones")
         self._write_master(values)
         self._load_buffers(state.get("buffers"), strict)

@@ -74,46 +74,80 @@ def test_frozen_parameters_cost_their_working_params_only():
     assert whole_bytes - frozen_bytes >= 16 * (n_all - n_train)
 
 
-def test_checkpoint_of_a_fine_tune_resumes_bit_exact(tmp_path, caplog):
+def rank_file_bytes(path):
+    return sum(f.stat().st_size for f in path.iterdir() if f.name.startswith("rank"))
+
+
+def test_checkpoint_of_a_fine_tune_resumes_bit_exact(tmp_path):
     cfg = ds_config(3, "cpu", lr=LR, wd=WD)
     engine, _, _, _ = strata.initialize(model=make_model("lora"), config=cfg)
     train(engine, "lora", steps=2)
-    # As transformers' Trainer saves a PEFT model: accepted, the frozen base saved all the same
-    # (said once), so the resume below restores it from this checkpoint.
-    with caplog.at_level("WARNING", logger="strata"):
-        engine.save_checkpoint(tmp_path / "ckpt", exclude_frozen_parameters=True)
-        engine.save_checkpoint(tmp_path / "ckpt", exclude_frozen_parameters=True)
-    said = [r for r in caplog.records if "exclude_frozen_parameters=True" in r.getMessage()]
-    assert len(said) == 1 and "saved all the same" in said[0].getMessage()
-    # zero_to_fp32: the trained adapters' masters and the frozen base as it was.
+    # Whole, and as transformers' Trainer saves a PEFT model: the frozen base left out.
+    engine.save_checkpoint(tmp_path / "whole")
+    engine.save_checkpoint(tmp_path / "lean", exclude_frozen_parameters=True)
+    frozen_numel = sum(p.numel() for p in make_model("lora").parameters() if not p.requires_grad)
+    assert rank_file_bytes(tmp_path / "lean" / "global_step2") + 4 * frozen_numel <= \
+        rank_file_bytes(tmp_path / "whole" / "global_step2")
+    # zero_to_fp32: the trained adapters' masters and the frozen base as it was; the lean one
+    # holds the adapters only (said unless asked for).
     saved = engine.read_master()
-    sd = strata.utils.get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt")
+    trained = {n for n, p in make_model("lora").named_parameters() if p.requires_grad}
+    sd = strata.utils.get_fp32_state_dict_from_zero_checkpoint(tmp_path / "whole")
     for n, p in make_model("lora").named_parameters():
         assert torch.equal(sd[n], saved[n] if p.requires_grad else p.detach()), n
     adapters = strata.utils.get_fp32_state_dict_from_zero_checkpoint(
-        tmp_path / "ckpt", exclude_frozen_parameters=True)  # DeepSpeed's: the trained ones only
-    assert set(adapters) == {n for n, p in make_model("lora").named_parameters() if p.requires_grad}
+        tmp_path / "whole", exclude_frozen_parameters=True)  # DeepSpeed's: the trained ones only
+    assert set(adapters) == trained
+    with pytest.warns(UserWarning, match="without its .* frozen parameter"):
+        lean = strata.utils.get_fp32_state_dict_from_zero_checkpoint(tmp_path / "lean")
+    assert set(lean) == trained
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lean = strata.utils.get_fp32_state_dict_from_zero_checkpoint(
+            tmp_path / "lean", exclude_frozen_parameters=True)
+    for n in trained:
+        assert torch.equal(lean[n], saved[n]), n
     train(engine, "lora", steps=4, first=2)
     straight = engine.read_master()
     engine.close()
-    resumed, _, _, _ = strata.initialize(model=make_model("lora", seed=1), config=cfg)
-    resumed.load_checkpoint(tmp_path / "ckpt")
-    train(resumed, "lora", steps=4, first=2)
-    again = resumed.read_master()
-    resumed.close()
-    assert straight.keys() == again.keys()
-    for n in straight:
-        assert torch.equal(straight[n], again[n]), n  # frozen base restored from the checkpoint
+
+    def resume(ckpt, seed, **kw):
+        resumed, _, _, _ = strata.initialize(model=make_model("lora", seed=seed), config=cfg)
+        resumed.load_checkpoint(tmp_path / ckpt, **kw)
+        train(resumed, "lora", steps=4, first=2)
+        again = resumed.read_master()
+        resumed.close()
+        assert straight.keys() == again.keys()
+        for n in straight:
+            assert torch.equal(straight[n], again[n]), n
+
+    resume("whole", seed=1)  # another base: restored from the checkpoint
+    # The lean one into the model built from the same base, as a PEFT resume does.
+    resume("lean", seed=0, load_module_strict=False)
+    base = make_model("lora")
+    other, _, _, _ = strata.initialize(model=base, config=cfg)
+    with pytest.raises(strata.StrataError, match=r"(?s)without its \d+ frozen group.*"
+                                                 r"load_module_strict=False"):
+        other.load_checkpoint(tmp_path / "lean")
+    assert other.global_steps == 0
+    # load_module_only reads the weights it holds and names what it does not.
+    with pytest.raises(RuntimeError, match="frozen parameter.*left out at save"):
+        other.load_checkpoint(tmp_path / "lean", load_module_only=True)
+    other.load_checkpoint(tmp_path / "lean", load_module_only=True, load_module_strict=False)
+    master = other.read_master()
+    for n, p in make_model("lora").named_parameters():
+        assert torch.equal(master[n], saved[n] if p.requires_grad else p.detach()), n
+    other.close()
     # A group saved frozen has no optimizer state to load into a trainable one.
     thawed = make_model("lora")
     for p in thawed.parameters():
         p.requires_grad_(True)
     other, _, _, _ = strata.initialize(model=thawed, config=cfg)
     with pytest.raises(strata.StrataError, match="is frozen in the checkpoint"):
-        other.load_checkpoint(tmp_path / "ckpt")
+        other.load_checkpoint(tmp_path / "whole")
     with pytest.raises(strata.StrataError, match=r"(?s)is frozen in the checkpoint.*"
                                                  r"load_module_only=True"):
-        other.load_checkpoint(tmp_path / "ckpt", load_module_strict=False)
+        other.load_checkpoint(tmp_path / "whole", load_module_strict=False)
     other.close()
 
 

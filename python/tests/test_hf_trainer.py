@@ -489,6 +489,33 @@ def test_checkpoint_and_resume_equal_uninterrupted(tmp_path):
         assert a["learning_rate"] == pytest.approx(b["learning_rate"], rel=1e-9)
 
 
+def test_lora_checkpoint_leaves_the_base_out_and_resumes_as_uninterrupted(tmp_path):
+    """transformers' Trainer saves a PEFT model with save_checkpoint(exclude_frozen_parameters=
+    True) and resumes it with load_module_strict=False: the checkpoint holds the adapters, their
+    optimizer state and the counters, not the frozen base, and the resumed run (its base built
+    from the same weights) follows the uninterrupted one."""
+    cfg = auto_config(3, offload_optimizer="cpu")
+    _, full = run(tmp_path / "full", cfg, model=lora_llama(), save_strategy="steps", save_steps=3)
+    ckpt = tmp_path / "full" / "checkpoint-3"
+    with open(ckpt / "latest") as f:
+        tag_dir = ckpt / f.read().strip()
+    with open(tag_dir / "manifest.json") as f:
+        groups = json.load(f)["model"]["groups"]
+    model = lora_llama()
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert sum(g["numel"] for g in groups if g.get("excluded")) == frozen
+    assert all(g.get("trainable") is False for g in groups if g.get("excluded"))
+    # fp32 at one rank: param, master, m, v of each trained element, headers and padding aside.
+    rank_bytes = sum(f.stat().st_size for f in tag_dir.glob("rank*.safetensors"))
+    assert 16 * trainable <= rank_bytes < 16 * trainable + 4 * frozen // 2
+    _, resumed = run(tmp_path / "resumed", cfg, model=lora_llama(), resume=str(ckpt))
+    assert [l["epoch"] for l in resumed] == [l["epoch"] for l in full[3:]]
+    for a, b in zip(resumed, full[3:]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+        assert a["learning_rate"] == pytest.approx(b["learning_rate"], rel=1e-9)
+
+
 def test_bf16_and_a_second_train_call(tmp_path, reference):
     """bf16=True fills bf16.enabled (the engine's bf16 with fp32 masters: the curve follows fp32
     loosely); a second train() closes the first engine and builds another."""

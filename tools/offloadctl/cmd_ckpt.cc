@@ -8,7 +8,8 @@
 //                                    the full parameters from the fp32 masters, named as the
 //                                    trainer named them: one safetensors file, or (over SIZE)
 //                                    shards <stem>-0000i-of-0000n.safetensors beside F and a
-//                                    Hugging Face <stem>.safetensors.index.json
+//                                    Hugging Face <stem>.safetensors.index.json; without
+//                                    the frozen groups a save left out (exclude_frozen)
 //   reshard DIR --out DIR2 [--world-size M] [--stage t] [--precision bf16|fp16|fp32] [--tag T]
 //                                    offline resharding and precision conversion into DIR2
 //                                    (core/zero/checkpoint_format.h ReshardCheckpoint); what is
@@ -53,11 +54,12 @@ int RunInspect(const CkptArgs& a) {
   if (!tag.ok()) return Fail("inspect", tag.status());
   auto m = ckpt::ReadManifest(a.dir, *tag);
   if (!m.ok()) return Fail("inspect", m.status());
-  uint64_t params = 0, frozen = 0, tensors = 0;
+  uint64_t params = 0, frozen = 0, excluded = 0, tensors = 0;
   for (const auto& g : m->groups) params += g.numel;
   std::map<std::string, uint64_t> per_kind;
   for (const auto& g : m->groups) {
     if (!g.trainable) frozen += g.numel;
+    if (g.excluded) excluded += g.numel;
     for (size_t k = 0; k < ckpt::kNumStateKinds; ++k) {
       if (!g.HasKind(k)) continue;
       per_kind[ckpt::kStateKinds[k]] += g.shard_elems * m->ElemBytes(k) * m->world_size;
@@ -71,6 +73,7 @@ int RunInspect(const CkptArgs& a) {
     j.erase("config");
     j["params"] = params;
     j["frozen_params"] = frozen;
+    j["excluded_params"] = excluded;
     j["tensors"] = tensors;
     j["bytes_per_state_kind"] = per_kind;
     j["total_bytes"] = total;
@@ -92,6 +95,12 @@ int RunInspect(const CkptArgs& a) {
   std::printf("  model: %zu groups, %llu params (%llu frozen); %llu tensors\n",
               m->groups.size(), static_cast<unsigned long long>(params),
               static_cast<unsigned long long>(frozen), static_cast<unsigned long long>(tensors));
+  if (excluded > 0) {
+    std::printf(
+        "  %llu frozen params left out at save (exclude_frozen): their values are not in "
+        "this checkpoint\n",
+        static_cast<unsigned long long>(excluded));
+  }
   std::printf("  bytes per state kind (all ranks):\n");
   for (size_t k = 0; k < ckpt::kNumStateKinds; ++k) {
     std::printf("    %-11s %llu\n", ckpt::kStateKinds[k],
@@ -194,8 +203,10 @@ std::optional<uint64_t> ParseShardSize(std::string v) {
 }
 
 // Export: the full parameters, streamed in chunks from the masters of every rank file; one file,
-// or shards (each at most max_shard bytes unless one tensor alone is larger) plus the index.
-Status Export(const CkptArgs& a, size_t* tensors, size_t* files, std::string* dtype_out) {
+// or shards (each at most max_shard bytes unless one tensor alone is larger) plus the index. The
+// parameters of groups left out at save (exclude_frozen) are not there: *left_out counts them.
+Status Export(const CkptArgs& a, size_t* tensors, size_t* files, std::string* dtype_out,
+              size_t* left_out) {
   uint64_t max_shard = UINT64_MAX;
   if (!a.max_shard_size.empty()) {
     auto v = ParseShardSize(a.max_shard_size);
@@ -225,7 +236,12 @@ Status Export(const CkptArgs& a, size_t* tensors, size_t* files, std::string* dt
     for (const auto& p : g.params) unique = unique && seen.insert(p.name).second;
   }
   std::vector<ExportTensor> outs;
+  *left_out = 0;
   for (size_t g = 0; g < m.groups.size(); ++g) {
+    if (m.groups[g].excluded) {
+      *left_out += m.groups[g].params.size();
+      continue;
+    }
     uint64_t off = 0;
     for (const auto& p : m.groups[g].params) {
       uint64_t n = 1;
@@ -233,6 +249,11 @@ Status Export(const CkptArgs& a, size_t* tensors, size_t* files, std::string* dt
       outs.push_back({unique ? p.name : m.groups[g].name + "." + p.name, g, off, n, p.shape});
       off += n;
     }
+  }
+  if (outs.empty()) {
+    return Status::FailedPrecondition(a.dir + "/" + m.tag +
+                                      ": every group was left out at save (exclude_frozen): "
+                                      "nothing to export");
   }
   // Shards in model order, greedily filled.
   std::vector<std::vector<const ExportTensor*>> shards(1);
@@ -273,9 +294,9 @@ Status Export(const CkptArgs& a, size_t* tensors, size_t* files, std::string* dt
 }
 
 int RunExport(const CkptArgs& a) {
-  size_t n = 0, files = 0;
+  size_t n = 0, files = 0, left_out = 0;
   std::string dtype;
-  Status st = Export(a, &n, &files, &dtype);
+  Status st = Export(a, &n, &files, &dtype, &left_out);
   if (st.code() == Status::Code::kInvalidArgument) {
     std::fprintf(stderr, "offloadctl ckpt export: %s\n", st.ToString().c_str());
     return kExitUsage;
@@ -287,6 +308,12 @@ int RunExport(const CkptArgs& a) {
     std::printf(
         "exported %zu tensors (%s) in %zu shards beside %s, with a .safetensors.index.json\n", n,
         dtype.c_str(), files, a.out.c_str());
+  }
+  if (left_out > 0) {
+    std::printf(
+        "  without %zu frozen parameters left out at save (exclude_frozen): take them "
+        "from the model the run started from\n",
+        left_out);
   }
   return kExitOk;
 }

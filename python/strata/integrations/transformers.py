@@ -804,8 +804,12 @@ class Trainer(transformers.Trainer):
         if self.strata_engine is None:
             return super()._save_optimizer_and_scheduler(output_dir)
         # The engine's checkpoint (weights, optimizer state, schedule, a client scheduler's
-        # state_dict) in output_dir/global_step<N>/ and output_dir/latest. Collective.
-        self.strata_engine.save_checkpoint(output_dir)
+        # state_dict) in output_dir/global_step<N>/ and output_dir/latest. Collective. A PEFT
+        # model's frozen base is left out, as transformers asks DeepSpeed (its resume and
+        # _load_best_model load with load_module_strict=False, the base from the pretrained
+        # weights the script loads).
+        self.strata_engine.save_checkpoint(output_dir,
+                                           exclude_frozen_parameters=_is_peft(self.model))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if self.strata_engine is None:

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import warnings
 from typing import Optional, Union
 
 import torch
@@ -70,15 +71,30 @@ def read_checkpoint(checkpoint_dir, tag: Optional[str] = None,
     """(fp32 weights by parameter name, the Python state) of a strata checkpoint, any world
     size, stage or placement: the rank files are verified (sizes, checksums) and each parameter
     is streamed from them whole (the fp32 master; a frozen parameter's working copy widened, or
-    left out with exclude_frozen_parameters). It holds 4 bytes per parameter (the result) and no
-    engine."""
+    left out with exclude_frozen_parameters). A checkpoint saved with
+    save_checkpoint(exclude_frozen_parameters=True) holds no frozen parameters: they are not in
+    the result (a warning names how many unless exclude_frozen_parameters asked for that). It
+    holds 4 bytes per parameter (the result) and no engine."""
+    weights, state, left_out = read_checkpoint_parts(checkpoint_dir, tag,
+                                                     exclude_frozen_parameters)
+    if left_out and not exclude_frozen_parameters:
+        warnings.warn(f"strata: {os.fspath(checkpoint_dir)} was saved without its "
+                      f"{len(left_out)} frozen parameter(s) (exclude_frozen_parameters=True; "
+                      f"{left_out[0]}, ...): they are not in the state dict; take them from "
+                      "the model the run started from")
+    return weights, state
+
+
+def read_checkpoint_parts(checkpoint_dir, tag: Optional[str] = None,
+                          exclude_frozen_parameters: bool = False) -> tuple[dict, dict, list]:
+    """read_checkpoint's (weights, state) and the names of the parameters the save left out."""
     from .. import _strata
     checkpoint_dir = os.fspath(checkpoint_dir)
     tag = _resolve_tag(checkpoint_dir, tag)
-    tag, arrays, blob = _strata.read_checkpoint(checkpoint_dir, tag,
-                                                bool(exclude_frozen_parameters))
+    tag, arrays, blob, left_out = _strata.read_checkpoint(checkpoint_dir, tag,
+                                                          bool(exclude_frozen_parameters))
     state = unpack_state(blob, os.path.join(checkpoint_dir, tag)) if blob else {}
-    return {n: torch.from_numpy(a) for n, a in arrays.items()}, state
+    return {n: torch.from_numpy(a) for n, a in arrays.items()}, state, list(left_out)
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag: Optional[str] = None,
