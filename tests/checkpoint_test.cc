@@ -577,6 +577,18 @@ TEST(Checkpoint, RefusesOtherModelOrPrecision) {
   std::filesystem::remove_all(dir);
 }
 
+// A run of `pl` whose group kMid (and `also`, when given) is frozen.
+RunSpec FrozenRun(const Placement& pl, int steps, std::optional<size_t> also = std::nullopt) {
+  RunSpec s;
+  s.config_json = Config(pl);
+  s.world = pl.world;
+  s.steps = steps;
+  s.model = TestModel();
+  s.model->groups[kMid].trainable = false;
+  if (also) s.model->groups[*also].trainable = false;
+  return s;
+}
+
 // SaveOptions::exclude_frozen (DeepSpeed's exclude_frozen_parameters, which transformers' Trainer
 // asks for at every save of a PEFT model): nothing of the frozen group is in the files; a Load
 // without LoadOptions::keep_excluded is refused naming it and changes nothing; with it the engine
@@ -589,12 +601,7 @@ TEST(CheckpointExcludeFrozen, TrainedStateOnlyResumesBitForBitKeepingTheFrozenVa
     SCOPED_TRACE(Name(pl));
     const std::string dir = UniqueTestDir("ckpt_excl");
     const std::string lean = dir + "/lean", whole = dir + "/whole";
-    RunSpec base;
-    base.config_json = Config(pl);
-    base.world = pl.world;
-    base.steps = 5;
-    base.model = TestModel();
-    base.model->groups[kMid].trainable = false;
+    const RunSpec base = FrozenRun(pl, 5);
     const RunResult full = RunEngine(base);
     ASSERT_TRUE(full.status.ok()) << full.status.ToString();
 
@@ -687,9 +694,89 @@ TEST(CheckpointExcludeFrozen, TrainedStateOnlyResumesBitForBitKeepingTheFrozenVa
       const RunResult a = load_at_one(whole, false), b = load_at_one(dir + "/lean1", true);
       ASSERT_TRUE(a.status.ok() && b.status.ok()) << a.status.ToString() << b.status.ToString();
       EXPECT_TRUE(BitEqual(a.master, b.master));
+      // The lean one itself, resharded on load (each rank reads other ranks' files).
+      const RunResult c = load_at_one(lean, true);
+      ASSERT_TRUE(c.status.ok()) << c.status.ToString();
+      EXPECT_TRUE(BitEqual(a.master, c.master));
     }
     std::filesystem::remove_all(dir);
   }
+}
+
+// A frozen group written during the run (WriteParams: DeepSpeed's GatheredParameters with a
+// modifier rank, a LoRA fused into its base) has values nothing else holds: exclude_frozen saves
+// it whole, marked "changed", and an engine that loads it keeps saving it whole.
+TEST(CheckpointExcludeFrozen, AFrozenGroupWrittenDuringTheRunIsSavedWhole) {
+  const std::string dir = UniqueTestDir("ckpt_excl_written");
+  const RunSpec base = FrozenRun({3, "cpu", "cpu", 2, "fp32"}, 1, kMidBias);
+  const float kWritten = 0.25f;
+  auto lean = [](Engine& e, const std::string& to) {
+    SaveOptions o;
+    o.exclude_frozen = true;
+    return e.Save(to, "t", o);
+  };
+  RunSpec written = base;
+  written.after_step = [&](int, int, Engine& e) -> Status {
+    const size_t g[] = {kMid};
+    STRATA_RETURN_IF_ERROR(
+        e.WriteParams(g, [&](size_t, size_t, size_t b, size_t end, float* out) -> Status {
+          std::fill(out, out + (end - b), kWritten);
+          return Status::OK();
+        }));
+    return lean(e, dir + "/a");
+  };
+  const RunResult r = RunEngine(written);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  auto m = ckpt::VerifyCheckpoint(dir + "/a", "");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_FALSE(m->groups[kMid].excluded);
+  EXPECT_TRUE(m->groups[kMid].changed);
+  EXPECT_TRUE(m->groups[kMidBias].excluded);
+  EXPECT_FALSE(m->groups[kMidBias].changed);
+  // Loaded into a fresh engine (its initial values for both frozen groups): the written values
+  // come from the checkpoint, and its own lean save keeps them.
+  RunSpec again = base;
+  again.steps = 0;
+  again.after_init = [&](int, Engine& e) -> Status {
+    LoadOptions o;
+    o.keep_excluded = true;
+    STRATA_RETURN_IF_ERROR(e.Load(dir + "/a", "", nullptr, o));
+    return lean(e, dir + "/b");
+  };
+  const RunResult a = RunEngine(again);
+  ASSERT_TRUE(a.status.ok()) << a.status.ToString();
+  ASSERT_EQ(a.master[kMid].size(), r.master[kMid].size());
+  for (float v : a.master[kMid]) ASSERT_EQ(v, kWritten);
+  auto mb = ckpt::VerifyCheckpoint(dir + "/b", "");
+  ASSERT_TRUE(mb.ok()) << mb.status().ToString();
+  EXPECT_TRUE(mb->groups[kMid].changed && !mb->groups[kMid].excluded);
+  EXPECT_TRUE(mb->groups[kMidBias].excluded);
+  std::filesystem::remove_all(dir);
+}
+
+// Every rank lays its file out as rank 0's manifest says: ranks that disagree on exclude_frozen
+// are refused on every rank, and nothing is saved.
+TEST(CheckpointExcludeFrozen, RanksThatDisagreeSaveNothing) {
+  const std::string dir = UniqueTestDir("ckpt_excl_disagree");
+  RunSpec s = FrozenRun({2, "cpu", "none", 2, "bf16"}, 1);
+  std::vector<Status> saved(2);
+  s.after_step = [&](int r, int, Engine& e) -> Status {
+    SaveOptions o;
+    o.exclude_frozen = r == 1;
+    saved[r] = e.Save(dir, "t", o);
+    return Status::OK();
+  };
+  const RunResult r = RunEngine(s);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  for (const Status& st : saved) {
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.ToString().find("disagree on exclude_frozen (rank 0: false, rank 1: true)"),
+              std::string::npos)
+        << st.ToString();
+  }
+  EXPECT_FALSE(ckpt::ResolveTag(dir, "").ok());
+  EXPECT_FALSE(ckpt::PathExists(dir + "/t"));
+  std::filesystem::remove_all(dir);
 }
 
 // Resharding on load: a checkpoint saved at 2 ranks, stage 3 with NVMe state goes through 1 rank

@@ -133,6 +133,7 @@ ckpt::Manifest BaseManifest(const Engine::Impl& e, const std::string& tag) {
     ge.numel = e.groups[g].numel;
     ge.shard_elems = e.groups[g].shard.shard_elems;
     ge.trainable = e.model.groups[g].trainable;
+    ge.changed = !ge.trainable && e.groups[g].frozen_changed;
     m.groups.push_back(std::move(ge));
   }
   m.global_step = e.global_step;
@@ -349,10 +350,22 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
     // The checkpoint this save will retire gives up its files (checkpoint_retention.h).
     if (local.ok() && recycle) local = ckpt::RecycleOldest(dir, options.keep_last, tmp, env);
   }
-  STRATA_RETURN_IF_ERROR(Agree(e, local, what));
+  // Every rank lays out its file as rank 0's manifest says: they must agree on exclude_frozen.
+  std::vector<uint64_t> excluding;
+  STRATA_RETURN_IF_ERROR(Agree(e, local, what, options.exclude_frozen ? 1 : 0, &excluding));
+  for (int r = 1; r < e.world; ++r) {
+    if (excluding[r] != excluding[0]) {
+      return Status::InvalidArgument(what + ": the ranks disagree on exclude_frozen (rank 0: " +
+                                     (excluding[0] ? "true" : "false") + ", rank " +
+                                     std::to_string(r) + ": " + (excluding[r] ? "true" : "false") +
+                                     "); nothing was saved");
+    }
+  }
 
   ckpt::Manifest m = BaseManifest(e, tag);
-  for (ckpt::GroupEntry& g : m.groups) g.excluded = options.exclude_frozen && !g.trainable;
+  for (ckpt::GroupEntry& g : m.groups) {
+    g.excluded = options.exclude_frozen && !g.trainable && !g.changed;
+  }
   const std::string path = tmp + "/" + ckpt::Manifest::RankFileName(e.rank);
   const std::string recycled =
       tmp + "/" + ckpt::kRecycledName + "/" + ckpt::Manifest::RankFileName(e.rank);
@@ -473,9 +486,9 @@ Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m, const Loa
   for (size_t g = 0; g < std::min(m.groups.size(), model.groups.size()); ++g) {
     if (!m.groups[g].trainable && model.groups[g].trainable &&
         m.groups[g].name == model.groups[g].name) {
-      diffs.push_back("group '" + model.groups[g].name +
-                      "' is frozen in the checkpoint (no "
-                      "optimizer state saved), trainable in the model");
+      diffs.push_back("group '" + model.groups[g].name + "' is frozen in the checkpoint (" +
+                      (m.groups[g].excluded ? "left out at save" : "no optimizer state saved") +
+                      "), trainable in the model");
     }
   }
   if (!diffs.empty()) {
@@ -493,13 +506,12 @@ Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m, const Loa
   if (n_excluded > 5) excluded += " and " + std::to_string(n_excluded - 5) + " more";
   if (n_excluded > 0 && !options.keep_excluded) {
     return Status::FailedPrecondition(
-        "the checkpoint was saved without its " + std::to_string(n_excluded) +
-        " frozen group(s) (SaveOptions::exclude_frozen; DeepSpeed's exclude_frozen_parameters): " +
+        "the checkpoint was saved without its " + std::to_string(n_excluded) + " frozen group(s) " +
         excluded +
-        "; loading it keeps this engine's values for them, which must therefore be the ones the "
-        "run started from: ask for that with LoadOptions::keep_excluded (from Python, "
-        "load_checkpoint(load_module_strict=False), as transformers' Trainer resumes a PEFT "
-        "model)");
+        " (exclude_frozen_parameters=True): to keep this model's values for them, load it with "
+        "load_checkpoint(load_module_strict=False) from Python, LoadOptions::keep_excluded from "
+        "C++ (as transformers' Trainer resumes a PEFT model); those values must be the ones the "
+        "run started from (the same pretrained weights)");
   }
   const ckpt::Manifest mine = BaseManifest(e, m.tag);
   if (m.precision != mine.precision) {
@@ -651,6 +663,13 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
   e.adam_step_base = options.optimizer_states ? m.adam_step_base : m.applied_steps;
   e.lr_step_base = options.lr_schedule ? m.lr_step_base : m.applied_steps;
   e.last_lr = options.lr_schedule ? m.last_lr : e.LrFor(0);
+  // A frozen group read from the checkpoint holds its values: its initial ones only where the
+  // checkpoint saved them as such (unchanged and frozen there too).
+  for (size_t g = 0; g < e.groups.size(); ++g) {
+    if (!e.model.groups[g].trainable && !m.groups[g].excluded) {
+      e.groups[g].frozen_changed = m.groups[g].trainable || m.groups[g].changed;
+    }
+  }
   e.DropKeptCopies();  // kept from before: stale now
   return Status::OK();
 }

@@ -134,6 +134,7 @@ std::string Manifest::ToJson() const {
         {{"name", g.name}, {"params", params}, {"numel", g.numel}, {"shard_elems", g.shard_elems}});
     if (!g.trainable) groups_j.back()["trainable"] = false;
     if (g.excluded) groups_j.back()["excluded"] = true;
+    if (g.changed) groups_j.back()["changed"] = true;
   }
   j["model"] = {{"groups", groups_j}};
   j["shard_layout"] = {
@@ -199,9 +200,15 @@ Result<Manifest> Manifest::FromJson(const std::string& text) {
       ge.shard_elems = g.at("shard_elems").get<uint64_t>();
       ge.trainable = g.value("trainable", true);
       ge.excluded = g.value("excluded", false);
-      if (ge.excluded && ge.trainable) {
+      ge.changed = g.value("changed", false);
+      if ((ge.excluded || ge.changed) && ge.trainable) {
+        return Status::Corruption("manifest: group '" + ge.name + "' is " +
+                                  (ge.excluded ? "excluded" : "changed") +
+                                  " but trainable (only frozen groups are)");
+      }
+      if (ge.excluded && ge.changed) {
         return Status::Corruption("manifest: group '" + ge.name +
-                                  "' is excluded but trainable (only frozen groups are left out)");
+                                  "' is excluded and changed (a changed group is saved whole)");
       }
       for (const json& p : g.at("params")) {
         ge.params.push_back(

@@ -73,6 +73,10 @@ struct GroupEntry {
   // true: a frozen group left out at save (SaveOptions::exclude_frozen): the rank files hold
   // nothing of it (in JSON "excluded": true, absent when false; only with "trainable": false).
   bool excluded = false;
+  // true: a frozen group written after its initial values (Engine::WriteParams: a LoRA fused
+  // into its base): saved whole even with exclude_frozen, and marked so that an engine loading
+  // it keeps saving it whole (in JSON "changed": true, absent when false; frozen groups only).
+  bool changed = false;
   bool HasKind(size_t kind) const { return !excluded && (kind == 0 || trainable); }
 };
 

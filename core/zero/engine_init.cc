@@ -275,6 +275,9 @@ Status Engine::WriteParams(std::span<const size_t> groups, const CheckedParamFil
     if (!param.ok()) return e.Fail(param.status());
     STRATA_RETURN_IF_ERROR(e.Fail(e.PublishParams(s, values[i].data(), *param)));
   }
+  for (size_t g = 0; g < e.groups.size(); ++g) {
+    if (chosen[g] && !e.model.groups[g].trainable) e.groups[g].frozen_changed = true;
+  }
   ForgetCopiesOfOldParams(e);
   return e.Fail(e.AllGatherUpdatedParams(/*frozen_too=*/true));
 }

@@ -171,6 +171,9 @@ struct GroupState {
   DeviceBuffer secondary;
   int64_t secondary_epoch = -1;
   int gathered = 0;  // Gather handles of this group not yet released
+  // A frozen group whose values are no longer its initial ones (WriteParams; a Load of a
+  // checkpoint that says so): a Save with exclude_frozen keeps it (its values exist nowhere else).
+  bool frozen_changed = false;
 };
 
 // ZeRO++ (issue 14): the settings and the sub-communicators (owned; null where unused).

@@ -65,7 +65,8 @@ struct SaveOptions {
   // checkpoint `latest` named before the save and the new one are never removed or recycled.
   // Removal is crash-safe: a checkpoint leaves the tag namespace in one rename (and an fsync of
   // the directory) before any of its files is touched, so it is either complete or gone, never a
-  // partial one that loads. Trade-off: disk space (each checkpoint holds the whole model state)
+  // partial one that loads. Trade-off: disk space (each checkpoint holds the whole model state,
+  // less frozen groups left out: exclude_frozen)
   // against how far back a run can go; a reader of an older checkpoint in another process must
   // not run against a directory a saver prunes. Only directories holding a manifest.json count.
   size_t keep_last = 0;

@@ -636,13 +636,13 @@ class Engine {
   // IOError naming the file; Aborted: another rank failed (its own result says why). A failed
   // collective fails the engine. Retention as the config's `checkpoint` section says
   // (SaveOptionsFromConfig: keep_last, recycle_files; by default every checkpoint is kept).
-  // SaveOptions::exclude_frozen leaves the frozen groups out (their values must then come from
-  // elsewhere when the checkpoint is loaded: LoadOptions::keep_excluded).
   Status Save(const std::string& dir, const std::string& tag,
               std::span<const uint8_t> client_state = {});
   // The same, with retention and file recycling (include/strata/checkpoint.h SaveOptions). When
   // the save is committed but removing an older checkpoint fails, IOError says so (the new
-  // checkpoint is `latest` and loads).
+  // checkpoint is `latest` and loads). SaveOptions::exclude_frozen leaves the frozen groups out
+  // (their values must then come from elsewhere when the checkpoint is loaded:
+  // LoadOptions::keep_excluded); the ranks must agree on it (InvalidArgument, nothing saved).
   Status Save(const std::string& dir, const std::string& tag, const SaveOptions& options,
               std::span<const uint8_t> client_state = {});
   // Restores the state of `<dir>/<tag>` (tag "" = the one `<dir>/latest` names) into this

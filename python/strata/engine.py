@@ -2314,9 +2314,11 @@ class StrataEngine(torch.nn.Module):
             if load_module_strict or "model spec differs" not in str(e):
                 raise
             raise _strata.StrataError(
-                f"{e}\n(load_module_strict=False relaxes the buffers only: a model whose "
+                f"{e}\n(load_module_strict=False relaxes the buffers and keeps the frozen "
+                "parameters a checkpoint left out, nothing else: a model whose "
                 "parameters changed takes the checkpoint's matching weights with "
-                "load_module_only=True, before its first step)") from None
+                "load_module_only=True, before its first step, also with "
+                "load_module_strict=False where the checkpoint lacks some)") from None
         finally:
             self._gather_whole()
         state = unpack_state(blob, os.path.join(load_dir, str(tag)))
@@ -2819,6 +2821,9 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
                                 else model_parameters)
         optimizer = optimizer(model_parameters)
     groups = ParamGroups(model, cfg, optimizer, model_parameters)
+    if (cfg.get("zero_optimization") or {}).get("stage", 0) == 3:
+        from .zero import _register_peft_lora_reads
+        _register_peft_lora_reads(model)  # what PEFT's LoRA layers read, ahead (no notice)
     try:
         engine = _start_engine(model, cfg, groups, dist_init_required, nvme_paths,
                                device_budget_bytes, timeout_ms, overlap_step, lr_scheduler, device)

@@ -306,6 +306,23 @@ def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Par
         engine._hook_module(module)
 
 
+def _register_peft_lora_reads(model: torch.nn.Module) -> None:
+    """PEFT's LoRA layer reads its adapters' weights (lora_A[...].weight.dtype) in its own
+    forward, which does not own them: registered ahead as its external parameters, so stage 3
+    gathers them with the layer's call without a notice. strata.initialize does it at stage 3
+    for every model (nothing without peft or LoRA layers)."""
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:
+        return
+    for m in model.modules():
+        if isinstance(m, LoraLayer):
+            for name in ("lora_A", "lora_B"):
+                for sub in getattr(m, name, {}).values():
+                    for p in sub.parameters():
+                        register_external_parameter(m, p)
+
+
 def unregister_external_parameter(module: torch.nn.Module,
                                   parameter: torch.nn.Parameter) -> None:
     """Undoes register_external_parameter (as DeepSpeed's). Once a module has none left, a

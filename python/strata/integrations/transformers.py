@@ -459,23 +459,6 @@ def _is_peft(model) -> bool:
     return isinstance(model, PeftModel)
 
 
-def _register_lora_reads(model) -> None:
-    """PEFT's LoRA layer reads its adapters' weights (lora_A[...].weight.dtype) in its own
-    forward, which does not own them: registered ahead as its external parameters, so stage 3
-    gathers them with the layer's call without a notice per parameter."""
-    try:
-        from peft.tuners.lora import LoraLayer
-    except ImportError:
-        return
-    from ..zero import register_external_parameter
-    for m in model.modules():
-        if isinstance(m, LoraLayer):
-            for name in ("lora_A", "lora_B"):
-                for sub in getattr(m, name, {}).values():
-                    for p in sub.parameters():
-                        register_external_parameter(m, p)
-
-
 def frozen_config(config: dict, args, model: torch.nn.Module, name: str = "reference") -> dict:
     """The DeepSpeed config of the engine of a frozen model (a reference, teacher or reward
     model) named `name`: the run's, "auto" values resolved from the arguments, without the
@@ -632,8 +615,6 @@ class Trainer(transformers.Trainer):
                     return self.create_scheduler(num_training_steps=_steps,
                                                  optimizer=engine_optimizer)
         self._strata_dtypes = {n: p.dtype for n, p in model.named_parameters()}
-        if _get(cfg, "zero_optimization.stage", 0) == 3:
-            _register_lora_reads(model)
         try:
             engine, eopt, _, esched = strata.initialize(
                 model=model, config=cfg, optimizer=optimizer, lr_scheduler=lr_scheduler,
@@ -661,7 +642,9 @@ class Trainer(transformers.Trainer):
         if resume_from_checkpoint is not None:
             if not os.path.isfile(os.path.join(resume_from_checkpoint, "latest")):
                 raise ValueError(f"Can't find a strata checkpoint at {resume_from_checkpoint} "
-                                 "(no 'latest' file)")
+                                 "(no 'latest' file; a checkpoint saved with "
+                                 "save_only_model=True holds the model alone and resumes no "
+                                 "training state: start a new run from its weights instead)")
             logger.info(f"strata: resuming from {resume_from_checkpoint}")
             path, _ = engine.load_checkpoint(resume_from_checkpoint,
                                              load_module_strict=not _is_peft(self.model))
