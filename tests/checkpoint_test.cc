@@ -271,6 +271,40 @@ TEST(Checkpoint, SavingATagAgainReplacesIt) {
   std::filesystem::remove_all(dir);
 }
 
+// SaveOptions::update_latest false (DeepSpeed's save_latest=False): `latest` keeps naming the
+// checkpoint it named, the new one is complete and loads by its tag; with keep_last the one
+// `latest` names is kept whatever its age.
+TEST(Checkpoint, WithoutUpdatingLatestTheNewOneLoadsByItsTag) {
+  const std::string dir = UniqueTestDir("ckpt_no_latest");
+  RunSpec s;
+  s.config_json = Config(kSolo);
+  s.steps = 3;
+  s.after_step = [&](int, int step, Engine& e) -> Status {
+    SaveOptions o;
+    o.update_latest = step == 0;
+    o.keep_last = 2;
+    return e.Save(dir, "s" + std::to_string(step + 1), o);
+  };
+  RunResult r = RunEngine(s);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  auto latest = ckpt::ResolveTag(dir, "");
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(*latest, "s1");
+  EXPECT_TRUE(ckpt::PathExists(dir + "/s1"));
+  EXPECT_FALSE(ckpt::PathExists(dir + "/s2"));  // retired by keep_last 2, s1 being `latest`
+  auto m = ckpt::VerifyCheckpoint(dir, "s3");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->global_step, 3);
+  RunSpec loaded = s;
+  loaded.steps = 0;
+  loaded.after_step = nullptr;
+  loaded.init = [&](int, Engine& e) { return e.Load(dir, "s3"); };
+  RunResult got = RunEngine(loaded);
+  ASSERT_TRUE(got.status.ok()) << got.status.ToString();
+  EXPECT_TRUE(BitEqual(got.master, r.master));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Checkpoint, RefusesMidAccumulation) {
   const std::string dir = UniqueTestDir("ckpt_refuse");
   RunSpec s;

@@ -402,7 +402,7 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
   if (e.rank == 0) {
     // What the ranks did not reuse of a recycled checkpoint must not end up inside the new one.
     local = recycle ? ckpt::RemoveTree(tmp + "/" + ckpt::kRecycledName) : Status::OK();
-    if (local.ok()) local = ckpt::CommitCheckpoint(dir, m, env);
+    if (local.ok()) local = ckpt::CommitCheckpoint(dir, m, env, options.update_latest);
     if (!local.ok()) local = Status(local.code(), what + ": " + std::string(local.message()));
     if (local.ok() && options.keep_last > 0) {
       local = ckpt::RetireBeyond(dir, options.keep_last, tag, env);

@@ -731,7 +731,8 @@ Status RangeReader::Open(int r) {
   return Status::OK();
 }
 
-Status CommitCheckpoint(const std::string& dir, const Manifest& m, CheckpointEnv& env) {
+Status CommitCheckpoint(const std::string& dir, const Manifest& m, CheckpointEnv& env,
+                        bool update_latest) {
   const std::string tmp = dir + "/" + m.tag + ".tmp", final_dir = dir + "/" + m.tag;
   STRATA_RETURN_IF_ERROR(WriteSmallFile(tmp + "/" + kManifestName, m.ToJson(), false, env));
   STRATA_RETURN_IF_ERROR(FsyncDir(tmp, env));
@@ -745,7 +746,9 @@ Status CommitCheckpoint(const std::string& dir, const Manifest& m, CheckpointEnv
     STRATA_RETURN_IF_ERROR(RenamePath(tmp, final_dir, env));
   }
   STRATA_RETURN_IF_ERROR(FsyncDir(dir, env));
-  STRATA_RETURN_IF_ERROR(WriteSmallFile(dir + "/" + kLatestName, m.tag + "\n", true, env));
+  if (update_latest) {
+    STRATA_RETURN_IF_ERROR(WriteSmallFile(dir + "/" + kLatestName, m.tag + "\n", true, env));
+  }
   if (!replaces) return Status::OK();
   STRATA_RETURN_IF_ERROR(RemoveTree(tmp));
   return RemoveTree(aside);

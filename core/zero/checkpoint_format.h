@@ -251,8 +251,9 @@ class RangeReader {
 // and replaces <dir>/latest atomically. Where <dir>/<m.tag> exists (a tag saved again) the two
 // directories trade names in one step (ExchangePaths), so a crash leaves the old or the new
 // checkpoint under the tag, never neither; the old one, then named `.tmp`, is removed last.
+// `update_latest` false leaves <dir>/latest as it is.
 Status CommitCheckpoint(const std::string& dir, const Manifest& m,
-                        CheckpointEnv& env = DefaultEnv());
+                        CheckpointEnv& env = DefaultEnv(), bool update_latest = true);
 
 // --- offline resharding and precision conversion -------------------------------------------
 

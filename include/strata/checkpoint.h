@@ -87,6 +87,10 @@ struct SaveOptions {
   // the frozen values (from the pretrained weights it was built from) and load it with
   // LoadOptions::keep_excluded; export and reshard carry the trained groups only.
   bool exclude_frozen = false;
+  // [true] false: `latest` keeps naming the checkpoint it named (DeepSpeed's
+  // save_checkpoint(save_latest=False)); the new one is complete and loads by its tag. A crash
+  // leaves it or nothing under the tag, as always.
+  bool update_latest = true;
   // [null: the default, CheckpointEnv itself] What the save's file IO goes through (see
   // CheckpointEnv above; tests inject faults there). Not owned; must outlive the call.
   CheckpointEnv* env = nullptr;

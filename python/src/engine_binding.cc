@@ -476,14 +476,15 @@ class PyEngine {
   // keep_last / recycle_files left as None take the config's checkpoint section
   // (SaveOptionsFromConfig), as Engine::Save without SaveOptions does.
   void Save(const std::string& dir, const std::string& tag, const nb::bytes& client_state,
-            std::optional<size_t> keep_last, std::optional<bool> recycle_files,
-            bool exclude_frozen) {
+            std::optional<size_t> keep_last, std::optional<bool> recycle_files, bool exclude_frozen,
+            bool update_latest) {
     std::vector<uint8_t> blob(client_state.size());
     if (!blob.empty()) std::memcpy(blob.data(), client_state.c_str(), blob.size());
     SaveOptions so = SaveOptionsFromConfig(checkpoint_config_);
     if (keep_last) so.keep_last = *keep_last;
     if (recycle_files) so.recycle_files = *recycle_files;
     so.exclude_frozen = exclude_frozen;
+    so.update_latest = update_latest;
     nb::gil_scoped_release unlocked;
     ThrowIfError(engine().Save(dir, tag, so, blob));
   }
@@ -701,9 +702,10 @@ void BindEngine(nb::module_& m) {
            "float32 array, at any step, every other value kept (collective).")
       .def("save", &PyEngine::Save, nb::arg("dir"), nb::arg("tag"), nb::arg("client_state"),
            nb::arg("keep_last") = nb::none(), nb::arg("recycle_files") = nb::none(),
-           nb::arg("exclude_frozen") = false,
+           nb::arg("exclude_frozen") = false, nb::arg("update_latest") = true,
            "Engine::Save (collective, at an accumulation boundary); keep_last / recycle_files "
-           "/ exclude_frozen as strata::SaveOptions (include/strata/checkpoint.h): 0 keeps every "
+           "/ exclude_frozen / update_latest as strata::SaveOptions (include/strata/checkpoint.h): "
+           "0 keeps every "
            "checkpoint; None takes the config's checkpoint section (keep_last 0, recycle_files "
            "true).")
       .def("load", &PyEngine::Load, nb::arg("dir"), nb::arg("tag") = "",

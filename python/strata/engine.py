@@ -2236,7 +2236,8 @@ class StrataEngine(torch.nn.Module):
                         keep_last: Optional[int] = None,
                         recycle_files: Optional[bool] = None) -> bool:
         """Every rank writes its part of `<save_dir>/<tag>/` (default tag global_step<N>) and
-        `latest` names it. exclude_frozen_parameters=True (what transformers' Trainer asks for
+        `latest` names it (save_latest=False: `latest` stays as it was; the new checkpoint
+        loads by its tag). exclude_frozen_parameters=True (what transformers' Trainer asks for
         a PEFT model) leaves the frozen parameters out: the checkpoint holds the trained ones,
         their optimizer state and the rest, and load_checkpoint(load_module_strict=False) takes
         the frozen values from the model it loads into (strata::SaveOptions::exclude_frozen).
@@ -2255,9 +2256,6 @@ class StrataEngine(torch.nn.Module):
         if keep_last is not None and int(keep_last) < 0:
             raise ValueError(f"save_checkpoint(keep_last={keep_last}): must be >= 0")
         self._settle_failed_backward()
-        if not save_latest:
-            raise NotImplementedError("save_checkpoint(save_latest=False): strata always "
-                                      "updates <save_dir>/latest")
         if tag is None:
             tag = f"global_step{self.global_steps}"
         state = {"client_state": dict(client_state or {}), "micro_steps": self.micro_steps,
@@ -2271,7 +2269,8 @@ class StrataEngine(torch.nn.Module):
             self._engine.save(os.fspath(save_dir), str(tag), blob,
                               keep_last=None if keep_last is None else int(keep_last),
                               recycle_files=None if recycle_files is None else bool(recycle_files),
-                              exclude_frozen=bool(exclude_frozen_parameters))
+                              exclude_frozen=bool(exclude_frozen_parameters),
+                              update_latest=bool(save_latest))
         finally:
             self._gather_whole()
         if self._engine.rank == 0:  # DeepSpeed's recovery script, strata's in its place

@@ -331,3 +331,25 @@ def test_zero_to_fp32_as_deepspeed_users_call_it(tmp_path):
     assert torch.load(tmp_path / "w.bin").keys() == sd.keys()
     with pytest.raises(ValueError, match="max_shard_size"):
         convert_zero_checkpoint_to_fp32_state_dict(ckpt, tmp_path / "x", max_shard_size="5 parsecs")
+
+
+def test_save_latest_false_leaves_latest_and_loads_by_tag(tmp_path):
+    """DeepSpeed's save_checkpoint(save_latest=False) (a "best" checkpoint beside the rolling
+    ones): `latest` keeps naming the one it named; the new one loads by its tag."""
+    engine, _, _, _ = strata.initialize(model=make_model("bn"), config=ds_config(2))
+    _train(engine, 1)
+    engine.save_checkpoint(tmp_path, tag="rolling")
+    after_one = engine.read_master()
+    _train(engine, 1, first=1)
+    engine.save_checkpoint(tmp_path, tag="best", save_latest=False, client_state={"k": 2})
+    after_two = engine.read_master()
+    engine.close()
+    with open(tmp_path / "latest") as f:
+        assert f.read().strip() == "rolling"
+    for tag, want, steps in ((None, after_one, 1), ("best", after_two, 2)):
+        other, _, _, _ = strata.initialize(model=make_model("bn"), config=ds_config(2))
+        path, _ = other.load_checkpoint(tmp_path, tag=tag)
+        assert path.endswith(tag or "rolling") and other.global_steps == steps
+        got = other.read_master()
+        assert all(torch.equal(got[n], want[n]) for n in want)
+        other.close()
