@@ -656,7 +656,9 @@ TEST(CheckpointExcludeFrozen, TrainedStateOnlyResumesBitForBitKeepingTheFrozenVa
     for (size_t g = 0; g < kGroups; ++g) {
       EXPECT_EQ(ml->groups[g].excluded, g == kMid) << g;
       EXPECT_FALSE(mw->groups[g].excluded) << g;
+      EXPECT_EQ(ml->groups[g].fingerprint != 0, g == kMid) << g;
     }
+    EXPECT_EQ(ml->groups[kMid].fingerprint, mw->groups[kMid].fingerprint);
     uint64_t lean_bytes = 0, whole_bytes = 0;
     for (const auto& f : ml->files) lean_bytes += f.size_bytes;
     for (const auto& f : mw->files) whole_bytes += f.size_bytes;
@@ -683,6 +685,29 @@ TEST(CheckpointExcludeFrozen, TrainedStateOnlyResumesBitForBitKeepingTheFrozenVa
     };
     const RunResult unchanged = RunEngine(refused);
     ASSERT_TRUE(unchanged.status.ok()) << unchanged.status.ToString();
+    // With keep_excluded into a model whose frozen values are not the run's (another base):
+    // refused by their fingerprint, naming the group; nothing changed either.
+    RunSpec other_base = fresh;
+    std::vector<Status> others(pl.world);
+    other_base.init = [&](int r, Engine& e) -> Status {
+      STRATA_RETURN_IF_ERROR(e.InitParameters([](size_t, size_t, size_t b, size_t end, float* o) {
+        for (size_t i = b; i < end; ++i) o[i - b] = 0.5f - 0.001f * static_cast<float>(i % 97);
+      }));
+      LoadOptions o;
+      o.keep_excluded = true;
+      others[r] = e.Load(lean, "", nullptr, o);
+      return Status::OK();
+    };
+    const RunResult kept = RunEngine(other_base);
+    ASSERT_TRUE(kept.status.ok()) << kept.status.ToString();
+    for (const Status& st : others) {
+      EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
+      EXPECT_NE(st.ToString().find("1 frozen group(s) whose values in this model are not the ones "
+                                   "the saving run started from: 'mid'"),
+                std::string::npos)
+          << st.ToString();
+    }
+    EXPECT_EQ(kept.master[kEmbed][3], 0.5f - 0.001f * 3.0f);
     for (const Status& st : refusals) {
       EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
       EXPECT_NE(st.ToString().find("1 frozen group(s)"), std::string::npos) << st.ToString();

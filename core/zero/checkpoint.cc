@@ -366,6 +366,11 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
   for (ckpt::GroupEntry& g : m.groups) {
     g.excluded = options.exclude_frozen && !g.trainable && !g.changed;
   }
+  if (std::any_of(m.groups.begin(), m.groups.end(), [](const auto& g) { return !g.trainable; })) {
+    Result<std::vector<uint64_t>> prints = e.FrozenFingerprints();
+    if (!prints.ok()) return e.Fail(prints.status().WithContext(what + ": frozen fingerprints"));
+    for (size_t g = 0; g < m.groups.size(); ++g) m.groups[g].fingerprint = (*prints)[g];
+  }
   const std::string path = tmp + "/" + ckpt::Manifest::RankFileName(e.rank);
   const std::string recycled =
       tmp + "/" + ckpt::kRecycledName + "/" + ckpt::Manifest::RankFileName(e.rank);
@@ -668,10 +673,37 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
   for (size_t g = 0; g < e.groups.size(); ++g) {
     if (!e.model.groups[g].trainable && !m.groups[g].excluded) {
       e.groups[g].frozen_changed = m.groups[g].trainable || m.groups[g].changed;
+      e.groups[g].frozen_print_loaded = m.groups[g].fingerprint;
     }
   }
   e.DropKeptCopies();  // kept from before: stale now
   return Status::OK();
+}
+
+// The values this engine keeps for the groups the checkpoint left out must be those the saving run
+// started from: refused, naming the groups, where both fingerprints are known and differ.
+// Collective when the checkpoint has such groups (every rank reads the same manifest).
+Status CheckExcludedValues(Engine::Impl& e, const ckpt::Manifest& m, const std::string& what) {
+  if (std::none_of(m.groups.begin(), m.groups.end(),
+                   [](const auto& g) { return g.excluded && g.fingerprint != 0; })) {
+    return Status::OK();
+  }
+  Result<std::vector<uint64_t>> prints = e.FrozenFingerprints();
+  if (!prints.ok()) return e.Fail(prints.status().WithContext(what + ": frozen fingerprints"));
+  std::string differ;
+  size_t n = 0;
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    const uint64_t mine = (*prints)[g], saved = m.groups[g].fingerprint;
+    if (!m.groups[g].excluded || mine == 0 || saved == 0 || mine == saved) continue;
+    if (++n <= 5) differ += std::string(n > 1 ? ", '" : "'") + m.groups[g].name + "'";
+  }
+  if (n == 0) return Status::OK();
+  if (n > 5) differ += " and " + std::to_string(n - 5) + " more";
+  return Status::FailedPrecondition(
+      what + ": the checkpoint left out " + std::to_string(n) + " frozen group(s) whose values " +
+      "in this model are not the ones the saving run started from: " + differ +
+      " (their fingerprints differ: build the model from the same pretrained weights before "
+      "loading; nothing was changed)");
 }
 
 }  // namespace
@@ -732,6 +764,7 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
                                         "being replaced, or is the directory not shared?)");
     }
   }
+  STRATA_RETURN_IF_ERROR(CheckExcludedValues(e, m, what));
   const std::string tag_dir = dir + "/" + m.tag;
   local = LoadState(e, tag_dir, m, same_layout, options);
   if (local.ok() && client_state != nullptr) {

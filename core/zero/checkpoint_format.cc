@@ -135,6 +135,7 @@ std::string Manifest::ToJson() const {
     if (!g.trainable) groups_j.back()["trainable"] = false;
     if (g.excluded) groups_j.back()["excluded"] = true;
     if (g.changed) groups_j.back()["changed"] = true;
+    if (g.fingerprint != 0) groups_j.back()["fingerprint"] = Hex64(g.fingerprint);
   }
   j["model"] = {{"groups", groups_j}};
   j["shard_layout"] = {
@@ -201,6 +202,9 @@ Result<Manifest> Manifest::FromJson(const std::string& text) {
       ge.trainable = g.value("trainable", true);
       ge.excluded = g.value("excluded", false);
       ge.changed = g.value("changed", false);
+      if (g.contains("fingerprint")) {
+        ge.fingerprint = std::strtoull(g.at("fingerprint").get<std::string>().c_str(), nullptr, 16);
+      }
       if ((ge.excluded || ge.changed) && ge.trainable) {
         return Status::Corruption("manifest: group '" + ge.name + "' is " +
                                   (ge.excluded ? "excluded" : "changed") +
@@ -752,6 +756,21 @@ Status CommitCheckpoint(const std::string& dir, const Manifest& m, CheckpointEnv
   if (!replaces) return Status::OK();
   STRATA_RETURN_IF_ERROR(RemoveTree(tmp));
   return RemoveTree(aside);
+}
+
+uint64_t FrozenFingerprint(uint64_t first, const float* v, uint64_t n, uint64_t numel) {
+  constexpr uint64_t kStride = 64;
+  uint64_t sum = 0;
+  const uint64_t end = std::min(first + n, numel);
+  for (uint64_t i = (first + kStride - 1) / kStride * kStride; i < end; i += kStride) {
+    uint32_t bits;
+    std::memcpy(&bits, v + (i - first), sizeof bits);
+    uint64_t h = (i * 0x9E3779B97F4A7C15ull) ^ bits;  // splitmix64's finalizer over (index, bits)
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+    sum += h ^ (h >> 31);
+  }
+  return sum;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -77,6 +77,11 @@ struct GroupEntry {
   // into its base): saved whole even with exclude_frozen, and marked so that an engine loading
   // it keeps saving it whole (in JSON "changed": true, absent when false; frozen groups only).
   bool changed = false;
+  // A frozen group's initial values, as FrozenFingerprint sums them over the group (0: unknown,
+  // as in a checkpoint from before it was recorded, or a changed group): a load that keeps an
+  // excluded group's values checks that they are the ones the saving run started from (in JSON
+  // "fingerprint": 16 hex digits, absent when 0).
+  uint64_t fingerprint = 0;
   bool HasKind(size_t kind) const { return !excluded && (kind == 0 || trainable); }
 };
 
@@ -297,5 +302,13 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
                                    const StreamOptions& options = {});
 
 std::string Hex64(uint64_t v);
+
+// Part of a frozen group's fingerprint: values v[0..n) at indices [first, first+n) of the group's
+// flat buffer (indices >= numel, the padding, count nothing). A group's fingerprint is the sum
+// (mod 2^64) of the parts over disjoint ranges covering it, so any layout (world size, stage)
+// computes the same one from the ranges its ranks hold. A sample (one index in 64) of the fp32
+// bits, each mixed with its index: it tells apart weights built from other values (another
+// checkpoint, a random initialisation) at a cost next to nothing beside filling them.
+uint64_t FrozenFingerprint(uint64_t first, const float* v, uint64_t n, uint64_t numel);
 
 }  // namespace strata::zero::ckpt

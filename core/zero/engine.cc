@@ -315,6 +315,39 @@ Result<std::vector<uint32_t>> Engine::Impl::AllGatherWords(const std::array<uint
   return all;
 }
 
+Result<std::vector<uint64_t>> Engine::Impl::FrozenFingerprints() {
+  const size_t n = groups.size();
+  std::vector<uint64_t> sum(n, 0);
+  for (size_t g = 0; g < n; ++g) {
+    if (!model.groups[g].trainable) sum[g] = groups[g].frozen_print_part;
+  }
+  if (placement.optimizer_partitioned && world > 1) {
+    // Each rank initialised its own shard of every group: the parts add up over the ranks.
+    const uint64_t bytes = n * sizeof(uint64_t);
+    STRATA_ASSIGN_OR_RETURN(DeviceBuffer dev, DeviceBuffer::Make(opt.device, bytes * world));
+    auto* mine = static_cast<uint8_t*>(dev.get()) + bytes * rank;
+    STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kHostToDevice, mine, sum.data(), bytes));
+    // 8-byte words moved as pairs of 4-byte elements, never summed by the communicator.
+    STRATA_ASSIGN_OR_RETURN(CommHandle h, opt.comm->AllGather(mine, dev.get(), 2 * n, DType::kF32));
+    STRATA_RETURN_IF_ERROR(h.WaitUntil(deadline()));
+    std::vector<uint64_t> all(n * static_cast<size_t>(world));
+    STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, all.data(), dev.get(), bytes * world));
+    std::fill(sum.begin(), sum.end(), 0);
+    for (size_t r = 0; r < static_cast<size_t>(world); ++r) {
+      for (size_t g = 0; g < n; ++g) sum[g] += all[r * n + g];
+    }
+  }
+  for (size_t g = 0; g < n; ++g) {
+    const zero::GroupState& gs = groups[g];
+    if (model.groups[g].trainable || gs.frozen_changed) {
+      sum[g] = 0;
+    } else if (gs.frozen_print_loaded != 0) {
+      sum[g] = gs.frozen_print_loaded;
+    }
+  }
+  return sum;
+}
+
 Result<int> Engine::Impl::FirstFailedRank(bool ok, std::string_view what) {
   Result<std::vector<uint32_t>> all = AllGatherWords({ok ? 1u : 0u, 0, 0, 0});
   if (!all.ok()) {

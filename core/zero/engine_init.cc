@@ -29,6 +29,7 @@
 #include <functional>
 #include <string>
 
+#include "core/zero/checkpoint_format.h"
 #include "core/zero/engine_internal.h"
 #include "kernels/casts.h"
 
@@ -89,11 +90,19 @@ Status InitMasters(Engine::Impl& e, const char* op, const MasterSource& source) 
                             e.store->Acquire(gs.param, param_tier, Access::kWrite, e.timeout()));
     STRATA_RETURN_IF_ERROR(e.PublishParams(s, m, param));
   }
-  // Frozen groups: the same values through a scratch piece straight into their params.
+  // Frozen groups: the same values through a scratch piece straight into their params, their
+  // fingerprint taken on the way (the initial values, whatever came before).
+  for (zero::GroupState& gs : e.groups) {
+    gs.frozen_print_part = gs.frozen_print_loaded = 0;
+    gs.frozen_changed = false;
+  }
   std::vector<float> scratch;
   for (const SubGroup& s : e.frozen_pieces) {
     scratch.assign(s.elems, 0.0f);
     STRATA_RETURN_IF_ERROR(source(s, scratch.data()));
+    zero::GroupState& gs = e.groups[s.group];
+    gs.frozen_print_part +=
+        zero::ckpt::FrozenFingerprint(e.FullOffset(s), scratch.data(), s.elems, gs.numel);
     STRATA_ASSIGN_OR_RETURN(Lease param, e.store->Acquire(e.groups[s.group].param, param_tier,
                                                           Access::kWrite, e.timeout()));
     STRATA_RETURN_IF_ERROR(e.PublishParams(s, scratch.data(), param));

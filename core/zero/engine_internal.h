@@ -174,6 +174,11 @@ struct GroupState {
   // A frozen group whose values are no longer its initial ones (WriteParams; a Load of a
   // checkpoint that says so): a Save with exclude_frozen keeps it (its values exist nowhere else).
   bool frozen_changed = false;
+  // A frozen group: this rank's part of the fingerprint of its initial values
+  // (ckpt::FrozenFingerprint over the pieces it initialised), and, where a checkpoint gave the
+  // values instead, that checkpoint's fingerprint of them (0: this rank's parts count).
+  uint64_t frozen_print_part = 0;
+  uint64_t frozen_print_loaded = 0;
 };
 
 // ZeRO++ (issue 14): the settings and the sub-communicators (owned; null where unused).
@@ -423,6 +428,10 @@ struct Engine::Impl {
   // Every rank's four 32-bit words, rank-major, through one all-gather of `exchange` (world 1:
   // `mine` alone). Collective. A failed collective is returned as is: the caller names it.
   Result<std::vector<uint32_t>> AllGatherWords(const std::array<uint32_t, 4>& mine);
+  // Every frozen group's fingerprint (ckpt::FrozenFingerprint of its values when they are the
+  // ones it was initialised with or loaded as such; 0 for trainable or changed groups, or when
+  // unknown): collective where the groups' initial values are spread over the ranks.
+  Result<std::vector<uint64_t>> FrozenFingerprints();
   // A collective in which every rank says whether its part of `what` succeeded (Create's last
   // step, WriteParams' values): -1 when all did, else the first rank that did not.
   Result<int> FirstFailedRank(bool ok, std::string_view what);

@@ -108,7 +108,9 @@ struct SaveOptions {
 // frozen groups. Without keep_excluded, Load refuses it (FailedPrecondition naming the groups,
 // nothing changed): the engine's values for them would silently stand in for the saved ones.
 // With it, those groups keep this engine's values (DeepSpeed's load_module_strict=False, which
-// transformers' Trainer passes when it resumes a PEFT model) and everything else is restored.
+// transformers' Trainer passes when it resumes a PEFT model) and everything else is restored;
+// values that are not the ones the saving run was initialised with (their fingerprints in the
+// manifest differ: another base model) are refused naming the groups, nothing changed.
 struct LoadOptions {
   bool optimizer_states = true;
   bool lr_schedule = true;

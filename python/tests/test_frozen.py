@@ -125,6 +125,12 @@ def test_checkpoint_of_a_fine_tune_resumes_bit_exact(tmp_path):
     resume("whole", seed=1)  # another base: restored from the checkpoint
     # The lean one into the model built from the same base, as a PEFT resume does.
     resume("lean", seed=0, load_module_strict=False)
+    # Into another base (as a script that forgot from_pretrained): the frozen values are not the
+    # run's, told by their fingerprints.
+    wrong, _, _, _ = strata.initialize(model=make_model("lora", seed=1), config=cfg)
+    with pytest.raises(strata.StrataError, match="not the ones the saving run started from"):
+        wrong.load_checkpoint(tmp_path / "lean", load_module_strict=False)
+    wrong.close()
     base = make_model("lora")
     other, _, _, _ = strata.initialize(model=base, config=cfg)
     before = other.read_master()
