@@ -2659,6 +2659,37 @@ class _EngineOptimizer(torch.optim.Optimizer):
         report = self._engine._last_report
         return bool(report and report["skipped"])
 
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        """As DeepSpeed's ZeRO optimizers': fp16 with a dynamic scale (its loss_scale 0)."""
+        return self._engine.fp16_enabled() and self._engine.dynamic_loss_scale()
+
+    @property
+    def loss_scaler(self) -> "_LossScalerView":
+        """DeepSpeed's optimizer.loss_scaler as scripts read it (cur_scale, loss_scale, dynamic):
+        a read-only view of the engine's scaler."""
+        return _LossScalerView(self)
+
+
+class _LossScalerView:
+    """engine.optimizer.loss_scaler: the scale in use and whether it moves; the engine's loss
+    scaler (fp16's dynamic scaling) owns and updates it."""
+
+    def __init__(self, optimizer: "_EngineOptimizer"):
+        self._optimizer = optimizer
+
+    @property
+    def cur_scale(self) -> float:
+        return self._optimizer.loss_scale
+
+    @property
+    def loss_scale(self) -> float:
+        return self._optimizer.loss_scale
+
+    @property
+    def dynamic(self) -> bool:
+        return self._optimizer.dynamic_loss_scale
+
 
 class _EngineScheduler:
     """The config's scheduler (DeepSpeed's WarmupLR, WarmupDecayLR, ...), which the engine runs:

@@ -185,6 +185,7 @@ class Init:
         self.rank, self.world = _rank_world()
         self.dtype = dtype
         self._patched = []
+        self._active = False  # between the outermost __enter__ and its __exit__
         if enabled and self.world > 1:  # DeepSpeed's Init starts it too: rank 0's values
             from .engine import start_distributed
             start_distributed("strata.zero.Init")
@@ -209,6 +210,7 @@ class Init:
                     classes.add(sub)
                     todo.append(sub)
         classes.add(torch.nn.Module)
+        self._active = True
         for c in classes:
             self._patch(c)
         # Classes created inside the block (defined there, or imported there for the first
@@ -232,6 +234,8 @@ class Init:
         init = self
 
         def __init__(module, *args, **kwargs):
+            if not init._active:  # left in place by a decorator that wrapped it (__exit__)
+                return orig(module, *args, **kwargs)
             depth = module.__dict__.get("_strata_init_depth", 0)
             object.__setattr__(module, "_strata_init_depth", depth + 1)
             try:
@@ -250,8 +254,14 @@ class Init:
         _init_depth -= 1
         if _init_depth == 0:  # the outermost block ends (the same object may be entered twice)
             del torch.nn.Module.__init_subclass__  # object's again
+            self._active = False
             for c, orig in reversed(self._patched):
-                c.__init__ = orig
+                # A class created in the block may have had its __init__ wrapped again after
+                # ours (a class decorator runs after __init_subclass__: transformers'
+                # use_kernelized_func): restoring `orig` would drop that wrapper, so ours stays
+                # inside it, inert now.
+                if getattr(c.__dict__.get("__init__"), "__wrapped__", None) is orig:
+                    c.__init__ = orig
             self._patched = []
         return False
 

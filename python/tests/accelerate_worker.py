@@ -31,6 +31,8 @@ ap.add_argument("--mixed-precision")
 ap.add_argument("--save-model")
 ap.add_argument("--second-accelerator", action="store_true")
 ap.add_argument("--gpu", action="store_true", help="on the GPU (default: cpu=True)")
+ap.add_argument("--no-cpu-arg", action="store_true",
+                help="no cpu= argument (a script written for GPUs, run on a machine without one)")
 ap.add_argument("--from-pretrained", help="the model from this directory (transformers' "
                 "from_pretrained, after the Accelerator) instead of tiny_llama()")
 ap.add_argument("--no-zero3-init", action="store_true", help="DeepSpeedPlugin(zero3_init_flag=False)")
@@ -58,7 +60,9 @@ if args.strata:
         hf_ds_config=args.strata, **({"zero3_init_flag": False} if args.no_zero3_init else {}))
 if args.mixed_precision:
     kw["mixed_precision"] = args.mixed_precision
-accelerator = Accelerator(gradient_accumulation_steps=args.gas, cpu=not args.gpu, **kw)
+if not args.no_cpu_arg:
+    kw["cpu"] = not args.gpu
+accelerator = Accelerator(gradient_accumulation_steps=args.gas, **kw)
 
 if args.from_pretrained:
     model = transformers.AutoModelForCausalLM.from_pretrained(args.from_pretrained)

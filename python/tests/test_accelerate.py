@@ -215,6 +215,18 @@ def test_two_processes_match_ddp(tmp_path, ddp, stage):
     assert got["no_sync_calls"] == (micro // 2 if stage < 2 else 0)
 
 
+def test_two_processes_without_cpu_argument_on_a_machine_without_a_gpu(tmp_path, ddp):
+    """A script written for GPUs (no cpu=True) launched on two processes of a machine without
+    one: as under accelerate's DeepSpeed path the two form one group (accelerate's plain path
+    would see one process each, and each would load every batch)."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: accelerate uses it without cpu=True")
+    got = _launch_two(tmp_path, "strata", ["--strata", write(tmp_path, config(3, "cpu")),
+                                            "--no-cpu-arg"])
+    assert got["distributed_type"] == "DEEPSPEED"
+    assert_same_run(got, ddp)
+
+
 def test_refusals_name_the_problem():
     a, b = DeepSpeedPlugin(hf_ds_config=config(2)), DeepSpeedPlugin(hf_ds_config=config(3))
     with pytest.raises(NotImplementedError, match="2 DeepSpeed plugins"):

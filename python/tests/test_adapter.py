@@ -744,6 +744,37 @@ def test_zero_init_partitions_at_construction_and_trains_as_torch():
         strata.zero.Init(config=ds_config(2))
 
 
+def test_zero_init_keeps_a_decorator_that_wrapped_a_class_created_in_the_block():
+    """A class created inside zero.Init (a lazy transformers import) whose decorator wraps
+    __init__ after the class exists (transformers' use_kernelized_func sets attributes its
+    forward reads): after the block, an instance built outside still runs the decorator's
+    __init__ and is not partitioned; one built inside was."""
+    def sets_kernels(cls):
+        inner = cls.__init__
+
+        def __init__(self, *args, **kwargs):
+            inner(self, *args, **kwargs)
+            self._kernel_funcs = {"ok": True}
+        cls.__init__ = __init__
+        return cls
+
+    with strata.zero.Init(config=ds_config(3)):
+        @sets_kernels
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(8, 8)
+
+        inside = Block()
+    assert inside._kernel_funcs == {"ok": True} and inside.lin.weight.numel() == 0
+    outside = Block()
+    assert outside._kernel_funcs == {"ok": True}
+    assert outside.lin.weight.shape == (8, 8)  # whole: the block is over
+    with strata.zero.Init(config=ds_config(3)):
+        again = Block()
+    assert again._kernel_funcs == {"ok": True} and again.lin.weight.numel() == 0
+
+
 def test_zero_init_without_a_config_partitions_as_deepspeeds_does():
     """`with deepspeed.zero.Init():` (DeepSpeed's docstring example): stage 3 assumed; the
     engine trains the model as torch."""

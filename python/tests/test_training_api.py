@@ -162,8 +162,11 @@ def test_was_step_applied_and_skipped_steps_follow_the_fp16_scaler():
     cfg = ds_config(2, gas=2, lr=LR, wd=WD)
     cfg["fp16"] = {"enabled": True, "initial_scale_power": 24, "hysteresis": 1}
     model = make_model("mlp").half()
-    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+    engine, opt, _, _ = strata.initialize(model=model, config=cfg)
     assert not engine.was_step_applied() and engine.skipped_steps == 0
+    # DeepSpeed's optimizer.loss_scaler and dynamic_loss_scale, as scripts read them.
+    assert opt.dynamic_loss_scale and opt.loss_scaler.dynamic
+    assert opt.loss_scaler.cur_scale == opt.loss_scaler.loss_scale == 2.0 ** 24
     applied = []
     for step in range(40):
         for m in range(2):
@@ -179,6 +182,7 @@ def test_was_step_applied_and_skipped_steps_follow_the_fp16_scaler():
             break
     assert applied[0] is False and applied[-1] is True, applied
     assert engine.skipped_steps == applied.count(False) == engine.global_steps - 1
+    assert opt.loss_scaler.cur_scale == 2.0 ** (24 - applied.count(False)) == opt.cur_scale
     engine.close()
 
 
@@ -431,6 +435,7 @@ def test_deepspeed_engine_names_scripts_read_have_deepspeeds_types():
     assert engine.get_global_grad_norm() is None
     assert engine.loss_scale() == 128.0 and not engine.dynamic_loss_scale()
     assert opt.cur_scale == 1.0 == opt.loss_scale
+    assert not opt.dynamic_loss_scale and not opt.loss_scaler.dynamic  # fp16 off
     assert engine.dp_world_size == 1 and engine.mp_world_size == 1
     assert engine.training_dataloader is loader and len(loader) == 3  # 10 samples, micro 4
     assert sorted(x.item() for (b,) in loader for x in b) == list(range(10))

@@ -123,6 +123,12 @@ class Accelerator(accelerate.Accelerator):
         # accelerate itself takes no part in DeepSpeed here: it starts torch.distributed as for
         # any multi-process run (its DeepSpeed path would import deepspeed for that), and the
         # precision is the engine's, through the plugin's config, as under DeepSpeed.
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if launched > 1 and "cpu" not in kwargs and not torch.cuda.is_available():
+            # Several processes on a machine without a GPU: accelerate's DeepSpeed path starts
+            # their group whatever the device; its plain path would see one process unless told
+            # the run is on the CPU.
+            kwargs["cpu"] = True
         with _env("ACCELERATE_USE_DEEPSPEED", "false"), _transport_view(transport):
             super().__init__(*args, mixed_precision="no", **kwargs)
         if transport is None:
@@ -131,6 +137,12 @@ class Accelerator(accelerate.Accelerator):
             # One process without a launcher: a group of one, as DeepSpeed's initialize starts
             # (accelerate's gather, reduce and barriers then run as under DeepSpeed).
             init_distributed(dist_backend="gloo" if self.device.type == "cpu" else None)
+        if torch.distributed.get_world_size() != self.num_processes:
+            raise RuntimeError(
+                f"strata Accelerator: accelerate sees {self.num_processes} process(es), "
+                f"torch.distributed {torch.distributed.get_world_size()} (WORLD_SIZE "
+                f"{launched}): each process would load every batch; with cpu=False on a "
+                "machine without a GPU, pass cpu=True (or ACCELERATE_USE_CPU=true)")
         plugin.set_mixed_precision(mixed_precision)
         # transformers' zero.Init hook, as accelerate sets it when it selects the plugin, with
         # strata's HfDeepSpeedConfig (also what plugin.zero3_init_context_manager calls).
