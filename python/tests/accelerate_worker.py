@@ -164,5 +164,6 @@ if args.save_model:
     accelerator.save_model(model, args.save_model)
 if accelerator.is_main_process:
     rec["state"] = {k: v.detach().float().cpu().clone() for k, v in state.items()}
+    rec["gas"] = accelerator.gradient_accumulation_steps
     torch.save(rec, args.out)
 accelerator.wait_for_everyone()

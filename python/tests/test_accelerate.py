@@ -54,7 +54,7 @@ def run(tmp_path, name, *argv):
     p = subprocess.run([sys.executable, os.path.join(HERE, "accelerate_worker.py"), str(out),
                         *map(str, argv)], env=e, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
-    return torch.load(out)
+    return {**torch.load(out), "stderr": p.stderr}
 
 
 def assert_same_run(got, ref, weights=True):
@@ -103,6 +103,17 @@ def test_bf16_from_mixed_precision(tmp_path, reference):
               "--mixed-precision", "bf16")
     assert got["mixed_precision"] == "bf16" and got["bf16"] is True
     assert got["loss"] == pytest.approx(reference["loss"], rel=3e-2)
+
+
+def test_accumulation_of_the_config_wins_with_accelerates_warning(tmp_path):
+    """The Accelerator's gradient_accumulation_steps (2) against the config's (4): the config's,
+    with accelerate's warning, as its DeepSpeed path does."""
+    cfg = config(2)
+    cfg["gradient_accumulation_steps"] = 4
+    got = run(tmp_path, "gas", "--strata", write(tmp_path, cfg), "--steps", 1)
+    assert got["gas"] == 4
+    assert ("Gradient accumulation steps mismatch: GradientAccumulationPlugin has 2, DeepSpeed "
+            "config has 4. Using DeepSpeed's value.") in got["stderr"]
 
 
 def test_stage3_state_dict_needs_the_gather_flag(tmp_path):

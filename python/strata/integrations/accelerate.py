@@ -20,6 +20,7 @@ the plugin, as under DeepSpeed; torch.distributed and the data sharding are acce
 """
 import contextlib
 import copy
+import logging
 import os
 import sys
 import types
@@ -233,7 +234,12 @@ class Accelerator(accelerate.Accelerator):
                           gradient_accumulation_steps=self.gradient_accumulation_steps)
         gas = plugin.get_value("gradient_accumulation_steps")
         if gas != self.gradient_accumulation_steps:
-            self.gradient_accumulation_steps = gas  # the config's, as accelerate takes it
+            # The config's, as accelerate takes it, with its warning.
+            logging.getLogger("strata").warning(
+                "Gradient accumulation steps mismatch: GradientAccumulationPlugin has %d, "
+                "DeepSpeed config has %d. Using DeepSpeed's value.",
+                self.gradient_accumulation_steps, gas)
+            self.gradient_accumulation_steps = gas
         values = {"gradient_clipping": 1.0,
                   "zero_optimization.stage3_gather_16bit_weights_on_model_save": False}
         if micro is not None:
