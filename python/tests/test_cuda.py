@@ -7,7 +7,8 @@ releases ordered on the GPU with the params offloaded too); the device budget; a
 into its base weights after training (Engine::WriteParams on the GPU); offload_states lending the
 GPU out between steps; activation checkpointing keeping the blocks' inputs in host memory;
 optimizer state written between steps (safe_set_*); a frozen teacher's weight saved in the
-student's forward and gathered for backward; a backward that raises part way, dropped.
+student's forward and gathered for backward; a backward that raises part way, dropped; a LoRA
+checkpoint without its frozen base, resumed.
 Every test but the device-choice ones needs a GPU and is skipped (and reported so) without one;
 the device-choice and budget checks also run on the host stand-in."""
 import pytest
@@ -417,6 +418,46 @@ def test_a_lora_fused_after_training_is_written_on_the_gpu(param):
                 assert m.weight.is_cuda and torch.equal(m.weight.data, expected[n]), n
     finally:
         engine.destroy()
+
+
+@needs_gpu
+@pytest.mark.parametrize("stage,offload", [(2, "cpu"), (3, "none"), (3, "cpu")])
+def test_a_lora_checkpoint_without_its_base_resumes_on_the_gpu(stage, offload, tmp_path):
+    """save_checkpoint(exclude_frozen_parameters=True) on CudaDevice (the frozen base's home the
+    GPU, or host memory), resumed into the model built from the same base with
+    load_module_strict=False: the same bits as the run that never stopped; into another base:
+    refused by the frozen values' fingerprints."""
+    cfg = ds_config(stage, offload, lr=LR, wd=WD)
+
+    def gpu_engine(seed=0):
+        engine, *_ = strata.initialize(model=make_model("lora", seed=seed).cuda(), config=cfg)
+        assert engine.device.type == "cuda"
+        return engine
+
+    def steps(engine, first, last):
+        for step in range(first, last):
+            loss = engine(*on_gpu(batch("lora", step)))
+            engine.backward(loss)
+            engine.step()
+
+    engine = gpu_engine()
+    steps(engine, 0, 2)
+    engine.save_checkpoint(tmp_path / "lean", exclude_frozen_parameters=True)
+    steps(engine, 2, 4)
+    straight = engine.read_master()
+    engine.close()
+    resumed = gpu_engine()
+    resumed.load_checkpoint(tmp_path / "lean", load_module_strict=False)
+    steps(resumed, 2, 4)
+    again = resumed.read_master()
+    resumed.close()
+    assert straight.keys() == again.keys()
+    for n in straight:
+        assert torch.equal(straight[n], again[n]), n
+    wrong = gpu_engine(seed=1)
+    with pytest.raises(strata.StrataError, match="not the ones the saving run started from"):
+        wrong.load_checkpoint(tmp_path / "lean", load_module_strict=False)
+    wrong.close()
 
 
 @needs_gpu
