@@ -758,13 +758,21 @@ Status CommitCheckpoint(const std::string& dir, const Manifest& m, CheckpointEnv
   return RemoveTree(aside);
 }
 
-uint64_t FrozenFingerprint(uint64_t first, const float* v, uint64_t n, uint64_t numel) {
+uint64_t FrozenFingerprint(uint64_t first, const float* v, uint64_t n, uint64_t numel,
+                           DType dtype) {
   constexpr uint64_t kStride = 64;
   uint64_t sum = 0;
   const uint64_t end = std::min(first + n, numel);
   for (uint64_t i = (first + kStride - 1) / kStride * kStride; i < end; i += kStride) {
+    const float x = v[i - first];
     uint32_t bits;
-    std::memcpy(&bits, v + (i - first), sizeof bits);
+    if (dtype == DType::kBF16) {
+      bits = FloatToBf16(x).bits;
+    } else if (dtype == DType::kF16) {
+      bits = FloatToHalf(x).bits;
+    } else {
+      std::memcpy(&bits, &x, sizeof bits);
+    }
     uint64_t h = (i * 0x9E3779B97F4A7C15ull) ^ bits;  // splitmix64's finalizer over (index, bits)
     h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
     h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/zero/checkpoint_io.h"
+#include "strata/dtype.h"
 #include "strata/status.h"
 
 namespace strata::zero::ckpt {
@@ -304,11 +305,13 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
 std::string Hex64(uint64_t v);
 
 // Part of a frozen group's fingerprint: values v[0..n) at indices [first, first+n) of the group's
-// flat buffer (indices >= numel, the padding, count nothing). A group's fingerprint is the sum
-// (mod 2^64) of the parts over disjoint ranges covering it, so any layout (world size, stage)
-// computes the same one from the ranges its ranks hold. A sample (one index in 64) of the fp32
-// bits, each mixed with its index: it tells apart weights built from other values (another
-// checkpoint, a random initialisation) at a cost next to nothing beside filling them.
-uint64_t FrozenFingerprint(uint64_t first, const float* v, uint64_t n, uint64_t numel);
+// flat buffer (indices >= numel, the padding, count nothing), as the engine stores them in
+// `dtype` (each rounded so: values initialised again from their stored copies widened give the
+// same fingerprint). A group's fingerprint is the sum (mod 2^64) of the parts over disjoint
+// ranges covering it, so any layout (world size, stage) computes the same one from the ranges
+// its ranks hold. A sample (one index in 64) of the stored bits, each mixed with its index: it
+// tells apart weights built from other values (another checkpoint, a random initialisation) at a
+// cost next to nothing beside filling them.
+uint64_t FrozenFingerprint(uint64_t first, const float* v, uint64_t n, uint64_t numel, DType dtype);
 
 }  // namespace strata::zero::ckpt

@@ -102,7 +102,7 @@ Status InitMasters(Engine::Impl& e, const char* op, const MasterSource& source) 
     STRATA_RETURN_IF_ERROR(source(s, scratch.data()));
     zero::GroupState& gs = e.groups[s.group];
     gs.frozen_print_part +=
-        zero::ckpt::FrozenFingerprint(e.FullOffset(s), scratch.data(), s.elems, gs.numel);
+        zero::ckpt::FrozenFingerprint(e.FullOffset(s), scratch.data(), s.elems, gs.numel, e.dtype);
     STRATA_ASSIGN_OR_RETURN(Lease param, e.store->Acquire(e.groups[s.group].param, param_tier,
                                                           Access::kWrite, e.timeout()));
     STRATA_RETURN_IF_ERROR(e.PublishParams(s, scratch.data(), param));
