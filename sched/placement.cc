@@ -200,7 +200,8 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
                         : "gradient buffers, group + shard",
       grads);
   if (placement.optimizer_partitioned && in.world > 1) {
-    const uint64_t read_back = group * StateElementBytes(StateKind::kMaster32, DType::kF32);
+    // A trained group's reduced gradients, in fp32 (frozen groups have none).
+    const uint64_t read_back = ggroup * StateElementBytes(StateKind::kMaster32, DType::kF32);
     add("fp32 read-back of a group, beyond the gradient buffers",
         read_back > grads ? read_back - grads : 0);
   }

@@ -213,11 +213,11 @@ TEST(PlannerConfig, FileErrorsAreStatuses) {
   EXPECT_FALSE(in.has_configured);
 }
 
-// config check --here --params: each nvme_path's free space against what the engine puts there,
-// by the planner's placement of the configured setting. 2^20 bf16 parameters at stage 3 with
-// everything on NVMe: the optimizer state is 12 bytes per parameter (fp32 master, m, v), the
-// gradient 2 (bf16: one rank, one micro-step, the optimizer wholly offloaded) or 4 (fp32: two
-// ranks), the params 2.
+// config check --here --params: each filesystem's free space against what the engine puts in the
+// nvme_paths on it, by the planner's placement of the configured setting. 2^20 bf16 parameters at
+// stage 3 with everything on NVMe: the optimizer state is 12 bytes per parameter (fp32 master, m,
+// v), the gradient 2 (bf16: one rank, one micro-step, the optimizer wholly offloaded) or 4 (fp32:
+// two ranks), the params 2.
 TEST(PlannerConfig, NvmeFreeSpaceIsComparedWithTheEnginesState) {
   const auto base =
       std::filesystem::path(std::getenv("STRATA_TEST_TMPDIR") ? std::getenv("STRATA_TEST_TMPDIR")
@@ -274,8 +274,23 @@ TEST(PlannerConfig, NvmeFreeSpaceIsComparedWithTheEnginesState) {
     EXPECT_NE(m.find("has " + std::to_string(need - 1) + " bytes free"), std::string::npos) << m;
   }
 
-  // Two directories: each compared with its own part (one rank: 14 and 2 bytes per parameter).
+  // Two directories on one filesystem (as here): their free space is one, so their parts add up
+  // (one rank: 14 + 2 bytes per parameter), compared once, naming both.
   ConfigCheck c = check(3, opt, par);
+  ASSERT_NE(c.nvme_paths[0].filesystem, 0u);
+  ASSERT_EQ(c.nvme_paths[0].filesystem, c.nvme_paths[1].filesystem);
+  for (NvmePathSpace& n : c.nvme_paths) n.free_bytes = 16 * mib - 1;
+  CheckNvmeSpace(params, 1, false, &c);
+  ASSERT_EQ(c.errors.size(), 1u);
+  EXPECT_NE(c.errors[0].message.find("and '" + par + "' (one filesystem) needs " +
+                                     std::to_string(16 * mib) + " bytes"),
+            std::string::npos)
+      << c.errors[0].message;
+
+  // Two directories on two filesystems: each compared with its own part.
+  c = check(3, opt, par);
+  c.nvme_paths[0].filesystem = 1;
+  c.nvme_paths[1].filesystem = 2;
   c.nvme_paths[0].free_bytes = 14 * mib;
   c.nvme_paths[1].free_bytes = 2 * mib - 1;
   CheckNvmeSpace(params, 1, false, &c);
@@ -288,6 +303,8 @@ TEST(PlannerConfig, NvmeFreeSpaceIsComparedWithTheEnginesState) {
 
   // --strict: the shortfall is an error at any world size.
   c = check(3, opt, par);
+  c.nvme_paths[0].filesystem = 1;
+  c.nvme_paths[1].filesystem = 2;
   c.nvme_paths[1].free_bytes = 0;
   CheckNvmeSpace(params, 2, true, &c);
   EXPECT_FALSE(c.ok());

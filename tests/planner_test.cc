@@ -194,6 +194,27 @@ TEST(PlannerPlace, FrozenParamsCostTheirWorkingParamsOnly) {
   EXPECT_EQ(ValidatePlanInput(in).code(), Status::Code::kInvalidArgument);
 }
 
+// A LoRA fine-tune's collectives: the trainable 20M are reduced (by DDP too) and, below stage 3,
+// gathered after the step; stage 3 gathers all 7B twice. The fp32 read-back (stage 1-2, several
+// ranks) is of a trained group: the largest trainable, not the 5e8-element frozen one.
+TEST(PlannerComm, FrozenParamsAreNeitherReducedNorGatheredAfterTheStep) {
+  PlanInput in = Ref();  // 7e9 params, 8 GPUs, 2-byte params and grads
+  in.trainable_params = 2e7;
+  // DDP: 2 x (7/8) x 2 B x 2e7 = 70 MB; stages 0-2 the same (stage 1-2: (7/8) x (2 + 2) x 2e7).
+  for (int s = 0; s < 3; ++s) {
+    const Placement p = Place(in, s, D::kNone, D::kNone);
+    EXPECT_DOUBLE_EQ(p.comm.ddp_bytes_per_rank, 7e7) << s;
+    EXPECT_DOUBLE_EQ(p.comm.bytes_per_rank, 7e7) << s;
+  }
+  // Stage 3: (7/8) x (2 x 2 B x 7e9 + 2 B x 2e7) = 24.535 GB.
+  const Placement s3 = Place(in, 3, D::kNone, D::kNone);
+  EXPECT_DOUBLE_EQ(s3.comm.bytes_per_rank, 0.875 * (4 * 7e9 + 2 * 2e7));
+  // fp32 read-back at stage 1: 4 B x 2e7 beyond the gradient buffers (2e7 + 2.5e6) x 2 B
+  // (overlap_comm off below stage 3).
+  const Placement s1 = Place(in, 1, D::kNone, D::kNone);
+  EXPECT_DOUBLE_EQ(ItemBytes(s1, Tier::kDevice, "fp32 read-back"), 4 * 2e7 - 2.25e7 * 2);
+}
+
 TEST(PlannerPlace, WorkingSetFollowsOverlapAndLargestGroup) {
   PlanInput in = Ref();
   in.zero.overlap_comm = true;

@@ -1,5 +1,6 @@
 // Checks across keys of a DeepSpeed config (batch sizes, precision, offload vs. stage, NVMe
 // paths) and the checks of this machine (--here).
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -284,7 +285,9 @@ void CheckHere(Reader& r, const EngineConfig& c) {
   auto check = [&r](const char* key, OffloadDevice device, const std::string& dir) {
     if (device != OffloadDevice::kNvme || dir.empty()) return;
     const int64_t free_bytes = CheckPath(r, key, dir);
-    if (free_bytes >= 0) r.check().nvme_paths.push_back({key, dir, free_bytes});
+    struct stat st {};
+    const uint64_t fs = ::stat(dir.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_dev) : 0;
+    if (free_bytes >= 0) r.check().nvme_paths.push_back({key, dir, free_bytes, fs});
   };
   const ZeroConfig& z = c.zero;
   check("zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.device,

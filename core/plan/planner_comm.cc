@@ -1,5 +1,6 @@
 // Collective volume per rank: plain ZeRO stages and ZeRO++ at stage 3 (the scheme and the
 // intra/inter-node rule are in include/strata/planner.h, at ZeroPlusPlus).
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -60,25 +61,31 @@ CommVolume StageComm(const PlanInput& in, int stage) {
   const Recipe& r = in.recipe;
   const Capacity& cap = in.capacity;
   const double psi = in.params;
+  // Frozen parameters take no gradient and no step: only the trainable ones are reduced (by DDP
+  // too) and, below stage 3, all-gathered after the step; stage 3 gathers every parameter.
+  const double t = in.trainable_params > 0 ? std::min(in.trainable_params, psi) : psi;
   const double c = Frac(cap.Ranks());
   const bool multi_node = cap.nodes > 1;
   CommVolume v;
-  v.ddp_bytes_per_rank = c * 2 * r.grad_bytes * psi;  // all-reduce = reduce-scatter + all-gather
+  v.ddp_bytes_per_rank = c * 2 * r.grad_bytes * t;  // all-reduce = reduce-scatter + all-gather
   v.ddp_inter_node_bytes_per_rank =
       Ring(v.ddp_bytes_per_rank, multi_node, cap.gpus_per_node).inter_node;
   switch (stage) {
     case 0:  // all-reduce grads
-      v.split = Ring(c * 2 * r.grad_bytes * psi, multi_node, cap.gpus_per_node);
+      v.split = Ring(c * 2 * r.grad_bytes * t, multi_node, cap.gpus_per_node);
       break;
     case 1:  // reduce-scatter grads, all-gather the updated params
     case 2:
-      v.split = Ring(c * (r.grad_bytes + r.param_bytes) * psi, multi_node, cap.gpus_per_node);
+      v.split = Ring(c * (r.grad_bytes + r.param_bytes) * t, multi_node, cap.gpus_per_node);
       break;
     default: {
       const ZeroPlusPlus& zpp = in.zero.zero_plus_plus;
-      v.split =
-          ZeroPlusPlusComm(zpp, psi, r.param_bytes, r.grad_bytes, cap.gpus_per_node, cap.nodes)
-              .total;
+      const Stage3Comm all =
+          ZeroPlusPlusComm(zpp, psi, r.param_bytes, r.grad_bytes, cap.gpus_per_node, cap.nodes);
+      const Stage3Comm trained =
+          ZeroPlusPlusComm(zpp, t, r.param_bytes, r.grad_bytes, cap.gpus_per_node, cap.nodes);
+      v.split = Sum(Sum(all.param_gather_forward, all.param_gather_backward),
+                    trained.grad_reduce_scatter);
       v.zero_plus_plus = zpp.Any();
     }
   }

@@ -163,31 +163,36 @@ void CheckNvmeSpace(double params, int64_t ranks, bool strict, ConfigCheck* chec
   auto bytes = [](double v) { return std::to_string(static_cast<int64_t>(std::ceil(v))); };
   const std::string who = bytes(params) + " parameters on " + std::to_string(ranks) +
                           (ranks == 1 ? " rank" : " ranks, all counted as on this machine");
-  // One comparison per directory, under the first key that names it.
+  // One comparison per filesystem (directories on it share its free space; the same directory
+  // named twice is one), under the first key that names it.
   const std::vector<NvmePathSpace>& paths = check->nvme_paths;
+  auto shares = [](const NvmePathSpace& a, const NvmePathSpace& b) {
+    return a.dir == b.dir || (a.filesystem != 0 && a.filesystem == b.filesystem);
+  };
   for (size_t i = 0; i < paths.size(); ++i) {
     bool seen = false;
-    for (size_t j = 0; j < i; ++j) seen = seen || paths[j].dir == paths[i].dir;
+    for (size_t j = 0; j < i; ++j) seen = seen || shares(paths[j], paths[i]);
     if (seen) continue;
     double need = 0;
-    std::string what;
+    std::string what, where = "'" + paths[i].dir + "'";
     for (const NvmePathSpace& at : paths) {
-      if (at.dir != paths[i].dir) continue;
+      if (!shares(at, paths[i])) continue;
       const bool param = at.key.find(".offload_param.") != std::string::npos;
       need +=
           param ? p.nvme_param_bytes_per_node : p.nvme_bytes_per_node - p.nvme_param_bytes_per_node;
       what += std::string(what.empty() ? "" : " and ") +
               (param ? "the params" : "the optimizer state with its gradients");
+      if (at.dir != paths[i].dir) where += " and '" + at.dir + "' (one filesystem)";
     }
     const NvmePathSpace& path = paths[i];
     const std::string holds = what + " for " + who;
     if (need <= static_cast<double>(path.free_bytes)) {
-      check->notes.push_back(path.key + ": '" + path.dir + "' holds " + bytes(need) + " bytes (" +
+      check->notes.push_back(path.key + ": " + where + " holds " + bytes(need) + " bytes (" +
                              holds + ") of its " + std::to_string(path.free_bytes) + " bytes free");
       continue;
     }
     ConfigDiagnostic d{ConfigDiagnostic::Kind::kMachine, path.key,
-                       "'" + path.dir + "' needs " + bytes(need) + " bytes (" + holds +
+                       where + " needs " + bytes(need) + " bytes (" + holds +
                            "; the engine allocates its swap files whole when it starts) but has " +
                            std::to_string(path.free_bytes) + " bytes free"};
     if (strict || ranks == 1) {

@@ -520,7 +520,8 @@ Status WriteSmallFile(const std::string& path, const std::string& text, bool ato
   STRATA_RETURN_IF_ERROR(w.Finish());
   if (!atomic) return Status::OK();
   STRATA_RETURN_IF_ERROR(RenamePath(target, path, env));
-  return FsyncDir(std::filesystem::path(path).parent_path().string(), env);
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  return FsyncDir(parent.empty() ? "." : parent, env);  // a bare name: the working directory
 }
 
 Status HashFile(const std::string& path, uint64_t* size_bytes, uint64_t* xxh3) {

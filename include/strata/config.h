@@ -376,6 +376,7 @@ struct NvmePathSpace {
   std::string key;  // "zero_optimization.offload_optimizer.nvme_path" or ".offload_param."
   std::string dir;
   int64_t free_bytes = 0;  // statvfs: f_bavail x f_frsize
+  uint64_t filesystem = 0;  // stat's st_dev: directories on one filesystem share its free space
 };
 
 struct ConfigCheck {

@@ -204,9 +204,10 @@ std::optional<uint64_t> ParseShardSize(std::string v) {
 
 // Export: the full parameters, streamed in chunks from the masters of every rank file; one file,
 // or shards (each at most max_shard bytes unless one tensor alone is larger) plus the index. The
-// parameters of groups left out at save (exclude_frozen) are not there: *left_out counts them.
+// parameters of groups left out at save (exclude_frozen) are not there: *left_out counts those
+// tensors, *left_out_elems their elements.
 Status Export(const CkptArgs& a, size_t* tensors, size_t* files, std::string* dtype_out,
-              size_t* left_out) {
+              size_t* left_out, uint64_t* left_out_elems) {
   uint64_t max_shard = UINT64_MAX;
   if (!a.max_shard_size.empty()) {
     auto v = ParseShardSize(a.max_shard_size);
@@ -237,9 +238,11 @@ Status Export(const CkptArgs& a, size_t* tensors, size_t* files, std::string* dt
   }
   std::vector<ExportTensor> outs;
   *left_out = 0;
+  *left_out_elems = 0;
   for (size_t g = 0; g < m.groups.size(); ++g) {
     if (m.groups[g].excluded) {
       *left_out += m.groups[g].params.size();
+      *left_out_elems += m.groups[g].numel;
       continue;
     }
     uint64_t off = 0;
@@ -295,8 +298,9 @@ Status Export(const CkptArgs& a, size_t* tensors, size_t* files, std::string* dt
 
 int RunExport(const CkptArgs& a) {
   size_t n = 0, files = 0, left_out = 0;
+  uint64_t left_out_elems = 0;
   std::string dtype;
-  Status st = Export(a, &n, &files, &dtype, &left_out);
+  Status st = Export(a, &n, &files, &dtype, &left_out, &left_out_elems);
   if (st.code() == Status::Code::kInvalidArgument) {
     std::fprintf(stderr, "offloadctl ckpt export: %s\n", st.ToString().c_str());
     return kExitUsage;
@@ -311,9 +315,9 @@ int RunExport(const CkptArgs& a) {
   }
   if (left_out > 0) {
     std::printf(
-        "  without %zu frozen parameters left out at save (exclude_frozen): take them "
-        "from the model the run started from\n",
-        left_out);
+        "  without the %zu frozen tensors (%llu params) left out at save (exclude_frozen): "
+        "take them from the model the run started from\n",
+        left_out, static_cast<unsigned long long>(left_out_elems));
   }
   return kExitOk;
 }

@@ -162,8 +162,9 @@ void RegisterConfig(CLI::App& parent, int* exit_code) {
       ->add_option("--set", args->set,
                    "KEY=VALUE for an \"auto\" (or an absent batch size): dotted JSON path, JSON "
                    "value (text that is not JSON is a string); repeatable, e.g. --set "
-                   "train_micro_batch_size_per_gpu=4 --set zero_optimization.stage=3 --set "
-                   "zero_optimization.offload_param.device=cpu")
+                   "train_micro_batch_size_per_gpu=4 --set optimizer.params.lr=1e-4 --set "
+                   "bf16.enabled=true. A key that is not \"auto\" is left as the config "
+                   "has it (said in the output)")
       ->allow_extra_args(false);
   check->add_flag("--require-resolved", args->require_resolved,
                   "An \"auto\" left unresolved is an error (what a run needs)");
