@@ -94,6 +94,13 @@ TEST(CkptCli, InspectVerifyExport) {
   EXPECT_NE(c.out.find("a/rank1.safetensors is damaged"), std::string::npos) << c.out;
   EXPECT_EQ(Offloadctl("ckpt verify " + dir).code, 0);
   EXPECT_EQ(Offloadctl("ckpt verify " + dir + " --tag nope").code, 1);
+  // A tag's own directory names the checkpoint too (with or without a trailing '/').
+  c = Offloadctl("ckpt verify " + dir + "/b/");
+  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("checkpoint " + dir + "/b is valid"), std::string::npos) << c.out;
+  c = Offloadctl("ckpt inspect " + dir + "/a");
+  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("checkpoint " + dir + "/a (format"), std::string::npos) << c.out;
   // --json: the same verdicts and exit codes, for scripts.
   c = Offloadctl("ckpt verify " + dir + " --tag a --json");
   EXPECT_EQ(c.code, 1) << c.out;

@@ -480,8 +480,14 @@ void PrintVariant(const nlohmann::json& j, const std::string& model) {
     std::printf(")");
     sep = ";";
   }
-  std::printf("\n  comm %s GB/rank/step, ledger %s (x%.3f)\n", Gb(j["comm_bytes_per_rank"]).c_str(),
-              Gb(j["ledger_comm_bytes_per_rank"]).c_str(), j["comm_vs_ledger"].get<double>());
+  if (j["ledger_comm_bytes_per_rank"].get<double>() > 0) {
+    std::printf("\n  comm %s GB/rank/step, ledger %s (x%.3f)\n",
+                Gb(j["comm_bytes_per_rank"]).c_str(), Gb(j["ledger_comm_bytes_per_rank"]).c_str(),
+                j["comm_vs_ledger"].get<double>());
+  } else {
+    std::printf("\n  comm %s GB/rank/step (one rank: the ledger moves nothing)\n",
+                Gb(j["comm_bytes_per_rank"]).c_str());
+  }
   const auto& cs = j["comm_bytes_per_rank_split"];
   const auto& ls = j["ledger_comm_bytes_per_rank_split"];
   std::printf(

@@ -44,6 +44,21 @@ struct CkptArgs {
   bool json = false;
 };
 
+// DIR naming a tag's own directory (it holds the manifest, not `latest`), without --tag: the
+// checkpoint directory above it, and that tag.
+CkptArgs Resolved(const CkptArgs& a) {
+  if (!a.tag.empty() || !ckpt::PathExists(a.dir + "/" + ckpt::kManifestName) ||
+      ckpt::PathExists(a.dir + "/" + ckpt::kLatestName)) {
+    return a;
+  }
+  std::filesystem::path p = std::filesystem::path(a.dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // a trailing '/'
+  CkptArgs r = a;
+  r.tag = p.filename().string();
+  r.dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  return r;
+}
+
 int Fail(const char* cmd, const Status& st) {
   std::fprintf(stderr, "offloadctl ckpt %s: %s\n", cmd, st.ToString().c_str());
   return kExitInvalid;
@@ -340,11 +355,14 @@ void RegisterCkpt(CLI::App& parent, int* exit_code) {
       parent.add_subcommand("ckpt", "Inspect, verify, export and reshard engine checkpoints");
   ck->require_subcommand(1);
   CLI::App* inspect = ck->add_subcommand("inspect", "What a checkpoint holds (no checksums read)");
-  inspect->add_option("DIR", args->dir, "Checkpoint directory (holds `latest` and tag directories)")
+  inspect
+      ->add_option("DIR", args->dir,
+                   "Checkpoint directory (holds `latest` and tag directories), or a tag's "
+                   "own directory")
       ->required();
   inspect->add_option("--tag", args->tag, "Tag to inspect (default: the one `latest` names)");
   inspect->add_flag("--json", args->json, "Print JSON");
-  inspect->callback([args, exit_code] { *exit_code = RunInspect(*args); });
+  inspect->callback([args, exit_code] { *exit_code = RunInspect(Resolved(*args)); });
   CLI::App* verify = ck->add_subcommand(
       "verify",
       "Check completeness and every checksum: exit 0 valid, 1 damaged (the file named), 2 usage");
@@ -353,7 +371,7 @@ void RegisterCkpt(CLI::App& parent, int* exit_code) {
   verify->add_flag("--json", args->json,
                    "Print JSON: valid, tag, files and bytes, or valid false and the error (the "
                    "exit code as without it)");
-  verify->callback([args, exit_code] { *exit_code = RunVerify(*args); });
+  verify->callback([args, exit_code] { *exit_code = RunVerify(Resolved(*args)); });
   CLI::App* exp = ck->add_subcommand(
       "export",
       "One safetensors file of the full parameters (from the fp32 masters), verified first");
@@ -370,7 +388,7 @@ void RegisterCkpt(CLI::App& parent, int* exit_code) {
                   "Split into shards of at most this many bytes (5GB, 500M: SIZE; a tensor larger "
                   "than it gets a shard of its own), with a Hugging Face index json")
       ->type_name("SIZE");
-  exp->callback([args, exit_code] { *exit_code = RunExport(*args); });
+  exp->callback([args, exit_code] { *exit_code = RunExport(Resolved(*args)); });
   CLI::App* rs = ck->add_subcommand(
       "reshard",
       "Rewrite a checkpoint for another world size, ZeRO stage or precision (offline), verified "
@@ -390,7 +408,7 @@ void RegisterCkpt(CLI::App& parent, int* exit_code) {
       ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   rs->add_option("--out", args->out, "Output checkpoint directory (the same tag, and its `latest`)")
       ->required();
-  rs->callback([args, exit_code] { *exit_code = RunReshard(*args); });
+  rs->callback([args, exit_code] { *exit_code = RunReshard(Resolved(*args)); });
 }
 
 }  // namespace strata::cli

@@ -329,7 +329,9 @@ int RunRanks(int n, int per_node, const std::string& addr, int port, const std::
     if (timeout_s > 0 && failed_rank < 0 &&
         now - start > std::chrono::duration<double>(timeout_s)) {
       failed_rank = n;  // none of them: the job as a whole
-      why = "timed out after " + std::to_string(timeout_s) + " s";
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g", timeout_s);
+      why = std::string("timed out after ") + secs + " s";
       std::fprintf(stderr, "launch: %s; stopping all ranks\n", why.c_str());
       SignalAll(ranks, SIGTERM);
       kill_at =
