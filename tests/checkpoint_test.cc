@@ -485,6 +485,20 @@ TEST(CheckpointManifest, DamagedAsItLandsIsRefusedNamingTheFile) {
 
 // Any one byte of a sealed manifest changed (each byte XORed with 1 in turn) is refused, as
 // Corruption; the text as written loads.
+// A manifest cut short (or not JSON at all) is named as such, not as some other shape.
+TEST(CheckpointManifest, TruncatedIsNotValidJson) {
+  for (const char* text : {"{", "", "{\"tag\": \"a\""}) {
+    auto m = ckpt::Manifest::FromJson(text);
+    ASSERT_FALSE(m.ok()) << text;
+    EXPECT_EQ(m.status().code(), Status::Code::kCorruption);
+    EXPECT_NE(m.status().ToString().find("not valid JSON"), std::string::npos)
+        << m.status().ToString();
+  }
+  auto m = ckpt::Manifest::FromJson("[1, 2]");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().ToString().find("not a JSON object"), std::string::npos);
+}
+
 TEST(CheckpointManifest, EveryFlippedByteIsRefused) {
   const std::string dir = UniqueTestDir("ckpt_manifest_bytes");
   SaveSolo(dir, "t");

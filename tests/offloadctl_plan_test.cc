@@ -73,6 +73,17 @@ TEST(OffloadctlPlan, NodesAndRecipe) {
   EXPECT_DOUBLE_EQ(j["stages"][1]["comm"]["ratio_to_ddp"].get<double>(), 0.75);
 }
 
+// A count without a unit (7 for 7B) is planned as given, with a note that says so.
+TEST(OffloadctlPlan, ACountWithoutAUnitIsNoted) {
+  RunResult r = RunPlan("--params 7 --gpus 8");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("--params 7 is 7 parameters: a model's count takes a unit (7M, 7B)"),
+            std::string::npos)
+      << r.out;
+  r = RunPlan("--params 7B --gpus 8");
+  EXPECT_EQ(r.out.find("takes a unit"), std::string::npos) << r.out;
+}
+
 TEST(OffloadctlPlan, NothingFitsExitsOne) {
   const RunResult r = RunPlan("--params 7B --gpus 8 --hbm-gb 1 --json");
   EXPECT_EQ(r.exit_code, 1) << r.out;

@@ -159,8 +159,11 @@ std::string Manifest::ToJson() const {
 
 Result<Manifest> Manifest::FromJson(const std::string& text) {
   json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return Status::Corruption("manifest is not a JSON object");
+  if (j.is_discarded()) {
+    return Status::Corruption("manifest is not valid JSON (" + std::to_string(text.size()) +
+                              " bytes: truncated or damaged)");
+  }
+  if (!j.is_object()) return Status::Corruption("manifest is not a JSON object");
   Manifest m;
   try {
     STRATA_RETURN_IF_ERROR(CheckManifestSum(text, j));

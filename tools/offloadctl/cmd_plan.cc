@@ -54,6 +54,11 @@ int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* note
   auto psi = ParseParamCount(f.params);
   if (!psi.ok()) return Usage("--params: " + std::string(psi.status().message()));
   in->params = *psi;
+  if (*psi < 1e6) {
+    notes->push_back("--params " + f.params + " is " + std::to_string(static_cast<int64_t>(*psi)) +
+                     " parameters: a model's count takes a unit (" + f.params + "M, " + f.params +
+                     "B)");
+  }
   if (f.gpus < 1) return Usage("--gpus must be >= 1");
   if (f.nodes < 1) return Usage("--nodes must be >= 1");
   in->capacity.gpus_per_node = f.gpus;
