@@ -200,8 +200,10 @@ std::vector<DeviceWorkingItem> DeviceWorkingSet(const StatePlacement& placement,
                         : "gradient buffers, group + shard",
       grads);
   if (placement.optimizer_partitioned && in.world > 1) {
-    // A trained group's reduced gradients, in fp32 (frozen groups have none).
-    const uint64_t read_back = ggroup * StateElementBytes(StateKind::kMaster32, DType::kF32);
+    // ReadMaster's all-gather: a trained group's master, or at stage 3 a frozen group's params
+    // widened (below stage 3 a frozen group is whole on every rank: nothing to gather).
+    const uint64_t read_group = placement.params_partitioned ? group : ggroup;
+    const uint64_t read_back = read_group * StateElementBytes(StateKind::kMaster32, DType::kF32);
     add("fp32 read-back of a group, beyond the gradient buffers",
         read_back > grads ? read_back - grads : 0);
   }

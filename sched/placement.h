@@ -241,7 +241,8 @@ inline constexpr uint64_t kHostBudgetSlackBytes = uint64_t{16} << 20;
 //     two with overlap_comm (the trainer's and the one it holds back), or three where the
 //     accumulation runs behind the backward (AccumulatesBehind).
 //   - read-back staging: Engine::ReadMaster all-gathers one group's fp32 master on several
-//     ranks with a partitioned optimizer (4 B x group). Between steps, when no gradient buffer
+//     ranks with a partitioned optimizer (4 B x the largest trainable group; at stage 3 the
+//     largest group, a frozen one's params widened too). Between steps, when no gradient buffer
 //     is allocated: only its excess over the gradient buffers counts.
 //   - norm exchange: 16 B per rank.
 //   - stage 3, gathered groups and (params off the device) the store's param shards on the

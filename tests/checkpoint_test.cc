@@ -483,8 +483,6 @@ TEST(CheckpointManifest, DamagedAsItLandsIsRefusedNamingTheFile) {
   std::filesystem::remove_all(dir);
 }
 
-// Any one byte of a sealed manifest changed (each byte XORed with 1 in turn) is refused, as
-// Corruption; the text as written loads.
 // A manifest cut short (or not JSON at all) is named as such, not as some other shape.
 TEST(CheckpointManifest, TruncatedIsNotValidJson) {
   for (const char* text : {"{", "", "{\"tag\": \"a\""}) {
@@ -499,6 +497,8 @@ TEST(CheckpointManifest, TruncatedIsNotValidJson) {
   EXPECT_NE(m.status().ToString().find("not a JSON object"), std::string::npos);
 }
 
+// Any one byte of a sealed manifest changed (each byte XORed with 1 in turn) is refused, as
+// Corruption; the text as written loads.
 TEST(CheckpointManifest, EveryFlippedByteIsRefused) {
   const std::string dir = UniqueTestDir("ckpt_manifest_bytes");
   SaveSolo(dir, "t");
@@ -771,6 +771,22 @@ TEST(CheckpointExcludeFrozen, TrainedStateOnlyResumesBitForBitKeepingTheFrozenVa
       const RunResult c = load_at_one(lean, true);
       ASSERT_TRUE(c.status.ok()) << c.status.ToString();
       EXPECT_TRUE(BitEqual(a.master, c.master));
+      // Converted to another precision: the fingerprints (of values rounded to the old one) go,
+      // and the group is kept unchecked by an engine of the new precision.
+      const char* other = std::string(pl.precision) == "fp32" ? "bf16" : "fp32";
+      auto conv = ckpt::ReshardCheckpoint(lean, "", {1, 1, other}, dir + "/lean_conv");
+      ASSERT_TRUE(conv.ok()) << conv.status().ToString();
+      EXPECT_EQ(conv->groups[kMid].fingerprint, 0u);
+      RunSpec s = fresh;
+      s.config_json = Config({1, "cpu", "none", 1, other});
+      s.world = 1;
+      s.after_init = [&](int, Engine& e) -> Status {
+        LoadOptions o;
+        o.keep_excluded = true;
+        return e.Load(dir + "/lean_conv", "", nullptr, o);
+      };
+      const RunResult d = RunEngine(s);
+      ASSERT_TRUE(d.status.ok()) << d.status.ToString();
     }
     std::filesystem::remove_all(dir);
   }

@@ -80,8 +80,10 @@ TEST(OffloadctlPlan, ACountWithoutAUnitIsNoted) {
   EXPECT_NE(r.out.find("--params 7 is 7 parameters: a model's count takes a unit (7M, 7B)"),
             std::string::npos)
       << r.out;
-  r = RunPlan("--params 7B --gpus 8");
-  EXPECT_EQ(r.out.find("takes a unit"), std::string::npos) << r.out;
+  for (const char* given : {"7B", "500K", "1e5"}) {
+    r = RunPlan(std::string("--params ") + given + " --gpus 8");
+    EXPECT_EQ(r.out.find("takes a unit"), std::string::npos) << given << ": " << r.out;
+  }
 }
 
 TEST(OffloadctlPlan, NothingFitsExitsOne) {

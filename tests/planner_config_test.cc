@@ -287,19 +287,21 @@ TEST(PlannerConfig, NvmeFreeSpaceIsComparedWithTheEnginesState) {
             std::string::npos)
       << c.errors[0].message;
 
-  // Two directories on two filesystems: each compared with its own part.
+  // Two directories on two filesystems: the engine stripes its swap files over both, so each
+  // holds half of the 16 bytes per parameter, whatever the keys name it for.
   c = check(3, opt, par);
   c.nvme_paths[0].filesystem = 1;
   c.nvme_paths[1].filesystem = 2;
   c.nvme_paths[0].free_bytes = 14 * mib;
-  c.nvme_paths[1].free_bytes = 2 * mib - 1;
+  c.nvme_paths[1].free_bytes = 8 * mib - 1;
   CheckNvmeSpace(params, 1, false, &c);
   ASSERT_EQ(c.errors.size(), 1u);
   EXPECT_EQ(c.errors[0].path, "zero_optimization.offload_param.nvme_path");
-  EXPECT_NE(c.errors[0].message.find("needs " + std::to_string(2 * mib) + " bytes (the params"),
+  EXPECT_NE(c.errors[0].message.find("needs " + std::to_string(8 * mib) +
+                                     " bytes (1/2 of the swap files striped over the nvme_paths"),
             std::string::npos)
       << c.errors[0].message;
-  EXPECT_TRUE(has(c.notes, "holds " + std::to_string(14 * mib) + " bytes"));
+  EXPECT_TRUE(has(c.notes, "holds " + std::to_string(8 * mib) + " bytes"));
 
   // --strict: the shortfall is an error at any world size.
   c = check(3, opt, par);

@@ -1,5 +1,6 @@
 // ResolveZeroSettings: a DeepSpeed config's ZeRO settings as the planner and the engine take them,
 // and ApplyEngineConfig, which hands them to the planner.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -163,27 +164,41 @@ void CheckNvmeSpace(double params, int64_t ranks, bool strict, ConfigCheck* chec
   auto bytes = [](double v) { return std::to_string(static_cast<int64_t>(std::ceil(v))); };
   const std::string who = bytes(params) + " parameters on " + std::to_string(ranks) +
                           (ranks == 1 ? " rank" : " ranks, all counted as on this machine");
-  // One comparison per filesystem (directories on it share its free space; the same directory
-  // named twice is one), under the first key that names it.
+  // The engine stripes its swap files evenly over the distinct nvme_paths (nvme/swap_space.h):
+  // each holds an equal share of everything on NVMe. One comparison per filesystem (directories
+  // on it share its free space), under the first key that names it.
   const std::vector<NvmePathSpace>& paths = check->nvme_paths;
-  auto shares = [](const NvmePathSpace& a, const NvmePathSpace& b) {
+  std::vector<std::string> dirs;
+  std::string all;  // what is on NVMe
+  for (const NvmePathSpace& at : paths) {
+    if (std::find(dirs.begin(), dirs.end(), at.dir) == dirs.end()) dirs.push_back(at.dir);
+    const bool param = at.key.find(".offload_param.") != std::string::npos;
+    all += std::string(all.empty() ? "" : " and ") +
+           (param ? "the params" : "the optimizer state with its gradients");
+  }
+  auto same_fs = [](const NvmePathSpace& a, const NvmePathSpace& b) {
     return a.dir == b.dir || (a.filesystem != 0 && a.filesystem == b.filesystem);
   };
   for (size_t i = 0; i < paths.size(); ++i) {
     bool seen = false;
-    for (size_t j = 0; j < i; ++j) seen = seen || shares(paths[j], paths[i]);
+    for (size_t j = 0; j < i; ++j) seen = seen || same_fs(paths[j], paths[i]);
     if (seen) continue;
-    double need = 0;
-    std::string what, where = "'" + paths[i].dir + "'";
+    std::vector<std::string> here;  // the distinct directories on this filesystem
     for (const NvmePathSpace& at : paths) {
-      if (!shares(at, paths[i])) continue;
-      const bool param = at.key.find(".offload_param.") != std::string::npos;
-      need +=
-          param ? p.nvme_param_bytes_per_node : p.nvme_bytes_per_node - p.nvme_param_bytes_per_node;
-      what += std::string(what.empty() ? "" : " and ") +
-              (param ? "the params" : "the optimizer state with its gradients");
-      if (at.dir != paths[i].dir) where += " and '" + at.dir + "' (one filesystem)";
+      if (same_fs(at, paths[i]) && std::find(here.begin(), here.end(), at.dir) == here.end()) {
+        here.push_back(at.dir);
+      }
     }
+    const double need =
+        p.nvme_bytes_per_node * static_cast<double>(here.size()) / static_cast<double>(dirs.size());
+    std::string where = "'" + here[0] + "'";
+    for (size_t k = 1; k < here.size(); ++k) where += " and '" + here[k] + "'";
+    if (here.size() > 1) where += " (one filesystem)";
+    const std::string what = here.size() == dirs.size()
+                                 ? all
+                                 : std::to_string(here.size()) + "/" + std::to_string(dirs.size()) +
+                                       " of the swap files striped over the nvme_paths (" + all +
+                                       ")";
     const NvmePathSpace& path = paths[i];
     const std::string holds = what + " for " + who;
     if (need <= static_cast<double>(path.free_bytes)) {

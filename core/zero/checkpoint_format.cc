@@ -809,6 +809,8 @@ Status ConvertManifestPrecision(Manifest* m, const std::string& precision) {
   if (precision == m->precision) return Status::OK();
   m->precision = precision;
   m->param_dtype = dtype;
+  // Frozen fingerprints are of values rounded to the old working dtype: unknown in the new one.
+  for (GroupEntry& g : m->groups) g.fingerprint = 0;
   m->has_scaler_state = false;
   m->scale = 1;
   m->scaler_iteration = 0;

@@ -281,9 +281,12 @@ struct ReshardTarget {
 //   result starts its scaler from its own config, as DeepSpeed starts one (to fp16: dynamic at
 //   2^fp16.initial_scale_power with full hysteresis, or the static fp16.loss_scale; to bf16 /
 //   fp32: no scaling);
-// - gradients: a checkpoint never holds any (Save refuses mid-accumulation), so none convert.
+// - gradients: a checkpoint never holds any (Save refuses mid-accumulation), so none convert;
+// - frozen groups' fingerprints (of values rounded to the old dtype) are dropped: a group left
+//   out at save is then kept by the loading engine unchecked.
 // ConvertManifestPrecision sets m's precision, param_dtype, the recorded config's
-// bf16/fp16 "enabled" and drops the scaler state; nothing when `precision` is m's already.
+// bf16/fp16 "enabled" and drops the scaler state and the fingerprints; nothing when `precision`
+// is m's already.
 // InvalidArgument naming the value when it is not bf16, fp16 or fp32.
 Status ConvertManifestPrecision(Manifest* m, const std::string& precision);
 // n param16 elements of `param_dtype` ("BF16" | "F16" | "F32") from n fp32 master elements.

@@ -336,9 +336,9 @@ Status ApplyDeepSpeedConfigFile(const std::string& path, PlanInput* in,
 // params=N): compares each nvme_path's free space (check->nvme_paths, measured under
 // ParseOptions::check_here) with what the engine puts there for a model of `params` parameters
 // trained by `ranks` ranks, all counted as on this machine: the configured setting's placement
-// (Place: the optimizer state and its gradients at offload_optimizer.nvme_path, the params at
-// offload_param.nvme_path, both where the two are on one filesystem, which then is compared
-// once: NvmePathSpace::filesystem). The engine allocates its swap
+// (Place: the optimizer state with its gradients and the params, striped evenly over the distinct
+// nvme_paths as the engine's swap space lays them out, each filesystem compared once with the
+// shares of the paths on it: NvmePathSpace::filesystem). The engine allocates its swap
 // files whole when it starts, so less free is a warning naming the key and both figures (an
 // error when `strict`, as ParseOptions::strict makes the checks' warnings); each path that has
 // room gets a note. Nothing is compared (a note says why) where the config has errors, its stage

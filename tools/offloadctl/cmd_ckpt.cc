@@ -51,8 +51,11 @@ CkptArgs Resolved(const CkptArgs& a) {
       ckpt::PathExists(a.dir + "/" + ckpt::kLatestName)) {
     return a;
   }
-  std::filesystem::path p = std::filesystem::path(a.dir).lexically_normal();
-  if (p.filename().empty()) p = p.parent_path();  // a trailing '/'
+  // Absolute, symlinks resolved (a `best` link to a tag, DIR "."), no trailing '/'.
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(a.dir, ec);
+  if (ec) p = std::filesystem::path(a.dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
   CkptArgs r = a;
   r.tag = p.filename().string();
   r.dir = p.has_parent_path() ? p.parent_path().string() : ".";

@@ -1,6 +1,8 @@
 // `offloadctl plan`: the ZeRO memory plan of a model on a cluster, as a readable report or JSON.
 // Exit codes: 0 the configured setting (or, without one, some setting) fits; 1 it does not fit
 // or the config is invalid; 2 usage error.
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -54,7 +56,11 @@ int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* note
   auto psi = ParseParamCount(f.params);
   if (!psi.ok()) return Usage("--params: " + std::string(psi.status().message()));
   in->params = *psi;
-  if (*psi < 1e6) {
+  // Plain digits only: "7" for 7B (a count with a unit or an exponent says what it means).
+  const bool unit = std::any_of(f.params.begin(), f.params.end(), [](char ch) {
+    return std::isalpha(static_cast<unsigned char>(ch));
+  });
+  if (*psi < 1e6 && !unit) {
     notes->push_back("--params " + f.params + " is " + std::to_string(static_cast<int64_t>(*psi)) +
                      " parameters: a model's count takes a unit (" + f.params + "M, " + f.params +
                      "B)");

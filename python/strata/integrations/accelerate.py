@@ -139,11 +139,14 @@ class Accelerator(accelerate.Accelerator):
             # (accelerate's gather, reduce and barriers then run as under DeepSpeed).
             init_distributed(dist_backend="gloo" if self.device.type == "cpu" else None)
         if torch.distributed.get_world_size() != self.num_processes:
+            hint = ("pass cpu=True (or ACCELERATE_USE_CPU=true) on a machine without a GPU"
+                    if launched > 1 and not torch.cuda.is_available() else
+                    "start the processes with a launcher that sets RANK, WORLD_SIZE and "
+                    "LOCAL_RANK for accelerate (torchrun, offloadctl launch)")
             raise RuntimeError(
                 f"strata Accelerator: accelerate sees {self.num_processes} process(es), "
                 f"torch.distributed {torch.distributed.get_world_size()} (WORLD_SIZE "
-                f"{launched}): each process would load every batch; with cpu=False on a "
-                "machine without a GPU, pass cpu=True (or ACCELERATE_USE_CPU=true)")
+                f"{launched}): each process would load every batch; {hint}")
         plugin.set_mixed_precision(mixed_precision)
         # transformers' zero.Init hook, as accelerate sets it when it selects the plugin, with
         # strata's HfDeepSpeedConfig (also what plugin.zero3_init_context_manager calls).
