@@ -111,7 +111,13 @@ namespace {
 Status CheckDirectory(const std::string& dir) {
   struct stat st {};
   if (stat(dir.c_str(), &st) != 0) {
-    if (errno == ENOENT) return Status::NotFound("nvme_path '" + dir + "' does not exist");
+    if (errno == ENOENT) {
+      // DeepSpeed creates a missing path; strata does not, so that a mistyped or unmounted
+      // path never fills another disk.
+      return Status::NotFound("nvme_path '" + dir +
+                              "' does not exist: create the directory on the NVMe's "
+                              "filesystem (strata does not create it)");
+    }
     return Status::FromErrno(errno, "stat nvme_path", dir);
   }
   if (!S_ISDIR(st.st_mode)) return Status::IOError("nvme_path '" + dir + "' is not a directory");

@@ -252,7 +252,10 @@ int64_t CheckPath(Reader& r, const std::string& key, const std::string& dir) {
   std::error_code ec;
   auto st = std::filesystem::status(dir, ec);
   if (ec || !std::filesystem::exists(st)) {
-    r.Error(Kind::kMachine, key, "'" + dir + "' does not exist on this machine");
+    r.Error(Kind::kMachine, key,
+            "'" + dir +
+                "' does not exist on this machine: create the directory on the NVMe's "
+                "filesystem (strata does not create it)");
     return -1;
   }
   if (!std::filesystem::is_directory(st)) {

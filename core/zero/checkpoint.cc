@@ -435,6 +435,15 @@ std::string FullParamName(const std::string& group, const std::string& param) {
   return param.rfind(module + ".", 0) == 0 ? param : group + "." + param;
 }
 
+// "'a', 'b', 'c', 'd', 'e' and 3 more": the first five names, quoted, and how many others.
+std::string NameList(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 5;
+  std::string o;
+  for (size_t i = 0; i < names.size() && i < kShown; ++i) o += (i ? ", '" : "'") + names[i] + "'";
+  if (names.size() > kShown) o += " and " + std::to_string(names.size() - kShown) + " more";
+  return o;
+}
+
 std::string ShapeString(const std::vector<int64_t>& s) {
   std::string o = "[";
   for (size_t i = 0; i < s.size(); ++i) o += (i ? "," : "") + std::to_string(s[i]);
@@ -502,17 +511,14 @@ Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m, const Loa
     if (diffs.size() > 20) msg += "\n  ... and " + std::to_string(diffs.size() - 20) + " more";
     return Status::FailedPrecondition(msg);
   }
-  std::string excluded;
-  size_t n_excluded = 0;
+  std::vector<std::string> excluded;
   for (const ckpt::GroupEntry& g : m.groups) {
-    if (!g.excluded) continue;
-    if (++n_excluded <= 5) excluded += std::string(n_excluded > 1 ? ", '" : "'") + g.name + "'";
+    if (g.excluded) excluded.push_back(g.name);
   }
-  if (n_excluded > 5) excluded += " and " + std::to_string(n_excluded - 5) + " more";
-  if (n_excluded > 0 && !options.keep_excluded) {
+  if (!excluded.empty() && !options.keep_excluded) {
     return Status::FailedPrecondition(
-        "the checkpoint was saved without its " + std::to_string(n_excluded) + " frozen group(s) " +
-        excluded +
+        "the checkpoint was saved without its " + std::to_string(excluded.size()) +
+        " frozen group(s) " + NameList(excluded) +
         " (exclude_frozen_parameters=True): to keep this model's values for them, load it with "
         "load_checkpoint(load_module_strict=False) from Python, LoadOptions::keep_excluded from "
         "C++ (as transformers' Trainer resumes a PEFT model); those values must be the ones the "
@@ -690,18 +696,18 @@ Status CheckExcludedValues(Engine::Impl& e, const ckpt::Manifest& m, const std::
   }
   Result<std::vector<uint64_t>> prints = e.FrozenFingerprints();
   if (!prints.ok()) return e.Fail(prints.status().WithContext(what + ": frozen fingerprints"));
-  std::string differ;
-  size_t n = 0;
+  std::vector<std::string> differ;
   for (size_t g = 0; g < m.groups.size(); ++g) {
     const uint64_t mine = (*prints)[g], saved = m.groups[g].fingerprint;
     if (!m.groups[g].excluded || mine == 0 || saved == 0 || mine == saved) continue;
-    if (++n <= 5) differ += std::string(n > 1 ? ", '" : "'") + m.groups[g].name + "'";
+    differ.push_back(m.groups[g].name);
   }
-  if (n == 0) return Status::OK();
-  if (n > 5) differ += " and " + std::to_string(n - 5) + " more";
+  if (differ.empty()) return Status::OK();
   return Status::FailedPrecondition(
-      what + ": the checkpoint left out " + std::to_string(n) + " frozen group(s) whose values " +
-      "in this model are not the ones the saving run started from: " + differ +
+      what + ": the checkpoint left out " + std::to_string(differ.size()) +
+      " frozen group(s) whose values in this model are not the ones the saving run started "
+      "from: " +
+      NameList(differ) +
       " (their fingerprints differ: build the model from the same pretrained weights before "
       "loading; nothing was changed)");
 }

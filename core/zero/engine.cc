@@ -302,14 +302,19 @@ Status Engine::Impl::ZeroDevice(void* ptr, uint64_t bytes) {
   return Status::OK();
 }
 
-Result<std::vector<uint32_t>> Engine::Impl::AllGatherWords(const std::array<uint32_t, 4>& mine) {
-  std::vector<uint32_t> all(static_cast<size_t>(world) * 4);
-  std::copy(mine.begin(), mine.end(), all.begin() + rank * 4);
-  if (world == 1) return all;
+Result<std::vector<uint32_t>> Engine::Impl::AllGatherWords(std::span<const uint32_t> mine) {
+  const size_t k = mine.size();
+  std::vector<uint32_t> all(static_cast<size_t>(world) * k);
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(rank * k));
+  if (world == 1 || k == 0) return all;
+  DeviceBuffer own;
+  if (k > 4) {
+    STRATA_ASSIGN_OR_RETURN(own, DeviceBuffer::Make(opt.device, all.size() * 4));
+  }
   // The communicator moves 4-byte elements; as kF32 they are only moved, never summed.
-  float* dev = static_cast<float*>(exchange.get());
-  STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kHostToDevice, dev + rank * 4, mine.data(), 16));
-  STRATA_ASSIGN_OR_RETURN(CommHandle h, opt.comm->AllGather(dev + rank * 4, dev, 4, DType::kF32));
+  float* dev = static_cast<float*>(k > 4 ? own.get() : exchange.get());
+  STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kHostToDevice, dev + rank * k, mine.data(), k * 4));
+  STRATA_ASSIGN_OR_RETURN(CommHandle h, opt.comm->AllGather(dev + rank * k, dev, k, DType::kF32));
   STRATA_RETURN_IF_ERROR(h.WaitUntil(deadline()));
   STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, all.data(), dev, all.size() * 4));
   return all;
@@ -323,18 +328,16 @@ Result<std::vector<uint64_t>> Engine::Impl::FrozenFingerprints() {
   }
   if (placement.optimizer_partitioned && world > 1) {
     // Each rank initialised its own shard of every group: the parts add up over the ranks.
-    const uint64_t bytes = n * sizeof(uint64_t);
-    STRATA_ASSIGN_OR_RETURN(DeviceBuffer dev, DeviceBuffer::Make(opt.device, bytes * world));
-    auto* mine = static_cast<uint8_t*>(dev.get()) + bytes * rank;
-    STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kHostToDevice, mine, sum.data(), bytes));
-    // 8-byte words moved as pairs of 4-byte elements, never summed by the communicator.
-    STRATA_ASSIGN_OR_RETURN(CommHandle h, opt.comm->AllGather(mine, dev.get(), 2 * n, DType::kF32));
-    STRATA_RETURN_IF_ERROR(h.WaitUntil(deadline()));
-    std::vector<uint64_t> all(n * static_cast<size_t>(world));
-    STRATA_RETURN_IF_ERROR(CopySync(CopyDir::kDeviceToHost, all.data(), dev.get(), bytes * world));
+    std::vector<uint32_t> words(2 * n);
+    std::memcpy(words.data(), sum.data(), n * sizeof(uint64_t));
+    STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> all, AllGatherWords(words));
     std::fill(sum.begin(), sum.end(), 0);
     for (size_t r = 0; r < static_cast<size_t>(world); ++r) {
-      for (size_t g = 0; g < n; ++g) sum[g] += all[r * n + g];
+      for (size_t g = 0; g < n; ++g) {
+        uint64_t part;
+        std::memcpy(&part, all.data() + (r * n + g) * 2, sizeof(part));
+        sum[g] += part;
+      }
     }
   }
   for (size_t g = 0; g < n; ++g) {

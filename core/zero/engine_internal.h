@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -425,9 +426,13 @@ struct Engine::Impl {
   // FailedPrecondition once copy_overran is set.
   Status CheckNoCopyOverran() const;
   Status ZeroDevice(void* ptr, uint64_t bytes);
-  // Every rank's four 32-bit words, rank-major, through one all-gather of `exchange` (world 1:
-  // `mine` alone). Collective. A failed collective is returned as is: the caller names it.
-  Result<std::vector<uint32_t>> AllGatherWords(const std::array<uint32_t, 4>& mine);
+  // Every rank's 32-bit words (the same count on each), rank-major, through one all-gather (world
+  // 1: `mine` alone); four words or fewer go through `exchange`, more through a buffer of their
+  // own. Collective. A failed collective is returned as is: the caller names it.
+  Result<std::vector<uint32_t>> AllGatherWords(std::span<const uint32_t> mine);
+  Result<std::vector<uint32_t>> AllGatherWords(const std::array<uint32_t, 4>& mine) {
+    return AllGatherWords(std::span<const uint32_t>(mine));
+  }
   // Every frozen group's fingerprint (ckpt::FrozenFingerprint of its values when they are the
   // ones it was initialised with or loaded as such; 0 for trainable or changed groups, or when
   // unknown): collective where the groups' initial values are spread over the ranks.

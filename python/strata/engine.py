@@ -2515,32 +2515,17 @@ def _close_open_engines() -> None:
             print(f"strata: closing an engine at exit failed: {err}", file=sys.stderr)
 
 
-# The default torch.distributed group when strata started it (_init_process_group), else None.
-_STARTED_GROUP = None
-
-
-def _init_process_group(*args, **kwargs) -> None:
-    """torch.distributed.init_process_group, the group remembered as strata's to end at exit."""
-    global _STARTED_GROUP
-    torch.distributed.init_process_group(*args, **kwargs)
-    _STARTED_GROUP = torch.distributed.group.WORLD
-
-
-def _destroy_started_group() -> None:
-    """At interpreter exit: a gloo group strata started (init_distributed, the torchrun secret)
-    and the script left up is destroyed while the interpreter still runs. Gloo's threads drop
-    the last references to the tensors of the last collectives behind the caller; one that does
-    so once the interpreter is finalizing needs the GIL, is ended by Python, and the process
-    aborts ("terminate called without an active exception") after the script succeeded. An
-    NCCL group is left to the script's own destroy_process_group(), as torch leaves it."""
-    global _STARTED_GROUP
+def _destroy_gloo_group() -> None:
+    """At interpreter exit: a gloo default group the script left up (started by strata's
+    init_distributed, by the script, by accelerate) is destroyed while the interpreter still
+    runs. Gloo's threads drop the last references to the tensors of the last collectives behind
+    the caller; one that does so once the interpreter is finalizing needs the GIL, is ended by
+    Python, and the process aborts ("terminate called without an active exception") after the
+    script succeeded. An NCCL group is left to the script's own destroy_process_group(), as
+    torch leaves it."""
     dist = torch.distributed
-    group, _STARTED_GROUP = _STARTED_GROUP, None  # no reference left to keep its threads up
-    if group is None or not dist.is_initialized() or dist.group.WORLD is not group:
+    if not dist.is_available() or not dist.is_initialized() or dist.get_backend() != "gloo":
         return
-    if dist.get_backend(group) != "gloo":
-        return
-    del group
     dist.destroy_process_group()
 
 
@@ -2548,7 +2533,7 @@ def _at_exit() -> None:
     """The engines first (closing one may still use the group), then the group."""
     _close_open_engines()
     try:
-        _destroy_started_group()
+        _destroy_gloo_group()
     except Exception as err:  # noqa: BLE001 (exiting: say it, do not mask the exit)
         print(f"strata: ending torch.distributed at exit failed: {err}", file=sys.stderr)
 
@@ -2976,7 +2961,7 @@ def start_distributed(caller: str, backend: Optional[str] = None, timeout=None,
     if backend == "nccl":
         torch.cuda.set_device(_local_rank())
     if _launched() or init_method is not None:
-        _init_process_group(backend, init_method=init_method, rank=rank,
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
                             world_size=world_size, **kwargs)
         return
     if int(env.get("WORLD_SIZE", "1")) != 1:
@@ -2987,7 +2972,7 @@ def start_distributed(caller: str, backend: Optional[str] = None, timeout=None,
     if set_env:
         for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
             env.setdefault(key, value)
-    _init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
 
 
 def _share_rendezvous_secret() -> None:
@@ -3004,7 +2989,7 @@ def _share_rendezvous_secret() -> None:
     if not dist.is_initialized():
         if "TORCHELASTIC_RUN_ID" not in env:
             return  # not torchrun: the engine's rendezvous says what is missing
-        _init_process_group("gloo")
+        dist.init_process_group("gloo")
     import secrets
     box = [secrets.token_hex(32) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
