@@ -185,8 +185,7 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   dw.reuse_distance_elems = elems(z.max_reuse_distance);
   dw.prefetch_elems = elems(z.prefetch_bucket_size);
   dw.persistence_elems = elems(z.param_persistence_threshold);
-  // The planner plans a GPU: the device optimizer runs in its kernels.
-  dw.device_kernels = true;
+  dw.device_kernels = in.capacity.device_kernels;
   dw.optimizer_buffers = static_cast<uint64_t>(std::clamp(z.optimizer_buffer_count, 1.0, 64.0));
   dw.largest_sub_group_elems = elems(LargestSubGroup(in, b.states, psi / ranks));
   dw.device_sub_groups = b.states.device_sub_groups;

@@ -77,6 +77,10 @@ struct Capacity {
   int gpus_per_node = 8;
   int nodes = 1;
   double nvme_bytes_per_s_per_node = 6e9;  // aggregate NVMe bandwidth of a node
+  // The devices compute on their own memory (a GPU's kernels). false: memory the host addresses
+  // (strata's HostDevice stand-in), where the engine runs device-resident optimizer state on the
+  // CPU, with no buffers for the device's kernels (sched::DeviceWorkingInput::device_kernels).
+  bool device_kernels = true;
 
   // N, in 64 bits: the product of two ints overflows an int (3 x 1431655766 wrapped to 2).
   int64_t Ranks() const { return int64_t{gpus_per_node} * nodes; }

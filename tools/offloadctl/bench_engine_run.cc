@@ -62,10 +62,13 @@ class Progress {
 
 std::string FirstLine(std::string_view s) { return std::string(s.substr(0, s.find('\n'))); }
 
-// The planner's placement (include/strata/planner.h) of the same model and setting, per rank.
+// The planner's placement (include/strata/planner.h) of the same model and setting, per rank, on
+// the run's kind of device (`device_kernels`: a GPU; else the host stand-in, whose working set has
+// no buffers for a device's kernels).
 std::optional<PerTier<double>> PlannerBytes(const EngineConfig& c, const ModelSpec& m,
                                             const EngineVariant& v, int world, double device_bytes,
-                                            double host_bytes, bool overlap_step) {
+                                            double host_bytes, bool overlap_step,
+                                            bool device_kernels) {
   PlanInput in;
   in.params = static_cast<double>(m.numel());
   for (const GroupSpec& g : m.groups) {
@@ -80,6 +83,7 @@ std::optional<PerTier<double>> PlannerBytes(const EngineConfig& c, const ModelSp
   in.capacity.nodes = 1;
   in.capacity.hbm_bytes_per_gpu = device_bytes;
   in.capacity.dram_bytes_per_node = host_bytes * world;
+  in.capacity.device_kernels = device_kernels;  // the device this run uses, not a GPU's
   if (!ValidatePlanInput(in).ok()) return std::nullopt;
   const Placement pl =
       Place(in, v.stage, v.offload_optimizer, v.offload_param, in.zero.optimizer_ratio);
@@ -754,7 +758,7 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   r.io_queue_depth = static_cast<size_t>(std::clamp<int64_t>(cfg.config.aio.queue_depth, 1, 1024));
   const double device_bytes = a.device_gb * 1e9, host_bytes = a.host_gb * 1e9;
   r.planner_bytes =
-      PlannerBytes(cfg.config, model, v, p.world, device_bytes, host_bytes, a.overlap_step);
+      PlannerBytes(cfg.config, model, v, p.world, device_bytes, host_bytes, a.overlap_step, p.cuda);
   Progress progress(p.rank == 0, p.progress_tty);
   progress.Say("bench engine: " + v.Name() + ": creating the engine");
 
@@ -796,9 +800,9 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   for (Tier t : kAllTiers) r.budget_bytes[static_cast<size_t>(t)] = r.layout.budget_bytes[t];
   // The planner for the host budget the engine took (without --host-gb: its working set plus
   // sched::kHostBudgetSlackBytes), as a user would give it to `offloadctl plan --dram-gb`.
-  r.planner_bytes =
-      PlannerBytes(cfg.config, model, v, p.world, device_bytes,
-                   static_cast<double>(r.layout.budget_bytes[Tier::kHost]), a.overlap_step);
+  r.planner_bytes = PlannerBytes(cfg.config, model, v, p.world, device_bytes,
+                                 static_cast<double>(r.layout.budget_bytes[Tier::kHost]),
+                                 a.overlap_step, !b.device->host_addressable());
 
   progress.Say("bench engine: " + v.Name() + ": initialising " + std::to_string(r.params) +
                " parameters");
