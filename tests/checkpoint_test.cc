@@ -611,6 +611,11 @@ TEST(Checkpoint, RefusesOtherModelOrPrecision) {
     EXPECT_EQ(st.ToString().find("not in the"), std::string::npos) << st.ToString();
     EXPECT_NE(st.ToString().find("in other groups or another order"), std::string::npos)
         << st.ToString();
+    // The group both sides name alike is shown with its parameters on each side.
+    EXPECT_NE(st.ToString().find("in the checkpoint, '" + split.groups[4].params[0].name + "', '" +
+                                 frozen.params[0].name + "' in the model"),
+              std::string::npos)
+        << st.ToString();
     std::filesystem::remove_all(sdir);
   }
   // The same parameters in another group order: named as that.
@@ -845,12 +850,17 @@ TEST(CheckpointExcludeFrozen, AFrozenGroupWrittenDuringTheRunIsSavedWhole) {
 
 // Every rank lays its file out as rank 0's manifest says: ranks that disagree on exclude_frozen
 // are refused on every rank, and nothing is saved.
+// The refusal comes before anything on disk changes: with keep_last the checkpoint the save would
+// have retired keeps its files, and no unfinished save is left behind.
 TEST(CheckpointExcludeFrozen, RanksThatDisagreeSaveNothing) {
   const std::string dir = UniqueTestDir("ckpt_excl_disagree");
   RunSpec s = FrozenRun({2, "cpu", "none", 2, "bf16"}, 1);
   std::vector<Status> saved(2);
   s.after_step = [&](int r, int, Engine& e) -> Status {
     SaveOptions o;
+    o.keep_last = 2;
+    STRATA_RETURN_IF_ERROR(e.Save(dir, "a", o));
+    STRATA_RETURN_IF_ERROR(e.Save(dir, "b", o));
     o.exclude_frozen = r == 1;
     saved[r] = e.Save(dir, "t", o);
     return Status::OK();
@@ -863,8 +873,77 @@ TEST(CheckpointExcludeFrozen, RanksThatDisagreeSaveNothing) {
               std::string::npos)
         << st.ToString();
   }
-  EXPECT_FALSE(ckpt::ResolveTag(dir, "").ok());
+  auto latest = ckpt::ResolveTag(dir, "");
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(*latest, "b");
+  for (const char* tag : {"a", "b"}) {
+    auto m = ckpt::VerifyCheckpoint(dir, tag);
+    EXPECT_TRUE(m.ok()) << tag << ": " << m.status().ToString();
+  }
   EXPECT_FALSE(ckpt::PathExists(dir + "/t"));
+  EXPECT_FALSE(ckpt::PathExists(dir + "/t.tmp"));
+  std::filesystem::remove_all(dir);
+}
+
+// The values an engine keeps for a group a lean checkpoint left out must be those the saving run
+// started from. Refused, nothing changed: a group this engine wrote after the save (a LoRA fused
+// for an evaluation, then a rollback), whose fingerprint it no longer knows. Kept unchecked, and
+// saved without a fingerprint: values loaded whole from a checkpoint without one (a precision
+// conversion), which are no longer those the engine fingerprinted at its start.
+TEST(CheckpointExcludeFrozen, ValuesWrittenOrLoadedSinceTheStartAreNotTakenForTheStartingOnes) {
+  const std::string dir = UniqueTestDir("ckpt_excl_since");
+  const RunSpec base = FrozenRun({2, "cpu", "none", 2, "fp32"}, 1);
+  const float kWritten = 0.25f;
+  std::vector<Status> rollback(2);
+  RunSpec written = base;
+  written.after_step = [&](int r, int, Engine& e) -> Status {
+    SaveOptions o;
+    o.exclude_frozen = true;
+    STRATA_RETURN_IF_ERROR(e.Save(dir + "/lean", "t", o));
+    STRATA_RETURN_IF_ERROR(e.Save(dir + "/whole", "t", SaveOptions{}));
+    const size_t g[] = {kMid};
+    STRATA_RETURN_IF_ERROR(
+        e.WriteParams(g, [&](size_t, size_t, size_t b, size_t end, float* out) -> Status {
+          std::fill(out, out + (end - b), kWritten);
+          return Status::OK();
+        }));
+    LoadOptions keep;
+    keep.keep_excluded = true;
+    rollback[r] = e.Load(dir + "/lean", "", nullptr, keep);
+    return Status::OK();
+  };
+  const RunResult w = RunEngine(written);
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  for (const Status& st : rollback) {
+    EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
+    EXPECT_NE(st.ToString().find("has written since it started"), std::string::npos)
+        << st.ToString();
+    EXPECT_NE(st.ToString().find("'mid'"), std::string::npos) << st.ToString();
+  }
+  for (float v : w.master[kMid]) ASSERT_EQ(v, kWritten);
+
+  // The whole checkpoint converted to bf16 (no fingerprints), loaded by a bf16 engine built from
+  // other values, which then saves lean: no fingerprint for the group, where the old code wrote
+  // that of the values the load replaced.
+  auto conv = ckpt::ReshardCheckpoint(dir + "/whole", "", {2, 2, "bf16"}, dir + "/conv");
+  ASSERT_TRUE(conv.ok()) << conv.status().ToString();
+  ASSERT_EQ(conv->groups[kMid].fingerprint, 0u);
+  RunSpec other = FrozenRun({2, "cpu", "none", 2, "bf16"}, 0);
+  other.init = [&](int, Engine& e) -> Status {
+    STRATA_RETURN_IF_ERROR(e.InitParameters([](size_t, size_t, size_t b, size_t end, float* o) {
+      for (size_t i = b; i < end; ++i) o[i - b] = 0.5f - 0.001f * static_cast<float>(i % 97);
+    }));
+    STRATA_RETURN_IF_ERROR(e.Load(dir + "/conv", ""));
+    SaveOptions o;
+    o.exclude_frozen = true;
+    return e.Save(dir + "/lean2", "t", o);
+  };
+  const RunResult c = RunEngine(other);
+  ASSERT_TRUE(c.status.ok()) << c.status.ToString();
+  auto m2 = ckpt::VerifyCheckpoint(dir + "/lean2", "");
+  ASSERT_TRUE(m2.ok()) << m2.status().ToString();
+  EXPECT_TRUE(m2->groups[kMid].excluded);
+  EXPECT_EQ(m2->groups[kMid].fingerprint, 0u);
   std::filesystem::remove_all(dir);
 }
 

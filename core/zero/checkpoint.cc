@@ -329,6 +329,18 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
     local =
         Status::InvalidArgument("Save: a tag may not end in .tmp (the name of an unfinished save)");
   }
+  // Every rank lays out its file as rank 0's manifest says: they must agree on exclude_frozen,
+  // before anything on disk changes (a refused save leaves every checkpoint as it was).
+  std::vector<uint64_t> excluding;
+  STRATA_RETURN_IF_ERROR(Agree(e, local, what, options.exclude_frozen ? 1 : 0, &excluding));
+  for (int r = 1; r < e.world; ++r) {
+    if (excluding[r] != excluding[0]) {
+      return Status::InvalidArgument(what + ": the ranks disagree on exclude_frozen (rank 0: " +
+                                     (excluding[0] ? "true" : "false") + ", rank " +
+                                     std::to_string(r) + ": " + (excluding[r] ? "true" : "false") +
+                                     "); nothing was saved");
+    }
+  }
   const std::string tmp = dir + "/" + tag + ".tmp";
   std::optional<ckpt::SaveLock> lock;  // rank 0's, to the commit (checkpoint_retention.h)
   if (local.ok() && e.rank == 0) {
@@ -350,17 +362,8 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
     // The checkpoint this save will retire gives up its files (checkpoint_retention.h).
     if (local.ok() && recycle) local = ckpt::RecycleOldest(dir, options.keep_last, tmp, env);
   }
-  // Every rank lays out its file as rank 0's manifest says: they must agree on exclude_frozen.
-  std::vector<uint64_t> excluding;
-  STRATA_RETURN_IF_ERROR(Agree(e, local, what, options.exclude_frozen ? 1 : 0, &excluding));
-  for (int r = 1; r < e.world; ++r) {
-    if (excluding[r] != excluding[0]) {
-      return Status::InvalidArgument(what + ": the ranks disagree on exclude_frozen (rank 0: " +
-                                     (excluding[0] ? "true" : "false") + ", rank " +
-                                     std::to_string(r) + ": " + (excluding[r] ? "true" : "false") +
-                                     "); nothing was saved");
-    }
-  }
+  // Rank 0 made the directory the others write into.
+  STRATA_RETURN_IF_ERROR(Agree(e, local, what));
 
   ckpt::Manifest m = BaseManifest(e, tag);
   for (ckpt::GroupEntry& g : m.groups) {
@@ -480,8 +483,18 @@ Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m, const Loa
   // The same parameters, grouped or ordered otherwise (the files are laid out by group).
   for (size_t g = 0; diffs.empty() && g < std::max(m.groups.size(), model.groups.size()); ++g) {
     const bool both = g < m.groups.size() && g < model.groups.size();
-    if (!both || m.groups[g].name != model.groups[g].name ||
+    if (both && m.groups[g].name == model.groups[g].name &&
         m.groups[g].params.size() != model.groups[g].params.size()) {
+      std::vector<std::string> in_ckpt, in_model;
+      for (const auto& p : m.groups[g].params) in_ckpt.push_back(p.name);
+      for (const auto& p : model.groups[g].params) in_model.push_back(p.name);
+      diffs.push_back("the same parameters in other groups or another order: group " +
+                      std::to_string(g) + " '" + model.groups[g].name + "' holds " +
+                      NameList(in_ckpt) + " in the checkpoint, " + NameList(in_model) +
+                      " in the model (a module's frozen parameters form a group of their own, "
+                      "'<module>#frozen': were other parameters frozen?)");
+    } else if (!both || m.groups[g].name != model.groups[g].name ||
+               m.groups[g].params.size() != model.groups[g].params.size()) {
       diffs.push_back("the same parameters in other groups or another order: group " +
                       std::to_string(g) + " is " +
                       (g < m.groups.size() ? "'" + m.groups[g].name + "'" : "absent") +
@@ -680,6 +693,9 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
     if (!e.model.groups[g].trainable && !m.groups[g].excluded) {
       e.groups[g].frozen_changed = m.groups[g].trainable || m.groups[g].changed;
       e.groups[g].frozen_print_loaded = m.groups[g].fingerprint;
+      // Without one (a precision conversion dropped it): the values are no longer those this
+      // engine fingerprinted, and theirs is not known.
+      e.groups[g].frozen_print_unknown = m.groups[g].fingerprint == 0;
     }
   }
   e.DropKeptCopies();  // kept from before: stale now
@@ -690,6 +706,21 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
 // started from: refused, naming the groups, where both fingerprints are known and differ.
 // Collective when the checkpoint has such groups (every rank reads the same manifest).
 Status CheckExcludedValues(Engine::Impl& e, const ckpt::Manifest& m, const std::string& what) {
+  // Written since this engine started (WriteParams, or loaded as changed): not the values any
+  // run started from. The same on every rank (WriteParams and Load are collective).
+  std::vector<std::string> written;
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    if (m.groups[g].excluded && e.groups[g].frozen_changed) written.push_back(m.groups[g].name);
+  }
+  if (!written.empty()) {
+    return Status::FailedPrecondition(
+        what + ": the checkpoint left out " + std::to_string(written.size()) +
+        " frozen group(s) that this engine has written since it started (GatheredParameters "
+        "with a modifier rank, a fused adapter, or a checkpoint that had changed them): " +
+        NameList(written) +
+        "; their values are not the ones the saving run started from (load before writing "
+        "them, or from a checkpoint saved whole; nothing was changed)");
+  }
   if (std::none_of(m.groups.begin(), m.groups.end(),
                    [](const auto& g) { return g.excluded && g.fingerprint != 0; })) {
     return Status::OK();

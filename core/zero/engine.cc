@@ -342,7 +342,7 @@ Result<std::vector<uint64_t>> Engine::Impl::FrozenFingerprints() {
   }
   for (size_t g = 0; g < n; ++g) {
     const zero::GroupState& gs = groups[g];
-    if (model.groups[g].trainable || gs.frozen_changed) {
+    if (model.groups[g].trainable || gs.frozen_changed || gs.frozen_print_unknown) {
       sum[g] = 0;
     } else if (gs.frozen_print_loaded != 0) {
       sum[g] = gs.frozen_print_loaded;

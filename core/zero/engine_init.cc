@@ -94,7 +94,7 @@ Status InitMasters(Engine::Impl& e, const char* op, const MasterSource& source) 
   // fingerprint taken on the way (the initial values, whatever came before).
   for (zero::GroupState& gs : e.groups) {
     gs.frozen_print_part = gs.frozen_print_loaded = 0;
-    gs.frozen_changed = false;
+    gs.frozen_changed = gs.frozen_print_unknown = false;
   }
   std::vector<float> scratch;
   for (const SubGroup& s : e.frozen_pieces) {

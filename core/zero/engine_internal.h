@@ -180,6 +180,7 @@ struct GroupState {
   // values instead, that checkpoint's fingerprint of them (0: this rank's parts count).
   uint64_t frozen_print_part = 0;
   uint64_t frozen_print_loaded = 0;
+  bool frozen_print_unknown = false;  // loaded from a checkpoint without its fingerprint
 };
 
 // ZeRO++ (issue 14): the settings and the sub-communicators (owned; null where unused).

@@ -14,6 +14,7 @@
 //                                    offline resharding and precision conversion into DIR2
 //                                    (core/zero/checkpoint_format.h ReshardCheckpoint); what is
 //                                    not given stays as the checkpoint has it
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -347,6 +348,16 @@ int RunReshard(const CkptArgs& a) {
               m->tag.c_str(), m->world_size, m->stage, m->precision.c_str(),
               m->has_scaler_state ? "" : " (loss scaler: the loading engine's config)",
               a.out.c_str(), m->tag.c_str());
+  const auto unchecked = std::count_if(m->groups.begin(), m->groups.end(), [](const auto& g) {
+    return g.excluded && g.fingerprint == 0;
+  });
+  if (unchecked > 0) {
+    std::printf(
+        "  note: %zu frozen group(s) left out at save have no fingerprint (a precision conversion "
+        "drops them): a load keeps the engine's values for them unchecked, so build the model "
+        "from the pretrained weights the run started from\n",
+        static_cast<size_t>(unchecked));
+  }
   return kExitOk;
 }
 
