@@ -104,14 +104,31 @@ def test_one_process_without_a_launcher_trains_as_torch(tmp_path, stage, offload
 
 
 EXIT_SCRIPT = """
-import atexit, sys, torch
+import atexit, os, sys, torch
+
+
+def gloo_threads():
+    task = f"/proc/{os.getpid()}/task"
+    names = []
+    for t in os.listdir(task):
+        try:
+            names.append(open(f"{task}/{t}/comm").read().strip())
+        except OSError:
+            pass
+    return sum(n == "pt_gloo_runloop" for n in names)
+
+
 # Registered before strata's: runs after it, as the interpreter's last handler.
-atexit.register(lambda: print("up at the end:", torch.distributed.is_initialized(), flush=True))
+atexit.register(lambda: print("at the end:", torch.distributed.is_initialized(), gloo_threads(),
+                              flush=True))
 import strata, strata.comm as dist
 if sys.argv[1] == "script":  # the script's own group (strata.init_distributed then keeps it)
     torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0,
                                          world_size=1)
 strata.init_distributed()
+# The first torch Optimizer imports torch._dynamo, which imports torch.distributed.nn.functional,
+# whose defaults would hold the group had it not been imported before the group started.
+torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
 # Collectives on temporaries right before the end: gloo's thread drops their tensors behind
 # the script, after the interpreter began to finalize unless the group ended first.
 for _ in range(50):
@@ -121,10 +138,10 @@ for _ in range(50):
 
 @pytest.mark.parametrize("started_by", ["strata", "script"])
 def test_a_script_that_ends_after_its_collectives_exits_cleanly(tmp_path, started_by):
-    """A gloo group the script left up is destroyed at exit, before the interpreter finalizes:
-    without it, gloo's thread could need the GIL then, and the process aborted after the script
-    succeeded ("terminate called without an active exception", about one run in seven of this
-    script)."""
+    """A gloo group the script left up is destroyed at exit, its threads ended, before the
+    interpreter finalizes: without it, gloo's thread could need the GIL then, and the process
+    aborted after the script succeeded ("terminate called without an active exception", about
+    one run in seven of this script)."""
     script = tmp_path / "ends.py"
     script.write_text(EXIT_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_KEYS}
@@ -132,7 +149,7 @@ def test_a_script_that_ends_after_its_collectives_exits_cleanly(tmp_path, starte
         r = subprocess.run([sys.executable, str(script), started_by], env=env,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert "up at the end: False" in r.stdout
+        assert "at the end: False 0" in r.stdout, r.stdout + r.stderr
 
 
 def test_the_accelerator_names_the_device_the_engine_picks():
