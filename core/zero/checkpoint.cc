@@ -20,9 +20,10 @@
 // (resharding).
 //
 // Collective structure (every rank calls; one small all-gather of two words per rank per
-// agreement, through the engine's exchange buffer): Save agrees on the preconditions (rank 0 has
-// prepared `<tag>.tmp/`), on the files (each rank's size and checksum, or its failure), and on
-// rank 0's commit. Load agrees on the verified manifest (a hash of it) and on the loaded state.
+// agreement, through the engine's exchange buffer): Save agrees on the preconditions and the
+// options every rank must share (before anything on disk changes), on rank 0's preparation of
+// `<tag>.tmp/`, on the files (each rank's size and checksum, or its failure), and on rank 0's
+// commit. Load agrees on the verified manifest (a hash of it) and on the loaded state.
 // Any rank's failure becomes every rank's error; a failed collective fails the engine.
 #include <fcntl.h>
 #include <unistd.h>

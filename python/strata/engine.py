@@ -636,13 +636,7 @@ class StrataEngine(torch.nn.Module):
         self._autocast = TorchAutocast(config, self.device.type)  # the forward's autocast
         self._gas = int(eff.get("gradient_accumulation_steps") or 1)
         self._micro_batch = eff.get("train_micro_batch_size_per_gpu")
-        # The engine's rendezvous store listens on MASTER_PORT, unless torch.distributed's holds
-        # it: torchrun's, or one the script started from the launcher's environment
-        # (init_distributed, TrainingArguments): then on the port after it.
-        master_port = 0
-        if world_size > 1 and "MASTER_PORT" in os.environ and (
-                "TORCHELASTIC_RUN_ID" in os.environ or torch.distributed.is_initialized()):
-            master_port = int(os.environ["MASTER_PORT"]) + 1
+        master_port = _engine_store_port(world_size)
         spec = [(g.name, [(n, _full_shape(p)) for n, p in g.params]) for g in self._groups]
         self._nvme_dirs = _config_nvme_dirs(eff) if nvme_paths is None else set(
             os.path.realpath(os.fspath(d)) for d in nvme_paths)
@@ -2524,17 +2518,33 @@ def _close_open_engines() -> None:
 
 
 def _destroy_gloo_group() -> None:
-    """At interpreter exit: a gloo default group the script left up (started by strata's
-    init_distributed, by the script, by accelerate) is destroyed while the interpreter still
-    runs. Gloo's threads drop the last references to the tensors of the last collectives behind
-    the caller; one that does so once the interpreter is finalizing needs the GIL, is ended by
-    Python, and the process aborts ("terminate called without an active exception") after the
-    script succeeded. An NCCL group is left to the script's own destroy_process_group(), as
-    torch leaves it."""
+    """At interpreter exit: a default group on gloo alone that the script left up (started by
+    strata's init_distributed, by the script, by accelerate) is destroyed while the interpreter
+    still runs. Gloo's threads drop the last references to the tensors of the last collectives
+    behind the caller; one that does so once the interpreter is finalizing needs the GIL, is
+    ended by Python, and the process aborts ("terminate called without an active exception")
+    after the script succeeded. A group with NCCL in it is left to the script's own
+    destroy_process_group(), as torch leaves it; so is any group when the script ends on an
+    uncaught exception (a peer may still be in a collective, which destroying would wait for)."""
     dist = torch.distributed
-    if not dist.is_available() or not dist.is_initialized() or dist.get_backend() != "gloo":
+    if not dist.is_available() or not dist.is_initialized() or hasattr(sys, "last_value"):
         return
+    config = str(dist.get_backend_config())
+    if "gloo" not in config or "nccl" in config:
+        return
+    _release_pinned_group(dist.group.WORLD)
     dist.destroy_process_group()
+
+
+def _release_pinned_group(group) -> None:
+    """torch.distributed.nn.functional imported while `group` was up (before strata was) holds
+    it in its functions' default arguments: set to None, as they are when imported before any
+    group, so that the destroyed group's threads end."""
+    module = sys.modules.get("torch.distributed.nn.functional")
+    for fn in vars(module).values() if module is not None else ():
+        defaults = getattr(fn, "__defaults__", None)
+        if isinstance(defaults, tuple) and any(d is group for d in defaults):
+            fn.__defaults__ = tuple(None if d is group else d for d in defaults)
 
 
 def _at_exit() -> None:
@@ -2983,9 +2993,41 @@ def start_distributed(caller: str, backend: Optional[str] = None, timeout=None,
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
 
 
+_STORE_PORT: Optional[int] = None  # the port _engine_store_port picked for this process
+
+
+def _engine_store_port(world_size: int) -> int:
+    """The port the engine's rendezvous store listens on (0: MASTER_PORT). Where torch.distributed
+    holds MASTER_PORT (a group the script or initialize started from the launcher's environment),
+    rank 0 picks a free port and sends it to the others over that group: MASTER_PORT + 1, fixed,
+    could be taken by then (the ranks' own connections draw local ports from that range). Under
+    torchrun without a group, its agent's store holds MASTER_PORT: the port after it. Collective
+    the first time a group is up (every rank creates its engines in the same order)."""
+    global _STORE_PORT
+    env = os.environ
+    if world_size <= 1 or "MASTER_PORT" not in env:
+        return 0
+    dist = torch.distributed
+    if _STORE_PORT is not None:
+        return _STORE_PORT  # the process's store, which its engines share, already listens there
+    if dist.is_initialized():
+        import socket
+        box = [None]
+        if dist.get_rank() == 0:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("", 0))  # free on every interface, MASTER_ADDR's included
+                box[0] = s.getsockname()[1]
+        dist.broadcast_object_list(box, src=0)
+        _STORE_PORT = int(box[0])
+        return _STORE_PORT
+    if "TORCHELASTIC_RUN_ID" in env:
+        return int(env["MASTER_PORT"]) + 1
+    return 0
+
+
 def _share_rendezvous_secret() -> None:
-    """Under torchrun, the engine's own rendezvous (rank 0 serves a TCP store on MASTER_PORT + 1,
-    StrataEngine) needs a secret every rank holds (cpu/rendezvous/rendezvous.h). `offloadctl
+    """Under torchrun, the engine's own rendezvous (rank 0 serves a TCP store on the port
+    _engine_store_port gives) needs a secret every rank holds (cpu/rendezvous/rendezvous.h). `offloadctl
     launch` sets STRATA_RDZV_SECRET; torchrun does not, so rank 0 draws one and sends it over
     torch.distributed (initialised here with gloo from torchrun's environment when the script has
     not done it)."""

@@ -121,11 +121,15 @@ def gloo_threads():
 # Registered before strata's: runs after it, as the interpreter's last handler.
 atexit.register(lambda: print("at the end:", torch.distributed.is_initialized(), gloo_threads(),
                               flush=True))
+if sys.argv[1] == "script-first":  # a group up before strata is imported, held by the defaults
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0,
+                                         world_size=1)
+    import torch.distributed.nn.functional
 import strata, strata.comm as dist
 if sys.argv[1] == "script":  # the script's own group (strata.init_distributed then keeps it)
     torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0,
                                          world_size=1)
-strata.init_distributed()
+strata.init_distributed(dist_backend="gloo")
 # The first torch Optimizer imports torch._dynamo, which imports torch.distributed.nn.functional,
 # whose defaults would hold the group had it not been imported before the group started.
 torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
@@ -136,12 +140,13 @@ for _ in range(50):
 """
 
 
-@pytest.mark.parametrize("started_by", ["strata", "script"])
+@pytest.mark.parametrize("started_by", ["strata", "script", "script-first"])
 def test_a_script_that_ends_after_its_collectives_exits_cleanly(tmp_path, started_by):
     """A gloo group the script left up is destroyed at exit, its threads ended, before the
     interpreter finalizes: without it, gloo's thread could need the GIL then, and the process
     aborted after the script succeeded ("terminate called without an active exception", about
-    one run in seven of this script)."""
+    one run in seven of this script). script-first: torch.distributed.nn.functional, imported
+    while the group was up, held it in its default arguments until strata released them."""
     script = tmp_path / "ends.py"
     script.write_text(EXIT_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_KEYS}
@@ -208,6 +213,41 @@ def test_two_ranks_under_offloadctl_launch_end_where_one_rank_does(tmp_path):
     assert got["eval_loss"] == pytest.approx(want_eval, rel=1e-4)
     # all_reduce_coalesced summed each tensor in place: ranks 1 and 2's values, and 1 + 1.
     assert got["comm"] == {"coalesced": [[3.0, 3.0], [2.0, 2.0, 2.0]], "ranks": [0, 1]}
+
+
+def test_the_engine_store_does_not_need_the_port_after_master_port(tmp_path):
+    """Under a launcher with torch.distributed up, the engine's store took MASTER_PORT + 1, which
+    the ranks' own connections could hold by then (errno 98 at initialize, 1 launch in 82): rank
+    0 now picks a free port and sends it over the group. Here MASTER_PORT + 1 is held throughout."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: two ranks would need two")
+    import socket
+    launcher = offloadctl()
+    assert launcher, "offloadctl is neither in the build tree nor on PATH"
+    held = socket.socket()
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        try:
+            held.bind(("127.0.0.1", port + 1))
+            break
+        except OSError:
+            continue
+    held.listen()
+    try:
+        config, out = write_config(tmp_path, 3), tmp_path / "out.json"
+        env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_KEYS}
+        env["PYTHONPATH"] = os.pathsep.join([HERE, env.get("PYTHONPATH", "")])
+        r = subprocess.run([launcher, "launch", "-n", "2", "--master-port", str(port), "--",
+                            sys.executable, os.path.join(HERE, "ds_script_worker.py"),
+                            *script_args(tmp_path, config, out)], env=env, capture_output=True,
+                           text=True, timeout=240)
+    finally:
+        held.close()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["world"] == 2 and got["global_steps"] == EPOCHS * N // BATCH
 
 
 SUPEROFFLOAD_CONFIG = {

@@ -757,8 +757,6 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
       static_cast<int>(cfg.config.gradient_accumulation_steps.value_or(1));
   r.io_queue_depth = static_cast<size_t>(std::clamp<int64_t>(cfg.config.aio.queue_depth, 1, 1024));
   const double device_bytes = a.device_gb * 1e9, host_bytes = a.host_gb * 1e9;
-  r.planner_bytes =
-      PlannerBytes(cfg.config, model, v, p.world, device_bytes, host_bytes, a.overlap_step, p.cuda);
   Progress progress(p.rank == 0, p.progress_tty);
   progress.Say("bench engine: " + v.Name() + ": creating the engine");
 
@@ -766,6 +764,8 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
       VariantBackend b,
       MakeVariantBackend(a, p, "strata/bench-engine/" + std::to_string(p.variants_run++),
                          device_bytes));
+  r.planner_bytes = PlannerBytes(cfg.config, model, v, p.world, device_bytes, host_bytes,
+                                 a.overlap_step, !b.device->host_addressable());
   Communicator& comm = *b.comm;
   r.device_name = b.device->name();
   if (b.cuda) r.pcie = p.pcie;

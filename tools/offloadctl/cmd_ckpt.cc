@@ -354,7 +354,8 @@ int RunReshard(const CkptArgs& a) {
   if (unchecked > 0) {
     std::printf(
         "  note: %zu frozen group(s) left out at save have no fingerprint (a precision conversion "
-        "drops them): a load keeps the engine's values for them unchecked, so build the model "
+        "drops them, and a checkpoint saved from values without one has none): a load keeps the "
+        "engine's values for them unchecked, so build the model "
         "from the pretrained weights the run started from\n",
         static_cast<size_t>(unchecked));
   }

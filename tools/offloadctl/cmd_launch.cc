@@ -52,58 +52,29 @@ struct Rank {
   int code = 0;  // exit status, or 128 + signal
 };
 
-// A TCP socket bound to `port` on `addr` (0: the kernel picks), or -1 with *error set.
-int BindPort(const std::string& addr, int port, std::string* error) {
+// A free TCP port on `addr` (bound then released; a small race, as torchrun's own), or 0 with
+// *error set when none can be bound there (addr not on this host, no ports left).
+int FreePort(const std::string& addr, std::string* error) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
   if (::inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     *error = std::string("socket: ") + std::strerror(errno);
-    return -1;
+    return 0;
   }
+  int port = 0;
+  socklen_t len = sizeof(a);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
     *error = std::string("bind: ") + std::strerror(errno);
-    ::close(fd);
-    return -1;
+  } else if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    *error = std::string("getsockname: ") + std::strerror(errno);
+  } else {
+    port = ntohs(a.sin_port);
+    if (port == 0) *error = "the kernel returned port 0";
   }
-  return fd;
-}
-
-int BoundPort(int fd) {
-  sockaddr_in a{};
-  socklen_t len = sizeof(a);
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return 0;
-  return ntohs(a.sin_port);
-}
-
-// A free TCP port P on `addr` whose next one is free too (bound then released; a small race, as
-// torchrun's own), or 0 with *error set when none can be bound there (addr not on this host, no
-// ports left). P is MASTER_PORT, which torch.distributed's store takes as the ranks start; strata's
-// engine store takes P + 1 later, after the ranks' own connections took local ports: P + 1 is
-// odd, the parity Linux gives bind(0), not the even one it prefers for connect().
-int FreePort(const std::string& addr, std::string* error) {
-  for (int attempt = 0; attempt < 32; ++attempt) {
-    const int fd = BindPort(addr, 0, error);
-    if (fd < 0) return 0;
-    const int q = BoundPort(fd);
-    if (q == 0) {
-      *error = "getsockname: cannot read the port the kernel chose";
-      ::close(fd);
-      return 0;
-    }
-    // q held: the even one of the pair {q - 1, q} or {q, q + 1} must be bindable too.
-    const int p = q % 2 == 1 ? q - 1 : q;
-    const int other = BindPort(addr, q % 2 == 1 ? p : q + 1, error);
-    ::close(fd);
-    if (other >= 0) {
-      ::close(other);
-      return p;
-    }
-  }
-  *error = "no two adjacent free ports found in 32 tries";
-  return 0;
+  ::close(fd);
+  return port;
 }
 
 // Writes complete lines of `buf` with the rank prefix; keeps a partial last line (flush: all).
@@ -180,18 +151,6 @@ int RunLaunch(int n, int per_node, const std::string& addr, int port,
   std::vector<std::vector<std::string>> cmds(n, cmd);
   for (int r = 0; r < n && local_rank_arg; ++r) {
     cmds[r].push_back("--local_rank=" + std::to_string(r % per_node));
-  }
-  if (port != 0) {
-    std::string error;
-    const int next = BindPort(addr, port + 1, &error);
-    if (next >= 0) {
-      ::close(next);
-    } else {
-      std::fprintf(stderr,
-                   "launch: note: port %d on %s is in use (%s): a strata engine in a script that "
-                   "starts torch.distributed serves its store there and would fail to start\n",
-                   port + 1, addr.c_str(), error.c_str());
-    }
   }
   if (port == 0) {
     std::string error;
