@@ -137,6 +137,8 @@ torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
 # the script, after the interpreter began to finalize unless the group ended first.
 for _ in range(50):
     dist.all_reduce(torch.ones(100000), async_op=True)
+if sys.argv[1] == "raises":
+    raise RuntimeError("the script failed")
 """
 
 
@@ -155,6 +157,12 @@ def test_a_script_that_ends_after_its_collectives_exits_cleanly(tmp_path, starte
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "at the end: False 0" in r.stdout, r.stdout + r.stderr
+    # A script that fails: its error and exit code stand, and the group is left as it was (a
+    # peer could still be in a collective, which destroying it would wait for).
+    r = subprocess.run([sys.executable, str(script), "raises"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and "RuntimeError: the script failed" in r.stderr, r.stderr
+    assert "at the end: True" in r.stdout, r.stdout + r.stderr
 
 
 def test_the_accelerator_names_the_device_the_engine_picks():
