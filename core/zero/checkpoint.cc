@@ -707,6 +707,12 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
 // started from: refused, naming the groups, where both fingerprints are known and differ.
 // Collective when the checkpoint has such groups (every rank reads the same manifest).
 Status CheckExcludedValues(Engine::Impl& e, const ckpt::Manifest& m, const std::string& what) {
+  auto refuse = [&](const std::vector<std::string>& names, const std::string& which,
+                    const std::string& why) {
+    return Status::FailedPrecondition(what + ": the checkpoint left out " +
+                                      std::to_string(names.size()) + " frozen group(s) " + which +
+                                      NameList(names) + why + "; nothing was changed)");
+  };
   // Written since this engine started (WriteParams, or loaded as changed): not the values any
   // run started from. The same on every rank (WriteParams and Load are collective).
   std::vector<std::string> written;
@@ -714,13 +720,11 @@ Status CheckExcludedValues(Engine::Impl& e, const ckpt::Manifest& m, const std::
     if (m.groups[g].excluded && e.groups[g].frozen_changed) written.push_back(m.groups[g].name);
   }
   if (!written.empty()) {
-    return Status::FailedPrecondition(
-        what + ": the checkpoint left out " + std::to_string(written.size()) +
-        " frozen group(s) that this engine has written since it started (GatheredParameters "
-        "with a modifier rank, a fused adapter, or a checkpoint that had changed them): " +
-        NameList(written) +
-        "; their values are not the ones the saving run started from (load before writing "
-        "them, or from a checkpoint saved whole; nothing was changed)");
+    return refuse(written,
+                  "that this engine has written since it started (GatheredParameters with a "
+                  "modifier rank, a fused adapter, or a checkpoint that had changed them): ",
+                  "; their values are not the ones the saving run started from (load before "
+                  "writing them, or from a checkpoint saved whole");
   }
   if (std::none_of(m.groups.begin(), m.groups.end(),
                    [](const auto& g) { return g.excluded && g.fingerprint != 0; })) {
@@ -735,13 +739,9 @@ Status CheckExcludedValues(Engine::Impl& e, const ckpt::Manifest& m, const std::
     differ.push_back(m.groups[g].name);
   }
   if (differ.empty()) return Status::OK();
-  return Status::FailedPrecondition(
-      what + ": the checkpoint left out " + std::to_string(differ.size()) +
-      " frozen group(s) whose values in this model are not the ones the saving run started "
-      "from: " +
-      NameList(differ) +
-      " (their fingerprints differ: build the model from the same pretrained weights before "
-      "loading; nothing was changed)");
+  return refuse(differ, "whose values in this model are not the ones the saving run started from: ",
+                " (their fingerprints differ: build the model from the same pretrained weights "
+                "before loading");
 }
 
 }  // namespace

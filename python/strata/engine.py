@@ -93,14 +93,6 @@ from .zero import (GatheredParameters, ZeroParamStatus, _mark_partitioned, _owne
 
 _AVAILABLE, _NOT_AVAILABLE = ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE
 
-# torch.distributed.nn.functional's collectives take `group=group.WORLD` as a default argument,
-# evaluated when the module is first imported (by torch._dynamo, which the first torch Optimizer
-# imports). Imported while a group is up, ten functions hold that group for the life of the
-# process, and destroying it at exit (_destroy_gloo_group) cannot end its threads. Imported here,
-# before the script starts a group, they hold None.
-if torch.distributed.is_available() and not torch.distributed.is_initialized():
-    import torch.distributed.nn.functional  # noqa: F401
-
 logger = logging.getLogger("strata")
 _CONFIG_WARNED: set = set()  # config warnings already logged by this process
 
@@ -2537,9 +2529,11 @@ def _destroy_gloo_group() -> None:
 
 
 def _release_pinned_group(group) -> None:
-    """torch.distributed.nn.functional imported while `group` was up (before strata was) holds
-    it in its functions' default arguments: set to None, as they are when imported before any
-    group, so that the destroyed group's threads end."""
+    """torch.distributed.nn.functional's collectives take `group=group.WORLD` as a default
+    argument, evaluated when the module is first imported (by torch._dynamo, which the first
+    torch Optimizer imports): imported while `group` was up, ten functions hold it for the life
+    of the process. Set to None, as they are when imported before any group, so that the
+    destroyed group's threads end."""
     module = sys.modules.get("torch.distributed.nn.functional")
     for fn in vars(module).values() if module is not None else ():
         defaults = getattr(fn, "__defaults__", None)

@@ -131,7 +131,7 @@ if sys.argv[1] == "script":  # the script's own group (strata.init_distributed t
                                          world_size=1)
 strata.init_distributed(dist_backend="gloo")
 # The first torch Optimizer imports torch._dynamo, which imports torch.distributed.nn.functional,
-# whose defaults would hold the group had it not been imported before the group started.
+# whose defaults hold the group until strata releases them at exit.
 torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
 # Collectives on temporaries right before the end: gloo's thread drops their tensors behind
 # the script, after the interpreter began to finalize unless the group ended first.
@@ -147,8 +147,9 @@ def test_a_script_that_ends_after_its_collectives_exits_cleanly(tmp_path, starte
     """A gloo group the script left up is destroyed at exit, its threads ended, before the
     interpreter finalizes: without it, gloo's thread could need the GIL then, and the process
     aborted after the script succeeded ("terminate called without an active exception", about
-    one run in seven of this script). script-first: torch.distributed.nn.functional, imported
-    while the group was up, held it in its default arguments until strata released them."""
+    one run in seven of this script). torch.distributed.nn.functional, imported while the group
+    is up (by the optimizer, or by the script itself before strata), holds it in its default
+    arguments until strata releases them."""
     script = tmp_path / "ends.py"
     script.write_text(EXIT_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_KEYS}
