@@ -93,6 +93,12 @@ INIT_S_PER_PARAM = 10e-9  # strata.initialize cost before part 1 measured it
 # parameter's fp32 copy at initialize. A model is run when both fit 90 % of MemAvailable.
 HOST_OVERHEAD_BYTES = 8 * 2**30
 HOST_USABLE_FRACTION = 0.9
+# GPU memory of zero_offload's torch fwd+bwd reference, the larger of the part's two runs
+# (strata's keeps no whole-model gradient): bf16 weights and gradients, the activations autograd
+# keeps per token and layer (SDPA; RMSNorm's fp32 copies, attention and MLP inputs: about
+# 32 h + 10 intermediate bytes) and the logits' (about 10 B per vocabulary entry). A model is run
+# when it fits this share of the GPU's memory (an 80 GB card rules out 7B at micro-batch 8).
+DEVICE_USABLE_FRACTION = 0.85
 NVME_BYTES_PER_PARAM = 18  # on disk: fp32 master, m, v + bf16 params (+ slack)
 NVME_STEP_READ_PER_PARAM = 16  # states 12 + params fwd 2 + bwd 2
 NVME_STEP_WRITE_PER_PARAM = 14  # states 12 + params 2
@@ -756,9 +762,25 @@ def host_refusal(name, need, avail):
             f"{avail / GiB:.0f} GiB available")
 
 
+def fwd_bwd_device_bytes(shape, n, tokens, vocab):
+    """DEVICE_USABLE_FRACTION's estimate of torch fwd+bwd's GPU bytes."""
+    h, layers, inter, _ = shape
+    return 4 * n + tokens * (layers * (32 * h + 10 * inter) + 10 * vocab)
+
+
+def device_refusal(name, need, total):
+    """Why a model whose fwd+bwd needs `need` GPU bytes is not run on a GPU of `total` bytes,
+    or None where it fits DEVICE_USABLE_FRACTION of it."""
+    if total is None or need <= DEVICE_USABLE_FRACTION * total:
+        return None
+    return (f"{name}: fwd+bwd ~{need / GiB:.0f} GiB on the GPU (weights, gradients, "
+            f"activations) > {DEVICE_USABLE_FRACTION:.0%} of its {total / GiB:.0f} GiB")
+
+
 def choose_offload_size(ctx, share_s, mb, seq, refs, stage):
-    """The largest ladder model whose host state (strata.plan) fits MemAvailable and whose set-up
-    and steps fit share_s seconds (estimates from this run's references)."""
+    """The largest ladder model whose host state (strata.plan) fits MemAvailable, whose torch
+    fwd+bwd fits the GPU, and whose set-up and steps fit share_s seconds (estimates from this
+    run's references)."""
     a = ctx.args
     if a.tiny:
         return "tiny", PRESETS["tiny"], ["--tiny"]
@@ -766,12 +788,16 @@ def choose_offload_size(ctx, share_s, mb, seq, refs, stage):
         name, shape = parse_shape(a.offload_model)
         return name, shape, ["--offload-model"]
     avail = host_available_bytes()
+    gpu_total = torch.cuda.mem_get_info()[1] if ctx.cuda else None
     init = ctx.init_s_per_param or INIT_S_PER_PARAM
     why = []
     for name in LADDER:
         shape = PRESETS[name]
         n = param_count(shape, a.vocab)
         refusal = host_refusal(name, offload_host_bytes(n, ds_config(mb, stage, "cpu")), avail)
+        if refusal is None:
+            refusal = device_refusal(
+                name, fwd_bwd_device_bytes(shape, n, mb * seq, a.vocab), gpu_total)
         if refusal is not None:
             why.append(refusal)
             continue

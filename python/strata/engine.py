@@ -1439,6 +1439,9 @@ class StrataEngine(torch.nn.Module):
         current.wait_stream(own)
         view.copy_(grad)
         own.wait_stream(current)
+        # The caller drops grad next: its memory goes back to torch's pool on the stream it was
+        # made on, which may be neither of these; it is not reused before this copy has read it.
+        grad.record_stream(current)
 
     def _reset_micro_step(self) -> None:
         self._grads_missing = [len(g.params) for g in self._groups]

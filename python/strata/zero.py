@@ -296,7 +296,11 @@ def _gather_parts(params: list, rank: int, world: int):
             if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
                 raise RuntimeError("strata.zero.GatheredParameters on zero.Init parameters with "
                                    "more than one process needs torch.distributed initialised")
-            torch.distributed.all_reduce(full)  # ranges are disjoint: the sum is the whole
+            dist = torch.distributed
+            if dist.get_backend() == "nccl":  # NCCL reduces GPU tensors only
+                full = full.to(f"cuda:{torch.cuda.current_device()}")
+            dist.all_reduce(full)  # ranges are disjoint: the sum is the whole
+            full = full.cpu()
         out.append(full)
     return out
 

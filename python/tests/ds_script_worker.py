@@ -95,7 +95,9 @@ with torch.no_grad():
 
 # The comm calls DeepSpeed scripts and libraries make around the loop.
 dist.monitored_barrier()
-counts = [torch.full((2,), float(dist.get_rank() + 1)), torch.ones(3)]
+# On the accelerator's device, as a script must under NCCL (a group without a CPU backend).
+counts = [torch.full((2,), float(dist.get_rank() + 1), device=local_device),
+          torch.ones(3, device=local_device)]
 dist.all_reduce_coalesced(counts)
 comm = {"coalesced": [c.tolist() for c in counts],
         "ranks": dist.get_all_ranks_from_group(dist.get_world_group())}

@@ -107,6 +107,29 @@ def test_offload_sizing_takes_the_host_state_from_the_planner():
     assert why is not None and "strata.plan" in why and "96 GiB" in why
 
 
+def test_offload_sizing_keeps_torchs_reference_within_the_gpu():
+    """zero_offload's torch fwd+bwd reference must fit the GPU too: at micro-batch 8 x 1024
+    tokens 7B fits an H200 (about 140 GiB) and not an 80 GB H100, where 4B is the largest."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_gpu", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    GiB = 2**30
+    h200, h100 = 140 * GiB, 79 * GiB
+
+    def refusal(name, total):
+        shape = bench.PRESETS[name]
+        n = bench.param_count(shape, 32000)
+        return bench.device_refusal(name, bench.fwd_bwd_device_bytes(shape, n, 8 * 1024, 32000),
+                                    total)
+
+    assert refusal("7b", h200) is None
+    why = refusal("7b", h100)
+    assert why is not None and "79 GiB" in why
+    assert refusal("4b", h100) is None
+    assert refusal("7b", None) is None  # no GPU: the host stand-in is not sized by it
+
+
 def _timeline():
     import importlib.util
     spec = importlib.util.spec_from_file_location(

@@ -476,6 +476,11 @@ def test_offload_states_frees_the_gpu_and_training_goes_on_bit_for_bit(stage, of
             engine.backward(engine(*on_gpu(batch("gpt", step))))
             engine.step()
             if lend:
+                # A first round drops what the engine keeps on the GPU for reuse and makes again
+                # in the next backward (spare gradient buffers, kept gathered copies): `held` is
+                # then the state that offload_states() lends out and reload_states() brings back.
+                engine.offload_states()
+                engine.reload_states()
                 held = engine._engine.device_used_bytes
                 free_before = torch.cuda.mem_get_info()[0]
                 engine.offload_states()
