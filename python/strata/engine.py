@@ -67,6 +67,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import inspect
 import itertools
 import json
 import logging
@@ -179,6 +180,25 @@ def _as_tensor(view) -> torch.Tensor:
     gathered view's work is done when gather returns; a gradient buffer taken with a stream is
     ordered by the adapter: _grad_buffer)."""
     return torch.from_dlpack(view.__dlpack__())
+
+
+def _forward_code(cls):
+    """The code object of cls.forward, under its decorators (functools.wraps'
+    __wrapped__, as transformers' forwards carry)."""
+    fn = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
+    return getattr(fn, "__code__", None)
+
+
+def _refuse_lazy_parameters(model: torch.nn.Module) -> None:
+    """A lazy module's parameters (nn.LazyLinear, nn.LazyConv2d, ...) have no shape until its
+    first forward: the engine partitions and allocates by shape at initialize."""
+    lazy = [n for n, p in model.named_parameters() if torch.nn.parameter.is_lazy(p)]
+    if lazy:
+        more = f" and {len(lazy) - 5} more" if len(lazy) > 5 else ""
+        raise ValueError(
+            f"strata.initialize: parameter(s) {', '.join(repr(n) for n in lazy[:5])}{more} "
+            "are uninitialized (a lazy module such as nn.LazyLinear): run one forward pass of "
+            "the model on a sample batch before strata.initialize, so that they have shapes")
 
 
 def _full_shape(p: torch.nn.Parameter) -> list:
@@ -586,6 +606,7 @@ class StrataEngine(torch.nn.Module):
                  timeout_ms: int = 300000, overlap_step: bool = False,
                  param_groups: Optional[ParamGroups] = None, lr_scheduler=None, device=None):
         super().__init__()
+        _refuse_lazy_parameters(model)
         # Before anything is measured: dropped engines' device memory and swap files freed, and
         # an engine still holding this model's parameters closed with its weights kept.
         _collect_unreachable_engines()
@@ -899,7 +920,10 @@ class StrataEngine(torch.nn.Module):
         return sorted(set(own) | {self._group_of[i] for i in ext if i in self._group_of})
 
     def _post_hook(self, module, args, kwargs, output):
-        call = module._strata_calls.pop()
+        calls = module.__dict__.get("_strata_calls")
+        if not calls:
+            return output  # hooked during this call (_gather_external): its pre-hook did not run
+        call = calls.pop()
         if not call.acquired:
             return output  # the pre-hook's gather failed: its error is the one raised
         if self._call_stack and self._call_stack[-1][1] is call:
@@ -920,11 +944,17 @@ class StrataEngine(torch.nn.Module):
         registered as an external parameter of that module, with a notice for the first such
         parameter of the module (PEFT's LoRA layers read each adapter's weight.dtype in a parent
         with no parameters of its own: one notice, not one per adapter)."""
-        module, call = self._call_stack[-1]
+        running, call = self._call_stack[-1]
         gi = self._group_of[id(p)]
         if gi not in call.groups:
             call.groups.append(gi)
             self._acquire((gi,))
+        # Registered on the innermost module whose forward reads it, which strata may not hook
+        # (a layer without parameters of its own, as DeepSpeed hooks every module): registered
+        # on `running`, an ancestor, it would be gathered through the whole of that forward.
+        module = self._reading_module(running) if what == "is read" else running
+        if module is not running:
+            self._hook_module(module)  # its later calls gather it; this call holds it as above
         external = module.__dict__.setdefault("_strata_external", {})
         if id(p) not in external:
             external[id(p)] = p
@@ -940,11 +970,34 @@ class StrataEngine(torch.nn.Module):
                 "ahead and silences this; other parameters read there the same way are "
                 "registered without another notice)", stacklevel=3)
 
+    def _reading_module(self, running: torch.nn.Module) -> torch.nn.Module:
+        """The innermost module of this engine's model whose forward is on the Python stack
+        below `running`'s (the hooked call in progress), else `running`."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            obj = frame.f_locals.get("self")
+            if obj is running:
+                break
+            if (isinstance(obj, torch.nn.Module) and id(obj) in self._module_names
+                    and frame.f_code is _forward_code(type(obj))):
+                return obj
+            frame = frame.f_back
+        return running
+
     def _adopt_returned_params(self, output) -> None:
-        """A parameter a module's forward returns (as DeepSpeed) stays gathered for the caller."""
+        """A parameter a module's forward returns (as DeepSpeed), or a view of one (a slice of a
+        positional table, w.t(): a tensor over the gathered memory), stays gathered for the
+        caller: released here, the next gather would reuse the memory under the caller."""
+        if isinstance(output, dict):
+            output = tuple(output.values())  # also transformers' ModelOutput
         for t in (output if isinstance(output, (tuple, list)) else (output,)):
             if isinstance(t, torch.nn.Parameter) and id(t) in self._group_of:
                 self._gather_external(t, "is returned by a submodule")
+                continue
+            hit = self._param_memory(t)
+            if hit is not None:
+                p = self._groups[hit[0]].params[hit[1]][1]
+                self._gather_external(p, "is returned by a submodule (a view of it)")
 
     def _param_name(self, p) -> str:
         return self._groups[self._group_of[id(p)]].params[self._index_in_group[id(p)]][0]

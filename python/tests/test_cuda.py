@@ -58,7 +58,10 @@ def reference_cuda(kind, steps, dtype):
     params = list(model.parameters())
     masters = params if dtype == "fp32" else [p.detach().float().clone().requires_grad_()
                                               for p in params]
-    opt = torch.optim.AdamW(masters, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=WD)
+    # foreach=False: torch's per-tensor order of operations, the engine's (its default on a GPU,
+    # foreach, rounds differently)
+    opt = torch.optim.AdamW(masters, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=WD,
+                            foreach=False)
     losses = []
     for step in range(steps):
         for p in params:
@@ -183,7 +186,7 @@ def test_a_model_that_computes_on_two_streams_matches_torch(stage):
             for _ in range(STEPS)]
     ref = _two_stream_model()
     opt = torch.optim.AdamW(ref.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=WD)
+                            weight_decay=WD, foreach=False)
     ref_losses = []
     for x, y in data:
         opt.zero_grad()
@@ -502,15 +505,24 @@ def test_offload_states_frees_the_gpu_and_training_goes_on_bit_for_bit(stage, of
         assert torch.equal(got[n], want[n]), n
 
 
-@needs_gpu
-@pytest.mark.parametrize("stage,offload", [(3, "none"), (3, "cpu")])
-def test_an_accelerate_deepspeed_script_trains_on_the_gpu(tmp_path, stage, offload):
-    """accelerate_worker.py (test_accelerate.py's script) on the GPU: strata's Accelerator with
-    the plugin against accelerate's own Accelerator without DeepSpeed, fp32."""
+@pytest.fixture(scope="module")
+def accelerate_gpu_reference(tmp_path_factory):
+    """accelerate_worker.py with accelerate's own Accelerator on the GPU, without DeepSpeed: one
+    run (a process that imports transformers and starts CUDA) for every case below."""
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     import test_accelerate as ta
-    ref = ta.run(tmp_path, "ref", "--gpu")
+    return ta.run(tmp_path_factory.mktemp("accelerate_ref"), "ref", "--gpu")
+
+
+@needs_gpu
+@pytest.mark.parametrize("stage,offload", [(3, "none"), (3, "cpu")])
+def test_an_accelerate_deepspeed_script_trains_on_the_gpu(tmp_path, stage, offload,
+                                                          accelerate_gpu_reference):
+    """accelerate_worker.py (test_accelerate.py's script) on the GPU: strata's Accelerator with
+    the plugin against accelerate's own Accelerator without DeepSpeed, fp32."""
+    import test_accelerate as ta
+    ref = accelerate_gpu_reference
     got = ta.run(tmp_path, "strata", "--gpu", "--strata",
                  ta.write(tmp_path, ta.config(stage, offload)))
     assert got["device"].startswith("cuda") and got["engine_device"].startswith("cuda")
@@ -529,10 +541,12 @@ def test_cpu_checkpointing_keeps_the_blocks_inputs_in_host_memory(monkeypatch):
     blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(1024, 1024),
                                                      torch.nn.GELU()) for _ in range(8)).cuda()
 
+    x0 = torch.randn(1024, 1024, device="cuda")  # one input for both runs
+
     def run(cpu):
         ck.configure(None, checkpoint_in_cpu=cpu)
         blocks.zero_grad()
-        x = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+        x = x0.clone().requires_grad_()
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         h = x

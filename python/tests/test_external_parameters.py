@@ -3,6 +3,7 @@
 gathers a parameter read while released inside the engine's forward (registering it as an
 external parameter of the running module, with a one-time notice), or ahead of time through
 strata.zero.register_external_parameter. Two processes: test_distributed.py (tiedmm cases)."""
+import functools
 import warnings
 
 import pytest
@@ -96,6 +97,141 @@ def test_parameter_returned_by_a_submodule_stays_gathered_for_the_caller():
     with pytest.warns(UserWarning, match="returned by a submodule"):
         losses3, master3 = run(3)
     losses0, master0 = run(0)
+    assert losses3 == pytest.approx(losses0, rel=1e-6)
+    for n in master0:
+        torch.testing.assert_close(master3[n], master0[n], atol=1e-6, rtol=1e-5)
+
+
+class _Positions(torch.nn.Module):
+    """Returns a view of its parameter: a slice of a learned positional table, or its
+    transpose."""
+
+    def __init__(self, transpose):
+        super().__init__()
+        self.transpose = transpose
+        self.pe = torch.nn.Parameter(torch.randn(10, 8))
+
+    def forward(self, n):
+        return self.pe.t()[:, :n] if self.transpose else self.pe[:n]
+
+
+class _UsesView(torch.nn.Module):
+    def __init__(self, transpose):
+        super().__init__()
+        self.pos = _Positions(transpose)
+        self.l1 = torch.nn.Linear(8, 8)
+        self.l2 = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        pe = self.pos(x.shape[1])
+        if self.pos.transpose:
+            pe = pe.t()
+        h = self.l2(self.l1(x))  # gathers of other groups after pos released its own
+        return (h * pe).sum(-1).square().mean()
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("offload_param", ["none", "cpu"])
+def test_a_view_of_a_parameter_returned_by_a_submodule_stays_gathered(offload_param, transpose):
+    """A module's forward that returns a view of its parameter (self.pe[:T], w.t()) hands the
+    caller a tensor over the gathered memory: the group stays gathered for the caller, as a
+    returned parameter does, so the next gathers do not reuse that memory under it. Parameters
+    on the CPU, where the gather is a device buffer of its own, made the loss and the weights
+    wrong without a word."""
+    def run(stage):
+        torch.manual_seed(0)
+        model = _UsesView(transpose)
+        cfg = ds_config(stage, lr=LR, wd=WD)
+        if stage == 3 and offload_param != "none":
+            cfg["zero_optimization"]["offload_param"] = {"device": offload_param}
+        engine, _, _, _ = strata.initialize(model=model, config=cfg)
+        losses = []
+        for step in range(3):
+            x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(step))
+            loss = engine(x)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        with torch.no_grad():
+            losses.append(engine(x).item())  # and without autograd
+        master = engine.read_master()
+        engine.close()
+        return losses, master
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the notice for the adopted group
+        losses3, master3 = run(3)
+    losses0, master0 = run(0)
+    assert losses3 == pytest.approx(losses0, rel=1e-6)
+    for n in master0:
+        torch.testing.assert_close(master3[n], master0[n], atol=1e-6, rtol=1e-5)
+
+
+def _logged(forward):
+    """A decorator as transformers puts on forwards (functools.wraps)."""
+    @functools.wraps(forward)
+    def wrapper(*args, **kwargs):
+        return forward(*args, **kwargs)
+    return wrapper
+
+
+class _Layer(torch.nn.Module):
+    """No parameters of its own; reads its child's bias outside the child's forward, as
+    nn.TransformerEncoderLayer's eval fast path reads self_attn.in_proj_bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(8, 8)
+
+    @_logged
+    def forward(self, x):
+        return torch.tanh(self.inner(x)) + self.inner.bias
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Layer() for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x.square().mean()
+
+
+def test_a_parameter_read_by_a_layer_without_parameters_is_registered_on_that_layer():
+    """The read is the layer's, though strata hooks only modules with parameters: the group is
+    registered on the layer (hooked from then on) and gathered for the layer's calls, not on the
+    root, which would hold every layer's group through the whole forward."""
+    def run(stage):
+        torch.manual_seed(0)
+        model = _Stack()
+        engine, _, _, _ = strata.initialize(model=model, config=ds_config(stage, lr=LR, wd=WD))
+        held = []  # what the last layer's call sees of the first layer's bias (read so as not
+        # to gather it: parameters() does not)
+        model.layers[3].register_forward_pre_hook(
+            lambda m, a: held.append(dict(model.layers[0].inner.named_parameters())["bias"].numel()))
+        losses = []
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for step in range(3):
+                loss = engine(torch.randn(4, 8, generator=torch.Generator().manual_seed(step)))
+                engine.backward(loss)
+                engine.step()
+                losses.append(loss.item())
+        master = engine.read_master()
+        registered = {n: len(m.__dict__.get("_strata_external", {}))
+                      for n, m in model.named_modules()}
+        engine.close()
+        notices = [str(w.message) for w in seen if NOTICE in str(w.message)]
+        return losses, master, held, notices, registered
+    losses3, master3, held3, notices, registered = run(3)
+    assert len(notices) == 4 and "'layers.0.inner.bias'" in notices[0]
+    assert "module 'layers.0'" in notices[0]
+    assert {n: k for n, k in registered.items() if k} == {f"layers.{i}": 1 for i in range(4)}
+    # The first forward found the read inside the root's call, which holds it to its end; from
+    # then on the layer's own call gathers and releases it.
+    assert held3 == [8, 0, 0]
+    losses0, master0, _, _, _ = run(0)
     assert losses3 == pytest.approx(losses0, rel=1e-6)
     for n in master0:
         torch.testing.assert_close(master3[n], master0[n], atol=1e-6, rtol=1e-5)

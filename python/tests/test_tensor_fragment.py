@@ -24,7 +24,8 @@ def on(device, xs):
 def torch_run(kind, device="cpu"):
     model = make_model(kind).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=WD)
+    opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=WD,
+                            foreach=False)  # the engine's order on a GPU too
     for step in range(STEPS):
         opt.zero_grad()
         model(*on(device, batch(kind, step))).backward()

@@ -486,3 +486,18 @@ def test_a_config_passed_twice_is_refused_as_deepspeed_does(tmp_path):
     args = __import__("argparse").Namespace(deepspeed_config=str(path), local_rank=-1)
     with pytest.raises(ValueError, match="args.deepspeed_config"):
         strata.initialize(args=args, model=make_model("mlp"), config=ds_config(3))
+
+
+def test_a_lazy_module_before_its_first_forward_is_refused_naming_it():
+    """nn.LazyLinear's parameters have no shape until a forward: refused at initialize, naming
+    them; after one forward the model trains as any other."""
+    model = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    with pytest.raises(ValueError, match=r"'0\.weight', '0\.bias' are uninitialized .*forward"):
+        strata.initialize(model=model, config=ds_config(3, lr=LR, wd=WD))
+    model(torch.zeros(1, 6))
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3, lr=LR, wd=WD))
+    loss = engine(torch.ones(2, 6)).square().mean()
+    engine.backward(loss)
+    engine.step()
+    assert engine.read_master()["0.weight"].shape == (4, 6)
+    engine.close()
