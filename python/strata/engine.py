@@ -645,6 +645,8 @@ class StrataEngine(torch.nn.Module):
             apply_leaf_module_config(model, {} if leaf_cfg == "auto" else leaf_cfg)
         self._groups = _make_groups(model, None if param_groups is None else param_groups.index,
                                     leaves=stage3)
+        self._param_versions: Optional[list] = None  # _check_param_writes' reference
+        self._warned_inplace = False  # its notice, once
         self._effective = eff
         self._autocast = TorchAutocast(config, self.device.type)  # the forward's autocast
         self._gas = int(eff.get("gradient_accumulation_steps") or 1)
@@ -1144,6 +1146,33 @@ class StrataEngine(torch.nn.Module):
         after them (collective at stage 3: every rank in the same order)."""
         self._acquire(tuple(gi for gi in range(len(self._groups))
                             if (self._whole or self._pinned[gi]) and self._refs[gi] == 0))
+        if self._whole:
+            self._param_versions = [p._version for _, p in self._trainable_params()]
+
+    def _trainable_params(self) -> list:
+        return [(n, p) for g in self._groups if g.trainable for n, p in g.params]
+
+    def _check_param_writes(self, before: str) -> None:
+        """Stages 0-2: warns (once per engine) where a trainable parameter was written in place
+        since the engine last wrote the parameters (torch's version counter: a no_grad in-place
+        op, load_state_dict, nn.Embedding(max_norm=...)'s renormalisation; not writes through
+        .data): `before` (the step, a save) works from the fp32 masters, which do not have it."""
+        if not self._whole or self._param_versions is None or self._warned_inplace:
+            return
+        written = [n for (n, p), v in zip(self._trainable_params(), self._param_versions)
+                   if p._version != v]
+        if not written:
+            return
+        self._warned_inplace = True
+        more = f" and {len(written) - 3} more" if len(written) > 3 else ""
+        warnings.warn(
+            f"strata: trainable parameter(s) {', '.join(repr(n) for n in written[:3])}{more} "
+            "were modified in place since the engine last set them (a no_grad in-place op, "
+            "module.load_state_dict, nn.Embedding(max_norm=...)); strata, as DeepSpeed's ZeRO "
+            "and bf16/fp16 optimizers, keeps fp32 master weights, and " + before + " works from "
+            "them, so the change is lost. Set weights with engine.load_checkpoint, or inside "
+            "strata.zero.GatheredParameters(params, modifier_rank=0) before the first step",
+            stacklevel=3)
 
     def _gathered_by_calls(self) -> bool:
         """Stage 3: a group gathered beyond the engine's own pins (a forward, a
@@ -1494,7 +1523,8 @@ class StrataEngine(torch.nn.Module):
         own.wait_stream(current)
         # The caller drops grad next: its memory goes back to torch's pool on the stream it was
         # made on, which may be neither of these; it is not reused before this copy has read it.
-        grad.record_stream(current)
+        if grad.is_cuda:
+            grad.record_stream(current)
 
     def _reset_micro_step(self) -> None:
         self._grads_missing = [len(g.params) for g in self._groups]
@@ -1691,6 +1721,7 @@ class StrataEngine(torch.nn.Module):
         self._step_applied = False
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
+            self._check_param_writes("the step")
             self._release_all()
             self._push_lrs()
             self._last_report = self._engine.step()
@@ -2314,6 +2345,7 @@ class StrataEngine(torch.nn.Module):
                              for n, b in _persistent_buffers(self.module).items()},
                  "tied": _tied_names(self.module), **self._lr_state()}
         blob = pack_state(state)
+        self._check_param_writes("the checkpoint")
         self._release_all()  # Save refuses while a group is gathered
         try:
             self._engine.save(os.fspath(save_dir), str(tag), blob,

@@ -501,3 +501,45 @@ def test_a_lazy_module_before_its_first_forward_is_refused_naming_it():
     engine.step()
     assert engine.read_master()["0.weight"].shape == (4, 6)
     engine.close()
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_an_in_place_write_to_a_trainable_parameter_is_named_once(stage, tmp_path):
+    """Stages 0-2 keep fp32 masters (as DeepSpeed's ZeRO and bf16/fp16 optimizers): a trainable
+    parameter written in place (nn.Embedding(max_norm=...) renormalises its rows in forward, a
+    no_grad write, load_state_dict) is lost at the next step or save, which says so once, naming
+    it. A write through GatheredParameters(modifier_rank=0) and plain training say nothing."""
+    import warnings
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Embedding(10, 4, max_norm=max_norm),
+                                   torch.nn.Flatten(), torch.nn.Linear(8, 1))
+
+    def notices(seen):
+        return [str(w.message) for w in seen if "modified in place" in str(w.message)]
+
+    tokens = torch.tensor([[1, 2], [3, 4]])
+    for max_norm, want in ((None, 0), (0.5, 1)):
+        model = make()
+        engine, _, _, _ = strata.initialize(model=model, config=ds_config(stage, lr=LR, wd=WD))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with strata.zero.GatheredParameters(model[2].bias, modifier_rank=0):
+                with torch.no_grad():
+                    model[2].bias.fill_(0.5)  # the sanctioned write before the first step
+            for _ in range(2):
+                engine.backward(engine(tokens).square().mean())
+                engine.step()
+        got = notices(seen)
+        assert len(got) == want, got
+        if want:
+            assert "'0.weight'" in got[0] and "the step" in got[0]
+        engine.close()
+    model = make()
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(stage, lr=LR, wd=WD))
+    model.load_state_dict(make().state_dict())
+    with pytest.warns(UserWarning, match=r"'0\.weight', '2\.weight', '2\.bias' were modified "
+                                         r"in place.*the checkpoint works from them"):
+        engine.save_checkpoint(tmp_path)
+    engine.close()
