@@ -67,9 +67,7 @@ Status ModelSpec::Validate() const {
       if (!names.insert(param.name).second) {
         return Status::InvalidArgument(pw + ": duplicate parameter name '" + param.name + "'");
       }
-      if (param.shape.empty())
-        return Status::InvalidArgument(pw + " ('" + param.name + "'): no shape");
-      uint64_t n = 1;
+      uint64_t n = 1;  // an empty shape is a scalar (a 0-dim parameter: CLIP's logit_scale)
       for (int64_t d : param.shape) {
         if (d <= 0) {
           return Status::InvalidArgument(pw + " ('" + param.name + "'): dimension " +

@@ -321,20 +321,33 @@ def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Par
 
 
 def _register_peft_lora_reads(model: torch.nn.Module) -> None:
-    """PEFT's LoRA layer reads its adapters' weights (lora_A[...].weight.dtype) in its own
-    forward, which does not own them: registered ahead as its external parameters, so stage 3
-    gathers them with the layer's call without a notice. strata.initialize does it at stage 3
+    """PEFT's LoRA layer reads its adapters' weights (lora_A[...].weight.dtype, the embedding
+    adapters' lora_embedding_A / _B) in its own forward, which does not own them, DoRA's
+    magnitude module the base weight and the adapters, IA3's layer its ia3_l vectors: registered
+    ahead as external parameters of the reading module, so stage 3 gathers them with its call
+    without a notice. strata.initialize does it at stage 3
     for every model (nothing without peft or LoRA layers)."""
     try:
         from peft.tuners.lora import LoraLayer
     except ImportError:
         return
+    try:
+        from peft.tuners.ia3 import IA3Layer
+    except ImportError:
+        IA3Layer = None
     for m in model.modules():
         if isinstance(m, LoraLayer):
-            for name in ("lora_A", "lora_B"):
-                for sub in getattr(m, name, {}).values():
-                    for p in sub.parameters():
-                        register_external_parameter(m, p)
+            adapters = [p for name in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
+                        for p in getattr(m, name, torch.nn.ModuleDict()).parameters()]
+            for p in adapters:
+                register_external_parameter(m, p)
+            # DoRA: each magnitude module's forward reads the base weight and the adapters.
+            for magnitude in getattr(m, "lora_magnitude_vector", torch.nn.ModuleDict()).values():
+                for p in (*m.get_base_layer().parameters(), *adapters):
+                    register_external_parameter(magnitude, p)
+        elif IA3Layer is not None and isinstance(m, IA3Layer):  # reads its ia3_l vectors
+            for p in getattr(m, "ia3_l", torch.nn.ParameterDict()).parameters():
+                register_external_parameter(m, p)
 
 
 def unregister_external_parameter(module: torch.nn.Module,

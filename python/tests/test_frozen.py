@@ -264,6 +264,63 @@ def test_peft_lora_on_a_transformers_llama_trains_as_torch(tmp_path):
     engine.close()
 
 
+@pytest.mark.parametrize("variant", ["dora", "embedding", "ia3"])
+def test_peft_adapters_that_read_other_modules_weights_train_as_torch_without_notices(variant):
+    """DoRA's magnitude module reads the base weight and the adapters, an embedding LoRA its
+    lora_embedding_A / _B, IA3's layer its ia3_l vectors, each in a forward that does not own
+    them: initialize registers them ahead on the reading module, so stage 3 trains as torch
+    with no notice."""
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+
+    def make():
+        torch.manual_seed(0)
+        cfg = transformers.LlamaConfig(vocab_size=37, hidden_size=32, intermediate_size=64,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, max_position_embeddings=16)
+        base = transformers.LlamaForCausalLM(cfg)
+        if variant == "ia3":
+            return peft.get_peft_model(base, peft.IA3Config(
+                target_modules=["k_proj", "down_proj"], feedforward_modules=["down_proj"],
+                init_ia3_weights=False))
+        return peft.get_peft_model(base, peft.LoraConfig(
+            r=4, lora_alpha=8, init_lora_weights="gaussian", use_dora=variant == "dora",
+            target_modules=["q_proj", "v_proj"] if variant == "dora" else ["embed_tokens"]))
+
+    def data(step):
+        return torch.randint(0, 37, (4, 12), generator=torch.Generator().manual_seed(step))
+
+    ref = make()
+    opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=LR,
+                            weight_decay=WD)
+    want = []
+    for step in range(3):
+        opt.zero_grad()
+        loss = ref(input_ids=data(step), labels=data(step)).loss
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    model = make()
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(3, lr=LR, wd=WD))
+    got = []
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for step in range(3):
+            loss = engine(input_ids=data(step), labels=data(step)).loss
+            engine.backward(loss)
+            engine.step()
+            got.append(loss.item())
+    assert got == pytest.approx(want, rel=1e-5)
+    notices = [str(w.message) for w in seen if "registered as an external parameter" in
+               str(w.message)]
+    assert not notices, notices
+    master = engine.read_master()
+    engine.close()
+    for n, p in ref.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(master[n], p.detach(), atol=2e-5, rtol=1e-4, msg=n)
+
+
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_peft_lora_with_gradient_checkpointing_trains_as_without(reentrant):
     """A PEFT LoRA fine-tune with transformers' gradient checkpointing at stage 3 (the usual
