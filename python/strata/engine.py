@@ -430,12 +430,15 @@ class _SavedParam:
     rebuilds the view over the parameter's memory as gathered then. `outer` keeps what the hooks
     below ours made of the tensor (they see every tensor; the view is rebuilt all the same)."""
     __slots__ = ("engine", "gi", "pi", "module", "byte_offset", "dtype", "size", "stride",
-                 "outer")
+                 "outer", "version")
 
     def __init__(self, engine, gi, pi, module, t, byte_offset, outer):
         self.engine = engine
         self.gi = gi
         self.pi = pi
+        # The parameter's version counter, as autograd checks a saved variable's: engine.step()
+        # advances it (StrataEngine._after_applied_step), so does an in-place write.
+        self.version = engine._groups[gi].params[pi][1]._version
         self.module = module
         self.byte_offset = byte_offset
         self.dtype = t.dtype
@@ -499,10 +502,16 @@ class _ReleaseAfterBackward(_CallIdentity):
     @staticmethod
     def backward(ctx, *grads):
         call = ctx.call
-        if call.held:
-            call.engine._release(call.groups)
+        engine = call.engine
+        if torch.is_grad_enabled():
+            # create_graph=True (a gradient penalty): the graph this backward builds keeps views
+            # of the gathered parameters, which a later backward reads; from here to the end of
+            # the micro-step's backward (_flush) or the step, nothing gathered is released.
+            engine._graph_built_in_backward = True
+        if call.held and not engine._graph_built_in_backward:
+            engine._release(call.groups)
             call.held = False
-            call.engine._held_calls.discard(call)
+            engine._held_calls.discard(call)
         return (None, *grads)
 
 
@@ -699,6 +708,7 @@ class StrataEngine(torch.nn.Module):
         self._ordered = world_size > 1
         self._completed: Optional[list] = [] if self._ordered else None  # until agreed
         self._held_calls: set = set()  # module calls whose groups backward holds gathered
+        self._graph_built_in_backward = False  # _ReleaseAfterBackward's, until the flush
         # Stages 0-2 keep every parameter whole (a view of the engine's replica) from here on;
         # stage 3 gathers per module (the hooks) and empties them outside.
         self._whole = self._engine.layout()["stage"] < 3
@@ -1056,6 +1066,13 @@ class StrataEngine(torch.nn.Module):
 
     def _rebuild_saved_param(self, s: _SavedParam) -> torch.Tensor:
         name, p = self._groups[s.gi].params[s.pi]
+        if p._version != s.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: parameter '{name}' is at version {p._version}; expected "
+                f"version {s.version} instead (strata: engine.step() or an in-place write "
+                f"changed it after the forward of {s.module} saved it; run the backward before "
+                "the step)")
         base = p.data
         if (self._refs[s.gi] <= 0 or base.numel() != p.ds_numel) and not p.requires_grad:
             with GatheredParameters([p]):  # frozen: its values, gathered for the purpose
@@ -1136,6 +1153,7 @@ class StrataEngine(torch.nn.Module):
         for call in self._held_calls:
             call.held = False
         self._held_calls.clear()
+        self._graph_built_in_backward = False
         self._release_groups(range(len(self._groups)))
 
     def _gather_whole(self) -> None:
@@ -1148,6 +1166,14 @@ class StrataEngine(torch.nn.Module):
                             if (self._whole or self._pinned[gi]) and self._refs[gi] == 0))
         if self._whole:
             self._param_versions = [p._version for _, p in self._trainable_params()]
+
+    def _after_applied_step(self) -> None:
+        """The engine rewrote the trainable parameters in its own memory, which torch does not
+        see: their version counters advance, as an optimizer's in-place update advances them, so
+        a backward through a graph saved before the step fails as in torch instead of reading
+        the new weights."""
+        for _, p in self._trainable_params():
+            torch.autograd.graph.increment_version(p)
 
     def _trainable_params(self) -> list:
         return [(n, p) for g in self._groups if g.trainable for n, p in g.params]
@@ -1565,6 +1591,7 @@ class StrataEngine(torch.nn.Module):
         for call in self._held_calls:  # a retained graph's next backward gathers them again
             call.held = False
         self._held_calls.clear()
+        self._graph_built_in_backward = False
         if self._whole:
             return  # stages 0-2: every group stays gathered
         self._release_groups([gi for gi in range(len(self._groups)) if not self._pinned[gi] and
@@ -1628,6 +1655,7 @@ class StrataEngine(torch.nn.Module):
         """A forward output's gradient: the script's own backward begins here, in autograd's
         outermost pass (a parameter's hook may first run inside a reentrant checkpoint's)."""
         if not self._in_engine_backward:
+            self._check_window_open()
             self._queue_torch_backward_end()
 
     def __getattr__(self, name: str):
@@ -1663,6 +1691,7 @@ class StrataEngine(torch.nn.Module):
                 "\"optimizer\" section) to train it")
         self._check_loaded("backward")
         self._check_requires_grad()
+        self._check_window_open()
         scale = self._engine.loss_scale * (1 if scale_wrt_gas else self._gas)
         self._in_engine_backward = True
         try:
@@ -1725,6 +1754,8 @@ class StrataEngine(torch.nn.Module):
             self._release_all()
             self._push_lrs()
             self._last_report = self._engine.step()
+            if not self._last_report["skipped"]:
+                self._after_applied_step()
             self._gather_whole()  # stages 0-2: the parameters whole again (new values)
             self.global_steps = self._last_report["global_step"]
             self._step_applied = not self._last_report["skipped"]
@@ -1762,6 +1793,18 @@ class StrataEngine(torch.nn.Module):
         for g in self._groups:
             for _, p in g.params:
                 p.grad = None
+
+    def _check_window_open(self) -> None:
+        """Before a backward: the window has room (the engine reduces each group at most
+        gradient_accumulation_steps times between steps)."""
+        if self._unstepped_backward and self._window_backwards >= self._gas:
+            raise RuntimeError(
+                f"strata: a backward after {self._window_backwards} backward(s) since the last "
+                f"engine.step(), which fill gradient_accumulation_steps ({self._gas}): call "
+                "engine.step() after each backward (it runs the optimizer at the accumulation "
+                "boundary), or sum the losses into one backward; engine.zero_grad() drops this "
+                "window's gradients (a GAN's generator loss whose backward also ran through "
+                "the discriminator's engine)")
 
     def _backward_done(self) -> None:
         self._step_has_grads = True
