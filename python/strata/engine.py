@@ -695,6 +695,9 @@ class StrataEngine(torch.nn.Module):
         # hooks recognise as parameter memory.
         self._gathered_at: dict[int, tuple[int, int]] = {}
         self._module_names = {id(m): n or "<root>" for n, m in model.named_modules()}
+        modules = dict(model.named_modules())
+        self._leaf_of = {id(m): modules[owner] for n, m, owner in _module_owners(model)
+                         if owner != n}  # a module inside a ZeRO-3 leaf -> the leaf
         self._grad_views: dict[int, list] = {}
         self._grad_streams: dict[int, object] = {}  # stream-ordered: each buffer's torch stream
         self._grads_missing = [len(g.params) for g in self._groups]
@@ -709,6 +712,7 @@ class StrataEngine(torch.nn.Module):
         self._completed: Optional[list] = [] if self._ordered else None  # until agreed
         self._held_calls: set = set()  # module calls whose groups backward holds gathered
         self._graph_built_in_backward = False  # _ReleaseAfterBackward's, until the flush
+        self._graph_hold_armed = False  # _end_graph_hold's: the building pass has ended
         # Stages 0-2 keep every parameter whole (a view of the engine's replica) from here on;
         # stage 3 gathers per module (the hooks) and empties them outside.
         self._whole = self._engine.layout()["stage"] < 3
@@ -964,7 +968,7 @@ class StrataEngine(torch.nn.Module):
         # Registered on the innermost module whose forward reads it, which strata may not hook
         # (a layer without parameters of its own, as DeepSpeed hooks every module): registered
         # on `running`, an ancestor, it would be gathered through the whole of that forward.
-        module = self._reading_module(running) if what == "is read" else running
+        module = self._reading_module(running, p) if what == "is read" else running
         if module is not running:
             self._hook_module(module)  # its later calls gather it; this call holds it as above
         external = module.__dict__.setdefault("_strata_external", {})
@@ -982,9 +986,10 @@ class StrataEngine(torch.nn.Module):
                 "ahead and silences this; other parameters read there the same way are "
                 "registered without another notice)", stacklevel=3)
 
-    def _reading_module(self, running: torch.nn.Module) -> torch.nn.Module:
+    def _reading_module(self, running: torch.nn.Module, p) -> torch.nn.Module:
         """The innermost module of this engine's model whose forward is on the Python stack
-        below `running`'s (the hooked call in progress), else `running`."""
+        below `running`'s (the hooked call in progress) and reads `p` without owning it (its
+        ZeRO-3 leaf where it is inside one), else `running`."""
         frame = sys._getframe(2)
         while frame is not None:
             obj = frame.f_locals.get("self")
@@ -992,7 +997,9 @@ class StrataEngine(torch.nn.Module):
                 break
             if (isinstance(obj, torch.nn.Module) and id(obj) in self._module_names
                     and frame.f_code is _forward_code(type(obj))):
-                return obj
+                if any(q is p for q in obj._parameters.values()):
+                    break  # its own forward called directly (hooks bypassed): not a reader
+                return self._leaf_of.get(id(obj), obj)
             frame = frame.f_back
         return running
 
@@ -1002,12 +1009,14 @@ class StrataEngine(torch.nn.Module):
         caller: released here, the next gather would reuse the memory under the caller."""
         if isinstance(output, dict):
             output = tuple(output.values())  # also transformers' ModelOutput
+        held = self._call_stack[-1][1].groups  # the caller's call holds these already
         for t in (output if isinstance(output, (tuple, list)) else (output,)):
             if isinstance(t, torch.nn.Parameter) and id(t) in self._group_of:
-                self._gather_external(t, "is returned by a submodule")
+                if self._group_of[id(t)] not in held:
+                    self._gather_external(t, "is returned by a submodule")
                 continue
             hit = self._param_memory(t)
-            if hit is not None:
+            if hit is not None and hit[0] not in held:
                 p = self._groups[hit[0]].params[hit[1]][1]
                 self._gather_external(p, "is returned by a submodule (a view of it)")
 
@@ -1153,7 +1162,7 @@ class StrataEngine(torch.nn.Module):
         for call in self._held_calls:
             call.held = False
         self._held_calls.clear()
-        self._graph_built_in_backward = False
+        self._graph_built_in_backward = self._graph_hold_armed = False
         self._release_groups(range(len(self._groups)))
 
     def _gather_whole(self) -> None:
@@ -1453,6 +1462,7 @@ class StrataEngine(torch.nn.Module):
                 "engine.scale(loss).backward()")
         self._check_loaded("backward")
         self._check_requires_grad()
+        self._check_window_open()
         self._torch_backward_took = True
         self._queue_torch_backward_end()
 
@@ -1467,12 +1477,30 @@ class StrataEngine(torch.nn.Module):
 
     def _after_torch_backward(self) -> None:
         self._torch_backward_queued = False
+        self._end_graph_hold()
         if not self._torch_backward_took:
             return  # no parameter gradient: torch.autograd.grad through an output, say
         self._torch_backward_took = False
         self._scaled_by_script = False
         self._flush()
         self._backward_done()
+
+    def _end_graph_hold(self) -> None:
+        """At the end of an autograd pass through this engine's outputs: a pass that built a
+        graph in backward (_graph_built_in_backward) arms the hold; the end of the next such pass,
+        which read what that graph kept, releases what it held (so does the flush, and the step),
+        also where no parameter gradient arrives (a frozen network inside a penalty)."""
+        if not self._graph_built_in_backward:
+            return
+        if not self._graph_hold_armed:
+            self._graph_hold_armed = True
+            return
+        self._graph_built_in_backward = self._graph_hold_armed = False
+        calls = list(self._held_calls)
+        self._held_calls.clear()
+        for call in calls:
+            call.held = False
+            self._release(call.groups)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """As DeepSpeed's: the loss times the loss scale (fp16; 1 otherwise), for a script that
@@ -1591,7 +1619,7 @@ class StrataEngine(torch.nn.Module):
         for call in self._held_calls:  # a retained graph's next backward gathers them again
             call.held = False
         self._held_calls.clear()
-        self._graph_built_in_backward = False
+        self._graph_built_in_backward = self._graph_hold_armed = False
         if self._whole:
             return  # stages 0-2: every group stays gathered
         self._release_groups([gi for gi in range(len(self._groups)) if not self._pinned[gi] and
@@ -1655,7 +1683,6 @@ class StrataEngine(torch.nn.Module):
         """A forward output's gradient: the script's own backward begins here, in autograd's
         outermost pass (a parameter's hook may first run inside a reentrant checkpoint's)."""
         if not self._in_engine_backward:
-            self._check_window_open()
             self._queue_torch_backward_end()
 
     def __getattr__(self, name: str):
@@ -1797,7 +1824,7 @@ class StrataEngine(torch.nn.Module):
     def _check_window_open(self) -> None:
         """Before a backward: the window has room (the engine reduces each group at most
         gradient_accumulation_steps times between steps)."""
-        if self._unstepped_backward and self._window_backwards >= self._gas:
+        if not self._no_sync and self._unstepped_backward and self._window_backwards >= self._gas:
             raise RuntimeError(
                 f"strata: a backward after {self._window_backwards} backward(s) since the last "
                 f"engine.step(), which fill gradient_accumulation_steps ({self._gas}): call "
@@ -1809,7 +1836,8 @@ class StrataEngine(torch.nn.Module):
     def _backward_done(self) -> None:
         self._step_has_grads = True
         self._unstepped_backward = True
-        self._window_backwards += 1
+        if not self._no_sync:  # no_sync()'s keep their gradients in p.grad: nothing reduced
+            self._window_backwards += 1
 
     def _settle_failed_backward(self) -> None:
         """The script's own loss.backward() began (a parameter gradient arrived) and never

@@ -343,6 +343,8 @@ def _register_peft_lora_reads(model: torch.nn.Module) -> None:
                 register_external_parameter(m, p)
             # DoRA: each magnitude module's forward reads the base weight and the adapters.
             for magnitude in getattr(m, "lora_magnitude_vector", torch.nn.ModuleDict()).values():
+                if not isinstance(magnitude, torch.nn.Module):
+                    continue  # PEFT before 0.12: a Parameter, read by the layer itself
                 for p in (*m.get_base_layer().parameters(), *adapters):
                     register_external_parameter(magnitude, p)
         elif IA3Layer is not None and isinstance(m, IA3Layer):  # reads its ia3_l vectors

@@ -126,3 +126,49 @@ def test_a_second_backward_in_a_full_window_is_refused_before_it_runs():
     engine.step()
     assert engine.global_steps == 1
     engine.close()
+
+
+def test_the_window_check_leaves_no_sync_and_passes_that_give_no_gradient_alone():
+    """Backwards inside no_sync() (stages 0-1) keep their gradients in p.grad and reduce
+    nothing: they do not fill the window, as in DeepSpeed. A pass through an engine whose
+    window is full but whose parameters get no gradient (a GAN's generator step with
+    inputs= its own parameters, through the discriminator) is not refused."""
+    torch.manual_seed(0)
+    engine, _, _, _ = strata.initialize(model=MLP(), config=config(0, "none"))
+    x, y = data(0)
+    with engine.no_sync():
+        engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+    engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+    engine.step()
+    assert engine.global_steps == 1
+    engine.close()
+
+    gen, _, _, _ = strata.initialize(model=torch.nn.Linear(4, 6), config=config(3, "none"))
+    disc, _, _, _ = strata.initialize(model=MLP(), config=config(3, "none"))
+    z = torch.randn(8, 4)
+    fake = gen(z)
+    disc.backward(disc(x).mean() - disc(fake.detach()).mean())  # the discriminator's window
+    torch.autograd.backward(disc(fake).mean(), inputs=list(gen.module.parameters()))
+    disc.step()
+    gen.step()
+    assert disc.global_steps == 1 and gen.global_steps == 1
+    gen.close()
+    disc.close()
+
+
+def test_a_frozen_engine_inside_a_penalty_releases_its_groups_after_each_backward():
+    """A forward-only stage-3 engine (a frozen feature network) in a gradient penalty: what its
+    create_graph backward gathered is held through the later backward, then released; nothing
+    piles up over iterations."""
+    torch.manual_seed(0)
+    cfg = config(3, "none")
+    del cfg["optimizer"]
+    feat, _, _, _ = strata.initialize(model=MLP(), config=cfg)
+    head = torch.nn.Linear(1, 1)
+    for step in range(3):
+        x = torch.randn(4, 6, requires_grad=True)
+        out = head(feat(x)).sum()
+        (g,) = torch.autograd.grad(out, x, create_graph=True)
+        (out + (g.norm() - 1) ** 2).backward()
+        assert all(p.numel() == 0 for p in feat.module.parameters()), step
+    feat.close()
