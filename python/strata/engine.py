@@ -189,14 +189,19 @@ def _forward_code(cls):
     return getattr(fn, "__code__", None)
 
 
+def _name_list(names: list, shown: int) -> str:
+    """'a', 'b' and N more: the first `shown` names quoted."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(repr(n) for n in names[:shown]) + more
+
+
 def _refuse_lazy_parameters(model: torch.nn.Module) -> None:
     """A lazy module's parameters (nn.LazyLinear, nn.LazyConv2d, ...) have no shape until its
     first forward: the engine partitions and allocates by shape at initialize."""
     lazy = [n for n, p in model.named_parameters() if torch.nn.parameter.is_lazy(p)]
     if lazy:
-        more = f" and {len(lazy) - 5} more" if len(lazy) > 5 else ""
         raise ValueError(
-            f"strata.initialize: parameter(s) {', '.join(repr(n) for n in lazy[:5])}{more} "
+            f"strata.initialize: parameter(s) {_name_list(lazy, 5)} "
             "are uninitialized (a lazy module such as nn.LazyLinear): run one forward pass of "
             "the model on a sample batch before strata.initialize, so that they have shapes")
 
@@ -654,6 +659,7 @@ class StrataEngine(torch.nn.Module):
             apply_leaf_module_config(model, {} if leaf_cfg == "auto" else leaf_cfg)
         self._groups = _make_groups(model, None if param_groups is None else param_groups.index,
                                     leaves=stage3)
+        self._trainable = [(n, p) for g in self._groups if g.trainable for n, p in g.params]
         self._param_versions: Optional[list] = None  # _check_param_writes' reference
         self._warned_inplace = False  # its notice, once
         self._effective = eff
@@ -1159,11 +1165,18 @@ class StrataEngine(torch.nn.Module):
             self._device_waits.wait(torch.cuda.current_stream(self._cuda).synchronize)
 
     def _release_all(self) -> None:
-        for call in self._held_calls:
+        self._forget_held_calls()
+        self._release_groups(range(len(self._groups)))
+
+    def _forget_held_calls(self) -> list:
+        """The module calls backward holds gathered, no longer held (their groups are released
+        by the caller), and the create_graph hold ended. Returns them."""
+        calls = list(self._held_calls)
+        for call in calls:
             call.held = False
         self._held_calls.clear()
         self._graph_built_in_backward = self._graph_hold_armed = False
-        self._release_groups(range(len(self._groups)))
+        return calls
 
     def _gather_whole(self) -> None:
         """Stages 0-2: every group gathered, for good (the views alias the engine's replica);
@@ -1174,18 +1187,15 @@ class StrataEngine(torch.nn.Module):
         self._acquire(tuple(gi for gi in range(len(self._groups))
                             if (self._whole or self._pinned[gi]) and self._refs[gi] == 0))
         if self._whole:
-            self._param_versions = [p._version for _, p in self._trainable_params()]
+            self._param_versions = [p._version for _, p in self._trainable]
 
     def _after_applied_step(self) -> None:
         """The engine rewrote the trainable parameters in its own memory, which torch does not
         see: their version counters advance, as an optimizer's in-place update advances them, so
         a backward through a graph saved before the step fails as in torch instead of reading
         the new weights."""
-        for _, p in self._trainable_params():
+        for _, p in self._trainable:
             torch.autograd.graph.increment_version(p)
-
-    def _trainable_params(self) -> list:
-        return [(n, p) for g in self._groups if g.trainable for n, p in g.params]
 
     def _check_param_writes(self, before: str) -> None:
         """Stages 0-2: warns (once per engine) where a trainable parameter was written in place
@@ -1194,14 +1204,13 @@ class StrataEngine(torch.nn.Module):
         .data): `before` (the step, a save) works from the fp32 masters, which do not have it."""
         if not self._whole or self._param_versions is None or self._warned_inplace:
             return
-        written = [n for (n, p), v in zip(self._trainable_params(), self._param_versions)
+        written = [n for (n, p), v in zip(self._trainable, self._param_versions)
                    if p._version != v]
         if not written:
             return
         self._warned_inplace = True
-        more = f" and {len(written) - 3} more" if len(written) > 3 else ""
         warnings.warn(
-            f"strata: trainable parameter(s) {', '.join(repr(n) for n in written[:3])}{more} "
+            f"strata: trainable parameter(s) {_name_list(written, 3)} "
             "were modified in place since the engine last set them (a no_grad in-place op, "
             "module.load_state_dict, nn.Embedding(max_norm=...)); strata, as DeepSpeed's ZeRO "
             "and bf16/fp16 optimizers, keeps fp32 master weights, and " + before + " works from "
@@ -1495,11 +1504,7 @@ class StrataEngine(torch.nn.Module):
         if not self._graph_hold_armed:
             self._graph_hold_armed = True
             return
-        self._graph_built_in_backward = self._graph_hold_armed = False
-        calls = list(self._held_calls)
-        self._held_calls.clear()
-        for call in calls:
-            call.held = False
+        for call in self._forget_held_calls():
             self._release(call.groups)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -1616,10 +1621,7 @@ class StrataEngine(torch.nn.Module):
         if self._completed is not None and not self._no_sync:
             self._agree_order()
         self._reset_micro_step()
-        for call in self._held_calls:  # a retained graph's next backward gathers them again
-            call.held = False
-        self._held_calls.clear()
-        self._graph_built_in_backward = self._graph_hold_armed = False
+        self._forget_held_calls()  # a retained graph's next backward gathers them again
         if self._whole:
             return  # stages 0-2: every group stays gathered
         self._release_groups([gi for gi in range(len(self._groups)) if not self._pinned[gi] and

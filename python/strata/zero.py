@@ -277,11 +277,18 @@ def _broadcast(t: torch.Tensor, src: int, world: int, what: str) -> torch.Tensor
         raise RuntimeError(f"{what} with more than one process needs torch.distributed "
                            "initialised (strata.zero.Init starts it from torchrun's or offloadctl "
                            "launch's environment; else call torch.distributed.init_process_group)")
-    if dist.get_backend() == "nccl" and t.device.type != "cuda":
-        t = t.to(f"cuda:{torch.cuda.current_device()}")
-    elif not t.is_contiguous():
+    t = _on_backend_device(t)
+    if not t.is_contiguous():
         t = t.contiguous()
     dist.broadcast(t, src)
+    return t
+
+
+def _on_backend_device(t: torch.Tensor) -> torch.Tensor:
+    """t where torch.distributed's default group can reduce it: a copy on this process's GPU
+    under NCCL (GPU tensors only), else t."""
+    if torch.distributed.get_backend() == "nccl" and t.device.type != "cuda":
+        return t.to(f"cuda:{torch.cuda.current_device()}")
     return t
 
 
@@ -296,10 +303,8 @@ def _gather_parts(params: list, rank: int, world: int):
             if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
                 raise RuntimeError("strata.zero.GatheredParameters on zero.Init parameters with "
                                    "more than one process needs torch.distributed initialised")
-            dist = torch.distributed
-            if dist.get_backend() == "nccl":  # NCCL reduces GPU tensors only
-                full = full.to(f"cuda:{torch.cuda.current_device()}")
-            dist.all_reduce(full)  # ranges are disjoint: the sum is the whole
+            full = _on_backend_device(full)
+            torch.distributed.all_reduce(full)  # ranges are disjoint: the sum is the whole
             full = full.cpu()
         out.append(full)
     return out

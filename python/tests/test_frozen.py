@@ -193,9 +193,9 @@ def test_changing_requires_grad_after_initialize_is_refused_naming_it():
     engine.close()
 
 
-def peft_llama(transformers, peft, prepare=None):
-    """A transformers Llama (seed 0) with a PEFT LoRA on q_proj and v_proj; prepare(base) runs
-    on the base model before the adapter is added."""
+def peft_llama(transformers, peft, prepare=None, adapter=None):
+    """A transformers Llama (seed 0) with a PEFT adapter, by default a LoRA on q_proj and
+    v_proj; prepare(base) runs on the base model before the adapter is added."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=37, hidden_size=32, intermediate_size=64,
                                    num_hidden_layers=2, num_attention_heads=4,
@@ -203,8 +203,40 @@ def peft_llama(transformers, peft, prepare=None):
     base = transformers.LlamaForCausalLM(cfg)
     if prepare is not None:
         prepare(base)
-    return peft.get_peft_model(base, peft.LoraConfig(
+    return peft.get_peft_model(base, adapter or peft.LoraConfig(
         r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights="gaussian"))
+
+
+def lm_data(step):
+    return torch.randint(0, 37, (4, 12), generator=torch.Generator().manual_seed(step))
+
+
+def train_lm_torch(model, steps):
+    """torch AdamW on the model's trainable parameters: the losses."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
+                            weight_decay=WD)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        loss = model(input_ids=lm_data(step), labels=lm_data(step)).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def train_lm_engine(engine, steps):
+    """The engine's losses, and the external-parameter notices its steps gave."""
+    losses = []
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for step in range(steps):
+            loss = engine(input_ids=lm_data(step), labels=lm_data(step)).loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+    return losses, [str(w.message) for w in seen
+                    if "registered as an external parameter" in str(w.message)]
 
 
 def test_peft_lora_on_a_transformers_llama_trains_as_torch(tmp_path):
@@ -214,38 +246,16 @@ def test_peft_lora_on_a_transformers_llama_trains_as_torch(tmp_path):
     def make():
         return peft_llama(transformers, peft)
 
-    def data(step):
-        g = torch.Generator().manual_seed(step)
-        idx = torch.randint(0, 37, (4, 12), generator=g)
-        return idx
-
     ref = make()
-    opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=LR,
-                            weight_decay=WD)
-    ref_losses = []
-    for step in range(STEPS):
-        opt.zero_grad()
-        loss = ref(input_ids=data(step), labels=data(step)).loss
-        loss.backward()
-        opt.step()
-        ref_losses.append(loss.item())
+    ref_losses = train_lm_torch(ref, STEPS)
     model = make()
     engine, _, _, _ = strata.initialize(model=model, config=ds_config(
         3, "nvme", lr=LR, wd=WD, nvme_path=str(tmp_path)))
-    losses = []
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        for step in range(STEPS):
-            loss = engine(input_ids=data(step), labels=data(step)).loss
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.item())
+    losses, notices = train_lm_engine(engine, STEPS)
     assert losses == pytest.approx(ref_losses, rel=1e-5)
     # Each LoRA layer reads its lora_A's weight.dtype in its own forward, which does not own
     # it: initialize registered the adapters of the four LoRA layers (two layers x q_proj,
     # v_proj) as their layers' external parameters ahead, so no notice.
-    notices = [str(w.message) for w in seen if "registered as an external parameter" in
-               str(w.message)]
     assert not notices, notices
     assert "_strata_external" not in model.__dict__
     assert sum(len(m.__dict__.get("_strata_external", {})) for m in model.modules()) == 8
@@ -274,45 +284,21 @@ def test_peft_adapters_that_read_other_modules_weights_train_as_torch_without_no
     peft = pytest.importorskip("peft")
 
     def make():
-        torch.manual_seed(0)
-        cfg = transformers.LlamaConfig(vocab_size=37, hidden_size=32, intermediate_size=64,
-                                       num_hidden_layers=2, num_attention_heads=4,
-                                       num_key_value_heads=2, max_position_embeddings=16)
-        base = transformers.LlamaForCausalLM(cfg)
         if variant == "ia3":
-            return peft.get_peft_model(base, peft.IA3Config(
-                target_modules=["k_proj", "down_proj"], feedforward_modules=["down_proj"],
-                init_ia3_weights=False))
-        return peft.get_peft_model(base, peft.LoraConfig(
-            r=4, lora_alpha=8, init_lora_weights="gaussian", use_dora=variant == "dora",
-            target_modules=["q_proj", "v_proj"] if variant == "dora" else ["embed_tokens"]))
-
-    def data(step):
-        return torch.randint(0, 37, (4, 12), generator=torch.Generator().manual_seed(step))
+            adapter = peft.IA3Config(target_modules=["k_proj", "down_proj"],
+                                     feedforward_modules=["down_proj"], init_ia3_weights=False)
+        else:
+            adapter = peft.LoraConfig(
+                r=4, lora_alpha=8, init_lora_weights="gaussian", use_dora=variant == "dora",
+                target_modules=["q_proj", "v_proj"] if variant == "dora" else ["embed_tokens"])
+        return peft_llama(transformers, peft, adapter=adapter)
 
     ref = make()
-    opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=LR,
-                            weight_decay=WD)
-    want = []
-    for step in range(3):
-        opt.zero_grad()
-        loss = ref(input_ids=data(step), labels=data(step)).loss
-        loss.backward()
-        opt.step()
-        want.append(loss.item())
+    want = train_lm_torch(ref, 3)
     model = make()
     engine, _, _, _ = strata.initialize(model=model, config=ds_config(3, lr=LR, wd=WD))
-    got = []
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        for step in range(3):
-            loss = engine(input_ids=data(step), labels=data(step)).loss
-            engine.backward(loss)
-            engine.step()
-            got.append(loss.item())
+    got, notices = train_lm_engine(engine, 3)
     assert got == pytest.approx(want, rel=1e-5)
-    notices = [str(w.message) for w in seen if "registered as an external parameter" in
-               str(w.message)]
     assert not notices, notices
     master = engine.read_master()
     engine.close()
