@@ -1725,15 +1725,30 @@ class StrataEngine(torch.nn.Module):
         self._in_engine_backward = True
         try:
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(Exception):  # the backward's own error is the one to see
                 self._drop_failed_backward()
+            self._explain_released_read(e)
             raise
         finally:
             self._in_engine_backward = False
         self._flush()
         self._backward_done()
         return loss / self._gas if scale_wrt_gas and self._gas != 1 else loss
+
+    def _explain_released_read(self, error: BaseException) -> None:
+        """Autograd's shape error for a gradient of an empty stage-3 parameter (one read outside
+        the engine's forward, where it is released: an L2 term summed over engine.parameters())
+        names neither the parameter nor the cause; a note on the error says both."""
+        text = str(error)
+        if self.zero_optimization_stage() == 3 and isinstance(error, RuntimeError) and \
+                "returned an invalid gradient" in text and "got [0]" in text:
+            error.add_note(
+                "strata: at ZeRO stage 3 a parameter is empty outside the engine's forward "
+                "(ds_shape holds its shape), as in DeepSpeed; this loss reads one there (a "
+                "penalty summed over engine.parameters() after the forward, say). Compute the "
+                "term inside a module's forward, or compute it and run the backward inside one "
+                "strata.zero.GatheredParameters(params) block")
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next engine.step() runs the optimizer: every gradient_accumulation_steps

@@ -60,6 +60,63 @@ def test_unregister_external_parameter_and_read_outside_forward_at_stage3():
     engine.close()
 
 
+def _penalized_mlp_run(stage, gathered, steps=3):
+    """The mlp trained with an L2 penalty over every parameter added to the loss after the
+    forward (stage 3: inside a GatheredParameters block when `gathered`); the losses and
+    parameters."""
+    model = make_model("mlp")
+    cfg = ds_config(stage, lr=LR, wd=WD)
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+    losses = []
+    for step in range(steps):
+        loss = engine(*batch("mlp", step))
+        with strata.zero.GatheredParameters(list(engine.parameters()), enabled=gathered):
+            total = loss + 0.1 * sum(p.square().sum() for p in engine.parameters())
+            engine.backward(total)
+        engine.step()
+        losses.append(total.item())
+    with strata.zero.GatheredParameters(list(engine.parameters())):
+        params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    engine.close()
+    return losses, params
+
+
+def test_a_penalty_over_the_parameters_outside_forward():
+    """At stage 3 a parameter is empty after the forward, as DeepSpeed's: a penalty summed over
+    engine.parameters() there fails in backward with autograd's shape message, to which strata
+    adds the cause and the way out, and the engine trains on; computed with its backward in a
+    GatheredParameters block it trains as torch, as at stage 2 without one."""
+    model = make_model("mlp")
+    cfg = ds_config(3, lr=LR, wd=WD)
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+    loss = engine(*batch("mlp", 0))
+    penalty = sum(p.square().sum() for p in engine.parameters())
+    assert penalty.item() == 0.0  # empty parameters, as DeepSpeed's
+    with pytest.raises(RuntimeError, match="invalid gradient") as failed:
+        engine.backward(loss + penalty)
+    assert "GatheredParameters" in "\n".join(getattr(failed.value, "__notes__", []))
+    engine.backward(engine(*batch("mlp", 0)))  # the failed backward left nothing behind
+    engine.step()
+    engine.close()
+
+    ref = make_model("mlp")  # torch on the same model, data and AdamW
+    opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD, foreach=False)
+    ref_losses = []
+    for step in range(3):
+        total = ref(*batch("mlp", step)) + 0.1 * sum(p.square().sum() for p in ref.parameters())
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+        ref_losses.append(total.item())
+    for stage, gathered in [(2, False), (3, True)]:
+        losses, params = _penalized_mlp_run(stage, gathered)
+        assert losses == pytest.approx(ref_losses, rel=1e-5), stage
+        for n, p in ref.named_parameters():
+            torch.testing.assert_close(params[n], p.detach(), atol=2e-5, rtol=1e-4, msg=n)
+
+
 class _Returns(torch.nn.Module):
     def __init__(self):
         super().__init__()
