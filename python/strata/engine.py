@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dis
 import gc
 import inspect
 import itertools
@@ -93,6 +94,7 @@ from .zero import (GatheredParameters, ZeroParamStatus, _mark_partitioned, _owne
                    apply_leaf_module_config, z3_leaf_module)
 
 _AVAILABLE, _NOT_AVAILABLE = ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE
+_MODULE_GETATTR = torch.nn.Module.__getattr__.__code__
 
 logger = logging.getLogger("strata")
 _CONFIG_WARNED: set = set()  # config warnings already logged by this process
@@ -384,12 +386,37 @@ class _ModuleCall:
         self.acquired = False  # its gather succeeded (the post-hook undoes nothing otherwise)
 
 
+# Attributes a released stage-3 parameter answers as its gathered self does: the released
+# tensor keeps its dtype and device, and the ds_* attributes live on the Parameter.
+_METADATA_ATTRS = frozenset({
+    "dtype", "device", "is_cuda", "is_cpu", "layout", "requires_grad", "is_floating_point",
+    "is_complex", "element_size", "itemsize", "ds_id", "ds_shape", "ds_numel", "ds_status"})
+_NEXT_ATTR: dict = {}  # code object -> {instruction offset: attribute the next one loads}
+
+
+def _reads_metadata_only(frame) -> bool:
+    """Whether the value `frame`'s current instruction produces is only asked for one of
+    _METADATA_ATTRS: the next instruction loads that attribute from it
+    (`self.lm_head.weight.dtype`, `getattr(m, "weight").device`)."""
+    code = frame.f_code
+    table = _NEXT_ATTR.get(code)
+    if table is None:
+        table, prev = {}, None
+        for ins in dis.get_instructions(code):
+            if prev is not None and ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                table[prev] = ins.argval
+            prev = ins.offset
+        _NEXT_ATTR[code] = table
+    return table.get(frame.f_lasti) in _METADATA_ATTRS
+
+
 class _ParamDict(dict):
     """A stage-3 module's _parameters: a parameter of the engine read while released, inside the
     engine's forward (a tied head's `x @ self.emb.weight.t()` in the parent), is gathered for the
     running module call (StrataEngine._gather_external), as DeepSpeed's ZeROOrderedDict does.
     Module.__getattr__ reads parameters through __getitem__; iteration (named_parameters,
-    state_dict) does not gather."""
+    state_dict) does not gather, nor does a read of the parameter's dtype, device or ds_*
+    attributes alone (transformers' `self.lm_head.weight.dtype`: _reads_metadata_only)."""
 
     def __init__(self, engine, params):
         super().__init__(params)
@@ -400,9 +427,18 @@ class _ParamDict(dict):
         e = self.engine
         if e._call_stack and p is not None:
             gi = e._group_of.get(id(p))
-            if gi is not None and e._refs[gi] == 0:
+            if gi is not None and e._refs[gi] == 0 and not self._metadata_read():
                 e._gather_external(p, "is read")
         return p
+
+    @staticmethod
+    def _metadata_read() -> bool:
+        """Whether the code reading the parameter asks it only for metadata (the frame that
+        subscripted this dict, or the one that called Module.__getattr__)."""
+        frame = sys._getframe(2)
+        if frame.f_code is _MODULE_GETATTR:
+            frame = frame.f_back
+        return frame is not None and _reads_metadata_only(frame)
 
 
 def _top_saved_tensors_hooks():
@@ -1742,12 +1778,14 @@ class StrataEngine(torch.nn.Module):
         names neither the parameter nor the cause; a note on the error says both."""
         text = str(error)
         if self.zero_optimization_stage() == 3 and isinstance(error, RuntimeError) and \
-                "returned an invalid gradient" in text and "got [0]" in text:
+                "returned an invalid gradient" in text and \
+                ("got [0]" in text or "compatible with [0]" in text):
             error.add_note(
-                "strata: at ZeRO stage 3 a parameter is empty outside the engine's forward "
-                "(ds_shape holds its shape), as in DeepSpeed; this loss reads one there (a "
-                "penalty summed over engine.parameters() after the forward, say). Compute the "
-                "term inside a module's forward, or compute it and run the backward inside one "
+                "strata: at ZeRO stage 3 a parameter is empty where it is released (ds_shape "
+                "holds its shape), as in DeepSpeed: outside the engine's forward, and inside it "
+                "where reached by iteration (engine.parameters(), named_parameters()) rather "
+                "than as a module's attribute; this loss read one so (a penalty summed over the "
+                "parameters, say). Compute the term and run the backward inside one "
                 "strata.zero.GatheredParameters(params) block")
 
     def is_gradient_accumulation_boundary(self) -> bool:

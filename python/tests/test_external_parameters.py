@@ -294,6 +294,77 @@ def test_a_parameter_read_by_a_layer_without_parameters_is_registered_on_that_la
         torch.testing.assert_close(master3[n], master0[n], atol=1e-6, rtol=1e-5)
 
 
+class _AsksHeadDtype(torch.nn.Module):
+    """Asks its head's weight only for metadata before the body runs (transformers' Mamba2 reads
+    self.lm_head.weight.dtype at the root, ViT the patch projection's), then calls the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        dtype, shape = self.head.weight.dtype, getattr(self.head, "weight").ds_shape
+        assert tuple(shape) == (4, 8)
+        h = torch.tanh(self.body(x.to(dtype)))
+        if self.head.weight.device != h.device:
+            raise AssertionError("the released parameter keeps its device")
+        return self.head(h).square().mean()
+
+
+def test_a_read_of_a_parameters_dtype_alone_gathers_nothing():
+    """Asking a released parameter for its dtype, device or ds_* attributes needs none of its
+    values: nothing is gathered, registered or noticed, so the head is not held through the
+    body's forward and backward as a registered external parameter of the root would be."""
+    torch.manual_seed(0)
+    model = _AsksHeadDtype()
+    cfg = ds_config(3, lr=LR, wd=WD)
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+    seen_by_body = []  # read so as not to gather it: named_parameters() does not
+    head_numel = lambda *a: seen_by_body.append(dict(model.head.named_parameters())["weight"].numel())  # noqa: E731,E501
+    model.body.register_forward_hook(head_numel)
+    model.body.register_full_backward_hook(head_numel)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(2):
+            engine.backward(engine(torch.randn(4, 8, generator=torch.Generator().manual_seed(step))))
+            engine.step()
+    assert not [w for w in caught if NOTICE in str(w.message)]
+    assert seen_by_body == [0, 0, 0, 0]  # forward and backward, both steps
+    assert "_strata_external" not in model.__dict__
+    engine.close()
+
+
+def test_vit_asking_its_patch_projection_for_its_dtype_gathers_nothing():
+    """transformers' ViTModel.forward reads embeddings.patch_embeddings.projection.weight.dtype:
+    with that read gathering nothing, the projection is released while the encoder runs."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.ViTForImageClassification(transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        image_size=16, patch_size=4, num_labels=3))
+    cfg = ds_config(3, lr=LR, wd=WD)
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+    projection = model.vit.embeddings.patch_embeddings.projection.weight
+    modules = dict(model.named_modules())  # its layout differs between transformers versions
+    layer = modules.get("vit.layers.1") or modules["vit.encoder.layer.1"]
+    seen = []
+    layer.register_forward_hook(lambda *a: seen.append(projection.numel()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(2):
+            g = torch.Generator().manual_seed(step)
+            out = engine(pixel_values=torch.randn(2, 3, 16, 16, generator=g),
+                         labels=torch.tensor([0, 2]))
+            engine.backward(out.loss)
+            engine.step()
+    assert seen == [0, 0]
+    assert not [w for w in caught if NOTICE in str(w.message)]
+    engine.close()
+
+
 @pytest.mark.parametrize("stage", [0, 2])
 def test_stages_0_to_2_keep_parameters_whole(stage, tmp_path):
     """Outside forward, after step, save and load the parameters are whole and hold the
