@@ -133,6 +133,45 @@ TEST(LrSchedule, WarmupCosineLrShorterThanWarmupStaysAtTheFloor) {
   EXPECT_EQ(s.notes().size(), 1u);
 }
 
+// An optimizer group with its own lr (param_groups[i]["lr"]), as DeepSpeed's schedulers treat
+// it: the constant schedule keeps it, WarmupCosineLR scales it, WarmupLR without warmup_max_lr
+// (or with null) warms up to it; an explicit warmup_max_lr, WarmupDecayLR's 0.001 default,
+// OneCycle and LRRangeTest give every group the same lr.
+TEST(LrSchedule, GroupsWithTheirOwnLr) {
+  const double own = 1e-2;
+  auto lr = [&](const LrSchedule& s, int64_t t) { return s.LrAt(t, own); };
+  EXPECT_EQ(lr(Make(Sched(SchedulerType::kNone, "", {}, 1e-3)), 7), own);
+
+  const LrSchedule cosine = Make(Sched(
+      SchedulerType::kWarmupCosineLR, "WarmupCosineLR",
+      {{"total_num_steps", "20"}, {"warmup_num_steps", "10"}, {"warmup_type", "\"linear\""}}));
+  for (int64_t t : {-1, 0, 3, 9, 14, 30}) {
+    EXPECT_NEAR(lr(cosine, t), cosine.LrAt(t) * (own / 1e-3), 1e-15) << "t = " << t;
+  }
+
+  for (const char* max : {"", "null"}) {
+    std::map<std::string, std::string> params{{"warmup_num_steps", "10"},
+                                              {"warmup_type", "\"linear\""}};
+    if (*max) params["warmup_max_lr"] = max;
+    const LrSchedule warm = Make(Sched(SchedulerType::kWarmupLR, "WarmupLR", params));
+    EXPECT_NEAR(lr(warm, 3), own * 0.3, 1e-17) << max;
+    EXPECT_EQ(lr(warm, 50), own) << max;
+    EXPECT_NEAR(warm.LrAt(3), 1e-3 * 0.3, 1e-18) << max;  // optimizer.lr's group
+  }
+  const LrSchedule fixed_max = Make(Sched(SchedulerType::kWarmupLR, "WarmupLR",
+                                          {{"warmup_max_lr", "2e-3"}, {"warmup_num_steps", "10"}}));
+  EXPECT_EQ(lr(fixed_max, 50), 2e-3);
+  const LrSchedule decay = Make(Sched(SchedulerType::kWarmupDecayLR, "WarmupDecayLR",
+                                      {{"total_num_steps", "100"}, {"warmup_num_steps", "10"}}));
+  EXPECT_EQ(lr(decay, 10), decay.LrAt(10));
+  EXPECT_EQ(lr(decay, 10), 1e-3 * 90 / 90);
+  const LrSchedule decay_null = Make(
+      Sched(SchedulerType::kWarmupDecayLR, "WarmupDecayLR",
+            {{"total_num_steps", "100"}, {"warmup_num_steps", "10"}, {"warmup_max_lr", "null"}}));
+  EXPECT_EQ(lr(decay_null, 10), own);  // None: WarmupLR's default, each group's lr
+  EXPECT_EQ(decay_null.LrAt(10), 1e-3);
+}
+
 // The engine asks for the lr of each applied step; a skipped (overflow) step does not advance
 // DeepSpeed's scheduler, so its retry gets the same lr.
 TEST(LrSchedule, StepsMapToIterations) {

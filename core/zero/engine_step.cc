@@ -422,8 +422,7 @@ Status Engine::Impl::WaitForUpdate(size_t g) {
 
 double Engine::Impl::LrFor(size_t og) const {
   if (!client_lrs.empty()) return client_lrs[og];
-  if (own_lr[og] && schedule->kind() == zero::LrSchedule::Kind::kConstant) return *own_lr[og];
-  return schedule->LrForStep(applied_steps - lr_step_base);
+  return schedule->LrForStep(applied_steps - lr_step_base, own_lr[og]);
 }
 
 std::pair<double, double> Engine::Impl::BetasFor(size_t og) const {

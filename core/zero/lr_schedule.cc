@@ -263,9 +263,15 @@ Result<LrSchedule> LrSchedule::FromConfig(const EngineConfig& config) {
     STRATA_RETURN_IF_ERROR(ReadDouble(config, "cos_min_ratio", kAnyValue, &s.cos_min_ratio_));
     return s;
   }
-  s.max_lr_ = decay ? 0.001 : s.lr_;  // WarmupDecayLR's own default, not optimizer.lr
+  // WarmupDecayLR's own default is 0.001 for every group; WarmupLR's, and a null (None) for
+  // either, each group's lr.
+  s.max_lr_ = decay ? 0.001 : s.lr_;
   STRATA_RETURN_IF_ERROR(ReadDouble(config, "warmup_min_lr", 0, &s.min_lr_));
-  STRATA_RETURN_IF_ERROR(ReadDouble(config, "warmup_max_lr", 0, &s.max_lr_));
+  STRATA_ASSIGN_OR_RETURN(std::optional<Json> max_lr, Get(config, "warmup_max_lr"));
+  s.max_is_group_lr_ = max_lr ? max_lr->is_null() : !decay;
+  if (s.max_is_group_lr_) s.max_lr_ = s.lr_;
+  STRATA_RETURN_IF_ERROR(
+      ReadDouble(config, "warmup_max_lr", 0, &s.max_lr_, nullptr, /*null_ok=*/true));
   return s;
 }
 
@@ -314,10 +320,11 @@ std::optional<std::pair<double, double>> LrSchedule::BetasAt(int64_t t) const {
   return std::pair{max_mom_ * (1 + decay_mom_rate_ * decay_interval), kBeta2};
 }
 
-double LrSchedule::LrAt(int64_t t) const {
+double LrSchedule::LrAt(int64_t t, std::optional<double> group_lr) const {
+  const double lr = group_lr.value_or(lr_);
   switch (kind_) {
     case Kind::kConstant:
-      return lr_;
+      return lr;
     case Kind::kLRRangeTest: {
       double interval = static_cast<double>(t + 1) / static_cast<double>(range_step_size_);
       if (staircase_) interval = std::floor(interval);
@@ -345,7 +352,7 @@ double LrSchedule::LrAt(int64_t t) const {
         ratio = (1 + std::cos(std::numbers::pi * progress)) / 2;
         ratio = std::max(0.0, cos_min_ratio_ + (1. - cos_min_ratio_) * ratio);
       }
-      return lr_ * ratio;
+      return lr * ratio;
     }
     case Kind::kWarmupLR:
     case Kind::kWarmupDecayLR:
@@ -359,7 +366,8 @@ double LrSchedule::LrAt(int64_t t) const {
     gamma = std::max(0.0, static_cast<double>(total_ - t) /
                               std::max(1.0, static_cast<double>(total_ - warmup_)));
   }
-  return min_lr_ + (max_lr_ - min_lr_) * gamma;
+  const double max_lr = max_is_group_lr_ ? lr : max_lr_;
+  return min_lr_ + (max_lr - min_lr_) * gamma;
 }
 
 std::string LrSchedule::Describe() const {

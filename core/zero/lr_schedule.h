@@ -84,9 +84,15 @@ class LrSchedule {
   static constexpr int64_t IterationForStep(int64_t applied_steps) { return applied_steps - 1; }
 
   // The lr at t = last_batch_iteration; any t < 0 is the value set before the first step.
-  double LrAt(int64_t t) const;
+  // `group_lr`: an optimizer group's own lr (DeepSpeed's param_groups[i]["lr"] when the
+  // scheduler is made), which, as DeepSpeed's schedulers, the constant schedule keeps,
+  // WarmupCosineLR scales and WarmupLR without warmup_max_lr warms up to; the other schedules
+  // set every group to the same lr. nullopt: optimizer.lr's group.
+  double LrAt(int64_t t, std::optional<double> group_lr = std::nullopt) const;
   // The lr of the applied step with `applied_steps` applied steps before it.
-  double LrForStep(int64_t applied_steps) const { return LrAt(IterationForStep(applied_steps)); }
+  double LrForStep(int64_t applied_steps, std::optional<double> group_lr = std::nullopt) const {
+    return LrAt(IterationForStep(applied_steps), group_lr);
+  }
   // OneCycle with cycle_momentum: Adam's (beta1, beta2) at t, which every optimizer group uses
   // (DeepSpeed writes them into every param group). nullopt: the schedule leaves the betas alone.
   std::optional<std::pair<double, double>> BetasAt(int64_t t) const;
@@ -110,6 +116,7 @@ class LrSchedule {
   double lr_ = 0;          // constant lr; WarmupCosineLR's base lr
   double min_lr_ = 0;      // WarmupLR / WarmupDecayLR
   double max_lr_ = 0;      // WarmupLR / WarmupDecayLR
+  bool max_is_group_lr_ = false;  // WarmupLR without warmup_max_lr: each group's own lr
   int64_t warmup_ = 1000;  // W, after max(2, warmup_num_steps)
   int64_t total_ = 0;      // WarmupDecayLR / WarmupCosineLR
   bool log_warmup_ = true;

@@ -144,8 +144,9 @@ void BindConfig(nb::module_& m) {
                                "zero::LrSchedule: a config's scheduler section as the engine runs "
                                "it (core/zero/lr_schedule.h), by DeepSpeed's last_batch_iteration.")
       .def(nb::new_(&MakeLrSchedule), nb::arg("config_json"))
-      .def("lr_at", &zero::LrSchedule::LrAt, nb::arg("t"),
-           "The lr at last_batch_iteration t (t < 0: before the first step).")
+      .def("lr_at", &zero::LrSchedule::LrAt, nb::arg("t"), nb::arg("group_lr") = nb::none(),
+           "The lr at last_batch_iteration t (t < 0: before the first step) of the group whose "
+           "own lr is group_lr (None: optimizer.lr's).")
       .def("betas_at", &zero::LrSchedule::BetasAt, nb::arg("t"),
            "OneCycle's (beta1, beta2) at t, or None where the schedule leaves them.")
       .def_prop_ro("notes", &zero::LrSchedule::notes)

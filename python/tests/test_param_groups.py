@@ -1,5 +1,7 @@
 """Parameter groups, client optimizers and schedulers (strata/optim.py) in one process against the
 same script in plain torch; two processes: test_distributed.py's "groups" cases."""
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -89,6 +91,64 @@ def test_model_parameters_as_group_dicts_take_the_config_for_missing_keys(tmp_pa
     ref_losses = torch_losses(ref, ref_opt, "mlp")
     assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
     assert [g["lr"] for g in opt.param_groups] == [LR, LR]
+    engine.close()
+
+
+def _cosine_ratio(t, warmup_steps=3, total=6):
+    """DeepSpeed 0.19's WarmupCosineLR ratio at last_batch_iteration t, linear warmup from 0 and
+    cos_min_ratio 0 (written out here, apart from the engine's rule)."""
+    if t < 0:
+        return 0.0
+    if t < warmup_steps:
+        return t / warmup_steps
+    progress = min(1.0, (t - warmup_steps + 1) / max(1, total - warmup_steps))
+    return (1 + math.cos(math.pi * progress)) / 2
+
+
+SCHEDULES = {  # the config's section, and its factor on each group's own lr at t
+    "WarmupCosineLR": ({"total_num_steps": 6, "warmup_num_steps": 3, "warmup_type": "linear",
+                        "cos_min_ratio": 0.0}, _cosine_ratio),
+    "WarmupLR": ({"warmup_num_steps": 3, "warmup_type": "linear"},  # no warmup_max_lr
+                 lambda t: 0.0 if t < 0 else min(1.0, t / 3)),
+}
+GROUP_CASES = [("WarmupCosineLR", 0, False), ("WarmupCosineLR", 3, True), ("WarmupLR", 2, False),
+               ("WarmupLR", 3, True)]
+
+
+@pytest.mark.parametrize("schedule,stage,client", GROUP_CASES,
+                         ids=[f"{n}-stage{s}-{'client' if c else 'groups'}"
+                              for n, s, c in GROUP_CASES])
+def test_config_schedule_scales_each_groups_own_lr(schedule, stage, client, tmp_path):
+    """As DeepSpeed's schedulers: WarmupCosineLR scales each param group's own lr, and WarmupLR
+    without warmup_max_lr warms each group up to its own; with groups at lr 1e-2 and 3e-3 from
+    model_parameters (the config's optimizer) or a client optimizer, against torch AdamW with a
+    LambdaLR of the same factor (step k uses the factor at t = k - 1)."""
+    params, factor = SCHEDULES[schedule]
+    model = make_model("gpt")
+    cfg = ds_config(stage, nvme_path=str(tmp_path))
+    cfg["scheduler"] = {"type": schedule, "params": params}
+    if client:
+        del cfg["optimizer"]
+        engine, opt, _, _ = strata.initialize(
+            model=model, optimizer=torch.optim.AdamW(decay_groups(model), lr=LR), config=cfg)
+    else:
+        engine, opt, _, _ = strata.initialize(model=model, model_parameters=decay_groups(model),
+                                              config=cfg)
+    losses = run(engine, steps=5)
+    seen = [float(g["lr"]) for g in opt.param_groups]
+    ref = make_model("gpt")
+    ref_opt = torch.optim.AdamW(decay_groups(ref), lr=LR, weight_decay=0.0)
+    ref_sched = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda k: factor(k - 1))
+    ref_losses = []
+    for step in range(5):
+        ref_opt.zero_grad()
+        loss = ref(*batch("gpt", step))
+        loss.backward()
+        ref_opt.step()
+        ref_sched.step()
+        ref_losses.append(loss.item())
+    assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
+    assert seen[0] > 0 and seen[0] / seen[1] == pytest.approx(LR / 3e-3, rel=1e-12)
     engine.close()
 
 
