@@ -1278,6 +1278,10 @@ Status Engine::SetHyperparameters(std::span<const OptimizerGroupOptions> groups)
   return Status::OK();
 }
 
+void Engine::UseScheduleBetas() {
+  std::fill(impl_->client_betas.begin(), impl_->client_betas.end(), false);
+}
+
 Status Engine::SetGradientAccumulationSteps(int64_t steps) {
   Impl& e = *impl_;
   STRATA_RETURN_IF_ERROR(e.CheckHealthy());

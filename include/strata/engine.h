@@ -552,6 +552,11 @@ class Engine {
   // cycle_momentum) for it. InvalidArgument, nothing changed, for the wrong count, lr given for
   // only some groups, beta1 without beta2 or a value Adam refuses (naming the group and field).
   Status SetHyperparameters(std::span<const OptimizerGroupOptions> groups);
+  // Hands every group's betas back to the config's schedule where it sets them (OneCycle with
+  // cycle_momentum) after SetHyperparameters gave some their own: betas a script wrote for one
+  // step, as DeepSpeed's scheduler overwrites them after that step. Elsewhere the groups keep the
+  // betas last set.
+  void UseScheduleBetas();
   // Sets gradient_accumulation_steps for the steps that follow (DeepSpeed's
   // set_train_batch_size: the micro-batch stays, the accumulation changes): each reduced
   // gradient is divided by the new count, the bits those of an engine configured with it.

@@ -784,6 +784,9 @@ void BindEngine(nb::module_& m) {
           "Engine::SetHyperparameters: per optimizer group, a dict of lr, beta1, beta2, eps, "
           "weight_decay (each optional) for the next step on.")
       .def(
+          "use_schedule_betas", [](PyEngine& e) { e.engine().UseScheduleBetas(); },
+          "Engine::UseScheduleBetas: the betas the config's schedule sets (OneCycle) again.")
+      .def(
           "set_gradient_accumulation_steps",
           [](PyEngine& e, int64_t steps) {
             ThrowIfError(e.engine().SetGradientAccumulationSteps(steps));

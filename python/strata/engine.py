@@ -831,6 +831,7 @@ class StrataEngine(torch.nn.Module):
         # A write into param_groups under the config's scheduler: for the next applied step only
         # (DeepSpeed's scheduler object overwrites it after that step).
         self._lr_override = False
+        self._betas_override = False  # the same for betas (OneCycle's cycle_momentum)
         self._known_lrs: list = []
         self._known_hyper: list = []
         self._client_hyper = False  # set_hyperparameters called: checkpoints keep the values
@@ -2012,6 +2013,9 @@ class StrataEngine(torch.nn.Module):
             self._engine.set_hyperparameters(changed)
             self._known_hyper = hyper
             self._client_hyper = True
+            if isinstance(self.lr_scheduler, _EngineScheduler) and \
+                    any("beta1" in d for d in changed):
+                self._betas_override = True  # _after_step hands them back to the schedule
 
     def _pull_lrs(self) -> None:
         """Writes the lrs (and the betas: OneCycle's momentum) of the engine's schedule into
@@ -2032,6 +2036,9 @@ class StrataEngine(torch.nn.Module):
         if self._lr_override and not skipped:
             self._engine.set_lrs([])  # the config's schedule again, as DeepSpeed's steps on
             self._lr_override = False
+        if self._betas_override and not skipped:  # OneCycle's momentum, as the lrs above
+            self._engine.use_schedule_betas()
+            self._betas_override = False
         if not self._client_lrs:
             self._pull_lrs()
         if skipped:

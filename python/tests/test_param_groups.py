@@ -427,6 +427,39 @@ def test_config_one_cycle_trains_as_torch_adamw_given_its_lrs_and_betas(stage, o
     engine.close()
 
 
+def test_betas_written_under_the_config_one_cycle_last_one_step():
+    """As DeepSpeed's OneCycle, which writes the betas into param_groups after every step: betas
+    a script writes there are used by the next step only, then the cycle's again (they were
+    kept for the rest of the run); against torch AdamW given the same betas."""
+    model = make_model("gpt")
+    engine, opt, _, _ = strata.initialize(model=model, config=one_cycle_config(2))
+    written = (0.5, 0.95)
+    betas = list(ONE_CYCLE_BETAS)
+    betas[1] = written
+    losses = []
+    for step in range(STEPS):
+        if step == 1:
+            opt.param_groups[0]["betas"] = written
+        assert engine.get_mom()[0] == pytest.approx(betas[step], rel=1e-12)
+        loss = engine(*batch("gpt", step))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    ref = make_model("gpt")
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=0.01)
+    ref_losses = []
+    for step in range(STEPS):
+        ref_opt.param_groups[0]["lr"] = ONE_CYCLE_LRS[step]
+        ref_opt.param_groups[0]["betas"] = betas[step]
+        ref_opt.zero_grad()
+        loss = ref(*batch("gpt", step))
+        loss.backward()
+        ref_opt.step()
+        ref_losses.append(loss.item())
+    assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
+    engine.close()
+
+
 def test_one_cycle_momentum_resumes_from_a_checkpoint(tmp_path):
     # The config's OneCycle: its position is the engine's step count. A client OneCycleLR: the
     # betas it wrote travel in the checkpoint with its state.
