@@ -397,6 +397,22 @@ ONE_CYCLE_LRS = [LR / 10, LR / 10 + (LR - LR / 10) / 2, LR, LR / 10 + (LR - LR /
 ONE_CYCLE_BETAS = [(0.6, 0.99), (0.75, 0.99), (0.6, 0.99), (0.75, 0.99)]
 
 
+def torch_with_lrs_and_betas(lrs, betas):
+    """Plain torch AdamW given each step's lr and betas: the model and the losses."""
+    ref = make_model("gpt")
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=0.01)
+    ref_losses = []
+    for step in range(STEPS):
+        ref_opt.param_groups[0]["lr"] = lrs[step]
+        ref_opt.param_groups[0]["betas"] = betas[step]
+        ref_opt.zero_grad()
+        loss = ref(*batch("gpt", step))
+        loss.backward()
+        ref_opt.step()
+        ref_losses.append(loss.item())
+    return ref, ref_losses
+
+
 @pytest.mark.parametrize("stage,offload", BETA_CASES, ids=[f"stage{s}-{o}" for s, o in BETA_CASES])
 def test_config_one_cycle_trains_as_torch_adamw_given_its_lrs_and_betas(stage, offload,
                                                                           tmp_path):
@@ -411,18 +427,7 @@ def test_config_one_cycle_trains_as_torch_adamw_given_its_lrs_and_betas(stage, o
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    ref = make_model("gpt")
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=0.01)
-    ref_losses = []
-    for step in range(STEPS):
-        ref_opt.param_groups[0]["lr"] = opt_lr = ONE_CYCLE_LRS[step]
-        ref_opt.param_groups[0]["betas"] = ONE_CYCLE_BETAS[step]
-        ref_opt.zero_grad()
-        loss = ref(*batch("gpt", step))
-        loss.backward()
-        ref_opt.step()
-        ref_losses.append(loss.item())
-        assert opt_lr > 0
+    ref, ref_losses = torch_with_lrs_and_betas(ONE_CYCLE_LRS, ONE_CYCLE_BETAS)
     assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
     engine.close()
 
@@ -445,17 +450,7 @@ def test_betas_written_under_the_config_one_cycle_last_one_step():
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    ref = make_model("gpt")
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=0.01)
-    ref_losses = []
-    for step in range(STEPS):
-        ref_opt.param_groups[0]["lr"] = ONE_CYCLE_LRS[step]
-        ref_opt.param_groups[0]["betas"] = betas[step]
-        ref_opt.zero_grad()
-        loss = ref(*batch("gpt", step))
-        loss.backward()
-        ref_opt.step()
-        ref_losses.append(loss.item())
+    ref, ref_losses = torch_with_lrs_and_betas(ONE_CYCLE_LRS, betas)
     assert_matches(losses, master_of(engine, model), ref_losses, dict(ref.named_parameters()))
     engine.close()
 
