@@ -376,7 +376,7 @@ class ThroughputTimer:
 class _ModuleCall:
     """One call of a hooked module: its groups, whether backward holds them gathered, and the
     saved-tensor hooks its forward pushed (None when none were pushed)."""
-    __slots__ = ("engine", "groups", "held", "saved_hooks", "acquired")
+    __slots__ = ("engine", "groups", "held", "saved_hooks", "acquired", "versions")
 
     def __init__(self, engine, groups):
         self.engine = engine
@@ -384,6 +384,7 @@ class _ModuleCall:
         self.held = False
         self.saved_hooks = None
         self.acquired = False  # its gather succeeded (the post-hook undoes nothing otherwise)
+        self.versions = ()  # (parameter, version counter) at the call's start (stage 3)
 
 
 # Attributes a released stage-3 parameter answers as its gathered self does: the released
@@ -963,6 +964,8 @@ class StrataEngine(torch.nn.Module):
             module.__dict__.setdefault("_strata_calls", []).append(call)
             self._acquire(call.groups)  # a failure reaches the post-hook (always_call) too
             call.acquired = True
+            call.versions = [(p, p._version) for gi in call.groups
+                             for _, p in self._groups[gi].params]
             self._call_stack.append((module, call))
             if torch.is_grad_enabled():
                 name = self._module_names.get(id(module), type(module).__name__)
@@ -991,10 +994,32 @@ class StrataEngine(torch.nn.Module):
             call.saved_hooks.__exit__(None, None, None)
         if self._call_stack:
             self._adopt_returned_params(output)
+        self._check_forward_writes(module, call)
         self._release(call.groups)
         if torch.is_grad_enabled():
             output, _ = _through(_GatherForBackward, call, output)
         return output
+
+    def _check_forward_writes(self, module, call: _ModuleCall) -> None:
+        """Stage 3: warns (once per engine) where a module's forward wrote one of its gathered
+        parameters in place (nn.Embedding(max_norm=...)'s renormalisation): the engine's
+        parameters come from the fp32 masters, so the write is lost, as in DeepSpeed's ZeRO-3
+        (stages 0-2: _check_param_writes)."""
+        if self._warned_inplace:
+            return
+        written = [self._param_name(p) for p, v in call.versions if p._version != v]
+        if not written:
+            return
+        self._warned_inplace = True
+        name = self._module_names.get(id(module), type(module).__name__)
+        warnings.warn(
+            f"strata: parameter(s) {_name_list(written, 3)} were modified in place by the "
+            f"forward of module '{name}' (a no_grad in-place op, nn.Embedding(max_norm=...)'s "
+            "renormalisation); at ZeRO stage 3, as in DeepSpeed's, the engine's parameters "
+            "come from its fp32 master weights, so the change is lost. Keep parameters unwritten "
+            "in forward (nn.Embedding without max_norm, renormalising in the loss instead), or "
+            "write them inside strata.zero.GatheredParameters(params, modifier_rank=0)",
+            stacklevel=3)
 
     # -- external parameters (stage 3; strata.zero.register_external_parameter) --------------
     def _gather_external(self, p: torch.nn.Parameter, what: str) -> None:

@@ -503,12 +503,13 @@ def test_a_lazy_module_before_its_first_forward_is_refused_naming_it():
     engine.close()
 
 
-@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("stage", [0, 2, 3])
 def test_an_in_place_write_to_a_trainable_parameter_is_named_once(stage, tmp_path):
     """Stages 0-2 keep fp32 masters (as DeepSpeed's ZeRO and bf16/fp16 optimizers): a trainable
     parameter written in place (nn.Embedding(max_norm=...) renormalises its rows in forward, a
     no_grad write, load_state_dict) is lost at the next step or save, which says so once, naming
-    it. A write through GatheredParameters(modifier_rank=0) and plain training say nothing."""
+    it; at stage 3 the forward that wrote it says so. A write through
+    GatheredParameters(modifier_rank=0) and plain training say nothing."""
     import warnings
 
     def make():
@@ -534,8 +535,11 @@ def test_an_in_place_write_to_a_trainable_parameter_is_named_once(stage, tmp_pat
         got = notices(seen)
         assert len(got) == want, got
         if want:
-            assert "'0.weight'" in got[0] and "the step" in got[0]
+            assert "'0.weight'" in got[0]
+            assert ("the step" if stage < 3 else "forward of module '0'") in got[0]
         engine.close()
+    if stage == 3:
+        return  # the parameters are empty between forwards: no load_state_dict into them
     model = make()
     engine, _, _, _ = strata.initialize(model=model, config=ds_config(stage, lr=LR, wd=WD))
     model.load_state_dict(make().state_dict())
