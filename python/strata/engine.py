@@ -1625,7 +1625,11 @@ class StrataEngine(torch.nn.Module):
         """grad into its buffer view. A backward node may run on another stream than the one
         the buffer was taken on (autograd runs each node on its forward op's stream): that copy
         waits for the buffer's stream (its zeroing) and the buffer's stream for the copy (its
-        reduction)."""
+        reduction). A sparse gradient (nn.Embedding(sparse=True)) is made dense: the engine
+        reduces and steps dense gradients, and Adam on its dense sum is torch's on the
+        sparse=False module."""
+        if grad.layout != torch.strided:
+            grad = grad.to_dense()
         if view.shape != grad.shape:  # a parameter resized in place (its .data replaced)
             raise RuntimeError(
                 f"strata: a gradient of shape {tuple(grad.shape)} for a parameter of group "

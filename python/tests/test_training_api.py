@@ -547,3 +547,47 @@ def test_an_in_place_write_to_a_trainable_parameter_is_named_once(stage, tmp_pat
                                          r"in place.*the checkpoint works from them"):
         engine.save_checkpoint(tmp_path)
     engine.close()
+
+
+class _SparseNet(torch.nn.Module):
+    def __init__(self, sparse):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 8, sparse=sparse)
+        self.bag = torch.nn.EmbeddingBag(20, 8, mode="sum", sparse=sparse)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, idx, y):
+        h = self.emb(idx).mean(1) + self.bag(idx)
+        return torch.nn.functional.mse_loss(self.head(h), y)
+
+
+@pytest.mark.parametrize("stage,gas", [(0, 2), (2, 1), (3, 2)])
+def test_sparse_embedding_gradients_train_as_the_dense_module(stage, gas):
+    """nn.Embedding / nn.EmbeddingBag(sparse=True) give sparse gradients, which the engine takes
+    dense (it reduces and steps dense gradients; DeepSpeed's sparse allreduce is for stage 0):
+    the run equals torch AdamW on the same modules built with sparse=False."""
+    def data(step, micro):
+        g = torch.Generator().manual_seed(10 * step + micro)
+        return torch.randint(0, 20, (4, 5), generator=g), torch.randn(4, 3, generator=g)
+
+    torch.manual_seed(0)
+    model = _SparseNet(sparse=True)
+    torch.manual_seed(0)
+    ref = _SparseNet(sparse=False)
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(stage, lr=LR, wd=WD,
+                                                                      gas=gas))
+    opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD, foreach=False)
+    for step in range(3):
+        opt.zero_grad()
+        for micro in range(gas):
+            loss = engine(*data(step, micro))
+            engine.backward(loss)
+            engine.step()
+            ref_loss = ref(*data(step, micro))
+            (ref_loss / gas).backward()
+            assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
+        opt.step()
+    master = engine.read_master()
+    for n, p in ref.named_parameters():
+        torch.testing.assert_close(master[n], p.detach(), atol=2e-5, rtol=1e-4, msg=n)
+    engine.close()
