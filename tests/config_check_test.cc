@@ -327,6 +327,31 @@ TEST(ConfigCheck, MaxGradNormInOptimizerParamsIsAWarning) {
   EXPECT_NE(FindDiag(c.warnings, Kind::kIgnored, "optimizer.params.max_grad_norm"), nullptr);
 }
 
+// optimizer.params are the keyword arguments of DeepSpeed's Adam / AdamW: another name (a
+// TypeError there) is an unknown key with a suggestion, the implementation knobs are kept and
+// listed as not acted on, and the variants strata's Adam lacks are refused.
+TEST(ConfigCheck, OptimizerParamsAreAdamsArguments) {
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW",
+      "params": {"lr": 1e-3, "weight_decy": 0.1, "torch_adam": true, "amsgrad": false}}})");
+  ASSERT_TRUE(c.ok()) << Dump(c.errors);
+  const ConfigDiagnostic* typo =
+      FindDiag(c.warnings, Kind::kUnknownKey, "optimizer.params.weight_decy");
+  ASSERT_NE(typo, nullptr) << Dump(c.warnings);
+  EXPECT_NE(typo->message.find("did you mean 'weight_decay'"), std::string::npos);
+  EXPECT_EQ(c.warnings.size(), 1u) << Dump(c.warnings);  // torch_adam and amsgrad are known
+  EXPECT_EQ(c.parsed->config.optimizer.weight_decay.value_or(0.0), 0.0);  // not the typo's 0.1
+  EXPECT_EQ(c.parsed->config.unacted_keys.size(), 3u);
+  for (const char* variant : {"amsgrad", "maximize"}) {
+    ConfigCheck v = CheckDeepSpeedConfig(std::string(R"({"train_batch_size": 8, "optimizer": {
+        "type": "Adam", "params": {")") + variant +
+                                         R"(": true}}})");
+    EXPECT_FALSE(v.ok());
+    EXPECT_NE(FindDiag(v.errors, Kind::kUnsupported, std::string("optimizer.params.") + variant),
+              nullptr)
+        << Dump(v.errors);
+  }
+}
+
 TEST(ConfigCheck, SixteenBitMasterAndOptimizerStatesAreNamedAsNotActedOn) {
   // The keys that shrink DeepSpeed's state (bf16 / fp16 masters, gradients, Adam moments): strata
   // keeps fp32 state, so a run sized for the smaller one is told, naming each key given true.

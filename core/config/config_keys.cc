@@ -85,6 +85,14 @@ constexpr std::array kBf16Known = {K("immediate_grad_update"), K("check_grad_ove
                                    K("bf16_master_weights_and_grads"), K("bf16_optimizer_states")};
 constexpr std::array kOptimizerActed = {K("type"), K("params")};
 constexpr std::array kOptimizerKnown = {K("legacy_fusion")};
+// optimizer.params: the keyword arguments of DeepSpeed's Adam and AdamW (FusedAdam,
+// DeepSpeedCPUAdam, torch.optim.Adam(W) with torch_adam); another name is a TypeError there.
+constexpr std::array kOptimizerParamsActed = {
+    K("lr"), K("betas"), K("eps"), K("weight_decay"), K("adam_w_mode"), K("bias_correction")};
+constexpr std::array kOptimizerParamsKnown = {
+    K("torch_adam"), K("amsgrad"),      K("set_grad_none"), K("fp32_optimizer_states"),
+    K("foreach"),    K("fused"),        K("capturable"),    K("differentiable"),
+    K("maximize"),   K("max_grad_norm")};
 constexpr std::array kSchedulerActed = {K("type"), K("params")};
 constexpr std::array kNone = std::array<K, 0>{};
 constexpr std::array kAioActed = {K("block_size"),   K("queue_depth"),   K("intra_op_parallelism"),
@@ -171,6 +179,7 @@ const SectionKeys kTop{kTopActed, kTopKnown, false};
 const SectionKeys kFp16{kFp16Acted, kFp16Known, true};
 const SectionKeys kBf16{kBf16Acted, kBf16Known, true};
 const SectionKeys kOptimizer{kOptimizerActed, kOptimizerKnown, false};
+const SectionKeys kOptimizerParams{kOptimizerParamsActed, kOptimizerParamsKnown, false};
 const SectionKeys kScheduler{kSchedulerActed, kNone, false};
 const SectionKeys kAio{kAioActed, kAioKnown, false};
 const SectionKeys kCheckpoint{kCheckpointActed, kCheckpointKnown, false};
@@ -185,6 +194,7 @@ const SectionKeys* KeysOf(std::string_view p) {
   if (p == "fp16") return &kFp16;
   if (p == "bf16" || p == "bfloat16") return &kBf16;
   if (p == "optimizer") return &kOptimizer;
+  if (p == "optimizer.params") return &kOptimizerParams;
   if (p == "scheduler") return &kScheduler;
   if (p == "aio") return &kAio;
   if (p == "checkpoint") return &kCheckpoint;

@@ -84,8 +84,17 @@ void ReadOptimizer(Reader& r, Section& root, OptimizerConfig* o) {
   r.Bool(p, {"bias_correction"}, &o->bias_correction);
   if (r.Member(p, "max_grad_norm") != nullptr) {
     r.Warn(Kind::kIgnored, r.PathOf(p, "max_grad_norm"),
-           "max_grad_norm is not an optimizer parameter in DeepSpeed and is ignored; use the "
-           "top-level 'gradient_clipping'");
+           "max_grad_norm is not an optimizer parameter (DeepSpeed refuses it with a "
+           "ValueError); strata ignores it: use the top-level 'gradient_clipping'");
+  }
+  // Options that change Adam's arithmetic, which strata's Adam does not have.
+  for (const char* name : {"amsgrad", "maximize"}) {
+    const Json* v = r.Member(p, name);
+    if (v != nullptr && v->is_boolean() && v->get<bool>()) {
+      r.Error(Kind::kUnsupported, r.PathOf(p, name),
+              std::string(name) + ": true is not supported; strata's Adam has no " + name +
+                  " variant (DeepSpeed's FusedAdam and CPU Adam refuse it too)");
+    }
   }
   if (p.present()) {
     for (auto it = p.obj->begin(); it != p.obj->end(); ++it) {
@@ -95,6 +104,7 @@ void ReadOptimizer(Reader& r, Section& root, OptimizerConfig* o) {
       o->other_params[it.key()] = v->dump();
     }
   }
+  r.FinishSection(p);  // unknown names (a misspelt weight_decay): DeepSpeed's TypeError
   r.FinishSection(s);
 }
 

@@ -2323,10 +2323,13 @@ class StrataEngine(torch.nn.Module):
                 self.gradient_accumulation_steps())
 
     def optimizer_name(self) -> Optional[str]:
-        """The client optimizer's class name, else the config's optimizer type, as DeepSpeed."""
+        """The client optimizer's class name, else the config's optimizer type, as DeepSpeed
+        (which lowercases the names of its own optimizers: "adam", "adamw")."""
         if self.optimizer._client is not None:
             return type(self.optimizer._client).__name__
-        return (self._config.get("optimizer") or {}).get("type")
+        name = (self._config.get("optimizer") or {}).get("type")
+        return name.lower() if isinstance(name, str) and name.lower() in ("adam", "adamw") \
+            else name
 
     def optimizer_params(self) -> Optional[dict]:
         return (self._config.get("optimizer") or {}).get("params")

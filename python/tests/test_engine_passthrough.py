@@ -191,7 +191,8 @@ def test_deepspeeds_config_accessors(tmp_path):
         assert (engine.zero_sub_group_size(), engine.zero_param_persistence_threshold(),
                 engine.zero_max_live_parameters(), engine.zero_prefetch_bucket_size()) == (
                     1_000_000_000, 100_000, 1_000_000_000, 50_000_000)
-        assert engine.optimizer_name() == "AdamW" and engine.optimizer_params()["lr"] == 1e-2
+        # Lowercased, as DeepSpeed does to the names of its own optimizers.
+        assert engine.optimizer_name() == "adamw" and engine.optimizer_params()["lr"] == 1e-2
         assert engine.scheduler_name() is None and engine.scheduler_params() is None
         assert engine.zero_overlap_comm() and engine.zero_reduce_bucket_size() == 1000
         assert engine.communication_data_type == torch.bfloat16
