@@ -3,6 +3,7 @@
 // tensors (the trainer's names and shapes) hold the fp32 masters, read back with this test's own
 // safetensors reader and, when Python has the `safetensors` package, with it.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -169,6 +170,19 @@ TEST(CkptCli, InspectVerifyExport) {
   ASSERT_EQ(c.code, 0) << c.out;
   EXPECT_NE(c.out.find("(bf16)"), std::string::npos) << c.out;
   EXPECT_EQ(*ckpt::ReadWholeFile(made), *ckpt::ReadWholeFile(dir + "/model_bf16.safetensors"));
+  // --out naming something that is not a file to replace (a directory, a FIFO: a device such as
+  // /dev/full alike) or nothing: a usage error before anything is written.
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& out : {dir + "/made", fifo, std::string("''")}) {
+    c = Offloadctl("ckpt export " + dir + " --out " + out);
+    EXPECT_EQ(c.code, 2) << out << ": " << c.out;
+    EXPECT_NE(c.out.find(out == "''" ? "--out is empty" : "not a regular file"), std::string::npos)
+        << c.out;
+    EXPECT_FALSE(std::filesystem::exists(out + ".tmp")) << out;
+  }
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  EXPECT_FALSE(std::filesystem::exists(".tmp"));
   // The safetensors package, unchanged, when Python has it.
   if (std::system((Python() + " -c 'import safetensors.numpy' >/dev/null 2>&1").c_str()) == 0) {
     const std::string py = Python() +

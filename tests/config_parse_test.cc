@@ -61,6 +61,21 @@ TEST(ConfigParse, LineAndColumnCountCommentsBeforeTheError) {
   EXPECT_EQ(c.errors[0].column, 19);  // the second comma
 }
 
+// JSON's reader would take a NUL byte for the end of the text and drop what follows (here an
+// invalid stage): refused where it is.
+TEST(ConfigParse, ANulByteIsASyntaxError) {
+  const std::string before = "{\"train_batch_size\": 8}";
+  std::string text = before;
+  text += '\0';
+  text += "{\"zero_optimization\": {\"stage\": \"bogus\"}}";
+  ConfigCheck c = CheckDeepSpeedConfig(text);
+  ASSERT_EQ(c.errors.size(), 1u) << Dump(c.errors);
+  EXPECT_EQ(c.errors[0].kind, Kind::kSyntax);
+  EXPECT_NE(c.errors[0].message.find("NUL byte"), std::string::npos) << c.errors[0].message;
+  EXPECT_EQ(c.errors[0].line, 1);
+  EXPECT_EQ(c.errors[0].column, static_cast<int>(before.size()) + 1);
+}
+
 TEST(ConfigParse, UnterminatedBlockCommentIsASyntaxError) {
   ConfigCheck c = CheckDeepSpeedConfig("{\n  \"a\": 1 /* open\n}");
   ASSERT_EQ(c.errors.size(), 1u);

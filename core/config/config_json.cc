@@ -184,6 +184,16 @@ class DocumentBuilder {
 
 bool ParseJsonStrict(std::string_view stripped, nlohmann::ordered_json* out,
                      std::vector<ConfigDiagnostic>* errors) {
+  // nlohmann's reader takes a NUL byte for the end of the input and would drop what follows it
+  // without a word; JSON text has none (inside strings it is written \u0000).
+  if (const size_t at = stripped.find('\0'); at != std::string_view::npos) {
+    ConfigDiagnostic d{ConfigDiagnostic::Kind::kSyntax, "",
+                       "malformed JSON: a NUL byte (JSON text has none; is this a config file?)", 0,
+                       0};
+    LineColumn(stripped, at, &d.line, &d.column);
+    errors->push_back(std::move(d));
+    return false;
+  }
   // Deeper documents are refused before parsing: nlohmann's dump and our path building recurse
   // per level, so 100k levels would overflow the stack. No DeepSpeed config nests beyond ~5.
   if (const size_t at = FindTooDeep(stripped, kMaxJsonDepth); at != std::string_view::npos) {

@@ -1251,6 +1251,19 @@ class StrataEngine(torch.nn.Module):
         if self._whole:
             self._param_versions = [p._version for _, p in self._trainable]
 
+    @contextlib.contextmanager
+    def _whole_after(self):
+        """The block (a Step, Save, Load or write that needs every group released), then
+        _gather_whole. Where the block raised, its error is the one raised: the gather after it
+        would fail too where that error failed the engine, which then refuses every call."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._gather_whole()
+            raise
+        self._gather_whole()
+
     def _after_applied_step(self) -> None:
         """The engine rewrote the trainable parameters in its own memory, which torch does not
         see: their version counters advance, as an optimizer's in-place update advances them, so
@@ -1392,10 +1405,8 @@ class StrataEngine(torch.nn.Module):
             return flat[b - begin:e - begin].numpy()
 
         self._release_all()  # WriteOptimizerState rewrites the params: nothing may be gathered
-        try:
+        with self._whole_after():
             self._engine.write_state(gi, self._index_in_group[id(param)], kind, fill)
-        finally:
-            self._gather_whole()
 
     def _write_master(self, values: dict[int, torch.Tensor]) -> None:
         """Replaces the weights of the parameters in `values` (id(p) -> full fp32 tensor), every
@@ -1419,10 +1430,8 @@ class StrataEngine(torch.nn.Module):
 
         with self._pinned_values_kept({self._group_of[pid] for pid in values}):
             self._release_all()  # InitParameters rewrites the params: nothing may be gathered
-            try:
+            with self._whole_after():
                 self._engine.init_from_fill(fill)
-            finally:
-                self._gather_whole()
 
     def _write_params(self, values: dict[int, torch.Tensor]) -> None:
         """GatheredParameters(modifier_rank=...) after the engine's first step, as DeepSpeed: the
@@ -1446,10 +1455,8 @@ class StrataEngine(torch.nn.Module):
 
         with self._pinned_values_kept(set(groups)):
             self._release_all()  # WriteParams rewrites the params: nothing may be gathered
-            try:
+            with self._whole_after():
                 self._engine.write_params(groups, fill)
-            finally:
-                self._gather_whole()
 
     @contextlib.contextmanager
     def _pinned_values_kept(self, written: set):
@@ -2512,14 +2519,12 @@ class StrataEngine(torch.nn.Module):
         blob = pack_state(state)
         self._check_param_writes("the checkpoint")
         self._release_all()  # Save refuses while a group is gathered
-        try:
+        with self._whole_after():
             self._engine.save(os.fspath(save_dir), str(tag), blob,
                               keep_last=None if keep_last is None else int(keep_last),
                               recycle_files=None if recycle_files is None else bool(recycle_files),
                               exclude_frozen=bool(exclude_frozen_parameters),
                               update_latest=bool(save_latest))
-        finally:
-            self._gather_whole()
         if self._engine.rank == 0:  # DeepSpeed's recovery script, strata's in its place
             write_recovery_script(save_dir)
         return True
@@ -2552,21 +2557,21 @@ class StrataEngine(torch.nn.Module):
         if load_module_only:
             return self._load_module_only(load_dir, str(tag), load_module_strict)
         self._release_all()  # Load refuses while a group is gathered
-        try:
-            blob = self._engine.load(load_dir, str(tag), optimizer_states=load_optimizer_states,
-                                     lr_schedule=load_lr_scheduler_states,
-                                     keep_excluded=not load_module_strict)
-        except _strata.StrataError as e:
-            if load_module_strict or "model spec differs" not in str(e):
-                raise
-            raise _strata.StrataError(
-                f"{e}\n(load_module_strict=False relaxes the buffers and keeps the frozen "
-                "parameters a checkpoint left out, nothing else: a model whose "
-                "parameters changed takes the checkpoint's matching weights with "
-                "load_module_only=True, before its first step, also with "
-                "load_module_strict=False where the checkpoint lacks some)") from None
-        finally:
-            self._gather_whole()
+        with self._whole_after():
+            try:
+                blob = self._engine.load(load_dir, str(tag),
+                                         optimizer_states=load_optimizer_states,
+                                         lr_schedule=load_lr_scheduler_states,
+                                         keep_excluded=not load_module_strict)
+            except _strata.StrataError as e:
+                if load_module_strict or "model spec differs" not in str(e):
+                    raise
+                raise _strata.StrataError(
+                    f"{e}\n(load_module_strict=False relaxes the buffers and keeps the frozen "
+                    "parameters a checkpoint left out, nothing else: a model whose "
+                    "parameters changed takes the checkpoint's matching weights with "
+                    "load_module_only=True, before its first step, also with "
+                    "load_module_strict=False where the checkpoint lacks some)") from None
         state = unpack_state(blob, os.path.join(load_dir, str(tag)))
         self._load_buffers(state.get("buffers"), load_module_strict)
         if load_lr_scheduler_states:

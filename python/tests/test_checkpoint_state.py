@@ -353,3 +353,25 @@ def test_save_latest_false_leaves_latest_and_loads_by_tag(tmp_path):
         got = other.read_master()
         assert all(torch.equal(got[n], want[n]) for n in want)
         other.close()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_damaged_rank_file_is_the_error_load_raises(tmp_path, stage):
+    """A byte flipped in a rank file: load_checkpoint raises the engine's corruption error naming
+    the file, not the refusal of the parameters' gather that follows the failed load (the
+    engine refuses every call once a load failed part way)."""
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(stage))
+    engine.backward(engine(*batch("mlp", 0)))
+    engine.step()
+    engine.save_checkpoint(tmp_path, tag="t")
+    engine.close()
+    rank_file = next(p for p in (tmp_path / "t").iterdir() if p.name.startswith("rank0"))
+    data = bytearray(rank_file.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    rank_file.write_bytes(bytes(data))
+    again, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(stage))
+    with pytest.raises(strata.StrataError) as failed:
+        again.load_checkpoint(tmp_path)
+    assert rank_file.name in str(failed.value) and "damaged" in str(failed.value)
+    assert "refuses every call" not in str(failed.value)
+    again.close()

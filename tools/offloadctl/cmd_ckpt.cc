@@ -167,8 +167,12 @@ struct ExportTensor {
   std::vector<int64_t> shape;
 };
 
+Status WriteExportBody(ckpt::FileWriter& w, const std::string& header,
+                       const std::vector<const ExportTensor*>& tensors, const std::string& dtype,
+                       ckpt::RangeReader& rd);
+
 // One safetensors file of `tensors`, streamed in chunks from the masters (written as PATH.tmp,
-// fsynced, renamed).
+// fsynced, renamed; the .tmp removed on a failure).
 Status WriteExportFile(const std::string& path, const std::vector<const ExportTensor*>& tensors,
                        const std::string& dtype, const ckpt::Manifest& m, ckpt::RangeReader& rd) {
   const std::string st_dtype = dtype == "fp32" ? "F32" : dtype == "fp16" ? "F16" : "BF16";
@@ -190,6 +194,20 @@ Status WriteExportFile(const std::string& path, const std::vector<const ExportTe
   header += text;
   const std::string tmp = path + ".tmp";
   STRATA_ASSIGN_OR_RETURN(ckpt::FileWriter w, ckpt::FileWriter::Create(tmp));
+  Status st = WriteExportBody(w, header, tensors, dtype, rd);
+  if (st.ok()) st = ckpt::RenamePath(tmp, path);
+  if (!st.ok()) {
+    std::error_code ignored;  // a partial file would only hold the disk: the error is the news
+    std::filesystem::remove(tmp, ignored);
+  }
+  return st;
+}
+
+// The header, then each tensor's values converted to `dtype`, then fsync.
+Status WriteExportBody(ckpt::FileWriter& w, const std::string& header,
+                       const std::vector<const ExportTensor*>& tensors, const std::string& dtype,
+                       ckpt::RangeReader& rd) {
+  const uint64_t eb = dtype == "fp32" ? 4 : 2;
   STRATA_RETURN_IF_ERROR(w.Append(header.data(), header.size()));
   constexpr uint64_t kChunk = uint64_t{1} << 20;
   std::vector<float> f32(kChunk);
@@ -208,8 +226,21 @@ Status WriteExportFile(const std::string& path, const std::vector<const ExportTe
       STRATA_RETURN_IF_ERROR(w.Append(half.data(), n * 2));
     }
   }
-  STRATA_RETURN_IF_ERROR(w.Finish());
-  return ckpt::RenamePath(tmp, path);
+  return w.Finish();
+}
+
+// --out names a file to create or replace: not empty, and not something else that exists (a
+// directory, a device such as /dev/full, a FIFO), which the final rename would replace.
+Status CheckOutFile(const std::string& out) {
+  if (out.empty()) return Status::InvalidArgument("--out is empty: name the file to write");
+  std::error_code ec;
+  const std::filesystem::file_status fs = std::filesystem::status(out, ec);
+  if (std::filesystem::exists(fs) && !std::filesystem::is_regular_file(fs)) {
+    return Status::InvalidArgument("--out '" + out +
+                                   "' exists and is not a regular file (a directory, device or "
+                                   "FIFO): name a file to create or replace");
+  }
+  return Status::OK();
 }
 
 // "5GB" as Hugging Face writes it, or any SIZE (cli_flags.h).
@@ -235,6 +266,7 @@ Status Export(const CkptArgs& a, size_t* tensors, size_t* files, std::string* dt
                                      "' is not a size such as 5GB or 500M");
     max_shard = *v;
   }
+  STRATA_RETURN_IF_ERROR(CheckOutFile(a.out));
   STRATA_ASSIGN_OR_RETURN(ckpt::Manifest m, ckpt::VerifyCheckpoint(a.dir, a.tag));
   // The run's own precision unless asked (an fp32 run's weights are not rounded by default).
   const std::string dtype = a.dtype.empty() ? m.precision : a.dtype;
