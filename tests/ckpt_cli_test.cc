@@ -100,8 +100,28 @@ TEST(CkptCli, InspectVerifyExport) {
   EXPECT_EQ(c.code, 0) << c.out;
   EXPECT_NE(c.out.find("/b is valid"), std::string::npos) << c.out;
   c = Offloadctl("ckpt inspect " + dir + "/a");
-  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_EQ(c.code, 0) << c.out;  // inspect reads no checksum: verify finds that byte
   EXPECT_NE(c.out.find("/a (format"), std::string::npos) << c.out;
+  // A file of another size than the manifest's, or missing: inspect says so and exits 1.
+  const std::string rank1 = dir + "/a/rank1.safetensors";
+  const std::string kept = *ckpt::ReadWholeFile(rank1);
+  std::filesystem::resize_file(rank1, 0);
+  c = Offloadctl("ckpt inspect " + dir + "/a");
+  EXPECT_EQ(c.code, 1) << c.out;
+  EXPECT_NE(c.out.find("rank1.safetensors: 0 bytes on disk, the manifest says " +
+                       std::to_string(kept.size())),
+            std::string::npos)
+      << c.out;
+  std::filesystem::remove(rank1);
+  c = Offloadctl("ckpt inspect " + dir + "/a --json 2>/dev/null");
+  EXPECT_EQ(c.code, 1) << c.out;
+  j = nlohmann::json::parse(c.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << c.out;
+  ASSERT_EQ(j["file_problems"].size(), 1u) << c.out;
+  EXPECT_NE(j["file_problems"][0].get<std::string>().find("rank1.safetensors: No such file"),
+            std::string::npos)
+      << c.out;
+  std::ofstream(rank1, std::ios::binary) << kept;
   // Through a symlink named otherwise (a `best` link to a tag), and as "." from inside it.
   std::filesystem::create_directory_symlink(dir + "/b", dir + "/best");
   c = Offloadctl("ckpt verify " + dir + "/best");

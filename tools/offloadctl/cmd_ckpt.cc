@@ -68,6 +68,23 @@ int Fail(const char* cmd, const Status& st) {
   return kExitInvalid;
 }
 
+// What differs between the manifest's files and the directory, by size alone (no checksum is
+// read: `ckpt verify` does that): a file missing, or of another size.
+std::vector<std::string> FileProblems(const std::string& tag_dir, const ckpt::Manifest& m) {
+  std::vector<std::string> problems;
+  for (const auto& f : m.files) {
+    std::error_code ec;
+    const uintmax_t size = std::filesystem::file_size(tag_dir + "/" + f.name, ec);
+    if (ec) {
+      problems.push_back(f.name + ": " + ec.message());
+    } else if (size != f.size_bytes) {
+      problems.push_back(f.name + ": " + std::to_string(size) +
+                         " bytes on disk, the manifest says " + std::to_string(f.size_bytes));
+    }
+  }
+  return problems;
+}
+
 int RunInspect(const CkptArgs& a) {
   auto tag = ckpt::ResolveTag(a.dir, a.tag);
   if (!tag.ok()) return Fail("inspect", tag.status());
@@ -87,8 +104,11 @@ int RunInspect(const CkptArgs& a) {
   }
   uint64_t total = 0;
   for (const auto& f : m->files) total += f.size_bytes;
+  const std::vector<std::string> problems = FileProblems(a.dir + "/" + *tag, *m);
+  const int code = problems.empty() ? kExitOk : kExitInvalid;
   if (a.json) {
     nlohmann::json j = nlohmann::json::parse(m->ToJson());
+    j["file_problems"] = problems;
     j.erase("config");
     j["params"] = params;
     j["frozen_params"] = frozen;
@@ -97,7 +117,7 @@ int RunInspect(const CkptArgs& a) {
     j["bytes_per_state_kind"] = per_kind;
     j["total_bytes"] = total;
     std::printf("%s\n", j.dump(2).c_str());
-    return kExitOk;
+    return code;
   }
   std::printf("checkpoint %s/%s (format %d)\n", a.dir.c_str(), m->tag.c_str(), m->format_version);
   char scale[64];
@@ -132,7 +152,10 @@ int RunInspect(const CkptArgs& a) {
   }
   std::printf("  total %llu bytes; client state: %s\n", static_cast<unsigned long long>(total),
               m->has_client_state ? "yes" : "none");
-  return kExitOk;
+  for (const std::string& p : problems) {
+    std::fprintf(stderr, "offloadctl ckpt inspect: damaged: %s\n", p.c_str());
+  }
+  return code;
 }
 
 int RunVerify(const CkptArgs& a) {
