@@ -1028,11 +1028,8 @@ class StrataEngine(torch.nn.Module):
         registered as an external parameter of that module, with a notice for the first such
         parameter of the module (PEFT's LoRA layers read each adapter's weight.dtype in a parent
         with no parameters of its own: one notice, not one per adapter)."""
-        running, call = self._call_stack[-1]
-        gi = self._group_of[id(p)]
-        if gi not in call.groups:
-            call.groups.append(gi)
-            self._acquire((gi,))
+        running, _ = self._call_stack[-1]
+        self._hold_in_running_call(p)
         # Registered on the innermost module whose forward reads it, which strata may not hook
         # (a layer without parameters of its own, as DeepSpeed hooks every module): registered
         # on `running`, an ancestor, it would be gathered through the whole of that forward.
@@ -1053,6 +1050,18 @@ class StrataEngine(torch.nn.Module):
                 f"'{mname}' (strata.zero.register_external_parameter(module, param) does it "
                 "ahead and silences this; other parameters read there the same way are "
                 "registered without another notice)", stacklevel=3)
+
+    def _hold_in_running_call(self, p: torch.nn.Parameter) -> None:
+        """p's group gathered and held by the hooked module call in progress, with the call's own
+        groups, until its end, and gathered again for its backward. Nothing outside the engine's
+        forward, or where the call holds it already."""
+        if self._whole or not self._call_stack or id(p) not in self._group_of:
+            return
+        call = self._call_stack[-1][1]
+        gi = self._group_of[id(p)]
+        if gi not in call.groups:
+            call.groups.append(gi)
+            self._acquire((gi,))
 
     def _reading_module(self, running: torch.nn.Module, p) -> torch.nn.Module:
         """The innermost module of this engine's model whose forward is on the Python stack
@@ -1248,8 +1257,7 @@ class StrataEngine(torch.nn.Module):
         after them (collective at stage 3: every rank in the same order)."""
         self._acquire(tuple(gi for gi in range(len(self._groups))
                             if (self._whole or self._pinned[gi]) and self._refs[gi] == 0))
-        if self._whole:
-            self._param_versions = [p._version for _, p in self._trainable]
+        self._param_versions = [p._version for _, p in self._trainable]
 
     @contextlib.contextmanager
     def _whole_after(self):
@@ -1273,11 +1281,12 @@ class StrataEngine(torch.nn.Module):
             torch.autograd.graph.increment_version(p)
 
     def _check_param_writes(self, before: str) -> None:
-        """Stages 0-2: warns (once per engine) where a trainable parameter was written in place
-        since the engine last wrote the parameters (torch's version counter: a no_grad in-place
-        op, load_state_dict, nn.Embedding(max_norm=...)'s renormalisation; not writes through
+        """Warns (once per engine) where a trainable parameter was written in place since the
+        engine last wrote the parameters (torch's version counter: a no_grad in-place op,
+        load_state_dict, nn.Embedding(max_norm=...)'s renormalisation, at stage 3 a write into a
+        persistent parameter, whole between steps, or into an empty one; not writes through
         .data): `before` (the step, a save) works from the fp32 masters, which do not have it."""
-        if not self._whole or self._param_versions is None or self._warned_inplace:
+        if self._param_versions is None or self._warned_inplace:
             return
         written = [n for (n, p), v in zip(self._trainable, self._param_versions)
                    if p._version != v]

@@ -404,6 +404,12 @@ def _gathered(params: list, modifier_rank: Optional[int], fwd_module):
     if fwd_module is not None:  # as DeepSpeed: fwd_module's forward uses them from now on
         for p in params:
             register_external_parameter(fwd_module, p)
+            # Inside the engine's forward (PEFT's AdaLoRA regulariser, in fwd_module's own
+            # forward): the call in progress began before the registration, so it holds them,
+            # and its backward gathers them for what the block computes.
+            engine = getattr(p, "_strata_engine", None)
+            if engine is not None:
+                engine._hold_in_running_call(p)
     rank, world = _rank_world()
     engines, parted = {}, []
     for p in params:

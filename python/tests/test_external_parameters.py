@@ -294,6 +294,64 @@ def test_a_parameter_read_by_a_layer_without_parameters_is_registered_on_that_la
         torch.testing.assert_close(master3[n], master0[n], atol=1e-6, rtol=1e-5)
 
 
+class _Orthogonality(torch.nn.Module):
+    """Owns no parameter: its forward adds a penalty on its child's weights, each computed in a
+    GatheredParameters(p, fwd_module=self) block where the weight is released, as PEFT's
+    AdaLoraModel.forward adds its orthogonal regulariser."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+
+    def forward(self, x):
+        out = self.inner(x).square().mean()
+        for name, p in self.inner.named_parameters():
+            if name.endswith("weight"):
+                with strata.zero.GatheredParameters(p, fwd_module=self, enabled=p.numel() == 0):
+                    out = out + 0.1 * (p @ p.T - torch.eye(8)).norm()
+        return out
+
+
+@pytest.mark.parametrize("offload_param", ["none", "cpu"])
+def test_gathered_parameters_with_fwd_module_inside_the_forward(offload_param):
+    """The block registers the weights on the module mid-call (its hooks, added then, did not
+    run at its start): the call in progress holds them and its backward gathers them, so the
+    first step's backward of what the block computed finds them, and later calls gather them
+    with the module's own. Trains as torch."""
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(_Orthogonality())  # below the root, as PeftModel's base_model
+
+    def data(step):
+        return torch.randn(2, 8, generator=torch.Generator().manual_seed(step))
+
+    ref = model()
+    opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD, foreach=False)
+    ref_losses = []
+    for step in range(3):
+        loss = ref(data(step))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ref_losses.append(loss.item())
+    cfg = ds_config(3, lr=LR, wd=WD)
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    if offload_param != "none":
+        cfg["zero_optimization"]["offload_param"] = {"device": offload_param}
+    engine, _, _, _ = strata.initialize(model=model(), config=cfg)
+    losses = []
+    for step in range(3):
+        loss = engine(data(step))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    master = engine.read_master()
+    for n, p in ref.named_parameters():
+        torch.testing.assert_close(master[n], p.detach(), atol=2e-5, rtol=1e-4, msg=n)
+    engine.close()
+
+
 class _AsksHeadDtype(torch.nn.Module):
     """Asks its head's weight only for metadata before the body runs (transformers' Mamba2 reads
     self.lm_head.weight.dtype at the root, ViT the patch projection's), then calls the head."""
