@@ -146,6 +146,12 @@ TEST(CkptCli, InspectVerifyExport) {
   EXPECT_EQ(j["tag"], "b");
   EXPECT_GT(j["bytes"].get<uint64_t>(), 0u);
   EXPECT_EQ(Offloadctl("ckpt verify").code, 2);
+  EXPECT_EQ(Offloadctl("ckpt verify ''").code, 2);  // not `/latest`
+  c = Offloadctl("ckpt verify " + dir + "/missing");
+  EXPECT_EQ(c.code, 1) << c.out;
+  EXPECT_NE(c.out.find("checkpoint directory " + dir + "/missing does not exist"),
+            std::string::npos)
+      << c.out;
   EXPECT_EQ(Offloadctl("ckpt export " + dir + " --out x --dtype int8").code, 2);
 
   // Export fp32 and bf16: names, shapes, values.

@@ -27,6 +27,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 namespace strata {
 namespace {
 
@@ -662,6 +664,30 @@ TEST(PlannerValidate, ParamsBeyondTheExactRangeAreRefused) {
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_DOUBLE_EQ(plan->ledger_bytes_per_gpu[0], 16 * kMaxPlanParams);
   EXPECT_LT(plan->ledger_bytes_per_gpu[3], plan->ledger_bytes_per_gpu[2]);
+}
+
+// A largest group beyond the model, a recipe beyond any state's bytes, an activation size that
+// overflowed to infinity: refused, naming the value and what is wrong with it.
+TEST(PlannerValidate, LargestGroupRecipeAndInfinitiesAreChecked) {
+  PlanInput in = Ref();
+  in.largest_group_params = in.params * 2;
+  Status s = ValidatePlanInput(in);
+  EXPECT_TRUE(s.IsInvalidArgument());
+  EXPECT_NE(s.message().find("largest group params"), std::string_view::npos) << s.ToString();
+  in.largest_group_params = in.params;
+  EXPECT_TRUE(ValidatePlanInput(in).ok());
+
+  in = Ref();
+  in.recipe.master_bytes = 1e20;
+  s = ValidatePlanInput(in);
+  EXPECT_TRUE(s.IsInvalidArgument());
+  EXPECT_NE(s.message().find("at most 64"), std::string_view::npos) << s.ToString();
+
+  in = Ref();
+  in.activation_bytes_per_gpu = std::numeric_limits<double>::infinity();
+  s = ValidatePlanInput(in);
+  EXPECT_TRUE(s.IsInvalidArgument());
+  EXPECT_NE(s.message().find("must be finite"), std::string_view::npos) << s.ToString();
 }
 
 // sub_group_size 0 is valid DeepSpeed (each parameter tensor is its own sub-group; the config

@@ -374,7 +374,10 @@ Status CheckPositive(double v, const char* name) {
 }
 
 Status CheckNonNegative(double v, const char* name) {
-  if (!(v >= 0) || !std::isfinite(v)) {
+  if (!std::isfinite(v)) {
+    return Status::InvalidArgument(std::string(name) + " must be finite, got " + Fmt(v));
+  }
+  if (!(v >= 0)) {
     return Status::InvalidArgument(std::string(name) + " must be >= 0, got " + Fmt(v));
   }
   return Status::OK();
@@ -508,6 +511,10 @@ Status ValidatePlanInput(const PlanInput& in) {
                                    Fmt(kMaxPlanParams) + " the planner counts exactly");
   }
   STRATA_RETURN_IF_ERROR(CheckNonNegative(in.largest_group_params, "largest group params"));
+  if (in.largest_group_params > in.params) {
+    return Status::InvalidArgument("largest group params (" + Fmt(in.largest_group_params) +
+                                   ") exceed params (" + Fmt(in.params) + ")");
+  }
   STRATA_RETURN_IF_ERROR(CheckNonNegative(in.trainable_params, "trainable params"));
   if (in.trainable_params > in.params) {
     return Status::InvalidArgument("trainable params (" + Fmt(in.trainable_params) +
@@ -519,6 +526,11 @@ Status ValidatePlanInput(const PlanInput& in) {
   for (double v :
        {r.param_bytes, r.grad_bytes, r.master_bytes, r.momentum_bytes, r.variance_bytes}) {
     STRATA_RETURN_IF_ERROR(CheckNonNegative(v, ("recipe " + r.name + " bytes").c_str()));
+    if (v > kMaxRecipeBytes) {
+      return Status::InvalidArgument("recipe " + r.name + ": " + Fmt(v) +
+                                     " bytes per parameter for one state; at most " +
+                                     Fmt(kMaxRecipeBytes) + " (fp64 Adam state is 8)");
+    }
   }
   const Capacity& c = in.capacity;
   if (c.gpus_per_node < 1) return Status::InvalidArgument("gpus per node must be >= 1");

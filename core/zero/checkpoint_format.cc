@@ -547,6 +547,8 @@ Result<std::string> ResolveTag(const std::string& dir, const std::string& tag) {
     }
     return tag;
   }
+  if (dir.empty()) return Status::InvalidArgument("the checkpoint directory is empty: name one");
+  if (!PathExists(dir)) return Status::NotFound("checkpoint directory " + dir + " does not exist");
   const std::string latest = dir + "/" + kLatestName;
   auto text = ReadWholeFile(latest);
   if (!text.ok()) {

@@ -92,6 +92,9 @@ inline constexpr int64_t kMaxPlanRanks = int64_t{1} << 24;
 // The most parameters a plan may have (a quadrillion): every byte count derived from it stays
 // exact in 64 bits (beyond about 1e18 they saturated, and the verdict with them).
 inline constexpr double kMaxPlanParams = 1e15;
+// The most bytes per parameter a recipe may give one state (fp64 is 8): with kMaxPlanParams every
+// state's bytes stay exact in 64 bits.
+inline constexpr double kMaxRecipeBytes = 64;
 
 // ZeRO++ (Wang et al., "ZeRO++", arXiv:2306.10209): the three stage-3 communication reductions,
 // as DeepSpeed's zero_optimization keys name them. They act at stage 3 only.

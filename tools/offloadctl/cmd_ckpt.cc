@@ -85,6 +85,15 @@ std::vector<std::string> FileProblems(const std::string& tag_dir, const ckpt::Ma
   return problems;
 }
 
+// DIR given empty ("" from an unset variable) would read `/latest`: a usage error.
+CLI::Validator NamedDir() {
+  return CLI::Validator(
+      [](std::string& s) {
+        return s.empty() ? std::string("empty: name the checkpoint directory") : std::string();
+      },
+      "DIR");
+}
+
 int RunInspect(const CkptArgs& a) {
   auto tag = ckpt::ResolveTag(a.dir, a.tag);
   if (!tag.ok()) return Fail("inspect", tag.status());
@@ -429,14 +438,15 @@ void RegisterCkpt(CLI::App& parent, int* exit_code) {
       ->add_option("DIR", args->dir,
                    "Checkpoint directory (holds `latest` and tag directories), or a tag's "
                    "own directory")
-      ->required();
+      ->required()
+      ->check(NamedDir());
   inspect->add_option("--tag", args->tag, "Tag to inspect (default: the one `latest` names)");
   inspect->add_flag("--json", args->json, "Print JSON");
   inspect->callback([args, exit_code] { *exit_code = RunInspect(Resolved(*args)); });
   CLI::App* verify = ck->add_subcommand(
       "verify",
       "Check completeness and every checksum: exit 0 valid, 1 damaged (the file named), 2 usage");
-  verify->add_option("DIR", args->dir, "Checkpoint directory")->required();
+  verify->add_option("DIR", args->dir, "Checkpoint directory")->required()->check(NamedDir());
   verify->add_option("--tag", args->tag, "Tag to verify (default: the one `latest` names)");
   verify->add_flag("--json", args->json,
                    "Print JSON: valid, tag, files and bytes, or valid false and the error (the "
@@ -445,7 +455,7 @@ void RegisterCkpt(CLI::App& parent, int* exit_code) {
   CLI::App* exp = ck->add_subcommand(
       "export",
       "One safetensors file of the full parameters (from the fp32 masters), verified first");
-  exp->add_option("DIR", args->dir, "Checkpoint directory")->required();
+  exp->add_option("DIR", args->dir, "Checkpoint directory")->required()->check(NamedDir());
   exp->add_option("--tag", args->tag, "Tag to export (default: the one `latest` names)");
   exp->add_option("--out", args->out, "Output .safetensors file (written as OUT.tmp, then renamed)")
       ->required();
@@ -463,7 +473,7 @@ void RegisterCkpt(CLI::App& parent, int* exit_code) {
       "reshard",
       "Rewrite a checkpoint for another world size, ZeRO stage or precision (offline), verified "
       "first");
-  rs->add_option("DIR", args->dir, "Checkpoint directory")->required();
+  rs->add_option("DIR", args->dir, "Checkpoint directory")->required()->check(NamedDir());
   rs->add_option("--tag", args->tag, "Tag to reshard (default: the one `latest` names)");
   rs->add_option("--world-size", args->world_size,
                  "Ranks of the new layout (default: the checkpoint's)")
