@@ -330,3 +330,31 @@ TEST(OffloadctlPlan, ZeroPlusPlusBadPartitionIsAUsageError) {
 }
 
 }  // namespace
+
+namespace {
+
+// With --json a failure is JSON on stdout too ({"error", "exit_code"}, the message also on
+// stderr): a bad value, a config that fails, and a usage error CLI11 reports.
+TEST(OffloadctlPlan, FailuresAreJsonWithJson) {
+  struct Case {
+    std::string args;
+    int code;
+    std::string says;
+  };
+  for (const Case& c :
+       {Case{"--params 7B --largest-group 8B --json", 2, "exceed params"},
+        Case{"--params 7B --no-such-flag --json", 2, "no-such-flag"},
+        Case{"--params 7B --config /nonexistent/ds.json --json", 2, "/nonexistent/ds.json"}}) {
+    const RunResult r = RunPlan(c.args);
+    EXPECT_EQ(r.exit_code, c.code) << c.args << ": " << r.out;
+    const nlohmann::json j = ParseJson(r);
+    ASSERT_TRUE(j.is_object()) << c.args << ": " << r.out;
+    EXPECT_EQ(j["exit_code"].get<int>(), c.code);
+    EXPECT_NE(j["error"].get<std::string>().find(c.says), std::string::npos) << r.out;
+  }
+  const RunResult plain = RunPlan("--params 7B --largest-group 8B");  // without: stderr only
+  EXPECT_EQ(plain.exit_code, 2);
+  EXPECT_EQ(plain.out, "");
+}
+
+}  // namespace

@@ -1,7 +1,10 @@
 #include "tools/offloadctl/cli_flags.h"
 
 #include <cctype>
+#include <cstdio>
 #include <limits>
+
+#include <nlohmann/json.hpp>
 
 namespace strata::cli {
 
@@ -89,6 +92,16 @@ Result<IoBackendKind> IoBackendFromName(const std::string& name) {
   if (name == "io_uring") return IoBackendKind::kIoUring;
   if (name == "posix") return IoBackendKind::kPosix;
   return Status::InvalidArgument("IO backend must be auto, io_uring or posix, not '" + name + "'");
+}
+
+int Failure(std::string_view command, std::string_view message, int exit_code, bool json) {
+  std::fprintf(stderr, "offloadctl %.*s: %.*s\n", static_cast<int>(command.size()), command.data(),
+               static_cast<int>(message.size()), message.data());
+  if (json) {
+    const nlohmann::ordered_json j = {{"error", std::string(message)}, {"exit_code", exit_code}};
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  }
+  return exit_code;
 }
 
 }  // namespace strata::cli

@@ -41,6 +41,11 @@ std::string SizeString(uint64_t bytes);
 CLI::Option* AddNvmePathOption(CLI::App* cmd, std::vector<std::string>* dirs,
                                const std::string& help);
 
+// A failed command: "offloadctl COMMAND: MESSAGE" on stderr and, where the command was asked
+// for --json, {"error": MESSAGE, "exit_code": CODE} on stdout too, so that a script reading
+// stdout gets JSON whatever happened. Returns `exit_code`.
+int Failure(std::string_view command, std::string_view message, int exit_code, bool json);
+
 // Adds `--io-backend auto|io_uring|posix` storing the name in *name.
 CLI::Option* AddIoBackendOption(CLI::App* cmd, std::string* name);
 // The backend named by --io-backend. InvalidArgument names the accepted values.

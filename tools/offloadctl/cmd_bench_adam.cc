@@ -105,9 +105,8 @@ void PrintTable(size_t params, double nt, const kernels::DramReport& dram,
       nt / 1e9);
 }
 
-int Fail(const Status& s) {
-  std::fprintf(stderr, "bench adam: %s\n", s.ToString().c_str());
-  return kExitInvalid;
+int Fail(const Opts& o, const Status& s) {
+  return Failure("bench adam", s.ToString(), kExitInvalid, o.json);
 }
 
 int Run(const Opts& o) {
@@ -128,12 +127,12 @@ int Run(const Opts& o) {
   dopt.reps = o.reps;
   dopt.bind_threads = o.bind;
   auto dram = kernels::MeasureDram(dopt);
-  if (!dram.ok()) return Fail(dram.status());
+  if (!dram.ok()) return Fail(o, dram.status());
   // A second set of arrays for the nt triads interleaved with the Adam steps.
   auto pool = kernels::KernelPool::Create({.threads = o.threads, .bind_threads = o.bind});
-  if (!pool.ok()) return Fail(pool.status());
+  if (!pool.ok()) return Fail(o, pool.status());
   auto probe = kernels::DramProbe::Create(dopt.array_bytes, **pool);
-  if (!probe.ok()) return Fail(probe.status());
+  if (!probe.ok()) return Fail(o, probe.status());
 
   kernels::AdamBenchOptions aopt;
   aopt.reference = &*probe;
@@ -144,7 +143,7 @@ int Run(const Opts& o) {
   aopt.bind_threads = o.bind;
   aopt.stream_state = o.stream_state;
   auto adam = kernels::MeasureAdam(aopt);
-  if (!adam.ok()) return Fail(adam.status());
+  if (!adam.ok()) return Fail(o, adam.status());
 
   // The run's nt triad: the best of the DRAM pass and of the triads interleaved with Adam.
   double nt = dram->best.nt_triad_bytes_per_s;

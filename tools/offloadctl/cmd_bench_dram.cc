@@ -10,6 +10,7 @@
 #include "kernels/bench/dram_bench.h"
 #include "kernels/targets.h"
 #include "tools/offloadctl/bench_common.h"
+#include "tools/offloadctl/cli_flags.h"
 #include "tools/offloadctl/commands.h"
 
 namespace strata::cli {
@@ -72,8 +73,7 @@ void RegisterBenchDram(CLI::App& bench, int* exit_code) {
     opt.bind_threads = o->bind;
     auto r = kernels::MeasureDram(opt);
     if (!r.ok()) {
-      std::fprintf(stderr, "bench dram: %s\n", r.status().ToString().c_str());
-      *exit_code = kExitInvalid;
+      *exit_code = Failure("bench dram", r.status().ToString(), kExitInvalid, o->json);
       return;
     }
     if (o->json) {

@@ -543,26 +543,25 @@ void PrintSweep(const nlohmann::json& j, const std::string& model) {
   }
 }
 
-int Fail(int code, const std::string& msg) {
-  std::fprintf(stderr, "offloadctl bench engine: %s\n", msg.c_str());
-  return code;
+int Fail(const BenchEngineArgs& a, int code, const std::string& msg) {
+  return Failure("bench engine", msg, code, a.json);
 }
 
 int RunBenchEngine(const BenchEngineArgs& a) {
   auto psi = ParseParamCount(a.params);
-  if (!psi.ok()) return Fail(kExitUsage, "--params: " + std::string(psi.status().message()));
+  if (!psi.ok()) return Fail(a, kExitUsage, "--params: " + std::string(psi.status().message()));
   auto model = SyntheticModel(*psi, a.layers, a.bias_groups);
-  if (!model.ok()) return Fail(kExitUsage, std::string(model.status().message()));
+  if (!model.ok()) return Fail(a, kExitUsage, std::string(model.status().message()));
   BenchProcess p;
   if (Status s = OpenProcess(a, &p); !s.ok())
-    return Fail(kExitInvalid, "rendezvous: " + s.ToString());
-  if (Status s = ResolveDevice(a, &p); !s.ok()) return Fail(kExitInvalid, s.ToString());
+    return Fail(a, kExitInvalid, "rendezvous: " + s.ToString());
+  if (Status s = ResolveDevice(a, &p); !s.ok()) return Fail(a, kExitInvalid, s.ToString());
   std::vector<EngineVariant> variants;
   if (a.sweep) {
     variants = SweepVariants(a);
   } else {
     auto v = ResolveVariant(a);
-    if (!v.ok()) return Fail(kExitInvalid, v.status().ToString());
+    if (!v.ok()) return Fail(a, kExitInvalid, v.status().ToString());
     variants = {*v};
   }
   const bool nvme =
@@ -573,13 +572,13 @@ int RunBenchEngine(const BenchEngineArgs& a) {
     if (bases.empty()) bases.push_back(std::filesystem::temp_directory_path().string());
     if (p.rank == 0) ReportLeftovers(bases);
     auto made = dirs.Make(bases);
-    if (!made.ok()) return Fail(kExitInvalid, "--nvme-path: " + made.status().ToString());
+    if (!made.ok()) return Fail(a, kExitInvalid, "--nvme-path: " + made.status().ToString());
     p.nvme_dirs = *made;
   }
   if (!a.save_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(a.save_dir, ec);
-    if (ec) return Fail(kExitInvalid, "--save-dir " + a.save_dir + ": " + ec.message());
+    if (ec) return Fail(a, kExitInvalid, "--save-dir " + a.save_dir + ": " + ec.message());
   }
   const std::string model_text = std::to_string(model->numel()) + " params in " +
                                  std::to_string(model->groups.size()) + " groups";
@@ -587,7 +586,7 @@ int RunBenchEngine(const BenchEngineArgs& a) {
   nlohmann::json best;
   for (const EngineVariant& v : variants) {
     auto r = RunEngineVariant(a, v, *model, p);
-    if (!r.ok()) return Fail(kExitInvalid, v.Name() + ": " + r.status().ToString());
+    if (!r.ok()) return Fail(a, kExitInvalid, v.Name() + ": " + r.status().ToString());
     if (p.rank != 0) continue;
     nlohmann::json j = VariantJson(a, *r);
     if (!a.sweep) {

@@ -94,9 +94,8 @@ int Run(const Args& a) {
   };
   ReportLeftovers(a.nvme_paths);
   auto results = nvme::RunNvmeBench(o, points, progress);
-  if (!results.ok()) {
-    std::fprintf(stderr, "error: %s\n", results.status().ToString().c_str());
-    return kExitInvalid;  // a path or disk that cannot be measured
+  if (!results.ok()) {  // a path or disk that cannot be measured
+    return Failure("bench nvme", results.status().ToString(), kExitInvalid, a.json);
   }
   // Best: highest read + write throughput (swap traffic is both).
   const nvme::NvmeBenchResult* best = &results->front();

@@ -392,8 +392,8 @@ void RegisterBenchStore(CLI::App& bench, int* exit_code) {
     nlohmann::json j;
     Status s = RunBenchStore(*args, &j);
     if (!s.ok()) {
-      std::fprintf(stderr, "offloadctl bench store: %s\n", s.ToString().c_str());
-      *exit_code = s.IsInvalidArgument() ? kExitUsage : kExitInvalid;
+      *exit_code = Failure("bench store", s.ToString(),
+                           s.IsInvalidArgument() ? kExitUsage : kExitInvalid, args->json);
       return;
     }
     if (args->json) {

@@ -63,9 +63,8 @@ CkptArgs Resolved(const CkptArgs& a) {
   return r;
 }
 
-int Fail(const char* cmd, const Status& st) {
-  std::fprintf(stderr, "offloadctl ckpt %s: %s\n", cmd, st.ToString().c_str());
-  return kExitInvalid;
+int Fail(const char* cmd, const Status& st, bool json = false) {
+  return Failure(std::string("ckpt ") + cmd, st.ToString(), kExitInvalid, json);
 }
 
 // What differs between the manifest's files and the directory, by size alone (no checksum is
@@ -96,9 +95,9 @@ CLI::Validator NamedDir() {
 
 int RunInspect(const CkptArgs& a) {
   auto tag = ckpt::ResolveTag(a.dir, a.tag);
-  if (!tag.ok()) return Fail("inspect", tag.status());
+  if (!tag.ok()) return Fail("inspect", tag.status(), a.json);
   auto m = ckpt::ReadManifest(a.dir, *tag);
-  if (!m.ok()) return Fail("inspect", m.status());
+  if (!m.ok()) return Fail("inspect", m.status(), a.json);
   uint64_t params = 0, frozen = 0, excluded = 0, tensors = 0;
   for (const auto& g : m->groups) params += g.numel;
   std::map<std::string, uint64_t> per_kind;

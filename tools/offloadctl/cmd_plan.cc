@@ -15,6 +15,7 @@
 #include "core/plan/plan_report.h"
 #include "strata/planner.h"
 #include "tools/offloadctl/cli_checks.h"
+#include "tools/offloadctl/cli_flags.h"
 #include "tools/offloadctl/commands.h"
 
 namespace strata::cli {
@@ -45,16 +46,15 @@ struct PlanFlags {
   int64_t hpz = -1;
 };
 
-int Usage(const std::string& msg) {
-  std::fprintf(stderr, "offloadctl plan: %s\n", msg.c_str());
-  return kExitUsage;
+int Usage(const PlanFlags& f, const std::string& msg) {
+  return Failure("plan", msg, kExitUsage, f.json);
 }
 
 // Builds the PlanInput: defaults, then the config file, then the flags that override it.
 // Returns an exit code on failure, -1 on success.
 int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* notes) {
   auto psi = ParseParamCount(f.params);
-  if (!psi.ok()) return Usage("--params: " + std::string(psi.status().message()));
+  if (!psi.ok()) return Usage(f, "--params: " + std::string(psi.status().message()));
   in->params = *psi;
   // Plain digits only: "7" for 7B (a count with a unit or an exponent says what it means).
   const bool unit = std::any_of(f.params.begin(), f.params.end(), [](char ch) {
@@ -65,8 +65,8 @@ int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* note
                      " parameters: a model's count takes a unit (" + f.params + "M, " + f.params +
                      "B)");
   }
-  if (f.gpus < 1) return Usage("--gpus must be >= 1");
-  if (f.nodes < 1) return Usage("--nodes must be >= 1");
+  if (f.gpus < 1) return Usage(f, "--gpus must be >= 1");
+  if (f.nodes < 1) return Usage(f, "--nodes must be >= 1");
   in->capacity.gpus_per_node = f.gpus;
   in->capacity.nodes = f.nodes;
   in->capacity.hbm_bytes_per_gpu = f.hbm_gb * 1e9;
@@ -77,31 +77,29 @@ int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* note
   in->target_step_seconds = f.step_seconds;
   if (!f.trainable.empty()) {
     auto t = ParseParamCount(f.trainable);
-    if (!t.ok()) return Usage("--trainable: " + std::string(t.status().message()));
+    if (!t.ok()) return Usage(f, "--trainable: " + std::string(t.status().message()));
     in->trainable_params = *t;
   }
   if (!f.largest_group.empty()) {
     auto g = ParseParamCount(f.largest_group);
-    if (!g.ok()) return Usage("--largest-group: " + std::string(g.status().message()));
+    if (!g.ok()) return Usage(f, "--largest-group: " + std::string(g.status().message()));
     in->largest_group_params = *g;
   }
   // The cluster first: the config's batch-size check needs N, and it must be a valid N.
   if (Status valid = ValidatePlanInput(*in); !valid.ok())
-    return Usage(std::string(valid.message()));
+    return Usage(f, std::string(valid.message()));
   if (!f.config.empty()) {
     Status s = ApplyDeepSpeedConfigFile(f.config, in, notes);
     // Every flag applied so far is valid: what fails now is the config (its JSON path named),
     // and an invalid config exits 1 whichever rule caught it.
     if (s.ok()) s = ValidatePlanInput(*in);
     if (!s.ok()) {
-      std::fprintf(stderr, "offloadctl plan: --config %s: %s\n", f.config.c_str(),
-                   s.ToString().c_str());
-      return kExitInvalid;
+      return Failure("plan", "--config " + f.config + ": " + s.ToString(), kExitInvalid, f.json);
     }
   }
   if (!f.recipe.empty()) {
     auto r = ParseRecipe(f.recipe);
-    if (!r.ok()) return Usage("--recipe: " + std::string(r.status().message()));
+    if (!r.ok()) return Usage(f, "--recipe: " + std::string(r.status().message()));
     in->recipe = *r;
   }
   if (f.stage >= 0) {
@@ -113,13 +111,15 @@ int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* note
         std::tuple{"--offload-param", &f.offload_param, &in->zero.offload_param}}) {
     if (value->empty()) continue;
     auto d = ParseOffloadDevice(*value);
-    if (!d) return Usage(std::string(flag) + ": expected none, cpu or nvme, got '" + *value + "'");
+    if (!d)
+      return Usage(f, std::string(flag) + ": expected none, cpu or nvme, got '" + *value + "'");
     *dst = *d;
     in->has_configured = true;
   }
   if (f.offload_ratio >= 0) {
     if (in->zero.offload_optimizer == OffloadDevice::kNone) {
       return Usage(
+          f,
           "--offload-ratio: the share of the optimizer offloaded (DeepSpeed's "
           "offload_optimizer.ratio) needs an offloaded optimizer: add --offload-optimizer cpu "
           "(or nvme), or a config that offloads it");
@@ -135,13 +135,13 @@ int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* note
                    &zpp.quantized_gradients}}) {
     if (value->empty()) continue;
     if (*value != "true" && *value != "false") {
-      return Usage(std::string(flag) + ": expected true or false, got '" + *value + "'");
+      return Usage(f, std::string(flag) + ": expected true or false, got '" + *value + "'");
     }
     *dst = *value == "true";
   }
   if (f.hpz >= 0) zpp.hpz_partition_size = f.hpz;
   Status valid = ValidatePlanInput(*in);
-  if (!valid.ok()) return Usage(std::string(valid.message()));
+  if (!valid.ok()) return Usage(f, std::string(valid.message()));
   return -1;
 }
 
@@ -150,7 +150,7 @@ int RunPlan(const PlanFlags& f) {
   std::vector<std::string> notes;
   if (int rc = BuildInput(f, &in, &notes); rc >= 0) return rc;
   auto plan = MakePlan(in);
-  if (!plan.ok()) return Usage(std::string(plan.status().message()));
+  if (!plan.ok()) return Usage(f, std::string(plan.status().message()));
   if (in.largest_group_params == 0) {
     notes.push_back(
         "the largest gathered group is not given (--largest-group): the device's gradient "

@@ -4,6 +4,7 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "strata/version.h"
 #include "tools/offloadctl/commands.h"
@@ -55,6 +56,16 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);
+    // A script that asked for JSON reads stdout: the usage error is there too.
+    for (int i = 1; i < argc; ++i) {
+      if (std::string(argv[i]) == "--json") {
+        const nlohmann::ordered_json j = {{"error", e.what()},
+                                          {"exit_code", strata::cli::kExitUsage}};
+        std::printf("%s\n",
+                    j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+        break;
+      }
+    }
     return strata::cli::kExitUsage;
   }
   return exit_code;
