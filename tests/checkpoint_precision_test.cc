@@ -347,9 +347,15 @@ TEST(CheckpointTornWrite, TornReshardWriteLeavesNoCheckpoint) {
   }
   EXPECT_FALSE(std::filesystem::exists(dir + "/out/t"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/out/latest"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/out/t.tmp"));  // nothing left holding the disk
   auto r = ckpt::ReshardCheckpoint(dir + "/src", "", {2, 1, "fp16"}, dir + "/out", so);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(ckpt::VerifyCheckpoint(dir + "/out", "").ok());
+  // An output inside one of the source's tags would nest a checkpoint in the one it reads.
+  auto nested = ckpt::ReshardCheckpoint(dir + "/src", "", {2, 1, ""}, dir + "/src/t/copy", so);
+  EXPECT_TRUE(nested.status().IsInvalidArgument()) << nested.status().ToString();
+  EXPECT_NE(nested.status().ToString().find("is inside"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/src/t/copy"));
   std::filesystem::remove_all(dir);
 }
 

@@ -842,6 +842,11 @@ void ParamsFromMaster(const float* master, uint64_t n, const std::string& param_
   }
 }
 
+namespace {
+Status WriteResharded(const std::string& dir, const Manifest& m, const std::string& out_dir,
+                      const StreamOptions& options, Manifest* manifest);
+}  // namespace
+
 Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& tag,
                                    const ReshardTarget& to, const std::string& out_dir,
                                    const StreamOptions& options) {
@@ -858,6 +863,19 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
   if (std::filesystem::equivalent(dir, out_dir, ec)) {
     return Status::InvalidArgument("reshard: --out must be another directory than " + dir);
   }
+  // Inside one of the source's tag directories, the copy would nest in the checkpoint it reads.
+  const std::filesystem::path out_path = std::filesystem::weakly_canonical(out_dir, ec);
+  for (std::filesystem::path p = out_path; !ec && p.has_parent_path() && p != p.parent_path();
+       p = p.parent_path()) {
+    std::error_code same;
+    if (std::filesystem::equivalent(p.parent_path(), dir, same)) {
+      if (PathExists(p.string() + "/" + kManifestName)) {
+        return Status::InvalidArgument("reshard: --out " + out_dir + " is inside " + p.string() +
+                                       ", a checkpoint of " + dir + ": name a directory outside");
+      }
+      break;
+    }
+  }
   STRATA_ASSIGN_OR_RETURN(Manifest m, VerifyCheckpoint(dir, tag));
   Manifest n = m;
   n.format_version = kFormatVersion;  // written in this build's format, whatever it was read from
@@ -865,7 +883,6 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
   n.world_size = world_size;
   n.stage = to.stage >= 0 ? to.stage : m.stage;
   if (!to.precision.empty()) STRATA_RETURN_IF_ERROR(ConvertManifestPrecision(&n, to.precision));
-  const bool convert = n.param_dtype != m.param_dtype;
   n.files.clear();
   std::vector<size_t> numels;
   for (const GroupEntry& g : m.groups) numels.push_back(g.numel);
@@ -881,6 +898,25 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
   CheckpointEnv& env = options.Env();
   STRATA_RETURN_IF_ERROR(RemoveTree(tmp));
   STRATA_RETURN_IF_ERROR(MakeDir(tmp, env));
+  Status st = WriteResharded(dir, m, out_dir, options, &n);
+  if (!st.ok()) {
+    RemoveTree(tmp).IgnoreError();  // never read, but it would hold the disk (a full one)
+    return st;
+  }
+  return n;
+}
+
+namespace {
+
+// ReshardCheckpoint's files into out_dir/<tag>.tmp, then the commit: each rank file of the new
+// layout from the source's ranges, and the client state.
+Status WriteResharded(const std::string& dir, const Manifest& m, const std::string& out_dir,
+                      const StreamOptions& options, Manifest* manifest) {
+  Manifest& n = *manifest;
+  const int world_size = n.world_size;
+  const bool convert = n.param_dtype != m.param_dtype;
+  CheckpointEnv& env = options.Env();
+  const std::string tmp = out_dir + "/" + m.tag + ".tmp";
   RangeReader rd(dir + "/" + m.tag, m, options);
   std::vector<uint8_t> buf(size_t{4} << 20);
   // Converting: param16 is re-derived from the masters, read by a second stream (so that each
@@ -928,8 +964,9 @@ Result<Manifest> ReshardCheckpoint(const std::string& dir, const std::string& ta
     STRATA_RETURN_IF_ERROR(w.Finish());
     n.files.push_back({kClientStateName, -1, w.size_bytes(), w.xxh3()});
   }
-  STRATA_RETURN_IF_ERROR(CommitCheckpoint(out_dir, n, env));
-  return n;
+  return CommitCheckpoint(out_dir, n, env);
 }
+
+}  // namespace
 
 }  // namespace strata::zero::ckpt
