@@ -855,9 +855,10 @@ void LayOutSpeculation(const EngineOptions& options, Engine::Impl& e, CreateStat
       cs->cache_room_bytes = cacheable;
       L.notes.push_back(
           "speculative_step: off by default: the room its rollback copies would take (" +
-          Bytes(bytes) + ") keeps all " + Bytes(cacheable) +
-          " of NVMe-homed state cached in host memory instead (written home only when "
-          "flushed or evicted); speculative_step true turns it on");
+          Bytes(bytes) + ") keeps all " + Bytes(L.state_bytes[Tier::kNvme]) +
+          " of NVMe-homed state in host memory instead (" + Bytes(cacheable) +
+          " cached beside the swap buffers' " + Bytes(L.state_bytes[Tier::kNvme] - cacheable) +
+          "; written home only when flushed or evicted); speculative_step true turns it on");
       return;
     }
   }
