@@ -800,6 +800,9 @@ class StrataEngine(torch.nn.Module):
         self._boundary: Optional[bool] = None  # set_gradient_accumulation_boundary's
         self._no_sync = False
         self._hooked: set = set()  # ids of the modules with forward hooks
+        # Classes of the modules that got an external-parameter notice: one per class, not per
+        # layer (a 24-layer model reads the same way in each).
+        self._noticed_classes: set = set()
         self._hooks = []
         self._install_hooks()
         self._release_all()  # stage 3: parameters are empty until gathered
@@ -1039,17 +1042,21 @@ class StrataEngine(torch.nn.Module):
         external = module.__dict__.setdefault("_strata_external", {})
         if id(p) not in external:
             external[id(p)] = p
-            if module.__dict__.get("_strata_noticed"):
-                return
+            noticed = module.__dict__.get("_strata_noticed") or \
+                type(module) in self._noticed_classes
             module.__dict__["_strata_noticed"] = True
+            if noticed:
+                return
+            self._noticed_classes.add(type(module))
             mname = self._module_names.get(id(module), type(module).__name__)
             pname = self._param_name(p)
             warnings.warn(
                 f"strata: parameter '{pname}' {what} in the forward of module '{mname}', which "
                 f"does not own it: gathered there and registered as an external parameter of "
                 f"'{mname}' (strata.zero.register_external_parameter(module, param) does it "
-                "ahead and silences this; other parameters read there the same way are "
-                "registered without another notice)", stacklevel=3)
+                "ahead and silences this; other parameters read the same way there or in the "
+                f"other modules of class {type(module).__name__} are registered without another "
+                "notice)", stacklevel=3)
 
     def _hold_in_running_call(self, p: torch.nn.Parameter) -> None:
         """p's group gathered and held by the hooked module call in progress, with the call's own

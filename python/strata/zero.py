@@ -367,6 +367,9 @@ def unregister_external_parameter(module: torch.nn.Module,
     external.pop(id(parameter), None)
     if not external:
         module.__dict__.pop("_strata_noticed", None)
+        engine = getattr(parameter, "_strata_engine", None)
+        if engine is not None:
+            engine._noticed_classes.discard(type(module))
 
 
 class GatheredParameters:
