@@ -246,7 +246,7 @@ TEST(PlanEngineMemory, SpeculationRoomCachesASmallModelsStateOnBothSides) {
   bool noted = false;
   for (const auto& n : cached["notes"]) {
     noted =
-        noted || n.get<std::string>().find("cached in host memory instead") != std::string::npos;
+        noted || n.get<std::string>().find("NVMe-homed state in host memory instead") != std::string::npos;
   }
   EXPECT_TRUE(noted) << cached["notes"];
   EXPECT_EQ(cached["nvme_read_bytes_per_step"].get<double>(), 0);

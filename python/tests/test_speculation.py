@@ -117,13 +117,13 @@ def test_default_caches_a_small_models_nvme_state_instead(tmp_path):
     auto, reports, moved, notes = run(None, tmp_path / "b")
     for n in off:
         assert torch.equal(off[n], auto[n]), n
-    assert any("cached in host memory instead" in n for n in notes), notes
+    assert any("NVMe-homed state in host memory instead" in n for n in notes), notes
     assert all(r["speculated_sub_groups"] == 0 for r in reports)
     for way in ("nvme->host", "host->nvme"):
         assert moved[-1].get(way, 0) == moved[0].get(way, 0), way
     # The key given: it speculates.
     _, reports, _, notes = run(True, tmp_path / "c")
-    assert not any("cached in host memory instead" in n for n in notes), notes
+    assert not any("NVMe-homed state in host memory instead" in n for n in notes), notes
     assert all(r["speculated_sub_groups"] > 0 for r in reports)
 
 
