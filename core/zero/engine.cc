@@ -593,9 +593,11 @@ Status CheckAccumulationSteps(double gas) {
   return Status::OK();
 }
 
-// What multiplies each reduced gradient: the averaging over ranks, then over micro-steps.
-float PostScale(float reduce_scale, int gas) {
-  return static_cast<float>(static_cast<double>(reduce_scale) / gas);
+// What multiplies each reduced gradient: the averaging over ranks, then over micro-steps (with
+// fp16 in the loss scale instead: Impl::LossScaleDividesGas).
+float PostScale(const Engine::Impl& e, int gas) {
+  const int divisor = e.LossScaleDividesGas() ? 1 : gas;
+  return static_cast<float>(static_cast<double>(e.reduce_scale) / divisor);
 }
 
 // Accumulation, clipping and the averaging of the reduced gradient.
@@ -632,7 +634,7 @@ Status ResolveGradients(const EngineConfig& c, const ResolvedZero& r, Engine::Im
         " is supported as 1 or the world size (" + std::to_string(e.world) + ") only");
   }
   e.reduce_scale = e.post_scale;
-  e.post_scale = PostScale(e.reduce_scale, e.gas);
+  e.post_scale = PostScale(e, e.gas);
   return Status::OK();
 }
 
@@ -1191,7 +1193,12 @@ const EngineLayout& Engine::layout() const { return impl_->layout; }
 int Engine::rank() const { return impl_->rank; }
 int Engine::world_size() const { return impl_->world; }
 DType Engine::dtype() const { return impl_->dtype; }
-double Engine::LossScale() const { return impl_->scaler->scale(); }
+double Engine::LossScale() const {
+  const Impl& e = *impl_;
+  return e.scaler->scale() / (e.LossScaleDividesGas() ? e.gas : 1);
+}
+
+double Engine::CurrentLossScale() const { return impl_->scaler->scale(); }
 double Engine::lr() const { return impl_->LrFor(0); }
 std::vector<double> Engine::lrs() const {
   std::vector<double> out;
@@ -1305,7 +1312,7 @@ Status Engine::SetGradientAccumulationSteps(int64_t steps) {
         "gradient_accumulation_steps > 1 to change the accumulation later");
   }
   e.gas = gas;
-  e.post_scale = PostScale(e.reduce_scale, gas);
+  e.post_scale = PostScale(e, gas);
   return Status::OK();
 }
 

@@ -295,7 +295,14 @@ struct Engine::Impl {
   DType grad_dtype = DType::kF32;
   bool predivide = false;  // ReduceOptions::predivide
   float reduce_scale = 1;  // the averaging over ranks (1 with predivide, else 1 / world)
-  float post_scale = 1;    // multiplies the reduced gradient: reduce_scale / gas
+  // Multiplies the reduced gradient: reduce_scale / gas, or reduce_scale alone with fp16, whose
+  // loss scale takes the 1 / gas (LossScaleDividesGas).
+  float post_scale = 1;
+  // fp16: the averaging over micro-steps is in the loss scale the backward multiplies by
+  // (Engine::LossScale is the scale / gas), as DeepSpeed's backward divides the loss by
+  // gradient_accumulation_steps before scaling it, so that a 16-bit gradient overflows where
+  // DeepSpeed's does; the micro-steps' gradients are then summed.
+  bool LossScaleDividesGas() const { return dtype == DType::kF16; }
   double clip = 0;         // gradient_clipping
   bool overlap_comm = false;
   bool overlap_step = false;  // EngineOptions::overlap_step, where it applies

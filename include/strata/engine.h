@@ -523,7 +523,12 @@ class Engine {
   // and publishes the new params.
   Result<StepReport> Step();
 
-  double LossScale() const;  // multiply the loss by this before backward (1 unless fp16)
+  // Multiply the loss by this before backward: 1 unless fp16, where it is the current loss
+  // scale divided by gradient_accumulation_steps, as DeepSpeed's backward scales the loss it has
+  // divided (so a 16-bit gradient overflows where DeepSpeed's does); the engine then sums the
+  // micro-steps' gradients instead of averaging them.
+  double LossScale() const;
+  double CurrentLossScale() const;  // the fp16 loss scale itself (StepReport::loss_scale's)
   double lr() const;         // the learning rate the next step will use (optimizer group 0)
   // The learning rate of each optimizer group for the next step, as lr() for group 0.
   std::vector<double> lrs() const;

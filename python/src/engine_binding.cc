@@ -750,7 +750,13 @@ void BindEngine(nb::module_& m) {
       .def("stats", &PyEngine::Stats)
       .def("layout", &PyEngine::Layout)
       .def("close", &PyEngine::Close)
-      .def_prop_ro("loss_scale", [](PyEngine& e) { return e.engine().LossScale(); })
+      .def_prop_ro(
+          "loss_scale", [](PyEngine& e) { return e.engine().CurrentLossScale(); },
+          "The fp16 loss scale (DeepSpeed's cur_scale; 1 otherwise).")
+      .def_prop_ro(
+          "backward_scale", [](PyEngine& e) { return e.engine().LossScale(); },
+          "Engine::LossScale: what the loss is multiplied by before backward (with "
+          "fp16 the loss scale / gradient_accumulation_steps).")
       .def_prop_ro("lr", [](PyEngine& e) { return e.engine().lr(); })
       .def_prop_ro(
           "lrs", [](PyEngine& e) { return e.engine().lrs(); },

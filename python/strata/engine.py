@@ -1548,7 +1548,7 @@ class StrataEngine(torch.nn.Module):
         its engine, as DeepSpeed's and FSDP's post-backward). Its gradients are averaged over
         micro-steps and ranks as engine.backward's. A loss scale (fp16) must have been applied
         by engine.scale(loss): refused before any gradient is taken otherwise."""
-        scale = self._engine.loss_scale
+        scale = self._engine.backward_scale
         if scale != 1.0 and not self._scaled_by_script:
             raise RuntimeError(
                 f"strata: loss.backward() was called directly while fp16 training scales the "
@@ -1598,7 +1598,7 @@ class StrataEngine(torch.nn.Module):
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
             raise ValueError("engine.scale: the loss must be a scalar tensor with a grad_fn")
         self._scaled_by_script = True
-        scale = self._engine.loss_scale
+        scale = self._engine.backward_scale  # fp16: the loss scale / gradient_accumulation_steps
         return loss * scale if scale != 1.0 else loss
 
     def _check_requires_grad(self) -> None:
@@ -1810,7 +1810,7 @@ class StrataEngine(torch.nn.Module):
         self._check_loaded("backward")
         self._check_requires_grad()
         self._check_window_open()
-        scale = self._engine.loss_scale * (1 if scale_wrt_gas else self._gas)
+        scale = self._engine.backward_scale * (1 if scale_wrt_gas else self._gas)
         self._in_engine_backward = True
         try:
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)

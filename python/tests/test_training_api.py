@@ -186,6 +186,33 @@ def test_was_step_applied_and_skipped_steps_follow_the_fp16_scaler():
     engine.close()
 
 
+def test_fp16_accumulation_scales_the_loss_it_divides_as_deepspeed():
+    """DeepSpeed's backward divides the loss by gradient_accumulation_steps, then the fp16
+    optimizer scales it: the 16-bit gradients are (loss / gas) x scale, and overflow there. A
+    static scale that overflows a micro-step's undivided gradient (loss x scale) but not the
+    divided one trains every step, as under DeepSpeed (each step was skipped), and the fp16
+    gradient torch makes in that order is finite."""
+    gas, scale = 4, 2.0 ** 19  # the mlp's largest gradient at this batch: 0.22
+    cfg = ds_config(2, gas=gas, lr=LR, wd=WD)
+    cfg["fp16"] = {"enabled": True, "loss_scale": scale}
+    model = make_model("mlp").half()
+    reference = make_model("mlp").half()  # DeepSpeed's order, in fp16
+    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+    assert engine.optimizer.cur_scale == scale
+    x, y = batch("mlp", 0, 0)
+
+    def finite_grads(loss_factor):
+        reference.zero_grad()
+        (reference(x.half(), y) * loss_factor).backward()
+        return all(torch.isfinite(p.grad).all() for p in reference.parameters())
+    assert finite_grads(scale / gas) and not finite_grads(scale)  # the premise
+    for _ in range(2 * gas):
+        engine.backward(engine(x.half(), y))
+        engine.step()
+    assert engine.skipped_steps == 0 and engine.global_steps == 2
+    engine.close()
+
+
 SCHEDULE = (1, 1, 2, 2, 3)  # each step's gradient_accumulation_steps
 
 
