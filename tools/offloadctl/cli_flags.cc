@@ -97,11 +97,13 @@ Result<IoBackendKind> IoBackendFromName(const std::string& name) {
 int Failure(std::string_view command, std::string_view message, int exit_code, bool json) {
   std::fprintf(stderr, "offloadctl %.*s: %.*s\n", static_cast<int>(command.size()), command.data(),
                static_cast<int>(message.size()), message.data());
-  if (json) {
-    const nlohmann::ordered_json j = {{"error", std::string(message)}, {"exit_code", exit_code}};
-    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-  }
+  if (json) PrintJsonFailure(message, exit_code);
   return exit_code;
+}
+
+void PrintJsonFailure(std::string_view message, int exit_code) {
+  const nlohmann::ordered_json j = {{"error", std::string(message)}, {"exit_code", exit_code}};
+  std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
 
 }  // namespace strata::cli

@@ -45,6 +45,8 @@ CLI::Option* AddNvmePathOption(CLI::App* cmd, std::vector<std::string>* dirs,
 // for --json, {"error": MESSAGE, "exit_code": CODE} on stdout too, so that a script reading
 // stdout gets JSON whatever happened. Returns `exit_code`.
 int Failure(std::string_view command, std::string_view message, int exit_code, bool json);
+// The stdout half of Failure: {"error": MESSAGE, "exit_code": CODE}.
+void PrintJsonFailure(std::string_view message, int exit_code);
 
 // Adds `--io-backend auto|io_uring|posix` storing the name in *name.
 CLI::Option* AddIoBackendOption(CLI::App* cmd, std::string* name);

@@ -4,9 +4,9 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "strata/version.h"
+#include "tools/offloadctl/cli_flags.h"
 #include "tools/offloadctl/commands.h"
 
 int main(int argc, char** argv) {
@@ -59,10 +59,7 @@ int main(int argc, char** argv) {
     // A script that asked for JSON reads stdout: the usage error is there too.
     for (int i = 1; i < argc; ++i) {
       if (std::string(argv[i]) == "--json") {
-        const nlohmann::ordered_json j = {{"error", e.what()},
-                                          {"exit_code", strata::cli::kExitUsage}};
-        std::printf("%s\n",
-                    j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+        strata::cli::PrintJsonFailure(e.what(), strata::cli::kExitUsage);
         break;
       }
     }
