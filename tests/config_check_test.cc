@@ -52,6 +52,56 @@ TEST(ConfigCheck, WrongTypesNameThePathAndTheExpectation) {
   ExpectError(R"({"optimizer": {"params": {}}})", Kind::kType, "optimizer.type", "missing");
 }
 
+// A config the check accepts is not refused when the engine starts: the rules the engine applies
+// across keys, and the sections of features strata does not run, are the check's too.
+TEST(ConfigCheck, WhatTheEngineRefusesTheCheckRefuses) {
+  ExpectError(R"({"zero_optimization": {"stage": 1, "zero_quantized_weights": true}})",
+              Kind::kConflict, "zero_optimization.zero_quantized_weights", "set it to 3");
+  ExpectError(R"({"zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2}})",
+              Kind::kConflict, "zero_optimization.zero_hpz_partition_size",
+              "zero_optimization.stage is 2");
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"zero_optimization": {"stage": 1,
+      "zero_quantized_weights": false, "zero_hpz_partition_size": 1}})")
+                  .ok());
+  ParseOptions four;
+  four.world_size = 4;
+  ExpectError(R"({"gradient_predivide_factor": 2.0})", Kind::kConflict, "gradient_predivide_factor",
+              "supported as 1 or the world size (4) only", four);
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"gradient_predivide_factor": 4})", four).ok());
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"gradient_predivide_factor": 2.0})").ok());  // no world
+  ExpectError(R"({"gradient_predivide_factor": 0})", Kind::kRange, "gradient_predivide_factor",
+              "> 0");
+  ExpectError(R"({"prescale_gradients": "maybe"})", Kind::kType, "prescale_gradients",
+              "expected true or false");
+  ConfigCheck pre = CheckDeepSpeedConfig(R"({"prescale_gradients": "true",
+      "gradient_predivide_factor": 3})",
+                                         four);
+  ASSERT_TRUE(pre.ok()) << Dump(
+      pre.errors);  // prescale divides by the world size whatever the factor
+  EXPECT_TRUE(pre.parsed->config.prescale_gradients);
+  for (const UnactedKey& k : pre.parsed->config.unacted_keys) {
+    EXPECT_NE(k.path, "prescale_gradients");  // read, so not listed as kept-but-unused
+  }
+
+  ExpectError(R"({"amp": {"enabled": true, "opt_level": "O1"}})", Kind::kUnsupported, "amp.enabled",
+              "bf16 or fp16");
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"amp": {"enabled": false}})").ok());
+  ExpectError(R"({"sparse_attention": {"mode": "fixed", "block": 16}})", Kind::kUnsupported,
+              "sparse_attention", "sparse attention");
+  ExpectError(R"({"compression_training": {"weight_quantization": {"shared_parameters":
+      {"enabled": true, "quantizer_kernel": false}}}})",
+              Kind::kUnsupported,
+              "compression_training.weight_quantization.shared_parameters.enabled",
+              "weight_quantization");
+  ExpectError(R"({"compression_training": {"layer_reduction": {"enabled": true}}})",
+              Kind::kUnsupported, "compression_training.layer_reduction.enabled",
+              "layer_reduction");
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"compression_training": {"sparse_pruning":
+      {"shared_parameters": {"enabled": false}}}})")
+                  .ok());
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"pipeline": {"pipe_partitioned": true}})").ok());
+}
+
 TEST(ConfigCheck, StageAbove3IsAnError) {
   ExpectError(R"({"zero_optimization": {"stage": 4}})", Kind::kRange, "zero_optimization.stage",
               "expected a ZeRO stage 0, 1, 2 or 3, got 4");

@@ -175,7 +175,9 @@ TEST(ConfigParse, DefaultsAreDeepSpeeds) {
   ParsedConfig p = MustParse(R"({"train_micro_batch_size_per_gpu": 1})");
   const EngineConfig& c = p.config;
   EXPECT_DOUBLE_EQ(c.gradient_clipping.value(), 1.0);  // DeepSpeed 0.19.8's (0 before)
-  EXPECT_EQ(c.steps_per_print, 10);
+  EXPECT_FALSE(c.steps_per_print.has_value());         // DeepSpeed's None: no progress lines
+  EXPECT_FALSE(c.prescale_gradients);
+  EXPECT_EQ(c.gradient_predivide_factor, 1.0);
   EXPECT_FALSE(c.fp16.enabled.value());
   EXPECT_EQ(c.fp16.loss_scale, 0);
   EXPECT_EQ(c.fp16.initial_scale_power, 16);

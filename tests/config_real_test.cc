@@ -73,7 +73,7 @@ TEST(RealConfig, HuggingFaceZero2AllAutoResolvesWithTrainerValues) {
   EXPECT_TRUE(e.zero.offload_optimizer.pin_memory);
   EXPECT_EQ(e.zero.allgather_bucket_size, 200000000);
   EXPECT_EQ(e.zero.reduce_bucket_size.value(), 200000000);
-  EXPECT_EQ(e.steps_per_print, 2000);
+  EXPECT_EQ(e.steps_per_print, std::optional<int64_t>(2000));
   EXPECT_EQ(c.parsed->unresolved_auto.size(), 13u);
 
   ParseOptions o;

@@ -69,6 +69,11 @@ TEST(EngineZpp, HpzAloneIsBitIdenticalToStage3) {
   for (const std::string precision : {"bf16", "fp16", "fp32"}) {
     RunResult plain = RunEngine(Spec(Config(precision, "")));
     ASSERT_TRUE(plain.status.ok()) << plain.status.ToString();
+    if (precision == "bf16") {  // 0 is off, as in DeepSpeed (and the planner)
+      RunResult off = RunEngine(Spec(Config(precision, R"("zero_hpz_partition_size": 0)")));
+      ASSERT_TRUE(off.status.ok()) << off.status.ToString();
+      EXPECT_TRUE(BitEqual(off.master, plain.master));
+    }
     for (int k : {2, 4}) {
       RunResult hpz =
           RunEngine(Spec(Config(precision, R"("zero_hpz_partition_size": )" + std::to_string(k))));

@@ -229,9 +229,63 @@ void CheckLowPrecisionStates(Reader& r, const EngineConfig& c, const Json* root)
   }
 }
 
+// Sections of DeepSpeed features strata does not run, refused where DeepSpeed turns them on:
+// apex AMP (amp.enabled); sparse attention (the section's presence, as get_sparse_attention reads
+// it); compression training (a technique's shared_parameters.enabled, or layer_reduction.enabled,
+// as its compression scheduler reads them). `pipeline` stays a key not acted on: DeepSpeed reads
+// it only for a PipelineModule, which strata does not provide.
+void CheckUnsupportedSections(Reader& r, const Json* root) {
+  auto enabled = [](const Json& section) {
+    auto it = section.find("enabled");
+    return it != section.end() && it->is_boolean() && it->get<bool>();
+  };
+  auto amp = root->find("amp");
+  if (amp != root->end() && amp->is_object() && enabled(*amp)) {
+    r.Error(Kind::kUnsupported, "amp.enabled",
+            "apex AMP is not supported by strata; use the bf16 or fp16 section");
+  }
+  auto sparse = root->find("sparse_attention");
+  if (sparse != root->end() && sparse->is_object()) {
+    r.Error(Kind::kUnsupported, "sparse_attention",
+            "sparse attention is not supported by strata (DeepSpeed turns it on by the section "
+            "being present): remove the section");
+  }
+  auto comp = root->find("compression_training");
+  if (comp == root->end() || !comp->is_object()) return;
+  for (auto it = comp->begin(); it != comp->end(); ++it) {
+    if (!it->is_object()) continue;
+    auto shared = it->find("shared_parameters");
+    const bool on = it.key() == "layer_reduction"
+                        ? enabled(*it)
+                        : shared != it->end() && shared->is_object() && enabled(*shared);
+    if (!on) continue;
+    r.Error(Kind::kUnsupported,
+            "compression_training." + it.key() +
+                (it.key() == "layer_reduction" ? ".enabled" : ".shared_parameters.enabled"),
+            "compression training (" + it.key() + ") is not supported by strata");
+  }
+}
+
+// The rules shared with the engine (GradientDivisionProblem, ZeroPlusPlusStageProblem).
+void CheckEngineRules(Reader& r, const EngineConfig& c) {
+  const ZeroConfig& z = c.zero;
+  if (!r.IsUnresolved("zero_optimization.stage")) {
+    std::string zpp = ZeroPlusPlusStageProblem(
+        z.stage, z.zero_quantized_weights, z.zero_quantized_gradients, z.zero_hpz_partition_size);
+    if (!zpp.empty()) r.Error(Kind::kConflict, zpp.substr(0, zpp.find(':')), zpp);
+  }
+  if (std::optional<int64_t> w = r.options().world_size) {
+    std::string div =
+        GradientDivisionProblem(c.prescale_gradients, c.gradient_predivide_factor, *w);
+    if (!div.empty()) r.Error(Kind::kConflict, "gradient_predivide_factor", div);
+  }
+}
+
 }  // namespace
 
 void CheckAcrossKeys(Reader& r, EngineConfig& c, Json* root) {
+  CheckUnsupportedSections(r, root);
+  CheckEngineRules(r, c);
   CheckLowPrecisionStates(r, c, root);
   CheckLeafModule(r, root);
   CheckBatch(r, c, root);
@@ -300,3 +354,31 @@ void CheckHere(Reader& r, const EngineConfig& c) {
 }
 
 }  // namespace strata::config
+
+namespace strata {
+
+std::string ZeroPlusPlusStageProblem(int64_t stage, bool quantized_weights,
+                                     bool quantized_gradients, int64_t hpz_partition_size) {
+  if (stage == 3) return "";
+  const char* key = quantized_weights        ? "zero_optimization.zero_quantized_weights"
+                    : quantized_gradients    ? "zero_optimization.zero_quantized_gradients"
+                    : hpz_partition_size > 1 ? "zero_optimization.zero_hpz_partition_size"
+                                             : nullptr;
+  if (key == nullptr) return "";
+  return std::string(key) +
+         ": ZeRO++ works on the stage-3 parameter all-gather and gradient reduce-scatter; "
+         "zero_optimization.stage is " +
+         std::to_string(stage) + " (set it to 3)";
+}
+
+std::string GradientDivisionProblem(bool prescale_gradients, double gradient_predivide_factor,
+                                    int64_t world_size) {
+  if (prescale_gradients || gradient_predivide_factor == 1.0 ||
+      gradient_predivide_factor == static_cast<double>(world_size)) {
+    return "";
+  }
+  return "gradient_predivide_factor: " + config::Json(gradient_predivide_factor).dump() +
+         " is supported as 1 or the world size (" + std::to_string(world_size) + ") only";
+}
+
+}  // namespace strata

@@ -80,7 +80,9 @@ Json EffectiveJson(const EngineConfig& c) {
   j["train_micro_batch_size_per_gpu"] = AutoJson(c.train_micro_batch_size_per_gpu);
   j["gradient_accumulation_steps"] = AutoJson(c.gradient_accumulation_steps);
   j["gradient_clipping"] = AutoJson(c.gradient_clipping);
-  j["steps_per_print"] = c.steps_per_print;
+  j["steps_per_print"] = c.steps_per_print ? Json(*c.steps_per_print) : Json(nullptr);
+  j["prescale_gradients"] = c.prescale_gradients;
+  j["gradient_predivide_factor"] = c.gradient_predivide_factor;
   const Fp16Config& f = c.fp16;
   j["fp16"] = {{"enabled", AutoJson(f.enabled)},
                {"auto_cast", f.auto_cast},

@@ -20,13 +20,12 @@ constexpr std::array kTopActed = {
     K("dataloader_drop_last"), K("tensorboard"), K("csv_monitor"), K("wandb"),
     K("train_micro_batch_size_per_gpu"), K("gradient_accumulation_steps"), K("gradient_clipping"),
     K("steps_per_print"), K("fp16"), K("bf16"), K("bfloat16"), K("optimizer"), K("scheduler"),
-    K("aio"), K("zero_optimization"), K("checkpoint")};
+    K("aio"), K("zero_optimization"), K("checkpoint"), K("prescale_gradients"),
+    K("gradient_predivide_factor")};
 constexpr std::array kTopKnown = {K("wall_clock_breakdown"),
                                   K("memory_breakdown"),
                                   K("zero_allow_untested_optimizer"),
                                   K("zero_force_ds_cpu_optimizer"),
-                                  K("prescale_gradients"),
-                                  K("gradient_predivide_factor"),
                                   K("sparse_gradients"),
                                   K("amp"),
                                   K("activation_checkpointing"),

@@ -318,7 +318,14 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   r.AutoInt(root, {"train_micro_batch_size_per_gpu"}, &c.train_micro_batch_size_per_gpu, 1);
   r.AutoInt(root, {"gradient_accumulation_steps"}, &c.gradient_accumulation_steps, 1);
   r.AutoDouble(root, {"gradient_clipping"}, &c.gradient_clipping, 0.0);
-  r.Int(root, {"steps_per_print"}, &c.steps_per_print, 0);
+  int64_t steps_per_print = 0;
+  if (r.Int(root, {"steps_per_print"}, &steps_per_print, 0)) c.steps_per_print = steps_per_print;
+  r.Bool(root, {"prescale_gradients"}, &c.prescale_gradients);
+  if (r.Double(root, {"gradient_predivide_factor"}, &c.gradient_predivide_factor, 0.0) &&
+      !(c.gradient_predivide_factor > 0)) {
+    r.Error(ConfigDiagnostic::Kind::kRange, "gradient_predivide_factor",
+            "expected a number > 0, got 0");
+  }
   ReadFp16(r, root, &c.fp16);
   ReadBf16(r, root, &c.bf16);
   config::ReadOptimizer(r, root, &c.optimizer);

@@ -11,10 +11,9 @@
 
 #include "core/plan/comm_model.h"
 #include "core/zero/engine_internal.h"
-#include "sched/zero_layout.h"
 #include "kernels/casts.h"
 #include "kernels/quantize.h"
-#include "nlohmann/json.hpp"
+#include "sched/zero_layout.h"
 #include "strata/device_kernels.h"
 #include "strata/planner.h"
 
@@ -109,17 +108,6 @@ std::string Bytes(uint64_t b) {
 }
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
-// The value of a top-level key the config reader accepts but leaves to the engine.
-std::optional<nlohmann::json> UnactedValue(const EngineConfig& c, std::string_view path) {
-  for (const UnactedKey& k : c.unacted_keys) {
-    if (k.path == path) {
-      auto j = nlohmann::json::parse(k.json_text, nullptr, false);
-      if (!j.is_discarded()) return j;
-    }
-  }
-  return std::nullopt;
-}
 
 }  // namespace
 
@@ -433,29 +421,23 @@ ZeroPlusPlus PlannerZpp(const zero::ZppState& zpp) {
 
 // ZeRO++ settings (docs/collectives.md, "ZeRO++"). As DeepSpeed, they are stage-3 features (qwZ
 // quantizes the parameter all-gather, hpZ partitions the gathered copy, qgZ replaces the
-// partitioned gradient reduction); unlike DeepSpeed, which ignores them below stage 3, a config
-// that sets them there is refused, naming the key, since it would not do what it says.
+// partitioned gradient reduction); below stage 3 they are refused (ZeroPlusPlusStageProblem, the
+// config check's rule too).
 Status ResolveZpp(const ZeroSettings& z, int world, int ranks_per_node, zero::ZppState* out) {
   zero::ZppState& zpp = *out;
   const ZeroPlusPlus& want = z.zero_plus_plus;
   zpp.qwz = want.quantized_weights;
   zpp.qgz = want.quantized_gradients;
-  if (want.hpz_partition_size < 1) {
-    return Status::InvalidArgument("zero_optimization.zero_hpz_partition_size: " +
-                                   std::to_string(want.hpz_partition_size) +
-                                   " is not a rank count >= 1 (1: off)");
+  if (want.hpz_partition_size < 0) {
+    return Status::InvalidArgument(
+        "zero_optimization.zero_hpz_partition_size: " + std::to_string(want.hpz_partition_size) +
+        " is not a rank count >= 0 (0 and 1: off)");
   }
-  zpp.hpz = static_cast<int>(std::min<int64_t>(want.hpz_partition_size, 1 << 24));
+  // 0 is off, as in DeepSpeed (its field is ge=0 and every use tests > 1).
+  zpp.hpz = static_cast<int>(std::clamp<int64_t>(want.hpz_partition_size, 1, 1 << 24));
   if (!zpp.any()) return Status::OK();
-  const char* key = zpp.qwz   ? "zero_optimization.zero_quantized_weights"
-                    : zpp.qgz ? "zero_optimization.zero_quantized_gradients"
-                              : "zero_optimization.zero_hpz_partition_size";
-  if (z.stage != 3) {
-    return Status::InvalidArgument(std::string(key) +
-                                   ": ZeRO++ works on the stage-3 parameter all-gather and "
-                                   "gradient reduce-scatter; zero_optimization.stage is " +
-                                   std::to_string(z.stage) + " (set it to 3)");
-  }
+  std::string below = ZeroPlusPlusStageProblem(z.stage, zpp.qwz, zpp.qgz, zpp.hpz);
+  if (!below.empty()) return Status::InvalidArgument(below);
   if (ranks_per_node < 0) {
     return Status::InvalidArgument("EngineOptions.ranks_per_node: must be >= 0");
   }
@@ -610,28 +592,14 @@ Status ResolveGradients(const EngineConfig& c, const ResolvedZero& r, Engine::Im
   if (!(e.clip >= 0) || !std::isfinite(e.clip)) {
     return Status::InvalidArgument("gradient_clipping: must be a finite value >= 0");
   }
-  bool prescale = false;
-  if (auto v = UnactedValue(c, "prescale_gradients")) {
-    if (!v->is_boolean())
-      return Status::InvalidArgument("prescale_gradients: expected true or false");
-    prescale = v->get<bool>();
-  }
-  double predivide_factor = 1.0;
-  if (auto v = UnactedValue(c, "gradient_predivide_factor")) {
-    if (!v->is_number() || !(v->get<double>() > 0)) {
-      return Status::InvalidArgument("gradient_predivide_factor: expected a number > 0");
-    }
-    predivide_factor = v->get<double>();
-  }
-  if (prescale || predivide_factor == static_cast<double>(e.world)) {
+  std::string division =
+      GradientDivisionProblem(c.prescale_gradients, c.gradient_predivide_factor, e.world);
+  if (!division.empty()) return Status::InvalidArgument(division);
+  if (c.prescale_gradients || c.gradient_predivide_factor == static_cast<double>(e.world)) {
     e.predivide = true;
     e.post_scale = 1.0f;
-  } else if (predivide_factor == 1.0) {
-    e.post_scale = static_cast<float>(1.0 / e.world);
   } else {
-    return Status::InvalidArgument(
-        "gradient_predivide_factor: " + std::to_string(predivide_factor) +
-        " is supported as 1 or the world size (" + std::to_string(e.world) + ") only");
+    e.post_scale = static_cast<float>(1.0 / e.world);
   }
   e.reduce_scale = e.post_scale;
   e.post_scale = PostScale(e, e.gas);

@@ -271,7 +271,14 @@ struct EngineConfig {
   AutoOr<int64_t> gradient_accumulation_steps;     // [derived; 1 when only one size is given]
   AutoOr<double> gradient_clipping =
       1.0;  // [1.0, as DeepSpeed 0.19.8] 0 = no clipping; else max norm.
-  int64_t steps_per_print = 10;                    // [10; recent DeepSpeed: no printing]
+  // [unset, DeepSpeed's None: no progress lines] strata prints no progress lines either; the
+  // Python adapter's steps_per_print() returns it.
+  std::optional<int64_t> steps_per_print;
+  // DeepSpeed's gradient averaging: divide each rank's gradient by the world size before the
+  // reduction (prescale_gradients, or gradient_predivide_factor = world size) or the sum after it
+  // (factor 1). Other factors are refused: GradientDivisionProblem.
+  bool prescale_gradients = false;         // [false]
+  double gradient_predivide_factor = 1.0;  // [1.0]
   Fp16Config fp16;
   Bf16Config bf16;
   OptimizerConfig optimizer;
@@ -417,5 +424,19 @@ Result<ParsedConfig> ResolveDeepSpeedConfig(const ParsedConfig& parsed,
 // The effective config (every field, defaults filled, "auto" where unresolved) as pretty JSON in
 // DeepSpeed's key names.
 std::string EffectiveConfigJson(const EngineConfig& config, int indent = 2);
+
+// Rules that need more than one key or the world size, shared by `offloadctl config check` /
+// CheckDeepSpeedConfig (when ParseOptions::world_size is known) and the engine (Engine::Create),
+// so that a config the check accepts is not refused at start. Each returns "" when the config is
+// fine, else the message (its JSON path first).
+//
+// ZeRO++ (qwZ, qgZ, hpZ) below stage 3: DeepSpeed ignores these keys there; strata refuses them,
+// since they would not do what they say. `hpz_partition_size` 1 is off.
+std::string ZeroPlusPlusStageProblem(int64_t stage, bool quantized_weights,
+                                     bool quantized_gradients, int64_t hpz_partition_size);
+// gradient_predivide_factor other than 1 or the world size (without prescale_gradients): strata
+// divides before or after the reduction, nothing in between.
+std::string GradientDivisionProblem(bool prescale_gradients, double gradient_predivide_factor,
+                                    int64_t world_size);
 
 }  // namespace strata

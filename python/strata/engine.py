@@ -108,14 +108,6 @@ def _log_config_warnings(check: dict, rank: int) -> None:
             _CONFIG_WARNED.add(w["text"])
             logger.warning("strata config: %s", w["text"])
 
-_UNSUPPORTED_TOP_LEVEL = {
-    "amp": "apex AMP (use bf16 or fp16 sections)",
-    "compression_training": "compression training",
-    "sparse_attention": "sparse attention",
-    "pipeline": "pipeline parallelism",
-    "flops_profiler": None,  # accepted, ignored (a note)
-}
-
 
 def _env_rank_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -2241,10 +2233,13 @@ class StrataEngine(torch.nn.Module):
     def gradient_clipping(self) -> float:
         return float(self._effective.get("gradient_clipping") or 0.0)
 
-    def steps_per_print(self) -> int:
+    def steps_per_print(self):
+        """The config's steps_per_print; None when absent (DeepSpeed's default: no progress lines).
+        strata prints no progress lines at any value."""
         if self._config.get("steps_per_print") == math.inf:
             return math.inf  # DeepSpeed's "never", as accelerate writes it
-        return int(self._effective.get("steps_per_print") or 10)
+        value = self._effective.get("steps_per_print")
+        return None if value is None else int(value)
 
     def wall_clock_breakdown(self) -> bool:
         return bool(self._config.get("wall_clock_breakdown", False))
@@ -2314,7 +2309,7 @@ class StrataEngine(torch.nn.Module):
         return bool(self._zero_value("reduce_scatter"))
 
     def gradient_predivide_factor(self) -> float:
-        return float(self._config.get("gradient_predivide_factor", 1.0))
+        return float(self._effective.get("gradient_predivide_factor", 1.0))
 
     def memory_breakdown(self) -> bool:
         return bool(self._config.get("memory_breakdown", False))
@@ -3141,9 +3136,6 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     if mpu is not None:
         raise NotImplementedError("strata.initialize(mpu=...): model parallelism is not supported")
     cfg = dict(_load(config))
-    for key, what in _UNSUPPORTED_TOP_LEVEL.items():
-        if what is not None and cfg.get(key, {}).get("enabled", False):
-            raise NotImplementedError(f"config \"{key}\": {what} is not supported by strata")
     if lr_scheduler is not None and cfg.get("scheduler"):
         raise ValueError("strata.initialize: the config has a \"scheduler\" section and "
                          "lr_scheduler= was passed; use one")

@@ -898,10 +898,22 @@ def test_unsupported_features_are_named():
     with pytest.raises(TypeError, match="SGD is not supported"):
         strata.initialize(model=model, config=ds_config(0),
                           optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    # Sections of features strata does not run: refused by the config check, named, where
+    # DeepSpeed would turn them on (offloadctl config check says the same).
+    for key, section, path in [
+            ("amp", {"enabled": True}, "amp.enabled"),
+            ("sparse_attention", {"mode": "fixed"}, "sparse_attention"),
+            ("compression_training", {"head_pruning": {"shared_parameters": {"enabled": True}}},
+             "compression_training.head_pruning.shared_parameters.enabled")]:
+        cfg = ds_config(0)
+        cfg[key] = section
+        with pytest.raises(strata.ConfigError, match=path.replace(".", r"\.")):
+            strata.initialize(model=model, config=cfg)
+    # A pipeline section is DeepSpeed's for a PipelineModule only; a plain model ignores it.
     cfg = ds_config(0)
-    cfg["pipeline"] = {"enabled": True}
-    with pytest.raises(NotImplementedError, match="pipeline"):
-        strata.initialize(model=model, config=cfg)
+    cfg["pipeline"] = {"pipe_partitioned": True}
+    engine, *_ = strata.initialize(model=model, config=cfg)
+    assert engine.train_micro_batch_size_per_gpu() > 0
 
 
 def test_nvme_path_not_writable_is_an_exception(tmp_path):

@@ -185,7 +185,7 @@ def test_deepspeeds_config_accessors(tmp_path):
         assert engine.zero_offload_optimizer()["device"] == "nvme"
         assert engine.zero_offload_param()["device"] == "cpu"
         assert engine.zero_gather_16bit_weights_on_model_save()
-        assert engine.gradient_clipping() == 0.0 and engine.steps_per_print() == 10
+        assert engine.gradient_clipping() == 0.0 and engine.steps_per_print() is None
         assert not engine.dataloader_drop_last() and not engine.wall_clock_breakdown()
         # DeepSpeed 0.19.8's defaults where the config is silent.
         assert (engine.zero_sub_group_size(), engine.zero_param_persistence_threshold(),
