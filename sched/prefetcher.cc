@@ -95,6 +95,14 @@ bool Prefetcher::KeepAfterRelease(GroupId g, const Trace& trace,
                                   std::span<const GroupView> groups) const {
   if (IsPersistent(groups[g].size_bytes)) return true;
   if (!trace.replaying()) return false;
+  // max_live caps the kept copies, this one included. Without it a group larger than max_live
+  // (which Plan's make_room cannot make room for, so it evicts nothing) let every released
+  // group within the reuse distance stay: a smaller max_live kept more than a larger one.
+  uint64_t kept = 0;
+  for (const GroupView& v : groups) {
+    if (IsResident(v.device) && !v.in_use && !IsPersistent(v.size_bytes)) kept += v.size_bytes;
+  }
+  if (kept > config_.max_live_bytes) return false;
   const size_t pos = trace.position();
   const auto& order = trace.recorded();
   size_t next = trace.NextUse(g, pos);

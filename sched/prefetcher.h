@@ -13,10 +13,11 @@
 //     use is later than i (farthest first) are evicted; never a group in use, in flight or
 //     persistent. If no such victim exists the walk stops: a prefetch never evicts something
 //     needed sooner than what it brings in.
-//   - A released group stays resident when its next use is within `max_reuse_distance_bytes`
-//     (stage3_max_reuse_distance, bytes gathered in between; the trace is taken as repeating,
-//     so a use early in the next step counts) or when it is persistent
-//     (size <= `persistence_threshold_bytes`, stage3_param_persistence_threshold).
+//   - A released group stays resident when it is persistent (size <= `persistence_threshold_bytes`,
+//     stage3_param_persistence_threshold), or when its next use is within
+//     `max_reuse_distance_bytes` (stage3_max_reuse_distance, bytes gathered in between; the trace
+//     is taken as repeating, so a use early in the next step counts) and the kept copies, it
+//     included, stay within `max_live_bytes` (groups in use and persistent ones not counted).
 //   - A step that does not replay the trace (first step, diverged) gets no prefetch at all.
 //   - A held group (GroupView::held: its update has not been written yet) is never fetched or
 //     staged; the lookahead walks past it.

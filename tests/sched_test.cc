@@ -208,6 +208,26 @@ TEST(PrefetcherTest, ReleaseKeepsReusedAndPersistentGroups) {
   EXPECT_FALSE(p.KeepAfterRelease(0, none, v));
 }
 
+// stage3_max_live_parameters caps the kept copies too, also when one group is larger than it (a
+// Plan cannot make room for such a group, so it evicts nothing: the cap must hold at release).
+TEST(PrefetcherTest, ReleaseKeepsNoMoreThanMaxLive) {
+  Trace t = FwdBwdAt(4, 4);
+  std::vector<GroupView> v(4, GroupView{.size_bytes = 10, .device = Residency::kValid});
+  PrefetchConfig c = Cfg(100, 25);
+  c.max_reuse_distance_bytes = 1000;
+  v[0].device = Residency::kAbsent;
+  v[1].in_use = true;                                    // in use: not a kept copy
+  EXPECT_TRUE(Prefetcher(c).KeepAfterRelease(3, t, v));  // kept 2 and 3: 20 <= 25
+  v[0].device = Residency::kValid;
+  EXPECT_FALSE(Prefetcher(c).KeepAfterRelease(3, t, v));  // 0, 2 and 3: 30 > 25
+  c.max_live_bytes = 0;
+  v = std::vector<GroupView>(4, GroupView{.size_bytes = 10});
+  v[3].device = Residency::kValid;
+  EXPECT_FALSE(Prefetcher(c).KeepAfterRelease(3, t, v));  // max_live 0 keeps nothing
+  c.persistence_threshold_bytes = 10;
+  EXPECT_TRUE(Prefetcher(c).KeepAfterRelease(3, t, v));  // persistent: kept whatever the cap
+}
+
 TEST(PrefetcherTest, FromNumelScalesByParamBytes) {
   auto c = PrefetchConfig::FromNumel(50, 100, 200, 5, 2);
   EXPECT_EQ(c.prefetch_bucket_bytes, 100u);
