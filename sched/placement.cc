@@ -152,15 +152,31 @@ ShardLimits PerRankShardLimits(uint64_t prefetch, uint64_t max_live, uint64_t re
                      CeilDiv(persistence, n)};
 }
 
+std::vector<bool> PersistentGroups(std::span<const size_t> numels, uint64_t param_threshold,
+                                   uint64_t model_threshold) {
+  std::vector<bool> persistent(numels.size(), false);
+  uint64_t total = 0;
+  for (size_t g = 0; g < numels.size(); ++g) {
+    const uint64_t n = numels[g];
+    if (n > param_threshold || n > model_threshold - std::min(total, model_threshold)) continue;
+    persistent[g] = true;
+    total += n;
+  }
+  return persistent;
+}
+
 Stage3Residency Stage3Peak(const DeviceWorkingInput& in) {
   assert(in.largest_group_elems > 0);
   const uint64_t group = in.largest_group_elems;
   Stage3Residency r;
   r.groups = std::max<uint64_t>(1, CeilDiv(in.total_group_elems, group));
   const uint64_t numel = in.largest_group_numel > 0 ? in.largest_group_numel : group;
-  r.kept = numel <= in.persistence_elems
-               ? r.groups
-               : std::min(r.groups, in.reuse_distance_elems / (2 * numel) + 1);
+  // Persistent groups (PersistentGroups: at most model_persistence / numel of them) are kept on
+  // top of those the reuse distance keeps.
+  const uint64_t reused = std::min(r.groups, in.reuse_distance_elems / (2 * numel) + 1);
+  const uint64_t persistent =
+      numel <= in.persistence_elems ? std::min(r.groups, in.model_persistence_elems / numel) : 0;
+  r.kept = std::min(r.groups, persistent + reused);
   const uint64_t cap = in.max_live_elems / group;
   r.gathered = std::min(r.groups, std::max<uint64_t>(2, std::min(r.kept - 1, cap) + 1));
   // The prefetcher counts a rank's shards against max_live / N.

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -279,6 +280,7 @@ struct DeviceWorkingInput {
   uint64_t reuse_distance_elems = 1000000000;  // stage3_max_reuse_distance
   uint64_t prefetch_elems = 50000000;          // stage3_prefetch_bucket_size
   uint64_t persistence_elems = 100000;         // stage3_param_persistence_threshold
+  uint64_t model_persistence_elems = UINT64_MAX;  // stage3_model_persistence_threshold
   // The optimizer step on the device (see above).
   bool device_kernels = true;
   // Partial offload: the rank's sub-groups whose optimizer state stays on the device
@@ -329,6 +331,14 @@ struct Stage3Residency {
 };
 // REQUIRES: largest_group_elems > 0.
 Stage3Residency Stage3Peak(const DeviceWorkingInput& in);
+
+// Stage 3: which groups stay whole on every rank for the whole run (DeepSpeed's
+// mark_persistent_parameters, per group in model order): a group of at most `param_threshold`
+// elements (stage3_param_persistence_threshold) while the persistent elements, it included, stay
+// within `model_threshold` (stage3_model_persistence_threshold; a group that would pass it is
+// skipped and a later, smaller one may still fit). The engine and its prefetcher both read it.
+std::vector<bool> PersistentGroups(std::span<const size_t> numels, uint64_t param_threshold,
+                                   uint64_t model_threshold);
 
 struct DeviceWorkingItem {
   std::string name;

@@ -8,13 +8,11 @@ namespace strata::sched {
 
 PrefetchConfig PrefetchConfig::FromNumel(uint64_t prefetch_bucket_numel, uint64_t max_live_numel,
                                          uint64_t max_reuse_distance_numel,
-                                         uint64_t persistence_threshold_numel,
                                          uint64_t bytes_per_param) {
   PrefetchConfig c;
   c.prefetch_bucket_bytes = prefetch_bucket_numel * bytes_per_param;
   c.max_live_bytes = max_live_numel * bytes_per_param;
   c.max_reuse_distance_bytes = max_reuse_distance_numel * bytes_per_param;
-  c.persistence_threshold_bytes = persistence_threshold_numel * bytes_per_param;
   c.host_lookahead_bytes = 2 * c.prefetch_bucket_bytes;
   return c;
 }
@@ -38,7 +36,7 @@ std::vector<PrefetchAction> Prefetcher::Plan(const Trace& trace,
     std::vector<std::pair<size_t, GroupId>> victims;  // (next use, group)
     for (GroupId g = 0; g < groups.size(); ++g) {
       const GroupView& v = groups[g];
-      if (!IsResident(v.device) || v.in_use || evicted[g] || IsPersistent(v.size_bytes)) continue;
+      if (!IsResident(v.device) || v.in_use || evicted[g] || IsPersistent(v)) continue;
       size_t next = trace.NextUse(g, pos);
       if (next != kNever && next <= needed_at) continue;  // needed sooner: Belady keeps it
       victims.emplace_back(next, g);
@@ -93,14 +91,14 @@ std::vector<PrefetchAction> Prefetcher::Plan(const Trace& trace,
 
 bool Prefetcher::KeepAfterRelease(GroupId g, const Trace& trace,
                                   std::span<const GroupView> groups) const {
-  if (IsPersistent(groups[g].size_bytes)) return true;
+  if (IsPersistent(groups[g])) return true;
   if (!trace.replaying()) return false;
   // max_live caps the kept copies, this one included. Without it a group larger than max_live
   // (which Plan's make_room cannot make room for, so it evicts nothing) let every released
   // group within the reuse distance stay: a smaller max_live kept more than a larger one.
   uint64_t kept = 0;
   for (const GroupView& v : groups) {
-    if (IsResident(v.device) && !v.in_use && !IsPersistent(v.size_bytes)) kept += v.size_bytes;
+    if (IsResident(v.device) && !v.in_use && !IsPersistent(v)) kept += v.size_bytes;
   }
   if (kept > config_.max_live_bytes) return false;
   const size_t pos = trace.position();

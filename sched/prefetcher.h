@@ -13,8 +13,8 @@
 //     use is later than i (farthest first) are evicted; never a group in use, in flight or
 //     persistent. If no such victim exists the walk stops: a prefetch never evicts something
 //     needed sooner than what it brings in.
-//   - A released group stays resident when it is persistent (size <= `persistence_threshold_bytes`,
-//     stage3_param_persistence_threshold), or when its next use is within
+//   - A released group stays resident when it is persistent (GroupView::persistent: the engine's
+//     sched::PersistentGroups), or when its next use is within
 //     `max_reuse_distance_bytes` (stage3_max_reuse_distance, bytes gathered in between; the trace
 //     is taken as repeating, so a use early in the next step counts) and the kept copies, it
 //     included, stay within `max_live_bytes` (groups in use and persistent ones not counted).
@@ -41,16 +41,13 @@ struct PrefetchConfig {
   uint64_t max_live_bytes = 2'000'000'000;
   // A released group whose next use comes within this many gathered bytes stays resident.
   uint64_t max_reuse_distance_bytes = 2'000'000'000;
-  // Groups at most this large are kept resident for the whole run. DeepSpeed default 1e5 (x2).
-  uint64_t persistence_threshold_bytes = 200'000;
   // Extra lookahead past the device window for staging NVMe-home groups into host memory.
   // Trade-off: deeper hides NVMe latency, costs pinned memory.
   uint64_t host_lookahead_bytes = 200'000'000;
 
   // DeepSpeed gives these in parameters (numel); bytes = numel * bytes_per_param.
   static PrefetchConfig FromNumel(uint64_t prefetch_bucket_numel, uint64_t max_live_numel,
-                                  uint64_t max_reuse_distance_numel,
-                                  uint64_t persistence_threshold_numel, uint64_t bytes_per_param);
+                                  uint64_t max_reuse_distance_numel, uint64_t bytes_per_param);
 };
 
 // What the store knows of one group now. Indexed by GroupId.
@@ -69,6 +66,9 @@ struct GroupView {
   // EngineOptions::overlap_step): whatever copy a fetch brought now would be replaced, so the plan
   // neither fetches nor stages it; the walk passes over it (its bytes still count in the windows).
   bool held = false;
+  // Kept resident for the whole run (stage3_param_persistence_threshold and
+  // stage3_model_persistence_threshold, decided once by sched::PersistentGroups).
+  bool persistent = false;
 };
 
 struct PrefetchAction {
@@ -91,9 +91,7 @@ class Prefetcher {
   // Whether group `g`, released now (at trace.position()), should stay on the device.
   bool KeepAfterRelease(GroupId g, const Trace& trace, std::span<const GroupView> groups) const;
 
-  bool IsPersistent(uint64_t size_bytes) const {
-    return size_bytes <= config_.persistence_threshold_bytes;
-  }
+  static bool IsPersistent(const GroupView& v) { return v.persistent; }
   const PrefetchConfig& config() const { return config_; }
 
  private:

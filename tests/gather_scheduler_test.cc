@@ -64,7 +64,6 @@ class GatherTest : public ::testing::Test {
     pc_.prefetch_bucket_bytes = 2 * kGroup;
     pc_.max_live_bytes = 3 * kGroup;
     pc_.max_reuse_distance_bytes = 0;
-    pc_.persistence_threshold_bytes = 0;
     pc_.host_lookahead_bytes = 2 * kGroup;
     gather_ = std::make_unique<GatherScheduler>(store_.get(), ids_, pc_);
   }

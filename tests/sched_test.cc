@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "sched/placement.h"
 #include "sched/prefetcher.h"
 #include "sched/step_pipeline.h"
 #include "sched/trace.h"
@@ -91,7 +92,6 @@ PrefetchConfig Cfg(uint64_t bucket, uint64_t live) {
   c.prefetch_bucket_bytes = bucket;
   c.max_live_bytes = live;
   c.max_reuse_distance_bytes = 0;
-  c.persistence_threshold_bytes = 0;
   c.host_lookahead_bytes = 0;
   return c;
 }
@@ -201,8 +201,9 @@ TEST(PrefetcherTest, ReleaseKeepsReusedAndPersistentGroups) {
   Trace end = FwdBwdAt(4, 8);
   EXPECT_TRUE(p.KeepAfterRelease(0, end, v));   // distance 0 across the step boundary
   EXPECT_FALSE(p.KeepAfterRelease(3, end, v));  // groups 0, 1, 2 (30 bytes) come first
-  c.persistence_threshold_bytes = 10;
+  v[0].persistent = true;
   EXPECT_TRUE(Prefetcher(c).KeepAfterRelease(0, t, v));
+  v[0].persistent = false;
   Trace none;
   none.BeginStep();
   EXPECT_FALSE(p.KeepAfterRelease(0, none, v));
@@ -224,16 +225,27 @@ TEST(PrefetcherTest, ReleaseKeepsNoMoreThanMaxLive) {
   v = std::vector<GroupView>(4, GroupView{.size_bytes = 10});
   v[3].device = Residency::kValid;
   EXPECT_FALSE(Prefetcher(c).KeepAfterRelease(3, t, v));  // max_live 0 keeps nothing
-  c.persistence_threshold_bytes = 10;
+  v[3].persistent = true;
   EXPECT_TRUE(Prefetcher(c).KeepAfterRelease(3, t, v));  // persistent: kept whatever the cap
 }
 
 TEST(PrefetcherTest, FromNumelScalesByParamBytes) {
-  auto c = PrefetchConfig::FromNumel(50, 100, 200, 5, 2);
+  auto c = PrefetchConfig::FromNumel(50, 100, 200, 2);
   EXPECT_EQ(c.prefetch_bucket_bytes, 100u);
   EXPECT_EQ(c.max_live_bytes, 200u);
   EXPECT_EQ(c.max_reuse_distance_bytes, 400u);
-  EXPECT_EQ(c.persistence_threshold_bytes, 10u);
+}
+
+// DeepSpeed's mark_persistent_parameters, per group in model order: small groups persist while
+// their running total stays within the model threshold; one that would pass it is skipped and a
+// later, smaller one may still fit.
+TEST(PersistentGroupsTest, ParamAndModelThresholds) {
+  const std::vector<size_t> numels = {10, 50, 30, 200, 5};
+  EXPECT_EQ(PersistentGroups(numels, 100, UINT64_MAX),
+            (std::vector<bool>{true, true, true, false, true}));
+  EXPECT_EQ(PersistentGroups(numels, 100, 45), (std::vector<bool>{true, false, true, false, true}));
+  EXPECT_EQ(PersistentGroups(numels, 100, 0), (std::vector<bool>(5, false)));
+  EXPECT_EQ(PersistentGroups(numels, 0, UINT64_MAX), (std::vector<bool>(5, false)));
 }
 
 // ---------------------------------------------------------------------------

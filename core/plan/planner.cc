@@ -185,6 +185,7 @@ void PlaceHbm(const PlanInput& in, int stage, Builder& b) {
   dw.reuse_distance_elems = elems(z.max_reuse_distance);
   dw.prefetch_elems = elems(z.prefetch_bucket_size);
   dw.persistence_elems = elems(z.param_persistence_threshold);
+  dw.model_persistence_elems = elems(z.model_persistence_threshold);
   dw.device_kernels = in.capacity.device_kernels;
   dw.optimizer_buffers = static_cast<uint64_t>(std::clamp(z.optimizer_buffer_count, 1.0, 64.0));
   dw.largest_sub_group_elems = elems(LargestSubGroup(in, b.states, psi / ranks));
@@ -563,6 +564,8 @@ Status ValidatePlanInput(const PlanInput& in) {
            std::pair{z.max_reuse_distance, "zero_optimization.stage3_max_reuse_distance"},
            std::pair{z.param_persistence_threshold,
                      "zero_optimization.stage3_param_persistence_threshold"},
+           std::pair{z.model_persistence_threshold,
+                     "zero_optimization.stage3_model_persistence_threshold"},
            // 0 is DeepSpeed's "one sub-group per parameter tensor" (its rule: ge=0).
            std::pair{z.sub_group_size, "zero_optimization.sub_group_size"},
        }) {

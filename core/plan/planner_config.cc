@@ -96,6 +96,7 @@ ResolvedZero ResolveZeroSettings(const EngineConfig& c) {
       SizeOr(z.stage3_param_persistence_threshold,
              static_cast<double>(d.stage3_param_persistence_threshold.value()),
              "zero_optimization.stage3_param_persistence_threshold", true, &r);
+  s.model_persistence_threshold = static_cast<double>(z.stage3_model_persistence_threshold);
   s.sub_group_size = static_cast<double>(z.sub_group_size);
   s.zero_plus_plus.quantized_weights = z.zero_quantized_weights;
   s.zero_plus_plus.quantized_gradients = z.zero_quantized_gradients;

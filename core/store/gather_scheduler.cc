@@ -15,7 +15,8 @@ struct GatherScheduler::Failures {
 };
 
 GatherScheduler::GatherScheduler(Store* store, std::vector<BlockId> groups,
-                                 const sched::PrefetchConfig& config)
+                                 const sched::PrefetchConfig& config,
+                                 const std::vector<bool>& persistent)
     : store_(store),
       groups_(std::move(groups)),
       prefetcher_(config),
@@ -25,6 +26,9 @@ GatherScheduler::GatherScheduler(Store* store, std::vector<BlockId> groups,
       failures_(std::make_shared<Failures>(groups_.size())) {
   store_->Snapshot(groups_, blocks_);
   for (const BlockView& b : blocks_) all_home_device_ = all_home_device_ && b.home == Tier::kDevice;
+  for (size_t g = 0; g < views_.size() && g < persistent.size(); ++g) {
+    views_[g].persistent = persistent[g];
+  }
 }
 
 GatherScheduler::~GatherScheduler() = default;

@@ -35,9 +35,11 @@ namespace strata::store {
 
 class GatherScheduler {
  public:
-  // `groups[g]` is the param16 block of group g. REQUIRES: `store` outlives this object and
-  // every block in `groups` is registered.
-  GatherScheduler(Store* store, std::vector<BlockId> groups, const sched::PrefetchConfig& config);
+  // `groups[g]` is the param16 block of group g; `persistent[g]` says it stays on the device for
+  // the whole run (sched::PersistentGroups; empty: none). REQUIRES: `store` outlives this object
+  // and every block in `groups` is registered.
+  GatherScheduler(Store* store, std::vector<BlockId> groups, const sched::PrefetchConfig& config,
+                  const std::vector<bool>& persistent = {});
   ~GatherScheduler();
 
   void BeginStep();

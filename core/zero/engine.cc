@@ -654,6 +654,7 @@ Status ResolvePlacement(const ResolvedZero& r, const EngineOptions& options, Eng
                              "on; it runs slower, not wrong");
   }
   e.persistence_elems = Elems(z.param_persistence_threshold);
+  e.model_persistence_elems = Elems(z.model_persistence_threshold);
   e.reuse_distance_elems = Elems(z.max_reuse_distance);
   e.max_live_elems = Elems(z.max_live_parameters);
   cs->prefetch_elems = Elems(z.prefetch_bucket_size);
@@ -666,6 +667,7 @@ Status PartitionGroups(Engine::Impl& e) {
   for (const GroupSpec& g : e.model.groups) numels.push_back(g.numel());
   STRATA_ASSIGN_OR_RETURN(e.partition,
                           sched::PlanPartition(numels, e.world, zero::kShardAlignElems));
+  e.persistent = sched::PersistentGroups(numels, e.persistence_elems, e.model_persistence_elems);
   e.groups.resize(e.model.groups.size());
   for (size_t g = 0; g < e.model.groups.size(); ++g) {
     zero::GroupState& gs = e.groups[g];
@@ -753,6 +755,7 @@ void LayOutDeviceWorking(const sched::StateLayout& states, const EngineOptions& 
   dw.reuse_distance_elems = e.reuse_distance_elems;
   dw.prefetch_elems = cs->prefetch_elems;
   dw.persistence_elems = e.persistence_elems;
+  dw.model_persistence_elems = e.model_persistence_elems;
   dw.device_kernels = !options.device->host_addressable();
   dw.device_sub_groups = states.device_sub_groups;
   dw.sub_groups = states.sub_groups;
@@ -1055,10 +1058,10 @@ Status StartSchedulers(const EngineOptions& options, const std::vector<BlockId>&
     const sched::ShardLimits lim =
         sched::PerRankShardLimits(cs.prefetch_elems, e.max_live_elems, e.reuse_distance_elems,
                                   e.persistence_elems, e.world);
-    const auto pc =
-        sched::PrefetchConfig::FromNumel(lim.prefetch_elems, lim.max_live_elems,
-                                         lim.reuse_distance_elems, lim.persistence_elems, e.elt);
-    e.gather = std::make_unique<store::GatherScheduler>(e.store.get(), shard_blocks, pc);
+    const auto pc = sched::PrefetchConfig::FromNumel(lim.prefetch_elems, lim.max_live_elems,
+                                                     lim.reuse_distance_elems, e.elt);
+    e.gather =
+        std::make_unique<store::GatherScheduler>(e.store.get(), shard_blocks, pc, e.persistent);
     // overlap_step: no prefetch of a group whose update the step running behind has not
     // written yet (the copy it brought would be replaced: NVMe reads for nothing).
     Engine::Impl* impl = &e;
@@ -1317,7 +1320,7 @@ bool Engine::gathers_alias_home() const { return impl_->GathersAliasHome(); }
 bool Engine::persistent(size_t g) const {
   return g < impl_->groups.size() && impl_->placement.params_partitioned && impl_->Persistent(g);
 }
-bool Engine::Impl::Persistent(size_t g) const { return groups[g].numel <= persistence_elems; }
+bool Engine::Impl::Persistent(size_t g) const { return g < persistent.size() && persistent[g]; }
 std::vector<std::string> Engine::swap_files() const {
   return impl_->store != nullptr ? impl_->store->nvme_files() : std::vector<std::string>{};
 }

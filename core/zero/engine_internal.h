@@ -309,6 +309,9 @@ struct Engine::Impl {
   size_t sub_group_elems = 0;
   uint32_t pipeline_buffers = 4;
   uint64_t persistence_elems = 0, reuse_distance_elems = 0, max_live_elems = 0;
+  uint64_t model_persistence_elems = UINT64_MAX;
+  // Groups kept whole on every rank (sched::PersistentGroups, set with the partition).
+  std::vector<bool> persistent;
   // Per optimizer group (GroupSpec::optimizer_group): the hyperparameters (a step's lr, step
   // count and gradient scale are StepHyper's), the group's own lr (OptimizerGroupOptions::lr),
   // SetLearningRates' values (empty until called) and whether SetHyperparameters gave the group

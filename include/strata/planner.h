@@ -191,6 +191,7 @@ struct ZeroSettings {
   // stays on the device (with max_live, sets the stage-3 groups kept: sched::Stage3Peak).
   double max_reuse_distance = 1e9;
   double param_persistence_threshold = 1e5;  // stage3_param_persistence_threshold
+  double model_persistence_threshold = 9.2e18;  // stage3_model_persistence_threshold (no cap)
   // Elements per optimizer sub-group (the NVMe swap unit). 0, as DeepSpeed reads it: every
   // parameter tensor is a sub-group of its own (sized from largest_group_params when given).
   double sub_group_size = 1e9;

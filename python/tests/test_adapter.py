@@ -839,6 +839,25 @@ def test_persistent_groups_stay_whole_between_steps_and_train_as_torch(offload):
     assert all(p.numel() == 0 for p in model.parameters())
 
 
+def test_model_persistence_threshold_caps_the_persistent_elements():
+    """stage3_model_persistence_threshold (DeepSpeed's mark_persistent_parameters): modules under
+    the param threshold persist, in model order, while their running total stays within it."""
+    cfg = ds_config(3, "cpu", lr=LR, wd=WD)
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 64  # the LayerNorms: 64 each
+    cfg["zero_optimization"]["stage3_model_persistence_threshold"] = 150  # two of them
+    model = make_model("gpt")
+    held = []
+    losses, params, _ = train("gpt", cfg, model=model, engine_out=held)
+    check_against_torch("gpt", losses, params)
+    lns = [n for n, m in model.named_modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(lns) > 2
+    persistent = [n for n, p in model.named_parameters() if getattr(p, "ds_persist", False)]
+    assert persistent == [f"{m}.{w}" for m in lns[:2] for w in ("weight", "bias")]
+    assert all(p.numel() for n, p in model.named_parameters() if n in persistent)
+    assert all(not p.numel() for n, p in model.named_parameters() if n not in persistent)
+    held[0][0].close()
+
+
 def test_gathered_parameters_modifier_rank_writes_back():
     model = make_model("gpt")
     engine, _, _, _ = strata.initialize(model=model, config=ds_config(3, lr=LR, wd=WD))

@@ -129,7 +129,6 @@ Result<ParamResult> RunParamStep(Store& store, const BenchStoreArgs& a,
   pc.prefetch_bucket_bytes = static_cast<uint64_t>(a.prefetch_mb * (1 << 20));
   pc.max_live_bytes = static_cast<uint64_t>(a.device_mb * (1 << 20) * 0.9);
   pc.max_reuse_distance_bytes = 0;
-  pc.persistence_threshold_bytes = 0;
   pc.host_lookahead_bytes = pc.prefetch_bucket_bytes;
   strata::store::GatherScheduler gather(&store, groups, pc);
   std::vector<sched::GroupId> order;
