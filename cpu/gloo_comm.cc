@@ -108,11 +108,14 @@ constexpr size_t kAddrSlot = 4 + gloo::transport::Address::kMaxByteSize;
 
 class GlooWork final : public CommWork {
  public:
-  explicit GlooWork(std::string name) : name_(std::move(name)) {}
+  explicit GlooWork(std::string name) : name_(std::move(name)), issued_(Clock::now()) {}
   Status WaitUntil(Clock::time_point deadline) override {
     std::unique_lock<std::mutex> lock(mu_);
     if (!cv_.wait_until(lock, deadline, [&] { return done_; })) {
-      return Status::DeadlineExceeded(name_ + ": not finished by the wait deadline");
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - issued_).count();
+      return Status::DeadlineExceeded(name_ + ": not finished by the wait deadline, " +
+                                      std::to_string(waited) + " s after it was issued");
     }
     return status_;
   }
@@ -130,6 +133,7 @@ class GlooWork final : public CommWork {
 
  private:
   const std::string name_;
+  const Clock::time_point issued_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

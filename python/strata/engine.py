@@ -57,8 +57,9 @@ reductions pair by their order), rank 0's order of the first micro-step once agr
 use different modules in a step at stages 0-2 (a group unused on a rank is reduced with zeros at
 its turn). Stage-3 gathers follow each rank's forward, so there every rank must run the same
 modules, as under DeepSpeed (transformers' generate needs synced_gpus=True there). Where ranks'
-collectives differ, either one that does not pair waits until the engine's timeout (timeout_ms,
-300 s by default) and then fails with DeadlineExceeded naming the rule (a rank cannot tell a peer
+collectives differ, either one that does not pair waits until the engine's timeout
+(_engine_timeout_ms: timeout_ms, else the torch.distributed group's, as DeepSpeed's) and then
+fails with DeadlineExceeded naming the rule (a rank cannot tell a peer
 that runs other modules from one that is slow), or, where they happen to pair (the same sizes in
 the same number), Step's comparison of the ranks' traces fails naming it.
 """
@@ -66,6 +67,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import datetime
 import dis
 import gc
 import inspect
@@ -107,6 +109,44 @@ def _log_config_warnings(check: dict, rank: int) -> None:
         if w["text"] not in _CONFIG_WARNED:
             _CONFIG_WARNED.add(w["text"])
             logger.warning("strata config: %s", w["text"])
+
+
+def _deepspeed_default_timeout() -> datetime.timedelta:
+    """DeepSpeed's default_pg_timeout: DEEPSPEED_TIMEOUT minutes, else 10."""
+    value = os.environ.get("DEEPSPEED_TIMEOUT", "10")
+    try:
+        minutes = int(value)
+    except ValueError:
+        raise ValueError(f"DEEPSPEED_TIMEOUT={value!r}: expected a whole number of minutes") from None
+    if minutes <= 0:
+        raise ValueError(f"DEEPSPEED_TIMEOUT={value!r}: expected minutes > 0")
+    return datetime.timedelta(minutes=minutes)
+
+
+def _process_group_timeout() -> Optional[datetime.timedelta]:
+    """The timeout torch.distributed's default group was started with, where one is up."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+        return pg._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+def _engine_timeout_ms(timeout_ms: Optional[int]) -> int:
+    """How long the engine waits for a collective or an IO before DeadlineExceeded: timeout_ms
+    when given; else the timeout of torch.distributed's default group (init_distributed(timeout=),
+    the Trainer's ddp_timeout, a script's init_process_group(timeout=)), in which DeepSpeed's own
+    collectives run; else DeepSpeed's default (DEEPSPEED_TIMEOUT minutes, 10)."""
+    if timeout_ms is not None:
+        if int(timeout_ms) <= 0:
+            raise ValueError(f"timeout_ms={timeout_ms}: expected milliseconds > 0")
+        return int(timeout_ms)
+    timeout = _process_group_timeout() or _deepspeed_default_timeout()
+    return max(1, int(timeout.total_seconds() * 1000))
 
 
 def _env_rank_world() -> tuple[int, int]:
@@ -646,9 +686,10 @@ class StrataEngine(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, config: dict, rank: int, world_size: int,
                  nvme_paths: Optional[list] = None, device_budget_bytes: Optional[int] = None,
-                 timeout_ms: int = 300000, overlap_step: bool = False,
+                 timeout_ms: Optional[int] = None, overlap_step: bool = False,
                  param_groups: Optional[ParamGroups] = None, lr_scheduler=None, device=None):
         super().__init__()
+        timeout_ms = _engine_timeout_ms(timeout_ms)
         _refuse_lazy_parameters(model)
         # Before anything is measured: dropped engines' device memory and swap files freed, and
         # an engine still holding this model's parameters closed with its weights kept.
@@ -3090,7 +3131,7 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
                lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None,
                collate_fn=None, config: Optional[ConfigLike] = None, config_params=None,
                *, nvme_paths: Optional[list] = None, device_budget_bytes: Optional[int] = None,
-               timeout_ms: int = 300000, overlap_step: bool = False, device=None):
+               timeout_ms: Optional[int] = None, overlap_step: bool = False, device=None):
     """As deepspeed.initialize: returns (engine, optimizer, training_dataloader, lr_scheduler).
 
     The optimizer is the config's "optimizer" section (Adam / AdamW), or a client optimizer
@@ -3235,7 +3276,9 @@ def start_distributed(caller: str, backend: Optional[str] = None, timeout=None,
     from .accelerator import get_accelerator
     env = os.environ
     backend = backend or get_accelerator().communication_backend_name()
-    kwargs = {} if timeout is None else {"timeout": timeout}
+    # As DeepSpeed's init_distributed: DEEPSPEED_TIMEOUT (10 minutes) where none is given; the
+    # engine waits as long (_engine_timeout_ms).
+    kwargs = {"timeout": timeout if timeout is not None else _deepspeed_default_timeout()}
     if backend == "nccl":
         torch.cuda.set_device(_local_rank())
     if _launched() or init_method is not None:

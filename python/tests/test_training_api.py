@@ -1,6 +1,8 @@
 """DeepSpeedEngine calls beyond forward/backward/step: backward(scale_wrt_gas=False),
 set_gradient_accumulation_boundary, no_sync (stages 0-1; two processes in test_distributed.py),
 global_samples, and what engine.module.state_dict() holds at each stage."""
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -628,3 +630,36 @@ def test_sparse_embedding_gradients_train_as_the_dense_module(stage, gas):
     for n, p in ref.named_parameters():
         torch.testing.assert_close(master[n], p.detach(), atol=2e-5, rtol=1e-4, msg=n)
     engine.close()
+
+
+_TIMEOUT_SCRIPT = r"""
+import datetime, os, sys, torch
+import strata
+from strata.engine import _engine_timeout_ms
+assert _engine_timeout_ms(1234) == 1234
+if sys.argv[1] == "script":     # the script's own group: its timeout is the engine's
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0,
+                                         world_size=1, timeout=datetime.timedelta(minutes=17))
+elif sys.argv[1] == "init_distributed":
+    strata.init_distributed(timeout=datetime.timedelta(minutes=25))
+elif sys.argv[1] == "default":  # strata starts the group: DeepSpeed's DEEPSPEED_TIMEOUT
+    strata.init_distributed()
+print(_engine_timeout_ms(None))
+"""
+
+
+@pytest.mark.parametrize("how,env,want_minutes", [
+    ("script", {}, 17), ("init_distributed", {}, 25), ("default", {"DEEPSPEED_TIMEOUT": "3"}, 3),
+    ("default", {}, 10), ("none", {"DEEPSPEED_TIMEOUT": "7"}, 7)])
+def test_engine_timeout_is_the_process_groups_as_deepspeeds(how, env, want_minutes):
+    """The engine waits for a collective as long as DeepSpeed's would: the torch.distributed
+    group's timeout, else DEEPSPEED_TIMEOUT minutes (10)."""
+    import subprocess
+    import sys
+    environ = {k: v for k, v in os.environ.items() if k != "DEEPSPEED_TIMEOUT"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        environ.pop(k, None)
+    out = subprocess.run([sys.executable, "-c", _TIMEOUT_SCRIPT, how], env={**environ, **env},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) == want_minutes * 60000
