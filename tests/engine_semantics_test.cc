@@ -506,8 +506,11 @@ TEST(EngineSemantics, DiscardGradientsDropsTheWindowAsIfNeverTaken) {
                 STRATA_ASSIGN_OR_RETURN(void* b, engine->GradBuffer(1));
                 std::fill_n(static_cast<float*>(b), sizes[1], 40.0f);
                 STRATA_RETURN_IF_ERROR(engine->ReduceGradients(1));
-                STRATA_ASSIGN_OR_RETURN(void* a, engine->GradBuffer(0));
-                std::fill_n(static_cast<float*>(a), sizes[0], -40.0f);
+                {  // a's params gathered for that backward, the handle dropped as it unwinds
+                  STRATA_ASSIGN_OR_RETURN(GatheredGroup dropped, engine->Gather(0));
+                  STRATA_ASSIGN_OR_RETURN(void* a, engine->GradBuffer(0));
+                  std::fill_n(static_cast<float*>(a), sizes[0], -40.0f);
+                }
                 STRATA_RETURN_IF_ERROR(engine->DiscardGradients());
                 STRATA_RETURN_IF_ERROR(engine->Save(dir + "/ckpt", "after_discard"));
               }
@@ -530,6 +533,34 @@ TEST(EngineSemantics, DiscardGradientsDropsTheWindowAsIfNeverTaken) {
       EXPECT_TRUE(BitEqual(masters[0], masters[1]));
       EXPECT_NE(masters[0][0][0], 0.0f);  // it stepped
     }
+  }
+}
+
+// A handle kept past its engine (a trainer's member declared before the engine's) is destroyed
+// after it without touching the freed store.
+TEST(EngineSemantics, AGatheredGroupMayOutliveItsEngine) {
+  ModelSpec model;
+  model.groups = {{"a", {{"w", {96}}}}, {"b", {{"w", {40}}}}};
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto parsed = ParseDeepSpeedConfig(BaseConfig(R"("stage": )" + std::to_string(stage)));
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    const std::vector<Status> st = OnHostRanks(
+        1, UniqueTestDir("engine_outlive"), parsed->config, [&](int, EngineOptions eo) -> Status {
+          GatheredGroup kept;
+          {
+            STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(model, std::move(eo)));
+            STRATA_RETURN_IF_ERROR(
+                engine->InitParameters([](size_t, size_t, size_t b, size_t e, float* o) {
+                  std::fill(o, o + (e - b), 1.0f);
+                }));
+            Result<GatheredGroup> g = engine->Gather(0);
+            if (!g.ok()) return g.status();
+            kept = std::move(*g);
+          }
+          return kept ? Status::OK() : Status::Internal("the handle was emptied");
+        });
+    EXPECT_TRUE(st[0].ok()) << st[0].ToString();
   }
 }
 

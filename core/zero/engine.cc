@@ -6,8 +6,10 @@
 #include <future>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "core/plan/comm_model.h"
 #include "core/zero/engine_internal.h"
@@ -82,6 +84,41 @@ Status ModelSpec::Validate() const {
     }
   }
   return Status::OK();
+}
+
+struct GatheredGroup::Owner {
+  std::mutex mu;
+  Engine* engine = nullptr;  // null once the engine is destroyed
+};
+
+GatheredGroup::GatheredGroup(GatheredGroup&& other) noexcept { *this = std::move(other); }
+
+GatheredGroup& GatheredGroup::operator=(GatheredGroup&& other) noexcept {
+  if (this == &other) return *this;
+  GiveBack();
+  owner_ = std::move(other.owner_);
+  group_ = other.group_;
+  dtype_ = other.dtype_;
+  data_ = std::exchange(other.data_, nullptr);
+  numel_ = std::exchange(other.numel_, 0);
+  offsets_ = std::move(other.offsets_);
+  hold_ = std::move(other.hold_);
+  return *this;
+}
+
+GatheredGroup::~GatheredGroup() { GiveBack(); }
+
+void GatheredGroup::GiveBack() noexcept {
+  std::shared_ptr<Owner> owner = std::move(owner_);
+  if (owner == nullptr) return;  // released, moved from, or not from Engine::Gather
+  std::lock_guard<std::mutex> l(owner->mu);
+  if (owner->engine != nullptr) {
+    owner->engine->Release(std::move(*this));
+    return;
+  }
+  // The engine is gone, and the store the hold would give its lease back to: keep it forever
+  // rather than call into freed memory.
+  new std::shared_ptr<void>(std::move(hold_));  // deliberately leaked
 }
 
 const void* GatheredGroup::param(size_t i) const {
@@ -1135,9 +1172,16 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
 // Engine forwarding
 // ---------------------------------------------------------------------------------------------
 
-Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::Engine(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)), owner_(std::make_shared<GatheredGroup::Owner>()) {
+  owner_->engine = this;
+}
 
 Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> l(owner_->mu);
+    owner_->engine = nullptr;  // handles still out give nothing back from here
+  }
   if (!impl_) return;
   // An overlapped step uses the store and the pool: let it end (its error is moot now).
   if (impl_->deferred && impl_->deferred->thread.joinable()) impl_->deferred->thread.join();
@@ -1311,9 +1355,17 @@ Status Engine::Flush() {
 
 std::vector<std::string> Engine::nvme_files() const { return impl_->store->nvme_files(); }
 
-Result<GatheredGroup> Engine::Gather(size_t group) { return impl_->Gather(group); }
-void Engine::Release(GatheredGroup gathered) { impl_->Release(std::move(gathered)).IgnoreError(); }
+Result<GatheredGroup> Engine::Gather(size_t group) {
+  Result<GatheredGroup> gathered = impl_->Gather(group);
+  if (gathered.ok() && *gathered) gathered->owner_ = owner_;
+  return gathered;
+}
+void Engine::Release(GatheredGroup gathered) {
+  gathered.owner_.reset();  // given back here, not again when the handle goes
+  impl_->Release(std::move(gathered)).IgnoreError();
+}
 Status Engine::Release(GatheredGroup gathered, uintptr_t caller_stream) {
+  gathered.owner_.reset();
   return impl_->Release(std::move(gathered), caller_stream);
 }
 bool Engine::gathers_alias_home() const { return impl_->GathersAliasHome(); }

@@ -232,12 +232,16 @@ struct EngineOptions {
 };
 
 // The full parameters of one group on the device (Gather). Move-only; give it back with Release.
+// A handle destroyed without Release (a trainer's exception unwinding past it, a backward that
+// raised) is given back as Release would give it, its error dropped, so Step, Save and Load go
+// on. It must not outlive its engine: one that does gives nothing back (the engine's memory is
+// gone with the engine).
 class GatheredGroup {
  public:
   GatheredGroup() = default;
-  GatheredGroup(GatheredGroup&&) noexcept = default;
-  GatheredGroup& operator=(GatheredGroup&&) noexcept = default;
-  ~GatheredGroup() = default;
+  GatheredGroup(GatheredGroup&& other) noexcept;
+  GatheredGroup& operator=(GatheredGroup&& other) noexcept;
+  ~GatheredGroup();
   size_t group() const { return group_; }
   DType dtype() const { return dtype_; }
   // Device pointer to the group's flat buffer (numel elements of dtype(), then padding).
@@ -247,8 +251,12 @@ class GatheredGroup {
   size_t numel() const { return numel_; }
   explicit operator bool() const { return data_ != nullptr; }
 
+  struct Owner;  // the engine that gave the handle out, while it lives (engine.cc)
+
  private:
   friend class Engine;
+  void GiveBack() noexcept;  // to its owner, where it has one
+  std::shared_ptr<Owner> owner_;
   size_t group_ = 0;
   DType dtype_ = DType::kBF16;
   const void* data_ = nullptr;
@@ -473,9 +481,10 @@ class Engine {
   // keep it gathered between steps (the Python adapter does: its parameters stay whole, as
   // DeepSpeed's persistent ones). False below stage 3 and for g out of range.
   bool persistent(size_t g) const;
-  // This rank's swap files (one per nvme_path in use; none without NVMe homes): what Close
-  // removes. A trainer that cannot Close at its end (several ranks, whose communicator's
-  // finalization waits for the others) removes them itself, as the Python adapter does at exit.
+  // This rank's swap files (one per nvme_path in use; none without NVMe homes): nvme_files(),
+  // what the engine removes when destroyed. A trainer that cannot destroy its engine at its end
+  // (several ranks, whose communicator's finalization waits for the others) removes them itself,
+  // as the Python adapter does at exit.
   std::vector<std::string> swap_files() const;
 
   // The device buffer (the group's padded flat size, zeroed, the working dtype) the trainer
@@ -642,7 +651,9 @@ class Engine {
   // never a partial one that loads. Files go through the IO layer (O_DIRECT chunks of
   // aio.block_size, aio.queue_depth in flight); NVMe-homed state streams through host memory in a
   // bounded window (the host budget holds). InvalidArgument: empty tag, or one with '/', or ending
-  // ".tmp"; FailedPrecondition: the tag exists already (never overwritten) or mid-accumulation;
+  // ".tmp"; FailedPrecondition: mid-accumulation. A tag that exists already is replaced in one
+  // step (renameat2 RENAME_EXCHANGE, docs/checkpoints.md): a crash leaves the old checkpoint or
+  // the new one under it, never neither and never a mix;
   // IOError naming the file; Aborted: another rank failed (its own result says why). A failed
   // collective fails the engine. Retention as the config's `checkpoint` section says
   // (SaveOptionsFromConfig: keep_last, recycle_files; by default every checkpoint is kept).
@@ -685,6 +696,7 @@ class Engine {
   Status InitFromRank0Impl(const Status& verdict, const CheckedParamFill& fill,
                            uint64_t window_bytes);
   std::unique_ptr<Impl> impl_;
+  std::shared_ptr<GatheredGroup::Owner> owner_;  // the handles Gather gives out point here
 };
 
 }  // namespace strata
