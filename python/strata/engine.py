@@ -2039,6 +2039,10 @@ class StrataEngine(torch.nn.Module):
     def _lr_state(self) -> dict:
         """What a checkpoint keeps of the lrs the script drives: each group's lr and a client
         scheduler's state_dict (numbers only: loads with weights_only)."""
+        if not isinstance(self.lr_scheduler, _EngineScheduler):
+            # What a scheduler the script steps wrote since the last step (a StepLR milestone,
+            # ReduceLROnPlateau on the eval loss before the save): the next step's, so saved.
+            self._push_lrs()
         out = {}
         if self._client_hyper:  # betas / eps / weight_decay the script or its scheduler wrote
             out["param_group_hyper"] = [

@@ -375,3 +375,49 @@ def test_a_damaged_rank_file_is_the_error_load_raises(tmp_path, stage):
     assert rank_file.name in str(failed.value) and "damaged" in str(failed.value)
     assert "refuses every call" not in str(failed.value)
     again.close()
+
+
+@pytest.mark.parametrize("kind", ["steplr", "plateau"])
+def test_a_scheduler_the_script_steps_resumes_at_its_lr(tmp_path, kind):
+    """A torch scheduler the script steps itself (not passed to initialize: accelerate's and
+    DeepSpeed scripts' pattern) that changed the lr after the last step before the save: the
+    resumed run takes the lr it left (DeepSpeed's optimizer state keeps param_groups), and
+    continues as the run that was not interrupted."""
+    x = torch.ones(2, 4)
+
+    def build():
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 4)
+        opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+        sch = (torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.1) if kind == "steplr"
+               else torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.1, patience=0))
+        cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0,
+               "zero_optimization": {"stage": 2}}
+        engine, *_ = strata.initialize(model=m, optimizer=opt, config=cfg)
+        return engine, opt, sch
+
+    def run(engine, sch, steps, first=0):
+        for i in range(first, first + steps):
+            engine.backward(engine(x * (i + 1)).sum())
+            engine.step()
+            sch.step() if kind == "steplr" else sch.step(1.0)  # a plateau: the lr drops
+
+    straight, _, sch = build()
+    run(straight, sch, 4)
+    want = straight.module.weight.detach().clone()
+    straight.destroy()
+
+    engine, opt, sch = build()
+    run(engine, sch, 2)
+    left = opt.param_groups[0]["lr"]
+    assert left < 0.01  # changed after the last step
+    engine.save_checkpoint(str(tmp_path), tag="t")
+    state = sch.state_dict()
+    engine.destroy()
+    engine, opt, sch = build()
+    engine.load_checkpoint(str(tmp_path), tag="t")
+    sch.load_state_dict(state)
+    assert opt.param_groups[0]["lr"] == left and engine.get_lr() == [left]
+    run(engine, sch, 2, first=2)
+    assert torch.equal(engine.module.weight.detach(), want)
+    engine.destroy()
