@@ -110,9 +110,11 @@ Status CheckBoundary(const Engine::Impl& e, const char* op) {
     if (e.groups[g].grad || e.groups[g].reductions > 0 || !e.pending.empty()) {
       return Status::FailedPrecondition(
           std::string(op) + ": mid-accumulation (group '" + e.model.groups[g].name +
-          "' has gradients since the last Step); checkpoints are taken between Step and the next "
-          "micro-step's gradients: apply them (Step) or drop them (DiscardGradients; from "
-          "Python, engine.zero_grad() right after the backward) first");
+          "' has gradients since the last Step); checkpoints are taken at an accumulation "
+          "boundary, between Step and the next micro-step's gradients (from Python: after the "
+          "engine.step() that applied them; under accelerate, when accelerator.sync_gradients). "
+          "DeepSpeed saves without the window's gradients; strata refuses rather than lose "
+          "them (DiscardGradients drops them, if that is what is meant)");
     }
   }
   return Status::OK();
