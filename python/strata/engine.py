@@ -770,6 +770,10 @@ class StrataEngine(torch.nn.Module):
         # Storage address of each gathered parameter -> (group, index): what the saved-tensor
         # hooks recognise as parameter memory.
         self._gathered_at: dict[int, tuple[int, int]] = {}
+        # id(p) -> the view of the engine's copy a gathered parameter was given (_acquire):
+        # _adopt_assigned_data tells a .data the script replaced from it.
+        self._engine_views: dict[int, torch.Tensor] = {}
+        self._warned_assigned = False
         self._module_names = {id(m): n or "<root>" for n, m in model.named_modules()}
         modules = dict(model.named_modules())
         self._leaf_of = {id(m): modules[owner] for n, m, owner in _module_owners(model)
@@ -1226,6 +1230,7 @@ class StrataEngine(torch.nn.Module):
                 views = self._engine.gather(gi)
                 for pi, ((_, p), v) in enumerate(zip(self._groups[gi].params, views)):
                     p.data = _as_tensor(v)
+                    self._engine_views[id(p)] = p.data
                     if not self._whole:
                         p.ds_status = _AVAILABLE
                     if p.data.numel():
@@ -1242,8 +1247,9 @@ class StrataEngine(torch.nn.Module):
         self._refs[gi] = 0
         empty = torch.empty(0, dtype=self._dtype, device=self.device)
         for _, p in self._groups[gi].params:
-            if p.data.numel():
-                self._gathered_at.pop(p.data.untyped_storage().data_ptr(), None)
+            view = self._engine_views.pop(id(p), None)
+            if view is not None and view.numel():
+                self._gathered_at.pop(view.untyped_storage().data_ptr(), None)
             p.data = empty
             if not self._whole:
                 p.ds_status = _NOT_AVAILABLE
@@ -1259,10 +1265,47 @@ class StrataEngine(torch.nn.Module):
         """Releases every group listed, after one wait for torch's stream: what follows (a step,
         Save, Load, InitParameters) may rewrite the parameters even where release frees
         nothing."""
+        if self._whole:
+            self._adopt_assigned_data()
         self._wait_torch()
         self._held_releases.drain()  # their events are complete now
         for gi in groups:
             self._release_group(gi, waited=True)
+
+    def _adopt_assigned_data(self) -> None:
+        """Stages 0-2: a parameter whose .data the script replaced (`p.data = t`, the idiom that
+        copies a policy's weights into a reference or EMA model; module.to() and .half() do the
+        same) holds values the engine's copy does not, and its release would drop them. They are
+        copied into the engine's copy and the parameter aliases it again: a frozen parameter
+        keeps them, as under DeepSpeed; a trainable one until the next step, which works from the
+        fp32 masters (noticed once, as an in-place write is)."""
+        trainable = []
+        with torch.no_grad():
+            for g in self._groups:
+                for name, p in g.params:
+                    view = self._engine_views.get(id(p))
+                    data = p.data
+                    if view is None or (data.data_ptr() == view.data_ptr()
+                                        and data.shape == view.shape):
+                        continue  # its own (a 0-element parameter has no copy to replace)
+                    if data.shape != view.shape:
+                        raise RuntimeError(
+                            f"parameter {name}: its .data was replaced by a tensor of shape "
+                            f"{tuple(data.shape)}, the parameter's is {tuple(view.shape)}; "
+                            "resize before strata.initialize")
+                    view.copy_(data)
+                    p.data = view
+                    if p.requires_grad:
+                        trainable.append(name)
+        if trainable and not self._warned_assigned:
+            self._warned_assigned = True
+            warnings.warn(
+                f"strata: the .data of trainable parameter(s) {_name_list(trainable, 3)} was "
+                "replaced (p.data = ...); the engine's copy takes the values, and the next step "
+                "works from the fp32 master weights (as DeepSpeed's ZeRO and bf16/fp16 "
+                "optimizers), so they last until then. Set trainable weights with "
+                "engine.load_checkpoint, or inside strata.zero.GatheredParameters(params, "
+                "modifier_rank=0) before the first step", stacklevel=4)
 
     def _wait_torch(self) -> None:
         """On a GPU: the work torch queued on its current stream has run. Every engine call

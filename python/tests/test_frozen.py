@@ -385,3 +385,49 @@ def test_a_frozen_model_runs_forward_without_an_optimizer(stage, offload_param):
     with pytest.raises(RuntimeError, match="without an optimizer and without model_parameters"):
         engine.backward(engine(x, y))
     engine.close()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_weights_assigned_by_data_into_a_forward_only_engine_stand(tmp_path, stage):
+    """`p_ref.data = p.data.clone()` (copying a policy into its reference or EMA model) on an
+    engine with no optimizer: the forward, save_16bit_model, save_checkpoint and the forward
+    after the save all have the new weights, as under DeepSpeed, whose forward-only engine keeps
+    plain torch parameters. A save used to put the weights from initialize back."""
+    from strata.utils import get_fp32_state_dict_from_zero_checkpoint
+
+    def net(seed):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                   torch.nn.Linear(16, 4))
+
+    policy = net(1)
+    ref, *_ = strata.initialize(model=net(0), config={"train_micro_batch_size_per_gpu": 4,
+                                                      "zero_optimization": {"stage": stage}})
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for p_ref, p in zip(ref.module.parameters(), policy.parameters()):
+            p_ref.data = p.data.clone()
+        want = policy(x)
+        assert torch.equal(ref(x), want)
+        ref.save_checkpoint(str(tmp_path), tag="t")
+        assert torch.equal(ref(x), want)
+    saved = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path), tag="t")
+    for k, v in policy.state_dict().items():
+        assert torch.equal(saved[k], v), k
+    ref.destroy()
+
+
+def test_data_assigned_to_a_trainable_parameter_is_noticed():
+    """The same assignment on a trained parameter lasts until the next step, which works from
+    the fp32 masters (as DeepSpeed's ZeRO optimizers): strata says so once."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    engine, *_ = strata.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+    model.weight.data = torch.zeros(4, 4)
+    with pytest.warns(UserWarning,
+                      match=r"\.data of trainable parameter\(s\) 'weight' was replaced"):
+        engine.backward(engine(torch.ones(2, 4)).sum())
+        engine.step()
+    engine.destroy()
