@@ -100,6 +100,9 @@ TEST(ConfigCheck, WhatTheEngineRefusesTheCheckRefuses) {
       {"shared_parameters": {"enabled": false}}}})")
                   .ok());
   EXPECT_TRUE(CheckDeepSpeedConfig(R"({"pipeline": {"pipe_partitioned": true}})").ok());
+  ConfigCheck gds = CheckDeepSpeedConfig(R"({"aio": {"use_gds": true}})");
+  ASSERT_TRUE(gds.ok());
+  ASSERT_NE(FindDiag(gds.warnings, Kind::kIgnored, "aio.use_gds"), nullptr) << Dump(gds.warnings);
 }
 
 TEST(ConfigCheck, StageAbove3IsAnError) {

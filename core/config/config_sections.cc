@@ -185,7 +185,10 @@ void ReadAio(Reader& r, Section& root, AioConfig* a) {
   if (s.present()) ReadAioParallelism(r, s, a);
   r.Bool(s, {"single_submit"}, &a->single_submit);
   r.Bool(s, {"overlap_events"}, &a->overlap_events);
-  r.Bool(s, {"use_gds"}, &a->use_gds);
+  if (r.Bool(s, {"use_gds"}, &a->use_gds) && a->use_gds) {
+    r.Warn(Kind::kIgnored, "aio.use_gds",
+           "GPUDirect Storage is not supported: NVMe reads and writes go through host memory");
+  }
   r.FinishSection(s);
 }
 
