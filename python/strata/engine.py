@@ -875,7 +875,6 @@ class StrataEngine(torch.nn.Module):
         self._betas_override = False  # the same for betas (OneCycle's cycle_momentum)
         self._known_lrs: list = []
         self._known_hyper: list = []
-        self._client_hyper = False  # set_hyperparameters called: checkpoints keep the values
         self._pull_lrs()
         if lr_scheduler is not None:
             try:
@@ -2086,11 +2085,11 @@ class StrataEngine(torch.nn.Module):
             # What a scheduler the script steps wrote since the last step (a StepLR milestone,
             # ReduceLROnPlateau on the eval loss before the save): the next step's, so saved.
             self._push_lrs()
-        out = {}
-        if self._client_hyper:  # betas / eps / weight_decay the script or its scheduler wrote
-            out["param_group_hyper"] = [
-                {k: list(v) if k == "betas" else v for k, v in _group_hyper(g).items()}
-                for g in self.optimizer.param_groups]
+        # Each group's betas / eps / weight_decay, as DeepSpeed's optimizer state_dict keeps its
+        # param_groups: a run resumed with other values in its config takes the saved ones.
+        out = {"param_group_hyper": [
+            {k: list(v) if k == "betas" else v for k, v in _group_hyper(g).items()}
+            for g in self.optimizer.param_groups]}
         if not self._client_lrs:
             return out  # the config's schedule: its position is the engine's step count
         out["param_group_lrs"] = [float(g["lr"]) for g in self.optimizer.param_groups]
@@ -2098,16 +2097,19 @@ class StrataEngine(torch.nn.Module):
             out["lr_scheduler"] = self.lr_scheduler.state_dict()
         return out
 
-    def _load_lr_state(self, state: dict) -> None:
+    def _load_hyper(self, state: dict) -> None:
+        """The saved betas / eps / weight_decay (with the optimizer states, as DeepSpeed's)."""
         hyper = state.get("param_group_hyper")
-        if hyper is not None:
-            if len(hyper) != len(self.optimizer.param_groups):
-                raise RuntimeError(f"load_checkpoint: the checkpoint has {len(hyper)} optimizer "
-                                   f"groups' betas, the optimizer "
-                                   f"{len(self.optimizer.param_groups)}")
-            for g, h in zip(self.optimizer.param_groups, hyper):
-                g.update({k: tuple(v) if k == "betas" else v for k, v in h.items()})
-            self._push_lrs()  # what changed, now (the lrs as they are)
+        if hyper is None:
+            return
+        if len(hyper) != len(self.optimizer.param_groups):
+            raise RuntimeError(f"load_checkpoint: the checkpoint has {len(hyper)} optimizer "
+                               f"groups' betas, the optimizer {len(self.optimizer.param_groups)}")
+        for g, h in zip(self.optimizer.param_groups, hyper):
+            g.update({k: tuple(v) if k == "betas" else v for k, v in h.items()})
+        self._push_lrs()  # what changed, now (the lrs as they are)
+
+    def _load_lr_state(self, state: dict) -> None:
         lrs = state.get("param_group_lrs")
         if lrs is None:
             self._pull_lrs()  # the config's schedule, at the loaded step
@@ -2144,7 +2146,6 @@ class StrataEngine(torch.nn.Module):
                 changed.append(d)
             self._engine.set_hyperparameters(changed)
             self._known_hyper = hyper
-            self._client_hyper = True
             if isinstance(self.lr_scheduler, _EngineScheduler) and \
                     any("beta1" in d for d in changed):
                 self._betas_override = True  # _after_step hands them back to the schedule
@@ -2673,6 +2674,8 @@ class StrataEngine(torch.nn.Module):
                     "load_module_strict=False where the checkpoint lacks some)") from None
         state = unpack_state(blob, os.path.join(load_dir, str(tag)))
         self._load_buffers(state.get("buffers"), load_module_strict)
+        if load_optimizer_states:
+            self._load_hyper(state)
         if load_lr_scheduler_states:
             self._load_lr_state(state)
         elif not self._client_lrs:

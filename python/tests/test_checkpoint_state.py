@@ -421,3 +421,42 @@ def test_a_scheduler_the_script_steps_resumes_at_its_lr(tmp_path, kind):
     run(engine, sch, 2, first=2)
     assert torch.equal(engine.module.weight.detach(), want)
     engine.destroy()
+
+
+def test_betas_eps_and_weight_decay_come_back_with_the_optimizer_states(tmp_path):
+    """A run resumed with other betas / weight_decay in its config takes the checkpoint's, as
+    DeepSpeed's optimizer load_state_dict restores param_groups (a Trainer resumed with new
+    adam_beta1 / weight_decay arguments continues as the run that was not interrupted), unless
+    load_optimizer_states=False."""
+    x = torch.ones(2, 4)
+
+    def build(wd, beta1):
+        torch.manual_seed(0)
+        cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0,
+               "zero_optimization": {"stage": 2},
+               "optimizer": {"type": "AdamW",
+                             "params": {"lr": 0.01, "weight_decay": wd, "betas": [beta1, 0.99]}}}
+        engine, *_ = strata.initialize(model=torch.nn.Linear(4, 4), config=cfg)
+        return engine
+
+    def run(engine, first, steps):
+        for i in range(first, first + steps):
+            engine.backward(engine(x * (i + 1)).sum())
+            engine.step()
+
+    straight = build(0.1, 0.9)
+    run(straight, 0, 4)
+    want = straight.module.weight.detach().clone()
+    straight.destroy()
+    engine = build(0.1, 0.9)
+    run(engine, 0, 2)
+    engine.save_checkpoint(str(tmp_path), tag="t")
+    engine.destroy()
+    for keep in (True, False):
+        engine = build(0.5, 0.5)
+        engine.load_checkpoint(str(tmp_path), tag="t", load_optimizer_states=keep)
+        group = engine.optimizer.param_groups[0]
+        assert (group["weight_decay"], group["betas"][0]) == ((0.1, 0.9) if keep else (0.5, 0.5))
+        run(engine, 2, 2)
+        assert torch.equal(engine.module.weight.detach(), want) == keep
+        engine.destroy()
