@@ -536,6 +536,50 @@ TEST(EngineSemantics, DiscardGradientsDropsTheWindowAsIfNeverTaken) {
   }
 }
 
+// Ranks started with another model or config are refused at Create, every rank naming what
+// differs, instead of hanging in unmatched collectives or stepping with their own lr. A rank's
+// own offload placement is allowed.
+TEST(EngineSemantics, RanksWithAnotherModelOrConfigAreRefusedNamingWhat) {
+  ModelSpec model;
+  model.groups = {{"a", {{"w", {96}}}}, {"b", {{"w", {40}}}}};
+  ModelSpec wider = model;
+  wider.groups[1].params[0].shape = {48};
+  struct Case {
+    const char* what;
+    std::string rank1_zero, rank1_top;
+    const ModelSpec* rank1_model;
+    const char* names;  // "" : accepted
+  } cases[] = {
+      {"same", R"("stage": 2)", "", &model, ""},
+      {"own offload", R"("stage": 2, "offload_optimizer": {"device": "cpu"})", "", &model, ""},
+      {"stage", R"("stage": 3)", "", &model, "precision, zero_optimization settings"},
+      {"shape", R"("stage": 2)", "", &wider, "model"},
+      {"lr", R"("stage": 2)", "lr1e-3", &model, "optimizer or LR schedule"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    auto base = ParseDeepSpeedConfig(BaseConfig(R"("stage": 2)"));
+    std::string other_text = BaseConfig(c.rank1_zero);
+    if (c.rank1_top == "lr1e-3") other_text.replace(other_text.find("0.01"), 4, "1e-3");
+    auto other = ParseDeepSpeedConfig(other_text);
+    ASSERT_TRUE(base.ok() && other.ok());
+    const std::vector<Status> st = OnHostRanks(
+        2, UniqueTestDir("engine_agree"), base->config, [&](int r, EngineOptions eo) -> Status {
+          if (r == 1) eo.config = other->config;
+          return Engine::Create(r == 1 ? *c.rank1_model : model, std::move(eo)).status();
+        });
+    for (int r = 0; r < 2; ++r) {
+      if (std::string(c.names).empty()) {
+        EXPECT_TRUE(st[r].ok()) << r << ": " << st[r].ToString();
+      } else {
+        EXPECT_EQ(st[r].code(), Status::Code::kInvalidArgument) << r << ": " << st[r].ToString();
+        EXPECT_NE(st[r].message().find(std::string("rank 1's ") + c.names), std::string::npos)
+            << st[r].ToString();
+      }
+    }
+  }
+}
+
 // A handle kept past its engine (a trainer's member declared before the engine's) is destroyed
 // after it without touching the freed store.
 TEST(EngineSemantics, AGatheredGroupMayOutliveItsEngine) {

@@ -1145,8 +1145,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& model, EngineOpt
   e.opt.timeout = options.timeout;
   STRATA_ASSIGN_OR_RETURN(e.exchange,
                           DeviceBuffer::Make(options.device, static_cast<uint64_t>(e.world) * 16));
+  STRATA_RETURN_IF_ERROR(e.AgreeOnSetup(c, options.optimizer_groups));
   // Collective, so before anything a rank may fail on its own (the config is the same on every
-  // rank; a failed split fails the communicator, and the peers with it).
+  // rank, as AgreeOnSetup checked; a failed split fails the communicator, and the peers with it).
   STRATA_RETURN_IF_ERROR(SplitZppComms(*options.comm, &e.zpp));
   Status built = [&]() -> Status {
     STRATA_RETURN_IF_ERROR(CheckBudgets(options, e, cs));

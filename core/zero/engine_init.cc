@@ -29,9 +29,12 @@
 #include <functional>
 #include <string>
 
+#include <xxhash.h>
+
 #include "core/zero/checkpoint_format.h"
 #include "core/zero/engine_internal.h"
 #include "kernels/casts.h"
+#include "nlohmann/json.hpp"
 
 namespace strata {
 
@@ -617,6 +620,61 @@ Status Engine::WriteOptimizerState(size_t group, size_t param, StateKind kind,
   if (kind != StateKind::kMaster32) return Status::OK();
   ForgetCopiesOfOldParams(e);
   return e.Fail(e.AllGatherUpdatedParams(/*frozen_too=*/true));
+}
+
+namespace {
+
+uint32_t Fingerprint(const std::string& text) {
+  const uint64_t h = XXH3_64bits(text.data(), text.size());
+  return static_cast<uint32_t>(h ^ (h >> 32));
+}
+
+}  // namespace
+
+Status Engine::Impl::AgreeOnSetup(const EngineConfig& c,
+                                  const std::vector<OptimizerGroupOptions>& groups) {
+  if (world == 1) return Status::OK();
+  std::string spec;
+  for (const GroupSpec& g : model.groups) {
+    spec += g.name + '|' + std::to_string(g.optimizer_group) + (g.trainable ? "t" : "f");
+    for (const ParamSpec& p : g.params) {
+      spec += '|' + p.name;
+      for (int64_t d : p.shape) spec += ',' + std::to_string(d);
+    }
+    spec += '\n';
+  }
+  nlohmann::ordered_json eff = nlohmann::ordered_json::parse(EffectiveConfigJson(c, -1));
+  nlohmann::ordered_json training;
+  for (const char* k :
+       {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+        "prescale_gradients", "gradient_predivide_factor", "fp16", "bf16", "zero_optimization"}) {
+    training[k] = eff[k];
+  }
+  training["zero_optimization"].erase("offload_optimizer");
+  training["zero_optimization"].erase("offload_param");
+  nlohmann::ordered_json optimizer = {{"optimizer", eff["optimizer"]},
+                                      {"scheduler", eff["scheduler"]}};
+  for (const OptimizerGroupOptions& o : groups) {
+    optimizer["groups"].push_back({o.lr.value_or(-1), o.beta1.value_or(-1), o.beta2.value_or(-1),
+                                   o.eps.value_or(-1), o.weight_decay.value_or(-1)});
+  }
+  const std::array<uint32_t, 4> mine = {Fingerprint(spec), Fingerprint(training.dump()),
+                                        Fingerprint(optimizer.dump()), 0};
+  STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> all, AllGatherWords(mine));
+  static constexpr const char* kWhat[] = {
+      "model (its groups, parameter names and shapes, which are trainable)",
+      "precision, zero_optimization settings, micro-batch, accumulation or clipping",
+      "optimizer or LR schedule (type, lr, betas, eps, weight_decay, parameter groups)"};
+  for (int r = 1; r < world; ++r) {
+    for (size_t w = 0; w < 3; ++w) {
+      if (all[static_cast<size_t>(r) * 4 + w] == all[w]) continue;
+      return Status::InvalidArgument(
+          "rank " + std::to_string(r) + "'s " + kWhat[w] +
+          " differs from rank 0's: every rank must build the same model and pass the same "
+          "config (the offload sections, nvme paths and aio may differ)");
+    }
+  }
+  return Status::OK();
 }
 
 }  // namespace strata

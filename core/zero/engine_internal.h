@@ -451,6 +451,12 @@ struct Engine::Impl {
   // A collective in which every rank says whether its part of `what` succeeded (Create's last
   // step, WriteParams' values): -1 when all did, else the first rank that did not.
   Result<int> FirstFailedRank(bool ok, std::string_view what);
+  // Create's first collective: every rank's model and training config against rank 0's (a
+  // fingerprint of each), so that ranks started with another model, stage, precision, batch,
+  // clipping, optimizer or schedule are refused at once, naming what differs, instead of
+  // pairing collectives that do not match (a hang until the timeout) or stepping their own
+  // shards with their own lr. The offload sections, paths and IO settings may differ per rank.
+  Status AgreeOnSetup(const EngineConfig& c, const std::vector<OptimizerGroupOptions>& groups);
   // Element range in the group's full (padded) buffer of sub-group s.
   size_t FullOffset(const zero::SubGroup& s) const {
     return static_cast<size_t>(s.owner) * groups[s.group].shard.shard_elems + s.offset;
