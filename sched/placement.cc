@@ -184,7 +184,9 @@ Stage3Residency Stage3Peak(const DeviceWorkingInput& in) {
   const ShardLimits lim =
       PerRankShardLimits(in.prefetch_elems, in.max_live_elems, 0, 0, std::max(1, in.world));
   const uint64_t window = std::max<uint64_t>(1, lim.prefetch_elems / shard);
-  r.shards = std::min({r.groups, std::max(r.kept, window), lim.max_live_elems / shard + 1});
+  // Persistent shards are never evicted, whatever max_live says.
+  r.shards = std::min(r.groups, std::max(persistent, std::min(std::max(r.kept, window),
+                                                              lim.max_live_elems / shard + 1)));
   return r;
 }
 

@@ -307,11 +307,12 @@ struct DeviceWorkingInput {
 //     stage3_max_reuse_distance gathered elements. In that trace group i, released in forward,
 //     comes back after 2 (L - 1 - i) groups: the last `kept` = min(L, R / (2 x group) + 1)
 //     groups of forward are kept across the turn into backward (the shards likewise across the
-//     turn into the next step's forward), all of them when groups are persistent (no larger
-//     than stage3_param_persistence_threshold);
+//     turn into the next step's forward), plus the persistent groups (sched::PersistentGroups:
+//     at most model_persistence / group of them, each no larger than
+//     stage3_param_persistence_threshold);
 //   - stage3_max_live_parameters caps the engine's kept copies (floor(max_live / group)), and
-//     the prefetcher evicts shards to stay under it before it fetches (floor(max_live / group)
-//     plus the one needed now).
+//     the prefetcher evicts shards to stay under it before it fetches and after a release
+//     (floor(max_live / group) plus the one needed now); persistent shards stay regardless.
 // So stage3_max_live_parameters bounds the copies only when the reuse distance would keep more:
 // with DeepSpeed's defaults (1e9 both) a model whose groups are 1/16 of max_live or larger
 // keeps half as much as the max_live cap (the reuse distance counts both directions).

@@ -93,14 +93,6 @@ bool Prefetcher::KeepAfterRelease(GroupId g, const Trace& trace,
                                   std::span<const GroupView> groups) const {
   if (IsPersistent(groups[g])) return true;
   if (!trace.replaying()) return false;
-  // max_live caps the kept copies, this one included. Without it a group larger than max_live
-  // (which Plan's make_room cannot make room for, so it evicts nothing) let every released
-  // group within the reuse distance stay: a smaller max_live kept more than a larger one.
-  uint64_t kept = 0;
-  for (const GroupView& v : groups) {
-    if (IsResident(v.device) && !v.in_use && !IsPersistent(v)) kept += v.size_bytes;
-  }
-  if (kept > config_.max_live_bytes) return false;
   const size_t pos = trace.position();
   const auto& order = trace.recorded();
   size_t next = trace.NextUse(g, pos);
@@ -118,6 +110,31 @@ bool Prefetcher::KeepAfterRelease(GroupId g, const Trace& trace,
   next = trace.NextUse(g, 0);
   if (next == kNever) return false;
   return add(pos, order.size()) && add(0, next);
+}
+
+std::vector<GroupId> Prefetcher::OverMaxLive(const Trace& trace,
+                                             std::span<const GroupView> groups) const {
+  uint64_t live = 0;  // as Plan counts it
+  for (const GroupView& v : groups) {
+    if (v.device != Residency::kAbsent) live += v.size_bytes;
+  }
+  if (live <= config_.max_live_bytes) return {};
+  const bool replaying = trace.replaying();
+  const size_t pos = replaying ? trace.position() : 0;
+  std::vector<std::pair<size_t, GroupId>> victims;  // (next use, group)
+  for (GroupId g = 0; g < groups.size(); ++g) {
+    const GroupView& v = groups[g];
+    if (!IsResident(v.device) || v.in_use || IsPersistent(v)) continue;
+    victims.emplace_back(replaying ? trace.NextUse(g, pos) : kNever, g);
+  }
+  std::sort(victims.begin(), victims.end(), std::greater<>());
+  std::vector<GroupId> out;
+  for (const auto& [next, g] : victims) {
+    if (live <= config_.max_live_bytes) break;
+    live -= groups[g].size_bytes;
+    out.push_back(g);
+  }
+  return out;
 }
 
 }  // namespace strata::sched

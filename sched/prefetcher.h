@@ -14,10 +14,11 @@
 //     persistent. If no such victim exists the walk stops: a prefetch never evicts something
 //     needed sooner than what it brings in.
 //   - A released group stays resident when it is persistent (GroupView::persistent: the engine's
-//     sched::PersistentGroups), or when its next use is within
-//     `max_reuse_distance_bytes` (stage3_max_reuse_distance, bytes gathered in between; the trace
-//     is taken as repeating, so a use early in the next step counts) and the kept copies, it
-//     included, stay within `max_live_bytes` (groups in use and persistent ones not counted).
+//     sched::PersistentGroups), or when its next use is within `max_reuse_distance_bytes`
+//     (stage3_max_reuse_distance, bytes gathered in between; the trace is taken as repeating, so
+//     a use early in the next step counts). Where the live bytes then pass `max_live_bytes`
+//     (OverMaxLive), the resident groups neither in use nor persistent go, farthest next use
+//     first: Plan's make_room evicts only to fetch, and cannot for a group larger than the cap.
 //   - A step that does not replay the trace (first step, diverged) gets no prefetch at all.
 //   - A held group (GroupView::held: its update has not been written yet) is never fetched or
 //     staged; the lookahead walks past it.
@@ -90,6 +91,10 @@ class Prefetcher {
 
   // Whether group `g`, released now (at trace.position()), should stay on the device.
   bool KeepAfterRelease(GroupId g, const Trace& trace, std::span<const GroupView> groups) const;
+  // The groups to evict so that the live bytes (every group resident or in flight, as Plan
+  // counts them) come within max_live_bytes: resident, not in use, not persistent, the farthest
+  // next use first (by id when the trace is not replaying). Empty when within.
+  std::vector<GroupId> OverMaxLive(const Trace& trace, std::span<const GroupView> groups) const;
 
   static bool IsPersistent(const GroupView& v) { return v.persistent; }
   const PrefetchConfig& config() const { return config_; }

@@ -209,24 +209,22 @@ TEST(PrefetcherTest, ReleaseKeepsReusedAndPersistentGroups) {
   EXPECT_FALSE(p.KeepAfterRelease(0, none, v));
 }
 
-// stage3_max_live_parameters caps the kept copies too, also when one group is larger than it (a
-// Plan cannot make room for such a group, so it evicts nothing: the cap must hold at release).
-TEST(PrefetcherTest, ReleaseKeepsNoMoreThanMaxLive) {
+// stage3_max_live_parameters holds after a release too, also when one group is larger than it (a
+// Plan cannot make room for such a group, so it evicts nothing): the copies needed last go.
+TEST(PrefetcherTest, OverMaxLiveEvictsTheCopiesNeededLast) {
+  // Order 0 1 2 3 3 2 1 0; at position 4 group 3 is next, then 2, 1, 0.
   Trace t = FwdBwdAt(4, 4);
   std::vector<GroupView> v(4, GroupView{.size_bytes = 10, .device = Residency::kValid});
-  PrefetchConfig c = Cfg(100, 25);
-  c.max_reuse_distance_bytes = 1000;
-  v[0].device = Residency::kAbsent;
-  v[1].in_use = true;                                    // in use: not a kept copy
-  EXPECT_TRUE(Prefetcher(c).KeepAfterRelease(3, t, v));  // kept 2 and 3: 20 <= 25
-  v[0].device = Residency::kValid;
-  EXPECT_FALSE(Prefetcher(c).KeepAfterRelease(3, t, v));  // 0, 2 and 3: 30 > 25
+  PrefetchConfig c = Cfg(100, 40);
+  EXPECT_TRUE(Prefetcher(c).OverMaxLive(t, v).empty());  // 40: within
+  c.max_live_bytes = 35;
+  EXPECT_EQ(Prefetcher(c).OverMaxLive(t, v), std::vector<GroupId>{0});  // needed last
   c.max_live_bytes = 0;
-  v = std::vector<GroupView>(4, GroupView{.size_bytes = 10});
-  v[3].device = Residency::kValid;
-  EXPECT_FALSE(Prefetcher(c).KeepAfterRelease(3, t, v));  // max_live 0 keeps nothing
-  v[3].persistent = true;
-  EXPECT_TRUE(Prefetcher(c).KeepAfterRelease(3, t, v));  // persistent: kept whatever the cap
+  v[2].in_use = true;      // in use: stays
+  v[1].persistent = true;  // persistent: stays
+  EXPECT_EQ(Prefetcher(c).OverMaxLive(t, v), (std::vector<GroupId>{0, 3}));
+  v[0].device = Residency::kInFlight;  // counted, but not resident: not evicted
+  EXPECT_EQ(Prefetcher(c).OverMaxLive(t, v), std::vector<GroupId>{3});
 }
 
 TEST(PrefetcherTest, FromNumelScalesByParamBytes) {

@@ -134,8 +134,8 @@ void NoteZeroPlusPlus(const PlanInput& in, int stage, std::vector<std::string>* 
   if (stage == 3 || !zpp.Any() || !in.has_configured || in.zero.stage != stage) return;
   notes->push_back(
       "ZeRO++ (zero_quantized_weights / zero_quantized_gradients / zero_hpz_partition_size) acts "
-      "at stage 3 only: ignored at stage " +
-      std::to_string(stage));
+      "at stage 3 only: not in this stage-" +
+      std::to_string(stage) + " row (the engine refuses the keys below stage 3)");
 }
 
 }  // namespace plan

@@ -137,6 +137,12 @@ void GatherScheduler::Release(sched::GroupId g, Lease lease) {
   if (!prefetcher_.KeepAfterRelease(g, trace_, views_)) {
     Track(store_->Evict(groups_[g], Tier::kDevice), g, /*prefetch=*/false);
     ++evictions_;
+    return;
+  }
+  // Kept: stage3_max_live_parameters still holds, the copies needed last going first.
+  for (sched::GroupId v : prefetcher_.OverMaxLive(trace_, views_)) {
+    Track(store_->Evict(groups_[v], Tier::kDevice), v, /*prefetch=*/false);
+    ++evictions_;
   }
 }
 

@@ -36,7 +36,8 @@
 //   - working params: stage 0-2 a full replica of every group on the device; stage 3 the rank's
 //     shard on the param home (offload_param: device | host | nvme), gathered per group into a
 //     device buffer by all-gather and freed on Release unless persistent
-//     (numel <= stage3_param_persistence_threshold) or used again within
+//     (numel <= stage3_param_persistence_threshold, while the persistent elements stay within
+//     stage3_model_persistence_threshold: sched::PersistentGroups) or used again within
 //     stage3_max_reuse_distance elements of gathering (the recorded trace says so).
 //   - fp32 master, Adam m and v, and the fp32 accumulated gradient: per optimizer sub-group (a
 //     group's shard cut into pieces of at most sub_group_size elements) on the optimizer home
@@ -69,7 +70,8 @@
 //   - LR schedules WarmupLR, WarmupDecayLR, WarmupCosineLR; the fp16 dynamic loss scaler;
 //     skipped (overflow) steps do not advance the LR schedule. core/zero/loss_scaler.h and
 //     core/zero/lr_schedule.h hold those rules.
-// ZeRO++ (stage 3 only; docs/collectives.md, "ZeRO++"; the bytes are the planner's ZeroPlusPlusComm):
+// ZeRO++ (stage 3 only; docs/collectives.md, "ZeRO++"; the bytes are the planner's
+// ZeroPlusPlusComm):
 //   - qwZ (zero_quantized_weights): each Gather quantizes the rank's 16-bit shard block-wise to
 //     INT8 + one fp32 scale per kernels::kQuantBlock elements (kernels/quantize.h), all-gathers
 //     that and dequantizes into the gathered buffer. Only the gathered copies are quantized; the
@@ -234,8 +236,9 @@ struct EngineOptions {
 // The full parameters of one group on the device (Gather). Move-only; give it back with Release.
 // A handle destroyed without Release (a trainer's exception unwinding past it, a backward that
 // raised) is given back as Release would give it, its error dropped, so Step, Save and Load go
-// on. It must not outlive its engine: one that does gives nothing back (the engine's memory is
-// gone with the engine).
+// on: destroying it is a Release, with Release's rules (the trainer's thread; on a GPU, the
+// trainer's kernels that read the group complete first). One that outlives its engine gives
+// nothing back (the engine's memory is gone with the engine).
 class GatheredGroup {
  public:
   GatheredGroup() = default;
@@ -476,8 +479,10 @@ class Engine {
   // trainer on a device with streams of its own need not wait for its kernels that read a group
   // before releasing it (device.h), only before those calls. Fixed at Create.
   bool gathers_alias_home() const;
-  // Whether group g is persistent at stage 3: no larger than stage3_param_persistence_threshold
-  // elements (DeepSpeed's ds_persist), so its gathered copy is kept after Release. A trainer may
+  // Whether group g is persistent at stage 3 (DeepSpeed's ds_persist): no larger than
+  // stage3_param_persistence_threshold elements, in model order while the persistent elements
+  // stay within stage3_model_persistence_threshold (sched::PersistentGroups); its gathered copy
+  // is kept after Release as far as stage3_max_live_parameters allows. A trainer may
   // keep it gathered between steps (the Python adapter does: its parameters stay whole, as
   // DeepSpeed's persistent ones). False below stage 3 and for g out of range.
   bool persistent(size_t g) const;

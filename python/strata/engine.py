@@ -1285,14 +1285,17 @@ class StrataEngine(torch.nn.Module):
                     view = self._engine_views.get(id(p))
                     data = p.data
                     if view is None or (data.data_ptr() == view.data_ptr()
-                                        and data.shape == view.shape):
+                                        and data.shape == view.shape
+                                        and data.stride() == view.stride()):
                         continue  # its own (a 0-element parameter has no copy to replace)
                     if data.shape != view.shape:
                         raise RuntimeError(
                             f"parameter {name}: its .data was replaced by a tensor of shape "
                             f"{tuple(data.shape)}, the parameter's is {tuple(view.shape)}; "
                             "resize before strata.initialize")
-                    view.copy_(data)
+                    # A view of the same memory (p.data = p.data.t()) overlaps it: copied first.
+                    same = data.untyped_storage().data_ptr() == view.untyped_storage().data_ptr()
+                    view.copy_(data.clone() if same else data)
                     p.data = view
                     if p.requires_grad:
                         trainable.append(name)
@@ -2577,6 +2580,8 @@ class StrataEngine(torch.nn.Module):
                 p.data = p.data.clone() if self._whole else empty
                 if not self._whole:
                     p.ds_status = _NOT_AVAILABLE
+        self._engine_views.clear()  # views of memory the engine frees now
+        self._gathered_at.clear()
         try:
             self._wait_torch()  # those copies, and any kernel still reading the engine's memory
         finally:

@@ -414,7 +414,9 @@ def test_weights_assigned_by_data_into_a_forward_only_engine_stand(tmp_path, sta
     saved = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path), tag="t")
     for k, v in policy.state_dict().items():
         assert torch.equal(saved[k], v), k
-    ref.destroy()
+    ref.close()  # the views of the engine's memory go with it: a later call names the close
+    with pytest.raises(Exception, match="closed"):
+        ref.save_checkpoint(str(tmp_path), tag="t3")
 
 
 def test_data_assigned_to_a_trainable_parameter_is_noticed():
@@ -431,3 +433,20 @@ def test_data_assigned_to_a_trainable_parameter_is_noticed():
         engine.backward(engine(torch.ones(2, 4)).sum())
         engine.step()
     engine.destroy()
+
+
+def test_a_transposed_view_assigned_to_a_frozen_square_weight_stands(tmp_path):
+    """`w.data = w.data.t()`: the engine's own memory seen with other strides is a new value."""
+    from strata.utils import get_fp32_state_dict_from_zero_checkpoint
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    want = lin.weight.detach().t().clone()
+    ref, *_ = strata.initialize(model=lin, config={"train_micro_batch_size_per_gpu": 1,
+                                                   "zero_optimization": {"stage": 2}})
+    with torch.no_grad():
+        lin.weight.data = lin.weight.data.t()
+    ref.save_checkpoint(str(tmp_path), tag="t")
+    assert torch.equal(lin.weight.detach(), want)
+    assert torch.equal(get_fp32_state_dict_from_zero_checkpoint(str(tmp_path), tag="t")["weight"],
+                       want)
+    ref.destroy()

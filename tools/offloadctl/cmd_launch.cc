@@ -8,7 +8,8 @@
 // RanksPerNodeFromEnv) and what tools/netns-topology.sh uses to put each node in its own network
 // namespace), forwards their stdout and stderr
 // line by line with a "[rank r] " prefix, and fails fast: when one rank exits non-zero or is
-// killed, the others get SIGTERM (SIGKILL after a grace period) and launch exits 1 naming the rank.
+// killed, the others get SIGTERM (SIGKILL after a grace period) and launch exits 1 naming the rank;
+// a SIGINT or SIGTERM to launch goes on to every rank as it came, and launch exits 128 + it.
 //
 // Lifecycle: each rank runs in its own process group (so its children are signalled too); one
 // poll loop reads every rank's two pipes, reaps exits with WNOHANG and enforces --timeout-s.
@@ -248,6 +249,7 @@ int RunRanks(int n, int per_node, const std::string& addr, int port, const std::
   const auto start = Clock::now();
   Clock::time_point kill_at = Clock::time_point::max();
   int failed_rank = -1;
+  int interrupted = 0;  // the signal that stopped launch (SIGINT, SIGTERM), if one did
   std::string why;
   int running = n;
   // Once every rank exited, output still in the pipes is read for at most this long: a rank's
@@ -319,9 +321,13 @@ int RunRanks(int n, int per_node, const std::string& addr, int port, const std::
     }
     if (g_stop_signal != 0 && failed_rank < 0) {
       failed_rank = n;
+      interrupted = g_stop_signal;
       why = std::string("interrupted by ") + strsignal(g_stop_signal);
       std::fprintf(stderr, "launch: %s; stopping all ranks\n", why.c_str());
-      SignalAll(ranks, SIGTERM);
+      // The ranks get the signal launch got, as a terminal's Ctrl-C reaches every process of a
+      // torchrun job: a Python rank ends by KeyboardInterrupt and runs its exit handlers (its
+      // engine removes its swap files), where SIGTERM would end it without them.
+      SignalAll(ranks, g_stop_signal);
       kill_at = Clock::now() +
                 std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
     }
@@ -342,6 +348,7 @@ int RunRanks(int n, int per_node, const std::string& addr, int port, const std::
       kill_at = Clock::time_point::max();
     }
   }
+  if (interrupted != 0) return 128 + interrupted;  // as a shell reports a job it interrupted
   if (failed_rank >= 0) return kExitInvalid;
   return kExitOk;
 }
