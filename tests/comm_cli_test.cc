@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include <string>
@@ -162,13 +163,30 @@ TEST(LaunchCli, TimeoutAndSignalStopEveryRank) {
       std::string(tmp != nullptr ? tmp : "/tmp") + "/launch_up." + std::to_string(::getpid());
   std::filesystem::remove_all(up);
   std::filesystem::create_directories(up);
-  o = Sh("sh -c '" + Ctl() + " launch -n 2 --grace-s 1 -- sh -c \"touch " + up +
-         "/r\\$RANK; exec sleep 60\" & pid=$!; i=0; while [ ! -e " + up + "/r0 ] || [ ! -e " + up +
-         "/r1 ]; do sleep 0.05; i=$((i+1)); [ $i -gt 400 ] && break; done; kill -TERM $pid; "
-         "wait $pid'");
-  EXPECT_EQ(o.exit_code, 1) << o.out;
-  EXPECT_NE(o.out.find("launch: interrupted"), std::string::npos) << o.out;
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  // Each rank notes the signal it gets: launch passes on the one it got (a terminal's Ctrl-C
+  // reaches every rank of a torchrun job) and exits 128 + it, as a shell reports it.
+  {
+    std::ofstream rank_sh(up + "/rank.sh");
+    rank_sh << "trap 'touch " << up << "/int$RANK; exit 7' INT\n"
+            << "trap 'touch " << up << "/term$RANK; exit 7' TERM\n"
+            << "touch " << up << "/r$RANK\n"
+            << "sleep 60 & wait\n";
+  }
+  for (const char* sig : {"TERM", "INT"}) {
+    SCOPED_TRACE(sig);
+    t0 = std::chrono::steady_clock::now();
+    for (const char* f : {"/r0", "/r1"}) std::filesystem::remove(up + f);
+    o = Sh("sh -c '" + Ctl() + " launch -n 2 --grace-s 5 -- sh " + up + "/rank.sh & pid=$!; i=0; " +
+           "while [ ! -e " + up + "/r0 ] || [ ! -e " + up +
+           "/r1 ]; do sleep 0.05; i=$((i+1)); [ $i -gt 400 ] && break; done; kill -" + sig +
+           " $pid; wait $pid'");
+    EXPECT_EQ(o.exit_code, 128 + (std::string(sig) == "INT" ? SIGINT : SIGTERM)) << o.out;
+    EXPECT_NE(o.out.find("launch: interrupted"), std::string::npos) << o.out;
+    const std::string got = std::string(sig) == "INT" ? "/int" : "/term";
+    EXPECT_TRUE(std::filesystem::exists(up + got + "0") && std::filesystem::exists(up + got + "1"))
+        << o.out;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  }
 }
 
 TEST(LaunchCli, ReturnsWhenRanksExitEvenIfTheirChildrenHoldThePipes) {
