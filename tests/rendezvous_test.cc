@@ -72,6 +72,37 @@ TEST(RendezvousConfig, ReadsTorchrunVariables) {
   EXPECT_EQ(f->file_dir, "/tmp/x");
 }
 
+// The public entry (strata/comm.h): a launched rank's place and store from its environment, as
+// an embedding C++ trainer starts its communicator under offloadctl launch or torchrun.
+TEST(OpenLaunchRendezvous, GivesTheRankAndAStoreTheRanksShare) {
+  const std::string dir = ::testing::TempDir() + "launch_rdzv_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("STRATA_RDZV_DIR", dir.c_str(), 1);
+  ::setenv("STRATA_RUN_ID", "launch-test", 1);
+  ::setenv("RANK", "0", 1);
+  auto r0 = OpenLaunchRendezvous();
+  ::setenv("RANK", "1", 1);
+  auto r1 = OpenLaunchRendezvous();
+  ::unsetenv("RANK");
+  auto missing = OpenLaunchRendezvous();
+  for (const char* k : {"WORLD_SIZE", "STRATA_RDZV_DIR", "STRATA_RUN_ID"}) ::unsetenv(k);
+  ASSERT_TRUE(r0.ok()) << r0.status().ToString();
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_EQ(r0->rank, 0);
+  EXPECT_EQ(r1->rank, 1);
+  EXPECT_EQ(r1->world_size, 2);
+  const std::vector<uint8_t> v = {1, 2, 3};
+  ASSERT_TRUE(r0->store->Set("k", v).ok());
+  auto got = r1->store->Get("k", std::chrono::milliseconds(5000));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, v);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("RANK"), std::string::npos)
+      << missing.status().ToString();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(RendezvousConfig, BadSettingsNameTheVariable) {
   const std::map<std::string, std::string> ok = {{"RANK", "0"},
                                                  {"WORLD_SIZE", "2"},

@@ -26,6 +26,24 @@ class PrefixedKvStore final : public KvStore {
 };
 }  // namespace
 
+}  // namespace strata::cpu
+
+namespace strata {
+
+Result<LaunchRendezvous> OpenLaunchRendezvous() {
+  STRATA_ASSIGN_OR_RETURN(cpu::RendezvousConfig config, cpu::RendezvousConfig::FromEnv());
+  LaunchRendezvous out;
+  out.rank = config.rank;
+  out.world_size = config.world_size;
+  out.local_rank = config.local_rank;
+  STRATA_ASSIGN_OR_RETURN(out.store, cpu::OpenRendezvousStore(config));
+  return out;
+}
+
+}  // namespace strata
+
+namespace strata::cpu {
+
 Result<std::unique_ptr<KvStore>> OpenRendezvousStore(const RendezvousConfig& config) {
   STRATA_RETURN_IF_ERROR(config.Validate());
   std::unique_ptr<KvStore> store;

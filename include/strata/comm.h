@@ -314,6 +314,20 @@ class KvStore {
   virtual Status Delete(std::string_view key) = 0;
 };
 
+// A launched rank's place in its job and the store its ranks meet through, from the environment
+// `offloadctl launch` and torchrun set: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT
+// (rank 0 serves an authenticated TCP store there, STRATA_RDZV_SECRET being the run's secret),
+// or STRATA_RDZV_DIR (a file store in that shared directory); keys scoped to the run id. What
+// GlooCommOptions::store (and an NCCL communicator's ncclUniqueId exchange) needs at world > 1.
+// kInvalidArgument naming the variable that is missing or wrong (cpu/rendezvous/rendezvous.h).
+struct LaunchRendezvous {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::unique_ptr<KvStore> store;  // rank 0's serves the others: keep it until they are set up
+};
+Result<LaunchRendezvous> OpenLaunchRendezvous();
+
 // ---------------------------------------------------------------------------
 // Hierarchical groups: ranks are laid out node by node (the launchers' convention: rank =
 // node * ranks_per_node + local_rank), so a node is `group_size` consecutive ranks.
