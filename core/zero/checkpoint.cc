@@ -385,6 +385,15 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
   Result<ckpt::FileEntry> part =
       moved.ok() ? WriteRankFile(e, m, path, reuse, env) : Result<ckpt::FileEntry>(moved);
   local = part.status();
+  if (!local.ok() && e.rank != 0 && !ckpt::PathExists(tmp)) {
+    // Rank 0 made the folder before the ranks agreed to write: it is not on this rank's view
+    // of the filesystem.
+    local = Status(local.code(),
+                   std::string(local.message()) + " ('" + tmp +
+                       "', which rank 0 created, is not there on this rank: the checkpoint "
+                       "directory must be one every rank sees, a shared filesystem; node-local "
+                       "storage (use_node_local_storage, save_on_each_node) is not supported)");
+  }
   ckpt::FileEntry client;
   if (local.ok() && e.rank == 0 && !client_state.empty()) {
     auto w = ckpt::FileWriter::Create(tmp + "/" + ckpt::kClientStateName, env);
