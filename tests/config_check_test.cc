@@ -100,6 +100,10 @@ TEST(ConfigCheck, WhatTheEngineRefusesTheCheckRefuses) {
       {"shared_parameters": {"enabled": false}}}})")
                   .ok());
   EXPECT_TRUE(CheckDeepSpeedConfig(R"({"pipeline": {"pipe_partitioned": true}})").ok());
+  ExpectError(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+      "nvme_path": "none"}}})",
+              Kind::kConflict, "zero_optimization.offload_optimizer.nvme_path",
+              "offload_optimizer_nvme_path");
   ConfigCheck gds = CheckDeepSpeedConfig(R"({"aio": {"use_gds": true}})");
   ASSERT_TRUE(gds.ok());
   ASSERT_NE(FindDiag(gds.warnings, Kind::kIgnored, "aio.use_gds"), nullptr) << Dump(gds.warnings);

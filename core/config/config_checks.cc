@@ -124,6 +124,19 @@ void CheckOffload(Reader& r, EngineConfig& c) {
     r.Error(Kind::kConflict, zp + ".nvme_path",
             "device \"nvme\" needs nvme_path: the directory for the parameter swap files");
   }
+  // accelerate's DeepSpeedPlugin writes the string "none" where no path was given (DeepSpeed
+  // then creates ./none).
+  auto placeholder = [&](OffloadDevice device, const std::string& path, const std::string& key,
+                         const char* plugin) {
+    if (device != OffloadDevice::kNvme || path != "none") return;
+    r.Error(Kind::kConflict, key + ".nvme_path",
+            "\"none\" is accelerate's placeholder for a path not given: set the NVMe directory "
+            "(DeepSpeedPlugin(" +
+                std::string(plugin) + "=...), or the config's nvme_path)");
+  };
+  placeholder(z.offload_optimizer.device, z.offload_optimizer.nvme_path, zo,
+              "offload_optimizer_nvme_path");
+  placeholder(z.offload_param.device, z.offload_param.nvme_path, zp, "offload_param_nvme_path");
   // With the stage still "auto" (Accelerate fills it) nothing stage-dependent can be judged yet.
   if (r.IsUnresolved("zero_optimization.stage")) return;
   if (z.offload_optimizer.ratio < 1.0 && z.stage != 3 &&
