@@ -145,11 +145,10 @@ uint64_t CeilDiv(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); 
 }  // namespace
 
 ShardLimits PerRankShardLimits(uint64_t prefetch, uint64_t max_live, uint64_t reuse_distance,
-                               uint64_t persistence, int world) {
+                               int world) {
   assert(world >= 1);
   const auto n = static_cast<uint64_t>(world);
-  return ShardLimits{CeilDiv(prefetch, n), CeilDiv(max_live, n), CeilDiv(reuse_distance, n),
-                     CeilDiv(persistence, n)};
+  return ShardLimits{CeilDiv(prefetch, n), CeilDiv(max_live, n), CeilDiv(reuse_distance, n)};
 }
 
 std::vector<bool> PersistentGroups(std::span<const size_t> numels, uint64_t param_threshold,
@@ -182,7 +181,7 @@ Stage3Residency Stage3Peak(const DeviceWorkingInput& in) {
   // The prefetcher counts a rank's shards against max_live / N.
   const uint64_t shard = std::max<uint64_t>(1, in.largest_shard_elems);
   const ShardLimits lim =
-      PerRankShardLimits(in.prefetch_elems, in.max_live_elems, 0, 0, std::max(1, in.world));
+      PerRankShardLimits(in.prefetch_elems, in.max_live_elems, 0, std::max(1, in.world));
   const uint64_t window = std::max<uint64_t>(1, lim.prefetch_elems / shard);
   // Persistent shards are never evicted, whatever max_live says.
   r.shards = std::min(r.groups, std::max(persistent, std::min(std::max(r.kept, window),

@@ -360,10 +360,9 @@ struct ShardLimits {
   uint64_t prefetch_elems = 0;        // stage3_prefetch_bucket_size
   uint64_t max_live_elems = 0;        // stage3_max_live_parameters
   uint64_t reuse_distance_elems = 0;  // stage3_max_reuse_distance
-  uint64_t persistence_elems = 0;     // stage3_param_persistence_threshold
 };
 // REQUIRES: world >= 1.
 ShardLimits PerRankShardLimits(uint64_t prefetch, uint64_t max_live, uint64_t reuse_distance,
-                               uint64_t persistence, int world);
+                               int world);
 
 }  // namespace strata::sched

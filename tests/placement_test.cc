@@ -264,12 +264,12 @@ TEST(SpeculationBuffer, AutoIsAQuarterOrASmallModelWholeWithinTheRoom) {
 }
 
 TEST(DeviceWorking, ShardLimitsDivideFullParameterCounts) {
-  const ShardLimits l = PerRankShardLimits(50000000, 1000000000, 7, 0, 4);
+  const ShardLimits l = PerRankShardLimits(50000000, 1000000000, 7, 4);
   EXPECT_EQ(l.prefetch_elems, 12500000u);
   EXPECT_EQ(l.max_live_elems, 250000000u);
-  EXPECT_EQ(l.reuse_distance_elems, 2u);  // rounded up
-  EXPECT_EQ(l.persistence_elems, 0u);     // 0 stays 0
-  EXPECT_EQ(PerRankShardLimits(3, 3, 3, 3, 1).max_live_elems, 3u);
+  EXPECT_EQ(l.reuse_distance_elems, 2u);                         // rounded up
+  EXPECT_EQ(PerRankShardLimits(0, 8, 8, 4).prefetch_elems, 0u);  // 0 stays 0
+  EXPECT_EQ(PerRankShardLimits(3, 3, 3, 1).max_live_elems, 3u);
 }
 
 // The planner lists the same device items (per-group buffers, not DeepSpeed's buckets).

@@ -1095,9 +1095,8 @@ Status StartSchedulers(const EngineOptions& options, const std::vector<BlockId>&
                        Engine::Impl& e, const CreateState& cs) {
   if (e.placement.params_partitioned) {
     // The limits count full parameters; the prefetcher works on this rank's shards.
-    const sched::ShardLimits lim =
-        sched::PerRankShardLimits(cs.prefetch_elems, e.max_live_elems, e.reuse_distance_elems,
-                                  e.persistence_elems, e.world);
+    const sched::ShardLimits lim = sched::PerRankShardLimits(cs.prefetch_elems, e.max_live_elems,
+                                                             e.reuse_distance_elems, e.world);
     const auto pc = sched::PrefetchConfig::FromNumel(lim.prefetch_elems, lim.max_live_elems,
                                                      lim.reuse_distance_elems, e.elt);
     e.gather =
