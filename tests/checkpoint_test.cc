@@ -305,33 +305,92 @@ TEST(Checkpoint, WithoutUpdatingLatestTheNewOneLoadsByItsTag) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(Checkpoint, RefusesMidAccumulation) {
+// Save needs every group released and no gradient buffer out (a backward in progress); Load
+// also needs the accumulation window closed. Each refusal writes nothing.
+TEST(Checkpoint, RefusesInsideABackwardAndLoadsOnlyAtABoundary) {
   const std::string dir = UniqueTestDir("ckpt_refuse");
   RunSpec s;
   s.config_json = Config(kSolo);
   s.steps = 2;
-  Status with_buffer, reduced, gathered;
+  Status with_buffer, gathered, loaded;
   s.after_step = [&](int, int step, Engine& e) -> Status {
-    if (step == 0) return Status::OK();
+    if (step == 0) return e.Save(dir, "boundary");
     STRATA_ASSIGN_OR_RETURN(GatheredGroup g, e.Gather(0));
     gathered = e.Save(dir, "gathered");
     e.Release(std::move(g));
     STRATA_RETURN_IF_ERROR(e.GradBuffer(0).status());
     with_buffer = e.Save(dir, "buffer");
     STRATA_RETURN_IF_ERROR(e.ReduceGradients(0));
-    reduced = e.Save(dir, "reduced");
-    return Status::OK();
+    loaded = e.Load(dir, "boundary");
+    return e.DiscardGradients();
   };
   RunResult r = RunEngine(s);
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-  for (const Status* st : {&gathered, &with_buffer, &reduced}) {
+  for (const Status* st : {&gathered, &with_buffer, &loaded}) {
     EXPECT_EQ(st->code(), Status::Code::kFailedPrecondition) << st->ToString();
   }
-  EXPECT_NE(reduced.ToString().find("mid-accumulation"), std::string::npos) << reduced.ToString();
-  for (const char* t : {"gathered", "buffer", "reduced", "gathered.tmp", "reduced.tmp"}) {
+  EXPECT_NE(gathered.ToString().find("not released"), std::string::npos) << gathered.ToString();
+  EXPECT_NE(with_buffer.ToString().find("backward in progress"), std::string::npos)
+      << with_buffer.ToString();
+  EXPECT_NE(loaded.ToString().find("mid-accumulation"), std::string::npos) << loaded.ToString();
+  for (const char* t : {"gathered", "buffer", "gathered.tmp", "buffer.tmp"}) {
     EXPECT_FALSE(std::filesystem::exists(dir + "/" + t)) << t;
   }
   std::filesystem::remove_all(dir);
+}
+
+// DeepSpeed's save_checkpoint inside an accumulation window (a script that saves every N
+// micro-batches): the checkpoint holds the state of the last Step, without the window's
+// gradients, and training goes on with them. gradient_accumulation_steps 2: step 1 saves after
+// its first micro-step ("window"), step 2 after both (its Adam, speculated from the final
+// gradients with the optimizer offloaded at stage 3, is undone for the save and redone by Step).
+// The run ends on the bits of one that never saved, and each checkpoint resumes to them from the
+// step after the last Step before it (the window starts again whole, as in DeepSpeed).
+TEST(Checkpoint, SavesInsideAWindowWithoutItsGradients) {
+  const Placement placements[] = {
+      {2, "cpu", "none", 2, "fp32"}, {3, "cpu", "cpu", 2, "bf16"}, {3, "nvme", "nvme", 1, "fp32"}};
+  for (const Placement& pl : placements) {
+    SCOPED_TRACE(Name(pl));
+    const std::string dir = UniqueTestDir("ckpt_window");
+    RunSpec s;
+    s.config_json = Config(pl);
+    const std::string one = R"("gradient_accumulation_steps": 1)";
+    // Unclipped (DeepSpeed's default clips at 1.0): a clipped step's speculation is undone.
+    s.config_json.replace(s.config_json.find(one), one.size(),
+                          R"("gradient_accumulation_steps": 2, "gradient_clipping": 0)");
+    const std::string nvme = R"("nvme_path": "/tmp"})";
+    s.config_json.replace(s.config_json.find(nvme), nvme.size(),
+                          R"("nvme_path": "/tmp", "speculative_step": true})");
+    s.gas = 2;
+    s.world = pl.world;
+    s.steps = 4;
+    const RunResult plain = RunEngine(s);
+    ASSERT_TRUE(plain.status.ok()) << plain.status.ToString();
+
+    RunSpec saving = s;
+    saving.after_micro = [&](int, int step, int micro, Engine& e) -> Status {
+      if (step == 1 && micro == 0) return e.Save(dir, "window");
+      if (step == 2 && micro == 1) return e.Save(dir, "final");
+      return Status::OK();
+    };
+    const RunResult saved = RunEngine(saving);
+    ASSERT_TRUE(saved.status.ok()) << saved.status.ToString();
+    EXPECT_TRUE(BitEqual(saved.master, plain.master));
+    if (pl.stage == 3) {  // the speculated Adam of step 2 was undone for "final" and redone
+      EXPECT_GT(saved.reports[2].rolled_back_sub_groups, 0u);
+      EXPECT_EQ(plain.reports[2].rolled_back_sub_groups, 0u);
+    }
+    for (const auto& [tag, first] : {std::pair<const char*, int>{"window", 1}, {"final", 2}}) {
+      SCOPED_TRACE(tag);
+      RunSpec resumed = s;
+      resumed.first_step = first;
+      resumed.init = [&](int, Engine& e) { return e.Load(dir, tag); };
+      const RunResult got = RunEngine(resumed);
+      ASSERT_TRUE(got.status.ok()) << got.status.ToString();
+      EXPECT_TRUE(BitEqual(got.master, plain.master));
+    }
+    std::filesystem::remove_all(dir);
+  }
 }
 
 // A script that saves on rank 0 only (`if rank == 0: engine.save_checkpoint(...)`, common with

@@ -217,6 +217,53 @@ TEST(ConfigAuto, KeysATrainerFillsStayAutoWithoutANote) {
       written);
 }
 
+// No trainer (a script's own deepspeed.initialize, as OpenRLHF's): the keys a trainer would fill
+// in the config-model sections are dropped as DeepSpeed drops them, each one exactly as if
+// absent, listed in dropped_auto and noted; the others stay unresolved.
+TEST(ConfigAuto, WithoutATrainerTheFilledKeysOfTheModelSectionsTakeTheirDefaults) {
+  ParseOptions no_trainer;
+  no_trainer.trainer_fills_auto = false;
+  int checked = 0;
+  for (const std::string& path : kTrainerFilled) {
+    const size_t dot = path.rfind('.');
+    const std::string section = path.substr(0, dot), key = path.substr(dot + 1);
+    Json without = Base();
+    SectionOf(without, section).erase(key);
+    Json with = without;
+    SectionOf(with, section)[key] = "auto";
+    ConfigCheck c = CheckDeepSpeedConfig(with.dump(), no_trainer);
+    ++checked;
+    if (key == "nvme_path") {  // as absent: device "nvme" without its path is refused
+      ASSERT_FALSE(c.ok()) << path;
+      EXPECT_NE(Dump(c.errors).find("needs nvme_path"), std::string::npos) << Dump(c.errors);
+      continue;
+    }
+    ASSERT_TRUE(c.ok()) << path << "\n" << Dump(c.errors);
+    EXPECT_TRUE(c.parsed->unresolved_auto.empty()) << path;
+    EXPECT_EQ(c.parsed->dropped_auto, std::vector<std::string>{path});
+    ParsedConfig reference = MustParse(without.dump());
+    EXPECT_EQ(Json::parse(EffectiveConfigJson(c.parsed->config)),
+              Json::parse(EffectiveConfigJson(reference.config)))
+        << path;
+    EXPECT_TRUE(HasNoteFor(c.notes, path, "dropped as DeepSpeed drops it")) << Notes(c.notes);
+    // With a trainer the same key waits for it.
+    ConfigCheck trainer = CheckDeepSpeedConfig(with.dump());
+    ASSERT_TRUE(trainer.ok()) << path;
+    EXPECT_EQ(trainer.parsed->unresolved_auto, std::vector<std::string>{path});
+    EXPECT_TRUE(trainer.parsed->dropped_auto.empty()) << path;
+  }
+  EXPECT_EQ(checked, static_cast<int>(kTrainerFilled.size()));
+  ConfigCheck top = CheckDeepSpeedConfig(
+      R"({"train_batch_size": "auto", "gradient_clipping": "auto",
+          "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})",
+      no_trainer);
+  ASSERT_TRUE(top.ok()) << Dump(top.errors);
+  EXPECT_EQ(
+      top.parsed->unresolved_auto,
+      (std::vector<std::string>{"train_batch_size", "gradient_clipping", "optimizer.params.lr"}));
+  EXPECT_TRUE(top.parsed->dropped_auto.empty());
+}
+
 // Outside DeepSpeed's config models "auto" reaches code that expects a value: an error.
 TEST(ConfigAuto, OutsideTheModelsAutoOnAKeyNoTrainerFillsIsAnError) {
   const std::string needle = "\"auto\" is not accepted here";

@@ -457,8 +457,8 @@ TEST(EngineSemantics, AgreeReductionOrderRefusesAListThatIsNotEveryTrainableGrou
 // A backward that raised part way (one group reduced, another's buffer still out), after a
 // complete micro-step of the same window: DiscardGradients drops the window, and the next one
 // (two micro-steps: more reductions than the window had room for, were the dropped ones still
-// counted) steps to the bits of a run that never saw the dropped gradients. Save, refused
-// mid-accumulation, is taken right after the discard. Stages 0/2/3 on 1 and 2 ranks,
+// counted) steps to the bits of a run that never saw the dropped gradients. Save (the
+// window closed by the discard) is taken right after it. Stages 0/2/3 on 1 and 2 ranks,
 // gradient_accumulation_steps 2. With the optimizer offloaded and speculative_step, b's Adam ran
 // ahead at its dropped second reduction: rolled back, and the next window speculates again.
 TEST(EngineSemantics, DiscardGradientsDropsTheWindowAsIfNeverTaken) {

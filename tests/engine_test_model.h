@@ -313,6 +313,9 @@ struct RunSpec {
   std::function<Status(int rank, Engine&)> after_init;
   int first_step = 0;
   std::function<Status(int rank, int step, Engine&)> after_step;
+  // Runs on every rank after micro-step `micro` of `step` has reduced its gradients (the last
+  // one's before before_engine_step): a call inside the accumulation window.
+  std::function<Status(int rank, int step, int micro, Engine&)> after_micro;
   // The trainer's stream for GradBuffer, ReduceGradients and Release (device.h; a token on an
   // emulated device), or none.
   std::optional<uintptr_t> caller_stream;
@@ -508,6 +511,7 @@ inline RunResult RunEngine(const RunSpec& spec) {
           std::this_thread::sleep_for(spec.hold_for);
           engine->Release(std::move(*held));
         }
+        if (spec.after_micro) STRATA_RETURN_IF_ERROR(spec.after_micro(r, step, micro, *engine));
       }
       if (spec.before_engine_step) spec.before_engine_step(r, step, *engine, sim);
       STRATA_ASSIGN_OR_RETURN(StepReport rep, engine->Step());

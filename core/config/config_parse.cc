@@ -370,6 +370,7 @@ ConfigCheck CheckDeepSpeedConfig(std::string_view text, const ParseOptions& opti
   parsed.unresolved_auto = r.unresolved();
   parsed.notes = check.notes;
   parsed.normalized_json = doc.dump();
+  parsed.dropped_auto = r.dropped_paths();
   check.parsed = std::move(parsed);
   return check;
 }

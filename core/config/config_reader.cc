@@ -154,7 +154,7 @@ bool Reader::IsUnresolvedAuto(const Section& s, Json* v, std::string_view key, A
     used_auto_values_.insert(path);
     return false;
   }
-  if (policy == AutoPolicy::kTrainerFills) {
+  if (policy == AutoPolicy::kTrainerFills && (opts_.trainer_fills_auto || !InDeepSpeedModel(s))) {
     unresolved_.push_back(path);
     return true;
   }
@@ -166,6 +166,7 @@ bool Reader::IsUnresolvedAuto(const Section& s, Json* v, std::string_view key, A
   }
   dropped_auto_.push_back(
       DroppedAuto{path, PathOf(s, canonical_key.empty() ? key : canonical_key)});
+  dropped_paths_.push_back(path);
   return true;
 }
 
@@ -264,7 +265,8 @@ bool Reader::AutoInt(Section& s, std::initializer_list<std::string_view> names,
   if (v == nullptr) return false;
   std::string path = PathOf(s, used);
   if (IsUnresolvedAuto(s, v, used, AutoPolicy::kTrainerFills)) {
-    if (v->is_string()) *out = AutoOr<int64_t>::Auto();
+    if (!IsUnresolved(path)) return false;  // dropped as DeepSpeed drops it: the default
+    *out = AutoOr<int64_t>::Auto();
     return true;
   }
   auto r = ToInt(*v, path, min);
@@ -291,6 +293,7 @@ bool Reader::AutoDouble(Section& s, std::initializer_list<std::string_view> name
   if (v == nullptr) return false;
   std::string path = PathOf(s, used);
   if (IsUnresolvedAuto(s, v, used, AutoPolicy::kTrainerFills)) {
+    if (!IsUnresolved(path)) return false;  // dropped as DeepSpeed drops it: the default
     *out = AutoOr<double>::Auto();
     return true;
   }
@@ -318,6 +321,7 @@ bool Reader::AutoBool(Section& s, std::initializer_list<std::string_view> names,
   if (v == nullptr) return false;
   std::string path = PathOf(s, used);
   if (IsUnresolvedAuto(s, v, used, AutoPolicy::kTrainerFills)) {
+    if (!IsUnresolved(path)) return false;  // dropped as DeepSpeed drops it: the default
     *out = AutoOr<bool>::Auto();
     return true;
   }

@@ -125,6 +125,8 @@ class Reader {
   const ParseOptions& options() const { return opts_; }
   std::vector<UnactedKey>& unacted() { return unacted_; }
   std::vector<std::string>& unresolved() { return unresolved_; }
+  // Paths whose "auto" was dropped as DeepSpeed drops it.
+  const std::vector<std::string>& dropped_paths() const { return dropped_paths_; }
   // Paths of ParseOptions::auto_values that replaced an "auto".
   const std::set<std::string>& used_auto_values() const { return used_auto_values_; }
 
@@ -133,6 +135,7 @@ class Reader {
   ConfigCheck* check_;
   std::vector<UnactedKey> unacted_;
   std::vector<std::string> unresolved_;
+  std::vector<std::string> dropped_paths_;
   std::set<std::string> used_auto_values_;
   std::vector<DroppedAuto> dropped_auto_;
   size_t suggestions_left_;  // kMaxSuggestedKeys, counting down

@@ -97,9 +97,11 @@ Status Agree(Engine::Impl& e, const Status& local, const std::string& what, uint
   return Status::OK();
 }
 
-// Save and Load need the accumulation window closed: no gathered group out, no gradient buffer,
-// no reduction since the last Step.
-Status CheckBoundary(const Engine::Impl& e, const char* op) {
+// Save and Load need no gathered group out and no gradient buffer taken (a backward in
+// progress). Load also needs the accumulation window closed (no reduction since the last Step):
+// the loaded state would meet gradients computed from other weights. Save inside a window is
+// allowed (`in_window`), as DeepSpeed's save_checkpoint: SettleWindowForSave readies it.
+Status CheckBoundary(const Engine::Impl& e, const char* op, bool in_window) {
   STRATA_RETURN_IF_ERROR(e.CheckHealthy());
   if (e.outstanding_gathers > 0) {
     return Status::FailedPrecondition(std::string(op) + ": " +
@@ -107,16 +109,35 @@ Status CheckBoundary(const Engine::Impl& e, const char* op) {
                                       " gathered group(s) not released");
   }
   for (size_t g = 0; g < e.groups.size(); ++g) {
-    if (e.groups[g].grad || e.groups[g].reductions > 0 || !e.pending.empty()) {
+    if (e.groups[g].grad) {
+      return Status::FailedPrecondition(
+          std::string(op) + ": group '" + e.model.groups[g].name +
+          "' has a gradient buffer not yet reduced (a backward in progress); checkpoints are "
+          "taken between backwards");
+    }
+    if (!in_window && (e.groups[g].reductions > 0 || !e.pending.empty())) {
       return Status::FailedPrecondition(
           std::string(op) + ": mid-accumulation (group '" + e.model.groups[g].name +
-          "' has gradients since the last Step); checkpoints are taken at an accumulation "
+          "' has gradients since the last Step); a checkpoint loads at an accumulation "
           "boundary, between Step and the next micro-step's gradients (from Python: after the "
-          "engine.step() that applied them; under accelerate, when accelerator.sync_gradients). "
-          "DeepSpeed saves without the window's gradients; strata refuses rather than lose "
-          "them (DiscardGradients drops them, if that is what is meant)");
+          "engine.step() that applied them), where it cannot meet gradients computed from "
+          "other weights (DiscardGradients drops them, if that is what is meant)");
     }
   }
+  return Status::OK();
+}
+
+// Save inside an accumulation window writes the state of the last Step, as DeepSpeed does: the
+// window's gradients are not saved and stay for the Step that applies them. The reductions
+// still running finish first, and an optimizer step speculated from the window's final
+// gradients is undone (Step redoes it), so the file holds the state from before it.
+Status SettleWindowForSave(Engine::Impl& e) {
+  const bool in_window =
+      !e.pending.empty() ||
+      std::any_of(e.groups.begin(), e.groups.end(), [](const auto& g) { return g.reductions > 0; });
+  if (!in_window) return Status::OK();
+  STRATA_RETURN_IF_ERROR(e.DrainReductions(true));
+  if (e.spec && e.spec->engaged) STRATA_RETURN_IF_ERROR(e.CancelSpeculation());
   return Status::OK();
 }
 
@@ -325,7 +346,8 @@ Status Engine::Save(const std::string& dir, const std::string& tag, const SaveOp
   CheckpointEnv& env = options.env != nullptr ? *options.env : ckpt::DefaultEnv();
   const std::string what = "checkpoint save of '" + tag + "' to " + dir;
   Status local = e.JoinDeferredStep();  // overlap_step: the step running behind first
-  if (local.ok()) local = CheckBoundary(e, "Save");
+  if (local.ok()) local = CheckBoundary(e, "Save", /*in_window=*/true);
+  if (local.ok()) local = SettleWindowForSave(e);
   if (local.ok() && tag.empty()) local = Status::InvalidArgument("Save: empty tag");
   if (local.ok()) local = ckpt::ResolveTag(dir, tag).status();
   if (local.ok() && tag.size() > 4 && tag.compare(tag.size() - 4, 4, ".tmp") == 0) {
@@ -762,7 +784,7 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
   Impl& e = *impl_;
   std::string what = "checkpoint load from " + dir;
   Status local = e.JoinDeferredStep();  // overlap_step: the step running behind first
-  if (local.ok()) local = CheckBoundary(e, "Load");
+  if (local.ok()) local = CheckBoundary(e, "Load", /*in_window=*/false);
   ckpt::Manifest m;
   uint64_t manifest_hash = 0;
   if (local.ok()) {

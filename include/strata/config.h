@@ -321,6 +321,13 @@ struct ParseOptions {
   std::optional<int64_t> hidden_size;
   // An "auto" left unresolved is an error (naming every such key) instead of being listed.
   bool require_resolved = false;
+  // Whether a trainer fills the "auto" values the Hugging Face / Accelerate convention leaves to
+  // it (they stay unresolved). false (a script's own deepspeed.initialize, no trainer): DeepSpeed's
+  // rule applies to them too, so those in its config-model sections (zero_optimization and its
+  // offload sections, fp16, bf16) are dropped and take their defaults, with a note, as
+  // DeepSpeed's initialize does (ParsedConfig::dropped_auto lists them); the others stay
+  // unresolved.
+  bool trainer_fills_auto = true;
   // Every warning becomes an error.
   bool strict = false;
   // Check on this machine that each nvme_path in use exists, is a directory and is writable, and
@@ -375,6 +382,9 @@ struct ParsedConfig {
   // The config as JSON after comment stripping and "auto" substitution (compact), for re-parsing
   // with more values.
   std::string normalized_json;
+  // JSON paths whose "auto" was dropped as DeepSpeed drops it (the field took its default): a
+  // config without them means the same.
+  std::vector<std::string> dropped_auto;
 };
 
 // Everything a check found, valid or not. `parsed` is set when there are no errors.

@@ -642,11 +642,14 @@ class Engine {
   Status ReadOptimizerState(size_t group, StateKind kind, std::span<float> out);
 
   // Checkpoints (docs/checkpoints.md; format and protocol in core/zero/checkpoint_format.h).
-  // Both are collective (every rank calls them with the same arguments) and allowed only at an
-  // accumulation boundary: after Step (or before the first micro-step), with no gathered group
-  // out, no gradient buffer taken and no ReduceGradients since the last Step; otherwise
-  // FailedPrecondition ("mid-accumulation"), nothing written or changed. Gradients are therefore
-  // never saved: at a boundary they hold nothing the next step reads.
+  // Both are collective (every rank calls them with the same arguments) and need no gathered
+  // group out and no gradient buffer taken (FailedPrecondition otherwise, nothing written or
+  // changed). Gradients are never saved. Save inside an accumulation window (ReduceGradients
+  // since the last Step) writes the state of the last Step, as DeepSpeed's save_checkpoint, and
+  // leaves the window's gradients for the Step that applies them (it waits for the reductions in
+  // flight and undoes an optimizer step speculated from them, which that Step redoes). Load is
+  // allowed only at an accumulation boundary: after Step (or before the first micro-step), with
+  // no ReduceGradients since; otherwise FailedPrecondition ("mid-accumulation").
   //
   // Save writes every other state (working params, fp32 master, Adam m and v wherever they live,
   // the step counters, loss-scaler and LR-schedule position, the effective config, the model
@@ -656,12 +659,12 @@ class Engine {
   // never a partial one that loads. Files go through the IO layer (O_DIRECT chunks of
   // aio.block_size, aio.queue_depth in flight); NVMe-homed state streams through host memory in a
   // bounded window (the host budget holds). InvalidArgument: empty tag, or one with '/', or ending
-  // ".tmp"; FailedPrecondition: mid-accumulation. A tag that exists already is replaced in one
-  // step (renameat2 RENAME_EXCHANGE, docs/checkpoints.md): a crash leaves the old checkpoint or
-  // the new one under it, never neither and never a mix;
-  // IOError naming the file; Aborted: another rank failed (its own result says why). A failed
-  // collective fails the engine. Retention as the config's `checkpoint` section says
-  // (SaveOptionsFromConfig: keep_last, recycle_files; by default every checkpoint is kept).
+  // ".tmp"; FailedPrecondition: a group gathered or a gradient buffer out. A tag that exists
+  // already is replaced in one step (renameat2 RENAME_EXCHANGE, docs/checkpoints.md): a crash
+  // leaves the old checkpoint or the new one under it, never neither and never a mix; IOError
+  // naming the file; Aborted: another rank failed (its own result says why). A failed collective
+  // fails the engine. Retention as the config's `checkpoint` section says (SaveOptionsFromConfig:
+  // keep_last, recycle_files; by default every checkpoint is kept).
   Status Save(const std::string& dir, const std::string& tag,
               std::span<const uint8_t> client_state = {});
   // The same, with retention and file recycling (include/strata/checkpoint.h SaveOptions). When

@@ -42,8 +42,9 @@ nb::list Diagnostics(const std::vector<ConfigDiagnostic>& ds) {
 
 ParseOptions MakeParseOptions(std::optional<int64_t> world_size, bool strict, bool check_here,
                               const std::map<std::string, std::string>& auto_values,
-                              std::optional<int64_t> hidden_size) {
+                              std::optional<int64_t> hidden_size, bool trainer_fills_auto = true) {
   ParseOptions o;
+  o.trainer_fills_auto = trainer_fills_auto;
   o.world_size = world_size;
   o.strict = strict;
   o.check_here = check_here;
@@ -57,8 +58,10 @@ ParseOptions MakeParseOptions(std::optional<int64_t> world_size, bool strict, bo
 nb::dict CheckConfig(const std::string& text, const std::string& path,
                      std::optional<int64_t> world_size, bool strict, bool check_here,
                      const std::map<std::string, std::string>& auto_values,
-                     std::optional<int64_t> hidden_size, std::optional<double> params) {
-  ParseOptions o = MakeParseOptions(world_size, strict, check_here, auto_values, hidden_size);
+                     std::optional<int64_t> hidden_size, std::optional<double> params,
+                     bool trainer_fills_auto) {
+  ParseOptions o = MakeParseOptions(world_size, strict, check_here, auto_values, hidden_size,
+                                    trainer_fills_auto);
   ConfigCheck c = path.empty() ? CheckDeepSpeedConfig(text, o)
                                : ValueOrThrow(CheckDeepSpeedConfigFile(path, o));
   if (params) {
@@ -83,6 +86,7 @@ nb::dict CheckConfig(const std::string& text, const std::string& path,
     d["effective_json"] = EffectiveConfigJson(c.parsed->config);
     d["normalized_json"] = c.parsed->normalized_json;
     d["unresolved_auto"] = nb::cast(c.parsed->unresolved_auto);
+    d["dropped_auto"] = nb::cast(c.parsed->dropped_auto);
   }
   return d;
 }
@@ -156,9 +160,11 @@ void BindConfig(nb::module_& m) {
         nb::arg("check_here") = false,
         nb::arg("auto_values") = std::map<std::string, std::string>{},
         nb::arg("hidden_size") = nb::none(), nb::arg("params") = nb::none(),
+        nb::arg("trainer_fills_auto") = true,
         "Checks a DeepSpeed config (JSON text, or the file at `path`); returns a dict of "
         "ok, errors, warnings, notes, nvme_paths and the effective config. With check_here "
-        "and params: each nvme_path's free space against what the engine puts there.");
+        "and params: each nvme_path's free space against what the engine puts there. "
+        "trainer_fills_auto=False: no trainer fills the \"auto\" left (ParseOptions).");
   m.def("plan", &MakePlanBinding, nb::arg("params"), nb::arg("config_path") = "",
         nb::arg("stage") = -1, nb::arg("offload_optimizer") = "", nb::arg("offload_param") = "",
         nb::arg("gpus") = 8, nb::arg("nodes") = 1, nb::arg("hbm_gb") = 80.0,

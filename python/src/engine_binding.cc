@@ -288,6 +288,8 @@ class PyEngine {
   }
 
   ~PyEngine() { Close(); }
+  PyEngine(const PyEngine&) = delete;
+  PyEngine& operator=(const PyEngine&) = delete;
 
   Result<std::unique_ptr<Communicator>> CreateGloo(int rank, int world_size,
                                                    std::chrono::milliseconds timeout) {
@@ -321,7 +323,9 @@ class PyEngine {
     return device_ordinal_ < 0 ? "host" : "cuda:" + std::to_string(device_ordinal_);
   }
 
-  // Releases every gathered group and destroys the engine, the communicator and the device.
+  // Releases every gathered group and lets go of the engine, the communicator and the device:
+  // destroyed now, or by the last view handed out (a tensor autograd saved, a state_dict's) once
+  // that is freed.
   void Close() {
     if (engine_) {
       for (auto& g : gathered_) {
@@ -508,7 +512,10 @@ class PyEngine {
     const GroupSpec& gs = engine().model().groups[g];
     const size_t elt = DTypeSize(engine().dtype());
     const nb::dlpack::dtype dt = ToDLPack(engine().dtype());
-    nb::handle owner = nb::find(this);
+    // The views' owner keeps the memory they alias: a tensor that outlives close() reads the
+    // engine's last values, never freed memory.
+    auto* kept = new Kept{device_, comm_, engine_};
+    nb::capsule owner(kept, [](void* k) noexcept { delete static_cast<Kept*>(k); });
     nb::list out;
     size_t off = 0;
     for (const ParamSpec& p : gs.params) {
@@ -646,11 +653,18 @@ class PyEngine {
   DeviceStats device_stats() const { return device_ ? device_->stats() : DeviceStats{}; }
 
  private:
+  // What a view's owner holds; destroyed engine first, as Close() does.
+  struct Kept {
+    std::shared_ptr<Device> device;
+    std::shared_ptr<Communicator> comm;
+    std::shared_ptr<Engine> engine;
+  };
+
   int device_ordinal_ = -1;  // the CUDA device, -1 on HostDevice
-  std::unique_ptr<Device> device_;
+  std::shared_ptr<Device> device_;
   SharedRendezvous rendezvous_{nullptr, 0};  // world_size > 1: the process's store
-  std::unique_ptr<Communicator> comm_;
-  std::unique_ptr<Engine> engine_;
+  std::shared_ptr<Communicator> comm_;
+  std::shared_ptr<Engine> engine_;
   std::vector<std::optional<GatheredGroup>> gathered_;
   CheckpointConfig checkpoint_config_;  // save()'s retention when the caller names none
 };

@@ -84,7 +84,8 @@ def _text_or_path(config: ConfigLike) -> tuple[str, str]:
 def check_config(config: ConfigLike, *, world_size: Optional[int] = None, strict: bool = False,
                  check_here: bool = False, auto_values: Optional[Mapping[str, Any]] = None,
                  hidden_size: Optional[int] = None,
-                 params: Union[int, float, str, None] = None) -> dict:
+                 params: Union[int, float, str, None] = None,
+                 trainer_fills_auto: bool = True) -> dict:
     """Checks a DeepSpeed config (a dict, JSON text or a file path) as `offloadctl config check`.
 
     Returns {"ok", "errors", "warnings", "notes", "nvme_paths", "effective_json", ...}; each
@@ -92,6 +93,10 @@ def check_config(config: ConfigLike, *, world_size: Optional[int] = None, strict
     checks each nvme_path in use on this machine (nvme_paths: key, dir, free_bytes); with
     `params` (7e9 or "7B") also whether it has room for what the engine puts there for that
     model on `world_size` ranks of this machine (as `offloadctl config check --here --params`).
+    trainer_fills_auto=False (a script's own initialize): the "auto" values a trainer would fill
+    in DeepSpeed's config-model sections (zero_optimization, fp16, bf16) take their defaults, as
+    DeepSpeed's initialize drops them ("dropped_auto" lists the paths; the others stay in
+    "unresolved_auto").
     Never raises for a bad config; raises StrataError when the file cannot be read.
     """
     text, path = _text_or_path(config)
@@ -101,7 +106,7 @@ def check_config(config: ConfigLike, *, world_size: Optional[int] = None, strict
             raise ValueError("check_config: params needs check_here=True")
         params = float(_parse_count(params) if isinstance(params, str) else params)
     return _strata.check_config(text, path, world_size, strict, check_here, autos, hidden_size,
-                                params)
+                                params, trainer_fills_auto)
 
 
 def add_config_arguments(parser):

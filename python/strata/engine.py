@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import datetime
 import dis
 import gc
@@ -695,6 +696,7 @@ class StrataEngine(torch.nn.Module):
         # an engine still holding this model's parameters closed with its weights kept.
         _collect_unreachable_engines()
         _close_engines_holding(model)
+        _refuse_parameters_a_closed_engine_emptied(model)
         self.module = model
         self._dtypes = {n: p.dtype for n, p in model.named_parameters()}  # before the engine's
         # Where the engine runs: a torch.device, cuda (CudaDevice + NCCL) or cpu (HostDevice +
@@ -706,11 +708,14 @@ class StrataEngine(torch.nn.Module):
             torch.cuda.set_device(self._cuda)
             model.to(self._cuda)  # buffers (and parameters not yet placed) on the engine's GPU
         device_budget_bytes = _device_budget(self._cuda, device_budget_bytes)
-        self._config = config
-        check = check_config(config, world_size=world_size)
+        # No trainer fills what is left "auto" here (the integrations resolve first): as
+        # DeepSpeed's initialize, the keys of its config-model sections take their defaults.
+        check = check_config(config, world_size=world_size, trainer_fills_auto=False)
         if not check["ok"]:
             raise ConfigError("invalid DeepSpeed config:\n" +
                               "\n".join(e["text"] for e in check["errors"]))
+        config = _without_paths(config, check["dropped_auto"])
+        self._config = config
         if check["unresolved_auto"]:
             raise ConfigError(
                 "invalid DeepSpeed config: \"auto\" is left for a trainer to fill (the Hugging "
@@ -1263,7 +1268,10 @@ class StrataEngine(torch.nn.Module):
     def _release_groups(self, groups) -> None:
         """Releases every group listed, after one wait for torch's stream: what follows (a step,
         Save, Load, InitParameters) may rewrite the parameters even where release frees
-        nothing."""
+        nothing. A closed engine refuses before a parameter is touched (close() left them
+        holding their weights)."""
+        if self._closed:
+            raise _strata.StrataError("FailedPrecondition: the engine was closed")
         if self._whole:
             self._adopt_assigned_data()
         self._wait_torch()
@@ -2279,10 +2287,7 @@ class StrataEngine(torch.nn.Module):
         seed 0, for training; in order for route "eval" / "predict") unless data_sampler is
         given or the dataset is iterable, dataloader_drop_last from the config, and initialize's
         collate_fn unless one is given."""
-        # DeepSpeed's test: map-style (indexable with a length) or a torch IterableDataset.
-        iterable = isinstance(dataset, torch.utils.data.IterableDataset)
-        if not iterable and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-            raise ValueError("Training data must be a torch Dataset")
+        iterable = _check_dataset(dataset)
         if data_sampler is None and not iterable:
             data_sampler = torch.utils.data.distributed.DistributedSampler(
                 dataset, num_replicas=self.world_size, rank=self.global_rank,
@@ -2604,9 +2609,10 @@ class StrataEngine(torch.nn.Module):
         loading runs no code) comes
         back from load_checkpoint, and the module's persistent buffers (state_dict's: BatchNorm
         running statistics) are restored by it (rank 0's, with the Python state in the engine's
-        client state blob; strata.utils). Collective, at an accumulation boundary (after
-        engine.step()). A tag saved again is replaced, in one step (a crash leaves the old
-        checkpoint or the new one under it).
+        client state blob; strata.utils). Collective, between backwards: inside an
+        accumulation window it saves the state of the last step, without the window's
+        gradients, and training goes on with them, as DeepSpeed's. A tag saved again is
+        replaced, in one step (a crash leaves the old checkpoint or the new one under it).
         keep_last (strata's, not DeepSpeed's): keep only the newest N checkpoints in save_dir
         (0: all), reusing the oldest one's files for the new save when recycle_files
         (strata::SaveOptions, include/strata/checkpoint.h). Left as None, both come from the
@@ -2937,6 +2943,21 @@ def _close_engines_holding(model: torch.nn.Module) -> None:
         e.close_keeping_weights()
 
 
+def _refuse_parameters_a_closed_engine_emptied(model: torch.nn.Module) -> None:
+    """At ZeRO stage 3 close() (and destroy()) leaves the parameters empty: a model trained and
+    closed so holds no weights to start a new engine from."""
+    names = [n for n, p in model.named_parameters()
+             if p.numel() == 0 and getattr(p, "ds_numel", 0) > 0
+             and (e := getattr(p, "_strata_engine", None)) is not None and e._closed]
+    if names:
+        raise ValueError(
+            f"strata.initialize: {len(names)} parameter(s) of the model are empty "
+            f"({_name_list(names, 3)}): the ZeRO stage-3 engine that trained it was closed with "
+            "close() or destroy(), which leave them so. Close it with close_keeping_weights() to "
+            "keep its weights in the model, or load them into a fresh model from a checkpoint "
+            "(engine.load_checkpoint, strata.zero.GatheredParameters)")
+
+
 def _collect_unreachable_engines() -> None:
     """Runs the garbage collector where an open engine of this process may be unreachable: a
     trainer replaced by a new one (a notebook cell run again), whose engines reference cycles
@@ -3231,6 +3252,8 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
         raise ValueError("strata.initialize: config is required (a dict, JSON text or a path)")
     if mpu is not None:
         raise NotImplementedError("strata.initialize(mpu=...): model parallelism is not supported")
+    if training_data is not None:
+        _check_dataset(training_data)  # before the engine takes the model's parameters
     cfg = dict(_load(config))
     if lr_scheduler is not None and cfg.get("scheduler"):
         raise ValueError("strata.initialize: the config has a \"scheduler\" section and "
@@ -3278,6 +3301,30 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     # DeepSpeed returns.
     optimizer_out = engine.optimizer if cfg.get("optimizer") else None
     return engine, optimizer_out, loader, engine.lr_scheduler
+
+
+def _without_paths(config: dict, paths: list) -> dict:
+    """`config` without the keys at the dotted `paths` (a copy where there are any)."""
+    if not paths:
+        return config
+    config = copy.deepcopy(config)
+    for path in paths:
+        *parents, last = path.split(".")
+        node = config
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return config
+
+
+def _check_dataset(dataset) -> bool:
+    """DeepSpeed's test of the data deepspeed_io takes: map-style (indexable with a length) or a
+    torch IterableDataset (returned: whether it is iterable)."""
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+    if not iterable and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise ValueError("Training data must be a torch Dataset")
+    return iterable
 
 
 def _local_rank() -> int:

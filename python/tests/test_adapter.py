@@ -1050,3 +1050,23 @@ def test_initialize_converts_each_range_to_fp32_only_when_the_engine_asks(
     assert set(master) == set(want)
     for n, w in want.items():
         assert torch.equal(master[n], w), n
+
+
+def test_a_scripts_own_initialize_drops_the_zero_autos_as_deepspeed():
+    """OpenRLHF's get_train_ds_config leaves reduce_bucket_size, stage3_prefetch_bucket_size and
+    stage3_param_persistence_threshold "auto" and calls deepspeed.initialize itself: DeepSpeed
+    drops them (their defaults apply), so the run is the one without them. A key DeepSpeed would
+    use as the string itself stays refused, naming it."""
+    cfg = ds_config(3, "cpu")
+    del cfg["zero_optimization"]["stage3_param_persistence_threshold"]
+    auto = json.loads(json.dumps(cfg))
+    auto["zero_optimization"].update(reduce_bucket_size="auto", stage3_prefetch_bucket_size="auto",
+                                     stage3_param_persistence_threshold="auto")
+    want_losses, want, _ = train("gpt", cfg)
+    losses, got, _ = train("gpt", auto)
+    assert losses == want_losses
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
+    auto["train_micro_batch_size_per_gpu"] = "auto"
+    with pytest.raises(strata.ConfigError, match="train_micro_batch_size_per_gpu"):
+        strata.initialize(model=make_model("gpt"), config=auto)

@@ -460,3 +460,61 @@ def test_betas_eps_and_weight_decay_come_back_with_the_optimizer_states(tmp_path
         run(engine, 2, 2)
         assert torch.equal(engine.module.weight.detach(), want) == keep
         engine.destroy()
+
+
+def _gpt2(seed=0):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(vocab_size=37, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _micro_loop(engine, batches, save_every=None, save_dir=None):
+    """A DeepSpeed user's loop: the step counts micro-batches, so a save every N of them falls
+    inside an accumulation window when N is not a multiple of gradient_accumulation_steps."""
+    losses = []
+    for step, (x, _) in enumerate(batches):
+        loss = engine(input_ids=x, labels=x).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+        if save_every and (step + 1) % save_every == 0:
+            engine.save_checkpoint(save_dir)
+    return losses
+
+
+@pytest.mark.parametrize("stage,offload", [(2, "cpu"), (3, "cpu")])
+def test_a_save_inside_an_accumulation_window_keeps_its_gradients_as_deepspeed(
+        tmp_path, stage, offload):
+    """gradient_accumulation_steps 4 and a save every 6 micro-batches (inside the second window):
+    training goes on with the window's gradients, to the bits of a run that never saved; the
+    checkpoint holds the state of the last step (global_step1), and a run resumed from it starts
+    a whole new window, as DeepSpeed's does (its micro-step count is not saved)."""
+    cfg = ds_config(stage, offload, gas=4)
+    if stage == 3:  # the optimizer step speculated during the last backward is undone, redone
+        cfg["zero_optimization"]["offload_optimizer"]["speculative_step"] = True
+    batches = [batch("gpt", i) for i in range(12)]
+    plain, _, _, _ = strata.initialize(model=_gpt2(), config=cfg)
+    want = _micro_loop(plain, batches)
+    want_params = [p.detach().clone() for p in plain.module.parameters()]
+    plain.close()
+
+    engine, _, _, _ = strata.initialize(model=_gpt2(), config=cfg)
+    got = _micro_loop(engine, batches, save_every=6, save_dir=tmp_path / "ckpt")
+    assert got == want
+    for p, q in zip(engine.module.parameters(), want_params):
+        assert torch.equal(p.detach(), q)
+    engine.close()
+    # Saved after micro-batches 6 (in the second window) and 12 (at the third step).
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["global_step1", "global_step3", "latest",
+                                                      "zero_to_fp32.py"]
+
+    resumed, _, _, _ = strata.initialize(model=_gpt2(seed=1), config=cfg)
+    resumed.load_checkpoint(tmp_path / "ckpt", tag="global_step1")
+    assert resumed.global_steps == 1 and resumed.micro_steps == 4
+    # The next whole window is batches 4-7: losses and weights follow the uninterrupted run's.
+    assert _micro_loop(resumed, batches[4:]) == want[4:]
+    for p, q in zip(resumed.module.parameters(), want_params):
+        assert torch.equal(p.detach(), q)
+    resumed.close()

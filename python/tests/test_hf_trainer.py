@@ -220,9 +220,35 @@ def test_resolve_auto_mismatches_listed(tmp_path):
                  "ds optimizer.params.lr=0.0003 vs hf learning_rate=0.01"):
         assert line in msg
     cfg = auto_config(2)
-    cfg["zero_optimization"]["sub_group_size"] = "auto"  # a key transformers does not fill
-    with pytest.raises(ValueError, match="zero_optimization.sub_group_size"):
+    cfg["steps_per_print"] = "auto"  # a key no trainer fills, which DeepSpeed would use as is
+    with pytest.raises(ValueError, match="steps_per_print"):
         st.resolve_auto(cfg, targs(tmp_path), tiny_llama(), 10, 1)
+
+
+def test_resolve_auto_fills_accelerates_keys_and_leaves_what_deepspeed_drops(tmp_path,
+                                                                             monkeypatch):
+    """accelerate's DeepSpeedPlugin, which TrainingArguments builds, fills the stage, the offload
+    devices and paths and the 16-bit gather flag (accelerate's ZeRO-3 offload template writes the
+    last "auto"); a key nobody fills in a DeepSpeed config-model section is left for initialize,
+    which drops it as DeepSpeed does."""
+    cfg = auto_config(3)
+    z = cfg["zero_optimization"]
+    z.update(stage="auto", stage3_gather_16bit_weights_on_model_save="auto", sub_group_size="auto",
+             offload_optimizer={"device": "auto", "nvme_path": "auto"})
+    out = st.resolve_auto(cfg, targs(tmp_path), tiny_llama(), 10, 1)
+    z = out["zero_optimization"]
+    assert z["stage"] == 2 and z["stage3_gather_16bit_weights_on_model_save"] is False
+    assert z["offload_optimizer"] == {"device": "none", "nvme_path": "none"}
+    assert z["sub_group_size"] == "auto"
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "cpu")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "true")
+    out = st.resolve_auto(cfg, targs(tmp_path), tiny_llama(), 10, 1)
+    z = out["zero_optimization"]
+    assert z["stage"] == 3 and z["stage3_gather_16bit_weights_on_model_save"] is True
+    assert z["offload_optimizer"]["device"] == "cpu"
+    # at stage 3 the hidden-size keys are filled too (transformers reads the stage after the plugin)
+    assert z["stage3_prefetch_bucket_size"] == int(0.9 * 32 * 32)
 
 
 def test_refused_options(tmp_path):

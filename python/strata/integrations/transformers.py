@@ -125,12 +125,34 @@ def _autos_left(obj, path="") -> list:
     return [path] if obj == "auto" else []
 
 
+def accelerate_plugin_values() -> dict:
+    """What accelerate's DeepSpeedPlugin puts in a config's "auto" ZeRO keys when built with no
+    arguments (as TrainingArguments builds it): its defaults, or the ACCELERATE_DEEPSPEED_*
+    variables `accelerate launch` sets."""
+    env = os.environ.get
+    return {
+        "zero_optimization.stage": int(env("ACCELERATE_DEEPSPEED_ZERO_STAGE", 2)),
+        "zero_optimization.offload_optimizer.device":
+            env("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none"),
+        "zero_optimization.offload_param.device":
+            env("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "none"),
+        "zero_optimization.offload_optimizer.nvme_path":
+            env("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH", "none"),
+        "zero_optimization.offload_param.nvme_path":
+            env("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH", "none"),
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save":
+            env("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false").lower() == "true",
+    }
+
+
 def resolve_auto(config: dict, args, model, num_training_steps: int, world_size: int) -> dict:
     """The DeepSpeed config with its "auto" values filled from the TrainingArguments, exactly as
-    transformers fills them for DeepSpeed (trainer_config_process, then trainer_config_finalize);
+    transformers fills them for DeepSpeed (trainer_config_process, accelerate's DeepSpeedPlugin,
+    then trainer_config_finalize);
     returns a new dict. A value that is not "auto" and differs from the arguments' is a mismatch;
-    ValueError lists every one (transformers' message), and names any "auto" left over (a key
-    transformers does not fill)."""
+    ValueError lists every one (transformers' message), and names any "auto" left over that
+    DeepSpeed would not drop (a key transformers does not fill outside DeepSpeed's config-model
+    sections)."""
     cfg = copy.deepcopy(dict(config))
     mismatches = []
 
@@ -167,6 +189,10 @@ def resolve_auto(config: dict, args, model, num_training_steps: int, world_size:
         cfg.setdefault("checkpoint", {})["use_node_local_storage"] = args.save_on_each_node
     fill("fp16.enabled", bool(args.fp16 or args.fp16_full_eval), "fp16|fp16_full_eval")
     fill("bf16.enabled", bool(args.bf16 or args.bf16_full_eval), "bf16|bf16_full_eval")
+    # The DeepSpeedPlugin(hf_ds_config=...) TrainingArguments then builds fills its own keys
+    # (accelerate's defaults or ACCELERATE_DEEPSPEED_* variables) where still "auto".
+    for key, value in accelerate_plugin_values().items():
+        fill(key, value, must_match=False)
     # trainer_config_finalize
     autos = [k for k in HIDDEN_SIZE_KEYS if _get(cfg, k) == "auto"]
     if autos:
@@ -190,7 +216,11 @@ def resolve_auto(config: dict, args, model, num_training_steps: int, world_size:
             "Please correct the following DeepSpeed config values that mismatch "
             "TrainingArguments values:\n" + "\n".join(mismatches) +
             "\nThe easiest method is to set these DeepSpeed config values to 'auto'.")
-    left = _autos_left(cfg)
+    # What transformers and accelerate leave, DeepSpeed's initialize drops in its config-model
+    # sections (zero_optimization.sub_group_size: "auto" takes the default); elsewhere it would
+    # use the string itself.
+    checked = check_config(cfg, trainer_fills_auto=False)
+    left = checked["unresolved_auto"] if checked["ok"] else _autos_left(cfg)
     if left:
         raise ValueError(f"DeepSpeed config: \"auto\" is not resolved for {', '.join(left)} "
                          "(transformers fills only the keys it knows); give a value")
