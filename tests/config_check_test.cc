@@ -100,6 +100,24 @@ TEST(ConfigCheck, WhatTheEngineRefusesTheCheckRefuses) {
       {"shared_parameters": {"enabled": false}}}})")
                   .ok());
   EXPECT_TRUE(CheckDeepSpeedConfig(R"({"pipeline": {"pipe_partitioned": true}})").ok());
+  // Sections that make DeepSpeed train something else (configs from DeepSpeedExamples,
+  // Megatron-DeepSpeed, LLaMA-Factory): refused; disabled or size 1, accepted.
+  ExpectError(R"({"progressive_layer_drop": {"enabled": true, "theta": 0.5, "gamma": 0.001}})",
+              Kind::kUnsupported, "progressive_layer_drop.enabled", "pld_theta");
+  ExpectError(R"({"curriculum_learning": {"enabled": true, "curriculum_type": "seqlen"}})",
+              Kind::kUnsupported, "curriculum_learning.enabled", "curriculum_seqlen");
+  ExpectError(R"({"data_efficiency": {"enabled": true}})", Kind::kUnsupported,
+              "data_efficiency.enabled", "random-LTD");
+  ExpectError(R"({"tensor_parallel": {"autotp_size": 2}})", Kind::kUnsupported,
+              "tensor_parallel.autotp_size", "data-parallel");
+  ExpectError(R"({"zero_optimization": {"stage": 2, "zenflow": {"topk_ratio": 0.1}}})",
+              Kind::kUnsupported, "zero_optimization.zenflow", "ZenFlow");
+  for (const char* off : {R"({"progressive_layer_drop": {"enabled": false}})",
+                          R"({"curriculum_learning": {"enabled": false}})",
+                          R"({"data_efficiency": {"enabled": false}})",
+                          R"({"tensor_parallel": {"autotp_size": 1}})"}) {
+    EXPECT_TRUE(CheckDeepSpeedConfig(off).ok()) << off;
+  }
   ExpectError(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
       "nvme_path": "none"}}})",
               Kind::kConflict, "zero_optimization.offload_optimizer.nvme_path",

@@ -94,6 +94,28 @@ TEST(LrSchedule, WarmupDecayLr) {
   ExpectLr(floor, 1000, 0.001);
 }
 
+// total_num_steps as a script computes it (1e4, epochs * len(loader) / gas): DeepSpeed takes any
+// number and computes in floats, so 1e4 is 10000 and 2500.5 decays over 2400.5 steps.
+TEST(LrSchedule, TotalStepsMayBeAnyNumberAsDeepSpeedComputesInFloats) {
+  const auto decay = [](const std::string& total) {
+    return Make(Sched(SchedulerType::kWarmupDecayLR, "WarmupDecayLR",
+                      {{"total_num_steps", total},
+                       {"warmup_max_lr", "0.01"},
+                       {"warmup_num_steps", "100"},
+                       {"warmup_type", "\"linear\""}}));
+  };
+  const LrSchedule integral = decay("10000"), written_float = decay("1e4");
+  for (int64_t t : {-1, 0, 50, 100, 5050, 10000, 20000}) {
+    EXPECT_EQ(written_float.LrAt(t), integral.LrAt(t)) << t;
+  }
+  EXPECT_EQ(written_float.Describe(), integral.Describe());
+  ExpectLr(decay("2500.5"), 1000, 0.01 * (2500.5 - 1000) / 2400.5);
+  const LrSchedule cosine = Make(Sched(
+      SchedulerType::kWarmupCosineLR, "WarmupCosineLR",
+      {{"total_num_steps", "300.5"}, {"warmup_num_steps", "100"}, {"cos_min_ratio", "0"}}, 0.01));
+  ExpectLr(cosine, 150, 0.01 * (1 + std::cos(M_PI * std::min(1.0, 51 / 200.5))) / 2);
+}
+
 TEST(LrSchedule, WarmupDecayLrMaxDefaultsTo0001NotOptimizerLr) {
   LrSchedule s = Make(
       Sched(SchedulerType::kWarmupDecayLR, "WarmupDecayLR", {{"total_num_steps", "10"}}, 0.05));

@@ -263,6 +263,45 @@ void CheckUnsupportedSections(Reader& r, const Json* root) {
             "sparse attention is not supported by strata (DeepSpeed turns it on by the section "
             "being present): remove the section");
   }
+  // Features DeepSpeed turns on that would change what trains, which strata does not build:
+  // accepting them would train something else without a word.
+  struct Feature {
+    const char* section;
+    const char* what;
+  };
+  for (const Feature& f :
+       {Feature{"progressive_layer_drop",
+                "progressive layer drop (DeepSpeed passes progressive_layer_drop "
+                "and pld_theta to the model's forward)"},
+        Feature{"curriculum_learning",
+                "curriculum learning (DeepSpeed passes curriculum_seqlen to the "
+                "model's forward)"},
+        Feature{"data_efficiency", "data efficiency (curriculum data sampling, random-LTD)"}}) {
+    auto it = root->find(f.section);
+    if (it != root->end() && it->is_object() && enabled(*it)) {
+      r.Error(Kind::kUnsupported, std::string(f.section) + ".enabled",
+              std::string(f.what) + " is not supported by strata: disable it");
+    }
+  }
+  auto tp = root->find("tensor_parallel");
+  if (tp != root->end() && tp->is_object()) {
+    auto size = tp->find("autotp_size");
+    if (size != tp->end() && size->is_number() && size->get<double>() > 1) {
+      r.Error(Kind::kUnsupported, "tensor_parallel.autotp_size",
+              "automatic tensor parallelism is not supported by strata (every rank holds and "
+              "trains data-parallel shards of the whole model): set autotp_size to 1 or remove "
+              "the section, and size the batch for world_size data-parallel ranks");
+    }
+  }
+  auto zero = root->find("zero_optimization");
+  if (zero != root->end() && zero->is_object()) {
+    auto zenflow = zero->find("zenflow");
+    if (zenflow != zero->end() && zenflow->is_object()) {
+      r.Error(Kind::kUnsupported, "zero_optimization.zenflow",
+              "ZenFlow (selective top-k updates, DeepSpeed's ZenFlowZeroOptimizer, on by the "
+              "section being present) is not supported by strata: remove the section");
+    }
+  }
   auto comp = root->find("compression_training");
   if (comp == root->end() || !comp->is_object()) return;
   for (auto it = comp->begin(); it != comp->end(); ++it) {

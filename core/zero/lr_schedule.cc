@@ -251,9 +251,10 @@ Result<LrSchedule> LrSchedule::FromConfig(const EngineConfig& config) {
   s.log_warmup_ = type_name != "linear";
 
   if (decay || cosine) {
-    STRATA_RETURN_IF_ERROR(ReadInt(config, "total_num_steps", 0, &s.total_, sc.type_name.c_str()));
-    if (s.total_ < s.warmup_) {
-      s.notes_.push_back(Path("total_num_steps") + ": " + std::to_string(s.total_) +
+    STRATA_RETURN_IF_ERROR(
+        ReadDouble(config, "total_num_steps", 0, &s.total_, sc.type_name.c_str()));
+    if (s.total_ < static_cast<double>(s.warmup_)) {
+      s.notes_.push_back(Path("total_num_steps") + ": " + Num(s.total_) +
                          " is less than warmup_num_steps " + std::to_string(s.warmup_) +
                          ", as DeepSpeed warns");
     }
@@ -346,9 +347,9 @@ double LrSchedule::LrAt(int64_t t, std::optional<double> group_lr) const {
         ratio = warmup_min_ratio_ + WarmupGamma(t) * (1. - warmup_min_ratio_);
       } else {
         const int64_t real_last_step = t - warmup_ + 1;
-        const int64_t real_total_steps = std::max<int64_t>(1, total_ - warmup_);
-        const double progress = std::min(
-            1.0, static_cast<double>(real_last_step) / static_cast<double>(real_total_steps));
+        const double real_total_steps = std::max(1.0, total_ - static_cast<double>(warmup_));
+        const double progress =
+            std::min(1.0, static_cast<double>(real_last_step) / real_total_steps);
         ratio = (1 + std::cos(std::numbers::pi * progress)) / 2;
         ratio = std::max(0.0, cos_min_ratio_ + (1. - cos_min_ratio_) * ratio);
       }
@@ -363,8 +364,8 @@ double LrSchedule::LrAt(int64_t t, std::optional<double> group_lr) const {
   if (t < warmup_) {
     gamma = WarmupGamma(t);
   } else if (kind_ == Kind::kWarmupDecayLR) {
-    gamma = std::max(0.0, static_cast<double>(total_ - t) /
-                              std::max(1.0, static_cast<double>(total_ - warmup_)));
+    gamma = std::max(0.0, (total_ - static_cast<double>(t)) /
+                              std::max(1.0, total_ - static_cast<double>(warmup_)));
   }
   const double max_lr = max_is_group_lr_ ? lr : max_lr_;
   return min_lr_ + (max_lr - min_lr_) * gamma;
@@ -372,7 +373,7 @@ double LrSchedule::LrAt(int64_t t, std::optional<double> group_lr) const {
 
 std::string LrSchedule::Describe() const {
   const std::string w = std::to_string(warmup_) + (log_warmup_ ? " steps, log" : " steps, linear");
-  const std::string total = std::to_string(total_) + " total steps";
+  const std::string total = Num(total_) + " total steps";
   switch (kind_) {
     case Kind::kConstant:
       return "constant lr " + Num(lr_);

@@ -63,16 +63,16 @@ class LrSchedule {
   // not take (DeepSpeed: a TypeError), missing total_num_steps (WarmupDecayLR, WarmupCosineLR)
   // or cycle_min_lr / cycle_max_lr (OneCycle),
   // a value still "auto", not JSON, or of the wrong kind ("scheduler.params.<name>"):
-  // warmup_num_steps a JSON integer >= 1 (DeepSpeed's own check), total_num_steps a JSON
-  // integer >= 0, the lrs finite and >= 0, the ratios finite, last_batch_iteration only -1
-  // (another value makes DeepSpeed skip its initial lr; resume from a checkpoint instead);
-  // OneCycle: cycle_first_step_size > 0, cycle_second_step_size >= 0 (or null), the momenta in
-  // [0, 1) (Adam's betas), cycle_momentum a boolean; LRRangeTest: lr_range_test_step_size a JSON
-  // integer >= 1, lr_range_test_staircase a boolean. A per-group list is refused (one number).
-  // Defaults as DeepSpeed's constructors: warmup_min_lr 0; warmup_max_lr optimizer.lr for
-  // WarmupLR but 0.001 for WarmupDecayLR; warmup_num_steps 1000; warmup_type "log";
-  // warmup_min_ratio 0; cos_min_ratio 1e-4; OneCycle's cycle_first_step_size 2000,
-  // cycle_second_step_size = the first, stair counts 0 (the second = the first), decay rates
+  // warmup_num_steps a JSON integer >= 1 (DeepSpeed's own check), total_num_steps a number >= 0
+  // (DeepSpeed computes with it in floats: 1e4 or epochs * len / gas), the lrs finite and >= 0, the
+  // ratios finite, last_batch_iteration only -1 (another value makes DeepSpeed skip its initial lr;
+  // resume from a checkpoint instead); OneCycle: cycle_first_step_size > 0, cycle_second_step_size
+  // >= 0 (or null), the momenta in [0, 1) (Adam's betas), cycle_momentum a boolean; LRRangeTest:
+  // lr_range_test_step_size a JSON integer >= 1, lr_range_test_staircase a boolean. A per-group
+  // list is refused (one number). Defaults as DeepSpeed's constructors: warmup_min_lr 0;
+  // warmup_max_lr optimizer.lr for WarmupLR but 0.001 for WarmupDecayLR; warmup_num_steps 1000;
+  // warmup_type "log"; warmup_min_ratio 0; cos_min_ratio 1e-4; OneCycle's cycle_first_step_size
+  // 2000, cycle_second_step_size = the first, stair counts 0 (the second = the first), decay rates
   // and decay_step_size 0, cycle_momentum true, cycle_min_mom 0.8, cycle_max_mom 0.9;
   // LRRangeTest's lr_range_test_min_lr 1e-3, step_size 2000, step_rate 1, staircase false.
   // Notes (notes()), as DeepSpeed's warnings: an unknown warmup_type falls back to "log";
@@ -118,7 +118,7 @@ class LrSchedule {
   double max_lr_ = 0;      // WarmupLR / WarmupDecayLR
   bool max_is_group_lr_ = false;  // WarmupLR without warmup_max_lr: each group's own lr
   int64_t warmup_ = 1000;  // W, after max(2, warmup_num_steps)
-  int64_t total_ = 0;      // WarmupDecayLR / WarmupCosineLR
+  double total_ = 0;  // WarmupDecayLR / WarmupCosineLR (a number: DeepSpeed computes in floats)
   bool log_warmup_ = true;
   double warmup_min_ratio_ = 0;
   double cos_min_ratio_ = 1e-4;

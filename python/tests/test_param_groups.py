@@ -618,3 +618,22 @@ def test_lr_written_for_one_step_under_the_config_scheduler_holds_for_that_step_
     assert got_lrs == want_lrs and got_lrs[2] != 0.5  # the schedule's again after step 2
     for n, m in got.items():
         assert torch.equal(m, want[n]), n
+
+
+def test_warmup_decay_lr_with_warmup_max_lr_none_warms_each_group_to_its_own_lr():
+    """DeepSpeed's WarmupLR (and WarmupDecayLR) turn warmup_max_lr=None into each group's lr;
+    the class's 0.001 default applies only when the argument is left out."""
+    from strata.runtime import lr_schedules
+    model = make_model("mlp")
+    opt = torch.optim.AdamW([{"params": model.fc1.parameters(), "lr": 2e-5},
+                             {"params": model.fc2.parameters(), "lr": 1e-2}])
+    sched = lr_schedules.WarmupDecayLR(opt, total_num_steps=100, warmup_num_steps=10,
+                                       warmup_max_lr=None, warmup_type="linear")
+    for _ in range(10):
+        sched.step()
+    assert sched.get_lr() == pytest.approx([0.9 * 2e-5, 0.9 * 1e-2], rel=1e-12)  # t = 9 of 10
+    default = lr_schedules.WarmupDecayLR(opt, total_num_steps=100, warmup_num_steps=10,
+                                         warmup_type="linear")
+    for _ in range(10):
+        default.step()
+    assert default.get_lr() == pytest.approx([0.9e-3, 0.9e-3], rel=1e-12)

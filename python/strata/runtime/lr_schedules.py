@@ -39,6 +39,7 @@ class _Schedule:
     """One schedule per param group from the class's keyword arguments (a list or tuple gives
     one value per group, as DeepSpeed's _format_param); positioned by last_batch_iteration."""
     _type = ""
+    _null_means_group_lr = ("warmup_max_lr",)  # DeepSpeed's WarmupLR: None is the group's lr
 
     def __init__(self, optimizer, last_batch_iteration: int = -1, **params):
         self.optimizer = get_torch_optimizer(optimizer)
@@ -52,8 +53,8 @@ class _Schedule:
                         raise ValueError(f"expected {len(groups)} values for {name}, got "
                                          f"{len(value)}")
                     value = value[i]
-                if value is not None:
-                    mine[name] = value
+                if value is not None or name in self._null_means_group_lr:
+                    mine[name] = value  # None as JSON null: each group's own lr
             cfg = {"optimizer": {"type": "AdamW", "params": {"lr": float(group["lr"])}},
                    "scheduler": {"type": self._type, "params": mine}}
             self._schedules.append(_strata.LrSchedule(json.dumps(cfg)))
