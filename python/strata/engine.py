@@ -458,18 +458,37 @@ class _ParamDict(dict):
 
     def __getitem__(self, key):
         p = dict.__getitem__(self, key)
-        e = self.engine
-        if e._call_stack and p is not None:
-            gi = e._group_of.get(id(p))
-            if gi is not None and e._refs[gi] == 0 and not self._metadata_read():
-                e._gather_external(p, "is read")
+        if p is None:
+            return p
+        if torch.compiler.is_compiling():
+            # Traced by torch.compile: the engine's state stays out of the graph; a released
+            # (empty) parameter is gathered at a graph break, eagerly.
+            if p.numel() == 0:
+                self._gather_eagerly(p)
+        elif self.engine._call_stack:
+            self._gather_if_released(p, metadata_frame=3)
         return p
 
+    def _gather_if_released(self, p, metadata_frame: Optional[int]) -> None:
+        """Gathers `p` for the running call where it is released, unless the reading code (the
+        frame `metadata_frame` up from the check; None: not looked at) reads metadata only."""
+        e = self.engine
+        gi = e._group_of.get(id(p))
+        if gi is not None and e._refs[gi] == 0 and (
+                metadata_frame is None or not self._metadata_read(metadata_frame)):
+            e._gather_external(p, "is read")
+
+    @torch.compiler.disable
+    def _gather_eagerly(self, p) -> None:
+        if self.engine._call_stack:
+            self._gather_if_released(p, metadata_frame=None)
+
     @staticmethod
-    def _metadata_read() -> bool:
+    def _metadata_read(frames: int) -> bool:
         """Whether the code reading the parameter asks it only for metadata (the frame that
-        subscripted this dict, or the one that called Module.__getattr__)."""
-        frame = sys._getframe(2)
+        subscripted this dict, `frames` up from here, or the one that called
+        Module.__getattr__)."""
+        frame = sys._getframe(frames)
         if frame.f_code is _MODULE_GETATTR:
             frame = frame.f_back
         return frame is not None and _reads_metadata_only(frame)
@@ -997,10 +1016,12 @@ class StrataEngine(torch.nn.Module):
                             if id(p) in self._group_of}))
         if own and type(module._parameters) is dict:
             module.__dict__["_parameters"] = _ParamDict(self, module._parameters)
+        # Under torch.compile the hooks run eagerly, between graphs (as DeepSpeed's ZeRO-3 hooks):
+        # traced, their bookkeeping would be guarded on and recompiled at every call.
         self._hooks.append(module.register_forward_pre_hook(
-            self._make_pre_hook(own), prepend=True, with_kwargs=True))
+            torch.compiler.disable(self._make_pre_hook(own)), prepend=True, with_kwargs=True))
         self._hooks.append(module.register_forward_hook(
-            self._post_hook, with_kwargs=True, always_call=True))
+            torch.compiler.disable(self._post_hook), with_kwargs=True, always_call=True))
 
     def _make_pre_hook(self, own):
         def pre_hook(module, args, kwargs):
@@ -1591,9 +1612,11 @@ class StrataEngine(torch.nn.Module):
                 f"strata: a second gradient for group '{self._groups[gi].name}' in one "
                 "micro-step: its parameters got gradients from two autograd passes, as with a "
                 "second backward before engine.step() (call engine.step() after each backward, "
-                "or use gradient_accumulation_steps), or a reentrant activation checkpoint whose "
-                "parameters are also used outside it (use_reentrant=False); DeepSpeed refuses "
-                "this too")
+                "or use gradient_accumulation_steps), or reentrant activation checkpoints "
+                "(use_reentrant=True, DeepSpeed's checkpointing.checkpoint) whose parameters are "
+                "also used outside them or in a second one (a block applied twice): use "
+                "use_reentrant=False, whose gradients come in one pass. DeepSpeed's ZeRO "
+                "stage 2 (and 1 with overlap_comm) refuses this too, 'Gradient computed twice'")
         if self._in_turn(gi):  # else kept in p.grad until its turn
             views = self._grad_views.get(gi)
             if views is None:
@@ -2557,6 +2580,29 @@ class StrataEngine(torch.nn.Module):
     def destroy(self) -> None:
         """DeepSpeedEngine.destroy, which scripts call when they are done with the engine: close()."""
         self.close()
+
+    def compile(self, backend: Optional[str] = None, compile_kwargs: Optional[dict] = None,
+                schedule=None, compiled_autograd_enabled: bool = False, **kwargs) -> None:
+        """DeepSpeedEngine.compile (what accelerate calls for a dynamo backend): torch.compile on
+        the module in place (nn.Module.compile), with `backend` (torch's default where None)
+        and compile_kwargs; the engine's hooks run between the compiled graphs. DeepSpeed's
+        compile passes (`schedule`, DeepCompile) and compiled autograd are not supported."""
+        if schedule is not None:
+            raise NotImplementedError("engine.compile(schedule=...): DeepSpeed's compile passes "
+                                      "(DeepCompile) are not supported by strata")
+        if compiled_autograd_enabled:
+            raise NotImplementedError("engine.compile(compiled_autograd_enabled=True) is not "
+                                      "supported by strata (its gradient hooks run eagerly)")
+        options = {**(compile_kwargs or {}), **kwargs}
+        if backend is not None:
+            options["backend"] = backend
+        self.module.compile(**options)
+        self._compiled = True
+
+    @property
+    def is_compiled(self) -> bool:
+        """Whether compile() was called (DeepSpeedEngine.is_compiled)."""
+        return getattr(self, "_compiled", False)
 
     def close_keeping_weights(self) -> None:
         """close(), the parameters left holding the weights (the fp32 masters, in the dtype each

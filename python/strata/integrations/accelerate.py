@@ -30,7 +30,8 @@ import accelerate
 import torch
 from accelerate.scheduler import AcceleratedScheduler
 from accelerate.state import AcceleratorState, PartialState
-from accelerate.utils import DeepSpeedPlugin, DistributedType
+from accelerate.utils import DeepSpeedPlugin, DistributedType, DynamoBackend
+from accelerate.utils.other import compile_regions_deepspeed
 # accelerate.utils exports these only where deepspeed is installed; scripts import them from here.
 from accelerate.utils.deepspeed import (DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper,
                                         DeepSpeedSchedulerWrapper, DummyOptim, DummyScheduler)
@@ -188,6 +189,13 @@ class Accelerator(accelerate.Accelerator):
             if scheduler is not None and not isinstance(scheduler, DummyScheduler):
                 client_scheduler = scheduler  # stepped by the script, on the client's groups
         engine, engine_optimizer, _, engine_scheduler = initialize(**kwargs)
+        dynamo = self.state.dynamo_plugin
+        if dynamo.backend != DynamoBackend.NO:  # as accelerate does for DeepSpeed
+            compile_kwargs = dynamo.to_kwargs()
+            if dynamo.use_regional_compilation:
+                compile_regions_deepspeed(engine.module, **compile_kwargs)
+            else:
+                engine.compile(backend=compile_kwargs.pop("backend"), compile_kwargs=compile_kwargs)
 
         wrapped_optimizer = None
         if optimizer is not None:

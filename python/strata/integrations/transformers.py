@@ -433,8 +433,9 @@ class TrainingArguments(transformers.TrainingArguments):
         # where `deepspeed` is unset, and so do these.
         from_launcher = raw is None and _launched_with_deepspeed()
         refused = [
-            ("torch_compile", self.torch_compile, "strata's per-module hooks are not traced by "
-             "torch.compile"),
+            ("torch_compile", self.torch_compile, "not wired through strata's Trainer; a model "
+             "compiled with torch.compile before the Trainer gets it trains, strata's hooks "
+             "running between its graphs"),
             ("fsdp", bool(self.fsdp), "FSDP shards the model itself; use the config's ZeRO stage"),
             ("fp16_full_eval", self.fp16_full_eval, "it casts the model, whose parameters are "
              "the engine's"),
