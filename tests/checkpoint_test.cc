@@ -305,6 +305,31 @@ TEST(Checkpoint, WithoutUpdatingLatestTheNewOneLoadsByItsTag) {
   std::filesystem::remove_all(dir);
 }
 
+// A tag directory renamed after its save ("global_step6" -> "best", as scripts keep their best
+// checkpoint; DeepSpeed builds paths from the tag and checks nothing inside) verifies and loads
+// under its new name, and `latest` may name it. A save's unfinished "<tag>.tmp" does not load,
+// even named explicitly.
+TEST(Checkpoint, ARenamedTagDirectoryLoadsUnderItsNewName) {
+  const std::string dir = UniqueTestDir("ckpt_renamed");
+  SaveSolo(dir, "global_step2");
+  std::filesystem::rename(dir + "/global_step2", dir + "/best");
+  auto m = ckpt::VerifyCheckpoint(dir, "best");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->tag, "best");
+  EXPECT_TRUE(LoadSolo(dir, "best").ok());
+  {
+    std::ofstream latest(dir + "/latest", std::ios::trunc);
+    latest << "best\n";
+  }
+  EXPECT_TRUE(LoadSolo(dir, "").ok());
+  std::filesystem::copy(dir + "/best", dir + "/best.tmp");
+  const Status tmp = LoadSolo(dir, "best.tmp");
+  EXPECT_EQ(tmp.code(), Status::Code::kCorruption) << tmp.ToString();
+  EXPECT_NE(tmp.ToString().find("unfinished save"), std::string::npos) << tmp.ToString();
+  EXPECT_FALSE(ckpt::VerifyCheckpoint(dir, "best.tmp").ok());
+  std::filesystem::remove_all(dir);
+}
+
 // Save needs every group released and no gradient buffer out (a backward in progress); Load
 // also needs the accumulation window closed. Each refusal writes nothing.
 TEST(Checkpoint, RefusesInsideABackwardAndLoadsOnlyAtABoundary) {

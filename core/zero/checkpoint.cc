@@ -795,10 +795,6 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
       auto mm = ckpt::ReadManifest(dir, *t);
       local = mm.status();
       if (local.ok()) m = std::move(*mm);
-      if (local.ok() && m.tag != *t) {
-        local = Status::Corruption(dir + "/" + *t + "/" + ckpt::kManifestName + ": names tag '" +
-                                   m.tag + "'");
-      }
     }
   }
   if (local.ok()) local = CheckCompatible(e, m, options);

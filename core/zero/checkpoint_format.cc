@@ -580,6 +580,16 @@ Result<Manifest> ReadManifest(const std::string& dir, const std::string& tag) {
                             " is missing or unreadable: " + std::string(text.status().message()));
   auto m = Manifest::FromJson(*text);
   if (!m.ok()) return Status(m.status().code(), path + ": " + std::string(m.status().message()));
+  if (m->tag != tag) {
+    // A save's unfinished directory (or one being retired) is no checkpoint. A tag directory
+    // renamed after its save ("best", "final": DeepSpeed builds its paths from the tag and
+    // checks nothing inside) loads under its new name.
+    if (tag.size() > 4 && tag.compare(tag.size() - 4, 4, ".tmp") == 0) {
+      return Status::Corruption(path + ": names tag '" + m->tag + "': " + tag +
+                                " is an unfinished save's directory, not a checkpoint");
+    }
+    m->tag = tag;
+  }
   return m;
 }
 
@@ -655,9 +665,6 @@ Result<std::vector<TensorLoc>> CheckRankFileHeader(const std::string& path, cons
 Result<Manifest> VerifyCheckpoint(const std::string& dir, const std::string& tag) {
   STRATA_ASSIGN_OR_RETURN(std::string t, ResolveTag(dir, tag));
   STRATA_ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir, t));
-  if (m.tag != t) {
-    return Status::Corruption(dir + "/" + t + "/" + kManifestName + ": names tag '" + m.tag + "'");
-  }
   STRATA_RETURN_IF_ERROR(VerifyFiles(dir, m));
   for (const FileEntry& f : m.files) {
     if (f.rank < 0) continue;

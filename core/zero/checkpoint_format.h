@@ -197,7 +197,9 @@ Status ReadAt(int fd, const std::string& path, uint64_t offset, void* out, uint6
 // The tag `latest` names (tag empty) or `tag` itself; NotFound naming the path when neither
 // exists.
 Result<std::string> ResolveTag(const std::string& dir, const std::string& tag);
-// Reads and parses <dir>/<tag>/manifest.json. NotFound / Corruption naming the file.
+// Reads and parses <dir>/<tag>/manifest.json. NotFound / Corruption naming the file. A tag
+// directory renamed after its save loads under its new name (the result's `tag`); one named
+// "*.tmp" (a save that did not finish) is Corruption.
 Result<Manifest> ReadManifest(const std::string& dir, const std::string& tag);
 // Checks that every file of the manifest exists with its size and checksum. `files`: indices of
 // m.files to check (empty: all). NotFound / Corruption naming the first missing or damaged file.

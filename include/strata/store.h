@@ -251,7 +251,8 @@ class Store {
   // Opens the NVMe tier (its swap space for every NVMe-homed block registered so far).
   // Idempotent; the first call's result is returned by every later one and a failed open fails
   // every later operation on an NVMe-homed block with the same error. FailedPrecondition: the
-  // NVMe tier is disabled, or a swap file from a crashed run is in the way (named). NotFound /
+  // NVMe tier is disabled, or a swap file a live process holds is in the way (named; one a
+  // crashed run left is reclaimed, with a note). NotFound /
   // IOError (ENOSPC names the path and bytes).
   virtual Status OpenNvme() = 0;
   virtual bool nvme_open() const = 0;
@@ -351,7 +352,8 @@ struct TieredStoreOptions {
   // The NVMe tier is a swap space (nvme/swap_space.h): one preallocated O_DIRECT file per path
   // for `rank`, every block striped over all paths in `stripe_unit_bytes` units (several SSDs
   // add their bandwidth), an XXH3 checksum per block verified on every read, a failed write
-  // invalidating the block, and a swap file left by a crashed run refused (FailedPrecondition).
+  // invalidating the block; a swap file left by a crashed run is reclaimed (a note), one a live
+  // process holds refused (FailedPrecondition).
   // Required (existing directories, one per SSD) when nvme_capacity_bytes > 0.
   std::vector<std::string> nvme_paths;
   int rank = 0;

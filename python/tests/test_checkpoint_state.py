@@ -518,3 +518,24 @@ def test_a_save_inside_an_accumulation_window_keeps_its_gradients_as_deepspeed(
     for p, q in zip(resumed.module.parameters(), want_params):
         assert torch.equal(p.detach(), q)
     resumed.close()
+
+
+def test_the_recovery_script_written_after_the_commit_warns_on_failure_and_leaves_no_temporary(
+        tmp_path, monkeypatch):
+    """zero_to_fp32.py is written after the checkpoint is committed: a full disk there is a
+    warning naming the file (the save succeeded), and a killed writer's temporary is removed by
+    the next save."""
+    from strata.utils import zero_to_fp32
+    dead = tmp_path / "zero_to_fp32.py.tmp.999999999"  # no such process
+    dead.write_text("partial")
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(zero_to_fp32.os, "replace", full)
+    with pytest.warns(UserWarning, match=r"saved, but its recovery script .*zero_to_fp32.py"):
+        zero_to_fp32.write_recovery_script(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    zero_to_fp32.write_recovery_script(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zero_to_fp32.py"]

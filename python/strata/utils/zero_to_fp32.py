@@ -17,6 +17,8 @@ parameter is streamed from them whole.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
 import json
 import os
 import re
@@ -41,7 +43,9 @@ if __name__ == "__main__":
 
 def write_recovery_script(save_dir) -> None:
     """`<save_dir>/zero_to_fp32.py` (executable), as DeepSpeed's save_checkpoint copies its own
-    there: written once per directory, atomically (a rename)."""
+    there: written once per directory, atomically (a rename). Written after the checkpoint is
+    committed, so a failure (a full disk) is a warning naming the file, not the save's error;
+    no partial file is left (the temporaries of a process killed here are removed by the next)."""
     path = os.path.join(os.fspath(save_dir), "zero_to_fp32.py")
     try:
         with open(path) as f:
@@ -49,11 +53,32 @@ def write_recovery_script(save_dir) -> None:
                 return
     except OSError:
         pass
+    for stale in glob.glob(glob.escape(path) + ".tmp.*"):  # of writers no longer running
+        pid = stale.rsplit(".", 1)[-1]
+        if pid.isdigit() and not _running(int(pid)):
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(_STRATA_SCRIPT)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(_STRATA_SCRIPT)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        warnings.warn(f"strata: the checkpoint was saved, but its recovery script {path} could "
+                      f"not be written: {err}", stacklevel=3)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: alive
+    return True
 
 
 def _resolve_tag(checkpoint_dir: str, tag: Optional[str]) -> str:
