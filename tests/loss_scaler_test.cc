@@ -14,8 +14,9 @@ namespace strata::zero {
 namespace {
 
 EngineConfig Fp16(int64_t power, int64_t window, int64_t hysteresis, bool consecutive = false,
-                  double min_scale = 1) {
+                  double min_scale = 1, int stage = 3) {
   EngineConfig c;
+  c.zero.stage = stage;  // stages 1-3: DynamicLossScaler; 0: FP16_Optimizer's rule
   c.fp16.enabled = true;
   c.fp16.initial_scale_power = power;
   c.fp16.loss_scale_window = window;
@@ -48,6 +49,7 @@ void Feed(LossScaler& s, const std::vector<Expect>& steps) {
 
 TEST(LossScaler, DefaultsAreDeepSpeeds) {
   EngineConfig c;
+  c.zero.stage = 2;
   c.fp16.enabled = true;
   LossScaler s = Make(c);
   EXPECT_TRUE(s.dynamic());
@@ -115,6 +117,29 @@ TEST(LossScaler, AtMinimumAnOverflowIsAnErrorAndChangesNothing) {
   // A good step still counts.
   ASSERT_TRUE(s.Update(false).ok());
   EXPECT_EQ(s.state(), (LossScalerState{1, 3, 1, 1}));
+}
+
+// ZeRO stage 0: DeepSpeed's FP16_Optimizer (fused_optimizer.py _update_scale): every overflow
+// halves (hysteresis unused), the scale stays at min_loss_scale instead of ending the run, and
+// doubles on the same stable-interval rule. 2^4, hysteresis 2 (ignored), window 2, min 1.
+TEST(LossScaler, StageZeroHasNoHysteresisAndStaysAtTheMinimum) {
+  LossScaler s = Make(Fp16(4, 2, 2, false, 1, /*stage=*/0));
+  EXPECT_EQ(s.Describe(), "dynamic loss scale 16 (window 2, no hysteresis at stage 0, min 1)");
+  Feed(s, {
+              {false, 16, 2},  // it 0: stable 0
+              {false, 16, 2},  // it 1: stable 1
+              {false, 32, 2},  // it 2: stable 2 -> double
+              {true, 16, 2},   // it 3: halved at once (stages 1-3 would keep 32)
+              {true, 8, 2},    // it 4
+              {true, 4, 2},    // it 5
+              {true, 2, 2},    // it 6
+              {true, 1, 2},    // it 7: at the minimum
+              {true, 1, 2},    // it 8: stays there (stages 1-3: FailedPrecondition)
+              {false, 1, 2},   // it 9: stable 0
+              {false, 1, 2},   // it 10: stable 1
+              {false, 2, 2},   // it 11: stable 2 -> double
+          });
+  EXPECT_EQ(s.state(), (LossScalerState{2, 12, 8, 2}));
 }
 
 TEST(LossScaler, MinimumClampsAndIsComparedExactly) {

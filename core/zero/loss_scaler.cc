@@ -51,6 +51,7 @@ Result<LossScaler> LossScaler::FromConfig(const EngineConfig& config) {
     return Bad("fp16.min_loss_scale", Num(f.min_loss_scale) + " must be finite and > 0");
   }
   s.mode_ = LossScaleMode::kDynamic;
+  s.no_hysteresis_ = config.zero.stage == 0;
   s.window_ = f.loss_scale_window;
   s.hysteresis_ = f.hysteresis;
   s.consecutive_hysteresis_ = f.consecutive_hysteresis;
@@ -67,7 +68,10 @@ Status LossScaler::Update(bool overflow) {
     ++s.iteration;
     return Status::OK();
   }
-  if (overflow) {
+  if (overflow && no_hysteresis_) {
+    s.scale = std::max(s.scale / 2, min_scale_);  // FP16_Optimizer: at the minimum it stays
+    s.last_overflow_iteration = s.iteration;
+  } else if (overflow) {
     if (hysteresis_ == 1 || s.hysteresis_left == 1) {
       // Exact equality, as DeepSpeed: a scale started below the minimum is raised to it instead.
       if (s.scale == min_scale_) {
@@ -129,10 +133,13 @@ std::string LossScaler::Describe() const {
     case LossScaleMode::kDynamic:
       break;
   }
-  return "dynamic loss scale " + Num(state_.scale) + " (window " + std::to_string(window_) +
-         ", hysteresis " + std::to_string(state_.hysteresis_left) + "/" +
-         std::to_string(hysteresis_) + (consecutive_hysteresis_ ? " consecutive" : "") + ", min " +
-         Num(min_scale_) + ")";
+  const std::string hysteresis = no_hysteresis_
+                                     ? "no hysteresis at stage 0"
+                                     : "hysteresis " + std::to_string(state_.hysteresis_left) +
+                                           "/" + std::to_string(hysteresis_) +
+                                           (consecutive_hysteresis_ ? " consecutive" : "");
+  return "dynamic loss scale " + Num(state_.scale) + " (window " + std::to_string(window_) + ", " +
+         hysteresis + ", min " + Num(min_scale_) + ")";
 }
 
 }  // namespace strata::zero

@@ -11,6 +11,9 @@
 //   `stable = iteration - last_overflow_iteration - 1` is > 0 and a multiple of
 //   loss_scale_window, the scale doubles (and, without consecutive_hysteresis, the hysteresis is
 //   refilled). `iteration` counts every Update, skipped step or not.
+//   At ZeRO stage 0 DeepSpeed runs fp16 through its FP16_Optimizer instead, whose dynamic scale
+//   has no hysteresis (every overflow halves it) and stays at min_loss_scale where
+//   DynamicLossScaler raises; the doubling rule is the same.
 // - kStatic: fp16.enabled and fp16.loss_scale > 0: that scale, forever.
 // - kNone: bf16 or fp32: scale 1, forever. DeepSpeed's ZeRO-3 checks bf16 gradients for
 //   overflow not at all; strata's engine still skips a step with non-finite gradients, and
@@ -62,8 +65,8 @@ class LossScaler {
 
   // Records one optimizer step's outcome (call once per engine Step, skipped or not): DeepSpeed's
   // update_scale. `overflow`: some rank's gradients held an inf/NaN (ranks agree).
-  // kFailedPrecondition: an overflow that must halve the scale while it is already exactly
-  // min_loss_scale. DeepSpeed (raise_error_at_min_scale, True for the scaler ZeRO-3 builds)
+  // kFailedPrecondition (stages 1-3): an overflow that must halve the scale while it is already
+  // exactly min_loss_scale. DeepSpeed (raise_error_at_min_scale, True for the scaler ZeRO-3 builds)
   // raises "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."
   // there, before touching any state; so does this: the state is unchanged and the run should
   // stop (the step is skipped either way). Never fails in kStatic / kNone.
@@ -83,6 +86,7 @@ class LossScaler {
   LossScaler() = default;
 
   LossScaleMode mode_ = LossScaleMode::kNone;
+  bool no_hysteresis_ = false;  // stage 0: DeepSpeed's FP16_Optimizer
   int64_t window_ = 1000;
   int64_t hysteresis_ = 2;
   bool consecutive_hysteresis_ = false;
