@@ -253,16 +253,64 @@ TEST(ConfigParse, OptimizerDefaultsAndAdamWForcesDecoupledDecay) {
 
 TEST(ConfigParse, SchedulerParamsAreKeptAsGiven) {
   ParsedConfig p = MustParse(R"({"train_batch_size": 8, "scheduler": {"type": "OneCycle",
-      "params": {"cycle_min_lr": 1e-5, "cycle_momentum": true, "decay_step_size": 1000}}})");
+      "params": {"cycle_min_lr": 1e-5, "cycle_max_lr": 1e-3, "cycle_momentum": true,
+      "decay_step_size": 1000}}})");
   EXPECT_EQ(p.config.scheduler.type, SchedulerType::kOneCycle);
   EXPECT_EQ(p.config.scheduler.type_name, "OneCycle");
   EXPECT_EQ(p.config.scheduler.params.at("cycle_momentum"), "true");
   EXPECT_EQ(p.config.scheduler.params.at("decay_step_size"), "1000");
   for (const char* t : {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "LRRangeTest"}) {
-    ParsedConfig q =
-        MustParse(std::string(R"({"train_batch_size": 8, "scheduler": {"type": ")") + t + "\"}}");
+    const std::string total =
+        std::string(t) == "WarmupDecayLR" || std::string(t) == "WarmupCosineLR"
+            ? R"(, "params": {"total_num_steps": 100})"
+            : "";
+    ParsedConfig q = MustParse(std::string(R"({"train_batch_size": 8, "scheduler": {"type": ")") +
+                               t + "\"" + total + "}}");
     EXPECT_EQ(SchedulerTypeName(q.config.scheduler.type), t);
   }
+}
+
+// The scheduler's params are checked as the engine's LrSchedule reads them (DeepSpeed's
+// constructors: a TypeError for an unknown name, its own range checks), naming the key and its
+// place, once no "auto" a trainer fills is left there.
+TEST(ConfigParse, SchedulerParamsAreCheckedAsTheEngineReadsThem) {
+  const struct {
+    const char* params;
+    const char* path;
+    const char* says;
+  } cases[] = {
+      {R"("type": "WarmupLR", "params": {"warmup_steps": 100})", "scheduler.params.warmup_steps",
+       "not a parameter of WarmupLR"},
+      {R"("type": "WarmupLR", "params": {"warmup_num_steps": 0})",
+       "scheduler.params.warmup_num_steps", ">= 1"},
+      {R"("type": "WarmupDecayLR", "params": {"warmup_num_steps": 10})",
+       "scheduler.params.total_num_steps", "WarmupDecayLR requires it"},
+      {R"("type": "OneCycle", "params": {"cycle_min_lr": 1e-5})", "scheduler.params.cycle_max_lr",
+       "OneCycle requires it"},
+  };
+  for (const auto& c : cases) {
+    const std::string text =
+        std::string(R"({"train_batch_size": 8, "scheduler": {)") + c.params + "}}";
+    ConfigCheck check = CheckDeepSpeedConfig(text);
+    ASSERT_FALSE(check.ok()) << text;
+    ASSERT_EQ(check.errors.size(), 1u) << Dump(check.errors);
+    EXPECT_EQ(check.errors[0].path, c.path) << Dump(check.errors);
+    EXPECT_NE(check.errors[0].message.find(c.says), std::string::npos) << Dump(check.errors);
+    EXPECT_GT(check.errors[0].line, 0) << Dump(check.errors);  // located in the text
+  }
+  // Left for a trainer: checked once resolved.
+  ConfigCheck waiting = CheckDeepSpeedConfig(
+      R"({"train_batch_size": 8, "scheduler": {"type": "WarmupDecayLR",
+          "params": {"total_num_steps": "auto", "warmup_num_steps": 0}}})");
+  EXPECT_TRUE(waiting.ok()) << Dump(waiting.errors);
+  ParseOptions resolved;
+  resolved.auto_values["scheduler.params.total_num_steps"] = "100";
+  ConfigCheck bad = CheckDeepSpeedConfig(
+      R"({"train_batch_size": 8, "scheduler": {"type": "WarmupDecayLR",
+          "params": {"total_num_steps": "auto", "warmup_num_steps": 0}}})",
+      resolved);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.errors[0].path, "scheduler.params.warmup_num_steps") << Dump(bad.errors);
 }
 
 TEST(ConfigParse, AutoIsKeptAndListedInDocumentOrder) {

@@ -10,6 +10,7 @@
 #include <initializer_list>
 
 #include "core/config/config_reader.h"
+#include "core/zero/lr_schedule.h"
 
 namespace strata::config {
 
@@ -318,6 +319,27 @@ void CheckUnsupportedSections(Reader& r, const Json* root) {
   }
 }
 
+// The scheduler's params as the engine reads them (zero::LrSchedule::FromConfig, the one rule),
+// once nothing it reads waits for a trainer: a typo or a value DeepSpeed's scheduler refuses is
+// a config error here, not first at the engine's start.
+void CheckSchedule(Reader& r, const EngineConfig& c) {
+  if (c.scheduler.type == SchedulerType::kNone || c.scheduler.type == SchedulerType::kOther) {
+    return;  // none, or a torch.optim.lr_scheduler name (the Python adapter runs those)
+  }
+  for (const std::string& p : r.unresolved()) {
+    if (p.rfind("scheduler.", 0) == 0 || p == "optimizer.params.lr") return;
+  }
+  Result<zero::LrSchedule> s = zero::LrSchedule::FromConfig(c);
+  if (s.ok()) return;
+  const std::string msg(s.status().message());
+  const size_t colon = msg.find(": ");
+  if (colon == std::string::npos) {
+    r.Error(Kind::kRange, "scheduler", msg);
+  } else {
+    r.Error(Kind::kRange, msg.substr(0, colon), msg.substr(colon + 2));
+  }
+}
+
 // The rules shared with the engine (GradientDivisionProblem, ZeroPlusPlusStageProblem).
 void CheckEngineRules(Reader& r, const EngineConfig& c) {
   const ZeroConfig& z = c.zero;
@@ -337,6 +359,7 @@ void CheckEngineRules(Reader& r, const EngineConfig& c) {
 
 void CheckAcrossKeys(Reader& r, EngineConfig& c, Json* root) {
   CheckUnsupportedSections(r, root);
+  CheckSchedule(r, c);
   CheckEngineRules(r, c);
   CheckLowPrecisionStates(r, c, root);
   CheckLeafModule(r, root);
