@@ -25,9 +25,12 @@ namespace nb = nanobind;
 namespace strata::python {
 namespace {
 
-nb::list Diagnostics(const std::vector<ConfigDiagnostic>& ds) {
+// `located`: the text checked is the user's (a file, JSON text), so lines and columns mean
+// something; a dict serialized here has none worth naming (the path names the key).
+nb::list Diagnostics(const std::vector<ConfigDiagnostic>& ds, bool located) {
   nb::list out;
-  for (const ConfigDiagnostic& d : ds) {
+  for (ConfigDiagnostic d : ds) {
+    if (!located) d.line = d.column = 0;
     nb::dict e;
     e["kind"] = std::string(DiagnosticKindName(d.kind));
     e["path"] = d.path;
@@ -59,7 +62,7 @@ nb::dict CheckConfig(const std::string& text, const std::string& path,
                      std::optional<int64_t> world_size, bool strict, bool check_here,
                      const std::map<std::string, std::string>& auto_values,
                      std::optional<int64_t> hidden_size, std::optional<double> params,
-                     bool trainer_fills_auto) {
+                     bool trainer_fills_auto, bool located) {
   ParseOptions o = MakeParseOptions(world_size, strict, check_here, auto_values, hidden_size,
                                     trainer_fills_auto);
   ConfigCheck c = path.empty() ? CheckDeepSpeedConfig(text, o)
@@ -70,8 +73,8 @@ nb::dict CheckConfig(const std::string& text, const std::string& path,
   }
   nb::dict d;
   d["ok"] = c.ok();
-  d["errors"] = Diagnostics(c.errors);
-  d["warnings"] = Diagnostics(c.warnings);
+  d["errors"] = Diagnostics(c.errors, located);
+  d["warnings"] = Diagnostics(c.warnings, located);
   d["notes"] = nb::cast(c.notes);
   nb::list paths;
   for (const NvmePathSpace& n : c.nvme_paths) {
@@ -160,7 +163,7 @@ void BindConfig(nb::module_& m) {
         nb::arg("check_here") = false,
         nb::arg("auto_values") = std::map<std::string, std::string>{},
         nb::arg("hidden_size") = nb::none(), nb::arg("params") = nb::none(),
-        nb::arg("trainer_fills_auto") = true,
+        nb::arg("trainer_fills_auto") = true, nb::arg("located") = true,
         "Checks a DeepSpeed config (JSON text, or the file at `path`); returns a dict of "
         "ok, errors, warnings, notes, nvme_paths and the effective config. With check_here "
         "and params: each nvme_path's free space against what the engine puts there. "

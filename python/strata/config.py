@@ -105,8 +105,10 @@ def check_config(config: ConfigLike, *, world_size: Optional[int] = None, strict
         if not check_here:
             raise ValueError("check_config: params needs check_here=True")
         params = float(_parse_count(params) if isinstance(params, str) else params)
+    # A dict is serialized here: its diagnostics name the key's path, not a line of that text.
+    located = not isinstance(config, Mapping)
     return _strata.check_config(text, path, world_size, strict, check_here, autos, hidden_size,
-                                params, trainer_fills_auto)
+                                params, trainer_fills_auto, located)
 
 
 def add_config_arguments(parser):

@@ -14,6 +14,20 @@ def test_check_config_reports_errors():
     assert strata.check_config({"train_micro_batch_size_per_gpu": 1})["ok"]
 
 
+def test_a_dict_configs_findings_name_the_key_not_a_line_of_text_the_user_never_saw(tmp_path):
+    """The HF Trainer, accelerate and OpenRLHF pass dicts: their findings name the key's path
+    only; a file's (and JSON text's) keep the line and column."""
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},
+           "sequence_parallel": 2}
+    w = strata.check_config(cfg)["warnings"][0]
+    assert w["path"] == "sequence_parallel" and w["line"] == 0
+    assert w["text"].startswith("sequence_parallel: ") and "line" not in w["text"]
+    p = tmp_path / "ds.json"
+    p.write_text(json.dumps(cfg, indent=1))
+    w = strata.check_config(str(p))["warnings"][0]
+    assert w["line"] > 1 and w["text"].startswith(f"sequence_parallel (line {w['line']}, ")
+
+
 def test_check_config_file(tmp_path):
     p = tmp_path / "ds.json"
     p.write_text('{"zero_optimization": {"stage": 3}, // a comment\n}')
