@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -373,6 +374,14 @@ inline RunResult RunEngine(const RunSpec& spec) {
     return res;
   }
   const std::string dir = UniqueTestDir("engine");
+  // Removed however the run ends (a failing run returns early); never the root it falls back to.
+  const std::unique_ptr<const std::string, void (*)(const std::string*)> remove_dir(
+      &dir, [](const std::string* d) {
+        if (std::filesystem::path(*d).filename().string().rfind("engine.", 0) == 0) {
+          std::error_code ec;
+          std::filesystem::remove_all(*d, ec);
+        }
+      });
   const std::string nvme = dir + "/nvme";
   ::mkdir(nvme.c_str(), 0700);
   const auto init = InitialWeights();
@@ -545,7 +554,6 @@ inline RunResult RunEngine(const RunSpec& spec) {
     }
   }
   res.master = std::move(masters[0]);
-  std::system(("rm -rf '" + dir + "'").c_str());
   return res;
 }
 
