@@ -476,7 +476,7 @@ class _ParamDict(dict):
         gi = e._group_of.get(id(p))
         if gi is not None and e._refs[gi] == 0 and (
                 metadata_frame is None or not self._metadata_read(metadata_frame)):
-            e._gather_external(p, "is read")
+            e._gather_external(p, "is read", stacklevel=4)
 
     @torch.compiler.disable
     def _gather_eagerly(self, p) -> None:
@@ -1087,7 +1087,7 @@ class StrataEngine(torch.nn.Module):
             stacklevel=3)
 
     # -- external parameters (stage 3; strata.zero.register_external_parameter) --------------
-    def _gather_external(self, p: torch.nn.Parameter, what: str) -> None:
+    def _gather_external(self, p: torch.nn.Parameter, what: str, stacklevel: int = 3) -> None:
         """p is read (or returned) inside the forward of a module that does not own it: gathered
         for the running call (whose backward gathers it again with the call's groups) and
         registered as an external parameter of that module, with a notice for the first such
@@ -1118,7 +1118,7 @@ class StrataEngine(torch.nn.Module):
                 f"'{mname}' (strata.zero.register_external_parameter(module, param) does it "
                 "ahead and silences this; other parameters read the same way there or in the "
                 f"other modules of class {type(module).__name__} are registered without another "
-                "notice)", stacklevel=3)
+                "notice)", stacklevel=stacklevel)
 
     def _hold_in_running_call(self, p: torch.nn.Parameter) -> None:
         """p's group gathered and held by the hooked module call in progress, with the call's own
