@@ -122,6 +122,17 @@ TEST(ConfigCheck, WhatTheEngineRefusesTheCheckRefuses) {
       "nvme_path": "none"}}})",
               Kind::kConflict, "zero_optimization.offload_optimizer.nvme_path",
               "offload_optimizer_nvme_path");
+  // aio values strata runs at the nearest bound say so.
+  ConfigCheck aio = CheckDeepSpeedConfig(R"({"aio": {"block_size": 512, "queue_depth": 4096}})");
+  ASSERT_TRUE(aio.ok()) << Dump(aio.errors);
+  const ConfigDiagnostic* block = FindDiag(aio.warnings, Kind::kRange, "aio.block_size");
+  ASSERT_NE(block, nullptr) << Dump(aio.warnings);
+  EXPECT_NE(block->message.find("use 4096"), std::string::npos) << block->message;
+  const ConfigDiagnostic* depth = FindDiag(aio.warnings, Kind::kRange, "aio.queue_depth");
+  ASSERT_NE(depth, nullptr) << Dump(aio.warnings);
+  EXPECT_NE(depth->message.find("runs as 1024"), std::string::npos) << depth->message;
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"aio": {"block_size": 1048576, "queue_depth": 32}})")
+                  .warnings.empty());
   ConfigCheck gds = CheckDeepSpeedConfig(R"({"aio": {"use_gds": true}})");
   ASSERT_TRUE(gds.ok());
   ASSERT_NE(FindDiag(gds.warnings, Kind::kIgnored, "aio.use_gds"), nullptr) << Dump(gds.warnings);

@@ -180,8 +180,19 @@ void ReadAioParallelism(Reader& r, Section& s, AioConfig* a) {
 
 void ReadAio(Reader& r, Section& root, AioConfig* a) {
   Section s = r.Child(root, "aio");
-  r.Int(s, {"block_size"}, &a->block_size, 1);
-  r.Int(s, {"queue_depth"}, &a->queue_depth, 1);
+  if (r.Int(s, {"block_size"}, &a->block_size, 1) &&
+      (a->block_size < kAioMinBlockSize || a->block_size > kAioMaxBlockSize)) {
+    r.Warn(Kind::kRange, "aio.block_size",
+           std::to_string(a->block_size) + " is outside what strata runs (" +
+               std::to_string(kAioMinBlockSize) + " to " + std::to_string(kAioMaxBlockSize) +
+               " bytes): its IO requests use " +
+               std::to_string(std::clamp(a->block_size, kAioMinBlockSize, kAioMaxBlockSize)));
+  }
+  if (r.Int(s, {"queue_depth"}, &a->queue_depth, 1) && a->queue_depth > kAioMaxQueueDepth) {
+    r.Warn(Kind::kRange, "aio.queue_depth",
+           std::to_string(a->queue_depth) + " runs as " + std::to_string(kAioMaxQueueDepth) +
+               ", the most IOs strata keeps in flight per backend");
+  }
   if (s.present()) ReadAioParallelism(r, s, a);
   r.Bool(s, {"single_submit"}, &a->single_submit);
   r.Bool(s, {"overlap_events"}, &a->overlap_events);

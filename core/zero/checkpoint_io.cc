@@ -147,7 +147,7 @@ StreamOptions StreamOptionsFromAio(int64_t block_size, int64_t queue_depth,
                                    int64_t intra_op_parallelism, IoBackendKind kind) {
   StreamOptions o;
   o.kind = kind;
-  const int64_t chunk = std::clamp<int64_t>(block_size, 4096, int64_t{64} << 20);
+  const int64_t chunk = std::clamp<int64_t>(block_size, kAioMinBlockSize, kAioMaxBlockSize);
   o.chunk_bytes = AlignUp(static_cast<uint64_t>(chunk));
   o.depth = static_cast<size_t>(
       std::clamp<int64_t>(queue_depth * std::max<int64_t>(1, intra_op_parallelism), 2, 256));

@@ -1033,7 +1033,8 @@ Status OpenStore(const EngineConfig& c, EngineOptions& options, Engine::Impl& e,
     } else {
       IoBackendOptions io;
       io.kind = options.io_kind;
-      io.queue_depth = static_cast<size_t>(std::clamp<int64_t>(c.aio.queue_depth, 1, 1024));
+      io.queue_depth =
+          static_cast<size_t>(std::clamp<int64_t>(c.aio.queue_depth, 1, kAioMaxQueueDepth));
       STRATA_ASSIGN_OR_RETURN(so.io, OpenIoBackend(io));
     }
   }

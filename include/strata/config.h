@@ -156,6 +156,12 @@ struct AioConfig {
   bool use_gds = false;        // [false] GPUDirect Storage (not used by strata).
 };
 
+// The ranges strata runs the aio values in (the swap space's IO backend, the checkpoint
+// streams); a value outside runs at the nearest bound, which the config check warns about.
+inline constexpr int64_t kAioMaxQueueDepth = 1024;
+inline constexpr int64_t kAioMinBlockSize = 4096;
+inline constexpr int64_t kAioMaxBlockSize = int64_t{64} << 20;
+
 // `checkpoint`: DeepSpeed's section (tag_validation, load_universal, use_node_local_storage,
 // parallel_write: kept unread) with strata's retention keys, which DeepSpeed ignores (it reads the
 // section as a plain dict). Engine::Save without SaveOptions takes these (SaveOptionsFromConfig,

@@ -755,7 +755,8 @@ Result<VariantResult> RunEngineVariant(const BenchEngineArgs& a, const EngineVar
   for (const ConfigDiagnostic& w : cfg.warnings) r.notes.push_back("config: " + w.ToString());
   r.gradient_accumulation_steps =
       static_cast<int>(cfg.config.gradient_accumulation_steps.value_or(1));
-  r.io_queue_depth = static_cast<size_t>(std::clamp<int64_t>(cfg.config.aio.queue_depth, 1, 1024));
+  r.io_queue_depth =
+      static_cast<size_t>(std::clamp<int64_t>(cfg.config.aio.queue_depth, 1, kAioMaxQueueDepth));
   const double device_bytes = a.device_gb * 1e9, host_bytes = a.host_gb * 1e9;
   Progress progress(p.rank == 0, p.progress_tty);
   progress.Say("bench engine: " + v.Name() + ": creating the engine");
