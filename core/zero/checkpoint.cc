@@ -130,12 +130,9 @@ Status CheckBoundary(const Engine::Impl& e, const char* op, bool in_window) {
 // Save inside an accumulation window writes the state of the last Step, as DeepSpeed does: the
 // window's gradients are not saved and stay for the Step that applies them. The reductions
 // still running finish first, and an optimizer step speculated from the window's final
-// gradients is undone (Step redoes it), so the file holds the state from before it.
+// gradients is undone (Step redoes it), so the file holds the state from before it. At a
+// boundary both are no-ops: nothing is pending and no speculation is engaged.
 Status SettleWindowForSave(Engine::Impl& e) {
-  const bool in_window =
-      !e.pending.empty() ||
-      std::any_of(e.groups.begin(), e.groups.end(), [](const auto& g) { return g.reductions > 0; });
-  if (!in_window) return Status::OK();
   STRATA_RETURN_IF_ERROR(e.DrainReductions(true));
   if (e.spec && e.spec->engaged) STRATA_RETURN_IF_ERROR(e.CancelSpeculation());
   return Status::OK();
