@@ -251,9 +251,22 @@ def test_resolve_auto_fills_accelerates_keys_and_leaves_what_deepspeed_drops(tmp
     assert z["stage3_prefetch_bucket_size"] == int(0.9 * 32 * 32)
 
 
+def test_torch_compile_compiles_the_engines_module_and_trains_as_uncompiled(tmp_path, reference):
+    """torch_compile=True (backend "eager": no C++ compiler needed): the Trainer's dynamo plugin
+    compiles the engine's module as accelerate compiles DeepSpeed's (engine.compile); the
+    stage-3 hooks run between the graphs and the curve is the uncompiled one."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    trainer, logs = run(tmp_path, auto_config(3), torch_compile_backend="eager")
+    assert trainer.strata_engine.is_compiled
+    assert trainer.model._compiled_call_impl is not None
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0
+    assert_same_curve(logs, reference)
+    torch._dynamo.reset()
+
+
 def test_refused_options(tmp_path):
-    with pytest.raises(ValueError, match="torch_compile"):
-        st.TrainingArguments(deepspeed=auto_config(2), **args_kw(tmp_path, torch_compile=True))
     with pytest.raises(ValueError, match="bf16_full_eval"):
         st.TrainingArguments(deepspeed=auto_config(2), **args_kw(tmp_path, bf16_full_eval=True))
     with pytest.raises(ValueError, match="optim='adafactor'"):

@@ -99,6 +99,19 @@ def _transport_view(transport):
             shared["distributed_type"] = DistributedType.DEEPSPEED
 
 
+def compile_engine(engine, dynamo) -> None:
+    """What accelerate does with a DeepSpeed engine for a TorchDynamoPlugin whose backend is set:
+    engine.compile(backend, the plugin's kwargs), or its regional compilation of the engine's
+    module; nothing for backend NO (or no plugin)."""
+    if dynamo is None or dynamo.backend == DynamoBackend.NO:
+        return
+    compile_kwargs = dynamo.to_kwargs()
+    if dynamo.use_regional_compilation:
+        compile_regions_deepspeed(engine.module, **compile_kwargs)
+    else:
+        engine.compile(backend=compile_kwargs.pop("backend"), compile_kwargs=compile_kwargs)
+
+
 class Accelerator(accelerate.Accelerator):
     """accelerate.Accelerator whose DeepSpeed plugin runs on strata (module docstring). Without
     a plugin (none given, ACCELERATE_USE_DEEPSPEED unset) it is accelerate's Accelerator."""
@@ -189,13 +202,7 @@ class Accelerator(accelerate.Accelerator):
             if scheduler is not None and not isinstance(scheduler, DummyScheduler):
                 client_scheduler = scheduler  # stepped by the script, on the client's groups
         engine, engine_optimizer, _, engine_scheduler = initialize(**kwargs)
-        dynamo = self.state.dynamo_plugin
-        if dynamo.backend != DynamoBackend.NO:  # as accelerate does for DeepSpeed
-            compile_kwargs = dynamo.to_kwargs()
-            if dynamo.use_regional_compilation:
-                compile_regions_deepspeed(engine.module, **compile_kwargs)
-            else:
-                engine.compile(backend=compile_kwargs.pop("backend"), compile_kwargs=compile_kwargs)
+        compile_engine(engine, self.state.dynamo_plugin)
 
         wrapped_optimizer = None
         if optimizer is not None:

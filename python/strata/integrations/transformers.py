@@ -29,7 +29,9 @@ At ZeRO stage 3 the arguments also set transformers' zero.Init hook while they l
 (HfDeepSpeedConfig, as transformers' arguments set DeepSpeed's): a model that transformers'
 from_pretrained loads after them is built partitioned. HfDeepSpeedConfig itself serves scripts
 that use transformers' hook without the Trainer.
-Refused, naming the option: torch_compile, fsdp, fp16_full_eval / bf16_full_eval,
+torch_compile (torch_compile_backend / _mode) compiles the engine's module as accelerate does
+DeepSpeed's (engine.compile).
+Refused, naming the option: fsdp, fp16_full_eval / bf16_full_eval,
 auto_find_batch_size, several GPUs in one process (DataParallel), an optimizer strata does not run
 (args.optim other than the AdamW / Adam ones when the config has no "optimizer" section).
 Needs transformers >= 5.3 (MIN_TRANSFORMERS_VERSION: the Trainer methods it overrides, checked
@@ -433,9 +435,6 @@ class TrainingArguments(transformers.TrainingArguments):
         # where `deepspeed` is unset, and so do these.
         from_launcher = raw is None and _launched_with_deepspeed()
         refused = [
-            ("torch_compile", self.torch_compile, "not wired through strata's Trainer; a model "
-             "compiled with torch.compile before the Trainer gets it trains, strata's hooks "
-             "running between its graphs"),
             ("fsdp", bool(self.fsdp), "FSDP shards the model itself; use the config's ZeRO stage"),
             ("fp16_full_eval", self.fp16_full_eval, "it casts the model, whose parameters are "
              "the engine's"),
@@ -658,6 +657,10 @@ class Trainer(transformers.Trainer):
             raise
         self.strata_engine = engine
         self.model_wrapped = engine
+        # torch_compile: as accelerate compiles DeepSpeed's engine for the Trainer's dynamo plugin
+        # (engine.compile; the hooks run eagerly between the graphs).
+        from .accelerate import compile_engine
+        compile_engine(engine, getattr(self.accelerator.state, "dynamo_plugin", None))
         self._strata_route_accelerator()
         self.optimizer = _EngineStepped(eopt, engine)
         if isinstance(esched, torch.optim.lr_scheduler.ReduceLROnPlateau):
