@@ -241,6 +241,25 @@ def _refuse_lazy_parameters(model: torch.nn.Module) -> None:
             "the model on a sample batch before strata.initialize, so that they have shapes")
 
 
+def _refuse_unsupported_dtypes(model: torch.nn.Module, low_precision: bool) -> None:
+    """The engine keeps every parameter as a float32 master and a float32 / bfloat16 / float16
+    working copy: an integer, boolean or complex parameter would lose its values, and a float64
+    one its precision, without a word. Under bf16 / fp16 a float64 parameter is cast with the
+    rest, as DeepSpeed casts the module's floating-point parameters."""
+    for name, p in model.named_parameters():
+        if p.is_complex() or not p.is_floating_point():
+            raise ValueError(
+                f"strata.initialize: parameter {name} has dtype {p.dtype}; strata trains "
+                "floating-point parameters (float32, bfloat16, float16). Hold an integer or "
+                "boolean table in a buffer (register_buffer), and a complex weight as a real "
+                "parameter of shape (..., 2) viewed with torch.view_as_complex in the forward")
+        if p.dtype == torch.float64 and not low_precision:
+            raise ValueError(
+                f"strata.initialize: parameter {name} is float64; strata's engine keeps float32 "
+                "weights (the config enables neither bf16 nor fp16) and would round it. Cast the "
+                "model to float32 (model.float()) before strata.initialize")
+
+
 def _full_shape(p: torch.nn.Parameter) -> list:
     """The parameter's shape while whole (ds_shape once strata has emptied it)."""
     return list(getattr(p, "ds_shape", p.shape))
@@ -742,11 +761,13 @@ class StrataEngine(torch.nn.Module):
                 "; give values, or train through strata.integrations.transformers' Trainer or "
                 "accelerate, which fill them")
         _log_config_warnings(check, rank)
+        eff = json.loads(check["effective_json"])
+        _refuse_unsupported_dtypes(model, any(
+            bool((eff.get(k) or {}).get("enabled")) for k in ("bf16", "fp16")))
         # DeepSpeed's monitors (tensorboard, csv_monitor, wandb): the lr at each step, and what
         # the script writes (engine.monitor.write_events). Once the config is known good, before
         # the engine exists: one that cannot start (its package missing) leaves nothing open.
         self.monitor = MonitorMaster(config, rank)
-        eff = json.loads(check["effective_json"])
         stage3 = int((eff.get("zero_optimization") or {}).get("stage") or 0) == 3
         if stage3:  # DeepSpeed's ZeRO-3 leaf modules: the config's, or its MoE-block defaults
             leaf_cfg = (config.get("zero_optimization") or {}).get("leaf_module", {})
@@ -1994,6 +2015,7 @@ class StrataEngine(torch.nn.Module):
         self._step_applied = False
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
+            self._refuse_untaken_grads()
             self._check_param_writes("the step")
             self._release_all()
             self._push_lrs()
@@ -2022,6 +2044,28 @@ class StrataEngine(torch.nn.Module):
             self._window_backwards = 0
         self.micro_steps += 1
         self.tput_timer.stop(global_step=boundary)
+
+    def _refuse_untaken_grads(self) -> None:
+        """At a boundary step every gradient of the window is the engine's: after its backwards
+        p.grad is None. One left there was never taken (a gradient assigned to p.grad, from
+        torch.autograd.grad; a backward inside no_sync() with none after it), and the step
+        would apply without it."""
+        for name, p in self._trainable:
+            if p.grad is not None:
+                how = ("the window's backwards all ran inside no_sync(): run its last backward "
+                       "outside no_sync(), which reduces what no_sync() kept"
+                       if self._no_sync_kept() else
+                       "gradients reach the engine through engine.backward(loss) (or "
+                       "loss.backward() on the engine's output); one assigned to p.grad, from "
+                       "torch.autograd.grad say, is not applied by engine.step()")
+                raise RuntimeError(
+                    f"strata: engine.step() at an accumulation boundary found a gradient in "
+                    f"{name}.grad that the engine did not take: {how}. engine.zero_grad() "
+                    "drops it")
+
+    def _no_sync_kept(self) -> bool:
+        """A backward ran inside no_sync() this window and none after it took its gradients."""
+        return self._step_has_grads and self._window_backwards == 0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """p.grad = None for every parameter, as DeepSpeed's: the gradients the engine holds for

@@ -537,6 +537,85 @@ def test_a_lazy_module_before_its_first_forward_is_refused_naming_it():
     engine.close()
 
 
+class _Spectral(torch.nn.Module):
+    """A Fourier-layer-style model with a parameter of `dtype` beside float32 ones."""
+
+    def __init__(self, dtype, requires_grad=True):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.odd = torch.nn.Parameter(torch.ones(4, dtype=dtype), requires_grad=requires_grad)
+
+    def forward(self, x):
+        return (self.fc(x) * self.odd.real.to(x.dtype)).square().mean()
+
+
+@pytest.mark.parametrize("dtype,bf16,refused", [
+    (torch.complex64, False, "has dtype torch.complex64"),
+    (torch.complex64, True, "has dtype torch.complex64"),
+    (torch.int64, False, "has dtype torch.int64"),
+    (torch.bool, True, "has dtype torch.bool"),
+    (torch.float64, False, "is float64; .*model.float"),
+    (torch.float64, True, None)])
+def test_a_parameter_the_engine_cannot_hold_is_refused_naming_it(dtype, bf16, refused):
+    """The engine keeps float32 masters and float32 / 16-bit working copies: a complex, integer
+    or boolean parameter (which would lose its values) and a float64 one under fp32 (its
+    precision) are refused at initialize, naming the parameter; under bf16 a float64 parameter
+    is cast with the others, as DeepSpeed casts the module."""
+    model = _Spectral(dtype, requires_grad=dtype.is_floating_point or dtype.is_complex)
+    cfg = ds_config(0, dtype="bf16" if bf16 else "fp32")
+    if refused is None:
+        engine, _, _, _ = strata.initialize(model=model, config=cfg)
+        loss = engine(torch.ones(2, 4, dtype=torch.bfloat16))
+        engine.backward(loss)
+        engine.step()
+        assert engine.module.odd.dtype == torch.bfloat16 and engine.global_steps == 1
+        engine.close()
+        return
+    with pytest.raises(ValueError, match="parameter odd " + refused):
+        strata.initialize(model=model, config=cfg)
+    assert model.odd.dtype == dtype  # untouched
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_a_gradient_the_engine_did_not_take_is_refused_at_the_step(stage):
+    """A gradient assigned to p.grad (torch.autograd.grad's, a MAML / PCGrad script's) never
+    reaches the engine: the boundary step refuses, naming the parameter, where it would apply
+    without it; engine.zero_grad() drops it and training goes on as a run without it."""
+    want_losses, want, engine = run(stage, plain)
+    engine.close()
+
+    def assigned_first(engine, step, m):
+        if step == 0 and m == GAS - 1:
+            loss = engine(*batch("mlp", step, m))
+            params = list(engine.module.parameters())
+            for p, g in zip(params, torch.autograd.grad(loss, params)):
+                p.grad = g
+            with pytest.raises(RuntimeError, match=r"gradient in fc1\.weight\.grad that the "
+                                                   r"engine did not take.*autograd\.grad"):
+                engine.step()
+            engine.zero_grad()
+        return plain(engine, step, m)
+    losses, got, engine = run(stage, assigned_first)
+    engine.close()
+    assert losses == want_losses
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
+
+
+def test_a_window_whose_backwards_all_ran_in_no_sync_is_refused_at_the_step():
+    """no_sync() keeps its gradients for the next backward outside it; a boundary step with none
+    after them would step without them (DeepSpeed steps on the unreduced local gradients)."""
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(0, gas=GAS))
+    for m in range(GAS):
+        with engine.no_sync():
+            engine.backward(engine(*batch("mlp", 0, m)))
+        if m < GAS - 1:
+            engine.step()
+    with pytest.raises(RuntimeError, match=r"fc1\.weight\.grad .*inside no_sync\(\)"):
+        engine.step()
+    engine.close()
+
+
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_an_in_place_write_to_a_trainable_parameter_is_named_once(stage, tmp_path):
     """Stages 0-2 keep fp32 masters (as DeepSpeed's ZeRO and bf16/fp16 optimizers): a trainable
