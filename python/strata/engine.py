@@ -760,8 +760,14 @@ class StrataEngine(torch.nn.Module):
                 "Face Trainer, accelerate) at " + ", ".join(check["unresolved_auto"]) +
                 "; give values, or train through strata.integrations.transformers' Trainer or "
                 "accelerate, which fill them")
-        _log_config_warnings(check, rank)
         eff = json.loads(check["effective_json"])
+        if eff.get("train_batch_size") is None and eff.get("train_micro_batch_size_per_gpu") is None:
+            raise ConfigError(  # DeepSpeed's _set_batch_related_parameters refuses it too
+                "invalid DeepSpeed config: train_micro_batch_size_per_gpu: neither "
+                "train_batch_size nor train_micro_batch_size_per_gpu is given; DeepSpeed needs "
+                "one of them (\"Either train_batch_size or train_micro_batch_size_per_gpu needs "
+                "to be provided\")")
+        _log_config_warnings(check, rank)
         _refuse_unsupported_dtypes(model, any(
             bool((eff.get(k) or {}).get("enabled")) for k in ("bf16", "fp16")))
         # DeepSpeed's monitors (tensorboard, csv_monitor, wandb): the lr at each step, and what
@@ -891,6 +897,8 @@ class StrataEngine(torch.nn.Module):
         self._gather_whole()
         self.micro_steps = 0
         self._boundary_shift = 0  # micro_steps' offset of the windows after a drop (% gas)
+        self._step_after_drop = False  # a drop since the last step() and no backward after it
+        self._warned_gradless = False  # _skip_gradless_step's warning, once
         self.global_steps = 0
         self.tput_timer = ThroughputTimer(self.train_batch_size())
         self.global_samples = 0
@@ -960,6 +968,7 @@ class StrataEngine(torch.nn.Module):
         # zero.Init's: its parameters are gathered whole first (one at a time, collective; the
         # split is the same on every rank).
         self._gather_split_parts(parts)
+        self._broadcast_whole(parts)
         for gi, g in enumerate(self._groups):
             if all(x is None for x in parts[gi]):
                 continue  # built outside zero.Init: whole
@@ -987,6 +996,24 @@ class StrataEngine(torch.nn.Module):
             for (_, p), part in zip(g.params, parts[gi]):
                 if part is not None:
                     del p._strata_part
+
+    def _broadcast_whole(self, parts: list) -> None:
+        """Beside zero.Init's partitions, the parameters built outside it (a head replaced after
+        it, a PEFT adapter, resize_token_embeddings' new embedding) take rank 0's values, as
+        DeepSpeed broadcasts them before partitioning: each rank fills its own ranges from its
+        copy, which may differ (a seed per rank). One parameter at a time, collective."""
+        from .zero import _broadcast
+        world = self._engine.world_size
+        if world == 1:
+            return
+        for gi, g in enumerate(self._groups):
+            for (_, p), part in zip(g.params, parts[gi]):
+                if part is None:
+                    with torch.no_grad():
+                        got = _broadcast(p.detach(), 0, world, "strata.initialize of a model "
+                                         "partly built under strata.zero.Init")
+                        if got.data_ptr() != p.data_ptr():
+                            p.copy_(got.view(p.shape))
 
     def _gather_split_parts(self, parts: list) -> None:
         """zero.Init parts of groups that optimizer groups split or leaf modules merged, made
@@ -1573,8 +1600,7 @@ class StrataEngine(torch.nn.Module):
             return masters[gi][o + begin:o + end]
 
         with self._pinned_values_kept({self._group_of[pid] for pid in values}):
-            self._release_all()  # InitParameters rewrites the params: nothing may be gathered
-            with self._whole_after():
+            with self._released_for_rewrite():  # InitParameters rewrites the params
                 self._engine.init_from_fill(fill)
 
     def _write_params(self, values: dict[int, torch.Tensor]) -> None:
@@ -1598,9 +1624,23 @@ class StrataEngine(torch.nn.Module):
                 "cpu", torch.float32).numpy()
 
         with self._pinned_values_kept(set(groups)):
-            self._release_all()  # WriteParams rewrites the params: nothing may be gathered
-            with self._whole_after():
+            with self._released_for_rewrite():  # WriteParams rewrites the params
                 self._engine.write_params(groups, fill)
+
+    @contextlib.contextmanager
+    def _released_for_rewrite(self):
+        """Every group released for the block (the engine rewrites the parameters only with
+        nothing gathered), then gathered again as before it: the persistent ones, and those an
+        enclosing GatheredParameters block holds, with their holds (an inner block's
+        modifier_rank write inside an outer block leaves the outer one's parameters whole)."""
+        held = {gi: refs for gi, refs in enumerate(self._refs) if refs > 0}
+        self._release_all()
+        with self._whole_after():
+            yield
+        for gi, refs in held.items():
+            if self._refs[gi] == 0:
+                self._acquire((gi,))
+            self._refs[gi] = refs
 
     @contextlib.contextmanager
     def _pinned_values_kept(self, written: set):
@@ -2013,37 +2053,66 @@ class StrataEngine(torch.nn.Module):
         self._check_loaded("step")
         self._settle_failed_backward()
         self._step_applied = False
+        if self._step_after_drop:
+            # The dropped micro-step's own step() (a loop that calls zero_grad() on a bad batch
+            # and step() after it): the new window _discard_gradients began starts after it.
+            self._step_after_drop = False
+            self.micro_steps += 1
+            self._boundary_shift = self.micro_steps % self._gas
+            self.tput_timer.stop(global_step=False)
+            return
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
             self._refuse_untaken_grads()
-            self._check_param_writes("the step")
-            self._release_all()
-            self._push_lrs()
-            self._last_report = self._engine.step()
-            if not self._last_report["skipped"]:
-                self._after_applied_step()
-            self._gather_whole()  # stages 0-2: the parameters whole again (new values)
-            self.global_steps = self._last_report["global_step"]
-            self._step_applied = not self._last_report["skipped"]
-            if self._step_applied:
-                self._grad_norm = torch.tensor(self._last_report["grad_norm"],
-                                               dtype=torch.float32)
-            self._after_step(self._last_report["skipped"])
-            self._step_has_grads = False
-            if self._micro_batch:  # DeepSpeed's train_batch_size, once per boundary
-                self.global_samples += int(self._micro_batch) * self._gas * \
-                    self._engine.world_size
-            if self.monitor.enabled:  # as DeepSpeed's step: the next lr, the fp16 scale
-                events = [("Train/Samples/lr", self.get_lr()[0], self.global_samples)]
-                if self.fp16_enabled():
-                    events.append(("Train/Samples/loss_scale", self._engine.loss_scale,
-                                   self.global_samples))
-                self.monitor.write_events(events)
+            if self._step_has_grads:
+                self._apply_step()
+            else:
+                self._skip_gradless_step()
         self._unstepped_backward = False
         if boundary:
             self._window_backwards = 0
         self.micro_steps += 1
         self.tput_timer.stop(global_step=boundary)
+
+    def _apply_step(self) -> None:
+        """The boundary step of a window that took gradients: the engine's optimizer step (or
+        its fp16 skip), then the counters, the schedule and the monitor."""
+        self._check_param_writes("the step")
+        self._release_all()
+        self._push_lrs()
+        self._last_report = self._engine.step()
+        if not self._last_report["skipped"]:
+            self._after_applied_step()
+        self._gather_whole()  # stages 0-2: the parameters whole again (new values)
+        self.global_steps = self._last_report["global_step"]
+        self._step_applied = not self._last_report["skipped"]
+        if self._step_applied:
+            self._grad_norm = torch.tensor(self._last_report["grad_norm"], dtype=torch.float32)
+        self._after_step(self._last_report["skipped"])
+        self._step_has_grads = False
+        if self._micro_batch:  # DeepSpeed's train_batch_size, once per boundary
+            self.global_samples += int(self._micro_batch) * self._gas * self._engine.world_size
+        if self.monitor.enabled:  # as DeepSpeed's step: the next lr, the fp16 scale
+            events = [("Train/Samples/lr", self.get_lr()[0], self.global_samples)]
+            if self.fp16_enabled():
+                events.append(("Train/Samples/loss_scale", self._engine.loss_scale,
+                               self.global_samples))
+            self.monitor.write_events(events)
+
+    def _skip_gradless_step(self) -> None:
+        """A boundary step with no gradient since the last one (no backward ran: a loop that
+        skips a bad batch's backward but calls step()): nothing to apply. torch's optimizer
+        skips a parameter without .grad; the engine would step every parameter on a zero
+        gradient (Adam's momentum and the weight decay moving it). The weights, the optimizer
+        state, global_steps and the schedule stay; was_step_applied() is False."""
+        self._release_all()  # what a forward without backward kept gathered (stage 3)
+        self._gather_whole()
+        if not self._warned_gradless:
+            self._warned_gradless = True
+            warnings.warn("strata: engine.step() at an accumulation boundary with no backward "
+                          "since the last step: nothing is applied (the weights, optimizer "
+                          "state, global_steps and schedule stay; was_step_applied() is False)",
+                          stacklevel=3)
 
     def _refuse_untaken_grads(self) -> None:
         """At a boundary step every gradient of the window is the engine's: after its backwards
@@ -2096,6 +2165,7 @@ class StrataEngine(torch.nn.Module):
 
     def _backward_done(self) -> None:
         self._step_has_grads = True
+        self._step_after_drop = False
         self._unstepped_backward = True
         if not self._no_sync:  # no_sync()'s keep their gradients in p.grad: nothing reduced
             self._window_backwards += 1
@@ -2155,6 +2225,7 @@ class StrataEngine(torch.nn.Module):
         self._unstepped_backward = False
         self._window_backwards = 0
         self._boundary_shift = self.micro_steps % self._gas
+        self._step_after_drop = True
 
     def _lr_state(self) -> dict:
         """What a checkpoint keeps of the lrs the script drives: each group's lr and a client
@@ -2207,6 +2278,13 @@ class StrataEngine(torch.nn.Module):
         weight_decay written there (torch's OneCycleLR and CyclicLR cycle betas[0] with the lr)
         are handed over whenever they change."""
         groups = self.optimizer.param_groups
+        if len(groups) != len(self._known_lrs):
+            raise RuntimeError(
+                f"strata: the optimizer has {len(groups)} param_groups and the engine was "
+                f"initialized with {len(self._known_lrs)}: a group added after "
+                "strata.initialize (optimizer.add_param_group) is not supported; the engine "
+                "partitions and holds the groups it was initialized with (give every group to "
+                "the optimizer before initialize)")
         lrs = [float(g["lr"]) for g in groups]
         if self._client_lrs or lrs != self._known_lrs:
             if isinstance(self.lr_scheduler, _EngineScheduler) and not self._client_lrs:
@@ -2788,6 +2866,7 @@ class StrataEngine(torch.nn.Module):
         # mid-window where the run resumes with another gradient_accumulation_steps.
         self.micro_steps = self.global_steps * self._gas
         self._boundary_shift = 0
+        self._step_after_drop = False
         self.global_samples = int(state.get("global_samples", 0))
         return os.path.join(load_dir, str(tag)), state.get("client_state", {})
 
@@ -3129,6 +3208,14 @@ class _EngineOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._engine.zero_grad()
+
+    def add_param_group(self, param_group: dict) -> None:
+        if getattr(self, "_engine", None) is None:  # torch's __init__ adding the groups
+            return super().add_param_group(param_group)
+        raise RuntimeError("optimizer.add_param_group after strata.initialize is not supported: "
+                           "the engine partitions and holds the groups it was initialized with "
+                           "(give every group to the optimizer before initialize; DeepSpeed's "
+                           "ZeRO optimizers have no add_param_group)")
 
     def step(self, closure=None):
         if not self._stepping:

@@ -76,13 +76,18 @@ def train(stage: int, offload: str, how: str, save_dir=None, timeout_ms: int = 6
     """Trains on every batch; BAD's backward raises (how: "engine" for engine.backward, "torch"
     for the script's own loss.backward(); "+zero_grad": the script then calls zero_grad), or
     ("drop", "drop_opt") completes and the script drops it with engine.zero_grad() /
-    optimizer.zero_grad(). With save_dir, a checkpoint is saved right after BAD. Returns the
-    fp32 masters by name (on the CPU). device "cuda": the model and batches on the GPU."""
+    optimizer.zero_grad(), or ("skip") the script runs no backward for it. "+step": the loop
+    calls engine.step() for BAD too ("skip" always does). With save_dir, a checkpoint is saved
+    right after BAD. Returns the fp32 masters by name (on the CPU). device "cuda": the model and
+    batches on the GPU."""
     torch.manual_seed(0)
     engine, opt, _, _ = strata.initialize(model=Net().to(device), config=config(stage, offload),
                                           timeout_ms=timeout_ms)
     for i, x in enumerate(x.to(device) for x in batches()):
         loss = engine(x).square().mean()
+        if i == BAD and how == "skip":  # a loss spike: no backward, the loop's step() still
+            engine.step()
+            continue
         Boom.armed = i == BAD and not how.startswith("drop")
         try:
             if how.startswith("torch"):
@@ -91,18 +96,22 @@ def train(stage: int, offload: str, how: str, save_dir=None, timeout_ms: int = 6
                 engine.backward(loss)
         except RuntimeError as e:
             assert i == BAD and "simulated" in str(e), e
-            if how.endswith("+zero_grad"):
+            if "+zero_grad" in how:
                 engine.zero_grad()
             if save_dir is not None:
                 assert engine.save_checkpoint(save_dir)
+            if how.endswith("+step"):
+                engine.step()
             continue
         finally:
             Boom.armed = False
         if i == BAD:
             assert how.startswith("drop"), "the backward did not raise"
-            (engine if how == "drop" else opt).zero_grad()
+            (opt if how.startswith("drop_opt") else engine).zero_grad()
             if save_dir is not None:
                 assert engine.save_checkpoint(save_dir)
+            if how.endswith("+step"):
+                engine.step()
             continue
         engine.step()
     out = {n: strata.utils.safe_get_full_fp32_param(p).detach().to("cpu").clone()

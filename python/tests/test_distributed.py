@@ -87,6 +87,26 @@ def test_zero_init_partitions_a_class_defined_inside_the_block_as_rank_0_built_i
         assert torch.equal(res[r]["master"]["lin.weight"], lin.weight.detach()), r
 
 
+def test_a_module_built_whole_beside_zero_init_partitions_starts_from_rank_0s(tmp_path):
+    """A Linear replaced after zero.Init (as resize_token_embeddings' new embedding or a PEFT
+    adapter are built), each rank seeded apart: the engine starts from rank 0's values, as
+    DeepSpeed broadcasts them before partitioning; before, each rank filled its own range from
+    its own copy (rows 0-39 from rank 0, 40-63 from rank 1)."""
+    outs = run_ranks(tmp_path, "zero_init_class_worker.py",
+                     lambda r, nvme: [tmp_path, "replaced"], 2, 60000)
+    for rc, out in outs:
+        assert rc == 0, out
+    res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    torch.manual_seed(0)
+    w = torch.randn(64)
+    torch.manual_seed(100)
+    lin = torch.nn.Linear(64, 64)
+    for r in range(2):
+        assert torch.equal(res[r]["master"]["w"], w), r
+        assert torch.equal(res[r]["master"]["lin.weight"], lin.weight.detach()), r
+        assert torch.equal(res[r]["master"]["lin.bias"], lin.bias.detach()), r
+
+
 def test_ranks_that_end_without_close_leave_no_swap_file(tmp_path):
     """Two ranks training on NVMe that end without engine.close() (DeepSpeed scripts never call
     one): each removes its swap files at exit, so the next run finds no crashed run's leftovers

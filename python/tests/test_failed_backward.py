@@ -32,16 +32,29 @@ def test_a_backward_that_raises_is_dropped_and_training_goes_on(tmp_path, stage,
     assert (tmp_path / "latest").read_text().strip() == f"global_step{BAD}"
 
 
-@pytest.mark.parametrize("stage,how", [(0, "drop"), (2, "drop_opt"), (3, "drop")])
+@pytest.mark.parametrize("stage,how", [(0, "drop"), (2, "drop_opt"), (3, "drop"),
+                                       (1, "drop+step"), (3, "engine+zero_grad+step")])
 def test_zero_grad_after_a_backward_without_a_step_drops_that_batch(tmp_path, stage, how):
+    """"+step": the loop calls engine.step() for the dropped batch too; it does nothing."""
     got = train(stage, "none", how, save_dir=tmp_path)
     assert_trained_without_the_bad_batch(got)
 
 
-def window_after(drop: str):
+@pytest.mark.parametrize("stage,offload", [(0, "none"), (2, "cpu"), (3, "cpu")])
+def test_a_step_with_no_backward_since_the_last_applies_nothing(stage, offload):
+    """A loop that skips a bad batch's backward but still calls step(): torch's optimizer skips
+    a parameter without .grad; the engine would step every parameter on a zero gradient (Adam's
+    momentum moving it). Nothing is applied, was_step_applied() is False, warned once."""
+    with pytest.warns(UserWarning, match="no backward since the last step: nothing is applied"):
+        got = train(stage, offload, "skip")
+    assert_trained_without_the_bad_batch(got)
+
+
+def window_after(drop: str, step_after: bool = False):
     """gradient_accumulation_steps 2, stage 2: with `drop`, batch 0's micro-step and a second one
-    that raises ("raise") or that the script drops ("zero_grad"); then batches 2 and 3, each
-    followed by engine.step(). Returns (global steps, grad norm, the masters)."""
+    that raises ("raise") or that the script drops ("zero_grad"), followed by engine.step() where
+    `step_after`; then batches 2 and 3, each followed by engine.step(). Returns (global steps,
+    grad norm, the masters)."""
     torch.manual_seed(0)
     engine, _, _, _ = strata.initialize(model=Net(), config=config(2, "none", gas=2))
     x = batches()
@@ -60,6 +73,9 @@ def window_after(drop: str):
             else:
                 engine.backward(loss)
                 engine.zero_grad()  # the window is full and not stepped: dropped
+        if step_after:  # the loop's step() for the dropped micro-step: no count, no step
+            engine.step()
+            assert not engine.was_step_applied()
     for b in x[2:4]:
         engine.backward(engine(b).square().mean())
         engine.step()
@@ -71,10 +87,13 @@ def window_after(drop: str):
 
 
 @pytest.mark.parametrize("drop", ["raise", "zero_grad"])
-def test_a_drop_late_in_an_accumulation_window_drops_the_window_and_the_next_is_whole(drop):
+@pytest.mark.parametrize("step_after", [False, True])
+def test_a_drop_late_in_an_accumulation_window_drops_the_window_and_the_next_is_whole(drop,
+                                                                                     step_after):
     """The window's earlier micro-step goes too (warned); the next window takes two whole
-    micro-steps and divides by two, as a run that never saw the dropped ones."""
-    steps, norm, params = window_after(drop)
+    micro-steps and divides by two, as a run that never saw the dropped ones, also where the
+    loop calls step() for the dropped micro-step."""
+    steps, norm, params = window_after(drop, step_after)
     want_steps, want_norm, want = window_after("")
     assert steps == want_steps == 1
     assert norm == want_norm

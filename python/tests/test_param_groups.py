@@ -281,6 +281,29 @@ def test_what_is_refused_is_named():
                           lr_scheduler=torch.optim.lr_scheduler.LambdaLR(opt, warmup))
 
 
+def test_a_group_added_after_initialize_is_refused_naming_add_param_group():
+    """The engine holds the groups it was initialized with: add_param_group on the returned
+    optimizer raises at once; one added to the client optimizer (whose param_groups the engine
+    reads) is named at the next step, where the lrs no longer paired with the engine's groups."""
+    model = make_model("mlp")
+    extra = torch.nn.Parameter(torch.zeros(3))
+    engine, opt, _, _ = strata.initialize(model=model, config=ds_config(0))
+    with pytest.raises(RuntimeError, match="add_param_group after strata.initialize"):
+        opt.add_param_group({"params": [extra]})
+    engine.close()
+    cfg = ds_config(0)
+    del cfg["optimizer"]
+    model = make_model("mlp")
+    client = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    engine, _, _, _ = strata.initialize(model=model, optimizer=client, config=cfg)
+    client.add_param_group({"params": [extra]})
+    engine.backward(engine(*batch("mlp", 0)))
+    with pytest.raises(RuntimeError, match="2 param_groups and the engine was initialized with "
+                                           "1: a group added .*add_param_group"):
+        engine.step()
+    engine.close()
+
+
 def test_deepspeed_cpu_adam_signature():
     model = make_model("mlp")
     opt = strata.optim.DeepSpeedCPUAdam(model.parameters(), lr=LR, weight_decay=0.01)

@@ -187,3 +187,32 @@ def test_nested_zero_init_blocks_partition_once_until_the_outermost_ends():
     for m in (a, b, c):
         assert m.weight.numel() == 0 and m.weight._strata_part.shard.numel() == 16
     assert d.weight.numel() == 16 and not hasattr(d.weight, "_strata_part")
+
+
+@pytest.mark.parametrize("after_step", [False, True])
+def test_an_inner_gathered_block_that_writes_leaves_the_outer_blocks_parameters_whole(after_step):
+    """GatheredParameters(modifier_rank=0) nested in another block over other parameters: its
+    write releases and re-gathers every group, and the outer block's stay whole until the outer
+    block ends (they were emptied: a state_dict() or clone() there read empty tensors); the
+    written value stands, and the outer block's end releases its groups."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    engine, _, _, _ = deepspeed.initialize(model=model, config=cfg)
+    if after_step:
+        engine.backward(engine(torch.randn(2, 8)).sum())
+        engine.step()
+    with deepspeed.zero.GatheredParameters(list(model[1].parameters())):
+        outer = model[1].weight.detach().clone()
+        with deepspeed.zero.GatheredParameters(model[0].weight, modifier_rank=0):
+            with torch.no_grad():
+                model[0].weight.fill_(0.5)
+        assert model[1].weight.shape == (8, 8)
+        assert torch.equal(model[1].weight.detach(), outer)
+        assert model[0].weight.numel() == 0
+    assert model[1].weight.numel() == 0
+    with deepspeed.zero.GatheredParameters(model[0].weight):
+        assert bool((model[0].weight == 0.5).all())
+    engine.close()

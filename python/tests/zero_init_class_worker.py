@@ -1,6 +1,7 @@
 """One rank of test_distributed's zero.Init class test: a module class defined inside the
 strata.zero.Init block, with a parameter of its own, built with each rank seeded apart; writes
-the weights the engine starts from (every rank's must be rank 0's construction)."""
+the weights the engine starts from (every rank's must be rank 0's construction). With
+"replaced", its Linear is replaced by a whole one after the block, each rank seeded apart."""
 import os
 import sys
 
@@ -27,6 +28,11 @@ with strata.zero.Init(config=cfg):
     torch.manual_seed(rank)
     model = Scaled(64)
 partitioned = all(p.numel() == 0 for p in model.parameters())
+if sys.argv[2:] == ["replaced"]:
+    # A module replaced after zero.Init (a new head; resize_token_embeddings' new embedding;
+    # a PEFT adapter): whole, each rank's own construction.
+    torch.manual_seed(100 + rank)
+    model.lin = torch.nn.Linear(64, 64)
 engine, _, _, _ = strata.initialize(model=model, config=cfg)
 torch.save({"partitioned": partitioned, "master": engine.read_master()},
            os.path.join(sys.argv[1], f"rank{rank}.pt"))
