@@ -304,6 +304,9 @@ def _make_groups(model: torch.nn.Module, optimizer_group_of: Optional[dict] = No
         for pname, p in module.named_parameters(recurse=False):
             if id(p) in seen:
                 continue  # tied: owned by the first module that registered it
+            if torch.Size(_full_shape(p)).numel() == 0:
+                continue  # nothing to train (nn.Parameter(torch.empty(0)), a device marker):
+                # left as it is, as DeepSpeed's ZeRO leaves empty parameters out
             seen.add(id(p))
             og = 0 if optimizer_group_of is None or not p.requires_grad else \
                 optimizer_group_of[id(p)]

@@ -747,3 +747,42 @@ def test_engine_timeout_is_the_process_groups_as_deepspeeds(how, env, want_minut
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split()[-1]) == want_minutes * 60000
+
+
+class _WithDeviceMarker(torch.nn.Module):
+    """A zero-element parameter beside the trained ones (the device-tracking idiom)."""
+
+    def __init__(self, marker: bool):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+        if marker:
+            self.marker = torch.nn.Parameter(torch.empty(0))
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x))).square().mean()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_a_zero_element_parameter_is_left_out_as_deepspeed_does(stage, tmp_path):
+    """nn.Parameter(torch.empty(0)) has nothing to train: left as it is (DeepSpeed's ZeRO leaves
+    empty parameters out), where initialize refused the model ("dimension 0 is not positive").
+    The rest trains as without it, and a checkpoint saves and loads."""
+    masters = []
+    for marker in (False, True):
+        torch.manual_seed(0)
+        model = _WithDeviceMarker(marker)
+        engine, _, _, _ = strata.initialize(model=model, config=ds_config(stage))
+        torch.manual_seed(1)
+        for _ in range(3):
+            engine.backward(engine(torch.randn(4, 4)))
+            engine.step()
+        masters.append(engine.read_master())
+        if marker:
+            assert model.marker.shape == (0,) and "marker" in engine.module.state_dict()
+            assert engine.save_checkpoint(tmp_path)
+            path, _ = engine.load_checkpoint(tmp_path)
+            assert path is not None and engine.read_master().keys() == masters[0].keys()
+        engine.close()
+    assert masters[0].keys() == masters[1].keys()
+    for n in masters[0]:
+        assert torch.equal(masters[0][n], masters[1][n]), n
