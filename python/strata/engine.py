@@ -260,6 +260,21 @@ def _refuse_unsupported_dtypes(model: torch.nn.Module, low_precision: bool) -> N
                 "model to float32 (model.float()) before strata.initialize")
 
 
+@contextlib.contextmanager
+def _named_collective(what: str):
+    """A collective's timeout inside the block names `what`: a call made on some ranks only (an
+    `if rank == 0:` around a collective read) waits for the others until the timeout, and the
+    communicator's error alone names the collective's sequence number, not the call."""
+    try:
+        yield
+    except _strata.StrataError as e:
+        if not str(e).startswith("DeadlineExceeded"):
+            raise
+        raise _strata.StrataError(
+            f"{e} (in {what}: a collective, which every rank calls for the same parameter; "
+            "a call on some ranks only waits for the others until the timeout)") from e
+
+
 def _full_shape(p: torch.nn.Parameter) -> list:
     """The parameter's shape while whole (ds_shape once strata has emptied it)."""
     return list(getattr(p, "ds_shape", p.shape))
@@ -1537,9 +1552,10 @@ class StrataEngine(torch.nn.Module):
             return None
         if kind == "grad" and not self._step_has_grads:
             return None
-        for _, p, v in self._param_views(gi, kind):
-            if p is param:
-                return v.clone()
+        with _named_collective("read_param_state (strata.utils.safe_get_*)"):
+            for _, p, v in self._param_views(gi, kind):
+                if p is param:
+                    return v.clone()
         raise AssertionError("a parameter of the group is missing from it")
 
     def write_param_state(self, param: torch.nn.Parameter, value, kind: str = "master32",
@@ -1579,7 +1595,7 @@ class StrataEngine(torch.nn.Module):
             return flat[b - begin:e - begin].numpy()
 
         self._release_all()  # WriteOptimizerState rewrites the params: nothing may be gathered
-        with self._whole_after():
+        with self._whole_after(), _named_collective("write_param_state (strata.utils.safe_set_*)"):
             self._engine.write_state(gi, self._index_in_group[id(param)], kind, fill)
 
     def _write_master(self, values: dict[int, torch.Tensor]) -> None:

@@ -202,3 +202,14 @@ def test_bad_writes_and_foreign_parameters_are_refused(tmp_path):
         engine._engine.write_state(gi, 0, "master32", lambda g, p, b, e: before.reshape(-1)[b:e]
                                    .numpy())
     engine.close()
+
+
+def test_a_collective_read_on_one_rank_only_names_the_call_when_it_times_out(tmp_path):
+    """safe_get_full_fp32_param under `if rank == 0:` at stage 2: a collective that rank 0 waits
+    in alone (DeepSpeed hangs there too); at the timeout its error names the call and says it is
+    collective, where it named only the communicator's all_gather."""
+    from launch import launch
+    outs = launch(tmp_path, "collective_read_worker.py", lambda r, nvme: [], timeout_ms=3000)
+    for rc, out in outs:
+        assert rc == 0, out
+    assert "read_param_state (strata.utils.safe_get_*): a collective" in outs[0][1], outs[0][1]
