@@ -1613,10 +1613,18 @@ class StrataEngine(torch.nn.Module):
         def fill(gi, pi, begin, end):
             p = self._groups[gi].params[pi][1]
             v = values.get(id(p))
-            if v is not None:
-                return v.reshape(-1)[begin:end].to("cpu", torch.float32).numpy()
             o = offsets[gi][pi]
-            return masters[gi][o + begin:o + end]
+            kept = masters[gi][o + begin:o + end]
+            if v is None:
+                return kept
+            written = v.reshape(-1)[begin:end].to("cpu", torch.float32)
+            if self._dtype == torch.float32:
+                return written.numpy()
+            # The block hands back every member of its groups from the 16-bit working copy: an
+            # element still equal to its master's rounding keeps the fp32 master, unrounded.
+            master = torch.from_numpy(kept)
+            return torch.where(written == master.to(self._dtype).float(), master,
+                               written).numpy()
 
         with self._pinned_values_kept({self._group_of[pid] for pid in values}):
             with self._released_for_rewrite():  # InitParameters rewrites the params

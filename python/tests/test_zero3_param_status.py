@@ -216,3 +216,24 @@ def test_an_inner_gathered_block_that_writes_leaves_the_outer_blocks_parameters_
     with deepspeed.zero.GatheredParameters(model[0].weight):
         assert bool((model[0].weight == 0.5).all())
     engine.close()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_bf16_gathered_write_leaves_the_untouched_parameters_masters_unrounded(stage):
+    """GatheredParameters(weight, modifier_rank=0) before the first step, bf16: the weight's
+    master takes the written (bf16) values; the bias, in the same group but not written, keeps
+    its fp32 master as initialize took it, where it was rounded to bf16."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 16)
+    w0, b0 = model.weight.detach().clone(), model.bias.detach().clone()
+    cfg = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    engine, _, _, _ = deepspeed.initialize(model=model, config=cfg)
+    with deepspeed.zero.GatheredParameters([model.weight], modifier_rank=0):
+        with torch.no_grad():
+            model.weight.mul_(0.5)
+    master = engine.read_master()
+    assert torch.equal(master["bias"], b0)
+    assert torch.equal(master["weight"], (w0.bfloat16() * 0.5).float())
+    engine.close()
