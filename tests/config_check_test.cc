@@ -131,7 +131,8 @@ TEST(ConfigCheck, WhatTheEngineRefusesTheCheckRefuses) {
   const ConfigDiagnostic* depth = FindDiag(aio.warnings, Kind::kRange, "aio.queue_depth");
   ASSERT_NE(depth, nullptr) << Dump(aio.warnings);
   EXPECT_NE(depth->message.find("runs as 1024"), std::string::npos) << depth->message;
-  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"aio": {"block_size": 1048576, "queue_depth": 32}})")
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": 1,
+      "aio": {"block_size": 1048576, "queue_depth": 32}})")
                   .warnings.empty());
   ConfigCheck gds = CheckDeepSpeedConfig(R"({"aio": {"use_gds": true}})");
   ASSERT_TRUE(gds.ok());
@@ -256,7 +257,15 @@ TEST(ConfigCheck, AnyTwoBatchSizesDetermineTheThird) {
 }
 
 TEST(ConfigCheck, NoBatchSizeIsAnErrorOnlyWhenValuesAreRequired) {
-  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"zero_optimization": {"stage": 2}})").ok());
+  // Else a warning: strata.initialize and DeepSpeed refuse it unless a trainer supplies them.
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"zero_optimization": {"stage": 2}})");
+  EXPECT_TRUE(c.ok());
+  ASSERT_EQ(c.warnings.size(), 1u) << Dump(c.warnings);
+  EXPECT_EQ(c.warnings[0].path, "train_batch_size");
+  EXPECT_NE(c.warnings[0].message.find("strata.initialize refuses"), std::string::npos);
+  // Left "auto" for a trainer: no warning.
+  EXPECT_TRUE(
+      CheckDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": "auto"})").warnings.empty());
   ParseOptions o;
   o.require_resolved = true;
   ExpectError(R"({"gradient_accumulation_steps": 2})", Kind::kUnresolvedAuto, "train_batch_size",

@@ -232,8 +232,9 @@ TEST(PlannerConfig, NvmeFreeSpaceIsComparedWithTheEnginesState) {
     o.min_free_bytes = 0;
     const std::string stage_text = stage < 0 ? "\"auto\"" : std::to_string(stage);
     ConfigCheck c = CheckDeepSpeedConfig(
-        R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": )" + stage_text +
-            R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + a +
+        R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+            "zero_optimization": {"stage": )" +
+            stage_text + R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + a +
             R"("}, "offload_param": {"device": "nvme", "nvme_path": ")" + b + R"("}}})",
         o);
     EXPECT_TRUE(c.ok()) << (c.errors.empty() ? "" : c.errors[0].ToString());

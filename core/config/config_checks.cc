@@ -108,6 +108,11 @@ void CheckBatch(Reader& r, EngineConfig& c, Json* root) {
     r.Error(Kind::kUnresolvedAuto, "train_batch_size",
             "neither train_batch_size nor train_micro_batch_size_per_gpu is given or supplied; "
             "DeepSpeed needs one of them to derive the others");
+  } else if (autos == 0) {
+    r.Warn(Kind::kUnresolvedAuto, "train_batch_size",
+           "neither train_batch_size nor train_micro_batch_size_per_gpu is given: "
+           "strata.initialize refuses the config, as DeepSpeed does, unless a trainer (the "
+           "Hugging Face Trainer, accelerate) supplies them");
   }
 }
 
