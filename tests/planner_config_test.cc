@@ -81,13 +81,14 @@ TEST(PlannerConfig, InfinityConfigMapsEveryKey) {
 
   // The mapped settings drive the placement: host per node (8 GPUs, shard 8.75e8), by the
   // engine's rules (sched/placement.h): optimizer swap buffers 8 x (6 + 1) x 4 blocks of
-  // min(5e7, 8.75e8) x 4 B (in 4 KiB pages: 200003584) = 44.8 GB + param buffers 8 x 7 x
+  // min(5e7, a reduce_bucket_size group's shard 1.25e7) x 4 B (in 4 KiB pages: 50003968) =
+  // 11.2 GB + param buffers 8 x 7 x
   // min(2e8, 8.75e8) x 2 B (in pages: 400003072) = 22.4 GB; the rest of the default 1024 GB
   // caches the 126 GB on NVMe (max_in_cpu does not bound it): 126 GB, and the speculative step's
   // rollback copies, a quarter of the 8 x 8.75e8 optimizer elements at 12 + 2 B: 24.5 GB.
   auto plan = MakePlan(a.in);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  const double buffers = 8.0 * 7 * 4 * 200003584 + 8.0 * 7 * 400003072;
+  const double buffers = 8.0 * 7 * 4 * 50003968 + 8.0 * 7 * 400003072;
   EXPECT_DOUBLE_EQ(plan->configured->host_bytes_per_node, 126e9 + 24.5e9);
   EXPECT_DOUBLE_EQ(plan->configured->host_cache_bytes_per_node, 126e9 - buffers);
   // HBM, the engine's working set with groups of reduce_bucket_size (1e8; shard 1.25e7; 70

@@ -378,31 +378,43 @@ TEST(PlannerPlace, Stage3OptimizerNvme) {
   PlanInput in = Ref();
   const Placement p = Place(in, 3, D::kNvme, D::kNone);
   EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 7.125e9 + kExchange);
-  // Host: swap buffers 8 x (4 + 1) x 4 x min(1e9, 8.75e8) x 4 B (in 4 KiB pages: 3500003328)
-  // = 560 GB (sub_group_size 1e9 is larger than the shard: the buffers hold more than the state;
-  // the sub-groups per rank are not known without the largest group). No room for a cache: the
-  // buffers are more than the 112 GB on NVMe.
-  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 8.0 * 5 * 4 * 3500003328);
-  EXPECT_DOUBLE_EQ(p.host_cache_bytes_per_node, 0);
+  // Host: swap buffers 8 x (4 + 1) x 4 x 6.25e7 (a group of reduce_bucket_size 5e8 split over 8
+  // ranks; sub_group_size 1e9 is larger) x 4 B (in 4 KiB pages: 250003456) = 40.0006 GB, and the
+  // rest of the 112 GB on NVMe cached: no IO. 5 GB of buffers per rank < 10.5 GB of state.
+  const double buffers = 8.0 * 5 * 4 * 250003456;
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node, 112e9);
+  EXPECT_DOUBLE_EQ(p.host_cache_bytes_per_node, 112e9 - buffers);
+  EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 0);
+  EXPECT_TRUE(p.notes.empty()) << p.notes[0];
   // NVMe: optimizer 8 x 12 x 8.75e8 = 84 + fp32 grads 8 x 4 x 8.75e8 = 28 -> 112 GB.
   EXPECT_DOUBLE_EQ(p.nvme_bytes_per_node, 112e9);
-  // IO per rank: read+write optimizer 2 x 10.5 = 21 + grads written and read 2 x 1 x 3.5 = 7
-  // -> 28 GB; x 8 = 224 GB per node; at 6 GB/s: 224/6 s; in a 10 s step: 22.4 GB/s.
-  EXPECT_DOUBLE_EQ(p.nvme_io_bytes_per_node, 224e9);
-  EXPECT_DOUBLE_EQ(p.nvme_io_seconds, 224.0 / 6.0);
-  EXPECT_DOUBLE_EQ(p.nvme_required_bytes_per_s, 22.4e9);
-  // 70 GB of buffers per rank >= 12 x 8.75e8 = 10.5 GB of state: noted.
-  ASSERT_EQ(p.notes.size(), 1u);
-  EXPECT_NE(p.notes[0].find("sub_group_size"), std::string::npos);
+  // No room for a cache (DRAM holds the buffers only). IO per rank: read+write optimizer
+  // 2 x 10.5 = 21 + grads written and read 2 x 1 x 3.5 = 7 -> 28 GB; x 8 = 224 GB per node; at
+  // 6 GB/s: 224/6 s; in a 10 s step: 22.4 GB/s.
+  PlanInput bare = in;
+  bare.capacity.dram_bytes_per_node = buffers;
+  const Placement b = Place(bare, 3, D::kNvme, D::kNone);
+  EXPECT_DOUBLE_EQ(b.host_cache_bytes_per_node, 0);
+  EXPECT_DOUBLE_EQ(b.nvme_io_bytes_per_node, 224e9);
+  EXPECT_DOUBLE_EQ(b.nvme_io_seconds, 224.0 / 6.0);
+  EXPECT_DOUBLE_EQ(b.nvme_required_bytes_per_s, 22.4e9);
+  // A model whose largest group is the whole model (--largest-group 7e9): one sub-group of
+  // min(1e9, 8.75e8) per rank, its buffers 1 x 4 x 8.75e8 x 4 B = 14 GB >= 10.5 GB of state:
+  // noted, naming sub_group_size.
+  PlanInput whole = in;
+  whole.largest_group_params = 7e9;
+  const Placement w = Place(whole, 3, D::kNvme, D::kNone);
+  ASSERT_EQ(w.notes.size(), 1u);
+  EXPECT_NE(w.notes[0].find("sub_group_size"), std::string::npos);
 
   in.zero.sub_group_size = 1e8;
   in.zero.gradient_accumulation_steps = 4;
   const Placement q = Place(in, 3, D::kNvme, D::kCpu);
-  EXPECT_TRUE(q.notes.empty());  // 5 x 4 x 1e8 x 4 B = 8 GB < 10.5 GB per rank
-  // HBM 5.625. Host: buffers 8 x 5 x 4 x (1e8 x 4 B in pages: 400003072) = 64.0005 + params 14
-  // + the cache of the rest of the 112 GB on NVMe.
+  EXPECT_TRUE(q.notes.empty());  // 5 x 4 x 6.25e7 x 4 B = 5 GB < 10.5 GB per rank
+  // HBM 5.625. Host: buffers 40.0006 (the group's shard 6.25e7 < sub_group_size 1e8) + params
+  // 14 + the cache of the rest of the 112 GB on NVMe.
   EXPECT_DOUBLE_EQ(q.hbm_bytes_per_gpu, 5.625e9 + kExchange);
-  EXPECT_DOUBLE_EQ(q.host_cache_bytes_per_node, 112e9 - 8.0 * 5 * 4 * 400003072);
+  EXPECT_DOUBLE_EQ(q.host_cache_bytes_per_node, 112e9 - buffers);
   EXPECT_DOUBLE_EQ(q.host_bytes_per_node, 126e9);
   // All of it cached: no IO. With 100 GB (22 GB of cache): per rank 21 + fp32 grads
   // 2 x 4 x 3.5 = 28 -> 49; x 8 = 392 GB.
@@ -422,6 +434,7 @@ TEST(PlannerPlace, SwapBuffersThatOverflowTheHostNameSubGroupSize) {
   PlanInput in = Ref();
   in.capacity.gpus_per_node = 1;
   in.capacity.dram_bytes_per_node = 64e9;
+  in.largest_group_params = 1e9;  // sub-groups of sub_group_size, not of a smaller group
   in.zero.sub_group_size = 1e9;
   const Placement p = Place(in, 3, D::kNvme, D::kNvme);
   EXPECT_GT(p.host_bytes_per_node, 64e9);
@@ -440,7 +453,8 @@ TEST(PlannerPlace, Stage3AllNvmeCacheIsWhatTheBudgetLeaves) {
   PlanInput in = Ref();
   in.zero.max_in_cpu = 2.5e8;  // accepted, not used
   in.zero.sub_group_size = 1e8;
-  const double buffers = 8.0 * 5 * 4 * 400003072 + 8.0 * 5 * 200003584;  // 64.0005 + 8.0001
+  // The group's shard 6.25e7 < sub_group_size: 40.0006 + 8.0001
+  const double buffers = 8.0 * 5 * 4 * 250003456 + 8.0 * 5 * 200003584;
   Placement p = Place(in, 3, D::kNvme, D::kNvme);
   EXPECT_DOUBLE_EQ(p.hbm_bytes_per_gpu, 5.625e9 + kExchange);
   // 1024 GB: room for all 126 GB on NVMe.
@@ -570,14 +584,16 @@ TEST(PlannerRecommend, LadderOrder) {
   EXPECT_EQ(Recommended(in), 7u);
   in.capacity.hbm_bytes_per_gpu = 7e9;  // + params cpu (and the NVMe rungs): 5.625 HBM, 126 host
   EXPECT_EQ(Recommended(in), 8u);
-  in.capacity.dram_bytes_per_node = 100e9;  // 126 host no longer fits; nvme rungs need 574/568
-  EXPECT_EQ(Recommended(in), 99u);
-  // Optimizer nvme + params cpu: 64.0005 + 14 = 78.0005 host (and a cache in the rest).
-  in.zero.sub_group_size = 1e8;
+  in.capacity.dram_bytes_per_node = 100e9;  // 126 host no longer fits; optimizer nvme + params
+  // cpu: swap buffers 8 x (4 + 1) x 4 x 6.25e7 (a reduce_bucket_size group's shard) x 4 B = 40 GB
+  // + 14 params = 54.0005 host (and a cache in the rest)
   EXPECT_EQ(Recommended(in), 9u);
-  in.capacity.dram_bytes_per_node = 75e9;  // all nvme: 64.0005 + 8.0001 buffers = 72.0006
-  in.zero.max_in_cpu = 0;
+  in.capacity.dram_bytes_per_node = 50e9;  // all nvme: 40 + 8.0007 param buffers = 48.0007
   EXPECT_EQ(Recommended(in), 10u);
+  in.capacity.dram_bytes_per_node = 45e9;
+  EXPECT_EQ(Recommended(in), 99u);
+  in.zero.sub_group_size = 1e7;  // swap buffers 8 x 5 x 4 x 1e7 x 4 B = 6.4 GB: + 14 = 20.4005
+  EXPECT_EQ(Recommended(in), 9u);
   in.capacity.nvme_bytes_per_node = 100e9;  // NVMe needs 126
   EXPECT_EQ(Recommended(in), 99u);
 }

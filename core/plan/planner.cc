@@ -75,12 +75,13 @@ sched::StateLayout PlannedStates(const PlanInput& in, const sched::StatePlacemen
   return sched::LayOutStates(rules, li);
 }
 
-// Elements of the largest optimizer sub-group of a rank: the layout's when the largest group is
-// given; else sub_group_size, never more than the rank's whole shard (0, not counted, when
-// sub_group_size is 0: each tensor a sub-group, and no tensor is known).
+// Elements of the largest optimizer sub-group of a rank: the layout's, whose groups are the
+// largest group given or else reduce_bucket_size elements (LargestGroup), each rank's part cut by
+// sub_group_size as the engine cuts it (0, not counted, when sub_group_size is 0 and no group is
+// given: each tensor a sub-group, and no tensor is known).
 double LargestSubGroup(const PlanInput& in, const sched::StateLayout& states, double shard) {
-  if (in.largest_group_params > 0) return static_cast<double>(states.largest_sub);
-  return std::min(in.zero.sub_group_size, shard);
+  if (in.largest_group_params <= 0 && in.zero.sub_group_size <= 0) return 0;
+  return std::min(static_cast<double>(states.largest_sub), shard);
 }
 
 // Host bytes per rank of the optimizer's NVMe swap buffers (the engine's rule).
@@ -302,8 +303,7 @@ void PlaceOffload(const PlanInput& in, int stage, Builder& b) {
             Fmt(sub_group) + " elements" +
             (in.largest_group_params > 0
                  ? ""
-                 : ", an upper bound: without --largest-group the largest sub-group is taken as "
-                   "min(sub_group_size, the rank's shard)") +
+                 : ", without --largest-group a group taken as reduce_bucket_size elements") +
             ") take as much DRAM as the optimizer state itself: lower sub_group_size for NVMe "
             "offload");
       }
