@@ -174,6 +174,10 @@ constexpr std::array kOffloadOptKnown = {K("pipeline"), K("cpuadam_cores_perc"),
 constexpr std::array kOffloadParamActed = {K("device"),      K("nvme_path"),  K("buffer_count"),
                                            K("buffer_size"), K("max_in_cpu"), K("pin_memory")};
 
+// The Python adapter's monitors (DeepSpeed's monitor/config.py models, which forbid other keys).
+constexpr std::array kFileMonitorActed = {K("enabled"), K("output_path"), K("job_name")};
+constexpr std::array kWandbActed = {K("enabled"), K("team"), K("group"), K("project")};
+
 const SectionKeys kTop{kTopActed, kTopKnown, false};
 const SectionKeys kFp16{kFp16Acted, kFp16Known, true};
 const SectionKeys kBf16{kBf16Acted, kBf16Known, true};
@@ -185,6 +189,8 @@ const SectionKeys kCheckpoint{kCheckpointActed, kCheckpointKnown, false};
 const SectionKeys kZero{kZeroActed, kZeroKnown, true};
 const SectionKeys kOffloadOpt{kOffloadOptActed, kOffloadOptKnown, true};
 const SectionKeys kOffloadParam{kOffloadParamActed, kNone, true};
+const SectionKeys kFileMonitor{kFileMonitorActed, kNone, true};
+const SectionKeys kWandb{kWandbActed, kNone, true};
 
 }  // namespace
 
@@ -200,6 +206,8 @@ const SectionKeys* KeysOf(std::string_view p) {
   if (p == "zero_optimization") return &kZero;
   if (p == "zero_optimization.offload_optimizer") return &kOffloadOpt;
   if (p == "zero_optimization.offload_param") return &kOffloadParam;
+  if (p == "tensorboard" || p == "csv_monitor") return &kFileMonitor;
+  if (p == "wandb") return &kWandb;
   return nullptr;
 }
 

@@ -42,6 +42,14 @@ def config_json(config: Mapping) -> str:
     return json.dumps(_json_values(config, ""))
 
 
+def config_bool(value) -> bool:
+    """A config flag as the checker reads it (true / false, 0 / 1, "true" / "false" in any case;
+    it refuses anything else before the engine starts): the string "false" is false."""
+    if isinstance(value, str):
+        return value.lower() == "true"
+    return bool(value)
+
+
 def zero_stage(config: Mapping) -> int:
     """A loaded config's zero_optimization.stage (0 without one), as the reader takes it: a
     number or a string of one. Anything else is a ValueError naming the key."""

@@ -87,7 +87,7 @@ import torch
 
 from . import _strata
 from .autocast import TorchAutocast
-from .config import ConfigError, ConfigLike, check_config, config_json
+from .config import ConfigError, ConfigLike, check_config, config_bool, config_json
 from .deepspeed_name import register_as_deepspeed
 from .monitor import MonitorMaster
 from .optim import ParamGroups
@@ -2460,16 +2460,26 @@ class StrataEngine(torch.nn.Module):
         given or the dataset is iterable, dataloader_drop_last from the config, and initialize's
         collate_fn unless one is given."""
         iterable = _check_dataset(dataset)
+        if iterable and self.world_size > 1:
+            raise TypeError(
+                f"strata: an IterableDataset on {self.world_size} ranks would give each rank the "
+                "whole stream (DeepSpeed's loader refuses it too: its DistributedSampler needs "
+                "len()); split the stream by rank yourself (each rank iterating its own part) "
+                "and build the DataLoader, or pass a map-style dataset")
         if data_sampler is None and not iterable:
             data_sampler = torch.utils.data.distributed.DistributedSampler(
                 dataset, num_replicas=self.world_size, rank=self.global_rank,
                 shuffle=route == "train")
-        return torch.utils.data.DataLoader(
+        loader = torch.utils.data.DataLoader(
             dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu() or 1,
             sampler=data_sampler, collate_fn=collate_fn or self.collate_fn,
             num_workers=num_local_io_workers or 0,
             pin_memory=pin_memory and self._cuda is not None,
             drop_last=self.dataloader_drop_last())
+        # DeepSpeedDataLoader's name for its sampler: scripts call
+        # loader.data_sampler.set_epoch(epoch).
+        loader.data_sampler = data_sampler
+        return loader
 
     @property
     def global_rank(self) -> int:
@@ -2514,7 +2524,7 @@ class StrataEngine(torch.nn.Module):
         return bool(self._config.get("wall_clock_breakdown", False))
 
     def dataloader_drop_last(self) -> bool:
-        return bool(self._config.get("dataloader_drop_last", False))
+        return config_bool(self._config.get("dataloader_drop_last", False))
 
     def zero_optimization(self) -> bool:
         return self.zero_optimization_stage() > 0

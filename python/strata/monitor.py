@@ -23,10 +23,12 @@ import os
 import warnings
 from typing import Iterable, Optional
 
+from .config import config_bool
+
 
 def _section(config: dict, name: str) -> Optional[dict]:
     s = config.get(name)
-    return s if isinstance(s, dict) and s.get("enabled", False) else None
+    return s if isinstance(s, dict) and config_bool(s.get("enabled", False)) else None
 
 
 def _log_dir(section: dict) -> str:

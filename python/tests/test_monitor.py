@@ -62,6 +62,28 @@ def test_no_monitor_section_writes_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_enabled_false_as_a_string_is_off_and_a_misspelt_key_is_named(tmp_path, monkeypatch,
+                                                                        caplog):
+    """"enabled": "false" is off, as DeepSpeed's bool field and strata's checker read it (it
+    turned the monitor on); a misspelt key (output_dir for output_path) is warned about, where
+    DeepSpeed refuses it and strata wrote to another folder without a word."""
+    monkeypatch.chdir(tmp_path)
+    cfg = ds_config(0)
+    cfg["csv_monitor"] = {"enabled": "false", "output_path": str(tmp_path / "logs")}
+    cfg["dataloader_drop_last"] = "false"
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=cfg)
+    assert not engine.monitor.enabled and not engine.dataloader_drop_last()
+    engine.backward(engine(*batch("mlp", 0)))
+    engine.step()
+    engine.close()
+    assert list(tmp_path.iterdir()) == []
+    check = strata.check_config({"train_micro_batch_size_per_gpu": 1, "csv_monitor": {
+        "enabled": True, "output_dir": "logs/"}, "tensorboard": {"enable": True}})
+    warned = " ".join(w["text"] for w in check["warnings"])
+    assert "csv_monitor.output_dir: unknown key 'output_dir'" in warned, warned
+    assert "tensorboard.enable: unknown key 'enable'; did you mean 'enabled'" in warned, warned
+
+
 def test_tensorboard_monitor_writes_its_event_files_or_names_the_missing_package(tmp_path):
     cfg = ds_config(2)
     cfg["tensorboard"] = {"enabled": True, "output_path": str(tmp_path), "job_name": "tb"}

@@ -472,6 +472,8 @@ def test_deepspeed_engine_names_scripts_read_have_deepspeeds_types():
     assert not opt.dynamic_loss_scale and not opt.loss_scaler.dynamic  # fp16 off
     assert engine.dp_world_size == 1 and engine.mp_world_size == 1
     assert engine.training_dataloader is loader and len(loader) == 3  # 10 samples, micro 4
+    loader.data_sampler.set_epoch(1)  # DeepSpeedDataLoader's name for its sampler
+    assert loader.data_sampler is loader.sampler
     assert sorted(x.item() for (b,) in loader for x in b) == list(range(10))
     assert not engine.dataloader_drop_last()
     ordered = engine.deepspeed_io(data, batch_size=3, route="eval")
@@ -488,6 +490,22 @@ def test_deepspeed_engine_names_scripts_read_have_deepspeeds_types():
     assert plain.loss_scale() == 0.0 and plain.dynamic_loss_scale()  # DeepSpeed's default
     assert len(loader) == 2 and len(plain.deepspeed_io(data, batch_size=3)) == 3  # drop_last
     plain.close()
+
+
+def test_an_iterable_dataset_on_several_ranks_is_refused(monkeypatch):
+    """Every rank would iterate the whole stream (DeepSpeed's DistributedSampler refuses it for
+    want of len()); on one rank it is the whole data, as there."""
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(6.0).unsqueeze(1))
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(2))
+    assert [b.shape[0] for b in engine.deepspeed_io(Stream())] == [4, 2]
+    monkeypatch.setattr(type(engine), "world_size", property(lambda self: 2))
+    with pytest.raises(TypeError, match="IterableDataset on 2 ranks would give each rank the "
+                                        "whole stream"):
+        engine.deepspeed_io(Stream())
+    monkeypatch.undo()
+    engine.close()
 
 
 def test_a_callable_optimizer_builds_the_client_optimizer_as_deepspeed():
