@@ -213,8 +213,8 @@ def main() -> None:
     dataset = Sequences(x)
 
     # the DeepSpeed config: its NVMe directory under --out unless --nvme-path
-    with open(args.config) as f:
-        cfg = json.load(f)
+    from strata.config import load_config
+    cfg = load_config(args.config)  # comments taken, as strata.initialize takes them
     off = cfg.get("zero_optimization", {}).get("offload_optimizer", {})
     if off.get("device") == "nvme":
         off["nvme_path"] = os.path.abspath(args.nvme_path or os.path.join(args.out, "nvme"))

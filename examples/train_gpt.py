@@ -195,8 +195,7 @@ def main() -> None:
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
 
-    with open(args.config) as f:
-        cfg = json.load(f)
+    cfg = strata.config.load_config(args.config)  # comments taken, as strata.initialize takes them
     sched = cfg.get("scheduler", {}).get("params", {})
     if "total_num_steps" in sched:
         sched["total_num_steps"] = args.steps

@@ -142,7 +142,8 @@ def load_config(config: ConfigLike, *, world_size: Optional[int] = None,
     raises ConfigError with every error's text when it is invalid."""
     res = check_config(config, world_size=world_size, auto_values=auto_values)
     if not res["ok"]:
-        raise ConfigError("invalid DeepSpeed config:\n" +
+        path = _text_or_path(config)[1]
+        raise ConfigError(f"invalid DeepSpeed config{' ' + path if path else ''}:\n" +
                           "\n".join(e["text"] for e in res["errors"]))
     return json.loads(res["normalized_json"])
 

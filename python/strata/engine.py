@@ -87,7 +87,7 @@ import torch
 
 from . import _strata
 from .autocast import TorchAutocast
-from .config import ConfigError, ConfigLike, check_config, config_bool, config_json
+from .config import ConfigError, ConfigLike, check_config, config_bool, config_json, load_config
 from .deepspeed_name import register_as_deepspeed
 from .monitor import MonitorMaster
 from .optim import ParamGroups
@@ -3668,10 +3668,6 @@ def _share_rendezvous_secret() -> None:
 def _load(config: ConfigLike) -> dict:
     if isinstance(config, dict):
         return config
-    # JSON text, a path (read by the checker, which names the file in its errors and takes the
-    # comments DeepSpeed's reader allows), or base64 (config.py's rule).
-    res = check_config(config)
-    if not res["ok"]:
-        raise ConfigError("invalid DeepSpeed config:\n" +
-                          "\n".join(e["text"] for e in res["errors"]))
-    return json.loads(res["normalized_json"])
+    # JSON text, a path (its errors name the file; the comments DeepSpeed's reader allows are
+    # taken), or base64: config.py's one rule.
+    return load_config(config)

@@ -508,6 +508,20 @@ def test_an_iterable_dataset_on_several_ranks_is_refused(monkeypatch):
     engine.close()
 
 
+def test_a_malformed_config_file_is_named_in_the_error(tmp_path):
+    """initialize(config=path) and the Trainer's TrainingArguments(deepspeed=path) with a file
+    that is not JSON: the error names the file and the line (the Trainer's said the file did not
+    exist)."""
+    bad = tmp_path / "ds.json"
+    bad.write_text('{"train_micro_batch_size_per_gpu": 2,\n')
+    with pytest.raises(strata.ConfigError, match=f"invalid DeepSpeed config {bad}:\nline 2"):
+        strata.initialize(model=make_model("mlp"), config=str(bad))
+    st = pytest.importorskip("strata.integrations.transformers")
+    with pytest.raises(ValueError, match=f"deepspeed=...\\): invalid DeepSpeed config {bad}"):
+        st.TrainingArguments(output_dir=str(tmp_path), deepspeed=str(bad), use_cpu=True,
+                             report_to=[])
+
+
 def test_a_callable_optimizer_builds_the_client_optimizer_as_deepspeed():
     """optimizer= a callable (an optimizer class, a lambda, a partial) is called with the model's
     parameters, or model_parameters, and trains as the optimizer it returns."""

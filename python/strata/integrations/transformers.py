@@ -236,6 +236,8 @@ def _read_config(value, what: str = "TrainingArguments(deepspeed=...)") -> dict:
         return copy.deepcopy(value)
     try:
         return load_config(value)  # strata's one reading rule (config.py): comments taken
+    except ConfigError as e:  # read, and invalid: its errors, naming the file
+        raise ValueError(f"{what}: {e}") from e
     except (OSError, TypeError, ValueError, StrataError) as e:
         raise ValueError(f"{what}: expected a path to an existing config file, a dict, JSON "
                          f"text or base64 JSON; got {value!r}") from e
