@@ -31,6 +31,8 @@ import itertools
 import json
 from typing import Iterable, Optional, Union
 
+import warnings
+
 import torch
 
 from . import _strata
@@ -439,6 +441,22 @@ def _gathered(params: list, modifier_rank: Optional[int], fwd_module):
                 e._write_master(values)
 
 
+def _warn_unkept_writes(versions: dict) -> None:
+    """A parameter written in place inside a GatheredParameters block without modifier_rank
+    (its version counter moved): DeepSpeed discards the write (its sanity checks raise "Use
+    modifier_rank"); here it may stand in the working copy until the next step, or be dropped
+    with the gathered copy (several ranks, offloaded parameters). Warned, naming it; a write
+    through .data moves no counter and goes unseen."""
+    moved = [p for p, version in versions.values() if p._version != version]
+    if moved:
+        engine = moved[0]._strata_engine
+        warnings.warn(
+            f"strata: parameter {engine._param_name(moved[0])} was written inside "
+            "GatheredParameters without modifier_rank: as under DeepSpeed the write is not "
+            "kept (the next step, or the release of the gathered copy, drops it); pass "
+            "modifier_rank=0 to keep it", stacklevel=4)
+
+
 def _gathered_block(engines: dict, parted: list, modifier_rank, world: int, writes: list):
     """GatheredParameters' block: the engines' groups gathered, the zero.Init parts whole;
     at its end modifier_rank's values broadcast into `writes` (engine parameters) and the parts
@@ -446,9 +464,13 @@ def _gathered_block(engines: dict, parted: list, modifier_rank, world: int, writ
     with contextlib.ExitStack() as stack:
         for e, groups in engines.values():
             stack.enter_context(e.gathered_parameters(sorted(groups)))
+        versions = {} if modifier_rank is not None else {  # stage 3 (else whole: no gather)
+            id(p): (p, p._version) for e, groups in engines.values() if not e._whole
+            for gi in groups for _, p in e._groups[gi].params}
         try:
             yield
         finally:
+            _warn_unkept_writes(versions)
             if modifier_rank is not None:
                 for e, groups in engines.values():
                     members = [p for gi in sorted(groups) for _, p in e._groups[gi].params]

@@ -237,3 +237,29 @@ def test_a_bf16_gathered_write_leaves_the_untouched_parameters_masters_unrounded
     assert torch.equal(master["bias"], b0)
     assert torch.equal(master["weight"], (w0.bfloat16() * 0.5).float())
     engine.close()
+
+
+def test_a_write_inside_gathered_parameters_without_modifier_rank_is_warned():
+    """DeepSpeed discards it (its sanity checks raise "Use modifier_rank"); strata's may stand
+    in the working copy until the next step or go with the gathered copy, depending on ranks and
+    offload: warned, naming the parameter. A read-only block and one with modifier_rank are not."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    cfg = {"train_micro_batch_size_per_gpu": 2,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    engine, _, _, _ = deepspeed.initialize(model=model, config=cfg)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with deepspeed.zero.GatheredParameters(list(model.parameters())):
+            model[0].weight.sum().item()  # a read
+        with deepspeed.zero.GatheredParameters(model[1].weight, modifier_rank=0):
+            with torch.no_grad():
+                model[1].weight.mul_(2)
+    with pytest.warns(UserWarning, match=r"parameter 1\.bias was written inside "
+                                         "GatheredParameters without modifier_rank"):
+        with deepspeed.zero.GatheredParameters(list(model[1].parameters())):
+            with torch.no_grad():
+                model[1].bias.zero_()
+    engine.close()
