@@ -313,3 +313,31 @@ TEST_F(OffloadctlConfig, HelpDescribesEveryOption) {
 }
 
 }  // namespace
+
+// A misspelt command word at any level is named with the commands it could be (CLI11 alone said
+// "A subcommand is required"); a usage error a command finds itself is JSON on stdout under
+// --json, as the parser's are.
+TEST_F(OffloadctlConfig, UsageErrorsNameTheWordAndAreJsonUnderJson) {
+  ProcessRun typo = Offloadctl("config chek x.json");
+  EXPECT_EQ(typo.exit_code, 2) << typo.out;
+  EXPECT_NE(typo.out.find("offloadctl config: unknown command 'chek' (the commands: check"),
+            std::string::npos)
+      << typo.out;
+  typo = Offloadctl("bench nvm --nvme-path x");
+  EXPECT_EQ(typo.exit_code, 2) << typo.out;
+  EXPECT_NE(typo.out.find("offloadctl bench: unknown command 'nvm'"), std::string::npos)
+      << typo.out;
+  const char* bin = std::getenv("STRATA_OFFLOADCTL");
+  ASSERT_NE(bin, nullptr);
+  std::string cfg = TempFile("plain.json", R"({"train_micro_batch_size_per_gpu": 1})");
+  for (const std::string& args :
+       {std::string("config check ") + cfg + " --set foo --json", std::string("bench nvme --json"),
+        std::string("bench comm --dtype int8 --json")}) {
+    ProcessRun r = strata::testing::RunShell(std::string(bin) + " " + args + " 2>/dev/null");
+    EXPECT_EQ(r.exit_code, 2) << args;
+    nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object()) << args << ": " << r.out;
+    EXPECT_EQ(j["exit_code"], 2) << args;
+    EXPECT_FALSE(j["error"].get<std::string>().empty()) << args;
+  }
+}

@@ -40,8 +40,9 @@ nlohmann::json RowJson(const kernels::AdamBenchRow& row) {
           {"nt_triad_bytes_per_s", row.nt_triad_bytes_per_s}};
 }
 
-// The --dtype-path names as paths; nullopt (after a message) when one is unknown.
-std::optional<std::vector<kernels::AdamPath>> ParsePaths(const std::vector<std::string>& names) {
+// The --dtype-path names as paths; nullopt, with *error set, when one is unknown.
+std::optional<std::vector<kernels::AdamPath>> ParsePaths(const std::vector<std::string>& names,
+                                                         std::string* error) {
   if (names.empty()) return kernels::AllAdamPaths();
   std::vector<kernels::AdamPath> paths;
   for (const std::string& name : names) {
@@ -50,9 +51,8 @@ std::optional<std::vector<kernels::AdamPath>> ParsePaths(const std::vector<std::
       if (p.Name() == name) paths.push_back(p);
     }
     if (paths.size() == before) {
-      std::fprintf(stderr, "bench adam: unknown --dtype-path '%s'; known:", name.c_str());
-      for (const auto& p : kernels::AllAdamPaths()) std::fprintf(stderr, " %s", p.Name().c_str());
-      std::fprintf(stderr, "\n");
+      *error = "unknown --dtype-path '" + name + "'; known:";
+      for (const auto& p : kernels::AllAdamPaths()) *error += " " + p.Name();
       return std::nullopt;
     }
   }
@@ -113,13 +113,13 @@ int Run(const Opts& o) {
   // The parameter count as `plan --params` reads it (decimal suffixes: 64M = 64e6).
   const Result<double> count = ParseParamCount(o.params);
   if (!count.ok()) {
-    std::fprintf(stderr, "bench adam: --params: %s\n",
-                 std::string(count.status().message()).c_str());
-    return kExitUsage;
+    return Failure("bench adam", "--params: " + std::string(count.status().message()), kExitUsage,
+                   o.json);
   }
   const std::optional<size_t> params = static_cast<size_t>(*count);
-  std::optional<std::vector<kernels::AdamPath>> paths = ParsePaths(o.paths);
-  if (!paths) return kExitUsage;
+  std::string unknown;
+  std::optional<std::vector<kernels::AdamPath>> paths = ParsePaths(o.paths, &unknown);
+  if (!paths) return Failure("bench adam", unknown, kExitUsage, o.json);
 
   kernels::DramBenchOptions dopt;
   dopt.array_bytes = o.array_bytes;

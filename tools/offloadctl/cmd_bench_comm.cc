@@ -151,12 +151,11 @@ std::string RunRank(const BenchOpts& o, DType dt, int rank, const std::string& d
 int RunBench(const BenchOpts& o) {
   const auto dt = ParseDType(o.dtype);
   if (!dt || *dt == DType::kI8) {
-    std::fprintf(stderr, "bench comm: --dtype '%s' is not fp32, bf16 or fp16\n", o.dtype.c_str());
-    return kExitUsage;
+    return Failure("bench comm", "--dtype '" + o.dtype + "' is not fp32, bf16 or fp16", kExitUsage,
+                   o.json);
   }
   if (o.min_bytes == 0 || o.min_bytes > o.max_bytes) {
-    std::fprintf(stderr, "bench comm: need 0 < --min-bytes <= --max-bytes\n");
-    return kExitUsage;
+    return Failure("bench comm", "need 0 < --min-bytes <= --max-bytes", kExitUsage, o.json);
   }
   // The rendezvous directory, in $TMPDIR (or /tmp): locked while this run (and its forked
   // ranks) live, so a killed run's directory is reported by the next one (nvme/leftovers.h).

@@ -55,19 +55,18 @@ int Run(const Args& a) {
   for (const std::string& bs : a.block_sizes) {
     const uint64_t b = *ParseSize(bs);
     if (b == 0 || b % 4096 != 0) {
-      std::fprintf(stderr, "offloadctl bench nvme: --block-size %s is not a multiple of 4K\n",
-                   bs.c_str());
-      return kExitUsage;
+      return Failure("bench nvme", "--block-size " + bs + " is not a multiple of 4K", kExitUsage,
+                     a.json);
     }
     for (size_t t : a.threads) {
       if (per_dir < b * t) {
         if (!default_blocks) {
-          std::fprintf(stderr,
-                       "offloadctl bench nvme: --size %s holds less than one %s block per thread "
-                       "(%zu thread(s) in each of %zu directories): raise --size or lower "
-                       "--block-size\n",
-                       a.size.c_str(), bs.c_str(), t, a.nvme_paths.size());
-          return kExitUsage;
+          return Failure("bench nvme",
+                         "--size " + a.size + " holds less than one " + bs + " block per thread (" +
+                             std::to_string(t) + " thread(s) in each of " +
+                             std::to_string(a.nvme_paths.size()) +
+                             " directories): raise --size or lower --block-size",
+                         kExitUsage, a.json);
         }
         skipped += (skipped.empty() ? "" : ", ") + bs + " x " + std::to_string(t) + " thread(s)";
         continue;
@@ -76,11 +75,11 @@ int Run(const Args& a) {
     }
   }
   if (points.empty()) {
-    std::fprintf(stderr,
-                 "offloadctl bench nvme: --size %s holds no block of the sweep per thread: raise "
-                 "--size or give a smaller --block-size\n",
-                 a.size.c_str());
-    return kExitUsage;
+    return Failure("bench nvme",
+                   "--size " + a.size +
+                       " holds no block of the sweep per thread: raise --size or give a smaller "
+                       "--block-size",
+                   kExitUsage, a.json);
   }
   if (!skipped.empty()) {
     std::fprintf(stderr, "offloadctl bench nvme: skipping %s: larger than --size %s per thread\n",
@@ -196,8 +195,7 @@ void RegisterBenchNvme(CLI::App& parent, int* exit_code) {
                 "aio)");
   cmd->callback([args, exit_code] {
     if (args->nvme_paths.empty()) {
-      std::fprintf(stderr, "offloadctl bench nvme: --nvme-path DIR is required\n");
-      *exit_code = kExitUsage;
+      *exit_code = Failure("bench nvme", "--nvme-path DIR is required", kExitUsage, args->json);
       return;
     }
     *exit_code = Run(*args);

@@ -13,6 +13,7 @@
 #include "strata/config.h"
 #include "strata/planner.h"
 #include "tools/offloadctl/cli_checks.h"
+#include "tools/offloadctl/cli_flags.h"
 #include "tools/offloadctl/commands.h"
 
 namespace strata::cli {
@@ -52,17 +53,17 @@ int RunCheck(const ConfigCheckArgs& a) {
   if (!a.params.empty()) {
     auto p = ParseParamCount(a.params);
     if (!p.ok()) {
-      std::fprintf(stderr, "--params: %s\n", std::string(p.status().message()).c_str());
-      return kExitUsage;
+      return Failure("config check", "--params: " + std::string(p.status().message()), kExitUsage,
+                     a.json);
     }
     params = *p;
   }
   for (const std::string& kv : a.set) {
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) {
-      std::fprintf(stderr, "--set expects KEY=VALUE (e.g. optimizer.params.lr=1e-4), got '%s'\n",
-                   kv.c_str());
-      return kExitUsage;
+      return Failure("config check",
+                     "--set expects KEY=VALUE (e.g. optimizer.params.lr=1e-4), got '" + kv + "'",
+                     kExitUsage, a.json);
     }
     // A VALUE that is not JSON is taken as a string: --set ...offload_param.device=cpu.
     std::string value = kv.substr(eq + 1);

@@ -34,17 +34,24 @@ int main(int argc, char** argv) {
   strata::cli::RegisterBenchDram(*bench, &exit_code);
   strata::cli::RegisterBenchAdam(*bench, &exit_code);
 
-  // An unknown first word: CLI11 would say "A subcommand is required", which misleads.
-  std::string known;
-  bool is_known = false;
-  for (const CLI::App* sub : app.get_subcommands({})) {
-    known += (known.empty() ? "" : ", ") + sub->get_name();
-    is_known = is_known || (argc > 1 && sub->get_name() == argv[1]);
-  }
-  if (argc > 1 && argv[1][0] != '-' && !is_known) {
-    std::fprintf(stderr, "offloadctl: unknown command '%s' (the commands: %s; --help)\n", argv[1],
-                 known.c_str());
-    return strata::cli::kExitUsage;
+  // An unknown command word, at any level ("bench nvm"): CLI11 would say "A subcommand is
+  // required", which misleads.
+  const CLI::App* level = &app;
+  std::string path = "offloadctl";
+  for (int i = 1; i < argc && argv[i][0] != '-' && !level->get_subcommands({}).empty(); ++i) {
+    std::string known;
+    const CLI::App* next = nullptr;
+    for (const CLI::App* sub : level->get_subcommands({})) {
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+      if (sub->get_name() == argv[i]) next = sub;
+    }
+    if (next == nullptr) {
+      std::fprintf(stderr, "%s: unknown command '%s' (the commands: %s; --help)\n", path.c_str(),
+                   argv[i], known.c_str());
+      return strata::cli::kExitUsage;
+    }
+    level = next;
+    path += " " + next->get_name();
   }
   try {
     app.parse(argc, argv);
