@@ -112,6 +112,13 @@ TEST(ConfigCheck, WhatTheEngineRefusesTheCheckRefuses) {
               "tensor_parallel.autotp_size", "data-parallel");
   ExpectError(R"({"zero_optimization": {"stage": 2, "zenflow": {"topk_ratio": 0.1}}})",
               Kind::kUnsupported, "zero_optimization.zenflow", "ZenFlow");
+  // The caller's step() as the boundary, of any number of backwards: windows here are
+  // gradient_accumulation_steps micro-steps, which would step less often than the script asks.
+  ExpectError(R"({"managed_gradient_accumulation": false})", Kind::kUnsupported,
+              "managed_gradient_accumulation", "set_gradient_accumulation_boundary");
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"train_micro_batch_size_per_gpu": 1,
+      "managed_gradient_accumulation": true})")
+                  .ok());
   for (const char* off : {R"({"progressive_layer_drop": {"enabled": false}})",
                           R"({"curriculum_learning": {"enabled": false}})",
                           R"({"data_efficiency": {"enabled": false}})",

@@ -299,6 +299,17 @@ void CheckUnsupportedSections(Reader& r, const Json* root) {
               "the section, and size the batch for world_size data-parallel ranks");
     }
   }
+  auto managed = root->find("managed_gradient_accumulation");
+  if (managed != root->end() &&
+      ((managed->is_boolean() && !managed->get<bool>()) ||
+       (managed->is_number_integer() && managed->get<int64_t>() == 0) ||
+       (managed->is_string() && managed->get<std::string>() == "false"))) {
+    r.Error(Kind::kUnsupported, "managed_gradient_accumulation",
+            "false (the caller's step() ending each window, of any number of backwards) is not "
+            "supported by strata, whose windows are gradient_accumulation_steps micro-steps: "
+            "remove the key, or call engine.set_gradient_accumulation_boundary(True) before a "
+            "window's last backward");
+  }
   auto zero = root->find("zero_optimization");
   if (zero != root->end() && zero->is_object()) {
     auto zenflow = zero->find("zenflow");

@@ -17,7 +17,7 @@ using K = std::string_view;
 constexpr std::array kTopActed = {
     K("train_batch_size"),
     // the Python adapter's: its loader, its monitors
-    K("dataloader_drop_last"), K("tensorboard"), K("csv_monitor"), K("wandb"),
+    K("dataloader_drop_last"), K("tensorboard"), K("csv_monitor"), K("wandb"), K("log_level"),
     K("train_micro_batch_size_per_gpu"), K("gradient_accumulation_steps"), K("gradient_clipping"),
     K("steps_per_print"), K("fp16"), K("bf16"), K("bfloat16"), K("optimizer"), K("scheduler"),
     K("aio"), K("zero_optimization"), K("checkpoint"), K("prescale_gradients"),
@@ -64,7 +64,6 @@ constexpr std::array kTopKnown = {K("wall_clock_breakdown"),
                                   K("zenflow"),
                                   K("managed_gradient_accumulation"),
                                   K("gradient_allreduce_op"),
-                                  K("log_level"),
                                   K("datastates"),
                                   K("vocabulary_size"),
                                   K("expert_parallel"),

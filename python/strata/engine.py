@@ -786,6 +786,9 @@ class StrataEngine(torch.nn.Module):
                 "one of them (\"Either train_batch_size or train_micro_batch_size_per_gpu needs "
                 "to be provided\")")
         _log_config_warnings(check, rank)
+        if config.get("log_level") is not None:  # as DeepSpeed's engine: its logger's level
+            from .utils import set_log_level_from_string
+            set_log_level_from_string(config["log_level"])
         _refuse_unsupported_dtypes(model, any(
             bool((eff.get(k) or {}).get("enabled")) for k in ("bf16", "fp16")))
         # DeepSpeed's monitors (tensorboard, csv_monitor, wandb): the lr at each step, and what

@@ -110,3 +110,21 @@ def test_deepspeed_engine_is_strata_engine_under_its_name():
     engine, _, _, _ = deepspeed.initialize(model=make_model("mlp"), config=ds_config(1))
     assert isinstance(engine, DeepSpeedEngine)
     engine.close()
+
+
+def test_the_configs_log_level_sets_deepspeeds_logger_as_deepspeed_does():
+    """"log_level": "info" lowers DeepSpeed's logger (its engine calls set_log_level_from_string),
+    so log_dist(..., ranks=[0]) prints; an unknown level is DeepSpeed's ValueError."""
+    import torch
+    from models import ds_config, make_model
+    kept = logger.level
+    try:
+        engine, _, _, _ = deepspeed.initialize(model=make_model("mlp"),
+                                               config=dict(ds_config(0), log_level="info"))
+        assert logger.getEffectiveLevel() == logging.INFO
+        engine.close()
+        with pytest.raises(ValueError, match="loud is not one of the valid logging levels"):
+            deepspeed.initialize(model=make_model("mlp"), config=dict(ds_config(0),
+                                                                      log_level="loud"))
+    finally:
+        logger.setLevel(kept)

@@ -32,6 +32,29 @@ if logger.level == logging.NOTSET:
     logger.setLevel(logging.WARNING)
 
 
+_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+               "error": logging.ERROR, "critical": logging.CRITICAL}
+
+
+def get_log_level_from_string(log_level_str: str) -> int:
+    """As DeepSpeed's: "info" -> logging.INFO; ValueError naming the valid ones otherwise."""
+    level = _LOG_LEVELS.get(str(log_level_str).lower())
+    if level is None:
+        raise ValueError(f"{log_level_str} is not one of the valid logging levels. Valid log "
+                         f"levels are {list(_LOG_LEVELS)}.")
+    return level
+
+
+def set_log_level_from_string(log_level_str: str, custom_logger=None) -> None:
+    """As DeepSpeed's (what its engine does with the config's "log_level"): the logger (default:
+    DeepSpeed's) and its handlers at that level."""
+    level = get_log_level_from_string(log_level_str)
+    target = logger if custom_logger is None else custom_logger
+    target.setLevel(level)
+    for handler in target.handlers:
+        handler.setLevel(level)
+
+
 def log_dist(message: str, ranks=None, level: int = logging.INFO) -> None:
     """As deepspeed.utils.log_dist: `message` logged with a "[Rank N] " prefix on the ranks
     listed (ranks=[-1]: every rank), or on the one process where torch.distributed is not
