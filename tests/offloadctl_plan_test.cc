@@ -171,6 +171,20 @@ TEST(OffloadctlPlan, UsageErrorsExitTwo) {
   EXPECT_NE(ratio.out.find("needs an offloaded optimizer"), std::string::npos) << ratio.out;
   EXPECT_EQ(RunPlan("--params 13B --stage 3 --offload-ratio 0.5 --offload-optimizer cpu").exit_code,
             0);
+  // A fraction of a micro-step was printed as "(2.5 micro-steps)"; config check refuses it too.
+  const RunResult ga = RunPlan("--params 7B --grad-accum 2.5", true);
+  EXPECT_EQ(ga.exit_code, 2) << ga.out;
+  EXPECT_NE(ga.out.find("--grad-accum: a whole number of micro-steps, not 2.5"), std::string::npos)
+      << ga.out;
+}
+
+// One GPU: nothing moves between ranks, said so (the ratio to DDP's zero bytes read 350.50x).
+TEST(OffloadctlPlan, OneRankHasNoCollectives) {
+  const RunResult r = RunPlan(
+      "--params 7B --gpus 1 --trainable 20M --stage 3 "
+      "--offload-optimizer cpu");
+  EXPECT_NE(r.out.find("collectives none (one rank)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("x DDP's all-reduce)\n"), std::string::npos) << r.out;
 }
 
 // A count beyond what the planner counts exactly is refused (the figures had saturated, and

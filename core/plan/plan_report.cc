@@ -262,8 +262,12 @@ void TierDetail(std::string& s, const Placement& p, Tier tier, const char* title
 }
 
 void Traffic(std::string& s, const Plan& plan, const Placement& p, const char* indent) {
-  Out(s, "%scollectives %s per rank per micro-step (%.2fx DDP's all-reduce)\n", indent,
-      Gb(p.comm.bytes_per_rank).c_str(), p.comm.ratio);
+  if (p.comm.ddp_bytes_per_rank > 0) {
+    Out(s, "%scollectives %s per rank per micro-step (%.2fx DDP's all-reduce)\n", indent,
+        Gb(p.comm.bytes_per_rank).c_str(), p.comm.ratio);
+  } else {
+    Out(s, "%scollectives none (one rank)\n", indent);
+  }
   Out(s, "%sper optimizer step (%g micro-step%s): PCIe %s per GPU", indent,
       plan.input.zero.gradient_accumulation_steps,
       plan.input.zero.gradient_accumulation_steps == 1 ? "" : "s",

@@ -3,6 +3,7 @@
 // or the config is invalid; 2 usage error.
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -126,6 +127,11 @@ int BuildInput(const PlanFlags& f, PlanInput* in, std::vector<std::string>* note
     }
     in->zero.optimizer_ratio = f.offload_ratio;
     in->has_configured = true;
+  }
+  if (f.grad_accum > 0 && f.grad_accum != std::floor(f.grad_accum)) {
+    char given[32];
+    std::snprintf(given, sizeof(given), "%g", f.grad_accum);
+    return Usage(f, std::string("--grad-accum: a whole number of micro-steps, not ") + given);
   }
   if (f.grad_accum > 0) in->zero.gradient_accumulation_steps = f.grad_accum;
   ZeroPlusPlus& zpp = in->zero.zero_plus_plus;
