@@ -291,7 +291,10 @@ def main() -> None:
         print(f"ZeRO stage {layout['stage']}, optimizer on {layout['offload_optimizer']}, "
               f"params on {layout['offload_param']}, {layout['dtype']}")
         moved = ", ".join(f"{k} {human(v)}" for k, v in sorted(st["bytes_moved"].items()))
-        print(f"bytes moved (rank 0): {moved or 'none'}; NVMe IO {human(st['io_bytes'])}")
+        print(f"bytes moved (rank 0): {moved or 'none'}; NVMe IO {human(st['io_bytes'])}" +
+              (" (the NVMe-homed state fits the host cache: its files are written when it is "
+               "flushed or evicted; summary.json's layout says why)"
+               if st["io_bytes"] == 0 and st.get("peak_bytes", {}).get("nvme", 0) > 0 else ""))
         print(f"wrote {os.path.join(args.out, 'summary.json')}, "
               f"{os.path.join(args.out, 'adapter')}/" + (f" and {png}" if wrote else ""))
 

@@ -284,6 +284,9 @@ def main() -> None:
         print(f"NVMe: {human(st['io_bytes'])} in {st['io_busy_ns'] / 1e9:.2f} s busy "
               f"= {io_gbps:.2f} GB/s; stall fraction {stall:.1%} (waits for gathers, "
               f"reductions and optimizer IO over the step time)")
+        if st["io_bytes"] == 0 and st["peak_bytes"].get("nvme", 0) > 0:
+            print("  (the NVMe-homed state fits the host cache: its files are written when it is "
+                  "flushed or evicted; summary.json's layout says why)")
         print(f"wrote {os.path.join(args.out, 'summary.json')}" + (f" and {png}" if wrote else ""))
     engine.close()
 
