@@ -2761,6 +2761,14 @@ class StrataEngine(torch.nn.Module):
         self.module.compile(**options)
         self._compiled = True
 
+    def __reduce_ex__(self, protocol):
+        raise TypeError(
+            "a strata engine, and a model whose parameters it trains (each names it), cannot be "
+            "pickled or deep-copied: save engine.module.state_dict() (at stage 3 inside "
+            "strata.zero.GatheredParameters), engine.save_16bit_model() or "
+            "engine.save_checkpoint(); or close the engine first (close() at stages 0-2, "
+            "close_keeping_weights() at stage 3), which gives the model back whole")
+
     @property
     def is_compiled(self) -> bool:
         """Whether compile() was called (DeepSpeedEngine.is_compiled)."""
@@ -2776,6 +2784,7 @@ class StrataEngine(torch.nn.Module):
             for name, p in self.module.named_parameters():
                 if name in masters:
                     p.data = masters[name].to(p.device, self._dtypes.get(name, p.dtype))
+                    p.__dict__.pop("_strata_engine", None)  # the model's again (it pickles)
 
     def close(self) -> None:
         """Removes the hooks and frees the engine. Stages 0-2: the parameters keep their last
@@ -2793,6 +2802,8 @@ class StrataEngine(torch.nn.Module):
                 p.data = p.data.clone() if self._whole else empty
                 if not self._whole:
                     p.ds_status = _NOT_AVAILABLE
+                else:  # holding its weights, the parameter is the model's again (it pickles)
+                    p.__dict__.pop("_strata_engine", None)
         self._engine_views.clear()  # views of memory the engine frees now
         self._gathered_at.clear()
         try:

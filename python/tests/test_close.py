@@ -93,3 +93,30 @@ def test_initialize_with_data_that_is_not_a_dataset_leaves_the_model_as_it_was()
     assert not strata.engine.open_engines_of(model)
     for n, p in model.named_parameters():
         assert torch.equal(p.detach(), want[n]), n
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_a_closed_model_pickles_and_an_open_one_says_how_to_save(stage):
+    """torch.save(model) of a model the engine trains failed on the engine's C++ object ("cannot
+    pickle 'Engine'"), and still did after close(), the parameters naming the engine: now an open
+    engine's refusal says what to save instead, and the closed model (close() at stages 0-2,
+    close_keeping_weights() at stage 3) pickles, reloads equal and starts a new engine."""
+    import io
+    torch.manual_seed(0)
+    model = MLP()
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(stage))
+    engine.backward(engine(torch.randn(4, 16), torch.randn(4, 8)))
+    engine.step()
+    if stage < 3:
+        with pytest.raises(TypeError, match="cannot be pickled or deep-copied: save "
+                                            r"engine.module.state_dict\(\)"):
+            torch.save(model, io.BytesIO())
+    (engine.close_keeping_weights if stage == 3 else engine.close)()
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    again = torch.load(buf, weights_only=False)
+    for (n, p), q in zip(model.named_parameters(), again.parameters()):
+        assert torch.equal(p, q) and p.numel() > 0, n
+    engine, _, _, _ = strata.initialize(model=again, config=ds_config(stage))
+    engine.close()
