@@ -262,7 +262,8 @@ def test_the_throughput_timer_counts_as_deepspeeds():
 def test_deepspeeds_module_paths_under_strata():
     """A script's `deepspeed` imports with that word changed: strata.ops.adam,
     strata.runtime.zero.partition_parameters (also read as attributes, as DeepSpeed-Chat's LoRA
-    code does) and get_accelerator at the top level."""
+    code does), strata.runtime.dataloader, strata.utils.logging and get_accelerator at the top
+    level."""
     import strata as deepspeed
     from strata import get_accelerator
     from strata.ops.adam import DeepSpeedCPUAdam, FusedAdam
@@ -272,6 +273,11 @@ def test_deepspeeds_module_paths_under_strata():
     assert ZeroParamStatus is strata.zero.ZeroParamStatus
     assert GatheredParameters is strata.zero.GatheredParameters
     assert get_accelerator() is strata.accelerator.get_accelerator()
+    from strata.runtime.dataloader import RepeatingLoader
+    from strata.utils.logging import log_dist, logger, set_log_level_from_string
+    assert RepeatingLoader is strata.utils.RepeatingLoader and logger is strata.utils.logger
+    assert log_dist is strata.utils.log_dist
+    assert set_log_level_from_string is strata.utils.set_log_level_from_string
     for cls in (DeepSpeedCPUAdam, FusedAdam):
         model = Custom()
         opt = cls(model.parameters(), lr=0.25, betas=(0.8, 0.9), weight_decay=0.0)
