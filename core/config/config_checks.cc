@@ -111,8 +111,8 @@ void CheckBatch(Reader& r, EngineConfig& c, Json* root) {
   } else if (autos == 0) {
     r.Warn(Kind::kUnresolvedAuto, "train_batch_size",
            "neither train_batch_size nor train_micro_batch_size_per_gpu is given: "
-           "strata.initialize refuses the config, as DeepSpeed does, unless a trainer (the "
-           "Hugging Face Trainer, accelerate) supplies them");
+           "strata.initialize refuses the config, as DeepSpeed does; give one, or set them to "
+           "\"auto\" for a trainer (the Hugging Face Trainer, accelerate) to fill");
   }
 }
 

@@ -222,6 +222,7 @@ void ReadAdapterSections(Reader& r, Section& root) {
   bool flag = false;
   std::string text;
   r.Bool(root, {"dataloader_drop_last"}, &flag);
+  r.String(root, {"log_level"}, &text);  // DeepSpeed's logger's level (strata.utils)
   for (const char* monitor : {"tensorboard", "csv_monitor", "wandb"}) {
     Section s = r.Child(root, monitor);
     r.Bool(s, {"enabled"}, &flag);

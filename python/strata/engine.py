@@ -247,6 +247,8 @@ def _refuse_unsupported_dtypes(model: torch.nn.Module, low_precision: bool) -> N
     one its precision, without a word. Under bf16 / fp16 a float64 parameter is cast with the
     rest, as DeepSpeed casts the module's floating-point parameters."""
     for name, p in model.named_parameters():
+        if torch.Size(_full_shape(p)).numel() == 0:
+            continue  # left out of the engine (_make_groups)
         if p.is_complex() or not p.is_floating_point():
             raise ValueError(
                 f"strata.initialize: parameter {name} has dtype {p.dtype}; strata trains "
@@ -919,6 +921,7 @@ class StrataEngine(torch.nn.Module):
         self.micro_steps = 0
         self._boundary_shift = 0  # micro_steps' offset of the windows after a drop (% gas)
         self._step_after_drop = False  # a drop since the last step() and no backward after it
+        self._kept_by_no_sync = False  # the last backward ran inside no_sync()
         self._warned_gradless = False  # _skip_gradless_step's warning, once
         self.global_steps = 0
         self.tput_timer = ThroughputTimer(self.train_batch_size())
@@ -2163,8 +2166,8 @@ class StrataEngine(torch.nn.Module):
                     "drops it")
 
     def _no_sync_kept(self) -> bool:
-        """A backward ran inside no_sync() this window and none after it took its gradients."""
-        return self._step_has_grads and self._window_backwards == 0
+        """A backward ran inside no_sync() and none outside it after it took its gradients."""
+        return self._kept_by_no_sync
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """p.grad = None for every parameter, as DeepSpeed's: the gradients the engine holds for
@@ -2196,6 +2199,7 @@ class StrataEngine(torch.nn.Module):
     def _backward_done(self) -> None:
         self._step_has_grads = True
         self._step_after_drop = False
+        self._kept_by_no_sync = self._no_sync  # the last backward's gradients stayed in p.grad
         self._unstepped_backward = True
         if not self._no_sync:  # no_sync()'s keep their gradients in p.grad: nothing reduced
             self._window_backwards += 1
@@ -2256,6 +2260,7 @@ class StrataEngine(torch.nn.Module):
         self._window_backwards = 0
         self._boundary_shift = self.micro_steps % self._gas
         self._step_after_drop = True
+        self._kept_by_no_sync = False
 
     def _lr_state(self) -> dict:
         """What a checkpoint keeps of the lrs the script drives: each group's lr and a client

@@ -123,6 +123,10 @@ def test_the_configs_log_level_sets_deepspeeds_logger_as_deepspeed_does():
                                                config=dict(ds_config(0), log_level="info"))
         assert logger.getEffectiveLevel() == logging.INFO
         engine.close()
+        # read by the checker: no "unknown key" warning, and --strict passes
+        check = deepspeed.check_config({"train_micro_batch_size_per_gpu": 2, "log_level": "info"},
+                                       strict=True)
+        assert check["ok"] and not check["warnings"], check["warnings"]
         with pytest.raises(ValueError, match="loud is not one of the valid logging levels"):
             deepspeed.initialize(model=make_model("mlp"), config=dict(ds_config(0),
                                                                       log_level="loud"))

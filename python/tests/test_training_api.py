@@ -606,6 +606,10 @@ def test_a_parameter_the_engine_cannot_hold_is_refused_naming_it(dtype, bf16, re
     with pytest.raises(ValueError, match="parameter odd " + refused):
         strata.initialize(model=model, config=cfg)
     assert model.odd.dtype == dtype  # untouched
+    if dtype.is_floating_point:  # an empty one is left out of the engine: no refusal
+        model.odd = torch.nn.Parameter(torch.empty(0, dtype=dtype))
+        engine, _, _, _ = strata.initialize(model=model, config=cfg)
+        engine.close()
 
 
 @pytest.mark.parametrize("stage", [0, 2])
@@ -643,6 +647,15 @@ def test_a_window_whose_backwards_all_ran_in_no_sync_is_refused_at_the_step():
             engine.backward(engine(*batch("mlp", 0, m)))
         if m < GAS - 1:
             engine.step()
+    with pytest.raises(RuntimeError, match=r"fc1\.weight\.grad .*inside no_sync\(\)"):
+        engine.step()
+    engine.close()
+    # Only the window's last backward inside no_sync(): named the same way.
+    engine, _, _, _ = strata.initialize(model=make_model("mlp"), config=ds_config(0, gas=GAS))
+    engine.backward(engine(*batch("mlp", 0, 0)))
+    engine.step()
+    with engine.no_sync():
+        engine.backward(engine(*batch("mlp", 0, 1)))
     with pytest.raises(RuntimeError, match=r"fc1\.weight\.grad .*inside no_sync\(\)"):
         engine.step()
     engine.close()

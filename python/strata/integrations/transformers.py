@@ -800,7 +800,25 @@ class Trainer(transformers.Trainer):
                 _still_zero_init(self.model):
             with self._strata_borrowed(self.model):
                 return super().evaluation_loop(*args, **kwargs)
-        return super().evaluation_loop(*args, **kwargs)
+        with self._strata_compiled_once():
+            return super().evaluation_loop(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _strata_compiled_once(self):
+        """With torch_compile, the engine's module is compiled in place (_prepare_for_training):
+        transformers' evaluation_loop would have accelerate compile it again and wrap it
+        (prepare_model with the dynamo plugin), making the compiled wrapper the Trainer's
+        model_wrapped in place of the engine. The plugin is off for the loop."""
+        plugin = getattr(self.accelerator.state, "dynamo_plugin", None)
+        if self.strata_engine is None or plugin is None:
+            yield
+            return
+        from accelerate.utils import DynamoBackend
+        kept, plugin.backend = plugin.backend, DynamoBackend.NO
+        try:
+            yield
+        finally:
+            plugin.backend = kept
 
     def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
         if self.strata_engine is not None:
