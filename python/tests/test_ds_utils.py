@@ -35,7 +35,7 @@ def test_repeating_loader_starts_the_loader_again():
     assert iter(it) is it
 
 
-def test_logger_and_log_dist(caplog):
+def test_logger_and_log_dist(caplog, capsys):
     assert logger.name == "DeepSpeed"
     dist = torch.distributed
     rank = dist.get_rank() if dist.is_initialized() else -1  # -1: not started, as DeepSpeed's
@@ -45,6 +45,16 @@ def test_logger_and_log_dist(caplog):
     want = ["[Rank -1] hello", "[Rank -1] not here"] if rank == -1 else ["[Rank 0] hello"]
     assert [r.getMessage() for r in caplog.records] == want
     assert deepspeed.utils.log_dist is log_dist
+    # DeepSpeed's once-only and print variants
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="DeepSpeed"):
+        for _ in range(3):
+            deepspeed.utils.log_dist_once("once", ranks=[0])
+            logger.warning_once("warned once")
+    assert [r.getMessage() for r in caplog.records] == [f"[Rank {rank}] once", "warned once"]
+    capsys.readouterr()
+    deepspeed.utils.logging.print_dist("printed", ranks=[0])  # whatever the logger's level
+    assert capsys.readouterr().out == f"[Rank {rank}] printed\n"
 
 
 def test_see_memory_usage_prints_only_when_forced(capsys):

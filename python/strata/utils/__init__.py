@@ -16,8 +16,9 @@ checkpoint.
 """
 from __future__ import annotations
 
+import functools
 import io
-import logging
+import logging as _logging  # `logging` is this package's submodule (DeepSpeed's path)
 import os
 import pickle
 import re
@@ -27,13 +28,13 @@ import torch
 
 # DeepSpeed's logger (`from deepspeed.utils import logger`): named "DeepSpeed", WARNING and above
 # unless a script lowers it, as DeepSpeed's.
-logger = logging.getLogger("DeepSpeed")
-if logger.level == logging.NOTSET:
-    logger.setLevel(logging.WARNING)
+logger = _logging.getLogger("DeepSpeed")
+if logger.level == _logging.NOTSET:
+    logger.setLevel(_logging.WARNING)
 
 
-_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-               "error": logging.ERROR, "critical": logging.CRITICAL}
+_LOG_LEVELS = {"debug": _logging.DEBUG, "info": _logging.INFO, "warning": _logging.WARNING,
+               "error": _logging.ERROR, "critical": _logging.CRITICAL}
 
 
 def get_log_level_from_string(log_level_str: str) -> int:
@@ -55,16 +56,52 @@ def set_log_level_from_string(log_level_str: str, custom_logger=None) -> None:
         handler.setLevel(level)
 
 
-def log_dist(message: str, ranks=None, level: int = logging.INFO) -> None:
-    """As deepspeed.utils.log_dist: `message` logged with a "[Rank N] " prefix on the ranks
-    listed (ranks=[-1]: every rank), or on the one process where torch.distributed is not
-    started."""
+def _dist_message(message: str, ranks) -> Optional[str]:
+    """DeepSpeed's get_dist_msg: "[Rank N] message" on the ranks listed (ranks=[-1]: every
+    rank), or on the one process where torch.distributed is not started; else None."""
     dist = torch.distributed
     started = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if started else -1
     ranks = list(ranks or [])
     if not started or (ranks and (ranks[0] == -1 or rank in ranks)):
-        logger.log(level, "[Rank %d] %s", rank, message)
+        return f"[Rank {rank}] {message}"
+    return None
+
+
+def log_dist(message: str, ranks=None, level: int = _logging.INFO) -> None:
+    """As deepspeed.utils.log_dist: `message` logged with a "[Rank N] " prefix on the ranks
+    listed (ranks=[-1]: every rank), or on the one process where torch.distributed is not
+    started."""
+    text = _dist_message(message, ranks)
+    if text is not None:
+        logger.log(level, text)
+
+
+def print_dist(message: str, ranks=None) -> None:
+    """As DeepSpeed's: log_dist's message printed, whatever the logger's level."""
+    text = _dist_message(message, ranks)
+    if text is not None:
+        print(text)
+
+
+@functools.lru_cache(None)
+def _log_dist_once(message: str, ranks: Optional[tuple], level: int) -> None:
+    log_dist(message, ranks=None if ranks is None else list(ranks), level=level)
+
+
+def log_dist_once(message: str, ranks=None, level: int = _logging.INFO) -> None:
+    """As DeepSpeed's: log_dist, each distinct message once per process."""
+    _log_dist_once(message, None if ranks is None else tuple(ranks), level)
+
+
+@functools.lru_cache(None)
+def _warning_once(*args, **kwargs) -> None:
+    logger.warning(*args, **kwargs)
+
+
+# As DeepSpeed's logger: logger.warning_once(...) warns each distinct message once.
+logger.warning_once = _warning_once
+logger.log_dist_once = log_dist_once
 
 
 class RepeatingLoader:
@@ -279,3 +316,6 @@ def unpack_state(blob: bytes, where: str) -> dict:
 from .zero_to_fp32 import (convert_zero_checkpoint_to_fp32_state_dict,  # noqa: E402,F401
                            get_fp32_state_dict_from_zero_checkpoint,
                            load_state_dict_from_zero_checkpoint, read_checkpoint)
+
+
+from . import logging  # noqa: E402  deepspeed.utils.logging, once the names it re-exports exist
