@@ -2187,6 +2187,15 @@ class StrataEngine(torch.nn.Module):
     def _check_window_open(self) -> None:
         """Before a backward: the window has room (the engine reduces each group at most
         gradient_accumulation_steps times between steps)."""
+        if not self._no_sync and self._window_backwards >= self._gas and \
+                not self._unstepped_backward:
+            # step() ran, short of the boundary: a loop that calls it once per window.
+            raise RuntimeError(
+                f"strata: a backward after {self._window_backwards} backward(s) in this "
+                f"accumulation window, which fill gradient_accumulation_steps ({self._gas}), "
+                "though engine.step() ran since: step() counts micro-steps, so call it after "
+                "every backward (it runs the optimizer at each window's last one); a loop that "
+                f"calls it once per window reaches a boundary every {self._gas}th window only")
         if not self._no_sync and self._unstepped_backward and self._window_backwards >= self._gas:
             raise RuntimeError(
                 f"strata: a backward after {self._window_backwards} backward(s) since the last "

@@ -128,6 +128,28 @@ def test_a_second_backward_in_a_full_window_is_refused_before_it_runs():
     engine.close()
 
 
+@pytest.mark.parametrize("stage", [0, 3])
+def test_a_loop_that_steps_once_per_window_is_refused_naming_step_after_every_backward(stage):
+    """nanoGPT's loop converted as `engine.backward` each micro-step and `engine.step()` once
+    per window (gas 2): step() counts micro-steps, so the first window ends short of its
+    boundary and the next backward overfills it. Refused by name before it runs, where the
+    engine's ReduceGradients said "group '<root>' was already reduced 2 times"."""
+    torch.manual_seed(0)
+    engine, _, _, _ = strata.initialize(model=MLP(), config=ds_config(stage, gas=2, lr=LR, wd=WD))
+
+    def loss(m):
+        x, y = data(m)
+        return torch.nn.functional.mse_loss(engine(x), y)
+    for m in range(2):
+        engine.backward(loss(m))
+    engine.step()
+    assert not engine.was_step_applied()
+    with pytest.raises(RuntimeError, match="though engine.step\\(\\) ran since: step\\(\\) "
+                                           "counts micro-steps, so call it after every backward"):
+        engine.backward(loss(2))
+    engine.close()
+
+
 def test_the_window_check_leaves_no_sync_and_passes_that_give_no_gradient_alone():
     """Backwards inside no_sync() (stages 0-1) keep their gradients in p.grad and reduce
     nothing: they do not fill the window, as in DeepSpeed. A pass through an engine whose
