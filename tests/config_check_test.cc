@@ -263,8 +263,9 @@ TEST(ConfigCheck, AnyTwoBatchSizesDetermineTheThird) {
   EXPECT_EQ(c.train_batch_size.value(), 24);
 }
 
-TEST(ConfigCheck, NoBatchSizeIsAnErrorOnlyWhenValuesAreRequired) {
-  // Else a warning: strata.initialize and DeepSpeed refuse it unless a trainer supplies them.
+TEST(ConfigCheck, NoBatchSizeIsAnErrorWhenNothingWillSupplyOne) {
+  // With a trainer to fill values, a warning: strata.initialize and DeepSpeed refuse it unless
+  // the trainer supplies them.
   ConfigCheck c = CheckDeepSpeedConfig(R"({"zero_optimization": {"stage": 2}})");
   EXPECT_TRUE(c.ok());
   ASSERT_EQ(c.warnings.size(), 1u) << Dump(c.warnings);
@@ -277,6 +278,12 @@ TEST(ConfigCheck, NoBatchSizeIsAnErrorOnlyWhenValuesAreRequired) {
   o.require_resolved = true;
   ExpectError(R"({"gradient_accumulation_steps": 2})", Kind::kUnresolvedAuto, "train_batch_size",
               "neither train_batch_size nor", o);
+  // A script's own initialize (no trainer): refused, as DeepSpeed refuses it.
+  ParseOptions direct;
+  direct.trainer_fills_auto = false;
+  ExpectError(R"({"zero_optimization": {"stage": 2}})", Kind::kUnresolvedAuto, "train_batch_size",
+              "Either train_batch_size or train_micro_batch_size_per_gpu needs", direct);
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"train_batch_size": 8})", direct).ok());
 }
 
 TEST(ConfigCheck, UnresolvedAutoNamesEveryKeyWhenValuesAreNeeded) {
@@ -427,6 +434,23 @@ TEST(ConfigCheck, MaxGradNormInOptimizerParamsIsAWarning) {
       "params": {"max_grad_norm": 1.0}}})");
   ASSERT_TRUE(c.ok());
   EXPECT_NE(FindDiag(c.warnings, Kind::kIgnored, "optimizer.params.max_grad_norm"), nullptr);
+}
+
+// DeepSpeed's CPU Adam keeps 16-bit moments with fp32_optimizer_states false; strata keeps fp32
+// ones, which a run sized for the smaller state needs to know (true, the default, is silent).
+TEST(ConfigCheck, Fp32OptimizerStatesFalseIsAWarning) {
+  ConfigCheck c = CheckDeepSpeedConfig(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW",
+      "params": {"fp32_optimizer_states": false}}})");
+  ASSERT_TRUE(c.ok());
+  const ConfigDiagnostic* d =
+      FindDiag(c.warnings, Kind::kIgnored, "optimizer.params.fp32_optimizer_states");
+  ASSERT_NE(d, nullptr) << Dump(c.warnings);
+  EXPECT_NE(d->message.find("keeps Adam's moments in fp32"), std::string::npos);
+  EXPECT_EQ(FindDiag(CheckDeepSpeedConfig(R"({"train_batch_size": 8, "optimizer": {"type":
+      "AdamW", "params": {"fp32_optimizer_states": true}}})")
+                         .warnings,
+                     Kind::kIgnored, "optimizer.params.fp32_optimizer_states"),
+            nullptr);
 }
 
 // optimizer.params are the keyword arguments of DeepSpeed's Adam / AdamW: another name (a

@@ -290,6 +290,24 @@ TEST(LrSchedule, OneCycleDecayStairsAndAsymmetricHalves) {
   ExpectLr(d, 24, 1e-4 / (1 + 0.5 * 1.0));
   ExpectBetas(d, 24, 0.95 * (1 + 0.01 * 1.0));
   EXPECT_EQ(d.notes().size(), 2u);  // beta2, and beta1 growing after the cycle
+  // beta1 = 0.95 * (1 + 0.01 * (t - 19) / 5) first reaches 1 at t = 46 (0.9994 at t = 45): the
+  // applied step with 47 before it, step 48. The check warns naming it; that step's error names
+  // the key, where Adam's kernel named only beta1.
+  ASSERT_EQ(d.warnings().size(), 1u);
+  EXPECT_NE(d.warnings()[0].find("scheduler.params.decay_mom_rate: "), std::string::npos);
+  EXPECT_NE(d.warnings()[0].find("reaches 1 at optimizer step 48,"), std::string::npos)
+      << d.warnings()[0];
+  EXPECT_LT(d.BetasForStep(46)->first, 1.0);
+  EXPECT_GE(d.BetasForStep(47)->first, 1.0);
+  EXPECT_TRUE(d.CheckBetasForStep(46).ok());
+  Status past = d.CheckBetasForStep(47);
+  EXPECT_EQ(past.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(past.message().find("scheduler.params.decay_mom_rate: OneCycle's beta1 has grown to "
+                                "1.001"),
+            std::string::npos)
+      << past.message();
+  EXPECT_NE(past.message().find(" at optimizer step 48 "), std::string::npos) << past.message();
+  EXPECT_TRUE(Make(OneCycle({})).warnings().empty());  // no decay: beta1 stays cycle_max_mom
 
   LrSchedule st = Make(OneCycle({{"cycle_first_stair_count", "2"}}));
   ExpectLr(st, 0, 1e-4);               // b = 1: floor(1 * 2 / 10) / 2 = 0

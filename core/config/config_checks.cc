@@ -108,6 +108,13 @@ void CheckBatch(Reader& r, EngineConfig& c, Json* root) {
     r.Error(Kind::kUnresolvedAuto, "train_batch_size",
             "neither train_batch_size nor train_micro_batch_size_per_gpu is given or supplied; "
             "DeepSpeed needs one of them to derive the others");
+  } else if (autos == 0 && !r.options().trainer_fills_auto) {
+    // A script's own initialize: nothing will supply them (DeepSpeed's
+    // _set_batch_related_parameters refuses the config too).
+    r.Error(Kind::kUnresolvedAuto, "train_batch_size",
+            "neither train_batch_size nor train_micro_batch_size_per_gpu is given; DeepSpeed "
+            "needs one of them (\"Either train_batch_size or train_micro_batch_size_per_gpu "
+            "needs to be provided\")");
   } else if (autos == 0) {
     r.Warn(Kind::kUnresolvedAuto, "train_batch_size",
            "neither train_batch_size nor train_micro_batch_size_per_gpu is given: "
@@ -346,7 +353,13 @@ void CheckSchedule(Reader& r, const EngineConfig& c) {
     if (p.rfind("scheduler.", 0) == 0 || p == "optimizer.params.lr") return;
   }
   Result<zero::LrSchedule> s = zero::LrSchedule::FromConfig(c);
-  if (s.ok()) return;
+  if (s.ok()) {
+    for (const std::string& w : s->warnings()) {
+      const size_t colon = w.find(": ");
+      r.Warn(Kind::kRange, w.substr(0, colon), w.substr(colon + 2));
+    }
+    return;
+  }
   const std::string msg(s.status().message());
   const size_t colon = msg.find(": ");
   if (colon == std::string::npos) {

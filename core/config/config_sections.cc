@@ -87,6 +87,13 @@ void ReadOptimizer(Reader& r, Section& root, OptimizerConfig* o) {
            "max_grad_norm is not an optimizer parameter (DeepSpeed refuses it with a "
            "ValueError); strata ignores it: use the top-level 'gradient_clipping'");
   }
+  if (const Json* v = r.Member(p, "fp32_optimizer_states");
+      v != nullptr && v->is_boolean() && !v->get<bool>()) {
+    r.Warn(Kind::kIgnored, r.PathOf(p, "fp32_optimizer_states"),
+           "false is not acted on: strata keeps Adam's moments in fp32 (8 bytes per parameter, "
+           "where DeepSpeed's CPU Adam would keep them in the parameters' 16-bit type); "
+           "'offloadctl plan' and the engine's budget checks count those bytes");
+  }
   // Options that change Adam's arithmetic, which strata's Adam does not have.
   for (const char* name : {"amsgrad", "maximize"}) {
     const Json* v = r.Member(p, name);

@@ -648,6 +648,9 @@ struct Engine::Impl {
   std::vector<kernels::AdamHyper> StepHyper(float grad_scale) const;
   // Optimizer group og's (beta1, beta2) for the next applied step.
   std::pair<double, double> BetasFor(size_t og) const;
+  // The schedule's betas for the step about to be applied are ones Adam runs (OneCycle's
+  // decay_mom_rate grows beta1 to 1): an error naming the key, not the kernel's.
+  Status CheckScheduledBetas() const;
   // This rank's sub-groups, group by group in order, less those in `except` (empty: none).
   std::vector<size_t> StepOrder(const std::vector<uint64_t>& except = {}) const;
   // overlap_step: starts RunAdam over `order` with coefficients `hs` (and the wait for the

@@ -425,6 +425,13 @@ double Engine::Impl::LrFor(size_t og) const {
   return schedule->LrForStep(applied_steps - lr_step_base, own_lr[og]);
 }
 
+Status Engine::Impl::CheckScheduledBetas() const {
+  for (size_t og = 0; og < hyper.size(); ++og) {
+    if (!client_betas[og]) return schedule->CheckBetasForStep(applied_steps - lr_step_base);
+  }
+  return Status::OK();
+}
+
 std::pair<double, double> Engine::Impl::BetasFor(size_t og) const {
   if (!client_betas[og]) {
     if (auto b = schedule->BetasForStep(applied_steps - lr_step_base)) return *b;
@@ -523,6 +530,8 @@ Result<StepReport> Engine::Impl::Step() {
     report.grad_norm = total_norm / report.loss_scale;
     report.lr = LrFor(0);
     grad_scale = static_cast<float>(1.0 / combined);
+    st = CheckScheduledBetas();
+    if (!st.ok()) return Fail(st);
     std::vector<uint64_t> kept;
     st = SettleSpeculation(true, grad_scale, &report, &kept, overlap_step ? &tail : nullptr);
     if (!st.ok()) return Fail(st);

@@ -155,11 +155,37 @@ Status LrSchedule::ReadOneCycle(const EngineConfig& c) {
                      Num(betas.second) + " is not used");
   }
   if (!skip_mom_decay_ && decay_mom_rate_ > 0) {
-    notes_.push_back(Path("decay_mom_rate") + ": beta1 grows after the cycle (cycle_max_mom * " +
-                     "(1 + decay_mom_rate * steps / decay_step_size)); the step where it reaches " +
-                     "1 fails, as Adam needs beta1 < 1");
+    // beta1 = cycle_max_mom * (1 + decay_mom_rate * (t - total + 1) / decay_step_size) for
+    // t >= total: it reaches 1 where (t - total + 1) >= decay_step_size * (1 / max - 1) / rate.
+    const double after = decay_step_size_ * (1 / max_mom_ - 1) / decay_mom_rate_;
+    if (std::isfinite(after) && total_size_ + after < 1e15) {
+      int64_t t = std::max<int64_t>(static_cast<int64_t>(std::ceil(total_size_)),
+                                    static_cast<int64_t>(std::ceil(total_size_ - 1 + after)));
+      while (BetasAt(t)->first < 1) ++t;  // rounding of the closed form: at most a step or two
+      while (t > 0 && static_cast<double>(t - 1) >= total_size_ && BetasAt(t - 1)->first >= 1) --t;
+      beta1_reaches_one_ = t + 1 + 1;  // IterationForStep(n) = n - 1, counted from step 1
+      const std::string w =
+          Path("decay_mom_rate") + ": beta1 grows after the cycle (cycle_max_mom * (1 + " +
+          "decay_mom_rate * steps / decay_step_size)) and reaches 1 at optimizer step " +
+          std::to_string(beta1_reaches_one_) + ", where the run stops: Adam needs beta1 < 1 " +
+          "(DeepSpeed trains on with it); set decay_mom_rate 0, or a rate that keeps it below 1 " +
+          "for the run's steps";
+      warnings_.push_back(w);
+      notes_.push_back(w);
+    }
   }
   return Status::OK();
+}
+
+Status LrSchedule::CheckBetasForStep(int64_t applied_steps) const {
+  const std::optional<std::pair<double, double>> b = BetasForStep(applied_steps);
+  if (!b || b->first < 1) return Status::OK();
+  return Status::InvalidArgument(
+      Path("decay_mom_rate") + ": OneCycle's beta1 has grown to " + Num(b->first) +
+      " at optimizer step " + std::to_string(applied_steps + 1) + " (cycle_max_mom * (1 + " +
+      "decay_mom_rate * steps after the cycle / decay_step_size)); Adam needs beta1 < 1. Set " +
+      "decay_mom_rate 0, or a rate that keeps it below 1 for the run's steps, and resume from " +
+      "the last checkpoint");
 }
 
 Status LrSchedule::ReadRangeTest(const EngineConfig& c) {

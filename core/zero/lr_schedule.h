@@ -100,8 +100,15 @@ class LrSchedule {
     return BetasAt(IterationForStep(applied_steps));
   }
 
+  // OK, or kInvalidArgument naming scheduler.params.decay_mom_rate when OneCycle's scheduled
+  // beta1 for that step has grown to 1 or more (Adam needs beta1 < 1; DeepSpeed trains on).
+  Status CheckBetasForStep(int64_t applied_steps) const;
+
   Kind kind() const { return kind_; }
   const std::vector<std::string>& notes() const { return notes_; }
+  // "path: message" of what the config check warns about (a run that will fail part-way:
+  // OneCycle's decay_mom_rate taking beta1 to 1 at a step it names); also in notes().
+  const std::vector<std::string>& warnings() const { return warnings_; }
   // One line, e.g. "WarmupLR(min 0, max 0.001, 1000 steps, log)".
   std::string Describe() const;
 
@@ -129,11 +136,13 @@ class LrSchedule {
   bool skip_lr_decay_ = true, skip_mom_decay_ = true;
   bool cycle_momentum_ = true;
   double min_mom_ = 0.8, max_mom_ = 0.9;
+  int64_t beta1_reaches_one_ = 0;  // the first applied step whose beta1 >= 1; 0: none
   // LRRangeTest (min_lr_: lr_range_test_min_lr).
   int64_t range_step_size_ = 2000;
   double range_step_rate_ = 1.0;
   bool staircase_ = false;
   std::vector<std::string> notes_;
+  std::vector<std::string> warnings_;
 };
 
 }  // namespace strata::zero

@@ -332,7 +332,8 @@ struct ParseOptions {
   // rule applies to them too, so those in its config-model sections (zero_optimization and its
   // offload sections, fp16, bf16) are dropped and take their defaults, with a note, as
   // DeepSpeed's initialize does (ParsedConfig::dropped_auto lists them); the others stay
-  // unresolved.
+  // unresolved, and a config that gives no batch size at all is an error (nothing will supply
+  // one; with a trainer it is a warning).
   bool trainer_fills_auto = true;
   // Every warning becomes an error.
   bool strict = false;

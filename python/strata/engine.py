@@ -92,6 +92,8 @@ from .deepspeed_name import register_as_deepspeed
 from .monitor import MonitorMaster
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
+from .utils.timer import (EngineTimers, NoopTimer, SynchronizedWallClockTimer,  # noqa: F401
+                          ThroughputTimer)
 from .utils.zero_to_fp32 import write_recovery_script
 from .zero import (GatheredParameters, ZeroParamStatus, _mark_partitioned, _owned_parts,
                    apply_leaf_module_config, z3_leaf_module)
@@ -247,8 +249,8 @@ def _refuse_unsupported_dtypes(model: torch.nn.Module, low_precision: bool) -> N
     one its precision, without a word. Under bf16 / fp16 a float64 parameter is cast with the
     rest, as DeepSpeed casts the module's floating-point parameters."""
     for name, p in model.named_parameters():
-        if torch.Size(_full_shape(p)).numel() == 0:
-            continue  # left out of the engine (_make_groups)
+        if _is_empty(p):
+            continue  # left out of the engine
         if p.is_complex() or not p.is_floating_point():
             raise ValueError(
                 f"strata.initialize: parameter {name} has dtype {p.dtype}; strata trains "
@@ -280,6 +282,12 @@ def _named_collective(what: str):
 def _full_shape(p: torch.nn.Parameter) -> list:
     """The parameter's shape while whole (ds_shape once strata has emptied it)."""
     return list(getattr(p, "ds_shape", p.shape))
+
+
+def _is_empty(p: torch.nn.Parameter) -> bool:
+    """Whether the parameter has no elements even whole (nn.Parameter(torch.empty(0)), a device
+    marker): left out of the engine, as DeepSpeed's ZeRO leaves empty parameters out."""
+    return torch.Size(_full_shape(p)).numel() == 0
 
 
 class _Group:
@@ -321,9 +329,8 @@ def _make_groups(model: torch.nn.Module, optimizer_group_of: Optional[dict] = No
         for pname, p in module.named_parameters(recurse=False):
             if id(p) in seen:
                 continue  # tied: owned by the first module that registered it
-            if torch.Size(_full_shape(p)).numel() == 0:
-                continue  # nothing to train (nn.Parameter(torch.empty(0)), a device marker):
-                # left as it is, as DeepSpeed's ZeRO leaves empty parameters out
+            if _is_empty(p):
+                continue  # nothing to train: left as it is
             seen.add(id(p))
             og = 0 if optimizer_group_of is None or not p.requires_grad else \
                 optimizer_group_of[id(p)]
@@ -397,52 +404,6 @@ def _through(function, call, obj):
         return outs[0], True
     it = iter(outs)
     return _map_tensors(obj, lambda t: next(it) if t.requires_grad else t), True
-
-
-class ThroughputTimer:
-    """engine.tput_timer, DeepSpeed's ThroughputTimer as its scripts read it: started by each
-    training forward, stopped by each engine.step() (global_step at the accumulation boundary),
-    timing from the `start_step`-th global step on; epoch_count / micro_step_count /
-    global_step_count, update_epoch_count(), avg_samples_per_sec() (batch_size, the
-    train_batch_size, per second of timed steps; -inf before the first step). It does not
-    synchronize the GPU: the engine's step has waited for the device's work when it returns."""
-
-    def __init__(self, batch_size: int, start_step: int = 2, clock=time.time):
-        self.batch_size = batch_size
-        self.start_step = start_step
-        self.epoch_count = 0
-        self.micro_step_count = 0
-        self.global_step_count = 0
-        self.total_elapsed_time = 0.0
-        self.started = False
-        self.start_time = 0.0
-        self._clock = clock
-
-    def update_epoch_count(self) -> None:
-        self.epoch_count += 1
-        self.micro_step_count = 0
-
-    def start(self) -> None:
-        self.started = True
-        if self.global_step_count >= self.start_step:
-            self.start_time = self._clock()
-
-    def stop(self, global_step: bool = False) -> None:
-        if not self.started:
-            return
-        self.started = False
-        self.micro_step_count += 1
-        if global_step:
-            self.global_step_count += 1
-        if self.start_time > 0:
-            self.total_elapsed_time += self._clock() - self.start_time
-            self.start_time = 0.0
-
-    def avg_samples_per_sec(self) -> float:
-        timed = self.global_step_count - self.start_step
-        if self.global_step_count <= 0 or timed <= 0 or self.total_elapsed_time <= 0:
-            return float("-inf")
-        return self.batch_size / (self.total_elapsed_time / timed)
 
 
 class _ModuleCall:
@@ -781,12 +742,6 @@ class StrataEngine(torch.nn.Module):
                 "; give values, or train through strata.integrations.transformers' Trainer or "
                 "accelerate, which fill them")
         eff = json.loads(check["effective_json"])
-        if eff.get("train_batch_size") is None and eff.get("train_micro_batch_size_per_gpu") is None:
-            raise ConfigError(  # DeepSpeed's _set_batch_related_parameters refuses it too
-                "invalid DeepSpeed config: train_micro_batch_size_per_gpu: neither "
-                "train_batch_size nor train_micro_batch_size_per_gpu is given; DeepSpeed needs "
-                "one of them (\"Either train_batch_size or train_micro_batch_size_per_gpu needs "
-                "to be provided\")")
         _log_config_warnings(check, rank)
         if config.get("log_level") is not None:  # as DeepSpeed's engine: its logger's level
             from .utils import set_log_level_from_string
@@ -925,6 +880,12 @@ class StrataEngine(torch.nn.Module):
         self._warned_gradless = False  # _skip_gradless_step's warning, once
         self.global_steps = 0
         self.tput_timer = ThroughputTimer(self.train_batch_size())
+        # DeepSpeed's engine.timers (a script's own timers too) and, with wall_clock_breakdown,
+        # the phases' timers it logs (strata.utils.timer).
+        self.timers = SynchronizedWallClockTimer(use_host_timer=self._cuda is None)
+        self.engine_timers = EngineTimers(enable_micro_timers=self.wall_clock_breakdown(),
+                                          enable_global_timers=self.wall_clock_breakdown())
+        self.engine_timers_cache = {}
         self.global_samples = 0
         self._step_applied = False  # was_step_applied()
         self._step_has_grads = False  # a backward since the last boundary step
@@ -1936,11 +1897,41 @@ class StrataEngine(torch.nn.Module):
         self._settle_failed_backward()
         if self.training and not self.tput_timer.started:
             self.tput_timer.start()
-        with self._autocast.context():
-            out = self.module(*args, **kwargs)
-        if torch.is_grad_enabled():
-            _hook_outputs(out, self._output_hook)
+        with self._timed(self.engine_timers.forward_timers):
+            with self._autocast.context():
+                out = self.module(*args, **kwargs)
+            if torch.is_grad_enabled():
+                _hook_outputs(out, self._output_hook)
         return out
+
+    @contextlib.contextmanager
+    def _timed(self, names: list):
+        """The engine's phase timers (wall_clock_breakdown) around the block; a block that
+        raises stops them too, so the next phase starts them afresh."""
+        for name in names:
+            self.timers(name).start()
+        try:
+            yield
+        finally:
+            for name in names:
+                if self.timers(name).started_:
+                    self.timers(name).stop()
+
+    def get_wall_clock_timers(self) -> dict:
+        """As DeepSpeed's: {timer name: milliseconds} of the phases' timers at the last step()
+        (wall_clock_breakdown; {} without it)."""
+        return self.engine_timers_cache
+
+    def _log_timers(self, boundary: bool) -> None:
+        """After each step(), as DeepSpeed's engine with wall_clock_breakdown: the micro-step
+        timers logged (and reset) at every step, the global ones at each boundary."""
+        if not self.wall_clock_breakdown():
+            return
+        self.engine_timers_cache = {name: self.timers(name).elapsed(reset=False)
+                                    for name in self.engine_timers.active_timers()}
+        self.timers.log(names=self.engine_timers.micro_timers)
+        if boundary:
+            self.timers.log(self.engine_timers.global_timers)
 
     def _parameters_now(self) -> list:
         """Each parameter of the module, and at stages 0-2 its shape (whole there)."""
@@ -2015,16 +2006,19 @@ class StrataEngine(torch.nn.Module):
         self._check_window_open()
         scale = self._engine.backward_scale * (1 if scale_wrt_gas else self._gas)
         self._in_engine_backward = True
-        try:
-            (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
-        except BaseException as e:
-            with contextlib.suppress(Exception):  # the backward's own error is the one to see
-                self._drop_failed_backward()
-            self._explain_released_read(e)
-            raise
-        finally:
-            self._in_engine_backward = False
-        self._flush()
+        with self._timed(self.engine_timers.backward_timers):
+            try:
+                with self._timed(self.engine_timers.backward_inner_timers):
+                    (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+            except BaseException as e:
+                with contextlib.suppress(Exception):  # the backward's own error is the one to see
+                    self._drop_failed_backward()
+                self._explain_released_read(e)
+                raise
+            finally:
+                self._in_engine_backward = False
+            with self._timed(self.engine_timers.backward_reduce_timers):
+                self._flush()
         self._backward_done()
         return loss / self._gas if scale_wrt_gas and self._gas != 1 else loss
 
@@ -2085,6 +2079,12 @@ class StrataEngine(torch.nn.Module):
             raise NotImplementedError("step(lr_kwargs=...) is not supported by strata")
         self._check_loaded("step")
         self._settle_failed_backward()
+        with self._timed(self.engine_timers.step_timers):
+            boundary = self._micro_step()
+        self._log_timers(boundary)
+
+    def _micro_step(self) -> bool:
+        """step()'s work: the optimizer step at a boundary, the counters; whether it was one."""
         self._step_applied = False
         if self._step_after_drop:
             # The dropped micro-step's own step() (a loop that calls zero_grad() on a bad batch
@@ -2093,7 +2093,7 @@ class StrataEngine(torch.nn.Module):
             self.micro_steps += 1
             self._boundary_shift = self.micro_steps % self._gas
             self.tput_timer.stop(global_step=False)
-            return
+            return False
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
             self._refuse_untaken_grads()
@@ -2106,6 +2106,7 @@ class StrataEngine(torch.nn.Module):
             self._window_backwards = 0
         self.micro_steps += 1
         self.tput_timer.stop(global_step=boundary)
+        return boundary
 
     def _apply_step(self) -> None:
         """The boundary step of a window that took gradients: the engine's optimizer step (or

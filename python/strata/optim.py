@@ -18,6 +18,7 @@ sub-group has one set of hyperparameters.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Optional
 
 import torch
@@ -71,6 +72,15 @@ def _client_type(optimizer) -> tuple[str, bool]:
                              "param_groups; strata applies one setting to every group")
         return ("AdamW" if optimizer.adamw_mode else "Adam"), corrections.pop()
     if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        own_step = inspect.unwrap(type(optimizer).step)
+        if own_step not in (inspect.unwrap(torch.optim.Adam.step),
+                            inspect.unwrap(torch.optim.AdamW.step)):
+            raise TypeError(
+                f"strata.initialize(optimizer=...): {type(optimizer).__qualname__} overrides "
+                "step(); strata runs its own Adam on the engine's fp32 master weights and "
+                "would never call it, so what it changes in the update would be lost. Do that "
+                "work in the training loop (clipping: the config's gradient_clipping), or pass "
+                "torch.optim.Adam / AdamW")
         for i, g in enumerate(optimizer.param_groups):
             for key in ("amsgrad", "maximize"):
                 if g.get(key):

@@ -1052,6 +1052,25 @@ def test_initialize_converts_each_range_to_fp32_only_when_the_engine_asks(
         assert torch.equal(master[n], w), n
 
 
+def test_a_config_with_no_batch_size_is_refused_as_deepspeed_refuses_it():
+    """Neither train_batch_size nor train_micro_batch_size_per_gpu: DeepSpeed's
+    _set_batch_related_parameters refuses the config; so does initialize, through the checker's
+    rule (the one offloadctl config check warns with), naming the key; the model is untouched."""
+    cfg = ds_config(3)
+    del cfg["train_micro_batch_size_per_gpu"]
+    model = make_model("gpt")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(strata.ConfigError, match=r"train_batch_size: neither train_batch_size "
+                                                 r"nor train_micro_batch_size_per_gpu is given"):
+        strata.initialize(model=model, config=cfg)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n
+    cfg["train_batch_size"] = 4  # one of them is enough: gas 1, micro 4 at one rank
+    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+    assert engine.train_micro_batch_size_per_gpu() == 4
+    engine.close()
+
+
 def test_a_scripts_own_initialize_drops_the_zero_autos_as_deepspeed():
     """OpenRLHF's get_train_ds_config leaves reduce_bucket_size, stage3_prefetch_bucket_size and
     stage3_param_persistence_threshold "auto" and calls deepspeed.initialize itself: DeepSpeed

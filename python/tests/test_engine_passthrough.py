@@ -251,12 +251,68 @@ def test_the_throughput_timer_counts_as_deepspeeds():
         engine.destroy()
 
     ticks = iter([10.0, 10.5, 20.0, 21.5])
-    timer = strata.engine.ThroughputTimer(batch_size=8, start_step=1, clock=lambda: next(ticks))
+    timer = strata.utils.timer.ThroughputTimer(batch_size=8, start_step=1, clock=lambda: next(ticks))
     for _ in range(3):  # global step 1 untimed, then 0.5 s and 1.5 s
         timer.start()
         timer.stop(global_step=True)
     assert timer.total_elapsed_time == 2.0
     assert timer.avg_samples_per_sec() == 8 / (2.0 / 2)
+
+
+def test_wall_clock_breakdown_times_and_logs_the_phases_as_deepspeed(capsys):
+    """"wall_clock_breakdown": engine.timers times the forward, the backward (its autograd
+    pass and its reduction) and the step under DeepSpeed's names, logged on rank 0 after each
+    step() (the micro-step timers) and at each boundary (the global ones); a forward that raises
+    leaves no timer running. Without the key nothing is timed, and a script's own timers work
+    either way (strata.utils.timer, DeepSpeed's module path)."""
+    from strata.utils.timer import STEP_GLOBAL_TIMER, SynchronizedWallClockTimer
+
+    class Failing(Custom):
+        def forward(self, x, fail=False):
+            if fail:
+                raise ValueError("bad input")
+            return self.lin(x)
+
+    cfg = ds_config(3, gradient_accumulation_steps=2)
+    cfg["wall_clock_breakdown"] = True
+    engine = start(Failing(), cfg)
+    try:
+        assert isinstance(engine.timers, SynchronizedWallClockTimer)
+        with pytest.raises(ValueError, match="bad input"):
+            engine(torch.ones(2, 4), fail=True)
+        capsys.readouterr()
+        for _ in range(4):
+            engine.backward(engine(torch.ones(2, 4)).sum())
+            engine.step()
+        lines = capsys.readouterr().out.splitlines()
+        micro = [ln for ln in lines if "fwd_microstep" in ln]
+        glob = [ln for ln in lines if "| fwd:" in ln]
+        assert len(micro) == 4 and len(glob) == 2, lines
+        for name in ("bwd_microstep", "bwd_inner_microstep", "bwd_allreduce_microstep",
+                     "step_microstep"):
+            assert all(name in ln for ln in micro), (name, micro)
+        assert all(ln.startswith("[Rank -1] time (ms) | ") for ln in micro + glob)
+        timers = engine.get_wall_clock_timers()
+        assert set(timers) == set(engine.engine_timers.active_timers())
+        assert timers["bwd_microstep"] >= timers["bwd_inner_microstep"] > 0
+        assert timers[STEP_GLOBAL_TIMER] > 0
+        # A script's own timer on the engine's group.
+        engine.timers("data").start()
+        engine.timers("data").stop()
+        assert engine.timers("data").elapsed() >= 0
+        with pytest.raises(RuntimeError, match="data timer is not started"):
+            engine.timers("data").stop()
+    finally:
+        engine.destroy()
+    engine = start(Custom(), ds_config(3))
+    try:
+        engine.backward(engine(torch.ones(2, 4)).sum())
+        engine.step()
+        assert engine.get_wall_clock_timers() == {}
+        assert "time (ms)" not in capsys.readouterr().out
+        assert engine.timers.get_timers() == {}
+    finally:
+        engine.destroy()
 
 
 def test_deepspeeds_module_paths_under_strata():

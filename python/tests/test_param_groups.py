@@ -281,6 +281,44 @@ def test_what_is_refused_is_named():
                           lr_scheduler=torch.optim.lr_scheduler.LambdaLR(opt, warmup))
 
 
+def test_an_adam_subclass_that_overrides_step_is_refused_one_that_does_not_runs():
+    """A subclass of torch's Adam / AdamW whose step() changes the update (a gradient clamp
+    before super().step()) would have its step replaced by the engine's Adam, silently; it is
+    refused, naming it. A subclass that only adds methods (or wraps __init__) trains as AdamW."""
+    class ClampedAdamW(torch.optim.AdamW):
+        def step(self, closure=None):
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.grad.clamp_(-1e-3, 1e-3)
+            return super().step(closure)
+
+    class NamedAdamW(torch.optim.AdamW):
+        def describe(self):
+            return "named"
+
+    no_opt = ds_config(0)
+    del no_opt["optimizer"]
+    model = make_model("mlp")
+    with pytest.raises(TypeError, match="ClampedAdamW overrides step\\(\\); strata runs its own"):
+        strata.initialize(model=model, config=no_opt,
+                          optimizer=ClampedAdamW(model.parameters(), lr=LR))
+    torch.manual_seed(0)
+    plain = make_model("mlp")
+    torch.manual_seed(0)
+    named = make_model("mlp")
+    got = []
+    for m, cls in ((plain, torch.optim.AdamW), (named, NamedAdamW)):
+        engine, _, _, _ = strata.initialize(model=m, config=no_opt,
+                                            optimizer=cls(m.parameters(), lr=LR))
+        engine.backward(engine(*batch("mlp", 0)))
+        engine.step()
+        got.append(engine.read_master())
+        engine.close()
+    for n in got[0]:
+        assert torch.equal(got[0][n], got[1][n]), n
+
+
 def test_a_group_added_after_initialize_is_refused_naming_add_param_group():
     """The engine holds the groups it was initialized with: add_param_group on the returned
     optimizer raises at once; one added to the client optimizer (whose param_groups the engine
