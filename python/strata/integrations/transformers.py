@@ -328,18 +328,33 @@ def _read_range(f, name: str, begin: int, end: int) -> torch.Tensor:
     return sl[r0:r1].reshape(-1)[begin - r0 * row:end - r0 * row].float()
 
 
+@contextlib.contextmanager
+def _zero3_hook_for(cfg: dict):
+    """transformers' ZeRO-3 hook (strata's HfDeepSpeedConfig for `cfg`) for the block, the
+    hook set before it (or none) restored after."""
+    kept = _hf_deepspeed._hf_deepspeed_config_weak_ref
+    hook = HfDeepSpeedConfig(cfg)
+    try:
+        yield hook
+    finally:
+        _hf_deepspeed._hf_deepspeed_config_weak_ref = kept
+
+
 def from_pretrained(model_class, path: str, config, **kwargs):
     """model_class.from_pretrained(path) for a strata run. At ZeRO stage 3 no rank holds the
-    whole model: it is built under strata.zero.Init (each module's parameters partitioned as its
-    construction ends, random weights at first), then each rank reads from the directory's
-    safetensors files only the element ranges it keeps (what transformers does under DeepSpeed
-    with HfDeepSpeedConfig and deepspeed.zero.Init). Below stage 3, or with a config that is
-    None, it is model_class.from_pretrained(path, **kwargs).
+    whole model: it is built as transformers builds it under DeepSpeed's ZeRO-3 hook
+    (HfDeepSpeedConfig): under zero.Init, each module's parameters partitioned as its
+    construction ends and initialised gathered, one module at a time. Then each rank reads from
+    the directory's safetensors files only the element ranges it keeps. Files whose tensor
+    names are not the model's (a checkpoint in an older layout that transformers renames or
+    converts on load: ViT's attention names, BERT's LayerNorm gamma/beta) are loaded by
+    transformers' own from_pretrained under the hook instead, as DeepSpeed's users load them
+    (rank 0 reads each file and writes each module's parameters gathered). Below stage 3, or
+    with a config that is None, it is model_class.from_pretrained(path, **kwargs).
     model_class: a model class or an Auto class (AutoModelForCausalLM); config: the DeepSpeed
     config (a path, JSON text or a dict) or strata's TrainingArguments; kwargs go to the
-    model's config (AutoConfig.from_pretrained). Parameters the files lack keep their random
-    initialisation and names the model lacks are ignored, each listed in one warning."""
-    from .. import zero
+    model's config (AutoConfig.from_pretrained). Parameters the files lack keep their
+    initialisation (a new head), listed in one warning."""
     if isinstance(config, TrainingArguments):
         config = config.strata_config
     cfg = None if config is None else _read_config(config)
@@ -347,37 +362,48 @@ def from_pretrained(model_class, path: str, config, **kwargs):
         return model_class.from_pretrained(path, **kwargs)
     hf_config = transformers.AutoConfig.from_pretrained(path, **kwargs)
     build = getattr(model_class, "from_config", None) or model_class._from_config
-    with zero.Init(config=cfg):
+    files = _safetensors_files(path)
+    with _zero3_hook_for(cfg):
         model = build(hf_config)
+        keys = set(model.state_dict().keys())
+        unknown = sorted(n for names in files.values() for n in names if n not in keys)
+        if unknown:  # transformers' renaming and conversions apply: its own load
+            del model
+            logger.info("strata from_pretrained(%s): the files name %d tensor(s) the model does "
+                        "not (%s): loaded by transformers' from_pretrained under the ZeRO-3 hook",
+                        path, len(unknown), ", ".join(unknown[:3]))
+            model = model_class.from_pretrained(path, **kwargs)
+            model.eval()
+            return model
+    _read_partitioned(model, files)
+    missing = sorted(set(dict(model.named_parameters())) -
+                     {n for names in files.values() for n in names})
+    if missing:
+        logger.warning("strata from_pretrained(%s): not in the files, left as initialised: %s",
+                       path, missing)
+    model.eval()
+    return model
+
+
+def _read_partitioned(model, files: dict) -> None:
+    """Each rank's element ranges of the model's parameters, and the buffers, from `files`
+    (_safetensors_files) whose every name the model has."""
     named = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     from safetensors import safe_open
-    seen, unexpected = set(), []
-    for file, names in _safetensors_files(path).items():
+    for file, names in files.items():
         with safe_open(file, "pt") as f:
             for name in names:
                 p = named.get(name)
-                if p is None:
-                    if name in buffers:
-                        with torch.no_grad():
-                            buffers[name].copy_(f.get_tensor(name))
-                    else:
-                        unexpected.append(name)
-                    continue
-                seen.add(name)
-                part = getattr(p, "_strata_part", None)
                 with torch.no_grad():
+                    if p is None:
+                        buffers[name].copy_(f.get_tensor(name))
+                        continue
+                    part = getattr(p, "_strata_part", None)
                     if part is None:  # not partitioned (a class defined inside the block)
                         p.copy_(f.get_tensor(name))
                     else:
                         part.shard = _read_range(f, name, part.begin, part.end).contiguous()
-    missing = sorted(set(named) - seen)
-    if missing or unexpected:
-        logger.warning("strata from_pretrained(%s): %s%s", path,
-                       f"not in the files, left as initialised: {missing}" if missing else "",
-                       f"; in the files, not in the model: {unexpected}" if unexpected else "")
-    model.eval()
-    return model
 
 
 # -- the arguments -------------------------------------------------------------------------------
