@@ -1897,12 +1897,32 @@ class StrataEngine(torch.nn.Module):
         self._settle_failed_backward()
         if self.training and not self.tput_timer.started:
             self.tput_timer.start()
+        depth = len(self._call_stack)
         with self._timed(self.engine_timers.forward_timers):
-            with self._autocast.context():
-                out = self.module(*args, **kwargs)
+            try:
+                with self._autocast.context():
+                    out = self.module(*args, **kwargs)
+            except BaseException:
+                self._unwind_calls(depth)
+                raise
             if torch.is_grad_enabled():
                 _hook_outputs(out, self._output_hook)
         return out
+
+    def _unwind_calls(self, depth: int) -> None:
+        """Undoes the pre-hooks of the module calls a raising forward left open above `depth`.
+        torch runs the post-hooks (always_call) for an Exception only: a KeyboardInterrupt (a
+        Ctrl-C in a notebook) skipped them, leaving the calls on the stack (so a parameter read
+        after it counted as read inside a forward and was gathered), their groups gathered
+        and their saved-tensor hooks pushed for good."""
+        while len(self._call_stack) > depth:
+            module, call = self._call_stack.pop()
+            calls = module.__dict__.get("_strata_calls")
+            if calls and calls[-1] is call:
+                calls.pop()
+            if call.saved_hooks is not None:
+                call.saved_hooks.__exit__(None, None, None)
+            self._release(call.groups)
 
     @contextlib.contextmanager
     def _timed(self, names: list):
@@ -2097,15 +2117,21 @@ class StrataEngine(torch.nn.Module):
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
             self._refuse_untaken_grads()
-            if self._step_has_grads:
+        try:
+            if boundary and self._step_has_grads:
                 self._apply_step()
-            else:
+            elif boundary:
                 self._skip_gradless_step()
-        self._unstepped_backward = False
-        if boundary:
-            self._window_backwards = 0
-        self.micro_steps += 1
-        self.tput_timer.stop(global_step=boundary)
+        finally:
+            # Once the engine has stepped (it took the window's gradients), the micro-step is
+            # over even when what follows raised (a client scheduler's step, a monitor's
+            # write): a script that catches that error goes on with the next window.
+            if not (boundary and self._step_has_grads):
+                self._unstepped_backward = False
+                if boundary:
+                    self._window_backwards = 0
+                self.micro_steps += 1
+                self.tput_timer.stop(global_step=boundary)
         return boundary
 
     def _apply_step(self) -> None:
@@ -2115,6 +2141,7 @@ class StrataEngine(torch.nn.Module):
         self._release_all()
         self._push_lrs()
         self._last_report = self._engine.step()
+        self._step_has_grads = False  # taken: the window is over whatever follows
         if not self._last_report["skipped"]:
             self._after_applied_step()
         self._gather_whole()  # stages 0-2: the parameters whole again (new values)
@@ -2123,7 +2150,6 @@ class StrataEngine(torch.nn.Module):
         if self._step_applied:
             self._grad_norm = torch.tensor(self._last_report["grad_norm"], dtype=torch.float32)
         self._after_step(self._last_report["skipped"])
-        self._step_has_grads = False
         if self._micro_batch:  # DeepSpeed's train_batch_size, once per boundary
             self.global_samples += int(self._micro_batch) * self._gas * self._engine.world_size
         if self.monitor.enabled:  # as DeepSpeed's step: the next lr, the fp16 scale
@@ -2945,22 +2971,38 @@ class StrataEngine(torch.nn.Module):
         from .utils.zero_to_fp32 import read_checkpoint_parts
         path = os.path.join(load_dir, tag)
         weights, state, left_out = read_checkpoint_parts(load_dir, tag)
-        values, missing = {}, []
+        values, missing, resized = {}, [], []
         for g in self._groups:
             for name, p in g.params:
                 w = weights.get(name)
-                if w is None or list(w.shape) != _full_shape(p):
+                if w is None:
                     missing.append(name)
+                elif list(w.shape) != _full_shape(p):
+                    resized.append(f"{name}: {list(w.shape)} in the checkpoint, "
+                                   f"{_full_shape(p)} in the model")
                 else:
                     values[id(p)] = w
+        if resized:  # torch's load_state_dict(strict=False) refuses these too
+            raise RuntimeError(
+                f"load_checkpoint(load_module_only=True): {path}: size mismatch for "
+                f"{'; '.join(resized)} (load_module_strict=False skips missing and unexpected "
+                "names, not another shape: load the checkpoint into the model as saved, then "
+                "resize it, as resize_token_embeddings does)")
         unexpected = sorted(set(weights) - {n for g in self._groups for n, _ in g.params})
         if strict and (missing or unexpected):
             excluded = (f" ({len(left_out)} frozen parameter(s) left out at save: "
                         "exclude_frozen_parameters=True)" if left_out else "")
             raise RuntimeError(
                 f"load_checkpoint(load_module_only=True): {path} does not match the model "
-                f"(missing or another shape: {missing}{excluded}; unexpected: {unexpected}); "
+                f"(missing: {missing}{excluded}; unexpected: {unexpected}); "
                 "load_module_strict=False loads the common ones")
+        if missing or unexpected:
+            logger.warning("strata: load_checkpoint(load_module_only=True, "
+                           "load_module_strict=False) from %s loaded %d of the model's %d "
+                           "parameter(s); %d not in the checkpoint (%s), %d in it not in the "
+                           "model (%s)", path, len(values), len(values) + len(missing),
+                           len(missing), _name_list(missing, 3), len(unexpected),
+                           _name_list(unexpected, 3))
         self._write_master(values)
         self._load_buffers(state.get("buffers"), strict)
         return path, state.get("client_state", {})

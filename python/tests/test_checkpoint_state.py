@@ -225,6 +225,33 @@ def test_load_module_only_after_a_step_is_refused(tmp_path):
     engine.close()
 
 
+def test_load_module_only_non_strict_refuses_another_shape_and_counts_what_it_skips(tmp_path,
+                                                                                    caplog):
+    """load_module_strict=False skips names, as torch's load_state_dict(strict=False): a
+    parameter of another shape (a head resized after the save) is a size-mismatch error naming
+    it, where it was left at its random start without a word; names it skips are counted in a
+    warning."""
+    def net(out, extra=False):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, out))
+        if extra:
+            m.add_module("2", torch.nn.Linear(out, 2))
+        return m
+    saved, _, _, _ = strata.initialize(model=net(2), config=ds_config(3))
+    saved.save_checkpoint(tmp_path)
+    saved.close()
+    resized, _, _, _ = strata.initialize(model=net(3), config=ds_config(3))
+    with pytest.raises(RuntimeError, match=r"size mismatch for 1.weight: \[2, 8\] in the "
+                                           r"checkpoint, \[3, 8\] in the model"):
+        resized.load_checkpoint(tmp_path, load_module_only=True, load_module_strict=False)
+    resized.close()
+    grown, _, _, _ = strata.initialize(model=net(2, extra=True), config=ds_config(3))
+    with caplog.at_level("WARNING", logger="strata"):
+        grown.load_checkpoint(tmp_path, load_module_only=True, load_module_strict=False)
+    assert "loaded 4 of the model's 6 parameter(s); 2 not in the checkpoint" in caplog.text
+    grown.close()
+
+
 def torch_steps(model, opt, steps, first):
     for step in range(first, first + steps):
         opt.zero_grad()

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import strata  # noqa: E402
-from failed_backward_worker import (BAD, BATCHES, Boom, Net, batches, config,  # noqa: E402
+from failed_backward_worker import (BAD, BATCHES, LR, Boom, Net, batches, config,  # noqa: E402
                                     reference, train)
 from launch import launch as run_ranks  # noqa: E402
 
@@ -133,3 +133,91 @@ def test_two_ranks_whose_backwards_raise_at_the_same_point_train_on(tmp_path, st
         assert rc == 0, out
     for r in range(2):
         assert_trained_without_the_bad_batch(torch.load(tmp_path / f"rank{r}.pt"))
+
+
+class _Interrupting(torch.nn.Module):
+    """Net's layers; its middle block raises `error` in its forward while `armed`."""
+
+    def __init__(self):
+        super().__init__()
+        self.l0 = torch.nn.Linear(8, 16)
+        self.mid = torch.nn.Linear(16, 16)
+        self.l2 = torch.nn.Linear(16, 4)
+        self.error = None
+
+    def forward(self, x):
+        h = torch.tanh(self.mid(torch.tanh(self.l0(x))))
+        if self.error is not None:
+            raise self.error
+        return self.l2(h)
+
+
+def test_a_keyboard_interrupt_in_a_stage3_forward_leaves_nothing_gathered():
+    """torch runs the engine's post-hooks (always_call) for an Exception only: a
+    KeyboardInterrupt caught by the script (Ctrl-C in a notebook) left each interrupted call on
+    the engine's stack with its group gathered and its saved-tensor hooks pushed, so a parameter
+    the script read afterwards outside any forward was gathered and registered as external.
+    Now each forward that raises undoes its calls; training goes on as if it never ran."""
+    torch.manual_seed(0)
+    model = _Interrupting()
+    torch.manual_seed(0)
+    control = _Interrupting()
+    cfg = config(3, "none")
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    engine, _, _, _ = strata.initialize(model=model, config=cfg)
+    ref, _, _, _ = strata.initialize(model=control, config=cfg)
+    x = batches()[0]
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    for k in range(6):
+        model.error = KeyboardInterrupt()
+        with pytest.raises(KeyboardInterrupt):
+            with torch.enable_grad() if k % 2 else torch.no_grad():
+                engine(x)
+        model.error = None
+    assert engine._call_stack == []
+    assert engine._refs == [0] * len(engine._refs)
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) == hooks
+    assert model.l2.weight.shape == (0,)  # released, as it is outside a forward
+    assert "_strata_external" not in model.mid.__dict__
+    for e in (engine, ref):
+        for b in batches()[:2]:
+            e.backward(e(b).square().mean())
+            e.step()
+    got, want = engine.read_master(), ref.read_master()
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
+    engine.close()
+    ref.close()
+
+
+def test_an_error_after_the_engine_stepped_ends_the_micro_step():
+    """A client scheduler whose step() raises once inside engine.step() (or a monitor's write):
+    the optimizer step has been applied, so the micro-step is over. Before, the next backward
+    was refused ('a backward after 1 backward(s) since the last engine.step()') though the
+    script had called step(); now training goes on and counts every step."""
+    torch.manual_seed(0)
+    model = Net()
+    cfg = config(2, "none")
+    del cfg["optimizer"]
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    fail_at = {2}
+
+    def factor(step):
+        if step in fail_at:
+            fail_at.clear()
+            raise ValueError("scheduler failed (simulated)")
+        return 1.0
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    engine, _, _, _ = strata.initialize(model=model, optimizer=opt, lr_scheduler=sched,
+                                        config=cfg)
+    raised = 0
+    for b in batches():
+        engine.backward(engine(b).square().mean())
+        try:
+            engine.step()
+        except ValueError:
+            raised += 1
+    assert raised == 1
+    assert engine.global_steps == BATCHES and engine.micro_steps == BATCHES
+    engine.close()
