@@ -256,5 +256,35 @@ TEST(LossScaler, RestoreRefusesNonsense) {
   EXPECT_TRUE(fixed.Restore({64, 5, 2, 2}).IsInvalidArgument());   // a dynamic scaler's state
 }
 
+// A checkpoint resumed under another fp16 loss scaling (static <-> dynamic, another fixed scale,
+// a smaller hysteresis) is fitted to the config before Restore, which refused it after the whole
+// load had streamed in (and the engine stayed failed); the same scaling resumes bit for bit.
+TEST(LossScaler, FitResumesUnderAChangedScalingAsTheConfigSays) {
+  EngineConfig c;
+  c.fp16.enabled = true;
+  c.fp16.loss_scale = 1024;
+  const LossScaler fixed = Make(c);
+  const LossScaler dynamic = Make(Fp16(16, 3, 2));
+  const LossScaler dynamic1 = Make(Fp16(16, 3, 1));
+  const LossScalerState saved_fixed{1024, 5, -1, 0};
+  const LossScalerState saved_dynamic{131072, 9, 3, 2};
+  EXPECT_EQ(fixed.Fit(saved_fixed), saved_fixed);
+  EXPECT_EQ(dynamic.Fit(saved_dynamic), saved_dynamic);
+  EXPECT_EQ(dynamic.Fit(saved_fixed), dynamic.state());  // static -> dynamic: 2^16, fresh
+  EXPECT_EQ(fixed.Fit(saved_dynamic), fixed.state());    // dynamic -> static: 1024
+  c.fp16.loss_scale = 512;
+  EXPECT_EQ(Make(c).Fit(saved_fixed).scale, 512);  // another fixed scale: the config's
+  const LossScalerState capped = dynamic1.Fit(saved_dynamic);
+  EXPECT_EQ(capped.scale, 131072);
+  EXPECT_EQ(capped.iteration, 9);
+  EXPECT_EQ(capped.hysteresis_left, 1);
+  for (const LossScaler* s : {&fixed, &dynamic, &dynamic1}) {
+    LossScaler to = *s;
+    for (const LossScalerState& saved : {saved_fixed, saved_dynamic}) {
+      EXPECT_TRUE(to.Restore(s->Fit(saved)).ok());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::zero

@@ -706,11 +706,10 @@ Status LoadState(Engine::Impl& e, const std::string& tag_dir, const ckpt::Manife
   ls.iteration = m.scaler_iteration;
   ls.last_overflow_iteration = m.scaler_last_overflow;
   ls.hysteresis_left = m.scaler_hysteresis_left;
-  if (!m.has_scaler_state) {
-    // A precision conversion dropped it (checkpoint_format.h): start as this engine's config says.
-    STRATA_ASSIGN_OR_RETURN(zero::LossScaler fresh, zero::LossScaler::FromConfig(e.opt.config));
-    ls = fresh.state();
-  }
+  // A precision conversion dropped it (checkpoint_format.h): start as this engine's config says;
+  // so does a change of fp16's loss scaling since the save (LossScaler::Fit).
+  STRATA_ASSIGN_OR_RETURN(zero::LossScaler configured, zero::LossScaler::FromConfig(e.opt.config));
+  ls = m.has_scaler_state ? configured.Fit(ls) : configured.state();
   STRATA_RETURN_IF_ERROR(e.scaler->Restore(ls));
   e.global_step = m.global_step;
   e.skipped_steps = m.skipped_steps;

@@ -124,6 +124,17 @@ Status LossScaler::Restore(const LossScalerState& st) {
   return Status::OK();
 }
 
+LossScalerState LossScaler::Fit(const LossScalerState& saved) const {
+  const bool saved_dynamic = saved.hysteresis_left > 0;  // 0 unless written in kDynamic
+  if (mode_ != LossScaleMode::kDynamic) {
+    return !saved_dynamic && saved.scale == state_.scale ? saved : state_;
+  }
+  if (!saved_dynamic) return state_;
+  LossScalerState st = saved;
+  st.hysteresis_left = std::min(saved.hysteresis_left, hysteresis_);
+  return st;
+}
+
 std::string LossScaler::Describe() const {
   switch (mode_) {
     case LossScaleMode::kNone:

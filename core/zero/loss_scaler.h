@@ -78,6 +78,13 @@ class LossScaler {
   // iteration < 0; last_overflow_iteration outside [-1, iteration); hysteresis_left outside
   // [1, fp16.hysteresis] (kDynamic) or not 0 (otherwise).
   Status Restore(const LossScalerState& state);
+  // A checkpoint's state as this configuration resumes it (call on a scaler fresh from the
+  // config): the saved state where the same fp16 loss scaling could have written it; this
+  // scaler's own initial state where the scaling changed between save and load (static and
+  // dynamic, or another fixed scale), as the new config asks; a dynamic state with its
+  // hysteresis_left capped at a smaller fp16.hysteresis. DeepSpeed keeps the saved scaler
+  // whole, its old mode included.
+  LossScalerState Fit(const LossScalerState& saved) const;
 
   // One line, e.g. "dynamic loss scale 65536 (window 1000, hysteresis 2/2, min 1)".
   std::string Describe() const;
