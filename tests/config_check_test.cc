@@ -436,6 +436,29 @@ TEST(ConfigCheck, MaxGradNormInOptimizerParamsIsAWarning) {
   EXPECT_NE(FindDiag(c.warnings, Kind::kIgnored, "optimizer.params.max_grad_norm"), nullptr);
 }
 
+// data_types as DeepSpeed reads them: DtypeEnum spellings, param_dtype the enabled precision
+// (DeepSpeed asserts it), grad_accum_dtype not acted on unless fp32, buffer_dtype for the Python
+// engine (no diagnostic).
+TEST(ConfigCheck, DataTypesAreDeepSpeedsDtypeNames) {
+  const char* bf16 = R"({"train_batch_size": 8, "bf16": {"enabled": true}, "data_types": )";
+  ConfigCheck ok = CheckDeepSpeedConfig(
+      std::string(bf16) +
+      R"({"param_dtype": "bfloat16", "buffer_dtype": "torch.bfloat16", "grad_accum_dtype": "fp32"}})");
+  EXPECT_TRUE(ok.ok()) << Dump(ok.errors);
+  EXPECT_TRUE(ok.warnings.empty()) << Dump(ok.warnings);
+  ExpectError(std::string(bf16) + R"({"param_dtype": "fp16"}})", Kind::kConflict,
+              "data_types.param_dtype", "conflicts with the enabled precision");
+  ExpectError(std::string(bf16) + R"({"buffer_dtype": "int8"}})", Kind::kType,
+              "data_types.buffer_dtype", "not a floating-point dtype");
+  ExpectError(std::string(bf16) + R"({"buffer_dtype": 16}})", Kind::kType,
+              "data_types.buffer_dtype", "not a floating-point dtype");
+  ConfigCheck accum = CheckDeepSpeedConfig(
+      std::string(bf16) + R"({"grad_accum_dtype": "bf16", "bufer_dtype": "bf16"}})");
+  ASSERT_TRUE(accum.ok()) << Dump(accum.errors);
+  EXPECT_NE(FindDiag(accum.warnings, Kind::kIgnored, "data_types.grad_accum_dtype"), nullptr);
+  EXPECT_NE(FindDiag(accum.warnings, Kind::kUnknownKey, "data_types.bufer_dtype"), nullptr);
+}
+
 // DeepSpeed's CPU Adam keeps 16-bit moments with fp32_optimizer_states false; strata keeps fp32
 // ones, which a run sized for the smaller state needs to know (true, the default, is silent).
 TEST(ConfigCheck, Fp32OptimizerStatesFalseIsAWarning) {

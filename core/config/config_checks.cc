@@ -8,6 +8,9 @@
 #include <cstring>
 #include <filesystem>
 #include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/config/config_reader.h"
 #include "core/zero/lr_schedule.h"
@@ -386,7 +389,62 @@ void CheckEngineRules(Reader& r, const EngineConfig& c) {
 
 }  // namespace
 
+namespace {
+
+// DeepSpeed's data_types (its FSDP-like MixedPrecisionPolicy): each a DtypeEnum name.
+// param_dtype must be the precision fp16 / bf16 enable (DeepSpeed asserts it);
+// grad_accum_dtype other than fp32 is not acted on (strata accumulates gradients in fp32);
+// buffer_dtype is read by the Python engine, which casts the module's floating-point buffers.
+void CheckDataTypes(Reader& r, const EngineConfig& c, const Json* root) {
+  auto sec = root->find("data_types");
+  if (sec == root->end() || sec->is_null()) return;
+  if (!sec->is_object()) {
+    r.Error(Kind::kType, "data_types", "must be an object");
+    return;
+  }
+  const auto canonical = [](const std::string& v) -> std::string {
+    for (const auto& [name, spellings] : {std::pair<std::string, std::vector<std::string>>{
+                                              "fp16", {"torch.float16", "fp16", "float16", "half"}},
+                                          {"fp32", {"torch.float32", "fp32", "float32", "float"}},
+                                          {"bf16", {"torch.bfloat16", "bf16", "bfloat16"}},
+                                          {"int8", {"torch.int8", "int8"}}}) {
+      for (const std::string& s : spellings) {
+        if (v == s) return name;
+      }
+    }
+    return "";
+  };
+  const std::string model = c.fp16.enabled.value_or(false)   ? "fp16"
+                            : c.bf16.enabled.value_or(false) ? "bf16"
+                                                             : "fp32";
+  for (auto it = sec->begin(); it != sec->end(); ++it) {
+    const std::string path = "data_types." + it.key();
+    if (it.key() != "grad_accum_dtype" && it.key() != "param_dtype" && it.key() != "buffer_dtype") {
+      r.Warn(Kind::kUnknownKey, path,
+             "not a data_types key (grad_accum_dtype, param_dtype, buffer_dtype)");
+      continue;
+    }
+    if (it->is_null()) continue;  // DeepSpeed's default
+    const std::string dtype = it->is_string() ? canonical(it->get<std::string>()) : "";
+    if (dtype.empty() || dtype == "int8") {
+      r.Error(Kind::kType, path,
+              it->dump() + " is not a floating-point dtype (\"fp32\", \"bf16\", \"fp16\")");
+    } else if (it.key() == "param_dtype" && dtype != model) {
+      r.Error(Kind::kConflict, path,
+              dtype + " conflicts with the enabled precision (the model's parameters are " + model +
+                  "): enable the matching fp16 / bf16 section or drop the key, as " +
+                  "DeepSpeed asserts");
+    } else if (it.key() == "grad_accum_dtype" && dtype != "fp32") {
+      r.Warn(Kind::kIgnored, path,
+             dtype + " is not acted on: strata accumulates gradients in fp32 whatever it says");
+    }
+  }
+}
+
+}  // namespace
+
 void CheckAcrossKeys(Reader& r, EngineConfig& c, Json* root) {
+  CheckDataTypes(r, c, root);
   CheckUnsupportedSections(r, root);
   CheckSchedule(r, c);
   CheckEngineRules(r, c);

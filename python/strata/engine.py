@@ -264,6 +264,25 @@ def _refuse_unsupported_dtypes(model: torch.nn.Module, low_precision: bool) -> N
                 "model to float32 (model.float()) before strata.initialize")
 
 
+# DeepSpeed's DtypeEnum spellings of the floating-point dtypes (the config check refuses others).
+_DTYPE_NAMES = {
+    **dict.fromkeys(("torch.float16", "fp16", "float16", "half"), torch.float16),
+    **dict.fromkeys(("torch.float32", "fp32", "float32", "float"), torch.float32),
+    **dict.fromkeys(("torch.bfloat16", "bf16", "bfloat16"), torch.bfloat16)}
+
+
+def _cast_buffers(model: torch.nn.Module, buffer_dtype: Optional[str]) -> None:
+    """The config's data_types.buffer_dtype, as DeepSpeed's engine applies it: the module's
+    floating-point buffers cast to it (BatchNorm's running statistics beside bf16 weights);
+    None keeps them as loaded (DeepSpeed casts only the parameters)."""
+    if buffer_dtype is None:
+        return
+    dtype = _DTYPE_NAMES[buffer_dtype]
+    for b in model.buffers():
+        if b.is_floating_point() and b.dtype != dtype:
+            b.data = b.data.to(dtype)
+
+
 @contextlib.contextmanager
 def _named_collective(what: str):
     """A collective's timeout inside the block names `what`: a call made on some ranks only (an
@@ -748,6 +767,7 @@ class StrataEngine(torch.nn.Module):
             set_log_level_from_string(config["log_level"])
         _refuse_unsupported_dtypes(model, any(
             bool((eff.get(k) or {}).get("enabled")) for k in ("bf16", "fp16")))
+        _cast_buffers(model, (config.get("data_types") or {}).get("buffer_dtype"))
         # DeepSpeed's monitors (tensorboard, csv_monitor, wandb): the lr at each step, and what
         # the script writes (engine.monitor.write_events). Once the config is known good, before
         # the engine exists: one that cannot start (its package missing) leaves nothing open.

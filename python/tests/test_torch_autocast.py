@@ -93,3 +93,45 @@ def test_section_off_and_module_names_kept():
     assert not engine.torch_autocast_enabled() and engine.torch_autocast_dtype() is None
     assert engine.torch_autocast_lower_precision_safe_modules() == names
     engine.close()
+
+
+class _BatchNormNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 8)
+        self.bn = torch.nn.BatchNorm1d(8)
+        self.out = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.out(self.bn(self.lin(x))).float().square().mean()
+
+
+def test_data_types_buffer_dtype_casts_the_buffers_as_deepspeed():
+    """bf16 casts the parameters, not the buffers (DeepSpeed >= 0.19.2): BatchNorm's fp32
+    running statistics beside bf16 weights fail in F.batch_norm, as under DeepSpeed.
+    data_types.buffer_dtype "bf16" casts them, as DeepSpeed's engine does, and the model
+    trains; the checker refuses a param_dtype other than the enabled precision."""
+    cfg = ds_config(3, dtype="bf16")
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(0)).bfloat16()
+    torch.manual_seed(0)
+    plain, _, _, _ = strata.initialize(model=_BatchNormNet(), config=cfg)
+    assert plain.module.bn.running_mean.dtype == torch.float32
+    with pytest.raises(RuntimeError, match="expected scalar type|same dtype|BFloat16"):
+        plain(x)
+    plain.close()
+    cfg["data_types"] = {"buffer_dtype": "bf16"}
+    torch.manual_seed(0)
+    engine, _, _, _ = strata.initialize(model=_BatchNormNet(), config=cfg)
+    assert engine.module.bn.running_mean.dtype == torch.bfloat16
+    losses = []
+    for _ in range(3):
+        loss = engine(x)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+    assert engine.module.bn.num_batches_tracked.dtype == torch.int64  # integers stay
+    engine.close()
+    cfg["data_types"] = {"param_dtype": "fp16"}
+    with pytest.raises(ConfigError, match="data_types.param_dtype.*conflicts"):
+        strata.initialize(model=_BatchNormNet(), config=cfg)

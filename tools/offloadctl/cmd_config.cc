@@ -128,7 +128,7 @@ int RunCheck(const ConfigCheckArgs& a) {
   if (!p.config.unacted_keys.empty()) {
     std::printf(
         "kept, not acted on by the engine (the Python package acts on some: torch_autocast, "
-        "activation_checkpointing, wall_clock_breakdown, the monitors; "
+        "activation_checkpointing, wall_clock_breakdown, data_types.buffer_dtype, the monitors; "
         "docs/deepspeed-compat.md):\n");
     for (const auto& k : p.config.unacted_keys) {
       std::printf("  %s = %s\n", PrintableText(k.path).c_str(), k.json_text.c_str());
