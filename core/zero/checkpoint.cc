@@ -537,7 +537,10 @@ Status CheckCompatible(const Engine::Impl& e, const ckpt::Manifest& m, const Loa
       if (m.groups[g].params[p].name != model.groups[g].params[p].name) {
         diffs.push_back("group '" + model.groups[g].name + "' orders its parameters otherwise: '" +
                         m.groups[g].params[p].name + "' in the checkpoint, '" +
-                        model.groups[g].params[p].name + "' in the model");
+                        model.groups[g].params[p].name +
+                        "' in the model (a module's parameters in several optimizer param "
+                        "groups form one group per param group, '<module>#<index>': does the "
+                        "script list its param_groups in another order than at the save?)");
       }
     }
   }

@@ -252,6 +252,27 @@ def test_load_module_only_non_strict_refuses_another_shape_and_counts_what_it_sk
     grown.close()
 
 
+def test_param_groups_listed_in_another_order_are_named_at_load(tmp_path):
+    """A module whose weight and bias sit in two optimizer param groups is two engine groups;
+    a resume that lists the param_groups the other way round is refused (as torch's and
+    DeepSpeed's optimizer loads refuse it), naming the param_groups order as the likely cause,
+    where the error spoke only of a group ordering its parameters otherwise."""
+    from models import decay_groups
+    model = make_model("gpt")
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(2),
+                                        model_parameters=decay_groups(model))
+    engine.save_checkpoint(tmp_path)
+    engine.close()
+    model = make_model("gpt")
+    swapped = decay_groups(model)[::-1]
+    engine, _, _, _ = strata.initialize(model=model, config=ds_config(2),
+                                        model_parameters=swapped)
+    with pytest.raises(strata.StrataError, match="orders its parameters otherwise.*list its "
+                                                 "param_groups in another order"):
+        engine.load_checkpoint(tmp_path)
+    engine.close()
+
+
 def torch_steps(model, opt, steps, first):
     for step in range(first, first + steps):
         opt.zero_grad()
