@@ -532,7 +532,7 @@ TEST(BenchEngineCli, BadFlagsAreUsageErrorsNamingTheFlag) {
   for (const char* args :
        {"--stage 4", "--offload-optimizer moon", "--offload-param disk", "--params lots",
         "--layers 0", "--steps 0", "--dtype int8", "--io-backend floppy", "--max-reuse-distance x",
-        "--host-gb -1", "--sweep --stage 3", "--device gpu"}) {
+        "--speculation-buffer xyz", "--host-gb -1", "--sweep --stage 3", "--device gpu"}) {
     const ProcessResult r = Bench(args, "2>&1");
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
     const std::string flag = std::string(args).substr(0, std::string(args).find(' '));

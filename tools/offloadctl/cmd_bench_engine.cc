@@ -659,7 +659,9 @@ void RegisterBenchEngine(CLI::App& bench, int* exit_code) {
                 "the first steps, the faster kept; --warmup-steps 8 measures the choice)")
       ->check(CLI::IsMember({"on", "off", "auto"}));
   c->add_option("--speculation-buffer", a->speculation_buffer,
-                "offload_optimizer.speculation_buffer_size (COUNT, k/M/B) over the config's");
+                "offload_optimizer.speculation_buffer_size (COUNT, k/M/B; 0: none) over the "
+                "config's")
+      ->check(CountOrZero());
   c->add_flag("--bias-groups", a->bias_groups,
               "Add a small bias group (sqrt(params/layers) elements, under the persistence "
               "threshold) after each layer, taken from its params");
