@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -633,6 +634,65 @@ TEST(CheckpointManifest, VersionOneWithoutChecksumStillLoads) {
   claims_v1.replace(claims_v1.find(two), two.size(), "\"format_version\": 1");
   m = ckpt::Manifest::FromJson(claims_v1);
   EXPECT_TRUE(m.status().IsCorruption()) << m.status().ToString();
+  std::filesystem::remove_all(dir);
+}
+
+// A format-1 manifest has no checksum (and a sealed one can be re-sealed): its model description
+// must add up on its own, since zero_to_fp32, export and reshard size what they write from it. A
+// numel, a shape or a shard size that disagree is Corruption naming the group, never a
+// checkpoint that verifies and reads back shifted or zero-filled values.
+TEST(CheckpointManifest, AModelDescriptionThatDoesNotAddUpIsCorruption) {
+  const std::string dir = UniqueTestDir("ckpt_manifest_layout");
+  SaveSolo(dir, "t");
+  const std::string path = dir + "/t/" + ckpt::kManifestName;
+  auto good = ckpt::Manifest::FromJson(*ckpt::ReadWholeFile(path));
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  good->format_version = 1;
+  const std::vector<std::pair<std::string, std::function<void(ckpt::Manifest*)>>> edits = {
+      {"numel says", [](ckpt::Manifest* m) { m->groups[0].numel -= 1; }},
+      {"numel says", [](ckpt::Manifest* m) { m->groups[0].params[0].shape[0] -= 1; }},
+      {"out of range", [](ckpt::Manifest* m) { m->groups[0].params[0].shape[0] = -1; }},
+      {"out of range",
+       [](ckpt::Manifest* m) {
+         m->groups[0].params[0].shape = {int64_t{1} << 40, 1 << 20};
+       }},
+      {"shard_elems", [](ckpt::Manifest* m) { m->groups[0].shard_elems += 128; }}};
+  for (const auto& [needle, edit] : edits) {
+    ckpt::Manifest m = *good;
+    edit(&m);
+    auto read = ckpt::Manifest::FromJson(m.ToJson());
+    EXPECT_TRUE(read.status().IsCorruption()) << needle << ": " << read.status().ToString();
+    EXPECT_NE(read.status().ToString().find("group '" + m.groups[0].name + "'"), std::string::npos)
+        << read.status().ToString();
+    EXPECT_NE(read.status().ToString().find(needle), std::string::npos) << read.status().ToString();
+  }
+  EXPECT_TRUE(ckpt::Manifest::FromJson(good->ToJson()).ok());
+  std::filesystem::remove_all(dir);
+}
+
+// The small files a checkpoint directory names are read only when they are regular files: a
+// FIFO blocked every reader forever, /dev/zero grew without end. "latest" written with "\r\n"
+// or blanks around the tag names it, as the Python readers and DeepSpeed strip it.
+TEST(CheckpointManifest, OnlyRegularFilesAreReadAndLatestIsStripped) {
+  const std::string dir = UniqueTestDir("ckpt_small_files");
+  SaveSolo(dir, "t");
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto r = ckpt::ReadWholeFile(fifo);
+  EXPECT_TRUE(r.status().IsInvalidArgument()) << r.status().ToString();
+  EXPECT_NE(r.status().ToString().find("not a regular file"), std::string::npos);
+  EXPECT_TRUE(ckpt::ReadWholeFile("/dev/zero").status().IsInvalidArgument());
+  EXPECT_TRUE(ckpt::ReadWholeFile(dir + "/t/" + ckpt::kManifestName, 16).status().IsCorruption());
+  std::ofstream(dir + "/latest", std::ios::trunc) << "  t\r\n";
+  auto tag = ckpt::ResolveTag(dir, "");
+  ASSERT_TRUE(tag.ok()) << tag.status().ToString();
+  EXPECT_EQ(*tag, "t");
+  std::ofstream(dir + "/latest", std::ios::trunc) << "..\n";
+  EXPECT_TRUE(ckpt::ResolveTag(dir, "").status().IsCorruption());
+  std::filesystem::remove(dir + "/latest");
+  ASSERT_EQ(::mkfifo((dir + "/latest").c_str(), 0600), 0);
+  auto blocked = ckpt::ResolveTag(dir, "");
+  EXPECT_TRUE(blocked.status().IsInvalidArgument()) << blocked.status().ToString();
   std::filesystem::remove_all(dir);
 }
 

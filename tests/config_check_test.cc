@@ -448,6 +448,10 @@ TEST(ConfigCheck, DataTypesAreDeepSpeedsDtypeNames) {
   EXPECT_TRUE(ok.warnings.empty()) << Dump(ok.warnings);
   ExpectError(std::string(bf16) + R"({"param_dtype": "fp16"}})", Kind::kConflict,
               "data_types.param_dtype", "conflicts with the enabled precision");
+  // A precision left "auto" is the trainer's to decide: no conflict yet.
+  EXPECT_TRUE(CheckDeepSpeedConfig(R"({"train_batch_size": 8, "bf16": {"enabled": "auto"},
+      "data_types": {"param_dtype": "bf16"}})")
+                  .ok());
   ExpectError(std::string(bf16) + R"({"buffer_dtype": "int8"}})", Kind::kType,
               "data_types.buffer_dtype", "not a floating-point dtype");
   ExpectError(std::string(bf16) + R"({"buffer_dtype": 16}})", Kind::kType,

@@ -308,6 +308,10 @@ TEST(LrSchedule, OneCycleDecayStairsAndAsymmetricHalves) {
       << past.message();
   EXPECT_NE(past.message().find(" at optimizer step 48 "), std::string::npos) << past.message();
   EXPECT_TRUE(Make(OneCycle({})).warnings().empty());  // no decay: beta1 stays cycle_max_mom
+  // A negative decay_step_size shrinks beta1 (DeepSpeed's formula): it never reaches 1.
+  LrSchedule shrinking = Make(OneCycle({{"decay_step_size", "-5"}, {"decay_mom_rate", "0.01"}}));
+  EXPECT_TRUE(shrinking.warnings().empty());
+  EXPECT_LT(shrinking.BetasForStep(1000)->first, 0.95);
 
   LrSchedule st = Make(OneCycle({{"cycle_first_stair_count", "2"}}));
   ExpectLr(st, 0, 1e-4);               // b = 1: floor(1 * 2 / 10) / 2 = 0

@@ -171,6 +171,10 @@ TEST(OffloadctlPlan, UsageErrorsExitTwo) {
   EXPECT_NE(ratio.out.find("needs an offloaded optimizer"), std::string::npos) << ratio.out;
   EXPECT_EQ(RunPlan("--params 13B --stage 3 --offload-ratio 0.5 --offload-optimizer cpu").exit_code,
             0);
+  // CLI::Range let "nan" through, and the flag then counted as not given.
+  const RunResult nan = RunPlan("--params 13B --stage 3 --offload-ratio nan", true);
+  EXPECT_EQ(nan.exit_code, 2) << nan.out;
+  EXPECT_NE(nan.out.find("'nan' is not a number"), std::string::npos) << nan.out;
   // A fraction of a micro-step was printed as "(2.5 micro-steps)"; config check refuses it too.
   const RunResult ga = RunPlan("--params 7B --grad-accum 2.5", true);
   EXPECT_EQ(ga.exit_code, 2) << ga.out;

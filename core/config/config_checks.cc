@@ -429,7 +429,8 @@ void CheckDataTypes(Reader& r, const EngineConfig& c, const Json* root) {
     if (dtype.empty() || dtype == "int8") {
       r.Error(Kind::kType, path,
               it->dump() + " is not a floating-point dtype (\"fp32\", \"bf16\", \"fp16\")");
-    } else if (it.key() == "param_dtype" && dtype != model) {
+    } else if (it.key() == "param_dtype" && dtype != model && !c.fp16.enabled.is_auto() &&
+               !c.bf16.enabled.is_auto()) {  // "auto": the trainer decides the precision
       r.Error(Kind::kConflict, path,
               dtype + " conflicts with the enabled precision (the model's parameters are " + model +
                   "): enable the matching fp16 / bf16 section or drop the key, as " +

@@ -18,6 +18,7 @@
 
 #include "core/zero/engine_internal.h"
 #include "nlohmann/json.hpp"
+#include "sched/zero_layout.h"
 #include "sched/zero_partition.h"
 #include "strata/dtype.h"
 
@@ -157,6 +158,48 @@ std::string Manifest::ToJson() const {
   return format_version >= 2 ? SealManifest(j.dump(2)) : j.dump(2) + "\n";
 }
 
+namespace {
+
+constexpr uint64_t kMaxLatestBytes = 4096;  // a tag name
+constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
+
+// A group's model description adds up (a format-1 manifest has no checksum, and the readers
+// that do not compare it with a model, zero_to_fp32, export and reshard, size what they write
+// from it): every dimension >= 1, the parameters' elements sum to numel, and shard_elems is the
+// engine's partition of numel over the world size.
+Status CheckGroupLayout(const GroupEntry& g, int world_size) {
+  const auto bad = [&](const std::string& what) {
+    return Status::Corruption("manifest: group '" + g.name + "': " + what);
+  };
+  constexpr uint64_t kMaxElems = uint64_t{1} << 56;  // far past any model, far from overflow
+  uint64_t total = 0;
+  for (const ParamEntry& p : g.params) {
+    uint64_t n = 1;
+    for (int64_t d : p.shape) {
+      if (d < 1 || static_cast<uint64_t>(d) > kMaxElems / n) {
+        return bad("parameter '" + p.name + "' has a dimension " + std::to_string(d) +
+                   " out of range");
+      }
+      n *= static_cast<uint64_t>(d);
+    }
+    total += n;
+    if (total > kMaxElems) return bad("more elements than any model holds");
+  }
+  if (g.params.empty() || total != g.numel) {
+    return bad("its parameters' shapes hold " + std::to_string(total) + " elements, numel says " +
+               std::to_string(g.numel));
+  }
+  const uint64_t want = sched::ShardElems(g.numel, world_size, kShardAlignElems);
+  if (g.shard_elems != want) {
+    return bad("shard_elems " + std::to_string(g.shard_elems) + " is not " + std::to_string(want) +
+               ", numel " + std::to_string(g.numel) + " over " + std::to_string(world_size) +
+               " rank(s)");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<Manifest> Manifest::FromJson(const std::string& text) {
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) {
@@ -250,6 +293,7 @@ Result<Manifest> Manifest::FromJson(const std::string& text) {
     return Status::Corruption("manifest: " + std::to_string(rank_files) +
                               " rank files for world size " + std::to_string(m.world_size));
   }
+  for (const GroupEntry& g : m.groups) STRATA_RETURN_IF_ERROR(CheckGroupLayout(g, m.world_size));
   return m;
 }
 
@@ -495,12 +539,34 @@ Status ReadAt(int fd, const std::string& path, uint64_t offset, void* out, uint6
   return Status::OK();
 }
 
-Result<std::string> ReadWholeFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+Result<std::string> ReadWholeFile(const std::string& path, uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return Errno("open", path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    Status e = Errno("stat", path);
+    ::close(fd);
+    return e;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::InvalidArgument(path + " is not a regular file");
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return Status::Corruption(path + " is " + std::to_string(st.st_size) +
+                              " bytes, more than the " + std::to_string(max_bytes) +
+                              " such a file may hold");
+  }
   std::string out;
   char buf[65536];
   for (;;) {
+    if (out.size() > max_bytes) {  // grew while being read
+      ::close(fd);
+      return Status::Corruption(path + " grew past " + std::to_string(max_bytes) +
+                                " bytes while being read");
+    }
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -550,14 +616,19 @@ Result<std::string> ResolveTag(const std::string& dir, const std::string& tag) {
   if (dir.empty()) return Status::InvalidArgument("the checkpoint directory is empty: name one");
   if (!PathExists(dir)) return Status::NotFound("checkpoint directory " + dir + " does not exist");
   const std::string latest = dir + "/" + kLatestName;
-  auto text = ReadWholeFile(latest);
+  auto text = ReadWholeFile(latest, kMaxLatestBytes);
   if (!text.ok()) {
+    if (!text.status().IsNotFound()) return text.status();  // not a file, too large
     return Status::NotFound("no checkpoint in " + dir + " (" + latest +
                             " is missing: " + std::string(text.status().message()) + ")");
   }
+  // Whitespace around the name (a "\r\n" an editor wrote) is not part of it, as DeepSpeed's
+  // and strata's Python readers strip it.
   std::string t = *text;
-  while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
-  if (t.empty() || t.find('/') != std::string::npos) {
+  const auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (!t.empty() && blank(t.back())) t.pop_back();
+  t.erase(0, std::find_if_not(t.begin(), t.end(), blank) - t.begin());
+  if (t.empty() || t.find('/') != std::string::npos || t == "." || t == "..") {
     return Status::Corruption(latest + ": does not name a tag");
   }
   return t;
@@ -574,7 +645,7 @@ Result<Manifest> ReadManifest(const std::string& dir, const std::string& tag) {
                                            "did not finish)"
                                      : std::string()));
   }
-  auto text = ReadWholeFile(path);
+  auto text = ReadWholeFile(path, kMaxManifestBytes);
   if (!text.ok())
     return Status::NotFound("checkpoint file " + path +
                             " is missing or unreadable: " + std::string(text.status().message()));

@@ -183,7 +183,9 @@ Status ExchangePaths(const std::string& from, const std::string& to, const std::
                      CheckpointEnv& env = DefaultEnv());
 Status RemoveTree(const std::string& path);  // missing is fine
 bool PathExists(const std::string& path);
-Result<std::string> ReadWholeFile(const std::string& path);
+// A regular file's bytes. InvalidArgument for anything else (a FIFO would block, a device never
+// end); Corruption when it is larger than `max_bytes`.
+Result<std::string> ReadWholeFile(const std::string& path, uint64_t max_bytes = UINT64_MAX);
 // Writes `text` to path (tmp name + fsync + rename + fsync dir when `atomic`).
 Status WriteSmallFile(const std::string& path, const std::string& text, bool atomic,
                       CheckpointEnv& env = DefaultEnv());

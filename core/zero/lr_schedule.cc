@@ -154,7 +154,7 @@ Status LrSchedule::ReadOneCycle(const EngineConfig& c) {
                      "as DeepSpeed's OneCycle writes them; optimizer.params.betas[1] " +
                      Num(betas.second) + " is not used");
   }
-  if (!skip_mom_decay_ && decay_mom_rate_ > 0) {
+  if (!skip_mom_decay_ && decay_mom_rate_ > 0 && decay_step_size_ > 0) {
     // beta1 = cycle_max_mom * (1 + decay_mom_rate * (t - total + 1) / decay_step_size) for
     // t >= total: it reaches 1 where (t - total + 1) >= decay_step_size * (1 / max - 1) / rate.
     const double after = decay_step_size_ * (1 / max_mom_ - 1) / decay_mom_rate_;

@@ -1078,6 +1078,11 @@ class StrataEngine(torch.nn.Module):
 
     def _make_pre_hook(self, own):
         def pre_hook(module, args, kwargs):
+            if module is self.module and self._call_stack:
+                # A root call opens a forward: calls still open are a raising forward's whose
+                # post-hooks torch skipped (a KeyboardInterrupt in engine.module(...) or
+                # generate(), where engine.forward does not see it).
+                self._unwind_calls(0)
             call = _ModuleCall(self, self._call_groups(module, own))
             module.__dict__.setdefault("_strata_calls", []).append(call)
             self._acquire(call.groups)  # a failure reaches the post-hook (always_call) too
@@ -1403,6 +1408,7 @@ class StrataEngine(torch.nn.Module):
             self._device_waits.wait(torch.cuda.current_stream(self._cuda).synchronize)
 
     def _release_all(self) -> None:
+        self._unwind_calls(0)  # none open between forwards, unless a forward was interrupted
         self._forget_held_calls()
         self._release_groups(range(len(self._groups)))
 
@@ -2169,9 +2175,9 @@ class StrataEngine(torch.nn.Module):
         self._step_applied = not self._last_report["skipped"]
         if self._step_applied:
             self._grad_norm = torch.tensor(self._last_report["grad_norm"], dtype=torch.float32)
-        self._after_step(self._last_report["skipped"])
         if self._micro_batch:  # DeepSpeed's train_batch_size, once per boundary
             self.global_samples += int(self._micro_batch) * self._gas * self._engine.world_size
+        self._after_step(self._last_report["skipped"])
         if self.monitor.enabled:  # as DeepSpeed's step: the next lr, the fp16 scale
             events = [("Train/Samples/lr", self.get_lr()[0], self.global_samples)]
             if self.fp16_enabled():

@@ -179,6 +179,17 @@ def test_a_keyboard_interrupt_in_a_stage3_forward_leaves_nothing_gathered():
     assert torch._C._autograd._top_saved_tensors_default_hooks(False) == hooks
     assert model.l2.weight.shape == (0,)  # released, as it is outside a forward
     assert "_strata_external" not in model.mid.__dict__
+    # Through the module itself (generate() calls it so): engine.forward does not see the
+    # interrupt; the next root call, or the step, undoes what it left open.
+    model.error = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        engine.module(x)
+    model.error = None
+    assert engine._call_stack
+    with torch.no_grad():
+        engine.module(x)
+    assert engine._call_stack == [] and engine._refs == [0] * len(engine._refs)
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) == hooks
     for e in (engine, ref):
         for b in batches()[:2]:
             e.backward(e(b).square().mean())
@@ -220,4 +231,5 @@ def test_an_error_after_the_engine_stepped_ends_the_micro_step():
             raised += 1
     assert raised == 1
     assert engine.global_steps == BATCHES and engine.micro_steps == BATCHES
+    assert engine.global_samples == BATCHES * 4  # micro-batch 4, one rank
     engine.close()

@@ -427,6 +427,30 @@ def test_from_pretrained_partitioned_loads_models_transformers_converts(tmp_path
     engine.close()
 
 
+def test_from_pretrained_partitioned_reads_a_tied_head_named_in_the_files(tmp_path):
+    """Hub and merged checkpoints of a tied model often name the head beside the embedding:
+    both names carry the same values and the load reads them (it failed with a KeyError on the
+    head's name, which named_parameters leaves out as a duplicate)."""
+    from safetensors.torch import load_file, save_file
+    from strata.utils import safe_get_full_fp32_param
+    torch.manual_seed(0)
+    saved = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4))
+    saved.save_pretrained(tmp_path / "m")
+    file = tmp_path / "m" / "model.safetensors"
+    tensors = load_file(file)
+    assert "lm_head.weight" not in tensors
+    tensors["lm_head.weight"] = tensors["transformer.wte.weight"].clone()
+    save_file(tensors, file, metadata={"format": "pt"})
+    with loads_whole():
+        model = st.from_pretrained(type(saved), tmp_path / "m", _stage3())
+    engine, _, _, _ = strata.initialize(model=model, config=_stage3())
+    named = dict(engine.module.named_parameters())
+    for name, p in saved.named_parameters():
+        assert torch.equal(safe_get_full_fp32_param(named[name]), p.detach()), name
+    engine.close()
+
+
 def test_from_pretrained_reads_only_this_ranks_ranges(tmp_path, monkeypatch):
     """With two ranks, rank 1 keeps exactly its owned range of each module's parameters (read
     from the file, nothing else); below stage 3 it is transformers' from_pretrained."""

@@ -33,4 +33,28 @@ inline CLI::Validator AtLeast(double min, bool inclusive = true, bool integer = 
       (integer ? "INT " : "NUMBER ") + rule);
 }
 
+// Accepts a finite number in [lo, hi] (CLI::Range lets "nan" through: every comparison with it
+// is false).
+inline CLI::Validator Between(double lo, double hi) {
+  const auto num = [](double v) {
+    std::string t = std::to_string(v);
+    t.erase(t.find_last_not_of('0') + 1);
+    if (!t.empty() && t.back() == '.') t.pop_back();
+    return t;
+  };
+  const std::string rule = "in [" + num(lo) + ", " + num(hi) + "]";
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v)) {
+          return "'" + s + "' is not a number";
+        }
+        if (!(v >= lo && v <= hi)) return "must be " + rule + ", got " + s;
+        return {};
+      },
+      "NUMBER " + rule);
+}
+
 }  // namespace strata::cli

@@ -244,7 +244,7 @@ void RegisterPlan(CLI::App& parent, int* exit_code) {
   cmd->add_option("--offload-ratio", f->offload_ratio,
                   "offload_optimizer.ratio to check, 0-1 (overrides --config): the share of the "
                   "optimizer offloaded at stage 3, the rest on the GPU (partial offload)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(cli::Between(0.0, 1.0));
   cmd->add_option("--grad-accum", f->grad_accum,
                   "Gradient accumulation steps (overrides --config; default 1): scales the "
                   "per-step PCIe and NVMe traffic")

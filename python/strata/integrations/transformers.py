@@ -363,18 +363,29 @@ def from_pretrained(model_class, path: str, config, **kwargs):
     hf_config = transformers.AutoConfig.from_pretrained(path, **kwargs)
     build = getattr(model_class, "from_config", None) or model_class._from_config
     files = _safetensors_files(path)
-    with _zero3_hook_for(cfg):
-        model = build(hf_config)
-        keys = set(model.state_dict().keys())
-        unknown = sorted(n for names in files.values() for n in names if n not in keys)
-        if unknown:  # transformers' renaming and conversions apply: its own load
-            del model
-            logger.info("strata from_pretrained(%s): the files name %d tensor(s) the model does "
-                        "not (%s): loaded by transformers' from_pretrained under the ZeRO-3 hook",
-                        path, len(unknown), ", ".join(unknown[:3]))
-            model = model_class.from_pretrained(path, **kwargs)
-            model.eval()
-            return model
+    if installed_elsewhere():
+        # transformers' hook would partition with DeepSpeed itself (zero3_hook): strata's
+        # zero.Init alone, and the files' names as they are.
+        from .. import zero
+        with zero.Init(config=cfg):
+            model = build(hf_config)
+        unknown = _unknown_names(model, files)
+        if unknown:
+            logger.warning("strata from_pretrained(%s): DeepSpeed is installed, so transformers' "
+                           "conversion of older tensor names is not used; not in the model, "
+                           "ignored: %s", path, unknown)
+    else:
+        with _zero3_hook_for(cfg):
+            model = build(hf_config)
+            unknown = _unknown_names(model, files)
+            if unknown:  # transformers' renaming and conversions apply: its own load
+                del model
+                logger.info("strata from_pretrained(%s): the files name %d tensor(s) the model "
+                            "does not (%s): loaded by transformers' from_pretrained under the "
+                            "ZeRO-3 hook", path, len(unknown), ", ".join(unknown[:3]))
+                model = model_class.from_pretrained(path, **kwargs)
+                model.eval()
+                return model
     _read_partitioned(model, files)
     missing = sorted(set(dict(model.named_parameters())) -
                      {n for names in files.values() for n in names})
@@ -385,11 +396,19 @@ def from_pretrained(model_class, path: str, config, **kwargs):
     return model
 
 
+def _unknown_names(model, files: dict) -> list:
+    """The files' tensor names the model's state_dict lacks (tied aliases included there)."""
+    keys = set(model.state_dict().keys())
+    return sorted(n for names in files.values() for n in names if n not in keys)
+
+
 def _read_partitioned(model, files: dict) -> None:
     """Each rank's element ranges of the model's parameters, and the buffers, from `files`
-    (_safetensors_files) whose every name the model has."""
-    named = dict(model.named_parameters())
-    buffers = dict(model.named_buffers())
+    (_safetensors_files); names the model lacks are skipped (_unknown_names). A tied
+    parameter named twice in the files (the embedding and the head) is read under each name:
+    the same values."""
+    named = dict(model.named_parameters(remove_duplicate=False))
+    buffers = dict(model.named_buffers(remove_duplicate=False))
     from safetensors import safe_open
     for file, names in files.items():
         with safe_open(file, "pt") as f:
@@ -397,7 +416,8 @@ def _read_partitioned(model, files: dict) -> None:
                 p = named.get(name)
                 with torch.no_grad():
                     if p is None:
-                        buffers[name].copy_(f.get_tensor(name))
+                        if name in buffers:
+                            buffers[name].copy_(f.get_tensor(name))
                         continue
                     part = getattr(p, "_strata_part", None)
                     if part is None:  # not partitioned (a class defined inside the block)
