@@ -11,6 +11,14 @@
 
 namespace strata::cli {
 
+// Whether all of `s` is a finite number (not "nan", "inf", "1e999" or "3x"); *v is it.
+inline bool ParseFinite(const std::string& s, double* v) {
+  errno = 0;
+  char* end = nullptr;
+  *v = std::strtod(s.c_str(), &end);
+  return !s.empty() && end == s.c_str() + s.size() && errno != ERANGE && std::isfinite(*v);
+}
+
 // Accepts a finite number v with v >= min (inclusive) or v > min; `integer` also requires a
 // whole number. The error names the value and the rule, e.g. "must be >= 1, got 0".
 inline CLI::Validator AtLeast(double min, bool inclusive = true, bool integer = false) {
@@ -20,12 +28,8 @@ inline CLI::Validator AtLeast(double min, bool inclusive = true, bool integer = 
   const std::string rule = std::string(inclusive ? ">= " : "> ") + lim;
   return CLI::Validator(
       [=](std::string& s) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        const double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v)) {
-          return "'" + s + "' is not a number";
-        }
+        double v = 0;
+        if (!ParseFinite(s, &v)) return "'" + s + "' is not a number";
         if (integer && v != std::floor(v)) return "must be a whole number, got " + s;
         if (inclusive ? !(v >= min) : !(v > min)) return "must be " + rule + ", got " + s;
         return {};
@@ -45,12 +49,8 @@ inline CLI::Validator Between(double lo, double hi) {
   const std::string rule = "in [" + num(lo) + ", " + num(hi) + "]";
   return CLI::Validator(
       [=](std::string& s) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        const double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v)) {
-          return "'" + s + "' is not a number";
-        }
+        double v = 0;
+        if (!ParseFinite(s, &v)) return "'" + s + "' is not a number";
         if (!(v >= lo && v <= hi)) return "must be " + rule + ", got " + s;
         return {};
       },
