@@ -1408,7 +1408,6 @@ class StrataEngine(torch.nn.Module):
             self._device_waits.wait(torch.cuda.current_stream(self._cuda).synchronize)
 
     def _release_all(self) -> None:
-        self._unwind_calls(0)  # none open between forwards, unless a forward was interrupted
         self._forget_held_calls()
         self._release_groups(range(len(self._groups)))
 
@@ -2125,6 +2124,7 @@ class StrataEngine(torch.nn.Module):
             raise NotImplementedError("step(lr_kwargs=...) is not supported by strata")
         self._check_loaded("step")
         self._settle_failed_backward()
+        self._unwind_calls(0)  # none open at a step, unless a forward was interrupted
         with self._timed(self.engine_timers.step_timers):
             boundary = self._micro_step()
         self._log_timers(boundary)
