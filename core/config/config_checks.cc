@@ -395,7 +395,9 @@ namespace {
 // param_dtype must be the precision fp16 / bf16 enable (DeepSpeed asserts it);
 // grad_accum_dtype other than fp32 is not acted on (strata accumulates gradients in fp32);
 // buffer_dtype is read by the Python engine, which casts the module's floating-point buffers.
-void CheckDataTypes(Reader& r, const EngineConfig& c, const Json* root) {
+// A valid value is written back as its canonical name ("fp16", "fp32", "bf16"), which the
+// normalized config carries: the spellings are known here only.
+void CheckDataTypes(Reader& r, const EngineConfig& c, Json* root) {
   auto sec = root->find("data_types");
   if (sec == root->end() || sec->is_null()) return;
   if (!sec->is_object()) {
@@ -439,6 +441,7 @@ void CheckDataTypes(Reader& r, const EngineConfig& c, const Json* root) {
       r.Warn(Kind::kIgnored, path,
              dtype + " is not acted on: strata accumulates gradients in fp32 whatever it says");
     }
+    if (!dtype.empty()) it.value() = dtype;
   }
 }
 

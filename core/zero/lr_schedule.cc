@@ -163,11 +163,11 @@ Status LrSchedule::ReadOneCycle(const EngineConfig& c) {
                                     static_cast<int64_t>(std::ceil(total_size_ - 1 + after)));
       while (BetasAt(t)->first < 1) ++t;  // rounding of the closed form: at most a step or two
       while (t > 0 && static_cast<double>(t - 1) >= total_size_ && BetasAt(t - 1)->first >= 1) --t;
-      beta1_reaches_one_ = t + 1 + 1;  // IterationForStep(n) = n - 1, counted from step 1
+      const int64_t step = t + 1 + 1;  // IterationForStep(n) = n - 1, counted from step 1
       const std::string w =
           Path("decay_mom_rate") + ": beta1 grows after the cycle (cycle_max_mom * (1 + " +
           "decay_mom_rate * steps / decay_step_size)) and reaches 1 at optimizer step " +
-          std::to_string(beta1_reaches_one_) + ", where the run stops: Adam needs beta1 < 1 " +
+          std::to_string(step) + ", where the run stops: Adam needs beta1 < 1 " +
           "(DeepSpeed trains on with it); set decay_mom_rate 0, or a rate that keeps it below 1 " +
           "for the run's steps";
       warnings_.push_back(w);

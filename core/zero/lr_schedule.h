@@ -136,7 +136,6 @@ class LrSchedule {
   bool skip_lr_decay_ = true, skip_mom_decay_ = true;
   bool cycle_momentum_ = true;
   double min_mom_ = 0.8, max_mom_ = 0.9;
-  int64_t beta1_reaches_one_ = 0;  // the first applied step whose beta1 >= 1; 0: none
   // LRRangeTest (min_lr_: lr_range_test_min_lr).
   int64_t range_step_size_ = 2000;
   double range_step_rate_ = 1.0;

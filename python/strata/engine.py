@@ -92,8 +92,7 @@ from .deepspeed_name import register_as_deepspeed
 from .monitor import MonitorMaster
 from .optim import ParamGroups
 from .utils import pack_state, unpack_state
-from .utils.timer import (EngineTimers, NoopTimer, SynchronizedWallClockTimer,  # noqa: F401
-                          ThroughputTimer)
+from .utils.timer import EngineTimers, SynchronizedWallClockTimer, ThroughputTimer
 from .utils.zero_to_fp32 import write_recovery_script
 from .zero import (GatheredParameters, ZeroParamStatus, _mark_partitioned, _owned_parts,
                    apply_leaf_module_config, z3_leaf_module)
@@ -264,20 +263,14 @@ def _refuse_unsupported_dtypes(model: torch.nn.Module, low_precision: bool) -> N
                 "model to float32 (model.float()) before strata.initialize")
 
 
-# DeepSpeed's DtypeEnum spellings of the floating-point dtypes (the config check refuses others).
-_DTYPE_NAMES = {
-    **dict.fromkeys(("torch.float16", "fp16", "float16", "half"), torch.float16),
-    **dict.fromkeys(("torch.float32", "fp32", "float32", "float"), torch.float32),
-    **dict.fromkeys(("torch.bfloat16", "bf16", "bfloat16"), torch.bfloat16)}
-
-
 def _cast_buffers(model: torch.nn.Module, buffer_dtype: Optional[str]) -> None:
     """The config's data_types.buffer_dtype, as DeepSpeed's engine applies it: the module's
     floating-point buffers cast to it (BatchNorm's running statistics beside bf16 weights);
-    None keeps them as loaded (DeepSpeed casts only the parameters)."""
+    None keeps them as loaded (DeepSpeed casts only the parameters). `buffer_dtype`: the
+    checker's canonical name (it reads DeepSpeed's spellings)."""
     if buffer_dtype is None:
         return
-    dtype = _DTYPE_NAMES[buffer_dtype]
+    dtype = {"fp16": torch.float16, "fp32": torch.float32, "bf16": torch.bfloat16}[buffer_dtype]
     for b in model.buffers():
         if b.is_floating_point() and b.dtype != dtype:
             b.data = b.data.to(dtype)
@@ -767,7 +760,8 @@ class StrataEngine(torch.nn.Module):
             set_log_level_from_string(config["log_level"])
         _refuse_unsupported_dtypes(model, any(
             bool((eff.get(k) or {}).get("enabled")) for k in ("bf16", "fp16")))
-        _cast_buffers(model, (config.get("data_types") or {}).get("buffer_dtype"))
+        _cast_buffers(model, (json.loads(check["normalized_json"]).get("data_types") or {})
+                      .get("buffer_dtype"))
         # DeepSpeed's monitors (tensorboard, csv_monitor, wandb): the lr at each step, and what
         # the script writes (engine.monitor.write_events). Once the config is known good, before
         # the engine exists: one that cannot start (its package missing) leaves nothing open.

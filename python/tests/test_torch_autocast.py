@@ -119,7 +119,7 @@ def test_data_types_buffer_dtype_casts_the_buffers_as_deepspeed():
     with pytest.raises(RuntimeError, match="expected scalar type|same dtype|BFloat16"):
         plain(x)
     plain.close()
-    cfg["data_types"] = {"buffer_dtype": "bf16"}
+    cfg["data_types"] = {"buffer_dtype": "torch.bfloat16"}  # a DeepSpeed spelling
     torch.manual_seed(0)
     engine, _, _, _ = strata.initialize(model=_BatchNormNet(), config=cfg)
     assert engine.module.bn.running_mean.dtype == torch.bfloat16
