@@ -611,5 +611,147 @@ TEST(EngineWriteParams, AFillThatFailsOnOneRankWritesNothingAnywhere) {
   }
 }
 
+// ------------------------------------------------------------------------------------------------
+// Engine::RestoreProgress: another trainer's resume (WriteOptimizerState for the states, then the
+// counters, the schedule's position and the loss scaler).
+// ------------------------------------------------------------------------------------------------
+
+std::string WarmupConfig(int stage, const char* opt, const char* precision) {
+  std::string c = Config(stage, opt, opt, precision);
+  c.pop_back();  // the closing brace
+  return c + R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0,
+    "warmup_max_lr": 0.01, "warmup_num_steps": 5}}, "fp16": {"enabled": )" +
+         (std::string(precision) == "fp16" ? "true" : "false") + R"(, "initial_scale_power": 4}})";
+}
+
+// Every group's master, exp_avg and exp_avg_sq, whole (collective).
+Result<Tensors> AllStates(Engine& e) {
+  Tensors out(kGroups);
+  for (size_t g = 0; g < kGroups; ++g) {
+    for (StateKind k : {StateKind::kMaster32, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+      STRATA_ASSIGN_OR_RETURN(std::vector<float> v, State(e, g, k));
+      out[g].push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+// Two steps, then every state read out and written into a fresh engine with the progress restored,
+// as a resume from another trainer's checkpoint does: steps 2..4 give the masters of the
+// uninterrupted run bit for bit, at one and two ranks, with the schedule still warming up.
+TEST(EngineRestoreProgress, StatesWrittenAndProgressRestoredTrainOnAsTheUninterruptedRun) {
+  for (int world : {1, 2}) {
+    for (const Case& c : {Case{1, "none", "none"}, Case{3, "cpu", "cpu"}}) {
+      RunSpec whole;
+      whole.config_json = WarmupConfig(c.stage, c.opt, "bf16");
+      whole.world = world;
+      whole.steps = 5;
+      const RunResult uninterrupted = RunEngine(whole);
+      ASSERT_TRUE(uninterrupted.status.ok()) << uninterrupted.status.ToString();
+
+      Tensors saved;
+      RunSpec first = whole;
+      first.steps = 2;
+      first.after_step = [&](int rank, int step, Engine& e) -> Status {
+        if (step != 1) return Status::OK();
+        STRATA_ASSIGN_OR_RETURN(Tensors s, AllStates(e));
+        if (rank == 0) saved = std::move(s);
+        return Status::OK();
+      };
+      ASSERT_TRUE(RunEngine(first).status.ok());
+      ASSERT_EQ(saved.size(), kGroups);
+
+      RunSpec resumed = whole;
+      resumed.first_step = 2;
+      resumed.after_init = [&](int, Engine& e) -> Status {
+        for (size_t g = 0; g < kGroups; ++g) {
+          const auto& params = e.model().groups[g].params;
+          for (size_t k = 0; k < 3; ++k) {
+            const StateKind kind = k == 0   ? StateKind::kMaster32
+                                   : k == 1 ? StateKind::kExpAvg
+                                            : StateKind::kExpAvgSq;
+            size_t base = 0;
+            for (size_t p = 0; p < params.size(); ++p) {
+              auto fill = [&](size_t, size_t, size_t b, size_t end, float* o) {
+                std::copy(saved[g][k].begin() + base + b, saved[g][k].begin() + base + end, o);
+                return Status::OK();
+              };
+              STRATA_RETURN_IF_ERROR(e.WriteOptimizerState(g, p, kind, fill));
+              base += params[p].numel();
+            }
+          }
+        }
+        TrainingProgress p;
+        p.global_step = 2;
+        p.optimizer_step = 2;
+        p.schedule_position = 2;
+        STRATA_RETURN_IF_ERROR(e.RestoreProgress(p));
+        if (e.global_step() != 2 || e.schedule_position() != 2) {
+          return Status::Internal("the counters were not restored");
+        }
+        return Status::OK();
+      };
+      const RunResult r = RunEngine(resumed);
+      ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+      ASSERT_EQ(r.master.size(), uninterrupted.master.size());
+      for (size_t g = 0; g < r.master.size(); ++g) {
+        EXPECT_EQ(0, std::memcmp(r.master[g].data(), uninterrupted.master[g].data(),
+                                 r.master[g].size() * sizeof(float)))
+            << "stage " << c.stage << ", world " << world << ", group " << g;
+      }
+      EXPECT_EQ(r.reports.back().global_step, 5);
+      EXPECT_DOUBLE_EQ(r.reports.back().lr, uninterrupted.reports.back().lr);
+    }
+  }
+}
+
+// The refusals change nothing; the fp16 scaler takes the given state.
+TEST(EngineRestoreProgress, RefusesImpossibleCountsAndRestoresTheLossScaler) {
+  RunSpec spec;
+  spec.config_json = WarmupConfig(2, "none", "fp16");
+  spec.steps = 1;
+  spec.after_micro = [](int, int, int, Engine& e) -> Status {
+    TrainingProgress p;
+    p.global_step = 1;
+    if (e.RestoreProgress(p).code() != Status::Code::kFailedPrecondition) {
+      return Status::Internal("restored mid-accumulation");
+    }
+    return Status::OK();
+  };
+  spec.after_step = [](int, int, Engine& e) -> Status {
+    const double scale = e.CurrentLossScale();
+    for (TrainingProgress p : {TrainingProgress{.global_step = -1},
+                               TrainingProgress{.global_step = 3, .skipped_steps = 4},
+                               TrainingProgress{.global_step = 3, .loss_scale = -2},
+                               TrainingProgress{.global_step = 3, .loss_scale = std::nan("")}}) {
+      const Status st = e.RestoreProgress(p);
+      if (st.code() != Status::Code::kInvalidArgument) {
+        return Status::Internal("not refused: " + st.ToString());
+      }
+    }
+    if (e.global_step() != 1 || e.CurrentLossScale() != scale) {
+      return Status::Internal("a refused RestoreProgress changed the engine");
+    }
+    TrainingProgress p{.global_step = 9,
+                       .skipped_steps = 2,
+                       .optimizer_step = 7,
+                       .schedule_position = 7,
+                       .loss_scale = 128,
+                       .scaler_iteration = 9,
+                       .scaler_last_overflow = 6,
+                       .scaler_hysteresis_left = 1};
+    STRATA_RETURN_IF_ERROR(e.RestoreProgress(p));
+    if (e.global_step() != 9 || e.CurrentLossScale() != 128 || e.schedule_position() != 7 ||
+        e.Stats().skipped_steps != 2) {
+      return Status::Internal("restored " + std::to_string(e.global_step()) + ", scale " +
+                              std::to_string(e.CurrentLossScale()));
+    }
+    return Status::OK();
+  };
+  const RunResult r = RunEngine(spec);
+  EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+  for (const Status& st : r.rank_status) EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
 }  // namespace
 }  // namespace strata::testing

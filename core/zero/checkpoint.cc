@@ -30,6 +30,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -849,6 +850,48 @@ Status Engine::Load(const std::string& dir, const std::string& tag,
   // Another rank's state is half loaded: this one cannot train with it either.
   if (!all.ok() && local.ok()) return e.Fail(all);
   return all;
+}
+
+Status Engine::RestoreProgress(const TrainingProgress& p) {
+  Impl& e = *impl_;
+  STRATA_RETURN_IF_ERROR(e.JoinDeferredStep());
+  STRATA_RETURN_IF_ERROR(CheckBoundary(e, "RestoreProgress", /*in_window=*/false));
+  auto bad = [](const std::string& why) {
+    return Status::InvalidArgument("RestoreProgress: " + why + "; nothing changed");
+  };
+  if (p.global_step < 0 || p.skipped_steps < 0 || p.optimizer_step < 0 || p.schedule_position < 0) {
+    return bad("global_step " + std::to_string(p.global_step) + ", skipped_steps " +
+               std::to_string(p.skipped_steps) + ", optimizer_step " +
+               std::to_string(p.optimizer_step) + ", schedule_position " +
+               std::to_string(p.schedule_position) + ": a count is negative");
+  }
+  if (p.skipped_steps > p.global_step) {
+    return bad("skipped_steps " + std::to_string(p.skipped_steps) + " exceeds global_step " +
+               std::to_string(p.global_step));
+  }
+  if (!std::isfinite(p.loss_scale) || p.loss_scale < 0) {
+    return bad("loss_scale " + std::to_string(p.loss_scale) + " is not a finite value >= 0");
+  }
+  STRATA_ASSIGN_OR_RETURN(zero::LossScaler configured, zero::LossScaler::FromConfig(e.opt.config));
+  zero::LossScalerState ls = configured.state();
+  if (p.loss_scale > 0) {
+    zero::LossScalerState saved;
+    saved.scale = p.loss_scale;
+    saved.iteration = p.scaler_iteration;
+    saved.last_overflow_iteration = p.scaler_last_overflow;
+    saved.hysteresis_left = p.scaler_hysteresis_left;
+    ls = configured.Fit(saved);
+  }
+  // Checked on a fresh scaler first, so that a state it refuses changes nothing here.
+  if (Status st = configured.Restore(ls); !st.ok()) return bad(std::string(st.message()));
+  STRATA_RETURN_IF_ERROR(e.scaler->Restore(ls));
+  e.global_step = p.global_step;
+  e.skipped_steps = p.skipped_steps;
+  e.applied_steps = p.global_step - p.skipped_steps;
+  e.adam_step_base = e.applied_steps - p.optimizer_step;
+  e.lr_step_base = e.applied_steps - p.schedule_position;
+  e.last_lr = e.LrFor(0);
+  return Status::OK();
 }
 
 }  // namespace strata

@@ -167,6 +167,23 @@ struct OptimizerGroupOptions {
   std::optional<double> weight_decay;
 };
 
+// Engine::RestoreProgress: where a run stands in another trainer's checkpoint (DeepSpeed's
+// global_steps and skipped_steps, its Adam's step, its LR scheduler's position and its fp16 loss
+// scaler), for a resume whose weights and moments were written with WriteState.
+struct TrainingProgress {
+  int64_t global_step = 0;        // steps taken, counting skipped ones
+  int64_t skipped_steps = 0;      // of which skipped (fp16 overflow): <= global_step
+  int64_t optimizer_step = 0;     // Adam's step count: the next step's bias correction is +1
+  int64_t schedule_position = 0;  // the config's LR schedule's steps taken
+  // fp16's dynamic loss scaler (DeepSpeed's cur_scale, cur_iter, last_overflow_iter,
+  // cur_hysteresis); loss_scale 0 leaves the scaler as the config starts it. Fitted to this
+  // engine's fp16 section as a checkpoint's is (static scaling keeps the configured scale).
+  double loss_scale = 0;
+  int64_t scaler_iteration = 0;
+  int64_t scaler_last_overflow = -1;
+  int64_t scaler_hysteresis_left = 0;
+};
+
 // Engine::OffloadStates: which states leave the device (DeepSpeed's engine.offload_states).
 struct OffloadStatesOptions {
   // The kinds whose device-homed blocks move; nullopt: every kind (an empty list: none, only the
@@ -694,6 +711,16 @@ class Engine {
   // for them.
   Status Load(const std::string& dir, const std::string& tag = "",
               std::vector<uint8_t>* client_state = nullptr, const LoadOptions& options = {});
+  // Sets the step counters, the LR schedule's position and the loss scaler as `progress` says:
+  // the rest of a resume from a checkpoint another trainer wrote, after WriteState put its fp32
+  // masters and Adam moments in place (python/strata/utils/deepspeed_checkpoint.py). Training
+  // then continues as that trainer's would: the next Step is global step global_step + 1 and Adam's
+  // step optimizer_step + 1. Not collective, but every rank must set the same progress. At an
+  // accumulation boundary only, as Load (FailedPrecondition otherwise); InvalidArgument, nothing
+  // changed, for a negative count, skipped_steps > global_step, or a loss scale that is not
+  // finite. optimizer_step may exceed the steps taken (DeepSpeed's fp16/bf16 optimizer without
+  // ZeRO steps Adam once at its construction).
+  Status RestoreProgress(const TrainingProgress& progress);
 
   struct Impl;
 

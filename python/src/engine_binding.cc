@@ -780,6 +780,28 @@ void BindEngine(nb::module_& m) {
           [](PyEngine& e, int64_t k) { ThrowIfError(e.engine().SetSchedulePosition(k)); },
           "Engine::schedule_position: the config's LR schedule's steps taken (settable).")
       .def(
+          "restore_progress",
+          [](PyEngine& e, int64_t global_step, int64_t skipped_steps, int64_t optimizer_step,
+             int64_t schedule_position, double loss_scale, int64_t scaler_iteration,
+             int64_t scaler_last_overflow, int64_t scaler_hysteresis_left) {
+            TrainingProgress p;
+            p.global_step = global_step;
+            p.skipped_steps = skipped_steps;
+            p.optimizer_step = optimizer_step;
+            p.schedule_position = schedule_position;
+            p.loss_scale = loss_scale;
+            p.scaler_iteration = scaler_iteration;
+            p.scaler_last_overflow = scaler_last_overflow;
+            p.scaler_hysteresis_left = scaler_hysteresis_left;
+            ThrowIfError(e.engine().RestoreProgress(p));
+          },
+          nb::arg("global_step"), nb::arg("skipped_steps"), nb::arg("optimizer_step"),
+          nb::arg("schedule_position"), nb::arg("loss_scale") = 0.0,
+          nb::arg("scaler_iteration") = 0, nb::arg("scaler_last_overflow") = -1,
+          nb::arg("scaler_hysteresis_left") = 0,
+          "Engine::RestoreProgress: the counters, schedule position and loss scaler of another "
+          "trainer's checkpoint.")
+      .def(
           "set_lrs",
           [](PyEngine& e, const std::vector<double>& lrs) {
             ThrowIfError(e.engine().SetLearningRates(lrs));

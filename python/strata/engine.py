@@ -1616,13 +1616,13 @@ class StrataEngine(torch.nn.Module):
             with self._released_for_rewrite():  # InitParameters rewrites the params
                 self._engine.init_from_fill(fill)
 
-    def _write_params(self, values: dict[int, torch.Tensor]) -> None:
+    def _write_params(self, values: dict[int, torch.Tensor], warn: bool = True) -> None:
         """GatheredParameters(modifier_rank=...) after the engine's first step, as DeepSpeed: the
         working parameters of the groups in `values` (id(p) -> full fp32 tensor, every member of
         each group) are written, the fp32 masters kept, so the next step recomputes them
-        (collective). Warns once per engine."""
+        (collective). Warns once per engine (warn=False: frozen groups, which keep them)."""
         groups = sorted({self._group_of[pid] for pid in values})
-        if not self._warned_param_write:
+        if warn and not self._warned_param_write:
             self._warned_param_write = True
             warnings.warn(
                 "strata: GatheredParameters(modifier_rank=...) after the engine's first step "
@@ -2945,6 +2945,11 @@ class StrataEngine(torch.nn.Module):
                 return None, None
             with open(latest) as f:
                 tag = f.read().strip()
+        from .utils.deepspeed_checkpoint import is_deepspeed_checkpoint
+        if is_deepspeed_checkpoint(os.path.join(load_dir, str(tag))):
+            return self._load_deepspeed(os.path.join(load_dir, str(tag)), load_module_strict,
+                                        load_optimizer_states, load_lr_scheduler_states,
+                                        load_module_only)
         if load_module_only:
             return self._load_module_only(load_dir, str(tag), load_module_strict)
         self._release_all()  # Load refuses while a group is gathered
@@ -2971,6 +2976,11 @@ class StrataEngine(torch.nn.Module):
             self._load_lr_state(state)
         elif not self._client_lrs:
             self._pull_lrs()
+        self._counters_loaded(int(state.get("global_samples", 0)))
+        return os.path.join(load_dir, str(tag)), state.get("client_state", {})
+
+    def _counters_loaded(self, global_samples: int) -> None:
+        """The adapter's counters after a load set the engine's."""
         self.global_steps = self._engine.global_step
         # A whole number of this engine's accumulation windows: the next micro-step starts one,
         # with the gradient_accumulation_steps now in force (DeepSpeed does not restore its
@@ -2979,8 +2989,93 @@ class StrataEngine(torch.nn.Module):
         self.micro_steps = self.global_steps * self._gas
         self._boundary_shift = 0
         self._step_after_drop = False
-        self.global_samples = int(state.get("global_samples", 0))
-        return os.path.join(load_dir, str(tag)), state.get("client_state", {})
+        self.global_samples = global_samples
+
+    def _load_deepspeed(self, path: str, strict: bool, optimizer_states: bool, lr_states: bool,
+                        module_only: bool):
+        """load_checkpoint of a checkpoint DeepSpeed's save_checkpoint wrote
+        (strata.utils.deepspeed_checkpoint reads it): every parameter's fp32 master and Adam
+        moments written whole (write_param_state), frozen parameters' values, the buffers, then
+        the counters, the LR schedule's position, the fp16 loss scaler and the groups'
+        hyperparameters (Engine::RestoreProgress), so the run goes on as under DeepSpeed, at any
+        stage, placement and world size. Each rank reads every file (memory-mapped, one
+        parameter at a time). Collective."""
+        from .utils.deepspeed_checkpoint import DeepSpeedCheckpoint
+        ck = DeepSpeedCheckpoint(path)
+        ours = {name: (g, p) for g in self._groups for name, p in g.params}
+        trained, frozen = set(ck.names()), set(ck.frozen_names())
+        if ck.stage == 0:  # the optimizer's state is keyed by place in the param groups
+            name_of = {id(p): n for n, (_, p) in ours.items()}
+            ck.place_optimizer_state([[name_of[id(p)] for p in g["params"] if id(p) in name_of]
+                                      for g in self.optimizer.param_groups])
+        theirs = trained | frozen
+        missing = [n for n in ours if n not in theirs]
+        unexpected = sorted(n for n in theirs if n not in ours and n not in ck.shared)
+        resized = [f"{n}: {list(ck.shape(n) if n in trained else ck.frozen(n).shape)} in the "
+                   f"checkpoint, {_full_shape(p)} in the model" for n, (_, p) in ours.items()
+                   if n in theirs and list(ck.shape(n) if n in trained else
+                                           ck.frozen(n).shape) != _full_shape(p)]
+        if resized:
+            raise RuntimeError(f"load_checkpoint: DeepSpeed checkpoint {path}: size mismatch "
+                               f"for {'; '.join(resized)}")
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"load_checkpoint: DeepSpeed checkpoint {path} does not match "
+                               f"the model (missing: {missing}; unexpected: {unexpected}); "
+                               "load_module_strict=False loads the common ones")
+        if missing or unexpected:
+            logger.warning("strata: load_checkpoint(load_module_strict=False) from DeepSpeed "
+                           "checkpoint %s: %d of the model's parameter(s) not in it (%s), %d in "
+                           "it not in the model (%s)", path, len(missing),
+                           _name_list(missing, 3), len(unexpected), _name_list(unexpected, 3))
+        moments = optimizer_states and not module_only
+        frozen_values = {}
+        self._release_all()
+        for name, (g, p) in ours.items():
+            if name not in theirs:
+                continue
+            value = ck.tensor(name, "fp32") if name in trained else ck.frozen(name)
+            if not g.trainable:
+                frozen_values[id(p)] = value
+                continue
+            self.write_param_state(p, value, "master32")
+            for kind in ("exp_avg", "exp_avg_sq"):
+                own = moments and name in trained
+                self.write_param_state(p, ck.tensor(name, kind) if own else
+                                       torch.zeros(value.shape), kind)
+        if frozen_values:  # every member of a frozen group written: the missing keep theirs
+            for gi in {self._group_of[pid] for pid in frozen_values}:
+                for _, p in self._groups[gi].params:
+                    if id(p) not in frozen_values:
+                        frozen_values[id(p)] = self.read_param_state(p)
+            self._write_params(frozen_values, warn=False)
+        self._load_buffers(ck.buffers, strict)
+        if module_only:
+            return path, ck.client_state
+        applied = ck.global_steps - ck.skipped_steps
+        position = ck.schedule_position() if lr_states else 0
+        scaler = ck.loss_scale if self.fp16_enabled() else None
+        self._release_all()  # RestoreProgress, as Load, refuses while a group is gathered
+        with self._whole_after():
+            self._engine.restore_progress(
+                global_step=ck.global_steps, skipped_steps=ck.skipped_steps,
+                optimizer_step=(ck.optimizer_step if ck.optimizer_step is not None else applied)
+                if moments else 0,
+                schedule_position=applied if position is None else position,
+                loss_scale=scaler["scale"] if scaler else 0.0,
+                scaler_iteration=scaler["iteration"] if scaler else 0,
+                scaler_last_overflow=scaler["last_overflow"] if scaler else -1,
+                scaler_hysteresis_left=scaler["hysteresis"] if scaler else 0)
+        if moments and ck.param_group_hyper:
+            self._load_hyper({"param_group_hyper": ck.param_group_hyper})
+        client_scheduler = (self.lr_scheduler is not None
+                            and not isinstance(self.lr_scheduler, _EngineScheduler))
+        if lr_states and client_scheduler and ck.lr_scheduler is not None:
+            self._load_lr_state({"param_group_lrs": ck.param_group_lrs,
+                                 "lr_scheduler": ck.lr_scheduler})
+        elif not self._client_lrs:
+            self._pull_lrs()
+        self._counters_loaded(ck.global_samples)
+        return path, ck.client_state
 
     def _load_module_only(self, load_dir: str, tag: str, strict: bool):
         """The checkpoint's fp32 weights (strata.utils.read_checkpoint: each rank streams the
