@@ -497,6 +497,8 @@ TEST(Checkpoint, DamagedFilesAreNamed) {
   std::filesystem::remove(copy("gone") + "rank0.safetensors");
   std::filesystem::remove(copy("noblob") + "client_state.bin");
   std::filesystem::remove(copy("nomanifest") + "manifest.json");
+  std::filesystem::create_directories(dir + "/deepspeed");  // what DeepSpeed's save leaves
+  std::ofstream(dir + "/deepspeed/mp_rank_00_model_states.pt") << "PK";
   copy("version", 99);
   FlipByteAfter(copy("mflip") + "manifest.json", "\"global_step\": ");
   struct Case {
@@ -510,6 +512,7 @@ TEST(Checkpoint, DamagedFilesAreNamed) {
       {"gone", Status::Code::kNotFound, "gone/rank0.safetensors"},
       {"noblob", Status::Code::kNotFound, "noblob/client_state.bin"},
       {"nomanifest", Status::Code::kNotFound, "nomanifest/manifest.json"},
+      {"deepspeed", Status::Code::kNotFound, "deepspeed is a checkpoint DeepSpeed wrote"},
       {"version", Status::Code::kFailedPrecondition, "format version 99"},
       {"mflip", Status::Code::kCorruption, "mflip/manifest.json: manifest: checksum mismatch"},
       {"missing", Status::Code::kNotFound, "missing does not exist"},

@@ -646,9 +646,18 @@ Result<Manifest> ReadManifest(const std::string& dir, const std::string& tag) {
                                      : std::string()));
   }
   auto text = ReadWholeFile(path, kMaxManifestBytes);
-  if (!text.ok())
-    return Status::NotFound("checkpoint file " + path +
-                            " is missing or unreadable: " + std::string(text.status().message()));
+  if (!text.ok()) {
+    // DeepSpeed's save_checkpoint wrote it: only the Python engine reads those.
+    const bool deepspeed = PathExists(tag_dir + "/mp_rank_00_model_states.pt") ||
+                           PathExists(tag_dir + "/zero_pp_rank_0_mp_rank_00_model_states.pt");
+    return Status::NotFound(
+        "checkpoint file " + path +
+        " is missing or unreadable: " + std::string(text.status().message()) +
+        (deepspeed ? " (" + tag_dir +
+                         " is a checkpoint DeepSpeed wrote: strata resumes from it with the "
+                         "Python engine's load_checkpoint, docs/checkpoints.md)"
+                   : std::string()));
+  }
   auto m = Manifest::FromJson(*text);
   if (!m.ok()) return Status(m.status().code(), path + ": " + std::string(m.status().message()));
   if (m->tag != tag) {

@@ -11,7 +11,13 @@ Run one fixture (N = world size, 1 or 2):
         --out DIR --stage {0,1,2,3} --dtype {fp32,bf16,fp16} [--offload-optimizer cpu] [--frozen] \
         [--grad-accum-fp32]
 
-(``python -m torch.distributed.run`` works in place of ``torchrun``.)
+(``python -m torch.distributed.run`` works in place of ``torchrun``.) The fixtures beside this
+script are, by directory name: stage0_fp32_w1 (N=1, --stage 0 --dtype fp32), stage0_bf16_w2 (2,
+0, bf16), stage1_bf16_w2 (2, 1, bf16), stage1_bf16_w2_fp32accum (2, 1, bf16, --grad-accum-fp32),
+stage2_fp16_w1 (1, 2, fp16), stage2_fp32_w1_offload (1, 2, fp32, --offload-optimizer cpu),
+stage2_fp32_w2_frozen (2, 2, fp32, --frozen), stage3_bf16_w2 (2, 3, bf16), stage3_fp32_w2_frozen
+(2, 3, fp32, --frozen); the tests keep reference.pt's tensors, counters and config (a smaller
+copy: the bookkeeping keys are dropped) and not the zero_to_fp32.py DeepSpeed copies in.
 
 What it does, deterministically (everything seeded):
   1. builds ``TinyLM`` (below; importable: ``from make_deepspeed_checkpoints import TinyLM``),
@@ -28,6 +34,19 @@ What it does, deterministically (everything seeded):
   6. trains steps 5..6 and adds ``after`` (full fp32 masters after step 6), ``after_exp_avg``,
      ``after_exp_avg_sq``, ``losses_after`` (per-rank local losses of steps 5,6, all ranks),
      ``lr_after`` and ``global_steps_after`` to ``DIR/reference.pt``.
+
+Quirks of DeepSpeed 0.19.8 seen while generating (see also the comments in the code):
+  * fp16 on CPU: DeepSpeed's CPU accelerator refuses fp16 unless oneDNN has native fp16; we
+    override ``is_fp16_supported`` (fixture generation only; the format is unaffected).
+  * stage 0 + bf16/fp16 uses FP16_UnfusedOptimizer, which does one dummy optimizer.step() with
+    zero grads at construction: the saved Adam ``step`` is global_steps + 1 (5 at global_step4),
+    and AdamW's decoupled weight decay was applied once more (at lr 1e-2) before step 1.
+  * stage 3 + bf16: under ``zero.Init`` the params are created directly in bf16 and nn.init
+    draws in bf16, so the initial weights differ from ``build_model()`` (only matters for
+    from-scratch comparisons, not for resuming).
+  * stage 3: the per-parameter padding slots of ``fp32_flat_groups`` (and of
+    ``frozen_param_fragments``) hold uninitialised memory, so those bytes differ run to run;
+    every other tensor in every file is bit-identical across runs.
 
 A test that resumes from ``global_step4`` reproduces the exact batches of steps 5 and 6 with
 ``get_batch(rank, 5)`` / ``get_batch(rank, 6)``.  The loss of a step is the mean over the
@@ -68,12 +87,18 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    """355 parameters: embed [11,6], 2 blocks, a scalar logit_scale [1], head [11,6]."""
+    """367 parameters: embed [11,6], 2 blocks, final_norm [6]+[6], a scalar logit_scale [1],
+    head [11,6] (no bias), persistent buffer pos_scale [5].
+
+    Sizes are chosen so that at world 2 ZeRO-1/2 pads the no-decay group (67 -> 68) and
+    blocks.1.fc_in.bias straddles the rank-0/rank-1 partition boundary of that group; at
+    stage 3 every odd-numel param gets per-param padding."""
 
     def __init__(self):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, D_MODEL)  # 66
         self.blocks = nn.ModuleList([Block() for _ in range(2)])  # 2 x 111
+        self.final_norm = nn.LayerNorm(D_MODEL)  # 6 + 6
         self.logit_scale = nn.Parameter(torch.ones(1))  # 1 (odd numel on purpose)
         self.head = nn.Linear(D_MODEL, VOCAB, bias=False)  # 66
         # persistent buffer (saved in module state_dict)
@@ -83,7 +108,7 @@ class TinyLM(nn.Module):
         h = self.embed(ids) * self.pos_scale.to(self.embed.weight.dtype)[None, :, None]
         for blk in self.blocks:
             h = blk(h)
-        return self.head(h) * self.logit_scale
+        return self.head(self.final_norm(h)) * self.logit_scale
 
 
 def build_model(frozen=False):
@@ -98,7 +123,7 @@ def build_model(frozen=False):
 def is_no_decay(name, param):
     # under zero.Init (stage 3) p.shape is the empty local partition; ds_shape is the real shape
     shape = getattr(param, "ds_shape", param.shape)
-    return len(shape) < 2 or name.endswith(".bias") or ".norm." in name
+    return len(shape) < 2 or name.endswith(".bias") or "norm." in name
 
 
 def param_groups(model):
@@ -369,7 +394,7 @@ def main():
         "buffers": {n: b.detach().float().cpu().clone() for n, b in model.named_buffers()},
         "tag": TAG,
         "deepspeed_version": deepspeed.__version__,
-        "torch_version": torch.__version__,
+        "torch_version": str(torch.__version__),
     }
     all_losses = [None] * world
     dist.all_gather_object(all_losses, losses_before)
