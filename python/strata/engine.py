@@ -3004,7 +3004,7 @@ class StrataEngine(torch.nn.Module):
         ck = DeepSpeedCheckpoint(path)
         ours = {name: (g, p) for g in self._groups for name, p in g.params}
         trained, frozen = set(ck.names()), set(ck.frozen_names())
-        if ck.stage == 0:  # the optimizer's state is keyed by place in the param groups
+        if ck.stage == 0 and self.optimizer is not None:  # state keyed by place in the groups
             name_of = {id(p): n for n, (_, p) in ours.items()}
             ck.place_optimizer_state([[name_of[id(p)] for p in g["params"] if id(p) in name_of]
                                       for g in self.optimizer.param_groups])

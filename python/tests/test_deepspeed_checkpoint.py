@@ -172,6 +172,22 @@ def test_a_missing_rank_file_a_damaged_file_and_a_foreign_global_are_refused(tmp
     engine.close()
 
 
+def test_a_universal_checkpoint_is_refused_pointing_at_its_source(tmp_path):
+    ref = reference("stage2_fp32_w2_frozen")
+    ck = copy_of(tmp_path, "stage2_fp32_w2_frozen")
+    tag = os.path.join(ck, "global_step4")
+    for f in os.listdir(tag):  # what ds_to_universal.py leaves: the model states and zero/
+        if "optim_states" in f:
+            os.remove(os.path.join(tag, f))
+    os.makedirs(os.path.join(tag, "zero"))
+    torch.save({"param_groups": []}, os.path.join(tag, "zero", "optimizer_state.pt"))
+    model, engine = build(ref, 2)
+    with pytest.raises(RuntimeError, match="universal checkpoint .* load the checkpoint it was "
+                                           "converted from"):
+        engine.load_checkpoint(ck)
+    engine.close()
+
+
 class _Evil:
     def __init__(self, path):
         self.path = path

@@ -25,7 +25,9 @@ classes in them (its loss scaler, its ZeRO stage enum, the fragment addresses of
 param_slice_mappings) standing in as plain records, and every other global refused. Tensors are
 memory-mapped and each parameter is assembled when asked for, so a model's whole state is never
 in memory at once. Not read (refused, naming what): pipeline or tensor parallel checkpoints (an
-mp_world_size above 1), MoE checkpoints (expert files), elastic ZeRO checkpoints.
+mp_world_size above 1), MoE checkpoints (expert files), elastic ZeRO checkpoints and universal
+checkpoints (ds_to_universal.py's output: strata reads the checkpoint they come from at any world
+size).
 """
 
 from __future__ import annotations
@@ -176,6 +178,10 @@ class DeepSpeedCheckpoint:
             self._read_zero(model, optim_files)
         elif model.get("param_shapes") is None:
             self._read_unpartitioned(model)
+        elif os.path.isfile(os.path.join(path, "zero", "optimizer_state.pt")):
+            raise RuntimeError(f"strata: {path} is a DeepSpeed universal checkpoint "
+                               "(ds_to_universal.py): not read; load the checkpoint it was "
+                               "converted from, which strata reads at any world size")
         else:
             raise RuntimeError(f"strata: DeepSpeed checkpoint {path} has no optimizer files "
                                "(*zero_pp_rank_N_mp_rank_00_optim_states.pt)")
@@ -330,8 +336,8 @@ class DeepSpeedCheckpoint:
                                                     "exp_avg_sq": None}))
         opt = model.get("optimizer")
         self._unpartitioned_optimizer = opt
-        self.param_group_hyper = self.param_group_lrs = self.optimizer_step = None
-        self.loss_scale = None
+        self.param_group_hyper = self.param_group_lrs = None
+        self.optimizer_step, self.loss_scale = 0, None  # no optimizer saved: Adam starts afresh
         if opt is None:
             return
         inner = opt.get("optimizer_state_dict", opt)  # DeepSpeed's fp16/bf16 wrappers nest it
