@@ -914,6 +914,7 @@ class StrataEngine(torch.nn.Module):
         self._output_hook = _weak_method(self._output_grad_hook)
         self._scaled_by_script = False  # engine.scale(loss) given since the last backward
         self._warned_param_write = False  # _write_params' notice, once
+        self._released_for_writes = False  # inside _many_writes: released for the block
         self._last_report: Optional[dict] = None
         self._grad_norm: Optional[torch.Tensor] = None  # get_global_grad_norm()
         self.collate_fn = None  # initialize's, deepspeed_io's default
@@ -1580,9 +1581,24 @@ class StrataEngine(torch.nn.Module):
                                  f"is outside this rank's part [{begin}:{end}]")
             return flat[b - begin:e - begin].numpy()
 
+        if self._released_for_writes:
+            self._engine.write_state(gi, self._index_in_group[id(param)], kind, fill)
+            return
         self._release_all()  # WriteOptimizerState rewrites the params: nothing may be gathered
         with self._whole_after(), _named_collective("write_param_state (strata.utils.safe_set_*)"):
             self._engine.write_state(gi, self._index_in_group[id(param)], kind, fill)
+
+    @contextlib.contextmanager
+    def _many_writes(self):
+        """write_param_state calls inside the block release and gather the groups once for all
+        of them (a load writing every parameter's states), not once each."""
+        self._release_all()
+        with self._whole_after(), _named_collective("load_checkpoint (its states' writes)"):
+            self._released_for_writes = True
+            try:
+                yield
+            finally:
+                self._released_for_writes = False
 
     def _write_master(self, values: dict[int, torch.Tensor]) -> None:
         """Replaces the weights of the parameters in `values` (id(p) -> full fp32 tensor), every
@@ -3029,19 +3045,19 @@ class StrataEngine(torch.nn.Module):
                            _name_list(missing, 3), len(unexpected), _name_list(unexpected, 3))
         moments = optimizer_states and not module_only
         frozen_values = {}
-        self._release_all()
-        for name, (g, p) in ours.items():
-            if name not in theirs:
-                continue
-            value = ck.tensor(name, "fp32") if name in trained else ck.frozen(name)
-            if not g.trainable:
-                frozen_values[id(p)] = value
-                continue
-            self.write_param_state(p, value, "master32")
-            for kind in ("exp_avg", "exp_avg_sq"):
-                own = moments and name in trained
-                self.write_param_state(p, ck.tensor(name, kind) if own else
-                                       torch.zeros(value.shape), kind)
+        with self._many_writes():
+            for name, (g, p) in ours.items():
+                if name not in theirs:
+                    continue
+                value = ck.tensor(name, "fp32") if name in trained else ck.frozen(name)
+                if not g.trainable:
+                    frozen_values[id(p)] = value
+                    continue
+                self.write_param_state(p, value, "master32")
+                for kind in ("exp_avg", "exp_avg_sq"):
+                    own = moments and name in trained
+                    self.write_param_state(p, ck.tensor(name, kind) if own else
+                                           torch.zeros(value.shape), kind)
         if frozen_values:  # every member of a frozen group written: the missing keep theirs
             for gi in {self._group_of[pid] for pid in frozen_values}:
                 for _, p in self._groups[gi].params:
