@@ -18,7 +18,7 @@ rank = int(os.environ["RANK"])
 ref = torch.load(os.path.join(ck, "reference.pt"), weights_only=True)
 cfg = fixture.make_config(stage, ref["dtype"])
 cfg["optimizer"]["params"].pop("torch_adam", None)
-model = fixture.build_model(frozen=ref["frozen_param"] is not None)
+model = fixture.build_model(ref["frozen_param"] is not None, ref["model"])
 engine, _, _, _ = strata.initialize(model=model, model_parameters=fixture.param_groups(model),
                                     config=cfg,
                                     timeout_ms=int(os.environ.get("TEST_TIMEOUT_MS", "60000")))

@@ -2,8 +2,8 @@
 DeepSpeed directory; strata.utils.deepspeed_checkpoint reads it). The fixtures under
 data/deepspeed/ were written by DeepSpeed 0.19.8 with make_deepspeed_checkpoints.py there (its
 docstring says how): TinyLM trained 4 steps at ZeRO stage 0-3, fp32/bf16/fp16, 1 or 2 ranks, then
-saved, with DeepSpeed's own safe_get_full_* read-out of every state and its next 2 steps in
-reference.pt. strata must hold exactly those states after loading, at any stage and placement,
+saved (and transformers' GPT-2 with its tied head), with DeepSpeed's own safe_get_full_* read-out
+of every state and its next 2 steps in reference.pt. strata must hold exactly those states after loading, at any stage and placement,
 and train on as DeepSpeed did."""
 import os
 import shutil
@@ -43,7 +43,7 @@ def strata_config(ref: dict, stage: int, offload: str = "none") -> dict:
 
 
 def build(ref: dict, stage: int, offload: str = "none"):
-    model = fixture.build_model(frozen=ref["frozen_param"] is not None)
+    model = fixture.build_model(ref["frozen_param"] is not None, ref["model"])
     engine, _, _, _ = strata.initialize(model=model, model_parameters=fixture.param_groups(model),
                                         config=strata_config(ref, stage, offload))
     return model, engine
@@ -80,18 +80,25 @@ def train_on(model, engine, ref: dict) -> list:
     return losses
 
 
-def tolerance(ref: dict) -> float:
-    """fp32 and fp16 (fp32 masters and gradients): only the order in which the ranks' gradients
-    are summed differs; bf16: DeepSpeed also averages the gradients in bf16, strata in fp32."""
-    return 2e-3 if ref["dtype"] == "bf16" else 1e-6
+def check_after(after: dict, ref: dict) -> None:
+    """The fp32 weights after DeepSpeed's steps 5 and 6. fp32 and fp16 (fp32 masters and
+    gradients): each within 1e-6, only the order in which the ranks' gradients are summed
+    differs. bf16: DeepSpeed averages the gradients in bf16, strata in fp32, and Adam turns the
+    rounding noise of a gradient that is noise (an attention key's bias) into lr-sized steps; so
+    the whole model's difference, against the two steps' change: under 5 % (measured 0.1-2 %;
+    the same run with Adam's moments not loaded is off by 135-170 %)."""
+    if ref["dtype"] != "bf16":
+        for name, v in after.items():
+            torch.testing.assert_close(v, ref["after"][name], rtol=1e-6, atol=1e-6, msg=name)
+        return
+    off = sum((v - ref["after"][n]).pow(2).sum() for n, v in after.items()).sqrt()
+    moved = sum((ref["after"][n] - ref["fp32"][n]).pow(2).sum() for n in after).sqrt()
+    assert off < 0.05 * moved, (off, moved)
 
 
 def check_trained_on(model, engine, ref: dict) -> None:
-    tol = tolerance(ref)
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            torch.testing.assert_close(safe_get_full_fp32_param(p), ref["after"][name],
-                                       rtol=tol, atol=tol, msg=name)
+    check_after({n: safe_get_full_fp32_param(p) for n, p in model.named_parameters()
+                 if p.requires_grad}, ref)
     assert engine.global_steps == ref["global_steps_after"]
     assert engine.get_lr() == pytest.approx(ref["lr_after"], rel=1e-12)
 
@@ -233,7 +240,7 @@ def test_without_zero_the_param_groups_must_list_the_parameters_as_saved():
 
 
 # Two strata ranks, each on its DeepSpeed rank's batches: DeepSpeed's steps 5 and 6.
-@pytest.mark.parametrize("name,stage", [("stage3_bf16_w2", 3), ("stage2_fp32_w2_frozen", 1)])
+@pytest.mark.parametrize("name,stage", [("gpt2_stage3_bf16_w2", 3), ("stage2_fp32_w2_frozen", 1)])
 def test_two_ranks_resume_on_their_own_batches(tmp_path, name, stage):
     out = tmp_path / "out"
     results = launch(tmp_path, "deepspeed_checkpoint_worker.py",
@@ -242,7 +249,5 @@ def test_two_ranks_resume_on_their_own_batches(tmp_path, name, stage):
         assert rc == 0, text
     ref = reference(name)
     got = torch.load(f"{out}.rank0.pt", weights_only=True)
-    tol = tolerance(ref)
-    for n, v in got["after"].items():
-        torch.testing.assert_close(v, ref["after"][n], rtol=tol, atol=tol, msg=n)
+    check_after(got["after"], ref)
     assert got["loaded_equal"] and got["global_steps"] == ref["global_steps_after"]

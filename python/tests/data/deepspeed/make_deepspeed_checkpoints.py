@@ -111,13 +111,21 @@ class TinyLM(nn.Module):
         return self.head(self.final_norm(h)) * self.logit_scale
 
 
-def build_model(frozen=False):
-    """The exact model (initial weights included) used for the fixture."""
+def build_model(frozen=False, model="tiny"):
+    """The exact model (initial weights included) used for the fixture: TinyLM, or with
+    model="gpt2" a transformers GPT2LMHeadModel of the same vocabulary (random init, its head
+    tied to its token embedding: DeepSpeed saves the tie in shared_params)."""
     torch.manual_seed(MODEL_SEED)
-    model = TinyLM()
+    if model == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        built = GPT2LMHeadModel(GPT2Config(  # no dropout: the steps after the load compare
+            vocab_size=VOCAB, n_positions=SEQ_LEN, n_embd=8, n_layer=2, n_head=2,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, eos_token_id=0, bos_token_id=0))
+    else:
+        built = TinyLM()
     if frozen:
-        model.get_parameter(FROZEN_PARAM).requires_grad_(False)
-    return model
+        built.get_parameter(FROZEN_PARAM).requires_grad_(False)
+    return built
 
 
 def is_no_decay(name, param):
@@ -160,6 +168,7 @@ def get_batch(rank, step):
 def compute_loss(model, batch):
     ids, targets = batch
     logits = model(ids)
+    logits = getattr(logits, "logits", logits)  # a transformers model's output
     return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
 
 
@@ -328,6 +337,8 @@ def main():
     ap.add_argument("--dtype", required=True, choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--offload-optimizer", choices=["cpu"], default=None)
     ap.add_argument("--frozen", action="store_true", help=f"freeze {FROZEN_PARAM}")
+    ap.add_argument("--model", choices=["tiny", "gpt2"], default="tiny",
+                    help="TinyLM, or transformers' GPT2LMHeadModel (tied head)")
     ap.add_argument("--grad-accum-fp32", action="store_true",
                     help='add "data_types": {"grad_accum_dtype": "fp32"} (stage 1 + bf16 -> BF16_Optimizer)')
     ap.add_argument("--local_rank", type=int, default=None)  # deepspeed launcher compat
@@ -352,12 +363,15 @@ def main():
     torch.manual_seed(0)
 
     cfg = make_config(args.stage, args.dtype, args.offload_optimizer, args.grad_accum_fp32)
-    if args.stage == 3:
+    # transformers 5 refuses DeepSpeed 0.19.8's zero.Init patching of tensor construction
+    # ("Signature mismatch ... tensor_pynew"): the GPT-2 model is built whole and initialize
+    # partitions it.
+    if args.stage == 3 and args.model != "gpt2":
         # stage 3 partitions params at construction; construct under zero.Init like HF does
         with deepspeed.zero.Init(config_dict_or_path=cfg):
-            model = build_model(args.frozen)
+            model = build_model(args.frozen, args.model)
     else:
-        model = build_model(args.frozen)
+        model = build_model(args.frozen, args.model)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=cfg)
 
     losses_before = []
@@ -387,6 +401,7 @@ def main():
         "optimizer_class": f"{type(engine.optimizer).__module__}.{type(engine.optimizer).__qualname__}",
         "base_optimizer_class": f"{type(_basic_optimizer(engine)).__module__}.{type(_basic_optimizer(engine)).__qualname__}",
         "frozen_param": FROZEN_PARAM if args.frozen else None,
+        "model": args.model,
         "config": cfg,
         "param_group_names": param_group_names(model),
         "param_shapes": {n: tuple(p.ds_shape if hasattr(p, "ds_shape") else p.shape)
