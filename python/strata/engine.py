@@ -3083,11 +3083,17 @@ class StrataEngine(torch.nn.Module):
                 scaler_hysteresis_left=scaler["hysteresis"] if scaler else 0)
         if moments and ck.param_group_hyper:
             self._load_hyper({"param_group_hyper": ck.param_group_hyper})
-        client_scheduler = (self.lr_scheduler is not None
-                            and not isinstance(self.lr_scheduler, _EngineScheduler))
-        if lr_states and client_scheduler and ck.lr_scheduler is not None:
-            self._load_lr_state({"param_group_lrs": ck.param_group_lrs,
-                                 "lr_scheduler": ck.lr_scheduler})
+        # The lr of the next step: the config's schedule at its restored position, or else, as
+        # DeepSpeed restores its optimizer's param_groups, the saved lrs (a client scheduler's
+        # last write: a Trainer's or accelerate's scheduler, whose own state DeepSpeed leaves
+        # to them, is saved beside the checkpoint and loaded by them).
+        saved_lrs = ck.param_group_lrs if lr_states and ck.param_group_lrs and None not in \
+            ck.param_group_lrs else None
+        if saved_lrs is not None and not isinstance(self.lr_scheduler, _EngineScheduler):
+            state = {"param_group_lrs": saved_lrs}
+            if ck.lr_scheduler is not None and self.lr_scheduler is not None:
+                state["lr_scheduler"] = ck.lr_scheduler
+            self._load_lr_state(state)
         elif not self._client_lrs:
             self._pull_lrs()
         self._counters_loaded(ck.global_samples)

@@ -732,11 +732,26 @@ class Trainer(transformers.Trainer):
                                              load_module_strict=not _is_peft(self.model))
             if path is None:
                 raise ValueError(f"strata: failed to resume from {resume_from_checkpoint}")
+            self._load_deepspeed_trainer_scheduler(resume_from_checkpoint, path, esched)
 
         for attr in ("model", "optimizer", "lr_scheduler"):
             setattr(self.callback_handler, attr, getattr(self, attr))
         self.callback_handler.train_dataloader = train_dataloader
         return self.model, train_dataloader
+
+    @staticmethod
+    def _load_deepspeed_trainer_scheduler(checkpoint: str, path: str, scheduler) -> None:
+        """A checkpoint DeepSpeed's Trainer wrote: the scheduler the Trainer created (its config
+        had no "scheduler") is not in DeepSpeed's files but in the Trainer's scheduler.pt, which
+        transformers loads after DeepSpeed's load; so does this (DeepSpeed's files gave the lr
+        of the next step, the saved param_groups')."""
+        from ..utils.deepspeed_checkpoint import is_deepspeed_checkpoint
+        saved = os.path.join(checkpoint, "scheduler.pt")
+        if (scheduler is None or not is_deepspeed_checkpoint(path) or not os.path.isfile(saved)
+                or not hasattr(scheduler, "load_state_dict")
+                or type(scheduler).__module__.startswith("strata")):
+            return
+        scheduler.load_state_dict(torch.load(saved, map_location="cpu", weights_only=True))
 
     def _strata_route_accelerator(self) -> None:
         """The Trainer's accelerator treats the engine as accelerate treats a DeepSpeed engine
