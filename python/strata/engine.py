@@ -3034,15 +3034,21 @@ class StrataEngine(torch.nn.Module):
         if resized:
             raise RuntimeError(f"load_checkpoint: DeepSpeed checkpoint {path}: size mismatch "
                                f"for {'; '.join(resized)}")
+        # A save with exclude_frozen_parameters=True (a PEFT model's, as transformers asks)
+        # leaves out frozen parameters, whose values the model has from its pretrained weights.
+        frozen_left_out = bool(missing) and all(not ours[n][0].trainable for n in missing)
         if strict and (missing or unexpected):
+            hint = (" (all missing ones are frozen here: a checkpoint saved with "
+                    "exclude_frozen_parameters=True)" if frozen_left_out else "")
             raise RuntimeError(f"load_checkpoint: DeepSpeed checkpoint {path} does not match "
-                               f"the model (missing: {missing}; unexpected: {unexpected}); "
+                               f"the model (missing: {missing}; unexpected: {unexpected}){hint}; "
                                "load_module_strict=False loads the common ones")
         if missing or unexpected:
-            logger.warning("strata: load_checkpoint(load_module_strict=False) from DeepSpeed "
-                           "checkpoint %s: %d of the model's parameter(s) not in it (%s), %d in "
-                           "it not in the model (%s)", path, len(missing),
-                           _name_list(missing, 3), len(unexpected), _name_list(unexpected, 3))
+            (logger.info if frozen_left_out and not unexpected else logger.warning)(
+                "strata: load_checkpoint(load_module_strict=False) from DeepSpeed checkpoint "
+                "%s: %d of the model's parameter(s) not in it (%s), %d in it not in the model "
+                "(%s)", path, len(missing), _name_list(missing, 3), len(unexpected),
+                _name_list(unexpected, 3))
         moments = optimizer_states and not module_only
         frozen_values = {}
         with self._many_writes():

@@ -228,6 +228,30 @@ def test_a_model_that_differs_is_refused_naming_the_parameters_unless_not_strict
     engine.close()
 
 
+def test_a_save_without_the_frozen_parameters_keeps_the_models_own(tmp_path, caplog):
+    """DeepSpeed's save_checkpoint(exclude_frozen_parameters=True), as transformers asks for a
+    PEFT model: the frozen parameters are not in it; strict, the error says why; not strict,
+    the model keeps its own values for them (its pretrained weights), without a warning."""
+    ref = reference("stage2_fp32_w2_frozen")
+    ck = copy_of(tmp_path, "stage2_fp32_w2_frozen")
+    model_file = os.path.join(ck, "global_step4", "mp_rank_00_model_states.pt")
+    state = torch.load(model_file, weights_only=True)
+    state["frozen_param_shapes"], state["frozen_param_fragments"] = {}, {}
+    torch.save(state, model_file)
+    model, engine = build(ref, 3, "cpu")
+    with pytest.raises(RuntimeError, match="all missing ones are frozen here: a checkpoint "
+                                           "saved with exclude_frozen_parameters=True"):
+        engine.load_checkpoint(ck)
+    own = safe_get_full_fp32_param(model.get_parameter(fixture.FROZEN_PARAM))
+    with caplog.at_level("INFO", logger="strata"):
+        engine.load_checkpoint(ck, load_module_strict=False)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "1 of the model's parameter(s) not in it" in caplog.text
+    assert torch.equal(safe_get_full_fp32_param(model.get_parameter(fixture.FROZEN_PARAM)), own)
+    assert torch.equal(safe_get_full_fp32_param(model.head.weight), ref["fp32"]["head.weight"])
+    engine.close()
+
+
 def test_without_zero_the_param_groups_must_list_the_parameters_as_saved():
     ref = reference("stage0_fp32_w1")
     model = fixture.build_model()
