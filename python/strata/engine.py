@@ -3307,10 +3307,13 @@ def _destroy_gloo_group() -> None:
     behind the caller; one that does so once the interpreter is finalizing needs the GIL, is
     ended by Python, and the process aborts ("terminate called without an active exception")
     after the script succeeded. A group with NCCL in it is left to the script's own
-    destroy_process_group(), as torch leaves it; so is any group when the script ends on an
-    uncaught exception (a peer may still be in a collective, which destroying would wait for)."""
+    destroy_process_group(), as torch leaves it; so is a group of several processes when the
+    script ends on an uncaught exception (a peer may still be in a collective, which destroying
+    would wait for); a group of one has no peer, and a failed script's exit code stays 1."""
     dist = torch.distributed
-    if not dist.is_available() or not dist.is_initialized() or hasattr(sys, "last_value"):
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    if hasattr(sys, "last_value") and dist.get_world_size() > 1:
         return
     config = str(dist.get_backend_config())
     if "gloo" not in config or "nccl" in config:
