@@ -60,6 +60,7 @@ def check_loaded(model, engine, ref: dict) -> None:
             assert torch.equal(safe_get_full_optimizer_state(p, kind), ref[kind][name]), \
                 (name, kind)
     assert engine.global_steps == ref["global_steps"]
+    assert engine.skipped_steps == ref["skipped_steps"]
     assert engine.global_samples == ref["global_samples"]
     assert engine.get_lr() == pytest.approx(ref["lr"], rel=1e-12)
     if ref["dtype"] == "fp16":
@@ -100,7 +101,10 @@ def check_trained_on(model, engine, ref: dict) -> None:
     check_after({n: safe_get_full_fp32_param(p) for n, p in model.named_parameters()
                  if p.requires_grad}, ref)
     assert engine.global_steps == ref["global_steps_after"]
+    assert engine.skipped_steps == ref["skipped_steps_after"]
     assert engine.get_lr() == pytest.approx(ref["lr_after"], rel=1e-12)
+    if ref["dtype"] == "fp16":
+        assert engine.optimizer.loss_scale == ref["loss_scale_after"]
 
 
 # strata's stage and placement differ from DeepSpeed's: the states are read whole and laid out

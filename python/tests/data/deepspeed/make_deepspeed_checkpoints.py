@@ -16,7 +16,9 @@ script are, by directory name: stage0_fp32_w1 (N=1, --stage 0 --dtype fp32), sta
 0, bf16), stage1_bf16_w2 (2, 1, bf16), stage1_bf16_w2_fp32accum (2, 1, bf16, --grad-accum-fp32),
 stage2_fp16_w1 (1, 2, fp16), stage2_fp32_w1_offload (1, 2, fp32, --offload-optimizer cpu),
 stage2_fp32_w2_frozen (2, 2, fp32, --frozen), stage3_bf16_w2 (2, 3, bf16), stage3_fp32_w2_frozen
-(2, 3, fp32, --frozen); the tests keep reference.pt's tensors, counters and config (a smaller
+(2, 3, fp32, --frozen), stage2_fp16_w1_overflow (1, 2, fp16, --initial-scale-power 18: steps 1,
+2 and 5 skipped), stage3_fp32_w2_subgroups (2, 3, fp32, --sub-group-size 60), gpt2_stage2_fp32_w1
+(1, 2, fp32, --model gpt2), gpt2_stage3_bf16_w2 (2, 3, bf16, --model gpt2); the tests keep reference.pt's tensors, counters and config (a smaller
 copy: the bookkeeping keys are dropped) and not the zero_to_fp32.py DeepSpeed copies in.
 
 What it does, deterministically (everything seeded):
@@ -337,6 +339,10 @@ def main():
     ap.add_argument("--dtype", required=True, choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--offload-optimizer", choices=["cpu"], default=None)
     ap.add_argument("--frozen", action="store_true", help=f"freeze {FROZEN_PARAM}")
+    ap.add_argument("--sub-group-size", type=int, default=0,
+                    help="zero_optimization.sub_group_size (stage 3: several sub-groups)")
+    ap.add_argument("--initial-scale-power", type=int, default=0,
+                    help="fp16: a scale that overflows, so that the first steps are skipped")
     ap.add_argument("--model", choices=["tiny", "gpt2"], default="tiny",
                     help="TinyLM, or transformers' GPT2LMHeadModel (tied head)")
     ap.add_argument("--grad-accum-fp32", action="store_true",
@@ -363,6 +369,10 @@ def main():
     torch.manual_seed(0)
 
     cfg = make_config(args.stage, args.dtype, args.offload_optimizer, args.grad_accum_fp32)
+    if args.sub_group_size:
+        cfg["zero_optimization"]["sub_group_size"] = args.sub_group_size
+    if args.dtype == "fp16" and args.initial_scale_power:
+        cfg["fp16"]["initial_scale_power"] = args.initial_scale_power
     # transformers 5 refuses DeepSpeed 0.19.8's zero.Init patching of tensor construction
     # ("Signature mismatch ... tensor_pynew"): the GPT-2 model is built whole and initialize
     # partitions it.
@@ -402,6 +412,8 @@ def main():
         "base_optimizer_class": f"{type(_basic_optimizer(engine)).__module__}.{type(_basic_optimizer(engine)).__qualname__}",
         "frozen_param": FROZEN_PARAM if args.frozen else None,
         "model": args.model,
+        "config_overrides": {"sub_group_size": args.sub_group_size,
+                             "initial_scale_power": args.initial_scale_power},
         "config": cfg,
         "param_group_names": param_group_names(model),
         "param_shapes": {n: tuple(p.ds_shape if hasattr(p, "ds_shape") else p.shape)
