@@ -124,6 +124,29 @@ def test_a_deepspeed_checkpoint_resumes_where_deepspeed_left_off(name, stage, of
     engine.close()
 
 
+@pytest.mark.parametrize("name", ["gpt2_stage3_bf16_w2", "stage2_fp32_w2_frozen",
+                                  "stage1_bf16_w2_fp32accum"])
+def test_zero_to_fp32_reads_a_deepspeed_checkpoint(tmp_path, name):
+    """strata.utils' zero_to_fp32 (DeepSpeed's API) on DeepSpeed's own checkpoint: the fp32
+    masters, the frozen values, the tied head (the same tensor) and the buffers."""
+    from strata.utils.zero_to_fp32 import (convert_zero_checkpoint_to_fp32_state_dict,
+                                           get_fp32_state_dict_from_zero_checkpoint)
+    ref = reference(name)
+    sd = get_fp32_state_dict_from_zero_checkpoint(os.path.join(DATA, name))
+    model = fixture.build_model(ref["frozen_param"] is not None, ref["model"])
+    assert set(sd) == set(model.state_dict())
+    for n in ref["fp32"]:
+        assert torch.equal(sd[n], ref["fp32"][n]), n
+    for n in ref["frozen"]:
+        assert torch.equal(sd[n], ref["frozen"][n]), n
+    if ref["model"] == "gpt2":
+        assert sd["lm_head.weight"] is sd["transformer.wte.weight"]
+    convert_zero_checkpoint_to_fp32_state_dict(os.path.join(DATA, name), tmp_path / "out.bin")
+    model.load_state_dict(torch.load(tmp_path / "out.bin", weights_only=True))
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), ref["fp32"].get(n, ref["frozen"].get(n))), n
+
+
 def test_load_options_leave_what_they_name_fresh():
     ref = reference("stage3_bf16_w2")
     model, engine = build(ref, 2)

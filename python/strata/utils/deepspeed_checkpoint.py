@@ -436,3 +436,20 @@ class DeepSpeedCheckpoint:
         if isinstance(s, dict) and "last_batch_iteration" in s:
             return int(s["last_batch_iteration"]) + 1
         return None
+
+
+def fp32_state_dict(path: str, exclude_frozen_parameters: bool = False) -> dict:
+    """The model's state_dict from the DeepSpeed checkpoint in `path` (a tag directory), as
+    DeepSpeed's zero_to_fp32 builds it: each trainable parameter's fp32 master, the frozen ones'
+    values (unless excluded), the tied names (the same tensor) and the persistent buffers as
+    saved. Without ZeRO, the module's weights as saved, widened to fp32 (DeepSpeed's own
+    zero_to_fp32 refuses those)."""
+    ck = DeepSpeedCheckpoint(path)
+    out = {name: ck.tensor(name, "fp32") for name in ck.names()}
+    if not exclude_frozen_parameters:
+        out.update({name: ck.frozen(name).float() for name in ck.frozen_names()})
+    for alias, owner in ck.shared.items():
+        if owner in out:
+            out[alias] = out[owner]
+    out.update(ck.buffers)
+    return out

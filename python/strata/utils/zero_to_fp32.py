@@ -126,11 +126,16 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag: Optional[str] 
                                              exclude_frozen_parameters: bool = False,
                                              lazy_mode: bool = False) -> dict:
     """As DeepSpeed's: the model's state_dict from a checkpoint save_checkpoint wrote (any world
-    size or stage): fp32 parameters from the fp32 masters, tied names too (the same tensor), and
-    the persistent buffers as saved; without the frozen parameters where asked. tag None: the
+    size or stage; strata's, or DeepSpeed's own): fp32 parameters from the fp32 masters, tied
+    names too (the same tensor), and the persistent buffers as saved; without the frozen
+    parameters where asked. tag None: the
     one `latest` names. lazy_mode is accepted: the values are tensors already, and DeepSpeed's
     lazy tensors are read with `.contiguous()`, which a tensor has too."""
     del lazy_mode
+    from .deepspeed_checkpoint import fp32_state_dict, is_deepspeed_checkpoint
+    path = os.path.join(os.fspath(checkpoint_dir), _resolve_tag(os.fspath(checkpoint_dir), tag))
+    if is_deepspeed_checkpoint(path):  # one DeepSpeed wrote: read as its zero_to_fp32 reads it
+        return fp32_state_dict(path, exclude_frozen_parameters)
     weights, state = read_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
     out = dict(weights)
     for alias, owner in state.get("tied", {}).items():
