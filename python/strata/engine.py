@@ -3014,65 +3014,40 @@ class StrataEngine(torch.nn.Module):
         moments written whole (write_param_state), frozen parameters' values, the buffers, then
         the counters, the LR schedule's position, the fp16 loss scaler and the groups'
         hyperparameters (Engine::RestoreProgress), so the run goes on as under DeepSpeed, at any
-        stage, placement and world size. Each rank reads every file (memory-mapped, one
-        parameter at a time). Collective."""
+        stage, placement and world size. Everything that can refuse is checked before the first
+        write. Each rank reads every file (memory-mapped, one parameter at a time). Collective."""
         from .utils.deepspeed_checkpoint import DeepSpeedCheckpoint
+        if self._step_has_grads:
+            raise RuntimeError("load_checkpoint: mid-accumulation (a backward since the last "
+                               "step); a checkpoint loads at an accumulation boundary, after the "
+                               "engine.step() that applied the gradients")
         ck = DeepSpeedCheckpoint(path)
+        moments = optimizer_states and not module_only
         ours = {name: (g, p) for g in self._groups for name, p in g.params}
-        trained, frozen = set(ck.names()), set(ck.frozen_names())
-        if ck.stage == 0 and self.optimizer is not None:  # state keyed by place in the groups
+        if ck.stage == 0 and moments and self.optimizer is not None:  # keyed by place in groups
             name_of = {id(p): n for n, (_, p) in ours.items()}
             ck.place_optimizer_state([[name_of[id(p)] for p in g["params"] if id(p) in name_of]
                                       for g in self.optimizer.param_groups])
-        theirs = trained | frozen
-        missing = [n for n in ours if n not in theirs]
-        unexpected = sorted(n for n in theirs if n not in ours and n not in ck.shared)
-        resized = [f"{n}: {list(ck.shape(n) if n in trained else ck.frozen(n).shape)} in the "
-                   f"checkpoint, {_full_shape(p)} in the model" for n, (_, p) in ours.items()
-                   if n in theirs and list(ck.shape(n) if n in trained else
-                                           ck.frozen(n).shape) != _full_shape(p)]
-        if resized:
-            raise RuntimeError(f"load_checkpoint: DeepSpeed checkpoint {path}: size mismatch "
-                               f"for {'; '.join(resized)}")
-        # A save with exclude_frozen_parameters=True (a PEFT model's, as transformers asks)
-        # leaves out frozen parameters, whose values the model has from its pretrained weights.
-        frozen_left_out = bool(missing) and all(not ours[n][0].trainable for n in missing)
-        if strict and (missing or unexpected):
-            hint = (" (all missing ones are frozen here: a checkpoint saved with "
-                    "exclude_frozen_parameters=True)" if frozen_left_out else "")
-            raise RuntimeError(f"load_checkpoint: DeepSpeed checkpoint {path} does not match "
-                               f"the model (missing: {missing}; unexpected: {unexpected}){hint}; "
-                               "load_module_strict=False loads the common ones")
-        if missing or unexpected:
-            (logger.info if frozen_left_out and not unexpected else logger.warning)(
-                "strata: load_checkpoint(load_module_strict=False) from DeepSpeed checkpoint "
-                "%s: %d of the model's parameter(s) not in it (%s), %d in it not in the model "
-                "(%s)", path, len(missing), _name_list(missing, 3), len(unexpected),
-                _name_list(unexpected, 3))
-        moments = optimizer_states and not module_only
-        frozen_values = {}
+        self._check_deepspeed_match(ck, ours, strict, moments)
+        trained, theirs = set(ck.names()), set(ck.names()) | set(ck.frozen_names())
+        self._load_buffers(ck.buffers, strict)  # before any write: it may refuse
         with self._many_writes():
             for name, (g, p) in ours.items():
-                if name not in theirs:
+                if name not in theirs or not g.trainable:
                     continue
                 value = ck.tensor(name, "fp32") if name in trained else ck.frozen(name)
-                if not g.trainable:
-                    frozen_values[id(p)] = value
-                    continue
                 self.write_param_state(p, value, "master32")
                 for kind in ("exp_avg", "exp_avg_sq"):
                     own = moments and name in trained
                     self.write_param_state(p, ck.tensor(name, kind) if own else
                                            torch.zeros(value.shape), kind)
-        if frozen_values:  # every member of a frozen group written: the missing keep theirs
-            for gi in {self._group_of[pid] for pid in frozen_values}:
-                for _, p in self._groups[gi].params:
-                    if id(p) not in frozen_values:
-                        frozen_values[id(p)] = self.read_param_state(p)
-            self._write_params(frozen_values, warn=False)
-        self._load_buffers(ck.buffers, strict)
+        for gi, g in enumerate(self._groups):  # frozen groups, one at a time, whole
+            if not g.trainable and any(n in theirs for n, _ in g.params):
+                self._write_params({id(p): ck.frozen(n) if n in set(ck.frozen_names()) else
+                                    ck.tensor(n, "fp32") if n in trained else
+                                    self.read_param_state(p) for n, p in g.params}, warn=False)
         if module_only:
-            return path, ck.client_state
+            return path, ck.client_state(module_only=True)
         applied = ck.global_steps - ck.skipped_steps
         position = ck.schedule_position() if lr_states else 0
         scaler = ck.loss_scale if self.fp16_enabled() else None
@@ -3093,8 +3068,8 @@ class StrataEngine(torch.nn.Module):
         # DeepSpeed restores its optimizer's param_groups, the saved lrs (a client scheduler's
         # last write: a Trainer's or accelerate's scheduler, whose own state DeepSpeed leaves
         # to them, is saved beside the checkpoint and loaded by them).
-        saved_lrs = ck.param_group_lrs if lr_states and ck.param_group_lrs and None not in \
-            ck.param_group_lrs else None
+        saved_lrs = ck.param_group_lrs if moments and lr_states and ck.param_group_lrs and \
+            None not in ck.param_group_lrs else None
         if saved_lrs is not None and not isinstance(self.lr_scheduler, _EngineScheduler):
             state = {"param_group_lrs": saved_lrs}
             if ck.lr_scheduler is not None and self.lr_scheduler is not None:
@@ -3103,7 +3078,43 @@ class StrataEngine(torch.nn.Module):
         elif not self._client_lrs:
             self._pull_lrs()
         self._counters_loaded(ck.global_samples)
-        return path, ck.client_state
+        return path, ck.client_state(optimizer_states, lr_states)
+
+    def _check_deepspeed_match(self, ck, ours: dict, strict: bool, moments: bool) -> None:
+        """_load_deepspeed's refusals, before anything is written: parameters missing on either
+        side (unless not strict), another shape, another number of optimizer groups."""
+        trained = set(ck.names())
+        theirs = trained | set(ck.frozen_names())
+        missing = [n for n in ours if n not in theirs]
+        unexpected = sorted(n for n in theirs if n not in ours and n not in ck.shared)
+        resized = [f"{n}: {list(ck.shape(n))} in the checkpoint, {_full_shape(p)} in the model"
+                   for n, (_, p) in ours.items() if n in theirs and
+                   list(ck.shape(n)) != _full_shape(p)]
+        if resized:
+            raise RuntimeError(f"load_checkpoint: DeepSpeed checkpoint {ck.path}: size mismatch "
+                               f"for {'; '.join(resized)}")
+        groups = len(self.optimizer.param_groups) if self.optimizer is not None else 0
+        if moments and ck.param_group_hyper and len(ck.param_group_hyper) != groups:
+            raise RuntimeError(f"load_checkpoint: DeepSpeed checkpoint {ck.path} has "
+                               f"{len(ck.param_group_hyper)} optimizer param groups, this "
+                               f"engine's optimizer {groups}: pass the groups the run that "
+                               "saved it passed (load_optimizer_states=False takes the weights "
+                               "alone)")
+        # A save with exclude_frozen_parameters=True (a PEFT model's, as transformers asks)
+        # leaves out frozen parameters, whose values the model has from its pretrained weights.
+        frozen_left_out = bool(missing) and all(not ours[n][0].trainable for n in missing)
+        if strict and (missing or unexpected):
+            hint = (" (all missing ones are frozen here: a checkpoint saved with "
+                    "exclude_frozen_parameters=True)" if frozen_left_out else "")
+            raise RuntimeError(f"load_checkpoint: DeepSpeed checkpoint {ck.path} does not match "
+                               f"the model (missing: {missing}; unexpected: {unexpected}){hint}; "
+                               "load_module_strict=False loads the common ones")
+        if missing or unexpected:
+            (logger.info if frozen_left_out and not unexpected else logger.warning)(
+                "strata: load_checkpoint(load_module_strict=False) from DeepSpeed checkpoint "
+                "%s: %d of the model's parameter(s) not in it (%s), %d in it not in the model "
+                "(%s)", ck.path, len(missing), _name_list(missing, 3), len(unexpected),
+                _name_list(unexpected, 3))
 
     def _load_module_only(self, load_dir: str, tag: str, strict: bool):
         """The checkpoint's fp32 weights (strata.utils.read_checkpoint: each rank streams the

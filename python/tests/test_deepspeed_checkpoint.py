@@ -155,6 +155,7 @@ def test_load_options_leave_what_they_name_fresh():
     for name, p in model.named_parameters():
         assert torch.equal(safe_get_full_fp32_param(p), ref["fp32"][name]), name
         assert not safe_get_full_optimizer_state(p, "exp_avg").any(), name
+        assert not safe_get_full_optimizer_state(p, "exp_avg_sq").any(), name
     assert engine.global_steps == ref["global_steps"]
     assert engine.get_lr() == [0.0, 0.0]  # WarmupLR from its start: warmup_min_lr
     engine.close()
@@ -276,6 +277,56 @@ def test_a_save_without_the_frozen_parameters_keeps_the_models_own(tmp_path, cap
     assert "1 of the model's parameter(s) not in it" in caplog.text
     assert torch.equal(safe_get_full_fp32_param(model.get_parameter(fixture.FROZEN_PARAM)), own)
     assert torch.equal(safe_get_full_fp32_param(model.head.weight), ref["fp32"]["head.weight"])
+    engine.close()
+
+
+def masters(model) -> dict:
+    return {n: safe_get_full_fp32_param(p) for n, p in model.named_parameters()}
+
+
+def test_refusals_come_before_anything_is_written():
+    """Mid-accumulation, another number of param groups, a buffer the checkpoint lacks: refused
+    with the engine as it was."""
+    ref = reference("stage2_fp32_w2_frozen")
+    ck = os.path.join(DATA, "stage2_fp32_w2_frozen")
+    model, engine = build(ref, 2)
+    before = masters(model)
+    engine.backward(fixture.compute_loss(engine, fixture.get_batch(0, 1)))
+    with pytest.raises(RuntimeError, match="mid-accumulation"):
+        engine.load_checkpoint(ck)
+    engine.step()
+    assert engine.global_steps == 1  # the refused load left the window to its step
+    after_step = masters(model)
+    model.register_buffer("extra", torch.zeros(2))
+    with pytest.raises(RuntimeError, match="buffers differ"):
+        engine.load_checkpoint(ck)
+    assert all(torch.equal(masters(model)[n], v) for n, v in after_step.items())
+    engine.close()
+
+    model = fixture.build_model(True)
+    engine, _, _, _ = strata.initialize(
+        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=strata_config(ref, 3))
+    before = masters(model)
+    with pytest.raises(RuntimeError, match="has 2 optimizer param groups, this engine's "
+                                           "optimizer 1"):
+        engine.load_checkpoint(ck)
+    assert all(torch.equal(masters(model)[n], v) for n, v in before.items())
+    engine.load_checkpoint(ck, load_optimizer_states=False)  # the weights alone: any groups
+    assert torch.equal(masters(model)["head.weight"], ref["fp32"]["head.weight"])
+    engine.close()
+
+
+def test_without_zero_the_weights_alone_load_with_any_param_groups():
+    """load_module_only / load_optimizer_states=False without ZeRO: DeepSpeed takes the module's
+    weights, the optimizer's state (keyed by place in the groups) is not needed."""
+    ref = reference("stage0_fp32_w1")
+    model = fixture.build_model()
+    engine, _, _, _ = strata.initialize(model=model,
+                                        model_parameters=fixture.param_groups(model)[::-1],
+                                        config=strata_config(ref, 0))
+    engine.load_checkpoint(os.path.join(DATA, "stage0_fp32_w1"), load_module_only=True)
+    assert all(torch.equal(masters(model)[n], v) for n, v in ref["fp32"].items())
     engine.close()
 
 

@@ -98,7 +98,7 @@ def _rank_files(path: str, pattern: str) -> list[str]:
     """The per-rank files matching `pattern` ("zero_pp_rank_{}..."), in rank order, checked to be
     ranks 0..N-1 with none missing."""
     found = {}
-    for f in glob.glob(os.path.join(path, "*" + pattern.format("*"))):
+    for f in glob.glob(os.path.join(glob.escape(path), "*" + pattern.format("*"))):
         m = re.search(pattern.format(r"(\d+)").replace(".", r"\.") + "$", os.path.basename(f))
         if m:
             found.setdefault(int(m.group(1)), []).append(f)
@@ -155,22 +155,23 @@ class DeepSpeedCheckpoint:
             raise RuntimeError(f"strata: DeepSpeed checkpoint {path} was saved with "
                                f"mp_world_size {model['mp_world_size']} (tensor or pipeline "
                                "parallel): not read; only data parallel checkpoints are")
-        experts = glob.glob(os.path.join(path, "*expert*"))
+        experts = glob.glob(os.path.join(glob.escape(path), "*expert*"))
         if experts:
             raise RuntimeError(f"strata: DeepSpeed checkpoint {path} holds MoE expert files "
                                f"({os.path.basename(experts[0])}, ...): not read")
         self.model_state = model
         self.global_steps = int(model.get("global_steps", 0))
-        self.global_samples = int(model.get("global_samples", 0))
+        batch = (model.get("ds_config") or {}).get("train_batch_size")
+        self.global_samples = int(model.get("global_samples", self.global_steps * (
+            batch if isinstance(batch, int) else 0)))
         self.skipped_steps = int(model.get("skipped_steps", 0))
         self.lr_scheduler = model.get("lr_scheduler")
         self.ds_version = model.get("ds_version")
-        self.client_state = {k: v for k, v in model.items() if k not in _DEEPSPEED_KEYS}
         names = model.get("buffer_names") or []
         self.buffers = {k: v for k, v in model["module"].items() if k in set(names)}
         self.shared = dict(model.get("shared_params") or {})  # tied name -> the name it holds
         self._frozen_shapes = dict(model.get("frozen_param_shapes") or {})
-        self._frozen = {}
+        self._frozen: list = []  # the dicts frozen() assembles from
         self._shapes: dict[str, torch.Size] = {}
         self._where: dict[str, tuple] = {}  # name -> how tensor() finds it
         optim_files = _rank_files(path, "zero_pp_rank_{}_mp_rank_00_optim_states.pt")
@@ -188,6 +189,16 @@ class DeepSpeedCheckpoint:
 
     # -- what the engine asks -------------------------------------------------------------------
 
+    def client_state(self, optimizer_states: bool = True, lr_states: bool = True,
+                     module_only: bool = False) -> dict:
+        """What DeepSpeed's load_checkpoint returns as the client state: every key of the model
+        states file but the ones that load took (the scheduler's and the optimizer's only when
+        they were loaded; with load_module_only only the module)."""
+        taken = {"module"} if module_only else set(_DEEPSPEED_KEYS) - {
+            k for k, loaded in (("lr_scheduler", lr_states), ("optimizer", optimizer_states))
+            if not loaded}
+        return {k: v for k, v in self.model_state.items() if k not in taken}
+
     def names(self) -> list[str]:
         """The trainable parameters' names, as the model's named_parameters() gives them."""
         return list(self._shapes)
@@ -196,7 +207,12 @@ class DeepSpeedCheckpoint:
         return list(self._frozen_shapes)
 
     def shape(self, name: str) -> torch.Size:
-        return self._shapes[name]
+        """A parameter's shape, trainable or frozen."""
+        if name in self._shapes:
+            return self._shapes[name]
+        if name in self._frozen_shapes:
+            return torch.Size(self._frozen_shapes[name])
+        return self.model_state["module"][name].shape
 
     def tensor(self, name: str, kind: str) -> torch.Tensor:
         if kind not in KINDS:
@@ -217,14 +233,18 @@ class DeepSpeedCheckpoint:
         return out.reshape(shape).to(torch.float32)
 
     def frozen(self, name: str) -> torch.Tensor:
-        """A frozen parameter's values (without ZeRO: the module's weights, any parameter)."""
-        if name in self._frozen:
-            return self._frozen[name].reshape(self._frozen_shapes[name])
+        """A frozen parameter's values, assembled when asked (without ZeRO: the module's
+        weights, any parameter)."""
+        if name in self._frozen_shapes:
+            shape = torch.Size(self._frozen_shapes[name])
+            parts = [f[name].reshape(-1) for f in self._frozen]
+            return torch.cat(parts)[:shape.numel()].reshape(shape)
         return self.model_state["module"][name]
 
     # -- layouts --------------------------------------------------------------------------------
 
     def _read_zero(self, model: dict, optim_files: list[str]) -> None:
+        self.optim_files = optim_files
         ranks = [_load(f) for f in optim_files]
         osd = [r.get("optimizer_state_dict") if isinstance(r, dict) else None for r in ranks]
         if any(o is None for o in osd):
@@ -252,20 +272,24 @@ class DeepSpeedCheckpoint:
         self._read_frozen(model)
 
     def _read_frozen(self, model: dict) -> None:
-        """Frozen parameters' values: whole in the model states file, or at stage 3 a fragment
-        per rank (ceil(numel / world), padded) in each rank's own model states file."""
-        if not self._frozen_shapes:
+        """Frozen parameters: whole in the model states file, or at stage 3 a fragment per rank
+        (ceil(numel / world), padded) in each rank's own model states file (self._frozen: the
+        fragments' dicts, rank order). DeepSpeed records them so at stages 2-3 only; at stage 1
+        (and BF16_Optimizer) a frozen parameter is a module entry no optimizer group holds."""
+        if model.get("frozen_param_shapes") is None and self.stage < 3:
+            module, buffers = model["module"], set(self.buffers)
+            self._frozen_shapes = {n: t.shape for n, t in module.items() if n not in self._shapes
+                                   and n not in buffers and n not in self.shared}
+            self._frozen = [module]
             return
-        frags = [model.get("frozen_param_fragments") or {}]
-        if self.stage == 3:
+        self._frozen = [model.get("frozen_param_fragments") or {}]
+        if self.stage == 3 and self._frozen_shapes:
             files = _rank_files(self.path, "zero_pp_rank_{}_mp_rank_00_model_states.pt")
-            frags += [(_load(f).get("frozen_param_fragments") or {}) for f in files[1:]]
-        for name, shape in self._frozen_shapes.items():
-            n = torch.Size(shape).numel()
-            if not all(name in f for f in frags):
+            self._frozen += [(_load(f).get("frozen_param_fragments") or {}) for f in files[1:]]
+        for name in self._frozen_shapes:
+            if not all(name in f for f in self._frozen):
                 raise RuntimeError(f"strata: DeepSpeed checkpoint {self.path} lists frozen "
                                    f"parameter '{name}' without its values")
-            self._frozen[name] = torch.cat([f[name].reshape(-1) for f in frags])[:n]
 
     def _read_zero12(self, osd: list, param_shapes: list) -> None:
         base = [o["base_optimizer_state"] for o in osd]
@@ -274,6 +298,8 @@ class DeepSpeedCheckpoint:
                                "checkpoint (zero_optimization.elastic_checkpoint): not read")
         fp32 = [o["single_partition_of_fp32_groups"] for o in osd]
         stripped = osd[0].get("zero_stage") is not None  # ZeRO 1/2 saves them without padding
+        # zero_optimization.parameter_alignment: padding after each parameter, in the layout.
+        aligned = osd[0].get("param_alignment_paddings") or [[] for _ in param_shapes]
         self._group_flat = {k: [] for k in KINDS}
         for gi in range(len(param_shapes)):
             parts = {k: [] for k in KINDS}
@@ -285,14 +311,20 @@ class DeepSpeedCheckpoint:
                 parts["fp32"].append(f[:keep])
                 for k in ("exp_avg", "exp_avg_sq"):
                     t = state.get(k)
+                    if t is not None and t.numel() < keep:
+                        raise RuntimeError(
+                            f"strata: DeepSpeed checkpoint {self.optim_files[r]}: optimizer "
+                            f"group {gi}'s {k} holds {t.numel()} elements, its fp32 partition "
+                            f"{keep}")
                     t = torch.zeros(keep) if t is None else t.reshape(-1)[:keep]
                     parts[k].append(t)
             for k in KINDS:
                 self._group_flat[k].append(_Flat(parts[k]))
             offset = 0
-            for name, shape in param_shapes[gi].items():
+            pads = list(aligned[gi]) if gi < len(aligned) else []
+            for i, (name, shape) in enumerate(param_shapes[gi].items()):
                 self._add(name, shape, ("flat", gi, offset))
-                offset += self._shapes[name].numel()
+                offset += self._shapes[name].numel() + (int(pads[i]) if i < len(pads) else 0)
             if offset > self._group_flat["fp32"][gi].numel():
                 raise RuntimeError(f"strata: DeepSpeed checkpoint {self.path}: optimizer group "
                                    f"{gi}'s parameters take {offset} elements, its partitions "
@@ -317,10 +349,13 @@ class DeepSpeedCheckpoint:
                 part = math.ceil(n / world)
                 self._add(name, shape, ("zero3", offset, part))
                 offset += part
-        if offset != self._rank_flat["fp32"][0].numel():
-            raise RuntimeError(f"strata: DeepSpeed checkpoint {self.path}: the parameters take "
-                               f"{offset} elements per rank, rank 0's fp32 partitions hold "
-                               f"{self._rank_flat['fp32'][0].numel()}")
+        for r, f in enumerate(self.optim_files):
+            for k in KINDS:
+                if self._rank_flat[k][r].numel() != offset:
+                    raise RuntimeError(
+                        f"strata: DeepSpeed checkpoint {f}: the parameters take {offset} "
+                        f"elements per rank, its {k} partitions hold "
+                        f"{self._rank_flat[k][r].numel()}")
         self._read_hyper(osd[0]["optimizer_state_dict"])
 
     def _read_unpartitioned(self, model: dict) -> None:
@@ -411,8 +446,10 @@ class DeepSpeedCheckpoint:
         groups = opt_state.get("param_groups", [])
         self.param_group_hyper = [_group_hyper(g) for g in groups]
         self.param_group_lrs = [float(g["lr"]) if "lr" in g else None for g in groups]
+        # The step per parameter (torch's Adam, FusedAdam, which leaves its groups' "step" at 0);
+        # in the groups only where no parameter has one (DeepSpeedCPUAdam).
         steps = {int(s["step"]) for s in opt_state.get("state", {}).values() if "step" in s}
-        steps |= {int(g["step"]) for g in groups if "step" in g}
+        steps = steps or {int(g["step"]) for g in groups if "step" in g}
         if len(steps) > 1:
             raise RuntimeError(f"strata: DeepSpeed checkpoint {self.path}: Adam's step differs "
                                f"between its parameters ({sorted(steps)}); strata keeps one")

@@ -18,7 +18,9 @@ stage2_fp16_w1 (1, 2, fp16), stage2_fp32_w1_offload (1, 2, fp32, --offload-optim
 stage2_fp32_w2_frozen (2, 2, fp32, --frozen), stage3_bf16_w2 (2, 3, bf16), stage3_fp32_w2_frozen
 (2, 3, fp32, --frozen), stage2_fp16_w1_overflow (1, 2, fp16, --initial-scale-power 18: steps 1,
 2 and 5 skipped), stage3_fp32_w2_subgroups (2, 3, fp32, --sub-group-size 60), gpt2_stage2_fp32_w1
-(1, 2, fp32, --model gpt2), gpt2_stage3_bf16_w2 (2, 3, bf16, --model gpt2); the tests keep reference.pt's tensors, counters and config (a smaller
+(1, 2, fp32, --model gpt2), gpt2_stage3_bf16_w2 (2, 3, bf16, --model gpt2), stage2_bf16_w2_fused
+(2, 2, bf16, --fused-adam), stage3_bf16_w2_fused (2, 3, bf16, --fused-adam), stage1_fp32_w2_frozen
+(2, 1, fp32, --frozen), stage1_bf16_w2_aligned (2, 1, bf16, --parameter-alignment); the tests keep reference.pt's tensors, counters and config (a smaller
 copy: the bookkeeping keys are dropped) and not the zero_to_fp32.py DeepSpeed copies in.
 
 What it does, deterministically (everything seeded):
@@ -339,6 +341,10 @@ def main():
     ap.add_argument("--dtype", required=True, choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--offload-optimizer", choices=["cpu"], default=None)
     ap.add_argument("--frozen", action="store_true", help=f"freeze {FROZEN_PARAM}")
+    ap.add_argument("--fused-adam", action="store_true",
+                    help="DeepSpeed's FusedAdam (no torch_adam; built by DeepSpeed on first use)")
+    ap.add_argument("--parameter-alignment", action="store_true",
+                    help="zero_optimization.parameter_alignment (stages 1-2: padded parameters)")
     ap.add_argument("--sub-group-size", type=int, default=0,
                     help="zero_optimization.sub_group_size (stage 3: several sub-groups)")
     ap.add_argument("--initial-scale-power", type=int, default=0,
@@ -371,6 +377,10 @@ def main():
     cfg = make_config(args.stage, args.dtype, args.offload_optimizer, args.grad_accum_fp32)
     if args.sub_group_size:
         cfg["zero_optimization"]["sub_group_size"] = args.sub_group_size
+    if args.parameter_alignment:
+        cfg["zero_optimization"]["parameter_alignment"] = True
+    if args.fused_adam:  # DeepSpeed's default Adam (FusedAdam): its step per parameter only
+        cfg["optimizer"]["params"].pop("torch_adam", None)
     if args.dtype == "fp16" and args.initial_scale_power:
         cfg["fp16"]["initial_scale_power"] = args.initial_scale_power
     # transformers 5 refuses DeepSpeed 0.19.8's zero.Init patching of tensor construction
