@@ -36,7 +36,18 @@ class _InOrder(Trainer):
         return torch.utils.data.SequentialSampler(self.train_dataset)
 
 
-def test_a_trainer_run_deepspeed_saved_resumes_with_its_schedule(tmp_path):
+@pytest.fixture
+def process_group_as_it_was():
+    """The Trainer (accelerate's state, use_cpu) starts torch.distributed: ended after the test,
+    as a script's exit would, so that later tests see the process as they found it."""
+    was = torch.distributed.is_initialized()
+    yield
+    if not was and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def test_a_trainer_run_deepspeed_saved_resumes_with_its_schedule(tmp_path,
+                                                                 process_group_as_it_was):
     checkpoint = tmp_path / "checkpoint-4"
     shutil.copytree(os.path.join(FIXTURE, "checkpoint-4"), checkpoint)
     torch.manual_seed(0)
