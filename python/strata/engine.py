@@ -1581,19 +1581,17 @@ class StrataEngine(torch.nn.Module):
                                  f"is outside this rank's part [{begin}:{end}]")
             return flat[b - begin:e - begin].numpy()
 
-        if self._released_for_writes:
-            self._engine.write_state(gi, self._index_in_group[id(param)], kind, fill)
-            return
-        self._release_all()  # WriteOptimizerState rewrites the params: nothing may be gathered
-        with self._whole_after(), _named_collective("write_param_state (strata.utils.safe_set_*)"):
+        with (contextlib.nullcontext() if self._released_for_writes else
+              self._many_writes("write_param_state (strata.utils.safe_set_*)")):
             self._engine.write_state(gi, self._index_in_group[id(param)], kind, fill)
 
     @contextlib.contextmanager
-    def _many_writes(self):
-        """write_param_state calls inside the block release and gather the groups once for all
-        of them (a load writing every parameter's states), not once each."""
+    def _many_writes(self, what: str):
+        """The groups released for the block (WriteOptimizerState rewrites the params: nothing
+        may be gathered) and gathered again after it: write_param_state calls inside it (a load
+        writing every parameter's states) release and gather once for all of them."""
         self._release_all()
-        with self._whole_after(), _named_collective("load_checkpoint (its states' writes)"):
+        with self._whole_after(), _named_collective(what):
             self._released_for_writes = True
             try:
                 yield
@@ -3029,9 +3027,10 @@ class StrataEngine(torch.nn.Module):
             ck.place_optimizer_state([[name_of[id(p)] for p in g["params"] if id(p) in name_of]
                                       for g in self.optimizer.param_groups])
         self._check_deepspeed_match(ck, ours, strict, moments)
-        trained, theirs = set(ck.names()), set(ck.names()) | set(ck.frozen_names())
+        trained, frozen = set(ck.names()), set(ck.frozen_names())
+        theirs = trained | frozen
         self._load_buffers(ck.buffers, strict)  # before any write: it may refuse
-        with self._many_writes():
+        with self._many_writes("load_checkpoint (its states' writes)"):
             for name, (g, p) in ours.items():
                 if name not in theirs or not g.trainable:
                     continue
@@ -3043,7 +3042,7 @@ class StrataEngine(torch.nn.Module):
                                            torch.zeros(value.shape), kind)
         for gi, g in enumerate(self._groups):  # frozen groups, one at a time, whole
             if not g.trainable and any(n in theirs for n, _ in g.params):
-                self._write_params({id(p): ck.frozen(n) if n in set(ck.frozen_names()) else
+                self._write_params({id(p): ck.frozen(n) if n in frozen else
                                     ck.tensor(n, "fp32") if n in trained else
                                     self.read_param_state(p) for n, p in g.params}, warn=False)
         if module_only:

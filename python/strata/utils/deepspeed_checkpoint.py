@@ -166,7 +166,6 @@ class DeepSpeedCheckpoint:
             batch if isinstance(batch, int) else 0)))
         self.skipped_steps = int(model.get("skipped_steps", 0))
         self.lr_scheduler = model.get("lr_scheduler")
-        self.ds_version = model.get("ds_version")
         names = model.get("buffer_names") or []
         self.buffers = {k: v for k, v in model["module"].items() if k in set(names)}
         self.shared = dict(model.get("shared_params") or {})  # tied name -> the name it holds
@@ -382,7 +381,7 @@ class DeepSpeedCheckpoint:
                 "scale": float(opt["cur_scale"]), "iteration": int(opt.get("cur_iter", 0)),
                 "last_overflow": int(opt.get("last_overflow_iter", -1)),
                 # Not saved by these optimizers: the config's whole hysteresis (Fit caps it).
-                "hysteresis": 1 << 30, "dynamic": bool(opt.get("dynamic_loss_scale"))}
+                "hysteresis": 1 << 30}
 
     def place_optimizer_state(self, groups: list[list[str]]) -> None:
         """No ZeRO: `groups` names the parameters of each optimizer param group in order, as the
@@ -464,7 +463,6 @@ class DeepSpeedCheckpoint:
                 "iteration": int(getattr(s, "cur_iter", 0) or 0),
                 "last_overflow": int(getattr(s, "last_overflow_iter", -1)),
                 "hysteresis": int(getattr(s, "cur_hysteresis", 0) or 0),
-                "dynamic": bool(osd.get("dynamic_loss_scale")),
             }
 
     def schedule_position(self) -> Optional[int]:
